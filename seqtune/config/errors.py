@@ -1,0 +1,35 @@
+"""Error types users see. Each names the config key (or file:line), the values, the broken relation and the fix."""
+
+from __future__ import annotations
+
+
+class SeqtuneError(Exception):
+    """A problem the user can fix. The CLI prints the message (no traceback) and exits with `exit_code`."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, key: str | None = None, fix: str | None = None) -> None:
+        self.key = key
+        self.fix = fix
+        text = message if key is None or key in message else f"{key}: {message}"
+        if fix and "Fix:" not in text:
+            text = f"{text} Fix: {fix}"
+        super().__init__(text)
+
+
+class ConfigError(SeqtuneError):
+    """A config value that cannot work (wrong choice, impossible combination)."""
+
+
+class ModelLoadError(SeqtuneError):
+    """model.path (or the tokenizer path) does not hold what is needed."""
+
+
+class DataError(SeqtuneError):
+    """Input data that cannot be read or used."""
+
+
+class PreflightFailed(SeqtuneError):
+    """Preflight found problems; the report has been printed and written. Exit code 2, nothing trained."""
+
+    exit_code = 2

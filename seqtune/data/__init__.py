@@ -1,0 +1,1 @@
+"""seqtune.data (see docs/ARCHITECTURE.md)."""

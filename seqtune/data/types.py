@@ -1,0 +1,48 @@
+"""The data contracts every package relies on. Change them only together with all their users."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# Label value for positions that are not trained (prompt tokens, padding, document boundaries).
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reject:
+    """One skipped input line: written to rejects.jsonl as {file, line, reason}. `line` is 1-based."""
+
+    file: str
+    line: int
+    # "<code>: <detail>", code one of: bad_json, bad_utf8, not_object, missing_field, wrong_type, empty_text,
+    # missing_media, bad_token_id, overlength (only with data.overlength=drop), no_targets
+    reason: str
+
+    @property
+    def code(self) -> str:
+        return self.reason.split(":", 1)[0]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizedSample:
+    """Exactly what the model sees for one record, before padding.
+
+    input_ids: int64 token ids, bos/template/eos included.
+    labels: same length; the token id where the position is a training target, IGNORE_INDEX elsewhere (prompt
+        tokens unless data.train_on_prompt). NOT shifted: labels[i] is the token at position i. The final eos is
+        always a target. Collators shift (see `targets` in collate.py), so no id is ever compared with eos/pad.
+    location: "file:line" of the source record (1-based line), for every message that names it.
+    """
+
+    input_ids: np.ndarray
+    labels: np.ndarray
+    location: str
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_targets(self) -> int:
+        return int((self.labels != IGNORE_INDEX).sum())

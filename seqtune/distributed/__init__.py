@@ -1,0 +1,1 @@
+"""seqtune.distributed (see docs/ARCHITECTURE.md)."""

@@ -1,0 +1,1 @@
+"""seqtune.models (see docs/ARCHITECTURE.md)."""

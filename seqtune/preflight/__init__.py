@@ -1,0 +1,1 @@
+"""seqtune.preflight (see docs/ARCHITECTURE.md)."""

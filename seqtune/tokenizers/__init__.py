@@ -1,0 +1,1 @@
+"""seqtune.tokenizers (see docs/ARCHITECTURE.md)."""

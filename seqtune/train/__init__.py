@@ -1,0 +1,1 @@
+"""seqtune.train (see docs/ARCHITECTURE.md)."""
