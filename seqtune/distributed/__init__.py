@@ -1,1 +1,112 @@
-"""seqtune.distributed (see docs/ARCHITECTURE.md)."""
+"""Process-group setup/teardown, DDP/FSDP2 wrapping, and the few collectives the loop needs.
+
+Ranks are started by torchrun (launch/ and seqtune/__main__.py); a local run is a world of one with no
+process group at all, so every helper here works in both cases.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from seqtune.config.errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def pick_device(choice: str, local_rank: int) -> torch.device:
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("train.device=cuda but no CUDA device is visible.", key="train.device",
+                          fix="train.device=auto (or cpu)")
+    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def init_distributed(*, device_choice: str, backend_choice: str) -> DistEnv:
+    """Join the process group torchrun set up (env://), or describe a single local process."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = pick_device(device_choice, local_rank)
+    if world_size > 1 and not dist.is_initialized():
+        backend = backend_choice if backend_choice != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+        # A bounded timeout turns a rank that never arrives into an error instead of a hang.
+        dist.init_process_group(backend=backend, timeout=timedelta(minutes=10),
+                                device_id=device if device.type == "cuda" else None)
+    return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
+    """Sum over ranks (in place and returned); identity on a single process."""
+    if dist.is_initialized():
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def broadcast_object(obj: object, src: int = 0) -> object:
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def wrap_model(model: torch.nn.Module, env: DistEnv, *, parallel: str) -> torch.nn.Module:
+    """DDP by default; FSDP2 (fully_shard per decoder layer, then the root) for models too big for one device."""
+    if not env.distributed:
+        return model
+    if parallel == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in _decoder_layers(model):
+            fully_shard(layer)
+        fully_shard(model)
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [env.device.index] if env.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids)
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    # Every supported family (Llama, Mistral, Gemma 3) keeps its blocks in a ModuleList called `layers`.
+    for name, module in model.named_modules():
+        if name.endswith("layers") and isinstance(module, torch.nn.ModuleList):
+            return list(module)
+    return []
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.module if isinstance(model, DistributedDataParallel) else model

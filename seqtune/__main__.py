@@ -1,0 +1,101 @@
+"""`python -m seqtune recipe=NAME key=value +new_key=value` — runs ONCE, in the parent process.
+
+compose (Hydra) → typed config → preflight (CPU, no process group) → write the resolved config → train, either
+in-process (launcher=local) or by handing over to torchrun, whose ranks read the resolved file and never run
+Hydra themselves (each rank resolving `${now:...}` on its own would give every rank its own run directory).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+# Before torch/transformers are imported: seqtune never reaches a model hub, and tokenizer threads must not be
+# forked into dataloader workers.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+import hydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from hydra.types import RunMode  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+from omegaconf.errors import MissingMandatoryValue  # noqa: E402
+
+from seqtune.config import SeqtuneError, register_resolvers, register_schemas, save_resolved, to_typed  # noqa: E402
+from seqtune.config.errors import ConfigError  # noqa: E402
+
+RESOLVED_CONFIG = "config.yaml"
+
+register_schemas()
+register_resolvers()
+
+
+def _typed(cfg: DictConfig):
+    try:
+        return to_typed(cfg)
+    except MissingMandatoryValue as err:
+        key = err.full_key
+        model = HydraConfig.get().runtime.choices.get("model", "?")
+        if key == "model.path":
+            raise ConfigError(
+                f"model.path is required by model={model}: the local Hugging Face checkpoint directory "
+                "(config.json, model*.safetensors, tokenizer files). seqtune never downloads from a hub.",
+                key="model.path", fix="model.path=/path/to/checkpoint",
+            ) from None
+        raise ConfigError(f"{key} has no value.", key=key, fix=f"{key}=VALUE") from None
+
+
+def _prepare_config(cfg: DictConfig, run_dir: Path) -> DictConfig:
+    """Fill what the parent decides once for every rank: the W&B group of a sweep."""
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN and cfg.logger.group is None:
+        cfg.logger.group = Path(hydra_cfg.sweep.dir).name
+    return cfg
+
+
+def launch(cfg: DictConfig, run_dir: Path) -> None:
+    from seqtune.preflight import run_preflight
+
+    typed = _typed(_prepare_config(cfg, run_dir))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    result = run_preflight(typed, run_dir)
+    # Ranks must train with the limit preflight proved, not re-derive "auto" on their own.
+    cfg.data.max_seq_len = result.max_seq_len
+    save_resolved(cfg, run_dir / RESOLVED_CONFIG)
+    if typed.preflight.only:
+        print(f"preflight passed; dry run (preflight.only=true): nothing trained. Report: {run_dir / 'preflight.json'}")
+        return
+    if typed.launcher.name == "local":
+        from seqtune.worker import run_worker
+
+        run_worker(run_dir)
+        return
+    from seqtune.launch import torchrun_command
+
+    command = torchrun_command(typed.launcher, run_dir)
+    print("launching:", " ".join(command), flush=True)
+    code = subprocess.call(command)
+    if code != 0:
+        raise SeqtuneError(f"torchrun exited with code {code}; the failing rank's error is printed above.")
+
+
+@hydra.main(version_base=None, config_path="pkg://seqtune.configs", config_name="config")
+def _hydra_main(cfg: DictConfig) -> None:
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        launch(cfg, run_dir)
+    except SeqtuneError as err:
+        print(f"\nseqtune: error: {err}", file=sys.stderr, flush=True)
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise  # let the sweep report which job failed
+        sys.exit(err.exit_code)
+
+
+def main() -> None:
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""The training loop: accumulate, clip, step, log, evaluate, checkpoint. Readable in one sitting on purpose."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import resource
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from tqdm import tqdm
+
+from seqtune.config.schema import TrainConfig
+from seqtune.distributed import DistEnv, all_reduce_sum
+from seqtune.train.checkpoint import TrainState, save_checkpoint
+from seqtune.train.metrics import MetricsLogger
+from seqtune.train.step import forward_logits, move_batch, summed_token_loss
+
+
+class TrainBatches(Protocol):
+    """Micro-batches for this rank, epoch after epoch; its state is the position after the last one yielded."""
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+
+@dataclass(kw_only=True)
+class Loop:
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    train_batches: TrainBatches
+    # Returns a fresh iterable over this rank's validation micro-batches (None: no validation split).
+    eval_batches: Callable[[], Iterable[dict[str, torch.Tensor]]] | None
+    env: DistEnv
+    cfg: TrainConfig
+    grad_clip: float
+    total_steps: int
+    run_dir: Path
+    logger: MetricsLogger | None
+    autocast_dtype: torch.dtype | None
+    sharded: bool = False
+
+
+def _autocast(loop: Loop):
+    if loop.autocast_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=loop.env.device.type, dtype=loop.autocast_dtype)
+
+
+def _no_sync(loop: Loop, last: bool):
+    # Gradients are all-reduced once per optimizer step, on the last micro-batch only.
+    if last or not hasattr(loop.model, "no_sync"):
+        return contextlib.nullcontext()
+    return loop.model.no_sync()
+
+
+def train_step(loop: Loop, micro_batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    """One optimizer step over grad_accum micro-batches; loss normalised by the GLOBAL count of target tokens."""
+    counts = torch.tensor([sum(int(b["num_targets"]) for b in micro_batches),
+                           sum(int(b["num_tokens"]) for b in micro_batches),
+                           sum(b["input_ids"].numel() for b in micro_batches)], dtype=torch.float64)
+    targets, tokens, positions = all_reduce_sum(counts.to(loop.env.device)).tolist()
+    # DDP averages gradients over ranks, so each rank scales by world_size to end with sum / global targets.
+    scale = loop.env.world_size / max(targets, 1.0)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=loop.env.device)
+    for i, batch in enumerate(micro_batches):
+        batch = move_batch(batch, loop.env.device)
+        with _no_sync(loop, last=i == len(micro_batches) - 1), _autocast(loop):
+            summed = summed_token_loss(forward_logits(loop.model, batch), batch["targets"])
+        (summed * scale).backward()
+        loss_sum += summed.detach().double()
+    trainable = [p for p in loop.model.parameters() if p.requires_grad]
+    clip = loop.grad_clip if loop.grad_clip > 0 else math.inf
+    grad_norm = torch.nn.utils.clip_grad_norm_(trainable, clip)
+    loop.optimizer.step()
+    loop.scheduler.step()
+    loop.optimizer.zero_grad(set_to_none=True)
+    loss = all_reduce_sum(loss_sum).item() / max(targets, 1.0)
+    return {"loss": loss, "grad_norm": float(grad_norm), "targets": targets, "tokens": tokens, "positions": positions}
+
+
+@torch.no_grad()
+def evaluate(loop: Loop) -> dict[str, float]:
+    """Mean CE over every validation target token on every rank (not a mean of per-batch means)."""
+    loop.model.eval()
+    totals = torch.zeros(2, dtype=torch.float64, device=loop.env.device)
+    for n, batch in enumerate(loop.eval_batches()):
+        if loop.cfg.eval_batches and n >= loop.cfg.eval_batches:
+            break
+        batch = move_batch(batch, loop.env.device)
+        with _autocast(loop):
+            totals[0] += summed_token_loss(forward_logits(loop.model, batch), batch["targets"]).double()
+        totals[1] += batch["num_targets"].double()
+    loop.model.train()
+    loss_sum, count = all_reduce_sum(totals).tolist()
+    loss = loss_sum / max(count, 1.0)
+    return {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 50.0)), "eval_targets": count}
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def fit(loop: Loop, state: TrainState) -> TrainState:
+    loop.model.train()
+    batches = iter(loop.train_batches)
+    bar = tqdm(total=loop.total_steps, initial=state.step, desc="train", unit="step", file=sys.stdout,
+               disable=not (loop.env.is_main and loop.cfg.progress), dynamic_ncols=True)
+    window = {"loss": 0.0, "targets": 0.0, "tokens": 0.0, "positions": 0.0, "steps": 0, "start": time.perf_counter()}
+    while state.step < loop.total_steps:
+        out = train_step(loop, [next(batches) for _ in range(loop.cfg.grad_accum)])
+        state.step += 1
+        state.tokens_seen += int(out["tokens"])
+        _accumulate(window, out)
+        bar.update(1)
+        if state.step % loop.cfg.log_every == 0 or state.step == loop.total_steps:
+            record = _log_record(loop, state, window, out)
+            bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
+            window.update(loss=0.0, targets=0.0, tokens=0.0, positions=0.0, steps=0, start=time.perf_counter())
+            if loop.eval_batches is not None and loop.cfg.eval_every and (
+                state.step % loop.cfg.eval_every == 0 or state.step == loop.total_steps):
+                record.update(evaluate(loop))
+                bar.write(f"step {state.step}: eval_loss {record['eval_loss']:.4f} ppl {record['eval_ppl']:.2f}")
+            if loop.logger is not None:
+                loop.logger.log(record)
+        elif loop.eval_batches is not None and loop.cfg.eval_every and state.step % loop.cfg.eval_every == 0:
+            metrics = evaluate(loop)
+            if loop.logger is not None:
+                loop.logger.log({"step": state.step, **metrics})
+        if loop.cfg.save_every and state.step % loop.cfg.save_every == 0:
+            state.data = loop.train_batches.state_dict()
+            save_checkpoint(run_dir=loop.run_dir, model=loop.model, optimizer=loop.optimizer,
+                            scheduler=loop.scheduler, state=state, env=loop.env, sharded=loop.sharded,
+                            keep_last=loop.cfg.keep_last)
+    bar.close()
+    state.data = loop.train_batches.state_dict()
+    return state
+
+
+def _accumulate(window: dict[str, float], out: dict[str, float]) -> None:
+    window["loss"] += out["loss"] * out["targets"]
+    for key in ("targets", "tokens", "positions"):
+        window[key] += out[key]
+    window["steps"] += 1
+
+
+def _log_record(loop: Loop, state: TrainState, window: dict[str, float], out: dict[str, float]) -> dict[str, Any]:
+    seconds = max(time.perf_counter() - window["start"], 1e-9)
+    return {
+        "step": state.step,
+        # Token-weighted mean over the steps since the last log line.
+        "loss": window["loss"] / max(window["targets"], 1.0),
+        "lr": loop.scheduler.get_last_lr()[0],
+        "grad_norm": out["grad_norm"],
+        "tokens_per_s": window["tokens"] / seconds,
+        "computed_tokens_per_s": window["positions"] / seconds,
+        "target_tokens_per_s": window["targets"] / seconds,
+        "padding_efficiency": window["tokens"] / max(window["positions"], 1.0),
+        "tokens_seen": state.tokens_seen,
+        "peak_memory_mb": peak_memory_bytes(loop.env.device) / 2**20,
+    }

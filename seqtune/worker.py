@@ -1,0 +1,46 @@
+"""Per-rank entry point: `python -m seqtune.worker --run-dir DIR` (started by torchrun, or called in-process).
+
+Reads the resolved config the parent wrote (never runs Hydra) and runs the recipe it names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from seqtune.config import SeqtuneError, load_resolved  # noqa: E402
+from seqtune.config.errors import ConfigError  # noqa: E402
+
+RESOLVED_CONFIG = "config.yaml"
+
+
+def run_worker(run_dir: Path) -> None:
+    cfg = load_resolved(run_dir / RESOLVED_CONFIG)
+    try:
+        recipe = importlib.import_module(f"seqtune.recipes.{cfg.recipe_name}")
+    except ModuleNotFoundError as err:
+        raise ConfigError(f"recipe_name={cfg.recipe_name!r} has no recipes/{cfg.recipe_name}.py ({err}).",
+                          key="recipe_name", fix="recipe=lora_sft or recipe=full_sft") from None
+    recipe.run(cfg, run_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--run-dir", type=Path, required=True)
+    args = parser.parse_args(argv)
+    try:
+        run_worker(args.run_dir)
+    except SeqtuneError as err:
+        rank = os.environ.get("RANK", "0")
+        print(f"\nseqtune (rank {rank}): error: {err}", file=sys.stderr, flush=True)
+        return err.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
