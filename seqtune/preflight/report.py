@@ -1,0 +1,120 @@
+"""Preflight output: the console report (problem table, per-split stats), rejects.jsonl and lengths.png."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+
+from seqtune.data.types import Reject
+from seqtune.preflight.checks import Problem
+from seqtune.preflight.result import PreflightResult
+
+REJECTS_FILE = "rejects.jsonl"
+PLOT_FILE = "lengths.png"
+# Wide enough for a file:line and a fix on one screen, narrow enough for a terminal.
+MESSAGE_WIDTH = 96
+
+
+def format_problems(problems: Sequence[Problem]) -> str:
+    """A numbered table: check | key | location, then the wrapped message (values, relation, fix)."""
+    if not problems:
+        return "preflight: no problems."
+    lines = [f"preflight: {len(problems)} problem(s)", f"  {'#':>3}  {'check':<10} {'key':<28} location"]
+    for number, problem in enumerate(problems, 1):
+        lines.append(f"  {number:>3}  {problem.check:<10} {problem.key:<28} {problem.location or '-'}")
+        for row in textwrap.wrap(problem.message, MESSAGE_WIDTH):
+            lines.append(f"{'':7}{row}")
+    return "\n".join(lines)
+
+
+def print_problems(problems: Sequence[Problem], title: str, stream: TextIO | None = None) -> None:
+    """Print problems as soon as a phase finds them (the fast checks print within seconds)."""
+    if problems:
+        print(f"{title}\n{format_problems(problems)}", file=stream or sys.stdout, flush=True)
+
+
+def format_splits(result: PreflightResult) -> str:
+    header = (f"  {'split':<6} {'records':>8} {'rejected':>8} {'min':>6} {'median':>6} {'p99':>6} {'max':>6} "
+              f"{'>limit':>6} {'trainable':>9}")
+    lines = [f"max_seq_len={result.max_seq_len} (model context {result.context_length})", header]
+    for name, stats in result.splits.items():
+        lengths = stats.lengths
+        lines.append(f"  {name:<6} {stats.records:>8} {stats.rejected:>8} {lengths['min']:>6} "
+                     f"{lengths['median']:>6} {lengths['p99']:>6} {lengths['max']:>6} {stats.over_limit:>6} "
+                     f"{stats.trainable_fraction:>9.1%}")
+    return "\n".join(lines)
+
+
+def format_summary(result: PreflightResult) -> str:
+    """Everything after the table: vocab, padding, plan, memory and notes, one line each."""
+    lines = []
+    if result.vocab is not None:
+        vocab = result.vocab
+        resized = f", resized to {vocab.resized_to}" if vocab.resized_to else ""
+        lines.append(f"vocab: tokenizer {vocab.tokenizer_size}, embedding rows {vocab.embedding_rows}{resized}, "
+                     f"max token id {vocab.max_token_id} ({vocab.max_token_location or '-'})")
+    if result.padding is not None:
+        efficiency = "-" if result.padding.efficiency is None else f"{result.padding.efficiency:.1%}"
+        lines.append(f"padding: {result.padding.strategy} (side {result.padding.side}), efficiency {efficiency}")
+    if result.plan is not None:
+        lines.append(f"plan: world size {result.plan.world_size}, global batch {result.plan.global_batch}")
+        for name, split in result.plan.splits.items():
+            steps = "" if split.steps_per_epoch is None else f", {split.steps_per_epoch} steps/epoch"
+            lines.append(f"  {name}: {split.samples_per_rank} samples, {split.tokens_per_rank} tokens, "
+                         f"{split.micro_batches_per_rank} micro-batches per rank{steps}")
+    if result.memory is not None:
+        memory = result.memory
+        device = "report only (no device memory to compare)" if memory.device_gib is None \
+            else f"device {memory.device_gib:.1f} GiB"
+        lines.append(f"memory: ~{memory.total_gib:.2f} GiB (weights {memory.weights_gib:.2f}, grads "
+                     f"{memory.grads_gib:.2f}, optimizer {memory.optimizer_gib:.2f}, activations "
+                     f"{memory.activations_gib:.2f}); {device}")
+    lines.extend(f"note: {note}" for note in result.notes)
+    return "\n".join(lines)
+
+
+def print_report(result: PreflightResult, stream: TextIO | None = None) -> None:
+    text = "\n".join([format_splits(result), format_summary(result), format_problems(result.problems)])
+    print(text, file=stream or sys.stdout, flush=True)
+
+
+def write_rejects(rejects: Sequence[Reject], run_dir: Path) -> Path:
+    """One {file, line, reason} per skipped record, so every bad line can be found and fixed."""
+    path = run_dir / REJECTS_FILE
+    with path.open("w") as out:
+        for reject in rejects:
+            out.write(json.dumps({"file": reject.file, "line": reject.line, "reason": reject.reason}) + "\n")
+    return path
+
+
+def plot_lengths(
+    lengths: Mapping[str, np.ndarray], *, max_seq_len: int, context_length: int | None, path: Path
+) -> Path:
+    """A length histogram per split with max_seq_len (and the model context, when on scale) drawn as lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display in the parent process, on clusters, or in CI
+    import matplotlib.pyplot as plt
+
+    splits = [name for name, values in lengths.items() if len(values)]
+    fig, axes = plt.subplots(len(splits) or 1, 1, figsize=(8, 2.6 * max(len(splits), 1)), squeeze=False)
+    for axis, name in zip(axes[:, 0], splits):
+        values = np.asarray(lengths[name])
+        axis.hist(values, bins=min(60, max(10, len(np.unique(values)))), color="tab:blue", alpha=0.8)
+        axis.axvline(max_seq_len, color="tab:red", linestyle="--", label=f"max_seq_len={max_seq_len}")
+        # The context line only when it is within sight; a 128k line would squash every histogram to nothing.
+        if context_length is not None and context_length <= 4 * max(max_seq_len, int(values.max())):
+            axis.axvline(context_length, color="black", linestyle=":", label=f"model context={context_length}")
+        axis.set_title(f"{name}: {len(values)} samples")
+        axis.set_xlabel("tokens")
+        axis.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

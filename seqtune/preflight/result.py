@@ -1,0 +1,130 @@
+"""What preflight found: typed result dataclasses and their preflight.json round trip.
+
+The parent writes preflight.json once; every rank reads it back with `load_result` (max_seq_len in force, token
+cache directories, the plan), so ranks never re-scan the data.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from seqtune.preflight.checks import Problem
+
+RESULT_FILE = "preflight.json"
+
+
+@dataclass(kw_only=True)
+class SplitStats:
+    records: int
+    rejected: int
+    # min / median / p99 / max token lengths of the accepted samples.
+    lengths: dict[str, int]
+    over_limit: int
+    trainable_fraction: float = 0.0
+    zero_target: int = 0
+    reject_reasons: dict[str, int] = field(default_factory=dict)
+    # Samples changed by data.overlength=truncate|drop (reported because it is an explicit policy).
+    truncated: int = 0
+    dropped: int = 0
+
+
+@dataclass(kw_only=True)
+class VocabStats:
+    tokenizer_size: int
+    embedding_rows: int
+    output_rows: int | None = None
+    max_token_id: int = -1
+    max_token_location: str | None = None
+    # The embedding size in force with model.resize_embeddings=true (multiple of 64), else null.
+    resized_to: int | None = None
+
+
+@dataclass(kw_only=True)
+class PaddingStats:
+    strategy: str
+    side: str | None = None
+    # Real tokens / padded tokens over the train split's planned batches (1.0 = no padding at all).
+    efficiency: float | None = None
+
+
+@dataclass(kw_only=True)
+class SplitPlan:
+    items: int
+    samples_per_rank: int
+    tokens_per_rank: int
+    micro_batches_per_rank: int
+    # None for evaluation splits (they take no optimizer step).
+    steps_per_epoch: int | None = None
+
+
+@dataclass(kw_only=True)
+class PlanStats:
+    world_size: int
+    global_batch: int
+    splits: dict[str, SplitPlan] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class MemoryStats:
+    weights_gib: float
+    grads_gib: float
+    optimizer_gib: float
+    activations_gib: float
+    total_gib: float
+    device_gib: float | None = None
+
+
+@dataclass(kw_only=True)
+class PreflightResult:
+    ok: bool
+    max_seq_len: int | None
+    caches: dict[str, Path] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+    splits: dict[str, SplitStats] = field(default_factory=dict)
+    vocab: VocabStats | None = None
+    padding: PaddingStats | None = None
+    plan: PlanStats | None = None
+    memory: MemoryStats | None = None
+    # Information that is not a problem (pad == eos, the resized vocab, the truncation counts).
+    notes: list[str] = field(default_factory=list)
+    context_length: int | None = None
+
+
+def to_json(result: PreflightResult) -> dict[str, Any]:
+    data = asdict(result)
+    data["caches"] = {split: str(path) for split, path in result.caches.items()}
+    return data
+
+
+def write_result(result: PreflightResult, run_dir: Path) -> Path:
+    path = run_dir / RESULT_FILE
+    # Write then rename: a rank must never read a half-written file.
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(to_json(result), indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def _optional(cls: type, data: dict[str, Any] | None) -> Any:
+    return None if data is None else cls(**data)
+
+
+def load_result(run_dir: Path) -> PreflightResult:
+    """Read the preflight.json the parent wrote into `run_dir` (the per-rank worker calls this)."""
+    data = json.loads((Path(run_dir) / RESULT_FILE).read_text())
+    plan = data.get("plan")
+    if plan is not None:
+        plan = PlanStats(world_size=plan["world_size"], global_batch=plan["global_batch"],
+                         splits={name: SplitPlan(**split) for name, split in plan["splits"].items()})
+    return PreflightResult(
+        ok=data["ok"], max_seq_len=data["max_seq_len"],
+        caches={split: Path(path) for split, path in data["caches"].items()},
+        problems=[Problem(**problem) for problem in data["problems"]],
+        splits={name: SplitStats(**stats) for name, stats in data["splits"].items()},
+        vocab=_optional(VocabStats, data["vocab"]), padding=_optional(PaddingStats, data["padding"]),
+        plan=plan, memory=_optional(MemoryStats, data["memory"]), notes=list(data["notes"]),
+        context_length=data["context_length"],
+    )

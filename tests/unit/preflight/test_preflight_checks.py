@@ -1,0 +1,212 @@
+"""Each preflight check fails on a broken invariant and passes on a sound one, on plain values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from seqtune.data.types import Reject
+from seqtune.preflight import checks
+
+
+def test_vocab_size_fails_when_tokenizer_is_bigger_than_the_embedding():
+    problems = checks.check_vocab_size(tokenizer_size=4097, embedding_rows=4096, output_rows=4096,
+                                       resize_embeddings=False)
+    assert [p.key for p in problems] == ["model.resize_embeddings", "model.resize_embeddings"]
+    assert "4097" in problems[0].message and "4096" in problems[0].message
+    assert "model.resize_embeddings=true (resizes to 4160)" in problems[0].message
+    assert "output head" in problems[1].message
+
+
+@pytest.mark.parametrize("size, resize", [(4096, False), (4000, False), (4097, True)])
+def test_vocab_size_passes_when_it_fits_or_resizes(size, resize):
+    assert checks.check_vocab_size(tokenizer_size=size, embedding_rows=4096, output_rows=4096,
+                                   resize_embeddings=resize) == []
+
+
+def test_resized_vocab_is_a_multiple_of_64():
+    assert checks.resized_vocab(4097) == 4160
+    assert checks.resized_vocab(4096) == 4096
+
+
+def test_special_token_out_of_range_fails_in_range_passes():
+    problems = checks.check_special_token_ids(special_ids={"bos": 1, "pad": 4096, "eos": None}, vocab_rows=4096)
+    assert len(problems) == 1 and "pad has id 4096" in problems[0].message
+    assert checks.check_special_token_ids(special_ids={"bos": 1, "pad": 4095}, vocab_rows=4096) == []
+
+
+def test_max_token_id_names_file_and_line():
+    problems = checks.check_max_token_id(split="train", max_token_id=32000, location="train.jsonl:7",
+                                         vocab_rows=4096, pretokenized=True)
+    assert problems[0].location == "train.jsonl:7" and problems[0].key == "data.train"
+    assert "32000 (train.jsonl:7) >= model embedding rows 4096" in problems[0].message
+    assert checks.check_max_token_id(split="train", max_token_id=4095, location="train.jsonl:7",
+                                     vocab_rows=4096, pretokenized=False) == []
+
+
+def test_pad_token_missing_fails_and_pad_eq_eos_is_only_a_note():
+    problems = checks.check_pad_token(pad_id=None, pad_policy="error")
+    assert problems[0].key == "tokenizer.pad_policy" and "Fix: tokenizer.pad_policy=eos" in problems[0].message
+    assert checks.check_pad_token(pad_id=2, pad_policy="eos") == []
+    assert "masked" in checks.pad_token_notes(pad_id=2, eos_id=2)[0]
+    assert checks.pad_token_notes(pad_id=3, eos_id=2) == []
+
+
+def test_resolve_max_seq_len_auto_rounds_up_to_8():
+    assert checks.resolve_max_seq_len("auto", 473) == 480
+    assert checks.resolve_max_seq_len("auto", 480) == 480
+    assert checks.resolve_max_seq_len(466, 473) == 466
+
+
+def test_context_length_is_never_silently_raised():
+    explicit = checks.check_context_length(max_seq_len=4096, context_length=2048, auto=False)
+    assert "data.max_seq_len=4096 > model context length 2048" in explicit[0].message
+    auto = checks.check_context_length(max_seq_len=4096, context_length=2048, auto=True,
+                                       longest_location="train.jsonl:3")
+    assert "auto resolves to 4096" in auto[0].message and auto[0].location == "train.jsonl:3"
+    assert checks.check_context_length(max_seq_len=2048, context_length=2048, auto=False) == []
+
+
+def test_overlength_lists_the_longest_offender_first_and_counts_the_rest():
+    lengths = np.array([10, 473, 470, 5, 468, 469, 467, 471, 472])
+    locations = [f"val.jsonl:{i + 1}" for i in range(len(lengths))]
+    problems = checks.check_overlength(split="val", lengths=lengths, locations=locations, max_seq_len=466,
+                                       policy="error")
+    message = problems[0].message
+    assert message.startswith("data.max_seq_len=466 < longest val sample 473 tokens (val.jsonl:2)")
+    assert "val.jsonl:2 (473 tokens > 466)" in message and "and 2 more" in message
+    assert "Fix: data.max_seq_len=auto, or data.overlength=truncate" in message
+    assert problems[0].location == "val.jsonl:2"
+
+
+@pytest.mark.parametrize("policy", ["truncate", "drop"])
+def test_overlength_with_an_explicit_policy_or_short_data_passes(policy):
+    lengths = np.array([10, 473])
+    assert checks.check_overlength(split="val", lengths=lengths, locations=["a:1", "a:2"], max_seq_len=466,
+                                   policy=policy) == []
+    assert checks.check_overlength(split="val", lengths=lengths, locations=["a:1", "a:2"], max_seq_len=480,
+                                   policy="error") == []
+
+
+def test_length_stats():
+    stats = checks.length_stats(np.arange(1, 101), 90)
+    assert stats == {"min": 1, "median": 50, "p99": 100, "max": 100, "over_limit": 10}
+    assert checks.length_stats(np.array([], dtype=np.int64), 8)["max"] == 0
+
+
+def test_zero_trainable_tokens_fail_unless_dropped():
+    problems = checks.check_trainable_tokens(split="train", num_targets=np.array([3, 0, 5]),
+                                             locations=["t:1", "t:2", "t:3"], dropped=False)
+    assert problems[0].location == "t:2" and "1 train sample(s) have zero trainable tokens" in problems[0].message
+    assert checks.check_trainable_tokens(split="train", num_targets=np.array([3, 0]), locations=["t:1", "t:2"],
+                                         dropped=True) == []
+    assert checks.check_trainable_tokens(split="train", num_targets=np.array([3, 1]), locations=["t:1", "t:2"],
+                                         dropped=False) == []
+    assert checks.trainable_fraction(np.array([1, 1]), np.array([2, 2])) == 0.5
+
+
+def test_batch_shapes_mismatch_fails():
+    problems = checks.check_batch_shapes(label="longest batch", strategy="longest", max_seq_len=4096,
+                                         expected_rows=3, shapes={"input_ids": (3, 4096), "targets": (3, 3999)})
+    assert "differ in shape" in problems[0].message and "[3, 3999]" in problems[0].message
+
+
+def test_fixed_shape_strategy_must_give_batch_by_max_seq_len():
+    wrong = checks.check_batch_shapes(label="shortest batch", strategy="max_length", max_seq_len=64,
+                                      expected_rows=4, shapes={"input_ids": (4, 12), "num_tokens": ()})
+    assert "must give [4, 64]" in wrong[0].message
+    assert checks.check_batch_shapes(label="b", strategy="max_length", max_seq_len=64, expected_rows=4,
+                                     shapes={"input_ids": (4, 64), "attention_mask": (4, 64)}) == []
+
+
+def test_packed_rows_never_exceed_max_seq_len():
+    wide = checks.check_batch_shapes(label="packed batch", strategy="packed", max_seq_len=64, expected_rows=None,
+                                     shapes={"input_ids": (2, 72)})
+    assert "72 tokens wide > data.max_seq_len=64" in wide[0].message
+    assert checks.check_batch_shapes(label="b", strategy="packed", max_seq_len=64, expected_rows=None,
+                                     shapes={"input_ids": (2, 64)}) == []
+
+
+def test_packed_needs_an_attention_backend_that_separates_documents():
+    assert checks.check_packed_attention(strategy="packed", attn_implementation="flex_attention")[0].key \
+        == "model.attn_implementation"
+    for backend in ("flash_attention_2", "sdpa", "eager"):
+        assert checks.check_packed_attention(strategy="packed", attn_implementation=backend) == []
+    assert checks.check_packed_attention(strategy="longest", attn_implementation="flex_attention") == []
+
+
+def test_prepadded_rows_of_several_widths_are_refused():
+    problems = checks.check_prepadded_rows(split="train", widths={4096: 2, 3999: 1},
+                                           locations={4096: "t.jsonl:1", 3999: "t.jsonl:3"}, strategy="longest")
+    assert "2 different lengths" in problems[0].message and "3999 tokens x1 (first t.jsonl:3)" in problems[0].message
+    assert checks.check_prepadded_rows(split="train", widths={4096: 3}, locations={4096: "t:1"},
+                                       strategy="longest") == []
+
+
+def _rejects(n):
+    return [Reject(file="train.jsonl", line=i + 1, reason="bad_json: Expecting value") for i in range(n)]
+
+
+def test_bad_lines_fail_at_zero_fraction_and_pass_with_a_higher_one():
+    rejects = _rejects(2) + [Reject(file="train.jsonl", line=9, reason="missing_media: img/a.png")]
+    problems = checks.check_bad_lines(split="train", rejects=rejects, total_lines=10, max_bad_fraction=0.0)
+    message = problems[0].message
+    assert "3 of 10 train lines are malformed" in message and "bad_json x2, missing_media x1" in message
+    assert "train.jsonl:9 (missing_media: img/a.png)" in message and "data.max_bad_fraction=0.3" in message
+    assert checks.check_bad_lines(split="train", rejects=rejects, total_lines=10, max_bad_fraction=0.3) == []
+    assert checks.reject_counts(rejects) == {"bad_json": 2, "missing_media": 1}
+
+
+def test_overlength_drops_are_a_policy_not_bad_lines():
+    dropped = [Reject(file="t", line=1, reason="overlength: 600 tokens > 512")]
+    assert checks.check_bad_lines(split="train", rejects=dropped, total_lines=2, max_bad_fraction=0.0) == []
+
+
+def test_epoch_with_zero_steps_fails():
+    problems = checks.check_epoch_steps(split="train", num_items=6, micro_batches_per_rank=0, steps_per_epoch=0,
+                                        batch_size=4, world_size=2, grad_accum=1)
+    assert "zero micro-batches" in problems[0].message and "= 8" in problems[0].message
+    no_step = checks.check_epoch_steps(split="train", num_items=8, micro_batches_per_rank=1, steps_per_epoch=0,
+                                       batch_size=4, world_size=2, grad_accum=2)
+    assert "zero optimizer steps" in no_step[0].message and "train.grad_accum=2 = 16" in no_step[0].message
+    assert checks.check_epoch_steps(split="val", num_items=8, micro_batches_per_rank=1, steps_per_epoch=None,
+                                    batch_size=4, world_size=2, grad_accum=2) == []
+
+
+def test_lora_targets_must_match_a_module():
+    names = ["model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.v_proj", "model.layers.0.mlp.up_proj"]
+    problems = checks.check_lora_targets(enabled=True, targets=["q_proj", "query"], linear_module_names=names)
+    assert "['query'] match no module" in problems[0].message and "q_proj, up_proj, v_proj" in problems[0].message
+    assert checks.check_lora_targets(enabled=True, targets=["q_proj", "v_proj"], linear_module_names=names) == []
+    assert checks.check_lora_targets(enabled=False, targets=["query"], linear_module_names=names) == []
+
+
+def test_qlora_and_flash_attention_need_cuda():
+    base = dict(compute_dtype="bfloat16", device="auto", flash_attn_installed=True, bitsandbytes_installed=True)
+    problems = checks.check_backend(load_in_4bit=True, attn_implementation="flash_attention_2",
+                                    cuda_available=False, **base)
+    assert [p.key for p in problems] == ["model.load_in_4bit", "model.attn_implementation"]
+    assert checks.check_backend(load_in_4bit=True, attn_implementation="flash_attention_2", cuda_available=True,
+                                **base) == []
+
+
+def test_flash_attention_needs_package_and_16_bit_dtype():
+    missing = checks.check_backend(load_in_4bit=False, attn_implementation="flash_attention_2", compute_dtype="bfloat16",
+                                   device="cuda", cuda_available=True, flash_attn_installed=False,
+                                   bitsandbytes_installed=False)
+    assert "flash-attn package" in missing[0].message
+    fp32 = checks.check_backend(load_in_4bit=False, attn_implementation="flash_attention_2", compute_dtype="float32",
+                                device="cuda", cuda_available=True, flash_attn_installed=True,
+                                bitsandbytes_installed=False)
+    assert "got float32" in fp32[0].message
+    no_cuda = checks.check_backend(load_in_4bit=False, attn_implementation="sdpa", compute_dtype="float32",
+                                   device="cuda", cuda_available=False, flash_attn_installed=False,
+                                   bitsandbytes_installed=False)
+    assert no_cuda[0].key == "train.device"
+
+
+def test_memory_fails_only_against_a_known_device():
+    problems = checks.check_memory(estimate_gib=90.0, device_memory_gib=80.0, breakdown="weights 60")
+    assert "90.0 GiB (weights 60) > device memory 80.0 GiB" in problems[0].message
+    assert checks.check_memory(estimate_gib=90.0, device_memory_gib=None, breakdown="") == []
+    assert checks.check_memory(estimate_gib=9.0, device_memory_gib=80.0, breakdown="") == []
