@@ -53,9 +53,10 @@ def _check_choices(cfg: RootConfig) -> None:
         if value not in allowed:
             problems.append(f"{key}={value!r} is not one of: {', '.join(allowed)}. Fix: {key}={allowed[0]}")
     max_len = cfg.data.max_seq_len
-    if isinstance(max_len, str) and max_len != "auto":
+    # Typed `Any` in the schema (OmegaConf 2.3 cannot merge a Union[int, str] field nested in a group), so here.
+    if max_len != "auto" and (isinstance(max_len, bool) or not isinstance(max_len, int)):
         problems.append(f"data.max_seq_len={max_len!r} must be 'auto' or an integer. Fix: data.max_seq_len=auto")
-    if isinstance(max_len, int) and max_len < 2:
+    elif isinstance(max_len, int) and max_len < 2:
         problems.append(f"data.max_seq_len={max_len} must be at least 2. Fix: data.max_seq_len=auto")
     for key, value in (("train.batch_size", cfg.train.batch_size), ("train.grad_accum", cfg.train.grad_accum),
                        ("launcher.nproc_per_node", cfg.launcher.nproc_per_node),

@@ -8,7 +8,7 @@ Defaults live here or in YAML, never in `cfg.get(key, default)` inside code.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -75,7 +75,7 @@ class DataConfig:
     # alpaca | chat | input_output | text | tokenized
     format: str = "alpaca"
     # "auto" = the longest sample over ALL splits rounded up to a multiple of 8, or an integer.
-    max_seq_len: Union[int, str] = "auto"
+    max_seq_len: Any = "auto"
     # error | truncate | drop: what happens to samples longer than an explicit max_seq_len (every split alike).
     overlength: str = "error"
     # Fraction of lines allowed to be malformed (skipped and written to rejects.jsonl). 0.0 = any bad line fails.

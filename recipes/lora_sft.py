@@ -1,0 +1,62 @@
+"""LoRA supervised fine-tuning: `python -m seqtune recipe=lora_sft` (the default).
+
+Reads top to bottom: tokenizer → model + LoRA → data → optimizer/schedule → loop with periodic eval → save.
+Preflight already ran in the parent and proved the invariants this recipe relies on (vocab fits, every sample
+fits max_seq_len, the collator gives one shape, every rank gets the same number of micro-batches).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from seqtune.config.schema import RootConfig
+from seqtune.data.loader import build_eval_batches, build_train_batches
+from seqtune.distributed import init_distributed, teardown, unwrap, wrap_model
+from seqtune.models import apply_lora, build_model, get_spec, resolve_attn_implementation
+from seqtune.preflight import load_result
+from seqtune.tokenizers import load_tokenizer
+from seqtune.train.export import export_final, report_end
+from seqtune.train.loop import Loop, fit
+from seqtune.train.optim import build_optimizer, build_scheduler
+from seqtune.train.session import autocast_dtype, open_logger, resume_state, set_seed, total_steps
+
+
+def run(cfg: RootConfig, run_dir: Path) -> None:
+    env = init_distributed(device_choice=cfg.train.device, backend_choice=cfg.launcher.backend)
+    set_seed(cfg.train.seed, env.rank)
+    preflight = load_result(run_dir)
+    spec = get_spec(cfg.model.family)
+
+    tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec.chat_template)
+
+    precision = autocast_dtype(cfg, env.device)
+    attn = resolve_attn_implementation(cfg.model.attn_implementation, device_type=env.device.type,
+                                       dtype=precision or cfg.model.dtype)
+    resize_to = len(tokenizer) if cfg.model.resize_embeddings else None
+    model = build_model(cfg.model, attn_implementation=attn, resize_to=resize_to)
+    model = apply_lora(model, cfg.lora, spec, extra_trainable=["embed_tokens", "lm_head"] if resize_to else [])
+    if env.is_main:
+        print(f"attention: {attn}; trainable parameters: "
+              f"{sum(p.numel() for p in model.parameters() if p.requires_grad):,}", flush=True)
+    model = wrap_model(model.to(env.device), env, parallel=cfg.train.parallel)
+
+    train_batches = build_train_batches(cfg, preflight, env, tokenizer, spec)
+    eval_batches = build_eval_batches(cfg, preflight, env, tokenizer, spec)
+
+    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.optim)
+    steps = total_steps(cfg, train_batches.steps_per_epoch(cfg.train.grad_accum))
+    scheduler = build_scheduler(optimizer, cfg.optim, steps)
+    sharded = env.distributed and cfg.train.parallel == "fsdp"
+    state = resume_state(cfg, run_dir, model=model, optimizer=optimizer, scheduler=scheduler, env=env,
+                         sharded=sharded)
+    train_batches.load_state_dict(state.data)
+    logger = open_logger(cfg, run_dir, env, state)
+
+    loop = Loop(model=model, optimizer=optimizer, scheduler=scheduler, train_batches=train_batches,
+                eval_batches=eval_batches, env=env, cfg=cfg.train, grad_clip=cfg.optim.grad_clip,
+                total_steps=steps, run_dir=run_dir, logger=logger, autocast_dtype=precision, sharded=sharded)
+    state = fit(loop, state)
+
+    export_final(unwrap(model), tokenizer, run_dir=run_dir, env=env, lora=True, merged=cfg.train.export_merged)
+    report_end(run_dir=run_dir, env=env, preflight=preflight, logger=logger)
+    teardown()

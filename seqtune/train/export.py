@@ -1,0 +1,48 @@
+"""What a finished run leaves behind: the LoRA adapter (peft format) or the full model, optionally merged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from seqtune.distributed import DistEnv, barrier
+from seqtune.train.loop import peak_memory_bytes
+from seqtune.train.metrics import MetricsLogger
+
+ADAPTER_DIR = "adapter"
+MODEL_DIR = "model"
+MERGED_DIR = "merged"
+
+
+def export_final(model: torch.nn.Module, tokenizer, *, run_dir: Path, env: DistEnv, lora: bool, merged: bool) -> None:
+    """Rank 0 writes safetensors only; `peft.PeftModel.from_pretrained(base, run_dir/'adapter')` loads the adapter,
+    `transformers.AutoModelForCausalLM.from_pretrained(run_dir/'merged')` the merged model, no seqtune needed."""
+    if env.is_main:
+        target = run_dir / (ADAPTER_DIR if lora else MODEL_DIR)
+        model.save_pretrained(target, safe_serialization=True)
+        tokenizer.save_pretrained(target)
+        print(f"saved {'LoRA adapter' if lora else 'model'}: {target}", flush=True)
+        if merged:
+            full = model.merge_and_unload() if lora else model
+            full.save_pretrained(run_dir / MERGED_DIR, safe_serialization=True)
+            tokenizer.save_pretrained(run_dir / MERGED_DIR)
+            print(f"saved merged model: {run_dir / MERGED_DIR}", flush=True)
+    barrier()
+
+
+def report_end(*, run_dir: Path, env: DistEnv, preflight, logger: MetricsLogger | None) -> None:
+    """Print measured peak memory beside preflight's estimate, so the estimate's error is visible."""
+    measured = peak_memory_bytes(env.device)
+    estimate = (preflight.memory or {}).get("total_bytes")
+    if logger is not None:
+        logger.summary({"peak_memory_mb": measured / 2**20, "estimated_memory_mb": (estimate or 0) / 2**20})
+        logger.close()
+    if env.is_main:
+        line = f"peak memory ({env.device.type}): measured {measured / 2**20:,.0f} MiB"
+        if estimate:
+            line += f", preflight estimate {estimate / 2**20:,.0f} MiB ({measured / estimate:.2f}x)"
+            if env.device.type == "cpu":
+                line += " [CPU: measured is the process's peak RSS, which includes the Python runtime and libraries]"
+        print(line, flush=True)
+        print(f"run directory: {run_dir}", flush=True)
