@@ -1,0 +1,62 @@
+"""Full-parameter supervised fine-tuning: `python -m seqtune recipe=full_sft`.
+
+Reads top to bottom: tokenizer → model → data → optimizer/schedule → loop with periodic eval → save.
+Every weight trains; with launcher=torchrun and train.parallel=fsdp the model is sharded across ranks (FSDP2)
+for models that do not fit on one device.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from seqtune.config.schema import RootConfig
+from seqtune.data.loader import build_eval_batches, build_train_batches
+from seqtune.distributed import init_distributed, teardown, unwrap, wrap_model
+from seqtune.models import build_model, get_spec, resolve_attn_implementation
+from seqtune.preflight import load_result
+from seqtune.tokenizers import load_tokenizer
+from seqtune.train.export import export_final, report_end
+from seqtune.train.loop import Loop, fit
+from seqtune.train.optim import build_optimizer, build_scheduler
+from seqtune.train.session import autocast_dtype, open_logger, resume_state, set_seed, total_steps
+
+
+def run(cfg: RootConfig, run_dir: Path) -> None:
+    env = init_distributed(device_choice=cfg.train.device, backend_choice=cfg.launcher.backend)
+    set_seed(cfg.train.seed, env.rank)
+    preflight = load_result(run_dir)
+    spec = get_spec(cfg.model.family)
+
+    tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec.chat_template)
+
+    precision = autocast_dtype(cfg, env.device)
+    attn = resolve_attn_implementation(cfg.model.attn_implementation, device_type=env.device.type,
+                                       dtype=precision or cfg.model.dtype)
+    resize_to = len(tokenizer) if cfg.model.resize_embeddings else None
+    model = build_model(cfg.model, attn_implementation=attn, resize_to=resize_to)
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if env.is_main:
+        print(f"attention: {attn}; trainable parameters: {sum(p.numel() for p in model.parameters()):,}", flush=True)
+    model = wrap_model(model.to(env.device), env, parallel=cfg.train.parallel)
+
+    train_batches = build_train_batches(cfg, preflight, env, tokenizer, spec)
+    eval_batches = build_eval_batches(cfg, preflight, env, tokenizer, spec)
+
+    optimizer = build_optimizer(list(model.parameters()), cfg.optim)
+    steps = total_steps(cfg, train_batches.steps_per_epoch(cfg.train.grad_accum))
+    scheduler = build_scheduler(optimizer, cfg.optim, steps)
+    sharded = env.distributed and cfg.train.parallel == "fsdp"
+    state = resume_state(cfg, run_dir, model=model, optimizer=optimizer, scheduler=scheduler, env=env,
+                         sharded=sharded)
+    train_batches.load_state_dict(state.data)
+    logger = open_logger(cfg, run_dir, env, state)
+
+    loop = Loop(model=model, optimizer=optimizer, scheduler=scheduler, train_batches=train_batches,
+                eval_batches=eval_batches, env=env, cfg=cfg.train, grad_clip=cfg.optim.grad_clip,
+                total_steps=steps, run_dir=run_dir, logger=logger, autocast_dtype=precision, sharded=sharded)
+    state = fit(loop, state)
+
+    export_final(unwrap(model), tokenizer, run_dir=run_dir, env=env, lora=False, merged=False)
+    report_end(run_dir=run_dir, env=env, preflight=preflight, logger=logger)
+    teardown()

@@ -1,0 +1,137 @@
+"""The real CLI end to end on tiny models (CPU): the embedded default, each family, the saved artifacts, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import read_metrics, run_cli
+
+FAST = ["train.max_steps=6", "train.eval_every=3", "train.log_every=1", "train.batch_size=4"]
+
+
+def _ok(result) -> None:
+    assert result.returncode == 0, f"exit {result.returncode}\nSTDOUT:\n{result.stdout[-4000:]}\nSTDERR:\n{result.stderr[-4000:]}"
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory) -> Path:
+    """The embedded default, shortened: LoRA SFT of tiny TinyLlama on the shipped instruction data."""
+    run_dir = tmp_path_factory.mktemp("default") / "run"
+    _ok(run_cli([*FAST, "train.export_merged=true"], run_dir))
+    return run_dir
+
+
+def test_default_run_leaves_adapter_config_and_metrics(default_run: Path):
+    assert (default_run / "adapter" / "adapter_model.safetensors").is_file()
+    assert (default_run / "adapter" / "adapter_config.json").is_file()
+    resolved = (default_run / "config.yaml").read_text()
+    assert "recipe_name: lora_sft" in resolved and "${" not in resolved  # fully resolved
+    metrics = read_metrics(default_run)
+    steps = [m["step"] for m in metrics if "loss" in m]
+    assert steps == [1, 2, 3, 4, 5, 6]
+    assert all(m["loss"] > 0 and m["tokens_per_s"] > 0 for m in metrics if "loss" in m)
+    evals = [m for m in metrics if "eval_loss" in m]
+    assert [m["step"] for m in evals] == [3, 6] and all(m["eval_ppl"] > 1 for m in evals)
+    report = json.loads((default_run / "preflight.json").read_text())
+    assert report["ok"] is True and isinstance(report["max_seq_len"], int)
+
+
+def test_saved_adapter_reloads_with_peft_and_matches_merged_export(default_run: Path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from seqtune.config import load_resolved
+    from seqtune.models import build_model
+
+    cfg = load_resolved(default_run / "config.yaml")
+    base = build_model(cfg.model, attn_implementation="sdpa")  # seeded: the same random base as training
+    ids = torch.randint(0, cfg.model.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        base_logits = base(input_ids=ids, use_cache=False).logits
+        tuned = PeftModel.from_pretrained(base, default_run / "adapter").eval()
+        adapter_logits = tuned(input_ids=ids, use_cache=False).logits
+        merged = AutoModelForCausalLM.from_pretrained(default_run / "merged").eval()
+        merged_logits = merged(input_ids=ids, use_cache=False).logits
+    assert not torch.allclose(base_logits, adapter_logits, atol=1e-4), "training changed nothing"
+    torch.testing.assert_close(adapter_logits, merged_logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("model", ["llama3_tiny", "gemma3_tiny", "mistral_tiny", "tinyllama_tiny"])
+def test_each_family_trains_through_the_cli(model: str, tmp_path: Path):
+    run_dir = tmp_path / "run"
+    _ok(run_cli([f"model={model}", "train.max_steps=3", "train.eval_every=0", "train.batch_size=4"], run_dir))
+    assert len([m for m in read_metrics(run_dir) if "loss" in m]) >= 1
+    assert (run_dir / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_full_sft_recipe_trains(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    _ok(run_cli(["recipe=full_sft", "train.max_steps=3", "train.eval_every=0", "train.batch_size=4"], run_dir))
+    assert (run_dir / "model" / "model.safetensors").is_file()
+
+
+def test_tiny_model_overfits_a_handful_of_samples(tmp_path: Path):
+    data = tmp_path / "few.jsonl"
+    rows = [{"instruction": f"Repeat the word {w}.", "input": "", "output": f"{w} {w} {w}"}
+            for w in ("apple", "river", "candle", "orbit")]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run_dir = tmp_path / "run"
+    _ok(run_cli([f"data.train={data}", "data.val=null", "train.max_steps=40", "train.batch_size=4",
+                 "train.eval_every=0", "optim.lr=1e-2", "optim.warmup_steps=0", "lora.rank=16"], run_dir))
+    losses = [m["loss"] for m in read_metrics(run_dir) if "loss" in m]
+    assert losses[-1] < 0.35 * losses[0], losses
+
+
+def test_wrong_key_is_named(tmp_path: Path):
+    result = run_cli(["model.hiden_size=32"], tmp_path / "run")
+    assert result.returncode != 0
+    assert "hiden_size" in result.stderr
+
+
+def test_missing_model_path_names_the_key_and_fix(tmp_path: Path):
+    result = run_cli(["model=llama3_8b"], tmp_path / "run")
+    assert result.returncode != 0
+    assert "model.path" in result.stderr and "Fix: model.path=" in result.stderr
+
+
+def test_wrong_model_path_names_the_key_and_what_was_expected(tmp_path: Path):
+    result = run_cli(["model=llama3_8b", f"model.path={tmp_path / 'nowhere'}"], tmp_path / "run")
+    assert result.returncode == 2, result.stderr
+    assert "model.path" in result.stdout + result.stderr and "config.json" in result.stdout + result.stderr
+
+
+def test_unknown_recipe_lists_the_available_ones(tmp_path: Path):
+    result = run_cli(["recipe=nope"], tmp_path / "run")
+    assert result.returncode != 0
+    assert "recipe/nope" in result.stderr and "lora_sft" in result.stderr and "full_sft" in result.stderr
+
+
+def test_preflight_only_is_a_dry_run(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    result = run_cli(["preflight.only=true"], run_dir)
+    _ok(result)
+    assert json.loads((run_dir / "preflight.json").read_text())["ok"] is True
+    assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "adapter").exists()
+
+
+def test_wandb_logger_runs_offline_without_a_key(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    _ok(run_cli(["logger=wandb", "train.max_steps=2", "train.eval_every=0", "train.batch_size=4"], run_dir,
+                env={"WANDB_API_KEY": ""}))
+    offline = list((run_dir / "wandb").glob("offline-run-*"))
+    assert offline, "no offline W&B run directory"
+    assert list(offline[0].glob("*.wandb")), "the offline run recorded no data"
+
+
+def test_wandb_key_is_never_written_to_any_saved_file(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    secret = "0123456789abcdef0123456789abcdef0123beef"
+    _ok(run_cli(["logger=wandb", "logger.mode=offline", "train.max_steps=1", "train.eval_every=0",
+                 "train.batch_size=4"], run_dir, env={"WANDB_API_KEY": secret}))
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), f"the W&B key leaked into {path}"
