@@ -1,0 +1,276 @@
+"""DistributedBatchPlan: which samples form which micro-batch on which rank, epoch by epoch (data.mode=cached).
+
+Every rank builds the same global plan from (seed, epoch) alone, so no communication is needed, then keeps its
+share. Guarantees per epoch: each sample goes to at most one rank (exactly one unless dropped by tail=drop), every
+rank gets the same number of micro-batches (DDP hangs otherwise), and resume from state_dict() yields exactly the
+micro-batches an uninterrupted run would have.
+
+Tail (data.tail): the samples (packed: rows) that do not fill a last global step of world_size x batch_size are
+  drop: left out of this epoch (reshuffled into the next epoch's plan; counted in summary()["dropped_samples"]);
+  pad:  completed with FILLERS, repeats of samples from the start of the epoch whose every target is masked, so
+        they cost compute but never change the loss (counted in summary()["filler_samples"]).
+A filler is encoded in a micro-batch as `index + num_samples`; wrap the dataset in `WithFillers` to read them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from seqtune.config.errors import ConfigError, DataError
+from seqtune.data.collate import STRATEGIES, round_up
+from seqtune.data.packing import next_fit_rows, order_for_next_fit, pack_best_fit_decreasing
+from seqtune.data.types import IGNORE_INDEX, TokenizedSample
+
+TAILS = ("drop", "pad")
+
+
+@dataclass(kw_only=True)
+class WithFillers:
+    """Map-style view of a dataset where index i + len(dataset) is sample i with every target masked (a filler)."""
+
+    dataset: Sequence[TokenizedSample]
+
+    def __len__(self) -> int:
+        return 2 * len(self.dataset)
+
+    def __getitem__(self, index: int) -> TokenizedSample:
+        n = len(self.dataset)
+        if not 0 <= index < 2 * n:
+            raise IndexError(index)
+        if index < n:
+            return self.dataset[index]
+        real = self.dataset[index - n]
+        masked = np.full_like(real.labels, IGNORE_INDEX)
+        return TokenizedSample(input_ids=real.input_ids, labels=masked, location=f"{real.location} (filler)")
+
+
+@dataclass(kw_only=True)
+class EpochPlan:
+    # per_rank[rank][micro_batch] = sample indices (>= num_samples: fillers) in the order the collator needs.
+    per_rank: list[list[list[int]]]
+    dropped_samples: int
+    filler_samples: int
+
+
+def _epoch_rng(seed: int, epoch: int) -> np.random.Generator:
+    # Seeded from (seed, epoch) only, so every process (and a resumed run) draws the same plan.
+    return np.random.default_rng([seed, epoch])
+
+
+def _fit_to_steps(order: np.ndarray, step: int, tail: str, n: int) -> tuple[np.ndarray, int, int]:
+    """Cut or extend `order` to a multiple of `step`: (entries, dropped, fillers). Fillers are index + n."""
+    if tail == "drop":
+        keep = len(order) // step * step
+        return order[:keep], len(order) - keep, 0
+    extra = round_up(len(order), step) - len(order)
+    fillers = np.resize(order, extra) + n if extra else np.empty(0, dtype=np.int64)
+    return np.concatenate([order, fillers]), 0, extra
+
+
+def _split_steps(entries: np.ndarray, world_size: int, batch_size: int) -> list[list[list[int]]]:
+    """entries (a whole number of global steps) -> per_rank[rank][micro_batch]: rank r takes slice r of each step."""
+    steps = entries.reshape(-1, world_size, batch_size)
+    return [steps[:, r, :].tolist() for r in range(world_size)]
+
+
+def _bucket(entries: np.ndarray, lengths2: np.ndarray, step: int, window: int,
+            rng: np.random.Generator, shuffle: bool) -> np.ndarray:
+    """Sort each window of `window` global steps by length, then shuffle the order of the global steps.
+
+    A global step (world_size micro-batches) is cut from consecutive sorted samples, so all ranks get similar
+    lengths at the same step and none waits for a straggler with a much longer batch.
+    """
+    span = window * step
+    sorted_parts = [
+        entries[i : i + span][np.argsort(lengths2[entries[i : i + span]], kind="stable")]
+        for i in range(0, len(entries), span)
+    ]
+    steps = np.concatenate(sorted_parts).reshape(-1, step) if sorted_parts else entries.reshape(-1, step)
+    if shuffle:
+        steps = steps[rng.permutation(len(steps))]
+    return steps.reshape(-1)
+
+
+def _packed_plan(lengths: np.ndarray, order: np.ndarray, *, batch_size: int, world_size: int, max_seq_len: int,
+                 tail: str, rng: np.random.Generator, shuffle: bool) -> EpochPlan:
+    n = len(lengths)
+    rows = [[int(order[i]) for i in row] for row in pack_best_fit_decreasing(lengths[order], max_seq_len)]
+    row_ids = rng.permutation(len(rows)) if shuffle else np.arange(len(rows))
+    kept, _, extra = _fit_to_steps(row_ids, world_size * batch_size, tail, len(rows))
+    dropped = sum(len(rows[r]) for r in row_ids[len(kept):]) if tail == "drop" else 0
+    # Filler rows are copies (entries + n) of real rows; appended after the real rows of their micro-batch.
+    rows_all = rows + [[i + n for i in row] for row in rows]
+    lengths2 = np.concatenate([lengths, lengths])
+    per_rank: list[list[list[int]]] = []
+    for rank_rows in _split_steps(kept, world_size, batch_size):
+        per_rank.append([_micro_batch_order(rows_all, ids, lengths2) for ids in rank_rows])
+    fillers = sum(len(rows[r - len(rows)]) for r in kept[len(kept) - extra:]) if extra else 0
+    return EpochPlan(per_rank=per_rank, dropped_samples=dropped, filler_samples=fillers)
+
+
+def _micro_batch_order(rows_all: list[list[int]], ids: list[int], lengths2: np.ndarray) -> list[int]:
+    """Real rows in opening order (so next_fit_rows rebuilds them exactly, see order_for_next_fit), fillers last.
+    A filler row may then merge into the row before it in the collator: that micro-batch has fewer, still valid,
+    rows; the loss is unaffected (filler targets are masked)."""
+    half = len(rows_all) // 2
+    real = order_for_next_fit(rows_all, [i for i in ids if i < half], lengths2)
+    return real + order_for_next_fit(rows_all, [i for i in ids if i >= half], lengths2)
+
+
+def _padded_plan(lengths: np.ndarray, order: np.ndarray, *, strategy: str, batch_size: int, world_size: int,
+                 tail: str, bucket_window: int, rng: np.random.Generator, shuffle: bool) -> EpochPlan:
+    step = world_size * batch_size
+    entries, dropped, fillers = _fit_to_steps(order, step, tail, len(lengths))
+    if strategy == "bucket":
+        entries = _bucket(entries, np.concatenate([lengths, lengths]), step, bucket_window, rng, shuffle)
+    return EpochPlan(per_rank=_split_steps(entries, world_size, batch_size), dropped_samples=dropped,
+                     filler_samples=fillers)
+
+
+class DistributedBatchPlan:
+    """This rank's micro-batches (lists of sample indices) per epoch, resumable. Usable as a DataLoader batch_sampler
+    over `WithFillers(dataset)` with the collator from make_collator.
+
+    Position: iterating yields the rest of the current epoch and counts each micro-batch as it is handed out;
+    after the last one the plan moves to the next epoch. A DataLoader with workers pulls from the sampler ahead of
+    training (prefetch), so then save `state_at(epoch, consumed)` from the consumer's count instead of state_dict().
+    """
+
+    def __init__(self, lengths: np.ndarray, *, batch_size: int, world_size: int, rank: int, strategy: str,
+                 max_seq_len: int, seed: int, shuffle: bool, tail: str, bucket_window: int,
+                 multiple_of: int = 1) -> None:
+        _check_plan_args(strategy=strategy, tail=tail, batch_size=batch_size, world_size=world_size, rank=rank,
+                         bucket_window=bucket_window)
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.batch_size, self.world_size, self.rank = batch_size, world_size, rank
+        self.strategy, self.max_seq_len, self.multiple_of = strategy, max_seq_len, multiple_of
+        self.seed, self.shuffle, self.tail, self.bucket_window = seed, shuffle, tail, bucket_window
+        self.epoch, self.position = 0, 0
+        self._cache: tuple[int, EpochPlan] | None = None
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.lengths)
+
+    def plan(self, epoch: int) -> EpochPlan:
+        """The global plan of `epoch` (every rank's share), a pure function of the constructor args and epoch."""
+        if self._cache is None or self._cache[0] != epoch:
+            rng = _epoch_rng(self.seed, epoch)
+            n = self.num_samples
+            order = rng.permutation(n) if self.shuffle else np.arange(n)
+            if self.strategy == "packed":
+                plan = _packed_plan(self.lengths, order, batch_size=self.batch_size, world_size=self.world_size,
+                                    max_seq_len=self.max_seq_len, tail=self.tail, rng=rng, shuffle=self.shuffle)
+            else:
+                plan = _padded_plan(self.lengths, order, strategy=self.strategy, batch_size=self.batch_size,
+                                    world_size=self.world_size, tail=self.tail, bucket_window=self.bucket_window,
+                                    rng=rng, shuffle=self.shuffle)
+            self._cache = (epoch, plan)
+        return self._cache[1]
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        return self.plan(epoch).per_rank[self.rank]
+
+    def __len__(self) -> int:
+        """Micro-batches per rank per epoch (the same on every rank, and for every epoch)."""
+        return len(self.batches(0))
+
+    def steps_per_epoch(self, grad_accum: int) -> int:
+        """Optimizer steps in one epoch; leftover micro-batches (len % grad_accum) carry into the next epoch's first
+        step when the loop iterates across epochs."""
+        return len(self) // grad_accum
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.epoch, self.position = epoch, 0
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self.batches(self.epoch)
+        while self.position < len(batches):
+            self.position += 1
+            yield batches[self.position - 1]
+        self.epoch, self.position = self.epoch + 1, 0
+
+    def _identity(self) -> dict[str, Any]:
+        return {"num_samples": self.num_samples, "batch_size": self.batch_size, "world_size": self.world_size,
+                "strategy": self.strategy, "max_seq_len": self.max_seq_len, "seed": self.seed,
+                "shuffle": self.shuffle, "tail": self.tail, "bucket_window": self.bucket_window}
+
+    def state_at(self, epoch: int, consumed: int) -> dict[str, Any]:
+        return {"epoch": epoch, "position": consumed, "plan": self._identity()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state_at(self.epoch, self.position)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = state["plan"]
+        if saved != self._identity():
+            changed = {k: (saved.get(k), v) for k, v in self._identity().items() if saved.get(k) != v}
+            raise DataError(
+                f"cannot resume the data position: the batch plan changed since the checkpoint ({changed}, "
+                "saved vs now); resuming would repeat or skip samples.",
+                key="train.resume",
+                fix="restore the original data/padding/train settings and world size, or train.resume=never.",
+            )
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        if self.position >= len(self):  # saved right after an epoch's last micro-batch
+            self.epoch, self.position = self.epoch + 1, 0
+
+    def computed_positions(self, micro_batch: list[int]) -> int:
+        """Positions the model computes for this micro-batch (what the collator will build)."""
+        lens = self.lengths[np.asarray(micro_batch) % self.num_samples]
+        if self.strategy == "packed":
+            return len(next_fit_rows(lens.tolist(), self.max_seq_len)) * self.max_seq_len
+        if self.strategy == "max_length":
+            return len(micro_batch) * self.max_seq_len
+        return len(micro_batch) * min(round_up(int(lens.max()), self.multiple_of), self.max_seq_len)
+
+    def summary(self, epoch: int = 0) -> dict[str, Any]:
+        """For preflight: micro-batches per rank, real samples/tokens per rank, dropped/filler counts, efficiency."""
+        plan = self.plan(epoch)
+        n = self.num_samples
+        samples, tokens, computed = [], [], 0
+        for rank_batches in plan.per_rank:
+            flat = np.asarray([i for mb in rank_batches for i in mb], dtype=np.int64)
+            real = flat[flat < n]
+            samples.append(int(real.size))
+            tokens.append(int(self.lengths[real].sum()))
+            computed += sum(self.computed_positions(mb) for mb in rank_batches)
+        return {
+            "micro_batches_per_rank": len(plan.per_rank[0]),
+            "samples_per_rank": samples,
+            "tokens_per_rank": tokens,
+            "dropped_samples": plan.dropped_samples,
+            "filler_samples": plan.filler_samples,
+            "tail": self.tail,
+            "padding_efficiency": sum(tokens) / computed if computed else 1.0,
+        }
+
+
+def _check_plan_args(*, strategy: str, tail: str, batch_size: int, world_size: int, rank: int,
+                     bucket_window: int) -> None:
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"unknown padding.strategy={strategy!r}.", key="padding.strategy",
+                          fix=f"one of {', '.join(STRATEGIES)}.")
+    if tail not in TAILS:
+        raise ConfigError(f"unknown data.tail={tail!r}.", key="data.tail", fix="data.tail=drop or pad.")
+    if batch_size < 1:
+        raise ConfigError(f"train.batch_size={batch_size} must be >= 1.", key="train.batch_size")
+    if bucket_window < 1:
+        raise ConfigError(f"padding.bucket_window={bucket_window} must be >= 1.", key="padding.bucket_window")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside world size {world_size}")
+
+
+def plan_padding_efficiency(lengths: np.ndarray, strategy: str, batch_size: int, max_seq_len: int,
+                            multiple_of: int, seed: int, bucket_window: int = 100) -> float:
+    """Real tokens / computed positions for one epoch on one rank (tail=pad: fillers count as waste).
+    Needs no model and no process group: preflight calls it per strategy to compare them."""
+    plan = DistributedBatchPlan(lengths, batch_size=batch_size, world_size=1, rank=0, strategy=strategy,
+                                max_seq_len=max_seq_len, seed=seed, shuffle=True, tail="pad",
+                                bucket_window=bucket_window, multiple_of=multiple_of)
+    return float(plan.summary()["padding_efficiency"])
