@@ -1,0 +1,243 @@
+"""One raw JSONL line → a typed record, or a `Reject` saying exactly what is wrong with it.
+
+Formats (data.format):
+  alpaca        {"instruction", "input"?, "output"} → prompt (ALPACA_TEMPLATE) + completion
+  chat          {"messages": [{"role", "content"}, ...]} → rendered by the tokenizer's chat template
+  input_output  {"input", "output"} (media like <img>path</img> must exist) → prompt + completion
+  text          {"text"} → plain causal LM, every token a target
+  tokenized     {"input_ids", "labels"?, "attention_mask"?} → used as is (padding recognised and stripped)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from seqtune.data.types import IGNORE_INDEX, Reject
+
+FORMATS = ("alpaca", "chat", "input_output", "text", "tokenized")
+
+# A short Alpaca prompt: the classic one-paragraph preamble costs ~40 tokens a record and teaches nothing.
+ALPACA_TEMPLATE = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+ALPACA_TEMPLATE_NO_INPUT = "### Instruction:\n{instruction}\n\n### Response:\n"
+MEDIA_PATTERN = re.compile(r"<(img|image|audio|video)>(.*?)</\1>", re.DOTALL)
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclass(kw_only=True, slots=True)
+class PromptCompletion:
+    """alpaca / input_output / text (prompt == "" for text): the completion (+ eos) is the target."""
+
+    file: str
+    line: int
+    prompt: str
+    completion: str
+
+
+@dataclass(kw_only=True, slots=True)
+class Conversation:
+    """chat: messages end with an assistant turn; only assistant turns are targets."""
+
+    file: str
+    line: int
+    messages: list[dict[str, str]]
+
+
+@dataclass(kw_only=True, slots=True)
+class PreTokenized:
+    """tokenized: ids/labels with any padding already stripped (`padding_stripped` = how many positions)."""
+
+    file: str
+    line: int
+    input_ids: np.ndarray
+    labels: np.ndarray | None
+    padding_stripped: int
+
+
+Record = PromptCompletion | Conversation | PreTokenized
+
+
+def template_signature(fmt: str) -> str:
+    """What of this module's rendering goes into the token-cache key (changing a template must invalidate it)."""
+    return f"{fmt}|{ALPACA_TEMPLATE}|{ALPACA_TEMPLATE_NO_INPUT}" if fmt == "alpaca" else fmt
+
+
+@dataclass(kw_only=True)
+class LineParser:
+    """Parses lines of one file. `media_root` None = the JSONL's own directory (input_output media refs)."""
+
+    fmt: str
+    file: str
+    media_root: str | None = None
+    pad_id: int | None = None
+    eos_id: int | None = None
+    vocab_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.fmt not in FORMATS:
+            raise ValueError(f"unknown format {self.fmt!r}; expected one of {FORMATS}")
+        self._media_dir = Path(self.media_root) if self.media_root else Path(self.file).parent
+        self._media_seen: dict[str, bool] = {}
+
+    def parse(self, line: int, raw: bytes) -> Record | Reject:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return self._reject(line, f"bad_utf8: invalid byte at column {exc.start + 1}")
+        try:
+            obj = json.loads(text)
+        except ValueError as exc:
+            return self._reject(line, f"bad_json: {exc}")
+        if not isinstance(obj, dict):
+            return self._reject(line, f"not_object: a JSON {type(obj).__name__}, expected an object {{...}}")
+        if self.fmt == "alpaca":
+            return self._alpaca(line, obj)
+        if self.fmt == "input_output":
+            return self._input_output(line, obj)
+        if self.fmt == "text":
+            return self._text(line, obj)
+        if self.fmt == "chat":
+            return self._chat(line, obj)
+        return self._tokenized(line, obj)
+
+    def _reject(self, line: int, reason: str) -> Reject:
+        return Reject(file=self.file, line=line, reason=reason)
+
+    def _strings(self, line: int, obj: dict, required: tuple[str, ...], optional: tuple[str, ...] = ()
+                 ) -> list[str] | Reject:
+        missing = [k for k in required if k not in obj]
+        if missing:
+            return self._reject(line, f"missing_field: {', '.join(missing)} (has: {', '.join(sorted(obj)) or 'none'})")
+        values = []
+        for key in required + optional:
+            value = obj.get(key, "")
+            if value is None and key in optional:
+                value = ""
+            if not isinstance(value, str):
+                return self._reject(line, f"wrong_type: {key} is a {type(value).__name__}, expected a string")
+            values.append(value)
+        return values
+
+    def _alpaca(self, line: int, obj: dict) -> Record | Reject:
+        values = self._strings(line, obj, ("instruction", "output"), ("input",))
+        if isinstance(values, Reject):
+            return values
+        instruction, output, input_text = values
+        for key, value in (("instruction", instruction), ("output", output)):
+            if not value.strip():
+                return self._reject(line, f"empty_text: {key} is empty")
+        if input_text.strip():
+            prompt = ALPACA_TEMPLATE.format(instruction=instruction, input=input_text)
+        else:
+            prompt = ALPACA_TEMPLATE_NO_INPUT.format(instruction=instruction)
+        return PromptCompletion(file=self.file, line=line, prompt=prompt, completion=output)
+
+    def _input_output(self, line: int, obj: dict) -> Record | Reject:
+        values = self._strings(line, obj, ("input", "output"))
+        if isinstance(values, Reject):
+            return values
+        for key, value in zip(("input", "output"), values):
+            if not value.strip():
+                return self._reject(line, f"empty_text: {key} is empty")
+            missing = self._missing_media(value)
+            if missing:
+                return self._reject(line, f"missing_media: {missing} not found under {self._media_dir} "
+                                          f"(set data.media_root to the directory media paths are relative to)")
+        return PromptCompletion(file=self.file, line=line, prompt=values[0], completion=values[1])
+
+    def _missing_media(self, text: str) -> str | None:
+        if "<" not in text:  # fast path: almost every record has no media
+            return None
+        for match in MEDIA_PATTERN.finditer(text):
+            ref = match.group(2).strip()
+            if ref not in self._media_seen:
+                self._media_seen[ref] = os.path.exists(self._media_dir / ref)
+            if not self._media_seen[ref]:
+                return ref
+        return None
+
+    def _text(self, line: int, obj: dict) -> Record | Reject:
+        values = self._strings(line, obj, ("text",))
+        if isinstance(values, Reject):
+            return values
+        if not values[0].strip():
+            return self._reject(line, "empty_text: text is empty")
+        return PromptCompletion(file=self.file, line=line, prompt="", completion=values[0])
+
+    def _chat(self, line: int, obj: dict) -> Record | Reject:
+        messages = obj.get("messages")
+        if messages is None:
+            return self._reject(line, f"missing_field: messages (has: {', '.join(sorted(obj)) or 'none'})")
+        if not isinstance(messages, list) or not messages:
+            return self._reject(line, "wrong_type: messages must be a non-empty list of {role, content}")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or "role" not in message or "content" not in message:
+                return self._reject(line, f"missing_field: messages[{i}] needs role and content")
+            if message["role"] not in CHAT_ROLES or not isinstance(message["content"], str):
+                return self._reject(line, f"wrong_type: messages[{i}] role must be one of {CHAT_ROLES} "
+                                          f"and content a string")
+            if message["role"] == "assistant" and not message["content"].strip():
+                return self._reject(line, f"empty_text: messages[{i}] (assistant) is empty")
+        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
+        if last < 0:
+            return self._reject(line, "no_targets: no assistant message, nothing to train on")
+        # Turns after the last assistant reply carry no target; keeping them would put eos after a user turn.
+        kept = [{"role": m["role"], "content": m["content"]} for m in messages[: last + 1]]
+        return Conversation(file=self.file, line=line, messages=kept)
+
+    def _tokenized(self, line: int, obj: dict) -> Record | Reject:
+        if "input_ids" not in obj:
+            return self._reject(line, f"missing_field: input_ids (has: {', '.join(sorted(obj)) or 'none'})")
+        arrays: dict[str, np.ndarray] = {}
+        for key in ("input_ids", "labels", "attention_mask"):
+            value = obj.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, list) or not all(type(v) is int for v in value):
+                return self._reject(line, f"wrong_type: {key} must be a list of integers")
+            arrays[key] = np.asarray(value, dtype=np.int64)
+        lengths = {k: len(v) for k, v in arrays.items()}
+        if len(set(lengths.values())) > 1:
+            detail = ", ".join(f"{k}={n}" for k, n in lengths.items())
+            return self._reject(line, f"wrong_type: lengths differ ({detail}); they must be equal per row")
+        return self._strip_padding(line, arrays)
+
+    def _strip_padding(self, line: int, arrays: dict[str, np.ndarray]) -> Record | Reject:
+        ids, labels, mask = arrays["input_ids"], arrays.get("labels"), arrays.get("attention_mask")
+        keep = slice(0, len(ids))
+        if mask is not None:
+            real = np.flatnonzero(mask)
+            if len(real) and (real[-1] - real[0] + 1) != len(real):
+                return self._reject(line, "wrong_type: attention_mask has zeros between ones (not padding)")
+            keep = slice(int(real[0]), int(real[-1]) + 1) if len(real) else slice(0, 0)
+        elif self.pad_id is not None:
+            keep = self._pad_run(ids)
+        ids = ids[keep]
+        labels = labels[keep] if labels is not None else None
+        stripped = len(arrays["input_ids"]) - len(ids)
+        if len(ids) == 0:
+            return self._reject(line, "empty_text: input_ids has no real (unpadded) token")
+        if (ids < 0).any() or (self.vocab_size is not None and (ids >= self.vocab_size).any()):
+            bad = int(ids[(ids < 0) | (ids >= (self.vocab_size or np.iinfo(np.int64).max))][0])
+            return self._reject(line, f"bad_token_id: {bad} outside the tokenizer's 0..{self.vocab_size} "
+                                      f"(was this data tokenized with another tokenizer?)")
+        if labels is not None:
+            wrong = np.flatnonzero((labels != IGNORE_INDEX) & (labels != ids))
+            if len(wrong):
+                return self._reject(line, f"wrong_type: labels[{int(wrong[0])}]={int(labels[wrong[0]])} is neither "
+                                          f"{IGNORE_INDEX} nor input_ids[{int(wrong[0])}]; labels must be unshifted")
+        return PreTokenized(file=self.file, line=line, input_ids=ids, labels=labels, padding_stripped=stripped)
+
+    def _pad_run(self, ids: np.ndarray) -> slice:
+        # Without a mask, padding is a run of pad ids at either end. When pad == eos, one trailing eos is real.
+        is_pad = ids == self.pad_id
+        start = int(np.argmin(is_pad)) if not is_pad.all() else len(ids)
+        end = len(ids) - int(np.argmin(is_pad[::-1])) if not is_pad.all() else len(ids)
+        if self.pad_id == self.eos_id and end < len(ids):
+            end += 1
+        return slice(start, max(start, end))

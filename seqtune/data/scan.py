@@ -1,0 +1,208 @@
+"""Preflight's one pass over a split: parse → encode in batches → token cache, collecting what the checks need.
+
+A re-run with the same data, tokenizer, format and template finds the published cache by its content key and
+returns the stored statistics without parsing or tokenizing anything (cost: hashing the data files).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from seqtune.data.cache import TokenCache, TokenCacheWriter, cache_key, tokenizer_fingerprint
+from seqtune.data.formats import LineParser, Record, template_signature
+from seqtune.data.sources import LineIndex, iter_lines
+from seqtune.data.tokenize import EncodedBatch, SampleEncoder
+from seqtune.data.types import Reject
+
+# Rejects kept in memory (every one is in the cache's rejects.jsonl; counts are always exact).
+MAX_REJECTS_IN_MEMORY = 100_000
+
+
+@dataclass(kw_only=True)
+class SplitScan:
+    """What one split holds, as preflight's checks need it. `lengths[i]` belongs to cache sample i."""
+
+    name: str
+    cache_dir: Path
+    records: int  # non-blank lines read
+    samples: int  # records that became samples (records - rejects)
+    rejects: list[Reject]
+    reject_counts: dict[str, int]
+    lengths: np.ndarray
+    max_token_id: int
+    max_token_location: str
+    zero_target_samples: int  # samples with no target besides the final eos
+    target_tokens: int
+    total_tokens: int
+    padded_inputs: int  # tokenized format: rows that arrived padded (padding stripped)
+    padded_locations: list[str] = field(default_factory=list)  # the first few, to name in the report
+    from_cache: bool = False
+    seconds: float = 0.0
+
+    @property
+    def trainable_fraction(self) -> float:
+        return self.target_tokens / self.total_tokens if self.total_tokens else 0.0
+
+    @property
+    def num_rejects(self) -> int:
+        return sum(self.reject_counts.values())
+
+    def cache(self) -> TokenCache:
+        return TokenCache.open(self.cache_dir)
+
+
+def encoder_signature(encoder: SampleEncoder) -> str:
+    return "|".join([
+        tokenizer_fingerprint(encoder.tokenizer), template_signature(encoder.fmt),
+        f"train_on_prompt={encoder.train_on_prompt}", f"bos={encoder.bos_id}", f"eos={encoder.eos_id}",
+    ])
+
+
+@dataclass(kw_only=True)
+class _Stats:
+    """Running totals over encoded batches (everything SplitScan reports, without holding the samples)."""
+
+    records: int = 0
+    rejects: list[Reject] = field(default_factory=list)
+    reject_counts: Counter = field(default_factory=Counter)
+    max_token_id: int = -1
+    max_token_location: str = ""
+    zero_target: int = 0
+    target_tokens: int = 0
+    total_tokens: int = 0
+    padded: int = 0
+    padded_locations: list[str] = field(default_factory=list)
+
+    def add_rejects(self, rejects: list[Reject]) -> None:
+        self.reject_counts.update(r.code for r in rejects)
+        self.rejects.extend(rejects[: max(0, MAX_REJECTS_IN_MEMORY - len(self.rejects))])
+
+    def add_batch(self, batch: EncodedBatch) -> None:
+        if not len(batch.lengths):
+            return
+        starts = np.cumsum(batch.lengths) - batch.lengths
+        targets = np.add.reduceat(batch.target.astype(np.int64), starts)
+        self.zero_target += int((targets <= 1).sum())  # the final eos is always a target
+        self.target_tokens += int(targets.sum())
+        self.total_tokens += int(batch.lengths.sum())
+        top = int(batch.ids.argmax())
+        if int(batch.ids[top]) > self.max_token_id:
+            sample = int(np.searchsorted(starts, top, side="right") - 1)
+            self.max_token_id = int(batch.ids[top])
+            self.max_token_location = f"{batch.files[sample]}:{int(batch.lines[sample])}"
+        padded = np.flatnonzero(batch.padding_stripped)
+        self.padded += len(padded)
+        self.padded_locations += [f"{batch.files[i]}:{int(batch.lines[i])}" for i in padded[:10]][
+            : max(0, 10 - len(self.padded_locations))]
+
+
+def scan_split(name: str, paths: list[Path], encoder: SampleEncoder, *, cache_root: Path, key_extra: str = "",
+               media_root: str | None = None, max_records: int = 0, chunk_size: int = 16384,
+               progress: bool = False) -> SplitScan:
+    """Stream split `name` (files `paths`) once; write or reuse its token cache; return its statistics.
+
+    max_records > 0 stops after that many records (stream mode's preflight sample). key_extra: anything else
+    the caller's cache must depend on.
+    """
+    began = time.perf_counter()
+    paths = [Path(p) for p in paths]
+    key = cache_key(paths, encoder_signature(encoder), f"{key_extra}|media_root={media_root}|max={max_records}")
+    published = Path(cache_root) / key
+    if (published / "meta.json").is_file():
+        return _load_scan(name, published, began)
+    writer = TokenCacheWriter(Path(cache_root), key, paths)
+    try:
+        stats, indexes = _stream(paths, encoder, writer, media_root=media_root, max_records=max_records,
+                                 chunk_size=chunk_size, progress=progress, name=name)
+        meta = _stats_meta(stats)
+        directory = writer.commit(meta, indexes)
+    except BaseException:
+        writer.abort()
+        raise
+    scan = _load_scan(name, directory, began)
+    scan.from_cache = False
+    return scan
+
+
+def _stream(paths: list[Path], encoder: SampleEncoder, writer: TokenCacheWriter, *, media_root: str | None,
+            max_records: int, chunk_size: int, progress: bool, name: str) -> tuple[_Stats, list[LineIndex]]:
+    stats, indexes = _Stats(), []
+    bar = _progress_bar(name, progress)
+    pad_id = encoder.tokenizer.pad_token_id
+    for path in paths:
+        index = LineIndex()
+        indexes.append(index)
+        parser = LineParser(fmt=encoder.fmt, file=str(path), media_root=media_root, pad_id=pad_id,
+                            eos_id=encoder.eos_id, vocab_size=encoder.vocab_size)
+        chunk: list[Record] = []
+        rejects: list[Reject] = []
+        for line_no, raw in iter_lines(path, index):
+            parsed = parser.parse(line_no, raw)
+            (rejects if isinstance(parsed, Reject) else chunk).append(parsed)
+            stats.records += 1
+            if len(chunk) >= chunk_size or len(rejects) >= chunk_size:
+                _flush(chunk, rejects, encoder, writer, stats, bar)
+                chunk, rejects = [], []
+            if max_records and stats.records >= max_records:
+                break
+        _flush(chunk, rejects, encoder, writer, stats, bar)
+        if max_records and stats.records >= max_records:
+            break
+    if bar is not None:
+        bar.close()
+    return stats, indexes
+
+
+def _flush(chunk: list[Record], rejects: list[Reject], encoder: SampleEncoder, writer: TokenCacheWriter,
+           stats: _Stats, bar) -> None:
+    if chunk:
+        batch = encoder.encode_records(chunk)
+        rejects = rejects + [r for _, r in batch.rejects]
+        writer.append(batch)
+        stats.add_batch(batch)
+    # Rejects go out in line order within the chunk, so rejects.jsonl reads top to bottom like the file.
+    rejects.sort(key=lambda r: (r.file, r.line))
+    writer.add_rejects(rejects)
+    stats.add_rejects(rejects)
+    if bar is not None:
+        bar.update(len(chunk) + len(rejects))
+
+
+def _progress_bar(name: str, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(desc=f"scan {name}", unit=" rec", file=sys.stderr, mininterval=0.5)
+
+
+def _stats_meta(stats: _Stats) -> dict:
+    return {
+        "records": stats.records, "reject_counts": dict(stats.reject_counts), "max_token_id": stats.max_token_id,
+        "max_token_location": stats.max_token_location, "zero_target_samples": stats.zero_target,
+        "target_tokens": stats.target_tokens, "total_tokens": stats.total_tokens,
+        "padded_inputs": stats.padded, "padded_locations": stats.padded_locations,
+    }
+
+
+def _load_scan(name: str, directory: Path, began: float) -> SplitScan:
+    meta = json.loads((directory / "meta.json").read_text())
+    rejects = []
+    with open(directory / "rejects.jsonl", encoding="utf-8") as f:
+        for line, _ in zip(f, range(MAX_REJECTS_IN_MEMORY)):
+            rejects.append(Reject(**json.loads(line)))
+    return SplitScan(
+        name=name, cache_dir=directory, records=meta["records"], samples=meta["num_samples"], rejects=rejects,
+        reject_counts=meta["reject_counts"], lengths=np.fromfile(directory / "lengths.bin", dtype=np.int32),
+        max_token_id=meta["max_token_id"], max_token_location=meta["max_token_location"],
+        zero_target_samples=meta["zero_target_samples"], target_tokens=meta["target_tokens"],
+        total_tokens=meta["total_tokens"], padded_inputs=meta["padded_inputs"],
+        padded_locations=meta["padded_locations"], from_cache=True, seconds=time.perf_counter() - began,
+    )

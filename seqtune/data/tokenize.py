@@ -1,0 +1,220 @@
+"""Records → token ids + target masks, in batches (the speed-critical path of preflight's scan).
+
+Rules every format obeys (the contract in types.py):
+- bos appears exactly once at the start when the tokenizer uses one (detected by probing the tokenizer), never
+  twice when a chat template already renders it; bos itself is never a target (nothing predicts position 0).
+- eos appears exactly once at the end and is ALWAYS a target (the model must learn to stop), even if pad == eos:
+  targets are a mask decided here, never derived later by comparing ids with pad/eos.
+- prompt tokens are not targets unless train_on_prompt; chat: only assistant turns (with their end-of-turn marker).
+Prompt and completion texts are each tokenized in ONE batched fast-tokenizer call (Rust, all cores), and samples
+are assembled with numpy index arithmetic, so the per-record Python cost is a few list operations.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from itertools import chain
+
+import numpy as np
+
+from seqtune.config.errors import ConfigError
+from seqtune.data.formats import Conversation, PreTokenized, PromptCompletion, Record
+from seqtune.data.types import IGNORE_INDEX, Reject, TokenizedSample
+
+
+@dataclass(kw_only=True)
+class EncodedBatch:
+    """Samples of one batch laid out flat: sample i is ids[offsets[i]:offsets[i+1]] (what the cache stores)."""
+
+    ids: np.ndarray  # int64, all samples concatenated
+    target: np.ndarray  # bool, same length: True where the token is a training target
+    lengths: np.ndarray  # int64 per sample
+    files: list[str]  # per sample
+    lines: np.ndarray  # int64 per sample, 1-based
+    padding_stripped: np.ndarray  # int64 per sample: pad positions removed from a pre-tokenized row
+    source_index: np.ndarray  # int64 per sample: index into the records given to encode_records
+    rejects: list[tuple[int, Reject]] = field(default_factory=list)  # (record index, reject) found while encoding
+
+    @property
+    def offsets(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.lengths)])
+
+    def sample(self, i: int, offsets: np.ndarray | None = None) -> TokenizedSample:
+        offsets = self.offsets if offsets is None else offsets
+        ids = self.ids[offsets[i]: offsets[i + 1]]
+        labels = np.where(self.target[offsets[i]: offsets[i + 1]], ids, IGNORE_INDEX)
+        return TokenizedSample(input_ids=ids, labels=labels, location=f"{self.files[i]}:{int(self.lines[i])}")
+
+
+def _ragged_positions(lengths: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Destination index of every element of a flat ragged array whose rows go to starts[i], starts[i]+1, ..."""
+    row_starts = np.cumsum(lengths) - lengths
+    return np.repeat(starts - row_starts, lengths) + np.arange(int(lengths.sum()))
+
+
+class SampleEncoder:
+    """Encodes records of one format with one tokenizer. `encode_batch` for samples, `encode_records` for speed."""
+
+    def __init__(self, tokenizer, fmt: str, *, train_on_prompt: bool) -> None:
+        if tokenizer.eos_token_id is None:
+            raise ConfigError("the tokenizer has no eos token, so samples cannot end with one.", key="tokenizer",
+                              fix="use a tokenizer with an eos token (tokenizer.source=bundled has </s>).")
+        self.tokenizer = tokenizer
+        self.fmt = fmt
+        self.train_on_prompt = train_on_prompt
+        self.eos_id = int(tokenizer.eos_token_id)
+        self.bos_id = self._probe_bos(tokenizer)
+        self.vocab_size = len(tokenizer)
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        if self._backend is None and fmt == "chat":
+            raise ConfigError("data.format=chat needs a fast (Rust) tokenizer for character offsets.",
+                              key="data.format", fix="load the tokenizer with use_fast=True.")
+        self.texts_tokenized = 0  # counts tokenizer inputs: lets tests prove a cached re-run tokenizes nothing
+
+    @staticmethod
+    def _probe_bos(tokenizer) -> int | None:
+        # Follow the tokenizer's own convention: a bos only if encoding with special tokens puts one first
+        # (Llama does; GPT-2/Qwen-style tokenizers do not, even when a bos_token is defined).
+        if tokenizer.bos_token_id is None:
+            return None
+        probe = tokenizer("a", add_special_tokens=True)["input_ids"]
+        return int(tokenizer.bos_token_id) if probe and probe[0] == tokenizer.bos_token_id else None
+
+    def _token_lists(self, texts: list[str]) -> list[list[int]]:
+        self.texts_tokenized += len(texts)
+        if self._backend is not None:
+            return [e.ids for e in self._backend.encode_batch_fast(texts, add_special_tokens=False)]
+        return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+    def encode_batch(self, records: list[Record]) -> list[TokenizedSample | Reject]:
+        """One TokenizedSample (or Reject) per record, in order."""
+        batch = self.encode_records(records)
+        out: list[TokenizedSample | Reject | None] = [None] * len(records)
+        offsets = batch.offsets
+        for i, source in enumerate(batch.source_index):
+            out[int(source)] = batch.sample(i, offsets)
+        for source, reject in batch.rejects:
+            out[source] = reject
+        return out  # type: ignore[return-value]
+
+    def encode_records(self, records: list[Record]) -> EncodedBatch:
+        if self.fmt == "chat":
+            return self._encode_chat(records)  # type: ignore[arg-type]
+        if self.fmt == "tokenized":
+            return self._encode_pretokenized(records)  # type: ignore[arg-type]
+        return self._encode_prompt_completion(records)  # type: ignore[arg-type]
+
+    def _flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        lists = self._token_lists(texts)
+        lengths = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+        flat = np.fromiter(chain.from_iterable(lists), dtype=np.int64, count=int(lengths.sum()))
+        return flat, lengths
+
+    def _encode_prompt_completion(self, records: list[PromptCompletion]) -> EncodedBatch:
+        n = len(records)
+        prompt_ids, p_len = self._flat([r.prompt for r in records]) if self.fmt != "text" else (
+            np.empty(0, np.int64), np.zeros(n, np.int64))
+        comp_ids, c_len = self._flat([r.completion for r in records])
+        # A completion whose text already ends in the eos token (e.g. a literal "</s>") gets no second one.
+        last = comp_ids[np.maximum(np.cumsum(c_len) - 1, 0)] if len(comp_ids) else np.zeros(n, np.int64)
+        add_eos = ~((c_len > 0) & (last == self.eos_id))
+        bos = int(self.bos_id is not None)
+        lengths = bos + p_len + c_len + add_eos
+        starts = np.cumsum(lengths) - lengths
+        ids = np.empty(int(lengths.sum()), np.int64)
+        target = np.ones(len(ids), bool)
+        if bos:
+            ids[starts] = self.bos_id
+            target[starts] = False
+        p_pos = _ragged_positions(p_len, starts + bos)
+        ids[p_pos] = prompt_ids
+        target[p_pos] = self.train_on_prompt
+        ids[_ragged_positions(c_len, starts + bos + p_len)] = comp_ids
+        ids[(starts + lengths - 1)[add_eos]] = self.eos_id
+        return EncodedBatch(
+            ids=ids, target=target, lengths=lengths, files=[r.file for r in records],
+            lines=np.fromiter((r.line for r in records), np.int64, count=n),
+            padding_stripped=np.zeros(n, np.int64), source_index=np.arange(n),
+        )
+
+    def _assemble(self, parts: list[tuple[np.ndarray, np.ndarray]], records: list, kept: list[int],
+                  rejects: list[tuple[int, Reject]], stripped: list[int]) -> EncodedBatch:
+        """Per-sample (ids, target) → one batch, applying the bos/eos rules. Used by the per-record formats."""
+        out_ids, out_target = [], []
+        for ids, target in parts:
+            if self.bos_id is not None and (len(ids) == 0 or ids[0] != self.bos_id):
+                ids, target = np.concatenate([[self.bos_id], ids]), np.concatenate([[False], target])
+            elif self.bos_id is not None:
+                target = target.copy()
+                target[0] = False
+            if len(ids) == 0 or ids[-1] != self.eos_id:
+                ids, target = np.concatenate([ids, [self.eos_id]]), np.concatenate([target, [True]])
+            target[-1] = True
+            out_ids.append(ids.astype(np.int64))
+            out_target.append(target.astype(bool))
+        lengths = np.fromiter(map(len, out_ids), np.int64, count=len(out_ids))
+        return EncodedBatch(
+            ids=np.concatenate(out_ids) if out_ids else np.empty(0, np.int64),
+            target=np.concatenate(out_target) if out_target else np.empty(0, bool),
+            lengths=lengths, files=[records[i].file for i in kept],
+            lines=np.asarray([records[i].line for i in kept], np.int64),
+            padding_stripped=np.asarray(stripped, np.int64), source_index=np.asarray(kept, np.int64),
+            rejects=rejects,
+        )
+
+    def _encode_pretokenized(self, records: list[PreTokenized]) -> EncodedBatch:
+        parts = []
+        for r in records:
+            target = np.ones(len(r.input_ids), bool) if r.labels is None else r.labels != IGNORE_INDEX
+            parts.append((r.input_ids, target))
+        return self._assemble(parts, records, list(range(len(records))), [], [r.padding_stripped for r in records])
+
+    def _encode_chat(self, records: list[Conversation]) -> EncodedBatch:
+        texts, spans, kept, rejects = [], [], [], []
+        for i, record in enumerate(records):
+            try:
+                text, assistant_spans = render_chat(self.tokenizer, record.messages)
+            except Exception as exc:  # noqa: BLE001 - a template's own error is this record's reject reason
+                rejects.append((i, Reject(file=record.file, line=record.line,
+                                          reason=f"wrong_type: chat template failed: {exc}")))
+                continue
+            texts.append(text)
+            spans.append(assistant_spans)
+            kept.append(i)
+        self.texts_tokenized += len(texts)
+        encodings = self._backend.encode_batch(texts, add_special_tokens=False) if texts else []
+        parts = []
+        for enc, assistant_spans in zip(encodings, spans):
+            starts = np.fromiter((s for s, _ in enc.offsets), np.int64, count=len(enc.offsets))
+            target = np.zeros(len(starts), bool)
+            for lo, hi in assistant_spans:
+                target |= (starts >= lo) & (starts < hi)
+            parts.append((np.asarray(enc.ids, np.int64), target))
+        return self._assemble(parts, records, kept, rejects, [0] * len(kept))
+
+
+def render_chat(tokenizer, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the character spans of each assistant reply (end-of-turn marker included).
+
+    Renders incrementally: the text of messages[:i] with the generation prompt must be a prefix of the text of
+    messages[:i+1]; what assistant turn i adds after that prefix is its target span. Works with any template
+    that renders conversations append-only (no {% generation %} markers needed).
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError("data.format=chat but the tokenizer has no chat template.", key="data.format",
+                          fix="use a tokenizer with a chat template (tokenizer.source=bundled has one).")
+    full = tokenizer.apply_chat_template(messages, tokenize=False).rstrip()
+    spans = []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True) if i else ""
+        upto = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
+        if not (upto.startswith(before) and full.startswith(before)):
+            raise ValueError(f"rendering is not append-only at message {i}, cannot locate the assistant reply")
+        # A template may close the LAST turn differently (e.g. eos after the final reply): the reply ends where
+        # this partial rendering stops agreeing with the full conversation.
+        common = os.path.commonprefix([upto, full])
+        spans.append((len(before), len(common.rstrip())))
+    return full, spans
