@@ -41,9 +41,10 @@ def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def resized_vocab(tokenizer_size: int) -> int:
-    """The embedding size model.resize_embeddings=true gives: the tokenizer's, rounded up to a multiple of 64."""
-    return round_up(tokenizer_size, RESIZE_MULTIPLE)
+def resized_vocab(tokenizer_size: int, embedding_rows: int = 0) -> int:
+    """The embedding size model.resize_embeddings=true gives: the tokenizer's rounded up to a multiple of 64,
+    never fewer rows than the model has (the same rule as seqtune.models.resized_rows)."""
+    return max(embedding_rows, round_up(tokenizer_size, RESIZE_MULTIPLE))
 
 
 def _listed(items: Sequence[str], total: int) -> str:
@@ -71,7 +72,7 @@ def check_vocab_size(
                 check="vocab", key="model.resize_embeddings",
                 message=(f"tokenizer has {tokenizer_size} tokens (added and special included) > model {what} "
                          f"rows {rows} (model.vocab_size); ids {rows}..{tokenizer_size - 1} would index out of "
-                         f"range. Fix: model.resize_embeddings=true (resizes to {resized_vocab(tokenizer_size)}), "
+                         f"range. Fix: model.resize_embeddings=true (resizes to {resized_vocab(tokenizer_size, rows)}), "
                          "or the tokenizer that matches the model (tokenizer=checkpoint)."),
             ))
     return problems
@@ -200,18 +201,18 @@ def length_stats(lengths: np.ndarray, max_seq_len: int) -> dict[str, int]:
 
 
 def check_trainable_tokens(
-    *, split: str, num_targets: np.ndarray, locations: Sequence[str], dropped: bool
+    *, split: str, zero_target: int, locations: Sequence[str], dropped: bool
 ) -> list[Problem]:
-    """A sample with zero target tokens adds nothing but compute (and a 0/0 loss if a whole batch is like it)."""
-    empty = np.flatnonzero(np.asarray(num_targets) == 0)
-    if empty.size == 0 or dropped:
+    """A sample whose only target is the final eos (every completion token masked, e.g. an empty output or a
+    prompt that truncation cut the completion from) teaches nothing but when to stop: counted, and a problem
+    unless such samples are dropped. `locations` = the first few of them."""
+    if zero_target == 0 or dropped:
         return []
-    listed = [locations[i] for i in empty[:MAX_LISTED]]
     return [Problem(
-        check="labels", key="data.train_on_prompt", location=listed[0],
-        message=(f"{empty.size} {split} sample(s) have zero trainable tokens (every label masked): "
-                 f"{_listed(listed, int(empty.size))}. Fix: give them a non-empty completion, "
-                 "data.train_on_prompt=true, or data.overlength=truncate/drop if truncation cut the completion."),
+        check="labels", key="data.train_on_prompt", location=locations[0] if locations else None,
+        message=(f"{zero_target} {split} sample(s) have zero trainable tokens (every completion token masked): "
+                 f"{_listed(list(locations), zero_target)}. Fix: give them a non-empty completion, "
+                 "data.train_on_prompt=true, or a larger data.max_seq_len if truncation cut the completion."),
     )]
 
 
@@ -269,28 +270,14 @@ def check_packed_attention(*, strategy: str, attn_implementation: str) -> list[P
     )]
 
 
-def check_prepadded_rows(
-    *, split: str, widths: Mapping[int, int], locations: Mapping[int, str], strategy: str
-) -> list[Problem]:
-    """Pre-tokenized rows that arrive already padded (trailing pad tokens) to different widths.
-
-    `widths` maps each padded width seen to how many rows had it, `locations` a first file:line for each.
-    Rows padded to one width are consistent; several widths are report 2 (`padding=True` per map batch): the
-    padding was baked into the data, so padding.strategy cannot fix the shapes and pad tokens would train.
-    """
-    if len(widths) <= 1:
+def prepadded_notes(*, split: str, count: int, locations: Sequence[str], strategy: str) -> list[str]:
+    """Pre-tokenized rows that arrived already padded (report 2: `padding=True` per map batch gives rows of 4096
+    and 3999). The parser strips that padding (attention_mask, else pad-id runs), so padding.strategy alone decides
+    the shapes; rows whose mask is not plain padding are rejected (wrong_type) and counted by check_bad_lines."""
+    if count == 0:
         return []
-    listed = [f"{width} tokens x{count} (first {locations.get(width, '?')})"
-              for width, count in sorted(widths.items(), key=lambda item: -item[1])]
-    first = next(iter(locations.values()), None)
-    return [Problem(
-        check="padding", key=f"data.{split}", location=first,
-        message=(f"pre-tokenized {split} rows arrive already padded to {len(widths)} different lengths "
-                 f"({_listed(listed, len(listed))}); with padding.strategy={strategy} they cannot form one shape "
-                 "and their pad tokens would be trained on. Fix: store input_ids without padding (tokenize with "
-                 "padding=False) and let padding.strategy pad, or re-tokenize with padding='max_length' and "
-                 "truncation=True to one length."),
-    )]
+    return [f"{count} pre-tokenized {split} row(s) arrived already padded (first: {_listed(list(locations), count)}); "
+            f"their padding was stripped and padding.strategy={strategy} pads every batch to one shape."]
 
 
 # --- 6. data integrity --------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import shutil
 import sys
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -11,7 +11,6 @@ from typing import TextIO
 
 import numpy as np
 
-from seqtune.data.types import Reject
 from seqtune.preflight.checks import Problem
 from seqtune.preflight.result import PreflightResult
 
@@ -66,8 +65,9 @@ def format_summary(result: PreflightResult) -> str:
         lines.append(f"plan: world size {result.plan.world_size}, global batch {result.plan.global_batch}")
         for name, split in result.plan.splits.items():
             steps = "" if split.steps_per_epoch is None else f", {split.steps_per_epoch} steps/epoch"
-            lines.append(f"  {name}: {split.samples_per_rank} samples, {split.tokens_per_rank} tokens, "
-                         f"{split.micro_batches_per_rank} micro-batches per rank{steps}")
+            lines.append(f"  {name}: per rank {min(split.samples_per_rank)}-{max(split.samples_per_rank)} samples, "
+                         f"{min(split.tokens_per_rank)}-{max(split.tokens_per_rank)} tokens, "
+                         f"{split.micro_batches_per_rank} micro-batches{steps}")
     if result.memory is not None:
         memory = result.memory
         device = "report only (no device memory to compare)" if memory.device_gib is None \
@@ -84,12 +84,16 @@ def print_report(result: PreflightResult, stream: TextIO | None = None) -> None:
     print(text, file=stream or sys.stdout, flush=True)
 
 
-def write_rejects(rejects: Sequence[Reject], run_dir: Path) -> Path:
-    """One {file, line, reason} per skipped record, so every bad line can be found and fixed."""
+def write_rejects(split_rejects: Sequence[Path], run_dir: Path) -> Path:
+    """rejects.jsonl of the run: one {file, line, reason} per skipped record, every split, so each bad line can be
+    found and fixed. Copied from each split's token cache, which holds all of them (the scan keeps only a capped
+    list in memory)."""
     path = run_dir / REJECTS_FILE
-    with path.open("w") as out:
-        for reject in rejects:
-            out.write(json.dumps({"file": reject.file, "line": reject.line, "reason": reject.reason}) + "\n")
+    with path.open("wb") as out:
+        for source in split_rejects:
+            if source.is_file():
+                with source.open("rb") as f:
+                    shutil.copyfileobj(f, out)
     return path
 
 

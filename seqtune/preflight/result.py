@@ -29,6 +29,8 @@ class SplitStats:
     # Samples changed by data.overlength=truncate|drop (reported because it is an explicit policy).
     truncated: int = 0
     dropped: int = 0
+    # Pre-tokenized rows that arrived already padded (the padding was stripped).
+    prepadded: int = 0
 
 
 @dataclass(kw_only=True)
@@ -52,10 +54,13 @@ class PaddingStats:
 
 @dataclass(kw_only=True)
 class SplitPlan:
-    items: int
-    samples_per_rank: int
-    tokens_per_rank: int
+    samples: int
+    # Per rank (index = rank): real samples and tokens one epoch gives it. Micro-batches are equal by construction.
+    samples_per_rank: list[int]
+    tokens_per_rank: list[int]
     micro_batches_per_rank: int
+    dropped_samples: int = 0
+    filler_samples: int = 0
     # None for evaluation splits (they take no optimizer step).
     steps_per_epoch: int | None = None
 

@@ -27,6 +27,7 @@ def test_vocab_size_passes_when_it_fits_or_resizes(size, resize):
 def test_resized_vocab_is_a_multiple_of_64():
     assert checks.resized_vocab(4097) == 4160
     assert checks.resized_vocab(4096) == 4096
+    assert checks.resized_vocab(4097, embedding_rows=8192) == 8192
 
 
 def test_special_token_out_of_range_fails_in_range_passes():
@@ -95,13 +96,11 @@ def test_length_stats():
 
 
 def test_zero_trainable_tokens_fail_unless_dropped():
-    problems = checks.check_trainable_tokens(split="train", num_targets=np.array([3, 0, 5]),
-                                             locations=["t:1", "t:2", "t:3"], dropped=False)
-    assert problems[0].location == "t:2" and "1 train sample(s) have zero trainable tokens" in problems[0].message
-    assert checks.check_trainable_tokens(split="train", num_targets=np.array([3, 0]), locations=["t:1", "t:2"],
-                                         dropped=True) == []
-    assert checks.check_trainable_tokens(split="train", num_targets=np.array([3, 1]), locations=["t:1", "t:2"],
-                                         dropped=False) == []
+    problems = checks.check_trainable_tokens(split="train", zero_target=7, locations=["t:2", "t:5"], dropped=False)
+    assert problems[0].location == "t:2"
+    assert "7 train sample(s) have zero trainable tokens" in problems[0].message and "and 5 more" in problems[0].message
+    assert checks.check_trainable_tokens(split="train", zero_target=7, locations=["t:2"], dropped=True) == []
+    assert checks.check_trainable_tokens(split="train", zero_target=0, locations=[], dropped=False) == []
     assert checks.trainable_fraction(np.array([1, 1]), np.array([2, 2])) == 0.5
 
 
@@ -135,12 +134,10 @@ def test_packed_needs_an_attention_backend_that_separates_documents():
     assert checks.check_packed_attention(strategy="longest", attn_implementation="flex_attention") == []
 
 
-def test_prepadded_rows_of_several_widths_are_refused():
-    problems = checks.check_prepadded_rows(split="train", widths={4096: 2, 3999: 1},
-                                           locations={4096: "t.jsonl:1", 3999: "t.jsonl:3"}, strategy="longest")
-    assert "2 different lengths" in problems[0].message and "3999 tokens x1 (first t.jsonl:3)" in problems[0].message
-    assert checks.check_prepadded_rows(split="train", widths={4096: 3}, locations={4096: "t:1"},
-                                       strategy="longest") == []
+def test_prepadded_rows_are_reported():
+    notes = checks.prepadded_notes(split="train", count=2, locations=["t.jsonl:1", "t.jsonl:3"], strategy="longest")
+    assert "2 pre-tokenized train row(s) arrived already padded (first: t.jsonl:1, t.jsonl:3)" in notes[0]
+    assert checks.prepadded_notes(split="train", count=0, locations=[], strategy="longest") == []
 
 
 def _rejects(n):

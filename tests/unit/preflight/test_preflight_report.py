@@ -1,0 +1,77 @@
+"""preflight.json round trip (what every rank reads), the problem table, rejects.jsonl and the length plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from seqtune.preflight.checks import Problem
+from seqtune.preflight.report import format_problems, plot_lengths, print_report, write_rejects
+from seqtune.preflight.result import (
+    MemoryStats,
+    PaddingStats,
+    PlanStats,
+    PreflightResult,
+    SplitPlan,
+    SplitStats,
+    VocabStats,
+    load_result,
+    write_result,
+)
+
+
+def _result(tmp_path: Path) -> PreflightResult:
+    return PreflightResult(
+        ok=False, max_seq_len=480, context_length=2048, caches={"train": tmp_path / "cache" / "abc"},
+        problems=[Problem(check="length", key="data.max_seq_len", message="too long. Fix: data.max_seq_len=auto",
+                          location="val.jsonl:812")],
+        splits={"train": SplitStats(records=10, rejected=1, lengths={"min": 3, "median": 9, "p99": 470, "max": 473},
+                                    over_limit=1, reject_reasons={"bad_json": 1})},
+        vocab=VocabStats(tokenizer_size=4097, embedding_rows=4096, max_token_id=4000, max_token_location="t:1"),
+        padding=PaddingStats(strategy="longest", side="right", efficiency=0.8),
+        plan=PlanStats(world_size=2, global_batch=8, splits={"train": SplitPlan(
+            samples=9, samples_per_rank=[4, 4], tokens_per_rank=[30, 31], micro_batches_per_rank=1,
+            steps_per_epoch=1)}),
+        memory=MemoryStats(weights_gib=0.1, grads_gib=0.0, optimizer_gib=0.0, activations_gib=0.2, total_gib=0.3),
+        notes=["pad == eos"],
+    )
+
+
+def test_preflight_json_round_trips(tmp_path):
+    result = _result(tmp_path)
+    path = write_result(result, tmp_path)
+    data = json.loads(path.read_text())
+    assert data["ok"] is False and data["max_seq_len"] == 480
+    assert data["problems"][0] == {"check": "length", "key": "data.max_seq_len",
+                                   "message": "too long. Fix: data.max_seq_len=auto", "location": "val.jsonl:812"}
+    assert data["splits"]["train"]["lengths"] == {"min": 3, "median": 9, "p99": 470, "max": 473}
+    assert data["vocab"]["tokenizer_size"] == 4097 and data["padding"]["efficiency"] == 0.8
+    assert data["caches"] == {"train": str(tmp_path / "cache" / "abc")}
+    assert load_result(tmp_path) == result
+
+
+def test_problem_table_names_check_key_location_and_fix(tmp_path, capsys):
+    table = format_problems(_result(tmp_path).problems)
+    assert "1 problem(s)" in table and "data.max_seq_len" in table and "val.jsonl:812" in table
+    assert "Fix: data.max_seq_len=auto" in table
+    assert format_problems([]) == "preflight: no problems."
+    print_report(_result(tmp_path))
+    out = capsys.readouterr().out
+    assert "train" in out and "473" in out and "world size 2" in out and "note: pad == eos" in out
+
+
+def test_rejects_jsonl_concatenates_every_split(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text(json.dumps({"file": "t.jsonl", "line": 2, "reason": "bad_json: x"}) + "\n")
+    b.write_text(json.dumps({"file": "v.jsonl", "line": 5, "reason": "missing_media: y.png"}) + "\n")
+    path = write_rejects([a, b, tmp_path / "absent.jsonl"], tmp_path)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["file"], r["line"]) for r in rows] == [("t.jsonl", 2), ("v.jsonl", 5)]
+
+
+def test_length_plot_is_written(tmp_path):
+    path = plot_lengths({"train": np.array([5, 9, 30]), "val": np.array([7, 40]), "test": np.array([])},
+                        max_seq_len=40, context_length=64, path=tmp_path / "lengths.png")
+    assert path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"
