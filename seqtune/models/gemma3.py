@@ -1,0 +1,99 @@
+"""Gemma 3 (text): Gemma3ForCausalLM with 5 sliding : 1 global attention layers, tied embeddings, large head_dim."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import Gemma3TextConfig, PretrainedConfig
+
+from seqtune.models.spec import ModelSpec, common_arch_fields
+
+# Gemma's turn format: the assistant role is called "model", <end_of_turn> closes every turn, and a system prompt
+# is prepended to the first user turn (Gemma has no system role).
+CHAT_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\\n\\n' %}{%- set loop_messages = messages[1:] %}"
+    "{%- else %}{%- set first_user_prefix = '' %}{%- set loop_messages = messages %}{%- endif %}"
+    "{%- for message in loop_messages %}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{%- endif %}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{- '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') "
+    "+ message['content'] | trim + '<end_of_turn>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<start_of_turn>model\\n' }}{%- endif %}"
+)
+# Local (sliding) layers use the short-range RoPE base; global layers the long-range one.
+LOCAL_ROPE_THETA = 10000.0
+
+
+def layer_types(num_layers: int, pattern: int) -> list[str]:
+    """Every `pattern`-th layer (1-based) attends globally, the others through the sliding window."""
+    return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
+
+
+def build_tiny_config(f: dict[str, Any]) -> PretrainedConfig:
+    return Gemma3TextConfig(
+        vocab_size=f["vocab_size"],
+        hidden_size=f["hidden_size"],
+        intermediate_size=f["intermediate_size"],
+        num_hidden_layers=f["num_layers"],
+        num_attention_heads=f["num_heads"],
+        num_key_value_heads=f["num_kv_heads"],
+        head_dim=f["head_dim"],
+        # Gemma 3 scales scores by query_pre_attn_scalar**-0.5; the released models set it to head_dim.
+        query_pre_attn_scalar=f["head_dim"],
+        max_position_embeddings=f["max_position_embeddings"],
+        sliding_window=f["sliding_window"],
+        layer_types=layer_types(f["num_layers"], f["sliding_window_pattern"]),
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": f["rope_theta"]},
+            "sliding_attention": {"rope_type": "default", "rope_theta": LOCAL_ROPE_THETA},
+        },
+        tie_word_embeddings=f["tie_word_embeddings"],
+        use_cache=False,
+    )
+
+
+def read_arch_fields(hf_config: PretrainedConfig) -> dict[str, Any]:
+    values = common_arch_fields(hf_config)
+    rope = (getattr(hf_config, "rope_parameters", None) or {}).get("full_attention", {})
+    values["rope_theta"] = rope.get("rope_theta")
+    scaled = rope.get("rope_type", "default") != "default"
+    values["rope_scaling_factor"] = float(rope.get("factor", 0.0)) if scaled else 0.0
+    types = list(getattr(hf_config, "layer_types", None) or [])
+    values["sliding_window_pattern"] = types.index("full_attention") + 1 if "full_attention" in types else None
+    return values
+
+
+SPEC = ModelSpec(
+    family="gemma3",
+    # gemma3_text only: the 4B+ checkpoints are multimodal ("gemma3", a vision tower around a text_config).
+    hf_model_types=("gemma3_text",),
+    hf_model_class="Gemma3ForCausalLM",
+    context_length=32768,
+    vocab_size=262144,
+    lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    padding_side="right",
+    chat_template=CHAT_TEMPLATE,
+    bos_token="<bos>",
+    eos_token="<eos>",
+    eot_token="<end_of_turn>",
+    quirks=(
+        "5 sliding-window (512 tokens, RoPE theta 10000) : 1 global (theta 1e6) attention layers; head_dim 256 "
+        "larger than hidden/heads; scores scaled by query_pre_attn_scalar**-0.5; QK-norm; tied input/output "
+        "embeddings scaled by sqrt(hidden); 1B: 32768 context, MQA (4 query / 1 key-value head)."
+    ),
+    # The 1B text model has no RoPE scaling (the multimodal 4B+ scale global layers linearly).
+    unused_fields=frozenset({"rope_scaling_factor"}),
+    tiny_defaults={
+        "vocab_size": 4096, "hidden_size": 64, "intermediate_size": 192, "num_layers": 6, "num_heads": 4,
+        "num_kv_heads": 1, "head_dim": 64, "max_position_embeddings": 32768, "sliding_window": 64,
+        "sliding_window_pattern": 6, "rope_theta": 1000000.0,
+        "tie_word_embeddings": True,
+    },
+    build_tiny_config=build_tiny_config,
+    read_arch_fields=read_arch_fields,
+)

@@ -1,0 +1,82 @@
+"""Llama 3 / 3.1 / 3.2: LlamaForCausalLM with GQA and "llama3" RoPE scaling (wavelength-dependent interpolation)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import LlamaConfig, PretrainedConfig
+
+from seqtune.models.spec import ModelSpec, common_arch_fields
+
+# Meta's format: a header per message, <|eot_id|> ends every turn (also the one the model must learn to emit).
+CHAT_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+
+# Llama 3.1's scaling: wavelengths longer than original/low_freq_factor are divided by `factor`, shorter than
+# original/high_freq_factor kept, smoothly blended between. 8192 is the pretraining context.
+ORIGINAL_CONTEXT = 8192
+LOW_FREQ_FACTOR = 1.0
+HIGH_FREQ_FACTOR = 4.0
+
+
+def rope_parameters(theta: float, factor: float) -> dict[str, Any]:
+    if not factor:
+        return {"rope_type": "default", "rope_theta": theta}
+    return {
+        "rope_type": "llama3",
+        "rope_theta": theta,
+        "factor": factor,
+        "low_freq_factor": LOW_FREQ_FACTOR,
+        "high_freq_factor": HIGH_FREQ_FACTOR,
+        "original_max_position_embeddings": ORIGINAL_CONTEXT,
+    }
+
+
+def build_tiny_config(f: dict[str, Any]) -> PretrainedConfig:
+    return LlamaConfig(
+        vocab_size=f["vocab_size"],
+        hidden_size=f["hidden_size"],
+        intermediate_size=f["intermediate_size"],
+        num_hidden_layers=f["num_layers"],
+        num_attention_heads=f["num_heads"],
+        num_key_value_heads=f["num_kv_heads"],
+        head_dim=f["head_dim"],
+        max_position_embeddings=f["max_position_embeddings"],
+        rope_parameters=rope_parameters(f["rope_theta"], f["rope_scaling_factor"]),
+        tie_word_embeddings=f["tie_word_embeddings"],
+        rms_norm_eps=1e-5,
+        use_cache=False,
+    )
+
+
+SPEC = ModelSpec(
+    family="llama3",
+    hf_model_types=("llama",),
+    hf_model_class="LlamaForCausalLM",
+    context_length=131072,
+    vocab_size=128256,
+    lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    padding_side="right",
+    chat_template=CHAT_TEMPLATE,
+    bos_token="<|begin_of_text|>",
+    eos_token="<|end_of_text|>",
+    eot_token="<|eot_id|>",
+    quirks=(
+        "GQA (8B: 32 query / 8 key-value heads); RoPE theta 500000 with llama3 scaling "
+        "(factor 8, low/high freq factors 1/4, original context 8192) stretching 3.1 to 131072 tokens; "
+        "no sliding window; untied embeddings (3.2 1B/3B tie them)."
+    ),
+    unused_fields=frozenset({"sliding_window", "sliding_window_pattern"}),
+    tiny_defaults={
+        "vocab_size": 4096, "hidden_size": 64, "intermediate_size": 224, "num_layers": 2, "num_heads": 8,
+        "num_kv_heads": 2, "head_dim": None, "max_position_embeddings": 131072, "rope_theta": 500000.0,
+        "rope_scaling_factor": 8.0, "tie_word_embeddings": False,
+    },
+    build_tiny_config=build_tiny_config,
+    read_arch_fields=common_arch_fields,
+)

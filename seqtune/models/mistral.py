@@ -1,0 +1,73 @@
+"""Mistral 7B (v0.1-v0.3): MistralForCausalLM with GQA and sliding-window attention."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import MistralConfig, PretrainedConfig
+
+from seqtune.models.spec import ModelSpec, common_arch_fields
+
+# Mistral's [INST] format: no role for the assistant, </s> closes each answer; a system prompt is folded into
+# the first user turn (the format has no system slot).
+CHAT_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{%- set system_message = messages[0]['content'] %}{%- set loop_messages = messages[1:] %}"
+    "{%- else %}{%- set loop_messages = messages %}{%- endif %}"
+    "{%- for message in loop_messages %}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{%- endif %}"
+    "{%- if message['role'] == 'user' %}"
+    "{%- if loop.first and system_message is defined %}"
+    "{{- '[INST] ' + system_message + '\\n\\n' + message['content'] + ' [/INST]' }}"
+    "{%- else %}{{- '[INST] ' + message['content'] + ' [/INST]' }}{%- endif %}"
+    "{%- else %}{{- ' ' + message['content'] + eos_token }}{%- endif %}"
+    "{%- endfor %}"
+)
+
+
+def build_tiny_config(f: dict[str, Any]) -> PretrainedConfig:
+    return MistralConfig(
+        vocab_size=f["vocab_size"],
+        hidden_size=f["hidden_size"],
+        intermediate_size=f["intermediate_size"],
+        num_hidden_layers=f["num_layers"],
+        num_attention_heads=f["num_heads"],
+        num_key_value_heads=f["num_kv_heads"],
+        head_dim=f["head_dim"],
+        max_position_embeddings=f["max_position_embeddings"],
+        sliding_window=f["sliding_window"],
+        rope_parameters={"rope_type": "default", "rope_theta": f["rope_theta"]},
+        tie_word_embeddings=f["tie_word_embeddings"],
+        rms_norm_eps=1e-5,
+        use_cache=False,
+    )
+
+
+SPEC = ModelSpec(
+    family="mistral",
+    hf_model_types=("mistral",),
+    hf_model_class="MistralForCausalLM",
+    context_length=32768,
+    vocab_size=32768,
+    lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    padding_side="right",
+    chat_template=CHAT_TEMPLATE,
+    bos_token="<s>",
+    eos_token="</s>",
+    eot_token="</s>",
+    quirks=(
+        "GQA 32 query / 8 key-value heads; sliding-window attention (v0.1: 4096-token window, RoPE theta 10000, "
+        "vocab 32000; v0.2/v0.3: no window, theta 1e6, v0.3 vocab 32768); untied embeddings."
+    ),
+    unused_fields=frozenset({"sliding_window_pattern", "rope_scaling_factor"}),
+    tiny_defaults={
+        "vocab_size": 4096, "hidden_size": 64, "intermediate_size": 224, "num_layers": 2, "num_heads": 8,
+        "num_kv_heads": 2, "head_dim": None, "max_position_embeddings": 32768, "sliding_window": 128,
+        "rope_theta": 1000000.0, "tie_word_embeddings": False,
+    },
+    build_tiny_config=build_tiny_config,
+    read_arch_fields=common_arch_fields,
+)

@@ -1,0 +1,142 @@
+"""ModelSpec: what seqtune knows about a model family, and the registry `get_spec(family)`.
+
+Each family module (llama3.py, gemma3.py, mistral.py, tinyllama.py) defines one `SPEC`. The spec carries plain
+facts about the real models (context, vocab, chat format, LoRA targets) plus two functions: how to build the
+tiny Hugging Face config from ModelConfig's architecture fields, and how to read those fields back from a
+checkpoint's config (so a checkpoint and an explicit field can be compared).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import PretrainedConfig
+
+from seqtune.config.errors import ConfigError
+from seqtune.config.schema import ModelConfig
+
+# ModelConfig field -> Hugging Face config attribute, for the fields every family stores the same way.
+HF_FIELD_NAMES: dict[str, str] = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "hidden_size",
+    "intermediate_size": "intermediate_size",
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "num_kv_heads": "num_key_value_heads",
+    "head_dim": "head_dim",
+    "max_position_embeddings": "max_position_embeddings",
+    "tie_word_embeddings": "tie_word_embeddings",
+}
+ARCH_FIELDS: tuple[str, ...] = (
+    *HF_FIELD_NAMES,
+    "sliding_window",
+    "sliding_window_pattern",
+    "rope_theta",
+    "rope_scaling_factor",
+)
+FAMILIES: tuple[str, ...] = ("llama3", "gemma3", "mistral", "tinyllama")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    family: str
+    # Hugging Face `model_type`s a checkpoint of this family may declare in config.json.
+    hf_model_types: tuple[str, ...]
+    # transformers class that builds the causal LM (tiny and real alike).
+    hf_model_class: str
+    # Context length and vocabulary of the real released models (the tiny builds differ).
+    context_length: int
+    vocab_size: int
+    lora_targets: tuple[str, ...]
+    # Training convention: right padding keeps position ids 0..n-1 for every sample.
+    padding_side: str
+    chat_template: str
+    bos_token: str
+    eos_token: str
+    # What ends an assistant turn in `chat_template` (the token a chat fine-tune must learn to emit).
+    eot_token: str
+    quirks: str
+    # ModelConfig fields this family has no use for: setting one is a ConfigError, never silently ignored.
+    unused_fields: frozenset[str] = field(default_factory=frozenset)
+    # Values for null architecture fields when building the tiny model.
+    tiny_defaults: Mapping[str, Any]
+    # ModelConfig (with nulls filled) -> HF config. Called by build.load_model_config.
+    build_tiny_config: Callable[[dict[str, Any]], PretrainedConfig]
+    # HF config -> {ModelConfig field: value} for comparing explicit fields with a checkpoint.
+    read_arch_fields: Callable[[PretrainedConfig], dict[str, Any]]
+
+    @property
+    def hf_model_type(self) -> str:
+        return self.hf_model_types[0]
+
+
+def get_spec(family: str) -> ModelSpec:
+    """The ModelSpec of `family` (model.family)."""
+    if family not in FAMILIES:
+        raise ConfigError(
+            f"model.family={family!r} is not a known family. Valid: {', '.join(sorted(FAMILIES))}.",
+            key="model.family",
+            fix="model=llama3_tiny (or another configs/model/*.yaml)",
+        )
+    # Imported lazily: the family modules import this module for ModelSpec.
+    return importlib.import_module(f"seqtune.models.{family}").SPEC
+
+
+def family_for_model_type(model_type: str) -> list[str]:
+    """Families whose checkpoints declare `model_type` (used to suggest a fix on a mismatch)."""
+    return [f for f in FAMILIES if model_type in get_spec(f).hf_model_types]
+
+
+def resolve_tiny_fields(cfg: ModelConfig, spec: ModelSpec) -> dict[str, Any]:
+    """The architecture fields of `cfg`, nulls replaced by the family's tiny defaults."""
+    check_unused_fields(cfg, spec)
+    values = {}
+    for name in ARCH_FIELDS:
+        value = getattr(cfg, name)
+        values[name] = spec.tiny_defaults.get(name) if value is None else value
+    return values
+
+
+def check_unused_fields(cfg: ModelConfig, spec: ModelSpec) -> None:
+    set_unused = sorted(name for name in spec.unused_fields if getattr(cfg, name) is not None)
+    if set_unused:
+        keys = ", ".join(f"model.{name}={getattr(cfg, name)}" for name in set_unused)
+        raise ConfigError(
+            f"{keys}: not used by model.family={spec.family} ({spec.quirks})",
+            key=f"model.{set_unused[0]}",
+            fix=" ".join(f"model.{name}=null" for name in set_unused),
+        )
+
+
+def common_arch_fields(hf_config: PretrainedConfig) -> dict[str, Any]:
+    """The fields every family stores under the same attribute, plus rope_theta from rope_parameters."""
+    values = {name: getattr(hf_config, hf_name, None) for name, hf_name in HF_FIELD_NAMES.items()}
+    values["sliding_window"] = getattr(hf_config, "sliding_window", None)
+    rope = getattr(hf_config, "rope_parameters", None) or {}
+    values["rope_theta"] = rope.get("rope_theta")
+    scaled = rope.get("rope_type", "default") != "default"
+    values["rope_scaling_factor"] = float(rope.get("factor", 0.0)) if scaled else 0.0
+    return values
+
+
+def arch_mismatches(cfg: ModelConfig, spec: ModelSpec, hf_config: PretrainedConfig) -> list[str]:
+    """One line per architecture field set in `cfg` that differs from the checkpoint's config."""
+    checkpoint = spec.read_arch_fields(hf_config)
+    problems = []
+    for name in ARCH_FIELDS:
+        wanted = getattr(cfg, name)
+        if wanted is None:
+            continue
+        actual = checkpoint.get(name)
+        same = (
+            actual is not None and math.isclose(float(wanted), float(actual))
+            if isinstance(wanted, (int, float)) and not isinstance(wanted, bool)
+            else wanted == actual
+        )
+        if not same:
+            problems.append(f"model.{name}={wanted} but the checkpoint has {actual}")
+    return problems

@@ -1,0 +1,62 @@
+"""TinyLlama-1.1B: the Llama 2 architecture (LlamaForCausalLM, 32,000 vocab, 2,048 context) with GQA 32/4."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import LlamaConfig, PretrainedConfig
+
+from seqtune.models.spec import ModelSpec, common_arch_fields
+
+# TinyLlama-Chat's Zephyr-style format: <|role|> line, content, </s> closes every message.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|' + message['role'] + '|>\\n' + message['content'] + eos_token + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|assistant|>\\n' }}{%- endif %}"
+)
+
+
+def build_tiny_config(f: dict[str, Any]) -> PretrainedConfig:
+    return LlamaConfig(
+        vocab_size=f["vocab_size"],
+        hidden_size=f["hidden_size"],
+        intermediate_size=f["intermediate_size"],
+        num_hidden_layers=f["num_layers"],
+        num_attention_heads=f["num_heads"],
+        num_key_value_heads=f["num_kv_heads"],
+        head_dim=f["head_dim"],
+        max_position_embeddings=f["max_position_embeddings"],
+        # Llama 2 RoPE: plain, theta 10000, no scaling.
+        rope_parameters={"rope_type": "default", "rope_theta": f["rope_theta"]},
+        tie_word_embeddings=f["tie_word_embeddings"],
+        rms_norm_eps=1e-5,
+        use_cache=False,
+    )
+
+
+SPEC = ModelSpec(
+    family="tinyllama",
+    hf_model_types=("llama",),
+    hf_model_class="LlamaForCausalLM",
+    context_length=2048,
+    vocab_size=32000,
+    lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    padding_side="right",
+    chat_template=CHAT_TEMPLATE,
+    bos_token="<s>",
+    eos_token="</s>",
+    eot_token="</s>",
+    quirks=(
+        "Llama 2 architecture at 1.1B: 22 layers, hidden 2048, GQA 32 query / 4 key-value heads, "
+        "plain RoPE theta 10000, 2048-token context, SentencePiece vocab of 32000, untied embeddings."
+    ),
+    unused_fields=frozenset({"sliding_window", "sliding_window_pattern", "rope_scaling_factor"}),
+    tiny_defaults={
+        "vocab_size": 4096, "hidden_size": 64, "intermediate_size": 176, "num_layers": 2, "num_heads": 8,
+        "num_kv_heads": 2, "head_dim": None, "max_position_embeddings": 2048, "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+    },
+    build_tiny_config=build_tiny_config,
+    read_arch_fields=common_arch_fields,
+)

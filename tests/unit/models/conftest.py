@@ -1,0 +1,34 @@
+"""Fixtures for tests/unit/models: ModelConfigs composed from the real configs/model/*.yaml, tiny real models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from seqtune.config.schema import ModelConfig
+
+MODEL_CONFIGS = Path(__file__).resolve().parents[3] / "configs/model"
+TINY_FAMILIES = ("llama3", "gemma3", "mistral", "tinyllama")
+
+
+def tiny_cfg(family: str, **overrides) -> ModelConfig:
+    """configs/model/<family>_tiny.yaml merged into the typed schema (as Hydra does), plus overrides."""
+    node = OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(MODEL_CONFIGS / f"{family}_tiny.yaml"))
+    node = OmegaConf.merge(node, overrides)
+    return OmegaConf.to_object(node)
+
+
+def random_batch(vocab: int, batch: int = 4, seq: int = 128, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(autouse=True)
+def _few_threads():
+    # The tiny models are latency-bound; extra threads only contend with parallel test runs.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(previous)

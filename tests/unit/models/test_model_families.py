@@ -1,0 +1,141 @@
+"""Each *_tiny config builds the family's Hugging Face class, with its quirks, and trains a step on CPU."""
+
+from __future__ import annotations
+
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+import pytest
+import torch
+import transformers
+
+from conftest import TINY_FAMILIES, random_batch, tiny_cfg
+from seqtune.config.errors import ConfigError
+from seqtune.models import build_model, context_length, count_parameters, get_spec, load_model_config
+
+EXPECTED_CLASS = {
+    "llama3": "LlamaForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "tinyllama": "LlamaForCausalLM",
+}
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_tiny_builds_family_class_and_trains_a_step(family):
+    cfg = tiny_cfg(family)
+    model = build_model(cfg, attn_implementation="sdpa")
+    assert type(model).__name__ == EXPECTED_CLASS[family]
+    assert model.config.use_cache is False
+    assert count_parameters(model).total < 3_000_000
+    batch = random_batch(model.config.vocab_size)
+    out = model(input_ids=batch, labels=batch)
+    out.loss.backward()
+    # Random init over a 4096 vocab: loss near ln(4096) = 8.3, and every matrix gets a gradient.
+    assert 7.5 < out.loss.item() < 9.0
+    assert all(p.grad is not None for p in model.parameters() if p.dim() >= 2)
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_same_seed_same_weights_other_seed_differs(family):
+    a = build_model(tiny_cfg(family), attn_implementation="sdpa")
+    b = build_model(tiny_cfg(family), attn_implementation="sdpa")
+    c = build_model(tiny_cfg(family, seed=1), attn_implementation="sdpa")
+    wa, wb, wc = (m.get_input_embeddings().weight for m in (a, b, c))
+    assert torch.equal(wa, wb)
+    assert not torch.equal(wa, wc)
+
+
+def test_llama3_tiny_has_llama3_rope_scaling_and_gqa():
+    hf = load_model_config(tiny_cfg("llama3"))
+    rope = hf.rope_parameters
+    assert rope["rope_type"] == "llama3"
+    assert rope["factor"] == 8.0 and rope["original_max_position_embeddings"] == 8192
+    assert (rope["low_freq_factor"], rope["high_freq_factor"]) == (1.0, 4.0)
+    assert hf.num_key_value_heads < hf.num_attention_heads
+    assert context_length(hf) == 131072
+
+
+def test_llama3_rope_scaling_factor_zero_turns_scaling_off():
+    hf = load_model_config(tiny_cfg("llama3", rope_scaling_factor=0.0))
+    assert hf.rope_parameters["rope_type"] == "default"
+
+
+def test_gemma3_tiny_layer_pattern_tied_embeddings_large_head_dim():
+    cfg = tiny_cfg("gemma3", num_layers=12)
+    model = build_model(cfg, attn_implementation="sdpa")
+    hf = model.config
+    expected = ["sliding_attention"] * 5 + ["full_attention"]
+    assert hf.layer_types == expected * 2
+    assert hf.head_dim > hf.hidden_size // hf.num_attention_heads
+    assert hf.query_pre_attn_scalar == hf.head_dim
+    assert hf.rope_parameters["sliding_attention"]["rope_theta"] == 10000.0
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+
+
+def test_gemma3_pattern_follows_sliding_window_pattern():
+    hf = load_model_config(tiny_cfg("gemma3", num_layers=4, sliding_window_pattern=2))
+    assert hf.layer_types == ["sliding_attention", "full_attention"] * 2
+
+
+def test_mistral_sliding_window_limits_what_a_position_sees():
+    model = build_model(tiny_cfg("mistral", sliding_window=4), attn_implementation="sdpa").eval()
+    assert model.config.sliding_window == 4
+    batch = random_batch(4096, batch=1, seq=16)
+    changed = batch.clone()
+    changed[0, 0] = (batch[0, 0] + 1) % 4096
+    with torch.no_grad():
+        a, b = model(input_ids=batch).logits, model(input_ids=changed).logits
+    # Position 1 attends to position 0; with 2 layers of window 4, position 15 cannot reach it.
+    assert not torch.allclose(a[0, 1], b[0, 1])
+    torch.testing.assert_close(a[0, 15], b[0, 15])
+
+
+def test_tinyllama_tiny_is_llama2_with_gqa():
+    hf = load_model_config(tiny_cfg("tinyllama"))
+    assert isinstance(hf, transformers.LlamaConfig)
+    assert hf.rope_parameters["rope_type"] == "default"
+    assert hf.num_attention_heads // hf.num_key_value_heads == 4
+    assert context_length(hf) == 2048
+    spec = get_spec("tinyllama")
+    assert (spec.vocab_size, spec.context_length) == (32000, 2048)
+
+
+def test_null_fields_take_the_family_tiny_defaults():
+    hf = load_model_config(tiny_cfg("llama3", hidden_size=None, num_layers=None))
+    assert (hf.hidden_size, hf.num_hidden_layers) == (64, 2)
+
+
+def test_field_the_family_does_not_use_is_an_error():
+    with pytest.raises(ConfigError, match=r"model.sliding_window=64.*not used by model.family=llama3.*Fix: model.sliding_window=null"):
+        load_model_config(tiny_cfg("llama3", sliding_window=64))
+
+
+def test_unknown_family_lists_the_valid_ones():
+    with pytest.raises(ConfigError, match=r"model.family='gpt2'.*Valid: gemma3, llama3, mistral, tinyllama"):
+        get_spec("gpt2")
+
+
+CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "Hello"},
+]
+MARKERS = {
+    "llama3": ["<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>",
+               "<|start_header_id|>assistant<|end_header_id|>\n\nHello<|eot_id|>"],
+    "gemma3": ["<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n", "<start_of_turn>model\nHello<end_of_turn>\n"],
+    "mistral": ["<s>[INST] Be brief.\n\nHi [/INST] Hello</s>"],
+    "tinyllama": ["<|system|>\nBe brief.</s>\n<|user|>\nHi</s>\n<|assistant|>\nHello</s>\n"],
+}
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_chat_template_renders_the_family_format(family):
+    spec = get_spec(family)
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    text = env.from_string(spec.chat_template).render(
+        messages=CONVERSATION, bos_token=spec.bos_token, eos_token=spec.eos_token, add_generation_prompt=False
+    )
+    for marker in MARKERS[family]:
+        assert marker in text
+    assert spec.eot_token in text
+    assert spec.padding_side == "right"
