@@ -1,0 +1,258 @@
+"""Build a model: its Hugging Face config (from model.path/config.json or the tiny fields) and then the weights.
+
+Rules kept here:
+- Only local directories are read (local_files_only=True, trust_remote_code=False): nothing is downloaded and no
+  repository code runs. Weights are safetensors only; a pickle-only (.bin) checkpoint is refused.
+- The training config always has use_cache=False: a KV cache is useless for teacher forcing and its position
+  bookkeeping does not follow the packed-sequence boundaries.
+- Tiny models are initialised by our own seeded generator, not transformers' init, so two builds with the same
+  model.seed are identical in any process (transformers' init order changes after e.g. an embedding resize).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
+
+from seqtune.config.errors import ConfigError, ModelLoadError
+from seqtune.config.schema import ModelConfig
+from seqtune.models.spec import (
+    ModelSpec,
+    arch_mismatches,
+    check_unused_fields,
+    family_for_model_type,
+    get_spec,
+    resolve_tiny_fields,
+)
+
+EXPECTED_CHECKPOINT = (
+    "Expected a local Hugging Face checkpoint directory (config.json + model*.safetensors, or a sharded "
+    "model.safetensors.index.json with its shards, + tokenizer files)."
+)
+PATH_FIX = "model.path=/path/to/checkpoint (seqtune never downloads from a hub)"
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Embedding rows are padded to this multiple on resize: tensor-core friendly and the Hugging Face convention.
+EMBEDDING_ROW_MULTIPLE = 64
+# Init std for tiny random models (transformers' initializer_range default for these families).
+TINY_INIT_STD = 0.02
+
+
+def check_checkpoint_dir(path: str) -> Path:
+    """Return `path` as a Path if it holds config.json and safetensors weights, else raise ModelLoadError."""
+    root = Path(path).expanduser()
+    if not root.exists():
+        problem = "does not exist"
+    elif not root.is_dir():
+        problem = "is a file, not a directory"
+    elif not (root / "config.json").is_file():
+        problem = "has no config.json"
+    else:
+        problem = _weights_problem(root)
+    if problem:
+        raise ModelLoadError(f"model.path={path} {problem}. {EXPECTED_CHECKPOINT}", key="model.path", fix=PATH_FIX)
+    return root
+
+
+def _weights_problem(root: Path) -> str | None:
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
+        missing = sorted(s for s in shards if not (root / s).is_file())
+        return f"is missing shards listed in {index.name}: {', '.join(missing)}" if missing else None
+    if any(root.glob("*.safetensors")):
+        return None
+    if any(root.glob("*.bin")) or any(root.glob("*.pt")):
+        return (
+            "holds only pickle weights (*.bin/*.pt); seqtune loads safetensors only, because unpickling runs "
+            "arbitrary code. Convert once with transformers: AutoModelForCausalLM.from_pretrained(dir)"
+            ".save_pretrained(dir, safe_serialization=True)"
+        )
+    return "has no *.safetensors weights"
+
+
+def load_model_config(cfg: ModelConfig) -> PretrainedConfig:
+    """The Hugging Face config of the model `cfg` describes, without loading any weights (preflight uses it)."""
+    spec = get_spec(cfg.family)
+    check_unused_fields(cfg, spec)
+    if cfg.path is None:
+        hf_config = spec.build_tiny_config(resolve_tiny_fields(cfg, spec))
+    else:
+        hf_config = _read_checkpoint_config(cfg, spec)
+    hf_config.use_cache = False
+    return hf_config
+
+
+def _read_checkpoint_config(cfg: ModelConfig, spec: ModelSpec) -> PretrainedConfig:
+    root = check_checkpoint_dir(cfg.path)
+    model_type = json.loads((root / "config.json").read_text()).get("model_type")
+    if model_type not in spec.hf_model_types:
+        others = family_for_model_type(model_type) if model_type else []
+        fix = f"model.family={others[0]}" if others else f"point model.path at a {spec.family} checkpoint"
+        raise ModelLoadError(
+            f"model.path={cfg.path} holds a model_type={model_type!r} checkpoint but model.family={spec.family} "
+            f"expects model_type {' or '.join(map(repr, spec.hf_model_types))}.",
+            key="model.family",
+            fix=fix,
+        )
+    try:
+        hf_config = AutoConfig.from_pretrained(root, local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ModelLoadError(
+            f"model.path={cfg.path}: config.json cannot be read ({err}). {EXPECTED_CHECKPOINT}",
+            key="model.path",
+            fix=PATH_FIX,
+        ) from err
+    mismatches = arch_mismatches(cfg, spec, hf_config)
+    if mismatches:
+        fields = " ".join(line.split("=")[0] + "=null" for line in mismatches)
+        raise ConfigError(
+            f"{'; '.join(mismatches)} (model.path={cfg.path}). Architecture fields set together with model.path "
+            "must match the checkpoint.",
+            key=mismatches[0].split("=")[0],
+            fix=f"{fields} (read them from the checkpoint)",
+        )
+    return hf_config
+
+
+def context_length(hf_config: PretrainedConfig) -> int:
+    """The longest sequence the model supports: `max_position_embeddings`, as the checkpoint states it.
+
+    With RoPE scaling the config already holds the extended context, and it is not factor x original:
+    Llama 3.1 states 131072 with factor 8 over an original 8192 (8 x 8192 = 65536). So the rule is to trust
+    max_position_embeddings and never multiply by the factor; `original_max_position_embeddings` is the
+    pretraining context, not a limit. A sliding window (Mistral, Gemma 3) limits what one layer sees, not the
+    context.
+    """
+    return int(hf_config.max_position_embeddings)
+
+
+def embedding_rows(hf_config: PretrainedConfig) -> int:
+    """Rows of the input embedding: the largest token id + 1 the model can take."""
+    return int(hf_config.vocab_size)
+
+
+def output_rows(hf_config: PretrainedConfig) -> int:
+    """Rows of the LM head (logits per position). Hugging Face causal LMs size it from vocab_size too."""
+    return int(hf_config.vocab_size)
+
+
+def resized_rows(current_rows: int, wanted: int) -> int:
+    """Rows after `resize_to=wanted`: rounded up to a multiple of 64, never fewer than the checkpoint has."""
+    rounded = -(-wanted // EMBEDDING_ROW_MULTIPLE) * EMBEDDING_ROW_MULTIPLE
+    return max(current_rows, rounded)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ConfigError(f"model.dtype={name!r} is not one of {', '.join(DTYPES)}.", key="model.dtype",
+                          fix="model.dtype=bfloat16")
+    return DTYPES[name]
+
+
+def build_model(
+    cfg: ModelConfig,
+    *,
+    attn_implementation: str,
+    resize_to: int | None = None,
+    device: torch.device | str | None = None,
+) -> PreTrainedModel:
+    """The model for training: checkpoint weights from model.path, or a tiny model seeded by model.seed.
+
+    `attn_implementation` is already resolved (see attention.resolve_attn_implementation). `resize_to` (the
+    tokenizer's full vocab) grows embedding and head to a multiple of 64; `model.seqtune_base_rows` remembers the
+    old row count so apply_lora can make exactly the new rows trainable.
+    """
+    spec = get_spec(cfg.family)
+    if cfg.load_in_4bit and not torch.cuda.is_available():
+        raise ConfigError(
+            "model.load_in_4bit=true needs a CUDA device (bitsandbytes NF4); none is available.",
+            key="model.load_in_4bit",
+            fix="model.load_in_4bit=false",
+        )
+    hf_config = load_model_config(cfg)
+    dtype = torch_dtype(cfg.dtype)
+    model_class = getattr(transformers, spec.hf_model_class)
+    if cfg.path is None:
+        model = _build_tiny(model_class, hf_config, cfg, attn_implementation, dtype)
+        if cfg.load_in_4bit:
+            model = _quantize_via_checkpoint(model, model_class, cfg, attn_implementation, dtype)
+    else:
+        model = _load_checkpoint(model_class, Path(cfg.path), hf_config, cfg, attn_implementation, dtype)
+    model.config.use_cache = False
+    model.seqtune_base_rows = model.get_input_embeddings().weight.shape[0]
+    if resize_to is not None:
+        _resize(model, resize_to, seed=cfg.seed)
+    if cfg.gradient_checkpointing:
+        # Non-reentrant checkpointing works with frozen inputs (LoRA) without enable_input_require_grads.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if device is not None and not cfg.load_in_4bit:
+        model.to(device)
+    return model
+
+
+def _build_tiny(model_class, hf_config, cfg: ModelConfig, attn_implementation: str, dtype) -> PreTrainedModel:
+    model = model_class._from_config(hf_config, attn_implementation=attn_implementation, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    with torch.no_grad():
+        # Matrices get N(0, 0.02); norms keep their constant init. named_parameters() lists a tied weight once.
+        for _, param in model.named_parameters():
+            if param.dim() >= 2:
+                param.copy_(torch.randn(param.shape, generator=generator) * TINY_INIT_STD)
+    return model.to(dtype)
+
+
+def _load_checkpoint(model_class, root: Path, hf_config, cfg: ModelConfig, attn_implementation: str, dtype):
+    quantization = None
+    device_map = None
+    if cfg.load_in_4bit:
+        quantization = transformers.BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            # Matmuls run in bf16 unless the user asked for fp16 weights; fp32 compute wastes the 4-bit savings.
+            bnb_4bit_compute_dtype=torch.float16 if dtype == torch.float16 else torch.bfloat16,
+        )
+        device_map = {"": torch.cuda.current_device()}
+    try:
+        return model_class.from_pretrained(
+            root,
+            config=hf_config,
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+            local_files_only=True,
+            trust_remote_code=False,
+            use_safetensors=True,
+            quantization_config=quantization,
+            device_map=device_map,
+        )
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(
+            f"model.path={cfg.path}: weights cannot be loaded ({err}). {EXPECTED_CHECKPOINT}",
+            key="model.path",
+            fix=PATH_FIX,
+        ) from err
+
+
+def _quantize_via_checkpoint(model, model_class, cfg: ModelConfig, attn_implementation: str, dtype):
+    # bitsandbytes quantizes while loading, so a tiny QLoRA model takes a round trip through a temp checkpoint.
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        return _load_checkpoint(model_class, Path(tmp), model.config, cfg, attn_implementation, dtype)
+
+
+def _resize(model: PreTrainedModel, resize_to: int, *, seed: int) -> None:
+    rows = model.get_input_embeddings().weight.shape[0]
+    new_rows = resized_rows(rows, resize_to)
+    if new_rows <= rows:
+        return
+    # mean_resizing (the default) samples new rows around the old embeddings' mean, so a new token's logit starts
+    # ordinary instead of dominating or vanishing. It draws from the global RNG: seed it so every rank (and a
+    # rebuild for adapter reload) gets the same rows, without disturbing the caller's RNG stream.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model.resize_token_embeddings(new_rows, pad_to_multiple_of=EMBEDDING_ROW_MULTIPLE)
