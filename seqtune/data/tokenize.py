@@ -186,10 +186,12 @@ class SampleEncoder:
         encodings = self._backend.encode_batch(texts, add_special_tokens=False) if texts else []
         parts = []
         for enc, assistant_spans in zip(encodings, spans):
-            starts = np.fromiter((s for s, _ in enc.offsets), np.int64, count=len(enc.offsets))
-            target = np.zeros(len(starts), bool)
+            # A token is a target when its last character lies inside a reply: a token straddling the end
+            # (where the partial rendering diverged from the full one) belongs to the next turn.
+            ends = np.fromiter((e for _, e in enc.offsets), np.int64, count=len(enc.offsets))
+            target = np.zeros(len(ends), bool)
             for lo, hi in assistant_spans:
-                target |= (starts >= lo) & (starts < hi)
+                target |= (ends > lo) & (ends <= hi)
             parts.append((np.asarray(enc.ids, np.int64), target))
         return self._assemble(parts, records, kept, rejects, [0] * len(kept))
 

@@ -32,3 +32,14 @@ def write_jsonl(path: Path, rows: list) -> Path:
             else:
                 f.write(json.dumps(row).encode() + b"\n")
     return path
+
+
+@pytest.fixture
+def fresh_tokenizer():
+    """A private, mutable copy of the bundled tokenizer for this test."""
+    return load_bundled_tokenizer()
+
+
+@pytest.fixture
+def jsonl():
+    return write_jsonl

@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from seqtune.data.formats import (
+    ALPACA_TEMPLATE_NO_INPUT, Conversation, LineParser, PreTokenized, PromptCompletion,
+)
+from seqtune.data.types import IGNORE_INDEX, Reject
+
+
+def _parse(fmt: str, obj, **kw):
+    raw = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
+    return LineParser(fmt=fmt, file="/data/x.jsonl", **kw).parse(7, raw)
+
+
+def _code(result) -> str:
+    assert isinstance(result, Reject), result
+    assert (result.file, result.line) == ("/data/x.jsonl", 7)
+    return result.code
+
+
+@pytest.mark.parametrize(("fmt", "raw", "code"), [
+    ("alpaca", b'{"instruction": "caf\xe9"}', "bad_utf8"),
+    ("alpaca", b'{"instruction": "x", ', "bad_json"),
+    ("alpaca", b"[1, 2]", "not_object"),
+    ("alpaca", {"instruction": "x"}, "missing_field"),
+    ("alpaca", {"instruction": "x", "output": 3}, "wrong_type"),
+    ("alpaca", {"instruction": "x", "input": ["a"], "output": "y"}, "wrong_type"),
+    ("alpaca", {"instruction": "x", "output": "  "}, "empty_text"),
+    ("input_output", {"input": "x"}, "missing_field"),
+    ("input_output", {"input": "", "output": "y"}, "empty_text"),
+    ("text", {"txt": "x"}, "missing_field"),
+    ("text", {"text": ""}, "empty_text"),
+    ("chat", {"msgs": []}, "missing_field"),
+    ("chat", {"messages": "hi"}, "wrong_type"),
+    ("chat", {"messages": [{"role": "user"}]}, "missing_field"),
+    ("chat", {"messages": [{"role": "robot", "content": "x"}]}, "wrong_type"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}]}, "no_targets"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}]}, "empty_text"),
+    ("tokenized", {"ids": [1]}, "missing_field"),
+    ("tokenized", {"input_ids": [1, "2"]}, "wrong_type"),
+    ("tokenized", {"input_ids": [5, 6, 7], "labels": [5, 6]}, "wrong_type"),
+    ("tokenized", {"input_ids": [5, 6, 7], "labels": [6, 7, -100]}, "wrong_type"),
+    ("tokenized", {"input_ids": [5, -1]}, "bad_token_id"),
+])
+def test_every_reject_code(fmt, raw, code):
+    assert _code(_parse(fmt, raw, vocab_size=100)) == code
+
+
+def test_reject_details_say_what_is_wrong():
+    assert _parse("alpaca", {"instruction": "x"}).reason == "missing_field: output (has: instruction)"
+    assert "output is a int, expected a string" in _parse("alpaca", {"instruction": "x", "output": 3}).reason
+    mismatch = _parse("tokenized", {"input_ids": [5, 6, 7], "attention_mask": [1, 1]}).reason
+    assert mismatch == "wrong_type: lengths differ (input_ids=3, attention_mask=2); they must be equal per row"
+    assert "labels must be unshifted" in _parse("tokenized", {"input_ids": [5, 6], "labels": [6, -100]}).reason
+    assert "outside the tokenizer's 0..100" in _parse("tokenized", {"input_ids": [5, 100]}, vocab_size=100).reason
+
+
+def test_alpaca_renders_prompt_with_and_without_input():
+    with_input = _parse("alpaca", {"instruction": "Add.", "input": "2 3", "output": "5"})
+    assert isinstance(with_input, PromptCompletion)
+    assert "### Input:\n2 3" in with_input.prompt and with_input.completion == "5"
+    without = _parse("alpaca", {"instruction": "Add.", "input": "", "output": "5"})
+    assert without.prompt == ALPACA_TEMPLATE_NO_INPUT.format(instruction="Add.")
+
+
+def test_chat_drops_turns_after_the_last_assistant_reply():
+    record = _parse("chat", {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                                          {"role": "user", "content": "c"}]})
+    assert isinstance(record, Conversation)
+    assert [m["role"] for m in record.messages] == ["user", "assistant"]
+
+
+def test_input_output_media_must_exist(tmp_path):
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "cat.png").write_bytes(b"png")
+    parser = LineParser(fmt="input_output", file=str(tmp_path / "d.jsonl"))
+    ok = parser.parse(1, json.dumps({"input": "<img>imgs/cat.png</img> what?", "output": "a cat"}).encode())
+    assert isinstance(ok, PromptCompletion)
+    bad = parser.parse(2, json.dumps({"input": "<img>imgs/dog.png</img> what?", "output": "a dog"}).encode())
+    assert isinstance(bad, Reject) and bad.line == 2
+    assert bad.reason.startswith("missing_media: imgs/dog.png not found under") and "data.media_root" in bad.reason
+    rooted = LineParser(fmt="input_output", file="/elsewhere/d.jsonl", media_root=str(tmp_path))
+    assert isinstance(rooted.parse(3, json.dumps({"input": "<img>imgs/cat.png</img>", "output": "x"}).encode()),
+                      PromptCompletion)
+
+
+def test_tokenized_padding_stripped_by_attention_mask_left_or_right():
+    right = _parse("tokenized", {"input_ids": [5, 6, 7, 0, 0], "attention_mask": [1, 1, 1, 0, 0],
+                                 "labels": [-100, 6, 7, -100, -100]})
+    assert isinstance(right, PreTokenized)
+    assert right.input_ids.tolist() == [5, 6, 7] and right.padding_stripped == 2
+    assert right.labels.tolist() == [IGNORE_INDEX, 6, 7]
+    left = _parse("tokenized", {"input_ids": [0, 5, 6], "attention_mask": [0, 1, 1]})
+    assert left.input_ids.tolist() == [5, 6] and left.padding_stripped == 1
+    holes = _parse("tokenized", {"input_ids": [5, 6, 7], "attention_mask": [1, 0, 1]})
+    assert _code(holes) == "wrong_type" and "zeros between ones" in holes.reason
+
+
+def test_tokenized_trailing_pad_ids_without_mask_are_detected():
+    record = _parse("tokenized", {"input_ids": [5, 6, 2, 3, 3, 3]}, pad_id=3, eos_id=2)
+    assert record.input_ids.tolist() == [5, 6, 2] and record.padding_stripped == 3
+
+
+def test_tokenized_pad_equal_eos_keeps_one_real_eos():
+    padded = _parse("tokenized", {"input_ids": [5, 6, 2, 2, 2]}, pad_id=2, eos_id=2)
+    assert padded.input_ids.tolist() == [5, 6, 2] and padded.padding_stripped == 2
+    clean = _parse("tokenized", {"input_ids": [5, 6, 2]}, pad_id=2, eos_id=2)
+    assert clean.input_ids.tolist() == [5, 6, 2] and clean.padding_stripped == 0
+    assert np.array_equal(_parse("tokenized", {"input_ids": [5, 6]}, pad_id=2, eos_id=2).input_ids, [5, 6])

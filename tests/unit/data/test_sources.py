@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import tracemalloc
+
+import pytest
+
+from seqtune.config.errors import DataError
+from seqtune.data.sources import LineIndex, expand_paths, iter_lines, read_line
+
+
+def _write(path, lines: list[bytes]):
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "wb") as f:
+        f.write(b"".join(line + b"\n" for line in lines))
+    return path
+
+
+def test_expand_paths_accepts_path_glob_and_list_in_order_without_duplicates(tmp_path):
+    a, b, c = (_write(tmp_path / f"{n}.jsonl", [b"{}"]) for n in "abc")
+    assert expand_paths(str(b), "data.train") == [b]
+    assert expand_paths(str(tmp_path / "*.jsonl"), "data.train") == [a, b, c]
+    assert expand_paths([str(c), str(tmp_path / "*.jsonl")], "data.train") == [c, a, b]
+
+
+def test_expand_paths_missing_file_names_key_and_path(tmp_path):
+    with pytest.raises(DataError, match=r"data\.val: .*nope\.jsonl does not exist.*Fix:"):
+        expand_paths(str(tmp_path / "nope.jsonl"), "data.val")
+
+
+def test_expand_paths_empty_glob_names_key_and_pattern(tmp_path):
+    with pytest.raises(DataError, match=r"data\.test: the glob .*\*\.jsonl' matches no file"):
+        expand_paths([str(tmp_path / "*.jsonl")], "data.test")
+
+
+def test_expand_paths_directory_is_an_error(tmp_path):
+    with pytest.raises(DataError, match=r"data\.train: .* is a directory"):
+        expand_paths(str(tmp_path), "data.train")
+
+
+@pytest.mark.parametrize("name", ["d.jsonl", "d.jsonl.gz"])
+def test_iter_lines_numbers_physical_lines_and_skips_blank_ones(tmp_path, name):
+    path = _write(tmp_path / name, [b'{"a": 1}', b"", b"  ", b'{"a": 2}\r', b'{"a": 3}'])
+    assert list(iter_lines(path)) == [(1, b'{"a": 1}'), (4, b'{"a": 2}'), (5, b'{"a": 3}')]
+
+
+@pytest.mark.parametrize("name", ["d.jsonl", "d.jsonl.gz"])
+def test_line_index_rereads_any_line(tmp_path, name):
+    lines = [json.dumps({"i": i, "pad": "x" * (i % 7)}).encode() for i in range(1, 501)]
+    path = _write(tmp_path / name, lines)
+    index = LineIndex()
+    assert sum(1 for _ in iter_lines(path, index)) == 500
+    assert len(index) == 500
+    for n in (1, 2, 250, 499, 500):
+        assert read_line(path, n, index) == lines[n - 1]
+        assert read_line(path, n) == lines[n - 1]  # without an index: streams to it
+    index.save(tmp_path / "idx.npy")
+    assert read_line(path, 321, LineIndex.load(tmp_path / "idx.npy")) == lines[320]
+
+
+def test_read_line_past_the_end_names_file_and_line(tmp_path):
+    path = _write(tmp_path / "d.jsonl", [b"{}", b"{}"])
+    index = LineIndex()
+    list(iter_lines(path, index))
+    with pytest.raises(DataError, match=r"d\.jsonl:3 is past the end of the file \(2 lines\)"):
+        read_line(path, 3, index)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("zstandard") is not None, reason="zstandard is installed")
+def test_zst_without_zstandard_is_a_clear_error(tmp_path):
+    path = tmp_path / "d.jsonl.zst"
+    path.write_bytes(b"\x28\xb5\x2f\xfd")
+    with pytest.raises(DataError, match=r"d\.jsonl\.zst is zstd-compressed .*pip install zstandard"):
+        list(iter_lines(path))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("zstandard") is None, reason="zstandard not installed")
+def test_zst_streams_and_rereads(tmp_path):
+    import zstandard
+
+    lines = [json.dumps({"i": i}).encode() for i in range(100)]
+    path = tmp_path / "d.jsonl.zst"
+    path.write_bytes(zstandard.ZstdCompressor().compress(b"".join(x + b"\n" for x in lines)))
+    index = LineIndex()
+    assert [raw for _, raw in iter_lines(path, index)] == lines
+    assert read_line(path, 42, index) == lines[41]
+
+
+def test_streaming_200k_lines_keeps_memory_bounded(tmp_path):
+    path = tmp_path / "big.jsonl.gz"
+    with gzip.open(path, "wb", compresslevel=1) as f:
+        for i in range(200_000):
+            f.write(b'{"text": "line %d with some words to make it longer than tiny"}\n' % i)
+    tracemalloc.start()
+    count = sum(1 for _ in iter_lines(path))
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert count == 200_000
+    # The file decompresses to ~12 MB; holding the lines would need far more than this.
+    assert peak < 4 * 2**20, f"peak {peak / 2**20:.1f} MiB while streaming"

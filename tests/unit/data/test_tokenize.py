@@ -1,0 +1,127 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from seqtune.data.formats import Conversation, PreTokenized, PromptCompletion
+from seqtune.data.tokenize import SampleEncoder, render_chat
+from seqtune.data.types import IGNORE_INDEX, Reject, TokenizedSample
+
+
+def _pc(prompt: str, completion: str, line: int = 1) -> PromptCompletion:
+    return PromptCompletion(file="d.jsonl", line=line, prompt=prompt, completion=completion)
+
+
+def _targets(tok, sample: TokenizedSample) -> str:
+    return tok.decode(sample.input_ids[sample.labels != IGNORE_INDEX])
+
+
+def test_bundled_tokenizer_uses_bos(bundled_tokenizer):
+    assert SampleEncoder(bundled_tokenizer, "alpaca", train_on_prompt=False).bos_id == bundled_tokenizer.bos_token_id
+
+
+@pytest.mark.parametrize("fmt", ["alpaca", "input_output"])
+def test_prompt_completion_labels_bos_eos(bundled_tokenizer, fmt):
+    tok = bundled_tokenizer
+    [sample] = SampleEncoder(tok, fmt, train_on_prompt=False).encode_batch([_pc("Say hi:\n", "hi there")])
+    ids, labels = sample.input_ids.tolist(), sample.labels
+    assert ids[0] == tok.bos_token_id and ids.count(tok.bos_token_id) == 1
+    assert ids[-1] == tok.eos_token_id and ids.count(tok.eos_token_id) == 1
+    assert labels[-1] == tok.eos_token_id  # the final eos is a target
+    assert labels[0] == IGNORE_INDEX
+    prompt_len = len(tok("Say hi:\n", add_special_tokens=False)["input_ids"])
+    assert (labels[1: 1 + prompt_len] == IGNORE_INDEX).all()
+    assert _targets(tok, sample) == "hi there</s>"
+    assert sample.location == "d.jsonl:1"
+
+
+def test_train_on_prompt_makes_prompt_targets_but_never_bos(bundled_tokenizer):
+    tok = bundled_tokenizer
+    [sample] = SampleEncoder(tok, "alpaca", train_on_prompt=True).encode_batch([_pc("Say hi:\n", "hi")])
+    assert sample.labels[0] == IGNORE_INDEX
+    assert (sample.labels[1:] == sample.input_ids[1:]).all()
+
+
+def test_text_format_every_token_but_bos_is_a_target(bundled_tokenizer):
+    tok = bundled_tokenizer
+    [sample] = SampleEncoder(tok, "text", train_on_prompt=False).encode_batch([_pc("", "the quick brown fox")])
+    assert sample.input_ids[0] == tok.bos_token_id
+    assert _targets(tok, sample) == "the quick brown fox</s>"
+    assert sample.num_targets == len(sample) - 1
+
+
+def test_literal_eos_in_completion_is_not_doubled(bundled_tokenizer):
+    tok = bundled_tokenizer
+    [sample] = SampleEncoder(tok, "alpaca", train_on_prompt=False).encode_batch([_pc("Q:\n", "done</s>")])
+    assert sample.input_ids.tolist().count(tok.eos_token_id) == 1 and sample.labels[-1] == tok.eos_token_id
+
+
+def test_final_eos_is_a_target_when_pad_equals_eos(fresh_tokenizer):
+    tok = fresh_tokenizer
+    tok.pad_token = tok.eos_token
+    assert tok.pad_token_id == tok.eos_token_id
+    for fmt in ("alpaca", "text"):
+        [sample] = SampleEncoder(tok, fmt, train_on_prompt=False).encode_batch([_pc("Q:\n", "answer")])
+        assert sample.input_ids[-1] == tok.eos_token_id and sample.labels[-1] == tok.eos_token_id
+
+
+def test_batched_encoding_equals_one_by_one(bundled_tokenizer):
+    encoder = SampleEncoder(bundled_tokenizer, "alpaca", train_on_prompt=False)
+    records = [_pc(f"Prompt {i} " * (i % 5 + 1) + "\n", "word " * (i % 7 + 1), line=i + 1) for i in range(40)]
+    together = encoder.encode_batch(records)
+    for record, sample in zip(records, together):
+        [alone] = encoder.encode_batch([record])
+        assert np.array_equal(alone.input_ids, sample.input_ids) and np.array_equal(alone.labels, sample.labels)
+        assert sample.location == f"d.jsonl:{record.line}"
+
+
+def test_pretokenized_gets_bos_and_eos_once_and_keeps_given_labels(bundled_tokenizer):
+    tok = bundled_tokenizer
+    bos, eos = tok.bos_token_id, tok.eos_token_id
+    encoder = SampleEncoder(tok, "tokenized", train_on_prompt=False)
+    bare = PreTokenized(file="t.jsonl", line=3, input_ids=np.array([10, 11, 12]),
+                        labels=np.array([IGNORE_INDEX, 11, 12]), padding_stripped=0)
+    full = PreTokenized(file="t.jsonl", line=4, input_ids=np.array([bos, 10, 11, eos]), labels=None,
+                        padding_stripped=2)
+    first, second = encoder.encode_batch([bare, full])
+    assert first.input_ids.tolist() == [bos, 10, 11, 12, eos]
+    assert first.labels.tolist() == [IGNORE_INDEX, IGNORE_INDEX, 11, 12, eos]
+    assert second.input_ids.tolist() == [bos, 10, 11, eos]
+    assert second.labels.tolist() == [IGNORE_INDEX, 10, 11, eos]
+    batch = encoder.encode_records([bare, full])
+    assert batch.padding_stripped.tolist() == [0, 2]
+
+
+def _chat(*turns: tuple[str, str], line: int = 1) -> Conversation:
+    return Conversation(file="c.jsonl", line=line, messages=[{"role": r, "content": c} for r, c in turns])
+
+
+def test_chat_targets_only_assistant_turns_and_template_bos_not_doubled(bundled_tokenizer):
+    tok = bundled_tokenizer
+    convo = _chat(("system", "Be brief."), ("user", "2+2?"), ("assistant", "4"), ("user", "3+3?"),
+                  ("assistant", "6"))
+    [sample] = SampleEncoder(tok, "chat", train_on_prompt=False).encode_batch([convo])
+    ids = sample.input_ids.tolist()
+    assert tok.chat_template.startswith("{{ bos_token }}")  # the template renders bos itself
+    assert ids[0] == tok.bos_token_id and ids.count(tok.bos_token_id) == 1
+    assert ids[-1] == tok.eos_token_id and ids.count(tok.eos_token_id) == 1 and sample.labels[-1] == ids[-1]
+    target_text = tok.decode(sample.input_ids[sample.labels != IGNORE_INDEX], skip_special_tokens=False)
+    assert target_text.replace("\n", "") == "4<|end|>6<|end|></s>"
+    user_id = tok.convert_tokens_to_ids("<|user|>")
+    assert all(label == IGNORE_INDEX for i, label in zip(ids, sample.labels) if i == user_id)
+
+
+def test_chat_spans_are_inside_the_rendered_text(bundled_tokenizer):
+    text, spans = render_chat(bundled_tokenizer, [{"role": "user", "content": "hi"},
+                                                  {"role": "assistant", "content": "hello"}])
+    assert [text[lo:hi] for lo, hi in spans] == ["hello<|end|>\n</s>"]
+
+
+def test_chat_template_error_becomes_a_reject_at_its_line(bundled_tokenizer):
+    encoder = SampleEncoder(bundled_tokenizer, "chat", train_on_prompt=False)
+    good = _chat(("user", "a"), ("assistant", "b"), line=1)
+    bad = _chat(("tool", "x"), ("assistant", "b"), line=2)  # the bundled template refuses the tool role
+    first, second = encoder.encode_batch([good, bad])
+    assert isinstance(first, TokenizedSample)
+    assert isinstance(second, Reject) and (second.file, second.line, second.code) == ("c.jsonl", 2, "wrong_type")
+    assert "chat template failed" in second.reason
