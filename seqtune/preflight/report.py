@@ -27,7 +27,8 @@ def format_problems(problems: Sequence[Problem]) -> str:
     lines = [f"preflight: {len(problems)} problem(s)", f"  {'#':>3}  {'check':<10} {'key':<28} location"]
     for number, problem in enumerate(problems, 1):
         lines.append(f"  {number:>3}  {problem.check:<10} {problem.key:<28} {problem.location or '-'}")
-        for row in textwrap.wrap(problem.message, MESSAGE_WIDTH):
+        # Never break inside a path or a key=value: they are copied from the terminal.
+        for row in textwrap.wrap(problem.message, MESSAGE_WIDTH, break_long_words=False, break_on_hyphens=False):
             lines.append(f"{'':7}{row}")
     return "\n".join(lines)
 

@@ -1,0 +1,237 @@
+"""The phases of run_preflight: they gather plain values from the real objects and call the checks in checks.py."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from seqtune.config.errors import SeqtuneError
+from seqtune.config.schema import RootConfig
+from seqtune.data.collate import make_collator
+from seqtune.data.sampler import DistributedBatchPlan
+from seqtune.data.scan import SplitScan
+from seqtune.data.types import IGNORE_INDEX, TokenizedSample
+from seqtune.models import memory_estimate
+from seqtune.preflight import checks
+from seqtune.preflight.checks import Problem
+from seqtune.preflight.facts import (
+    ModelFacts,
+    device_memory_gib,
+    flash_attention_available,
+    lora_module_names,
+    package_installed,
+)
+from seqtune.preflight.result import MemoryStats, PlanStats, SplitPlan, SplitStats
+
+GIB = 2**30
+
+
+def fast_checks(cfg: RootConfig, facts: ModelFacts) -> list[Problem]:
+    """The checks that need no data scan: they print within seconds."""
+    rows = _vocab_rows(cfg, facts)
+    problems = checks.check_vocab_size(tokenizer_size=facts.tokenizer_size, embedding_rows=facts.embedding_rows,
+                                       output_rows=facts.output_rows, resize_embeddings=cfg.model.resize_embeddings)
+    problems += checks.check_special_token_ids(special_ids=facts.special_ids, vocab_rows=rows)
+    problems += checks.check_pad_token(pad_id=facts.pad_id, pad_policy=cfg.tokenizer.pad_policy)
+    if cfg.data.max_seq_len != "auto":
+        problems += checks.check_context_length(max_seq_len=int(cfg.data.max_seq_len),
+                                                context_length=facts.context_length, auto=False)
+    targets = cfg.lora.target_modules if cfg.lora.target_modules is not None else facts.lora_defaults
+    if cfg.lora.enabled:
+        problems += checks.check_lora_targets(enabled=True, targets=targets,
+                                              linear_module_names=lora_module_names(facts.hf_config))
+    attn = cfg.model.attn_implementation
+    problems += checks.check_backend(
+        load_in_4bit=cfg.model.load_in_4bit, attn_implementation=attn, compute_dtype=facts.compute_dtype,
+        device=cfg.train.device, cuda_available=facts.cuda_available,
+        flash_attn_installed=flash_attention_available(), bitsandbytes_installed=package_installed("bitsandbytes"),
+    )
+    # auto resolves to flash_attention_2 or sdpa, both of which keep packed documents apart.
+    problems += checks.check_packed_attention(strategy=cfg.padding.strategy,
+                                              attn_implementation="sdpa" if attn == "auto" else attn)
+    return problems
+
+
+def _vocab_rows(cfg: RootConfig, facts: ModelFacts) -> int:
+    """Embedding rows in force: resized to cover the tokenizer with model.resize_embeddings=true."""
+    if cfg.model.resize_embeddings:
+        return checks.resized_vocab(facts.tokenizer_size, facts.embedding_rows)
+    return min(facts.embedding_rows, facts.output_rows)
+
+
+def resolve_lengths(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitScan]) -> tuple[int, list[Problem]]:
+    """max_seq_len in force: auto = the longest sample over ALL splits (x8), never above the model's context."""
+    longest, location = 0, None
+    for scan in scans.values():
+        if len(scan.lengths) and int(scan.lengths.max()) > longest:
+            index = int(scan.lengths.argmax())
+            longest, location = int(scan.lengths[index]), scan.cache().location(index)
+    auto = cfg.data.max_seq_len == "auto"
+    max_seq_len = checks.resolve_max_seq_len(cfg.data.max_seq_len, longest)
+    problems = []
+    if auto:  # an explicit value was checked against the context before the scan
+        problems = checks.check_context_length(max_seq_len=max_seq_len, context_length=facts.context_length,
+                                               auto=True, longest_location=location)
+    return max_seq_len, problems
+
+
+class _Locations:
+    """file:line of cache sample i, read lazily (a split can hold 100M samples)."""
+
+    def __init__(self, scan: SplitScan) -> None:
+        self._cache = scan.cache()
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def __getitem__(self, i: int) -> str:
+        return self._cache.location(int(i))
+
+
+def split_checks(cfg: RootConfig, facts: ModelFacts, scan: SplitScan, max_seq_len: int) -> list[Problem]:
+    """Integrity, produced token ids, length limit and labels of one split."""
+    problems = checks.check_bad_lines(split=scan.name, rejects=scan.rejects, total_lines=scan.records,
+                                      max_bad_fraction=cfg.data.max_bad_fraction)
+    if scan.samples:
+        problems += checks.check_max_token_id(
+            split=scan.name, max_token_id=scan.max_token_id, location=scan.max_token_location,
+            vocab_rows=_vocab_rows(cfg, facts), pretokenized=cfg.data.format == "tokenized")
+    problems += checks.check_overlength(split=scan.name, lengths=scan.lengths, locations=_Locations(scan),
+                                        max_seq_len=max_seq_len, policy=cfg.data.overlength)
+    zero, first = _zero_target_samples(scan, max_seq_len, cfg.data.overlength)
+    problems += checks.check_trainable_tokens(split=scan.name, zero_target=zero, locations=first, dropped=False)
+    return problems
+
+
+def _zero_target_samples(scan: SplitScan, max_seq_len: int, policy: str) -> tuple[int, list[str]]:
+    """How many samples train nothing but their final eos (or nothing at all once truncated), and the first few."""
+    cache = scan.cache()
+    first: list[str] = []
+    if scan.zero_target_samples:  # the scan counted them; find where the first few are
+        for i in range(len(cache)):
+            if cache[i].num_targets <= 1:
+                first.append(cache.location(i))
+                if len(first) >= checks.MAX_LISTED:
+                    break
+    cut = 0
+    if policy == "truncate":  # truncation can cut a completion away entirely
+        for i in np.flatnonzero(scan.lengths > max_seq_len):
+            sample = cache[int(i)]
+            if sample.num_targets > 1 and not (sample.labels[:max_seq_len] != IGNORE_INDEX).any():
+                cut += 1
+                if len(first) < checks.MAX_LISTED:
+                    first.append(sample.location)
+    return scan.zero_target_samples + cut, first
+
+
+def split_stats(cfg: RootConfig, scan: SplitScan, max_seq_len: int) -> tuple[SplitStats, list[str]]:
+    stats = checks.length_stats(scan.lengths, max_seq_len)
+    over = stats.pop("over_limit")
+    policy = cfg.data.overlength
+    notes = checks.prepadded_notes(split=scan.name, count=scan.padded_inputs, locations=scan.padded_locations,
+                                   strategy=cfg.padding.strategy)
+    if over and policy != "error":
+        notes.append(f"data.overlength={policy}: {over} {scan.name} sample(s) longer than {max_seq_len} tokens "
+                     f"will be {'truncated' if policy == 'truncate' else 'dropped'}.")
+    split = SplitStats(
+        records=scan.records, rejected=scan.num_rejects, lengths=stats, over_limit=over,
+        trainable_fraction=round(scan.trainable_fraction, 4), zero_target=scan.zero_target_samples,
+        reject_reasons=dict(scan.reject_counts), truncated=over if policy == "truncate" else 0,
+        dropped=over if policy == "drop" else 0, prepadded=scan.padded_inputs,
+    )
+    return split, notes
+
+
+def effective_lengths(lengths: np.ndarray, max_seq_len: int, policy: str) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths training will see, their cache indices) after data.overlength: truncate caps, drop removes."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if policy == "drop":
+        keep = np.flatnonzero(lengths <= max_seq_len)
+        return lengths[keep], keep
+    if policy == "truncate":
+        return np.minimum(lengths, max_seq_len), np.arange(len(lengths))
+    return lengths, np.arange(len(lengths))
+
+
+def _truncated(sample: TokenizedSample, max_seq_len: int) -> TokenizedSample:
+    return TokenizedSample(input_ids=sample.input_ids[:max_seq_len], labels=sample.labels[:max_seq_len],
+                           location=sample.location)
+
+
+def shape_checks(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitScan], max_seq_len: int) -> list[Problem]:
+    """Run the configured collator on each split's worst-case batches: its longest and its shortest samples."""
+    strategy, batch_size = cfg.padding.strategy, cfg.train.batch_size
+    # A missing pad token is its own problem (check_pad_token); shapes do not depend on the id.
+    pad_id = facts.pad_id if facts.pad_id is not None else 0
+    collator = make_collator(cfg.padding, max_seq_len=max_seq_len, pad_id=pad_id, padding_side=facts.padding_side)
+    problems: list[Problem] = []
+    for name, scan in scans.items():
+        lengths, indices = effective_lengths(scan.lengths, max_seq_len, cfg.data.overlength)
+        if not len(lengths) or (cfg.data.overlength == "error" and lengths.max() > max_seq_len):
+            continue  # nothing to batch, or already reported by check_overlength
+        order = indices[np.argsort(lengths, kind="stable")]
+        cache = scan.cache()
+        for label, picked in ((f"longest {name} batch", order[-batch_size:]), (f"shortest {name} batch", order[:batch_size])):
+            samples = [_truncated(cache[int(i)], max_seq_len) for i in picked]
+            try:
+                batch = collator(samples)
+            except SeqtuneError as err:
+                problems.append(Problem(check="padding", key=err.key or "padding.strategy", message=str(err)))
+                continue
+            shapes = {key: tuple(value.shape) for key, value in batch.items()}
+            rows = None if strategy == "packed" else len(samples)
+            problems += checks.check_batch_shapes(label=label, shapes=shapes, strategy=strategy,
+                                                  max_seq_len=max_seq_len, expected_rows=rows)
+    return problems
+
+
+def plan_phase(cfg: RootConfig, scans: dict[str, SplitScan], max_seq_len: int
+               ) -> tuple[PlanStats, float | None, list[Problem]]:
+    """The distributed plan per split, built by the same DistributedBatchPlan the ranks use."""
+    world = cfg.launcher.nproc_per_node * cfg.launcher.nnodes
+    plan = PlanStats(world_size=world, global_batch=cfg.train.batch_size * cfg.train.grad_accum * world)
+    problems: list[Problem] = []
+    efficiency = None
+    for name, scan in scans.items():
+        lengths, _ = effective_lengths(scan.lengths, max_seq_len, cfg.data.overlength)
+        if not len(lengths):
+            continue
+        train = name == "train"
+        # Evaluation must see every sample once, so its tail is padded with masked fillers, never dropped.
+        summary = DistributedBatchPlan(
+            np.minimum(lengths, max_seq_len), batch_size=cfg.train.batch_size, world_size=world, rank=0,
+            strategy=cfg.padding.strategy, max_seq_len=max_seq_len, seed=cfg.train.seed,
+            shuffle=cfg.data.shuffle and train, tail=cfg.data.tail if train else "pad",
+            bucket_window=cfg.padding.bucket_window, multiple_of=cfg.padding.multiple_of,
+        ).summary()
+        micro = int(summary["micro_batches_per_rank"])
+        steps = micro // cfg.train.grad_accum if train else None
+        plan.splits[name] = SplitPlan(
+            samples=len(lengths), samples_per_rank=list(summary["samples_per_rank"]),
+            tokens_per_rank=list(summary["tokens_per_rank"]), micro_batches_per_rank=micro, steps_per_epoch=steps,
+            dropped_samples=int(summary["dropped_samples"]), filler_samples=int(summary["filler_samples"]))
+        if train:
+            efficiency = round(float(summary["padding_efficiency"]), 4)
+        problems += checks.check_epoch_steps(split=name, num_items=len(lengths), micro_batches_per_rank=micro,
+                                             steps_per_epoch=steps, batch_size=cfg.train.batch_size,
+                                             world_size=world, grad_accum=cfg.train.grad_accum)
+    return plan, efficiency, problems
+
+
+def memory_phase(cfg: RootConfig, facts: ModelFacts, max_seq_len: int) -> tuple[MemoryStats, list[Problem]]:
+    """Weights + grads + optimizer state + activations of the worst-case micro-batch, vs the device's memory."""
+    targets = cfg.lora.target_modules if cfg.lora.target_modules is not None else facts.lora_defaults
+    estimate = memory_estimate(
+        facts.hf_config, lora=cfg.lora, lora_targets=list(targets), batch_tokens=cfg.train.batch_size * max_seq_len,
+        dtype=cfg.model.dtype, optimizer=cfg.optim.name, load_in_4bit=cfg.model.load_in_4bit,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+    )
+    device = device_memory_gib(cfg.preflight.device_memory_gib, facts.device_type)
+    stats = MemoryStats(
+        weights_gib=round(estimate["weights_bytes"] / GIB, 4), grads_gib=round(estimate["grads_bytes"] / GIB, 4),
+        optimizer_gib=round(estimate["optimizer_bytes"] / GIB, 4),
+        activations_gib=round(estimate["activations_bytes"] / GIB, 4),
+        total_gib=round(estimate["total_bytes"] / GIB, 4), device_gib=device,
+    )
+    breakdown = (f"weights {stats.weights_gib:.1f} + grads {stats.grads_gib:.1f} + optimizer "
+                 f"{stats.optimizer_gib:.1f} + activations {stats.activations_gib:.1f}")
+    return stats, checks.check_memory(estimate_gib=stats.total_gib, device_memory_gib=device, breakdown=breakdown)

@@ -1,0 +1,164 @@
+"""run_preflight end to end on small JSONL files, the bundled tokenizer and a tiny model config (CPU, seconds).
+
+One test (pair) per field report in /work/shared/ORIGINS.md: each fails the way the report did, with a message
+that names the key and the fix, and passes once the fix is applied.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from seqtune.config import PreflightFailed, RootConfig, to_typed
+from seqtune.preflight import load_result, run_preflight
+
+TINY_MODEL = {"family": "tinyllama", "vocab_size": 4096, "hidden_size": 64, "intermediate_size": 176,
+              "num_layers": 2, "num_heads": 8, "num_kv_heads": 2, "max_position_embeddings": 2048}
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    """Rows are dicts (dumped as JSON) or strings written verbatim (to make broken lines)."""
+    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
+    return path
+
+
+def alpaca(n_words: int, i: int = 0) -> dict:
+    return {"instruction": f"Repeat the words {i}.", "input": "", "output": " ".join(["apple"] * n_words)}
+
+
+def make_cfg(tmp_path: Path, train: Path, *overrides: str) -> RootConfig:
+    base = {
+        "recipe_name": "lora_sft", "model": TINY_MODEL, "tokenizer": {"source": "bundled"},
+        "data": {"train": str(train), "format": "alpaca", "cache_dir": str(tmp_path / "tokens")},
+        "padding": {}, "lora": {}, "optim": {}, "train": {"batch_size": 4, "progress": False}, "launcher": {},
+        "logger": {}, "preflight": {"plot": False},
+    }
+    merged = OmegaConf.merge(OmegaConf.structured(RootConfig), base, OmegaConf.from_dotlist(list(overrides)))
+    return to_typed(merged)
+
+
+def run_failing(cfg: RootConfig, run_dir: Path, match: str) -> dict:
+    with pytest.raises(PreflightFailed, match=match) as info:
+        run_preflight(cfg, run_dir)
+    assert info.value.exit_code == 2
+    report = json.loads((run_dir / "preflight.json").read_text())
+    assert report["ok"] is False
+    return report
+
+
+@pytest.fixture()
+def varied(tmp_path: Path) -> Path:
+    return write_jsonl(tmp_path / "train.jsonl", [alpaca(n, i) for i, n in enumerate([1, 3, 7, 20, 2, 9, 15, 4])])
+
+
+# --- report 1: variable-length samples, batch > 1 --------------------------------------------------------------
+
+
+def test_variable_lengths_pass_with_default_longest_padding(tmp_path, varied, capsys):
+    cfg = make_cfg(tmp_path, varied, "preflight.plot=true")
+    result = run_preflight(cfg, tmp_path / "run")
+    report = json.loads((tmp_path / "run" / "preflight.json").read_text())
+    assert result.ok and report["ok"] and report["problems"] == []
+    lengths = report["splits"]["train"]["lengths"]
+    assert lengths["min"] < lengths["max"] and report["max_seq_len"] == -(-lengths["max"] // 8) * 8
+    assert report["padding"]["strategy"] == "longest" and 0 < report["padding"]["efficiency"] <= 1
+    assert report["plan"]["splits"]["train"]["micro_batches_per_rank"] == 2
+    assert Path(report["caches"]["train"]).is_dir() and (tmp_path / "run" / "lengths.png").is_file()
+    assert load_result(tmp_path / "run") == result
+    assert "preflight: no problems." in capsys.readouterr().out
+
+
+# --- report 2: fixed shapes and pre-padded input -----------------------------------------------------------------
+
+
+def test_max_length_strategy_gives_fixed_shapes(tmp_path, varied):
+    result = run_preflight(make_cfg(tmp_path, varied, "padding.strategy=max_length", "data.max_seq_len=64"),
+                           tmp_path / "run")
+    assert result.ok and result.max_seq_len == 64 and result.padding.strategy == "max_length"
+    assert result.padding.efficiency < 0.5  # fixed shapes cost padding, and the report says how much
+
+
+def test_inconsistently_prepadded_tokenized_rows_are_detected(tmp_path):
+    # Report 2: rows padded to the longest of their map batch, so two widths (12 and 9) arrive.
+    rows = []
+    for real, width in [(5, 12), (8, 12), (4, 9), (6, 9)]:
+        ids = list(range(10, 10 + real))
+        rows.append({"input_ids": ids + [0] * (width - real), "attention_mask": [1] * real + [0] * (width - real)})
+    train = write_jsonl(tmp_path / "train.jsonl", rows)
+    result = run_preflight(make_cfg(tmp_path, train, "data.format=tokenized", "padding.strategy=max_length",
+                                    "data.max_seq_len=16"), tmp_path / "run")
+    assert result.splits["train"].prepadded == 4
+    assert any("arrived already padded" in note for note in result.notes)
+    broken = write_jsonl(tmp_path / "broken.jsonl", rows + [{"input_ids": [5, 6, 7], "attention_mask": [1, 1]}])
+    run_failing(make_cfg(tmp_path, broken, "data.format=tokenized", "data.max_seq_len=16"), tmp_path / "run2",
+                match=r"broken.jsonl:5 \(wrong_type: lengths differ")
+
+
+# --- report 3: malformed lines and missing media -----------------------------------------------------------------
+
+
+def test_bad_lines_go_to_rejects_and_fail_at_zero_fraction(tmp_path):
+    (tmp_path / "cat.png").write_bytes(b"\x89PNG")
+    good = [{"input": f"Describe <img>cat.png</img> {i}", "output": "a cat"} for i in range(8)]
+    train = write_jsonl(tmp_path / "train.jsonl", good + ['{"input": "cut', {"input": "<img>gone.png</img>",
+                                                                              "output": "x"}])
+    report = run_failing(make_cfg(tmp_path, train, "data.format=input_output"), tmp_path / "run",
+                         match="data.max_bad_fraction")
+    rejects = [json.loads(line) for line in (tmp_path / "run" / "rejects.jsonl").read_text().splitlines()]
+    assert [(Path(r["file"]).name, r["line"], r["reason"].split(":")[0]) for r in rejects] == [
+        ("train.jsonl", 9, "bad_json"), ("train.jsonl", 10, "missing_media")]
+    assert report["splits"]["train"]["rejected"] == 2 and report["problems"][0]["key"] == "data.max_bad_fraction"
+    result = run_preflight(make_cfg(tmp_path, train, "data.format=input_output", "data.max_bad_fraction=0.25"),
+                           tmp_path / "run2")
+    assert result.ok and result.splits["train"].records == 10 and result.splits["train"].rejected == 2
+
+
+# --- report 4: tokenizer bigger than the model's vocabulary ------------------------------------------------------
+
+
+def test_tokenizer_bigger_than_embedding_fails_until_resized(tmp_path, varied):
+    cfg = make_cfg(tmp_path, varied, "tokenizer.pad_policy=add")
+    report = run_failing(cfg, tmp_path / "run", match=r"model\.resize_embeddings=true")
+    assert report["vocab"]["tokenizer_size"] == report["vocab"]["embedding_rows"] + 1
+    assert "4097" in report["problems"][0]["message"] and "4096" in report["problems"][0]["message"]
+    result = run_preflight(make_cfg(tmp_path, varied, "tokenizer.pad_policy=add", "model.resize_embeddings=true"),
+                           tmp_path / "run2")
+    assert result.ok and result.vocab.resized_to == 4160
+
+
+# --- report 5: a validation sample longer than every training sample ---------------------------------------------
+
+
+def test_explicit_limit_from_train_fails_on_longer_val_and_auto_covers_all_splits(tmp_path, varied):
+    train_only = run_preflight(make_cfg(tmp_path, varied), tmp_path / "probe")
+    longest_train = train_only.splits["train"].lengths["max"]
+    val = write_jsonl(tmp_path / "val.jsonl", [alpaca(2), alpaca(40), alpaca(3)])
+    cfg = make_cfg(tmp_path, varied, f"data.val={val}", f"data.max_seq_len={longest_train}")
+    report = run_failing(cfg, tmp_path / "run", match=rf"data.max_seq_len={longest_train} < longest val sample")
+    problem = report["problems"][0]
+    assert problem["location"].endswith("val.jsonl:2") and "data.max_seq_len=auto" in problem["message"]
+    result = run_preflight(make_cfg(tmp_path, varied, f"data.val={val}"), tmp_path / "run2")
+    assert result.ok and result.max_seq_len >= result.splits["val"].lengths["max"] > longest_train
+
+
+# --- the fast checks -----------------------------------------------------------------------------------------------
+
+
+def test_lora_typo_and_context_overflow_print_before_the_scan(tmp_path, varied, capsys):
+    cfg = make_cfg(tmp_path, varied, "lora.target_modules=[q_proj,query]", "data.max_seq_len=4096")
+    report = run_failing(cfg, tmp_path / "run", match="query")
+    out = capsys.readouterr().out
+    assert out.index("found before reading any data") < out.index("max_seq_len=4096 (model context 2048)")
+    keys = [p["key"] for p in report["problems"]]
+    assert "lora.target_modules" in keys and "data.max_seq_len" in keys
+    lora = next(p for p in report["problems"] if p["key"] == "lora.target_modules")
+    assert "q_proj" in lora["message"] and "v_proj" in lora["message"]
+
+
+def test_too_little_data_for_the_world_size_fails(tmp_path, varied):
+    cfg = make_cfg(tmp_path, varied, "launcher.nproc_per_node=4", "train.grad_accum=2")
+    report = run_failing(cfg, tmp_path / "run", match="zero micro-batches")
+    assert report["plan"]["global_batch"] == 4 * 2 * 4
