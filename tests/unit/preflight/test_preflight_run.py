@@ -162,3 +162,29 @@ def test_too_little_data_for_the_world_size_fails(tmp_path, varied):
     cfg = make_cfg(tmp_path, varied, "launcher.nproc_per_node=4", "train.grad_accum=2")
     report = run_failing(cfg, tmp_path / "run", match="zero micro-batches")
     assert report["plan"]["global_batch"] == 4 * 2 * 4
+
+
+# --- the real, composed Hydra config ------------------------------------------------------------------------------
+
+CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs"
+
+
+def compose_real(*overrides: str) -> RootConfig:
+    from hydra import compose, initialize_config_dir
+
+    from seqtune.config import register_resolvers, register_schemas
+
+    register_schemas()
+    register_resolvers()
+    # The directory, not the seqtune.configs module: that module exists only once the package is installed.
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return to_typed(compose(config_name="config", overrides=list(overrides)))
+
+
+@pytest.mark.parametrize("strategy", ["longest", "packed"])
+def test_shipped_default_config_passes_on_the_shipped_data(tmp_path, strategy):
+    cfg = compose_real(f"data.cache_dir={tmp_path / 'tokens'}", "train.progress=false", f"padding={strategy}")
+    result = run_preflight(cfg, tmp_path / "run")
+    assert result.ok and set(result.splits) == {"train", "val"}
+    assert result.max_seq_len >= max(stats.lengths["max"] for stats in result.splits.values())
+    assert (tmp_path / "run" / "lengths.png").is_file() and (tmp_path / "run" / "rejects.jsonl").read_text() == ""
