@@ -52,7 +52,8 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 
 def cache_key(files: list[Path], encoder_signature: str, extra: str = "") -> str:
-    parts = [CACHE_VERSION, encoder_signature, extra] + [f"{p.name}={file_fingerprint(p)}" for p in files]
+    # The resolved path is part of the key because the cache stores locations ("file:line") by path.
+    parts = [CACHE_VERSION, encoder_signature, extra] + [f"{p.resolve()}={file_fingerprint(p)}" for p in files]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
 
