@@ -34,7 +34,10 @@ def run(cfg: RootConfig, run_dir: Path) -> None:
                                        dtype=precision or cfg.model.dtype)
     resize_to = len(tokenizer) if cfg.model.resize_embeddings else None
     model = build_model(cfg.model, attn_implementation=attn, resize_to=resize_to)
-    model = apply_lora(model, cfg.lora, spec, extra_trainable=["embed_tokens", "lm_head"] if resize_to else [])
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # Rows added by a resize train through peft's trainable tokens (seqtune/models/lora.py).
+    model = apply_lora(model, cfg.lora, spec)
     if env.is_main:
         print(f"attention: {attn}; trainable parameters: "
               f"{sum(p.numel() for p in model.parameters() if p.requires_grad):,}", flush=True)

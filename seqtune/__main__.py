@@ -7,6 +7,7 @@ Hydra themselves (each rank resolving `${now:...}` on its own would give every r
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -15,6 +16,8 @@ from pathlib import Path
 # Before torch/transformers are imported: seqtune never reaches a model hub, and tokenizer threads must not be
 # forked into dataloader workers.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# torchao (pulled in by peft/torchtune) warns at import about its C++ extensions, which seqtune does not use.
+logging.getLogger("torchao").setLevel(logging.ERROR)
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 import hydra  # noqa: E402

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# torchao (pulled in by peft/torchtune) warns at import about its C++ extensions, which seqtune does not use.
+logging.getLogger("torchao").setLevel(logging.ERROR)
 
 from seqtune.config import SeqtuneError, load_resolved  # noqa: E402
 from seqtune.config.errors import ConfigError  # noqa: E402
