@@ -9,7 +9,8 @@ from seqtune.config.schema import RootConfig
 from seqtune.data.collate import make_collator
 from seqtune.data.sampler import DistributedBatchPlan
 from seqtune.data.scan import SplitScan
-from seqtune.data.types import IGNORE_INDEX, TokenizedSample
+from seqtune.data.stream import apply_overlength
+from seqtune.data.types import Reject
 from seqtune.models import memory_estimate
 from seqtune.preflight import checks
 from seqtune.preflight.checks import Problem
@@ -97,30 +98,33 @@ def split_checks(cfg: RootConfig, facts: ModelFacts, scan: SplitScan, max_seq_le
             vocab_rows=_vocab_rows(cfg, facts), pretokenized=cfg.data.format == "tokenized")
     problems += checks.check_overlength(split=scan.name, lengths=scan.lengths, locations=_Locations(scan),
                                         max_seq_len=max_seq_len, policy=cfg.data.overlength)
-    zero, first = _zero_target_samples(scan, max_seq_len, cfg.data.overlength)
-    problems += checks.check_trainable_tokens(split=scan.name, zero_target=zero, locations=first, dropped=False)
+    # Nothing drops samples that train only their eos, so they are a problem (an empty completion is a data bug).
+    problems += checks.check_trainable_tokens(split=scan.name, zero_target=scan.zero_target_samples,
+                                              locations=_zero_target_locations(scan), dropped=False)
     return problems
 
 
-def _zero_target_samples(scan: SplitScan, max_seq_len: int, policy: str) -> tuple[int, list[str]]:
-    """How many samples train nothing but their final eos (or nothing at all once truncated), and the first few."""
+def _zero_target_locations(scan: SplitScan) -> list[str]:
+    """Where the first few samples are whose only target is their final eos (the scan counted them all)."""
+    if not scan.zero_target_samples:
+        return []
+    cache, first = scan.cache(), []
+    for i in range(len(cache)):
+        if cache[i].num_targets <= 1:
+            first.append(cache.location(i))
+            if len(first) >= checks.MAX_LISTED:
+                break
+    return first
+
+
+def _cut_by_truncation(scan: SplitScan, max_seq_len: int, policy: str) -> int:
+    """Over-length samples that data.overlength=truncate leaves without a target: the data package drops them
+    (no_targets), exactly as apply_overlength decides, so they are counted and reported, not a problem."""
+    if policy != "truncate":
+        return 0
     cache = scan.cache()
-    first: list[str] = []
-    if scan.zero_target_samples:  # the scan counted them; find where the first few are
-        for i in range(len(cache)):
-            if cache[i].num_targets <= 1:
-                first.append(cache.location(i))
-                if len(first) >= checks.MAX_LISTED:
-                    break
-    cut = 0
-    if policy == "truncate":  # truncation can cut a completion away entirely
-        for i in np.flatnonzero(scan.lengths > max_seq_len):
-            sample = cache[int(i)]
-            if sample.num_targets > 1 and not (sample.labels[:max_seq_len] != IGNORE_INDEX).any():
-                cut += 1
-                if len(first) < checks.MAX_LISTED:
-                    first.append(sample.location)
-    return scan.zero_target_samples + cut, first
+    over = np.flatnonzero(scan.lengths > max_seq_len)
+    return sum(isinstance(apply_overlength(cache[int(i)], max_seq_len, policy), Reject) for i in over)
 
 
 def split_stats(cfg: RootConfig, scan: SplitScan, max_seq_len: int) -> tuple[SplitStats, list[str]]:
@@ -129,14 +133,16 @@ def split_stats(cfg: RootConfig, scan: SplitScan, max_seq_len: int) -> tuple[Spl
     policy = cfg.data.overlength
     notes = checks.prepadded_notes(split=scan.name, count=scan.padded_inputs, locations=scan.padded_locations,
                                    strategy=cfg.padding.strategy)
+    cut = _cut_by_truncation(scan, max_seq_len, policy)
     if over and policy != "error":
         notes.append(f"data.overlength={policy}: {over} {scan.name} sample(s) longer than {max_seq_len} tokens "
-                     f"will be {'truncated' if policy == 'truncate' else 'dropped'}.")
+                     f"will be {'truncated' if policy == 'truncate' else 'dropped'}"
+                     f"{f'; {cut} of them keep no target after truncation and are dropped' if cut else ''}.")
     split = SplitStats(
         records=scan.records, rejected=scan.num_rejects, lengths=stats, over_limit=over,
         trainable_fraction=round(scan.trainable_fraction, 4), zero_target=scan.zero_target_samples,
         reject_reasons=dict(scan.reject_counts), truncated=over if policy == "truncate" else 0,
-        dropped=over if policy == "drop" else 0, prepadded=scan.padded_inputs,
+        dropped=over if policy == "drop" else cut, prepadded=scan.padded_inputs,
     )
     return split, notes
 
@@ -150,11 +156,6 @@ def effective_lengths(lengths: np.ndarray, max_seq_len: int, policy: str) -> tup
     if policy == "truncate":
         return np.minimum(lengths, max_seq_len), np.arange(len(lengths))
     return lengths, np.arange(len(lengths))
-
-
-def _truncated(sample: TokenizedSample, max_seq_len: int) -> TokenizedSample:
-    return TokenizedSample(input_ids=sample.input_ids[:max_seq_len], labels=sample.labels[:max_seq_len],
-                           location=sample.location)
 
 
 def shape_checks(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitScan], max_seq_len: int) -> list[Problem]:
@@ -171,7 +172,11 @@ def shape_checks(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitScan]
         order = indices[np.argsort(lengths, kind="stable")]
         cache = scan.cache()
         for label, picked in ((f"longest {name} batch", order[-batch_size:]), (f"shortest {name} batch", order[:batch_size])):
-            samples = [_truncated(cache[int(i)], max_seq_len) for i in picked]
+            # The same over-length policy training applies (truncate, or drop what truncation leaves targetless).
+            samples = [s for i in picked
+                       if not isinstance(s := apply_overlength(cache[int(i)], max_seq_len, cfg.data.overlength), Reject)]
+            if not samples:
+                continue
             try:
                 batch = collator(samples)
             except SeqtuneError as err:

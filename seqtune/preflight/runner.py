@@ -51,7 +51,10 @@ def run_preflight(cfg: RootConfig, run_dir: Path) -> PreflightResult:
                              caches={name: scan.cache_dir for name, scan in scans.items()})
     result.notes += checks.pad_token_notes(pad_id=facts.pad_id, eos_id=facts.eos_id)
     if "train" in scans:
-        _data_phases(cfg, facts, scans, result, problems)
+        try:
+            _data_phases(cfg, facts, scans, result, problems)
+        except SeqtuneError as err:  # e.g. a collator or plan refusing a value: one more problem, still one failure
+            problems.append(Problem(check="data", key=err.key or "data", message=str(err)))
     result.vocab = _vocab_stats(cfg, facts, scans)
     result.problems = problems
     write_rejects([scan.cache_dir / "rejects.jsonl" for scan in scans.values()], run_dir)

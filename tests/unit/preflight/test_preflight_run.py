@@ -188,3 +188,13 @@ def test_shipped_default_config_passes_on_the_shipped_data(tmp_path, strategy):
     assert result.ok and set(result.splits) == {"train", "val"}
     assert result.max_seq_len >= max(stats.lengths["max"] for stats in result.splits.values())
     assert (tmp_path / "run" / "lengths.png").is_file() and (tmp_path / "run" / "rejects.jsonl").read_text() == ""
+
+
+def test_truncate_is_an_explicit_reported_policy(tmp_path, varied):
+    result = run_preflight(make_cfg(tmp_path, varied, "data.max_seq_len=24", "data.overlength=truncate",
+                                    "padding.strategy=max_length"), tmp_path / "run")
+    stats = result.splits["train"]
+    assert result.ok and stats.over_limit > 0 and stats.truncated == stats.over_limit
+    assert any("will be truncated" in note for note in result.notes)
+    run_failing(make_cfg(tmp_path, varied, "data.max_seq_len=24"), tmp_path / "run2",
+                match=r"data.max_seq_len=24 < longest train sample")
