@@ -7,6 +7,7 @@ import numpy as np
 from seqtune.config.errors import SeqtuneError
 from seqtune.config.schema import RootConfig
 from seqtune.data.collate import make_collator
+from seqtune.data.loader import SplitView
 from seqtune.data.sampler import DistributedBatchPlan
 from seqtune.data.scan import SplitScan
 from seqtune.data.stream import apply_overlength
@@ -101,6 +102,10 @@ def split_checks(cfg: RootConfig, facts: ModelFacts, scan: SplitScan, max_seq_le
     # Nothing drops samples that train only their eos, so they are a problem (an empty completion is a data bug).
     problems += checks.check_trainable_tokens(split=scan.name, zero_target=scan.zero_target_samples,
                                               locations=_zero_target_locations(scan), dropped=False)
+    # Truncation that cuts every target: the stream drops those samples (no_targets); the cached loader keeps them.
+    cut = _cut_by_truncation(scan, max_seq_len, cfg.data.overlength)
+    problems += checks.check_trainable_tokens(split=scan.name, zero_target=len(cut), locations=cut,
+                                              dropped=cfg.data.mode == "stream")
     return problems
 
 
@@ -117,14 +122,14 @@ def _zero_target_locations(scan: SplitScan) -> list[str]:
     return first
 
 
-def _cut_by_truncation(scan: SplitScan, max_seq_len: int, policy: str) -> int:
-    """Over-length samples that data.overlength=truncate leaves without a target: the data package drops them
-    (no_targets), exactly as apply_overlength decides, so they are counted and reported, not a problem."""
+def _cut_by_truncation(scan: SplitScan, max_seq_len: int, policy: str) -> list[str]:
+    """Over-length samples that data.overlength=truncate leaves with no target (apply_overlength's rule)."""
     if policy != "truncate":
-        return 0
+        return []
     cache = scan.cache()
     over = np.flatnonzero(scan.lengths > max_seq_len)
-    return sum(isinstance(apply_overlength(cache[int(i)], max_seq_len, policy), Reject) for i in over)
+    return [cache.location(int(i)) for i in over
+            if isinstance(apply_overlength(cache[int(i)], max_seq_len, policy), Reject)]
 
 
 def split_stats(cfg: RootConfig, scan: SplitScan, max_seq_len: int) -> tuple[SplitStats, list[str]]:
@@ -133,7 +138,7 @@ def split_stats(cfg: RootConfig, scan: SplitScan, max_seq_len: int) -> tuple[Spl
     policy = cfg.data.overlength
     notes = checks.prepadded_notes(split=scan.name, count=scan.padded_inputs, locations=scan.padded_locations,
                                    strategy=cfg.padding.strategy)
-    cut = _cut_by_truncation(scan, max_seq_len, policy)
+    cut = len(_cut_by_truncation(scan, max_seq_len, policy)) if cfg.data.mode == "stream" else 0
     if over and policy != "error":
         notes.append(f"data.overlength={policy}: {over} {scan.name} sample(s) longer than {max_seq_len} tokens "
                      f"will be {'truncated' if policy == 'truncate' else 'dropped'}"
@@ -147,15 +152,13 @@ def split_stats(cfg: RootConfig, scan: SplitScan, max_seq_len: int) -> tuple[Spl
     return split, notes
 
 
-def effective_lengths(lengths: np.ndarray, max_seq_len: int, policy: str) -> tuple[np.ndarray, np.ndarray]:
-    """(lengths training will see, their cache indices) after data.overlength: truncate caps, drop removes."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    if policy == "drop":
-        keep = np.flatnonzero(lengths <= max_seq_len)
-        return lengths[keep], keep
-    if policy == "truncate":
-        return np.minimum(lengths, max_seq_len), np.arange(len(lengths))
-    return lengths, np.arange(len(lengths))
+def training_view(scan: SplitScan, max_seq_len: int, policy: str) -> SplitView | None:
+    """The split exactly as the cached loader serves it (over-length policy applied); None when `error` would
+    refuse it (check_overlength has reported that) or nothing is left."""
+    if policy == "error" and len(scan.lengths) and int(scan.lengths.max()) > max_seq_len:
+        return None
+    view = SplitView(scan.cache(), max_seq_len=max_seq_len, overlength=policy)
+    return view if len(view) else None
 
 
 def shape_checks(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitScan], max_seq_len: int) -> list[Problem]:
@@ -166,24 +169,19 @@ def shape_checks(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitScan]
     collator = make_collator(cfg.padding, max_seq_len=max_seq_len, pad_id=pad_id, padding_side=facts.padding_side)
     problems: list[Problem] = []
     for name, scan in scans.items():
-        lengths, indices = effective_lengths(scan.lengths, max_seq_len, cfg.data.overlength)
-        if not len(lengths) or (cfg.data.overlength == "error" and lengths.max() > max_seq_len):
-            continue  # nothing to batch, or already reported by check_overlength
-        order = indices[np.argsort(lengths, kind="stable")]
-        cache = scan.cache()
-        for label, picked in ((f"longest {name} batch", order[-batch_size:]), (f"shortest {name} batch", order[:batch_size])):
-            # The same over-length policy training applies (truncate, or drop what truncation leaves targetless).
-            samples = [s for i in picked
-                       if not isinstance(s := apply_overlength(cache[int(i)], max_seq_len, cfg.data.overlength), Reject)]
-            if not samples:
-                continue
+        view = training_view(scan, max_seq_len, cfg.data.overlength)
+        if view is None:
+            continue
+        order = np.argsort(view.lengths, kind="stable")
+        for label, picked in ((f"longest {name} batch", order[-batch_size:]),
+                              (f"shortest {name} batch", order[:batch_size])):
             try:
-                batch = collator(samples)
+                batch = collator([view[int(i)] for i in picked])
             except SeqtuneError as err:
                 problems.append(Problem(check="padding", key=err.key or "padding.strategy", message=str(err)))
                 continue
             shapes = {key: tuple(value.shape) for key, value in batch.items()}
-            rows = None if strategy == "packed" else len(samples)
+            rows = None if strategy == "packed" else len(picked)
             problems += checks.check_batch_shapes(label=label, shapes=shapes, strategy=strategy,
                                                   max_seq_len=max_seq_len, expected_rows=rows)
     return problems
@@ -197,13 +195,13 @@ def plan_phase(cfg: RootConfig, scans: dict[str, SplitScan], max_seq_len: int
     problems: list[Problem] = []
     efficiency = None
     for name, scan in scans.items():
-        lengths, _ = effective_lengths(scan.lengths, max_seq_len, cfg.data.overlength)
-        if not len(lengths):
+        view = training_view(scan, max_seq_len, cfg.data.overlength)
+        if view is None:
             continue
-        train = name == "train"
+        lengths, train = view.lengths, name == "train"
         # Evaluation must see every sample once, so its tail is padded with masked fillers, never dropped.
         summary = DistributedBatchPlan(
-            np.minimum(lengths, max_seq_len), batch_size=cfg.train.batch_size, world_size=world, rank=0,
+            lengths, batch_size=cfg.train.batch_size, world_size=world, rank=0,
             strategy=cfg.padding.strategy, max_seq_len=max_seq_len, seed=cfg.train.seed,
             shuffle=cfg.data.shuffle and train, tail=cfg.data.tail if train else "pad",
             bucket_window=cfg.padding.bucket_window, multiple_of=cfg.padding.multiple_of,

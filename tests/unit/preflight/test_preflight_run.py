@@ -198,3 +198,12 @@ def test_truncate_is_an_explicit_reported_policy(tmp_path, varied):
     assert any("will be truncated" in note for note in result.notes)
     run_failing(make_cfg(tmp_path, varied, "data.max_seq_len=24"), tmp_path / "run2",
                 match=r"data.max_seq_len=24 < longest train sample")
+
+
+def test_truncation_that_cuts_every_target_is_a_labels_problem(tmp_path, varied):
+    rows = [alpaca(2, i) for i in range(4)] + [{"instruction": "Say it. " * 30, "input": "", "output": "ok"}]
+    train = write_jsonl(tmp_path / "prompty.jsonl", rows)
+    report = run_failing(make_cfg(tmp_path, train, "data.max_seq_len=32", "data.overlength=truncate"),
+                         tmp_path / "run", match="zero trainable tokens")
+    problem = next(p for p in report["problems"] if p["check"] == "labels")
+    assert problem["location"].endswith("prompty.jsonl:5") and "data.max_seq_len" in problem["message"]
