@@ -68,11 +68,12 @@ def check_vocab_size(
     problems = []
     for what, rows in (("input embedding", embedding_rows), ("output head", output_rows)):
         if tokenizer_size > rows:
+            resized = resized_vocab(tokenizer_size, rows)
             problems.append(Problem(
                 check="vocab", key="model.resize_embeddings",
                 message=(f"tokenizer has {tokenizer_size} tokens (added and special included) > model {what} "
                          f"rows {rows} (model.vocab_size); ids {rows}..{tokenizer_size - 1} would index out of "
-                         f"range. Fix: model.resize_embeddings=true (resizes to {resized_vocab(tokenizer_size, rows)}), "
+                         f"range. Fix: model.resize_embeddings=true (resizes to {resized}), "
                          "or the tokenizer that matches the model (tokenizer=checkpoint)."),
             ))
     return problems

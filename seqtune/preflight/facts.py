@@ -61,7 +61,9 @@ def gather_facts(cfg: RootConfig) -> ModelFacts:
 
 def special_token_ids(tokenizer: Any, eot_token: str | None) -> dict[str, int | None]:
     """bos/eos/pad/unk, every other special token (chat-template markers included) and the family's end-of-turn."""
-    ids: dict[str, int | None] = {name: getattr(tokenizer, f"{name}_token_id", None) for name in ("bos", "eos", "pad", "unk")}
+    ids: dict[str, int | None] = {
+        name: getattr(tokenizer, f"{name}_token_id", None) for name in ("bos", "eos", "pad", "unk")
+    }
     for token, token_id in zip(tokenizer.all_special_tokens, tokenizer.all_special_ids):
         ids.setdefault(token, token_id)
     if eot_token:

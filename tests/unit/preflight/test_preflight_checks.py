@@ -188,7 +188,8 @@ def test_qlora_and_flash_attention_need_cuda():
 
 
 def test_flash_attention_needs_package_and_16_bit_dtype():
-    missing = checks.check_backend(load_in_4bit=False, attn_implementation="flash_attention_2", compute_dtype="bfloat16",
+    missing = checks.check_backend(load_in_4bit=False, attn_implementation="flash_attention_2",
+                                   compute_dtype="bfloat16",
                                    device="cuda", cuda_available=True, flash_attn_installed=False,
                                    bitsandbytes_installed=False)
     assert "flash-attn package" in missing[0].message
