@@ -1,0 +1,121 @@
+"""LoRA via peft: target checks with the valid names, new-token rows kept trainable, safetensors adapters."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from peft import LoraConfig as PeftLoraConfig
+from peft import PeftModel, get_peft_model, prepare_model_for_kbit_training
+from torch import nn
+
+from seqtune.config.errors import ConfigError
+from seqtune.config.schema import LoraConfig
+from seqtune.models.spec import ModelSpec
+
+# Module kinds peft's LoRA can wrap by name (Linear includes bitsandbytes' Linear4bit).
+LORA_MODULE_TYPES = (nn.Linear, nn.Embedding)
+
+
+def available_linear_names(model: nn.Module) -> list[str]:
+    """Leaf names of the modules LoRA can target (e.g. q_proj, ..., lm_head), sorted, without peft's own."""
+    names = {
+        name.rsplit(".", 1)[-1]
+        for name, module in model.named_modules()
+        if isinstance(module, LORA_MODULE_TYPES) and "lora_" not in name and name
+    }
+    return sorted(names)
+
+
+def lora_target_problems(model: nn.Module, targets: Sequence[str], *, family: str) -> list[str]:
+    """One problem line if some of `targets` match no module; peft matches a target by full name or suffix."""
+    module_names = [name for name, module in model.named_modules() if isinstance(module, LORA_MODULE_TYPES)]
+    unmatched = [
+        target for target in targets
+        if not any(name == target or name.endswith("." + target) for name in module_names)
+    ]
+    if not unmatched:
+        return []
+    return [
+        f"lora.target_modules={list(targets)} has {unmatched} matching no module of {family}. "
+        f"Valid names: {', '.join(available_linear_names(model))}. "
+        "Fix: lora.target_modules=null (family default)"
+    ]
+
+
+def added_token_rows(model: nn.Module) -> range:
+    """Embedding rows added by build_model's resize (empty when it did not grow the embedding)."""
+    rows = model.get_input_embeddings().weight.shape[0]
+    base_rows = getattr(model, "seqtune_base_rows", rows)
+    return range(base_rows, rows)
+
+
+def apply_lora(
+    model: nn.Module,
+    lora: LoraConfig,
+    spec: ModelSpec,
+    *,
+    extra_trainable: Sequence[str] = (),
+) -> PeftModel:
+    """Wrap `model` with LoRA adapters on `lora.target_modules` (null = spec.lora_targets).
+
+    `extra_trainable` names modules trained in full (peft modules_to_save, e.g. "lm_head"). Rows added by an
+    embedding resize are trained through peft's trainable tokens: only those rows get a parameter, so a
+    128k-row embedding does not become trainable for a handful of new tokens.
+    """
+    targets = list(lora.target_modules) if lora.target_modules else list(spec.lora_targets)
+    problems = lora_target_problems(model, targets, family=spec.family)
+    if problems:
+        raise ConfigError(" ".join(problems), key="lora.target_modules")
+    if getattr(model, "is_loaded_in_4bit", False):
+        # Casts norms/embeddings to fp32 and makes inputs require grad, as k-bit training needs.
+        model = prepare_model_for_kbit_training(
+            model,
+            use_gradient_checkpointing=model.is_gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+        )
+    modules_to_save = list(extra_trainable) or None
+    config = PeftLoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=targets,
+        task_type="CAUSAL_LM",
+        modules_to_save=modules_to_save,
+        trainable_token_indices=_new_token_indices(model, modules_to_save or []),
+        # A tied head saved in full must stay the same tensor as the embedding.
+        ensure_weight_tying=bool(modules_to_save) and _is_tied(model),
+    )
+    return get_peft_model(model, config)
+
+
+def _new_token_indices(model: nn.Module, fully_trained: list[str]) -> dict[str, list[int]] | None:
+    rows = list(added_token_rows(model))
+    if not rows:
+        return None
+    names = {id(module): name for name, module in model.named_modules()}
+    embedding = names[id(model.get_input_embeddings())].rsplit(".", 1)[-1]
+    head = names[id(model.get_output_embeddings())].rsplit(".", 1)[-1]
+    # peft shares the embedding's delta with a tied head; an untied head needs its own new rows.
+    wanted = [embedding] if _is_tied(model) else [embedding, head]
+    indices = {name: rows for name in wanted if name not in fully_trained}
+    return indices or None
+
+
+def _is_tied(model: nn.Module) -> bool:
+    head = model.get_output_embeddings()
+    return head is not None and head.weight is model.get_input_embeddings().weight
+
+
+def save_adapter(model: PeftModel, out_dir: str | Path) -> None:
+    """Write adapter_config.json + adapter_model.safetensors (LoRA, trainable-token rows, modules_to_save).
+
+    save_embedding_layers=False: new rows live in the trainable-token deltas, and peft's "auto" would look the
+    base model up by name (a hub lookup) to decide.
+    """
+    model.save_pretrained(str(out_dir), safe_serialization=True, save_embedding_layers=False)
+
+
+def load_adapter(base_model: nn.Module, adapter_dir: str | Path, *, trainable: bool = False) -> PeftModel:
+    """Attach a saved adapter to `base_model` (built like the one it was trained on, resize included)."""
+    return PeftModel.from_pretrained(base_model, str(adapter_dir), is_trainable=trainable)

@@ -1,0 +1,116 @@
+"""LoRA: default targets, bad targets list valid names, resized rows train, adapters round-trip as safetensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import random_batch, tiny_cfg
+from seqtune.config.errors import ConfigError
+from seqtune.config.schema import LoraConfig
+from seqtune.models import (
+    added_token_rows,
+    apply_lora,
+    available_linear_names,
+    build_model,
+    count_parameters,
+    get_spec,
+    load_adapter,
+    lora_target_problems,
+    save_adapter,
+)
+
+DEFAULT_TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+
+
+@pytest.mark.parametrize("family", ["llama3", "gemma3", "mistral", "tinyllama"])
+def test_default_targets_match_every_projection(family):
+    model = build_model(tiny_cfg(family), attn_implementation="sdpa")
+    spec = get_spec(family)
+    assert set(spec.lora_targets) == DEFAULT_TARGETS
+    assert lora_target_problems(model, spec.lora_targets, family=family) == []
+    peft_model = apply_lora(model, LoraConfig(rank=4), spec)
+    wrapped = {name.split(".lora_A")[0].rsplit(".", 1)[-1] for name, _ in peft_model.named_parameters() if "lora_A" in name}
+    assert wrapped == DEFAULT_TARGETS
+    counts = count_parameters(peft_model)
+    assert 0 < counts.trainable < counts.total // 5
+
+
+def test_bad_target_lists_the_valid_names():
+    model = build_model(tiny_cfg("llama3"), attn_implementation="sdpa")
+    assert available_linear_names(model) == [
+        "down_proj", "embed_tokens", "gate_proj", "k_proj", "lm_head", "o_proj", "q_proj", "up_proj", "v_proj",
+    ]
+    expected = (r"lora.target_modules=\['qkv', 'q_proj'\] has \['qkv'\] matching no module of llama3\. "
+                r"Valid names: down_proj, embed_tokens, gate_proj, .*v_proj\. Fix: lora.target_modules=null")
+    with pytest.raises(ConfigError, match=expected):
+        apply_lora(model, LoraConfig(target_modules=["qkv", "q_proj"]), get_spec("llama3"))
+
+
+@pytest.mark.parametrize("family", ["llama3", "gemma3"])
+def test_resized_rows_get_gradients_through_input_and_head(family):
+    model = build_model(tiny_cfg(family), attn_implementation="sdpa", resize_to=4097)
+    assert model.get_input_embeddings().weight.shape[0] == 4160
+    assert model.get_output_embeddings().weight.shape[0] == 4160
+    assert added_token_rows(model) == range(4096, 4160)
+    peft_model = apply_lora(model, LoraConfig(rank=4), get_spec(family))
+    deltas = {n: p for n, p in peft_model.named_parameters() if "trainable_tokens_delta" in n}
+    assert deltas and all(p.requires_grad and p.shape[0] == 64 for p in deltas.values())
+    # Old tokens in, new tokens as targets: the new rows can only learn through the output head.
+    inputs = random_batch(4096, batch=2, seq=16)
+    targets = torch.randint(4096, 4160, inputs.shape, generator=torch.Generator().manual_seed(1))
+    peft_model(input_ids=inputs, labels=targets).loss.backward()
+    # Tied (gemma3): one delta shared by embedding and head; untied (llama3): the head has its own.
+    head_delta = deltas[max(deltas)] if family == "gemma3" else next(p for n, p in deltas.items() if "lm_head" in n)
+    assert len(deltas) == (1 if family == "gemma3" else 2)
+    assert head_delta.grad is not None and head_delta.grad.abs().sum() > 0
+    for p in deltas.values():
+        p.grad = None
+    # New tokens in: the new rows learn through the input embedding.
+    new_inputs = torch.randint(4096, 4160, (2, 16), generator=torch.Generator().manual_seed(2))
+    peft_model(input_ids=new_inputs, labels=inputs).loss.backward()
+    embedding_delta = next(p for n, p in deltas.items() if "embed_tokens" in n)
+    assert embedding_delta.grad.abs().sum() > 0
+
+
+def test_resize_never_shrinks_and_is_seeded():
+    a = build_model(tiny_cfg("mistral"), attn_implementation="sdpa", resize_to=100)
+    assert a.get_input_embeddings().weight.shape[0] == 4096
+    b = build_model(tiny_cfg("mistral"), attn_implementation="sdpa", resize_to=4100)
+    c = build_model(tiny_cfg("mistral"), attn_implementation="sdpa", resize_to=4100)
+    assert torch.equal(b.get_input_embeddings().weight, c.get_input_embeddings().weight)
+
+
+def test_full_finetune_of_head_with_extra_trainable():
+    model = build_model(tiny_cfg("llama3"), attn_implementation="sdpa", resize_to=4097)
+    peft_model = apply_lora(model, LoraConfig(rank=4), get_spec("llama3"), extra_trainable=["lm_head"])
+    names = [n for n, p in peft_model.named_parameters() if p.requires_grad]
+    assert any("lm_head.modules_to_save" in n for n in names)
+    # The head trains in full; only the embedding keeps a trainable-token delta.
+    assert [n for n in names if "trainable_tokens_delta" in n] == [
+        n for n in names if "embed_tokens" in n and "trainable_tokens_delta" in n
+    ]
+
+
+@pytest.mark.parametrize("family", ["llama3", "gemma3"])
+def test_adapter_saves_as_safetensors_and_reloads_same_logits(family, tmp_path):
+    cfg = tiny_cfg(family)
+    peft_model = apply_lora(build_model(cfg, attn_implementation="sdpa", resize_to=4097), LoraConfig(rank=4),
+                            get_spec(family))
+    with torch.no_grad():
+        # Stand-in for training: move every adapter weight (lora_B starts at zero) off its init.
+        for param in (p for p in peft_model.parameters() if p.requires_grad):
+            param.add_(0.05 * torch.randn(param.shape, generator=torch.Generator().manual_seed(3)))
+    batch = torch.randint(4000, 4160, (2, 24), generator=torch.Generator().manual_seed(4))
+    peft_model.eval()
+    with torch.no_grad():
+        expected = peft_model(input_ids=batch).logits
+    save_adapter(peft_model, tmp_path)
+    assert not list(tmp_path.glob("*.bin"))
+    tensors = load_file(tmp_path / "adapter_model.safetensors")
+    assert any("lora_B" in k for k in tensors) and any("trainable_tokens_delta" in k for k in tensors)
+    base = build_model(cfg, attn_implementation="sdpa", resize_to=4097)
+    reloaded = load_adapter(base, tmp_path).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=batch).logits, expected)
