@@ -17,7 +17,7 @@ from seqtune.config.schema import RootConfig
 from seqtune.models import context_length, embedding_rows, get_spec, load_model_config, meta_model, output_rows
 from seqtune.models.attention import flash_attn_installed
 from seqtune.models.lora import LORA_MODULE_TYPES
-from seqtune.tokenizers import load_tokenizer
+from seqtune.tokenizers import full_vocab_size, load_tokenizer, special_token_ids
 
 # ModelConfig.dtype / mixed precision names -> the compute dtype attention and activations run in.
 _MIXED = {"bf16": "bfloat16", "fp16": "float16"}
@@ -52,25 +52,22 @@ def gather_facts(cfg: RootConfig) -> ModelFacts:
     side = spec.padding_side if cfg.padding.side == "auto" else cfg.padding.side
     return ModelFacts(
         tokenizer=tokenizer, hf_config=hf_config, family=spec.family, lora_defaults=list(spec.lora_targets),
-        tokenizer_size=len(tokenizer), embedding_rows=embedding_rows(hf_config), output_rows=output_rows(hf_config),
-        context_length=context_length(hf_config), special_ids=special_token_ids(tokenizer, spec.eot_token),
+        tokenizer_size=full_vocab_size(tokenizer), embedding_rows=embedding_rows(hf_config), output_rows=output_rows(hf_config),
+        context_length=context_length(hf_config), special_ids=special_ids_in_use(tokenizer, spec.eot_token),
         pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id, padding_side=side, device_type=device_type,
         compute_dtype=compute_dtype(cfg, device_type), cuda_available=cuda,
     )
 
 
-def special_token_ids(tokenizer: Any, eot_token: str | None) -> dict[str, int | None]:
-    """bos/eos/pad/unk, every other special token (chat-template markers included) and the family's end-of-turn."""
-    ids: dict[str, int | None] = {
-        name: getattr(tokenizer, f"{name}_token_id", None) for name in ("bos", "eos", "pad", "unk")
-    }
-    for token, token_id in zip(tokenizer.all_special_tokens, tokenizer.all_special_ids):
-        ids.setdefault(token, token_id)
-    if eot_token:
+def special_ids_in_use(tokenizer: Any, eot_token: str | None) -> dict[str, int | None]:
+    """bos/eos/pad/unk and every added special token (chat-template markers included), plus the family's
+    end-of-turn marker when the tokenizer knows it: every id the model will be fed without the data producing it."""
+    ids: dict[str, int | None] = dict(special_token_ids(tokenizer))
+    if eot_token and eot_token not in ids:
         token_id = tokenizer.convert_tokens_to_ids(eot_token)
         # An end-of-turn marker the tokenizer does not know maps to unk (or None): not an id to range-check.
         if token_id is not None and token_id != tokenizer.unk_token_id:
-            ids.setdefault(eot_token, int(token_id))
+            ids[eot_token] = int(token_id)
     return ids
 
 

@@ -119,13 +119,26 @@ def test_bad_lines_go_to_rejects_and_fail_at_zero_fraction(tmp_path):
 # --- report 4: tokenizer bigger than the model's vocabulary ------------------------------------------------------
 
 
+def tokenizer_without_pad(tmp_path: Path) -> Path:
+    """The bundled tokenizer saved without a pad token, so tokenizer.pad_policy=add appends one (id 4096)."""
+    from transformers import AutoTokenizer
+
+    from seqtune.tokenizers import BUNDLED_DIR
+
+    tokenizer = AutoTokenizer.from_pretrained(BUNDLED_DIR)
+    tokenizer.pad_token = None
+    tokenizer.save_pretrained(tmp_path / "no-pad")
+    return tmp_path / "no-pad"
+
+
 def test_tokenizer_bigger_than_embedding_fails_until_resized(tmp_path, varied):
-    cfg = make_cfg(tmp_path, varied, "tokenizer.pad_policy=add")
+    no_pad = tokenizer_without_pad(tmp_path)
+    added = ("tokenizer.source=path", f"tokenizer.path={no_pad}", "tokenizer.pad_policy=add")
+    cfg = make_cfg(tmp_path, varied, *added)
     report = run_failing(cfg, tmp_path / "run", match=r"model\.resize_embeddings=true")
     assert report["vocab"]["tokenizer_size"] == report["vocab"]["embedding_rows"] + 1
     assert "4097" in report["problems"][0]["message"] and "4096" in report["problems"][0]["message"]
-    result = run_preflight(make_cfg(tmp_path, varied, "tokenizer.pad_policy=add", "model.resize_embeddings=true"),
-                           tmp_path / "run2")
+    result = run_preflight(make_cfg(tmp_path, varied, *added, "model.resize_embeddings=true"), tmp_path / "run2")
     assert result.ok and result.vocab.resized_to == 4160
 
 
