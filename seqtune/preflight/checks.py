@@ -354,7 +354,7 @@ def lora_candidate_names(linear_module_names: Sequence[str]) -> list[str]:
 
 
 def check_lora_targets(
-    *, enabled: bool, targets: Sequence[str], linear_module_names: Sequence[str]
+    *, enabled: bool, targets: Sequence[str], linear_module_names: Sequence[str], defaults: Sequence[str] = ()
 ) -> list[Problem]:
     """Every lora.target_modules entry must match a Linear module (peft's rule: the full name or its suffix)."""
     if not enabled:
@@ -368,7 +368,8 @@ def check_lora_targets(
     return [Problem(
         check="lora", key="lora.target_modules",
         message=(f"{what} of the model. Valid names: {', '.join(valid)}. "
-                 f"Fix: lora.target_modules=[{','.join(valid[:2])}] (or null for the family's defaults)."),
+                 f"Fix: lora.target_modules=null (the family's defaults{f': {list(defaults)}' if defaults else ''}), "
+                 "or names from that list."),
     )]
 
 

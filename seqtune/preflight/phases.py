@@ -40,7 +40,8 @@ def fast_checks(cfg: RootConfig, facts: ModelFacts) -> list[Problem]:
     targets = cfg.lora.target_modules if cfg.lora.target_modules is not None else facts.lora_defaults
     if cfg.lora.enabled:
         problems += checks.check_lora_targets(enabled=True, targets=targets,
-                                              linear_module_names=lora_module_names(facts.hf_config))
+                                              linear_module_names=lora_module_names(facts.hf_config),
+                                              defaults=facts.lora_defaults)
     attn = cfg.model.attn_implementation
     problems += checks.check_backend(
         load_in_4bit=cfg.model.load_in_4bit, attn_implementation=attn, compute_dtype=facts.compute_dtype,

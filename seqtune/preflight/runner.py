@@ -122,8 +122,10 @@ def _finish(result: PreflightResult, run_dir: Path) -> PreflightResult:
     write_result(result, run_dir)
     print_report(result)
     if not result.ok:
-        summary = "\n".join(f"  - [{p.check}] {p.message}" for p in result.problems)
-        raise PreflightFailed(f"preflight found {len(result.problems)} problem(s); nothing was trained. "
-                              f"Report: {run_dir / 'preflight.json'}\n{summary}")
+        # One line per problem: the full messages are in the table just printed and in preflight.json.
+        summary = "\n".join(f"  - [{p.check}] {p.key}" + (f" ({p.location})" if p.location else "")
+                            for p in result.problems)
+        raise PreflightFailed(f"preflight found {len(result.problems)} problem(s), listed in the table above; "
+                              f"nothing was trained. Report: {run_dir / 'preflight.json'}\n{summary}")
     return result
 

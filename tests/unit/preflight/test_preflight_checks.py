@@ -172,8 +172,10 @@ def test_epoch_with_zero_steps_fails():
 
 def test_lora_targets_must_match_a_module():
     names = ["model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.v_proj", "model.layers.0.mlp.up_proj"]
-    problems = checks.check_lora_targets(enabled=True, targets=["q_proj", "query"], linear_module_names=names)
+    problems = checks.check_lora_targets(enabled=True, targets=["q_proj", "query"], linear_module_names=names,
+                                         defaults=["q_proj", "v_proj"])
     assert "['query'] match no module" in problems[0].message and "q_proj, up_proj, v_proj" in problems[0].message
+    assert "lora.target_modules=null (the family's defaults: ['q_proj', 'v_proj'])" in problems[0].message
     assert checks.check_lora_targets(enabled=True, targets=["q_proj", "v_proj"], linear_module_names=names) == []
     assert checks.check_lora_targets(enabled=False, targets=["query"], linear_module_names=names) == []
 

@@ -49,6 +49,10 @@ def run_failing(cfg: RootConfig, run_dir: Path, match: str) -> dict:
     return report
 
 
+def messages(report: dict) -> str:
+    return "\n".join(problem["message"] for problem in report["problems"])
+
+
 @pytest.fixture()
 def varied(tmp_path: Path) -> Path:
     return write_jsonl(tmp_path / "train.jsonl", [alpaca(n, i) for i, n in enumerate([1, 3, 7, 20, 2, 9, 15, 4])])
@@ -93,8 +97,9 @@ def test_inconsistently_prepadded_tokenized_rows_are_detected(tmp_path):
     assert result.splits["train"].prepadded == 4
     assert any("arrived already padded" in note for note in result.notes)
     broken = write_jsonl(tmp_path / "broken.jsonl", rows + [{"input_ids": [5, 6, 7], "attention_mask": [1, 1]}])
-    run_failing(make_cfg(tmp_path, broken, "data.format=tokenized", "data.max_seq_len=16"), tmp_path / "run2",
-                match=r"broken.jsonl:5 \(wrong_type: lengths differ")
+    report = run_failing(make_cfg(tmp_path, broken, "data.format=tokenized", "data.max_seq_len=16"),
+                         tmp_path / "run2", match=r"data.max_bad_fraction \(.*broken.jsonl:5\)")
+    assert "broken.jsonl:5 (wrong_type: lengths differ" in messages(report)
 
 
 # --- report 3: malformed lines and missing media -----------------------------------------------------------------
@@ -135,7 +140,7 @@ def test_tokenizer_bigger_than_embedding_fails_until_resized(tmp_path, varied):
     no_pad = tokenizer_without_pad(tmp_path)
     added = ("tokenizer.source=path", f"tokenizer.path={no_pad}", "tokenizer.pad_policy=add")
     cfg = make_cfg(tmp_path, varied, *added)
-    report = run_failing(cfg, tmp_path / "run", match=r"model\.resize_embeddings=true")
+    report = run_failing(cfg, tmp_path / "run", match=r"model\.resize_embeddings")
     assert report["vocab"]["tokenizer_size"] == report["vocab"]["embedding_rows"] + 1
     assert "4097" in report["problems"][0]["message"] and "4096" in report["problems"][0]["message"]
     result = run_preflight(make_cfg(tmp_path, varied, *added, "model.resize_embeddings=true"), tmp_path / "run2")
@@ -150,8 +155,9 @@ def test_explicit_limit_from_train_fails_on_longer_val_and_auto_covers_all_split
     longest_train = train_only.splits["train"].lengths["max"]
     val = write_jsonl(tmp_path / "val.jsonl", [alpaca(2), alpaca(40), alpaca(3)])
     cfg = make_cfg(tmp_path, varied, f"data.val={val}", f"data.max_seq_len={longest_train}")
-    report = run_failing(cfg, tmp_path / "run", match=rf"data.max_seq_len={longest_train} < longest val sample")
+    report = run_failing(cfg, tmp_path / "run", match=r"data.max_seq_len \(.*val.jsonl:2\)")
     problem = report["problems"][0]
+    assert problem["message"].startswith(f"data.max_seq_len={longest_train} < longest val sample ")
     assert problem["location"].endswith("val.jsonl:2") and "data.max_seq_len=auto" in problem["message"]
     result = run_preflight(make_cfg(tmp_path, varied, f"data.val={val}"), tmp_path / "run2")
     assert result.ok and result.max_seq_len >= result.splits["val"].lengths["max"] > longest_train
@@ -162,9 +168,10 @@ def test_explicit_limit_from_train_fails_on_longer_val_and_auto_covers_all_split
 
 def test_lora_typo_and_context_overflow_print_before_the_scan(tmp_path, varied, capsys):
     cfg = make_cfg(tmp_path, varied, "lora.target_modules=[q_proj,query]", "data.max_seq_len=4096")
-    report = run_failing(cfg, tmp_path / "run", match="query")
+    report = run_failing(cfg, tmp_path / "run", match="lora.target_modules")
     out = capsys.readouterr().out
     assert out.index("found before reading any data") < out.index("max_seq_len=4096 (model context 2048)")
+    assert "['query'] match no module" in messages(report)
     keys = [p["key"] for p in report["problems"]]
     assert "lora.target_modules" in keys and "data.max_seq_len" in keys
     lora = next(p for p in report["problems"] if p["key"] == "lora.target_modules")
@@ -173,7 +180,8 @@ def test_lora_typo_and_context_overflow_print_before_the_scan(tmp_path, varied, 
 
 def test_too_little_data_for_the_world_size_fails(tmp_path, varied):
     cfg = make_cfg(tmp_path, varied, "launcher.nproc_per_node=4", "train.grad_accum=2")
-    report = run_failing(cfg, tmp_path / "run", match="zero micro-batches")
+    report = run_failing(cfg, tmp_path / "run", match="train.batch_size")
+    assert "zero micro-batches per rank" in messages(report)
     assert report["plan"]["global_batch"] == 4 * 2 * 4
 
 
@@ -209,14 +217,16 @@ def test_truncate_is_an_explicit_reported_policy(tmp_path, varied):
     stats = result.splits["train"]
     assert result.ok and stats.over_limit > 0 and stats.truncated == stats.over_limit
     assert any("will be truncated" in note for note in result.notes)
-    run_failing(make_cfg(tmp_path, varied, "data.max_seq_len=24"), tmp_path / "run2",
-                match=r"data.max_seq_len=24 < longest train sample")
+    report = run_failing(make_cfg(tmp_path, varied, "data.max_seq_len=24"), tmp_path / "run2",
+                         match=r"data.max_seq_len \(.*train.jsonl:\d+\)")
+    assert "data.max_seq_len=24 < longest train sample" in messages(report)
 
 
 def test_truncation_that_cuts_every_target_is_a_labels_problem(tmp_path, varied):
     rows = [alpaca(2, i) for i in range(4)] + [{"instruction": "Say it. " * 30, "input": "", "output": "ok"}]
     train = write_jsonl(tmp_path / "prompty.jsonl", rows)
     report = run_failing(make_cfg(tmp_path, train, "data.max_seq_len=32", "data.overlength=truncate"),
-                         tmp_path / "run", match="zero trainable tokens")
+                         tmp_path / "run", match=r"data.train_on_prompt \(.*prompty.jsonl:5\)")
     problem = next(p for p in report["problems"] if p["check"] == "labels")
+    assert "1 train sample(s) have zero trainable tokens" in problem["message"]
     assert problem["location"].endswith("prompty.jsonl:5") and "data.max_seq_len" in problem["message"]
