@@ -89,19 +89,11 @@ def load_model_config(cfg: ModelConfig) -> PretrainedConfig:
 
 def _read_checkpoint_config(cfg: ModelConfig, spec: ModelSpec) -> PretrainedConfig:
     root = check_checkpoint_dir(cfg.path)
-    model_type = json.loads((root / "config.json").read_text()).get("model_type")
-    if model_type not in spec.hf_model_types:
-        others = family_for_model_type(model_type) if model_type else []
-        fix = f"model.family={others[0]}" if others else f"point model.path at a {spec.family} checkpoint"
-        raise ModelLoadError(
-            f"model.path={cfg.path} holds a model_type={model_type!r} checkpoint but model.family={spec.family} "
-            f"expects model_type {' or '.join(map(repr, spec.hf_model_types))}.",
-            key="model.family",
-            fix=fix,
-        )
     try:
+        model_type = json.loads((root / "config.json").read_text()).get("model_type")
+        _check_model_type(cfg, spec, model_type)
         hf_config = AutoConfig.from_pretrained(root, local_files_only=True, trust_remote_code=False)
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise ModelLoadError(
             f"model.path={cfg.path}: config.json cannot be read ({err}). {EXPECTED_CHECKPOINT}",
             key="model.path",
@@ -117,6 +109,21 @@ def _read_checkpoint_config(cfg: ModelConfig, spec: ModelSpec) -> PretrainedConf
             fix=f"{fields} (read them from the checkpoint)",
         )
     return hf_config
+
+
+def _check_model_type(cfg: ModelConfig, spec: ModelSpec, model_type: str | None) -> None:
+    if model_type in spec.hf_model_types:
+        return
+    others = family_for_model_type(model_type) if model_type else []
+    fix = f"model.family={others[0]}" if others else f"point model.path at a {spec.family} checkpoint"
+    if model_type == "gemma3":
+        fix = "use a text-only Gemma 3 checkpoint (gemma-3-1b*, model_type gemma3_text); multimodal ones are not supported"
+    raise ModelLoadError(
+        f"model.path={cfg.path} holds a model_type={model_type!r} checkpoint but model.family={spec.family} "
+        f"expects model_type {' or '.join(map(repr, spec.hf_model_types))}.",
+        key="model.family",
+        fix=fix,
+    )
 
 
 def context_length(hf_config: PretrainedConfig) -> int:

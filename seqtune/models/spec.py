@@ -106,7 +106,7 @@ def check_unused_fields(cfg: ModelConfig, spec: ModelSpec) -> None:
     if set_unused:
         keys = ", ".join(f"model.{name}={getattr(cfg, name)}" for name in set_unused)
         raise ConfigError(
-            f"{keys}: not used by model.family={spec.family} ({spec.quirks})",
+            f"{keys}: not used by model.family={spec.family} (its architecture has no such setting).",
             key=f"model.{set_unused[0]}",
             fix=" ".join(f"model.{name}=null" for name in set_unused),
         )

@@ -27,8 +27,9 @@ def random_batch(vocab: int, batch: int = 4, seq: int = 128, seed: int = 0) -> t
 
 @pytest.fixture(autouse=True)
 def _few_threads():
-    # The tiny models are latency-bound; extra threads only contend with parallel test runs.
+    # The tiny models' matmuls are too small to split: with >1 thread, OpenMP workers contending with other
+    # processes made a gemma3 step 10-50x slower than on one thread.
     previous = torch.get_num_threads()
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)

@@ -123,3 +123,17 @@ def test_load_in_4bit_without_cuda_is_a_config_error():
 def test_dtype_is_applied_to_weights():
     model = build_model(tiny_cfg("mistral", dtype="bfloat16"), attn_implementation="sdpa")
     assert model.get_input_embeddings().weight.dtype == torch.bfloat16
+
+
+def test_unreadable_config_json_names_the_path(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ModelLoadError, match=rf"model.path=\S+: config.json cannot be read.*{FIX}"):
+        load_model_config(tiny_cfg("llama3", path=str(tmp_path)))
+
+
+def test_multimodal_gemma3_checkpoint_is_refused_with_the_text_only_fix(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma3"}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ModelLoadError, match=r"model_type='gemma3' checkpoint.*Fix: use a text-only Gemma 3"):
+        load_model_config(tiny_cfg("gemma3", path=str(tmp_path), **{k: None for k in GEMMA_FIELDS}))

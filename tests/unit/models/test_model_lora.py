@@ -114,3 +114,15 @@ def test_adapter_saves_as_safetensors_and_reloads_same_logits(family, tmp_path):
     reloaded = load_adapter(base, tmp_path).eval()
     with torch.no_grad():
         torch.testing.assert_close(reloaded(input_ids=batch).logits, expected)
+
+
+def test_gradient_checkpointing_with_lora_still_trains_adapters():
+    model = build_model(tiny_cfg("llama3", gradient_checkpointing=True), attn_implementation="sdpa")
+    assert model.is_gradient_checkpointing
+    peft_model = apply_lora(model, LoraConfig(rank=4), get_spec("llama3"))
+    peft_model.train()
+    batch = random_batch(4096, batch=2, seq=32)
+    peft_model(input_ids=batch, labels=batch).loss.backward()
+    # lora_A gets a gradient only once lora_B is non-zero; lora_B's own gradient proves the path is connected.
+    grads = [p.grad for n, p in peft_model.named_parameters() if "lora_B" in n]
+    assert grads and all(g is not None and g.abs().sum() > 0 for g in grads)
