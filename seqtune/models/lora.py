@@ -71,7 +71,7 @@ def apply_lora(
         # Casts norms/embeddings to fp32 and makes inputs require grad, as k-bit training needs.
         model = prepare_model_for_kbit_training(
             model,
-            use_gradient_checkpointing=model.is_gradient_checkpointing,
+            use_gradient_checkpointing=model.is_activation_checkpointing,
             gradient_checkpointing_kwargs={"use_reentrant": False},
         )
     modules_to_save = list(extra_trainable) or None

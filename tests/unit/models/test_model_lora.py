@@ -118,7 +118,7 @@ def test_adapter_saves_as_safetensors_and_reloads_same_logits(family, tmp_path):
 
 def test_gradient_checkpointing_with_lora_still_trains_adapters():
     model = build_model(tiny_cfg("llama3", gradient_checkpointing=True), attn_implementation="sdpa")
-    assert model.is_gradient_checkpointing
+    assert model.is_activation_checkpointing
     peft_model = apply_lora(model, LoraConfig(rank=4), get_spec("llama3"))
     peft_model.train()
     batch = random_batch(4096, batch=2, seq=32)
