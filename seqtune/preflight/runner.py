@@ -56,6 +56,9 @@ def run_preflight(cfg: RootConfig, run_dir: Path) -> PreflightResult:
         except SeqtuneError as err:  # e.g. a collator or plan refusing a value: one more problem, still one failure
             problems.append(Problem(check="data", key=err.key or "data", message=str(err)))
     result.vocab = _vocab_stats(cfg, facts, scans)
+    if result.vocab.resized_to is not None:
+        result.notes.append(f"model.resize_embeddings=true: embedding and head resized from {facts.embedding_rows} "
+                            f"to {result.vocab.resized_to} rows (tokenizer {facts.tokenizer_size}, multiple of 64).")
     result.problems = problems
     write_rejects([scan.cache_dir / "rejects.jsonl" for scan in scans.values()], run_dir)
     if cfg.preflight.plot and result.max_seq_len is not None:

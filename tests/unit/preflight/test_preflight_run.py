@@ -230,3 +230,18 @@ def test_truncation_that_cuts_every_target_is_a_labels_problem(tmp_path, varied)
     problem = next(p for p in report["problems"] if p["check"] == "labels")
     assert "1 train sample(s) have zero trainable tokens" in problem["message"]
     assert problem["location"].endswith("prompty.jsonl:5") and "data.max_seq_len" in problem["message"]
+
+
+def test_pretokenized_ids_are_checked_against_the_model_with_file_and_line(tmp_path):
+    train = write_jsonl(tmp_path / "ids.jsonl", [{"input_ids": [5, 6, 7, 8]}, {"input_ids": [5, 4050, 7]},
+                                                 {"input_ids": [9, 10, 11]}])
+    small_model = [f"model.{key}={value}" for key, value in {**TINY_MODEL, "vocab_size": 4032}.items()]
+    small_model.append("train.batch_size=2")
+    report = run_failing(make_cfg(tmp_path, train, "data.format=tokenized", *small_model), tmp_path / "run",
+                         match=r"data.train \(.*ids.jsonl:2\)")
+    problem = next(p for p in report["problems"] if p["key"] == "data.train")
+    assert "token id 4050" in problem["message"] and ">= model embedding rows 4032" in problem["message"]
+    assert report["vocab"]["max_token_id"] == 4050
+    result = run_preflight(make_cfg(tmp_path, train, "data.format=tokenized", *small_model,
+                                    "model.resize_embeddings=true"), tmp_path / "run2")
+    assert result.ok and result.vocab.resized_to == 4096 and any("resized from 4032" in n for n in result.notes)
