@@ -245,3 +245,16 @@ def test_pretokenized_ids_are_checked_against_the_model_with_file_and_line(tmp_p
     result = run_preflight(make_cfg(tmp_path, train, "data.format=tokenized", *small_model,
                                     "model.resize_embeddings=true"), tmp_path / "run2")
     assert result.ok and result.vocab.resized_to == 4096 and any("resized from 4032" in n for n in result.notes)
+
+
+def test_memory_over_the_stated_device_memory_fails(tmp_path, varied):
+    report = run_failing(make_cfg(tmp_path, varied, "preflight.device_memory_gib=0.0001"), tmp_path / "run",
+                         match=r"\[memory\] train.batch_size")
+    assert report["memory"]["device_gib"] == 0.0001 and report["memory"]["total_gib"] > 0.0001
+    assert "model.gradient_checkpointing=true" in messages(report)
+
+
+def test_a_missing_checkpoint_fails_once_with_preflight_json(tmp_path, varied):
+    report = run_failing(make_cfg(tmp_path, varied, f"model.path={tmp_path / 'nowhere'}", "model.vocab_size=null",
+                                  "tokenizer.source=bundled"), tmp_path / "run", match="model.path")
+    assert report["problems"][0]["check"] == "load" and report["max_seq_len"] is None
