@@ -12,11 +12,8 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     """sha256 over everything that changes token ids: the full tokenizer.json, specials, chat template.
 
     The backend's JSON holds vocab, merges, normalizer, pre-tokenizer, post-processor (bos) and added tokens.
-    Its padding/truncation state is dropped: transformers mutates it per call, and it never changes ids.
+    Its padding/truncation state is left out: transformers mutates it per call, and it never changes ids.
     """
-    backend = json.loads(tokenizer.backend_tokenizer.to_str())
-    backend.pop("padding", None)
-    backend.pop("truncation", None)
     meta = {
         "specials": {name: getattr(tokenizer, name) for name in ("bos_token", "eos_token", "pad_token", "unk_token")},
         "special_ids": special_token_ids(tokenizer),
@@ -24,9 +21,21 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
         "size": len(tokenizer),
     }
     digest = hashlib.sha256()
-    digest.update(json.dumps(backend, sort_keys=True, ensure_ascii=False).encode())
+    digest.update(_backend_without_call_state(tokenizer.backend_tokenizer.to_str()).encode())
     digest.update(json.dumps(meta, sort_keys=True, ensure_ascii=False).encode())
     return digest.hexdigest()
+
+
+def _backend_without_call_state(text: str) -> str:
+    # The serializer writes version, truncation, padding, then added_tokens...: cutting the prefix skips the
+    # call state without parsing (Gemma's 11 MB JSON: 0.5 s instead of 2.5 s through json.loads/dumps).
+    marker = ',"added_tokens":'
+    if text.startswith('{"version":') and marker in text:
+        return text[text.index(marker):]
+    backend = json.loads(text)
+    backend.pop("padding", None)
+    backend.pop("truncation", None)
+    return json.dumps(backend, sort_keys=True, ensure_ascii=False)
 
 
 def full_vocab_size(tokenizer: PreTrainedTokenizerBase) -> int:
