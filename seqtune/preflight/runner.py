@@ -42,7 +42,7 @@ def run_preflight(cfg: RootConfig, run_dir: Path) -> PreflightResult:
         facts = gather_facts(cfg)
     except SeqtuneError as err:  # no tokenizer or model config: nothing else can be checked
         problem = Problem(check="load", key=err.key or "model.path", message=str(err))
-        _finish(PreflightResult(ok=False, max_seq_len=None, problems=[problem]), run_dir)
+        return _finish(PreflightResult(ok=False, max_seq_len=None, problems=[problem]), run_dir)
     problems = fast_checks(cfg, facts)
     print_problems(problems, "preflight: found before reading any data (the data scan continues):")
     scans, scan_problems = scan_splits(cfg, facts)
