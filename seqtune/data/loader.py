@@ -54,7 +54,7 @@ class PlannedBatches:
         if len(plan) == 0:
             raise DataError(f"the split has {len(view)} samples: not one micro-batch per rank.",
                             key="train.batch_size", fix="a smaller train.batch_size or fewer ranks")
-        self.dataset, self.plan, self.collator, self.num_workers = WithFillers(view), plan, collator, num_workers
+        self.dataset, self.plan, self.collator, self.num_workers = WithFillers(dataset=view), plan, collator, num_workers
         self.epoch, self.consumed = 0, 0
 
     def steps_per_epoch(self, grad_accum: int) -> int:

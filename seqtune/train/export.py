@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from seqtune.distributed import DistEnv, barrier
+from seqtune.models import save_adapter
 from seqtune.train.loop import peak_memory_bytes
 from seqtune.train.metrics import MetricsLogger
 
@@ -20,7 +21,10 @@ def export_final(model: torch.nn.Module, tokenizer, *, run_dir: Path, env: DistE
     `transformers.AutoModelForCausalLM.from_pretrained(run_dir/'merged')` the merged model, no seqtune needed."""
     if env.is_main:
         target = run_dir / (ADAPTER_DIR if lora else MODEL_DIR)
-        model.save_pretrained(target, safe_serialization=True)
+        if lora:
+            save_adapter(model, target)  # never lets peft look the base model up on a hub
+        else:
+            model.save_pretrained(target, safe_serialization=True)
         tokenizer.save_pretrained(target)
         print(f"saved {'LoRA adapter' if lora else 'model'}: {target}", flush=True)
         if merged:
@@ -34,7 +38,7 @@ def export_final(model: torch.nn.Module, tokenizer, *, run_dir: Path, env: DistE
 def report_end(*, run_dir: Path, env: DistEnv, preflight, logger: MetricsLogger | None) -> None:
     """Print measured peak memory beside preflight's estimate, so the estimate's error is visible."""
     measured = peak_memory_bytes(env.device)
-    estimate = (preflight.memory or {}).get("total_bytes")
+    estimate = preflight.memory.total_gib * 2**30 if preflight.memory is not None else None
     if logger is not None:
         logger.summary({"peak_memory_mb": measured / 2**20, "estimated_memory_mb": (estimate or 0) / 2**20})
         logger.close()
