@@ -24,6 +24,9 @@ import numpy as np
 from seqtune.data.sources import LineIndex
 from seqtune.data.tokenize import EncodedBatch
 from seqtune.data.types import IGNORE_INDEX, Reject, TokenizedSample
+# One fingerprint for the whole project: it skips the padding/truncation state transformers mutates per call,
+# so using the tokenizer elsewhere between two scans does not miss the cache.
+from seqtune.tokenizers.info import tokenizer_fingerprint  # noqa: F401 - part of this module's API
 
 # Bump when the on-disk layout or any tokenization rule changes: old caches then simply stop matching.
 CACHE_VERSION = "seqtune-token-cache-v1"
@@ -38,17 +41,6 @@ def file_fingerprint(path: Path) -> str:
         while block := f.read(1 << 23):
             digest.update(block)
     return f"{path.stat().st_size}:{digest.hexdigest()}"
-
-
-def tokenizer_fingerprint(tokenizer) -> str:
-    """Vocab, merges, normalizer, added/special tokens and chat template: anything that changes the ids."""
-    digest = hashlib.sha256()
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    digest.update(backend.to_str().encode() if backend is not None else repr(sorted(tokenizer.get_vocab().items())).encode())
-    specials = (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, len(tokenizer))
-    digest.update(repr(specials).encode())
-    digest.update(str(getattr(tokenizer, "chat_template", None) or "").encode())
-    return digest.hexdigest()
 
 
 def cache_key(files: list[Path], encoder_signature: str, extra: str = "") -> str:

@@ -134,3 +134,13 @@ def test_max_records_and_progress_bar(tmp_path, bundled_tokenizer, jsonl, capsys
     scan = scan_split("train", [data], encoder, cache_root=tmp_path / "c", max_records=10, progress=True)
     assert scan.records == 10 and scan.samples == 10
     assert "scan train" in capsys.readouterr().err
+
+
+def test_padding_call_on_the_tokenizer_between_scans_still_hits_the_cache(tmp_path, fresh_tokenizer, jsonl):
+    data = jsonl(tmp_path / "d.jsonl", [GOOD] * 3)
+    first = scan_split("train", [data], SampleEncoder(fresh_tokenizer, "alpaca", train_on_prompt=False),
+                       cache_root=tmp_path / "c")
+    fresh_tokenizer(["a", "a b c"], padding="max_length", max_length=8, truncation=True)  # mutates backend state
+    again = scan_split("train", [data], SampleEncoder(fresh_tokenizer, "alpaca", train_on_prompt=False),
+                       cache_root=tmp_path / "c")
+    assert again.from_cache and again.cache_dir == first.cache_dir
