@@ -98,8 +98,9 @@ def _load_directory(location: TokenizerLocation) -> PreTrainedTokenizerBase:
         raise ModelLoadError(f"{key}={value}: loading the tokenizer in {directory} failed: {exc}", key=key,
                              fix=fix) from exc
     if not tokenizer.is_fast:
-        raise ModelLoadError(f"{key}={value}: {directory} gives a slow {type(tokenizer).__name__}; seqtune needs a "
-                             "fast tokenizer.", key=key, fix="add a tokenizer.json (save it with a recent transformers).")
+        raise ModelLoadError(f"{key}={value}: {directory} gives a slow {type(tokenizer).__name__}; seqtune needs "
+                             "a fast tokenizer.", key=key,
+                             fix="add a tokenizer.json (save it with a recent transformers).")
     if not has_json:
         _check_against_sentencepiece(tokenizer, location)
     return tokenizer
@@ -116,9 +117,11 @@ def _check_against_sentencepiece(tokenizer: PreTrainedTokenizerBase, location: T
     if len(tokenizer) < sp.get_piece_size() or got != expected:
         raise ModelLoadError(
             f"{location.key}={location.value}: the fast tokenizer built from tokenizer.model disagrees with "
-            f"sentencepiece (vocab {len(tokenizer)} vs {sp.get_piece_size()}; {probe!r} -> {got[:8]} vs {expected[:8]}).",
+            f"sentencepiece (vocab {len(tokenizer)} vs {sp.get_piece_size()}; {probe!r} -> {got[:8]} vs "
+            f"{expected[:8]}).",
             key=location.key,
-            fix="save the tokenizer with tokenizer.json, or set tokenizer_class (e.g. LlamaTokenizer) in tokenizer_config.json.",
+            fix="save the tokenizer with tokenizer.json, or set tokenizer_class (e.g. LlamaTokenizer) in "
+                "tokenizer_config.json.",
         )
 
 

