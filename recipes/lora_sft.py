@@ -37,7 +37,7 @@ def run(cfg: RootConfig, run_dir: Path) -> None:
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     # Rows added by a resize train through peft's trainable tokens (seqtune/models/lora.py).
-    model = apply_lora(model, cfg.lora, spec)
+    model = apply_lora(model, cfg.lora, spec, extra_trainable=cfg.lora.modules_to_save)
     if env.is_main:
         print(f"attention: {attn}; trainable parameters: "
               f"{sum(p.numel() for p in model.parameters() if p.requires_grad):,}", flush=True)

@@ -115,6 +115,8 @@ class LoraConfig:
     dropout: float = 0.0
     # null = the family's default targets (seqtune/models/<family>.py ModelSpec.lora_targets).
     target_modules: list[str] | None = None
+    # Modules trained in full next to the adapter and saved in it (peft modules_to_save), e.g. [lm_head].
+    modules_to_save: list[str] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
