@@ -75,13 +75,15 @@ def launch(cfg: DictConfig, run_dir: Path) -> None:
 
         run_worker(run_dir)
         return
-    from seqtune.launch import torchrun_command
+    from seqtune.launch import launch_command, worker_environ
 
-    command = torchrun_command(typed.launcher, run_dir)
-    print("launching:", " ".join(command), flush=True)
-    code = subprocess.call(command)
+    command = launch_command(typed.launcher, run_dir, os.environ)
+    env = worker_environ(typed.launcher, os.environ)
+    print(f"launching (OMP_NUM_THREADS={env['OMP_NUM_THREADS']}):", " ".join(command), flush=True)
+    code = subprocess.call(command, env=env)
     if code != 0:
-        raise SeqtuneError(f"torchrun exited with code {code}; the failing rank's error is printed above.")
+        raise SeqtuneError(f"{command[0] if typed.launcher.name == 'slurm' else 'torchrun'} exited with code {code}; "
+                           "the failing rank's error is printed above.")
 
 
 @hydra.main(version_base=None, config_path="pkg://seqtune.configs", config_name="config")
