@@ -16,6 +16,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # torchao (pulled in by peft/torchtune) warns at import about its C++ extensions, which seqtune does not use.
 logging.getLogger("torchao").setLevel(logging.ERROR)
 
+from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E402
+
 from seqtune.config import SeqtuneError, load_resolved  # noqa: E402
 from seqtune.config.errors import ConfigError  # noqa: E402
 
@@ -32,6 +34,9 @@ def run_worker(run_dir: Path) -> None:
     recipe.run(cfg, run_dir)
 
 
+# Under torchrun, an uncaught exception is written to the error file torchrun reads, so its end-of-job summary shows
+# the failing rank's traceback as the root cause instead of "To enable traceback see ...".
+@record
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--run-dir", type=Path, required=True)

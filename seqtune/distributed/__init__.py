@@ -81,6 +81,26 @@ def broadcast_object(obj: object, src: int = 0) -> object:
     return box[0]
 
 
+# Test hook, documented in launch/README.md: SEQTUNE_FAULT="train:STEP:RANK" makes RANK raise at optimizer step STEP
+# (a failing rank must end the whole torchrun job); SEQTUNE_FAULT="save:STEP" SIGKILLs rank 0 halfway through writing
+# the step-STEP checkpoint (a crash mid-save must leave the previous checkpoint as the latest valid one).
+FAULT_ENV = "SEQTUNE_FAULT"
+
+
+def inject_fault(where: str, *, step: int, rank: int) -> None:
+    spec = os.environ.get(FAULT_ENV, "")
+    if not spec:
+        return
+    kind, fault_step, *fault_rank = spec.split(":")
+    if kind != where or int(fault_step) != step or rank != int(fault_rank[0] if fault_rank else 0):
+        return
+    if where == "save":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)  # like a node dying: no exception handler, no cleanup runs
+    raise RuntimeError(f"{FAULT_ENV}={spec}: injected failure on rank {rank} at step {step}")
+
+
 def wrap_model(model: torch.nn.Module, env: DistEnv, *, parallel: str) -> torch.nn.Module:
     """DDP by default; FSDP2 (fully_shard per decoder layer, then the root) for models too big for one device."""
     if not env.distributed:

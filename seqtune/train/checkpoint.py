@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from seqtune.distributed import DistEnv, barrier
+from seqtune.distributed import DistEnv, barrier, inject_fault, unwrap
 
 CHECKPOINTS = "checkpoints"
 PREFIX = "step_"
@@ -45,6 +45,8 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def _trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    # Names of the unwrapped model (no DDP "module." prefix), so a checkpoint resumes at any world size.
+    model = unwrap(model)
     names = {n for n, p in model.named_parameters() if p.requires_grad}
     return {n: t.detach().to("cpu").contiguous() for n, t in model.state_dict().items() if n in names}
 
@@ -82,6 +84,7 @@ def save_checkpoint(*, run_dir: Path, model: torch.nn.Module, optimizer, schedul
         _save_sharded(tmp, model, optimizer)
     elif env.is_main:
         save_file(_trainable_state(model), str(tmp / "trainable.safetensors"))
+        inject_fault("save", step=state.step, rank=env.rank)
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     if env.is_main:
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
@@ -89,6 +92,9 @@ def save_checkpoint(*, run_dir: Path, model: torch.nn.Module, optimizer, schedul
     if env.is_main:
         meta = {"step": state.step, "tokens_seen": state.tokens_seen, "data": state.data, "world_size": env.world_size}
         (tmp / "meta.json").write_text(json.dumps(meta))
+        # A run resumed from an older checkpoint (train.resume=auto skips incomplete ones) re-saves a step that may
+        # exist from before; rename() cannot replace a non-empty directory.
+        shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)  # atomic on one filesystem: the checkpoint appears complete or not at all
         _prune(root, keep_last)
     barrier()
@@ -108,10 +114,11 @@ def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer, scheduler,
         _load_sharded(path, model, optimizer)
     else:
         tensors = load_file(str(path / "trainable.safetensors"), device=str(env.device))
-        missing = set(tensors) - {n for n, _ in model.named_parameters()}
+        bare = unwrap(model)
+        missing = set(tensors) - {n for n, _ in bare.named_parameters()}
         if missing:
             raise RuntimeError(f"checkpoint {path} has parameters this model lacks: {sorted(missing)[:5]}")
-        model.load_state_dict(tensors, strict=False)
+        bare.load_state_dict(tensors, strict=False)
         optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True, map_location=env.device))
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
     rng_file = path / f"rng_rank{env.rank}.pt"

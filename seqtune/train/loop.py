@@ -16,7 +16,7 @@ import torch
 from tqdm import tqdm
 
 from seqtune.config.schema import TrainConfig
-from seqtune.distributed import DistEnv, all_reduce_sum
+from seqtune.distributed import DistEnv, all_reduce_sum, inject_fault
 from seqtune.train.checkpoint import TrainState, save_checkpoint
 from seqtune.train.metrics import MetricsLogger
 from seqtune.train.step import forward_logits, move_batch, summed_token_loss
@@ -117,6 +117,7 @@ def fit(loop: Loop, state: TrainState) -> TrainState:
                disable=not (loop.env.is_main and loop.cfg.progress), dynamic_ncols=True)
     window = {"loss": 0.0, "targets": 0.0, "tokens": 0.0, "positions": 0.0, "steps": 0, "start": time.perf_counter()}
     while state.step < loop.total_steps:
+        inject_fault("train", step=state.step + 1, rank=loop.env.rank)
         out = train_step(loop, [next(batches) for _ in range(loop.cfg.grad_accum)])
         state.step += 1
         state.tokens_seen += int(out["tokens"])
