@@ -74,7 +74,7 @@ def apply_lora(
             use_gradient_checkpointing=model.is_activation_checkpointing,
             gradient_checkpointing_kwargs={"use_reentrant": False},
         )
-    modules_to_save = list(extra_trainable) or None
+    modules_to_save = _with_tied_partner(model, list(extra_trainable)) or None
     config = PeftLoraConfig(
         r=lora.rank,
         lora_alpha=lora.alpha,
@@ -87,6 +87,15 @@ def apply_lora(
         ensure_weight_tying=bool(modules_to_save) and _is_tied(model),
     )
     return get_peft_model(model, config)
+
+
+def _with_tied_partner(model: nn.Module, names: list[str]) -> list[str]:
+    """With tied embeddings, the head and the embedding are one tensor: peft must save both or neither."""
+    if not names or not _is_tied(model):
+        return names
+    by_id = {id(module): name.rsplit(".", 1)[-1] for name, module in model.named_modules()}
+    pair = [by_id[id(model.get_input_embeddings())], by_id[id(model.get_output_embeddings())]]
+    return names + [n for n in pair if n not in names] if any(n in names for n in pair) else names
 
 
 def _new_token_indices(model: nn.Module, fully_trained: list[str]) -> dict[str, list[int]] | None:

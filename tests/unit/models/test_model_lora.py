@@ -126,3 +126,23 @@ def test_gradient_checkpointing_with_lora_still_trains_adapters():
     # lora_A gets a gradient only once lora_B is non-zero; lora_B's own gradient proves the path is connected.
     grads = [p.grad for n, p in peft_model.named_parameters() if "lora_B" in n]
     assert grads and all(g is not None and g.abs().sum() > 0 for g in grads)
+
+
+@pytest.mark.parametrize("family", ["gemma3", "llama3"])
+def test_head_trained_in_full_saves_and_reloads_for_tied_and_untied_models(family, tmp_path):
+    """lora=tiny trains lm_head in full; with Gemma's tied embeddings peft must take the embedding with it."""
+    model = apply_lora(build_model(tiny_cfg(family), attn_implementation="sdpa"), LoraConfig(rank=4),
+                       get_spec(family), extra_trainable=["lm_head"])
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert any("lm_head" in n or "embed_tokens" in n for n in trainable)
+    ids = random_batch(model.config.vocab_size, batch=2, seq=16)
+    loss = model(input_ids=ids, use_cache=False).logits.float().logsumexp(-1).mean()
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.01 * torch.randn_like(p))
+    expected = model(input_ids=ids, use_cache=False).logits
+    save_adapter(model, tmp_path)
+    reloaded = load_adapter(build_model(tiny_cfg(family), attn_implementation="sdpa"), tmp_path)
+    torch.testing.assert_close(reloaded(input_ids=ids, use_cache=False).logits, expected, atol=1e-5, rtol=1e-5)
