@@ -39,15 +39,7 @@ def _typed(cfg: DictConfig):
     try:
         return to_typed(cfg)
     except MissingMandatoryValue as err:
-        key = err.full_key
-        model = HydraConfig.get().runtime.choices.get("model", "?")
-        if key == "model.path":
-            raise ConfigError(
-                f"model.path is required by model={model}: the local Hugging Face checkpoint directory "
-                "(config.json, model*.safetensors, tokenizer files). seqtune never downloads from a hub.",
-                key="model.path", fix="model.path=/path/to/checkpoint",
-            ) from None
-        raise ConfigError(f"{key} has no value.", key=key, fix=f"{key}=VALUE") from None
+        raise ConfigError(f"{err.full_key} has no value.", key=err.full_key, fix=f"{err.full_key}=VALUE") from None
 
 
 def _prepare_config(cfg: DictConfig, run_dir: Path) -> DictConfig:

@@ -66,6 +66,12 @@ def _check_choices(cfg: RootConfig) -> None:
     if not 0.0 <= cfg.data.max_bad_fraction <= 1.0:
         problems.append(f"data.max_bad_fraction={cfg.data.max_bad_fraction} must be within [0, 1]. "
                         "Fix: data.max_bad_fraction=0.0")
+    if cfg.model.requires_path and not cfg.model.path:
+        problems.append(
+            f"model.path is required for the {cfg.model.family} checkpoint config: the local Hugging Face checkpoint "
+            "directory (config.json, model*.safetensors, tokenizer files); seqtune never downloads from a hub. "
+            "Fix: model.path=/path/to/checkpoint (or a *_tiny model config for a random tiny model)"
+        )
     if problems:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
 

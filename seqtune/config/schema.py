@@ -21,6 +21,8 @@ class ModelConfig:
     # Local Hugging Face checkpoint directory (config.json + *.safetensors). null = a tiny model with random
     # weights built from the architecture fields below. Never a hub id: nothing is downloaded.
     path: str | None = None
+    # Set by the real-size configs (llama3_8b, ...): a random tiny model is never built in their place.
+    requires_path: bool = False
     # Architecture fields (used when path is null; with a path they must stay null or match the checkpoint).
     vocab_size: int | None = None
     hidden_size: int | None = None

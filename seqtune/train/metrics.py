@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,5 @@ def _run_id(run_dir: Path) -> str:
     """The same id across resumes of one run directory, so W&B continues the run rather than starting another."""
     id_file = run_dir / ".wandb_id"
     if not id_file.exists():
-        import wandb
-
-        id_file.write_text(wandb.util.generate_id())
+        id_file.write_text(uuid.uuid4().hex[:12])
     return id_file.read_text().strip()

@@ -36,7 +36,7 @@ def test_group_file_composes_and_type_checks(path: Path):
     assert first.startswith("#"), f"{path} must start with a comment saying what it is and how to run it"
     group = path.parent.name
     overrides = [f"{group}={path.stem}"]
-    if OmegaConf.select(OmegaConf.load(path), "path") == "???":
+    if OmegaConf.select(OmegaConf.load(path), "requires_path"):
         overrides.append("model.path=/checkpoints/somewhere")  # real-size models need a checkpoint directory
     cfg = _compose(overrides)
     typed = to_typed(cfg)
@@ -74,3 +74,10 @@ def test_max_seq_len_accepts_auto_or_int_only():
     for bad in ("1.5", "long", "1"):
         with pytest.raises(ConfigError, match=r"data.max_seq_len=.*Fix: data.max_seq_len=auto"):
             to_typed(_compose([f"data.max_seq_len={bad}"]))
+
+
+def test_real_size_model_without_path_is_refused_not_replaced_by_a_tiny_model():
+    from seqtune.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"model.path is required.*Fix: model.path="):
+        to_typed(_compose(["model=llama3_8b"]))
