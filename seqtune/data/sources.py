@@ -113,6 +113,19 @@ def iter_lines(path: Path, index: LineIndex | None = None) -> Iterator[tuple[int
                 yield line_no, raw
 
 
+def _skip_to(f: IO[bytes], offset: int) -> None:
+    """Seek where the stream can (plain files, gzip decompresses forward); zstd streams cannot, so read up to it."""
+    try:
+        f.seek(offset)
+    except (io.UnsupportedOperation, OSError):
+        remaining = offset
+        while remaining > 0:
+            chunk = f.read(min(remaining, 1 << 20))
+            if not chunk:
+                break
+            remaining -= len(chunk)
+
+
 def read_line(path: Path, line_no: int, index: LineIndex | None = None) -> bytes:
     """The raw bytes of physical line `line_no` (1-based). Seeks with `index` when given, else streams to it."""
     path = Path(path)
@@ -123,7 +136,7 @@ def read_line(path: Path, line_no: int, index: LineIndex | None = None) -> bytes
             offsets = index.offsets
             if line_no > len(offsets):
                 raise DataError(f"{path}:{line_no} is past the end of the file ({len(offsets)} lines).")
-            f.seek(int(offsets[line_no - 1]))  # gzip/zstd seek forward by decompressing: still correct
+            _skip_to(f, int(offsets[line_no - 1]))
             return f.readline().rstrip(b"\r\n")
         for number, raw in enumerate(f, start=1):
             if number == line_no:
