@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from seqtune.config.errors import ConfigError
-from seqtune.config.schema import RootConfig
+from seqtune.config.schema import GROUP_SCHEMAS, RootConfig
 
 # Every closed set of values, by key. Checked once, up front, so library code can trust them.
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -76,8 +77,29 @@ def _check_choices(cfg: RootConfig) -> None:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
 
 
+def _unknown_group_keys(cfg: DictConfig) -> list[str]:
+    """`+model.foo=1` slips past the schema (`+` appends even to typed nodes) and would be silently ignored."""
+    problems = []
+    for group in GROUP_SCHEMAS:
+        node = cfg.get(group)
+        if not isinstance(node, DictConfig):
+            continue
+        known = {f.name for f in fields(GROUP_SCHEMAS[group])}
+        for key in node.keys():
+            if key not in known:
+                problems.append(f"{group}.{key} is not a setting of {group} ({GROUP_SCHEMAS[group].__name__}). "
+                                f"Fix: remove +{group}.{key}, or use one of: {', '.join(sorted(known))}")
+    return problems
+
+
 def to_typed(cfg: DictConfig) -> RootConfig:
-    """Resolve interpolations, convert to the RootConfig dataclass tree and check every closed choice."""
+    """Resolve interpolations, convert to the RootConfig dataclass tree and check every closed choice.
+
+    New top-level keys (`+note=...`) are allowed: they stay in the saved config.yaml (and W&B's config) for
+    the user's own bookkeeping. New keys inside a group are refused, since nothing would read them."""
+    unknown = _unknown_group_keys(cfg)
+    if unknown:
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(unknown))
     typed = OmegaConf.to_object(cfg)
     if not isinstance(typed, RootConfig):  # composed without root_schema: an internal wiring bug
         raise TypeError(f"expected RootConfig, got {type(typed).__name__}")
@@ -91,8 +113,8 @@ def save_resolved(cfg: DictConfig, path: Path) -> None:
 
 
 def load_resolved(path: Path) -> RootConfig:
-    """Load a resolved config written by save_resolved, re-checked against the schema."""
-    from seqtune.config.schema import RootConfig as Schema
-
-    merged = OmegaConf.merge(OmegaConf.structured(Schema), OmegaConf.load(path))
-    return to_typed(merged)
+    """Load a resolved config written by save_resolved, re-checked against the schema (user extras ignored)."""
+    saved = OmegaConf.load(path)
+    known = {f.name for f in fields(RootConfig)}
+    schema_keys = OmegaConf.masked_copy(saved, [k for k in saved.keys() if k in known])
+    return to_typed(OmegaConf.merge(OmegaConf.structured(RootConfig), schema_keys))

@@ -81,3 +81,15 @@ def test_real_size_model_without_path_is_refused_not_replaced_by_a_tiny_model():
 
     with pytest.raises(ConfigError, match=r"model.path is required.*Fix: model.path="):
         to_typed(_compose(["model=llama3_8b"]))
+
+
+def test_new_top_level_keys_are_kept_but_new_group_keys_are_refused(tmp_path):
+    from seqtune.config import ConfigError, load_resolved, save_resolved
+
+    cfg = _compose(["+note=baseline-run"])
+    assert to_typed(cfg).recipe_name == "lora_sft"
+    save_resolved(cfg, tmp_path / "config.yaml")
+    assert "note: baseline-run" in (tmp_path / "config.yaml").read_text()
+    assert load_resolved(tmp_path / "config.yaml").recipe_name == "lora_sft"
+    with pytest.raises(ConfigError, match=r"model.hiden_size is not a setting of model.*Fix: remove \+model.hiden_size"):
+        to_typed(_compose(["+model.hiden_size=32"]))
