@@ -1,0 +1,196 @@
+"""Real torchrun (gloo, CPU, 2 processes) through the real CLI: same loss as one process, exact resume after
+SIGKILL and after a crash mid-save, a failing rank ends the job, the merged export, and launcher=slurm.
+
+The 2-rank runs use train.batch_size=2 against 1 rank x 4: the batch plan cuts each global step from the same
+seeded order (seed, epoch) whatever the world size, and rank r takes slice r, so with padding=longest (no
+world-size dependent bucketing) the global micro-batch set per step is identical; the loss is a sum over target
+tokens divided by the global target count, so the curves must agree up to float summation order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import REPO, read_metrics, run_cli
+
+STEPS, SAVE_EVERY = 40, 4
+COMMON = [f"train.max_steps={STEPS}", "train.eval_every=0", "train.log_every=1", "data.val=null",
+          "padding=longest", "lora.dropout=0.0",
+          # LoRA only: a fully trained lm_head (lora=tiny's modules_to_save) lets Adam amplify float-order noise in
+          # near-zero gradients to ~2e-4 relative loss differences between 1 and 2 ranks after ~25 steps.
+          "lora.modules_to_save=[]"]
+TWO_RANKS = ["launcher=torchrun", "launcher.nproc_per_node=2", "train.batch_size=2"]
+CHECKPOINTED = [f"train.save_every={SAVE_EVERY}", "train.keep_last=2", "train.resume=auto"]
+ADAPTER = Path("adapter") / "adapter_model.safetensors"
+
+
+def _ok(result) -> None:
+    assert result.returncode == 0, f"exit {result.returncode}\nSTDOUT:\n{result.stdout[-4000:]}\nSTDERR:\n{result.stderr[-4000:]}"
+
+
+def _losses(run_dir: Path) -> list[float]:
+    return [m["loss"] for m in read_metrics(run_dir) if "loss" in m]
+
+
+def _assert_same_weights(a: Path, b: Path, atol: float) -> None:
+    wa, wb = load_file(str(a / ADAPTER)), load_file(str(b / ADAPTER))
+    assert wa.keys() == wb.keys() and wa
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], atol=atol, rtol=0, msg=name)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The uninterrupted 2-rank run every interrupted one must reproduce (also exported merged)."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    _ok(run_cli([*COMMON, *TWO_RANKS, *CHECKPOINTED, "train.export_merged=true"], run_dir))
+    return run_dir
+
+
+def test_two_ranks_match_one_rank_with_the_same_global_batch(reference: Path, tmp_path: Path):
+    single = tmp_path / "single"
+    _ok(run_cli([*COMMON, "launcher=local", "train.batch_size=4"], single))
+    one, two = _losses(single), _losses(reference)
+    assert len(one) == len(two) == STEPS
+    assert one[0] != one[-1]  # training moved: equal curves are not two constant lines
+    for step, (a, b) in enumerate(zip(one, two), start=1):
+        assert abs(a - b) <= 1e-4 * abs(a), f"step {step}: 1 rank {a} vs 2 ranks {b}"
+
+
+def test_checkpoints_are_periodic_and_only_the_last_k_kept(reference: Path):
+    kept = sorted(p.name for p in (reference / "checkpoints").iterdir())
+    assert kept == [f"step_{STEPS - SAVE_EVERY:08d}", f"step_{STEPS:08d}"]
+    latest = reference / "checkpoints" / f"step_{STEPS:08d}"
+    assert {"trainable.safetensors", "optimizer.pt", "scheduler.pt", "rng_rank0.pt", "rng_rank1.pt",
+            "meta.json"} <= {p.name for p in latest.iterdir()}
+    assert json.loads((latest / "meta.json").read_text())["step"] == STEPS
+
+
+def _assert_resumed_like_reference(run_dir: Path, reference: Path, resumed_from: int, output: str) -> None:
+    assert f"step_{resumed_from:08d} (step {resumed_from})" in output, output[-3000:]
+    steps = [m["step"] for m in read_metrics(run_dir) if "loss" in m]
+    assert steps == list(range(1, STEPS + 1)), steps  # continued the same file: increasing, no duplicates
+    assert _losses(run_dir)[-1] == pytest.approx(_losses(reference)[-1], rel=1e-6)
+    _assert_same_weights(run_dir, reference, atol=1e-6)
+    assert not list((run_dir / "checkpoints").glob(".tmp-*")), "a stale temporary checkpoint was left behind"
+
+
+def test_sigkill_then_resume_matches_the_uninterrupted_run(reference: Path, tmp_path: Path):
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "seqtune", *COMMON, *TWO_RANKS, *CHECKPOINTED, f"hydra.run.dir={run_dir}",
+               "train.progress=false"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("WANDB_API_KEY", None)
+    # Its own process group, so kill -9 reaches the parent, torchrun and both ranks at once (like a node loss).
+    # Niced, so on a small machine this watcher still wakes up promptly to kill it early in training.
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, preexec_fn=lambda: os.nice(10))
+    checkpoints = run_dir / "checkpoints"
+    deadline = time.monotonic() + 300
+    while not list(checkpoints.glob("step_*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # torchrun starts each rank in its own session, so killing the process group alone would orphan the ranks
+    # (they would train on and save): kill every process of the tree, as losing the node would.
+    import psutil
+
+    tree = [proc.pid, *(child.pid for child in psutil.Process(proc.pid).children(recursive=True))]
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert not (run_dir / "adapter").exists(), "the run finished before it was killed: the test proves nothing"
+    done = [int(p.name[5:]) for p in checkpoints.glob("step_*") if (p / "meta.json").is_file()]
+    assert done, "no checkpoint appeared before the kill"
+    killed_at = max(done)
+    assert killed_at < STEPS, "killed after the last checkpoint: nothing left to resume"
+
+    result = run_cli([*COMMON, *TWO_RANKS, *CHECKPOINTED], run_dir)
+    _ok(result)
+    _assert_resumed_like_reference(run_dir, reference, killed_at, result.stdout)
+
+
+def test_crash_while_saving_resumes_from_the_previous_checkpoint(reference: Path, tmp_path: Path):
+    run_dir = tmp_path / "run"
+    crash_step = 2 * SAVE_EVERY
+    crashed = run_cli([*COMMON, *TWO_RANKS, *CHECKPOINTED], run_dir, env={"SEQTUNE_FAULT": f"save:{crash_step}"})
+    assert crashed.returncode != 0
+    checkpoints = run_dir / "checkpoints"
+    assert (checkpoints / f".tmp-step_{crash_step:08d}" / "trainable.safetensors").is_file()  # really mid-save
+    assert not (checkpoints / f"step_{crash_step:08d}").exists()
+
+    result = run_cli([*COMMON, *TWO_RANKS, *CHECKPOINTED], run_dir)
+    _ok(result)
+    _assert_resumed_like_reference(run_dir, reference, SAVE_EVERY, result.stdout)
+
+
+def test_a_failing_rank_ends_the_whole_job_promptly_with_its_error(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    result = run_cli([*COMMON, *TWO_RANKS], run_dir, env={"SEQTUNE_FAULT": "train:2:1"}, timeout=300)
+    ended = time.time()
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "injected failure on rank 1 at step 2" in output
+    assert "torchrun exited with code" in result.stderr
+    # Step 1 was logged just before rank 1 raised; a hang would sit in gloo's 10-minute timeout.
+    assert [m["step"] for m in read_metrics(run_dir)] == [1]
+    assert ended - (run_dir / "metrics.jsonl").stat().st_mtime < 30
+
+
+def test_merged_export_of_a_torchrun_run_reproduces_the_adapter_logits(reference: Path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from seqtune.config import load_resolved
+    from seqtune.models import build_model
+
+    cfg = load_resolved(reference / "config.yaml")
+    base = build_model(cfg.model, attn_implementation="sdpa")  # seeded: the same random base as training
+    ids = torch.randint(0, cfg.model.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        base_logits = base(input_ids=ids, use_cache=False).logits
+        tuned = PeftModel.from_pretrained(base, reference / "adapter").eval()
+        adapter_logits = tuned(input_ids=ids, use_cache=False).logits
+        merged = AutoModelForCausalLM.from_pretrained(reference / "merged").eval()
+        merged_logits = merged(input_ids=ids, use_cache=False).logits
+    assert not torch.allclose(base_logits, adapter_logits, atol=1e-4), "training changed nothing"
+    torch.testing.assert_close(adapter_logits, merged_logits, atol=1e-4, rtol=1e-4)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_launcher_slurm_runs_srun_torchrun_inside_an_allocation(tmp_path: Path):
+    """A one-node allocation faked by SLURM_* variables and an `srun` that runs its command once per node."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    srun = bin_dir / "srun"
+    log = tmp_path / "srun_args"
+    srun.write_text(f'#!/bin/sh\necho "$@" > {log}\nwhile [ "${{1#--}}" != "$1" ]; do shift; done\nexec "$@"\n')
+    srun.chmod(srun.stat().st_mode | stat.S_IEXEC)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "1",
+           "MASTER_ADDR": "127.0.0.1"}
+    run_dir = tmp_path / "run"
+    result = run_cli(["train.max_steps=2", "train.eval_every=0", "train.log_every=1", "data.val=null", "launcher=slurm",
+                      "launcher.nproc_per_node=2", "train.batch_size=2",
+                      f"launcher.rdzv_endpoint=127.0.0.1:{_free_port()}"], run_dir, env=env)
+    _ok(result)
+    args = log.read_text()
+    assert "--nodes=1 --ntasks-per-node=1" in args and "--rdzv-id=4242" in args and "--nproc-per-node=2" in args
+    assert [m["step"] for m in read_metrics(run_dir)] == [1, 2]
+    assert (run_dir / ADAPTER).is_file()
