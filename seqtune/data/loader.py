@@ -1,13 +1,19 @@
-"""Training and validation micro-batches from the token cache preflight wrote (data.mode=cached).
+"""Training and validation micro-batches: from the token cache preflight wrote (data.mode=cached), or tokenized on
+the fly from the JSONL files (data.mode=stream, training split only).
 
-The cache holds every sample exactly as tokenized; `SplitView` applies data.overlength (preflight already failed
-the run when the policy is `error` and a sample is too long), `DistributedBatchPlan` decides which samples form
-which micro-batch on which rank, and the collator pads or packs them.
+cached: the cache holds every sample exactly as tokenized; `SplitView` applies data.overlength (preflight already
+failed the run when the policy is `error` and a sample is too long), `DistributedBatchPlan` decides which samples
+form which micro-batch on which rank, and the collator pads or packs them.
+
+stream: `StreamedBatches` reads the files pass after pass through `JsonlStream` with the same parser, encoder and
+collator, applying data.overlength online. Validation stays cached in both modes (preflight scans it in full).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +24,21 @@ from seqtune.config.errors import DataError
 from seqtune.config.schema import RootConfig
 from seqtune.data.cache import TokenCache
 from seqtune.data.collate import Collator, make_collator
+from seqtune.data.formats import LineParser, Record
 from seqtune.data.sampler import DistributedBatchPlan, WithFillers
-from seqtune.data.types import TokenizedSample
+from seqtune.data.sources import expand_paths
+from seqtune.data.stream import (
+    POLICY_REJECTS,
+    BadLineBudget,
+    JsonlStream,
+    RejectLog,
+    StreamBatch,
+    StreamProgress,
+    lines_read,
+    sample_end,
+)
+from seqtune.data.tokenize import SampleEncoder
+from seqtune.data.types import Reject, TokenizedSample
 
 
 class SplitView(Dataset):
@@ -82,6 +101,77 @@ class PlannedBatches:
         self.epoch, self.consumed = self.plan.epoch, self.plan.position
 
 
+@dataclass(kw_only=True)
+class RecordParser:
+    """JsonlStream's `parse`: the LineParser of the line's file, exactly as preflight's scan parses it."""
+
+    parsers: dict[str, LineParser]
+
+    def __call__(self, raw: bytes, location: str) -> Record | Reject:
+        file, line = location.rsplit(":", 1)
+        return self.parsers[file].parse(int(line), raw)
+
+
+@dataclass(kw_only=True)
+class StreamedBatches:
+    """This rank's micro-batches tokenized on the fly, pass after pass, resumable at micro-batch granularity.
+
+    Every pass yields exactly `batches_per_rank` micro-batches on every rank (JsonlStream pads a short worker with
+    masked fillers), so ranks stop together. State = the pass + each worker's last line read, as of the last
+    micro-batch handed to the loop (not what DataLoader workers prefetched): JSON, saved in the checkpoint.
+    """
+
+    make_stream: Callable[..., JsonlStream]  # JsonlStream with every argument but `resume` bound
+    batches_per_rank: int
+    num_workers: int
+    identity: dict[str, Any]  # what the saved positions depend on; a resume with other values would skip data
+    budget: BadLineBudget
+    rejects: RejectLog
+    epoch: int = 0
+    progress: StreamProgress = field(default_factory=StreamProgress)
+
+    def steps_per_epoch(self, grad_accum: int) -> int:
+        return max(1, self.batches_per_rank // grad_accum)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        while True:
+            stream = self.make_stream(resume=self.progress if self.progress.consumed else None)
+            for item in DataLoader(stream, batch_size=None, num_workers=self.num_workers):
+                self._account(item, stream.num_shards)
+                yield item.batch
+            self.budget.check(pass_done=True)
+            self.epoch, self.progress = self.epoch + 1, StreamProgress()
+
+    def _account(self, item: StreamBatch, num_shards: int) -> None:
+        before = self.progress.positions.get(item.position.worker)
+        self.progress.update(item)
+        bad = [r for r in item.rejects if r.code not in POLICY_REJECTS]
+        read = lines_read(item.position, num_shards) - (lines_read(before, num_shards) if before else 0)
+        self.budget.add(read, bad)
+        self.rejects.write(bad, first_pass=self.epoch == 0)
+        self.budget.check(pass_done=False, latest=bad[-1] if bad else None)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"mode": "stream", "epoch": self.epoch, **self.progress.state_dict(),
+                "bad_lines": self.budget.state_dict(), "stream": self.identity}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if state is None:
+            return
+        saved = state.get("stream")  # a data.mode=cached checkpoint has none
+        if saved != self.identity:
+            raise DataError(
+                f"cannot resume the stream position: the stream changed since the checkpoint (saved {saved}, now "
+                f"{self.identity}); resuming would repeat or skip lines.", key="train.resume",
+                fix="restore the original data files, data.mode, train.batch_size, data.num_workers and world "
+                    "size, or train.resume=never.")
+        self.epoch = int(state["epoch"])
+        self.progress.load_state_dict(state)
+        self.budget.load_state_dict(state["bad_lines"])
+        if self.progress.consumed >= self.batches_per_rank:  # saved right after a pass's last micro-batch
+            self.epoch, self.progress = self.epoch + 1, StreamProgress()
+
+
 def padding_side(cfg: RootConfig, spec) -> str:
     return spec.padding_side if cfg.padding.side == "auto" else cfg.padding.side
 
@@ -104,10 +194,40 @@ def _planned(cfg: RootConfig, cache_dir: Path, env, tokenizer, spec, *, shuffle:
     return PlannedBatches(view, plan, collator, num_workers=cfg.data.num_workers)
 
 
-def build_train_batches(cfg: RootConfig, preflight, env, tokenizer, spec) -> PlannedBatches:
-    if cfg.data.mode != "cached":
-        raise DataError("data.mode=stream training is not wired into the recipes yet; preflight can scan a sample.",
-                        key="data.mode", fix="data.mode=cached")
+def _streamed(cfg: RootConfig, preflight, env, tokenizer, spec) -> StreamedBatches:
+    files = expand_paths(cfg.data.train, "data.train")
+    num_lines = preflight.stream_train_lines
+    if num_lines is None:
+        raise DataError("preflight.json has no line count for the train split; it was written by a run with "
+                        "data.mode=cached.", key="data.mode", fix="run the CLI again with data.mode=stream.")
+    encoder = SampleEncoder(tokenizer, cfg.data.format, train_on_prompt=cfg.data.train_on_prompt)
+    parsers = {str(f): LineParser(fmt=cfg.data.format, file=str(f), media_root=cfg.data.media_root,
+                                  pad_id=tokenizer.pad_token_id, eos_id=encoder.eos_id, vocab_size=encoder.vocab_size)
+               for f in files}
+    max_seq_len = int(cfg.data.max_seq_len)
+    collator = make_collator(cfg.padding, max_seq_len=max_seq_len, pad_id=_pad_id(tokenizer),
+                             padding_side=padding_side(cfg, spec))
+    make_stream = partial(
+        JsonlStream, files, parse=RecordParser(parsers=parsers), encode_batch=encoder.encode_batch,
+        collate=collator, batch_size=cfg.train.batch_size, max_seq_len=max_seq_len, overlength=cfg.data.overlength,
+        world_size=env.world_size, rank=env.rank, num_workers=cfg.data.num_workers, num_lines=num_lines)
+    batches_per_rank = make_stream(resume=None).batches_per_rank()
+    if not batches_per_rank:
+        raise DataError(f"data.train has {num_lines} lines: not one micro-batch per rank.", key="train.batch_size",
+                        fix="a smaller train.batch_size or fewer ranks")
+    identity = {"files": [str(f) for f in files], "num_lines": num_lines, "batch_size": cfg.train.batch_size,
+                "world_size": env.world_size, "num_workers": max(1, cfg.data.num_workers)}
+    budget = BadLineBudget(max_bad_fraction=cfg.data.max_bad_fraction, rejects_file=preflight.rejects_file,
+                           rank=env.rank)
+    rejects = RejectLog(path=preflight.rejects_file, files=files,
+                        logged_through=sample_end(files, cfg.data.preflight_sample))
+    return StreamedBatches(make_stream=make_stream, batches_per_rank=batches_per_rank,
+                           num_workers=cfg.data.num_workers, identity=identity, budget=budget, rejects=rejects)
+
+
+def build_train_batches(cfg: RootConfig, preflight, env, tokenizer, spec) -> PlannedBatches | StreamedBatches:
+    if cfg.data.mode == "stream":
+        return _streamed(cfg, preflight, env, tokenizer, spec)
     return _planned(cfg, preflight.caches["train"], env, tokenizer, spec, shuffle=cfg.data.shuffle, tail=cfg.data.tail)
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from seqtune.data.stream import POLICY_REJECTS as STREAM_POLICY_REJECTS
 from seqtune.data.types import Reject
 
 # Strategies whose every micro-batch must be exactly [batch_size, max_seq_len].
@@ -283,8 +284,8 @@ def prepadded_notes(*, split: str, count: int, locations: Sequence[str], strateg
 
 # --- 6. data integrity --------------------------------------------------------------------------------------
 
-# Reject codes that are an explicit policy (data.overlength=drop), not a malformed line.
-POLICY_REJECTS = ("overlength",)
+# Reject codes that are an explicit policy (data.overlength=drop), not a malformed line (stream mode agrees).
+POLICY_REJECTS = STREAM_POLICY_REJECTS
 
 
 def reject_counts(rejects: Sequence[Reject]) -> dict[str, int]:

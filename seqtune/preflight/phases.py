@@ -10,7 +10,7 @@ from seqtune.data.collate import make_collator
 from seqtune.data.loader import SplitView
 from seqtune.data.sampler import DistributedBatchPlan
 from seqtune.data.scan import SplitScan
-from seqtune.data.stream import apply_overlength
+from seqtune.data.stream import apply_overlength, batches_per_worker
 from seqtune.data.types import Reject
 from seqtune.models import memory_estimate
 from seqtune.preflight import checks
@@ -197,7 +197,7 @@ def plan_phase(cfg: RootConfig, scans: dict[str, SplitScan], max_seq_len: int
     efficiency = None
     for name, scan in scans.items():
         view = training_view(scan, max_seq_len, cfg.data.overlength)
-        if view is None:
+        if view is None or (name == "train" and cfg.data.mode == "stream"):  # see stream_train_plan
             continue
         lengths, train = view.lengths, name == "train"
         # Evaluation must see every sample once, so its tail is padded with masked fillers, never dropped.
@@ -219,6 +219,20 @@ def plan_phase(cfg: RootConfig, scans: dict[str, SplitScan], max_seq_len: int
                                              steps_per_epoch=steps, batch_size=cfg.train.batch_size,
                                              world_size=world, grad_accum=cfg.train.grad_accum)
     return plan, efficiency, problems
+
+
+def stream_train_plan(cfg: RootConfig, num_lines: int) -> tuple[SplitPlan, list[Problem]]:
+    """data.mode=stream: every rank yields the micro-batches the train split's line count makes (the scanned
+    sample says nothing about the whole corpus; per-rank samples and tokens are unknown until it is read)."""
+    world = cfg.launcher.nproc_per_node * cfg.launcher.nnodes
+    workers = max(1, cfg.data.num_workers)
+    micro = workers * batches_per_worker(num_lines, batch_size=cfg.train.batch_size, num_shards=world * workers)
+    steps = micro // cfg.train.grad_accum
+    plan = SplitPlan(samples=num_lines, samples_per_rank=[], tokens_per_rank=[], micro_batches_per_rank=micro,
+                     steps_per_epoch=steps)
+    return plan, checks.check_epoch_steps(split="train", num_items=num_lines, micro_batches_per_rank=micro,
+                                          steps_per_epoch=steps, batch_size=cfg.train.batch_size,
+                                          world_size=world, grad_accum=cfg.train.grad_accum)
 
 
 def memory_phase(cfg: RootConfig, facts: ModelFacts, max_seq_len: int) -> tuple[MemoryStats, list[Problem]]:

@@ -12,9 +12,7 @@ from typing import TextIO
 import numpy as np
 
 from seqtune.preflight.checks import Problem
-from seqtune.preflight.result import PreflightResult
-
-REJECTS_FILE = "rejects.jsonl"
+from seqtune.preflight.result import REJECTS_FILE, PreflightResult
 PLOT_FILE = "lengths.png"
 # Wide enough for a file:line and a fix on one screen, narrow enough for a terminal.
 MESSAGE_WIDTH = 96
@@ -66,6 +64,10 @@ def format_summary(result: PreflightResult) -> str:
         lines.append(f"plan: world size {result.plan.world_size}, global batch {result.plan.global_batch}")
         for name, split in result.plan.splits.items():
             steps = "" if split.steps_per_epoch is None else f", {split.steps_per_epoch} steps/epoch"
+            if not split.samples_per_rank:  # data.mode=stream: known by lines only until it is read
+                lines.append(f"  {name}: streamed, {split.samples} lines over all ranks, "
+                             f"{split.micro_batches_per_rank} micro-batches per rank{steps}")
+                continue
             lines.append(f"  {name}: per rank {min(split.samples_per_rank)}-{max(split.samples_per_rank)} samples, "
                          f"{min(split.tokens_per_rank)}-{max(split.tokens_per_rank)} tokens, "
                          f"{split.micro_batches_per_rank} micro-batches{steps}")

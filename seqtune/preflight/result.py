@@ -14,6 +14,7 @@ from typing import Any
 from seqtune.preflight.checks import Problem
 
 RESULT_FILE = "preflight.json"
+REJECTS_FILE = "rejects.jsonl"
 
 
 @dataclass(kw_only=True)
@@ -96,11 +97,16 @@ class PreflightResult:
     # Information that is not a problem (pad == eos, the resized vocab, the truncation counts).
     notes: list[str] = field(default_factory=list)
     context_length: int | None = None
+    # data.mode=stream: non-blank lines of the train split (every rank derives its micro-batches per pass from it).
+    stream_train_lines: int | None = None
+    # The run's rejects.jsonl (stream-mode training appends to the bad lines it finds beyond preflight's sample).
+    rejects_file: Path | None = None
 
 
 def to_json(result: PreflightResult) -> dict[str, Any]:
     data = asdict(result)
     data["caches"] = {split: str(path) for split, path in result.caches.items()}
+    data["rejects_file"] = None if result.rejects_file is None else str(result.rejects_file)
     return data
 
 
@@ -131,5 +137,6 @@ def load_result(run_dir: Path) -> PreflightResult:
         splits={name: SplitStats(**stats) for name, stats in data["splits"].items()},
         vocab=_optional(VocabStats, data["vocab"]), padding=_optional(PaddingStats, data["padding"]),
         plan=plan, memory=_optional(MemoryStats, data["memory"]), notes=list(data["notes"]),
-        context_length=data["context_length"],
+        context_length=data["context_length"], stream_train_lines=data["stream_train_lines"],
+        rejects_file=None if data["rejects_file"] is None else Path(data["rejects_file"]),
     )

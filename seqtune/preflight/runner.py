@@ -14,6 +14,7 @@ from seqtune.config.errors import PreflightFailed, SeqtuneError
 from seqtune.config.schema import RootConfig
 from seqtune.data.scan import SplitScan, scan_split
 from seqtune.data.sources import expand_paths
+from seqtune.data.stream import count_lines
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.preflight import checks
 from seqtune.preflight.checks import Problem
@@ -26,8 +27,9 @@ from seqtune.preflight.phases import (
     shape_checks,
     split_checks,
     split_stats,
+    stream_train_plan,
 )
-from seqtune.preflight.report import PLOT_FILE, plot_lengths, print_problems, print_report, write_rejects
+from seqtune.preflight.report import PLOT_FILE, REJECTS_FILE, plot_lengths, print_problems, print_report, write_rejects
 from seqtune.preflight.result import PaddingStats, PreflightResult, VocabStats, write_result
 
 SPLITS = ("train", "val", "test")
@@ -48,7 +50,8 @@ def run_preflight(cfg: RootConfig, run_dir: Path) -> PreflightResult:
     scans, scan_problems = scan_splits(cfg, facts)
     problems += scan_problems
     result = PreflightResult(ok=False, max_seq_len=None, context_length=facts.context_length,
-                             caches={name: scan.cache_dir for name, scan in scans.items()})
+                             caches={name: scan.cache_dir for name, scan in scans.items()},
+                             rejects_file=run_dir / REJECTS_FILE)
     result.notes += checks.pad_token_notes(pad_id=facts.pad_id, eos_id=facts.eos_id)
     if "train" in scans:
         try:
@@ -81,6 +84,14 @@ def _data_phases(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitScan]
     problems += shape_checks(cfg, facts, scans, max_seq_len)
     result.plan, efficiency, plan_problems = plan_phase(cfg, scans, max_seq_len)
     problems += plan_problems
+    if cfg.data.mode == "stream":
+        # Every rank must know how many micro-batches a pass makes, so they all stop together: count once here.
+        sampled = scans["train"]
+        complete = not cfg.data.preflight_sample or sampled.records < cfg.data.preflight_sample
+        lines = sampled.records if complete else count_lines(expand_paths(cfg.data.train, "data.train"))
+        result.stream_train_lines = lines
+        result.plan.splits["train"], stream_problems = stream_train_plan(cfg, lines)
+        problems += stream_problems
     result.padding = PaddingStats(strategy=cfg.padding.strategy, side=facts.padding_side, efficiency=efficiency)
     result.memory, memory_problems = memory_phase(cfg, facts, max_seq_len)
     problems += memory_problems
@@ -97,13 +108,14 @@ def scan_splits(cfg: RootConfig, facts: ModelFacts) -> tuple[dict[str, SplitScan
     cache_root = Path(cfg.data.cache_dir).expanduser() if cfg.data.cache_dir else DEFAULT_CACHE_ROOT.expanduser()
     sample = cfg.data.preflight_sample if cfg.data.mode == "stream" else 0
     for name in SPLITS:
+        # Only train streams; val/test are read in full into the cache that evaluation uses in both modes.
         spec = getattr(cfg.data, name)
         if spec is None:
             continue
         try:
             paths = expand_paths(spec, f"data.{name}")
             scans[name] = scan_split(name, paths, encoder, cache_root=cache_root, media_root=cfg.data.media_root,
-                                     max_records=sample, progress=cfg.train.progress)
+                                     max_records=sample if name == "train" else 0, progress=cfg.train.progress)
         except SeqtuneError as err:
             problems.append(Problem(check="data", key=err.key or f"data.{name}", message=str(err)))
     return scans, problems

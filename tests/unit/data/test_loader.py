@@ -1,0 +1,236 @@
+"""build_train_batches end to end on the real preflight, the bundled tokenizer and small JSONL files (CPU, seconds).
+
+cached: SplitView's over-length policy, PlannedBatches resume. stream: the same samples as cached mode, exact resume
+(within and across passes, with DataLoader workers), disjoint complete coverage over 2 ranks simulated in-process
+with equal batch counts, bad lines in rejects.jsonl once, and data.max_bad_fraction enforced online.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from seqtune.config import RootConfig, to_typed
+from seqtune.config.errors import DataError
+from seqtune.data.cache import TokenCache
+from seqtune.data.loader import PlannedBatches, SplitView, StreamedBatches, build_train_batches
+from seqtune.data.scan import scan_split
+from seqtune.data.tokenize import SampleEncoder
+from seqtune.distributed import DistEnv
+from seqtune.models import get_spec
+from seqtune.preflight import load_result, run_preflight
+from seqtune.tokenizers import load_tokenizer
+from tests.unit.data.conftest import write_jsonl
+
+TINY_MODEL = {"family": "tinyllama", "vocab_size": 4096, "hidden_size": 64, "intermediate_size": 176,
+              "num_layers": 2, "num_heads": 8, "num_kv_heads": 2, "max_position_embeddings": 2048}
+WORDS = ("apple", "river", "candle", "orbit", "meadow", "copper")
+
+
+def alpaca(i: int) -> dict:
+    return {"instruction": f"Repeat word {i}.", "input": "", "output": " ".join([WORDS[i % 6]] * (1 + i % 7))}
+
+
+def make_cfg(tmp_path: Path, train: Path, *overrides: str) -> RootConfig:
+    base = {
+        "recipe_name": "lora_sft", "model": TINY_MODEL, "tokenizer": {"source": "bundled"},
+        "data": {"train": str(train), "format": "alpaca", "cache_dir": str(tmp_path / "tokens")},
+        "padding": {}, "lora": {}, "optim": {}, "train": {"batch_size": 1, "progress": False}, "launcher": {},
+        "logger": {}, "preflight": {"plot": False},
+    }
+    return to_typed(OmegaConf.merge(OmegaConf.structured(RootConfig), base, OmegaConf.from_dotlist(list(overrides))))
+
+
+def prepare(cfg: RootConfig, run_dir: Path):
+    """What the worker does before the recipe: preflight in the parent, then the resolved max_seq_len and result."""
+    assert run_preflight(cfg, run_dir).ok
+    preflight = load_result(run_dir)
+    cfg.data.max_seq_len = preflight.max_seq_len
+    spec = get_spec(cfg.model.family)
+    return preflight, load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec.chat_template), spec
+
+
+def env(rank: int = 0, world_size: int = 1) -> DistEnv:
+    return DistEnv(rank=rank, world_size=world_size, local_rank=rank, device=torch.device("cpu"))
+
+
+def rows_of(batch: dict) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """(input_ids, targets) of every row with a target (fillers have none), padding cut off."""
+    out = []
+    for ids, targets, mask in zip(batch["input_ids"], batch["targets"], batch["attention_mask"]):
+        if (targets != -100).any():
+            keep = mask.bool()
+            out.append((tuple(ids[keep].tolist()), tuple(targets[keep].tolist())))
+    return out
+
+
+def samples(batches) -> Counter:
+    return Counter(row for batch in batches for row in rows_of(batch))
+
+
+def roundtrip(state: dict) -> dict:
+    return json.loads(json.dumps(state))  # as the checkpoint's meta JSON stores it
+
+
+@pytest.fixture()
+def corpus(tmp_path: Path) -> Path:
+    return write_jsonl(tmp_path / "train.jsonl", [alpaca(i) for i in range(23)])
+
+
+# --- cached mode -----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def cache(tmp_path: Path, corpus: Path, bundled_tokenizer) -> TokenCache:
+    encoder = SampleEncoder(bundled_tokenizer, "alpaca", train_on_prompt=False)
+    return scan_split("train", [corpus], encoder, cache_root=tmp_path / "tokens").cache()
+
+
+def test_split_view_drop_hides_long_samples_and_truncate_cuts_them(cache: TokenCache) -> None:
+    limit = int(np.median(cache.lengths))
+    dropped = SplitView(cache, max_seq_len=limit, overlength="drop")
+    assert len(dropped) == int((cache.lengths <= limit).sum()) < len(cache)
+    assert all(len(dropped[i]) <= limit for i in range(len(dropped)))
+    cut = SplitView(cache, max_seq_len=limit, overlength="truncate")
+    assert len(cut) == len(cache) and int(cut.lengths.max()) == limit
+    longest = int(cache.lengths.argmax())
+    np.testing.assert_array_equal(cut[longest].input_ids, cache[longest].input_ids[:limit])
+    np.testing.assert_array_equal(cut[longest].labels, cache[longest].labels[:limit])
+
+
+@pytest.mark.parametrize("stop_after", [1, 7, 30])  # 30: past the first epoch (23 samples)
+def test_planned_batches_resume_yields_exactly_the_remaining_batches(tmp_path, corpus, stop_after) -> None:
+    cfg = make_cfg(tmp_path, corpus, "train.batch_size=2")
+    preflight, tokenizer, spec = prepare(cfg, tmp_path / "run")
+    first = build_train_batches(cfg, preflight, env(), tokenizer, spec)
+    assert isinstance(first, PlannedBatches)
+    expected = [rows_of(b) for b in islice(first, 40)]
+    stopped = build_train_batches(cfg, preflight, env(), tokenizer, spec)
+    taken = [rows_of(b) for b in islice(stopped, stop_after)]
+    resumed = build_train_batches(cfg, preflight, env(), tokenizer, spec)
+    resumed.load_state_dict(roundtrip(stopped.state_dict()))
+    assert taken + [rows_of(b) for b in islice(resumed, 40 - stop_after)] == expected
+
+
+# --- stream mode -----------------------------------------------------------------------------------------------
+
+
+def one_pass(batches: StreamedBatches) -> list[dict]:
+    return list(islice(batches, batches.batches_per_rank))
+
+
+@pytest.mark.parametrize("overlength", ["truncate", "drop"])
+def test_stream_gives_the_same_samples_as_cached_mode(tmp_path, corpus, overlength) -> None:
+    common = ("data.max_seq_len=28", f"data.overlength={overlength}", "data.shuffle=false")
+    cached_cfg = make_cfg(tmp_path, corpus, *common)
+    cached = build_train_batches(cached_cfg, *_prepared(cached_cfg, tmp_path / "cached"))
+    stream_cfg = make_cfg(tmp_path, corpus, *common, "data.mode=stream", "data.preflight_sample=5")
+    streamed = build_train_batches(stream_cfg, *_prepared(stream_cfg, tmp_path / "stream"))
+    assert isinstance(streamed, StreamedBatches)
+    want = samples(islice(cached, len(cached.plan)))
+    assert sum(want.values()) == (23 if overlength == "truncate" else len(cached.plan))
+    assert samples(one_pass(streamed)) == want
+
+
+def _prepared(cfg: RootConfig, run_dir: Path):
+    preflight, tokenizer, spec = prepare(cfg, run_dir)
+    return preflight, env(), tokenizer, spec
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("stop_after", [1, 4, 9])  # 9: into the second pass (6 micro-batches a pass)
+def test_stream_resume_yields_exactly_the_remaining_batches(tmp_path, corpus, num_workers, stop_after) -> None:
+    cfg = make_cfg(tmp_path, corpus, "data.mode=stream", "train.batch_size=4", f"data.num_workers={num_workers}")
+    preflight, tokenizer, spec = prepare(cfg, tmp_path / "run")
+    full = build_train_batches(cfg, preflight, env(), tokenizer, spec)
+    assert full.batches_per_rank == 6 and full.steps_per_epoch(grad_accum=2) == 3
+    expected = [rows_of(b) for b in islice(full, 14)]
+    stopped = build_train_batches(cfg, preflight, env(), tokenizer, spec)
+    taken = [rows_of(b) for b in islice(stopped, stop_after)]
+    resumed = build_train_batches(cfg, preflight, env(), tokenizer, spec)
+    resumed.load_state_dict(roundtrip(stopped.state_dict()))
+    assert taken + [rows_of(b) for b in islice(resumed, 14 - stop_after)] == expected
+    assert Counter(r for rows in expected[:6] for r in rows) == Counter(r for rows in expected[6:12] for r in rows)
+
+
+def test_stream_resume_refuses_a_changed_stream(tmp_path, corpus) -> None:
+    cfg = make_cfg(tmp_path, corpus, "data.mode=stream", "train.batch_size=4")
+    preflight, tokenizer, spec = prepare(cfg, tmp_path / "run")
+    saved = build_train_batches(cfg, preflight, env(), tokenizer, spec).state_dict()
+    other = build_train_batches(cfg, preflight, env(0, 2), tokenizer, spec)
+    with pytest.raises(DataError, match=r"train.resume.*world_size"):
+        other.load_state_dict(roundtrip(saved))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_two_ranks_cover_every_line_once_with_equal_batch_counts(tmp_path, corpus, num_workers) -> None:
+    cfg = make_cfg(tmp_path, corpus, "data.mode=stream", "train.batch_size=2", f"data.num_workers={num_workers}")
+    preflight, tokenizer, spec = prepare(cfg, tmp_path / "run")
+    whole = samples(one_pass(build_train_batches(cfg, preflight, env(), tokenizer, spec)))
+    ranks = [build_train_batches(cfg, preflight, env(rank, 2), tokenizer, spec) for rank in range(2)]
+    passes = [one_pass(r) for r in ranks]
+    assert ranks[0].batches_per_rank == ranks[1].batches_per_rank == len(passes[0]) == len(passes[1])
+    per_rank = [samples(p) for p in passes]
+    assert not set(per_rank[0]) & set(per_rank[1])
+    assert per_rank[0] + per_rank[1] == whole and sum(whole.values()) == 23
+
+
+BAD = ["{broken json", '["a list"]', json.dumps({"instruction": "no output"})]
+
+
+@pytest.fixture()
+def dirty(tmp_path: Path) -> Path:
+    """40 lines: 6 clean ones (preflight's sample), then a bad line every 8 lines (5 in all = 12.5%)."""
+    rows: list = [alpaca(i) for i in range(6)]
+    for i in range(6, 40):
+        rows.append(BAD[i % 3] if i % 8 == 7 else alpaca(i))
+    return write_jsonl(tmp_path / "dirty.jsonl", rows)
+
+
+def bad_lines(path: Path) -> list[int]:
+    return [n for n, line in enumerate(path.read_text().splitlines(), 1) if line in BAD]
+
+
+def listed(run_dir: Path) -> list[tuple[str, int]]:
+    return [(r["file"], r["line"]) for r in map(json.loads, (run_dir / "rejects.jsonl").read_text().splitlines())]
+
+
+def test_stream_lists_each_bad_line_once_and_skips_it(tmp_path, dirty) -> None:
+    cfg = make_cfg(tmp_path, dirty, "data.mode=stream", "data.preflight_sample=6", "data.max_bad_fraction=0.2",
+                   "train.batch_size=3")
+    preflight, tokenizer, spec = prepare(cfg, tmp_path / "run")
+    assert listed(tmp_path / "run") == []  # the sample was clean
+    batches = build_train_batches(cfg, preflight, env(), tokenizer, spec)
+    two_passes = list(islice(batches, 2 * batches.batches_per_rank))
+    assert sum(samples(two_passes).values()) == 2 * (40 - 5)
+    assert sorted(listed(tmp_path / "run")) == [(str(dirty), n) for n in bad_lines(dirty)]
+    assert batches.state_dict()["bad_lines"] == {"lines": 80, "bad": 10}
+
+
+def test_any_bad_line_fails_at_once_with_max_bad_fraction_zero(tmp_path, dirty) -> None:
+    cfg = make_cfg(tmp_path, dirty, "data.mode=stream", "data.preflight_sample=6", "train.batch_size=3")
+    preflight, tokenizer, spec = prepare(cfg, tmp_path / "run")  # the sample is clean: preflight passes
+    batches = iter(build_train_batches(cfg, preflight, env(), tokenizer, spec))
+    with pytest.raises(DataError, match=r"1 of 10 train lines .* > data.max_bad_fraction=0.0\); the latest is \S*dirty.jsonl:8 \(not_object"):
+        for _ in range(3):
+            next(batches)
+    assert listed(tmp_path / "run") == [(str(dirty), 8)]
+
+
+def test_a_nonzero_limit_is_judged_by_the_end_of_a_short_pass(tmp_path, dirty) -> None:
+    # 12.5% bad: within 0.2 although the first bad line alone is 1 of 8; above 0.1 once the whole pass is read.
+    cfg = make_cfg(tmp_path, dirty, "data.mode=stream", "data.preflight_sample=6", "data.max_bad_fraction=0.1",
+                   "train.batch_size=3")
+    preflight, tokenizer, spec = prepare(cfg, tmp_path / "run")
+    batches = build_train_batches(cfg, preflight, env(), tokenizer, spec)
+    iterator = iter(batches)
+    assert len(list(islice(iterator, batches.batches_per_rank))) == batches.batches_per_rank
+    with pytest.raises(DataError, match=r"5 of 40 train lines .*12.50% > data.max_bad_fraction=0.1"):
+        next(iterator)
