@@ -19,8 +19,10 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
+from _common import markdown_table, write_results
 from seqtune.data.formats import LineParser
 from seqtune.data.scan import scan_split
+from seqtune.data.sources import iter_lines
 from seqtune.data.tokenize import SampleEncoder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,6 +48,15 @@ def rendered_texts(path: Path) -> list[str]:
     return [r.prompt + r.completion for r in records]
 
 
+def read_and_parse_seconds(path: Path) -> float:
+    """The scan's Python share alone: stream + parse every line, no tokenizer (what scan adds over the floor)."""
+    parser = LineParser(fmt="alpaca", file=str(path))
+    began = time.perf_counter()
+    for line_no, raw in iter_lines(path):
+        parser.parse(line_no, raw)
+    return time.perf_counter() - began
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=1_000_000)
@@ -54,7 +65,7 @@ def main() -> None:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="seqtune-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     data = work / "train.jsonl"
-    if not data.exists():
+    if not data.exists() or sum(1 for _ in data.open("rb")) != args.records:
         write_dataset(data, args.records)
     tokenizer = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
     texts = rendered_texts(data)
@@ -71,14 +82,29 @@ def main() -> None:
     again = scan_split("train", [data], encoder, cache_root=cache_root)
     assert again.from_cache
 
+    parse_only = read_and_parse_seconds(data)
+
     threads = os.environ.get("RAYON_NUM_THREADS", str(os.cpu_count()))
     print(f"{first.records:,} alpaca records, {first.total_tokens:,} tokens, {threads} CPU threads, "
           f"{data.stat().st_size / 1e6:.0f} MB\n")
-    print("| step | seconds | vs plain encode |\n|---|---:|---:|")
-    print(f"| plain `tokenizer(texts)` (texts already in memory) | {plain:.2f} | 1.00x |")
-    print(f"| scan_split, first run (read+parse+encode+cache) | {first.seconds:.2f} | {first.seconds / plain:.2f}x |")
-    print(f"| scan_split, cached re-run | {again.seconds:.2f} | {again.seconds / plain:.3f}x "
-          f"({100 * again.seconds / first.seconds:.1f}% of first) |")
+    rows = [
+        ["plain `tokenizer(texts)` (texts already in memory)", f"{plain:.2f}", "1.00x"],
+        ["read + parse only (iter_lines + LineParser, no tokenizer)", f"{parse_only:.2f}", f"{parse_only / plain:.2f}x"],
+        ["scan_split, first run (read+parse+encode+cache)", f"{first.seconds:.2f}", f"{first.seconds / plain:.2f}x"],
+        ["scan_split, cached re-run", f"{again.seconds:.2f}",
+         f"{again.seconds / plain:.3f}x ({100 * again.seconds / first.seconds:.1f}% of first)"],
+    ]
+    print(markdown_table(["step", "seconds", "vs plain encode"], rows))
+    path = write_results("preflight_scan", {
+        "args": {"records": args.records}, "records": first.records, "total_tokens": first.total_tokens,
+        "file_mb": data.stat().st_size / 1e6, "rayon_threads": threads,
+        "seconds": {"plain_encode": plain, "read_parse_only": parse_only, "scan_first": first.seconds,
+                    "scan_cached": again.seconds},
+        "ratios": {"scan_vs_plain": first.seconds / plain, "cached_vs_first": again.seconds / first.seconds},
+        "targets_met": {"scan_le_1.25x_plain": first.seconds / plain <= 1.25,
+                        "cached_le_5pct_first": again.seconds / first.seconds <= 0.05},
+    })
+    print(f"\nwrote {path}")
 
 
 if __name__ == "__main__":
