@@ -97,6 +97,10 @@ class PlannedBatches:
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         if state is None:
             return
+        if "plan" not in state:  # written by data.mode=stream
+            raise DataError("cannot resume: the checkpoint's data position comes from data.mode=stream, this run "
+                            "reads the token cache (data.mode=cached).", key="train.resume",
+                            fix="data.mode=stream (as when the checkpoint was written), or train.resume=never")
         self.plan.load_state_dict(state)
         self.epoch, self.consumed = self.plan.epoch, self.plan.position
 

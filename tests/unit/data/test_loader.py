@@ -119,6 +119,17 @@ def test_planned_batches_resume_yields_exactly_the_remaining_batches(tmp_path, c
     assert taken + [rows_of(b) for b in islice(resumed, 40 - stop_after)] == expected
 
 
+def test_cached_mode_refuses_a_stream_checkpoint_position(tmp_path, corpus) -> None:
+    stream_cfg = make_cfg(tmp_path, corpus, "data.mode=stream", "train.batch_size=2")
+    preflight, tokenizer, spec = prepare(stream_cfg, tmp_path / "stream")
+    saved = build_train_batches(stream_cfg, preflight, env(), tokenizer, spec).state_dict()
+    cached_cfg = make_cfg(tmp_path, corpus, "train.batch_size=2")
+    preflight, tokenizer, spec = prepare(cached_cfg, tmp_path / "cached")
+    cached = build_train_batches(cached_cfg, preflight, env(), tokenizer, spec)
+    with pytest.raises(DataError, match=r"data.mode=stream.*Fix: data.mode=stream"):
+        cached.load_state_dict(roundtrip(saved))
+
+
 # --- stream mode -----------------------------------------------------------------------------------------------
 
 
