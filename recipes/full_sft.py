@@ -50,7 +50,7 @@ def run(cfg: RootConfig, run_dir: Path) -> None:
     state = resume_state(cfg, run_dir, model=model, optimizer=optimizer, scheduler=scheduler, env=env,
                          sharded=sharded)
     train_batches.load_state_dict(state.data)
-    logger = open_logger(cfg, run_dir, env, state)
+    logger = open_logger(cfg, run_dir, env, state, preflight)
 
     loop = Loop(model=model, optimizer=optimizer, scheduler=scheduler, train_batches=train_batches,
                 eval_batches=eval_batches, env=env, cfg=cfg.train, grad_clip=cfg.optim.grad_clip,

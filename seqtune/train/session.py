@@ -54,7 +54,26 @@ def resume_state(cfg: RootConfig, run_dir: Path, *, model, optimizer, scheduler,
     return state
 
 
-def open_logger(cfg: RootConfig, run_dir: Path, env: DistEnv, state: TrainState) -> MetricsLogger | None:
+def open_logger(cfg: RootConfig, run_dir: Path, env: DistEnv, state: TrainState, preflight) -> MetricsLogger | None:
+    """Rank 0 only: metrics.jsonl (+ W&B with the config, preflight's summary and the length histogram)."""
     if not env.is_main:
         return None
-    return MetricsLogger(run_dir=run_dir, cfg=cfg.logger, config_dict=asdict(cfg), resume_step=state.step)
+    logger = MetricsLogger(run_dir=run_dir, cfg=cfg.logger, config_dict=asdict(cfg), resume_step=state.step)
+    logger.summary(preflight_summary(preflight))
+    logger.log_file(run_dir / "lengths.png", "preflight/lengths")
+    return logger
+
+
+def preflight_summary(preflight) -> dict[str, float | int | str]:
+    summary: dict[str, float | int | str] = {"preflight/max_seq_len": preflight.max_seq_len}
+    if preflight.padding is not None:
+        summary["preflight/padding_strategy"] = preflight.padding.strategy
+        if preflight.padding.efficiency is not None:
+            summary["preflight/padding_efficiency"] = preflight.padding.efficiency
+    for name, split in preflight.splits.items():
+        summary[f"preflight/{name}/records"] = split.records
+        summary[f"preflight/{name}/rejected"] = split.rejected
+        summary[f"preflight/{name}/max_len"] = split.lengths.get("max", 0)
+    if preflight.memory is not None:
+        summary["preflight/estimated_memory_gib"] = preflight.memory.total_gib
+    return summary

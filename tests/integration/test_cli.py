@@ -125,6 +125,11 @@ def test_wandb_logger_runs_offline_without_a_key(tmp_path: Path):
     offline = list((run_dir / "wandb").glob("offline-run-*"))
     assert offline, "no offline W&B run directory"
     assert list(offline[0].glob("*.wandb")), "the offline run recorded no data"
+    # Offline runs keep everything in the .wandb record file: metrics, the preflight summary, the histogram.
+    records = next(offline[0].glob("*.wandb")).read_bytes()
+    for key in (b"grad_norm", b"tokens_per_s", b"preflight/max_seq_len", b"preflight/train/records", b"recipe_name"):
+        assert key in records, key
+    assert list((offline[0] / "files" / "media" / "images").rglob("*.png")), "length histogram not logged"
 
 
 def test_wandb_key_is_never_written_to_any_saved_file(tmp_path: Path):
