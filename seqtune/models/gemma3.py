@@ -6,7 +6,7 @@ from typing import Any
 
 from transformers import Gemma3TextConfig, PretrainedConfig
 
-from seqtune.models.spec import ModelSpec, common_arch_fields
+from seqtune.models.spec import ModelSpec, common_arch_fields, common_config_kwargs
 
 # Gemma's turn format: the assistant role is called "model", <end_of_turn> closes every turn, and a system prompt
 # is prepended to the first user turn (Gemma has no system role).
@@ -36,24 +36,15 @@ def layer_types(num_layers: int, pattern: int) -> list[str]:
 
 def build_tiny_config(f: dict[str, Any]) -> PretrainedConfig:
     return Gemma3TextConfig(
-        vocab_size=f["vocab_size"],
-        hidden_size=f["hidden_size"],
-        intermediate_size=f["intermediate_size"],
-        num_hidden_layers=f["num_layers"],
-        num_attention_heads=f["num_heads"],
-        num_key_value_heads=f["num_kv_heads"],
-        head_dim=f["head_dim"],
+        **common_config_kwargs(f),
         # Gemma 3 scales scores by query_pre_attn_scalar**-0.5; the released models set it to head_dim.
         query_pre_attn_scalar=f["head_dim"],
-        max_position_embeddings=f["max_position_embeddings"],
         sliding_window=f["sliding_window"],
         layer_types=layer_types(f["num_layers"], f["sliding_window_pattern"]),
         rope_parameters={
             "full_attention": {"rope_type": "default", "rope_theta": f["rope_theta"]},
             "sliding_attention": {"rope_type": "default", "rope_theta": LOCAL_ROPE_THETA},
         },
-        tie_word_embeddings=f["tie_word_embeddings"],
-        use_cache=False,
     )
 
 

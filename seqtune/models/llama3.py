@@ -6,7 +6,7 @@ from typing import Any
 
 from transformers import LlamaConfig, PretrainedConfig
 
-from seqtune.models.spec import ModelSpec, common_arch_fields
+from seqtune.models.spec import ModelSpec, common_arch_fields, common_config_kwargs
 
 # Meta's format: a header per message, <|eot_id|> ends every turn (also the one the model must learn to emit).
 CHAT_TEMPLATE = (
@@ -39,18 +39,9 @@ def rope_parameters(theta: float, factor: float) -> dict[str, Any]:
 
 def build_tiny_config(f: dict[str, Any]) -> PretrainedConfig:
     return LlamaConfig(
-        vocab_size=f["vocab_size"],
-        hidden_size=f["hidden_size"],
-        intermediate_size=f["intermediate_size"],
-        num_hidden_layers=f["num_layers"],
-        num_attention_heads=f["num_heads"],
-        num_key_value_heads=f["num_kv_heads"],
-        head_dim=f["head_dim"],
-        max_position_embeddings=f["max_position_embeddings"],
+        **common_config_kwargs(f),
         rope_parameters=rope_parameters(f["rope_theta"], f["rope_scaling_factor"]),
-        tie_word_embeddings=f["tie_word_embeddings"],
         rms_norm_eps=1e-5,
-        use_cache=False,
     )
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from transformers import MistralConfig, PretrainedConfig
 
-from seqtune.models.spec import ModelSpec, common_arch_fields
+from seqtune.models.spec import ModelSpec, common_arch_fields, common_config_kwargs
 
 # Mistral's [INST] format: no role for the assistant, </s> closes each answer; a system prompt is folded into
 # the first user turn (the format has no system slot).
@@ -30,19 +30,10 @@ CHAT_TEMPLATE = (
 
 def build_tiny_config(f: dict[str, Any]) -> PretrainedConfig:
     return MistralConfig(
-        vocab_size=f["vocab_size"],
-        hidden_size=f["hidden_size"],
-        intermediate_size=f["intermediate_size"],
-        num_hidden_layers=f["num_layers"],
-        num_attention_heads=f["num_heads"],
-        num_key_value_heads=f["num_kv_heads"],
-        head_dim=f["head_dim"],
-        max_position_embeddings=f["max_position_embeddings"],
+        **common_config_kwargs(f),
         sliding_window=f["sliding_window"],
         rope_parameters={"rope_type": "default", "rope_theta": f["rope_theta"]},
-        tie_word_embeddings=f["tie_word_embeddings"],
         rms_norm_eps=1e-5,
-        use_cache=False,
     )
 
 

@@ -112,6 +112,12 @@ def check_unused_fields(cfg: ModelConfig, spec: ModelSpec) -> None:
         )
 
 
+def common_config_kwargs(f: dict[str, Any]) -> dict[str, Any]:
+    """HF config kwargs shared by every family's tiny build; use_cache=False because a KV cache silently breaks
+    the separation of packed documents."""
+    return {hf_name: f[name] for name, hf_name in HF_FIELD_NAMES.items()} | {"use_cache": False}
+
+
 def common_arch_fields(hf_config: PretrainedConfig) -> dict[str, Any]:
     """The fields every family stores under the same attribute, plus rope_theta from rope_parameters."""
     values = {name: getattr(hf_config, hf_name, None) for name, hf_name in HF_FIELD_NAMES.items()}
