@@ -5,8 +5,10 @@ baseline many users run: transformers.Trainer + DataCollatorForSeq2Seq dynamic p
 also a subprocess), on the same tiny model (tinyllama_tiny via seqtune.models.build_model, same LoRA via peft), the
 same generated long-tailed alpaca JSONL (encoded by the same SampleEncoder), micro-batch, step count and torch
 thread count. Preflight, model build and the first log window (warm-up) are excluded on both sides: throughput is
-measured over steps log_every+1 .. steps. With --repeats R the whole sweep runs R times, interleaved, and every
-ratio is reported as median (min-max) so the noise of a shared machine is visible.
+measured over steps log_every+1 .. steps. With --repeats R the whole sweep runs R times, interleaved, each repeat
+with its own seed (train.seed=1234+r, shared by the baseline through the resolved config) so that which samples
+land in the measured batches is not one fixed draw; every ratio is reported as median (min-max) so the noise of a
+shared machine is visible.
 
 Targets: packed >= 2x the baseline on long-tailed data; longest never slower than the baseline.
 """
@@ -120,7 +122,8 @@ def main() -> None:
         for strategy in strategies:
             runs.append(run_seqtune(strategy, data=data, work=work, steps=args.steps, batch=args.batch_size,
                                     max_seq_len=args.max_seq_len, threads=threads, nproc=args.nproc,
-                                    tag=f"r{repeat}") | {"repeat": repeat})
+                                    tag=f"r{repeat}", overrides=(f"train.seed={1234 + repeat}",))
+                        | {"repeat": repeat})
             print(f"[{repeat}] seqtune {strategy}: {runs[-1]['target_tokens_per_s']:.0f} target tok/s", flush=True)
         run_dir = Path(runs[-1]["run_dir"])
         runs.append(run_baseline(run_dir=run_dir, data=data, steps=args.steps, threads=threads, nproc=args.nproc)
