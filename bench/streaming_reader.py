@@ -58,12 +58,15 @@ def child(path: Path, reader: str) -> None:
                 records += 1
     else:
         parser = LineParser(fmt="alpaca", file=str(path))
-        index = LineIndex() if reader == "seqtune+index" else None
+        # As scan_split records it: spilled to a file next to the token cache, memory-mapped when read.
+        spill = path.with_suffix(".line_index.bin")
+        index = LineIndex(spill=spill) if reader == "seqtune+index" else None
         for line_no, raw in iter_lines(path, index):
             parser.parse(line_no, raw)
             records += 1
         if index is not None:
             assert len(index) == records
+            spill.unlink()
     seconds = time.perf_counter() - began
     print(json.dumps({"records": records, "seconds": seconds, "rss_before_mb": before, "peak_rss_mb": peak_rss_mb()}))
 

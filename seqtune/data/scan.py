@@ -138,8 +138,8 @@ def _stream(paths: list[Path], encoder: SampleEncoder, writer: TokenCacheWriter,
     bar = _progress_bar(name, progress)
     pad_id = encoder.tokenizer.pad_token_id
     with _EncodePipeline(encoder, writer, stats, bar) as pipeline:
-        for path in paths:
-            index = LineIndex()
+        for k, path in enumerate(paths):
+            index = LineIndex(spill=writer.line_index_path(k))
             indexes.append(index)
             parser = LineParser(fmt=encoder.fmt, file=str(path), media_root=media_root, pad_id=pad_id,
                                 eos_id=encoder.eos_id, vocab_size=encoder.vocab_size)

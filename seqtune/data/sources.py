@@ -68,17 +68,38 @@ class LineIndex:
     """Byte offset (in the decompressed stream) of every physical line of one file, recorded while streaming.
 
     Saved with the token cache, so any record can later be re-read and shown as `file:line` without a rescan.
+    With `spill`, offsets go to that file (raw int64) every SPILL_EVERY lines, so indexing a 100M-line file
+    keeps memory flat instead of growing by 8 bytes a line; reading it back is a memory map.
     """
 
-    def __init__(self, offsets: np.ndarray | None = None) -> None:
+    SPILL_EVERY = 1 << 20
+
+    def __init__(self, offsets: np.ndarray | None = None, *, spill: Path | None = None) -> None:
         self._growing = array("q")
         self._frozen = offsets
+        self._spill = Path(spill) if spill is not None else None
+        self._spilled = 0
+        if self._spill is not None:
+            self._spill.write_bytes(b"")
 
     def _append(self, offset: int) -> None:
         self._growing.append(offset)
+        if self._spill is not None and len(self._growing) >= self.SPILL_EVERY:
+            self._flush_spill()
+
+    def _flush_spill(self) -> None:
+        with open(self._spill, "ab") as f:
+            self._growing.tofile(f)
+        self._spilled += len(self._growing)
+        self._growing = array("q")
 
     @property
     def offsets(self) -> np.ndarray:
+        if self._spill is not None:
+            self._flush_spill()
+            if self._spilled == 0:
+                return np.empty(0, np.int64)
+            return np.memmap(self._spill, dtype=np.int64, mode="r", shape=(self._spilled,))
         if self._frozen is None or len(self._growing):
             head = self._frozen if self._frozen is not None else np.empty(0, np.int64)
             self._frozen = np.concatenate([head, np.frombuffer(self._growing, np.int64)])
@@ -89,11 +110,16 @@ class LineIndex:
         return len(self.offsets)
 
     def save(self, path: Path) -> None:
-        np.save(path, self.offsets)
+        """Write raw int64 offsets to `path` (a spilled index saved to its own spill file is only flushed)."""
+        if self._spill is not None and Path(path) == self._spill:
+            self._flush_spill()
+            return
+        np.asarray(self.offsets, dtype=np.int64).tofile(path)
 
     @classmethod
     def load(cls, path: Path) -> LineIndex:
-        return cls(np.load(path))
+        size = Path(path).stat().st_size // 8
+        return cls(np.memmap(path, dtype=np.int64, mode="r", shape=(size,)) if size else np.empty(0, np.int64))
 
 
 def iter_lines(path: Path, index: LineIndex | None = None) -> Iterator[tuple[int, bytes]]:

@@ -5,6 +5,7 @@ import json
 import sys
 import tracemalloc
 
+import numpy as np
 import pytest
 
 from seqtune.config.errors import DataError
@@ -56,8 +57,8 @@ def test_line_index_rereads_any_line(tmp_path, name):
     for n in (1, 2, 250, 499, 500):
         assert read_line(path, n, index) == lines[n - 1]
         assert read_line(path, n) == lines[n - 1]  # without an index: streams to it
-    index.save(tmp_path / "idx.npy")
-    assert read_line(path, 321, LineIndex.load(tmp_path / "idx.npy")) == lines[320]
+    index.save(tmp_path / "idx.bin")
+    assert read_line(path, 321, LineIndex.load(tmp_path / "idx.bin")) == lines[320]
 
 
 def test_read_line_past_the_end_names_file_and_line(tmp_path):
@@ -99,3 +100,16 @@ def test_streaming_200k_lines_keeps_memory_bounded(tmp_path):
     assert count == 200_000
     # The file decompresses to ~12 MB; holding the lines would need far more than this.
     assert peak < 4 * 2**20, f"peak {peak / 2**20:.1f} MiB while streaming"
+
+
+def test_spilled_line_index_matches_in_memory_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(LineIndex, "SPILL_EVERY", 7)  # spill many times on a small file
+    lines = [json.dumps({"i": i, "pad": "x" * (i % 13)}).encode() for i in range(100)]
+    path = _write(tmp_path / "d.jsonl", lines)
+    memory, spilled = LineIndex(), LineIndex(spill=tmp_path / "spill.bin")
+    list(iter_lines(path, memory))
+    list(iter_lines(path, spilled))
+    np.testing.assert_array_equal(np.asarray(spilled.offsets), memory.offsets)
+    spilled.save(tmp_path / "spill.bin")
+    reloaded = LineIndex.load(tmp_path / "spill.bin")
+    assert [read_line(path, n, reloaded) for n in (1, 8, 50, 100)] == [lines[0], lines[7], lines[49], lines[99]]
