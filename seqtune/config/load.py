@@ -67,6 +67,9 @@ def _check_choices(cfg: RootConfig) -> None:
     if not 0.0 <= cfg.data.max_bad_fraction <= 1.0:
         problems.append(f"data.max_bad_fraction={cfg.data.max_bad_fraction} must be within [0, 1]. "
                         "Fix: data.max_bad_fraction=0.0")
+    if cfg.recipe_name == "lora_sft" and not cfg.lora.enabled:
+        problems.append("lora.enabled=false with recipe=lora_sft trains nothing LoRA-shaped. "
+                        "Fix: recipe=full_sft (every weight trains), or lora.enabled=true")
     if cfg.model.requires_path and not cfg.model.path:
         problems.append(
             f"model.path is required for the {cfg.model.family} checkpoint config: the local Hugging Face checkpoint "

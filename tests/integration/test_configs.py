@@ -93,3 +93,10 @@ def test_new_top_level_keys_are_kept_but_new_group_keys_are_refused(tmp_path):
     assert load_resolved(tmp_path / "config.yaml").recipe_name == "lora_sft"
     with pytest.raises(ConfigError, match=r"model.hiden_size is not a setting of model.*Fix: remove \+model.hiden_size"):
         to_typed(_compose(["+model.hiden_size=32"]))
+
+
+def test_lora_recipe_with_lora_disabled_is_refused_with_the_fix():
+    from seqtune.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"lora.enabled=false with recipe=lora_sft.*Fix: recipe=full_sft"):
+        to_typed(_compose(["lora.enabled=false"]))
