@@ -16,9 +16,14 @@ MODEL_DIR = "model"
 MERGED_DIR = "merged"
 
 
-def export_final(model: torch.nn.Module, tokenizer, *, run_dir: Path, env: DistEnv, lora: bool, merged: bool) -> None:
+def export_final(model: torch.nn.Module, tokenizer, *, run_dir: Path, env: DistEnv, lora: bool, merged: bool,
+                 sharded: bool = False) -> None:
     """Rank 0 writes safetensors only; `peft.PeftModel.from_pretrained(base, run_dir/'adapter')` loads the adapter,
-    `transformers.AutoModelForCausalLM.from_pretrained(run_dir/'merged')` the merged model, no seqtune needed."""
+    `transformers.AutoModelForCausalLM.from_pretrained(run_dir/'merged')` the merged model, no seqtune needed.
+    With FSDP every rank takes part in gathering the full weights first (a collective), then rank 0 writes them."""
+    if sharded:
+        _export_gathered(model, tokenizer, run_dir=run_dir, env=env, lora=lora)
+        return
     if env.is_main:
         target = run_dir / (ADAPTER_DIR if lora else MODEL_DIR)
         if lora:
@@ -50,3 +55,19 @@ def report_end(*, run_dir: Path, env: DistEnv, preflight, logger: MetricsLogger 
                 line += " [CPU: measured is the process's peak RSS, which includes the Python runtime and libraries]"
         print(line, flush=True)
         print(f"run directory: {run_dir}", flush=True)
+
+
+def _export_gathered(model: torch.nn.Module, tokenizer, *, run_dir: Path, env: DistEnv, lora: bool) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    # full_state_dict + cpu_offload: rank 0 receives the unsharded tensors on CPU, the other ranks an empty dict.
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if env.is_main:
+        target = run_dir / (ADAPTER_DIR if lora else MODEL_DIR)
+        if lora:
+            model.save_pretrained(target, state_dict=state, safe_serialization=True, save_embedding_layers=False)
+        else:
+            model.save_pretrained(target, state_dict=state, safe_serialization=True)
+        tokenizer.save_pretrained(target)
+        print(f"saved {'LoRA adapter' if lora else 'model'} (gathered from FSDP shards): {target}", flush=True)
+    barrier()

@@ -130,7 +130,8 @@ def fit(loop: Loop, state: TrainState) -> TrainState:
             if loop.eval_batches is not None and loop.cfg.eval_every and (
                 state.step % loop.cfg.eval_every == 0 or state.step == loop.total_steps):
                 record.update(evaluate(loop))
-                bar.write(f"step {state.step}: eval_loss {record['eval_loss']:.4f} ppl {record['eval_ppl']:.2f}")
+                if loop.env.is_main:  # tqdm.write prints even when the bar is disabled
+                    bar.write(f"step {state.step}: eval_loss {record['eval_loss']:.4f} ppl {record['eval_ppl']:.2f}")
             if loop.logger is not None:
                 loop.logger.log(record)
         elif loop.eval_batches is not None and loop.cfg.eval_every and state.step % loop.cfg.eval_every == 0:
