@@ -118,6 +118,8 @@ def plot_lengths(
         # The context line only when it is within sight; a 128k line would squash every histogram to nothing.
         if context_length is not None and context_length <= 4 * max(max_seq_len, int(values.max())):
             axis.axvline(context_length, color="black", linestyle=":", label=f"model context={context_length}")
+        elif context_length is not None:  # still stated, so the reader knows the headroom
+            axis.plot([], [], " ", label=f"model context={context_length} (off scale)")
         axis.set_title(f"{name}: {len(values)} samples")
         axis.set_xlabel("tokens")
         axis.legend(loc="upper right", fontsize=8)
