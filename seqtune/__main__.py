@@ -42,7 +42,7 @@ def _typed(cfg: DictConfig):
         raise ConfigError(f"{err.full_key} has no value.", key=err.full_key, fix=f"{err.full_key}=VALUE") from None
 
 
-def _prepare_config(cfg: DictConfig, run_dir: Path) -> DictConfig:
+def _prepare_config(cfg: DictConfig) -> DictConfig:
     """Fill what the parent decides once for every rank: the W&B group of a sweep."""
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode == RunMode.MULTIRUN and cfg.logger.group is None:
@@ -53,7 +53,7 @@ def _prepare_config(cfg: DictConfig, run_dir: Path) -> DictConfig:
 def launch(cfg: DictConfig, run_dir: Path) -> None:
     from seqtune.preflight import run_preflight
 
-    typed = _typed(_prepare_config(cfg, run_dir))
+    typed = _typed(_prepare_config(cfg))
     run_dir.mkdir(parents=True, exist_ok=True)
     result = run_preflight(typed, run_dir)
     # Ranks must train with the limit preflight proved, not re-derive "auto" on their own.
