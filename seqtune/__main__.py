@@ -23,7 +23,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.types import RunMode  # noqa: E402
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
 from omegaconf.errors import MissingMandatoryValue  # noqa: E402
 
 from seqtune.config import SeqtuneError, register_resolvers, register_schemas, save_resolved, to_typed  # noqa: E402

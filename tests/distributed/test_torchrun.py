@@ -24,7 +24,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import REPO, read_metrics, run_cli
+from tests.conftest import REPO, assert_adapter_matches_merged, read_metrics, run_cli
 
 STEPS, SAVE_EVERY = 40, 4
 COMMON = [f"train.max_steps={STEPS}", "train.eval_every=0", "train.log_every=1", "data.val=null",
@@ -154,23 +154,7 @@ def test_a_failing_rank_ends_the_whole_job_promptly_with_its_error(tmp_path: Pat
 
 
 def test_merged_export_of_a_torchrun_run_reproduces_the_adapter_logits(reference: Path):
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    from seqtune.config import load_resolved
-    from seqtune.models import build_model
-
-    cfg = load_resolved(reference / "config.yaml")
-    base = build_model(cfg.model, attn_implementation="sdpa")  # seeded: the same random base as training
-    ids = torch.randint(0, cfg.model.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        base_logits = base(input_ids=ids, use_cache=False).logits
-        tuned = PeftModel.from_pretrained(base, reference / "adapter").eval()
-        adapter_logits = tuned(input_ids=ids, use_cache=False).logits
-        merged = AutoModelForCausalLM.from_pretrained(reference / "merged").eval()
-        merged_logits = merged(input_ids=ids, use_cache=False).logits
-    assert not torch.allclose(base_logits, adapter_logits, atol=1e-4), "training changed nothing"
-    torch.testing.assert_close(adapter_logits, merged_logits, atol=1e-4, rtol=1e-4)
+    assert_adapter_matches_merged(reference)
 
 
 def _free_port() -> int:

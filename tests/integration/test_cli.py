@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
-from tests.conftest import read_metrics, run_cli
+from tests.conftest import assert_adapter_matches_merged, read_metrics, run_cli
 
 FAST = ["train.max_steps=6", "train.eval_every=3", "train.log_every=1", "train.batch_size=4"]
 
@@ -41,23 +40,7 @@ def test_default_run_leaves_adapter_config_and_metrics(default_run: Path):
 
 
 def test_saved_adapter_reloads_with_peft_and_matches_merged_export(default_run: Path):
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    from seqtune.config import load_resolved
-    from seqtune.models import build_model
-
-    cfg = load_resolved(default_run / "config.yaml")
-    base = build_model(cfg.model, attn_implementation="sdpa")  # seeded: the same random base as training
-    ids = torch.randint(0, cfg.model.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        base_logits = base(input_ids=ids, use_cache=False).logits
-        tuned = PeftModel.from_pretrained(base, default_run / "adapter").eval()
-        adapter_logits = tuned(input_ids=ids, use_cache=False).logits
-        merged = AutoModelForCausalLM.from_pretrained(default_run / "merged").eval()
-        merged_logits = merged(input_ids=ids, use_cache=False).logits
-    assert not torch.allclose(base_logits, adapter_logits, atol=1e-4), "training changed nothing"
-    torch.testing.assert_close(adapter_logits, merged_logits, atol=1e-4, rtol=1e-4)
+    assert_adapter_matches_merged(default_run, seq=24)
 
 
 @pytest.mark.parametrize("model", ["llama3_tiny", "gemma3_tiny", "mistral_tiny", "tinyllama_tiny"])
