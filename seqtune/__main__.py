@@ -42,6 +42,17 @@ def _typed(cfg: DictConfig):
         raise ConfigError(f"{err.full_key} has no value.", key=err.full_key, fix=f"{err.full_key}=VALUE") from None
 
 
+def _check_presets(typed) -> None:
+    """lora=tiny (the embedded default) trains the whole head: right for a random tiny model, a trap for a real one."""
+    if HydraConfig.get().runtime.choices.get("lora") == "tiny" and typed.model.path and typed.lora.modules_to_save:
+        raise ConfigError(
+            f"lora=tiny (the embedded default's preset: rank 16 with {', '.join(typed.lora.modules_to_save)} trained "
+            f"in full, sized for tiny random models) is combined with a real checkpoint (model.path="
+            f"{typed.model.path}): it would train the whole output head.", key="lora",
+            fix="lora=default (LoRA only), or lora=default 'lora.modules_to_save=[lm_head]' if you mean it",
+        )
+
+
 def _prepare_config(cfg: DictConfig) -> DictConfig:
     """Fill what the parent decides once for every rank: the W&B group of a sweep."""
     hydra_cfg = HydraConfig.get()
@@ -54,6 +65,7 @@ def launch(cfg: DictConfig, run_dir: Path) -> None:
     from seqtune.preflight import run_preflight
 
     typed = _typed(_prepare_config(cfg))
+    _check_presets(typed)
     run_dir.mkdir(parents=True, exist_ok=True)
     result = run_preflight(typed, run_dir)
     # Ranks must train with the limit preflight proved, not re-derive "auto" on their own.

@@ -82,9 +82,15 @@ def test_missing_model_path_names_the_key_and_fix(tmp_path: Path):
 
 
 def test_wrong_model_path_names_the_key_and_what_was_expected(tmp_path: Path):
-    result = run_cli(["model=llama3_8b", f"model.path={tmp_path / 'nowhere'}"], tmp_path / "run")
+    result = run_cli(["model=llama3_8b", "lora=default", f"model.path={tmp_path / 'nowhere'}"], tmp_path / "run")
     assert result.returncode == 2, result.stderr
     assert "model.path" in result.stdout + result.stderr and "config.json" in result.stdout + result.stderr
+
+
+def test_the_tiny_lora_preset_is_refused_for_a_real_checkpoint(tmp_path: Path):
+    result = run_cli(["model=llama3_8b", f"model.path={tmp_path}"], tmp_path / "run")
+    assert result.returncode == 1
+    assert "lora=tiny" in result.stderr and "Fix: lora=default" in result.stderr
 
 
 def test_unknown_recipe_lists_the_available_ones(tmp_path: Path):
