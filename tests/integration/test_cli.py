@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_adapter_matches_merged, read_metrics, run_cli
+from tests.conftest import REPO, assert_adapter_matches_merged, read_metrics, run_cli
 
 FAST = ["train.max_steps=6", "train.eval_every=3", "train.log_every=1", "train.batch_size=4"]
 
@@ -85,6 +85,28 @@ def test_wrong_model_path_names_the_key_and_what_was_expected(tmp_path: Path):
     result = run_cli(["model=llama3_8b", "lora=default", f"model.path={tmp_path / 'nowhere'}"], tmp_path / "run")
     assert result.returncode == 2, result.stderr
     assert "model.path" in result.stdout + result.stderr and "config.json" in result.stdout + result.stderr
+
+
+def test_a_local_checkpoint_directory_trains_through_a_real_size_config(tmp_path: Path):
+    """What a real user does: model=<real config> model.path=DIR, with the tokenizer taken from DIR."""
+    from omegaconf import OmegaConf
+
+    from seqtune.config.schema import ModelConfig
+    from seqtune.models import build_model
+    from seqtune.tokenizers import BUNDLED_DIR
+    from transformers import AutoTokenizer
+
+    tiny = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig),
+                                               OmegaConf.load(REPO / "configs/model/tinyllama_tiny.yaml")))
+    checkpoint = tmp_path / "TinyLlama-local"
+    build_model(tiny, attn_implementation="sdpa").save_pretrained(checkpoint, safe_serialization=True)
+    AutoTokenizer.from_pretrained(BUNDLED_DIR).save_pretrained(checkpoint)
+    run_dir = tmp_path / "run"
+    _ok(run_cli(["model=tinyllama_1b", f"model.path={checkpoint}", "lora=default", "train.max_steps=2",
+                 "train.eval_every=0", "train.batch_size=4"], run_dir))
+    adapter = json.loads((run_dir / "adapter" / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == str(checkpoint)
+    assert json.loads((run_dir / "preflight.json").read_text())["vocab"]["embedding_rows"] == 4096
 
 
 def test_the_tiny_lora_preset_is_refused_for_a_real_checkpoint(tmp_path: Path):
