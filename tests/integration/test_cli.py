@@ -151,3 +151,10 @@ def test_wandb_key_is_never_written_to_any_saved_file(tmp_path: Path):
     for path in run_dir.rglob("*"):
         if path.is_file():
             assert secret.encode() not in path.read_bytes(), f"the W&B key leaked into {path}"
+
+
+def test_cfg_job_prints_the_composed_config_and_trains_nothing(tmp_path: Path):
+    result = run_cli(["--cfg", "job", "model=gemma3_tiny", "lora.rank=4"], tmp_path / "run")
+    assert result.returncode == 0, result.stderr
+    assert "family: gemma3" in result.stdout and "rank: 4" in result.stdout and "recipe_name: lora_sft" in result.stdout
+    assert not (tmp_path / "run" / "preflight.json").exists()
