@@ -20,6 +20,7 @@ from seqtune.models.lora import (
     load_adapter,
     lora_target_problems,
     save_adapter,
+    unmatched_targets,
 )
 from seqtune.models.memory import ParamCount, count_parameters, memory_estimate, meta_model
 from seqtune.models.spec import FAMILIES, ModelSpec, get_spec
@@ -29,5 +30,5 @@ __all__ = [
     "available_linear_names", "build_model", "check_checkpoint_dir", "context_length", "count_parameters",
     "embedding_rows", "get_spec", "load_adapter", "load_model_config", "lora_target_problems",
     "memory_estimate", "meta_model", "output_rows", "resized_rows", "resolve_attn_implementation",
-    "save_adapter",
+    "save_adapter", "unmatched_targets",
 ]

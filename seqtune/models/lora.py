@@ -27,13 +27,16 @@ def available_linear_names(model: nn.Module) -> list[str]:
     return sorted(names)
 
 
+def unmatched_targets(targets: Sequence[str], module_names: Sequence[str]) -> list[str]:
+    """The targets no module name matches under peft's rule: the full name, or a dotted suffix of it."""
+    return [target for target in targets
+            if not any(name == target or name.endswith("." + target) for name in module_names)]
+
+
 def lora_target_problems(model: nn.Module, targets: Sequence[str], *, family: str) -> list[str]:
-    """One problem line if some of `targets` match no module; peft matches a target by full name or suffix."""
+    """One problem line if some of `targets` match no module."""
     module_names = [name for name, module in model.named_modules() if isinstance(module, LORA_MODULE_TYPES)]
-    unmatched = [
-        target for target in targets
-        if not any(name == target or name.endswith("." + target) for name in module_names)
-    ]
+    unmatched = unmatched_targets(targets, module_names)
     if not unmatched:
         return []
     return [

@@ -16,6 +16,7 @@ import numpy as np
 
 from seqtune.data.stream import POLICY_REJECTS as STREAM_POLICY_REJECTS
 from seqtune.data.types import Reject
+from seqtune.models.lora import unmatched_targets
 
 # Strategies whose every micro-batch must be exactly [batch_size, max_seq_len].
 FIXED_SHAPE_STRATEGIES = ("max_length",)
@@ -360,8 +361,7 @@ def check_lora_targets(
     """Every lora.target_modules entry must match a Linear module (peft's rule: the full name or its suffix)."""
     if not enabled:
         return []
-    missing = [target for target in targets
-               if not any(name == target or name.endswith("." + target) for name in linear_module_names)]
+    missing = unmatched_targets(targets, linear_module_names)
     if not missing and targets:
         return []
     valid = lora_candidate_names(linear_module_names)
