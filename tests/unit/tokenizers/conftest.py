@@ -25,26 +25,25 @@ def bundled():
     return load_tokenizer(TokenizerConfig(source="bundled"), ModelConfig(family="llama3"))
 
 
+def bundled_copy_without(tmp_path: Path, key: str) -> Path:
+    """A copy of the bundled tokenizer directory whose tokenizer_config.json lacks `key`."""
+    directory = tmp_path / f"no-{key}"
+    shutil.copytree(BUNDLED_DIR, directory)
+    edit_config(directory, drop=(key,))
+    return directory
+
+
 @pytest.fixture
 def no_pad_dir(tmp_path: Path) -> Path:
     """The bundled tokenizer without a pad token (as most real checkpoints ship)."""
-    directory = tmp_path / "no-pad"
-    shutil.copytree(BUNDLED_DIR, directory)
-    edit_config(directory, drop=("pad_token",))
-    return directory
+    return bundled_copy_without(tmp_path, "pad_token")
 
 
 @pytest.fixture
 def no_template_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "no-template"
-    shutil.copytree(BUNDLED_DIR, directory)
-    edit_config(directory, drop=("chat_template",))
-    return directory
+    return bundled_copy_without(tmp_path, "chat_template")
 
 
 @pytest.fixture
 def no_eos_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "no-eos"
-    shutil.copytree(BUNDLED_DIR, directory)
-    edit_config(directory, drop=("eos_token",))
-    return directory
+    return bundled_copy_without(tmp_path, "eos_token")
