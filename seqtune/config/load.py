@@ -14,7 +14,8 @@ from seqtune.config.schema import GROUP_SCHEMAS, RootConfig
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.family": ("llama3", "gemma3", "mistral", "tinyllama"),
     "model.dtype": ("float32", "bfloat16", "float16"),
-    "model.attn_implementation": ("auto", "flash_attention_2", "sdpa", "eager"),
+    "model.attn_implementation": ("auto", "flash_attention_2", "torch_varlen", "sdpa", "eager"),
+    "model.kernels": ("auto", "liger", "torch"),
     "tokenizer.source": ("auto", "bundled", "pypi", "path"),
     "tokenizer.pad_policy": ("eos", "add", "error"),
     "data.format": ("alpaca", "chat", "input_output", "text", "tokenized"),

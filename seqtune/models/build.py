@@ -21,6 +21,8 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from seqtune.config.errors import ConfigError, ModelLoadError
 from seqtune.config.schema import ModelConfig
+from seqtune.models.varlen import TORCH_VARLEN
+from seqtune.models.varlen import register as register_varlen
 from seqtune.models.spec import (
     ModelSpec,
     arch_mismatches,
@@ -175,6 +177,8 @@ def build_model(
     old row count so apply_lora can make exactly the new rows trainable.
     """
     spec = get_spec(cfg.family)
+    if attn_implementation == TORCH_VARLEN:
+        register_varlen()
     if cfg.load_in_4bit and not torch.cuda.is_available():
         raise ConfigError(
             "model.load_in_4bit=true needs a CUDA device (bitsandbytes NF4); none is available.",
@@ -185,7 +189,8 @@ def build_model(
     dtype = torch_dtype(cfg.dtype)
     model_class = getattr(transformers, spec.hf_model_class)
     if cfg.path is None:
-        model = _build_tiny(model_class, hf_config, cfg, attn_implementation, dtype)
+        model = _build_tiny(model_class, hf_config, cfg, attn_implementation, dtype,
+                            torch.device("cpu" if device is None else device))
         if cfg.load_in_4bit:
             model = _quantize_via_checkpoint(model, model_class, cfg, attn_implementation, dtype)
     else:
@@ -202,14 +207,18 @@ def build_model(
     return model
 
 
-def _build_tiny(model_class, hf_config, cfg: ModelConfig, attn_implementation: str, dtype) -> PreTrainedModel:
-    model = model_class._from_config(hf_config, attn_implementation=attn_implementation, dtype=torch.float32)
-    generator = torch.Generator().manual_seed(cfg.seed)
+def _build_tiny(model_class, hf_config, cfg: ModelConfig, attn_implementation: str, dtype,
+                device: torch.device) -> PreTrainedModel:
+    # Built and initialised on the training device: an 8B-shaped random model takes seconds on a GPU, not minutes
+    # of CPU init. Same seed and device type = same weights in every process.
+    with device:
+        model = model_class._from_config(hf_config, attn_implementation=attn_implementation, dtype=torch.float32)
+    generator = torch.Generator(device).manual_seed(cfg.seed)
     with torch.no_grad():
         # Matrices get N(0, 0.02); norms keep their constant init. named_parameters() lists a tied weight once.
         for _, param in model.named_parameters():
             if param.dim() >= 2:
-                param.copy_(torch.randn(param.shape, generator=generator) * TINY_INIT_STD)
+                param.copy_(torch.randn(param.shape, generator=generator, device=device) * TINY_INIT_STD)
     return model.to(dtype)
 
 
@@ -260,6 +269,7 @@ def _resize(model: PreTrainedModel, resize_to: int, *, seed: int) -> None:
     # mean_resizing (the default) samples new rows around the old embeddings' mean, so a new token's logit starts
     # ordinary instead of dominating or vanishing. It draws from the global RNG: seed it so every rank (and a
     # rebuild for adapter reload) gets the same rows, without disturbing the caller's RNG stream.
-    with torch.random.fork_rng(devices=[]):
+    weight = model.get_input_embeddings().weight
+    with torch.random.fork_rng(devices=[weight.device] if weight.is_cuda else []):
         torch.manual_seed(seed)
         model.resize_token_embeddings(new_rows, pad_to_multiple_of=EMBEDDING_ROW_MULTIPLE)

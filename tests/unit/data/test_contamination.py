@@ -1,5 +1,8 @@
 """Packed rows carry no attention mask: transformers must keep documents apart from position_ids alone.
 
+torch_varlen (seqtune/models/varlen.py) cuts documents at the same position-id resets; on CPU it runs with the
+reference kernel in place of torch's CUDA-only FlashAttention (bench/gpu/proof.py runs the real kernel on a GPU).
+
 transformers 5.23 (masking_utils._preprocess_mask_arguments) builds a block-diagonal causal mask from position_ids
 that restart at 0 (find_packed_sequence_indices) only when attention_mask is None AND past_key_values is None.
 LlamaModel creates a DynamicCache whenever use_cache is true, even in train mode, so forgetting use_cache=False
@@ -16,11 +19,13 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from seqtune.config.schema import PaddingConfig
 from seqtune.data.collate import make_collator
 from seqtune.data.types import TokenizedSample
+from seqtune.models.varlen import TORCH_VARLEN, reference_kernel, register, use_kernel
 
 LEN_A, LEN_B, ROW = 11, 9, 24
 
 
 def tiny_llama(attn: str) -> LlamaForCausalLM:
+    register()
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
@@ -44,9 +49,13 @@ def b_logits(model: LlamaForCausalLM, a_ids: np.ndarray, use_cache: bool) -> tor
     return out.logits[0, LEN_A : LEN_A + LEN_B]
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager", TORCH_VARLEN])
 def test_changing_sample_a_leaves_sample_b_logits_unchanged(attn: str) -> None:
-    model = tiny_llama(attn)
+    with use_kernel(reference_kernel):
+        _a_changes_nothing_of_b(tiny_llama(attn))
+
+
+def _a_changes_nothing_of_b(model: LlamaForCausalLM) -> None:
     before = b_logits(model, np.arange(3, 3 + LEN_A), use_cache=False)
     after = b_logits(model, np.arange(200, 200 + LEN_A), use_cache=False)
     torch.testing.assert_close(after, before, atol=1e-5, rtol=0)

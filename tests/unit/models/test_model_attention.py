@@ -1,37 +1,84 @@
-"""Attention backend choice: auto picks sdpa off CUDA; an impossible explicit choice is a ConfigError with the fix."""
+"""Attention backend choice: one rule (attention_choice) for preflight and the recipe; auto picks flash-attn, then
+torch's own FlashAttention varlen kernel, on CUDA with half-precision compute, sdpa elsewhere; an impossible
+explicit choice is a ConfigError naming the key and the fix."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from transformers import Gemma3TextConfig, LlamaConfig
 
 from seqtune.config.errors import ConfigError
-from seqtune.models import attn_backend_problems, resolve_attn_implementation
+from seqtune.models import attention
+from seqtune.models.attention import AttentionEnv, attention_choice, attention_env, attn_backend_problems
+
+CPU_BF16 = AttentionEnv(device_type="cpu", compute_dtype=torch.bfloat16)
+CUDA_BF16 = AttentionEnv(device_type="cuda", compute_dtype="bfloat16")
 
 
-def test_auto_on_cpu_is_sdpa():
-    assert resolve_attn_implementation("auto", device_type="cpu", dtype=torch.bfloat16) == "sdpa"
-    assert resolve_attn_implementation("auto", device_type="cpu", dtype="float32") == "sdpa"
+@pytest.fixture
+def ampere_gpu(monkeypatch):
+    """This machine has no GPU: pretend the one preflight sees is Ampere+, to test the rule's CUDA branches."""
+    monkeypatch.setattr(attention, "_gpu_capable", lambda: True)
 
 
-def test_auto_on_cuda_with_fp32_is_sdpa():
-    # flash-attn only computes in half precision, whatever is installed.
-    assert resolve_attn_implementation("auto", device_type="cuda", dtype=torch.float32) == "sdpa"
+def test_auto_on_cpu_is_sdpa_and_says_why():
+    choice = attention_choice("auto", CPU_BF16)
+    assert choice.name == "sdpa"
+    assert "not torch_varlen (needs a CUDA device, not cpu)" in choice.reason
+
+
+def test_auto_on_cuda_picks_torch_varlen_without_flash_attn(ampere_gpu, monkeypatch):
+    monkeypatch.setattr(attention, "flash_attn_installed", lambda: False)
+    choice = attention_choice("auto", CUDA_BF16)
+    assert choice.name == "torch_varlen"
+    assert "not flash_attention_2 (needs the flash_attn package" in choice.reason
+
+
+def test_auto_on_cuda_prefers_flash_attn_when_installed(ampere_gpu, monkeypatch):
+    monkeypatch.setattr(attention, "flash_attn_installed", lambda: True)
+    assert attention_choice("auto", CUDA_BF16).name == "flash_attention_2"
+
+
+def test_auto_with_fp32_compute_is_sdpa(ampere_gpu):
+    choice = attention_choice("auto", AttentionEnv(device_type="cuda", compute_dtype=torch.float32))
+    assert choice.name == "sdpa" and "computes in bf16/fp16" in choice.reason
+
+
+def test_sliding_window_needs_a_windowed_kernel(ampere_gpu, monkeypatch):
+    monkeypatch.setattr(attention, "flash_attn_installed", lambda: False)
+    monkeypatch.setattr(attention, "kernel_supports_window", lambda: False)
+    windowed = AttentionEnv(device_type="cuda", compute_dtype="bfloat16", sliding_window=True)
+    assert attention_choice("auto", windowed).name == "sdpa"
+    with pytest.raises(ConfigError, match=r"torch_varlen needs a sliding-window kernel"):
+        attention_choice("torch_varlen", windowed)
 
 
 @pytest.mark.parametrize("explicit", ["sdpa", "eager"])
 def test_explicit_portable_choices_pass_through(explicit):
-    assert resolve_attn_implementation(explicit, device_type="cpu", dtype=torch.float32) == explicit
+    assert attention_choice(explicit, AttentionEnv(device_type="cpu", compute_dtype="float32")).name == explicit
 
 
-def test_flash_attention_on_cpu_is_a_config_error_with_fix():
-    with pytest.raises(ConfigError, match=r"model.attn_implementation=flash_attention_2 needs a CUDA device, not cpu\. Fix: model.attn_implementation=auto"):
-        resolve_attn_implementation("flash_attention_2", device_type="cpu", dtype=torch.bfloat16)
+def test_flash_kernels_on_cpu_are_config_errors_with_the_fix():
+    with pytest.raises(ConfigError, match=r"model.attn_implementation=flash_attention_2 needs a CUDA device, not "
+                                          r"cpu\. Fix: model.attn_implementation=auto"):
+        attention_choice("flash_attention_2", CPU_BF16)
+    with pytest.raises(ConfigError, match=r"model.attn_implementation=torch_varlen needs a CUDA device"):
+        attention_choice("torch_varlen", CPU_BF16)
 
 
 def test_problems_are_collected_for_preflight():
-    problems = attn_backend_problems("flash_attention_2", device_type="cpu", dtype="float32")
-    assert any("CUDA" in p for p in problems) and any("bf16/fp16" in p for p in problems)
-    assert attn_backend_problems("flash", device_type="cpu", dtype="float32")[0].startswith(
-        "model.attn_implementation='flash' is not one of auto, flash_attention_2, sdpa, eager"
-    )
+    problems = attn_backend_problems("torch_varlen", AttentionEnv(device_type="cpu", compute_dtype="float32"))
+    assert any("CUDA" in p for p in problems)
+    assert any("bf16/fp16" in p and p.endswith("train.mixed_precision=bf16") for p in problems)
+    assert attn_backend_problems("flash", CPU_BF16)[0].startswith(
+        "model.attn_implementation='flash' is not one of auto, flash_attention_2, torch_varlen, sdpa, eager")
+
+
+def test_env_reads_window_dropout_and_softcap_from_the_model_config():
+    llama = attention_env(LlamaConfig(), device_type="cuda", compute_dtype="bfloat16")
+    assert not llama.sliding_window and not llama.dropout_or_softcap
+    gemma = attention_env(Gemma3TextConfig(sliding_window=512), device_type="cuda", compute_dtype="bfloat16")
+    assert gemma.sliding_window
+    dropped = attention_env(LlamaConfig(attention_dropout=0.1), device_type="cuda", compute_dtype="bfloat16")
+    assert dropped.dropout_or_softcap
