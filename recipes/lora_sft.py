@@ -12,7 +12,10 @@ from pathlib import Path
 from seqtune.config.schema import RootConfig
 from seqtune.data.loader import build_eval_batches, build_train_batches
 from seqtune.distributed import init_distributed, teardown, unwrap, wrap_model
-from seqtune.models import apply_lora, build_model, get_spec, resolve_attn_implementation
+from seqtune.models import apply_lora, build_model, get_spec
+from seqtune.models.kernels import apply_kernels
+from seqtune.models.lora import skip_adapter_input_cast
+from seqtune.models.token_loss import install_token_loss
 from seqtune.preflight import load_result
 from seqtune.tokenizers import load_tokenizer
 from seqtune.train.export import export_final, report_end
@@ -30,17 +33,21 @@ def run(cfg: RootConfig, run_dir: Path) -> None:
     tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec.chat_template)
 
     precision = autocast_dtype(cfg, env.device)
-    attn = resolve_attn_implementation(cfg.model.attn_implementation, device_type=env.device.type,
-                                       dtype=precision or cfg.model.dtype)
+    # Kernels as preflight chose them in the parent (preflight.json), never re-derived per rank.
+    backend = preflight.backend
     resize_to = len(tokenizer) if cfg.model.resize_embeddings else None
-    model = build_model(cfg.model, attn_implementation=attn, resize_to=resize_to)
+    model = build_model(cfg.model, attn_implementation=backend.attention, resize_to=resize_to, device=env.device)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     # Rows added by a resize train through peft's trainable tokens (seqtune/models/lora.py).
     model = apply_lora(model, cfg.lora, spec, extra_trainable=cfg.lora.modules_to_save)
+    if precision is not None:
+        skip_adapter_input_cast(model)
+    apply_kernels(model, backend.kernels)
+    install_token_loss(model, path=backend.loss)
     if env.is_main:
-        print(f"attention: {attn}; trainable parameters: "
-              f"{sum(p.numel() for p in model.parameters() if p.requires_grad):,}", flush=True)
+        print(f"attention: {backend.attention}; kernels: {backend.kernels}; loss: {backend.loss}; "
+              f"trainable parameters: {sum(p.numel() for p in model.parameters() if p.requires_grad):,}", flush=True)
     model = wrap_model(model.to(env.device), env, parallel=cfg.train.parallel)
 
     train_batches = build_train_batches(cfg, preflight, env, tokenizer, spec)

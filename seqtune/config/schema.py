@@ -41,8 +41,13 @@ class ModelConfig:
     tie_word_embeddings: bool | None = None
     # Weights dtype: float32 | bfloat16 | float16.
     dtype: str = "float32"
-    # auto | flash_attention_2 | sdpa | eager. auto = flash-attn on CUDA with bf16/fp16 if installed, else sdpa.
+    # auto | flash_attention_2 | torch_varlen | sdpa | eager. auto = on CUDA with bf16/fp16 compute: flash-attn if
+    # installed, else torch's own FlashAttention varlen kernel (torch_varlen, nothing to compile); sdpa elsewhere.
     attn_implementation: str = "auto"
+    # auto | liger | torch. liger = Liger-Kernel's fused RMSNorm, SwiGLU/GeGLU, RoPE and linear cross-entropy
+    # (CUDA, the liger-kernel package); torch = the model's own modules + chunked cross-entropy. auto = liger
+    # where it runs. Neither ever holds [batch, seq, vocab] logits.
+    kernels: str = "auto"
     # Resize the embedding (and head) to cover the tokenizer, rounded up to a multiple of 64; new rows train.
     resize_embeddings: bool = False
     # 4-bit NF4 base weights (QLoRA). CUDA only.

@@ -27,10 +27,14 @@ def available_linear_names(model: nn.Module) -> list[str]:
     return sorted(names)
 
 
+def matches_target(name: str, targets: Sequence[str]) -> bool:
+    """peft's rule for a module name and target_modules: the full name, or a dotted suffix of it."""
+    return any(name == target or name.endswith("." + target) for target in targets)
+
+
 def unmatched_targets(targets: Sequence[str], module_names: Sequence[str]) -> list[str]:
-    """The targets no module name matches under peft's rule: the full name, or a dotted suffix of it."""
-    return [target for target in targets
-            if not any(name == target or name.endswith("." + target) for name in module_names)]
+    """The targets no module name matches under peft's rule (matches_target)."""
+    return [target for target in targets if not any(matches_target(name, [target]) for name in module_names)]
 
 
 def lora_target_problems(model: nn.Module, targets: Sequence[str], *, family: str) -> list[str]:
@@ -117,6 +121,20 @@ def _new_token_indices(model: nn.Module, fully_trained: list[str]) -> dict[str, 
 def _is_tied(model: nn.Module) -> bool:
     head = model.get_output_embeddings()
     return head is not None and head.weight is model.get_input_embeddings().weight
+
+
+def skip_adapter_input_cast(model: nn.Module) -> None:
+    """Under autocast, let the adapters read their input in the compute dtype instead of peft's fp32 copy.
+
+    peft casts each adapted module's input to the adapter's fp32 dtype, and autocast casts it straight back to bf16
+    for the matmul: two full-size copies per adapted module, one of them kept for the backward. Without the cast
+    the adapters of q/k/v (and of gate/up) share their input with the base layer. Same numbers (the matmul ran in
+    bf16 either way); measured on an H200, Llama-3-8B shape: 14% faster steps, 12.5 GiB less memory at 2 x 4096
+    (bench/gpu/lora_step.py). Only valid under autocast: without it the fp32 adapter needs fp32 input.
+    """
+    for module in model.modules():
+        if hasattr(module, "cast_input_dtype_enabled"):
+            module.cast_input_dtype_enabled = False
 
 
 def save_adapter(model: PeftModel, out_dir: str | Path) -> None:

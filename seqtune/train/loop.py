@@ -19,7 +19,7 @@ from seqtune.config.schema import TrainConfig
 from seqtune.distributed import DistEnv, all_reduce_sum, inject_fault
 from seqtune.train.checkpoint import TrainState, save_checkpoint
 from seqtune.train.metrics import MetricsLogger
-from seqtune.train.step import forward_logits, move_batch, summed_token_loss
+from seqtune.train.step import move_batch, summed_token_loss
 
 
 class TrainBatches(Protocol):
@@ -73,7 +73,7 @@ def train_step(loop: Loop, micro_batches: list[dict[str, torch.Tensor]]) -> dict
     for i, batch in enumerate(micro_batches):
         batch = move_batch(batch, loop.env.device)
         with _no_sync(loop, last=i == len(micro_batches) - 1), _autocast(loop):
-            summed = summed_token_loss(forward_logits(loop.model, batch), batch["targets"])
+            summed = summed_token_loss(loop.model, batch)
         (summed * scale).backward()
         loss_sum += summed.detach().double()
     trainable = [p for p in loop.model.parameters() if p.requires_grad]
@@ -96,7 +96,7 @@ def evaluate(loop: Loop) -> dict[str, float]:
             break
         batch = move_batch(batch, loop.env.device)
         with _autocast(loop):
-            totals[0] += summed_token_loss(forward_logits(loop.model, batch), batch["targets"]).double()
+            totals[0] += summed_token_loss(loop.model, batch).double()
         totals[1] += batch["num_targets"].double()
     loop.model.train()
     loss_sum, count = all_reduce_sum(totals).tolist()
@@ -112,6 +112,10 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 def fit(loop: Loop, state: TrainState) -> TrainState:
     loop.model.train()
+    if loop.env.device.type == "cuda":
+        # The training peak, compared with preflight's estimate: not the model build's (a tiny random model is
+        # initialised in fp32 before its cast) or the adapter reload's.
+        torch.cuda.reset_peak_memory_stats(loop.env.device)
     batches = iter(loop.train_batches)
     bar = tqdm(total=loop.total_steps, initial=state.step, desc="train", unit="step", file=sys.stdout,
                disable=not (loop.env.is_main and loop.cfg.progress), dynamic_ncols=True)

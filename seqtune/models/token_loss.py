@@ -1,0 +1,126 @@
+"""The training loss without full-vocabulary logits.
+
+The loss of a micro-batch is the SUM of cross-entropy over its target tokens (targets already shifted by the
+collator; IGNORE_INDEX elsewhere). Computing it the plain way materialises [batch, seq, vocab] logits and their
+fp32 copy: for Llama 3 (128,256 tokens) at 8 x 4096 that is 16 GiB before the backward. Instead the model's
+forward gets a `targets=` argument (install_token_loss): it runs the decoder, keeps the final hidden states of the
+target positions only, and sends them through the head in chunks:
+
+- chunked: each chunk's logits (at most LOGITS_CHUNK_BYTES in fp32) are computed, reduced to a loss, and dropped;
+  the backward recomputes them chunk by chunk (activation checkpointing per chunk). Same value and gradients as
+  the full computation, on any device.
+- fused: Liger-Kernel's fused linear cross-entropy (model.kernels=liger: CUDA, the optional `liger-kernel`
+  package), which computes the gradients inside its forward, chunk by chunk. It needs the head to be a plain
+  Linear (frozen or trained in full), so a head that peft wraps keeps the chunked path.
+
+The loss is computed inside the model's own forward, so DDP's and FSDP's hooks see one forward as usual.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from seqtune.data.types import IGNORE_INDEX
+
+# Upper bound of one chunk's fp32 logits: 256 MiB = 523 positions of Llama 3's 128,256-token vocabulary.
+LOGITS_CHUNK_BYTES = 256 * 2**20
+MIN_CHUNK_TOKENS = 64
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossChoice:
+    name: str  # chunked | fused
+    reason: str
+
+
+def loss_choice(*, kernels: str, head_trained_by_peft: bool) -> LossChoice:
+    """The loss path for the resolved model.kernels. `head_trained_by_peft`: the head is wrapped by peft (LoRA on
+    lm_head, lm_head in lora.modules_to_save, or new token rows), so it is no plain Linear for the fused kernel."""
+    if kernels != "liger":
+        return LossChoice(name="chunked", reason=f"chunked cross-entropy (model.kernels={kernels})")
+    if head_trained_by_peft:
+        return LossChoice(name="chunked", reason="chunked cross-entropy: peft wraps lm_head (LoRA target, "
+                                                 "modules_to_save or new token rows), which Liger's fused loss "
+                                                 "cannot read")
+    return LossChoice(name="fused", reason="Liger-Kernel fused linear cross-entropy")
+
+
+def chunk_tokens(vocab_rows: int) -> int:
+    return max(MIN_CHUNK_TOKENS, LOGITS_CHUNK_BYTES // (4 * vocab_rows))
+
+
+def _chunk_loss(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module, softcap: float | None) -> torch.Tensor:
+    logits = head(hidden).float()
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    return F.cross_entropy(logits, targets, reduction="sum")
+
+
+def chunked_cross_entropy(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor, *, chunk: int,
+                          softcap: float | None = None) -> torch.Tensor:
+    """Sum of CE of head(hidden) vs targets over positions whose target is not IGNORE_INDEX, never holding more
+    than `chunk` positions' logits at once (forward or backward)."""
+    flat_hidden = hidden.reshape(-1, hidden.shape[-1])
+    flat_targets = targets.reshape(-1)
+    keep = (flat_targets != IGNORE_INDEX).nonzero().squeeze(1)
+    # Prompt and padding positions never reach the head: their logits would be computed only to be ignored.
+    selected, wanted = flat_hidden.index_select(0, keep), flat_targets.index_select(0, keep)
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, wanted.numel(), chunk):
+        end = start + chunk
+        total = total + checkpoint(_chunk_loss, selected[start:end], wanted[start:end], head, softcap,
+                                   use_reentrant=False)
+    return total
+
+
+def fused_cross_entropy(hidden: torch.Tensor, head: nn.Linear, targets: torch.Tensor, *,
+                        softcap: float | None = None) -> torch.Tensor:
+    from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+    loss = LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum", softcap=softcap)
+    flat_targets = targets.reshape(-1)
+    keep = (flat_targets != IGNORE_INDEX).nonzero().squeeze(1)
+    selected = hidden.reshape(-1, hidden.shape[-1]).index_select(0, keep)
+    return loss(head.weight, selected, flat_targets.index_select(0, keep), head.bias).float()
+
+
+def install_token_loss(model: nn.Module, *, path: str, chunk: int | None = None) -> None:
+    """Give the causal LM inside `model` (a transformers model, or peft's wrapper of one) a `targets=` argument:
+    `model(input_ids=..., targets=...).loss` is then the summed token loss, computed as `path` says.
+    `chunk`: positions per chunk of the chunked path (default: chunk_tokens of the vocabulary)."""
+    if path not in ("chunked", "fused"):
+        raise ValueError(f"loss path {path!r} must be resolved (loss_choice) before install")
+    lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = lm.get_output_embeddings()
+    if path == "fused" and type(head) is not nn.Linear:
+        raise ValueError(f"fused loss needs a plain Linear head, found {type(head).__name__} (loss_choice decides)")
+    original = type(lm).forward
+    softcap = getattr(lm.config, "final_logit_softcapping", None)
+    # resize_token_embeddings keeps config.vocab_size up to date
+    chunk = chunk or chunk_tokens(lm.config.vocab_size)
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, targets=None, **kwargs):
+        if targets is None:
+            return original(self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            **kwargs)
+        # peft passes these through as None; the decoder takes neither labels nor output flags.
+        for unused in ("labels", "output_attentions", "output_hidden_states", "return_dict"):
+            kwargs.pop(unused, None)
+        kwargs["use_cache"] = False  # a KV cache would merge packed documents (tests/unit/data/test_contamination.py)
+        hidden = self.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                    **kwargs).last_hidden_state
+        out_head = self.get_output_embeddings()
+        if path == "fused":
+            loss = fused_cross_entropy(hidden, out_head, targets, softcap=softcap)
+        else:
+            loss = chunked_cross_entropy(hidden, out_head, targets, chunk=chunk, softcap=softcap)
+        return CausalLMOutputWithPast(loss=loss)
+
+    lm.forward = types.MethodType(forward, lm)

@@ -1,0 +1,55 @@
+"""model.kernels: Liger only where it runs (CUDA, installed, a family it patches), said with the reason; and the
+adapters' input cast skipped under autocast gives the same numbers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import random_batch, tiny_cfg
+from seqtune.config.errors import ConfigError
+from seqtune.config.schema import LoraConfig
+from seqtune.models import apply_lora, build_model, get_spec
+from seqtune.models import kernels as kernels_module
+from seqtune.models.kernels import kernels_choice
+from seqtune.models.lora import skip_adapter_input_cast
+
+
+def test_auto_is_torch_off_cuda_and_says_why():
+    choice = kernels_choice("auto", device_type="cpu", model_type="llama")
+    assert choice.name == "torch" and choice.reason == "auto: liger needs CUDA, not cpu"
+
+
+def test_explicit_liger_is_refused_where_it_cannot_run():
+    with pytest.raises(ConfigError, match=r"model.kernels=liger needs CUDA, not cpu"):
+        kernels_choice("liger", device_type="cpu", model_type="llama")
+
+
+def test_auto_is_liger_on_cuda_when_installed(monkeypatch):
+    monkeypatch.setattr(kernels_module, "liger_installed", lambda: True)
+    assert kernels_choice("auto", device_type="cuda", model_type="mistral").name == "liger"
+    unknown = kernels_choice("auto", device_type="cuda", model_type="qwen2")
+    assert unknown.name == "torch" and "no kernels for model type qwen2" in unknown.reason
+    assert kernels_choice("torch", device_type="cuda", model_type="llama").name == "torch"
+
+
+def test_skipping_the_adapter_input_cast_changes_no_number():
+    def run(skip: bool):
+        torch.manual_seed(0)  # peft draws lora_A from the global generator
+        model = build_model(tiny_cfg("llama3", dtype="bfloat16"), attn_implementation="sdpa")
+        model = apply_lora(model, LoraConfig(rank=4), get_spec("llama3"))
+        for name, param in model.named_parameters():
+            if "lora_B" in name:  # non-zero B, so the adapters contribute
+                torch.nn.init.normal_(param, std=0.02, generator=torch.Generator().manual_seed(1))
+        if skip:
+            skip_adapter_input_cast(model)
+            assert not any(getattr(m, "cast_input_dtype_enabled", False) for m in model.modules())
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(input_ids=random_batch(4096, batch=2, seq=16), use_cache=False).logits.float().mean()
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    (cast_loss, cast_grads), (loss, grads) = run(False), run(True)
+    torch.testing.assert_close(loss, cast_loss, rtol=0, atol=0)
+    for name, grad in cast_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=0, atol=0, msg=name)

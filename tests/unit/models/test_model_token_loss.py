@@ -1,0 +1,89 @@
+"""The chunked loss (seqtune/models/token_loss.py) equals the full-logits cross-entropy, value and gradients, and the
+loss path follows model.kernels and whether peft wraps the head."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import tiny_cfg
+from seqtune.config.schema import LoraConfig
+from seqtune.data.types import IGNORE_INDEX
+from seqtune.models import apply_lora, build_model, get_spec
+from seqtune.models.token_loss import chunk_tokens, install_token_loss, loss_choice
+
+
+def full_logits_loss(model, ids, targets):
+    logits = model(input_ids=ids, use_cache=False).logits
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                           ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+def grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def batch(vocab: int):
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (3, 40), generator=gen)
+    targets = torch.randint(0, vocab, (3, 40), generator=gen)
+    targets[:, :7] = IGNORE_INDEX  # a prompt
+    targets[2, 25:] = IGNORE_INDEX  # padding
+    return ids, targets
+
+
+@pytest.mark.parametrize("family,lora", [("llama3", "lm_head"), ("gemma3", "none"), ("mistral", "resize"),
+                                         ("tinyllama", "full")])
+def test_chunked_loss_equals_full_logits_loss_value_and_gradients(family, lora):
+    def build():
+        model = build_model(tiny_cfg(family), attn_implementation="eager", resize_to=4160 if lora == "resize" else None)
+        if lora == "full":
+            return model
+        return apply_lora(model, LoraConfig(rank=4, dropout=0.0), get_spec(family),
+                          extra_trainable=["lm_head"] if lora == "lm_head" else ())
+
+    reference, chunked = build(), build()
+    chunked.load_state_dict(reference.state_dict())
+    # 13 positions per chunk: several chunks, the last one partial.
+    install_token_loss(chunked, path="chunked", chunk=13)
+    ids, targets = batch(4096)
+    expected = full_logits_loss(reference, ids, targets)
+    loss = chunked(input_ids=ids, targets=targets, use_cache=False).loss
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    expected.backward()
+    loss.backward()
+    want, got = grads(reference), grads(chunked)
+    assert want.keys() == got.keys() and want
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_without_targets_the_forward_is_the_models_own():
+    model = build_model(tiny_cfg("llama3"), attn_implementation="sdpa").eval()
+    ids, _ = batch(4096)
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+        install_token_loss(model, path="chunked")
+        after = model(input_ids=ids).logits
+    torch.testing.assert_close(after, before)
+
+
+def test_chunks_bound_the_fp32_logits():
+    assert chunk_tokens(128256) == 523  # 256 MiB of fp32 logits for Llama 3's vocabulary
+    assert chunk_tokens(262144) == 256
+    assert chunk_tokens(10**9) == 64  # never below the minimum
+
+
+def test_loss_path_follows_kernels_and_the_head():
+    assert loss_choice(kernels="liger", head_trained_by_peft=False).name == "fused"
+    wrapped = loss_choice(kernels="liger", head_trained_by_peft=True)
+    assert wrapped.name == "chunked" and "peft wraps lm_head" in wrapped.reason
+    assert loss_choice(kernels="torch", head_trained_by_peft=False).name == "chunked"
+
+
+def test_fused_refuses_a_wrapped_head():
+    model = apply_lora(build_model(tiny_cfg("llama3"), attn_implementation="sdpa"), LoraConfig(rank=4),
+                       get_spec("llama3"), extra_trainable=["lm_head"])
+    with pytest.raises(ValueError, match="fused loss needs a plain Linear head"):
+        install_token_loss(model, path="fused")
