@@ -16,12 +16,11 @@ import numpy as np
 
 from seqtune.data.stream import POLICY_REJECTS as STREAM_POLICY_REJECTS
 from seqtune.data.types import Reject
+from seqtune.models.attention import PACKING_SAFE_ATTENTION
 from seqtune.models.lora import unmatched_targets
 
 # Strategies whose every micro-batch must be exactly [batch_size, max_seq_len].
 FIXED_SHAPE_STRATEGIES = ("max_length",)
-# Attention backends that keep packed documents apart (position_ids / varlen boundaries reset per document).
-PACKING_SAFE_ATTENTION = ("flash_attention_2", "sdpa", "eager")
 # How many offenders a message lists before "and N more": enough to find them, short enough to read.
 MAX_LISTED = 5
 # model.resize_embeddings rounds the new embedding size up to this (tensor-core friendly shapes).
@@ -375,10 +374,11 @@ def check_lora_targets(
 
 
 def check_backend(
-    *, load_in_4bit: bool, attn_implementation: str, compute_dtype: str, device: str, cuda_available: bool,
-    flash_attn_installed: bool, bitsandbytes_installed: bool,
+    *, load_in_4bit: bool, device: str, cuda_available: bool, bitsandbytes_installed: bool,
+    attention_problems: Sequence[str],
 ) -> list[Problem]:
-    """QLoRA and flash-attention need CUDA, their package and a 16-bit dtype: refuse them up front, with the fix."""
+    """QLoRA needs CUDA and bitsandbytes; the attention kernel's own rule (models.attention.attn_backend_problems)
+    says why model.attn_implementation cannot run. Refuse them up front, with the fix."""
     problems = []
     if device == "cuda" and not cuda_available:
         problems.append(Problem(check="backend", key="train.device",
@@ -391,33 +391,24 @@ def check_backend(
         problems.append(Problem(check="backend", key="model.load_in_4bit",
                                 message="model.load_in_4bit=true (QLoRA) needs bitsandbytes, which is not installed. "
                                         "Fix: pip install -e '.[cuda]', or model.load_in_4bit=false."))
-    if attn_implementation != "flash_attention_2":
-        return problems
-    if not cuda_available:
-        reason = "a CUDA device; none is available"
-    elif not flash_attn_installed:
-        reason = "the flash-attn package, which is not installed (pip install -e '.[cuda]' --no-build-isolation)"
-    elif compute_dtype not in ("bfloat16", "float16"):
-        reason = (f"bfloat16 or float16 compute, got {compute_dtype} (set model.dtype=bfloat16 or "
-                  "train.mixed_precision=bf16)")
-    else:
-        return problems
-    problems.append(Problem(check="backend", key="model.attn_implementation",
-                            message=f"model.attn_implementation=flash_attention_2 needs {reason}. "
-                                    "Fix: model.attn_implementation=auto (sdpa where flash-attn cannot run)."))
+    problems += [Problem(check="backend", key="model.attn_implementation", message=message)
+                 for message in attention_problems]
     return problems
 
 
 # --- 9. memory ----------------------------------------------------------------------------------------------
 
 
-def check_memory(*, estimate_gib: float, device_memory_gib: float | None, breakdown: str) -> list[Problem]:
-    """Worst-case batch memory vs the device's; with no device (CPU) the estimate is only reported."""
+def check_memory(*, estimate_gib: float, device_memory_gib: float | None, breakdown: str,
+                 fits: Sequence[str] = ()) -> list[Problem]:
+    """Worst-case batch memory vs the device's; with no device (CPU) the estimate is only reported. `fits`: the
+    settings that would fit, each with its estimate (preflight tries them)."""
     if device_memory_gib is None or estimate_gib <= device_memory_gib:
         return []
+    fix = ("; or ".join(fits) if fits else "none of a smaller batch, checkpointing, a shorter max_seq_len or QLoRA "
+           "fits alone: combine them, or use train.parallel=fsdp over more GPUs")
     return [Problem(
         check="memory", key="train.batch_size",
-        message=(f"estimated peak memory {estimate_gib:.1f} GiB ({breakdown}) > device memory "
-                 f"{device_memory_gib:.1f} GiB. Fix: a smaller train.batch_size with a larger train.grad_accum, "
-                 "model.gradient_checkpointing=true, a smaller data.max_seq_len, or lora.enabled=true."),
+        message=f"estimated peak memory {estimate_gib:.1f} GiB ({breakdown}) > device memory "
+                f"{device_memory_gib:.1f} GiB. Fix: {fix}.",
     )]

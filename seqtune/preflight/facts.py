@@ -15,7 +15,7 @@ from torch import nn
 
 from seqtune.config.schema import RootConfig
 from seqtune.models import context_length, embedding_rows, get_spec, load_model_config, meta_model, output_rows
-from seqtune.models.attention import flash_attn_installed
+from seqtune.models.attention import AttentionEnv, attention_env
 from seqtune.models.lora import LORA_MODULE_TYPES
 from seqtune.tokenizers import full_vocab_size, load_tokenizer, special_token_ids
 
@@ -40,6 +40,7 @@ class ModelFacts:
     device_type: str
     compute_dtype: str
     cuda_available: bool
+    attention_env: AttentionEnv
 
 
 def gather_facts(cfg: RootConfig) -> ModelFacts:
@@ -50,12 +51,14 @@ def gather_facts(cfg: RootConfig) -> ModelFacts:
     cuda = torch.cuda.is_available()
     device_type = "cuda" if cfg.train.device == "cuda" or (cfg.train.device == "auto" and cuda) else "cpu"
     side = spec.padding_side if cfg.padding.side == "auto" else cfg.padding.side
+    dtype = compute_dtype(cfg, device_type)
     return ModelFacts(
         tokenizer=tokenizer, hf_config=hf_config, family=spec.family, lora_defaults=list(spec.lora_targets),
         tokenizer_size=full_vocab_size(tokenizer), embedding_rows=embedding_rows(hf_config), output_rows=output_rows(hf_config),
         context_length=context_length(hf_config), special_ids=special_ids_in_use(tokenizer, spec.eot_token),
         pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id, padding_side=side, device_type=device_type,
-        compute_dtype=compute_dtype(cfg, device_type), cuda_available=cuda,
+        compute_dtype=dtype, cuda_available=cuda,
+        attention_env=attention_env(hf_config, device_type=device_type, compute_dtype=dtype),
     )
 
 
@@ -71,14 +74,19 @@ def special_ids_in_use(tokenizer: Any, eot_token: str | None) -> dict[str, int |
     return ids
 
 
-def compute_dtype(cfg: RootConfig, device_type: str) -> str:
-    """The dtype attention computes in: the autocast dtype under mixed precision, else model.dtype."""
+def autocast_dtype_name(cfg: RootConfig, device_type: str) -> str | None:
+    """The autocast dtype under mixed precision (None: no autocast)."""
     precision = cfg.train.mixed_precision
     if precision in _MIXED:
         return _MIXED[precision]
     if precision == "auto" and device_type == "cuda" and torch.cuda.is_bf16_supported():
         return "bfloat16"
-    return cfg.model.dtype
+    return None
+
+
+def compute_dtype(cfg: RootConfig, device_type: str) -> str:
+    """The dtype attention computes in: the autocast dtype under mixed precision, else model.dtype."""
+    return autocast_dtype_name(cfg, device_type) or cfg.model.dtype
 
 
 def lora_module_names(hf_config: Any) -> list[str]:
@@ -89,10 +97,6 @@ def lora_module_names(hf_config: Any) -> list[str]:
 
 def package_installed(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
-
-
-def flash_attention_available() -> bool:
-    return flash_attn_installed()
 
 
 def device_memory_gib(requested: float | None, device_type: str) -> float | None:

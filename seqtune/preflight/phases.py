@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from seqtune.config.errors import SeqtuneError
@@ -12,17 +14,21 @@ from seqtune.data.sampler import DistributedBatchPlan
 from seqtune.data.scan import SplitScan
 from seqtune.data.stream import apply_overlength, batches_per_worker
 from seqtune.data.types import Reject
-from seqtune.models import memory_estimate
+from seqtune.config.errors import ConfigError
+from seqtune.models import MemoryInputs, attention_choice, attn_backend_problems, memory_estimate
+from seqtune.models.kernels import kernels_choice
+from seqtune.models.varlen import TORCH_VARLEN, kernel_supports_gqa
+from seqtune.models.token_loss import loss_choice
 from seqtune.preflight import checks
 from seqtune.preflight.checks import Problem
 from seqtune.preflight.facts import (
     ModelFacts,
+    autocast_dtype_name,
     device_memory_gib,
-    flash_attention_available,
     lora_module_names,
     package_installed,
 )
-from seqtune.preflight.result import MemoryStats, PlanStats, SplitPlan, SplitStats
+from seqtune.preflight.result import BackendStats, MemoryStats, PlanStats, SplitPlan, SplitStats
 
 GIB = 2**30
 
@@ -42,16 +48,44 @@ def fast_checks(cfg: RootConfig, facts: ModelFacts) -> list[Problem]:
         problems += checks.check_lora_targets(enabled=True, targets=targets,
                                               linear_module_names=lora_module_names(facts.hf_config),
                                               defaults=facts.lora_defaults)
-    attn = cfg.model.attn_implementation
+    attention_problems = attn_backend_problems(cfg.model.attn_implementation, facts.attention_env)
     problems += checks.check_backend(
-        load_in_4bit=cfg.model.load_in_4bit, attn_implementation=attn, compute_dtype=facts.compute_dtype,
-        device=cfg.train.device, cuda_available=facts.cuda_available,
-        flash_attn_installed=flash_attention_available(), bitsandbytes_installed=package_installed("bitsandbytes"),
+        load_in_4bit=cfg.model.load_in_4bit, device=cfg.train.device, cuda_available=facts.cuda_available,
+        bitsandbytes_installed=package_installed("bitsandbytes"), attention_problems=attention_problems,
     )
-    # auto resolves to flash_attention_2 or sdpa, both of which keep packed documents apart.
-    problems += checks.check_packed_attention(strategy=cfg.padding.strategy,
-                                              attn_implementation="sdpa" if attn == "auto" else attn)
+    if not attention_problems:
+        chosen = attention_choice(cfg.model.attn_implementation, facts.attention_env).name
+        problems += checks.check_packed_attention(strategy=cfg.padding.strategy, attn_implementation=chosen)
     return problems
+
+
+def backend_phase(cfg: RootConfig, facts: ModelFacts) -> tuple[BackendStats | None, list[Problem]]:
+    """The attention kernel and the loss path every rank builds with, each with the reason it was chosen."""
+    try:
+        attention = attention_choice(cfg.model.attn_implementation, facts.attention_env)
+        kernels = kernels_choice(cfg.model.kernels, device_type=facts.device_type,
+                                 model_type=facts.hf_config.model_type)
+    except ConfigError as err:  # an attention refusal was already reported by fast_checks
+        problems = [] if err.key == "model.attn_implementation" else [
+            Problem(check="backend", key=err.key or "model.kernels", message=str(err))]
+        return None, problems
+    loss = loss_choice(kernels=kernels.name, head_trained_by_peft=_head_trained_by_peft(cfg, facts))
+    return BackendStats(attention=attention.name, attention_reason=attention.reason, kernels=kernels.name,
+                        kernels_reason=kernels.reason, loss=loss.name, loss_reason=loss.reason), []
+
+
+def _head_trained_by_peft(cfg: RootConfig, facts: ModelFacts) -> bool:
+    """peft wraps lm_head (so it is no plain Linear): a LoRA target, a module saved in full (a tied head goes with
+    its embedding), or new token rows (trained through peft's trainable tokens, shared with a tied head)."""
+    if not cfg.lora.enabled:
+        return False
+    head, embedding = "lm_head", "embed_tokens"  # every supported family's names
+    targets = cfg.lora.target_modules if cfg.lora.target_modules is not None else facts.lora_defaults
+    saved = set(cfg.lora.modules_to_save)
+    if getattr(facts.hf_config, "tie_word_embeddings", False) and embedding in saved:
+        saved.add(head)
+    new_rows = cfg.model.resize_embeddings and facts.tokenizer_size > facts.embedding_rows
+    return head in targets or head in saved or new_rows
 
 
 def _vocab_rows(cfg: RootConfig, facts: ModelFacts) -> int:
@@ -235,21 +269,73 @@ def stream_train_plan(cfg: RootConfig, num_lines: int) -> tuple[SplitPlan, list[
                                           world_size=world, grad_accum=cfg.train.grad_accum)
 
 
-def memory_phase(cfg: RootConfig, facts: ModelFacts, max_seq_len: int) -> tuple[MemoryStats, list[Problem]]:
-    """Weights + grads + optimizer state + activations of the worst-case micro-batch, vs the device's memory."""
+def memory_inputs(cfg: RootConfig, facts: ModelFacts, max_seq_len: int, backend: BackendStats | None,
+                  world_size: int) -> MemoryInputs:
+    """The estimate's inputs, all read from resolved facts: rows after resize, the trainable set, kernels, world."""
+    rows = _vocab_rows(cfg, facts)
     targets = cfg.lora.target_modules if cfg.lora.target_modules is not None else facts.lora_defaults
-    estimate = memory_estimate(
-        facts.hf_config, lora=cfg.lora, lora_targets=list(targets), batch_tokens=cfg.train.batch_size * max_seq_len,
-        dtype=cfg.model.dtype, optimizer=cfg.optim.name, load_in_4bit=cfg.model.load_in_4bit,
-        gradient_checkpointing=cfg.model.gradient_checkpointing,
+    saved = set(cfg.lora.modules_to_save)
+    if getattr(facts.hf_config, "tie_word_embeddings", False) and saved & {"lm_head", "embed_tokens"}:
+        saved |= {"lm_head", "embed_tokens"}  # apply_lora saves a tied pair together
+    return MemoryInputs(
+        hf_config=facts.hf_config, vocab_rows=rows, weights_dtype=cfg.model.dtype, compute_dtype=facts.compute_dtype,
+        lora_enabled=cfg.lora.enabled, lora_rank=cfg.lora.rank, lora_dropout=cfg.lora.dropout,
+        lora_targets=tuple(targets), modules_to_save=tuple(sorted(saved)),
+        new_rows=max(0, rows - facts.embedding_rows) if "embed_tokens" not in saved else 0,
+        optimizer=cfg.optim.name, load_in_4bit=cfg.model.load_in_4bit,
+        gradient_checkpointing=cfg.model.gradient_checkpointing, batch_tokens=cfg.train.batch_size * max_seq_len,
+        seq_len=max_seq_len, attention=backend.attention if backend else "sdpa",
+        native_gqa=_native_gqa(backend.attention if backend else "sdpa"),
+        kernels=backend.kernels if backend else "torch", loss=backend.loss if backend else "chunked",
+        autocast=autocast_dtype_name(cfg, facts.device_type) is not None, world_size=world_size,
+        sharded=cfg.train.parallel == "fsdp" and world_size > 1,
     )
+
+
+def _native_gqa(attention: str) -> bool:
+    """Whether the attention kernel reads grouped k/v heads as they are (sdpa gets them repeated by transformers
+    whenever a mask is built, which packing and padding always do)."""
+    return attention == "flash_attention_2" or (attention == TORCH_VARLEN and kernel_supports_gqa())
+
+
+def memory_phase(cfg: RootConfig, facts: ModelFacts, max_seq_len: int, backend: BackendStats | None,
+                 world_size: int) -> tuple[MemoryStats, list[Problem]]:
+    """Weights + grads + optimizer state + activations of the worst-case micro-batch, vs the device's memory."""
+    inputs = memory_inputs(cfg, facts, max_seq_len, backend, world_size)
+    estimate = memory_estimate(inputs)
     device = device_memory_gib(cfg.preflight.device_memory_gib, facts.device_type)
     stats = MemoryStats(
-        weights_gib=round(estimate["weights_bytes"] / GIB, 4), grads_gib=round(estimate["grads_bytes"] / GIB, 4),
-        optimizer_gib=round(estimate["optimizer_bytes"] / GIB, 4),
-        activations_gib=round(estimate["activations_bytes"] / GIB, 4),
-        total_gib=round(estimate["total_bytes"] / GIB, 4), device_gib=device,
+        weights_gib=round(estimate.weights_bytes / GIB, 4), grads_gib=round(estimate.grads_bytes / GIB, 4),
+        optimizer_gib=round(estimate.optimizer_bytes / GIB, 4),
+        activations_gib=round(estimate.activations_bytes / GIB, 4),
+        total_gib=round(estimate.total_bytes / GIB, 4), device_gib=device,
     )
     breakdown = (f"weights {stats.weights_gib:.1f} + grads {stats.grads_gib:.1f} + optimizer "
                  f"{stats.optimizer_gib:.1f} + activations {stats.activations_gib:.1f}")
-    return stats, checks.check_memory(estimate_gib=stats.total_gib, device_memory_gib=device, breakdown=breakdown)
+    fits = _what_fits(cfg, inputs, device) if device is not None and stats.total_gib > device else []
+    return stats, checks.check_memory(estimate_gib=stats.total_gib, device_memory_gib=device, breakdown=breakdown,
+                                      fits=fits)
+
+
+def _what_fits(cfg: RootConfig, inputs: MemoryInputs, device_gib: float) -> list[str]:
+    """Settings that would make the estimate fit the device, each with its estimate (the refusal names them)."""
+    batch = cfg.train.batch_size
+    candidates = [("model.gradient_checkpointing=true", {"gradient_checkpointing": True})]
+    while batch > 1:
+        batch //= 2
+        accum = cfg.train.grad_accum * cfg.train.batch_size // batch
+        candidates.append((f"train.batch_size={batch} train.grad_accum={accum}",
+                           {"batch_tokens": batch * inputs.seq_len}))
+    candidates.append((f"data.max_seq_len={inputs.seq_len // 2} (with data.overlength=drop or truncate)",
+                       {"batch_tokens": inputs.batch_tokens // 2, "seq_len": inputs.seq_len // 2}))
+    if inputs.lora_enabled and not inputs.load_in_4bit:
+        candidates.append(("model.load_in_4bit=true (QLoRA)", {"load_in_4bit": True}))
+    if not inputs.lora_enabled:
+        candidates.append(("recipe=lora_sft", {"lora_enabled": True, "lora_rank": 8,
+                                               "lora_targets": tuple(cfg.lora.target_modules or ())}))
+    fits = []
+    for setting, change in candidates:
+        total = memory_estimate(replace(inputs, **change)).total_bytes / GIB
+        if total <= device_gib:
+            fits.append(f"{setting} (~{total:.1f} GiB)")
+    return fits

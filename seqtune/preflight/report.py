@@ -71,6 +71,11 @@ def format_summary(result: PreflightResult) -> str:
             lines.append(f"  {name}: per rank {min(split.samples_per_rank)}-{max(split.samples_per_rank)} samples, "
                          f"{min(split.tokens_per_rank)}-{max(split.tokens_per_rank)} tokens, "
                          f"{split.micro_batches_per_rank} micro-batches{steps}")
+    if result.backend is not None:
+        backend = result.backend
+        lines.append(f"attention: {backend.attention} ({backend.attention_reason})")
+        lines.append(f"kernels: {backend.kernels} ({backend.kernels_reason}); loss: {backend.loss} "
+                     f"({backend.loss_reason})")
     if result.memory is not None:
         memory = result.memory
         device = "report only (no device memory to compare)" if memory.device_gib is None \

@@ -74,6 +74,18 @@ class PlanStats:
 
 
 @dataclass(kw_only=True)
+class BackendStats:
+    """The kernels the ranks build with (decided once here; the recipe reads them, never re-derives them)."""
+
+    attention: str
+    attention_reason: str
+    kernels: str
+    kernels_reason: str
+    loss: str
+    loss_reason: str
+
+
+@dataclass(kw_only=True)
 class MemoryStats:
     weights_gib: float
     grads_gib: float
@@ -94,6 +106,7 @@ class PreflightResult:
     padding: PaddingStats | None = None
     plan: PlanStats | None = None
     memory: MemoryStats | None = None
+    backend: BackendStats | None = None
     # Information that is not a problem (pad == eos, the resized vocab, the truncation counts).
     notes: list[str] = field(default_factory=list)
     context_length: int | None = None
@@ -136,7 +149,8 @@ def load_result(run_dir: Path) -> PreflightResult:
         problems=[Problem(**problem) for problem in data["problems"]],
         splits={name: SplitStats(**stats) for name, stats in data["splits"].items()},
         vocab=_optional(VocabStats, data["vocab"]), padding=_optional(PaddingStats, data["padding"]),
-        plan=plan, memory=_optional(MemoryStats, data["memory"]), notes=list(data["notes"]),
+        plan=plan, memory=_optional(MemoryStats, data["memory"]),
+        backend=_optional(BackendStats, data.get("backend")), notes=list(data["notes"]),
         context_length=data["context_length"], stream_train_lines=data["stream_train_lines"],
         rejects_file=None if data["rejects_file"] is None else Path(data["rejects_file"]),
     )

@@ -20,6 +20,7 @@ from seqtune.preflight import checks
 from seqtune.preflight.checks import Problem
 from seqtune.preflight.facts import ModelFacts, gather_facts
 from seqtune.preflight.phases import (
+    backend_phase,
     fast_checks,
     memory_phase,
     plan_phase,
@@ -46,12 +47,14 @@ def run_preflight(cfg: RootConfig, run_dir: Path) -> PreflightResult:
         problem = Problem(check="load", key=err.key or "model.path", message=str(err))
         return _finish(PreflightResult(ok=False, max_seq_len=None, problems=[problem]), run_dir)
     problems = fast_checks(cfg, facts)
+    backend, backend_problems = backend_phase(cfg, facts)
+    problems += backend_problems
     print_problems(problems, "preflight: found before reading any data (the data scan continues):")
     scans, scan_problems = scan_splits(cfg, facts)
     problems += scan_problems
     result = PreflightResult(ok=False, max_seq_len=None, context_length=facts.context_length,
                              caches={name: scan.cache_dir for name, scan in scans.items()},
-                             rejects_file=run_dir / REJECTS_FILE)
+                             rejects_file=run_dir / REJECTS_FILE, backend=backend)
     result.notes += checks.pad_token_notes(pad_id=facts.pad_id, eos_id=facts.eos_id)
     if "train" in scans:
         try:
@@ -93,7 +96,8 @@ def _data_phases(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitScan]
         result.plan.splits["train"], stream_problems = stream_train_plan(cfg, lines)
         problems += stream_problems
     result.padding = PaddingStats(strategy=cfg.padding.strategy, side=facts.padding_side, efficiency=efficiency)
-    result.memory, memory_problems = memory_phase(cfg, facts, max_seq_len)
+    result.memory, memory_problems = memory_phase(cfg, facts, max_seq_len, result.backend,
+                                                  result.plan.world_size)
     problems += memory_problems
 
 

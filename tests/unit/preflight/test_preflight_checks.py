@@ -180,33 +180,30 @@ def test_lora_targets_must_match_a_module():
     assert checks.check_lora_targets(enabled=False, targets=["query"], linear_module_names=names) == []
 
 
-def test_qlora_and_flash_attention_need_cuda():
-    base = dict(compute_dtype="bfloat16", device="auto", flash_attn_installed=True, bitsandbytes_installed=True)
-    problems = checks.check_backend(load_in_4bit=True, attn_implementation="flash_attention_2",
-                                    cuda_available=False, **base)
-    assert [p.key for p in problems] == ["model.load_in_4bit", "model.attn_implementation"]
-    assert checks.check_backend(load_in_4bit=True, attn_implementation="flash_attention_2", cuda_available=True,
-                                **base) == []
+def test_qlora_needs_cuda_and_bitsandbytes():
+    problems = checks.check_backend(load_in_4bit=True, device="auto", cuda_available=False,
+                                    bitsandbytes_installed=True, attention_problems=[])
+    assert [p.key for p in problems] == ["model.load_in_4bit"] and "needs a CUDA device" in problems[0].message
+    missing = checks.check_backend(load_in_4bit=True, device="auto", cuda_available=True,
+                                   bitsandbytes_installed=False, attention_problems=[])
+    assert "needs bitsandbytes" in missing[0].message
+    assert checks.check_backend(load_in_4bit=True, device="auto", cuda_available=True, bitsandbytes_installed=True,
+                                attention_problems=[]) == []
 
 
-def test_flash_attention_needs_package_and_16_bit_dtype():
-    missing = checks.check_backend(load_in_4bit=False, attn_implementation="flash_attention_2",
-                                   compute_dtype="bfloat16",
-                                   device="cuda", cuda_available=True, flash_attn_installed=False,
-                                   bitsandbytes_installed=False)
-    assert "flash-attn package" in missing[0].message
-    fp32 = checks.check_backend(load_in_4bit=False, attn_implementation="flash_attention_2", compute_dtype="float32",
-                                device="cuda", cuda_available=True, flash_attn_installed=True,
-                                bitsandbytes_installed=False)
-    assert "got float32" in fp32[0].message
-    no_cuda = checks.check_backend(load_in_4bit=False, attn_implementation="sdpa", compute_dtype="float32",
-                                   device="cuda", cuda_available=False, flash_attn_installed=False,
-                                   bitsandbytes_installed=False)
-    assert no_cuda[0].key == "train.device"
+def test_attention_problems_come_from_the_attention_rule_and_device_is_checked():
+    problems = checks.check_backend(load_in_4bit=False, device="cuda", cuda_available=False,
+                                    bitsandbytes_installed=False,
+                                    attention_problems=["model.attn_implementation=torch_varlen needs a CUDA device"])
+    assert [p.key for p in problems] == ["train.device", "model.attn_implementation"]
+    assert problems[1].message == "model.attn_implementation=torch_varlen needs a CUDA device"
 
 
 def test_memory_fails_only_against_a_known_device():
-    problems = checks.check_memory(estimate_gib=90.0, device_memory_gib=80.0, breakdown="weights 60")
+    problems = checks.check_memory(estimate_gib=90.0, device_memory_gib=80.0, breakdown="weights 60",
+                                   fits=["model.gradient_checkpointing=true (~40.0 GiB)"])
     assert "90.0 GiB (weights 60) > device memory 80.0 GiB" in problems[0].message
+    assert problems[0].message.endswith("Fix: model.gradient_checkpointing=true (~40.0 GiB).")
+    assert "combine them" in checks.check_memory(estimate_gib=90.0, device_memory_gib=80.0, breakdown="")[0].message
     assert checks.check_memory(estimate_gib=90.0, device_memory_gib=None, breakdown="") == []
     assert checks.check_memory(estimate_gib=9.0, device_memory_gib=80.0, breakdown="") == []

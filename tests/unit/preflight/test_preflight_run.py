@@ -251,7 +251,20 @@ def test_memory_over_the_stated_device_memory_fails(tmp_path, varied):
     report = run_failing(make_cfg(tmp_path, varied, "preflight.device_memory_gib=0.0001"), tmp_path / "run",
                          match=r"\[memory\] train.batch_size")
     assert report["memory"]["device_gib"] == 0.0001 and report["memory"]["total_gib"] > 0.0001
-    assert "model.gradient_checkpointing=true" in messages(report)
+    assert "none of a smaller batch, checkpointing, a shorter max_seq_len or QLoRA fits alone" in messages(report)
+
+
+def test_memory_refusal_names_the_settings_that_would_fit(tmp_path, varied):
+    """A device between the checkpointed and the plain estimate: the refusal names checkpointing, with its estimate."""
+    full = ("recipe_name=full_sft", "lora.enabled=false")
+    plain = run_preflight(make_cfg(tmp_path, varied, *full), tmp_path / "plain").memory.total_gib
+    checkpointed = run_preflight(make_cfg(tmp_path, varied, *full, "model.gradient_checkpointing=true"),
+                                 tmp_path / "ckpt").memory.total_gib
+    assert checkpointed < plain
+    device = (plain + checkpointed) / 2
+    report = run_failing(make_cfg(tmp_path, varied, *full, f"preflight.device_memory_gib={device}"),
+                         tmp_path / "run", match=r"\[memory\] train.batch_size")
+    assert f"model.gradient_checkpointing=true (~{checkpointed:.1f} GiB)" in messages(report)
 
 
 def test_a_missing_checkpoint_fails_once_with_preflight_json(tmp_path, varied):
