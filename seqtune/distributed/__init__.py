@@ -48,11 +48,16 @@ def init_distributed(*, device_choice: str, backend_choice: str) -> DistEnv:
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = pick_device(device_choice, local_rank)
-    if world_size > 1 and not dist.is_initialized():
+    # Under torchrun every rank joins the group, a world of one too: the collectives then run on the real backend
+    # (NCCL on a single GPU), as they will at scale. A plain local run has no group at all.
+    launched = "TORCHELASTIC_RUN_ID" in os.environ
+    if (world_size > 1 or launched) and not dist.is_initialized():
         backend = backend_choice if backend_choice != "auto" else ("nccl" if device.type == "cuda" else "gloo")
         # A bounded timeout turns a rank that never arrives into an error instead of a hang.
         dist.init_process_group(backend=backend, timeout=timedelta(minutes=10),
                                 device_id=device if device.type == "cuda" else None)
+        if rank == 0:
+            print(f"process group: {dist.get_backend()} backend, world size {world_size}", flush=True)
     return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
 
 
