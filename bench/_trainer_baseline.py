@@ -70,14 +70,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--attn", default="sdpa", help="sdpa | flash_attention_2 (GPU)")
-    parser.add_argument("--gpu", action="store_true", help="train on CUDA with bf16 autocast (bench/gpu_llama8b.py)")
+    parser.add_argument("--gpu", action="store_true", help="train on CUDA with bf16 autocast (bench/gpu/proof.py)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cfg = load_resolved(args.run_dir / "config.yaml")
     torch.manual_seed(cfg.train.seed)
     spec = get_spec(cfg.model.family)
     tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec.chat_template)
-    model = apply_lora(build_model(cfg.model, attn_implementation=args.attn, resize_to=None), cfg.lora, spec)
+    # On the GPU the model is built there: a random 8B-shaped model initialises in seconds, not minutes of CPU.
+    model = build_model(cfg.model, attn_implementation=args.attn, resize_to=None, device="cuda" if args.gpu else None)
+    model = apply_lora(model, cfg.lora, spec)
     train = samples(args.data, SampleEncoder(tokenizer, cfg.data.format, train_on_prompt=cfg.data.train_on_prompt))
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

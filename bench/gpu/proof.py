@@ -1,0 +1,531 @@
+"""The GPU proof of seqtune's training path, in one command of under 10 minutes (bench/gpu/README.md):
+
+    python bench/gpu/proof.py --out DIR            # a CUDA machine (bench/gpu/bundle.sh brings the wheels)
+    python bench/gpu/proof.py --out DIR --quick    # CPU, tiny shapes: every code path, no GPU numbers
+
+1. contamination: packed rows keep documents apart on CUDA for sdpa, torch_varlen and flash_attention_2 (when
+   installed), and each backend's logits and gradients match eager fp32 on packed, right- and left-padded batches;
+2. steps: one QLoRA step (bitsandbytes NF4) and bf16 LoRA steps on a TinyLlama-1.1B-shaped model, real CLI;
+3. throughput: bf16 LoRA on a Llama-3-8B-shaped model (random weights), packed 4096, against transformers.Trainer +
+   DataCollatorForSeq2Seq + sdpa on the same model and data, in this run; MFU (formula in mfu());
+4. memory: preflight's estimate vs torch.cuda.max_memory_allocated for every CLI run;
+5. torchrun: launcher=torchrun on one GPU with the NCCL process group.
+
+Writes DIR/gpu_proof.json and DIR/gpu_proof.md after every section, so a section that fails or runs out of time
+leaves the others' results. Each CLI run's command is in the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+
+from _common import WORDS, markdown_table  # noqa: E402
+
+# Llama-3-8B and TinyLlama-1.1B architecture fields (seqtune model keys), random weights: nothing is downloaded.
+LLAMA3_8B = {"vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336, "num_layers": 32,
+             "num_heads": 32, "num_kv_heads": 8, "max_position_embeddings": 131072, "rope_theta": 500000.0}
+TINYLLAMA_1B = {"vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 5632, "num_layers": 22,
+                "num_heads": 32, "num_kv_heads": 4, "max_position_embeddings": 131072}
+TINY = {"vocab_size": 128256, "hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4,
+        "num_kv_heads": 2, "max_position_embeddings": 131072}
+# Dense bf16 peak of an H100/H200 SXM by the datasheet; MFU is against this (--peak-tflops to change).
+H200_BF16_TFLOPS = 989.0
+LOG_EVERY = 5
+
+
+class Proof:
+    def __init__(self, out: Path, quick: bool, budget_s: float) -> None:
+        self.out, self.quick, self.began, self.budget_s = out, quick, time.perf_counter(), budget_s
+        self.work = out / "work" if quick else Path("/tmp/seqtune-gpu-proof")
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.results: dict = {"machine": machine(), "quick": quick, "sections": {}}
+
+    def left_s(self) -> float:
+        return self.budget_s - (time.perf_counter() - self.began)
+
+    def section(self, name: str, fn) -> None:
+        start = time.perf_counter()
+        print(f"\n=== {name} ({self.left_s():.0f} s of budget left)", flush=True)
+        try:
+            value = fn()
+            entry = {"ok": True, **value}
+        except (Exception, SystemExit) as err:  # one failing section must not lose the others' numbers
+            entry = {"ok": False, "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-4000:]}
+            print(entry["traceback"], flush=True)
+        entry["seconds"] = round(time.perf_counter() - start, 1)
+        self.results["sections"][name] = entry
+        self.write()
+
+    def write(self) -> None:
+        (self.out / "gpu_proof.json").write_text(json.dumps(self.results, indent=2, default=str) + "\n")
+        (self.out / "gpu_proof.md").write_text(render(self.results) + "\n")
+
+    # --- seqtune's CLI --------------------------------------------------------------------------------------
+
+    def cli(self, name: str, overrides: list[str], *, timeout: float, torchrun: bool = False) -> dict:
+        run_dir = self.work / name
+        cmd = [sys.executable, "-m", "seqtune", f"hydra.run.dir={run_dir}", "train.progress=false",
+               f"train.log_every={LOG_EVERY}", "train.eval_every=0", f"data.cache_dir={self.work / 'cache'}",
+               *overrides]
+        began = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=child_env(),
+                              timeout=min(timeout, max(30.0, self.left_s() - 20)))
+        wall = time.perf_counter() - began
+        record = {"command": "python " + " ".join(cmd[1:]), "exit": proc.returncode, "wall_s": round(wall, 1),
+                  "run_dir": str(run_dir)}
+        if proc.returncode != 0:
+            raise RuntimeError(f"{name} exited {proc.returncode}:\n{proc.stdout[-2500:]}\n{proc.stderr[-2500:]}")
+        record["stdout_tail"] = proc.stdout[-1500:]
+        preflight = json.loads((run_dir / "preflight.json").read_text())
+        metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        peaks = [m["peak_memory_mb"] for m in metrics if "peak_memory_mb" in m]
+        record |= {"backend": preflight.get("backend"), "memory_estimate_gib": preflight["memory"]["total_gib"],
+                   "memory_breakdown": preflight["memory"], "measured_peak_gib": max(peaks) / 1024 if peaks else None,
+                   "final_loss": next((m["loss"] for m in reversed(metrics) if "loss" in m), None),
+                   "throughput": window_throughput(metrics), "preflight": preflight}
+        if record["measured_peak_gib"]:
+            record["estimate_vs_measured"] = record["memory_estimate_gib"] / record["measured_peak_gib"]
+        return record
+
+
+def child_env() -> dict[str, str]:
+    return os.environ | {"TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore", "HF_HUB_OFFLINE": "1"}
+
+
+def machine() -> dict:
+    import torch
+
+    info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info |= {"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),
+                 "capability": list(torch.cuda.get_device_capability())}
+    from importlib.metadata import PackageNotFoundError, version
+
+    for package in ("transformers", "peft", "bitsandbytes", "flash-attn", "liger-kernel"):
+        try:
+            info[package.replace("-", "_")] = version(package)
+        except PackageNotFoundError:
+            info[package.replace("-", "_")] = None
+    return info
+
+
+def window_throughput(metrics: list[dict]) -> dict | None:
+    """Tokens/s over the logged windows after the first (warm-up) one, as bench/throughput.py measures."""
+    windows = [m for m in metrics if "tokens_per_s" in m]
+    if len(windows) < 2:
+        return None
+    seconds = tokens = targets = positions = 0.0
+    previous = windows[0]["tokens_seen"]
+    for record in windows[1:]:
+        window_tokens = record["tokens_seen"] - previous
+        previous = record["tokens_seen"]
+        window_seconds = window_tokens / record["tokens_per_s"]
+        seconds += window_seconds
+        tokens += window_tokens
+        targets += record["target_tokens_per_s"] * window_seconds
+        positions += record["computed_tokens_per_s"] * window_seconds
+    return {"seconds": seconds, "tokens_per_s": tokens / seconds, "target_tokens_per_s": targets / seconds,
+            "padding_efficiency": tokens / positions}
+
+
+def write_sft_data(path: Path, n: int, *, max_tokens: int, seed: int = 0) -> Path:
+    """Alpaca records with an SFT-like length mix: 95% lognormal around max_tokens/14, 5% in the top quarter
+    (one word of WORDS is one token for the Llama 3 tokenizer, plus the template's ~30 tokens)."""
+    rng = random.Random(seed)
+    limit = int((max_tokens - 48) * 0.85)  # some words take two tokens
+    with path.open("w", encoding="utf-8") as f:
+        for _ in range(n):
+            if rng.random() < 0.05:
+                total = rng.randint(3 * limit // 4, limit)
+            else:
+                total = max(4, min(limit, int(rng.lognormvariate(0, 0.7) * max_tokens / 14)))
+            prompt = max(1, total // 3)
+            f.write(json.dumps({"instruction": " ".join(rng.choices(WORDS, k=prompt)), "input": "",
+                                "output": " ".join(rng.choices(WORDS, k=total - prompt))}) + "\n")
+    return path
+
+
+def model_overrides(shape: dict) -> list[str]:
+    return ["model=llama3_tiny", *(f"model.{k}={v}" for k, v in shape.items())]
+
+
+# --- 1. contamination ---------------------------------------------------------------------------------------
+
+
+def contamination(quick: bool) -> dict:
+    """Per backend and family: B packed after A equals B alone; changing A leaves B unchanged; logits and
+    gradients on packed, right- and left-padded batches match eager fp32 on the same weights."""
+    import torch
+
+    from seqtune.models import varlen
+    from seqtune.models.attention import flash_attn_installed
+
+    from seqtune.models.kernels import liger_installed
+
+    device = "cpu" if quick else "cuda"
+    dtype = torch.float32 if quick else torch.bfloat16
+    backends = ["sdpa", varlen.TORCH_VARLEN] + (["flash_attention_2"] if flash_attn_installed() else [])
+    # torch_varlen with Liger's fused RMSNorm/SwiGLU/GeGLU/RoPE (model.kernels=liger), what auto trains with.
+    backends += [varlen.TORCH_VARLEN + "+liger"] if liger_installed() and not quick else []
+    varlen.register()
+    rows = []
+    for family, config in tiny_configs().items():
+        for backend in backends:
+            kernel = varlen.use_kernel(varlen.reference_kernel) if quick and backend == varlen.TORCH_VARLEN \
+                else _nullcontext()
+            with kernel, _restored_modeling_modules():
+                rows.append({"family": family, "backend": backend,
+                             **_contamination_case(config, backend, device=device, dtype=dtype)})
+    worst = max(r["worst_relative"] for r in rows)
+    return {"rows": rows, "backends": backends, "dtype": str(dtype), "device": device,
+            "passed": all(r["isolated"] and r["matches_eager"] for r in rows), "worst_relative": worst}
+
+
+class _restored_modeling_modules:
+    """Liger patches transformers' modeling modules (RoPE function, norm and MLP classes) for the whole process:
+    put them back after each case, so the next case's eager reference is transformers' own."""
+
+    def __enter__(self):
+        import transformers.models.gemma3.modeling_gemma3 as gemma3
+        import transformers.models.llama.modeling_llama as llama
+        import transformers.models.mistral.modeling_mistral as mistral
+
+        self.saved = [(module, dict(vars(module))) for module in (llama, mistral, gemma3)]
+        return self
+
+    def __exit__(self, *exc):
+        for module, names in self.saved:
+            vars(module).update(names)
+        return False
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def tiny_configs() -> dict:
+    from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig
+
+    common = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    return {
+        "llama3": LlamaConfig(**common),
+        # A window shorter than the documents, so the sliding-window path really cuts.
+        "mistral": MistralConfig(**common, sliding_window=8),
+        "gemma3": Gemma3TextConfig(**common, head_dim=32, sliding_window=8, layer_types=["sliding_attention",
+                                                                                          "full_attention"]),
+    }
+
+
+def _contamination_case(config, backend: str, *, device: str, dtype) -> dict:
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    reference_config = copy.deepcopy(config)
+    reference_config._attn_implementation = "eager"
+    reference = AutoModelForCausalLM.from_config(reference_config).to(device=device, dtype=torch.float32)
+    from seqtune.models.kernels import apply_kernels
+
+    tested_config = copy.deepcopy(config)
+    tested_config._attn_implementation = backend.removesuffix("+liger")
+    model = AutoModelForCausalLM.from_config(tested_config).to(device=device, dtype=torch.float32)
+    model.load_state_dict(reference.state_dict())
+    apply_kernels(model, "liger" if backend.endswith("+liger") else "torch")
+    model = model.to(dtype).train()
+    reference.train()
+    gen = torch.Generator().manual_seed(1)
+    a, b, c = (torch.randint(3, 500, (n,), generator=gen) for n in (23, 17, 9))
+    a2 = torch.randint(3, 500, (23,), generator=gen)
+
+    def packed(*docs):
+        ids = torch.cat(docs).unsqueeze(0).to(device)
+        pos = torch.cat([torch.arange(len(d)) for d in docs]).unsqueeze(0).to(device)
+        return {"input_ids": ids, "position_ids": pos}
+
+    def logits(m, batch):
+        return m(**batch, use_cache=False).logits.float()
+
+    with torch.no_grad():
+        b_after_a = logits(model, packed(a, b, c))[0, 23:40]
+        b_after_a2 = logits(model, packed(a2, b, c))[0, 23:40]
+        b_alone = logits(model, packed(b))[0]
+    scale = b_alone.abs().max().item()
+    isolation = max((b_after_a - b_alone).abs().max().item(), (b_after_a - b_after_a2).abs().max().item()) / scale
+    comparisons = {}
+    for label, batch, mask in _batches(a, b, c, device):
+        ref_logits = logits(reference, batch)
+        out = logits(model, batch)
+        keep = mask.bool() if mask is not None else torch.ones_like(batch["input_ids"], dtype=torch.bool)
+        rel = ((out - ref_logits)[keep].abs().max() / ref_logits[keep].abs().max()).item()
+        grads = _grad_relative(model, reference, batch, keep)
+        comparisons[label] = {"logits_relative": rel, "grad_relative": grads}
+    tolerance = 3e-2 if dtype != torch.float32 else 1e-4  # bf16 rounding vs an fp32 reference
+    worst = max([isolation] + [v for c in comparisons.values() for v in c.values()])
+    return {"isolation_relative": isolation, "isolated": isolation <= tolerance, "comparisons": comparisons,
+            "matches_eager": all(v <= tolerance * 2 for c in comparisons.values() for v in c.values()),
+            "worst_relative": worst, "tolerance": tolerance}
+
+
+def _batches(a, b, c, device):
+    import torch
+
+    length = max(len(a), len(b), len(c))
+    ids = torch.zeros(3, length, dtype=torch.long)
+    right = torch.zeros(3, length, dtype=torch.long)
+    left = torch.zeros(3, length, dtype=torch.long)
+    left_ids = torch.zeros(3, length, dtype=torch.long)
+    left_pos = torch.zeros(3, length, dtype=torch.long)
+    for i, doc in enumerate((a, b, c)):
+        ids[i, : len(doc)] = doc
+        right[i, : len(doc)] = 1
+        left_ids[i, length - len(doc):] = doc
+        left[i, length - len(doc):] = 1
+        left_pos[i, length - len(doc):] = torch.arange(len(doc))
+    pos = torch.arange(length).expand(3, length)
+    packed_ids = torch.cat([a, b, c]).unsqueeze(0)
+    packed_pos = torch.cat([torch.arange(len(d)) for d in (a, b, c)]).unsqueeze(0)
+    yield "packed", {"input_ids": packed_ids.to(device), "position_ids": packed_pos.to(device)}, None
+    yield "right-padded", {"input_ids": ids.to(device), "attention_mask": right.to(device),
+                           "position_ids": pos.to(device)}, right.to(device)
+    yield "left-padded", {"input_ids": left_ids.to(device), "attention_mask": left.to(device),
+                          "position_ids": left_pos.to(device)}, left.to(device)
+
+
+def _grad_relative(model, reference, batch, keep) -> float:
+    """Relative difference of the q_proj weight gradient of layer 0 for the loss over real positions."""
+    import torch
+
+    worst = 0.0
+    grads = []
+    for m in (model, reference):
+        m.zero_grad(set_to_none=True)
+        out = m(**batch, use_cache=False).logits.float()
+        (out[keep].logsumexp(-1).sum()).backward()
+        grads.append(m.model.layers[0].self_attn.q_proj.weight.grad.float().clone())
+    diff = (grads[0] - grads[1]).norm() / grads[1].norm()
+    worst = max(worst, diff.item())
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    return worst
+
+
+# --- 2. QLoRA and bf16 LoRA steps ---------------------------------------------------------------------------
+
+
+def steps(proof: Proof) -> dict:
+    data = write_sft_data(proof.work / "small.jsonl", 600, max_tokens=1024)
+    shape = TINY if proof.quick else TINYLLAMA_1B
+    common = [*model_overrides(shape), "tokenizer=llama3", f"data.train={data}", "data.val=null",
+              "data.max_seq_len=1024", "lora=default", "lora.rank=16", "optim.lr=1e-4", "padding=packed",
+              "train.batch_size=4", "train.max_steps=12"]
+    device = ["train.device=cpu"] if proof.quick else ["train.device=cuda", "model.dtype=bfloat16"]
+    runs = {"bf16_lora": proof.cli("bf16_lora", common + device, timeout=150)}
+    if proof.quick:
+        runs["qlora"] = {"skipped": "QLoRA (bitsandbytes NF4) needs CUDA"}
+    else:
+        runs["qlora"] = proof.cli("qlora", common + device + ["model.load_in_4bit=true", "train.max_steps=3"],
+                                  timeout=200)
+        runs["bf16_full_ft"] = proof.cli("bf16_full_ft", [*model_overrides(shape), "tokenizer=llama3",
+                                                          f"data.train={data}", "data.val=null",
+                                                          "data.max_seq_len=1024", "recipe=full_sft",
+                                                          "optim.lr=1e-5", "padding=packed", "train.batch_size=4",
+                                                          "train.max_steps=3", *device], timeout=150)
+    return {"runs": runs}
+
+
+# --- 3. throughput on the 8B shape ----------------------------------------------------------------------------
+
+
+def throughput(proof: Proof, peak_tflops: float) -> dict:
+    from throughput import run_baseline
+
+    max_len = 512 if proof.quick else 4096
+    shape = TINY if proof.quick else LLAMA3_8B
+    steps = 10 if proof.quick else 20
+    data = write_sft_data(proof.work / "sft.jsonl", 3000 if proof.quick else 12000, max_tokens=max_len)
+    common = [*model_overrides(shape), "tokenizer=llama3", f"data.train={data}", "data.val=null",
+              f"data.max_seq_len={max_len}", "lora=default", "lora.rank=16", "optim.lr=1e-4", "train.batch_size=2",
+              f"train.max_steps={steps}"]
+    device = ["train.device=cpu"] if proof.quick else ["train.device=cuda", "model.dtype=bfloat16"]
+    packed = proof.cli("8b_packed", common + device + ["padding=packed"], timeout=300)
+    plain = None
+    if not proof.quick and proof.left_s() > 330:  # the same run with the model's own modules (model.kernels=torch)
+        plain = proof.cli("8b_packed_torch_kernels", common + device + ["padding=packed", "model.kernels=torch"],
+                          timeout=300)
+    baseline = run_baseline(run_dir=Path(packed["run_dir"]), data=data, steps=steps, threads=8, nproc=1,
+                            flags=("--attn", "sdpa") + (() if proof.quick else ("--gpu",)))
+    lengths = _cached_lengths(packed["preflight"])
+    rows = {f"seqtune packed, kernels={packed['backend']['kernels']}": packed["throughput"]
+            | {"command": packed["command"]}}
+    if plain is not None:
+        rows["seqtune packed, kernels=torch"] = plain["throughput"] | {"command": plain["command"]}
+    rows["Trainer + DataCollatorForSeq2Seq + sdpa"] = baseline
+    for row in rows.values():
+        row |= mfu(shape, row, lengths, peak_tflops)
+    ratio = next(iter(rows.values()))["target_tokens_per_s"] / baseline["target_tokens_per_s"]
+    return {"shape": "Llama-3-8B" if not proof.quick else "tiny", "max_seq_len": max_len, "micro_batch": 2,
+            "steps": steps, "rows": rows, "target_tokens_ratio": ratio, "backend": packed["backend"],
+            "memory_runs": {name: {k: run[k] for k in ("memory_estimate_gib", "measured_peak_gib",
+                                                       "estimate_vs_measured", "command")}
+                            for name, run in (("8b_packed", packed), ("8b_packed_torch_kernels", plain)) if run},
+            "peak_tflops": peak_tflops}
+
+
+def _cached_lengths(preflight: dict) -> list[int]:
+    from seqtune.data.cache import TokenCache
+
+    return [int(n) for n in TokenCache.open(Path(preflight["caches"]["train"])).lengths]
+
+
+def mfu(shape: dict, row: dict, lengths: list[int], peak_tflops: float) -> dict:
+    """Model FLOPs utilisation of a LoRA run, counting only the work the model needs, on real tokens:
+
+      per real token:   4 * N_body                      (forward 2N + backward to the activations 2N; the frozen
+                                                         base weights get no gradient under LoRA)
+                        + 12 * L * d_q * c              (causal attention: QK^T and AV, forward + 2x backward,
+                                                         c = mean attended context = sum n(n+1)/2 / sum n
+                                                         over the documents' lengths n)
+      per target token: 4 * V * d                       (the head, needed only where there is a target)
+      MFU = FLOPs/s / peak (dense bf16, datasheet).     mfu_6n adds the full-fine-tune convention 6N for reference.
+    """
+    d, f, layers, v = shape["hidden_size"], shape["intermediate_size"], shape["num_layers"], shape["vocab_size"]
+    kv = d * shape["num_kv_heads"] // shape["num_heads"]
+    body = layers * (2 * d * d + 2 * d * kv + 3 * d * f)
+    context = sum(n * (n + 1) / 2 for n in lengths) / max(1, sum(lengths))
+    per_token = 4 * body + 12 * layers * d * context
+    flops = row["tokens_per_s"] * per_token + row["target_tokens_per_s"] * 4 * v * d
+    six = row["tokens_per_s"] * (6 * (body + v * d) + 12 * layers * d * context)
+    return {"mfu": flops / (peak_tflops * 1e12), "mfu_6n": six / (peak_tflops * 1e12),
+            "model_tflops_per_s": flops / 1e12, "mean_attended_context": context}
+
+
+# --- 4. memory ------------------------------------------------------------------------------------------------
+
+
+def memory(proof: Proof) -> dict:
+    """Estimate vs measured for every CLI run so far, plus the 8B shape with activation checkpointing."""
+    rows = {}
+    for name, section in proof.results["sections"].items():
+        for run_name, run in _runs(section):
+            if run.get("measured_peak_gib"):
+                rows[run_name] = {k: run.get(k) for k in ("memory_estimate_gib", "measured_peak_gib",
+                                                         "estimate_vs_measured", "command")}
+    if not proof.quick and proof.left_s() > 150:
+        data = proof.work / "sft.jsonl"
+        run = proof.cli("8b_checkpointing", [*model_overrides(LLAMA3_8B), "tokenizer=llama3", f"data.train={data}",
+                                             "data.val=null", "data.max_seq_len=4096", "lora=default",
+                                             "lora.rank=16", "train.batch_size=4", "train.max_steps=2",
+                                             "padding=packed", "model.gradient_checkpointing=true",
+                                             "train.device=cuda", "model.dtype=bfloat16"], timeout=200)
+        rows["8b_checkpointing"] = {k: run.get(k) for k in ("memory_estimate_gib", "measured_peak_gib",
+                                                        "estimate_vs_measured", "command")}
+    within = [abs(r["estimate_vs_measured"] - 1) <= 0.15 for r in rows.values() if r["estimate_vs_measured"]]
+    return {"rows": rows, "all_within_15pct": bool(within) and all(within)}
+
+
+def _runs(section: dict):
+    for key, value in section.items():
+        if key == "runs":
+            yield from value.items()
+        if key == "memory_runs":
+            yield from value.items()
+
+
+# --- 5. torchrun with NCCL ------------------------------------------------------------------------------------
+
+
+def torchrun(proof: Proof) -> dict:
+    device = ["train.device=cpu"] if proof.quick else ["train.device=cuda"]
+    run = proof.cli("torchrun", ["launcher=torchrun", "launcher.nproc_per_node=1", "train.max_steps=10", *device],
+                    timeout=150)
+    backend = "gloo" if proof.quick else "nccl"
+    joined = f"process group: {backend} backend" in run["stdout_tail"]
+    return {"run": {k: run[k] for k in ("command", "exit", "wall_s", "final_loss")}, "backend": backend,
+            "process_group_joined": joined}
+
+
+# --- report ---------------------------------------------------------------------------------------------------
+
+
+def render(results: dict) -> str:
+    m = results["machine"]
+    out = [f"GPU proof: {m.get('gpu', 'CPU (--quick)')}, torch {m['torch']} (CUDA {m.get('cuda')}), "
+           f"transformers {m['transformers']}, peft {m['peft']}, bitsandbytes {m['bitsandbytes']}, "
+           f"flash_attn {m['flash_attn']}, liger_kernel {m['liger_kernel']}; {m['date_utc']} UTC", ""]
+    sections = results["sections"]
+    for name, entry in sections.items():
+        status = "ok" if entry["ok"] else f"FAILED: {entry['error'][:300]}"
+        out.append(f"- {name}: {status} ({entry['seconds']} s)")
+    out.append("")
+    if sections.get("contamination", {}).get("ok"):
+        c = sections["contamination"]
+        rows = [[r["family"], r["backend"], f"{r['isolation_relative']:.1e}",
+                 *(f"{r['comparisons'][k]['logits_relative']:.1e} / {r['comparisons'][k]['grad_relative']:.1e}"
+                   for k in ("packed", "right-padded", "left-padded")), "yes" if r["isolated"] and
+                 r["matches_eager"] else "NO"] for r in c["rows"]]
+        out += [f"Packed contamination ({c['device']}, {c['dtype']}; relative max |diff|):", "",
+                markdown_table(["family", "backend", "B packed vs alone / A changed", "packed vs eager fp32 "
+                                "(logits / grad)", "right-padded", "left-padded", "pass"], rows), ""]
+    if sections.get("throughput", {}).get("ok"):
+        t = sections["throughput"]
+        rows = [[name, f"{r['tokens_per_s']:.0f}", f"{r['target_tokens_per_s']:.0f}",
+                 f"{r['target_tokens_per_s'] / t['rows']['Trainer + DataCollatorForSeq2Seq + sdpa']['target_tokens_per_s']:.2f}x",
+                 f"{r['padding_efficiency']:.3f}", f"{100 * r['mfu']:.1f}%", f"{100 * r['mfu_6n']:.1f}%"]
+                for name, r in t["rows"].items()]
+        out += [f"Throughput, {t['shape']} shape, bf16 LoRA r16, micro-batch {t['micro_batch']} x {t['max_seq_len']},"
+                f" {t['steps']} steps (attention {t['backend']['attention']}, loss {t['backend']['loss']}):", "",
+                markdown_table(["run", "real tok/s", "target tok/s", "vs Trainer", "padding eff.", "MFU (4N+attn)",
+                                "MFU (6N conv.)"], rows), ""]
+    if sections.get("memory", {}).get("ok"):
+        rows = [[name, f"{r['memory_estimate_gib']:.2f}", f"{r['measured_peak_gib']:.2f}",
+                 f"{r['estimate_vs_measured'] or 0:.2f}"] for name, r in sections["memory"]["rows"].items()]
+        out += ["Peak memory, preflight estimate vs torch.cuda.max_memory_allocated (GiB):", "",
+                markdown_table(["run", "estimate", "measured", "ratio"], rows), ""]
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--quick", action="store_true", help="CPU, tiny shapes (exercises the code paths)")
+    parser.add_argument("--peak-tflops", type=float, default=H200_BF16_TFLOPS)
+    parser.add_argument("--budget-s", type=float, default=540, help="stop starting new runs after this")
+    parser.add_argument("--only", default="", help="comma-separated sections to run (default: all)")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    proof = Proof(args.out, args.quick, args.budget_s)
+    sections = {
+        "contamination": lambda: contamination(args.quick),
+        "steps": lambda: steps(proof),
+        "throughput": lambda: throughput(proof, args.peak_tflops),
+        "memory": lambda: memory(proof),
+        "torchrun": lambda: torchrun(proof),
+    }
+    wanted = args.only.split(",") if args.only else list(sections)
+    for name in wanted:
+        proof.section(name, sections[name])
+    print("\n" + render(proof.results), flush=True)
+
+
+if __name__ == "__main__":
+    main()
