@@ -15,8 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from seqtune.data.stream import POLICY_REJECTS as STREAM_POLICY_REJECTS
+from seqtune.data.tokenize import CHAT_TEMPLATE_REJECT
 from seqtune.data.types import Reject
 from seqtune.models.lora import unmatched_targets
+from seqtune.tokenizers.templates import WITH_TOOL_TURNS as TEMPLATES_WITH_TOOL_TURNS
 
 # Strategies whose every micro-batch must be exactly [batch_size, max_seq_len].
 FIXED_SHAPE_STRATEGIES = ("max_length",)
@@ -297,23 +299,49 @@ def reject_counts(rejects: Sequence[Reject]) -> dict[str, int]:
 def check_bad_lines(
     *, split: str, rejects: Sequence[Reject], total_lines: int, max_bad_fraction: float
 ) -> list[Problem]:
-    """Malformed lines are skipped and written to rejects.jsonl; above data.max_bad_fraction preflight fails."""
+    """Malformed lines are skipped and written to rejects.jsonl; above data.max_bad_fraction preflight fails.
+
+    Conversations the chat template cannot render are their own problem (the fix is the template, named by
+    tokenizer.chat_template, not the data); both kinds count towards the fraction.
+    """
     bad = [reject for reject in rejects if reject.code not in POLICY_REJECTS]
     if not bad:
         return []
     fraction = len(bad) / max(total_lines, 1)
     if fraction <= max_bad_fraction:
         return []
-    per_reason = ", ".join(f"{code} x{count}" for code, count in sorted(reject_counts(bad).items()))
-    listed = [f"{reject.file}:{reject.line} ({reject.reason})" for reject in bad[:MAX_LISTED]]
-    first = f"{bad[0].file}:{bad[0].line}"
-    return [Problem(
-        check="integrity", key="data.max_bad_fraction", location=first,
-        message=(f"{len(bad)} of {total_lines} {split} lines are malformed ({fraction:.2%} > "
-                 f"data.max_bad_fraction={max_bad_fraction}): {per_reason}; {_listed(listed, len(bad))}. "
-                 f"All are listed in rejects.jsonl. Fix: repair those lines, or data.max_bad_fraction="
-                 f"{_fraction_fix(fraction)} to skip them."),
-    )]
+    skip = f"data.max_bad_fraction={_fraction_fix(fraction)} to skip them"
+    unrenderable = [reject for reject in bad if reject.code == CHAT_TEMPLATE_REJECT]
+    malformed = [reject for reject in bad if reject.code != CHAT_TEMPLATE_REJECT]
+    problems = []
+    if unrenderable:
+        tools = ", ".join(TEMPLATES_WITH_TOOL_TURNS)
+        problems.append(Problem(
+            check="template", key="tokenizer.chat_template", location=_where(unrenderable[0]),
+            message=(f"{len(unrenderable)} of {total_lines} {split} conversations cannot be rendered by the chat "
+                     f"template ({fraction:.2%} of lines skipped > data.max_bad_fraction={max_bad_fraction}): "
+                     f"{_listed(_described(unrenderable), len(unrenderable))}. All are listed in rejects.jsonl. "
+                     f"Fix: tokenizer.chat_template=NAME with a template that renders them (tool turns: {tools}; "
+                     f"or a .jinja file), repair those conversations, or {skip}."),
+        ))
+    if malformed:
+        per_reason = ", ".join(f"{code} x{count}" for code, count in sorted(reject_counts(malformed).items()))
+        problems.append(Problem(
+            check="integrity", key="data.max_bad_fraction", location=_where(malformed[0]),
+            message=(f"{len(malformed)} of {total_lines} {split} lines are malformed ({fraction:.2%} of lines "
+                     f"skipped > data.max_bad_fraction={max_bad_fraction}): {per_reason}; "
+                     f"{_listed(_described(malformed), len(malformed))}. All are listed in rejects.jsonl. "
+                     f"Fix: repair those lines, or {skip}."),
+        ))
+    return problems
+
+
+def _where(reject: Reject) -> str:
+    return f"{reject.file}:{reject.line}"
+
+
+def _described(rejects: Sequence[Reject]) -> list[str]:
+    return [f"{_where(reject)} ({reject.reason})" for reject in rejects[:MAX_LISTED]]
 
 
 def _fraction_fix(fraction: float) -> str:

@@ -154,6 +154,19 @@ def test_bad_lines_fail_at_zero_fraction_and_pass_with_a_higher_one():
     assert checks.reject_counts(rejects) == {"bad_json": 2, "missing_media": 1}
 
 
+def test_conversations_the_template_cannot_render_name_the_template_not_the_data():
+    tool = "chat_template: messages[2] is a tool turn and the chat template has no tool role"
+    rejects = [Reject(file="c.jsonl", line=i, reason=tool) for i in (3, 4, 8)] + _rejects(1)
+    problems = checks.check_bad_lines(split="train", rejects=rejects, total_lines=10, max_bad_fraction=0.1)
+    assert [(p.check, p.key, p.location) for p in problems] == [
+        ("template", "tokenizer.chat_template", "c.jsonl:3"), ("integrity", "data.max_bad_fraction", "train.jsonl:1")]
+    template = problems[0].message
+    assert "3 of 10 train conversations cannot be rendered by the chat template" in template
+    assert f"c.jsonl:3 ({tool})" in template and "(tool turns: llama3, mistral_v3;" in template
+    assert "Fix: tokenizer.chat_template=NAME" in template and "data.max_bad_fraction=0.4 to skip them" in template
+    assert "1 of 10 train lines are malformed" in problems[1].message
+
+
 def test_overlength_drops_are_a_policy_not_bad_lines():
     dropped = [Reject(file="t", line=1, reason="overlength: 600 tokens > 512")]
     assert checks.check_bad_lines(split="train", rejects=dropped, total_lines=2, max_bad_fraction=0.0) == []

@@ -31,8 +31,15 @@ EXPECTED = {
     "llama2_spm": (32_000, ("<s>", 1), ("</s>", 2), {
         "Hello world": [15043, 3186], " Hello World!": [29871, 15043, 2787, 29991],
         "Hello, world!": [15043, 29892, 3186, 29991]}),
-    "gemma": (262_144, ("<bos>", 2), ("<eos>", 1), {
-        "Hello world": [9259, 1902], " Hello World!": [26352, 4109, 236888], "Hello, world!": [9259, 236764, 1902, 236888]}),
+    # Gemma 3's ids come from sentencepiece on the model file, Gemma 4's from llama.cpp's reference file.
+    "gemma3": (262_144, ("<bos>", 2), ("<eos>", 1), {
+        "Hello world": [9259, 1902], " Hello World!": [26352, 4109, 236888],
+        "Hello, world!": [9259, 236764, 1902, 236888],
+        QUICK_FOX: [818, 3823, 8864, 37423, 38167, 1024, 236743, 236770, 236778, 31770, 12414, 236761],
+        "<start_of_turn>user\nHi<end_of_turn>\n": [105, 2364, 107, 10979, 106, 107]}),
+    "gemma4": (262_144, ("<bos>", 2), ("<eos>", 1), {
+        "Hello world": [9259, 1902], " Hello World!": [26352, 4109, 236888],
+        "Hello, world!": [9259, 236764, 1902, 236888]}),
 }
 _LOADED: dict[str, object] = {}
 
