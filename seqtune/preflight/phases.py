@@ -31,8 +31,10 @@ def fast_checks(cfg: RootConfig, facts: ModelFacts) -> list[Problem]:
     """The checks that need no data scan: they print within seconds."""
     rows = _vocab_rows(cfg, facts)
     problems = checks.check_vocab_size(tokenizer_size=facts.tokenizer_size, embedding_rows=facts.embedding_rows,
-                                       output_rows=facts.output_rows, resize_embeddings=cfg.model.resize_embeddings)
-    problems += checks.check_special_token_ids(special_ids=facts.special_ids, vocab_rows=rows)
+                                       output_rows=facts.output_rows, resize_embeddings=cfg.model.resize_embeddings,
+                                       special_ids=facts.special_ids)
+    if not problems:  # else the special tokens without a row are part of that one problem
+        problems += checks.check_special_token_ids(special_ids=facts.special_ids, vocab_rows=rows)
     problems += checks.check_pad_token(pad_id=facts.pad_id, pad_policy=cfg.tokenizer.pad_policy)
     if cfg.data.max_seq_len != "auto":
         problems += checks.check_context_length(max_seq_len=int(cfg.data.max_seq_len),
@@ -61,8 +63,11 @@ def _vocab_rows(cfg: RootConfig, facts: ModelFacts) -> int:
     return min(facts.embedding_rows, facts.output_rows)
 
 
-def resolve_lengths(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitScan]) -> tuple[int, list[Problem]]:
-    """max_seq_len in force: auto = the longest sample over ALL splits (x8), never above the model's context."""
+def resolve_lengths(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitScan]
+                    ) -> tuple[int, list[Problem], list[str]]:
+    """max_seq_len in force: auto = the longest sample over ALL splits (x8), never above the model's context.
+
+    Returns it, the problems, and a note when auto follows an outlier far above the other samples."""
     longest, location = 0, None
     for scan in scans.values():
         if len(scan.lengths) and int(scan.lengths.max()) > longest:
@@ -70,11 +75,13 @@ def resolve_lengths(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitSc
             longest, location = int(scan.lengths[index]), scan.cache().location(index)
     auto = cfg.data.max_seq_len == "auto"
     max_seq_len = checks.resolve_max_seq_len(cfg.data.max_seq_len, longest)
-    problems = []
-    if auto:  # an explicit value was checked against the context before the scan
-        problems = checks.check_context_length(max_seq_len=max_seq_len, context_length=facts.context_length,
-                                               auto=True, longest_location=location)
-    return max_seq_len, problems
+    if not auto:  # an explicit value was checked against the context before the scan
+        return max_seq_len, [], []
+    problems = checks.check_context_length(max_seq_len=max_seq_len, context_length=facts.context_length,
+                                           auto=True, longest_location=location)
+    lengths = np.concatenate([scan.lengths for scan in scans.values()]) if scans else np.empty(0, np.int32)
+    notes = checks.auto_length_notes(lengths=lengths, max_seq_len=max_seq_len, longest_location=location)
+    return max_seq_len, problems, notes
 
 
 class _Locations:
@@ -106,7 +113,7 @@ def split_checks(cfg: RootConfig, facts: ModelFacts, scan: SplitScan, max_seq_le
     # Truncation that cuts every target: the stream drops those samples (no_targets); the cached loader keeps them.
     cut = _cut_by_truncation(scan, max_seq_len, cfg.data.overlength)
     problems += checks.check_trainable_tokens(split=scan.name, zero_target=len(cut), locations=cut,
-                                              dropped=cfg.data.mode == "stream")
+                                              dropped=cfg.data.mode == "stream", after_truncation=max_seq_len)
     return problems
 
 
@@ -124,13 +131,15 @@ def _zero_target_locations(scan: SplitScan) -> list[str]:
 
 
 def _cut_by_truncation(scan: SplitScan, max_seq_len: int, policy: str) -> list[str]:
-    """Over-length samples that data.overlength=truncate leaves with no target (apply_overlength's rule)."""
+    """Over-length samples that data.overlength=truncate leaves with no target (apply_overlength's rule), except
+    those with none to begin with (counted once, as written, by the scan)."""
     if policy != "truncate":
         return []
     cache = scan.cache()
     over = np.flatnonzero(scan.lengths > max_seq_len)
-    return [cache.location(int(i)) for i in over
-            if isinstance(apply_overlength(cache[int(i)], max_seq_len, policy), Reject)]
+    samples = ((int(i), cache[int(i)]) for i in over)
+    return [cache.location(i) for i, sample in samples
+            if sample.num_targets > 1 and isinstance(apply_overlength(sample, max_seq_len, policy), Reject)]
 
 
 def split_stats(cfg: RootConfig, scan: SplitScan, max_seq_len: int) -> tuple[SplitStats, list[str]]:
@@ -139,16 +148,20 @@ def split_stats(cfg: RootConfig, scan: SplitScan, max_seq_len: int) -> tuple[Spl
     policy = cfg.data.overlength
     notes = checks.prepadded_notes(split=scan.name, count=scan.padded_inputs, locations=scan.padded_locations,
                                    strategy=cfg.padding.strategy)
-    cut = len(_cut_by_truncation(scan, max_seq_len, policy)) if cfg.data.mode == "stream" else 0
+    cut = len(_cut_by_truncation(scan, max_seq_len, policy))
+    stream = cfg.data.mode == "stream"
     if over and policy != "error":
         notes.append(f"data.overlength={policy}: {over} {scan.name} sample(s) longer than {max_seq_len} tokens "
                      f"will be {'truncated' if policy == 'truncate' else 'dropped'}"
-                     f"{f'; {cut} of them keep no target after truncation and are dropped' if cut else ''}.")
+                     f"{f'; {cut} of them keep no target after truncation and are dropped' if cut and stream else ''}.")
+    # zero_target counts what training would see: samples with nothing to learn besides eos, including those
+    # truncation leaves so in cached mode (the stream drops them: they are counted in `dropped`).
     split = SplitStats(
         records=scan.records, rejected=scan.num_rejects, lengths=stats, over_limit=over,
-        trainable_fraction=round(scan.trainable_fraction, 4), zero_target=scan.zero_target_samples,
+        trainable_fraction=round(scan.trainable_fraction, 4),
+        zero_target=scan.zero_target_samples + (0 if stream else cut),
         reject_reasons=dict(scan.reject_counts), truncated=over if policy == "truncate" else 0,
-        dropped=over if policy == "drop" else cut, prepadded=scan.padded_inputs,
+        dropped=over if policy == "drop" else (cut if stream else 0), prepadded=scan.padded_inputs,
     )
     return split, notes
 
