@@ -64,6 +64,33 @@ class PreTokenized:
 Record = PromptCompletion | Conversation | PreTokenized
 
 
+def chat_template_for(fmt: str, tokenizer_template: str | None) -> str | None:
+    """The chat template a model trained on `fmt` records should be prompted with (saved with the adapter):
+    the tokenizer's for chat; one user turn rendered exactly as the training prompt for alpaca and input_output
+    (so `apply_chat_template(..., add_generation_prompt=True)` gives what the model learned to answer); none for
+    text and tokenized, which have no prompt."""
+    if fmt == "chat":
+        return tokenizer_template
+    if fmt == "alpaca":
+        before, after = ALPACA_TEMPLATE_NO_INPUT.split("{instruction}")
+        return _one_turn_template(before, after)
+    if fmt == "input_output":
+        return _one_turn_template("", "")
+    return None
+
+
+def _one_turn_template(before: str, after: str) -> str:
+    # json.dumps gives a valid Jinja string literal (quotes and newlines escaped).
+    return (
+        "{{- bos_token if bos_token else '' }}{%- for message in messages %}"
+        "{%- if message['role'] == 'user' %}"
+        f"{{{{- {json.dumps(before)} + message['content'] + {json.dumps(after)} }}}}"
+        "{%- elif message['role'] == 'assistant' %}{{- message['content'] + eos_token }}"
+        "{%- else %}{{- raise_exception('this model was trained on single instructions: user and assistant turns "
+        "only') }}{%- endif %}{%- endfor %}"
+    )
+
+
 def template_signature(fmt: str) -> str:
     """What of this module's rendering goes into the token-cache key (changing a template must invalidate it)."""
     return f"{fmt}|{ALPACA_TEMPLATE}|{ALPACA_TEMPLATE_NO_INPUT}" if fmt == "alpaca" else fmt
