@@ -79,7 +79,8 @@ def apply_lora(
             use_gradient_checkpointing=model.is_activation_checkpointing,
             gradient_checkpointing_kwargs={"use_reentrant": False},
         )
-    modules_to_save = _with_tied_partner(model, list(extra_trainable) + _mostly_new_embeddings(model)) or None
+    fully_trained = list(dict.fromkeys([*extra_trainable, *_mostly_new_embeddings(model)]))
+    modules_to_save = _with_tied_partner(model, fully_trained) or None
     config = PeftLoraConfig(
         r=lora.rank,
         lora_alpha=lora.alpha,

@@ -152,8 +152,10 @@ def test_head_trained_in_full_saves_and_reloads_for_tied_and_untied_models(famil
 def test_mostly_new_rows_train_the_embedding_in_full_and_keep_the_adapter_config_small(family, tmp_path):
     # A tiny model with a real tokenizer's vocabulary: 5,056 new rows next to 4,096 old ones.
     cfg = tiny_cfg(family)
+    # lm_head named as well (lora=tiny does): each module is wrapped once.
     peft_model = apply_lora(build_model(cfg, attn_implementation="sdpa", resize_to=9100), LoraConfig(rank=4),
-                            get_spec(family))
+                            get_spec(family), extra_trainable=["lm_head"])
+    assert sorted(peft_model.peft_config["default"].modules_to_save) == ["embed_tokens", "lm_head"]
     names = [n for n, p in peft_model.named_parameters() if p.requires_grad]
     assert not any("trainable_tokens_delta" in n for n in names)
     assert any("embed_tokens.modules_to_save" in n for n in names)
