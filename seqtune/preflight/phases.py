@@ -101,7 +101,7 @@ def split_checks(cfg: RootConfig, facts: ModelFacts, scan: SplitScan, max_seq_le
     """Integrity, produced token ids, length limit and labels of one split."""
     problems = checks.check_bad_lines(split=scan.name, rejects=scan.rejects, total_lines=scan.records,
                                       max_bad_fraction=cfg.data.max_bad_fraction)
-    if scan.samples:
+    if scan.samples and not _explained_by_vocab_size(cfg, facts, scan):
         problems += checks.check_max_token_id(
             split=scan.name, max_token_id=scan.max_token_id, location=scan.max_token_location,
             vocab_rows=_vocab_rows(cfg, facts), pretokenized=cfg.data.format == "tokenized")
@@ -115,6 +115,13 @@ def split_checks(cfg: RootConfig, facts: ModelFacts, scan: SplitScan, max_seq_le
     problems += checks.check_trainable_tokens(split=scan.name, zero_target=len(cut), locations=cut,
                                               dropped=cfg.data.mode == "stream", after_truncation=max_seq_len)
     return problems
+
+
+def _explained_by_vocab_size(cfg: RootConfig, facts: ModelFacts, scan: SplitScan) -> bool:
+    """Ids the tokenizer produced beyond the embedding are the vocabulary-size problem again (one cause, one
+    problem); ids beyond the tokenizer, or pre-tokenized ones, are their own."""
+    too_big = facts.tokenizer_size > min(facts.embedding_rows, facts.output_rows) and not cfg.model.resize_embeddings
+    return too_big and cfg.data.format != "tokenized" and scan.max_token_id < facts.tokenizer_size
 
 
 def _zero_target_locations(scan: SplitScan) -> list[str]:

@@ -94,9 +94,11 @@ def test_one_cause_is_one_problem_the_table_is_printed_once_and_json_agrees(tmp_
                             "data.overlength=truncate"], run_dir), run_dir,
                    "256 special token(s) among them", "2 train sample(s) keep no trainable token")
     report = json.loads((run_dir / "preflight.json").read_text())
-    assert [p["check"] for p in report["problems"]] == ["vocab", "vocab", "labels"]
+    # The data's ids past the embedding are the vocabulary problem again: one problem, its ids in the vocab line.
+    assert [p["check"] for p in report["problems"]] == ["vocab", "labels"]
+    assert report["vocab"]["max_token_id"] == 128001
     assert report["splits"]["train"]["zero_target"] == 2  # what the console said
-    assert text.count("preflight: 3 problem(s)\n") == 1  # the table, once
+    assert text.count("preflight: 2 problem(s)\n") == 1  # the table, once
     assert len(text.splitlines()) < 60, text
 
 
