@@ -62,7 +62,7 @@ def run(cfg: RootConfig, run_dir: Path) -> None:
                 total_steps=steps, run_dir=run_dir, logger=logger, autocast_dtype=precision, sharded=sharded)
     state = fit(loop, state)
 
-    export_final(unwrap(model), tokenizer, run_dir=run_dir, env=env, lora=False, merged=False,
-                 sharded=sharded)
+    export_final(unwrap(model), tokenizer, run_dir=run_dir, env=env, lora=False, data_format=cfg.data.format,
+                 merged=False, sharded=sharded)
     report_end(run_dir=run_dir, env=env, preflight=preflight, logger=logger)
     teardown()

@@ -26,6 +26,7 @@ from hydra.types import RunMode  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 from omegaconf.errors import MissingMandatoryValue  # noqa: E402
 
+from seqtune import console  # noqa: E402
 from seqtune.config import SeqtuneError, register_resolvers, register_schemas, save_resolved, to_typed  # noqa: E402
 from seqtune.config.errors import ConfigError  # noqa: E402
 
@@ -93,16 +94,19 @@ def launch(cfg: DictConfig, run_dir: Path) -> None:
 @hydra.main(version_base=None, config_path="pkg://seqtune.configs", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    try:
-        launch(cfg, run_dir)
-    except SeqtuneError as err:
-        print(f"\nseqtune: error: {err}", file=sys.stderr, flush=True)
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
-            raise  # let the sweep report which job failed
-        sys.exit(err.exit_code)
+    with console.run_log(run_dir):
+        try:
+            launch(cfg, run_dir)
+        except SeqtuneError as err:
+            print(f"\nseqtune: error: {err}", file=sys.stderr, flush=True)
+            if HydraConfig.get().mode == RunMode.MULTIRUN:
+                raise  # let the sweep report which job failed
+            sys.exit(err.exit_code)
 
 
 def main() -> None:
+    console.silence_known_false_alarms()
+    console.install_tee()  # before Hydra binds its logging handlers to sys.stdout
     _hydra_main()
 
 

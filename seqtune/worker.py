@@ -6,6 +6,7 @@ Reads the resolved config the parent wrote (never runs Hydra) and runs the recip
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
@@ -18,6 +19,7 @@ logging.getLogger("torchao").setLevel(logging.ERROR)
 
 from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E402
 
+from seqtune import console  # noqa: E402
 from seqtune.config import SeqtuneError, load_resolved  # noqa: E402
 from seqtune.config.errors import ConfigError  # noqa: E402
 
@@ -41,12 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--run-dir", type=Path, required=True)
     args = parser.parse_args(argv)
-    try:
-        run_worker(args.run_dir)
-    except SeqtuneError as err:
-        rank = os.environ.get("RANK", "0")
-        print(f"\nseqtune (rank {rank}): error: {err}", file=sys.stderr, flush=True)
-        return err.exit_code
+    console.silence_known_false_alarms()
+    rank = os.environ.get("RANK", "0")
+    if rank == "0":  # seqtune.log reads like rank 0's console, after the parent's preflight report
+        console.install_tee()
+    with console.run_log(args.run_dir) if rank == "0" else contextlib.nullcontext():
+        try:
+            run_worker(args.run_dir)
+        except SeqtuneError as err:
+            print(f"\nseqtune (rank {rank}): error: {err}", file=sys.stderr, flush=True)
+            return err.exit_code
     return 0
 
 

@@ -1,12 +1,21 @@
-"""Error types users see. Each names the config key (or file:line), the values, the broken relation and the fix."""
+"""Error types users see. Each names the config key (or file:line), the values, the broken relation and the fix.
+
+Exit codes of `python -m seqtune` (README, "Exit codes"): 2 = refused before training (a config, model, tokenizer,
+data or preflight problem; nothing trained), 1 = failed while training.
+"""
 
 from __future__ import annotations
 
+EXIT_REFUSED = 2
+EXIT_FAILED = 1
+
 
 class SeqtuneError(Exception):
-    """A problem the user can fix. The CLI prints the message (no traceback) and exits with `exit_code`."""
+    """A problem the user can fix. The CLI prints the message (no traceback) and exits with `exit_code`.
 
-    exit_code = 1
+    Raised as such only for a failure while training (a rank crashed); refusals use the subclasses below."""
+
+    exit_code = EXIT_FAILED
 
     def __init__(self, message: str, *, key: str | None = None, fix: str | None = None) -> None:
         self.key = key
@@ -20,16 +29,22 @@ class SeqtuneError(Exception):
 class ConfigError(SeqtuneError):
     """A config value that cannot work (wrong choice, impossible combination)."""
 
+    exit_code = EXIT_REFUSED
+
 
 class ModelLoadError(SeqtuneError):
     """model.path (or the tokenizer path) does not hold what is needed."""
+
+    exit_code = EXIT_REFUSED
 
 
 class DataError(SeqtuneError):
     """Input data that cannot be read or used."""
 
+    exit_code = EXIT_REFUSED
+
 
 class PreflightFailed(SeqtuneError):
     """Preflight found problems; the report has been printed and written. Exit code 2, nothing trained."""
 
-    exit_code = 2
+    exit_code = EXIT_REFUSED

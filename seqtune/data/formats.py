@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from seqtune.data.types import IGNORE_INDEX, Reject
+from seqtune.tokenizers.templates import CHAT_ROLES
 
 FORMATS = ("alpaca", "chat", "input_output", "text", "tokenized")
 
@@ -26,7 +27,8 @@ FORMATS = ("alpaca", "chat", "input_output", "text", "tokenized")
 ALPACA_TEMPLATE = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
 ALPACA_TEMPLATE_NO_INPUT = "### Instruction:\n{instruction}\n\n### Response:\n"
 MEDIA_PATTERN = re.compile(r"<(img|image|audio|video)>(.*?)</\1>", re.DOTALL)
-CHAT_ROLES = ("system", "user", "assistant", "tool")
+# Tool-use fields a message may carry (OpenAI's shape), passed to the chat template as they are.
+TOOL_FIELDS = ("tool_calls", "tool_call_id")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -60,6 +62,33 @@ class PreTokenized:
 
 
 Record = PromptCompletion | Conversation | PreTokenized
+
+
+def chat_template_for(fmt: str, tokenizer_template: str | None) -> str | None:
+    """The chat template a model trained on `fmt` records should be prompted with (saved with the adapter):
+    the tokenizer's for chat; one user turn rendered exactly as the training prompt for alpaca and input_output
+    (so `apply_chat_template(..., add_generation_prompt=True)` gives what the model learned to answer); none for
+    text and tokenized, which have no prompt."""
+    if fmt == "chat":
+        return tokenizer_template
+    if fmt == "alpaca":
+        before, after = ALPACA_TEMPLATE_NO_INPUT.split("{instruction}")
+        return _one_turn_template(before, after)
+    if fmt == "input_output":
+        return _one_turn_template("", "")
+    return None
+
+
+def _one_turn_template(before: str, after: str) -> str:
+    # json.dumps gives a valid Jinja string literal (quotes and newlines escaped).
+    return (
+        "{{- bos_token if bos_token else '' }}{%- for message in messages %}"
+        "{%- if message['role'] == 'user' %}"
+        f"{{{{- {json.dumps(before)} + message['content'] + {json.dumps(after)} }}}}"
+        "{%- elif message['role'] == 'assistant' %}{{- message['content'] + eos_token }}"
+        "{%- else %}{{- raise_exception('this model was trained on single instructions: user and assistant turns "
+        "only') }}{%- endif %}{%- endfor %}"
+    )
 
 
 def template_signature(fmt: str) -> str:
@@ -181,13 +210,14 @@ class LineParser:
             if message["role"] not in CHAT_ROLES or not isinstance(message["content"], str):
                 return self._reject(line, f"wrong_type: messages[{i}] role must be one of {CHAT_ROLES} "
                                           f"and content a string")
-            if message["role"] == "assistant" and not message["content"].strip():
+            if message["role"] == "assistant" and not message["content"].strip() and not message.get("tool_calls"):
                 return self._reject(line, f"empty_text: messages[{i}] (assistant) is empty")
         last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
         if last < 0:
             return self._reject(line, "no_targets: no assistant message, nothing to train on")
         # Turns after the last assistant reply carry no target; keeping them would put eos after a user turn.
-        kept = [{"role": m["role"], "content": m["content"]} for m in messages[: last + 1]]
+        kept = [{"role": m["role"], "content": m["content"], **{k: m[k] for k in TOOL_FIELDS if m.get(k)}}
+                for m in messages[: last + 1]]
         return Conversation(file=self.file, line=line, messages=kept)
 
     def _tokenized(self, line: int, obj: dict) -> Record | Reject:

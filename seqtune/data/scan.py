@@ -184,6 +184,8 @@ class _EncodePipeline:
             return
         future, rejects, count = self.pending
         self.pending = None
+        # Records read: the encoded chunk (its encode-time rejects included) plus the lines the parser rejected.
+        read = count + len(rejects)
         if future is not None:
             batch = future.result()
             rejects = rejects + [r for _, r in batch.rejects]
@@ -194,7 +196,7 @@ class _EncodePipeline:
         self.writer.add_rejects(rejects)
         self.stats.add_rejects(rejects)
         if self.bar is not None:
-            self.bar.update(count + len(rejects))
+            self.bar.update(read)
 
     def __enter__(self) -> _EncodePipeline:
         return self

@@ -3,9 +3,11 @@
 Rules every format obeys (the contract in types.py):
 - bos appears exactly once at the start when the tokenizer uses one (detected by probing the tokenizer), never
   twice when a chat template already renders it; bos itself is never a target (nothing predicts position 0).
-- eos appears exactly once at the end and is ALWAYS a target (the model must learn to stop), even if pad == eos:
-  targets are a mask decided here, never derived later by comparing ids with pad/eos.
+- every sample trains an eos (the model must learn to stop), even if pad == eos: one is appended as the last
+  token unless a chat template already closes the last reply with eos (Mistral, Zephyr), whose rendering is then
+  kept exactly. Targets are a mask decided here, never derived later by comparing ids with pad/eos.
 - prompt tokens are not targets unless train_on_prompt; chat: only assistant turns (with their end-of-turn marker).
+- chat: the ids are exactly the chat template's (`apply_chat_template`), plus that eos.
 Prompt and completion texts are each tokenized in ONE batched fast-tokenizer call (Rust, all cores), and samples
 are assembled with numpy index arithmetic, so the per-record Python cost is a few list operations.
 """
@@ -21,6 +23,10 @@ import numpy as np
 from seqtune.config.errors import ConfigError
 from seqtune.data.formats import Conversation, PreTokenized, PromptCompletion, Record
 from seqtune.data.types import IGNORE_INDEX, Reject, TokenizedSample
+from seqtune.tokenizers import templates
+
+# Reject code of a conversation the chat template cannot render (preflight names tokenizer.chat_template as the fix).
+CHAT_TEMPLATE_REJECT = "chat_template"
 
 
 @dataclass(kw_only=True)
@@ -70,6 +76,12 @@ class SampleEncoder:
         if self._backend is None and fmt == "chat":
             raise ConfigError("data.format=chat needs a fast (Rust) tokenizer for character offsets.",
                               key="data.format", fix="load the tokenizer with use_fast=True.")
+        if fmt == "chat" and not getattr(tokenizer, "chat_template", None):
+            raise ConfigError("data.format=chat but the tokenizer has no chat template (and the model family gives "
+                              "none).", key="tokenizer.chat_template",
+                              fix=f"tokenizer.chat_template=NAME (one of {', '.join(templates.NAMED)}), a .jinja "
+                                  "file or a Jinja string.")
+        self.renders_tool_turns = fmt == "chat" and templates.renders_tool_turns(tokenizer.chat_template)
         self.texts_tokenized = 0  # counts tokenizer inputs: lets tests prove a cached re-run tokenizes nothing
 
     @staticmethod
@@ -148,9 +160,12 @@ class SampleEncoder:
             elif self.bos_id is not None:
                 target = target.copy()
                 target[0] = False
-            if len(ids) == 0 or ids[-1] != self.eos_id:
+            if self._closed_with_eos(ids, target):
+                pass  # a chat template ended the last reply with eos, a target already: its rendering stays exact
+            elif len(ids) == 0 or ids[-1] != self.eos_id:
                 ids, target = np.concatenate([ids, [self.eos_id]]), np.concatenate([target, [True]])
-            target[-1] = True
+            else:
+                target[-1] = True
             out_ids.append(ids.astype(np.int64))
             out_target.append(target.astype(bool))
         lengths = np.fromiter(map(len, out_ids), np.int64, count=len(out_ids))
@@ -163,6 +178,11 @@ class SampleEncoder:
             rejects=rejects,
         )
 
+    def _closed_with_eos(self, ids: np.ndarray, target: np.ndarray) -> bool:
+        """chat: the last target is an eos (Mistral's and Zephyr's templates end every reply with one)."""
+        targets = np.flatnonzero(target)
+        return self.fmt == "chat" and len(targets) > 0 and int(ids[targets[-1]]) == self.eos_id
+
     def _encode_pretokenized(self, records: list[PreTokenized]) -> EncodedBatch:
         parts = []
         for r in records:
@@ -173,11 +193,15 @@ class SampleEncoder:
     def _encode_chat(self, records: list[Conversation]) -> EncodedBatch:
         texts, spans, kept, rejects = [], [], [], []
         for i, record in enumerate(records):
-            try:
-                text, assistant_spans = render_chat(self.tokenizer, record.messages)
-            except Exception as exc:  # noqa: BLE001 - a template's own error is this record's reject reason
-                rejects.append((i, Reject(file=record.file, line=record.line,
-                                          reason=f"wrong_type: chat template failed: {exc}")))
+            problem = self._unrenderable(record.messages)
+            if problem is None:
+                try:
+                    text, assistant_spans = render_chat(self.tokenizer, record.messages)
+                except Exception as exc:  # noqa: BLE001 - a template's own error is this record's reject reason
+                    problem = f"the chat template failed: {exc}"
+            if problem is not None:
+                rejects.append((i, Reject(file=record.file, line=record.line, reason=f"{CHAT_TEMPLATE_REJECT}: "
+                                                                                     f"{problem}")))
                 continue
             texts.append(text)
             spans.append(assistant_spans)
@@ -195,18 +219,25 @@ class SampleEncoder:
             parts.append((np.asarray(enc.ids, np.int64), target))
         return self._assemble(parts, records, kept, rejects, [0] * len(kept))
 
+    def _unrenderable(self, messages: list[dict]) -> str | None:
+        """Why the template cannot render these messages faithfully (checked before it renders something wrong)."""
+        if self.renders_tool_turns:
+            return None
+        tool = next((i for i, m in enumerate(messages) if m["role"] == templates.TOOL_ROLE), None)
+        if tool is None:
+            return None
+        return f"messages[{tool}] is a tool turn and the chat template has no tool role"
+
 
 def render_chat(tokenizer, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
-    """The rendered conversation and the character spans of each assistant reply (end-of-turn marker included).
+    """The rendered conversation (exactly `apply_chat_template`'s text) and the character span of each assistant
+    reply (end-of-turn marker included).
 
     Renders incrementally: the text of messages[:i] with the generation prompt must be a prefix of the text of
     messages[:i+1]; what assistant turn i adds after that prefix is its target span. Works with any template
     that renders conversations append-only (no {% generation %} markers needed).
     """
-    if not getattr(tokenizer, "chat_template", None):
-        raise ConfigError("data.format=chat but the tokenizer has no chat template.", key="data.format",
-                          fix="use a tokenizer with a chat template (tokenizer.source=bundled has one).")
-    full = tokenizer.apply_chat_template(messages, tokenize=False).rstrip()
+    full = tokenizer.apply_chat_template(messages, tokenize=False)
     spans = []
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
@@ -214,9 +245,10 @@ def render_chat(tokenizer, messages: list[dict[str, str]]) -> tuple[str, list[tu
         before = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True) if i else ""
         upto = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
         if not (upto.startswith(before) and full.startswith(before)):
-            raise ValueError(f"rendering is not append-only at message {i}, cannot locate the assistant reply")
+            raise ValueError(f"its rendering is not append-only at message {i} (the generation prompt is not a "
+                             "prefix of the reply), so the assistant reply cannot be located")
         # A template may close the LAST turn differently (e.g. eos after the final reply): the reply ends where
-        # this partial rendering stops agreeing with the full conversation.
+        # this partial rendering stops agreeing with the full conversation; trailing whitespace is not the reply's.
         common = os.path.commonprefix([upto, full])
         spans.append((len(before), len(common.rstrip())))
     return full, spans

@@ -7,24 +7,8 @@ from typing import Any
 from transformers import Gemma3TextConfig, PretrainedConfig
 
 from seqtune.models.spec import ModelSpec, common_arch_fields, common_config_kwargs
+from seqtune.tokenizers import templates
 
-# Gemma's turn format: the assistant role is called "model", <end_of_turn> closes every turn, and a system prompt
-# is prepended to the first user turn (Gemma has no system role).
-CHAT_TEMPLATE = (
-    "{{- bos_token }}"
-    "{%- if messages[0]['role'] == 'system' %}"
-    "{%- set first_user_prefix = messages[0]['content'] + '\\n\\n' %}{%- set loop_messages = messages[1:] %}"
-    "{%- else %}{%- set first_user_prefix = '' %}{%- set loop_messages = messages %}{%- endif %}"
-    "{%- for message in loop_messages %}"
-    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-    "{{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
-    "{%- endif %}"
-    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
-    "{{- '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') "
-    "+ message['content'] | trim + '<end_of_turn>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<start_of_turn>model\\n' }}{%- endif %}"
-)
 # Local (sliding) layers use the short-range RoPE base; global layers the long-range one.
 LOCAL_ROPE_THETA = 10000.0
 
@@ -68,7 +52,7 @@ SPEC = ModelSpec(
     vocab_size=262144,
     lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     padding_side="right",
-    chat_template=CHAT_TEMPLATE,
+    chat_template=templates.GEMMA3,
     bos_token="<bos>",
     eos_token="<eos>",
     eot_token="<end_of_turn>",

@@ -7,15 +7,8 @@ from typing import Any
 from transformers import LlamaConfig, PretrainedConfig
 
 from seqtune.models.spec import ModelSpec, common_arch_fields, common_config_kwargs
+from seqtune.tokenizers import templates
 
-# Meta's format: a header per message, <|eot_id|> ends every turn (also the one the model must learn to emit).
-CHAT_TEMPLATE = (
-    "{{- bos_token }}"
-    "{%- for message in messages %}"
-    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
-)
 
 # Llama 3.1's scaling: wavelengths longer than original/low_freq_factor are divided by `factor`, shorter than
 # original/high_freq_factor kept, smoothly blended between. 8192 is the pretraining context.
@@ -53,7 +46,7 @@ SPEC = ModelSpec(
     vocab_size=128256,
     lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     padding_side="right",
-    chat_template=CHAT_TEMPLATE,
+    chat_template=templates.LLAMA3,
     bos_token="<|begin_of_text|>",
     eos_token="<|end_of_text|>",
     eot_token="<|eot_id|>",

@@ -68,7 +68,9 @@ def apply_lora(
 
     `extra_trainable` names modules trained in full (peft modules_to_save, e.g. "lm_head"). Rows added by an
     embedding resize are trained through peft's trainable tokens: only those rows get a parameter, so a
-    128k-row embedding does not become trainable for a handful of new tokens.
+    128k-row embedding does not become trainable for a handful of new tokens. When the new rows outnumber the old
+    ones (a tiny model with a real 128k vocabulary), the embedding and head train in full instead: the same
+    parameters within 2x, and adapter_config.json names two modules instead of listing every new token id.
     """
     targets = list(lora.target_modules) if lora.target_modules else list(spec.lora_targets)
     problems = lora_target_problems(model, targets, family=spec.family)
@@ -81,7 +83,8 @@ def apply_lora(
             use_gradient_checkpointing=model.is_activation_checkpointing,
             gradient_checkpointing_kwargs={"use_reentrant": False},
         )
-    modules_to_save = _with_tied_partner(model, list(extra_trainable)) or None
+    fully_trained = list(dict.fromkeys([*extra_trainable, *_mostly_new_embeddings(model)]))
+    modules_to_save = _with_tied_partner(model, fully_trained) or None
     config = PeftLoraConfig(
         r=lora.rank,
         lora_alpha=lora.alpha,
@@ -105,13 +108,29 @@ def _with_tied_partner(model: nn.Module, names: list[str]) -> list[str]:
     return names + [n for n in pair if n not in names] if any(n in names for n in pair) else names
 
 
+def _embedding_names(model: nn.Module) -> tuple[str, str]:
+    names = {id(module): name for name, module in model.named_modules()}
+    embedding = names[id(model.get_input_embeddings())].rsplit(".", 1)[-1]
+    return embedding, names[id(model.get_output_embeddings())].rsplit(".", 1)[-1]
+
+
+def embeddings_trained_in_full(base_rows: int, rows: int) -> bool:
+    """A resize that added more rows than the embedding had trains embedding and head in full (see apply_lora);
+    preflight's memory estimate reads the same rule."""
+    return rows - base_rows > base_rows
+
+
+def _mostly_new_embeddings(model: nn.Module) -> list[str]:
+    """The embedding and head, when a resize added more rows than they had (trained in full, see apply_lora)."""
+    new = added_token_rows(model)
+    return list(dict.fromkeys(_embedding_names(model))) if embeddings_trained_in_full(new.start, new.stop) else []
+
+
 def _new_token_indices(model: nn.Module, fully_trained: list[str]) -> dict[str, list[int]] | None:
     rows = list(added_token_rows(model))
     if not rows:
         return None
-    names = {id(module): name for name, module in model.named_modules()}
-    embedding = names[id(model.get_input_embeddings())].rsplit(".", 1)[-1]
-    head = names[id(model.get_output_embeddings())].rsplit(".", 1)[-1]
+    embedding, head = _embedding_names(model)
     # peft shares the embedding's delta with a tied head; an untied head needs its own new rows.
     wanted = [embedding] if _is_tied(model) else [embedding, head]
     indices = {name: rows for name in wanted if name not in fully_trained}

@@ -7,25 +7,7 @@ from typing import Any
 from transformers import MistralConfig, PretrainedConfig
 
 from seqtune.models.spec import ModelSpec, common_arch_fields, common_config_kwargs
-
-# Mistral's [INST] format: no role for the assistant, </s> closes each answer; a system prompt is folded into
-# the first user turn (the format has no system slot).
-CHAT_TEMPLATE = (
-    "{{- bos_token }}"
-    "{%- if messages[0]['role'] == 'system' %}"
-    "{%- set system_message = messages[0]['content'] %}{%- set loop_messages = messages[1:] %}"
-    "{%- else %}{%- set loop_messages = messages %}{%- endif %}"
-    "{%- for message in loop_messages %}"
-    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-    "{{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
-    "{%- endif %}"
-    "{%- if message['role'] == 'user' %}"
-    "{%- if loop.first and system_message is defined %}"
-    "{{- '[INST] ' + system_message + '\\n\\n' + message['content'] + ' [/INST]' }}"
-    "{%- else %}{{- '[INST] ' + message['content'] + ' [/INST]' }}{%- endif %}"
-    "{%- else %}{{- ' ' + message['content'] + eos_token }}{%- endif %}"
-    "{%- endfor %}"
-)
+from seqtune.tokenizers import templates
 
 
 def build_tiny_config(f: dict[str, Any]) -> PretrainedConfig:
@@ -45,7 +27,7 @@ SPEC = ModelSpec(
     vocab_size=32768,
     lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     padding_side="right",
-    chat_template=CHAT_TEMPLATE,
+    chat_template=templates.MISTRAL_V1,
     bos_token="<s>",
     eos_token="</s>",
     eot_token="</s>",

@@ -7,14 +7,7 @@ from typing import Any
 from transformers import LlamaConfig, PretrainedConfig
 
 from seqtune.models.spec import ModelSpec, common_arch_fields, common_config_kwargs
-
-# TinyLlama-Chat's Zephyr-style format: <|role|> line, content, </s> closes every message.
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|' + message['role'] + '|>\\n' + message['content'] + eos_token + '\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|assistant|>\\n' }}{%- endif %}"
-)
+from seqtune.tokenizers import templates
 
 
 def build_tiny_config(f: dict[str, Any]) -> PretrainedConfig:
@@ -34,7 +27,7 @@ SPEC = ModelSpec(
     vocab_size=32000,
     lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     padding_side="right",
-    chat_template=CHAT_TEMPLATE,
+    chat_template=templates.ZEPHYR,
     bos_token="<s>",
     eos_token="</s>",
     eot_token="</s>",

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from seqtune.data.stream import POLICY_REJECTS as STREAM_POLICY_REJECTS
+from seqtune.data.tokenize import CHAT_TEMPLATE_REJECT
 from seqtune.data.types import Reject
 from seqtune.models.attention import PACKING_SAFE_ATTENTION
 from seqtune.models.lora import unmatched_targets
+from seqtune.tokenizers.templates import WITH_TOOL_TURNS as TEMPLATES_WITH_TOOL_TURNS
 
 # Strategies whose every micro-batch must be exactly [batch_size, max_seq_len].
 FIXED_SHAPE_STRATEGIES = ("max_length",)
@@ -25,6 +27,8 @@ FIXED_SHAPE_STRATEGIES = ("max_length",)
 MAX_LISTED = 5
 # model.resize_embeddings rounds the new embedding size up to this (tensor-core friendly shapes).
 RESIZE_MULTIPLE = 64
+# data.max_seq_len=auto is called out when the longest sample is more than this many times the 99th percentile.
+OUTLIER_FACTOR = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,40 +62,52 @@ def _listed(items: Sequence[str], total: int) -> str:
 
 
 def check_vocab_size(
-    *, tokenizer_size: int, embedding_rows: int, output_rows: int, resize_embeddings: bool
+    *, tokenizer_size: int, embedding_rows: int, output_rows: int, resize_embeddings: bool,
+    special_ids: Mapping[str, int | None] | None = None,
 ) -> list[Problem]:
     """The tokenizer's full vocabulary (added + special tokens) must fit the input embedding and the output head.
 
     An id >= the embedding rows indexes out of range: on CUDA a device-side assert a few steps in (report 4).
+    One problem for one cause: the special tokens it leaves without a row are counted in it, not listed apart.
     """
-    if resize_embeddings:
+    short = [(what, rows) for what, rows in (("input embedding", embedding_rows), ("output head", output_rows))
+             if tokenizer_size > rows]
+    if resize_embeddings or not short:
         return []
-    problems = []
-    for what, rows in (("input embedding", embedding_rows), ("output head", output_rows)):
-        if tokenizer_size > rows:
-            resized = resized_vocab(tokenizer_size, rows)
-            problems.append(Problem(
-                check="vocab", key="model.resize_embeddings",
-                message=(f"tokenizer has {tokenizer_size} tokens (added and special included) > model {what} "
-                         f"rows {rows} (model.vocab_size); ids {rows}..{tokenizer_size - 1} would index out of "
-                         f"range. Fix: model.resize_embeddings=true (resizes to {resized}), "
-                         "or the tokenizer that matches the model (tokenizer=checkpoint)."),
-            ))
-    return problems
+    rows = min(r for _, r in short)
+    parts = " and ".join(f"{what} rows {r}" for what, r in short)
+    outside = _out_of_range(special_ids or {}, rows)
+    specials = (f"; {len(outside)} special token(s) among them: {_listed(outside, len(outside))}"
+                if outside else "")
+    return [Problem(
+        check="vocab", key="model.resize_embeddings",
+        message=(f"tokenizer has {tokenizer_size} tokens (added and special included) > model {parts} "
+                 f"(model.vocab_size); ids {rows}..{tokenizer_size - 1} would index out of range{specials}. "
+                 f"Fix: model.resize_embeddings=true (resizes to {resized_vocab(tokenizer_size, rows)}), "
+                 "or the tokenizer that matches the model (tokenizer=checkpoint)."),
+    )]
+
+
+def _out_of_range(special_ids: Mapping[str, int | None], vocab_rows: int) -> list[str]:
+    """`name (id)` per special id without a row, each id once (a token's text wins over its role: eos, pad...)."""
+    outside = {token_id: name for name, token_id in special_ids.items()
+               if token_id is not None and not 0 <= token_id < vocab_rows}
+    return [f"{name} ({token_id})" for token_id, name in sorted(outside.items())]
 
 
 def check_special_token_ids(*, special_ids: Mapping[str, int | None], vocab_rows: int) -> list[Problem]:
-    """Every special token the model will see (bos, eos, pad, chat-template tokens) has an embedding row."""
-    problems = []
-    for name, token_id in special_ids.items():
-        if token_id is not None and not 0 <= token_id < vocab_rows:
-            problems.append(Problem(
-                check="vocab", key="model.resize_embeddings",
-                message=(f"special token {name} has id {token_id}, outside the model's embedding rows "
-                         f"[0, {vocab_rows}). Fix: model.resize_embeddings=true, or the tokenizer that matches "
-                         "the model (tokenizer=checkpoint)."),
-            ))
-    return problems
+    """Every special token the model will see (bos, eos, pad, chat-template tokens) has an embedding row.
+
+    One problem for all of them (a vocabulary of 256 reserved tokens is one mistake, not 256)."""
+    outside = _out_of_range(special_ids, vocab_rows)
+    if not outside:
+        return []
+    return [Problem(
+        check="vocab", key="model.resize_embeddings",
+        message=(f"{len(outside)} special token(s) have ids outside the model's embedding rows [0, {vocab_rows}): "
+                 f"{_listed(outside, len(outside))}. Fix: model.resize_embeddings=true, or the tokenizer that "
+                 "matches the model (tokenizer=checkpoint)."),
+    )]
 
 
 def check_max_token_id(
@@ -146,6 +162,26 @@ def resolve_max_seq_len(requested: int | str, longest: int) -> int:
     if requested == "auto":
         return round_up(max(longest, 1), 8)
     return int(requested)
+
+
+def auto_length_notes(*, lengths: np.ndarray, max_seq_len: int, longest_location: str | None) -> list[str]:
+    """data.max_seq_len=auto follows the single longest sample. When that sample is far above the rest (over
+    OUTLIER_FACTOR x the 99th percentile), say so and name the fixed length that fits the data instead: the
+    outlier sizes memory, max_length/packed rows and the plan."""
+    values = np.asarray(lengths)
+    if values.size == 0:
+        return []
+    p99 = int(np.percentile(values, 99, method="higher"))
+    longest = int(values.max())
+    if longest <= OUTLIER_FACTOR * p99:
+        return []
+    cap = round_up(p99, 8)
+    over = int((values > cap).sum())
+    where = f", {longest_location}" if longest_location else ""
+    return [f"data.max_seq_len=auto is {max_seq_len}, set by the longest sample ({longest} tokens{where}), while 99% "
+            f"of samples have at most {p99} tokens and {over} sample(s) exceed {cap}. Memory, padded rows and the "
+            f"plan are sized for that outlier. To size them for the data: data.max_seq_len={cap} "
+            f"data.overlength=drop (drops those {over}), or data.overlength=truncate to keep their beginning."]
 
 
 def check_context_length(
@@ -203,18 +239,25 @@ def length_stats(lengths: np.ndarray, max_seq_len: int) -> dict[str, int]:
 
 
 def check_trainable_tokens(
-    *, split: str, zero_target: int, locations: Sequence[str], dropped: bool
+    *, split: str, zero_target: int, locations: Sequence[str], dropped: bool, after_truncation: int | None = None,
 ) -> list[Problem]:
     """A sample whose only target is the final eos (every completion token masked, e.g. an empty output or a
     prompt that truncation cut the completion from) teaches nothing but when to stop: counted, and a problem
-    unless such samples are dropped. `locations` = the first few of them."""
+    unless such samples are dropped. `locations` = the first few of them; `after_truncation` = the max_seq_len
+    whose truncation left them so (None: they are so as written)."""
     if zero_target == 0 or dropped:
         return []
+    if after_truncation is None:
+        what = "have zero trainable tokens (every completion token masked)"
+        fix = ("give them a non-empty completion, data.train_on_prompt=true, or a larger data.max_seq_len if "
+               "truncation cut the completion")
+    else:
+        what = f"keep no trainable token after data.overlength=truncate cuts them to {after_truncation} tokens"
+        fix = "a larger data.max_seq_len, or data.overlength=drop"
     return [Problem(
-        check="labels", key="data.train_on_prompt", location=locations[0] if locations else None,
-        message=(f"{zero_target} {split} sample(s) have zero trainable tokens (every completion token masked): "
-                 f"{_listed(list(locations), zero_target)}. Fix: give them a non-empty completion, "
-                 "data.train_on_prompt=true, or a larger data.max_seq_len if truncation cut the completion."),
+        check="labels", key="data.train_on_prompt" if after_truncation is None else "data.overlength",
+        location=locations[0] if locations else None,
+        message=f"{zero_target} {split} sample(s) {what}: {_listed(list(locations), zero_target)}. Fix: {fix}.",
     )]
 
 
@@ -296,23 +339,49 @@ def reject_counts(rejects: Sequence[Reject]) -> dict[str, int]:
 def check_bad_lines(
     *, split: str, rejects: Sequence[Reject], total_lines: int, max_bad_fraction: float
 ) -> list[Problem]:
-    """Malformed lines are skipped and written to rejects.jsonl; above data.max_bad_fraction preflight fails."""
+    """Malformed lines are skipped and written to rejects.jsonl; above data.max_bad_fraction preflight fails.
+
+    Conversations the chat template cannot render are their own problem (the fix is the template, named by
+    tokenizer.chat_template, not the data); both kinds count towards the fraction.
+    """
     bad = [reject for reject in rejects if reject.code not in POLICY_REJECTS]
     if not bad:
         return []
     fraction = len(bad) / max(total_lines, 1)
     if fraction <= max_bad_fraction:
         return []
-    per_reason = ", ".join(f"{code} x{count}" for code, count in sorted(reject_counts(bad).items()))
-    listed = [f"{reject.file}:{reject.line} ({reject.reason})" for reject in bad[:MAX_LISTED]]
-    first = f"{bad[0].file}:{bad[0].line}"
-    return [Problem(
-        check="integrity", key="data.max_bad_fraction", location=first,
-        message=(f"{len(bad)} of {total_lines} {split} lines are malformed ({fraction:.2%} > "
-                 f"data.max_bad_fraction={max_bad_fraction}): {per_reason}; {_listed(listed, len(bad))}. "
-                 f"All are listed in rejects.jsonl. Fix: repair those lines, or data.max_bad_fraction="
-                 f"{_fraction_fix(fraction)} to skip them."),
-    )]
+    skip = f"data.max_bad_fraction={_fraction_fix(fraction)} to skip them"
+    unrenderable = [reject for reject in bad if reject.code == CHAT_TEMPLATE_REJECT]
+    malformed = [reject for reject in bad if reject.code != CHAT_TEMPLATE_REJECT]
+    problems = []
+    if unrenderable:
+        tools = ", ".join(TEMPLATES_WITH_TOOL_TURNS)
+        problems.append(Problem(
+            check="template", key="tokenizer.chat_template", location=_where(unrenderable[0]),
+            message=(f"{len(unrenderable)} of {total_lines} {split} conversations cannot be rendered by the chat "
+                     f"template ({fraction:.2%} of lines skipped > data.max_bad_fraction={max_bad_fraction}): "
+                     f"{_listed(_described(unrenderable), len(unrenderable))}. All are listed in rejects.jsonl. "
+                     f"Fix: tokenizer.chat_template=NAME with a template that renders them (tool turns: {tools}; "
+                     f"or a .jinja file), repair those conversations, or {skip}."),
+        ))
+    if malformed:
+        per_reason = ", ".join(f"{code} x{count}" for code, count in sorted(reject_counts(malformed).items()))
+        problems.append(Problem(
+            check="integrity", key="data.max_bad_fraction", location=_where(malformed[0]),
+            message=(f"{len(malformed)} of {total_lines} {split} lines are malformed ({fraction:.2%} of lines "
+                     f"skipped > data.max_bad_fraction={max_bad_fraction}): {per_reason}; "
+                     f"{_listed(_described(malformed), len(malformed))}. All are listed in rejects.jsonl. "
+                     f"Fix: repair those lines, or {skip}."),
+        ))
+    return problems
+
+
+def _where(reject: Reject) -> str:
+    return f"{reject.file}:{reject.line}"
+
+
+def _described(rejects: Sequence[Reject]) -> list[str]:
+    return [f"{_where(reject)} ({reject.reason})" for reject in rejects[:MAX_LISTED]]
 
 
 def _fraction_fix(fraction: float) -> str:

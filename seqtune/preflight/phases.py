@@ -17,6 +17,7 @@ from seqtune.data.types import Reject
 from seqtune.config.errors import ConfigError
 from seqtune.models import MemoryInputs, attention_choice, attn_backend_problems, memory_estimate
 from seqtune.models.kernels import kernels_choice
+from seqtune.models.lora import embeddings_trained_in_full
 from seqtune.models.varlen import TORCH_VARLEN, kernel_supports_gqa
 from seqtune.models.token_loss import loss_choice
 from seqtune.preflight import checks
@@ -37,8 +38,10 @@ def fast_checks(cfg: RootConfig, facts: ModelFacts) -> list[Problem]:
     """The checks that need no data scan: they print within seconds."""
     rows = _vocab_rows(cfg, facts)
     problems = checks.check_vocab_size(tokenizer_size=facts.tokenizer_size, embedding_rows=facts.embedding_rows,
-                                       output_rows=facts.output_rows, resize_embeddings=cfg.model.resize_embeddings)
-    problems += checks.check_special_token_ids(special_ids=facts.special_ids, vocab_rows=rows)
+                                       output_rows=facts.output_rows, resize_embeddings=cfg.model.resize_embeddings,
+                                       special_ids=facts.special_ids)
+    if not problems:  # else the special tokens without a row are part of that one problem
+        problems += checks.check_special_token_ids(special_ids=facts.special_ids, vocab_rows=rows)
     problems += checks.check_pad_token(pad_id=facts.pad_id, pad_policy=cfg.tokenizer.pad_policy)
     if cfg.data.max_seq_len != "auto":
         problems += checks.check_context_length(max_seq_len=int(cfg.data.max_seq_len),
@@ -95,8 +98,11 @@ def _vocab_rows(cfg: RootConfig, facts: ModelFacts) -> int:
     return min(facts.embedding_rows, facts.output_rows)
 
 
-def resolve_lengths(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitScan]) -> tuple[int, list[Problem]]:
-    """max_seq_len in force: auto = the longest sample over ALL splits (x8), never above the model's context."""
+def resolve_lengths(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitScan]
+                    ) -> tuple[int, list[Problem], list[str]]:
+    """max_seq_len in force: auto = the longest sample over ALL splits (x8), never above the model's context.
+
+    Returns it, the problems, and a note when auto follows an outlier far above the other samples."""
     longest, location = 0, None
     for scan in scans.values():
         if len(scan.lengths) and int(scan.lengths.max()) > longest:
@@ -104,11 +110,13 @@ def resolve_lengths(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitSc
             longest, location = int(scan.lengths[index]), scan.cache().location(index)
     auto = cfg.data.max_seq_len == "auto"
     max_seq_len = checks.resolve_max_seq_len(cfg.data.max_seq_len, longest)
-    problems = []
-    if auto:  # an explicit value was checked against the context before the scan
-        problems = checks.check_context_length(max_seq_len=max_seq_len, context_length=facts.context_length,
-                                               auto=True, longest_location=location)
-    return max_seq_len, problems
+    if not auto:  # an explicit value was checked against the context before the scan
+        return max_seq_len, [], []
+    problems = checks.check_context_length(max_seq_len=max_seq_len, context_length=facts.context_length,
+                                           auto=True, longest_location=location)
+    lengths = np.concatenate([scan.lengths for scan in scans.values()]) if scans else np.empty(0, np.int32)
+    notes = checks.auto_length_notes(lengths=lengths, max_seq_len=max_seq_len, longest_location=location)
+    return max_seq_len, problems, notes
 
 
 class _Locations:
@@ -128,7 +136,7 @@ def split_checks(cfg: RootConfig, facts: ModelFacts, scan: SplitScan, max_seq_le
     """Integrity, produced token ids, length limit and labels of one split."""
     problems = checks.check_bad_lines(split=scan.name, rejects=scan.rejects, total_lines=scan.records,
                                       max_bad_fraction=cfg.data.max_bad_fraction)
-    if scan.samples:
+    if scan.samples and not _explained_by_vocab_size(cfg, facts, scan):
         problems += checks.check_max_token_id(
             split=scan.name, max_token_id=scan.max_token_id, location=scan.max_token_location,
             vocab_rows=_vocab_rows(cfg, facts), pretokenized=cfg.data.format == "tokenized")
@@ -140,8 +148,15 @@ def split_checks(cfg: RootConfig, facts: ModelFacts, scan: SplitScan, max_seq_le
     # Truncation that cuts every target: the stream drops those samples (no_targets); the cached loader keeps them.
     cut = _cut_by_truncation(scan, max_seq_len, cfg.data.overlength)
     problems += checks.check_trainable_tokens(split=scan.name, zero_target=len(cut), locations=cut,
-                                              dropped=cfg.data.mode == "stream")
+                                              dropped=cfg.data.mode == "stream", after_truncation=max_seq_len)
     return problems
+
+
+def _explained_by_vocab_size(cfg: RootConfig, facts: ModelFacts, scan: SplitScan) -> bool:
+    """Ids the tokenizer produced beyond the embedding are the vocabulary-size problem again (one cause, one
+    problem); ids beyond the tokenizer, or pre-tokenized ones, are their own."""
+    too_big = facts.tokenizer_size > min(facts.embedding_rows, facts.output_rows) and not cfg.model.resize_embeddings
+    return too_big and cfg.data.format != "tokenized" and scan.max_token_id < facts.tokenizer_size
 
 
 def _zero_target_locations(scan: SplitScan) -> list[str]:
@@ -158,13 +173,15 @@ def _zero_target_locations(scan: SplitScan) -> list[str]:
 
 
 def _cut_by_truncation(scan: SplitScan, max_seq_len: int, policy: str) -> list[str]:
-    """Over-length samples that data.overlength=truncate leaves with no target (apply_overlength's rule)."""
+    """Over-length samples that data.overlength=truncate leaves with no target (apply_overlength's rule), except
+    those with none to begin with (counted once, as written, by the scan)."""
     if policy != "truncate":
         return []
     cache = scan.cache()
     over = np.flatnonzero(scan.lengths > max_seq_len)
-    return [cache.location(int(i)) for i in over
-            if isinstance(apply_overlength(cache[int(i)], max_seq_len, policy), Reject)]
+    samples = ((int(i), cache[int(i)]) for i in over)
+    return [cache.location(i) for i, sample in samples
+            if sample.num_targets > 1 and isinstance(apply_overlength(sample, max_seq_len, policy), Reject)]
 
 
 def split_stats(cfg: RootConfig, scan: SplitScan, max_seq_len: int) -> tuple[SplitStats, list[str]]:
@@ -173,16 +190,20 @@ def split_stats(cfg: RootConfig, scan: SplitScan, max_seq_len: int) -> tuple[Spl
     policy = cfg.data.overlength
     notes = checks.prepadded_notes(split=scan.name, count=scan.padded_inputs, locations=scan.padded_locations,
                                    strategy=cfg.padding.strategy)
-    cut = len(_cut_by_truncation(scan, max_seq_len, policy)) if cfg.data.mode == "stream" else 0
+    cut = len(_cut_by_truncation(scan, max_seq_len, policy))
+    stream = cfg.data.mode == "stream"
     if over and policy != "error":
         notes.append(f"data.overlength={policy}: {over} {scan.name} sample(s) longer than {max_seq_len} tokens "
                      f"will be {'truncated' if policy == 'truncate' else 'dropped'}"
-                     f"{f'; {cut} of them keep no target after truncation and are dropped' if cut else ''}.")
+                     f"{f'; {cut} of them keep no target after truncation and are dropped' if cut and stream else ''}.")
+    # zero_target counts what training would see: samples with nothing to learn besides eos, including those
+    # truncation leaves so in cached mode (the stream drops them: they are counted in `dropped`).
     split = SplitStats(
         records=scan.records, rejected=scan.num_rejects, lengths=stats, over_limit=over,
-        trainable_fraction=round(scan.trainable_fraction, 4), zero_target=scan.zero_target_samples,
+        trainable_fraction=round(scan.trainable_fraction, 4),
+        zero_target=scan.zero_target_samples + (0 if stream else cut),
         reject_reasons=dict(scan.reject_counts), truncated=over if policy == "truncate" else 0,
-        dropped=over if policy == "drop" else cut, prepadded=scan.padded_inputs,
+        dropped=over if policy == "drop" else (cut if stream else 0), prepadded=scan.padded_inputs,
     )
     return split, notes
 
@@ -275,6 +296,8 @@ def memory_inputs(cfg: RootConfig, facts: ModelFacts, max_seq_len: int, backend:
     rows = _vocab_rows(cfg, facts)
     targets = cfg.lora.target_modules if cfg.lora.target_modules is not None else facts.lora_defaults
     saved = set(cfg.lora.modules_to_save)
+    if embeddings_trained_in_full(facts.embedding_rows, rows):
+        saved |= {"lm_head", "embed_tokens"}
     if getattr(facts.hf_config, "tie_word_embeddings", False) and saved & {"lm_head", "embed_tokens"}:
         saved |= {"lm_head", "embed_tokens"}  # apply_lora saves a tied pair together
     return MemoryInputs(

@@ -31,10 +31,17 @@ def format_problems(problems: Sequence[Problem]) -> str:
     return "\n".join(lines)
 
 
-def print_problems(problems: Sequence[Problem], title: str, stream: TextIO | None = None) -> None:
-    """Print problems as soon as a phase finds them (the fast checks print within seconds)."""
+def headlines(problems: Sequence[Problem]) -> str:
+    """One line per problem: `[check] key (location)`, for the early notice and the closing error."""
+    return "\n".join(f"  - [{p.check}] {p.key}" + (f" ({p.location})" if p.location else "") for p in problems)
+
+
+def print_early_problems(problems: Sequence[Problem], stream: TextIO | None = None) -> None:
+    """Say within seconds what the checks before the scan found; their full text is in the one table printed
+    after the scan (so a long scan is not waited out for nothing, and nothing is printed twice)."""
     if problems:
-        print(f"{title}\n{format_problems(problems)}", file=stream or sys.stdout, flush=True)
+        print(f"preflight: {len(problems)} problem(s) found before reading any data (the data scan continues; "
+              f"the table after it has the details):\n{headlines(problems)}", file=stream or sys.stdout, flush=True)
 
 
 def format_splits(result: PreflightResult) -> str:

@@ -30,7 +30,15 @@ from seqtune.preflight.phases import (
     split_stats,
     stream_train_plan,
 )
-from seqtune.preflight.report import PLOT_FILE, REJECTS_FILE, plot_lengths, print_problems, print_report, write_rejects
+from seqtune.preflight.report import (
+    PLOT_FILE,
+    REJECTS_FILE,
+    headlines,
+    plot_lengths,
+    print_early_problems,
+    print_report,
+    write_rejects,
+)
 from seqtune.preflight.result import PaddingStats, PreflightResult, VocabStats, write_result
 
 SPLITS = ("train", "val", "test")
@@ -49,7 +57,7 @@ def run_preflight(cfg: RootConfig, run_dir: Path) -> PreflightResult:
     problems = fast_checks(cfg, facts)
     backend, backend_problems = backend_phase(cfg, facts)
     problems += backend_problems
-    print_problems(problems, "preflight: found before reading any data (the data scan continues):")
+    print_early_problems(problems)
     scans, scan_problems = scan_splits(cfg, facts)
     problems += scan_problems
     result = PreflightResult(ok=False, max_seq_len=None, context_length=facts.context_length,
@@ -76,9 +84,10 @@ def run_preflight(cfg: RootConfig, run_dir: Path) -> PreflightResult:
 def _data_phases(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitScan], result: PreflightResult,
                  problems: list[Problem]) -> None:
     """Everything that needs the scanned lengths: limits, labels, shapes, the distributed plan, memory."""
-    max_seq_len, length_problems = resolve_lengths(cfg, facts, scans)
+    max_seq_len, length_problems, length_notes = resolve_lengths(cfg, facts, scans)
     result.max_seq_len = max_seq_len
     problems += length_problems
+    result.notes += length_notes
     for name, scan in scans.items():
         problems += split_checks(cfg, facts, scan, max_seq_len)
         stats, notes = split_stats(cfg, scan, max_seq_len)
@@ -142,9 +151,8 @@ def _finish(result: PreflightResult, run_dir: Path) -> PreflightResult:
     print_report(result)
     if not result.ok:
         # One line per problem: the full messages are in the table just printed and in preflight.json.
-        summary = "\n".join(f"  - [{p.check}] {p.key}" + (f" ({p.location})" if p.location else "")
-                            for p in result.problems)
         raise PreflightFailed(f"preflight found {len(result.problems)} problem(s), listed in the table above; "
-                              f"nothing was trained. Report: {run_dir / 'preflight.json'}\n{summary}")
+                              f"nothing was trained. Report: {run_dir / 'preflight.json'}\n"
+                              f"{headlines(result.problems)}")
     return result
 

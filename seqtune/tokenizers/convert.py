@@ -35,6 +35,7 @@ REFERENCE_TEXTS = [
     "Hello world", " Hello world", "Hello, world! How are you?", "  two leading spaces", "tabs\tand\nnewlines\n\n",
     "numbers 1234567 and 3.14159", "Ünïcödé façade naïve café", "日本語のテキスト", "emoji 🦙🚀 end",
     "def f(x):\n    return x ** 2  # square", "<b>not a tag</b> <p>", "a" * 40,
+    "runs:    four spaces,\t\ttwo tabs,\n\n\nthree newlines",
 ]
 
 
@@ -80,23 +81,19 @@ def from_tiktoken(raw: Path) -> Tokenizer:
 
 
 def from_sentencepiece(raw: Path) -> Tokenizer:
-    import sentencepiece
+    # Read the model proto itself: the processor API cannot tell user-defined pieces (Gemma's <start_of_turn>,
+    # whitespace runs; Mistral v3's [REFERENCE_DOC_n]) from normal ones, nor say whether a dummy "▁" is prepended.
+    from sentencepiece import sentencepiece_model_pb2
 
-    sp = sentencepiece.SentencePieceProcessor(model_file=str(raw))
-    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
-    scores = [sp.get_score(i) for i in range(len(pieces))]
-    types = [_spm_type(sp, i) for i in range(len(pieces))]
-    return spm_bpe(pieces, scores, types)
-
-
-def _spm_type(sp, i: int) -> int:
-    if sp.is_unknown(i):
-        return UNKNOWN
-    if sp.is_control(i):
-        return CONTROL
-    if sp.is_byte(i):
-        return BYTE
-    return UNUSED if sp.is_unused(i) else NORMAL
+    model = sentencepiece_model_pb2.ModelProto()
+    model.ParseFromString(raw.read_bytes())
+    if model.trainer_spec.model_type != model.trainer_spec.BPE:
+        raise ValueError(f"{raw} is a sentencepiece {model.trainer_spec.ModelType.Name(model.trainer_spec.model_type)}"
+                         " model; only BPE models convert")
+    pieces = [piece.piece for piece in model.pieces]
+    scores = [piece.score for piece in model.pieces]
+    types = [int(piece.type) for piece in model.pieces]
+    return spm_bpe(pieces, scores, types, add_prefix_space=model.normalizer_spec.add_dummy_prefix)
 
 
 def spm_bpe(pieces: list[str], scores: list[float], types: list[int], merges: list[tuple[str, str]] | None = None,
@@ -114,7 +111,9 @@ def spm_bpe(pieces: list[str], scores: list[float], types: list[int], merges: li
     if add_prefix_space:
         decode_steps.append(decoders.Strip(content=" ", left=1, right=0))
     tokenizer.decoder = decoders.Sequence(decode_steps)
-    tokenizer.add_tokens([AddedToken(pieces[i], special=False, normalized=False)
+    # sentencepiece matches user-defined pieces on the normalized text ("▁▁" is two spaces), so they are matched
+    # after normalization here too; control pieces are never normalized (chat templates write them literally).
+    tokenizer.add_tokens([AddedToken(pieces[i], special=False, normalized=True)
                           for i, t in enumerate(types) if t == USER_DEFINED])
     tokenizer.add_special_tokens([AddedToken(pieces[i], special=True, normalized=False)
                                   for i, t in enumerate(types) if t in (UNKNOWN, CONTROL)])

@@ -9,7 +9,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from seqtune.config.errors import ConfigError, ModelLoadError
 from seqtune.config.schema import ModelConfig, TokenizerConfig
-from seqtune.tokenizers import pypi
+from seqtune.tokenizers import pypi, templates
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "assets" / "seqtune-bpe"
 SOURCES = ("auto", "bundled", "pypi", "path")
@@ -31,8 +31,8 @@ def load_tokenizer(tok: TokenizerConfig, model: ModelConfig, *,
                    default_chat_template: str | None = None) -> PreTrainedTokenizerBase:
     """A fast tokenizer with bos/eos, a pad token per tokenizer.pad_policy and a chat template (when any exists).
 
-    The chat template is tokenizer.chat_template if set, else the tokenizer's own, else `default_chat_template`
-    (the model family's, from seqtune.models).
+    The chat template is tokenizer.chat_template if set (a name from seqtune.tokenizers.templates.NAMED, a .jinja
+    file or a Jinja string), else the tokenizer's own, else `default_chat_template` (the model family's).
     """
     if tok.pad_policy not in PAD_POLICIES:
         raise ConfigError(f"tokenizer.pad_policy={tok.pad_policy!r} is not one of {list(PAD_POLICIES)}.",
@@ -41,7 +41,8 @@ def load_tokenizer(tok: TokenizerConfig, model: ModelConfig, *,
     tokenizer = _load_directory(location)
     _require_bos_eos(tokenizer, location)
     apply_pad_policy(tokenizer, tok.pad_policy, location)
-    tokenizer.chat_template = tok.chat_template or tokenizer.chat_template or default_chat_template
+    override = templates.resolve(tok.chat_template) if tok.chat_template else None
+    tokenizer.chat_template = override or tokenizer.chat_template or default_chat_template
     return tokenizer
 
 

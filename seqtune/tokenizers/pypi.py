@@ -25,10 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from seqtune.tokenizers import convert
+from seqtune.tokenizers import convert, templates
 
 # Bump when the conversion changes: every cached directory with an older stamp is rebuilt by the next fetch.
-CONVERTER_VERSION = 1
+# 2: sentencepiece user-defined pieces (Gemma 3's turn markers, Mistral v3's [REFERENCE_DOC_n]) and the model's own
+#    add_dummy_prefix are read from the model proto.
+CONVERTER_VERSION = 2
 STAMP_FILE = "seqtune-source.json"
 LLAMA_CPP_SDIST = "llama-cpp-python==0.3.36"
 LLAMA_CPP_MODELS = "llama_cpp_python-0.3.36/vendor/llama.cpp/models"
@@ -36,6 +38,8 @@ LLAMA_CPP_LICENSES = (
     ("llama_cpp_python-0.3.36/LICENSE.md", "LICENSE.llama-cpp-python"),
     ("llama_cpp_python-0.3.36/vendor/llama.cpp/LICENSE", "LICENSE.llama.cpp"),
 )
+# Google's MaxText ships Gemma 3's SentencePiece model and the official Gemma 3 chat template in its wheel.
+MAXTEXT_WHEEL = "maxtext==0.2.5"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +58,9 @@ class PypiTokenizer:
     licenses: tuple[tuple[str, str], ...]
     # tiktoken | sentencepiece | gguf
     kind: str
+    # `pip download --python-version`: for a wheel that declares a newer Python than the one running the fetch
+    # (only files are extracted from it, nothing is installed or imported).
+    python_version: str | None = None
     vocab_size: int
     bos: str
     eos: str
@@ -61,25 +68,11 @@ class PypiTokenizer:
     pad: str | None = None
     # Encodings of the real tokenizer (no bos), taken from the original library; checked after every fetch.
     known: tuple[tuple[str, tuple[int, ...]], ...]
-    # Tokenizer's own chat template (None: the model family's default applies).
+    # Tokenizer's own chat template (None: the source file's, else the model family's default applies), or a JSON
+    # file {"chat_template": ...} in the archive that holds the vendor's template.
     chat_template: str | None = None
+    chat_template_member: str | None = None
 
-
-LLAMA3_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}"
-    "{{ '<|start_header_id|>' ~ message['role'] ~ '<|end_header_id|>\\n\\n' ~ message['content'] | trim"
-    " ~ '<|eot_id|>' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
-)
-# Mistral instruct format: a system message is folded into the first user turn (the format has no system role).
-MISTRAL_TEMPLATE = (
-    "{{ bos_token }}{% set ns = namespace(system='') %}{% for message in messages %}"
-    "{% if message['role'] == 'system' %}{% set ns.system = message['content'] ~ '\\n\\n' %}"
-    "{% elif message['role'] == 'user' %}{{ '[INST] ' ~ ns.system ~ message['content'] ~ ' [/INST]' }}"
-    "{% set ns.system = '' %}"
-    "{% elif message['role'] == 'assistant' %}{{ message['content'] ~ eos_token }}"
-    "{% else %}{{ raise_exception('Unknown role ' ~ message['role']) }}{% endif %}{% endfor %}"
-)
 
 SOURCES: dict[str, PypiTokenizer] = {
     t.name: t
@@ -93,7 +86,7 @@ SOURCES: dict[str, PypiTokenizer] = {
             licenses=(("llama_models-0.3.0.dist-info/licenses/LICENSE", "LICENSE"),),
             kind="tiktoken", vocab_size=128_256, bos="<|begin_of_text|>", eos="<|end_of_text|>",
             known=(("Hello world", (9906, 1917)), (" Hello, world!", (22691, 11, 1917, 0))),
-            chat_template=LLAMA3_TEMPLATE,
+            chat_template=templates.LLAMA3,
         ),
         PypiTokenizer(
             name="mistral_v1", requirement="mistral-common==1.13.0", sdist=False,
@@ -102,7 +95,7 @@ SOURCES: dict[str, PypiTokenizer] = {
             license="Apache-2.0", licenses=(("mistral_common-1.13.0.dist-info/licenses/LICENSE", "LICENSE"),),
             kind="sentencepiece", vocab_size=32_000, bos="<s>", eos="</s>", unk="<unk>",
             known=(("Hello world", (22557, 1526)),),
-            chat_template=MISTRAL_TEMPLATE,
+            chat_template=templates.MISTRAL_V1,
         ),
         PypiTokenizer(
             name="mistral_v3", requirement="mistral-common==1.13.0", sdist=False,
@@ -111,7 +104,7 @@ SOURCES: dict[str, PypiTokenizer] = {
             license="Apache-2.0", licenses=(("mistral_common-1.13.0.dist-info/licenses/LICENSE", "LICENSE"),),
             kind="sentencepiece", vocab_size=32_768, bos="<s>", eos="</s>", unk="<unk>",
             known=(("Hello world", (23325, 2294)),),
-            chat_template=MISTRAL_TEMPLATE,
+            chat_template=templates.MISTRAL_V3,
         ),
         PypiTokenizer(
             name="llama2_spm", requirement=LLAMA_CPP_SDIST, sdist=True,
@@ -123,10 +116,22 @@ SOURCES: dict[str, PypiTokenizer] = {
             known=(("Hello world", (15043, 3186)),),
         ),
         PypiTokenizer(
-            name="gemma", requirement=LLAMA_CPP_SDIST, sdist=True,
+            name="gemma3", requirement=MAXTEXT_WHEEL, sdist=False, python_version="3.12",
+            member="maxtext/assets/tokenizers/tokenizer.gemma3", size=4_689_072,
+            sha256="a96dfa1c296977bd225176202b305aeb29f3f49cc7d54b15bd31e998f91b9736",
+            license="Gemma Terms of Use (the Gemma 3 tokenizer; shipped in MaxText's Apache-2.0 wheel)",
+            licenses=(("maxtext-0.2.5.dist-info/licenses/LICENSE", "LICENSE.maxtext"),),
+            kind="sentencepiece", vocab_size=262_144, bos="<bos>", eos="<eos>", unk="<unk>", pad="<pad>",
+            known=(("Hello world", (9259, 1902)),
+                   ("<start_of_turn>user\nHi<end_of_turn>", (105, 2364, 107, 10979, 106))),
+            chat_template_member="maxtext/examples/chat_templates/gemma-3-27b-chat_template.json",
+        ),
+        # Gemma 4's vocabulary (same size as Gemma 3's, other turn markers: <|turn>, <turn|>): not Gemma 3's.
+        PypiTokenizer(
+            name="gemma4", requirement=LLAMA_CPP_SDIST, sdist=True,
             member=f"{LLAMA_CPP_MODELS}/ggml-vocab-gemma-4.gguf", size=15_776_467,
             sha256="58b1ba0b57f3b4d7c468ba4ffd91ad85190346a3d7ad7e71d1cabaae8a14bb65",
-            license="MIT (llama.cpp vocab test file; Gemma vocabulary under the Gemma terms of use)",
+            license="MIT (llama.cpp vocab test file; Gemma 4 vocabulary under the Gemma terms of use)",
             licenses=LLAMA_CPP_LICENSES,
             kind="gguf", vocab_size=262_144, bos="<bos>", eos="<eos>", unk="<unk>", pad="<pad>",
             known=(("Hello world", (9259, 1902)),),
@@ -157,11 +162,17 @@ def _sha256(path: Path) -> str:
 
 def _stamp(source: PypiTokenizer) -> dict:
     # Everything the cached directory was built from: a change to any of them makes the next fetch rebuild it.
-    template = hashlib.sha256((source.chat_template or "").encode()).hexdigest()
+    # (A template inside the source file or a member is covered by the archive's pinned sha256.)
+    registry_template = None if source.chat_template is None else _text_sha256(source.chat_template)
     return {
         "name": source.name, "requirement": source.requirement, "member": source.member,
-        "sha256": source.sha256, "converter_version": CONVERTER_VERSION, "chat_template_sha256": template,
+        "sha256": source.sha256, "converter_version": CONVERTER_VERSION,
+        "registry_chat_template_sha256": registry_template, "chat_template_member": source.chat_template_member,
     }
+
+
+def _text_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def is_cached(name: str) -> bool:
@@ -179,9 +190,11 @@ def is_cached(name: str) -> bool:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def download(requirement: str, sdist: bool, dest: Path) -> Path:
+def download(requirement: str, sdist: bool, dest: Path, *, python_version: str | None = None) -> Path:
     """`pip download --no-deps` one distribution; returns the archive path."""
     kind = ["--no-binary", ":all:"] if sdist else ["--only-binary", ":all:"]
+    if python_version:
+        kind += ["--python-version", python_version]
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *kind, "-d", str(dest), requirement]
     dest.mkdir(parents=True, exist_ok=True)
     result = subprocess.run(cmd, capture_output=True, text=True)
@@ -213,7 +226,8 @@ def extract(archive: Path, members: set[str], dest: Path) -> dict[str, Path]:
 def _wanted_members(source: PypiTokenizer) -> set[str]:
     # llama.cpp ships reference encodings (<file>.inp / <file>.out) beside each vocab file: extract them too.
     vectors = {source.member + ".inp", source.member + ".out"} if source.kind == "gguf" else set()
-    return {source.member, *(member for member, _ in source.licenses), *vectors}
+    template = {source.chat_template_member} if source.chat_template_member else set()
+    return {source.member, *(member for member, _ in source.licenses), *vectors, *template}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -248,21 +262,40 @@ def install(source: PypiTokenizer, files: dict[str, Path]) -> Path:
 def _build(source: PypiTokenizer, raw: Path, files: dict[str, Path], out: Path) -> None:
     (out / "source").mkdir()
     shutil.copy2(raw, out / "source" / raw.name)
+    if source.chat_template_member in files:  # the vendor's template file, kept beside the tokenizer it came with
+        shutil.copy2(files[source.chat_template_member], out / "source" / Path(source.chat_template_member).name)
     for member, saved_as in source.licenses:
         if member not in files:
             raise FetchError(f"{source.name}: license file {member} is missing from {source.requirement}")
         shutil.copy2(files[member], out / saved_as)
     converted = convert.convert(source.kind, raw)
-    convert.save_hf_dir(
-        converted, out, bos=source.bos, eos=source.eos, unk=source.unk, pad=source.pad,
-        chat_template=source.chat_template or converted.chat_template,
-    )
+    template, template_origin = _chat_template(source, converted, files)
+    convert.save_hf_dir(converted, out, bos=source.bos, eos=source.eos, unk=source.unk, pad=source.pad,
+                        chat_template=template)
     vectors = convert.read_vectors(files.get(source.member + ".inp"), files.get(source.member + ".out"))
     problems = convert.check_hf_dir(out, source=source, raw=raw, vectors=vectors)
     if problems:
         raise FetchError(f"{source.name}: the converted tokenizer fails its checks:\n  " + "\n  ".join(problems))
-    stamp = {**_stamp(source), "license": source.license, "vocab_size": source.vocab_size}
+    stamp = {**_stamp(source), "license": source.license, "vocab_size": source.vocab_size,
+             # The template actually saved in tokenizer_config.json (null: none; the model family's applies).
+             "chat_template_sha256": None if template is None else _text_sha256(template),
+             "chat_template_origin": template_origin}
     (out / STAMP_FILE).write_text(json.dumps(stamp, indent=2) + "\n")
+
+
+def _chat_template(source: PypiTokenizer, converted: convert.Converted,
+                   files: dict[str, Path]) -> tuple[str | None, str | None]:
+    """The template the tokenizer ships with, and where it came from."""
+    if source.chat_template is not None:
+        return source.chat_template, "seqtune.tokenizers.templates"
+    if source.chat_template_member is not None:
+        if source.chat_template_member not in files:
+            raise FetchError(f"{source.name}: {source.chat_template_member} is missing from {source.requirement}")
+        template = json.loads(files[source.chat_template_member].read_text(encoding="utf-8"))["chat_template"]
+        return template, f"{source.requirement}: {source.chat_template_member}"
+    if converted.chat_template is not None:
+        return converted.chat_template, f"{source.requirement}: {source.member}"
+    return None, None
 
 
 def fetch(names: list[str], *, force: bool = False, log: Callable[[str], None] = print) -> list[Path]:
@@ -274,19 +307,19 @@ def fetch(names: list[str], *, force: bool = False, log: Callable[[str], None] =
     for name in names:
         if SOURCES[name] not in todo:
             log(f"{name}: cached at {tokenizer_dir(name)} (skipped)")
-    by_dist: dict[tuple[str, bool], list[PypiTokenizer]] = {}
+    by_dist: dict[tuple[str, bool, str | None], list[PypiTokenizer]] = {}
     for source in todo:
-        by_dist.setdefault((source.requirement, source.sdist), []).append(source)
-    for (requirement, sdist), sources in by_dist.items():
-        _fetch_one_dist(requirement, sdist, sources, log)
+        by_dist.setdefault((source.requirement, source.sdist, source.python_version), []).append(source)
+    for (requirement, sdist, python_version), sources in by_dist.items():
+        _fetch_one_dist(requirement, sdist, python_version, sources, log)
     return [tokenizer_dir(n) for n in names]
 
 
-def _fetch_one_dist(requirement: str, sdist: bool, sources: list[PypiTokenizer],
+def _fetch_one_dist(requirement: str, sdist: bool, python_version: str | None, sources: list[PypiTokenizer],
                     log: Callable[[str], None]) -> None:
     with tempfile.TemporaryDirectory(prefix="seqtune-fetch-") as tmp:
         start = time.perf_counter()
-        archive = download(requirement, sdist, Path(tmp) / "dl")
+        archive = download(requirement, sdist, Path(tmp) / "dl", python_version=python_version)
         mib = archive.stat().st_size / 2**20
         log(f"{requirement}: downloaded {archive.name} ({mib:.1f} MiB) in {time.perf_counter() - start:.1f}s")
         wanted = set().union(*(_wanted_members(s) for s in sources))

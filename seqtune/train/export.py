@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from seqtune.data.formats import chat_template_for
 from seqtune.distributed import DistEnv, barrier
 from seqtune.models import save_adapter
 from seqtune.train.loop import peak_memory_bytes
@@ -17,10 +18,12 @@ MERGED_DIR = "merged"
 
 
 def export_final(model: torch.nn.Module, tokenizer, *, run_dir: Path, env: DistEnv, lora: bool, merged: bool,
-                 sharded: bool = False) -> None:
+                 data_format: str, sharded: bool = False) -> None:
     """Rank 0 writes safetensors only; `peft.PeftModel.from_pretrained(base, run_dir/'adapter')` loads the adapter,
     `transformers.AutoModelForCausalLM.from_pretrained(run_dir/'merged')` the merged model, no seqtune needed.
-    With FSDP every rank takes part in gathering the full weights first (a collective), then rank 0 writes them."""
+    With FSDP every rank takes part in gathering the full weights first (a collective), then rank 0 writes them.
+    The saved tokenizer carries the chat template of what was trained (`data_format`), or none."""
+    tokenizer = _with_trained_template(tokenizer, data_format)
     if sharded:
         _export_gathered(model, tokenizer, run_dir=run_dir, env=env, lora=lora)
         return
@@ -38,6 +41,16 @@ def export_final(model: torch.nn.Module, tokenizer, *, run_dir: Path, env: DistE
             tokenizer.save_pretrained(run_dir / MERGED_DIR)
             print(f"saved merged model: {run_dir / MERGED_DIR}", flush=True)
     barrier()
+
+
+def _with_trained_template(tokenizer, data_format: str):
+    """A copy of the tokenizer whose chat template is the one training used (a Llama 3 template saved next to an
+    adapter trained on Alpaca prompts would make every chat client prompt it in a format it never saw)."""
+    import copy
+
+    saved = copy.copy(tokenizer)  # shallow: the Rust backend is shared, only the template attribute differs
+    saved.chat_template = chat_template_for(data_format, tokenizer.chat_template)
+    return saved
 
 
 def report_end(*, run_dir: Path, env: DistEnv, preflight, logger: MetricsLogger | None) -> None:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import gzip
+import re
 import json
 
 import numpy as np
@@ -144,3 +145,16 @@ def test_padding_call_on_the_tokenizer_between_scans_still_hits_the_cache(tmp_pa
     again = scan_split("train", [data], SampleEncoder(fresh_tokenizer, "alpaca", train_on_prompt=False),
                        cache_root=tmp_path / "c")
     assert again.from_cache and again.cache_dir == first.cache_dir
+
+
+def test_progress_bar_counts_each_record_once(tmp_path, bundled_tokenizer, jsonl, capsys):
+    # Two kinds of rejects: the parser's (bad JSON) and the encoder's (a tool turn the template cannot render).
+    chat = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]}
+    tool = {"messages": [{"role": "user", "content": "Hi"}, {"role": "tool", "content": "42"},
+                         {"role": "assistant", "content": "Yo"}]}
+    data = jsonl(tmp_path / "d.jsonl", [chat] * 6 + [tool] * 4 + ['{"messages": '] * 2)
+    encoder = SampleEncoder(bundled_tokenizer, "chat", train_on_prompt=False)
+    scan = scan_split("train", [data], encoder, cache_root=tmp_path / "c", progress=True)
+    assert (scan.records, scan.samples, scan.reject_counts) == (12, 6, {"chat_template": 4, "bad_json": 2})
+    counts = re.findall(r"scan train: (\d+) rec", capsys.readouterr().err)
+    assert counts and int(counts[-1]) == 12

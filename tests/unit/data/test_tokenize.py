@@ -3,9 +3,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from seqtune.config.errors import ConfigError
 from seqtune.data.formats import Conversation, PreTokenized, PromptCompletion
 from seqtune.data.tokenize import SampleEncoder, render_chat
 from seqtune.data.types import IGNORE_INDEX, Reject, TokenizedSample
+from seqtune.tokenizers import templates
 
 
 def _pc(prompt: str, completion: str, line: int = 1) -> PromptCompletion:
@@ -117,11 +119,27 @@ def test_chat_spans_are_inside_the_rendered_text(bundled_tokenizer):
     assert [text[lo:hi] for lo, hi in spans] == ["hello<|end|>\n</s>"]
 
 
-def test_chat_template_error_becomes_a_reject_at_its_line(bundled_tokenizer):
+def test_tool_turn_the_template_has_no_role_for_is_a_reject_at_its_line(bundled_tokenizer):
     encoder = SampleEncoder(bundled_tokenizer, "chat", train_on_prompt=False)
     good = _chat(("user", "a"), ("assistant", "b"), line=1)
-    bad = _chat(("tool", "x"), ("assistant", "b"), line=2)  # the bundled template refuses the tool role
+    bad = _chat(("user", "a"), ("tool", "x"), ("assistant", "b"), line=2)  # the bundled template has no tool role
     first, second = encoder.encode_batch([good, bad])
     assert isinstance(first, TokenizedSample)
-    assert isinstance(second, Reject) and (second.file, second.line, second.code) == ("c.jsonl", 2, "wrong_type")
-    assert "chat template failed" in second.reason
+    assert isinstance(second, Reject) and (second.file, second.line, second.code) == ("c.jsonl", 2, "chat_template")
+    assert "messages[1] is a tool turn and the chat template has no tool role" in second.reason
+
+
+def test_chat_template_error_becomes_a_reject_at_its_line(fresh_tokenizer):
+    fresh_tokenizer.chat_template = templates.GEMMA3  # refuses two user turns in a row
+    encoder = SampleEncoder(fresh_tokenizer, "chat", train_on_prompt=False)
+    bad = _chat(("user", "a"), ("user", "b"), ("assistant", "c"), line=7)
+    [reject] = encoder.encode_batch([bad])
+    assert isinstance(reject, Reject) and (reject.line, reject.code) == (7, "chat_template")
+    assert "the chat template failed: Conversation roles must alternate" in reject.reason
+
+
+def test_chat_without_any_template_names_tokenizer_chat_template(fresh_tokenizer):
+    fresh_tokenizer.chat_template = None
+    with pytest.raises(ConfigError, match=r"tokenizer.chat_template: .*no chat template.*Fix: "
+                                          r"tokenizer.chat_template=NAME \(one of llama3, mistral_v1"):
+        SampleEncoder(fresh_tokenizer, "chat", train_on_prompt=False)

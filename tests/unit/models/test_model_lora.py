@@ -146,3 +146,32 @@ def test_head_trained_in_full_saves_and_reloads_for_tied_and_untied_models(famil
     save_adapter(model, tmp_path)
     reloaded = load_adapter(build_model(tiny_cfg(family), attn_implementation="sdpa"), tmp_path)
     torch.testing.assert_close(reloaded(input_ids=ids, use_cache=False).logits, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["tinyllama", "gemma3"])
+def test_mostly_new_rows_train_the_embedding_in_full_and_keep_the_adapter_config_small(family, tmp_path):
+    # A tiny model with a real tokenizer's vocabulary: 5,056 new rows next to 4,096 old ones.
+    cfg = tiny_cfg(family)
+    # lm_head named as well (lora=tiny does): each module is wrapped once.
+    peft_model = apply_lora(build_model(cfg, attn_implementation="sdpa", resize_to=9100), LoraConfig(rank=4),
+                            get_spec(family), extra_trainable=["lm_head"])
+    assert sorted(peft_model.peft_config["default"].modules_to_save) == ["embed_tokens", "lm_head"]
+    names = [n for n, p in peft_model.named_parameters() if p.requires_grad]
+    assert not any("trainable_tokens_delta" in n for n in names)
+    assert any("embed_tokens.modules_to_save" in n for n in names)
+    batch = torch.randint(4096, 9152, (2, 16), generator=torch.Generator().manual_seed(5))
+    peft_model(input_ids=batch, labels=batch).loss.backward()
+    embedding = next(p for n, p in peft_model.named_parameters() if "embed_tokens.modules_to_save" in n)
+    assert embedding.grad[4096:].abs().sum() > 0  # the new rows train
+    with torch.no_grad():
+        for param in (p for p in peft_model.parameters() if p.requires_grad):
+            param.add_(0.05 * torch.randn(param.shape, generator=torch.Generator().manual_seed(6)))
+    peft_model.eval()
+    with torch.no_grad():
+        expected = peft_model(input_ids=batch).logits
+    save_adapter(peft_model, tmp_path)
+    config = (tmp_path / "adapter_config.json").read_text()
+    assert len(config) < 4000 and '"trainable_token_indices": null' in config
+    reloaded = load_adapter(build_model(cfg, attn_implementation="sdpa", resize_to=9100), tmp_path).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=batch).logits, expected)

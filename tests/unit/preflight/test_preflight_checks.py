@@ -12,10 +12,19 @@ from seqtune.preflight import checks
 def test_vocab_size_fails_when_tokenizer_is_bigger_than_the_embedding():
     problems = checks.check_vocab_size(tokenizer_size=4097, embedding_rows=4096, output_rows=4096,
                                        resize_embeddings=False)
-    assert [p.key for p in problems] == ["model.resize_embeddings", "model.resize_embeddings"]
-    assert "4097" in problems[0].message and "4096" in problems[0].message
+    assert [p.key for p in problems] == ["model.resize_embeddings"]  # one cause, one problem
+    assert "4097" in problems[0].message
+    assert "input embedding rows 4096 and output head rows 4096" in problems[0].message
     assert "model.resize_embeddings=true (resizes to 4160)" in problems[0].message
-    assert "output head" in problems[1].message
+
+
+def test_vocab_size_counts_the_special_tokens_it_leaves_without_a_row():
+    specials = {"bos": 1, **{f"<|reserved_{i}|>": 4096 + i for i in range(256)}}
+    problems = checks.check_vocab_size(tokenizer_size=4352, embedding_rows=4096, output_rows=4096,
+                                       resize_embeddings=False, special_ids=specials)
+    assert len(problems) == 1
+    assert "256 special token(s) among them: <|reserved_0|> (4096), " in problems[0].message
+    assert "and 251 more" in problems[0].message
 
 
 @pytest.mark.parametrize("size, resize", [(4096, False), (4000, False), (4097, True)])
@@ -31,8 +40,10 @@ def test_resized_vocab_is_a_multiple_of_64():
 
 
 def test_special_token_out_of_range_fails_in_range_passes():
-    problems = checks.check_special_token_ids(special_ids={"bos": 1, "pad": 4096, "eos": None}, vocab_rows=4096)
-    assert len(problems) == 1 and "pad has id 4096" in problems[0].message
+    problems = checks.check_special_token_ids(special_ids={"bos": 1, "pad": 4096, "eos": None, "x": 5000},
+                                              vocab_rows=4096)
+    assert len(problems) == 1 and "2 special token(s)" in problems[0].message
+    assert "pad (4096), x (5000)" in problems[0].message
     assert checks.check_special_token_ids(special_ids={"bos": 1, "pad": 4095}, vocab_rows=4096) == []
 
 
@@ -51,6 +62,16 @@ def test_pad_token_missing_fails_and_pad_eq_eos_is_only_a_note():
     assert checks.check_pad_token(pad_id=2, pad_policy="eos") == []
     assert "masked" in checks.pad_token_notes(pad_id=2, eos_id=2)[0]
     assert checks.pad_token_notes(pad_id=3, eos_id=2) == []
+
+
+def test_auto_length_following_one_outlier_is_called_out_with_the_fixed_length_that_fits():
+    lengths = np.array([18, 20, 21] * 100 + [4057])
+    [note] = checks.auto_length_notes(lengths=lengths, max_seq_len=4064, longest_location="t.jsonl:301")
+    assert "data.max_seq_len=auto is 4064, set by the longest sample (4057 tokens, t.jsonl:301)" in note
+    assert "99% of samples have at most 21 tokens and 1 sample(s) exceed 24" in note
+    assert "data.max_seq_len=24 data.overlength=drop (drops those 1)" in note
+    assert checks.auto_length_notes(lengths=np.array([18, 20, 21] * 100 + [42]), max_seq_len=48,
+                                    longest_location="t.jsonl:301") == []
 
 
 def test_resolve_max_seq_len_auto_rounds_up_to_8():
@@ -152,6 +173,19 @@ def test_bad_lines_fail_at_zero_fraction_and_pass_with_a_higher_one():
     assert "train.jsonl:9 (missing_media: img/a.png)" in message and "data.max_bad_fraction=0.3" in message
     assert checks.check_bad_lines(split="train", rejects=rejects, total_lines=10, max_bad_fraction=0.3) == []
     assert checks.reject_counts(rejects) == {"bad_json": 2, "missing_media": 1}
+
+
+def test_conversations_the_template_cannot_render_name_the_template_not_the_data():
+    tool = "chat_template: messages[2] is a tool turn and the chat template has no tool role"
+    rejects = [Reject(file="c.jsonl", line=i, reason=tool) for i in (3, 4, 8)] + _rejects(1)
+    problems = checks.check_bad_lines(split="train", rejects=rejects, total_lines=10, max_bad_fraction=0.1)
+    assert [(p.check, p.key, p.location) for p in problems] == [
+        ("template", "tokenizer.chat_template", "c.jsonl:3"), ("integrity", "data.max_bad_fraction", "train.jsonl:1")]
+    template = problems[0].message
+    assert "3 of 10 train conversations cannot be rendered by the chat template" in template
+    assert f"c.jsonl:3 ({tool})" in template and "(tool turns: llama3, mistral_v3;" in template
+    assert "Fix: tokenizer.chat_template=NAME" in template and "data.max_bad_fraction=0.4 to skip them" in template
+    assert "1 of 10 train lines are malformed" in problems[1].message
 
 
 def test_overlength_drops_are_a_policy_not_bad_lines():

@@ -226,10 +226,13 @@ def test_truncation_that_cuts_every_target_is_a_labels_problem(tmp_path, varied)
     rows = [alpaca(2, i) for i in range(4)] + [{"instruction": "Say it. " * 30, "input": "", "output": "ok"}]
     train = write_jsonl(tmp_path / "prompty.jsonl", rows)
     report = run_failing(make_cfg(tmp_path, train, "data.max_seq_len=32", "data.overlength=truncate"),
-                         tmp_path / "run", match=r"data.train_on_prompt \(.*prompty.jsonl:5\)")
+                         tmp_path / "run", match=r"data.overlength \(.*prompty.jsonl:5\)")
     problem = next(p for p in report["problems"] if p["check"] == "labels")
-    assert "1 train sample(s) have zero trainable tokens" in problem["message"]
+    assert "1 train sample(s) keep no trainable token after data.overlength=truncate cuts them to 32" in \
+        problem["message"]
     assert problem["location"].endswith("prompty.jsonl:5") and "data.max_seq_len" in problem["message"]
+    # preflight.json counts what the console reports: the sample truncation leaves without a target.
+    assert report["splits"]["train"]["zero_target"] == 1
 
 
 def test_pretokenized_ids_are_checked_against_the_model_with_file_and_line(tmp_path):

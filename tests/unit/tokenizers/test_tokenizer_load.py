@@ -113,3 +113,22 @@ def test_chat_template_precedence(no_template_dir, bundled):
 def test_missing_eos_is_an_error(no_eos_dir):
     with pytest.raises(ModelLoadError, match=r"tokenizer\.path=.*has no eos_token.*Fix: set eos_token"):
         load_path(no_eos_dir)
+
+
+def test_chat_template_takes_a_name_a_jinja_file_or_a_string_and_refuses_the_rest(tmp_path):
+    from seqtune.tokenizers import templates
+
+    def loaded(value):
+        return load_tokenizer(TokenizerConfig(source="bundled", chat_template=value), ModelConfig(family="llama3"))
+
+    assert loaded("gemma3").chat_template == templates.GEMMA3
+    (tmp_path / "mine.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    assert loaded(str(tmp_path / "mine.jinja")).chat_template.startswith("{% for m in messages %}")
+    assert loaded("{{ messages[0]['content'] }}").chat_template == "{{ messages[0]['content'] }}"
+    with pytest.raises(ConfigError, match=r"tokenizer.chat_template=.*nope.jinja: no such file. Fix: "
+                                          r"tokenizer.chat_template=NAME \(one of llama3, "):
+        loaded(str(tmp_path / "nope.jinja"))
+    with pytest.raises(ConfigError, match=r"tokenizer.chat_template is not a valid Jinja template \(line 1"):
+        loaded("{% for m in messages %}")
+    with pytest.raises(ConfigError, match=r"tokenizer.chat_template='gemma' is neither a known template name"):
+        loaded("gemma")

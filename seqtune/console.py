@@ -1,0 +1,114 @@
+"""What a run prints: the run's own log file (`seqtune.log`) and the library warnings that are known false alarms.
+
+Both entry points (`python -m seqtune` in the parent, `seqtune.worker` on each rank) call `silence_known_false_alarms`
+and `install_tee`, then wrap the run in `run_log(run_dir)`: from then on everything the console shows on stdout
+and stderr (preflight's report, progress bars in their final state, training lines, warnings, errors) is
+appended to `<run_dir>/seqtune.log`. Only the parent and rank 0 write it, so it reads like rank 0's console.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TextIO
+
+LOG_FILE = "seqtune.log"
+
+# (category, message regex, why it is a false alarm for seqtune). Only these exact warnings are silenced.
+KNOWN_FALSE_ALARMS: tuple[tuple[type[Warning], str, str], ...] = (
+    (UserWarning, r"Model has `tie_word_embeddings=True` and a tied layer is part of the adapter",
+     "peft checks a config flag, not the tensors: seqtune passes ensure_weight_tying whenever the head and the "
+     "embedding really are one tensor (seqtune/models/lora.py), and untied models get the warning too"),
+    (FutureWarning, r"`is_gradient_checkpointing` is deprecated",
+     "raised inside peft's get_peft_model on every LoRA run, with or without gradient checkpointing"),
+    (FutureWarning, r"`gradient_checkpointing_enable` is deprecated",
+     "the renamed method (activation_checkpointing_enable) does the same thing; nothing to act on"),
+)
+
+
+def silence_known_false_alarms() -> None:
+    for category, message, _ in KNOWN_FALSE_ALARMS:
+        warnings.filterwarnings("ignore", message=message, category=category)
+
+
+class _Tee:
+    """A console stream that also appends what it shows to the run's log file (when one is attached).
+
+    Progress bars redraw a line with carriage returns: the log keeps each line as it last looked.
+    """
+
+    def __init__(self, stream: TextIO, sink: _LogSink) -> None:
+        self._stream = stream
+        self._sink = sink
+        self._line = ""
+
+    def write(self, text: str) -> int:
+        written = self._stream.write(text)
+        if self._sink.file is not None:
+            *complete, self._line = (self._line + text).split("\n")
+            self._sink.write_lines([line.rsplit("\r", 1)[-1] for line in complete])
+        return written
+
+    def flush(self) -> None:
+        self._stream.flush()
+        self._sink.flush()
+
+    def close_line(self) -> None:
+        """At detach: the last unfinished line (a bar never closed) goes in as it looked."""
+        if self._line.rsplit("\r", 1)[-1].strip():
+            self._sink.write_lines([self._line.rsplit("\r", 1)[-1]])
+        self._line = ""
+
+    def __getattr__(self, name: str):  # fileno, isatty, encoding, buffer...: the console stream's own
+        return getattr(self._stream, name)
+
+
+class _LogSink:
+    def __init__(self) -> None:
+        self.file: TextIO | None = None
+        self._lock = threading.Lock()  # the scan's encoder thread and the main thread may both print
+
+    def write_lines(self, lines: list[str]) -> None:
+        if lines and self.file is not None:
+            with self._lock:
+                self.file.write("".join(line + "\n" for line in lines))
+
+    def flush(self) -> None:
+        if self.file is not None:
+            with self._lock:
+                self.file.flush()
+
+
+_SINK = _LogSink()
+
+
+def install_tee() -> None:
+    """Route sys.stdout/sys.stderr through tees (idempotent). Call before logging handlers bind to the streams."""
+    if not isinstance(sys.stdout, _Tee):
+        sys.stdout = _Tee(sys.stdout, _SINK)
+    if not isinstance(sys.stderr, _Tee):
+        sys.stderr = _Tee(sys.stderr, _SINK)
+
+
+@contextmanager
+def run_log(run_dir: Path) -> Iterator[Path]:
+    """Append the console to `run_dir/seqtune.log` for the duration (nested calls keep the outer file)."""
+    path = Path(run_dir) / LOG_FILE
+    if _SINK.file is not None:  # launcher=local: the worker runs inside the parent's run
+        yield path
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _SINK.file = path.open("a", encoding="utf-8")
+    try:
+        yield path
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            if isinstance(stream, _Tee):
+                stream.flush()
+                stream.close_line()
+        file, _SINK.file = _SINK.file, None
+        file.close()

@@ -1,0 +1,171 @@
+"""Chat templates: the roles data.format=chat accepts, the templates seqtune ships, and what a template renders.
+
+One place for all of it: the chat parser (seqtune.data.formats) takes its roles from here, the model families
+(seqtune.models) their default templates, the fetched tokenizers (pypi.py) theirs, and tokenizer.chat_template
+accepts the names below. Every template renders append-only (the text of a conversation's first k turns is a
+prefix of the whole), which is how seqtune finds each assistant reply without {% generation %} markers.
+
+Templates for the fetched SentencePiece tokenizers (mistral_v1, mistral_v3) follow mistral-common, Mistral's
+reference encoder: each text segment gets SentencePiece's "▁" prefix there, and the converted tokenizers prepend
+it to every segment between control tokens, so those templates write no space after [INST], [/INST], ...
+(tests/unit/tokenizers/test_chat_families.py pins the ids mistral-common 1.13.0 gives for the same turns).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from seqtune.config.errors import ConfigError
+
+# Roles a `messages` record may use. A template that never names TOOL_ROLE cannot render tool turns.
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+TOOL_ROLE = "tool"
+
+# Meta's Llama 3 format; tool results go under the `ipython` header and a tool call is the JSON object
+# {"type": "function", "name", "parameters"} as the reply, as Meta's reference encoder (llama-models) writes them.
+# <|eot_id|> ends every turn.
+LLAMA3 = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{%- set role = 'ipython' if message['role'] == 'tool' else message['role'] %}"
+    "{{- '<|start_header_id|>' + role + '<|end_header_id|>\\n\\n' }}"
+    "{%- if message['tool_calls'] is defined and message['tool_calls'] %}"
+    "{%- for call in message['tool_calls'] %}"
+    "{%- set arguments = call['function']['arguments'] %}"
+    "{{- '{\"type\": \"function\", \"name\": ' + call['function']['name'] | tojson + ', \"parameters\": ' "
+    "+ (arguments if arguments is string else arguments | tojson) + '}' }}"
+    "{%- endfor %}"
+    "{%- else %}{{- message['content'] | trim }}{%- endif %}"
+    "{{- '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+
+# Mistral v1 (7B v0.1): [INST] is plain text; a system prompt opens the first user turn; </s> ends each reply.
+MISTRAL_V1 = (
+    "{{- bos_token }}"
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{%- set system = messages[0]['content'] + '\\n\\n' %}{%- set turns = messages[1:] %}"
+    "{%- else %}{%- set system = '' %}{%- set turns = messages %}{%- endif %}"
+    "{%- for message in turns %}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{- raise_exception('Mistral v1 conversations alternate user/assistant after an optional system turn') }}"
+    "{%- endif %}"
+    "{%- if message['role'] == 'user' %}"
+    "{{- '[INST] ' + (system if loop.first else '') + message['content'] + ' [/INST]' }}"
+    "{%- else %}{{- ' ' + message['content'] + eos_token }}{%- endif %}"
+    "{%- endfor %}"
+)
+
+# Mistral v3 (7B v0.3): [INST], [/INST], [TOOL_CALLS], [TOOL_RESULTS], [/TOOL_RESULTS] are control tokens.
+# Tool results are {"content", "call_id"} and tool calls [{"name", "arguments", "id"}] as JSON, like
+# mistral-common; an id the data lacks is left out. Deliberate difference: the system prompt opens the FIRST user
+# turn (mistral-common puts it before the last one), so a conversation only ever grows at its end.
+MISTRAL_V3 = (
+    "{{- bos_token }}"
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{%- set system = messages[0]['content'] + '\\n\\n' %}{%- set turns = messages[1:] %}"
+    "{%- else %}{%- set system = '' %}{%- set turns = messages %}{%- endif %}"
+    "{%- set ns = namespace(users=0) %}"
+    "{%- for message in turns %}"
+    "{%- if message['role'] == 'user' %}"
+    "{{- '[INST]' + (system if ns.users == 0 else '') + message['content'] + '[/INST]' }}"
+    "{%- set ns.users = ns.users + 1 %}"
+    "{%- elif message['role'] == 'assistant' and message['tool_calls'] is defined and message['tool_calls'] %}"
+    "{{- '[TOOL_CALLS][' }}"
+    "{%- for call in message['tool_calls'] %}"
+    "{%- set arguments = call['function']['arguments'] %}"
+    "{{- '{\"name\": ' + call['function']['name'] | tojson + ', \"arguments\": ' "
+    "+ (arguments if arguments is string else arguments | tojson) "
+    "+ (', \"id\": ' + call['id'] | tojson if call['id'] is defined and call['id'] else '') + '}' "
+    "+ (', ' if not loop.last else '') }}"
+    "{%- endfor %}"
+    "{{- ']' + eos_token }}"
+    "{%- elif message['role'] == 'assistant' %}"
+    "{{- message['content'] + eos_token }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{{- '[TOOL_RESULTS]{\"content\": ' + message['content'] | tojson "
+    "+ (', \"call_id\": ' + message['tool_call_id'] | tojson "
+    "if message['tool_call_id'] is defined and message['tool_call_id'] else '') + '}[/TOOL_RESULTS]' }}"
+    "{%- else %}"
+    "{{- raise_exception('Mistral v3 has no ' + message['role'] + ' turn after the first message') }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+)
+
+# Gemma 3: the assistant is "model", <end_of_turn> closes every turn, a system prompt opens the first user turn.
+# Renders string contents exactly as the official template (fetched with tokenizer=gemma3) does.
+GEMMA3 = (
+    "{{- bos_token }}"
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\\n\\n' %}{%- set loop_messages = messages[1:] %}"
+    "{%- else %}{%- set first_user_prefix = '' %}{%- set loop_messages = messages %}{%- endif %}"
+    "{%- for message in loop_messages %}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{%- endif %}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{- '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') "
+    "+ message['content'] | trim + '<end_of_turn>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<start_of_turn>model\\n' }}{%- endif %}"
+)
+
+# TinyLlama-Chat's Zephyr format: a <|role|> line, the content, </s> closing every message.
+ZEPHYR = (
+    "{%- for message in messages %}"
+    "{{- '<|' + message['role'] + '|>\\n' + message['content'] + eos_token + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|assistant|>\\n' }}{%- endif %}"
+)
+
+# tokenizer.chat_template accepts these names (or a Jinja string, or a .jinja file).
+NAMED: dict[str, str] = {
+    "llama3": LLAMA3, "mistral_v1": MISTRAL_V1, "mistral_v3": MISTRAL_V3, "gemma3": GEMMA3, "zephyr": ZEPHYR,
+}
+
+
+def resolve(value: str) -> str:
+    """tokenizer.chat_template's value as a template: a name from NAMED, a path to a .jinja file, or Jinja."""
+    if value in NAMED:
+        return NAMED[value]
+    fix = f"tokenizer.chat_template=NAME (one of {', '.join(NAMED)}), a .jinja file, or a Jinja string"
+    if value.endswith(".jinja"):
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"tokenizer.chat_template={value}: no such file.", key="tokenizer.chat_template",
+                              fix=fix)
+        value = path.read_text(encoding="utf-8")
+    import jinja2
+
+    try:
+        jinja2.Environment().parse(value)
+    except jinja2.TemplateSyntaxError as err:
+        raise ConfigError(f"tokenizer.chat_template is not a valid Jinja template (line {err.lineno}: {err.message}).",
+                          key="tokenizer.chat_template", fix=fix) from None
+    if "{{" not in value and "{%" not in value:
+        raise ConfigError(f"tokenizer.chat_template={value!r} is neither a known template name nor Jinja (it would "
+                          "render every conversation as that same text).", key="tokenizer.chat_template", fix=fix)
+    return value
+
+
+def renders_tool_turns(template: str | None) -> bool:
+    """Whether `template` names the tool role anywhere (as a string constant of its Jinja source).
+
+    A template that never mentions it would render a tool result as an unknown role (or fail on it): a format the
+    model never saw. Checked on the parsed source, so a comment or a variable called `tool` does not count.
+    """
+    if not template:
+        return False
+    import jinja2
+    from jinja2 import nodes
+
+    try:
+        tree = jinja2.Environment().parse(template)
+    except jinja2.TemplateSyntaxError:
+        return False
+    return any(node.value in (TOOL_ROLE, "ipython") for node in tree.find_all(nodes.Const))
+
+
+# The named templates that render tool turns (named in the fix when a template cannot).
+WITH_TOOL_TURNS = tuple(name for name, template in NAMED.items() if renders_tool_turns(template))
