@@ -35,10 +35,6 @@ from seqtune.data.collate import Collator
 from seqtune.data.sources import iter_lines
 from seqtune.data.types import IGNORE_INDEX, Reject, TokenizedSample
 
-OVERLENGTH = ("error", "truncate", "drop")
-# Reject codes that follow from a policy (data.overlength=drop|truncate), not from a malformed line: they are
-# neither written to rejects.jsonl nor counted against data.max_bad_fraction.
-POLICY_REJECTS = ("overlength",)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -199,9 +195,6 @@ class JsonlStream(IterableDataset):
                  batch_size: int, max_seq_len: int, overlength: str, world_size: int, rank: int, num_workers: int,
                  num_lines: int | None, encode_chunk: int = 256,
                  resume: StreamProgress | None = None) -> None:
-        if overlength not in OVERLENGTH:
-            raise DataError(f"unknown data.overlength={overlength!r}.", key="data.overlength",
-                            fix="data.overlength=error, truncate or drop.")
         self.files = [Path(f) for f in files]
         self.parse, self.encode_batch, self.collate = parse, encode_batch, collate
         self.batch_size, self.max_seq_len, self.overlength = batch_size, max_seq_len, overlength

@@ -1,4 +1,4 @@
-"""LoRA via peft: target checks with the valid names, new-token rows kept trainable, safetensors adapters."""
+"""LoRA via peft: adapters on the plan's targets, new-token rows kept trainable, safetensors adapters."""
 
 from __future__ import annotations
 
@@ -9,67 +9,17 @@ from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model, prepare_model_for_kbit_training
 from torch import nn
 
-from seqtune.config.errors import ConfigError
 from seqtune.config.schema import LoraConfig
-from seqtune.models.spec import ModelSpec
-
-# Module kinds peft's LoRA can wrap by name (Linear includes bitsandbytes' Linear4bit).
-LORA_MODULE_TYPES = (nn.Linear, nn.Embedding)
 
 
-def available_linear_names(model: nn.Module) -> list[str]:
-    """Leaf names of the modules LoRA can target (e.g. q_proj, ..., lm_head), sorted, without peft's own."""
-    names = {
-        name.rsplit(".", 1)[-1]
-        for name, module in model.named_modules()
-        if isinstance(module, LORA_MODULE_TYPES) and "lora_" not in name and name
-    }
-    return sorted(names)
+def apply_lora(model: nn.Module, lora: LoraConfig, *, targets: Sequence[str]) -> PeftModel:
+    """Wrap `model` with LoRA adapters on `targets` (the plan's resolved lora targets, which preflight proved
+    match modules of this model).
 
-
-def unmatched_targets(targets: Sequence[str], module_names: Sequence[str]) -> list[str]:
-    """The targets no module name matches under peft's rule: the full name, or a dotted suffix of it."""
-    return [target for target in targets
-            if not any(name == target or name.endswith("." + target) for name in module_names)]
-
-
-def lora_target_problems(model: nn.Module, targets: Sequence[str], *, family: str) -> list[str]:
-    """One problem line if some of `targets` match no module."""
-    module_names = [name for name, module in model.named_modules() if isinstance(module, LORA_MODULE_TYPES)]
-    unmatched = unmatched_targets(targets, module_names)
-    if not unmatched:
-        return []
-    return [
-        f"lora.target_modules={list(targets)} has {unmatched} matching no module of {family}. "
-        f"Valid names: {', '.join(available_linear_names(model))}. "
-        "Fix: lora.target_modules=null (family default)"
-    ]
-
-
-def added_token_rows(model: nn.Module) -> range:
-    """Embedding rows added by build_model's resize (empty when it did not grow the embedding)."""
-    rows = model.get_input_embeddings().weight.shape[0]
-    base_rows = getattr(model, "seqtune_base_rows", rows)
-    return range(base_rows, rows)
-
-
-def apply_lora(
-    model: nn.Module,
-    lora: LoraConfig,
-    spec: ModelSpec,
-    *,
-    extra_trainable: Sequence[str] = (),
-) -> PeftModel:
-    """Wrap `model` with LoRA adapters on `lora.target_modules` (null = spec.lora_targets).
-
-    `extra_trainable` names modules trained in full (peft modules_to_save, e.g. "lm_head"). Rows added by an
-    embedding resize are trained through peft's trainable tokens: only those rows get a parameter, so a
-    128k-row embedding does not become trainable for a handful of new tokens.
+    lora.modules_to_save are trained in full (peft modules_to_save, e.g. "lm_head"). Rows added by an embedding
+    resize are trained through peft's trainable tokens: only those rows get a parameter, so a 128k-row embedding
+    does not become trainable for a handful of new tokens.
     """
-    targets = list(lora.target_modules) if lora.target_modules else list(spec.lora_targets)
-    problems = lora_target_problems(model, targets, family=spec.family)
-    if problems:
-        raise ConfigError(" ".join(problems), key="lora.target_modules")
     if getattr(model, "is_loaded_in_4bit", False):
         # Casts norms/embeddings to fp32 and makes inputs require grad, as k-bit training needs.
         model = prepare_model_for_kbit_training(
@@ -77,12 +27,12 @@ def apply_lora(
             use_gradient_checkpointing=model.is_activation_checkpointing,
             gradient_checkpointing_kwargs={"use_reentrant": False},
         )
-    modules_to_save = _with_tied_partner(model, list(extra_trainable)) or None
+    modules_to_save = _with_tied_partner(model, list(lora.modules_to_save)) or None
     config = PeftLoraConfig(
         r=lora.rank,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
-        target_modules=targets,
+        target_modules=list(targets),
         task_type="CAUSAL_LM",
         modules_to_save=modules_to_save,
         trainable_token_indices=_new_token_indices(model, modules_to_save or []),
@@ -102,7 +52,9 @@ def _with_tied_partner(model: nn.Module, names: list[str]) -> list[str]:
 
 
 def _new_token_indices(model: nn.Module, fully_trained: list[str]) -> dict[str, list[int]] | None:
-    rows = list(added_token_rows(model))
+    # Embedding rows added by build_model's resize (empty when it did not grow the embedding).
+    grown = model.get_input_embeddings().weight.shape[0]
+    rows = list(range(getattr(model, "seqtune_base_rows", grown), grown))
     if not rows:
         return None
     names = {id(module): name for name, module in model.named_modules()}

@@ -1,67 +1,81 @@
-"""The phases of run_preflight: they gather plain values from the real objects and call the checks in checks.py."""
+"""The phases of run_preflight: they read the plan, gather plain values from the real objects and call the checks
+in checks.py."""
 
 from __future__ import annotations
+
+import importlib.util
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
 from seqtune.config.errors import SeqtuneError
-from seqtune.config.schema import RootConfig
-from seqtune.data.collate import make_collator
-from seqtune.data.loader import SplitView
-from seqtune.data.sampler import DistributedBatchPlan
-from seqtune.data.scan import SplitScan
-from seqtune.data.stream import apply_overlength, batches_per_worker
-from seqtune.data.types import Reject
-from seqtune.models import memory_estimate
+from seqtune.config.plan import Plan
+from seqtune.config.schema import DataMode, Overlength, PaddingStrategy, RootConfig, Tail
+from seqtune.models.spec import get_spec, lora_module_names
 from seqtune.preflight import checks
 from seqtune.preflight.checks import Problem
-from seqtune.preflight.facts import (
-    ModelFacts,
-    device_memory_gib,
-    flash_attention_available,
-    lora_module_names,
-    package_installed,
-)
 from seqtune.preflight.result import MemoryStats, PlanStats, SplitPlan, SplitStats
 
 GIB = 2**30
 
 
-def fast_checks(cfg: RootConfig, facts: ModelFacts) -> list[Problem]:
-    """The checks that need no data scan: they print within seconds."""
-    rows = _vocab_rows(cfg, facts)
-    problems = checks.check_vocab_size(tokenizer_size=facts.tokenizer_size, embedding_rows=facts.embedding_rows,
-                                       output_rows=facts.output_rows, resize_embeddings=cfg.model.resize_embeddings)
-    problems += checks.check_special_token_ids(special_ids=facts.special_ids, vocab_rows=rows)
-    problems += checks.check_pad_token(pad_id=facts.pad_id, pad_policy=cfg.tokenizer.pad_policy)
+def fast_checks(cfg: RootConfig, plan: Plan) -> list[Problem]:
+    """The checks that need no data and no heavy library (plain values of the plan): they print within a second."""
+    vocab, spec = plan.vocab, get_spec(cfg.model.family)
+    problems = checks.check_vocab_size(tokenizer_size=vocab.tokenizer_size, embedding_rows=vocab.embedding_rows,
+                                       output_rows=vocab.output_rows, resize_embeddings=vocab.resize_to is not None)
+    problems += checks.check_special_token_ids(special_ids=vocab.special_ids, vocab_rows=vocab.rows)
     if cfg.data.max_seq_len != "auto":
         problems += checks.check_context_length(max_seq_len=int(cfg.data.max_seq_len),
-                                                context_length=facts.context_length, auto=False)
-    targets = cfg.lora.target_modules if cfg.lora.target_modules is not None else facts.lora_defaults
-    if cfg.lora.enabled:
-        problems += checks.check_lora_targets(enabled=True, targets=targets,
-                                              linear_module_names=lora_module_names(facts.hf_config),
-                                              defaults=facts.lora_defaults)
-    attn = cfg.model.attn_implementation
+                                                context_length=plan.context_length, auto=False)
+    problems += checks.check_lora_targets(targets=plan.lora_targets,
+                                          module_names=lora_module_names(spec, plan.num_layers),
+                                          defaults=spec.lora_targets)
     problems += checks.check_backend(
-        load_in_4bit=cfg.model.load_in_4bit, attn_implementation=attn, compute_dtype=facts.compute_dtype,
-        device=cfg.train.device, cuda_available=facts.cuda_available,
-        flash_attn_installed=flash_attention_available(), bitsandbytes_installed=package_installed("bitsandbytes"),
+        load_in_4bit=cfg.model.load_in_4bit, attn_implementation=cfg.model.attn_implementation,
+        compute_dtype=plan.compute_dtype, device=cfg.train.device, cuda_available=plan.cuda_available,
+        flash_attn_installed=_installed("flash_attn"), bitsandbytes_installed=_installed("bitsandbytes"),
     )
-    # auto resolves to flash_attention_2 or sdpa, both of which keep packed documents apart.
-    problems += checks.check_packed_attention(strategy=cfg.padding.strategy,
-                                              attn_implementation="sdpa" if attn == "auto" else attn)
+    problems += checks.check_precision(family=spec.family, compute_dtype=plan.compute_dtype,
+                                       refused_dtypes=spec.refused_dtypes, loss_scaling=plan.loss_scaling,
+                                       sharded=plan.sharded)
+    problems += checks.check_export(export_merged=cfg.train.export_merged, sharded=plan.sharded)
     return problems
 
 
-def _vocab_rows(cfg: RootConfig, facts: ModelFacts) -> int:
-    """Embedding rows in force: resized to cover the tokenizer with model.resize_embeddings=true."""
-    if cfg.model.resize_embeddings:
-        return checks.resized_vocab(facts.tokenizer_size, facts.embedding_rows)
-    return min(facts.embedding_rows, facts.output_rows)
+def _installed(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
 
 
-def resolve_lengths(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitScan]) -> tuple[int, list[Problem]]:
+def runtime_phase(cfg: RootConfig, plan: Plan, backend_refused: bool) -> tuple[Plan, Any, Any, list[Problem]]:
+    """What needs torch and transformers: the attention backend, the tokenizer for the scan and the model's
+    Hugging Face config. The loaded tokenizer must show the facts the light reader resolved (else it is a bug)."""
+    from seqtune.models import load_model_config, resolve_attn_implementation
+    from seqtune.tokenizers import load_tokenizer, tokenizer_facts
+
+    problems: list[Problem] = []
+    if not backend_refused:  # check_backend already named the fix for a backend that cannot run here
+        attn = resolve_attn_implementation(cfg.model.attn_implementation, device_type=plan.device_type,
+                                           dtype=plan.compute_dtype)
+        plan = replace(plan, attn_implementation=attn)
+        problems += checks.check_packed_attention(strategy=cfg.padding.strategy, attn_implementation=attn)
+    spec = get_spec(cfg.model.family)
+    tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec.chat_template)
+    loaded = tokenizer_facts(tokenizer, eot_token=spec.eot_token)
+    resolved = (plan.vocab.tokenizer_size, plan.vocab.special_ids, plan.vocab.pad_id, plan.vocab.eos_id)
+    if (loaded.size, loaded.special_ids, loaded.pad_id, loaded.eos_id) != resolved:
+        raise RuntimeError(f"seqtune bug: the tokenizer facts read without transformers ({resolved}) differ from "
+                           f"the loaded tokenizer's ({loaded}); please report it with the tokenizer directory.")
+    try:
+        hf_config = load_model_config(cfg.model)
+    except SeqtuneError as err:  # e.g. an architecture field that contradicts the checkpoint
+        problems.append(Problem(check="load", key=err.key or "model.path", message=str(err)))
+        hf_config = None
+    return plan, tokenizer, hf_config, problems
+
+
+def resolve_lengths(cfg: RootConfig, plan: Plan, scans: dict) -> tuple[int, list[Problem]]:
     """max_seq_len in force: auto = the longest sample over ALL splits (x8), never above the model's context."""
     longest, location = 0, None
     for scan in scans.values():
@@ -72,7 +86,7 @@ def resolve_lengths(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitSc
     max_seq_len = checks.resolve_max_seq_len(cfg.data.max_seq_len, longest)
     problems = []
     if auto:  # an explicit value was checked against the context before the scan
-        problems = checks.check_context_length(max_seq_len=max_seq_len, context_length=facts.context_length,
+        problems = checks.check_context_length(max_seq_len=max_seq_len, context_length=plan.context_length,
                                                auto=True, longest_location=location)
     return max_seq_len, problems
 
@@ -80,7 +94,7 @@ def resolve_lengths(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitSc
 class _Locations:
     """file:line of cache sample i, read lazily (a split can hold 100M samples)."""
 
-    def __init__(self, scan: SplitScan) -> None:
+    def __init__(self, scan) -> None:
         self._cache = scan.cache()
 
     def __len__(self) -> int:
@@ -90,27 +104,24 @@ class _Locations:
         return self._cache.location(int(i))
 
 
-def split_checks(cfg: RootConfig, facts: ModelFacts, scan: SplitScan, max_seq_len: int) -> list[Problem]:
+def split_checks(cfg: RootConfig, plan: Plan, scan, max_seq_len: int) -> list[Problem]:
     """Integrity, produced token ids, length limit and labels of one split."""
     problems = checks.check_bad_lines(split=scan.name, rejects=scan.rejects, total_lines=scan.records,
                                       max_bad_fraction=cfg.data.max_bad_fraction)
     if scan.samples:
         problems += checks.check_max_token_id(
             split=scan.name, max_token_id=scan.max_token_id, location=scan.max_token_location,
-            vocab_rows=_vocab_rows(cfg, facts), pretokenized=cfg.data.format == "tokenized")
+            vocab_rows=plan.vocab.rows, pretokenized=cfg.data.format == "tokenized")
     problems += checks.check_overlength(split=scan.name, lengths=scan.lengths, locations=_Locations(scan),
                                         max_seq_len=max_seq_len, policy=cfg.data.overlength)
     # Nothing drops samples that train only their eos, so they are a problem (an empty completion is a data bug).
+    # (Samples that data.overlength=truncate leaves with no target are dropped in both modes: see split_stats.)
     problems += checks.check_trainable_tokens(split=scan.name, zero_target=scan.zero_target_samples,
                                               locations=_zero_target_locations(scan), dropped=False)
-    # Truncation that cuts every target: the stream drops those samples (no_targets); the cached loader keeps them.
-    cut = _cut_by_truncation(scan, max_seq_len, cfg.data.overlength)
-    problems += checks.check_trainable_tokens(split=scan.name, zero_target=len(cut), locations=cut,
-                                              dropped=cfg.data.mode == "stream")
     return problems
 
 
-def _zero_target_locations(scan: SplitScan) -> list[str]:
+def _zero_target_locations(scan) -> list[str]:
     """Where the first few samples are whose only target is their final eos (the scan counted them all)."""
     if not scan.zero_target_samples:
         return []
@@ -123,55 +134,49 @@ def _zero_target_locations(scan: SplitScan) -> list[str]:
     return first
 
 
-def _cut_by_truncation(scan: SplitScan, max_seq_len: int, policy: str) -> list[str]:
-    """Over-length samples that data.overlength=truncate leaves with no target (apply_overlength's rule)."""
-    if policy != "truncate":
-        return []
-    cache = scan.cache()
-    over = np.flatnonzero(scan.lengths > max_seq_len)
-    return [cache.location(int(i)) for i in over
-            if isinstance(apply_overlength(cache[int(i)], max_seq_len, policy), Reject)]
-
-
-def split_stats(cfg: RootConfig, scan: SplitScan, max_seq_len: int) -> tuple[SplitStats, list[str]]:
+def split_stats(cfg: RootConfig, scan, view, max_seq_len: int) -> tuple[SplitStats, list[str]]:
+    """A split's statistics; `view` is the split as training serves it (None when data.overlength=error refuses
+    it), whose `cut` lists the samples truncation left without a target (dropped, in both data modes)."""
     stats = checks.length_stats(scan.lengths, max_seq_len)
     over = stats.pop("over_limit")
     policy = cfg.data.overlength
     notes = checks.prepadded_notes(split=scan.name, count=scan.padded_inputs, locations=scan.padded_locations,
                                    strategy=cfg.padding.strategy)
-    cut = len(_cut_by_truncation(scan, max_seq_len, policy)) if cfg.data.mode == "stream" else 0
-    if over and policy != "error":
+    cut = len(view.cut) if view is not None else 0
+    if over and policy != Overlength.error:
         notes.append(f"data.overlength={policy}: {over} {scan.name} sample(s) longer than {max_seq_len} tokens "
-                     f"will be {'truncated' if policy == 'truncate' else 'dropped'}"
-                     f"{f'; {cut} of them keep no target after truncation and are dropped' if cut else ''}.")
+                     f"will be {'truncated' if policy == Overlength.truncate else 'dropped'}"
+                     f"{f'; {cut} of them keep no target after truncation and are dropped' if cut else ''}"
+                     f"{f' (first: {view.cut[0]})' if cut else ''}.")
     split = SplitStats(
         records=scan.records, rejected=scan.num_rejects, lengths=stats, over_limit=over,
         trainable_fraction=round(scan.trainable_fraction, 4), zero_target=scan.zero_target_samples,
-        reject_reasons=dict(scan.reject_counts), truncated=over if policy == "truncate" else 0,
-        dropped=over if policy == "drop" else cut, prepadded=scan.padded_inputs,
+        reject_reasons=dict(scan.reject_counts), truncated=over - cut if policy == Overlength.truncate else 0,
+        dropped=over if policy == Overlength.drop else cut, prepadded=scan.padded_inputs,
     )
     return split, notes
 
 
-def training_view(scan: SplitScan, max_seq_len: int, policy: str) -> SplitView | None:
+def training_view(scan, max_seq_len: int, policy: Overlength):
     """The split exactly as the cached loader serves it (over-length policy applied); None when `error` would
-    refuse it (check_overlength has reported that) or nothing is left."""
-    if policy == "error" and len(scan.lengths) and int(scan.lengths.max()) > max_seq_len:
+    refuse it (check_overlength has reported that)."""
+    from seqtune.data.loader import SplitView
+
+    if policy == Overlength.error and len(scan.lengths) and int(scan.lengths.max()) > max_seq_len:
         return None
-    view = SplitView(scan.cache(), max_seq_len=max_seq_len, overlength=policy)
-    return view if len(view) else None
+    return SplitView(scan.cache(), max_seq_len=max_seq_len, overlength=policy)
 
 
-def shape_checks(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitScan], max_seq_len: int) -> list[Problem]:
+def shape_checks(cfg: RootConfig, plan: Plan, views: dict, max_seq_len: int) -> list[Problem]:
     """Run the configured collator on each split's worst-case batches: its longest and its shortest samples."""
+    from seqtune.data.collate import make_collator
+
     strategy, batch_size = cfg.padding.strategy, cfg.train.batch_size
-    # A missing pad token is its own problem (check_pad_token); shapes do not depend on the id.
-    pad_id = facts.pad_id if facts.pad_id is not None else 0
-    collator = make_collator(cfg.padding, max_seq_len=max_seq_len, pad_id=pad_id, padding_side=facts.padding_side)
+    pad_id = plan.vocab.pad_id if plan.vocab.pad_id is not None else plan.vocab.eos_id
+    collator = make_collator(cfg.padding, max_seq_len=max_seq_len, pad_id=pad_id, padding_side=plan.padding_side)
     problems: list[Problem] = []
-    for name, scan in scans.items():
-        view = training_view(scan, max_seq_len, cfg.data.overlength)
-        if view is None:
+    for name, view in views.items():
+        if view is None or not len(view):
             continue
         order = np.argsort(view.lengths, kind="stable")
         for label, picked in ((f"longest {name} batch", order[-batch_size:]),
@@ -182,68 +187,78 @@ def shape_checks(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitScan]
                 problems.append(Problem(check="padding", key=err.key or "padding.strategy", message=str(err)))
                 continue
             shapes = {key: tuple(value.shape) for key, value in batch.items()}
-            rows = None if strategy == "packed" else len(picked)
+            rows = None if strategy == PaddingStrategy.packed else len(picked)
             problems += checks.check_batch_shapes(label=label, shapes=shapes, strategy=strategy,
                                                   max_seq_len=max_seq_len, expected_rows=rows)
     return problems
 
 
-def plan_phase(cfg: RootConfig, scans: dict[str, SplitScan], max_seq_len: int
-               ) -> tuple[PlanStats, float | None, list[Problem]]:
-    """The distributed plan per split, built by the same DistributedBatchPlan the ranks use."""
-    world = cfg.launcher.nproc_per_node * cfg.launcher.nnodes
-    plan = PlanStats(world_size=world, global_batch=cfg.train.batch_size * cfg.train.grad_accum * world)
+def plan_phase(cfg: RootConfig, plan: Plan, views: dict, max_seq_len: int
+               ) -> tuple[PlanStats, float | None, dict[str, Any] | None, list[Problem]]:
+    """The distributed plan per split, built by the same DistributedBatchPlan the ranks use, at the plan's world
+    size; also the train split's batch-plan identity (what a checkpoint's data position depends on)."""
+    from seqtune.data.sampler import DistributedBatchPlan
+
+    world = plan.world.world_size
+    stats = PlanStats(world_size=world, global_batch=cfg.train.batch_size * cfg.train.grad_accum * world)
     problems: list[Problem] = []
-    efficiency = None
-    for name, scan in scans.items():
-        view = training_view(scan, max_seq_len, cfg.data.overlength)
-        if view is None or (name == "train" and cfg.data.mode == "stream"):  # see stream_train_plan
-            continue
+    efficiency, identity = None, None
+    for name, view in views.items():
+        if view is None or not len(view) or (name == "train" and cfg.data.mode == DataMode.stream):
+            continue  # stream: see stream_train_plan
         lengths, train = view.lengths, name == "train"
         # Evaluation must see every sample once, so its tail is padded with masked fillers, never dropped.
-        summary = DistributedBatchPlan(
+        batch_plan = DistributedBatchPlan(
             lengths, batch_size=cfg.train.batch_size, world_size=world, rank=0,
             strategy=cfg.padding.strategy, max_seq_len=max_seq_len, seed=cfg.train.seed,
-            shuffle=cfg.data.shuffle and train, tail=cfg.data.tail if train else "pad",
+            shuffle=cfg.data.shuffle and train, tail=cfg.data.tail if train else Tail.pad,
             bucket_window=cfg.padding.bucket_window, multiple_of=cfg.padding.multiple_of,
-        ).summary()
+        )
+        summary = batch_plan.summary()
         micro = int(summary["micro_batches_per_rank"])
         steps = micro // cfg.train.grad_accum if train else None
-        plan.splits[name] = SplitPlan(
+        stats.splits[name] = SplitPlan(
             samples=len(lengths), samples_per_rank=list(summary["samples_per_rank"]),
             tokens_per_rank=list(summary["tokens_per_rank"]), micro_batches_per_rank=micro, steps_per_epoch=steps,
             dropped_samples=int(summary["dropped_samples"]), filler_samples=int(summary["filler_samples"]))
         if train:
             efficiency = round(float(summary["padding_efficiency"]), 4)
+            identity = batch_plan.identity()
         problems += checks.check_epoch_steps(split=name, num_items=len(lengths), micro_batches_per_rank=micro,
                                              steps_per_epoch=steps, batch_size=cfg.train.batch_size,
                                              world_size=world, grad_accum=cfg.train.grad_accum)
-    return plan, efficiency, problems
+    return stats, efficiency, identity, problems
 
 
-def stream_train_plan(cfg: RootConfig, num_lines: int) -> tuple[SplitPlan, list[Problem]]:
+def stream_train_plan(cfg: RootConfig, plan: Plan, num_lines: int) -> tuple[SplitPlan, dict[str, Any], list[Problem]]:
     """data.mode=stream: every rank yields the micro-batches the train split's line count makes (the scanned
     sample says nothing about the whole corpus; per-rank samples and tokens are unknown until it is read)."""
-    world = cfg.launcher.nproc_per_node * cfg.launcher.nnodes
+    from seqtune.data.loader import stream_identity
+    from seqtune.data.sources import expand_paths
+    from seqtune.data.stream import batches_per_worker
+
+    world = plan.world.world_size
     workers = max(1, cfg.data.num_workers)
     micro = workers * batches_per_worker(num_lines, batch_size=cfg.train.batch_size, num_shards=world * workers)
     steps = micro // cfg.train.grad_accum
-    plan = SplitPlan(samples=num_lines, samples_per_rank=[], tokens_per_rank=[], micro_batches_per_rank=micro,
-                     steps_per_epoch=steps)
-    return plan, checks.check_epoch_steps(split="train", num_items=num_lines, micro_batches_per_rank=micro,
-                                          steps_per_epoch=steps, batch_size=cfg.train.batch_size,
-                                          world_size=world, grad_accum=cfg.train.grad_accum)
+    split = SplitPlan(samples=num_lines, samples_per_rank=[], tokens_per_rank=[], micro_batches_per_rank=micro,
+                      steps_per_epoch=steps)
+    identity = stream_identity(cfg, expand_paths(cfg.data.train, "data.train"), num_lines, world)
+    return split, identity, checks.check_epoch_steps(split="train", num_items=num_lines, micro_batches_per_rank=micro,
+                                                     steps_per_epoch=steps, batch_size=cfg.train.batch_size,
+                                                     world_size=world, grad_accum=cfg.train.grad_accum)
 
 
-def memory_phase(cfg: RootConfig, facts: ModelFacts, max_seq_len: int) -> tuple[MemoryStats, list[Problem]]:
+def memory_phase(cfg: RootConfig, plan: Plan, hf_config, max_seq_len: int) -> tuple[MemoryStats, list[Problem]]:
     """Weights + grads + optimizer state + activations of the worst-case micro-batch, vs the device's memory."""
-    targets = cfg.lora.target_modules if cfg.lora.target_modules is not None else facts.lora_defaults
+    from seqtune.models import memory_estimate
+
     estimate = memory_estimate(
-        facts.hf_config, lora=cfg.lora, lora_targets=list(targets), batch_tokens=cfg.train.batch_size * max_seq_len,
+        hf_config, lora=cfg.lora, lora_targets=list(plan.lora_targets), batch_tokens=cfg.train.batch_size * max_seq_len,
         dtype=cfg.model.dtype, optimizer=cfg.optim.name, load_in_4bit=cfg.model.load_in_4bit,
         gradient_checkpointing=cfg.model.gradient_checkpointing,
     )
-    device = device_memory_gib(cfg.preflight.device_memory_gib, facts.device_type)
+    device = device_memory_gib(cfg.preflight.device_memory_gib, plan.device_type)
     stats = MemoryStats(
         weights_gib=round(estimate["weights_bytes"] / GIB, 4), grads_gib=round(estimate["grads_bytes"] / GIB, 4),
         optimizer_gib=round(estimate["optimizer_bytes"] / GIB, 4),
@@ -253,3 +268,15 @@ def memory_phase(cfg: RootConfig, facts: ModelFacts, max_seq_len: int) -> tuple[
     breakdown = (f"weights {stats.weights_gib:.1f} + grads {stats.grads_gib:.1f} + optimizer "
                  f"{stats.optimizer_gib:.1f} + activations {stats.activations_gib:.1f}")
     return stats, checks.check_memory(estimate_gib=stats.total_gib, device_memory_gib=device, breakdown=breakdown)
+
+
+def device_memory_gib(requested: float | None, device_type: str) -> float | None:
+    """preflight.device_memory_gib, else the CUDA device's; None on CPU (the estimate is then only reported)."""
+    if requested is not None:
+        return float(requested)
+    if device_type == "cuda":
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_properties(0).total_memory / 2**30
+    return None

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from seqtune.config import ConfigError
 from tests.conftest import REPO, assert_adapter_matches_merged, read_metrics, run_cli
 
 FAST = ["train.max_steps=6", "train.eval_every=3", "train.log_every=1", "train.batch_size=4"]
@@ -28,7 +29,7 @@ def test_default_run_leaves_adapter_config_and_metrics(default_run: Path):
     assert (default_run / "adapter" / "adapter_model.safetensors").is_file()
     assert (default_run / "adapter" / "adapter_config.json").is_file()
     resolved = (default_run / "config.yaml").read_text()
-    assert "recipe_name: lora_sft" in resolved and "${" not in resolved  # fully resolved
+    assert "recipe_name: sft" in resolved and "${" not in resolved  # fully resolved
     metrics = read_metrics(default_run)
     steps = [m["step"] for m in metrics if "loss" in m]
     assert steps == [1, 2, 3, 4, 5, 6]
@@ -111,7 +112,7 @@ def test_a_local_checkpoint_directory_trains_through_a_real_size_config(tmp_path
 
 def test_the_tiny_lora_preset_is_refused_for_a_real_checkpoint(tmp_path: Path):
     result = run_cli(["model=llama3_8b", f"model.path={tmp_path}"], tmp_path / "run")
-    assert result.returncode == 1
+    assert result.returncode == ConfigError.exit_code
     assert "lora=tiny" in result.stderr and "Fix: lora=default" in result.stderr
 
 
@@ -156,5 +157,5 @@ def test_wandb_key_is_never_written_to_any_saved_file(tmp_path: Path):
 def test_cfg_job_prints_the_composed_config_and_trains_nothing(tmp_path: Path):
     result = run_cli(["--cfg", "job", "model=gemma3_tiny", "lora.rank=4"], tmp_path / "run")
     assert result.returncode == 0, result.stderr
-    assert "family: gemma3" in result.stdout and "rank: 4" in result.stdout and "recipe_name: lora_sft" in result.stdout
+    assert "family: gemma3" in result.stdout and "rank: 4" in result.stdout and "recipe_name: sft" in result.stdout
     assert not (tmp_path / "run" / "preflight.json").exists()

@@ -25,7 +25,7 @@ def test_meta_count_matches_built_model_and_lora_count_matches_peft():
     built = build_model(cfg, attn_implementation="sdpa")
     assert count_parameters(meta_model(hf)).total == count_parameters(built).total
     estimate = memory_estimate(hf, lora=LoraConfig(rank=8), lora_targets=TARGETS, batch_tokens=256, dtype="float32")
-    peft_model = apply_lora(built, LoraConfig(rank=8), get_spec("llama3"))
+    peft_model = apply_lora(built, LoraConfig(rank=8), targets=get_spec("llama3").lora_targets)
     assert estimate["trainable_params"] == count_parameters(peft_model).trainable
 
 

@@ -31,7 +31,7 @@ def alpaca(n_words: int, i: int = 0) -> dict:
 
 def make_cfg(tmp_path: Path, train: Path, *overrides: str) -> RootConfig:
     base = {
-        "recipe_name": "lora_sft", "model": TINY_MODEL, "tokenizer": {"source": "bundled"},
+        "recipe_name": "sft", "model": TINY_MODEL, "tokenizer": {"source": "bundled"},
         "data": {"train": str(train), "format": "alpaca", "cache_dir": str(tmp_path / "tokens")},
         "padding": {}, "lora": {}, "optim": {}, "train": {"batch_size": 4, "progress": False}, "launcher": {},
         "logger": {}, "preflight": {"plot": False},
@@ -179,7 +179,7 @@ def test_lora_typo_and_context_overflow_print_before_the_scan(tmp_path, varied, 
 
 
 def test_too_little_data_for_the_world_size_fails(tmp_path, varied):
-    cfg = make_cfg(tmp_path, varied, "launcher.nproc_per_node=4", "train.grad_accum=2")
+    cfg = make_cfg(tmp_path, varied, "launcher.name=torchrun", "launcher.nproc_per_node=4", "train.grad_accum=2")
     report = run_failing(cfg, tmp_path / "run", match="train.batch_size")
     assert "zero micro-batches per rank" in messages(report)
     assert report["plan"]["global_batch"] == 4 * 2 * 4
@@ -222,14 +222,14 @@ def test_truncate_is_an_explicit_reported_policy(tmp_path, varied):
     assert "data.max_seq_len=24 < longest train sample" in messages(report)
 
 
-def test_truncation_that_cuts_every_target_is_a_labels_problem(tmp_path, varied):
+def test_truncation_that_cuts_every_target_drops_the_sample_and_says_where(tmp_path, varied):
     rows = [alpaca(2, i) for i in range(4)] + [{"instruction": "Say it. " * 30, "input": "", "output": "ok"}]
     train = write_jsonl(tmp_path / "prompty.jsonl", rows)
-    report = run_failing(make_cfg(tmp_path, train, "data.max_seq_len=32", "data.overlength=truncate"),
-                         tmp_path / "run", match=r"data.train_on_prompt \(.*prompty.jsonl:5\)")
-    problem = next(p for p in report["problems"] if p["check"] == "labels")
-    assert "1 train sample(s) have zero trainable tokens" in problem["message"]
-    assert problem["location"].endswith("prompty.jsonl:5") and "data.max_seq_len" in problem["message"]
+    result = run_preflight(make_cfg(tmp_path, train, "data.max_seq_len=32", "data.overlength=truncate"),
+                           tmp_path / "run")
+    assert result.ok and result.splits["train"].dropped == 1 and result.splits["train"].truncated == 0
+    note = next(n for n in result.notes if "keep no target" in n)
+    assert "prompty.jsonl:5" in note
 
 
 def test_pretokenized_ids_are_checked_against_the_model_with_file_and_line(tmp_path):
