@@ -196,8 +196,8 @@ class DistributedBatchPlan:
 
     def identity(self) -> dict[str, Any]:
         return {"num_samples": self.num_samples, "batch_size": self.batch_size, "world_size": self.world_size,
-                "strategy": self.strategy, "max_seq_len": self.max_seq_len, "seed": self.seed,
-                "shuffle": self.shuffle, "tail": self.tail, "bucket_window": self.bucket_window}
+                "strategy": str(self.strategy), "max_seq_len": self.max_seq_len, "seed": self.seed,
+                "shuffle": self.shuffle, "tail": str(self.tail), "bucket_window": self.bucket_window}
 
     def state_at(self, epoch: int, consumed: int) -> dict[str, Any]:
         return {"epoch": epoch, "position": consumed, "plan": self.identity()}
@@ -245,7 +245,7 @@ class DistributedBatchPlan:
             "tokens_per_rank": tokens,
             "dropped_samples": plan.dropped_samples,
             "filler_samples": plan.filler_samples,
-            "tail": self.tail,
+            "tail": str(self.tail),
             "padding_efficiency": sum(tokens) / computed if computed else 1.0,
         }
 

@@ -4,7 +4,7 @@ asks `resume()` once, before training.
 
 Layout (seqtune.config.rundir): RUN_DIR/checkpoints/step_00000040/ holding one entry per part:
   model.safetensors       the parameters that train (LoRA adapter weights, or the whole model for full SFT);
-                          with FSDP across ranks, model and optimizer are one torch.distributed.checkpoint in dcp/
+                          with FSDP across ranks, model and optimizer are one torch.distributed.checkpoint in model/
   optimizer.pt, scheduler.pt, scaler.pt   rank 0's state; tensors and plain values only, so every file loads with
                           weights_only=True (no arbitrary unpickling)
   rng_rank<R>.pt, data_rank<R>.pt   each rank's RNG states and data position (dropout and the stream continue
@@ -96,13 +96,13 @@ class TrainableWeights:
     def load(self, directory: Path, name: str, env: DistEnv) -> None:
         tensors = load_file(str(_part_file(directory, f"{name}.safetensors")), device=str(env.device))
         bare = unwrap(self.model)
-        trainable = {n for n, p in bare.named_parameters() if p.requires_grad}
-        if set(tensors) != trainable:
-            extra, missing = sorted(set(tensors) - trainable), sorted(trainable - set(tensors))
-            raise ConfigError(f"checkpoint {directory} does not hold this model's trainable parameters "
-                              f"(not in this model: {extra[:3]}; not in the checkpoint: {missing[:3]}): it was "
-                              "written for another model, recipe or LoRA setting.", key="train.resume",
-                              fix=RESUME_FIX)
+        wanted = {n: tuple(p.shape) for n, p in bare.named_parameters() if p.requires_grad}
+        differ = sorted(n for n in set(tensors) | set(wanted)
+                        if n not in wanted or n not in tensors or tuple(tensors[n].shape) != wanted[n])
+        if differ:
+            raise ConfigError(f"checkpoint {directory} does not hold this model's trainable parameters (differing "
+                              f"in name or shape: {differ[:3]}): it was written for another model, recipe or LoRA "
+                              "setting.", key="train.resume", fix=RESUME_FIX)
         bare.load_state_dict(tensors, strict=False)
 
 
