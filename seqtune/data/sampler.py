@@ -183,10 +183,6 @@ class DistributedBatchPlan:
         step when the loop iterates across epochs."""
         return len(self) // grad_accum
 
-    def set_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch:
-            self.epoch, self.position = epoch, 0
-
     def __iter__(self) -> Iterator[list[int]]:
         batches = self.batches(self.epoch)
         while self.position < len(batches):

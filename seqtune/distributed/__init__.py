@@ -76,14 +76,6 @@ def barrier() -> None:
         dist.barrier()
 
 
-def broadcast_object(obj: object, src: int = 0) -> object:
-    if not dist.is_initialized():
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
-
-
 # Test hook, documented in launch/README.md: SEQTUNE_FAULT="train:STEP:RANK" makes RANK raise at optimizer step STEP
 # (a failing rank must end the whole torchrun job); SEQTUNE_FAULT="save:STEP" SIGKILLs rank 0 halfway through writing
 # the step-STEP checkpoint (a crash mid-save must leave the previous checkpoint as the latest valid one).

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from seqtune.models.attention import attn_backend_problems, resolve_attn_implementation
     from seqtune.models.build import build_model, load_model_config
     from seqtune.models.facts import ModelFacts, check_checkpoint_dir, read_model_facts
-    from seqtune.models.lora import apply_lora, load_adapter, save_adapter
+    from seqtune.models.lora import apply_lora, save_adapter
     from seqtune.models.memory import ParamCount, count_parameters, memory_estimate, meta_model
     from seqtune.models.spec import FAMILIES, ModelSpec, get_spec, lora_module_names, resized_rows, unmatched_targets
 
@@ -23,7 +23,7 @@ _EXPORTS = {
     "attn_backend_problems": "attention", "resolve_attn_implementation": "attention",
     "build_model": "build", "load_model_config": "build",
     "ModelFacts": "facts", "check_checkpoint_dir": "facts", "read_model_facts": "facts",
-    "apply_lora": "lora", "load_adapter": "lora", "save_adapter": "lora",
+    "apply_lora": "lora", "save_adapter": "lora",
     "ParamCount": "memory", "count_parameters": "memory", "memory_estimate": "memory", "meta_model": "memory",
     "FAMILIES": "spec", "ModelSpec": "spec", "get_spec": "spec", "lora_module_names": "spec",
     "resized_rows": "spec", "unmatched_targets": "spec",

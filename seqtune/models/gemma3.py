@@ -72,7 +72,6 @@ SPEC = ModelSpec(
     # gemma3_text only: the 4B+ checkpoints are multimodal ("gemma3", a vision tower around a text_config).
     hf_model_types=("gemma3_text",),
     hf_model_class="Gemma3ForCausalLM",
-    lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     padding_side="right",
     chat_template=CHAT_TEMPLATE,
     eot_token="<end_of_turn>",

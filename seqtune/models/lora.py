@@ -78,8 +78,3 @@ def save_adapter(model: PeftModel, out_dir: str | Path) -> None:
     base model up by name (a hub lookup) to decide.
     """
     model.save_pretrained(str(out_dir), safe_serialization=True, save_embedding_layers=False)
-
-
-def load_adapter(base_model: nn.Module, adapter_dir: str | Path, *, trainable: bool = False) -> PeftModel:
-    """Attach a saved adapter to `base_model` (built like the one it was trained on, resize included)."""
-    return PeftModel.from_pretrained(base_model, str(adapter_dir), is_trainable=trainable)

@@ -48,7 +48,6 @@ SPEC = ModelSpec(
     family="mistral",
     hf_model_types=("mistral",),
     hf_model_class="MistralForCausalLM",
-    lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     padding_side="right",
     chat_template=CHAT_TEMPLATE,
     eot_token="</s>",

@@ -45,6 +45,10 @@ ARCH_FIELDS: tuple[str, ...] = (
 FAMILIES: tuple[str, ...] = tuple(ModelFamily)
 # Embedding rows are padded to this multiple on resize.
 EMBEDDING_ROW_MULTIPLE = 64
+LLAMA_LAYER_MODULES: tuple[str, ...] = (
+    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+    "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,7 +58,6 @@ class ModelSpec:
     hf_model_types: tuple[str, ...]
     # transformers class that builds the causal LM (tiny and real alike).
     hf_model_class: str
-    lora_targets: tuple[str, ...]
     # Training convention: right padding keeps position ids 0..n-1 for every sample.
     padding_side: str
     chat_template: str
@@ -62,10 +65,9 @@ class ModelSpec:
     eot_token: str
     # Modules of every decoder layer that LoRA can wrap (nn.Linear), relative to model.layers.<i>. Every
     # supported family uses the Hugging Face Llama layout; tests/unit/models checks it against the real module tree.
-    layer_modules: tuple[str, ...] = (
-        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
-    )
+    layer_modules: tuple[str, ...] = LLAMA_LAYER_MODULES
+    # lora.target_modules=null: every projection of every decoder layer.
+    lora_targets: tuple[str, ...] = tuple(name.rsplit(".", 1)[-1] for name in LLAMA_LAYER_MODULES)
     # Compute dtypes the family cannot train in: {dtype: why}. Refused by preflight, naming the reason.
     refused_dtypes: Mapping[str, str] = field(default_factory=dict)
     # ModelConfig fields this family has no use for: setting one is a ConfigError, never silently ignored.

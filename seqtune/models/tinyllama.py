@@ -37,7 +37,6 @@ SPEC = ModelSpec(
     family="tinyllama",
     hf_model_types=("llama",),
     hf_model_class="LlamaForCausalLM",
-    lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     padding_side="right",
     chat_template=CHAT_TEMPLATE,
     eot_token="</s>",

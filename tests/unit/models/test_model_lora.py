@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from peft import PeftModel
 from safetensors.torch import load_file
 
 from conftest import random_batch, tiny_cfg
@@ -13,7 +14,6 @@ from seqtune.models import (
     build_model,
     count_parameters,
     get_spec,
-    load_adapter,
     lora_module_names,
     meta_model,
     save_adapter,
@@ -114,7 +114,7 @@ def test_adapter_saves_as_safetensors_and_reloads_same_logits(family, tmp_path):
     tensors = load_file(tmp_path / "adapter_model.safetensors")
     assert any("lora_B" in k for k in tensors) and any("trainable_tokens_delta" in k for k in tensors)
     base = build_model(cfg, attn_implementation="sdpa", resize_to=4160)
-    reloaded = load_adapter(base, tmp_path).eval()
+    reloaded = PeftModel.from_pretrained(base, str(tmp_path)).eval()
     with torch.no_grad():
         torch.testing.assert_close(reloaded(input_ids=batch).logits, expected)
 
@@ -147,5 +147,5 @@ def test_head_trained_in_full_saves_and_reloads_for_tied_and_untied_models(famil
                 p.add_(0.01 * torch.randn_like(p))
     expected = model(input_ids=ids, use_cache=False).logits
     save_adapter(model, tmp_path)
-    reloaded = load_adapter(build_model(tiny_cfg(family), attn_implementation="sdpa"), tmp_path)
+    reloaded = PeftModel.from_pretrained(build_model(tiny_cfg(family), attn_implementation="sdpa"), str(tmp_path))
     torch.testing.assert_close(reloaded(input_ids=ids, use_cache=False).logits, expected, atol=1e-5, rtol=1e-5)
