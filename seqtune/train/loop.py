@@ -74,8 +74,8 @@ def train_step(loop: Loop, micro_batches: list[dict[str, torch.Tensor]]) -> dict
         batch = move_batch(batch, loop.env.device)
         with _no_sync(loop, last=i == len(micro_batches) - 1), _autocast(loop):
             summed = summed_token_loss(forward_logits(loop.model, batch), batch["targets"])
-        loss = summed * scale
-        (loop.scaler.scale(loss) if loop.scaler is not None else loss).backward()
+        scaled = summed * scale
+        (loop.scaler.scale(scaled) if loop.scaler is not None else scaled).backward()
         loss_sum += summed.detach().double()
     if loop.scaler is not None:
         loop.scaler.unscale_(loop.optimizer)  # clip the true gradients, not the scaled ones

@@ -1,8 +1,9 @@
 """Every setting is honoured or refused with its key and fix, before anything trains (the real CLI, tiny models).
 
 Each test is one divergence of issue 9 that main used to let through silently: a LoRA setting next to the full
-fine-tune preset, fp16 without a loss scaler, fp16 for Gemma 3, a merged export where none is made, a checkpoint
-resumed at another world size.
+fine-tune preset, fp16 without a loss scaler, a checkpoint resumed at another world size. (The refusals preflight
+alone decides, fp16 for Gemma 3 and under FSDP and a merged export under FSDP, are in
+tests/unit/preflight/test_preflight_run.py; the merged export of a full fine-tune in tests/integration/test_configs.py.)
 """
 
 from __future__ import annotations
@@ -49,25 +50,6 @@ def test_fp16_trains_with_a_loss_scaler_saved_in_checkpoints(tmp_path: Path):
     scaler = torch.load(run_dir / "checkpoints" / "step_00000002" / "scaler.pt", weights_only=True)
     assert scaler["scale"] > 1 and scaler["_growth_tracker"] == 2  # two unskipped steps at a scale above 1
     assert all(m["grad_norm"] < 100 for m in read_metrics(run_dir) if "loss" in m)  # unscaled before clipping
-
-
-def test_fp16_is_refused_for_gemma3(tmp_path: Path):
-    _refused(run_cli(["model=gemma3_tiny", "train.mixed_precision=fp16", "train.max_steps=1", *BRIEF],
-                     tmp_path / "run"), 2, "train.mixed_precision", "Fix: train.mixed_precision=bf16")
-
-
-def test_a_merged_export_of_a_full_finetune_is_refused(tmp_path: Path):
-    _refused(run_cli(["recipe=full_sft", "train.export_merged=true", *BRIEF], tmp_path / "run"),
-             ConfigError.exit_code, "train.export_merged", "Fix: train.export_merged=false")
-
-
-def test_fp16_and_a_merged_export_are_refused_under_fsdp_across_ranks(tmp_path: Path):
-    run_dir = tmp_path / "run"
-    result = run_cli(["launcher=torchrun", "launcher.nproc_per_node=2", "train.parallel=fsdp", "train.batch_size=2",
-                      "train.mixed_precision=fp16", "train.export_merged=true", "train.eval_every=0", "data.val=null"],
-                     run_dir)
-    _refused(result, 2, "train.export_merged", "train.mixed_precision=fp16 with train.parallel=fsdp")
-    assert not (run_dir / "metrics.jsonl").exists()
 
 
 def test_resuming_at_another_world_size_is_refused_by_preflight(tmp_path: Path):

@@ -254,6 +254,33 @@ def test_memory_over_the_stated_device_memory_fails(tmp_path, varied):
     assert "model.gradient_checkpointing=true" in messages(report)
 
 
+# --- honour or refuse: settings a path would ignore ------------------------------------------------------------------
+
+
+def test_fp16_is_refused_for_gemma3_naming_the_fix(tmp_path, varied):
+    gemma = {"model.family=gemma3", "model.num_kv_heads=1", "model.head_dim=64", "model.sliding_window=64",
+             "model.sliding_window_pattern=6", "model.tie_word_embeddings=true", "model.num_heads=4",
+             "model.intermediate_size=192", "model.max_position_embeddings=32768"}
+    report = run_failing(make_cfg(tmp_path, varied, *sorted(gemma), "train.mixed_precision=fp16"), tmp_path / "run",
+                         match=r"train.mixed_precision")
+    assert "overflow float16" in messages(report) and "Fix: train.mixed_precision=bf16" in messages(report)
+    assert run_preflight(make_cfg(tmp_path, varied, *sorted(gemma)), tmp_path / "run2").ok
+
+
+def test_fp16_and_a_merged_export_are_refused_under_fsdp_across_ranks(tmp_path, varied):
+    fsdp = ("launcher.name=torchrun", "launcher.nproc_per_node=2", "train.parallel=fsdp", "train.batch_size=2")
+    report = run_failing(make_cfg(tmp_path, varied, *fsdp, "train.mixed_precision=fp16", "train.export_merged=true"),
+                         tmp_path / "run", match=r"train.export_merged")
+    keys = [p["key"] for p in report["problems"]]
+    assert keys.count("train.mixed_precision") == 1 and "train.export_merged" in keys
+    assert "per rank" in messages(report) and "merge_and_unload" in messages(report)
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert plan["sharded"] is True and plan["loss_scaling"] is True
+    # One rank is not sharded: both are honoured there.
+    assert run_preflight(make_cfg(tmp_path, varied, "train.parallel=fsdp", "train.mixed_precision=fp16",
+                                  "train.export_merged=true"), tmp_path / "run2").ok
+
+
 def test_a_missing_checkpoint_fails_once_with_preflight_json(tmp_path, varied):
     report = run_failing(make_cfg(tmp_path, varied, f"model.path={tmp_path / 'nowhere'}", "model.vocab_size=null",
                                   "tokenizer.source=bundled"), tmp_path / "run", match="model.path")
