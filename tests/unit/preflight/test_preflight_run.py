@@ -7,6 +7,8 @@ that names the key and the fix, and passes once the fix is applied.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from omegaconf import OmegaConf
 from seqtune.config import PreflightFailed, RootConfig, to_typed
 from seqtune.preflight import load_result, run_preflight
 
+REPO = Path(__file__).resolve().parents[3]
 TINY_MODEL = {"family": "tinyllama", "vocab_size": 4096, "hidden_size": 64, "intermediate_size": 176,
               "num_layers": 2, "num_heads": 8, "num_kv_heads": 2, "max_position_embeddings": 2048}
 
@@ -252,6 +255,24 @@ def test_memory_over_the_stated_device_memory_fails(tmp_path, varied):
                          match=r"\[memory\] train.batch_size")
     assert report["memory"]["device_gib"] == 0.0001 and report["memory"]["total_gib"] > 0.0001
     assert "model.gradient_checkpointing=true" in messages(report)
+
+
+def test_the_plan_and_the_checks_that_need_no_data_load_no_torch_transformers_or_peft(tmp_path, varied):
+    """What makes the first problem print fast: the CLI's entry, the plan's resolution and the fast checks run
+    before any heavy library is imported (bench/first_error.py measures the seconds)."""
+    code = (
+        "import sys; from pathlib import Path\n"
+        "import seqtune.__main__\n"
+        "from seqtune.preflight.phases import fast_checks\n"
+        "from seqtune.preflight.resolve import resolve_plan\n"
+        "from tests.unit.preflight.test_preflight_run import make_cfg\n"
+        f"cfg = make_cfg(Path({str(tmp_path)!r}), Path({str(varied)!r}), 'model.vocab_size=64')\n"
+        "problems = fast_checks(cfg, resolve_plan(cfg, {}))\n"
+        "print(sorted({p.key for p in problems}), sorted(m for m in ('torch', 'transformers', 'peft') "
+        "if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.stdout.strip() == "['model.resize_embeddings'] []", out.stdout + out.stderr[-2000:]
 
 
 # --- honour or refuse: settings a path would ignore ------------------------------------------------------------------
