@@ -21,6 +21,7 @@ import torch
 from transformers import DataCollatorForSeq2Seq, Trainer, TrainerCallback, TrainingArguments
 
 from seqtune.config.load import load_resolved
+from seqtune.config.plan import load_plan
 from seqtune.data.formats import LineParser
 from seqtune.data.sources import iter_lines
 from seqtune.data.tokenize import SampleEncoder
@@ -73,13 +74,14 @@ def main() -> None:
     parser.add_argument("--gpu", action="store_true", help="train on CUDA with bf16 autocast (bench/gpu/proof.py)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    cfg = load_resolved(args.run_dir / "config.yaml")
+    cfg, plan = load_resolved(args.run_dir / "config.yaml"), load_plan(args.run_dir)
     torch.manual_seed(cfg.train.seed)
     spec = get_spec(cfg.model.family)
     tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec.chat_template)
     # On the GPU the model is built there: a random 8B-shaped model initialises in seconds, not minutes of CPU.
-    model = build_model(cfg.model, attn_implementation=args.attn, resize_to=None, device="cuda" if args.gpu else None)
-    model = apply_lora(model, cfg.lora, spec)
+    model = build_model(cfg.model, attn_implementation=args.attn, resize_to=plan.vocab.resize_to,
+                        device="cuda" if args.gpu else None)
+    model = apply_lora(model, cfg.lora, targets=plan.lora_targets)
     train = samples(args.data, SampleEncoder(tokenizer, cfg.data.format, train_on_prompt=cfg.data.train_on_prompt))
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

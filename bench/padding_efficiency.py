@@ -14,9 +14,10 @@ import time
 import numpy as np
 
 from _common import markdown_table, write_results
+from seqtune.config.schema import PaddingStrategy
 from seqtune.data.sampler import plan_padding_efficiency
 
-STRATEGIES = ("longest", "max_length", "bucket", "packed")
+STRATEGIES = tuple(PaddingStrategy)  # every padding strategy the schema allows
 
 
 def distributions(n: int, rng: np.random.Generator) -> dict[str, tuple[np.ndarray, int, str]]:

@@ -21,6 +21,7 @@ from transformers import DataCollatorForSeq2Seq
 from _common import markdown_table, write_results
 from _trainer_baseline import samples
 from seqtune.config.load import load_resolved
+from seqtune.config.plan import load_plan
 from seqtune.data.collate import make_collator
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.data.types import TokenizedSample
@@ -38,18 +39,18 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=8)
     parser.add_argument("--reps", type=int, default=10)
     args = parser.parse_args()
-    cfg = load_resolved(args.run_dir / "config.yaml")
+    cfg, plan = load_resolved(args.run_dir / "config.yaml"), load_plan(args.run_dir)
     torch.manual_seed(0)
     spec = get_spec(cfg.model.family)
     tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec.chat_template)
-    model = apply_lora(build_model(cfg.model, attn_implementation="sdpa", resize_to=None), cfg.lora, spec).train()
+    model = apply_lora(build_model(cfg.model, attn_implementation="sdpa", resize_to=plan.vocab.resize_to), cfg.lora,
+                       targets=plan.lora_targets).train()
     rows = samples(args.data, SampleEncoder(tokenizer, cfg.data.format, train_on_prompt=cfg.data.train_on_prompt))
     rng = random.Random(0)
     groups = [rng.sample(rows, cfg.train.batch_size) for _ in range(args.batches)]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    side = spec.padding_side if cfg.padding.side == "auto" else cfg.padding.side
-    seqtune_collate = make_collator(cfg.padding, max_seq_len=int(cfg.data.max_seq_len), pad_id=pad_id,
-                                    padding_side=side)
+    seqtune_collate = make_collator(cfg.padding, max_seq_len=plan.max_seq_len, pad_id=pad_id,
+                                    padding_side=plan.padding_side)
     hf_collate = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100, padding="longest")
 
     def seqtune_step(group):

@@ -3,7 +3,6 @@
 For each file size, one fresh subprocess per reader streams every line and reports records/s and its peak RSS
 (ru_maxrss) above the RSS it had before reading (imports excluded):
   seqtune             seqtune.data.sources.iter_lines + formats.LineParser.parse (alpaca)
-  seqtune + LineIndex the same with the byte-offset LineIndex preflight's scan records (8 bytes a line, by design)
   baseline            `for line in open(path, "rb"): json.loads(line)` (the plain loop)
 Target: seqtune's peak RSS grows by less than 64 MB from the smallest to the largest file.
 """
@@ -22,7 +21,7 @@ from pathlib import Path
 
 from _common import PYTHON, REPO, alpaca_record, long_tailed_words, markdown_table, write_results
 
-READERS = ("seqtune", "seqtune+index", "baseline")
+READERS = ("seqtune", "baseline")
 
 
 def write_lines(path: Path, n: int) -> Path:
@@ -46,7 +45,7 @@ def peak_rss_mb() -> float:
 
 def child(path: Path, reader: str) -> None:
     from seqtune.data.formats import LineParser
-    from seqtune.data.sources import LineIndex, iter_lines
+    from seqtune.data.sources import iter_lines
 
     before = peak_rss_mb()
     began = time.perf_counter()
@@ -58,15 +57,9 @@ def child(path: Path, reader: str) -> None:
                 records += 1
     else:
         parser = LineParser(fmt="alpaca", file=str(path))
-        # As scan_split records it: spilled to a file next to the token cache, memory-mapped when read.
-        spill = path.with_suffix(".line_index.bin")
-        index = LineIndex(spill=spill) if reader == "seqtune+index" else None
-        for line_no, raw in iter_lines(path, index):
+        for line_no, raw in iter_lines(path):
             parser.parse(line_no, raw)
             records += 1
-        if index is not None:
-            assert len(index) == records
-            spill.unlink()
     seconds = time.perf_counter() - began
     print(json.dumps({"records": records, "seconds": seconds, "rss_before_mb": before, "peak_rss_mb": peak_rss_mb()}))
 

@@ -26,7 +26,9 @@ from pathlib import Path
 
 from _common import PYTHON, REPO, markdown_table, write_long_tailed_alpaca, write_results
 
-STRATEGIES = ("longest", "max_length", "bucket", "packed")
+from seqtune.config.schema import PaddingStrategy
+
+STRATEGIES = tuple(PaddingStrategy)  # every padding strategy the schema allows
 LOG_EVERY = 5
 
 

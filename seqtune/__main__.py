@@ -1,8 +1,9 @@
 """`python -m seqtune recipe=NAME key=value +new_key=value` — runs ONCE, in the parent process.
 
-compose (Hydra) → typed config → preflight (CPU, no process group) → write the resolved config → train, either
-in-process (launcher=local) or by handing over to torchrun, whose ranks read the resolved file and never run
-Hydra themselves (each rank resolving `${now:...}` on its own would give every rank its own run directory).
+compose (Hydra) → typed config → write config.yaml → preflight (resolves the plan once, proves it on CPU with no
+process group, writes plan.json) → train, either in-process (launcher=local) or by handing over to torchrun (or
+srun + torchrun), started with the plan's world size. Ranks read config.yaml and plan.json and never run Hydra
+themselves (each rank resolving `${now:...}` on its own would give every rank its own run directory).
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from omegaconf.errors import MissingMandatoryValue  # noqa: E402
 from seqtune import console  # noqa: E402
 from seqtune.config import SeqtuneError, register_resolvers, register_schemas, save_resolved, to_typed  # noqa: E402
 from seqtune.config.errors import ConfigError  # noqa: E402
-
-RESOLVED_CONFIG = "config.yaml"
+from seqtune.config.plan import load_plan  # noqa: E402
+from seqtune.config.rundir import RESOLVED_CONFIG  # noqa: E402
+from seqtune.config.schema import LauncherName  # noqa: E402
 
 register_schemas()
 register_resolvers()
@@ -44,8 +46,17 @@ def _typed(cfg: DictConfig):
 
 
 def _check_presets(typed) -> None:
-    """lora=tiny (the embedded default) trains the whole head: right for a random tiny model, a trap for a real one."""
-    if HydraConfig.get().runtime.choices.get("lora") == "tiny" and typed.model.path and typed.lora.modules_to_save:
+    """What a preset decided cannot be contradicted silently by a key set next to it."""
+    choices = HydraConfig.get().runtime.choices
+    recipe = choices.get("recipe")
+    if recipe == "full_sft" and typed.lora.enabled:
+        raise ConfigError("recipe=full_sft trains every weight, but lora.enabled=true asks for LoRA adapters.",
+                          key="lora.enabled", fix="recipe=lora_sft (LoRA), or drop lora.enabled=true (full fine-tune)")
+    if recipe == "lora_sft" and not typed.lora.enabled:
+        raise ConfigError("recipe=lora_sft trains LoRA adapters, but lora.enabled=false turns them off.",
+                          key="lora.enabled", fix="recipe=full_sft (every weight trains), or drop lora.enabled=false")
+    # lora=tiny (the embedded default) trains the whole head: right for a random tiny model, a trap for a real one.
+    if choices.get("lora") == "tiny" and typed.model.path and typed.lora.modules_to_save:
         raise ConfigError(
             f"lora=tiny (the embedded default's preset: rank 16 with {', '.join(typed.lora.modules_to_save)} trained "
             f"in full, sized for tiny random models) is combined with a real checkpoint (model.path="
@@ -68,27 +79,28 @@ def launch(cfg: DictConfig, run_dir: Path) -> None:
     typed = _typed(_prepare_config(cfg))
     _check_presets(typed)
     run_dir.mkdir(parents=True, exist_ok=True)
-    result = run_preflight(typed, run_dir)
-    # Ranks must train with the limit preflight proved, not re-derive "auto" on their own.
-    cfg.data.max_seq_len = result.max_seq_len
     save_resolved(cfg, run_dir / RESOLVED_CONFIG)
+    # Resolves the plan once, proves it, and writes plan.json: what the launcher and every rank use from here on.
+    run_preflight(typed, run_dir)
     if typed.preflight.only:
         print(f"preflight passed; dry run (preflight.only=true): nothing trained. Report: {run_dir / 'preflight.json'}")
         return
-    if typed.launcher.name == "local":
+    if typed.launcher.name == LauncherName.local:
         from seqtune.worker import run_worker
 
         run_worker(run_dir)
         return
     from seqtune.launch import launch_command, worker_environ
 
-    command = launch_command(typed.launcher, run_dir, os.environ)
-    env = worker_environ(typed.launcher, os.environ)
-    print(f"launching (OMP_NUM_THREADS={env['OMP_NUM_THREADS']}):", " ".join(command), flush=True)
+    world = load_plan(run_dir).world
+    command = launch_command(typed.launcher, world, run_dir, os.environ)
+    env = worker_environ(world, os.environ)
+    print(f"launching {world.world_size} rank(s) ({world.nnodes} node(s) x {world.nproc_per_node}; "
+          f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}):", " ".join(command), flush=True)
     code = subprocess.call(command, env=env)
     if code != 0:
-        raise SeqtuneError(f"{command[0] if typed.launcher.name == 'slurm' else 'torchrun'} exited with code {code}; "
-                           "the failing rank's error is printed above.")
+        raise SeqtuneError(f"{command[0] if typed.launcher.name == LauncherName.slurm else 'torchrun'} exited with "
+                           f"code {code}; the failing rank's error is printed above.")
 
 
 @hydra.main(version_base=None, config_path="pkg://seqtune.configs", config_name="config")

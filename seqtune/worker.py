@@ -1,6 +1,7 @@
 """Per-rank entry point: `python -m seqtune.worker --run-dir DIR` (started by torchrun, or called in-process).
 
-Reads the resolved config the parent wrote (never runs Hydra) and runs the recipe it names.
+Reads the config and the resolved plan the parent wrote (never runs Hydra, never re-derives a planned fact) and
+runs the recipe the config names.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E40
 from seqtune import console  # noqa: E402
 from seqtune.config import SeqtuneError, load_resolved  # noqa: E402
 from seqtune.config.errors import ConfigError  # noqa: E402
-
-RESOLVED_CONFIG = "config.yaml"
+from seqtune.config.plan import load_plan  # noqa: E402
+from seqtune.config.rundir import RESOLVED_CONFIG  # noqa: E402
 
 
 def run_worker(run_dir: Path) -> None:
@@ -33,7 +34,7 @@ def run_worker(run_dir: Path) -> None:
     except ModuleNotFoundError as err:
         raise ConfigError(f"recipe_name={cfg.recipe_name!r} has no recipes/{cfg.recipe_name}.py ({err}).",
                           key="recipe_name", fix="recipe=lora_sft or recipe=full_sft") from None
-    recipe.run(cfg, run_dir)
+    recipe.run(cfg, load_plan(run_dir), run_dir)
 
 
 # Under torchrun, an uncaught exception is written to the error file torchrun reads, so its end-of-job summary shows

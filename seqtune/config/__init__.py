@@ -15,12 +15,12 @@ from seqtune.config.schema import (
     TrainConfig,
     register_schemas,
 )
-from seqtune.config.load import choice, load_resolved, save_resolved, to_typed
+from seqtune.config.load import load_resolved, save_resolved, to_typed
 from seqtune.config.resolvers import register_resolvers
 
 __all__ = [
     "ConfigError", "DataError", "ModelLoadError", "PreflightFailed", "SeqtuneError",
     "DataConfig", "LauncherConfig", "LoggerConfig", "LoraConfig", "ModelConfig", "OptimConfig",
     "PaddingConfig", "PreflightConfig", "RootConfig", "TokenizerConfig", "TrainConfig",
-    "register_schemas", "register_resolvers", "to_typed", "choice", "load_resolved", "save_resolved",
+    "register_schemas", "register_resolvers", "to_typed", "load_resolved", "save_resolved",
 ]

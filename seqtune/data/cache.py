@@ -5,7 +5,6 @@ so a crashed or concurrent writer never leaves a half cache that looks valid. Fi
   tokens.bin   int32 token ids of every sample, concatenated        target.bin  uint8: 1 = training target
   offsets.bin  int64, num_samples + 1 (sample i = tokens[o[i]:o[i+1]]) lengths.bin int32 per sample
   lines.bin    int64 1-based source line per sample                  file_ids.bin int32 index into meta.files
-  line_index_<k>.bin  int64 byte offsets of every line of file k (re-read any record as file:line)
   rejects.jsonl       every skipped line with its reason              meta.json   counts, stats, files
 """
 
@@ -21,7 +20,6 @@ from typing import IO, Any
 
 import numpy as np
 
-from seqtune.data.sources import LineIndex
 from seqtune.data.tokenize import EncodedBatch
 from seqtune.data.types import IGNORE_INDEX, Reject, TokenizedSample
 # One fingerprint for the whole project: it skips the padding/truncation state transformers mutates per call,
@@ -76,19 +74,13 @@ class TokenCacheWriter:
         self.num_samples += len(batch.lengths)
         self.num_tokens += int(batch.lengths.sum())
 
-    def line_index_path(self, file_number: int) -> Path:
-        """Where file k's line index lives while the cache is written (scan_split spills it there directly)."""
-        return self.tmp / f"line_index_{file_number}.bin"
-
     def add_rejects(self, rejects: list[Reject]) -> None:
         for r in rejects:
             self._rejects.write(json.dumps({"file": r.file, "line": r.line, "reason": r.reason}) + "\n")
 
-    def commit(self, meta: dict[str, Any], indexes: list[LineIndex]) -> Path:
+    def commit(self, meta: dict[str, Any]) -> Path:
         for f in (*self._out.values(), self._rejects):
             f.close()
-        for k, index in enumerate(indexes):
-            index.save(self.line_index_path(k))
         meta = {**meta, "version": CACHE_VERSION, "key": self.key, "files": [str(p) for p in self.files],
                 "num_samples": self.num_samples, "num_tokens": self.num_tokens}
         (self.tmp / "meta.json").write_text(json.dumps(meta, indent=1))
@@ -147,13 +139,6 @@ class TokenCache:
     @property
     def lengths(self) -> np.ndarray:
         return self._arrays["lengths"]
-
-    @property
-    def max_token_id(self) -> int:
-        return int(self.meta["max_token_id"])
-
-    def line_index(self, file_number: int) -> LineIndex:
-        return LineIndex.load(self.directory / f"line_index_{file_number}.bin")
 
 
 def _memmap(path: Path, dtype: Any, count: int) -> np.ndarray:

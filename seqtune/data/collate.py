@@ -24,14 +24,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from seqtune.config.errors import ConfigError, DataError
-from seqtune.config.schema import PaddingConfig
+from seqtune.config.errors import DataError
+from seqtune.config.schema import PaddingConfig, PaddingStrategy
 from seqtune.data._torchtune import right_pad
 from seqtune.data.packing import next_fit_rows
 from seqtune.data.types import IGNORE_INDEX, TokenizedSample
-
-STRATEGIES = ("longest", "max_length", "bucket", "packed")
-PADDING_SIDES = ("left", "right")
 
 
 class Collator(Protocol):
@@ -148,23 +145,9 @@ class PackedCollator:
 
 
 def make_collator(padding: PaddingConfig, *, max_seq_len: int, pad_id: int, padding_side: str) -> Collator:
-    """The collator for padding.strategy. padding_side must already be resolved (left|right), not 'auto'."""
-    if padding.strategy not in STRATEGIES:
-        raise ConfigError(
-            f"unknown padding.strategy={padding.strategy!r}.", key="padding.strategy",
-            fix=f"one of {', '.join(STRATEGIES)}.",
-        )
-    if padding_side not in PADDING_SIDES:
-        raise ConfigError(
-            f"padding side {padding_side!r} reached the collator unresolved.", key="padding.side",
-            fix="padding.side=left or right (auto is resolved from the model family before collation).",
-        )
-    if padding.multiple_of < 1:
-        raise ConfigError(f"padding.multiple_of={padding.multiple_of} must be >= 1.", key="padding.multiple_of",
-                          fix="padding.multiple_of=1 (off), 8 or 64.")
-    if max_seq_len < 1:
-        raise ConfigError(f"data.max_seq_len={max_seq_len} must be >= 1.", key="data.max_seq_len")
-    if padding.strategy == "packed":
+    """The collator for padding.strategy. padding_side is the plan's resolved side (left|right), never 'auto'."""
+    assert padding_side in ("left", "right"), f"unresolved padding side {padding_side!r}"
+    if padding.strategy == PaddingStrategy.packed:
         return PackedCollator(max_seq_len=max_seq_len, pad_id=pad_id)
     return PaddedCollator(
         strategy=padding.strategy,

@@ -21,8 +21,6 @@ import numpy as np
 from seqtune.data.types import IGNORE_INDEX, Reject
 from seqtune.tokenizers.templates import CHAT_ROLES
 
-FORMATS = ("alpaca", "chat", "input_output", "text", "tokenized")
-
 # A short Alpaca prompt: the classic one-paragraph preamble costs ~40 tokens a record and teaches nothing.
 ALPACA_TEMPLATE = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
 ALPACA_TEMPLATE_NO_INPUT = "### Instruction:\n{instruction}\n\n### Response:\n"
@@ -108,8 +106,6 @@ class LineParser:
     vocab_size: int | None = None
 
     def __post_init__(self) -> None:
-        if self.fmt not in FORMATS:
-            raise ValueError(f"unknown format {self.fmt!r}; expected one of {FORMATS}")
         self._media_dir = Path(self.media_root) if self.media_root else Path(self.file).parent
         self._media_seen: dict[str, bool] = {}
 

@@ -21,33 +21,39 @@ import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
 from seqtune.config.errors import DataError
-from seqtune.config.schema import RootConfig
+from seqtune.config.plan import Plan
+from seqtune.config.schema import DataMode, Overlength, RootConfig, Tail
 from seqtune.data.cache import TokenCache
 from seqtune.data.collate import Collator, make_collator
 from seqtune.data.formats import LineParser, Record
 from seqtune.data.sampler import DistributedBatchPlan, WithFillers
 from seqtune.data.sources import expand_paths
 from seqtune.data.stream import (
-    POLICY_REJECTS,
     BadLineBudget,
     JsonlStream,
     RejectLog,
     StreamBatch,
     StreamProgress,
+    apply_overlength,
     lines_read,
     sample_end,
 )
 from seqtune.data.tokenize import SampleEncoder
-from seqtune.data.types import Reject, TokenizedSample
+from seqtune.data.types import POLICY_REJECTS, Reject, TokenizedSample
 
 
 class SplitView(Dataset):
-    """A cached split after the over-length policy: `drop` hides long samples, `truncate` cuts them."""
+    """A cached split after data.overlength, by the stream's rule (apply_overlength), so both modes train on the
+    same samples: `drop` hides over-length samples; `truncate` cuts them to max_seq_len and hides those left with no
+    target (`cut` lists where they are); `error` keeps them (preflight has refused such a split)."""
 
-    def __init__(self, cache: TokenCache, *, max_seq_len: int, overlength: str) -> None:
-        lengths = cache.lengths
-        self.cache, self.max_seq_len = cache, max_seq_len
-        self.indices = np.flatnonzero(lengths <= max_seq_len) if overlength == "drop" else np.arange(len(cache))
+    def __init__(self, cache: TokenCache, *, max_seq_len: int, overlength: Overlength) -> None:
+        lengths = np.asarray(cache.lengths)
+        self.cache, self.max_seq_len, self.overlength = cache, max_seq_len, overlength
+        over = np.flatnonzero(lengths > max_seq_len) if overlength != Overlength.error else np.empty(0, np.int64)
+        hidden = [int(i) for i in over if isinstance(apply_overlength(cache[int(i)], max_seq_len, overlength), Reject)]
+        self.cut = [cache.location(i) for i in hidden] if overlength == Overlength.truncate else []
+        self.indices = np.setdiff1d(np.arange(len(cache)), np.asarray(hidden, dtype=np.int64))
         self.lengths = np.minimum(lengths[self.indices], max_seq_len)
 
     def __len__(self) -> int:
@@ -55,11 +61,8 @@ class SplitView(Dataset):
 
     def __getitem__(self, i: int) -> TokenizedSample:
         sample = self.cache[int(self.indices[i])]
-        if len(sample) <= self.max_seq_len:
-            return sample
-        keep = self.max_seq_len
-        return TokenizedSample(input_ids=sample.input_ids[:keep], labels=sample.labels[:keep],
-                               location=sample.location)
+        return sample if len(sample) <= self.max_seq_len else apply_overlength(sample, self.max_seq_len,
+                                                                               self.overlength)
 
 
 class PlannedBatches:
@@ -176,69 +179,67 @@ class StreamedBatches:
             self.epoch, self.progress = self.epoch + 1, StreamProgress()
 
 
-def padding_side(cfg: RootConfig, spec) -> str:
-    return spec.padding_side if cfg.padding.side == "auto" else cfg.padding.side
-
-
-def _pad_id(tokenizer) -> int:
+def _pad_id(plan: Plan) -> int:
     # The pad id only fills positions that the attention and label masks exclude; it is never compared with eos.
-    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return plan.vocab.pad_id if plan.vocab.pad_id is not None else plan.vocab.eos_id
 
 
-def _planned(cfg: RootConfig, cache_dir: Path, env, tokenizer, spec, *, shuffle: bool, tail: str) -> PlannedBatches:
-    max_seq_len = int(cfg.data.max_seq_len)
-    view = SplitView(TokenCache.open(cache_dir), max_seq_len=max_seq_len, overlength=cfg.data.overlength)
-    plan = DistributedBatchPlan(
-        view.lengths, batch_size=cfg.train.batch_size, world_size=env.world_size, rank=env.rank,
-        strategy=cfg.padding.strategy, max_seq_len=max_seq_len, seed=cfg.train.seed, shuffle=shuffle, tail=tail,
+def planned_batches(cfg: RootConfig, plan: Plan, cache_dir: Path, *, rank: int, shuffle: bool,
+                    tail: Tail) -> PlannedBatches:
+    view = SplitView(TokenCache.open(cache_dir), max_seq_len=plan.max_seq_len, overlength=cfg.data.overlength)
+    batch_plan = DistributedBatchPlan(
+        view.lengths, batch_size=cfg.train.batch_size, world_size=plan.world.world_size, rank=rank,
+        strategy=cfg.padding.strategy, max_seq_len=plan.max_seq_len, seed=cfg.train.seed, shuffle=shuffle, tail=tail,
         bucket_window=cfg.padding.bucket_window, multiple_of=cfg.padding.multiple_of,
     )
-    collator = make_collator(cfg.padding, max_seq_len=max_seq_len, pad_id=_pad_id(tokenizer),
-                             padding_side=padding_side(cfg, spec))
-    return PlannedBatches(view, plan, collator, num_workers=cfg.data.num_workers)
+    collator = make_collator(cfg.padding, max_seq_len=plan.max_seq_len, pad_id=_pad_id(plan),
+                             padding_side=plan.padding_side)
+    return PlannedBatches(view, batch_plan, collator, num_workers=cfg.data.num_workers)
 
 
-def _streamed(cfg: RootConfig, preflight, env, tokenizer, spec) -> StreamedBatches:
+def stream_identity(cfg: RootConfig, files: list[Path], num_lines: int, world_size: int) -> dict[str, Any]:
+    """What a stream position depends on: a resume under other values would repeat or skip lines."""
+    return {"files": [str(f) for f in files], "num_lines": num_lines, "batch_size": cfg.train.batch_size,
+            "world_size": world_size, "num_workers": max(1, cfg.data.num_workers)}
+
+
+def _streamed(cfg: RootConfig, plan: Plan, preflight, rank: int, tokenizer) -> StreamedBatches:
     files = expand_paths(cfg.data.train, "data.train")
     num_lines = preflight.stream_train_lines
-    if num_lines is None:
-        raise DataError("preflight.json has no line count for the train split; it was written by a run with "
-                        "data.mode=cached.", key="data.mode", fix="run the CLI again with data.mode=stream.")
     encoder = SampleEncoder(tokenizer, cfg.data.format, train_on_prompt=cfg.data.train_on_prompt)
     parsers = {str(f): LineParser(fmt=cfg.data.format, file=str(f), media_root=cfg.data.media_root,
                                   pad_id=tokenizer.pad_token_id, eos_id=encoder.eos_id, vocab_size=encoder.vocab_size)
                for f in files}
-    max_seq_len = int(cfg.data.max_seq_len)
-    collator = make_collator(cfg.padding, max_seq_len=max_seq_len, pad_id=_pad_id(tokenizer),
-                             padding_side=padding_side(cfg, spec))
+    collator = make_collator(cfg.padding, max_seq_len=plan.max_seq_len, pad_id=_pad_id(plan),
+                             padding_side=plan.padding_side)
+    world_size = plan.world.world_size
     make_stream = partial(
         JsonlStream, files, parse=RecordParser(parsers=parsers), encode_batch=encoder.encode_batch,
-        collate=collator, batch_size=cfg.train.batch_size, max_seq_len=max_seq_len, overlength=cfg.data.overlength,
-        world_size=env.world_size, rank=env.rank, num_workers=cfg.data.num_workers, num_lines=num_lines)
-    batches_per_rank = make_stream(resume=None).batches_per_rank()
-    if not batches_per_rank:
-        raise DataError(f"data.train has {num_lines} lines: not one micro-batch per rank.", key="train.batch_size",
-                        fix="a smaller train.batch_size or fewer ranks")
-    identity = {"files": [str(f) for f in files], "num_lines": num_lines, "batch_size": cfg.train.batch_size,
-                "world_size": env.world_size, "num_workers": max(1, cfg.data.num_workers)}
+        collate=collator, batch_size=cfg.train.batch_size, max_seq_len=plan.max_seq_len,
+        overlength=cfg.data.overlength, world_size=world_size, rank=rank, num_workers=cfg.data.num_workers,
+        num_lines=num_lines)
     budget = BadLineBudget(max_bad_fraction=cfg.data.max_bad_fraction, rejects_file=preflight.rejects_file,
-                           rank=env.rank)
+                           rank=rank)
     rejects = RejectLog(path=preflight.rejects_file, files=files,
                         logged_through=sample_end(files, cfg.data.preflight_sample))
-    return StreamedBatches(make_stream=make_stream, batches_per_rank=batches_per_rank,
-                           num_workers=cfg.data.num_workers, identity=identity, budget=budget, rejects=rejects)
+    # Preflight proved every rank gets at least one micro-batch per pass (check_epoch_steps).
+    return StreamedBatches(make_stream=make_stream, batches_per_rank=make_stream(resume=None).batches_per_rank(),
+                           num_workers=cfg.data.num_workers, identity=stream_identity(cfg, files, num_lines, world_size),
+                           budget=budget, rejects=rejects)
 
 
-def build_train_batches(cfg: RootConfig, preflight, env, tokenizer, spec) -> PlannedBatches | StreamedBatches:
-    if cfg.data.mode == "stream":
-        return _streamed(cfg, preflight, env, tokenizer, spec)
-    return _planned(cfg, preflight.caches["train"], env, tokenizer, spec, shuffle=cfg.data.shuffle, tail=cfg.data.tail)
+def build_train_batches(cfg: RootConfig, plan: Plan, preflight, *, rank: int,
+                        tokenizer) -> PlannedBatches | StreamedBatches:
+    if cfg.data.mode == DataMode.stream:
+        return _streamed(cfg, plan, preflight, rank, tokenizer)
+    return planned_batches(cfg, plan, preflight.caches["train"], rank=rank, shuffle=cfg.data.shuffle,
+                           tail=cfg.data.tail)
 
 
-def build_eval_batches(cfg: RootConfig, preflight, env, tokenizer, spec):
+def build_eval_batches(cfg: RootConfig, plan: Plan, preflight, *, rank: int):
     """A factory of one pass over the validation split: every sample exactly once over all ranks (tail padded with
     fully masked fillers, so ranks stay in step and nothing counts twice), or None without a val split."""
     if "val" not in preflight.caches or not cfg.train.eval_every:
         return None
-    planned = _planned(cfg, preflight.caches["val"], env, tokenizer, spec, shuffle=False, tail="pad")
+    planned = planned_batches(cfg, plan, preflight.caches["val"], rank=rank, shuffle=False, tail=Tail.pad)
     return lambda: planned.epoch_batches(0)

@@ -93,11 +93,3 @@ def next_fit_rows(lengths: list[int], capacity: int) -> list[list[int]]:
         rows[-1].append(pos)
         used += size
     return rows
-
-
-def packing_efficiency(lengths: np.ndarray, rows: list[list[int]], capacity: int) -> float:
-    """Real tokens / computed positions (rows * capacity)."""
-    if not rows:
-        return 1.0
-    real = int(sum(int(np.asarray(lengths)[r].sum()) for r in rows))
-    return real / (len(rows) * capacity)

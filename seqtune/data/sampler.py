@@ -20,12 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from seqtune.config.errors import ConfigError, DataError
-from seqtune.data.collate import STRATEGIES, round_up
+from seqtune.config.errors import DataError
+from seqtune.config.schema import PaddingStrategy, Tail
+from seqtune.data.collate import round_up
 from seqtune.data.packing import next_fit_rows, order_for_next_fit, pack_best_fit_decreasing
 from seqtune.data.types import IGNORE_INDEX, TokenizedSample
-
-TAILS = ("drop", "pad")
 
 
 @dataclass(kw_only=True)
@@ -61,9 +60,9 @@ def _epoch_rng(seed: int, epoch: int) -> np.random.Generator:
     return np.random.default_rng([seed, epoch])
 
 
-def _fit_to_steps(order: np.ndarray, step: int, tail: str, n: int) -> tuple[np.ndarray, int, int]:
+def _fit_to_steps(order: np.ndarray, step: int, tail: Tail, n: int) -> tuple[np.ndarray, int, int]:
     """Cut or extend `order` to a multiple of `step`: (entries, dropped, fillers). Fillers are index + n."""
-    if tail == "drop":
+    if tail == Tail.drop:
         keep = len(order) // step * step
         return order[:keep], len(order) - keep, 0
     extra = round_up(len(order), step) - len(order)
@@ -96,12 +95,12 @@ def _bucket(entries: np.ndarray, lengths2: np.ndarray, step: int, window: int,
 
 
 def _packed_plan(lengths: np.ndarray, order: np.ndarray, *, batch_size: int, world_size: int, max_seq_len: int,
-                 tail: str, rng: np.random.Generator, shuffle: bool) -> EpochPlan:
+                 tail: Tail, rng: np.random.Generator, shuffle: bool) -> EpochPlan:
     n = len(lengths)
     rows = [[int(order[i]) for i in row] for row in pack_best_fit_decreasing(lengths[order], max_seq_len)]
     row_ids = rng.permutation(len(rows)) if shuffle else np.arange(len(rows))
     kept, _, extra = _fit_to_steps(row_ids, world_size * batch_size, tail, len(rows))
-    dropped = sum(len(rows[r]) for r in row_ids[len(kept):]) if tail == "drop" else 0
+    dropped = sum(len(rows[r]) for r in row_ids[len(kept):]) if tail == Tail.drop else 0
     # Filler rows are copies (entries + n) of real rows; appended after the real rows of their micro-batch.
     rows_all = rows + [[i + n for i in row] for row in rows]
     lengths2 = np.concatenate([lengths, lengths])
@@ -121,11 +120,11 @@ def _micro_batch_order(rows_all: list[list[int]], ids: list[int], lengths2: np.n
     return real + order_for_next_fit(rows_all, [i for i in ids if i >= half], lengths2)
 
 
-def _padded_plan(lengths: np.ndarray, order: np.ndarray, *, strategy: str, batch_size: int, world_size: int,
-                 tail: str, bucket_window: int, rng: np.random.Generator, shuffle: bool) -> EpochPlan:
+def _padded_plan(lengths: np.ndarray, order: np.ndarray, *, strategy: PaddingStrategy, batch_size: int, world_size: int,
+                 tail: Tail, bucket_window: int, rng: np.random.Generator, shuffle: bool) -> EpochPlan:
     step = world_size * batch_size
     entries, dropped, fillers = _fit_to_steps(order, step, tail, len(lengths))
-    if strategy == "bucket":
+    if strategy == PaddingStrategy.bucket:
         entries = _bucket(entries, np.concatenate([lengths, lengths]), step, bucket_window, rng, shuffle)
     return EpochPlan(per_rank=_split_steps(entries, world_size, batch_size), dropped_samples=dropped,
                      filler_samples=fillers)
@@ -140,11 +139,11 @@ class DistributedBatchPlan:
     training (prefetch), so then save `state_at(epoch, consumed)` from the consumer's count instead of state_dict().
     """
 
-    def __init__(self, lengths: np.ndarray, *, batch_size: int, world_size: int, rank: int, strategy: str,
-                 max_seq_len: int, seed: int, shuffle: bool, tail: str, bucket_window: int,
+    def __init__(self, lengths: np.ndarray, *, batch_size: int, world_size: int, rank: int, strategy: PaddingStrategy,
+                 max_seq_len: int, seed: int, shuffle: bool, tail: Tail, bucket_window: int,
                  multiple_of: int = 1) -> None:
-        _check_plan_args(strategy=strategy, tail=tail, batch_size=batch_size, world_size=world_size, rank=rank,
-                         bucket_window=bucket_window)
+        # The schema guarantees batch_size, bucket_window >= 1 and the strategy/tail choices.
+        assert 0 <= rank < world_size, f"rank {rank} outside world size {world_size}"
         self.lengths = np.asarray(lengths, dtype=np.int64)
         self.batch_size, self.world_size, self.rank = batch_size, world_size, rank
         self.strategy, self.max_seq_len, self.multiple_of = strategy, max_seq_len, multiple_of
@@ -162,7 +161,7 @@ class DistributedBatchPlan:
             rng = _epoch_rng(self.seed, epoch)
             n = self.num_samples
             order = rng.permutation(n) if self.shuffle else np.arange(n)
-            if self.strategy == "packed":
+            if self.strategy == PaddingStrategy.packed:
                 plan = _packed_plan(self.lengths, order, batch_size=self.batch_size, world_size=self.world_size,
                                     max_seq_len=self.max_seq_len, tail=self.tail, rng=rng, shuffle=self.shuffle)
             else:
@@ -184,10 +183,6 @@ class DistributedBatchPlan:
         step when the loop iterates across epochs."""
         return len(self) // grad_accum
 
-    def set_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch:
-            self.epoch, self.position = epoch, 0
-
     def __iter__(self) -> Iterator[list[int]]:
         batches = self.batches(self.epoch)
         while self.position < len(batches):
@@ -195,21 +190,21 @@ class DistributedBatchPlan:
             yield batches[self.position - 1]
         self.epoch, self.position = self.epoch + 1, 0
 
-    def _identity(self) -> dict[str, Any]:
+    def identity(self) -> dict[str, Any]:
         return {"num_samples": self.num_samples, "batch_size": self.batch_size, "world_size": self.world_size,
-                "strategy": self.strategy, "max_seq_len": self.max_seq_len, "seed": self.seed,
-                "shuffle": self.shuffle, "tail": self.tail, "bucket_window": self.bucket_window}
+                "strategy": str(self.strategy), "max_seq_len": self.max_seq_len, "seed": self.seed,
+                "shuffle": self.shuffle, "tail": str(self.tail), "bucket_window": self.bucket_window}
 
     def state_at(self, epoch: int, consumed: int) -> dict[str, Any]:
-        return {"epoch": epoch, "position": consumed, "plan": self._identity()}
+        return {"epoch": epoch, "position": consumed, "plan": self.identity()}
 
     def state_dict(self) -> dict[str, Any]:
         return self.state_at(self.epoch, self.position)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         saved = state["plan"]
-        if saved != self._identity():
-            changed = {k: (saved.get(k), v) for k, v in self._identity().items() if saved.get(k) != v}
+        if saved != self.identity():
+            changed = {k: (saved.get(k), v) for k, v in self.identity().items() if saved.get(k) != v}
             raise DataError(
                 f"cannot resume the data position: the batch plan changed since the checkpoint ({changed}, "
                 "saved vs now); resuming would repeat or skip samples.",
@@ -223,9 +218,9 @@ class DistributedBatchPlan:
     def computed_positions(self, micro_batch: list[int]) -> int:
         """Positions the model computes for this micro-batch (what the collator will build)."""
         lens = self.lengths[np.asarray(micro_batch) % self.num_samples]
-        if self.strategy == "packed":
+        if self.strategy == PaddingStrategy.packed:
             return len(next_fit_rows(lens.tolist(), self.max_seq_len)) * self.max_seq_len
-        if self.strategy == "max_length":
+        if self.strategy == PaddingStrategy.max_length:
             return len(micro_batch) * self.max_seq_len
         return len(micro_batch) * min(round_up(int(lens.max()), self.multiple_of), self.max_seq_len)
 
@@ -246,31 +241,16 @@ class DistributedBatchPlan:
             "tokens_per_rank": tokens,
             "dropped_samples": plan.dropped_samples,
             "filler_samples": plan.filler_samples,
-            "tail": self.tail,
+            "tail": str(self.tail),
             "padding_efficiency": sum(tokens) / computed if computed else 1.0,
         }
 
 
-def _check_plan_args(*, strategy: str, tail: str, batch_size: int, world_size: int, rank: int,
-                     bucket_window: int) -> None:
-    if strategy not in STRATEGIES:
-        raise ConfigError(f"unknown padding.strategy={strategy!r}.", key="padding.strategy",
-                          fix=f"one of {', '.join(STRATEGIES)}.")
-    if tail not in TAILS:
-        raise ConfigError(f"unknown data.tail={tail!r}.", key="data.tail", fix="data.tail=drop or pad.")
-    if batch_size < 1:
-        raise ConfigError(f"train.batch_size={batch_size} must be >= 1.", key="train.batch_size")
-    if bucket_window < 1:
-        raise ConfigError(f"padding.bucket_window={bucket_window} must be >= 1.", key="padding.bucket_window")
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} outside world size {world_size}")
-
-
-def plan_padding_efficiency(lengths: np.ndarray, strategy: str, batch_size: int, max_seq_len: int,
+def plan_padding_efficiency(lengths: np.ndarray, strategy: PaddingStrategy, batch_size: int, max_seq_len: int,
                             multiple_of: int, seed: int, bucket_window: int = 100) -> float:
     """Real tokens / computed positions for one epoch on one rank (tail=pad: fillers count as waste).
     Needs no model and no process group: preflight calls it per strategy to compare them."""
     plan = DistributedBatchPlan(lengths, batch_size=batch_size, world_size=1, rank=0, strategy=strategy,
-                                max_seq_len=max_seq_len, seed=seed, shuffle=True, tail="pad",
+                                max_seq_len=max_seq_len, seed=seed, shuffle=True, tail=Tail.pad,
                                 bucket_window=bucket_window, multiple_of=multiple_of)
     return float(plan.summary()["padding_efficiency"])

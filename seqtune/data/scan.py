@@ -18,7 +18,7 @@ import numpy as np
 
 from seqtune.data.cache import TokenCache, TokenCacheWriter, cache_key, tokenizer_fingerprint
 from seqtune.data.formats import LineParser, Record, template_signature
-from seqtune.data.sources import LineIndex, iter_lines
+from seqtune.data.sources import iter_lines
 from seqtune.data.tokenize import EncodedBatch, SampleEncoder
 from seqtune.data.types import Reject
 
@@ -120,10 +120,9 @@ def scan_split(name: str, paths: list[Path], encoder: SampleEncoder, *, cache_ro
         return _load_scan(name, published, began)
     writer = TokenCacheWriter(Path(cache_root), key, paths)
     try:
-        stats, indexes = _stream(paths, encoder, writer, media_root=media_root, max_records=max_records,
-                                 chunk_size=chunk_size, progress=progress, name=name)
-        meta = _stats_meta(stats)
-        directory = writer.commit(meta, indexes)
+        stats = _stream(paths, encoder, writer, media_root=media_root, max_records=max_records,
+                        chunk_size=chunk_size, progress=progress, name=name)
+        directory = writer.commit(_stats_meta(stats))
     except BaseException:
         writer.abort()
         raise
@@ -133,19 +132,17 @@ def scan_split(name: str, paths: list[Path], encoder: SampleEncoder, *, cache_ro
 
 
 def _stream(paths: list[Path], encoder: SampleEncoder, writer: TokenCacheWriter, *, media_root: str | None,
-            max_records: int, chunk_size: int, progress: bool, name: str) -> tuple[_Stats, list[LineIndex]]:
-    stats, indexes = _Stats(), []
+            max_records: int, chunk_size: int, progress: bool, name: str) -> _Stats:
+    stats = _Stats()
     bar = _progress_bar(name, progress)
     pad_id = encoder.tokenizer.pad_token_id
     with _EncodePipeline(encoder, writer, stats, bar) as pipeline:
-        for k, path in enumerate(paths):
-            index = LineIndex(spill=writer.line_index_path(k))
-            indexes.append(index)
+        for path in paths:
             parser = LineParser(fmt=encoder.fmt, file=str(path), media_root=media_root, pad_id=pad_id,
                                 eos_id=encoder.eos_id, vocab_size=encoder.vocab_size)
             chunk: list[Record] = []
             rejects: list[Reject] = []
-            for line_no, raw in iter_lines(path, index):
+            for line_no, raw in iter_lines(path):
                 parsed = parser.parse(line_no, raw)
                 (rejects if isinstance(parsed, Reject) else chunk).append(parsed)
                 stats.records += 1
@@ -159,7 +156,7 @@ def _stream(paths: list[Path], encoder: SampleEncoder, writer: TokenCacheWriter,
                 break
     if bar is not None:
         bar.close()
-    return stats, indexes
+    return stats
 
 
 class _EncodePipeline:

@@ -4,10 +4,9 @@ Line k (counting non-blank lines across the files in order) belongs to global wo
 num_workers)`, global worker = rank * num_workers + worker id. Every worker reads the files but only parses its own
 lines, so no coordination is needed and no line is seen twice.
 
-Ranks stop together: with `num_lines` (from preflight's line count) every worker yields exactly
-`batches_per_worker` micro-batches, the last ones FILLERS (one sample, every target masked) when rejects or drops
-left it short, so every rank yields num_workers * batches_per_worker. Without it, call `all_ranks_have_data`
-once per micro-batch and stop when it returns False (the other ranks' unfinished batches are then skipped).
+Ranks stop together: from `num_lines` (preflight's line count) every worker yields exactly `batches_per_worker`
+micro-batches, the last ones FILLERS (one sample, every target masked) when rejects or drops left it short, so every
+rank yields num_workers * batches_per_worker.
 
 Resume: each StreamBatch carries its worker's position after that batch (the last line it read, sample or reject);
 keep the latest per worker (StreamProgress) and pass it back as `resume`: each worker restarts after that line.
@@ -27,7 +26,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
 from seqtune.config.errors import DataError
@@ -35,10 +33,6 @@ from seqtune.data.collate import Collator
 from seqtune.data.sources import iter_lines
 from seqtune.data.types import IGNORE_INDEX, Reject, TokenizedSample
 
-OVERLENGTH = ("error", "truncate", "drop")
-# Reject codes that follow from a policy (data.overlength=drop|truncate), not from a malformed line: they are
-# neither written to rejects.jsonl nor counted against data.max_bad_fraction.
-POLICY_REJECTS = ("overlength",)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,29 +50,6 @@ class StreamBatch:
     position: StreamPosition
     rejects: list[Reject] = field(default_factory=list)
     filler: bool = False
-
-
-def parse_json_line(raw: bytes, location: str) -> dict[str, Any] | Reject:
-    """Default `parse`: one JSON object per line (the format layer may refine it)."""
-    file, line = location.rsplit(":", 1)
-    try:
-        obj = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return Reject(file=file, line=int(line), reason=f"bad_json: {exc}")
-    if not isinstance(obj, dict):
-        return Reject(file=file, line=int(line), reason=f"not_object: {type(obj).__name__}")
-    return obj
-
-
-def all_ranks_have_data(has_data: bool) -> bool:
-    """True while EVERY rank still has a micro-batch (MIN all-reduce); without a process group, `has_data`."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return has_data
-    flag = torch.tensor([1 if has_data else 0], dtype=torch.int32)
-    if dist.get_backend() == "nccl":
-        flag = flag.cuda()
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
 
 
 def apply_overlength(sample: TokenizedSample, max_seq_len: int, policy: str) -> TokenizedSample | Reject:
@@ -197,11 +168,8 @@ class JsonlStream(IterableDataset):
     def __init__(self, files: list[Path], *, parse: Callable[[bytes, str], Any],
                  encode_batch: Callable[[list[Any]], list[TokenizedSample | Reject]], collate: Collator,
                  batch_size: int, max_seq_len: int, overlength: str, world_size: int, rank: int, num_workers: int,
-                 num_lines: int | None, encode_chunk: int = 256,
+                 num_lines: int, encode_chunk: int = 256,
                  resume: StreamProgress | None = None) -> None:
-        if overlength not in OVERLENGTH:
-            raise DataError(f"unknown data.overlength={overlength!r}.", key="data.overlength",
-                            fix="data.overlength=error, truncate or drop.")
         self.files = [Path(f) for f in files]
         self.parse, self.encode_batch, self.collate = parse, encode_batch, collate
         self.batch_size, self.max_seq_len, self.overlength = batch_size, max_seq_len, overlength
@@ -211,16 +179,14 @@ class JsonlStream(IterableDataset):
         # The DataLoader takes batches from workers round-robin starting at worker 0; after `consumed` batches the
         # next one is due from worker consumed % num_workers, so the resumed worker i plays that role + i.
         self.rotation = resume.consumed % self.num_workers if resume else 0
-        self.batches_per_worker = None
-        if num_lines is not None:
-            self.batches_per_worker = batches_per_worker(num_lines, batch_size=batch_size, num_shards=self.num_shards)
+        self.batches_per_worker = batches_per_worker(num_lines, batch_size=batch_size, num_shards=self.num_shards)
 
     @property
     def num_shards(self) -> int:
         return self.world_size * self.num_workers
 
-    def batches_per_rank(self) -> int | None:
-        return None if self.batches_per_worker is None else self.batches_per_worker * self.num_workers
+    def batches_per_rank(self) -> int:
+        return self.batches_per_worker * self.num_workers
 
     def _worker(self) -> int:
         info = get_worker_info()
@@ -285,7 +251,7 @@ class JsonlStream(IterableDataset):
         if buffer or rejects:
             n += 1
             yield self._batch(buffer, rejects, replace(consumed, batches=n), last=last)
-        while self.batches_per_worker is not None and n < self.batches_per_worker:
+        while n < self.batches_per_worker:
             n += 1
             yield self._batch([], [], replace(consumed, batches=n), last=last)
 

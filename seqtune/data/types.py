@@ -8,6 +8,9 @@ import numpy as np
 
 # Label value for positions that are not trained (prompt tokens, padding, document boundaries).
 IGNORE_INDEX = -100
+# Reject codes that follow from a policy (data.overlength=drop|truncate), not from a malformed line: they are
+# neither written to rejects.jsonl nor counted against data.max_bad_fraction.
+POLICY_REJECTS = ("overlength",)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -17,8 +20,8 @@ class Reject:
     file: str
     line: int
     # "<code>: <detail>", code one of: bad_json, bad_utf8, not_object, missing_field, wrong_type, empty_text,
-    # missing_media, bad_token_id, overlength (only with data.overlength=drop), no_targets, chat_template (the chat
-    # template cannot render the conversation)
+    # missing_media, bad_token_id, overlength (data.overlength=drop, or truncate leaving no target), no_targets,
+    # chat_template (the chat template cannot render the conversation)
     reason: str
 
     @property

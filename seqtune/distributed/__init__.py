@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 
 from seqtune.config.errors import ConfigError
+from seqtune.config.plan import Plan
+from seqtune.config.schema import ProcessGroupBackend
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,27 +34,28 @@ class DistEnv:
         return self.world_size > 1
 
 
-def pick_device(choice: str, local_rank: int) -> torch.device:
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device=cuda but no CUDA device is visible.", key="train.device",
-                          fix="train.device=auto (or cpu)")
-    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    torch.cuda.set_device(local_rank)
-    return torch.device("cuda", local_rank)
-
-
-def init_distributed(*, device_choice: str, backend_choice: str) -> DistEnv:
-    """Join the process group torchrun set up (env://), or describe a single local process."""
+def init_distributed(plan: Plan, *, backend_choice: ProcessGroupBackend) -> DistEnv:
+    """Join the process group torchrun set up (env://), or describe a single local process, on the plan's device.
+    The ranks started must be the plan's: preflight proved the data plan for exactly that world size."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size != plan.world.world_size:
+        raise ConfigError(
+            f"{world_size} rank(s) were started, but the run's plan (plan.json) was proven for "
+            f"{plan.world.world_size} ({plan.world.nnodes} node(s) x {plan.world.nproc_per_node}, from "
+            f"{plan.world.source}).", key="launcher.nproc_per_node",
+            fix="start training with `python -m seqtune ...`: its launcher starts the plan's ranks")
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = pick_device(device_choice, local_rank)
+    device = torch.device("cpu")
+    if plan.device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
     # Under torchrun every rank joins the group, a world of one too: the collectives then run on the real backend
     # (NCCL on a single GPU), as they will at scale. A plain local run has no group at all.
     launched = "TORCHELASTIC_RUN_ID" in os.environ
     if (world_size > 1 or launched) and not dist.is_initialized():
-        backend = backend_choice if backend_choice != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+        auto = "nccl" if device.type == "cuda" else "gloo"
+        backend = auto if backend_choice == ProcessGroupBackend.auto else str(backend_choice)
         # A bounded timeout turns a rank that never arrives into an error instead of a hang.
         dist.init_process_group(backend=backend, timeout=timedelta(minutes=10),
                                 device_id=device if device.type == "cuda" else None)
@@ -78,14 +81,6 @@ def barrier() -> None:
         dist.barrier()
 
 
-def broadcast_object(obj: object, src: int = 0) -> object:
-    if not dist.is_initialized():
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
-
-
 # Test hook, documented in launch/README.md: SEQTUNE_FAULT="train:STEP:RANK" makes RANK raise at optimizer step STEP
 # (a failing rank must end the whole torchrun job); SEQTUNE_FAULT="save:STEP" SIGKILLs rank 0 halfway through writing
 # the step-STEP checkpoint (a crash mid-save must leave the previous checkpoint as the latest valid one).
@@ -106,11 +101,11 @@ def inject_fault(where: str, *, step: int, rank: int) -> None:
     raise RuntimeError(f"{FAULT_ENV}={spec}: injected failure on rank {rank} at step {step}")
 
 
-def wrap_model(model: torch.nn.Module, env: DistEnv, *, parallel: str) -> torch.nn.Module:
-    """DDP by default; FSDP2 (fully_shard per decoder layer, then the root) for models too big for one device."""
+def wrap_model(model: torch.nn.Module, env: DistEnv, *, sharded: bool) -> torch.nn.Module:
+    """DDP across ranks; FSDP2 (fully_shard per decoder layer, then the root) when the plan shards the model."""
     if not env.distributed:
         return model
-    if parallel == "fsdp":
+    if sharded:
         from torch.distributed.fsdp import fully_shard
 
         for layer in _decoder_layers(model):

@@ -1,48 +1,41 @@
 """seqtune.models: one module per family (llama3, gemma3, mistral, tinyllama) + building, LoRA and sizing.
 
 See docs/ARCHITECTURE.md. Nothing here downloads: checkpoints are local directories with safetensors weights.
+Public names are imported lazily (PEP 562): the parent reads the light facts (spec.py, facts.py) and prints the
+checks that need no data before torch, transformers and peft are imported.
 """
 
-from seqtune.models.attention import (
-    AttentionChoice,
-    AttentionEnv,
-    attention_choice,
-    attention_env,
-    attn_backend_problems,
-    resolve_attn_implementation,
-)
-from seqtune.models.build import (
-    build_model,
-    check_checkpoint_dir,
-    context_length,
-    embedding_rows,
-    load_model_config,
-    output_rows,
-    resized_rows,
-)
-from seqtune.models.lora import (
-    added_token_rows,
-    apply_lora,
-    available_linear_names,
-    load_adapter,
-    lora_target_problems,
-    save_adapter,
-    unmatched_targets,
-)
-from seqtune.models.memory import (
-    MemoryEstimate,
-    MemoryInputs,
-    ParamCount,
-    count_parameters,
-    memory_estimate,
-    meta_model,
-)
-from seqtune.models.spec import FAMILIES, ModelSpec, get_spec
+from __future__ import annotations
 
-__all__ = [
-    "AttentionChoice", "AttentionEnv", "FAMILIES", "MemoryEstimate", "MemoryInputs", "ModelSpec", "attention_choice", "attention_env", "ParamCount", "added_token_rows", "apply_lora", "attn_backend_problems",
-    "available_linear_names", "build_model", "check_checkpoint_dir", "context_length", "count_parameters",
-    "embedding_rows", "get_spec", "load_adapter", "load_model_config", "lora_target_problems",
-    "memory_estimate", "meta_model", "output_rows", "resized_rows", "resolve_attn_implementation",
-    "save_adapter", "unmatched_targets",
-]
+from typing import TYPE_CHECKING
+
+from seqtune.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from seqtune.models.attention import AttentionChoice, AttentionEnv, attention_choice, attn_backend_problems
+    from seqtune.models.build import build_model, load_model_config
+    from seqtune.models.facts import ModelFacts, check_checkpoint_dir, read_model_facts
+    from seqtune.models.lora import apply_lora, save_adapter
+    from seqtune.models.memory import (
+        MemoryEstimate,
+        MemoryInputs,
+        ParamCount,
+        count_parameters,
+        memory_estimate,
+        meta_model,
+    )
+    from seqtune.models.spec import FAMILIES, ModelSpec, get_spec, lora_module_names, resized_rows, unmatched_targets
+
+_EXPORTS = {
+    "AttentionChoice": "attention", "AttentionEnv": "attention", "attention_choice": "attention",
+    "attn_backend_problems": "attention",
+    "build_model": "build", "load_model_config": "build",
+    "ModelFacts": "facts", "check_checkpoint_dir": "facts", "read_model_facts": "facts",
+    "apply_lora": "lora", "save_adapter": "lora",
+    "MemoryEstimate": "memory", "MemoryInputs": "memory", "ParamCount": "memory", "count_parameters": "memory",
+    "memory_estimate": "memory", "meta_model": "memory",
+    "FAMILIES": "spec", "ModelSpec": "spec", "get_spec": "spec", "lora_module_names": "spec",
+    "resized_rows": "spec", "unmatched_targets": "spec",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -20,61 +20,14 @@ import transformers
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from seqtune.config.errors import ConfigError, ModelLoadError
-from seqtune.config.schema import ModelConfig
-from seqtune.models.varlen import TORCH_VARLEN
+from seqtune.config.schema import AttnImplementation, ModelConfig
+from seqtune.models.facts import EXPECTED_CHECKPOINT, PATH_FIX, check_checkpoint_dir, check_model_type
+from seqtune.models.spec import ModelSpec, arch_mismatches, check_unused_fields, get_spec, resolve_tiny_fields
 from seqtune.models.varlen import register as register_varlen
-from seqtune.models.spec import (
-    ModelSpec,
-    arch_mismatches,
-    check_unused_fields,
-    family_for_model_type,
-    get_spec,
-    resolve_tiny_fields,
-)
 
-EXPECTED_CHECKPOINT = (
-    "Expected a local Hugging Face checkpoint directory (config.json + model*.safetensors, or a sharded "
-    "model.safetensors.index.json with its shards, + tokenizer files)."
-)
-PATH_FIX = "model.path=/path/to/checkpoint (seqtune never downloads from a hub)"
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# Embedding rows are padded to this multiple on resize: tensor-core friendly and the Hugging Face convention.
-EMBEDDING_ROW_MULTIPLE = 64
 # Init std for tiny random models (transformers' initializer_range default for these families).
 TINY_INIT_STD = 0.02
-
-
-def check_checkpoint_dir(path: str) -> Path:
-    """Return `path` as a Path if it holds config.json and safetensors weights, else raise ModelLoadError."""
-    root = Path(path).expanduser()
-    if not root.exists():
-        problem = "does not exist"
-    elif not root.is_dir():
-        problem = "is a file, not a directory"
-    elif not (root / "config.json").is_file():
-        problem = "has no config.json"
-    else:
-        problem = _weights_problem(root)
-    if problem:
-        raise ModelLoadError(f"model.path={path} {problem}. {EXPECTED_CHECKPOINT}", key="model.path", fix=PATH_FIX)
-    return root
-
-
-def _weights_problem(root: Path) -> str | None:
-    index = root / "model.safetensors.index.json"
-    if index.is_file():
-        shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
-        missing = sorted(s for s in shards if not (root / s).is_file())
-        return f"is missing shards listed in {index.name}: {', '.join(missing)}" if missing else None
-    if any(root.glob("*.safetensors")):
-        return None
-    if any(root.glob("*.bin")) or any(root.glob("*.pt")):
-        return (
-            "holds only pickle weights (*.bin/*.pt); seqtune loads safetensors only, because unpickling runs "
-            "arbitrary code. Convert once with transformers: AutoModelForCausalLM.from_pretrained(dir)"
-            ".save_pretrained(dir, safe_serialization=True)"
-        )
-    return "has no *.safetensors weights"
 
 
 def load_model_config(cfg: ModelConfig) -> PretrainedConfig:
@@ -93,7 +46,7 @@ def _read_checkpoint_config(cfg: ModelConfig, spec: ModelSpec) -> PretrainedConf
     root = check_checkpoint_dir(cfg.path)
     try:
         model_type = json.loads((root / "config.json").read_text()).get("model_type")
-        _check_model_type(cfg, spec, model_type)
+        check_model_type(cfg, spec, model_type)
         hf_config = AutoConfig.from_pretrained(root, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise ModelLoadError(
@@ -113,53 +66,7 @@ def _read_checkpoint_config(cfg: ModelConfig, spec: ModelSpec) -> PretrainedConf
     return hf_config
 
 
-def _check_model_type(cfg: ModelConfig, spec: ModelSpec, model_type: str | None) -> None:
-    if model_type in spec.hf_model_types:
-        return
-    others = family_for_model_type(model_type) if model_type else []
-    fix = f"model.family={others[0]}" if others else f"point model.path at a {spec.family} checkpoint"
-    if model_type == "gemma3":
-        fix = "use a text-only Gemma 3 checkpoint (gemma-3-1b*, model_type gemma3_text); multimodal ones are not supported"
-    raise ModelLoadError(
-        f"model.path={cfg.path} holds a model_type={model_type!r} checkpoint but model.family={spec.family} "
-        f"expects model_type {' or '.join(map(repr, spec.hf_model_types))}.",
-        key="model.family",
-        fix=fix,
-    )
-
-
-def context_length(hf_config: PretrainedConfig) -> int:
-    """The longest sequence the model supports: `max_position_embeddings`, as the checkpoint states it.
-
-    With RoPE scaling the config already holds the extended context, and it is not factor x original:
-    Llama 3.1 states 131072 with factor 8 over an original 8192 (8 x 8192 = 65536). So the rule is to trust
-    max_position_embeddings and never multiply by the factor; `original_max_position_embeddings` is the
-    pretraining context, not a limit. A sliding window (Mistral, Gemma 3) limits what one layer sees, not the
-    context.
-    """
-    return int(hf_config.max_position_embeddings)
-
-
-def embedding_rows(hf_config: PretrainedConfig) -> int:
-    """Rows of the input embedding: the largest token id + 1 the model can take."""
-    return int(hf_config.vocab_size)
-
-
-def output_rows(hf_config: PretrainedConfig) -> int:
-    """Rows of the LM head (logits per position). Hugging Face causal LMs size it from vocab_size too."""
-    return int(hf_config.vocab_size)
-
-
-def resized_rows(current_rows: int, wanted: int) -> int:
-    """Rows after `resize_to=wanted`: rounded up to a multiple of 64, never fewer than the checkpoint has."""
-    rounded = -(-wanted // EMBEDDING_ROW_MULTIPLE) * EMBEDDING_ROW_MULTIPLE
-    return max(current_rows, rounded)
-
-
 def torch_dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise ConfigError(f"model.dtype={name!r} is not one of {', '.join(DTYPES)}.", key="model.dtype",
-                          fix="model.dtype=bfloat16")
     return DTYPES[name]
 
 
@@ -172,12 +79,12 @@ def build_model(
 ) -> PreTrainedModel:
     """The model for training: checkpoint weights from model.path, or a tiny model seeded by model.seed.
 
-    `attn_implementation` is already resolved (see attention.resolve_attn_implementation). `resize_to` (the
-    tokenizer's full vocab) grows embedding and head to a multiple of 64; `model.seqtune_base_rows` remembers the
-    old row count so apply_lora can make exactly the new rows trainable.
+    `attn_implementation` is already resolved (the plan's). `resize_to` is the plan's row count after
+    model.resize_embeddings=true (spec.resized_rows): embedding and head grow to exactly that many rows;
+    `model.seqtune_base_rows` remembers the old count so apply_lora can make exactly the new rows trainable.
     """
     spec = get_spec(cfg.family)
-    if attn_implementation == TORCH_VARLEN:
+    if attn_implementation == AttnImplementation.torch_varlen:
         register_varlen()
     if cfg.load_in_4bit and not torch.cuda.is_available():
         raise ConfigError(
@@ -261,10 +168,8 @@ def _quantize_via_checkpoint(model, model_class, cfg: ModelConfig, attn_implemen
         return _load_checkpoint(model_class, Path(tmp), model.config, cfg, attn_implementation, dtype)
 
 
-def _resize(model: PreTrainedModel, resize_to: int, *, seed: int) -> None:
-    rows = model.get_input_embeddings().weight.shape[0]
-    new_rows = resized_rows(rows, resize_to)
-    if new_rows <= rows:
+def _resize(model: PreTrainedModel, new_rows: int, *, seed: int) -> None:
+    if new_rows <= model.get_input_embeddings().weight.shape[0]:
         return
     # mean_resizing (the default) samples new rows around the old embeddings' mean, so a new token's logit starts
     # ordinary instead of dominating or vanishing. It draws from the global RNG: seed it so every rank (and a
@@ -272,4 +177,4 @@ def _resize(model: PreTrainedModel, resize_to: int, *, seed: int) -> None:
     weight = model.get_input_embeddings().weight
     with torch.random.fork_rng(devices=[weight.device] if weight.is_cuda else []):
         torch.manual_seed(seed)
-        model.resize_token_embeddings(new_rows, pad_to_multiple_of=EMBEDDING_ROW_MULTIPLE)
+        model.resize_token_embeddings(new_rows)

@@ -1,13 +1,19 @@
-"""Gemma 3 (text): Gemma3ForCausalLM with 5 sliding : 1 global attention layers, tied embeddings, large head_dim."""
+"""Gemma 3 (text): Gemma3ForCausalLM with 5 sliding : 1 global attention layers, tied embeddings, large head_dim.
+
+Quirks: 5 sliding-window (512 tokens, RoPE theta 10000) : 1 global (theta 1e6) attention layers; head_dim 256 larger
+than hidden/heads; scores scaled by query_pre_attn_scalar**-0.5; QK-norm; tied input/output embeddings scaled by
+sqrt(hidden); 1B: 32768 context, MQA (4 query / 1 key-value head).
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
-from transformers import Gemma3TextConfig, PretrainedConfig
+from typing import TYPE_CHECKING, Any
 
 from seqtune.models.spec import ModelSpec, common_arch_fields, common_config_kwargs
 from seqtune.tokenizers import templates
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 # Local (sliding) layers use the short-range RoPE base; global layers the long-range one.
 LOCAL_ROPE_THETA = 10000.0
@@ -19,6 +25,8 @@ def layer_types(num_layers: int, pattern: int) -> list[str]:
 
 
 def build_tiny_config(f: dict[str, Any]) -> PretrainedConfig:
+    from transformers import Gemma3TextConfig  # at call time: importing this module stays light
+
     return Gemma3TextConfig(
         **common_config_kwargs(f),
         # Gemma 3 scales scores by query_pre_attn_scalar**-0.5; the released models set it to head_dim.
@@ -48,19 +56,12 @@ SPEC = ModelSpec(
     # gemma3_text only: the 4B+ checkpoints are multimodal ("gemma3", a vision tower around a text_config).
     hf_model_types=("gemma3_text",),
     hf_model_class="Gemma3ForCausalLM",
-    context_length=32768,
-    vocab_size=262144,
-    lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     padding_side="right",
     chat_template=templates.GEMMA3,
-    bos_token="<bos>",
-    eos_token="<eos>",
     eot_token="<end_of_turn>",
-    quirks=(
-        "5 sliding-window (512 tokens, RoPE theta 10000) : 1 global (theta 1e6) attention layers; head_dim 256 "
-        "larger than hidden/heads; scores scaled by query_pre_attn_scalar**-0.5; QK-norm; tied input/output "
-        "embeddings scaled by sqrt(hidden); 1B: 32768 context, MQA (4 query / 1 key-value head)."
-    ),
+    # Gemma 3 was trained in bfloat16; in float16 its activations overflow (inf/NaN losses), as Google and Hugging
+    # Face warn for every Gemma 3 size.
+    refused_dtypes={"float16": "Gemma 3's activations overflow float16 (inf/NaN losses); it was trained in bfloat16"},
     # The 1B text model has no RoPE scaling (the multimodal 4B+ scale global layers linearly).
     unused_fields=frozenset({"rope_scaling_factor"}),
     tiny_defaults={

@@ -1,30 +1,34 @@
-"""Fused training kernels: `model.kernels` (auto | liger | torch).
+"""Fused training kernels and the loss path: `model.kernels` (auto | liger | torch).
 
 liger = Liger-Kernel (the optional `liger-kernel` package, Triton, CUDA): RMSNorm, SwiGLU/GeGLU and RoPE as fused
 kernels in every decoder layer, and the loss as its fused linear cross-entropy where the head is a plain Linear
 (seqtune/models/token_loss.py). torch = the model's own modules and the chunked loss.
 
-Measured on an H200 (bench/gpu/lora_step.py, Llama-3-8B shape, LoRA r16, packed 2 x 4096): the fused layer kernels
-make a step 1.23x faster and keep 17 GiB less for the backward, with the same loss (2e-6 relative).
+Measured on an H200 (bench/gpu/lora_step.py, Llama-3-8B shape, LoRA r16, packed): the fused layer kernels make a
+step 1.23x faster and keep 17 GiB less for the backward, with the same loss (2e-6 relative).
+
+The rules (kernels_choice, loss_choice) are light: the plan's resolution applies them before torch loads.
 """
 
 from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
-
-from torch import nn
+from typing import TYPE_CHECKING
 
 from seqtune.config.errors import ConfigError
+from seqtune.config.schema import Kernels
 
-KERNELS = ("auto", "liger", "torch")
+if TYPE_CHECKING:
+    from torch import nn
+
 # transformers model types whose layers Liger-Kernel patches (every seqtune family's).
 LIGER_MODEL_TYPES = ("llama", "mistral", "gemma3_text")
 
 
 @dataclass(frozen=True, kw_only=True)
-class KernelsChoice:
-    name: str  # liger | torch
+class Choice:
+    name: str
     reason: str
 
 
@@ -32,10 +36,7 @@ def liger_installed() -> bool:
     return importlib.util.find_spec("liger_kernel") is not None
 
 
-def kernels_choice(requested: str, *, device_type: str, model_type: str) -> KernelsChoice:
-    if requested not in KERNELS:
-        raise ConfigError(f"model.kernels={requested!r} is not one of {', '.join(KERNELS)}.", key="model.kernels",
-                          fix="model.kernels=auto")
+def _why_not_liger(device_type: str, model_type: str) -> list[str]:
     why_not = []
     if device_type != "cuda":
         why_not.append(f"needs CUDA, not {device_type}")
@@ -43,16 +44,40 @@ def kernels_choice(requested: str, *, device_type: str, model_type: str) -> Kern
         why_not.append("needs the liger-kernel package, which is not installed (pip install -e '.[cuda]')")
     if model_type not in LIGER_MODEL_TYPES:
         why_not.append(f"has no kernels for model type {model_type}")
-    if requested == "torch":
-        return KernelsChoice(name="torch", reason="set by model.kernels")
-    if requested == "liger":
-        if why_not:
-            raise ConfigError(f"model.kernels=liger {'; '.join(why_not)}.", key="model.kernels",
-                              fix="model.kernels=auto (the model's own modules where Liger cannot run)")
-        return KernelsChoice(name="liger", reason="set by model.kernels")
+    return why_not
+
+
+def kernels_problems(requested: str, *, device_type: str, model_type: str) -> list[str]:
+    """Why model.kernels=`requested` cannot run here (empty when it can), with the fix. For preflight."""
+    if requested != Kernels.liger:
+        return []
+    return [f"model.kernels=liger {'; '.join(_why_not_liger(device_type, model_type))}. Fix: model.kernels=auto "
+            "(the model's own modules where Liger cannot run)"] if _why_not_liger(device_type, model_type) else []
+
+
+def kernels_choice(requested: str, *, device_type: str, model_type: str) -> Choice:
+    problems = kernels_problems(requested, device_type=device_type, model_type=model_type)
+    if problems:
+        raise ConfigError(" ".join(problems), key="model.kernels")
+    if requested == Kernels.torch:
+        return Choice(name="torch", reason="set by model.kernels")
+    if requested == Kernels.liger:
+        return Choice(name="liger", reason="set by model.kernels")
+    why_not = _why_not_liger(device_type, model_type)
     if why_not:
-        return KernelsChoice(name="torch", reason=f"auto: liger {why_not[0]}")
-    return KernelsChoice(name="liger", reason="auto: Liger-Kernel RMSNorm/SwiGLU/RoPE on CUDA")
+        return Choice(name="torch", reason=f"auto: liger {why_not[0]}")
+    return Choice(name="liger", reason="auto: Liger-Kernel RMSNorm/SwiGLU/RoPE on CUDA")
+
+
+def loss_choice(*, kernels: str, head_trained_by_peft: bool) -> Choice:
+    """The loss path for the resolved kernels. `head_trained_by_peft`: peft wraps the head (LoRA on lm_head, lm_head
+    trained in full, or new token rows), so it is no plain Linear for the fused kernel."""
+    if kernels != "liger":
+        return Choice(name="chunked", reason=f"chunked cross-entropy (model.kernels={kernels})")
+    if head_trained_by_peft:
+        return Choice(name="chunked", reason="chunked cross-entropy: peft wraps lm_head (LoRA target, trained in "
+                                             "full or new token rows), which Liger's fused loss cannot read")
+    return Choice(name="fused", reason="Liger-Kernel fused linear cross-entropy")
 
 
 def apply_kernels(model: nn.Module, name: str) -> None:

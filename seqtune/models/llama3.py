@@ -1,13 +1,19 @@
-"""Llama 3 / 3.1 / 3.2: LlamaForCausalLM with GQA and "llama3" RoPE scaling (wavelength-dependent interpolation)."""
+"""Llama 3 / 3.1 / 3.2: LlamaForCausalLM with GQA and "llama3" RoPE scaling (wavelength-dependent interpolation).
+
+Quirks: GQA (8B: 32 query / 8 key-value heads); RoPE theta 500000 with llama3 scaling (factor 8, low/high freq
+factors 1/4, original context 8192) stretching 3.1 to 131072 tokens; no sliding window; untied embeddings (3.2 1B/3B
+tie them).
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
-from transformers import LlamaConfig, PretrainedConfig
+from typing import TYPE_CHECKING, Any
 
 from seqtune.models.spec import ModelSpec, common_arch_fields, common_config_kwargs
 from seqtune.tokenizers import templates
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 # Llama 3.1's scaling: wavelengths longer than original/low_freq_factor are divided by `factor`, shorter than
@@ -31,6 +37,8 @@ def rope_parameters(theta: float, factor: float) -> dict[str, Any]:
 
 
 def build_tiny_config(f: dict[str, Any]) -> PretrainedConfig:
+    from transformers import LlamaConfig  # at call time: importing this module stays light
+
     return LlamaConfig(
         **common_config_kwargs(f),
         rope_parameters=rope_parameters(f["rope_theta"], f["rope_scaling_factor"]),
@@ -42,19 +50,9 @@ SPEC = ModelSpec(
     family="llama3",
     hf_model_types=("llama",),
     hf_model_class="LlamaForCausalLM",
-    context_length=131072,
-    vocab_size=128256,
-    lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     padding_side="right",
     chat_template=templates.LLAMA3,
-    bos_token="<|begin_of_text|>",
-    eos_token="<|end_of_text|>",
     eot_token="<|eot_id|>",
-    quirks=(
-        "GQA (8B: 32 query / 8 key-value heads); RoPE theta 500000 with llama3 scaling "
-        "(factor 8, low/high freq factors 1/4, original context 8192) stretching 3.1 to 131072 tokens; "
-        "no sliding window; untied embeddings (3.2 1B/3B tie them)."
-    ),
     unused_fields=frozenset({"sliding_window", "sliding_window_pattern"}),
     tiny_defaults={
         "vocab_size": 4096, "hidden_size": 64, "intermediate_size": 224, "num_layers": 2, "num_heads": 8,

@@ -21,7 +21,7 @@ import transformers
 from torch import nn
 from transformers import PretrainedConfig
 
-from seqtune.models.lora import matches_target
+from seqtune.models.spec import matches_target
 from seqtune.models.token_loss import chunk_tokens
 
 BYTES_PER_DTYPE = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -109,7 +109,7 @@ def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:
     head_grad = 0
     if inputs.lora_enabled:
         adapter = sum(inputs.lora_rank * (m.in_features + m.out_features) for name, m in linears.items()
-                      if matches_target(name, inputs.lora_targets))
+                      if _adapted(name, inputs.lora_targets))
         # By tensor: a tied head and embedding saved together are one tensor (peft keeps them tied).
         saved = sum(p.numel() for p in {id(p): p for name, m in model.named_modules()
                                         if name.rsplit(".", 1)[-1] in inputs.modules_to_save
@@ -138,6 +138,10 @@ def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:
     return MemoryEstimate(params=total, trainable_params=trainable, weights_bytes=int(weights),
                           grads_bytes=int(grads), optimizer_bytes=int(optimizer), activations_bytes=int(activations),
                           total_bytes=int(peak))
+
+
+def _adapted(name: str, targets: tuple[str, ...]) -> bool:
+    return any(matches_target(name, target) for target in targets)
 
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -211,11 +215,11 @@ def _layer_bytes_per_token(inputs: MemoryInputs, config: PretrainedConfig, layer
     groups = (("q_proj", "k_proj", "v_proj"), hidden, w.residual), (("o_proj",), q, attention_out), \
         (("gate_proj", "up_proj"), hidden, w.residual), (("down_proj",), ffn, w.linear)
     for names, size, input_width in groups:
-        keeping = [n for n in names if not inputs.lora_enabled or matches_target(n, inputs.lora_targets)]
+        keeping = [n for n in names if not inputs.lora_enabled or _adapted(n, inputs.lora_targets)]
         total += _kept_inputs(inputs, keeping, size, input_width, w, already_kept=names == ("o_proj",))
     if inputs.lora_enabled:
         adapted = sum(1 for name, m in layer.named_modules()
-                      if isinstance(m, nn.Linear) and matches_target(name, inputs.lora_targets))
+                      if isinstance(m, nn.Linear) and _adapted(name, inputs.lora_targets))
         total += adapted * inputs.lora_rank * w.compute  # x @ A, kept for B's gradient
     return total
 

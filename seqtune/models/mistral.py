@@ -1,16 +1,24 @@
-"""Mistral 7B (v0.1-v0.3): MistralForCausalLM with GQA and sliding-window attention."""
+"""Mistral 7B (v0.1-v0.3): MistralForCausalLM with GQA and sliding-window attention.
+
+Quirks: GQA 32 query / 8 key-value heads; sliding-window attention (v0.1: 4096-token window, RoPE theta 10000, vocab
+32000; v0.2/v0.3: no window, theta 1e6, v0.3 vocab 32768); untied embeddings.
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
-from transformers import MistralConfig, PretrainedConfig
+from typing import TYPE_CHECKING, Any
 
 from seqtune.models.spec import ModelSpec, common_arch_fields, common_config_kwargs
 from seqtune.tokenizers import templates
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+
 
 def build_tiny_config(f: dict[str, Any]) -> PretrainedConfig:
+    from transformers import MistralConfig  # at call time: importing this module stays light
+
     return MistralConfig(
         **common_config_kwargs(f),
         sliding_window=f["sliding_window"],
@@ -23,18 +31,9 @@ SPEC = ModelSpec(
     family="mistral",
     hf_model_types=("mistral",),
     hf_model_class="MistralForCausalLM",
-    context_length=32768,
-    vocab_size=32768,
-    lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     padding_side="right",
     chat_template=templates.MISTRAL_V1,
-    bos_token="<s>",
-    eos_token="</s>",
     eot_token="</s>",
-    quirks=(
-        "GQA 32 query / 8 key-value heads; sliding-window attention (v0.1: 4096-token window, RoPE theta 10000, "
-        "vocab 32000; v0.2/v0.3: no window, theta 1e6, v0.3 vocab 32768); untied embeddings."
-    ),
     unused_fields=frozenset({"sliding_window_pattern", "rope_scaling_factor"}),
     tiny_defaults={
         "vocab_size": 4096, "hidden_size": 64, "intermediate_size": 224, "num_layers": 2, "num_heads": 8,

@@ -1,23 +1,27 @@
 """ModelSpec: what seqtune knows about a model family, and the registry `get_spec(family)`.
 
 Each family module (llama3.py, gemma3.py, mistral.py, tinyllama.py) defines one `SPEC`. The spec carries plain
-facts about the real models (context, vocab, chat format, LoRA targets) plus two functions: how to build the
-tiny Hugging Face config from ModelConfig's architecture fields, and how to read those fields back from a
-checkpoint's config (so a checkpoint and an explicit field can be compared).
+facts about the family (chat format, LoRA targets, module layout, padding side, dtype quirks) plus two functions:
+how to build the tiny Hugging Face config from ModelConfig's architecture fields, and how to read those fields back
+from a checkpoint's config (so a checkpoint and an explicit field can be compared).
+
+Light on purpose (no torch, no transformers at import): the parent resolves the run's plan from these facts and
+prints the checks that need no data before the heavy libraries load.
 """
 
 from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-from transformers import PretrainedConfig
+from typing import TYPE_CHECKING, Any
 
 from seqtune.config.errors import ConfigError
-from seqtune.config.schema import ModelConfig
+from seqtune.config.schema import ModelConfig, ModelFamily
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 # ModelConfig field -> Hugging Face config attribute, for the fields every family stores the same way.
 HF_FIELD_NAMES: dict[str, str] = {
@@ -38,7 +42,13 @@ ARCH_FIELDS: tuple[str, ...] = (
     "rope_theta",
     "rope_scaling_factor",
 )
-FAMILIES: tuple[str, ...] = ("llama3", "gemma3", "mistral", "tinyllama")
+FAMILIES: tuple[str, ...] = tuple(ModelFamily)
+# Embedding rows are padded to this multiple on resize.
+EMBEDDING_ROW_MULTIPLE = 64
+LLAMA_LAYER_MODULES: tuple[str, ...] = (
+    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+    "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,18 +58,18 @@ class ModelSpec:
     hf_model_types: tuple[str, ...]
     # transformers class that builds the causal LM (tiny and real alike).
     hf_model_class: str
-    # Context length and vocabulary of the real released models (the tiny builds differ).
-    context_length: int
-    vocab_size: int
-    lora_targets: tuple[str, ...]
     # Training convention: right padding keeps position ids 0..n-1 for every sample.
     padding_side: str
     chat_template: str
-    bos_token: str
-    eos_token: str
     # What ends an assistant turn in `chat_template` (the token a chat fine-tune must learn to emit).
     eot_token: str
-    quirks: str
+    # Modules of every decoder layer that LoRA can wrap (nn.Linear), relative to model.layers.<i>. Every
+    # supported family uses the Hugging Face Llama layout; tests/unit/models checks it against the real module tree.
+    layer_modules: tuple[str, ...] = LLAMA_LAYER_MODULES
+    # lora.target_modules=null: every projection of every decoder layer.
+    lora_targets: tuple[str, ...] = tuple(name.rsplit(".", 1)[-1] for name in LLAMA_LAYER_MODULES)
+    # Compute dtypes the family cannot train in: {dtype: why}. Refused by preflight, naming the reason.
+    refused_dtypes: Mapping[str, str] = field(default_factory=dict)
     # ModelConfig fields this family has no use for: setting one is a ConfigError, never silently ignored.
     unused_fields: frozenset[str] = field(default_factory=frozenset)
     # Values for null architecture fields when building the tiny model.
@@ -68,10 +78,6 @@ class ModelSpec:
     build_tiny_config: Callable[[dict[str, Any]], PretrainedConfig]
     # HF config -> {ModelConfig field: value} for comparing explicit fields with a checkpoint.
     read_arch_fields: Callable[[PretrainedConfig], dict[str, Any]]
-
-    @property
-    def hf_model_type(self) -> str:
-        return self.hf_model_types[0]
 
 
 def get_spec(family: str) -> ModelSpec:
@@ -84,6 +90,47 @@ def get_spec(family: str) -> ModelSpec:
         )
     # Imported lazily: the family modules import this module for ModelSpec.
     return importlib.import_module(f"seqtune.models.{family}").SPEC
+
+
+def lora_module_names(spec: ModelSpec, num_layers: int) -> list[str]:
+    """Full names of the modules LoRA can wrap (nn.Linear and nn.Embedding), as transformers names them, without
+    building the model: the embedding, every decoder layer's `layer_modules`, the LM head."""
+    names = ["model.embed_tokens"]
+    for i in range(num_layers):
+        names += [f"model.layers.{i}.{module}" for module in spec.layer_modules]
+    return names + ["lm_head"]
+
+
+def matches_target(name: str, target: str) -> bool:
+    """peft's rule for a target_modules entry: the module's full name, or a dotted suffix of it."""
+    return name == target or name.endswith("." + target)
+
+
+def unmatched_targets(targets: Sequence[str], module_names: Sequence[str]) -> list[str]:
+    """The targets no module name matches under peft's rule."""
+    return [target for target in targets if not any(matches_target(name, target) for name in module_names)]
+
+
+def modules_trained_in_full(saved: Sequence[str], *, tied: bool, base_rows: int, rows: int) -> tuple[str, ...]:
+    """What peft trains in full beside the adapter (modules_to_save), from lora.modules_to_save:
+
+    - a resize that added more rows than the embedding had trains embedding and head in full: the same parameters
+      within 2x of trainable tokens, and adapter_config.json names two modules instead of every new token id;
+    - with tied embeddings the head and the embedding are one tensor: peft saves both or neither.
+    """
+    names = list(saved)
+    if rows - base_rows > base_rows:
+        names += ["embed_tokens", "lm_head"]
+    if tied and {"embed_tokens", "lm_head"} & set(names):
+        names += ["embed_tokens", "lm_head"]
+    return tuple(dict.fromkeys(names))
+
+
+def resized_rows(current_rows: int, tokenizer_size: int) -> int:
+    """Embedding (and head) rows after model.resize_embeddings=true: the tokenizer's full size rounded up to a
+    multiple of 64 (tensor-core friendly, the Hugging Face convention), never fewer rows than the model has."""
+    rounded = -(-tokenizer_size // EMBEDDING_ROW_MULTIPLE) * EMBEDDING_ROW_MULTIPLE
+    return max(current_rows, rounded)
 
 
 def family_for_model_type(model_type: str) -> list[str]:

@@ -1,16 +1,24 @@
-"""TinyLlama-1.1B: the Llama 2 architecture (LlamaForCausalLM, 32,000 vocab, 2,048 context) with GQA 32/4."""
+"""TinyLlama-1.1B: the Llama 2 architecture (LlamaForCausalLM, 32,000 vocab, 2,048 context) with GQA 32/4.
+
+Quirks: Llama 2 architecture at 1.1B: 22 layers, hidden 2048, GQA 32 query / 4 key-value heads, plain RoPE theta
+10000, 2048-token context, SentencePiece vocab of 32000, untied embeddings.
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
-from transformers import LlamaConfig, PretrainedConfig
+from typing import TYPE_CHECKING, Any
 
 from seqtune.models.spec import ModelSpec, common_arch_fields, common_config_kwargs
 from seqtune.tokenizers import templates
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+
 
 def build_tiny_config(f: dict[str, Any]) -> PretrainedConfig:
+    from transformers import LlamaConfig  # at call time: importing this module stays light
+
     return LlamaConfig(
         **common_config_kwargs(f),
         # Llama 2 RoPE: plain, theta 10000, no scaling.
@@ -23,18 +31,9 @@ SPEC = ModelSpec(
     family="tinyllama",
     hf_model_types=("llama",),
     hf_model_class="LlamaForCausalLM",
-    context_length=2048,
-    vocab_size=32000,
-    lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     padding_side="right",
     chat_template=templates.ZEPHYR,
-    bos_token="<s>",
-    eos_token="</s>",
     eot_token="</s>",
-    quirks=(
-        "Llama 2 architecture at 1.1B: 22 layers, hidden 2048, GQA 32 query / 4 key-value heads, "
-        "plain RoPE theta 10000, 2048-token context, SentencePiece vocab of 32000, untied embeddings."
-    ),
     unused_fields=frozenset({"sliding_window", "sliding_window_pattern", "rope_scaling_factor"}),
     tiny_defaults={
         "vocab_size": 4096, "hidden_size": 64, "intermediate_size": 176, "num_layers": 2, "num_heads": 8,

@@ -19,7 +19,6 @@ The loss is computed inside the model's own forward, so DDP's and FSDP's hooks s
 from __future__ import annotations
 
 import types
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -32,24 +31,6 @@ from seqtune.data.types import IGNORE_INDEX
 # Upper bound of one chunk's fp32 logits: 256 MiB = 523 positions of Llama 3's 128,256-token vocabulary.
 LOGITS_CHUNK_BYTES = 256 * 2**20
 MIN_CHUNK_TOKENS = 64
-
-
-@dataclass(frozen=True, kw_only=True)
-class LossChoice:
-    name: str  # chunked | fused
-    reason: str
-
-
-def loss_choice(*, kernels: str, head_trained_by_peft: bool) -> LossChoice:
-    """The loss path for the resolved model.kernels. `head_trained_by_peft`: the head is wrapped by peft (LoRA on
-    lm_head, lm_head in lora.modules_to_save, or new token rows), so it is no plain Linear for the fused kernel."""
-    if kernels != "liger":
-        return LossChoice(name="chunked", reason=f"chunked cross-entropy (model.kernels={kernels})")
-    if head_trained_by_peft:
-        return LossChoice(name="chunked", reason="chunked cross-entropy: peft wraps lm_head (LoRA target, "
-                                                 "modules_to_save or new token rows), which Liger's fused loss "
-                                                 "cannot read")
-    return LossChoice(name="fused", reason="Liger-Kernel fused linear cross-entropy")
 
 
 def chunk_tokens(vocab_rows: int) -> int:
@@ -96,11 +77,12 @@ def install_token_loss(model: nn.Module, *, path: str, chunk: int | None = None)
     `model(input_ids=..., targets=...).loss` is then the summed token loss, computed as `path` says.
     `chunk`: positions per chunk of the chunked path (default: chunk_tokens of the vocabulary)."""
     if path not in ("chunked", "fused"):
-        raise ValueError(f"loss path {path!r} must be resolved (loss_choice) before install")
+        raise ValueError(f"loss path {path!r} must be resolved (kernels.loss_choice) before install")
     lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     head = lm.get_output_embeddings()
     if path == "fused" and type(head) is not nn.Linear:
-        raise ValueError(f"fused loss needs a plain Linear head, found {type(head).__name__} (loss_choice decides)")
+        raise ValueError(f"fused loss needs a plain Linear head, found {type(head).__name__} "
+                         "(kernels.loss_choice decides)")
     original = type(lm).forward
     softcap = getattr(lm.config, "final_logit_softcapping", None)
     # resize_token_embeddings keeps config.vocab_size up to date

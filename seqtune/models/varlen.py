@@ -27,8 +27,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from seqtune.config.schema import AttnImplementation
+
 # No "flash" in the name: transformers treats any implementation named *flash* as a flash-attn package to import.
-TORCH_VARLEN = "torch_varlen"
+TORCH_VARLEN = AttnImplementation.torch_varlen.value
 
 # (q, k, v [tokens, heads, dim], cu_seqlens int32 [docs+1], max_len, scale, window or None) -> [tokens, q_heads, dim]
 Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float, "int | None"], torch.Tensor]

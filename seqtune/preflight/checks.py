@@ -14,19 +14,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from seqtune.data.stream import POLICY_REJECTS as STREAM_POLICY_REJECTS
 from seqtune.data.tokenize import CHAT_TEMPLATE_REJECT
-from seqtune.data.types import Reject
+from seqtune.data.types import POLICY_REJECTS, Reject
 from seqtune.models.attention import PACKING_SAFE_ATTENTION
-from seqtune.models.lora import unmatched_targets
+from seqtune.models.spec import resized_rows, unmatched_targets
 from seqtune.tokenizers.templates import WITH_TOOL_TURNS as TEMPLATES_WITH_TOOL_TURNS
 
 # Strategies whose every micro-batch must be exactly [batch_size, max_seq_len].
 FIXED_SHAPE_STRATEGIES = ("max_length",)
 # How many offenders a message lists before "and N more": enough to find them, short enough to read.
 MAX_LISTED = 5
-# model.resize_embeddings rounds the new embedding size up to this (tensor-core friendly shapes).
-RESIZE_MULTIPLE = 64
 # data.max_seq_len=auto is called out when the longest sample is more than this many times the 99th percentile.
 OUTLIER_FACTOR = 2
 
@@ -44,12 +41,6 @@ class Problem:
 
 def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
-
-
-def resized_vocab(tokenizer_size: int, embedding_rows: int = 0) -> int:
-    """The embedding size model.resize_embeddings=true gives: the tokenizer's rounded up to a multiple of 64,
-    never fewer rows than the model has (the same rule as seqtune.models.resized_rows)."""
-    return max(embedding_rows, round_up(tokenizer_size, RESIZE_MULTIPLE))
 
 
 def _listed(items: Sequence[str], total: int) -> str:
@@ -83,7 +74,7 @@ def check_vocab_size(
         check="vocab", key="model.resize_embeddings",
         message=(f"tokenizer has {tokenizer_size} tokens (added and special included) > model {parts} "
                  f"(model.vocab_size); ids {rows}..{tokenizer_size - 1} would index out of range{specials}. "
-                 f"Fix: model.resize_embeddings=true (resizes to {resized_vocab(tokenizer_size, rows)}), "
+                 f"Fix: model.resize_embeddings=true (resizes to {resized_rows(rows, tokenizer_size)}), "
                  "or the tokenizer that matches the model (tokenizer=checkpoint)."),
     )]
 
@@ -131,19 +122,7 @@ def check_max_token_id(
     )]
 
 
-# --- 2. pad token -------------------------------------------------------------------------------------------
-
-
-def check_pad_token(*, pad_id: int | None, pad_policy: str) -> list[Problem]:
-    """Batches of different lengths need a pad id; the tokenizer's pad_policy decides where it comes from."""
-    if pad_id is not None:
-        return []
-    return [Problem(
-        check="pad", key="tokenizer.pad_policy",
-        message=(f"the tokenizer has no pad token and tokenizer.pad_policy={pad_policy}. "
-                 "Fix: tokenizer.pad_policy=eos (padding is masked by the attention and label masks, never by id), "
-                 "or tokenizer.pad_policy=add with model.resize_embeddings=true."),
-    )]
+# --- 2. pad token (the tokenizer loader applies tokenizer.pad_policy, refusing `error` without a pad) ----------
 
 
 def pad_token_notes(*, pad_id: int | None, eos_id: int | None) -> list[str]:
@@ -238,26 +217,17 @@ def length_stats(lengths: np.ndarray, max_seq_len: int) -> dict[str, int]:
 # --- 4. labels ----------------------------------------------------------------------------------------------
 
 
-def check_trainable_tokens(
-    *, split: str, zero_target: int, locations: Sequence[str], dropped: bool, after_truncation: int | None = None,
-) -> list[Problem]:
-    """A sample whose only target is the final eos (every completion token masked, e.g. an empty output or a
-    prompt that truncation cut the completion from) teaches nothing but when to stop: counted, and a problem
-    unless such samples are dropped. `locations` = the first few of them; `after_truncation` = the max_seq_len
-    whose truncation left them so (None: they are so as written)."""
+def check_trainable_tokens(*, split: str, zero_target: int, locations: Sequence[str], dropped: bool) -> list[Problem]:
+    """A sample whose only target is the final eos (every completion token masked, e.g. an empty output) teaches
+    nothing but when to stop: counted, and a problem unless such samples are dropped. `locations` = the first few.
+    (Samples that data.overlength=truncate leaves without a target are dropped in both data modes: a note.)"""
     if zero_target == 0 or dropped:
         return []
-    if after_truncation is None:
-        what = "have zero trainable tokens (every completion token masked)"
-        fix = ("give them a non-empty completion, data.train_on_prompt=true, or a larger data.max_seq_len if "
-               "truncation cut the completion")
-    else:
-        what = f"keep no trainable token after data.overlength=truncate cuts them to {after_truncation} tokens"
-        fix = "a larger data.max_seq_len, or data.overlength=drop"
     return [Problem(
-        check="labels", key="data.train_on_prompt" if after_truncation is None else "data.overlength",
-        location=locations[0] if locations else None,
-        message=f"{zero_target} {split} sample(s) {what}: {_listed(list(locations), zero_target)}. Fix: {fix}.",
+        check="labels", key="data.train_on_prompt", location=locations[0] if locations else None,
+        message=(f"{zero_target} {split} sample(s) have zero trainable tokens (every completion token masked): "
+                 f"{_listed(list(locations), zero_target)}. Fix: give them a non-empty completion, "
+                 "data.train_on_prompt=true, or a larger data.max_seq_len if truncation cut the completion."),
     )]
 
 
@@ -328,7 +298,6 @@ def prepadded_notes(*, split: str, count: int, locations: Sequence[str], strateg
 # --- 6. data integrity --------------------------------------------------------------------------------------
 
 # Reject codes that are an explicit policy (data.overlength=drop), not a malformed line (stream mode agrees).
-POLICY_REJECTS = STREAM_POLICY_REJECTS
 
 
 def reject_counts(rejects: Sequence[Reject]) -> dict[str, int]:
@@ -418,36 +387,28 @@ def check_epoch_steps(
 # --- 8. LoRA and backends -----------------------------------------------------------------------------------
 
 
-def lora_candidate_names(linear_module_names: Sequence[str]) -> list[str]:
-    """The leaf names lora.target_modules can use (q_proj, ...), from the model's Linear modules' full names."""
-    return sorted({name.rsplit(".", 1)[-1] for name in linear_module_names})
-
-
-def check_lora_targets(
-    *, enabled: bool, targets: Sequence[str], linear_module_names: Sequence[str], defaults: Sequence[str] = ()
-) -> list[Problem]:
-    """Every lora.target_modules entry must match a Linear module (peft's rule: the full name or its suffix)."""
-    if not enabled:
+def check_lora_targets(*, targets: Sequence[str], module_names: Sequence[str], defaults: Sequence[str]) -> list[Problem]:
+    """Every LoRA target (lora.target_modules, or the family's defaults) must match a module peft can wrap
+    (peft's rule: the full name or a dotted suffix). No targets = full fine-tuning: nothing to check."""
+    missing = unmatched_targets(targets, module_names)
+    if not missing:
         return []
-    missing = unmatched_targets(targets, linear_module_names)
-    if not missing and targets:
-        return []
-    valid = lora_candidate_names(linear_module_names)
-    what = f"lora.target_modules {missing} match no module" if missing else "lora.target_modules is empty"
+    valid = sorted({name.rsplit(".", 1)[-1] for name in module_names})
     return [Problem(
         check="lora", key="lora.target_modules",
-        message=(f"{what} of the model. Valid names: {', '.join(valid)}. "
-                 f"Fix: lora.target_modules=null (the family's defaults{f': {list(defaults)}' if defaults else ''}), "
-                 "or names from that list."),
+        message=(f"lora.target_modules {missing} match no module of the model. Valid names: {', '.join(valid)}. "
+                 f"Fix: lora.target_modules=null (the family's defaults: {list(defaults)}), or names from that "
+                 "list."),
     )]
 
 
 def check_backend(
     *, load_in_4bit: bool, device: str, cuda_available: bool, bitsandbytes_installed: bool,
-    attention_problems: Sequence[str],
+    attention_problems: Sequence[str], kernels_problems: Sequence[str] = (),
 ) -> list[Problem]:
-    """QLoRA needs CUDA and bitsandbytes; the attention kernel's own rule (models.attention.attn_backend_problems)
-    says why model.attn_implementation cannot run. Refuse them up front, with the fix."""
+    """QLoRA needs CUDA and bitsandbytes; the kernels' own rules (models.attention.attn_backend_problems,
+    models.kernels.kernels_problems) say why model.attn_implementation or model.kernels cannot run. Refuse them up
+    front, with the fix."""
     problems = []
     if device == "cuda" and not cuda_available:
         problems.append(Problem(check="backend", key="train.device",
@@ -462,10 +423,64 @@ def check_backend(
                                         "Fix: pip install -e '.[cuda]', or model.load_in_4bit=false."))
     problems += [Problem(check="backend", key="model.attn_implementation", message=message)
                  for message in attention_problems]
+    problems += [Problem(check="backend", key="model.kernels", message=message) for message in kernels_problems]
     return problems
 
 
-# --- 9. memory ----------------------------------------------------------------------------------------------
+def check_precision(*, family: str, compute_dtype: str, refused_dtypes: Mapping[str, str], loss_scaling: bool,
+                    sharded: bool) -> list[Problem]:
+    """A compute dtype the family cannot train in (Gemma 3 in float16), and fp16 loss scaling under FSDP (each
+    rank would judge overflow on its own shard and the ranks' steps would diverge)."""
+    problems = []
+    if compute_dtype in refused_dtypes:
+        problems.append(Problem(
+            check="backend", key="train.mixed_precision",
+            message=(f"model.family={family} computes in {compute_dtype} here (train.mixed_precision / model.dtype), "
+                     f"which it cannot train in: {refused_dtypes[compute_dtype]}. Fix: train.mixed_precision=bf16 "
+                     "(on a GPU with bf16) or train.mixed_precision=no with model.dtype=float32."),
+        ))
+    if loss_scaling and sharded:
+        problems.append(Problem(
+            check="backend", key="train.mixed_precision",
+            message=("train.mixed_precision=fp16 with train.parallel=fsdp across ranks: the fp16 loss scaler checks "
+                     "for overflow per rank, so sharded ranks could skip different steps. Fix: "
+                     "train.mixed_precision=bf16, or train.parallel=ddp."),
+        ))
+    return problems
+
+
+def check_export(*, export_merged: bool, sharded: bool) -> list[Problem]:
+    """A merged export needs the whole model on one rank; under FSDP across ranks only the adapter is gathered."""
+    if not (export_merged and sharded):
+        return []
+    return [Problem(
+        check="backend", key="train.export_merged",
+        message=("train.export_merged=true with train.parallel=fsdp across ranks: the model is sharded, so only the "
+                 "gathered adapter/weights are exported. Fix: train.export_merged=false, then merge offline with "
+                 "peft: PeftModel.from_pretrained(base, RUN_DIR/adapter).merge_and_unload().save_pretrained(DIR)."),
+    )]
+
+
+# --- 9. resume ----------------------------------------------------------------------------------------------
+
+
+def check_resume(*, checkpoint: str, saved: Mapping[str, object] | None, now: Mapping[str, object]) -> list[Problem]:
+    """train.resume=auto continues from `checkpoint` only if its data position means the same here: the batch
+    plan (world size included) it was written under must be this run's."""
+    if saved == now:
+        return []
+    changed = ", ".join(f"{key} {saved.get(key) if saved else None} -> {now.get(key)}"
+                        for key in sorted(set(now) | set(saved or {})) if (saved or {}).get(key) != now.get(key))
+    return [Problem(
+        check="resume", key="train.resume", location=checkpoint,
+        message=(f"train.resume=auto would continue from {checkpoint}, but its data position was saved under "
+                 f"another batch plan ({changed}); resuming would repeat or skip samples. Fix: restore the settings "
+                 "it was written with (world size: launcher.nproc_per_node / launcher.nnodes), or "
+                 "train.resume=never (or a new hydra.run.dir) to start over."),
+    )]
+
+
+# --- 10. memory ---------------------------------------------------------------------------------------------
 
 
 def check_memory(*, estimate_gib: float, device_memory_gib: float | None, breakdown: str,

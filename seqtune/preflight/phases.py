@@ -1,105 +1,90 @@
-"""The phases of run_preflight: they gather plain values from the real objects and call the checks in checks.py."""
+"""The phases of run_preflight: they read the plan, gather plain values from the real objects and call the checks
+in checks.py."""
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from seqtune.config.errors import SeqtuneError
-from seqtune.config.schema import RootConfig
-from seqtune.data.collate import make_collator
-from seqtune.data.loader import SplitView
-from seqtune.data.sampler import DistributedBatchPlan
-from seqtune.data.scan import SplitScan
-from seqtune.data.stream import apply_overlength, batches_per_worker
-from seqtune.data.types import Reject
-from seqtune.config.errors import ConfigError
-from seqtune.models import MemoryInputs, attention_choice, attn_backend_problems, memory_estimate
-from seqtune.models.kernels import kernels_choice
-from seqtune.models.lora import embeddings_trained_in_full
-from seqtune.models.varlen import TORCH_VARLEN, kernel_supports_gqa
-from seqtune.models.token_loss import loss_choice
+from seqtune.config.plan import Plan
+from seqtune.config.schema import DataMode, Overlength, PaddingStrategy, RootConfig, Tail
+from seqtune.models.attention import AttentionEnv, attn_backend_problems
+from seqtune.models.kernels import kernels_problems
+from seqtune.models.spec import get_spec, lora_module_names
 from seqtune.preflight import checks
 from seqtune.preflight.checks import Problem
-from seqtune.preflight.facts import (
-    ModelFacts,
-    autocast_dtype_name,
-    device_memory_gib,
-    lora_module_names,
-    package_installed,
-)
-from seqtune.preflight.result import BackendStats, MemoryStats, PlanStats, SplitPlan, SplitStats
+from seqtune.preflight.result import MemoryStats, PlanStats, SplitPlan, SplitStats
+
+if TYPE_CHECKING:
+    from seqtune.models import MemoryInputs
 
 GIB = 2**30
 
 
-def fast_checks(cfg: RootConfig, facts: ModelFacts) -> list[Problem]:
-    """The checks that need no data scan: they print within seconds."""
-    rows = _vocab_rows(cfg, facts)
-    problems = checks.check_vocab_size(tokenizer_size=facts.tokenizer_size, embedding_rows=facts.embedding_rows,
-                                       output_rows=facts.output_rows, resize_embeddings=cfg.model.resize_embeddings,
-                                       special_ids=facts.special_ids)
+def fast_checks(cfg: RootConfig, plan: Plan) -> list[Problem]:
+    """The checks that need no data and no heavy library (plain values of the plan): they print within a second."""
+    vocab, spec = plan.vocab, get_spec(cfg.model.family)
+    problems = checks.check_vocab_size(tokenizer_size=vocab.tokenizer_size, embedding_rows=vocab.embedding_rows,
+                                       output_rows=vocab.output_rows, resize_embeddings=vocab.resize_to is not None,
+                                       special_ids=vocab.special_ids)
     if not problems:  # else the special tokens without a row are part of that one problem
-        problems += checks.check_special_token_ids(special_ids=facts.special_ids, vocab_rows=rows)
-    problems += checks.check_pad_token(pad_id=facts.pad_id, pad_policy=cfg.tokenizer.pad_policy)
+        problems += checks.check_special_token_ids(special_ids=vocab.special_ids, vocab_rows=vocab.rows)
     if cfg.data.max_seq_len != "auto":
         problems += checks.check_context_length(max_seq_len=int(cfg.data.max_seq_len),
-                                                context_length=facts.context_length, auto=False)
-    targets = cfg.lora.target_modules if cfg.lora.target_modules is not None else facts.lora_defaults
-    if cfg.lora.enabled:
-        problems += checks.check_lora_targets(enabled=True, targets=targets,
-                                              linear_module_names=lora_module_names(facts.hf_config),
-                                              defaults=facts.lora_defaults)
-    attention_problems = attn_backend_problems(cfg.model.attn_implementation, facts.attention_env)
+                                                context_length=plan.context_length, auto=False)
+    problems += checks.check_lora_targets(targets=plan.lora_targets,
+                                          module_names=lora_module_names(spec, plan.num_layers),
+                                          defaults=spec.lora_targets)
+    env = AttentionEnv(device_type=plan.device_type, compute_dtype=plan.compute_dtype,
+                       sliding_window=plan.sliding_window, dropout_or_softcap=plan.attention_dropout_or_softcap)
     problems += checks.check_backend(
-        load_in_4bit=cfg.model.load_in_4bit, device=cfg.train.device, cuda_available=facts.cuda_available,
-        bitsandbytes_installed=package_installed("bitsandbytes"), attention_problems=attention_problems,
+        load_in_4bit=cfg.model.load_in_4bit, device=cfg.train.device, cuda_available=plan.cuda_available,
+        bitsandbytes_installed=_installed("bitsandbytes"),
+        attention_problems=attn_backend_problems(cfg.model.attn_implementation, env),
+        kernels_problems=kernels_problems(cfg.model.kernels, device_type=plan.device_type,
+                                          model_type=plan.model_type),
     )
-    if not attention_problems:
-        chosen = attention_choice(cfg.model.attn_implementation, facts.attention_env).name
-        problems += checks.check_packed_attention(strategy=cfg.padding.strategy, attn_implementation=chosen)
+    if plan.attn_implementation is not None:
+        problems += checks.check_packed_attention(strategy=cfg.padding.strategy,
+                                                  attn_implementation=plan.attn_implementation)
+    problems += checks.check_precision(family=spec.family, compute_dtype=plan.compute_dtype,
+                                       refused_dtypes=spec.refused_dtypes, loss_scaling=plan.loss_scaling,
+                                       sharded=plan.sharded)
+    problems += checks.check_export(export_merged=cfg.train.export_merged, sharded=plan.sharded)
     return problems
 
 
-def backend_phase(cfg: RootConfig, facts: ModelFacts) -> tuple[BackendStats | None, list[Problem]]:
-    """The attention kernel and the loss path every rank builds with, each with the reason it was chosen."""
+def _installed(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
+
+
+def runtime_phase(cfg: RootConfig, plan: Plan) -> tuple[Any, Any, list[Problem]]:
+    """What needs torch and transformers: the tokenizer for the scan and the model's Hugging Face config. The loaded
+    tokenizer must show the facts the light reader resolved (else it is a bug)."""
+    from seqtune.models import load_model_config
+    from seqtune.tokenizers import load_tokenizer, tokenizer_facts
+
+    problems: list[Problem] = []
+    spec = get_spec(cfg.model.family)
+    tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec.chat_template)
+    loaded = tokenizer_facts(tokenizer, eot_token=spec.eot_token)
+    resolved = (plan.vocab.tokenizer_size, plan.vocab.special_ids, plan.vocab.pad_id, plan.vocab.eos_id)
+    if (loaded.size, loaded.special_ids, loaded.pad_id, loaded.eos_id) != resolved:
+        raise RuntimeError(f"seqtune bug: the tokenizer facts read without transformers ({resolved}) differ from "
+                           f"the loaded tokenizer's ({loaded}); please report it with the tokenizer directory.")
     try:
-        attention = attention_choice(cfg.model.attn_implementation, facts.attention_env)
-        kernels = kernels_choice(cfg.model.kernels, device_type=facts.device_type,
-                                 model_type=facts.hf_config.model_type)
-    except ConfigError as err:  # an attention refusal was already reported by fast_checks
-        problems = [] if err.key == "model.attn_implementation" else [
-            Problem(check="backend", key=err.key or "model.kernels", message=str(err))]
-        return None, problems
-    loss = loss_choice(kernels=kernels.name, head_trained_by_peft=_head_trained_by_peft(cfg, facts))
-    return BackendStats(attention=attention.name, attention_reason=attention.reason, kernels=kernels.name,
-                        kernels_reason=kernels.reason, loss=loss.name, loss_reason=loss.reason), []
+        hf_config = load_model_config(cfg.model)
+    except SeqtuneError as err:  # e.g. an architecture field that contradicts the checkpoint
+        problems.append(Problem(check="load", key=err.key or "model.path", message=str(err)))
+        hf_config = None
+    return tokenizer, hf_config, problems
 
 
-def _head_trained_by_peft(cfg: RootConfig, facts: ModelFacts) -> bool:
-    """peft wraps lm_head (so it is no plain Linear): a LoRA target, a module saved in full (a tied head goes with
-    its embedding), or new token rows (trained through peft's trainable tokens, shared with a tied head)."""
-    if not cfg.lora.enabled:
-        return False
-    head, embedding = "lm_head", "embed_tokens"  # every supported family's names
-    targets = cfg.lora.target_modules if cfg.lora.target_modules is not None else facts.lora_defaults
-    saved = set(cfg.lora.modules_to_save)
-    if getattr(facts.hf_config, "tie_word_embeddings", False) and embedding in saved:
-        saved.add(head)
-    new_rows = cfg.model.resize_embeddings and facts.tokenizer_size > facts.embedding_rows
-    return head in targets or head in saved or new_rows
-
-
-def _vocab_rows(cfg: RootConfig, facts: ModelFacts) -> int:
-    """Embedding rows in force: resized to cover the tokenizer with model.resize_embeddings=true."""
-    if cfg.model.resize_embeddings:
-        return checks.resized_vocab(facts.tokenizer_size, facts.embedding_rows)
-    return min(facts.embedding_rows, facts.output_rows)
-
-
-def resolve_lengths(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitScan]
-                    ) -> tuple[int, list[Problem], list[str]]:
+def resolve_lengths(cfg: RootConfig, plan: Plan, scans: dict) -> tuple[int, list[Problem], list[str]]:
     """max_seq_len in force: auto = the longest sample over ALL splits (x8), never above the model's context.
 
     Returns it, the problems, and a note when auto follows an outlier far above the other samples."""
@@ -112,7 +97,7 @@ def resolve_lengths(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitSc
     max_seq_len = checks.resolve_max_seq_len(cfg.data.max_seq_len, longest)
     if not auto:  # an explicit value was checked against the context before the scan
         return max_seq_len, [], []
-    problems = checks.check_context_length(max_seq_len=max_seq_len, context_length=facts.context_length,
+    problems = checks.check_context_length(max_seq_len=max_seq_len, context_length=plan.context_length,
                                            auto=True, longest_location=location)
     lengths = np.concatenate([scan.lengths for scan in scans.values()]) if scans else np.empty(0, np.int32)
     notes = checks.auto_length_notes(lengths=lengths, max_seq_len=max_seq_len, longest_location=location)
@@ -122,7 +107,7 @@ def resolve_lengths(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitSc
 class _Locations:
     """file:line of cache sample i, read lazily (a split can hold 100M samples)."""
 
-    def __init__(self, scan: SplitScan) -> None:
+    def __init__(self, scan) -> None:
         self._cache = scan.cache()
 
     def __len__(self) -> int:
@@ -132,34 +117,32 @@ class _Locations:
         return self._cache.location(int(i))
 
 
-def split_checks(cfg: RootConfig, facts: ModelFacts, scan: SplitScan, max_seq_len: int) -> list[Problem]:
+def split_checks(cfg: RootConfig, plan: Plan, scan, max_seq_len: int) -> list[Problem]:
     """Integrity, produced token ids, length limit and labels of one split."""
     problems = checks.check_bad_lines(split=scan.name, rejects=scan.rejects, total_lines=scan.records,
                                       max_bad_fraction=cfg.data.max_bad_fraction)
-    if scan.samples and not _explained_by_vocab_size(cfg, facts, scan):
+    if scan.samples and not _explained_by_vocab_size(cfg, plan, scan):
         problems += checks.check_max_token_id(
             split=scan.name, max_token_id=scan.max_token_id, location=scan.max_token_location,
-            vocab_rows=_vocab_rows(cfg, facts), pretokenized=cfg.data.format == "tokenized")
+            vocab_rows=plan.vocab.rows, pretokenized=cfg.data.format == "tokenized")
     problems += checks.check_overlength(split=scan.name, lengths=scan.lengths, locations=_Locations(scan),
                                         max_seq_len=max_seq_len, policy=cfg.data.overlength)
     # Nothing drops samples that train only their eos, so they are a problem (an empty completion is a data bug).
+    # (Samples that data.overlength=truncate leaves with no target are dropped in both modes: see split_stats.)
     problems += checks.check_trainable_tokens(split=scan.name, zero_target=scan.zero_target_samples,
                                               locations=_zero_target_locations(scan), dropped=False)
-    # Truncation that cuts every target: the stream drops those samples (no_targets); the cached loader keeps them.
-    cut = _cut_by_truncation(scan, max_seq_len, cfg.data.overlength)
-    problems += checks.check_trainable_tokens(split=scan.name, zero_target=len(cut), locations=cut,
-                                              dropped=cfg.data.mode == "stream", after_truncation=max_seq_len)
     return problems
 
 
-def _explained_by_vocab_size(cfg: RootConfig, facts: ModelFacts, scan: SplitScan) -> bool:
+def _explained_by_vocab_size(cfg: RootConfig, plan: Plan, scan) -> bool:
     """Ids the tokenizer produced beyond the embedding are the vocabulary-size problem again (one cause, one
     problem); ids beyond the tokenizer, or pre-tokenized ones, are their own."""
-    too_big = facts.tokenizer_size > min(facts.embedding_rows, facts.output_rows) and not cfg.model.resize_embeddings
-    return too_big and cfg.data.format != "tokenized" and scan.max_token_id < facts.tokenizer_size
+    vocab = plan.vocab
+    too_big = vocab.resize_to is None and vocab.tokenizer_size > min(vocab.embedding_rows, vocab.output_rows)
+    return too_big and cfg.data.format != "tokenized" and scan.max_token_id < vocab.tokenizer_size
 
 
-def _zero_target_locations(scan: SplitScan) -> list[str]:
+def _zero_target_locations(scan) -> list[str]:
     """Where the first few samples are whose only target is their final eos (the scan counted them all)."""
     if not scan.zero_target_samples:
         return []
@@ -172,61 +155,49 @@ def _zero_target_locations(scan: SplitScan) -> list[str]:
     return first
 
 
-def _cut_by_truncation(scan: SplitScan, max_seq_len: int, policy: str) -> list[str]:
-    """Over-length samples that data.overlength=truncate leaves with no target (apply_overlength's rule), except
-    those with none to begin with (counted once, as written, by the scan)."""
-    if policy != "truncate":
-        return []
-    cache = scan.cache()
-    over = np.flatnonzero(scan.lengths > max_seq_len)
-    samples = ((int(i), cache[int(i)]) for i in over)
-    return [cache.location(i) for i, sample in samples
-            if sample.num_targets > 1 and isinstance(apply_overlength(sample, max_seq_len, policy), Reject)]
-
-
-def split_stats(cfg: RootConfig, scan: SplitScan, max_seq_len: int) -> tuple[SplitStats, list[str]]:
+def split_stats(cfg: RootConfig, scan, view, max_seq_len: int) -> tuple[SplitStats, list[str]]:
+    """A split's statistics; `view` is the split as training serves it (None when data.overlength=error refuses
+    it), whose `cut` lists the samples truncation left without a target (dropped, in both data modes)."""
     stats = checks.length_stats(scan.lengths, max_seq_len)
     over = stats.pop("over_limit")
     policy = cfg.data.overlength
     notes = checks.prepadded_notes(split=scan.name, count=scan.padded_inputs, locations=scan.padded_locations,
                                    strategy=cfg.padding.strategy)
-    cut = len(_cut_by_truncation(scan, max_seq_len, policy))
-    stream = cfg.data.mode == "stream"
-    if over and policy != "error":
+    cut = len(view.cut) if view is not None else 0
+    if over and policy != Overlength.error:
         notes.append(f"data.overlength={policy}: {over} {scan.name} sample(s) longer than {max_seq_len} tokens "
-                     f"will be {'truncated' if policy == 'truncate' else 'dropped'}"
-                     f"{f'; {cut} of them keep no target after truncation and are dropped' if cut and stream else ''}.")
-    # zero_target counts what training would see: samples with nothing to learn besides eos, including those
-    # truncation leaves so in cached mode (the stream drops them: they are counted in `dropped`).
+                     f"will be {'truncated' if policy == Overlength.truncate else 'dropped'}"
+                     f"{f'; {cut} of them keep no target after truncation and are dropped' if cut else ''}"
+                     f"{f' (first: {view.cut[0]})' if cut else ''}.")
     split = SplitStats(
         records=scan.records, rejected=scan.num_rejects, lengths=stats, over_limit=over,
-        trainable_fraction=round(scan.trainable_fraction, 4),
-        zero_target=scan.zero_target_samples + (0 if stream else cut),
-        reject_reasons=dict(scan.reject_counts), truncated=over if policy == "truncate" else 0,
-        dropped=over if policy == "drop" else (cut if stream else 0), prepadded=scan.padded_inputs,
+        trainable_fraction=round(scan.trainable_fraction, 4), zero_target=scan.zero_target_samples,
+        reject_reasons=dict(scan.reject_counts), truncated=over - cut if policy == Overlength.truncate else 0,
+        dropped=over if policy == Overlength.drop else cut, prepadded=scan.padded_inputs,
     )
     return split, notes
 
 
-def training_view(scan: SplitScan, max_seq_len: int, policy: str) -> SplitView | None:
+def training_view(scan, max_seq_len: int, policy: Overlength):
     """The split exactly as the cached loader serves it (over-length policy applied); None when `error` would
-    refuse it (check_overlength has reported that) or nothing is left."""
-    if policy == "error" and len(scan.lengths) and int(scan.lengths.max()) > max_seq_len:
+    refuse it (check_overlength has reported that)."""
+    from seqtune.data.loader import SplitView
+
+    if policy == Overlength.error and len(scan.lengths) and int(scan.lengths.max()) > max_seq_len:
         return None
-    view = SplitView(scan.cache(), max_seq_len=max_seq_len, overlength=policy)
-    return view if len(view) else None
+    return SplitView(scan.cache(), max_seq_len=max_seq_len, overlength=policy)
 
 
-def shape_checks(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitScan], max_seq_len: int) -> list[Problem]:
+def shape_checks(cfg: RootConfig, plan: Plan, views: dict, max_seq_len: int) -> list[Problem]:
     """Run the configured collator on each split's worst-case batches: its longest and its shortest samples."""
+    from seqtune.data.collate import make_collator
+
     strategy, batch_size = cfg.padding.strategy, cfg.train.batch_size
-    # A missing pad token is its own problem (check_pad_token); shapes do not depend on the id.
-    pad_id = facts.pad_id if facts.pad_id is not None else 0
-    collator = make_collator(cfg.padding, max_seq_len=max_seq_len, pad_id=pad_id, padding_side=facts.padding_side)
+    pad_id = plan.vocab.pad_id if plan.vocab.pad_id is not None else plan.vocab.eos_id
+    collator = make_collator(cfg.padding, max_seq_len=max_seq_len, pad_id=pad_id, padding_side=plan.padding_side)
     problems: list[Problem] = []
-    for name, scan in scans.items():
-        view = training_view(scan, max_seq_len, cfg.data.overlength)
-        if view is None:
+    for name, view in views.items():
+        if view is None or not len(view):
             continue
         order = np.argsort(view.lengths, kind="stable")
         for label, picked in ((f"longest {name} batch", order[-batch_size:]),
@@ -237,96 +208,99 @@ def shape_checks(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitScan]
                 problems.append(Problem(check="padding", key=err.key or "padding.strategy", message=str(err)))
                 continue
             shapes = {key: tuple(value.shape) for key, value in batch.items()}
-            rows = None if strategy == "packed" else len(picked)
+            rows = None if strategy == PaddingStrategy.packed else len(picked)
             problems += checks.check_batch_shapes(label=label, shapes=shapes, strategy=strategy,
                                                   max_seq_len=max_seq_len, expected_rows=rows)
     return problems
 
 
-def plan_phase(cfg: RootConfig, scans: dict[str, SplitScan], max_seq_len: int
-               ) -> tuple[PlanStats, float | None, list[Problem]]:
-    """The distributed plan per split, built by the same DistributedBatchPlan the ranks use."""
-    world = cfg.launcher.nproc_per_node * cfg.launcher.nnodes
-    plan = PlanStats(world_size=world, global_batch=cfg.train.batch_size * cfg.train.grad_accum * world)
+def plan_phase(cfg: RootConfig, plan: Plan, views: dict, max_seq_len: int
+               ) -> tuple[PlanStats, float | None, dict[str, Any] | None, list[Problem]]:
+    """The distributed plan per split, built by the same DistributedBatchPlan the ranks use, at the plan's world
+    size; also the train split's batch-plan identity (what a checkpoint's data position depends on)."""
+    from seqtune.data.sampler import DistributedBatchPlan
+
+    world = plan.world.world_size
+    stats = PlanStats(world_size=world, global_batch=cfg.train.batch_size * cfg.train.grad_accum * world)
     problems: list[Problem] = []
-    efficiency = None
-    for name, scan in scans.items():
-        view = training_view(scan, max_seq_len, cfg.data.overlength)
-        if view is None or (name == "train" and cfg.data.mode == "stream"):  # see stream_train_plan
-            continue
+    efficiency, identity = None, None
+    for name, view in views.items():
+        if view is None or not len(view) or (name == "train" and cfg.data.mode == DataMode.stream):
+            continue  # stream: see stream_train_plan
         lengths, train = view.lengths, name == "train"
         # Evaluation must see every sample once, so its tail is padded with masked fillers, never dropped.
-        summary = DistributedBatchPlan(
+        batch_plan = DistributedBatchPlan(
             lengths, batch_size=cfg.train.batch_size, world_size=world, rank=0,
             strategy=cfg.padding.strategy, max_seq_len=max_seq_len, seed=cfg.train.seed,
-            shuffle=cfg.data.shuffle and train, tail=cfg.data.tail if train else "pad",
+            shuffle=cfg.data.shuffle and train, tail=cfg.data.tail if train else Tail.pad,
             bucket_window=cfg.padding.bucket_window, multiple_of=cfg.padding.multiple_of,
-        ).summary()
+        )
+        summary = batch_plan.summary()
         micro = int(summary["micro_batches_per_rank"])
         steps = micro // cfg.train.grad_accum if train else None
-        plan.splits[name] = SplitPlan(
+        stats.splits[name] = SplitPlan(
             samples=len(lengths), samples_per_rank=list(summary["samples_per_rank"]),
             tokens_per_rank=list(summary["tokens_per_rank"]), micro_batches_per_rank=micro, steps_per_epoch=steps,
             dropped_samples=int(summary["dropped_samples"]), filler_samples=int(summary["filler_samples"]))
         if train:
             efficiency = round(float(summary["padding_efficiency"]), 4)
+            identity = batch_plan.identity()
         problems += checks.check_epoch_steps(split=name, num_items=len(lengths), micro_batches_per_rank=micro,
                                              steps_per_epoch=steps, batch_size=cfg.train.batch_size,
                                              world_size=world, grad_accum=cfg.train.grad_accum)
-    return plan, efficiency, problems
+    return stats, efficiency, identity, problems
 
 
-def stream_train_plan(cfg: RootConfig, num_lines: int) -> tuple[SplitPlan, list[Problem]]:
+def stream_train_plan(cfg: RootConfig, plan: Plan, num_lines: int) -> tuple[SplitPlan, dict[str, Any], list[Problem]]:
     """data.mode=stream: every rank yields the micro-batches the train split's line count makes (the scanned
     sample says nothing about the whole corpus; per-rank samples and tokens are unknown until it is read)."""
-    world = cfg.launcher.nproc_per_node * cfg.launcher.nnodes
+    from seqtune.data.loader import stream_identity
+    from seqtune.data.sources import expand_paths
+    from seqtune.data.stream import batches_per_worker
+
+    world = plan.world.world_size
     workers = max(1, cfg.data.num_workers)
     micro = workers * batches_per_worker(num_lines, batch_size=cfg.train.batch_size, num_shards=world * workers)
     steps = micro // cfg.train.grad_accum
-    plan = SplitPlan(samples=num_lines, samples_per_rank=[], tokens_per_rank=[], micro_batches_per_rank=micro,
-                     steps_per_epoch=steps)
-    return plan, checks.check_epoch_steps(split="train", num_items=num_lines, micro_batches_per_rank=micro,
-                                          steps_per_epoch=steps, batch_size=cfg.train.batch_size,
-                                          world_size=world, grad_accum=cfg.train.grad_accum)
+    split = SplitPlan(samples=num_lines, samples_per_rank=[], tokens_per_rank=[], micro_batches_per_rank=micro,
+                      steps_per_epoch=steps)
+    identity = stream_identity(cfg, expand_paths(cfg.data.train, "data.train"), num_lines, world)
+    return split, identity, checks.check_epoch_steps(split="train", num_items=num_lines, micro_batches_per_rank=micro,
+                                                     steps_per_epoch=steps, batch_size=cfg.train.batch_size,
+                                                     world_size=world, grad_accum=cfg.train.grad_accum)
 
 
-def memory_inputs(cfg: RootConfig, facts: ModelFacts, max_seq_len: int, backend: BackendStats | None,
-                  world_size: int) -> MemoryInputs:
-    """The estimate's inputs, all read from resolved facts: rows after resize, the trainable set, kernels, world."""
-    rows = _vocab_rows(cfg, facts)
-    targets = cfg.lora.target_modules if cfg.lora.target_modules is not None else facts.lora_defaults
-    saved = set(cfg.lora.modules_to_save)
-    if embeddings_trained_in_full(facts.embedding_rows, rows):
-        saved |= {"lm_head", "embed_tokens"}
-    if getattr(facts.hf_config, "tie_word_embeddings", False) and saved & {"lm_head", "embed_tokens"}:
-        saved |= {"lm_head", "embed_tokens"}  # apply_lora saves a tied pair together
+def memory_inputs(cfg: RootConfig, plan: Plan, hf_config, max_seq_len: int) -> MemoryInputs:
+    """The estimate's inputs, every one a resolved fact of the plan: rows after resize, the trainable set, kernels,
+    world. (`hf_config` gives the shapes.)"""
+    from seqtune.models import MemoryInputs
+    from seqtune.models.varlen import kernel_supports_gqa
+
+    rows, saved = plan.vocab.rows, plan.lora_saved
+    attention = plan.attn_implementation or "sdpa"
+    # sdpa gets k/v repeated by transformers whenever a mask is built, which packing and padding always do.
+    native_gqa = attention == "flash_attention_2" or (attention == "torch_varlen" and kernel_supports_gqa())
     return MemoryInputs(
-        hf_config=facts.hf_config, vocab_rows=rows, weights_dtype=cfg.model.dtype, compute_dtype=facts.compute_dtype,
+        hf_config=hf_config, vocab_rows=rows, weights_dtype=str(cfg.model.dtype), compute_dtype=plan.compute_dtype,
         lora_enabled=cfg.lora.enabled, lora_rank=cfg.lora.rank, lora_dropout=cfg.lora.dropout,
-        lora_targets=tuple(targets), modules_to_save=tuple(sorted(saved)),
-        new_rows=max(0, rows - facts.embedding_rows) if "embed_tokens" not in saved else 0,
-        optimizer=cfg.optim.name, load_in_4bit=cfg.model.load_in_4bit,
+        lora_targets=plan.lora_targets, modules_to_save=saved,
+        new_rows=max(0, rows - plan.vocab.embedding_rows) if "embed_tokens" not in saved else 0,
+        optimizer=str(cfg.optim.name), load_in_4bit=cfg.model.load_in_4bit,
         gradient_checkpointing=cfg.model.gradient_checkpointing, batch_tokens=cfg.train.batch_size * max_seq_len,
-        seq_len=max_seq_len, attention=backend.attention if backend else "sdpa",
-        native_gqa=_native_gqa(backend.attention if backend else "sdpa"),
-        kernels=backend.kernels if backend else "torch", loss=backend.loss if backend else "chunked",
-        autocast=autocast_dtype_name(cfg, facts.device_type) is not None, world_size=world_size,
-        sharded=cfg.train.parallel == "fsdp" and world_size > 1,
+        seq_len=max_seq_len, attention=attention, native_gqa=native_gqa, kernels=plan.kernels or "torch",
+        loss=plan.loss, autocast=plan.autocast_dtype is not None, world_size=plan.world.world_size,
+        sharded=plan.sharded,
     )
 
 
-def _native_gqa(attention: str) -> bool:
-    """Whether the attention kernel reads grouped k/v heads as they are (sdpa gets them repeated by transformers
-    whenever a mask is built, which packing and padding always do)."""
-    return attention == "flash_attention_2" or (attention == TORCH_VARLEN and kernel_supports_gqa())
+def memory_phase(cfg: RootConfig, plan: Plan, hf_config, max_seq_len: int) -> tuple[MemoryStats, list[Problem]]:
+    """The training peak of the worst-case micro-batch, vs the device's memory; when it will not fit, the settings
+    that would (each tried through the same estimate)."""
+    from seqtune.models import memory_estimate
 
-
-def memory_phase(cfg: RootConfig, facts: ModelFacts, max_seq_len: int, backend: BackendStats | None,
-                 world_size: int) -> tuple[MemoryStats, list[Problem]]:
-    """Weights + grads + optimizer state + activations of the worst-case micro-batch, vs the device's memory."""
-    inputs = memory_inputs(cfg, facts, max_seq_len, backend, world_size)
+    inputs = memory_inputs(cfg, plan, hf_config, max_seq_len)
     estimate = memory_estimate(inputs)
-    device = device_memory_gib(cfg.preflight.device_memory_gib, facts.device_type)
+    device = device_memory_gib(cfg.preflight.device_memory_gib, plan.device_type)
     stats = MemoryStats(
         weights_gib=round(estimate.weights_bytes / GIB, 4), grads_gib=round(estimate.grads_bytes / GIB, 4),
         optimizer_gib=round(estimate.optimizer_bytes / GIB, 4),
@@ -342,6 +316,8 @@ def memory_phase(cfg: RootConfig, facts: ModelFacts, max_seq_len: int, backend: 
 
 def _what_fits(cfg: RootConfig, inputs: MemoryInputs, device_gib: float) -> list[str]:
     """Settings that would make the estimate fit the device, each with its estimate (the refusal names them)."""
+    from seqtune.models import memory_estimate
+
     batch = cfg.train.batch_size
     candidates = [("model.gradient_checkpointing=true", {"gradient_checkpointing": True})]
     while batch > 1:
@@ -354,11 +330,23 @@ def _what_fits(cfg: RootConfig, inputs: MemoryInputs, device_gib: float) -> list
     if inputs.lora_enabled and not inputs.load_in_4bit:
         candidates.append(("model.load_in_4bit=true (QLoRA)", {"load_in_4bit": True}))
     if not inputs.lora_enabled:
-        candidates.append(("recipe=lora_sft", {"lora_enabled": True, "lora_rank": 8,
-                                               "lora_targets": tuple(cfg.lora.target_modules or ())}))
+        targets = tuple(get_spec(cfg.model.family).lora_targets)
+        candidates.append(("recipe=lora_sft", {"lora_enabled": True, "lora_rank": 8, "lora_targets": targets}))
     fits = []
     for setting, change in candidates:
         total = memory_estimate(replace(inputs, **change)).total_bytes / GIB
         if total <= device_gib:
             fits.append(f"{setting} (~{total:.1f} GiB)")
     return fits
+
+
+def device_memory_gib(requested: float | None, device_type: str) -> float | None:
+    """preflight.device_memory_gib, else the CUDA device's; None on CPU (the estimate is then only reported)."""
+    if requested is not None:
+        return float(requested)
+    if device_type == "cuda":
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_properties(0).total_memory / 2**30
+    return None

@@ -1,34 +1,40 @@
-"""run_preflight: every check, in the parent process, on CPU, before any process group or GPU work.
+"""run_preflight: resolve the plan, then every check, in the parent process, on CPU, before any process group.
 
-Order matters for the user: the checks that need no data (vocab vs embedding, special tokens, an explicit
-max_seq_len vs the context, LoRA targets, backends) print within seconds; the data scan then collects the rest,
-and preflight fails once with every problem (exit 2). The scan is the data package's scan_split, which writes the
-token cache training reads, so nothing is tokenized twice.
+Order matters for the user: the plan is resolved and the checks that need no data (vocab vs embedding, special
+tokens, an explicit max_seq_len vs the context, LoRA targets, backends, precision) print within a second, before
+torch, transformers or peft are imported; the data scan then collects the rest, and preflight fails once with every
+problem (exit 2). The scan is the data package's scan_split, which writes the token cache training reads, so nothing
+is tokenized twice. The completed plan is written to plan.json, which every rank reads.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from seqtune.config.errors import PreflightFailed, SeqtuneError
-from seqtune.config.schema import RootConfig
-from seqtune.data.scan import SplitScan, scan_split
-from seqtune.data.sources import expand_paths
-from seqtune.data.stream import count_lines
-from seqtune.data.tokenize import SampleEncoder
+from seqtune.config.plan import Plan, write_plan
+from seqtune.config.rundir import latest_checkpoint, read_manifest
+from seqtune.config.schema import DataMode, Resume, RootConfig
 from seqtune.preflight import checks
 from seqtune.preflight.checks import Problem
-from seqtune.preflight.facts import ModelFacts, gather_facts
+from seqtune.data.scan import SplitScan, scan_split
+from seqtune.data.sources import expand_paths
+from seqtune.data.tokenize import SampleEncoder
 from seqtune.preflight.phases import (
-    backend_phase,
     fast_checks,
     memory_phase,
     plan_phase,
     resolve_lengths,
+    runtime_phase,
     shape_checks,
     split_checks,
     split_stats,
     stream_train_plan,
+    training_view,
 )
 from seqtune.preflight.report import (
     PLOT_FILE,
@@ -39,87 +45,108 @@ from seqtune.preflight.report import (
     print_report,
     write_rejects,
 )
-from seqtune.preflight.result import PaddingStats, PreflightResult, VocabStats, write_result
+from seqtune.preflight.resolve import resolve_plan
+from seqtune.preflight.result import BackendStats, PaddingStats, PreflightResult, VocabStats, write_result
 
 SPLITS = ("train", "val", "test")
 DEFAULT_CACHE_ROOT = Path("~/.cache/seqtune/tokens")
 
 
-def run_preflight(cfg: RootConfig, run_dir: Path) -> PreflightResult:
-    """Check every invariant; write preflight.json, rejects.jsonl, lengths.png; raise PreflightFailed on problems."""
+def run_preflight(cfg: RootConfig, run_dir: Path, environ: Mapping[str, str] | None = None) -> PreflightResult:
+    """Resolve the plan and check every invariant; write plan.json, preflight.json, rejects.jsonl, lengths.png;
+    raise PreflightFailed (exit 2) on problems. `environ` (default os.environ) holds the SLURM allocation."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        facts = gather_facts(cfg)
-    except SeqtuneError as err:  # no tokenizer or model config: nothing else can be checked
+        plan = resolve_plan(cfg, os.environ if environ is None else environ)
+    except SeqtuneError as err:  # no tokenizer, model config or launch world: nothing else can be checked
         problem = Problem(check="load", key=err.key or "model.path", message=str(err))
-        return _finish(PreflightResult(ok=False, max_seq_len=None, problems=[problem]), run_dir)
-    problems = fast_checks(cfg, facts)
-    backend, backend_problems = backend_phase(cfg, facts)
-    problems += backend_problems
+        return _finish(PreflightResult(ok=False, max_seq_len=None, problems=[problem]), run_dir, None)
+    problems = fast_checks(cfg, plan)
     print_early_problems(problems)
-    scans, scan_problems = scan_splits(cfg, facts)
+    try:
+        tokenizer, hf_config, late = runtime_phase(cfg, plan)
+    except SeqtuneError as err:
+        problem = Problem(check="load", key=err.key or "tokenizer", message=str(err))
+        return _finish(PreflightResult(ok=False, max_seq_len=None, problems=[*problems, problem]), run_dir, plan)
+    print_early_problems(late)
+    result, batches = _scan_and_check(cfg, plan, tokenizer, hf_config, run_dir, problems + late)
+    plan = replace(plan, max_seq_len=result.max_seq_len, batches=batches)
+    plan = _resume_point(cfg, plan, run_dir, result.problems)
+    return _finish(result, run_dir, plan)
+
+
+def _scan_and_check(cfg: RootConfig, plan: Plan, tokenizer: Any, hf_config: Any, run_dir: Path,
+                    problems: list[Problem]) -> tuple[PreflightResult, dict[str, Any] | None]:
+    """Scan every split, then everything that needs the data: limits, labels, shapes, the distributed plan, memory.
+    Also returns the train split's batch-plan identity (None when the data phases could not build it)."""
+    scans, scan_problems = scan_splits(cfg, tokenizer)
     problems += scan_problems
-    result = PreflightResult(ok=False, max_seq_len=None, context_length=facts.context_length,
+    result = PreflightResult(ok=False, max_seq_len=None, context_length=plan.context_length,
                              caches={name: scan.cache_dir for name, scan in scans.items()},
-                             rejects_file=run_dir / REJECTS_FILE, backend=backend)
-    result.notes += checks.pad_token_notes(pad_id=facts.pad_id, eos_id=facts.eos_id)
+                             rejects_file=run_dir / REJECTS_FILE)
+    result.notes += checks.pad_token_notes(pad_id=plan.vocab.pad_id, eos_id=plan.vocab.eos_id)
+    batches = None
     if "train" in scans:
         try:
-            _data_phases(cfg, facts, scans, result, problems)
+            batches = _data_phases(cfg, plan, hf_config, scans, result, problems)
         except SeqtuneError as err:  # e.g. a collator or plan refusing a value: one more problem, still one failure
             problems.append(Problem(check="data", key=err.key or "data", message=str(err)))
-    result.vocab = _vocab_stats(cfg, facts, scans)
-    if result.vocab.resized_to is not None:
-        result.notes.append(f"model.resize_embeddings=true: embedding and head resized from {facts.embedding_rows} "
-                            f"to {result.vocab.resized_to} rows (tokenizer {facts.tokenizer_size}, multiple of 64).")
+    result.vocab = _vocab_stats(plan, scans)
+    if plan.vocab.resize_to is not None:
+        result.notes.append(f"model.resize_embeddings=true: embedding and head resized from "
+                            f"{plan.vocab.embedding_rows} to {plan.vocab.resize_to} rows (tokenizer "
+                            f"{plan.vocab.tokenizer_size}, multiple of 64).")
     result.problems = problems
     write_rejects([scan.cache_dir / "rejects.jsonl" for scan in scans.values()], run_dir)
     if cfg.preflight.plot and result.max_seq_len is not None:
         plot_lengths({name: scan.lengths for name, scan in scans.items()}, max_seq_len=result.max_seq_len,
-                     context_length=facts.context_length, path=run_dir / PLOT_FILE)
-    return _finish(result, run_dir)
+                     context_length=plan.context_length, path=run_dir / PLOT_FILE)
+    return result, batches
 
 
-def _data_phases(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitScan], result: PreflightResult,
-                 problems: list[Problem]) -> None:
-    """Everything that needs the scanned lengths: limits, labels, shapes, the distributed plan, memory."""
-    max_seq_len, length_problems, length_notes = resolve_lengths(cfg, facts, scans)
+def _data_phases(cfg: RootConfig, plan: Plan, hf_config: Any, scans: dict[str, SplitScan], result: PreflightResult,
+                 problems: list[Problem]) -> dict[str, Any] | None:
+    max_seq_len, length_problems, length_notes = resolve_lengths(cfg, plan, scans)
     result.max_seq_len = max_seq_len
     problems += length_problems
     result.notes += length_notes
+    # Each split exactly as training will serve it (data.overlength applied), built once for every phase below.
+    views = {name: training_view(scan, max_seq_len, cfg.data.overlength) for name, scan in scans.items()}
     for name, scan in scans.items():
-        problems += split_checks(cfg, facts, scan, max_seq_len)
-        stats, notes = split_stats(cfg, scan, max_seq_len)
-        result.splits[name] = stats
+        problems += split_checks(cfg, plan, scan, max_seq_len)
+        result.splits[name], notes = split_stats(cfg, scan, views[name], max_seq_len)
         result.notes += notes
-    problems += shape_checks(cfg, facts, scans, max_seq_len)
-    result.plan, efficiency, plan_problems = plan_phase(cfg, scans, max_seq_len)
+    problems += shape_checks(cfg, plan, views, max_seq_len)
+    result.plan, efficiency, batches, plan_problems = plan_phase(cfg, plan, views, max_seq_len)
     problems += plan_problems
-    if cfg.data.mode == "stream":
+    if cfg.data.mode == DataMode.stream:
         # Every rank must know how many micro-batches a pass makes, so they all stop together: count once here.
+        from seqtune.data.stream import count_lines
+
         sampled = scans["train"]
         complete = not cfg.data.preflight_sample or sampled.records < cfg.data.preflight_sample
         lines = sampled.records if complete else count_lines(expand_paths(cfg.data.train, "data.train"))
         result.stream_train_lines = lines
-        result.plan.splits["train"], stream_problems = stream_train_plan(cfg, lines)
+        result.plan.splits["train"], batches, stream_problems = stream_train_plan(cfg, plan, lines)
         problems += stream_problems
-    result.padding = PaddingStats(strategy=cfg.padding.strategy, side=facts.padding_side, efficiency=efficiency)
-    result.memory, memory_problems = memory_phase(cfg, facts, max_seq_len, result.backend,
-                                                  result.plan.world_size)
-    problems += memory_problems
+    result.padding = PaddingStats(strategy=cfg.padding.strategy, side=plan.padding_side, efficiency=efficiency)
+    if hf_config is not None:
+        result.memory, memory_problems = memory_phase(cfg, plan, hf_config, max_seq_len)
+        problems += memory_problems
+    return batches
 
 
-def scan_splits(cfg: RootConfig, facts: ModelFacts) -> tuple[dict[str, SplitScan], list[Problem]]:
+def scan_splits(cfg: RootConfig, tokenizer: Any) -> tuple[dict[str, SplitScan], list[Problem]]:
     """Stream every configured split once through scan_split (which writes the token cache training reads)."""
     scans: dict[str, SplitScan] = {}
     problems: list[Problem] = []
     try:
-        encoder = SampleEncoder(facts.tokenizer, cfg.data.format, train_on_prompt=cfg.data.train_on_prompt)
+        encoder = SampleEncoder(tokenizer, cfg.data.format, train_on_prompt=cfg.data.train_on_prompt)
     except SeqtuneError as err:
         return scans, [Problem(check="data", key=err.key or "data.format", message=str(err))]
     cache_root = Path(cfg.data.cache_dir).expanduser() if cfg.data.cache_dir else DEFAULT_CACHE_ROOT.expanduser()
-    sample = cfg.data.preflight_sample if cfg.data.mode == "stream" else 0
+    sample = cfg.data.preflight_sample if cfg.data.mode == DataMode.stream else 0
     for name in SPLITS:
         # Only train streams; val/test are read in full into the cache that evaluation uses in both modes.
         spec = getattr(cfg.data, name)
@@ -134,19 +161,35 @@ def scan_splits(cfg: RootConfig, facts: ModelFacts) -> tuple[dict[str, SplitScan
     return scans, problems
 
 
-def _vocab_stats(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitScan]) -> VocabStats:
+def _vocab_stats(plan: Plan, scans: dict[str, SplitScan]) -> VocabStats:
     top = max(scans.values(), key=lambda scan: scan.max_token_id, default=None)
-    resized = checks.resized_vocab(facts.tokenizer_size, facts.embedding_rows) if cfg.model.resize_embeddings else None
     return VocabStats(
-        tokenizer_size=facts.tokenizer_size, embedding_rows=facts.embedding_rows, output_rows=facts.output_rows,
-        max_token_id=top.max_token_id if top else -1, max_token_location=top.max_token_location if top else None,
-        resized_to=resized,
+        tokenizer_size=plan.vocab.tokenizer_size, embedding_rows=plan.vocab.embedding_rows,
+        output_rows=plan.vocab.output_rows, max_token_id=top.max_token_id if top else -1,
+        max_token_location=top.max_token_location if top else None, resized_to=plan.vocab.resize_to,
     )
 
 
-def _finish(result: PreflightResult, run_dir: Path) -> PreflightResult:
-    """Write preflight.json and print the report; raise PreflightFailed (exit 2) if any problem was found."""
+def _resume_point(cfg: RootConfig, plan: Plan, run_dir: Path, problems: list[Problem]) -> Plan:
+    """train.resume=auto with a complete checkpoint in the run directory: every rank resumes from it, but only if
+    its data position was saved under this plan's batch plan (world size included)."""
+    latest = latest_checkpoint(run_dir) if cfg.train.resume == Resume.auto else None
+    if latest is None or plan.batches is None:
+        return plan
+    saved = read_manifest(latest).get("plan", {}).get("batches")
+    problems += checks.check_resume(checkpoint=str(latest), saved=saved, now=plan.batches)
+    return replace(plan, resume_from=str(latest))
+
+
+def _finish(result: PreflightResult, run_dir: Path, plan: Plan | None) -> PreflightResult:
+    """Write plan.json and preflight.json, print the report; raise PreflightFailed (exit 2) on any problem."""
     result.ok = not result.problems
+    if plan is not None:
+        write_plan(plan, run_dir)
+        if plan.attn_implementation is not None and plan.kernels is not None:
+            result.backend = BackendStats(attention=plan.attn_implementation, attention_reason=plan.attn_reason,
+                                          kernels=plan.kernels, kernels_reason=plan.kernels_reason, loss=plan.loss,
+                                          loss_reason=plan.loss_reason)
     write_result(result, run_dir)
     print_report(result)
     if not result.ok:
@@ -155,4 +198,3 @@ def _finish(result: PreflightResult, run_dir: Path) -> PreflightResult:
                               f"nothing was trained. Report: {run_dir / 'preflight.json'}\n"
                               f"{headlines(result.problems)}")
     return result
-

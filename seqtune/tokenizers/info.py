@@ -1,11 +1,13 @@
-"""Facts about a loaded tokenizer: fingerprint (token-cache key), full vocab size, special token ids."""
+"""Facts about a loaded tokenizer: fingerprint (token-cache key), special token ids."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from typing import TYPE_CHECKING
 
-from transformers import PreTrainedTokenizerBase
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
@@ -36,11 +38,6 @@ def _backend_without_call_state(text: str) -> str:
     backend.pop("padding", None)
     backend.pop("truncation", None)
     return json.dumps(backend, sort_keys=True, ensure_ascii=False)
-
-
-def full_vocab_size(tokenizer: PreTrainedTokenizerBase) -> int:
-    """Every id the tokenizer can emit (added and special tokens included): what the embedding must cover."""
-    return len(tokenizer)
 
 
 def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:

@@ -1,13 +1,18 @@
-"""Periodic checkpoints, written atomically, and exact resume.
+"""Checkpointing as one component: it owns the schedule (train.save_every, train.keep_last), the training state as a
+dict of stateful parts, the atomic layout and FSDP's sharded form. The loop asks `maybe_save(step)`; the recipe
+asks `resume()` once, before training.
 
-Layout: <run_dir>/checkpoints/step_00000040/ holding
-  trainable.safetensors   the parameters that train (LoRA adapter weights, or the whole model for full SFT)
-  optimizer.pt, scheduler.pt  tensors + plain values only: loaded with weights_only=True (no arbitrary unpickling)
-  rng_rank<R>.pt          every rank's RNG states (dropout must continue identically after resume)
-  meta.json               step, data position, tokens seen; written last
-A checkpoint is built in checkpoints/.tmp-step_N and renamed into place only when complete, so a crash while
-saving leaves the previous checkpoint as the latest valid one. With FSDP the model and optimizer are sharded
-and saved with torch.distributed.checkpoint instead of the two single files.
+Layout (seqtune.config.rundir): RUN_DIR/checkpoints/step_00000040/ holding one entry per part:
+  model.safetensors       the parameters that train (LoRA adapter weights, or the whole model for full SFT);
+                          with FSDP across ranks, model and optimizer are one torch.distributed.checkpoint in model/
+  optimizer.pt, scheduler.pt, scaler.pt   rank 0's state; tensors and plain values only, so every file loads with
+                          weights_only=True (no arbitrary unpickling)
+  rng_rank<R>.pt, data_rank<R>.pt   each rank's RNG states and data position (dropout and the stream continue
+                          identically after resume)
+  manifest.json           step, tokens seen, the parts, and the plan the checkpoint was written under; written last
+A checkpoint is built in checkpoints/.tmp-step_N and renamed into place only when complete, so a crash while saving
+leaves the previous checkpoint as the latest valid one. Which checkpoint to resume from is decided once by the
+parent (plan.resume_from, after preflight compared its batch plan with this run's).
 """
 
 from __future__ import annotations
@@ -15,131 +20,226 @@ from __future__ import annotations
 import json
 import random
 import shutil
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from seqtune.config.errors import ConfigError
+from seqtune.config.plan import Plan
+from seqtune.config.rundir import MANIFEST, checkpoint_dir, complete_checkpoints
+from seqtune.config.schema import TrainConfig
 from seqtune.distributed import DistEnv, barrier, inject_fault, unwrap
 
-CHECKPOINTS = "checkpoints"
-PREFIX = "step_"
+RESUME_FIX = "train.resume=never (or a new hydra.run.dir) to start over, or the settings the checkpoint was written with"
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 @dataclass(kw_only=True)
-class TrainState:
+class Progress:
+    """Where training stands: optimizer steps taken and real tokens seen (saved in the manifest)."""
+
     step: int = 0
     tokens_seen: int = 0
-    data: dict[str, Any] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    root = run_dir / CHECKPOINTS
-    if not root.is_dir():
-        return None
-    done = [p for p in root.iterdir() if p.name.startswith(PREFIX) and (p / "meta.json").is_file()]
-    return max(done, key=lambda p: int(p.name[len(PREFIX):]), default=None)
+class RngState:
+    """Python, numpy, torch (and CUDA) generators of this rank, as tensors and plain values (weights_only loads)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        numpy_state = (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss))
+        state = {"torch": torch.get_rng_state(), "numpy": numpy_state, "python": random.getstate()}
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        torch.set_rng_state(state["torch"])
+        kind, keys, pos, has_gauss, gauss = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+        random.setstate(state["python"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    # Names of the unwrapped model (no DDP "module." prefix), so a checkpoint resumes at any world size.
-    model = unwrap(model)
-    names = {n for n, p in model.named_parameters() if p.requires_grad}
-    return {n: t.detach().to("cpu").contiguous() for n, t in model.state_dict().items() if n in names}
+# --- how each part is stored --------------------------------------------------------------------------------
 
 
-def _rng_state() -> dict[str, Any]:
-    # Only tensors and plain values, so the file loads with weights_only=True.
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    numpy_state = (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss))
-    state = {"torch": torch.get_rng_state(), "numpy": numpy_state, "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
+class TrainableWeights:
+    """The parameters that train, by their unwrapped names (no DDP "module." prefix); rank 0 writes safetensors."""
 
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
 
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    kind, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    def save(self, directory: Path, name: str, env: DistEnv) -> None:
+        if env.is_main:
+            bare = unwrap(self.model)
+            names = {n for n, p in bare.named_parameters() if p.requires_grad}
+            tensors = {n: t.detach().to("cpu").contiguous() for n, t in bare.state_dict().items() if n in names}
+            save_file(tensors, str(directory / f"{name}.safetensors"))
 
-
-def save_checkpoint(*, run_dir: Path, model: torch.nn.Module, optimizer, scheduler, state: TrainState,
-                    env: DistEnv, sharded: bool, keep_last: int) -> Path:
-    root = run_dir / CHECKPOINTS
-    final = root / f"{PREFIX}{state.step:08d}"
-    tmp = root / f".tmp-{final.name}"
-    if env.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    barrier()
-    torch.save(_rng_state(), tmp / f"rng_rank{env.rank}.pt")
-    if sharded:
-        _save_sharded(tmp, model, optimizer)
-    elif env.is_main:
-        save_file(_trainable_state(model), str(tmp / "trainable.safetensors"))
-        inject_fault("save", step=state.step, rank=env.rank)
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    if env.is_main:
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    barrier()
-    if env.is_main:
-        meta = {"step": state.step, "tokens_seen": state.tokens_seen, "data": state.data, "world_size": env.world_size}
-        (tmp / "meta.json").write_text(json.dumps(meta))
-        # A run resumed from an older checkpoint (train.resume=auto skips incomplete ones) re-saves a step that may
-        # exist from before; rename() cannot replace a non-empty directory.
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)  # atomic on one filesystem: the checkpoint appears complete or not at all
-        _prune(root, keep_last)
-    barrier()
-    return final
-
-
-def _prune(root: Path, keep_last: int) -> None:
-    done = sorted((p for p in root.iterdir() if p.name.startswith(PREFIX)), key=lambda p: p.name)
-    for old in done[:-keep_last] if keep_last > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer, scheduler, env: DistEnv,
-                    sharded: bool) -> TrainState:
-    meta = json.loads((path / "meta.json").read_text())
-    if sharded:
-        _load_sharded(path, model, optimizer)
-    else:
-        tensors = load_file(str(path / "trainable.safetensors"), device=str(env.device))
-        bare = unwrap(model)
-        missing = set(tensors) - {n for n, _ in bare.named_parameters()}
-        if missing:
-            raise RuntimeError(f"checkpoint {path} has parameters this model lacks: {sorted(missing)[:5]}")
+    def load(self, directory: Path, name: str, env: DistEnv) -> None:
+        tensors = load_file(str(_part_file(directory, f"{name}.safetensors")), device=str(env.device))
+        bare = unwrap(self.model)
+        wanted = {n: tuple(p.shape) for n, p in bare.named_parameters() if p.requires_grad}
+        differ = sorted(n for n in set(tensors) | set(wanted)
+                        if n not in wanted or n not in tensors or tuple(tensors[n].shape) != wanted[n])
+        if differ:
+            raise ConfigError(f"checkpoint {directory} does not hold this model's trainable parameters (differing "
+                              f"in name or shape: {differ[:3]}): it was written for another model, recipe or LoRA "
+                              "setting.", key="train.resume", fix=RESUME_FIX)
         bare.load_state_dict(tensors, strict=False)
-        optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True, map_location=env.device))
-    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
-    rng_file = path / f"rng_rank{env.rank}.pt"
-    if rng_file.exists():
-        _set_rng_state(torch.load(rng_file, weights_only=True))
-    return TrainState(step=meta["step"], tokens_seen=meta["tokens_seen"], data=meta["data"])
 
 
-def _save_sharded(tmp: Path, model: torch.nn.Module, optimizer) -> None:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+class RankZeroFile:
+    """A part every rank holds identically (optimizer under DDP, scheduler, scaler): rank 0 writes it."""
 
-    model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp / "dcp"))
+    def __init__(self, obj: Stateful) -> None:
+        self.obj = obj
+
+    def save(self, directory: Path, name: str, env: DistEnv) -> None:
+        if env.is_main:
+            torch.save(self.obj.state_dict(), directory / f"{name}.pt")
+
+    def load(self, directory: Path, name: str, env: DistEnv) -> None:
+        state = torch.load(_part_file(directory, f"{name}.pt"), weights_only=True, map_location=env.device)
+        self.obj.load_state_dict(state)
 
 
-def _load_sharded(path: Path, model: torch.nn.Module, optimizer) -> None:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+class PerRankFile:
+    """A part that differs per rank (RNG states, a stream's per-worker positions): every rank writes its own."""
 
-    model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optim": optim_state}
-    dcp.load(state, checkpoint_id=str(path / "dcp"))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    def __init__(self, obj: Stateful) -> None:
+        self.obj = obj
+
+    def save(self, directory: Path, name: str, env: DistEnv) -> None:
+        torch.save(self.obj.state_dict(), directory / f"{name}_rank{env.rank}.pt")
+
+    def load(self, directory: Path, name: str, env: DistEnv) -> None:
+        self.obj.load_state_dict(torch.load(_part_file(directory, f"{name}_rank{env.rank}.pt"), weights_only=True))
+
+
+class ShardedModelAndOptimizer:
+    """FSDP across ranks: model and optimizer shards saved together by every rank with torch.distributed.checkpoint
+    (a collective), so no rank ever holds the full state."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+
+    def save(self, directory: Path, name: str, env: DistEnv) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory / name))
+
+    def load(self, directory: Path, name: str, env: DistEnv) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        dcp.load(state, checkpoint_id=str(_part_file(directory, name)))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def _part_file(directory: Path, name: str) -> Path:
+    path = directory / name
+    if not path.exists():
+        raise ConfigError(f"checkpoint {directory} has no {name}: it was written by another seqtune version or with "
+                          "other settings (e.g. train.mixed_precision=fp16 adds the loss scaler).",
+                          key="train.resume", fix=RESUME_FIX)
+    return path
+
+
+# --- the component ------------------------------------------------------------------------------------------
+
+
+class Checkpointer:
+    """Saves every `train.save_every` steps (0: never), keeps the newest `train.keep_last` (0: all of them), and
+    resumes from the plan's checkpoint. Adding a piece of training state is one entry in `parts`."""
+
+    def __init__(self, *, run_dir: Path, cfg: TrainConfig, plan: Plan, env: DistEnv, model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer, scheduler: Stateful, data: Stateful,
+                 scaler: torch.amp.GradScaler | None, progress: Progress) -> None:
+        self.run_dir, self.cfg, self.plan, self.env, self.progress = Path(run_dir), cfg, plan, env, progress
+        weights = ShardedModelAndOptimizer(model, optimizer) if plan.sharded else TrainableWeights(model)
+        self.parts: dict[str, Any] = {
+            "model": weights,
+            "scheduler": RankZeroFile(scheduler),
+            "rng": PerRankFile(RngState()),
+            "data": PerRankFile(data),
+        }
+        if not plan.sharded:  # sharded: saved together with the model
+            self.parts["optimizer"] = RankZeroFile(optimizer)
+        if scaler is not None:
+            self.parts["scaler"] = RankZeroFile(scaler)
+
+    def maybe_save(self, step: int) -> Path | None:
+        if self.cfg.save_every and step % self.cfg.save_every == 0:
+            return self.save(step)
+        return None
+
+    def save(self, step: int) -> Path:
+        final = checkpoint_dir(self.run_dir, step)
+        tmp = final.parent / f".tmp-{final.name}"
+        if self.env.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        barrier()
+        for name, part in self.parts.items():
+            part.save(tmp, name, self.env)
+            # Test hook (SEQTUNE_FAULT=save:STEP): a crash once the first part is written, halfway through the save.
+            inject_fault("save", step=step, rank=self.env.rank)
+        barrier()
+        if self.env.is_main:
+            manifest = {"step": step, "progress": self.progress.state_dict(), "parts": sorted(self.parts),
+                        "plan": asdict(self.plan)}
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+            # A run resumed from an older checkpoint re-saves a step that may exist from before (an incomplete one is
+            # skipped by resume); rename() cannot replace a non-empty directory.
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)  # atomic on one filesystem: the checkpoint appears complete or not at all
+            self._prune()
+        barrier()
+        return final
+
+    def _prune(self) -> None:
+        if self.cfg.keep_last == 0:
+            return
+        for old in complete_checkpoints(self.run_dir)[:-self.cfg.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def resume(self) -> bool:
+        """Load every part from plan.resume_from (decided by the parent); False when the run starts at step 0."""
+        if self.plan.resume_from is None:
+            return False
+        path = Path(self.plan.resume_from)
+        manifest = json.loads(_part_file(path, MANIFEST).read_text())
+        missing = sorted(set(self.parts) - set(manifest["parts"]))
+        if missing:
+            raise ConfigError(f"checkpoint {path} has no {', '.join(missing)} state (it holds "
+                              f"{', '.join(manifest['parts'])}): it was written with other settings.",
+                              key="train.resume", fix=RESUME_FIX)
+        for name, part in self.parts.items():
+            part.load(path, name, self.env)
+        self.progress.load_state_dict(manifest["progress"])
+        if self.env.is_main:
+            print(f"resuming from {path} (step {self.progress.step})", flush=True)
+        return True
+

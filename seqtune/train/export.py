@@ -35,9 +35,8 @@ def export_final(model: torch.nn.Module, tokenizer, *, run_dir: Path, env: DistE
             model.save_pretrained(target, safe_serialization=True)
         tokenizer.save_pretrained(target)
         print(f"saved {'LoRA adapter' if lora else 'model'}: {target}", flush=True)
-        if merged:
-            full = model.merge_and_unload() if lora else model
-            full.save_pretrained(run_dir / MERGED_DIR, safe_serialization=True)
+        if merged:  # LoRA only: the schema refuses it for a full fine-tune, preflight under FSDP across ranks
+            model.merge_and_unload().save_pretrained(run_dir / MERGED_DIR, safe_serialization=True)
             tokenizer.save_pretrained(run_dir / MERGED_DIR)
             print(f"saved merged model: {run_dir / MERGED_DIR}", flush=True)
     barrier()

@@ -9,7 +9,6 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -17,7 +16,7 @@ from tqdm import tqdm
 
 from seqtune.config.schema import TrainConfig
 from seqtune.distributed import DistEnv, all_reduce_sum, inject_fault
-from seqtune.train.checkpoint import TrainState, save_checkpoint
+from seqtune.train.checkpoint import Checkpointer, Progress
 from seqtune.train.metrics import MetricsLogger
 from seqtune.train.step import move_batch, summed_token_loss
 
@@ -42,10 +41,11 @@ class Loop:
     cfg: TrainConfig
     grad_clip: float
     total_steps: int
-    run_dir: Path
     logger: MetricsLogger | None
     autocast_dtype: torch.dtype | None
-    sharded: bool = False
+    # fp16 autocast: scales the loss so small gradients survive float16 (None otherwise).
+    scaler: torch.amp.GradScaler | None
+    checkpointer: Checkpointer
 
 
 def _autocast(loop: Loop):
@@ -74,12 +74,19 @@ def train_step(loop: Loop, micro_batches: list[dict[str, torch.Tensor]]) -> dict
         batch = move_batch(batch, loop.env.device)
         with _no_sync(loop, last=i == len(micro_batches) - 1), _autocast(loop):
             summed = summed_token_loss(loop.model, batch)
-        (summed * scale).backward()
+        scaled = summed * scale
+        (loop.scaler.scale(scaled) if loop.scaler is not None else scaled).backward()
         loss_sum += summed.detach().double()
+    if loop.scaler is not None:
+        loop.scaler.unscale_(loop.optimizer)  # clip the true gradients, not the scaled ones
     trainable = [p for p in loop.model.parameters() if p.requires_grad]
     clip = loop.grad_clip if loop.grad_clip > 0 else math.inf
     grad_norm = torch.nn.utils.clip_grad_norm_(trainable, clip)
-    loop.optimizer.step()
+    if loop.scaler is not None:
+        loop.scaler.step(loop.optimizer)  # skipped when a gradient overflowed; the scale then shrinks
+        loop.scaler.update()
+    else:
+        loop.optimizer.step()
     loop.scheduler.step()
     loop.optimizer.zero_grad(set_to_none=True)
     loss = all_reduce_sum(loss_sum).item() / max(targets, 1.0)
@@ -110,7 +117,7 @@ def peak_memory_bytes(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
-def fit(loop: Loop, state: TrainState) -> TrainState:
+def fit(loop: Loop, state: Progress) -> Progress:
     loop.model.train()
     if loop.env.device.type == "cuda":
         # The training peak, compared with preflight's estimate: not the model build's (a tiny random model is
@@ -142,13 +149,8 @@ def fit(loop: Loop, state: TrainState) -> TrainState:
             metrics = evaluate(loop)
             if loop.logger is not None:
                 loop.logger.log({"step": state.step, **metrics})
-        if loop.cfg.save_every and state.step % loop.cfg.save_every == 0:
-            state.data = loop.train_batches.state_dict()
-            save_checkpoint(run_dir=loop.run_dir, model=loop.model, optimizer=loop.optimizer,
-                            scheduler=loop.scheduler, state=state, env=loop.env, sharded=loop.sharded,
-                            keep_last=loop.cfg.keep_last)
+        loop.checkpointer.maybe_save(state.step)
     bar.close()
-    state.data = loop.train_batches.state_dict()
     return state
 
 
@@ -159,7 +161,7 @@ def _accumulate(window: dict[str, float], out: dict[str, float]) -> None:
     window["steps"] += 1
 
 
-def _log_record(loop: Loop, state: TrainState, window: dict[str, float], out: dict[str, float]) -> dict[str, Any]:
+def _log_record(loop: Loop, state: Progress, window: dict[str, float], out: dict[str, float]) -> dict[str, Any]:
     seconds = max(time.perf_counter() - window["start"], 1e-9)
     return {
         "step": state.step,

@@ -10,7 +10,6 @@ import torch
 
 from seqtune.config.schema import RootConfig
 from seqtune.distributed import DistEnv
-from seqtune.train.checkpoint import TrainState, latest_checkpoint, load_checkpoint
 from seqtune.train.metrics import MetricsLogger
 
 
@@ -25,40 +24,17 @@ def set_seed(seed: int, rank: int) -> None:
     np.random.seed((seed + rank) % 2**32)
 
 
-def autocast_dtype(cfg: RootConfig, device: torch.device) -> torch.dtype | None:
-    """bf16 autocast on GPUs that support it (mixed_precision=auto); never on CPU unless asked."""
-    choice = cfg.train.mixed_precision
-    if choice == "no" or (choice == "auto" and device.type != "cuda"):
-        return None
-    if choice == "fp16":
-        return torch.float16
-    if choice == "auto" and not torch.cuda.is_bf16_supported():
-        return None
-    return torch.bfloat16
-
-
 def total_steps(cfg: RootConfig, steps_per_epoch: int) -> int:
     if cfg.train.max_steps is not None:
         return cfg.train.max_steps
     return max(1, math.floor(cfg.train.epochs * steps_per_epoch))
 
 
-def resume_state(cfg: RootConfig, run_dir: Path, *, model, optimizer, scheduler, env: DistEnv,
-                 sharded: bool) -> TrainState:
-    path = latest_checkpoint(run_dir) if cfg.train.resume == "auto" else None
-    if path is None:
-        return TrainState()
-    state = load_checkpoint(path, model=model, optimizer=optimizer, scheduler=scheduler, env=env, sharded=sharded)
-    if env.is_main:
-        print(f"resuming from {path} (step {state.step})", flush=True)
-    return state
-
-
-def open_logger(cfg: RootConfig, run_dir: Path, env: DistEnv, state: TrainState, preflight) -> MetricsLogger | None:
+def open_logger(cfg: RootConfig, run_dir: Path, env: DistEnv, resume_step: int, preflight) -> MetricsLogger | None:
     """Rank 0 only: metrics.jsonl (+ W&B with the config, preflight's summary and the length histogram)."""
     if not env.is_main:
         return None
-    logger = MetricsLogger(run_dir=run_dir, cfg=cfg.logger, config_dict=asdict(cfg), resume_step=state.step)
+    logger = MetricsLogger(run_dir=run_dir, cfg=cfg.logger, config_dict=asdict(cfg), resume_step=resume_step)
     logger.summary(preflight_summary(preflight))
     logger.log_file(run_dir / "lengths.png", "preflight/lengths")
     return logger

@@ -50,7 +50,7 @@ def test_fsdp_matches_one_unsharded_process_on_the_same_global_batch(fsdp_run: P
 
 
 def test_fsdp_checkpoints_are_sharded_and_resume_exactly_after_a_rank_fails(fsdp_run: Path, tmp_path: Path):
-    assert (fsdp_run / "checkpoints" / "step_00000004" / "dcp").is_dir()
+    assert (fsdp_run / "checkpoints" / "step_00000004" / "model" / ".metadata").is_file()  # a DCP checkpoint
     run_dir = tmp_path / "run"
     crashed = run_cli([*COMMON, *FSDP], run_dir, env={"SEQTUNE_FAULT": "train:5:1"})  # rank 1 raises before step 5
     assert crashed.returncode != 0

@@ -78,9 +78,10 @@ def test_checkpoints_are_periodic_and_only_the_last_k_kept(reference: Path):
     kept = sorted(p.name for p in (reference / "checkpoints").iterdir())
     assert kept == [f"step_{STEPS - SAVE_EVERY:08d}", f"step_{STEPS:08d}"]
     latest = reference / "checkpoints" / f"step_{STEPS:08d}"
-    assert {"trainable.safetensors", "optimizer.pt", "scheduler.pt", "rng_rank0.pt", "rng_rank1.pt",
-            "meta.json"} <= {p.name for p in latest.iterdir()}
-    assert json.loads((latest / "meta.json").read_text())["step"] == STEPS
+    assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_rank0.pt", "rng_rank1.pt", "data_rank0.pt",
+            "data_rank1.pt", "manifest.json"} <= {p.name for p in latest.iterdir()}
+    manifest = json.loads((latest / "manifest.json").read_text())
+    assert manifest["step"] == STEPS and manifest["plan"]["world"]["nproc_per_node"] == 2
 
 
 def _assert_resumed_like_reference(run_dir: Path, reference: Path, resumed_from: int, output: str) -> None:
@@ -116,7 +117,7 @@ def test_sigkill_then_resume_matches_the_uninterrupted_run(reference: Path, tmp_
             os.kill(pid, signal.SIGKILL)
     proc.wait(timeout=30)
     assert not (run_dir / "adapter").exists(), "the run finished before it was killed: the test proves nothing"
-    done = [int(p.name[5:]) for p in checkpoints.glob("step_*") if (p / "meta.json").is_file()]
+    done = [int(p.name[5:]) for p in checkpoints.glob("step_*") if (p / "manifest.json").is_file()]
     assert done, "no checkpoint appeared before the kill"
     killed_at = max(done)
     assert killed_at < STEPS, "killed after the last checkpoint: nothing left to resume"
@@ -132,7 +133,7 @@ def test_crash_while_saving_resumes_from_the_previous_checkpoint(reference: Path
     crashed = run_cli([*COMMON, *TWO_RANKS, *CHECKPOINTED], run_dir, env={"SEQTUNE_FAULT": f"save:{crash_step}"})
     assert crashed.returncode != 0
     checkpoints = run_dir / "checkpoints"
-    assert (checkpoints / f".tmp-step_{crash_step:08d}" / "trainable.safetensors").is_file()  # really mid-save
+    assert (checkpoints / f".tmp-step_{crash_step:08d}" / "model.safetensors").is_file()  # really mid-save
     assert not (checkpoints / f"step_{crash_step:08d}").exists()
 
     result = run_cli([*COMMON, *TWO_RANKS, *CHECKPOINTED], run_dir)

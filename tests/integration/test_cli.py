@@ -28,7 +28,7 @@ def test_default_run_leaves_adapter_config_and_metrics(default_run: Path):
     assert (default_run / "adapter" / "adapter_model.safetensors").is_file()
     assert (default_run / "adapter" / "adapter_config.json").is_file()
     resolved = (default_run / "config.yaml").read_text()
-    assert "recipe_name: lora_sft" in resolved and "${" not in resolved  # fully resolved
+    assert "recipe_name: sft" in resolved and "${" not in resolved  # fully resolved
     metrics = read_metrics(default_run)
     steps = [m["step"] for m in metrics if "loss" in m]
     assert steps == [1, 2, 3, 4, 5, 6]
@@ -156,5 +156,5 @@ def test_wandb_key_is_never_written_to_any_saved_file(tmp_path: Path):
 def test_cfg_job_prints_the_composed_config_and_trains_nothing(tmp_path: Path):
     result = run_cli(["--cfg", "job", "model=gemma3_tiny", "lora.rank=4"], tmp_path / "run")
     assert result.returncode == 0, result.stderr
-    assert "family: gemma3" in result.stdout and "rank: 4" in result.stdout and "recipe_name: lora_sft" in result.stdout
+    assert "family: gemma3" in result.stdout and "rank: 4" in result.stdout and "recipe_name: sft" in result.stdout
     assert not (tmp_path / "run" / "preflight.json").exists()

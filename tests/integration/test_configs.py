@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
+from typing import get_type_hints
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -10,7 +12,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from seqtune.config import register_resolvers, register_schemas, to_typed
-from seqtune.config.schema import RootConfig
+from seqtune.config.schema import GROUP_SCHEMAS, RootConfig
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 GROUP_FILES = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent != CONFIGS)
@@ -41,9 +43,9 @@ def test_group_file_composes_and_type_checks(path: Path):
     cfg = _compose(overrides)
     typed = to_typed(cfg)
     assert isinstance(typed, RootConfig)
-    if group == "recipe":
+    if group == "recipe":  # presets of the one SFT recipe, differing in lora.enabled
         assert path.read_text().splitlines()[0] == "# @package _global_"
-        assert typed.recipe_name == path.stem
+        assert typed.recipe_name == "sft" and typed.lora.enabled == (path.stem == "lora_sft")
 
 
 def test_unknown_key_fails_at_compose_time_naming_it():
@@ -58,12 +60,71 @@ def test_wrong_type_fails_at_compose_time_naming_it():
     assert "batch_size" in str(info.value.__cause__ or info.value)
 
 
-def test_closed_choices_are_checked_with_the_fix():
+def _enum_keys() -> list[tuple[str, type]]:
+    keys = []
+    for group, schema in GROUP_SCHEMAS.items():
+        for name, hint in get_type_hints(schema).items():
+            if isinstance(hint, type) and issubclass(hint, Enum):
+                keys.append((f"{group}.{name}", hint))
+    return keys
+
+
+def test_every_closed_choice_is_an_enum_of_the_schema():
+    keys = {key for key, _ in _enum_keys()}
+    assert {"padding.strategy", "data.overlength", "train.mixed_precision", "launcher.name", "model.family"} <= keys
+
+
+@pytest.mark.parametrize(("key", "enum"), _enum_keys(), ids=lambda v: v if isinstance(v, str) else "")
+def test_a_value_outside_a_choice_fails_at_compose_naming_the_allowed_values(key, enum):
+    with pytest.raises(ConfigCompositionException) as info:
+        _compose([f"{key}=bogus"])
+    text = str(info.value.__cause__ or info.value)
+    assert key in text and f"expected one of [{', '.join(m.value for m in enum)}]" in text
+
+
+@pytest.mark.parametrize(("override", "needle"), [
+    ("optim.lr=0", r"optim.lr=0.0 must be > 0 .*Fix: optim.lr=1e-4"),
+    ("optim.lr=nan", r"optim.lr=nan must be > 0 \(and finite\)"),
+    ("optim.betas=[0.9,1.0]", r"optim.betas=\[0.9, 1.0\] must be two numbers within \[0, 1\)"),
+    ("optim.betas=[-0.1,0.9]", r"optim.betas=.* must be two numbers within \[0, 1\)"),
+    ("optim.min_lr_ratio=1.5", r"optim.min_lr_ratio=1.5 must be within \[0, 1\]"),
+    ("lora.rank=0", r"lora.rank=0 must be >= 1. Fix: lora.rank=8"),
+    ("lora.alpha=0", r"lora.alpha=0.0 must be > 0"),
+    ("lora.dropout=1.0", r"lora.dropout=1.0 must be within \[0, 1\). Fix: lora.dropout=0.0"),
+    ("lora.target_modules=[]", r"lora.target_modules=\[\] names no module to adapt. Fix: lora.target_modules=null"),
+    ("train.max_steps=0", r"train.max_steps=0 must be >= 1. Fix: train.max_steps=null \(run train.epochs epochs\)"),
+    ("train.epochs=0", r"train.epochs=0 must be >= 1"),
+    ("train.save_every=-1", r"train.save_every=-1 must be >= 0"),
+    ("train.log_every=0", r"train.log_every=0 must be >= 1"),
+    ("train.keep_last=-2", r"train.keep_last=-2 must be >= 0"),
+    ("train.batch_size=0", r"train.batch_size=0 must be >= 1"),
+    ("data.max_bad_fraction=1.5", r"data.max_bad_fraction=1.5 must be within \[0, 1\]"),
+    ("padding.multiple_of=0", r"padding.multiple_of=0 must be >= 1"),
+    ("launcher.node_rank=3", r"launcher.node_rank=3 must be within \[0, 1\)"),
+    ("launcher.rdzv_endpoint=nohost", r"launcher.rdzv_endpoint='nohost' must be HOST:PORT"),
+    ("model.hidden_size=0", r"model.hidden_size=0 must be >= 1. Fix: model.hidden_size=null"),
+    ("preflight.device_memory_gib=0", r"preflight.device_memory_gib=0.0 must be > 0"),
+])
+def test_a_value_that_cannot_train_fails_when_typed_naming_key_and_fix(override, needle):
     from seqtune.config import ConfigError
 
-    cfg = _compose(["padding.strategy=longets"])
-    with pytest.raises(ConfigError, match=r"padding.strategy='longets' is not one of: longest.*Fix: padding.strategy="):
-        to_typed(cfg)
+    with pytest.raises(ConfigError, match=needle) as info:
+        to_typed(_compose([override]))
+    assert info.value.key == override.split("=")[0]
+
+
+def test_every_bad_value_of_a_group_is_reported_at_once():
+    from seqtune.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"(?s)invalid config:.*optim.lr=.*optim.eps="):
+        to_typed(_compose(["optim.lr=-1", "optim.eps=0"]))
+
+
+def test_a_merged_export_of_a_full_finetune_is_refused_with_the_fix():
+    from seqtune.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"train.export_merged=true with lora.enabled=false.*Fix: train.export_merged=false"):
+        to_typed(_compose(["recipe=full_sft", "train.export_merged=true"]))
 
 
 def test_max_seq_len_accepts_auto_or_int_only():
@@ -87,16 +148,9 @@ def test_new_top_level_keys_are_kept_but_new_group_keys_are_refused(tmp_path):
     from seqtune.config import ConfigError, load_resolved, save_resolved
 
     cfg = _compose(["+note=baseline-run"])
-    assert to_typed(cfg).recipe_name == "lora_sft"
+    assert to_typed(cfg).recipe_name == "sft"
     save_resolved(cfg, tmp_path / "config.yaml")
     assert "note: baseline-run" in (tmp_path / "config.yaml").read_text()
-    assert load_resolved(tmp_path / "config.yaml").recipe_name == "lora_sft"
+    assert load_resolved(tmp_path / "config.yaml").recipe_name == "sft"
     with pytest.raises(ConfigError, match=r"model.hiden_size is not a setting of model.*Fix: remove \+model.hiden_size"):
         to_typed(_compose(["+model.hiden_size=32"]))
-
-
-def test_lora_recipe_with_lora_disabled_is_refused_with_the_fix():
-    from seqtune.config import ConfigError
-
-    with pytest.raises(ConfigError, match=r"lora.enabled=false with recipe=lora_sft.*Fix: recipe=full_sft"):
-        to_typed(_compose(["lora.enabled=false"]))

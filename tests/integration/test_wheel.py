@@ -18,8 +18,8 @@ def test_wheel_ships_configs_recipes_and_assets_and_runs_outside_the_repo(tmp_pa
     wheel = next((tmp_path / "dist").glob("seqtune-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("seqtune/configs/config.yaml", "seqtune/configs/recipe/lora_sft.yaml",
-                   "seqtune/configs/model/gemma3_tiny.yaml", "seqtune/recipes/lora_sft.py",
-                   "seqtune/recipes/full_sft.py", "seqtune/data/assets/instruct/train.jsonl",
+                   "seqtune/configs/recipe/full_sft.yaml", "seqtune/configs/model/gemma3_tiny.yaml",
+                   "seqtune/recipes/sft.py", "seqtune/data/assets/instruct/train.jsonl",
                    "seqtune/tokenizers/assets/seqtune-bpe/tokenizer.json", "seqtune/worker.py"):
         assert needed in names, needed
     site = tmp_path / "site"

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -8,7 +9,6 @@ import pytest
 from seqtune.data.cache import TokenCache, TokenCacheWriter, cache_key, tokenizer_fingerprint
 from seqtune.data.formats import PromptCompletion
 from seqtune.data.scan import scan_split
-from seqtune.data.sources import read_line
 from seqtune.data.tokenize import SampleEncoder
 
 
@@ -29,19 +29,19 @@ def test_cache_round_trips_exactly_what_the_encoder_produced(tmp_path, bundled_t
         got = cache[i]
         assert np.array_equal(got.input_ids, expected.input_ids) and np.array_equal(got.labels, expected.labels)
         assert got.location == f"{data}:{i + 1}"
-    assert cache.max_token_id == max(int(cache[i].input_ids.max()) for i in range(len(cache)))
+    assert cache.meta["max_token_id"] == max(int(cache[i].input_ids.max()) for i in range(len(cache)))
     assert cache[-1].location == cache[49].location
     with pytest.raises(IndexError):
         cache[50]
 
 
-def test_cache_location_rereads_the_source_line(tmp_path, bundled_tokenizer, jsonl):
+def test_cache_location_names_the_source_line(tmp_path, bundled_tokenizer, jsonl):
     rows = _alpaca_rows(30)
     data = jsonl(tmp_path / "d.jsonl", rows)
     encoder = SampleEncoder(bundled_tokenizer, "alpaca", train_on_prompt=False)
     cache = scan_split("train", [data], encoder, cache_root=tmp_path / "c").cache()
     file, line = cache[17].location.rsplit(":", 1)
-    assert json.loads(read_line(file, int(line), cache.line_index(0))) == rows[17]
+    assert json.loads(Path(file).read_text().splitlines()[int(line) - 1]) == rows[17]
 
 
 def test_published_atomically_and_aborted_writer_leaves_nothing(tmp_path, bundled_tokenizer, jsonl):

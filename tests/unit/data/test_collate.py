@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from seqtune.config.errors import ConfigError, DataError
+from seqtune.config.errors import DataError
 from seqtune.config.schema import PaddingConfig
 from seqtune.data import _torchtune
 from seqtune.data.collate import make_collator, shifted_targets
@@ -74,13 +74,6 @@ def test_packed_rows_restart_positions_and_have_no_attention_mask() -> None:
 def test_too_long_sample_is_an_error_naming_its_location() -> None:
     with pytest.raises(DataError, match=r"x.jsonl:1 has 8 tokens > data.max_seq_len=6"):
         collate("longest", max_seq_len=6)
-
-
-def test_unresolved_side_and_unknown_strategy_are_config_errors() -> None:
-    with pytest.raises(ConfigError, match="padding.side"):
-        collate("longest", side="auto")
-    with pytest.raises(ConfigError, match="padding.strategy"):
-        collate("dynamic")
 
 
 def test_own_padded_collate_matches_torchtune() -> None:

@@ -9,21 +9,21 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import replace
 from itertools import islice
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from omegaconf import OmegaConf
 
 from seqtune.config import RootConfig, to_typed
 from seqtune.config.errors import DataError
+from seqtune.config.plan import World, load_plan
 from seqtune.data.cache import TokenCache
 from seqtune.data.loader import PlannedBatches, SplitView, StreamedBatches, build_train_batches
 from seqtune.data.scan import scan_split
 from seqtune.data.tokenize import SampleEncoder
-from seqtune.distributed import DistEnv
 from seqtune.models import get_spec
 from seqtune.preflight import load_result, run_preflight
 from seqtune.tokenizers import load_tokenizer
@@ -40,7 +40,7 @@ def alpaca(i: int) -> dict:
 
 def make_cfg(tmp_path: Path, train: Path, *overrides: str) -> RootConfig:
     base = {
-        "recipe_name": "lora_sft", "model": TINY_MODEL, "tokenizer": {"source": "bundled"},
+        "recipe_name": "sft", "model": TINY_MODEL, "tokenizer": {"source": "bundled"},
         "data": {"train": str(train), "format": "alpaca", "cache_dir": str(tmp_path / "tokens")},
         "padding": {}, "lora": {}, "optim": {}, "train": {"batch_size": 1, "progress": False}, "launcher": {},
         "logger": {}, "preflight": {"plot": False},
@@ -49,16 +49,19 @@ def make_cfg(tmp_path: Path, train: Path, *overrides: str) -> RootConfig:
 
 
 def prepare(cfg: RootConfig, run_dir: Path):
-    """What the worker does before the recipe: preflight in the parent, then the resolved max_seq_len and result."""
+    """What the recipe reads: preflight ran in the parent and wrote the plan and the result."""
     assert run_preflight(cfg, run_dir).ok
-    preflight = load_result(run_dir)
-    cfg.data.max_seq_len = preflight.max_seq_len
     spec = get_spec(cfg.model.family)
-    return preflight, load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec.chat_template), spec
+    tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec.chat_template)
+    return load_result(run_dir), load_plan(run_dir), tokenizer
 
 
-def env(rank: int = 0, world_size: int = 1) -> DistEnv:
-    return DistEnv(rank=rank, world_size=world_size, local_rank=rank, device=torch.device("cpu"))
+def batches_for(cfg: RootConfig, prepared, rank: int = 0, world_size: int = 1):
+    """Rank `rank`'s batches; another world size stands for the plan a run with that many ranks resolves."""
+    preflight, plan, tokenizer = prepared
+    if world_size != plan.world.world_size:
+        plan = replace(plan, world=World(nnodes=1, nproc_per_node=world_size, source="test"))
+    return build_train_batches(cfg, plan, preflight, rank=rank, tokenizer=tokenizer)
 
 
 def rows_of(batch: dict) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
@@ -76,7 +79,7 @@ def samples(batches) -> Counter:
 
 
 def roundtrip(state: dict) -> dict:
-    return json.loads(json.dumps(state))  # as the checkpoint's meta JSON stores it
+    return json.loads(json.dumps(state))  # plain values only, as the checkpoint stores them
 
 
 @pytest.fixture()
@@ -99,7 +102,7 @@ def test_split_view_drop_hides_long_samples_and_truncate_cuts_them(cache: TokenC
     assert len(dropped) == int((cache.lengths <= limit).sum()) < len(cache)
     assert all(len(dropped[i]) <= limit for i in range(len(dropped)))
     cut = SplitView(cache, max_seq_len=limit, overlength="truncate")
-    assert len(cut) == len(cache) and int(cut.lengths.max()) == limit
+    assert len(cut) == len(cache) - len(cut.cut) and int(cut.lengths.max()) == limit
     longest = int(cache.lengths.argmax())
     np.testing.assert_array_equal(cut[longest].input_ids, cache[longest].input_ids[:limit])
     np.testing.assert_array_equal(cut[longest].labels, cache[longest].labels[:limit])
@@ -108,24 +111,24 @@ def test_split_view_drop_hides_long_samples_and_truncate_cuts_them(cache: TokenC
 @pytest.mark.parametrize("stop_after", [1, 7, 30])  # 30: past the first epoch (23 samples)
 def test_planned_batches_resume_yields_exactly_the_remaining_batches(tmp_path, corpus, stop_after) -> None:
     cfg = make_cfg(tmp_path, corpus, "train.batch_size=2")
-    preflight, tokenizer, spec = prepare(cfg, tmp_path / "run")
-    first = build_train_batches(cfg, preflight, env(), tokenizer, spec)
+    prepared = prepare(cfg, tmp_path / "run")
+    first = batches_for(cfg, prepared)
     assert isinstance(first, PlannedBatches)
     expected = [rows_of(b) for b in islice(first, 40)]
-    stopped = build_train_batches(cfg, preflight, env(), tokenizer, spec)
+    stopped = batches_for(cfg, prepared)
     taken = [rows_of(b) for b in islice(stopped, stop_after)]
-    resumed = build_train_batches(cfg, preflight, env(), tokenizer, spec)
+    resumed = batches_for(cfg, prepared)
     resumed.load_state_dict(roundtrip(stopped.state_dict()))
     assert taken + [rows_of(b) for b in islice(resumed, 40 - stop_after)] == expected
 
 
 def test_cached_mode_refuses_a_stream_checkpoint_position(tmp_path, corpus) -> None:
     stream_cfg = make_cfg(tmp_path, corpus, "data.mode=stream", "train.batch_size=2")
-    preflight, tokenizer, spec = prepare(stream_cfg, tmp_path / "stream")
-    saved = build_train_batches(stream_cfg, preflight, env(), tokenizer, spec).state_dict()
+    prepared = prepare(stream_cfg, tmp_path / "stream")
+    saved = batches_for(stream_cfg, prepared).state_dict()
     cached_cfg = make_cfg(tmp_path, corpus, "train.batch_size=2")
-    preflight, tokenizer, spec = prepare(cached_cfg, tmp_path / "cached")
-    cached = build_train_batches(cached_cfg, preflight, env(), tokenizer, spec)
+    prepared = prepare(cached_cfg, tmp_path / "cached")
+    cached = batches_for(cached_cfg, prepared)
     with pytest.raises(DataError, match=r"data.mode=stream.*Fix: data.mode=stream"):
         cached.load_state_dict(roundtrip(saved))
 
@@ -141,31 +144,44 @@ def one_pass(batches: StreamedBatches) -> list[dict]:
 def test_stream_gives_the_same_samples_as_cached_mode(tmp_path, corpus, overlength) -> None:
     common = ("data.max_seq_len=28", f"data.overlength={overlength}", "data.shuffle=false")
     cached_cfg = make_cfg(tmp_path, corpus, *common)
-    cached = build_train_batches(cached_cfg, *_prepared(cached_cfg, tmp_path / "cached"))
+    cached = batches_for(cached_cfg, prepare(cached_cfg, tmp_path / "cached"))
     stream_cfg = make_cfg(tmp_path, corpus, *common, "data.mode=stream", "data.preflight_sample=5")
-    streamed = build_train_batches(stream_cfg, *_prepared(stream_cfg, tmp_path / "stream"))
+    streamed = batches_for(stream_cfg, prepare(stream_cfg, tmp_path / "stream"))
     assert isinstance(streamed, StreamedBatches)
     want = samples(islice(cached, len(cached.plan)))
-    assert sum(want.values()) == (23 if overlength == "truncate" else len(cached.plan))
+    assert sum(want.values()) == len(cached.dataset.dataset)
     assert samples(one_pass(streamed)) == want
 
 
-def _prepared(cfg: RootConfig, run_dir: Path):
-    preflight, tokenizer, spec = prepare(cfg, run_dir)
-    return preflight, env(), tokenizer, spec
+@pytest.mark.parametrize("mode", ["cached", "stream"])
+def test_truncation_that_leaves_no_target_drops_the_sample_in_both_modes(tmp_path, mode) -> None:
+    """One rule for data.overlength=truncate: a sample whose targets all lie past max_seq_len is dropped and
+    reported, in cached mode as in stream mode (cached mode used to keep it, stream mode dropped it)."""
+    rows = [alpaca(i) for i in range(8)]
+    rows[3] = {"instruction": " ".join(["word"] * 60), "input": "", "output": "short"}  # prompt alone > 32 tokens
+    corpus = write_jsonl(tmp_path / "train.jsonl", rows)
+    cfg = make_cfg(tmp_path, corpus, "data.max_seq_len=32", "data.overlength=truncate", "data.shuffle=false",
+                   f"data.mode={mode}", "train.batch_size=1")
+    prepared = prepare(cfg, tmp_path / "run")
+    preflight = prepared[0]
+    assert preflight.splits["train"].dropped == 1 and any("keep no target" in note for note in preflight.notes)
+    batches = batches_for(cfg, prepared)
+    seen = samples(one_pass(batches) if mode == "stream" else islice(batches, len(batches.plan)))
+    assert sum(seen.values()) == 7
+    assert all(len(ids) <= 32 for ids, _ in seen)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("stop_after", [1, 4, 9])  # 9: into the second pass (6 micro-batches a pass)
 def test_stream_resume_yields_exactly_the_remaining_batches(tmp_path, corpus, num_workers, stop_after) -> None:
     cfg = make_cfg(tmp_path, corpus, "data.mode=stream", "train.batch_size=4", f"data.num_workers={num_workers}")
-    preflight, tokenizer, spec = prepare(cfg, tmp_path / "run")
-    full = build_train_batches(cfg, preflight, env(), tokenizer, spec)
+    prepared = prepare(cfg, tmp_path / "run")
+    full = batches_for(cfg, prepared)
     assert full.batches_per_rank == 6 and full.steps_per_epoch(grad_accum=2) == 3
     expected = [rows_of(b) for b in islice(full, 14)]
-    stopped = build_train_batches(cfg, preflight, env(), tokenizer, spec)
+    stopped = batches_for(cfg, prepared)
     taken = [rows_of(b) for b in islice(stopped, stop_after)]
-    resumed = build_train_batches(cfg, preflight, env(), tokenizer, spec)
+    resumed = batches_for(cfg, prepared)
     resumed.load_state_dict(roundtrip(stopped.state_dict()))
     assert taken + [rows_of(b) for b in islice(resumed, 14 - stop_after)] == expected
     assert Counter(r for rows in expected[:6] for r in rows) == Counter(r for rows in expected[6:12] for r in rows)
@@ -173,9 +189,9 @@ def test_stream_resume_yields_exactly_the_remaining_batches(tmp_path, corpus, nu
 
 def test_stream_resume_refuses_a_changed_stream(tmp_path, corpus) -> None:
     cfg = make_cfg(tmp_path, corpus, "data.mode=stream", "train.batch_size=4")
-    preflight, tokenizer, spec = prepare(cfg, tmp_path / "run")
-    saved = build_train_batches(cfg, preflight, env(), tokenizer, spec).state_dict()
-    other = build_train_batches(cfg, preflight, env(0, 2), tokenizer, spec)
+    prepared = prepare(cfg, tmp_path / "run")
+    saved = batches_for(cfg, prepared).state_dict()
+    other = batches_for(cfg, prepared, 0, 2)
     with pytest.raises(DataError, match=r"train.resume.*world_size"):
         other.load_state_dict(roundtrip(saved))
 
@@ -183,9 +199,9 @@ def test_stream_resume_refuses_a_changed_stream(tmp_path, corpus) -> None:
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_two_ranks_cover_every_line_once_with_equal_batch_counts(tmp_path, corpus, num_workers) -> None:
     cfg = make_cfg(tmp_path, corpus, "data.mode=stream", "train.batch_size=2", f"data.num_workers={num_workers}")
-    preflight, tokenizer, spec = prepare(cfg, tmp_path / "run")
-    whole = samples(one_pass(build_train_batches(cfg, preflight, env(), tokenizer, spec)))
-    ranks = [build_train_batches(cfg, preflight, env(rank, 2), tokenizer, spec) for rank in range(2)]
+    prepared = prepare(cfg, tmp_path / "run")
+    whole = samples(one_pass(batches_for(cfg, prepared)))
+    ranks = [batches_for(cfg, prepared, rank, 2) for rank in range(2)]
     passes = [one_pass(r) for r in ranks]
     assert ranks[0].batches_per_rank == ranks[1].batches_per_rank == len(passes[0]) == len(passes[1])
     per_rank = [samples(p) for p in passes]
@@ -216,9 +232,9 @@ def listed(run_dir: Path) -> list[tuple[str, int]]:
 def test_stream_lists_each_bad_line_once_and_skips_it(tmp_path, dirty) -> None:
     cfg = make_cfg(tmp_path, dirty, "data.mode=stream", "data.preflight_sample=6", "data.max_bad_fraction=0.2",
                    "train.batch_size=3")
-    preflight, tokenizer, spec = prepare(cfg, tmp_path / "run")
+    prepared = prepare(cfg, tmp_path / "run")
     assert listed(tmp_path / "run") == []  # the sample was clean
-    batches = build_train_batches(cfg, preflight, env(), tokenizer, spec)
+    batches = batches_for(cfg, prepared)
     two_passes = list(islice(batches, 2 * batches.batches_per_rank))
     assert sum(samples(two_passes).values()) == 2 * (40 - 5)
     assert sorted(listed(tmp_path / "run")) == [(str(dirty), n) for n in bad_lines(dirty)]
@@ -227,8 +243,8 @@ def test_stream_lists_each_bad_line_once_and_skips_it(tmp_path, dirty) -> None:
 
 def test_any_bad_line_fails_at_once_with_max_bad_fraction_zero(tmp_path, dirty) -> None:
     cfg = make_cfg(tmp_path, dirty, "data.mode=stream", "data.preflight_sample=6", "train.batch_size=3")
-    preflight, tokenizer, spec = prepare(cfg, tmp_path / "run")  # the sample is clean: preflight passes
-    batches = iter(build_train_batches(cfg, preflight, env(), tokenizer, spec))
+    prepared = prepare(cfg, tmp_path / "run")  # the sample is clean: preflight passes
+    batches = iter(batches_for(cfg, prepared))
     with pytest.raises(DataError, match=r"1 of 10 train lines .* > data.max_bad_fraction=0.0\); the latest is \S*dirty.jsonl:8 \(not_object"):
         for _ in range(3):
             next(batches)
@@ -239,8 +255,8 @@ def test_a_nonzero_limit_is_judged_by_the_end_of_a_short_pass(tmp_path, dirty) -
     # 12.5% bad: within 0.2 although the first bad line alone is 1 of 8; above 0.1 once the whole pass is read.
     cfg = make_cfg(tmp_path, dirty, "data.mode=stream", "data.preflight_sample=6", "data.max_bad_fraction=0.1",
                    "train.batch_size=3")
-    preflight, tokenizer, spec = prepare(cfg, tmp_path / "run")
-    batches = build_train_batches(cfg, preflight, env(), tokenizer, spec)
+    prepared = prepare(cfg, tmp_path / "run")
+    batches = batches_for(cfg, prepared)
     iterator = iter(batches)
     assert len(list(islice(iterator, batches.batches_per_rank))) == batches.batches_per_rank
     with pytest.raises(DataError, match=r"5 of 40 train lines .*12.50% > data.max_bad_fraction=0.1"):

@@ -5,11 +5,10 @@ import json
 import sys
 import tracemalloc
 
-import numpy as np
 import pytest
 
 from seqtune.config.errors import DataError
-from seqtune.data.sources import LineIndex, expand_paths, iter_lines, read_line
+from seqtune.data.sources import expand_paths, iter_lines
 
 
 def _write(path, lines: list[bytes]):
@@ -47,28 +46,6 @@ def test_iter_lines_numbers_physical_lines_and_skips_blank_ones(tmp_path, name):
     assert list(iter_lines(path)) == [(1, b'{"a": 1}'), (4, b'{"a": 2}'), (5, b'{"a": 3}')]
 
 
-@pytest.mark.parametrize("name", ["d.jsonl", "d.jsonl.gz"])
-def test_line_index_rereads_any_line(tmp_path, name):
-    lines = [json.dumps({"i": i, "pad": "x" * (i % 7)}).encode() for i in range(1, 501)]
-    path = _write(tmp_path / name, lines)
-    index = LineIndex()
-    assert sum(1 for _ in iter_lines(path, index)) == 500
-    assert len(index) == 500
-    for n in (1, 2, 250, 499, 500):
-        assert read_line(path, n, index) == lines[n - 1]
-        assert read_line(path, n) == lines[n - 1]  # without an index: streams to it
-    index.save(tmp_path / "idx.bin")
-    assert read_line(path, 321, LineIndex.load(tmp_path / "idx.bin")) == lines[320]
-
-
-def test_read_line_past_the_end_names_file_and_line(tmp_path):
-    path = _write(tmp_path / "d.jsonl", [b"{}", b"{}"])
-    index = LineIndex()
-    list(iter_lines(path, index))
-    with pytest.raises(DataError, match=r"d\.jsonl:3 is past the end of the file \(2 lines\)"):
-        read_line(path, 3, index)
-
-
 def test_zst_without_zstandard_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "zstandard", None)  # makes `import zstandard` fail as if not installed
     path = tmp_path / "d.jsonl.zst"
@@ -77,15 +54,13 @@ def test_zst_without_zstandard_is_a_clear_error(tmp_path, monkeypatch):
         list(iter_lines(path))
 
 
-def test_zst_streams_and_rereads(tmp_path):
+def test_zst_streams(tmp_path):
     import zstandard
 
     lines = [json.dumps({"i": i}).encode() for i in range(100)]
     path = tmp_path / "d.jsonl.zst"
     path.write_bytes(zstandard.ZstdCompressor().compress(b"".join(x + b"\n" for x in lines)))
-    index = LineIndex()
-    assert [raw for _, raw in iter_lines(path, index)] == lines
-    assert read_line(path, 42, index) == lines[41]
+    assert [raw for _, raw in iter_lines(path)] == lines
 
 
 def test_streaming_200k_lines_keeps_memory_bounded(tmp_path):
@@ -100,16 +75,3 @@ def test_streaming_200k_lines_keeps_memory_bounded(tmp_path):
     assert count == 200_000
     # The file decompresses to ~12 MB; holding the lines would need far more than this.
     assert peak < 4 * 2**20, f"peak {peak / 2**20:.1f} MiB while streaming"
-
-
-def test_spilled_line_index_matches_in_memory_one(tmp_path, monkeypatch):
-    monkeypatch.setattr(LineIndex, "SPILL_EVERY", 7)  # spill many times on a small file
-    lines = [json.dumps({"i": i, "pad": "x" * (i % 13)}).encode() for i in range(100)]
-    path = _write(tmp_path / "d.jsonl", lines)
-    memory, spilled = LineIndex(), LineIndex(spill=tmp_path / "spill.bin")
-    list(iter_lines(path, memory))
-    list(iter_lines(path, spilled))
-    np.testing.assert_array_equal(np.asarray(spilled.offsets), memory.offsets)
-    spilled.save(tmp_path / "spill.bin")
-    reloaded = LineIndex.load(tmp_path / "spill.bin")
-    assert [read_line(path, n, reloaded) for n in (1, 8, 50, 100)] == [lines[0], lines[7], lines[49], lines[99]]

@@ -33,3 +33,15 @@ def _few_threads():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+def lora_for(model, lora, family: str):
+    """apply_lora as the recipe calls it, with the targets and the fully trained modules the plan would resolve
+    (seqtune.models.spec.modules_trained_in_full) for this model."""
+    from seqtune.models import apply_lora, get_spec
+    from seqtune.models.spec import modules_trained_in_full
+
+    rows = model.get_input_embeddings().weight.shape[0]
+    saved = modules_trained_in_full(lora.modules_to_save, tied=bool(model.config.tie_word_embeddings),
+                                    base_rows=getattr(model, "seqtune_base_rows", rows), rows=rows)
+    return apply_lora(model, lora, targets=get_spec(family).lora_targets, saved=saved)

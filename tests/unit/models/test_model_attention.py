@@ -5,14 +5,14 @@ explicit choice is a ConfigError naming the key and the fix."""
 from __future__ import annotations
 
 import pytest
-import torch
-from transformers import Gemma3TextConfig, LlamaConfig
 
+from conftest import tiny_cfg
 from seqtune.config.errors import ConfigError
-from seqtune.models import attention
-from seqtune.models.attention import AttentionEnv, attention_choice, attention_env, attn_backend_problems
+from seqtune.models import attention, get_spec
+from seqtune.models.attention import AttentionEnv, attention_choice, attn_backend_problems
+from seqtune.models.facts import read_model_facts
 
-CPU_BF16 = AttentionEnv(device_type="cpu", compute_dtype=torch.bfloat16)
+CPU_BF16 = AttentionEnv(device_type="cpu", compute_dtype="bfloat16")
 CUDA_BF16 = AttentionEnv(device_type="cuda", compute_dtype="bfloat16")
 
 
@@ -30,6 +30,7 @@ def test_auto_on_cpu_is_sdpa_and_says_why():
 
 def test_auto_on_cuda_picks_torch_varlen_without_flash_attn(ampere_gpu, monkeypatch):
     monkeypatch.setattr(attention, "flash_attn_installed", lambda: False)
+    monkeypatch.setattr(attention, "_varlen_support", lambda: (True, True))
     choice = attention_choice("auto", CUDA_BF16)
     assert choice.name == "torch_varlen"
     assert "not flash_attention_2 (needs the flash_attn package" in choice.reason
@@ -41,13 +42,13 @@ def test_auto_on_cuda_prefers_flash_attn_when_installed(ampere_gpu, monkeypatch)
 
 
 def test_auto_with_fp32_compute_is_sdpa(ampere_gpu):
-    choice = attention_choice("auto", AttentionEnv(device_type="cuda", compute_dtype=torch.float32))
+    choice = attention_choice("auto", AttentionEnv(device_type="cuda", compute_dtype="float32"))
     assert choice.name == "sdpa" and "computes in bf16/fp16" in choice.reason
 
 
 def test_sliding_window_needs_a_windowed_kernel(ampere_gpu, monkeypatch):
     monkeypatch.setattr(attention, "flash_attn_installed", lambda: False)
-    monkeypatch.setattr(attention, "kernel_supports_window", lambda: False)
+    monkeypatch.setattr(attention, "_varlen_support", lambda: (True, False))
     windowed = AttentionEnv(device_type="cuda", compute_dtype="bfloat16", sliding_window=True)
     assert attention_choice("auto", windowed).name == "sdpa"
     with pytest.raises(ConfigError, match=r"torch_varlen needs a sliding-window kernel"):
@@ -75,10 +76,20 @@ def test_problems_are_collected_for_preflight():
         "model.attn_implementation='flash' is not one of auto, flash_attention_2, torch_varlen, sdpa, eager")
 
 
-def test_env_reads_window_dropout_and_softcap_from_the_model_config():
-    llama = attention_env(LlamaConfig(), device_type="cuda", compute_dtype="bfloat16")
-    assert not llama.sliding_window and not llama.dropout_or_softcap
-    gemma = attention_env(Gemma3TextConfig(sliding_window=512), device_type="cuda", compute_dtype="bfloat16")
-    assert gemma.sliding_window
-    dropped = attention_env(LlamaConfig(attention_dropout=0.1), device_type="cuda", compute_dtype="bfloat16")
-    assert dropped.dropout_or_softcap
+def test_the_plan_reads_window_dropout_and_softcap_from_the_model_config(tmp_path):
+    """What the attention rule needs of the model comes from config.json as JSON (or the tiny fields), no torch."""
+    import json
+
+    assert not read_model_facts(tiny_cfg("llama3"), get_spec("llama3")).sliding_window
+    assert read_model_facts(tiny_cfg("gemma3"), get_spec("gemma3")).sliding_window
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "model.safetensors").write_bytes(b"")
+    config = {"model_type": "llama", "vocab_size": 64, "max_position_embeddings": 128, "num_hidden_layers": 2,
+              "attention_dropout": 0.1}
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    facts = read_model_facts(tiny_cfg("llama3", path=str(checkpoint), vocab_size=None, hidden_size=None,
+                                      intermediate_size=None, num_layers=None, num_heads=None, num_kv_heads=None,
+                                      max_position_embeddings=None, rope_theta=None, rope_scaling_factor=None,
+                                      tie_word_embeddings=None), get_spec("llama3"))
+    assert facts.attention_dropout_or_softcap and not facts.sliding_window and facts.model_type == "llama"

@@ -9,7 +9,7 @@ import transformers
 
 from conftest import TINY_FAMILIES, random_batch, tiny_cfg
 from seqtune.config.errors import ConfigError
-from seqtune.models import build_model, context_length, count_parameters, get_spec, load_model_config
+from seqtune.models import build_model, count_parameters, get_spec, load_model_config, read_model_facts
 
 EXPECTED_CLASS = {
     "llama3": "LlamaForCausalLM",
@@ -51,7 +51,7 @@ def test_llama3_tiny_has_llama3_rope_scaling_and_gqa():
     assert rope["factor"] == 8.0 and rope["original_max_position_embeddings"] == 8192
     assert (rope["low_freq_factor"], rope["high_freq_factor"]) == (1.0, 4.0)
     assert hf.num_key_value_heads < hf.num_attention_heads
-    assert context_length(hf) == 131072
+    assert read_model_facts(tiny_cfg("llama3"), get_spec("llama3")).context_length == 131072
 
 
 def test_llama3_rope_scaling_factor_zero_turns_scaling_off():
@@ -94,9 +94,8 @@ def test_tinyllama_tiny_is_llama2_with_gqa():
     assert isinstance(hf, transformers.LlamaConfig)
     assert hf.rope_parameters["rope_type"] == "default"
     assert hf.num_attention_heads // hf.num_key_value_heads == 4
-    assert context_length(hf) == 2048
-    spec = get_spec("tinyllama")
-    assert (spec.vocab_size, spec.context_length) == (32000, 2048)
+    facts = read_model_facts(tiny_cfg("tinyllama"), get_spec("tinyllama"))
+    assert (facts.context_length, facts.embedding_rows, facts.num_layers) == (2048, 4096, 2)
 
 
 def test_null_fields_take_the_family_tiny_defaults():
@@ -119,6 +118,9 @@ CONVERSATION = [
     {"role": "user", "content": "Hi"},
     {"role": "assistant", "content": "Hello"},
 ]
+# The real models' bos / eos (what their tokenizers put around a conversation).
+BOS_EOS = {"llama3": ("<|begin_of_text|>", "<|end_of_text|>"), "gemma3": ("<bos>", "<eos>"),
+           "mistral": ("<s>", "</s>"), "tinyllama": ("<s>", "</s>")}
 MARKERS = {
     "llama3": ["<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>",
                "<|start_header_id|>assistant<|end_header_id|>\n\nHello<|eot_id|>"],
@@ -133,7 +135,7 @@ def test_chat_template_renders_the_family_format(family):
     spec = get_spec(family)
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     text = env.from_string(spec.chat_template).render(
-        messages=CONVERSATION, bos_token=spec.bos_token, eos_token=spec.eos_token, add_generation_prompt=False
+        messages=CONVERSATION, bos_token=BOS_EOS[family][0], eos_token=BOS_EOS[family][1], add_generation_prompt=False
     )
     for marker in MARKERS[family]:
         assert marker in text

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import random_batch, tiny_cfg
+from conftest import lora_for, random_batch, tiny_cfg
 from seqtune.config.errors import ConfigError
 from seqtune.config.schema import LoraConfig
-from seqtune.models import apply_lora, build_model, get_spec
+from seqtune.models import build_model
 from seqtune.models import kernels as kernels_module
 from seqtune.models.kernels import kernels_choice
 from seqtune.models.lora import skip_adapter_input_cast
@@ -37,7 +37,7 @@ def test_skipping_the_adapter_input_cast_changes_no_number():
     def run(skip: bool):
         torch.manual_seed(0)  # peft draws lora_A from the global generator
         model = build_model(tiny_cfg("llama3", dtype="bfloat16"), attn_implementation="sdpa")
-        model = apply_lora(model, LoraConfig(rank=4), get_spec("llama3"))
+        model = lora_for(model, LoraConfig(rank=4), "llama3")
         for name, param in model.named_parameters():
             if "lora_B" in name:  # non-zero B, so the adapters contribute
                 torch.nn.init.normal_(param, std=0.02, generator=torch.Generator().manual_seed(1))

@@ -8,11 +8,10 @@ from dataclasses import replace
 import pytest
 import transformers
 
-from conftest import tiny_cfg
+from conftest import lora_for, tiny_cfg
 from seqtune.config.schema import LoraConfig
 from seqtune.models import (
     MemoryInputs,
-    apply_lora,
     build_model,
     count_parameters,
     get_spec,
@@ -46,7 +45,7 @@ def test_meta_count_matches_built_model_and_lora_count_matches_peft():
     built = build_model(cfg, attn_implementation="sdpa")
     assert count_parameters(meta_model(hf)).total == count_parameters(built).total
     estimate = memory_estimate(inputs(hf))
-    peft_model = apply_lora(built, LoraConfig(rank=8), get_spec("llama3"))
+    peft_model = lora_for(built, LoraConfig(rank=8), "llama3")
     assert estimate.trainable_params == count_parameters(peft_model).trainable
 
 

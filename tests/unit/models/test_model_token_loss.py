@@ -7,11 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import tiny_cfg
+from conftest import lora_for, tiny_cfg
 from seqtune.config.schema import LoraConfig
 from seqtune.data.types import IGNORE_INDEX
-from seqtune.models import apply_lora, build_model, get_spec
-from seqtune.models.token_loss import chunk_tokens, install_token_loss, loss_choice
+from seqtune.models import build_model
+from seqtune.models.kernels import loss_choice
+from seqtune.models.token_loss import chunk_tokens, install_token_loss
 
 
 def full_logits_loss(model, ids, targets):
@@ -40,8 +41,8 @@ def test_chunked_loss_equals_full_logits_loss_value_and_gradients(family, lora):
         model = build_model(tiny_cfg(family), attn_implementation="eager", resize_to=4160 if lora == "resize" else None)
         if lora == "full":
             return model
-        return apply_lora(model, LoraConfig(rank=4, dropout=0.0), get_spec(family),
-                          extra_trainable=["lm_head"] if lora == "lm_head" else ())
+        return lora_for(model, LoraConfig(rank=4, dropout=0.0, modules_to_save=["lm_head"] if lora == "lm_head"
+                                          else []), family)
 
     reference, chunked = build(), build()
     chunked.load_state_dict(reference.state_dict())
@@ -83,7 +84,7 @@ def test_loss_path_follows_kernels_and_the_head():
 
 
 def test_fused_refuses_a_wrapped_head():
-    model = apply_lora(build_model(tiny_cfg("llama3"), attn_implementation="sdpa"), LoraConfig(rank=4),
-                       get_spec("llama3"), extra_trainable=["lm_head"])
+    model = lora_for(build_model(tiny_cfg("llama3"), attn_implementation="sdpa"),
+                     LoraConfig(rank=4, modules_to_save=["lm_head"]), "llama3")
     with pytest.raises(ValueError, match="fused loss needs a plain Linear head"):
         install_token_loss(model, path="fused")

