@@ -205,9 +205,7 @@ def _streamed(cfg: RootConfig, preflight, env, tokenizer, spec) -> StreamedBatch
         raise DataError("preflight.json has no line count for the train split; it was written by a run with "
                         "data.mode=cached.", key="data.mode", fix="run the CLI again with data.mode=stream.")
     encoder = SampleEncoder(tokenizer, cfg.data.format, train_on_prompt=cfg.data.train_on_prompt)
-    parsers = {str(f): LineParser(fmt=cfg.data.format, file=str(f), media_root=cfg.data.media_root,
-                                  pad_id=tokenizer.pad_token_id, eos_id=encoder.eos_id, vocab_size=encoder.vocab_size)
-               for f in files}
+    parsers = {str(f): encoder.line_parser(str(f), media_root=cfg.data.media_root) for f in files}
     max_seq_len = int(cfg.data.max_seq_len)
     collator = make_collator(cfg.padding, max_seq_len=max_seq_len, pad_id=_pad_id(tokenizer),
                              padding_side=padding_side(cfg, spec))

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from seqtune.data.cache import TokenCache, TokenCacheWriter, cache_key, tokenizer_fingerprint
-from seqtune.data.formats import LineParser, Record, template_signature
+from seqtune.data.formats import Record, template_signature
 from seqtune.data.sources import LineIndex, iter_lines
 from seqtune.data.tokenize import EncodedBatch, SampleEncoder
 from seqtune.data.types import Reject
@@ -136,13 +136,11 @@ def _stream(paths: list[Path], encoder: SampleEncoder, writer: TokenCacheWriter,
             max_records: int, chunk_size: int, progress: bool, name: str) -> tuple[_Stats, list[LineIndex]]:
     stats, indexes = _Stats(), []
     bar = _progress_bar(name, progress)
-    pad_id = encoder.tokenizer.pad_token_id
     with _EncodePipeline(encoder, writer, stats, bar) as pipeline:
         for k, path in enumerate(paths):
             index = LineIndex(spill=writer.line_index_path(k))
             indexes.append(index)
-            parser = LineParser(fmt=encoder.fmt, file=str(path), media_root=media_root, pad_id=pad_id,
-                                eos_id=encoder.eos_id, vocab_size=encoder.vocab_size)
+            parser = encoder.line_parser(str(path), media_root=media_root)
             chunk: list[Record] = []
             rejects: list[Reject] = []
             for line_no, raw in iter_lines(path, index):

@@ -19,7 +19,7 @@ from itertools import chain
 import numpy as np
 
 from seqtune.config.errors import ConfigError
-from seqtune.data.formats import Conversation, PreTokenized, PromptCompletion, Record
+from seqtune.data.formats import CHAT_ROLES, Conversation, LineParser, PreTokenized, PromptCompletion, Record
 from seqtune.data.types import IGNORE_INDEX, Reject, TokenizedSample
 
 
@@ -70,7 +70,15 @@ class SampleEncoder:
         if self._backend is None and fmt == "chat":
             raise ConfigError("data.format=chat needs a fast (Rust) tokenizer for character offsets.",
                               key="data.format", fix="load the tokenizer with use_fast=True.")
+        # The roles this run's chat template takes, asked of the template itself (the parser is told, so a line
+        # is never accepted by one and refused by the other); a template that cannot render at all fails here.
+        self.chat_roles = chat_template_roles(tokenizer) if fmt == "chat" else CHAT_ROLES
         self.texts_tokenized = 0  # counts tokenizer inputs: lets tests prove a cached re-run tokenizes nothing
+
+    def line_parser(self, file: str, *, media_root: str | None) -> LineParser:
+        """The parser for lines of `file` that this encoder's records come from (its ids, vocab and roles)."""
+        return LineParser(fmt=self.fmt, file=file, media_root=media_root, pad_id=self.tokenizer.pad_token_id,
+                          eos_id=self.eos_id, vocab_size=self.vocab_size, roles=self.chat_roles)
 
     @staticmethod
     def _probe_bos(tokenizer) -> int | None:
@@ -176,8 +184,8 @@ class SampleEncoder:
             try:
                 text, assistant_spans = render_chat(self.tokenizer, record.messages)
             except Exception as exc:  # noqa: BLE001 - a template's own error is this record's reject reason
-                rejects.append((i, Reject(file=record.file, line=record.line,
-                                          reason=f"wrong_type: chat template failed: {exc}")))
+                reason = f"template_rejected: the chat template (tokenizer.chat_template) refused it: {exc}"
+                rejects.append((i, Reject(file=record.file, line=record.line, reason=reason)))
                 continue
             texts.append(text)
             spans.append(assistant_spans)
@@ -220,3 +228,39 @@ def render_chat(tokenizer, messages: list[dict[str, str]]) -> tuple[str, list[tu
         common = os.path.commonprefix([upto, full])
         spans.append((len(before), len(common.rstrip())))
     return full, spans
+
+
+# The exchange every chat template must render; a template that cannot is broken, not the data.
+_PLAIN_CHAT = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+# One conversation per optional role, with the role where real conversations put it.
+_ROLE_PROBES = {
+    "system": [{"role": "system", "content": "Be brief."}, *_PLAIN_CHAT],
+    "tool": [*_PLAIN_CHAT, {"role": "tool", "content": "{}"}, {"role": "assistant", "content": "Done"}],
+}
+
+
+def chat_template_roles(tokenizer) -> tuple[str, ...]:
+    """The roles of CHAT_ROLES that the tokenizer's chat template renders (in CHAT_ROLES order).
+
+    Raises ConfigError naming tokenizer.chat_template when the template cannot render a plain user/assistant
+    exchange (a Jinja syntax error, an undefined name, a template that raises or is not append-only): one
+    problem about the template, instead of every record of the data rejected for it.
+    """
+    try:
+        render_chat(tokenizer, _PLAIN_CHAT)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the Jinja raises is the template's problem
+        raise ConfigError(
+            f"the chat template cannot render a plain user/assistant conversation: {type(exc).__name__}: {exc}",
+            key="tokenizer.chat_template",
+            fix="set tokenizer.chat_template to a template that renders (null = the tokenizer's own, else the model "
+                "family's).") from None
+    accepted = {"user", "assistant"}
+    for role, messages in _ROLE_PROBES.items():
+        try:
+            render_chat(tokenizer, messages)
+            accepted.add(role)
+        except Exception:  # noqa: BLE001, S112 - refusing a role is how a template says it has none
+            continue
+    return tuple(role for role in CHAT_ROLES if role in accepted)

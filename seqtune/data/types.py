@@ -17,7 +17,8 @@ class Reject:
     file: str
     line: int
     # "<code>: <detail>", code one of: bad_json, bad_utf8, not_object, missing_field, wrong_type, empty_text,
-    # missing_media, bad_token_id, overlength (only with data.overlength=drop), no_targets
+    # missing_media, bad_token_id, overlength (only with data.overlength=drop), no_targets, template_rejected
+    # (the chat template raised on this conversation)
     reason: str
 
     @property

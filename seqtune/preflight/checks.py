@@ -307,12 +307,18 @@ def check_bad_lines(
     per_reason = ", ".join(f"{code} x{count}" for code, count in sorted(reject_counts(bad).items()))
     listed = [f"{reject.file}:{reject.line} ({reject.reason})" for reject in bad[:MAX_LISTED]]
     first = f"{bad[0].file}:{bad[0].line}"
+    skip = f"data.max_bad_fraction={_fraction_fix(fraction)} to skip them"
+    if all(reject.code == "template_rejected" for reject in bad):  # the lines are fine JSON: the template refuses
+        key, what, fix = ("tokenizer.chat_template", "refused by the chat template",
+                          f"a chat template that renders these conversations (tokenizer.chat_template=...), "
+                          f"conversations in the shape it expects, or {skip}")
+    else:
+        key, what, fix = "data.max_bad_fraction", "malformed", f"repair those lines, or {skip}"
     return [Problem(
-        check="integrity", key="data.max_bad_fraction", location=first,
-        message=(f"{len(bad)} of {total_lines} {split} lines are malformed ({fraction:.2%} > "
+        check="integrity", key=key, location=first,
+        message=(f"{len(bad)} of {total_lines} {split} lines are {what} ({fraction:.2%} > "
                  f"data.max_bad_fraction={max_bad_fraction}): {per_reason}; {_listed(listed, len(bad))}. "
-                 f"All are listed in rejects.jsonl. Fix: repair those lines, or data.max_bad_fraction="
-                 f"{_fraction_fix(fraction)} to skip them."),
+                 f"All are listed in rejects.jsonl. Fix: {fix}."),
     )]
 
 

@@ -123,5 +123,6 @@ def test_chat_template_error_becomes_a_reject_at_its_line(bundled_tokenizer):
     bad = _chat(("tool", "x"), ("assistant", "b"), line=2)  # the bundled template refuses the tool role
     first, second = encoder.encode_batch([good, bad])
     assert isinstance(first, TokenizedSample)
-    assert isinstance(second, Reject) and (second.file, second.line, second.code) == ("c.jsonl", 2, "wrong_type")
-    assert "chat template failed" in second.reason
+    assert isinstance(second, Reject) and (second.file, second.line, second.code) == ("c.jsonl", 2,
+                                                                                      "template_rejected")
+    assert "tokenizer.chat_template" in second.reason and "Unknown role tool" in second.reason
