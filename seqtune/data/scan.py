@@ -1,12 +1,14 @@
 """Preflight's one pass over a split: parse → encode in batches → token cache, collecting what the checks need.
 
 A re-run with the same data, tokenizer, format and template finds the published cache by its content key and
-returns the stored statistics without parsing or tokenizing anything (cost: hashing the data files).
+returns the stored statistics without parsing or tokenizing anything (cost: hashing the data files). A published
+cache that fails verification (a truncated or missing file, an edited meta.json) is removed and rebuilt.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from collections import Counter
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from seqtune.data.cache import TokenCache, TokenCacheWriter, cache_key, tokenizer_fingerprint
+from seqtune.data.cache import META, TokenCache, TokenCacheWriter, cache_damage, cache_key, tokenizer_fingerprint
 from seqtune.data.formats import Record, template_signature
 from seqtune.data.sources import LineIndex, iter_lines
 from seqtune.data.tokenize import EncodedBatch, SampleEncoder
@@ -46,6 +48,8 @@ class SplitScan:
     padded_locations: list[str] = field(default_factory=list)  # the first few, to name in the report
     from_cache: bool = False
     seconds: float = 0.0
+    # Set when a damaged published cache was found and rebuilt (preflight reports it as a note).
+    rebuilt_note: str | None = None
 
     @property
     def trainable_fraction(self) -> float:
@@ -116,8 +120,11 @@ def scan_split(name: str, paths: list[Path], encoder: SampleEncoder, *, cache_ro
     paths = [Path(p) for p in paths]
     key = cache_key(paths, encoder_signature(encoder), f"{key_extra}|media_root={media_root}|max={max_records}")
     published = Path(cache_root) / key
-    if (published / "meta.json").is_file():
+    damage = cache_damage(published) if published.exists() else None
+    if published.exists() and damage is None:
         return _load_scan(name, published, began)
+    if damage is not None:
+        shutil.rmtree(published, ignore_errors=True)
     writer = TokenCacheWriter(Path(cache_root), key, paths)
     try:
         stats, indexes = _stream(paths, encoder, writer, media_root=media_root, max_records=max_records,
@@ -129,6 +136,8 @@ def scan_split(name: str, paths: list[Path], encoder: SampleEncoder, *, cache_ro
         raise
     scan = _load_scan(name, directory, began)
     scan.from_cache = False
+    if damage is not None:
+        scan.rebuilt_note = f"the token cache of data.{name} ({published}) was damaged ({damage}); it was rebuilt."
     return scan
 
 
@@ -223,7 +232,7 @@ def _stats_meta(stats: _Stats) -> dict:
 
 
 def _load_scan(name: str, directory: Path, began: float) -> SplitScan:
-    meta = json.loads((directory / "meta.json").read_text())
+    meta = json.loads((directory / META).read_text())
     rejects = []
     with open(directory / "rejects.jsonl", encoding="utf-8") as f:
         for line, _ in zip(f, range(MAX_REJECTS_IN_MEMORY)):

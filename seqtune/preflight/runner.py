@@ -53,6 +53,7 @@ def run_preflight(cfg: RootConfig, run_dir: Path) -> PreflightResult:
                              caches={name: scan.cache_dir for name, scan in scans.items()},
                              rejects_file=run_dir / REJECTS_FILE)
     result.notes += checks.pad_token_notes(pad_id=facts.pad_id, eos_id=facts.eos_id)
+    result.notes += [scan.rebuilt_note for scan in scans.values() if scan.rebuilt_note]
     if "train" in scans:
         try:
             _data_phases(cfg, facts, scans, result, problems)
