@@ -34,6 +34,7 @@ class SplitScan:
 
     name: str
     cache_dir: Path
+    files: list[str]  # the split's data files, in order
     records: int  # non-blank lines read
     samples: int  # records that became samples (records - rejects)
     rejects: list[Reject]
@@ -238,8 +239,9 @@ def _load_scan(name: str, directory: Path, began: float) -> SplitScan:
         for line, _ in zip(f, range(MAX_REJECTS_IN_MEMORY)):
             rejects.append(Reject(**json.loads(line)))
     return SplitScan(
-        name=name, cache_dir=directory, records=meta["records"], samples=meta["num_samples"], rejects=rejects,
-        reject_counts=meta["reject_counts"], lengths=np.fromfile(directory / "lengths.bin", dtype=np.int32),
+        name=name, cache_dir=directory, files=meta["files"], records=meta["records"], samples=meta["num_samples"],
+        rejects=rejects, reject_counts=meta["reject_counts"],
+        lengths=np.fromfile(directory / "lengths.bin", dtype=np.int32),
         max_token_id=meta["max_token_id"], max_token_location=meta["max_token_location"],
         zero_target_samples=meta["zero_target_samples"], target_tokens=meta["target_tokens"],
         total_tokens=meta["total_tokens"], padded_inputs=meta["padded_inputs"],

@@ -322,6 +322,34 @@ def check_bad_lines(
     )]
 
 
+def check_split_not_empty(
+    *, split: str, files: Sequence[str], records: int, samples: int, kept: int, reject_counts: Mapping[str, int],
+    first_reject: Reject | None, overlength: str,
+) -> list[Problem]:
+    """A configured split must give at least one sample after every policy: an empty train split would otherwise
+    pass preflight and fail after the model is built, blaming the batch size; an empty val split would
+    evaluate nothing. `kept`: samples left after data.overlength."""
+    if kept > 0:
+        return []
+    named = _listed(list(files), len(files))
+    skip = "" if split == "train" else f", or data.{split}=null to run without a {split} split"
+    if records == 0:
+        return [Problem(check="integrity", key=f"data.{split}",
+                        message=(f"data.{split} has no records: {named} hold(s) nothing but blank lines (or nothing "
+                                 f"at all). Fix: point data.{split} at JSON Lines with records{skip}."))]
+    if samples == 0:
+        per_reason = ", ".join(f"{code} x{count}" for code, count in sorted(reject_counts.items()))
+        first = f" (the first: {first_reject.file}:{first_reject.line}: {first_reject.reason})" if first_reject else ""
+        return [Problem(check="integrity", key=f"data.{split}", location=first_reject and
+                        f"{first_reject.file}:{first_reject.line}",
+                        message=(f"data.{split} has no usable record: all {records} were rejected ({per_reason})"
+                                 f"{first}; every one is listed in rejects.jsonl. Fix: repair them{skip}."))]
+    return [Problem(check="length", key="data.overlength",
+                    message=(f"data.overlength={overlength} leaves no {split} sample: all {samples} are longer than "
+                             f"data.max_seq_len. Fix: a larger data.max_seq_len (or auto), or "
+                             "data.overlength=truncate."))]
+
+
 def _fraction_fix(fraction: float) -> str:
     # The smallest "round" value that lets this run through; printed, so keep it short.
     return f"{np.ceil(fraction * 1000) / 1000:.3f}".rstrip("0").rstrip(".")

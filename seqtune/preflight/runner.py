@@ -92,7 +92,7 @@ def _data_phases(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitScan]
         lines = sampled.records if complete else count_lines(expand_paths(cfg.data.train, "data.train"))
         result.stream_train_lines = lines
         result.plan.splits["train"], stream_problems = stream_train_plan(cfg, lines)
-        problems += stream_problems
+        problems += stream_problems if lines else []  # no lines at all is the empty-split problem, not a batch size
     result.padding = PaddingStats(strategy=cfg.padding.strategy, side=facts.padding_side, efficiency=efficiency)
     result.memory, memory_problems = memory_phase(cfg, facts, max_seq_len)
     problems += memory_problems
