@@ -16,6 +16,7 @@ from seqtune.data.scan import SplitScan, scan_split
 from seqtune.data.sources import expand_paths
 from seqtune.data.stream import count_lines
 from seqtune.data.tokenize import SampleEncoder
+from seqtune.files import storage_error
 from seqtune.preflight import checks
 from seqtune.preflight.checks import Problem
 from seqtune.preflight.facts import ModelFacts, gather_facts
@@ -30,7 +31,7 @@ from seqtune.preflight.phases import (
     stream_train_plan,
 )
 from seqtune.preflight.report import PLOT_FILE, REJECTS_FILE, plot_lengths, print_problems, print_report, write_rejects
-from seqtune.preflight.result import PaddingStats, PreflightResult, VocabStats, write_result
+from seqtune.preflight.result import RUN_DIR_KEY, PaddingStats, PreflightResult, VocabStats, write_result
 
 SPLITS = ("train", "val", "test")
 DEFAULT_CACHE_ROOT = Path("~/.cache/seqtune/tokens")
@@ -39,7 +40,10 @@ DEFAULT_CACHE_ROOT = Path("~/.cache/seqtune/tokens")
 def run_preflight(cfg: RootConfig, run_dir: Path) -> PreflightResult:
     """Check every invariant; write preflight.json, rejects.jsonl, lengths.png; raise PreflightFailed on problems."""
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise storage_error(exc, run_dir, key=RUN_DIR_KEY) from None
     try:
         facts = gather_facts(cfg)
     except SeqtuneError as err:  # no tokenizer or model config: nothing else can be checked
