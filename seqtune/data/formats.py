@@ -223,6 +223,8 @@ class LineParser:
     def _tokenized(self, line: int, obj: dict) -> Record | Reject:
         if "input_ids" not in obj:
             return self._reject(line, f"missing_field: input_ids (has: {', '.join(sorted(obj)) or 'none'})")
+        if obj["input_ids"] is None:
+            return self._reject(line, "wrong_type: input_ids is null, expected a list of integers")
         arrays: dict[str, np.ndarray] = {}
         for key in ("input_ids", "labels", "attention_mask"):
             value = obj.get(key)
