@@ -206,7 +206,7 @@ def _damaged(path: Path, exc: BaseException) -> DataError:
         return DataError(f"{path}: reading failed: {exc.strerror}.",
                          fix=f"check the disk, or copy the file again ({check} reads all of it).")
     head = _peek_raw(path)
-    if kind and not head.startswith(magic):
+    if kind and not head.startswith(magic) and not magic.startswith(head):  # (a cut inside the magic: truncated)
         return DataError(f"{path} is named .{name.rsplit('.', 1)[1]} but is not {kind}-compressed (it starts with "
                          f"{head!r}).", fix=f"rename it to what it is (plain JSON Lines: {name.rsplit('.', 1)[0]}), "
                                             f"or compress it with {kind}.")
