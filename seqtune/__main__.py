@@ -110,10 +110,10 @@ def main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing its own trimmed traceback
     try:
         _hydra_main()
-    except SeqtuneError as err:  # a sweep job's error: that job printed it, the sweep stops here
+    except SeqtuneError as err:  # a sweep job's error, printed by that job; Hydra raises it once all jobs ran
         if user_setting == "1":
             raise
-        print("seqtune: the sweep stopped at the failing job above.", file=sys.stderr, flush=True)
+        print("seqtune: a job of the sweep failed; its error is printed above.", file=sys.stderr, flush=True)
         sys.exit(err.exit_code)
     except Exception as exc:
         message = None if user_setting == "1" else _config_refusal(exc)
