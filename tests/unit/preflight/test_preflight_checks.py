@@ -159,6 +159,32 @@ def test_overlength_drops_are_a_policy_not_bad_lines():
     assert checks.check_bad_lines(split="train", rejects=dropped, total_lines=2, max_bad_fraction=0.0) == []
 
 
+def test_lines_the_chat_template_refuses_blame_the_template_key():
+    refused = [Reject(file="c.jsonl", line=n, reason="template_rejected: ... Conversation roles must alternate")
+               for n in range(1, 4)]
+    [problem] = checks.check_bad_lines(split="train", rejects=refused, total_lines=5, max_bad_fraction=0.0)
+    assert problem.key == "tokenizer.chat_template" and "refused by the chat template" in problem.message
+    mixed = refused + [Reject(file="c.jsonl", line=4, reason="bad_json: x")]
+    [problem] = checks.check_bad_lines(split="train", rejects=mixed, total_lines=5, max_bad_fraction=0.0)
+    assert problem.key == "data.max_bad_fraction"
+
+
+def test_an_empty_split_is_a_problem_naming_its_key():
+    common = {"files": ["v.jsonl"], "reject_counts": {}, "first_reject": None, "overlength": "error"}
+    [empty] = checks.check_split_not_empty(split="val", records=0, samples=0, kept=0, **common)
+    assert empty.key == "data.val" and "v.jsonl hold(s) nothing but blank lines" in empty.message
+    assert "data.val=null" in empty.message
+    first = Reject(file="t.jsonl", line=2, reason="bad_json: x")
+    [rejected] = checks.check_split_not_empty(split="train", records=3, samples=0, kept=0, files=["t.jsonl"],
+                                              reject_counts={"bad_json": 3}, first_reject=first, overlength="error")
+    assert rejected.key == "data.train" and rejected.location == "t.jsonl:2"
+    assert "all 3 were rejected (bad_json x3)" in rejected.message and "=null" not in rejected.message
+    [dropped] = checks.check_split_not_empty(split="train", records=3, samples=3, kept=0, files=["t.jsonl"],
+                                             reject_counts={}, first_reject=None, overlength="drop")
+    assert dropped.key == "data.overlength" and "all 3 are longer than data.max_seq_len" in dropped.message
+    assert checks.check_split_not_empty(split="train", records=3, samples=3, kept=1, **common) == []
+
+
 def test_epoch_with_zero_steps_fails():
     problems = checks.check_epoch_steps(split="train", num_items=6, micro_batches_per_rank=0, steps_per_epoch=0,
                                         batch_size=4, world_size=2, grad_accum=1)
