@@ -156,9 +156,21 @@ def _config_refusal(exc: BaseException) -> str | None:
         extra = f"\n{cause}" if isinstance(cause, OmegaConfBaseException) and str(cause) not in str(exc) else ""
         return f"{exc}{extra}"
     no_room = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS)
-    if isinstance(exc, OSError) and exc.errno in no_room:  # Hydra writing the run directory's .hydra/ files
+    if isinstance(exc, OSError) and exc.errno in no_room and _from_run_dir_setup(exc):
         return str(storage_error(exc, _failed_path(exc), key="hydra.run.dir"))
     return None
+
+
+def _from_run_dir_setup(exc: BaseException) -> bool:
+    """Whether Hydra's job setup (creating the run directory, writing .hydra/) raised it, not code the job ran
+    (seqtune reports its own write errors; an OSError from deeper down is a bug to show with its traceback)."""
+    modules = []
+    tb = exc.__traceback__
+    while tb is not None:
+        modules.append(tb.tb_frame.f_globals.get("__name__", ""))
+        tb = tb.tb_next
+    ours = [m for m in modules if m.startswith("seqtune") and m != __name__]  # the job itself ran: not setup
+    return "hydra.core.utils" in modules and not ours
 
 
 def _failed_path(exc: OSError) -> Path:
