@@ -25,9 +25,9 @@ import numpy as np
 
 from seqtune.config.errors import DataError
 from seqtune.data.sources import LineIndex, open_raw
-from seqtune.files import TempDir, storage_error, sweep_stale_temps
 from seqtune.data.tokenize import EncodedBatch
 from seqtune.data.types import IGNORE_INDEX, Reject, TokenizedSample
+from seqtune.files import TempDir, storage_error, sweep_stale_temps
 # One fingerprint for the whole project: it skips the padding/truncation state transformers mutates per call,
 # so using the tokenizer elsewhere between two scans does not miss the cache.
 from seqtune.tokenizers.info import tokenizer_fingerprint  # noqa: F401 - part of this module's API
