@@ -214,8 +214,8 @@ class LineParser:
 
     def _role_reason(self, i: int, role: object) -> str:
         accepted = ", ".join(self.roles)
-        if isinstance(role, str) and role in CHAT_ROLES:
-            return (f"wrong_type: messages[{i}] role {role!r} is not accepted by the chat template "
+        if isinstance(role, str) and role in CHAT_ROLES:  # a valid line: it is the template that has no such role
+            return (f"template_rejected: messages[{i}] role {role!r} is not accepted by the chat template "
                     f"(tokenizer.chat_template), which takes: {accepted}")
         shown = repr(role) if len(repr(role)) <= 40 else f"{repr(role)[:37]}..."
         return f"wrong_type: messages[{i}] role {shown} is not one of {accepted} (the roles the chat template takes)"

@@ -18,7 +18,7 @@ class Reject:
     line: int
     # "<code>: <detail>", code one of: bad_json, bad_utf8, not_object, missing_field, wrong_type, empty_text,
     # missing_media, bad_token_id, overlength (only with data.overlength=drop), no_targets, template_rejected
-    # (the chat template raised on this conversation)
+    # (the chat template refuses this conversation, or has no such role)
     reason: str
 
     @property
