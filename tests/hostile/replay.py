@@ -71,7 +71,8 @@ def _subprocess(prefix: list[str], args: list[str], pythonpath: str | None) -> t
     env.pop("HYDRA_FULL_ERROR", None)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
-    done = subprocess.run([*prefix, sys.executable, "-m", "seqtune", *args], cwd=REPO, env=env,
+    # `python -m` puts the working directory first on sys.path: run from the checkout whose code is meant.
+    done = subprocess.run([*prefix, sys.executable, "-m", "seqtune", *args], cwd=pythonpath or REPO, env=env,
                           capture_output=True, text=True, timeout=600)
     return done.returncode, done.stdout + done.stderr
 
