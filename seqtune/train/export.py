@@ -8,6 +8,7 @@ import torch
 
 from seqtune.data.formats import chat_template_for
 from seqtune.distributed import DistEnv, barrier
+from seqtune.files import follow_umask
 from seqtune.models import save_adapter
 from seqtune.train.loop import peak_memory_bytes
 from seqtune.train.metrics import MetricsLogger
@@ -34,10 +35,12 @@ def export_final(model: torch.nn.Module, tokenizer, *, run_dir: Path, env: DistE
         else:
             model.save_pretrained(target, safe_serialization=True)
         tokenizer.save_pretrained(target)
+        follow_umask(target)  # safetensors writes 0600 whatever the umask; teammates must be able to load it
         print(f"saved {'LoRA adapter' if lora else 'model'}: {target}", flush=True)
         if merged:  # LoRA only: the schema refuses it for a full fine-tune, preflight under FSDP across ranks
             model.merge_and_unload().save_pretrained(run_dir / MERGED_DIR, safe_serialization=True)
             tokenizer.save_pretrained(run_dir / MERGED_DIR)
+            follow_umask(run_dir / MERGED_DIR)
             print(f"saved merged model: {run_dir / MERGED_DIR}", flush=True)
     barrier()
 
@@ -81,5 +84,6 @@ def _export_gathered(model: torch.nn.Module, tokenizer, *, run_dir: Path, env: D
         else:
             model.save_pretrained(target, state_dict=state, safe_serialization=True)
         tokenizer.save_pretrained(target)
+        follow_umask(target)
         print(f"saved {'LoRA adapter' if lora else 'model'} (gathered from FSDP shards): {target}", flush=True)
     barrier()
