@@ -19,7 +19,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "tokenizer.source": ("auto", "bundled", "pypi", "path"),
     "tokenizer.pad_policy": ("eos", "add", "error"),
     "data.format": ("alpaca", "chat", "input_output", "text", "tokenized"),
-    "data.overlength": ("error", "truncate", "drop"),
+    "data.overlength": ("error", "truncate", "truncate_prompt", "drop"),
     "data.mode": ("cached", "stream"),
     "data.tail": ("drop", "pad"),
     "padding.strategy": ("longest", "max_length", "bucket", "packed"),

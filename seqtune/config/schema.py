@@ -83,10 +83,15 @@ class DataConfig:
     format: str = "alpaca"
     # "auto" = the longest sample over ALL splits rounded up to a multiple of 8, or an integer.
     max_seq_len: Any = "auto"
-    # error | truncate | drop: what happens to samples longer than an explicit max_seq_len (every split alike).
+    # error | truncate | truncate_prompt | drop: what happens to samples longer than an explicit max_seq_len (every
+    # split alike). truncate cuts the end (the final eos with it); truncate_prompt keeps the completion and cuts
+    # the prompt from the left.
     overlength: str = "error"
     # Fraction of lines allowed to be malformed (skipped and written to rejects.jsonl). 0.0 = any bad line fails.
     max_bad_fraction: float = 0.0
+    # Fraction of a split's samples allowed to be exact copies (same tokens and targets) of another sample of the
+    # split, or, for val/test, of a train sample. 0.0 = any duplicate fails.
+    max_duplicate_fraction: float = 0.0
     train_on_prompt: bool = False
     # cached: preflight's scan writes a token cache that training reads. stream: tokenize on the fly.
     mode: str = "cached"

@@ -25,6 +25,7 @@ from seqtune.config.schema import RootConfig
 from seqtune.data.cache import TokenCache
 from seqtune.data.collate import Collator, make_collator
 from seqtune.data.formats import LineParser, Record
+from seqtune.data.overlength import cut_sample
 from seqtune.data.sampler import DistributedBatchPlan, WithFillers
 from seqtune.data.sources import expand_paths
 from seqtune.data.stream import (
@@ -42,11 +43,12 @@ from seqtune.data.types import Reject, TokenizedSample
 
 
 class SplitView(Dataset):
-    """A cached split after the over-length policy: `drop` hides long samples, `truncate` cuts them."""
+    """A cached split after the over-length policy: `drop` hides long samples, `truncate`/`truncate_prompt` cut
+    them (seqtune.data.overlength)."""
 
     def __init__(self, cache: TokenCache, *, max_seq_len: int, overlength: str) -> None:
         lengths = cache.lengths
-        self.cache, self.max_seq_len = cache, max_seq_len
+        self.cache, self.max_seq_len, self.overlength = cache, max_seq_len, overlength
         self.indices = np.flatnonzero(lengths <= max_seq_len) if overlength == "drop" else np.arange(len(cache))
         self.lengths = np.minimum(lengths[self.indices], max_seq_len)
 
@@ -54,12 +56,7 @@ class SplitView(Dataset):
         return int(self.indices.shape[0])
 
     def __getitem__(self, i: int) -> TokenizedSample:
-        sample = self.cache[int(self.indices[i])]
-        if len(sample) <= self.max_seq_len:
-            return sample
-        keep = self.max_seq_len
-        return TokenizedSample(input_ids=sample.input_ids[:keep], labels=sample.labels[:keep],
-                               location=sample.location)
+        return cut_sample(self.cache[int(self.indices[i])], self.max_seq_len, self.overlength)
 
 
 class PlannedBatches:

@@ -32,10 +32,11 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from seqtune.config.errors import DataError
 from seqtune.data.collate import Collator
+from seqtune.data.overlength import cut_sample
 from seqtune.data.sources import iter_lines
 from seqtune.data.types import IGNORE_INDEX, Reject, TokenizedSample
 
-OVERLENGTH = ("error", "truncate", "drop")
+OVERLENGTH = ("error", "truncate", "truncate_prompt", "drop")
 # Reject codes that follow from a policy (data.overlength=drop|truncate), not from a malformed line: they are
 # neither written to rejects.jsonl nor counted against data.max_bad_fraction.
 POLICY_REJECTS = ("overlength",)
@@ -90,8 +91,7 @@ def apply_overlength(sample: TokenizedSample, max_seq_len: int, policy: str) -> 
                         key="data.overlength", fix="data.overlength=truncate or drop, or raise data.max_seq_len.")
     if policy == "drop":
         return Reject(file=file, line=int(line), reason=f"overlength: {len(sample)} > {max_seq_len}")
-    cut = TokenizedSample(input_ids=sample.input_ids[:max_seq_len], labels=sample.labels[:max_seq_len],
-                          location=sample.location)
+    cut = cut_sample(sample, max_seq_len, policy)
     # The last kept position predicts nothing after shifting, so at least two positions must hold a target.
     if (cut.labels[1:] == IGNORE_INDEX).all():
         # Code `overlength`: a consequence of the policy, not a malformed line (it never counts as bad).
@@ -201,7 +201,7 @@ class JsonlStream(IterableDataset):
                  resume: StreamProgress | None = None) -> None:
         if overlength not in OVERLENGTH:
             raise DataError(f"unknown data.overlength={overlength!r}.", key="data.overlength",
-                            fix="data.overlength=error, truncate or drop.")
+                            fix="data.overlength=error, truncate, truncate_prompt or drop.")
         self.files = [Path(f) for f in files]
         self.parse, self.encode_batch, self.collate = parse, encode_batch, collate
         self.batch_size, self.max_seq_len, self.overlength = batch_size, max_seq_len, overlength

@@ -10,6 +10,7 @@ from seqtune.config.errors import SeqtuneError
 from seqtune.config.schema import RootConfig
 from seqtune.data.collate import make_collator
 from seqtune.data.loader import SplitView
+from seqtune.data.overlength import TRUNCATING
 from seqtune.data.sampler import DistributedBatchPlan
 from seqtune.data.scan import SplitScan
 from seqtune.data.stream import apply_overlength, batches_per_worker
@@ -158,8 +159,9 @@ def _zero_target_locations(scan: SplitScan) -> list[str]:
 
 
 def _cut_by_truncation(scan: SplitScan, max_seq_len: int, policy: str) -> list[str]:
-    """Over-length samples that data.overlength=truncate leaves with no target (apply_overlength's rule)."""
-    if policy != "truncate":
+    """Over-length samples that data.overlength=truncate|truncate_prompt leaves with no target (apply_overlength's
+    rule)."""
+    if policy not in TRUNCATING:
         return []
     cache = scan.cache()
     over = np.flatnonzero(scan.lengths > max_seq_len)
@@ -175,13 +177,14 @@ def split_stats(cfg: RootConfig, scan: SplitScan, max_seq_len: int) -> tuple[Spl
                                    strategy=cfg.padding.strategy)
     cut = len(_cut_by_truncation(scan, max_seq_len, policy)) if cfg.data.mode == "stream" else 0
     if over and policy != "error":
+        action = {"truncate": "truncated", "truncate_prompt": "cut from the left of their prompt"}.get(policy, "dropped")
         notes.append(f"data.overlength={policy}: {over} {scan.name} sample(s) longer than {max_seq_len} tokens "
-                     f"will be {'truncated' if policy == 'truncate' else 'dropped'}"
+                     f"will be {action}"
                      f"{f'; {cut} of them keep no target after truncation and are dropped' if cut else ''}.")
     split = SplitStats(
         records=scan.records, rejected=scan.num_rejects, lengths=stats, over_limit=over,
         trainable_fraction=round(scan.trainable_fraction, 4), zero_target=scan.zero_target_samples,
-        reject_reasons=dict(scan.reject_counts), truncated=over if policy == "truncate" else 0,
+        reject_reasons=dict(scan.reject_counts), truncated=over if policy in TRUNCATING else 0,
         dropped=over if policy == "drop" else cut, prepadded=scan.padded_inputs,
     )
     return split, notes
