@@ -148,6 +148,10 @@ class TokenCache:
     def lengths(self) -> np.ndarray:
         return self._arrays["lengths"]
 
+    def flat(self, name: str) -> np.ndarray:
+        """A whole memory-mapped array (tokens, target, offsets, ...) for readers that take many samples at once."""
+        return self._arrays[name]
+
     @property
     def max_token_id(self) -> int:
         return int(self.meta["max_token_id"])
