@@ -65,9 +65,10 @@ def _check_choices(cfg: RootConfig) -> None:
                        ("launcher.nnodes", cfg.launcher.nnodes), ("padding.multiple_of", cfg.padding.multiple_of)):
         if value < 1:
             problems.append(f"{key}={value} must be >= 1. Fix: {key}=1")
-    if not 0.0 <= cfg.data.max_bad_fraction <= 1.0:
-        problems.append(f"data.max_bad_fraction={cfg.data.max_bad_fraction} must be within [0, 1]. "
-                        "Fix: data.max_bad_fraction=0.0")
+    for key, value in (("data.max_bad_fraction", cfg.data.max_bad_fraction),
+                       ("data.max_duplicate_fraction", cfg.data.max_duplicate_fraction)):
+        if not 0.0 <= value <= 1.0:
+            problems.append(f"{key}={value} must be within [0, 1]. Fix: {key}=0.0")
     if cfg.recipe_name == "lora_sft" and not cfg.lora.enabled:
         problems.append("lora.enabled=false with recipe=lora_sft trains nothing LoRA-shaped. "
                         "Fix: recipe=full_sft (every weight trains), or lora.enabled=true")

@@ -16,7 +16,7 @@ from seqtune.data.scan import SplitScan, scan_split
 from seqtune.data.sources import expand_paths
 from seqtune.data.stream import count_lines
 from seqtune.data.tokenize import SampleEncoder
-from seqtune.preflight import checks
+from seqtune.preflight import checks, content
 from seqtune.preflight.checks import Problem
 from seqtune.preflight.facts import ModelFacts, gather_facts
 from seqtune.preflight.phases import (
@@ -46,7 +46,7 @@ def run_preflight(cfg: RootConfig, run_dir: Path) -> PreflightResult:
     except SeqtuneError as err:  # no tokenizer or model config: nothing else can be checked
         problem = Problem(check="load", key=err.key or "model.path", message=str(err))
         return _finish(PreflightResult(ok=False, max_seq_len=None, problems=[problem]), run_dir)
-    problems = fast_checks(cfg, facts)
+    problems = fast_checks(cfg, facts) + content.file_checks(cfg, facts)
     backend, backend_problems = backend_phase(cfg, facts)
     problems += backend_problems
     print_problems(problems, "preflight: found before reading any data (the data scan continues):")
@@ -84,6 +84,7 @@ def _data_phases(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitScan]
         stats, notes = split_stats(cfg, scan, max_seq_len)
         result.splits[name] = stats
         result.notes += notes
+    problems += content.content_checks(cfg, facts, scans, max_seq_len, result)
     problems += shape_checks(cfg, facts, scans, max_seq_len)
     result.plan, efficiency, plan_problems = plan_phase(cfg, scans, max_seq_len)
     problems += plan_problems
