@@ -69,6 +69,9 @@ def _check_choices(cfg: RootConfig) -> None:
                        ("data.max_duplicate_fraction", cfg.data.max_duplicate_fraction)):
         if not 0.0 <= value <= 1.0:
             problems.append(f"{key}={value} must be within [0, 1]. Fix: {key}=0.0")
+    if cfg.preflight.show < 0:
+        problems.append(f"preflight.show={cfg.preflight.show} must be >= 0 (0 shows no samples). "
+                        "Fix: preflight.show=3")
     if cfg.recipe_name == "lora_sft" and not cfg.lora.enabled:
         problems.append("lora.enabled=false with recipe=lora_sft trains nothing LoRA-shaped. "
                         "Fix: recipe=full_sft (every weight trains), or lora.enabled=true")

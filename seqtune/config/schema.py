@@ -206,6 +206,9 @@ class PreflightConfig:
     plot: bool = True
     # Device memory to check the estimate against, in GiB (null = the CUDA device's, or report only).
     device_memory_gib: float | None = None
+    # Samples shown as they will be trained (samples.html, one on the console, a W&B table): per split the longest,
+    # a truncated one (if any) and this many random ones. 0 = none.
+    show: int = 3
 
 
 @dataclass(kw_only=True)

@@ -28,10 +28,12 @@ from seqtune.models.checkpoint_facts import (
 )
 from seqtune.preflight import checks_labels as labels
 from seqtune.preflight import checks_model as model_checks
+from seqtune.preflight import samples
 from seqtune.preflight.checks import Problem
 from seqtune.preflight.facts import ModelFacts, special_ids_in_use
 from seqtune.preflight.observe import Finding, SplitObservations, observe_split
 from seqtune.preflight.result import ContentStats, PreflightResult
+from seqtune.preflight.samples_html import SAMPLES_HTML, write_html
 from seqtune.tokenizers.control import control_tokens, literal_controls, whitespace_ids
 from seqtune.tokenizers.load import resolve_location
 
@@ -244,3 +246,21 @@ def _rows_trained(cfg: RootConfig, tied: bool) -> tuple[bool, bool]:
         embedding = head = embedding or head
     return embedding, head
 
+
+def show_samples(cfg: RootConfig, facts: ModelFacts, scans: dict[str, SplitScan], max_seq_len: int,
+                 run_dir: Path) -> list[samples.ShownSample]:
+    """preflight.show: write samples.html and samples.json into the run directory and print one sample."""
+    tokenizer = facts.tokenizer
+    control = control_tokens(tokenizer)
+    ends = terminators(tokenizer, facts.family, cfg.data.format, control)
+    kinds = samples.TokenKinds(bos=tokenizer.bos_token_id, eos=int(facts.eos_id),
+                               eot=frozenset(set(ends) - {facts.eos_id}), control=frozenset(control))
+    shown = samples.collect(scans, max_seq_len=max_seq_len, policy=cfg.data.overlength, show=cfg.preflight.show,
+                            seed=cfg.train.seed, tokenizer=tokenizer, kinds=kinds)
+    samples.write_json(shown, run_dir / samples.SAMPLES_JSON)
+    summary = (f"{run_dir} · model.family={cfg.model.family} · data.format={cfg.data.format} · "
+               f"max_seq_len={max_seq_len} · data.overlength={cfg.data.overlength} · "
+               f"preflight.show={cfg.preflight.show} random sample(s) per split, plus the longest and a truncated one")
+    write_html(shown, run_dir / SAMPLES_HTML, title="seqtune: what the model will be trained on", summary=summary)
+    samples.print_sample(shown)
+    return shown

@@ -70,6 +70,8 @@ def run_preflight(cfg: RootConfig, run_dir: Path) -> PreflightResult:
     if cfg.preflight.plot and result.max_seq_len is not None:
         plot_lengths({name: scan.lengths for name, scan in scans.items()}, max_seq_len=result.max_seq_len,
                      context_length=facts.context_length, path=run_dir / PLOT_FILE)
+    if cfg.preflight.show and result.max_seq_len is not None:
+        content.show_samples(cfg, facts, scans, result.max_seq_len, run_dir)
     return _finish(result, run_dir)
 
 

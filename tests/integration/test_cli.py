@@ -141,6 +141,13 @@ def test_wandb_logger_runs_offline_without_a_key(tmp_path: Path):
     for key in (b"grad_norm", b"tokens_per_s", b"preflight/max_seq_len", b"preflight/train/records", b"recipe_name"):
         assert key in records, key
     assert list((offline[0] / "files" / "media" / "images").rglob("*.png")), "length histogram not logged"
+    # preflight's shown samples as a table: targets marked, file:line per row.
+    [table] = list((offline[0] / "files" / "media" / "table").rglob("*.table.json"))
+    assert b"preflight/samples" in records
+    rows = json.loads(table.read_text())
+    assert rows["columns"] == ["split", "why", "location", "tokens", "targets", "text"]
+    assert rows["data"][0][0] == "train" and "instruct/train.jsonl:" in rows["data"][0][2]
+    assert "\u27e6" in rows["data"][0][5]
 
 
 def test_wandb_key_is_never_written_to_any_saved_file(tmp_path: Path):
