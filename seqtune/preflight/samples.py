@@ -23,12 +23,15 @@ from seqtune.data.scan import SplitScan
 from seqtune.data.types import IGNORE_INDEX
 
 SAMPLES_JSON = "samples.json"
-# Kinds of tokens made visible; every other control token is "special", everything else "text".
-KINDS = ("text", "bos", "eos", "eot", "special", "cut")
+# Kinds of tokens made visible; every other control token is "special", everything else "text"; "cut" and
+# "elided" mark tokens removed by data.overlength and tokens of a long sample the page does not show.
+KINDS = ("text", "bos", "eos", "eot", "special", "cut", "elided")
 # Marks of targets on a console without colour (and in the W&B table's text column).
 TARGET_OPEN, TARGET_CLOSE = "\u27e6", "\u27e7"
-# The console shows at most this many tokens of its sample: the head and the tail (where the terminator is).
+# The console shows at most this many tokens of its sample, samples.html this many per sample: the head and the
+# tail (where the terminator is).
 CONSOLE_TOKENS = 160
+MAX_SHOWN_TOKENS = 4096
 
 
 @dataclass(kw_only=True)
@@ -102,7 +105,8 @@ def pick(scan: SplitScan, *, max_seq_len: int, policy: str, show: int, seed: int
 def render(cache: TokenCache, index: int, *, split: str, why: str, max_seq_len: int, policy: str, tokenizer: Any,
            kinds: TokenKinds) -> ShownSample:
     """Sample `index` as training serves it, decoded token by token (a character split over several tokens is
-    shown on the token that completes it), with a cut marker where the over-length policy removed tokens."""
+    shown on the token that completes it), with a marker where the over-length policy removed tokens. A sample
+    longer than MAX_SHOWN_TOKENS shows its head and its tail (where the terminator is)."""
     from tokenizers.decoders import DecodeStream
 
     sample = cache[index]
@@ -110,27 +114,34 @@ def render(cache: TokenCache, index: int, *, split: str, why: str, max_seq_len: 
     positions = np.arange(original)
     if original > max_seq_len and policy in ("truncate", "truncate_prompt"):
         positions = positions[kept_positions(sample.labels, max_seq_len, policy)]
-    stream = DecodeStream(skip_special_tokens=False)
+    trained = positions
+    elide_at = None
+    if len(positions) > MAX_SHOWN_TOKENS:
+        half = MAX_SHOWN_TOKENS // 2
+        positions, elide_at = np.concatenate([positions[:half], positions[-half:]]), half
     backend = tokenizer.backend_tokenizer
     tokens: list[ShownToken] = []
     previous = -1
-    for position in positions.tolist():
-        if position != previous + 1:
-            tokens.append(_cut(position - previous - 1))
+    for k, position in enumerate(positions.tolist()):
+        if k == elide_at:
+            tokens.append(_marker("elided", len(trained) - 2 * elide_at, "not shown"))
+        elif position != previous + 1:
+            tokens.append(_marker("cut", position - previous - 1, "cut"))
+        if k == 0 or k == elide_at or position != previous + 1:
             stream = DecodeStream(skip_special_tokens=False)
         token_id = int(sample.input_ids[position])
-        text = stream.step(backend, token_id) or ""
-        tokens.append(ShownToken(text=text, token_id=token_id, target=bool(sample.labels[position] != IGNORE_INDEX),
-                                 kind=kinds.of(token_id)))
+        tokens.append(ShownToken(text=stream.step(backend, token_id) or "", token_id=token_id,
+                                 target=bool(sample.labels[position] != IGNORE_INDEX), kind=kinds.of(token_id)))
         previous = position
     if previous != original - 1:
-        tokens.append(_cut(original - 1 - previous))
-    return ShownSample(split=split, why=why, location=sample.location, length=len(positions),
-                       original_length=original, targets=sum(t.target for t in tokens), tokens=tokens)
+        tokens.append(_marker("cut", original - 1 - previous, "cut"))
+    return ShownSample(split=split, why=why, location=sample.location, length=len(trained),
+                       original_length=original, targets=int((sample.labels[trained] != IGNORE_INDEX).sum()),
+                       tokens=tokens)
 
 
-def _cut(count: int) -> ShownToken:
-    return ShownToken(text=f"[{count} tokens cut]", token_id=-1, target=False, kind="cut")
+def _marker(kind: str, count: int, what: str) -> ShownToken:
+    return ShownToken(text=f"[{count} tokens {what}]", token_id=-1, target=False, kind=kind)
 
 
 def collect(scans: dict[str, SplitScan], *, max_seq_len: int, policy: str, show: int, seed: int, tokenizer: Any,
@@ -158,7 +169,8 @@ def read_json(path: Path) -> list[dict[str, Any]]:
 # --- the console --------------------------------------------------------------------------------------------------
 
 _ANSI = {"target": "\x1b[42;30m", "prompt": "\x1b[2m", "bos": "\x1b[1;44;97m", "eos": "\x1b[1;41;97m",
-         "eot": "\x1b[1;43;30m", "special": "\x1b[1;7m", "cut": "\x1b[1;35m", "reset": "\x1b[0m"}
+         "eot": "\x1b[1;43;30m", "special": "\x1b[1;7m", "cut": "\x1b[1;35m", "elided": "\x1b[2;35m",
+         "reset": "\x1b[0m"}
 
 
 def use_colour(stream: TextIO) -> bool:
@@ -173,8 +185,7 @@ def console_text(sample: ShownSample, colour: bool) -> str:
     tokens = sample.tokens
     if len(tokens) > CONSOLE_TOKENS:
         half = CONSOLE_TOKENS // 2
-        tokens = [*tokens[:half], ShownToken(text=f" ... {len(tokens) - 2 * half} tokens ... ", token_id=-1,
-                                             target=False, kind="cut"), *tokens[-half:]]
+        tokens = [*tokens[:half], _marker("elided", len(tokens) - 2 * half, "not shown"), *tokens[-half:]]
     head = (f"preflight: a {sample.split} sample as it will be trained ({sample.why}, {sample.location}, "
             f"{sample.length} tokens, {sample.targets} targets); all samples: samples.html")
     if not colour:
@@ -186,7 +197,7 @@ def console_text(sample: ShownSample, colour: bool) -> str:
     body = []
     for token in tokens:
         style = token.kind if token.kind != "text" else ("target" if token.target else "prompt")
-        underline = "\x1b[4m" if token.target and token.kind not in ("text", "cut") else ""
+        underline = "\x1b[4m" if token.target and token.kind != "text" else ""
         body.append(f"{_ANSI[style]}{underline}{token.text}{_ANSI['reset']}")
     return f"{head}\n{legend}\n{''.join(body)}"
 

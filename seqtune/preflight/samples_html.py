@@ -35,6 +35,7 @@ h1 { font-size: 1.4rem; } h2 { font-size: 1.15rem; margin-top: 2rem; border-bott
 .special { background: #eaeef2; }
 .target.bos, .target.eos, .target.eot, .target.special { box-shadow: inset 0 -3px 0 #1a7f37; }
 .cut { color: #8250df; font-style: italic; outline: 1px dashed #8250df; padding: 0 3px; }
+.elided { color: #57606a; font-style: italic; outline: 1px dotted #8c959f; padding: 0 3px; }
 .nl { color: #afb8c1; }
 """
 
@@ -46,6 +47,7 @@ LEGEND = (
     ("tok eot", "end-of-turn"),
     ("tok special", "other special token"),
     ("tok cut", "tokens cut by data.overlength"),
+    ("tok elided", "middle of a long sample, not shown"),
 )
 
 
@@ -58,7 +60,10 @@ def _token(token: ShownToken) -> str:
     classes = ["tok", "target" if token.target else "prompt"]
     if token.kind != "text":
         classes.append(token.kind)
-    title = "cut" if token.kind == "cut" else f"id {token.token_id}" + (" · target" if token.target else "")
+    if token.kind in ("cut", "elided"):
+        title = token.kind
+    else:
+        title = f"id {token.token_id}" + (" · target" if token.target else "")
     # A newline stays a line break, after a visible mark (a target that is only newlines must still show).
     text = escape(token.text).replace("\n", '<span class="nl">\u21b5</span>\n')
     return f'<span class="{" ".join(classes)}" title="{title}">{text}</span>'

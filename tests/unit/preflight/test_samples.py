@@ -71,7 +71,7 @@ def test_samples_html_is_self_contained_with_a_legend_and_marked_targets(shown):
     page = Page()
     page.feed((shown / "samples.html").read_text(encoding="utf-8"))
     assert page.external == []  # no script, stylesheet or image to fetch: it opens anywhere
-    for kind in ("target", "prompt", "bos", "eos", "eot", "special", "cut"):
+    for kind in ("target", "prompt", "bos", "eos", "eot", "special", "cut", "elided"):
         assert any(kind in classes.split() for classes in page.legend), kind
     # train: the longest (cut), and 2 random; val: its longest and the one other sample.
     assert [(s["data-split"], len(s["tokens"]) > 0) for s in page.samples] == [("train", True)] * 3 + [("val", True)] * 2
@@ -116,3 +116,25 @@ def test_console_shows_one_train_sample_marked_without_colour_and_in_colour():
     assert "(random, t.jsonl:4, 4 tokens, 2 targets)" in plain and plain.endswith(f"<s>Q:{TARGET_OPEN} A</s>{TARGET_CLOSE}")
     coloured = console_text(sample, colour=True)
     assert "\x1b[42;30m A\x1b[0m" in coloured and "\x1b[1;44;97m<s>\x1b[0m" in coloured and TARGET_OPEN not in coloured
+
+
+def test_a_long_sample_shows_its_head_and_its_tail(shown, monkeypatch):
+    from transformers import AutoTokenizer
+
+    from seqtune.data.cache import TokenCache
+    from seqtune.preflight import samples
+    from seqtune.tokenizers import BUNDLED_DIR
+
+    tokenizer = AutoTokenizer.from_pretrained(BUNDLED_DIR)
+    kinds = samples.TokenKinds(bos=0, eos=1, eot=frozenset(), control=frozenset({0, 1}))
+    cache = TokenCache.open(json.loads((shown / "preflight.json").read_text())["caches"]["train"])
+    longest = int(cache.lengths.argmax())
+    whole = samples.render(cache, longest, split="train", why="longest", max_seq_len=1000, policy="error",
+                           tokenizer=tokenizer, kinds=kinds)
+    monkeypatch.setattr(samples, "MAX_SHOWN_TOKENS", 10)
+    short = samples.render(cache, longest, split="train", why="longest", max_seq_len=1000, policy="error",
+                           tokenizer=tokenizer, kinds=kinds)
+    assert [t.kind for t in short.tokens].count("elided") == 1 and len(short.tokens) == 11
+    assert short.tokens[5].text == f"[{whole.length - 10} tokens not shown]"
+    assert [t.token_id for t in short.tokens[-5:]] == [t.token_id for t in whole.tokens[-5:]]
+    assert (short.length, short.targets) == (whole.length, whole.targets)
