@@ -32,6 +32,9 @@ from seqtune.preflight.facts import (
 from seqtune.preflight.result import BackendStats, MemoryStats, PlanStats, SplitPlan, SplitStats
 
 GIB = 2**30
+# What each over-length policy does to a long sample, as the note says it.
+OVERLENGTH_ACTIONS = {"truncate": "truncated", "truncate_prompt": "cut from the left of their prompt",
+                      "drop": "dropped"}
 
 
 def fast_checks(cfg: RootConfig, facts: ModelFacts) -> list[Problem]:
@@ -177,9 +180,8 @@ def split_stats(cfg: RootConfig, scan: SplitScan, max_seq_len: int) -> tuple[Spl
                                    strategy=cfg.padding.strategy)
     cut = len(_cut_by_truncation(scan, max_seq_len, policy)) if cfg.data.mode == "stream" else 0
     if over and policy != "error":
-        action = {"truncate": "truncated", "truncate_prompt": "cut from the left of their prompt"}.get(policy, "dropped")
         notes.append(f"data.overlength={policy}: {over} {scan.name} sample(s) longer than {max_seq_len} tokens "
-                     f"will be {action}"
+                     f"will be {OVERLENGTH_ACTIONS[policy]}"
                      f"{f'; {cut} of them keep no target after truncation and are dropped' if cut else ''}.")
     split = SplitStats(
         records=scan.records, rejected=scan.num_rejects, lengths=stats, over_limit=over,

@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import REPO, read_metrics, run_cli
 
 EOT, START, END = 128009, 128006, 128007
-TRAIN_BRIEFLY = ["train.max_steps=2", "train.eval_every=0", "train.batch_size=2"]
+TRAIN_BRIEFLY = ["train.max_steps=1", "train.eval_every=0", "train.batch_size=2"]
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
