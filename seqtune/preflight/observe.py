@@ -185,7 +185,8 @@ def _hash_samples(ids: np.ndarray, tgt: np.ndarray, starts: np.ndarray, lens: np
 
 def literal_pattern(literal: Mapping[str, int]) -> tuple[re.Pattern[bytes] | None, dict[bytes, str]]:
     """A bytes regex for every control token text as it appears inside a JSON string (escaped as json.dumps does,
-    and with `/` escaped as some writers do), and each matched form's token text."""
+    and with `/` escaped as some writers do), and each matched form's token text. The alternatives are merged into
+    a trie: a vocabulary with thousands of reserved tokens (`<unused123>`) costs one walk per `<`, not thousands."""
     forms: dict[bytes, str] = {}
     for text in literal:
         escaped = json.dumps(text)[1:-1]
@@ -193,7 +194,27 @@ def literal_pattern(literal: Mapping[str, int]) -> tuple[re.Pattern[bytes] | Non
             forms[form.encode()] = text
     if not forms:
         return None, forms
-    return re.compile(b"|".join(re.escape(form) for form in sorted(forms, key=len, reverse=True))), forms
+    return re.compile(_trie_regex(list(forms))), forms
+
+
+def _trie_regex(words: list[bytes]) -> bytes:
+    root: dict = {}
+    for word in words:
+        node = root
+        for byte in word:
+            node = node.setdefault(byte, {})
+        node[None] = True  # a word ends here
+
+    def build(node: dict) -> bytes:
+        branches = [re.escape(bytes([byte])) + build(child)
+                    for byte, child in sorted((k, v) for k, v in node.items() if k is not None)]
+        if not branches:
+            return b""
+        body = branches[0] if len(branches) == 1 else b"(?:" + b"|".join(branches) + b")"
+        # Greedy: the longest token wins where one token's text starts another's.
+        return b"(?:" + body + b")?" if None in node else body
+
+    return build(root)
 
 
 def scan_literal_controls(files: list[Path], literal: Mapping[str, int], *, max_lines: int = 0

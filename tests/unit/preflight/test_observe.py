@@ -16,6 +16,7 @@ from seqtune.preflight.observe import (
     NON_CONTROL,
     OBSERVATIONS_FILE,
     SAMPLE_END,
+    literal_pattern,
     observe_split,
     scan_literal_controls,
 )
@@ -102,3 +103,11 @@ def test_hashes_tell_targets_apart(tmp_path, tokenizer):
     # Same tokens, different targets: not the same training sample.
     assert plain.hashes()[0] != on_prompt.hashes()[0]
     assert np.array_equal(plain.hashes(), plain.hashes())
+
+
+def test_the_literal_pattern_takes_the_longest_token_and_scales_to_thousands_of_reserved_ones():
+    literal = {"<|end|>": 7, "<|endoftext|>": 9, "</s>": 2, **{f"<unused{i}>": 100 + i for i in range(5000)}}
+    pattern, forms = literal_pattern(literal)
+    line = b'{"text": "a <|endoftext|> b <|end|> c <\\/s> <unused4999> <unused49> <b>bold</b>"}'
+    assert [forms[m] for m in pattern.findall(line)] == ["<|endoftext|>", "<|end|>", "</s>", "<unused4999>",
+                                                        "<unused49>"]
