@@ -84,10 +84,18 @@ def test_a_llama3_checkpoint_broken_setup_exits_2_and_the_fixed_setup_trains(lla
     val = write_jsonl(tmp_path / "val.jsonl", [chat(20), chat(3)])  # line 2 is train line 4
     common = ["model=llama3_8b", f"model.path={ckpt}", "lora=default", f"data.train={train}", f"data.val={val}",
               "data.format=chat", "model.dtype=float32"]
+    # 7: a config that states an 8192-token pretraining context and no RoPE scaling to stretch it.
+    config = json.loads((ckpt / "config.json").read_text())
+    scaled = config["rope_parameters"]
+    config.update(rope_parameters={"rope_type": "default", "rope_theta": scaled["rope_theta"]},
+                  original_max_position_embeddings=8192)
+    (ckpt / "config.json").write_text(json.dumps(config))
     failing = tmp_path / "failing"
-    text = exit_2(run_cli([*common, "preflight.only=true"], failing), failing,
+    text = exit_2(run_cli([*common, "data.max_seq_len=9000", "preflight.only=true"], failing), failing,
+                  "[length] data.max_seq_len", "data.max_seq_len=9000 > the model's pretraining context 8192",
+                  "Fix: data.max_seq_len=8192",
                   # 5: the tokenizer.json that would cut every text at 16 tokens
-                  f"[tokenizer] model.path", f'set "truncation": null and "padding": null in {ckpt}/tokenizer.json',
+                  "[tokenizer] model.path", f'set "truncation": null and "padding": null in {ckpt}/tokenizer.json',
                   # 4: a literal <|eot_id|> inside a reply
                   f"[specials] data.train ({train}:8)", "<|eot_id|> in 1 line(s)",
                   # 8: a validation conversation that is also a training one
@@ -104,6 +112,9 @@ def test_a_llama3_checkpoint_broken_setup_exits_2_and_the_fixed_setup_trains(lla
     assert "Fix:" in text
 
     # The fixes, each as the messages name them.
+    config.update(rope_parameters=scaled)
+    del config["original_max_position_embeddings"]
+    (ckpt / "config.json").write_text(json.dumps(config))
     (ckpt / "generation_config.json").write_text(json.dumps({"bos_token_id": 128000, "eos_token_id": [128001, EOT]}))
     tokenizer_json = json.loads((ckpt / "tokenizer.json").read_text())
     tokenizer_json["truncation"] = None
