@@ -82,7 +82,9 @@ def observe_split(cache_dir: Path, *, control: Mapping[int, str], literal: Mappi
     cache_dir = Path(cache_dir)
     stored, hash_file = cache_dir / OBSERVATIONS_FILE, cache_dir / HASH_FILE
     if stored.is_file() and hash_file.is_file():
-        return _load(stored, hash_file)
+        loaded = _load(stored, hash_file)
+        if loaded is not None:
+            return loaded
     cache = TokenCache.open(cache_dir)
     observed, hashes = _observe_tokens(cache, control, bos_id, space_ids)
     if scan_text:
@@ -256,15 +258,21 @@ def _store(observed: SplitObservations, hashes: np.ndarray, cache_dir: Path) -> 
     observed.hash_file = cache_dir / HASH_FILE
 
 
-def _load(path: Path, hash_file: Path) -> SplitObservations:
-    body = json.loads(path.read_text())
-    return SplitObservations(
-        samples=body["samples"],
-        run_ends={(r["end"], r["next"]): Finding(count=r["count"], locations=r["locations"])
-                  for r in body["run_ends"]},
-        control_inputs={int(k): v for k, v in body["control_inputs"].items()},
-        control_targets={int(k): v for k, v in body["control_targets"].items()},
-        double_bos=Finding(**body["double_bos"]),
-        literal_controls={k: Finding(**v) for k, v in body["literal_controls"].items()},
-        literal_lines=Finding(**body["literal_lines"]), hash_file=hash_file,
-    )
+def _load(path: Path, hash_file: Path) -> SplitObservations | None:
+    """The stored observations, or None when either file is damaged (they are then computed again)."""
+    try:
+        body = json.loads(path.read_text())
+        observed = SplitObservations(
+            samples=body["samples"],
+            run_ends={(r["end"], r["next"]): Finding(count=r["count"], locations=r["locations"])
+                      for r in body["run_ends"]},
+            control_inputs={int(k): v for k, v in body["control_inputs"].items()},
+            control_targets={int(k): v for k, v in body["control_targets"].items()},
+            double_bos=Finding(**body["double_bos"]),
+            literal_controls={k: Finding(**v) for k, v in body["literal_controls"].items()},
+            literal_lines=Finding(**body["literal_lines"]), hash_file=hash_file,
+        )
+        intact = hash_file.stat().st_size == observed.samples * np.dtype(np.uint64).itemsize
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return observed if intact else None

@@ -111,3 +111,14 @@ def test_the_literal_pattern_takes_the_longest_token_and_scales_to_thousands_of_
     line = b'{"text": "a <|endoftext|> b <|end|> c <\\/s> <unused4999> <unused49> <b>bold</b>"}'
     assert [forms[m] for m in pattern.findall(line)] == ["<|endoftext|>", "<|end|>", "</s>", "<unused4999>",
                                                         "<unused49>"]
+
+
+def test_damaged_stored_observations_are_computed_again(tmp_path, tokenizer):
+    rows = [{"instruction": "Add 2 and 3.", "output": "5"}, {"instruction": "Name a fruit.", "output": "pear"}]
+    scan, observed = observe(tmp_path, tokenizer, "alpaca", rows)
+    (scan.cache_dir / OBSERVATIONS_FILE).write_text('{"samples": 2, "run_')  # cut short
+    (scan.cache_dir / HASH_FILE).write_bytes(b"\0" * 3)
+    again = observe_split(scan.cache_dir, control=control_tokens(tokenizer), literal=literal_controls(tokenizer),
+                          bos_id=tokenizer.bos_token_id, scan_text=True, space_ids=whitespace_ids(tokenizer))
+    assert again.run_ends == observed.run_ends and (again.hashes() == observed.hashes()).all()
+    assert json.loads((scan.cache_dir / OBSERVATIONS_FILE).read_text())["samples"] == 2
