@@ -79,6 +79,7 @@ class DataFormat(StrEnum):
 class Overlength(StrEnum):
     error = "error"
     truncate = "truncate"
+    truncate_prompt = "truncate_prompt"
     drop = "drop"
 
 
@@ -288,10 +289,14 @@ class DataConfig:
     # (Typed Any: OmegaConf 2.3 cannot merge a Union[int, str] field nested in a group; checked below.)
     max_seq_len: Any = "auto"
     # What happens to samples longer than an explicit max_seq_len (every split alike). truncate keeps the first
-    # max_seq_len tokens and drops a sample left with no target, in both data modes.
+    # max_seq_len tokens (the final eos is cut with them) and drops a sample left with no target, in both data
+    # modes; truncate_prompt keeps the completion and cuts the prompt from the left.
     overlength: Overlength = Overlength.error
     # Fraction of lines allowed to be malformed (skipped and written to rejects.jsonl). 0.0 = any bad line fails.
     max_bad_fraction: float = 0.0
+    # Fraction of a split's samples allowed to be exact copies (same tokens and targets) of another sample of the
+    # split, or, for val/test, of a train sample. 0.0 = any duplicate fails.
+    max_duplicate_fraction: float = 0.0
     train_on_prompt: bool = False
     # cached: preflight's scan writes a token cache that training reads. stream: tokenize on the fly.
     mode: DataMode = DataMode.cached
@@ -314,6 +319,7 @@ class DataConfig:
         if auto_or_int and self.max_seq_len != "auto":
             domain.at_least("max_seq_len", self.max_seq_len, 2, "auto")
         domain.within("max_bad_fraction", self.max_bad_fraction, 0.0, 1.0, 0.0)
+        domain.within("max_duplicate_fraction", self.max_duplicate_fraction, 0.0, 1.0, 0.0)
         domain.at_least("preflight_sample", self.preflight_sample, 0, 0)
         domain.at_least("num_workers", self.num_workers, 0, 0)
         domain.done()
@@ -469,9 +475,13 @@ class PreflightConfig:
     plot: bool = True
     # Device memory to check the estimate against, in GiB (null = the CUDA device's, or report only).
     device_memory_gib: float | None = None
+    # Samples shown as they will be trained (samples.html, one on the console, a W&B table): per split the longest,
+    # a truncated one (if any) and this many random ones. 0 = none.
+    show: int = 3
 
     def __post_init__(self) -> None:
         domain = _Domain("preflight")
+        domain.at_least("show", self.show, 0, 3)
         if self.device_memory_gib is not None:
             domain.above("device_memory_gib", self.device_memory_gib, 0, "null")
         domain.done()

@@ -202,6 +202,14 @@ class TokenCache:
     def lengths(self) -> np.ndarray:
         return self._arrays["lengths"]
 
+    @property
+    def max_token_id(self) -> int:
+        return int(self.meta["max_token_id"])
+
+    def flat(self, name: str) -> np.ndarray:
+        """A whole memory-mapped array (tokens, target, offsets, ...) for readers that take many samples at once."""
+        return self._arrays[name]
+
 
 def _memmap(path: Path, dtype: Any, count: int) -> np.ndarray:
     if count == 0:  # np.memmap refuses empty files

@@ -26,6 +26,7 @@ from seqtune.config.schema import DataMode, Overlength, RootConfig, Tail
 from seqtune.data.cache import TokenCache
 from seqtune.data.collate import Collator, make_collator
 from seqtune.data.formats import LineParser, Record
+from seqtune.data.overlength import TRUNCATING
 from seqtune.data.sampler import DistributedBatchPlan, WithFillers
 from seqtune.data.sources import expand_paths
 from seqtune.data.stream import (
@@ -44,15 +45,16 @@ from seqtune.data.types import POLICY_REJECTS, Reject, TokenizedSample
 
 class SplitView(Dataset):
     """A cached split after data.overlength, by the stream's rule (apply_overlength), so both modes train on the
-    same samples: `drop` hides over-length samples; `truncate` cuts them to max_seq_len and hides those left with no
-    target (`cut` lists where they are); `error` keeps them (preflight has refused such a split)."""
+    same samples: `drop` hides over-length samples; `truncate`/`truncate_prompt` cut them (seqtune.data.overlength)
+    and hide those left with no target (`cut` lists where they are); `error` keeps them (preflight has refused such
+    a split)."""
 
     def __init__(self, cache: TokenCache, *, max_seq_len: int, overlength: Overlength) -> None:
         lengths = np.asarray(cache.lengths)
         self.cache, self.max_seq_len, self.overlength = cache, max_seq_len, overlength
         over = np.flatnonzero(lengths > max_seq_len) if overlength != Overlength.error else np.empty(0, np.int64)
         hidden = [int(i) for i in over if isinstance(apply_overlength(cache[int(i)], max_seq_len, overlength), Reject)]
-        self.cut = [cache.location(i) for i in hidden] if overlength == Overlength.truncate else []
+        self.cut = [cache.location(i) for i in hidden] if overlength in TRUNCATING else []
         self.indices = np.setdiff1d(np.arange(len(cache)), np.asarray(hidden, dtype=np.int64))
         self.lengths = np.minimum(lengths[self.indices], max_seq_len)
 

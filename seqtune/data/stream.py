@@ -30,6 +30,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from seqtune.config.errors import DataError
 from seqtune.data.collate import Collator
+from seqtune.data.overlength import cut_sample
 from seqtune.data.sources import iter_lines
 from seqtune.data.types import IGNORE_INDEX, Reject, TokenizedSample
 
@@ -61,8 +62,7 @@ def apply_overlength(sample: TokenizedSample, max_seq_len: int, policy: str) -> 
                         key="data.overlength", fix="data.overlength=truncate or drop, or raise data.max_seq_len.")
     if policy == "drop":
         return Reject(file=file, line=int(line), reason=f"overlength: {len(sample)} > {max_seq_len}")
-    cut = TokenizedSample(input_ids=sample.input_ids[:max_seq_len], labels=sample.labels[:max_seq_len],
-                          location=sample.location)
+    cut = cut_sample(sample, max_seq_len, policy)
     # The last kept position predicts nothing after shifting, so at least two positions must hold a target.
     if (cut.labels[1:] == IGNORE_INDEX).all():
         # Code `overlength`: a consequence of the policy, not a malformed line (it never counts as bad).

@@ -15,6 +15,7 @@ from seqtune.config.schema import DataMode, Overlength, PaddingStrategy, RootCon
 from seqtune.models.attention import AttentionEnv, attn_backend_problems
 from seqtune.models.kernels import kernels_problems
 from seqtune.models.spec import get_spec, lora_module_names
+from seqtune.data.overlength import TRUNCATING
 from seqtune.preflight import checks
 from seqtune.preflight.checks import Problem
 from seqtune.preflight.result import MemoryStats, PlanStats, SplitPlan, SplitStats
@@ -23,6 +24,9 @@ if TYPE_CHECKING:
     from seqtune.models import MemoryInputs
 
 GIB = 2**30
+# What each over-length policy does to a long sample, as the note says it.
+OVERLENGTH_ACTIONS = {"truncate": "truncated", "truncate_prompt": "cut from the left of their prompt",
+                      "drop": "dropped"}
 
 
 def fast_checks(cfg: RootConfig, plan: Plan) -> list[Problem]:
@@ -172,13 +176,13 @@ def split_stats(cfg: RootConfig, scan, view, max_seq_len: int) -> tuple[SplitSta
     cut = len(view.cut) if view is not None else 0
     if over and policy != Overlength.error:
         notes.append(f"data.overlength={policy}: {over} {scan.name} sample(s) longer than {max_seq_len} tokens "
-                     f"will be {'truncated' if policy == Overlength.truncate else 'dropped'}"
+                     f"will be {OVERLENGTH_ACTIONS[policy]}"
                      f"{f'; {cut} of them keep no target after truncation and are dropped' if cut else ''}"
                      f"{f' (first: {view.cut[0]})' if cut else ''}.")
     split = SplitStats(
         records=scan.records, rejected=scan.num_rejects, lengths=stats, over_limit=over,
         trainable_fraction=round(scan.trainable_fraction, 4), zero_target=scan.zero_target_samples,
-        reject_reasons=dict(scan.reject_counts), truncated=over - cut if policy == Overlength.truncate else 0,
+        reject_reasons=dict(scan.reject_counts), truncated=over - cut if policy in TRUNCATING else 0,
         dropped=over if policy == Overlength.drop else cut, prepadded=scan.padded_inputs,
     )
     return split, notes

@@ -21,6 +21,28 @@ RUN_DIR_KEY = "hydra.run.dir"
 
 
 @dataclass(kw_only=True)
+class ContentStats:
+    """What one split's labels and text hold (seqtune.preflight.content): the second wave of checks' results."""
+
+    # Maximal runs of targets (assistant turns, completions) and how they end: "last token -> next token".
+    target_spans: int
+    span_ends: dict[str, int]
+    # Terminators (eos, the family's end-of-turn, the template's turn closer) trained, by text: target count.
+    trained_terminators: dict[str, int]
+    masked_terminators: int
+    unterminated_spans: int
+    # Control tokens the samples use, by text: {"inputs": n, "targets": n}.
+    special_tokens: dict[str, dict[str, int]]
+    literal_special_lines: int
+    double_bos: int
+    # Over-length samples whose final eos / end-of-turn the over-length policy cuts.
+    terminator_cut: int
+    # Exact copies of another sample of the split; for val/test, of a train sample (None for train).
+    duplicates: int
+    duplicates_of_train: int | None = None
+
+
+@dataclass(kw_only=True)
 class SplitStats:
     records: int
     rejected: int
@@ -35,6 +57,7 @@ class SplitStats:
     dropped: int = 0
     # Pre-tokenized rows that arrived already padded (the padding was stripped).
     prepadded: int = 0
+    content: ContentStats | None = None
 
 
 @dataclass(kw_only=True)
@@ -135,6 +158,10 @@ def _optional(cls: type, data: dict[str, Any] | None) -> Any:
     return None if data is None else cls(**data)
 
 
+def _split_stats(data: dict[str, Any]) -> SplitStats:
+    return SplitStats(**{**data, "content": _optional(ContentStats, data.get("content"))})
+
+
 def load_result(run_dir: Path) -> PreflightResult:
     """Read the preflight.json the parent wrote into `run_dir` (the per-rank worker calls this)."""
     data = json.loads((Path(run_dir) / RESULT_FILE).read_text())
@@ -146,7 +173,7 @@ def load_result(run_dir: Path) -> PreflightResult:
         ok=data["ok"], max_seq_len=data["max_seq_len"],
         caches={split: Path(path) for split, path in data["caches"].items()},
         problems=[Problem(**problem) for problem in data["problems"]],
-        splits={name: SplitStats(**stats) for name, stats in data["splits"].items()},
+        splits={name: _split_stats(stats) for name, stats in data["splits"].items()},
         vocab=_optional(VocabStats, data["vocab"]), padding=_optional(PaddingStats, data["padding"]),
         plan=plan, memory=_optional(MemoryStats, data["memory"]),
         backend=_optional(BackendStats, data.get("backend")), notes=list(data["notes"]),

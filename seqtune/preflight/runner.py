@@ -20,7 +20,7 @@ from seqtune.config.plan import Plan, write_plan
 from seqtune.config.rundir import latest_checkpoint, read_manifest
 from seqtune.config.schema import DataMode, Resume, RootConfig
 from seqtune.files import storage_error
-from seqtune.preflight import checks
+from seqtune.preflight import checks, content
 from seqtune.preflight.checks import Problem
 from seqtune.data.scan import SplitScan, scan_split
 from seqtune.data.sources import expand_paths
@@ -73,6 +73,7 @@ def run_preflight(cfg: RootConfig, run_dir: Path, environ: Mapping[str, str] | N
     except SeqtuneError as err:
         problem = Problem(check="load", key=err.key or "tokenizer", message=str(err))
         return _finish(PreflightResult(ok=False, max_seq_len=None, problems=[*problems, problem]), run_dir, plan)
+    late += content.file_checks(cfg, plan, tokenizer, hf_config)
     print_early_problems(late)
     result, batches = _scan_and_check(cfg, plan, tokenizer, hf_config, run_dir, problems + late)
     plan = replace(plan, max_seq_len=result.max_seq_len, batches=batches)
@@ -94,7 +95,7 @@ def _scan_and_check(cfg: RootConfig, plan: Plan, tokenizer: Any, hf_config: Any,
     batches = None
     if "train" in scans:
         try:
-            batches = _data_phases(cfg, plan, hf_config, scans, result, problems)
+            batches = _data_phases(cfg, plan, tokenizer, hf_config, scans, result, problems)
         except SeqtuneError as err:  # e.g. a collator or plan refusing a value: one more problem, still one failure
             problems.append(Problem(check="data", key=err.key or "data", message=str(err)))
     result.vocab = _vocab_stats(plan, scans)
@@ -107,10 +108,13 @@ def _scan_and_check(cfg: RootConfig, plan: Plan, tokenizer: Any, hf_config: Any,
     if cfg.preflight.plot and result.max_seq_len is not None:
         plot_lengths({name: scan.lengths for name, scan in scans.items()}, max_seq_len=result.max_seq_len,
                      context_length=plan.context_length, path=run_dir / PLOT_FILE)
+    if cfg.preflight.show and result.max_seq_len is not None:
+        content.show_samples(cfg, plan, tokenizer, scans, result.max_seq_len, run_dir)
     return result, batches
 
 
-def _data_phases(cfg: RootConfig, plan: Plan, hf_config: Any, scans: dict[str, SplitScan], result: PreflightResult,
+def _data_phases(cfg: RootConfig, plan: Plan, tokenizer: Any, hf_config: Any, scans: dict[str, SplitScan],
+                 result: PreflightResult,
                  problems: list[Problem]) -> dict[str, Any] | None:
     max_seq_len, length_problems, length_notes = resolve_lengths(cfg, plan, scans)
     result.max_seq_len = max_seq_len
@@ -122,6 +126,7 @@ def _data_phases(cfg: RootConfig, plan: Plan, hf_config: Any, scans: dict[str, S
         problems += split_checks(cfg, plan, scan, max_seq_len)
         result.splits[name], notes = split_stats(cfg, scan, views[name], max_seq_len)
         result.notes += notes
+    problems += content.content_checks(cfg, plan, tokenizer, hf_config, scans, max_seq_len, result)
     problems += shape_checks(cfg, plan, views, max_seq_len)
     result.plan, efficiency, batches, plan_problems = plan_phase(cfg, plan, views, max_seq_len)
     problems += plan_problems

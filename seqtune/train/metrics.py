@@ -57,6 +57,12 @@ class MetricsLogger:
 
             self._wandb.log({name: wandb.Image(str(path))})
 
+    def log_table(self, name: str, columns: list[str], rows: list[list[Any]]) -> None:
+        if self._wandb is not None and rows:
+            import wandb
+
+            self._wandb.log({name: wandb.Table(columns=columns, data=rows)})
+
     def close(self) -> None:
         self._file.close()
         if self._wandb is not None:

@@ -10,6 +10,8 @@ import torch
 
 from seqtune.config.schema import RootConfig
 from seqtune.distributed import DistEnv
+from seqtune.preflight.samples import SAMPLES_JSON
+from seqtune.preflight.samples import read_json as read_samples
 from seqtune.train.metrics import MetricsLogger
 
 
@@ -37,7 +39,15 @@ def open_logger(cfg: RootConfig, run_dir: Path, env: DistEnv, resume_step: int, 
     logger = MetricsLogger(run_dir=run_dir, cfg=cfg.logger, config_dict=asdict(cfg), resume_step=resume_step)
     logger.summary(preflight_summary(preflight))
     logger.log_file(run_dir / "lengths.png", "preflight/lengths")
+    if (run_dir / SAMPLES_JSON).is_file():
+        logger.log_table("preflight/samples", *sample_table(read_samples(run_dir / SAMPLES_JSON)))
     return logger
+
+
+def sample_table(shown: list[dict]) -> tuple[list[str], list[list]]:
+    """preflight's shown samples (samples.json) as W&B table columns and rows; targets marked in `text`."""
+    columns = ["split", "why", "location", "tokens", "targets", "text"]
+    return columns, [[s["split"], s["why"], s["location"], s["length"], s["targets"], s["text"]] for s in shown]
 
 
 def preflight_summary(preflight) -> dict[str, float | int | str]:

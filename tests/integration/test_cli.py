@@ -99,8 +99,12 @@ def test_a_local_checkpoint_directory_trains_through_a_real_size_config(tmp_path
     tiny = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig),
                                                OmegaConf.load(REPO / "configs/model/tinyllama_tiny.yaml")))
     checkpoint = tmp_path / "TinyLlama-local"
-    build_model(tiny, attn_implementation="sdpa").save_pretrained(checkpoint, safe_serialization=True)
-    AutoTokenizer.from_pretrained(BUNDLED_DIR).save_pretrained(checkpoint)
+    model, tokenizer = build_model(tiny, attn_implementation="sdpa"), AutoTokenizer.from_pretrained(BUNDLED_DIR)
+    # A real checkpoint states its tokenizer's bos/eos ids (preflight checks them, and generation stops on eos).
+    for config in (model.config, model.generation_config):
+        config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+    model.save_pretrained(checkpoint, safe_serialization=True)
+    tokenizer.save_pretrained(checkpoint)
     run_dir = tmp_path / "run"
     _ok(run_cli(["model=tinyllama_1b", f"model.path={checkpoint}", "lora=default", "train.max_steps=2",
                  "train.eval_every=0", "train.batch_size=4"], run_dir))
@@ -141,6 +145,13 @@ def test_wandb_logger_runs_offline_without_a_key(tmp_path: Path):
     for key in (b"grad_norm", b"tokens_per_s", b"preflight/max_seq_len", b"preflight/train/records", b"recipe_name"):
         assert key in records, key
     assert list((offline[0] / "files" / "media" / "images").rglob("*.png")), "length histogram not logged"
+    # preflight's shown samples as a table: targets marked, file:line per row.
+    [table] = list((offline[0] / "files" / "media" / "table").rglob("*.table.json"))
+    assert b"preflight/samples" in records
+    rows = json.loads(table.read_text())
+    assert rows["columns"] == ["split", "why", "location", "tokens", "targets", "text"]
+    assert rows["data"][0][0] == "train" and "instruct/train.jsonl:" in rows["data"][0][2]
+    assert "\u27e6" in rows["data"][0][5]
 
 
 def test_wandb_key_is_never_written_to_any_saved_file(tmp_path: Path):

@@ -215,14 +215,30 @@ def test_shipped_default_config_passes_on_the_shipped_data(tmp_path, strategy):
 
 
 def test_truncate_is_an_explicit_reported_policy(tmp_path, varied):
-    result = run_preflight(make_cfg(tmp_path, varied, "data.max_seq_len=24", "data.overlength=truncate",
-                                    "padding.strategy=max_length"), tmp_path / "run")
+    # Plain text (continued pretraining): a cut document end is expected, the truncation is counted and reported.
+    text = write_jsonl(tmp_path / "text.jsonl", [{"text": " ".join(["apple"] * n)} for n in (3, 30, 8, 40)])
+    result = run_preflight(make_cfg(tmp_path, text, "data.format=text", "data.max_seq_len=24",
+                                    "data.overlength=truncate", "padding.strategy=max_length"), tmp_path / "run")
     stats = result.splits["train"]
-    assert result.ok and stats.over_limit > 0 and stats.truncated == stats.over_limit
+    assert result.ok and stats.over_limit == 2 and stats.truncated == 2 and stats.content.terminator_cut == 2
     assert any("will be truncated" in note for note in result.notes)
     report = run_failing(make_cfg(tmp_path, varied, "data.max_seq_len=24"), tmp_path / "run2",
                          match=r"data.max_seq_len \(.*train.jsonl:\d+\)")
     assert "data.max_seq_len=24 < longest train sample" in messages(report)
+
+
+def test_truncate_that_cuts_the_final_eos_is_refused_and_truncate_prompt_keeps_it(tmp_path, varied):
+    report = run_failing(make_cfg(tmp_path, varied, "data.max_seq_len=24", "data.overlength=truncate"),
+                         tmp_path / "run", match=r"\[truncation\] data.overlength \(.*train.jsonl:\d+\)")
+    problem = next(p for p in report["problems"] if p["check"] == "truncation")
+    over = report["splits"]["train"]["over_limit"]
+    assert over > 0 and f"cuts the final eos / end-of-turn of {over} data.train sample(s)" in problem["message"]
+    assert "Fix: data.overlength=truncate_prompt" in problem["message"]
+    result = run_preflight(make_cfg(tmp_path, varied, "data.max_seq_len=24", "data.overlength=truncate_prompt"),
+                           tmp_path / "run2")
+    stats = result.splits["train"]
+    assert result.ok and stats.truncated == over and stats.content.terminator_cut == 0
+    assert any("cut from the left of their prompt" in note for note in result.notes)
 
 
 def test_truncation_that_cuts_every_target_drops_the_sample_and_says_where(tmp_path, varied):
@@ -230,6 +246,7 @@ def test_truncation_that_cuts_every_target_drops_the_sample_and_says_where(tmp_p
     train = write_jsonl(tmp_path / "prompty.jsonl", rows)
     result = run_preflight(make_cfg(tmp_path, train, "data.max_seq_len=32", "data.overlength=truncate"),
                            tmp_path / "run")
+    # Dropped, not trained without its end: truncate's terminator check has nothing to refuse here.
     assert result.ok and result.splits["train"].dropped == 1 and result.splits["train"].truncated == 0
     note = next(n for n in result.notes if "keep no target" in n)
     assert "prompty.jsonl:5" in note

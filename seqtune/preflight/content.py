@@ -1,0 +1,274 @@
+"""The second wave of preflight's checks as two phases: what the labels and the data text hold, against the
+tokenizer's and the checkpoint's own files. Gathers plain values and calls checks_labels.py / checks_model.py.
+
+`file_checks` needs no data (it runs with the fast checks); `content_checks` runs once the scan has written each
+split's token cache, reading it through seqtune.preflight.observe (one numpy pass, stored beside the cache).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from seqtune.config.plan import Plan
+from seqtune.config.schema import RootConfig
+from seqtune.data.overlength import TRUNCATING, cut_sample
+from seqtune.data.scan import SplitScan
+from seqtune.data.tokenize import SampleEncoder, render_chat
+from seqtune.data.types import IGNORE_INDEX
+from seqtune.models import get_spec
+from seqtune.models.checkpoint_facts import (
+    config_bos_eos,
+    generation_stop_ids,
+    read_token_rows,
+    rope_facts,
+)
+from seqtune.preflight import checks_labels as labels
+from seqtune.preflight import checks_model as model_checks
+from seqtune.preflight import samples
+from seqtune.preflight.checks import Problem
+from seqtune.preflight.observe import Finding, SplitObservations, observe_split
+from seqtune.preflight.result import ContentStats, PreflightResult
+from seqtune.preflight.samples_html import SAMPLES_HTML, write_html
+from seqtune.tokenizers.control import control_tokens, literal_controls, whitespace_ids
+from seqtune.tokenizers.facts import tokenizer_facts
+from seqtune.tokenizers.location import resolve_location
+
+# The reply the chat template is asked to render, to find the token that closes an assistant turn.
+PROBE_REPLY = "seqtune probe reply"
+# Ordinary-token rows read beside the special ones: the scale an untrained row is compared with.
+REFERENCE_ROWS = 16
+# tokenizer.json writes its presets right after "version": they are within the first bytes of any size of file.
+PRESET_HEAD_BYTES = 1 << 16
+
+
+def file_checks(cfg: RootConfig, plan: Plan, tokenizer: Any, hf_config: Any) -> list[Problem]:
+    """Before the scan: presets in tokenizer.json; with a checkpoint, the tokenizer's bos/eos against its config."""
+    location = resolve_location(cfg.tokenizer, cfg.model)
+    source = location.directory / "tokenizer.json"
+    truncation, padding = tokenizer_presets(source, tokenizer)
+    problems = model_checks.check_tokenizer_presets(truncation=truncation, padding=padding, source=str(source),
+                                                    key=location.key)
+    if cfg.model.path and hf_config is not None:
+        bos, eos = config_bos_eos(hf_config)
+        problems += model_checks.check_bos_eos_ids(
+            tokenizer_bos=tokenizer.bos_token_id, tokenizer_eos=plan.vocab.eos_id, config_bos=bos, config_eos=eos,
+            source=str(Path(cfg.model.path) / "config.json"))
+    return problems
+
+
+def tokenizer_presets(path: Path, tokenizer: Any) -> tuple[dict | None, dict | None]:
+    """The "truncation" and "padding" tokenizer.json states (read from the file's head, not its megabytes of
+    vocabulary); the loaded backend's state when the file is not there or not in the usual order."""
+    if path.is_file():
+        with path.open("r", encoding="utf-8", errors="replace") as f:
+            head = f.read(PRESET_HEAD_BYTES)
+        found = {}
+        for name in ("truncation", "padding"):
+            key = re.search(rf'"{name}"\s*:\s*', head)
+            try:
+                found[name] = json.JSONDecoder().raw_decode(head, key.end())[0] if key else None
+            except ValueError:  # cut off by the head: fall back to the backend's state
+                key = None
+            if key is None:
+                break
+        if len(found) == 2:
+            return found["truncation"], found["padding"]
+    backend = tokenizer.backend_tokenizer
+    return backend.truncation, backend.padding
+
+
+def terminators(tokenizer: Any, family: str, fmt: str, control: dict[int, str]) -> dict[int, str]:
+    """The tokens that may end a target span: eos, the family's end-of-turn (when the tokenizer has it) and, for
+    chat data, the token the chat template closes an assistant turn with. id -> text."""
+    eos = int(tokenizer.eos_token_id)
+    found = {eos: control.get(eos, tokenizer.eos_token)}
+    eot = get_spec(family).eot_token
+    eot_id = tokenizer_facts(tokenizer, eot_token=eot).special_ids.get(eot)
+    if eot_id is not None:
+        found[int(eot_id)] = eot
+    closer = template_turn_closer(tokenizer, control) if fmt == "chat" else None
+    if closer is not None:
+        found[closer] = control[closer]
+    return found
+
+
+def template_turn_closer(tokenizer: Any, control: dict[int, str]) -> int | None:
+    """The first control token the chat template renders after an assistant reply, inside that reply's turn (the
+    turn of a reply that is not the last, which templates close like every other); None when there is none."""
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": PROBE_REPLY},
+                {"role": "user", "content": "Thanks"}, {"role": "assistant", "content": "Bye"}]
+    try:
+        text, spans = render_chat(tokenizer, messages)
+    except Exception:  # noqa: BLE001 - a template that cannot render this has no closer to find
+        return None
+    lo, hi = spans[0]
+    reply = text[lo:hi]
+    at = reply.find(PROBE_REPLY)
+    if at < 0:
+        return None
+    ids = tokenizer(reply[at + len(PROBE_REPLY):], add_special_tokens=False)["input_ids"]
+    return next((int(i) for i in ids if int(i) in control), None)
+
+
+def content_checks(cfg: RootConfig, plan: Plan, tokenizer: Any, hf_config: Any, scans: dict[str, SplitScan],
+                   max_seq_len: int, result: PreflightResult) -> list[Problem]:
+    """After the scan: every split's labels and text, duplicates within and across splits, stop tokens, untrained
+    special rows and the pretraining context. Fills result.splits[name].content and result.notes."""
+    fmt = cfg.data.format
+    control = control_tokens(tokenizer)
+    literal = literal_controls(tokenizer) if fmt != "tokenized" else {}
+    bos_id = SampleEncoder(tokenizer, fmt, train_on_prompt=cfg.data.train_on_prompt).bos_id
+    spaces = whitespace_ids(tokenizer)
+    seen = {name: observe_split(scan.cache_dir, control=control, literal=literal, bos_id=bos_id,
+                                scan_text=fmt != "tokenized", space_ids=spaces) for name, scan in scans.items()}
+    ends = terminators(tokenizer, cfg.model.family, fmt, control)
+    problems: list[Problem] = []
+    train = (scans["train"], seen["train"].hashes()) if "train" in seen else None
+    for name, scan in scans.items():
+        observed = seen[name]
+        problems += labels.check_turn_terminators(split=name, fmt=fmt, run_ends=observed.run_ends, terminators=ends)
+        problems += labels.check_literal_controls(split=name, per_token=observed.literal_controls,
+                                                  lines=observed.literal_lines)
+        if fmt == "tokenized" and bos_id is not None:
+            problems += labels.check_double_bos(split=name, double_bos=observed.double_bos, bos=control[bos_id])
+        cut = terminator_cut(scan, max_seq_len, cfg.data.overlength, ends)
+        problems += labels.check_terminator_cut(split=name, policy=cfg.data.overlength, fmt=fmt, cut=cut)
+        duplicates, duplicate_problems = _duplicates(cfg, scan, observed, train if name != "train" else None)
+        problems += duplicate_problems
+        for copies, of in ((duplicates[0], None), (duplicates[1], "train")):
+            result.notes += labels.duplicate_notes(split=name, samples=observed.samples, copies=copies or 0, of=of,
+                                                   max_fraction=cfg.data.max_duplicate_fraction)
+        if name in result.splits:
+            result.splits[name].content = _stats(observed, control, ends, cut, duplicates)
+    if "train" in seen and hf_config is not None:
+        problems += _checkpoint_checks(cfg, plan, hf_config, seen["train"], control, ends)
+    if hf_config is None:
+        return problems
+    original, rope_type, factor = rope_facts(hf_config)
+    rope_problems, notes = model_checks.check_rope_context(
+        max_seq_len=max_seq_len, context_length=plan.context_length, original=original, rope_type=rope_type,
+        factor=factor)
+    result.notes += notes
+    return problems + rope_problems
+
+
+def terminator_cut(scan: SplitScan, max_seq_len: int, policy: str, ends: dict[int, str]) -> Finding:
+    """Over-length samples that end on a trained terminator and lose it to the policy's cut. (A sample left with no
+    target at all is dropped, not trained without its end; one that never ended on a terminator loses nothing.)"""
+    cut = Finding()
+    if policy not in TRUNCATING:
+        return cut
+    cache = scan.cache()
+    for i in np.flatnonzero(scan.lengths > max_seq_len):
+        original = cache[int(i)]
+        if not _ends_on(original, ends):
+            continue
+        sample = cut_sample(original, max_seq_len, policy)
+        if (sample.labels != IGNORE_INDEX).any() and not _ends_on(sample, ends):
+            cut.add(1, [sample.location])
+    return cut
+
+
+def _ends_on(sample, ends: dict[int, str]) -> bool:
+    targets = np.flatnonzero(sample.labels != IGNORE_INDEX)
+    return bool(len(targets)) and int(sample.input_ids[targets[-1]]) in ends
+
+
+def _duplicates(cfg: RootConfig, scan: SplitScan, observed: SplitObservations,
+                train: tuple[SplitScan, np.ndarray] | None) -> tuple[tuple[int, int | None], list[Problem]]:
+    """Exact copies within the split and, for val/test, of train samples: ((within, of train), problems)."""
+    hashes, cache = observed.hashes(), scan.cache()
+    copies, originals = labels.duplicate_copies(hashes)
+    examples = [f"{cache.location(int(c))} (= line {cache.location(int(o)).rsplit(':', 1)[1]})"
+                for c, o in zip(copies[: labels.MAX_LISTED], originals[: labels.MAX_LISTED])]
+    problems = labels.check_duplicates(split=scan.name, samples=len(hashes), copies=len(copies), examples=examples,
+                                       of=None, max_fraction=cfg.data.max_duplicate_fraction)
+    if train is None:
+        return (len(copies), None), problems
+    train_scan, train_hashes = train
+    hits, train_index = labels.found_in(hashes, train_hashes)
+    train_cache = train_scan.cache()
+    examples = [f"{cache.location(int(h))} (= {train_cache.location(int(t))})"
+                for h, t in zip(hits[: labels.MAX_LISTED], train_index[: labels.MAX_LISTED])]
+    problems += labels.check_duplicates(split=scan.name, samples=len(hashes), copies=len(hits), examples=examples,
+                                        of="train", max_fraction=cfg.data.max_duplicate_fraction)
+    return (len(copies), len(hits)), problems
+
+
+def _stats(observed: SplitObservations, control: dict[int, str], ends: dict[int, str], cut: Finding,
+           duplicates: tuple[int, int | None]) -> ContentStats:
+    masked, unterminated = labels.classify_spans(observed.run_ends, ends)
+    used = set(observed.control_inputs) | set(observed.control_targets)
+    return ContentStats(
+        target_spans=observed.turns, span_ends=labels.describe_classes(observed.run_ends, control),
+        trained_terminators={ends[t]: n for t, n in sorted(observed.control_targets.items()) if t in ends},
+        masked_terminators=sum(f.count for f in masked.values()), unterminated_spans=unterminated.count,
+        special_tokens={control[t]: {"inputs": observed.control_inputs.get(t, 0),
+                                     "targets": observed.control_targets.get(t, 0)} for t in sorted(used)},
+        literal_special_lines=observed.literal_lines.count, double_bos=observed.double_bos.count,
+        terminator_cut=cut.count, duplicates=duplicates[0], duplicates_of_train=duplicates[1],
+    )
+
+
+def _checkpoint_checks(cfg: RootConfig, plan: Plan, hf_config: Any, train: SplitObservations,
+                       control: dict[int, str], ends: dict[int, str]) -> list[Problem]:
+    """With a local checkpoint: the trained terminators stop generation, and the special rows the data uses were
+    trained (or train now)."""
+    if not cfg.model.path:
+        return []
+    trained = {t: n for t, n in train.control_targets.items() if t in ends}
+    stop_ids, source = generation_stop_ids(Path(cfg.model.path), hf_config)
+    problems = model_checks.check_stop_tokens(trained=trained, names=control, stop_ids=stop_ids, source=source)
+    tied = plan.tied_embeddings
+    inputs, targets = sorted(train.control_inputs), sorted(train.control_targets)
+    rows = read_token_rows(Path(cfg.model.path), {"embedding": sorted(set(inputs) | set(targets) if tied else inputs),
+                                                  "head": targets},
+                           _reference_ids(plan.vocab.embedding_rows, control))
+    embedding_trained, head_trained = _rows_trained(cfg, plan)
+    matrices = [model_checks.MatrixRows(module=module, tensor=rows[matrix].tensor, use=use, trained=trained_now,
+                                        found=model_checks.untrained_rows(rows[matrix].rows, rows[matrix].reference))
+                for matrix, module, use, trained_now in (
+                    ("embedding", "embed_tokens", "inputs" + (" or targets" if tied else ""), embedding_trained),
+                    ("head", "lm_head", "targets", head_trained)) if matrix in rows]
+    problems += model_checks.check_untrained_rows(matrices=matrices, names=control, source=cfg.model.path)
+    return problems
+
+
+def _reference_ids(rows: int, control: dict[int, str]) -> list[int]:
+    """Ordinary token ids spread over the vocabulary's first half (never a control token)."""
+    candidates = np.linspace(min(256, rows // 4), max(rows // 2, 1), REFERENCE_ROWS * 2).astype(int)
+    return [int(i) for i in dict.fromkeys(candidates.tolist()) if int(i) not in control][:REFERENCE_ROWS]
+
+
+def _rows_trained(cfg: RootConfig, plan: Plan) -> tuple[bool, bool]:
+    """Whether the embedding and the head train (full fine-tuning; the plan's modules trained in full, a tied pair
+    being one matrix; LoRA on the head)."""
+    if not cfg.lora.enabled:
+        return True, True
+    embedding = "embed_tokens" in plan.lora_saved
+    head = "lm_head" in plan.lora_saved or "lm_head" in plan.lora_modules
+    return embedding, head
+
+
+def show_samples(cfg: RootConfig, plan: Plan, tokenizer: Any, scans: dict[str, SplitScan], max_seq_len: int,
+                 run_dir: Path) -> list[samples.ShownSample]:
+    """preflight.show: write samples.html and samples.json into the run directory and print one sample."""
+    control = control_tokens(tokenizer)
+    ends = terminators(tokenizer, cfg.model.family, cfg.data.format, control)
+    eos = plan.vocab.eos_id
+    kinds = samples.TokenKinds(bos=tokenizer.bos_token_id, eos=int(eos), eot=frozenset(set(ends) - {eos}),
+                               control=frozenset(control))
+    shown = samples.collect(scans, max_seq_len=max_seq_len, policy=cfg.data.overlength, show=cfg.preflight.show,
+                            seed=cfg.train.seed, tokenizer=tokenizer, kinds=kinds)
+    samples.write_json(shown, run_dir / samples.SAMPLES_JSON)
+    summary = (f"{run_dir} · model.family={cfg.model.family} · data.format={cfg.data.format} · "
+               f"max_seq_len={max_seq_len} · data.overlength={cfg.data.overlength} · "
+               f"preflight.show={cfg.preflight.show} random sample(s) per split, plus the longest and a truncated one")
+    write_html(shown, run_dir / SAMPLES_HTML, title="seqtune: what the model will be trained on", summary=summary)
+    samples.print_sample(shown)
+    return shown

@@ -1,0 +1,211 @@
+"""See what the model will be trained on: per split the longest sample, a truncated one (if any) and
+preflight.show random ones, exactly as training serves them (over-length policy applied), decoded token by token
+with the targets marked and bos / eos / end-of-turn made visible, each with its file:line.
+
+Written to samples.html (seqtune.preflight.samples_html) and samples.json (the W&B table reads it); one sample is
+printed on the console, in colour on a terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from seqtune.data.cache import TokenCache
+from seqtune.data.overlength import kept_positions
+from seqtune.data.scan import SplitScan
+from seqtune.data.types import IGNORE_INDEX
+
+SAMPLES_JSON = "samples.json"
+# Kinds of tokens made visible; every other control token is "special", everything else "text"; "cut" and
+# "elided" mark tokens removed by data.overlength and tokens of a long sample the page does not show.
+KINDS = ("text", "bos", "eos", "eot", "special", "cut", "elided")
+# Marks of targets on a console without colour (and in the W&B table's text column).
+TARGET_OPEN, TARGET_CLOSE = "\u27e6", "\u27e7"
+# The console shows at most this many tokens of its sample, samples.html this many per sample: the head and the
+# tail (where the terminator is).
+CONSOLE_TOKENS = 160
+MAX_SHOWN_TOKENS = 4096
+
+
+@dataclass(kw_only=True)
+class ShownToken:
+    text: str
+    token_id: int  # -1 for a cut marker
+    target: bool
+    kind: str
+
+
+@dataclass(kw_only=True)
+class ShownSample:
+    split: str
+    why: str  # longest | truncated | random (a longest that is cut says "longest, truncated")
+    location: str
+    length: int  # tokens as trained
+    original_length: int
+    targets: int
+    tokens: list[ShownToken] = field(default_factory=list)
+
+    def marked_text(self) -> str:
+        """The sample as text, targets between TARGET_OPEN and TARGET_CLOSE."""
+        out, inside = [], False
+        for token in self.tokens:
+            if token.target != inside:
+                out.append(TARGET_OPEN if token.target else TARGET_CLOSE)
+                inside = token.target
+            out.append(token.text)
+        return "".join(out) + (TARGET_CLOSE if inside else "")
+
+
+@dataclass(kw_only=True)
+class TokenKinds:
+    """Which ids are drawn as what: bos, eos, the end-of-turn tokens, every other control token."""
+
+    bos: int | None
+    eos: int
+    eot: frozenset[int]
+    control: frozenset[int]
+
+    def of(self, token_id: int) -> str:
+        if token_id == self.bos:
+            return "bos"
+        if token_id == self.eos:
+            return "eos"
+        if token_id in self.eot:
+            return "eot"
+        return "special" if token_id in self.control else "text"
+
+
+def pick(scan: SplitScan, *, max_seq_len: int, policy: str, show: int, seed: int | list[int]
+         ) -> list[tuple[int, str]]:
+    """(cache index, why) of the samples to show: the longest, a truncated one, `show` random ones."""
+    lengths = np.asarray(scan.lengths)
+    kept = np.flatnonzero(lengths <= max_seq_len) if policy == "drop" else np.arange(len(lengths))
+    if not len(kept):
+        return []
+    cut = policy in ("truncate", "truncate_prompt")
+    longest = int(kept[np.argmax(lengths[kept])])
+    chosen = [(longest, "longest, truncated" if cut and lengths[longest] > max_seq_len else "longest")]
+    over = [int(i) for i in kept if lengths[i] > max_seq_len and int(i) != longest] if cut else []
+    if over:
+        chosen.append((over[0], "truncated"))
+    rest = np.setdiff1d(kept, [i for i, _ in chosen])
+    rng = np.random.default_rng(seed)
+    for i in sorted(rng.choice(rest, size=min(show, len(rest)), replace=False).tolist()):
+        chosen.append((int(i), "random"))
+    return chosen
+
+
+def render(cache: TokenCache, index: int, *, split: str, why: str, max_seq_len: int, policy: str, tokenizer: Any,
+           kinds: TokenKinds) -> ShownSample:
+    """Sample `index` as training serves it, decoded token by token (a character split over several tokens is
+    shown on the token that completes it), with a marker where the over-length policy removed tokens. A sample
+    longer than MAX_SHOWN_TOKENS shows its head and its tail (where the terminator is)."""
+    from tokenizers.decoders import DecodeStream
+
+    sample = cache[index]
+    original = len(sample)
+    positions = np.arange(original)
+    if original > max_seq_len and policy in ("truncate", "truncate_prompt"):
+        positions = positions[kept_positions(sample.labels, max_seq_len, policy)]
+    trained = positions
+    elide_at = None
+    if len(positions) > MAX_SHOWN_TOKENS:
+        half = MAX_SHOWN_TOKENS // 2
+        positions, elide_at = np.concatenate([positions[:half], positions[-half:]]), half
+    backend = tokenizer.backend_tokenizer
+    tokens: list[ShownToken] = []
+    previous = -1
+    for k, position in enumerate(positions.tolist()):
+        if k == elide_at:
+            tokens.append(_marker("elided", len(trained) - 2 * elide_at, "not shown"))
+        elif position != previous + 1:
+            tokens.append(_marker("cut", position - previous - 1, "cut"))
+        if k == 0 or k == elide_at or position != previous + 1:
+            stream = DecodeStream(skip_special_tokens=False)
+        token_id = int(sample.input_ids[position])
+        tokens.append(ShownToken(text=stream.step(backend, token_id) or "", token_id=token_id,
+                                 target=bool(sample.labels[position] != IGNORE_INDEX), kind=kinds.of(token_id)))
+        previous = position
+    if previous != original - 1:
+        tokens.append(_marker("cut", original - 1 - previous, "cut"))
+    return ShownSample(split=split, why=why, location=sample.location, length=len(trained),
+                       original_length=original, targets=int((sample.labels[trained] != IGNORE_INDEX).sum()),
+                       tokens=tokens)
+
+
+def _marker(kind: str, count: int, what: str) -> ShownToken:
+    return ShownToken(text=f"[{count} tokens {what}]", token_id=-1, target=False, kind=kind)
+
+
+def collect(scans: dict[str, SplitScan], *, max_seq_len: int, policy: str, show: int, seed: int, tokenizer: Any,
+            kinds: TokenKinds) -> list[ShownSample]:
+    shown = []
+    for number, (name, scan) in enumerate(scans.items()):
+        cache = scan.cache()
+        # One stream per split: the same seed would pick the same relative positions in every split.
+        for index, why in pick(scan, max_seq_len=max_seq_len, policy=policy, show=show, seed=[seed, number]):
+            shown.append(render(cache, index, split=name, why=why, max_seq_len=max_seq_len, policy=policy,
+                                tokenizer=tokenizer, kinds=kinds))
+    return shown
+
+
+def write_json(samples: list[ShownSample], path: Path) -> Path:
+    rows = [{**{k: v for k, v in asdict(s).items() if k != "tokens"}, "text": s.marked_text()} for s in samples]
+    path.write_text(json.dumps(rows, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def read_json(path: Path) -> list[dict[str, Any]]:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+# --- the console --------------------------------------------------------------------------------------------------
+
+_ANSI = {"target": "\x1b[42;30m", "prompt": "\x1b[2m", "bos": "\x1b[1;44;97m", "eos": "\x1b[1;41;97m",
+         "eot": "\x1b[1;43;30m", "special": "\x1b[1;7m", "cut": "\x1b[1;35m", "elided": "\x1b[2;35m",
+         "reset": "\x1b[0m"}
+
+
+def use_colour(stream: TextIO) -> bool:
+    """Colour on a terminal unless NO_COLOR is set (https://no-color.org); FORCE_COLOR forces it."""
+    if os.environ.get("NO_COLOR"):
+        return False
+    return bool(os.environ.get("FORCE_COLOR")) or bool(getattr(stream, "isatty", lambda: False)())
+
+
+def console_text(sample: ShownSample, colour: bool) -> str:
+    """One sample for the console: a header, a legend, the tokens (head and tail when it is long)."""
+    tokens = sample.tokens
+    if len(tokens) > CONSOLE_TOKENS:
+        half = CONSOLE_TOKENS // 2
+        tokens = [*tokens[:half], _marker("elided", len(tokens) - 2 * half, "not shown"), *tokens[-half:]]
+    head = (f"preflight: a {sample.split} sample as it will be trained ({sample.why}, {sample.location}, "
+            f"{sample.length} tokens, {sample.targets} targets); all samples: samples.html")
+    if not colour:
+        legend = f"  legend: {TARGET_OPEN}targets{TARGET_CLOSE}, the rest is prompt (not trained)"
+        return f"{head}\n{legend}\n{replace(sample, tokens=tokens).marked_text()}"
+    legend = "  legend: " + " ".join(f"{_ANSI[k]}{label}{_ANSI['reset']}" for k, label in (
+        ("target", "target"), ("prompt", "prompt"), ("bos", "BOS"), ("eos", "EOS"), ("eot", "end-of-turn"),
+        ("special", "special")))
+    body = []
+    for token in tokens:
+        style = token.kind if token.kind != "text" else ("target" if token.target else "prompt")
+        underline = "\x1b[4m" if token.target and token.kind != "text" else ""
+        body.append(f"{_ANSI[style]}{underline}{token.text}{_ANSI['reset']}")
+    return f"{head}\n{legend}\n{''.join(body)}"
+
+
+def print_sample(samples: list[ShownSample], stream: TextIO | None = None) -> None:
+    """The first random train sample (else the first shown) on the console."""
+    if not samples:
+        return
+    stream = stream or sys.stdout
+    sample = next((s for s in samples if s.split == "train" and s.why == "random"), samples[0])
+    print(console_text(sample, use_colour(stream)), file=stream, flush=True)

@@ -1,0 +1,96 @@
+"""samples.html: the shown samples as one self-contained page (inline CSS, no script, no external asset).
+
+Every token is a <span class="tok ..."> with its id in the title: `target` (trained) or `prompt` (not trained),
+plus `bos` / `eos` / `eot` / `special` for control tokens and `cut` where the over-length policy removed tokens.
+A legend at the top explains the marks; each sample names its split, why it was picked and its file:line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from html import escape
+from pathlib import Path
+
+from seqtune.preflight.samples import ShownSample, ShownToken
+
+SAMPLES_HTML = "samples.html"
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto; max-width: 72rem;
+       color: #1f2328; padding: 0 1rem; }
+h1 { font-size: 1.4rem; } h2 { font-size: 1.15rem; margin-top: 2rem; border-bottom: 1px solid #d0d7de; }
+.run, .meta { color: #57606a; font-size: .9rem; }
+.legend { position: sticky; top: 0; background: #f6f8fa; border: 1px solid #d0d7de; border-radius: 6px;
+          padding: .5rem .8rem; font-size: .9rem; z-index: 1; }
+.legend .tok { margin-right: .8rem; }
+.sample { border: 1px solid #d0d7de; border-radius: 6px; margin: 1rem 0; padding: .6rem 1rem; }
+.meta { margin-bottom: .5rem; } .meta code { color: #1f2328; }
+.tokens { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: .85rem;
+          white-space: pre-wrap; word-break: break-word; line-height: 1.7; }
+.tok { border-radius: 2px; }
+.prompt { color: #6e7781; }
+.target { background: #dafbe1; color: #0a3622; box-shadow: inset 0 -2px 0 #1a7f37; }
+.bos, .eos, .eot, .special { font-weight: 600; padding: 0 2px; outline: 1px solid #8c959f; }
+.bos { background: #ddf4ff; } .eos { background: #ffebe9; } .eot { background: #fff8c5; }
+.special { background: #eaeef2; }
+.target.bos, .target.eos, .target.eot, .target.special { box-shadow: inset 0 -3px 0 #1a7f37; }
+.cut { color: #8250df; font-style: italic; outline: 1px dashed #8250df; padding: 0 3px; }
+.elided { color: #57606a; font-style: italic; outline: 1px dotted #8c959f; padding: 0 3px; }
+.nl { color: #afb8c1; }
+"""
+
+LEGEND = (
+    ("tok target", "target: trained (its loss counts)"),
+    ("tok prompt", "prompt: context only, not trained"),
+    ("tok bos", "BOS"),
+    ("tok eos", "EOS"),
+    ("tok eot", "end-of-turn"),
+    ("tok special", "other special token"),
+    ("tok cut", "tokens cut by data.overlength"),
+    ("tok elided", "middle of a long sample, not shown"),
+)
+
+
+# What a reader checks on each sample (the mistakes preflight's checks look for, seen by eye).
+LOOK_FOR = ("Look for: every reply ends on an end-of-turn or EOS token marked as a target; the prompt and the "
+            "template's headers are not marked; no special token sits inside the text; a cut sample kept its end.")
+
+
+def _token(token: ShownToken) -> str:
+    classes = ["tok", "target" if token.target else "prompt"]
+    if token.kind != "text":
+        classes.append(token.kind)
+    if token.kind in ("cut", "elided"):
+        title = token.kind
+    else:
+        title = f"id {token.token_id}" + (" · target" if token.target else "")
+    # A newline stays a line break, after a visible mark (a target that is only newlines must still show).
+    text = escape(token.text).replace("\n", '<span class="nl">\u21b5</span>\n')
+    return f'<span class="{" ".join(classes)}" title="{title}">{text}</span>'
+
+
+def _sample(sample: ShownSample) -> str:
+    cut = f", {sample.original_length} before the cut" if sample.original_length != sample.length else ""
+    meta = (f'<div class="meta"><b>{escape(sample.why)}</b> · <code class="location">{escape(sample.location)}'
+            f"</code> · {sample.length} tokens{cut} · {sample.targets} targets</div>")
+    tokens = "".join(_token(token) for token in sample.tokens)
+    return (f'<div class="sample" data-split="{escape(sample.split)}" data-location="{escape(sample.location)}" '
+            f'data-targets="{sample.targets}">{meta}<div class="tokens">{tokens}</div></div>')
+
+
+def page(samples: Sequence[ShownSample], *, title: str, summary: str) -> str:
+    legend = "".join(f'<span class="{cls}">{escape(label)}</span>' for cls, label in LEGEND)
+    sections = []
+    for split in dict.fromkeys(s.split for s in samples):
+        body = "".join(_sample(s) for s in samples if s.split == split)
+        sections.append(f'<section id="split-{escape(split)}"><h2>{escape(split)}</h2>{body}</section>')
+    return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+            f"<style>{_CSS}</style></head><body><h1>{escape(title)}</h1>"
+            f'<p class="run">{escape(summary)}</p><p>{escape(LOOK_FOR)}</p>'
+            f'<div class="legend" id="legend"><b>Legend</b> {legend}</div>'
+            f'{"".join(sections)}</body></html>\n')
+
+
+def write_html(samples: Sequence[ShownSample], path: Path, *, title: str, summary: str) -> Path:
+    path.write_text(page(samples, title=title, summary=summary), encoding="utf-8")
+    return path
