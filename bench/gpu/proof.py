@@ -5,7 +5,8 @@
 
 1. contamination: packed rows keep documents apart on CUDA for sdpa, torch_varlen and flash_attention_2 (when
    installed), and each backend's logits and gradients match eager fp32 on packed, right- and left-padded batches;
-2. steps: one QLoRA step (bitsandbytes NF4) and bf16 LoRA steps on a TinyLlama-1.1B-shaped model, real CLI;
+2. steps: one QLoRA step (bitsandbytes NF4), bf16 LoRA and full fine-tuning steps on a TinyLlama-1.1B-shaped model,
+   and fp16 with its GradScaler (checkpointed) on the embedded default's tiny model, real CLI;
 3. throughput: bf16 LoRA on a Llama-3-8B-shaped model (random weights), packed 4096, against transformers.Trainer +
    DataCollatorForSeq2Seq + sdpa on the same model and data, in this run; MFU (formula in mfu());
 4. memory: preflight's estimate vs torch.cuda.max_memory_allocated for every CLI run;
@@ -345,6 +346,9 @@ def steps(proof: Proof) -> dict:
     else:
         runs["qlora"] = proof.cli("qlora", common + device + ["model.load_in_4bit=true", "train.max_steps=3"],
                                   timeout=200)
+        # fp16 autocast trains with a GradScaler (its state checkpointed): the path preflight allows for fp16.
+        runs["fp16_scaler"] = proof.cli("fp16_scaler", ["train.device=cuda", "train.mixed_precision=fp16",
+                                                        "train.max_steps=12", "train.save_every=6"], timeout=120)
         runs["bf16_full_ft"] = proof.cli("bf16_full_ft", [*model_overrides(shape), "tokenizer=llama3",
                                                           f"data.train={data}", "data.val=null",
                                                           "data.max_seq_len=1024", "recipe=full_sft",
