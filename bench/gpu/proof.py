@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
-from _common import WORDS, markdown_table  # noqa: E402
+from _common import WORDS, markdown_table, window_throughput  # noqa: E402
 
 # Llama-3-8B and TinyLlama-1.1B architecture fields (seqtune model keys), random weights: nothing is downloaded.
 LLAMA3_8B = {"vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336, "num_layers": 32,
@@ -122,25 +122,6 @@ def machine() -> dict:
         except PackageNotFoundError:
             info[package.replace("-", "_")] = None
     return info
-
-
-def window_throughput(metrics: list[dict]) -> dict | None:
-    """Tokens/s over the logged windows after the first (warm-up) one, as bench/throughput.py measures."""
-    windows = [m for m in metrics if "tokens_per_s" in m]
-    if len(windows) < 2:
-        return None
-    seconds = tokens = targets = positions = 0.0
-    previous = windows[0]["tokens_seen"]
-    for record in windows[1:]:
-        window_tokens = record["tokens_seen"] - previous
-        previous = record["tokens_seen"]
-        window_seconds = window_tokens / record["tokens_per_s"]
-        seconds += window_seconds
-        tokens += window_tokens
-        targets += record["target_tokens_per_s"] * window_seconds
-        positions += record["computed_tokens_per_s"] * window_seconds
-    return {"seconds": seconds, "tokens_per_s": tokens / seconds, "target_tokens_per_s": targets / seconds,
-            "padding_efficiency": tokens / positions}
 
 
 def write_sft_data(path: Path, n: int, *, max_tokens: int, seed: int = 0) -> Path:
