@@ -347,6 +347,12 @@ class LoraConfig:
     target_modules: list[str] | None = None
     # Modules trained in full next to the adapter and saved in it (peft modules_to_save), e.g. [lm_head].
     modules_to_save: list[str] = field(default_factory=list)
+    # DoRA (peft use_dora): each adapted weight is split into a trained magnitude per output feature and a
+    # LoRA-updated direction. Costs a little memory per adapted module (preflight's estimate counts it).
+    use_dora: bool = False
+    # rsLoRA (peft use_rslora): scale the update by alpha / sqrt(rank) instead of alpha / rank, so higher ranks
+    # still learn.
+    use_rslora: bool = False
 
     def __post_init__(self) -> None:
         domain = _Domain("lora")

@@ -34,6 +34,8 @@ def apply_lora(model: nn.Module, lora: LoraConfig, *, targets: Sequence[str], sa
         r=lora.rank,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
+        use_dora=lora.use_dora,
+        use_rslora=lora.use_rslora,
         target_modules=list(targets),
         task_type="CAUSAL_LM",
         modules_to_save=modules_to_save,
