@@ -461,6 +461,19 @@ def check_export(*, export_merged: bool, sharded: bool) -> list[Problem]:
     )]
 
 
+def check_early_stopping(*, early_stop: bool, lora: bool, sharded: bool) -> list[Problem]:
+    """Early stopping ends the run on the best eval's weights, read back from best/: a peft adapter cannot be
+    loaded into LoRA weights sharded by FSDP."""
+    if not (early_stop and lora and sharded):
+        return []
+    return [Problem(
+        check="backend", key="train.early_stop_patience",
+        message=("train.early_stop_patience with LoRA under train.parallel=fsdp across ranks: the run ends on the "
+                 "best eval's adapter, read back from best/, which seqtune cannot load into sharded LoRA weights. "
+                 "Fix: train.parallel=ddp (LoRA's trainable weights are small), or train.early_stop_patience=0."),
+    )]
+
+
 # --- 9. resume ----------------------------------------------------------------------------------------------
 
 

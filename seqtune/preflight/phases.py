@@ -55,6 +55,8 @@ def fast_checks(cfg: RootConfig, plan: Plan) -> list[Problem]:
                                        refused_dtypes=spec.refused_dtypes, loss_scaling=plan.loss_scaling,
                                        sharded=plan.sharded)
     problems += checks.check_export(export_merged=cfg.train.export_merged, sharded=plan.sharded)
+    problems += checks.check_early_stopping(early_stop=cfg.train.early_stop_patience > 0, lora=cfg.lora.enabled,
+                                            sharded=plan.sharded)
     return problems
 
 
