@@ -164,3 +164,28 @@ def test_dora_and_rslora_train_export_and_count_in_the_estimate(tmp_path: Path, 
     _ok(run_cli([*common, "preflight.only=true"], lora_only))
     memory = [json.loads((run / "preflight.json").read_text())["memory"] for run in (run_dir, lora_only)]
     assert memory[0]["activations_gib"] > memory[1]["activations_gib"]
+
+
+def test_a_sweep_writes_one_summary_of_every_job_failed_ones_included(tmp_path: Path, data):
+    """Three jobs: one trains, one fails while training (an injected error at step 2), one is refused (exit 2)."""
+    import csv
+
+    sweep = tmp_path / "sweep"
+    result = run_cli(["-m", "train.max_steps=1,3,0", *_args(data, "train.eval_every=1"), f"hydra.sweep.dir={sweep}"],
+                     tmp_path / "unused", env={"SEQTUNE_FAULT": "train:2"})
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]  # a job failed while training
+    jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+    assert [(j["job"], j["status"], j["exit_code"]) for j in jobs] == [(0, "completed", 0), (1, "failed", 1),
+                                                                        (2, "failed", 2)]
+    assert jobs[0]["step"] == 1 and jobs[0]["test_loss"] == pytest.approx(jobs[0]["eval_loss"], rel=1e-9)
+    assert "SEQTUNE_FAULT" in jobs[1]["error"] and "train.max_steps=0 must be >= 1" in jobs[2]["error"]
+    assert all(f"train.max_steps={n}" in j["overrides"] for n, j in zip((1, 3, 0), jobs))
+    with (sweep / "sweep_summary.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert [row["train.max_steps"] for row in table] == ["1", "3", "0"]
+    assert [row["status"] for row in table] == ["completed", "failed", "failed"]
+    assert table[0]["data.train"] == str(data["train"])
+    markdown = (sweep / "sweep_summary.md").read_text()
+    assert f"Every job: data.train={data['train']}" in markdown and "| job | train.max_steps | status |" in markdown
+    assert "sweep summary (3 job(s))" in result.stdout
+    assert "2 of 3 job(s) did not succeed" in result.stderr
