@@ -106,7 +106,13 @@ class BestWeights:
             _check_loaded(self.path, result.unexpected_keys, [])
         elif self.sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+            from torch.distributed.fsdp import FSDPModule
 
+            # The root keeps its parameters gathered after a forward with no backward (the last eval's): shard them
+            # again, so every parameter is a DTensor that takes its slice of the full weights.
+            for module in self.model.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
             state = _read_state(files) if self.env.is_main else {}
             options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
             set_model_state_dict(self.model, state, options=options)
