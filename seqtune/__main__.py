@@ -127,9 +127,89 @@ def _hydra_main(cfg: DictConfig) -> JobOutcome:
 
 
 def main() -> None:
+    """The CLI. A config that Hydra or OmegaConf refuses (a YAML syntax error, an unknown key, a bad override, a
+    missing interpolation) is one clean `seqtune: error:` line and exit 2, like every refusal before training;
+    HYDRA_FULL_ERROR=1 shows the full traceback instead, as Hydra documents."""
+    user_setting = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing its own trimmed traceback
     console.silence_known_false_alarms()
     console.install_tee()  # before Hydra binds its logging handlers to sys.stdout
-    _hydra_main()
+    try:
+        _hydra_main()
+    except SeqtuneError as err:  # a sweep job's error, printed by that job; Hydra raises it once all jobs ran
+        if user_setting == "1":
+            raise
+        print("seqtune: a job of the sweep failed; its error is printed above.", file=sys.stderr, flush=True)
+        sys.exit(err.exit_code)
+    except Exception as exc:
+        message = None if user_setting == "1" else _config_refusal(exc)
+        if message is None:
+            raise  # not a config problem: a bug, shown with its full traceback
+        print(f"seqtune: error: {message}\n(HYDRA_FULL_ERROR=1 shows the full traceback.)", file=sys.stderr,
+              flush=True)
+        sys.exit(2)
+    finally:
+        if user_setting is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = user_setting
+
+
+def _config_refusal(exc: BaseException) -> str | None:
+    """What to tell the user about an exception raised while Hydra composed or set up a run; None if it is not
+    about the config or the run directory."""
+    import errno
+
+    import yaml
+    from hydra.errors import HydraException, OverrideParseException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from seqtune.files import storage_error
+
+    chain, seen = [], exc
+    while seen is not None and seen not in chain:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    for error in chain:
+        if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark is not None:
+            mark = error.problem_mark
+            context = f"{error.context}: " if error.context else ""
+            return f"{mark.name}:{mark.line + 1}:{mark.column + 1}: YAML syntax error: {context}{error.problem}"
+    if isinstance(exc, OverrideParseException):
+        return f"the override {exc.override!r} does not parse: {exc.message}"
+    if isinstance(exc, (HydraException, OmegaConfBaseException)):
+        cause = exc.__cause__
+        extra = f"\n{cause}" if isinstance(cause, OmegaConfBaseException) and str(cause) not in str(exc) else ""
+        return f"{exc}{extra}"
+    no_room = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS)
+    if isinstance(exc, OSError) and exc.errno in no_room and _from_run_dir_setup(exc):
+        return str(storage_error(exc, _failed_path(exc), key="hydra.run.dir"))
+    return None
+
+
+def _from_run_dir_setup(exc: BaseException) -> bool:
+    """Whether Hydra's job setup (creating the run directory, writing .hydra/) raised it, not code the job ran
+    (seqtune reports its own write errors; an OSError from deeper down is a bug to show with its traceback)."""
+    modules = []
+    tb = exc.__traceback__
+    while tb is not None:
+        modules.append(tb.tb_frame.f_globals.get("__name__", ""))
+        tb = tb.tb_next
+    ours = [m for m in modules if m.startswith("seqtune") and m != __name__]  # the job itself ran: not setup
+    return "hydra.core.utils" in modules and not ours
+
+
+def _failed_path(exc: OSError) -> Path:
+    """The path an OSError was about: its filename, else the `output_dir` Hydra was writing (a plain write()
+    error carries no filename, and Hydra does not add one)."""
+    if exc.filename:
+        return Path(exc.filename)
+    tb, path = exc.__traceback__, None
+    while tb is not None:
+        value = tb.tb_frame.f_locals.get("output_dir")
+        path = Path(value) if isinstance(value, (str, Path)) else path
+        tb = tb.tb_next
+    return path or Path.cwd()
 
 
 if __name__ == "__main__":

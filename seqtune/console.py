@@ -68,6 +68,9 @@ class _Tee:
 
 
 class _LogSink:
+    """The run's log file. A log that cannot be written (a full disk) stops, silently: the console goes on, and
+    the error that filled the disk is reported there and in preflight.json, never hidden by the log's own."""
+
     def __init__(self) -> None:
         self.file: TextIO | None = None
         self._lock = threading.Lock()  # the scan's encoder thread and the main thread may both print
@@ -75,12 +78,26 @@ class _LogSink:
     def write_lines(self, lines: list[str]) -> None:
         if lines and self.file is not None:
             with self._lock:
-                self.file.write("".join(line + "\n" for line in lines))
+                self._guarded(lambda f: f.write("".join(line + "\n" for line in lines)))
 
     def flush(self) -> None:
         if self.file is not None:
             with self._lock:
-                self.file.flush()
+                self._guarded(lambda f: f.flush())
+
+    def _guarded(self, action) -> None:
+        try:
+            action(self.file)
+        except OSError:
+            self.detach()
+
+    def detach(self) -> None:
+        file, self.file = self.file, None
+        if file is not None:
+            try:
+                file.close()
+            except OSError:
+                pass  # the data it could not write is lost with it; the console has it
 
 
 _SINK = _LogSink()
@@ -101,8 +118,11 @@ def run_log(run_dir: Path) -> Iterator[Path]:
     if _SINK.file is not None:  # launcher=local: the worker runs inside the parent's run
         yield path
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _SINK.file = path.open("a", encoding="utf-8")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _SINK.file = path.open("a", encoding="utf-8")
+    except OSError:
+        _SINK.file = None  # no log (e.g. a full disk): the console goes on, and says what failed
     try:
         yield path
     finally:
@@ -110,5 +130,4 @@ def run_log(run_dir: Path) -> Iterator[Path]:
             if isinstance(stream, _Tee):
                 stream.flush()
                 stream.close_line()
-        file, _SINK.file = _SINK.file, None
-        file.close()
+        _SINK.detach()

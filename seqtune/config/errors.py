@@ -44,6 +44,10 @@ class DataError(SeqtuneError):
     exit_code = EXIT_REFUSED
 
 
+class StorageError(SeqtuneError):
+    """A file seqtune writes could not be written: no space left, no permission, a read-only disk."""
+
+
 class PreflightFailed(SeqtuneError):
     """Preflight found problems; the report has been printed and written. Exit code 2, nothing trained."""
 

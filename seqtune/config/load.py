@@ -7,6 +7,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from seqtune import files  # the module, not its names: seqtune.files imports this package's errors
 from seqtune.config.errors import ConfigError
 from seqtune.config.schema import GROUP_SCHEMAS, RootConfig
 
@@ -43,8 +44,8 @@ def to_typed(cfg: DictConfig) -> RootConfig:
 
 
 def save_resolved(cfg: DictConfig, path: Path) -> None:
-    """Write the fully resolved config (what ranks and `--cfg job` see) to `path`."""
-    path.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    """Write the fully resolved config (what ranks and `--cfg job` see) to `path`, atomically."""
+    files.write_atomic(path, OmegaConf.to_yaml(cfg, resolve=True), key="hydra.run.dir")
 
 
 def load_resolved(path: Path) -> RootConfig:

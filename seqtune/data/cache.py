@@ -1,7 +1,10 @@
 """The token cache: what preflight's scan tokenized, on disk, memory-mapped, so training never re-tokenizes.
 
 One directory per content key (see `cache_key`), written as `.tmp-*` and renamed into place only when complete,
-so a crashed or concurrent writer never leaves a half cache that looks valid. Files (all flat, append-written):
+so a crashed or concurrent writer never leaves a half cache that looks valid; the temporaries of a killed writer
+are removed by the next one (seqtune.files.sweep_stale_temps). meta.json records every file's size and a checksum
+of itself, and a cache is verified against them before it is trusted (`cache_damage`): a truncated, missing or
+edited file makes the scan rebuild it instead of memory-mapping garbage. Files (all flat, append-written):
   tokens.bin   int32 token ids of every sample, concatenated        target.bin  uint8: 1 = training target
   offsets.bin  int64, num_samples + 1 (sample i = tokens[o[i]:o[i+1]]) lengths.bin int32 per sample
   lines.bin    int64 1-based source line per sample                  file_ids.bin int32 index into meta.files
@@ -12,22 +15,27 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
+from seqtune.config.errors import DataError
+from seqtune.data.sources import open_raw
 from seqtune.data.tokenize import EncodedBatch
 from seqtune.data.types import IGNORE_INDEX, Reject, TokenizedSample
+from seqtune.files import TempDir, storage_error, sweep_stale_temps
 # One fingerprint for the whole project: it skips the padding/truncation state transformers mutates per call,
 # so using the tokenizer elsewhere between two scans does not miss the cache.
 from seqtune.tokenizers.info import tokenizer_fingerprint  # noqa: F401 - part of this module's API
 
 # Bump when the on-disk layout or any tokenization rule changes: old caches then simply stop matching.
-CACHE_VERSION = "seqtune-token-cache-v2"
+CACHE_VERSION = "seqtune-token-cache-v3"
+META = "meta.json"
+# The config key that decides where caches live (named in every disk error).
+CACHE_KEY = "data.cache_dir"
 _ARRAYS = {"tokens": np.int32, "target": np.uint8, "offsets": np.int64, "lengths": np.int32, "lines": np.int64,
            "file_ids": np.int32}
 
@@ -35,7 +43,7 @@ _ARRAYS = {"tokens": np.int32, "target": np.uint8, "offsets": np.int64, "lengths
 def file_fingerprint(path: Path) -> str:
     """sha256 of the file's bytes (+ size). Full-content, so an edit that keeps size and mtime still counts."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_raw(path) as f:
         while block := f.read(1 << 23):
             digest.update(block)
     return f"{path.stat().st_size}:{digest.hexdigest()}"
@@ -48,18 +56,33 @@ def cache_key(files: list[Path], encoder_signature: str, extra: str = "") -> str
 
 
 class TokenCacheWriter:
-    """Appends encoded batches chunk by chunk (memory stays constant), then publishes atomically."""
+    """Appends encoded batches chunk by chunk (memory stays constant), then publishes atomically.
+
+    Any OSError while writing (a full disk, a read-only cache) is a StorageError naming the cache root; abort()
+    then removes the temporary directory."""
 
     def __init__(self, root: Path, key: str, files: list[Path]) -> None:
         self.root, self.key, self.files = Path(root), key, files
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=self.root))
-        self._out: dict[str, IO[bytes]] = {name: open(self.tmp / f"{name}.bin", "wb") for name in _ARRAYS}
-        self._rejects = open(self.tmp / "rejects.jsonl", "w", encoding="utf-8")
+        self._dir = TempDir(self.root, key, key=CACHE_KEY)
+        sweep_stale_temps(self.root)  # what killed writers left (their locks died with them)
+        self.tmp = self._dir.path
+        self._out: dict[str, IO[bytes]] = {}
+        self._rejects: IO[str] | None = None
+        with self._writing():
+            self._out = {name: open(self.tmp / f"{name}.bin", "wb") for name in _ARRAYS}  # noqa: SIM115
+            self._rejects = open(self.tmp / "rejects.jsonl", "w", encoding="utf-8")  # noqa: SIM115
+            self._out["offsets"].write(np.zeros(1, np.int64).tobytes())
         self._file_ids = {str(p): i for i, p in enumerate(files)}
         self.num_samples = 0
         self.num_tokens = 0
-        self._out["offsets"].write(np.zeros(1, np.int64).tobytes())
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        try:
+            yield
+        except OSError as exc:
+            self.abort()
+            raise storage_error(exc, self.root, key=CACHE_KEY) from None
 
     def append(self, batch: EncodedBatch) -> None:
         if batch.ids.size and int(batch.ids.max()) > np.iinfo(np.int32).max:
@@ -69,32 +92,72 @@ class TokenCacheWriter:
             "tokens": batch.ids, "target": batch.target, "offsets": offsets, "lengths": batch.lengths,
             "lines": batch.lines, "file_ids": np.asarray([self._file_ids[f] for f in batch.files]),
         }
-        for name, values in chunks.items():
-            self._out[name].write(np.asarray(values, dtype=_ARRAYS[name]).tobytes())
+        with self._writing():
+            for name, values in chunks.items():
+                self._out[name].write(np.asarray(values, dtype=_ARRAYS[name]).tobytes())
         self.num_samples += len(batch.lengths)
         self.num_tokens += int(batch.lengths.sum())
 
     def add_rejects(self, rejects: list[Reject]) -> None:
-        for r in rejects:
-            self._rejects.write(json.dumps({"file": r.file, "line": r.line, "reason": r.reason}) + "\n")
+        with self._writing():
+            for r in rejects:
+                self._rejects.write(json.dumps({"file": r.file, "line": r.line, "reason": r.reason}) + "\n")
 
     def commit(self, meta: dict[str, Any]) -> Path:
-        for f in (*self._out.values(), self._rejects):
-            f.close()
-        meta = {**meta, "version": CACHE_VERSION, "key": self.key, "files": [str(p) for p in self.files],
-                "num_samples": self.num_samples, "num_tokens": self.num_tokens}
-        (self.tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        with self._writing():
+            for f in (*self._out.values(), self._rejects):
+                f.close()
+            sizes = {p.name: p.stat().st_size for p in sorted(self.tmp.iterdir())}
+            meta = {**meta, "version": CACHE_VERSION, "key": self.key, "files": [str(p) for p in self.files],
+                    "num_samples": self.num_samples, "num_tokens": self.num_tokens, "sizes": sizes}
+            meta["checksum"] = _meta_checksum(meta)
+            with open(self.tmp / META, "w", encoding="utf-8") as f:
+                f.write(json.dumps(meta, indent=1))
         final = self.root / self.key
-        try:
-            os.rename(self.tmp, final)
-        except OSError:  # another job of the sweep published the same key first: theirs is identical
-            shutil.rmtree(self.tmp, ignore_errors=True)
+        # False: another job of the sweep published the same key first; theirs is identical and kept.
+        self._dir.publish(final)
         return final
 
     def abort(self) -> None:
         for f in (*self._out.values(), self._rejects):
-            f.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+            try:
+                if f is not None:
+                    f.close()  # flushing may fail again on a full disk: the directory goes regardless
+            except OSError:
+                pass
+        self._dir.discard()
+
+
+def _meta_checksum(meta: dict[str, Any]) -> str:
+    body = {k: v for k, v in meta.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def cache_damage(directory: Path) -> str | None:
+    """What is wrong with a published cache directory, or None when every file is as its meta.json recorded."""
+    directory = Path(directory)
+    try:
+        meta = json.loads((directory / META).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return f"{META} is missing"
+    except (OSError, ValueError) as exc:
+        return f"{META} is unreadable ({exc})"
+    if not isinstance(meta, dict) or meta.get("version") != CACHE_VERSION:
+        return f"it was written by {meta.get('version') if isinstance(meta, dict) else '?'}, not {CACHE_VERSION}"
+    if meta.get("checksum") != _meta_checksum(meta):
+        return f"{META} does not match its checksum (edited or damaged)"
+    n, tokens = meta["num_samples"], meta["num_tokens"]
+    expected = {f"{name}.bin": np.dtype(dtype).itemsize * (tokens if name in ("tokens", "target") else
+                                                           n + 1 if name == "offsets" else n)
+                for name, dtype in _ARRAYS.items()}
+    for name, size in {**meta["sizes"], **expected}.items():
+        try:
+            actual = (directory / name).stat().st_size
+        except OSError:
+            return f"{name} is missing"
+        if actual != size or meta["sizes"].get(name) != size:
+            return f"{name} is {actual} bytes, {size} expected"
+    return None
 
 
 class TokenCache:
@@ -112,14 +175,13 @@ class TokenCache:
 
     @classmethod
     def open(cls, directory: Path) -> TokenCache:
+        """Open a published cache, verified first (sizes and meta checksum): never a memory map of a damaged file."""
         directory = Path(directory)
-        meta_path = directory / "meta.json"
-        if not meta_path.is_file():
-            raise FileNotFoundError(f"{directory} is not a complete token cache (no meta.json)")
-        meta = json.loads(meta_path.read_text())
-        if meta.get("version") != CACHE_VERSION:
-            raise FileNotFoundError(f"{directory} was written by {meta.get('version')}, expected {CACHE_VERSION}")
-        return cls(directory, meta)
+        damage = cache_damage(directory)
+        if damage:
+            raise DataError(f"the token cache {directory} is damaged: {damage}.", key=CACHE_KEY,
+                            fix="run the same command again: preflight rebuilds a damaged cache.")
+        return cls(directory, json.loads((directory / META).read_text(encoding="utf-8")))
 
     def __len__(self) -> int:
         return int(self.meta["num_samples"])

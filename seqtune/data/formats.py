@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from seqtune.data.types import IGNORE_INDEX, Reject
+from seqtune.data.types import IGNORE_INDEX, TEMPLATE_REJECTED, Reject
 from seqtune.tokenizers.templates import CHAT_ROLES
 
 # A short Alpaca prompt: the classic one-paragraph preamble costs ~40 tokens a record and teaches nothing.
@@ -27,6 +27,11 @@ ALPACA_TEMPLATE_NO_INPUT = "### Instruction:\n{instruction}\n\n### Response:\n"
 MEDIA_PATTERN = re.compile(r"<(img|image|audio|video)>(.*?)</\1>", re.DOTALL)
 # Tool-use fields a message may carry (OpenAI's shape), passed to the chat template as they are.
 TOOL_FIELDS = ("tool_calls", "tool_call_id")
+# A JSON escape of a UTF-16 surrogate (\ud800-\udfff): json.loads turns an unpaired one into a str that no UTF-8
+# tokenizer can take. Only lines holding such an escape are checked (a regex over the raw bytes), so the common
+# case costs nothing.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_INT64 = (-(2**63), 2**63 - 1)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -104,12 +109,15 @@ class LineParser:
     pad_id: int | None = None
     eos_id: int | None = None
     vocab_size: int | None = None
+    # chat: the roles the run's chat template accepts (see CHAT_ROLES).
+    roles: tuple[str, ...] = CHAT_ROLES
 
     def __post_init__(self) -> None:
         self._media_dir = Path(self.media_root) if self.media_root else Path(self.file).parent
         self._media_seen: dict[str, bool] = {}
 
     def parse(self, line: int, raw: bytes) -> Record | Reject:
+        """Every line becomes a record or a Reject with a reason: nothing in one line can stop the scan."""
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -118,8 +126,17 @@ class LineParser:
             obj = json.loads(text)
         except ValueError as exc:
             return self._reject(line, f"bad_json: {exc}")
+        except RecursionError:
+            return self._reject(line, "bad_json: nested deeper than the JSON parser can follow (a record is a flat "
+                                      "object of strings, lists and numbers)")
         if not isinstance(obj, dict):
             return self._reject(line, f"not_object: a JSON {type(obj).__name__}, expected an object {{...}}")
+        record = self._by_format(line, obj)
+        if not isinstance(record, Reject) and _SURROGATE_ESCAPE.search(raw):
+            return _lone_surrogate(record) or record
+        return record
+
+    def _by_format(self, line: int, obj: dict) -> Record | Reject:
         if self.fmt == "alpaca":
             return self._alpaca(line, obj)
         if self.fmt == "input_output":
@@ -203,9 +220,12 @@ class LineParser:
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or "role" not in message or "content" not in message:
                 return self._reject(line, f"missing_field: messages[{i}] needs role and content")
-            if message["role"] not in CHAT_ROLES or not isinstance(message["content"], str):
-                return self._reject(line, f"wrong_type: messages[{i}] role must be one of {CHAT_ROLES} "
-                                          f"and content a string")
+            role = message["role"]
+            if not isinstance(role, str) or role not in self.roles:
+                return self._reject(line, role_reason(i, role, self.roles))
+            if not isinstance(message["content"], str):
+                return self._reject(line, f"wrong_type: messages[{i}] content is a {type(message['content']).__name__}"
+                                          ", expected a string")
             if message["role"] == "assistant" and not message["content"].strip() and not message.get("tool_calls"):
                 return self._reject(line, f"empty_text: messages[{i}] (assistant) is empty")
         last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
@@ -219,6 +239,8 @@ class LineParser:
     def _tokenized(self, line: int, obj: dict) -> Record | Reject:
         if "input_ids" not in obj:
             return self._reject(line, f"missing_field: input_ids (has: {', '.join(sorted(obj)) or 'none'})")
+        if obj["input_ids"] is None:
+            return self._reject(line, "wrong_type: input_ids is null, expected a list of integers")
         arrays: dict[str, np.ndarray] = {}
         for key in ("input_ids", "labels", "attention_mask"):
             value = obj.get(key)
@@ -226,7 +248,12 @@ class LineParser:
                 continue
             if not isinstance(value, list) or not all(type(v) is int for v in value):
                 return self._reject(line, f"wrong_type: {key} must be a list of integers")
-            arrays[key] = np.asarray(value, dtype=np.int64)
+            try:
+                arrays[key] = np.asarray(value, dtype=np.int64)
+            except OverflowError:
+                huge = next(v for v in value if not _INT64[0] <= v <= _INT64[1])
+                code = "wrong_type" if key == "attention_mask" else "bad_token_id"
+                return self._reject(line, f"{code}: {key} holds {huge}, which does not fit a 64-bit integer")
         lengths = {k: len(v) for k, v in arrays.items()}
         if len(set(lengths.values())) > 1:
             detail = ", ".join(f"{k}={n}" for k, n in lengths.items())
@@ -267,3 +294,33 @@ class LineParser:
         if self.pad_id == self.eos_id and end < len(ids):
             end += 1
         return slice(start, max(start, end))
+
+
+def _lone_surrogate(record: Record) -> Reject | None:
+    """A Reject when a text of `record` holds an unpaired UTF-16 surrogate (valid JSON, but not encodable)."""
+    if isinstance(record, PromptCompletion):
+        texts = [("prompt", record.prompt), ("completion", record.completion)]
+    elif isinstance(record, Conversation):
+        texts = [(f"messages[{i}].content", m["content"]) for i, m in enumerate(record.messages)]
+    else:
+        return None
+    for where, text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            char = f"\\u{ord(text[exc.start]):04x}"
+            return Reject(file=record.file, line=record.line,
+                          reason=f"bad_utf8: the {where} holds a lone surrogate {char} (JSON escapes \\ud800-"
+                                 "\\udfff are only valid in high+low pairs)")
+    return None
+
+
+def role_reason(i: int, role: object, accepted_roles: tuple[str, ...]) -> str:
+    """Why messages[i] is refused for its role: a known role the chat template does not take (template_rejected),
+    or a value that is no role at all (wrong_type)."""
+    accepted = ", ".join(accepted_roles)
+    if isinstance(role, str) and role in CHAT_ROLES:  # a valid line: it is the template that has no such role
+        return (f"{TEMPLATE_REJECTED}: messages[{i}] role {role!r} is not accepted by the chat template "
+                f"(tokenizer.chat_template), which takes: {accepted}")
+    shown = repr(role) if len(repr(role)) <= 40 else f"{repr(role)[:37]}..."
+    return f"wrong_type: messages[{i}] role {shown} is not one of {accepted} (the roles the chat template takes)"

@@ -207,9 +207,7 @@ def _streamed(cfg: RootConfig, plan: Plan, preflight, rank: int, tokenizer) -> S
     files = expand_paths(cfg.data.train, "data.train")
     num_lines = preflight.stream_train_lines
     encoder = SampleEncoder(tokenizer, cfg.data.format, train_on_prompt=cfg.data.train_on_prompt)
-    parsers = {str(f): LineParser(fmt=cfg.data.format, file=str(f), media_root=cfg.data.media_root,
-                                  pad_id=tokenizer.pad_token_id, eos_id=encoder.eos_id, vocab_size=encoder.vocab_size)
-               for f in files}
+    parsers = {str(f): encoder.line_parser(str(f), media_root=cfg.data.media_root) for f in files}
     collator = make_collator(cfg.padding, max_seq_len=plan.max_seq_len, pad_id=_pad_id(plan),
                              padding_side=plan.padding_side)
     world_size = plan.world.world_size

@@ -1,12 +1,14 @@
 """Preflight's one pass over a split: parse → encode in batches → token cache, collecting what the checks need.
 
 A re-run with the same data, tokenizer, format and template finds the published cache by its content key and
-returns the stored statistics without parsing or tokenizing anything (cost: hashing the data files).
+returns the stored statistics without parsing or tokenizing anything (cost: hashing the data files). A published
+cache that fails verification (a truncated or missing file, an edited meta.json) is removed and rebuilt.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from collections import Counter
@@ -16,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from seqtune.data.cache import TokenCache, TokenCacheWriter, cache_key, tokenizer_fingerprint
-from seqtune.data.formats import LineParser, Record, template_signature
+from seqtune.data.cache import META, TokenCache, TokenCacheWriter, cache_damage, cache_key, tokenizer_fingerprint
+from seqtune.data.formats import Record, template_signature
 from seqtune.data.sources import iter_lines
 from seqtune.data.tokenize import EncodedBatch, SampleEncoder
 from seqtune.data.types import Reject
@@ -32,6 +34,7 @@ class SplitScan:
 
     name: str
     cache_dir: Path
+    files: list[str]  # the split's data files, in order
     records: int  # non-blank lines read
     samples: int  # records that became samples (records - rejects)
     rejects: list[Reject]
@@ -46,6 +49,8 @@ class SplitScan:
     padded_locations: list[str] = field(default_factory=list)  # the first few, to name in the report
     from_cache: bool = False
     seconds: float = 0.0
+    # Set when a damaged published cache was found and rebuilt (preflight reports it as a note).
+    rebuilt_note: str | None = None
 
     @property
     def trainable_fraction(self) -> float:
@@ -116,8 +121,11 @@ def scan_split(name: str, paths: list[Path], encoder: SampleEncoder, *, cache_ro
     paths = [Path(p) for p in paths]
     key = cache_key(paths, encoder_signature(encoder), f"{key_extra}|media_root={media_root}|max={max_records}")
     published = Path(cache_root) / key
-    if (published / "meta.json").is_file():
+    damage = cache_damage(published) if published.exists() else None
+    if published.exists() and damage is None:
         return _load_scan(name, published, began)
+    if damage is not None:
+        shutil.rmtree(published, ignore_errors=True)
     writer = TokenCacheWriter(Path(cache_root), key, paths)
     try:
         stats = _stream(paths, encoder, writer, media_root=media_root, max_records=max_records,
@@ -128,6 +136,8 @@ def scan_split(name: str, paths: list[Path], encoder: SampleEncoder, *, cache_ro
         raise
     scan = _load_scan(name, directory, began)
     scan.from_cache = False
+    if damage is not None:
+        scan.rebuilt_note = f"the token cache of data.{name} ({published}) was damaged ({damage}); it was rebuilt."
     return scan
 
 
@@ -135,11 +145,9 @@ def _stream(paths: list[Path], encoder: SampleEncoder, writer: TokenCacheWriter,
             max_records: int, chunk_size: int, progress: bool, name: str) -> _Stats:
     stats = _Stats()
     bar = _progress_bar(name, progress)
-    pad_id = encoder.tokenizer.pad_token_id
     with _EncodePipeline(encoder, writer, stats, bar) as pipeline:
         for path in paths:
-            parser = LineParser(fmt=encoder.fmt, file=str(path), media_root=media_root, pad_id=pad_id,
-                                eos_id=encoder.eos_id, vocab_size=encoder.vocab_size)
+            parser = encoder.line_parser(str(path), media_root=media_root)
             chunk: list[Record] = []
             rejects: list[Reject] = []
             for line_no, raw in iter_lines(path):
@@ -224,14 +232,15 @@ def _stats_meta(stats: _Stats) -> dict:
 
 
 def _load_scan(name: str, directory: Path, began: float) -> SplitScan:
-    meta = json.loads((directory / "meta.json").read_text())
+    meta = json.loads((directory / META).read_text())
     rejects = []
     with open(directory / "rejects.jsonl", encoding="utf-8") as f:
         for line, _ in zip(f, range(MAX_REJECTS_IN_MEMORY)):
             rejects.append(Reject(**json.loads(line)))
     return SplitScan(
-        name=name, cache_dir=directory, records=meta["records"], samples=meta["num_samples"], rejects=rejects,
-        reject_counts=meta["reject_counts"], lengths=np.fromfile(directory / "lengths.bin", dtype=np.int32),
+        name=name, cache_dir=directory, files=meta["files"], records=meta["records"], samples=meta["num_samples"],
+        rejects=rejects, reject_counts=meta["reject_counts"],
+        lengths=np.fromfile(directory / "lengths.bin", dtype=np.int32),
         max_token_id=meta["max_token_id"], max_token_location=meta["max_token_location"],
         zero_target_samples=meta["zero_target_samples"], target_tokens=meta["target_tokens"],
         total_tokens=meta["total_tokens"], padded_inputs=meta["padded_inputs"],

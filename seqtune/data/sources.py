@@ -1,4 +1,9 @@
-"""Where records come from: path specs → files, files → (line_no, raw bytes) streams.
+"""Where records come from: path specs → files, files → (line_no, raw bytes) streams, and re-reading one line.
+
+This is the reader layer: every way a FILE can fail (missing, a symlink loop, unreadable, not a regular file, a
+damaged or truncated .gz/.zst, UTF-16, a layout that is not JSON Lines) becomes a DataError naming the file and the
+fix — before or while it is read, never a traceback and never a silently shorter dataset. What is wrong with one
+LINE is the parser's business (formats.py: a Reject with file:line).
 
 Everything here streams: memory does not grow with the file.
 Line numbers are 1-based physical lines, so `file:line` in any message matches what an editor shows.
@@ -6,20 +11,35 @@ Line numbers are 1-based physical lines, so `file:line` in any message matches w
 
 from __future__ import annotations
 
+import difflib
+import errno
 import glob
 import gzip
 import io
-from collections.abc import Iterator
+import json
+import os
+import stat
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Any
 
+
 from seqtune.config.errors import DataError
+
+UTF8_BOM = b"\xef\xbb\xbf"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+# How much of a file's (decompressed) start is looked at to recognise its layout.
+_SNIFF_BYTES = 1 << 16
+_READ_SIZE = 1 << 20
 
 
 def expand_paths(spec: Any, key: str) -> list[Path]:
     """A path, a glob, or a list of them → the files, in order (globs sorted), each at most once.
 
-    `key` is the config key the spec came from (e.g. "data.val"); every error names it.
+    `key` is the config key the spec came from (e.g. "data.val"); every error names it. Each file is checked
+    to be a readable regular file here, so a bad path fails before anything is scanned.
     """
     if spec is None:
         raise DataError(f"{key} is not set.", key=key, fix=f"set {key}=path/to/file.jsonl (a path, glob or list).")
@@ -31,41 +51,309 @@ def expand_paths(spec: Any, key: str) -> list[Path]:
         text = str(Path(str(item)).expanduser())
         matches = sorted(glob.glob(text, recursive=True)) if glob.has_magic(text) else [text]
         if glob.has_magic(text) and not matches:
-            raise DataError(f"{key}: the glob {text!r} matches no file.", key=key,
+            raise DataError(f"{key}: the glob {text!r} matches no file{_unlistable(text)}.", key=key,
                             fix=f"check the pattern, or point {key} at existing .jsonl files.")
         for match in matches:
             path = Path(match)
-            if not path.is_file():
-                what = "is a directory" if path.is_dir() else "does not exist"
-                raise DataError(f"{key}: {path} {what}.", key=key,
-                                fix=f"point {key} at a .jsonl file (or a glob like {path}/*.jsonl).")
+            check_readable_file(path, key)
             if path not in files:
                 files.append(path)
     return files
 
 
-def _open_binary(path: Path) -> IO[bytes]:
+def _unlistable(pattern: str) -> str:
+    """Why a glob may have matched nothing: its fixed directory cannot be listed (glob itself stays silent)."""
+    fixed = Path(pattern.split("*")[0].split("?")[0].split("[")[0])
+    directory = fixed if fixed.is_dir() else fixed.parent
+    try:
+        os.scandir(directory).close()
+    except OSError as exc:
+        return f" ({directory} cannot be listed: {exc.strerror})"
+    return ""
+
+
+def check_readable_file(path: Path, key: str) -> None:
+    """A regular file this user can open, else a DataError saying which of those it is not."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise _path_error(path, exc, key) from None
+    if stat.S_ISDIR(mode):
+        raise DataError(f"{key}: {path} is a directory.", key=key,
+                        fix=f"point {key} at a .jsonl file, or at the files in it with a glob like {path}/*.jsonl.")
+    if not stat.S_ISREG(mode):
+        kind = ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+        raise DataError(f"{key}: {path} is {kind}; seqtune reads each data file more than once (to hash it, scan "
+                        "it and train on it), so it must be a regular file.", key=key,
+                        fix=f"write the data to a file and point {key} at it.")
+    open_raw(path, key).close()  # permission problems surface here, naming the file, not mid-scan
+
+
+def _path_error(path: Path, exc: OSError, key: str | None) -> DataError:
+    where = f"{key}: " if key else ""
+    fix = f"point {key} at an existing .jsonl file (a path, glob or list)." if key else "check the path."
+    if exc.errno == errno.ELOOP:
+        return DataError(f"{where}{path} is a symlink loop (too many levels of symbolic links).", key=key,
+                         fix=f"make {path} point at the real file (`ls -l {path}` shows where it points).")
+    if exc.errno == errno.EACCES:
+        return DataError(f"{where}{path}: permission denied (this user cannot read it).", key=key,
+                         fix=f"give this user read access (chmod a+r {path}), or run as a user who can read it.")
+    if exc.errno == errno.ENOENT and path.is_symlink():
+        return DataError(f"{where}{path} is a symlink to {os.readlink(path)}, which does not exist.", key=key, fix=fix)
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        return DataError(f"{where}{path} does not exist{_near_misses(path)}.", key=key, fix=fix)
+    return DataError(f"{where}{path}: {exc.strerror or exc}.", key=key, fix=fix)
+
+
+def _near_misses(path: Path) -> str:
+    """Where the user may have meant: a relative path's base, a missing directory, files with a close name."""
+    base = f" (relative to {Path.cwd()})" if not path.is_absolute() else ""
+    parent = path.parent
+    if not parent.is_dir():
+        return f"{base}; its directory {parent} does not exist either"
+    try:
+        names = [p.name for p in parent.iterdir() if p.is_file()]
+    except OSError:
+        return base
+    close = difflib.get_close_matches(path.name, names, n=3, cutoff=0.8)
+    return f"{base}; a file with a close name exists: {', '.join(str(parent / n) for n in close)}" if close else base
+
+
+def open_raw(path: Path, key: str | None = None) -> IO[bytes]:
+    """The file's bytes as stored (no decompression); an OSError becomes a DataError naming the file."""
+    try:
+        return open(path, "rb", buffering=_READ_SIZE)  # noqa: SIM115 - the caller closes it
+    except OSError as exc:
+        raise _path_error(Path(path), exc, key) from None
+
+
+class _ZstdRaw(io.RawIOBase):
+    """zstd frames → bytes, refusing to end inside a frame (the `zstandard` stream reader returns a truncated file
+    as a shorter one, without a word). Several concatenated frames are read as one stream, like `zstd -d`."""
+
+    def __init__(self, raw: IO[bytes], zstandard: Any) -> None:
+        self._raw, self._zstd = raw, zstandard
+        self._obj = zstandard.ZstdDecompressor().decompressobj()
+        self._in_frame = False
+        self._pending = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not len(self._pending):
+            chunk = self._raw.read(1 << 16)  # small input steps: a highly compressed chunk stays small in memory
+            if not chunk:
+                if self._in_frame:
+                    raise EOFError("the zstd stream ends inside a frame")
+                return 0
+            self._pending = memoryview(self._feed(chunk))
+        n = min(len(buffer), len(self._pending))
+        buffer[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
+
+    def _feed(self, chunk: bytes) -> bytes:
+        out = []
+        while chunk:
+            if self._obj.eof:  # the previous frame ended: what follows must be another frame
+                self._obj = self._zstd.ZstdDecompressor().decompressobj()
+            out.append(self._obj.decompress(chunk))
+            self._in_frame = not self._obj.eof
+            chunk = self._obj.unused_data if self._obj.eof else b""
+        return b"".join(out)
+
+
+def _open_binary(path: Path, stack: ExitStack) -> IO[bytes]:
+    """The decompressed bytes of `path` (.gz, .zst or plain), registered on `stack` to be closed."""
+    raw = stack.enter_context(open_raw(path))
     name = path.name
     if name.endswith(".gz"):
-        return gzip.open(path, "rb")  # type: ignore[return-value]
+        return stack.enter_context(gzip.GzipFile(fileobj=raw, mode="rb"))
     if name.endswith(".zst"):
         try:
             import zstandard
         except ImportError as exc:
             raise DataError(f"{path} is zstd-compressed but the 'zstandard' package is not installed.",
                             fix="pip install zstandard, or decompress it: zstd -d FILE") from exc
-        raw = open(path, "rb")  # noqa: SIM115 - closed by the BufferedReader that wraps it
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True), 1 << 20)
-    return open(path, "rb", buffering=1 << 20)  # noqa: SIM115 - caller closes
+        return stack.enter_context(io.BufferedReader(_ZstdRaw(raw, zstandard), _READ_SIZE))
+    return raw
+
+
+# Errors a decompressor raises on damaged input (the zstandard one is added where the package is installed).
+def _damage_errors() -> tuple[type[BaseException], ...]:
+    errors: tuple[type[BaseException], ...] = (EOFError, OSError, zlib.error)
+    try:
+        import zstandard
+
+        errors += (zstandard.ZstdError,)
+    except ImportError:
+        pass
+    return errors
+
+
+def _damaged(path: Path, exc: BaseException) -> DataError:
+    """A read error → what it means for this file: not compressed as named, truncated, damaged, or unreadable."""
+    name = path.name
+    kind, magic = ("gzip", b"\x1f\x8b") if name.endswith(".gz") else ("zstd", _ZSTD_MAGIC) if name.endswith(
+        ".zst") else ("", b"")
+    check = f"{'gzip' if kind == 'gzip' else 'zstd'} -t {path}" if kind else f"cat {path} > /dev/null"
+    if isinstance(exc, OSError) and not isinstance(exc, gzip.BadGzipFile) and exc.errno is not None:
+        return DataError(f"{path}: reading failed: {exc.strerror}.",
+                         fix=f"check the disk, or copy the file again ({check} reads all of it).")
+    head = _peek_raw(path)
+    if kind and not head.startswith(magic) and not magic.startswith(head):  # (a cut inside the magic: truncated)
+        return DataError(f"{path} is named .{name.rsplit('.', 1)[1]} but is not {kind}-compressed (it starts with "
+                         f"{head!r}).", fix=f"rename it to what it is (plain JSON Lines: {name.rsplit('.', 1)[0]}), "
+                                            f"or compress it with {kind}.")
+    if isinstance(exc, EOFError):
+        return DataError(f"{path} is truncated: its {kind or 'compressed'} stream ends before its end marker, so the "
+                         "end of the file is missing.",
+                         fix=f"copy or download {path} again ({check} checks a file); seqtune never trains on "
+                             "what is left of a truncated file.")
+    detail = ("bytes that are not gzip follow a complete gzip member (trailing garbage, or a damaged member)"
+              if "Not a gzipped file" in str(exc) else f"{kind or 'compressed'} data is corrupt: {exc}")
+    return DataError(f"{path} is damaged: {detail}.",
+                     fix=f"copy or download {path} again ({check} checks a file).")
+
+
+def _peek_raw(path: Path) -> bytes:
+    with open_raw(path) as f:
+        return f.read(8)
+
+
+# --- layouts: how records are laid out in a file ----------------------------------------------------------
+
+def detect_layout(head: bytes, name: str) -> str:
+    """The layout of a file from its first (decompressed) bytes: jsonl, json_array, json_document, or a binary
+    format seqtune recognises but does not read (parquet, arrow). READERS maps each to its reader."""
+    if head.startswith(b"PAR1"):
+        return "parquet"
+    if head.startswith(b"ARROW1"):
+        return "arrow"
+    text = head.removeprefix(UTF8_BOM).lstrip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return "jsonl"
+    first = lines[0]
+    # Whether the first line ends within the sniffed bytes (a longer one is judged line by line by the parser).
+    complete = len(lines) > 1 or len(head) < _SNIFF_BYTES
+    broken = complete and not _parses(first)
+    if first.startswith(b"["):
+        named_json = name.removesuffix(".gz").removesuffix(".zst").endswith(".json")
+        if named_json or first == b"[" or broken:
+            return "json_array"
+    if first == b"{" or (first.startswith(b"{") and broken and len(lines) > 1 and _indented(text)):
+        return "json_document"
+    return "jsonl"
+
+
+def _parses(line: bytes) -> bool:
+    try:
+        json.loads(line)
+        return True
+    except (ValueError, RecursionError):
+        return False
+
+
+def _indented(text: bytes) -> bool:
+    """Whether the second physical line starts with whitespace (how pretty-printed JSON continues a document)."""
+    parts = text.split(b"\n", 2)
+    return len(parts) > 1 and parts[1][:1] in (b" ", b"\t")
+
+
+Reader = Callable[[Path, IO[bytes]], Iterator[tuple[int, bytes]]]
+
+
+def _not_read_yet(what: str, fix: str) -> Reader:
+    def reader(path: Path, stream: IO[bytes]) -> Iterator[tuple[int, bytes]]:
+        raise DataError(f"{path} is {what}, not JSON Lines (one JSON object per line); seqtune does not read "
+                        "that layout yet.", fix=fix)
+        yield  # pragma: no cover - a generator, like every reader
+    return reader
+
+
+def _jsonl_records(path: Path, stream: IO[bytes]) -> Iterator[tuple[int, bytes]]:
+    for line_no, raw in enumerate(stream, start=1):
+        if line_no == 1:
+            raw = raw.removeprefix(UTF8_BOM)
+        raw = raw.rstrip(b"\r\n")
+        if raw.strip():
+            yield line_no, raw
+
+
+# layout → reader of (line_no, raw record bytes). A reader for another layout (e.g. the elements of a JSON array)
+# is one entry here: the scan, stream mode and the line counts all read through iter_lines and this table.
+READERS: dict[str, Reader] = {
+    "jsonl": _jsonl_records,
+    "json_array": _not_read_yet(
+        "a JSON array ([{...}, {...}])",
+        "convert it to JSON Lines: jq -c '.[]' FILE > FILE.jsonl (or python -c \"import json,sys; "
+        "[print(json.dumps(r)) for r in json.load(sys.stdin)]\" < FILE > FILE.jsonl)"),
+    "json_document": _not_read_yet(
+        "one JSON document spread over several lines (pretty-printed)",
+        "write one record per line: jq -c '.[]' FILE (for an array) or jq -c '.KEY[]' FILE (for a list under KEY)"),
+    "parquet": _not_read_yet("a Parquet file", "export it to JSON Lines (e.g. pandas.read_parquet(F).to_json("
+                             "OUT, orient='records', lines=True))"),
+    "arrow": _not_read_yet("an Arrow file", "export it to JSON Lines (datasets: ds.to_json(OUT, lines=True))"),
+}
+
+
+class _Prefixed(io.RawIOBase):
+    """Serves `head` (already read to recognise the layout), then the rest of `stream`."""
+
+    def __init__(self, head: bytes, stream: IO[bytes]) -> None:
+        self._head, self._stream = memoryview(head), stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if len(self._head):
+            n = min(len(buffer), len(self._head))
+            buffer[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        return self._stream.readinto(buffer)
+
+
+def _wide_encoding(head: bytes) -> str | None:
+    if head.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
+        return "UTF-32"
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "UTF-16"
+    return None
+
+
+def _records(path: Path) -> Iterator[tuple[int, bytes]]:
+    with ExitStack() as stack:
+        stream = _open_binary(path, stack)
+        head = stream.read(_SNIFF_BYTES)
+        encoding = _wide_encoding(head)
+        if encoding:
+            raise DataError(f"{path} is {encoding}-encoded (it starts with a {encoding} byte-order mark); seqtune "
+                            "reads UTF-8 JSON Lines.", fix=f"convert it: iconv -f {encoding} -t UTF-8 {path} > "
+                                                           f"{path.with_suffix('.utf8' + path.suffix)}")
+        whole = stack.enter_context(io.BufferedReader(_Prefixed(head, stream), _READ_SIZE))
+        yield from READERS[detect_layout(head, path.name)](path, whole)
 
 
 def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """Yield `(line_no, raw_bytes)` for each non-blank line (1-based, newline stripped), in constant memory.
+    """Yield `(line_no, raw_bytes)` for each non-blank line (1-based, newline and a UTF-8 BOM stripped), in constant
+    memory. Blank lines are skipped (a trailing newline is not a record) but still counted, so numbers match the
+    file.
 
-    Blank lines are skipped (a trailing newline is not a record) but still counted, so numbers match the file.
+    Raises DataError naming the file when it cannot be opened, is damaged or truncated (found at the point of
+    damage: lines already yielded do not make it a shorter dataset, since the caller's scan then fails), or is
+    laid out in a way seqtune does not read.
     """
-    with _open_binary(Path(path)) as f:
-        for line_no, raw in enumerate(f, start=1):
-            raw = raw.rstrip(b"\r\n")
-            if raw.strip():
-                yield line_no, raw
+    path = Path(path)
+    try:
+        yield from _records(path)
+    except DataError:
+        raise
+    except _damage_errors() as exc:
+        raise _damaged(path, exc) from None
+
+

@@ -21,12 +21,18 @@ from itertools import chain
 import numpy as np
 
 from seqtune.config.errors import ConfigError
-from seqtune.data.formats import Conversation, PreTokenized, PromptCompletion, Record
-from seqtune.data.types import IGNORE_INDEX, Reject, TokenizedSample
+from seqtune.data.formats import (
+    CHAT_ROLES,
+    Conversation,
+    LineParser,
+    PreTokenized,
+    PromptCompletion,
+    Record,
+    role_reason,
+)
+from seqtune.data.types import IGNORE_INDEX, TEMPLATE_REJECTED, Reject, TokenizedSample
 from seqtune.tokenizers import templates
 
-# Reject code of a conversation the chat template cannot render (preflight names tokenizer.chat_template as the fix).
-CHAT_TEMPLATE_REJECT = "chat_template"
 
 
 @dataclass(kw_only=True)
@@ -81,8 +87,15 @@ class SampleEncoder:
                               "none).", key="tokenizer.chat_template",
                               fix=f"tokenizer.chat_template=NAME (one of {', '.join(templates.NAMED)}), a .jinja "
                                   "file or a Jinja string.")
-        self.renders_tool_turns = fmt == "chat" and templates.renders_tool_turns(tokenizer.chat_template)
+        # The roles this run's chat template takes, asked of the template itself (the parser is told, so a line
+        # is never accepted by one and refused by the other); a template that cannot render at all fails here.
+        self.chat_roles = chat_template_roles(tokenizer) if fmt == "chat" else CHAT_ROLES
         self.texts_tokenized = 0  # counts tokenizer inputs: lets tests prove a cached re-run tokenizes nothing
+
+    def line_parser(self, file: str, *, media_root: str | None) -> LineParser:
+        """The parser for lines of `file` that this encoder's records come from (its ids, vocab and roles)."""
+        return LineParser(fmt=self.fmt, file=file, media_root=media_root, pad_id=self.tokenizer.pad_token_id,
+                          eos_id=self.eos_id, vocab_size=self.vocab_size, roles=self.chat_roles)
 
     @staticmethod
     def _probe_bos(tokenizer) -> int | None:
@@ -193,15 +206,17 @@ class SampleEncoder:
     def _encode_chat(self, records: list[Conversation]) -> EncodedBatch:
         texts, spans, kept, rejects = [], [], [], []
         for i, record in enumerate(records):
-            problem = self._unrenderable(record.messages)
-            if problem is None:
-                try:
-                    text, assistant_spans = render_chat(self.tokenizer, record.messages)
-                except Exception as exc:  # noqa: BLE001 - a template's own error is this record's reject reason
-                    problem = f"the chat template failed: {exc}"
-            if problem is not None:
-                rejects.append((i, Reject(file=record.file, line=record.line, reason=f"{CHAT_TEMPLATE_REJECT}: "
-                                                                                     f"{problem}")))
+            # Records built elsewhere than this encoder's parser are held to the same roles.
+            refused = next((n for n, m in enumerate(record.messages) if m["role"] not in self.chat_roles), None)
+            if refused is not None:
+                reason = role_reason(refused, record.messages[refused]["role"], self.chat_roles)
+                rejects.append((i, Reject(file=record.file, line=record.line, reason=reason)))
+                continue
+            try:
+                text, assistant_spans = render_chat(self.tokenizer, record.messages)
+            except Exception as exc:  # noqa: BLE001 - a template's own error is this record's reject reason
+                reason = f"{TEMPLATE_REJECTED}: the chat template (tokenizer.chat_template) refused it: {exc}"
+                rejects.append((i, Reject(file=record.file, line=record.line, reason=reason)))
                 continue
             texts.append(text)
             spans.append(assistant_spans)
@@ -218,15 +233,6 @@ class SampleEncoder:
                 target |= (ends > lo) & (ends <= hi)
             parts.append((np.asarray(enc.ids, np.int64), target))
         return self._assemble(parts, records, kept, rejects, [0] * len(kept))
-
-    def _unrenderable(self, messages: list[dict]) -> str | None:
-        """Why the template cannot render these messages faithfully (checked before it renders something wrong)."""
-        if self.renders_tool_turns:
-            return None
-        tool = next((i for i, m in enumerate(messages) if m["role"] == templates.TOOL_ROLE), None)
-        if tool is None:
-            return None
-        return f"messages[{tool}] is a tool turn and the chat template has no tool role"
 
 
 def render_chat(tokenizer, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
@@ -252,3 +258,43 @@ def render_chat(tokenizer, messages: list[dict[str, str]]) -> tuple[str, list[tu
         common = os.path.commonprefix([upto, full])
         spans.append((len(before), len(common.rstrip())))
     return full, spans
+
+
+# The exchange every chat template must render; a template that cannot is broken, not the data.
+_PLAIN_CHAT = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+# One conversation per optional role, with the role where real conversations put it.
+_ROLE_PROBES = {
+    "system": [{"role": "system", "content": "Be brief."}, *_PLAIN_CHAT],
+    "tool": [*_PLAIN_CHAT, {"role": "tool", "content": "{}"}, {"role": "assistant", "content": "Done"}],
+}
+
+
+def chat_template_roles(tokenizer) -> tuple[str, ...]:
+    """The roles of CHAT_ROLES that the tokenizer's chat template renders (in CHAT_ROLES order).
+
+    Raises ConfigError naming tokenizer.chat_template when the template cannot render a plain user/assistant
+    exchange (a Jinja syntax error, an undefined name, a template that raises or is not append-only): one
+    problem about the template, instead of every record of the data rejected for it.
+    """
+    try:
+        render_chat(tokenizer, _PLAIN_CHAT)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the Jinja raises is the template's problem
+        raise ConfigError(
+            f"the chat template cannot render a plain user/assistant conversation: {type(exc).__name__}: {exc}",
+            key="tokenizer.chat_template",
+            fix="set tokenizer.chat_template to a template that renders (null = the tokenizer's own, else the model "
+                "family's).") from None
+    accepted = {"user", "assistant"}
+    for role, messages in _ROLE_PROBES.items():
+        # A template that never names the tool role may still render a tool turn without raising (as some generic
+        # role), which would train on a format the model never saw: tool turns need a template written for them.
+        if role == templates.TOOL_ROLE and not templates.renders_tool_turns(tokenizer.chat_template):
+            continue
+        try:
+            render_chat(tokenizer, messages)
+            accepted.add(role)
+        except Exception:  # noqa: BLE001, S112 - refusing a role is how a template says it has none
+            continue
+    return tuple(role for role in CHAT_ROLES if role in accepted)

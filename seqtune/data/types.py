@@ -13,6 +13,11 @@ IGNORE_INDEX = -100
 POLICY_REJECTS = ("overlength",)
 
 
+# The reject code of a well-formed record the chat template refuses (a role it lacks, or its own error): preflight
+# names tokenizer.chat_template as the fix, not the data.
+TEMPLATE_REJECTED = "template_rejected"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Reject:
     """One skipped input line: written to rejects.jsonl as {file, line, reason}. `line` is 1-based."""
@@ -21,7 +26,7 @@ class Reject:
     line: int
     # "<code>: <detail>", code one of: bad_json, bad_utf8, not_object, missing_field, wrong_type, empty_text,
     # missing_media, bad_token_id, overlength (data.overlength=drop, or truncate leaving no target), no_targets,
-    # chat_template (the chat template cannot render the conversation)
+    # template_rejected (the chat template refuses this conversation, or has no such role)
     reason: str
 
     @property

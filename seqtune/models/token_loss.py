@@ -53,7 +53,9 @@ def chunked_cross_entropy(hidden: torch.Tensor, head: nn.Module, targets: torch.
     keep = (flat_targets != IGNORE_INDEX).nonzero().squeeze(1)
     # Prompt and padding positions never reach the head: their logits would be computed only to be ignored.
     selected, wanted = flat_hidden.index_select(0, keep), flat_targets.index_select(0, keep)
-    total = hidden.new_zeros((), dtype=torch.float32)
+    # Starts from a zero that is part of the graph: a micro-batch without targets still backpropagates (zeros),
+    # as every rank's backward must under DDP.
+    total = hidden.sum().float() * 0.0
     for start in range(0, wanted.numel(), chunk):
         end = start + chunk
         total = total + checkpoint(_chunk_loss, selected[start:end], wanted[start:end], head, softcap,
@@ -68,6 +70,8 @@ def fused_cross_entropy(hidden: torch.Tensor, head: nn.Linear, targets: torch.Te
     loss = LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum", softcap=softcap)
     flat_targets = targets.reshape(-1)
     keep = (flat_targets != IGNORE_INDEX).nonzero().squeeze(1)
+    if keep.numel() == 0:  # no targets: a zero in the graph (see chunked_cross_entropy)
+        return hidden.sum().float() * 0.0
     selected = hidden.reshape(-1, hidden.shape[-1]).index_select(0, keep)
     return loss(head.weight, selected, flat_targets.index_select(0, keep), head.bias).float()
 

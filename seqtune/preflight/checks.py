@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from seqtune.data.tokenize import CHAT_TEMPLATE_REJECT
-from seqtune.data.types import POLICY_REJECTS, Reject
+from seqtune.data.types import POLICY_REJECTS, TEMPLATE_REJECTED, Reject
 from seqtune.models.attention import PACKING_SAFE_ATTENTION
 from seqtune.models.spec import resized_rows, unmatched_targets
 from seqtune.tokenizers.templates import WITH_TOOL_TURNS as TEMPLATES_WITH_TOOL_TURNS
@@ -320,8 +319,8 @@ def check_bad_lines(
     if fraction <= max_bad_fraction:
         return []
     skip = f"data.max_bad_fraction={_fraction_fix(fraction)} to skip them"
-    unrenderable = [reject for reject in bad if reject.code == CHAT_TEMPLATE_REJECT]
-    malformed = [reject for reject in bad if reject.code != CHAT_TEMPLATE_REJECT]
+    unrenderable = [reject for reject in bad if reject.code == TEMPLATE_REJECTED]
+    malformed = [reject for reject in bad if reject.code != TEMPLATE_REJECTED]
     problems = []
     if unrenderable:
         tools = ", ".join(TEMPLATES_WITH_TOOL_TURNS)
@@ -351,6 +350,34 @@ def _where(reject: Reject) -> str:
 
 def _described(rejects: Sequence[Reject]) -> list[str]:
     return [f"{_where(reject)} ({reject.reason})" for reject in rejects[:MAX_LISTED]]
+
+
+def check_split_not_empty(
+    *, split: str, files: Sequence[str], records: int, samples: int, kept: int, reject_counts: Mapping[str, int],
+    first_reject: Reject | None, overlength: str,
+) -> list[Problem]:
+    """A configured split must give at least one sample after every policy: an empty train split would otherwise
+    pass preflight and fail after the model is built, blaming the batch size; an empty val split would
+    evaluate nothing. `kept`: samples left after data.overlength."""
+    if kept > 0:
+        return []
+    named = _listed(list(files), len(files))
+    skip = "" if split == "train" else f", or data.{split}=null to run without a {split} split"
+    if records == 0:
+        return [Problem(check="integrity", key=f"data.{split}",
+                        message=(f"data.{split} has no records: {named} hold(s) nothing but blank lines (or nothing "
+                                 f"at all). Fix: point data.{split} at JSON Lines with records{skip}."))]
+    if samples == 0:
+        per_reason = ", ".join(f"{code} x{count}" for code, count in sorted(reject_counts.items()))
+        first = f" (the first: {first_reject.file}:{first_reject.line}: {first_reject.reason})" if first_reject else ""
+        return [Problem(check="integrity", key=f"data.{split}", location=first_reject and
+                        f"{first_reject.file}:{first_reject.line}",
+                        message=(f"data.{split} has no usable record: all {records} were rejected ({per_reason})"
+                                 f"{first}; every one is listed in rejects.jsonl. Fix: repair them{skip}."))]
+    return [Problem(check="length", key="data.overlength",
+                    message=(f"data.overlength={overlength} leaves no {split} sample: all {samples} are longer than "
+                             f"data.max_seq_len. Fix: a larger data.max_seq_len (or auto), or "
+                             "data.overlength=truncate."))]
 
 
 def _fraction_fix(fraction: float) -> str:

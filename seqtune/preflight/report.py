@@ -11,8 +11,9 @@ from typing import TextIO
 
 import numpy as np
 
+from seqtune.files import atomic_output
 from seqtune.preflight.checks import Problem
-from seqtune.preflight.result import REJECTS_FILE, PreflightResult
+from seqtune.preflight.result import REJECTS_FILE, RUN_DIR_KEY, PreflightResult
 PLOT_FILE = "lengths.png"
 # Wide enough for a file:line and a fix on one screen, narrow enough for a terminal.
 MESSAGE_WIDTH = 96
@@ -104,7 +105,7 @@ def write_rejects(split_rejects: Sequence[Path], run_dir: Path) -> Path:
     found and fixed. Copied from each split's token cache, which holds all of them (the scan keeps only a capped
     list in memory)."""
     path = run_dir / REJECTS_FILE
-    with path.open("wb") as out:
+    with atomic_output(path, key=RUN_DIR_KEY) as tmp, tmp.open("wb") as out:
         for source in split_rejects:
             if source.is_file():
                 with source.open("rb") as f:
@@ -136,6 +137,7 @@ def plot_lengths(
         axis.set_xlabel("tokens")
         axis.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    with atomic_output(path, key=RUN_DIR_KEY) as tmp:
+        fig.savefig(tmp, dpi=100)
     plt.close(fig)
     return path

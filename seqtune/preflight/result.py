@@ -11,10 +11,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from seqtune.files import write_atomic
 from seqtune.preflight.checks import Problem
 
 RESULT_FILE = "preflight.json"
 REJECTS_FILE = "rejects.jsonl"
+# The config key that decides where run outputs go (named in every disk error about them).
+RUN_DIR_KEY = "hydra.run.dir"
 
 
 @dataclass(kw_only=True)
@@ -124,12 +127,8 @@ def to_json(result: PreflightResult) -> dict[str, Any]:
 
 
 def write_result(result: PreflightResult, run_dir: Path) -> Path:
-    path = run_dir / RESULT_FILE
-    # Write then rename: a rank must never read a half-written file.
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(to_json(result), indent=2) + "\n")
-    tmp.replace(path)
-    return path
+    # Write then rename: a rank must never read a half-written file (and a full disk names the path).
+    return write_atomic(run_dir / RESULT_FILE, json.dumps(to_json(result), indent=2) + "\n", key=RUN_DIR_KEY)
 
 
 def _optional(cls: type, data: dict[str, Any] | None) -> Any:

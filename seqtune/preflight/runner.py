@@ -19,6 +19,7 @@ from seqtune.config.errors import PreflightFailed, SeqtuneError
 from seqtune.config.plan import Plan, write_plan
 from seqtune.config.rundir import latest_checkpoint, read_manifest
 from seqtune.config.schema import DataMode, Resume, RootConfig
+from seqtune.files import storage_error
 from seqtune.preflight import checks
 from seqtune.preflight.checks import Problem
 from seqtune.data.scan import SplitScan, scan_split
@@ -46,7 +47,7 @@ from seqtune.preflight.report import (
     write_rejects,
 )
 from seqtune.preflight.resolve import resolve_plan
-from seqtune.preflight.result import BackendStats, PaddingStats, PreflightResult, VocabStats, write_result
+from seqtune.preflight.result import RUN_DIR_KEY, BackendStats, PaddingStats, PreflightResult, VocabStats, write_result
 
 SPLITS = ("train", "val", "test")
 DEFAULT_CACHE_ROOT = Path("~/.cache/seqtune/tokens")
@@ -56,7 +57,10 @@ def run_preflight(cfg: RootConfig, run_dir: Path, environ: Mapping[str, str] | N
     """Resolve the plan and check every invariant; write plan.json, preflight.json, rejects.jsonl, lengths.png;
     raise PreflightFailed (exit 2) on problems. `environ` (default os.environ) holds the SLURM allocation."""
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise storage_error(exc, run_dir, key=RUN_DIR_KEY) from None
     try:
         plan = resolve_plan(cfg, os.environ if environ is None else environ)
     except SeqtuneError as err:  # no tokenizer, model config or launch world: nothing else can be checked
@@ -86,6 +90,7 @@ def _scan_and_check(cfg: RootConfig, plan: Plan, tokenizer: Any, hf_config: Any,
                              caches={name: scan.cache_dir for name, scan in scans.items()},
                              rejects_file=run_dir / REJECTS_FILE)
     result.notes += checks.pad_token_notes(pad_id=plan.vocab.pad_id, eos_id=plan.vocab.eos_id)
+    result.notes += [scan.rebuilt_note for scan in scans.values() if scan.rebuilt_note]
     batches = None
     if "train" in scans:
         try:
@@ -129,7 +134,7 @@ def _data_phases(cfg: RootConfig, plan: Plan, hf_config: Any, scans: dict[str, S
         lines = sampled.records if complete else count_lines(expand_paths(cfg.data.train, "data.train"))
         result.stream_train_lines = lines
         result.plan.splits["train"], batches, stream_problems = stream_train_plan(cfg, plan, lines)
-        problems += stream_problems
+        problems += stream_problems if lines else []  # no lines at all is the empty-split problem
     result.padding = PaddingStats(strategy=cfg.padding.strategy, side=plan.padding_side, efficiency=efficiency)
     if hf_config is not None:
         result.memory, memory_problems = memory_phase(cfg, plan, hf_config, max_seq_len)

@@ -3,7 +3,7 @@ with early stopping, RUN_DIR/best/ (the same export of the best eval's weights),
 
 from __future__ import annotations
 
-import shutil
+import os
 from pathlib import Path
 
 import torch
@@ -11,7 +11,9 @@ import torch
 from seqtune.config.rundir import BEST_DIR
 from seqtune.data.formats import chat_template_for
 from seqtune.distributed import DistEnv, barrier
+from seqtune.files import TempDir, follow_umask, storage_error, sweep_stale_temps
 from seqtune.models import save_adapter
+from seqtune.preflight.result import RUN_DIR_KEY
 from seqtune.train.loop import peak_memory_bytes
 from seqtune.train.metrics import MetricsLogger
 
@@ -34,6 +36,7 @@ def export_final(model: torch.nn.Module, tokenizer, *, run_dir: Path, env: DistE
         if merged:  # LoRA only: the schema refuses it for a full fine-tune, preflight under FSDP across ranks
             model.merge_and_unload().save_pretrained(run_dir / MERGED_DIR, safe_serialization=True)
             trained_tokenizer(tokenizer, data_format).save_pretrained(run_dir / MERGED_DIR)
+            follow_umask(run_dir / MERGED_DIR)
             print(f"saved merged model: {run_dir / MERGED_DIR}", flush=True)
     barrier()
 
@@ -48,6 +51,7 @@ def save_trained(model: torch.nn.Module, tokenizer, target: Path, *, env: DistEn
         else:
             model.save_pretrained(target, state_dict=state, safe_serialization=True)
         tokenizer.save_pretrained(target)
+        follow_umask(target)  # safetensors writes 0600 whatever the umask; teammates must be able to load it
 
 
 def _gathered_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -78,18 +82,26 @@ class BestWeights:
         self.path = Path(run_dir) / BEST_DIR
 
     def save(self) -> Path:
-        tmp, old = self.path.with_name(f".tmp-{BEST_DIR}"), self.path.with_name(f".old-{BEST_DIR}")
-        if self.env.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-        save_trained(self.model, self.tokenizer, tmp, env=self.env, lora=self.lora, sharded=self.sharded)
-        if self.env.is_main:
-            # A directory cannot be renamed over a non-empty one: move the previous best aside first. Each rename is
-            # atomic, so a crash leaves a complete best/ (or, between the two, the previous one in .old-best/).
-            shutil.rmtree(old, ignore_errors=True)
+        """Write the export into a locked temporary directory beside best/, then swap it in: a crash while
+        writing leaves the previous best/ whole (and a .tmp-best-* that the next save sweeps away)."""
+        parent = self.path.parent
+        new = TempDir(parent, BEST_DIR, key=RUN_DIR_KEY) if self.env.is_main else None
+        try:
+            save_trained(self.model, self.tokenizer, new.path if new else self.path, env=self.env, lora=self.lora,
+                         sharded=self.sharded)
+        except OSError as exc:
+            if new is not None:
+                new.discard()
+            raise storage_error(exc, self.path, key=RUN_DIR_KEY) from None
+        if new is not None:
+            sweep_stale_temps(parent)
+            # A directory cannot be renamed over a non-empty one: the previous best goes aside (onto an empty
+            # locked temporary, which rename replaces), the new one takes its name, then the old one is removed.
+            old = TempDir(parent, f"old-{BEST_DIR}", key=RUN_DIR_KEY)
             if self.path.exists():
-                self.path.rename(old)
-            tmp.rename(self.path)
-            shutil.rmtree(old, ignore_errors=True)
+                os.rename(self.path, old.path)
+            new.publish(self.path)
+            old.discard()
         barrier()
         return self.path
 

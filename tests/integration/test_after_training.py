@@ -136,7 +136,7 @@ def test_early_stopping_stops_keeps_best_and_ends_on_it(tmp_path: Path, data, re
     assert best.keys() == last.keys()
     for name in best:
         torch.testing.assert_close(last[name], best[name], rtol=0, atol=0)
-    assert not list(run_dir.glob(".*best"))  # no temporary left behind
+    assert not list(run_dir.glob(".tmp-*"))  # no temporary left behind
     log = (run_dir / "seqtune.log").read_text()
     assert "early stopping at step 6" in log and "restored the best eval's weights (step 2" in log
 

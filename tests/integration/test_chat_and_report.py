@@ -85,20 +85,21 @@ def test_tool_turns_train_where_the_format_has_them_and_are_refused_naming_the_t
 
 def test_one_cause_is_one_problem_the_table_is_printed_once_and_json_agrees(tmp_path: Path):
     # Llama 3's 128,256-token vocabulary on a 4,096-row model (256 special tokens without a row), and two samples
-    # that truncation leaves without a target.
+    # that truncation leaves without a target (dropped, in both data modes, and said so).
     rows = [{"instruction": f"Name fruit {i}.", "input": "", "output": "pear"} for i in range(12)]
     rows += [{"instruction": "Repeat this. " * 40, "input": "", "output": "ok"} for _ in range(2)]
     data = write_jsonl(tmp_path / "train.jsonl", rows)
     run_dir = tmp_path / "run"
     text = refused(run_cli(["tokenizer=llama3", f"data.train={data}", "data.val=null", "data.max_seq_len=32",
                             "data.overlength=truncate"], run_dir), run_dir,
-                   "256 special token(s) among them", "2 train sample(s) keep no trainable token")
+                   "256 special token(s) among them", "2 of them keep no target after truncation and are dropped")
     report = json.loads((run_dir / "preflight.json").read_text())
     # The data's ids past the embedding are the vocabulary problem again: one problem, its ids in the vocab line.
-    assert [p["check"] for p in report["problems"]] == ["vocab", "labels"]
+    assert [p["check"] for p in report["problems"]] == ["vocab"]
     assert report["vocab"]["max_token_id"] == 128001
-    assert report["splits"]["train"]["zero_target"] == 2  # what the console said
-    assert text.count("preflight: 2 problem(s)\n") == 1  # the table, once
+    # preflight.json says what the console said: the two samples are dropped, none is left without a target.
+    assert report["splits"]["train"]["dropped"] == 2 and report["splits"]["train"]["zero_target"] == 0
+    assert text.count("preflight: 1 problem(s)\n") == 1  # the table, once
     assert len(text.splitlines()) < 60, text
 
 

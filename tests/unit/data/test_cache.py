@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from seqtune.config.errors import DataError
 from seqtune.data.cache import TokenCache, TokenCacheWriter, cache_key, tokenizer_fingerprint
 from seqtune.data.formats import PromptCompletion
 from seqtune.data.scan import scan_split
@@ -49,7 +50,7 @@ def test_published_atomically_and_aborted_writer_leaves_nothing(tmp_path, bundle
     root = tmp_path / "cache"
     writer = TokenCacheWriter(root, "somekey", [data])
     assert writer.tmp.parent == root and writer.tmp.name.startswith(".tmp-")
-    with pytest.raises(FileNotFoundError, match="not a complete token cache"):
+    with pytest.raises(DataError, match=r"data\.cache_dir: the token cache .* is damaged: meta\.json is missing"):
         TokenCache.open(writer.tmp)
     writer.abort()
     assert list(root.iterdir()) == []

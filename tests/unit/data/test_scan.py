@@ -155,6 +155,6 @@ def test_progress_bar_counts_each_record_once(tmp_path, bundled_tokenizer, jsonl
     data = jsonl(tmp_path / "d.jsonl", [chat] * 6 + [tool] * 4 + ['{"messages": '] * 2)
     encoder = SampleEncoder(bundled_tokenizer, "chat", train_on_prompt=False)
     scan = scan_split("train", [data], encoder, cache_root=tmp_path / "c", progress=True)
-    assert (scan.records, scan.samples, scan.reject_counts) == (12, 6, {"chat_template": 4, "bad_json": 2})
+    assert (scan.records, scan.samples, scan.reject_counts) == (12, 6, {"template_rejected": 4, "bad_json": 2})
     counts = re.findall(r"scan train: (\d+) rec", capsys.readouterr().err)
     assert counts and int(counts[-1]) == 12

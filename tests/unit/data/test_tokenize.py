@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from seqtune.config.errors import ConfigError
-from seqtune.data.formats import Conversation, PreTokenized, PromptCompletion
-from seqtune.data.tokenize import SampleEncoder, render_chat
+from seqtune.data.formats import CHAT_ROLES, Conversation, PreTokenized, PromptCompletion
+from seqtune.data.tokenize import SampleEncoder, chat_template_roles, render_chat
+from seqtune.models import get_spec
 from seqtune.data.types import IGNORE_INDEX, Reject, TokenizedSample
 from seqtune.tokenizers import templates
 
@@ -125,8 +128,46 @@ def test_tool_turn_the_template_has_no_role_for_is_a_reject_at_its_line(bundled_
     bad = _chat(("user", "a"), ("tool", "x"), ("assistant", "b"), line=2)  # the bundled template has no tool role
     first, second = encoder.encode_batch([good, bad])
     assert isinstance(first, TokenizedSample)
-    assert isinstance(second, Reject) and (second.file, second.line, second.code) == ("c.jsonl", 2, "chat_template")
-    assert "messages[1] is a tool turn and the chat template has no tool role" in second.reason
+    assert isinstance(second, Reject) and (second.file, second.line, second.code) == ("c.jsonl", 2,
+                                                                                      "template_rejected")
+    assert "messages[1] role 'tool' is not accepted by the chat template (tokenizer.chat_template)" in second.reason
+
+
+@pytest.mark.parametrize(("template", "roles"), [
+    ("bundled", ("system", "user", "assistant")),  # raises 'Unknown role' for anything else
+    ("llama3", ("system", "user", "assistant", "tool")),  # a header per message: any role renders
+    ("tinyllama", ("system", "user", "assistant")),  # Zephyr's: renders any role, but names no tool role
+    ("mistral", ("system", "user", "assistant")),  # user/assistant must alternate: no tool turn
+    ("gemma3", ("system", "user", "assistant")),
+])
+def test_the_parser_accepts_exactly_the_roles_the_template_renders(fresh_tokenizer, template, roles):
+    if template != "bundled":
+        fresh_tokenizer.chat_template = get_spec(template).chat_template
+    encoder = SampleEncoder(fresh_tokenizer, "chat", train_on_prompt=False)
+    assert chat_template_roles(fresh_tokenizer) == encoder.chat_roles == roles
+    parser = encoder.line_parser("c.jsonl", media_root=None)
+    for role in CHAT_ROLES:
+        line = json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
+                                        {"role": role, "content": "x"}, {"role": "assistant", "content": "b"}]})
+        parsed = parser.parse(1, line.encode())
+        accepted = not isinstance(parsed, Reject)
+        assert accepted == (role in roles), parsed
+        if not accepted:
+            assert "not accepted by the chat template (tokenizer.chat_template)" in parsed.reason
+
+
+@pytest.mark.parametrize("template", [
+    "{% for m in messages %}{{ m.content ",  # Jinja syntax error
+    "{{ raise_exception('no conversations here') }}",
+    "{% for m in messages %}{{ undefined_function(m) }}{% endfor %}",
+    "{{ messages | length }}",  # renders, but not append-only: the replies cannot be located
+])
+def test_a_template_that_cannot_render_a_plain_chat_is_one_error_naming_its_key(fresh_tokenizer, template):
+    fresh_tokenizer.chat_template = template
+    with pytest.raises(ConfigError, match=r"tokenizer\.chat_template: the chat template cannot render a plain "
+                                          r"user/assistant conversation.*Fix: set tokenizer\.chat_template"):
+        SampleEncoder(fresh_tokenizer, "chat", train_on_prompt=False)
+    SampleEncoder(fresh_tokenizer, "alpaca", train_on_prompt=False)  # only chat data needs the template
 
 
 def test_chat_template_error_becomes_a_reject_at_its_line(fresh_tokenizer):
@@ -134,8 +175,8 @@ def test_chat_template_error_becomes_a_reject_at_its_line(fresh_tokenizer):
     encoder = SampleEncoder(fresh_tokenizer, "chat", train_on_prompt=False)
     bad = _chat(("user", "a"), ("user", "b"), ("assistant", "c"), line=7)
     [reject] = encoder.encode_batch([bad])
-    assert isinstance(reject, Reject) and (reject.line, reject.code) == (7, "chat_template")
-    assert "the chat template failed: Conversation roles must alternate" in reject.reason
+    assert isinstance(reject, Reject) and (reject.line, reject.code) == (7, "template_rejected")
+    assert "refused it: Conversation roles must alternate" in reject.reason
 
 
 def test_chat_without_any_template_names_tokenizer_chat_template(fresh_tokenizer):

@@ -88,3 +88,14 @@ def test_fused_refuses_a_wrapped_head():
                      LoraConfig(rank=4, modules_to_save=["lm_head"]), "llama3")
     with pytest.raises(ValueError, match="fused loss needs a plain Linear head"):
         install_token_loss(model, path="fused")
+
+
+def test_a_micro_batch_without_targets_backpropagates_zeros():
+    """A stream micro-batch whose samples are all prompt can occur: its loss is 0 and its backward runs."""
+    model = lora_for(build_model(tiny_cfg("llama3"), attn_implementation="sdpa"), LoraConfig(rank=4), "llama3")
+    install_token_loss(model, path="chunked")
+    ids, targets = batch(4096)
+    loss = model(input_ids=ids, targets=torch.full_like(targets, IGNORE_INDEX)).loss
+    loss.backward()
+    assert loss.item() == 0.0
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters() if p.requires_grad)

@@ -174,7 +174,8 @@ def test_bad_lines_fail_at_zero_fraction_and_pass_with_a_higher_one():
 
 
 def test_conversations_the_template_cannot_render_name_the_template_not_the_data():
-    tool = "chat_template: messages[2] is a tool turn and the chat template has no tool role"
+    tool = ("template_rejected: messages[2] role 'tool' is not accepted by the chat template "
+            "(tokenizer.chat_template), which takes: system, user, assistant")
     rejects = [Reject(file="c.jsonl", line=i, reason=tool) for i in (3, 4, 8)] + _rejects(1)
     problems = checks.check_bad_lines(split="train", rejects=rejects, total_lines=10, max_bad_fraction=0.1)
     assert [(p.check, p.key, p.location) for p in problems] == [
@@ -189,6 +190,33 @@ def test_conversations_the_template_cannot_render_name_the_template_not_the_data
 def test_overlength_drops_are_a_policy_not_bad_lines():
     dropped = [Reject(file="t", line=1, reason="overlength: 600 tokens > 512")]
     assert checks.check_bad_lines(split="train", rejects=dropped, total_lines=2, max_bad_fraction=0.0) == []
+
+
+def test_lines_the_chat_template_refuses_blame_the_template_key():
+    refused = [Reject(file="c.jsonl", line=n, reason="template_rejected: ... Conversation roles must alternate")
+               for n in range(1, 4)]
+    [problem] = checks.check_bad_lines(split="train", rejects=refused, total_lines=5, max_bad_fraction=0.0)
+    assert problem.key == "tokenizer.chat_template" and "cannot be rendered by the chat template" in problem.message
+    # Mixed with malformed lines: the template's share is still its own problem, the data's another.
+    mixed = refused + [Reject(file="c.jsonl", line=4, reason="bad_json: x")]
+    problems = checks.check_bad_lines(split="train", rejects=mixed, total_lines=5, max_bad_fraction=0.0)
+    assert [p.key for p in problems] == ["tokenizer.chat_template", "data.max_bad_fraction"]
+
+
+def test_an_empty_split_is_a_problem_naming_its_key():
+    common = {"files": ["v.jsonl"], "reject_counts": {}, "first_reject": None, "overlength": "error"}
+    [empty] = checks.check_split_not_empty(split="val", records=0, samples=0, kept=0, **common)
+    assert empty.key == "data.val" and "v.jsonl hold(s) nothing but blank lines" in empty.message
+    assert "data.val=null" in empty.message
+    first = Reject(file="t.jsonl", line=2, reason="bad_json: x")
+    [rejected] = checks.check_split_not_empty(split="train", records=3, samples=0, kept=0, files=["t.jsonl"],
+                                              reject_counts={"bad_json": 3}, first_reject=first, overlength="error")
+    assert rejected.key == "data.train" and rejected.location == "t.jsonl:2"
+    assert "all 3 were rejected (bad_json x3)" in rejected.message and "=null" not in rejected.message
+    [dropped] = checks.check_split_not_empty(split="train", records=3, samples=3, kept=0, files=["t.jsonl"],
+                                             reject_counts={}, first_reject=None, overlength="drop")
+    assert dropped.key == "data.overlength" and "all 3 are longer than data.max_seq_len" in dropped.message
+    assert checks.check_split_not_empty(split="train", records=3, samples=3, kept=1, **common) == []
 
 
 def test_epoch_with_zero_steps_fails():

@@ -1,0 +1,867 @@
+"""The hostile-input table of issue 10: inputs a new user could give seqtune, and what correct looks like for each.
+
+Every case builds its input under a fresh directory and says what the CLI must do with it: either refuse it
+cleanly (exit 2 before training, no traceback, a message naming the file or config key) or accept it correctly
+(exit 0 with the right records and rejects). `replay.py` runs each case through the real CLI, in a subprocess,
+and prints the table (cases tried, clean, ok, left bad); tests/hostile/test_*.py cover each class in the suite.
+
+Plain Python with no seqtune import: the table also runs against another checkout (`replay.py --pythonpath`).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import stat
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TRACEBACK = "Traceback (most recent call last)"
+
+
+@dataclass(kw_only=True)
+class Run:
+    """What one case runs: CLI arguments (after the base ones), extra environment, a command prefix."""
+
+    args: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    # Runs the CLI under another command (e.g. setpriv dropping root's permission override).
+    prefix: list[str] = field(default_factory=list)
+    # Runs after the CLI, before judging (e.g. unmounting a tmpfs); returns extra text for the judge.
+    after: Callable[[], str] | None = None
+    # Run the same command once first, then call `between(cache_dir)` (e.g. to damage the cache it wrote).
+    first: bool = False
+    between: Callable[[Path], None] | None = None
+
+
+@dataclass(kw_only=True)
+class Outcome:
+    rc: int
+    output: str  # stdout + stderr
+    run_dir: Path
+    cache_dir: Path
+    extra: str = ""
+
+    @property
+    def traceback(self) -> bool:
+        return TRACEBACK in self.output
+
+    def preflight(self) -> dict:
+        path = self.run_dir / "preflight.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+
+@dataclass(kw_only=True)
+class Case:
+    name: str
+    group: str
+    what: str
+    # "clean": must be refused with exit 2 and a message; "ok": must run correctly.
+    expect: str
+    build: Callable[[Path], Run]
+    # Returns None when the outcome is right, else what is wrong with it.
+    judge: Callable[[Outcome], str | None]
+    # "mount" (needs root + mount -t tmpfs), "setpriv" (needs root + setpriv), None.
+    needs: str | None = None
+    # False: replay.py only (the test suite runs a sibling case that takes the same code path).
+    suite: bool = True
+
+
+# --- data builders ----------------------------------------------------------------------------------------
+
+def alpaca_rows(n: int, tag: str = "") -> list[bytes]:
+    return [json.dumps({"instruction": f"Say {tag}{i}.", "input": "", "output": f"{tag}{i} said."}).encode()
+            for i in range(n)]
+
+
+def text_rows(n: int) -> list[bytes]:
+    return [json.dumps({"text": f"sample number {i} of the hostile table"}).encode() for i in range(n)]
+
+
+def jsonl_bytes(rows: list[bytes], newline: bytes = b"\n") -> bytes:
+    return b"".join(r + newline for r in rows)
+
+
+def write(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def zst(data: bytes) -> bytes:
+    import zstandard
+
+    return zstandard.ZstdCompressor().compress(data)
+
+
+def train(path: Path | str, *extra: str) -> list[str]:
+    return [f"data.train={path}", *extra]
+
+
+# --- judges -----------------------------------------------------------------------------------------------
+
+def refused(*needles: str, absent: tuple[str, ...] = (), codes: tuple[int, ...] = (2,)
+            ) -> Callable[[Outcome], str | None]:
+    """Exit 2 (or one of `codes`), no traceback, every regex in `needles` found in the output and none of `absent`."""
+    def judge(out: Outcome) -> str | None:
+        if out.traceback:
+            return f"traceback: {_last_line(out.output)}"
+        if out.rc not in codes:
+            return f"exit {out.rc}, expected {' or '.join(map(str, codes))}: {_last_line(out.output)}"
+        text = re.sub(r"\s+", " ", out.output)  # the problem table wraps long messages
+        missing = [n for n in needles if not re.search(n, text)]
+        if missing:
+            return f"message lacks {missing}: {_last_line(out.output)}"
+        present = [a for a in absent if re.search(a, text)]
+        if present:
+            return f"message says {present}"
+        return None
+    return judge
+
+
+def accepted(*, records: int, rejected: int = 0, codes: tuple[str, ...] = (), split: str = "train",
+             check: Callable[[Outcome], str | None] | None = None) -> Callable[[Outcome], str | None]:
+    """Exit 0; the split read `records` records of which `rejected` were rejected (with these reason codes)."""
+    def judge(out: Outcome) -> str | None:
+        if out.traceback:
+            return f"traceback: {_last_line(out.output)}"
+        if out.rc != 0:
+            return f"exit {out.rc}, expected 0: {_last_line(out.output)}"
+        stats = out.preflight().get("splits", {}).get(split, {})
+        if (stats.get("records"), stats.get("rejected")) != (records, rejected):
+            return f"read {stats.get('records')} records / {stats.get('rejected')} rejected, expected {records} / {rejected}"
+        got = set(stats.get("reject_reasons", {}))
+        if codes and got != set(codes):
+            return f"reject codes {sorted(got)}, expected {sorted(codes)}"
+        if rejected:
+            rejects = [json.loads(line) for line in (out.run_dir / "rejects.jsonl").read_text().splitlines()]
+            unnamed = [r for r in rejects if not (r.get("file") and r.get("line") and r.get("reason"))]
+            if unnamed:
+                return f"reject without file/line/reason: {unnamed[0]}"
+        return check(out) if check else None
+    return judge
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:160] if lines else "(no output)"
+
+
+def no_leftover_temps(out: Outcome) -> str | None:
+    left = [p.name for p in out.cache_dir.glob(".tmp-*")] if out.cache_dir.is_dir() else []
+    return f"temporary directories left in the token cache: {left}" if left else None
+
+
+def both(*judges: Callable[[Outcome], str | None]) -> Callable[[Outcome], str | None]:
+    def judge(out: Outcome) -> str | None:
+        for j in judges:
+            problem = j(out)
+            if problem:
+                return problem
+        return None
+    return judge
+
+
+# --- cases: damaged and unusual input ---------------------------------------------------------------------
+
+CASES: list[Case] = []
+
+
+def case(name: str, group: str, what: str, expect: str, judge, needs: str | None = None, suite: bool = True):
+    def register(build: Callable[[Path], Run]) -> Callable[[Path], Run]:
+        CASES.append(Case(name=name, group=group, what=what, expect=expect, build=build, judge=judge, needs=needs,
+                          suite=suite))
+        return build
+    return register
+
+
+DAMAGED = "damaged compressed file"
+
+
+@case("zst_truncated_half", DAMAGED, ".jsonl.zst cut at half its size", "clean",
+      refused(r"d\.jsonl\.zst", r"(?i)truncated|damaged"))
+def _(tmp: Path) -> Run:
+    data = zst(jsonl_bytes(alpaca_rows(400)))
+    return Run(args=train(write(tmp / "d.jsonl.zst", data[: len(data) // 2])))
+
+
+@case("zst_truncated_head", DAMAGED, ".jsonl.zst cut to its first 12 bytes", "clean",
+      refused(r"d\.jsonl\.zst", r"(?i)truncated|damaged"))
+def _(tmp: Path) -> Run:
+    return Run(args=train(write(tmp / "d.jsonl.zst", zst(jsonl_bytes(alpaca_rows(400)))[:12])))
+
+
+@case("zst_corrupt_middle", DAMAGED, ".jsonl.zst with 64 bytes overwritten in the middle", "clean",
+      refused(r"d\.jsonl\.zst", r"(?i)damaged|corrupt"))
+def _(tmp: Path) -> Run:
+    data = bytearray(zst(jsonl_bytes(alpaca_rows(400))))
+    mid = len(data) // 2
+    data[mid: mid + 64] = b"\xff" * 64
+    return Run(args=train(write(tmp / "d.jsonl.zst", bytes(data))))
+
+
+@case("zst_plain_file", DAMAGED, "a plain JSONL file named .jsonl.zst", "clean",
+      refused(r"d\.jsonl\.zst", r"(?i)not zstd"))
+def _(tmp: Path) -> Run:
+    return Run(args=train(write(tmp / "d.jsonl.zst", jsonl_bytes(alpaca_rows(40)))))
+
+
+@case("zst_trailing_garbage", DAMAGED, "valid .jsonl.zst followed by 100 bytes of garbage", "clean",
+      refused(r"d\.jsonl\.zst", r"(?i)damaged|corrupt|garbage"))
+def _(tmp: Path) -> Run:
+    return Run(args=train(write(tmp / "d.jsonl.zst", zst(jsonl_bytes(alpaca_rows(40))) + b"garbage!" * 12)))
+
+
+@case("zst_multi_frame", DAMAGED, "two zstd frames concatenated (valid: both halves are read)", "ok",
+      accepted(records=60))
+def _(tmp: Path) -> Run:
+    rows = alpaca_rows(60)
+    return Run(args=train(write(tmp / "d.jsonl.zst", zst(jsonl_bytes(rows[:30])) + zst(jsonl_bytes(rows[30:])))))
+
+
+@case("zst_zero_bytes", DAMAGED, "a zero-byte .jsonl.zst (an empty train split)", "clean",
+      refused(r"data\.train", r"(?i)no (usable )?record|empty"))
+def _(tmp: Path) -> Run:
+    return Run(args=train(write(tmp / "d.jsonl.zst", b"")))
+
+
+@case("gz_truncated_half", DAMAGED, ".jsonl.gz cut at half its size", "clean",
+      refused(r"d\.jsonl\.gz", r"(?i)truncated|damaged"))
+def _(tmp: Path) -> Run:
+    data = gzip.compress(jsonl_bytes(alpaca_rows(400)))
+    return Run(args=train(write(tmp / "d.jsonl.gz", data[: len(data) // 2])))
+
+
+@case("gz_truncated_tail", DAMAGED, ".jsonl.gz missing its last 8 bytes (CRC and size)", "clean",
+      refused(r"d\.jsonl\.gz", r"(?i)truncated|damaged"))
+def _(tmp: Path) -> Run:
+    return Run(args=train(write(tmp / "d.jsonl.gz", gzip.compress(jsonl_bytes(alpaca_rows(400)))[:-8])))
+
+
+@case("gz_corrupt_middle", DAMAGED, ".jsonl.gz with 64 bytes overwritten in the middle", "clean",
+      refused(r"d\.jsonl\.gz", r"(?i)damaged|corrupt"))
+def _(tmp: Path) -> Run:
+    data = bytearray(gzip.compress(jsonl_bytes(alpaca_rows(400))))
+    mid = len(data) // 2
+    data[mid: mid + 64] = b"\x00" * 64
+    return Run(args=train(write(tmp / "d.jsonl.gz", bytes(data))))
+
+
+@case("gz_plain_file", DAMAGED, "a plain JSONL file named .jsonl.gz", "clean",
+      refused(r"d\.jsonl\.gz", r"(?i)not gzip"))
+def _(tmp: Path) -> Run:
+    return Run(args=train(write(tmp / "d.jsonl.gz", jsonl_bytes(alpaca_rows(40)))))
+
+
+@case("gz_trailing_garbage", DAMAGED, "valid .jsonl.gz followed by 100 bytes of garbage", "clean",
+      refused(r"d\.jsonl\.gz", r"(?i)damaged|corrupt|garbage|not gzip"))
+def _(tmp: Path) -> Run:
+    return Run(args=train(write(tmp / "d.jsonl.gz", gzip.compress(jsonl_bytes(alpaca_rows(40))) + b"garbage!" * 12)))
+
+
+@case("gz_multi_member", DAMAGED, "two gzip members concatenated (valid: both are read)", "ok",
+      accepted(records=60))
+def _(tmp: Path) -> Run:
+    rows = alpaca_rows(60)
+    data = gzip.compress(jsonl_bytes(rows[:30])) + gzip.compress(jsonl_bytes(rows[30:]))
+    return Run(args=train(write(tmp / "d.jsonl.gz", data)))
+
+
+@case("gz_zero_bytes", DAMAGED, "a zero-byte .jsonl.gz (an empty train split)", "clean",
+      refused(r"data\.train", r"(?i)no (usable )?record|empty"))
+def _(tmp: Path) -> Run:
+    return Run(args=train(write(tmp / "d.jsonl.gz", b"")))
+
+
+@case("raw_deflate_named_gz", DAMAGED, "a zlib stream (not gzip) named .jsonl.gz", "clean",
+      refused(r"d\.jsonl\.gz", r"(?i)not gzip"))
+def _(tmp: Path) -> Run:
+    return Run(args=train(write(tmp / "d.jsonl.gz", zlib.compress(jsonl_bytes(alpaca_rows(40))))))
+
+
+# --- cases: empty splits ----------------------------------------------------------------------------------
+
+EMPTY = "empty split"
+
+
+@case("train_empty_file", EMPTY, "data.train is an empty file", "clean",
+      refused(r"data\.train", r"(?i)no (usable )?record|empty"))
+def _(tmp: Path) -> Run:
+    return Run(args=train(write(tmp / "d.jsonl", b"")))
+
+
+@case("train_blank_lines", EMPTY, "data.train holds only blank and whitespace lines (\\n, spaces, \\r\\n, tabs)",
+      "clean", refused(r"data\.train", r"(?i)no (usable )?record|empty|blank"))
+def _(tmp: Path) -> Run:
+    return Run(args=train(write(tmp / "d.jsonl", b"\n\n   \n\r\n\t\n")))
+
+
+@case("train_all_rejected", EMPTY, "every train line rejected, data.max_bad_fraction=1", "clean",
+      refused(r"data\.train", r"(?i)no (usable )?record|every|all"))
+def _(tmp: Path) -> Run:
+    return Run(args=train(write(tmp / "d.jsonl", b"not json\n" * 30), "data.max_bad_fraction=1"))
+
+
+@case("val_empty_file", EMPTY, "data.val is an empty file", "clean",
+      refused(r"data\.val", r"(?i)no (usable )?record|empty"))
+def _(tmp: Path) -> Run:
+    good = write(tmp / "t.jsonl", jsonl_bytes(alpaca_rows(40)))
+    return Run(args=train(good, f"data.val={write(tmp / 'v.jsonl', b'')}"))
+
+
+@case("val_all_rejected", EMPTY, "every val line rejected, data.max_bad_fraction=1", "clean",
+      refused(r"data\.val", r"(?i)no (usable )?record|every|all"))
+def _(tmp: Path) -> Run:
+    good = write(tmp / "t.jsonl", jsonl_bytes(alpaca_rows(40)))
+    bad = write(tmp / "v.jsonl", jsonl_bytes([b'{"instruction": 1}'] * 20))
+    return Run(args=train(good, f"data.val={bad}", "data.max_bad_fraction=1"))
+
+
+@case("test_blank_lines", EMPTY, "data.test holds only blank lines", "clean",
+      refused(r"data\.test", r"(?i)no (usable )?record|empty|blank"))
+def _(tmp: Path) -> Run:
+    good = write(tmp / "t.jsonl", jsonl_bytes(alpaca_rows(40)))
+    blank = write(tmp / "x.jsonl", b"\n" * 5)
+    return Run(args=train(good, f"data.test={blank}"))
+
+
+# --- cases: odd but valid records -------------------------------------------------------------------------
+
+ODD = "odd record"
+
+
+def _one_odd(tmp: Path, odd: bytes, *extra: str, rows: list[bytes] | None = None) -> Run:
+    rows = rows if rows is not None else alpaca_rows(40)
+    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(rows[:20] + [odd] + rows[20:])),
+                          "data.max_bad_fraction=0.1", *extra))
+
+
+@case("lone_surrogate", ODD, 'an Alpaca output holding "\\ud800"', "ok", accepted(records=41, rejected=1))
+def _(tmp: Path) -> Run:
+    return _one_odd(tmp, b'{"instruction": "hi", "input": "", "output": "x\\ud800y"}')
+
+
+@case("lone_surrogate_unused_key", ODD, 'a lone surrogate in a key no format reads ("\\udfff": 1)', "ok",
+      accepted(records=41))
+def _(tmp: Path) -> Run:
+    return _one_odd(tmp, b'{"instruction": "hi", "input": "", "output": "ok", "\\udfff": 1}')
+
+
+@case("surrogate_pair", ODD, 'a valid surrogate pair "\\ud83d\\ude00" (an emoji) is a sample', "ok",
+      accepted(records=41))
+def _(tmp: Path) -> Run:
+    return _one_odd(tmp, b'{"instruction": "hi", "input": "", "output": "smile \\ud83d\\ude00"}')
+
+
+@case("deep_nesting_field", ODD, "a field nested 200,000 arrays deep", "ok", accepted(records=41, rejected=1))
+def _(tmp: Path) -> Run:
+    deep = b"[" * 200_000 + b"]" * 200_000
+    return _one_odd(tmp, b'{"instruction": ' + deep + b', "output": "x"}')
+
+
+@case("deep_nesting_line", ODD, "a line that is 200,000 nested objects", "ok", accepted(records=41, rejected=1))
+def _(tmp: Path) -> Run:
+    return _one_odd(tmp, b'{"a":' * 200_000 + b"1" + b"}" * 200_000)
+
+
+@case("int_2_70_tokenized", ODD, "input_ids holding 2**70 (tokenized format)", "ok",
+      accepted(records=41, rejected=1))
+def _(tmp: Path) -> Run:
+    rows = [json.dumps({"input_ids": [1, 5 + i % 7, 9, 2]}).encode() for i in range(40)]
+    return _one_odd(tmp, json.dumps({"input_ids": [1, 2**70, 2]}).encode(), "data.format=tokenized", rows=rows)
+
+
+@case("int_neg_2_70_labels", ODD, "labels holding -2**70 (tokenized format)", "ok", accepted(records=41, rejected=1))
+def _(tmp: Path) -> Run:
+    rows = [json.dumps({"input_ids": [1, 5 + i % 7, 9, 2]}).encode() for i in range(40)]
+    odd = json.dumps({"input_ids": [1, 7, 2], "labels": [-(2**70), 7, 2]}).encode()
+    return _one_odd(tmp, odd, "data.format=tokenized", rows=rows)
+
+
+@case("huge_int_text_field", ODD, "an Alpaca output that is the integer 2**70 (wrong type)", "ok",
+      accepted(records=41, rejected=1, codes=("wrong_type",)))
+def _(tmp: Path) -> Run:
+    return _one_odd(tmp, b'{"instruction": "hi", "output": 1180591620717411303424}')
+
+
+@case("bool_token_id", ODD, "input_ids holding true (a JSON bool is not a token id)", "ok",
+      accepted(records=41, rejected=1))
+def _(tmp: Path) -> Run:
+    rows = [json.dumps({"input_ids": [1, 5 + i % 7, 9, 2]}).encode() for i in range(40)]
+    return _one_odd(tmp, b'{"input_ids": [1, true, 2]}', "data.format=tokenized", rows=rows)
+
+
+@case("nan_literal", ODD, "an output that is the non-standard literal NaN", "ok", accepted(records=41, rejected=1))
+def _(tmp: Path) -> Run:
+    return _one_odd(tmp, b'{"instruction": "hi", "output": NaN}')
+
+
+@case("nul_escaped", ODD, 'an output holding an escaped NUL ("a\\u0000b"): a valid string', "ok",
+      accepted(records=41))
+def _(tmp: Path) -> Run:
+    return _one_odd(tmp, b'{"instruction": "hi", "input": "", "output": "a\\u0000b"}')
+
+
+@case("nul_raw_byte", ODD, "a raw NUL byte inside a JSON string (invalid JSON)", "ok",
+      accepted(records=41, rejected=1, codes=("bad_json",)))
+def _(tmp: Path) -> Run:
+    return _one_odd(tmp, b'{"instruction": "hi", "output": "a\x00b"}')
+
+
+@case("latin1_byte", ODD, "a Latin-1 byte (0xE9) in one line of a UTF-8 file", "ok",
+      accepted(records=41, rejected=1, codes=("bad_utf8",)))
+def _(tmp: Path) -> Run:
+    return _one_odd(tmp, b'{"instruction": "caf\xe9", "output": "x"}')
+
+
+@case("crlf_file", ODD, "a file with CRLF line endings", "ok", accepted(records=40))
+def _(tmp: Path) -> Run:
+    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40), b"\r\n"))))
+
+
+@case("cr_only_file", ODD, "a file with old-Mac CR-only line endings (one physical line)", "clean",
+      refused(r"d\.jsonl"))
+def _(tmp: Path) -> Run:
+    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40), b"\r"))))
+
+
+@case("utf8_bom", ODD, "a UTF-8 BOM before the first record", "ok", accepted(records=40))
+def _(tmp: Path) -> Run:
+    return Run(args=train(write(tmp / "d.jsonl", b"\xef\xbb\xbf" + jsonl_bytes(alpaca_rows(40)))))
+
+
+@case("utf8_bom_gz", ODD, "a UTF-8 BOM before the first record of a .jsonl.gz", "ok", accepted(records=40))
+def _(tmp: Path) -> Run:
+    return Run(args=train(write(tmp / "d.jsonl.gz", gzip.compress(b"\xef\xbb\xbf" + jsonl_bytes(alpaca_rows(40))))))
+
+
+@case("utf16_file", ODD, "a UTF-16 file (with BOM)", "clean", refused(r"d\.jsonl", r"(?i)utf-16"))
+def _(tmp: Path) -> Run:
+    text = jsonl_bytes(alpaca_rows(40)).decode()
+    return Run(args=train(write(tmp / "d.jsonl", text.encode("utf-16"))))
+
+
+@case("no_final_newline", ODD, "the last record has no trailing newline", "ok", accepted(records=40))
+def _(tmp: Path) -> Run:
+    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40)).rstrip(b"\n"))))
+
+
+@case("wrong_type_fields", ODD, "instruction a number, output a list, input an object (3 lines)", "ok",
+      accepted(records=43, rejected=3, codes=("wrong_type",)))
+def _(tmp: Path) -> Run:
+    rows = alpaca_rows(40) + [b'{"instruction": 5, "output": "x"}', b'{"instruction": "a", "output": ["x"]}',
+                              b'{"instruction": "a", "input": {"k": 1}, "output": "x"}']
+    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(rows)), "data.max_bad_fraction=0.1"))
+
+
+@case("non_object_lines", ODD, "lines that are an array, a string, a number and null", "ok",
+      accepted(records=44, rejected=4, codes=("not_object",)))
+def _(tmp: Path) -> Run:
+    rows = alpaca_rows(40) + [b"[1, 2]", b'"text"', b"42", b"null"]
+    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(rows)), "data.max_bad_fraction=0.1"))
+
+
+@case("huge_line", ODD, "one 2 MB output among short records (longer than the model context)", "clean",
+      refused(r"data\.max_seq_len", r"d\.jsonl:21"))
+def _(tmp: Path) -> Run:
+    huge = json.dumps({"instruction": "long", "output": "word " * 400_000}).encode()
+    return _one_odd(tmp, huge)
+
+
+@case("chat_content_parts", ODD, "a chat message whose content is a list of parts", "ok",
+      accepted(records=41, rejected=1))
+def _(tmp: Path) -> Run:
+    rows = [json.dumps({"messages": [{"role": "user", "content": f"q{i}"},
+                                     {"role": "assistant", "content": f"a{i}"}]}).encode() for i in range(40)]
+    odd = b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "q"}]}, ' \
+          b'{"role": "assistant", "content": "a"}]}'
+    return _one_odd(tmp, odd, "data.format=chat", rows=rows)
+
+
+@case("chat_role_list", ODD, "a chat role that is a list (unhashable)", "ok", accepted(records=41, rejected=1))
+def _(tmp: Path) -> Run:
+    rows = [json.dumps({"messages": [{"role": "user", "content": f"q{i}"},
+                                     {"role": "assistant", "content": f"a{i}"}]}).encode() for i in range(40)]
+    odd = b'{"messages": [{"role": ["user"], "content": "q"}, {"role": "assistant", "content": "a"}]}'
+    return _one_odd(tmp, odd, "data.format=chat", rows=rows)
+
+
+@case("chat_surrogate_content", ODD, "a chat message content holding a lone surrogate", "ok",
+      accepted(records=41, rejected=1))
+def _(tmp: Path) -> Run:
+    rows = [json.dumps({"messages": [{"role": "user", "content": f"q{i}"},
+                                     {"role": "assistant", "content": f"a{i}"}]}).encode() for i in range(40)]
+    odd = b'{"messages": [{"role": "user", "content": "q\\udc80"}, {"role": "assistant", "content": "a"}]}'
+    return _one_odd(tmp, odd, "data.format=chat", rows=rows)
+
+
+# --- cases: paths -----------------------------------------------------------------------------------------
+
+PATHS = "path"
+
+
+@case("missing_file", PATHS, "data.train names a file that does not exist", "clean",
+      refused(r"data\.train", r"nope\.jsonl does not exist", absent=(r"nope\.jsonl/\*",)))
+def _(tmp: Path) -> Run:
+    return Run(args=train(tmp / "nope.jsonl"))
+
+
+@case("missing_file_typo", PATHS, "data.train has a typo of an existing file's name", "clean",
+      refused(r"data\.train", r"trian\.jsonl does not exist", r"train\.jsonl"))
+def _(tmp: Path) -> Run:
+    write(tmp / "train.jsonl", jsonl_bytes(alpaca_rows(40)))
+    return Run(args=train(tmp / "trian.jsonl"))
+
+
+@case("symlink_loop", PATHS, "data.train is a symlink loop", "clean",
+      refused(r"data\.train", r"(?i)symlink loop|symbolic links"))
+def _(tmp: Path) -> Run:
+    a, b = tmp / "a.jsonl", tmp / "b.jsonl"
+    os.symlink(b, a)
+    os.symlink(a, b)
+    return Run(args=train(a))
+
+
+@case("dangling_symlink", PATHS, "data.train is a symlink to a missing file", "clean",
+      refused(r"data\.train", r"(?i)link.*gone\.jsonl|gone\.jsonl.*does not exist"))
+def _(tmp: Path) -> Run:
+    os.symlink(tmp / "gone.jsonl", tmp / "d.jsonl")
+    return Run(args=train(tmp / "d.jsonl"))
+
+
+@case("directory", PATHS, "data.train is a directory", "clean", refused(r"data\.train", r"is a directory", r"\*\.jsonl"))
+def _(tmp: Path) -> Run:
+    write(tmp / "dir" / "a.jsonl", jsonl_bytes(alpaca_rows(40)))
+    return Run(args=train(tmp / "dir"))
+
+
+@case("fifo", PATHS, "data.train is a named pipe (FIFO)", "clean",
+      refused(r"data\.train", r"(?i)named pipe|not a regular file"))
+def _(tmp: Path) -> Run:
+    os.mkfifo(tmp / "d.jsonl")
+    return Run(args=train(tmp / "d.jsonl"))
+
+
+@case("dev_null", PATHS, "data.train=/dev/null (a character device)", "clean",
+      refused(r"data\.train", r"(?i)device|not a regular file"))
+def _(tmp: Path) -> Run:
+    return Run(args=train("/dev/null"))
+
+
+@case("glob_no_match", PATHS, "data.train is a glob that matches nothing", "clean",
+      refused(r"data\.train", r"matches no file"))
+def _(tmp: Path) -> Run:
+    return Run(args=train(f"'{tmp}/*.jsonl'"))
+
+
+@case("glob_matches_directory", PATHS, "data.train is a glob that matches only a directory", "clean",
+      refused(r"data\.train", r"is a directory"))
+def _(tmp: Path) -> Run:
+    (tmp / "shards.jsonl").mkdir()
+    return Run(args=train(f"'{tmp}/*.jsonl'"))
+
+
+@case("empty_list", PATHS, "data.train=[] (an empty list)", "clean", refused(r"data\.train", r"empty list"))
+def _(tmp: Path) -> Run:
+    return Run(args=["data.train=[]"])
+
+
+NEEDS_SETPRIV = "setpriv" if os.geteuid() == 0 else None
+
+
+@case("permission_denied", PATHS, "data.train is not readable by the user (mode 000, root's override dropped)",
+      "clean", refused(r"data\.train", r"d\.jsonl", r"(?i)permission denied"), needs=NEEDS_SETPRIV)
+def _(tmp: Path) -> Run:
+    path = write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40)))
+    path.chmod(0)
+    return Run(args=train(path), prefix=SETPRIV)
+
+
+@case("permission_denied_gz", PATHS, "data.train .jsonl.gz not readable (mode 000, root's override dropped)",
+      "clean", refused(r"data\.train", r"d\.jsonl\.gz", r"(?i)permission denied"), needs=NEEDS_SETPRIV,
+      suite=False)
+def _(tmp: Path) -> Run:
+    path = write(tmp / "d.jsonl.gz", gzip.compress(jsonl_bytes(alpaca_rows(40))))
+    path.chmod(0)
+    return Run(args=train(path), prefix=SETPRIV)
+
+
+@case("unreadable_directory_glob", PATHS, "a glob into a directory the user cannot list (root's override dropped)",
+      "clean", refused(r"data\.train", r"(?i)permission denied"), needs=NEEDS_SETPRIV, suite=False)
+def _(tmp: Path) -> Run:
+    write(tmp / "locked" / "a.jsonl", jsonl_bytes(alpaca_rows(40)))
+    (tmp / "locked").chmod(0)
+    return Run(args=train(f"'{tmp}/locked/*.jsonl'"), prefix=SETPRIV,
+               after=lambda: (tmp / "locked").chmod(stat.S_IRWXU) or "")
+
+
+# As root, drop the capabilities that bypass file permissions, so mode 000 really refuses the read (a normal user
+# needs no prefix).
+SETPRIV = (["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-dac_override,-dac_read_search"]
+           if os.geteuid() == 0 else [])
+
+# --- cases: misattributed errors --------------------------------------------------------------------------
+
+MISATTRIBUTED = "misattributed error"
+
+
+def _chat_rows(n: int, roles: tuple[str, ...] = ("user", "assistant")) -> list[bytes]:
+    return [json.dumps({"messages": [{"role": r, "content": f"{r} turn {i}"} for r in roles]}).encode()
+            for i in range(n)]
+
+
+@case("json_array_pretty", MISATTRIBUTED, "a .json file holding a pretty-printed JSON array", "clean",
+      refused(r"d\.json\b", r"(?i)json array"))
+def _(tmp: Path) -> Run:
+    rows = [json.loads(r) for r in alpaca_rows(40)]
+    return Run(args=train(write(tmp / "d.json", json.dumps(rows, indent=2).encode())))
+
+
+@case("json_array_one_line", MISATTRIBUTED, "a .json file holding a one-line JSON array", "clean",
+      refused(r"d\.json\b", r"(?i)json array"))
+def _(tmp: Path) -> Run:
+    rows = [json.loads(r) for r in alpaca_rows(40)]
+    return Run(args=train(write(tmp / "d.json", json.dumps(rows).encode())))
+
+
+@case("json_array_in_jsonl", MISATTRIBUTED, "a .jsonl file holding a pretty-printed JSON array", "clean",
+      refused(r"d\.jsonl", r"(?i)json array"))
+def _(tmp: Path) -> Run:
+    rows = [json.loads(r) for r in alpaca_rows(40)]
+    return Run(args=train(write(tmp / "d.jsonl", json.dumps(rows, indent=2).encode())))
+
+
+@case("json_object_pretty", MISATTRIBUTED, "a .jsonl file holding one pretty-printed JSON object", "clean",
+      refused(r"d\.jsonl", r"(?i)one json (object|document)|pretty"))
+def _(tmp: Path) -> Run:
+    rows = [json.loads(r) for r in alpaca_rows(40)]
+    return Run(args=train(write(tmp / "d.jsonl", json.dumps({"data": rows}, indent=2).encode())))
+
+
+@case("chat_template_syntax", MISATTRIBUTED, "tokenizer.chat_template with a Jinja syntax error, chat data", "clean",
+      refused(r"tokenizer\.chat_template", absent=(r"data\.max_bad_fraction",)))
+def _(tmp: Path) -> Run:
+    data = write(tmp / "d.jsonl", jsonl_bytes(_chat_rows(200)))
+    return Run(args=train(data, "data.format=chat", "tokenizer.chat_template='{% for m in messages %}{{ m.content '"))
+
+
+@case("chat_template_raises", MISATTRIBUTED, "tokenizer.chat_template that raises on every conversation", "clean",
+      refused(r"tokenizer\.chat_template", absent=(r"data\.max_bad_fraction",)))
+def _(tmp: Path) -> Run:
+    data = write(tmp / "d.jsonl", jsonl_bytes(_chat_rows(200)))
+    return Run(args=train(data, "data.format=chat",
+                          "tokenizer.chat_template='{{ raise_exception(\"no\") }}'"))
+
+
+@case("chat_template_unknown_var", MISATTRIBUTED, "tokenizer.chat_template calling an undefined function", "clean",
+      refused(r"tokenizer\.chat_template", absent=(r"data\.max_bad_fraction",)))
+def _(tmp: Path) -> Run:
+    data = write(tmp / "d.jsonl", jsonl_bytes(_chat_rows(200)))
+    return Run(args=train(data, "data.format=chat",
+                          "tokenizer.chat_template='{% for m in messages %}{{ nope(m) }}{% endfor %}'"))
+
+
+@case("chat_tool_role_bundled", MISATTRIBUTED,
+      "chat data with a tool turn, bundled template (no tool role): the reject names the template, not the data",
+      "ok", accepted(records=41, rejected=1, check=lambda out: None if re.search(
+          r"tokenizer\.chat_template|template", (out.run_dir / "rejects.jsonl").read_text())
+          else "the reject does not blame the template"))
+def _(tmp: Path) -> Run:
+    odd = json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "{}"},
+                                   {"role": "assistant", "content": "a"}]}).encode()
+    return _one_odd(tmp, odd, "data.format=chat", rows=_chat_rows(40))
+
+
+@case("chat_unknown_role", MISATTRIBUTED, "a chat role 'narrator' that no template knows", "ok",
+      accepted(records=41, rejected=1))
+def _(tmp: Path) -> Run:
+    odd = json.dumps({"messages": [{"role": "narrator", "content": "q"},
+                                   {"role": "assistant", "content": "a"}]}).encode()
+    return _one_odd(tmp, odd, "data.format=chat", rows=_chat_rows(40))
+
+
+# --- cases: config ----------------------------------------------------------------------------------------
+
+CONFIG = "config"
+
+
+@case("yaml_syntax_error", CONFIG, "a config group file with a YAML syntax error (hydra.searchpath)", "clean",
+      refused(r"broken\.yaml:?\s*(line )?\d", absent=(r"hydra/_internal",)))
+def _(tmp: Path) -> Run:
+    write(tmp / "conf" / "model" / "broken.yaml",
+          b"# a broken model config\ndefaults:\n  - tinyllama_tiny\nhidden_size: [32\nnum_layers: 2\n")
+    return Run(args=[f"hydra.searchpath=[file://{tmp / 'conf'}]", "model=broken"])
+
+
+@case("yaml_syntax_error_primary", CONFIG, "--config-name of a user config with a YAML syntax error", "clean",
+      refused(r"mine\.yaml:?\s*(line )?\d", absent=(r"hydra/_internal",)))
+def _(tmp: Path) -> Run:
+    write(tmp / "conf" / "mine.yaml", b"defaults:\n  - seqtune_config\n  - _self_\ndata: {train: x.jsonl\n")
+    return Run(args=["--config-dir", str(tmp / "conf"), "--config-name", "mine"])
+
+
+@case("unknown_key", CONFIG, "model.hiden_size=32 (a typo)", "clean", refused(r"hiden_size"))
+def _(tmp: Path) -> Run:
+    return Run(args=["model.hiden_size=32"])
+
+
+@case("bad_override_syntax", CONFIG, "data.train=[a.jsonl (unclosed list)", "clean", refused(r"data\.train"))
+def _(tmp: Path) -> Run:
+    return Run(args=["data.train=[a.jsonl"])
+
+
+@case("unknown_group_option", CONFIG, "model=nope", "clean", refused(r"model/nope", r"tinyllama_tiny"))
+def _(tmp: Path) -> Run:
+    return Run(args=["model=nope"])
+
+
+@case("wrong_value_type", CONFIG, "train.batch_size=abc", "clean", refused(r"train\.batch_size|batch_size"))
+def _(tmp: Path) -> Run:
+    return Run(args=["train.batch_size=abc"])
+
+
+@case("bad_interpolation", CONFIG, "+note=${nope} (an interpolation to a missing key)", "clean", refused(r"nope"))
+def _(tmp: Path) -> Run:
+    return Run(args=["+note=${nope}"])
+
+
+@case("unknown_resolver", CONFIG, "data.train=${env:HOME} (a resolver that does not exist)", "clean",
+      refused(r"env"))
+def _(tmp: Path) -> Run:
+    return Run(args=["data.train=${env:HOME}"])
+
+
+# --- cases: disk and token cache --------------------------------------------------------------------------
+
+DISK = "disk and cache"
+
+
+def _tmpfs(tmp: Path, name: str, size: str) -> Path:
+    mount = tmp / name
+    mount.mkdir()
+    os.system(f"mount -t tmpfs -o size={size} tmpfs {mount}")
+    return mount
+
+
+def _umount(mount: Path) -> Callable[[], str]:
+    def after() -> str:
+        left = sorted(p.name for p in mount.rglob("*") if p.name.startswith(".tmp-") or ".tmp" in p.name)
+        if os.system(f"umount {mount}") != 0:
+            os.system(f"umount -l {mount}")  # never leave a mount behind, even if a file is still open
+        return f"left: {left}" if left else ""
+    return after
+
+
+def _no_temps_after(out: Outcome) -> str | None:
+    return f"temporary files left: {out.extra}" if out.extra.startswith("left") else None
+
+
+# A full disk is not a refusal of the input: exit 1 (a failure) is as right as 2 so long as the message is clean.
+DISK_FULL_CODES = (1, 2)
+
+
+@case("cache_disk_full", DISK, "the token cache on a full 256 KB tmpfs", "clean",
+      both(refused(r"(?i)no space left on .*cache", codes=DISK_FULL_CODES), _no_temps_after), needs="mount")
+def _(tmp: Path) -> Run:
+    mount = _tmpfs(tmp, "full", "256k")
+    data = write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(3000)))
+    return Run(args=train(data, f"data.cache_dir={mount / 'cache'}"), after=_umount(mount))
+
+
+@case("run_dir_disk_full_hydra", DISK, "the run directory on an 8 KB tmpfs (Hydra's own .hydra/ files fail)",
+      "clean", both(refused(r"(?i)no space left on .*run", codes=DISK_FULL_CODES), _no_temps_after), needs="mount")
+def _(tmp: Path) -> Run:
+    mount = _tmpfs(tmp, "full", "8k")
+    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(400))), f"hydra.run.dir={mount / 'run'}"),
+               after=_umount(mount))
+
+
+@case("run_dir_disk_full_preflight", DISK, "the run directory on a 16 KB tmpfs (preflight.json or config.yaml fails)",
+      "clean", both(refused(r"(?i)no space left on .*run/(preflight\.json|config\.yaml)", codes=DISK_FULL_CODES),
+                    _no_temps_after), needs="mount")
+def _(tmp: Path) -> Run:
+    mount = _tmpfs(tmp, "full", "16k")
+    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(400))), f"hydra.run.dir={mount / 'run'}"),
+               after=_umount(mount))
+
+
+@case("run_dir_disk_full_plot", DISK, "the run directory on a 24 KB tmpfs (lengths.png fails)", "clean",
+      both(refused(r"(?i)no space left on .*run/lengths\.png", codes=DISK_FULL_CODES), _no_temps_after),
+      needs="mount")
+def _(tmp: Path) -> Run:
+    mount = _tmpfs(tmp, "full", "24k")
+    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(400))), f"hydra.run.dir={mount / 'run'}",
+                          "preflight.plot=true"), after=_umount(mount))
+
+
+@case("stale_tmp_in_cache", DISK, "a killed scan's .tmp-* directory in the token cache", "ok",
+      accepted(records=40, check=no_leftover_temps))
+def _(tmp: Path) -> Run:
+    stale = tmp / "cache" / ".tmp-0123456789abcdef0123456789abcdef-x1y2z3"
+    write(stale / "tokens.bin", b"\0" * 4096)
+    old = 1_000_000_000  # 2001: far older than any live scan
+    os.utime(stale / "tokens.bin", (old, old))
+    os.utime(stale, (old, old))
+    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40)))))
+
+
+def _cached_then(tmp: Path, damage: Callable[[Path], None]) -> Run:
+    """Scan once (a first CLI run), damage the published cache, then the case's run must rebuild it."""
+    data = write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40)))
+
+    def between(cache_dir: Path) -> None:
+        damage(next(p for p in cache_dir.iterdir() if not p.name.startswith(".")))
+    return Run(args=train(data), first=True, between=between)
+
+
+@case("cache_truncated_tokens", DISK, "a published cache whose tokens.bin was truncated", "ok", accepted(records=40))
+def _(tmp: Path) -> Run:
+    return _cached_then(tmp, lambda d: (d / "tokens.bin").write_bytes((d / "tokens.bin").read_bytes()[:10]))
+
+
+@case("cache_missing_lengths", DISK, "a published cache missing lengths.bin", "ok", accepted(records=40))
+def _(tmp: Path) -> Run:
+    return _cached_then(tmp, lambda d: (d / "lengths.bin").unlink())
+
+
+@case("cache_corrupt_meta", DISK, "a published cache whose meta.json is cut in half", "ok", accepted(records=40))
+def _(tmp: Path) -> Run:
+    return _cached_then(tmp, lambda d: (d / "meta.json").write_bytes((d / "meta.json").read_bytes()[:40]))
+
+
+@case("cache_edited_meta", DISK, "a published cache whose meta.json counts were edited (valid JSON)", "ok",
+      accepted(records=40))
+def _(tmp: Path) -> Run:
+    def edit(d: Path) -> None:
+        meta = json.loads((d / "meta.json").read_text())
+        meta["num_samples"] += 5
+        (d / "meta.json").write_text(json.dumps(meta))
+    return _cached_then(tmp, edit)
+
+
+def _modes(out: Outcome) -> str | None:
+    wrong = []
+    for root in (out.cache_dir, out.run_dir):
+        for path in [root, *root.rglob("*")]:
+            mode = stat.S_IMODE(path.stat().st_mode)
+            want = 0o755 if path.is_dir() else 0o644
+            if mode != want:
+                wrong.append(f"{path.relative_to(root.parent)} {oct(mode)}")
+    return f"not following umask 022: {wrong[:4]}" if wrong else None
+
+
+@case("umask_cache_and_run_dir", DISK, "umask 022: token cache and run-dir files are 0644/0755", "ok",
+      accepted(records=40, check=_modes))
+def _(tmp: Path) -> Run:
+    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40))), "preflight.plot=true"))
+
+
+@case("umask_adapter", DISK, "umask 022: the trained adapter's files are 0644 (2 training steps)", "ok",
+      accepted(records=40, check=_modes))
+def _(tmp: Path) -> Run:
+    data = write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40)))
+    return Run(args=train(data, "preflight.only=false", "train.max_steps=2", "train.eval_every=0"))

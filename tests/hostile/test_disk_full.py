@@ -1,0 +1,161 @@
+"""A full disk while writing the token cache or preflight's outputs: 'no space left on <path>' naming the config
+key, the temporaries removed, the previous file intact. Killed writers' temporaries are swept; modes follow the
+umask.
+
+The full disk is real where the test can mount one (a tmpfs filled to its last byte: the kernel's own ENOSPC);
+elsewhere every open() under that directory returns files whose writes fail with an injected ENOSPC.
+"""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import io
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from seqtune.config.errors import StorageError
+from seqtune.config.load import save_resolved
+from seqtune.data.scan import scan_split
+from seqtune.data.tokenize import SampleEncoder
+from seqtune.files import TempDir, follow_umask, sweep_stale_temps, write_atomic
+from seqtune.preflight.report import write_rejects
+from seqtune.preflight.result import PreflightResult, write_result
+
+ROWS = [json.dumps({"instruction": f"Say {i} " * 20, "output": f"{i} said " * 30}) for i in range(2000)]
+
+
+class _NoSpace(io.RawIOBase):
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+PREVIOUS = b'{"ok": true, "written": "by the previous run"}\n'
+
+
+@pytest.fixture
+def full_dir(tmp_path, monkeypatch):
+    """A directory on a full filesystem (a real tmpfs when mountable, else injected ENOSPC under it), holding
+    run/preflight.json from a previous run, written before the disk filled up."""
+    mount = tmp_path / "full"
+    mount.mkdir()
+    if os.geteuid() == 0 and os.system(f"mount -t tmpfs -o size=128k tmpfs {mount} 2>/dev/null") == 0:
+        (mount / "dirs" / "run").mkdir(parents=True)
+        (mount / "dirs" / "run" / "preflight.json").write_bytes(PREVIOUS)
+        (mount / "filler").write_bytes(b"")
+        with open(mount / "filler", "ab", buffering=0) as f:  # to the last byte: the next write fails
+            for size in (4096, 1):
+                try:
+                    while True:
+                        f.write(b"\0" * size)
+                except OSError:
+                    pass
+        yield mount / "dirs"
+        if os.system(f"umount {mount}") != 0:
+            os.system(f"umount -l {mount}")
+        return
+    (mount / "run").mkdir()
+    (mount / "run" / "preflight.json").write_bytes(PREVIOUS)
+    real_open = builtins.open
+
+    def open_under(file, mode="r", *args, **kwargs):
+        if any(m in mode for m in "wax") and str(file).startswith(str(mount)):
+            real_open(file, mode, *args, **kwargs).close()  # the file appears, as on a real disk
+            return io.TextIOWrapper(io.BufferedWriter(_NoSpace(str(file)))) if "b" not in mode else \
+                io.BufferedWriter(_NoSpace(str(file)))
+        return real_open(file, mode, *args, **kwargs)
+    monkeypatch.setattr(builtins, "open", open_under)
+    monkeypatch.setattr(io, "open", open_under)
+    yield mount
+
+
+def test_token_cache_on_a_full_disk_names_the_cache_and_leaves_no_temporary(tmp_path, full_dir, tokenizer):
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(ROWS) + "\n")
+    encoder = SampleEncoder(tokenizer, "alpaca", train_on_prompt=False)
+    cache_root = full_dir / "cache"
+    with pytest.raises(StorageError, match=rf"data\.cache_dir: no space left on {cache_root} .*Fix: free space on "
+                                           r"that disk, or point data\.cache_dir at a disk with more room"):
+        scan_split("train", [data], encoder, cache_root=cache_root)
+    assert list(cache_root.iterdir()) == [], "a temporary or partial cache was left"
+
+
+def test_preflight_outputs_on_a_full_disk_keep_the_previous_file(tmp_path, full_dir):
+    run_dir = full_dir / "run"
+    with pytest.raises(StorageError, match=rf"hydra\.run\.dir: no space left on {run_dir}/preflight\.json"):
+        write_result(PreflightResult(ok=True, max_seq_len=8), run_dir)
+    source = tmp_path / "rejects.jsonl"
+    source.write_text('{"file": "d.jsonl", "line": 3, "reason": "bad_json: x"}\n' * 100)
+    with pytest.raises(StorageError, match=rf"no space left on {run_dir}/rejects\.jsonl"):
+        write_rejects([source], run_dir)
+    with pytest.raises(StorageError, match=rf"no space left on {run_dir}/config\.yaml"):
+        save_resolved(OmegaConf.create({"data": {"train": "x" * 10000}}), run_dir / "config.yaml")
+    assert (run_dir / "preflight.json").read_bytes() == PREVIOUS, "the previous preflight.json was damaged"
+    assert sorted(p.name for p in run_dir.iterdir()) == ["preflight.json"], "a temporary or partial file was left"
+
+
+def test_an_atomic_write_replaces_whole_or_not_at_all(tmp_path):
+    target = tmp_path / "preflight.json"
+    write_atomic(target, "first", key="hydra.run.dir")
+    write_atomic(target, b"second", key="hydra.run.dir")
+    assert target.read_text() == "second" and [p.name for p in tmp_path.iterdir()] == ["preflight.json"]
+
+
+_WRITER_THEN_SLEEP = """
+import sys, time
+from seqtune.files import TempDir
+temp = TempDir(sys.argv[1], "scan", key="data.cache_dir")
+(temp.path / "tokens.bin").write_bytes(b"partial")
+print(temp.path, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_writers_temporary_is_swept_and_a_live_ones_is_not(tmp_path):
+    root = tmp_path / "cache"
+    live = TempDir(root, "live", key="data.cache_dir")
+    legacy = root / ".tmp-0123abcd-x1y2"  # from a version without locks: no one can hold it
+    legacy.mkdir()
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER_THEN_SLEEP, str(root)], stdout=subprocess.PIPE,
+                              text=True)
+    killed = Path(writer.stdout.readline().strip())
+    assert sweep_stale_temps(root) == [legacy]  # the writer is alive: its lock is held, its work is kept
+    assert killed.is_dir() and live.path.is_dir()
+    os.kill(writer.pid, signal.SIGKILL)  # like a node dying: no handler runs, nothing is cleaned
+    writer.wait()
+    assert sweep_stale_temps(root) == [killed]
+    assert live.path.is_dir() and not killed.exists()
+    live.publish(root / "published")
+    assert (root / "published").is_dir() and sweep_stale_temps(root) == []
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o002])
+def test_written_files_follow_the_umask(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        temp = TempDir(tmp_path / "cache", "k", key="data.cache_dir")
+        (temp.path / "tokens.bin").write_bytes(b"x")
+        os.chmod(temp.path / "tokens.bin", 0o600)  # what safetensors does
+        follow_umask(temp.path)
+        published = tmp_path / "cache" / "k"
+        temp.publish(published)
+        write_atomic(tmp_path / "preflight.json", "{}", key="hydra.run.dir")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(published.stat().st_mode) == 0o777 & ~umask
+    assert stat.S_IMODE((published / "tokens.bin").stat().st_mode) == 0o666 & ~umask
+    assert stat.S_IMODE((tmp_path / "preflight.json").stat().st_mode) == 0o666 & ~umask
