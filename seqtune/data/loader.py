@@ -252,17 +252,19 @@ class EvalPrompt:
     location: str
 
 
-def build_eval_prompts(preflight, *, count: int, max_seq_len: int) -> list[EvalPrompt]:
-    """The first `count` validation samples (file order) that have a prompt shorter than max_seq_len, tokenized
-    exactly as training saw them (the token cache). The reference is the first run of target tokens: the
-    completion, or a conversation's first assistant reply and its end-of-turn marker."""
-    cache = TokenCache.open(preflight.caches["val"])
+def build_eval_prompts(cache_dir: Path, *, count: int, max_seq_len: int, bos_id: int | None) -> list[EvalPrompt]:
+    """The first `count` samples of a split's token cache (file order: the validation split) that have a prompt
+    shorter than max_seq_len, tokenized exactly as training saw them. The reference is the first run of target
+    tokens: the completion, or a conversation's first assistant reply and its end-of-turn marker."""
+    cache = TokenCache.open(cache_dir)
     prompts: list[EvalPrompt] = []
     for i in range(len(cache)):
         sample = cache[i]
         targets = np.flatnonzero(sample.labels != IGNORE_INDEX)
-        if not len(targets) or targets[0] == 0 or targets[0] >= max_seq_len:
-            continue  # no prompt (pre-tokenized without a prompt mask), or one too long to complete
+        # The bos the encoder adds is never a target: on its own it is no prompt (pre-tokenized rows without labels).
+        leading_bos = int(bos_id is not None and sample.input_ids[0] == bos_id)
+        if not len(targets) or targets[0] <= leading_bos or targets[0] >= max_seq_len:
+            continue  # no prompt, or one too long to complete
         first = int(targets[0])
         gaps = np.flatnonzero(np.diff(targets) > 1)
         end = int(targets[gaps[0]]) + 1 if len(gaps) else int(targets[-1]) + 1

@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from seqtune.config.errors import DataError
 from seqtune.config.plan import Plan
 from seqtune.config.rundir import SAMPLES_FILE
 from seqtune.config.schema import RootConfig
@@ -87,18 +86,13 @@ class SampleGenerator:
 
 def build_sample_generator(cfg: RootConfig, plan: Plan, preflight, *, tokenizer, env: DistEnv, run_dir: Path,
                            autocast_dtype: torch.dtype | None, resume_step: int) -> SampleGenerator | None:
-    """train.eval_samples > 0: the first validation prompts, stopping at eos or the family's end-of-turn token."""
+    """train.eval_samples > 0: the first validation prompts (preflight counted them), completions stopping at eos or
+    the family's end-of-turn token."""
     if not cfg.train.eval_samples:
         return None
-    prompts = build_eval_prompts(preflight, count=cfg.train.eval_samples, max_seq_len=plan.max_seq_len)
-    if not prompts:
-        raise DataError(f"train.eval_samples={cfg.train.eval_samples}, but no validation sample has a prompt to "
-                        "complete (a prompt is what comes before the first target token).", key="train.eval_samples",
-                        fix="train.eval_samples=0, or validation records with prompts (labels of -100 before the "
-                            "completion, for data.format=tokenized)")
-    if env.is_main and len(prompts) < cfg.train.eval_samples:
-        print(f"train.eval_samples={cfg.train.eval_samples}: the validation split has {len(prompts)} sample(s) with a "
-              "prompt; generating from those", flush=True)
+    prompts = build_eval_prompts(preflight.caches["val"], count=cfg.train.eval_samples, max_seq_len=plan.max_seq_len,
+                                 bos_id=plan.vocab.special_ids.get("bos"))
+    assert prompts, "preflight's check_eval_prompts proved the validation split has prompts"
     eot = plan.vocab.special_ids.get(get_spec(cfg.model.family).eot_token)
     stop_ids = frozenset(i for i in (plan.vocab.eos_id, eot) if i is not None)
     return SampleGenerator(prompts=prompts, max_new_tokens=cfg.train.eval_sample_tokens, stop_ids=stop_ids,

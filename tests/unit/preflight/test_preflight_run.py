@@ -355,3 +355,14 @@ def test_settings_that_act_at_evals_are_refused_without_what_they_need(tmp_path,
     assert info.value.exit_code == 2
     for needle in needles:
         assert needle in str(info.value)
+
+
+def test_generated_samples_need_validation_prompts_and_preflight_counts_them(tmp_path, varied):
+    samples = ("train.eval_every=2", "train.eval_samples=20")
+    result = run_preflight(make_cfg(tmp_path, varied, f"data.val={varied}", *samples), tmp_path / "run")
+    assert result.ok and "the validation split has 8 sample(s) with a prompt" in " ".join(result.notes)
+    # Pre-tokenized rows without labels train on every token: nothing to complete.
+    ids = write_jsonl(tmp_path / "ids.jsonl", [{"input_ids": [5, 6, 7, 8 + i]} for i in range(8)])
+    report = run_failing(make_cfg(tmp_path, ids, f"data.val={ids}", "data.format=tokenized", *samples),
+                         tmp_path / "run2", match="train.eval_samples")
+    assert "no validation sample has a prompt" in messages(report) and "Fix: train.eval_samples=0" in messages(report)
