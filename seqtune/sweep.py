@@ -12,6 +12,7 @@ and the sweep exits non-zero (2 when every failure was a refusal, else 1) once t
 from __future__ import annotations
 
 import csv
+import io
 import json
 import sys
 from dataclasses import dataclass
@@ -23,9 +24,12 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from seqtune.config.errors import EXIT_FAILED, EXIT_REFUSED
+from seqtune.config.errors import EXIT_FAILED, EXIT_REFUSED, StorageError
 from seqtune.config.rundir import JOB_FILE, SWEEP_SUMMARY
+from seqtune.files import write_atomic
 from seqtune.train.metrics import METRICS_FILE
+
+SWEEP_DIR_KEY = "hydra.sweep.dir"
 
 # The final metrics of a job, as the last value each took in its metrics.jsonl (in this order in the table).
 FINAL_METRICS = ("step", "loss", "eval_loss", "best_eval_loss", "best_step", "early_stopped", "test_loss", "test_ppl")
@@ -58,10 +62,14 @@ class SweepSummary(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         rows = collect_rows(sweep_dir)
-        paths = write_summary(sweep_dir, rows)
-        print(f"\nsweep summary ({len(rows)} job(s)): {paths[0]} (also {paths[1].name}, {paths[2].name})")
-        print(render_markdown(rows), flush=True)
         codes = [row["exit_code"] for row in rows if row["exit_code"] != 0]
+        try:
+            paths = write_summary(sweep_dir, rows)
+            print(f"\nsweep summary ({len(rows)} job(s)): {paths[0]} (also {paths[1].name}, {paths[2].name})")
+        except StorageError as err:  # Hydra would turn an exception here into a warning: say it, then fail below
+            print(f"\nseqtune: error: {err}", file=sys.stderr, flush=True)
+            codes.append(EXIT_FAILED)
+        print(render_markdown(rows), flush=True)
         if codes:
             print(f"sweep: {len(codes)} of {len(rows)} job(s) did not succeed; their rows say why.", file=sys.stderr,
                   flush=True)
@@ -73,7 +81,7 @@ def _write_job(config: DictConfig, *, overrides: list[str], exit_code: int | Non
     run_dir.mkdir(parents=True, exist_ok=True)
     record = {"job": int(config.hydra.job.num), "overrides": overrides, "exit_code": exit_code, "error": error,
               "run_dir": str(run_dir)}
-    (run_dir / JOB_FILE).write_text(json.dumps(record, indent=1) + "\n")
+    write_atomic(run_dir / JOB_FILE, json.dumps(record, indent=1) + "\n", key=SWEEP_DIR_KEY)
 
 
 def collect_rows(sweep_dir: Path) -> list[dict[str, Any]]:
@@ -142,11 +150,12 @@ def render_markdown(rows: list[dict[str, Any]]) -> str:
 def write_summary(sweep_dir: Path, rows: list[dict[str, Any]]) -> tuple[Path, Path, Path]:
     """The markdown table (varying overrides as columns), and every override of every job in JSON and CSV."""
     md, js, cs = (sweep_dir / f"{SWEEP_SUMMARY}.{ext}" for ext in ("md", "json", "csv"))
-    md.write_text(f"# Sweep {sweep_dir}\n\n{render_markdown(rows)}\n")
-    js.write_text(json.dumps({"sweep_dir": str(sweep_dir), "jobs": rows}, indent=1) + "\n")
+    write_atomic(md, f"# Sweep {sweep_dir}\n\n{render_markdown(rows)}\n", key=SWEEP_DIR_KEY)
+    write_atomic(js, json.dumps({"sweep_dir": str(sweep_dir), "jobs": rows}, indent=1) + "\n", key=SWEEP_DIR_KEY)
     columns, cells = table(rows)
-    with cs.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(columns)
-        writer.writerows(cells)
+    text = io.StringIO()
+    writer = csv.writer(text)
+    writer.writerow(columns)
+    writer.writerows(cells)
+    write_atomic(cs, text.getvalue(), key=SWEEP_DIR_KEY)
     return md, js, cs
