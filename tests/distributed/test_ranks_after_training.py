@@ -27,9 +27,10 @@ def _ok(result) -> None:
 def data(tmp_path_factory) -> list[str]:
     root = tmp_path_factory.mktemp("data")
     words = ("apple", "river", "candle", "orbit", "maple", "stone")
-    for name, n in (("train", 32), ("val", 8)):
-        rows = [{"instruction": f"Repeat {words[i % 6]}.", "input": "", "output": f"{words[i % 6]} " * (1 + i % 3)}
-                for i in range(n)]
+    # Every record distinct, none of val in train (the duplicates check refuses both).
+    for name, start, n in (("train", 0, 32), ("val", 100, 8)):
+        rows = [{"instruction": f"Item {i}: repeat {words[i % 6]}.", "input": "", "output": f"{words[i % 6]} " * (1 + i % 3)}
+                for i in range(start, start + n)]
         (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     # The test split is the validation file: on the restored weights its loss must be the best eval's.
     return [f"data.train={root / 'train.jsonl'}", f"data.val={root / 'val.jsonl'}", f"data.test={root / 'val.jsonl'}"]

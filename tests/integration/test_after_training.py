@@ -21,7 +21,9 @@ def _ok(result) -> None:
 
 
 def _alpaca(path: Path, n: int, offset: int = 0) -> Path:
-    rows = [{"instruction": f"Repeat the word {WORDS[(i + offset) % len(WORDS)]} {1 + i % 3} times.", "input": "",
+    # Every record distinct, and no validation record repeats a training one (the duplicates check refuses both).
+    rows = [{"instruction": f"Item {offset * 1000 + i}: repeat the word {WORDS[(i + offset) % len(WORDS)]} "
+                            f"{1 + i % 3} times.", "input": "",
              "output": " ".join([WORDS[(i + offset) % len(WORDS)]] * (1 + i % 3))} for i in range(n)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
