@@ -37,10 +37,13 @@ def dora_memory(proof: Proof) -> dict:
 
 def after_training(proof: Proof) -> dict:
     """A tiny model on the device: samples at each eval, early stopping, the test split, best/ restored."""
+    # Held-out validation (also the test split, so its loss can be compared with the best eval's): another seed, so
+    # no record repeats a training one (the duplicates check would refuse it).
     data = write_sft_data(proof.work / "tiny.jsonl", 200, max_tokens=256)
+    val = write_sft_data(proof.work / "tiny_val.jsonl", 24, max_tokens=256, seed=1)
     device = ["train.device=cpu"] if proof.quick else ["train.device=cuda", "model.dtype=bfloat16"]
     run = proof.cli("after_tiny", [*model_overrides(TINY), "tokenizer=llama3", f"data.train={data}",
-                                   f"data.val={data}", f"data.test={data}", "train.max_steps=40", "train.eval_every=4",
+                                   f"data.val={val}", f"data.test={val}", "train.max_steps=40", "train.eval_every=4",
                                    "train.early_stop_patience=2", "train.early_stop_min_delta=100",
                                    "train.eval_samples=2", "train.eval_sample_tokens=8", "lora=default",
                                    "optim.lr=1e-3", *device], timeout=200)
