@@ -473,8 +473,8 @@ def _(tmp: Path) -> Run:
     return _one_odd(tmp, huge)
 
 
-@case("chat_content_parts", ODD, "a chat message whose content is a list of parts", "ok",
-      accepted(records=41, rejected=1))
+@case("chat_content_parts", ODD, "a chat message whose content is a list of text parts (read, joined)", "ok",
+      accepted(records=41, rejected=0))
 def _(tmp: Path) -> Run:
     rows = [json.dumps({"messages": [{"role": "user", "content": f"q{i}"},
                                      {"role": "assistant", "content": f"a{i}"}]}).encode() for i in range(40)]
@@ -615,25 +615,46 @@ def _chat_rows(n: int, roles: tuple[str, ...] = ("user", "assistant")) -> list[b
             for i in range(n)]
 
 
-@case("json_array_pretty", MISATTRIBUTED, "a .json file holding a pretty-printed JSON array", "clean",
-      refused(r"d\.json\b", r"(?i)json array"))
+@case("json_array_pretty", MISATTRIBUTED, "a .json file holding a pretty-printed JSON array (read by element)", "ok",
+      accepted(records=40))
 def _(tmp: Path) -> Run:
     rows = [json.loads(r) for r in alpaca_rows(40)]
     return Run(args=train(write(tmp / "d.json", json.dumps(rows, indent=2).encode())))
 
 
-@case("json_array_one_line", MISATTRIBUTED, "a .json file holding a one-line JSON array", "clean",
-      refused(r"d\.json\b", r"(?i)json array"))
+@case("json_array_one_line", MISATTRIBUTED, "a .json file holding a one-line JSON array", "ok", accepted(records=40))
 def _(tmp: Path) -> Run:
     rows = [json.loads(r) for r in alpaca_rows(40)]
     return Run(args=train(write(tmp / "d.json", json.dumps(rows).encode())))
 
 
-@case("json_array_in_jsonl", MISATTRIBUTED, "a .jsonl file holding a pretty-printed JSON array", "clean",
-      refused(r"d\.jsonl", r"(?i)json array"))
+@case("json_array_in_jsonl", MISATTRIBUTED, "a .jsonl file holding a pretty-printed JSON array", "ok",
+      accepted(records=40))
 def _(tmp: Path) -> Run:
     rows = [json.loads(r) for r in alpaca_rows(40)]
     return Run(args=train(write(tmp / "d.jsonl", json.dumps(rows, indent=2).encode())))
+
+
+@case("json_array_truncated", MISATTRIBUTED, "a JSON array cut short (the download stopped)", "clean",
+      refused(r"d\.json\b", r"truncated", absent=(r"data\.max_bad_fraction",)))
+def _(tmp: Path) -> Run:
+    text = json.dumps([json.loads(r) for r in alpaca_rows(40)], indent=2).encode()
+    return Run(args=train(write(tmp / "d.json", text[: len(text) * 2 // 3])))
+
+
+@case("json_array_bad_element", ODD, "one element of a JSON array is not valid JSON (a bare word)", "ok",
+      accepted(records=41, rejected=1, codes=("bad_json",)))
+def _(tmp: Path) -> Run:
+    rows = [r.decode() for r in alpaca_rows(40)]
+    text = "[\n" + ",\n".join(rows[:20] + ['{"instruction": nope}'] + rows[20:]) + "\n]\n"
+    return Run(args=train(write(tmp / "d.json", text.encode()), "data.max_bad_fraction=0.1"))
+
+
+@case("json_array_twice", MISATTRIBUTED, "two JSON arrays one after the other in one file", "clean",
+      refused(r"d\.json\b", r"more than its JSON array"))
+def _(tmp: Path) -> Run:
+    rows = [json.loads(r) for r in alpaca_rows(40)]
+    return Run(args=train(write(tmp / "d.json", (json.dumps(rows[:20]) + json.dumps(rows[20:])).encode())))
 
 
 @case("json_object_pretty", MISATTRIBUTED, "a .jsonl file holding one pretty-printed JSON object", "clean",

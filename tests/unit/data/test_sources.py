@@ -8,7 +8,7 @@ import tracemalloc
 import pytest
 
 from seqtune.config.errors import DataError
-from seqtune.data.sources import expand_paths, iter_lines
+from seqtune.data.sources import expand_paths, iter_records
 
 
 def _write(path, lines: list[bytes]):
@@ -43,7 +43,7 @@ def test_expand_paths_directory_is_an_error(tmp_path):
 @pytest.mark.parametrize("name", ["d.jsonl", "d.jsonl.gz"])
 def test_iter_lines_numbers_physical_lines_and_skips_blank_ones(tmp_path, name):
     path = _write(tmp_path / name, [b'{"a": 1}', b"", b"  ", b'{"a": 2}\r', b'{"a": 3}'])
-    assert list(iter_lines(path)) == [(1, b'{"a": 1}'), (4, b'{"a": 2}'), (5, b'{"a": 3}')]
+    assert list(iter_records(path)) == [(1, b'{"a": 1}'), (4, b'{"a": 2}'), (5, b'{"a": 3}')]
 
 
 def test_zst_without_zstandard_is_a_clear_error(tmp_path, monkeypatch):
@@ -51,7 +51,7 @@ def test_zst_without_zstandard_is_a_clear_error(tmp_path, monkeypatch):
     path = tmp_path / "d.jsonl.zst"
     path.write_bytes(b"\x28\xb5\x2f\xfd")
     with pytest.raises(DataError, match=r"d\.jsonl\.zst is zstd-compressed .*pip install zstandard"):
-        list(iter_lines(path))
+        list(iter_records(path))
 
 
 def test_zst_streams(tmp_path):
@@ -60,7 +60,7 @@ def test_zst_streams(tmp_path):
     lines = [json.dumps({"i": i}).encode() for i in range(100)]
     path = tmp_path / "d.jsonl.zst"
     path.write_bytes(zstandard.ZstdCompressor().compress(b"".join(x + b"\n" for x in lines)))
-    assert [raw for _, raw in iter_lines(path)] == lines
+    assert [raw for _, raw in iter_records(path)] == lines
 
 
 def test_streaming_200k_lines_keeps_memory_bounded(tmp_path):
@@ -69,7 +69,7 @@ def test_streaming_200k_lines_keeps_memory_bounded(tmp_path):
         for i in range(200_000):
             f.write(b'{"text": "line %d with some words to make it longer than tiny"}\n' % i)
     tracemalloc.start()
-    count = sum(1 for _ in iter_lines(path))
+    count = sum(1 for _ in iter_records(path))
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert count == 200_000

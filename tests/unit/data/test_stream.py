@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 from seqtune.config.errors import DataError
 from seqtune.config.schema import PaddingConfig
 from seqtune.data.collate import make_collator
+from seqtune.data.split import files_split
 from seqtune.data.stream import JsonlStream, StreamProgress
 from seqtune.data.types import Reject, TokenizedSample
 
@@ -72,9 +73,9 @@ def make_stream(files: list[Path], num_lines: int, world_size: int, rank: int, n
                 overlength: str = "drop", resume: StreamProgress | None = None) -> JsonlStream:
     collate = make_collator(PaddingConfig(strategy="longest"), max_seq_len=MAX_SEQ_LEN, pad_id=0,
                             padding_side="right")
-    return JsonlStream(files, parse=parse, encode_batch=encode_batch, collate=collate, batch_size=3,
-                       max_seq_len=MAX_SEQ_LEN, overlength=overlength, world_size=world_size, rank=rank,
-                       num_workers=num_workers, num_lines=num_lines, encode_chunk=4, resume=resume)
+    return JsonlStream(files_split("train", files, "text"), parse=parse, encode_batch=encode_batch, collate=collate,
+                       batch_size=3, max_seq_len=MAX_SEQ_LEN, overlength=overlength, world_size=world_size,
+                       rank=rank, num_workers=num_workers, source_records=[num_lines], encode_chunk=4, resume=resume)
 
 
 def loader(ds: JsonlStream, num_workers: int) -> DataLoader:
