@@ -21,7 +21,8 @@ from seqtune.config.errors import DataError
 
 # Rows converted to Python at a time (a few MB of text; bounded memory whatever the file size).
 ROW_BATCH = 1024
-# Arrow IPC streams end with 0xFFFFFFFF followed by a zero length (the legacy format: a zero length alone).
+# Arrow IPC streams end with 0xFFFFFFFF followed by a zero length (the end-of-stream marker every writer since
+# Arrow 0.15 writes when it closes a stream).
 ARROW_STREAM_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 SAVED_STATE = "state.json"
 SAVED_DICT = "dataset_dict.json"
@@ -114,7 +115,7 @@ def _check_stream_end(path: Path) -> None:
     with open(path, "rb") as f:
         f.seek(max(0, path.stat().st_size - len(ARROW_STREAM_END)))
         tail = f.read()
-    if not (tail.endswith(ARROW_STREAM_END) or tail.endswith(b"\x00\x00\x00\x00")):
+    if tail != ARROW_STREAM_END:
         raise DataError(f"{path} is truncated: the Arrow stream does not end with its end-of-stream marker, so its "
                         "last record batches may be missing.", fix=f"copy or write {path} again (datasets writes the "
                                                                    "marker when it finishes a file).")
