@@ -131,6 +131,7 @@ class LineParser:
     def __post_init__(self) -> None:
         self._media_dir = Path(self.media_root) if self.media_root else Path(self.file).parent
         self._media_seen: dict[str, bool] = {}
+        self._data_keys: list[str] = []
 
     def parse(self, line: int, raw: bytes | dict[str, Any]) -> Record | Reject:
         """Every record becomes a typed record or a Reject with a reason: nothing in one record can stop the scan.
@@ -160,9 +161,10 @@ class LineParser:
     def _renamed(self, obj: dict) -> dict:
         """The record with the data's column names (data.columns) replaced by the format's field names. A mapped
         field is only ever read from its column, never from a same-named field of the data."""
+        self._data_keys = list(obj)  # what a missing_field reason lists: the record's own names
         if not self.columns:
             return obj
-        renamed = {k: v for k, v in obj.items() if k not in self.columns}
+        renamed = {k: v for k, v in obj.items() if k not in self.columns and k not in self.columns.values()}
         for name, column in self.columns.items():
             if column in obj:
                 renamed[name] = obj[column]
@@ -190,11 +192,8 @@ class LineParser:
         return Reject(file=self.file, line=line, reason=reason)
 
     def _missing(self, line: int, keys: list[str], obj: dict) -> Reject:
-        has = ", ".join(sorted(self._data_names(obj))) or "none"
+        has = ", ".join(sorted(self._data_keys)) or "none"
         return self._reject(line, f"missing_field: {', '.join(self._name(k) for k in keys)} (has: {has})")
-
-    def _data_names(self, obj: dict) -> list[str]:
-        return [self.columns.get(k, k) for k in obj]
 
     def _strings(self, line: int, obj: dict, required: tuple[str, ...], optional: tuple[str, ...] = ()
                  ) -> list[str] | Reject:
