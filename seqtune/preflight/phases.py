@@ -254,25 +254,26 @@ def plan_phase(cfg: RootConfig, plan: Plan, views: dict, max_seq_len: int
         if view is None or not len(view) or (name == "train" and cfg.data.mode == DataMode.stream):
             continue  # stream: see stream_train_plan
         lengths, train = view.lengths, name == "train"
+        mix = train_mix(cfg, view) if train else None
+        drawn = sum(mix.used()) if mix is not None else len(lengths)  # what one epoch uses
         # Evaluation must see every sample once, so its tail is padded with masked fillers, never dropped.
         batch_plan = DistributedBatchPlan(
             lengths, batch_size=cfg.train.batch_size, world_size=world, rank=0,
             strategy=cfg.padding.strategy, max_seq_len=max_seq_len, seed=cfg.train.seed,
             shuffle=cfg.data.shuffle and train, tail=cfg.data.tail if train else Tail.pad,
-            bucket_window=cfg.padding.bucket_window, multiple_of=cfg.padding.multiple_of,
-            mix=train_mix(cfg, view) if train else None,
+            bucket_window=cfg.padding.bucket_window, multiple_of=cfg.padding.multiple_of, mix=mix,
         )
         summary = batch_plan.summary()
         micro = int(summary["micro_batches_per_rank"])
         steps = micro // cfg.train.grad_accum if train else None
         stats.splits[name] = SplitPlan(
-            samples=len(lengths), samples_per_rank=list(summary["samples_per_rank"]),
+            samples=drawn, samples_per_rank=list(summary["samples_per_rank"]),
             tokens_per_rank=list(summary["tokens_per_rank"]), micro_batches_per_rank=micro, steps_per_epoch=steps,
             dropped_samples=int(summary["dropped_samples"]), filler_samples=int(summary["filler_samples"]))
         if train:
             efficiency = round(float(summary["padding_efficiency"]), 4)
             identity = batch_plan.identity()
-        problems += checks.check_epoch_steps(split=name, num_items=len(lengths), micro_batches_per_rank=micro,
+        problems += checks.check_epoch_steps(split=name, num_items=drawn, micro_batches_per_rank=micro,
                                              steps_per_epoch=steps, batch_size=cfg.train.batch_size,
                                              world_size=world, grad_accum=cfg.train.grad_accum)
     return stats, efficiency, identity, problems

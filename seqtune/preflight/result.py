@@ -100,6 +100,8 @@ class PaddingStats:
 
 @dataclass(kw_only=True)
 class SplitPlan:
+    # Samples one epoch uses (weighted train sources: the mix's draw, repeats included; data.mode=stream: the
+    # records a pass deals).
     samples: int
     # Per rank (index = rank): real samples and tokens one epoch gives it. Micro-batches are equal by construction.
     samples_per_rank: list[int]
