@@ -192,3 +192,36 @@ def test_data_train_alone_has_no_validation_and_val_fraction_holds_out_part_of_i
     assert not where["train"] & where["val"]  # disjoint
     assert "data.val_fraction=0.2" in output(result)
     assert [m for m in read_metrics(held) if "eval_loss" in m]
+
+
+def test_parquet_arrow_and_a_saved_dataset_train_with_their_own_column_names(tmp_path: Path):
+    """Columnar sources through the subprocess CLI to the end of training: each source maps its own columns, and
+    a reject keeps file:row (the row's 1-based number in the file)."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def table(n: int, tag: str) -> pa.Table:
+        rows = alpaca(n, tag)
+        return pa.table({"prompt": [r["instruction"] for r in rows], "response": [r["output"] for r in rows]})
+
+    parquet = tmp_path / "p.parquet"
+    bad = table(12, "p").to_pylist()
+    bad[4]["response"] = None  # row 5: a missing response is a reject, not a failure
+    pq.write_table(pa.Table.from_pylist(bad), parquet, row_group_size=5)
+    stream = tmp_path / "s.arrow"
+    with pa.ipc.new_stream(str(stream), table(10, "s").schema) as writer:
+        writer.write_table(table(10, "s"), max_chunksize=3)
+    datasets.disable_progress_bars()
+    datasets.Dataset.from_dict(table(14, "d").to_pydict()).save_to_disk(str(tmp_path / "saved"))
+    mapped = "columns: {instruction: prompt, output: response}"
+    train = (f"data.train=[{{path: {parquet}, {mapped}}}, {{path: {stream}, {mapped}}}, "
+             f"{{path: {tmp_path / 'saved'}, {mapped}, weight: 2}}]")
+    run_dir = tmp_path / "run"
+    ok(run_cli([train, "data.max_bad_fraction=0.1", *BRIEFLY], run_dir))
+    split = report(run_dir)["splits"]["train"]
+    assert (split["records"], split["rejected"]) == (36, 1)
+    assert [(s["records"], s["used_per_epoch"]) for s in split["sources"]] == [(12, 11), (10, 10), (14, 28)]
+    [reject] = [json.loads(line) for line in (run_dir / "rejects.jsonl").read_text().splitlines()]
+    assert (reject["file"], reject["line"]) == (str(parquet), 5)
+    assert len([m for m in read_metrics(run_dir) if "loss" in m]) == 2
