@@ -4,6 +4,10 @@ the checkpoint component, so each name is written here once.
 RUN_DIR/config.yaml    the composed config, as the user asked for it (`auto` values included)
 RUN_DIR/plan.json      the resolved plan (seqtune.config.plan): every derived fact, written once by the parent
 RUN_DIR/checkpoints/step_NNNNNNNN/manifest.json   a complete checkpoint (seqtune.train.checkpoint)
+RUN_DIR/best/          train.early_stop_patience: the adapter (or model) of the best eval so far (seqtune.train.export)
+RUN_DIR/samples_generated.jsonl   train.eval_samples: greedy completions of validation prompts at each eval
+RUN_DIR/job.json       in a sweep (-m): the job's overrides and exit status (seqtune.sweep)
+SWEEP_DIR/sweep_summary.{md,json,csv}   in a sweep: one row per job, its overrides and final metrics
 """
 
 from __future__ import annotations
@@ -18,6 +22,10 @@ CHECKPOINTS = "checkpoints"
 CHECKPOINT_PREFIX = "step_"
 # Written last into a checkpoint directory (before its atomic rename): step, tokens seen, the plan it was saved under.
 MANIFEST = "manifest.json"
+BEST_DIR = "best"
+SAMPLES_FILE = "samples_generated.jsonl"
+JOB_FILE = "job.json"
+SWEEP_SUMMARY = "sweep_summary"
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:

@@ -265,3 +265,26 @@ def test_a_nonzero_limit_is_judged_by_the_end_of_a_short_pass(tmp_path, dirty) -
     assert len(list(islice(iterator, batches.batches_per_rank))) == batches.batches_per_rank
     with pytest.raises(DataError, match=r"5 of 40 train lines .*12.50% > data.max_bad_fraction=0.1"):
         next(iterator)
+
+
+def test_eval_prompts_cut_chat_and_alpaca_samples_at_their_first_target(tmp_path):
+    """A conversation's prompt runs up to its first assistant reply (the template's generation prompt included); the
+    reference is that reply and its end-of-turn marker, not the later turns."""
+    from seqtune.data.loader import build_eval_prompts
+
+    chat = write_jsonl(tmp_path / "chat.jsonl", [{"messages": [
+        {"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "apple"},
+        {"role": "user", "content": "Another?"}, {"role": "assistant", "content": "river"}]}] * 3)
+    # Three copies of one conversation, validated on itself: duplicates accepted on purpose.
+    cfg = make_cfg(tmp_path, chat, f"data.val={chat}", "data.format=chat", "data.max_duplicate_fraction=1")
+    preflight, plan, tokenizer = prepare(cfg, tmp_path / "run")
+    prompts = build_eval_prompts(preflight.caches["val"], count=2, max_seq_len=plan.max_seq_len,
+                                 bos_id=plan.vocab.special_ids.get("bos"))
+    assert [p.location for p in prompts] == [f"{chat}:1", f"{chat}:2"]
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "Name a fruit."}], tokenize=False,
+                                             add_generation_prompt=True)
+    prompt = tokenizer.decode(prompts[0].prompt_ids)
+    assert prompt.endswith(rendered) and "Another?" not in prompt
+    assert tokenizer.decode(prompts[0].reference_ids, skip_special_tokens=True).strip() == "apple"
+    # With a prompt limit below every prompt's length, nothing is left to complete.
+    assert build_eval_prompts(preflight.caches["val"], count=2, max_seq_len=3, bos_id=None) == []
