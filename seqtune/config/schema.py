@@ -19,6 +19,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from seqtune.config.errors import ConfigError
+from seqtune.config.plan import NO_VALIDATION, VALIDATION_FIX, validation_key
 
 # --- closed choices: one Enum each (a StrEnum compares equal to its string, so "packed" == PaddingStrategy.packed)
 
@@ -553,7 +554,7 @@ class TrainConfig:
     # Early stopping on eval_loss: stop after this many evals in a row without an improvement of more than
     # early_stop_min_delta (0 = off). RUN_DIR/best/ holds the weights of the best eval, written whenever it improves;
     # the run ends with those weights restored (the test split and adapter/ or model/ are then the best's).
-    # Needs data.val and train.eval_every.
+    # Needs a validation split (data.val or data.val_fraction) and train.eval_every.
     early_stop_patience: int = 0
     early_stop_min_delta: float = 0.0
     # At every eval, greedily complete the prompts of the first N validation records (0 = off) with at most
@@ -689,9 +690,9 @@ def _evaluation_rules(cfg: RootConfig, rules: _Domain) -> None:
                             ("eval_samples", train.eval_samples, "0")):
         if not value:
             continue
-        if cfg.data.val is None:
-            rules.refuse(key, f"train.{key}={value} acts at evals of the validation split, but data.val=null. "
-                         f"Fix: data.val=PATH (a held-out JSONL), or train.{key}={off}")
+        if validation_key(cfg.data.val, cfg.data.val_fraction) is None:
+            rules.refuse(key, f"train.{key}={value} acts at evals of the validation split, but {NO_VALIDATION}. "
+                         f"Fix: {VALIDATION_FIX}, or train.{key}={off}")
         elif not train.eval_every:
             rules.refuse(key, f"train.{key}={value} acts at evals, but train.eval_every=0 never evaluates. "
                          f"Fix: train.eval_every=N (optimizer steps between evals), or train.{key}={off}")

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from seqtune.config.plan import VALIDATION_FIX, validation_key
 from seqtune.config.schema import DataConfig, DataFormat
 from seqtune.data.sources import Payload, SourceFiles, expand_sources, iter_records
 
@@ -131,7 +132,7 @@ def files_split(name: str, files: list[Path], fmt: str, columns: dict[str, str] 
 def split_input(data: DataConfig, name: str) -> SplitInput | None:
     """Split `name` of the config, its files expanded (a DataError names the source key of a missing file); None
     when the run has no such split. With data.val_fraction, val is the held-out part of train's sources."""
-    holdout = data.val_fraction > 0
+    holdout = validation_key(data.val, data.val_fraction) == "data.val_fraction"
     if name == "val" and holdout:
         train = expand_sources(data.sources("train"))
         return SplitInput(name="val", sources=tuple(replace(s, weight=1.0) for s in train),
@@ -144,10 +145,11 @@ def split_input(data: DataConfig, name: str) -> SplitInput | None:
 
 
 def validation_source(data: DataConfig) -> str:
-    """Which validation split the run has, in one line for the report."""
-    if data.val_fraction > 0:
+    """Which validation split the run has (seqtune.config.plan.validation_key), in one line for the report."""
+    key = validation_key(data.val, data.val_fraction)
+    if key == "data.val_fraction":
         return (f"about {data.val_fraction:.0%} of data.train's records, held out by a hash of their content "
                 f"(data.val_fraction={data.val_fraction}; never trained on)")
-    if data.val is None:
-        return "none (data.val=null): no evaluation; set data.val=FILE, or data.val_fraction=0.05 to hold out train"
+    if key is None:
+        return f"none (data.val=null, data.val_fraction=0): no evaluation; set {VALIDATION_FIX}"
     return f"data.val ({', '.join(source.path for source in data.sources('val'))})"

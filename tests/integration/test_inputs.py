@@ -179,7 +179,8 @@ def test_data_train_alone_has_no_validation_and_val_fraction_holds_out_part_of_i
     result = run_cli([f"data.train={data}", "train.max_steps=1", "train.eval_every=1", "preflight.show=0"], alone)
     ok(result)
     assert set(report(alone)["splits"]) == {"train"} and "instruct" not in json.dumps(report(alone)["caches"])
-    assert "validation: none (data.val=null)" in output(result)
+    assert "validation: none (data.val=null" in output(result)
+    assert json.loads((alone / "plan.json").read_text())["validation"] is None
     assert not [m for m in read_metrics(alone) if "eval_loss" in m]
     held = tmp_path / "held"
     result = run_cli([f"data.train={data}", "data.val_fraction=0.2", "train.max_steps=1", "train.eval_every=1",
@@ -191,6 +192,7 @@ def test_data_train_alone_has_no_validation_and_val_fraction_holds_out_part_of_i
     where = {name: {cache.location(i) for i in range(len(cache))} for name, cache in caches.items()}
     assert not where["train"] & where["val"]  # disjoint
     assert "data.val_fraction=0.2" in output(result)
+    assert json.loads((held / "plan.json").read_text())["validation"] == "data.val_fraction"
     assert [m for m in read_metrics(held) if "eval_loss" in m]
 
 

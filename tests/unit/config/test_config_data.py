@@ -69,3 +69,18 @@ def test_sources_and_columns_compose_from_the_command_line(tmp_path):
     assert [(s.path, s.weight, s.columns) for s in data.sources("train")] == [
         (f"{tmp_path}/a.json", 2.0, {"instruction": "prompt", "output": "response"}),
         (f"{tmp_path}/b.parquet", 1.0, {"instruction": "prompt", "output": "response"})]
+
+
+def test_whether_a_run_has_validation_is_one_fact_that_val_fraction_answers_too(tmp_path):
+    from seqtune.config.plan import validation_key
+
+    mine = f"data.train={tmp_path / 'mine.jsonl'}"
+    evals = ["train.eval_every=2", "train.early_stop_patience=2", "train.eval_samples=2"]
+    held = _compose([mine, "data.val_fraction=0.1", *evals])  # accepted: the holdout is a validation split
+    assert validation_key(held.data.val, held.data.val_fraction) == "data.val_fraction"
+    with pytest.raises(ConfigError) as info:
+        _compose([mine, *evals])
+    assert "no validation split (data.val=null, data.val_fraction=0)" in str(info.value)
+    assert "data.val_fraction=0.05" in str(info.value)
+    given = _compose([mine, f"data.val={tmp_path / 'v.jsonl'}"])
+    assert validation_key(given.data.val, given.data.val_fraction) == "data.val"
