@@ -29,4 +29,4 @@ def test_val_fraction_holds_out_a_disjoint_deterministic_part_of_train_by_conten
 
 def test_no_validation_unless_given(tmp_path):
     assert split_input(DataConfig(train="a.jsonl"), "val") is None
-    assert validation_source(DataConfig(train="a.jsonl")).startswith("none (data.val=null)")
+    assert validation_source(DataConfig(train="a.jsonl")).startswith("none (data.val=null, data.val_fraction=0)")
