@@ -23,7 +23,7 @@ from transformers import DataCollatorForSeq2Seq, Trainer, TrainerCallback, Train
 from seqtune.config.load import load_resolved
 from seqtune.config.plan import load_plan
 from seqtune.data.formats import LineParser
-from seqtune.data.sources import iter_lines
+from seqtune.data.sources import iter_records
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.data.types import Reject
 from seqtune.models import apply_lora, build_model, get_spec
@@ -56,7 +56,7 @@ class StepTimes(TrainerCallback):
 
 def samples(path: Path, encoder: SampleEncoder) -> list[dict[str, list[int]]]:
     parser = LineParser(fmt=encoder.fmt, file=str(path))
-    records = [r for r in (parser.parse(n, raw) for n, raw in iter_lines(path)) if not isinstance(r, Reject)]
+    records = [r for r in (parser.parse(n, raw) for n, raw in iter_records(path)) if not isinstance(r, Reject)]
     out = []
     for s in encoder.encode_batch(records):
         out.append({"input_ids": s.input_ids.tolist(), "labels": s.labels.tolist(),

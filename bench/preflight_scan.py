@@ -25,7 +25,8 @@ from transformers import AutoTokenizer
 from _common import markdown_table, write_results
 from seqtune.data.formats import LineParser
 from seqtune.data.scan import scan_split
-from seqtune.data.sources import iter_lines
+from seqtune.data.split import files_split
+from seqtune.data.sources import iter_records
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.preflight.observe import observe_split
 from seqtune.tokenizers.control import control_tokens, literal_controls, whitespace_ids
@@ -57,7 +58,7 @@ def read_and_parse_seconds(path: Path) -> float:
     """The scan's Python share alone: stream + parse every line, no tokenizer (what scan adds over the floor)."""
     parser = LineParser(fmt="alpaca", file=str(path))
     began = time.perf_counter()
-    for line_no, raw in iter_lines(path):
+    for line_no, raw in iter_records(path):
         parser.parse(line_no, raw)
     return time.perf_counter() - began
 
@@ -91,9 +92,10 @@ def main() -> None:
     cache_root = work / "cache"
     shutil.rmtree(cache_root, ignore_errors=True)
     encoder = SampleEncoder(tokenizer, "alpaca", train_on_prompt=False)
-    first = scan_split("train", [data], encoder, cache_root=cache_root)
+    split = files_split("train", [data], "alpaca")
+    first = scan_split(split, {"alpaca": encoder}, cache_root=cache_root)
     observed, observe_first = observe(first.cache_dir, tokenizer, encoder)
-    again = scan_split("train", [data], encoder, cache_root=cache_root)
+    again = scan_split(split, {"alpaca": encoder}, cache_root=cache_root)
     assert again.from_cache
     _, observe_again = observe(again.cache_dir, tokenizer, encoder)
     checks_first, checks_again = first.seconds + observe_first, again.seconds + observe_again
@@ -105,7 +107,7 @@ def main() -> None:
           f"{data.stat().st_size / 1e6:.0f} MB\n")
     rows = [
         ["plain `tokenizer(texts)` (texts already in memory)", f"{plain:.2f}", "1.00x"],
-        ["read + parse only (iter_lines + LineParser, no tokenizer)", f"{parse_only:.2f}", f"{parse_only / plain:.2f}x"],
+        ["read + parse only (iter_records + LineParser, no tokenizer)", f"{parse_only:.2f}", f"{parse_only / plain:.2f}x"],
         ["scan_split, first run (read+parse+encode+cache)", f"{first.seconds:.2f}", f"{first.seconds / plain:.2f}x"],
         ["scan_split, cached re-run", f"{again.seconds:.2f}",
          f"{again.seconds / plain:.3f}x ({100 * again.seconds / first.seconds:.1f}% of first)"],

@@ -2,7 +2,7 @@
 
 For each file size, one fresh subprocess per reader streams every line and reports records/s and its peak RSS
 (ru_maxrss) above the RSS it had before reading (imports excluded):
-  seqtune             seqtune.data.sources.iter_lines + formats.LineParser.parse (alpaca)
+  seqtune             seqtune.data.sources.iter_records + formats.LineParser.parse (alpaca)
   baseline            `for line in open(path, "rb"): json.loads(line)` (the plain loop)
 Target: seqtune's peak RSS grows by less than 64 MB from the smallest to the largest file.
 """
@@ -45,7 +45,7 @@ def peak_rss_mb() -> float:
 
 def child(path: Path, reader: str) -> None:
     from seqtune.data.formats import LineParser
-    from seqtune.data.sources import iter_lines
+    from seqtune.data.sources import iter_records
 
     before = peak_rss_mb()
     began = time.perf_counter()
@@ -57,7 +57,7 @@ def child(path: Path, reader: str) -> None:
                 records += 1
     else:
         parser = LineParser(fmt="alpaca", file=str(path))
-        for line_no, raw in iter_lines(path):
+        for line_no, raw in iter_records(path):
             parser.parse(line_no, raw)
             records += 1
     seconds = time.perf_counter() - began

@@ -23,6 +23,14 @@ def run_cli(args: list[str], run_dir: Path, *, module: str = "seqtune", timeout:
     return subprocess.run(command, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
+def scan_files(name: str, files: list[Path], encoder, **kwargs):
+    """scan_split over plain files in the encoder's format (one source)."""
+    from seqtune.data.scan import scan_split
+    from seqtune.data.split import files_split
+
+    return scan_split(files_split(name, files, encoder.fmt), {encoder.fmt: encoder}, **kwargs)
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 

@@ -48,6 +48,19 @@ class Vocab:
         return self.resize_to if self.resize_to is not None else min(self.embedding_rows, self.output_rows)
 
 
+def validation_key(val: Any, val_fraction: float) -> str | None:
+    """Whether the run has a validation split, and which key defines it: "data.val" (its own files),
+    "data.val_fraction" (held out of train by seqtune.data.split), or None (data.val=null with no holdout: no
+    evaluation, and nothing that acts at evals). The schema's refusals, the plan and the data layer all ask this."""
+    if val_fraction > 0:
+        return "data.val_fraction"
+    return None if val is None else "data.val"
+
+
+NO_VALIDATION = "the run has no validation split (data.val=null, data.val_fraction=0)"
+VALIDATION_FIX = "data.val=PATH (held-out records), or data.val_fraction=0.05 (hold out part of data.train)"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     world: World
@@ -96,6 +109,8 @@ class Plan:
     # What the train split's data position depends on (DistributedBatchPlan / the stream): a checkpoint written
     # under another identity cannot resume exactly. Null until the scan.
     batches: dict[str, Any] | None = None
+    # The key that defines the validation split (validation_key): data.val, data.val_fraction, or null for none.
+    validation: str | None = None
     # The checkpoint every rank resumes from (train.resume=auto and one exists; preflight proved its batch plan is
     # this one), or null to start at step 0.
     resume_from: str | None = None

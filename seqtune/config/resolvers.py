@@ -19,6 +19,17 @@ def asset_path(relative: str) -> str:
     return str(candidates[1])
 
 
+DEMO_TRAIN, DEMO_VAL = "data/instruct/train.jsonl", "data/instruct/val.jsonl"
+
+
+def demo_val(train: object) -> str | None:
+    """`${seqtune_demo_val:${.train}}`: the bundled validation set while data.train is the bundled train set, else
+    null, so a user's data never mixes with the demo's (data.val stays unset unless given)."""
+    return asset_path(DEMO_VAL) if isinstance(train, str) and train == asset_path(DEMO_TRAIN) else None
+
+
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("seqtune_asset"):
         OmegaConf.register_new_resolver("seqtune_asset", asset_path)
+    if not OmegaConf.has_resolver("seqtune_demo_val"):
+        OmegaConf.register_new_resolver("seqtune_demo_val", demo_val)

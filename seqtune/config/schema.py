@@ -19,6 +19,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from seqtune.config.errors import ConfigError
+from seqtune.config.plan import NO_VALIDATION, VALIDATION_FIX, validation_key
 
 # --- closed choices: one Enum each (a StrEnum compares equal to its string, so "packed" == PaddingStrategy.packed)
 
@@ -71,9 +72,25 @@ class PadPolicy(StrEnum):
 class DataFormat(StrEnum):
     alpaca = "alpaca"
     chat = "chat"
+    sharegpt = "sharegpt"
     input_output = "input_output"
     text = "text"
     tokenized = "tokenized"
+
+
+# The formats whose records are conversations, rendered with the tokenizer's chat template.
+CHAT_FORMATS = frozenset({DataFormat.chat, DataFormat.sharegpt})
+
+# The fields of each format's records: (required, optional). data.columns (or a source's `columns`) maps these
+# names to the data's own; seqtune.data.formats reads them, the columnar readers read only these columns.
+FORMAT_FIELDS: dict[DataFormat, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    DataFormat.alpaca: (("instruction", "output"), ("input",)),
+    DataFormat.chat: (("messages",), ("tools",)),
+    DataFormat.sharegpt: (("conversations",), ("system", "tools")),
+    DataFormat.input_output: (("input", "output"), ()),
+    DataFormat.text: (("text",), ()),
+    DataFormat.tokenized: (("input_ids",), ("labels", "attention_mask")),
+}
 
 
 class Overlength(StrEnum):
@@ -278,13 +295,44 @@ class TokenizerConfig:
     chat_template: str | None = None
 
 
+SPLITS = ("train", "val", "test")
+# The settings a source given as a mapping may have (data.train=[{path: a.json, weight: 2}, ...]).
+SOURCE_KEYS = ("path", "format", "weight", "columns")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSource:
+    """One source of a split: an item of data.<split> (a path or glob, or a mapping with SOURCE_KEYS), with the
+    defaults filled in. `key` is where it was given (data.train, data.train[1]), named by every error about it."""
+
+    key: str
+    path: str
+    format: DataFormat
+    # The data's own field names, by the format's (FORMAT_FIELDS): {instruction: prompt}, and the key that set them.
+    columns: dict[str, str]
+    columns_key: str = "data.columns"
+    # train: how many times each of its samples is used per epoch (0.5 = a fresh random half every epoch,
+    # 2 = every sample twice); see seqtune.data.mix. Always 1 for val and test.
+    weight: float = 1.0
+
+
 @dataclass(kw_only=True)
 class DataConfig:
-    # A JSONL path, a glob, or a list of them. null = split not used.
+    # A path (JSON Lines, a JSON array, Parquet, Arrow, a `datasets` save_to_disk directory), a glob, or a list of
+    # them, each item a source; an item may be a mapping {path, format, weight, columns} (SOURCE_KEYS). null = split
+    # not used: data.val=null means no validation split.
     train: Any = MISSING
     val: Any = None
     test: Any = None
     format: DataFormat = DataFormat.alpaca
+    # The data's field names where they differ from the format's (FORMAT_FIELDS), for the sources in data.format:
+    # data.columns={instruction: prompt, output: response}; null = none. (Typed Any, checked below: Hydra merges a
+    # mapping override into a typed dict node key by key, and refuses every new key.)
+    columns: Any = None
+    # Fraction of the train records held out as the validation split: a record goes to validation when a hash of
+    # its content falls below the fraction, so the split is deterministic, disjoint (identical records land on
+    # the same side) and the same whatever train.seed. 0 = none. Refused together with data.val.
+    val_fraction: float = 0.0
     # "auto" = the longest sample over ALL splits rounded up to a multiple of 8, or an integer >= 2.
     # (Typed Any: OmegaConf 2.3 cannot merge a Union[int, str] field nested in a group; checked below.)
     max_seq_len: Any = "auto"
@@ -320,9 +368,101 @@ class DataConfig:
             domain.at_least("max_seq_len", self.max_seq_len, 2, "auto")
         domain.within("max_bad_fraction", self.max_bad_fraction, 0.0, 1.0, 0.0)
         domain.within("max_duplicate_fraction", self.max_duplicate_fraction, 0.0, 1.0, 0.0)
+        domain.within("val_fraction", self.val_fraction, 0.0, 1.0, 0.0, high_open=True)
+        if _finite(self.val_fraction) and self.val_fraction > 0 and self.val is not None:
+            domain.refuse("val_fraction", f"data.val_fraction={self.val_fraction} and data.val={self.val!r} both "
+                          "define the validation split. Fix: data.val=null (hold out part of train), or "
+                          "data.val_fraction=0 (validate on data.val)")
         domain.at_least("preflight_sample", self.preflight_sample, 0, 0)
         domain.at_least("num_workers", self.num_workers, 0, 0)
+        for key, text in _column_problems("data.columns", self.columns or {}, self.format):
+            domain.refuse(key.removeprefix("data."), text)
+        for split in SPLITS:
+            for key, text in _parse_sources(self, split)[1]:
+                domain.refuse(key.removeprefix("data."), text)
         domain.done()
+
+    def sources(self, split: str) -> list[DataSource]:
+        """The sources of `split` (train, val or test), defaults filled in; [] when the split is not used."""
+        return _parse_sources(self, split)[0]
+
+
+def _parse_sources(data: DataConfig, split: str) -> tuple[list[DataSource], list[tuple[str, str]]]:
+    """data.<split> as sources, and what is wrong with it as (key, message) pairs (checked in __post_init__)."""
+    spec = getattr(data, split)
+    if spec is None:
+        return [], []
+    key = f"data.{split}"
+    if isinstance(spec, (str, dict)):
+        items, keys = [spec], [key]
+    elif isinstance(spec, list):
+        items, keys = spec, [f"{key}[{i}]" for i in range(len(spec))]
+    else:
+        return [], [(key, f"{key}={spec!r} is not a path, a glob or a list of them. Fix: {key}=path/to/file.jsonl")]
+    if not items:
+        return [], [(key, f"{key}=[] is an empty list: it names no data. Fix: {key}=path/to/file.jsonl (a path, "
+                          "glob or list)" + ("" if split == "train" else f", or {key}=null"))]
+    sources, problems = [], []
+    for item, item_key in zip(items, keys):
+        source = _source(data, split, item, item_key, problems)
+        if source is not None:
+            sources.append(source)
+    return sources, problems
+
+
+def _source(data: DataConfig, split: str, item: Any, key: str, problems: list[tuple[str, str]]) -> DataSource | None:
+    if isinstance(item, str):
+        return DataSource(key=key, path=item, format=data.format, columns=dict(data.columns or {}))
+    if not isinstance(item, dict):
+        problems.append((key, f"{key}={item!r} is neither a path nor a mapping {{{', '.join(SOURCE_KEYS)}}}. "
+                              f"Fix: {key}=path/to/file.jsonl"))
+        return None
+    found = len(problems)
+    for name in sorted(set(item) - set(SOURCE_KEYS)):
+        problems.append((f"{key}.{name}", f"{key}.{name} is not a setting of a data source. Fix: use only "
+                                          f"{', '.join(SOURCE_KEYS)}"))
+    path = item.get("path")
+    if not isinstance(path, str) or not path:
+        problems.append((f"{key}.path", f"{key} has no path. Fix: {key}.path=path/to/file.jsonl"))
+    fmt = item.get("format", data.format)
+    if fmt not in DataFormat.__members__:
+        problems.append((f"{key}.format", f"{key}.format={fmt!r} is not a data format. Fix: {key}.format=one of "
+                                          f"{', '.join(DataFormat)}"))
+        fmt = None
+    weight = item.get("weight", 1.0)
+    if not (_finite(weight) and weight > 0):
+        problems.append((f"{key}.weight", f"{key}.weight={weight!r} must be a number > 0 (how many times each sample "
+                                          f"is used per epoch). Fix: {key}.weight=1"))
+    elif split != "train" and weight != 1:
+        problems.append((f"{key}.weight", f"{key}.weight={weight!r}: weights mix training sources; evaluation "
+                                          f"reads every sample once. Fix: remove {key}.weight"))
+    default_columns = data.columns or {} if fmt == data.format else {}
+    columns = item.get("columns", default_columns)
+    if fmt is not None:
+        problems += _column_problems(f"{key}.columns", columns, DataFormat(fmt))
+    if len(problems) > found:
+        return None
+    return DataSource(key=key, path=path, format=DataFormat(fmt), columns=dict(columns), weight=float(weight),
+                      columns_key=f"{key}.columns" if "columns" in item else "data.columns")
+
+
+def _column_problems(key: str, columns: Any, fmt: DataFormat) -> list[tuple[str, str]]:
+    """A column mapping must map fields of the format to non-empty names: {instruction: prompt}."""
+    required, optional = FORMAT_FIELDS[fmt]
+    fields_ = (*required, *optional)
+    if not isinstance(columns, dict):
+        return [(key, f"{key}={columns!r} is not a mapping of field to column name. Fix: {key}={{{fields_[0]}: "
+                      "NAME}")]
+    problems = []
+    for name, column in columns.items():
+        if name not in fields_:
+            problems.append((f"{key}.{name}", f"{key}.{name}: {name!r} is not a field of the {fmt} format (its "
+                                              f"fields: {', '.join(fields_)}). Fix: map one of those, e.g. "
+                                              f"{key}={{{fields_[0]}: {column}}}"))
+        elif not isinstance(column, str) or not column:
+            problems.append((f"{key}.{name}", f"{key}.{name}={column!r} must be the name of a field in the data. "
+                                              f"Fix: {key}.{name}=NAME"))
+    return problems
 
 
 @dataclass(kw_only=True)
@@ -414,7 +554,7 @@ class TrainConfig:
     # Early stopping on eval_loss: stop after this many evals in a row without an improvement of more than
     # early_stop_min_delta (0 = off). RUN_DIR/best/ holds the weights of the best eval, written whenever it improves;
     # the run ends with those weights restored (the test split and adapter/ or model/ are then the best's).
-    # Needs data.val and train.eval_every.
+    # Needs a validation split (data.val or data.val_fraction) and train.eval_every.
     early_stop_patience: int = 0
     early_stop_min_delta: float = 0.0
     # At every eval, greedily complete the prompts of the first N validation records (0 = off) with at most
@@ -550,9 +690,9 @@ def _evaluation_rules(cfg: RootConfig, rules: _Domain) -> None:
                             ("eval_samples", train.eval_samples, "0")):
         if not value:
             continue
-        if cfg.data.val is None:
-            rules.refuse(key, f"train.{key}={value} acts at evals of the validation split, but data.val=null. "
-                         f"Fix: data.val=PATH (a held-out JSONL), or train.{key}={off}")
+        if validation_key(cfg.data.val, cfg.data.val_fraction) is None:
+            rules.refuse(key, f"train.{key}={value} acts at evals of the validation split, but {NO_VALIDATION}. "
+                         f"Fix: {VALIDATION_FIX}, or train.{key}={off}")
         elif not train.eval_every:
             rules.refuse(key, f"train.{key}={value} acts at evals, but train.eval_every=0 never evaluates. "
                          f"Fix: train.eval_every=N (optimizer steps between evals), or train.{key}={off}")

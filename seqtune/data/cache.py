@@ -7,8 +7,8 @@ of itself, and a cache is verified against them before it is trusted (`cache_dam
 edited file makes the scan rebuild it instead of memory-mapping garbage. Files (all flat, append-written):
   tokens.bin   int32 token ids of every sample, concatenated        target.bin  uint8: 1 = training target
   offsets.bin  int64, num_samples + 1 (sample i = tokens[o[i]:o[i+1]]) lengths.bin int32 per sample
-  lines.bin    int64 1-based source line per sample                  file_ids.bin int32 index into meta.files
-  rejects.jsonl       every skipped line with its reason              meta.json   counts, stats, files
+  lines.bin    int64 1-based record number per sample                file_ids.bin int32 index into meta.files
+  rejects.jsonl       every skipped record with its reason            meta.json   counts, stats, files, sources
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import IO, Any
 import numpy as np
 
 from seqtune.config.errors import DataError
+from seqtune.data import columnar
 from seqtune.data.sources import open_raw
 from seqtune.data.tokenize import EncodedBatch
 from seqtune.data.types import IGNORE_INDEX, Reject, TokenizedSample
@@ -32,7 +33,7 @@ from seqtune.files import TempDir, storage_error, sweep_stale_temps
 from seqtune.tokenizers.info import tokenizer_fingerprint  # noqa: F401 - part of this module's API
 
 # Bump when the on-disk layout or any tokenization rule changes: old caches then simply stop matching.
-CACHE_VERSION = "seqtune-token-cache-v3"
+CACHE_VERSION = "seqtune-token-cache-v4"
 META = "meta.json"
 # The config key that decides where caches live (named in every disk error).
 CACHE_KEY = "data.cache_dir"
@@ -41,12 +42,17 @@ _ARRAYS = {"tokens": np.int32, "target": np.uint8, "offsets": np.int64, "lengths
 
 
 def file_fingerprint(path: Path) -> str:
-    """sha256 of the file's bytes (+ size). Full-content, so an edit that keeps size and mtime still counts."""
-    digest = hashlib.sha256()
-    with open_raw(path) as f:
-        while block := f.read(1 << 23):
-            digest.update(block)
-    return f"{path.stat().st_size}:{digest.hexdigest()}"
+    """sha256 of the file's bytes (+ size); of a saved dataset directory, of every file in it (names included).
+    Full-content, so an edit that keeps size and mtime still counts."""
+    path, digest = Path(path), hashlib.sha256()
+    files = columnar.saved_dataset_files(path) if path.is_dir() else [path]
+    for file in files:
+        if path.is_dir():
+            digest.update(f"{file.relative_to(path)}\0{file.stat().st_size}\0".encode())
+        with open_raw(file) as f:
+            while block := f.read(1 << 23):
+                digest.update(block)
+    return f"{sum(file.stat().st_size for file in files)}:{digest.hexdigest()}"
 
 
 def cache_key(files: list[Path], encoder_signature: str, extra: str = "") -> str:
@@ -197,6 +203,12 @@ class TokenCache:
 
     def location(self, i: int) -> str:
         return f"{self.files[int(self._arrays['file_ids'][i])]}:{int(self._arrays['lines'][i])}"
+
+    def sample_sources(self) -> np.ndarray:
+        """The source (index into meta's sources) of every sample, from the file each came from."""
+        of_file = np.asarray([index for index, source in enumerate(self.meta["sources_read"]["sources"])
+                              for _ in source["files"]], dtype=np.int32)
+        return of_file[np.asarray(self._arrays["file_ids"])] if len(self) else np.empty(0, np.int32)
 
     @property
     def lengths(self) -> np.ndarray:

@@ -1,8 +1,13 @@
-"""One raw JSONL line → a typed record, or a `Reject` saying exactly what is wrong with it.
+"""One record (a JSON value's raw bytes, or a columnar row) → a typed record, or a `Reject` saying what is wrong.
 
-Formats (data.format):
+Formats (data.format; the fields of each are FORMAT_FIELDS in seqtune/config/schema.py, renamed by data.columns):
   alpaca        {"instruction", "input"?, "output"} → prompt (ALPACA_TEMPLATE) + completion
-  chat          {"messages": [{"role", "content"}, ...]} → rendered by the tokenizer's chat template
+  chat          {"messages": [{"role", "content"}, ...], "tools"?} → rendered by the tokenizer's chat template;
+                content may be OpenAI's list of parts ([{"type": "text", "text"}], joined with a newline) and is
+                null on an assistant turn that carries tool_calls
+  sharegpt      {"conversations": [{"from", "value"}, ...], "system"?, "tools"?} → the same conversations:
+                human → user, gpt → assistant, system → system, function_call → an assistant turn with
+                OpenAI-shaped tool_calls, observation → a tool turn answering the oldest unanswered call
   input_output  {"input", "output"} (media like <img>path</img> must exist) → prompt + completion
   text          {"text"} → plain causal LM, every token a target
   tokenized     {"input_ids", "labels"?, "attention_mask"?} → used as is (padding recognised and stripped)
@@ -13,11 +18,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from seqtune.config.schema import CHAT_FORMATS, DataFormat
 from seqtune.data.types import IGNORE_INDEX, TEMPLATE_REJECTED, Reject
 from seqtune.tokenizers.templates import CHAT_ROLES
 
@@ -27,6 +34,11 @@ ALPACA_TEMPLATE_NO_INPUT = "### Instruction:\n{instruction}\n\n### Response:\n"
 MEDIA_PATTERN = re.compile(r"<(img|image|audio|video)>(.*?)</\1>", re.DOTALL)
 # Tool-use fields a message may carry (OpenAI's shape), passed to the chat template as they are.
 TOOL_FIELDS = ("tool_calls", "tool_call_id")
+# ShareGPT speakers (LLaMA-Factory's tags) → chat roles. function_call and observation are the tool turns.
+SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "function_call": "assistant",
+                  "observation": "tool"}
+# OpenAI content parts: the text ones are joined with this (as vLLM joins them for text-only templates).
+CONTENT_PART_SEPARATOR = "\n"
 # A JSON escape of a UTF-16 surrogate (\ud800-\udfff): json.loads turns an unpaired one into a str that no UTF-8
 # tokenizer can take. Only lines holding such an escape are checked (a regex over the raw bytes), so the common
 # case costs nothing.
@@ -46,11 +58,13 @@ class PromptCompletion:
 
 @dataclass(kw_only=True, slots=True)
 class Conversation:
-    """chat: messages end with an assistant turn; only assistant turns are targets."""
+    """chat, sharegpt: messages end with an assistant turn; only assistant turns are targets. `tools`: the tool
+    definitions (OpenAI's shape) the chat template renders, when the record has any."""
 
     file: str
     line: int
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -69,10 +83,10 @@ Record = PromptCompletion | Conversation | PreTokenized
 
 def chat_template_for(fmt: str, tokenizer_template: str | None) -> str | None:
     """The chat template a model trained on `fmt` records should be prompted with (saved with the adapter):
-    the tokenizer's for chat; one user turn rendered exactly as the training prompt for alpaca and input_output
+    the tokenizer's for chat and sharegpt; one user turn rendered exactly as the training prompt for alpaca and input_output
     (so `apply_chat_template(..., add_generation_prompt=True)` gives what the model learned to answer); none for
     text and tokenized, which have no prompt."""
-    if fmt == "chat":
+    if fmt in CHAT_FORMATS:
         return tokenizer_template
     if fmt == "alpaca":
         before, after = ALPACA_TEMPLATE_NO_INPUT.split("{instruction}")
@@ -101,7 +115,8 @@ def template_signature(fmt: str) -> str:
 
 @dataclass(kw_only=True)
 class LineParser:
-    """Parses lines of one file. `media_root` None = the JSONL's own directory (input_output media refs)."""
+    """Parses the records of one file. `media_root` None = the file's own directory (input_output media refs).
+    `columns` maps the format's field names to the data's (data.columns): {instruction: prompt}."""
 
     fmt: str
     file: str
@@ -109,19 +124,26 @@ class LineParser:
     pad_id: int | None = None
     eos_id: int | None = None
     vocab_size: int | None = None
-    # chat: the roles the run's chat template accepts (see CHAT_ROLES).
+    # chat, sharegpt: the roles the run's chat template accepts (see CHAT_ROLES).
     roles: tuple[str, ...] = CHAT_ROLES
+    columns: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._media_dir = Path(self.media_root) if self.media_root else Path(self.file).parent
         self._media_seen: dict[str, bool] = {}
+        self._data_keys: list[str] = []
 
-    def parse(self, line: int, raw: bytes) -> Record | Reject:
-        """Every line becomes a record or a Reject with a reason: nothing in one line can stop the scan."""
+    def parse(self, line: int, raw: bytes | dict[str, Any]) -> Record | Reject:
+        """Every record becomes a typed record or a Reject with a reason: nothing in one record can stop the scan.
+        `raw`: a JSON value's bytes (a line, an array element) or a columnar row (already decoded)."""
+        if isinstance(raw, dict):
+            return self._by_format(line, self._renamed(raw))
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             return self._reject(line, f"bad_utf8: invalid byte at column {exc.start + 1}")
+        if not text.strip():  # only a JSON array gives an empty record
+            return self._reject(line, "bad_json: an empty element (a doubled or trailing comma in the JSON array)")
         try:
             obj = json.loads(text)
         except ValueError as exc:
@@ -131,37 +153,61 @@ class LineParser:
                                       "object of strings, lists and numbers)")
         if not isinstance(obj, dict):
             return self._reject(line, f"not_object: a JSON {type(obj).__name__}, expected an object {{...}}")
-        record = self._by_format(line, obj)
+        record = self._by_format(line, self._renamed(obj))
         if not isinstance(record, Reject) and _SURROGATE_ESCAPE.search(raw):
             return _lone_surrogate(record) or record
         return record
 
+    def _renamed(self, obj: dict) -> dict:
+        """The record with the data's column names (data.columns) replaced by the format's field names. A mapped
+        field is only ever read from its column, never from a same-named field of the data."""
+        self._data_keys = list(obj)  # what a missing_field reason lists: the record's own names
+        if not self.columns:
+            return obj
+        renamed = {k: v for k, v in obj.items() if k not in self.columns and k not in self.columns.values()}
+        for name, column in self.columns.items():
+            if column in obj:
+                renamed[name] = obj[column]
+        return renamed
+
+    def _name(self, key: str) -> str:
+        """How the data calls field `key` (for reject reasons)."""
+        column = self.columns.get(key)
+        return f"{column} (data.columns: {key})" if column and column != key else key
+
     def _by_format(self, line: int, obj: dict) -> Record | Reject:
-        if self.fmt == "alpaca":
+        if self.fmt == DataFormat.alpaca:
             return self._alpaca(line, obj)
-        if self.fmt == "input_output":
+        if self.fmt == DataFormat.input_output:
             return self._input_output(line, obj)
-        if self.fmt == "text":
+        if self.fmt == DataFormat.text:
             return self._text(line, obj)
-        if self.fmt == "chat":
+        if self.fmt == DataFormat.chat:
             return self._chat(line, obj)
+        if self.fmt == DataFormat.sharegpt:
+            return self._sharegpt(line, obj)
         return self._tokenized(line, obj)
 
     def _reject(self, line: int, reason: str) -> Reject:
         return Reject(file=self.file, line=line, reason=reason)
 
+    def _missing(self, line: int, keys: list[str], obj: dict) -> Reject:
+        has = ", ".join(sorted(self._data_keys)) or "none"
+        return self._reject(line, f"missing_field: {', '.join(self._name(k) for k in keys)} (has: {has})")
+
     def _strings(self, line: int, obj: dict, required: tuple[str, ...], optional: tuple[str, ...] = ()
                  ) -> list[str] | Reject:
         missing = [k for k in required if k not in obj]
         if missing:
-            return self._reject(line, f"missing_field: {', '.join(missing)} (has: {', '.join(sorted(obj)) or 'none'})")
+            return self._missing(line, missing, obj)
         values = []
         for key in required + optional:
             value = obj.get(key, "")
             if value is None and key in optional:
                 value = ""
             if not isinstance(value, str):
-                return self._reject(line, f"wrong_type: {key} is a {type(value).__name__}, expected a string")
+                return self._reject(line, f"wrong_type: {self._name(key)} is a {type(value).__name__}, expected a "
+                                          "string")
             values.append(value)
         return values
 
@@ -172,7 +218,7 @@ class LineParser:
         instruction, output, input_text = values
         for key, value in (("instruction", instruction), ("output", output)):
             if not value.strip():
-                return self._reject(line, f"empty_text: {key} is empty")
+                return self._reject(line, f"empty_text: {self._name(key)} is empty")
         if input_text.strip():
             prompt = ALPACA_TEMPLATE.format(instruction=instruction, input=input_text)
         else:
@@ -185,7 +231,7 @@ class LineParser:
             return values
         for key, value in zip(("input", "output"), values):
             if not value.strip():
-                return self._reject(line, f"empty_text: {key} is empty")
+                return self._reject(line, f"empty_text: {self._name(key)} is empty")
             missing = self._missing_media(value)
             if missing:
                 return self._reject(line, f"missing_media: {missing} not found under {self._media_dir} "
@@ -208,33 +254,89 @@ class LineParser:
         if isinstance(values, Reject):
             return values
         if not values[0].strip():
-            return self._reject(line, "empty_text: text is empty")
+            return self._reject(line, f"empty_text: {self._name('text')} is empty")
         return PromptCompletion(file=self.file, line=line, prompt="", completion=values[0])
 
     def _chat(self, line: int, obj: dict) -> Record | Reject:
         messages = obj.get("messages")
         if messages is None:
-            return self._reject(line, f"missing_field: messages (has: {', '.join(sorted(obj)) or 'none'})")
+            return self._missing(line, ["messages"], obj)
         if not isinstance(messages, list) or not messages:
-            return self._reject(line, "wrong_type: messages must be a non-empty list of {role, content}")
+            return self._reject(line, f"wrong_type: {self._name('messages')} must be a non-empty list of "
+                                      "{role, content}")
+        turns = []
         for i, message in enumerate(messages):
-            if not isinstance(message, dict) or "role" not in message or "content" not in message:
-                return self._reject(line, f"missing_field: messages[{i}] needs role and content")
+            where = f"messages[{i}]"
+            if not isinstance(message, dict) or "role" not in message or (
+                    "content" not in message and not message.get("tool_calls")):
+                return self._reject(line, f"missing_field: {where} needs role and content")
+            problem = _tool_calls_problem(message.get("tool_calls"), where)
+            content, content_problem = _content_text(message.get("content"), where,
+                                                     tool_call=bool(message.get("tool_calls")))
+            if problem or content_problem:
+                return self._reject(line, problem or content_problem)
+            turns.append(({"role": message["role"], "content": content,
+                           **{k: message[k] for k in TOOL_FIELDS if message.get(k)}}, where))
+        return self._conversation(line, turns, obj.get("tools"))
+
+    def _sharegpt(self, line: int, obj: dict) -> Record | Reject:
+        conversations = obj.get("conversations")
+        if conversations is None:
+            return self._missing(line, ["conversations"], obj)
+        if not isinstance(conversations, list) or not conversations:
+            return self._reject(line, f"wrong_type: {self._name('conversations')} must be a non-empty list of "
+                                      "{from, value}")
+        system = obj.get("system")
+        if system is not None and not isinstance(system, str):
+            return self._reject(line, f"wrong_type: {self._name('system')} is a {type(system).__name__}, expected "
+                                      "a string")
+        turns: list[tuple[dict[str, Any], str]] = [({"role": "system", "content": system}, "system")] \
+            if system and system.strip() else []
+        unanswered: list[str] = []  # ids of the tool calls no observation has answered yet, oldest first
+        calls = 0
+        for i, turn in enumerate(conversations):
+            if not isinstance(turn, dict) or "from" not in turn or "value" not in turn:
+                return self._reject(line, f"missing_field: conversations[{i}] needs from and value")
+            speaker, value = turn["from"], turn["value"]
+            where = f"conversations[{i}] ({speaker})"
+            if not isinstance(speaker, str) or speaker not in SHAREGPT_ROLES:
+                shown = repr(speaker) if len(repr(speaker)) <= 40 else f"{repr(speaker)[:37]}..."
+                return self._reject(line, f"wrong_type: conversations[{i}] from {shown} is not one of "
+                                          f"{', '.join(SHAREGPT_ROLES)}")
+            if not isinstance(value, str):
+                return self._reject(line, f"wrong_type: {where} value is a {type(value).__name__}, expected a "
+                                          "string")
+            message: dict[str, Any] = {"role": SHAREGPT_ROLES[speaker], "content": value}
+            if speaker == "function_call":
+                tool_calls = _sharegpt_tool_calls(value, first_id=calls + 1)
+                if isinstance(tool_calls, str):
+                    return self._reject(line, f"wrong_type: {where} {tool_calls}")
+                calls += len(tool_calls)
+                unanswered += [call["id"] for call in tool_calls]
+                message = {"role": "assistant", "content": "", "tool_calls": tool_calls}
+            elif speaker == "observation" and unanswered:
+                message["tool_call_id"] = unanswered.pop(0)
+            turns.append((message, where))
+        return self._conversation(line, turns, obj.get("tools"))
+
+    def _conversation(self, line: int, turns: list[tuple[dict[str, Any], str]], tools: Any) -> Record | Reject:
+        """The checks every conversation passes (roles the template takes, text contents, a reply to train on),
+        whichever format it came in; `turns` pairs each message with where the data has it."""
+        for message, where in turns:
             role = message["role"]
             if not isinstance(role, str) or role not in self.roles:
-                return self._reject(line, role_reason(i, role, self.roles))
-            if not isinstance(message["content"], str):
-                return self._reject(line, f"wrong_type: messages[{i}] content is a {type(message['content']).__name__}"
-                                          ", expected a string")
-            if message["role"] == "assistant" and not message["content"].strip() and not message.get("tool_calls"):
-                return self._reject(line, f"empty_text: messages[{i}] (assistant) is empty")
-        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
+                return self._reject(line, role_reason(where, role, self.roles))
+            if role == "assistant" and not message["content"].strip() and not message.get("tool_calls"):
+                return self._reject(line, f"empty_text: {where} (assistant) is empty")
+        last = max((i for i, (m, _) in enumerate(turns) if m["role"] == "assistant"), default=-1)
         if last < 0:
             return self._reject(line, "no_targets: no assistant message, nothing to train on")
+        definitions = _tool_definitions(tools)
+        if isinstance(definitions, str):
+            return self._reject(line, f"wrong_type: {self._name('tools')} {definitions}")
         # Turns after the last assistant reply carry no target; keeping them would put eos after a user turn.
-        kept = [{"role": m["role"], "content": m["content"], **{k: m[k] for k in TOOL_FIELDS if m.get(k)}}
-                for m in messages[: last + 1]]
-        return Conversation(file=self.file, line=line, messages=kept)
+        return Conversation(file=self.file, line=line, messages=[m for m, _ in turns[: last + 1]],
+                            tools=definitions or None)
 
     def _tokenized(self, line: int, obj: dict) -> Record | Reject:
         if "input_ids" not in obj:
@@ -315,12 +417,105 @@ def _lone_surrogate(record: Record) -> Reject | None:
     return None
 
 
-def role_reason(i: int, role: object, accepted_roles: tuple[str, ...]) -> str:
-    """Why messages[i] is refused for its role: a known role the chat template does not take (template_rejected),
-    or a value that is no role at all (wrong_type)."""
+def role_reason(where: str, role: object, accepted_roles: tuple[str, ...]) -> str:
+    """Why the message at `where` (messages[i]) is refused for its role: a known role the chat template does not
+    take (template_rejected), or a value that is no role at all (wrong_type)."""
     accepted = ", ".join(accepted_roles)
-    if isinstance(role, str) and role in CHAT_ROLES:  # a valid line: it is the template that has no such role
-        return (f"{TEMPLATE_REJECTED}: messages[{i}] role {role!r} is not accepted by the chat template "
+    if isinstance(role, str) and role in CHAT_ROLES:  # a valid record: it is the template that has no such role
+        return (f"{TEMPLATE_REJECTED}: {where} role {role!r} is not accepted by the chat template "
                 f"(tokenizer.chat_template), which takes: {accepted}")
     shown = repr(role) if len(repr(role)) <= 40 else f"{repr(role)[:37]}..."
-    return f"wrong_type: messages[{i}] role {shown} is not one of {accepted} (the roles the chat template takes)"
+    return f"wrong_type: {where} role {shown} is not one of {accepted} (the roles the chat template takes)"
+
+
+def _content_text(content: Any, where: str, *, tool_call: bool) -> tuple[str, str | None]:
+    """A message's content as text, and the reject reason when it has none: a string; OpenAI's list of parts,
+    whose text parts are joined (CONTENT_PART_SEPARATOR) and any other part refused; null or absent on an
+    assistant turn that carries tool_calls."""
+    if isinstance(content, str):
+        return content, None
+    if content is None:
+        return "", None if tool_call else f"wrong_type: {where} content is null (only a turn with tool_calls may " \
+                                          "have no content)"
+    if not isinstance(content, list):
+        return "", f"wrong_type: {where} content is a {type(content).__name__}, expected a string or a list of " \
+                   "text parts"
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif isinstance(kind, str) and kind != "text":
+            return "", (f"unsupported_content: {where} content[{j}] is a {kind!r} part; seqtune trains on text "
+                        "(parts of type 'text') only")
+        else:
+            return "", f"wrong_type: {where} content[{j}] is not a part {{\"type\": \"text\", \"text\": ...}}"
+    return CONTENT_PART_SEPARATOR.join(texts), None
+
+
+def _tool_calls_problem(calls: Any, where: str) -> str | None:
+    """What is wrong with a message's tool_calls (OpenAI's shape: [{id?, type?, function: {name, arguments}}])."""
+    if not calls:
+        return None
+    if not isinstance(calls, list):
+        return f"wrong_type: {where} tool_calls is a {type(calls).__name__}, expected a list"
+    for k, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not (isinstance(function, dict) and isinstance(function.get("name"), str) and function["name"]
+                and isinstance(function.get("arguments"), (str, dict))):
+            return (f"wrong_type: {where} tool_calls[{k}] needs function.name (a string) and function.arguments "
+                    "(an object or its JSON)")
+    return None
+
+
+def tool_call_id(n: int) -> str:
+    """The id of a conversation's n-th tool call where the data gives none (ShareGPT): 9 alphanumeric characters,
+    as Mistral's templates require."""
+    return f"call{n:05d}"
+
+
+def _sharegpt_tool_calls(value: str, *, first_id: int) -> list[dict[str, Any]] | str:
+    """A function_call turn's value, {"name", "arguments"} or a list of them as JSON, in OpenAI's shape; a reason
+    string when it is not one."""
+    shape = 'value must be a JSON tool call {"name": ..., "arguments": {...}} (or a list of them)'
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        return f"{shape}: {exc}"
+    calls = parsed if isinstance(parsed, list) else [parsed]
+    out = []
+    for n, call in enumerate(calls):
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"] or not isinstance(
+                call.get("arguments", {}), (str, dict)):
+            return shape
+        out.append({"id": tool_call_id(first_id + n), "type": "function",
+                    "function": {"name": call["name"], "arguments": call.get("arguments", {})}})
+    return out or shape
+
+
+def _tool_definitions(tools: Any) -> list[dict[str, Any]] | str | None:
+    """A record's tool definitions in OpenAI's shape ({"type": "function", "function": {name, ...}}), from a list
+    of those or of bare function schemas, or their JSON (LLaMA-Factory's sharegpt `tools` is a string); None when
+    it has none; a reason string when it is none of those."""
+    if tools is None or (isinstance(tools, (str, list)) and not tools):
+        return None
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except ValueError as exc:
+            return f"is not JSON: {exc}"
+    tools = [tools] if isinstance(tools, dict) else tools
+    shape = "must be a list of tool definitions ({name, description, parameters}, or OpenAI's {type, function})"
+    if not isinstance(tools, list):
+        return shape
+    out = []
+    for tool in tools:
+        if not isinstance(tool, dict):
+            return shape
+        if isinstance(tool.get("function"), dict) and isinstance(tool["function"].get("name"), str):
+            out.append(tool)
+        elif isinstance(tool.get("name"), str):
+            out.append({"type": "function", "function": tool})
+        else:
+            return shape
+    return out or None

@@ -26,9 +26,10 @@ from seqtune.config.schema import DataMode, Overlength, RootConfig, Tail
 from seqtune.data.cache import TokenCache
 from seqtune.data.collate import Collator, make_collator
 from seqtune.data.formats import LineParser, Record
+from seqtune.data.mix import SourceMix
 from seqtune.data.overlength import TRUNCATING
 from seqtune.data.sampler import DistributedBatchPlan, WithFillers
-from seqtune.data.sources import expand_paths
+from seqtune.data.split import SplitInput, split_input
 from seqtune.data.stream import (
     BadLineBudget,
     JsonlStream,
@@ -37,6 +38,7 @@ from seqtune.data.stream import (
     StreamProgress,
     apply_overlength,
     lines_read,
+    records_per_pass,
     sample_end,
 )
 from seqtune.data.tokenize import SampleEncoder
@@ -130,7 +132,7 @@ class StreamedBatches:
     micro-batch handed to the loop (not what DataLoader workers prefetched): JSON, saved in the checkpoint.
     """
 
-    make_stream: Callable[..., JsonlStream]  # JsonlStream with every argument but `resume` bound
+    make_stream: Callable[..., JsonlStream]  # JsonlStream with every argument but `resume` and `epoch` bound
     batches_per_rank: int
     num_workers: int
     identity: dict[str, Any]  # what the saved positions depend on; a resume with other values would skip data
@@ -144,7 +146,7 @@ class StreamedBatches:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         while True:
-            stream = self.make_stream(resume=self.progress if self.progress.consumed else None)
+            stream = self.make_stream(resume=self.progress if self.progress.consumed else None, epoch=self.epoch)
             for item in DataLoader(stream, batch_size=None, num_workers=self.num_workers):
                 self._account(item, stream.num_shards)
                 yield item.batch
@@ -156,7 +158,7 @@ class StreamedBatches:
         self.progress.update(item)
         bad = [r for r in item.rejects if r.code not in POLICY_REJECTS]
         read = lines_read(item.position, num_shards) - (lines_read(before, num_shards) if before else 0)
-        self.budget.add(read, bad)
+        self.budget.add(read, len(bad) + item.repeated_rejects)
         self.rejects.write(bad, first_pass=self.epoch == 0)
         self.budget.check(pass_done=False, latest=bad[-1] if bad else None)
 
@@ -186,45 +188,88 @@ def _pad_id(plan: Plan) -> int:
     return plan.vocab.pad_id if plan.vocab.pad_id is not None else plan.vocab.eos_id
 
 
+def train_mix(cfg: RootConfig, view: SplitView) -> SourceMix | None:
+    """The weighted mix of the train split's sources (seqtune.data.mix), or None when every weight is 1 (each
+    sample once per epoch, as without weights)."""
+    sources = cfg.data.sources("train")
+    if all(source.weight == 1 for source in sources):
+        return None
+    source_of = view.cache.sample_sources()[view.indices]
+    return SourceMix(source_of=source_of, weights=tuple(s.weight for s in sources),
+                     keys=tuple(s.key for s in sources))
+
+
 def planned_batches(cfg: RootConfig, plan: Plan, cache_dir: Path, *, rank: int, shuffle: bool,
-                    tail: Tail) -> PlannedBatches:
+                    tail: Tail, train: bool) -> PlannedBatches:
     view = SplitView(TokenCache.open(cache_dir), max_seq_len=plan.max_seq_len, overlength=cfg.data.overlength)
     batch_plan = DistributedBatchPlan(
         view.lengths, batch_size=cfg.train.batch_size, world_size=plan.world.world_size, rank=rank,
         strategy=cfg.padding.strategy, max_seq_len=plan.max_seq_len, seed=cfg.train.seed, shuffle=shuffle, tail=tail,
         bucket_window=cfg.padding.bucket_window, multiple_of=cfg.padding.multiple_of,
+        mix=train_mix(cfg, view) if train else None,
     )
     collator = make_collator(cfg.padding, max_seq_len=plan.max_seq_len, pad_id=_pad_id(plan),
                              padding_side=plan.padding_side)
     return PlannedBatches(view, batch_plan, collator, num_workers=cfg.data.num_workers)
 
 
-def stream_identity(cfg: RootConfig, files: list[Path], num_lines: int, world_size: int) -> dict[str, Any]:
-    """What a stream position depends on: a resume under other values would repeat or skip lines."""
-    return {"files": [str(f) for f in files], "num_lines": num_lines, "batch_size": cfg.train.batch_size,
-            "world_size": world_size, "num_workers": max(1, cfg.data.num_workers)}
+def stream_identity(cfg: RootConfig, split: SplitInput, source_records: list[int], world_size: int
+                    ) -> dict[str, Any]:
+    """What a stream position depends on: a resume under other values would repeat or skip records."""
+    identity = {"files": [str(f) for f in split.files], "num_lines": records_per_pass(split, source_records),
+                "batch_size": cfg.train.batch_size, "world_size": world_size,
+                "num_workers": max(1, cfg.data.num_workers)}
+    if split.mixed:
+        identity["mix"] = [{"source": s.key, "records": n, "weight": s.weight}
+                           for s, n in zip(split.sources, source_records)]
+    return identity
+
+
+@dataclass(kw_only=True)
+class SourceEncoders:
+    """JsonlStream's `encode_batch` for a split whose sources may differ in format: each record is encoded by the
+    encoder of its file's source, the results kept in the records' order."""
+
+    by_file: dict[str, SampleEncoder]
+
+    def __call__(self, records: list[Record]) -> list[TokenizedSample | Reject]:
+        out: list[TokenizedSample | Reject | None] = [None] * len(records)
+        groups: dict[int, tuple[SampleEncoder, list[int]]] = {}
+        for i, record in enumerate(records):
+            encoder = self.by_file[record.file]
+            groups.setdefault(id(encoder), (encoder, []))[1].append(i)
+        for encoder, members in groups.values():
+            for i, encoded in zip(members, encoder.encode_batch([records[i] for i in members])):
+                out[i] = encoded
+        return out  # type: ignore[return-value]
 
 
 def _streamed(cfg: RootConfig, plan: Plan, preflight, rank: int, tokenizer) -> StreamedBatches:
-    files = expand_paths(cfg.data.train, "data.train")
-    num_lines = preflight.stream_train_lines
-    encoder = SampleEncoder(tokenizer, cfg.data.format, train_on_prompt=cfg.data.train_on_prompt)
-    parsers = {str(f): encoder.line_parser(str(f), media_root=cfg.data.media_root) for f in files}
+    split = split_input(cfg.data, "train")
+    source_records = preflight.stream_source_records
+    encoders = {fmt: SampleEncoder(tokenizer, fmt, train_on_prompt=cfg.data.train_on_prompt) for fmt in split.formats}
+    parsers, by_file = {}, {}
+    for source in split.sources:
+        for path in source.files:
+            by_file[str(path)] = encoders[source.format]
+            parsers[str(path)] = encoders[source.format].line_parser(str(path), media_root=cfg.data.media_root,
+                                                                     columns=source.columns)
     collator = make_collator(cfg.padding, max_seq_len=plan.max_seq_len, pad_id=_pad_id(plan),
                              padding_side=plan.padding_side)
     world_size = plan.world.world_size
     make_stream = partial(
-        JsonlStream, files, parse=RecordParser(parsers=parsers), encode_batch=encoder.encode_batch,
+        JsonlStream, split, parse=RecordParser(parsers=parsers), encode_batch=SourceEncoders(by_file=by_file),
         collate=collator, batch_size=cfg.train.batch_size, max_seq_len=plan.max_seq_len,
         overlength=cfg.data.overlength, world_size=world_size, rank=rank, num_workers=cfg.data.num_workers,
-        num_lines=num_lines)
+        source_records=source_records, seed=cfg.train.seed)
     budget = BadLineBudget(max_bad_fraction=cfg.data.max_bad_fraction, rejects_file=preflight.rejects_file,
                            rank=rank)
-    rejects = RejectLog(path=preflight.rejects_file, files=files,
-                        logged_through=sample_end(files, cfg.data.preflight_sample))
+    rejects = RejectLog(path=preflight.rejects_file, files=split.files,
+                        logged_through=sample_end(split, cfg.data.preflight_sample))
     # Preflight proved every rank gets at least one micro-batch per pass (check_epoch_steps).
     return StreamedBatches(make_stream=make_stream, batches_per_rank=make_stream(resume=None).batches_per_rank(),
-                           num_workers=cfg.data.num_workers, identity=stream_identity(cfg, files, num_lines, world_size),
+                           num_workers=cfg.data.num_workers,
+                           identity=stream_identity(cfg, split, source_records, world_size),
                            budget=budget, rejects=rejects)
 
 
@@ -233,7 +278,7 @@ def build_train_batches(cfg: RootConfig, plan: Plan, preflight, *, rank: int,
     if cfg.data.mode == DataMode.stream:
         return _streamed(cfg, plan, preflight, rank, tokenizer)
     return planned_batches(cfg, plan, preflight.caches["train"], rank=rank, shuffle=cfg.data.shuffle,
-                           tail=cfg.data.tail)
+                           tail=cfg.data.tail, train=True)
 
 
 def build_eval_batches(cfg: RootConfig, plan: Plan, preflight, *, split: str, rank: int):
@@ -241,7 +286,8 @@ def build_eval_batches(cfg: RootConfig, plan: Plan, preflight, *, split: str, ra
     padded with fully masked fillers, so ranks stay in step and nothing counts twice), or None without that split."""
     if split not in preflight.caches:
         return None
-    planned = planned_batches(cfg, plan, preflight.caches[split], rank=rank, shuffle=False, tail=Tail.pad)
+    planned = planned_batches(cfg, plan, preflight.caches[split], rank=rank, shuffle=False, tail=Tail.pad,
+                              train=False)
     return lambda: planned.epoch_batches(0)
 
 

@@ -23,6 +23,7 @@ import numpy as np
 from seqtune.config.errors import DataError
 from seqtune.config.schema import PaddingStrategy, Tail
 from seqtune.data.collate import round_up
+from seqtune.data.mix import SourceMix
 from seqtune.data.packing import next_fit_rows, order_for_next_fit, pack_best_fit_decreasing
 from seqtune.data.types import IGNORE_INDEX, TokenizedSample
 
@@ -141,13 +142,16 @@ class DistributedBatchPlan:
 
     def __init__(self, lengths: np.ndarray, *, batch_size: int, world_size: int, rank: int, strategy: PaddingStrategy,
                  max_seq_len: int, seed: int, shuffle: bool, tail: Tail, bucket_window: int,
-                 multiple_of: int = 1) -> None:
+                 multiple_of: int = 1, mix: SourceMix | None = None) -> None:
+        """`mix`: weighted sources (seqtune.data.mix): each epoch uses the samples it draws, repeats included,
+        instead of every sample once."""
         # The schema guarantees batch_size, bucket_window >= 1 and the strategy/tail choices.
         assert 0 <= rank < world_size, f"rank {rank} outside world size {world_size}"
         self.lengths = np.asarray(lengths, dtype=np.int64)
         self.batch_size, self.world_size, self.rank = batch_size, world_size, rank
         self.strategy, self.max_seq_len, self.multiple_of = strategy, max_seq_len, multiple_of
         self.seed, self.shuffle, self.tail, self.bucket_window = seed, shuffle, tail, bucket_window
+        self.mix = mix
         self.epoch, self.position = 0, 0
         self._cache: tuple[int, EpochPlan] | None = None
 
@@ -160,7 +164,11 @@ class DistributedBatchPlan:
         if self._cache is None or self._cache[0] != epoch:
             rng = _epoch_rng(self.seed, epoch)
             n = self.num_samples
-            order = rng.permutation(n) if self.shuffle else np.arange(n)
+            if self.mix is None:
+                order = rng.permutation(n) if self.shuffle else np.arange(n)
+            else:
+                drawn = self.mix.epoch_samples(self.seed, epoch)
+                order = drawn[rng.permutation(len(drawn))] if self.shuffle else drawn
             if self.strategy == PaddingStrategy.packed:
                 plan = _packed_plan(self.lengths, order, batch_size=self.batch_size, world_size=self.world_size,
                                     max_seq_len=self.max_seq_len, tail=self.tail, rng=rng, shuffle=self.shuffle)
@@ -191,9 +199,12 @@ class DistributedBatchPlan:
         self.epoch, self.position = self.epoch + 1, 0
 
     def identity(self) -> dict[str, Any]:
-        return {"num_samples": self.num_samples, "batch_size": self.batch_size, "world_size": self.world_size,
-                "strategy": str(self.strategy), "max_seq_len": self.max_seq_len, "seed": self.seed,
-                "shuffle": self.shuffle, "tail": str(self.tail), "bucket_window": self.bucket_window}
+        identity = {"num_samples": self.num_samples, "batch_size": self.batch_size, "world_size": self.world_size,
+                    "strategy": str(self.strategy), "max_seq_len": self.max_seq_len, "seed": self.seed,
+                    "shuffle": self.shuffle, "tail": str(self.tail), "bucket_window": self.bucket_window}
+        if self.mix is not None:
+            identity["mix"] = self.mix.identity()
+        return identity
 
     def state_at(self, epoch: int, consumed: int) -> dict[str, Any]:
         return {"epoch": epoch, "position": consumed, "plan": self.identity()}

@@ -19,13 +19,28 @@ from pathlib import Path
 import numpy as np
 
 from seqtune.data.cache import META, TokenCache, TokenCacheWriter, cache_damage, cache_key, tokenizer_fingerprint
-from seqtune.data.formats import Record, template_signature
-from seqtune.data.sources import iter_lines
+from seqtune.data.formats import LineParser, Record, template_signature
+from seqtune.data.split import SplitInput, to_meta
 from seqtune.data.tokenize import EncodedBatch, SampleEncoder
 from seqtune.data.types import Reject
 
 # Rejects kept in memory (every one is in the cache's rejects.jsonl; counts are always exact).
 MAX_REJECTS_IN_MEMORY = 100_000
+
+
+@dataclass(kw_only=True)
+class SourceCount:
+    """One source of a split as the scan found it (preflight's per-source table)."""
+
+    key: str  # data.train, data.train[1]
+    format: str
+    files: int
+    records: int
+    rejected: int
+
+    @property
+    def samples(self) -> int:
+        return self.records - self.rejected
 
 
 @dataclass(kw_only=True)
@@ -35,7 +50,7 @@ class SplitScan:
     name: str
     cache_dir: Path
     files: list[str]  # the split's data files, in order
-    records: int  # non-blank lines read
+    records: int  # records read (non-blank lines, array elements, rows; held-out ones not counted)
     samples: int  # records that became samples (records - rejects)
     rejects: list[Reject]
     reject_counts: dict[str, int]
@@ -51,6 +66,7 @@ class SplitScan:
     seconds: float = 0.0
     # Set when a damaged published cache was found and rebuilt (preflight reports it as a note).
     rebuilt_note: str | None = None
+    sources: list[SourceCount] = field(default_factory=list)
 
     @property
     def trainable_fraction(self) -> float:
@@ -78,6 +94,10 @@ class _Stats:
     records: int = 0
     rejects: list[Reject] = field(default_factory=list)
     reject_counts: Counter = field(default_factory=Counter)
+    # per source index: records read and rejected (the file of a reject says its source)
+    source_records: Counter = field(default_factory=Counter)
+    source_rejects: Counter = field(default_factory=Counter)
+    source_of_file: dict[str, int] = field(default_factory=dict)
     max_token_id: int = -1
     max_token_location: str = ""
     zero_target: int = 0
@@ -88,6 +108,7 @@ class _Stats:
 
     def add_rejects(self, rejects: list[Reject]) -> None:
         self.reject_counts.update(r.code for r in rejects)
+        self.source_rejects.update(self.source_of_file[r.file] for r in rejects)
         self.rejects.extend(rejects[: max(0, MAX_REJECTS_IN_MEMORY - len(self.rejects))])
 
     def add_batch(self, batch: EncodedBatch) -> None:
@@ -109,59 +130,67 @@ class _Stats:
             : max(0, 10 - len(self.padded_locations))]
 
 
-def scan_split(name: str, paths: list[Path], encoder: SampleEncoder, *, cache_root: Path, key_extra: str = "",
+def scan_split(split: SplitInput, encoders: dict[str, SampleEncoder], *, cache_root: Path, key_extra: str = "",
                media_root: str | None = None, max_records: int = 0, chunk_size: int = 16384,
                progress: bool = False) -> SplitScan:
-    """Stream split `name` (files `paths`) once; write or reuse its token cache; return its statistics.
+    """Stream `split` once (each source with the encoder of its format, from `encoders`); write or reuse its token
+    cache; return its statistics.
 
     max_records > 0 stops after that many records (stream mode's preflight sample). key_extra: anything else
     the caller's cache must depend on.
     """
     began = time.perf_counter()
-    paths = [Path(p) for p in paths]
-    key = cache_key(paths, encoder_signature(encoder), f"{key_extra}|media_root={media_root}|max={max_records}")
+    signature = "|".join(encoder_signature(encoders[fmt]) for fmt in split.formats) + "|" + split.signature()
+    key = cache_key(split.files, signature, f"{key_extra}|media_root={media_root}|max={max_records}")
     published = Path(cache_root) / key
     damage = cache_damage(published) if published.exists() else None
     if published.exists() and damage is None:
-        return _load_scan(name, published, began)
+        return _load_scan(split.name, published, began)
     if damage is not None:
         shutil.rmtree(published, ignore_errors=True)
-    writer = TokenCacheWriter(Path(cache_root), key, paths)
+    writer = TokenCacheWriter(Path(cache_root), key, split.files)
     try:
-        stats = _stream(paths, encoder, writer, media_root=media_root, max_records=max_records,
-                        chunk_size=chunk_size, progress=progress, name=name)
-        directory = writer.commit(_stats_meta(stats))
+        stats = _stream(split, encoders, writer, media_root=media_root, max_records=max_records,
+                        chunk_size=chunk_size, progress=progress)
+        directory = writer.commit({**_stats_meta(stats, split), **to_meta(split)})
     except BaseException:
         writer.abort()
         raise
-    scan = _load_scan(name, directory, began)
+    scan = _load_scan(split.name, directory, began)
     scan.from_cache = False
     if damage is not None:
-        scan.rebuilt_note = f"the token cache of data.{name} ({published}) was damaged ({damage}); it was rebuilt."
+        scan.rebuilt_note = f"the token cache of data.{split.name} ({published}) was damaged ({damage}); it was rebuilt."
     return scan
 
 
-def _stream(paths: list[Path], encoder: SampleEncoder, writer: TokenCacheWriter, *, media_root: str | None,
-            max_records: int, chunk_size: int, progress: bool, name: str) -> _Stats:
-    stats = _Stats()
-    bar = _progress_bar(name, progress)
-    with _EncodePipeline(encoder, writer, stats, bar) as pipeline:
-        for path in paths:
-            parser = encoder.line_parser(str(path), media_root=media_root)
-            chunk: list[Record] = []
-            rejects: list[Reject] = []
-            for line_no, raw in iter_lines(path):
-                parsed = parser.parse(line_no, raw)
-                (rejects if isinstance(parsed, Reject) else chunk).append(parsed)
-                stats.records += 1
-                if len(chunk) >= chunk_size or len(rejects) >= chunk_size:
-                    pipeline.submit(chunk, rejects)
-                    chunk, rejects = [], []
-                if max_records and stats.records >= max_records:
-                    break
-            pipeline.submit(chunk, rejects)
+def _stream(split: SplitInput, encoders: dict[str, SampleEncoder], writer: TokenCacheWriter, *,
+            media_root: str | None, max_records: int, chunk_size: int, progress: bool) -> _Stats:
+    stats = _Stats(source_of_file={str(p): s for p, s in zip(split.files, split.file_sources())})
+    bar = _progress_bar(split.name, progress)
+    parser: LineParser | None = None
+    chunk: list[Record] = []
+    rejects: list[Reject] = []
+    with _EncodePipeline(writer, stats, bar) as pipeline:
+        source = -1
+        for record in split.records():
+            if record.source != source:  # a chunk holds one source's records: one format, one encoder
+                pipeline.submit(encoders[split.sources[source].format] if source >= 0 else None, chunk, rejects)
+                chunk, rejects, source = [], [], record.source
+            if parser is None or parser.file != str(record.path):
+                spec = split.sources[record.source]
+                parser = encoders[spec.format].line_parser(str(record.path), media_root=media_root,
+                                                           columns=spec.columns)
+            parsed = parser.parse(record.number, record.payload)
+            (rejects if isinstance(parsed, Reject) else chunk).append(parsed)
+            stats.records += 1
+            stats.source_records[record.source] += 1
+            if len(chunk) >= chunk_size or len(rejects) >= chunk_size:
+                pipeline.submit(encoders[split.sources[source].format], chunk, rejects)
+                chunk, rejects = [], []
             if max_records and stats.records >= max_records:
                 break
+        if source >= 0:
+            pipeline.submit(encoders[split.sources[source].format], chunk, rejects)
     if bar is not None:
         bar.close()
     return stats
@@ -174,14 +203,15 @@ class _EncodePipeline:
     tokenization instead of adding to it. Results are written in submission order, one chunk in flight at a time.
     """
 
-    def __init__(self, encoder: SampleEncoder, writer: TokenCacheWriter, stats: _Stats, bar) -> None:
-        self.encoder, self.writer, self.stats, self.bar = encoder, writer, stats, bar
+    def __init__(self, writer: TokenCacheWriter, stats: _Stats, bar) -> None:
+        self.writer, self.stats, self.bar = writer, stats, bar
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqtune-encode")
         self.pending: tuple[Future | None, list[Reject], int] | None = None
 
-    def submit(self, chunk: list[Record], rejects: list[Reject]) -> None:
+    def submit(self, encoder: SampleEncoder | None, chunk: list[Record], rejects: list[Reject]) -> None:
+        """Encode `chunk` (records of one format) with `encoder`; `rejects` are the parser's for the same lines."""
         self.drain()
-        future = self.pool.submit(self.encoder.encode_records, chunk) if chunk else None
+        future = self.pool.submit(encoder.encode_records, chunk) if chunk and encoder is not None else None
         self.pending = (future, rejects, len(chunk))
 
     def drain(self) -> None:
@@ -222,8 +252,11 @@ def _progress_bar(name: str, enabled: bool):
     return tqdm(desc=f"scan {name}", unit=" rec", file=sys.stderr, mininterval=0.5)
 
 
-def _stats_meta(stats: _Stats) -> dict:
-    return {
+def _stats_meta(stats: _Stats, split: SplitInput) -> dict:
+    sources = [{"key": source.key, "format": str(source.format), "files": len(source.files),
+                "records": stats.source_records[index], "rejected": stats.source_rejects[index]}
+               for index, source in enumerate(split.sources)]
+    return {"source_counts": sources,
         "records": stats.records, "reject_counts": dict(stats.reject_counts), "max_token_id": stats.max_token_id,
         "max_token_location": stats.max_token_location, "zero_target_samples": stats.zero_target,
         "target_tokens": stats.target_tokens, "total_tokens": stats.total_tokens,
@@ -245,4 +278,5 @@ def _load_scan(name: str, directory: Path, began: float) -> SplitScan:
         zero_target_samples=meta["zero_target_samples"], target_tokens=meta["target_tokens"],
         total_tokens=meta["total_tokens"], padded_inputs=meta["padded_inputs"],
         padded_locations=meta["padded_locations"], from_cache=True, seconds=time.perf_counter() - began,
+        sources=[SourceCount(**source) for source in meta["source_counts"]],
     )

@@ -1,12 +1,16 @@
-"""Where records come from: path specs → files, files → (line_no, raw bytes) streams, and re-reading one line.
+"""Where records come from: data.<split> → sources → files, files → (number, record) streams.
 
 This is the reader layer: every way a FILE can fail (missing, a symlink loop, unreadable, not a regular file, a
-damaged or truncated .gz/.zst, UTF-16, a layout that is not JSON Lines) becomes a DataError naming the file and the
-fix — before or while it is read, never a traceback and never a silently shorter dataset. What is wrong with one
-LINE is the parser's business (formats.py: a Reject with file:line).
+damaged or truncated .gz/.zst/Parquet/Arrow file or JSON array, UTF-16, a layout seqtune does not read) becomes a
+DataError naming the file and the fix — before or while it is read, never a traceback and never a silently shorter
+dataset. What is wrong with one RECORD is the parser's business (formats.py: a Reject with file:number).
 
+Layouts (recognised from the first bytes, and from the name for .json, .parquet and .arrow):
+  JSON Lines (.jsonl/.json, .gz, .zst)  record = a line; number = its 1-based physical line (what an editor shows)
+  a JSON array (.json, .gz, .zst)       record = an element; number = its 1-based position (jq '.[number-1]')
+  Parquet, Arrow IPC file or stream,    record = a row (a dict); number = its 1-based row (seqtune/data/columnar.py)
+  a `datasets` save_to_disk directory
 Everything here streams: memory does not grow with the file.
-Line numbers are 1-based physical lines, so `file:line` in any message matches what an editor shows.
 """
 
 from __future__ import annotations
@@ -18,15 +22,20 @@ import gzip
 import io
 import json
 import os
+import re
 import stat
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 
 from seqtune.config.errors import DataError
+from seqtune.config.schema import FORMAT_FIELDS, DataFormat, DataSource
+from seqtune.data import columnar
+from seqtune.data.columnar import Columns
 
 UTF8_BOM = b"\xef\xbb\xbf"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -79,8 +88,9 @@ def check_readable_file(path: Path, key: str) -> None:
     except OSError as exc:
         raise _path_error(path, exc, key) from None
     if stat.S_ISDIR(mode):
-        raise DataError(f"{key}: {path} is a directory.", key=key,
-                        fix=f"point {key} at a .jsonl file, or at the files in it with a glob like {path}/*.jsonl.")
+        columnar.check_saved_dataset(path, key)  # a `datasets` save_to_disk directory is one source of records
+        open_raw(path / columnar.SAVED_STATE, key).close()
+        return
     if not stat.S_ISREG(mode):
         kind = ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
                 else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
@@ -225,13 +235,21 @@ def _peek_raw(path: Path) -> bytes:
 
 # --- layouts: how records are laid out in a file ----------------------------------------------------------
 
+# Binary layouts (read with pyarrow from the file itself): their first bytes, and the names that promise them.
+_COLUMNAR_MAGIC = {b"PAR1": "parquet", b"ARROW1": "arrow", b"\xff\xff\xff\xff": "arrow_stream"}
+_COLUMNAR_NAMES = {".parquet": "parquet", ".arrow": "arrow", ".feather": "arrow"}
+
+
 def detect_layout(head: bytes, name: str) -> str:
-    """The layout of a file from its first (decompressed) bytes: jsonl, json_array, json_document, or a binary
-    format seqtune recognises but does not read (parquet, arrow). READERS maps each to its reader."""
-    if head.startswith(b"PAR1"):
-        return "parquet"
-    if head.startswith(b"ARROW1"):
-        return "arrow"
+    """The layout of a file from its first (decompressed) bytes: jsonl, json_array, json_document, or a columnar
+    one (parquet, arrow, arrow_stream), which a .parquet/.arrow name also claims (pyarrow then says what is wrong
+    with a file that does not hold it)."""
+    for magic, layout in _COLUMNAR_MAGIC.items():
+        if head.startswith(magic):
+            return layout
+    suffix = Path(name).suffix
+    if suffix in _COLUMNAR_NAMES:
+        return _COLUMNAR_NAMES[suffix]
     text = head.removeprefix(UTF8_BOM).lstrip()
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
@@ -263,13 +281,16 @@ def _indented(text: bytes) -> bool:
     return len(parts) > 1 and parts[1][:1] in (b" ", b"\t")
 
 
+# A record as a reader yields it: the raw bytes of one JSON value (a line, an array element), which the parser
+# decodes, or a row of a columnar file as a dict.
+Payload = bytes | dict[str, Any]
 Reader = Callable[[Path, IO[bytes]], Iterator[tuple[int, bytes]]]
 
 
 def _not_read_yet(what: str, fix: str) -> Reader:
     def reader(path: Path, stream: IO[bytes]) -> Iterator[tuple[int, bytes]]:
-        raise DataError(f"{path} is {what}, not JSON Lines (one JSON object per line); seqtune does not read "
-                        "that layout yet.", fix=fix)
+        raise DataError(f"{path} is {what}, not JSON Lines (one JSON object per line) or a JSON array; seqtune "
+                        "does not read that layout.", fix=fix)
         yield  # pragma: no cover - a generator, like every reader
     return reader
 
@@ -283,20 +304,107 @@ def _jsonl_records(path: Path, stream: IO[bytes]) -> Iterator[tuple[int, bytes]]
             yield line_no, raw
 
 
-# layout → reader of (line_no, raw record bytes). A reader for another layout (e.g. the elements of a JSON array)
-# is one entry here: the scan, stream mode and the line counts all read through iter_lines and this table.
+# What finding the end of each element of a JSON array needs: whole strings (a bracket or comma inside one is
+# text, escapes included) and the brackets and commas between them. Group 1 is a string's closing quote: absent
+# when the string runs past the bytes read so far.
+_ARRAY_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(")?|[\[\]{},]', re.DOTALL)
+_QUOTE, _COMMA, _OPEN_ARRAY = ord('"'), ord(","), ord("[")
+_OPENER_OF = {ord("]"): ord("["), ord("}"): ord("{")}
+
+
+def _json_array_records(path: Path, stream: IO[bytes]) -> Iterator[tuple[int, bytes]]:
+    """Each element of the file's top-level JSON array as `(n, raw bytes)`, n = its 1-based position in the array
+    (`jq '.[n-1]' FILE` prints it); memory is bounded by the largest element, not the file.
+
+    Only the structure is followed here (strings, brackets, the commas between elements): each element is parsed
+    by formats.LineParser like a JSON Lines line, so a malformed element is that record's reject. A file whose
+    structure breaks (the array never closes, a bracket closes the other kind, data after the array) is a
+    DataError naming the file and the element, never a shorter dataset."""
+    buf = bytearray(stream.read(_READ_SIZE).removeprefix(UTF8_BOM))
+    offset = 0  # file offset of buf[0] (BOM aside), for messages
+    depth = bytearray()  # the brackets open here, outermost first
+    start = pos = 0  # where the current element starts in buf; where the token search resumes
+    count = 0
+    while True:
+        resume = len(buf)
+        tokens = _ARRAY_TOKEN.finditer(buf, pos)
+        for match in tokens:
+            token, at = match.group(0)[0], match.start()
+            if token == _QUOTE:
+                if match.group(1) is None:  # the string goes on past what was read: read more, then look again
+                    resume = at
+                    break
+            elif not depth:
+                if token != _OPEN_ARRAY or buf[:at].strip():
+                    raise _array_error(path, offset + at, count, "the file does not start with '['")
+                depth.append(token)
+                start = match.end()
+            elif token == _COMMA:
+                if len(depth) == 1:
+                    count += 1
+                    yield count, bytes(buf[start:at]).strip()
+                    start = match.end()
+            elif token in _OPENER_OF:
+                if depth[-1] != _OPENER_OF[token]:
+                    raise _array_error(path, offset + at, count + 1,
+                                       f"a '{chr(token)}' closes a '{chr(depth[-1])}'")
+                depth.pop()
+                if not depth:  # the array's own ']'
+                    last = bytes(buf[start:at]).strip()
+                    if last or count:  # `[]` has no element; `[1,]` has an empty one (a bad_json reject)
+                        yield count + 1, last
+                    _only_whitespace_after(path, bytes(buf[match.end():]), stream, offset + at)
+                    return
+            else:
+                depth.append(token)
+        del tokens  # the iterator holds a view of buf, which cannot be resized while it exists
+        chunk = stream.read(_READ_SIZE)
+        if not chunk:
+            what = "inside a string" if resume < len(buf) else f"with {len(depth)} bracket(s) still open"
+            raise DataError(f"{path} is truncated: its JSON array ends {what} (after {count} complete element(s), "
+                            f"at byte {offset + len(buf)}), so the end of the file is missing.",
+                            fix=f"copy or download {path} again (python -m json.tool {path} > /dev/null checks "
+                                "it); seqtune never trains on what is left of a truncated file.")
+        keep = min(start, resume) if depth else 0
+        del buf[:keep]
+        offset, start, pos = offset + keep, start - keep, resume - keep
+        buf += chunk
+
+
+def _array_error(path: Path, at: int, element: int, what: str) -> DataError:
+    where = f"in element {element}" if element else "before its first element"
+    return DataError(f"{path} is not a well-formed JSON array: {what} at byte {at} ({where}).",
+                     fix=f"repair the file (python -m json.tool {path} names the first error), or write it as "
+                         "JSON Lines.")
+
+
+def _only_whitespace_after(path: Path, rest: bytes, stream: IO[bytes], closed_at: int) -> None:
+    """Nothing but whitespace may follow the array's closing bracket (a second array would be silently lost)."""
+    while True:
+        if rest.strip():
+            shown = rest.strip()[:40]
+            raise DataError(f"{path} holds more than its JSON array: {shown!r}... follows the array's closing ']' "
+                            f"(byte {closed_at}).", fix="keep one array per file (or write the records as JSON "
+                                                        "Lines).")
+        rest = stream.read(_READ_SIZE)
+        if not rest:
+            return
+
+
+# text layout → reader of (record number, raw record bytes): JSON Lines' physical line numbers, a JSON array's
+# element positions. The scan, stream mode and the record counts all read through iter_records and this table.
 READERS: dict[str, Reader] = {
     "jsonl": _jsonl_records,
-    "json_array": _not_read_yet(
-        "a JSON array ([{...}, {...}])",
-        "convert it to JSON Lines: jq -c '.[]' FILE > FILE.jsonl (or python -c \"import json,sys; "
-        "[print(json.dumps(r)) for r in json.load(sys.stdin)]\" < FILE > FILE.jsonl)"),
+    "json_array": _json_array_records,
     "json_document": _not_read_yet(
         "one JSON document spread over several lines (pretty-printed)",
-        "write one record per line: jq -c '.[]' FILE (for an array) or jq -c '.KEY[]' FILE (for a list under KEY)"),
-    "parquet": _not_read_yet("a Parquet file", "export it to JSON Lines (e.g. pandas.read_parquet(F).to_json("
-                             "OUT, orient='records', lines=True))"),
-    "arrow": _not_read_yet("an Arrow file", "export it to JSON Lines (datasets: ds.to_json(OUT, lines=True))"),
+        "write one record per line: jq -c '.KEY[]' FILE (for a list under KEY)"),
+}
+# columnar layout → reader of (row number, row dict), given the file and the columns the format reads.
+COLUMNAR_READERS: dict[str, Callable[[Path, Columns | None], Iterator[tuple[int, dict[str, Any]]]]] = {
+    "parquet": columnar.parquet_rows,
+    "arrow": lambda path, columns: columnar.arrow_rows(path, columns, stream=False),
+    "arrow_stream": lambda path, columns: columnar.arrow_rows(path, columns, stream=True),
 }
 
 
@@ -326,7 +434,10 @@ def _wide_encoding(head: bytes) -> str | None:
     return None
 
 
-def _records(path: Path) -> Iterator[tuple[int, bytes]]:
+def _records(path: Path, columns: Columns | None) -> Iterator[tuple[int, Payload]]:
+    if path.is_dir():
+        yield from columnar.saved_dataset_rows(path, columns)
+        return
     with ExitStack() as stack:
         stream = _open_binary(path, stack)
         head = stream.read(_SNIFF_BYTES)
@@ -335,25 +446,69 @@ def _records(path: Path) -> Iterator[tuple[int, bytes]]:
             raise DataError(f"{path} is {encoding}-encoded (it starts with a {encoding} byte-order mark); seqtune "
                             "reads UTF-8 JSON Lines.", fix=f"convert it: iconv -f {encoding} -t UTF-8 {path} > "
                                                            f"{path.with_suffix('.utf8' + path.suffix)}")
+        layout = detect_layout(head, path.name.removesuffix(".gz").removesuffix(".zst"))
+        if layout in COLUMNAR_READERS:
+            if path.suffix in (".gz", ".zst"):
+                raise DataError(f"{path} is a compressed {layout} file; pyarrow reads Parquet and Arrow files "
+                                "uncompressed (they compress their own columns).",
+                                fix=f"decompress it: {'gzip' if path.suffix == '.gz' else 'zstd'} -d {path}")
+            stack.close()
+            yield from COLUMNAR_READERS[layout](path, columns)
+            return
         whole = stack.enter_context(io.BufferedReader(_Prefixed(head, stream), _READ_SIZE))
-        yield from READERS[detect_layout(head, path.name)](path, whole)
+        yield from READERS[layout](path, whole)
 
 
-def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """Yield `(line_no, raw_bytes)` for each non-blank line (1-based, newline and a UTF-8 BOM stripped), in constant
-    memory. Blank lines are skipped (a trailing newline is not a record) but still counted, so numbers match the
-    file.
+def iter_records(path: Path, columns: Columns | None = None) -> Iterator[tuple[int, Payload]]:
+    """Yield `(number, record)` for each record of the file in constant memory: JSON Lines' non-blank lines
+    (1-based physical line numbers; blank lines are skipped but counted, a UTF-8 BOM and the newline stripped), a
+    JSON array's elements (1-based positions), a columnar file's rows as dicts (1-based; only `columns` read).
 
     Raises DataError naming the file when it cannot be opened, is damaged or truncated (found at the point of
-    damage: lines already yielded do not make it a shorter dataset, since the caller's scan then fails), or is
-    laid out in a way seqtune does not read.
+    damage: records already yielded do not make it a shorter dataset, since the caller's scan then fails), lacks
+    a column the format needs, or is laid out in a way seqtune does not read.
     """
     path = Path(path)
     try:
-        yield from _records(path)
+        yield from _records(path, columns)
     except DataError:
         raise
     except _damage_errors() as exc:
         raise _damaged(path, exc) from None
 
 
+# --- sources: the items of data.<split>, expanded ----------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class SourceFiles:
+    """One source of a split with its files: what the scan, the stream and the mix read (DataSource + files)."""
+
+    key: str  # the config key it came from: data.train, data.train[1]
+    files: tuple[Path, ...]
+    format: DataFormat
+    columns: dict[str, str]  # format field -> the data's column
+    columns_key: str  # the key that maps them (named when a mapped column is missing)
+    weight: float = 1.0
+
+    def record_columns(self) -> Columns:
+        """The columns a record of this source has, in the data's names (what a columnar reader reads)."""
+        required, optional = FORMAT_FIELDS[self.format]
+        return Columns(required=tuple((f, self.columns.get(f, f)) for f in required),
+                       optional=tuple((f, self.columns.get(f, f)) for f in optional),
+                       key=self.columns_key, format=str(self.format))
+
+
+def expand_sources(sources: list[DataSource]) -> list[SourceFiles]:
+    """Each source's files (expand_paths); a file in two sources of one split is refused (which would it be?)."""
+    expanded, owner = [], {}
+    for source in sources:
+        files = expand_paths(source.path, source.key)
+        for path in files:
+            if path in owner:
+                raise DataError(f"{source.key}: {path} is also part of {owner[path]}.", key=source.key,
+                                fix="list each file in one source (a source's weight says how often it is used).")
+            owner[path] = source.key
+        expanded.append(SourceFiles(key=source.key, files=tuple(files), format=source.format,
+                                    columns=dict(source.columns), columns_key=source.columns_key,
+                                    weight=source.weight))
+    return expanded

@@ -1,8 +1,11 @@
-"""Streaming JSONL (data.mode=stream): tokenize on the fly, each line to exactly one (rank, dataloader worker).
+"""Streaming (data.mode=stream): tokenize on the fly, each record of a pass to exactly one (rank, dataloader worker).
 
-Line k (counting non-blank lines across the files in order) belongs to global worker `k % (world_size *
-num_workers)`, global worker = rank * num_workers + worker id. Every worker reads the files but only parses its own
-lines, so no coordination is needed and no line is seen twice.
+A pass deals the train split's records (seqtune.data.split: every source's files in order, held-out records left
+out) — with weighted sources, the mix's records: each source's round(weight x records) records (full passes over it,
+then a subset drawn by selection sampling from (train.seed, epoch, source)), interleaved in proportion (record t of
+a source that gives k is due at (t + 0.5) / k of the pass). The pass's record k belongs to global worker
+`k % (world_size * num_workers)`, global worker = rank * num_workers + worker id. Every worker reads the files but
+only parses its own records, so no coordination is needed and no record is seen twice (more than its weight says).
 
 Ranks stop together: from `num_lines` (preflight's line count) every worker yields exactly `batches_per_worker`
 micro-batches, the last ones FILLERS (one sample, every target masked) when rejects or drops left it short, so every
@@ -30,8 +33,9 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from seqtune.config.errors import DataError
 from seqtune.data.collate import Collator
+from seqtune.data.mix import mix_rng, used_per_epoch
 from seqtune.data.overlength import cut_sample
-from seqtune.data.sources import iter_lines
+from seqtune.data.split import SplitInput, SplitRecord
 from seqtune.data.types import IGNORE_INDEX, Reject, TokenizedSample
 
 
@@ -49,7 +53,10 @@ class StreamPosition:
 class StreamBatch:
     batch: dict[str, torch.Tensor]
     position: StreamPosition
+    # Rejects read since the previous batch; `repeated_rejects` more were repeats of records a weight above 1 deals
+    # again in the same pass (counted against data.max_bad_fraction, written to rejects.jsonl once).
     rejects: list[Reject] = field(default_factory=list)
+    repeated_rejects: int = 0
     filler: bool = False
 
 
@@ -75,9 +82,81 @@ def batches_per_worker(num_lines: int, *, batch_size: int, num_shards: int) -> i
     return math.ceil(math.ceil(num_lines / num_shards) / batch_size)
 
 
-def count_lines(files: list[Path]) -> int:
-    """Non-blank lines over `files` (the records a pass deals out): one cheap read, no parsing."""
-    return sum(1 for path in files for _ in iter_lines(path))
+def count_lines(split: SplitInput) -> list[int]:
+    """The records of each source of `split` (what a pass deals, before weights): one read, no parsing."""
+    counts = [0] * len(split.sources)
+    for record in split.records():
+        counts[record.source] += 1
+    return counts
+
+
+def records_per_pass(split: SplitInput, source_records: list[int]) -> int:
+    """The records one pass deals: each source's round(weight x records)."""
+    return sum(used_per_epoch(source.weight, n) for source, n in zip(split.sources, source_records))
+
+
+def pass_records(split: SplitInput, source_records: list[int], *, seed: int, epoch: int,
+                 start: StreamPosition) -> Iterator[tuple[int, SplitRecord, bool]]:
+    """The records of one pass in stream order, from after `start`: (counter, record, first time in this pass).
+    Without weights: the split's records in order (a resume skips whole files without reading them); with them: the
+    interleaved mix, whose records before `start` are read again but not parsed."""
+    if not split.mixed:
+        counter = start.next_line
+        for record in split.records(start_file=start.file_index):
+            if (record.file, record.number) <= (start.file_index, start.line):
+                continue  # consumed before the checkpoint
+            counter += 1
+            yield counter, record, True
+        return
+    counter = 0
+    for record, first in _interleaved(split, source_records, seed=seed, epoch=epoch):
+        counter += 1
+        if counter > start.next_line:
+            yield counter, record, first
+
+
+def _interleaved(split: SplitInput, source_records: list[int], *, seed: int, epoch: int
+                 ) -> Iterator[tuple[SplitRecord, bool]]:
+    """Each source's records of the pass (see the module doc), merged by when each is due."""
+    import heapq
+
+    heads = []
+    for index, (source, n) in enumerate(zip(split.sources, source_records)):
+        total = used_per_epoch(source.weight, n)
+        if total:
+            records = _source_pass(split, index, n, total, mix_rng(seed, epoch, index))
+            heads.append([(0.5 / total, index), total, 0, records])
+    heapq.heapify(heads)
+    while heads:
+        head = heads[0]
+        (_, index), total, emitted, records = head
+        yield next(records)
+        emitted += 1
+        if emitted == total:
+            heapq.heappop(heads)
+        else:
+            heapq.heapreplace(heads, [((emitted + 0.5) / total, index), total, emitted, records])
+
+
+def _source_pass(split: SplitInput, index: int, n: int, total: int, rng: np.random.Generator
+                 ) -> Iterator[tuple[SplitRecord, bool]]:
+    """Source `index`'s records of one pass: floor(total / n) full readings, then `total % n` of its records chosen
+    by selection sampling (each record in turn with probability still-to-choose / still-to-read: exactly that many,
+    in file order, without holding the source in memory)."""
+    full, extra = divmod(total, n)
+    for copy in range(full):
+        for record in split.records(source=index):
+            yield record, copy == 0
+    chosen, draws, at = 0, np.empty(0), 0
+    for seen, record in enumerate(split.records(source=index)):
+        if chosen == extra:
+            return
+        if at == len(draws):  # drawn in blocks: memory stays flat for a source of any size
+            draws, at = rng.random(min(1 << 16, n - seen)), 0
+        if draws[at] * (n - seen) < extra - chosen:
+            chosen += 1
+            yield record, full == 0
+        at += 1
 
 
 def lines_read(position: StreamPosition, num_shards: int) -> int:
@@ -101,9 +180,9 @@ class BadLineBudget:
     lines: int = 0
     bad: int = 0
 
-    def add(self, lines: int, bad: list[Reject]) -> None:
+    def add(self, lines: int, bad: int) -> None:
         self.lines += lines
-        self.bad += len(bad)
+        self.bad += bad
 
     def check(self, *, pass_done: bool, latest: Reject | None = None) -> None:
         """Raise once the fraction passes the limit (at once with a limit of 0: any bad line fails)."""
@@ -149,28 +228,29 @@ class RejectLog:
                 f.write(text.encode("utf-8"))
 
 
-def sample_end(files: list[Path], sample: int) -> tuple[int, int] | None:
-    """(file index, line) of the `sample`-th non-blank line (preflight's last scanned line); None for 0 (all)."""
+def sample_end(split: SplitInput, sample: int) -> tuple[int, int] | None:
+    """(file index, number) of the split's `sample`-th record (preflight's last scanned one); None for 0 (all)."""
     if sample <= 0:
         return None
-    seen = 0
-    for file_index, path in enumerate(files):
-        for line_no, _ in iter_lines(path):
-            seen += 1
-            if seen == sample:
-                return file_index, line_no
-    return len(files), 0  # the sample covered everything
+    for seen, record in enumerate(split.records(), start=1):
+        if seen == sample:
+            return record.file, record.number
+    return len(split.files), 0  # the sample covered everything
 
 
 class JsonlStream(IterableDataset):
-    """Yields StreamBatch (collated inside the worker). Use DataLoader(ds, batch_size=None, num_workers=...)."""
+    """Yields StreamBatch (collated inside the worker). Use DataLoader(ds, batch_size=None, num_workers=...).
 
-    def __init__(self, files: list[Path], *, parse: Callable[[bytes, str], Any],
+    `source_records`: the records of each source of `split` (preflight counted them); with `seed` and `epoch` they
+    decide a weighted pass (see the module doc)."""
+
+    def __init__(self, split: SplitInput, *, parse: Callable[[Any, str], Any],
                  encode_batch: Callable[[list[Any]], list[TokenizedSample | Reject]], collate: Collator,
                  batch_size: int, max_seq_len: int, overlength: str, world_size: int, rank: int, num_workers: int,
-                 num_lines: int, encode_chunk: int = 256,
+                 source_records: list[int], seed: int = 0, epoch: int = 0, encode_chunk: int = 256,
                  resume: StreamProgress | None = None) -> None:
-        self.files = [Path(f) for f in files]
+        self.split, self.source_records, self.seed, self.epoch = split, list(source_records), seed, epoch
+        self.files = split.files
         self.parse, self.encode_batch, self.collate = parse, encode_batch, collate
         self.batch_size, self.max_seq_len, self.overlength = batch_size, max_seq_len, overlength
         self.world_size, self.rank, self.num_workers = world_size, rank, max(1, num_workers)
@@ -179,6 +259,7 @@ class JsonlStream(IterableDataset):
         # The DataLoader takes batches from workers round-robin starting at worker 0; after `consumed` batches the
         # next one is due from worker consumed % num_workers, so the resumed worker i plays that role + i.
         self.rotation = resume.consumed % self.num_workers if resume else 0
+        num_lines = records_per_pass(split, self.source_records)
         self.batches_per_worker = batches_per_worker(num_lines, batch_size=batch_size, num_shards=self.num_shards)
 
     @property
@@ -195,75 +276,78 @@ class JsonlStream(IterableDataset):
         local = (info.id if info is not None else 0) + self.rotation
         return self.rank * self.num_workers + local % self.num_workers
 
-    def _own_lines(self, gid: int, start: StreamPosition) -> Iterator[tuple[StreamPosition, bytes]]:
-        counter = start.next_line
-        for file_index in range(start.file_index, len(self.files)):
-            path = self.files[file_index]
-            for line_no, raw in iter_lines(path):
-                if file_index == start.file_index and line_no <= start.line:
-                    continue  # consumed before the checkpoint
-                counter += 1
-                if (counter - 1) % self.num_shards == gid:
-                    yield replace(start, file_index=file_index, line=line_no, next_line=counter), raw
+    def _own_lines(self, gid: int, start: StreamPosition) -> Iterator[tuple[StreamPosition, Any, bool]]:
+        records = pass_records(self.split, self.source_records, seed=self.seed, epoch=self.epoch, start=start)
+        for counter, record, first in records:
+            if (counter - 1) % self.num_shards == gid:
+                yield replace(start, file_index=record.file, line=record.number, next_line=counter), \
+                    record.payload, first
 
-    def _samples(self, gid: int, start: StreamPosition) -> Iterator[tuple[TokenizedSample | Reject, StreamPosition]]:
+    def _samples(self, gid: int, start: StreamPosition
+                 ) -> Iterator[tuple[TokenizedSample | Reject, StreamPosition, bool]]:
         """This worker's lines as samples or rejects, in line order (parse rejects wait for the chunk they are in),
         so the position of the last item handed out is a safe place to resume from."""
-        pending: list[tuple[Any, StreamPosition]] = []
+        pending: list[tuple[Any, StreamPosition, bool]] = []
         records = 0
-        for pos, raw in self._own_lines(gid, start):
+        for pos, raw, first in self._own_lines(gid, start):
             parsed = self.parse(raw, f"{self.files[pos.file_index]}:{pos.line}")
-            pending.append((parsed, pos))
+            pending.append((parsed, pos, first))
             records += not isinstance(parsed, Reject)
             if records >= self.encode_chunk:
                 yield from self._encode(pending)
                 pending, records = [], 0
         yield from self._encode(pending)
 
-    def _encode(self, pending: list[tuple[Any, StreamPosition]]) -> Iterator[tuple[TokenizedSample | Reject, StreamPosition]]:
-        records = [parsed for parsed, _ in pending if not isinstance(parsed, Reject)]
+    def _encode(self, pending: list[tuple[Any, StreamPosition, bool]]
+                ) -> Iterator[tuple[TokenizedSample | Reject, StreamPosition, bool]]:
+        records = [parsed for parsed, _, _ in pending if not isinstance(parsed, Reject)]
         encoded = iter(self.encode_batch(records) if records else [])
-        for parsed, pos in pending:
+        for parsed, pos, first in pending:
             out = parsed if isinstance(parsed, Reject) else next(encoded)
             if isinstance(out, TokenizedSample):
                 out = apply_overlength(out, self.max_seq_len, self.overlength)
-            yield out, pos
+            yield out, pos, first
 
     def __iter__(self) -> Iterator[StreamBatch]:
         gid = self._worker()
         start = self.positions.get(gid, StreamPosition(worker=gid, file_index=0, line=0, next_line=0, batches=0))
-        n, buffer, rejects = start.batches, [], []
+        n, buffer, rejects, repeated = start.batches, [], [], 0
         last: TokenizedSample | None = None
-        # `consumed` is the last line read, sample or reject: a batch's position covers the rejects riding on it,
-        # so a resume never reads (and reports) them again.
+        # `consumed` is the last record read, sample or reject: a batch's position covers the rejects riding on
+        # it, so a resume never reads (and reports) them again.
         consumed = start
-        for item, pos in self._samples(gid, start):
+        for item, pos, first in self._samples(gid, start):
             if isinstance(item, Reject):
-                rejects.append(item)
+                if first:
+                    rejects.append(item)
+                else:
+                    repeated += 1
                 consumed = pos
                 continue
             if len(buffer) == self.batch_size:  # held back until now so trailing rejects ride on a batch
                 n += 1
-                yield self._batch(buffer, rejects, replace(consumed, batches=n))
-                buffer, rejects = [], []
+                yield self._batch(buffer, rejects, repeated, replace(consumed, batches=n))
+                buffer, rejects, repeated = [], [], 0
             buffer.append((item, pos))
             last, consumed = item, pos
-        if buffer or rejects:
+        if buffer or rejects or repeated:
             n += 1
-            yield self._batch(buffer, rejects, replace(consumed, batches=n), last=last)
+            yield self._batch(buffer, rejects, repeated, replace(consumed, batches=n), last=last)
         while n < self.batches_per_worker:
             n += 1
-            yield self._batch([], [], replace(consumed, batches=n), last=last)
+            yield self._batch([], [], 0, replace(consumed, batches=n), last=last)
 
-    def _batch(self, buffer: list[tuple[TokenizedSample, StreamPosition]], rejects: list[Reject],
+    def _batch(self, buffer: list[tuple[TokenizedSample, StreamPosition]], rejects: list[Reject], repeated: int,
                position: StreamPosition, last: TokenizedSample | None = None) -> StreamBatch:
         if buffer:
-            return StreamBatch(batch=self.collate([s for s, _ in buffer]), position=position, rejects=rejects)
+            return StreamBatch(batch=self.collate([s for s, _ in buffer]), position=position, rejects=rejects,
+                               repeated_rejects=repeated)
         # A filler keeps this rank in step with the others: the last real sample (or one token) with every
         # target masked, so it costs compute but never changes the loss.
         ids = last.input_ids if last is not None else np.zeros(1, dtype=np.int64)
         filler = TokenizedSample(input_ids=ids, labels=np.full_like(ids, IGNORE_INDEX), location="filler:0")
-        return StreamBatch(batch=self.collate([filler]), position=position, rejects=rejects, filler=True)
+        return StreamBatch(batch=self.collate([filler]), position=position, rejects=rejects,
+                           repeated_rejects=repeated, filler=True)
 
 
 @dataclass(kw_only=True)

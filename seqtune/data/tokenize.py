@@ -21,6 +21,7 @@ from itertools import chain
 import numpy as np
 
 from seqtune.config.errors import ConfigError
+from seqtune.config.schema import CHAT_FORMATS
 from seqtune.data.formats import (
     CHAT_ROLES,
     Conversation,
@@ -74,28 +75,34 @@ class SampleEncoder:
                               fix="use a tokenizer with an eos token (tokenizer.source=bundled has </s>).")
         self.tokenizer = tokenizer
         self.fmt = fmt
+        # chat and sharegpt records are conversations, rendered by the chat template.
+        self.chat = fmt in CHAT_FORMATS
         self.train_on_prompt = train_on_prompt
         self.eos_id = int(tokenizer.eos_token_id)
         self.bos_id = self._probe_bos(tokenizer)
         self.vocab_size = len(tokenizer)
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
-        if self._backend is None and fmt == "chat":
-            raise ConfigError("data.format=chat needs a fast (Rust) tokenizer for character offsets.",
+        if self._backend is None and self.chat:
+            raise ConfigError(f"data.format={fmt} needs a fast (Rust) tokenizer for character offsets.",
                               key="data.format", fix="load the tokenizer with use_fast=True.")
-        if fmt == "chat" and not getattr(tokenizer, "chat_template", None):
-            raise ConfigError("data.format=chat but the tokenizer has no chat template (and the model family gives "
-                              "none).", key="tokenizer.chat_template",
+        if self.chat and not getattr(tokenizer, "chat_template", None):
+            raise ConfigError(f"data.format={fmt} but the tokenizer has no chat template (and the model family "
+                              "gives none).", key="tokenizer.chat_template",
                               fix=f"tokenizer.chat_template=NAME (one of {', '.join(templates.NAMED)}), a .jinja "
                                   "file or a Jinja string.")
         # The roles this run's chat template takes, asked of the template itself (the parser is told, so a line
         # is never accepted by one and refused by the other); a template that cannot render at all fails here.
-        self.chat_roles = chat_template_roles(tokenizer) if fmt == "chat" else CHAT_ROLES
+        self.chat_roles = chat_template_roles(tokenizer) if self.chat else CHAT_ROLES
+        # Tool definitions (a record's `tools`) need a template that renders them, else a reject names the template.
+        self.renders_tools = self.chat and templates.renders_tool_definitions(tokenizer.chat_template)
         self.texts_tokenized = 0  # counts tokenizer inputs: lets tests prove a cached re-run tokenizes nothing
 
-    def line_parser(self, file: str, *, media_root: str | None) -> LineParser:
-        """The parser for lines of `file` that this encoder's records come from (its ids, vocab and roles)."""
+    def line_parser(self, file: str, *, media_root: str | None, columns: dict[str, str] | None = None) -> LineParser:
+        """The parser for the records of `file` that this encoder's records come from (its ids, vocab and roles);
+        `columns`: the data's field names (data.columns)."""
         return LineParser(fmt=self.fmt, file=file, media_root=media_root, pad_id=self.tokenizer.pad_token_id,
-                          eos_id=self.eos_id, vocab_size=self.vocab_size, roles=self.chat_roles)
+                          eos_id=self.eos_id, vocab_size=self.vocab_size, roles=self.chat_roles,
+                          columns=dict(columns or {}))
 
     @staticmethod
     def _probe_bos(tokenizer) -> int | None:
@@ -124,7 +131,7 @@ class SampleEncoder:
         return out  # type: ignore[return-value]
 
     def encode_records(self, records: list[Record]) -> EncodedBatch:
-        if self.fmt == "chat":
+        if self.chat:
             return self._encode_chat(records)  # type: ignore[arg-type]
         if self.fmt == "tokenized":
             return self._encode_pretokenized(records)  # type: ignore[arg-type]
@@ -194,7 +201,7 @@ class SampleEncoder:
     def _closed_with_eos(self, ids: np.ndarray, target: np.ndarray) -> bool:
         """chat: the last target is an eos (Mistral's and Zephyr's templates end every reply with one)."""
         targets = np.flatnonzero(target)
-        return self.fmt == "chat" and len(targets) > 0 and int(ids[targets[-1]]) == self.eos_id
+        return self.chat and len(targets) > 0 and int(ids[targets[-1]]) == self.eos_id
 
     def _encode_pretokenized(self, records: list[PreTokenized]) -> EncodedBatch:
         parts = []
@@ -209,11 +216,16 @@ class SampleEncoder:
             # Records built elsewhere than this encoder's parser are held to the same roles.
             refused = next((n for n, m in enumerate(record.messages) if m["role"] not in self.chat_roles), None)
             if refused is not None:
-                reason = role_reason(refused, record.messages[refused]["role"], self.chat_roles)
+                reason = role_reason(f"messages[{refused}]", record.messages[refused]["role"], self.chat_roles)
+                rejects.append((i, Reject(file=record.file, line=record.line, reason=reason)))
+                continue
+            if record.tools and not self.renders_tools:
+                reason = (f"{TEMPLATE_REJECTED}: its {len(record.tools)} tool definition(s) would not be rendered: "
+                          "the chat template (tokenizer.chat_template) never reads `tools`")
                 rejects.append((i, Reject(file=record.file, line=record.line, reason=reason)))
                 continue
             try:
-                text, assistant_spans = render_chat(self.tokenizer, record.messages)
+                text, assistant_spans = render_chat(self.tokenizer, record.messages, tools=record.tools)
             except Exception as exc:  # noqa: BLE001 - a template's own error is this record's reject reason
                 reason = f"{TEMPLATE_REJECTED}: the chat template (tokenizer.chat_template) refused it: {exc}"
                 rejects.append((i, Reject(file=record.file, line=record.line, reason=reason)))
@@ -235,21 +247,23 @@ class SampleEncoder:
         return self._assemble(parts, records, kept, rejects, [0] * len(kept))
 
 
-def render_chat(tokenizer, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
-    """The rendered conversation (exactly `apply_chat_template`'s text) and the character span of each assistant
-    reply (end-of-turn marker included).
+def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None
+                ) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation (exactly `apply_chat_template`'s text, with `tools` given to the template) and the
+    character span of each assistant reply (end-of-turn marker included).
 
     Renders incrementally: the text of messages[:i] with the generation prompt must be a prefix of the text of
     messages[:i+1]; what assistant turn i adds after that prefix is its target span. Works with any template
     that renders conversations append-only (no {% generation %} markers needed).
     """
-    full = tokenizer.apply_chat_template(messages, tokenize=False)
+    full = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
     spans = []
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        before = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True) if i else ""
-        upto = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
+        before = tokenizer.apply_chat_template(messages[:i], tools=tools, tokenize=False,
+                                               add_generation_prompt=True) if i else ""
+        upto = tokenizer.apply_chat_template(messages[: i + 1], tools=tools, tokenize=False)
         if not (upto.startswith(before) and full.startswith(before)):
             raise ValueError(f"its rendering is not append-only at message {i} (the generation prompt is not a "
                              "prefix of the reply), so the assistant reply cannot be located")

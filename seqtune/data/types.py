@@ -20,13 +20,15 @@ TEMPLATE_REJECTED = "template_rejected"
 
 @dataclass(frozen=True, kw_only=True)
 class Reject:
-    """One skipped input line: written to rejects.jsonl as {file, line, reason}. `line` is 1-based."""
+    """One skipped input record: written to rejects.jsonl as {file, line, reason}. `line` is the record's 1-based
+    number in its file (seqtune.data.sources): a JSON Lines line, a JSON array's element, a columnar file's row."""
 
     file: str
     line: int
     # "<code>: <detail>", code one of: bad_json, bad_utf8, not_object, missing_field, wrong_type, empty_text,
     # missing_media, bad_token_id, overlength (data.overlength=drop, or truncate leaving no target), no_targets,
-    # template_rejected (the chat template refuses this conversation, or has no such role)
+    # unsupported_content (a content part that is not text: an image, audio, a file),
+    # template_rejected (the chat template refuses this conversation, has no such role, or renders no tools)
     reason: str
 
     @property
@@ -42,7 +44,8 @@ class TokenizedSample:
     labels: same length; the token id where the position is a training target, IGNORE_INDEX elsewhere (prompt
         tokens unless data.train_on_prompt). NOT shifted: labels[i] is the token at position i. The final eos is
         always a target. Collators shift (see `targets` in collate.py), so no id is ever compared with eos/pad.
-    location: "file:line" of the source record (1-based line), for every message that names it.
+    location: "file:N" of the source record (N = its 1-based record number: a line, an array element, a row),
+        for every message that names it.
     """
 
     input_ids: np.ndarray

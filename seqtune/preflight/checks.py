@@ -330,7 +330,8 @@ def check_bad_lines(
                      f"template ({fraction:.2%} of lines skipped > data.max_bad_fraction={max_bad_fraction}): "
                      f"{_listed(_described(unrenderable), len(unrenderable))}. All are listed in rejects.jsonl. "
                      f"Fix: tokenizer.chat_template=NAME with a template that renders them (tool turns: {tools}; "
-                     f"or a .jinja file), repair those conversations, or {skip}."),
+                     "tool definitions: one that reads `tools`, like a checkpoint's own; or a .jinja file), repair "
+                     f"those conversations, or {skip}."),
         ))
     if malformed:
         per_reason = ", ".join(f"{code} x{count}" for code, count in sorted(reject_counts(malformed).items()))

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from seqtune.data.cache import TokenCache
-from seqtune.data.sources import iter_lines
+from seqtune.data.split import SplitInput, from_meta
 
 VERSION = 1
 OBSERVATIONS_FILE = f"observations-v{VERSION}.json"
@@ -88,9 +88,9 @@ def observe_split(cache_dir: Path, *, control: Mapping[int, str], literal: Mappi
     cache = TokenCache.open(cache_dir)
     observed, hashes = _observe_tokens(cache, control, bos_id, space_ids)
     if scan_text:
-        # Only the lines the scan read (stream mode scans a sample of the train split).
+        # Only the records the scan read (stream mode scans a sample of the train split).
         observed.literal_controls, observed.literal_lines = scan_literal_controls(
-            [Path(f) for f in cache.files], literal, max_lines=int(cache.meta["records"]))
+            from_meta("split", cache.meta), literal, max_lines=int(cache.meta["records"]))
     _store(observed, hashes, cache_dir)
     return observed
 
@@ -219,28 +219,27 @@ def _trie_regex(words: list[bytes]) -> bytes:
     return build(root)
 
 
-def scan_literal_controls(files: list[Path], literal: Mapping[str, int], *, max_lines: int = 0
+def scan_literal_controls(split: SplitInput, literal: Mapping[str, int], *, max_lines: int = 0
                           ) -> tuple[dict[str, Finding], Finding]:
-    """Lines of `files` (the first `max_lines` records, 0 = all) whose text holds a control token's string, per
-    token and in all."""
+    """Records of `split` (the first `max_lines`, 0 = all) whose text holds a control token's string, per token
+    and in all (a columnar row is searched as its JSON)."""
     pattern, forms = literal_pattern(literal)
     per_token: dict[str, Finding] = {}
     lines = Finding()
     if pattern is None:
         return per_token, lines
-    read = 0
-    for path in files:
-        for line_no, raw in iter_lines(path):
-            read += 1
-            if max_lines and read > max_lines:
-                return per_token, lines
-            found = pattern.findall(raw)
-            if not found:
-                continue
-            location = f"{path}:{line_no}"
-            lines.add(1, [location])
-            for text in dict.fromkeys(forms[match] for match in found):
-                per_token.setdefault(text, Finding()).add(1, [location])
+    for read, record in enumerate(split.records(), start=1):
+        if max_lines and read > max_lines:
+            break
+        raw = record.payload if isinstance(record.payload, bytes) else json.dumps(
+            record.payload, ensure_ascii=False, default=str).encode("utf-8")
+        found = pattern.findall(raw)
+        if not found:
+            continue
+        location = f"{record.path}:{record.number}"
+        lines.add(1, [location])
+        for text in dict.fromkeys(forms[match] for match in found):
+            per_token.setdefault(text, Finding()).add(1, [location])
     return per_token, lines
 
 

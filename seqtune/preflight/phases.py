@@ -18,7 +18,7 @@ from seqtune.models.spec import get_spec, lora_module_names
 from seqtune.data.overlength import TRUNCATING
 from seqtune.preflight import checks
 from seqtune.preflight.checks import Problem
-from seqtune.preflight.result import MemoryStats, PlanStats, SplitPlan, SplitStats
+from seqtune.preflight.result import MemoryStats, PlanStats, SourceStats, SplitPlan, SplitStats
 
 if TYPE_CHECKING:
     from seqtune.models import MemoryInputs
@@ -190,6 +190,21 @@ def split_stats(cfg: RootConfig, scan, view, max_seq_len: int) -> tuple[SplitSta
     return split, notes
 
 
+def source_stats(cfg: RootConfig, scan, view) -> list[SourceStats]:
+    """Per source of a split: records and rejects as scanned, samples kept after data.overlength, and how many an
+    epoch uses (the train split's weights; seqtune.data.mix)."""
+    from seqtune.data.loader import train_mix
+
+    kept = np.bincount(view.cache.sample_sources()[view.indices], minlength=len(scan.sources)).tolist() \
+        if view is not None else [0] * len(scan.sources)
+    mix = train_mix(cfg, view) if scan.name == "train" and view is not None else None
+    weights = mix.weights if mix is not None else (1.0,) * len(scan.sources)
+    used = mix.used() if mix is not None else kept
+    return [SourceStats(key=source.key, format=source.format, files=source.files, records=source.records,
+                        rejected=source.rejected, samples=source.samples, kept=k, weight=w, used_per_epoch=u)
+            for source, k, w, u in zip(scan.sources, kept, weights, used)]
+
+
 def training_view(scan, max_seq_len: int, policy: Overlength):
     """The split exactly as the cached loader serves it (over-length policy applied); None when `error` would
     refuse it (check_overlength has reported that)."""
@@ -230,6 +245,7 @@ def plan_phase(cfg: RootConfig, plan: Plan, views: dict, max_seq_len: int
                ) -> tuple[PlanStats, float | None, dict[str, Any] | None, list[Problem]]:
     """The distributed plan per split, built by the same DistributedBatchPlan the ranks use, at the plan's world
     size; also the train split's batch-plan identity (what a checkpoint's data position depends on)."""
+    from seqtune.data.loader import train_mix
     from seqtune.data.sampler import DistributedBatchPlan
 
     world = plan.world.world_size
@@ -240,46 +256,51 @@ def plan_phase(cfg: RootConfig, plan: Plan, views: dict, max_seq_len: int
         if view is None or not len(view) or (name == "train" and cfg.data.mode == DataMode.stream):
             continue  # stream: see stream_train_plan
         lengths, train = view.lengths, name == "train"
+        mix = train_mix(cfg, view) if train else None
+        drawn = sum(mix.used()) if mix is not None else len(lengths)  # what one epoch uses
         # Evaluation must see every sample once, so its tail is padded with masked fillers, never dropped.
         batch_plan = DistributedBatchPlan(
             lengths, batch_size=cfg.train.batch_size, world_size=world, rank=0,
             strategy=cfg.padding.strategy, max_seq_len=max_seq_len, seed=cfg.train.seed,
             shuffle=cfg.data.shuffle and train, tail=cfg.data.tail if train else Tail.pad,
-            bucket_window=cfg.padding.bucket_window, multiple_of=cfg.padding.multiple_of,
+            bucket_window=cfg.padding.bucket_window, multiple_of=cfg.padding.multiple_of, mix=mix,
         )
         summary = batch_plan.summary()
         micro = int(summary["micro_batches_per_rank"])
         steps = micro // cfg.train.grad_accum if train else None
         stats.splits[name] = SplitPlan(
-            samples=len(lengths), samples_per_rank=list(summary["samples_per_rank"]),
+            samples=drawn, samples_per_rank=list(summary["samples_per_rank"]),
             tokens_per_rank=list(summary["tokens_per_rank"]), micro_batches_per_rank=micro, steps_per_epoch=steps,
             dropped_samples=int(summary["dropped_samples"]), filler_samples=int(summary["filler_samples"]))
         if train:
             efficiency = round(float(summary["padding_efficiency"]), 4)
             identity = batch_plan.identity()
-        problems += checks.check_epoch_steps(split=name, num_items=len(lengths), micro_batches_per_rank=micro,
+        problems += checks.check_epoch_steps(split=name, num_items=drawn, micro_batches_per_rank=micro,
                                              steps_per_epoch=steps, batch_size=cfg.train.batch_size,
                                              world_size=world, grad_accum=cfg.train.grad_accum)
     return stats, efficiency, identity, problems
 
 
-def stream_train_plan(cfg: RootConfig, plan: Plan, num_lines: int) -> tuple[SplitPlan, dict[str, Any], list[Problem]]:
-    """data.mode=stream: every rank yields the micro-batches the train split's line count makes (the scanned
-    sample says nothing about the whole corpus; per-rank samples and tokens are unknown until it is read)."""
+def stream_train_plan(cfg: RootConfig, plan: Plan, split, source_records: list[int]
+                      ) -> tuple[SplitPlan, dict[str, Any], list[Problem]]:
+    """data.mode=stream: every rank yields the micro-batches a pass over the train split makes (its records, or the
+    weighted mix's; the scanned sample says nothing about the whole corpus; per-rank samples and tokens are unknown
+    until it is read)."""
     from seqtune.data.loader import stream_identity
-    from seqtune.data.sources import expand_paths
-    from seqtune.data.stream import batches_per_worker
+    from seqtune.data.stream import batches_per_worker, records_per_pass
 
     world = plan.world.world_size
     workers = max(1, cfg.data.num_workers)
+    num_lines = records_per_pass(split, source_records)
     micro = workers * batches_per_worker(num_lines, batch_size=cfg.train.batch_size, num_shards=world * workers)
     steps = micro // cfg.train.grad_accum
-    split = SplitPlan(samples=num_lines, samples_per_rank=[], tokens_per_rank=[], micro_batches_per_rank=micro,
-                      steps_per_epoch=steps)
-    identity = stream_identity(cfg, expand_paths(cfg.data.train, "data.train"), num_lines, world)
-    return split, identity, checks.check_epoch_steps(split="train", num_items=num_lines, micro_batches_per_rank=micro,
-                                                     steps_per_epoch=steps, batch_size=cfg.train.batch_size,
-                                                     world_size=world, grad_accum=cfg.train.grad_accum)
+    stream = SplitPlan(samples=num_lines, samples_per_rank=[], tokens_per_rank=[], micro_batches_per_rank=micro,
+                       steps_per_epoch=steps)
+    identity = stream_identity(cfg, split, source_records, world)
+    return stream, identity, checks.check_epoch_steps(split="train", num_items=num_lines,
+                                                      micro_batches_per_rank=micro, steps_per_epoch=steps,
+                                                      batch_size=cfg.train.batch_size, world_size=world,
+                                                      grad_accum=cfg.train.grad_accum)
 
 
 def memory_inputs(cfg: RootConfig, plan: Plan, hf_config, max_seq_len: int) -> MemoryInputs:

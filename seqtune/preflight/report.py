@@ -13,7 +13,7 @@ import numpy as np
 
 from seqtune.files import atomic_output
 from seqtune.preflight.checks import Problem
-from seqtune.preflight.result import REJECTS_FILE, RUN_DIR_KEY, PreflightResult
+from seqtune.preflight.result import REJECTS_FILE, RUN_DIR_KEY, PreflightResult, SourceStats
 PLOT_FILE = "lengths.png"
 # Wide enough for a file:line and a fix on one screen, narrow enough for a terminal.
 MESSAGE_WIDTH = 96
@@ -54,7 +54,19 @@ def format_splits(result: PreflightResult) -> str:
         lines.append(f"  {name:<6} {stats.records:>8} {stats.rejected:>8} {lengths['min']:>6} "
                      f"{lengths['median']:>6} {lengths['p99']:>6} {lengths['max']:>6} {stats.over_limit:>6} "
                      f"{stats.trainable_fraction:>9.1%}")
+        if len(stats.sources) > 1 or any(source.weight != 1 for source in stats.sources):
+            lines += [_source_row(source, weighted=name == "train") for source in stats.sources]
+    if result.validation is not None:
+        lines.append(f"validation: {result.validation}")
     return "\n".join(lines)
+
+
+def _source_row(source: SourceStats, *, weighted: bool) -> str:
+    """One source of a split under its row: what was read, rejected and kept, and (train) what an epoch uses."""
+    files = f"{source.files} file{'s' if source.files > 1 else ''}"
+    row = f"    {source.key} ({source.format}, {files}): {source.records} records, {source.rejected} rejected, " \
+          f"{source.kept} samples"
+    return f"{row}, weight {source.weight:g} -> {source.used_per_epoch} per epoch" if weighted else row
 
 
 def format_summary(result: PreflightResult) -> str:

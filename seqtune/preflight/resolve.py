@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seqtune.config.errors import ConfigError
-from seqtune.config.plan import Plan, Vocab, World
+from seqtune.config.plan import Plan, Vocab, World, validation_key
 from seqtune.config.schema import (
     Device,
     LauncherConfig,
@@ -71,6 +71,7 @@ def resolve_plan(cfg: RootConfig, environ: Mapping[str, str]) -> Plan:
         **resolve_kernels(cfg, device_type=device.type, compute_dtype=compute, model=model,
                           head_wrapped=head_wrapped),
         lora_targets=targets, lora_modules=wrapped, lora_saved=saved,
+        validation=validation_key(cfg.data.val, cfg.data.val_fraction),
     )
 
 

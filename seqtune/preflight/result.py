@@ -43,6 +43,24 @@ class ContentStats:
 
 
 @dataclass(kw_only=True)
+class SourceStats:
+    """One source of a split (an item of data.<split>): what the scan read and what an epoch uses."""
+
+    key: str  # data.train, data.train[1]
+    format: str
+    files: int
+    records: int
+    rejected: int
+    # Samples it gave (records - rejected) and those left after data.overlength (drop, or truncate leaving none).
+    samples: int
+    kept: int
+    weight: float = 1.0
+    # Samples an epoch draws from it: round(weight x kept) for train (seqtune.data.mix), kept for val/test;
+    # data.mode=stream: the records a pass deals from it, round(weight x records) over the whole source.
+    used_per_epoch: int = 0
+
+
+@dataclass(kw_only=True)
 class SplitStats:
     records: int
     rejected: int
@@ -58,6 +76,7 @@ class SplitStats:
     # Pre-tokenized rows that arrived already padded (the padding was stripped).
     prepadded: int = 0
     content: ContentStats | None = None
+    sources: list[SourceStats] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -81,6 +100,8 @@ class PaddingStats:
 
 @dataclass(kw_only=True)
 class SplitPlan:
+    # Samples one epoch uses (weighted train sources: the mix's draw, repeats included; data.mode=stream: the
+    # records a pass deals).
     samples: int
     # Per rank (index = rank): real samples and tokens one epoch gives it. Micro-batches are equal by construction.
     samples_per_rank: list[int]
@@ -136,10 +157,14 @@ class PreflightResult:
     # Information that is not a problem (pad == eos, the resized vocab, the truncation counts).
     notes: list[str] = field(default_factory=list)
     context_length: int | None = None
-    # data.mode=stream: non-blank lines of the train split (every rank derives its micro-batches per pass from it).
+    # data.mode=stream: the records one pass over the train split deals (every rank derives its micro-batches per
+    # pass from it), and each source's records (the weighted mix's counts follow from them).
     stream_train_lines: int | None = None
+    stream_source_records: list[int] | None = None
     # The run's rejects.jsonl (stream-mode training appends to the bad lines it finds beyond preflight's sample).
     rejects_file: Path | None = None
+    # Where the validation split comes from: data.val, data.val_fraction of train, or none (seqtune.data.split).
+    validation: str | None = None
 
 
 def to_json(result: PreflightResult) -> dict[str, Any]:
@@ -159,7 +184,8 @@ def _optional(cls: type, data: dict[str, Any] | None) -> Any:
 
 
 def _split_stats(data: dict[str, Any]) -> SplitStats:
-    return SplitStats(**{**data, "content": _optional(ContentStats, data.get("content"))})
+    return SplitStats(**{**data, "content": _optional(ContentStats, data.get("content")),
+                         "sources": [SourceStats(**source) for source in data.get("sources", [])]})
 
 
 def load_result(run_dir: Path) -> PreflightResult:
@@ -178,5 +204,7 @@ def load_result(run_dir: Path) -> PreflightResult:
         plan=plan, memory=_optional(MemoryStats, data["memory"]),
         backend=_optional(BackendStats, data.get("backend")), notes=list(data["notes"]),
         context_length=data["context_length"], stream_train_lines=data["stream_train_lines"],
+        stream_source_records=data.get("stream_source_records"),
         rejects_file=None if data["rejects_file"] is None else Path(data["rejects_file"]),
+        validation=data.get("validation"),
     )

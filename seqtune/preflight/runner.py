@@ -18,12 +18,12 @@ from typing import Any
 from seqtune.config.errors import PreflightFailed, SeqtuneError
 from seqtune.config.plan import Plan, write_plan
 from seqtune.config.rundir import latest_checkpoint, read_manifest
-from seqtune.config.schema import DataMode, Resume, RootConfig
+from seqtune.config.schema import SPLITS, DataMode, Resume, RootConfig
 from seqtune.files import storage_error
 from seqtune.preflight import checks, content
 from seqtune.preflight.checks import Problem
 from seqtune.data.scan import SplitScan, scan_split
-from seqtune.data.sources import expand_paths
+from seqtune.data.split import split_input, validation_source
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.preflight.phases import (
     fast_checks,
@@ -32,6 +32,7 @@ from seqtune.preflight.phases import (
     resolve_lengths,
     runtime_phase,
     shape_checks,
+    source_stats,
     split_checks,
     split_stats,
     stream_train_plan,
@@ -49,7 +50,6 @@ from seqtune.preflight.report import (
 from seqtune.preflight.resolve import resolve_plan
 from seqtune.preflight.result import RUN_DIR_KEY, BackendStats, PaddingStats, PreflightResult, VocabStats, write_result
 
-SPLITS = ("train", "val", "test")
 DEFAULT_CACHE_ROOT = Path("~/.cache/seqtune/tokens")
 
 
@@ -89,7 +89,7 @@ def _scan_and_check(cfg: RootConfig, plan: Plan, tokenizer: Any, hf_config: Any,
     problems += scan_problems
     result = PreflightResult(ok=False, max_seq_len=None, context_length=plan.context_length,
                              caches={name: scan.cache_dir for name, scan in scans.items()},
-                             rejects_file=run_dir / REJECTS_FILE)
+                             rejects_file=run_dir / REJECTS_FILE, validation=validation_source(cfg.data))
     result.notes += checks.pad_token_notes(pad_id=plan.vocab.pad_id, eos_id=plan.vocab.eos_id)
     result.notes += [scan.rebuilt_note for scan in scans.values() if scan.rebuilt_note]
     batches = None
@@ -125,6 +125,7 @@ def _data_phases(cfg: RootConfig, plan: Plan, tokenizer: Any, hf_config: Any, sc
     for name, scan in scans.items():
         problems += split_checks(cfg, plan, scan, max_seq_len)
         result.splits[name], notes = split_stats(cfg, scan, views[name], max_seq_len)
+        result.splits[name].sources = source_stats(cfg, scan, views[name])
         result.notes += notes
     problems += content.content_checks(cfg, plan, tokenizer, hf_config, scans, max_seq_len, result)
     problems += shape_checks(cfg, plan, views, max_seq_len)
@@ -141,13 +142,17 @@ def _data_phases(cfg: RootConfig, plan: Plan, tokenizer: Any, hf_config: Any, sc
     problems += plan_problems
     if cfg.data.mode == DataMode.stream:
         # Every rank must know how many micro-batches a pass makes, so they all stop together: count once here.
-        from seqtune.data.stream import count_lines
+        from seqtune.data.mix import used_per_epoch
+        from seqtune.data.stream import count_lines, records_per_pass
 
-        sampled = scans["train"]
+        sampled, split = scans["train"], split_input(cfg.data, "train")
         complete = not cfg.data.preflight_sample or sampled.records < cfg.data.preflight_sample
-        lines = sampled.records if complete else count_lines(expand_paths(cfg.data.train, "data.train"))
-        result.stream_train_lines = lines
-        result.plan.splits["train"], batches, stream_problems = stream_train_plan(cfg, plan, lines)
+        records = [source.records for source in sampled.sources] if complete else count_lines(split)
+        result.stream_source_records = records
+        result.stream_train_lines = lines = records_per_pass(split, records)
+        for stats, source, count in zip(result.splits["train"].sources, split.sources, records):
+            stats.used_per_epoch = used_per_epoch(source.weight, count)  # the stream deals records, all of them
+        result.plan.splits["train"], batches, stream_problems = stream_train_plan(cfg, plan, split, records)
         problems += stream_problems if lines else []  # no lines at all is the empty-split problem
     result.padding = PaddingStats(strategy=cfg.padding.strategy, side=plan.padding_side, efficiency=efficiency)
     if hf_config is not None:
@@ -159,21 +164,21 @@ def _data_phases(cfg: RootConfig, plan: Plan, tokenizer: Any, hf_config: Any, sc
 def scan_splits(cfg: RootConfig, tokenizer: Any) -> tuple[dict[str, SplitScan], list[Problem]]:
     """Stream every configured split once through scan_split (which writes the token cache training reads)."""
     scans: dict[str, SplitScan] = {}
-    problems: list[Problem] = []
+    formats = dict.fromkeys(source.format for name in SPLITS for source in cfg.data.sources(name))
     try:
-        encoder = SampleEncoder(tokenizer, cfg.data.format, train_on_prompt=cfg.data.train_on_prompt)
+        encoders = {fmt: SampleEncoder(tokenizer, fmt, train_on_prompt=cfg.data.train_on_prompt) for fmt in formats}
     except SeqtuneError as err:
         return scans, [Problem(check="data", key=err.key or "data.format", message=str(err))]
+    problems: list[Problem] = []
     cache_root = Path(cfg.data.cache_dir).expanduser() if cfg.data.cache_dir else DEFAULT_CACHE_ROOT.expanduser()
     sample = cfg.data.preflight_sample if cfg.data.mode == DataMode.stream else 0
     for name in SPLITS:
         # Only train streams; val/test are read in full into the cache that evaluation uses in both modes.
-        spec = getattr(cfg.data, name)
-        if spec is None:
-            continue
         try:
-            paths = expand_paths(spec, f"data.{name}")
-            scans[name] = scan_split(name, paths, encoder, cache_root=cache_root, media_root=cfg.data.media_root,
+            split = split_input(cfg.data, name)
+            if split is None:
+                continue
+            scans[name] = scan_split(split, encoders, cache_root=cache_root, media_root=cfg.data.media_root,
                                      max_records=sample if name == "train" else 0, progress=cfg.train.progress)
         except SeqtuneError as err:
             problems.append(Problem(check="data", key=err.key or f"data.{name}", message=str(err)))

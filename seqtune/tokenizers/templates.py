@@ -167,5 +167,19 @@ def renders_tool_turns(template: str | None) -> bool:
     return any(node.value in (TOOL_ROLE, "ipython") for node in tree.find_all(nodes.Const))
 
 
+def renders_tool_definitions(template: str | None) -> bool:
+    """Whether `template` reads the `tools` variable (the tool definitions apply_chat_template(tools=...) passes):
+    one that never does would train tool calls without the definitions they answer to."""
+    if not template:
+        return False
+    import jinja2
+    from jinja2 import meta
+
+    try:
+        return "tools" in meta.find_undeclared_variables(jinja2.Environment().parse(template))
+    except jinja2.TemplateSyntaxError:
+        return False
+
+
 # The named templates that render tool turns (named in the fix when a template cannot).
 WITH_TOOL_TURNS = tuple(name for name, template in NAMED.items() if renders_tool_turns(template))

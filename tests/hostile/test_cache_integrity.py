@@ -12,7 +12,7 @@ import pytest
 
 from seqtune.config.errors import DataError
 from seqtune.data.cache import TokenCache, cache_damage
-from seqtune.data.scan import scan_split
+from tests.conftest import scan_files
 from seqtune.data.tokenize import SampleEncoder
 
 
@@ -50,14 +50,14 @@ def test_a_damaged_cache_is_refused_then_rebuilt_identically(tmp_path, tokenizer
     rows = [{"instruction": f"Repeat {i}.", "output": "word " * (i % 9 + 1)} for i in range(50)] + ["not json"]
     data.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")
     encoder = SampleEncoder(tokenizer, "alpaca", train_on_prompt=False)
-    first = scan_split("train", [data], encoder, cache_root=tmp_path / "cache")
+    first = scan_files("train", [data], encoder, cache_root=tmp_path / "cache")
     assert cache_damage(first.cache_dir) is None and first.rebuilt_note is None
     harm, message = DAMAGE[damage]
     harm(first.cache_dir)
     assert cache_damage(first.cache_dir) is not None
     with pytest.raises(DataError, match=rf"data\.cache_dir: the token cache .* is damaged: {message}.*Fix: run "):
         TokenCache.open(first.cache_dir)
-    again = scan_split("train", [data], encoder, cache_root=tmp_path / "cache")
+    again = scan_files("train", [data], encoder, cache_root=tmp_path / "cache")
     assert not again.from_cache and again.cache_dir == first.cache_dir
     assert again.rebuilt_note and "was damaged" in again.rebuilt_note and "rebuilt" in again.rebuilt_note
     np.testing.assert_array_equal(again.lengths, first.lengths)
@@ -66,5 +66,5 @@ def test_a_damaged_cache_is_refused_then_rebuilt_identically(tmp_path, tokenizer
         [s.input_ids.tolist() for s in (encoder.encode_batch([encoder.line_parser(str(data), media_root=None)
                                                               .parse(n, json.dumps(r).encode())
                                                               for n, r in enumerate(rows[:-1], 1)]))]
-    third = scan_split("train", [data], encoder, cache_root=tmp_path / "cache")
+    third = scan_files("train", [data], encoder, cache_root=tmp_path / "cache")
     assert third.from_cache and third.rebuilt_note is None  # the rebuilt entry is trusted again

@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 from seqtune.config.errors import StorageError
 from seqtune.config.load import save_resolved
-from seqtune.data.scan import scan_split
+from tests.conftest import scan_files
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.files import TempDir, follow_umask, sweep_stale_temps, write_atomic
 from seqtune.preflight.report import write_rejects
@@ -90,7 +90,7 @@ def test_token_cache_on_a_full_disk_names_the_cache_and_leaves_no_temporary(tmp_
     cache_root = full_dir / "cache"
     with pytest.raises(StorageError, match=rf"data\.cache_dir: no space left on {cache_root} .*Fix: free space on "
                                            r"that disk, or point data\.cache_dir at a disk with more room"):
-        scan_split("train", [data], encoder, cache_root=cache_root)
+        scan_files("train", [data], encoder, cache_root=cache_root)
     assert list(cache_root.iterdir()) == [], "a temporary or partial cache was left"
 
 

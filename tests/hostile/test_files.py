@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqtune.config.errors import DataError
-from seqtune.data.sources import detect_layout, expand_paths, iter_lines
+from seqtune.data.sources import detect_layout, expand_paths, iter_records
 
 ROWS = [json.dumps({"instruction": f"Say {i}.", "output": f"{i} " * (i % 17 + 1)}).encode() for i in range(600)]
 DATA = b"".join(row + b"\n" for row in ROWS)
@@ -35,8 +35,8 @@ def test_complete_and_multi_part_compressed_files_are_read_whole(tmp_path, kind)
     compress = gzip.compress if kind == "gz" else zstandard.ZstdCompressor().compress
     whole = _write(tmp_path, f"a.jsonl.{kind}", COMPRESSED[kind])
     parts = _write(tmp_path, f"b.jsonl.{kind}", compress(DATA[:1000]) + compress(DATA[1000:]))
-    assert [raw for _, raw in iter_lines(whole)] == ROWS
-    assert [raw for _, raw in iter_lines(parts)] == ROWS
+    assert [raw for _, raw in iter_records(whole)] == ROWS
+    assert [raw for _, raw in iter_records(parts)] == ROWS
 
 
 @settings(max_examples=40)
@@ -45,22 +45,22 @@ def test_a_compressed_file_cut_anywhere_is_refused_never_read_shorter(tmp_path_f
     data = COMPRESSED[kind]
     path = _write(tmp_path_factory.mktemp("cut"), f"d.jsonl.{kind}", data[: int(len(data) * fraction)])
     if path.stat().st_size == 0:
-        assert list(iter_lines(path)) == []  # an empty file is an empty split (preflight's own problem)
+        assert list(iter_records(path)) == []  # an empty file is an empty split (preflight's own problem)
         return
     with pytest.raises(DataError, match=rf"d\.jsonl\.{kind} is (truncated|damaged).*Fix: copy or download"):
-        list(iter_lines(path))
+        list(iter_records(path))
 
 
 @pytest.mark.parametrize("kind", sorted(COMPRESSED))
 def test_trailing_garbage_and_overwritten_bytes_are_damage(tmp_path, kind):
     garbage = _write(tmp_path, f"g.jsonl.{kind}", COMPRESSED[kind] + b"garbage!" * 8)
     with pytest.raises(DataError, match=rf"g\.jsonl\.{kind} is damaged"):
-        list(iter_lines(garbage))
+        list(iter_records(garbage))
     broken = bytearray(COMPRESSED[kind])
     middle = len(broken) // 2
     broken[middle: middle + 64] = b"\xff" * 64
     with pytest.raises(DataError, match=rf"b\.jsonl\.{kind} is (damaged|truncated)"):
-        list(iter_lines(_write(tmp_path, f"b.jsonl.{kind}", bytes(broken))))
+        list(iter_records(_write(tmp_path, f"b.jsonl.{kind}", bytes(broken))))
 
 
 @pytest.mark.parametrize(("kind", "wrong"), [("gz", "gzip"), ("zst", "zstd")])
@@ -68,18 +68,18 @@ def test_a_plain_file_named_as_compressed_says_so(tmp_path, kind, wrong):
     path = _write(tmp_path, f"d.jsonl.{kind}", DATA)
     with pytest.raises(DataError, match=rf"d\.jsonl\.{kind} is named \.{kind} but is not {wrong}-compressed "
                                         r"\(it starts with b'\{\"instru'\).*rename it .*d\.jsonl"):
-        list(iter_lines(path))
+        list(iter_records(path))
 
 
 def test_a_utf8_bom_is_read_and_utf16_is_refused_with_the_conversion(tmp_path):
     bom = _write(tmp_path, "bom.jsonl", b"\xef\xbb\xbf" + DATA)
-    assert [raw for _, raw in iter_lines(bom)] == ROWS  # the first record keeps its line and its bytes
+    assert [raw for _, raw in iter_records(bom)] == ROWS  # the first record keeps its line and its bytes
     bom_gz = _write(tmp_path, "bom.jsonl.gz", gzip.compress(b"\xef\xbb\xbf" + DATA))
-    assert next(iter_lines(bom_gz)) == (1, ROWS[0])
+    assert next(iter_records(bom_gz)) == (1, ROWS[0])
     for encoding, name in (("utf-16", "UTF-16"), ("utf-32", "UTF-32")):
         wide = _write(tmp_path, f"{encoding}.jsonl", DATA.decode().encode(encoding))
         with pytest.raises(DataError, match=rf"{encoding}\.jsonl is {name}-encoded.*iconv -f {name} -t UTF-8"):
-            list(iter_lines(wide))
+            list(iter_records(wide))
 
 
 @pytest.mark.parametrize(("name", "content", "layout"), [
@@ -99,11 +99,10 @@ def test_layouts_are_recognised_from_the_first_bytes(name, content, layout):
     assert detect_layout(content.encode(), name) == layout
 
 
-def test_a_json_array_file_is_named_with_the_command_that_converts_it(tmp_path):
-    path = _write(tmp_path, "d.json", json.dumps([json.loads(r) for r in ROWS[:3]], indent=2).encode())
-    with pytest.raises(DataError, match=r"d\.json is a JSON array .*not JSON Lines.*does not read that layout yet"
-                                        r".*jq -c '\.\[\]'"):
-        list(iter_lines(path))
+def test_a_json_array_file_is_read_element_by_element(tmp_path):
+    rows = [json.loads(r) for r in ROWS[:3]]
+    path = _write(tmp_path, "d.json", json.dumps(rows, indent=2).encode())
+    assert [(n, json.loads(raw)) for n, raw in iter_records(path)] == [(1, rows[0]), (2, rows[1]), (3, rows[2])]
 
 
 def test_path_errors_say_what_the_path_is(tmp_path, monkeypatch):
@@ -119,7 +118,7 @@ def test_path_errors_say_what_the_path_is(tmp_path, monkeypatch):
         "/dev/null": r"/dev/null is a device",
         "trian.jsonl": r"trian\.jsonl does not exist; a file with a close name exists: .*train\.jsonl",
         "nowhere/x.jsonl": r"x\.jsonl does not exist; its directory .*nowhere does not exist either",
-        ".": r"is a directory\. Fix: .*a glob like .*/\*\.jsonl",
+        ".": r"is a directory, not a `datasets` save_to_disk directory.* Fix: .*a glob like .*/\*\.jsonl",
     }
     for name, message in expected.items():
         with pytest.raises(DataError, match=rf"data\.val: .*{message}"):
@@ -148,13 +147,13 @@ _UNREADABLE_CHECK = """
 import sys
 from seqtune.config.errors import DataError
 from seqtune.data.cache import file_fingerprint
-from seqtune.data.sources import expand_paths, iter_lines
+from seqtune.data.sources import expand_paths, iter_records
 try:
     expand_paths(sys.argv[1] + "/*.jsonl", "data.val")
 except DataError as err:
     print("GLOB", err)
 for path in sys.argv[2:]:
-    for call in (lambda: expand_paths(path, "data.train"), lambda: list(iter_lines(path)),
+    for call in (lambda: expand_paths(path, "data.train"), lambda: list(iter_records(path)),
                  lambda: file_fingerprint(path)):
         try:
             call()

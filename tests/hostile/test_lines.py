@@ -19,12 +19,13 @@ from hypothesis import strategies as st
 
 from seqtune.data.cache import TokenCache
 from seqtune.data.formats import Conversation, PreTokenized, PromptCompletion
-from seqtune.data.scan import scan_split
+from tests.conftest import scan_files
 from seqtune.data.stream import JsonlStream
 from seqtune.data.collate import make_collator
 from seqtune.config.schema import PaddingConfig
 from seqtune.data.loader import RecordParser
-from seqtune.data.sources import iter_lines
+from seqtune.data.sources import iter_records
+from seqtune.data.split import files_split
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.data.types import Reject
 
@@ -145,7 +146,7 @@ def test_the_scan_never_raises_and_accounts_for_every_line(tokenizer, fmt, data)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "d.jsonl"
         path.write_bytes(b"".join(line + b"\n" for line in lines))
-        scan = scan_split("train", [path], _encoder(tokenizer, fmt), cache_root=Path(tmp) / "cache")
+        scan = scan_files("train", [path], _encoder(tokenizer, fmt), cache_root=Path(tmp) / "cache")
         non_blank = {n for n, line in enumerate(lines, 1) if line.strip()}
         cache = TokenCache.open(scan.cache_dir)
         sample_lines = [int(line) for line in np.asarray(cache._arrays["lines"])]
@@ -166,11 +167,11 @@ def test_stream_mode_reads_the_same_lines_into_batches_and_rejects(tokenizer, fm
         path = Path(tmp) / "d.jsonl"
         path.write_bytes(b"".join(line + b"\n" for line in lines))
         stream = JsonlStream(
-            [path], parse=RecordParser(parsers={str(path): encoder.line_parser(str(path), media_root=None)}),
+            files_split("train", [path], fmt), parse=RecordParser(parsers={str(path): encoder.line_parser(str(path), media_root=None)}),
             encode_batch=encoder.encode_batch, collate=make_collator(PaddingConfig(), max_seq_len=4096, pad_id=2,
                                                                      padding_side="right"),
             batch_size=4, max_seq_len=4096, overlength="truncate", world_size=1, rank=0, num_workers=1,
-            num_lines=sum(1 for _ in iter_lines(path)))
+            source_records=[sum(1 for _ in iter_records(path))])
         batches = list(stream)
     rejected = [r.line for item in batches for r in item.rejects]
     real_rows = sum(int(item.batch["input_ids"].shape[0]) for item in batches if not item.filler)

@@ -9,7 +9,7 @@ import pytest
 from seqtune.config.errors import DataError
 from seqtune.data.cache import TokenCache, TokenCacheWriter, cache_key, tokenizer_fingerprint
 from seqtune.data.formats import PromptCompletion
-from seqtune.data.scan import scan_split
+from tests.conftest import scan_files
 from seqtune.data.tokenize import SampleEncoder
 
 
@@ -21,7 +21,7 @@ def _alpaca_rows(n: int) -> list[dict]:
 def test_cache_round_trips_exactly_what_the_encoder_produced(tmp_path, bundled_tokenizer, jsonl):
     data = jsonl(tmp_path / "d.jsonl", _alpaca_rows(50))
     encoder = SampleEncoder(bundled_tokenizer, "alpaca", train_on_prompt=False)
-    scan = scan_split("train", [data], encoder, cache_root=tmp_path / "cache", chunk_size=16)
+    scan = scan_files("train", [data], encoder, cache_root=tmp_path / "cache", chunk_size=16)
     cache = TokenCache.open(scan.cache_dir)
     assert len(cache) == 50 and cache.lengths.tolist() == scan.lengths.tolist()
     records = [PromptCompletion(file=str(data), line=i + 1, prompt=f"### Instruction:\nRepeat {i}.\n\n### Response:\n",
@@ -40,7 +40,7 @@ def test_cache_location_names_the_source_line(tmp_path, bundled_tokenizer, jsonl
     rows = _alpaca_rows(30)
     data = jsonl(tmp_path / "d.jsonl", rows)
     encoder = SampleEncoder(bundled_tokenizer, "alpaca", train_on_prompt=False)
-    cache = scan_split("train", [data], encoder, cache_root=tmp_path / "c").cache()
+    cache = scan_files("train", [data], encoder, cache_root=tmp_path / "c").cache()
     file, line = cache[17].location.rsplit(":", 1)
     assert json.loads(Path(file).read_text().splitlines()[int(line) - 1]) == rows[17]
 
@@ -55,7 +55,7 @@ def test_published_atomically_and_aborted_writer_leaves_nothing(tmp_path, bundle
     writer.abort()
     assert list(root.iterdir()) == []
     encoder = SampleEncoder(bundled_tokenizer, "alpaca", train_on_prompt=False)
-    scan = scan_split("train", [data], encoder, cache_root=root)
+    scan = scan_files("train", [data], encoder, cache_root=root)
     assert [p.name for p in root.iterdir()] == [scan.cache_dir.name]
 
 

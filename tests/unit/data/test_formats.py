@@ -45,6 +45,24 @@ def _code(result) -> str:
     ("tokenized", {"input_ids": [5, 6, 7], "labels": [5, 6]}, "wrong_type"),
     ("tokenized", {"input_ids": [5, 6, 7], "labels": [6, 7, -100]}, "wrong_type"),
     ("tokenized", {"input_ids": [5, -1]}, "bad_token_id"),
+    ("chat", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]},
+                           {"role": "assistant", "content": "y"}]}, "unsupported_content"),
+    ("chat", {"messages": [{"role": "user", "content": [{"text": "no type"}]},
+                           {"role": "assistant", "content": "y"}]}, "wrong_type"),
+    ("chat", {"messages": [{"role": "user", "content": None}, {"role": "assistant", "content": "y"}]}, "wrong_type"),
+    ("chat", {"messages": [{"role": "user", "content": "x"},
+                           {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f"}}]}]},
+     "wrong_type"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}], "tools": "{"},
+     "wrong_type"),
+    ("sharegpt", {"messages": []}, "missing_field"),
+    ("sharegpt", {"conversations": [{"from": "human"}]}, "missing_field"),
+    ("sharegpt", {"conversations": [{"from": "bard", "value": "x"}]}, "wrong_type"),
+    ("sharegpt", {"conversations": [{"from": "human", "value": "x"}, {"from": "function_call", "value": "f(1)"}]},
+     "wrong_type"),
+    ("sharegpt", {"conversations": [{"from": "human", "value": "x"}]}, "no_targets"),
+    ("sharegpt", {"conversations": [{"from": "human", "value": "x"}, {"from": "gpt", "value": " "}]}, "empty_text"),
+    ("alpaca", b"", "bad_json"),  # an empty element of a JSON array (a doubled comma)
 ])
 def test_every_reject_code(fmt, raw, code):
     assert _code(_parse(fmt, raw, vocab_size=100)) == code
@@ -57,6 +75,56 @@ def test_reject_details_say_what_is_wrong():
     assert mismatch == "wrong_type: lengths differ (input_ids=3, attention_mask=2); they must be equal per row"
     assert "labels must be unshifted" in _parse("tokenized", {"input_ids": [5, 6], "labels": [6, -100]}).reason
     assert "outside the tokenizer's 0..100" in _parse("tokenized", {"input_ids": [5, 100]}, vocab_size=100).reason
+
+
+WEATHER = {"name": "get_weather", "arguments": {"city": "Paris"}}
+
+
+def test_sharegpt_maps_speakers_and_tool_turns_onto_openai_messages():
+    record = _parse("sharegpt", {
+        "system": "Be brief.", "tools": json.dumps([{"name": "get_weather", "parameters": {"type": "object"}}]),
+        "conversations": [
+            {"from": "human", "value": "Weather in Paris and Rome?"},
+            {"from": "function_call", "value": json.dumps([WEATHER, {**WEATHER, "arguments": {"city": "Rome"}}])},
+            {"from": "observation", "value": "22C"}, {"from": "observation", "value": "25C"},
+            {"from": "gpt", "value": "22C and 25C."}, {"from": "human", "value": "Thanks"}]})
+    assert isinstance(record, Conversation)
+    assert [m["role"] for m in record.messages] == ["system", "user", "assistant", "tool", "tool", "assistant"]
+    calls = record.messages[2]["tool_calls"]
+    assert [c["id"] for c in calls] == ["call00001", "call00002"]  # 9 alphanumerics, as Mistral's templates need
+    assert calls[1] == {"id": "call00002", "type": "function",
+                        "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}
+    # Each observation answers the oldest call still unanswered; the trailing human turn has no target: dropped.
+    assert [m.get("tool_call_id") for m in record.messages[3:5]] == ["call00001", "call00002"]
+    assert record.tools == [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+
+def test_chat_content_parts_are_joined_and_null_content_is_a_tool_call_turn():
+    call = {"id": "call00001", "type": "function", "function": WEATHER}
+    record = _parse("chat", {"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Weather"}, {"type": "text", "text": "in Paris?"}]},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "22C", "tool_call_id": "call00001"},
+        {"role": "assistant", "content": [{"type": "text", "text": "22C."}]}]})
+    assert isinstance(record, Conversation) and record.tools is None
+    assert [m["content"] for m in record.messages] == ["Weather\nin Paris?", "", "22C", "22C."]
+    assert record.messages[1]["tool_calls"] == [call] and record.messages[2]["tool_call_id"] == "call00001"
+    refused = _parse("chat", {"messages": [{"role": "user", "content": [{"type": "input_audio", "data": "..."}]},
+                                           {"role": "assistant", "content": "y"}]})
+    assert refused.reason == ("unsupported_content: messages[0] content[0] is a 'input_audio' part; seqtune trains on "
+                              "text (parts of type 'text') only")
+
+
+def test_columns_map_the_data_names_and_a_record_is_read_from_a_row_dict_too():
+    columns = {"instruction": "prompt", "output": "response"}
+    row = {"prompt": "Say hi.", "response": "hi", "instruction": "not this one"}
+    for raw in (json.dumps(row).encode(), row):
+        record = LineParser(fmt="alpaca", file="/data/x.parquet", columns=columns).parse(3, raw)
+        assert isinstance(record, PromptCompletion)
+        assert (record.prompt, record.completion, record.line) == (ALPACA_TEMPLATE_NO_INPUT.format(instruction="Say hi."),
+                                                                  "hi", 3)
+    missing = LineParser(fmt="alpaca", file="/d.jsonl", columns=columns).parse(1, b'{"prompt": "x", "output": "y"}')
+    assert missing.reason == "missing_field: response (data.columns: output) (has: output, prompt)"
 
 
 def test_alpaca_renders_prompt_with_and_without_input():

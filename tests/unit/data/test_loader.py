@@ -22,7 +22,7 @@ from seqtune.config.errors import DataError
 from seqtune.config.plan import World, load_plan
 from seqtune.data.cache import TokenCache
 from seqtune.data.loader import PlannedBatches, SplitView, StreamedBatches, build_train_batches
-from seqtune.data.scan import scan_split
+from tests.conftest import scan_files
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.models import get_spec
 from seqtune.preflight import load_result, run_preflight
@@ -93,7 +93,7 @@ def corpus(tmp_path: Path) -> Path:
 @pytest.fixture()
 def cache(tmp_path: Path, corpus: Path, bundled_tokenizer) -> TokenCache:
     encoder = SampleEncoder(bundled_tokenizer, "alpaca", train_on_prompt=False)
-    return scan_split("train", [corpus], encoder, cache_root=tmp_path / "tokens").cache()
+    return scan_files("train", [corpus], encoder, cache_root=tmp_path / "tokens").cache()
 
 
 def test_split_view_drop_hides_long_samples_and_truncate_cuts_them(cache: TokenCache) -> None:

@@ -8,7 +8,7 @@ import pytest
 from seqtune.data.formats import PromptCompletion
 from seqtune.data.loader import SplitView
 from seqtune.data.overlength import cut_sample
-from seqtune.data.scan import scan_split
+from tests.conftest import scan_files
 from seqtune.data.stream import apply_overlength
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.data.types import IGNORE_INDEX, Reject
@@ -58,7 +58,7 @@ def test_stream_and_cached_view_cut_the_same_way(tmp_path, jsonl, bundled_tokeni
     rows = [{"instruction": "one two three four five " * 8, "input": "", "output": "six seven"},
             {"instruction": "short", "input": "", "output": "ok"}]
     encoder = SampleEncoder(bundled_tokenizer, "alpaca", train_on_prompt=False)
-    cache = scan_split("train", [jsonl(tmp_path / "t.jsonl", rows)], encoder, cache_root=tmp_path / "c").cache()
+    cache = scan_files("train", [jsonl(tmp_path / "t.jsonl", rows)], encoder, cache_root=tmp_path / "c").cache()
     view = SplitView(cache, max_seq_len=24, overlength="truncate_prompt")
     for i in range(len(cache)):
         streamed = apply_overlength(cache[i], 24, "truncate_prompt")

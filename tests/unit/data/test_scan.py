@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from seqtune.data.scan import scan_split
+from tests.conftest import scan_files
 from seqtune.data.tokenize import SampleEncoder
 
 GOOD = {"instruction": "Add 2 and 3.", "input": "", "output": "5"}
@@ -36,7 +36,7 @@ def _gzip(path, rows, jsonl):
 def test_rejects_name_file_line_and_reason_gz(tmp_path, bundled_tokenizer, jsonl):
     data = _gzip(tmp_path / "train.jsonl.gz", _mixed_rows(), jsonl)
     encoder = SampleEncoder(bundled_tokenizer, "alpaca", train_on_prompt=False)
-    scan = scan_split("train", [data], encoder, cache_root=tmp_path / "c")
+    scan = scan_files("train", [data], encoder, cache_root=tmp_path / "c")
     assert [(r.file, r.line, r.code) for r in scan.rejects] == [
         (str(data), 2, "bad_utf8"), (str(data), 3, "bad_json"), (str(data), 5, "not_object"),
         (str(data), 6, "missing_field"), (str(data), 7, "wrong_type"), (str(data), 8, "empty_text"),
@@ -54,7 +54,7 @@ def test_missing_media_rejected_at_its_line(tmp_path, bundled_tokenizer, jsonl):
     data = jsonl(tmp_path / "io.jsonl", [{"input": "<img>a.png</img> what", "output": "a"},
                                          {"input": "<img>b.png</img> what", "output": "b"}])
     encoder = SampleEncoder(bundled_tokenizer, "input_output", train_on_prompt=False)
-    scan = scan_split("train", [data], encoder, cache_root=tmp_path / "c")
+    scan = scan_files("train", [data], encoder, cache_root=tmp_path / "c")
     assert [(r.line, r.code) for r in scan.rejects] == [(2, "missing_media")] and scan.samples == 1
 
 
@@ -62,7 +62,7 @@ def test_stats_lengths_max_token_and_trainable_fraction(tmp_path, bundled_tokeni
     rows = [GOOD, {"instruction": "Spell it.", "input": "", "output": "zyx qwv " * 30}, GOOD]
     data = jsonl(tmp_path / "d.jsonl", rows)
     encoder = SampleEncoder(bundled_tokenizer, "alpaca", train_on_prompt=False)
-    scan = scan_split("train", [data], encoder, cache_root=tmp_path / "c", chunk_size=2)
+    scan = scan_files("train", [data], encoder, cache_root=tmp_path / "c", chunk_size=2)
     samples = encoder.encode_batch(
         [encoder_record for encoder_record in _records(data, bundled_tokenizer)])
     assert scan.lengths.tolist() == [len(s) for s in samples]
@@ -76,36 +76,36 @@ def test_stats_lengths_max_token_and_trainable_fraction(tmp_path, bundled_tokeni
 
 def _records(path, tokenizer):
     from seqtune.data.formats import LineParser
-    from seqtune.data.sources import iter_lines
+    from seqtune.data.sources import iter_records
 
     parser = LineParser(fmt="alpaca", file=str(path))
-    return [parser.parse(n, raw) for n, raw in iter_lines(path)]
+    return [parser.parse(n, raw) for n, raw in iter_records(path)]
 
 
 def test_second_scan_reuses_cache_without_tokenizing(tmp_path, bundled_tokenizer, jsonl):
     data = jsonl(tmp_path / "d.jsonl", [GOOD] * 20)
     encoder = SampleEncoder(bundled_tokenizer, "alpaca", train_on_prompt=False)
-    first = scan_split("train", [data], encoder, cache_root=tmp_path / "c")
+    first = scan_files("train", [data], encoder, cache_root=tmp_path / "c")
     tokenized = encoder.texts_tokenized
     assert not first.from_cache and tokenized == 40  # prompt + completion per record
-    again = scan_split("train", [data], encoder, cache_root=tmp_path / "c")
+    again = scan_files("train", [data], encoder, cache_root=tmp_path / "c")
     assert again.from_cache and encoder.texts_tokenized == tokenized
     assert again.cache_dir == first.cache_dir and again.lengths.tolist() == first.lengths.tolist()
     other = SampleEncoder(bundled_tokenizer, "alpaca", train_on_prompt=True)
-    assert scan_split("train", [data], other, cache_root=tmp_path / "c").cache_dir != first.cache_dir
+    assert scan_files("train", [data], other, cache_root=tmp_path / "c").cache_dir != first.cache_dir
 
 
 def test_cache_invalidated_when_data_or_tokenizer_changes(tmp_path, bundled_tokenizer, fresh_tokenizer, jsonl):
     data = jsonl(tmp_path / "d.jsonl", [GOOD] * 5)
     root = tmp_path / "c"
-    first = scan_split("train", [data], SampleEncoder(bundled_tokenizer, "alpaca", train_on_prompt=False),
+    first = scan_files("train", [data], SampleEncoder(bundled_tokenizer, "alpaca", train_on_prompt=False),
                        cache_root=root)
     jsonl(data, [GOOD] * 4 + [{**GOOD, "output": "6"}])  # same size, different content
     encoder = SampleEncoder(bundled_tokenizer, "alpaca", train_on_prompt=False)
-    changed = scan_split("train", [data], encoder, cache_root=root)
+    changed = scan_files("train", [data], encoder, cache_root=root)
     assert not changed.from_cache and encoder.texts_tokenized > 0 and changed.cache_dir != first.cache_dir
     fresh_tokenizer.add_tokens(["zqxj"])
-    retok = scan_split("train", [data], SampleEncoder(fresh_tokenizer, "alpaca", train_on_prompt=False),
+    retok = scan_files("train", [data], SampleEncoder(fresh_tokenizer, "alpaca", train_on_prompt=False),
                        cache_root=root)
     assert not retok.from_cache and retok.cache_dir not in (first.cache_dir, changed.cache_dir)
 
@@ -121,7 +121,7 @@ def test_tokenized_padded_rows_detected_and_inconsistent_rejected(tmp_path, bund
         {"input_ids": [20, 21, eos], "attention_mask": [1, 0, 1]},                          # 5 holes
     ]
     data = jsonl(tmp_path / "t.jsonl", rows)
-    scan = scan_split("train", [data], SampleEncoder(tok, "tokenized", train_on_prompt=False), cache_root=tmp_path)
+    scan = scan_files("train", [data], SampleEncoder(tok, "tokenized", train_on_prompt=False), cache_root=tmp_path)
     assert scan.padded_inputs == 2 and scan.padded_locations == [f"{data}:2", f"{data}:3"]
     assert [(r.line, r.code) for r in scan.rejects] == [(4, "wrong_type"), (5, "wrong_type")]
     assert "lengths differ (input_ids=4, labels=3)" in scan.rejects[0].reason
@@ -132,17 +132,17 @@ def test_tokenized_padded_rows_detected_and_inconsistent_rejected(tmp_path, bund
 def test_max_records_and_progress_bar(tmp_path, bundled_tokenizer, jsonl, capsys):
     data = jsonl(tmp_path / "d.jsonl", [GOOD] * 30)
     encoder = SampleEncoder(bundled_tokenizer, "alpaca", train_on_prompt=False)
-    scan = scan_split("train", [data], encoder, cache_root=tmp_path / "c", max_records=10, progress=True)
+    scan = scan_files("train", [data], encoder, cache_root=tmp_path / "c", max_records=10, progress=True)
     assert scan.records == 10 and scan.samples == 10
     assert "scan train" in capsys.readouterr().err
 
 
 def test_padding_call_on_the_tokenizer_between_scans_still_hits_the_cache(tmp_path, fresh_tokenizer, jsonl):
     data = jsonl(tmp_path / "d.jsonl", [GOOD] * 3)
-    first = scan_split("train", [data], SampleEncoder(fresh_tokenizer, "alpaca", train_on_prompt=False),
+    first = scan_files("train", [data], SampleEncoder(fresh_tokenizer, "alpaca", train_on_prompt=False),
                        cache_root=tmp_path / "c")
     fresh_tokenizer(["a", "a b c"], padding="max_length", max_length=8, truncation=True)  # mutates backend state
-    again = scan_split("train", [data], SampleEncoder(fresh_tokenizer, "alpaca", train_on_prompt=False),
+    again = scan_files("train", [data], SampleEncoder(fresh_tokenizer, "alpaca", train_on_prompt=False),
                        cache_root=tmp_path / "c")
     assert again.from_cache and again.cache_dir == first.cache_dir
 
@@ -154,7 +154,7 @@ def test_progress_bar_counts_each_record_once(tmp_path, bundled_tokenizer, jsonl
                          {"role": "assistant", "content": "Yo"}]}
     data = jsonl(tmp_path / "d.jsonl", [chat] * 6 + [tool] * 4 + ['{"messages": '] * 2)
     encoder = SampleEncoder(bundled_tokenizer, "chat", train_on_prompt=False)
-    scan = scan_split("train", [data], encoder, cache_root=tmp_path / "c", progress=True)
+    scan = scan_files("train", [data], encoder, cache_root=tmp_path / "c", progress=True)
     assert (scan.records, scan.samples, scan.reject_counts) == (12, 6, {"template_rejected": 4, "bad_json": 2})
     counts = re.findall(r"scan train: (\d+) rec", capsys.readouterr().err)
     assert counts and int(counts[-1]) == 12

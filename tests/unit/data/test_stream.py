@@ -14,7 +14,10 @@ from torch.utils.data import DataLoader
 from seqtune.config.errors import DataError
 from seqtune.config.schema import PaddingConfig
 from seqtune.data.collate import make_collator
-from seqtune.data.stream import JsonlStream, StreamProgress
+from seqtune.config.schema import DataFormat
+from seqtune.data.sources import SourceFiles
+from seqtune.data.split import SplitInput, files_split
+from seqtune.data.stream import JsonlStream, StreamPosition, StreamProgress, pass_records
 from seqtune.data.types import Reject, TokenizedSample
 
 MAX_SEQ_LEN = 12
@@ -72,9 +75,9 @@ def make_stream(files: list[Path], num_lines: int, world_size: int, rank: int, n
                 overlength: str = "drop", resume: StreamProgress | None = None) -> JsonlStream:
     collate = make_collator(PaddingConfig(strategy="longest"), max_seq_len=MAX_SEQ_LEN, pad_id=0,
                             padding_side="right")
-    return JsonlStream(files, parse=parse, encode_batch=encode_batch, collate=collate, batch_size=3,
-                       max_seq_len=MAX_SEQ_LEN, overlength=overlength, world_size=world_size, rank=rank,
-                       num_workers=num_workers, num_lines=num_lines, encode_chunk=4, resume=resume)
+    return JsonlStream(files_split("train", files, "text"), parse=parse, encode_batch=encode_batch, collate=collate,
+                       batch_size=3, max_seq_len=MAX_SEQ_LEN, overlength=overlength, world_size=world_size,
+                       rank=rank, num_workers=num_workers, source_records=[num_lines], encode_chunk=4, resume=resume)
 
 
 def loader(ds: JsonlStream, num_workers: int) -> DataLoader:
@@ -134,4 +137,76 @@ def test_resume_yields_exactly_the_remaining_batches(corpus, num_workers: int, s
     restored.load_state_dict(json.loads(json.dumps(progress.state_dict())))  # as a checkpoint would
     ds = make_stream(files, num_lines, 2, 1, num_workers, resume=restored)
     rest = [ids_of(i) for i in loader(ds, num_workers)]
+    assert taken + rest == expected
+
+
+def mixed(files: list[Path], weights: tuple[float, float]) -> SplitInput:
+    """part0 and part1 of the corpus as two sources with these weights."""
+    return SplitInput(name="train", sources=tuple(
+        SourceFiles(key=f"data.train[{i}]", files=(path,), format=DataFormat.text, columns={}, columns_key="",
+                    weight=w) for i, (path, w) in enumerate(zip(files, weights))))
+
+
+def mixed_stream(split: SplitInput, counts: list[int], world_size: int, rank: int, num_workers: int, *, epoch: int = 0,
+                 resume: StreamProgress | None = None) -> JsonlStream:
+    collate = make_collator(PaddingConfig(strategy="longest"), max_seq_len=MAX_SEQ_LEN, pad_id=0,
+                            padding_side="right")
+    return JsonlStream(split, parse=parse, encode_batch=encode_batch, collate=collate, batch_size=3,
+                       max_seq_len=MAX_SEQ_LEN, overlength="drop", world_size=world_size, rank=rank,
+                       num_workers=num_workers, source_records=counts, seed=5, epoch=epoch, encode_chunk=4,
+                       resume=resume)
+
+
+def dealt(split: SplitInput, counts: list[int], world_size: int, num_workers: int, epoch: int = 0
+          ) -> tuple[Counter, list[int]]:
+    """Good record ids over every rank (with repeats) and the micro-batches per rank."""
+    seen: Counter[int] = Counter()
+    batches = []
+    for rank in range(world_size):
+        items = list(loader(mixed_stream(split, counts, world_size, rank, num_workers, epoch=epoch), num_workers))
+        batches.append(len(items))
+        for item in items:
+            seen.update(ids_of(item))
+    return seen, batches
+
+
+@pytest.mark.parametrize(("world_size", "num_workers"), [(1, 0), (3, 2)])
+def test_a_weighted_pass_deals_each_source_by_its_weight(corpus, world_size: int, num_workers: int) -> None:
+    files, good, _ = corpus
+    counts = [37, 57]  # the records of part0 and part1
+    split = mixed(files, (2, 0.5))
+    seen, batches = dealt(split, counts, world_size, num_workers)
+    first = {rid for rid in good if rid <= 1037}  # part0's ids are 1001..1037
+    assert len(set(batches)) == 1
+    assert {rid: seen[rid] for rid in first} == dict.fromkeys(first, 2)  # weight 2: every good record twice
+    second = [rid for rid in seen if rid > 1037]
+    assert max(seen[rid] for rid in second) == 1 and len(second) < len(good - first)  # about half, no repeat
+    other_epoch, _ = dealt(split, counts, world_size, num_workers, epoch=1)
+    assert {rid for rid in other_epoch if rid > 1037} != set(second)  # a fresh half each epoch
+
+
+def test_a_weighted_pass_deals_exactly_round_weight_times_records_of_each_source(corpus) -> None:
+    """Counting rejects too: part1 gives round(0.5 x 57) = 29 records, part0 2 x 37, whatever they hold."""
+    files, _, _ = corpus
+    split = mixed(files, (2, 0.5))
+    records = Counter()
+    for counter, record, first in pass_records(split, [37, 57], seed=5, epoch=0,
+                                               start=StreamPosition(worker=0, file_index=0, line=0, next_line=0,
+                                                                    batches=0)):
+        records[record.source] += 1
+    assert records == {0: 74, 1: 29}
+
+
+@pytest.mark.parametrize("stop_after", [2, 5])
+def test_a_weighted_pass_resumes_exactly(corpus, stop_after: int) -> None:
+    files, _, _ = corpus
+    split, counts = mixed(files, (1.5, 1)), [37, 57]
+    expected = [ids_of(i) for i in loader(mixed_stream(split, counts, 2, 1, 2), 2)]
+    progress, taken = StreamProgress(), []
+    for item in loader(mixed_stream(split, counts, 2, 1, 2), 2):
+        progress.update(item)
+        taken.append(ids_of(item))
+        if len(taken) == stop_after:
+            break
+    rest = [ids_of(i) for i in loader(mixed_stream(split, counts, 2, 1, 2, resume=progress), 2)]
     assert taken + rest == expected

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from seqtune.config.schema import ModelConfig, TokenizerConfig
-from seqtune.data.scan import scan_split
+from tests.conftest import scan_files
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.models import get_spec
 from seqtune.preflight import checks_labels as labels
@@ -53,7 +53,7 @@ def check(tmp_path: Path, tokenizer, family: str, rows: list[dict]) -> tuple[lis
     data = tmp_path / "chat.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     encoder = SampleEncoder(tokenizer, "chat", train_on_prompt=False)
-    scan = scan_split("train", [data], encoder, cache_root=tmp_path / "tokens")
+    scan = scan_files("train", [data], encoder, cache_root=tmp_path / "tokens")
     assert scan.samples == len(rows), scan.rejects[:1]
     control = control_tokens(tokenizer)
     observed = observe_split(scan.cache_dir, control=control, literal=literal_controls(tokenizer),

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from seqtune.data.scan import scan_split
+from seqtune.data.split import files_split
+from tests.conftest import scan_files
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.preflight.observe import (
     HASH_FILE,
@@ -37,7 +38,7 @@ def write(path: Path, rows: list) -> Path:
 
 def observe(tmp_path: Path, tokenizer, fmt: str, rows: list, **encoder):
     encoder = SampleEncoder(tokenizer, fmt, train_on_prompt=encoder.get("train_on_prompt", False))
-    scan = scan_split("train", [write(tmp_path / "data.jsonl", rows)], encoder, cache_root=tmp_path / "tokens")
+    scan = scan_files("train", [write(tmp_path / "data.jsonl", rows)], encoder, cache_root=tmp_path / "tokens")
     observed = observe_split(scan.cache_dir, control=control_tokens(tokenizer), literal=literal_controls(tokenizer),
                              bos_id=encoder.bos_id, scan_text=fmt != "tokenized", space_ids=whitespace_ids(tokenizer))
     return scan, observed
@@ -92,7 +93,8 @@ def test_control_strings_written_in_text_are_found_per_line(tmp_path, tokenizer)
     assert [loc.rsplit(":", 1)[1] for loc in observed.literal_controls["</s>"].locations] == ["3", "4"]
     assert observed.literal_controls["<s>"].locations[0].endswith(":4")
     # Stream mode scans a sample: only the lines it read are searched.
-    per_token, lines = scan_literal_controls([tmp_path / "data.jsonl"], literal_controls(tokenizer), max_lines=2)
+    per_token, lines = scan_literal_controls(files_split("train", [tmp_path / "data.jsonl"], "alpaca"),
+                                             literal_controls(tokenizer), max_lines=2)
     assert lines.count == 1 and set(per_token) == {"<|end|>"}
 
 

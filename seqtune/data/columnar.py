@@ -1,0 +1,166 @@
+"""Columnar data: Parquet, Arrow IPC (file or stream) and a `datasets` save_to_disk directory, read with pyarrow and
+`datasets` in record batches, one row at a time as a dict. A row's location is `file:row`, row = its 1-based position
+in the file (`pyarrow.parquet.read_table(F).slice(row - 1, 1)` shows it).
+
+Only the columns a format reads are decoded (an image column next to the text costs nothing), and a column the
+format needs that the file lacks is one DataError naming the mapping key (data.columns), the file's columns and the
+fix, instead of every row rejected. A damaged or truncated file is a DataError naming it, never a shorter dataset:
+an Arrow stream must end with its end-of-stream marker (pyarrow reads a stream cut between two record batches as a
+shorter one, without a word).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from seqtune.config.errors import DataError
+
+# Rows converted to Python at a time (a few MB of text; bounded memory whatever the file size).
+ROW_BATCH = 1024
+# Arrow IPC streams end with 0xFFFFFFFF followed by a zero length (the end-of-stream marker every writer since
+# Arrow 0.15 writes when it closes a stream).
+ARROW_STREAM_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+SAVED_STATE = "state.json"
+SAVED_DICT = "dataset_dict.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Columns:
+    """The columns one format reads, as (format field, the data's column) pairs; `key` is the config key that maps
+    them (data.columns, or a source's own), named when a required column is missing."""
+
+    required: tuple[tuple[str, str], ...]
+    optional: tuple[tuple[str, str], ...]
+    key: str
+    format: str
+
+    def select(self, path: Path, names: list[str]) -> list[str]:
+        """The columns of `names` (a file's) to read; a DataError when a required one is missing."""
+        missing = [(field, column) for field, column in self.required if column not in names]
+        if missing:
+            field, column = missing[0]
+            mapped = f"which {self.key} maps {field} to" if field != column else \
+                f"a field of the {self.format} format, not mapped by {self.key}"
+            mapping = {f: c for f, c in (*self.required, *self.optional) if f != c}
+            mapping[field] = "NAME"
+            shown = ", ".join(f"{f}: {c}" for f, c in mapping.items())
+            raise DataError(f"{path} has no column {column!r} ({mapped}); its columns are: {', '.join(names)}.",
+                            key=self.key, fix=f"{self.key}={{{shown}}} with NAME the column that holds {field} (or "
+                                              "the data.format these columns belong to).")
+        return [column for _, column in (*self.required, *self.optional) if column in names]
+
+
+def _arrow_error(path: Path, what: str, exc: BaseException) -> DataError:
+    return DataError(f"{path} is damaged or truncated: pyarrow cannot read it as {what} ({exc}).",
+                     fix=f"copy or write {path} again; seqtune never trains on what is left of a damaged file.")
+
+
+def _rows(batches: Iterator[Any], path: Path, what: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    import pyarrow as pa
+
+    row = 0
+    try:
+        for batch in batches:
+            for record in batch.to_pylist():
+                row += 1
+                yield row, record
+    except (pa.ArrowException, OSError) as exc:
+        raise _arrow_error(path, what, exc) from None
+
+
+def parquet_rows(path: Path, columns: Columns | None) -> Iterator[tuple[int, dict[str, Any]]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path, memory_map=True)
+    except (pa.ArrowException, OSError) as exc:
+        raise _arrow_error(path, "Parquet", exc) from None
+    names = parquet.schema_arrow.names
+    wanted = columns.select(path, names) if columns is not None else names
+    read = 0
+    for read, record in _rows(parquet.iter_batches(batch_size=ROW_BATCH, columns=wanted), path, "Parquet"):
+        yield read, record
+    if read != parquet.metadata.num_rows:  # what the footer promises; a mismatch is damage, not a shorter dataset
+        raise DataError(f"{path} is damaged: {read} rows read, its footer states {parquet.metadata.num_rows}.",
+                        fix=f"copy or write {path} again.")
+
+
+def arrow_rows(path: Path, columns: Columns | None, *, stream: bool) -> Iterator[tuple[int, dict[str, Any]]]:
+    """An Arrow IPC file (`ARROW1`, random access) or stream (what `datasets` writes), memory-mapped."""
+    import pyarrow as pa
+
+    what = "an Arrow IPC stream" if stream else "an Arrow IPC file"
+    try:
+        source = pa.memory_map(str(path))
+        if stream:
+            _check_stream_end(path)
+            reader = pa.ipc.open_stream(source)
+            batches: Any = iter(reader)
+        else:
+            reader = pa.ipc.open_file(source)
+            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+    except (pa.ArrowException, OSError) as exc:
+        raise _arrow_error(path, what, exc) from None
+    names = reader.schema.names
+    wanted = columns.select(path, names) if columns is not None else names
+    yield from _rows((batch.select(wanted) for batch in batches), path, what)
+
+
+def _check_stream_end(path: Path) -> None:
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - len(ARROW_STREAM_END)))
+        tail = f.read()
+    if tail != ARROW_STREAM_END:
+        raise DataError(f"{path} is truncated: the Arrow stream does not end with its end-of-stream marker, so its "
+                        "last record batches may be missing.", fix=f"copy or write {path} again (datasets writes the "
+                                                                   "marker when it finishes a file).")
+
+
+# --- a `datasets` save_to_disk directory -------------------------------------------------------------------
+
+def is_saved_dataset(path: Path) -> bool:
+    return (path / SAVED_STATE).is_file()
+
+
+def check_saved_dataset(path: Path, key: str) -> None:
+    """A directory given as data must be one `Dataset.save_to_disk` wrote (a DatasetDict is its splits' parent)."""
+    if (path / SAVED_DICT).is_file():
+        try:
+            splits = json.loads((path / SAVED_DICT).read_text(encoding="utf-8")).get("splits", [])
+        except (OSError, ValueError, AttributeError):
+            splits = []
+        shown = ", ".join(str(path / s) for s in splits) or f"{path}/SPLIT"
+        raise DataError(f"{key}: {path} is a `datasets` DatasetDict (splits: {', '.join(splits) or '?'}), not one "
+                        "split.", key=key, fix=f"point {key} at one split's directory: {shown}")
+    if not is_saved_dataset(path):
+        raise DataError(f"{key}: {path} is a directory, not a `datasets` save_to_disk directory (no {SAVED_STATE}).",
+                        key=key, fix=f"point {key} at data files, or at the files in it with a glob like "
+                                     f"{path}/*.jsonl.")
+
+
+def saved_dataset_files(path: Path) -> list[Path]:
+    """The files of a saved dataset that decide its content (what the token cache's key hashes)."""
+    return sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
+def saved_dataset_rows(path: Path, columns: Columns | None) -> Iterator[tuple[int, dict[str, Any]]]:
+    import pyarrow as pa
+
+    for arrow in sorted(path.glob("*.arrow")):
+        _check_stream_end(arrow)
+    try:
+        import datasets
+
+        loaded = datasets.load_from_disk(str(path), keep_in_memory=False)
+    except (pa.ArrowException, OSError, ValueError, KeyError, FileNotFoundError) as exc:
+        raise DataError(f"{path}: `datasets` cannot load this save_to_disk directory ({type(exc).__name__}: {exc}).",
+                        fix=f"write it again with Dataset.save_to_disk({str(path)!r}).") from None
+    names = list(loaded.column_names)
+    wanted = columns.select(path, names) if columns is not None else names
+    tables = loaded.select_columns(wanted).with_format("arrow").iter(batch_size=ROW_BATCH)
+    yield from _rows(tables, path, "a saved dataset")
