@@ -27,7 +27,7 @@ from seqtune.train.checkpoint import Checkpointer, Progress
 from seqtune.train.export import export_final, report_end
 from seqtune.train.loop import Loop, fit
 from seqtune.train.optim import build_optimizer, build_scheduler
-from seqtune.train.session import open_logger, set_seed, total_steps
+from seqtune.train.session import open_logger, seed_dropout, set_seed, total_steps
 
 
 def run(cfg: RootConfig, plan: Plan, run_dir: Path) -> None:
@@ -52,6 +52,7 @@ def run(cfg: RootConfig, plan: Plan, run_dir: Path) -> None:
         print(f"attention: {plan.attn_implementation}; kernels: {plan.kernels}; loss: {plan.loss}; "
               f"trainable parameters: {trainable:,}", flush=True)
     model = wrap_model(model.to(env.device), env, sharded=plan.sharded)
+    seed_dropout(cfg.train.seed, env.rank)
 
     train_batches = build_train_batches(cfg, plan, preflight, rank=env.rank, tokenizer=tokenizer)
     eval_batches = build_eval_batches(cfg, plan, preflight, rank=env.rank)
