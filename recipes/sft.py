@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from seqtune.config.load import flat_settings
 from seqtune.config.plan import Plan
 from seqtune.config.schema import RootConfig
 from seqtune.data.loader import build_eval_batches, build_train_batches
@@ -63,7 +64,8 @@ def run(cfg: RootConfig, plan: Plan, run_dir: Path) -> None:
     scaler = torch.amp.GradScaler(env.device.type) if plan.loss_scaling else None
     progress = Progress()
     checkpointer = Checkpointer(run_dir=run_dir, cfg=cfg.train, plan=plan, env=env, model=model, optimizer=optimizer,
-                                scheduler=scheduler, data=train_batches, scaler=scaler, progress=progress)
+                                scheduler=scheduler, data=train_batches, scaler=scaler, progress=progress,
+                                settings=flat_settings(cfg))
     checkpointer.resume()
     logger = open_logger(cfg, run_dir, env, progress.step, preflight)
 

@@ -241,7 +241,8 @@ def _streamed(cfg: RootConfig, plan: Plan, preflight, rank: int, tokenizer) -> S
                         logged_through=sample_end(files, cfg.data.preflight_sample))
     # Preflight proved every rank gets at least one micro-batch per pass (check_epoch_steps).
     return StreamedBatches(make_stream=make_stream, batches_per_rank=make_stream(resume=None).batches_per_rank(),
-                           num_workers=cfg.data.num_workers, seed=cfg.train.seed, rank=rank, identity=stream_identity(cfg, files, num_lines, world_size),
+                           num_workers=cfg.data.num_workers, seed=cfg.train.seed, rank=rank,
+                           identity=stream_identity(cfg, files, num_lines, world_size),
                            budget=budget, rejects=rejects)
 
 
