@@ -81,3 +81,23 @@ def markdown_table(header: list[str], rows: list[list[object]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def window_throughput(metrics: list[dict]) -> dict | None:
+    """Throughput over a seqtune run's logged windows after the first (which holds the warm-up), from metrics.jsonl
+    records: measured seconds, real/target tokens and computed positions per second, padding efficiency."""
+    windows = [m for m in metrics if "tokens_per_s" in m]
+    if len(windows) < 2:
+        return None
+    seconds = tokens = targets = positions = 0.0
+    previous = windows[0]["tokens_seen"]
+    for record in windows[1:]:
+        window_tokens = record["tokens_seen"] - previous
+        previous = record["tokens_seen"]
+        window_seconds = window_tokens / record["tokens_per_s"]
+        seconds += window_seconds
+        tokens += window_tokens
+        targets += record["target_tokens_per_s"] * window_seconds
+        positions += record["computed_tokens_per_s"] * window_seconds
+    return {"measured_seconds": seconds, "tokens_per_s": tokens / seconds, "target_tokens_per_s": targets / seconds,
+            "computed_positions_per_s": positions / seconds, "padding_efficiency": tokens / positions}

@@ -81,7 +81,7 @@ def main() -> None:
     # On the GPU the model is built there: a random 8B-shaped model initialises in seconds, not minutes of CPU.
     model = build_model(cfg.model, attn_implementation=args.attn, resize_to=plan.vocab.resize_to,
                         device="cuda" if args.gpu else None)
-    model = apply_lora(model, cfg.lora, targets=plan.lora_targets)
+    model = apply_lora(model, cfg.lora, targets=plan.lora_targets, saved=plan.lora_saved)
     train = samples(args.data, SampleEncoder(tokenizer, cfg.data.format, train_on_prompt=cfg.data.train_on_prompt))
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -40,7 +40,8 @@ def step(variant: str, rows: int, seq: int, vocab: int) -> dict:
     node = OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(REPO / "configs/model/llama3_tiny.yaml"),
                            {"vocab_size": vocab})
     model = build_model(OmegaConf.to_object(node), attn_implementation="sdpa")
-    model = apply_lora(model, LoraConfig(rank=16, alpha=32.0, modules_to_save=["lm_head"]), get_spec("llama3"))
+    model = apply_lora(model, LoraConfig(rank=16, alpha=32.0, modules_to_save=["lm_head"]),
+                       targets=get_spec("llama3").lora_targets, saved=("lm_head",))
     if variant == "chunked":
         install_token_loss(model, path="chunked")
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)

@@ -1,8 +1,8 @@
 """Same batches, two step paths: python bench/step_paths.py --run-dir RUN_DIR --data train.jsonl [--reps 10]
 
 Settles throughput.py's `longest` question without batch luck or load drift: ONE process, ONE model, the SAME
-micro-batches, alternating (ABBA order) seqtune's path (make_collator `longest` + forward_logits +
-summed_token_loss + backward) and the plain Trainer path (DataCollatorForSeq2Seq + model(labels=...).loss +
+micro-batches, alternating (ABBA order) seqtune's path (make_collator `longest` + the model's token loss,
+seqtune/models/token_loss.py, chunked as the run's plan says + backward) and the plain Trainer path (DataCollatorForSeq2Seq + model(labels=...).loss +
 backward), timing each. RUN_DIR is any seqtune run directory (its resolved config.yaml gives model, LoRA,
 tokenizer, padding), e.g. one left by bench/throughput.py. Optimizer steps are left out (identical on both sides).
 """
@@ -27,7 +27,8 @@ from seqtune.data.tokenize import SampleEncoder
 from seqtune.data.types import TokenizedSample
 from seqtune.models import apply_lora, build_model, get_spec
 from seqtune.tokenizers import load_tokenizer
-from seqtune.train.step import forward_logits, summed_token_loss
+from seqtune.models.token_loss import install_token_loss
+from seqtune.train.step import summed_token_loss
 
 import numpy as np
 
@@ -44,7 +45,9 @@ def main() -> None:
     spec = get_spec(cfg.model.family)
     tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec.chat_template)
     model = apply_lora(build_model(cfg.model, attn_implementation="sdpa", resize_to=plan.vocab.resize_to), cfg.lora,
-                       targets=plan.lora_targets).train()
+                       targets=plan.lora_targets, saved=plan.lora_saved).train()
+    # The loss as the run computes it; the Trainer path below calls the model without targets (its own forward).
+    install_token_loss(model, path=plan.loss)
     rows = samples(args.data, SampleEncoder(tokenizer, cfg.data.format, train_on_prompt=cfg.data.train_on_prompt))
     rng = random.Random(0)
     groups = [rng.sample(rows, cfg.train.batch_size) for _ in range(args.batches)]
@@ -56,7 +59,7 @@ def main() -> None:
     def seqtune_step(group):
         batch = seqtune_collate([TokenizedSample(input_ids=np.asarray(r["input_ids"]), labels=np.asarray(r["labels"]),
                                                  location="") for r in group])
-        loss = summed_token_loss(forward_logits(model, batch), batch["targets"]) / batch["num_targets"]
+        loss = summed_token_loss(model, batch) / batch["num_targets"]
         loss.backward()
         return batch["input_ids"].numel()
 
@@ -83,7 +86,7 @@ def main() -> None:
           f"{torch.get_num_threads()} threads\n")
     print(markdown_table(["path", "seconds (total)", "time vs Trainer path"], [
         ["Trainer: DataCollatorForSeq2Seq + model(labels=)", f"{total['trainer']:.2f}", "1.00x"],
-        ["seqtune: longest collator + forward_logits + summed_token_loss", f"{total['seqtune']:.2f}",
+        ["seqtune: longest collator + token loss (chunked)", f"{total['seqtune']:.2f}",
          f"{total['seqtune'] / total['trainer']:.3f}x (median pair {statistics.median(per_pair):.3f}x)"]]))
     path = write_results("step_paths", {"args": {k: str(v) for k, v in vars(args).items()}, "seconds": times,
                                         "ratio_total": total["seqtune"] / total["trainer"],

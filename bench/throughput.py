@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import PYTHON, REPO, markdown_table, write_long_tailed_alpaca, write_results
+from _common import PYTHON, REPO, markdown_table, window_throughput, write_long_tailed_alpaca, write_results
 
 from seqtune.config.schema import PaddingStrategy
 
@@ -47,20 +47,7 @@ def run_seqtune(strategy: str, *, data: Path, work: Path, steps: int, batch: int
     if proc.returncode != 0:
         raise SystemExit(f"seqtune {strategy} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     logs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    windows = [r for r in logs if "tokens_per_s" in r]
-    seconds = targets = tokens = positions = 0.0
-    previous_seen = windows[0]["tokens_seen"]
-    for record in windows[1:]:  # the first window holds warm-up
-        window_tokens = record["tokens_seen"] - previous_seen
-        previous_seen = record["tokens_seen"]
-        window_seconds = window_tokens / record["tokens_per_s"]
-        seconds += window_seconds
-        tokens += window_tokens
-        targets += record["target_tokens_per_s"] * window_seconds
-        positions += record["computed_tokens_per_s"] * window_seconds
-    return {"side": "seqtune", "strategy": strategy, "run_dir": str(run_dir), "measured_seconds": seconds,
-            "target_tokens_per_s": targets / seconds, "tokens_per_s": tokens / seconds,
-            "computed_positions_per_s": positions / seconds, "padding_efficiency": tokens / positions,
+    return {"side": "seqtune", "strategy": strategy, "run_dir": str(run_dir), **window_throughput(logs),
             "process_wall_seconds": wall, "command": " ".join(cmd[1:])}
 
 

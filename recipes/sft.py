@@ -2,7 +2,8 @@
 (every weight trains; with launcher=torchrun and train.parallel=fsdp the model is sharded across ranks). The two
 presets differ only in lora.enabled.
 
-Reads top to bottom: tokenizer → model (+ LoRA) → data → optimizer/schedule → checkpoints → loop → save. Every
+Reads top to bottom: tokenizer → model (+ LoRA) → data → optimizer/schedule → early stopping → checkpoints →
+evaluation → loop → the best weights and the test split → save. Every
 derived fact (world size, device, dtypes, attention backend, padding side, vocab rows, LoRA targets, max_seq_len,
 the checkpoint to resume from) comes from the plan the parent resolved and preflight proved.
 """
@@ -25,7 +26,10 @@ from seqtune.models.token_loss import install_token_loss
 from seqtune.preflight import load_result
 from seqtune.tokenizers import load_tokenizer
 from seqtune.train.checkpoint import Checkpointer, Progress
-from seqtune.train.export import export_final, report_end
+from seqtune.train.early_stop import EarlyStopping
+from seqtune.train.evaluate import Evaluator
+from seqtune.train.export import BestWeights, export_final, report_end
+from seqtune.train.generate import build_sample_generator
 from seqtune.train.loop import Loop, fit
 from seqtune.train.optim import build_optimizer, build_scheduler
 from seqtune.train.session import open_logger, seed_dropout, set_seed, total_steps
@@ -56,24 +60,36 @@ def run(cfg: RootConfig, plan: Plan, run_dir: Path) -> None:
     seed_dropout(cfg.train.seed, env.rank)
 
     train_batches = build_train_batches(cfg, plan, preflight, rank=env.rank, tokenizer=tokenizer)
-    eval_batches = build_eval_batches(cfg, plan, preflight, rank=env.rank)
 
     optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.optim)
     steps = total_steps(cfg, train_batches.steps_per_epoch(cfg.train.grad_accum))
     scheduler = build_scheduler(optimizer, cfg.optim, steps)
     scaler = torch.amp.GradScaler(env.device.type) if plan.loss_scaling else None
+    stopper = None
+    if cfg.train.early_stop_patience:  # writes best/ whenever eval_loss improves; the run ends on those weights
+        best = BestWeights(unwrap(model), tokenizer, run_dir=run_dir, env=env, lora=cfg.lora.enabled,
+                           sharded=plan.sharded, data_format=cfg.data.format)
+        stopper = EarlyStopping(patience=cfg.train.early_stop_patience, min_delta=cfg.train.early_stop_min_delta,
+                                best=best)
     progress = Progress()
     checkpointer = Checkpointer(run_dir=run_dir, cfg=cfg.train, plan=plan, env=env, model=model, optimizer=optimizer,
                                 scheduler=scheduler, data=train_batches, scaler=scaler, progress=progress,
-                                settings=flat_settings(cfg))
+                                settings=flat_settings(cfg), early_stop=stopper)
     checkpointer.resume()
     logger = open_logger(cfg, run_dir, env, progress.step, preflight)
 
     autocast = getattr(torch, plan.autocast_dtype) if plan.autocast_dtype else None
+    evaluator = Evaluator(
+        model=model, env=env, every=cfg.train.eval_every, max_batches=cfg.train.eval_batches, autocast_dtype=autocast,
+        val=build_eval_batches(cfg, plan, preflight, split="val", rank=env.rank),
+        test=build_eval_batches(cfg, plan, preflight, split="test", rank=env.rank), logger=logger, stopper=stopper,
+        samples=build_sample_generator(cfg, plan, preflight, tokenizer=tokenizer, env=env, run_dir=run_dir,
+                                       autocast_dtype=autocast, resume_step=progress.step))
     loop = Loop(model=model, optimizer=optimizer, scheduler=scheduler, train_batches=train_batches,
-                eval_batches=eval_batches, env=env, cfg=cfg.train, grad_clip=cfg.optim.grad_clip,
+                evaluator=evaluator, env=env, cfg=cfg.train, grad_clip=cfg.optim.grad_clip,
                 total_steps=steps, logger=logger, autocast_dtype=autocast, scaler=scaler, checkpointer=checkpointer)
     fit(loop, progress)
+    evaluator.finish(progress.step)  # the best eval's weights restored (early stopping), then the test split
 
     export_final(unwrap(model), tokenizer, run_dir=run_dir, env=env, lora=cfg.lora.enabled,
                  data_format=cfg.data.format, merged=cfg.train.export_merged, sharded=plan.sharded)

@@ -12,6 +12,7 @@ import logging
 import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 # Before torch/transformers are imported: seqtune never reaches a model hub, and tokenizer threads must not be
@@ -29,10 +30,11 @@ from omegaconf.errors import MissingMandatoryValue  # noqa: E402
 
 from seqtune import console  # noqa: E402
 from seqtune.config import SeqtuneError, register_resolvers, register_schemas, save_resolved, to_typed  # noqa: E402
-from seqtune.config.errors import ConfigError  # noqa: E402
+from seqtune.config.errors import EXIT_FAILED, ConfigError  # noqa: E402
 from seqtune.config.plan import load_plan  # noqa: E402
 from seqtune.config.rundir import RESOLVED_CONFIG  # noqa: E402
 from seqtune.config.schema import LauncherName  # noqa: E402
+from seqtune.sweep import JobOutcome  # noqa: E402
 
 register_schemas()
 register_resolvers()
@@ -113,16 +115,24 @@ def launch(cfg: DictConfig, run_dir: Path) -> None:
 
 
 @hydra.main(version_base=None, config_path="pkg://seqtune.configs", config_name="config")
-def _hydra_main(cfg: DictConfig) -> None:
+def _hydra_main(cfg: DictConfig) -> JobOutcome:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     with console.run_log(run_dir):
         try:
             launch(cfg, run_dir)
         except SeqtuneError as err:
             print(f"\nseqtune: error: {err}", file=sys.stderr, flush=True)
-            if HydraConfig.get().mode == RunMode.MULTIRUN:
-                raise  # let the sweep report which job failed
-            sys.exit(err.exit_code)
+            if not sweep:
+                sys.exit(err.exit_code)
+            return JobOutcome(exit_code=err.exit_code, error=str(err))
+        except Exception as err:
+            if not sweep:
+                raise
+            # A failed job is a row of the sweep's summary (seqtune.sweep); the other jobs still run.
+            traceback.print_exc()
+            return JobOutcome(exit_code=EXIT_FAILED, error=f"{type(err).__name__}: {err}")
+    return JobOutcome(exit_code=0)
 
 
 def main() -> None:
@@ -134,12 +144,7 @@ def main() -> None:
     console.silence_known_false_alarms()
     console.install_tee()  # before Hydra binds its logging handlers to sys.stdout
     try:
-        _hydra_main()
-    except SeqtuneError as err:  # a sweep job's error, printed by that job; Hydra raises it once all jobs ran
-        if user_setting == "1":
-            raise
-        print("seqtune: a job of the sweep failed; its error is printed above.", file=sys.stderr, flush=True)
-        sys.exit(err.exit_code)
+        _hydra_main()  # a sweep's failed jobs are rows of its summary, which sets the exit code (seqtune.sweep)
     except Exception as exc:
         message = None if user_setting == "1" else _config_refusal(exc)
         if message is None:

@@ -31,7 +31,7 @@ done
 # bitsandbytes ships one library per CUDA/ROCm version (~130 MB); keep the machine's and the CPU one.
 find "$work/bundle/site/bitsandbytes" -name 'libbitsandbytes_*.so' ! -name "libbitsandbytes_${cuda_lib}.so" \
      ! -name 'libbitsandbytes_cpu.so' -delete
-cp -r "${HOME}/.cache/seqtune/tokenizers/llama3" "$work/bundle/tokenizers/"
+cp -r "${SEQTUNE_CACHE:-$HOME/.cache/seqtune}/tokenizers/llama3" "$work/bundle/tokenizers/"
 mkdir -p "$(dirname "$out")"
 tar -C "$work/bundle" -cJf "$out" site tokenizers
 echo "wrote $out ($(du -h "$out" | cut -f1)); carry it with the repo, then: bash bench/gpu/run.sh $out OUT_DIR"

@@ -63,7 +63,7 @@ def build(shape: dict):
     fields = {k: v for k, v in shape.items()}
     cfg = ModelConfig(family="llama3", dtype="bfloat16", attn_implementation="torch_varlen", **fields)
     model = build_model(cfg, attn_implementation="torch_varlen", device="cuda")
-    model = apply_lora(model, LoraConfig(rank=16), get_spec("llama3"))
+    model = apply_lora(model, LoraConfig(rank=16), targets=get_spec("llama3").lora_targets, saved=())
     install_token_loss(model, path="fused")
     return model
 

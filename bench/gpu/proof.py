@@ -5,7 +5,8 @@
 
 1. contamination: packed rows keep documents apart on CUDA for sdpa, torch_varlen and flash_attention_2 (when
    installed), and each backend's logits and gradients match eager fp32 on packed, right- and left-padded batches;
-2. steps: one QLoRA step (bitsandbytes NF4) and bf16 LoRA steps on a TinyLlama-1.1B-shaped model, real CLI;
+2. steps: one QLoRA step (bitsandbytes NF4), bf16 LoRA and full fine-tuning steps on a TinyLlama-1.1B-shaped model,
+   and fp16 with its GradScaler (checkpointed) on the embedded default's tiny model, real CLI;
 3. throughput: bf16 LoRA on a Llama-3-8B-shaped model (random weights), packed 4096, against transformers.Trainer +
    DataCollatorForSeq2Seq + sdpa on the same model and data, in this run; MFU (formula in mfu());
 4. memory: preflight's estimate vs torch.cuda.max_memory_allocated for every CLI run;
@@ -31,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
-from _common import WORDS, markdown_table  # noqa: E402
+from _common import WORDS, markdown_table, window_throughput  # noqa: E402
 
 # Llama-3-8B and TinyLlama-1.1B architecture fields (seqtune model keys), random weights: nothing is downloaded.
 LLAMA3_8B = {"vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336, "num_layers": 32,
@@ -121,25 +122,6 @@ def machine() -> dict:
         except PackageNotFoundError:
             info[package.replace("-", "_")] = None
     return info
-
-
-def window_throughput(metrics: list[dict]) -> dict | None:
-    """Tokens/s over the logged windows after the first (warm-up) one, as bench/throughput.py measures."""
-    windows = [m for m in metrics if "tokens_per_s" in m]
-    if len(windows) < 2:
-        return None
-    seconds = tokens = targets = positions = 0.0
-    previous = windows[0]["tokens_seen"]
-    for record in windows[1:]:
-        window_tokens = record["tokens_seen"] - previous
-        previous = record["tokens_seen"]
-        window_seconds = window_tokens / record["tokens_per_s"]
-        seconds += window_seconds
-        tokens += window_tokens
-        targets += record["target_tokens_per_s"] * window_seconds
-        positions += record["computed_tokens_per_s"] * window_seconds
-    return {"seconds": seconds, "tokens_per_s": tokens / seconds, "target_tokens_per_s": targets / seconds,
-            "padding_efficiency": tokens / positions}
 
 
 def write_sft_data(path: Path, n: int, *, max_tokens: int, seed: int = 0) -> Path:
@@ -345,6 +327,9 @@ def steps(proof: Proof) -> dict:
     else:
         runs["qlora"] = proof.cli("qlora", common + device + ["model.load_in_4bit=true", "train.max_steps=3"],
                                   timeout=200)
+        # fp16 autocast trains with a GradScaler (its state checkpointed): the path preflight allows for fp16.
+        runs["fp16_scaler"] = proof.cli("fp16_scaler", ["train.device=cuda", "train.mixed_precision=fp16",
+                                                        "train.max_steps=12", "train.save_every=6"], timeout=120)
         runs["bf16_full_ft"] = proof.cli("bf16_full_ft", [*model_overrides(shape), "tokenizer=llama3",
                                                           f"data.train={data}", "data.val=null",
                                                           "data.max_seq_len=1024", "recipe=full_sft",

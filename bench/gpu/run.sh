@@ -10,8 +10,9 @@ shift 2
 root=${SEQTUNE_GPU_ROOT:-/tmp/seqtune-gpu}
 mkdir -p "$root"
 tar -C "$root" -xJf "$bundle"
-mkdir -p "${HOME}/.cache/seqtune/tokenizers"
-cp -r "$root/tokenizers/." "${HOME}/.cache/seqtune/tokenizers/"
+cache="${SEQTUNE_CACHE:-$HOME/.cache/seqtune}/tokenizers"
+mkdir -p "$cache"
+cp -r "$root/tokenizers/." "$cache/"
 export PYTHONPATH="$root/site${PYTHONPATH:+:$PYTHONPATH}"
 # seqtune itself: editable, no dependencies, no index (its configs/ and recipes/ map into the package).
 python3 -m pip install --quiet --no-deps --no-build-isolation --no-index -e . >/dev/null

@@ -5,6 +5,10 @@ RUN_DIR/config.yaml    the composed config, as the user asked for it (`auto` val
 RUN_DIR/plan.json      the resolved plan (seqtune.config.plan): every derived fact, written once by the parent
 RUN_DIR/checkpoints/step_NNNNNNNN/manifest.json   a checkpoint (seqtune.train.checkpoint): written last, it lists
                        every file of the checkpoint with its size and sha256, so a damaged one is found before use
+RUN_DIR/best/          train.early_stop_patience: the adapter (or model) of the best eval so far (seqtune.train.export)
+RUN_DIR/samples_generated.jsonl   train.eval_samples: greedy completions of validation prompts at each eval
+RUN_DIR/job.json       in a sweep (-m): the job's overrides and exit status (seqtune.sweep)
+SWEEP_DIR/sweep_summary.{md,json,csv}   in a sweep: one row per job, its overrides and final metrics
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ CHECKPOINT_PREFIX = "step_"
 MANIFEST = "manifest.json"
 # The config key that decides where run outputs go (named in every disk error about them).
 RUN_DIR_KEY = "hydra.run.dir"
+BEST_DIR = "best"
+SAMPLES_FILE = "samples_generated.jsonl"
+JOB_FILE = "job.json"
+SWEEP_SUMMARY = "sweep_summary"
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:

@@ -353,6 +353,12 @@ class LoraConfig:
     target_modules: list[str] | None = None
     # Modules trained in full next to the adapter and saved in it (peft modules_to_save), e.g. [lm_head].
     modules_to_save: list[str] = field(default_factory=list)
+    # DoRA (peft use_dora): each adapted weight is split into a trained magnitude per output feature and a
+    # LoRA-updated direction. Costs a little memory per adapted module (preflight's estimate counts it).
+    use_dora: bool = False
+    # rsLoRA (peft use_rslora): scale the update by alpha / sqrt(rank) instead of alpha / rank, so higher ranks
+    # still learn.
+    use_rslora: bool = False
 
     def __post_init__(self) -> None:
         domain = _Domain("lora")
@@ -395,13 +401,15 @@ class OptimConfig:
 # What a resume may change, each only when listed in train.resume_accept (a group name covers its keys). These
 # decide how long the run goes and what it logs, evaluates, saves and exports, never what a step computes from the
 # checkpoint's state: train.max_steps / train.epochs (a longer run; the learning-rate schedule is recomputed for the
-# new length), the save, log and eval schedule, the export, data.num_workers (cached mode: the same batches; stream
-# mode's positions depend on it, which the plan's batch identity still refuses), data.val / data.test (evaluation
-# only), logger and preflight (reporting), and the kernels `auto` picks on another machine (the same math up to
-# rounding). Everything else (optimizer, data, model, LoRA, padding, seed, ...) is refused.
+# new length), the save, log and eval schedule, the generated samples (greedy, on a forked RNG), the export,
+# data.num_workers (cached mode: the same batches; stream mode's positions depend on it, which the plan's batch
+# identity still refuses), data.val / data.test (evaluation only), logger and preflight (reporting), and the kernels
+# `auto` picks on another machine (the same math up to rounding). Everything else (optimizer, data, model, LoRA,
+# padding, seed, early stopping, ...) is refused.
 RESUME_ACCEPTABLE = ("train.max_steps", "train.epochs", "train.save_every", "train.keep_last", "train.log_every",
-                     "train.eval_every", "train.eval_batches", "train.export_merged", "data.num_workers", "data.val",
-                     "data.test", "logger", "preflight", "plan.attn_implementation", "plan.kernels", "plan.loss")
+                     "train.eval_every", "train.eval_batches", "train.eval_samples", "train.eval_sample_tokens",
+                     "train.export_merged", "data.num_workers", "data.val", "data.test", "logger", "preflight",
+                     "plan.attn_implementation", "plan.kernels", "plan.loss")
 # Settings of one invocation, never compared with a checkpoint's. The launcher's world size is a fact of the plan,
 # compared there (a new rendezvous port or backend on restart changes nothing a step computes).
 RESUME_IGNORED = ("train.resume", "train.resume_accept", "train.progress", "preflight.only", "launcher")
@@ -417,8 +425,19 @@ class TrainConfig:
     grad_accum: int = 1
     # Evaluate every N optimizer steps (and at the last); 0 = never.
     eval_every: int = 0
-    # How many validation micro-batches an eval uses (0 = the whole split).
+    # How many validation micro-batches an eval uses (0 = the whole split). The test split (data.test) is always
+    # evaluated in full, once, at the end of training.
     eval_batches: int = 0
+    # Early stopping on eval_loss: stop after this many evals in a row without an improvement of more than
+    # early_stop_min_delta (0 = off). RUN_DIR/best/ holds the weights of the best eval, written whenever it improves;
+    # the run ends with those weights restored (the test split and adapter/ or model/ are then the best's).
+    # Needs data.val and train.eval_every.
+    early_stop_patience: int = 0
+    early_stop_min_delta: float = 0.0
+    # At every eval, greedily complete the prompts of the first N validation records (0 = off) with at most
+    # eval_sample_tokens new tokens: RUN_DIR/samples_generated.jsonl, and a W&B table with logger=wandb.
+    eval_samples: int = 0
+    eval_sample_tokens: int = 32
     log_every: int = 1
     # Checkpoint every N optimizer steps; 0 = no checkpoints.
     save_every: int = 0
@@ -445,7 +464,8 @@ class TrainConfig:
         domain.at_least("max_steps", self.max_steps, 1, "null (run train.epochs epochs)", optional=True)
         for name in ("epochs", "batch_size", "grad_accum", "log_every"):
             domain.at_least(name, getattr(self, name), 1, 1)
-        for name in ("eval_every", "eval_batches", "save_every", "keep_last", "seed"):
+        for name in ("eval_every", "eval_batches", "save_every", "keep_last", "seed", "early_stop_patience",
+                     "eval_samples"):
             domain.at_least(name, getattr(self, name), 0, 0)
         unknown = [k for k in self.resume_accept if not any(k == a or k.startswith(f"{a}.") for a in RESUME_ACCEPTABLE)]
         if unknown:
@@ -453,6 +473,13 @@ class TrainConfig:
                           f"change: the checkpoint's state was trained under it. Fix: restore the checkpoint's value, "
                           f"or start over with train.resume=never hydra.run.dir=NEW_DIR; a resume accepts changes of "
                           f"{', '.join(RESUME_ACCEPTABLE)}")
+        domain.at_least("early_stop_min_delta", self.early_stop_min_delta, 0, 0.0)
+        domain.at_least("eval_sample_tokens", self.eval_sample_tokens, 1, 32)
+        if self.early_stop_min_delta and not self.early_stop_patience and _finite(self.early_stop_min_delta):
+            domain.refuse("early_stop_min_delta", f"train.early_stop_min_delta={self.early_stop_min_delta} has no "
+                          "effect: early stopping is off (train.early_stop_patience=0). Fix: "
+                          "train.early_stop_patience=N (evals without improvement before stopping), or drop "
+                          "train.early_stop_min_delta")
         domain.done()
 
 
@@ -532,6 +559,37 @@ class RootConfig:
                 "train.export_merged=true with lora.enabled=false: a full fine-tune has no adapter to merge; its "
                 "RUN_DIR/model is already a plain Hugging Face checkpoint.", key="train.export_merged",
                 fix="train.export_merged=false (load RUN_DIR/model with AutoModelForCausalLM.from_pretrained)")
+        rules = _Domain("train")
+        _evaluation_rules(self, rules)
+        for name in ("use_dora", "use_rslora"):
+            if getattr(self.lora, name) and not self.lora.enabled:
+                rules.problems.append((f"lora.{name}", f"lora.{name}=true with lora.enabled=false (recipe=full_sft): "
+                                       "every weight trains, there is no adapter to change. Fix: recipe=lora_sft, "
+                                       f"or drop lora.{name}"))
+        rules.done()
+
+
+def _evaluation_rules(cfg: RootConfig, rules: _Domain) -> None:
+    """Early stopping and generated samples act at evals of the validation split: without one, refuse."""
+    train = cfg.train
+    for key, value, off in (("early_stop_patience", train.early_stop_patience, "0"),
+                            ("eval_samples", train.eval_samples, "0")):
+        if not value:
+            continue
+        if cfg.data.val is None:
+            rules.refuse(key, f"train.{key}={value} acts at evals of the validation split, but data.val=null. "
+                         f"Fix: data.val=PATH (a held-out JSONL), or train.{key}={off}")
+        elif not train.eval_every:
+            rules.refuse(key, f"train.{key}={value} acts at evals, but train.eval_every=0 never evaluates. "
+                         f"Fix: train.eval_every=N (optimizer steps between evals), or train.{key}={off}")
+    if train.eval_samples and cfg.data.train_on_prompt:
+        rules.refuse("eval_samples", f"train.eval_samples={train.eval_samples} completes the prompts of validation "
+                     "records, but data.train_on_prompt=true makes every token a target, so the token cache no longer "
+                     "marks where a prompt ends. Fix: train.eval_samples=0, or data.train_on_prompt=false")
+    elif train.eval_samples and cfg.data.format == DataFormat.text:
+        rules.refuse("eval_samples", f"train.eval_samples={train.eval_samples} completes the prompts of validation "
+                     "records, but data.format=text records have no prompt (every token is a target). Fix: "
+                     "train.eval_samples=0, or a format with prompts (alpaca, chat, input_output)")
 
 
 GROUP_SCHEMAS: dict[str, type] = {

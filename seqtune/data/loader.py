@@ -41,7 +41,7 @@ from seqtune.data.stream import (
     sample_end,
 )
 from seqtune.data.tokenize import SampleEncoder
-from seqtune.data.types import POLICY_REJECTS, Reject, TokenizedSample
+from seqtune.data.types import IGNORE_INDEX, POLICY_REJECTS, Reject, TokenizedSample
 
 
 class SplitView(Dataset):
@@ -254,10 +254,42 @@ def build_train_batches(cfg: RootConfig, plan: Plan, preflight, *, rank: int,
                            tail=cfg.data.tail)
 
 
-def build_eval_batches(cfg: RootConfig, plan: Plan, preflight, *, rank: int):
-    """A factory of one pass over the validation split: every sample exactly once over all ranks (tail padded with
-    fully masked fillers, so ranks stay in step and nothing counts twice), or None without a val split."""
-    if "val" not in preflight.caches or not cfg.train.eval_every:
+def build_eval_batches(cfg: RootConfig, plan: Plan, preflight, *, split: str, rank: int):
+    """A factory of one pass over an evaluation split (val, test): every sample exactly once over all ranks (tail
+    padded with fully masked fillers, so ranks stay in step and nothing counts twice), or None without that split."""
+    if split not in preflight.caches:
         return None
-    planned = planned_batches(cfg, plan, preflight.caches["val"], rank=rank, shuffle=False, tail=Tail.pad)
+    planned = planned_batches(cfg, plan, preflight.caches[split], rank=rank, shuffle=False, tail=Tail.pad)
     return lambda: planned.epoch_batches(0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalPrompt:
+    """A validation record cut where its first target starts: the prompt, and the completion it was trained on."""
+
+    prompt_ids: list[int]
+    reference_ids: list[int]
+    location: str
+
+
+def build_eval_prompts(cache_dir: Path, *, count: int, max_seq_len: int, bos_id: int | None) -> list[EvalPrompt]:
+    """The first `count` samples of a split's token cache (file order: the validation split) that have a prompt
+    shorter than max_seq_len, tokenized exactly as training saw them. The reference is the first run of target
+    tokens: the completion, or a conversation's first assistant reply and its end-of-turn marker."""
+    cache = TokenCache.open(cache_dir)
+    prompts: list[EvalPrompt] = []
+    for i in range(len(cache)):
+        sample = cache[i]
+        targets = np.flatnonzero(sample.labels != IGNORE_INDEX)
+        # The bos the encoder adds is never a target: on its own it is no prompt (pre-tokenized rows without labels).
+        leading_bos = int(bos_id is not None and sample.input_ids[0] == bos_id)
+        if not len(targets) or targets[0] <= leading_bos or targets[0] >= max_seq_len:
+            continue  # no prompt, or one too long to complete
+        first = int(targets[0])
+        gaps = np.flatnonzero(np.diff(targets) > 1)
+        end = int(targets[gaps[0]]) + 1 if len(gaps) else int(targets[-1]) + 1
+        prompts.append(EvalPrompt(prompt_ids=sample.input_ids[:first].tolist(),
+                                  reference_ids=sample.input_ids[first:end].tolist(), location=sample.location))
+        if len(prompts) == count:
+            break
+    return prompts

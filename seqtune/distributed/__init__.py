@@ -83,6 +83,13 @@ def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
     return value
 
 
+def broadcast_from_main(value: torch.Tensor) -> torch.Tensor:
+    """Rank 0's value on every rank (in place and returned); identity on a single process."""
+    if dist.is_initialized():
+        dist.broadcast(value, src=0)
+    return value
+
+
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()

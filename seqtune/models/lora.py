@@ -34,6 +34,8 @@ def apply_lora(model: nn.Module, lora: LoraConfig, *, targets: Sequence[str], sa
         r=lora.rank,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
+        use_dora=lora.use_dora,
+        use_rslora=lora.use_rslora,
         target_modules=list(targets),
         task_type="CAUSAL_LM",
         modules_to_save=modules_to_save,
@@ -78,10 +80,11 @@ def skip_adapter_input_cast(model: nn.Module) -> None:
             module.cast_input_dtype_enabled = False
 
 
-def save_adapter(model: PeftModel, out_dir: str | Path) -> None:
+def save_adapter(model: PeftModel, out_dir: str | Path, state_dict: dict | None = None) -> None:
     """Write adapter_config.json + adapter_model.safetensors (LoRA, trainable-token rows, modules_to_save).
+    `state_dict`: the model's full state when it is sharded (gathered by the caller), else read from the model.
 
     save_embedding_layers=False: new rows live in the trainable-token deltas, and peft's "auto" would look the
     base model up by name (a hub lookup) to decide.
     """
-    model.save_pretrained(str(out_dir), safe_serialization=True, save_embedding_layers=False)
+    model.save_pretrained(str(out_dir), state_dict=state_dict, safe_serialization=True, save_embedding_layers=False)

@@ -53,6 +53,7 @@ class MemoryInputs:
     lora_rank: int = 0
     lora_dropout: float = 0.0
     lora_targets: tuple[str, ...] = ()  # resolved target module names
+    dora: bool = False  # lora.use_dora: a trained magnitude per output feature, two outputs kept per module
     modules_to_save: tuple[str, ...] = ()  # trained in full beside the adapter (a copy per module)
     new_rows: int = 0  # rows added by the resize, trained through peft's trainable tokens
     optimizer: str = "adamw"
@@ -108,8 +109,10 @@ def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:
         weights = total * width
     head_grad = 0
     if inputs.lora_enabled:
-        adapter = sum(inputs.lora_rank * (m.in_features + m.out_features) for name, m in linears.items()
-                      if _adapted(name, inputs.lora_targets))
+        adapted = [m for name, m in linears.items() if _adapted(name, inputs.lora_targets)]
+        adapter = sum(inputs.lora_rank * (m.in_features + m.out_features) for m in adapted)
+        if inputs.dora:  # DoRA's magnitude vector: one fp32 parameter per output feature of each adapted module
+            adapter += sum(m.out_features for m in adapted)
         # By tensor: a tied head and embedding saved together are one tensor (peft keeps them tied).
         saved = sum(p.numel() for p in {id(p): p for name, m in model.named_modules()
                                         if name.rsplit(".", 1)[-1] in inputs.modules_to_save
@@ -184,7 +187,7 @@ def _activation_bytes(inputs: MemoryInputs, config: PretrainedConfig, model: nn.
     kept += tokens * _norm_bytes(inputs, hidden, w)  # the final norm
     # The backward's first gradient buffers: the MLP's and the residual stream's, one layer at a time.
     transient = tokens * (3 * config.intermediate_size * w.linear + 2 * w.residual * hidden)
-    return kept + transient + _loss_bytes(inputs, tokens, hidden, w)
+    return kept + max(transient + _loss_bytes(inputs, tokens, hidden, w), _dora_forward_bytes(inputs, model, w))
 
 
 def _norm_bytes(inputs: MemoryInputs, size: int, w: _Widths) -> float:
@@ -218,10 +221,34 @@ def _layer_bytes_per_token(inputs: MemoryInputs, config: PretrainedConfig, layer
         keeping = [n for n in names if not inputs.lora_enabled or _adapted(n, inputs.lora_targets)]
         total += _kept_inputs(inputs, keeping, size, input_width, w, already_kept=names == ("o_proj",))
     if inputs.lora_enabled:
-        adapted = sum(1 for name, m in layer.named_modules()
-                      if isinstance(m, nn.Linear) and _adapted(name, inputs.lora_targets))
-        total += adapted * inputs.lora_rank * w.compute  # x @ A, kept for B's gradient
+        adapted = [m for name, m in layer.named_modules()
+                   if isinstance(m, nn.Linear) and _adapted(name, inputs.lora_targets)]
+        total += len(adapted) * inputs.lora_rank * w.compute  # x @ A, kept for B's gradient
+        if inputs.dora:
+            # DoRA scales the base output and the adapter's output by the magnitude per feature: both products keep
+            # their [tokens, out] input for the magnitude's gradient (measured on CPU: 2 x 4 bytes per token and
+            # output feature in fp32, 2 x 2 under bf16 autocast; tests/unit/models/test_model_memory.py).
+            total += sum(m.out_features for m in adapted) * (w.linear + _adapter_width(inputs, w))
     return total
+
+
+def _adapter_width(inputs: MemoryInputs, w: _Widths) -> int:
+    """Bytes per element of an adapter's input and output: the compute dtype under autocast (peft's fp32 input
+    cast is skipped), else fp32 (peft casts the input to the fp32 adapter's dtype)."""
+    return w.compute if inputs.autocast else ADAPTER_BYTES
+
+
+def _dora_forward_bytes(inputs: MemoryInputs, model: nn.Module, w: _Widths) -> float:
+    """DoRA's forward transient, the largest over the adapted modules (freed before the next module runs): peft
+    builds B @ A by passing an [in, in] identity through the adapter, adds it to the base weight (cast, or
+    dequantized from NF4, to the adapter input's dtype) and takes the per-feature norm."""
+    if not (inputs.lora_enabled and inputs.dora):
+        return 0.0
+    width = _adapter_width(inputs, w)
+    weight_copy = 1 if inputs.load_in_4bit or BYTES_PER_DTYPE[inputs.weights_dtype] != width else 0
+    return max(((m.in_features**2 + (3 + weight_copy) * m.in_features * m.out_features) * width
+                for name, m in _decoder_layers(model)[0].named_modules()
+                if isinstance(m, nn.Linear) and _adapted(name, inputs.lora_targets)), default=0.0)
 
 
 def _kept_inputs(inputs: MemoryInputs, modules: list[str], size: int, input_width: int, w: _Widths, *,

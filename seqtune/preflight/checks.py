@@ -488,6 +488,36 @@ def check_export(*, export_merged: bool, sharded: bool) -> list[Problem]:
     )]
 
 
+def check_eval_prompts(*, requested: int, found: int, max_seq_len: int) -> tuple[list[Problem], list[str]]:
+    """train.eval_samples completes validation prompts: refuse when the split has none (problems), say so when it
+    has fewer than asked (notes)."""
+    if found == 0:
+        return [Problem(
+            check="data", key="train.eval_samples",
+            message=(f"train.eval_samples={requested}, but no validation sample has a prompt to complete: none has "
+                     f"tokens before its first target, within data.max_seq_len={max_seq_len}. Fix: "
+                     "train.eval_samples=0, or validation records with prompts (for data.format=tokenized, labels "
+                     "of -100 before the completion)."),
+        )], []
+    if found < requested:
+        return [], [f"train.eval_samples={requested}: the validation split has {found} sample(s) with a prompt; "
+                    "samples are generated from those."]
+    return [], []
+
+
+def check_early_stopping(*, early_stop: bool, lora: bool, sharded: bool) -> list[Problem]:
+    """Early stopping ends the run on the best eval's weights, read back from best/: a peft adapter cannot be
+    loaded into LoRA weights sharded by FSDP."""
+    if not (early_stop and lora and sharded):
+        return []
+    return [Problem(
+        check="backend", key="train.early_stop_patience",
+        message=("train.early_stop_patience with LoRA under train.parallel=fsdp across ranks: the run ends on the "
+                 "best eval's adapter, read back from best/, which seqtune cannot load into sharded LoRA weights. "
+                 "Fix: train.parallel=ddp (LoRA's trainable weights are small), or train.early_stop_patience=0."),
+    )]
+
+
 # --- 9. resume: in seqtune.preflight.resume (the run against its checkpoint's settings and plan) ------------
 
 

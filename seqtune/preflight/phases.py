@@ -59,6 +59,8 @@ def fast_checks(cfg: RootConfig, plan: Plan) -> list[Problem]:
                                        refused_dtypes=spec.refused_dtypes, loss_scaling=plan.loss_scaling,
                                        sharded=plan.sharded)
     problems += checks.check_export(export_merged=cfg.train.export_merged, sharded=plan.sharded)
+    problems += checks.check_early_stopping(early_stop=cfg.train.early_stop_patience > 0, lora=cfg.lora.enabled,
+                                            sharded=plan.sharded)
     return problems
 
 
@@ -293,7 +295,7 @@ def memory_inputs(cfg: RootConfig, plan: Plan, hf_config, max_seq_len: int) -> M
     return MemoryInputs(
         hf_config=hf_config, vocab_rows=rows, weights_dtype=str(cfg.model.dtype), compute_dtype=plan.compute_dtype,
         lora_enabled=cfg.lora.enabled, lora_rank=cfg.lora.rank, lora_dropout=cfg.lora.dropout,
-        lora_targets=plan.lora_targets, modules_to_save=saved,
+        lora_targets=plan.lora_targets, dora=cfg.lora.enabled and cfg.lora.use_dora, modules_to_save=saved,
         new_rows=max(0, rows - plan.vocab.embedding_rows) if "embed_tokens" not in saved else 0,
         optimizer=str(cfg.optim.name), load_in_4bit=cfg.model.load_in_4bit,
         gradient_checkpointing=cfg.model.gradient_checkpointing, batch_tokens=cfg.train.batch_size * max_seq_len,

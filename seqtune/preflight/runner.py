@@ -144,6 +144,15 @@ def _data_phases(cfg: RootConfig, plan: Plan, tokenizer: Any, hf_config: Any, sc
         result.notes += notes
     problems += content.content_checks(cfg, plan, tokenizer, hf_config, scans, max_seq_len, result)
     problems += shape_checks(cfg, plan, views, max_seq_len)
+    if cfg.train.eval_samples and "val" in scans:
+        from seqtune.data.loader import build_eval_prompts
+
+        found = build_eval_prompts(scans["val"].cache_dir, count=cfg.train.eval_samples, max_seq_len=max_seq_len,
+                                   bos_id=plan.vocab.special_ids.get("bos"))
+        prompt_problems, prompt_notes = checks.check_eval_prompts(requested=cfg.train.eval_samples, found=len(found),
+                                                                  max_seq_len=max_seq_len)
+        problems += prompt_problems
+        result.notes += prompt_notes
     result.plan, efficiency, batches, plan_problems = plan_phase(cfg, plan, views, max_seq_len)
     problems += plan_problems
     if cfg.data.mode == DataMode.stream:

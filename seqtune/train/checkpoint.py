@@ -204,7 +204,8 @@ class Checkpointer:
 
     def __init__(self, *, run_dir: Path, cfg: TrainConfig, plan: Plan, env: DistEnv, model: torch.nn.Module,
                  optimizer: torch.optim.Optimizer, scheduler: Stateful, data: Stateful,
-                 scaler: torch.amp.GradScaler | None, progress: Progress, settings: Mapping[str, Any]) -> None:
+                 scaler: torch.amp.GradScaler | None, progress: Progress, settings: Mapping[str, Any],
+                 early_stop: Stateful | None = None) -> None:
         self.run_dir, self.cfg, self.plan, self.env, self.progress = Path(run_dir), cfg, plan, env, progress
         # The run's settings (seqtune.config.load.flat_settings): a resume compares its own with these.
         self.settings = dict(settings)
@@ -219,6 +220,8 @@ class Checkpointer:
             self.parts["optimizer"] = RankZeroFile(optimizer)
         if scaler is not None:
             self.parts["scaler"] = RankZeroFile(scaler)
+        if early_stop is not None:  # the same on every rank: the eval losses it sees are summed over ranks
+            self.parts["early_stop"] = RankZeroFile(early_stop)
 
     def maybe_save(self, step: int) -> Path | None:
         if self.cfg.save_every and step % self.cfg.save_every == 0:

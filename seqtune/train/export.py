@@ -1,14 +1,17 @@
-"""What a finished run leaves behind: the LoRA adapter (peft format) or the full model, optionally merged."""
+"""What a finished run leaves behind: the LoRA adapter (peft format) or the full model, optionally merged; and,
+with early stopping, RUN_DIR/best/ (the same export of the best eval's weights), which the run ends on."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 
+from seqtune.config.rundir import BEST_DIR, RUN_DIR_KEY
 from seqtune.data.formats import chat_template_for
 from seqtune.distributed import DistEnv, barrier
-from seqtune.files import follow_umask
+from seqtune.files import TempDir, follow_umask, storage_error, sweep_stale_temps
 from seqtune.models import save_adapter
 from seqtune.train.loop import peak_memory_bytes
 from seqtune.train.metrics import MetricsLogger
@@ -24,28 +27,40 @@ def export_final(model: torch.nn.Module, tokenizer, *, run_dir: Path, env: DistE
     `transformers.AutoModelForCausalLM.from_pretrained(run_dir/'merged')` the merged model, no seqtune needed.
     With FSDP every rank takes part in gathering the full weights first (a collective), then rank 0 writes them.
     The saved tokenizer carries the chat template of what was trained (`data_format`), or none."""
-    tokenizer = _with_trained_template(tokenizer, data_format)
-    if sharded:
-        _export_gathered(model, tokenizer, run_dir=run_dir, env=env, lora=lora)
-        return
+    target = run_dir / (ADAPTER_DIR if lora else MODEL_DIR)
+    save_trained(model, trained_tokenizer(tokenizer, data_format), target, env=env, lora=lora, sharded=sharded)
     if env.is_main:
-        target = run_dir / (ADAPTER_DIR if lora else MODEL_DIR)
-        if lora:
-            save_adapter(model, target)  # never lets peft look the base model up on a hub
-        else:
-            model.save_pretrained(target, safe_serialization=True)
-        tokenizer.save_pretrained(target)
-        follow_umask(target)  # safetensors writes 0600 whatever the umask; teammates must be able to load it
-        print(f"saved {'LoRA adapter' if lora else 'model'}: {target}", flush=True)
+        gathered = " (gathered from FSDP shards)" if sharded else ""
+        print(f"saved {'LoRA adapter' if lora else 'model'}{gathered}: {target}", flush=True)
         if merged:  # LoRA only: the schema refuses it for a full fine-tune, preflight under FSDP across ranks
             model.merge_and_unload().save_pretrained(run_dir / MERGED_DIR, safe_serialization=True)
-            tokenizer.save_pretrained(run_dir / MERGED_DIR)
+            trained_tokenizer(tokenizer, data_format).save_pretrained(run_dir / MERGED_DIR)
             follow_umask(run_dir / MERGED_DIR)
             print(f"saved merged model: {run_dir / MERGED_DIR}", flush=True)
     barrier()
 
 
-def _with_trained_template(tokenizer, data_format: str):
+def save_trained(model: torch.nn.Module, tokenizer, target: Path, *, env: DistEnv, lora: bool, sharded: bool) -> None:
+    """The adapter (lora) or the whole model, with the tokenizer, written by rank 0 into `target`. Sharded: every
+    rank must call it (the full weights are gathered to rank 0's CPU first, a collective)."""
+    state = _gathered_state(model) if sharded else None
+    if env.is_main:
+        if lora:
+            save_adapter(model, target, state_dict=state)  # never lets peft look the base model up on a hub
+        else:
+            model.save_pretrained(target, state_dict=state, safe_serialization=True)
+        tokenizer.save_pretrained(target)
+        follow_umask(target)  # safetensors writes 0600 whatever the umask; teammates must be able to load it
+
+
+def _gathered_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    # full_state_dict + cpu_offload: rank 0 receives the unsharded tensors on CPU, the other ranks an empty dict.
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def trained_tokenizer(tokenizer, data_format: str):
     """A copy of the tokenizer whose chat template is the one training used (a Llama 3 template saved next to an
     adapter trained on Alpaca prompts would make every chat client prompt it in a format it never saw)."""
     import copy
@@ -53,6 +68,82 @@ def _with_trained_template(tokenizer, data_format: str):
     saved = copy.copy(tokenizer)  # shallow: the Rust backend is shared, only the template attribute differs
     saved.chat_template = chat_template_for(data_format, tokenizer.chat_template)
     return saved
+
+
+class BestWeights:
+    """RUN_DIR/best/: the export (adapter, or model for a full fine-tune) of the best eval so far, replaced whole
+    each time the eval improves, and read back by `restore` so the run ends on the best weights."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer, *, run_dir: Path, env: DistEnv, lora: bool, sharded: bool,
+                 data_format: str) -> None:
+        self.model, self.env, self.lora, self.sharded = model, env, lora, sharded
+        self.tokenizer = trained_tokenizer(tokenizer, data_format)
+        self.path = Path(run_dir) / BEST_DIR
+
+    def save(self) -> Path:
+        """Write the export into a locked temporary directory beside best/, then swap it in: a crash while
+        writing leaves the previous best/ whole (and a .tmp-best-* that the next save sweeps away)."""
+        parent = self.path.parent
+        new = TempDir(parent, BEST_DIR, key=RUN_DIR_KEY) if self.env.is_main else None
+        try:
+            save_trained(self.model, self.tokenizer, new.path if new else self.path, env=self.env, lora=self.lora,
+                         sharded=self.sharded)
+        except OSError as exc:
+            if new is not None:
+                new.discard()
+            raise storage_error(exc, self.path, key=RUN_DIR_KEY) from None
+        if new is not None:
+            sweep_stale_temps(parent)
+            # A directory cannot be renamed over a non-empty one: the previous best goes aside (onto an empty
+            # locked temporary, which rename replaces), the new one takes its name, then the old one is removed.
+            old = TempDir(parent, f"old-{BEST_DIR}", key=RUN_DIR_KEY)
+            if self.path.exists():
+                os.rename(self.path, old.path)
+            new.publish(self.path)
+            old.discard()
+        barrier()
+        return self.path
+
+    def restore(self) -> None:
+        """Load best/ into the model on every rank (all ranks read the run directory, as they read plan.json)."""
+        files = sorted(self.path.glob("*.safetensors"))
+        if not files:
+            raise RuntimeError(f"seqtune bug: {self.path} holds no weights to restore")
+        if self.lora:  # preflight refuses early stopping for LoRA under FSDP across ranks
+            from peft import set_peft_model_state_dict
+            from safetensors.torch import load_file
+
+            result = set_peft_model_state_dict(self.model, load_file(str(files[0]), device=str(self.env.device)))
+            _check_loaded(self.path, result.unexpected_keys, [])
+        elif self.sharded:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+            from torch.distributed.fsdp import FSDPModule
+
+            # The root keeps its parameters gathered after a forward with no backward (the last eval's): shard them
+            # again, so every parameter is a DTensor that takes its slice of the full weights.
+            for module in self.model.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
+            state = _read_state(files) if self.env.is_main else {}
+            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+            set_model_state_dict(self.model, state, options=options)
+        else:
+            result = self.model.load_state_dict(_read_state(files), strict=False)
+            tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
+            _check_loaded(self.path, result.unexpected_keys, [k for k in result.missing_keys if k not in tied])
+        barrier()
+
+
+def _read_state(files: list[Path]) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return {name: tensor for file in files for name, tensor in load_file(str(file)).items()}
+
+
+def _check_loaded(path: Path, unexpected: list[str], missing: list[str]) -> None:
+    if unexpected or missing:
+        raise RuntimeError(f"seqtune bug: {path} does not match the model it was saved from (unexpected "
+                           f"{unexpected[:3]}, missing {missing[:3]})")
 
 
 def report_end(*, run_dir: Path, env: DistEnv, preflight, logger: MetricsLogger | None) -> None:
@@ -70,20 +161,3 @@ def report_end(*, run_dir: Path, env: DistEnv, preflight, logger: MetricsLogger 
                 line += " [CPU: measured is the process's peak RSS, which includes the Python runtime and libraries]"
         print(line, flush=True)
         print(f"run directory: {run_dir}", flush=True)
-
-
-def _export_gathered(model: torch.nn.Module, tokenizer, *, run_dir: Path, env: DistEnv, lora: bool) -> None:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    # full_state_dict + cpu_offload: rank 0 receives the unsharded tensors on CPU, the other ranks an empty dict.
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if env.is_main:
-        target = run_dir / (ADAPTER_DIR if lora else MODEL_DIR)
-        if lora:
-            model.save_pretrained(target, state_dict=state, safe_serialization=True, save_embedding_layers=False)
-        else:
-            model.save_pretrained(target, state_dict=state, safe_serialization=True)
-        tokenizer.save_pretrained(target)
-        follow_umask(target)
-        print(f"saved {'LoRA adapter' if lora else 'model'} (gathered from FSDP shards): {target}", flush=True)
-    barrier()

@@ -7,7 +7,7 @@ import math
 import resource
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -17,8 +17,9 @@ from tqdm import tqdm
 from seqtune.config.schema import TrainConfig
 from seqtune.distributed import DistEnv, all_reduce_sum, inject_fault
 from seqtune.train.checkpoint import Checkpointer, Progress
+from seqtune.train.evaluate import Evaluator
 from seqtune.train.metrics import MetricsLogger
-from seqtune.train.step import move_batch, summed_token_loss
+from seqtune.train.step import autocast, move_batch, summed_token_loss
 
 
 class TrainBatches(Protocol):
@@ -35,8 +36,8 @@ class Loop:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     train_batches: TrainBatches
-    # Returns a fresh iterable over this rank's validation micro-batches (None: no validation split).
-    eval_batches: Callable[[], Iterable[dict[str, torch.Tensor]]] | None
+    # When to evaluate, and whether early stopping ends the run (seqtune.train.evaluate).
+    evaluator: Evaluator
     env: DistEnv
     cfg: TrainConfig
     grad_clip: float
@@ -46,12 +47,6 @@ class Loop:
     # fp16 autocast: scales the loss so small gradients survive float16 (None otherwise).
     scaler: torch.amp.GradScaler | None
     checkpointer: Checkpointer
-
-
-def _autocast(loop: Loop):
-    if loop.autocast_dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=loop.env.device.type, dtype=loop.autocast_dtype)
 
 
 def _no_sync(loop: Loop, last: bool):
@@ -72,7 +67,7 @@ def train_step(loop: Loop, micro_batches: list[dict[str, torch.Tensor]]) -> dict
     loss_sum = torch.zeros((), dtype=torch.float64, device=loop.env.device)
     for i, batch in enumerate(micro_batches):
         batch = move_batch(batch, loop.env.device)
-        with _no_sync(loop, last=i == len(micro_batches) - 1), _autocast(loop):
+        with _no_sync(loop, last=i == len(micro_batches) - 1), autocast(loop.env.device, loop.autocast_dtype):
             summed = summed_token_loss(loop.model, batch)
         scaled = summed * scale
         (loop.scaler.scale(scaled) if loop.scaler is not None else scaled).backward()
@@ -93,24 +88,6 @@ def train_step(loop: Loop, micro_batches: list[dict[str, torch.Tensor]]) -> dict
     return {"loss": loss, "grad_norm": float(grad_norm), "targets": targets, "tokens": tokens, "positions": positions}
 
 
-@torch.no_grad()
-def evaluate(loop: Loop) -> dict[str, float]:
-    """Mean CE over every validation target token on every rank (not a mean of per-batch means)."""
-    loop.model.eval()
-    totals = torch.zeros(2, dtype=torch.float64, device=loop.env.device)
-    for n, batch in enumerate(loop.eval_batches()):
-        if loop.cfg.eval_batches and n >= loop.cfg.eval_batches:
-            break
-        batch = move_batch(batch, loop.env.device)
-        with _autocast(loop):
-            totals[0] += summed_token_loss(loop.model, batch).double()
-        totals[1] += batch["num_targets"].double()
-    loop.model.train()
-    loss_sum, count = all_reduce_sum(totals).tolist()
-    loss = loss_sum / max(count, 1.0)
-    return {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 50.0)), "eval_targets": count}
-
-
 def peak_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
@@ -127,28 +104,24 @@ def fit(loop: Loop, state: Progress) -> Progress:
     bar = tqdm(total=loop.total_steps, initial=state.step, desc="train", unit="step", file=sys.stdout,
                disable=not (loop.env.is_main and loop.cfg.progress), dynamic_ncols=True)
     window = {"loss": 0.0, "targets": 0.0, "tokens": 0.0, "positions": 0.0, "steps": 0, "start": time.perf_counter()}
-    while state.step < loop.total_steps:
+    # A resumed run whose early stopping had already ended it does not train on.
+    while state.step < loop.total_steps and not loop.evaluator.should_stop:
         inject_fault("train", step=state.step + 1, rank=loop.env.rank)
         out = train_step(loop, [next(batches) for _ in range(loop.cfg.grad_accum)])
         state.step += 1
         state.tokens_seen += int(out["tokens"])
         _accumulate(window, out)
         bar.update(1)
-        if state.step % loop.cfg.log_every == 0 or state.step == loop.total_steps:
+        last = state.step == loop.total_steps
+        record: dict[str, Any] = {"step": state.step}
+        if state.step % loop.cfg.log_every == 0 or last:
             record = _log_record(loop, state, window, out)
             bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
             window.update(loss=0.0, targets=0.0, tokens=0.0, positions=0.0, steps=0, start=time.perf_counter())
-            if loop.eval_batches is not None and loop.cfg.eval_every and (
-                state.step % loop.cfg.eval_every == 0 or state.step == loop.total_steps):
-                record.update(evaluate(loop))
-                if loop.env.is_main:  # tqdm.write prints even when the bar is disabled
-                    bar.write(f"step {state.step}: eval_loss {record['eval_loss']:.4f} ppl {record['eval_ppl']:.2f}")
-            if loop.logger is not None:
-                loop.logger.log(record)
-        elif loop.eval_batches is not None and loop.cfg.eval_every and state.step % loop.cfg.eval_every == 0:
-            metrics = evaluate(loop)
-            if loop.logger is not None:
-                loop.logger.log({"step": state.step, **metrics})
+        if loop.evaluator.due(state.step, last=last):
+            record.update(loop.evaluator.evaluate(state.step))
+        if len(record) > 1 and loop.logger is not None:
+            loop.logger.log(record)
         loop.checkpointer.maybe_save(state.step)
     bar.close()
     return state

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,13 @@ class MetricsLogger:
         if self._wandb is not None:
             for key, value in values.items():
                 self._wandb.summary[key] = value
+
+    def table(self, name: str, columns: Sequence[str], rows: list[list[Any]], *, step: int) -> None:
+        """A W&B table at `step` (nothing without W&B: the caller writes its own file)."""
+        if self._wandb is not None:
+            import wandb
+
+            self._wandb.log({name: wandb.Table(columns=list(columns), data=rows)}, step=step)
 
     def log_file(self, path: Path, name: str) -> None:
         if self._wandb is not None and path.exists():

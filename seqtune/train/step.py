@@ -10,6 +10,8 @@ forward): chunked or fused, never the full [batch, seq, vocab] logits.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 MODEL_INPUTS = ("input_ids", "position_ids", "attention_mask")
@@ -24,3 +26,10 @@ def summed_token_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) ->
     inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
     # use_cache=False always: when a KV cache is created, packed rows are no longer kept apart.
     return model(**inputs, targets=batch["targets"], use_cache=False).loss
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    """Mixed precision for the forward (the plan's autocast dtype), or nothing."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)

@@ -58,6 +58,7 @@ def test_gemma3_chat_renders_masks_and_trains_with_the_gemma3_template(tmp_path:
     data = write_jsonl(tmp_path / "chat.jsonl", [chat(i) for i in range(24)])
     run_dir = tmp_path / "run"
     ok(run_cli(["model=gemma3_tiny", "tokenizer=gemma3", "data.format=chat", f"data.train={data}", "data.val=null",
+                "data.max_duplicate_fraction=1",
                 "model.resize_embeddings=true", *TRAIN_BRIEFLY], run_dir))
     from transformers import AutoTokenizer
 
@@ -78,7 +79,7 @@ def test_tool_turns_train_where_the_format_has_them_and_are_refused_naming_the_t
     assert report["splits"]["train"]["records"] == 16 and report["splits"]["train"]["rejected"] == 0
     failing = tmp_path / "gemma"
     text = refused(run_cli(["model=gemma3_tiny", "tokenizer=gemma3", *common, "preflight.only=true"], failing),
-                   failing, "[template] tokenizer.chat_template", "messages[2] is a tool turn",
+                   failing, "[template] tokenizer.chat_template", "messages[2] role 'tool' is not accepted by the chat template",
                    "Fix: tokenizer.chat_template=NAME", "llama3, mistral_v3")
     assert "16 of 16 train conversations cannot be rendered by the chat template" in " ".join(text.split())
 

@@ -133,8 +133,10 @@ MASKING_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if not loop.first 
 
 
 def test_mistral_a_template_masking_eos_and_truncation_cutting_it_exit_2_and_the_fixes_train(tmp_path):
-    long_prompt = {"messages": [{"role": "user", "content": "Please repeat: " + "alpha beta gamma " * 20},
-                                {"role": "assistant", "content": "alpha beta gamma"}]}
+    # Over 48 tokens with its reply starting before token 48: truncate keeps part of the reply and cuts its </s>
+    # (a reply cut away entirely is dropped instead); truncate_prompt keeps the whole reply.
+    long_prompt = {"messages": [{"role": "user", "content": "Please repeat: " + "alpha beta gamma " * 8},
+                                {"role": "assistant", "content": "alpha beta gamma " * 4}]}
     train = write_jsonl(tmp_path / "train.jsonl", [chat(i) for i in range(6)] + [long_prompt])
     common = ["model=mistral_tiny", "model.vocab_size=32768", "tokenizer=mistral_v3", f"data.train={train}",
               "data.val=null", "data.format=chat", "data.max_seq_len=48"]

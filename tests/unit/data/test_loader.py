@@ -285,3 +285,26 @@ def test_batches_never_draw_from_the_global_torch_generator(tmp_path, corpus, mo
     before = torch.get_rng_state()
     assert len(list(islice(batches, 14))) == 14  # into the third epoch / pass: three iterators started
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_eval_prompts_cut_chat_and_alpaca_samples_at_their_first_target(tmp_path):
+    """A conversation's prompt runs up to its first assistant reply (the template's generation prompt included); the
+    reference is that reply and its end-of-turn marker, not the later turns."""
+    from seqtune.data.loader import build_eval_prompts
+
+    chat = write_jsonl(tmp_path / "chat.jsonl", [{"messages": [
+        {"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "apple"},
+        {"role": "user", "content": "Another?"}, {"role": "assistant", "content": "river"}]}] * 3)
+    # Three copies of one conversation, validated on itself: duplicates accepted on purpose.
+    cfg = make_cfg(tmp_path, chat, f"data.val={chat}", "data.format=chat", "data.max_duplicate_fraction=1")
+    preflight, plan, tokenizer = prepare(cfg, tmp_path / "run")
+    prompts = build_eval_prompts(preflight.caches["val"], count=2, max_seq_len=plan.max_seq_len,
+                                 bos_id=plan.vocab.special_ids.get("bos"))
+    assert [p.location for p in prompts] == [f"{chat}:1", f"{chat}:2"]
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "Name a fruit."}], tokenize=False,
+                                             add_generation_prompt=True)
+    prompt = tokenizer.decode(prompts[0].prompt_ids)
+    assert prompt.endswith(rendered) and "Another?" not in prompt
+    assert tokenizer.decode(prompts[0].reference_ids, skip_special_tokens=True).strip() == "apple"
+    # With a prompt limit below every prompt's length, nothing is left to complete.
+    assert build_eval_prompts(preflight.caches["val"], count=2, max_seq_len=3, bos_id=None) == []

@@ -176,3 +176,28 @@ def test_mostly_new_rows_train_the_embedding_in_full_and_keep_the_adapter_config
                                          str(tmp_path)).eval()
     with torch.no_grad():
         torch.testing.assert_close(reloaded(input_ids=batch).logits, expected)
+
+
+def test_dora_and_rslora_reach_peft_train_and_reload(tmp_path):
+    cfg = tiny_cfg("llama3")
+    lora = LoraConfig(rank=4, alpha=8.0, use_dora=True, use_rslora=True)
+    peft_model = lora_for(build_model(cfg, attn_implementation="sdpa"), lora, "llama3")
+    config = peft_model.peft_config["default"]
+    assert config.use_dora and config.use_rslora
+    q_proj = peft_model.base_model.model.model.layers[0].self_attn.q_proj
+    assert q_proj.scaling["default"] == pytest.approx(8.0 / 4**0.5)  # rsLoRA: alpha / sqrt(rank), not alpha / rank
+    magnitudes = {n: p for n, p in peft_model.named_parameters() if "lora_magnitude_vector" in n}
+    assert len(magnitudes) == 7 * cfg.num_layers and all(p.requires_grad for p in magnitudes.values())
+    batch = random_batch(cfg.vocab_size, batch=2, seq=16)
+    peft_model(input_ids=batch, labels=batch).loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in magnitudes.values())
+    with torch.no_grad():
+        for param in (p for p in peft_model.parameters() if p.requires_grad):
+            param.add_(0.05 * torch.randn(param.shape, generator=torch.Generator().manual_seed(3)))
+    peft_model.eval()
+    with torch.no_grad():
+        expected = peft_model(input_ids=batch).logits
+    save_adapter(peft_model, tmp_path)
+    reloaded = PeftModel.from_pretrained(build_model(cfg, attn_implementation="sdpa"), str(tmp_path)).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=batch).logits, expected)

@@ -338,3 +338,51 @@ def test_a_missing_checkpoint_fails_once_with_preflight_json(tmp_path, varied):
     report = run_failing(make_cfg(tmp_path, varied, f"model.path={tmp_path / 'nowhere'}", "model.vocab_size=null",
                                   "tokenizer.source=bundled"), tmp_path / "run", match="model.path")
     assert report["problems"][0]["check"] == "load" and report["max_seq_len"] is None
+
+
+def test_early_stopping_of_lora_is_refused_under_fsdp_across_ranks_only(tmp_path, varied):
+    # The validation split is the training file itself: accepted on purpose (the duplicates check would refuse it).
+    early = ("data.val=" + str(varied), "data.max_duplicate_fraction=1", "train.eval_every=2",
+             "train.early_stop_patience=2")
+    fsdp = ("launcher.name=torchrun", "launcher.nproc_per_node=2", "train.parallel=fsdp", "train.batch_size=2")
+    report = run_failing(make_cfg(tmp_path, varied, *early, *fsdp), tmp_path / "run", match="train.early_stop_patience")
+    assert "Fix: train.parallel=ddp" in messages(report)
+    # A full fine-tune under FSDP, and LoRA on one rank, are honoured.
+    assert run_preflight(make_cfg(tmp_path, varied, *early, *fsdp, "lora.enabled=false"), tmp_path / "run2").ok
+    assert run_preflight(make_cfg(tmp_path, varied, *early, "train.parallel=fsdp"), tmp_path / "run3").ok
+
+
+@pytest.mark.parametrize(("overrides", "needles"), [
+    (["train.early_stop_patience=3", "train.eval_every=5"], ["data.val=null", "Fix: data.val=PATH"]),
+    (["train.early_stop_patience=3", "data.val=VAL"], ["train.eval_every=0", "Fix: train.eval_every=N"]),
+    (["train.eval_samples=2", "train.eval_every=5"], ["train.eval_samples=2", "Fix: data.val=PATH"]),
+    (["train.eval_samples=2", "train.eval_every=5", "data.val=VAL", "data.format=text"],
+     ["data.format=text", "Fix: train.eval_samples=0"]),
+    (["train.eval_samples=2", "train.eval_every=5", "data.val=VAL", "data.train_on_prompt=true"],
+     ["data.train_on_prompt=true", "Fix: train.eval_samples=0"]),
+    (["train.early_stop_min_delta=0.01"], ["has no effect", "Fix: train.early_stop_patience=N"]),
+    (["lora.enabled=false", "lora.use_dora=true"], ["lora.use_dora=true with lora.enabled=false", "recipe=lora_sft"]),
+    (["train.early_stop_patience=-1", "train.eval_samples=-2", "train.eval_sample_tokens=0"],
+     ["train.early_stop_patience=-1", "train.eval_samples=-2", "train.eval_sample_tokens=0"]),
+])
+def test_settings_that_act_at_evals_are_refused_without_what_they_need(tmp_path, varied, overrides, needles):
+    from seqtune.config import ConfigError
+
+    overrides = [o.replace("VAL", str(varied)) for o in overrides]
+    with pytest.raises(ConfigError) as info:
+        make_cfg(tmp_path, varied, *overrides)
+    assert info.value.exit_code == 2
+    for needle in needles:
+        assert needle in str(info.value)
+
+
+def test_generated_samples_need_validation_prompts_and_preflight_counts_them(tmp_path, varied):
+    # Validation is the training file itself, accepted on purpose (the duplicates check would refuse it).
+    samples = ("train.eval_every=2", "train.eval_samples=20", "data.max_duplicate_fraction=1")
+    result = run_preflight(make_cfg(tmp_path, varied, f"data.val={varied}", *samples), tmp_path / "run")
+    assert result.ok and "the validation split has 8 sample(s) with a prompt" in " ".join(result.notes)
+    # Pre-tokenized rows without labels train on every token: nothing to complete.
+    ids = write_jsonl(tmp_path / "ids.jsonl", [{"input_ids": [5, 6, 7, 8 + i]} for i in range(8)])
+    report = run_failing(make_cfg(tmp_path, ids, f"data.val={ids}", "data.format=tokenized", *samples),
+                         tmp_path / "run2", match="train.eval_samples")
+    assert "no validation sample has a prompt" in messages(report) and "Fix: train.eval_samples=0" in messages(report)

@@ -1,0 +1,71 @@
+"""Early stopping on eval_loss (train.early_stop_patience, train.early_stop_min_delta).
+
+An eval improves when its loss is below the best so far by more than min_delta; each improvement writes RUN_DIR/best/
+(BestWeights.save). After `patience` evals in a row without one, the loop stops. Whether it stopped or ran to the
+last step, the run ends on the best eval's weights (`end_on_best`), so the test split and the final export are the
+best's. Its state (best loss and step, evals since) is a checkpoint part: a resumed run stops where it would have.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+class Best(Protocol):
+    def save(self) -> Any: ...
+
+    def restore(self) -> None: ...
+
+
+@dataclass(kw_only=True)
+class EarlyStopping:
+    patience: int
+    min_delta: float
+    best: Best = field(repr=False)
+    best_loss: float = math.inf
+    best_step: int = 0  # 0: no eval improved yet (best/ not written)
+    evals_since_best: int = 0
+
+    @property
+    def should_stop(self) -> bool:
+        return self.evals_since_best >= self.patience
+
+    def observe(self, step: int, loss: float) -> tuple[dict[str, Any], str]:
+        """Record one eval: (metrics to log, what to add to the console's eval line)."""
+        if math.isfinite(loss) and loss < self.best_loss - self.min_delta:
+            self.best_loss, self.best_step, self.evals_since_best = loss, step, 0
+            self.best.save()
+            note = "; best so far, saved to best/"
+        else:
+            self.evals_since_best += 1
+            note = (f"; no improvement on {self.best_loss:.4f} (step {self.best_step}) by more than "
+                    f"train.early_stop_min_delta={self.min_delta:g} for {self.evals_since_best} of "
+                    f"train.early_stop_patience={self.patience} evals")
+        metrics: dict[str, Any] = {"best_eval_loss": self.best_loss, "best_step": self.best_step,
+                                   "evals_since_best": self.evals_since_best}
+        if self.should_stop:
+            metrics["early_stopped"] = True
+            note += f"\nearly stopping at step {step}: the best eval stays step {self.best_step} (best/)"
+        return metrics, note
+
+    def end_on_best(self, step: int, say: Callable[[str], None]) -> dict[str, Any]:
+        """Load best/ into the model unless the last eval was the best; returns what to log."""
+        if self.best_step == 0:
+            say("early stopping: no eval had a finite loss, so best/ was never written; the run ends on its last "
+                "weights")
+            return {}
+        if self.best_step != step:
+            self.best.restore()
+            say(f"restored the best eval's weights (step {self.best_step}, eval_loss {self.best_loss:.4f}) from best/: "
+                "the test split and the final export use them")
+        return {"best_eval_loss": self.best_loss, "best_step": self.best_step}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best_loss": self.best_loss, "best_step": self.best_step, "evals_since_best": self.evals_since_best}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best_loss = float(state["best_loss"])
+        self.best_step, self.evals_since_best = int(state["best_step"]), int(state["evals_since_best"])

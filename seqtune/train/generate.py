@@ -1,0 +1,100 @@
+"""Greedy completions of a few validation prompts at each eval (train.eval_samples, train.eval_sample_tokens).
+
+The model is called as trained (peft adapters, the token-loss forward: without `targets` it returns its normal
+output) with no KV cache: every new token re-runs the whole sequence, which for a few short completions costs
+little and needs nothing from the model's cache code. The caller sets model.eval() (no dropout); the torch RNG is
+forked, so training draws the same random numbers with or without samples. Every rank runs the same forwards
+(FSDP's forward is a collective) and takes rank 0's token, so all ranks stop together; rank 0 writes
+RUN_DIR/samples_generated.jsonl and, with logger=wandb, a table per eval.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from seqtune.config.plan import Plan
+from seqtune.config.rundir import SAMPLES_FILE
+from seqtune.config.schema import RootConfig
+from seqtune.data.loader import EvalPrompt, build_eval_prompts
+from seqtune.distributed import DistEnv, broadcast_from_main
+from seqtune.models.spec import get_spec
+from seqtune.train.metrics import MetricsLogger, truncate_after
+from seqtune.train.step import autocast
+
+SAMPLE_COLUMNS = ("step", "location", "prompt", "completion", "reference", "new_tokens")
+
+
+@torch.no_grad()
+def greedy_completion(model: torch.nn.Module, prompt: list[int], *, max_new_tokens: int, stop_ids: Iterable[int],
+                      env: DistEnv, autocast_dtype: torch.dtype | None) -> list[int]:
+    """Up to `max_new_tokens` argmax tokens after `prompt`, ending with the first stop id if one comes."""
+    stop = set(stop_ids)
+    ids = torch.tensor([prompt], dtype=torch.long, device=env.device)
+    new: list[int] = []
+    for _ in range(max_new_tokens):
+        with autocast(env.device, autocast_dtype):
+            logits = model(input_ids=ids, use_cache=False, logits_to_keep=1).logits
+        token = broadcast_from_main(logits[0, -1].argmax().reshape(1, 1))
+        new.append(int(token))
+        if new[-1] in stop:
+            break
+        ids = torch.cat([ids, token], dim=1)
+    return new
+
+
+@dataclass(kw_only=True)
+class SampleGenerator:
+    prompts: list[EvalPrompt]
+    max_new_tokens: int
+    # eos and the model family's end-of-turn token: where a trained completion ends.
+    stop_ids: frozenset[int]
+    tokenizer: Any
+    path: Path
+    env: DistEnv
+    autocast_dtype: torch.dtype | None
+    # The step training resumes from: lines logged after it are dropped (the run continues the same file).
+    resume_step: int = 0
+
+    def __post_init__(self) -> None:
+        if self.env.is_main:
+            truncate_after(self.path, self.resume_step)
+
+    def generate(self, model: torch.nn.Module, step: int, logger: MetricsLogger | None) -> list[dict[str, Any]]:
+        with torch.random.fork_rng(devices=[self.env.device] if self.env.device.type == "cuda" else []):
+            completions = [greedy_completion(model, p.prompt_ids, max_new_tokens=self.max_new_tokens,
+                                             stop_ids=self.stop_ids, env=self.env, autocast_dtype=self.autocast_dtype)
+                           for p in self.prompts]
+        rows = [{"step": step, "location": p.location,
+                 "prompt": self.tokenizer.decode(p.prompt_ids, skip_special_tokens=False),
+                 "completion": self.tokenizer.decode(new, skip_special_tokens=True),
+                 "reference": self.tokenizer.decode(p.reference_ids, skip_special_tokens=True),
+                 "new_tokens": len(new)} for p, new in zip(self.prompts, completions)]
+        if self.env.is_main:
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+            if logger is not None:
+                logger.table("eval/samples", SAMPLE_COLUMNS, [[row[c] for c in SAMPLE_COLUMNS] for row in rows],
+                             step=step)
+        return rows
+
+
+def build_sample_generator(cfg: RootConfig, plan: Plan, preflight, *, tokenizer, env: DistEnv, run_dir: Path,
+                           autocast_dtype: torch.dtype | None, resume_step: int) -> SampleGenerator | None:
+    """train.eval_samples > 0: the first validation prompts (preflight counted them), completions stopping at eos or
+    the family's end-of-turn token."""
+    if not cfg.train.eval_samples:
+        return None
+    prompts = build_eval_prompts(preflight.caches["val"], count=cfg.train.eval_samples, max_seq_len=plan.max_seq_len,
+                                 bos_id=plan.vocab.special_ids.get("bos"))
+    assert prompts, "preflight's check_eval_prompts proved the validation split has prompts"
+    eot = plan.vocab.special_ids.get(get_spec(cfg.model.family).eot_token)
+    stop_ids = frozenset(i for i in (plan.vocab.eos_id, eot) if i is not None)
+    return SampleGenerator(prompts=prompts, max_new_tokens=cfg.train.eval_sample_tokens, stop_ids=stop_ids,
+                           tokenizer=tokenizer, path=Path(run_dir) / SAMPLES_FILE, env=env,
+                           autocast_dtype=autocast_dtype, resume_step=resume_step)
