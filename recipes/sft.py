@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from seqtune.config.load import flat_settings
 from seqtune.config.plan import Plan
 from seqtune.config.schema import RootConfig
 from seqtune.data.loader import build_eval_batches, build_train_batches
@@ -31,7 +32,7 @@ from seqtune.train.export import BestWeights, export_final, report_end
 from seqtune.train.generate import build_sample_generator
 from seqtune.train.loop import Loop, fit
 from seqtune.train.optim import build_optimizer, build_scheduler
-from seqtune.train.session import open_logger, set_seed, total_steps
+from seqtune.train.session import open_logger, seed_dropout, set_seed, total_steps
 
 
 def run(cfg: RootConfig, plan: Plan, run_dir: Path) -> None:
@@ -56,6 +57,7 @@ def run(cfg: RootConfig, plan: Plan, run_dir: Path) -> None:
         print(f"attention: {plan.attn_implementation}; kernels: {plan.kernels}; loss: {plan.loss}; "
               f"trainable parameters: {trainable:,}", flush=True)
     model = wrap_model(model.to(env.device), env, sharded=plan.sharded)
+    seed_dropout(cfg.train.seed, env.rank)
 
     train_batches = build_train_batches(cfg, plan, preflight, rank=env.rank, tokenizer=tokenizer)
 
@@ -72,7 +74,7 @@ def run(cfg: RootConfig, plan: Plan, run_dir: Path) -> None:
     progress = Progress()
     checkpointer = Checkpointer(run_dir=run_dir, cfg=cfg.train, plan=plan, env=env, model=model, optimizer=optimizer,
                                 scheduler=scheduler, data=train_batches, scaler=scaler, progress=progress,
-                                early_stop=stopper)
+                                settings=flat_settings(cfg), early_stop=stopper)
     checkpointer.resume()
     logger = open_logger(cfg, run_dir, env, progress.step, preflight)
 

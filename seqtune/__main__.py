@@ -1,10 +1,10 @@
 """`python -m seqtune recipe=NAME key=value +new_key=value` — runs ONCE, in the parent process.
 
-compose (Hydra) → typed config → write config.yaml → preflight (resolves the plan once, proves it on CPU with no
-process group, writes plan.json) → train, either in-process (launcher=local) or by handing over to torchrun (or
-srun + torchrun), started with the plan's world size. Ranks read config.yaml and plan.json and never run Hydra
-themselves (each rank resolving `${now:...}` on its own would give every rank its own run directory).
-"""
+compose (Hydra) → typed config → the checkpoint to resume, if any (its settings must be this run's) → write
+config.yaml → preflight (resolves the plan once, proves it on CPU with no process group, writes plan.json) → train,
+either in-process (launcher=local) or by handing over to torchrun (or srun + torchrun), started with the plan's world
+size. Ranks read config.yaml and plan.json and never run Hydra themselves (each rank resolving `${now:...}` on its
+own would give every rank its own run directory)."""
 
 from __future__ import annotations
 
@@ -77,13 +77,22 @@ def _prepare_config(cfg: DictConfig) -> DictConfig:
 
 def launch(cfg: DictConfig, run_dir: Path) -> None:
     from seqtune.preflight import run_preflight
+    from seqtune.preflight.resume import check_settings, find_resume
 
     typed = _typed(_prepare_config(cfg))
     _check_presets(typed)
     run_dir.mkdir(parents=True, exist_ok=True)
-    save_resolved(cfg, run_dir / RESOLVED_CONFIG)
+    # train.resume=auto: the newest intact checkpoint, whose settings must be this run's. A refused resume writes
+    # nothing, so the run's record stays the one its checkpoints were trained under.
+    resume = find_resume(typed.train, run_dir)
+    if resume is None:
+        save_resolved(cfg, run_dir / RESOLVED_CONFIG)  # the record of this attempt, even one preflight refuses
+    else:
+        check_settings(resume, typed)
     # Resolves the plan once, proves it, and writes plan.json: what the launcher and every rank use from here on.
-    run_preflight(typed, run_dir)
+    run_preflight(typed, run_dir, resume=resume)
+    if resume is not None:
+        save_resolved(cfg, run_dir / RESOLVED_CONFIG)  # the resume was accepted: its settings are the run's now
     if typed.preflight.only:
         print(f"preflight passed; dry run (preflight.only=true): nothing trained. Report: {run_dir / 'preflight.json'}")
         return

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,6 +50,33 @@ def _size(count: int) -> str:
         if count >= scale:
             return f"{count / scale:.1f} {unit}"
     return f"{count} bytes"
+
+
+def sha256_file(path: Path) -> str:
+    """The sha256 of a file's bytes, read in 8 MiB blocks (hashlib releases the GIL: threads hash files in parallel)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 23):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def os_error_in(exc: BaseException) -> OSError | None:
+    """The OSError behind a library's write failure: torch.save raises RuntimeError("[enforce fail ... unexpected
+    pos]") with the file object's OSError as its context; safetensors (Rust) raises its own error whose message ends
+    "(os error N)". None when the failure was not the operating system's."""
+    seen: list[BaseException] = []
+    error: BaseException | None = exc
+    while error is not None and error not in seen:
+        if isinstance(error, OSError) and error.errno is not None:
+            return error
+        seen.append(error)
+        error = error.__cause__ or error.__context__
+    match = re.search(r"\(os error (\d+)\)", str(exc))
+    if match:
+        number = int(match.group(1))
+        return OSError(number, os.strerror(number))
+    return None
 
 
 def current_umask() -> int:

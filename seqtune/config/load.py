@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
+from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -54,3 +56,32 @@ def load_resolved(path: Path) -> RootConfig:
     known = {f.name for f in fields(RootConfig)}
     schema_keys = OmegaConf.masked_copy(saved, [k for k in saved.keys() if k in known])
     return to_typed(OmegaConf.merge(OmegaConf.structured(RootConfig), schema_keys))
+
+
+def flat_settings(cfg: RootConfig) -> dict[str, Any]:
+    """Every setting of a typed config as {"group.key": JSON value} (Enums by value): what a checkpoint records
+    and a resume compares, key by key."""
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        for f in fields(node):
+            value = getattr(node, f.name)
+            if is_dataclass(value):
+                walk(f"{prefix}{f.name}.", value)
+            else:
+                flat[f"{prefix}{f.name}"] = _json_value(value)
+
+    walk("", cfg)
+    return flat
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    if isinstance(value, Path):
+        return str(value)
+    return value

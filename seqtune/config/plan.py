@@ -111,8 +111,11 @@ class Plan:
     batches: dict[str, Any] | None = None
     # The key that defines the validation split (validation_key): data.val, data.val_fraction, or null for none.
     validation: str | None = None
-    # The checkpoint every rank resumes from (train.resume=auto and one exists; preflight proved its batch plan is
-    # this one), or null to start at step 0.
+    # Each split's token cache key (seqtune.data.cache.cache_key: a digest of its files' content, the tokenizer,
+    # the format and the template): a checkpoint resumes only on the data it was trained on. Null until the scan.
+    data: dict[str, str] | None = None
+    # The checkpoint every rank resumes from (train.resume=auto and an intact one exists; its settings and plan are
+    # this run's: seqtune.preflight.resume), or null to start at step 0.
     resume_from: str | None = None
 
 

@@ -538,6 +538,23 @@ class OptimConfig:
         domain.done()
 
 
+# What a resume may change, each only when listed in train.resume_accept (a group name covers its keys). These
+# decide how long the run goes and what it logs, evaluates, saves and exports, never what a step computes from the
+# checkpoint's state: train.max_steps / train.epochs (a longer run; the learning-rate schedule is recomputed for the
+# new length), the save, log and eval schedule, the generated samples (greedy, on a forked RNG), the export,
+# data.num_workers (cached mode: the same batches; stream mode's positions depend on it, which the plan's batch
+# identity still refuses), data.val / data.test (evaluation only), logger and preflight (reporting), and the kernels
+# `auto` picks on another machine (the same math up to rounding). Everything else (optimizer, data, model, LoRA,
+# padding, seed, early stopping, ...) is refused.
+RESUME_ACCEPTABLE = ("train.max_steps", "train.epochs", "train.save_every", "train.keep_last", "train.log_every",
+                     "train.eval_every", "train.eval_batches", "train.eval_samples", "train.eval_sample_tokens",
+                     "train.export_merged", "data.num_workers", "data.val", "data.test", "logger", "preflight",
+                     "plan.attn_implementation", "plan.kernels", "plan.loss")
+# Settings of one invocation, never compared with a checkpoint's. The launcher's world size is a fact of the plan,
+# compared there (a new rendezvous port or backend on restart changes nothing a step computes).
+RESUME_IGNORED = ("train.resume", "train.resume_accept", "train.progress", "preflight.only", "launcher")
+
+
 @dataclass(kw_only=True)
 class TrainConfig:
     # Stop after this many optimizer steps; null = run `epochs` full epochs.
@@ -567,6 +584,9 @@ class TrainConfig:
     # How many of the newest checkpoints to keep; 0 = keep every checkpoint.
     keep_last: int = 2
     resume: Resume = Resume.auto
+    # Differences from the checkpoint's settings a resume accepts (keys of RESUME_ACCEPTABLE above), e.g.
+    # [train.max_steps] to train longer; any other difference is refused before anything is written.
+    resume_accept: list[str] = field(default_factory=list)
     seed: int = 1234
     device: Device = Device.auto
     # auto = bf16 autocast on GPUs that support it, none on CPU. fp16 trains with a loss scaler (saved in
@@ -587,6 +607,12 @@ class TrainConfig:
         for name in ("eval_every", "eval_batches", "save_every", "keep_last", "seed", "early_stop_patience",
                      "eval_samples"):
             domain.at_least(name, getattr(self, name), 0, 0)
+        unknown = [k for k in self.resume_accept if not any(k == a or k.startswith(f"{a}.") for a in RESUME_ACCEPTABLE)]
+        if unknown:
+            domain.refuse("resume_accept", f"train.resume_accept lists {', '.join(unknown)}, which a resume cannot "
+                          f"change: the checkpoint's state was trained under it. Fix: restore the checkpoint's value, "
+                          f"or start over with train.resume=never hydra.run.dir=NEW_DIR; a resume accepts changes of "
+                          f"{', '.join(RESUME_ACCEPTABLE)}")
         domain.at_least("early_stop_min_delta", self.early_stop_min_delta, 0, 0.0)
         domain.at_least("eval_sample_tokens", self.eval_sample_tokens, 1, 32)
         if self.early_stop_min_delta and not self.early_stop_patience and _finite(self.early_stop_min_delta):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch.utils.data import DataLoader, Dataset
 
 from seqtune.config.errors import DataError
@@ -69,6 +70,17 @@ class SplitView(Dataset):
                                                                                self.overlength)
 
 
+def worker_seed_generator(seed: int, rank: int, epoch: int) -> torch.Generator:
+    """The generator a DataLoader draws its workers' base seed from, when an iterator starts.
+
+    Left to default, that draw comes from the global torch generator, which dropout also uses: a resumed run starts
+    its iterator right after restoring the RNG, the uninterrupted run did so at step 0, so every dropout mask after
+    a resume would differ. A private generator per (seed, rank, epoch) leaves the global stream to the model and
+    gives an epoch's workers the same seeds in both runs."""
+    state = np.random.SeedSequence([seed, rank, epoch]).generate_state(2, np.uint32)
+    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+
+
 class PlannedBatches:
     """This rank's collated micro-batches, epoch after epoch, resumable at micro-batch granularity.
 
@@ -88,7 +100,8 @@ class PlannedBatches:
 
     def epoch_batches(self, epoch: int, start: int = 0) -> Iterator[dict[str, Any]]:
         loader = DataLoader(self.dataset, batch_sampler=self.plan.batches(epoch)[start:], collate_fn=self.collator,
-                            num_workers=self.num_workers)
+                            num_workers=self.num_workers,
+                            generator=worker_seed_generator(self.plan.seed, self.plan.rank, epoch))
         yield from loader
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -135,6 +148,8 @@ class StreamedBatches:
     make_stream: Callable[..., JsonlStream]  # JsonlStream with every argument but `resume` and `epoch` bound
     batches_per_rank: int
     num_workers: int
+    seed: int  # train.seed: with the rank and the pass, the seed of this pass's DataLoader workers
+    rank: int
     identity: dict[str, Any]  # what the saved positions depend on; a resume with other values would skip data
     budget: BadLineBudget
     rejects: RejectLog
@@ -147,7 +162,9 @@ class StreamedBatches:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         while True:
             stream = self.make_stream(resume=self.progress if self.progress.consumed else None, epoch=self.epoch)
-            for item in DataLoader(stream, batch_size=None, num_workers=self.num_workers):
+            loader = DataLoader(stream, batch_size=None, num_workers=self.num_workers,
+                                generator=worker_seed_generator(self.seed, self.rank, self.epoch))
+            for item in loader:
                 self._account(item, stream.num_shards)
                 yield item.batch
             self.budget.check(pass_done=True)
@@ -268,7 +285,7 @@ def _streamed(cfg: RootConfig, plan: Plan, preflight, rank: int, tokenizer) -> S
                         logged_through=sample_end(split, cfg.data.preflight_sample))
     # Preflight proved every rank gets at least one micro-batch per pass (check_epoch_steps).
     return StreamedBatches(make_stream=make_stream, batches_per_rank=make_stream(resume=None).batches_per_rank(),
-                           num_workers=cfg.data.num_workers,
+                           num_workers=cfg.data.num_workers, seed=cfg.train.seed, rank=rank,
                            identity=stream_identity(cfg, split, source_records, world_size),
                            budget=budget, rejects=rejects)
 

@@ -7,6 +7,7 @@ process group at all, so every helper here works in both cases.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -66,6 +67,12 @@ def init_distributed(plan: Plan, *, backend_choice: ProcessGroupBackend) -> Dist
 
 def teardown() -> None:
     if dist.is_initialized():
+        dist.barrier()
+        # torch's gloo backend retires a finished collective on its own worker thread, which needs the GIL to free the
+        # Python tensors the collective held; the process group's destructor (run when DDP's Reducer is freed with
+        # the model, as the recipe returns) joins that thread while holding the GIL. Seen under load: a rank that
+        # never exits, stuck in ~ProcessGroupGloo. Sleeping releases the GIL so every collective retires first.
+        time.sleep(0.2)
         dist.destroy_process_group()
 
 

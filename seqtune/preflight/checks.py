@@ -519,23 +519,7 @@ def check_early_stopping(*, early_stop: bool, lora: bool, sharded: bool) -> list
     )]
 
 
-# --- 9. resume ----------------------------------------------------------------------------------------------
-
-
-def check_resume(*, checkpoint: str, saved: Mapping[str, object] | None, now: Mapping[str, object]) -> list[Problem]:
-    """train.resume=auto continues from `checkpoint` only if its data position means the same here: the batch
-    plan (world size included) it was written under must be this run's."""
-    if saved == now:
-        return []
-    changed = ", ".join(f"{key} {saved.get(key) if saved else None} -> {now.get(key)}"
-                        for key in sorted(set(now) | set(saved or {})) if (saved or {}).get(key) != now.get(key))
-    return [Problem(
-        check="resume", key="train.resume", location=checkpoint,
-        message=(f"train.resume=auto would continue from {checkpoint}, but its data position was saved under "
-                 f"another batch plan ({changed}); resuming would repeat or skip samples. Fix: restore the settings "
-                 "it was written with (world size: launcher.nproc_per_node / launcher.nnodes), or "
-                 "train.resume=never (or a new hydra.run.dir) to start over."),
-    )]
+# --- 9. resume: in seqtune.preflight.resume (the run against its checkpoint's settings and plan) ------------
 
 
 # --- 10. memory ---------------------------------------------------------------------------------------------

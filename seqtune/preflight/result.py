@@ -11,13 +11,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from seqtune.config.rundir import RUN_DIR_KEY
 from seqtune.files import write_atomic
 from seqtune.preflight.checks import Problem
 
 RESULT_FILE = "preflight.json"
 REJECTS_FILE = "rejects.jsonl"
-# The config key that decides where run outputs go (named in every disk error about them).
-RUN_DIR_KEY = "hydra.run.dir"
 
 
 @dataclass(kw_only=True)

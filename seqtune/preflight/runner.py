@@ -17,8 +17,7 @@ from typing import Any
 
 from seqtune.config.errors import PreflightFailed, SeqtuneError
 from seqtune.config.plan import Plan, write_plan
-from seqtune.config.rundir import latest_checkpoint, read_manifest
-from seqtune.config.schema import SPLITS, DataMode, Resume, RootConfig
+from seqtune.config.schema import SPLITS, DataMode, RootConfig
 from seqtune.files import storage_error
 from seqtune.preflight import checks, content
 from seqtune.preflight.checks import Problem
@@ -48,14 +47,19 @@ from seqtune.preflight.report import (
     write_rejects,
 )
 from seqtune.preflight.resolve import resolve_plan
+from seqtune.preflight.resume import RECORD, ResumePoint, plan_problems
 from seqtune.preflight.result import RUN_DIR_KEY, BackendStats, PaddingStats, PreflightResult, VocabStats, write_result
 
 DEFAULT_CACHE_ROOT = Path("~/.cache/seqtune/tokens")
 
 
-def run_preflight(cfg: RootConfig, run_dir: Path, environ: Mapping[str, str] | None = None) -> PreflightResult:
+def run_preflight(cfg: RootConfig, run_dir: Path, environ: Mapping[str, str] | None = None, *,
+                  resume: ResumePoint | None = None) -> PreflightResult:
     """Resolve the plan and check every invariant; write plan.json, preflight.json, rejects.jsonl, lengths.png;
-    raise PreflightFailed (exit 2) on problems. `environ` (default os.environ) holds the SLURM allocation."""
+    raise PreflightFailed (exit 2) on problems. `environ` (default os.environ) holds the SLURM allocation.
+
+    `resume` (seqtune.preflight.resume.find_resume): the checkpoint this run continues. Its plan must be this one;
+    and when anything is wrong, preflight writes nothing, so a refused resume leaves the run's record as it was."""
     run_dir = Path(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -65,26 +69,33 @@ def run_preflight(cfg: RootConfig, run_dir: Path, environ: Mapping[str, str] | N
         plan = resolve_plan(cfg, os.environ if environ is None else environ)
     except SeqtuneError as err:  # no tokenizer, model config or launch world: nothing else can be checked
         problem = Problem(check="load", key=err.key or "model.path", message=str(err))
-        return _finish(PreflightResult(ok=False, max_seq_len=None, problems=[problem]), run_dir, None)
+        return _finish(PreflightResult(ok=False, max_seq_len=None, problems=[problem]), run_dir, None, resume)
     problems = fast_checks(cfg, plan)
     print_early_problems(problems)
     try:
         tokenizer, hf_config, late = runtime_phase(cfg, plan)
     except SeqtuneError as err:
         problem = Problem(check="load", key=err.key or "tokenizer", message=str(err))
-        return _finish(PreflightResult(ok=False, max_seq_len=None, problems=[*problems, problem]), run_dir, plan)
+        return _finish(PreflightResult(ok=False, max_seq_len=None, problems=[*problems, problem]), run_dir, plan,
+                       resume)
     late += content.file_checks(cfg, plan, tokenizer, hf_config)
     print_early_problems(late)
-    result, batches = _scan_and_check(cfg, plan, tokenizer, hf_config, run_dir, problems + late)
-    plan = replace(plan, max_seq_len=result.max_seq_len, batches=batches)
-    plan = _resume_point(cfg, plan, run_dir, result.problems)
-    return _finish(result, run_dir, plan)
+    result, batches, scans = _scan_and_check(cfg, plan, tokenizer, run_dir, problems + late, hf_config)
+    plan = replace(plan, max_seq_len=result.max_seq_len, batches=batches,
+                   data={name: scan.cache_dir.name for name, scan in scans.items()})
+    if resume is not None:
+        result.problems += plan_problems(resume, plan, cfg.train.resume_accept)
+        plan = replace(plan, resume_from=str(resume.checkpoint))
+    if resume is None or not result.problems:
+        _write_reports(cfg, plan, tokenizer, scans, result, run_dir)
+    return _finish(result, run_dir, plan, resume)
 
 
-def _scan_and_check(cfg: RootConfig, plan: Plan, tokenizer: Any, hf_config: Any, run_dir: Path,
-                    problems: list[Problem]) -> tuple[PreflightResult, dict[str, Any] | None]:
+def _scan_and_check(cfg: RootConfig, plan: Plan, tokenizer: Any, run_dir: Path, problems: list[Problem],
+                    hf_config: Any) -> tuple[PreflightResult, dict[str, Any] | None, dict[str, SplitScan]]:
     """Scan every split, then everything that needs the data: limits, labels, shapes, the distributed plan, memory.
-    Also returns the train split's batch-plan identity (None when the data phases could not build it)."""
+    Also returns the train split's batch-plan identity (None when the data phases could not build it) and the scans.
+    Writes nothing into the run directory (see _write_reports)."""
     scans, scan_problems = scan_splits(cfg, tokenizer)
     problems += scan_problems
     result = PreflightResult(ok=False, max_seq_len=None, context_length=plan.context_length,
@@ -104,13 +115,18 @@ def _scan_and_check(cfg: RootConfig, plan: Plan, tokenizer: Any, hf_config: Any,
                             f"{plan.vocab.embedding_rows} to {plan.vocab.resize_to} rows (tokenizer "
                             f"{plan.vocab.tokenizer_size}, multiple of 64).")
     result.problems = problems
+    return result, batches, scans
+
+
+def _write_reports(cfg: RootConfig, plan: Plan, tokenizer: Any, scans: dict[str, SplitScan],
+                   result: PreflightResult, run_dir: Path) -> None:
+    """rejects.jsonl, lengths.png, samples.html/json: the run's view of its data (skipped by a refused resume)."""
     write_rejects([scan.cache_dir / "rejects.jsonl" for scan in scans.values()], run_dir)
     if cfg.preflight.plot and result.max_seq_len is not None:
         plot_lengths({name: scan.lengths for name, scan in scans.items()}, max_seq_len=result.max_seq_len,
                      context_length=plan.context_length, path=run_dir / PLOT_FILE)
     if cfg.preflight.show and result.max_seq_len is not None:
         content.show_samples(cfg, plan, tokenizer, scans, result.max_seq_len, run_dir)
-    return result, batches
 
 
 def _data_phases(cfg: RootConfig, plan: Plan, tokenizer: Any, hf_config: Any, scans: dict[str, SplitScan],
@@ -138,8 +154,8 @@ def _data_phases(cfg: RootConfig, plan: Plan, tokenizer: Any, hf_config: Any, sc
                                                                   max_seq_len=max_seq_len)
         problems += prompt_problems
         result.notes += prompt_notes
-    result.plan, efficiency, batches, plan_problems = plan_phase(cfg, plan, views, max_seq_len)
-    problems += plan_problems
+    result.plan, efficiency, batches, batch_problems = plan_phase(cfg, plan, views, max_seq_len)
+    problems += batch_problems
     if cfg.data.mode == DataMode.stream:
         # Every rank must know how many micro-batches a pass makes, so they all stop together: count once here.
         from seqtune.data.mix import used_per_epoch
@@ -194,31 +210,25 @@ def _vocab_stats(plan: Plan, scans: dict[str, SplitScan]) -> VocabStats:
     )
 
 
-def _resume_point(cfg: RootConfig, plan: Plan, run_dir: Path, problems: list[Problem]) -> Plan:
-    """train.resume=auto with a complete checkpoint in the run directory: every rank resumes from it, but only if
-    its data position was saved under this plan's batch plan (world size included)."""
-    latest = latest_checkpoint(run_dir) if cfg.train.resume == Resume.auto else None
-    if latest is None or plan.batches is None:
-        return plan
-    saved = read_manifest(latest).get("plan", {}).get("batches")
-    problems += checks.check_resume(checkpoint=str(latest), saved=saved, now=plan.batches)
-    return replace(plan, resume_from=str(latest))
-
-
-def _finish(result: PreflightResult, run_dir: Path, plan: Plan | None) -> PreflightResult:
-    """Write plan.json and preflight.json, print the report; raise PreflightFailed (exit 2) on any problem."""
+def _finish(result: PreflightResult, run_dir: Path, plan: Plan | None,
+            resume: ResumePoint | None) -> PreflightResult:
+    """Write plan.json and preflight.json, print the report; raise PreflightFailed (exit 2) on any problem. A refused
+    resume writes neither: the run's record stays the one its checkpoints were trained under."""
     result.ok = not result.problems
-    if plan is not None:
-        write_plan(plan, run_dir)
-        if plan.attn_implementation is not None and plan.kernels is not None:
-            result.backend = BackendStats(attention=plan.attn_implementation, attention_reason=plan.attn_reason,
-                                          kernels=plan.kernels, kernels_reason=plan.kernels_reason, loss=plan.loss,
-                                          loss_reason=plan.loss_reason)
-    write_result(result, run_dir)
+    if plan is not None and plan.attn_implementation is not None and plan.kernels is not None:
+        result.backend = BackendStats(attention=plan.attn_implementation, attention_reason=plan.attn_reason,
+                                      kernels=plan.kernels, kernels_reason=plan.kernels_reason, loss=plan.loss,
+                                      loss_reason=plan.loss_reason)
+    keep_record = resume is not None and not result.ok
+    if not keep_record:
+        if plan is not None:
+            write_plan(plan, run_dir)
+        write_result(result, run_dir)
     print_report(result)
     if not result.ok:
         # One line per problem: the full messages are in the table just printed and in preflight.json.
+        where = (f"This run's record ({RECORD}) is unchanged: a refused resume writes nothing."
+                 if keep_record else f"Report: {run_dir / 'preflight.json'}")
         raise PreflightFailed(f"preflight found {len(result.problems)} problem(s), listed in the table above; "
-                              f"nothing was trained. Report: {run_dir / 'preflight.json'}\n"
-                              f"{headlines(result.problems)}")
+                              f"nothing was trained. {where}\n{headlines(result.problems)}")
     return result

@@ -9,10 +9,13 @@ Layout (seqtune.config.rundir): RUN_DIR/checkpoints/step_00000040/ holding one e
                           weights_only=True (no arbitrary unpickling)
   rng_rank<R>.pt, data_rank<R>.pt   each rank's RNG states and data position (dropout and the stream continue
                           identically after resume)
-  manifest.json           step, tokens seen, the parts, and the plan the checkpoint was written under; written last
+  manifest.json           step, tokens seen, the parts, the plan and the settings (flat_settings) it was written
+                          under, and every other file's size and sha256; written last
 A checkpoint is built in checkpoints/.tmp-step_N and renamed into place only when complete, so a crash while saving
-leaves the previous checkpoint as the latest valid one. Which checkpoint to resume from is decided once by the
-parent (plan.resume_from, after preflight compared its batch plan with this run's).
+leaves the previous checkpoint as the latest valid one; a write that fails on any rank (a full disk) stops every
+rank with "no space left on <path>", the temporary directory removed and the previous checkpoint kept. Files get
+the modes the umask gives (safetensors would leave them 0600). Which checkpoint to resume from is decided once by
+the parent (seqtune.preflight.resume: the newest whose files match its manifest, with the same settings and plan).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,13 +32,21 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from seqtune.config.errors import ConfigError
+from seqtune.config.errors import ConfigError, StorageError
 from seqtune.config.plan import Plan
-from seqtune.config.rundir import MANIFEST, checkpoint_dir, complete_checkpoints
+from seqtune.config.rundir import (
+    MANIFEST,
+    RUN_DIR_KEY,
+    checkpoint_dir,
+    checkpoint_files,
+    checkpoint_step,
+    complete_checkpoints,
+)
 from seqtune.config.schema import TrainConfig
-from seqtune.distributed import DistEnv, barrier, inject_fault, unwrap
+from seqtune.distributed import DistEnv, all_reduce_sum, inject_fault, unwrap
+from seqtune.files import TEMP_PREFIX, follow_umask, os_error_in, storage_error, write_atomic
 
-RESUME_FIX = "train.resume=never (or a new hydra.run.dir) to start over, or the settings the checkpoint was written with"
+RESUME_FIX = "the settings the checkpoint was written with, or start over: train.resume=never hydra.run.dir=NEW_DIR"
 
 
 class Stateful(Protocol):
@@ -114,7 +126,7 @@ class RankZeroFile:
 
     def save(self, directory: Path, name: str, env: DistEnv) -> None:
         if env.is_main:
-            torch.save(self.obj.state_dict(), directory / f"{name}.pt")
+            _torch_save(self.obj.state_dict(), directory / f"{name}.pt")
 
     def load(self, directory: Path, name: str, env: DistEnv) -> None:
         state = torch.load(_part_file(directory, f"{name}.pt"), weights_only=True, map_location=env.device)
@@ -128,7 +140,7 @@ class PerRankFile:
         self.obj = obj
 
     def save(self, directory: Path, name: str, env: DistEnv) -> None:
-        torch.save(self.obj.state_dict(), directory / f"{name}_rank{env.rank}.pt")
+        _torch_save(self.obj.state_dict(), directory / f"{name}_rank{env.rank}.pt")
 
     def load(self, directory: Path, name: str, env: DistEnv) -> None:
         self.obj.load_state_dict(torch.load(_part_file(directory, f"{name}_rank{env.rank}.pt"), weights_only=True))
@@ -145,8 +157,17 @@ class ShardedModelAndOptimizer:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
+        from torch.distributed.checkpoint.api import CheckpointException
+
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory / name))
+        try:
+            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory / name))
+        except CheckpointException as exc:  # raised on every rank, holding each failing rank's exception
+            causes = [os_error_in(failure) for failure, _ in exc.failures.values()]
+            cause = next((c for c in causes if c is not None), None)
+            if cause is None:
+                raise
+            raise cause from None  # a full disk: reported by the caller as on an unsharded save
 
     def load(self, directory: Path, name: str, env: DistEnv) -> None:
         import torch.distributed.checkpoint as dcp
@@ -156,6 +177,13 @@ class ShardedModelAndOptimizer:
         state = {"model": model_state, "optim": optim_state}
         dcp.load(state, checkpoint_id=str(_part_file(directory, name)))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def _torch_save(state: dict[str, Any], path: Path) -> None:
+    # Through a Python file object: a full disk then reaches us as the OSError behind torch's "[enforce fail ...
+    # unexpected pos]" (a path argument writes through C++ streams and loses the errno).
+    with open(path, "wb") as f:
+        torch.save(state, f)
 
 
 def _part_file(directory: Path, name: str) -> Path:
@@ -176,9 +204,11 @@ class Checkpointer:
 
     def __init__(self, *, run_dir: Path, cfg: TrainConfig, plan: Plan, env: DistEnv, model: torch.nn.Module,
                  optimizer: torch.optim.Optimizer, scheduler: Stateful, data: Stateful,
-                 scaler: torch.amp.GradScaler | None, progress: Progress,
+                 scaler: torch.amp.GradScaler | None, progress: Progress, settings: Mapping[str, Any],
                  early_stop: Stateful | None = None) -> None:
         self.run_dir, self.cfg, self.plan, self.env, self.progress = Path(run_dir), cfg, plan, env, progress
+        # The run's settings (seqtune.config.load.flat_settings): a resume compares its own with these.
+        self.settings = dict(settings)
         weights = ShardedModelAndOptimizer(model, optimizer) if plan.sharded else TrainableWeights(model)
         self.parts: dict[str, Any] = {
             "model": weights,
@@ -200,32 +230,74 @@ class Checkpointer:
 
     def save(self, step: int) -> Path:
         final = checkpoint_dir(self.run_dir, step)
-        tmp = final.parent / f".tmp-{final.name}"
-        if self.env.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        barrier()
+        tmp = final.parent / f"{TEMP_PREFIX}{final.name}"
+        self._on_every_rank(final, tmp, lambda: self._start(tmp))
         for name, part in self.parts.items():
-            part.save(tmp, name, self.env)
+            self._on_every_rank(final, tmp, lambda: part.save(tmp, name, self.env))
             # Test hook (SEQTUNE_FAULT=save:STEP): a crash once the first part is written, halfway through the save.
             inject_fault("save", step=step, rank=self.env.rank)
-        barrier()
-        if self.env.is_main:
-            manifest = {"step": step, "progress": self.progress.state_dict(), "parts": sorted(self.parts),
-                        "plan": asdict(self.plan)}
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-            # A run resumed from an older checkpoint re-saves a step that may exist from before (an incomplete one is
-            # skipped by resume); rename() cannot replace a non-empty directory.
-            shutil.rmtree(final, ignore_errors=True)
-            tmp.rename(final)  # atomic on one filesystem: the checkpoint appears complete or not at all
-            self._prune()
-        barrier()
+        self._on_every_rank(final, tmp, lambda: self._publish(tmp, final, step))
         return final
 
-    def _prune(self) -> None:
+    def _start(self, tmp: Path) -> None:
+        if not self.env.is_main:
+            return
+        # This run is the only writer of its checkpoints: any temporary there is a crashed save's.
+        for stale in tmp.parent.glob(f"{TEMP_PREFIX}*") if tmp.parent.is_dir() else []:
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir(parents=True)
+
+    def _publish(self, tmp: Path, final: Path, step: int) -> None:
+        """Rank 0, once every rank wrote its parts: modes, the manifest (last, with every file's size and sha256),
+        the atomic rename, pruning."""
+        if not self.env.is_main:
+            return
+        follow_umask(tmp)
+        manifest = {"step": step, "progress": self.progress.state_dict(), "parts": sorted(self.parts),
+                    "plan": asdict(self.plan), "settings": self.settings, "files": checkpoint_files(tmp)}
+        write_atomic(tmp / MANIFEST, json.dumps(manifest, indent=1), key=RUN_DIR_KEY)
+        # A run resumed from an older checkpoint re-saves a step that may exist from before; rename() cannot
+        # replace a non-empty directory.
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)  # atomic on one filesystem: the checkpoint appears complete or not at all
+        self._prune(step)
+
+    def _on_every_rank(self, final: Path, tmp: Path, action: Callable[[], None]) -> None:
+        """Run this rank's share of a save, then agree with every rank on whether all of it was written (the
+        collective is the barrier): a rank whose disk is full must not leave the others waiting for it. On any
+        rank's failure the temporary checkpoint is removed and every rank stops, the failing one naming the path."""
+        error: StorageError | None = None
+        try:
+            action()
+        except StorageError as exc:  # write_atomic's own
+            error = exc
+        except Exception as exc:  # noqa: BLE001 - only a failure of the operating system's is ours to report
+            cause = os_error_in(exc)
+            if cause is None:
+                raise
+            error = storage_error(cause, Path(cause.filename) if cause.filename else final, key=RUN_DIR_KEY)
+        failed = all_reduce_sum(torch.tensor([float(error is not None)], device=self.env.device)).item()
+        if not failed:
+            return
+        if self.env.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            kept = complete_checkpoints(self.run_dir)
+            print(f"checkpoint {final.name} was not written; "
+                  f"{'the latest checkpoint is still ' + kept[-1].name if kept else 'no earlier checkpoint exists'}.",
+                  flush=True)
+        raise error or StorageError(f"checkpoint {final} was not written: another rank could not write its part "
+                                    "(its error is printed above).", key=RUN_DIR_KEY)
+
+    def _prune(self, step: int) -> None:
+        """Checkpoints newer than `step` belong to a run this one replaced (resumed from an older checkpoint after a
+        damaged newer one, or train.resume=never): they go. Then the newest `train.keep_last` are kept (0: all)."""
+        done = complete_checkpoints(self.run_dir)
+        for newer in [p for p in done if checkpoint_step(p) > step]:
+            shutil.rmtree(newer, ignore_errors=True)
+        done = [p for p in done if checkpoint_step(p) <= step]
         if self.cfg.keep_last == 0:
             return
-        for old in complete_checkpoints(self.run_dir)[:-self.cfg.keep_last]:
+        for old in done[:-self.cfg.keep_last]:
             shutil.rmtree(old, ignore_errors=True)
 
     def resume(self) -> bool:

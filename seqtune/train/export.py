@@ -8,12 +8,11 @@ from pathlib import Path
 
 import torch
 
-from seqtune.config.rundir import BEST_DIR
+from seqtune.config.rundir import BEST_DIR, RUN_DIR_KEY
 from seqtune.data.formats import chat_template_for
 from seqtune.distributed import DistEnv, barrier
 from seqtune.files import TempDir, follow_umask, storage_error, sweep_stale_temps
 from seqtune.models import save_adapter
-from seqtune.preflight.result import RUN_DIR_KEY
 from seqtune.train.loop import peak_memory_bytes
 from seqtune.train.metrics import MetricsLogger
 

@@ -20,10 +20,19 @@ def set_seed(seed: int, rank: int) -> None:
 
     import numpy as np
 
-    # Same init on every rank (the model is built identically everywhere); dropout differs per rank on purpose.
+    # The same torch stream on every rank while the model (LoRA's initial weights) is built: identical everywhere.
+    # seed_dropout then gives each rank its own stream for training.
     torch.manual_seed(seed)
     random.seed(seed + rank)
     np.random.seed((seed + rank) % 2**32)
+
+
+def seed_dropout(seed: int, rank: int) -> None:
+    """Once the model is built: each rank its own torch stream, so dropout masks differ across ranks as their data
+    does (one shared stream drew the same masks on every rank). Checkpoints save and restore each rank's stream."""
+    import numpy as np
+
+    torch.manual_seed(int(np.random.SeedSequence([seed, rank]).generate_state(1)[0]))
 
 
 def total_steps(cfg: RootConfig, steps_per_epoch: int) -> int:

@@ -14,6 +14,7 @@ import gzip
 import json
 import os
 import re
+import shutil
 import stat
 import zlib
 from collections.abc import Callable
@@ -1052,3 +1053,104 @@ def _(tmp: Path) -> Run:
 def _(tmp: Path) -> Run:
     data = write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40)))
     return Run(args=train(data, "preflight.only=false", "train.max_steps=2", "train.eval_every=0"))
+
+
+def _checkpoints_after(mount: Path) -> Callable[[], str]:
+    def after() -> str:
+        root = mount / "run" / "checkpoints"
+        kept = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+        return _umount(mount)() + f" kept: {kept}"
+    return after
+
+
+@case("checkpoint_disk_full", DISK, "the run directory on a 6 MB tmpfs: the first 3.5 MB checkpoint fits, the second "
+      "does not", "clean",
+      both(refused(r"(?i)no space left on .*run/checkpoints/step_00000004", codes=(1,)),
+           lambda out: None if out.extra.strip() == "kept: ['step_00000002']" else f"after: {out.extra.strip()}"),
+      needs="mount")
+def _(tmp: Path) -> Run:
+    mount = _tmpfs(tmp, "full", "6m")
+    data = write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40)))
+    return Run(args=train(data, f"hydra.run.dir={mount / 'run'}", "preflight.only=false", "train.max_steps=6",
+                          "train.save_every=2", "train.keep_last=0", "train.eval_every=0"),
+               after=_checkpoints_after(mount))
+
+
+# --- cases: resume ----------------------------------------------------------------------------------------
+
+RESUME = "resume"
+RECORD = ("config.yaml", "plan.json", "preflight.json", "metrics.jsonl")
+
+
+def _trained_then(tmp: Path, damage: Callable[[Path], None], *extra: str) -> Run:
+    """Train 4 steps with a checkpoint every 2 (the first run, in tmp/first), copy that run directory to where the
+    case's run goes (tmp/run), damage it, and run the same command again: train.resume=auto."""
+    data = write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40)))
+
+    def between(cache_dir: Path) -> None:
+        shutil.copytree(cache_dir.parent / "first", cache_dir.parent / "run")
+        damage(cache_dir.parent / "run")
+    return Run(args=train(data, "preflight.only=false", "train.max_steps=4", "train.save_every=2", "train.keep_last=0",
+                          "train.eval_every=0", *extra), first=True, between=between)
+
+
+def _cut(path: Path, keep: int | None = None) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2 if keep is None else keep])
+
+
+def _flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def resumed_from(step: int, *needles: str) -> Callable[[Outcome], str | None]:
+    """Exit 0, the message naming the skipped checkpoint and why, and training resumed from `step`."""
+    def judge(out: Outcome) -> str | None:
+        problem = refused(*needles, rf"continuing from step_{step:08d}, the newest intact", codes=(0,))(out)
+        if problem:
+            return problem
+        steps = [json.loads(line)["step"] for line in (out.run_dir / "metrics.jsonl").read_text().splitlines()]
+        return None if steps[-1] == 4 and (out.run_dir / "adapter").is_dir() else f"metrics steps {steps}"
+    return judge
+
+
+def record_kept(out: Outcome) -> str | None:
+    first = out.run_dir.parent / "first"
+    changed = [n for n in RECORD if (out.run_dir / n).read_bytes() != (first / n).read_bytes()]
+    return f"a refused resume rewrote {changed}" if changed else None
+
+
+@case("resume_latest_truncated", RESUME, "the latest checkpoint's model.safetensors cut in half", "ok",
+      resumed_from(2, r"step_00000004 cannot be used \(model\.safetensors is [\d,]+ bytes, its manifest says"))
+def _(tmp: Path) -> Run:
+    return _trained_then(tmp, lambda run: _cut(run / "checkpoints/step_00000004/model.safetensors"))
+
+
+@case("resume_latest_corrupt", RESUME, "one byte of the latest checkpoint's optimizer.pt flipped (same size)", "ok",
+      resumed_from(2, r"step_00000004 cannot be used \(optimizer\.pt does not match its sha256"))
+def _(tmp: Path) -> Run:
+    return _trained_then(tmp, lambda run: _flip(run / "checkpoints/step_00000004/optimizer.pt"))
+
+
+@case("resume_manifest_cut", RESUME, "the latest checkpoint's manifest.json cut to 30 bytes", "ok",
+      resumed_from(2, r"step_00000004 cannot be used \(its manifest\.json cannot be read"))
+def _(tmp: Path) -> Run:
+    return _trained_then(tmp, lambda run: _cut(run / "checkpoints/step_00000004/manifest.json", 30))
+
+
+@case("resume_all_damaged", RESUME, "every checkpoint's model.safetensors cut short", "clean",
+      both(refused(r"train\.resume", r"none can be used: step_00000004: .*step_00000002: ",
+                   r"Fix: start over in a new directory: train\.resume=never"), record_kept))
+def _(tmp: Path) -> Run:
+    def cut_all(run: Path) -> None:
+        for checkpoint in (run / "checkpoints").iterdir():
+            _cut(checkpoint / "model.safetensors")
+    return _trained_then(tmp, cut_all)
+
+
+@case("resume_other_data_same_count", RESUME, "data.train's content changed, record count the same", "clean",
+      both(refused(r"train\.resume", r"plan\.data\.train [0-9a-f]{32} -> [0-9a-f]{32}",
+                   r"(?i)record .* is unchanged"), record_kept))
+def _(tmp: Path) -> Run:
+    return _trained_then(tmp, lambda run: write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40, tag="x"))))

@@ -267,6 +267,26 @@ def test_a_nonzero_limit_is_judged_by_the_end_of_a_short_pass(tmp_path, dirty) -
         next(iterator)
 
 
+# --- the global RNG ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("mode", ["cached", "stream"])
+def test_batches_never_draw_from_the_global_torch_generator(tmp_path, corpus, mode, num_workers) -> None:
+    """Dropout draws from torch's global generator, which a checkpoint restores. A DataLoader iterator draws its
+    workers' base seed when it starts: from that generator, the resumed run (whose iterator starts right after the
+    restore) would see other dropout masks than the uninterrupted one (whose iterator started at step 0)."""
+    import torch
+
+    cfg = make_cfg(tmp_path, corpus, f"data.mode={mode}", "train.batch_size=4", f"data.num_workers={num_workers}")
+    prepared = prepare(cfg, tmp_path / "run")
+    batches = batches_for(cfg, prepared)
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    assert len(list(islice(batches, 14))) == 14  # into the third epoch / pass: three iterators started
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 def test_eval_prompts_cut_chat_and_alpaca_samples_at_their_first_target(tmp_path):
     """A conversation's prompt runs up to its first assistant reply (the template's generation prompt included); the
     reference is that reply and its end-of-turn marker, not the later turns."""

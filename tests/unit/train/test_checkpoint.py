@@ -1,9 +1,15 @@
 """The checkpoint component on tiny real objects (a Linear model, AdamW, the LR schedule, a batch plan, a loss
-scaler): its schedule, pruning, what counts as the latest checkpoint, exact round trips and refusals with the fix."""
+scaler): its schedule, pruning, what counts as the latest checkpoint, exact round trips and refusals with the fix;
+the manifest's sizes and checksums, the fallback past a damaged checkpoint, modes, and a full disk."""
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
+import os
+import re
+import stat
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,12 +17,13 @@ import numpy as np
 import pytest
 import torch
 
-from seqtune.config.errors import ConfigError
+from seqtune.config.errors import ConfigError, StorageError
 from seqtune.config.plan import Plan, Vocab, World
-from seqtune.config.rundir import MANIFEST, complete_checkpoints, latest_checkpoint
+from seqtune.config.rundir import MANIFEST, checkpoint_damage, complete_checkpoints, latest_checkpoint
 from seqtune.config.schema import OptimConfig, PaddingStrategy, Tail, TrainConfig
 from seqtune.data.sampler import DistributedBatchPlan
 from seqtune.distributed import DistEnv
+from seqtune.preflight.resume import find_resume
 from seqtune.train.checkpoint import Checkpointer, Progress
 from seqtune.train.optim import build_optimizer, build_scheduler
 
@@ -49,7 +56,8 @@ class Training:
         self.checkpointer = Checkpointer(
             run_dir=run_dir, cfg=TrainConfig(save_every=save_every, keep_last=keep_last),
             plan=replace(plan, loss_scaling=scaler), env=ENV, model=self.model, optimizer=self.optimizer,
-            scheduler=self.scheduler, data=self.data, scaler=self.scaler, progress=self.progress)
+            scheduler=self.scheduler, data=self.data, scaler=self.scaler, progress=self.progress,
+            settings={"train.seed": seed})
 
     def step(self) -> None:
         loss = self.model(torch.randn(3, self.model[0].in_features)).pow(2).sum()
@@ -129,12 +137,140 @@ def test_a_run_without_a_resume_point_starts_at_step_zero(tmp_path):
 def test_a_checkpoint_of_another_model_is_refused_with_the_fix(tmp_path):
     Training(tmp_path, save_every=2).train(2)
     other = Training(tmp_path, width=6, plan=replace(PLAN, resume_from=str(latest_checkpoint(tmp_path))))
-    with pytest.raises(ConfigError, match=r"does not hold this model's trainable parameters.*Fix: train.resume=never"):
+    with pytest.raises(ConfigError, match=r"does not hold this model's trainable parameters.*Fix: .*resume=never"):
         other.checkpointer.resume()
 
 
 def test_a_checkpoint_missing_a_part_is_refused_naming_it(tmp_path):
     Training(tmp_path, save_every=2).train(2)  # written without fp16: no loss scaler state
     with_scaler = Training(tmp_path, scaler=True, plan=replace(PLAN, resume_from=str(latest_checkpoint(tmp_path))))
-    with pytest.raises(ConfigError, match=r"has no scaler state .*Fix: train.resume=never"):
+    with pytest.raises(ConfigError, match=r"has no scaler state .*Fix: .*train.resume=never"):
         with_scaler.checkpointer.resume()
+
+
+# --- integrity: the manifest lists every file with its size and sha256 ---------------------------------------
+
+
+def test_the_manifest_lists_every_file_with_its_size_and_checksum(tmp_path):
+    Training(tmp_path, save_every=2).train(2)
+    latest = latest_checkpoint(tmp_path)
+    manifest = json.loads((latest / MANIFEST).read_text())
+    on_disk = {p.name for p in latest.iterdir()} - {MANIFEST}
+    assert set(manifest["files"]) == on_disk
+    for name, entry in manifest["files"].items():
+        data = (latest / name).read_bytes()
+        assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    assert manifest["settings"] == {"train.seed": 0}  # what a resume compares its own settings with
+    assert checkpoint_damage(latest) is None
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(("damage", "reason"), [
+    (lambda c: _truncate(c / "model.safetensors"), r"model\.safetensors is [\d,]+ bytes, its manifest says [\d,]+"),
+    (lambda c: _flip_byte(c / "optimizer.pt"), r"optimizer\.pt does not match its sha256"),
+    (lambda c: (c / "rng_rank0.pt").unlink(), r"rng_rank0\.pt is missing"),
+    (lambda c: _truncate(c / MANIFEST), r"manifest\.json cannot be read"),
+])
+def test_a_damaged_checkpoint_is_found_and_named_before_use(tmp_path, damage, reason):
+    Training(tmp_path, save_every=2).train(2)
+    latest = latest_checkpoint(tmp_path)
+    damage(latest)
+    assert re.search(reason, checkpoint_damage(latest))
+
+
+def test_resume_falls_back_to_the_newest_intact_checkpoint_and_says_so(tmp_path, capsys):
+    Training(tmp_path, save_every=2, keep_last=0).train(6)
+    checkpoints = complete_checkpoints(tmp_path)
+    _truncate(checkpoints[2] / "model.safetensors")  # step 6: cut short
+    _flip_byte(checkpoints[1] / "scheduler.pt")  # step 4: a flipped byte, same size
+    point = find_resume(TrainConfig(), tmp_path)
+    assert point.checkpoint == checkpoints[0] and point.step == 2
+    out = capsys.readouterr().out
+    assert re.search(r"step_00000006 cannot be used \(model\.safetensors is .* bytes", out)
+    assert re.search(r"step_00000004 cannot be used \(scheduler\.pt does not match its sha256", out)
+    assert "continuing from step_00000002, the newest intact checkpoint" in out
+    assert find_resume(TrainConfig(resume="never"), tmp_path) is None
+
+
+def test_no_intact_checkpoint_is_refused_rather_than_starting_over(tmp_path):
+    """Starting at step 0 in a run directory that trained would truncate its metrics: refuse, naming each one."""
+    Training(tmp_path, save_every=2, keep_last=0).train(4)
+    for checkpoint in complete_checkpoints(tmp_path):
+        _truncate(checkpoint / "optimizer.pt")
+    with pytest.raises(ConfigError, match=r"none can be used: step_00000004: optimizer\.pt is .*step_00000002: "
+                                          r"optimizer\.pt .*Fix: start over in a new directory: train\.resume=never"):
+        find_resume(TrainConfig(), tmp_path)
+
+
+def test_a_resumed_run_replaces_the_damaged_newer_checkpoints(tmp_path):
+    """Resumed from step 2 because steps 4 and 6 were damaged: the next save removes them, so they neither outlive
+    good checkpoints under keep_last nor get tried again."""
+    Training(tmp_path, save_every=2, keep_last=0).train(6)
+    for checkpoint in complete_checkpoints(tmp_path)[1:]:
+        _truncate(checkpoint / "model.safetensors")
+    resumed = Training(tmp_path, save_every=3, keep_last=0,
+                       plan=replace(PLAN, resume_from=str(find_resume(TrainConfig(), tmp_path).checkpoint)))
+    assert resumed.checkpointer.resume() is True
+    resumed.train(1)
+    assert saved_steps(tmp_path) == [2, 3]
+
+
+# --- writing: modes, a full disk ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_checkpoint_files_follow_the_umask(tmp_path, umask):
+    """safetensors writes 0600 whatever the umask: a teammate who can read the run directory could not load it."""
+    old = os.umask(umask)
+    try:
+        Training(tmp_path, save_every=2).train(2)
+    finally:
+        os.umask(old)
+    latest = latest_checkpoint(tmp_path)
+    assert stat.S_IMODE(latest.stat().st_mode) == 0o777 & ~umask
+    for path in latest.iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, path.name
+
+
+def test_a_full_disk_while_saving_says_so_keeps_the_previous_checkpoint_and_removes_the_temporary(small_disk):
+    run = Training(small_disk.path, save_every=2, keep_last=0)
+    run.train(2)
+    small_disk.fill()
+    with pytest.raises(StorageError, match=rf"hydra\.run\.dir: no space left on {small_disk.path}/checkpoints/"
+                                           r"(\.tmp-)?step_00000004.* Fix: free space on that disk"):
+        run.train(2)
+    assert saved_steps(small_disk.path) == [2]
+    assert checkpoint_damage(latest_checkpoint(small_disk.path)) is None
+    assert [p.name for p in (small_disk.path / "checkpoints").iterdir()] == ["step_00000002"]
+
+
+def test_a_full_disk_under_fsdp_is_reported_like_any_other(small_disk, tmp_path):
+    """torch.distributed.checkpoint wraps every rank's failure in a CheckpointException (a BaseException): the full
+    disk inside it is what the user is told about (a process group of one rank, FSDP2 on CPU)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from seqtune.train.checkpoint import ShardedModelAndOptimizer
+
+    if not small_disk.mounted:  # the injected ENOSPC stream is not a file DCP's writer can use
+        pytest.skip("needs a real full filesystem (root may mount a tmpfs)")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 1))
+        fully_shard(model)
+        part = ShardedModelAndOptimizer(model, torch.optim.AdamW(model.parameters()))
+        small_disk.fill()
+        with pytest.raises(OSError) as info:
+            part.save(small_disk.path, "model", ENV)
+        assert info.value.errno == errno.ENOSPC
+    finally:
+        dist.destroy_process_group()
