@@ -9,28 +9,22 @@ Writes DIR/gpu_after.json after every section (Proof from proof.py: the same CLI
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proof import TINY, TINYLLAMA_1B, Proof, model_overrides, write_sft_data  # noqa: E402
+from proof import TINY, Proof, model_overrides, run_sections, small_lora, write_sft_data  # noqa: E402
 
 KEEP = ("memory_estimate_gib", "measured_peak_gib", "estimate_vs_measured", "command", "memory_breakdown")
 
 
 def dora_memory(proof: Proof) -> dict:
-    """bf16 LoRA r16 (every projection) vs the same with lora.use_dora=true, TinyLlama-1.1B shape, packed 4 x 1024."""
-    data = write_sft_data(proof.work / "small.jsonl", 600, max_tokens=1024)
-    shape = TINY if proof.quick else TINYLLAMA_1B
-    common = [*model_overrides(shape), "tokenizer=llama3", f"data.train={data}", "data.val=null",
-              "data.max_seq_len=1024", "lora=default", "lora.rank=16", "optim.lr=1e-4", "padding=packed",
-              "train.batch_size=4", "train.max_steps=4"]
-    device = ["train.device=cpu"] if proof.quick else ["train.device=cuda", "model.dtype=bfloat16"]
+    """The steps section's bf16 LoRA run (proof.small_lora) vs the same with lora.use_dora=true."""
+    common = small_lora(proof, max_steps=4)
     rows = {}
     for name, extra in (("lora", []), ("dora", ["lora.use_dora=true"])):
-        run = proof.cli(f"after_{name}", common + device + extra, timeout=200)
+        run = proof.cli(f"after_{name}", common + extra, timeout=200)
         rows[name] = {k: run.get(k) for k in KEEP}
     return {"rows": rows}
 
@@ -41,7 +35,7 @@ def after_training(proof: Proof) -> dict:
     # no record repeats a training one (the duplicates check would refuse it).
     data = write_sft_data(proof.work / "tiny.jsonl", 200, max_tokens=256)
     val = write_sft_data(proof.work / "tiny_val.jsonl", 24, max_tokens=256, seed=1)
-    device = ["train.device=cpu"] if proof.quick else ["train.device=cuda", "model.dtype=bfloat16"]
+    device = proof.bf16_device
     run = proof.cli("after_tiny", [*model_overrides(TINY), "tokenizer=llama3", f"data.train={data}",
                                    f"data.val={val}", f"data.test={val}", "train.max_steps=40", "train.eval_every=4",
                                    "train.early_stop_patience=2", "train.early_stop_min_delta=100",
@@ -58,19 +52,8 @@ def after_training(proof: Proof) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--quick", action="store_true", help="CPU, tiny shapes (exercises the code paths)")
-    parser.add_argument("--budget-s", type=float, default=480)
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    proof = Proof(args.out, args.quick, args.budget_s)
-    proof.write = lambda: (args.out / "gpu_after.json").write_text(json.dumps(proof.results, indent=2,
-                                                                              default=str) + "\n")
-    proof.section("dora_memory", lambda: dora_memory(proof))
-    proof.section("after_training", lambda: after_training(proof))
-    print(json.dumps({name: section for name, section in proof.results["sections"].items()}, indent=1,
-                     default=str)[-6000:], flush=True)
+    run_sections(__doc__, "gpu_after.json", {"dora_memory": dora_memory, "after_training": after_training},
+                 budget_s=480)
 
 
 if __name__ == "__main__":

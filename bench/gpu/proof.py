@@ -75,11 +75,20 @@ class Proof:
 
     # --- seqtune's CLI --------------------------------------------------------------------------------------
 
+    @property
+    def bf16_device(self) -> list[str]:
+        """The device overrides of a bf16 run: CUDA on the GPU, the CPU (fp32) under --quick."""
+        return ["train.device=cpu"] if self.quick else ["train.device=cuda", "model.dtype=bfloat16"]
+
+    def command(self, name: str, overrides: list[str]) -> list[str]:
+        """`python -m seqtune` for a run in WORK/name, with every run's common overrides."""
+        return [sys.executable, "-m", "seqtune", f"hydra.run.dir={self.work / name}", "train.progress=false",
+                f"train.log_every={LOG_EVERY}", "train.eval_every=0", f"data.cache_dir={self.work / 'cache'}",
+                *overrides]
+
     def cli(self, name: str, overrides: list[str], *, timeout: float, torchrun: bool = False) -> dict:
         run_dir = self.work / name
-        cmd = [sys.executable, "-m", "seqtune", f"hydra.run.dir={run_dir}", "train.progress=false",
-               f"train.log_every={LOG_EVERY}", "train.eval_every=0", f"data.cache_dir={self.work / 'cache'}",
-               *overrides]
+        cmd = self.command(name, overrides)
         began = time.perf_counter()
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=child_env(),
                               timeout=min(timeout, max(30.0, self.left_s() - 20)))
@@ -314,18 +323,25 @@ def _grad_relative(model, reference, batch, keep) -> float:
 # --- 2. QLoRA and bf16 LoRA steps ---------------------------------------------------------------------------
 
 
-def steps(proof: Proof) -> dict:
+def small_lora(proof: Proof, max_steps: int) -> list[str]:
+    """bf16 LoRA r16 on every projection of the TinyLlama-1.1B shape (tiny under --quick), packed 4 x 1024."""
     data = write_sft_data(proof.work / "small.jsonl", 600, max_tokens=1024)
     shape = TINY if proof.quick else TINYLLAMA_1B
-    common = [*model_overrides(shape), "tokenizer=llama3", f"data.train={data}", "data.val=null",
-              "data.max_seq_len=1024", "lora=default", "lora.rank=16", "optim.lr=1e-4", "padding=packed",
-              "train.batch_size=4", "train.max_steps=12"]
-    device = ["train.device=cpu"] if proof.quick else ["train.device=cuda", "model.dtype=bfloat16"]
-    runs = {"bf16_lora": proof.cli("bf16_lora", common + device, timeout=150)}
+    return [*model_overrides(shape), "tokenizer=llama3", f"data.train={data}", "data.val=null",
+            "data.max_seq_len=1024", "lora=default", "lora.rank=16", "optim.lr=1e-4", "padding=packed",
+            "train.batch_size=4", f"train.max_steps={max_steps}", *proof.bf16_device]
+
+
+def steps(proof: Proof) -> dict:
+    common = small_lora(proof, max_steps=12)
+    data = proof.work / "small.jsonl"
+    shape = TINY if proof.quick else TINYLLAMA_1B
+    device = proof.bf16_device
+    runs = {"bf16_lora": proof.cli("bf16_lora", common, timeout=150)}
     if proof.quick:
         runs["qlora"] = {"skipped": "QLoRA (bitsandbytes NF4) needs CUDA"}
     else:
-        runs["qlora"] = proof.cli("qlora", common + device + ["model.load_in_4bit=true", "train.max_steps=3"],
+        runs["qlora"] = proof.cli("qlora", common + ["model.load_in_4bit=true", "train.max_steps=3"],
                                   timeout=200)
         # fp16 autocast trains with a GradScaler (its state checkpointed): the path preflight allows for fp16.
         runs["fp16_scaler"] = proof.cli("fp16_scaler", ["train.device=cuda", "train.mixed_precision=fp16",
@@ -351,7 +367,7 @@ def throughput(proof: Proof, peak_tflops: float) -> dict:
     common = [*model_overrides(shape), "tokenizer=llama3", f"data.train={data}", "data.val=null",
               f"data.max_seq_len={max_len}", "lora=default", "lora.rank=16", "optim.lr=1e-4", "train.batch_size=2",
               f"train.max_steps={steps}"]
-    device = ["train.device=cpu"] if proof.quick else ["train.device=cuda", "model.dtype=bfloat16"]
+    device = proof.bf16_device
     packed = proof.cli("8b_packed", common + device + ["padding=packed"], timeout=300)
     plain = None
     if not proof.quick and proof.left_s() > 330:  # the same run with the model's own modules (model.kernels=torch)
@@ -487,6 +503,22 @@ def render(results: dict) -> str:
         out += ["Peak memory, preflight estimate vs torch.cuda.max_memory_allocated (GiB):", "",
                 markdown_table(["run", "estimate", "measured", "ratio"], rows), ""]
     return "\n".join(out)
+
+
+def run_sections(doc: str, result_file: str, sections: dict, *, budget_s: float) -> None:
+    """main() of a GPU script beside this one: --out DIR [--quick] [--budget-s], each section recorded (as
+    Proof.section does) into DIR/result_file as soon as it ends; `sections` maps a name to fn(proof) -> dict."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--quick", action="store_true", help="CPU, tiny shapes (exercises the code paths)")
+    parser.add_argument("--budget-s", type=float, default=budget_s)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    proof = Proof(args.out, args.quick, args.budget_s)
+    proof.write = lambda: (args.out / result_file).write_text(json.dumps(proof.results, indent=2, default=str) + "\n")
+    for name, fn in sections.items():
+        proof.section(name, lambda fn=fn: fn(proof))
+    print(json.dumps(proof.results["sections"], indent=1, default=str)[-6000:], flush=True)
 
 
 def main() -> None:

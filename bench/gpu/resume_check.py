@@ -9,7 +9,6 @@ Writes DIR/gpu_resume.json: the largest adapter difference and the logged losses
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proof import REPO, TINY, Proof, child_env, model_overrides, write_sft_data  # noqa: E402
+from proof import REPO, TINY, Proof, child_env, model_overrides, run_sections, write_sft_data  # noqa: E402
 
 
 def _adapter(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -38,15 +37,13 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 def resume(proof: Proof) -> dict:
     data = write_sft_data(proof.work / "resume.jsonl", 300, max_tokens=256)
-    device = ["train.device=cpu"] if proof.quick else ["train.device=cuda", "model.dtype=bfloat16"]
     overrides = [*model_overrides(TINY), "tokenizer=llama3", f"data.train={data}", "data.val=null", "lora=default",
                  "lora.dropout=0.1", "optim.lr=1e-3", "padding=packed", "data.max_seq_len=512", "train.batch_size=4",
-                 "train.max_steps=12", "train.save_every=4", "train.keep_last=0", *device]
+                 "train.max_steps=12", "train.save_every=4", "train.keep_last=0", *proof.bf16_device]
     whole = [Path(proof.cli(f"resume_whole_{i}", overrides, timeout=150)["run_dir"]) for i in (1, 2)]
     crashed = proof.work / "resume_crashed"
-    # The crash: the same command proof.cli runs, with the fault injected after step 6 (exit 1, step_4 kept).
-    cmd = [sys.executable, "-m", "seqtune", f"hydra.run.dir={crashed}", "train.progress=false", "train.log_every=5",
-           "train.eval_every=0", f"data.cache_dir={proof.work / 'cache'}", *overrides]
+    # The crash: the command proof.cli runs, with the fault injected after step 6 (exit 1, step_4 kept).
+    cmd = proof.command(crashed.name, overrides)
     killed = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=150,
                             env=child_env() | {"SEQTUNE_FAULT": "train:6"})
     if killed.returncode == 0 or not (crashed / "checkpoints" / "step_00000004").is_dir():
@@ -59,17 +56,7 @@ def resume(proof: Proof) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--quick", action="store_true", help="CPU (exercises the code paths)")
-    parser.add_argument("--budget-s", type=float, default=300)
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    proof = Proof(args.out, args.quick, args.budget_s)
-    proof.write = lambda: (args.out / "gpu_resume.json").write_text(json.dumps(proof.results, indent=2,
-                                                                               default=str) + "\n")
-    proof.section("resume", lambda: resume(proof))
-    print(json.dumps(proof.results["sections"], indent=1, default=str)[-3000:], flush=True)
+    run_sections(__doc__, "gpu_resume.json", {"resume": resume}, budget_s=300)
 
 
 if __name__ == "__main__":
