@@ -88,6 +88,9 @@ class SmallDisk:
         real_open, root = builtins.open, str(self.path)
 
         class NoSpace(io.RawIOBase):
+            def __init__(self, name: str) -> None:
+                self.name = name  # like a real file object's
+
             def writable(self) -> bool:
                 return True
 
@@ -97,7 +100,7 @@ class SmallDisk:
         def open_under(file, mode="r", *args, **kwargs):
             if any(m in mode for m in "wax") and str(file).startswith(root):
                 real_open(file, mode, *args, **kwargs).close()  # the file appears, as on a real disk
-                raw = io.BufferedWriter(NoSpace())
+                raw = io.BufferedWriter(NoSpace(str(file)))
                 return raw if "b" in mode else io.TextIOWrapper(raw)
             return real_open(file, mode, *args, **kwargs)
 

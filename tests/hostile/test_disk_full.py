@@ -8,9 +8,6 @@ elsewhere every open() under that directory returns files whose writes fail with
 
 from __future__ import annotations
 
-import builtins
-import errno
-import io
 import json
 import os
 import signal
@@ -33,54 +30,17 @@ from seqtune.preflight.result import PreflightResult, write_result
 ROWS = [json.dumps({"instruction": f"Say {i} " * 20, "output": f"{i} said " * 30}) for i in range(2000)]
 
 
-class _NoSpace(io.RawIOBase):
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data) -> int:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-
 PREVIOUS = b'{"ok": true, "written": "by the previous run"}\n'
 
 
 @pytest.fixture
-def full_dir(tmp_path, monkeypatch):
-    """A directory on a full filesystem (a real tmpfs when mountable, else injected ENOSPC under it), holding
-    run/preflight.json from a previous run, written before the disk filled up."""
-    mount = tmp_path / "full"
-    mount.mkdir()
-    if os.geteuid() == 0 and os.system(f"mount -t tmpfs -o size=128k tmpfs {mount} 2>/dev/null") == 0:
-        (mount / "dirs" / "run").mkdir(parents=True)
-        (mount / "dirs" / "run" / "preflight.json").write_bytes(PREVIOUS)
-        (mount / "filler").write_bytes(b"")
-        with open(mount / "filler", "ab", buffering=0) as f:  # to the last byte: the next write fails
-            for size in (4096, 1):
-                try:
-                    while True:
-                        f.write(b"\0" * size)
-                except OSError:
-                    pass
-        yield mount / "dirs"
-        if os.system(f"umount {mount}") != 0:
-            os.system(f"umount -l {mount}")
-        return
-    (mount / "run").mkdir()
-    (mount / "run" / "preflight.json").write_bytes(PREVIOUS)
-    real_open = builtins.open
-
-    def open_under(file, mode="r", *args, **kwargs):
-        if any(m in mode for m in "wax") and str(file).startswith(str(mount)):
-            real_open(file, mode, *args, **kwargs).close()  # the file appears, as on a real disk
-            return io.TextIOWrapper(io.BufferedWriter(_NoSpace(str(file)))) if "b" not in mode else \
-                io.BufferedWriter(_NoSpace(str(file)))
-        return real_open(file, mode, *args, **kwargs)
-    monkeypatch.setattr(builtins, "open", open_under)
-    monkeypatch.setattr(io, "open", open_under)
-    yield mount
+def full_dir(small_disk):
+    """A directory on a full filesystem (tests/conftest.py SmallDisk: a real tmpfs when mountable, else injected
+    ENOSPC under it), holding run/preflight.json from a previous run, written before the disk filled up."""
+    (small_disk.path / "dirs" / "run").mkdir(parents=True)
+    (small_disk.path / "dirs" / "run" / "preflight.json").write_bytes(PREVIOUS)
+    small_disk.fill()
+    return small_disk.path / "dirs"
 
 
 def test_token_cache_on_a_full_disk_names_the_cache_and_leaves_no_temporary(tmp_path, full_dir, tokenizer):
