@@ -28,7 +28,7 @@ from seqtune.data.types import TokenizedSample
 from seqtune.models import apply_lora, build_model, get_spec
 from seqtune.tokenizers import load_tokenizer
 from seqtune.models.token_loss import install_token_loss
-from seqtune.train.step import summed_token_loss
+from seqtune.train.objectives import TokenCrossEntropy
 
 import numpy as np
 
@@ -59,7 +59,7 @@ def main() -> None:
     def seqtune_step(group):
         batch = seqtune_collate([TokenizedSample(input_ids=np.asarray(r["input_ids"]), labels=np.asarray(r["labels"]),
                                                  location="") for r in group])
-        loss = summed_token_loss(model, batch) / batch["num_targets"]
+        loss = TokenCrossEntropy()(model, batch)[0] / batch["num_targets"]
         loss.backward()
         return batch["input_ids"].numel()
 

@@ -1,15 +1,20 @@
 """The resolved plan: every fact derived from the config, the machine and the data, computed once in the parent.
 
-seqtune.preflight.resolve builds it (torch-free, so the checks that need no data print at once), preflight
-completes it after the data scan (max_seq_len, the batch plan's identity) and writes it to RUN_DIR/plan.json beside
-config.yaml, before any rank starts. The launcher builds its command from `world`, every rank reads the file back
-with `load_plan`, and no module derives any of these facts again (docs/ARCHITECTURE.md lists who reads what).
+Two stages, each complete (no field waits for a later phase as null):
+- `Resolved`: what seqtune.preflight.resolve builds before any data is read (torch-free, so the checks that need no
+  data print at once): world, device and dtypes, kernels, vocab rows, LoRA modules, the recipe's sample kind.
+- `Plan`: `Resolved` plus what the tokenizer and the data scan add (the ids as the encoder adds them, the trained
+  terminators, max_seq_len, the batch plan's identity, each split's token cache, stream record counts, the rejects
+  file, the checkpoint to resume from). Preflight builds it once every check passed and writes it to
+  RUN_DIR/plan.json beside config.yaml, before any rank starts. The launcher builds its command from `world`, every
+  rank reads the file back with `load_plan` and reads nothing else to train (preflight.json is the report), and no
+  module derives any of these facts again (docs/ARCHITECTURE.md lists who reads what).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +67,7 @@ VALIDATION_FIX = "data.val=PATH (held-out records), or data.val_fraction=0.05 (h
 
 
 @dataclass(frozen=True, kw_only=True)
-class Plan:
+class Resolved:
     world: World
     # FSDP across more than one rank (train.parallel=fsdp with world size > 1).
     sharded: bool
@@ -82,11 +87,11 @@ class Plan:
     attention_dropout_or_softcap: bool = False
     tied_embeddings: bool = False
     # The kernels every rank builds with, each decided once by its rule with the reason (seqtune.models.attention
-    # .attention_choice, seqtune.models.kernels.kernels_choice / loss_choice). attn_implementation and kernels are
-    # null when the requested one cannot run here: that is a preflight problem.
-    attn_implementation: str | None = None
+    # .attention_choice, seqtune.models.kernels.kernels_choice / loss_choice). When the requested one cannot run
+    # here, it stays the requested name with the reason it cannot: preflight reports that problem and no rank starts.
+    attn_implementation: str
     attn_reason: str = ""
-    kernels: str | None = None
+    kernels: str
     kernels_reason: str = ""
     # chunked | fused: how the loss is computed from the hidden states (never [batch, seq, vocab] logits).
     loss: str = "chunked"
@@ -104,19 +109,61 @@ class Plan:
     # Modules trained in full beside the adapter (peft modules_to_save): lora.modules_to_save, the tied partner of
     # a saved embedding or head, and both when a resize made most of their rows new (seqtune.models.spec).
     lora_saved: tuple[str, ...] = ()
-    # data.max_seq_len in force (auto resolved over ALL splits by the scan); null until the scan.
-    max_seq_len: int | None = None
-    # What the train split's data position depends on (DistributedBatchPlan / the stream): a checkpoint written
-    # under another identity cannot resume exactly. Null until the scan.
-    batches: dict[str, Any] | None = None
     # The key that defines the validation split (validation_key): data.val, data.val_fraction, or null for none.
     validation: str | None = None
+    # What a record becomes (the recipe's sample kind, seqtune.data.kinds): "sft" (one sequence) or "preference"
+    # (a pair: chosen and rejected, kept together in every batch), and how many sequences that is.
+    sample_kind: str = "sft"
+    sequences_per_sample: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tokens:
+    """The ids as the data encoder actually adds them, and the tokens training teaches to end a reply."""
+
+    # What fills padded positions: the tokenizer's pad, else its eos (masked by lengths, never compared with ids).
+    pad_id: int
+    # The bos the encoder puts first, once; null when the tokenizer adds none (Qwen, GPT-2 style tokenizers).
+    bos_id: int | None
+    eos_id: int
+    # id -> text of every token a target span may end on: eos, the family's end-of-turn (when the tokenizer has
+    # it) and, for records the chat template renders, the token it closes an assistant turn with. Generation stops
+    # at these; preflight's terminator check and the exports read them.
+    terminators: dict[int, str]
+    # Whether the run's records are rendered by the chat template (data.format chat, sharegpt, conversational
+    # preference pairs): the template, not the data, then decides where a turn ends.
+    templated: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan(Resolved):
+    """The run plan every rank reads: Resolved plus the facts the tokenizer and the data scan add. (It extends
+    Resolved's fields only: no behaviour is inherited.)"""
+
+    tokens: Tokens
+    # data.max_seq_len in force (auto resolved over ALL splits by the scan).
+    max_seq_len: int
+    # What the train split's data position depends on (DistributedBatchPlan / the stream): a checkpoint written
+    # under another identity cannot resume exactly.
+    batches: dict[str, Any]
     # Each split's token cache key (seqtune.data.cache.cache_key: a digest of its files' content, the tokenizer,
-    # the format and the template): a checkpoint resumes only on the data it was trained on. Null until the scan.
-    data: dict[str, str] | None = None
+    # the format and the template): a checkpoint resumes only on the data it was trained on.
+    data: dict[str, str]
+    # Each split's token cache directory (what cached training and evaluation read).
+    caches: dict[str, str]
+    # data.mode=stream: the records of each train source (a pass deals round(weight x records) of each); empty in
+    # cached mode.
+    stream_records: tuple[int, ...] = ()
+    # The run's rejects.jsonl (stream-mode training appends the bad lines it finds beyond preflight's sample).
+    rejects_file: str
     # The checkpoint every rank resumes from (train.resume=auto and an intact one exists; its settings and plan are
     # this run's: seqtune.preflight.resume), or null to start at step 0.
     resume_from: str | None = None
+
+
+def complete_plan(resolved: Resolved, **facts: Any) -> Plan:
+    """The run plan: every fact of `resolved`, plus `facts` (the Plan fields Resolved lacks)."""
+    return Plan(**{f.name: getattr(resolved, f.name) for f in fields(Resolved)}, **facts)
 
 
 def write_plan(plan: Plan, run_dir: Path) -> Path:
@@ -133,7 +180,8 @@ def load_plan(run_dir: Path) -> Plan:
     data = json.loads((Path(run_dir) / PLAN_FILE).read_text())
     data["world"] = World(**data["world"])
     data["vocab"] = Vocab(**data["vocab"])
-    data["lora_targets"] = tuple(data["lora_targets"])
-    data["lora_modules"] = tuple(data["lora_modules"])
-    data["lora_saved"] = tuple(data["lora_saved"])
+    tokens = data["tokens"]
+    data["tokens"] = Tokens(**{**tokens, "terminators": {int(k): v for k, v in tokens["terminators"].items()}})
+    for name in ("lora_targets", "lora_modules", "lora_saved", "stream_records"):
+        data[name] = tuple(data[name])
     return Plan(**data)

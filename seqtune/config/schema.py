@@ -76,10 +76,34 @@ class DataFormat(StrEnum):
     input_output = "input_output"
     text = "text"
     tokenized = "tokenized"
+    # {"prompt"?, "chosen", "rejected"}: strings, or message lists (TRL's conversational preference format; without
+    # a prompt, chosen and rejected are whole conversations that share all but their last assistant turn).
+    preference = "preference"
 
 
 # The formats whose records are conversations, rendered with the tokenizer's chat template.
 CHAT_FORMATS = frozenset({DataFormat.chat, DataFormat.sharegpt})
+
+
+class RecipeName(StrEnum):
+    # recipes/<name>.py; the presets (configs/recipe/*.yaml) set it: lora_sft, full_sft -> sft; lora_dpo, full_dpo
+    # -> dpo.
+    sft = "sft"
+    dpo = "dpo"
+
+
+class SampleKind(StrEnum):
+    """What one record becomes for a recipe (seqtune.data.kinds): an SFT sample (one token sequence with its
+    targets) or a preference pair (two sequences, chosen then rejected, always batched together)."""
+
+    sft = "sft"
+    preference = "preference"
+
+
+RECIPE_KIND = {RecipeName.sft: SampleKind.sft, RecipeName.dpo: SampleKind.preference}
+# The formats each sample kind reads.
+KIND_FORMATS = {SampleKind.sft: tuple(f for f in DataFormat if f != DataFormat.preference),
+                SampleKind.preference: (DataFormat.preference,)}
 
 # The fields of each format's records: (required, optional). data.columns (or a source's `columns`) maps these
 # names to the data's own; seqtune.data.formats reads them, the columnar readers read only these columns.
@@ -90,6 +114,7 @@ FORMAT_FIELDS: dict[DataFormat, tuple[tuple[str, ...], tuple[str, ...]]] = {
     DataFormat.input_output: (("input", "output"), ()),
     DataFormat.text: (("text",), ()),
     DataFormat.tokenized: (("input_ids",), ("labels", "attention_mask")),
+    DataFormat.preference: (("chosen", "rejected"), ("prompt",)),
 }
 
 
@@ -511,6 +536,40 @@ class LoraConfig:
         domain.done()
 
 
+class PreferenceLoss(StrEnum):
+    # sigmoid: DPO (Rafailov et al. 2023); ipo: IPO's squared loss (Azar et al. 2023); simpo: SimPO, reference-free
+    # with length-normalised log-probabilities and a target margin (Meng et al. 2024).
+    sigmoid = "sigmoid"
+    ipo = "ipo"
+    simpo = "simpo"
+
+
+@dataclass(kw_only=True)
+class DpoConfig:
+    """Preference tuning (recipe=lora_dpo | full_dpo): the objective's settings."""
+
+    # The inverse temperature of the implicit reward: larger keeps the policy closer to the reference.
+    beta: float = 0.1
+    loss: PreferenceLoss = PreferenceLoss.sigmoid
+    # simpo: the target reward margin gamma (in units of the length-normalised log-probability, times beta).
+    simpo_gamma: float = 0.5
+    # An SFT term on the chosen completion (RPO, Pang et al. 2024): loss += sft_weight x its mean token NLL.
+    sft_weight: float = 0.0
+    # Label smoothing of the sigmoid loss (conservative DPO, cDPO): the share of pairs assumed mislabelled.
+    label_smoothing: float = 0.0
+
+    def __post_init__(self) -> None:
+        domain = _Domain("dpo")
+        domain.above("beta", self.beta, 0, 0.1)
+        domain.at_least("simpo_gamma", self.simpo_gamma, 0, 0.5)
+        domain.at_least("sft_weight", self.sft_weight, 0, 0.0)
+        domain.within("label_smoothing", self.label_smoothing, 0.0, 0.5, 0.0, high_open=True)
+        if self.label_smoothing and self.loss != PreferenceLoss.sigmoid and _finite(self.label_smoothing):
+            domain.refuse("label_smoothing", f"dpo.label_smoothing={self.label_smoothing} smooths the sigmoid loss "
+                          f"only, but dpo.loss={self.loss}. Fix: dpo.loss=sigmoid, or dpo.label_smoothing=0")
+        domain.done()
+
+
 @dataclass(kw_only=True)
 class OptimConfig:
     name: OptimName = OptimName.adamw
@@ -680,8 +739,9 @@ class PreflightConfig:
 
 @dataclass(kw_only=True)
 class RootConfig:
-    # Which recipes/<name>.py runs (set by the recipe group: recipe=lora_sft and recipe=full_sft both run sft).
-    recipe_name: str = MISSING
+    # Which recipes/<name>.py runs (set by the recipe group: recipe=lora_sft and recipe=full_sft run sft,
+    # recipe=lora_dpo and recipe=full_dpo run dpo).
+    recipe_name: RecipeName = MISSING
     model: ModelConfig = MISSING
     tokenizer: TokenizerConfig = MISSING
     data: DataConfig = MISSING
@@ -692,6 +752,8 @@ class RootConfig:
     launcher: LauncherConfig = MISSING
     logger: LoggerConfig = MISSING
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
+    # Preference tuning (read by recipe=lora_dpo | full_dpo; refused with another recipe when changed).
+    dpo: DpoConfig = field(default_factory=DpoConfig)
 
     def __post_init__(self) -> None:
         if self.train.export_merged and not self.lora.enabled:
@@ -701,12 +763,36 @@ class RootConfig:
                 fix="train.export_merged=false (load RUN_DIR/model with AutoModelForCausalLM.from_pretrained)")
         rules = _Domain("train")
         _evaluation_rules(self, rules)
+        _recipe_rules(self, rules)
         for name in ("use_dora", "use_rslora"):
             if getattr(self.lora, name) and not self.lora.enabled:
                 rules.problems.append((f"lora.{name}", f"lora.{name}=true with lora.enabled=false (recipe=full_sft): "
                                        "every weight trains, there is no adapter to change. Fix: recipe=lora_sft, "
                                        f"or drop lora.{name}"))
         rules.done()
+
+
+def _recipe_rules(cfg: RootConfig, rules: _Domain) -> None:
+    """A recipe reads its sample kind's formats only; the dpo settings belong to the dpo recipe."""
+    kind = RECIPE_KIND[cfg.recipe_name]
+    allowed = KIND_FORMATS[kind]
+    for split in SPLITS:
+        for source in cfg.data.sources(split):
+            if source.format in allowed:
+                continue
+            key = "data.format" if source.format == cfg.data.format else f"{source.key}.format"
+            if kind == SampleKind.preference:
+                fix = ("data.format=preference with {prompt, chosen, rejected} records (strings or message lists), "
+                       "or recipe=lora_sft to fine-tune on these records")
+            else:
+                fix = "recipe=lora_dpo (or full_dpo) to train on preference pairs, or an SFT data.format"
+            rules.problems.append((key, f"{key}={source.format} ({source.key}) is not read by "
+                                        f"recipe_name={cfg.recipe_name}, whose records are {kind} samples "
+                                        f"(formats: {', '.join(allowed)}). Fix: {fix}"))
+    if cfg.recipe_name != RecipeName.dpo and cfg.dpo != DpoConfig():
+        rules.problems.append(("dpo", f"dpo.* settings are set, but recipe_name={cfg.recipe_name} does not train "
+                                      "on preferences: they would be ignored. Fix: recipe=lora_dpo, or drop the "
+                                      "dpo.* overrides"))
 
 
 def _evaluation_rules(cfg: RootConfig, rules: _Domain) -> None:
@@ -743,6 +829,7 @@ GROUP_SCHEMAS: dict[str, type] = {
     "launcher": LauncherConfig,
     "logger": LoggerConfig,
     "preflight": PreflightConfig,
+    "dpo": DpoConfig,
 }
 
 

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 from seqtune.config.errors import DataError
 from seqtune.config.plan import Plan
 from seqtune.config.schema import DataMode, Overlength, RootConfig, Tail
+from seqtune.data.batching import BatchRule, batch_rule
 from seqtune.data.cache import TokenCache
 from seqtune.data.collate import Collator, make_collator
 from seqtune.data.formats import LineParser, Record
@@ -43,31 +44,49 @@ from seqtune.data.stream import (
     sample_end,
 )
 from seqtune.data.tokenize import SampleEncoder
-from seqtune.data.types import IGNORE_INDEX, POLICY_REJECTS, Reject, TokenizedSample
+from seqtune.data.types import IGNORE_INDEX, POLICY_REJECTS, Reject, Sample, TokenizedSample
 
 
 class SplitView(Dataset):
-    """A cached split after data.overlength, by the stream's rule (apply_overlength), so both modes train on the
-    same samples: `drop` hides over-length samples; `truncate`/`truncate_prompt` cut them (seqtune.data.overlength)
-    and hide those left with no target (`cut` lists where they are); `error` keeps them (preflight has refused such
-    a split)."""
+    """A cached split's samples after data.overlength, by the stream's rule (apply_overlength), so both modes train
+    on the same samples: `drop` hides over-length samples; `truncate`/`truncate_prompt` cut them
+    (seqtune.data.overlength) and hide those left with no target (`cut` lists where they are); `error` keeps them
+    (preflight has refused such a split). With k sequences per sample (a preference pair: the cache holds chosen
+    and rejected next to each other), sample i is sequences k*i .. k*i+k-1, kept or hidden together, and an item is
+    their tuple."""
 
-    def __init__(self, cache: TokenCache, *, max_seq_len: int, overlength: Overlength) -> None:
-        lengths = np.asarray(cache.lengths)
+    def __init__(self, cache: TokenCache, *, max_seq_len: int, overlength: Overlength,
+                 sequences_per_sample: int = 1) -> None:
+        k = self.k = sequences_per_sample
+        seq_lengths = np.asarray(cache.lengths).reshape(-1, k)
         self.cache, self.max_seq_len, self.overlength = cache, max_seq_len, overlength
-        over = np.flatnonzero(lengths > max_seq_len) if overlength != Overlength.error else np.empty(0, np.int64)
-        hidden = [int(i) for i in over if isinstance(apply_overlength(cache[int(i)], max_seq_len, overlength), Reject)]
-        self.cut = [cache.location(i) for i in hidden] if overlength in TRUNCATING else []
-        self.indices = np.setdiff1d(np.arange(len(cache)), np.asarray(hidden, dtype=np.int64))
-        self.lengths = np.minimum(lengths[self.indices], max_seq_len)
+        over = (np.flatnonzero((seq_lengths > max_seq_len).any(axis=1)) if overlength != Overlength.error
+                else np.empty(0, np.int64))
+        hidden = [int(i) for i in over if isinstance(apply_overlength(self._raw(int(i)), max_seq_len, overlength),
+                                                     Reject)]
+        self.cut = [cache.location(i * k) for i in hidden] if overlength in TRUNCATING else []
+        self.indices = np.setdiff1d(np.arange(len(seq_lengths)), np.asarray(hidden, dtype=np.int64))
+        kept = np.minimum(seq_lengths[self.indices], max_seq_len)
+        # What a sample occupies in a packed row (all its sequences) and what a padded row needs (its longest).
+        self.lengths, self.widths = kept.sum(axis=1), kept.max(axis=1, initial=0)
+
+    def _raw(self, index: int) -> Sample:
+        if self.k == 1:
+            return self.cache[index]
+        return tuple(self.cache[index * self.k + j] for j in range(self.k))
 
     def __len__(self) -> int:
         return int(self.indices.shape[0])
 
-    def __getitem__(self, i: int) -> TokenizedSample:
-        sample = self.cache[int(self.indices[i])]
-        return sample if len(sample) <= self.max_seq_len else apply_overlength(sample, self.max_seq_len,
-                                                                               self.overlength)
+    def __getitem__(self, i: int) -> Sample:
+        sample = self._raw(int(self.indices[i]))
+        cut = apply_overlength(sample, self.max_seq_len, self.overlength)
+        assert not isinstance(cut, Reject), "hidden in __init__"
+        return cut
+
+    def sample_sources(self) -> np.ndarray:
+        """The source (index into the cache's sources) of every kept sample."""
+        return self.cache.sample_sources()[self.indices * self.k]
 
 
 def worker_seed_generator(seed: int, rank: int, epoch: int) -> torch.Generator:
@@ -88,7 +107,7 @@ class PlannedBatches:
     so a checkpoint names exactly the next micro-batch to train on.
     """
 
-    def __init__(self, view: SplitView, plan: DistributedBatchPlan, collator: Collator, *, num_workers: int) -> None:
+    def __init__(self, view: Dataset, plan: DistributedBatchPlan, collator: Collator, *, num_workers: int) -> None:
         if len(plan) == 0:
             raise DataError(f"the split has {len(view)} samples: not one micro-batch per rank.",
                             key="train.batch_size", fix="a smaller train.batch_size or fewer ranks")
@@ -200,9 +219,8 @@ class StreamedBatches:
             self.epoch, self.progress = self.epoch + 1, StreamProgress()
 
 
-def _pad_id(plan: Plan) -> int:
-    # The pad id only fills positions that the attention and label masks exclude; it is never compared with eos.
-    return plan.vocab.pad_id if plan.vocab.pad_id is not None else plan.vocab.eos_id
+def plan_rule(cfg: RootConfig, plan: Plan) -> BatchRule:
+    return batch_rule(cfg, max_seq_len=plan.max_seq_len, sequences_per_sample=plan.sequences_per_sample)
 
 
 def train_mix(cfg: RootConfig, view: SplitView) -> SourceMix | None:
@@ -211,22 +229,21 @@ def train_mix(cfg: RootConfig, view: SplitView) -> SourceMix | None:
     sources = cfg.data.sources("train")
     if all(source.weight == 1 for source in sources):
         return None
-    source_of = view.cache.sample_sources()[view.indices]
-    return SourceMix(source_of=source_of, weights=tuple(s.weight for s in sources),
+    return SourceMix(source_of=view.sample_sources(), weights=tuple(s.weight for s in sources),
                      keys=tuple(s.key for s in sources))
 
 
-def planned_batches(cfg: RootConfig, plan: Plan, cache_dir: Path, *, rank: int, shuffle: bool,
+def planned_batches(cfg: RootConfig, plan: Plan, split: str, *, rank: int, shuffle: bool,
                     tail: Tail, train: bool) -> PlannedBatches:
-    view = SplitView(TokenCache.open(cache_dir), max_seq_len=plan.max_seq_len, overlength=cfg.data.overlength)
+    view = SplitView(TokenCache.open(Path(plan.caches[split])), max_seq_len=plan.max_seq_len,
+                     overlength=cfg.data.overlength, sequences_per_sample=plan.sequences_per_sample)
+    rule = plan_rule(cfg, plan)
     batch_plan = DistributedBatchPlan(
-        view.lengths, batch_size=cfg.train.batch_size, world_size=plan.world.world_size, rank=rank,
-        strategy=cfg.padding.strategy, max_seq_len=plan.max_seq_len, seed=cfg.train.seed, shuffle=shuffle, tail=tail,
-        bucket_window=cfg.padding.bucket_window, multiple_of=cfg.padding.multiple_of,
+        view.lengths, widths=view.widths, rule=rule, world_size=plan.world.world_size, rank=rank,
+        seed=cfg.train.seed, shuffle=shuffle, tail=tail, bucket_window=cfg.padding.bucket_window,
         mix=train_mix(cfg, view) if train else None,
     )
-    collator = make_collator(cfg.padding, max_seq_len=plan.max_seq_len, pad_id=_pad_id(plan),
-                             padding_side=plan.padding_side)
+    collator = make_collator(rule, pad_id=plan.tokens.pad_id, padding_side=plan.padding_side)
     return PlannedBatches(view, batch_plan, collator, num_workers=cfg.data.num_workers)
 
 
@@ -249,8 +266,8 @@ class SourceEncoders:
 
     by_file: dict[str, SampleEncoder]
 
-    def __call__(self, records: list[Record]) -> list[TokenizedSample | Reject]:
-        out: list[TokenizedSample | Reject | None] = [None] * len(records)
+    def __call__(self, records: list[Record]) -> list[Sample | Reject]:
+        out: list[Sample | Reject | None] = [None] * len(records)
         groups: dict[int, tuple[SampleEncoder, list[int]]] = {}
         for i, record in enumerate(records):
             encoder = self.by_file[record.file]
@@ -261,27 +278,28 @@ class SourceEncoders:
         return out  # type: ignore[return-value]
 
 
-def _streamed(cfg: RootConfig, plan: Plan, preflight, rank: int, tokenizer) -> StreamedBatches:
+def _streamed(cfg: RootConfig, plan: Plan, rank: int, tokenizer) -> StreamedBatches:
     split = split_input(cfg.data, "train")
-    source_records = preflight.stream_source_records
-    encoders = {fmt: SampleEncoder(tokenizer, fmt, train_on_prompt=cfg.data.train_on_prompt) for fmt in split.formats}
+    source_records = list(plan.stream_records)
+    encoders = {fmt: SampleEncoder(tokenizer, fmt, train_on_prompt=cfg.data.train_on_prompt, tokens=plan.tokens)
+                for fmt in split.formats}
     parsers, by_file = {}, {}
     for source in split.sources:
         for path in source.files:
             by_file[str(path)] = encoders[source.format]
             parsers[str(path)] = encoders[source.format].line_parser(str(path), media_root=cfg.data.media_root,
                                                                      columns=source.columns)
-    collator = make_collator(cfg.padding, max_seq_len=plan.max_seq_len, pad_id=_pad_id(plan),
-                             padding_side=plan.padding_side)
+    rule = plan_rule(cfg, plan)
+    collator = make_collator(rule, pad_id=plan.tokens.pad_id, padding_side=plan.padding_side)
     world_size = plan.world.world_size
     make_stream = partial(
         JsonlStream, split, parse=RecordParser(parsers=parsers), encode_batch=SourceEncoders(by_file=by_file),
-        collate=collator, batch_size=cfg.train.batch_size, max_seq_len=plan.max_seq_len,
-        overlength=cfg.data.overlength, world_size=world_size, rank=rank, num_workers=cfg.data.num_workers,
-        source_records=source_records, seed=cfg.train.seed)
-    budget = BadLineBudget(max_bad_fraction=cfg.data.max_bad_fraction, rejects_file=preflight.rejects_file,
-                           rank=rank)
-    rejects = RejectLog(path=preflight.rejects_file, files=split.files,
+        collate=collator, rule=rule, overlength=cfg.data.overlength, world_size=world_size, rank=rank,
+        num_workers=cfg.data.num_workers, source_records=source_records, seed=cfg.train.seed, tail=cfg.data.tail,
+        bucket_window=cfg.padding.bucket_window)
+    rejects_file = Path(plan.rejects_file)
+    budget = BadLineBudget(max_bad_fraction=cfg.data.max_bad_fraction, rejects_file=rejects_file, rank=rank)
+    rejects = RejectLog(path=rejects_file, files=split.files,
                         logged_through=sample_end(split, cfg.data.preflight_sample))
     # Preflight proved every rank gets at least one micro-batch per pass (check_epoch_steps).
     return StreamedBatches(make_stream=make_stream, batches_per_rank=make_stream(resume=None).batches_per_rank(),
@@ -290,21 +308,18 @@ def _streamed(cfg: RootConfig, plan: Plan, preflight, rank: int, tokenizer) -> S
                            budget=budget, rejects=rejects)
 
 
-def build_train_batches(cfg: RootConfig, plan: Plan, preflight, *, rank: int,
-                        tokenizer) -> PlannedBatches | StreamedBatches:
+def build_train_batches(cfg: RootConfig, plan: Plan, *, rank: int, tokenizer) -> PlannedBatches | StreamedBatches:
     if cfg.data.mode == DataMode.stream:
-        return _streamed(cfg, plan, preflight, rank, tokenizer)
-    return planned_batches(cfg, plan, preflight.caches["train"], rank=rank, shuffle=cfg.data.shuffle,
-                           tail=cfg.data.tail, train=True)
+        return _streamed(cfg, plan, rank, tokenizer)
+    return planned_batches(cfg, plan, "train", rank=rank, shuffle=cfg.data.shuffle, tail=cfg.data.tail, train=True)
 
 
-def build_eval_batches(cfg: RootConfig, plan: Plan, preflight, *, split: str, rank: int):
+def build_eval_batches(cfg: RootConfig, plan: Plan, *, split: str, rank: int):
     """A factory of one pass over an evaluation split (val, test): every sample exactly once over all ranks (tail
     padded with fully masked fillers, so ranks stay in step and nothing counts twice), or None without that split."""
-    if split not in preflight.caches:
+    if split not in plan.caches:
         return None
-    planned = planned_batches(cfg, plan, preflight.caches[split], rank=rank, shuffle=False, tail=Tail.pad,
-                              train=False)
+    planned = planned_batches(cfg, plan, split, rank=rank, shuffle=False, tail=Tail.pad, train=False)
     return lambda: planned.epoch_batches(0)
 
 
@@ -317,13 +332,15 @@ class EvalPrompt:
     location: str
 
 
-def build_eval_prompts(cache_dir: Path, *, count: int, max_seq_len: int, bos_id: int | None) -> list[EvalPrompt]:
+def build_eval_prompts(cache_dir: Path, *, count: int, max_seq_len: int, bos_id: int | None,
+                       stride: int = 1) -> list[EvalPrompt]:
     """The first `count` samples of a split's token cache (file order: the validation split) that have a prompt
     shorter than max_seq_len, tokenized exactly as training saw them. The reference is the first run of target
-    tokens: the completion, or a conversation's first assistant reply and its end-of-turn marker."""
+    tokens: the completion, or a conversation's first assistant reply and its end-of-turn marker. `stride`: the
+    sequences per sample (a preference pair's first sequence, its chosen completion, is the reference)."""
     cache = TokenCache.open(cache_dir)
     prompts: list[EvalPrompt] = []
-    for i in range(len(cache)):
+    for i in range(0, len(cache), stride):
         sample = cache[i]
         targets = np.flatnonzero(sample.labels != IGNORE_INDEX)
         # The bos the encoder adds is never a target: on its own it is no prompt (pre-tokenized rows without labels).

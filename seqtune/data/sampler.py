@@ -22,30 +22,33 @@ import numpy as np
 
 from seqtune.config.errors import DataError
 from seqtune.config.schema import PaddingStrategy, Tail
-from seqtune.data.collate import round_up
+from seqtune.data.batching import BatchRule, round_up
 from seqtune.data.mix import SourceMix
-from seqtune.data.packing import next_fit_rows, order_for_next_fit, pack_best_fit_decreasing
-from seqtune.data.types import IGNORE_INDEX, TokenizedSample
+from seqtune.data.packing import order_for_next_fit, pack_best_fit_decreasing
+from seqtune.data.types import IGNORE_INDEX, Sample, TokenizedSample, sequences_of
+
+
+def as_filler(sample: Sample) -> Sample:
+    """The same tokens with every target masked: computed like the sample, never changing the loss."""
+    masked = tuple(TokenizedSample(input_ids=s.input_ids, labels=np.full_like(s.labels, IGNORE_INDEX),
+                                   location=f"{s.location} (filler)") for s in sequences_of(sample))
+    return masked if isinstance(sample, tuple) else masked[0]
 
 
 @dataclass(kw_only=True)
 class WithFillers:
     """Map-style view of a dataset where index i + len(dataset) is sample i with every target masked (a filler)."""
 
-    dataset: Sequence[TokenizedSample]
+    dataset: Sequence[Sample]
 
     def __len__(self) -> int:
         return 2 * len(self.dataset)
 
-    def __getitem__(self, index: int) -> TokenizedSample:
+    def __getitem__(self, index: int) -> Sample:
         n = len(self.dataset)
         if not 0 <= index < 2 * n:
             raise IndexError(index)
-        if index < n:
-            return self.dataset[index]
-        real = self.dataset[index - n]
-        masked = np.full_like(real.labels, IGNORE_INDEX)
-        return TokenizedSample(input_ids=real.input_ids, labels=masked, location=f"{real.location} (filler)")
+        return self.dataset[index] if index < n else as_filler(self.dataset[index - n])
 
 
 @dataclass(kw_only=True)
@@ -121,12 +124,12 @@ def _micro_batch_order(rows_all: list[list[int]], ids: list[int], lengths2: np.n
     return real + order_for_next_fit(rows_all, [i for i in ids if i >= half], lengths2)
 
 
-def _padded_plan(lengths: np.ndarray, order: np.ndarray, *, strategy: PaddingStrategy, batch_size: int, world_size: int,
+def _padded_plan(widths: np.ndarray, order: np.ndarray, *, strategy: PaddingStrategy, batch_size: int, world_size: int,
                  tail: Tail, bucket_window: int, rng: np.random.Generator, shuffle: bool) -> EpochPlan:
     step = world_size * batch_size
-    entries, dropped, fillers = _fit_to_steps(order, step, tail, len(lengths))
+    entries, dropped, fillers = _fit_to_steps(order, step, tail, len(widths))
     if strategy == PaddingStrategy.bucket:
-        entries = _bucket(entries, np.concatenate([lengths, lengths]), step, bucket_window, rng, shuffle)
+        entries = _bucket(entries, np.concatenate([widths, widths]), step, bucket_window, rng, shuffle)
     return EpochPlan(per_rank=_split_steps(entries, world_size, batch_size), dropped_samples=dropped,
                      filler_samples=fillers)
 
@@ -140,16 +143,18 @@ class DistributedBatchPlan:
     training (prefetch), so then save `state_at(epoch, consumed)` from the consumer's count instead of state_dict().
     """
 
-    def __init__(self, lengths: np.ndarray, *, batch_size: int, world_size: int, rank: int, strategy: PaddingStrategy,
-                 max_seq_len: int, seed: int, shuffle: bool, tail: Tail, bucket_window: int,
-                 multiple_of: int = 1, mix: SourceMix | None = None) -> None:
-        """`mix`: weighted sources (seqtune.data.mix): each epoch uses the samples it draws, repeats included,
-        instead of every sample once."""
+    def __init__(self, lengths: np.ndarray, *, rule: BatchRule, world_size: int, rank: int, seed: int, shuffle: bool,
+                 tail: Tail, bucket_window: int, widths: np.ndarray | None = None,
+                 mix: SourceMix | None = None) -> None:
+        """`lengths`: each sample's tokens (all of its sequences: what it occupies in a packed row); `widths`: its
+        longest sequence (what its row needs when padded; default `lengths`, one sequence per sample). `rule`: the
+        padding strategy's shapes (seqtune.data.batching). `mix`: weighted sources (seqtune.data.mix): each epoch
+        uses the samples it draws, repeats included, instead of every sample once."""
         # The schema guarantees batch_size, bucket_window >= 1 and the strategy/tail choices.
         assert 0 <= rank < world_size, f"rank {rank} outside world size {world_size}"
         self.lengths = np.asarray(lengths, dtype=np.int64)
-        self.batch_size, self.world_size, self.rank = batch_size, world_size, rank
-        self.strategy, self.max_seq_len, self.multiple_of = strategy, max_seq_len, multiple_of
+        self.widths = self.lengths if widths is None else np.asarray(widths, dtype=np.int64)
+        self.rule, self.batch_size, self.world_size, self.rank = rule, rule.batch_size, world_size, rank
         self.seed, self.shuffle, self.tail, self.bucket_window = seed, shuffle, tail, bucket_window
         self.mix = mix
         self.epoch, self.position = 0, 0
@@ -169,11 +174,12 @@ class DistributedBatchPlan:
             else:
                 drawn = self.mix.epoch_samples(self.seed, epoch)
                 order = drawn[rng.permutation(len(drawn))] if self.shuffle else drawn
-            if self.strategy == PaddingStrategy.packed:
+            if self.rule.packed:
                 plan = _packed_plan(self.lengths, order, batch_size=self.batch_size, world_size=self.world_size,
-                                    max_seq_len=self.max_seq_len, tail=self.tail, rng=rng, shuffle=self.shuffle)
+                                    max_seq_len=self.rule.row_capacity, tail=self.tail, rng=rng,
+                                    shuffle=self.shuffle)
             else:
-                plan = _padded_plan(self.lengths, order, strategy=self.strategy, batch_size=self.batch_size,
+                plan = _padded_plan(self.widths, order, strategy=self.rule.strategy, batch_size=self.batch_size,
                                     world_size=self.world_size, tail=self.tail, bucket_window=self.bucket_window,
                                     rng=rng, shuffle=self.shuffle)
             self._cache = (epoch, plan)
@@ -200,8 +206,10 @@ class DistributedBatchPlan:
 
     def identity(self) -> dict[str, Any]:
         identity = {"num_samples": self.num_samples, "batch_size": self.batch_size, "world_size": self.world_size,
-                    "strategy": str(self.strategy), "max_seq_len": self.max_seq_len, "seed": self.seed,
+                    "strategy": str(self.rule.strategy), "max_seq_len": self.rule.max_seq_len, "seed": self.seed,
                     "shuffle": self.shuffle, "tail": str(self.tail), "bucket_window": self.bucket_window}
+        if self.rule.sequences_per_sample > 1:
+            identity["sequences_per_sample"] = self.rule.sequences_per_sample
         if self.mix is not None:
             identity["mix"] = self.mix.identity()
         return identity
@@ -227,13 +235,8 @@ class DistributedBatchPlan:
             self.epoch, self.position = self.epoch + 1, 0
 
     def computed_positions(self, micro_batch: list[int]) -> int:
-        """Positions the model computes for this micro-batch (what the collator will build)."""
-        lens = self.lengths[np.asarray(micro_batch) % self.num_samples]
-        if self.strategy == PaddingStrategy.packed:
-            return len(next_fit_rows(lens.tolist(), self.max_seq_len)) * self.max_seq_len
-        if self.strategy == PaddingStrategy.max_length:
-            return len(micro_batch) * self.max_seq_len
-        return len(micro_batch) * min(round_up(int(lens.max()), self.multiple_of), self.max_seq_len)
+        """Positions the model computes for this micro-batch (what the collator will build, by the rule)."""
+        return self.rule.computed_positions(int(self.widths[np.asarray(micro_batch) % self.num_samples].max()))
 
     def summary(self, epoch: int = 0) -> dict[str, Any]:
         """For preflight: micro-batches per rank, real samples/tokens per rank, dropped/filler counts, efficiency."""
@@ -255,13 +258,3 @@ class DistributedBatchPlan:
             "tail": str(self.tail),
             "padding_efficiency": sum(tokens) / computed if computed else 1.0,
         }
-
-
-def plan_padding_efficiency(lengths: np.ndarray, strategy: PaddingStrategy, batch_size: int, max_seq_len: int,
-                            multiple_of: int, seed: int, bucket_window: int = 100) -> float:
-    """Real tokens / computed positions for one epoch on one rank (tail=pad: fillers count as waste).
-    Needs no model and no process group: preflight calls it per strategy to compare them."""
-    plan = DistributedBatchPlan(lengths, batch_size=batch_size, world_size=1, rank=0, strategy=strategy,
-                                max_seq_len=max_seq_len, seed=seed, shuffle=True, tail=Tail.pad,
-                                bucket_window=bucket_window, multiple_of=multiple_of)
-    return float(plan.summary()["padding_efficiency"])

@@ -7,12 +7,20 @@ a source that gives k is due at (t + 0.5) / k of the pass). The pass's record k 
 `k % (world_size * num_workers)`, global worker = rank * num_workers + worker id. Every worker reads the files but
 only parses its own records, so no coordination is needed and no record is seen twice (more than its weight says).
 
-Ranks stop together: from `num_lines` (preflight's line count) every worker yields exactly `batches_per_worker`
-micro-batches, the last ones FILLERS (one sample, every target masked) when rejects or drops left it short, so every
-rank yields num_workers * batches_per_worker.
+Shapes: micro-batches follow the padding strategy's BatchRule (seqtune.data.batching) exactly as in cached mode:
+batch_size samples (k x batch_size rows), an incomplete one completed with FILLERS (a sample read before, every
+target masked). `bucket` groups lengths within a window of padding.bucket_window micro-batches of the worker's
+records (sorted by length, then cut into micro-batches); `packed` is refused (BatchRule.stream_problem).
 
-Resume: each StreamBatch carries its worker's position after that batch (the last line it read, sample or reject);
-keep the latest per worker (StreamProgress) and pass it back as `resume`: each worker restarts after that line.
+Ranks stop together: from `num_lines` (preflight's line count) every worker yields exactly `batches_per_worker`
+micro-batches (data.tail=pad: enough for the worker dealt the most lines, the last ones fillers when rejects or drops
+left it short; data.tail=drop: the full micro-batches of the worker dealt the fewest, the rest of its lines left out
+of the pass), so every rank yields num_workers * batches_per_worker.
+
+Resume: each StreamBatch carries its worker's position: where the window of records its micro-batch came from
+starts (the last line read before it, sample or reject) and how many micro-batches of that window were yielded
+(`skip`); keep the latest per worker (StreamProgress) and pass it back as `resume`: each worker re-reads that window
+and skips what it yielded (windows are one micro-batch unless bucketing, and then sorted deterministically).
 
 Bad lines: BadLineBudget enforces data.max_bad_fraction on what a rank has read, RejectLog appends them to the
 run's rejects.jsonl. seqtune.data.loader.StreamedBatches puts these together for the training loop.
@@ -32,11 +40,14 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from seqtune.config.errors import DataError
+from seqtune.config.schema import PaddingStrategy, Tail
+from seqtune.data.batching import BatchRule
 from seqtune.data.collate import Collator
 from seqtune.data.mix import mix_rng, used_per_epoch
 from seqtune.data.overlength import cut_sample
+from seqtune.data.sampler import as_filler
 from seqtune.data.split import SplitInput, SplitRecord
-from seqtune.data.types import IGNORE_INDEX, Reject, TokenizedSample
+from seqtune.data.types import IGNORE_INDEX, Reject, Sample, TokenizedSample, sequences_of
 
 
 
@@ -47,6 +58,7 @@ class StreamPosition:
     line: int  # its 1-based line number (0: nothing consumed yet in that file)
     next_line: int  # round-robin counter of the next non-blank line
     batches: int  # micro-batches this worker has yielded
+    skip: int = 0  # micro-batches already yielded from the window of records that starts after this line
 
 
 @dataclass(kw_only=True)
@@ -60,7 +72,16 @@ class StreamBatch:
     filler: bool = False
 
 
-def apply_overlength(sample: TokenizedSample, max_seq_len: int, policy: str) -> TokenizedSample | Reject:
+def apply_overlength(sample: Sample, max_seq_len: int, policy: str) -> Sample | Reject:
+    """data.overlength for one sample; the sequences of a pair are kept or dropped together."""
+    if isinstance(sample, tuple):
+        cut = tuple(_sequence_overlength(seq, max_seq_len, policy) for seq in sample)
+        rejected = next((c for c in cut if isinstance(c, Reject)), None)
+        return rejected if rejected is not None else cut  # type: ignore[return-value]
+    return _sequence_overlength(sample, max_seq_len, policy)
+
+
+def _sequence_overlength(sample: TokenizedSample, max_seq_len: int, policy: str) -> TokenizedSample | Reject:
     if len(sample) <= max_seq_len:
         return sample
     file, line = sample.location.rsplit(":", 1)
@@ -77,8 +98,11 @@ def apply_overlength(sample: TokenizedSample, max_seq_len: int, policy: str) -> 
     return cut
 
 
-def batches_per_worker(num_lines: int, *, batch_size: int, num_shards: int) -> int:
-    """Micro-batches every (rank, worker) yields per pass: enough for the worker dealt the most lines."""
+def batches_per_worker(num_lines: int, *, batch_size: int, num_shards: int, tail: Tail | str = Tail.pad) -> int:
+    """Micro-batches every (rank, worker) yields per pass: tail=pad, enough for the worker dealt the most lines;
+    tail=drop, the full micro-batches of the worker dealt the fewest."""
+    if tail == Tail.drop:
+        return (num_lines // num_shards) // batch_size
     return math.ceil(math.ceil(num_lines / num_shards) / batch_size)
 
 
@@ -245,14 +269,19 @@ class JsonlStream(IterableDataset):
     decide a weighted pass (see the module doc)."""
 
     def __init__(self, split: SplitInput, *, parse: Callable[[Any, str], Any],
-                 encode_batch: Callable[[list[Any]], list[TokenizedSample | Reject]], collate: Collator,
-                 batch_size: int, max_seq_len: int, overlength: str, world_size: int, rank: int, num_workers: int,
-                 source_records: list[int], seed: int = 0, epoch: int = 0, encode_chunk: int = 256,
-                 resume: StreamProgress | None = None) -> None:
+                 encode_batch: Callable[[list[Any]], list[Sample | Reject]], collate: Collator, rule: BatchRule,
+                 overlength: str, world_size: int, rank: int, num_workers: int, source_records: list[int],
+                 seed: int = 0, epoch: int = 0, encode_chunk: int = 256, tail: Tail | str = Tail.pad,
+                 bucket_window: int = 1, resume: StreamProgress | None = None) -> None:
+        why_not = rule.stream_problem()
+        if why_not:  # preflight refuses it first (stream_train_plan); this is the same rule
+            raise DataError(why_not, key="padding.strategy")
         self.split, self.source_records, self.seed, self.epoch = split, list(source_records), seed, epoch
         self.files = split.files
-        self.parse, self.encode_batch, self.collate = parse, encode_batch, collate
-        self.batch_size, self.max_seq_len, self.overlength = batch_size, max_seq_len, overlength
+        self.parse, self.encode_batch, self.collate, self.rule = parse, encode_batch, collate, rule
+        self.batch_size, self.max_seq_len, self.overlength = rule.batch_size, rule.max_seq_len, overlength
+        # Micro-batches whose records are read, length-sorted and cut together (bucketing), else one.
+        self.window = bucket_window if rule.strategy == PaddingStrategy.bucket else 1
         self.world_size, self.rank, self.num_workers = world_size, rank, max(1, num_workers)
         self.encode_chunk = encode_chunk
         self.positions = dict(resume.positions) if resume else {}
@@ -260,7 +289,8 @@ class JsonlStream(IterableDataset):
         # next one is due from worker consumed % num_workers, so the resumed worker i plays that role + i.
         self.rotation = resume.consumed % self.num_workers if resume else 0
         num_lines = records_per_pass(split, self.source_records)
-        self.batches_per_worker = batches_per_worker(num_lines, batch_size=batch_size, num_shards=self.num_shards)
+        self.batches_per_worker = batches_per_worker(num_lines, batch_size=self.batch_size,
+                                                     num_shards=self.num_shards, tail=tail)
 
     @property
     def num_shards(self) -> int:
@@ -284,7 +314,7 @@ class JsonlStream(IterableDataset):
                     record.payload, first
 
     def _samples(self, gid: int, start: StreamPosition
-                 ) -> Iterator[tuple[TokenizedSample | Reject, StreamPosition, bool]]:
+                 ) -> Iterator[tuple[Sample | Reject, StreamPosition, bool]]:
         """This worker's lines as samples or rejects, in line order (parse rejects wait for the chunk they are in),
         so the position of the last item handed out is a safe place to resume from."""
         pending: list[tuple[Any, StreamPosition, bool]] = []
@@ -299,24 +329,52 @@ class JsonlStream(IterableDataset):
         yield from self._encode(pending)
 
     def _encode(self, pending: list[tuple[Any, StreamPosition, bool]]
-                ) -> Iterator[tuple[TokenizedSample | Reject, StreamPosition, bool]]:
+                ) -> Iterator[tuple[Sample | Reject, StreamPosition, bool]]:
         records = [parsed for parsed, _, _ in pending if not isinstance(parsed, Reject)]
         encoded = iter(self.encode_batch(records) if records else [])
         for parsed, pos, first in pending:
             out = parsed if isinstance(parsed, Reject) else next(encoded)
-            if isinstance(out, TokenizedSample):
+            if not isinstance(out, Reject):
                 out = apply_overlength(out, self.max_seq_len, self.overlength)
             yield out, pos, first
 
     def __iter__(self) -> Iterator[StreamBatch]:
         gid = self._worker()
         start = self.positions.get(gid, StreamPosition(worker=gid, file_index=0, line=0, next_line=0, batches=0))
-        n, buffer, rejects, repeated = start.batches, [], [], 0
-        last: TokenizedSample | None = None
-        # `consumed` is the last record read, sample or reject: a batch's position covers the rejects riding on
-        # it, so a resume never reads (and reports) them again.
-        consumed = start
-        for item, pos, first in self._samples(gid, start):
+        n, skip = start.batches, start.skip
+        items = self._samples(gid, replace(start, skip=0))
+        window_start, held = replace(start, skip=0), None
+        last: Sample | None = None
+        while n < self.batches_per_worker:
+            samples, rejects, repeated, consumed, held = self._read_window(items, window_start, held)
+            if samples:
+                last = samples[-1]
+            batches = self._cut(samples)
+            if not batches:  # the worker's lines are spent: fillers keep it in step with the others
+                batches = [[]]
+            for j, batch in enumerate(batches):
+                if n >= self.batches_per_worker:
+                    return
+                if j < skip:
+                    continue  # yielded before the checkpoint this run resumes from
+                n += 1
+                done = j + 1 == len(batches)
+                position = replace(consumed, batches=n) if done else replace(window_start, batches=n, skip=j + 1)
+                # The window's rejects ride on its first micro-batch (a resume past it has reported them).
+                yield self._batch(batch, rejects if j == 0 else [], repeated if j == 0 else 0, position, last=last)
+            skip, window_start = 0, consumed
+
+    def _read_window(self, items: Iterator, start: StreamPosition, held: tuple | None
+                     ) -> tuple[list[Sample], list[Reject], int, StreamPosition, tuple | None]:
+        """The next window's samples (window x batch_size of them), the rejects read with them, the position after
+        its last record (trailing rejects included), and the sample read past it (it opens the next window)."""
+        samples: list[Sample] = []
+        rejects: list[Reject] = []
+        repeated, consumed = 0, start
+        if held is not None:
+            samples.append(held[0])
+            consumed = held[1]
+        for item, pos, first in items:
             if isinstance(item, Reject):
                 if first:
                     rejects.append(item)
@@ -324,30 +382,31 @@ class JsonlStream(IterableDataset):
                     repeated += 1
                 consumed = pos
                 continue
-            if len(buffer) == self.batch_size:  # held back until now so trailing rejects ride on a batch
-                n += 1
-                yield self._batch(buffer, rejects, repeated, replace(consumed, batches=n))
-                buffer, rejects, repeated = [], [], 0
-            buffer.append((item, pos))
-            last, consumed = item, pos
-        if buffer or rejects or repeated:
-            n += 1
-            yield self._batch(buffer, rejects, repeated, replace(consumed, batches=n), last=last)
-        while n < self.batches_per_worker:
-            n += 1
-            yield self._batch([], [], 0, replace(consumed, batches=n), last=last)
+            if len(samples) == self.window * self.batch_size:  # held back until now so trailing rejects ride along
+                return samples, rejects, repeated, consumed, (item, pos)
+            samples.append(item)
+            consumed = pos
+        return samples, rejects, repeated, consumed, None
 
-    def _batch(self, buffer: list[tuple[TokenizedSample, StreamPosition]], rejects: list[Reject], repeated: int,
-               position: StreamPosition, last: TokenizedSample | None = None) -> StreamBatch:
-        if buffer:
-            return StreamBatch(batch=self.collate([s for s, _ in buffer]), position=position, rejects=rejects,
-                               repeated_rejects=repeated)
-        # A filler keeps this rank in step with the others: the last real sample (or one token) with every
-        # target masked, so it costs compute but never changes the loss.
-        ids = last.input_ids if last is not None else np.zeros(1, dtype=np.int64)
-        filler = TokenizedSample(input_ids=ids, labels=np.full_like(ids, IGNORE_INDEX), location="filler:0")
-        return StreamBatch(batch=self.collate([filler]), position=position, rejects=rejects,
-                           repeated_rejects=repeated, filler=True)
+    def _cut(self, samples: list[Sample]) -> list[list[Sample]]:
+        """A window's micro-batches: length-sorted first when bucketing (stable, so a resume cuts them the same)."""
+        if self.window > 1:
+            samples = sorted(samples, key=lambda s: max(len(seq) for seq in sequences_of(s)))
+        return [samples[i:i + self.batch_size] for i in range(0, len(samples), self.batch_size)]
+
+    def _batch(self, samples: list[Sample], rejects: list[Reject], repeated: int, position: StreamPosition,
+               last: Sample | None) -> StreamBatch:
+        """A micro-batch of the rule's shape: an incomplete one is completed with fillers (the last real sample, or
+        one token, every target masked), so they cost compute but never change the loss."""
+        missing = self.batch_size - len(samples)
+        if missing:
+            if last is None:
+                one = TokenizedSample(input_ids=np.zeros(1, dtype=np.int64), labels=np.full(1, IGNORE_INDEX),
+                                      location="filler:0")
+                last = one if self.rule.sequences_per_sample == 1 else (one,) * self.rule.sequences_per_sample
+            samples = samples + [as_filler(last)] * missing
+        return StreamBatch(batch=self.collate(samples), position=position, rejects=rejects,
+                           repeated_rejects=repeated, filler=missing == self.batch_size)
 
 
 @dataclass(kw_only=True)

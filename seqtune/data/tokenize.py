@@ -21,6 +21,7 @@ from itertools import chain
 import numpy as np
 
 from seqtune.config.errors import ConfigError
+from seqtune.config.plan import Tokens
 from seqtune.config.schema import CHAT_FORMATS
 from seqtune.data.formats import (
     CHAT_ROLES,
@@ -33,6 +34,7 @@ from seqtune.data.formats import (
 )
 from seqtune.data.types import IGNORE_INDEX, TEMPLATE_REJECTED, Reject, TokenizedSample
 from seqtune.tokenizers import templates
+from seqtune.tokenizers.facts import added_bos_id
 
 
 
@@ -69,7 +71,9 @@ def _ragged_positions(lengths: np.ndarray, starts: np.ndarray) -> np.ndarray:
 class SampleEncoder:
     """Encodes records of one format with one tokenizer. `encode_batch` for samples, `encode_records` for speed."""
 
-    def __init__(self, tokenizer, fmt: str, *, train_on_prompt: bool) -> None:
+    def __init__(self, tokenizer, fmt: str, *, train_on_prompt: bool, tokens: Tokens | None = None) -> None:
+        """`tokens`: the plan's token facts (the bos the run adds); without them (tools, tests) the same rule is
+        asked of the tokenizer (seqtune.tokenizers.facts.added_bos_id)."""
         if tokenizer.eos_token_id is None:
             raise ConfigError("the tokenizer has no eos token, so samples cannot end with one.", key="tokenizer",
                               fix="use a tokenizer with an eos token (tokenizer.source=bundled has </s>).")
@@ -79,7 +83,7 @@ class SampleEncoder:
         self.chat = fmt in CHAT_FORMATS
         self.train_on_prompt = train_on_prompt
         self.eos_id = int(tokenizer.eos_token_id)
-        self.bos_id = self._probe_bos(tokenizer)
+        self.bos_id = tokens.bos_id if tokens is not None else added_bos_id(tokenizer)
         self.vocab_size = len(tokenizer)
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         if self._backend is None and self.chat:
@@ -103,15 +107,6 @@ class SampleEncoder:
         return LineParser(fmt=self.fmt, file=file, media_root=media_root, pad_id=self.tokenizer.pad_token_id,
                           eos_id=self.eos_id, vocab_size=self.vocab_size, roles=self.chat_roles,
                           columns=dict(columns or {}))
-
-    @staticmethod
-    def _probe_bos(tokenizer) -> int | None:
-        # Follow the tokenizer's own convention: a bos only if encoding with special tokens puts one first
-        # (Llama does; GPT-2/Qwen-style tokenizers do not, even when a bos_token is defined).
-        if tokenizer.bos_token_id is None:
-            return None
-        probe = tokenizer("a", add_special_tokens=True)["input_ids"]
-        return int(tokenizer.bos_token_id) if probe and probe[0] == tokenizer.bos_token_id else None
 
     def _token_lists(self, texts: list[str]) -> list[list[int]]:
         self.texts_tokenized += len(texts)

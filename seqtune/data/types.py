@@ -58,3 +58,12 @@ class TokenizedSample:
     @property
     def num_targets(self) -> int:
         return int((self.labels != IGNORE_INDEX).sum())
+
+
+# What one record becomes for training: one sequence (an SFT sample), or several kept together (a preference
+# pair: chosen, rejected). The recipe's sample kind says how many (plan.sequences_per_sample).
+Sample = TokenizedSample | tuple[TokenizedSample, ...]
+
+
+def sequences_of(sample: Sample) -> tuple[TokenizedSample, ...]:
+    return sample if isinstance(sample, tuple) else (sample,)

@@ -122,7 +122,9 @@ def wrap_model(model: torch.nn.Module, env: DistEnv, *, sharded: bool) -> torch.
     if sharded:
         from torch.distributed.fsdp import fully_shard
 
-        for layer in _decoder_layers(model):
+        from seqtune.models.layers import decoder_layers
+
+        for layer in decoder_layers(model):
             fully_shard(layer)
         fully_shard(model)
         return model
@@ -130,14 +132,6 @@ def wrap_model(model: torch.nn.Module, env: DistEnv, *, sharded: bool) -> torch.
 
     device_ids = [env.device.index] if env.device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids)
-
-
-def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    # Every supported family (Llama, Mistral, Gemma 3) keeps its blocks in a ModuleList called `layers`.
-    for name, module in model.named_modules():
-        if name.endswith("layers") and isinstance(module, torch.nn.ModuleList):
-            return list(module)
-    return []
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

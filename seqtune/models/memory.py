@@ -21,6 +21,7 @@ import transformers
 from torch import nn
 from transformers import PretrainedConfig
 
+from seqtune.models.layers import decoder_layers
 from seqtune.models.spec import matches_target
 from seqtune.models.token_loss import chunk_tokens
 
@@ -68,6 +69,8 @@ class MemoryInputs:
     autocast: bool = False  # mixed precision: matmuls in compute_dtype under torch.autocast
     world_size: int = 1
     sharded: bool = False  # FSDP: parameters, grads and optimizer state sharded over world_size
+    # A frozen copy of the model's weights beside it (full-parameter preference tuning's reference model).
+    reference_copy: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,6 +110,8 @@ def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:
         weights = quantized * NF4_BYTES_PER_WEIGHT + (total - quantized) * 4
     else:
         weights = total * width
+    if inputs.reference_copy:  # frozen, no grads or optimizer state; its forward's activations are freed at once
+        weights *= 2
     head_grad = 0
     if inputs.lora_enabled:
         adapted = [m for name, m in linears.items() if _adapted(name, inputs.lora_targets)]
@@ -130,7 +135,7 @@ def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:
     optimizer = state_bytes * OPTIMIZER_STATES.get(inputs.optimizer, 2)
     if inputs.sharded and inputs.world_size > 1:
         # FSDP keeps 1/world of every sharded tensor, plus the unsharded layer being computed and the next one.
-        largest_layer = max(sum(p.numel() for p in layer.parameters()) for layer in _decoder_layers(model))
+        largest_layer = max(sum(p.numel() for p in layer.parameters()) for layer in decoder_layers(model))
         weights = weights / inputs.world_size + 2 * largest_layer * BYTES_PER_DTYPE[inputs.compute_dtype]
         grads, optimizer = grads / inputs.world_size, optimizer / inputs.world_size
         head_grad /= inputs.world_size
@@ -145,13 +150,6 @@ def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:
 
 def _adapted(name: str, targets: tuple[str, ...]) -> bool:
     return any(matches_target(name, target) for target in targets)
-
-
-def _decoder_layers(model: nn.Module) -> list[nn.Module]:
-    for name, module in model.named_modules():
-        if name.endswith("layers") and isinstance(module, nn.ModuleList):
-            return list(module)
-    return [model]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,7 +175,7 @@ def _activation_bytes(inputs: MemoryInputs, config: PretrainedConfig, model: nn.
     """Bytes autograd keeps at the start of the backward, with the largest transient buffers."""
     w = _widths(inputs)
     tokens, hidden, layers = inputs.batch_tokens, config.hidden_size, config.num_hidden_layers
-    per_layer = _layer_bytes_per_token(inputs, config, _decoder_layers(model)[0], w)
+    per_layer = _layer_bytes_per_token(inputs, config, decoder_layers(model)[0], w)
     attention_matrix = _attention_matrix_bytes(inputs, config, w.compute)
     if inputs.gradient_checkpointing:
         # Only each layer's input survives; one layer is recomputed (and held) at a time in the backward.
@@ -247,7 +245,7 @@ def _dora_forward_bytes(inputs: MemoryInputs, model: nn.Module, w: _Widths) -> f
     width = _adapter_width(inputs, w)
     weight_copy = 1 if inputs.load_in_4bit or BYTES_PER_DTYPE[inputs.weights_dtype] != width else 0
     return max(((m.in_features**2 + (3 + weight_copy) * m.in_features * m.out_features) * width
-                for name, m in _decoder_layers(model)[0].named_modules()
+                for name, m in decoder_layers(model)[0].named_modules()
                 if isinstance(m, nn.Linear) and _adapted(name, inputs.lora_targets)), default=0.0)
 
 

@@ -63,6 +63,27 @@ def chunked_cross_entropy(hidden: torch.Tensor, head: nn.Module, targets: torch.
     return total
 
 
+def _chunk_token_losses(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module,
+                        softcap: float | None) -> torch.Tensor:
+    logits = head(hidden).float()
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    return F.cross_entropy(logits, targets, reduction="none")
+
+
+def chunked_token_losses(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor, *, chunk: int,
+                         softcap: float | None = None) -> torch.Tensor:
+    """The cross-entropy of every target position (targets != IGNORE_INDEX, in row-major order), chunked like
+    chunked_cross_entropy: what an objective that needs per-sequence log-probabilities sums (preference pairs)."""
+    flat_hidden = hidden.reshape(-1, hidden.shape[-1])
+    flat_targets = targets.reshape(-1)
+    keep = (flat_targets != IGNORE_INDEX).nonzero().squeeze(1)
+    selected, wanted = flat_hidden.index_select(0, keep), flat_targets.index_select(0, keep)
+    parts = [checkpoint(_chunk_token_losses, selected[start:start + chunk], wanted[start:start + chunk], head,
+                        softcap, use_reentrant=False) for start in range(0, wanted.numel(), chunk)]
+    return torch.cat(parts) if parts else hidden.new_zeros(0, dtype=torch.float32)
+
+
 def fused_cross_entropy(hidden: torch.Tensor, head: nn.Linear, targets: torch.Tensor, *,
                         softcap: float | None = None) -> torch.Tensor:
     from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
@@ -78,7 +99,9 @@ def fused_cross_entropy(hidden: torch.Tensor, head: nn.Linear, targets: torch.Te
 
 def install_token_loss(model: nn.Module, *, path: str, chunk: int | None = None) -> None:
     """Give the causal LM inside `model` (a transformers model, or peft's wrapper of one) a `targets=` argument:
-    `model(input_ids=..., targets=...).loss` is then the summed token loss, computed as `path` says.
+    `model(input_ids=..., targets=...).loss` is then the summed token loss, computed as `path` says; with
+    `per_token=True`, `.logits` is every target position's cross-entropy instead (chunked) and `.loss` a zero in the
+    graph.
     `chunk`: positions per chunk of the chunked path (default: chunk_tokens of the vocabulary)."""
     if path not in ("chunked", "fused"):
         raise ValueError(f"loss path {path!r} must be resolved (kernels.loss_choice) before install")
@@ -92,7 +115,8 @@ def install_token_loss(model: nn.Module, *, path: str, chunk: int | None = None)
     # resize_token_embeddings keeps config.vocab_size up to date
     chunk = chunk or chunk_tokens(lm.config.vocab_size)
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, targets=None, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, targets=None, per_token=False,
+                **kwargs):
         if targets is None:
             return original(self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                             **kwargs)
@@ -103,6 +127,11 @@ def install_token_loss(model: nn.Module, *, path: str, chunk: int | None = None)
         hidden = self.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                     **kwargs).last_hidden_state
         out_head = self.get_output_embeddings()
+        if per_token:
+            # `loss` is a zero that belongs to the graph (a micro-batch without targets still backpropagates, as
+            # every rank must under DDP); `logits` holds each target position's cross-entropy.
+            token_losses = chunked_token_losses(hidden, out_head, targets, chunk=chunk, softcap=softcap)
+            return CausalLMOutputWithPast(loss=hidden.sum().float() * 0.0, logits=token_losses)
         if path == "fused":
             loss = fused_cross_entropy(hidden, out_head, targets, softcap=softcap)
         else:

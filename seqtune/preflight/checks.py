@@ -14,13 +14,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from seqtune.data.batching import round_up
 from seqtune.data.types import POLICY_REJECTS, TEMPLATE_REJECTED, Reject
 from seqtune.models.attention import PACKING_SAFE_ATTENTION
 from seqtune.models.spec import resized_rows, unmatched_targets
 from seqtune.tokenizers.templates import WITH_TOOL_TURNS as TEMPLATES_WITH_TOOL_TURNS
 
-# Strategies whose every micro-batch must be exactly [batch_size, max_seq_len].
-FIXED_SHAPE_STRATEGIES = ("max_length",)
 # How many offenders a message lists before "and N more": enough to find them, short enough to read.
 MAX_LISTED = 5
 # data.max_seq_len=auto is called out when the longest sample is more than this many times the 99th percentile.
@@ -36,10 +35,6 @@ class Problem:
     message: str
     # "file:line" of the offending record where there is one.
     location: str | None = None
-
-
-def round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 def _listed(items: Sequence[str], total: int) -> str:
@@ -239,37 +234,26 @@ def trainable_fraction(num_targets: np.ndarray, lengths: np.ndarray) -> float:
 
 
 def check_batch_shapes(
-    *, label: str, shapes: Mapping[str, tuple[int, ...]], strategy: str, max_seq_len: int,
-    expected_rows: int | None,
+    *, label: str, shapes: Mapping[str, tuple[int, ...]], strategy: str, expected: tuple[int, int],
 ) -> list[Problem]:
-    """One collated batch: every [B, T] tensor has one shape; fixed-shape strategies give [batch, max_seq_len].
+    """One collated micro-batch: every [rows, width] tensor has exactly the shape the padding strategy's rule
+    (seqtune.data.batching.BatchRule) gives for it.
 
     This is the contract whose breach is report 2 (`expected sequence of length 4096 at dim 1 (got 3999)`).
     """
     matrices = {name: tuple(shape) for name, shape in shapes.items() if len(shape) == 2}
     if not matrices:
         return [Problem(check="padding", key="padding.strategy",
-                        message=f"padding.strategy={strategy} produced no [batch, length] tensors for the {label}. "
+                        message=f"padding.strategy={strategy} produced no [rows, width] tensors for the {label}. "
                                 "Fix: padding.strategy=longest.")]
-    distinct = sorted(set(matrices.values()))
-    if len(distinct) > 1:
-        listed = ", ".join(f"{name} {list(shape)}" for name, shape in sorted(matrices.items()))
-        return [Problem(check="padding", key="padding.strategy",
-                        message=f"padding.strategy={strategy}: tensors of the {label} differ in shape ({listed}). "
-                                "Fix: padding.strategy=longest (or report this collator bug).")]
-    rows, width = distinct[0]
-    problems = []
-    if strategy in FIXED_SHAPE_STRATEGIES and (width != max_seq_len or (expected_rows and rows != expected_rows)):
-        problems.append(Problem(
-            check="padding", key="padding.strategy",
-            message=(f"padding.strategy={strategy} must give [{expected_rows or rows}, {max_seq_len}] but the "
-                     f"{label} is [{rows}, {width}]. Fix: padding.strategy=longest, or check data.max_seq_len.")))
-    elif width > max_seq_len:
-        problems.append(Problem(
-            check="padding", key="data.max_seq_len",
-            message=(f"padding.strategy={strategy}: the {label} is {width} tokens wide > data.max_seq_len="
-                     f"{max_seq_len}. Fix: data.overlength=truncate, or data.max_seq_len=auto.")))
-    return problems
+    wrong = {name: shape for name, shape in matrices.items() if shape != tuple(expected)}
+    if not wrong:
+        return []
+    listed = ", ".join(f"{name} {list(shape)}" for name, shape in sorted(matrices.items()))
+    return [Problem(check="padding", key="padding.strategy",
+                    message=(f"padding.strategy={strategy} must give the {label} the shape {list(expected)} (rows x "
+                             f"width, by the strategy's rule), but the collator built {listed}. Fix: "
+                             "padding.strategy=longest (and please report this collator bug)."))]
 
 
 def check_packed_attention(*, strategy: str, attn_implementation: str) -> list[Problem]:

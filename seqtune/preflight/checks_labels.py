@@ -28,8 +28,8 @@ def _first(finding: Finding, total: int | None = None) -> str:
 # --- 1. every turn's terminator is a target ---------------------------------------------------------------------
 
 
-def _label_key(split: str, fmt: str) -> str:
-    return "tokenizer.chat_template" if fmt == "chat" else f"data.{split}"
+def _label_key(split: str, templated: bool) -> str:
+    return "tokenizer.chat_template" if templated else f"data.{split}"
 
 
 def classify_spans(run_ends: Mapping[tuple[int, int], Finding], terminators: Mapping[int, str]
@@ -49,17 +49,19 @@ def classify_spans(run_ends: Mapping[tuple[int, int], Finding], terminators: Map
     return masked, unterminated
 
 
-def check_turn_terminators(*, split: str, fmt: str, run_ends: Mapping[tuple[int, int], Finding],
+def check_turn_terminators(*, split: str, templated: bool, run_ends: Mapping[tuple[int, int], Finding],
                            terminators: Mapping[int, str]) -> list[Problem]:
     """Every span of targets (an assistant turn, a completion) must end on a terminator (the family's end-of-turn,
     the chat template's turn closer, or eos) that is itself a target. A terminator right after a span is one the
     template left outside the targets (axolotl #3754: Gemma's <end_of_turn>); a span followed by no terminator at
-    all teaches a reply that never ends. `terminators`: id -> text."""
+    all teaches a reply that never ends. `terminators`: id -> text (plan.tokens.terminators). `templated`: the chat
+    template renders the records (plan.tokens.templated: chat, sharegpt, conversational pairs), so it decides where
+    a turn ends."""
     masked, unterminated = classify_spans(run_ends, terminators)
-    key = _label_key(split, fmt)
+    key = _label_key(split, templated)
     fix = ("Fix: tokenizer.chat_template=null (the tokenizer's own template, else the model family's), or a "
            "template whose assistant turn renders its end-of-turn token inside the reply."
-           if fmt == "chat" else f"Fix: make the labels of data.{split} include the end-of-turn token of each "
+           if templated else f"Fix: make the labels of data.{split} include the end-of-turn token of each "
                                  "target span (labels = input_ids there).")
     problems = []
     for token_id, found in sorted(masked.items()):

@@ -14,13 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from seqtune.config.plan import Plan
+from seqtune.config.plan import Resolved, Tokens
 from seqtune.config.schema import RootConfig
 from seqtune.data.overlength import TRUNCATING, cut_sample
 from seqtune.data.scan import SplitScan
-from seqtune.data.tokenize import SampleEncoder, render_chat
 from seqtune.data.types import IGNORE_INDEX
-from seqtune.models import get_spec
 from seqtune.models.checkpoint_facts import (
     config_bos_eos,
     generation_stop_ids,
@@ -35,18 +33,15 @@ from seqtune.preflight.observe import Finding, SplitObservations, observe_split
 from seqtune.preflight.result import ContentStats, PreflightResult
 from seqtune.preflight.samples_html import SAMPLES_HTML, write_html
 from seqtune.tokenizers.control import control_tokens, literal_controls, whitespace_ids
-from seqtune.tokenizers.facts import tokenizer_facts
 from seqtune.tokenizers.location import resolve_location
 
-# The reply the chat template is asked to render, to find the token that closes an assistant turn.
-PROBE_REPLY = "seqtune probe reply"
 # Ordinary-token rows read beside the special ones: the scale an untrained row is compared with.
 REFERENCE_ROWS = 16
 # tokenizer.json writes its presets right after "version": they are within the first bytes of any size of file.
 PRESET_HEAD_BYTES = 1 << 16
 
 
-def file_checks(cfg: RootConfig, plan: Plan, tokenizer: Any, hf_config: Any) -> list[Problem]:
+def file_checks(cfg: RootConfig, plan: Resolved, tokenizer: Any, hf_config: Any) -> list[Problem]:
     """Before the scan: presets in tokenizer.json; with a checkpoint, the tokenizer's bos/eos against its config."""
     location = resolve_location(cfg.tokenizer, cfg.model)
     source = location.directory / "tokenizer.json"
@@ -82,67 +77,37 @@ def tokenizer_presets(path: Path, tokenizer: Any) -> tuple[dict | None, dict | N
     return backend.truncation, backend.padding
 
 
-def terminators(tokenizer: Any, family: str, fmt: str, control: dict[int, str]) -> dict[int, str]:
-    """The tokens that may end a target span: eos, the family's end-of-turn (when the tokenizer has it) and, for
-    chat data, the token the chat template closes an assistant turn with. id -> text."""
-    eos = int(tokenizer.eos_token_id)
-    found = {eos: control.get(eos, tokenizer.eos_token)}
-    eot = get_spec(family).eot_token
-    eot_id = tokenizer_facts(tokenizer, eot_token=eot).special_ids.get(eot)
-    if eot_id is not None:
-        found[int(eot_id)] = eot
-    closer = template_turn_closer(tokenizer, control) if fmt == "chat" else None
-    if closer is not None:
-        found[closer] = control[closer]
-    return found
-
-
-def template_turn_closer(tokenizer: Any, control: dict[int, str]) -> int | None:
-    """The first control token the chat template renders after an assistant reply, inside that reply's turn (the
-    turn of a reply that is not the last, which templates close like every other); None when there is none."""
-    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": PROBE_REPLY},
-                {"role": "user", "content": "Thanks"}, {"role": "assistant", "content": "Bye"}]
-    try:
-        text, spans = render_chat(tokenizer, messages)
-    except Exception:  # noqa: BLE001 - a template that cannot render this has no closer to find
-        return None
-    lo, hi = spans[0]
-    reply = text[lo:hi]
-    at = reply.find(PROBE_REPLY)
-    if at < 0:
-        return None
-    ids = tokenizer(reply[at + len(PROBE_REPLY):], add_special_tokens=False)["input_ids"]
-    return next((int(i) for i in ids if int(i) in control), None)
-
-
-def content_checks(cfg: RootConfig, plan: Plan, tokenizer: Any, hf_config: Any, scans: dict[str, SplitScan],
-                   max_seq_len: int, result: PreflightResult) -> list[Problem]:
+def content_checks(cfg: RootConfig, plan: Resolved, tokens: Tokens, tokenizer: Any, hf_config: Any,
+                   scans: dict[str, SplitScan], max_seq_len: int, result: PreflightResult) -> list[Problem]:
     """After the scan: every split's labels and text, duplicates within and across splits, stop tokens, untrained
     special rows and the pretraining context. Fills result.splits[name].content and result.notes."""
     fmt = cfg.data.format
     control = control_tokens(tokenizer)
     literal = literal_controls(tokenizer) if fmt != "tokenized" else {}
-    bos_id = SampleEncoder(tokenizer, fmt, train_on_prompt=cfg.data.train_on_prompt).bos_id
     spaces = whitespace_ids(tokenizer)
-    seen = {name: observe_split(scan.cache_dir, control=control, literal=literal, bos_id=bos_id,
+    seen = {name: observe_split(scan.cache_dir, control=control, literal=literal, bos_id=tokens.bos_id,
                                 scan_text=fmt != "tokenized", space_ids=spaces) for name, scan in scans.items()}
-    ends = terminators(tokenizer, cfg.model.family, fmt, control)
+    ends = tokens.terminators
+    k = plan.sequences_per_sample
     problems: list[Problem] = []
-    train = (scans["train"], seen["train"].hashes()) if "train" in seen else None
+    train = (scans["train"], sample_hashes(seen["train"].hashes(), k)) if "train" in seen else None
     for name, scan in scans.items():
         observed = seen[name]
-        problems += labels.check_turn_terminators(split=name, fmt=fmt, run_ends=observed.run_ends, terminators=ends)
+        problems += labels.check_turn_terminators(split=name, templated=tokens.templated,
+                                                  run_ends=observed.run_ends, terminators=ends)
         problems += labels.check_literal_controls(split=name, per_token=observed.literal_controls,
                                                   lines=observed.literal_lines)
-        if fmt == "tokenized" and bos_id is not None:
-            problems += labels.check_double_bos(split=name, double_bos=observed.double_bos, bos=control[bos_id])
+        if fmt == "tokenized" and tokens.bos_id is not None:
+            problems += labels.check_double_bos(split=name, double_bos=observed.double_bos,
+                                                bos=control[tokens.bos_id])
         cut = terminator_cut(scan, max_seq_len, cfg.data.overlength, ends)
         problems += labels.check_terminator_cut(split=name, policy=cfg.data.overlength, fmt=fmt, cut=cut)
-        duplicates, duplicate_problems = _duplicates(cfg, scan, observed, train if name != "train" else None)
+        duplicates, duplicate_problems = _duplicates(cfg, scan, sample_hashes(observed.hashes(), k), k,
+                                                     train if name != "train" else None)
         problems += duplicate_problems
         for copies, of in ((duplicates[0], None), (duplicates[1], "train")):
-            result.notes += labels.duplicate_notes(split=name, samples=observed.samples, copies=copies or 0, of=of,
-                                                   max_fraction=cfg.data.max_duplicate_fraction)
+            result.notes += labels.duplicate_notes(split=name, samples=observed.samples // k, copies=copies or 0,
+                                                   of=of, max_fraction=cfg.data.max_duplicate_fraction)
         if name in result.splits:
             result.splits[name].content = _stats(observed, control, ends, cut, duplicates)
     if "train" in seen and hf_config is not None:
@@ -179,12 +144,24 @@ def _ends_on(sample, ends: dict[int, str]) -> bool:
     return bool(len(targets)) and int(sample.input_ids[targets[-1]]) in ends
 
 
-def _duplicates(cfg: RootConfig, scan: SplitScan, observed: SplitObservations,
+def sample_hashes(hashes: np.ndarray, k: int) -> np.ndarray:
+    """One 64-bit hash per sample from its k sequences' hashes (a pair is a copy only when both sides are)."""
+    if k == 1 or not len(hashes):
+        return hashes
+    rows = hashes.reshape(-1, k)
+    combined = rows[:, 0].copy()
+    for j in range(1, k):  # an order-dependent mix: (chosen, rejected) differs from (rejected, chosen)
+        combined = (combined * np.uint64(0x9E3779B97F4A7C15)) ^ rows[:, j]
+    return combined
+
+
+def _duplicates(cfg: RootConfig, scan: SplitScan, hashes: np.ndarray, k: int,
                 train: tuple[SplitScan, np.ndarray] | None) -> tuple[tuple[int, int | None], list[Problem]]:
-    """Exact copies within the split and, for val/test, of train samples: ((within, of train), problems)."""
-    hashes, cache = observed.hashes(), scan.cache()
+    """Exact copies within the split and, for val/test, of train samples: ((within, of train), problems).
+    `hashes`: one per sample; sample i's location is its first sequence's."""
+    cache = scan.cache()
     copies, originals = labels.duplicate_copies(hashes)
-    examples = [f"{cache.location(int(c))} (= line {cache.location(int(o)).rsplit(':', 1)[1]})"
+    examples = [f"{cache.location(int(c) * k)} (= line {cache.location(int(o) * k).rsplit(':', 1)[1]})"
                 for c, o in zip(copies[: labels.MAX_LISTED], originals[: labels.MAX_LISTED])]
     problems = labels.check_duplicates(split=scan.name, samples=len(hashes), copies=len(copies), examples=examples,
                                        of=None, max_fraction=cfg.data.max_duplicate_fraction)
@@ -193,7 +170,7 @@ def _duplicates(cfg: RootConfig, scan: SplitScan, observed: SplitObservations,
     train_scan, train_hashes = train
     hits, train_index = labels.found_in(hashes, train_hashes)
     train_cache = train_scan.cache()
-    examples = [f"{cache.location(int(h))} (= {train_cache.location(int(t))})"
+    examples = [f"{cache.location(int(h) * k)} (= {train_cache.location(int(t) * k)})"
                 for h, t in zip(hits[: labels.MAX_LISTED], train_index[: labels.MAX_LISTED])]
     problems += labels.check_duplicates(split=scan.name, samples=len(hashes), copies=len(hits), examples=examples,
                                         of="train", max_fraction=cfg.data.max_duplicate_fraction)
@@ -206,7 +183,8 @@ def _stats(observed: SplitObservations, control: dict[int, str], ends: dict[int,
     used = set(observed.control_inputs) | set(observed.control_targets)
     return ContentStats(
         target_spans=observed.turns, span_ends=labels.describe_classes(observed.run_ends, control),
-        trained_terminators={ends[t]: n for t, n in sorted(observed.control_targets.items()) if t in ends},
+        trained_terminators={ends[t]: n for t, n in sorted(labels.trained_terminators(observed.run_ends,
+                                                                                      ends).items())},
         masked_terminators=sum(f.count for f in masked.values()), unterminated_spans=unterminated.count,
         special_tokens={control[t]: {"inputs": observed.control_inputs.get(t, 0),
                                      "targets": observed.control_targets.get(t, 0)} for t in sorted(used)},
@@ -215,13 +193,13 @@ def _stats(observed: SplitObservations, control: dict[int, str], ends: dict[int,
     )
 
 
-def _checkpoint_checks(cfg: RootConfig, plan: Plan, hf_config: Any, train: SplitObservations,
+def _checkpoint_checks(cfg: RootConfig, plan: Resolved, hf_config: Any, train: SplitObservations,
                        control: dict[int, str], ends: dict[int, str]) -> list[Problem]:
     """With a local checkpoint: the trained terminators stop generation, and the special rows the data uses were
     trained (or train now)."""
     if not cfg.model.path:
         return []
-    trained = {t: n for t, n in train.control_targets.items() if t in ends}
+    trained = labels.trained_terminators(train.run_ends, ends)
     stop_ids, source = generation_stop_ids(Path(cfg.model.path), hf_config)
     problems = model_checks.check_stop_tokens(trained=trained, names=control, stop_ids=stop_ids, source=source)
     tied = plan.tied_embeddings
@@ -245,7 +223,7 @@ def _reference_ids(rows: int, control: dict[int, str]) -> list[int]:
     return [int(i) for i in dict.fromkeys(candidates.tolist()) if int(i) not in control][:REFERENCE_ROWS]
 
 
-def _rows_trained(cfg: RootConfig, plan: Plan) -> tuple[bool, bool]:
+def _rows_trained(cfg: RootConfig, plan: Resolved) -> tuple[bool, bool]:
     """Whether the embedding and the head train (full fine-tuning; the plan's modules trained in full, a tied pair
     being one matrix; LoRA on the head)."""
     if not cfg.lora.enabled:
@@ -255,13 +233,12 @@ def _rows_trained(cfg: RootConfig, plan: Plan) -> tuple[bool, bool]:
     return embedding, head
 
 
-def show_samples(cfg: RootConfig, plan: Plan, tokenizer: Any, scans: dict[str, SplitScan], max_seq_len: int,
-                 run_dir: Path) -> list[samples.ShownSample]:
+def show_samples(cfg: RootConfig, plan: Resolved, tokens: Tokens, tokenizer: Any, scans: dict[str, SplitScan],
+                 max_seq_len: int, run_dir: Path) -> list[samples.ShownSample]:
     """preflight.show: write samples.html and samples.json into the run directory and print one sample."""
     control = control_tokens(tokenizer)
-    ends = terminators(tokenizer, cfg.model.family, cfg.data.format, control)
-    eos = plan.vocab.eos_id
-    kinds = samples.TokenKinds(bos=tokenizer.bos_token_id, eos=int(eos), eot=frozenset(set(ends) - {eos}),
+    eos = tokens.eos_id
+    kinds = samples.TokenKinds(bos=tokens.bos_id, eos=eos, eot=frozenset(set(tokens.terminators) - {eos}),
                                control=frozenset(control))
     shown = samples.collect(scans, max_seq_len=max_seq_len, policy=cfg.data.overlength, show=cfg.preflight.show,
                             seed=cfg.train.seed, tokenizer=tokenizer, kinds=kinds)

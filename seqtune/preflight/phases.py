@@ -10,14 +10,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from seqtune.config.errors import SeqtuneError
-from seqtune.config.plan import Plan
-from seqtune.config.schema import DataMode, Overlength, PaddingStrategy, RootConfig, Tail
+from seqtune.config.plan import Resolved, Tokens
+from seqtune.config.schema import DataMode, Overlength, RootConfig, Tail
+from seqtune.data.batching import BatchRule
 from seqtune.models.attention import AttentionEnv, attn_backend_problems
 from seqtune.models.kernels import kernels_problems
 from seqtune.models.spec import get_spec, lora_module_names
 from seqtune.data.overlength import TRUNCATING
 from seqtune.preflight import checks
 from seqtune.preflight.checks import Problem
+from seqtune.preflight.resolve import CANNOT_RUN
 from seqtune.preflight.result import MemoryStats, PlanStats, SourceStats, SplitPlan, SplitStats
 
 if TYPE_CHECKING:
@@ -29,7 +31,7 @@ OVERLENGTH_ACTIONS = {"truncate": "truncated", "truncate_prompt": "cut from the 
                       "drop": "dropped"}
 
 
-def fast_checks(cfg: RootConfig, plan: Plan) -> list[Problem]:
+def fast_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
     """The checks that need no data and no heavy library (plain values of the plan): they print within a second."""
     vocab, spec = plan.vocab, get_spec(cfg.model.family)
     problems = checks.check_vocab_size(tokenizer_size=vocab.tokenizer_size, embedding_rows=vocab.embedding_rows,
@@ -52,7 +54,7 @@ def fast_checks(cfg: RootConfig, plan: Plan) -> list[Problem]:
         kernels_problems=kernels_problems(cfg.model.kernels, device_type=plan.device_type,
                                           model_type=plan.model_type),
     )
-    if plan.attn_implementation is not None:
+    if not plan.attn_reason.startswith(CANNOT_RUN):
         problems += checks.check_packed_attention(strategy=cfg.padding.strategy,
                                                   attn_implementation=plan.attn_implementation)
     problems += checks.check_precision(family=spec.family, compute_dtype=plan.compute_dtype,
@@ -68,10 +70,12 @@ def _installed(package: str) -> bool:
     return importlib.util.find_spec(package) is not None
 
 
-def runtime_phase(cfg: RootConfig, plan: Plan) -> tuple[Any, Any, list[Problem]]:
-    """What needs torch and transformers: the tokenizer for the scan and the model's Hugging Face config. The loaded
-    tokenizer must show the facts the light reader resolved (else it is a bug)."""
+def runtime_phase(cfg: RootConfig, plan: Resolved) -> tuple[Any, Any, Tokens, list[Problem]]:
+    """What needs torch and transformers: the tokenizer for the scan, the token facts of the plan (ids as the encoder
+    adds them, terminators) and the model's Hugging Face config. The loaded tokenizer must show the facts the light
+    reader resolved (else it is a bug)."""
     from seqtune.models import load_model_config
+    from seqtune.preflight.tokens import token_facts
     from seqtune.tokenizers import load_tokenizer, tokenizer_facts
 
     problems: list[Problem] = []
@@ -87,10 +91,10 @@ def runtime_phase(cfg: RootConfig, plan: Plan) -> tuple[Any, Any, list[Problem]]
     except SeqtuneError as err:  # e.g. an architecture field that contradicts the checkpoint
         problems.append(Problem(check="load", key=err.key or "model.path", message=str(err)))
         hf_config = None
-    return tokenizer, hf_config, problems
+    return tokenizer, hf_config, token_facts(cfg, plan, tokenizer), problems
 
 
-def resolve_lengths(cfg: RootConfig, plan: Plan, scans: dict) -> tuple[int, list[Problem], list[str]]:
+def resolve_lengths(cfg: RootConfig, plan: Resolved, scans: dict) -> tuple[int, list[Problem], list[str]]:
     """max_seq_len in force: auto = the longest sample over ALL splits (x8), never above the model's context.
 
     Returns it, the problems, and a note when auto follows an outlier far above the other samples."""
@@ -123,12 +127,13 @@ class _Locations:
         return self._cache.location(int(i))
 
 
-def split_checks(cfg: RootConfig, plan: Plan, scan, max_seq_len: int) -> list[Problem]:
+def split_checks(cfg: RootConfig, plan: Resolved, scan, max_seq_len: int) -> list[Problem]:
     """Integrity, produced token ids, length limit and labels of one split."""
     problems = checks.check_bad_lines(split=scan.name, rejects=scan.rejects, total_lines=scan.records,
                                       max_bad_fraction=cfg.data.max_bad_fraction)
     if not problems:  # a split whose every line is malformed is already that problem
-        view = training_view(scan, max_seq_len, "drop" if cfg.data.overlength == "drop" else "truncate")
+        view = training_view(scan, max_seq_len, Overlength.drop if cfg.data.overlength == Overlength.drop
+                             else Overlength.truncate, plan.sequences_per_sample)
         problems += checks.check_split_not_empty(
             split=scan.name, files=scan.files, records=scan.records, samples=scan.samples,
             kept=len(view) if view is not None else 0, reject_counts=scan.reject_counts,
@@ -146,7 +151,7 @@ def split_checks(cfg: RootConfig, plan: Plan, scan, max_seq_len: int) -> list[Pr
     return problems
 
 
-def _explained_by_vocab_size(cfg: RootConfig, plan: Plan, scan) -> bool:
+def _explained_by_vocab_size(cfg: RootConfig, plan: Resolved, scan) -> bool:
     """Ids the tokenizer produced beyond the embedding are the vocabulary-size problem again (one cause, one
     problem); ids beyond the tokenizer, or pre-tokenized ones, are their own."""
     vocab = plan.vocab
@@ -205,43 +210,45 @@ def source_stats(cfg: RootConfig, scan, view) -> list[SourceStats]:
             for source, k, w, u in zip(scan.sources, kept, weights, used)]
 
 
-def training_view(scan, max_seq_len: int, policy: Overlength):
+def training_view(scan, max_seq_len: int, policy: Overlength, sequences_per_sample: int):
     """The split exactly as the cached loader serves it (over-length policy applied); None when `error` would
     refuse it (check_overlength has reported that)."""
     from seqtune.data.loader import SplitView
 
     if policy == Overlength.error and len(scan.lengths) and int(scan.lengths.max()) > max_seq_len:
         return None
-    return SplitView(scan.cache(), max_seq_len=max_seq_len, overlength=policy)
+    return SplitView(scan.cache(), max_seq_len=max_seq_len, overlength=policy,
+                     sequences_per_sample=sequences_per_sample)
 
 
-def shape_checks(cfg: RootConfig, plan: Plan, views: dict, max_seq_len: int) -> list[Problem]:
-    """Run the configured collator on each split's worst-case batches: its longest and its shortest samples."""
+def shape_checks(rule: BatchRule, tokens: Tokens, padding_side: str, views: dict) -> list[Problem]:
+    """Run the configured collator on each split's worst-case micro-batches (its longest and its shortest samples):
+    each must have exactly the shape the strategy's rule gives it."""
     from seqtune.data.collate import make_collator
 
-    strategy, batch_size = cfg.padding.strategy, cfg.train.batch_size
-    pad_id = plan.vocab.pad_id if plan.vocab.pad_id is not None else plan.vocab.eos_id
-    collator = make_collator(cfg.padding, max_seq_len=max_seq_len, pad_id=pad_id, padding_side=plan.padding_side)
+    collator = make_collator(rule, pad_id=tokens.pad_id, padding_side=padding_side)
     problems: list[Problem] = []
     for name, view in views.items():
         if view is None or not len(view):
             continue
-        order = np.argsort(view.lengths, kind="stable")
-        for label, picked in ((f"longest {name} batch", order[-batch_size:]),
-                              (f"shortest {name} batch", order[:batch_size])):
+        order = np.argsort(view.widths, kind="stable")
+        for label, picked in ((f"longest {name} micro-batch", order[-rule.batch_size:]),
+                              (f"shortest {name} micro-batch", order[:rule.batch_size])):
+            samples = [view[int(i)] for i in picked]
+            samples += [samples[-1]] * (rule.batch_size - len(samples))  # fillers complete a short split's batch
             try:
-                batch = collator([view[int(i)] for i in picked])
+                batch = collator(samples)
             except SeqtuneError as err:
                 problems.append(Problem(check="padding", key=err.key or "padding.strategy", message=str(err)))
                 continue
             shapes = {key: tuple(value.shape) for key, value in batch.items()}
-            rows = None if strategy == PaddingStrategy.packed else len(picked)
-            problems += checks.check_batch_shapes(label=label, shapes=shapes, strategy=strategy,
-                                                  max_seq_len=max_seq_len, expected_rows=rows)
+            expected = rule.shape(int(view.widths[picked].max()))
+            problems += checks.check_batch_shapes(label=label, shapes=shapes, strategy=rule.strategy,
+                                                  expected=expected)
     return problems
 
 
-def plan_phase(cfg: RootConfig, plan: Plan, views: dict, max_seq_len: int
+def plan_phase(cfg: RootConfig, plan: Resolved, rule: BatchRule, views: dict
                ) -> tuple[PlanStats, float | None, dict[str, Any] | None, list[Problem]]:
     """The distributed plan per split, built by the same DistributedBatchPlan the ranks use, at the plan's world
     size; also the train split's batch-plan identity (what a checkpoint's data position depends on)."""
@@ -255,15 +262,14 @@ def plan_phase(cfg: RootConfig, plan: Plan, views: dict, max_seq_len: int
     for name, view in views.items():
         if view is None or not len(view) or (name == "train" and cfg.data.mode == DataMode.stream):
             continue  # stream: see stream_train_plan
-        lengths, train = view.lengths, name == "train"
+        train = name == "train"
         mix = train_mix(cfg, view) if train else None
-        drawn = sum(mix.used()) if mix is not None else len(lengths)  # what one epoch uses
+        drawn = sum(mix.used()) if mix is not None else len(view.lengths)  # what one epoch uses
         # Evaluation must see every sample once, so its tail is padded with masked fillers, never dropped.
         batch_plan = DistributedBatchPlan(
-            lengths, batch_size=cfg.train.batch_size, world_size=world, rank=0,
-            strategy=cfg.padding.strategy, max_seq_len=max_seq_len, seed=cfg.train.seed,
+            view.lengths, widths=view.widths, rule=rule, world_size=world, rank=0, seed=cfg.train.seed,
             shuffle=cfg.data.shuffle and train, tail=cfg.data.tail if train else Tail.pad,
-            bucket_window=cfg.padding.bucket_window, multiple_of=cfg.padding.multiple_of, mix=mix,
+            bucket_window=cfg.padding.bucket_window, mix=mix,
         )
         summary = batch_plan.summary()
         micro = int(summary["micro_batches_per_rank"])
@@ -273,7 +279,7 @@ def plan_phase(cfg: RootConfig, plan: Plan, views: dict, max_seq_len: int
             tokens_per_rank=list(summary["tokens_per_rank"]), micro_batches_per_rank=micro, steps_per_epoch=steps,
             dropped_samples=int(summary["dropped_samples"]), filler_samples=int(summary["filler_samples"]))
         if train:
-            efficiency = round(float(summary["padding_efficiency"]), 4)
+            efficiency = round(float(summary["padding_efficiency"]), 4) if micro else None
             identity = batch_plan.identity()
         problems += checks.check_epoch_steps(split=name, num_items=drawn, micro_batches_per_rank=micro,
                                              steps_per_epoch=steps, batch_size=cfg.train.batch_size,
@@ -281,7 +287,7 @@ def plan_phase(cfg: RootConfig, plan: Plan, views: dict, max_seq_len: int
     return stats, efficiency, identity, problems
 
 
-def stream_train_plan(cfg: RootConfig, plan: Plan, split, source_records: list[int]
+def stream_train_plan(cfg: RootConfig, plan: Resolved, rule: BatchRule, split, source_records: list[int]
                       ) -> tuple[SplitPlan, dict[str, Any], list[Problem]]:
     """data.mode=stream: every rank yields the micro-batches a pass over the train split makes (its records, or the
     weighted mix's; the scanned sample says nothing about the whole corpus; per-rank samples and tokens are unknown
@@ -292,18 +298,22 @@ def stream_train_plan(cfg: RootConfig, plan: Plan, split, source_records: list[i
     world = plan.world.world_size
     workers = max(1, cfg.data.num_workers)
     num_lines = records_per_pass(split, source_records)
-    micro = workers * batches_per_worker(num_lines, batch_size=cfg.train.batch_size, num_shards=world * workers)
+    micro = workers * batches_per_worker(num_lines, batch_size=cfg.train.batch_size, num_shards=world * workers,
+                                         tail=cfg.data.tail)
     steps = micro // cfg.train.grad_accum
     stream = SplitPlan(samples=num_lines, samples_per_rank=[], tokens_per_rank=[], micro_batches_per_rank=micro,
                        steps_per_epoch=steps)
     identity = stream_identity(cfg, split, source_records, world)
-    return stream, identity, checks.check_epoch_steps(split="train", num_items=num_lines,
-                                                      micro_batches_per_rank=micro, steps_per_epoch=steps,
-                                                      batch_size=cfg.train.batch_size, world_size=world,
-                                                      grad_accum=cfg.train.grad_accum)
+    problems = checks.check_epoch_steps(split="train", num_items=num_lines, micro_batches_per_rank=micro,
+                                        steps_per_epoch=steps, batch_size=cfg.train.batch_size, world_size=world,
+                                        grad_accum=cfg.train.grad_accum)
+    why_not = rule.stream_problem()
+    if why_not:
+        problems.append(Problem(check="padding", key="padding.strategy", message=why_not))
+    return stream, identity, problems
 
 
-def memory_inputs(cfg: RootConfig, plan: Plan, hf_config, max_seq_len: int) -> MemoryInputs:
+def memory_inputs(cfg: RootConfig, plan: Resolved, rule: BatchRule, hf_config) -> MemoryInputs:
     """The estimate's inputs, every one a resolved fact of the plan: rows after resize, the trainable set, kernels,
     world. (`hf_config` gives the shapes.)"""
     from seqtune.models import MemoryInputs
@@ -319,19 +329,19 @@ def memory_inputs(cfg: RootConfig, plan: Plan, hf_config, max_seq_len: int) -> M
         lora_targets=plan.lora_targets, dora=cfg.lora.enabled and cfg.lora.use_dora, modules_to_save=saved,
         new_rows=max(0, rows - plan.vocab.embedding_rows) if "embed_tokens" not in saved else 0,
         optimizer=str(cfg.optim.name), load_in_4bit=cfg.model.load_in_4bit,
-        gradient_checkpointing=cfg.model.gradient_checkpointing, batch_tokens=cfg.train.batch_size * max_seq_len,
-        seq_len=max_seq_len, attention=attention, native_gqa=native_gqa, kernels=plan.kernels or "torch",
+        gradient_checkpointing=cfg.model.gradient_checkpointing, batch_tokens=rule.worst_case_positions(),
+        seq_len=rule.row_capacity, attention=attention, native_gqa=native_gqa, kernels=plan.kernels or "torch",
         loss=plan.loss, autocast=plan.autocast_dtype is not None, world_size=plan.world.world_size,
-        sharded=plan.sharded,
+        sharded=plan.sharded, reference_copy=plan.sample_kind != "sft" and not cfg.lora.enabled,
     )
 
 
-def memory_phase(cfg: RootConfig, plan: Plan, hf_config, max_seq_len: int) -> tuple[MemoryStats, list[Problem]]:
+def memory_phase(cfg: RootConfig, plan: Resolved, rule: BatchRule, hf_config) -> tuple[MemoryStats, list[Problem]]:
     """The training peak of the worst-case micro-batch, vs the device's memory; when it will not fit, the settings
     that would (each tried through the same estimate)."""
     from seqtune.models import memory_estimate
 
-    inputs = memory_inputs(cfg, plan, hf_config, max_seq_len)
+    inputs = memory_inputs(cfg, plan, rule, hf_config)
     estimate = memory_estimate(inputs)
     device = device_memory_gib(cfg.preflight.device_memory_gib, plan.device_type)
     stats = MemoryStats(

@@ -15,27 +15,32 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seqtune.config.errors import ConfigError
-from seqtune.config.plan import Plan, Vocab, World, validation_key
+from seqtune.config.plan import Resolved, Vocab, World, validation_key
 from seqtune.config.schema import (
     Device,
     LauncherConfig,
     LauncherName,
     MixedPrecision,
+    RECIPE_KIND,
     PaddingSide,
     Parallel,
     RootConfig,
+    SampleKind,
 )
+from seqtune.data.kinds import sequences_per_sample
 from seqtune.models.attention import AttentionEnv, attention_choice, attn_backend_problems
 from seqtune.models.facts import ModelFacts, read_model_facts
 from seqtune.models.kernels import kernels_choice, kernels_problems, loss_choice
 from seqtune.models.spec import get_spec, lora_module_names, matches_target, modules_trained_in_full, resized_rows
 from seqtune.tokenizers.facts import TokenizerFacts, read_tokenizer_facts
 
+# The reason a plan gives for a requested kernel that cannot run here (preflight reports it as a problem).
+CANNOT_RUN = "cannot run here: "
 # train.mixed_precision -> the autocast dtype.
 AUTOCAST = {MixedPrecision.bf16: "bfloat16", MixedPrecision.fp16: "float16"}
 
 
-def resolve_plan(cfg: RootConfig, environ: Mapping[str, str]) -> Plan:
+def resolve_plan(cfg: RootConfig, environ: Mapping[str, str]) -> Resolved:
     """Every fact the run derives before reading data. Raises the loaders' SeqtuneErrors (missing checkpoint or
     tokenizer, a SLURM launcher outside an allocation, ...) unchanged."""
     spec = get_spec(cfg.model.family)
@@ -57,7 +62,8 @@ def resolve_plan(cfg: RootConfig, environ: Mapping[str, str]) -> Plan:
     # peft wraps the head when LoRA adapts it, trains it in full, or trains new token rows of it.
     head_wrapped = cfg.lora.enabled and ("lm_head" in wrapped or "lm_head" in saved
                                          or (resize_to or 0) > model.embedding_rows)
-    return Plan(
+    kind = RECIPE_KIND[cfg.recipe_name]
+    return Resolved(
         world=world, sharded=cfg.train.parallel == Parallel.fsdp and world.world_size > 1,
         device_type=device.type, cuda_available=device.cuda_available, autocast_dtype=autocast,
         compute_dtype=compute, loss_scaling=autocast == "float16",
@@ -69,27 +75,38 @@ def resolve_plan(cfg: RootConfig, environ: Mapping[str, str]) -> Plan:
         sliding_window=model.sliding_window, attention_dropout_or_softcap=model.attention_dropout_or_softcap,
         tied_embeddings=model.tied_embeddings,
         **resolve_kernels(cfg, device_type=device.type, compute_dtype=compute, model=model,
-                          head_wrapped=head_wrapped),
+                          head_wrapped=head_wrapped, per_sequence=kind != SampleKind.sft),
         lora_targets=targets, lora_modules=wrapped, lora_saved=saved,
         validation=validation_key(cfg.data.val, cfg.data.val_fraction),
+        sample_kind=str(kind), sequences_per_sample=sequences_per_sample(kind),
     )
 
 
 def resolve_kernels(cfg: RootConfig, *, device_type: str, compute_dtype: str, model: ModelFacts,
-                    head_wrapped: bool) -> dict[str, str | None]:
+                    head_wrapped: bool, per_sequence: bool) -> dict[str, str]:
     """The attention kernel, the layer kernels and the loss path, each by its one rule, with the reason. A requested
-    kernel that cannot run here stays null: fast_checks reports why (attn_backend_problems, kernels_problems)."""
+    kernel that cannot run here stays the requested name with that reason: fast_checks reports the problem
+    (attn_backend_problems, kernels_problems) and no rank starts. `per_sequence`: the objective needs each
+    sequence's log-probability (preference pairs), not one sum."""
     env = AttentionEnv(device_type=device_type, compute_dtype=compute_dtype, sliding_window=model.sliding_window,
                        dropout_or_softcap=model.attention_dropout_or_softcap)
     requested = cfg.model.attn_implementation
-    attn = None if attn_backend_problems(requested, env) else attention_choice(requested, env)
-    kernels = None
-    if not kernels_problems(cfg.model.kernels, device_type=device_type, model_type=model.model_type):
+    attn_problems = attn_backend_problems(requested, env)
+    if attn_problems:
+        attn_name, attn_reason = str(requested), f"{CANNOT_RUN}{attn_problems[0]}"
+    else:
+        attn = attention_choice(requested, env)
+        attn_name, attn_reason = attn.name, attn.reason
+    why_not = kernels_problems(cfg.model.kernels, device_type=device_type, model_type=model.model_type)
+    if why_not:
+        kernels_name, kernels_reason = str(cfg.model.kernels), f"{CANNOT_RUN}{why_not[0]}"
+    else:
         kernels = kernels_choice(cfg.model.kernels, device_type=device_type, model_type=model.model_type)
-    loss = loss_choice(kernels=kernels.name if kernels else "torch", head_trained_by_peft=head_wrapped)
-    return {"attn_implementation": attn.name if attn else None, "attn_reason": attn.reason if attn else "",
-            "kernels": kernels.name if kernels else None, "kernels_reason": kernels.reason if kernels else "",
-            "loss": loss.name, "loss_reason": loss.reason}
+        kernels_name, kernels_reason = kernels.name, kernels.reason
+    loss = loss_choice(kernels="torch" if why_not else kernels_name, head_trained_by_peft=head_wrapped,
+                       per_sequence=per_sequence)
+    return {"attn_implementation": attn_name, "attn_reason": attn_reason, "kernels": kernels_name,
+            "kernels_reason": kernels_reason, "loss": loss.name, "loss_reason": loss.reason}
 
 
 def _tokenizer_facts(cfg: RootConfig, chat_template: str, eot_token: str) -> TokenizerFacts:

@@ -92,3 +92,13 @@ def _role_tokens(location: TokenizerLocation) -> dict[str, str]:
             if isinstance(value, str):
                 roles[role] = value
     return roles
+
+
+def added_bos_id(tokenizer: Any) -> int | None:
+    """The bos the encoder puts first: the tokenizer's own convention, probed (a bos only if encoding with special
+    tokens puts one first: Llama does; GPT-2 and Qwen-style tokenizers do not, even when a bos_token is defined).
+    The plan holds the answer (plan.tokens.bos_id); everything that adds or skips a bos reads it there."""
+    if tokenizer.bos_token_id is None:
+        return None
+    probe = tokenizer("a", add_special_tokens=True)["input_ids"]
+    return int(tokenizer.bos_token_id) if probe and probe[0] == tokenizer.bos_token_id else None

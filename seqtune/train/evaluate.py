@@ -20,27 +20,32 @@ from seqtune.distributed import DistEnv, all_reduce_sum, unwrap
 from seqtune.train.early_stop import EarlyStopping
 from seqtune.train.generate import SampleGenerator
 from seqtune.train.metrics import MetricsLogger
-from seqtune.train.step import autocast, move_batch, summed_token_loss
+from seqtune.train.objectives import Objective
+from seqtune.train.step import autocast, move_batch
 
 # Returns a fresh iterable over this rank's micro-batches of one split: every sample once over all ranks.
 SplitBatches = Callable[[], Iterable[dict[str, torch.Tensor]]]
 
 
 @torch.no_grad()
-def split_loss(model: torch.nn.Module, batches: SplitBatches, *, env: DistEnv, autocast_dtype: torch.dtype | None,
-               max_batches: int = 0) -> tuple[float, float]:
-    """(mean CE over every target token of the split on every rank, target tokens): the summed token loss of
-    training, not a mean of per-batch means. `max_batches` > 0 stops after that many micro-batches per rank."""
-    totals = torch.zeros(2, dtype=torch.float64, device=env.device)
+def split_loss(model: torch.nn.Module, batches: SplitBatches, objective: Objective, *, env: DistEnv,
+               autocast_dtype: torch.dtype | None, max_batches: int = 0) -> tuple[float, float, dict[str, float]]:
+    """(the objective's mean loss over every unit of the split on every rank, the units (target tokens, pairs),
+    its metrics averaged over them): the summed loss of training, not a mean of per-batch means. `max_batches` > 0
+    stops after that many micro-batches per rank."""
+    totals = torch.zeros(2 + len(objective.metric_names), dtype=torch.float64, device=env.device)
     for n, batch in enumerate(batches()):
         if max_batches and n >= max_batches:
             break
         batch = move_batch(batch, env.device)
         with autocast(env.device, autocast_dtype):
-            totals[0] += summed_token_loss(model, batch).double()
-        totals[1] += batch["num_targets"].double()
-    loss_sum, count = all_reduce_sum(totals).tolist()
-    return loss_sum / max(count, 1.0), count
+            loss, metrics = objective(model, batch)
+        totals[0] += loss.double()
+        totals[1] += batch[objective.count_key].double()
+        totals[2:] += metrics.double()
+    loss_sum, count, *sums = all_reduce_sum(totals).tolist()
+    units = max(count, 1.0)
+    return loss_sum / units, count, {name: value / units for name, value in zip(objective.metric_names, sums)}
 
 
 def _ppl(loss: float) -> float:
@@ -51,6 +56,7 @@ def _ppl(loss: float) -> float:
 class Evaluator:
     model: torch.nn.Module
     env: DistEnv
+    objective: Objective
     # train.eval_every (0 = never) and train.eval_batches (0 = the whole validation split).
     every: int
     max_batches: int
@@ -71,14 +77,15 @@ class Evaluator:
     def evaluate(self, step: int) -> dict[str, Any]:
         self.model.eval()  # no dropout while evaluating and generating; back to training below
         try:
-            loss, targets = split_loss(self.model, self.val, env=self.env, autocast_dtype=self.autocast_dtype,
-                                       max_batches=self.max_batches)
+            loss, targets, measured = split_loss(self.model, self.val, self.objective, env=self.env,
+                                                 autocast_dtype=self.autocast_dtype, max_batches=self.max_batches)
             if self.samples is not None:
                 self.samples.generate(unwrap(self.model), step, self.logger)
         finally:
             self.model.train()
-        metrics: dict[str, Any] = {"eval_loss": loss, "eval_ppl": _ppl(loss), "eval_targets": targets}
-        line = f"step {step}: eval_loss {loss:.4f} ppl {metrics['eval_ppl']:.2f}"
+        metrics: dict[str, Any] = {"eval_loss": loss, **self._perplexity("eval", loss), "eval_targets": targets,
+                                   **{f"eval_{name}": value for name, value in measured.items()}}
+        line = f"step {step}: eval_loss {loss:.4f}" + self._summary_line(metrics, "eval_")
         if self.stopper is not None:
             stop_metrics, note = self.stopper.observe(step, loss)
             metrics.update(stop_metrics)
@@ -94,16 +101,32 @@ class Evaluator:
         if self.test is not None:
             self.model.eval()
             try:
-                loss, targets = split_loss(self.model, self.test, env=self.env, autocast_dtype=self.autocast_dtype)
+                loss, targets, measured = split_loss(self.model, self.test, self.objective, env=self.env,
+                                                     autocast_dtype=self.autocast_dtype)
             finally:
                 self.model.train()
-            metrics.update({"test_loss": loss, "test_ppl": _ppl(loss), "test_targets": targets})
-            self._print(f"test: loss {loss:.4f} ppl {_ppl(loss):.2f} over {targets:,.0f} target tokens (data.test, "
-                        f"every sample once)")
+            test = {"test_loss": loss, **self._perplexity("test", loss), "test_targets": targets,
+                    **{f"test_{name}": value for name, value in measured.items()}}
+            metrics.update(test)
+            unit = "target tokens" if self.objective.count_key == "num_targets" else "samples"
+            self._print(f"test: loss {loss:.4f}{self._summary_line(test, 'test_')} over {targets:,.0f} {unit} "
+                        f"(data.test, every sample once)")
         if metrics and self.logger is not None:
             self.logger.log({"step": step, **metrics})
             self.logger.summary(metrics)
         return metrics
+
+    def _perplexity(self, prefix: str, loss: float) -> dict[str, float]:
+        """Perplexity is the exponent of a mean token cross-entropy: only for an objective averaged over tokens."""
+        return {f"{prefix}_ppl": _ppl(loss)} if self.objective.count_key == "num_targets" else {}
+
+    @staticmethod
+    def _summary_line(metrics: dict[str, Any], prefix: str) -> str:
+        parts = [f" ppl {metrics[prefix + 'ppl']:.2f}"] if prefix + "ppl" in metrics else []
+        for name in ("rewards/accuracies", "rewards/margins"):
+            if prefix + name in metrics:
+                parts.append(f" {name.split('/')[1]} {metrics[prefix + name]:.3f}")
+        return "".join(parts)
 
     def _print(self, line: str) -> None:
         if self.env.is_main:

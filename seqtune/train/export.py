@@ -146,10 +146,14 @@ def _check_loaded(path: Path, unexpected: list[str], missing: list[str]) -> None
                            f"{unexpected[:3]}, missing {missing[:3]})")
 
 
-def report_end(*, run_dir: Path, env: DistEnv, preflight, logger: MetricsLogger | None) -> None:
-    """Print measured peak memory beside preflight's estimate, so the estimate's error is visible."""
+def report_end(*, run_dir: Path, env: DistEnv, logger: MetricsLogger | None) -> None:
+    """Print measured peak memory beside preflight's estimate (read from its report), so the estimate's error is
+    visible."""
+    from seqtune.preflight import load_result
+
     measured = peak_memory_bytes(env.device)
-    estimate = preflight.memory.total_gib * 2**30 if preflight.memory is not None else None
+    memory = load_result(run_dir).memory if env.is_main else None
+    estimate = memory.total_gib * 2**30 if memory is not None else None
     if logger is not None:
         logger.summary({"peak_memory_mb": measured / 2**20, "estimated_memory_mb": (estimate or 0) / 2**20})
         logger.close()

@@ -23,7 +23,6 @@ from seqtune.config.rundir import SAMPLES_FILE
 from seqtune.config.schema import RootConfig
 from seqtune.data.loader import EvalPrompt, build_eval_prompts
 from seqtune.distributed import DistEnv, broadcast_from_main
-from seqtune.models.spec import get_spec
 from seqtune.train.metrics import MetricsLogger, truncate_after
 from seqtune.train.step import autocast
 
@@ -52,7 +51,7 @@ def greedy_completion(model: torch.nn.Module, prompt: list[int], *, max_new_toke
 class SampleGenerator:
     prompts: list[EvalPrompt]
     max_new_tokens: int
-    # eos and the model family's end-of-turn token: where a trained completion ends.
+    # The trained terminators (plan.tokens.terminators): where a trained completion ends.
     stop_ids: frozenset[int]
     tokenizer: Any
     path: Path
@@ -84,17 +83,17 @@ class SampleGenerator:
         return rows
 
 
-def build_sample_generator(cfg: RootConfig, plan: Plan, preflight, *, tokenizer, env: DistEnv, run_dir: Path,
+def build_sample_generator(cfg: RootConfig, plan: Plan, *, tokenizer, env: DistEnv, run_dir: Path,
                            autocast_dtype: torch.dtype | None, resume_step: int) -> SampleGenerator | None:
-    """train.eval_samples > 0: the first validation prompts (preflight counted them), completions stopping at eos or
-    the family's end-of-turn token."""
+    """train.eval_samples > 0: the first validation prompts (preflight counted them), completions stopping at the
+    trained terminators (eos, the end-of-turn token, the chat template's turn closer)."""
     if not cfg.train.eval_samples:
         return None
-    prompts = build_eval_prompts(preflight.caches["val"], count=cfg.train.eval_samples, max_seq_len=plan.max_seq_len,
-                                 bos_id=plan.vocab.special_ids.get("bos"))
+    prompts = build_eval_prompts(Path(plan.caches["val"]), count=cfg.train.eval_samples,
+                                 max_seq_len=plan.max_seq_len, bos_id=plan.tokens.bos_id,
+                                 stride=plan.sequences_per_sample)
     assert prompts, "preflight's check_eval_prompts proved the validation split has prompts"
-    eot = plan.vocab.special_ids.get(get_spec(cfg.model.family).eot_token)
-    stop_ids = frozenset(i for i in (plan.vocab.eos_id, eot) if i is not None)
+    stop_ids = frozenset(plan.tokens.terminators)
     return SampleGenerator(prompts=prompts, max_new_tokens=cfg.train.eval_sample_tokens, stop_ids=stop_ids,
                            tokenizer=tokenizer, path=Path(run_dir) / SAMPLES_FILE, env=env,
                            autocast_dtype=autocast_dtype, resume_step=resume_step)

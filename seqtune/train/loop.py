@@ -19,7 +19,8 @@ from seqtune.distributed import DistEnv, all_reduce_sum, inject_fault
 from seqtune.train.checkpoint import Checkpointer, Progress
 from seqtune.train.evaluate import Evaluator
 from seqtune.train.metrics import MetricsLogger
-from seqtune.train.step import autocast, move_batch, summed_token_loss
+from seqtune.train.objectives import Objective
+from seqtune.train.step import autocast, move_batch
 
 
 class TrainBatches(Protocol):
@@ -47,6 +48,8 @@ class Loop:
     # fp16 autocast: scales the loss so small gradients survive float16 (None otherwise).
     scaler: torch.amp.GradScaler | None
     checkpointer: Checkpointer
+    # The recipe's loss and metrics (seqtune.train.objectives).
+    objective: Objective
 
 
 def _no_sync(loop: Loop, last: bool):
@@ -56,22 +59,27 @@ def _no_sync(loop: Loop, last: bool):
     return loop.model.no_sync()
 
 
-def train_step(loop: Loop, micro_batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
-    """One optimizer step over grad_accum micro-batches; loss normalised by the GLOBAL count of target tokens."""
-    counts = torch.tensor([sum(int(b["num_targets"]) for b in micro_batches),
+def train_step(loop: Loop, micro_batches: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
+    """One optimizer step over grad_accum micro-batches; loss normalised by the GLOBAL count of the objective's
+    units (target tokens, pairs)."""
+    objective = loop.objective
+    counts = torch.tensor([sum(int(b[objective.count_key]) for b in micro_batches),
+                           sum(int(b["num_targets"]) for b in micro_batches),
                            sum(int(b["num_tokens"]) for b in micro_batches),
                            sum(b["input_ids"].numel() for b in micro_batches)], dtype=torch.float64)
-    targets, tokens, positions = all_reduce_sum(counts.to(loop.env.device)).tolist()
-    # DDP averages gradients over ranks, so each rank scales by world_size to end with sum / global targets.
-    scale = loop.env.world_size / max(targets, 1.0)
+    units, targets, tokens, positions = all_reduce_sum(counts.to(loop.env.device)).tolist()
+    # DDP averages gradients over ranks, so each rank scales by world_size to end with sum / global units.
+    scale = loop.env.world_size / max(units, 1.0)
     loss_sum = torch.zeros((), dtype=torch.float64, device=loop.env.device)
+    metric_sums = torch.zeros(len(objective.metric_names), dtype=torch.float64, device=loop.env.device)
     for i, batch in enumerate(micro_batches):
         batch = move_batch(batch, loop.env.device)
         with _no_sync(loop, last=i == len(micro_batches) - 1), autocast(loop.env.device, loop.autocast_dtype):
-            summed = summed_token_loss(loop.model, batch)
+            summed, metrics = objective(loop.model, batch)
         scaled = summed * scale
         (loop.scaler.scale(scaled) if loop.scaler is not None else scaled).backward()
         loss_sum += summed.detach().double()
+        metric_sums += metrics.double()
     if loop.scaler is not None:
         loop.scaler.unscale_(loop.optimizer)  # clip the true gradients, not the scaled ones
     trainable = [p for p in loop.model.parameters() if p.requires_grad]
@@ -84,8 +92,9 @@ def train_step(loop: Loop, micro_batches: list[dict[str, torch.Tensor]]) -> dict
         loop.optimizer.step()
     loop.scheduler.step()
     loop.optimizer.zero_grad(set_to_none=True)
-    loss = all_reduce_sum(loss_sum).item() / max(targets, 1.0)
-    return {"loss": loss, "grad_norm": float(grad_norm), "targets": targets, "tokens": tokens, "positions": positions}
+    totals = all_reduce_sum(torch.cat([loss_sum.reshape(1), metric_sums])).tolist()
+    return {"loss_sum": totals[0], "metric_sums": totals[1:], "units": units, "grad_norm": float(grad_norm),
+            "targets": targets, "tokens": tokens, "positions": positions}
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -103,7 +112,7 @@ def fit(loop: Loop, state: Progress) -> Progress:
     batches = iter(loop.train_batches)
     bar = tqdm(total=loop.total_steps, initial=state.step, desc="train", unit="step", file=sys.stdout,
                disable=not (loop.env.is_main and loop.cfg.progress), dynamic_ncols=True)
-    window = {"loss": 0.0, "targets": 0.0, "tokens": 0.0, "positions": 0.0, "steps": 0, "start": time.perf_counter()}
+    window = _new_window(loop)
     # A resumed run whose early stopping had already ended it does not train on.
     while state.step < loop.total_steps and not loop.evaluator.should_stop:
         inject_fault("train", step=state.step + 1, rank=loop.env.rank)
@@ -117,7 +126,7 @@ def fit(loop: Loop, state: Progress) -> Progress:
         if state.step % loop.cfg.log_every == 0 or last:
             record = _log_record(loop, state, window, out)
             bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
-            window.update(loss=0.0, targets=0.0, tokens=0.0, positions=0.0, steps=0, start=time.perf_counter())
+            window = _new_window(loop)
         if loop.evaluator.due(state.step, last=last):
             record.update(loop.evaluator.evaluate(state.step))
         if len(record) > 1 and loop.logger is not None:
@@ -127,19 +136,27 @@ def fit(loop: Loop, state: Progress) -> Progress:
     return state
 
 
-def _accumulate(window: dict[str, float], out: dict[str, float]) -> None:
-    window["loss"] += out["loss"] * out["targets"]
-    for key in ("targets", "tokens", "positions"):
+def _new_window(loop: Loop) -> dict[str, Any]:
+    return {"loss_sum": 0.0, "metric_sums": [0.0] * len(loop.objective.metric_names), "units": 0.0, "targets": 0.0,
+            "tokens": 0.0, "positions": 0.0, "steps": 0, "start": time.perf_counter()}
+
+
+def _accumulate(window: dict[str, Any], out: dict[str, Any]) -> None:
+    window["loss_sum"] += out["loss_sum"]
+    window["metric_sums"] = [a + b for a, b in zip(window["metric_sums"], out["metric_sums"])]
+    for key in ("units", "targets", "tokens", "positions"):
         window[key] += out[key]
     window["steps"] += 1
 
 
-def _log_record(loop: Loop, state: Progress, window: dict[str, float], out: dict[str, float]) -> dict[str, Any]:
+def _log_record(loop: Loop, state: Progress, window: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
     seconds = max(time.perf_counter() - window["start"], 1e-9)
+    units = max(window["units"], 1.0)
     return {
         "step": state.step,
-        # Token-weighted mean over the steps since the last log line.
-        "loss": window["loss"] / max(window["targets"], 1.0),
+        # Mean over the objective's units (target tokens, pairs) of the steps since the last log line.
+        "loss": window["loss_sum"] / units,
+        **{name: value / units for name, value in zip(loop.objective.metric_names, window["metric_sums"])},
         "lr": loop.scheduler.get_last_lr()[0],
         "grad_norm": out["grad_norm"],
         "tokens_per_s": window["tokens"] / seconds,

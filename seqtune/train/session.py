@@ -41,12 +41,15 @@ def total_steps(cfg: RootConfig, steps_per_epoch: int) -> int:
     return max(1, math.floor(cfg.train.epochs * steps_per_epoch))
 
 
-def open_logger(cfg: RootConfig, run_dir: Path, env: DistEnv, resume_step: int, preflight) -> MetricsLogger | None:
-    """Rank 0 only: metrics.jsonl (+ W&B with the config, preflight's summary and the length histogram)."""
+def open_logger(cfg: RootConfig, run_dir: Path, env: DistEnv, resume_step: int) -> MetricsLogger | None:
+    """Rank 0 only: metrics.jsonl (+ W&B with the config, preflight's report summary and the length histogram).
+    The report (preflight.json) is read here for logging only: nothing trains from it."""
     if not env.is_main:
         return None
+    from seqtune.preflight import load_result
+
     logger = MetricsLogger(run_dir=run_dir, cfg=cfg.logger, config_dict=asdict(cfg), resume_step=resume_step)
-    logger.summary(preflight_summary(preflight))
+    logger.summary(preflight_summary(load_result(run_dir)))
     logger.log_file(run_dir / "lengths.png", "preflight/lengths")
     if (run_dir / SAMPLES_JSON).is_file():
         logger.log_table("preflight/samples", *sample_table(read_samples(run_dir / SAMPLES_JSON)))

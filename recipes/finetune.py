@@ -1,0 +1,106 @@
+"""The steps every recipe shares, top to bottom: a recipe (recipes/sft.py, recipes/dpo.py) is a sample kind (what
+the plan says a record becomes, seqtune.data.kinds) plus an objective (seqtune.train.objectives), and calls
+`fine_tune` with the objective it trains.
+
+Reads top to bottom: tokenizer → model (+ LoRA) → the objective → data → optimizer/schedule → early stopping →
+checkpoints → evaluation → loop → the best weights and the test split → save. Every derived fact (world size,
+device, dtypes, attention backend, padding side, vocab rows, LoRA targets, max_seq_len, token caches, the ids the
+encoder adds, the checkpoint to resume from) comes from the plan the parent resolved and preflight proved; ranks read
+nothing else to train.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from seqtune.config.load import flat_settings
+from seqtune.config.plan import Plan
+from seqtune.config.schema import RootConfig
+from seqtune.data.loader import build_eval_batches, build_train_batches
+from seqtune.distributed import DistEnv, init_distributed, teardown, unwrap, wrap_model
+from seqtune.models import apply_lora, build_model, get_spec
+from seqtune.models.kernels import apply_kernels
+from seqtune.models.lora import skip_adapter_input_cast
+from seqtune.models.token_loss import install_token_loss
+from seqtune.tokenizers import load_tokenizer
+from seqtune.train.checkpoint import Checkpointer, Progress
+from seqtune.train.early_stop import EarlyStopping
+from seqtune.train.evaluate import Evaluator
+from seqtune.train.export import BestWeights, export_final, report_end
+from seqtune.train.generate import build_sample_generator
+from seqtune.train.loop import Loop, fit
+from seqtune.train.objectives import Objective
+from seqtune.train.optim import build_optimizer, build_scheduler
+from seqtune.train.session import open_logger, seed_dropout, set_seed, total_steps
+
+
+# Builds the recipe's objective once the model is built, from (the model as built, before DDP/FSDP wrapping), and
+# the wrapped model the loop calls (a reference model is made from them).
+ObjectiveFactory = Callable[[torch.nn.Module, torch.nn.Module, DistEnv], Objective]
+
+
+def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: ObjectiveFactory) -> None:
+    env = init_distributed(plan, backend_choice=cfg.launcher.backend)
+    set_seed(cfg.train.seed, env.rank)
+    spec = get_spec(cfg.model.family)
+
+    tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec.chat_template)
+
+    model = build_model(cfg.model, attn_implementation=plan.attn_implementation, resize_to=plan.vocab.resize_to,
+                        device=env.device)
+    if cfg.lora.enabled:
+        # Rows added by a resize train through peft's trainable tokens, or in full (plan.lora_saved).
+        model = apply_lora(model, cfg.lora, targets=plan.lora_targets, saved=plan.lora_saved)
+        if plan.autocast_dtype:
+            skip_adapter_input_cast(model)
+    apply_kernels(model, plan.kernels)
+    install_token_loss(model, path=plan.loss)
+    if env.is_main:
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        print(f"attention: {plan.attn_implementation}; kernels: {plan.kernels}; loss: {plan.loss}; "
+              f"trainable parameters: {trainable:,}", flush=True)
+    built = model.to(env.device)
+    model = wrap_model(built, env, sharded=plan.sharded)
+    trained = objective(built, model, env)
+    seed_dropout(cfg.train.seed, env.rank)
+
+    train_batches = build_train_batches(cfg, plan, rank=env.rank, tokenizer=tokenizer)
+
+    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.optim)
+    steps = total_steps(cfg, train_batches.steps_per_epoch(cfg.train.grad_accum))
+    scheduler = build_scheduler(optimizer, cfg.optim, steps)
+    scaler = torch.amp.GradScaler(env.device.type) if plan.loss_scaling else None
+    stopper = None
+    if cfg.train.early_stop_patience:  # writes best/ whenever eval_loss improves; the run ends on those weights
+        best = BestWeights(unwrap(model), tokenizer, run_dir=run_dir, env=env, lora=cfg.lora.enabled,
+                           sharded=plan.sharded, data_format=cfg.data.format)
+        stopper = EarlyStopping(patience=cfg.train.early_stop_patience, min_delta=cfg.train.early_stop_min_delta,
+                                best=best)
+    progress = Progress()
+    checkpointer = Checkpointer(run_dir=run_dir, cfg=cfg.train, plan=plan, env=env, model=model, optimizer=optimizer,
+                                scheduler=scheduler, data=train_batches, scaler=scaler, progress=progress,
+                                settings=flat_settings(cfg), early_stop=stopper)
+    checkpointer.resume()
+    logger = open_logger(cfg, run_dir, env, progress.step)
+
+    autocast = getattr(torch, plan.autocast_dtype) if plan.autocast_dtype else None
+    evaluator = Evaluator(
+        model=model, env=env, objective=trained, every=cfg.train.eval_every, max_batches=cfg.train.eval_batches,
+        autocast_dtype=autocast, val=build_eval_batches(cfg, plan, split="val", rank=env.rank),
+        test=build_eval_batches(cfg, plan, split="test", rank=env.rank), logger=logger, stopper=stopper,
+        samples=build_sample_generator(cfg, plan, tokenizer=tokenizer, env=env, run_dir=run_dir,
+                                       autocast_dtype=autocast, resume_step=progress.step))
+    loop = Loop(model=model, optimizer=optimizer, scheduler=scheduler, train_batches=train_batches,
+                evaluator=evaluator, env=env, cfg=cfg.train, grad_clip=cfg.optim.grad_clip,
+                total_steps=steps, logger=logger, autocast_dtype=autocast, scaler=scaler, checkpointer=checkpointer,
+                objective=trained)
+    fit(loop, progress)
+    evaluator.finish(progress.step)  # the best eval's weights restored (early stopping), then the test split
+
+    export_final(unwrap(model), tokenizer, run_dir=run_dir, env=env, lora=cfg.lora.enabled,
+                 data_format=cfg.data.format, merged=cfg.train.export_merged, sharded=plan.sharded)
+    report_end(run_dir=run_dir, env=env, logger=logger)
+    teardown()

@@ -1,0 +1,22 @@
+"""Sample kinds: what one record becomes for a recipe, the data half of the recipe contract.
+
+A recipe is a sample kind plus an objective (seqtune.train.objectives). The kind decides the formats the recipe reads
+(schema.KIND_FORMATS) and how many token sequences one record becomes; everything downstream (scan, token cache,
+batch rule, sampler, stream, preflight's checks) handles k sequences per sample and never asks which recipe runs:
+
+- sft: one sequence (prompt and completion, a conversation, text, pre-tokenized ids) with its target mask.
+- preference: a pair, chosen then rejected: the same prompt with two completions, encoded like two SFT records and
+  kept together everywhere (cached next to each other, batched together, dropped or truncated together).
+"""
+
+from __future__ import annotations
+
+from seqtune.config.schema import SampleKind
+
+SEQUENCES = {SampleKind.sft: 1, SampleKind.preference: 2}
+# What the sequences of a sample are called, in order (the report and samples.html name them).
+MEMBERS = {SampleKind.sft: ("sample",), SampleKind.preference: ("chosen", "rejected")}
+
+
+def sequences_per_sample(kind: SampleKind | str) -> int:
+    return SEQUENCES[SampleKind(kind)]

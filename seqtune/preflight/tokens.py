@@ -1,0 +1,57 @@
+"""The token facts of the plan (plan.tokens), resolved once from the loaded tokenizer before the data scan: the pad,
+bos and eos ids as the encoder actually adds them, and the tokens a target span may end on.
+
+Everything that pads, adds a bos, stops generation or checks a turn's end reads them from the plan: the encoder,
+the collators, the generated samples, preflight's terminator checks and the exports.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from seqtune.config.plan import Resolved, Tokens
+from seqtune.config.schema import CHAT_FORMATS, SPLITS, DataFormat, RootConfig
+from seqtune.data.tokenize import render_chat
+from seqtune.models import get_spec
+from seqtune.tokenizers.control import control_tokens
+from seqtune.tokenizers.facts import added_bos_id
+
+# The reply the chat template is asked to render, to find the token that closes an assistant turn.
+PROBE_REPLY = "seqtune probe reply"
+# The formats whose records the chat template renders (a preference pair may hold message lists).
+TEMPLATED_FORMATS = frozenset({*CHAT_FORMATS, DataFormat.preference})
+
+
+def token_facts(cfg: RootConfig, resolved: Resolved, tokenizer: Any) -> Tokens:
+    formats = {source.format for split in SPLITS for source in cfg.data.sources(split)}
+    templated = bool(formats & TEMPLATED_FORMATS) and bool(getattr(tokenizer, "chat_template", None))
+    control = control_tokens(tokenizer)
+    eos = int(tokenizer.eos_token_id)
+    ends = {eos: control.get(eos, tokenizer.eos_token)}
+    eot = get_spec(cfg.model.family).eot_token
+    eot_id = resolved.vocab.special_ids.get(eot) if eot else None
+    if eot_id is not None:
+        ends[int(eot_id)] = eot
+    closer = template_turn_closer(tokenizer, control) if templated else None
+    if closer is not None:
+        ends[closer] = control[closer]
+    pad = resolved.vocab.pad_id if resolved.vocab.pad_id is not None else eos
+    return Tokens(pad_id=int(pad), bos_id=added_bos_id(tokenizer), eos_id=eos, terminators=ends, templated=templated)
+
+
+def template_turn_closer(tokenizer: Any, control: dict[int, str]) -> int | None:
+    """The first control token the chat template renders after an assistant reply, inside that reply's turn (the
+    turn of a reply that is not the last, which templates close like every other); None when there is none."""
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": PROBE_REPLY},
+                {"role": "user", "content": "Thanks"}, {"role": "assistant", "content": "Bye"}]
+    try:
+        text, spans = render_chat(tokenizer, messages)
+    except Exception:  # noqa: BLE001 - a template that cannot render this has no closer to find
+        return None
+    lo, hi = spans[0]
+    reply = text[lo:hi]
+    at = reply.find(PROBE_REPLY)
+    if at < 0:
+        return None
+    ids = tokenizer(reply[at + len(PROBE_REPLY):], add_special_tokens=False)["input_ids"]
+    return next((int(i) for i in ids if int(i) in control), None)
