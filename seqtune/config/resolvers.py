@@ -19,13 +19,18 @@ def asset_path(relative: str) -> str:
     return str(candidates[1])
 
 
-DEMO_TRAIN, DEMO_VAL = "data/instruct/train.jsonl", "data/instruct/val.jsonl"
+# The bundled data sets: train file -> its validation file.
+DEMO_SETS = {"data/instruct/train.jsonl": "data/instruct/val.jsonl",
+             "data/preference/train.jsonl": "data/preference/val.jsonl"}
 
 
 def demo_val(train: object) -> str | None:
-    """`${seqtune_demo_val:${.train}}`: the bundled validation set while data.train is the bundled train set, else
+    """`${seqtune_demo_val:${.train}}`: the bundled validation set while data.train is that bundled train set, else
     null, so a user's data never mixes with the demo's (data.val stays unset unless given)."""
-    return asset_path(DEMO_VAL) if isinstance(train, str) and train == asset_path(DEMO_TRAIN) else None
+    for demo_train, demo_val_file in DEMO_SETS.items():
+        if isinstance(train, str) and train == asset_path(demo_train):
+            return asset_path(demo_val_file)
+    return None
 
 
 def register_resolvers() -> None:

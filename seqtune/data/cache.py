@@ -9,6 +9,8 @@ edited file makes the scan rebuild it instead of memory-mapping garbage. Files (
   offsets.bin  int64, num_samples + 1 (sample i = tokens[o[i]:o[i+1]]) lengths.bin int32 per sample
   lines.bin    int64 1-based record number per sample                file_ids.bin int32 index into meta.files
   rejects.jsonl       every skipped record with its reason            meta.json   counts, stats, files, sources
+A "sample" of these arrays is one token sequence: a preference pair is two of them, chosen then rejected, next to
+each other (meta.json's sequences_per_sample; seqtune.data.loader.SplitView groups them back).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from seqtune.files import TempDir, storage_error, sweep_stale_temps
 from seqtune.tokenizers.info import tokenizer_fingerprint  # noqa: F401 - part of this module's API
 
 # Bump when the on-disk layout or any tokenization rule changes: old caches then simply stop matching.
-CACHE_VERSION = "seqtune-token-cache-v4"
+CACHE_VERSION = "seqtune-token-cache-v5"
 META = "meta.json"
 # The config key that decides where caches live (named in every disk error).
 CACHE_KEY = "data.cache_dir"

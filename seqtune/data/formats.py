@@ -11,6 +11,11 @@ Formats (data.format; the fields of each are FORMAT_FIELDS in seqtune/config/sch
   input_output  {"input", "output"} (media like <img>path</img> must exist) → prompt + completion
   text          {"text"} → plain causal LM, every token a target
   tokenized     {"input_ids", "labels"?, "attention_mask"?} → used as is (padding recognised and stripped)
+  preference    {"prompt"?, "chosen", "rejected"} → a PreferencePair: two records (chosen, rejected) that answer the
+                same prompt. Strings: prompt + completion each (the prompt is required). Message lists (TRL's
+                conversational format): prompt + chosen and prompt + rejected are conversations; without a prompt,
+                chosen and rejected are whole conversations that must share every message but their last (an
+                assistant reply). Only the turns after the shared history are targets.
 """
 
 from __future__ import annotations
@@ -59,12 +64,14 @@ class PromptCompletion:
 @dataclass(kw_only=True, slots=True)
 class Conversation:
     """chat, sharegpt: messages end with an assistant turn; only assistant turns are targets. `tools`: the tool
-    definitions (OpenAI's shape) the chat template renders, when the record has any."""
+    definitions (OpenAI's shape) the chat template renders, when the record has any. `first_target`: assistant
+    turns before this message index are history, not targets (a preference pair's shared prompt)."""
 
     file: str
     line: int
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
+    first_target: int = 0
 
 
 @dataclass(kw_only=True, slots=True)
@@ -78,7 +85,18 @@ class PreTokenized:
     padding_stripped: int
 
 
-Record = PromptCompletion | Conversation | PreTokenized
+@dataclass(kw_only=True, slots=True)
+class PreferencePair:
+    """preference: two completions of one prompt, each a record of its own (both strings: PromptCompletion; both
+    message lists: Conversation with the shared history before `first_target`)."""
+
+    file: str
+    line: int
+    chosen: PromptCompletion | Conversation
+    rejected: PromptCompletion | Conversation
+
+
+Record = PromptCompletion | Conversation | PreTokenized | PreferencePair
 
 
 def chat_template_for(fmt: str, tokenizer_template: str | None) -> str | None:
@@ -186,6 +204,8 @@ class LineParser:
             return self._chat(line, obj)
         if self.fmt == DataFormat.sharegpt:
             return self._sharegpt(line, obj)
+        if self.fmt == DataFormat.preference:
+            return self._preference(line, obj)
         return self._tokenized(line, obj)
 
     def _reject(self, line: int, reason: str) -> Reject:
@@ -338,6 +358,74 @@ class LineParser:
         return Conversation(file=self.file, line=line, messages=[m for m, _ in turns[: last + 1]],
                             tools=definitions or None)
 
+    def _preference(self, line: int, obj: dict) -> Record | Reject:
+        missing = [k for k in ("chosen", "rejected") if k not in obj]
+        if missing:
+            return self._missing(line, missing, obj)
+        chosen, rejected, prompt = obj["chosen"], obj["rejected"], obj.get("prompt")
+        if isinstance(chosen, str) and isinstance(rejected, str):
+            return self._string_pair(line, prompt, chosen, rejected)
+        if isinstance(chosen, list) and isinstance(rejected, list):
+            return self._conversation_pair(line, obj, prompt, chosen, rejected)
+        return self._reject(line, f"wrong_type: {self._name('chosen')} and {self._name('rejected')} must both be "
+                                  f"strings or both lists of messages (a {type(chosen).__name__} and a "
+                                  f"{type(rejected).__name__})")
+
+    def _string_pair(self, line: int, prompt: Any, chosen: str, rejected: str) -> Record | Reject:
+        if prompt is None:
+            return self._reject(line, f"missing_field: {self._name('prompt')} (a pair of strings needs the prompt "
+                                      "both completions answer; message lists may carry it as their shared history)")
+        if not isinstance(prompt, str):
+            return self._reject(line, f"wrong_type: {self._name('prompt')} is a {type(prompt).__name__}, expected "
+                                      "a string like chosen and rejected")
+        for key, value in (("prompt", prompt), ("chosen", chosen), ("rejected", rejected)):
+            if not value.strip():
+                return self._reject(line, f"empty_text: {self._name(key)} is empty")
+        if chosen == rejected:
+            return self._reject(line, "identical_pair: chosen and rejected are the same text: there is nothing "
+                                      "to prefer")
+        return PreferencePair(file=self.file, line=line,
+                              chosen=PromptCompletion(file=self.file, line=line, prompt=prompt, completion=chosen),
+                              rejected=PromptCompletion(file=self.file, line=line, prompt=prompt,
+                                                        completion=rejected))
+
+    def _conversation_pair(self, line: int, obj: dict, prompt: Any, chosen: list, rejected: list) -> Record | Reject:
+        if prompt is not None and not isinstance(prompt, list):
+            return self._reject(line, f"wrong_type: {self._name('prompt')} is a {type(prompt).__name__}, expected "
+                                      "a list of messages like chosen and rejected")
+        history = prompt or []
+        sides = []
+        for key, completion in (("chosen", chosen), ("rejected", rejected)):
+            if not completion:
+                return self._reject(line, f"empty_text: {self._name(key)} has no message")
+            record = self._chat(line, {"messages": [*history, *completion], "tools": obj.get("tools")})
+            if isinstance(record, Reject):
+                return self._reject(line, f"{record.reason} (in {self._name(key)})")
+            sides.append(record)
+        conv_chosen, conv_rejected = sides
+        if prompt is None:  # implicit prompt: everything before the last message is shared history
+            start = len(conv_chosen.messages) - 1
+            differ = next((i for i, (a, b) in enumerate(zip(conv_chosen.messages, conv_rejected.messages))
+                           if a != b), None)
+            if len(conv_chosen.messages) != len(conv_rejected.messages) or (differ is not None and differ < start):
+                at = differ if differ is not None else min(len(conv_chosen.messages), len(conv_rejected.messages))
+                return self._reject(line, f"history_mismatch: chosen and rejected differ at message {at}, before "
+                                          "their last turn: a pair must answer the same conversation (give the "
+                                          "shared part as `prompt` and only the replies as chosen and rejected)")
+        else:
+            start = len(history)
+        if conv_chosen.messages[start:] == conv_rejected.messages[start:]:
+            return self._reject(line, "identical_pair: chosen and rejected are the same reply: there is nothing to "
+                                      "prefer")
+        for key, record in (("chosen", conv_chosen), ("rejected", conv_rejected)):
+            if not any(m["role"] == "assistant" for m in record.messages[start:]):
+                return self._reject(line, f"no_targets: {self._name(key)} has no assistant reply after the prompt")
+        return PreferencePair(file=self.file, line=line,
+                              chosen=Conversation(file=self.file, line=line, messages=conv_chosen.messages,
+                                                  tools=conv_chosen.tools, first_target=start),
+                              rejected=Conversation(file=self.file, line=line, messages=conv_rejected.messages,
+                                                    tools=conv_rejected.tools, first_target=start))
+
     def _tokenized(self, line: int, obj: dict) -> Record | Reject:
         if "input_ids" not in obj:
             return self._reject(line, f"missing_field: input_ids (has: {', '.join(sorted(obj)) or 'none'})")
@@ -400,6 +488,8 @@ class LineParser:
 
 def _lone_surrogate(record: Record) -> Reject | None:
     """A Reject when a text of `record` holds an unpaired UTF-16 surrogate (valid JSON, but not encodable)."""
+    if isinstance(record, PreferencePair):
+        return _lone_surrogate(record.chosen) or _lone_surrogate(record.rejected)
     if isinstance(record, PromptCompletion):
         texts = [("prompt", record.prompt), ("completion", record.completion)]
     elif isinstance(record, Conversation):

@@ -52,6 +52,9 @@ class SplitScan:
     files: list[str]  # the split's data files, in order
     records: int  # records read (non-blank lines, array elements, rows; held-out ones not counted)
     samples: int  # records that became samples (records - rejects)
+    # Token sequences per sample (a preference pair: 2, chosen and rejected next to each other in the cache). The
+    # per-sequence arrays below (lengths) and the cache hold samples x this many entries.
+    sequences_per_sample: int = 1
     rejects: list[Reject]
     reject_counts: dict[str, int]
     lengths: np.ndarray
@@ -152,7 +155,8 @@ def scan_split(split: SplitInput, encoders: dict[str, SampleEncoder], *, cache_r
     try:
         stats = _stream(split, encoders, writer, media_root=media_root, max_records=max_records,
                         chunk_size=chunk_size, progress=progress)
-        directory = writer.commit({**_stats_meta(stats, split), **to_meta(split)})
+        k = max(encoders[fmt].sequences_per_sample for fmt in split.formats)
+        directory = writer.commit({**_stats_meta(stats, split), **to_meta(split), "sequences_per_sample": k})
     except BaseException:
         writer.abort()
         raise
@@ -270,8 +274,10 @@ def _load_scan(name: str, directory: Path, began: float) -> SplitScan:
     with open(directory / "rejects.jsonl", encoding="utf-8") as f:
         for line, _ in zip(f, range(MAX_REJECTS_IN_MEMORY)):
             rejects.append(Reject(**json.loads(line)))
+    k = meta["sequences_per_sample"]
     return SplitScan(
-        name=name, cache_dir=directory, files=meta["files"], records=meta["records"], samples=meta["num_samples"],
+        name=name, cache_dir=directory, files=meta["files"], records=meta["records"], samples=meta["num_samples"] // k,
+        sequences_per_sample=k,
         rejects=rejects, reject_counts=meta["reject_counts"],
         lengths=np.fromfile(directory / "lengths.bin", dtype=np.int32),
         max_token_id=meta["max_token_id"], max_token_location=meta["max_token_location"],

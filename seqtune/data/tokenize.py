@@ -22,17 +22,18 @@ import numpy as np
 
 from seqtune.config.errors import ConfigError
 from seqtune.config.plan import Tokens
-from seqtune.config.schema import CHAT_FORMATS
+from seqtune.config.schema import CHAT_FORMATS, DataFormat
 from seqtune.data.formats import (
     CHAT_ROLES,
     Conversation,
     LineParser,
+    PreferencePair,
     PreTokenized,
     PromptCompletion,
     Record,
     role_reason,
 )
-from seqtune.data.types import IGNORE_INDEX, TEMPLATE_REJECTED, Reject, TokenizedSample
+from seqtune.data.types import IGNORE_INDEX, TEMPLATE_REJECTED, Reject, Sample, TokenizedSample
 from seqtune.tokenizers import templates
 from seqtune.tokenizers.facts import added_bos_id
 
@@ -50,6 +51,9 @@ class EncodedBatch:
     padding_stripped: np.ndarray  # int64 per sample: pad positions removed from a pre-tokenized row
     source_index: np.ndarray  # int64 per sample: index into the records given to encode_records
     rejects: list[tuple[int, Reject]] = field(default_factory=list)  # (record index, reject) found while encoding
+    # Sequences per record: 2 for preference pairs (chosen, rejected next to each other; every per-sample array
+    # above is then per sequence, both sequences of a record with the same source_index).
+    sequences_per_sample: int = 1
 
     @property
     def offsets(self) -> np.ndarray:
@@ -79,14 +83,18 @@ class SampleEncoder:
                               fix="use a tokenizer with an eos token (tokenizer.source=bundled has </s>).")
         self.tokenizer = tokenizer
         self.fmt = fmt
-        # chat and sharegpt records are conversations, rendered by the chat template.
+        # chat and sharegpt records are conversations, rendered by the chat template; preference pairs are two
+        # records each, conversations (rendered by the template, when the tokenizer has one) or prompt/completion.
         self.chat = fmt in CHAT_FORMATS
+        self.pairs = fmt == DataFormat.preference
+        renders = self.chat or (self.pairs and bool(getattr(tokenizer, "chat_template", None)))
         self.train_on_prompt = train_on_prompt
         self.eos_id = int(tokenizer.eos_token_id)
         self.bos_id = tokens.bos_id if tokens is not None else added_bos_id(tokenizer)
         self.vocab_size = len(tokenizer)
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
-        if self._backend is None and self.chat:
+        self.sequences_per_sample = 2 if self.pairs else 1
+        if self._backend is None and renders:
             raise ConfigError(f"data.format={fmt} needs a fast (Rust) tokenizer for character offsets.",
                               key="data.format", fix="load the tokenizer with use_fast=True.")
         if self.chat and not getattr(tokenizer, "chat_template", None):
@@ -96,9 +104,9 @@ class SampleEncoder:
                                   "file or a Jinja string.")
         # The roles this run's chat template takes, asked of the template itself (the parser is told, so a line
         # is never accepted by one and refused by the other); a template that cannot render at all fails here.
-        self.chat_roles = chat_template_roles(tokenizer) if self.chat else CHAT_ROLES
+        self.chat_roles = chat_template_roles(tokenizer) if renders else CHAT_ROLES
         # Tool definitions (a record's `tools`) need a template that renders them, else a reject names the template.
-        self.renders_tools = self.chat and templates.renders_tool_definitions(tokenizer.chat_template)
+        self.renders_tools = renders and templates.renders_tool_definitions(tokenizer.chat_template)
         self.texts_tokenized = 0  # counts tokenizer inputs: lets tests prove a cached re-run tokenizes nothing
 
     def line_parser(self, file: str, *, media_root: str | None, columns: dict[str, str] | None = None) -> LineParser:
@@ -114,18 +122,21 @@ class SampleEncoder:
             return [e.ids for e in self._backend.encode_batch_fast(texts, add_special_tokens=False)]
         return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
 
-    def encode_batch(self, records: list[Record]) -> list[TokenizedSample | Reject]:
-        """One TokenizedSample (or Reject) per record, in order."""
+    def encode_batch(self, records: list[Record]) -> list[Sample | Reject]:
+        """One sample (a TokenizedSample, or a pair's tuple of them) or Reject per record, in order."""
         batch = self.encode_records(records)
-        out: list[TokenizedSample | Reject | None] = [None] * len(records)
-        offsets = batch.offsets
-        for i, source in enumerate(batch.source_index):
-            out[int(source)] = batch.sample(i, offsets)
+        out: list[Sample | Reject | None] = [None] * len(records)
+        offsets, k = batch.offsets, batch.sequences_per_sample
+        for i in range(0, len(batch.source_index), k):
+            sequences = tuple(batch.sample(i + j, offsets) for j in range(k))
+            out[int(batch.source_index[i])] = sequences if k > 1 else sequences[0]
         for source, reject in batch.rejects:
             out[source] = reject
         return out  # type: ignore[return-value]
 
     def encode_records(self, records: list[Record]) -> EncodedBatch:
+        if self.pairs:
+            return self._encode_pairs(records)  # type: ignore[arg-type]
         if self.chat:
             return self._encode_chat(records)  # type: ignore[arg-type]
         if self.fmt == "tokenized":
@@ -196,7 +207,48 @@ class SampleEncoder:
     def _closed_with_eos(self, ids: np.ndarray, target: np.ndarray) -> bool:
         """chat: the last target is an eos (Mistral's and Zephyr's templates end every reply with one)."""
         targets = np.flatnonzero(target)
-        return self.chat and len(targets) > 0 and int(ids[targets[-1]]) == self.eos_id
+        return (self.chat or self.pairs) and len(targets) > 0 and int(ids[targets[-1]]) == self.eos_id
+
+    def _encode_pairs(self, records: list[PreferencePair]) -> EncodedBatch:
+        """Each pair's chosen and rejected completions encoded exactly as an SFT record of their shape would be
+        (prompt/completion, or a conversation through the chat template), laid out next to each other. A pair
+        whose either side is rejected is rejected whole (the reason names the side)."""
+        sides = [self._encode_side([getattr(r, side) for r in records], side) for side in ("chosen", "rejected")]
+        ids, target, lengths, kept, rejects = [], [], [], [], []
+        for i, (chosen, rejected) in enumerate(zip(*sides)):
+            refused = next((s for s in (chosen, rejected) if isinstance(s, Reject)), None)
+            if refused is not None:
+                rejects.append((i, refused))
+                continue
+            for seq_ids, seq_target in (chosen, rejected):
+                ids.append(seq_ids)
+                target.append(seq_target)
+                lengths.append(len(seq_ids))
+            kept += [i, i]
+        return EncodedBatch(
+            ids=np.concatenate(ids) if ids else np.empty(0, np.int64),
+            target=np.concatenate(target) if target else np.empty(0, bool),
+            lengths=np.asarray(lengths, np.int64), files=[records[i].file for i in kept],
+            lines=np.asarray([records[i].line for i in kept], np.int64),
+            padding_stripped=np.zeros(len(kept), np.int64), source_index=np.asarray(kept, np.int64),
+            rejects=rejects, sequences_per_sample=2)
+
+    def _encode_side(self, records: list[PromptCompletion | Conversation], side: str
+                     ) -> list[tuple[np.ndarray, np.ndarray] | Reject]:
+        """(ids, target) or a Reject per record of one side of the pairs, each by its shape's encoder."""
+        out: list[tuple[np.ndarray, np.ndarray] | Reject | None] = [None] * len(records)
+        for shape, encode in ((PromptCompletion, self._encode_prompt_completion), (Conversation, self._encode_chat)):
+            members = [i for i, r in enumerate(records) if isinstance(r, shape)]
+            if not members:
+                continue
+            batch = encode([records[i] for i in members])  # type: ignore[operator]
+            offsets = batch.offsets
+            for j, source in enumerate(batch.source_index):
+                lo, hi = offsets[j], offsets[j + 1]
+                out[members[int(source)]] = (batch.ids[lo:hi], batch.target[lo:hi])
+            for source, reject in batch.rejects:
+                out[members[source]] = Reject(file=reject.file, line=reject.line, reason=f"{reject.reason} ({side})")
+        return out  # type: ignore[return-value]
 
     def _encode_pretokenized(self, records: list[PreTokenized]) -> EncodedBatch:
         parts = []
@@ -220,7 +272,8 @@ class SampleEncoder:
                 rejects.append((i, Reject(file=record.file, line=record.line, reason=reason)))
                 continue
             try:
-                text, assistant_spans = render_chat(self.tokenizer, record.messages, tools=record.tools)
+                text, assistant_spans = render_chat(self.tokenizer, record.messages, tools=record.tools,
+                                                    first_target=record.first_target)
             except Exception as exc:  # noqa: BLE001 - a template's own error is this record's reject reason
                 reason = f"{TEMPLATE_REJECTED}: the chat template (tokenizer.chat_template) refused it: {exc}"
                 rejects.append((i, Reject(file=record.file, line=record.line, reason=reason)))
@@ -242,10 +295,10 @@ class SampleEncoder:
         return self._assemble(parts, records, kept, rejects, [0] * len(kept))
 
 
-def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None
+def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None, first_target: int = 0
                 ) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation (exactly `apply_chat_template`'s text, with `tools` given to the template) and the
-    character span of each assistant reply (end-of-turn marker included).
+    character span of each assistant reply from message `first_target` on (end-of-turn marker included).
 
     Renders incrementally: the text of messages[:i] with the generation prompt must be a prefix of the text of
     messages[:i+1]; what assistant turn i adds after that prefix is its target span. Works with any template
@@ -254,7 +307,7 @@ def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None
     full = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
     spans = []
     for i, message in enumerate(messages):
-        if message["role"] != "assistant":
+        if message["role"] != "assistant" or i < first_target:
             continue
         before = tokenizer.apply_chat_template(messages[:i], tools=tools, tokenize=False,
                                                add_generation_prompt=True) if i else ""

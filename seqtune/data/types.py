@@ -28,7 +28,9 @@ class Reject:
     # "<code>: <detail>", code one of: bad_json, bad_utf8, not_object, missing_field, wrong_type, empty_text,
     # missing_media, bad_token_id, overlength (data.overlength=drop, or truncate leaving no target), no_targets,
     # unsupported_content (a content part that is not text: an image, audio, a file),
-    # template_rejected (the chat template refuses this conversation, has no such role, or renders no tools)
+    # template_rejected (the chat template refuses this conversation, has no such role, or renders no tools),
+    # identical_pair (a preference pair whose chosen and rejected completions are the same),
+    # history_mismatch (a conversational pair whose chosen and rejected differ before their last turn)
     reason: str
 
     @property

@@ -30,9 +30,11 @@ from seqtune.config.rundir import checkpoint_damage, checkpoint_step, complete_c
 from seqtune.config.schema import RESUME_ACCEPTABLE, RESUME_IGNORED, Resume, RootConfig, TrainConfig
 from seqtune.preflight.checks import Problem
 
-# Plan fields that explain a difference rather than make one (reasons, where a world size came from), or that
-# differ on every resume (the checkpoint itself).
-PLAN_IGNORED = ("resume_from", "attn_reason", "kernels_reason", "loss_reason", "cuda_available", "world.source")
+# Plan fields that explain a difference rather than make one (reasons, where a world size came from), that say where
+# rather than what (a split's token cache directory: `data` holds its identity; the rejects file), or that differ on
+# every resume (the checkpoint itself).
+PLAN_IGNORED = ("resume_from", "attn_reason", "kernels_reason", "loss_reason", "cuda_available", "world.source",
+                "caches", "rejects_file")
 # Why a plan fact can change while every setting stayed the same.
 PLAN_HINTS = {
     "world": "the ranks started: launcher.nnodes x launcher.nproc_per_node, or the SLURM allocation",

@@ -14,7 +14,7 @@ from seqtune.config.schema import CHAT_FORMATS, SPLITS, DataFormat, RootConfig
 from seqtune.data.tokenize import render_chat
 from seqtune.models import get_spec
 from seqtune.tokenizers.control import control_tokens
-from seqtune.tokenizers.facts import added_bos_id
+from seqtune.tokenizers.facts import added_bos_id, tokenizer_facts
 
 # The reply the chat template is asked to render, to find the token that closes an assistant turn.
 PROBE_REPLY = "seqtune probe reply"
@@ -25,18 +25,26 @@ TEMPLATED_FORMATS = frozenset({*CHAT_FORMATS, DataFormat.preference})
 def token_facts(cfg: RootConfig, resolved: Resolved, tokenizer: Any) -> Tokens:
     formats = {source.format for split in SPLITS for source in cfg.data.sources(split)}
     templated = bool(formats & TEMPLATED_FORMATS) and bool(getattr(tokenizer, "chat_template", None))
+    eos = int(tokenizer.eos_token_id)
+    pad = resolved.vocab.pad_id if resolved.vocab.pad_id is not None else eos
+    return Tokens(pad_id=int(pad), bos_id=added_bos_id(tokenizer), eos_id=eos,
+                  terminators=terminators(tokenizer, cfg.model.family, templated=templated), templated=templated)
+
+
+def terminators(tokenizer: Any, family: str, *, templated: bool) -> dict[int, str]:
+    """The tokens a target span may end on, id -> text: eos, the family's end-of-turn (when the tokenizer has it)
+    and, for records the chat template renders, the token it closes an assistant turn with."""
     control = control_tokens(tokenizer)
     eos = int(tokenizer.eos_token_id)
     ends = {eos: control.get(eos, tokenizer.eos_token)}
-    eot = get_spec(cfg.model.family).eot_token
-    eot_id = resolved.vocab.special_ids.get(eot) if eot else None
+    eot = get_spec(family).eot_token
+    eot_id = tokenizer_facts(tokenizer, eot_token=eot).special_ids.get(eot) if eot else None
     if eot_id is not None:
         ends[int(eot_id)] = eot
     closer = template_turn_closer(tokenizer, control) if templated else None
     if closer is not None:
         ends[closer] = control[closer]
-    pad = resolved.vocab.pad_id if resolved.vocab.pad_id is not None else eos
-    return Tokens(pad_id=int(pad), bos_id=added_bos_id(tokenizer), eos_id=eos, terminators=ends, templated=templated)
+    return ends
 
 
 def template_turn_closer(tokenizer: Any, control: dict[int, str]) -> int | None:

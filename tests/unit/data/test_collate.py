@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from seqtune.config.errors import DataError
-from seqtune.config.schema import PaddingConfig
 from seqtune.data import _torchtune
+from seqtune.data.batching import BatchRule
 from seqtune.data.collate import make_collator, shifted_targets
 from seqtune.data.types import IGNORE_INDEX, TokenizedSample
 
@@ -24,9 +24,9 @@ def sample(ids: list[int], prompt: int = 1, loc: str = "x.jsonl:1") -> Tokenized
 SAMPLES = [sample([1, 5, 6, 7, EOS]), sample([1, 8, EOS]), sample([1, 9, 10, 11, 12, 13, 14, EOS], prompt=3)]
 
 
-def collate(strategy: str, side: str = "right", multiple_of: int = 1, max_seq_len: int = 16) -> dict:
-    cfg = PaddingConfig(strategy=strategy, multiple_of=multiple_of)
-    return make_collator(cfg, max_seq_len=max_seq_len, pad_id=PAD, padding_side=side)(SAMPLES)
+def collate(strategy: str, side: str = "right", multiple_of: int = 1, max_seq_len: int = 16, rows: int = 3) -> dict:
+    rule = BatchRule(strategy=strategy, batch_size=rows, max_seq_len=max_seq_len, multiple_of=multiple_of)
+    return make_collator(rule, pad_id=PAD, padding_side=side)(SAMPLES)
 
 
 def test_shifted_targets_predict_next_label_and_nothing_after_the_last_token() -> None:
@@ -60,7 +60,7 @@ def test_padded_rows_keep_tokens_targets_positions_and_final_eos(side: str) -> N
 
 
 def test_packed_rows_restart_positions_and_have_no_attention_mask() -> None:
-    batch = collate("packed", max_seq_len=10)
+    batch = collate("packed", max_seq_len=10, rows=2)
     assert "attention_mask" not in batch
     assert batch["input_ids"].shape == (2, 10)  # next fit: [5+3] then [8]
     assert batch["position_ids"][0].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 0, 1]

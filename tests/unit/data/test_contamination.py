@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from seqtune.config.schema import PaddingConfig
+from seqtune.data.batching import BatchRule
 from seqtune.data.collate import make_collator
 from seqtune.data.types import TokenizedSample
 from seqtune.models.varlen import TORCH_VARLEN, reference_kernel, register, use_kernel
@@ -34,7 +34,8 @@ def tiny_llama(attn: str) -> LlamaForCausalLM:
 
 
 def packed_row(a_ids: np.ndarray, b_ids: np.ndarray) -> dict[str, torch.Tensor]:
-    collate = make_collator(PaddingConfig(strategy="packed"), max_seq_len=ROW, pad_id=0, padding_side="right")
+    collate = make_collator(BatchRule(strategy="packed", batch_size=1, max_seq_len=ROW), pad_id=0,
+                            padding_side="right")
     samples = [TokenizedSample(input_ids=ids, labels=ids, location=f"t:{i}") for i, ids in enumerate([a_ids, b_ids])]
     batch = collate(samples)
     assert batch["input_ids"].shape == (1, ROW) and "attention_mask" not in batch

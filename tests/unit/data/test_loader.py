@@ -61,7 +61,7 @@ def batches_for(cfg: RootConfig, prepared, rank: int = 0, world_size: int = 1):
     preflight, plan, tokenizer = prepared
     if world_size != plan.world.world_size:
         plan = replace(plan, world=World(nnodes=1, nproc_per_node=world_size, source="test"))
-    return build_train_batches(cfg, plan, preflight, rank=rank, tokenizer=tokenizer)
+    return build_train_batches(cfg, plan, rank=rank, tokenizer=tokenizer)
 
 
 def rows_of(batch: dict) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
@@ -178,7 +178,8 @@ def test_truncation_that_leaves_no_target_drops_the_sample_in_both_modes(tmp_pat
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("stop_after", [1, 4, 9])  # 9: into the second pass (6 micro-batches a pass)
 def test_stream_resume_yields_exactly_the_remaining_batches(tmp_path, corpus, num_workers, stop_after) -> None:
-    cfg = make_cfg(tmp_path, corpus, "data.mode=stream", "train.batch_size=4", f"data.num_workers={num_workers}")
+    cfg = make_cfg(tmp_path, corpus, "data.mode=stream", "train.batch_size=4", f"data.num_workers={num_workers}",
+                   "data.tail=pad")
     prepared = prepare(cfg, tmp_path / "run")
     full = batches_for(cfg, prepared)
     assert full.batches_per_rank == 6 and full.steps_per_epoch(grad_accum=2) == 3
@@ -189,6 +190,18 @@ def test_stream_resume_yields_exactly_the_remaining_batches(tmp_path, corpus, nu
     resumed.load_state_dict(roundtrip(stopped.state_dict()))
     assert taken + [rows_of(b) for b in islice(resumed, 14 - stop_after)] == expected
     assert Counter(r for rows in expected[:6] for r in rows) == Counter(r for rows in expected[6:12] for r in rows)
+
+
+def test_stream_tail_drop_leaves_out_what_does_not_fill_a_micro_batch_on_every_worker(tmp_path, corpus) -> None:
+    """data.tail=drop is honoured in stream mode as in cached mode: 23 lines over 2 ranks x 2 workers at batch 2
+    deal 5-6 lines a worker; each yields the 2 full micro-batches the smallest deal makes, the rest is left out."""
+    cfg = make_cfg(tmp_path, corpus, "data.mode=stream", "train.batch_size=2", "data.num_workers=2",
+                   "data.tail=drop")
+    prepared = prepare(cfg, tmp_path / "run")
+    ranks = [batches_for(cfg, prepared, rank, 2) for rank in range(2)]
+    passes = [one_pass(r) for r in ranks]
+    assert [len(p) for p in passes] == [4, 4]
+    assert all(int((b["targets"] != -100).any(dim=1).sum()) == 2 for p in passes for b in p)  # no filler
 
 
 def test_stream_resume_refuses_a_changed_stream(tmp_path, corpus) -> None:
@@ -202,7 +215,8 @@ def test_stream_resume_refuses_a_changed_stream(tmp_path, corpus) -> None:
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_two_ranks_cover_every_line_once_with_equal_batch_counts(tmp_path, corpus, num_workers) -> None:
-    cfg = make_cfg(tmp_path, corpus, "data.mode=stream", "train.batch_size=2", f"data.num_workers={num_workers}")
+    cfg = make_cfg(tmp_path, corpus, "data.mode=stream", "train.batch_size=2", f"data.num_workers={num_workers}",
+                   "data.tail=pad")
     prepared = prepare(cfg, tmp_path / "run")
     whole = samples(one_pass(batches_for(cfg, prepared)))
     ranks = [batches_for(cfg, prepared, rank, 2) for rank in range(2)]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from seqtune.config.schema import PaddingStrategy, Tail
+from seqtune.data.batching import BatchRule
 from seqtune.data.mix import SourceMix, used_per_epoch
 from seqtune.data.sampler import DistributedBatchPlan
 
@@ -39,8 +40,8 @@ def test_an_epoch_uses_whole_passes_then_a_fresh_subset_without_repeats():
 
 
 def plan(weighted: SourceMix | None, **kw) -> DistributedBatchPlan:
-    args = dict(batch_size=2, world_size=2, rank=0, strategy=PaddingStrategy.longest, max_seq_len=64, seed=3,
-                shuffle=True, tail=Tail.pad, bucket_window=4, mix=weighted)
+    args = dict(rule=BatchRule(strategy=PaddingStrategy.longest, batch_size=2, max_seq_len=64), world_size=2, rank=0,
+                seed=3, shuffle=True, tail=Tail.pad, bucket_window=4, mix=weighted)
     return DistributedBatchPlan(np.arange(len(SOURCES)) % 9 + 1, **{**args, **kw})
 
 

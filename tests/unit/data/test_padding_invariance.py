@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from seqtune.config.schema import PaddingConfig
+from seqtune.data.batching import BatchRule
 from seqtune.data.collate import make_collator
 from seqtune.data.packing import next_fit_rows
 from seqtune.data.sampler import DistributedBatchPlan, WithFillers
@@ -65,11 +65,10 @@ def sample_slices(strategy: str, side: str, batch: dict, lens: list[int]) -> lis
 
 def run(strategy: str, side: str, batch_size: int) -> tuple[dict[int, float], dict[str, torch.Tensor]]:
     model, samples = tiny_llama(), WithFillers(dataset=make_samples())
-    collate = make_collator(PaddingConfig(strategy=strategy, multiple_of=8, bucket_window=1),
-                            max_seq_len=MAX_SEQ_LEN, pad_id=PAD, padding_side=side)
-    plan = DistributedBatchPlan(np.array(LENGTHS), batch_size=batch_size, world_size=1, rank=0,
-                                strategy=strategy, max_seq_len=MAX_SEQ_LEN, seed=3, shuffle=True, tail="pad",
-                                bucket_window=1, multiple_of=8)
+    rule = BatchRule(strategy=strategy, batch_size=batch_size, max_seq_len=MAX_SEQ_LEN, multiple_of=8)
+    collate = make_collator(rule, pad_id=PAD, padding_side=side)
+    plan = DistributedBatchPlan(np.array(LENGTHS), rule=rule, world_size=1, rank=0, seed=3, shuffle=True, tail="pad",
+                                bucket_window=1)
     losses: dict[int, float] = {}
     for mb in plan:
         batch = collate([samples[i] for i in mb])

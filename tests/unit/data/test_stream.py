@@ -12,7 +12,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from seqtune.config.errors import DataError
-from seqtune.config.schema import PaddingConfig
+from seqtune.data.batching import BatchRule
 from seqtune.data.collate import make_collator
 from seqtune.config.schema import DataFormat
 from seqtune.data.sources import SourceFiles
@@ -21,6 +21,7 @@ from seqtune.data.stream import JsonlStream, StreamPosition, StreamProgress, pas
 from seqtune.data.types import Reject, TokenizedSample
 
 MAX_SEQ_LEN = 12
+RULE = BatchRule(strategy="longest", batch_size=3, max_seq_len=MAX_SEQ_LEN)
 
 
 def parse(raw: bytes, location: str) -> dict | Reject:
@@ -73,11 +74,10 @@ def corpus(tmp_path: Path) -> tuple[list[Path], set[int], int]:
 
 def make_stream(files: list[Path], num_lines: int, world_size: int, rank: int, num_workers: int,
                 overlength: str = "drop", resume: StreamProgress | None = None) -> JsonlStream:
-    collate = make_collator(PaddingConfig(strategy="longest"), max_seq_len=MAX_SEQ_LEN, pad_id=0,
-                            padding_side="right")
+    collate = make_collator(RULE, pad_id=0, padding_side="right")
     return JsonlStream(files_split("train", files, "text"), parse=parse, encode_batch=encode_batch, collate=collate,
-                       batch_size=3, max_seq_len=MAX_SEQ_LEN, overlength=overlength, world_size=world_size,
-                       rank=rank, num_workers=num_workers, source_records=[num_lines], encode_chunk=4, resume=resume)
+                       rule=RULE, overlength=overlength, world_size=world_size, rank=rank, num_workers=num_workers,
+                       source_records=[num_lines], encode_chunk=4, resume=resume)
 
 
 def loader(ds: JsonlStream, num_workers: int) -> DataLoader:
@@ -85,7 +85,9 @@ def loader(ds: JsonlStream, num_workers: int) -> DataLoader:
 
 
 def ids_of(item) -> list[int]:  # noqa: ANN001 - StreamBatch
-    return [] if item.filler else item.batch["input_ids"][:, 0].tolist()
+    """The record ids of a micro-batch's real samples (fillers, which complete it, train nothing)."""
+    real = (item.batch["targets"] != -100).any(dim=1)
+    return item.batch["input_ids"][real, 0].tolist()
 
 
 @pytest.mark.parametrize("num_workers", [0, 1, 2])
@@ -149,10 +151,9 @@ def mixed(files: list[Path], weights: tuple[float, float]) -> SplitInput:
 
 def mixed_stream(split: SplitInput, counts: list[int], world_size: int, rank: int, num_workers: int, *, epoch: int = 0,
                  resume: StreamProgress | None = None) -> JsonlStream:
-    collate = make_collator(PaddingConfig(strategy="longest"), max_seq_len=MAX_SEQ_LEN, pad_id=0,
-                            padding_side="right")
-    return JsonlStream(split, parse=parse, encode_batch=encode_batch, collate=collate, batch_size=3,
-                       max_seq_len=MAX_SEQ_LEN, overlength="drop", world_size=world_size, rank=rank,
+    collate = make_collator(RULE, pad_id=0, padding_side="right")
+    return JsonlStream(split, parse=parse, encode_batch=encode_batch, collate=collate, rule=RULE,
+                       overlength="drop", world_size=world_size, rank=rank,
                        num_workers=num_workers, source_records=counts, seed=5, epoch=epoch, encode_chunk=4,
                        resume=resume)
 

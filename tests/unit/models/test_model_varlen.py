@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import TINY_FAMILIES, tiny_cfg
-from seqtune.config.schema import PaddingConfig
+from seqtune.data.batching import BatchRule
 from seqtune.data.collate import make_collator
 from seqtune.data.types import IGNORE_INDEX, TokenizedSample
 from seqtune.models import build_model
@@ -59,8 +59,10 @@ def loss_and_grads(model, batch):
                                            ("bucket", "right")])
 def test_varlen_glue_matches_eager(family, strategy, side):
     eager, varlen = pair(family)
-    collate = make_collator(PaddingConfig(strategy=strategy), max_seq_len=64, pad_id=0, padding_side=side)
-    batch = collate(samples(eager.config.vocab_size))
+    found = samples(eager.config.vocab_size)
+    rows = 1 if strategy == "packed" else len(found)
+    collate = make_collator(BatchRule(strategy=strategy, batch_size=rows, max_seq_len=64), pad_id=0, padding_side=side)
+    batch = collate(found)
     real = batch.get("attention_mask", torch.ones_like(batch["input_ids"])).bool()
     ref_logits, ref_grads = loss_and_grads(eager, batch)
     with use_kernel(reference_kernel):
@@ -85,7 +87,7 @@ def test_segments_cut_at_position_resets_and_row_starts_and_skip_padding():
 def test_a_wrong_cut_is_caught_by_the_comparison():
     """The comparison above can fail: a kernel that ignores document bounds (one causal span per batch) differs."""
     eager, varlen = pair("llama3")
-    collate = make_collator(PaddingConfig(strategy="packed"), max_seq_len=64, pad_id=0, padding_side="right")
+    collate = make_collator(BatchRule(strategy="packed", batch_size=1, max_seq_len=64), pad_id=0, padding_side="right")
     batch = collate(samples(eager.config.vocab_size))
     ref_logits, _ = loss_and_grads(eager, batch)
 

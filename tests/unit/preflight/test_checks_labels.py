@@ -18,13 +18,13 @@ def found(count: int, *lines: int) -> Finding:
 
 def test_spans_ending_on_a_terminator_pass():
     runs = {(EOT, HEADER): found(4, 1, 2), (EOS, SAMPLE_END): found(8, 1)}
-    assert labels.check_turn_terminators(split="train", fmt="chat", run_ends=runs, terminators=ENDS) == []
+    assert labels.check_turn_terminators(split="train", templated=True, run_ends=runs, terminators=ENDS) == []
     assert labels.trained_terminators(runs, ENDS) == {EOT: 4, EOS: 8}
 
 
 def test_a_terminator_right_after_a_span_is_a_masked_terminator():
     runs = {(NON_CONTROL, EOT): found(3, 4, 5), (EOS, SAMPLE_END): found(8, 1)}
-    [problem] = labels.check_turn_terminators(split="train", fmt="chat", run_ends=runs, terminators=ENDS)
+    [problem] = labels.check_turn_terminators(split="train", templated=True, run_ends=runs, terminators=ENDS)
     assert problem.check == "terminator" and problem.key == "tokenizer.chat_template"
     assert problem.location == "t.jsonl:4"
     assert "3 target span(s) of data.train are followed by their terminator <|eot_id|> (id 9) outside the " \
@@ -34,7 +34,7 @@ def test_a_terminator_right_after_a_span_is_a_masked_terminator():
 
 def test_a_span_with_no_terminator_at_all_is_named_with_the_terminators_expected():
     runs = {(NON_CONTROL, HEADER): found(2, 6), (NON_CONTROL, NON_CONTROL): found(1, 7), (EOS, SAMPLE_END): found(3)}
-    [problem] = labels.check_turn_terminators(split="val", fmt="tokenized", run_ends=runs, terminators=ENDS)
+    [problem] = labels.check_turn_terminators(split="val", templated=False, run_ends=runs, terminators=ENDS)
     assert problem.key == "data.val" and "3 target span(s) of data.val end without an end-of-turn" in problem.message
     assert "</s> (id 2) or <|eot_id|> (id 9)" in problem.message and "Fix: make the labels of data.val" in \
         problem.message

@@ -14,7 +14,7 @@ from tests.conftest import scan_files
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.models import get_spec
 from seqtune.preflight import checks_labels as labels
-from seqtune.preflight.content import template_turn_closer, terminators
+from seqtune.preflight.tokens import template_turn_closer, terminators
 from seqtune.preflight.observe import observe_split
 from seqtune.tokenizers import load_tokenizer
 from seqtune.tokenizers.control import control_tokens, literal_controls, whitespace_ids
@@ -58,8 +58,9 @@ def check(tmp_path: Path, tokenizer, family: str, rows: list[dict]) -> tuple[lis
     control = control_tokens(tokenizer)
     observed = observe_split(scan.cache_dir, control=control, literal=literal_controls(tokenizer),
                              bos_id=encoder.bos_id, scan_text=True, space_ids=whitespace_ids(tokenizer))
-    ends = terminators(tokenizer, family, "chat", control)
-    problems = labels.check_turn_terminators(split="train", fmt="chat", run_ends=observed.run_ends, terminators=ends)
+    ends = terminators(tokenizer, family, templated=True)
+    problems = labels.check_turn_terminators(split="train", templated=True, run_ends=observed.run_ends,
+                                             terminators=ends)
     problems += labels.check_literal_controls(split="train", per_token=observed.literal_controls,
                                               lines=observed.literal_lines)
     return problems, ends

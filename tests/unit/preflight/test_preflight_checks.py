@@ -124,24 +124,22 @@ def test_zero_trainable_tokens_fail_unless_dropped():
 
 
 def test_batch_shapes_mismatch_fails():
-    problems = checks.check_batch_shapes(label="longest batch", strategy="longest", max_seq_len=4096,
-                                         expected_rows=3, shapes={"input_ids": (3, 4096), "targets": (3, 3999)})
-    assert "differ in shape" in problems[0].message and "[3, 3999]" in problems[0].message
+    problems = checks.check_batch_shapes(label="longest batch", strategy="longest", expected=(3, 4096),
+                                         shapes={"input_ids": (3, 4096), "targets": (3, 3999)})
+    assert "must give the longest batch the shape [3, 4096]" in problems[0].message
+    assert "targets [3, 3999]" in problems[0].message
 
 
-def test_fixed_shape_strategy_must_give_batch_by_max_seq_len():
-    wrong = checks.check_batch_shapes(label="shortest batch", strategy="max_length", max_seq_len=64,
-                                      expected_rows=4, shapes={"input_ids": (4, 12), "num_tokens": ()})
-    assert "must give [4, 64]" in wrong[0].message
-    assert checks.check_batch_shapes(label="b", strategy="max_length", max_seq_len=64, expected_rows=4,
+def test_every_strategy_must_give_the_shape_its_rule_gives():
+    wrong = checks.check_batch_shapes(label="shortest batch", strategy="max_length", expected=(4, 64),
+                                      shapes={"input_ids": (4, 12), "num_tokens": ()})
+    assert "shape [4, 64]" in wrong[0].message and "input_ids [4, 12]" in wrong[0].message
+    assert checks.check_batch_shapes(label="b", strategy="max_length", expected=(4, 64),
                                      shapes={"input_ids": (4, 64), "attention_mask": (4, 64)}) == []
-
-
-def test_packed_rows_never_exceed_max_seq_len():
-    wide = checks.check_batch_shapes(label="packed batch", strategy="packed", max_seq_len=64, expected_rows=None,
-                                     shapes={"input_ids": (2, 72)})
-    assert "72 tokens wide > data.max_seq_len=64" in wide[0].message
-    assert checks.check_batch_shapes(label="b", strategy="packed", max_seq_len=64, expected_rows=None,
+    fewer_rows = checks.check_batch_shapes(label="packed batch", strategy="packed", expected=(2, 64),
+                                           shapes={"input_ids": (1, 64)})
+    assert "shape [2, 64]" in fewer_rows[0].message
+    assert checks.check_batch_shapes(label="b", strategy="packed", expected=(2, 64),
                                      shapes={"input_ids": (2, 64)}) == []
 
 

@@ -278,7 +278,7 @@ def test_memory_over_the_stated_device_memory_fails(tmp_path, varied):
 
 def test_memory_refusal_names_the_settings_that_would_fit(tmp_path, varied):
     """A device between the checkpointed and the plain estimate: the refusal names checkpointing, with its estimate."""
-    full = ("recipe_name=full_sft", "lora.enabled=false")
+    full = ("recipe_name=sft", "lora.enabled=false")
     plain = run_preflight(make_cfg(tmp_path, varied, *full), tmp_path / "plain").memory.total_gib
     checkpointed = run_preflight(make_cfg(tmp_path, varied, *full, "model.gradient_checkpointing=true"),
                                  tmp_path / "ckpt").memory.total_gib
@@ -327,8 +327,7 @@ def test_fp16_and_a_merged_export_are_refused_under_fsdp_across_ranks(tmp_path, 
     keys = [p["key"] for p in report["problems"]]
     assert keys.count("train.mixed_precision") == 1 and "train.export_merged" in keys
     assert "per rank" in messages(report) and "merge_and_unload" in messages(report)
-    plan = json.loads((tmp_path / "run" / "plan.json").read_text())
-    assert plan["sharded"] is True and plan["loss_scaling"] is True
+    assert not (tmp_path / "run" / "plan.json").exists()  # a refused run has no plan a rank could start from
     # One rank is not sharded: both are honoured there.
     assert run_preflight(make_cfg(tmp_path, varied, "train.parallel=fsdp", "train.mixed_precision=fp16",
                                   "train.export_merged=true"), tmp_path / "run2").ok

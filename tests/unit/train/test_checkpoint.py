@@ -18,9 +18,10 @@ import pytest
 import torch
 
 from seqtune.config.errors import ConfigError, StorageError
-from seqtune.config.plan import Plan, Vocab, World
+from seqtune.config.plan import Plan, Tokens, Vocab, World
 from seqtune.config.rundir import MANIFEST, checkpoint_damage, complete_checkpoints, latest_checkpoint
 from seqtune.config.schema import OptimConfig, PaddingStrategy, Tail, TrainConfig
+from seqtune.data.batching import BatchRule
 from seqtune.data.sampler import DistributedBatchPlan
 from seqtune.distributed import DistEnv
 from seqtune.preflight.resume import find_resume
@@ -30,9 +31,11 @@ from seqtune.train.optim import build_optimizer, build_scheduler
 ENV = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 PLAN = Plan(world=World(nnodes=1, nproc_per_node=1, source="test"), sharded=False, device_type="cpu",
             cuda_available=False, autocast_dtype=None, compute_dtype="float32", loss_scaling=False,
-            padding_side="right", context_length=64, num_layers=1, model_type="llama",
-            vocab=Vocab(tokenizer_size=8, special_ids={}, pad_id=0, eos_id=1, embedding_rows=8, output_rows=8,
-                        resize_to=None))
+            padding_side="right", context_length=64, num_layers=1, model_type="llama", attn_implementation="sdpa",
+            kernels="torch", vocab=Vocab(tokenizer_size=8, special_ids={}, pad_id=0, eos_id=1, embedding_rows=8,
+                                         output_rows=8, resize_to=None),
+            tokens=Tokens(pad_id=0, bos_id=None, eos_id=1, terminators={1: "</s>"}, templated=False),
+            max_seq_len=32, batches={}, data={}, caches={}, rejects_file="rejects.jsonl")
 
 
 class Training:
@@ -48,9 +51,9 @@ class Training:
         cfg = OptimConfig(lr=0.1, warmup_steps=2)
         self.optimizer = build_optimizer([p for p in self.model.parameters() if p.requires_grad], cfg)
         self.scheduler = build_scheduler(self.optimizer, cfg, total_steps=10)
-        self.data = DistributedBatchPlan(np.arange(1, 17), batch_size=2, world_size=1, rank=0,
-                                         strategy=PaddingStrategy.longest,
-                                         max_seq_len=32, seed=3, shuffle=True, tail=Tail.drop, bucket_window=100)
+        self.data = DistributedBatchPlan(np.arange(1, 17), rule=BatchRule(strategy=PaddingStrategy.longest,
+                                                                           batch_size=2, max_seq_len=32),
+                                         world_size=1, rank=0, seed=3, shuffle=True, tail=Tail.drop, bucket_window=100)
         self.scaler = torch.amp.GradScaler("cpu") if scaler else None
         self.progress = Progress()
         self.checkpointer = Checkpointer(
