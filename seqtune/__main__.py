@@ -3,8 +3,9 @@
 compose (Hydra) → typed config → a finished run in the directory is a record, never trained over (seqtune.records)
 → the checkpoint to resume, if any (its settings must be this run's) → write config.yaml → preflight (resolves the
 plan once, proves it on CPU with no process group, writes plan.json) → train, either in-process (launcher=local) or
-by handing over to torchrun (or srun + torchrun), started with the plan's world size → finished.json, last. Ranks read config.yaml and plan.json and never run Hydra themselves (each rank resolving `${now:...}` on its
-own would give every rank its own run directory)."""
+by handing over to torchrun (or srun + torchrun), started with the plan's world size → finished.json, last.
+Ranks read config.yaml and plan.json and never run Hydra themselves (each rank resolving `${now:...}` on its own
+would give every rank its own run directory)."""
 
 from __future__ import annotations
 
