@@ -71,9 +71,6 @@ def find_resume(cfg: TrainConfig, run_dir: Path) -> ResumePoint | None:
     skipped: list[str] = []
     for path in reversed(complete_checkpoints(run_dir)):
         damage = checkpoint_damage(path)
-        manifest = read_manifest(path) if damage is None else {}
-        if damage is None and not {"settings", "plan"} <= set(manifest):
-            damage = "its manifest records no settings to compare (written by an older seqtune)"
         if damage is not None:
             skipped.append(f"{path.name}: {damage}")
             print(f"resume: checkpoint {path} cannot be used ({damage}); trying the one before it.", flush=True)
@@ -81,6 +78,7 @@ def find_resume(cfg: TrainConfig, run_dir: Path) -> ResumePoint | None:
         if skipped:
             print(f"resume: continuing from {path.name}, the newest intact checkpoint (skipped: "
                   f"{'; '.join(skipped)}).", flush=True)
+        manifest = read_manifest(path)  # its shape was checked with its files (checkpoint_damage)
         return ResumePoint(checkpoint=path, step=checkpoint_step(path), settings=manifest["settings"],
                            plan=manifest["plan"])
     if skipped:
