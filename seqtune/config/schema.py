@@ -660,8 +660,8 @@ class LoggerConfig:
     group: str | None = None
     # auto = offline when no WANDB_API_KEY.
     mode: LoggerMode = LoggerMode.auto
-    # Seconds W&B may take to start a run online (wandb.Settings.init_timeout; wandb adds a few of its own). Past it,
-    # or with the host unreachable, the run logs offline into RUN_DIR/wandb and the console says how to sync it.
+    # Seconds W&B may take to start a run online (wandb.Settings.init_timeout; wandb adds at most 10 of its own).
+    # Past it, or with the host unreachable, the run logs offline into RUN_DIR/wandb and says how to sync it later.
     init_timeout: float = 30.0
 
     def __post_init__(self) -> None:

@@ -8,7 +8,8 @@ Formats (data.format; the fields of each are FORMAT_FIELDS in seqtune/config/sch
   sharegpt      {"conversations": [{"from", "value"}, ...], "system"?, "tools"?} → the same conversations:
                 human → user, gpt → assistant, system → system, function_call → an assistant turn with
                 OpenAI-shaped tool_calls, observation → a tool turn answering the oldest unanswered call
-  input_output  {"input", "output"} (media like <img>path</img> must exist under data.media_root) → prompt + completion
+  input_output  {"input", "output"} (media like <img>path</img> must exist under data.media_root) → prompt +
+                completion
   text          {"text"} → plain causal LM, every token a target
   tokenized     {"input_ids", "labels"?, "attention_mask"?} → used as is (padding recognised and stripped)
 """

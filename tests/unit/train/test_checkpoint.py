@@ -198,7 +198,8 @@ def _edit_manifest(checkpoint: Path, edit) -> None:
 @pytest.mark.parametrize(("edit", "reason"), [
     (lambda m: m["files"].update({"optimizer.pt": 7}), r"files\['optimizer\.pt'\] is 7, not \{"),
     (lambda m: m["files"]["optimizer.pt"].update(size="12"), r"files\['optimizer\.pt'\] is .*not \{"),
-    (lambda m: m["files"].update({"../../etc/passwd": {"size": 1, "sha256": "0" * 64}}), r"'files' names '\.\./\.\./etc/passwd', outside the checkpoint"),
+    (lambda m: m["files"].update({"../../etc/passwd": {"size": 1, "sha256": "0" * 64}}),
+     r"'files' names '\.\./\.\./etc/passwd', outside the checkpoint"),
     (lambda m: m.update(files={}), r"'files' lists no file"),
     (lambda m: m.update(progress=[6, 60]), r"'progress' is \[6, 60\], not an object"),
     (lambda m: m["progress"].update(step=True), r"progress\.step is true, not a count"),
