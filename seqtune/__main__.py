@@ -1,10 +1,11 @@
 """`python -m seqtune recipe=NAME key=value +new_key=value` — runs ONCE, in the parent process.
 
-compose (Hydra) → typed config → the checkpoint to resume, if any (its settings must be this run's) → write
-config.yaml → preflight (resolves the plan once, proves it on CPU with no process group, writes plan.json) → train,
-either in-process (launcher=local) or by handing over to torchrun (or srun + torchrun), started with the plan's world
-size. Ranks read config.yaml and plan.json and never run Hydra themselves (each rank resolving `${now:...}` on its
-own would give every rank its own run directory)."""
+compose (Hydra) → typed config → a finished run in the directory is a record, never trained over (seqtune.records)
+→ the checkpoint to resume, if any (its settings must be this run's) → write config.yaml → preflight (resolves the
+plan once, proves it on CPU with no process group, writes plan.json) → train, either in-process (launcher=local) or
+by handing over to torchrun (or srun + torchrun), started with the plan's world size → finished.json, last.
+Ranks read config.yaml and plan.json and never run Hydra themselves (each rank resolving `${now:...}` on its own
+would give every rank its own run directory)."""
 
 from __future__ import annotations
 
@@ -78,9 +79,12 @@ def _prepare_config(cfg: DictConfig) -> DictConfig:
 def launch(cfg: DictConfig, run_dir: Path) -> None:
     from seqtune.preflight import run_preflight
     from seqtune.preflight.resume import check_settings, find_resume
+    from seqtune.records import check_finished, mark_finished
 
     typed = _typed(_prepare_config(cfg))
     _check_presets(typed)
+    if check_finished(typed, run_dir):  # a finished run is a record: the same command is a no-op, another refused
+        return
     run_dir.mkdir(parents=True, exist_ok=True)
     # train.resume=auto: the newest intact checkpoint, whose settings must be this run's. A refused resume writes
     # nothing, so the run's record stays the one its checkpoints were trained under.
@@ -100,6 +104,7 @@ def launch(cfg: DictConfig, run_dir: Path) -> None:
         from seqtune.worker import run_worker
 
         run_worker(run_dir)
+        mark_finished(typed, run_dir)
         return
     from seqtune.launch import launch_command, worker_environ
 
@@ -112,6 +117,7 @@ def launch(cfg: DictConfig, run_dir: Path) -> None:
     if code != 0:
         raise SeqtuneError(f"{command[0] if typed.launcher.name == LauncherName.slurm else 'torchrun'} exited with "
                            f"code {code}; the failing rank's error is printed above.")
+    mark_finished(typed, run_dir)
 
 
 @hydra.main(version_base=None, config_path="pkg://seqtune.configs", config_name="config")

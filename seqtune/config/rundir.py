@@ -7,6 +7,9 @@ RUN_DIR/checkpoints/step_NNNNNNNN/manifest.json   a checkpoint (seqtune.train.ch
                        every file of the checkpoint with its size and sha256, so a damaged one is found before use
 RUN_DIR/best/          train.early_stop_patience: the adapter (or model) of the best eval so far (seqtune.train.export)
 RUN_DIR/samples_generated.jsonl   train.eval_samples: greedy completions of validation prompts at each eval
+RUN_DIR/finished.json  written last, once every rank finished and exported: the settings (flat_settings) the run was
+                       trained with. A run directory holding it is a record: never trained into again
+                       (seqtune.records); train.overwrite=true first moves the run aside into RUN_DIR/previous-<time>/
 RUN_DIR/job.json       in a sweep (-m): the job's overrides and exit status (seqtune.sweep)
 SWEEP_DIR/sweep_summary.{md,json,csv}   in a sweep: one row per job, its overrides and final metrics
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -28,11 +32,18 @@ CHECKPOINT_PREFIX = "step_"
 # Written last into a checkpoint directory (before its atomic rename): step, tokens seen, the plan and the settings
 # it was saved under, and every other file's size and sha256.
 MANIFEST = "manifest.json"
+# The manifest's fields and their JSON types (seqtune.train.checkpoint writes it; find_resume and resume read it),
+# checked by manifest_problem before any is used.
+MANIFEST_SCHEMA = {"step": int, "progress": dict, "parts": list, "plan": dict, "settings": dict, "files": dict}
+_KIND_NAMES = {int: "an integer", dict: "an object", list: "a list"}
 # The config key that decides where run outputs go (named in every disk error about them).
 RUN_DIR_KEY = "hydra.run.dir"
 BEST_DIR = "best"
 SAMPLES_FILE = "samples_generated.jsonl"
 JOB_FILE = "job.json"
+FINISHED = "finished.json"
+# train.overwrite=true moves a finished run into RUN_DIR/previous-<time>/ (never deletes it).
+PREVIOUS_PREFIX = "previous-"
 SWEEP_SUMMARY = "sweep_summary"
 
 
@@ -83,9 +94,12 @@ def checkpoint_damage(checkpoint: Path) -> str | None:
         manifest = read_manifest(checkpoint)
     except (OSError, ValueError) as exc:
         return f"its {MANIFEST} cannot be read ({exc})"
-    listed = manifest.get("files") if isinstance(manifest, dict) else None
-    if not isinstance(listed, dict) or not listed:
-        return f"its {MANIFEST} lists no file sizes and checksums (written by an older seqtune): it cannot be verified"
+    problem = manifest_problem(manifest)
+    if problem:
+        return f"its {MANIFEST} is damaged: {problem}"
+    if manifest["step"] != checkpoint_step(checkpoint):
+        return f"its {MANIFEST} is damaged: it says step {manifest['step']}, in {checkpoint.name}"
+    listed = manifest["files"]
     for name, entry in listed.items():
         path = checkpoint / name
         if not path.is_file():
@@ -98,6 +112,42 @@ def checkpoint_damage(checkpoint: Path) -> str | None:
         if digest != listed[name]["sha256"]:
             return f"{name} does not match its sha256 in the manifest (corrupt)"
     return None
+
+
+def manifest_problem(manifest: Any) -> str | None:
+    """What is wrong with a manifest's shape (the schema every reader relies on), or None. Checked before any
+    field is used, so an edited or damaged manifest makes its checkpoint unusable, never a traceback."""
+    if not isinstance(manifest, dict):
+        return f"it holds a {type(manifest).__name__}, not an object"
+    for key, kind in MANIFEST_SCHEMA.items():
+        if key not in manifest:
+            return f"it has no {key!r} (written by an older seqtune, or cut)"
+        if not _is(manifest[key], kind):
+            return f"{key!r} is {_shown(manifest[key])}, not {_KIND_NAMES[kind]}"
+    progress = manifest["progress"]
+    for key in ("step", "tokens_seen"):
+        if not _is(progress.get(key), int) or progress[key] < 0:
+            return f"progress.{key} is {_shown(progress.get(key))}, not a count"
+    if not all(isinstance(part, str) for part in manifest["parts"]):
+        return f"'parts' is {_shown(manifest['parts'])}, not a list of names"
+    if not manifest["files"]:
+        return "'files' lists no file"
+    for name, entry in manifest["files"].items():
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            return f"'files' names {name!r}, outside the checkpoint"
+        if not (isinstance(entry, dict) and _is(entry.get("size"), int) and entry["size"] >= 0
+                and isinstance(entry.get("sha256"), str) and re.fullmatch(r"[0-9a-f]{64}", entry["sha256"])):
+            return f"files[{name!r}] is {_shown(entry)}, not {{\"size\": bytes, \"sha256\": 64 hex digits}}"
+    return None
+
+
+def _is(value: Any, kind: type) -> bool:
+    return isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 def _sha256_all(paths: list[Path]) -> list[str]:

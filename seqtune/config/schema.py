@@ -611,7 +611,8 @@ RESUME_ACCEPTABLE = ("train.max_steps", "train.epochs", "train.save_every", "tra
                      "plan.attn_implementation", "plan.kernels", "plan.loss")
 # Settings of one invocation, never compared with a checkpoint's. The launcher's world size is a fact of the plan,
 # compared there (a new rendezvous port or backend on restart changes nothing a step computes).
-RESUME_IGNORED = ("train.resume", "train.resume_accept", "train.progress", "preflight.only", "launcher")
+RESUME_IGNORED = ("train.resume", "train.resume_accept", "train.overwrite", "train.progress", "preflight.only",
+                  "launcher")
 
 
 @dataclass(kw_only=True)
@@ -646,6 +647,9 @@ class TrainConfig:
     # Differences from the checkpoint's settings a resume accepts (keys of RESUME_ACCEPTABLE above), e.g.
     # [train.max_steps] to train longer; any other difference is refused before anything is written.
     resume_accept: list[str] = field(default_factory=list)
+    # A run directory that holds a finished run (RUN_DIR/finished.json) is a record: another command into it is
+    # refused. true = move that run aside into RUN_DIR/previous-<time>/ (never deleted) and train here anew.
+    overwrite: bool = False
     seed: int = 1234
     device: Device = Device.auto
     # auto = bf16 autocast on GPUs that support it, none on CPU. fp16 trains with a loss scaler (saved in
@@ -715,6 +719,14 @@ class LoggerConfig:
     group: str | None = None
     # auto = offline when no WANDB_API_KEY.
     mode: LoggerMode = LoggerMode.auto
+    # Seconds W&B may take to start a run online (wandb.Settings.init_timeout; wandb adds at most 10 of its own).
+    # Past it, or with the host unreachable, the run logs offline into RUN_DIR/wandb and says how to sync it later.
+    init_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        domain = _Domain("logger")
+        domain.above("init_timeout", self.init_timeout, 0, 30)
+        domain.done()
 
 
 @dataclass(kw_only=True)

@@ -8,7 +8,8 @@ Formats (data.format; the fields of each are FORMAT_FIELDS in seqtune/config/sch
   sharegpt      {"conversations": [{"from", "value"}, ...], "system"?, "tools"?} → the same conversations:
                 human → user, gpt → assistant, system → system, function_call → an assistant turn with
                 OpenAI-shaped tool_calls, observation → a tool turn answering the oldest unanswered call
-  input_output  {"input", "output"} (media like <img>path</img> must exist) → prompt + completion
+  input_output  {"input", "output"} (media like <img>path</img> must exist under data.media_root) → prompt +
+                completion
   text          {"text"} → plain causal LM, every token a target
   tokenized     {"input_ids", "labels"?, "attention_mask"?} → used as is (padding recognised and stripped)
   preference    {"prompt"?, "chosen", "rejected"} → a PreferencePair: two records (chosen, rejected) that answer the
@@ -37,6 +38,8 @@ from seqtune.tokenizers.templates import CHAT_ROLES
 ALPACA_TEMPLATE = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
 ALPACA_TEMPLATE_NO_INPUT = "### Instruction:\n{instruction}\n\n### Response:\n"
 MEDIA_PATTERN = re.compile(r"<(img|image|audio|video)>(.*?)</\1>", re.DOTALL)
+# Symlinks followed while resolving one media reference (Linux's own limit), more is a loop.
+MAX_SYMLINKS = 40
 # Tool-use fields a message may carry (OpenAI's shape), passed to the chat template as they are.
 TOOL_FIELDS = ("tool_calls", "tool_call_id")
 # ShareGPT speakers (LLaMA-Factory's tags) → chat roles. function_call and observation are the tool turns.
@@ -126,9 +129,47 @@ def _one_turn_template(before: str, after: str) -> str:
     )
 
 
+def resolve_under(root: str, ref: str) -> str | None:
+    """`root/ref` with every symlink resolved (like os.path.realpath), or None when it leaves `root` (a real path,
+    itself resolved): an absolute `ref`, a `..` above root, a symlink whose target lies outside. Walked one component
+    at a time and stopped at the first step out, so nothing outside `root` is ever looked at (a dataset cannot use
+    its media references to probe the machine's files)."""
+    if os.path.isabs(ref):
+        return None
+    parts, current, links = ref.split("/"), root, 0
+    while parts:
+        part = parts.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if current == root:
+                return None
+            current = os.path.dirname(current)
+            continue
+        candidate = os.path.join(current, part)
+        if not os.path.islink(candidate):
+            current = candidate
+            continue
+        links += 1
+        target = os.readlink(candidate)
+        if links > MAX_SYMLINKS:
+            return None  # a symlink loop: nothing it names can be read
+        if os.path.isabs(target):
+            target = os.path.normpath(target)
+            if target != root and not target.startswith(root + os.sep):
+                return None
+            current, target = root, os.path.relpath(target, root)
+        parts = target.split("/") + parts
+    return current
+
+
 def template_signature(fmt: str) -> str:
     """What of this module's rendering goes into the token-cache key (changing a template must invalidate it)."""
-    return f"{fmt}|{ALPACA_TEMPLATE}|{ALPACA_TEMPLATE_NO_INPUT}" if fmt == "alpaca" else fmt
+    if fmt == "alpaca":
+        return f"{fmt}|{ALPACA_TEMPLATE}|{ALPACA_TEMPLATE_NO_INPUT}"
+    # Which media references are accepted decides which records are samples: a cache scanned before they had to
+    # lie under data.media_root is not this rule's.
+    return f"{fmt}|media_under_root" if fmt == "input_output" else fmt
 
 
 @dataclass(kw_only=True)
@@ -147,8 +188,9 @@ class LineParser:
     columns: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self._media_dir = Path(self.media_root) if self.media_root else Path(self.file).parent
-        self._media_seen: dict[str, bool] = {}
+        # Resolved once (the root itself may be a symlink): every reference must resolve under it.
+        self._media_dir = os.path.realpath(self.media_root if self.media_root else Path(self.file).parent)
+        self._media_seen: dict[str, str | None] = {}  # reference → its reject reason, None when it is usable
         self._data_keys: list[str] = []
 
     def parse(self, line: int, raw: bytes | dict[str, Any]) -> Record | Reject:
@@ -252,21 +294,32 @@ class LineParser:
         for key, value in zip(("input", "output"), values):
             if not value.strip():
                 return self._reject(line, f"empty_text: {self._name(key)} is empty")
-            missing = self._missing_media(value)
-            if missing:
-                return self._reject(line, f"missing_media: {missing} not found under {self._media_dir} "
-                                          f"(set data.media_root to the directory media paths are relative to)")
+            problem = self._media_problem(value)
+            if problem:
+                return self._reject(line, problem)
         return PromptCompletion(file=self.file, line=line, prompt=values[0], completion=values[1])
 
-    def _missing_media(self, text: str) -> str | None:
+    def _media_problem(self, text: str) -> str | None:
+        """The reject reason of the first unusable media reference in `text`: one that resolves outside the media
+        root (found without looking at anything outside it), or one that does not exist under it."""
         if "<" not in text:  # fast path: almost every record has no media
             return None
         for match in MEDIA_PATTERN.finditer(text):
             ref = match.group(2).strip()
             if ref not in self._media_seen:
-                self._media_seen[ref] = os.path.exists(self._media_dir / ref)
-            if not self._media_seen[ref]:
-                return ref
+                self._media_seen[ref] = self._check_media(ref)
+            if self._media_seen[ref]:
+                return self._media_seen[ref]
+        return None
+
+    def _check_media(self, ref: str) -> str | None:
+        path = resolve_under(self._media_dir, ref)
+        if path is None:
+            return (f"media_outside_root: {ref} resolves outside {self._media_dir} (an absolute path, a '..' above "
+                    f"it or a symlink out of it); media must lie under data.media_root")
+        if not os.path.exists(path):
+            return (f"missing_media: {ref} not found under {self._media_dir} (set data.media_root to the directory "
+                    f"media paths are relative to)")
         return None
 
     def _text(self, line: int, obj: dict) -> Record | Reject:

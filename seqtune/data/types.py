@@ -26,7 +26,9 @@ class Reject:
     file: str
     line: int
     # "<code>: <detail>", code one of: bad_json, bad_utf8, not_object, missing_field, wrong_type, empty_text,
-    # missing_media, bad_token_id, overlength (data.overlength=drop, or truncate leaving no target), no_targets,
+    # missing_media, media_outside_root (a media reference resolving outside data.media_root: absolute, a `..`
+    # above it, a symlink out of it), bad_token_id, overlength (data.overlength=drop, or truncate leaving no
+    # target), no_targets,
     # unsupported_content (a content part that is not text: an image, audio, a file),
     # template_rejected (the chat template refuses this conversation, has no such role, or renders no tools),
     # identical_pair (a preference pair whose chosen and rejected completions are the same),

@@ -4,15 +4,22 @@ in checks.py."""
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from seqtune.config.errors import SeqtuneError
+<<<<<<< HEAD
 from seqtune.config.plan import Resolved, Tokens
 from seqtune.config.schema import DataMode, Overlength, RootConfig, Tail
 from seqtune.data.batching import BatchRule
+=======
+from seqtune.config.plan import Plan
+from seqtune.config.schema import DataMode, Overlength, PaddingStrategy, RootConfig, Tail
+from seqtune.config.tracker import KEY_VARIABLE, key_problem
+>>>>>>> issue22
 from seqtune.models.attention import AttentionEnv, attn_backend_problems
 from seqtune.models.kernels import kernels_problems
 from seqtune.models.spec import get_spec, lora_module_names
@@ -63,6 +70,8 @@ def fast_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
     problems += checks.check_export(export_merged=cfg.train.export_merged, sharded=plan.sharded)
     problems += checks.check_early_stopping(early_stop=cfg.train.early_stop_patience > 0, lora=cfg.lora.enabled,
                                             sharded=plan.sharded)
+    bad_key = key_problem(cfg.logger, os.environ)  # a tracker that cannot start online is found before training
+    problems += [Problem(check="logger", key=KEY_VARIABLE, message=bad_key)] if bad_key else []
     return problems
 
 

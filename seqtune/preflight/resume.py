@@ -73,9 +73,6 @@ def find_resume(cfg: TrainConfig, run_dir: Path) -> ResumePoint | None:
     skipped: list[str] = []
     for path in reversed(complete_checkpoints(run_dir)):
         damage = checkpoint_damage(path)
-        manifest = read_manifest(path) if damage is None else {}
-        if damage is None and not {"settings", "plan"} <= set(manifest):
-            damage = "its manifest records no settings to compare (written by an older seqtune)"
         if damage is not None:
             skipped.append(f"{path.name}: {damage}")
             print(f"resume: checkpoint {path} cannot be used ({damage}); trying the one before it.", flush=True)
@@ -83,6 +80,7 @@ def find_resume(cfg: TrainConfig, run_dir: Path) -> ResumePoint | None:
         if skipped:
             print(f"resume: continuing from {path.name}, the newest intact checkpoint (skipped: "
                   f"{'; '.join(skipped)}).", flush=True)
+        manifest = read_manifest(path)  # its shape was checked with its files (checkpoint_damage)
         return ResumePoint(checkpoint=path, step=checkpoint_step(path), settings=manifest["settings"],
                            plan=manifest["plan"])
     if skipped:
@@ -96,7 +94,7 @@ def find_resume(cfg: TrainConfig, run_dir: Path) -> ResumePoint | None:
 def check_settings(point: ResumePoint, cfg: RootConfig) -> None:
     """Refuse (ConfigError) when a setting differs from the checkpoint's and train.resume_accept does not list it;
     print the accepted differences."""
-    changes = _differences(point.settings, flat_settings(cfg), ignored=RESUME_IGNORED)
+    changes = setting_changes(point.settings, cfg)
     refused = [c for c in changes if not _accepted(c.key, cfg.train.resume_accept)]
     if refused:
         raise ConfigError(_refusal(point, "; ".join(map(str, refused)), len(refused), "setting(s)"),
@@ -106,6 +104,12 @@ def check_settings(point: ResumePoint, cfg: RootConfig) -> None:
         print(f"resume: continuing {point.checkpoint.name} with accepted change(s) (train.resume_accept): "
               f"{'; '.join(map(str, changes))}"
               f"{'; the learning-rate schedule is recomputed for the new length' if longer else ''}.", flush=True)
+
+
+def setting_changes(saved: Mapping[str, Any], cfg: RootConfig) -> list[Change]:
+    """Every setting of `cfg` that differs from `saved` (a checkpoint's or a finished run's flat_settings), the
+    per-invocation ones (RESUME_IGNORED) left out: the one rule by which a run directory's settings are compared."""
+    return _differences(saved, flat_settings(cfg), ignored=RESUME_IGNORED)
 
 
 def plan_problems(point: ResumePoint, plan: Plan, accept: Sequence[str]) -> list[Problem]:

@@ -21,6 +21,7 @@ the parent (seqtune.preflight.resume: the newest whose files match its manifest,
 from __future__ import annotations
 
 import json
+import pickle
 import random
 import shutil
 from collections.abc import Callable, Mapping
@@ -129,8 +130,7 @@ class RankZeroFile:
             _torch_save(self.obj.state_dict(), directory / f"{name}.pt")
 
     def load(self, directory: Path, name: str, env: DistEnv) -> None:
-        state = torch.load(_part_file(directory, f"{name}.pt"), weights_only=True, map_location=env.device)
-        self.obj.load_state_dict(state)
+        self.obj.load_state_dict(load_weights_only(_part_file(directory, f"{name}.pt"), map_location=env.device))
 
 
 class PerRankFile:
@@ -143,7 +143,7 @@ class PerRankFile:
         _torch_save(self.obj.state_dict(), directory / f"{name}_rank{env.rank}.pt")
 
     def load(self, directory: Path, name: str, env: DistEnv) -> None:
-        self.obj.load_state_dict(torch.load(_part_file(directory, f"{name}_rank{env.rank}.pt"), weights_only=True))
+        self.obj.load_state_dict(load_weights_only(_part_file(directory, f"{name}_rank{env.rank}.pt")))
 
 
 class ShardedModelAndOptimizer:
@@ -184,6 +184,24 @@ def _torch_save(state: dict[str, Any], path: Path) -> None:
     # unexpected pos]" (a path argument writes through C++ streams and loses the errno).
     with open(path, "wb") as f:
         torch.save(state, f)
+
+
+def load_weights_only(path: Path, map_location: torch.device | None = None) -> Any:
+    """torch.load with weights_only=True, the only way seqtune unpickles: tensors and plain values, nothing that
+    names a function to call. A file that needs more (a crafted `posix.system` call, or no torch file at all) is
+    refused naming the file and what it asked for; nothing of it was run."""
+    try:
+        return torch.load(path, weights_only=True, map_location=map_location)
+    except (pickle.UnpicklingError, EOFError, RuntimeError) as exc:
+        # torch's own text suggests weights_only=False, which is exactly what must not be done with this file.
+        noise = ("Weights only load failed", "Please file an issue", "Check the documentation", "In PyTorch 2.6")
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip() and not line.strip().startswith(noise)]
+        why = lines[0] if lines else type(exc).__name__
+        raise ConfigError(f"checkpoint file {path} is not a weights-only torch file ({why}): it is refused unread, "
+                          "since unpickling anything else can run arbitrary code. seqtune writes only tensors and "
+                          "plain values; this file was written by something else or altered.", key="train.resume",
+                          fix=f"remove {Path(path).parent} (or the whole checkpoints/ if every one is affected), or "
+                              f"start over: {RESUME_FIX.split('start over: ')[1]}") from None
 
 
 def _part_file(directory: Path, name: str) -> Path:

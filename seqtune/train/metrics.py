@@ -10,7 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from seqtune.config.errors import ConfigError
 from seqtune.config.schema import LoggerConfig
+from seqtune.config.tracker import KEY_VARIABLE, wandb_mode
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -23,12 +25,6 @@ def truncate_after(path: Path, step: int) -> None:
     path.write_text("".join(line + "\n" for line in kept))
 
 
-def wandb_mode(cfg: LoggerConfig) -> str:
-    if cfg.mode != "auto":
-        return cfg.mode
-    return "online" if os.environ.get("WANDB_API_KEY") else "offline"
-
-
 class MetricsLogger:
     """Only rank 0 builds one; other ranks get None from `open_logger` and log nothing."""
 
@@ -37,7 +33,7 @@ class MetricsLogger:
         truncate_after(self.path, resume_step)
         self._file = self.path.open("a")
         self._wandb = None
-        if cfg.name == "wandb" and wandb_mode(cfg) != "disabled":
+        if cfg.name == "wandb" and wandb_mode(cfg, os.environ) != "disabled":
             self._wandb = _init_wandb(run_dir=run_dir, cfg=cfg, config_dict=config_dict)
 
     def log(self, record: dict[str, Any]) -> None:
@@ -78,13 +74,36 @@ class MetricsLogger:
 
 
 def _init_wandb(*, run_dir: Path, cfg: LoggerConfig, config_dict: dict[str, Any]):
+    """wandb.init, bounded by logger.init_timeout. A tracker never ends a run: when W&B cannot be reached (or does
+    not answer in time) the run logs offline into RUN_DIR/wandb, and one console line says how to sync it later."""
     import wandb
 
     # The API key is read from the environment by wandb itself; it never enters config_dict or any saved file.
-    return wandb.init(
-        project=cfg.project, entity=cfg.entity, group=cfg.group, dir=str(run_dir), mode=wandb_mode(cfg),
-        config=config_dict, name=run_dir.name, resume="allow", id=_run_id(run_dir),
-    )
+    def start(mode: str):
+        return wandb.init(project=cfg.project, entity=cfg.entity, group=cfg.group, dir=str(run_dir), mode=mode,
+                          config=config_dict, name=run_dir.name, resume="allow", id=_run_id(run_dir),
+                          settings=wandb.Settings(init_timeout=cfg.init_timeout))
+
+    mode = wandb_mode(cfg, os.environ)
+    if mode != "online":
+        return start(mode)
+    try:
+        return start(mode)
+    except wandb.errors.AuthenticationError as exc:
+        raise ConfigError(f"W&B refused the key in {KEY_VARIABLE}: {_first_line(exc)}", key=KEY_VARIABLE,
+                          fix=f"set {KEY_VARIABLE} to a valid key (https://wandb.ai/authorize), or "
+                              "logger.mode=offline") from None
+    except wandb.errors.CommError as exc:
+        wandb.teardown()  # the failed attempt still holds the run id in wandb's service process
+        run = start("offline")
+        print(f"W&B could not be reached within logger.init_timeout={cfg.init_timeout:g}s ({_first_line(exc)}): "
+              f"logging offline into {run.settings.sync_dir}; to upload it later: wandb sync {run.settings.sync_dir}",
+              flush=True)
+        return run
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def _run_id(run_dir: Path) -> str:

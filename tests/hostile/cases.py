@@ -37,6 +37,8 @@ class Run:
     # Run the same command once first, then call `between(cache_dir)` (e.g. to damage the cache it wrote).
     first: bool = False
     between: Callable[[Path], None] | None = None
+    # Arguments of the first run only (over `args`): the same run directory trained with another setting first.
+    first_args: list[str] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -1084,12 +1086,16 @@ RECORD = ("config.yaml", "plan.json", "preflight.json", "metrics.jsonl")
 
 def _trained_then(tmp: Path, damage: Callable[[Path], None], *extra: str) -> Run:
     """Train 4 steps with a checkpoint every 2 (the first run, in tmp/first), copy that run directory to where the
-    case's run goes (tmp/run), damage it, and run the same command again: train.resume=auto."""
+    case's run goes (tmp/run) as a run that crashed after its last checkpoint (without finished.json and adapter/:
+    a finished run is never trained into again), damage it, and run the same command again: train.resume=auto."""
     data = write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40)))
 
     def between(cache_dir: Path) -> None:
-        shutil.copytree(cache_dir.parent / "first", cache_dir.parent / "run")
-        damage(cache_dir.parent / "run")
+        run = cache_dir.parent / "run"
+        shutil.copytree(cache_dir.parent / "first", run)
+        (run / "finished.json").unlink()
+        shutil.rmtree(run / "adapter")
+        damage(run)
     return Run(args=train(data, "preflight.only=false", "train.max_steps=4", "train.save_every=2", "train.keep_last=0",
                           "train.eval_every=0", *extra), first=True, between=between)
 
@@ -1154,3 +1160,184 @@ def _(tmp: Path) -> Run:
                    r"(?i)record .* is unchanged"), record_kept))
 def _(tmp: Path) -> Run:
     return _trained_then(tmp, lambda run: write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40, tag="x"))))
+
+
+# --- cases: finished runs, media roots, untrusted files, the tracker ----------------------------------------
+
+TRUST = "records and trust"
+TRAINED = ("preflight.only=false", "train.max_steps=2", "train.eval_every=0")
+KEPT = ("config.yaml", "plan.json", "preflight.json", "metrics.jsonl", "finished.json")
+
+
+def _into_finished(tmp: Path, *case_args: str, first_args: tuple[str, ...] = ("optim.lr=0.01",)) -> Run:
+    """Train 2 steps (the first run, in tmp/first, with `first_args`), copy it to where the case's run goes (tmp/run),
+    then run the case's command into that finished run."""
+    data = write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40)))
+
+    def between(cache_dir: Path) -> None:
+        shutil.copytree(cache_dir.parent / "first", cache_dir.parent / "run")
+    return Run(args=train(data, *TRAINED, *case_args), first=True, between=between,
+               first_args=["preflight.only=false", *first_args])
+
+
+def finished_kept(out: Outcome) -> str | None:
+    """The finished run's record and adapter are byte-identical to what the first run wrote."""
+    first = out.run_dir.parent / "first"
+    changed = [n for n in KEPT if (out.run_dir / n).read_bytes() != (first / n).read_bytes()]
+    changed += [f"adapter/{p.name}" for p in (first / "adapter").iterdir()
+                if (out.run_dir / "adapter" / p.name).read_bytes() != p.read_bytes()]
+    return f"the finished run was rewritten: {changed}" if changed else None
+
+
+@case("finished_run_other_lr", TRUST, "a second command with optim.lr=0.02 into a run dir that finished with 0.01",
+      "clean", both(refused(r"hydra\.run\.dir", r"optim\.lr 0\.01 -> 0\.02", r"hydra\.run\.dir=NEW_DIR",
+                            r"train\.overwrite=true"), finished_kept))
+def _(tmp: Path) -> Run:
+    return _into_finished(tmp, "optim.lr=0.02")
+
+
+@case("finished_run_dry_run_other_lr", TRUST, "preflight.only=true with optim.lr=0.02 into a finished run dir",
+      "clean", both(refused(r"hydra\.run\.dir", r"optim\.lr 0\.01 -> 0\.02"), finished_kept), suite=False)
+def _(tmp: Path) -> Run:
+    return _into_finished(tmp, "optim.lr=0.02", "preflight.only=true")
+
+
+@case("finished_run_same_command", TRUST, "the same command again into its finished run dir: a no-op that says so",
+      "ok", both(refused(r"already holds this run", r"nothing written", codes=(0,)), finished_kept))
+def _(tmp: Path) -> Run:
+    return _into_finished(tmp, "optim.lr=0.01")
+
+
+def _moved_aside(out: Outcome) -> str | None:
+    first = out.run_dir.parent / "first"
+    moved = list(out.run_dir.glob("previous-*"))
+    if len(moved) != 1:
+        return f"expected one previous-*/ in the run dir, found {[p.name for p in moved]}"
+    changed = [n for n in [*KEPT, "adapter/adapter_model.safetensors"]
+               if (moved[0] / n).read_bytes() != (first / n).read_bytes()]
+    if changed:
+        return f"the moved-aside run differs from the finished one: {changed}"
+    new = json.loads((out.run_dir / "finished.json").read_text())["settings"]
+    return None if new["optim.lr"] == 0.02 else f"the new run's settings say optim.lr={new['optim.lr']}"
+
+
+@case("finished_run_overwrite", TRUST, "train.overwrite=true with optim.lr=0.02 moves the finished run into "
+      "previous-<time>/ and trains anew", "ok",
+      both(refused(r"moved into .*previous-", codes=(0,)), _moved_aside), suite=False)
+def _(tmp: Path) -> Run:
+    return _into_finished(tmp, "optim.lr=0.02", "train.overwrite=true")
+
+
+def _media_rows(refs: list[str]) -> bytes:
+    rows = [json.dumps({"input": f"<img>{ref}</img> what is it?", "output": f"thing {i}"}).encode()
+            for i, ref in enumerate(refs)]
+    return jsonl_bytes(rows)
+
+
+@case("media_dotdot_escape", TRUST, "input_output: <img>../x.png</img> (x.png exists, outside the media root)", "ok",
+      accepted(records=40, rejected=1, codes=("media_outside_root",)))
+def _(tmp: Path) -> Run:
+    write(tmp / "x.png", b"png")
+    write(tmp / "data/cat.png", b"png")
+    data = write(tmp / "data/d.jsonl", _media_rows(["cat.png"] * 39 + ["../x.png"]))
+    return Run(args=train(data, "data.format=input_output", "data.max_bad_fraction=0.1"))
+
+
+@case("media_absolute_and_symlink", TRUST, "input_output with data.media_root: an absolute path, a symlink out of "
+      "the root, a `..` to a file that does not exist: all rejected alike (no existence oracle)", "ok",
+      accepted(records=40, rejected=3, codes=("media_outside_root",)))
+def _(tmp: Path) -> Run:
+    write(tmp / "secret.txt", b"secret")
+    write(tmp / "media/cat.png", b"png")
+    (tmp / "media/link.png").symlink_to(tmp / "secret.txt")
+    data = write(tmp / "d.jsonl", _media_rows(["cat.png"] * 37 + [str(tmp / "secret.txt"), "link.png",
+                                                                 "../nothing/here.png"]))
+    return Run(args=train(data, "data.format=input_output", f"data.media_root={tmp / 'media'}",
+                          "data.max_bad_fraction=0.1"))
+
+
+def _pickle_calling(command: str) -> bytes:
+    """A torch file whose unpickling would call os.system(command) (what weights_only=True must refuse)."""
+    import io
+
+    import torch
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (command,))
+    buffer = io.BytesIO()
+    torch.save({"torch": Payload()}, buffer)
+    return buffer.getvalue()
+
+
+def _not_run(marker: Path) -> Callable[[Outcome], str | None]:
+    return lambda out: f"the pickle's command ran: {marker} exists" if marker.exists() else None
+
+
+@case("checkpoint_malicious_pickle", TRUST, "the latest checkpoint's rng_rank0.pt replaced by a pickle calling "
+      "os.system, its manifest rewritten to match", "clean",
+      both(refused(r"rng_rank0\.pt is not a weights-only torch file", r"posix\.system", r"train\.resume"),
+           lambda out: _not_run(out.run_dir.parent / "pwned")(out)))
+def _(tmp: Path) -> Run:
+    def plant(run: Path) -> None:
+        import hashlib
+
+        checkpoint = run / "checkpoints/step_00000004"
+        write(checkpoint / "rng_rank0.pt", _pickle_calling(f"touch {tmp / 'pwned'}"))
+        manifest = json.loads((checkpoint / "manifest.json").read_text())
+        data = (checkpoint / "rng_rank0.pt").read_bytes()
+        manifest["files"]["rng_rank0.pt"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+    return _trained_then(tmp, plant)
+
+
+@case("model_path_malicious_bin", TRUST, "model.path holding config.json and a pytorch_model.bin that calls os.system",
+      "clean", both(refused(r"model\.path=\S+model holds only pickle weights", r"safetensors only"),
+                    lambda out: _not_run(out.run_dir.parent / "pwned")(out)))
+def _(tmp: Path) -> Run:
+    write(tmp / "model/config.json", json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+                                                 "vocab_size": 128256, "hidden_size": 64}).encode())
+    write(tmp / "model/pytorch_model.bin", _pickle_calling(f"touch {tmp / 'pwned'}"))
+    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40))), "model=llama3_8b", "lora=default",
+                          f"model.path={tmp / 'model'}", "tokenizer.source=bundled"))
+
+
+@case("manifest_wrong_shape", TRUST, "the latest checkpoint's manifest lists its files as numbers, not "
+      "{size, sha256}", "ok", resumed_from(2, r"step_00000004 cannot be used \(its manifest\.json is damaged: "
+                                              r"files\['[a-z_0-9.]+'\] is \d+"))
+def _(tmp: Path) -> Run:
+    def edit(run: Path) -> None:
+        path = run / "checkpoints/step_00000004/manifest.json"
+        manifest = json.loads(path.read_text())
+        manifest["files"] = {name: entry["size"] for name, entry in manifest["files"].items()}
+        path.write_text(json.dumps(manifest))
+    return _trained_then(tmp, edit)
+
+
+WANDB_KEY = "0123456789abcdef0123456789abcdef0123beef"
+# W&B's host is a closed local port: no test reaches the network.
+NO_WANDB = {"WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_SILENT": "true"}
+
+
+@case("wandb_invalid_key", TRUST, "logger=wandb with WANDB_API_KEY=not-a-key-123 (too short for a key)", "clean",
+      refused(r"WANDB_API_KEY is not a W&B API key", r"40\+ characters", absent=(r"not-a-key-123",)))
+def _(tmp: Path) -> Run:
+    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40))), "logger=wandb"),
+               env={**NO_WANDB, "WANDB_API_KEY": "not-a-key-123"})
+
+
+def _offline_and_unleaked(out: Outcome) -> str | None:
+    if not (out.run_dir / "finished.json").is_file():
+        return "the run did not finish"
+    leaked = [str(p.relative_to(out.run_dir)) for p in out.run_dir.rglob("*")
+              if p.is_file() and WANDB_KEY.encode() in p.read_bytes()]
+    return f"the key was written into {leaked}" if leaked else None
+
+
+@case("wandb_unreachable", TRUST, "logger=wandb with a key and W&B unreachable (a closed port), "
+      "logger.init_timeout=2: the run finishes offline", "ok",
+      both(refused(r"W&B could not be reached within logger\.init_timeout=2s", r"wandb sync .*run/wandb/offline-run-",
+                   codes=(0,)), _offline_and_unleaked))
+def _(tmp: Path) -> Run:
+    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40))), *TRAINED, "logger=wandb",
+                          "logger.init_timeout=2"), env={**NO_WANDB, "WANDB_API_KEY": WANDB_KEY})

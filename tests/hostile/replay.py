@@ -66,8 +66,9 @@ def cli_args(tmp: Path, run: table.Run) -> tuple[list[str], Path, Path]:
     return args, Path(values["hydra.run.dir"]), Path(values["data.cache_dir"])
 
 
-def _subprocess(prefix: list[str], args: list[str], pythonpath: str | None) -> tuple[int, str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def _subprocess(prefix: list[str], args: list[str], pythonpath: str | None, extra_env: dict[str, str]
+                ) -> tuple[int, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **extra_env}
     env.pop("HYDRA_FULL_ERROR", None)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
@@ -123,13 +124,16 @@ def run_case(case: table.Case, *, in_process: bool, pythonpath: str | None = Non
     try:
         run = case.build(tmp)
         args, run_dir, cache_dir = cli_args(tmp, run)
-        subprocess_only = bool(run.prefix) or not in_process
+        # A case's environment (W&B's variables) would outlive it in this process: it runs as a subprocess.
+        subprocess_only = bool(run.prefix) or bool(run.env) or not in_process
 
         def invoke(arguments: list[str]) -> tuple[int, str]:
-            return _subprocess(run.prefix, arguments, pythonpath) if subprocess_only else _in_process(arguments)
+            return (_subprocess(run.prefix, arguments, pythonpath, run.env) if subprocess_only
+                    else _in_process(arguments))
 
         if run.first:
-            first_args, _, _ = cli_args(tmp, table.Run(args=[*run.args, f"hydra.run.dir={tmp / 'first'}"]))
+            first_args, _, _ = cli_args(tmp, table.Run(args=[*run.args, *run.first_args,
+                                                             f"hydra.run.dir={tmp / 'first'}"]))
             invoke(first_args)
             run.between(cache_dir)
         rc, output = invoke(args)

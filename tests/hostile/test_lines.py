@@ -30,6 +30,7 @@ from seqtune.data.tokenize import SampleEncoder
 from seqtune.data.types import Reject
 
 REJECT_CODES = {"bad_json", "bad_utf8", "not_object", "missing_field", "wrong_type", "empty_text", "missing_media",
+                "media_outside_root",
                 "bad_token_id", "no_targets", "template_rejected"}
 
 # --- strategies ----------------------------------------------------------------------------------------------

@@ -56,9 +56,11 @@ def test_resuming_at_another_world_size_is_refused_by_preflight(tmp_path: Path):
     """The docs promised resume "at any world size"; the data position says otherwise: preflight refuses it now,
     naming the checkpoint and the changed world size, before any rank starts."""
     run_dir = tmp_path / "run"
-    _ok(run_cli(["train.max_steps=2", "train.save_every=2", *BRIEF], run_dir))
+    # Crashed after its checkpoint at step 2 (a finished run is a record, never resumed: seqtune.records).
+    crashed = run_cli(["train.max_steps=4", "train.save_every=2", *BRIEF], run_dir, env={"SEQTUNE_FAULT": "train:3"})
+    assert crashed.returncode == 1, crashed.stderr[-2000:]
     record = {name: (run_dir / name).read_bytes() for name in ("config.yaml", "plan.json", "preflight.json")}
-    result = run_cli(["launcher=torchrun", "launcher.nproc_per_node=2", "train.max_steps=2", "train.save_every=2",
+    result = run_cli(["launcher=torchrun", "launcher.nproc_per_node=2", "train.max_steps=4", "train.save_every=2",
                       *BRIEF], run_dir)
     _refused(result, 2, "train.resume", "step_00000002", "world_size 1 -> 2", "Fix:")
     assert [m["step"] for m in read_metrics(run_dir) if "loss" in m] == [1, 2]  # nothing more trained

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from seqtune.data.formats import (
-    ALPACA_TEMPLATE_NO_INPUT, Conversation, LineParser, PreTokenized, PromptCompletion,
+    ALPACA_TEMPLATE_NO_INPUT, Conversation, LineParser, PreTokenized, PromptCompletion, resolve_under,
 )
 from seqtune.data.types import IGNORE_INDEX, Reject
 
@@ -154,6 +154,42 @@ def test_input_output_media_must_exist(tmp_path):
     rooted = LineParser(fmt="input_output", file="/elsewhere/d.jsonl", media_root=str(tmp_path))
     assert isinstance(rooted.parse(3, json.dumps({"input": "<img>imgs/cat.png</img>", "output": "x"}).encode()),
                       PromptCompletion)
+
+
+def test_media_outside_the_root_is_rejected_whether_it_exists_or_not(tmp_path):
+    root, outside = tmp_path / "media", tmp_path / "secret"
+    (root / "imgs").mkdir(parents=True)
+    (root / "imgs" / "cat.png").write_bytes(b"png")
+    outside.mkdir()
+    (outside / "passwd").write_bytes(b"root:x:0:0")
+    (root / "out").symlink_to(outside)  # a directory link out of the root
+    (root / "evil.png").symlink_to(outside / "passwd")
+    (root / "alias.png").symlink_to("imgs/cat.png")  # a link that stays inside is fine
+    parser = LineParser(fmt="input_output", file=str(tmp_path / "d.jsonl"), media_root=str(root))
+
+    def reason(ref: str) -> str | None:
+        parsed = parser.parse(7, json.dumps({"input": f"<img>{ref}</img> what?", "output": "x"}).encode())
+        return parsed.reason if isinstance(parsed, Reject) else None
+
+    for ref in ("imgs/cat.png", "imgs/../imgs/cat.png", "./alias.png"):
+        assert reason(ref) is None, ref
+    # An existing and a missing file outside give the same answer: the references are no existence oracle.
+    for ref in ("../secret/passwd", "../secret/nothing", str(outside / "passwd"), "/etc/passwd", "evil.png",
+                "out/passwd", "imgs/../../secret/passwd"):
+        assert reason(ref).startswith(f"media_outside_root: {ref} resolves outside {root}"), ref
+    assert reason("imgs/dog.png").startswith("missing_media: imgs/dog.png not found under")
+
+
+def test_resolve_under_follows_links_only_inside_the_root(tmp_path):
+    root = tmp_path / "r"
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / "up").symlink_to("..")  # r/a/up -> r
+    (root / "loop").symlink_to("loop")
+    (root / "abs_in").symlink_to(root / "a" / "b")
+    assert resolve_under(str(root), "a/up/a/b") == str(root / "a" / "b")
+    assert resolve_under(str(root), "abs_in/../b") == str(root / "a" / "b")
+    assert resolve_under(str(root), "a/up/..") is None
+    assert resolve_under(str(root), "loop") is None
 
 
 def test_tokenized_padding_stripped_by_attention_mask_left_or_right():

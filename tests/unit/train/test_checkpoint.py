@@ -19,13 +19,15 @@ import torch
 
 from seqtune.config.errors import ConfigError, StorageError
 from seqtune.config.plan import Plan, Tokens, Vocab, World
-from seqtune.config.rundir import MANIFEST, checkpoint_damage, complete_checkpoints, latest_checkpoint
+from seqtune.config.rundir import (
+    MANIFEST, checkpoint_damage, checkpoint_files, complete_checkpoints, latest_checkpoint,
+)
 from seqtune.config.schema import OptimConfig, PaddingStrategy, Tail, TrainConfig
 from seqtune.data.batching import BatchRule
 from seqtune.data.sampler import DistributedBatchPlan
 from seqtune.distributed import DistEnv
 from seqtune.preflight.resume import find_resume
-from seqtune.train.checkpoint import Checkpointer, Progress
+from seqtune.train.checkpoint import Checkpointer, Progress, load_weights_only
 from seqtune.train.optim import build_optimizer, build_scheduler
 
 ENV = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
@@ -188,6 +190,63 @@ def test_a_damaged_checkpoint_is_found_and_named_before_use(tmp_path, damage, re
     latest = latest_checkpoint(tmp_path)
     damage(latest)
     assert re.search(reason, checkpoint_damage(latest))
+
+
+def _edit_manifest(checkpoint: Path, edit) -> None:
+    manifest = json.loads((checkpoint / MANIFEST).read_text())
+    edit(manifest)
+    (checkpoint / MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(("edit", "reason"), [
+    (lambda m: m["files"].update({"optimizer.pt": 7}), r"files\['optimizer\.pt'\] is 7, not \{"),
+    (lambda m: m["files"]["optimizer.pt"].update(size="12"), r"files\['optimizer\.pt'\] is .*not \{"),
+    (lambda m: m["files"].update({"../../etc/passwd": {"size": 1, "sha256": "0" * 64}}),
+     r"'files' names '\.\./\.\./etc/passwd', outside the checkpoint"),
+    (lambda m: m.update(files={}), r"'files' lists no file"),
+    (lambda m: m.update(progress=[6, 60]), r"'progress' is \[6, 60\], not an object"),
+    (lambda m: m["progress"].update(step=True), r"progress\.step is true, not a count"),
+    (lambda m: m.update(parts=[1, 2]), r"'parts' is \[1, 2\], not a list of names"),
+    (lambda m: m.update(settings=3), r"'settings' is 3, not an object"),
+    (lambda m: m.pop("plan"), r"it has no 'plan'"),
+    (lambda m: m.update(step=m["step"] + 1), r"it says step \d, in step_0000000\d"),
+])
+def test_a_manifest_of_the_wrong_shape_makes_its_checkpoint_damaged_not_a_traceback(tmp_path, edit, reason):
+    """The manifest is checked against its schema before any field is read: resume skips it like a corrupt one."""
+    Training(tmp_path, save_every=2, keep_last=0).train(4)
+    first, latest = complete_checkpoints(tmp_path)
+    _edit_manifest(first, edit)
+    assert re.search(r"its manifest\.json is damaged: " + reason, checkpoint_damage(first))
+    _edit_manifest(latest, edit)
+    with pytest.raises(ConfigError, match=r"none can be used: step_00000004: its manifest\.json is damaged"):
+        find_resume(TrainConfig(), tmp_path)
+
+
+def test_a_pickle_that_calls_a_function_is_refused_by_name_and_never_run(tmp_path):
+    """weights_only=True blocks it; the user sees which file and why, not torch's traceback (whose advice is to
+    load it with weights_only=False)."""
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    Training(tmp_path, save_every=2).train(2)
+    latest = latest_checkpoint(tmp_path)
+    with open(latest / "rng_rank0.pt", "wb") as f:
+        torch.save({"torch": Payload()}, f)
+    _edit_manifest(latest, lambda m: m.update(files=checkpoint_files(latest)))  # a consistent, hostile checkpoint
+    resumed = Training(tmp_path, save_every=2, plan=replace(PLAN, resume_from=str(find_resume(TrainConfig(),
+                                                                                               tmp_path).checkpoint)))
+    with pytest.raises(ConfigError, match=r"checkpoint file .*step_00000002/rng_rank0\.pt is not a weights-only torch "
+                                          r"file \(.*GLOBAL posix\.system.*\): it is refused unread.*Fix: remove "
+                                          r".*step_00000002") as info:
+        resumed.checkpointer.resume()
+    assert info.value.exit_code == 2 and "weights_only=False" not in str(info.value)
+    assert not marker.exists()
+    (latest / "optimizer.pt").write_bytes(b"not a torch file")
+    with pytest.raises(ConfigError, match=r"optimizer\.pt is not a weights-only torch file"):
+        load_weights_only(latest / "optimizer.pt")
 
 
 def test_resume_falls_back_to_the_newest_intact_checkpoint_and_says_so(tmp_path, capsys):
