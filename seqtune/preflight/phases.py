@@ -11,15 +11,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from seqtune.config.errors import SeqtuneError
-<<<<<<< HEAD
 from seqtune.config.plan import Resolved, Tokens
 from seqtune.config.schema import DataMode, Overlength, RootConfig, Tail
-from seqtune.data.batching import BatchRule
-=======
-from seqtune.config.plan import Plan
-from seqtune.config.schema import DataMode, Overlength, PaddingStrategy, RootConfig, Tail
 from seqtune.config.tracker import KEY_VARIABLE, key_problem
->>>>>>> issue22
+from seqtune.data.batching import BatchRule
 from seqtune.models.attention import AttentionEnv, attn_backend_problems
 from seqtune.models.kernels import kernels_problems
 from seqtune.models.spec import get_spec, lora_module_names
