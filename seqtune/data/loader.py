@@ -279,7 +279,7 @@ class SourceEncoders:
 
 
 def _streamed(cfg: RootConfig, plan: Plan, rank: int, tokenizer) -> StreamedBatches:
-    split = split_input(cfg.data, "train")
+    split = split_input(cfg.data, "train", plan.validation)
     source_records = list(plan.stream_records)
     encoders = {fmt: SampleEncoder(tokenizer, fmt, train_on_prompt=cfg.data.train_on_prompt, tokens=plan.tokens)
                 for fmt in split.formats}

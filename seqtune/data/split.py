@@ -7,7 +7,7 @@ trained on), it does not depend on train.seed (a sweep over seeds evaluates on o
 each side reads every record and keeps its own. The fraction is a probability per record, so the validation split
 holds about f of the records (preflight reports the exact counts).
 
-Which validation split a run has is decided here once (`validation_source`, printed in the report): data.val, the
+Which validation split a run has is decided once, in the plan (`plan.validation`; `validation_source` says it in the report): data.val, the
 held-out part of train, or none. A user's data never mixes with the demo's: the bundled validation set is only the
 default while data.train is the bundled train set (configs/data/instruct_tiny.yaml).
 """
@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from seqtune.config.plan import VALIDATION_FIX, validation_key
+from seqtune.config.plan import VALIDATION_FIX
 from seqtune.config.schema import DataConfig, DataFormat
 from seqtune.data.sources import Payload, SourceFiles, expand_sources, iter_records
 
@@ -129,10 +129,11 @@ def files_split(name: str, files: list[Path], fmt: str, columns: dict[str, str] 
     return SplitInput(name=name, sources=(source,))
 
 
-def split_input(data: DataConfig, name: str) -> SplitInput | None:
+def split_input(data: DataConfig, name: str, validation: str | None) -> SplitInput | None:
     """Split `name` of the config, its files expanded (a DataError names the source key of a missing file); None
-    when the run has no such split. With data.val_fraction, val is the held-out part of train's sources."""
-    holdout = validation_key(data.val, data.val_fraction) == "data.val_fraction"
+    when the run has no such split. `validation`: the plan's validation key (plan.validation); with
+    data.val_fraction, val is the held-out part of train's sources."""
+    holdout = validation == "data.val_fraction"
     if name == "val" and holdout:
         train = expand_sources(data.sources("train"))
         return SplitInput(name="val", sources=tuple(replace(s, weight=1.0) for s in train),
@@ -144,9 +145,8 @@ def split_input(data: DataConfig, name: str) -> SplitInput | None:
     return SplitInput(name=name, sources=tuple(expand_sources(sources)), holdout=kept)
 
 
-def validation_source(data: DataConfig) -> str:
-    """Which validation split the run has (seqtune.config.plan.validation_key), in one line for the report."""
-    key = validation_key(data.val, data.val_fraction)
+def validation_source(data: DataConfig, key: str | None) -> str:
+    """Which validation split the run has (`key`: plan.validation), in one line for the report."""
     if key == "data.val_fraction":
         return (f"about {data.val_fraction:.0%} of data.train's records, held out by a hash of their content "
                 f"(data.val_fraction={data.val_fraction}; never trained on)")

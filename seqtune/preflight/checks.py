@@ -503,6 +503,20 @@ def check_early_stopping(*, early_stop: bool, lora: bool, sharded: bool) -> list
     )]
 
 
+def check_reference_model(*, sample_kind: str, lora: bool, sharded: bool, needs_reference: bool) -> list[Problem]:
+    """Full-parameter preference tuning keeps a frozen copy of the starting weights as its reference model, whole on
+    every rank: under FSDP the policy is sharded and the copy would not be."""
+    if sample_kind == "sft" or lora or not sharded or not needs_reference:
+        return []
+    return [Problem(
+        check="backend", key="train.parallel",
+        message=("recipe=full_dpo under train.parallel=fsdp across ranks: the reference model is a frozen copy of the "
+                 "starting weights, which seqtune does not shard, so it would not fit where FSDP is needed. Fix: "
+                 "recipe=lora_dpo (the reference is the model with its adapters disabled, no copy), dpo.loss=simpo "
+                 "(reference-free), or train.parallel=ddp."),
+    )]
+
+
 # --- 9. resume: in seqtune.preflight.resume (the run against its checkpoint's settings and plan) ------------
 
 

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from seqtune.config.plan import Resolved, Tokens
-from seqtune.config.schema import RootConfig
+from seqtune.config.schema import RootConfig, SampleKind
+from seqtune.data.kinds import MEMBERS
 from seqtune.data.overlength import TRUNCATING, cut_sample
 from seqtune.data.scan import SplitScan
 from seqtune.data.types import IGNORE_INDEX
@@ -241,7 +242,8 @@ def show_samples(cfg: RootConfig, plan: Resolved, tokens: Tokens, tokenizer: Any
     kinds = samples.TokenKinds(bos=tokens.bos_id, eos=eos, eot=frozenset(set(tokens.terminators) - {eos}),
                                control=frozenset(control))
     shown = samples.collect(scans, max_seq_len=max_seq_len, policy=cfg.data.overlength, show=cfg.preflight.show,
-                            seed=cfg.train.seed, tokenizer=tokenizer, kinds=kinds)
+                            seed=cfg.train.seed, tokenizer=tokenizer, kinds=kinds,
+                            members=MEMBERS[SampleKind(plan.sample_kind)])
     samples.write_json(shown, run_dir / samples.SAMPLES_JSON)
     summary = (f"{run_dir} · model.family={cfg.model.family} · data.format={cfg.data.format} · "
                f"max_seq_len={max_seq_len} · data.overlength={cfg.data.overlength} · "

@@ -63,6 +63,8 @@ def fast_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
                                        refused_dtypes=spec.refused_dtypes, loss_scaling=plan.loss_scaling,
                                        sharded=plan.sharded)
     problems += checks.check_export(export_merged=cfg.train.export_merged, sharded=plan.sharded)
+    problems += checks.check_reference_model(sample_kind=plan.sample_kind, lora=cfg.lora.enabled,
+                                             sharded=plan.sharded, needs_reference=cfg.dpo.loss != "simpo")
     problems += checks.check_early_stopping(early_stop=cfg.train.early_stop_patience > 0, lora=cfg.lora.enabled,
                                             sharded=plan.sharded)
     bad_key = key_problem(cfg.logger, os.environ)  # a tracker that cannot start online is found before training

@@ -101,11 +101,12 @@ def _scan_and_check(cfg: RootConfig, resolved: Resolved, tokens: Tokens, tokeniz
     """Scan every split, then everything that needs the data: limits, labels, shapes, the distributed plan, memory.
     Also returns the facts the data adds to the plan (None when the data phases could not establish them) and the
     scans. Writes nothing into the run directory (see _write_reports)."""
-    scans, scan_problems = scan_splits(cfg, tokenizer, tokens)
+    scans, scan_problems = scan_splits(cfg, resolved, tokenizer, tokens)
     problems += scan_problems
     result = PreflightResult(ok=False, max_seq_len=None, context_length=resolved.context_length,
                              caches={name: scan.cache_dir for name, scan in scans.items()},
-                             rejects_file=run_dir / REJECTS_FILE, validation=validation_source(cfg.data))
+                             rejects_file=run_dir / REJECTS_FILE,
+                             validation=validation_source(cfg.data, resolved.validation))
     result.notes += checks.pad_token_notes(pad_id=resolved.vocab.pad_id, eos_id=resolved.vocab.eos_id)
     result.notes += [scan.rebuilt_note for scan in scans.values() if scan.rebuilt_note]
     data = None
@@ -182,7 +183,7 @@ def _stream_phase(cfg: RootConfig, resolved: Resolved, rule, sampled: SplitScan,
     from seqtune.data.mix import used_per_epoch
     from seqtune.data.stream import count_lines, records_per_pass
 
-    split = split_input(cfg.data, "train")
+    split = split_input(cfg.data, "train", resolved.validation)
     complete = not cfg.data.preflight_sample or sampled.records < cfg.data.preflight_sample
     records = [source.records for source in sampled.sources] if complete else count_lines(split)
     result.stream_source_records = records
@@ -194,7 +195,8 @@ def _stream_phase(cfg: RootConfig, resolved: Resolved, rule, sampled: SplitScan,
     return batches, tuple(records)
 
 
-def scan_splits(cfg: RootConfig, tokenizer: Any, tokens: Tokens) -> tuple[dict[str, SplitScan], list[Problem]]:
+def scan_splits(cfg: RootConfig, resolved: Resolved, tokenizer: Any, tokens: Tokens
+                ) -> tuple[dict[str, SplitScan], list[Problem]]:
     """Stream every configured split once through scan_split (which writes the token cache training reads)."""
     scans: dict[str, SplitScan] = {}
     formats = dict.fromkeys(source.format for name in SPLITS for source in cfg.data.sources(name))
@@ -209,7 +211,7 @@ def scan_splits(cfg: RootConfig, tokenizer: Any, tokens: Tokens) -> tuple[dict[s
     for name in SPLITS:
         # Only train streams; val/test are read in full into the cache that evaluation uses in both modes.
         try:
-            split = split_input(cfg.data, name)
+            split = split_input(cfg.data, name, resolved.validation)
             if split is None:
                 continue
             scans[name] = scan_split(split, encoders, cache_root=cache_root, media_root=cfg.data.media_root,

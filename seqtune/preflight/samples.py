@@ -47,6 +47,9 @@ class ShownSample:
     split: str
     why: str  # longest | truncated | random (a longest that is cut says "longest, truncated")
     location: str
+    # Which sequence of its sample it is: "sample" (SFT), "chosen" / "rejected" (a preference pair, shown side by
+    # side: seqtune.data.kinds.MEMBERS).
+    member: str = "sample"
     length: int  # tokens as trained
     original_length: int
     targets: int
@@ -82,10 +85,11 @@ class TokenKinds:
         return "special" if token_id in self.control else "text"
 
 
-def pick(scan: SplitScan, *, max_seq_len: int, policy: str, show: int, seed: int | list[int]
+def pick(lengths: np.ndarray, *, max_seq_len: int, policy: str, show: int, seed: int | list[int]
          ) -> list[tuple[int, str]]:
-    """(cache index, why) of the samples to show: the longest, a truncated one, `show` random ones."""
-    lengths = np.asarray(scan.lengths)
+    """(sample index, why) of the samples to show: the longest, a truncated one, `show` random ones. `lengths`: per
+    sample (a pair's longest sequence)."""
+    lengths = np.asarray(lengths)
     kept = np.flatnonzero(lengths <= max_seq_len) if policy == "drop" else np.arange(len(lengths))
     if not len(kept):
         return []
@@ -103,7 +107,7 @@ def pick(scan: SplitScan, *, max_seq_len: int, policy: str, show: int, seed: int
 
 
 def render(cache: TokenCache, index: int, *, split: str, why: str, max_seq_len: int, policy: str, tokenizer: Any,
-           kinds: TokenKinds) -> ShownSample:
+           kinds: TokenKinds, member: str = "sample") -> ShownSample:
     """Sample `index` as training serves it, decoded token by token (a character split over several tokens is
     shown on the token that completes it), with a marker where the over-length policy removed tokens. A sample
     longer than MAX_SHOWN_TOKENS shows its head and its tail (where the terminator is)."""
@@ -135,7 +139,7 @@ def render(cache: TokenCache, index: int, *, split: str, why: str, max_seq_len: 
         previous = position
     if previous != original - 1:
         tokens.append(_marker("cut", original - 1 - previous, "cut"))
-    return ShownSample(split=split, why=why, location=sample.location, length=len(trained),
+    return ShownSample(split=split, why=why, location=sample.location, member=member, length=len(trained),
                        original_length=original, targets=int((sample.labels[trained] != IGNORE_INDEX).sum()),
                        tokens=tokens)
 
@@ -145,14 +149,18 @@ def _marker(kind: str, count: int, what: str) -> ShownToken:
 
 
 def collect(scans: dict[str, SplitScan], *, max_seq_len: int, policy: str, show: int, seed: int, tokenizer: Any,
-            kinds: TokenKinds) -> list[ShownSample]:
+            kinds: TokenKinds, members: tuple[str, ...] = ("sample",)) -> list[ShownSample]:
+    """The samples to show, each sequence of a sample in `members` order (a pair: chosen, then rejected)."""
     shown = []
+    k = len(members)
     for number, (name, scan) in enumerate(scans.items()):
         cache = scan.cache()
+        per_sample = np.asarray(scan.lengths).reshape(-1, k).max(axis=1, initial=0)
         # One stream per split: the same seed would pick the same relative positions in every split.
-        for index, why in pick(scan, max_seq_len=max_seq_len, policy=policy, show=show, seed=[seed, number]):
-            shown.append(render(cache, index, split=name, why=why, max_seq_len=max_seq_len, policy=policy,
-                                tokenizer=tokenizer, kinds=kinds))
+        for index, why in pick(per_sample, max_seq_len=max_seq_len, policy=policy, show=show, seed=[seed, number]):
+            for j, member in enumerate(members):
+                shown.append(render(cache, index * k + j, split=name, why=why, max_seq_len=max_seq_len,
+                                    policy=policy, tokenizer=tokenizer, kinds=kinds, member=member))
     return shown
 
 
@@ -186,7 +194,8 @@ def console_text(sample: ShownSample, colour: bool) -> str:
     if len(tokens) > CONSOLE_TOKENS:
         half = CONSOLE_TOKENS // 2
         tokens = [*tokens[:half], _marker("elided", len(tokens) - 2 * half, "not shown"), *tokens[-half:]]
-    head = (f"preflight: a {sample.split} sample as it will be trained ({sample.why}, {sample.location}, "
+    member = f" ({sample.member})" if sample.member != "sample" else ""
+    head = (f"preflight: a {sample.split} sample{member} as it will be trained ({sample.why}, {sample.location}, "
             f"{sample.length} tokens, {sample.targets} targets); all samples: samples.html")
     if not colour:
         legend = f"  legend: {TARGET_OPEN}targets{TARGET_CLOSE}, the rest is prompt (not trained)"

@@ -24,6 +24,8 @@ h1 { font-size: 1.4rem; } h2 { font-size: 1.15rem; margin-top: 2rem; border-bott
           padding: .5rem .8rem; font-size: .9rem; z-index: 1; }
 .legend .tok { margin-right: .8rem; }
 .sample { border: 1px solid #d0d7de; border-radius: 6px; margin: 1rem 0; padding: .6rem 1rem; }
+.pair { display: flex; gap: 1rem; } .pair > .sample { flex: 1 1 0; min-width: 0; }
+.member-chosen { border-color: #1a7f37; } .member-rejected { border-color: #cf222e; }
 .meta { margin-bottom: .5rem; } .meta code { color: #1f2328; }
 .tokens { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: .85rem;
           white-space: pre-wrap; word-break: break-word; line-height: 1.7; }
@@ -71,18 +73,39 @@ def _token(token: ShownToken) -> str:
 
 def _sample(sample: ShownSample) -> str:
     cut = f", {sample.original_length} before the cut" if sample.original_length != sample.length else ""
-    meta = (f'<div class="meta"><b>{escape(sample.why)}</b> · <code class="location">{escape(sample.location)}'
-            f"</code> · {sample.length} tokens{cut} · {sample.targets} targets</div>")
+    member = f"<b>{escape(sample.member)}</b> · " if sample.member != "sample" else ""
+    meta = (f'<div class="meta">{member}<b>{escape(sample.why)}</b> · <code class="location">'
+            f"{escape(sample.location)}</code> · {sample.length} tokens{cut} · {sample.targets} targets</div>")
     tokens = "".join(_token(token) for token in sample.tokens)
-    return (f'<div class="sample" data-split="{escape(sample.split)}" data-location="{escape(sample.location)}" '
+    return (f'<div class="sample member-{escape(sample.member)}" data-split="{escape(sample.split)}" '
+            f'data-location="{escape(sample.location)}" data-member="{escape(sample.member)}" '
             f'data-targets="{sample.targets}">{meta}<div class="tokens">{tokens}</div></div>')
+
+
+def _samples(samples: Sequence[ShownSample]) -> str:
+    """Each sample in a box; the sequences of one sample (a pair's chosen and rejected) side by side."""
+    out, group = [], []
+    for sample in samples:
+        if group and (sample.member == "sample" or (sample.location, sample.why) != (group[0].location,
+                                                                                     group[0].why)):
+            out.append(_group(group))
+            group = []
+        group.append(sample)
+    if group:
+        out.append(_group(group))
+    return "".join(out)
+
+
+def _group(group: list[ShownSample]) -> str:
+    body = "".join(_sample(s) for s in group)
+    return f'<div class="pair">{body}</div>' if len(group) > 1 else body
 
 
 def page(samples: Sequence[ShownSample], *, title: str, summary: str) -> str:
     legend = "".join(f'<span class="{cls}">{escape(label)}</span>' for cls, label in LEGEND)
     sections = []
     for split in dict.fromkeys(s.split for s in samples):
-        body = "".join(_sample(s) for s in samples if s.split == split)
+        body = _samples([s for s in samples if s.split == split])
         sections.append(f'<section id="split-{escape(split)}"><h2>{escape(split)}</h2>{body}</section>')
     return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
             f"<style>{_CSS}</style></head><body><h1>{escape(title)}</h1>"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from seqtune.config.schema import DataConfig
+from seqtune.config.plan import validation_key
 from seqtune.data.split import split_input, validation_source
 
 
@@ -14,7 +15,8 @@ def test_val_fraction_holds_out_a_disjoint_deterministic_part_of_train_by_conten
     (tmp_path / "b.jsonl").write_text("\n".join(rows[200:]) + "\n")
     data = DataConfig(train=[str(tmp_path / "a.jsonl"), {"path": str(tmp_path / "b.jsonl"), "weight": 3}],
                       val_fraction=0.2)
-    train, val = split_input(data, "train"), split_input(data, "val")
+    key = validation_key(data.val, data.val_fraction)
+    train, val = split_input(data, "train", key), split_input(data, "val", key)
     seen = {name: [(r.path.name, r.number, r.payload) for r in split.records()]
             for name, split in (("train", train), ("val", val))}
     locations = {name: {(p, n) for p, n, _ in records} for name, records in seen.items()}
@@ -22,11 +24,11 @@ def test_val_fraction_holds_out_a_disjoint_deterministic_part_of_train_by_conten
     assert 0.1 < len(locations["val"]) / 300 < 0.3
     # Copies of a record land on the same side: validation never scores a record trained on.
     assert not {p for _, _, p in seen["train"]} & {p for _, _, p in seen["val"]}
-    assert [r.number for r in split_input(data, "val").records()] == [n for _, n, _ in seen["val"]]  # deterministic
+    assert [r.number for r in split_input(data, "val", key).records()] == [n for _, n, _ in seen["val"]]  # deterministic
     assert [s.weight for s in val.sources] == [1.0, 1.0] and [s.weight for s in train.sources] == [1.0, 3.0]
-    assert "data.val_fraction=0.2" in validation_source(data)
+    assert "data.val_fraction=0.2" in validation_source(data, key)
 
 
 def test_no_validation_unless_given(tmp_path):
-    assert split_input(DataConfig(train="a.jsonl"), "val") is None
-    assert validation_source(DataConfig(train="a.jsonl")).startswith("none (data.val=null, data.val_fraction=0)")
+    assert split_input(DataConfig(train="a.jsonl"), "val", None) is None
+    assert validation_source(DataConfig(train="a.jsonl"), None).startswith("none (data.val=null, data.val_fraction=0)")

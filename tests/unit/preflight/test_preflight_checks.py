@@ -266,3 +266,12 @@ def test_memory_fails_only_against_a_known_device():
     assert "combine them" in checks.check_memory(estimate_gib=90.0, device_memory_gib=80.0, breakdown="")[0].message
     assert checks.check_memory(estimate_gib=90.0, device_memory_gib=None, breakdown="") == []
     assert checks.check_memory(estimate_gib=9.0, device_memory_gib=80.0, breakdown="") == []
+
+
+def test_full_parameter_preference_tuning_under_fsdp_is_refused_unless_reference_free():
+    [problem] = checks.check_reference_model(sample_kind="preference", lora=False, sharded=True, needs_reference=True)
+    assert problem.key == "train.parallel" and "recipe=lora_dpo" in problem.message
+    assert checks.check_reference_model(sample_kind="preference", lora=True, sharded=True, needs_reference=True) == []
+    assert checks.check_reference_model(sample_kind="preference", lora=False, sharded=True,
+                                        needs_reference=False) == []
+    assert checks.check_reference_model(sample_kind="sft", lora=False, sharded=True, needs_reference=True) == []
