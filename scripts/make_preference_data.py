@@ -1,10 +1,10 @@
 """Generate seqtune's shipped preference pairs: python scripts/make_preference_data.py [--out DIR] [--seed N]
 
 Built from the shipped instruction set (seqtune/data/assets/instruct): each pair's prompt is the instruction in the
-Alpaca prompt shape, `chosen` its correct response, and `rejected` a worse one of two kinds a tiny model can learn
-to tell apart on a CPU in minutes: the correct response garbled (its words in reverse order), or a fluent answer to
-another task (off topic). Exact duplicate records are skipped, and validation pairs share no prompt with training,
-so the held-out reward accuracy measures what DPO generalises. Deterministic for a given seed.
+Alpaca prompt shape, `chosen` its correct response, and `rejected` the same response garbled, the way a tiny model
+trained from random weights on a CPU can learn to tell apart in minutes: the letters of each word shuffled
+("found a map" -> "fnoud a mpa") and every number spelled out digit by digit, shuffled ("720" -> "0 2 7"). Exact duplicate records are skipped, and validation pairs share no prompt with training, so the held-out
+reward accuracy measures what DPO generalises, not recall. Deterministic for a given seed.
 """
 
 from __future__ import annotations
@@ -26,13 +26,25 @@ def prompt_of(record: dict[str, str]) -> str:
     return PROMPT.format(instruction=record["instruction"])
 
 
-def pair(record: dict[str, str], others: list[dict[str, str]], rng: random.Random) -> dict[str, str] | None:
-    words = record["output"].split()
-    if len(words) > 1 and rng.random() < 0.5:
-        rejected = " ".join(reversed(words))
-    else:
-        other = rng.choice([o for o in others if o["instruction"] != record["instruction"]][:50])
-        rejected = other["output"]
+def garbled(text: str, rng: random.Random) -> str:
+    words = []
+    for word in text.split():
+        letters = list(word)
+        if any(c.isdigit() for c in word):
+            rng.shuffle(letters)
+            words.append(" ".join(letters))
+            continue
+        for _ in range(5):  # a shuffle that leaves a word as it was does not garble it
+            rng.shuffle(letters)
+            if "".join(letters) != word or len(set(word)) < 2:
+                break
+        words.append("".join(letters))
+    out = " ".join(words)
+    return out if out != text else " ".join(text) + " ?"
+
+
+def pair(record: dict[str, str], rng: random.Random) -> dict[str, str] | None:
+    rejected = garbled(record["output"], rng)
     if rejected == record["output"]:
         return None
     return {"prompt": prompt_of(record), "chosen": record["output"], "rejected": rejected}
@@ -47,13 +59,7 @@ def pairs_of(path: Path, rng: random.Random, skip_prompts: set[str]) -> list[dic
             continue
         seen.add(key)
         records.append(record)
-    out = []
-    for record in records:
-        others = rng.sample(records, min(len(records), 60))
-        made = pair(record, others, rng)
-        if made is not None:
-            out.append(made)
-    return out
+    return [made for record in records if (made := pair(record, rng)) is not None]
 
 
 def write_jsonl(path: Path, rows: list[dict[str, str]]) -> None:

@@ -159,7 +159,8 @@ class TempDir:
         self.parent, self.key = Path(parent), key
         try:
             self.parent.mkdir(parents=True, exist_ok=True)
-            self.path, self._fd = self._create_locked(name)
+            self.path, fd = self._create_locked(name)
+            self._fd: int | None = fd
         except OSError as exc:
             raise storage_error(exc, self.parent, key=key) from None
 
@@ -209,7 +210,7 @@ def sweep_stale_temps(parent: Path) -> list[Path]:
     """Remove `.tmp-*` directories under `parent` whose writer is gone (nobody holds their lock); return them.
 
     A live writer (another job of a sweep, another node on a shared disk) holds its lock, so its work is skipped."""
-    removed = []
+    removed: list[Path] = []
     try:
         candidates = [p for p in Path(parent).iterdir() if p.name.startswith(TEMP_PREFIX) and p.is_dir()]
     except OSError:

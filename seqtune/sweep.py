@@ -15,6 +15,7 @@ import csv
 import io
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,7 +122,7 @@ def common_overrides(rows: list[dict[str, Any]]) -> list[str]:
     return [o for o in rows[0]["overrides"] if o in shared] if len(rows) > 1 else []
 
 
-def table(rows: list[dict[str, Any]], *, skip: list[str] = ()) -> tuple[list[str], list[list[Any]]]:
+def table(rows: list[dict[str, Any]], *, skip: Sequence[str] = ()) -> tuple[list[str], list[list[Any]]]:
     """Columns and cells: job, one column per overridden key (but those in `skip`), status, exit code, the final
     metrics any job logged, error."""
     skipped = {o.split("=", 1)[0] for o in skip}

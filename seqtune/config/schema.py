@@ -427,7 +427,8 @@ def _parse_sources(data: DataConfig, split: str) -> tuple[list[DataSource], list
     if not items:
         return [], [(key, f"{key}=[] is an empty list: it names no data. Fix: {key}=path/to/file.jsonl (a path, "
                           "glob or list)" + ("" if split == "train" else f", or {key}=null"))]
-    sources, problems = [], []
+    sources: list[DataSource] = []
+    problems: list[tuple[str, str]] = []
     for item, item_key in zip(items, keys):
         source = _source(data, split, item, item_key, problems)
         if source is not None:
@@ -465,7 +466,7 @@ def _source(data: DataConfig, split: str, item: Any, key: str, problems: list[tu
     columns = item.get("columns", default_columns)
     if fmt is not None:
         problems += _column_problems(f"{key}.columns", columns, DataFormat(fmt))
-    if len(problems) > found:
+    if len(problems) > found or not isinstance(path, str):
         return None
     return DataSource(key=key, path=path, format=DataFormat(fmt), columns=dict(columns), weight=float(weight),
                       columns_key=f"{key}.columns" if "columns" in item else "data.columns")

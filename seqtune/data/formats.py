@@ -347,7 +347,7 @@ class LineParser:
             content, content_problem = _content_text(message.get("content"), where,
                                                      tool_call=bool(message.get("tool_calls")))
             if problem or content_problem:
-                return self._reject(line, problem or content_problem)
+                return self._reject(line, problem or content_problem or "")
             turns.append(({"role": message["role"], "content": content,
                            **{k: message[k] for k in TOOL_FIELDS if message.get(k)}}, where))
         return self._conversation(line, turns, obj.get("tools"))
@@ -454,6 +454,7 @@ class LineParser:
             record = self._chat(line, {"messages": [*history, *completion], "tools": obj.get("tools")})
             if isinstance(record, Reject):
                 return self._reject(line, f"{record.reason} (in {self._name(key)})")
+            assert isinstance(record, Conversation)  # what _chat returns when it does not reject
             sides.append(record)
         conv_chosen, conv_rejected = sides
         if prompt is None:  # implicit prompt: everything before the last message is shared history

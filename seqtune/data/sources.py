@@ -180,7 +180,7 @@ def _open_binary(path: Path, stack: ExitStack) -> IO[bytes]:
     raw = stack.enter_context(open_raw(path))
     name = path.name
     if name.endswith(".gz"):
-        return stack.enter_context(gzip.GzipFile(fileobj=raw, mode="rb"))
+        return stack.enter_context(gzip.GzipFile(fileobj=raw, mode="rb"))  # type: ignore[arg-type]
     if name.endswith(".zst"):
         try:
             import zstandard
@@ -423,7 +423,7 @@ class _Prefixed(io.RawIOBase):
             buffer[:n] = self._head[:n]
             self._head = self._head[n:]
             return n
-        return self._stream.readinto(buffer)
+        return self._stream.readinto(buffer)  # type: ignore[attr-defined]  # a raw or buffered binary file
 
 
 def _wide_encoding(head: bytes) -> str | None:
@@ -500,7 +500,8 @@ class SourceFiles:
 
 def expand_sources(sources: list[DataSource]) -> list[SourceFiles]:
     """Each source's files (expand_paths); a file in two sources of one split is refused (which would it be?)."""
-    expanded, owner = [], {}
+    expanded: list[SourceFiles] = []
+    owner: dict[Path, str] = {}
     for source in sources:
         files = expand_paths(source.path, source.key)
         for path in files:

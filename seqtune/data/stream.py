@@ -144,7 +144,7 @@ def _interleaved(split: SplitInput, source_records: list[int], *, seed: int, epo
     """Each source's records of the pass (see the module doc), merged by when each is due."""
     import heapq
 
-    heads = []
+    heads: list[list[Any]] = []
     for index, (source, n) in enumerate(zip(split.sources, source_records)):
         total = used_per_epoch(source.weight, n)
         if total:

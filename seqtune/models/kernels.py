@@ -93,6 +93,6 @@ def apply_kernels(model: nn.Module, name: str) -> None:
         return
     from liger_kernel.transformers import _apply_liger_kernel_to_instance
 
-    lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    lm = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]
     _apply_liger_kernel_to_instance(model=lm, rope=True, rms_norm=True, swiglu=True, geglu=True,
                                     cross_entropy=False, fused_linear_cross_entropy=False)

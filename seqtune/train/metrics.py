@@ -61,7 +61,7 @@ class MetricsLogger:
 
             self._wandb.log({name: wandb.Image(str(path))})
 
-    def log_table(self, name: str, columns: list[str], rows: list[list[Any]]) -> None:
+    def log_table(self, name: str, columns: list[Any], rows: list[list[Any]]) -> None:
         if self._wandb is not None and rows:
             import wandb
 
@@ -79,7 +79,7 @@ def _init_wandb(*, run_dir: Path, cfg: LoggerConfig, config_dict: dict[str, Any]
     import wandb
 
     # The API key is read from the environment by wandb itself; it never enters config_dict or any saved file.
-    def start(mode: str):
+    def start(mode: Any):
         return wandb.init(project=cfg.project, entity=cfg.entity, group=cfg.group, dir=str(run_dir), mode=mode,
                           config=config_dict, name=run_dir.name, resume="allow", id=_run_id(run_dir),
                           settings=wandb.Settings(init_timeout=cfg.init_timeout))

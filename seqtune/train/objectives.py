@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -129,7 +129,7 @@ class DisabledAdapters:
     eval mode, without gradients: no second copy of the model."""
 
     model: torch.nn.Module  # what the loop calls (DDP/FSDP-wrapped)
-    peft_model: torch.nn.Module  # the peft model inside it
+    peft_model: Any  # the peft model inside it (peft.PeftModel: disable_adapter())
 
     @torch.no_grad()
     def __call__(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

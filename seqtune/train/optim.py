@@ -12,7 +12,7 @@ from seqtune.config.schema import OptimConfig
 def build_optimizer(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
     if cfg.name == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas), eps=cfg.eps)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps)
 
 
 def lr_factor(step: int, *, cfg: OptimConfig, total_steps: int) -> float:

@@ -60,7 +60,7 @@ def loss_and_grads(model, batch):
 def test_varlen_glue_matches_eager(family, strategy, side):
     eager, varlen = pair(family)
     found = samples(eager.config.vocab_size)
-    rows = 1 if strategy == "packed" else len(found)
+    rows = len(found)  # packed: at most one row per sample (the rule completes the micro-batch with empty rows)
     collate = make_collator(BatchRule(strategy=strategy, batch_size=rows, max_seq_len=64), pad_id=0, padding_side=side)
     batch = collate(found)
     real = batch.get("attention_mask", torch.ones_like(batch["input_ids"])).bool()
@@ -87,8 +87,10 @@ def test_segments_cut_at_position_resets_and_row_starts_and_skip_padding():
 def test_a_wrong_cut_is_caught_by_the_comparison():
     """The comparison above can fail: a kernel that ignores document bounds (one causal span per batch) differs."""
     eager, varlen = pair("llama3")
-    collate = make_collator(BatchRule(strategy="packed", batch_size=1, max_seq_len=64), pad_id=0, padding_side="right")
-    batch = collate(samples(eager.config.vocab_size))
+    found = samples(eager.config.vocab_size)
+    collate = make_collator(BatchRule(strategy="packed", batch_size=len(found), max_seq_len=64), pad_id=0,
+                            padding_side="right")
+    batch = collate(found)
     ref_logits, _ = loss_and_grads(eager, batch)
 
     def one_span(q, k, v, cu_seqlens, max_len, scale, window):
