@@ -25,6 +25,10 @@ from seqtune.config.plan import NO_VALIDATION, VALIDATION_FIX, validation_key
 
 
 class ModelFamily(StrEnum):
+    """The family registry: each member names seqtune/models/<member>.py (its ModelSpec); `auto` reads every fact
+    from the checkpoint (model.path). Adding a family: docs/extending.md."""
+
+    auto = "auto"
     llama3 = "llama3"
     gemma3 = "gemma3"
     mistral = "mistral"

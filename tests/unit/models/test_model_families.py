@@ -7,7 +7,9 @@ import pytest
 import torch
 import transformers
 
-from conftest import TINY_FAMILIES, random_batch, tiny_cfg
+from pathlib import Path
+
+from conftest import MODEL_CONFIGS, TINY_FAMILIES, random_batch, tiny_cfg
 from seqtune.config.errors import ConfigError
 from seqtune.models import build_model, count_parameters, get_spec, load_model_config, read_model_facts
 
@@ -141,3 +143,27 @@ def test_chat_template_renders_the_family_format(family):
         assert marker in text
     assert spec.eot_token in text
     assert spec.padding_side == "right"
+
+
+def test_every_family_module_is_in_the_registry_and_every_member_has_its_files():
+    """The registry (ModelFamily) and the family modules cannot drift: a module defining a SPEC that is not a
+    member, or a member without its module or its configs/model/<family>_tiny.yaml, fails here."""
+    import ast
+
+    from seqtune.models.spec import FAMILIES
+
+    models_dir = Path(__file__).resolve().parents[3] / "seqtune/models"
+    with_spec = {path.stem for path in models_dir.glob("*.py")
+                 if any(isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "SPEC" for t in node.targets)
+                        for node in ast.parse(path.read_text()).body)}
+    assert with_spec == set(FAMILIES)
+    assert all((MODEL_CONFIGS / f"{family}_tiny.yaml").is_file() for family in FAMILIES)
+    assert all(get_spec(family).family == family for family in FAMILIES)
+
+
+def test_liger_model_types_are_read_from_the_families():
+    from seqtune.models.spec import FAMILIES, liger_model_types
+
+    for family in FAMILIES:
+        spec = get_spec(family)
+        assert all((t in liger_model_types()) == spec.liger for t in spec.hf_model_types)
