@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from seqtune.config.plan import Plan
-from seqtune.config.schema import RootConfig
+from seqtune.config.schema import CHAT_FORMATS, RootConfig
 from seqtune.data.overlength import TRUNCATING, cut_sample
 from seqtune.data.scan import SplitScan
 from seqtune.data.tokenize import SampleEncoder, render_chat
@@ -34,6 +34,7 @@ from seqtune.preflight.checks import Problem
 from seqtune.preflight.observe import Finding, SplitObservations, observe_split
 from seqtune.preflight.result import ContentStats, PreflightResult
 from seqtune.preflight.samples_html import SAMPLES_HTML, write_html
+from seqtune.tokenizers import templates
 from seqtune.tokenizers.control import control_tokens, literal_controls, whitespace_ids
 from seqtune.tokenizers.facts import tokenizer_facts
 from seqtune.tokenizers.location import resolve_location
@@ -145,6 +146,8 @@ def content_checks(cfg: RootConfig, plan: Plan, tokenizer: Any, hf_config: Any, 
                                                    max_fraction=cfg.data.max_duplicate_fraction)
         if name in result.splits:
             result.splits[name].content = _stats(observed, control, ends, cut, duplicates)
+    if fmt in CHAT_FORMATS:
+        result.notes += [note] if (note := templates.earlier_turns_note(tokenizer)) else []
     if "train" in seen and hf_config is not None:
         problems += _checkpoint_checks(cfg, plan, hf_config, seen["train"], control, ends)
     if hf_config is None:

@@ -217,6 +217,38 @@ def resolve(value: str) -> str:
     return value
 
 
+# A reasoning trace the probe below puts in an earlier assistant turn.
+_PROBE_THOUGHT = "seqtune probe thought"
+
+
+def earlier_turns_note(tokenizer) -> str | None:
+    """What this run's chat template does to earlier assistant turns' reasoning, for the preflight report: the
+    shipped Qwen3 variants say it themselves; any other template that handles reasoning (names `reasoning_content`
+    or <think>) is asked by rendering two exchanges with a thought in the first. None: the template has no notion
+    of reasoning."""
+    template = tokenizer.chat_template
+    if not template:
+        return None
+    for name, known in NAMED.items():
+        if template == known and known in EARLIER_TURNS:
+            return f"chat template {name}: {EARLIER_TURNS[known]}."
+    if "reasoning_content" not in template and "<think>" not in template:
+        return None
+    messages = [{"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello", "reasoning_content": _PROBE_THOUGHT},
+                {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Bye"}]
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+    except Exception:  # noqa: BLE001 - a template that cannot render this says nothing about reasoning
+        return None
+    if _PROBE_THOUGHT in text:
+        return "chat template (tokenizer.chat_template): earlier assistant turns keep their reasoning."
+    return ("chat template (tokenizer.chat_template): it DROPS earlier assistant turns' reasoning once a later user "
+            "turn follows (as Qwen3's official template does), so a multi-turn conversation renders each reply "
+            "differently from how it rendered when it was the last: such lines are rejected (not append-only). Fix: "
+            "tokenizer.chat_template=qwen3 (reasoning kept in every turn) or qwen3_no_think (dropped in every turn).")
+
+
 def renders_tool_turns(template: str | None) -> bool:
     """Whether `template` names the tool role anywhere (as a string constant of its Jinja source).
 
