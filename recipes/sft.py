@@ -19,7 +19,7 @@ from seqtune.config.plan import Plan
 from seqtune.config.schema import RootConfig
 from seqtune.data.loader import build_eval_batches, build_train_batches
 from seqtune.distributed import init_distributed, teardown, unwrap, wrap_model
-from seqtune.models import apply_lora, build_model, get_spec
+from seqtune.models import apply_lora, build_model, spec_for
 from seqtune.models.kernels import apply_kernels
 from seqtune.models.lora import skip_adapter_input_cast
 from seqtune.models.token_loss import install_token_loss
@@ -39,7 +39,7 @@ def run(cfg: RootConfig, plan: Plan, run_dir: Path) -> None:
     env = init_distributed(plan, backend_choice=cfg.launcher.backend)
     set_seed(cfg.train.seed, env.rank)
     preflight = load_result(run_dir)
-    spec = get_spec(cfg.model.family)
+    spec = spec_for(cfg.model)
 
     tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec.chat_template)
 

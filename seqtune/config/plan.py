@@ -117,6 +117,9 @@ class Plan:
     # The checkpoint every rank resumes from (train.resume=auto and an intact one exists; its settings and plan are
     # this run's: seqtune.preflight.resume), or null to start at step 0.
     resume_from: str | None = None
+    # Where each model fact came from (model.family=auto: config.json, the safetensors, the chat template, ...),
+    # printed in the preflight report; empty for a named family, whose module states them.
+    fact_sources: dict[str, str] | None = None
 
 
 def write_plan(plan: Plan, run_dir: Path) -> Path:

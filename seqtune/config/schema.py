@@ -274,6 +274,9 @@ class ModelConfig:
             domain.above("rope_theta", self.rope_theta, 0, "null")
         domain.at_least("rope_scaling_factor", self.rope_scaling_factor, 0, "null", optional=True)
         domain.at_least("seed", self.seed, 0, 0)
+        if self.family == ModelFamily.auto and not self.path:
+            domain.refuse("path", "model.family=auto reads every fact from a checkpoint, but model.path is null. Fix: "
+                          "model.path=DIR (a Hugging Face checkpoint directory), or a *_tiny model config")
         if self.requires_path and not self.path:
             domain.refuse("path", f"model.path is required for the {self.family} checkpoint config: the local Hugging "
                           "Face checkpoint directory (config.json, model*.safetensors, tokenizer files); seqtune never "

@@ -24,7 +24,15 @@ if TYPE_CHECKING:
         memory_estimate,
         meta_model,
     )
-    from seqtune.models.spec import FAMILIES, ModelSpec, get_spec, lora_module_names, resized_rows, unmatched_targets
+    from seqtune.models.spec import (
+        FAMILIES,
+        ModelSpec,
+        get_spec,
+        lora_module_names,
+        resized_rows,
+        spec_for,
+        unmatched_targets,
+    )
 
 _EXPORTS = {
     "AttentionChoice": "attention", "AttentionEnv": "attention", "attention_choice": "attention",
@@ -35,7 +43,7 @@ _EXPORTS = {
     "MemoryEstimate": "memory", "MemoryInputs": "memory", "ParamCount": "memory", "count_parameters": "memory",
     "memory_estimate": "memory", "meta_model": "memory",
     "FAMILIES": "spec", "ModelSpec": "spec", "get_spec": "spec", "lora_module_names": "spec",
-    "resized_rows": "spec", "unmatched_targets": "spec",
+    "resized_rows": "spec", "spec_for": "spec", "unmatched_targets": "spec",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -84,13 +84,17 @@ class ModelSpec:
     build_tiny_config: Callable[[dict[str, Any]], PretrainedConfig]
     # HF config -> {ModelConfig field: value} for comparing explicit fields with a checkpoint.
     read_arch_fields: Callable[[PretrainedConfig], dict[str, Any]]
+    # Where each fact came from, for the preflight report (model.family=auto reads them from the checkpoint; a named
+    # family states them in its module).
+    sources: Mapping[str, str] = field(default_factory=dict)
 
 
 def get_spec(family: str) -> ModelSpec:
     """The ModelSpec of `family` (model.family)."""
     if family not in FAMILIES:
         raise ConfigError(
-            f"model.family={family!r} is not a known family. Valid: {', '.join(sorted(FAMILIES))}.",
+            f"model.family={family!r} is not a known family. Valid: {', '.join(sorted(FAMILIES))}, or auto with "
+            "model.path (the facts read from the checkpoint).",
             key="model.family",
             fix="model=llama3_tiny (or another configs/model/*.yaml)",
         )
@@ -101,6 +105,16 @@ def get_spec(family: str) -> ModelSpec:
 def liger_model_types() -> tuple[str, ...]:
     """transformers model types whose layers Liger-Kernel patches: those of every family that says so."""
     return tuple(dict.fromkeys(t for f in FAMILIES if get_spec(f).liger for t in get_spec(f).hf_model_types))
+
+
+def spec_for(model: ModelConfig) -> ModelSpec:
+    """The ModelSpec of the run: the named family's, or for model.family=auto the one its checkpoint states."""
+    if model.family != ModelFamily.auto:
+        return get_spec(model.family)
+    from seqtune.models.auto import checkpoint_spec
+    from seqtune.models.facts import check_checkpoint_dir
+
+    return checkpoint_spec(str(check_checkpoint_dir(model.path)))
 
 
 def lora_module_names(spec: ModelSpec, num_layers: int) -> list[str]:

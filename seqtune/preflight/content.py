@@ -20,7 +20,7 @@ from seqtune.data.overlength import TRUNCATING, cut_sample
 from seqtune.data.scan import SplitScan
 from seqtune.data.tokenize import SampleEncoder, render_chat
 from seqtune.data.types import IGNORE_INDEX
-from seqtune.models import get_spec
+from seqtune.models import spec_for
 from seqtune.models.checkpoint_facts import (
     config_bos_eos,
     generation_stop_ids,
@@ -83,12 +83,12 @@ def tokenizer_presets(path: Path, tokenizer: Any) -> tuple[dict | None, dict | N
     return backend.truncation, backend.padding
 
 
-def terminators(tokenizer: Any, family: str, fmt: str, control: dict[int, str]) -> dict[int, str]:
-    """The tokens that may end a target span: eos, the family's end-of-turn (when the tokenizer has it) and, for
-    chat data, the token the chat template closes an assistant turn with. id -> text."""
+def terminators(tokenizer: Any, eot: str, fmt: str, control: dict[int, str]) -> dict[int, str]:
+    """The tokens that may end a target span: eos, the model's end-of-turn `eot` (its family's, or what the
+    checkpoint's template closes a turn with; when the tokenizer has it) and, for chat data, the token the chat
+    template closes an assistant turn with. id -> text."""
     eos = int(tokenizer.eos_token_id)
     found = {eos: control.get(eos, tokenizer.eos_token)}
-    eot = get_spec(family).eot_token
     eot_id = tokenizer_facts(tokenizer, eot_token=eot).special_ids.get(eot)
     if eot_id is not None:
         found[int(eot_id)] = eot
@@ -127,7 +127,7 @@ def content_checks(cfg: RootConfig, plan: Plan, tokenizer: Any, hf_config: Any, 
     spaces = whitespace_ids(tokenizer)
     seen = {name: observe_split(scan.cache_dir, control=control, literal=literal, bos_id=bos_id,
                                 scan_text=fmt != "tokenized", space_ids=spaces) for name, scan in scans.items()}
-    ends = terminators(tokenizer, cfg.model.family, fmt, control)
+    ends = terminators(tokenizer, spec_for(cfg.model).eot_token, fmt, control)
     problems: list[Problem] = []
     train = (scans["train"], seen["train"].hashes()) if "train" in seen else None
     for name, scan in scans.items():
@@ -146,6 +146,7 @@ def content_checks(cfg: RootConfig, plan: Plan, tokenizer: Any, hf_config: Any, 
                                                    max_fraction=cfg.data.max_duplicate_fraction)
         if name in result.splits:
             result.splits[name].content = _stats(observed, control, ends, cut, duplicates)
+    result.notes += [f"model facts ({fact}): {source}" for fact, source in (plan.fact_sources or {}).items()]
     if fmt in CHAT_FORMATS:
         result.notes += [note] if (note := templates.earlier_turns_note(tokenizer)) else []
     if "train" in seen and hf_config is not None:
@@ -262,7 +263,7 @@ def show_samples(cfg: RootConfig, plan: Plan, tokenizer: Any, scans: dict[str, S
                  run_dir: Path) -> list[samples.ShownSample]:
     """preflight.show: write samples.html and samples.json into the run directory and print one sample."""
     control = control_tokens(tokenizer)
-    ends = terminators(tokenizer, cfg.model.family, cfg.data.format, control)
+    ends = terminators(tokenizer, spec_for(cfg.model).eot_token, cfg.data.format, control)
     eos = plan.vocab.eos_id
     kinds = samples.TokenKinds(bos=tokenizer.bos_token_id, eos=int(eos), eot=frozenset(set(ends) - {eos}),
                                control=frozenset(control))

@@ -23,7 +23,7 @@ from seqtune.config.rundir import SAMPLES_FILE
 from seqtune.config.schema import RootConfig
 from seqtune.data.loader import EvalPrompt, build_eval_prompts
 from seqtune.distributed import DistEnv, broadcast_from_main
-from seqtune.models.spec import get_spec
+from seqtune.models.spec import spec_for
 from seqtune.train.metrics import MetricsLogger, truncate_after
 from seqtune.train.step import autocast
 
@@ -93,7 +93,7 @@ def build_sample_generator(cfg: RootConfig, plan: Plan, preflight, *, tokenizer,
     prompts = build_eval_prompts(preflight.caches["val"], count=cfg.train.eval_samples, max_seq_len=plan.max_seq_len,
                                  bos_id=plan.vocab.special_ids.get("bos"))
     assert prompts, "preflight's check_eval_prompts proved the validation split has prompts"
-    eot = plan.vocab.special_ids.get(get_spec(cfg.model.family).eot_token)
+    eot = plan.vocab.special_ids.get(spec_for(cfg.model).eot_token)
     stop_ids = frozenset(i for i in (plan.vocab.eos_id, eot) if i is not None)
     return SampleGenerator(prompts=prompts, max_new_tokens=cfg.train.eval_sample_tokens, stop_ids=stop_ids,
                            tokenizer=tokenizer, path=Path(run_dir) / SAMPLES_FILE, env=env,

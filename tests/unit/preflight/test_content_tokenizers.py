@@ -58,7 +58,7 @@ def check(tmp_path: Path, tokenizer, family: str, rows: list[dict]) -> tuple[lis
     control = control_tokens(tokenizer)
     observed = observe_split(scan.cache_dir, control=control, literal=literal_controls(tokenizer),
                              bos_id=encoder.bos_id, scan_text=True, space_ids=whitespace_ids(tokenizer))
-    ends = terminators(tokenizer, family, "chat", control)
+    ends = terminators(tokenizer, get_spec(family).eot_token, "chat", control)
     problems = labels.check_turn_terminators(split="train", fmt="chat", run_ends=observed.run_ends, terminators=ends)
     problems += labels.check_literal_controls(split="train", per_token=observed.literal_controls,
                                               lines=observed.literal_lines)
