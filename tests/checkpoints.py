@@ -27,6 +27,9 @@ CHATML_DEFAULT_SYSTEM = ("{% for message in messages %}{% if loop.first and mess
 QWEN25 = CHATML_DEFAULT_SYSTEM.replace("SYSTEM", "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.")
 SMOLLM2 = CHATML_DEFAULT_SYSTEM.replace("SYSTEM", "You are a helpful AI assistant named SmolLM, trained by Hugging Face")
 
+# tokenizer_config.json entries as the real checkpoints state them (Qwen2.5: its own tokenizer class, whose default
+# unk the explicit null overrides).
+TOKENIZER_CONFIG = {"qwen2": {"tokenizer_class": "Qwen2Tokenizer", "unk_token": None, "bos_token": None}}
 # name: (config class, config kwargs, tokenizer source, chat template, eos, end-of-turn, extra tokens, padding side)
 KINDS = {
     "phi3": ("Phi3Config", {"tie_word_embeddings": False}, "bundled", PHI3, "</s>", "<|end|>", [], "left"),
@@ -57,9 +60,10 @@ def build_checkpoint(kind: str, directory: Path) -> Path:
     if padding_side:
         tokenizer.padding_side = padding_side
     tokenizer.save_pretrained(directory)
-    if padding_side:  # transformers drops a padding_side equal to its default; the checkpoint states it
-        config_path = directory / "tokenizer_config.json"
-        config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "padding_side": padding_side}))
+    # transformers drops a padding_side equal to its default; the real checkpoint states it
+    stated = {**TOKENIZER_CONFIG.get(kind, {}), **({"padding_side": padding_side} if padding_side else {})}
+    config_path = directory / "tokenizer_config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), **stated}))
     rows = -(-len(tokenizer) // 64) * 64
     eos_id, eot_id = tokenizer.convert_tokens_to_ids(eos), tokenizer.convert_tokens_to_ids(eot)
     config = getattr(transformers, config_class)(
