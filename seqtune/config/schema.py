@@ -233,9 +233,12 @@ def _finite(value: Any) -> bool:
 class ModelConfig:
     # Which family module builds the model (seqtune/models/<family>.py).
     family: ModelFamily = MISSING
-    # Local Hugging Face checkpoint directory (config.json + *.safetensors). null = a tiny model with random
-    # weights built from the architecture fields below. Never a hub id: nothing is downloaded.
+    # Hugging Face checkpoint: a local directory (config.json + *.safetensors) or a hub id org/name, resolved from
+    # the hub cache first (seqtune/hub.py; HF_HUB_OFFLINE=1 never downloads). null = a tiny model with random
+    # weights built from the architecture fields below.
     path: str | None = None
+    # Branch, tag or commit of a hub id in model.path (null = main).
+    revision: str | None = None
     # Set by the real-size configs (llama3_8b, ...): a random tiny model is never built in their place.
     requires_path: bool = False
     # Architecture fields (used when path is null; with a path they must stay null or match the checkpoint).
@@ -279,8 +282,8 @@ class ModelConfig:
                           "model.path=DIR (a Hugging Face checkpoint directory), or a *_tiny model config")
         if self.requires_path and not self.path:
             domain.refuse("path", f"model.path is required for the {self.family} checkpoint config: the local Hugging "
-                          "Face checkpoint directory (config.json, model*.safetensors, tokenizer files); seqtune never "
-                          "downloads from a hub. Fix: model.path=/path/to/checkpoint (or a *_tiny model config for a "
+                          "Face checkpoint directory (config.json, model*.safetensors, tokenizer files) or its hub id. "
+                          "Fix: model.path=/path/to/checkpoint or model.path=ORG/NAME (or a *_tiny model config for a "
                           "random tiny model)")
         domain.done()
 

@@ -19,7 +19,7 @@ EXPECTED_CHECKPOINT = (
     "Expected a local Hugging Face checkpoint directory (config.json + model*.safetensors, or a sharded "
     "model.safetensors.index.json with its shards, + tokenizer files)."
 )
-PATH_FIX = "model.path=/path/to/checkpoint (seqtune never downloads from a hub)"
+PATH_FIX = "model.path=/path/to/checkpoint, or a hub id model.path=ORG/NAME"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,77 @@
+"""Hub ids offline-first: a checkpoint and a dataset in a hub cache laid out as huggingface_hub writes it resolve
+without any network connection; what is not cached while offline, and a revision on a local path, are refused
+naming the cache and the command that fetches it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from seqtune.config.errors import ConfigError, DataError, ModelLoadError
+from seqtune.config.schema import ModelConfig, TokenizerConfig
+from seqtune.data.sources import expand_paths
+from seqtune.hub import is_hub_id, resolve_snapshot
+from seqtune.models import read_model_facts, spec_for
+from seqtune.tokenizers import load_tokenizer
+from tests.checkpoints import build_checkpoint
+from tests.hub_cache import add_repo, guard_sockets
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return build_checkpoint("qwen2", tmp_path_factory.mktemp("ckpt") / "qwen2")
+
+
+@pytest.fixture
+def offline_cache(tmp_path, monkeypatch) -> Path:
+    cache = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_token_never_written")
+    return cache
+
+
+def test_a_cached_checkpoint_resolves_and_loads_with_no_connection(checkpoint, offline_cache, monkeypatch):
+    snapshot = add_repo(offline_cache, "org/tiny-qwen2", checkpoint)
+    attempts = guard_sockets(monkeypatch)
+    assert is_hub_id("org/tiny-qwen2") and not is_hub_id(str(checkpoint))
+    path = resolve_snapshot("org/tiny-qwen2", revision=None, key="model.path")
+    assert path == snapshot
+    model = ModelConfig(family="auto", path=str(path))
+    assert read_model_facts(model, spec_for(model)).tied_embeddings
+    assert load_tokenizer(TokenizerConfig(source="path"), model).eos_token == "<|im_end|>"
+    assert attempts == []
+
+
+def test_a_missing_id_offline_names_the_cache_and_the_fetch_command(offline_cache, monkeypatch):
+    attempts = guard_sockets(monkeypatch)
+    with pytest.raises(ModelLoadError, match=rf"model.path=org/absent@v2: not in the hub cache {offline_cache}.*"
+                                             r"Fix: fetch it once online: `hf download org/absent --revision v2`"):
+        resolve_snapshot("org/absent", revision="v2", key="model.path")
+    assert attempts == []
+
+
+def test_a_revision_needs_a_hub_id(checkpoint):
+    from tests.unit.preflight.test_preflight_run import compose_real
+
+    with pytest.raises(ConfigError, match=r"model.revision=v1 but model.path=.* is not a hub id"):
+        compose_real("model=hf", f"model.path={checkpoint}", "model.revision=v1", "lora=default")
+
+
+def test_a_hub_dataset_split_reads_its_files_from_the_cache(offline_cache, tmp_path, monkeypatch):
+    source = tmp_path / "set"
+    (source / "data").mkdir(parents=True)
+    for split, n in (("train", 3), ("validation", 2)):
+        rows = [{"instruction": f"{split} {i}", "output": "ok"} for i in range(n)]
+        (source / "data" / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    add_repo(offline_cache, "org/tiny-set", source, repo_type="dataset")
+    attempts = guard_sockets(monkeypatch)
+    [train] = expand_paths("hf:org/tiny-set", "data.train")
+    [val] = expand_paths("hf:org/tiny-set", "data.val")
+    assert train.name == "train.jsonl" and val.name == "validation.jsonl"
+    assert "datasets--org--tiny-set" in str(train)  # a record's file:N names the dataset id and its split file
+    with pytest.raises(DataError, match=r"has no split 'test' \(it has \['train', 'validation'\]\)"):
+        expand_paths("hf:org/tiny-set@test", "data.test")
+    assert attempts == []
