@@ -85,3 +85,21 @@ def build_checkpoint(kind: str, directory: Path) -> Path:
 def copy_checkpoint(source: Path, directory: Path) -> Path:
     shutil.copytree(source, directory)
     return directory
+
+
+def build_qwen3_checkpoint(directory: Path) -> Path:
+    """configs/model/qwen3_tiny.yaml saved as a checkpoint (Qwen3ForCausalLM, the real 151936 rows, tied) with the
+    fetched qwen3 tokenizer and its template: what a Qwen3 repository holds, in miniature."""
+    from transformers import AutoTokenizer
+
+    from seqtune.config.schema import ModelConfig
+    from seqtune.models import build_model
+    from seqtune.tokenizers.pypi import tokenizer_dir
+
+    model = build_model(ModelConfig(family="qwen3", num_layers=1), attn_implementation="sdpa")
+    model.config.architectures = ["Qwen3ForCausalLM"]
+    model.config.eos_token_id = 151645
+    model.save_pretrained(directory, safe_serialization=True)
+    AutoTokenizer.from_pretrained(tokenizer_dir("qwen3")).save_pretrained(directory)
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": [151645, 151643]}))
+    return directory
