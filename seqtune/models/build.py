@@ -61,7 +61,8 @@ def _read_checkpoint_config(cfg: ModelConfig, spec: ModelSpec) -> PretrainedConf
             f"{'; '.join(mismatches)} (model.path={cfg.path}). Architecture fields set together with model.path "
             "must match the checkpoint.",
             key=mismatches[0].split("=")[0],
-            fix=f"{fields} (read them from the checkpoint)",
+            fix=f"{fields} (read them from the checkpoint), or model=hf (no architecture fields: every fact read "
+                "from the checkpoint)",
         )
     return hf_config
 
