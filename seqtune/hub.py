@@ -42,8 +42,14 @@ def hub_cache() -> Path:
     return Path.home() / ".cache" / "huggingface" / "hub"
 
 
+# The user's HF_HUB_OFFLINE as it was before seqtune's entry points set it to 1 for every other library.
+USER_OFFLINE = "SEQTUNE_USER_HF_HUB_OFFLINE"
+
+
 def offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").upper() in TRUE
+    """Whether the user forbids downloads (HF_HUB_OFFLINE=1 as they set it)."""
+    value = os.environ[USER_OFFLINE] if USER_OFFLINE in os.environ else os.environ.get("HF_HUB_OFFLINE", "")
+    return value.upper() in TRUE
 
 
 def fetch_command(repo_id: str, revision: str | None, repo_type: str = "model") -> str:
@@ -77,12 +83,16 @@ def resolve_snapshot(repo_id: str, *, revision: str | None, key: str, repo_type:
 
 def _download(repo_id: str, *, revision: str | None, cache: Path, key: str, repo_type: str,
               patterns: list[str] | None) -> Path:
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
     at = f"@{revision}" if revision else ""
+    command = fetch_command(repo_id, revision, repo_type)
     token_fix = (f"set HF_TOKEN to a token whose account accepted the {repo_type}'s terms (or run `hf auth login`), "
-                 f"then rerun; or fetch it yourself: `{fetch_command(repo_id, revision, repo_type)}`")
+                 f"then rerun; or fetch it yourself: `{command}`")
+    # seqtune's entry points set HF_HUB_OFFLINE=1 so that no library downloads on its own; this one download, of
+    # what the user named while online, is allowed (huggingface_hub reads the flag from its constants module).
+    saved, constants.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE, False
     try:
         return Path(snapshot_download(repo_id, repo_type=repo_type, revision=revision, cache_dir=cache,
                                       allow_patterns=patterns))
@@ -98,8 +108,10 @@ def _download(repo_id: str, *, revision: str | None, cache: Path, key: str, repo
     except (HfHubHTTPError, OSError, ValueError) as err:  # no network, a proxy, a full disk: said, not a traceback
         raise ModelLoadError(f"{key}={repo_id}{at}: downloading into the hub cache {cache} failed "
                              f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}).", key=key,
-                             fix=f"fetch it with `{fetch_command(repo_id, revision, repo_type)}` where the hub is reachable, "
-                                 "then rerun with HF_HUB_OFFLINE=1") from None
+                             fix=f"fetch it with `{command}` where the hub is reachable, then rerun with "
+                                 "HF_HUB_OFFLINE=1") from None
+    finally:
+        constants.HF_HUB_OFFLINE = saved
 
 
 def resolve_hub_paths(cfg):

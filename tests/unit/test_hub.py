@@ -4,7 +4,9 @@ naming the cache and the command that fetches it."""
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -75,3 +77,49 @@ def test_a_hub_dataset_split_reads_its_files_from_the_cache(offline_cache, tmp_p
     with pytest.raises(DataError, match=r"has no split 'test' \(it has \['train', 'validation'\]\)"):
         expand_paths("hf:org/tiny-set@test", "data.test")
     assert attempts == []
+
+
+class _Hub(http.server.BaseHTTPRequestHandler):
+    """A hub on loopback answering every request as the real one answers a gated or unknown repository."""
+
+    answer = (403, "GatedRepo")
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        status, code = self.answer
+        self.send_response(status)
+        self.send_header("X-Error-Code", code)
+        self.send_header("X-Error-Message", "Access to this model is restricted.")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_HEAD = do_GET
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def fake_hub(monkeypatch, tmp_path):
+    from huggingface_hub import constants
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("SEQTUNE_USER_HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_token_never_written")
+    yield _Hub
+    server.shutdown()
+
+
+@pytest.mark.parametrize("answer,message", [
+    ((403, "GatedRepo"), r"org/gated is gated: this account \(HF_TOKEN\) may not download it.*Fix: set HF_TOKEN"),
+    ((401, "RepoNotFound"), r"org/gated: no such repository, or it is private and HF_TOKEN is not set"),
+])
+def test_online_a_gated_or_unknown_repository_is_refused_naming_hf_token(fake_hub, monkeypatch, answer, message):
+    monkeypatch.setattr(fake_hub, "answer", answer)
+    attempts = guard_sockets(monkeypatch)
+    with pytest.raises(ModelLoadError, match=message) as refused:
+        resolve_snapshot("org/gated", revision=None, key="model.path")
+    assert "hf_secret_token_never_written" not in str(refused.value) and attempts == []  # asked the loopback hub
