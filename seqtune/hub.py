@@ -75,7 +75,8 @@ def resolve_snapshot(repo_id: str, *, revision: str | None, key: str, repo_type:
     except LocalEntryNotFoundError:
         if offline():
             raise ModelLoadError(
-                f"{key}={repo_id}{at}: not in the hub cache {cache}, and HF_HUB_OFFLINE=1 forbids downloading it.",
+                f"{key}={repo_id}{at}: no such local directory, and as a hub id not in the hub cache {cache}, and "
+                "HF_HUB_OFFLINE=1 forbids downloading it.",
                 key=key, fix=f"fetch it once online: `{fetch_command(repo_id, revision, repo_type)}` (HF_HUB_CACHE="
                              f"{cache}), then rerun; or unset HF_HUB_OFFLINE") from None
     return _download(repo_id, revision=revision, cache=cache, key=key, repo_type=repo_type, patterns=patterns)

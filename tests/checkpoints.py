@@ -25,7 +25,8 @@ CHATML_DEFAULT_SYSTEM = ("{% for message in messages %}{% if loop.first and mess
                          "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
                          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 QWEN25 = CHATML_DEFAULT_SYSTEM.replace("SYSTEM", "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.")
-SMOLLM2 = CHATML_DEFAULT_SYSTEM.replace("SYSTEM", "You are a helpful AI assistant named SmolLM, trained by Hugging Face")
+SMOLLM2 = CHATML_DEFAULT_SYSTEM.replace("SYSTEM",
+                                       "You are a helpful AI assistant named SmolLM, trained by Hugging Face")
 
 # tokenizer_config.json entries as the real checkpoints state them (Qwen2.5: its own tokenizer class, whose default
 # unk the explicit null overrides).

@@ -54,6 +54,7 @@ def _checkpoint_spec(root_text: str) -> ModelSpec:
     template, template_source = _chat_template(root, tokenizer_config)
     eot, eot_source = _end_of_turn(root, template, tokenizer_config)
     padding = tokenizer_config.get("padding_side") or "right"
+    padding_source = "tokenizer_config.json padding_side" if "padding_side" in tokenizer_config else "default: right"
     named = [get_spec(f) for f in FAMILIES if model_type in get_spec(f).hf_model_types]
     refused = {dtype: why for spec in named for dtype, why in spec.refused_dtypes.items()}
     layer_modules = tuple(sorted(layer))
@@ -66,7 +67,7 @@ def _checkpoint_spec(root_text: str) -> ModelSpec:
                         "weights of decoder layer 0 in the safetensors)",
         "end of turn": f"{eot} ({eot_source})",
         "chat template": template_source,
-        "padding side": f"{padding} ({'tokenizer_config.json padding_side' if 'padding_side' in tokenizer_config else 'default: right'})",
+        "padding side": f"{padding} ({padding_source})",
         "quirks": f"model.family={named[0].family}'s (same model_type {model_type})" if named else "none (no named "
                   f"family declares model_type {model_type})",
     }

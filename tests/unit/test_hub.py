@@ -49,7 +49,8 @@ def test_a_cached_checkpoint_resolves_and_loads_with_no_connection(checkpoint, o
 
 def test_a_missing_id_offline_names_the_cache_and_the_fetch_command(offline_cache, monkeypatch):
     attempts = guard_sockets(monkeypatch)
-    with pytest.raises(ModelLoadError, match=rf"model.path=org/absent@v2: not in the hub cache {offline_cache}.*"
+    with pytest.raises(ModelLoadError, match=rf"model.path=org/absent@v2: no such local directory, and as a hub id "
+                                             rf"not in the hub cache {offline_cache}.*"
                                              r"Fix: fetch it once online: `hf download org/absent --revision v2`"):
         resolve_snapshot("org/absent", revision="v2", key="model.path")
     assert attempts == []
