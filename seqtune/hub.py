@@ -123,11 +123,12 @@ def resolve_hub_paths(cfg):
 
         raise ConfigError(f"model.revision={model.revision} but model.path={model.path} is not a hub id (org/name).",
                           key="model.revision", fix="model.revision=null, or model.path=ORG/NAME")
+    if is_hub_id(tok.path):  # the model's own repository is read at the model's revision
+        revision = model.revision if tok.path == model.path else None
+        cfg.tokenizer = replace(tok, path=str(resolve_snapshot(tok.path, revision=revision, key="tokenizer.path")))
     if is_hub_id(model.path):
         cfg.model = replace(model, path=str(resolve_snapshot(model.path, revision=model.revision,
                                                              key="model.path")))
-    if is_hub_id(tok.path):
-        cfg.tokenizer = replace(tok, path=str(resolve_snapshot(tok.path, revision=None, key="tokenizer.path")))
     return cfg
 
 

@@ -124,3 +124,18 @@ def test_online_a_gated_or_unknown_repository_is_refused_naming_hf_token(fake_hu
     with pytest.raises(ModelLoadError, match=message) as refused:
         resolve_snapshot("org/gated", revision=None, key="model.path")
     assert "hf_secret_token_never_written" not in str(refused.value) and attempts == []  # asked the loopback hub
+
+
+def test_the_typed_config_carries_the_snapshots_of_model_and_tokenizer_ids(checkpoint, offline_cache, monkeypatch):
+    from tests.unit.preflight.test_preflight_run import compose_real
+
+    snapshot = add_repo(offline_cache, "org/tiny-qwen2", checkpoint, revision="v1")
+    attempts = guard_sockets(monkeypatch)
+    typed = compose_real("model=hf", "model.path=org/tiny-qwen2", "model.revision=v1", "lora=default",
+                         "tokenizer=checkpoint", "tokenizer.path=org/tiny-qwen2")
+    # The model's own repository as the tokenizer: read at the model's revision.
+    assert typed.model.path == typed.tokenizer.path == str(snapshot) and typed.model.revision == "v1"
+    with pytest.raises(ModelLoadError, match=r"tokenizer.path=org/other: no such local directory.*hf download org/"):
+        compose_real("model=hf", "model.path=org/tiny-qwen2", "model.revision=v1", "lora=default",
+                     "tokenizer=checkpoint", "tokenizer.path=org/other")
+    assert attempts == []
