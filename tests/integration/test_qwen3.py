@@ -1,6 +1,6 @@
 """`model=qwen3_tiny tokenizer=qwen3` end to end on chat data: the Qwen3 template's rendering is what trains, with
 <|im_end|> a target of every reply, no bos anywhere, the report saying what the template does to earlier turns, and
-the validation loss falling."""
+the validation loss falling, samples generated from bos-less prompts."""
 
 from __future__ import annotations
 
@@ -36,12 +36,16 @@ def test_qwen3_tiny_trains_chat_with_im_end_as_target_and_validation_loss_falls(
     run_dir = tmp_path / "run"
     result = run_cli(["model=qwen3_tiny", "tokenizer=qwen3", "data.format=chat", f"data.train={train}",
                       f"data.val={val}", "data.max_duplicate_fraction=1", "train.max_steps=24", "train.eval_every=8",
-                      "train.batch_size=8"], run_dir)
+                      "train.batch_size=8", "train.eval_samples=2"], run_dir)
     text = result.stdout + result.stderr
     assert result.returncode == 0, text[-4000:]
     assert "chat template qwen3: every assistant turn keeps its <think> block" in " ".join(text.split())
     losses = [m["eval_loss"] for m in read_metrics(run_dir) if "eval_loss" in m]
     assert len(losses) == 3 and losses[0] > losses[1] > losses[2], losses
+    # Generated samples from bos-less prompts: each prompt is the rendering up to the first reply.
+    generated = [json.loads(line) for line in (run_dir / "samples_generated.jsonl").read_text().splitlines()]
+    assert len(generated) == 6 and all(g["prompt"].startswith("<|im_start|>system\n") for g in generated)
+    assert all(g["prompt"].endswith("<|im_start|>assistant\n") for g in generated)
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "adapter")
     sample = TokenCache.open(Path(json.loads((run_dir / "preflight.json").read_text())["caches"]["train"]))[0]
     assert tokenizer.decode(sample.input_ids).startswith("<|im_start|>system\nAnswer with numbers.<|im_end|>\n")
