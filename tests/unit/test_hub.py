@@ -139,3 +139,21 @@ def test_the_typed_config_carries_the_snapshots_of_model_and_tokenizer_ids(check
         compose_real("model=hf", "model.path=org/tiny-qwen2", "model.revision=v1", "lora=default",
                      "tokenizer=checkpoint", "tokenizer.path=org/other")
     assert attempts == []
+
+
+def test_a_named_config_of_a_hub_dataset_is_read_as_its_card_declares(offline_cache, tmp_path, monkeypatch):
+    source = tmp_path / "set"
+    for config in ("small", "large"):
+        (source / config).mkdir(parents=True)
+        (source / config / "train.jsonl").write_text(json.dumps({"instruction": config, "output": "ok"}) + "\n")
+    (source / "README.md").write_text(
+        "---\nconfigs:\n- config_name: small\n  data_files:\n  - split: train\n    path: small/train.jsonl\n"
+        "- config_name: large\n  data_files:\n  - split: train\n    path: large/train.jsonl\n---\n")
+    add_repo(offline_cache, "org/two-configs", source, repo_type="dataset")
+    attempts = guard_sockets(monkeypatch)
+    [large] = expand_paths("hf:org/two-configs:large@train", "data.train")
+    [small] = expand_paths("hf:org/two-configs@train:small", "data.train")  # either order of :config and @split
+    assert large.parent.name == "large" and small.parent.name == "small"
+    with pytest.raises(DataError, match=r"finds no config 'medium'"):
+        expand_paths("hf:org/two-configs:medium", "data.train")
+    assert attempts == []
