@@ -21,7 +21,7 @@ from seqtune.config.plan import Plan
 from seqtune.config.schema import RootConfig
 from seqtune.data.loader import build_eval_batches, build_train_batches
 from seqtune.distributed import DistEnv, init_distributed, teardown, unwrap, wrap_model
-from seqtune.models import apply_lora, build_model, get_spec
+from seqtune.models import apply_lora, build_model, spec_for
 from seqtune.models.kernels import apply_kernels
 from seqtune.models.lora import skip_adapter_input_cast
 from seqtune.models.token_loss import install_token_loss
@@ -45,7 +45,7 @@ ObjectiveFactory = Callable[[torch.nn.Module, torch.nn.Module, DistEnv], Objecti
 def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: ObjectiveFactory) -> None:
     env = init_distributed(plan, backend_choice=cfg.launcher.backend)
     set_seed(cfg.train.seed, env.rank)
-    spec = get_spec(cfg.model.family)
+    spec = spec_for(cfg.model)
 
     tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec.chat_template)
 

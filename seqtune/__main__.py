@@ -16,8 +16,10 @@ import sys
 import traceback
 from pathlib import Path
 
-# Before torch/transformers are imported: seqtune never reaches a model hub, and tokenizer threads must not be
-# forked into dataloader workers.
+# Before torch/transformers are imported: no library reaches a model hub on its own (only seqtune.hub fetches a hub
+# id named in model.path, unless the user's own HF_HUB_OFFLINE, kept in USER_HUB_OFFLINE, forbids it), and tokenizer
+# threads must not be forked into dataloader workers.
+os.environ.setdefault("SEQTUNE_USER_HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", ""))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # torchao (pulled in by peft/torchtune) warns at import about its C++ extensions, which seqtune does not use.
 logging.getLogger("torchao").setLevel(logging.ERROR)

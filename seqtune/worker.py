@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+os.environ.setdefault("SEQTUNE_USER_HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", ""))  # see __main__
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # torchao (pulled in by peft/torchtune) warns at import about its C++ extensions, which seqtune does not use.
 logging.getLogger("torchao").setLevel(logging.ERROR)

@@ -4,7 +4,7 @@
 #
 # Run it where PyPI is reachable. The bundle holds seqtune's pinned pure-Python dependencies (constraints.txt),
 # bitsandbytes (QLoRA) with only the CUDA library the GPU machine needs, Liger-Kernel (fused loss), and the
-# Llama 3 tokenizer that scripts/fetch_tokenizers.py converted. bench/gpu/run.sh unpacks and uses it.
+# Llama 3 and Qwen3 tokenizers that scripts/fetch_tokenizers.py converted. bench/gpu/run.sh unpacks and uses it.
 # Environment: PYVER (the GPU machine's Python, default 3.12), CUDA_LIB (bitsandbytes library suffix to keep,
 # default cuda130 for CUDA 13.0; `nvidia-smi` there says which CUDA the driver runs).
 set -euo pipefail
@@ -31,7 +31,7 @@ done
 # bitsandbytes ships one library per CUDA/ROCm version (~130 MB); keep the machine's and the CPU one.
 find "$work/bundle/site/bitsandbytes" -name 'libbitsandbytes_*.so' ! -name "libbitsandbytes_${cuda_lib}.so" \
      ! -name 'libbitsandbytes_cpu.so' -delete
-cp -r "${SEQTUNE_CACHE:-$HOME/.cache/seqtune}/tokenizers/llama3" "$work/bundle/tokenizers/"
+for name in llama3 qwen3; do cp -r "${SEQTUNE_CACHE:-$HOME/.cache/seqtune}/tokenizers/$name" "$work/bundle/tokenizers/"; done
 mkdir -p "$(dirname "$out")"
 tar -C "$work/bundle" -cJf "$out" site tokenizers
 echo "wrote $out ($(du -h "$out" | cut -f1)); carry it with the repo, then: bash bench/gpu/run.sh $out OUT_DIR"

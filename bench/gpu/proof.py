@@ -41,6 +41,11 @@ TINYLLAMA_1B = {"vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 
                 "num_heads": 32, "num_kv_heads": 4, "max_position_embeddings": 131072}
 TINY = {"vocab_size": 128256, "hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4,
         "num_kv_heads": 2, "max_position_embeddings": 131072}
+# Qwen3-8B (model=qwen3_tiny's keys): q/k norm, head_dim 128, untied as the real 8B; the tokenizer is Qwen3's own.
+QWEN3_8B = {"vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288, "num_layers": 36, "num_heads": 32,
+            "num_kv_heads": 8, "head_dim": 128, "max_position_embeddings": 40960, "tie_word_embeddings": False}
+QWEN3_TINY = {"vocab_size": 151936, "hidden_size": 128, "intermediate_size": 256, "num_layers": 2, "num_heads": 4,
+              "num_kv_heads": 2, "head_dim": 32, "max_position_embeddings": 40960, "tie_word_embeddings": False}
 # Dense bf16 peak of an H100/H200 SXM by the datasheet; MFU is against this (--peak-tflops to change).
 H200_BF16_TFLOPS = 989.0
 LOG_EVERY = 5
@@ -420,6 +425,28 @@ def mfu(shape: dict, row: dict, lengths: list[int], peak_tflops: float) -> dict:
             "model_tflops_per_s": flops / 1e12, "mean_attended_context": context}
 
 
+# --- 3b. the Qwen3-8B shape ----------------------------------------------------------------------------------
+
+
+def qwen3(proof: Proof, peak_tflops: float) -> dict:
+    """bf16 LoRA r16 on a Qwen3-8B-shaped model with Qwen3's tokenizer, packed: throughput, and the preflight
+    memory estimate against the measured peak (the memory section's table picks the run up)."""
+    max_len = 512 if proof.quick else 4096
+    shape = QWEN3_TINY if proof.quick else QWEN3_8B
+    steps = 6 if proof.quick else 20
+    data = write_sft_data(proof.work / "sft_qwen3.jsonl", 1000 if proof.quick else 12000, max_tokens=max_len)
+    run = proof.cli("qwen3_8b_packed", ["model=qwen3_tiny", *(f"model.{k}={v}" for k, v in shape.items()),
+                                        "tokenizer=qwen3", f"data.train={data}", "data.val=null",
+                                        f"data.max_seq_len={max_len}", "lora=default", "lora.rank=16",
+                                        "optim.lr=1e-4", "train.batch_size=2", f"train.max_steps={steps}",
+                                        "padding=packed", *proof.bf16_device], timeout=300)
+    row = run["throughput"] | mfu(shape, run["throughput"], _cached_lengths(run["preflight"]), peak_tflops)
+    return {"shape": "Qwen3-8B" if not proof.quick else "tiny", "max_seq_len": max_len, "steps": steps,
+            "row": row | {"command": run["command"]}, "backend": run["backend"],
+            "memory_runs": {"qwen3_8b_packed": {k: run[k] for k in ("memory_estimate_gib", "measured_peak_gib",
+                                                                   "estimate_vs_measured", "command")}}}
+
+
 # --- 4. memory ------------------------------------------------------------------------------------------------
 
 
@@ -497,6 +524,12 @@ def render(results: dict) -> str:
                 f" {t['steps']} steps (attention {t['backend']['attention']}, loss {t['backend']['loss']}):", "",
                 markdown_table(["run", "real tok/s", "target tok/s", "vs Trainer", "padding eff.", "MFU (4N+attn)",
                                 "MFU (6N conv.)"], rows), ""]
+    if sections.get("qwen3", {}).get("ok"):
+        q = sections["qwen3"]
+        r = q["row"]
+        out += [f"Qwen3, {q['shape']} shape, bf16 LoRA r16 packed x {q['max_seq_len']}, {q['steps']} steps (kernels "
+                f"{q['backend']['kernels']}, attention {q['backend']['attention']}): {r['tokens_per_s']:.0f} real tok/s, "
+                f"{r['target_tokens_per_s']:.0f} target tok/s, MFU {100 * r['mfu']:.1f}%", ""]
     if sections.get("memory", {}).get("ok"):
         rows = [[name, f"{r['memory_estimate_gib']:.2f}", f"{r['measured_peak_gib']:.2f}",
                  f"{r['estimate_vs_measured'] or 0:.2f}"] for name, r in sections["memory"]["rows"].items()]
@@ -535,6 +568,7 @@ def main() -> None:
         "contamination": lambda: contamination(args.quick),
         "steps": lambda: steps(proof),
         "throughput": lambda: throughput(proof, args.peak_tflops),
+        "qwen3": lambda: qwen3(proof, args.peak_tflops),
         "memory": lambda: memory(proof),
         "torchrun": lambda: torchrun(proof),
     }

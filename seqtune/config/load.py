@@ -42,7 +42,11 @@ def to_typed(cfg: DictConfig) -> RootConfig:
     typed = OmegaConf.to_object(cfg)
     if not isinstance(typed, RootConfig):  # composed without root_schema: an internal wiring bug
         raise TypeError(f"expected RootConfig, got {type(typed).__name__}")
-    return typed
+    # Hub ids (model.path=org/name) become their local snapshots here, offline-first, in every process; the
+    # saved config.yaml keeps the id. (Imported here: seqtune.hub imports this package's errors.)
+    from seqtune.hub import resolve_hub_paths
+
+    return resolve_hub_paths(typed)
 
 
 def save_resolved(cfg: DictConfig, path: Path) -> None:

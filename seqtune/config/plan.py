@@ -14,7 +14,7 @@ Two stages, each complete (no field waits for a later phase as null):
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +115,9 @@ class Resolved:
     # (a pair: chosen and rejected, kept together in every batch), and how many sequences that is.
     sample_kind: str = "sft"
     sequences_per_sample: int = 1
+    # Where each model fact came from (model.family=auto: config.json, the safetensors, the chat template, ...),
+    # printed in the preflight report; empty for a named family, whose module states them.
+    fact_sources: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)

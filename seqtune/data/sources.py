@@ -57,6 +57,11 @@ def expand_paths(spec: Any, key: str) -> list[Path]:
         raise DataError(f"{key} is an empty list.", key=key, fix=f"give {key} at least one JSONL path or glob.")
     files: list[Path] = []
     for item in specs:
+        if str(item).startswith("hf:"):  # a hub dataset's split: its data files in the hub cache (seqtune/hub.py)
+            from seqtune.hub import dataset_files
+
+            files += [path for path in dataset_files(str(item), key) if path not in files]
+            continue
         text = str(Path(str(item)).expanduser())
         matches = sorted(glob.glob(text, recursive=True)) if glob.has_magic(text) else [text]
         if glob.has_magic(text) and not matches:

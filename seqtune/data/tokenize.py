@@ -318,6 +318,9 @@ def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None
         # A template may close the LAST turn differently (e.g. eos after the final reply): the reply ends where
         # this partial rendering stops agreeing with the full conversation; trailing whitespace is not the reply's.
         common = os.path.commonprefix([upto, full])
+        if len(common.rstrip()) <= len(before):  # e.g. Qwen3's official template drops an earlier turn's <think>
+            raise ValueError(f"its rendering of assistant message {i} changes once later messages follow (not "
+                             "append-only), so the reply as trained cannot be located")
         spans.append((len(before), len(common.rstrip())))
     return full, spans
 

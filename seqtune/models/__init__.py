@@ -1,6 +1,8 @@
-"""seqtune.models: one module per family (llama3, gemma3, mistral, tinyllama) + building, LoRA and sizing.
+"""seqtune.models: one module per family (llama3, gemma3, mistral, tinyllama, qwen3; the registry is ModelFamily),
+auto.py (any causal LM by its checkpoint) + building, LoRA and sizing.
 
-See docs/ARCHITECTURE.md. Nothing here downloads: checkpoints are local directories with safetensors weights.
+See docs/ARCHITECTURE.md. Nothing here downloads: checkpoints are local directories with safetensors weights (a hub
+id in model.path is resolved to its cached snapshot before, by seqtune.hub).
 Public names are imported lazily (PEP 562): the parent reads the light facts (spec.py, facts.py) and prints the
 checks that need no data before torch, transformers and peft are imported.
 """
@@ -24,7 +26,15 @@ if TYPE_CHECKING:
         memory_estimate,
         meta_model,
     )
-    from seqtune.models.spec import FAMILIES, ModelSpec, get_spec, lora_module_names, resized_rows, unmatched_targets
+    from seqtune.models.spec import (
+        FAMILIES,
+        ModelSpec,
+        get_spec,
+        lora_module_names,
+        resized_rows,
+        spec_for,
+        unmatched_targets,
+    )
 
 _EXPORTS = {
     "AttentionChoice": "attention", "AttentionEnv": "attention", "attention_choice": "attention",
@@ -35,7 +45,7 @@ _EXPORTS = {
     "MemoryEstimate": "memory", "MemoryInputs": "memory", "ParamCount": "memory", "count_parameters": "memory",
     "memory_estimate": "memory", "meta_model": "memory",
     "FAMILIES": "spec", "ModelSpec": "spec", "get_spec": "spec", "lora_module_names": "spec",
-    "resized_rows": "spec", "unmatched_targets": "spec",
+    "resized_rows": "spec", "spec_for": "spec", "unmatched_targets": "spec",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)

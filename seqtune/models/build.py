@@ -22,7 +22,7 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 from seqtune.config.errors import ConfigError, ModelLoadError
 from seqtune.config.schema import AttnImplementation, ModelConfig
 from seqtune.models.facts import EXPECTED_CHECKPOINT, PATH_FIX, check_checkpoint_dir, check_model_type
-from seqtune.models.spec import ModelSpec, arch_mismatches, check_unused_fields, get_spec, resolve_tiny_fields
+from seqtune.models.spec import ModelSpec, arch_mismatches, check_unused_fields, resolve_tiny_fields, spec_for
 from seqtune.models.varlen import register as register_varlen
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -32,7 +32,7 @@ TINY_INIT_STD = 0.02
 
 def load_model_config(cfg: ModelConfig) -> PretrainedConfig:
     """The Hugging Face config of the model `cfg` describes, without loading any weights (preflight uses it)."""
-    spec = get_spec(cfg.family)
+    spec = spec_for(cfg)
     check_unused_fields(cfg, spec)
     if cfg.path is None:
         hf_config = spec.build_tiny_config(resolve_tiny_fields(cfg, spec))
@@ -61,7 +61,8 @@ def _read_checkpoint_config(cfg: ModelConfig, spec: ModelSpec) -> PretrainedConf
             f"{'; '.join(mismatches)} (model.path={cfg.path}). Architecture fields set together with model.path "
             "must match the checkpoint.",
             key=mismatches[0].split("=")[0],
-            fix=f"{fields} (read them from the checkpoint)",
+            fix=f"{fields} (read them from the checkpoint), or model=hf (no architecture fields: every fact read "
+                "from the checkpoint)",
         )
     return hf_config
 
@@ -83,7 +84,7 @@ def build_model(
     model.resize_embeddings=true (spec.resized_rows): embedding and head grow to exactly that many rows;
     `model.seqtune_base_rows` remembers the old count so apply_lora can make exactly the new rows trainable.
     """
-    spec = get_spec(cfg.family)
+    spec = spec_for(cfg)
     if attn_implementation == AttnImplementation.torch_varlen:
         register_varlen()
     if cfg.load_in_4bit and not torch.cuda.is_available():

@@ -19,7 +19,7 @@ EXPECTED_CHECKPOINT = (
     "Expected a local Hugging Face checkpoint directory (config.json + model*.safetensors, or a sharded "
     "model.safetensors.index.json with its shards, + tokenizer files)."
 )
-PATH_FIX = "model.path=/path/to/checkpoint (seqtune never downloads from a hub)"
+PATH_FIX = "model.path=/path/to/checkpoint, or a hub id model.path=ORG/NAME"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,7 +53,9 @@ def read_model_facts(cfg: ModelConfig, spec: ModelSpec) -> ModelFacts:
             check_model_type(cfg, spec, config.get("model_type"))
             vocab, context, layers = (config["vocab_size"], config["max_position_embeddings"],
                                       config["num_hidden_layers"])
-            model_type, window = config["model_type"], config.get("sliding_window")
+            # Qwen2/2.5 state a window they do not use (use_sliding_window: false).
+            use_window = config.get("use_sliding_window", True) is not False
+            model_type, window = config["model_type"], config.get("sliding_window") if use_window else None
             dropout = bool(config.get("attention_dropout") or 0) or config.get("attn_logit_softcapping") is not None
             # Absent from config.json: the transformers class's default, which the family's tiny default mirrors.
             tied = bool(config.get("tie_word_embeddings", spec.tiny_defaults["tie_word_embeddings"]))
@@ -102,7 +104,8 @@ def check_model_type(cfg: ModelConfig, spec: ModelSpec, model_type: str | None) 
     if model_type in spec.hf_model_types:
         return
     others = family_for_model_type(model_type) if model_type else []
-    fix = f"model.family={others[0]}" if others else f"point model.path at a {spec.family} checkpoint"
+    fix = f"model.family={others[0]}" if others else ("model=hf (model.family=auto: any causal LM transformers "
+                                                       "ships, its facts read from the checkpoint)")
     if model_type == "gemma3":
         fix = "use a text-only Gemma 3 checkpoint (gemma-3-1b*, model_type gemma3_text); multimodal ones are not supported"
     raise ModelLoadError(

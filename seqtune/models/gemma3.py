@@ -64,6 +64,7 @@ SPEC = ModelSpec(
     refused_dtypes={"float16": "Gemma 3's activations overflow float16 (inf/NaN losses); it was trained in bfloat16"},
     # The 1B text model has no RoPE scaling (the multimodal 4B+ scale global layers linearly).
     unused_fields=frozenset({"rope_scaling_factor"}),
+    liger=True,
     tiny_defaults={
         "vocab_size": 4096, "hidden_size": 64, "intermediate_size": 192, "num_layers": 6, "num_heads": 4,
         "num_kv_heads": 1, "head_dim": 64, "max_position_embeddings": 32768, "sliding_window": 64,

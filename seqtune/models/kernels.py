@@ -18,12 +18,11 @@ from typing import TYPE_CHECKING
 
 from seqtune.config.errors import ConfigError
 from seqtune.config.schema import Kernels
+from seqtune.models.spec import liger_model_types
 
 if TYPE_CHECKING:
     from torch import nn
 
-# transformers model types whose layers Liger-Kernel patches (every seqtune family's).
-LIGER_MODEL_TYPES = ("llama", "mistral", "gemma3_text")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,7 +41,7 @@ def _why_not_liger(device_type: str, model_type: str) -> list[str]:
         why_not.append(f"needs CUDA, not {device_type}")
     if not liger_installed():
         why_not.append("needs the liger-kernel package, which is not installed (pip install -e '.[cuda]')")
-    if model_type not in LIGER_MODEL_TYPES:
+    if model_type not in liger_model_types():
         why_not.append(f"has no kernels for model type {model_type}")
     return why_not
 

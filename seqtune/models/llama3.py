@@ -54,6 +54,7 @@ SPEC = ModelSpec(
     chat_template=templates.LLAMA3,
     eot_token="<|eot_id|>",
     unused_fields=frozenset({"sliding_window", "sliding_window_pattern"}),
+    liger=True,
     tiny_defaults={
         "vocab_size": 4096, "hidden_size": 64, "intermediate_size": 224, "num_layers": 2, "num_heads": 8,
         "num_kv_heads": 2, "head_dim": None, "max_position_embeddings": 131072, "rope_theta": 500000.0,

@@ -35,6 +35,7 @@ SPEC = ModelSpec(
     chat_template=templates.MISTRAL_V1,
     eot_token="</s>",
     unused_fields=frozenset({"sliding_window_pattern", "rope_scaling_factor"}),
+    liger=True,
     tiny_defaults={
         "vocab_size": 4096, "hidden_size": 64, "intermediate_size": 224, "num_layers": 2, "num_heads": 8,
         "num_kv_heads": 2, "head_dim": None, "max_position_embeddings": 32768, "sliding_window": 128,

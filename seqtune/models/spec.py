@@ -1,6 +1,9 @@
 """ModelSpec: what seqtune knows about a model family, and the registry `get_spec(family)`.
 
-Each family module (llama3.py, gemma3.py, mistral.py, tinyllama.py) defines one `SPEC`. The spec carries plain
+The registry is the `ModelFamily` enum (seqtune/config/schema.py): each member but `auto` names one family module
+(seqtune/models/<family>.py) that defines one `SPEC`. Every list of families is read from here: `FAMILIES` (what
+the tests parametrize over), `LIGER_MODEL_TYPES` (a family states whether Liger-Kernel patches it), so a new
+family cannot be silently left out of either (docs/extending.md, "Adding a model family"). The spec carries plain
 facts about the family (chat format, LoRA targets, module layout, padding side, dtype quirks) plus two functions:
 how to build the tiny Hugging Face config from ModelConfig's architecture fields, and how to read those fields back
 from a checkpoint's config (so a checkpoint and an explicit field can be compared).
@@ -42,7 +45,8 @@ ARCH_FIELDS: tuple[str, ...] = (
     "rope_theta",
     "rope_scaling_factor",
 )
-FAMILIES: tuple[str, ...] = tuple(ModelFamily)
+# The named families (model.family=auto is no family module: its facts come from the checkpoint, models/auto.py).
+FAMILIES: tuple[str, ...] = tuple(f for f in ModelFamily if f != ModelFamily.auto)
 # Embedding rows are padded to this multiple on resize.
 EMBEDDING_ROW_MULTIPLE = 64
 LLAMA_LAYER_MODULES: tuple[str, ...] = (
@@ -72,24 +76,45 @@ class ModelSpec:
     refused_dtypes: Mapping[str, str] = field(default_factory=dict)
     # ModelConfig fields this family has no use for: setting one is a ConfigError, never silently ignored.
     unused_fields: frozenset[str] = field(default_factory=frozenset)
+    # Whether Liger-Kernel patches this family's layers (model.kernels=auto picks it on CUDA): LIGER_MODEL_TYPES.
+    liger: bool
     # Values for null architecture fields when building the tiny model.
     tiny_defaults: Mapping[str, Any]
     # ModelConfig (with nulls filled) -> HF config. Called by build.load_model_config.
     build_tiny_config: Callable[[dict[str, Any]], PretrainedConfig]
     # HF config -> {ModelConfig field: value} for comparing explicit fields with a checkpoint.
     read_arch_fields: Callable[[PretrainedConfig], dict[str, Any]]
+    # Where each fact came from, for the preflight report (model.family=auto reads them from the checkpoint; a named
+    # family states them in its module).
+    sources: Mapping[str, str] = field(default_factory=dict)
 
 
 def get_spec(family: str) -> ModelSpec:
     """The ModelSpec of `family` (model.family)."""
     if family not in FAMILIES:
         raise ConfigError(
-            f"model.family={family!r} is not a known family. Valid: {', '.join(sorted(FAMILIES))}.",
+            f"model.family={family!r} is not a known family. Valid: {', '.join(sorted(FAMILIES))}, or auto with "
+            "model.path (the facts read from the checkpoint).",
             key="model.family",
             fix="model=llama3_tiny (or another configs/model/*.yaml)",
         )
     # Imported lazily: the family modules import this module for ModelSpec.
     return importlib.import_module(f"seqtune.models.{family}").SPEC
+
+
+def liger_model_types() -> tuple[str, ...]:
+    """transformers model types whose layers Liger-Kernel patches: those of every family that says so."""
+    return tuple(dict.fromkeys(t for f in FAMILIES if get_spec(f).liger for t in get_spec(f).hf_model_types))
+
+
+def spec_for(model: ModelConfig) -> ModelSpec:
+    """The ModelSpec of the run: the named family's, or for model.family=auto the one its checkpoint states."""
+    if model.family != ModelFamily.auto:
+        return get_spec(model.family)
+    from seqtune.models.auto import checkpoint_spec
+    from seqtune.models.facts import check_checkpoint_dir
+
+    return checkpoint_spec(str(check_checkpoint_dir(model.path)))
 
 
 def lora_module_names(spec: ModelSpec, num_layers: int) -> list[str]:

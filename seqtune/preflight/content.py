@@ -33,6 +33,7 @@ from seqtune.preflight.checks import Problem
 from seqtune.preflight.observe import Finding, SplitObservations, observe_split
 from seqtune.preflight.result import ContentStats, PreflightResult
 from seqtune.preflight.samples_html import SAMPLES_HTML, write_html
+from seqtune.tokenizers import templates
 from seqtune.tokenizers.control import control_tokens, literal_controls, whitespace_ids
 from seqtune.tokenizers.location import resolve_location
 
@@ -111,6 +112,9 @@ def content_checks(cfg: RootConfig, plan: Resolved, tokens: Tokens, tokenizer: A
                                                    of=of, max_fraction=cfg.data.max_duplicate_fraction)
         if name in result.splits:
             result.splits[name].content = _stats(observed, control, ends, cut, duplicates)
+    result.notes += [f"model facts ({fact}): {source}" for fact, source in plan.fact_sources.items()]
+    if tokens.templated:
+        result.notes += [note] if (note := templates.earlier_turns_note(tokenizer)) else []
     if "train" in seen and hf_config is not None:
         problems += _checkpoint_checks(cfg, plan, hf_config, seen["train"], control, ends)
     if hf_config is None:

@@ -17,7 +17,7 @@ from seqtune.config.tracker import KEY_VARIABLE, key_problem
 from seqtune.data.batching import BatchRule
 from seqtune.models.attention import AttentionEnv, attn_backend_problems
 from seqtune.models.kernels import kernels_problems
-from seqtune.models.spec import get_spec, lora_module_names
+from seqtune.models.spec import lora_module_names, spec_for
 from seqtune.data.overlength import TRUNCATING
 from seqtune.preflight import checks
 from seqtune.preflight.checks import Problem
@@ -35,7 +35,7 @@ OVERLENGTH_ACTIONS = {"truncate": "truncated", "truncate_prompt": "cut from the 
 
 def fast_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
     """The checks that need no data and no heavy library (plain values of the plan): they print within a second."""
-    vocab, spec = plan.vocab, get_spec(cfg.model.family)
+    vocab, spec = plan.vocab, spec_for(cfg.model)
     problems = checks.check_vocab_size(tokenizer_size=vocab.tokenizer_size, embedding_rows=vocab.embedding_rows,
                                        output_rows=vocab.output_rows, resize_embeddings=vocab.resize_to is not None,
                                        special_ids=vocab.special_ids)
@@ -85,7 +85,7 @@ def runtime_phase(cfg: RootConfig, plan: Resolved) -> tuple[Any, Any, Tokens, li
     from seqtune.tokenizers import load_tokenizer, tokenizer_facts
 
     problems: list[Problem] = []
-    spec = get_spec(cfg.model.family)
+    spec = spec_for(cfg.model)
     tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec.chat_template)
     loaded = tokenizer_facts(tokenizer, eot_token=spec.eot_token)
     resolved = (plan.vocab.tokenizer_size, plan.vocab.special_ids, plan.vocab.pad_id, plan.vocab.eos_id)
@@ -379,7 +379,7 @@ def _what_fits(cfg: RootConfig, inputs: MemoryInputs, device_gib: float) -> list
     if inputs.lora_enabled and not inputs.load_in_4bit:
         candidates.append(("model.load_in_4bit=true (QLoRA)", {"load_in_4bit": True}))
     if not inputs.lora_enabled:
-        targets = tuple(get_spec(cfg.model.family).lora_targets)
+        targets = tuple(spec_for(cfg.model).lora_targets)
         candidates.append(("recipe=lora_sft", {"lora_enabled": True, "lora_rank": 8, "lora_targets": targets}))
     fits = []
     for setting, change in candidates:

@@ -31,7 +31,13 @@ from seqtune.data.kinds import sequences_per_sample
 from seqtune.models.attention import AttentionEnv, attention_choice, attn_backend_problems
 from seqtune.models.facts import ModelFacts, read_model_facts
 from seqtune.models.kernels import kernels_choice, kernels_problems, loss_choice
-from seqtune.models.spec import get_spec, lora_module_names, matches_target, modules_trained_in_full, resized_rows
+from seqtune.models.spec import (
+    lora_module_names,
+    matches_target,
+    modules_trained_in_full,
+    resized_rows,
+    spec_for,
+)
 from seqtune.tokenizers.facts import TokenizerFacts, read_tokenizer_facts
 
 # The reason a plan gives for a requested kernel that cannot run here (preflight reports it as a problem).
@@ -43,7 +49,7 @@ AUTOCAST = {MixedPrecision.bf16: "bfloat16", MixedPrecision.fp16: "float16"}
 def resolve_plan(cfg: RootConfig, environ: Mapping[str, str]) -> Resolved:
     """Every fact the run derives before reading data. Raises the loaders' SeqtuneErrors (missing checkpoint or
     tokenizer, a SLURM launcher outside an allocation, ...) unchanged."""
-    spec = get_spec(cfg.model.family)
+    spec = spec_for(cfg.model)
     world = resolve_world(cfg.launcher, environ)
     device = probe_device(cfg.train.device)
     autocast = autocast_dtype(cfg.train.mixed_precision, device)
@@ -77,7 +83,7 @@ def resolve_plan(cfg: RootConfig, environ: Mapping[str, str]) -> Resolved:
         **resolve_kernels(cfg, device_type=device.type, compute_dtype=compute, model=model,
                           head_wrapped=head_wrapped, per_sequence=kind != SampleKind.sft),
         lora_targets=targets, lora_modules=wrapped, lora_saved=saved,
-        validation=validation_key(cfg.data.val, cfg.data.val_fraction),
+        validation=validation_key(cfg.data.val, cfg.data.val_fraction), fact_sources=dict(spec.sources),
         sample_kind=str(kind), sequences_per_sample=sequences_per_sample(kind),
     )
 

@@ -12,7 +12,7 @@ from typing import Any
 from seqtune.config.plan import Resolved, Tokens
 from seqtune.config.schema import CHAT_FORMATS, SPLITS, DataFormat, RootConfig
 from seqtune.data.tokenize import render_chat
-from seqtune.models import get_spec
+from seqtune.models import spec_for
 from seqtune.tokenizers.control import control_tokens
 from seqtune.tokenizers.facts import added_bos_id, tokenizer_facts
 
@@ -28,16 +28,17 @@ def token_facts(cfg: RootConfig, resolved: Resolved, tokenizer: Any) -> Tokens:
     eos = int(tokenizer.eos_token_id)
     pad = resolved.vocab.pad_id if resolved.vocab.pad_id is not None else eos
     return Tokens(pad_id=int(pad), bos_id=added_bos_id(tokenizer), eos_id=eos,
-                  terminators=terminators(tokenizer, cfg.model.family, templated=templated), templated=templated)
+                  terminators=terminators(tokenizer, spec_for(cfg.model).eot_token, templated=templated),
+                  templated=templated)
 
 
-def terminators(tokenizer: Any, family: str, *, templated: bool) -> dict[int, str]:
-    """The tokens a target span may end on, id -> text: eos, the family's end-of-turn (when the tokenizer has it)
-    and, for records the chat template renders, the token it closes an assistant turn with."""
+def terminators(tokenizer: Any, eot: str | None, *, templated: bool) -> dict[int, str]:
+    """The tokens a target span may end on, id -> text: eos, the model's end-of-turn `eot` (its family's, or what
+    the checkpoint's template closes a turn with; when the tokenizer has it) and, for records the chat template
+    renders, the token it closes an assistant turn with."""
     control = control_tokens(tokenizer)
     eos = int(tokenizer.eos_token_id)
     ends = {eos: control.get(eos, tokenizer.eos_token)}
-    eot = get_spec(family).eot_token
     eot_id = tokenizer_facts(tokenizer, eot_token=eot).special_ids.get(eot) if eot else None
     if eot_id is not None:
         ends[int(eot_id)] = eot

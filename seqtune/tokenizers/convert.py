@@ -28,6 +28,22 @@ LLAMA3_SPECIALS = [
     "<|finetune_right_pad_id|>", "<|step_id|>", "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>",
     "<|eot_id|>", "<|python_tag|>", "<|image|>",
 ]
+# Qwen (1 to 3): the pre-tokenizer splits digits one by one (Llama 3 groups up to three).
+QWEN_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+# Qwen3's added tokens after the 151,643 byte-level ranks, in id order (151643...), and whether each is special
+# (skipped by decode(skip_special_tokens=True)) as Qwen3's tokenizer.json marks it.
+QWEN3_ADDED = [
+    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True), ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True), ("<|box_start|>", True), ("<|box_end|>", True), ("<|quad_start|>", True),
+    ("<|quad_end|>", True), ("<|vision_start|>", True), ("<|vision_end|>", True), ("<|vision_pad|>", True),
+    ("<|image_pad|>", True), ("<|video_pad|>", True), ("<tool_call>", False), ("</tool_call>", False),
+    ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False), ("<|fim_pad|>", False),
+    ("<|repo_name|>", False), ("<|file_sep|>", False), ("<tool_response>", False), ("</tool_response>", False),
+    ("<think>", False), ("</think>", False),
+]
 # GGUF / sentencepiece piece types.
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 # Texts every converted tokenizer must encode exactly as the original library does.
@@ -49,6 +65,8 @@ class Converted:
 def convert(kind: str, raw: Path) -> Converted:
     if kind == "tiktoken":
         return Converted(tokenizer=from_tiktoken(raw))
+    if kind == "qwen_tiktoken":
+        return Converted(tokenizer=from_qwen_tiktoken(raw))
     if kind == "sentencepiece":
         return Converted(tokenizer=from_sentencepiece(raw))
     if kind == "gguf":
@@ -73,6 +91,21 @@ def from_tiktoken(raw: Path) -> Tokenizer:
     converter = TikTokenConverter(vocab_file=str(raw), pattern=LLAMA3_PATTERN,
                                   extra_special_tokens=llama3_special_tokens())
     return converter.converted()
+
+
+def from_qwen_tiktoken(raw: Path) -> Tokenizer:
+    """Qwen's byte-level BPE from its tiktoken ranks (151,643), NFC-normalized as Qwen's tokenizer.json is, with
+    Qwen3's 26 added tokens at their ids."""
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    specials = [text for text, special in QWEN3_ADDED if special]
+    tokenizer = TikTokenConverter(vocab_file=str(raw), pattern=QWEN_PATTERN,
+                                  extra_special_tokens=specials).converted()
+    tokenizer.normalizer = normalizers.NFC()
+    # Added but not special (Qwen marks them so): tool-call, fill-in-the-middle and thinking markers.
+    tokenizer.add_tokens([AddedToken(text, special=False, normalized=False) for text, special in QWEN3_ADDED
+                          if not special])
+    return tokenizer
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -207,23 +240,25 @@ def _split_merge(merge: str, vocab: dict[str, int]) -> tuple[str, str]:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def save_hf_dir(converted: Converted, out: Path, *, bos: str, eos: str, pad: str | None, unk: str | None,
+def save_hf_dir(converted: Converted, out: Path, *, bos: str | None, eos: str, pad: str | None, unk: str | None,
                 chat_template: str | None) -> None:
     tokenizer = converted.tokenizer
-    bos_id = tokenizer.token_to_id(bos)
-    # bos is prepended by the tokenizer (as the official files do); eos is the data pipeline's decision.
-    prepend_bos = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
-                                                special_tokens=[(bos, bos_id)])
-    if isinstance(tokenizer.post_processor, processors.ByteLevel):
-        tokenizer.post_processor = processors.Sequence([tokenizer.post_processor, prepend_bos])
-    else:
-        tokenizer.post_processor = prepend_bos
+    if bos is not None:  # Qwen has none: nothing is prepended
+        bos_id = tokenizer.token_to_id(bos)
+        # bos is prepended by the tokenizer (as the official files do); eos is the data pipeline's decision.
+        prepend_bos = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+                                                    special_tokens=[(bos, bos_id)])
+        if isinstance(tokenizer.post_processor, processors.ByteLevel):
+            tokenizer.post_processor = processors.Sequence([tokenizer.post_processor, prepend_bos])
+        else:
+            tokenizer.post_processor = prepend_bos
     out.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(out / "tokenizer.json"))
     special = {"bos_token": bos, "eos_token": eos, "unk_token": unk, "pad_token": pad}
     special = {k: v for k, v in special.items() if v is not None}
     config = {
-        "tokenizer_class": "PreTrainedTokenizerFast", **special, "add_bos_token": True, "add_eos_token": False,
+        "tokenizer_class": "PreTrainedTokenizerFast", **special, "add_bos_token": bos is not None,
+        "add_eos_token": False,
         "clean_up_tokenization_spaces": False, "model_max_length": 1_000_000, "chat_template": chat_template,
     }
     (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2, ensure_ascii=False) + "\n")
@@ -246,13 +281,15 @@ def read_vectors(inp: Path | None, out: Path | None) -> list[tuple[str, list[int
 
 def reference_encoder(kind: str, raw: Path):
     """The original library's encoder (text -> ids without specials), or None where only vectors exist."""
-    if kind == "tiktoken":
+    if kind in ("tiktoken", "qwen_tiktoken"):
         import tiktoken
         from tiktoken.load import load_tiktoken_bpe
 
         ranks = load_tiktoken_bpe(str(raw))
-        specials = {t: len(ranks) + i for i, t in enumerate(llama3_special_tokens())}
-        enc = tiktoken.Encoding(name="llama3", pat_str=LLAMA3_PATTERN, mergeable_ranks=ranks, special_tokens=specials)
+        added = llama3_special_tokens() if kind == "tiktoken" else [text for text, _ in QWEN3_ADDED]
+        specials = {t: len(ranks) + i for i, t in enumerate(added)}
+        pattern = LLAMA3_PATTERN if kind == "tiktoken" else QWEN_PATTERN
+        enc = tiktoken.Encoding(name=kind, pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
         return lambda text: enc.encode(text, disallowed_special=())
     if kind == "sentencepiece":
         import sentencepiece
@@ -283,7 +320,11 @@ def check_hf_dir(directory: Path, *, source: PypiTokenizer, raw: Path,
             problems.append(f"encode({text!r}) = {got[:16]}, the real tokenizer gives {expected[:16]}")
         elif tok.decode(got) != text and reference is not None:
             problems.append(f"decode(encode({text!r})) = {tok.decode(got)!r}")
-    with_bos = tok("Hello world")["input_ids"]
-    if with_bos[:1] != [tok.bos_token_id] or with_bos.count(tok.bos_token_id) != 1:
-        problems.append(f"'Hello world' with specials encodes to {with_bos}: bos must be prepended exactly once")
+    with_specials = tok("Hello world")["input_ids"]
+    if source.bos is None and with_specials != tok.encode("Hello world", add_special_tokens=False):
+        problems.append(f"'Hello world' with specials encodes to {with_specials}: this tokenizer has no bos, so "
+                        "nothing may be added")
+    elif source.bos is not None and (with_specials[:1] != [tok.bos_token_id]
+                                     or with_specials.count(tok.bos_token_id) != 1):
+        problems.append(f"'Hello world' with specials encodes to {with_specials}: bos must be prepended exactly once")
     return problems

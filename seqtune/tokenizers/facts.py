@@ -15,7 +15,7 @@ from typing import Any
 
 from seqtune.config.schema import ModelConfig, TokenizerConfig
 from seqtune.tokenizers.info import special_token_ids
-from seqtune.tokenizers.location import TokenizerLocation, pad_token_for, require_bos_eos, resolve_location
+from seqtune.tokenizers.location import TokenizerLocation, pad_token_for, require_eos, resolve_location
 
 ROLES = ("bos", "eos", "pad", "unk")
 
@@ -47,7 +47,7 @@ def read_tokenizer_facts(tok: TokenizerConfig, model: ModelConfig, *, eot_token:
     """The facts without loading transformers, from tokenizer.json + tokenizer_config.json; None for a directory
     with only tokenizer.model (sentencepiece), whose conversion needs transformers: the caller loads it then.
 
-    Raises the loader's own errors (missing directory or files, no bos/eos, pad_policy=error without a pad)."""
+    Raises the loader's own errors (missing directory or files, no eos, pad_policy=error without a pad)."""
     from tokenizers import Tokenizer
 
     location = resolve_location(tok, model)
@@ -55,7 +55,7 @@ def read_tokenizer_facts(tok: TokenizerConfig, model: ModelConfig, *, eot_token:
         return None
     backend = Tokenizer.from_file(str(location.directory / "tokenizer.json"))
     roles = _role_tokens(location)
-    require_bos_eos(roles.get("bos"), roles.get("eos"), location)
+    require_eos(roles.get("eos"), location)
     roles["pad"] = pad_token_for(roles.get("pad"), roles["eos"], tok.pad_policy, location)
     size = backend.get_vocab_size(with_added_tokens=True)
     ids: dict[str, int] = {}

@@ -11,21 +11,21 @@ from seqtune.tokenizers.location import (
     DIRECTORY_FIX,
     TokenizerLocation,
     pad_token_for,
-    require_bos_eos,
+    require_eos,
     resolve_location,
 )
 
 
 def load_tokenizer(tok: TokenizerConfig, model: ModelConfig, *,
                    default_chat_template: str | None = None) -> PreTrainedTokenizerBase:
-    """A fast tokenizer with bos/eos, a pad token per tokenizer.pad_policy and a chat template (when any exists).
+    """A fast tokenizer with eos (and bos where it has one), a pad token per tokenizer.pad_policy and a chat template (when any exists).
 
     The chat template is tokenizer.chat_template if set (a name from seqtune.tokenizers.templates.NAMED, a .jinja
     file or a Jinja string), else the tokenizer's own, else `default_chat_template` (the model family's).
     """
     location = resolve_location(tok, model)
     tokenizer = _load_directory(location)
-    require_bos_eos(tokenizer.bos_token, tokenizer.eos_token, location)
+    require_eos(tokenizer.eos_token, location)
     pad = pad_token_for(tokenizer.pad_token, tokenizer.eos_token, tok.pad_policy, location)
     if pad == tokenizer.eos_token:
         tokenizer.pad_token = pad

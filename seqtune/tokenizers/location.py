@@ -79,12 +79,13 @@ def _check_directory(location: TokenizerLocation) -> None:
                              key=key, fix=DIRECTORY_FIX)
 
 
-def require_bos_eos(bos: str | None, eos: str | None, location: TokenizerLocation) -> None:
-    missing = [name for name, token in (("bos_token", bos), ("eos_token", eos)) if token is None]
-    if missing:
+def require_eos(eos: str | None, location: TokenizerLocation) -> None:
+    """eos is required (every sample trains one: the model must learn to stop). bos is not: Qwen2/2.5/3 and other
+    GPT-2-style tokenizers have none (`"bos_token": null`), and their samples start without one."""
+    if eos is None:
         raise ModelLoadError(
-            f"{location.key}={location.value}: the tokenizer in {location.directory} has no {' or '.join(missing)}.",
-            key=location.key, fix=f"set {', '.join(missing)} in {location.directory}/tokenizer_config.json.",
+            f"{location.key}={location.value}: the tokenizer in {location.directory} has no eos_token.",
+            key=location.key, fix=f"set eos_token in {location.directory}/tokenizer_config.json.",
         )
 
 

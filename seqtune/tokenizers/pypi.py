@@ -38,6 +38,8 @@ LLAMA_CPP_LICENSES = (
     ("llama_cpp_python-0.3.36/LICENSE.md", "LICENSE.llama-cpp-python"),
     ("llama_cpp_python-0.3.36/vendor/llama.cpp/LICENSE", "LICENSE.llama.cpp"),
 )
+# Alibaba's DashScope SDK ships Qwen's byte-level BPE ranks (the 151,643 regular tokens every Qwen 1-3 model shares).
+DASHSCOPE_WHEEL = "dashscope==2.0.2"
 # Google's MaxText ships Gemma 3's SentencePiece model and the official Gemma 3 chat template in its wheel.
 MAXTEXT_WHEEL = "maxtext==0.2.5"
 
@@ -56,13 +58,14 @@ class PypiTokenizer:
     # (archive member, file name in the cache).
     license: str
     licenses: tuple[tuple[str, str], ...]
-    # tiktoken | sentencepiece | gguf
+    # tiktoken | qwen_tiktoken | sentencepiece | gguf
     kind: str
     # `pip download --python-version`: for a wheel that declares a newer Python than the one running the fetch
     # (only files are extracted from it, nothing is installed or imported).
     python_version: str | None = None
     vocab_size: int
-    bos: str
+    # None: the tokenizer has no bos (Qwen), nothing is prepended.
+    bos: str | None
     eos: str
     unk: str | None = None
     pad: str | None = None
@@ -125,6 +128,25 @@ SOURCES: dict[str, PypiTokenizer] = {
             known=(("Hello world", (9259, 1902)),
                    ("<start_of_turn>user\nHi<end_of_turn>", (105, 2364, 107, 10979, 106))),
             chat_template_member="maxtext/examples/chat_templates/gemma-3-27b-chat_template.json",
+        ),
+        # Qwen3's vocabulary: the ranks from the DashScope SDK + Qwen3's 26 added tokens (convert.QWEN3_ADDED). No bos;
+        # eos <|im_end|> and pad <|endoftext|> as Qwen3's instruct checkpoints state them. The known encodings are
+        # Hugging Face's Qwen2 tokenizer's, as llama.cpp recorded them (ggml-vocab-qwen2.gguf.out).
+        PypiTokenizer(
+            name="qwen3", requirement=DASHSCOPE_WHEEL, sdist=False,
+            member="dashscope/resources/qwen.tiktoken", size=2_561_218,
+            sha256="b2b1b8dfb5cc5f024bafc373121c6aba3f66f9a5a0269e243470a1de16a33186",
+            license="Apache-2.0 (the DashScope SDK; Qwen's tokenizer is Apache-2.0)",
+            licenses=(("dashscope-2.0.2.dist-info/licenses/LICENSE", "LICENSE"),
+                      ("dashscope-2.0.2.dist-info/licenses/NOTICE", "NOTICE")),
+            kind="qwen_tiktoken", vocab_size=151_669, bos=None, eos="<|im_end|>", pad="<|endoftext|>",
+            known=(("Hello world", (9707, 1879)), ("ied 4 ½ months", (1122, 220, 19, 220, 26062, 3951)),
+                   ("Hello, y'all! How are you 😁 ?我想在apple工作1314151天～",
+                    (9707, 11, 379, 64848, 0, 2585, 525, 498, 26525, 223, 937, 104100, 18493, 22377, 99257, 16, 18,
+                     16, 19, 16, 20, 16, 35727, 21216)),
+                   ("<|im_start|>user\nHi<|im_end|>", (151644, 872, 198, 13048, 151645)),
+                   ("<think>\n\n</think>\n\n", (151667, 271, 151668, 271))),
+            chat_template=templates.QWEN3,
         ),
         # Gemma 4's vocabulary (same size as Gemma 3's, other turn markers: <|turn>, <turn|>): not Gemma 3's.
         PypiTokenizer(

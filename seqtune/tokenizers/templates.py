@@ -119,9 +119,77 @@ ZEPHYR = (
     "{%- if add_generation_prompt %}{{- '<|assistant|>\\n' }}{%- endif %}"
 )
 
+# Qwen's ChatML: <|im_start|>ROLE\n ... <|im_end|>\n; tool definitions in the system turn, tool calls as
+# <tool_call>{json}</tool_call> in the reply, tool results as <tool_response> blocks in a user turn (consecutive
+# results share one), all exactly as Qwen3's official template writes them.
+_QWEN_SYSTEM = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided "
+    "with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{%- elif messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+)
+_QWEN_TURNS = (
+    "{%- for message in messages %}"
+    "{%- set content = message['content'] if message['content'] is string else '' %}"
+    "{%- if message['role'] == 'user' or (message['role'] == 'system' and not loop.first) %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + content + '<|im_end|>\\n' }}"
+    "{%- elif message['role'] == 'assistant' %}"
+    "{%- set reasoning = message['reasoning_content'] if message['reasoning_content'] is string else '' %}"
+    "{%- if not reasoning and '</think>' in content %}"
+    "{%- set reasoning = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}"
+    "{%- endif %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "@THINK@"
+    "{%- if message['tool_calls'] is defined and message['tool_calls'] %}"
+    "{%- for call in message['tool_calls'] %}"
+    "{%- if (loop.first and content) or not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{%- set call = call['function'] if call['function'] is defined else call %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + call['name'] + '\", \"arguments\": ' }}"
+    "{{- call['arguments'] if call['arguments'] is string else call['arguments'] | tojson }}"
+    "{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+# Qwen3, thinking kept: every assistant turn is rendered as Qwen3's official template renders the LAST one: a
+# <think> block with the turn's reasoning (`reasoning_content`, or <think>...</think> at the start of `content`),
+# empty when the data has none, then the reply. The official template instead drops the block from every turn
+# before the last user message, so its text is not append-only (an earlier reply changes once a user turn
+# follows); this one is, and trains each turn exactly as rendered here.
+QWEN3 = _QWEN_SYSTEM + _QWEN_TURNS.replace(
+    "@THINK@", "{{- '<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}")
+# Qwen3, thinking dropped: every assistant turn without its <think> block, as the official template renders the
+# turns before the last user message; reasoning in the data is not trained.
+QWEN3_NO_THINK = _QWEN_SYSTEM + _QWEN_TURNS.replace("@THINK@", "{{- content }}")
+# What each Qwen3 variant does to earlier assistant turns (said in the preflight report).
+EARLIER_TURNS: dict[str, str] = {
+    QWEN3: "every assistant turn keeps its <think> block (empty when the data has no reasoning), as the last turn "
+           "is rendered by Qwen3's official template; the official template drops it from turns before the last "
+           "user message (tokenizer.chat_template=qwen3_no_think renders them that way)",
+    QWEN3_NO_THINK: "every assistant turn drops its <think> block (reasoning is not trained), as Qwen3's official "
+                    "template renders turns before the last user message (tokenizer.chat_template=qwen3 keeps them)",
+}
+
 # tokenizer.chat_template accepts these names (or a Jinja string, or a .jinja file).
 NAMED: dict[str, str] = {
     "llama3": LLAMA3, "mistral_v1": MISTRAL_V1, "mistral_v3": MISTRAL_V3, "gemma3": GEMMA3, "zephyr": ZEPHYR,
+    "qwen3": QWEN3, "qwen3_no_think": QWEN3_NO_THINK,
 }
 
 
@@ -147,6 +215,38 @@ def resolve(value: str) -> str:
         raise ConfigError(f"tokenizer.chat_template={value!r} is neither a known template name nor Jinja (it would "
                           "render every conversation as that same text).", key="tokenizer.chat_template", fix=fix)
     return value
+
+
+# A reasoning trace the probe below puts in an earlier assistant turn.
+_PROBE_THOUGHT = "seqtune probe thought"
+
+
+def earlier_turns_note(tokenizer) -> str | None:
+    """What this run's chat template does to earlier assistant turns' reasoning, for the preflight report: the
+    shipped Qwen3 variants say it themselves; any other template that handles reasoning (names `reasoning_content`
+    or <think>) is asked by rendering two exchanges with a thought in the first. None: the template has no notion
+    of reasoning."""
+    template = tokenizer.chat_template
+    if not template:
+        return None
+    for name, known in NAMED.items():
+        if template == known and known in EARLIER_TURNS:
+            return f"chat template {name}: {EARLIER_TURNS[known]}."
+    if "reasoning_content" not in template and "<think>" not in template:
+        return None
+    messages = [{"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello", "reasoning_content": _PROBE_THOUGHT},
+                {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Bye"}]
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+    except Exception:  # noqa: BLE001 - a template that cannot render this says nothing about reasoning
+        return None
+    if _PROBE_THOUGHT in text:
+        return "chat template (tokenizer.chat_template): earlier assistant turns keep their reasoning."
+    return ("chat template (tokenizer.chat_template): it DROPS earlier assistant turns' reasoning once a later user "
+            "turn follows (as Qwen3's official template does), so a multi-turn conversation renders each reply "
+            "differently from how it rendered when it was the last: such lines are rejected (not append-only). Fix: "
+            "tokenizer.chat_template=qwen3 (reasoning kept in every turn) or qwen3_no_think (dropped in every turn).")
 
 
 def renders_tool_turns(template: str | None) -> bool:

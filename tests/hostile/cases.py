@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import re
 import shutil
@@ -1341,3 +1342,42 @@ def _offline_and_unleaked(out: Outcome) -> str | None:
 def _(tmp: Path) -> Run:
     return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40))), *TRAINED, "logger=wandb",
                           "logger.init_timeout=2"), env={**NO_WANDB, "WANDB_API_KEY": WANDB_KEY})
+
+
+# --- checkpoints by family=auto ---------------------------------------------------------------------------
+
+AUTO = "checkpoint read by model.family=auto"
+
+
+def _safetensors(tensors: dict[str, list[int]]) -> bytes:
+    """A valid safetensors file of float32 zeros with these shapes (header-only format, written by hand)."""
+    header, offset = {}, 0
+    for name, shape in tensors.items():
+        size = 4 * math.prod(shape)
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header).encode()
+    return len(blob).to_bytes(8, "little") + blob + b"\0" * offset
+
+
+def _checkpoint(tmp: Path, config: dict) -> Path:
+    directory = tmp / "ckpt"
+    write(directory / "config.json", json.dumps(config).encode())
+    write(directory / "model.safetensors", _safetensors({"model.embed_tokens.weight": [8, 4],
+                                                          "model.layers.0.self_attn.q_proj.weight": [4, 4]}))
+    return directory
+
+
+@case("auto_remote_code", AUTO, "a checkpoint whose config.json needs trust_remote_code (auto_map)", "clean",
+      refused(r"model\.path", r"auto_map", r"trust_remote_code, which seqtune never enables"))
+def _(tmp: Path) -> Run:
+    config = {"model_type": "novel", "architectures": ["NovelForCausalLM"], "vocab_size": 8,
+              "auto_map": {"AutoModelForCausalLM": "modeling_novel.NovelForCausalLM"}}
+    return Run(args=["model=hf", f"model.path={_checkpoint(tmp, config)}", "lora=default"])
+
+
+@case("auto_unknown_architecture", AUTO, "a checkpoint of a class transformers does not ship", "clean",
+      refused(r"model\.path", r"NovelForCausalLM", r"not a causal-LM class transformers"))
+def _(tmp: Path) -> Run:
+    config = {"model_type": "novel", "architectures": ["NovelForCausalLM"], "vocab_size": 8}
+    return Run(args=["model=hf", f"model.path={_checkpoint(tmp, config)}", "lora=default"])

@@ -19,6 +19,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from seqtune.data.batching import BatchRule
 from seqtune.data.collate import make_collator
 from seqtune.data.types import TokenizedSample
+from seqtune.models.spec import FAMILIES
 from seqtune.models.varlen import TORCH_VARLEN, reference_kernel, register, use_kernel
 
 LEN_A, LEN_B, ROW = 11, 9, 24
@@ -75,3 +76,17 @@ def test_forgetting_use_cache_false_is_what_breaks_packing(attn: str) -> None:
     # With a cache, transformers ignores the packing: B attends to A. If this starts passing as "equal", the
     # library changed and collate.py's note (and the loop's use_cache=False requirement) should be revisited.
     assert (after - before).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("attn", ["sdpa", "eager", TORCH_VARLEN])
+def test_every_familys_tiny_model_keeps_packed_documents_apart(family: str, attn: str) -> None:
+    """Each family's own architecture (Qwen3's q/k norm, Gemma 3's sliding layers, ...) as seqtune builds it, on
+    every attention backend that runs on CPU; the family list is the registry's, so a new family is covered."""
+    from seqtune.models import build_model
+    from tests.unit.models.conftest import tiny_cfg
+
+    if attn == TORCH_VARLEN:
+        register()
+    with use_kernel(reference_kernel):
+        _a_changes_nothing_of_b(build_model(tiny_cfg(family, dtype="float32"), attn_implementation=attn).train())

@@ -61,7 +61,7 @@ def test_field_differing_from_checkpoint_is_an_error(saved_llama3):
         load_model_config(tiny_cfg("llama3", path=str(path), hidden_size=128))
 
 
-FIX = r"Fix: model.path=/path/to/checkpoint \(seqtune never downloads from a hub\)"
+FIX = r"Fix: model.path=/path/to/checkpoint, or a hub id model.path=ORG/NAME"
 
 
 def test_missing_path(tmp_path):

@@ -7,7 +7,10 @@ import pytest
 import torch
 import transformers
 
-from conftest import TINY_FAMILIES, random_batch, tiny_cfg
+import math
+from pathlib import Path
+
+from conftest import MODEL_CONFIGS, TINY_FAMILIES, random_batch, tiny_cfg
 from seqtune.config.errors import ConfigError
 from seqtune.models import build_model, count_parameters, get_spec, load_model_config, read_model_facts
 
@@ -16,6 +19,7 @@ EXPECTED_CLASS = {
     "gemma3": "Gemma3ForCausalLM",
     "mistral": "MistralForCausalLM",
     "tinyllama": "LlamaForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
 }
 
 
@@ -25,12 +29,14 @@ def test_tiny_builds_family_class_and_trains_a_step(family):
     model = build_model(cfg, attn_implementation="sdpa")
     assert type(model).__name__ == EXPECTED_CLASS[family]
     assert model.config.use_cache is False
-    assert count_parameters(model).total < 3_000_000
-    batch = random_batch(model.config.vocab_size)
+    rows = model.config.vocab_size  # 4096, or Qwen3's real 151936 (its tokenizer needs no resize)
+    embeddings = rows * model.config.hidden_size * (1 if model.config.tie_word_embeddings else 2)
+    assert count_parameters(model).total - embeddings < 3_000_000
+    batch = random_batch(min(rows, 4096))
     out = model(input_ids=batch, labels=batch)
     out.loss.backward()
-    # Random init over a 4096 vocab: loss near ln(4096) = 8.3, and every matrix gets a gradient.
-    assert 7.5 < out.loss.item() < 9.0
+    # Random init: loss near ln(rows) (8.3 for 4096), and every matrix gets a gradient.
+    assert abs(out.loss.item() - math.log(rows)) < 0.8
     assert all(p.grad is not None for p in model.parameters() if p.dim() >= 2)
 
 
@@ -52,6 +58,17 @@ def test_llama3_tiny_has_llama3_rope_scaling_and_gqa():
     assert (rope["low_freq_factor"], rope["high_freq_factor"]) == (1.0, 4.0)
     assert hf.num_key_value_heads < hf.num_attention_heads
     assert read_model_facts(tiny_cfg("llama3"), get_spec("llama3")).context_length == 131072
+
+
+def test_qwen3_tiny_has_the_real_models_quirks():
+    model = build_model(tiny_cfg("qwen3"), attn_implementation="sdpa")
+    attention = model.model.layers[0].self_attn
+    assert hasattr(attention, "q_norm") and hasattr(attention, "k_norm")  # RMSNorm on queries and keys
+    config = model.config
+    assert config.head_dim * config.num_attention_heads != config.hidden_size  # head_dim above hidden/heads
+    assert config.num_key_value_heads < config.num_attention_heads and config.tie_word_embeddings
+    assert model.lm_head.weight is model.get_input_embeddings().weight and config.bos_token_id is None
+    assert read_model_facts(tiny_cfg("qwen3"), get_spec("qwen3")).embedding_rows == 151_936
 
 
 def test_llama3_rope_scaling_factor_zero_turns_scaling_off():
@@ -109,7 +126,7 @@ def test_field_the_family_does_not_use_is_an_error():
 
 
 def test_unknown_family_lists_the_valid_ones():
-    with pytest.raises(ConfigError, match=r"model.family='gpt2'.*Valid: gemma3, llama3, mistral, tinyllama"):
+    with pytest.raises(ConfigError, match=r"model.family='gpt2'.*Valid: gemma3, llama3, mistral, qwen3, tinyllama"):
         get_spec("gpt2")
 
 
@@ -120,13 +137,15 @@ CONVERSATION = [
 ]
 # The real models' bos / eos (what their tokenizers put around a conversation).
 BOS_EOS = {"llama3": ("<|begin_of_text|>", "<|end_of_text|>"), "gemma3": ("<bos>", "<eos>"),
-           "mistral": ("<s>", "</s>"), "tinyllama": ("<s>", "</s>")}
+           "mistral": ("<s>", "</s>"), "tinyllama": ("<s>", "</s>"), "qwen3": (None, "<|im_end|>")}
 MARKERS = {
     "llama3": ["<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>",
                "<|start_header_id|>assistant<|end_header_id|>\n\nHello<|eot_id|>"],
     "gemma3": ["<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n", "<start_of_turn>model\nHello<end_of_turn>\n"],
     "mistral": ["<s>[INST] Be brief.\n\nHi [/INST] Hello</s>"],
     "tinyllama": ["<|system|>\nBe brief.</s>\n<|user|>\nHi</s>\n<|assistant|>\nHello</s>\n"],
+    "qwen3": ["<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n",
+              "<|im_start|>assistant\n<think>\n\n</think>\n\nHello<|im_end|>\n"],
 }
 
 
@@ -141,3 +160,27 @@ def test_chat_template_renders_the_family_format(family):
         assert marker in text
     assert spec.eot_token in text
     assert spec.padding_side == "right"
+
+
+def test_every_family_module_is_in_the_registry_and_every_member_has_its_files():
+    """The registry (ModelFamily) and the family modules cannot drift: a module defining a SPEC that is not a
+    member, or a member without its module or its configs/model/<family>_tiny.yaml, fails here."""
+    import ast
+
+    from seqtune.models.spec import FAMILIES
+
+    models_dir = Path(__file__).resolve().parents[3] / "seqtune/models"
+    with_spec = {path.stem for path in models_dir.glob("*.py")
+                 if any(isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "SPEC" for t in node.targets)
+                        for node in ast.parse(path.read_text()).body)}
+    assert with_spec == set(FAMILIES)
+    assert all((MODEL_CONFIGS / f"{family}_tiny.yaml").is_file() for family in FAMILIES)
+    assert all(get_spec(family).family == family for family in FAMILIES)
+
+
+def test_liger_model_types_are_read_from_the_families():
+    from seqtune.models.spec import FAMILIES, liger_model_types
+
+    for family in FAMILIES:
+        spec = get_spec(family)
+        assert all((t in liger_model_types()) == spec.liger for t in spec.hf_model_types)

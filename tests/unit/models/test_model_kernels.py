@@ -28,8 +28,8 @@ def test_explicit_liger_is_refused_where_it_cannot_run():
 def test_auto_is_liger_on_cuda_when_installed(monkeypatch):
     monkeypatch.setattr(kernels_module, "liger_installed", lambda: True)
     assert kernels_choice("auto", device_type="cuda", model_type="mistral").name == "liger"
-    unknown = kernels_choice("auto", device_type="cuda", model_type="qwen2")
-    assert unknown.name == "torch" and "no kernels for model type qwen2" in unknown.reason
+    unknown = kernels_choice("auto", device_type="cuda", model_type="phi3")
+    assert unknown.name == "torch" and "no kernels for model type phi3" in unknown.reason
     assert kernels_choice("torch", device_type="cuda", model_type="llama").name == "torch"
 
 

@@ -28,7 +28,7 @@ GEMMA_TURNS = ("{{ bos_token }}{% for m in messages %}{{ '<|turn>' + ('model' if
 # (PyPI tokenizer, model family, the token its chat template closes an assistant turn with, template override)
 CASES = [("llama3", "llama3", "<|eot_id|>", None), ("mistral_v3", "mistral", "</s>", None),
          ("llama2_spm", "tinyllama", "</s>", None), ("gemma3", "gemma3", "<end_of_turn>", None),
-         ("gemma4", "gemma3", "<turn|>", GEMMA_TURNS)]
+         ("gemma4", "gemma3", "<turn|>", GEMMA_TURNS), ("qwen3", "qwen3", "<|im_end|>", None)]
 # Renders the closer at the START of the next message (and in the generation prompt), so it never lies inside the
 # assistant's own span: the template mistake behind axolotl #3754.
 MASKING_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if not loop.first %}CLOSER{% endif %}"
@@ -58,7 +58,7 @@ def check(tmp_path: Path, tokenizer, family: str, rows: list[dict]) -> tuple[lis
     control = control_tokens(tokenizer)
     observed = observe_split(scan.cache_dir, control=control, literal=literal_controls(tokenizer),
                              bos_id=encoder.bos_id, scan_text=True, space_ids=whitespace_ids(tokenizer))
-    ends = terminators(tokenizer, family, templated=True)
+    ends = terminators(tokenizer, get_spec(family).eot_token, templated=True)
     problems = labels.check_turn_terminators(split="train", templated=True, run_ends=observed.run_ends,
                                              terminators=ends)
     problems += labels.check_literal_controls(split="train", per_token=observed.literal_controls,

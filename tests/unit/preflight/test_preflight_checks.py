@@ -180,7 +180,7 @@ def test_conversations_the_template_cannot_render_name_the_template_not_the_data
         ("template", "tokenizer.chat_template", "c.jsonl:3"), ("integrity", "data.max_bad_fraction", "train.jsonl:1")]
     template = problems[0].message
     assert "3 of 10 train conversations cannot be rendered by the chat template" in template
-    assert f"c.jsonl:3 ({tool})" in template and "(tool turns: llama3, mistral_v3;" in template
+    assert f"c.jsonl:3 ({tool})" in template and "(tool turns: llama3, mistral_v3, qwen3, qwen3_no_think;" in template
     assert "Fix: tokenizer.chat_template=NAME" in template and "data.max_bad_fraction=0.4 to skip them" in template
     assert "1 of 10 train lines are malformed" in problems[1].message
 

@@ -1,0 +1,183 @@
+"""model.family=auto: any causal LM transformers ships, every fact read from the checkpoint itself.
+
+A named family (llama3.py, qwen3.py, ...) states its facts; a checkpoint of any other architecture states them in
+its own files, and this module reads them there, light (JSON, the safetensors headers, Jinja; no torch):
+- the class: config.json `architectures` (a *ForCausalLM class transformers ships; `auto_map` = repository code,
+  refused: seqtune never runs trust_remote_code);
+- rows, context, RoPE, tied embeddings: config.json (models.facts reads them; tied: config.json, else the absence
+  of a separate lm_head.weight in the safetensors);
+- LoRA targets and the decoder layout: the linear (2-D) weights of decoder layer 0 in the safetensors headers;
+- the end-of-turn token: what the checkpoint's chat template renders right after an assistant reply;
+- padding side: tokenizer_config.json `padding_side`, else right;
+- quirks (refused dtypes, Liger support) only from a named family that declares the same model_type.
+`sources` says where each fact came from; the preflight report prints them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from seqtune.config.errors import ModelLoadError
+from seqtune.models.spec import FAMILIES, ModelSpec, common_arch_fields, get_spec
+
+# What the chat-template probe renders as the reply whose closing token is the end-of-turn marker.
+PROBE_REPLY = "seqtune probe reply"
+_LAYER_WEIGHT = re.compile(r"^model\.layers\.0\.(.+)\.weight$")
+FIX = ("model.path=DIR of a checkpoint whose architecture transformers ships (config.json `architectures` names a "
+       "*ForCausalLM class), or a named family (model=llama3_8b, model=qwen3_8b, ...)")
+
+
+def checkpoint_spec(path: str) -> ModelSpec:
+    """The ModelSpec of the checkpoint in `path` (already checked to hold config.json and safetensors)."""
+    return _checkpoint_spec(str(Path(path).expanduser().resolve()))
+
+
+@lru_cache(maxsize=8)
+def _checkpoint_spec(root_text: str) -> ModelSpec:
+    root = Path(root_text)
+    config = json.loads((root / "config.json").read_text())
+    model_type, model_class = _causal_lm_class(root, config)
+    weights = _weight_shapes(root)
+    layer = [match.group(1) for name, shape in weights.items()
+             if (match := _LAYER_WEIGHT.match(name)) and len(shape) == 2]
+    if not layer or not any(name.endswith("embed_tokens.weight") for name in weights):
+        raise ModelLoadError(
+            f"model.path={root}: its weights do not follow the Hugging Face decoder layout seqtune's LoRA naming "
+            "reads (model.embed_tokens, model.layers.N.<module>, lm_head).", key="model.path", fix=FIX)
+    tied, tied_source = _tied(config, weights)
+    tokenizer_config = _json(root / "tokenizer_config.json")
+    template, template_source = _chat_template(root, tokenizer_config)
+    eot, eot_source = _end_of_turn(root, template, tokenizer_config)
+    padding = tokenizer_config.get("padding_side") or "right"
+    padding_source = "tokenizer_config.json padding_side" if "padding_side" in tokenizer_config else "default: right"
+    named = [get_spec(f) for f in FAMILIES if model_type in get_spec(f).hf_model_types]
+    refused = {dtype: why for spec in named for dtype, why in spec.refused_dtypes.items()}
+    layer_modules = tuple(sorted(layer))
+    sources = {
+        "architecture": f"{model_class} (config.json architectures)",
+        "rows, context, layers, RoPE": "config.json (vocab_size, max_position_embeddings, num_hidden_layers, "
+                                       "rope_parameters / rope_scaling)",
+        "tied embeddings": f"{tied} ({tied_source})",
+        "LoRA targets": f"{', '.join(dict.fromkeys(m.rsplit('.', 1)[-1] for m in layer_modules))} (the linear "
+                        "weights of decoder layer 0 in the safetensors)",
+        "end of turn": f"{eot} ({eot_source})",
+        "chat template": template_source,
+        "padding side": f"{padding} ({padding_source})",
+        "quirks": f"model.family={named[0].family}'s (same model_type {model_type})" if named else "none (no named "
+                  f"family declares model_type {model_type})",
+    }
+    return ModelSpec(
+        family="auto", hf_model_types=(model_type,), hf_model_class=model_class, padding_side=padding,
+        chat_template=template or "", eot_token=eot or "", layer_modules=layer_modules,
+        lora_targets=tuple(dict.fromkeys(m.rsplit(".", 1)[-1] for m in layer_modules)),
+        refused_dtypes=refused, liger=any(spec.liger for spec in named),
+        tiny_defaults={"tie_word_embeddings": tied}, build_tiny_config=_no_tiny_model,
+        read_arch_fields=common_arch_fields, sources=sources,
+    )
+
+
+def _no_tiny_model(fields: dict[str, Any]):
+    raise ModelLoadError("model.family=auto reads its architecture from a checkpoint; model.path is null.",
+                         key="model.path", fix="model.path=DIR, or a *_tiny model config (model=llama3_tiny)")
+
+
+def _causal_lm_class(root: Path, config: dict) -> tuple[str, str]:
+    import transformers  # the lazy top-level module only: dir() lists its classes without importing torch
+
+    model_type = config.get("model_type")
+    architectures = config.get("architectures") or []
+    if config.get("auto_map"):
+        raise ModelLoadError(
+            f"model.path={root}: config.json has auto_map ({sorted(config['auto_map'])}): this architecture is "
+            "repository code, loaded only with trust_remote_code, which seqtune never enables (it runs arbitrary "
+            "code from the checkpoint).", key="model.path", fix=FIX)
+    causal = [name for name in architectures if name.endswith("ForCausalLM")]
+    if not causal or causal[0] not in dir(transformers):
+        raise ModelLoadError(
+            f"model.path={root}: config.json names architectures={architectures} (model_type={model_type!r}), "
+            f"not a causal-LM class transformers {transformers.__version__} ships; seqtune never runs the "
+            "checkpoint's own code (trust_remote_code).", key="model.path", fix=FIX)
+    return str(model_type), causal[0]
+
+
+def _weight_shapes(root: Path) -> dict[str, list[int]]:
+    """name -> shape of every tensor, from the safetensors headers (8-byte length + JSON): no tensor is read."""
+    shapes: dict[str, list[int]] = {}
+    for file in sorted(root.glob("*.safetensors")):
+        with file.open("rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+        shapes.update({name: info["shape"] for name, info in header.items() if name != "__metadata__"})
+    return shapes
+
+
+def _tied(config: dict, weights: dict[str, list[int]]) -> tuple[bool, str]:
+    if "tie_word_embeddings" in config:
+        return bool(config["tie_word_embeddings"]), "config.json tie_word_embeddings"
+    separate = "lm_head.weight" in weights
+    return not separate, f"config.json is silent; the safetensors {'hold' if separate else 'hold no'} lm_head.weight"
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _chat_template(root: Path, tokenizer_config: dict) -> tuple[str | None, str]:
+    jinja = root / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8"), "chat_template.jinja"
+    template = tokenizer_config.get("chat_template")
+    if isinstance(template, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    if template:
+        return template, "tokenizer_config.json chat_template"
+    return None, "none in the checkpoint (tokenizer.chat_template must name one for chat data)"
+
+
+def _token_text(value: Any) -> str | None:
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def _end_of_turn(root: Path, template: str | None, tokenizer_config: dict) -> tuple[str | None, str]:
+    """The control token the chat template writes right after an assistant reply (not the last one: templates
+    close a final reply differently, e.g. with eos), else the tokenizer's eos."""
+    eos = _token_text(tokenizer_config.get("eos_token"))
+    added = [token["content"] for token in _json(root / "tokenizer.json").get("added_tokens", [])]
+    added += [_token_text(t) for t in tokenizer_config.get("added_tokens_decoder", {}).values()]
+    if template:
+        rendered = _render_probe(template, tokenizer_config)
+        if rendered is not None:
+            after = rendered[rendered.index(PROBE_REPLY) + len(PROBE_REPLY):]
+            found = sorted((after.find(token), -len(token), token) for token in set(filter(None, added))
+                           if after.find(token) >= 0)
+            if found:
+                return found[0][2], "the chat template: the control token it writes after an assistant reply"
+    if eos:
+        return eos, "tokenizer_config.json eos_token (the chat template closes no reply with a control token)"
+    return None, "none found (no chat template marker, no eos_token)"
+
+
+def _render_probe(template: str, tokenizer_config: dict) -> str | None:
+    from jinja2 import ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[ext.loopcontrols])
+    env.filters["tojson"] = lambda value, **_: json.dumps(value, ensure_ascii=False)
+    env.globals["raise_exception"] = _raise
+    specials = {f"{role}_token": _token_text(tokenizer_config.get(f"{role}_token")) or ""
+                for role in ("bos", "eos", "pad", "unk")}
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": PROBE_REPLY},
+                {"role": "user", "content": "Thanks"}, {"role": "assistant", "content": "Bye"}]
+    try:
+        return env.from_string(template).render(messages=messages, add_generation_prompt=False, **specials)
+    except Exception:  # noqa: BLE001 - a template that cannot render the probe names no end-of-turn token
+        return None
+
+
+def _raise(message: str):
+    raise ValueError(message)

@@ -1,0 +1,43 @@
+"""The four tiny checkpoints of architectures no named family covers (tests/checkpoints.py) train through
+`model=hf model.path=DIR` (model.family=auto) with no family named: preflight, a few steps, the adapter and the
+merged model exported and loadable with plain transformers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.checkpoints import KINDS, build_checkpoint
+from tests.conftest import run_cli
+
+TRAIN_BRIEFLY = ["train.max_steps=2", "train.eval_every=0", "train.batch_size=4", "data.val=null",
+                 "data.max_duplicate_fraction=1", "train.export_merged=true", "lora=default"]
+
+
+def chat_rows(path: Path) -> Path:
+    rows = [{"messages": [{"role": "user", "content": f"Count to {i}."},
+                          {"role": "assistant", "content": " ".join(str(j) for j in range(1, i + 2))}]}
+            for i in range(16)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_checkpoint_trains_and_exports_with_no_family_named(kind, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    checkpoint = build_checkpoint(kind, tmp_path / kind)
+    run_dir = tmp_path / "run"
+    result = run_cli(["model=hf", f"model.path={checkpoint}", "data.format=chat",
+                      f"data.train={chat_rows(tmp_path / 'chat.jsonl')}", *TRAIN_BRIEFLY], run_dir)
+    text = result.stdout + result.stderr
+    assert result.returncode == 0, text[-4000:]
+    assert "note: model facts (end of turn)" in text and "note: model facts (LoRA targets)" in text
+    plan = json.loads((run_dir / "plan.json").read_text())
+    adapter = json.loads((run_dir / "adapter" / "adapter_config.json").read_text())
+    assert sorted(adapter["target_modules"]) == sorted(plan["lora_targets"])
+    merged = AutoModelForCausalLM.from_pretrained(run_dir / "merged")
+    assert type(merged).__name__ == json.loads((checkpoint / "config.json").read_text())["architectures"][0]
