@@ -19,6 +19,7 @@ from seqtune.distributed import DistEnv, all_reduce_sum, inject_fault
 from seqtune.train.checkpoint import Checkpointer, Progress
 from seqtune.train.evaluate import Evaluator
 from seqtune.train.metrics import MetricsLogger
+from seqtune.train.numerics import NumericsGuard
 from seqtune.train.step import autocast, move_batch, summed_token_loss
 
 
@@ -103,11 +104,14 @@ def fit(loop: Loop, state: Progress) -> Progress:
     batches = iter(loop.train_batches)
     bar = tqdm(total=loop.total_steps, initial=state.step, desc="train", unit="step", file=sys.stdout,
                disable=not (loop.env.is_main and loop.cfg.progress), dynamic_ncols=True)
+    numerics = NumericsGuard(run_dir=loop.checkpointer.run_dir, loss_scaling=loop.scaler is not None,
+                             lr=loop.scheduler.base_lrs[0])
     window = {"loss": 0.0, "targets": 0.0, "tokens": 0.0, "positions": 0.0, "steps": 0, "start": time.perf_counter()}
     # A resumed run whose early stopping had already ended it does not train on.
     while state.step < loop.total_steps and not loop.evaluator.should_stop:
         inject_fault("train", step=state.step + 1, rank=loop.env.rank)
         out = train_step(loop, [next(batches) for _ in range(loop.cfg.grad_accum)])
+        numerics.check(state.step + 1, out["loss"], out["grad_norm"])  # before anything of the step is saved
         state.step += 1
         state.tokens_seen += int(out["tokens"])
         _accumulate(window, out)
@@ -116,6 +120,8 @@ def fit(loop: Loop, state: Progress) -> Progress:
         record: dict[str, Any] = {"step": state.step}
         if state.step % loop.cfg.log_every == 0 or last:
             record = _log_record(loop, state, window, out)
+            if loop.scaler is not None:
+                record["skipped_steps"] = numerics.skipped_steps  # fp16 overflow steps the scaler skipped
             bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
             window.update(loss=0.0, targets=0.0, tokens=0.0, positions=0.0, steps=0, start=time.perf_counter())
         if loop.evaluator.due(state.step, last=last):
