@@ -8,6 +8,7 @@ own would give every rank its own run directory)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -34,6 +35,7 @@ from seqtune.config.errors import EXIT_FAILED, ConfigError  # noqa: E402
 from seqtune.config.plan import load_plan  # noqa: E402
 from seqtune.config.rundir import RESOLVED_CONFIG  # noqa: E402
 from seqtune.config.schema import LauncherName  # noqa: E402
+from seqtune.run_lock import hold_run_dir  # noqa: E402
 from seqtune.sweep import JobOutcome  # noqa: E402
 
 register_schemas()
@@ -118,8 +120,10 @@ def launch(cfg: DictConfig, run_dir: Path) -> None:
 def _hydra_main(cfg: DictConfig) -> JobOutcome:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     sweep = HydraConfig.get().mode == RunMode.MULTIRUN
-    with console.run_log(run_dir):
+    with contextlib.ExitStack() as held:
         try:
+            held.enter_context(hold_run_dir(run_dir))  # one writer per run directory, before anything is written
+            held.enter_context(console.run_log(run_dir))
             launch(cfg, run_dir)
         except SeqtuneError as err:
             print(f"\nseqtune: error: {err}", file=sys.stderr, flush=True)
@@ -127,7 +131,8 @@ def _hydra_main(cfg: DictConfig) -> JobOutcome:
                 sys.exit(err.exit_code)
             return JobOutcome(exit_code=err.exit_code, error=str(err))
         except Exception as err:
-            if not sweep:
+            if not sweep:  # the traceback reaches the terminal as Python prints it; the log gets it here, last
+                console.log_error(run_dir, _config_refusal(err) or traceback.format_exc())
                 raise
             # A failed job is a row of the sweep's summary (seqtune.sweep); the other jobs still run.
             traceback.print_exc()

@@ -12,6 +12,7 @@ import importlib
 import logging
 import os
 import sys
+import traceback
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -53,7 +54,14 @@ def main(argv: list[str] | None = None) -> int:
             run_worker(args.run_dir)
         except SeqtuneError as err:
             print(f"\nseqtune (rank {rank}): error: {err}", file=sys.stderr, flush=True)
+            if rank != "0":  # rank 0's console is the log already
+                console.log_error(args.run_dir, f"seqtune (rank {rank}): error: {err}")
             return err.exit_code
+        except Exception:
+            # Python (and torchrun's summary, through @record) shows the traceback on the console; the run's log gets
+            # it too, whichever rank failed, as the last thing before the parent's closing line.
+            console.log_error(args.run_dir, f"seqtune (rank {rank}): {traceback.format_exc()}")
+            raise
     return 0
 
 

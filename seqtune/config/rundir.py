@@ -34,6 +34,8 @@ BEST_DIR = "best"
 SAMPLES_FILE = "samples_generated.jsonl"
 JOB_FILE = "job.json"
 SWEEP_SUMMARY = "sweep_summary"
+# flock-ed by the parent for the whole run (seqtune.run_lock): one writer per run directory; holds its pid and host.
+RUN_LOCK = ".lock"
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
