@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -31,12 +30,13 @@ from omegaconf.errors import MissingMandatoryValue  # noqa: E402
 
 from seqtune import console  # noqa: E402
 from seqtune.config import SeqtuneError, register_resolvers, register_schemas, save_resolved, to_typed  # noqa: E402
-from seqtune.config.errors import EXIT_FAILED, ConfigError  # noqa: E402
+from seqtune.config.errors import EXIT_FAILED, ConfigError, Interrupted  # noqa: E402
 from seqtune.config.plan import load_plan  # noqa: E402
 from seqtune.config.rundir import RESOLVED_CONFIG  # noqa: E402
 from seqtune.config.schema import LauncherName  # noqa: E402
 from seqtune.run_lock import hold_run_dir  # noqa: E402
 from seqtune.sweep import JobOutcome  # noqa: E402
+from seqtune.train import signals  # noqa: E402
 
 register_schemas()
 register_resolvers()
@@ -103,14 +103,14 @@ def launch(cfg: DictConfig, run_dir: Path) -> None:
 
         run_worker(run_dir)
         return
-    from seqtune.launch import launch_command, worker_environ
+    from seqtune.launch import launch_command, run_launched, worker_environ
 
     world = load_plan(run_dir).world
     command = launch_command(typed.launcher, world, run_dir, os.environ)
     env = worker_environ(world, os.environ)
     print(f"launching {world.world_size} rank(s) ({world.nnodes} node(s) x {world.nproc_per_node}; "
           f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}):", " ".join(command), flush=True)
-    code = subprocess.call(command, env=env)
+    code = run_launched(command, env, grace_s=typed.train.signal_grace_s)  # forwards SIGINT/SIGTERM to every rank
     if code != 0:
         raise SeqtuneError(f"{command[0] if typed.launcher.name == LauncherName.slurm else 'torchrun'} exited with "
                            f"code {code}; the failing rank's error is printed above.")
@@ -127,7 +127,7 @@ def _hydra_main(cfg: DictConfig) -> JobOutcome:
             launch(cfg, run_dir)
         except SeqtuneError as err:
             print(f"\nseqtune: error: {err}", file=sys.stderr, flush=True)
-            if not sweep:
+            if not sweep or isinstance(err, Interrupted):  # a signal ends the whole sweep
                 sys.exit(err.exit_code)
             return JobOutcome(exit_code=err.exit_code, error=str(err))
         except Exception as err:
@@ -148,6 +148,7 @@ def main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing its own trimmed traceback
     console.silence_known_false_alarms()
     console.install_tee()  # before Hydra binds its logging handlers to sys.stdout
+    signals.install()  # SIGINT/SIGTERM: exit 130/143 without a traceback; in training, at a step boundary
     try:
         _hydra_main()  # a sweep's failed jobs are rows of its summary, which sets the exit code (seqtune.sweep)
     except Exception as exc:

@@ -552,7 +552,8 @@ RESUME_ACCEPTABLE = ("train.max_steps", "train.epochs", "train.save_every", "tra
                      "plan.attn_implementation", "plan.kernels", "plan.loss")
 # Settings of one invocation, never compared with a checkpoint's. The launcher's world size is a fact of the plan,
 # compared there (a new rendezvous port or backend on restart changes nothing a step computes).
-RESUME_IGNORED = ("train.resume", "train.resume_accept", "train.progress", "preflight.only", "launcher")
+RESUME_IGNORED = ("train.resume", "train.resume_accept", "train.progress", "train.signal_grace_s", "preflight.only",
+                  "launcher")
 
 
 @dataclass(kw_only=True)
@@ -583,6 +584,10 @@ class TrainConfig:
     save_every: int = 0
     # How many of the newest checkpoints to keep; 0 = keep every checkpoint.
     keep_last: int = 2
+    # SIGTERM/SIGINT (Ctrl-C, a scheduler's preemption): training stops after the step in flight and, with
+    # save_every > 0, writes a final checkpoint if the last save's duration fits in what is left of these seconds;
+    # every rank is killed once they (+15 s) have passed. Exit 143 (SIGTERM) / 130 (SIGINT). SLURM: launch/README.md.
+    signal_grace_s: float = 60.0
     resume: Resume = Resume.auto
     # Differences from the checkpoint's settings a resume accepts (keys of RESUME_ACCEPTABLE above), e.g.
     # [train.max_steps] to train longer; any other difference is refused before anything is written.
@@ -614,6 +619,7 @@ class TrainConfig:
                           f"or start over with train.resume=never hydra.run.dir=NEW_DIR; a resume accepts changes of "
                           f"{', '.join(RESUME_ACCEPTABLE)}")
         domain.at_least("early_stop_min_delta", self.early_stop_min_delta, 0, 0.0)
+        domain.at_least("signal_grace_s", self.signal_grace_s, 0, 60.0)
         domain.at_least("eval_sample_tokens", self.eval_sample_tokens, 1, 32)
         if self.early_stop_min_delta and not self.early_stop_patience and _finite(self.early_stop_min_delta):
             domain.refuse("early_stop_min_delta", f"train.early_stop_min_delta={self.early_stop_min_delta} has no "

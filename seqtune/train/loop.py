@@ -20,6 +20,7 @@ from seqtune.train.checkpoint import Checkpointer, Progress
 from seqtune.train.evaluate import Evaluator
 from seqtune.train.metrics import MetricsLogger
 from seqtune.train.numerics import NumericsGuard
+from seqtune.train.signals import StopAtStep
 from seqtune.train.step import autocast, move_batch, summed_token_loss
 
 
@@ -106,6 +107,9 @@ def fit(loop: Loop, state: Progress) -> Progress:
                disable=not (loop.env.is_main and loop.cfg.progress), dynamic_ncols=True)
     numerics = NumericsGuard(run_dir=loop.checkpointer.run_dir, loss_scaling=loop.scaler is not None,
                              lr=loop.scheduler.base_lrs[0])
+    # SIGTERM/SIGINT from here on: stop after the step in flight, with a final checkpoint (seqtune.train.signals).
+    stop = StopAtStep(env=loop.env, checkpointer=loop.checkpointer, save_every=loop.cfg.save_every,
+                      grace_s=loop.cfg.signal_grace_s)
     window = {"loss": 0.0, "targets": 0.0, "tokens": 0.0, "positions": 0.0, "steps": 0, "start": time.perf_counter()}
     # A resumed run whose early stopping had already ended it does not train on.
     while state.step < loop.total_steps and not loop.evaluator.should_stop:
@@ -129,7 +133,9 @@ def fit(loop: Loop, state: Progress) -> Progress:
         if len(record) > 1 and loop.logger is not None:
             loop.logger.log(record)
         loop.checkpointer.maybe_save(state.step)
+        stop.check(state.step)
     bar.close()
+    stop.release()
     return state
 
 
