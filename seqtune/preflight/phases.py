@@ -13,10 +13,12 @@ from seqtune.config.errors import SeqtuneError
 from seqtune.config.plan import Plan
 from seqtune.config.schema import DataMode, Overlength, PaddingStrategy, RootConfig, Tail
 from seqtune.models.attention import AttentionEnv, attn_backend_problems
+from seqtune.models.checkpoint_check import checkpoint_faults
 from seqtune.models.kernels import kernels_problems
 from seqtune.models.spec import get_spec, lora_module_names
 from seqtune.data.overlength import TRUNCATING
 from seqtune.preflight import checks
+from seqtune.preflight import checks_model as model_checks
 from seqtune.preflight.checks import Problem
 from seqtune.preflight.result import MemoryStats, PlanStats, SourceStats, SplitPlan, SplitStats
 
@@ -87,6 +89,9 @@ def runtime_phase(cfg: RootConfig, plan: Plan) -> tuple[Any, Any, list[Problem]]
     except SeqtuneError as err:  # e.g. an architecture field that contradicts the checkpoint
         problems.append(Problem(check="load", key=err.key or "model.path", message=str(err)))
         hf_config = None
+    weights = model_checks.check_checkpoint_weights(checkpoint_faults(cfg.model.path, hf_config))
+    if weights:  # nothing else reads weights that failed the proof (a truncated shard would raise mid-read)
+        problems, hf_config = problems + weights, None
     return tokenizer, hf_config, problems
 
 
