@@ -27,6 +27,7 @@ from seqtune.config.schema import DataMode, Overlength, RootConfig, Tail
 from seqtune.data.cache import TokenCache
 from seqtune.data.collate import Collator, make_collator
 from seqtune.data.formats import LineParser, Record
+from seqtune.data.identity import check_as_proven
 from seqtune.data.mix import SourceMix
 from seqtune.data.overlength import TRUNCATING
 from seqtune.data.sampler import DistributedBatchPlan, WithFillers
@@ -263,6 +264,7 @@ class SourceEncoders:
 
 def _streamed(cfg: RootConfig, plan: Plan, preflight, rank: int, tokenizer) -> StreamedBatches:
     split = split_input(cfg.data, "train")
+    check_as_proven(split.files, preflight.caches["train"], key="data.train")  # the files preflight proved
     source_records = preflight.stream_source_records
     encoders = {fmt: SampleEncoder(tokenizer, fmt, train_on_prompt=cfg.data.train_on_prompt) for fmt in split.formats}
     parsers, by_file = {}, {}
