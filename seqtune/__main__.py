@@ -191,10 +191,20 @@ def _config_refusal(exc: BaseException) -> str | None:
         cause = exc.__cause__
         extra = f"\n{cause}" if isinstance(cause, OmegaConfBaseException) and str(cause) not in str(exc) else ""
         return f"{exc}{extra}"
+    if isinstance(exc, OSError) and exc.errno in (errno.EEXIST, errno.ENOTDIR) and _from_run_dir_setup(exc):
+        return _run_dir_not_a_directory(_failed_path(exc))
     no_room = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS)
     if isinstance(exc, OSError) and exc.errno in no_room and _from_run_dir_setup(exc):
         return str(storage_error(exc, _failed_path(exc), key="hydra.run.dir"))
     return None
+
+
+def _run_dir_not_a_directory(path: Path) -> str:
+    """hydra.run.dir names a file, or a path under one: say which file is in the way."""
+    blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
+    where = "is a file" if blocking == path else f"is under {blocking}, which is a file"
+    return (f"hydra.run.dir={path} {where}: a run directory must be a directory. Fix: hydra.run.dir=NEW_DIR (a "
+            f"directory, new or a run's own), or move {blocking} out of the way")
 
 
 def _from_run_dir_setup(exc: BaseException) -> bool:

@@ -220,6 +220,16 @@ class _Domain:
                               key=self.problems[0][0])
 
 
+# The largest seed: int64, what a seed is everywhere it travels (torch's generators take < 2**64, numpy any size,
+# but checkpoints' settings and W&B configs store it as a 64-bit integer).
+SEED_MAX = 2**63 - 1
+
+
+def _seed(domain: _Domain, value: Any, default: int) -> None:
+    domain.require(isinstance(value, int) and 0 <= value <= SEED_MAX, "seed", value,
+                   f"must be within [0, 2**63-1 = {SEED_MAX}] (a 64-bit seed)", str(default))
+
+
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -268,7 +278,7 @@ class ModelConfig:
         if self.rope_theta is not None:
             domain.above("rope_theta", self.rope_theta, 0, "null")
         domain.at_least("rope_scaling_factor", self.rope_scaling_factor, 0, "null", optional=True)
-        domain.at_least("seed", self.seed, 0, 0)
+        _seed(domain, self.seed, 0)
         if self.requires_path and not self.path:
             domain.refuse("path", f"model.path is required for the {self.family} checkpoint config: the local Hugging "
                           "Face checkpoint directory (config.json, model*.safetensors, tokenizer files); seqtune never "
@@ -609,9 +619,9 @@ class TrainConfig:
         domain.at_least("max_steps", self.max_steps, 1, "null (run train.epochs epochs)", optional=True)
         for name in ("epochs", "batch_size", "grad_accum", "log_every"):
             domain.at_least(name, getattr(self, name), 1, 1)
-        for name in ("eval_every", "eval_batches", "save_every", "keep_last", "seed", "early_stop_patience",
-                     "eval_samples"):
+        for name in ("eval_every", "eval_batches", "save_every", "keep_last", "early_stop_patience", "eval_samples"):
             domain.at_least(name, getattr(self, name), 0, 0)
+        _seed(domain, self.seed, 1234)
         unknown = [k for k in self.resume_accept if not any(k == a or k.startswith(f"{a}.") for a in RESUME_ACCEPTABLE)]
         if unknown:
             domain.refuse("resume_accept", f"train.resume_accept lists {', '.join(unknown)}, which a resume cannot "
