@@ -233,5 +233,6 @@ def check_finite_weights(model, path: str) -> None:
             if sample.is_floating_point() and not bool(torch.isfinite(sample).all()):
                 bad = int((~torch.isfinite(sample)).sum())
                 raise ModelLoadError(
-                    f"model.path={path}: parameter {name} holds non-finite values (NaN or inf; {bad} of {sample.numel()} "
-                    "sampled elements): training from it gives a NaN loss.", key="model.path", fix=FIX)
+                    f"model.path={path}: parameter {name} holds non-finite values (NaN or inf; {bad} of "
+                    f"{sample.numel()} elements looked at): training from it gives a NaN loss.", key="model.path",
+                    fix=FIX)

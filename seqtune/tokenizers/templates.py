@@ -138,8 +138,9 @@ def resolve(value: str) -> str:
         try:
             value = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as err:
-            raise ConfigError(f"tokenizer.chat_template={value}: the file is not UTF-8 text (byte "
-                              f"{err.object[err.start]:#04x} at offset {err.start}); Jinja templates are read as UTF-8.",
+            byte = f"{err.object[err.start]:#04x}"
+            raise ConfigError(f"tokenizer.chat_template={value}: the file is not UTF-8 text (byte {byte} at offset "
+                              f"{err.start}); Jinja templates are read as UTF-8.",
                               key="tokenizer.chat_template",
                               fix=f"save {path.name} as UTF-8 (e.g. iconv -f latin1 -t utf-8), or {fix}") from None
         except OSError as err:

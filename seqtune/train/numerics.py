@@ -44,6 +44,6 @@ class NumericsGuard:
         fixes = [f"a lower optim.lr (now {self.lr:g})", "optim.grad_clip=1.0 if it is off"]
         fixes.append("train.mixed_precision=bf16 instead of fp16 (fp16 overflows where bf16 does not)"
                      if self.loss_scaling else "check the data and the starting weights for extreme values")
-        return (f"training diverged at step {step}: loss {loss:.6g}, gradient norm {grad_norm:.6g}. The run stopped there; "
-                f"nothing of step {step} was saved, and no adapter or model was exported. {where} "
+        return (f"training diverged at step {step}: loss {loss:.6g}, gradient norm {grad_norm:.6g}. The run stopped "
+                f"there; nothing of step {step} was saved, and no adapter or model was exported. {where} "
                 f"Likely fixes: {'; '.join(fixes)}.")

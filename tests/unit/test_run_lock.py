@@ -31,7 +31,8 @@ def test_a_second_holder_is_refused_naming_the_first(tmp_path: Path):
 
 def test_a_dead_runs_lock_is_taken_over(tmp_path: Path, capsys):
     # A process that took the lock and was killed: the kernel released its flock, its record stays.
-    code = f"import os; from seqtune.run_lock import hold_run_dir; held = hold_run_dir({str(tmp_path)!r}); held.__enter__(); os._exit(9)"
+    code = (f"import os; from seqtune.run_lock import hold_run_dir; held = hold_run_dir({str(tmp_path)!r}); "
+            "held.__enter__(); os._exit(9)")
     subprocess.run([sys.executable, "-c", code], check=False)
     dead = json.loads((tmp_path / RUN_LOCK).read_text())
     assert dead["pid"] != os.getpid()
