@@ -148,7 +148,7 @@ def main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing its own trimmed traceback
     console.silence_known_false_alarms()
     console.install_tee()  # before Hydra binds its logging handlers to sys.stdout
-    signals.install()  # SIGINT/SIGTERM: exit 130/143 without a traceback; in training, at a step boundary
+    handlers = signals.install()  # SIGINT/SIGTERM: exit 130/143 without a traceback; in training, at a step boundary
     try:
         _hydra_main()  # a sweep's failed jobs are rows of its summary, which sets the exit code (seqtune.sweep)
     except Exception as exc:
@@ -159,6 +159,7 @@ def main() -> None:
               flush=True)
         sys.exit(2)
     finally:
+        signals.restore(handlers)
         if user_setting is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:

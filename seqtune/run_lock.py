@@ -19,13 +19,17 @@ from pathlib import Path
 
 from seqtune.config.errors import ConfigError
 from seqtune.config.rundir import RUN_DIR_KEY, RUN_LOCK
+from seqtune.files import storage_error
 
 
 @contextmanager
 def hold_run_dir(run_dir: Path) -> Iterator[None]:
     """Hold `run_dir/.lock` for the duration, or raise ConfigError naming the run that holds it."""
     path = Path(run_dir) / RUN_LOCK
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:  # a read-only or full run directory: say so, naming it
+        raise storage_error(exc, path, key=RUN_DIR_KEY) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -40,14 +44,23 @@ def hold_run_dir(run_dir: Path) -> Iterator[None]:
             print(f"note: taking over the lock of {run_dir} from a run that is no longer running "
                   f"({_describe(previous)}).", flush=True)
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(holder).encode(), 0)
+        _record(fd, json.dumps(holder).encode())
         try:
             yield
         finally:
-            os.ftruncate(fd, 0)  # an empty lock file: the run ended cleanly
+            _record(fd, b"")  # an empty lock file: the run ended cleanly
     finally:
         os.close(fd)  # releases the flock
+
+
+def _record(fd: int, data: bytes) -> None:
+    # The holder's record only informs a refused run; on a full disk the lock holds without it (and the run's own
+    # first write reports the full disk).
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+    except OSError:
+        pass
 
 
 def _read_holder(fd: int) -> dict:

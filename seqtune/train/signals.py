@@ -37,10 +37,16 @@ class _Received:
 _RECEIVED = _Received()
 
 
-def install() -> None:
-    """In the process's entry point (main thread), before anything long runs."""
-    for sig in HANDLED:
-        signal.signal(sig, _handler)
+def install() -> dict[int, object]:
+    """In the process's entry point (main thread), before anything long runs; returns the handlers it replaced."""
+    return {sig: signal.signal(sig, _handler) for sig in HANDLED}
+
+
+def restore(previous: dict[int, object]) -> None:
+    """The handlers `install` replaced (seqtune.__main__.main called in-process, as the hostile table does)."""
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+    _RECEIVED.signum, _RECEIVED.deferred = None, False
 
 
 def _handler(signum: int, _frame) -> None:
