@@ -28,6 +28,7 @@ HARD_STOP_MARGIN_S = 15.0
 
 @dataclass
 class _Received:
+    owner: int = 0  # the process that installed the handler (forked DataLoader workers inherit it)
     signum: int | None = None
     at: float = 0.0
     deferred: bool = False
@@ -39,6 +40,7 @@ _RECEIVED = _Received()
 
 def install() -> dict[int, object]:
     """In the process's entry point (main thread), before anything long runs; returns the handlers it replaced."""
+    _RECEIVED.owner = os.getpid()
     return {sig: signal.signal(sig, _handler) for sig in HANDLED}
 
 
@@ -50,6 +52,11 @@ def restore(previous: dict[int, object]) -> None:
 
 
 def _handler(signum: int, _frame) -> None:
+    if os.getpid() != _RECEIVED.owner:  # a forked DataLoader worker: its process decides; Ctrl-C reaches both
+        if signum == signal.SIGTERM:  # the usual end of a worker (multiprocessing terminates its children)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return
     if _RECEIVED.signum is not None or not _RECEIVED.deferred:
         _RECEIVED.signum, _RECEIVED.at = signum, time.monotonic()
         raise Interrupted(signum, f"stopped by {signal.Signals(signum).name}"
