@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import tiny_cfg
+from conftest import TINY_FAMILIES, tiny_cfg
 from seqtune.config.errors import ModelLoadError
 from seqtune.models import build_model, load_model_config
 from seqtune.models.checkpoint_check import check_finite_weights, check_loading_info, checkpoint_faults
@@ -49,6 +49,14 @@ def _rewrite(path: Path, edit) -> None:
 def test_intact_checkpoints_pass(saved):
     assert len(list(saved["sharded"].glob("model-*.safetensors"))) > 1
     assert _faults(saved["single"]) == [] and _faults(saved["sharded"]) == []
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_every_family_saved_by_transformers_passes(family: str, tmp_path):
+    """Including a tied head stored once (gemma3) and each family's own layout."""
+    build_model(tiny_cfg(family), attn_implementation="sdpa").save_pretrained(tmp_path, safe_serialization=True)
+    cfg = tiny_cfg(family, path=str(tmp_path))
+    assert checkpoint_faults(cfg.path, load_model_config(cfg)) == []
 
 
 def test_names_matching_nothing(saved, tmp_path):
