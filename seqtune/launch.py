@@ -94,8 +94,9 @@ def run_launched(command: list[str], env: dict[str, str], *, grace_s: float) -> 
         if received:  # a second signal: no more waiting
             _kill({**tree, proc.pid: _start_time(proc.pid)})
         received.append(signum)
+        # srun takes a first SIGINT as "print the step's status"; SIGTERM it forwards to every node's torchrun.
         with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signum)
+            os.kill(proc.pid, signal.SIGTERM if command[0] == "srun" else signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
