@@ -229,6 +229,10 @@ def test_a_failing_rank_ends_the_whole_job_promptly_with_its_error(tmp_path: Pat
     # Step 1 was logged just before rank 1 raised; a hang would sit in gloo's 10-minute timeout.
     assert [m["step"] for m in read_metrics(run_dir)] == [1]
     assert ended - (run_dir / "metrics.jsonl").stat().st_mtime < 30
+    # The run's log holds the failing rank's error (not only rank 0's console), and ends with the parent's line.
+    log = (run_dir / "seqtune.log").read_text()
+    assert "seqtune (rank 1): Traceback" in log and "injected failure on rank 1 at step 2" in log
+    assert log.strip().splitlines()[-1].startswith("seqtune: error: torchrun exited with code")
 
 
 def test_merged_export_of_a_torchrun_run_reproduces_the_adapter_logits(reference: Path):
