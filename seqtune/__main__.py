@@ -9,9 +9,9 @@ would give every rank its own run directory)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -33,11 +33,13 @@ from omegaconf.errors import MissingMandatoryValue  # noqa: E402
 
 from seqtune import console  # noqa: E402
 from seqtune.config import SeqtuneError, register_resolvers, register_schemas, save_resolved, to_typed  # noqa: E402
-from seqtune.config.errors import EXIT_FAILED, ConfigError  # noqa: E402
+from seqtune.config.errors import EXIT_FAILED, ConfigError, Interrupted  # noqa: E402
 from seqtune.config.plan import load_plan  # noqa: E402
 from seqtune.config.rundir import RESOLVED_CONFIG  # noqa: E402
 from seqtune.config.schema import LauncherName  # noqa: E402
+from seqtune.run_lock import hold_run_dir  # noqa: E402
 from seqtune.sweep import JobOutcome  # noqa: E402
+from seqtune.train import signals  # noqa: E402
 
 register_schemas()
 register_resolvers()
@@ -108,14 +110,14 @@ def launch(cfg: DictConfig, run_dir: Path) -> None:
         run_worker(run_dir)
         mark_finished(typed, run_dir)
         return
-    from seqtune.launch import launch_command, worker_environ
+    from seqtune.launch import launch_command, run_launched, worker_environ
 
     world = load_plan(run_dir).world
     command = launch_command(typed.launcher, world, run_dir, os.environ)
     env = worker_environ(world, os.environ)
     print(f"launching {world.world_size} rank(s) ({world.nnodes} node(s) x {world.nproc_per_node}; "
           f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}):", " ".join(command), flush=True)
-    code = subprocess.call(command, env=env)
+    code = run_launched(command, env, grace_s=typed.train.signal_grace_s)  # forwards SIGINT/SIGTERM to every rank
     if code != 0:
         raise SeqtuneError(f"{command[0] if typed.launcher.name == LauncherName.slurm else 'torchrun'} exited with "
                            f"code {code}; the failing rank's error is printed above.")
@@ -126,16 +128,19 @@ def launch(cfg: DictConfig, run_dir: Path) -> None:
 def _hydra_main(cfg: DictConfig) -> JobOutcome:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     sweep = HydraConfig.get().mode == RunMode.MULTIRUN
-    with console.run_log(run_dir):
+    with contextlib.ExitStack() as held:
         try:
+            held.enter_context(hold_run_dir(run_dir))  # one writer per run directory, before anything is written
+            held.enter_context(console.run_log(run_dir))
             launch(cfg, run_dir)
         except SeqtuneError as err:
             print(f"\nseqtune: error: {err}", file=sys.stderr, flush=True)
-            if not sweep:
+            if not sweep or isinstance(err, Interrupted):  # a signal ends the whole sweep
                 sys.exit(err.exit_code)
             return JobOutcome(exit_code=err.exit_code, error=str(err))
         except Exception as err:
-            if not sweep:
+            if not sweep:  # the traceback reaches the terminal as Python prints it; the log gets it here, last
+                console.log_error(run_dir, _config_refusal(err) or traceback.format_exc())
                 raise
             # A failed job is a row of the sweep's summary (seqtune.sweep); the other jobs still run.
             traceback.print_exc()
@@ -151,6 +156,7 @@ def main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing its own trimmed traceback
     console.silence_known_false_alarms()
     console.install_tee()  # before Hydra binds its logging handlers to sys.stdout
+    handlers = signals.install()  # SIGINT/SIGTERM: exit 130/143 without a traceback; in training, at a step boundary
     try:
         _hydra_main()  # a sweep's failed jobs are rows of its summary, which sets the exit code (seqtune.sweep)
     except Exception as exc:
@@ -161,6 +167,7 @@ def main() -> None:
               flush=True)
         sys.exit(2)
     finally:
+        signals.restore(handlers)
         if user_setting is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:
@@ -193,10 +200,20 @@ def _config_refusal(exc: BaseException) -> str | None:
         cause = exc.__cause__
         extra = f"\n{cause}" if isinstance(cause, OmegaConfBaseException) and str(cause) not in str(exc) else ""
         return f"{exc}{extra}"
+    if isinstance(exc, OSError) and exc.errno in (errno.EEXIST, errno.ENOTDIR) and _from_run_dir_setup(exc):
+        return _run_dir_not_a_directory(_failed_path(exc))
     no_room = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS)
     if isinstance(exc, OSError) and exc.errno in no_room and _from_run_dir_setup(exc):
         return str(storage_error(exc, _failed_path(exc), key="hydra.run.dir"))
     return None
+
+
+def _run_dir_not_a_directory(path: Path) -> str:
+    """hydra.run.dir names a file, or a path under one: say which file is in the way."""
+    blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
+    where = "is a file" if blocking == path else f"is under {blocking}, which is a file"
+    return (f"hydra.run.dir={path} {where}: a run directory must be a directory. Fix: hydra.run.dir=NEW_DIR (a "
+            f"directory, new or a run's own), or move {blocking} out of the way")
 
 
 def _from_run_dir_setup(exc: BaseException) -> bool:

@@ -111,6 +111,22 @@ def install_tee() -> None:
         sys.stderr = _Tee(sys.stderr, _SINK)
 
 
+def log_error(run_dir: Path, text: str) -> None:
+    """The error that ends a run, into `run_dir/seqtune.log` only (the console shows it on its own: a traceback as
+    Python prints it, a rank's error as torchrun relays it). Any rank may call it, so a failing rank other than
+    rank 0 is in the log too; the parent's own closing line then follows it."""
+    text = text if text.endswith("\n") else text + "\n"
+    if _SINK.file is not None:
+        _SINK.write_lines(text.rstrip("\n").split("\n"))
+        _SINK.flush()
+        return
+    try:
+        with (Path(run_dir) / LOG_FILE).open("a", encoding="utf-8") as log:
+            log.write(text)
+    except OSError:
+        pass  # no log (a full disk, a run directory gone): the console has the error
+
+
 @contextmanager
 def run_log(run_dir: Path) -> Iterator[Path]:
     """Append the console to `run_dir/seqtune.log` for the duration (nested calls keep the outer file)."""

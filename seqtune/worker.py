@@ -12,6 +12,7 @@ import importlib
 import logging
 import os
 import sys
+import traceback
 from pathlib import Path
 
 os.environ.setdefault("SEQTUNE_USER_HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", ""))  # see __main__
@@ -23,9 +24,10 @@ from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E40
 
 from seqtune import console  # noqa: E402
 from seqtune.config import SeqtuneError, load_resolved  # noqa: E402
-from seqtune.config.errors import ConfigError  # noqa: E402
+from seqtune.config.errors import ConfigError, Interrupted  # noqa: E402
 from seqtune.config.plan import load_plan  # noqa: E402
 from seqtune.config.rundir import RESOLVED_CONFIG  # noqa: E402
+from seqtune.train import signals  # noqa: E402
 
 
 def run_worker(run_dir: Path) -> None:
@@ -46,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", type=Path, required=True)
     args = parser.parse_args(argv)
     console.silence_known_false_alarms()
+    signals.install()  # torchrun forwards the parent's SIGINT/SIGTERM: stop at a step boundary (seqtune.train.signals)
     rank = os.environ.get("RANK", "0")
     if rank == "0":  # seqtune.log reads like rank 0's console, after the parent's preflight report
         console.install_tee()
@@ -53,8 +56,17 @@ def main(argv: list[str] | None = None) -> int:
         try:
             run_worker(args.run_dir)
         except SeqtuneError as err:
+            if isinstance(err, Interrupted) and rank != "0":
+                return err.exit_code  # every rank stopped at the same step: rank 0 says where
             print(f"\nseqtune (rank {rank}): error: {err}", file=sys.stderr, flush=True)
+            if rank != "0":  # rank 0's console is the log already
+                console.log_error(args.run_dir, f"seqtune (rank {rank}): error: {err}")
             return err.exit_code
+        except Exception:
+            # Python (and torchrun's summary, through @record) shows the traceback on the console; the run's log gets
+            # it too, whichever rank failed, as the last thing before the parent's closing line.
+            console.log_error(args.run_dir, f"seqtune (rank {rank}): {traceback.format_exc()}")
+            raise
     return 0
 
 

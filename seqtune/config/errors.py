@@ -1,7 +1,7 @@
 """Error types users see. Each names the config key (or file:line), the values, the broken relation and the fix.
 
 Exit codes of `python -m seqtune` (README, "Exit codes"): 2 = refused before training (a config, model, tokenizer,
-data or preflight problem; nothing trained), 1 = failed while training.
+data or preflight problem; nothing trained), 1 = failed while training, 130 / 143 = stopped by SIGINT / SIGTERM.
 """
 
 from __future__ import annotations
@@ -46,6 +46,16 @@ class DataError(SeqtuneError):
 
 class StorageError(SeqtuneError):
     """A file seqtune writes could not be written: no space left, no permission, a read-only disk."""
+
+
+class Interrupted(SeqtuneError):
+    """SIGINT or SIGTERM stopped the run: exit 128 + the signal's number (130 SIGINT, 143 SIGTERM), as a shell
+    reports a process the signal ended."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        self.signum = signum
+        self.exit_code = 128 + signum
+        super().__init__(message)
 
 
 class PreflightFailed(SeqtuneError):

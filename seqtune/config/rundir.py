@@ -45,6 +45,8 @@ FINISHED = "finished.json"
 # train.overwrite=true moves a finished run into RUN_DIR/previous-<time>/ (never deletes it).
 PREVIOUS_PREFIX = "previous-"
 SWEEP_SUMMARY = "sweep_summary"
+# flock-ed by the parent for the whole run (seqtune.run_lock): one writer per run directory; holds its pid and host.
+RUN_LOCK = ".lock"
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:

@@ -250,6 +250,16 @@ class _Domain:
                               key=self.problems[0][0])
 
 
+# The largest seed: int64, what a seed is everywhere it travels (torch's generators take < 2**64, numpy any size,
+# but checkpoints' settings and W&B configs store it as a 64-bit integer).
+SEED_MAX = 2**63 - 1
+
+
+def _seed(domain: _Domain, value: Any, default: int) -> None:
+    domain.require(isinstance(value, int) and 0 <= value <= SEED_MAX, "seed", value,
+                   f"must be within [0, 2**63-1 = {SEED_MAX}] (a 64-bit seed)", str(default))
+
+
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -301,7 +311,7 @@ class ModelConfig:
         if self.rope_theta is not None:
             domain.above("rope_theta", self.rope_theta, 0, "null")
         domain.at_least("rope_scaling_factor", self.rope_scaling_factor, 0, "null", optional=True)
-        domain.at_least("seed", self.seed, 0, 0)
+        _seed(domain, self.seed, 0)
         if self.family == ModelFamily.auto and not self.path:
             domain.refuse("path", "model.family=auto reads every fact from a checkpoint, but model.path is null. Fix: "
                           "model.path=DIR (a Hugging Face checkpoint directory), or a *_tiny model config")
@@ -625,7 +635,7 @@ RESUME_ACCEPTABLE = ("train.max_steps", "train.epochs", "train.save_every", "tra
                      "plan.attn_implementation", "plan.kernels", "plan.loss")
 # Settings of one invocation, never compared with a checkpoint's. The launcher's world size is a fact of the plan,
 # compared there (a new rendezvous port or backend on restart changes nothing a step computes).
-RESUME_IGNORED = ("train.resume", "train.resume_accept", "train.overwrite", "train.progress", "preflight.only",
+RESUME_IGNORED = ("train.resume", "train.resume_accept", "train.overwrite", "train.signal_grace_s", "train.progress", "preflight.only",
                   "launcher")
 
 
@@ -657,6 +667,10 @@ class TrainConfig:
     save_every: int = 0
     # How many of the newest checkpoints to keep; 0 = keep every checkpoint.
     keep_last: int = 2
+    # SIGTERM/SIGINT (Ctrl-C, a scheduler's preemption): training stops after the step in flight and, with
+    # save_every > 0, writes a final checkpoint if the last save's duration fits in what is left of these seconds;
+    # every rank is killed once they (+15 s) have passed. Exit 143 (SIGTERM) / 130 (SIGINT). SLURM: launch/README.md.
+    signal_grace_s: float = 60.0
     resume: Resume = Resume.auto
     # Differences from the checkpoint's settings a resume accepts (keys of RESUME_ACCEPTABLE above), e.g.
     # [train.max_steps] to train longer; any other difference is refused before anything is written.
@@ -681,9 +695,9 @@ class TrainConfig:
         domain.at_least("max_steps", self.max_steps, 1, "null (run train.epochs epochs)", optional=True)
         for name in ("epochs", "batch_size", "grad_accum", "log_every"):
             domain.at_least(name, getattr(self, name), 1, 1)
-        for name in ("eval_every", "eval_batches", "save_every", "keep_last", "seed", "early_stop_patience",
-                     "eval_samples"):
+        for name in ("eval_every", "eval_batches", "save_every", "keep_last", "early_stop_patience", "eval_samples"):
             domain.at_least(name, getattr(self, name), 0, 0)
+        _seed(domain, self.seed, 1234)
         unknown = [k for k in self.resume_accept if not any(k == a or k.startswith(f"{a}.") for a in RESUME_ACCEPTABLE)]
         if unknown:
             domain.refuse("resume_accept", f"train.resume_accept lists {', '.join(unknown)}, which a resume cannot "
@@ -691,6 +705,7 @@ class TrainConfig:
                           f"or start over with train.resume=never hydra.run.dir=NEW_DIR; a resume accepts changes of "
                           f"{', '.join(RESUME_ACCEPTABLE)}")
         domain.at_least("early_stop_min_delta", self.early_stop_min_delta, 0, 0.0)
+        domain.at_least("signal_grace_s", self.signal_grace_s, 0, 60.0)
         domain.at_least("eval_sample_tokens", self.eval_sample_tokens, 1, 32)
         if self.early_stop_min_delta and not self.early_stop_patience and _finite(self.early_stop_min_delta):
             domain.refuse("early_stop_min_delta", f"train.early_stop_min_delta={self.early_stop_min_delta} has no "

@@ -45,8 +45,23 @@ _ARRAYS = {"tokens": np.int32, "target": np.uint8, "offsets": np.int64, "lengths
 
 def file_fingerprint(path: Path) -> str:
     """sha256 of the file's bytes (+ size); of a saved dataset directory, of every file in it (names included).
-    Full-content, so an edit that keeps size and mtime still counts."""
-    path, digest = Path(path), hashlib.sha256()
+    Full-content, so an edit that keeps size and mtime still counts. A file is hashed once per process while its
+    stat (incl. ctime, which every write changes and no tool sets back) stays the same."""
+    path = Path(path)
+    if path.is_file():
+        st = path.stat()
+        seen = (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if seen not in _FINGERPRINTS:
+            _FINGERPRINTS[seen] = _hash(path)
+        return _FINGERPRINTS[seen]
+    return _hash(path)
+
+
+_FINGERPRINTS: dict[tuple, str] = {}
+
+
+def _hash(path: Path) -> str:
+    digest = hashlib.sha256()
     files = columnar.saved_dataset_files(path) if path.is_dir() else [path]
     for file in files:
         if path.is_dir():

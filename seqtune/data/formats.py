@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -547,7 +548,8 @@ def _lone_surrogate(record: Record) -> Reject | None:
     if isinstance(record, PromptCompletion):
         texts = [("prompt", record.prompt), ("completion", record.completion)]
     elif isinstance(record, Conversation):
-        texts = [(f"messages[{i}].content", m["content"]) for i, m in enumerate(record.messages)]
+        # Every string the template may render: contents, tool calls' names and arguments, tool definitions.
+        texts = list(_strings(record.messages, "messages")) + list(_strings(record.tools or [], "tools"))
     else:
         return None
     for where, text in texts:
@@ -559,6 +561,18 @@ def _lone_surrogate(record: Record) -> Reject | None:
                           reason=f"bad_utf8: the {where} holds a lone surrogate {char} (JSON escapes \\ud800-"
                                  "\\udfff are only valid in high+low pairs)")
     return None
+
+
+def _strings(value: Any, where: str) -> Iterator[tuple[str, str]]:
+    """(path, text) of every string inside `value` (dicts, lists), e.g. messages[2].tool_calls[0].function.arguments."""
+    if isinstance(value, str):
+        yield where, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _strings(item, f"{where}[{i}]")
 
 
 def role_reason(where: str, role: object, accepted_roles: tuple[str, ...]) -> str:

@@ -28,6 +28,7 @@ from seqtune.data.batching import BatchRule, batch_rule
 from seqtune.data.cache import TokenCache
 from seqtune.data.collate import Collator, make_collator
 from seqtune.data.formats import LineParser, Record
+from seqtune.data.identity import check_as_proven
 from seqtune.data.mix import SourceMix
 from seqtune.data.overlength import TRUNCATING
 from seqtune.data.sampler import DistributedBatchPlan, WithFillers
@@ -280,6 +281,7 @@ class SourceEncoders:
 
 def _streamed(cfg: RootConfig, plan: Plan, rank: int, tokenizer) -> StreamedBatches:
     split = split_input(cfg.data, "train", plan.validation)
+    check_as_proven(split.files, Path(plan.caches["train"]), key="data.train")  # the files preflight proved
     source_records = list(plan.stream_records)
     encoders = {fmt: SampleEncoder(tokenizer, fmt, train_on_prompt=cfg.data.train_on_prompt, tokens=plan.tokens)
                 for fmt in split.formats}

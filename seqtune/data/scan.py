@@ -20,6 +20,7 @@ import numpy as np
 
 from seqtune.data.cache import META, TokenCache, TokenCacheWriter, cache_damage, cache_key, tokenizer_fingerprint
 from seqtune.data.formats import LineParser, Record, template_signature
+from seqtune.data.identity import check_unchanged, file_states, identity_meta
 from seqtune.data.split import SplitInput, to_meta
 from seqtune.data.tokenize import EncodedBatch, SampleEncoder
 from seqtune.data.types import Reject
@@ -144,6 +145,7 @@ def scan_split(split: SplitInput, encoders: dict[str, SampleEncoder], *, cache_r
     """
     began = time.perf_counter()
     signature = "|".join(encoder_signature(encoders[fmt]) for fmt in split.formats) + "|" + split.signature()
+    before = file_states(split.files)  # the key hashes the files as they are now: the scan must read the same
     key = cache_key(split.files, signature, f"{key_extra}|media_root={media_root}|max={max_records}")
     published = Path(cache_root) / key
     damage = cache_damage(published) if published.exists() else None
@@ -156,7 +158,9 @@ def scan_split(split: SplitInput, encoders: dict[str, SampleEncoder], *, cache_r
         stats = _stream(split, encoders, writer, media_root=media_root, max_records=max_records,
                         chunk_size=chunk_size, progress=progress)
         k = max(encoders[fmt].sequences_per_sample for fmt in split.formats)
-        directory = writer.commit({**_stats_meta(stats, split), **to_meta(split), "sequences_per_sample": k})
+        check_unchanged(split.files, before, key=f"data.{split.name}")
+        directory = writer.commit({**_stats_meta(stats, split), **to_meta(split), **identity_meta(split.files),
+                                   "sequences_per_sample": k})
     except BaseException:
         writer.abort()
         raise

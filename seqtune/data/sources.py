@@ -45,7 +45,8 @@ _READ_SIZE = 1 << 20
 
 
 def expand_paths(spec: Any, key: str) -> list[Path]:
-    """A path, a glob, or a list of them → the files, in order (globs sorted), each at most once.
+    """A path, a glob, or a list of them → the files, in order (globs sorted), each at most once (by its real path).
+    A path with glob characters (`*?[`) is a glob only when no file of that exact name exists.
 
     `key` is the config key the spec came from (e.g. "data.val"); every error names it. Each file is checked
     to be a readable regular file here, so a bad path fails before anything is scanned.
@@ -56,6 +57,7 @@ def expand_paths(spec: Any, key: str) -> list[Path]:
     if not specs:
         raise DataError(f"{key} is an empty list.", key=key, fix=f"give {key} at least one JSONL path or glob.")
     files: list[Path] = []
+    seen: set[str] = set()
     for item in specs:
         if str(item).startswith("hf:"):  # a hub dataset's split: its data files in the hub cache (seqtune/hub.py)
             from seqtune.hub import dataset_files
@@ -63,14 +65,17 @@ def expand_paths(spec: Any, key: str) -> list[Path]:
             files += [path for path in dataset_files(str(item), key) if path not in files]
             continue
         text = str(Path(str(item)).expanduser())
-        matches = sorted(glob.glob(text, recursive=True)) if glob.has_magic(text) else [text]
-        if glob.has_magic(text) and not matches:
+        # A file of that exact name is read as itself: `data[1].jsonl` names one file, not a character class.
+        pattern = glob.has_magic(text) and not os.path.lexists(text)
+        matches = sorted(glob.glob(text, recursive=True)) if pattern else [text]
+        if pattern and not matches:
             raise DataError(f"{key}: the glob {text!r} matches no file{_unlistable(text)}.", key=key,
                             fix=f"check the pattern, or point {key} at existing .jsonl files.")
         for match in matches:
             path = Path(match)
             check_readable_file(path, key)
-            if path not in files:
+            if os.path.realpath(path) not in seen:  # the same file through `..` or a symlink is the same file
+                seen.add(os.path.realpath(path))
                 files.append(path)
     return files
 
@@ -510,10 +515,12 @@ def expand_sources(sources: list[DataSource]) -> list[SourceFiles]:
     for source in sources:
         files = expand_paths(source.path, source.key)
         for path in files:
-            if path in owner:
-                raise DataError(f"{source.key}: {path} is also part of {owner[path]}.", key=source.key,
+            real = os.path.realpath(path)  # one file named two ways (`..`, a symlink) is still one file
+            if real in owner:
+                raise DataError(f"{source.key}: {path} is also part of {owner[real]}"
+                                f"{'' if str(path) == real else f' (both are {real})'}.", key=source.key,
                                 fix="list each file in one source (a source's weight says how often it is used).")
-            owner[path] = source.key
+            owner[real] = source.key
         expanded.append(SourceFiles(key=source.key, files=tuple(files), format=source.format,
                                     columns=dict(source.columns), columns_key=source.columns_key,
                                     weight=source.weight))

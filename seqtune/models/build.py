@@ -11,7 +11,6 @@ Rules kept here:
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
@@ -21,7 +20,8 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from seqtune.config.errors import ConfigError, ModelLoadError
 from seqtune.config.schema import AttnImplementation, ModelConfig
-from seqtune.models.facts import EXPECTED_CHECKPOINT, PATH_FIX, check_checkpoint_dir, check_model_type
+from seqtune.models.checkpoint_check import check_finite_weights, check_loading_info
+from seqtune.models.facts import EXPECTED_CHECKPOINT, PATH_FIX, check_checkpoint_dir, check_model_type, read_config_json
 from seqtune.models.spec import ModelSpec, arch_mismatches, check_unused_fields, resolve_tiny_fields, spec_for
 from seqtune.models.varlen import register as register_varlen
 
@@ -45,7 +45,7 @@ def load_model_config(cfg: ModelConfig) -> PretrainedConfig:
 def _read_checkpoint_config(cfg: ModelConfig, spec: ModelSpec) -> PretrainedConfig:
     root = check_checkpoint_dir(cfg.path)
     try:
-        model_type = json.loads((root / "config.json").read_text()).get("model_type")
+        model_type = read_config_json(root, cfg.path).get("model_type")
         check_model_type(cfg, spec, model_type)
         hf_config = AutoConfig.from_pretrained(root, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
@@ -143,7 +143,7 @@ def _load_checkpoint(model_class, root: Path, hf_config, cfg: ModelConfig, attn_
         )
         device_map = {"": torch.cuda.current_device()}
     try:
-        return model_class.from_pretrained(
+        model, info = model_class.from_pretrained(
             root,
             config=hf_config,
             dtype=dtype,
@@ -153,6 +153,7 @@ def _load_checkpoint(model_class, root: Path, hf_config, cfg: ModelConfig, attn_
             use_safetensors=True,
             quantization_config=quantization,
             device_map=device_map,
+            output_loading_info=True,
         )
     except (OSError, ValueError) as err:
         raise ModelLoadError(
@@ -160,6 +161,10 @@ def _load_checkpoint(model_class, root: Path, hf_config, cfg: ModelConfig, attn_
             key="model.path",
             fix=PATH_FIX,
         ) from err
+    # Never passes silently: what transformers could not place, and weights that are not numbers.
+    check_loading_info(info, str(cfg.path))
+    check_finite_weights(model, str(cfg.path))
+    return model
 
 
 def _quantize_via_checkpoint(model, model_class, cfg: ModelConfig, attn_implementation: str, dtype):

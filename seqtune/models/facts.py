@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from seqtune.config.errors import ModelLoadError
 from seqtune.config.schema import ModelConfig
+from seqtune.models.checkpoint_check import INDEX
 from seqtune.models.spec import ModelSpec, family_for_model_type, resolve_tiny_fields
 
 EXPECTED_CHECKPOINT = (
@@ -48,8 +50,8 @@ def read_model_facts(cfg: ModelConfig, spec: ModelSpec) -> ModelFacts:
         tied = bool(fields["tie_word_embeddings"])
     else:
         root = check_checkpoint_dir(cfg.path)
+        config = read_config_json(root, cfg.path)
         try:
-            config = json.loads((root / "config.json").read_text())
             check_model_type(cfg, spec, config.get("model_type"))
             vocab, context, layers = (config["vocab_size"], config["max_position_embeddings"],
                                       config["num_hidden_layers"])
@@ -65,6 +67,20 @@ def read_model_facts(cfg: ModelConfig, spec: ModelSpec) -> ModelFacts:
     return ModelFacts(embedding_rows=int(vocab), output_rows=int(vocab), context_length=int(context),
                       num_layers=int(layers), model_type=model_type, sliding_window=window is not None,
                       attention_dropout_or_softcap=dropout, tied_embeddings=tied)
+
+
+def read_config_json(root: Path, path: str) -> dict[str, Any]:
+    """model.path's config.json as a dict (a list, a string or broken JSON is a ModelLoadError naming the file)."""
+    try:
+        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ModelLoadError(f"model.path={path}: config.json cannot be read ({err!r}). {EXPECTED_CHECKPOINT}",
+                             key="model.path", fix=PATH_FIX) from None
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"model.path={path}: config.json holds a JSON {type(config).__name__}, not an object "
+                             f"with the model's architecture. {EXPECTED_CHECKPOINT}", key="model.path",
+                             fix=f"restore {root / 'config.json'} from the checkpoint's release")
+    return config
 
 
 def check_checkpoint_dir(path: str) -> Path:
@@ -84,9 +100,12 @@ def check_checkpoint_dir(path: str) -> Path:
 
 
 def _weights_problem(root: Path) -> str | None:
-    index = root / "model.safetensors.index.json"
+    index = root / INDEX
     if index.is_file():
-        shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
+        try:
+            shards = {s for s in json.loads(index.read_text()).get("weight_map", {}).values() if isinstance(s, str)}
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+            return None  # a damaged index: preflight's checkpoint check names what is wrong with it
         missing = sorted(s for s in shards if not (root / s).is_file())
         return f"is missing shards listed in {index.name}: {', '.join(missing)}" if missing else None
     if any(root.glob("*.safetensors")):

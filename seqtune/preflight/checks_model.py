@@ -160,3 +160,13 @@ def check_rope_context(*, max_seq_len: int, context_length: int, original: int |
                  f"past {original} were never trained. Fix: data.max_seq_len={original} (with data.overlength="
                  "truncate_prompt or drop), or a checkpoint whose config sets rope_scaling for that length."),
     )], []
+
+
+# --- 8. the starting checkpoint holds what its architecture declares ---------------------------------------------
+
+
+def check_checkpoint_weights(faults: Sequence) -> list[Problem]:
+    """seqtune.models.checkpoint_check's findings (from the safetensors headers and the index) as problems: a
+    checkpoint that does not match its architecture would otherwise train from random values or fail mid-load."""
+    return [Problem(check="checkpoint", key="model.path", message=f"{fault.file}: {fault.message}", location=fault.file)
+            for fault in faults]

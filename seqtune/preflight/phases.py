@@ -16,10 +16,12 @@ from seqtune.config.schema import DataMode, Overlength, RootConfig, Tail
 from seqtune.config.tracker import KEY_VARIABLE, key_problem
 from seqtune.data.batching import BatchRule
 from seqtune.models.attention import AttentionEnv, attn_backend_problems
+from seqtune.models.checkpoint_check import checkpoint_faults
 from seqtune.models.kernels import kernels_problems
 from seqtune.models.spec import lora_module_names, spec_for
 from seqtune.data.overlength import TRUNCATING
 from seqtune.preflight import checks
+from seqtune.preflight import checks_model as model_checks
 from seqtune.preflight.checks import Problem
 from seqtune.preflight.resolve import CANNOT_RUN
 from seqtune.preflight.result import MemoryStats, PlanStats, SourceStats, SplitPlan, SplitStats
@@ -97,6 +99,9 @@ def runtime_phase(cfg: RootConfig, plan: Resolved) -> tuple[Any, Any, Tokens, li
     except SeqtuneError as err:  # e.g. an architecture field that contradicts the checkpoint
         problems.append(Problem(check="load", key=err.key or "model.path", message=str(err)))
         hf_config = None
+    weights = model_checks.check_checkpoint_weights(checkpoint_faults(cfg.model.path, hf_config))
+    if weights:  # nothing else reads weights that failed the proof (a truncated shard would raise mid-read)
+        problems, hf_config = problems + weights, None
     return tokenizer, hf_config, token_facts(cfg, plan, tokenizer), problems
 
 

@@ -203,7 +203,17 @@ def resolve(value: str) -> str:
         if not path.is_file():
             raise ConfigError(f"tokenizer.chat_template={value}: no such file.", key="tokenizer.chat_template",
                               fix=fix)
-        value = path.read_text(encoding="utf-8")
+        try:
+            value = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            byte = f"{err.object[err.start]:#04x}"
+            raise ConfigError(f"tokenizer.chat_template={value}: the file is not UTF-8 text (byte {byte} at offset "
+                              f"{err.start}); Jinja templates are read as UTF-8.",
+                              key="tokenizer.chat_template",
+                              fix=f"save {path.name} as UTF-8 (e.g. iconv -f latin1 -t utf-8), or {fix}") from None
+        except OSError as err:
+            raise ConfigError(f"tokenizer.chat_template={value}: the file cannot be read ({err.strerror}).",
+                              key="tokenizer.chat_template", fix=fix) from None
     import jinja2
 
     try:

@@ -24,6 +24,7 @@ import json
 import pickle
 import random
 import shutil
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -240,6 +241,7 @@ class Checkpointer:
             self.parts["scaler"] = RankZeroFile(scaler)
         if early_stop is not None:  # the same on every rank: the eval losses it sees are summed over ranks
             self.parts["early_stop"] = RankZeroFile(early_stop)
+        self.last_save_s: float | None = None  # how long the last save took (a save on a signal must fit its grace)
 
     def maybe_save(self, step: int) -> Path | None:
         if self.cfg.save_every and step % self.cfg.save_every == 0:
@@ -247,6 +249,7 @@ class Checkpointer:
         return None
 
     def save(self, step: int) -> Path:
+        started = time.monotonic()
         final = checkpoint_dir(self.run_dir, step)
         tmp = final.parent / f"{TEMP_PREFIX}{final.name}"
         self._on_every_rank(final, tmp, lambda: self._start(tmp))
@@ -255,6 +258,7 @@ class Checkpointer:
             # Test hook (SEQTUNE_FAULT=save:STEP): a crash once the first part is written, halfway through the save.
             inject_fault("save", step=step, rank=self.env.rank)
         self._on_every_rank(final, tmp, lambda: self._publish(tmp, final, step))
+        self.last_save_s = time.monotonic() - started
         return final
 
     def _start(self, tmp: Path) -> None:

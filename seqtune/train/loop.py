@@ -19,7 +19,9 @@ from seqtune.distributed import DistEnv, all_reduce_sum, inject_fault
 from seqtune.train.checkpoint import Checkpointer, Progress
 from seqtune.train.evaluate import Evaluator
 from seqtune.train.metrics import MetricsLogger
+from seqtune.train.numerics import NumericsGuard
 from seqtune.train.objectives import Objective
+from seqtune.train.signals import StopAtStep
 from seqtune.train.step import autocast, move_batch
 
 
@@ -112,11 +114,18 @@ def fit(loop: Loop, state: Progress) -> Progress:
     batches = iter(loop.train_batches)
     bar = tqdm(total=loop.total_steps, initial=state.step, desc="train", unit="step", file=sys.stdout,
                disable=not (loop.env.is_main and loop.cfg.progress), dynamic_ncols=True)
+    numerics = NumericsGuard(run_dir=loop.checkpointer.run_dir, loss_scaling=loop.scaler is not None,
+                             lr=loop.scheduler.base_lrs[0])
+    # SIGTERM/SIGINT from here on: stop after the step in flight, with a final checkpoint (seqtune.train.signals).
+    stop = StopAtStep(env=loop.env, checkpointer=loop.checkpointer, save_every=loop.cfg.save_every,
+                      grace_s=loop.cfg.signal_grace_s)
     window = _new_window(loop)
     # A resumed run whose early stopping had already ended it does not train on.
     while state.step < loop.total_steps and not loop.evaluator.should_stop:
         inject_fault("train", step=state.step + 1, rank=loop.env.rank)
         out = train_step(loop, [next(batches) for _ in range(loop.cfg.grad_accum)])
+        # Before anything of the step is logged, evaluated or saved.
+        numerics.check(state.step + 1, out["loss_sum"] / max(out["units"], 1.0), out["grad_norm"])
         state.step += 1
         state.tokens_seen += int(out["tokens"])
         _accumulate(window, out)
@@ -125,6 +134,8 @@ def fit(loop: Loop, state: Progress) -> Progress:
         record: dict[str, Any] = {"step": state.step}
         if state.step % loop.cfg.log_every == 0 or last:
             record = _log_record(loop, state, window, out)
+            if loop.scaler is not None:
+                record["skipped_steps"] = numerics.skipped_steps  # fp16 overflow steps the scaler skipped
             bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
             window = _new_window(loop)
         if loop.evaluator.due(state.step, last=last):
@@ -132,7 +143,9 @@ def fit(loop: Loop, state: Progress) -> Progress:
         if len(record) > 1 and loop.logger is not None:
             loop.logger.log(record)
         loop.checkpointer.maybe_save(state.step)
+        stop.check(state.step)
     bar.close()
+    stop.release()
     return state
 
 

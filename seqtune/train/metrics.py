@@ -21,7 +21,17 @@ def truncate_after(path: Path, step: int) -> None:
     """A resumed run continues the same file: drop lines logged after the checkpoint it resumes from."""
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
+    kept = []
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    for number, line in enumerate(lines, start=1):
+        try:
+            record = json.loads(line) if line.strip() else None
+        except ValueError:  # a line a killed run left half-written (its last): nothing to continue from
+            print(f"note: {path}:{number} is not a complete JSON record ({line[:60]!r}...); dropped before resuming.",
+                  flush=True)
+            continue
+        if isinstance(record, dict) and record.get("step", 0) <= step:
+            kept.append(line)
     path.write_text("".join(line + "\n" for line in kept))
 
 

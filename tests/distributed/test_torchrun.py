@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import stat
@@ -139,6 +140,69 @@ def test_sigkill_then_resume_matches_the_uninterrupted_run(reference: Path, tmp_
     _assert_resumed_like_reference(run_dir, reference, killed_at, result.stdout)
 
 
+def _processes_naming(run_dir: Path) -> list[str]:
+    """Command lines of live processes that name the run directory (the parent, torchrun, the ranks)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if str(run_dir) in text:
+                found.append(text)
+    return found
+
+
+def test_sigterm_stops_every_rank_with_a_checkpoint_that_resumes_exactly(reference: Path, tmp_path: Path):
+    """What a scheduler's preemption or Ctrl-C does: SIGTERM to the parent alone. Every rank stops after the same
+    step, writes a final checkpoint there, and nothing of the run is left; the same command then resumes from that
+    checkpoint bitwise like the uninterrupted run."""
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "seqtune", *COMMON, *DROPOUT, *TWO_RANKS, *CHECKPOINTED,
+               f"hydra.run.dir={run_dir}", "train.progress=false"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("WANDB_API_KEY", None)
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: os.nice(10))
+    checkpoints = run_dir / "checkpoints"
+    deadline = time.monotonic() + 300
+    while not list(checkpoints.glob("step_*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=60)
+    gone = time.monotonic() + 30
+    while _processes_naming(run_dir) and time.monotonic() < gone:
+        time.sleep(0.2)
+    assert not _processes_naming(run_dir), "a process of the run outlived it"
+    assert proc.returncode == 143, output[-3000:]
+    assert not (run_dir / "adapter").exists(), "the run finished before the signal: the test proves nothing"
+    stopped = re.search(r"stopped by SIGTERM after step (\d+): the latest checkpoint is \S+step_(\d+)", output)
+    assert stopped and stopped[1] == stopped[2].lstrip("0"), output[-3000:]  # the checkpoint of the stopping step
+    at = int(stopped[1])
+    assert at < STEPS
+
+    result = run_cli([*COMMON, *DROPOUT, *TWO_RANKS, *CHECKPOINTED], run_dir)
+    _ok(result)
+    _assert_resumed_like_reference(run_dir, reference, at, result.stdout)
+
+
+def test_a_second_run_into_a_live_run_directory_is_refused(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    first = subprocess.Popen([sys.executable, "-m", "seqtune", *COMMON, *TWO_RANKS, "train.max_steps=400",
+                              f"hydra.run.dir={run_dir}", "train.progress=false"], cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not (run_dir / "plan.json").is_file() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        second = run_cli([*COMMON, "train.max_steps=2"], run_dir)
+        assert second.returncode == 2, second.stderr[-3000:]
+        assert f"in use by another seqtune run (pid {first.pid} on host {socket.gethostname()}" in second.stderr
+        assert "Traceback" not in second.stderr
+        assert first.poll() is None, "the refused run disturbed the live one"
+    finally:
+        first.send_signal(signal.SIGINT)
+        assert first.wait(timeout=90) == 130
+
+
 def test_crash_while_saving_resumes_from_the_previous_checkpoint(reference: Path, tmp_path: Path):
     run_dir = tmp_path / "run"
     crash_step = 2 * SAVE_EVERY
@@ -165,6 +229,10 @@ def test_a_failing_rank_ends_the_whole_job_promptly_with_its_error(tmp_path: Pat
     # Step 1 was logged just before rank 1 raised; a hang would sit in gloo's 10-minute timeout.
     assert [m["step"] for m in read_metrics(run_dir)] == [1]
     assert ended - (run_dir / "metrics.jsonl").stat().st_mtime < 30
+    # The run's log holds the failing rank's error (not only rank 0's console), and ends with the parent's line.
+    log = (run_dir / "seqtune.log").read_text()
+    assert "seqtune (rank 1): Traceback" in log and "injected failure on rank 1 at step 2" in log
+    assert log.strip().splitlines()[-1].startswith("seqtune: error: torchrun exited with code")
 
 
 def test_merged_export_of_a_torchrun_run_reproduces_the_adapter_logits(reference: Path):

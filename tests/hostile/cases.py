@@ -1381,3 +1381,205 @@ def _(tmp: Path) -> Run:
 def _(tmp: Path) -> Run:
     config = {"model_type": "novel", "architectures": ["NovelForCausalLM"], "vocab_size": 8}
     return Run(args=["model=hf", f"model.path={_checkpoint(tmp, config)}", "lora=default"])
+
+
+# --- cases: the starting checkpoint (seqtune/models/checkpoint_check.py) -----------------------------------------
+
+CHECKPOINT = "starting checkpoint"
+
+
+def _checkpoint(tmp: Path, damage: Callable[[Path], None], *extra: str, shards: bool = False) -> Run:
+    """A tiny TinyLlama saved as a Hugging Face checkpoint (with the bundled tokenizer), damaged, as model.path."""
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+
+    from seqtune.config.schema import ModelConfig
+    from seqtune.models import build_model
+    from seqtune.tokenizers import BUNDLED_DIR
+
+    repo = Path(__file__).resolve().parents[2]
+    tiny = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig),
+                                               OmegaConf.load(repo / "configs/model/tinyllama_tiny.yaml")))
+    model, tokenizer = build_model(tiny, attn_implementation="sdpa"), AutoTokenizer.from_pretrained(BUNDLED_DIR)
+    for config in (model.config, model.generation_config):
+        config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+    path = tmp / "ckpt"
+    model.save_pretrained(path, safe_serialization=True, **({"max_shard_size": "300KB"} if shards else {}))
+    tokenizer.save_pretrained(path)
+    damage(path)
+    data = write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40)))
+    return Run(args=train(data, "model=tinyllama_1b", f"model.path={path}", "lora=default", *extra))
+
+
+def _tensors(edit: Callable[[dict], dict]) -> Callable[[Path], None]:
+    def damage(path: Path) -> None:
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(str(path / "model.safetensors"))
+        save_file(edit(tensors), str(path / "model.safetensors"), metadata={"format": "pt"})
+    return damage
+
+
+def _poisoned(tensors: dict) -> dict:
+    tensors["model.layers.0.mlp.up_proj.weight"][3] = float("nan")
+    return tensors
+
+
+def _before_training(out: Outcome) -> str | None:
+    return "a model was trained or exported" if (out.run_dir / "adapter").exists() else None
+
+
+@case("ckpt_names_match_nothing", CHECKPOINT, "model.path whose tensor names match no parameter (transformer.*)",
+      "clean", both(refused(r"\[checkpoint\] model\.path", r"21 of the 21 parameters the architecture declares",
+                            r"no parameter of the architecture", r"Fix: point model\.path"), _before_training))
+def _(tmp: Path) -> Run:
+    return _checkpoint(tmp, _tensors(lambda t: {f"transformer.{k}": v for k, v in t.items()}))
+
+
+@case("ckpt_missing_layer", CHECKPOINT, "model.path with decoder layer 1's tensors missing", "clean",
+      refused(r"9 of the 21 parameters .*model\.layers\.1\.", r"random values"))
+def _(tmp: Path) -> Run:
+    return _checkpoint(tmp, _tensors(lambda t: {k: v for k, v in t.items() if ".layers.1." not in k}))
+
+
+@case("ckpt_wrong_shape", CHECKPOINT, "model.path with one tensor of the wrong shape", "clean",
+      refused(r"tensor model\.layers\.0\.mlp\.up_proj\.weight has shape \[100, 64\].*declares \[176, 64\]"))
+def _(tmp: Path) -> Run:
+    return _checkpoint(tmp, _tensors(lambda t: {**t, "model.layers.0.mlp.up_proj.weight":
+                                                t["model.layers.0.mlp.up_proj.weight"][:100].contiguous()}))
+
+
+@case("ckpt_truncated_shard", CHECKPOINT, "a sharded model.path with its second shard cut in half", "clean",
+      refused(r"model-00002-of-0000\d\.safetensors: cannot be read as safetensors.*truncated"))
+def _(tmp: Path) -> Run:
+    def cut(path: Path) -> None:
+        _cut(path / next(p.name for p in sorted(path.glob("model-00002-*"))))
+    return _checkpoint(tmp, cut, shards=True)
+
+
+@case("ckpt_damaged_index", CHECKPOINT, "a sharded model.path whose model.safetensors.index.json is cut short",
+      "clean", refused(r"model\.safetensors\.index\.json is not a JSON object"))
+def _(tmp: Path) -> Run:
+    return _checkpoint(tmp, lambda path: _cut(path / "model.safetensors.index.json", 200), shards=True)
+
+
+@case("ckpt_config_list", CHECKPOINT, "model.path whose config.json is a JSON list", "clean",
+      refused(r"config\.json holds a JSON list, not an object"))
+def _(tmp: Path) -> Run:
+    return _checkpoint(tmp, lambda path: write(path / "config.json",
+                                               b"[" + (path / "config.json").read_bytes() + b"]"))
+
+
+@case("ckpt_nan_weights", CHECKPOINT, "model.path with a row of NaN in one weight (training asked for)", "clean",
+      both(refused(r"parameter model\.layers\.0\.mlp\.up_proj\.weight holds non-finite values"), _before_training))
+def _(tmp: Path) -> Run:
+    return _checkpoint(tmp, _tensors(_poisoned), "preflight.only=false", "train.max_steps=2", "train.eval_every=0")
+
+
+# --- cases: the run's own life (signals and the run lock are in tests/distributed/test_torchrun.py) -------------
+
+RUN_LIFE = "the run's own life"
+
+
+def _log_ends_with(pattern: str) -> Callable[[Outcome], str | None]:
+    def judge(out: Outcome) -> str | None:
+        log = out.run_dir / "seqtune.log"
+        lines = [line for line in log.read_text().splitlines() if line.strip()] if log.is_file() else []
+        return None if lines and re.search(pattern, lines[-1]) else f"seqtune.log ends with {lines[-1:]}"
+    return judge
+
+
+@case("diverging_lr", RUN_LIFE, "optim.lr=1e4: the loss turns NaN within a few steps", "clean",
+      both(refused(r"training diverged at step \d+: loss .*gradient norm", r"step_0000000\d",
+                   r"a lower optim\.lr \(now 10000\)", codes=(1,)),
+           _before_training, _log_ends_with(r"training diverged at step")))
+def _(tmp: Path) -> Run:
+    data = write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40)))
+    return Run(args=train(data, "preflight.only=false", "optim.lr=1e4", "train.max_steps=12", "train.save_every=1",
+                          "train.keep_last=0", "train.eval_every=0"))
+
+
+@case("stale_run_lock", RUN_LIFE, "a run directory whose .lock names a run that died", "ok",
+      accepted(records=40, check=lambda out: None if re.search(r"taking over the lock .*\(pid 999999 on host gone",
+                                                               out.output) else "no note about the dead run's lock"))
+def _(tmp: Path) -> Run:
+    write(tmp / "run" / ".lock", b'{"pid": 999999, "host": "gone", "since": "2026-01-01T00:00:00"}')
+    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40)))))
+
+
+@case("run_dir_is_a_file", RUN_LIFE, "hydra.run.dir names an existing file", "clean",
+      refused(r"hydra\.run\.dir=\S+ is a file: a run directory must be a directory", r"Fix: hydra\.run\.dir=NEW_DIR"))
+def _(tmp: Path) -> Run:
+    blocker = write(tmp / "taken", b"not a directory")
+    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40))), f"hydra.run.dir={blocker}"))
+
+
+@case("run_dir_under_a_file", RUN_LIFE, "hydra.run.dir under an existing file", "clean",
+      refused(r"hydra\.run\.dir=\S+ is under \S+taken, which is a file"))
+def _(tmp: Path) -> Run:
+    blocker = write(tmp / "taken", b"not a directory")
+    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40))), f"hydra.run.dir={blocker / 'run'}"))
+
+
+@case("seed_beyond_int64", RUN_LIFE, "train.seed=2**64 and model.seed=2**64", "clean",
+      refused(r"seed=18446744073709551616 must be within \[0, 2\*\*63-1"))
+def _(tmp: Path) -> Run:
+    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40))), f"train.seed={2**64}",
+                          f"model.seed={2**64}"))
+
+
+@case("metrics_last_line_cut", RUN_LIFE, "resume where a killed run left metrics.jsonl's last line half-written",
+      "ok", refused(r"metrics\.jsonl:\d+ is not a complete JSON record \('\{\"step\": 5, \"lo'", codes=(0,)))
+def _(tmp: Path) -> Run:
+    def cut_last(run: Path) -> None:
+        metrics = run / "metrics.jsonl"
+        metrics.write_bytes(metrics.read_bytes() + b'{"step": 5, "lo')
+        shutil.rmtree(run / "checkpoints" / "step_00000004")  # so that the resume has a step left to train
+    return _trained_then(tmp, cut_last)
+
+
+# --- cases: what the run reads (seqtune/data/identity.py, sources.py) ---------------------------------------------
+
+READ = "what the run reads"
+
+
+@case("same_file_through_dotdot", READ, "one file as two sources, the second named through sub/..", "clean",
+      refused(r"data\.train\[1\]: \S+sub/\.\./d\.jsonl is also part of data\.train\[0\] \(both are"))
+def _(tmp: Path) -> Run:
+    data = write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40)))
+    (tmp / "sub").mkdir()
+    return Run(args=train(f"[{data},{tmp / 'sub' / '..' / 'd.jsonl'}]"))
+
+
+@case("literal_glob_characters", READ, "data.train='data[1].jsonl' (40 records) beside data1.jsonl (10)", "ok",
+      accepted(records=40))
+def _(tmp: Path) -> Run:
+    literal = write(tmp / "data[1].jsonl", jsonl_bytes(alpaca_rows(40)))
+    write(tmp / "data1.jsonl", jsonl_bytes(alpaca_rows(10, tag="other")))
+    return Run(args=train(f"'{literal}'"))
+
+
+@case("template_not_utf8", READ, "tokenizer.chat_template=FILE.jinja holding a Latin-1 byte, chat data", "clean",
+      refused(r"tokenizer\.chat_template=\S+t\.jinja: the file is not UTF-8 text \(byte 0xe9", r"Fix: save t\.jinja"))
+def _(tmp: Path) -> Run:
+    template = write(tmp / "t.jinja", b"{% for m in messages %}{{ m.content }} caf\xe9{% endfor %}")
+    rows = [json.dumps({"messages": [{"role": "user", "content": f"q{i}"},
+                                     {"role": "assistant", "content": f"a{i}"}]}).encode() for i in range(40)]
+    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(rows)), "data.format=chat",
+                          f"tokenizer.chat_template={template}"))
+
+
+@case("tool_arguments_lone_surrogate", READ, "a chat record whose tool call's arguments hold \"\\ud800\"", "ok",
+      accepted(records=41, rejected=1, codes=("bad_utf8",),
+               check=lambda out: None if "tool_calls[0].function.arguments holds a lone surrogate" in
+               (out.run_dir / "rejects.jsonl").read_text() else "the reject does not name the arguments"))
+def _(tmp: Path) -> Run:
+    rows = [json.dumps({"messages": [{"role": "user", "content": f"q{i}"},
+                                     {"role": "assistant", "content": f"a{i}"}]}).encode() for i in range(40)]
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "\ud800"}'}}
+    bad = {"messages": [{"role": "user", "content": "weather?"},
+                        {"role": "assistant", "content": None, "tool_calls": [call]},
+                        {"role": "tool", "content": "22C"}, {"role": "assistant", "content": "22C."}]}
+    rows.insert(5, json.dumps(bad).encode())
+    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(rows)), "data.format=chat", "data.max_bad_fraction=0.1",
+                          "tokenizer=llama3", "model=llama3_tiny", "model.resize_embeddings=true"))

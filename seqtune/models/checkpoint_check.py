@@ -1,0 +1,238 @@
+"""The starting checkpoint proven before any weight loads, from the files' own headers (no tensor data is read).
+
+A safetensors file is an 8-byte little-endian header length, a JSON header (each tensor's dtype, shape and byte
+range) and the data; `model.safetensors.index.json` maps tensor names to shard files. From those alone (config.json
+was proven a JSON object with the family's fields by seqtune.models.facts): the index and the shards agree; no shard is
+truncated (the header's byte ranges end where the file does); every parameter the architecture declares (the model
+built from config.json on the meta device) is there with its declared shape and a floating dtype; and no tensor is
+left over, except those a known rule explains (a tied head stored once, old rotary `inv_freq` buffers).
+
+Each failure is a `WeightFault` naming the file, the tensor and the fix; preflight turns them into problems (exit 2
+before training). After the load, `build.py` checks what transformers reports and that sampled weights are finite.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from seqtune.config.errors import ModelLoadError
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+FLOAT_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
+OTHER_DTYPES = {"I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1,
+                "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "F4": 1}
+# A header larger than this is not a safetensors header (the format's own limit is 100 MB).
+MAX_HEADER = 100_000_000
+# Buffers older transformers versions saved that today's models recompute (never parameters to load).
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+FIX = ("point model.path at an intact checkpoint of this architecture (re-download or re-save it: "
+       "model.save_pretrained(dir, safe_serialization=True)), or correct config.json to describe the weights")
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightFault:
+    file: str
+    message: str  # names the tensor(s) and ends with the fix
+
+
+def weight_faults(root: Path, expected: dict[str, tuple[int, ...]], tied: list[set[str]],
+                  prefix: str) -> list[WeightFault]:
+    """Everything wrong with the weight files of `root` against the architecture's parameters (`expected`: name ->
+    shape; `tied`: groups of names that are one tensor, of which one stored copy is enough)."""
+    shards, unreadable = _shards(root)
+    faults: list[WeightFault] = []
+    found: dict[str, tuple[str, list[int]]] = {}
+    for shard, listed in shards.items():
+        header, fault = read_header(root / shard)
+        if fault:
+            unreadable.append(fault)
+            continue
+        faults += _index_agreement(root, shard, listed, set(header))
+        for name, entry in header.items():
+            found[name] = (shard, entry["shape"])
+            if entry["dtype"] not in FLOAT_DTYPES:
+                faults.append(WeightFault(file=str(root / shard), message=(
+                    f"tensor {name} is stored as {entry['dtype']}, not a floating-point dtype seqtune trains from "
+                    "(a quantized checkpoint?). Fix: use the checkpoint's bf16/fp16/fp32 release "
+                    "(model.load_in_4bit=true quantizes it while loading)")))
+    if unreadable:
+        return unreadable + faults  # what an unreadable file or index holds is unknown: a missing list would mislead
+    return faults + _against_architecture(root, found, expected, tied, prefix)
+
+
+def _shards(root: Path) -> tuple[dict[str, set[str] | None], list[WeightFault]]:
+    """Shard file -> the tensor names the index puts there (None without an index)."""
+    index = root / INDEX
+    if not index.is_file():
+        return {SINGLE: None}, []
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as err:
+        weight_map, reason = None, f"is not a JSON object ({err})"
+    else:
+        reason = "has no \"weight_map\" object of tensor name -> shard file"
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        return {}, [WeightFault(file=str(index), message=f"{INDEX} {reason}. Fix: {FIX}")]
+    shards: dict[str, set[str] | None] = {}
+    for name, shard in weight_map.items():
+        shards.setdefault(shard, set()).add(name)
+    return shards, []
+
+
+def read_header(path: Path) -> tuple[dict[str, dict], WeightFault | None]:
+    """The tensors of one safetensors file ({name: {dtype, shape, data_offsets}}) from its header alone."""
+    def fault(why: str) -> tuple[dict, WeightFault]:
+        return {}, WeightFault(file=str(path), message=f"cannot be read as safetensors: {why}. Fix: {FIX}")
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            if size < 8 or length > min(size - 8, MAX_HEADER):
+                return fault(f"the file is {size:,} bytes, shorter than its header says (truncated?)")
+            header = json.loads(f.read(length))
+    except FileNotFoundError:
+        return fault("the file does not exist")
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        return fault(f"its header is damaged ({err})")
+    if not isinstance(header, dict):
+        return fault("its header is not a JSON object")
+    header.pop("__metadata__", None)
+    data = size - 8 - length
+    end = 0
+    for name, entry in header.items():
+        problem = _entry_problem(entry)
+        if problem:
+            return fault(f"tensor {name}: {problem}")
+        end = max(end, entry["data_offsets"][1])
+    if end > data:
+        return fault(f"its tensors need {end:,} bytes of data but the file holds {data:,} (truncated: "
+                     f"{end - data:,} bytes missing)")
+    if end < data:
+        return fault(f"{data - end:,} bytes follow the last tensor's data (damaged or appended to)")
+    return header, None
+
+
+def _entry_problem(entry: Any) -> str | None:
+    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= set(entry):
+        return "the header entry lacks dtype, shape or data_offsets"
+    width = FLOAT_DTYPES.get(entry["dtype"]) or OTHER_DTYPES.get(entry["dtype"])
+    shape, offsets = entry["shape"], entry["data_offsets"]
+    valid = (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)
+             and isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets))
+    if width is None or not valid or offsets[1] < offsets[0]:
+        return f"dtype {entry['dtype']!r}, shape {shape!r}, offsets {offsets!r} are not valid"
+    if entry["dtype"] != "F4" and (offsets[1] - offsets[0]) != math.prod(shape) * width:
+        return f"{offsets[1] - offsets[0]:,} bytes for shape {shape} of {entry['dtype']}"
+    return None
+
+
+def _index_agreement(root: Path, shard: str, listed: set[str] | None, held: set[str]) -> list[WeightFault]:
+    if listed is None:
+        return []
+    faults = []
+    absent, unlisted = sorted(listed - held), sorted(held - listed)
+    if absent:
+        faults.append(WeightFault(file=str(root / INDEX), message=(
+            f"{INDEX} places {len(absent)} tensor(s) in {shard} that it does not hold ({_some(absent)}). Fix: {FIX}")))
+    if unlisted:
+        faults.append(WeightFault(file=str(root / shard), message=(
+            f"{shard} holds {len(unlisted)} tensor(s) {INDEX} does not list ({_some(unlisted)}); they would not "
+            f"load. Fix: {FIX}")))
+    return faults
+
+
+def _against_architecture(root: Path, found: dict[str, tuple[str, list[int]]], expected: dict[str, tuple[int, ...]],
+                          tied: list[set[str]], prefix: str) -> list[WeightFault]:
+    # A checkpoint of the bare model (LlamaModel) stores "layers.0..." for "model.layers.0...": transformers adds it.
+    found = {(f"{prefix}.{n}" if n not in expected and f"{prefix}.{n}" in expected else n): v
+             for n, v in found.items()}
+    where = str(root / (INDEX if (root / INDEX).is_file() else SINGLE))
+    optional = {name for group in tied if group & set(found) for name in group}
+    missing = sorted(n for n in expected if n not in found and n not in optional)
+    extra = sorted(n for n in found if n not in expected and not n.endswith(IGNORED_SUFFIXES))
+    faults = []
+    if missing:
+        faults.append(WeightFault(file=where, message=(
+            f"{len(missing)} of the {len(expected)} parameters the architecture declares (config.json) are not in "
+            f"the checkpoint ({_some(missing)}): they would start from random values. Fix: {FIX}")))
+    if extra:
+        faults.append(WeightFault(file=where, message=(
+            f"{len(extra)} tensor(s) in the checkpoint are no parameter of the architecture config.json declares "
+            f"({_some(extra)}). Fix: {FIX}")))
+    for name in sorted(n for n in found if n in expected and tuple(found[n][1]) != tuple(expected[n])):
+        faults.append(WeightFault(file=str(root / found[name][0]), message=(
+            f"tensor {name} has shape {list(found[name][1])}, the architecture (config.json) declares "
+            f"{list(expected[name])}. Fix: {FIX}")))
+    return faults
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    more = f", and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def architecture_tensors(hf_config) -> tuple[dict[str, tuple[int, ...]], list[set[str]], str]:
+    """Name -> shape of every tensor the model loads (parameters and persistent buffers), the tied groups, and the
+    base model's prefix: from the model built on the meta device (no memory, no init)."""
+    from seqtune.models.memory import meta_model
+
+    model = meta_model(hf_config)
+    shapes = {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}
+    groups: dict[int, set[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), set()).add(name)
+    # transformers ties at load, so a tied head may also be absent when its own module is separate.
+    tied = [g for g in groups.values() if len(g) > 1]
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    if getattr(hf_config, "tie_word_embeddings", False) and head is not None and head.weight is not embed.weight:
+        names = {n for n, p in model.named_parameters(remove_duplicate=False) if p is head.weight or p is embed.weight}
+        tied.append(names)
+    return shapes, tied, model.base_model_prefix
+
+
+def checkpoint_faults(path: str | None, hf_config) -> list[WeightFault]:
+    """model.path's weight files against the architecture its config.json declares (nothing for a tiny model)."""
+    if path is None or hf_config is None:
+        return []
+    expected, tied, prefix = architecture_tensors(hf_config)
+    return weight_faults(Path(path).expanduser(), expected, tied, prefix)
+
+
+# --- after the load (seqtune.models.build) ------------------------------------------------------------------------
+
+# Tensors up to this many elements are checked whole (a tiny or LoRA-sized model: all of it); larger ones at this
+# many evenly spaced elements, so a NaN/inf block anywhere is seen at a bounded cost (an 8B model: ~20 M reads).
+FINITE_WHOLE = 1 << 24
+FINITE_SAMPLE = 1 << 16
+
+
+def check_loading_info(info: dict[str, Any], path: str) -> None:
+    """transformers' own report of the load (output_loading_info=True): anything missing, unexpected, of another
+    shape or in error is refused, never passed over (the header check should have caught it first)."""
+    parts = [f"{what.replace('_', ' ')}: {_some(sorted(str(k) for k in info.get(what) or ()))}"
+             for what in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs") if info.get(what)]
+    if parts:
+        raise ModelLoadError(f"model.path={path}: transformers did not load the checkpoint as its architecture "
+                             f"declares ({'; '.join(parts)}).", key="model.path", fix=FIX)
+
+
+def check_finite_weights(model, path: str) -> None:
+    """Sampled elements of every parameter are finite (NaN or inf weights give a NaN loss from the first step)."""
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            flat = param.detach().reshape(-1)
+            step = 1 if flat.numel() <= FINITE_WHOLE else flat.numel() // FINITE_SAMPLE
+            sample = flat[::step]
+            if sample.is_floating_point() and not bool(torch.isfinite(sample).all()):
+                bad = int((~torch.isfinite(sample)).sum())
+                raise ModelLoadError(
+                    f"model.path={path}: parameter {name} holds non-finite values (NaN or inf; {bad} of "
+                    f"{sample.numel()} elements looked at): training from it gives a NaN loss.", key="model.path",
+                    fix=FIX)

@@ -1,0 +1,55 @@
+"""SIGINT (Ctrl-C) to a single-process run (launcher=local) through the real CLI: training stops after the step in
+flight with a final checkpoint there, exit 130, the stop is the last thing in seqtune.log, and the same command
+resumes from that checkpoint exactly (the 2-rank torchrun case: tests/distributed/test_torchrun.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import REPO, read_metrics, run_cli
+
+pytestmark = pytest.mark.slow
+
+ARGS = ["train.max_steps=30", "train.save_every=5", "train.keep_last=0", "train.eval_every=0", "data.val=null",
+        "train.log_every=1", "lora.dropout=0.1"]
+ADAPTER = Path("adapter") / "adapter_model.safetensors"
+
+
+def test_sigint_stops_with_a_checkpoint_that_resumes_exactly(tmp_path: Path):
+    reference, run_dir = tmp_path / "reference", tmp_path / "run"
+    assert run_cli(ARGS, reference).returncode == 0
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("WANDB_API_KEY", None)
+    proc = subprocess.Popen([sys.executable, "-m", "seqtune", *ARGS, f"hydra.run.dir={run_dir}",
+                             "train.progress=false"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, preexec_fn=lambda: os.nice(10))
+    deadline = time.monotonic() + 300
+    while not (run_dir / "checkpoints").is_dir() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, output[-3000:]
+    assert "Traceback" not in output
+    stopped = re.search(r"stopped by SIGINT after step (\d+): the latest checkpoint is \S+step_0*(\d+) ", output)
+    assert stopped and stopped[1] == stopped[2] and int(stopped[1]) < 30, output[-3000:]
+    log = [line for line in (run_dir / "seqtune.log").read_text().splitlines() if line.strip()]
+    assert log[-1].startswith("seqtune: error: stopped by SIGINT after step"), log[-3:]
+
+    resumed = run_cli(ARGS, run_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"(step {stopped[1]})" in resumed.stdout
+    assert [m["step"] for m in read_metrics(run_dir) if "loss" in m] == list(range(1, 31))
+    ours, theirs = load_file(str(run_dir / ADAPTER)), load_file(str(reference / ADAPTER))
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        torch.testing.assert_close(ours[name], theirs[name], atol=0, rtol=0, msg=name)  # bitwise, dropout included

@@ -1,0 +1,146 @@
+"""The starting checkpoint proven from its safetensors headers and index (seqtune/models/checkpoint_check.py):
+every way a checkpoint can disagree with its architecture is named with the file, the tensor and the fix, before
+any weight loads; after the load, transformers' report and non-finite weights are refused."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import TINY_FAMILIES, tiny_cfg
+from seqtune.config.errors import ModelLoadError
+from seqtune.models import build_model, load_model_config
+from seqtune.models.checkpoint_check import check_finite_weights, check_loading_info, checkpoint_faults
+from seqtune.models.facts import read_config_json
+
+SINGLE = "model.safetensors"
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> dict[str, Path]:
+    """A tiny llama3 saved whole and in 4 shards."""
+    root = tmp_path_factory.mktemp("ckpt")
+    model = build_model(tiny_cfg("llama3"), attn_implementation="sdpa")
+    model.save_pretrained(root / "single", safe_serialization=True)
+    model.save_pretrained(root / "sharded", safe_serialization=True, max_shard_size="300KB")
+    return {"single": root / "single", "sharded": root / "sharded"}
+
+
+def _copy(saved: dict[str, Path], which: str, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(saved[which], tmp_path / which))
+
+
+def _faults(path: Path) -> list[str]:
+    cfg = tiny_cfg("llama3", path=str(path))
+    return [f"{f.file}: {f.message}" for f in checkpoint_faults(cfg.path, load_model_config(cfg))]
+
+
+def _rewrite(path: Path, edit) -> None:
+    tensors = load_file(str(path / SINGLE))
+    save_file(edit(tensors), str(path / SINGLE), metadata={"format": "pt"})
+
+
+def test_intact_checkpoints_pass(saved):
+    assert len(list(saved["sharded"].glob("model-*.safetensors"))) > 1
+    assert _faults(saved["single"]) == [] and _faults(saved["sharded"]) == []
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_every_family_saved_by_transformers_passes(family: str, tmp_path):
+    """Including a tied head stored once (gemma3) and each family's own layout."""
+    build_model(tiny_cfg(family), attn_implementation="sdpa").save_pretrained(tmp_path, safe_serialization=True)
+    cfg = tiny_cfg(family, path=str(tmp_path))
+    assert checkpoint_faults(cfg.path, load_model_config(cfg)) == []
+
+
+def test_names_matching_nothing(saved, tmp_path):
+    path = _copy(saved, "single", tmp_path)
+    _rewrite(path, lambda t: {f"transformer.{k}": v for k, v in t.items()})
+    missing, extra = _faults(path)
+    assert re.search(r"model.safetensors: \d+ of the \d+ parameters .* are not in the checkpoint \(lm_head.weight, "
+                     r"model.embed_tokens.weight.*random values. Fix: point model.path", missing)
+    assert "no parameter of the architecture config.json declares (transformer.lm_head.weight" in extra
+
+
+def test_a_missing_layer(saved, tmp_path):
+    path = _copy(saved, "single", tmp_path)
+    _rewrite(path, lambda t: {k: v for k, v in t.items() if ".layers.1." not in k})
+    (fault,) = _faults(path)
+    assert re.search(r"9 of the \d+ parameters .*\(model.layers.1.input_layernorm.weight.*Fix:", fault)
+
+
+def test_a_tensor_of_the_wrong_shape(saved, tmp_path):
+    path = _copy(saved, "single", tmp_path)
+    _rewrite(path, lambda t: {**t, "model.layers.0.mlp.up_proj.weight": t["model.layers.0.mlp.up_proj.weight"][:7]})
+    (fault,) = _faults(path)
+    assert re.search(r"model.safetensors: tensor model.layers.0.mlp.up_proj.weight has shape \[7, 64\], the "
+                     r"architecture \(config.json\) declares \[\d+, 64\]. Fix:", fault)
+
+
+def test_a_quantized_dtype(saved, tmp_path):
+    path = _copy(saved, "single", tmp_path)
+    _rewrite(path, lambda t: {**t, "model.norm.weight": t["model.norm.weight"].to(torch.int8)})
+    (fault,) = _faults(path)
+    assert "tensor model.norm.weight is stored as I8, not a floating-point dtype" in fault
+
+
+def test_a_truncated_shard(saved, tmp_path):
+    path = _copy(saved, "sharded", tmp_path)
+    shard = sorted(path.glob("model-*.safetensors"))[1]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    (fault,) = _faults(path)
+    assert re.search(rf"{shard.name}: cannot be read as safetensors: .*truncated: [\d,]+ bytes missing.*Fix:", fault)
+
+
+def test_a_damaged_index_and_one_that_disagrees_with_its_shards(saved, tmp_path):
+    path = _copy(saved, "sharded", tmp_path)
+    index = path / "model.safetensors.index.json"
+    original = index.read_text()
+    index.write_text(original[:100])
+    (fault,) = _faults(path)
+    assert "model.safetensors.index.json: model.safetensors.index.json is not a JSON object" in fault
+    data = json.loads(original)
+    shards = list(data["weight_map"].values())
+    name, shard = next((n, s) for n, s in data["weight_map"].items() if shards.count(s) > 1)
+    other = next(s for s in data["weight_map"].values() if s != shard)
+    data["weight_map"][name] = other
+    index.write_text(json.dumps(data))
+    faults = _faults(path)
+    assert any(f"places 1 tensor(s) in {other} that it does not hold ({name})" in f for f in faults), faults
+    assert any(f"{shard} holds 1 tensor(s) model.safetensors.index.json does not list ({name})" in f for f in faults)
+
+
+def test_config_json_that_is_a_list_is_refused(saved, tmp_path):
+    path = _copy(saved, "single", tmp_path)
+    (path / "config.json").write_text(json.dumps([1, 2]))
+    with pytest.raises(ModelLoadError, match=r"config.json holds a JSON list, not an object.*Fix: restore"):
+        read_config_json(path, str(path))
+    with pytest.raises(ModelLoadError, match=r"config.json holds a JSON list"):
+        load_model_config(tiny_cfg("llama3", path=str(path)))
+
+
+def test_transformers_loading_report_never_passes_silently():
+    with pytest.raises(ModelLoadError, match=r"transformers did not load.*missing keys: model.norm.weight.*Fix:"):
+        check_loading_info({"missing_keys": {"model.norm.weight"}, "unexpected_keys": set(), "mismatched_keys": set(),
+                            "error_msgs": []}, "/ckpt")
+    check_loading_info({"missing_keys": set(), "unexpected_keys": set(), "mismatched_keys": set(), "error_msgs": []},
+                       "/ckpt")
+
+
+def test_non_finite_weights_are_refused_after_the_load(saved, tmp_path):
+    model = build_model(tiny_cfg("llama3", path=str(saved["single"])), attn_implementation="sdpa")
+    check_finite_weights(model, "/ckpt")
+    path = _copy(saved, "single", tmp_path)
+
+    def poison(t):
+        t["model.layers.1.self_attn.q_proj.weight"][5, 3] = float("inf")
+        return t
+    _rewrite(path, poison)
+    with pytest.raises(ModelLoadError, match=r"parameter model.layers.1.self_attn.q_proj.weight holds non-finite"):
+        build_model(tiny_cfg("llama3", path=str(path)), attn_implementation="sdpa")
