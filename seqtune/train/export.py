@@ -15,7 +15,8 @@ from seqtune.files import TempDir, follow_umask, storage_error, sweep_stale_temp
 from seqtune.models import save_adapter
 from seqtune.train.loop import peak_memory_bytes
 from seqtune.train.metrics import MetricsLogger
-from seqtune.train.ship import ShipFacts, data_files, ship_facts, stamp_stop_ids, write_base, write_card
+from seqtune.export.proof import capture_reference, prove_exports
+from seqtune.export.facts import ShipFacts, data_files, ship_facts, stamp_stop_ids, write_base, write_card
 
 ADAPTER_DIR = "adapter"
 MODEL_DIR = "model"
@@ -31,6 +32,8 @@ def export_final(model: torch.nn.Module, tokenizer, *, run_dir: Path, env: DistE
     carries the trained stop ids, names its base and has a model card (seqtune.train.ship)."""
     facts = ship_facts(tokenizer, run_dir)
     stamp_stop_ids(model, facts.stop)
+    if env.is_main and not sharded:  # the trained model's logits, before anything is merged into it
+        capture_reference(model, tokenizer, run_dir, device=env.device)
     target = run_dir / (ADAPTER_DIR if lora else MODEL_DIR)
     saved_tokenizer = trained_tokenizer(tokenizer, data_format)
     save_trained(model, saved_tokenizer, target, env=env, lora=lora, sharded=sharded, facts=facts)
@@ -50,6 +53,11 @@ def export_final(model: torch.nn.Module, tokenizer, *, run_dir: Path, env: DistE
             follow_umask(run_dir / MERGED_DIR)
             print(f"saved merged model: {run_dir / MERGED_DIR}", flush=True)
     barrier()
+    if env.is_main and not sharded:
+        prove_exports(run_dir, device=env.device)
+    elif env.is_main:
+        print(f"export proof: run `python -m seqtune.export {run_dir}` (the sharded model was not kept on one "
+              "device to compare with).", flush=True)
 
 
 def save_trained(model: torch.nn.Module, tokenizer, target: Path, *, env: DistEnv, lora: bool, sharded: bool,
