@@ -489,6 +489,23 @@ def check_export(*, export_merged: bool, sharded: bool) -> list[Problem]:
     )]
 
 
+def check_gguf_export(*, export_gguf: str | None, refusal: str | None, lora: bool, sharded: bool) -> list[Problem]:
+    """train.export_gguf: an architecture (or rope scaling) the GGUF writer knows, and a merged model to write it
+    from (LoRA under FSDP across ranks has none). `refusal`: seqtune.export.gguf.gguf_refusal's reason."""
+    if export_gguf is None:
+        return []
+    if refusal:
+        return [Problem(check="export", key="train.export_gguf",
+                        message=f"train.export_gguf={export_gguf}: {refusal}. Fix: train.export_gguf=null (merged/ "
+                                "loads with transformers; convert it with llama.cpp's convert_hf_to_gguf.py).")]
+    if lora and sharded:
+        return [Problem(check="export", key="train.export_gguf",
+                        message=f"train.export_gguf={export_gguf} with LoRA under train.parallel=fsdp across ranks: "
+                                "there is no merged model to write. Fix: train.export_gguf=null, then "
+                                "`python -m seqtune.export RUN_DIR --gguf TYPE` after training.")]
+    return []
+
+
 def check_eval_prompts(*, requested: int, found: int, max_seq_len: int) -> tuple[list[Problem], list[str]]:
     """train.eval_samples completes validation prompts: refuse when the split has none (problems), say so when it
     has fewer than asked (notes)."""

@@ -59,9 +59,20 @@ def fast_checks(cfg: RootConfig, plan: Plan) -> list[Problem]:
                                        refused_dtypes=spec.refused_dtypes, loss_scaling=plan.loss_scaling,
                                        sharded=plan.sharded)
     problems += checks.check_export(export_merged=cfg.train.export_merged, sharded=plan.sharded)
+    problems += checks.check_gguf_export(export_gguf=cfg.train.export_gguf, lora=cfg.lora.enabled,
+                                         sharded=plan.sharded, refusal=gguf_refusal_for(cfg, plan))
     problems += checks.check_early_stopping(early_stop=cfg.train.early_stop_patience > 0, lora=cfg.lora.enabled,
                                             sharded=plan.sharded)
     return problems
+
+
+def gguf_refusal_for(cfg: RootConfig, plan: Plan) -> str | None:
+    """Why the GGUF writer cannot write this model (its model_type, its checkpoint's rope scaling), or None."""
+    if cfg.train.export_gguf is None:
+        return None
+    from seqtune.export.gguf import checkpoint_rope_type, gguf_refusal
+
+    return gguf_refusal(plan.model_type, checkpoint_rope_type(cfg.model.path))
 
 
 def _installed(package: str) -> bool:

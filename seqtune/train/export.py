@@ -15,6 +15,7 @@ from seqtune.files import TempDir, follow_umask, storage_error, sweep_stale_temp
 from seqtune.models import save_adapter
 from seqtune.train.loop import peak_memory_bytes
 from seqtune.train.metrics import MetricsLogger
+from seqtune.export.gguf import export_run_gguf
 from seqtune.export.proof import capture_reference, prove_exports
 from seqtune.export.facts import ShipFacts, data_files, ship_facts, stamp_stop_ids, write_base, write_card
 
@@ -46,12 +47,19 @@ def export_final(model: torch.nn.Module, tokenizer, *, run_dir: Path, env: DistE
             write_card(facts, run_dir / BEST_DIR, BEST_DIR, files=files)
         gathered = " (gathered from FSDP shards)" if sharded else ""
         print(f"saved {'LoRA adapter' if lora else 'model'}{gathered}: {target}", flush=True)
-        if merged:  # LoRA only: the schema refuses it for a full fine-tune, preflight under FSDP across ranks
-            model.merge_and_unload().save_pretrained(run_dir / MERGED_DIR, safe_serialization=True)
+        gguf = facts.cfg.train.export_gguf
+        if merged or (lora and gguf):  # LoRA only; a GGUF file is written from merged/ (preflight: not under FSDP)
+            merged_model = model.merge_and_unload()
+            # A tied head trained in full (lora.modules_to_save) is no longer the embedding: say so in config.json.
+            if merged_model.get_output_embeddings().weight is not merged_model.get_input_embeddings().weight:
+                merged_model.config.tie_word_embeddings = False
+            merged_model.save_pretrained(run_dir / MERGED_DIR, safe_serialization=True)
             saved_tokenizer.save_pretrained(run_dir / MERGED_DIR)
             write_card(facts, run_dir / MERGED_DIR, MERGED_DIR, files=files)
             follow_umask(run_dir / MERGED_DIR)
             print(f"saved merged model: {run_dir / MERGED_DIR}", flush=True)
+        if gguf:
+            export_run_gguf(run_dir, str(gguf))
     barrier()
     if env.is_main and not sharded:
         prove_exports(run_dir, device=env.device)
