@@ -355,7 +355,7 @@ def _described(rejects: Sequence[Reject]) -> list[str]:
 
 def check_split_not_empty(
     *, split: str, files: Sequence[str], records: int, samples: int, kept: int, reject_counts: Mapping[str, int],
-    first_reject: Reject | None, overlength: str,
+    first_reject: Reject | None, overlength: str, rejects: Sequence[Reject] = (),
 ) -> list[Problem]:
     """A configured split must give at least one sample after every policy: an empty train split would otherwise
     pass preflight and fail after the model is built, blaming the batch size; an empty val split would
@@ -369,16 +369,50 @@ def check_split_not_empty(
                         message=(f"data.{split} has no records: {named} hold(s) nothing but blank lines (or nothing "
                                  f"at all). Fix: point data.{split} at JSON Lines with records{skip}."))]
     if samples == 0:
-        per_reason = ", ".join(f"{code} x{count}" for code, count in sorted(reject_counts.items()))
-        first = f" (the first: {first_reject.file}:{first_reject.line}: {first_reject.reason})" if first_reject else ""
-        return [Problem(check="integrity", key=f"data.{split}", location=first_reject and
-                        f"{first_reject.file}:{first_reject.line}",
-                        message=(f"data.{split} has no usable record: all {records} were rejected ({per_reason})"
-                                 f"{first}; every one is listed in rejects.jsonl. Fix: repair them{skip}."))]
+        return [_all_rejected(split=split, records=records, reject_counts=reject_counts, rejects=rejects,
+                              first_reject=first_reject, skip=skip)]
     return [Problem(check="length", key="data.overlength",
                     message=(f"data.overlength={overlength} leaves no {split} sample: all {samples} are longer than "
                              f"data.max_seq_len. Fix: a larger data.max_seq_len (or auto), or "
                              "data.overlength=truncate."))]
+
+
+# What fixes the records a reject code names, and the key it is about ({split}: the split's key).
+REJECT_FIXES: dict[str, tuple[str, str]] = {
+    "bad_json": ("data.{split}", "write one JSON object per line (JSON Lines) or one JSON array of objects"),
+    "bad_utf8": ("data.{split}", "re-encode the file as UTF-8"),
+    "not_object": ("data.{split}", "make each record a JSON object {...} with the format's fields"),
+    "missing_field": ("data.columns", "name the data's fields with data.columns={FORMAT_FIELD: DATA_FIELD}, or set "
+                                      "data.format to the format the records are in (alpaca, input_output, text, "
+                                      "chat, sharegpt, tokenized)"),
+    "wrong_type": ("data.format", "set data.format to the format the records are in (chat: messages=[{role, "
+                                  "content}], sharegpt: conversations=[{from, value}]), or map fields with "
+                                  "data.columns"),
+    "empty_text": ("data.{split}", "fill in the empty fields, or drop those records"),
+    "missing_media": ("data.media_root", "data.media_root=DIR, the directory the records' media paths are under"),
+    "bad_token_id": ("data.{split}", "re-tokenize the data with the tokenizer this run uses"),
+    "no_targets": ("data.{split}", "give every conversation an assistant reply (and a user turn before it)"),
+    "unsupported_content": ("data.{split}", "keep only text content parts (images, audio and files do not train)"),
+    TEMPLATE_REJECTED: ("tokenizer.chat_template", "tokenizer.chat_template=NAME with a template that renders them"),
+    "overlength": ("data.max_seq_len", "a larger data.max_seq_len (or auto), or data.overlength=truncate"),
+}
+
+
+def _all_rejected(*, split: str, records: int, reject_counts: Mapping[str, int], rejects: Sequence[Reject],
+                  first_reject: Reject | None, skip: str) -> Problem:
+    """Every record of a split rejected: one problem naming the most common reason and what fixes it (raising
+    data.max_bad_fraction would only lead to "no usable record")."""
+    code, count = max(sorted(reject_counts.items()), key=lambda item: item[1])
+    example = next((r for r in rejects if r.code == code), first_reject)
+    key, fix = REJECT_FIXES.get(code, ("data.{split}", "repair those records"))
+    others = ", ".join(f"{c} x{n}" for c, n in sorted(reject_counts.items()) if c != code)
+    where = f"{example.file}:{example.line}" if example is not None else None
+    return Problem(
+        check="integrity", key=key.format(split=split), location=where,
+        message=(f"data.{split} has no usable record: all {records} were rejected, most for {code} ({count} of "
+                 f"{records}{f'; also {others}' if others else ''})"
+                 f"{f'; the first: {where}: {example.reason}' if example is not None else ''}. Every one is listed "
+                 f"in rejects.jsonl. Fix: {fix}{skip}."))
 
 
 def _fraction_fix(fraction: float) -> str:

@@ -136,14 +136,16 @@ class _Locations:
 
 def split_checks(cfg: RootConfig, plan: Plan, scan, max_seq_len: int) -> list[Problem]:
     """Integrity, produced token ids, length limit and labels of one split."""
-    problems = checks.check_bad_lines(split=scan.name, rejects=scan.rejects, total_lines=scan.records,
-                                      max_bad_fraction=cfg.data.max_bad_fraction)
-    if not problems:  # a split whose every line is malformed is already that problem
+    # A split with no usable record is one problem (check_split_not_empty), not first a data.max_bad_fraction one.
+    problems = [] if scan.records and not scan.samples else checks.check_bad_lines(
+        split=scan.name, rejects=scan.rejects, total_lines=scan.records, max_bad_fraction=cfg.data.max_bad_fraction)
+    if not problems:
         view = training_view(scan, max_seq_len, "drop" if cfg.data.overlength == "drop" else "truncate")
         problems += checks.check_split_not_empty(
             split=scan.name, files=scan.files, records=scan.records, samples=scan.samples,
             kept=len(view) if view is not None else 0, reject_counts=scan.reject_counts,
-            first_reject=scan.rejects[0] if scan.rejects else None, overlength=cfg.data.overlength)
+            first_reject=scan.rejects[0] if scan.rejects else None, overlength=cfg.data.overlength,
+            rejects=scan.rejects)
     if scan.samples and not _explained_by_vocab_size(cfg, plan, scan):
         problems += checks.check_max_token_id(
             split=scan.name, max_token_id=scan.max_token_id, location=scan.max_token_location,
