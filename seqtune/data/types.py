@@ -27,6 +27,7 @@ class Reject:
     line: int
     # "<code>: <detail>", code one of: bad_json, bad_utf8, not_object, missing_field, wrong_type, empty_text,
     # missing_media, bad_token_id, overlength (data.overlength=drop, or truncate leaving no target), no_targets,
+    # no_user_turn (a conversation whose reply answers no user message),
     # unsupported_content (a content part that is not text: an image, audio, a file),
     # template_rejected (the chat template refuses this conversation, has no such role, or renders no tools)
     reason: str

@@ -392,6 +392,7 @@ REJECT_FIXES: dict[str, tuple[str, str]] = {
     "missing_media": ("data.media_root", "data.media_root=DIR, the directory the records' media paths are under"),
     "bad_token_id": ("data.{split}", "re-tokenize the data with the tokenizer this run uses"),
     "no_targets": ("data.{split}", "give every conversation an assistant reply (and a user turn before it)"),
+    "no_user_turn": ("data.{split}", "give every conversation a user message before its assistant reply"),
     "unsupported_content": ("data.{split}", "keep only text content parts (images, audio and files do not train)"),
     TEMPLATE_REJECTED: ("tokenizer.chat_template", "tokenizer.chat_template=NAME with a template that renders them"),
     "overlength": ("data.max_seq_len", "a larger data.max_seq_len (or auto), or data.overlength=truncate"),
