@@ -17,6 +17,7 @@ import numpy as np
 from seqtune.data.types import POLICY_REJECTS, TEMPLATE_REJECTED, Reject
 from seqtune.models.attention import PACKING_SAFE_ATTENTION
 from seqtune.models.spec import resized_rows, unmatched_targets
+from seqtune.tokenizers.templates import WITH_TOOL_DEFINITIONS as TEMPLATES_WITH_TOOL_DEFINITIONS
 from seqtune.tokenizers.templates import WITH_TOOL_TURNS as TEMPLATES_WITH_TOOL_TURNS
 
 # Strategies whose every micro-batch must be exactly [batch_size, max_seq_len].
@@ -330,7 +331,8 @@ def check_bad_lines(
                      f"template ({fraction:.2%} of lines skipped > data.max_bad_fraction={max_bad_fraction}): "
                      f"{_listed(_described(unrenderable), len(unrenderable))}. All are listed in rejects.jsonl. "
                      f"Fix: tokenizer.chat_template=NAME with a template that renders them (tool turns: {tools}; "
-                     "tool definitions: one that reads `tools`, like a checkpoint's own; or a .jinja file), repair "
+                     f"tool definitions: {', '.join(TEMPLATES_WITH_TOOL_DEFINITIONS)}, or a checkpoint's own that "
+                     "reads `tools`; or a .jinja file), repair "
                      f"those conversations, or {skip}."),
         ))
     if malformed:
