@@ -5,14 +5,13 @@ from __future__ import annotations
 import contextlib
 import math
 import resource
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-from tqdm import tqdm
+from seqtune.console import progress_bar
 
 from seqtune.config.schema import TrainConfig
 from seqtune.distributed import DistEnv, all_reduce_sum, inject_fault
@@ -101,8 +100,8 @@ def fit(loop: Loop, state: Progress) -> Progress:
         # initialised in fp32 before its cast) or the adapter reload's.
         torch.cuda.reset_peak_memory_stats(loop.env.device)
     batches = iter(loop.train_batches)
-    bar = tqdm(total=loop.total_steps, initial=state.step, desc="train", unit="step", file=sys.stdout,
-               disable=not (loop.env.is_main and loop.cfg.progress), dynamic_ncols=True)
+    bar = progress_bar(total=loop.total_steps, initial=state.step, desc="train", unit="steps",
+                       enabled=loop.env.is_main and loop.cfg.progress)
     window = {"loss": 0.0, "targets": 0.0, "tokens": 0.0, "positions": 0.0, "steps": 0, "start": time.perf_counter()}
     # A resumed run whose early stopping had already ended it does not train on.
     while state.step < loop.total_steps and not loop.evaluator.should_stop:
