@@ -255,7 +255,9 @@ def write_gguf(source: Path, target: Path, gguf_type: str, *, ids: GgufIds, add_
     tokenizer = AutoTokenizer.from_pretrained(source)
     vocab = gguf_vocab(tokenizer, json.loads((source / "tokenizer.json").read_text()))
     target.parent.mkdir(parents=True, exist_ok=True)
-    writer = gguf.GGUFWriter(str(target), gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch.name)])
+    # use_temp_file: converted tensors spool to disk until written, not the whole model in memory.
+    writer = gguf.GGUFWriter(str(target), gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch.name)],
+                             use_temp_file=True)
     _write_metadata(writer, config, arch, gguf_type, source)
     _write_tokenizer(writer, vocab, ids, add_bos=add_bos, template=tokenizer.chat_template)
     for name, data in gguf_tensors(source, config, arch):

@@ -36,6 +36,8 @@ TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 # The artifacts a run may ship, in the order they are proved: directory -> what it holds.
 ARTIFACTS = {"adapter": "adapter", "best": "adapter", "model": "model", "merged": "model"}
 GREEDY_TOKENS = 16
+# data.format=text has no prompts: a sample's first tokens stand in for one.
+TEXT_PROMPT_TOKENS = 8
 
 
 @dataclass(kw_only=True)
@@ -53,7 +55,22 @@ def reference_prompts(run_dir: Path, tokenizer: Any) -> list[Any]:
 
     result = load_result(run_dir)
     cache = result.caches.get("val") or result.caches["train"]
-    return build_eval_prompts(cache, count=PROMPTS, max_seq_len=result.max_seq_len, bos_id=tokenizer.bos_token_id)
+    prompts = build_eval_prompts(cache, count=PROMPTS, max_seq_len=result.max_seq_len, bos_id=tokenizer.bos_token_id)
+    return prompts or _text_prompts(cache)
+
+
+def _text_prompts(cache_dir: Path) -> list[Any]:
+    """Samples with no prompt (data.format=text, every token a target): their first tokens are the prompt."""
+    from seqtune.data.cache import TokenCache
+    from seqtune.data.loader import EvalPrompt
+
+    cache = TokenCache.open(cache_dir)
+    prompts = []
+    for i in range(min(PROMPTS, len(cache))):
+        ids = cache[i].input_ids.tolist()
+        cut = max(1, min(TEXT_PROMPT_TOKENS, len(ids) - 1))
+        prompts.append(EvalPrompt(prompt_ids=ids[:cut], reference_ids=ids[cut:], location=cache.location(i)))
+    return prompts
 
 
 @torch.no_grad()
@@ -163,11 +180,30 @@ def stops_at_terminators(model: torch.nn.Module, directory: Path, facts: ShipFac
 
 def prove_artifact(facts: ShipFacts, name: str, reference: dict[str, torch.Tensor], reference_dtype: torch.dtype,
                    device: torch.device) -> ArtifactProof:
+    device = _room_for(facts.run_dir / name, device)
     model = load_artifact(facts, name, device=device)
     logit_checks, failures = logits_agreement(model, reference, reference_dtype, device)
     stop_checks, stop_failures = stops_at_terminators(model, facts.run_dir / name, facts, reference["ids.0"], device)
     failures += stop_failures
-    return ArtifactProof(artifact=name, ok=not failures, checks={**logit_checks, **stop_checks}, failures=failures)
+    del model  # one artifact in memory at a time, beside the trained model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return ArtifactProof(artifact=name, ok=not failures, checks={**logit_checks, **stop_checks},
+                         failures=failures)
+
+
+def _room_for(directory: Path, device: torch.device) -> torch.device:
+    """The device when it has room for the artifact (twice its weights, with the base an adapter loads on), else
+    the CPU: at the end of training the trained model and its optimizer still hold the GPU."""
+    if device.type != "cuda":
+        return device
+    weights = sum(f.stat().st_size for f in directory.glob("*.safetensors"))
+    base = json.loads((directory / "adapter_config.json").read_text())["base_model_name_or_path"] \
+        if (directory / "adapter_config.json").is_file() else None
+    if base and Path(base).is_dir():
+        weights += sum(f.stat().st_size for f in Path(base).glob("*.safetensors"))
+    free, _ = torch.cuda.mem_get_info(device)
+    return device if free > 2 * weights else torch.device("cpu")
 
 
 def prove_exports(run_dir: Path, *, device: torch.device | None = None) -> list[ArtifactProof]:
