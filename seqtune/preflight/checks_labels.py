@@ -217,7 +217,8 @@ def check_tokens_text(*, split: str, checked: int, samples: int, mismatched: Fin
         return []
     return [Problem(
         check="tokens", key=tokenizer_key, location=mismatched.locations[0],
-        message=(f"{mismatched.count} of {checked} checked data.{split} samples (the first {checked} of {samples}) "
+        message=(f"{mismatched.count} of {checked} checked data.{split} samples (of {samples}: the first of each "
+                 "source) "
                  f"are not the tokens of their text: the prompt/completion or turn boundary is tokenized apart "
                  f"from the text, so training sees tokens that generation never will. {first_difference}. "
                  f"First: {_first(mismatched)}. Fix: a fast tokenizer ({tokenizer_key} naming a directory with a "
@@ -230,5 +231,5 @@ def tokens_text_note(*, split: str, checked: int, samples: int) -> list[str]:
     """The proof that passed, counted (the check reads only the first samples of a big split, and says so)."""
     if not checked:
         return []
-    scope = f"all {samples}" if checked == samples else f"the first {checked} of {samples}"
+    scope = f"all {samples}" if checked == samples else f"{checked} of {samples} (the first of each source)"
     return [f"tokens = text: {scope} data.{split} samples are exactly the tokens of their rendered text."]

@@ -5,7 +5,8 @@ template's rendering), or decodes back to exactly that text.
 A boundary tokenized apart breaks this (a SentencePiece tokenizer puts a `▁` word-start piece before every text
 it tokenizes, so a completion tokenized alone starts with a space the text does not have). The samples are read
 from the cache training reads and the records from the data files, so the proof is about what trains. Bounded: the
-first TEXT_PROOF_SAMPLES samples of each split (the boundary rule is the same for every record).
+first TEXT_PROOF_SAMPLES samples of each split, shared out over its sources (the boundary rule is the same for
+every record of a format).
 """
 
 from __future__ import annotations
@@ -42,9 +43,15 @@ class TextProof:
 
 def prove_tokens_text(split: SplitInput, cache: TokenCache, tokenizer: Any, encoders: dict[str, SampleEncoder], *,
                       media_root: str | None, limit: int = TEXT_PROOF_SAMPLES) -> TextProof:
-    """Compare the first `limit` cached samples of `split` with their records' rendered text (`encoders`: one per
-    format of the split's sources, as the scan used)."""
-    wanted = {cache.location(i): i for i in range(min(limit, len(cache)))}
+    """Compare cached samples of `split` with their records' rendered text (`encoders`: one per format of the
+    split's sources, as the scan used): the first `limit` samples, shared out over the split's sources so every
+    source (and format) is checked."""
+    sources = cache.sample_sources()
+    per_source = max(limit // max(len(split.sources), 1), 1)
+    wanted: dict[str, int] = {}
+    for source in range(len(split.sources)):
+        for i in np.flatnonzero(sources == source)[:per_source]:
+            wanted[cache.location(int(i))] = int(i)
     proof = TextProof(samples=len(cache), checked=0, mismatched=Finding())
     for location, text in _rendered_texts(split, encoders, media_root, wanted):
         sample = cache[wanted[location]]
@@ -63,7 +70,7 @@ def _rendered_texts(split: SplitInput, encoders: dict[str, SampleEncoder], media
                     wanted: dict[str, int]) -> Iterator[tuple[str, str]]:
     """(location, rendered text) of the records whose samples are `wanted`, in the split's order."""
     left, parser = len(wanted), None
-    for record in split.records():
+    for record in _records_of_wanted(split, wanted):
         if not left:
             return
         encoder = encoders[split.sources[record.source].format]
@@ -78,6 +85,23 @@ def _rendered_texts(split: SplitInput, encoders: dict[str, SampleEncoder], media
         text = rendered_text(encoder, parsed)
         if text is not None:
             yield location, text
+
+
+def _records_of_wanted(split: SplitInput, wanted: dict[str, int]) -> Iterator[Any]:
+    """Each source's records until its wanted samples are passed (a big first source is not read to its end)."""
+    for source in range(len(split.sources)):
+        left = sum(1 for location in wanted if _source_of(split, location) == source)
+        for record in split.records(source=source):
+            if not left:
+                break
+            if f"{record.path}:{record.number}" in wanted:
+                left -= 1
+            yield record
+
+
+def _source_of(split: SplitInput, location: str) -> int:
+    path = location.rsplit(":", 1)[0]
+    return next((i for i, s in enumerate(split.sources) if any(str(f) == path for f in s.files)), -1)
 
 
 def rendered_text(encoder: SampleEncoder, record: Any) -> str | None:
