@@ -77,6 +77,11 @@ def gguf_refusal(model_type: str, rope_type: str | None = None) -> str | None:
     return None
 
 
+def gguf_refusal_for(model_type: str, model_path: str | None) -> str | None:
+    """gguf_refusal for a run's model: its model_type (the plan's) and model.path's rope scaling."""
+    return gguf_refusal(model_type, checkpoint_rope_type(model_path))
+
+
 def checkpoint_rope_type(path: str | None) -> str | None:
     """The rope scaling type of model.path's config.json (None: a tiny model, or none)."""
     config = Path(path).expanduser() / "config.json" if path else None

@@ -16,6 +16,7 @@ from seqtune.models.attention import AttentionEnv, attn_backend_problems
 from seqtune.models.kernels import kernels_problems
 from seqtune.models.spec import get_spec, lora_module_names
 from seqtune.data.overlength import TRUNCATING
+from seqtune.export.gguf import gguf_refusal_for
 from seqtune.preflight import checks
 from seqtune.preflight.checks import Problem
 from seqtune.preflight.result import MemoryStats, PlanStats, SourceStats, SplitPlan, SplitStats
@@ -60,19 +61,11 @@ def fast_checks(cfg: RootConfig, plan: Plan) -> list[Problem]:
                                        sharded=plan.sharded)
     problems += checks.check_export(export_merged=cfg.train.export_merged, sharded=plan.sharded)
     problems += checks.check_gguf_export(export_gguf=cfg.train.export_gguf, lora=cfg.lora.enabled,
-                                         sharded=plan.sharded, refusal=gguf_refusal_for(cfg, plan))
+                                         sharded=plan.sharded, refusal=gguf_refusal_for(
+                                             plan.model_type, cfg.model.path) if cfg.train.export_gguf else None)
     problems += checks.check_early_stopping(early_stop=cfg.train.early_stop_patience > 0, lora=cfg.lora.enabled,
                                             sharded=plan.sharded)
     return problems
-
-
-def gguf_refusal_for(cfg: RootConfig, plan: Plan) -> str | None:
-    """Why the GGUF writer cannot write this model (its model_type, its checkpoint's rope scaling), or None."""
-    if cfg.train.export_gguf is None:
-        return None
-    from seqtune.export.gguf import checkpoint_rope_type, gguf_refusal
-
-    return gguf_refusal(plan.model_type, checkpoint_rope_type(cfg.model.path))
 
 
 def _installed(package: str) -> bool:

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-from seqtune.console import progress_bar
 
 from seqtune.config.schema import TrainConfig
+from seqtune.console import progress_bar
 from seqtune.distributed import DistEnv, all_reduce_sum, inject_fault
 from seqtune.train.checkpoint import Checkpointer, Progress
 from seqtune.train.evaluate import Evaluator
