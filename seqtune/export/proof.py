@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from seqtune.config.errors import SeqtuneError
+from seqtune.config.errors import ConfigError, SeqtuneError
 from seqtune.export.facts import ShipFacts, ship_facts
 
 REFERENCE_FILE = "export_reference.safetensors"
@@ -219,8 +219,9 @@ def prove_exports(run_dir: Path, *, device: torch.device | None = None) -> list[
     reference_path = run_dir / REFERENCE_FILE
     names = [name for name in ARTIFACTS if (run_dir / name).is_dir()]
     if not reference_path.is_file() or not names:
-        raise SeqtuneError(f"{run_dir} holds no exported artifact with its reference logits ({REFERENCE_FILE}); "
-                           "Fix: name the run directory of a finished seqtune training run.")
+        raise ConfigError(f"{run_dir} holds no exported artifact with the trained model's reference logits "
+                          f"({REFERENCE_FILE}, written at the end of training).", key="RUN_DIR",
+                          fix="name the run directory of a training run that finished with this seqtune version.")
     with safe_open(str(reference_path), framework="pt") as f:
         reference = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 - safe_open has no iteration
         reference_dtype = getattr(torch, f.metadata()["dtype"])
