@@ -22,7 +22,7 @@ from seqtune.config.load import load_resolved
 from seqtune.config.plan import load_plan
 from seqtune.config.schema import SPLITS, RootConfig
 from seqtune.data.split import split_input
-from seqtune.files import sha256_file
+from seqtune.files import follow_umask, sha256_file
 from seqtune.preflight.result import load_result
 
 BASE_DIR = "base"
@@ -100,6 +100,7 @@ def write_base(facts: ShipFacts, tokenizer: Any, *, device: Any) -> Path | None:
     stamp_stop_ids(base, facts.stop)
     base.save_pretrained(target, safe_serialization=True)
     tokenizer.save_pretrained(target)
+    follow_umask(target)
     return target
 
 

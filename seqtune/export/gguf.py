@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from seqtune.config.errors import ConfigError, SeqtuneError
+from seqtune.files import follow_umask
 
 GGUF_TYPES = ("f16", "bf16", "q8_0")
 GGUF_DIR = "gguf"
@@ -272,6 +273,7 @@ def write_gguf(source: Path, target: Path, gguf_type: str, *, ids: GgufIds, add_
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    follow_umask(target)
     return target
 
 
@@ -361,6 +363,7 @@ def _merge_adapter(run_dir: Path, target: Path) -> None:
     model = load_artifact(ship_facts(tokenizer, run_dir), "adapter", device="cpu")
     model.merge_and_unload().save_pretrained(target, safe_serialization=True)
     tokenizer.save_pretrained(target)
+    follow_umask(target)
 
 
 # --- the proof ------------------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import torch
 
 from seqtune.config.errors import ConfigError, SeqtuneError
 from seqtune.export.facts import ShipFacts, ship_facts
+from seqtune.files import follow_umask
 
 REFERENCE_FILE = "export_reference.safetensors"
 EXPORT_JSON = "export.json"
@@ -90,6 +91,7 @@ def capture_reference(model: torch.nn.Module, tokenizer: Any, run_dir: Path, *, 
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     path = Path(run_dir) / REFERENCE_FILE
     save_file(tensors, str(path), metadata={"dtype": dtype, "locations": json.dumps(locations)})
+    follow_umask(path)  # safetensors writes 0600
     return path
 
 
@@ -214,6 +216,9 @@ def prove_exports(run_dir: Path, *, device: torch.device | None = None) -> list[
 
     from seqtune.export.gguf import check_gguf
 
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # a "Loading weights" bar per artifact says nothing
     run_dir = Path(run_dir)
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     reference_path = run_dir / REFERENCE_FILE
