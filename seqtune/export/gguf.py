@@ -184,6 +184,7 @@ class GgufVocab:
     types: list[int]
     scores: list[float] | None = None
     merges: list[str] = field(default_factory=list)
+    add_space_prefix: bool = False  # SentencePiece: a "▁" before the text (Llama 2, Mistral; not Gemma 3)
 
 
 def _pre_tokenizer(tokenizer_json: dict) -> str:
@@ -194,6 +195,21 @@ def _pre_tokenizer(tokenizer_json: dict) -> str:
     if r"\\p{N}|" in text or r"\\p{N}" in text and "qwen" in text.lower():
         return "qwen2"
     return "default"
+
+
+def _prepends_space(tokenizer_json: dict) -> bool:
+    """The tokenizer puts SentencePiece's "▁" before a text (a Prepend normalizer, or a Metaspace pre-tokenizer
+    that prepends): llama.cpp's add_space_prefix."""
+    parts = [tokenizer_json.get("normalizer"), tokenizer_json.get("pre_tokenizer")]
+    found = []
+    while parts:
+        part = parts.pop()
+        if isinstance(part, dict):
+            parts += part.get("normalizers", []) + part.get("pretokenizers", [])
+            found.append(part)
+    return any((p.get("type") == "Prepend" and p.get("prepend") == "\u2581")
+               or (p.get("type") == "Metaspace" and p.get("prepend_scheme", "always") != "never"
+                   and p.get("add_prefix_space", True)) for p in found)
 
 
 def gguf_vocab(tokenizer: Any, tokenizer_json: dict) -> GgufVocab:
@@ -222,7 +238,8 @@ def gguf_vocab(tokenizer: Any, tokenizer_json: dict) -> GgufVocab:
             types.append(gguf.TokenType.NORMAL)
     if byte_fallback:
         return GgufVocab(model="llama", pre="default", tokens=tokens, types=[int(t) for t in types],
-                         scores=[0.0 if t != gguf.TokenType.NORMAL else -float(i) for i, t in enumerate(types)])
+                         scores=[0.0 if t != gguf.TokenType.NORMAL else -float(i) for i, t in enumerate(types)],
+                         add_space_prefix=_prepends_space(tokenizer_json))
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
     return GgufVocab(model="gpt2", pre=_pre_tokenizer(tokenizer_json), tokens=tokens, types=[int(t) for t in types],
                      merges=merges)
@@ -310,7 +327,7 @@ def _write_tokenizer(writer: Any, vocab: GgufVocab, ids: GgufIds, *, add_bos: bo
     writer.add_token_types(vocab.types)
     if vocab.scores is not None:
         writer.add_token_scores(vocab.scores)
-        writer.add_add_space_prefix(False)
+        writer.add_add_space_prefix(vocab.add_space_prefix)
     if vocab.merges:
         writer.add_token_merges(vocab.merges)
     if ids.bos is not None:

