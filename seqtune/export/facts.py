@@ -124,13 +124,16 @@ def command(run_dir: Path) -> str:
     return " ".join(["python -m seqtune", *(shlex.quote(o) for o in overrides)])
 
 
-def data_files(cfg: RootConfig) -> list[tuple[str, Path, str]]:
-    """(split, file, sha256) of every data file the run read."""
+def data_files(cfg: RootConfig, *, digests: bool = True) -> list[tuple[str, Path, str]]:
+    """(split, file, sha256) of every data file the run read. Without `digests` (best/ during training: the other
+    ranks wait at its barrier) the hash column says the final card has it."""
     rows = []
     for name in SPLITS:
         split = split_input(cfg.data, name)
         for path in split.files if split is not None else []:
-            rows.append((name, path, sha256_file(path) if path.is_file() else "(a directory)"))
+            digest = sha256_file(path) if digests and path.is_file() else (
+                "(a directory)" if path.is_dir() else "(in the card written at the end of the run)")
+            rows.append((name, path, digest))
     return rows
 
 

@@ -114,7 +114,7 @@ class BestWeights:
         self.path = Path(run_dir) / BEST_DIR
         self.facts = ship_facts(tokenizer, run_dir)
         stamp_stop_ids(model, self.facts.stop)
-        self._files = None  # the data files' hashes, taken at the first save
+        self._files = None  # the data files, listed at the first save (hashed by export_final's card)
 
     def save(self) -> Path:
         """Write the export into a locked temporary directory beside best/, then swap it in: a crash while
@@ -125,7 +125,7 @@ class BestWeights:
             save_trained(self.model, self.tokenizer, new.path if new else self.path, env=self.env, lora=self.lora,
                          sharded=self.sharded, facts=self.facts)
             if new is not None:
-                self._files = self._files if self._files is not None else data_files(self.facts.cfg)
+                self._files = self._files if self._files is not None else data_files(self.facts.cfg, digests=False)
                 write_card(self.facts, new.path, BEST_DIR, files=self._files)
         except OSError as exc:
             if new is not None:
