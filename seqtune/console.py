@@ -68,13 +68,13 @@ class PlainProgress:
     """tqdm's interface (update, set_postfix, close) as plain periodic lines, for a log file or a pipe: carriage-
     return redraws would fill it with every intermediate state."""
 
-    def __init__(self, *, total: int, initial: int, desc: str, unit: str, stream: TextIO) -> None:
+    def __init__(self, *, total: int | None, initial: int, desc: str, unit: str, stream: TextIO) -> None:
         self.total, self.n, self.desc, self.unit, self.stream = total, initial, desc, unit, stream
         self.postfix = ""
         self._last_time, self._last_tenth, self._last_printed = time.monotonic(), self._tenth(), initial
 
     def _tenth(self) -> int:
-        return self.n * 10 // max(self.total, 1)
+        return self.n * 10 // max(self.total, 1) if self.total else 0  # no total (a scan): by time only
 
     def update(self, n: int = 1) -> None:
         self.n += n
@@ -90,22 +90,24 @@ class PlainProgress:
 
     def _line(self) -> None:
         self._last_time, self._last_tenth, self._last_printed = time.monotonic(), self._tenth(), self.n
-        percent = f" ({self.n / self.total:.0%})" if self.total else ""
-        self.stream.write(f"{self.desc}: {self.n}/{self.total} {self.unit}{percent}"
+        done = f"{self.n} {self.unit}" if not self.total else \
+            f"{self.n}/{self.total} {self.unit} ({self.n / self.total:.0%})"
+        self.stream.write(f"{self.desc}: {done}"
                           f"{f', {self.postfix}' if self.postfix else ''}\n")
         self.stream.flush()
 
 
-def progress_bar(*, total: int, initial: int, desc: str, unit: str, enabled: bool, stream: TextIO | None = None):
+def progress_bar(*, total: int | None, initial: int, desc: str, unit: str, enabled: bool,
+                 stream: TextIO | None = None, mininterval: float = 0.1):
     """A tqdm bar on a terminal; plain periodic lines (PlainProgress) when the stream is a file or a pipe; a
-    disabled tqdm (does nothing) when not `enabled`."""
+    disabled tqdm (does nothing) when not `enabled`. `total` None: a count without an end (a scan)."""
     from tqdm import tqdm
 
     stream = stream or sys.stdout
     if enabled and not _is_terminal(stream):
         return PlainProgress(total=total, initial=initial, desc=desc, unit=unit, stream=stream)
     return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=stream, disable=not enabled,
-                dynamic_ncols=True)
+                dynamic_ncols=True, mininterval=mininterval)
 
 
 def _is_terminal(stream: TextIO) -> bool:
