@@ -8,8 +8,11 @@ appended to `<run_dir>/seqtune.log`. Only the parent and rank 0 write it, so it 
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,14 +28,91 @@ KNOWN_FALSE_ALARMS: tuple[tuple[type[Warning], str, str], ...] = (
      "embedding really are one tensor (seqtune/models/lora.py), and untied models get the warning too"),
     (FutureWarning, r"`is_gradient_checkpointing` is deprecated",
      "raised inside peft's get_peft_model on every LoRA run, with or without gradient checkpointing"),
-    (FutureWarning, r"`gradient_checkpointing_enable` is deprecated",
-     "the renamed method (activation_checkpointing_enable) does the same thing; nothing to act on"),
 )
+# (logger, how the message starts, why it is a false alarm): library log records silenced, each by its exact start.
+KNOWN_FALSE_ALARM_LOGS: tuple[tuple[str, str, str], ...] = (
+    ("torchao", "Skipping import of cpp extensions",
+     "torchao's optional C++ kernels, which seqtune never uses (peft imports torchao for quantized layers only)"),
+    ("transformers.modeling_utils", "The new embeddings will be initialized from a multivariate normal",
+     "model.resize_embeddings asks for mean resizing on purpose (seqtune/models/build.py) and preflight notes it"),
+    ("transformers.modeling_utils", "The new lm_head weights will be initialized from a multivariate normal",
+     "the head's half of the same resize"),
+)
+
+
+class _DropStartingWith(logging.Filter):
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefix)
 
 
 def silence_known_false_alarms() -> None:
     for category, message, _ in KNOWN_FALSE_ALARMS:
         warnings.filterwarnings("ignore", message=message, category=category)
+    for name, prefix, _ in KNOWN_FALSE_ALARM_LOGS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropStartingWith) and f.prefix == prefix for f in logger.filters):
+            logger.addFilter(_DropStartingWith(prefix))
+    # transformers' "Loading weights" / "Writing model shards" bars (seqtune never downloads): read before import.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+# Without a terminal, a line at most this often (seconds), and at each tenth of the run.
+PLAIN_PROGRESS_SECONDS = 60.0
+
+
+class PlainProgress:
+    """tqdm's interface (update, set_postfix, close) as plain periodic lines, for a log file or a pipe: carriage-
+    return redraws would fill it with every intermediate state."""
+
+    def __init__(self, *, total: int | None, initial: int, desc: str, unit: str, stream: TextIO) -> None:
+        self.total, self.n, self.desc, self.unit, self.stream = total, initial, desc, unit, stream
+        self.postfix = ""
+        self._last_time, self._last_tenth, self._last_printed = time.monotonic(), self._tenth(), initial
+
+    def _tenth(self) -> int:
+        return self.n * 10 // max(self.total, 1) if self.total else 0  # no total (a scan): by time only
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if self._tenth() != self._last_tenth or time.monotonic() - self._last_time >= PLAIN_PROGRESS_SECONDS:
+            self._line()
+
+    def set_postfix(self, **values: object) -> None:
+        self.postfix = ", ".join(f"{k}={v}" for k, v in values.items())
+
+    def close(self) -> None:
+        if self.n != self._last_printed:
+            self._line()
+
+    def _line(self) -> None:
+        self._last_time, self._last_tenth, self._last_printed = time.monotonic(), self._tenth(), self.n
+        done = f"{self.n} {self.unit}" if not self.total else \
+            f"{self.n}/{self.total} {self.unit} ({self.n / self.total:.0%})"
+        self.stream.write(f"{self.desc}: {done}"
+                          f"{f', {self.postfix}' if self.postfix else ''}\n")
+        self.stream.flush()
+
+
+def progress_bar(*, total: int | None, initial: int, desc: str, unit: str, enabled: bool,
+                 stream: TextIO | None = None, mininterval: float = 0.1):
+    """A tqdm bar on a terminal; plain periodic lines (PlainProgress) when the stream is a file or a pipe; a
+    disabled tqdm (does nothing) when not `enabled`. `total` None: a count without an end (a scan)."""
+    from tqdm import tqdm
+
+    stream = stream or sys.stdout
+    if enabled and not _is_terminal(stream):
+        return PlainProgress(total=total, initial=initial, desc=desc, unit=unit, stream=stream)
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=stream, disable=not enabled,
+                dynamic_ncols=True, mininterval=mininterval)
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    isatty = getattr(stream, "isatty", None)  # the run log's tee answers for the console it wraps
+    return bool(isatty and isatty())
 
 
 class _Tee:

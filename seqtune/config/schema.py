@@ -182,6 +182,12 @@ class MixedPrecision(StrEnum):
     fp16 = "fp16"
 
 
+class GgufType(StrEnum):
+    f16 = "f16"
+    bf16 = "bf16"
+    q8_0 = "q8_0"
+
+
 class Parallel(StrEnum):
     ddp = "ddp"
     fsdp = "fsdp"
@@ -686,6 +692,10 @@ class TrainConfig:
     # Also save base + LoRA merged as a Hugging Face checkpoint (RUN_DIR/merged). LoRA only: a full fine-tune's
     # RUN_DIR/model already is one. Refused with FSDP across ranks.
     export_merged: bool = False
+    # Also write RUN_DIR/gguf/<run>-<type>.gguf (llama.cpp, Ollama, LM Studio): f16 | bf16 | q8_0 | null (none).
+    # From merged/ (written for it: LoRA) or model/; the export proof reads it back. Refused for an architecture
+    # the writer does not know (seqtune.export.gguf.ARCHES) and for LoRA under FSDP across ranks.
+    export_gguf: GgufType | None = None
     # ddp | fsdp (full fine-tuning of models too big for one device)
     parallel: Parallel = Parallel.ddp
     progress: bool = True

@@ -35,7 +35,7 @@ from seqtune.files import TempDir, storage_error, sweep_stale_temps
 from seqtune.tokenizers.info import tokenizer_fingerprint  # noqa: F401 - part of this module's API
 
 # Bump when the on-disk layout or any tokenization rule changes: old caches then simply stop matching.
-CACHE_VERSION = "seqtune-token-cache-v5"
+CACHE_VERSION = "seqtune-token-cache-v6"  # v6: a preference pair's two sequences; prompt + completion tokenized whole
 META = "meta.json"
 # The config key that decides where caches live (named in every disk error).
 CACHE_KEY = "data.cache_dir"

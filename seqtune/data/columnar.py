@@ -25,6 +25,8 @@ ROW_BATCH = 1024
 # Arrow 0.15 writes when it closes a stream).
 ARROW_STREAM_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 SAVED_STATE = "state.json"
+# Columns that hold a system prompt: dropping one unread changes what every row trains on, so it is refused.
+SYSTEM_COLUMNS = ("system", "system_prompt", "system_message")
 SAVED_DICT = "dataset_dict.json"
 
 
@@ -38,11 +40,20 @@ class Columns:
     key: str
     format: str
 
-    def select(self, path: Path, names: list[str]) -> list[str]:
-        """The columns of `names` (a file's) to read; a DataError when a required one is missing."""
+    def select(self, path: Path, names: list[str], nested: dict[str, list[str]] | None = None) -> list[str]:
+        """The columns of `names` (a file's) to read; a DataError when a required one is missing, or when a system
+        prompt column would be dropped unread. `nested`: struct column -> its field names."""
         missing = [(field, column) for field, column in self.required if column not in names]
         if missing:
             field, column = missing[0]
+            inside = next((struct for struct, fields in (nested or {}).items() if column in fields), None)
+            if inside is not None:
+                raise DataError(
+                    f"{path} has no top-level column {column!r}: it is a field of the nested (struct) column "
+                    f"{inside!r}, and seqtune reads top-level columns only (nested columns are not supported, so no "
+                    f"{self.key} value can name it).", key=self.key,
+                    fix=f"flatten the file (pyarrow: pq.write_table(pq.read_table(IN).flatten(), OUT) names it "
+                        f"'{inside}.{column}'), then {self.key}={{{field}: {inside}.{column}}}.")
             mapped = f"which {self.key} maps {field} to" if field != column else \
                 f"a field of the {self.format} format, not mapped by {self.key}"
             mapping = {f: c for f, c in (*self.required, *self.optional) if f != c}
@@ -51,7 +62,23 @@ class Columns:
             raise DataError(f"{path} has no column {column!r} ({mapped}); its columns are: {', '.join(names)}.",
                             key=self.key, fix=f"{self.key}={{{shown}}} with NAME the column that holds {field} (or "
                                               "the data.format these columns belong to).")
-        return [column for _, column in (*self.required, *self.optional) if column in names]
+        wanted = [column for _, column in (*self.required, *self.optional) if column in names]
+        dropped = [name for name in names if name not in wanted and name.lower() in SYSTEM_COLUMNS]
+        if dropped:
+            raise DataError(
+                f"{path} has a {dropped[0]!r} column that data.format={self.format} does not read (its fields: "
+                f"{', '.join(f for f, _ in (*self.required, *self.optional))}; mapped by {self.key}): every row's "
+                "system prompt would be dropped without a word.", key=self.key,
+                fix=f"data.format=sharegpt with {self.key}={{system: {dropped[0]}, ...}} (it reads a system column), "
+                    "put the system prompt into each row's messages as {role: system}, or remove the column.")
+        return wanted
+
+
+def _nested(schema: Any) -> dict[str, list[str]]:
+    """Struct columns of an Arrow schema and their field names."""
+    import pyarrow as pa
+
+    return {f.name: [child.name for child in f.type] for f in schema if pa.types.is_struct(f.type)}
 
 
 def _arrow_error(path: Path, what: str, exc: BaseException) -> DataError:
@@ -81,7 +108,7 @@ def parquet_rows(path: Path, columns: Columns | None) -> Iterator[tuple[int, dic
     except (pa.ArrowException, OSError) as exc:
         raise _arrow_error(path, "Parquet", exc) from None
     names = parquet.schema_arrow.names
-    wanted = columns.select(path, names) if columns is not None else names
+    wanted = columns.select(path, names, _nested(parquet.schema_arrow)) if columns is not None else names
     read = 0
     for read, record in _rows(parquet.iter_batches(batch_size=ROW_BATCH, columns=wanted), path, "Parquet"):
         yield read, record
@@ -107,7 +134,7 @@ def arrow_rows(path: Path, columns: Columns | None, *, stream: bool) -> Iterator
     except (pa.ArrowException, OSError) as exc:
         raise _arrow_error(path, what, exc) from None
     names = reader.schema.names
-    wanted = columns.select(path, names) if columns is not None else names
+    wanted = columns.select(path, names, _nested(reader.schema)) if columns is not None else names
     yield from _rows((batch.select(wanted) for batch in batches), path, what)
 
 
@@ -161,6 +188,6 @@ def saved_dataset_rows(path: Path, columns: Columns | None) -> Iterator[tuple[in
         raise DataError(f"{path}: `datasets` cannot load this save_to_disk directory ({type(exc).__name__}: {exc}).",
                         fix=f"write it again with Dataset.save_to_disk({str(path)!r}).") from None
     names = list(loaded.column_names)
-    wanted = columns.select(path, names) if columns is not None else names
+    wanted = columns.select(path, names, _nested(loaded.data.schema)) if columns is not None else names
     tables = loaded.select_columns(wanted).with_format("arrow").iter(batch_size=ROW_BATCH)
     yield from _rows(tables, path, "a saved dataset")

@@ -405,6 +405,10 @@ class LineParser:
         last = max((i for i, (m, _) in enumerate(turns) if m["role"] == "assistant"), default=-1)
         if last < 0:
             return self._reject(line, "no_targets: no assistant message, nothing to train on")
+        if not any(m["role"] == "user" for m, _ in turns[:last]):
+            # A reply to nothing teaches the model to answer unprompted, and templates render it as no exchange.
+            return self._reject(line, "no_user_turn: no user message before the assistant reply (a system prompt "
+                                      "alone is not a turn to answer)")
         definitions = _tool_definitions(tools)
         if isinstance(definitions, str):
             return self._reject(line, f"wrong_type: {self._name('tools')} {definitions}")

@@ -255,9 +255,10 @@ class _EncodePipeline:
 def _progress_bar(name: str, enabled: bool):
     if not enabled:
         return None
-    from tqdm import tqdm
+    from seqtune.console import progress_bar
 
-    return tqdm(desc=f"scan {name}", unit=" rec", file=sys.stderr, mininterval=0.5)
+    return progress_bar(total=None, initial=0, desc=f"scan {name}", unit="rec", enabled=True, stream=sys.stderr,
+                        mininterval=0.5)
 
 
 def _stats_meta(stats: _Stats, split: SplitInput) -> dict:

@@ -8,8 +8,11 @@ Rules every format obeys (the contract in types.py):
   kept exactly. Targets are a mask decided here, never derived later by comparing ids with pad/eos.
 - prompt tokens are not targets unless train_on_prompt; chat: only assistant turns (with their end-of-turn marker).
 - chat: the ids are exactly the chat template's (`apply_chat_template`), plus that eos.
-Prompt and completion texts are each tokenized in ONE batched fast-tokenizer call (Rust, all cores), and samples
-are assembled with numpy index arithmetic, so the per-record Python cost is a few list operations.
+- prompt/completion: the rendered text (prompt + completion) is tokenized whole, as generation sees it, and the
+  boundary found by character offsets (as chat does): the ids are exactly the whole text's, whatever the tokenizer's
+  prefix-space rule.
+Texts are tokenized in ONE batched fast-tokenizer call (Rust, all cores), and samples are assembled with numpy index
+arithmetic, so the per-record Python cost is a few list operations.
 """
 
 from __future__ import annotations
@@ -151,30 +154,62 @@ class SampleEncoder:
 
     def _encode_prompt_completion(self, records: list[PromptCompletion]) -> EncodedBatch:
         n = len(records)
-        prompt_ids, p_len = self._flat([r.prompt for r in records]) if self.fmt != "text" else (
-            np.empty(0, np.int64), np.zeros(n, np.int64))
-        comp_ids, c_len = self._flat([r.completion for r in records])
-        # A completion whose text already ends in the eos token (e.g. a literal "</s>") gets no second one.
-        last = comp_ids[np.maximum(np.cumsum(c_len) - 1, 0)] if len(comp_ids) else np.zeros(n, np.int64)
-        add_eos = ~((c_len > 0) & (last == self.eos_id))
+        ids, is_completion, counts = (self._tokens_whole if self._backend is not None else self._tokens_apart)(records)
+        # A text that already ends in the eos token (e.g. a literal "</s>") gets no second one.
+        last = np.cumsum(counts) - 1
+        ends_on_eos = (counts > 0) & (ids[np.maximum(last, 0)] == self.eos_id) & is_completion[np.maximum(last, 0)] \
+            if len(ids) else np.zeros(n, bool)
+        add_eos = ~ends_on_eos
         bos = int(self.bos_id is not None)
-        lengths = bos + p_len + c_len + add_eos
+        lengths = bos + counts + add_eos
         starts = np.cumsum(lengths) - lengths
-        ids = np.empty(int(lengths.sum()), np.int64)
-        target = np.ones(len(ids), bool)
+        out = np.empty(int(lengths.sum()), np.int64)
+        target = np.ones(len(out), bool)
         if bos:
-            ids[starts] = self.bos_id
+            out[starts] = self.bos_id
             target[starts] = False
-        p_pos = _ragged_positions(p_len, starts + bos)
-        ids[p_pos] = prompt_ids
-        target[p_pos] = self.train_on_prompt
-        ids[_ragged_positions(c_len, starts + bos + p_len)] = comp_ids
-        ids[(starts + lengths - 1)[add_eos]] = self.eos_id
+        text_pos = _ragged_positions(counts, starts + bos)
+        out[text_pos] = ids
+        target[text_pos] = is_completion | self.train_on_prompt
+        out[(starts + lengths - 1)[add_eos]] = self.eos_id
         return EncodedBatch(
-            ids=ids, target=target, lengths=lengths, files=[r.file for r in records],
+            ids=out, target=target, lengths=lengths, files=[r.file for r in records],
             lines=np.fromiter((r.line for r in records), np.int64, count=n),
             padding_stripped=np.zeros(n, np.int64), source_index=np.arange(n),
         )
+
+    def _tokens_whole(self, records: list[PromptCompletion]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each record's rendered text (prompt + completion) tokenized whole in one batched call, as generation will
+        see it; a token is the completion's when its last character lies past the prompt. (Tokenizing the two apart
+        gives every completion the word-start piece `▁` a SentencePiece tokenizer puts before a text.)
+        Returns (flat ids, is_completion per token, tokens per record)."""
+        prompts = [r.prompt for r in records] if self.fmt != "text" else [""] * len(records)
+        texts = [p + r.completion for p, r in zip(prompts, records)]
+        self.texts_tokenized += len(texts)
+        encodings = self._backend.encode_batch(texts, add_special_tokens=False)
+        counts = np.fromiter((len(e.ids) for e in encodings), np.int64, count=len(encodings))
+        total = int(counts.sum())
+        ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), np.int64, count=total)
+        ends = np.fromiter((end for e in encodings for _, end in e.offsets), np.int64, count=total)
+        prompt_chars = np.repeat(np.fromiter(map(len, prompts), np.int64, count=len(prompts)), counts)
+        return ids, (ends > prompt_chars) | (prompt_chars == 0), counts
+
+    def _tokens_apart(self, records: list[PromptCompletion]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A slow (Python) tokenizer gives no character offsets: prompt and completion are tokenized apart (exact
+        only without a prefix-space rule; preflight's tokens-vs-text check says when it is not)."""
+        n = len(records)
+        prompt_ids, p_len = self._flat([r.prompt for r in records]) if self.fmt != "text" else (
+            np.empty(0, np.int64), np.zeros(n, np.int64))
+        comp_ids, c_len = self._flat([r.completion for r in records])
+        counts = p_len + c_len
+        starts = np.cumsum(counts) - counts
+        ids = np.empty(int(counts.sum()), np.int64)
+        is_completion = np.ones(len(ids), bool)
+        p_pos = _ragged_positions(p_len, starts)
+        ids[p_pos] = prompt_ids
+        is_completion[p_pos] = False
+        ids[_ragged_positions(c_len, starts + p_len)] = comp_ids
+        return ids, is_completion, counts
 
     def _assemble(self, parts: list[tuple[np.ndarray, np.ndarray]], records: list, kept: list[int],
                   rejects: list[tuple[int, Reject]], stripped: list[int]) -> EncodedBatch:

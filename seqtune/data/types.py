@@ -29,6 +29,7 @@ class Reject:
     # missing_media, media_outside_root (a media reference resolving outside data.media_root: absolute, a `..`
     # above it, a symlink out of it), bad_token_id, overlength (data.overlength=drop, or truncate leaving no
     # target), no_targets,
+    # no_user_turn (a conversation whose reply answers no user message),
     # unsupported_content (a content part that is not text: an image, audio, a file),
     # template_rejected (the chat template refuses this conversation, has no such role, or renders no tools),
     # identical_pair (a preference pair whose chosen and rejected completions are the same),

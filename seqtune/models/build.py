@@ -109,7 +109,7 @@ def build_model(
         _resize(model, resize_to, seed=cfg.seed)
     if cfg.gradient_checkpointing:
         # Non-reentrant checkpointing works with frozen inputs (LoRA) without enable_input_require_grads.
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     if device is not None and not cfg.load_in_4bit:
         model.to(device)
     return model

@@ -18,6 +18,7 @@ from seqtune.data.batching import round_up
 from seqtune.data.types import POLICY_REJECTS, TEMPLATE_REJECTED, Reject
 from seqtune.models.attention import PACKING_SAFE_ATTENTION
 from seqtune.models.spec import resized_rows, unmatched_targets
+from seqtune.tokenizers.templates import WITH_TOOL_DEFINITIONS as TEMPLATES_WITH_TOOL_DEFINITIONS
 from seqtune.tokenizers.templates import WITH_TOOL_TURNS as TEMPLATES_WITH_TOOL_TURNS
 
 # How many offenders a message lists before "and N more": enough to find them, short enough to read.
@@ -314,7 +315,8 @@ def check_bad_lines(
                      f"template ({fraction:.2%} of lines skipped > data.max_bad_fraction={max_bad_fraction}): "
                      f"{_listed(_described(unrenderable), len(unrenderable))}. All are listed in rejects.jsonl. "
                      f"Fix: tokenizer.chat_template=NAME with a template that renders them (tool turns: {tools}; "
-                     "tool definitions: one that reads `tools`, like a checkpoint's own; or a .jinja file), repair "
+                     f"tool definitions: {', '.join(TEMPLATES_WITH_TOOL_DEFINITIONS)}, or a checkpoint's own that "
+                     "reads `tools`; or a .jinja file), repair "
                      f"those conversations, or {skip}."),
         ))
     if malformed:
@@ -339,7 +341,7 @@ def _described(rejects: Sequence[Reject]) -> list[str]:
 
 def check_split_not_empty(
     *, split: str, files: Sequence[str], records: int, samples: int, kept: int, reject_counts: Mapping[str, int],
-    first_reject: Reject | None, overlength: str,
+    first_reject: Reject | None, overlength: str, rejects: Sequence[Reject] = (),
 ) -> list[Problem]:
     """A configured split must give at least one sample after every policy: an empty train split would otherwise
     pass preflight and fail after the model is built, blaming the batch size; an empty val split would
@@ -353,16 +355,51 @@ def check_split_not_empty(
                         message=(f"data.{split} has no records: {named} hold(s) nothing but blank lines (or nothing "
                                  f"at all). Fix: point data.{split} at JSON Lines with records{skip}."))]
     if samples == 0:
-        per_reason = ", ".join(f"{code} x{count}" for code, count in sorted(reject_counts.items()))
-        first = f" (the first: {first_reject.file}:{first_reject.line}: {first_reject.reason})" if first_reject else ""
-        return [Problem(check="integrity", key=f"data.{split}", location=first_reject and
-                        f"{first_reject.file}:{first_reject.line}",
-                        message=(f"data.{split} has no usable record: all {records} were rejected ({per_reason})"
-                                 f"{first}; every one is listed in rejects.jsonl. Fix: repair them{skip}."))]
+        return [_all_rejected(split=split, records=records, reject_counts=reject_counts, rejects=rejects,
+                              first_reject=first_reject, skip=skip)]
     return [Problem(check="length", key="data.overlength",
                     message=(f"data.overlength={overlength} leaves no {split} sample: all {samples} are longer than "
                              f"data.max_seq_len. Fix: a larger data.max_seq_len (or auto), or "
                              "data.overlength=truncate."))]
+
+
+# What fixes the records a reject code names, and the key it is about ({split}: the split's key).
+REJECT_FIXES: dict[str, tuple[str, str]] = {
+    "bad_json": ("data.{split}", "write one JSON object per line (JSON Lines) or one JSON array of objects"),
+    "bad_utf8": ("data.{split}", "re-encode the file as UTF-8"),
+    "not_object": ("data.{split}", "make each record a JSON object {...} with the format's fields"),
+    "missing_field": ("data.columns", "name the data's fields with data.columns={FORMAT_FIELD: DATA_FIELD}, or set "
+                                      "data.format to the format the records are in (alpaca, input_output, text, "
+                                      "chat, sharegpt, tokenized)"),
+    "wrong_type": ("data.format", "set data.format to the format the records are in (chat: messages=[{role, "
+                                  "content}], sharegpt: conversations=[{from, value}]), or map fields with "
+                                  "data.columns"),
+    "empty_text": ("data.{split}", "fill in the empty fields, or drop those records"),
+    "missing_media": ("data.media_root", "data.media_root=DIR, the directory the records' media paths are under"),
+    "bad_token_id": ("data.{split}", "re-tokenize the data with the tokenizer this run uses"),
+    "no_targets": ("data.{split}", "give every conversation an assistant reply (and a user turn before it)"),
+    "no_user_turn": ("data.{split}", "give every conversation a user message before its assistant reply"),
+    "unsupported_content": ("data.{split}", "keep only text content parts (images, audio and files do not train)"),
+    TEMPLATE_REJECTED: ("tokenizer.chat_template", "tokenizer.chat_template=NAME with a template that renders them"),
+    "overlength": ("data.max_seq_len", "a larger data.max_seq_len (or auto), or data.overlength=truncate"),
+}
+
+
+def _all_rejected(*, split: str, records: int, reject_counts: Mapping[str, int], rejects: Sequence[Reject],
+                  first_reject: Reject | None, skip: str) -> Problem:
+    """Every record of a split rejected: one problem naming the most common reason and what fixes it (raising
+    data.max_bad_fraction would only lead to "no usable record")."""
+    code, count = max(sorted(reject_counts.items()), key=lambda item: item[1])
+    example = next((r for r in rejects if r.code == code), first_reject)
+    key, fix = REJECT_FIXES.get(code, ("data.{split}", "repair those records"))
+    others = ", ".join(f"{c} x{n}" for c, n in sorted(reject_counts.items()) if c != code)
+    where = f"{example.file}:{example.line}" if example is not None else None
+    return Problem(
+        check="integrity", key=key.format(split=split), location=where,
+        message=(f"data.{split} has no usable record: all {records} were rejected, most for {code} ({count} of "
+                 f"{records}{f'; also {others}' if others else ''})"
+                 f"{f'; the first: {where}: {example.reason}' if example is not None else ''}. Every one is listed "
+                 f"in rejects.jsonl. Fix: {fix}{skip}."))
 
 
 def _fraction_fix(fraction: float) -> str:
@@ -471,6 +508,23 @@ def check_export(*, export_merged: bool, sharded: bool) -> list[Problem]:
                  "gathered adapter/weights are exported. Fix: train.export_merged=false, then merge offline with "
                  "peft: PeftModel.from_pretrained(base, RUN_DIR/adapter).merge_and_unload().save_pretrained(DIR)."),
     )]
+
+
+def check_gguf_export(*, export_gguf: str | None, refusal: str | None, lora: bool, sharded: bool) -> list[Problem]:
+    """train.export_gguf: an architecture (or rope scaling) the GGUF writer knows, and a merged model to write it
+    from (LoRA under FSDP across ranks has none). `refusal`: seqtune.export.gguf.gguf_refusal's reason."""
+    if export_gguf is None:
+        return []
+    if refusal:
+        return [Problem(check="export", key="train.export_gguf",
+                        message=f"train.export_gguf={export_gguf}: {refusal}. Fix: train.export_gguf=null (merged/ "
+                                "loads with transformers; convert it with llama.cpp's convert_hf_to_gguf.py).")]
+    if lora and sharded:
+        return [Problem(check="export", key="train.export_gguf",
+                        message=f"train.export_gguf={export_gguf} with LoRA under train.parallel=fsdp across ranks: "
+                                "there is no merged model to write. Fix: train.export_gguf=null, then "
+                                "`python -m seqtune.export RUN_DIR --gguf TYPE` after training.")]
+    return []
 
 
 def check_eval_prompts(*, requested: int, found: int, max_seq_len: int) -> tuple[list[Problem], list[str]]:

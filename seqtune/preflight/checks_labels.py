@@ -204,3 +204,34 @@ def describe_classes(run_ends: Mapping[tuple[int, int], Finding], names: Mapping
     def label(token: int) -> str:
         return {NON_CONTROL: "text", SAMPLE_END: "end"}.get(token, names.get(token, str(token)))
     return {f"{label(end)} -> {label(nxt)}": finding.count for (end, nxt), finding in run_ends.items()}
+
+
+# --- 9. the tokens are the text -----------------------------------------------------------------------------------
+
+
+def check_tokens_text(*, split: str, checked: int, samples: int, mismatched: Finding, first_difference: str | None,
+                      tokenizer_key: str) -> list[Problem]:
+    """Every checked sample's ids (bos and the appended eos aside) must be its rendered text tokenized whole, or
+    decode back to exactly that text: a prompt/completion boundary tokenized apart trains tokens generation never
+    sees (a SentencePiece `▁` before every completion). seqtune finds the boundary by character offsets, which a
+    fast tokenizer (tokenizer.json) gives; a tokenizer whose boundary cannot be made exact is refused."""
+    if not mismatched.count:
+        return []
+    return [Problem(
+        check="tokens", key=tokenizer_key, location=mismatched.locations[0],
+        message=(f"{mismatched.count} of {checked} checked data.{split} samples (of {samples}: the first of each "
+                 "source) "
+                 f"are not the tokens of their text: the prompt/completion or turn boundary is tokenized apart "
+                 f"from the text, so training sees tokens that generation never will. {first_difference}. "
+                 f"First: {_first(mismatched)}. Fix: a fast tokenizer ({tokenizer_key} naming a directory with a "
+                 "tokenizer.json, which gives the character offsets the boundary is found by), or data.format=text "
+                 "with each record's whole text."),
+    )]
+
+
+def tokens_text_note(*, split: str, checked: int, samples: int) -> list[str]:
+    """The proof that passed, counted (the check reads only the first samples of a big split, and says so)."""
+    if not checked:
+        return []
+    scope = f"all {samples}" if checked == samples else f"{checked} of {samples} (the first of each source)"
+    return [f"tokens = text: {scope} data.{split} samples are exactly the tokens of their rendered text."]

@@ -34,6 +34,7 @@ from seqtune.preflight.observe import Finding, SplitObservations, observe_split
 from seqtune.preflight.result import ContentStats, PreflightResult
 from seqtune.preflight.samples_html import SAMPLES_HTML, write_html
 from seqtune.tokenizers import templates
+from seqtune.preflight.tokens_text import split_text_proof
 from seqtune.tokenizers.control import control_tokens, literal_controls, whitespace_ids
 from seqtune.tokenizers.location import resolve_location
 
@@ -79,6 +80,12 @@ def tokenizer_presets(path: Path, tokenizer: Any) -> tuple[dict | None, dict | N
     return backend.truncation, backend.padding
 
 
+def _tokenizer_key(cfg: RootConfig) -> str:
+    """The tokenizer.* key that chose the tokenizer (tokenizer.path when it is model.path's)."""
+    key = resolve_location(cfg.tokenizer, cfg.model).key
+    return key if key.startswith("tokenizer.") else "tokenizer.path"
+
+
 def content_checks(cfg: RootConfig, plan: Resolved, tokens: Tokens, tokenizer: Any, hf_config: Any,
                    scans: dict[str, SplitScan], max_seq_len: int, result: PreflightResult) -> list[Problem]:
     """After the scan: every split's labels and text, duplicates within and across splits, stop tokens, untrained
@@ -99,6 +106,15 @@ def content_checks(cfg: RootConfig, plan: Resolved, tokens: Tokens, tokenizer: A
                                                   run_ends=observed.run_ends, terminators=ends)
         problems += labels.check_literal_controls(split=name, per_token=observed.literal_controls,
                                                   lines=observed.literal_lines)
+        proof = None
+        if fmt != "tokenized":
+            proof = split_text_proof(scan.cache_dir, tokenizer, train_on_prompt=cfg.data.train_on_prompt,
+                                     media_root=cfg.data.media_root)
+            problems += labels.check_tokens_text(split=name, checked=proof.checked, samples=proof.samples,
+                                                 mismatched=proof.mismatched, first_difference=proof.first_difference,
+                                                 tokenizer_key=_tokenizer_key(cfg))
+            if not proof.mismatched.count:
+                result.notes += labels.tokens_text_note(split=name, checked=proof.checked, samples=proof.samples)
         if fmt == "tokenized" and tokens.bos_id is not None:
             problems += labels.check_double_bos(split=name, double_bos=observed.double_bos,
                                                 bos=control[tokens.bos_id])
@@ -112,6 +128,9 @@ def content_checks(cfg: RootConfig, plan: Resolved, tokens: Tokens, tokenizer: A
                                                    of=of, max_fraction=cfg.data.max_duplicate_fraction)
         if name in result.splits:
             result.splits[name].content = _stats(observed, control, ends, cut, duplicates)
+            if proof is not None:
+                result.splits[name].content.text_checked = proof.checked
+                result.splits[name].content.text_mismatched = proof.mismatched.count
     result.notes += [f"model facts ({fact}): {source}" for fact, source in plan.fact_sources.items()]
     if tokens.templated:
         result.notes += [note] if (note := templates.earlier_turns_note(tokenizer)) else []

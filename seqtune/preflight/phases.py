@@ -20,6 +20,7 @@ from seqtune.models.checkpoint_check import checkpoint_faults
 from seqtune.models.kernels import kernels_problems
 from seqtune.models.spec import lora_module_names, spec_for
 from seqtune.data.overlength import TRUNCATING
+from seqtune.export.gguf import gguf_refusal_for
 from seqtune.preflight import checks
 from seqtune.preflight import checks_model as model_checks
 from seqtune.preflight.checks import Problem
@@ -67,6 +68,9 @@ def fast_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
     problems += checks.check_export(export_merged=cfg.train.export_merged, sharded=plan.sharded)
     problems += checks.check_reference_model(sample_kind=plan.sample_kind, lora=cfg.lora.enabled,
                                              sharded=plan.sharded, needs_reference=cfg.dpo.loss != "simpo")
+    problems += checks.check_gguf_export(export_gguf=cfg.train.export_gguf, lora=cfg.lora.enabled,
+                                         sharded=plan.sharded, refusal=gguf_refusal_for(
+                                             plan.model_type, cfg.model.path) if cfg.train.export_gguf else None)
     problems += checks.check_early_stopping(early_stop=cfg.train.early_stop_patience > 0, lora=cfg.lora.enabled,
                                             sharded=plan.sharded)
     bad_key = key_problem(cfg.logger, os.environ)  # a tracker that cannot start online is found before training
@@ -140,15 +144,17 @@ class _Locations:
 
 def split_checks(cfg: RootConfig, plan: Resolved, scan, max_seq_len: int) -> list[Problem]:
     """Integrity, produced token ids, length limit and labels of one split."""
-    problems = checks.check_bad_lines(split=scan.name, rejects=scan.rejects, total_lines=scan.records,
-                                      max_bad_fraction=cfg.data.max_bad_fraction)
-    if not problems:  # a split whose every line is malformed is already that problem
+    # A split with no usable record is one problem (check_split_not_empty), not first a data.max_bad_fraction one.
+    problems = [] if scan.records and not scan.samples else checks.check_bad_lines(
+        split=scan.name, rejects=scan.rejects, total_lines=scan.records, max_bad_fraction=cfg.data.max_bad_fraction)
+    if not problems:
         view = training_view(scan, max_seq_len, Overlength.drop if cfg.data.overlength == Overlength.drop
                              else Overlength.truncate, plan.sequences_per_sample)
         problems += checks.check_split_not_empty(
             split=scan.name, files=scan.files, records=scan.records, samples=scan.samples,
             kept=len(view) if view is not None else 0, reject_counts=scan.reject_counts,
-            first_reject=scan.rejects[0] if scan.rejects else None, overlength=cfg.data.overlength)
+            first_reject=scan.rejects[0] if scan.rejects else None, overlength=cfg.data.overlength,
+            rejects=scan.rejects)
     if scan.samples and not _explained_by_vocab_size(cfg, plan, scan):
         problems += checks.check_max_token_id(
             split=scan.name, max_token_id=scan.max_token_id, location=scan.max_token_location,

@@ -79,6 +79,8 @@ def format_summary(result: PreflightResult) -> str:
                      f"max token id {vocab.max_token_id} ({vocab.max_token_location or '-'})")
     if result.padding is not None:
         efficiency = "-" if result.padding.efficiency is None else f"{result.padding.efficiency:.1%}"
+        if _no_micro_batches(result, "train"):  # nothing is padded when nothing runs: not 100%
+            efficiency = "- (no micro-batches)"
         lines.append(f"padding: {result.padding.strategy} (side {result.padding.side}), efficiency {efficiency}")
     if result.plan is not None:
         lines.append(f"plan: world size {result.plan.world_size}, global batch {result.plan.global_batch}")
@@ -87,6 +89,10 @@ def format_summary(result: PreflightResult) -> str:
             if not split.samples_per_rank:  # data.mode=stream: known by lines only until it is read
                 lines.append(f"  {name}: streamed, {split.samples} lines over all ranks, "
                              f"{split.micro_batches_per_rank} micro-batches per rank{steps}")
+                continue
+            if split.micro_batches_per_rank == 0:
+                lines.append(f"  {name}: no micro-batches ({split.samples} samples over {result.plan.world_size} "
+                             f"rank(s))")
                 continue
             lines.append(f"  {name}: per rank {min(split.samples_per_rank)}-{max(split.samples_per_rank)} samples, "
                          f"{min(split.tokens_per_rank)}-{max(split.tokens_per_rank)} tokens, "
@@ -105,6 +111,11 @@ def format_summary(result: PreflightResult) -> str:
                      f"{memory.activations_gib:.2f}); {device}")
     lines.extend(f"note: {note}" for note in result.notes)
     return "\n".join(lines)
+
+
+def _no_micro_batches(result: PreflightResult, split: str) -> bool:
+    planned = result.plan.splits.get(split) if result.plan is not None else None
+    return planned is not None and planned.micro_batches_per_rank == 0
 
 
 def print_report(result: PreflightResult, stream: TextIO | None = None) -> None:

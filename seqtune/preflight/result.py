@@ -39,6 +39,9 @@ class ContentStats:
     # Exact copies of another sample of the split; for val/test, of a train sample (None for train).
     duplicates: int
     duplicates_of_train: int | None = None
+    # Samples compared with their rendered text (seqtune.preflight.tokens_text), and those whose tokens differ.
+    text_checked: int = 0
+    text_mismatched: int = 0
 
 
 @dataclass(kw_only=True)

@@ -26,7 +26,8 @@ def control_tokens(tokenizer: PreTrainedTokenizerBase) -> dict[int, str]:
 def literal_controls(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:
     """text -> id of the control tokens whose text, written in data, the tokenizer turns into that one id."""
     tokens = control_tokens(tokenizer)
-    texts = [text for text in tokens.values() if text]
+    # Whitespace runs Gemma's vocabulary adds as tokens ("\n", "\n\n") are text wherever they appear.
+    texts = [text for text in tokens.values() if text and text.strip()]
     if not texts:
         return {}
     encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]

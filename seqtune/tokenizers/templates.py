@@ -24,9 +24,30 @@ TOOL_ROLE = "tool"
 # Meta's Llama 3 format; tool results go under the `ipython` header and a tool call is the JSON object
 # {"type": "function", "name", "parameters"} as the reply, as Meta's reference encoder (llama-models) writes them.
 # <|eot_id|> ends every turn.
+# With tool definitions (`tools`), the system header and the first user message are Meta's Llama 3.1 template's
+# (tools_in_user_message, its default; the date fixed at its default so samples do not change by the day): "Environment:
+# ipython", then each definition as indented JSON before the first user message. Checked token for token against
+# that template (tests/unit/tokenizers/test_tool_templates.py pins the ids).
 LLAMA3 = (
     "{{- bos_token }}"
-    "{%- for message in messages %}"
+    "{%- if tools %}"
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{%- set system_message = messages[0]['content'] | trim %}{%- set rest = messages[1:] %}"
+    "{%- else %}{%- set system_message = '' %}{%- set rest = messages %}{%- endif %}"
+    "{%- if not rest or rest[0]['role'] != 'user' %}"
+    "{{- raise_exception('Llama 3.1 puts the tool definitions in the first user message, which must come first') }}"
+    "{%- endif %}"
+    "{{- '<|start_header_id|>system<|end_header_id|>\\n\\nEnvironment: ipython\\nCutting Knowledge Date: December "
+    "2023\\nToday Date: 26 Jul 2024\\n\\n' + system_message + '<|eot_id|>' }}"
+    "{{- '<|start_header_id|>user<|end_header_id|>\\n\\nGiven the following functions, please respond with a JSON "
+    "for a function call with its proper arguments that best answers the given prompt.\\n\\nRespond in the format "
+    "{\"name\": function name, \"parameters\": dictionary of argument name and its value}.Do not use variables."
+    "\\n\\n' }}"
+    "{%- for t in tools %}{{- t | tojson(indent=4) + '\\n\\n' }}{%- endfor %}"
+    "{{- rest[0]['content'] | trim + '<|eot_id|>' }}"
+    "{%- set turns = rest[1:] %}"
+    "{%- else %}{%- set turns = messages %}{%- endif %}"
+    "{%- for message in turns %}"
     "{%- set role = 'ipython' if message['role'] == 'tool' else message['role'] %}"
     "{{- '<|start_header_id|>' + role + '<|end_header_id|>\\n\\n' }}"
     "{%- if message['tool_calls'] is defined and message['tool_calls'] %}"
@@ -59,8 +80,10 @@ MISTRAL_V1 = (
 
 # Mistral v3 (7B v0.3): [INST], [/INST], [TOOL_CALLS], [TOOL_RESULTS], [/TOOL_RESULTS] are control tokens.
 # Tool results are {"content", "call_id"} and tool calls [{"name", "arguments", "id"}] as JSON, like
-# mistral-common; an id the data lacks is left out. Deliberate difference: the system prompt opens the FIRST user
-# turn (mistral-common puts it before the last one), so a conversation only ever grows at its end.
+# mistral-common; an id the data lacks is left out. Tool definitions (`tools`) go between [AVAILABLE_TOOLS] and
+# [/AVAILABLE_TOOLS] as mistral-common's JSON ({"type", "function": {"name", "description", "parameters"}}).
+# Deliberate difference: the system prompt and the tool definitions open the FIRST user turn (mistral-common puts
+# them before the last one), so a conversation only ever grows at its end; for one user turn they are the same.
 MISTRAL_V3 = (
     "{{- bos_token }}"
     "{%- if messages[0]['role'] == 'system' %}"
@@ -69,6 +92,17 @@ MISTRAL_V3 = (
     "{%- set ns = namespace(users=0) %}"
     "{%- for message in turns %}"
     "{%- if message['role'] == 'user' %}"
+    "{%- if ns.users == 0 and tools %}"
+    "{{- '[AVAILABLE_TOOLS][' }}"
+    "{%- for tool in tools %}"
+    "{%- set f = tool['function'] %}"
+    "{{- '{\"type\": \"function\", \"function\": {\"name\": ' + f['name'] | tojson + ', \"description\": ' "
+    "+ (f['description'] if f['description'] is defined and f['description'] else '') | tojson "
+    "+ ', \"parameters\": ' + (f['parameters'] if f['parameters'] is defined and f['parameters'] else {}) | tojson "
+    "+ '}}' + (', ' if not loop.last else '') }}"
+    "{%- endfor %}"
+    "{{- '][/AVAILABLE_TOOLS]' }}"
+    "{%- endif %}"
     "{{- '[INST]' + (system if ns.users == 0 else '') + message['content'] + '[/INST]' }}"
     "{%- set ns.users = ns.users + 1 %}"
     "{%- elif message['role'] == 'assistant' and message['tool_calls'] is defined and message['tool_calls'] %}"
@@ -293,3 +327,5 @@ def renders_tool_definitions(template: str | None) -> bool:
 
 # The named templates that render tool turns (named in the fix when a template cannot).
 WITH_TOOL_TURNS = tuple(name for name, template in NAMED.items() if renders_tool_turns(template))
+# The named templates that render tool definitions (`tools`).
+WITH_TOOL_DEFINITIONS = tuple(name for name, template in NAMED.items() if renders_tool_definitions(template))

@@ -1,7 +1,8 @@
 """Early stopping on eval_loss (train.early_stop_patience, train.early_stop_min_delta).
 
-An eval improves when its loss is below the best so far by more than min_delta; each improvement writes RUN_DIR/best/
-(BestWeights.save). After `patience` evals in a row without one, the loop stops. Whether it stopped or ran to the
+Every eval whose loss is the lowest so far writes RUN_DIR/best/ (BestWeights.save), as transformers'
+load_best_model_at_end keeps the lowest; min_delta only gates patience: an eval resets the count only when it beats the
+best by more than min_delta. After `patience` evals in a row without such an improvement, the loop stops. Whether it stopped or ran to the
 last step, the run ends on the best eval's weights (`end_on_best`), so the test split and the final export are the
 best's. Its state (best loss and step, evals since) is a checkpoint part: a resumed run stops where it would have.
 """
@@ -35,15 +36,19 @@ class EarlyStopping:
 
     def observe(self, step: int, loss: float) -> tuple[dict[str, Any], str]:
         """Record one eval: (metrics to log, what to add to the console's eval line)."""
-        if math.isfinite(loss) and loss < self.best_loss - self.min_delta:
-            self.best_loss, self.best_step, self.evals_since_best = loss, step, 0
+        lowest = math.isfinite(loss) and loss < self.best_loss
+        significant = lowest and loss < self.best_loss - self.min_delta
+        previous = self.best_loss
+        if lowest:
+            self.best_loss, self.best_step = loss, step
             self.best.save()
+        self.evals_since_best = 0 if significant else self.evals_since_best + 1
+        if significant:
             note = "; best so far, saved to best/"
         else:
-            self.evals_since_best += 1
-            note = (f"; no improvement on {self.best_loss:.4f} (step {self.best_step}) by more than "
-                    f"train.early_stop_min_delta={self.min_delta:g} for {self.evals_since_best} of "
-                    f"train.early_stop_patience={self.patience} evals")
+            saved = "; lowest so far, saved to best/, but" if lowest else "; no"
+            note = (f"{saved} improvement on {previous:.4f} by more than train.early_stop_min_delta={self.min_delta:g}"
+                    f" for {self.evals_since_best} of train.early_stop_patience={self.patience} evals")
         metrics: dict[str, Any] = {"best_eval_loss": self.best_loss, "best_step": self.best_step,
                                    "evals_since_best": self.evals_since_best}
         if self.should_stop:

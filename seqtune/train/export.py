@@ -15,6 +15,9 @@ from seqtune.files import TempDir, follow_umask, storage_error, sweep_stale_temp
 from seqtune.models import save_adapter
 from seqtune.train.loop import peak_memory_bytes
 from seqtune.train.metrics import MetricsLogger
+from seqtune.export.gguf import export_run_gguf
+from seqtune.export.proof import capture_reference, prove_exports
+from seqtune.export.facts import ShipFacts, data_files, ship_facts, stamp_stop_ids, write_base, write_card
 
 ADAPTER_DIR = "adapter"
 MODEL_DIR = "model"
@@ -26,27 +29,57 @@ def export_final(model: torch.nn.Module, tokenizer, *, run_dir: Path, env: DistE
     """Rank 0 writes safetensors only; `peft.PeftModel.from_pretrained(base, run_dir/'adapter')` loads the adapter,
     `transformers.AutoModelForCausalLM.from_pretrained(run_dir/'merged')` the merged model, no seqtune needed.
     With FSDP every rank takes part in gathering the full weights first (a collective), then rank 0 writes them.
-    The saved tokenizer carries the chat template of what was trained (`data_format`), or none."""
+    The saved tokenizer carries the chat template of what was trained (`data_format`), or none; every export
+    carries the trained stop ids, names its base and has a model card (seqtune.train.ship)."""
+    facts = ship_facts(tokenizer, run_dir)
+    stamp_stop_ids(model, facts.stop)
+    if env.is_main and not sharded:  # the trained model's logits, before anything is merged into it
+        capture_reference(model, tokenizer, run_dir, device=env.device)
     target = run_dir / (ADAPTER_DIR if lora else MODEL_DIR)
-    save_trained(model, trained_tokenizer(tokenizer, data_format), target, env=env, lora=lora, sharded=sharded)
+    saved_tokenizer = trained_tokenizer(tokenizer, data_format)
+    save_trained(model, saved_tokenizer, target, env=env, lora=lora, sharded=sharded, facts=facts)
     if env.is_main:
+        files = data_files(facts.cfg)
+        write_card(facts, target, ADAPTER_DIR if lora else MODEL_DIR, files=files)
+        if lora:
+            write_base(facts, tokenizer, device=env.device)
+        if (run_dir / BEST_DIR).is_dir():  # its card, now with the run's final numbers
+            write_card(facts, run_dir / BEST_DIR, BEST_DIR, files=files)
         gathered = " (gathered from FSDP shards)" if sharded else ""
         print(f"saved {'LoRA adapter' if lora else 'model'}{gathered}: {target}", flush=True)
-        if merged:  # LoRA only: the schema refuses it for a full fine-tune, preflight under FSDP across ranks
-            model.merge_and_unload().save_pretrained(run_dir / MERGED_DIR, safe_serialization=True)
-            trained_tokenizer(tokenizer, data_format).save_pretrained(run_dir / MERGED_DIR)
+        gguf = facts.cfg.train.export_gguf
+        if merged or (lora and gguf):  # LoRA only; a GGUF file is written from merged/ (preflight: not under FSDP)
+            merged_model = model.merge_and_unload()
+            # A tied head trained in full (lora.modules_to_save) is no longer the embedding: say so in config.json.
+            if merged_model.get_output_embeddings().weight is not merged_model.get_input_embeddings().weight:
+                merged_model.config.tie_word_embeddings = False
+            merged_model.save_pretrained(run_dir / MERGED_DIR, safe_serialization=True)
+            saved_tokenizer.save_pretrained(run_dir / MERGED_DIR)
+            write_card(facts, run_dir / MERGED_DIR, MERGED_DIR, files=files)
             follow_umask(run_dir / MERGED_DIR)
             print(f"saved merged model: {run_dir / MERGED_DIR}", flush=True)
+        if gguf:
+            export_run_gguf(run_dir, str(gguf))
     barrier()
+    if env.is_main and not sharded:
+        prove_exports(run_dir, device=env.device)
+    elif env.is_main:
+        print(f"export proof: run `python -m seqtune.export {run_dir}` (the sharded model was not kept on one "
+              "device to compare with).", flush=True)
 
 
-def save_trained(model: torch.nn.Module, tokenizer, target: Path, *, env: DistEnv, lora: bool, sharded: bool) -> None:
+def save_trained(model: torch.nn.Module, tokenizer, target: Path, *, env: DistEnv, lora: bool, sharded: bool,
+                 facts: ShipFacts) -> None:
     """The adapter (lora) or the whole model, with the tokenizer, written by rank 0 into `target`. Sharded: every
-    rank must call it (the full weights are gathered to rank 0's CPU first, a collective)."""
+    rank must call it (the full weights are gathered to rank 0's CPU first, a collective). The model's config
+    carries `facts.stop` (stamp_stop_ids); an adapter gets its generation_config.json and names its base."""
     state = _gathered_state(model) if sharded else None
     if env.is_main:
         if lora:
+            for config in model.peft_config.values():
+                config.base_model_name_or_path = facts.base
             save_adapter(model, target, state_dict=state)  # never lets peft look the base model up on a hub
+            model.generation_config.save_pretrained(target)
         else:
             model.save_pretrained(target, state_dict=state, safe_serialization=True)
         tokenizer.save_pretrained(target)
@@ -79,6 +112,9 @@ class BestWeights:
         self.model, self.env, self.lora, self.sharded = model, env, lora, sharded
         self.tokenizer = trained_tokenizer(tokenizer, data_format)
         self.path = Path(run_dir) / BEST_DIR
+        self.facts = ship_facts(tokenizer, run_dir)
+        stamp_stop_ids(model, self.facts.stop)
+        self._files = None  # the data files, listed at the first save (hashed by export_final's card)
 
     def save(self) -> Path:
         """Write the export into a locked temporary directory beside best/, then swap it in: a crash while
@@ -87,7 +123,10 @@ class BestWeights:
         new = TempDir(parent, BEST_DIR, key=RUN_DIR_KEY) if self.env.is_main else None
         try:
             save_trained(self.model, self.tokenizer, new.path if new else self.path, env=self.env, lora=self.lora,
-                         sharded=self.sharded)
+                         sharded=self.sharded, facts=self.facts)
+            if new is not None:
+                self._files = self._files if self._files is not None else data_files(self.facts.cfg, digests=False)
+                write_card(self.facts, new.path, BEST_DIR, files=self._files)
         except OSError as exc:
             if new is not None:
                 new.discard()

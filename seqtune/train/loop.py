@@ -5,16 +5,15 @@ from __future__ import annotations
 import contextlib
 import math
 import resource
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-from tqdm import tqdm
 
 from seqtune.config.schema import TrainConfig
+from seqtune.console import progress_bar
 from seqtune.distributed import DistEnv, all_reduce_sum, inject_fault
 from seqtune.train.checkpoint import Checkpointer, Progress
 from seqtune.train.evaluate import Evaluator
@@ -112,8 +111,8 @@ def fit(loop: Loop, state: Progress) -> Progress:
         # initialised in fp32 before its cast) or the adapter reload's.
         torch.cuda.reset_peak_memory_stats(loop.env.device)
     batches = iter(loop.train_batches)
-    bar = tqdm(total=loop.total_steps, initial=state.step, desc="train", unit="step", file=sys.stdout,
-               disable=not (loop.env.is_main and loop.cfg.progress), dynamic_ncols=True)
+    bar = progress_bar(total=loop.total_steps, initial=state.step, desc="train", unit="steps",
+                       enabled=loop.env.is_main and loop.cfg.progress)
     numerics = NumericsGuard(run_dir=loop.checkpointer.run_dir, loss_scaling=loop.scaler is not None,
                              lr=loop.scheduler.base_lrs[0])
     # SIGTERM/SIGINT from here on: stop after the step in flight, with a final checkpoint (seqtune.train.signals).

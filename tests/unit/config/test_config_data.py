@@ -63,6 +63,13 @@ def test_the_demo_val_set_only_comes_with_the_demo_train_set(tmp_path):
     assert _compose(["data.val=null"]).data.val is None
 
 
+def test_the_demo_duplicate_allowance_only_comes_with_the_demo_train_set(tmp_path):
+    assert _compose([]).data.max_duplicate_fraction == 0.15
+    assert _compose([f"data.train={tmp_path / 'mine.jsonl'}"]).data.max_duplicate_fraction == 0.0
+    assert _compose([f"data.train={tmp_path / 'mine.jsonl'}", "data.max_duplicate_fraction=0.2"]
+                    ).data.max_duplicate_fraction == 0.2
+
+
 def test_sources_and_columns_compose_from_the_command_line(tmp_path):
     data = _compose([f"data.train=[{{path: {tmp_path}/a.json, weight: 2}}, {tmp_path}/b.parquet]",
                      "data.columns={instruction: prompt, output: response}"]).data

@@ -63,6 +63,10 @@ def _code(result) -> str:
     ("sharegpt", {"conversations": [{"from": "human", "value": "x"}]}, "no_targets"),
     ("sharegpt", {"conversations": [{"from": "human", "value": "x"}, {"from": "gpt", "value": " "}]}, "empty_text"),
     ("alpaca", b"", "bad_json"),  # an empty element of a JSON array (a doubled comma)
+    # A system prompt and a reply answer nobody: the model would learn to talk unprompted.
+    ("chat", {"messages": [{"role": "system", "content": "Be brief."}, {"role": "assistant", "content": "Hi"}]},
+     "no_user_turn"),
+    ("sharegpt", {"system": "Be brief.", "conversations": [{"from": "gpt", "value": "Hi"}]}, "no_user_turn"),
 ])
 def test_every_reject_code(fmt, raw, code):
     assert _code(_parse(fmt, raw, vocab_size=100)) == code

@@ -87,7 +87,7 @@ def test_second_scan_reuses_cache_without_tokenizing(tmp_path, bundled_tokenizer
     encoder = SampleEncoder(bundled_tokenizer, "alpaca", train_on_prompt=False)
     first = scan_files("train", [data], encoder, cache_root=tmp_path / "c")
     tokenized = encoder.texts_tokenized
-    assert not first.from_cache and tokenized == 40  # prompt + completion per record
+    assert not first.from_cache and tokenized == 20  # one text (prompt + completion) per record
     again = scan_files("train", [data], encoder, cache_root=tmp_path / "c")
     assert again.from_cache and encoder.texts_tokenized == tokenized
     assert again.cache_dir == first.cache_dir and again.lengths.tolist() == first.lengths.tolist()

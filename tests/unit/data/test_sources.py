@@ -193,6 +193,35 @@ def test_a_missing_column_names_the_mapping_key_and_the_file_columns(tmp_path):
         list(iter_records(path, unmapped))
 
 
+def test_a_field_inside_a_nested_column_is_said_to_be_unsupported_with_a_fix_that_works(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "nested.parquet"
+    pq.write_table(pa.table({"data": [{"prompt": "p", "response": "r"}]}), path)
+    with pytest.raises(DataError, match=r"no top-level column 'prompt': it is a field of the nested \(struct\) "
+                                        r"column 'data'.*nested columns are not supported.*"
+                                        r"Fix: flatten the file.*data\.columns=\{instruction: data\.prompt\}"):
+        list(iter_records(path, ALPACA_MAPPED))
+    # The fix it gives works: the flattened file's column, mapped as said, reads.
+    flat = tmp_path / "flat.parquet"
+    pq.write_table(pq.read_table(path).flatten(), flat)
+    mapped = Columns(required=(("instruction", "data.prompt"), ("output", "data.response")), optional=(),
+                     key="data.columns", format="alpaca")
+    assert list(iter_records(flat, mapped)) == [(1, {"data.prompt": "p", "data.response": "r"})]
+
+
+def test_a_system_prompt_column_the_format_does_not_read_is_refused_not_dropped(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"prompt": ["p"], "response": ["r"], "system": ["Be brief."]}), path)
+    with pytest.raises(DataError, match=r"a 'system' column that data\.format=alpaca does not read.*dropped without "
+                                        r"a word\. Fix: data\.format=sharegpt"):
+        list(iter_records(path, ALPACA_MAPPED))
+
+
 def test_damaged_or_truncated_columnar_files_are_data_errors(tmp_path):
     import pyarrow.parquet as pq
 

@@ -210,7 +210,17 @@ def test_an_empty_split_is_a_problem_naming_its_key():
     [rejected] = checks.check_split_not_empty(split="train", records=3, samples=0, kept=0, files=["t.jsonl"],
                                               reject_counts={"bad_json": 3}, first_reject=first, overlength="error")
     assert rejected.key == "data.train" and rejected.location == "t.jsonl:2"
-    assert "all 3 were rejected (bad_json x3)" in rejected.message and "=null" not in rejected.message
+    assert "all 3 were rejected, most for bad_json (3 of 3)" in rejected.message and "=null" not in rejected.message
+    # The most common reason names its own key and fix (not data.max_bad_fraction, which cannot help).
+    rejects = [Reject(file="t.jsonl", line=1, reason="bad_json: x")] + [
+        Reject(file="t.jsonl", line=n, reason="missing_field: output (has: instruction, response)") for n in (2, 3)]
+    [mapped] = checks.check_split_not_empty(split="train", records=3, samples=0, kept=0, files=["t.jsonl"],
+                                            reject_counts={"bad_json": 1, "missing_field": 2}, first_reject=rejects[0],
+                                            overlength="error", rejects=rejects)
+    assert (mapped.key, mapped.location) == ("data.columns", "t.jsonl:2")
+    assert "most for missing_field (2 of 3; also bad_json x1)" in mapped.message
+    assert "Fix: name the data's fields with data.columns=" in mapped.message and "max_bad_fraction" not in \
+        mapped.message
     [dropped] = checks.check_split_not_empty(split="train", records=3, samples=3, kept=0, files=["t.jsonl"],
                                              reject_counts={}, first_reject=None, overlength="drop")
     assert dropped.key == "data.overlength" and "all 3 are longer than data.max_seq_len" in dropped.message

@@ -75,3 +75,15 @@ def test_length_plot_is_written(tmp_path):
     path = plot_lengths({"train": np.array([5, 9, 30]), "val": np.array([7, 40]), "test": np.array([])},
                         max_seq_len=40, context_length=64, path=tmp_path / "lengths.png")
     assert path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_split_with_no_micro_batches_says_so_not_100_percent(tmp_path):
+    from seqtune.preflight.report import format_summary
+
+    result = _result(tmp_path)
+    result.padding = PaddingStats(strategy="longest", side="right", efficiency=1.0)  # what the sampler gives for 0
+    result.plan = PlanStats(world_size=1, global_batch=8, splits={"train": SplitPlan(
+        samples=3, samples_per_rank=[3], tokens_per_rank=[0], micro_batches_per_rank=0, steps_per_epoch=0)})
+    summary = format_summary(result)
+    assert "efficiency - (no micro-batches)" in summary and "100.0%" not in summary
+    assert "  train: no micro-batches (3 samples over 1 rank(s))" in summary

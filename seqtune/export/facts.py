@@ -1,0 +1,188 @@
+"""What every export of a run must say so it behaves like the run: the ids generation starts, stops and pads with,
+the base the adapter goes on, and a model card that says what was trained on what.
+
+Read once from the run directory (config.yaml, plan.json, preflight.json, metrics.jsonl, .hydra/overrides.yaml),
+so export, best/ and `python -m seqtune.export RUN_DIR` write the same facts:
+- `ShipFacts.stop`: bos, pad and every trained terminator (the tokenizer's eos first, then each end-of-turn token
+  the train split's targets end on, as preflight counted them), written into config.json and generation_config.json;
+- `base`: where the adapter's base is (model.path; for a tiny random model RUN_DIR/base/, the seeded base written
+  there), named by adapter_config.json's base_model_name_or_path and the card's loading lines;
+- `write_card(target, kind)`: README.md with the base, the data files and their sha256, steps, losses, the command.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from seqtune.config.load import load_resolved
+from seqtune.config.plan import load_plan
+from seqtune.config.schema import SPLITS, RootConfig
+from seqtune.data.split import split_input
+from seqtune.files import follow_umask, sha256_file
+from seqtune.preflight.result import load_result
+
+BASE_DIR = "base"
+CARD = "README.md"
+OVERRIDES = Path(".hydra") / "overrides.yaml"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StopIds:
+    bos: int | None
+    eos: tuple[int, ...]  # the tokenizer's eos first, then the other trained terminators
+    pad: int | None
+    names: dict[int, str]  # id -> token text, for the card and the proof's messages
+
+    @property
+    def eos_value(self) -> int | list[int]:
+        """config.json / generation_config.json's eos_token_id: one id, or the list (as Llama 3.1 ships)."""
+        return self.eos[0] if len(self.eos) == 1 else list(self.eos)
+
+
+def stop_ids(tokenizer: Any, run_dir: Path) -> StopIds:
+    """The tokenizer's bos/pad and its eos plus every terminator the train split's targets end on (preflight.json's
+    trained_terminators of data.train)."""
+    eos = int(tokenizer.eos_token_id)
+    names = {eos: tokenizer.eos_token}
+    train = load_result(run_dir).splits.get("train")
+    trained = train.content.trained_terminators if train is not None and train.content is not None else {}
+    for text in trained:
+        token_id = tokenizer.convert_tokens_to_ids(text)
+        if token_id is not None and token_id != tokenizer.unk_token_id:
+            names[int(token_id)] = text
+    ordered = (eos, *sorted(set(names) - {eos}))
+    return StopIds(bos=tokenizer.bos_token_id, eos=ordered, pad=tokenizer.pad_token_id, names=names)
+
+
+def stamp_stop_ids(model: Any, stop: StopIds) -> None:
+    """Set bos/eos/pad on the model's config and generation config (a PeftModel's are its base's), so every
+    save_pretrained of it (model/, merged/, best/) writes the ids of the tokenizer trained with."""
+    for config in (model.config, model.generation_config):
+        config.bos_token_id = stop.bos
+        config.eos_token_id = stop.eos_value
+        config.pad_token_id = stop.pad
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShipFacts:
+    run_dir: Path
+    cfg: RootConfig
+    stop: StopIds
+    resize_to: int | None
+
+    @property
+    def base(self) -> str:
+        """What adapter_config.json names as the base: model.path, else the seeded tiny base in RUN_DIR/base/."""
+        if self.cfg.model.path:
+            return str(Path(self.cfg.model.path).expanduser().resolve())
+        return str((self.run_dir / BASE_DIR).resolve())
+
+
+def ship_facts(tokenizer: Any, run_dir: Path) -> ShipFacts:
+    run_dir = Path(run_dir)
+    return ShipFacts(run_dir=run_dir, cfg=load_resolved(run_dir / "config.yaml"), stop=stop_ids(tokenizer, run_dir),
+                     resize_to=load_plan(run_dir).vocab.resize_to)
+
+
+def write_base(facts: ShipFacts, tokenizer: Any, *, device: Any) -> Path | None:
+    """A tiny random model's base (the same seeded weights training started from, built on the training device,
+    resized as trained) into RUN_DIR/base/, once; None for a model.path checkpoint (the base is that directory)."""
+    from seqtune.models import build_model
+
+    target = facts.run_dir / BASE_DIR
+    if facts.cfg.model.path or (target / "config.json").is_file():
+        return None
+    base = build_model(facts.cfg.model, attn_implementation="sdpa", resize_to=facts.resize_to, device=device)
+    stamp_stop_ids(base, facts.stop)
+    base.save_pretrained(target, safe_serialization=True)
+    tokenizer.save_pretrained(target)
+    follow_umask(target)
+    return target
+
+
+def _metrics(run_dir: Path) -> dict[str, Any]:
+    """The last value of each metric in metrics.jsonl (train loss, eval, best eval, test)."""
+    found: dict[str, Any] = {}
+    path = run_dir / "metrics.jsonl"
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                found.update(json.loads(line))
+    return found
+
+
+def command(run_dir: Path) -> str:
+    """The command line that ran (Hydra's recorded overrides), `python -m seqtune` alone when none."""
+    path = run_dir / OVERRIDES
+    overrides = []
+    if path.is_file():
+        overrides = [line[2:].strip() for line in path.read_text().splitlines() if line.startswith("- ")]
+    return " ".join(["python -m seqtune", *(shlex.quote(o) for o in overrides)])
+
+
+def data_files(cfg: RootConfig, *, digests: bool = True) -> list[tuple[str, Path, str]]:
+    """(split, file, sha256) of every data file the run read. Without `digests` (best/ during training: the other
+    ranks wait at its barrier) the hash column says the final card has it."""
+    rows = []
+    for name in SPLITS:
+        split = split_input(cfg.data, name)
+        for path in split.files if split is not None else []:
+            digest = sha256_file(path) if digests and path.is_file() else (
+                "(a directory)" if path.is_dir() else "(in the card written at the end of the run)")
+            rows.append((name, path, digest))
+    return rows
+
+
+def _loss(value: Any) -> str:
+    return "-" if value is None else f"{float(value):.4f}"
+
+
+def card_text(facts: ShipFacts, kind: str, *, files: list[tuple[str, Path, str]]) -> str:
+    """README.md of an export: `kind` is adapter | model | merged | best."""
+    cfg, run_dir, metrics = facts.cfg, facts.run_dir, _metrics(facts.run_dir)
+    target = run_dir / kind
+    lora = kind in ("adapter", "best") and cfg.lora.enabled
+    if lora:
+        load = ["from peft import PeftModel",
+                "from transformers import AutoModelForCausalLM, AutoTokenizer",
+                *([] if not facts.resize_to or not cfg.model.path else [
+                    f"# the base's embedding was resized to {facts.resize_to} rows for training"]),
+                f"base = AutoModelForCausalLM.from_pretrained({facts.base!r})",
+                *([f"base.resize_token_embeddings({facts.resize_to})"] if facts.resize_to and cfg.model.path else []),
+                f"model = PeftModel.from_pretrained(base, {str(target.resolve())!r})",
+                f"tokenizer = AutoTokenizer.from_pretrained({str(target.resolve())!r})"]
+    else:
+        load = ["from transformers import AutoModelForCausalLM, AutoTokenizer",
+                f"model = AutoModelForCausalLM.from_pretrained({str(target.resolve())!r})",
+                f"tokenizer = AutoTokenizer.from_pretrained({str(target.resolve())!r})"]
+    base_note = (f"`{cfg.model.path}`" if cfg.model.path else
+                 f"a tiny random `{cfg.model.family}` model (model.seed={cfg.model.seed}), written to `{facts.base}`")
+    stops = ", ".join(f"`{facts.stop.names.get(i, i)}` ({i})" for i in facts.stop.eos)
+    best = metrics.get("best_eval_loss")
+    lines = [
+        "---", f"base_model: {facts.base}", *(["library_name: peft"] if lora else []),
+        "tags:", "- seqtune", f"- {'lora' if cfg.lora.enabled else 'full-fine-tune'}", "---", "",
+        f"# {run_dir.name}: {'LoRA adapter' if lora else 'model'} fine-tuned with seqtune ({kind}/)", "",
+        f"Base: {base_note}. Data format: `{cfg.data.format}`. Generation stops at {stops}.", "",
+        "## Load", "", "```python", *load, "```", "",
+        "## Data", "", "| split | file | sha256 |", "|---|---|---|",
+        *[f"| {split} | `{path}` | `{digest}` |" for split, path, digest in files], "",
+        "## Training", "",
+        f"- steps: {metrics.get('step', '-')} (train.max_steps={cfg.train.max_steps})",
+        f"- final train loss: {_loss(metrics.get('loss'))}",
+        f"- final eval loss: {_loss(metrics.get('eval_loss'))}",
+        f"- best eval loss: {_loss(best)}" + (f" (step {metrics.get('best_step')})" if best is not None else ""),
+        f"- test loss: {_loss(metrics.get('test_loss'))}",
+        *([f"- this directory holds the weights of the best eval (step {metrics.get('best_step')})"]
+          if kind == "best" else []),
+        "", "## Command", "", "```bash", command(run_dir), "```", "",
+    ]
+    return "\n".join(lines)
+
+
+def write_card(facts: ShipFacts, target: Path, kind: str, *, files: list[tuple[str, Path, str]] | None = None) -> None:
+    (target / CARD).write_text(card_text(facts, kind, files=data_files(facts.cfg) if files is None else files))

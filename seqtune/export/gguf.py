@@ -1,0 +1,461 @@
+"""GGUF export (llama.cpp, Ollama, LM Studio) with the `gguf` package, no llama.cpp build: the merged model's
+tensors (or model/'s for a full fine-tune), the tokenizer (vocabulary, token types, scores or merges), the chat
+template trained with and the bos/eos/eot/pad ids, in one RUN_DIR/gguf/<run>-<type>.gguf.
+
+Follows llama.cpp's convert_hf_to_gguf.py for each architecture it knows (ARCHES: the tensor names come from gguf's
+own TensorNameMap; Llama-layout q/k projections are permuted to llama.cpp's rotary layout; Gemma's RMSNorm weights
+are stored as 1 + w). An architecture not in ARCHES, or a rope scaling the writer does not encode, is refused naming
+the reason (`gguf_refusal`), by preflight before training and again here.
+
+`check_gguf` is the post-flight proof for a written file: read back with gguf.GGUFReader, every tensor equals
+merged/'s after the same transform (exactly for f16/bf16 after the dtype conversion, within Q8_0's per-block step),
+the eos/eot ids are the trained terminators and the chat template is the trained one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from seqtune.config.errors import ConfigError, SeqtuneError
+from seqtune.files import follow_umask
+
+GGUF_TYPES = ("f16", "bf16", "q8_0")
+GGUF_DIR = "gguf"
+
+
+@dataclass(frozen=True, kw_only=True)
+class GgufArch:
+    """How one transformers model_type becomes a llama.cpp architecture (convert_hf_to_gguf.py's model class)."""
+
+    name: str  # gguf.MODEL_ARCH member name
+    permute_qk: bool = False  # LlamaModel: q/k rows reordered for llama.cpp's rotary layout
+    norm_shift: float = 0.0  # Gemma3Model: RMSNorm weights stored as shift + w
+    extra: Callable[[Any, dict], None] | None = None  # architecture-specific metadata (writer, config.json)
+
+
+def _gemma3_metadata(writer: Any, config: dict) -> None:
+    writer.add_key_length(config.get("head_dim", 256))
+    writer.add_value_length(config.get("head_dim", 256))
+    if config.get("final_logit_softcapping"):
+        writer.add_final_logit_softcapping(config["final_logit_softcapping"])
+    if config.get("sliding_window_pattern") != 1 and config.get("sliding_window"):
+        writer.add_sliding_window(config["sliding_window"])
+
+
+def _qwen3_metadata(writer: Any, config: dict) -> None:
+    if config.get("head_dim"):
+        writer.add_key_length(config["head_dim"])
+        writer.add_value_length(config["head_dim"])
+
+
+# transformers model_type -> llama.cpp architecture. Adding a family: one row (and its metadata function, if any).
+ARCHES: dict[str, GgufArch] = {
+    "llama": GgufArch(name="LLAMA", permute_qk=True),
+    "mistral": GgufArch(name="LLAMA", permute_qk=True),  # convert_hf_to_gguf: MistralModel(LlamaModel), arch llama
+    "gemma3_text": GgufArch(name="GEMMA3", norm_shift=1.0, extra=_gemma3_metadata),
+    "qwen3": GgufArch(name="QWEN3", extra=_qwen3_metadata),
+}
+# rope scaling types the writer encodes (llama3: a rope_freqs tensor; linear: a factor).
+ROPE_SCALINGS = (None, "default", "llama3", "linear")
+
+
+def gguf_refusal(model_type: str, rope_type: str | None = None) -> str | None:
+    """Why a model cannot be written as GGUF here, or None."""
+    if model_type not in ARCHES:
+        return (f"the GGUF writer does not know model_type {model_type!r} (it knows {', '.join(sorted(ARCHES))}: "
+                "seqtune.export.gguf.ARCHES)")
+    if rope_type not in ROPE_SCALINGS:
+        return f"the GGUF writer does not encode rope scaling {rope_type!r} (it encodes llama3 and linear)"
+    return None
+
+
+def gguf_refusal_for(model_type: str, model_path: str | None) -> str | None:
+    """gguf_refusal for a run's model: its model_type (the plan's) and model.path's rope scaling."""
+    return gguf_refusal(model_type, checkpoint_rope_type(model_path))
+
+
+def checkpoint_rope_type(path: str | None) -> str | None:
+    """The rope scaling type of model.path's config.json (None: a tiny model, or none)."""
+    config = Path(path).expanduser() / "config.json" if path else None
+    return _rope_type(json.loads(config.read_text())) if config is not None and config.is_file() else None
+
+
+def _rope_type(config: dict) -> str | None:
+    scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    return scaling.get("rope_type") or scaling.get("type")
+
+
+def _permute(weights: np.ndarray, n_head: int) -> np.ndarray:
+    """convert_hf_to_gguf.py LlamaModel.permute: HF's rotary halves -> llama.cpp's interleaved pairs."""
+    return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+            .swapaxes(1, 2).reshape(weights.shape))
+
+
+def _source_tensors(directory: Path, only: str | None = None) -> Iterator[tuple[str, np.ndarray]]:
+    from safetensors import safe_open
+
+    for file in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open has no iteration
+                if only is None or name == only:
+                    yield name, f.get_tensor(name).float().numpy()
+
+
+def _read_tensor(directory: Path, wanted: str) -> np.ndarray | None:
+    return next((data for name, data in _source_tensors(directory, only=wanted)), None)
+
+
+def gguf_tensors(directory: Path, config: dict, arch: GgufArch) -> Iterator[tuple[str, np.ndarray]]:
+    """(GGUF name, float32 array) of every tensor llama.cpp reads, transformed as convert_hf_to_gguf.py does."""
+    import gguf
+
+    n_layers = config["num_hidden_layers"]
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.name), n_layers)
+    n_head, n_kv = config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"]
+    for name, data in _source_tensors(directory):
+        # A head equal to the embedding is the tied one llama.cpp reuses; a head trained apart is written.
+        if name == "lm_head.weight" and np.array_equal(data, _read_tensor(directory, "model.embed_tokens.weight")):
+            continue
+        if arch.permute_qk and name.endswith("self_attn.q_proj.weight"):
+            data = _permute(data, n_head)
+        elif arch.permute_qk and name.endswith("self_attn.k_proj.weight"):
+            data = _permute(data, n_kv)
+        if arch.norm_shift and name.endswith("norm.weight"):
+            data = data + arch.norm_shift
+        mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if mapped is None:
+            raise SeqtuneError(f"seqtune bug: {directory}/{name} has no GGUF name for architecture {arch.name}")
+        yield mapped, data
+    if _rope_type(config) == "llama3":
+        yield "rope_freqs.weight", _llama3_rope_factors(config)
+
+
+def _llama3_rope_factors(config: dict) -> np.ndarray:
+    """convert_hf_to_gguf.py LlamaModel.generate_extra_tensors: Llama 3.1's per-frequency rope factors."""
+    scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    base = scaling.get("rope_theta", config.get("rope_theta", 10000.0))
+    dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    factor, low, high = scaling.get("factor", 8.0), scaling.get("low_freq_factor", 1.0), scaling.get(
+        "high_freq_factor", 4.0)
+    old = scaling.get("original_max_position_embeddings", 8192)
+    factors = []
+    for freq in 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim)):
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            factors.append(1.0)
+        elif wavelen > old / low:
+            factors.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(factors, dtype=np.float32)
+
+
+def _storage_type(gguf_type: str, data: np.ndarray) -> Any:
+    """llama.cpp's rule: 1-D tensors (norms, rope factors) stay F32; Q8_0 needs rows in blocks of 32."""
+    import gguf
+
+    types = {"f16": gguf.GGMLQuantizationType.F16, "bf16": gguf.GGMLQuantizationType.BF16,
+             "q8_0": gguf.GGMLQuantizationType.Q8_0}
+    if data.ndim < 2:
+        return gguf.GGMLQuantizationType.F32
+    if gguf_type == "q8_0" and data.shape[-1] % 32:
+        return gguf.GGMLQuantizationType.F16
+    return types[gguf_type]
+
+
+# --- tokenizer ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class GgufVocab:
+    model: str  # gpt2 (byte-level BPE) | llama (SentencePiece as BPE with byte fallback)
+    pre: str
+    tokens: list[str]
+    types: list[int]
+    scores: list[float] | None = None
+    merges: list[str] = field(default_factory=list)
+    add_space_prefix: bool = False  # SentencePiece: a "▁" before the text (Llama 2, Mistral; not Gemma 3)
+
+
+def _pre_tokenizer(tokenizer_json: dict) -> str:
+    """llama.cpp's pre-tokenizer name, from the split regex (llama.cpp identifies it by a hash of test encodings)."""
+    text = json.dumps(tokenizer_json.get("pre_tokenizer"))
+    if r"\\p{N}{1,3}" in text:
+        return "llama-bpe"
+    if r"\\p{N}|" in text or r"\\p{N}" in text and "qwen" in text.lower():
+        return "qwen2"
+    return "default"
+
+
+def _prepends_space(tokenizer_json: dict) -> bool:
+    """The tokenizer puts SentencePiece's "▁" before a text (a Prepend normalizer, or a Metaspace pre-tokenizer
+    that prepends): llama.cpp's add_space_prefix."""
+    parts = [tokenizer_json.get("normalizer"), tokenizer_json.get("pre_tokenizer")]
+    found = []
+    while parts:
+        part = parts.pop()
+        if isinstance(part, dict):
+            parts += part.get("normalizers", []) + part.get("pretokenizers", [])
+            found.append(part)
+    return any((p.get("type") == "Prepend" and p.get("prepend") == "\u2581")
+               or (p.get("type") == "Metaspace" and p.get("prepend_scheme", "always") != "never"
+                   and p.get("add_prefix_space", True)) for p in found)
+
+
+def gguf_vocab(tokenizer: Any, tokenizer_json: dict) -> GgufVocab:
+    """The tokenizer as GGUF's token list, token types (CONTROL for special tokens, USER_DEFINED for other added
+    ones, BYTE for <0xNN>), and merges (byte-level BPE) or scores (SentencePiece: higher for lower ids, the
+    SentencePiece order)."""
+    import gguf
+
+    model = tokenizer_json["model"]
+    byte_fallback = model.get("type") == "BPE" and model.get("byte_fallback", False)
+    size = len(tokenizer)
+    by_id = {i: t for t, i in tokenizer.get_vocab().items()}
+    special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    added = set(tokenizer.added_tokens_decoder)
+    tokens, types = [], []
+    for i in range(size):
+        text = by_id.get(i, f"[PAD{i}]")
+        tokens.append(text)
+        if i in special:
+            types.append(gguf.TokenType.CONTROL)
+        elif i in added:
+            types.append(gguf.TokenType.USER_DEFINED)
+        elif byte_fallback and re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", text):
+            types.append(gguf.TokenType.BYTE)
+        else:
+            types.append(gguf.TokenType.NORMAL)
+    if byte_fallback:
+        return GgufVocab(model="llama", pre="default", tokens=tokens, types=[int(t) for t in types],
+                         scores=[0.0 if t != gguf.TokenType.NORMAL else -float(i) for i, t in enumerate(types)],
+                         add_space_prefix=_prepends_space(tokenizer_json))
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    return GgufVocab(model="gpt2", pre=_pre_tokenizer(tokenizer_json), tokens=tokens, types=[int(t) for t in types],
+                     merges=merges)
+
+
+# --- writing --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class GgufIds:
+    """What the file's tokenizer metadata says: bos, eos (the tokenizer's), eot (another trained terminator)."""
+
+    bos: int | None
+    eos: int
+    eot: int | None
+    pad: int | None
+
+
+def terminator_ids(stop_eos: tuple[int, ...]) -> tuple[int, int | None]:
+    """eos = the tokenizer's (first), eot = the first other trained terminator (GGUF holds one of each)."""
+    return stop_eos[0], (stop_eos[1] if len(stop_eos) > 1 else None)
+
+
+def write_gguf(source: Path, target: Path, gguf_type: str, *, ids: GgufIds, add_bos: bool) -> Path:
+    """source: a transformers directory (merged/ or model/) with its tokenizer; target: the .gguf file."""
+    import gguf
+    from transformers import AutoTokenizer
+
+    config = json.loads((source / "config.json").read_text())
+    refusal = gguf_refusal(config.get("model_type", "?"), _rope_type(config))
+    if refusal:
+        raise ConfigError(f"train.export_gguf: {refusal}.", key="train.export_gguf",
+                          fix="train.export_gguf=null (merged/ loads with transformers; convert it elsewhere).")
+    arch = ARCHES[config["model_type"]]
+    logging.getLogger("gguf").setLevel(logging.WARNING)  # its "Little Endian only" notice says nothing to act on
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    vocab = gguf_vocab(tokenizer, json.loads((source / "tokenizer.json").read_text()))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # use_temp_file: converted tensors spool to disk until written, not the whole model in memory.
+    writer = gguf.GGUFWriter(str(target), gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch.name)],
+                             use_temp_file=True)
+    _write_metadata(writer, config, arch, gguf_type, source)
+    _write_tokenizer(writer, vocab, ids, add_bos=add_bos, template=tokenizer.chat_template)
+    for name, data in gguf_tensors(source, config, arch):
+        qtype = _storage_type(gguf_type, data)
+        writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    follow_umask(target)
+    return target
+
+
+def _write_metadata(writer: Any, config: dict, arch: GgufArch, gguf_type: str, source: Path) -> None:
+    import gguf
+
+    n_head = config["num_attention_heads"]
+    writer.add_name(source.parent.name)
+    writer.add_context_length(config.get("max_position_embeddings", 2048))
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(config.get("num_key_value_heads") or n_head)
+    writer.add_layer_norm_rms_eps(config.get("rms_norm_eps", 1e-6))
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    writer.add_rope_freq_base(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
+    writer.add_rope_dimension_count(config.get("head_dim") or config["hidden_size"] // n_head)
+    writer.add_vocab_size(config["vocab_size"])
+    if _rope_type(config) == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(rope["factor"])
+    file_types = {"f16": gguf.LlamaFileType.MOSTLY_F16, "bf16": gguf.LlamaFileType.MOSTLY_BF16,
+                  "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
+    writer.add_file_type(file_types[gguf_type])
+    if arch.extra is not None:
+        arch.extra(writer, config)
+
+
+def _write_tokenizer(writer: Any, vocab: GgufVocab, ids: GgufIds, *, add_bos: bool, template: str | None) -> None:
+    writer.add_tokenizer_model(vocab.model)
+    writer.add_tokenizer_pre(vocab.pre)
+    writer.add_token_list(vocab.tokens)
+    writer.add_token_types(vocab.types)
+    if vocab.scores is not None:
+        writer.add_token_scores(vocab.scores)
+        writer.add_add_space_prefix(vocab.add_space_prefix)
+    if vocab.merges:
+        writer.add_token_merges(vocab.merges)
+    if ids.bos is not None:
+        writer.add_bos_token_id(ids.bos)
+    writer.add_eos_token_id(ids.eos)
+    if ids.eot is not None:
+        writer.add_eot_token_id(ids.eot)
+    if ids.pad is not None:
+        writer.add_pad_token_id(ids.pad)
+    writer.add_add_bos_token(add_bos)
+    writer.add_add_eos_token(False)
+    if template:
+        writer.add_chat_template(template)
+
+
+def export_run_gguf(run_dir: Path, gguf_type: str) -> Path:
+    """RUN_DIR/gguf/<run>-<type>.gguf from merged/ (LoRA; written first from adapter/ on its base when missing) or
+    model/ (a full fine-tune)."""
+    from transformers import AutoTokenizer
+
+    from seqtune.export.facts import ship_facts
+
+    run_dir = Path(run_dir)
+    source = run_dir / "merged" if (run_dir / "merged").is_dir() or (run_dir / "adapter").is_dir() else \
+        run_dir / "model"
+    if source.name == "merged" and not source.is_dir():
+        _merge_adapter(run_dir, source)
+    if not (source / "config.json").is_file():
+        raise ConfigError(f"{run_dir} has no merged/, adapter/ or model/ to export.", key="RUN_DIR",
+                          fix="name the run directory of a finished training run.")
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    facts = ship_facts(tokenizer, run_dir)
+    eos, eot = terminator_ids(facts.stop.eos)
+    ids = GgufIds(bos=facts.stop.bos, eos=eos, eot=eot, pad=facts.stop.pad)
+    add_bos = tokenizer.bos_token_id is not None and tokenizer("a")["input_ids"][:1] == [tokenizer.bos_token_id]
+    target = write_gguf(source, run_dir / GGUF_DIR / f"{run_dir.name}-{gguf_type}.gguf", gguf_type, ids=ids,
+                        add_bos=add_bos)
+    print(f"saved GGUF ({gguf_type}): {target}", flush=True)
+    return target
+
+
+def _merge_adapter(run_dir: Path, target: Path) -> None:
+    """merged/ from adapter/ on the base its adapter_config.json names (an on-demand export of a LoRA run)."""
+    from transformers import AutoTokenizer
+
+    from seqtune.export.facts import ship_facts
+    from seqtune.export.proof import load_artifact
+
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "adapter")
+    model = load_artifact(ship_facts(tokenizer, run_dir), "adapter", device="cpu")
+    model.merge_and_unload().save_pretrained(target, safe_serialization=True)
+    tokenizer.save_pretrained(target)
+    follow_umask(target)
+
+
+# --- the proof ------------------------------------------------------------------------------------------------------
+
+
+def _field(reader: Any, key: str) -> Any:
+    found = reader.get_field(key)
+    return None if found is None else found.contents()
+
+
+def check_gguf(path: Path, facts: Any) -> Any:
+    """Read `path` back: tensors against merged/ (or model/), ids against the trained terminators, the template
+    against the trained one. An ArtifactProof named gguf/<file>."""
+    import gguf
+    from transformers import AutoTokenizer
+
+    from seqtune.export.proof import ArtifactProof
+
+    run_dir = facts.run_dir
+    source = run_dir / "merged" if (run_dir / "merged").is_dir() else run_dir / "model"
+    config = json.loads((source / "config.json").read_text())
+    arch = ARCHES[config["model_type"]]
+    reader = gguf.GGUFReader(str(path))
+    stored = {t.name: t for t in reader.tensors}
+    failures: list[str] = []
+    worst, exact = 0.0, True
+    expected_names = set()
+    for name, expected in gguf_tensors(source, config, arch):
+        expected_names.add(name)
+        tensor = stored.get(name)
+        if tensor is None:
+            failures.append(f"tensor {name} is missing")
+            continue
+        got = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(expected.shape).astype(np.float32)
+        reference = _as_stored(expected, tensor.tensor_type)
+        if tensor.tensor_type == gguf.GGMLQuantizationType.Q8_0:
+            exact = False
+            bound = _q8_bound(expected)
+            excess = float(np.max(np.abs(got - expected).reshape(-1, 32) - bound[:, None])) if expected.size else 0.0
+            worst = max(worst, float(np.max(np.abs(got - expected))) if expected.size else 0.0)
+            if excess > 0:
+                failures.append(f"tensor {name} differs from {source.name}/ by more than Q8_0's step")
+        elif not np.array_equal(got, reference):
+            failures.append(f"tensor {name} differs from {source.name}/ ({tensor.tensor_type.name})")
+    if extra := set(stored) - expected_names:
+        failures.append(f"tensors not in {source.name}/: {sorted(extra)[:3]}")
+    eos, eot = terminator_ids(facts.stop.eos)
+    found_ids = {"eos": _field(reader, gguf.Keys.Tokenizer.EOS_ID), "eot": _field(reader, gguf.Keys.Tokenizer.EOT_ID),
+                 "bos": _field(reader, gguf.Keys.Tokenizer.BOS_ID)}
+    wanted = {"eos": eos, "eot": eot, "bos": facts.stop.bos}
+    for key, value in wanted.items():
+        if found_ids[key] != value:
+            failures.append(f"tokenizer.ggml.{key}_token_id is {found_ids[key]}, the trained one is {value}")
+    trained_template = AutoTokenizer.from_pretrained(source).chat_template
+    template = _field(reader, gguf.Keys.Tokenizer.CHAT_TEMPLATE)
+    if (template or None) != (trained_template or None):
+        failures.append("tokenizer.chat_template is not the template trained with")
+    summary = (f"{len(expected_names)} tensors {'equal to' if exact else 'within Q8_0 step of'} {source.name}/"
+               f"{'' if exact else f' (max |difference| {worst:.2g})'}; eos {eos}"
+               f"{f', eot {eot}' if eot is not None else ''}; chat template {'set' if template else 'none'}")
+    return ArtifactProof(artifact=f"{GGUF_DIR}/{path.name}", ok=not failures,
+                         checks={"summary": summary, "tensors": len(expected_names), "ids": found_ids,
+                                 "max_difference": worst, "chat_template": bool(template)}, failures=failures)
+
+
+def _as_stored(expected: np.ndarray, qtype: Any) -> np.ndarray:
+    """What an exact F32/F16/BF16 store of `expected` reads back as."""
+    import gguf
+
+    return gguf.quants.dequantize(gguf.quants.quantize(expected, qtype), qtype).reshape(expected.shape).astype(
+        np.float32)
+
+
+def _q8_bound(data: np.ndarray) -> np.ndarray:
+    """Per block of 32: Q8_0's error bound: half its step d = max |x| / 127, plus 127 times the fp16 rounding of d
+    (relative 2^-11, or 2^-25 absolute where d is subnormal in fp16); here a full step plus 127 * 2^-24."""
+    step = np.abs(data.reshape(-1, 32)).max(axis=1) / 127.0
+    return step * (1.0 + 127 * 2.0 ** -11) + 127 * 2.0 ** -24

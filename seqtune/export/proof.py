@@ -1,0 +1,262 @@
+"""The post-flight proof: every artifact a run ships behaves like the model it trained.
+
+At the end of training (before anything is merged) `capture_reference` runs the trained model on a few validation
+prompts (their first target positions) and keeps its next-token logits in RUN_DIR/export_reference.safetensors.
+`prove_exports` (end of training, and `python -m seqtune.export RUN_DIR`) then loads each artifact the way a user
+would, with plain transformers/peft:
+- adapter/ and best/ on the base their adapter_config.json names, merged/ and model/ on their own;
+- the same next-token logits as the trained model on those prompts, within the coarser dtype's tolerance;
+- greedy generation stops at each trained terminator: the terminator is forced as the second new token, and the
+  artifact's own generation_config.json must end generation there (what was broken: bos 1 / eos 2 whatever the
+  tokenizer); the unforced greedy continuation is recorded too;
+- each RUN_DIR/gguf/*.gguf read back (seqtune.export.gguf.check_gguf).
+Results go to RUN_DIR/export.json and the console; a failed proof raises SeqtuneError (exit 1) naming the artifact.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from seqtune.config.errors import ConfigError, SeqtuneError
+from seqtune.export.facts import ShipFacts, ship_facts
+from seqtune.files import follow_umask
+
+REFERENCE_FILE = "export_reference.safetensors"
+EXPORT_JSON = "export.json"
+GGUF_DIR = "gguf"
+# Validation prompts compared, and positions per prompt (the last prompt token, then the first reference tokens).
+PROMPTS = 3
+POSITIONS = 4
+# Largest |logit difference| allowed, relative to max(1, largest |reference logit|), for the coarser dtype compared.
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+# The artifacts a run may ship, in the order they are proved: directory -> what it holds.
+ARTIFACTS = {"adapter": "adapter", "best": "adapter", "model": "model", "merged": "model"}
+GREEDY_TOKENS = 16
+# data.format=text has no prompts: a sample's first tokens stand in for one.
+TEXT_PROMPT_TOKENS = 8
+
+
+@dataclass(kw_only=True)
+class ArtifactProof:
+    artifact: str  # adapter, best, model, merged, gguf/NAME.gguf
+    ok: bool
+    checks: dict[str, Any] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+
+def reference_prompts(run_dir: Path, tokenizer: Any) -> list[Any]:
+    """The first validation prompts as training tokenized them (the train split's when there is no validation)."""
+    from seqtune.data.loader import build_eval_prompts
+    from seqtune.preflight.result import load_result
+
+    result = load_result(run_dir)
+    cache = result.caches.get("val") or result.caches["train"]
+    prompts = build_eval_prompts(cache, count=PROMPTS, max_seq_len=result.max_seq_len, bos_id=tokenizer.bos_token_id)
+    return prompts or _text_prompts(cache)
+
+
+def _text_prompts(cache_dir: Path) -> list[Any]:
+    """Samples with no prompt (data.format=text, every token a target): their first tokens are the prompt."""
+    from seqtune.data.cache import TokenCache
+    from seqtune.data.loader import EvalPrompt
+
+    cache = TokenCache.open(cache_dir)
+    prompts = []
+    for i in range(min(PROMPTS, len(cache))):
+        ids = cache[i].input_ids.tolist()
+        cut = max(1, min(TEXT_PROMPT_TOKENS, len(ids) - 1))
+        prompts.append(EvalPrompt(prompt_ids=ids[:cut], reference_ids=ids[cut:], location=cache.location(i)))
+    return prompts
+
+
+@torch.no_grad()
+def capture_reference(model: torch.nn.Module, tokenizer: Any, run_dir: Path, *, device: torch.device) -> Path:
+    """The trained model's next-token logits on the reference prompts, saved for every later proof."""
+    from safetensors.torch import save_file
+
+    model.eval()
+    tensors, locations = {}, []
+    for i, prompt in enumerate(reference_prompts(run_dir, tokenizer)):
+        ids = prompt.prompt_ids + prompt.reference_ids[: POSITIONS - 1]
+        first = len(prompt.prompt_ids) - 1
+        logits = model(input_ids=torch.tensor([ids], device=device)).logits[0, first:]
+        tensors[f"ids.{i}"] = torch.tensor(ids, dtype=torch.int64)
+        tensors[f"logits.{i}"] = logits.float().cpu().contiguous()
+        locations.append(prompt.location)
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    path = Path(run_dir) / REFERENCE_FILE
+    save_file(tensors, str(path), metadata={"dtype": dtype, "locations": json.dumps(locations)})
+    follow_umask(path)  # safetensors writes 0600
+    return path
+
+
+def load_artifact(facts: ShipFacts, name: str, *, device: torch.device) -> torch.nn.Module:
+    """An artifact loaded as a user would: merged/ and model/ with transformers, adapter/ and best/ on their base."""
+    from transformers import AutoModelForCausalLM
+
+    directory = facts.run_dir / name
+    if not (directory / "adapter_config.json").is_file():
+        return AutoModelForCausalLM.from_pretrained(directory, dtype="auto").to(device).eval()
+    from peft import PeftModel
+
+    base_name = json.loads((directory / "adapter_config.json").read_text())["base_model_name_or_path"]
+    base = AutoModelForCausalLM.from_pretrained(base_name, dtype="auto")
+    if facts.resize_to and base.get_input_embeddings().weight.shape[0] < facts.resize_to:
+        base.resize_token_embeddings(facts.resize_to, mean_resizing=False)
+    return PeftModel.from_pretrained(base, directory).to(device).eval()
+
+
+def _tolerance(*dtypes: torch.dtype) -> float:
+    return max(TOLERANCE.get(dtype, TOLERANCE[torch.bfloat16]) for dtype in dtypes)
+
+
+@torch.no_grad()
+def logits_agreement(model: torch.nn.Module, reference: dict[str, torch.Tensor], reference_dtype: torch.dtype,
+                     device: torch.device) -> tuple[dict[str, Any], list[str]]:
+    """Max |logit difference| against the trained model's, over every reference prompt and position."""
+    dtype = next(model.parameters()).dtype
+    tolerance = _tolerance(dtype, reference_dtype)
+    worst, same_top = 0.0, True
+    for key in sorted(k for k in reference if k.startswith("ids.")):
+        i = key.split(".", 1)[1]
+        expected = reference[f"logits.{i}"]
+        ids = reference[key]
+        got = model(input_ids=ids[None].to(device)).logits[0, len(ids) - len(expected):].float().cpu()
+        scale = max(1.0, float(expected.abs().max()))
+        worst = max(worst, float((got - expected).abs().max()) / scale)
+        same_top &= bool((got.argmax(-1) == expected.argmax(-1)).all())
+    checks = {"max_logit_difference_relative": round(worst, 8), "tolerance": tolerance, "dtype": str(dtype),
+              "same_greedy_tokens": same_top}
+    failures = [] if worst <= tolerance else [
+        f"its next-token logits differ from the trained model's by {worst:.3g} (relative to the largest logit) > "
+        f"{tolerance:g} allowed for {str(dtype).removeprefix('torch.')}"]
+    return checks, failures
+
+
+class _ForceToken:
+    """A logits processor that makes `token` the `step`-th new token (0-based) and leaves every other step alone."""
+
+    def __init__(self, prompt_length: int, step: int, token: int) -> None:
+        self.at, self.token = prompt_length + step, token
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if input_ids.shape[1] == self.at:
+            scores = torch.full_like(scores, float("-inf"))
+            scores[:, self.token] = 0.0
+        return scores
+
+
+@torch.no_grad()
+def stops_at_terminators(model: torch.nn.Module, directory: Path, facts: ShipFacts, prompt: torch.Tensor,
+                         device: torch.device) -> tuple[dict[str, Any], list[str]]:
+    """Generation with the artifact's own generation_config.json ends at each trained terminator."""
+    from transformers import GenerationConfig, LogitsProcessorList
+
+    config = GenerationConfig.from_pretrained(directory)
+    config.do_sample, config.max_new_tokens = False, GREEDY_TOKENS
+    listed = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
+    inputs = prompt[None].to(device)
+    checks: dict[str, Any] = {"eos_token_id": listed, "stops": {}}
+    failures = []
+    for token in facts.stop.eos:
+        forced = LogitsProcessorList([_ForceToken(inputs.shape[1], 1, token)])
+        new = model.generate(input_ids=inputs, attention_mask=torch.ones_like(inputs), generation_config=config,
+                             logits_processor=forced)[0, inputs.shape[1]:].tolist()
+        stopped = len(new) <= 2 and new[-1] in listed
+        name = facts.stop.names.get(token, str(token))
+        checks["stops"][name] = stopped
+        if not stopped:
+            failures.append(f"generation does not stop at the trained terminator {name} (id {token}): "
+                            f"{directory.name}/generation_config.json eos_token_id={listed}")
+    greedy = model.generate(input_ids=inputs, attention_mask=torch.ones_like(inputs),
+                            generation_config=config)[0, inputs.shape[1]:].tolist()
+    checks["greedy_tokens"] = len(greedy)
+    checks["greedy_stopped"] = bool(greedy) and greedy[-1] in listed
+    return checks, failures
+
+
+def prove_artifact(facts: ShipFacts, name: str, reference: dict[str, torch.Tensor], reference_dtype: torch.dtype,
+                   device: torch.device) -> ArtifactProof:
+    device = _room_for(facts.run_dir / name, device)
+    model = load_artifact(facts, name, device=device)
+    logit_checks, failures = logits_agreement(model, reference, reference_dtype, device)
+    stop_checks, stop_failures = stops_at_terminators(model, facts.run_dir / name, facts, reference["ids.0"], device)
+    failures += stop_failures
+    del model  # one artifact in memory at a time, beside the trained model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return ArtifactProof(artifact=name, ok=not failures, checks={**logit_checks, **stop_checks},
+                         failures=failures)
+
+
+def _room_for(directory: Path, device: torch.device) -> torch.device:
+    """The device when it has room for the artifact (twice its weights, with the base an adapter loads on), else
+    the CPU: at the end of training the trained model and its optimizer still hold the GPU."""
+    if device.type != "cuda":
+        return device
+    weights = sum(f.stat().st_size for f in directory.glob("*.safetensors"))
+    base = json.loads((directory / "adapter_config.json").read_text())["base_model_name_or_path"] \
+        if (directory / "adapter_config.json").is_file() else None
+    if base and Path(base).is_dir():
+        weights += sum(f.stat().st_size for f in Path(base).glob("*.safetensors"))
+    free, _ = torch.cuda.mem_get_info(device)
+    return device if free > 2 * weights else torch.device("cpu")
+
+
+def prove_exports(run_dir: Path, *, device: torch.device | None = None) -> list[ArtifactProof]:
+    """Prove every artifact in `run_dir`; write export.json, print one line each; raise SeqtuneError (exit 1) naming
+    each artifact that fails."""
+    from safetensors import safe_open
+    from transformers import AutoTokenizer
+
+    from seqtune.export.gguf import check_gguf
+
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # a "Loading weights" bar per artifact says nothing
+    run_dir = Path(run_dir)
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    reference_path = run_dir / REFERENCE_FILE
+    names = [name for name in ARTIFACTS if (run_dir / name).is_dir()]
+    if not reference_path.is_file() or not names:
+        raise ConfigError(f"{run_dir} holds no exported artifact with the trained model's reference logits "
+                          f"({REFERENCE_FILE}, written at the end of training).", key="RUN_DIR",
+                          fix="name the run directory of a training run that finished with this seqtune version.")
+    with safe_open(str(reference_path), framework="pt") as f:
+        reference = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 - safe_open has no iteration
+        reference_dtype = getattr(torch, f.metadata()["dtype"])
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / names[0])
+    facts = ship_facts(tokenizer, run_dir)
+    proofs = [prove_artifact(facts, name, reference, reference_dtype, device) for name in names]
+    proofs += [check_gguf(path, facts) for path in sorted((run_dir / GGUF_DIR).glob("*.gguf"))]
+    _report(run_dir, proofs)
+    return proofs
+
+
+def _report(run_dir: Path, proofs: list[ArtifactProof]) -> None:
+    from seqtune.files import write_atomic
+
+    body = {"ok": all(p.ok for p in proofs), "artifacts": [asdict(p) for p in proofs]}
+    write_atomic(run_dir / EXPORT_JSON, json.dumps(body, indent=1).encode(), key="hydra.run.dir")
+    for proof in proofs:
+        checks = proof.checks
+        if "max_logit_difference_relative" in checks:
+            detail = (f"logits within {checks['max_logit_difference_relative']:.2g} of the trained model's "
+                      f"(tolerance {checks['tolerance']:g}, {checks['dtype'].removeprefix('torch.')}); stops at "
+                      f"{', '.join(n for n, ok in checks['stops'].items() if ok) or 'nothing'}")
+        else:
+            detail = checks.get("summary", "")
+        print(f"export proof: {proof.artifact}: {'ok' if proof.ok else 'FAILED'}: {detail}"
+              + "".join(f"\n  - {failure}" for failure in proof.failures), flush=True)
+    failed = [p for p in proofs if not p.ok]
+    if failed:
+        raise SeqtuneError(
+            f"the export proof failed for {', '.join(p.artifact for p in failed)}: "
+            + "; ".join(f"{p.artifact}: {p.failures[0]}" for p in failed)
+            + f". Details: {run_dir / EXPORT_JSON}.")
+

