@@ -65,11 +65,16 @@ def test_a_dpo_run_logs_the_preference_metrics_and_shows_pairs_side_by_side(refe
     assert '<div class="pair">' in page and 'data-member="chosen"' in page and 'data-member="rejected"' in page
 
 
-def test_a_crashed_dpo_run_resumes_bitwise_like_the_uninterrupted_one(reference, data, tmp_path):
+@pytest.mark.parametrize("fault,exit_code", [
+    ("train:6", 1),  # an exception before step 6: the latest checkpoint is step 4
+    ("save:6", -9),  # SIGKILL halfway through writing step 6's checkpoint: step 4 is the newest intact one
+])
+def test_a_crashed_dpo_run_resumes_bitwise_like_the_uninterrupted_one(reference, data, tmp_path, fault, exit_code):
     args = [*COMMON, *data, "preflight.show=1"]
     run_dir = tmp_path / "run"
-    crashed = run_cli(args, run_dir, env={"SEQTUNE_FAULT": "train:6"})  # latest checkpoint: step 4
-    assert crashed.returncode == 1 and "injected failure on rank 0" in crashed.stderr, crashed.stderr[-2000:]
+    crashed = run_cli(args, run_dir, env={"SEQTUNE_FAULT": fault})
+    assert crashed.returncode == exit_code, crashed.stderr[-2000:]
+    assert not (run_dir / "adapter").exists()
     resumed = run_cli(args, run_dir)
     ok(resumed)
     assert "step_00000004 (step 4)" in resumed.stdout
