@@ -73,6 +73,7 @@ class ShipFacts:
     cfg: RootConfig
     stop: StopIds
     resize_to: int | None
+    validation: str | None  # plan.validation: which split validation is (data.val, data.val_fraction of train)
 
     @property
     def base(self) -> str:
@@ -84,8 +85,9 @@ class ShipFacts:
 
 def ship_facts(tokenizer: Any, run_dir: Path) -> ShipFacts:
     run_dir = Path(run_dir)
+    plan = load_plan(run_dir)
     return ShipFacts(run_dir=run_dir, cfg=load_resolved(run_dir / "config.yaml"), stop=stop_ids(tokenizer, run_dir),
-                     resize_to=load_plan(run_dir).vocab.resize_to)
+                     resize_to=plan.vocab.resize_to, validation=plan.validation)
 
 
 def write_base(facts: ShipFacts, tokenizer: Any, *, device: Any) -> Path | None:
@@ -124,12 +126,12 @@ def command(run_dir: Path) -> str:
     return " ".join(["python -m seqtune", *(shlex.quote(o) for o in overrides)])
 
 
-def data_files(cfg: RootConfig, *, digests: bool = True) -> list[tuple[str, Path, str]]:
+def data_files(facts: ShipFacts, *, digests: bool = True) -> list[tuple[str, Path, str]]:
     """(split, file, sha256) of every data file the run read. Without `digests` (best/ during training: the other
     ranks wait at its barrier) the hash column says the final card has it."""
     rows = []
     for name in SPLITS:
-        split = split_input(cfg.data, name)
+        split = split_input(facts.cfg.data, name, facts.validation)
         for path in split.files if split is not None else []:
             digest = sha256_file(path) if digests and path.is_file() else (
                 "(a directory)" if path.is_dir() else "(in the card written at the end of the run)")
@@ -185,4 +187,4 @@ def card_text(facts: ShipFacts, kind: str, *, files: list[tuple[str, Path, str]]
 
 
 def write_card(facts: ShipFacts, target: Path, kind: str, *, files: list[tuple[str, Path, str]] | None = None) -> None:
-    (target / CARD).write_text(card_text(facts, kind, files=data_files(facts.cfg) if files is None else files))
+    (target / CARD).write_text(card_text(facts, kind, files=data_files(facts) if files is None else files))

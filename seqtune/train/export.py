@@ -39,7 +39,7 @@ def export_final(model: torch.nn.Module, tokenizer, *, run_dir: Path, env: DistE
     saved_tokenizer = trained_tokenizer(tokenizer, data_format)
     save_trained(model, saved_tokenizer, target, env=env, lora=lora, sharded=sharded, facts=facts)
     if env.is_main:
-        files = data_files(facts.cfg)
+        files = data_files(facts)
         write_card(facts, target, ADAPTER_DIR if lora else MODEL_DIR, files=files)
         if lora:
             write_base(facts, tokenizer, device=env.device)
@@ -125,7 +125,7 @@ class BestWeights:
             save_trained(self.model, self.tokenizer, new.path if new else self.path, env=self.env, lora=self.lora,
                          sharded=self.sharded, facts=self.facts)
             if new is not None:
-                self._files = self._files if self._files is not None else data_files(self.facts.cfg, digests=False)
+                self._files = self._files if self._files is not None else data_files(self.facts, digests=False)
                 write_card(self.facts, new.path, BEST_DIR, files=self._files)
         except OSError as exc:
             if new is not None:
