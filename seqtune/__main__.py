@@ -185,7 +185,8 @@ def _config_refusal(exc: BaseException) -> str | None:
 
     from seqtune.files import storage_error
 
-    chain, seen = [], exc
+    chain: list[BaseException] = []
+    seen: BaseException | None = exc
     while seen is not None and seen not in chain:
         chain.append(seen)
         seen = seen.__cause__ or seen.__context__

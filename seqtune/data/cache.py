@@ -123,12 +123,15 @@ class TokenCacheWriter:
 
     def add_rejects(self, rejects: list[Reject]) -> None:
         with self._writing():
+            assert self._rejects is not None, "__init__ opened it; only commit/abort close it"
             for r in rejects:
                 self._rejects.write(json.dumps({"file": r.file, "line": r.line, "reason": r.reason}) + "\n")
 
     def commit(self, meta: dict[str, Any]) -> Path:
         with self._writing():
-            for f in (*self._out.values(), self._rejects):
+            assert self._rejects is not None, "__init__ opened it; only commit/abort close it"
+            files: list[IO[Any]] = [*self._out.values(), self._rejects]
+            for f in files:
                 f.close()
             sizes = {p.name: p.stat().st_size for p in sorted(self.tmp.iterdir())}
             meta = {**meta, "version": CACHE_VERSION, "key": self.key, "files": [str(p) for p in self.files],

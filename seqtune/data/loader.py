@@ -108,7 +108,7 @@ class PlannedBatches:
     so a checkpoint names exactly the next micro-batch to train on.
     """
 
-    def __init__(self, view: Dataset, plan: DistributedBatchPlan, collator: Collator, *, num_workers: int) -> None:
+    def __init__(self, view: SplitView, plan: DistributedBatchPlan, collator: Collator, *, num_workers: int) -> None:
         if len(plan) == 0:
             raise DataError(f"the split has {len(view)} samples: not one micro-batch per rank.",
                             key="train.batch_size", fix="a smaller train.batch_size or fewer ranks")
@@ -119,9 +119,11 @@ class PlannedBatches:
         return max(1, self.plan.steps_per_epoch(grad_accum))
 
     def epoch_batches(self, epoch: int, start: int = 0) -> Iterator[dict[str, Any]]:
-        loader = DataLoader(self.dataset, batch_sampler=self.plan.batches(epoch)[start:], collate_fn=self.collator,
-                            num_workers=self.num_workers,
-                            generator=worker_seed_generator(self.plan.seed, self.plan.rank, epoch))
+        # torch types `dataset` as a Dataset; any object with __getitem__ and __len__ is a map-style dataset.
+        loader: DataLoader[dict[str, Any]] = DataLoader(
+            self.dataset,  # type: ignore[arg-type]
+            batch_sampler=self.plan.batches(epoch)[start:], collate_fn=self.collator, num_workers=self.num_workers,
+            generator=worker_seed_generator(self.plan.seed, self.plan.rank, epoch))
         yield from loader
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -281,6 +283,7 @@ class SourceEncoders:
 
 def _streamed(cfg: RootConfig, plan: Plan, rank: int, tokenizer) -> StreamedBatches:
     split = split_input(cfg.data, "train", plan.validation)
+    assert split is not None, "data.train is required (MISSING in the schema), so the train split exists"
     check_as_proven(split.files, Path(plan.caches["train"]), key="data.train")  # the files preflight proved
     source_records = list(plan.stream_records)
     encoders = {fmt: SampleEncoder(tokenizer, fmt, train_on_prompt=cfg.data.train_on_prompt, tokens=plan.tokens)

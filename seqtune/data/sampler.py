@@ -14,9 +14,9 @@ A filler is encoded in a micro-batch as `index + num_samples`; wrap the dataset 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -35,11 +35,19 @@ def as_filler(sample: Sample) -> Sample:
     return masked if isinstance(sample, tuple) else masked[0]
 
 
+class MapStyle(Protocol):
+    """What WithFillers reads of a dataset: a list of samples, or a lazy view (loader.SplitView)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int, /) -> Sample: ...
+
+
 @dataclass(kw_only=True)
 class WithFillers:
     """Map-style view of a dataset where index i + len(dataset) is sample i with every target masked (a filler)."""
 
-    dataset: Sequence[Sample]
+    dataset: MapStyle
 
     def __len__(self) -> int:
         return 2 * len(self.dataset)

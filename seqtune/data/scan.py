@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from seqtune.config.schema import DataFormat
 from seqtune.data.cache import META, TokenCache, TokenCacheWriter, cache_damage, cache_key, tokenizer_fingerprint
 from seqtune.data.formats import LineParser, Record, template_signature
 from seqtune.data.identity import check_unchanged, file_states, identity_meta
@@ -134,7 +135,7 @@ class _Stats:
             : max(0, 10 - len(self.padded_locations))]
 
 
-def scan_split(split: SplitInput, encoders: dict[str, SampleEncoder], *, cache_root: Path, key_extra: str = "",
+def scan_split(split: SplitInput, encoders: dict[DataFormat, SampleEncoder], *, cache_root: Path, key_extra: str = "",
                media_root: str | None = None, max_records: int = 0, chunk_size: int = 16384,
                progress: bool = False) -> SplitScan:
     """Stream `split` once (each source with the encoder of its format, from `encoders`); write or reuse its token
@@ -171,7 +172,7 @@ def scan_split(split: SplitInput, encoders: dict[str, SampleEncoder], *, cache_r
     return scan
 
 
-def _stream(split: SplitInput, encoders: dict[str, SampleEncoder], writer: TokenCacheWriter, *,
+def _stream(split: SplitInput, encoders: dict[DataFormat, SampleEncoder], writer: TokenCacheWriter, *,
             media_root: str | None, max_records: int, chunk_size: int, progress: bool) -> _Stats:
     stats = _Stats(source_of_file={str(p): s for p, s in zip(split.files, split.file_sources())})
     bar = _progress_bar(split.name, progress)
@@ -189,7 +190,10 @@ def _stream(split: SplitInput, encoders: dict[str, SampleEncoder], writer: Token
                 parser = encoders[spec.format].line_parser(str(record.path), media_root=media_root,
                                                            columns=spec.columns)
             parsed = parser.parse(record.number, record.payload)
-            (rejects if isinstance(parsed, Reject) else chunk).append(parsed)
+            if isinstance(parsed, Reject):
+                rejects.append(parsed)
+            else:
+                chunk.append(parsed)
             stats.records += 1
             stats.source_records[record.source] += 1
             if len(chunk) >= chunk_size or len(rejects) >= chunk_size:

@@ -165,7 +165,7 @@ class SampleEncoder:
         starts = np.cumsum(lengths) - lengths
         out = np.empty(int(lengths.sum()), np.int64)
         target = np.ones(len(out), bool)
-        if bos:
+        if self.bos_id is not None:
             out[starts] = self.bos_id
             target[starts] = False
         text_pos = _ragged_positions(counts, starts + bos)
@@ -276,7 +276,8 @@ class SampleEncoder:
             members = [i for i, r in enumerate(records) if isinstance(r, shape)]
             if not members:
                 continue
-            batch = encode([records[i] for i in members])  # type: ignore[operator]
+            # isinstance above proved each member is a `shape`; mypy cannot pair a shape with its encoder.
+            batch = encode([records[i] for i in members])  # type: ignore[misc]
             offsets = batch.offsets
             for j, source in enumerate(batch.source_index):
                 lo, hi = offsets[j], offsets[j + 1]
@@ -317,6 +318,7 @@ class SampleEncoder:
             spans.append(assistant_spans)
             kept.append(i)
         self.texts_tokenized += len(texts)
+        assert self._backend is not None, "__init__ refuses a rendering format without a fast tokenizer"
         encodings = self._backend.encode_batch(texts, add_special_tokens=False) if texts else []
         parts = []
         for enc, assistant_spans in zip(encodings, spans):

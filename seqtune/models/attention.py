@@ -114,7 +114,7 @@ def attention_choice(requested: str, env: AttentionEnv) -> AttentionChoice:
         raise ConfigError(" ".join(problems), key="model.attn_implementation")
     if requested != "auto":
         return AttentionChoice(name=str(requested), reason="set by model.attn_implementation")
-    skipped = []
+    skipped: list[str] = []
     for name in ("flash_attention_2", TORCH_VARLEN):
         why = _why_not(name, env)
         if not why:

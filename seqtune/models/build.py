@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import cast
 
 import torch
 import transformers
@@ -43,6 +44,7 @@ def load_model_config(cfg: ModelConfig) -> PretrainedConfig:
 
 
 def _read_checkpoint_config(cfg: ModelConfig, spec: ModelSpec) -> PretrainedConfig:
+    assert cfg.path is not None, "load_model_config reads a checkpoint's config only when model.path is set"
     root = check_checkpoint_dir(cfg.path)
     try:
         model_type = read_config_json(root, cfg.path).get("model_type")
@@ -104,14 +106,16 @@ def build_model(
     else:
         model = _load_checkpoint(model_class, Path(cfg.path), hf_config, cfg, attn_implementation, dtype)
     model.config.use_cache = False
-    model.seqtune_base_rows = model.get_input_embeddings().weight.shape[0]
+    # transformers types the embedding as nn.Module, whose attributes mypy reads as Tensor | Module: our plain int.
+    embedding_weight = cast(torch.Tensor, model.get_input_embeddings().weight)
+    model.seqtune_base_rows = embedding_weight.shape[0]  # type: ignore[assignment]
     if resize_to is not None:
         _resize(model, resize_to, seed=cfg.seed)
     if cfg.gradient_checkpointing:
         # Non-reentrant checkpointing works with frozen inputs (LoRA) without enable_input_require_grads.
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     if device is not None and not cfg.load_in_4bit:
-        model.to(device)
+        model.to(device)  # type: ignore[arg-type]  # transformers' decorator on `to` loses the method's self binding
     return model
 
 
@@ -175,7 +179,7 @@ def _quantize_via_checkpoint(model, model_class, cfg: ModelConfig, attn_implemen
 
 
 def _resize(model: PreTrainedModel, new_rows: int, *, seed: int) -> None:
-    if new_rows <= model.get_input_embeddings().weight.shape[0]:
+    if new_rows <= cast(torch.Tensor, model.get_input_embeddings().weight).shape[0]:  # typed nn.Module by transformers
         return
     # mean_resizing (the default) samples new rows around the old embeddings' mean, so a new token's logit starts
     # ordinary instead of dominating or vanishing. It draws from the global RNG: seed it so every rank (and a

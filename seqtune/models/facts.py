@@ -87,7 +87,7 @@ def check_checkpoint_dir(path: str) -> Path:
     """Return `path` as a Path if it holds config.json and safetensors weights, else raise ModelLoadError."""
     root = Path(path).expanduser()
     if not root.exists():
-        problem = "does not exist"
+        problem: str | None = "does not exist"
     elif not root.is_dir():
         problem = "is a file, not a directory"
     elif not (root / "config.json").is_file():

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model, prepare_model_for_kbit_training
+import torch
 from torch import nn
+from transformers import PreTrainedModel
 
 from seqtune.config.schema import LoraConfig
 
 
-def apply_lora(model: nn.Module, lora: LoraConfig, *, targets: Sequence[str], saved: Sequence[str]) -> PeftModel:
+def apply_lora(model: PreTrainedModel, lora: LoraConfig, *, targets: Sequence[str], saved: Sequence[str]) -> PeftModel:
     """Wrap `model` with LoRA adapters on `targets` (the plan's resolved lora targets, which preflight proved
     match modules of this model).
 
@@ -32,7 +35,7 @@ def apply_lora(model: nn.Module, lora: LoraConfig, *, targets: Sequence[str], sa
     modules_to_save = list(saved) or None
     config = PeftLoraConfig(
         r=lora.rank,
-        lora_alpha=lora.alpha,
+        lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft annotates int; it only divides by it (alpha / r)
         lora_dropout=lora.dropout,
         use_dora=lora.use_dora,
         use_rslora=lora.use_rslora,
@@ -43,12 +46,12 @@ def apply_lora(model: nn.Module, lora: LoraConfig, *, targets: Sequence[str], sa
         # A tied head saved in full must stay the same tensor as the embedding.
         ensure_weight_tying=bool(modules_to_save) and _is_tied(model),
     )
-    return get_peft_model(model, config)
+    return cast(PeftModel, get_peft_model(model, config))  # mixed=False (the default): a PeftModel, typed as a union
 
 
-def _new_token_indices(model: nn.Module, fully_trained: list[str]) -> dict[str, list[int]] | None:
+def _new_token_indices(model: PreTrainedModel, fully_trained: list[str]) -> dict[str, list[int]] | None:
     # Embedding rows added by build_model's resize (empty when it did not grow the embedding).
-    grown = model.get_input_embeddings().weight.shape[0]
+    grown = cast(torch.Tensor, model.get_input_embeddings().weight).shape[0]  # transformers types it nn.Module
     rows = list(range(getattr(model, "seqtune_base_rows", grown), grown))
     if not rows:
         return None
@@ -61,7 +64,7 @@ def _new_token_indices(model: nn.Module, fully_trained: list[str]) -> dict[str, 
     return indices or None
 
 
-def _is_tied(model: nn.Module) -> bool:
+def _is_tied(model: PreTrainedModel) -> bool:
     head = model.get_output_embeddings()
     return head is not None and head.weight is model.get_input_embeddings().weight
 
@@ -77,7 +80,8 @@ def skip_adapter_input_cast(model: nn.Module) -> None:
     """
     for module in model.modules():
         if hasattr(module, "cast_input_dtype_enabled"):
-            module.cast_input_dtype_enabled = False
+            # peft's plain bool; nn.Module types every attribute Tensor | Module.
+            module.cast_input_dtype_enabled = False  # type: ignore[assignment]
 
 
 def save_adapter(model: PeftModel, out_dir: str | Path, state_dict: dict | None = None) -> None:

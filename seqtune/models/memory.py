@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import transformers
 from torch import nn
-from transformers import PretrainedConfig
+from transformers import PretrainedConfig, PreTrainedModel
 
 from seqtune.models.layers import decoder_layers
 from seqtune.models.spec import matches_target
@@ -90,7 +90,7 @@ def count_parameters(model: nn.Module) -> ParamCount:
     return ParamCount(total=sum(p.numel() for p in params), trainable=sum(p.numel() for p in params if p.requires_grad))
 
 
-def meta_model(hf_config: PretrainedConfig) -> nn.Module:
+def meta_model(hf_config: PretrainedConfig) -> PreTrainedModel:
     """The model's module tree on the meta device: shapes and names, no memory, no init. For preflight checks."""
     with torch.device("meta"):
         return transformers.AutoModelForCausalLM.from_config(hf_config)
@@ -112,7 +112,7 @@ def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:
         weights = total * width
     if inputs.reference_copy:  # frozen, no grads or optimizer state; its forward's activations are freed at once
         weights *= 2
-    head_grad = 0
+    head_grad: float = 0
     if inputs.lora_enabled:
         adapted = [m for name, m in linears.items() if _adapted(name, inputs.lora_targets)]
         adapter = sum(inputs.lora_rank * (m.in_features + m.out_features) for m in adapted)

@@ -19,11 +19,13 @@ The loss is computed inside the model's own forward, so DDP's and FSDP's hooks s
 from __future__ import annotations
 
 import types
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+from transformers import PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from seqtune.data.types import IGNORE_INDEX
@@ -105,7 +107,9 @@ def install_token_loss(model: nn.Module, *, path: str, chunk: int | None = None)
     `chunk`: positions per chunk of the chunked path (default: chunk_tokens of the vocabulary)."""
     if path not in ("chunked", "fused"):
         raise ValueError(f"loss path {path!r} must be resolved (kernels.loss_choice) before install")
-    lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    lm = cast(PreTrainedModel,
+              model.get_base_model()  # type: ignore[operator]  # peft's wrapper; nn.Module types it Tensor | Module
+              if hasattr(model, "get_base_model") else model)
     head = lm.get_output_embeddings()
     if path == "fused" and type(head) is not nn.Linear:
         raise ValueError(f"fused loss needs a plain Linear head, found {type(head).__name__} "

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -175,8 +176,14 @@ def check_context_length(
     return [Problem(check="length", key="data.max_seq_len", message=message, location=longest_location)]
 
 
+class SampleLocations(Protocol):
+    """file:line of sample i: a list, or a lazy view of a token cache (phases._Locations: 100M samples)."""
+
+    def __getitem__(self, i: int, /) -> str: ...
+
+
 def check_overlength(
-    *, split: str, lengths: np.ndarray, locations: Sequence[str], max_seq_len: int, policy: str
+    *, split: str, lengths: np.ndarray, locations: SampleLocations, max_seq_len: int, policy: str
 ) -> list[Problem]:
     """With data.overlength=error, every sample of every split fits max_seq_len (report 5: val longer than train).
 

@@ -41,7 +41,7 @@ def check_stop_tokens(*, trained: Mapping[int, int], names: Mapping[int, str], s
     )]
 
 
-def check_bos_eos_ids(*, tokenizer_bos: int | None, tokenizer_eos: int, config_bos: int | None,
+def check_bos_eos_ids(*, tokenizer_bos: int | None, tokenizer_eos: int | None, config_bos: int | None,
                       config_eos: Sequence[int] | None, source: str) -> list[Problem]:
     """The tokenizer's bos/eos ids are the ones the checkpoint's config.json states (a tokenizer from another
     model, or a config edited by hand, trains other ids than the model was built for)."""

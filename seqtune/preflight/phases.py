@@ -379,7 +379,8 @@ def _what_fits(cfg: RootConfig, inputs: MemoryInputs, device_gib: float) -> list
     from seqtune.models import memory_estimate
 
     batch = cfg.train.batch_size
-    candidates = [("model.gradient_checkpointing=true", {"gradient_checkpointing": True})]
+    candidates: list[tuple[str, dict[str, Any]]] = [
+        ("model.gradient_checkpointing=true", {"gradient_checkpointing": True})]
     while batch > 1:
         batch //= 2
         accum = cfg.train.grad_accum * cfg.train.batch_size // batch

@@ -182,7 +182,8 @@ def _torch_has_gpu_support() -> bool:
     for node in ast.parse(version.read_text()).body:
         target = node.target if isinstance(node, ast.AnnAssign) else (
             node.targets[0] if isinstance(node, ast.Assign) else None)
-        if isinstance(target, ast.Name) and isinstance(node.value, ast.Constant):
+        if (isinstance(target, ast.Name) and isinstance(node, ast.Assign | ast.AnnAssign)
+                and isinstance(node.value, ast.Constant)):
             values[target.id] = node.value.value
     return values.get("cuda") is not None or values.get("hip") is not None
 

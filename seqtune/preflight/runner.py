@@ -184,12 +184,14 @@ def _stream_phase(cfg: RootConfig, resolved: Resolved, rule, sampled: SplitScan,
     from seqtune.data.stream import count_lines, records_per_pass
 
     split = split_input(cfg.data, "train", resolved.validation)
+    assert split is not None, "data.train is required (MISSING in the schema), so the train split exists"
     complete = not cfg.data.preflight_sample or sampled.records < cfg.data.preflight_sample
     records = [source.records for source in sampled.sources] if complete else count_lines(split)
     result.stream_source_records = records
     result.stream_train_lines = lines = records_per_pass(split, records)
     for stats, source, count in zip(result.splits["train"].sources, split.sources, records):
         stats.used_per_epoch = used_per_epoch(source.weight, count)  # the stream deals records, all of them
+    assert result.plan is not None, "plan_phase set it before the stream phase"
     result.plan.splits["train"], batches, stream_problems = stream_train_plan(cfg, resolved, rule, split, records)
     problems += stream_problems if lines else []  # no lines at all is the empty-split problem
     return batches, tuple(records)

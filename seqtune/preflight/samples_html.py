@@ -84,7 +84,8 @@ def _sample(sample: ShownSample) -> str:
 
 def _samples(samples: Sequence[ShownSample]) -> str:
     """Each sample in a box; the sequences of one sample (a pair's chosen and rejected) side by side."""
-    out, group = [], []
+    out: list[str] = []
+    group: list[ShownSample] = []
     for sample in samples:
         if group and (sample.member == "sample" or (sample.location, sample.why) != (group[0].location,
                                                                                      group[0].why)):

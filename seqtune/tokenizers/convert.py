@@ -118,7 +118,7 @@ def from_sentencepiece(raw: Path) -> Tokenizer:
     # whitespace runs; Mistral v3's [REFERENCE_DOC_n]) from normal ones, nor say whether a dummy "▁" is prepended.
     from sentencepiece import sentencepiece_model_pb2
 
-    model = sentencepiece_model_pb2.ModelProto()
+    model = sentencepiece_model_pb2.ModelProto()  # type: ignore[attr-defined]  # protobuf builds the class at import
     model.ParseFromString(raw.read_bytes())
     if model.trainer_spec.model_type != model.trainer_spec.BPE:
         raise ValueError(f"{raw} is a sentencepiece {model.trainer_spec.ModelType.Name(model.trainer_spec.model_type)}"

@@ -234,12 +234,14 @@ def extract(archive: Path, members: set[str], dest: Path) -> dict[str, Path]:
             for member in members & set(zf.namelist()):
                 found[member] = Path(zf.extract(member, dest))
     else:
-        with tarfile.open(archive, "r|gz") as tf:
+        with tarfile.open(archive, mode="r|gz") as tf:
             for info in tf:
                 if info.name in members and info.isfile():
                     target = dest / info.name
                     target.parent.mkdir(parents=True, exist_ok=True)
-                    with tf.extractfile(info) as src, target.open("wb") as out:
+                    src = tf.extractfile(info)
+                    assert src is not None, "isfile() above: a regular member always has a reader"
+                    with src, target.open("wb") as out:
                         shutil.copyfileobj(src, out)
                     found[info.name] = target
     return found

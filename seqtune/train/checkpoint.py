@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -75,7 +75,8 @@ class RngState:
     """Python, numpy, torch (and CUDA) generators of this rank, as tensors and plain values (weights_only loads)."""
 
     def state_dict(self) -> dict[str, Any]:
-        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        # legacy=True (the default) returns the tuple; numpy's stubs type the result as tuple | dict.
+        kind, keys, pos, has_gauss, gauss = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
         numpy_state = (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss))
         state = {"torch": torch.get_rng_state(), "numpy": numpy_state, "python": random.getstate()}
         if torch.cuda.is_available():
@@ -175,7 +176,7 @@ class ShardedModelAndOptimizer:
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_state, "optim": optim_state}
+        state: dict[str, Any] = {"model": model_state, "optim": optim_state}
         dcp.load(state, checkpoint_id=str(_part_file(directory, name)))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 

@@ -75,6 +75,7 @@ class Evaluator:
         return self.stopper is not None and self.stopper.should_stop
 
     def evaluate(self, step: int) -> dict[str, Any]:
+        assert self.val is not None, "the loop calls evaluate only when due(), which needs a val split"
         self.model.eval()  # no dropout while evaluating and generating; back to training below
         try:
             loss, targets, measured = split_loss(self.model, self.val, self.objective, env=self.env,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
@@ -81,7 +82,8 @@ def save_trained(model: torch.nn.Module, tokenizer, target: Path, *, env: DistEn
             save_adapter(model, target, state_dict=state)  # never lets peft look the base model up on a hub
             model.generation_config.save_pretrained(target)
         else:
-            model.save_pretrained(target, state_dict=state, safe_serialization=True)
+            # a transformers model; nn.Module types its methods Tensor | Module
+            model.save_pretrained(target, state_dict=state, safe_serialization=True)  # type: ignore[operator]
         tokenizer.save_pretrained(target)
         follow_umask(target)  # safetensors writes 0600 whatever the umask; teammates must be able to load it
 
@@ -90,7 +92,9 @@ def _gathered_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     # full_state_dict + cpu_offload: rank 0 receives the unsharded tensors on CPU, the other ranks an empty dict.
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    # Plain tensors once gathered; torch types the values as any state-dict value (DTensor, ShardedTensor, ...).
+    return cast(dict[str, torch.Tensor],
+                get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
 
 
 def trained_tokenizer(tokenizer, data_format: str):
@@ -152,7 +156,9 @@ class BestWeights:
             from peft import set_peft_model_state_dict
             from safetensors.torch import load_file
 
-            result = set_peft_model_state_dict(self.model, load_file(str(files[0]), device=str(self.env.device)))
+            # peft annotates it `-> None` but returns load_state_dict's result (missing/unexpected keys).
+            result = set_peft_model_state_dict(self.model,  # type: ignore[func-returns-value]
+                                                load_file(str(files[0]), device=str(self.env.device)))
             _check_loaded(self.path, result.unexpected_keys, [])
         elif self.sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
@@ -163,12 +169,13 @@ class BestWeights:
             for module in self.model.modules():
                 if isinstance(module, FSDPModule):
                     module.reshard()
-            state = _read_state(files) if self.env.is_main else {}
+            state: dict[str, Any] = _read_state(files) if self.env.is_main else {}
             options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
             set_model_state_dict(self.model, state, options=options)
         else:
             result = self.model.load_state_dict(_read_state(files), strict=False)
-            tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
+            # a transformers model's config; nn.Module types attributes Tensor | Module
+            tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()  # type: ignore[union-attr]
             _check_loaded(self.path, result.unexpected_keys, [k for k in result.missing_keys if k not in tied])
         barrier()
 

@@ -57,7 +57,7 @@ def _no_sync(loop: Loop, last: bool):
     # Gradients are all-reduced once per optimizer step, on the last micro-batch only.
     if last or not hasattr(loop.model, "no_sync"):
         return contextlib.nullcontext()
-    return loop.model.no_sync()
+    return loop.model.no_sync()  # type: ignore[operator]  # DDP's (hasattr above); typed Tensor | Module
 
 
 def train_step(loop: Loop, micro_batches: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
