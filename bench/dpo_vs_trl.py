@@ -18,6 +18,7 @@ weights, data order, LoRA init seed and learning rates the two curves should agr
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import shutil
@@ -103,6 +104,8 @@ def run_seqtune(*, checkpoint: Path, work: Path, steps: int, threads: int, tag: 
     measured = window_throughput([m for m in steps_logged if m["step"] >= WARMUP])
     return {"side": "seqtune", "run_dir": str(run_dir), **measured, "process_wall_seconds": wall,
             "losses": [m["loss"] for m in steps_logged],
+            "tokens_per_step": [b["tokens_seen"] - a for a, b in zip([0] + [m["tokens_seen"] for m in steps_logged],
+                                                                     steps_logged)],
             "reward_accuracy_last": steps_logged[-1]["rewards/accuracies"], "command": " ".join(cmd[1:])}
 
 
@@ -143,6 +146,7 @@ def run_trl(python: Path, *, spec: Path, threads: int, tokens_out: Path | None) 
     return {"side": "trl", "measured_seconds": seconds, "target_tokens_per_s": targets / seconds,
             "tokens_per_s": tokens / seconds, "computed_positions_per_s": positions / seconds,
             "padding_efficiency": tokens / positions, "process_wall_seconds": wall, "losses": result["losses"],
+            "tokens_per_step": [c[1] for c in result["counts"]],
             "trl": result["trl"], "command": " ".join([os.path.relpath(cmd[0], REPO), *cmd[1:]])}
 
 
@@ -171,6 +175,74 @@ def token_parity(run_dir: Path, tokens: Path) -> dict:
     return {"sequences_compared": 2 * len(theirs), "sequences_differing": differ}
 
 
+# Where a step's time goes: cumulative cProfile seconds of these functions, (file suffix, name[, first line]).
+# Both sides run the model twice per step: the policy, then the reference (the adapters disabled).
+def _first_line(function) -> int:
+    return inspect.unwrap(function).__code__.co_firstlineno  # cProfile's line for a (decorated) function
+
+
+def components() -> dict[str, dict[str, tuple]]:
+    from seqtune.data.collate import PaddedCollator
+    from seqtune.train.objectives import DisabledAdapters
+
+    return {
+        "seqtune": {
+            "whole step (loop.train_step)": ("seqtune/train/loop.py", "train_step"),
+            "policy + reference forward (sequence_logps)": ("seqtune/train/objectives.py", "sequence_logps"),
+            "  of which the reference (DisabledAdapters)": ("seqtune/train/objectives.py", "__call__",
+                                                            _first_line(DisabledAdapters.__call__)),
+            "  of which the LM head, target positions only (chunked_token_losses)": (
+                "seqtune/models/token_loss.py", "chunked_token_losses"),
+            "backward": ("torch/_tensor.py", "backward"),
+            "optimizer step (AdamW)": ("torch/optim/adam.py", "step"),
+            "collate (PaddedCollator)": ("seqtune/data/collate.py", "__call__", _first_line(PaddedCollator.__call__)),
+        },
+        "trl": {
+            "whole step without the optimizer (DPOTrainer.training_step)": ("trl/trainer/dpo_trainer.py",
+                                                                            "training_step"),
+            "DPO loss and metrics (DPOTrainer._compute_loss)": ("trl/trainer/dpo_trainer.py", "_compute_loss"),
+            "policy + reference forward (_fused_forward)": ("trl/trainer/utils.py", "_fused_forward"),
+            "  of which the LM head, every position (ChunkedLogProbFunction.forward)": (
+                "trl/kernels/chunked_logprob.py", "forward"),
+            "backward": ("torch/_tensor.py", "backward"),
+            "  of which the LM head's backward (ChunkedLogProbFunction.backward)": (
+                "trl/kernels/chunked_logprob.py", "backward"),
+            "metrics: accelerate gather": ("accelerate/accelerator.py", "gather"),
+            "optimizer step (AdamW)": ("torch/optim/adam.py", "step"),
+            "collate (DataCollatorForPreference)": ("trl/trainer/dpo_trainer.py", "torch_call"),
+        },
+    }
+
+
+def component_seconds(prof: Path, wanted: dict[str, tuple], steps: int) -> dict[str, float]:
+    import pstats
+
+    stats = pstats.Stats(str(prof)).stats  # {(file, line, name): (cc, nc, tt, cumulative, callers)}
+    return {label: sum(ct for (file, line, name), (_, _, _, ct, _) in stats.items()
+                       if file.endswith(suffix) and name == function and (not first or line == first[0])) / steps
+            for label, (suffix, function, *first) in wanted.items()}
+
+
+def profile(python: Path, *, checkpoint: Path, work: Path, steps: int, threads: int) -> None:
+    """One cProfile'd run per side (preflight, model build and warm-up included in the file, but the components
+    are all per-step functions), then seconds per step of each component."""
+    run_dir = work / "seqtune-profile"
+    seqtune_cmd = seqtune_command(run_dir, checkpoint=checkpoint, work=work, steps=steps)
+    subprocess.run([PYTHON, "-m", "cProfile", "-o", str(work / "seqtune.prof"), *seqtune_cmd[1:]], cwd=REPO,
+                   env=_env(threads), check=True, capture_output=True)
+    spec = trl_spec(run_dir, checkpoint=checkpoint, steps=steps, threads=threads)
+    (work / "trl_profile_spec.json").write_text(json.dumps(spec))
+    subprocess.run([str(python), "-m", "cProfile", "-o", str(work / "trl.prof"),
+                    str(REPO / "bench" / "_trl_dpo_baseline.py"), "--spec", str(work / "trl_profile_spec.json")],
+                   cwd=REPO, env=_env(threads), check=True, capture_output=True)
+    result = {side: component_seconds(work / f"{side}.prof", wanted, steps) for side, wanted in components().items()}
+    for side, seconds in result.items():
+        print(f"\n{side} (cProfile, {steps} steps, seconds per step)\n")
+        print(markdown_table(["component", "s/step"], [[label, f"{s:.3f}"] for label, s in seconds.items()]))
+    print(f"\nprofiles: {work / 'seqtune.prof'}, {work / 'trl.prof'} (python -m pstats FILE)")
+    write_results("dpo_vs_trl_profile", {"steps": steps, "threads": threads, "seconds_per_step": result})
+
+
 def spread(values: list[float], fmt: str = "{:.0f}") -> str:
     if len(values) == 1:
         return fmt.format(values[0])
@@ -191,6 +263,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads per process (0 = all cores)")
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="instead of the timed runs: one cProfile'd run of STEPS steps per side, time per step "
+                             "by component (bench/results/dpo_vs_trl_profile.json)")
     args = parser.parse_args()
     threads = args.threads or os.cpu_count() or 1
     python = trl_python()
@@ -198,6 +273,9 @@ def main() -> None:
     checkpoint = write_checkpoint(work / "tinyllama-tiny-checkpoint")
     runs: list[dict] = []
     spec_path, tokens_path = work / "trl_spec.json", work / "trl_tokens.json"
+    if args.profile:
+        profile(python, checkpoint=checkpoint, work=work, steps=args.profile, threads=threads)
+        return
     for repeat in range(args.repeats):
         # Alternate which side goes first, so a load change across a repeat does not always hit the same side.
         order = ("seqtune", "trl") if repeat % 2 == 0 else ("trl", "seqtune")
@@ -214,6 +292,8 @@ def main() -> None:
                   f"loss {run['losses'][0]:.4f} -> {run['losses'][-1]:.4f}", flush=True)
     first = {r["side"]: r for r in runs if r["repeat"] == 0}
     tokens = token_parity(Path(first["seqtune"]["run_dir"]), tokens_path)
+    # Both sides trained on the same rows if every step's real-token count agrees (token parity then says the ids).
+    tokens["same_real_tokens_every_step"] = first["seqtune"]["tokens_per_step"] == first["trl"]["tokens_per_step"]
     report(runs, args, threads, tokens, loss_parity(first["seqtune"]["losses"], first["trl"]["losses"]))
 
 
@@ -239,7 +319,8 @@ def report(runs: list[dict], args, threads: int, tokens: dict, parity: dict) -> 
           f"{parity['at_step']}; seqtune {parity['seqtune_first_last'][0]:.4f} -> {parity['seqtune_first_last'][1]:.4f}"
           f", TRL {parity['trl_first_last'][0]:.4f} -> {parity['trl_first_last'][1]:.4f}")
     print(f"token parity: {tokens['sequences_differing']} of {tokens['sequences_compared']} sequences differ "
-          "(ids or targets) between TRL's tokenization and seqtune's")
+          f"(ids or targets) between TRL's tokenization and seqtune's; same real tokens every step: "
+          f"{tokens['same_real_tokens_every_step']}")
     for side, mine in by_side.items():
         print(f"{side}: {mine[0]['command']}")
     path = write_results("dpo_vs_trl", {
