@@ -21,6 +21,7 @@ import argparse
 import inspect
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -91,12 +92,22 @@ def seqtune_command(run_dir: Path, *, checkpoint: Path, work: Path, steps: int, 
             *([f"optim.lr={lr}"] if lr is not None else [])]
 
 
-def run_seqtune(*, checkpoint: Path, work: Path, steps: int, threads: int, tag: str, lr: float | None) -> dict:
-    run_dir = work / f"seqtune-{tag}"
-    cmd = seqtune_command(run_dir, checkpoint=checkpoint, work=work, steps=steps, lr=lr)
+def run_child(cmd: list[str], threads: int) -> tuple[subprocess.CompletedProcess, float, float]:
+    """(result, wall seconds, CPU seconds of the child): on a loaded machine a process waits for a core, which
+    costs wall time but no CPU time, so CPU seconds compare the work of two runs more robustly."""
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     began = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, env=_env(threads), capture_output=True, text=True)
     wall = time.perf_counter() - began
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
+    return proc, wall, cpu
+
+
+def run_seqtune(*, checkpoint: Path, work: Path, steps: int, threads: int, tag: str, lr: float | None) -> dict:
+    run_dir = work / f"seqtune-{tag}"
+    cmd = seqtune_command(run_dir, checkpoint=checkpoint, work=work, steps=steps, lr=lr)
+    proc, wall, cpu = run_child(cmd, threads)
     if proc.returncode != 0:
         raise SystemExit(f"seqtune failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     logs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -104,6 +115,7 @@ def run_seqtune(*, checkpoint: Path, work: Path, steps: int, threads: int, tag: 
     # window_throughput measures every window after its first: starting at step WARMUP measures WARMUP+1 .. steps.
     measured = window_throughput([m for m in steps_logged if m["step"] >= WARMUP])
     return {"side": "seqtune", "run_dir": str(run_dir), **measured, "process_wall_seconds": wall,
+            "process_cpu_seconds": cpu,
             "losses": [m["loss"] for m in steps_logged],
             "tokens_per_step": [b["tokens_seen"] - a for a, b in zip([0] + [m["tokens_seen"] for m in steps_logged],
                                                                      steps_logged)],
@@ -134,9 +146,7 @@ def run_trl(python: Path, *, spec: Path, threads: int, tokens_out: Path | None) 
     cmd = [str(python), str(REPO / "bench" / "_trl_dpo_baseline.py"), "--spec", str(spec)]
     if tokens_out is not None:
         cmd += ["--tokens-out", str(tokens_out)]
-    began = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(threads), capture_output=True, text=True)
-    wall = time.perf_counter() - began
+    proc, wall, cpu = run_child(cmd, threads)
     if proc.returncode != 0:
         raise SystemExit(f"TRL baseline failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     result = next(json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines()
@@ -146,7 +156,8 @@ def run_trl(python: Path, *, spec: Path, threads: int, tokens_out: Path | None) 
     targets, tokens, positions = (sum(c[k] for c in result["counts"][WARMUP:]) for k in range(3))
     return {"side": "trl", "measured_seconds": seconds, "target_tokens_per_s": targets / seconds,
             "tokens_per_s": tokens / seconds, "computed_positions_per_s": positions / seconds,
-            "padding_efficiency": tokens / positions, "process_wall_seconds": wall, "losses": result["losses"],
+            "padding_efficiency": tokens / positions, "process_wall_seconds": wall, "process_cpu_seconds": cpu,
+            "losses": result["losses"],
             "tokens_per_step": [c[1] for c in result["counts"]],
             "trl": result["trl"], "command": " ".join([os.path.relpath(cmd[0], REPO), *cmd[1:]])}
 
@@ -297,14 +308,23 @@ def main() -> None:
             runs.append(run | {"repeat": repeat})
             print(f"[{repeat}] {side}: {run['target_tokens_per_s']:.0f} target tok/s, "
                   f"loss {run['losses'][0]:.4f} -> {run['losses'][-1]:.4f}", flush=True)
+    # CPU seconds of steps WARMUP+1 .. steps: a full run's minus a WARMUP-step run's (start-up, preflight or dataset
+    # preparation, model build and warm-up cost the same in both).
+    short = {"seqtune": run_seqtune(checkpoint=checkpoint, work=work, steps=WARMUP, threads=threads, tag="warmup",
+                                    lr=args.lr)}
+    spec = json.loads(spec_path.read_text())
+    (work / "trl_spec_warmup.json").write_text(json.dumps(spec | {"steps": WARMUP}))
+    short["trl"] = run_trl(python, spec=work / "trl_spec_warmup.json", threads=threads, tokens_out=None)
+    cpu_per_step = {side: (statistics.median(r["process_cpu_seconds"] for r in runs if r["side"] == side)
+                           - short[side]["process_cpu_seconds"]) / (args.steps - WARMUP) for side in short}
     first = {r["side"]: r for r in runs if r["repeat"] == 0}
     tokens = token_parity(Path(first["seqtune"]["run_dir"]), tokens_path)
     # Both sides trained on the same rows if every step's real-token count agrees (token parity then says the ids).
     tokens["same_real_tokens_every_step"] = first["seqtune"]["tokens_per_step"] == first["trl"]["tokens_per_step"]
-    report(runs, args, threads, tokens, loss_parity(first["seqtune"]["losses"], first["trl"]["losses"]))
+    report(runs, args, threads, tokens, loss_parity(first["seqtune"]["losses"], first["trl"]["losses"]), cpu_per_step)
 
 
-def report(runs: list[dict], args, threads: int, tokens: dict, parity: dict) -> None:
+def report(runs: list[dict], args, threads: int, tokens: dict, parity: dict, cpu_per_step: dict) -> None:
     by_side = {side: [r for r in runs if r["side"] == side] for side in ("trl", "seqtune")}
     trl_by_repeat = {r["repeat"]: r for r in by_side["trl"]}
     ratios = [r["target_tokens_per_s"] / trl_by_repeat[r["repeat"]]["target_tokens_per_s"] for r in by_side["seqtune"]]
@@ -316,13 +336,17 @@ def report(runs: list[dict], args, threads: int, tokens: dict, parity: dict) -> 
                      spread([r["tokens_per_s"] for r in mine]),
                      f"{statistics.median(r['padding_efficiency'] for r in mine):.3f}",
                      "1.00x" if side == "trl" else spread(ratios, "{:.2f}x"),
-                     f"{statistics.median(r['process_wall_seconds'] for r in mine):.0f} s"])
+                     f"{statistics.median(r['process_wall_seconds'] for r in mine):.0f} s",
+                     spread([r["process_cpu_seconds"] for r in mine], "{:.0f} s")])
     print(f"\ntinyllama_tiny checkpoint + LoRA r16 (lm_head in full), bundled preference pairs in file order, "
           f"lr {args.lr or 'of the recipe'}, "
           f"micro-batch {BATCH} pairs, {args.steps} steps (measured: steps {WARMUP + 1}-{args.steps}), "
           f"{threads} torch thread(s), {args.repeats} alternating repeat(s), median (min-max)\n")
     print(markdown_table(["run", "target tok/s", "real tok/s", "padding eff.", "target tok/s vs TRL",
-                          "process wall"], rows))
+                          "process wall", "process CPU"], rows))
+    print(f"\nCPU seconds per measured step (median full run minus a {WARMUP}-step run): TRL "
+          f"{cpu_per_step['trl']:.2f}, seqtune {cpu_per_step['seqtune']:.2f}: "
+          f"{cpu_per_step['trl'] / cpu_per_step['seqtune']:.2f}x less CPU per step for seqtune")
     print(f"\nloss parity (repeat 0, every step): |seqtune - TRL| <= 1e-5 up to step "
           f"{(parity['first_step_above_1e-5'] or args.steps + 1) - 1} of {args.steps}; max {parity['max_abs_diff']:.2e} "
           f"at step {parity['at_step']}; seqtune {parity['seqtune_first_last'][0]:.4f} -> {parity['seqtune_first_last'][1]:.4f}"
@@ -336,7 +360,8 @@ def report(runs: list[dict], args, threads: int, tokens: dict, parity: dict) -> 
     path = write_results(name, {
         "args": vars(args) | {"workdir": str(args.workdir)}, "threads": threads, "warmup_steps": WARMUP,
         "ratio_vs_trl": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)},
-        "loss_parity": parity, "token_parity": tokens, "runs": runs})
+        "cpu_seconds_per_measured_step": cpu_per_step, "loss_parity": parity, "token_parity": tokens,
+        "runs": runs})
     print(f"\nwrote {path}")
 
 
