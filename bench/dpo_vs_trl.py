@@ -273,6 +273,42 @@ def loss_parity(seqtune_losses: list[float], trl_losses: list[float]) -> dict:
                                                                                               trl_losses[-1]]}
 
 
+def timed_runs(python: Path, *, checkpoint: Path, work: Path, args, threads: int) -> list[dict]:
+    """args.repeats x (seqtune, TRL), alternating which goes first; the first seqtune run writes TRL's spec and the
+    first TRL run its token ids (WORK/trl_spec.json, WORK/trl_tokens.json)."""
+    runs: list[dict] = []
+    spec_path = work / "trl_spec.json"
+    for repeat in range(args.repeats):
+        # Alternate which side goes first, so a load change across a repeat does not always hit the same side.
+        for side in ("seqtune", "trl") if repeat % 2 == 0 else ("trl", "seqtune"):
+            if side == "seqtune":
+                run = run_seqtune(checkpoint=checkpoint, work=work, steps=args.steps, threads=threads,
+                                  tag=f"r{repeat}", lr=args.lr)
+                if not spec_path.exists():
+                    spec = trl_spec(Path(run["run_dir"]), checkpoint=checkpoint, steps=args.steps, threads=threads)
+                    spec_path.write_text(json.dumps(spec, indent=2))
+            else:
+                run = run_trl(python, spec=spec_path, threads=threads,
+                              tokens_out=work / "trl_tokens.json" if repeat == 0 else None)
+            runs.append(run | {"repeat": repeat})
+            print(f"[{repeat}] {side}: {run['target_tokens_per_s']:.0f} target tok/s, "
+                  f"loss {run['losses'][0]:.4f} -> {run['losses'][-1]:.4f}", flush=True)
+    return runs
+
+
+def cpu_per_step(python: Path, runs: list[dict], *, checkpoint: Path, work: Path, args, threads: int) -> dict:
+    """CPU seconds per step of the last steps: the median full run's minus a (WARMUP + 1)-step run's, per step
+    (start-up, preflight or dataset preparation, model build and warm-up cost the same in both)."""
+    short_steps = WARMUP + 1
+    short = {"seqtune": run_seqtune(checkpoint=checkpoint, work=work, steps=short_steps, threads=threads,
+                                    tag="short", lr=args.lr)}
+    spec = json.loads((work / "trl_spec.json").read_text())
+    (work / "trl_spec_short.json").write_text(json.dumps(spec | {"steps": short_steps}))
+    short["trl"] = run_trl(python, spec=work / "trl_spec_short.json", threads=threads, tokens_out=None)
+    return {side: (statistics.median(r["process_cpu_seconds"] for r in runs if r["side"] == side)
+                   - short[side]["process_cpu_seconds"]) / (args.steps - short_steps) for side in short}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=40)
@@ -288,43 +324,19 @@ def main() -> None:
     python = trl_python()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="seqtune-dpo-vs-trl-"))
     checkpoint = write_checkpoint(work / "tinyllama-tiny-checkpoint")
-    runs: list[dict] = []
-    spec_path, tokens_path = work / "trl_spec.json", work / "trl_tokens.json"
     if args.profile:
         profile(python, checkpoint=checkpoint, work=work, steps=args.profile, threads=threads)
         return
-    for repeat in range(args.repeats):
-        # Alternate which side goes first, so a load change across a repeat does not always hit the same side.
-        order = ("seqtune", "trl") if repeat % 2 == 0 else ("trl", "seqtune")
-        for side in order:
-            if side == "seqtune":
-                run = run_seqtune(checkpoint=checkpoint, work=work, steps=args.steps, threads=threads, tag=f"r{repeat}",
-                                  lr=args.lr)
-                if not spec_path.exists():
-                    spec = trl_spec(Path(run["run_dir"]), checkpoint=checkpoint, steps=args.steps, threads=threads)
-                    spec_path.write_text(json.dumps(spec, indent=2))
-            else:
-                run = run_trl(python, spec=spec_path, threads=threads, tokens_out=tokens_path if repeat == 0 else None)
-            runs.append(run | {"repeat": repeat})
-            print(f"[{repeat}] {side}: {run['target_tokens_per_s']:.0f} target tok/s, "
-                  f"loss {run['losses'][0]:.4f} -> {run['losses'][-1]:.4f}", flush=True)
-    # CPU seconds of steps WARMUP+1 .. steps: a full run's minus a WARMUP-step run's (start-up, preflight or dataset
-    # preparation, model build and warm-up cost the same in both).
-    short = {"seqtune": run_seqtune(checkpoint=checkpoint, work=work, steps=WARMUP, threads=threads, tag="warmup",
-                                    lr=args.lr)}
-    spec = json.loads(spec_path.read_text())
-    (work / "trl_spec_warmup.json").write_text(json.dumps(spec | {"steps": WARMUP}))
-    short["trl"] = run_trl(python, spec=work / "trl_spec_warmup.json", threads=threads, tokens_out=None)
-    cpu_per_step = {side: (statistics.median(r["process_cpu_seconds"] for r in runs if r["side"] == side)
-                           - short[side]["process_cpu_seconds"]) / (args.steps - WARMUP) for side in short}
+    runs = timed_runs(python, checkpoint=checkpoint, work=work, args=args, threads=threads)
+    cpu = cpu_per_step(python, runs, checkpoint=checkpoint, work=work, args=args, threads=threads)
     first = {r["side"]: r for r in runs if r["repeat"] == 0}
-    tokens = token_parity(Path(first["seqtune"]["run_dir"]), tokens_path)
+    tokens = token_parity(Path(first["seqtune"]["run_dir"]), work / "trl_tokens.json")
     # Both sides trained on the same rows if every step's real-token count agrees (token parity then says the ids).
     tokens["same_real_tokens_every_step"] = first["seqtune"]["tokens_per_step"] == first["trl"]["tokens_per_step"]
-    report(runs, args, threads, tokens, loss_parity(first["seqtune"]["losses"], first["trl"]["losses"]), cpu_per_step)
+    report(runs, args, threads, tokens, loss_parity(first["seqtune"]["losses"], first["trl"]["losses"]), cpu)
 
 
-def report(runs: list[dict], args, threads: int, tokens: dict, parity: dict, cpu_per_step: dict) -> None:
+def report(runs: list[dict], args, threads: int, tokens: dict, parity: dict, cpu: dict) -> None:
     by_side = {side: [r for r in runs if r["side"] == side] for side in ("trl", "seqtune")}
     trl_by_repeat = {r["repeat"]: r for r in by_side["trl"]}
     ratios = [r["target_tokens_per_s"] / trl_by_repeat[r["repeat"]]["target_tokens_per_s"] for r in by_side["seqtune"]]
@@ -344,9 +356,9 @@ def report(runs: list[dict], args, threads: int, tokens: dict, parity: dict, cpu
           f"{threads} torch thread(s), {args.repeats} alternating repeat(s), median (min-max)\n")
     print(markdown_table(["run", "target tok/s", "real tok/s", "padding eff.", "target tok/s vs TRL",
                           "process wall", "process CPU"], rows))
-    print(f"\nCPU seconds per measured step (median full run minus a {WARMUP}-step run): TRL "
-          f"{cpu_per_step['trl']:.2f}, seqtune {cpu_per_step['seqtune']:.2f}: "
-          f"{cpu_per_step['trl'] / cpu_per_step['seqtune']:.2f}x less CPU per step for seqtune")
+    print(f"\nCPU seconds per step (median full run minus a {WARMUP + 1}-step run): TRL "
+          f"{cpu['trl']:.2f}, seqtune {cpu['seqtune']:.2f}: "
+          f"{cpu['trl'] / cpu['seqtune']:.2f}x less CPU per step for seqtune")
     print(f"\nloss parity (repeat 0, every step): |seqtune - TRL| <= 1e-5 up to step "
           f"{(parity['first_step_above_1e-5'] or args.steps + 1) - 1} of {args.steps}; max {parity['max_abs_diff']:.2e} "
           f"at step {parity['at_step']}; seqtune {parity['seqtune_first_last'][0]:.4f} -> {parity['seqtune_first_last'][1]:.4f}"
@@ -360,7 +372,7 @@ def report(runs: list[dict], args, threads: int, tokens: dict, parity: dict, cpu
     path = write_results(name, {
         "args": vars(args) | {"workdir": str(args.workdir)}, "threads": threads, "warmup_steps": WARMUP,
         "ratio_vs_trl": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)},
-        "cpu_seconds_per_measured_step": cpu_per_step, "loss_parity": parity, "token_parity": tokens,
+        "cpu_seconds_per_step": cpu, "loss_parity": parity, "token_parity": tokens,
         "runs": runs})
     print(f"\nwrote {path}")
 
