@@ -1,4 +1,4 @@
-"""DPO throughput and loss parity vs TRL: python bench/dpo_vs_trl.py [--steps 40] [--repeats 3] [--profile]
+"""DPO throughput and loss parity vs TRL: python bench/dpo_vs_trl.py [--steps 30] [--repeats 3] [--lr X] [--profile N]
 
 Target tokens per second of `python -m seqtune recipe=lora_dpo` (the real CLI, a subprocess) against TRL's
 DPOTrainer (bench/_trl_dpo_baseline.py, a subprocess in its own virtualenv bench/.venv-trl, which this script
@@ -11,8 +11,10 @@ seqtune's per-step learning rates, grad clip, step count and torch threads.
 
 Target tokens: completion tokens of chosen + rejected with a label (seqtune's targets; TRL's shifted
 completion_mask), never padding. Measured over steps WARMUP+1 .. steps on both sides (model build, preflight or
-dataset preparation and the warm-up steps excluded). Loss parity: both log the loss of every step; with the same
-weights, data order, LoRA init seed and learning rates the two curves should agree to float rounding.
+dataset preparation and the warm-up steps excluded), and CPU seconds per step (a full run's process CPU time minus a
+short run's: steadier than wall time on a loaded machine). Loss parity: both log the loss of every step; with the
+same weights, data order, LoRA init and learning rates the two curves agree to float rounding until a high learning
+rate amplifies it. Token parity: TRL's own tokenization against seqtune's, sequence by sequence.
 """
 
 from __future__ import annotations
@@ -311,7 +313,7 @@ def cpu_per_step(python: Path, runs: list[dict], *, checkpoint: Path, work: Path
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads per process (0 = all cores)")
     parser.add_argument("--workdir", type=Path, default=None)
