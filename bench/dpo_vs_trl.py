@@ -361,10 +361,11 @@ def report(runs: list[dict], args, threads: int, tokens: dict, parity: dict, cpu
     print(f"\nCPU seconds per step (median full run minus a {WARMUP + 1}-step run): TRL "
           f"{cpu['trl']:.2f}, seqtune {cpu['seqtune']:.2f}: "
           f"{cpu['trl'] / cpu['seqtune']:.2f}x less CPU per step for seqtune")
-    print(f"\nloss parity (repeat 0, every step): |seqtune - TRL| <= 1e-5 up to step "
-          f"{(parity['first_step_above_1e-5'] or args.steps + 1) - 1} of {args.steps}; max {parity['max_abs_diff']:.2e} "
-          f"at step {parity['at_step']}; seqtune {parity['seqtune_first_last'][0]:.4f} -> {parity['seqtune_first_last'][1]:.4f}"
-          f", TRL {parity['trl_first_last'][0]:.4f} -> {parity['trl_first_last'][1]:.4f}")
+    agreeing = (parity["first_step_above_1e-5"] or args.steps + 1) - 1
+    (s_first, s_last), (t_first, t_last) = parity["seqtune_first_last"], parity["trl_first_last"]
+    print(f"\nloss parity (repeat 0, every step): |seqtune - TRL| <= 1e-5 up to step {agreeing} of {args.steps}; "
+          f"max {parity['max_abs_diff']:.2e} at step {parity['at_step']}; seqtune {s_first:.4f} -> {s_last:.4f}, "
+          f"TRL {t_first:.4f} -> {t_last:.4f}")
     print(f"token parity: {tokens['sequences_differing']} of {tokens['sequences_compared']} sequences differ "
           f"(ids or targets) between TRL's tokenization and seqtune's; same real tokens every step: "
           f"{tokens['same_real_tokens_every_step']}")
