@@ -30,7 +30,7 @@ TRUE = {"1", "ON", "YES", "TRUE"}
 
 
 def is_hub_id(value: str | None) -> bool:
-    return bool(value) and HUB_ID.match(value) is not None and not Path(value).expanduser().exists()
+    return value is not None and HUB_ID.match(value) is not None and not Path(value).expanduser().exists()
 
 
 def hub_cache() -> Path:

@@ -511,7 +511,7 @@ class SourceFiles:
 def expand_sources(sources: list[DataSource]) -> list[SourceFiles]:
     """Each source's files (expand_paths); a file in two sources of one split is refused (which would it be?)."""
     expanded: list[SourceFiles] = []
-    owner: dict[Path, str] = {}
+    owner: dict[str, str] = {}  # real path -> the source key that has it
     for source in sources:
         files = expand_paths(source.path, source.key)
         for path in files:

@@ -186,6 +186,7 @@ class SampleEncoder:
         prompts = [r.prompt for r in records] if self.fmt != "text" else [""] * len(records)
         texts = [p + r.completion for p, r in zip(prompts, records)]
         self.texts_tokenized += len(texts)
+        assert self._backend is not None, "offsets need a fast tokenizer (the slow path tokenizes apart)"
         encodings = self._backend.encode_batch(texts, add_special_tokens=False)
         counts = np.fromiter((len(e.ids) for e in encodings), np.int64, count=len(encodings))
         total = int(counts.sum())

@@ -123,7 +123,8 @@ def gguf_tensors(directory: Path, config: dict, arch: GgufArch) -> Iterator[tupl
     n_head, n_kv = config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"]
     for name, data in _source_tensors(directory):
         # A head equal to the embedding is the tied one llama.cpp reuses; a head trained apart is written.
-        if name == "lm_head.weight" and np.array_equal(data, _read_tensor(directory, "model.embed_tokens.weight")):
+        embedding = _read_tensor(directory, "model.embed_tokens.weight") if name == "lm_head.weight" else None
+        if embedding is not None and np.array_equal(data, embedding):
             continue
         if arch.permute_qk and name.endswith("self_attn.q_proj.weight"):
             data = _permute(data, n_head)
@@ -371,13 +372,14 @@ def export_run_gguf(run_dir: Path, gguf_type: str) -> Path:
 
 def _merge_adapter(run_dir: Path, target: Path) -> None:
     """merged/ from adapter/ on the base its adapter_config.json names (an on-demand export of a LoRA run)."""
+    import torch
     from transformers import AutoTokenizer
 
     from seqtune.export.facts import ship_facts
     from seqtune.export.proof import load_artifact
 
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "adapter")
-    model = load_artifact(ship_facts(tokenizer, run_dir), "adapter", device="cpu")
+    model: Any = load_artifact(ship_facts(tokenizer, run_dir), "adapter", device=torch.device("cpu"))
     model.merge_and_unload().save_pretrained(target, safe_serialization=True)
     tokenizer.save_pretrained(target)
     follow_umask(target)

@@ -52,11 +52,12 @@ class ArtifactProof:
 def reference_prompts(run_dir: Path, tokenizer: Any) -> list[Any]:
     """The first validation prompts as training tokenized them (the train split's when there is no validation)."""
     from seqtune.data.loader import build_eval_prompts
-    from seqtune.preflight.result import load_result
+    from seqtune.config.plan import load_plan
 
-    result = load_result(run_dir)
-    cache = result.caches.get("val") or result.caches["train"]
-    prompts = build_eval_prompts(cache, count=PROMPTS, max_seq_len=result.max_seq_len, bos_id=tokenizer.bos_token_id)
+    plan = load_plan(run_dir)  # the run's plan: its token caches, max_seq_len and the bos the encoder added
+    cache = Path(plan.caches.get("val") or plan.caches["train"])
+    prompts = build_eval_prompts(cache, count=PROMPTS, max_seq_len=plan.max_seq_len, bos_id=plan.tokens.bos_id,
+                                 stride=plan.sequences_per_sample)
     return prompts or _text_prompts(cache)
 
 
@@ -101,12 +102,13 @@ def load_artifact(facts: ShipFacts, name: str, *, device: torch.device) -> torch
 
     directory = facts.run_dir / name
     if not (directory / "adapter_config.json").is_file():
-        return AutoModelForCausalLM.from_pretrained(directory, dtype="auto").to(device).eval()
+        return AutoModelForCausalLM.from_pretrained(directory, dtype="auto").to(device).eval()  # type: ignore[arg-type]  # transformers' .to decorator
     from peft import PeftModel
 
     base_name = json.loads((directory / "adapter_config.json").read_text())["base_model_name_or_path"]
     base = AutoModelForCausalLM.from_pretrained(base_name, dtype="auto")
-    if facts.resize_to and base.get_input_embeddings().weight.shape[0] < facts.resize_to:
+    rows = base.get_input_embeddings().weight.shape[0]  # type: ignore[index]  # an Embedding's weight
+    if facts.resize_to and rows < facts.resize_to:
         base.resize_token_embeddings(facts.resize_to, mean_resizing=False)
     return PeftModel.from_pretrained(base, directory).to(device).eval()
 
@@ -165,7 +167,8 @@ def stops_at_terminators(model: torch.nn.Module, directory: Path, facts: ShipFac
     failures = []
     for token in facts.stop.eos:
         forced = LogitsProcessorList([_ForceToken(inputs.shape[1], 1, token)])
-        new = model.generate(input_ids=inputs, attention_mask=torch.ones_like(inputs), generation_config=config,
+        new = model.generate(  # type: ignore[operator]  # a transformers (or peft) model: nn.Module types it loosely
+            input_ids=inputs, attention_mask=torch.ones_like(inputs), generation_config=config,
                              logits_processor=forced)[0, inputs.shape[1]:].tolist()
         stopped = len(new) <= 2 and new[-1] in listed
         name = facts.stop.names.get(token, str(token))
@@ -173,7 +176,7 @@ def stops_at_terminators(model: torch.nn.Module, directory: Path, facts: ShipFac
         if not stopped:
             failures.append(f"generation does not stop at the trained terminator {name} (id {token}): "
                             f"{directory.name}/generation_config.json eos_token_id={listed}")
-    greedy = model.generate(input_ids=inputs, attention_mask=torch.ones_like(inputs),
+    greedy = model.generate(input_ids=inputs, attention_mask=torch.ones_like(inputs),  # type: ignore[operator]
                             generation_config=config)[0, inputs.shape[1]:].tolist()
     checks["greedy_tokens"] = len(greedy)
     checks["greedy_stopped"] = bool(greedy) and greedy[-1] in listed

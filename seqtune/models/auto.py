@@ -147,8 +147,8 @@ def _end_of_turn(root: Path, template: str | None, tokenizer_config: dict) -> tu
     """The control token the chat template writes right after an assistant reply (not the last one: templates
     close a final reply differently, e.g. with eos), else the tokenizer's eos."""
     eos = _token_text(tokenizer_config.get("eos_token"))
-    added = [token["content"] for token in _json(root / "tokenizer.json").get("added_tokens", [])]
-    added += [_token_text(t) for t in tokenizer_config.get("added_tokens_decoder", {}).values()]
+    added: list[str] = [token["content"] for token in _json(root / "tokenizer.json").get("added_tokens", [])]
+    added += [text for t in tokenizer_config.get("added_tokens_decoder", {}).values() if (text := _token_text(t))]
     if template:
         rendered = _render_probe(template, tokenizer_config)
         if rendered is not None:

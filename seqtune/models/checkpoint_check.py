@@ -78,10 +78,10 @@ def _shards(root: Path) -> tuple[dict[str, set[str] | None], list[WeightFault]]:
         reason = "has no \"weight_map\" object of tensor name -> shard file"
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         return {}, [WeightFault(file=str(index), message=f"{INDEX} {reason}. Fix: {FIX}")]
-    shards: dict[str, set[str] | None] = {}
+    shards: dict[str, set[str]] = {}
     for name, shard in weight_map.items():
         shards.setdefault(shard, set()).add(name)
-    return shards, []
+    return dict(shards), []
 
 
 def read_header(path: Path) -> tuple[dict[str, dict], WeightFault | None]:

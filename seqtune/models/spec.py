@@ -114,6 +114,7 @@ def spec_for(model: ModelConfig) -> ModelSpec:
     from seqtune.models.auto import checkpoint_spec
     from seqtune.models.facts import check_checkpoint_dir
 
+    assert model.path, "the schema refuses model.family=auto without model.path"
     return checkpoint_spec(str(check_checkpoint_dir(model.path)))
 
 

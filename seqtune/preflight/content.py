@@ -127,10 +127,9 @@ def content_checks(cfg: RootConfig, plan: Resolved, tokens: Tokens, tokenizer: A
             result.notes += labels.duplicate_notes(split=name, samples=observed.samples // k, copies=copies or 0,
                                                    of=of, max_fraction=cfg.data.max_duplicate_fraction)
         if name in result.splits:
-            result.splits[name].content = _stats(observed, control, ends, cut, duplicates)
+            result.splits[name].content = stats = _stats(observed, control, ends, cut, duplicates)
             if proof is not None:
-                result.splits[name].content.text_checked = proof.checked
-                result.splits[name].content.text_mismatched = proof.mismatched.count
+                stats.text_checked, stats.text_mismatched = proof.checked, proof.mismatched.count
     result.notes += [f"model facts ({fact}): {source}" for fact, source in plan.fact_sources.items()]
     if tokens.templated:
         result.notes += [note] if (note := templates.earlier_turns_note(tokenizer)) else []

@@ -11,7 +11,7 @@ every record of a format).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ class TextProof:
     first_difference: str | None = None  # where and how the first mismatched sample differs
 
 
-def prove_tokens_text(split: SplitInput, cache: TokenCache, tokenizer: Any, encoders: dict[str, SampleEncoder], *,
+def prove_tokens_text(split: SplitInput, cache: TokenCache, tokenizer: Any, encoders: Mapping[str, SampleEncoder], *,
                       media_root: str | None, limit: int = TEXT_PROOF_SAMPLES) -> TextProof:
     """Compare cached samples of `split` with their records' rendered text (`encoders`: one per format of the
     split's sources, as the scan used): the first `limit` samples, shared out over the split's sources so every
@@ -69,7 +69,7 @@ def prove_tokens_text(split: SplitInput, cache: TokenCache, tokenizer: Any, enco
     return proof
 
 
-def _rendered_texts(split: SplitInput, encoders: dict[str, SampleEncoder], media_root: str | None,
+def _rendered_texts(split: SplitInput, encoders: Mapping[str, SampleEncoder], media_root: str | None,
                     wanted: dict[str, int]) -> Iterator[tuple[str, list[str]]]:
     """(location, rendered text of each of its sequences) of the records whose samples are `wanted`, in the split's
     order."""
@@ -156,5 +156,5 @@ def split_text_proof(cache_dir: Path, tokenizer: Any, *, train_on_prompt: bool, 
     """The proof for one scanned split, read from its token cache (which records the split it was written from)."""
     cache = TokenCache.open(cache_dir)
     split = from_meta("split", cache.meta)
-    encoders = {fmt: SampleEncoder(tokenizer, fmt, train_on_prompt=train_on_prompt) for fmt in split.formats}
+    encoders = {str(fmt): SampleEncoder(tokenizer, fmt, train_on_prompt=train_on_prompt) for fmt in split.formats}
     return prove_tokens_text(split, cache, tokenizer, encoders, media_root=media_root)

@@ -50,7 +50,7 @@ def export_final(model: torch.nn.Module, tokenizer, *, run_dir: Path, env: DistE
         print(f"saved {'LoRA adapter' if lora else 'model'}{gathered}: {target}", flush=True)
         gguf = facts.cfg.train.export_gguf
         if merged or (lora and gguf):  # LoRA only; a GGUF file is written from merged/ (preflight: not under FSDP)
-            merged_model = model.merge_and_unload()
+            merged_model = model.merge_and_unload()  # type: ignore[operator]  # peft's wrapper (LoRA only here)
             # A tied head trained in full (lora.modules_to_save) is no longer the embedding: say so in config.json.
             if merged_model.get_output_embeddings().weight is not merged_model.get_input_embeddings().weight:
                 merged_model.config.tie_word_embeddings = False
@@ -77,10 +77,11 @@ def save_trained(model: torch.nn.Module, tokenizer, target: Path, *, env: DistEn
     state = _gathered_state(model) if sharded else None
     if env.is_main:
         if lora:
-            for config in model.peft_config.values():
+            for config in model.peft_config.values():  # type: ignore[operator]  # peft's wrapper
                 config.base_model_name_or_path = facts.base
-            save_adapter(model, target, state_dict=state)  # never lets peft look the base model up on a hub
-            model.generation_config.save_pretrained(target)
+            # `model` is peft's wrapper; save_adapter never lets peft look the base model up on a hub.
+            save_adapter(model, target, state_dict=state)  # type: ignore[arg-type]
+            model.generation_config.save_pretrained(target)  # type: ignore[union-attr,operator]
         else:
             # a transformers model; nn.Module types its methods Tensor | Module
             model.save_pretrained(target, state_dict=state, safe_serialization=True)  # type: ignore[operator]
@@ -118,7 +119,8 @@ class BestWeights:
         self.path = Path(run_dir) / BEST_DIR
         self.facts = ship_facts(tokenizer, run_dir)
         stamp_stop_ids(model, self.facts.stop)
-        self._files = None  # the data files, listed at the first save (hashed by export_final's card)
+        # The data files, listed at the first save (hashed by export_final's card).
+        self._files: list[tuple[str, Path, str]] | None = None
 
     def save(self) -> Path:
         """Write the export into a locked temporary directory beside best/, then swap it in: a crash while

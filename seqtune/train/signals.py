@@ -47,7 +47,7 @@ def install() -> dict[int, object]:
 def restore(previous: dict[int, object]) -> None:
     """The handlers `install` replaced (seqtune.__main__.main called in-process, as the hostile table does)."""
     for sig, handler in previous.items():
-        signal.signal(sig, handler)
+        signal.signal(sig, handler)  # type: ignore[arg-type]  # what signal.signal returned for it
     _RECEIVED.signum, _RECEIVED.deferred = None, False
 
 
