@@ -18,6 +18,8 @@ def run_cli(args: list[str], run_dir: Path, *, module: str = "seqtune", timeout:
     """`python -m seqtune ARGS hydra.run.dir=RUN_DIR`, captured; never raises on a non-zero exit."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true"}
     full_env.pop("WANDB_API_KEY", None)  # tests never go online
+    # Recorded by seqtune's entry point when the hostile table ran it in this process: the subprocess records its own.
+    full_env.pop("SEQTUNE_USER_HF_HUB_OFFLINE", None)
     full_env.update(env or {})
     command = [sys.executable, "-m", module, *args, f"hydra.run.dir={run_dir}", "train.progress=false"]
     return subprocess.run(command, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)

@@ -387,7 +387,11 @@ REJECT_FIXES: dict[str, tuple[str, str]] = {
     "no_targets": ("data.{split}", "give every conversation an assistant reply (and a user turn before it)"),
     "no_user_turn": ("data.{split}", "give every conversation a user message before its assistant reply"),
     "unsupported_content": ("data.{split}", "keep only text content parts (images, audio and files do not train)"),
-    TEMPLATE_REJECTED: ("tokenizer.chat_template", "tokenizer.chat_template=NAME with a template that renders them"),
+    TEMPLATE_REJECTED: ("tokenizer.chat_template", "tokenizer.chat_template=NAME with a template that renders them "
+                                                   f"(tool turns: {', '.join(TEMPLATES_WITH_TOOL_TURNS)})"),
+    "identical_pair": ("data.{split}", "give each pair a chosen and a rejected completion that differ"),
+    "history_mismatch": ("data.{split}", "give the shared conversation as `prompt` and only the replies as chosen "
+                                         "and rejected"),
     "overlength": ("data.max_seq_len", "a larger data.max_seq_len (or auto), or data.overlength=truncate"),
 }
 
@@ -402,7 +406,7 @@ def _all_rejected(*, split: str, records: int, reject_counts: Mapping[str, int],
     others = ", ".join(f"{c} x{n}" for c, n in sorted(reject_counts.items()) if c != code)
     where = f"{example.file}:{example.line}" if example is not None else None
     return Problem(
-        check="integrity", key=key.format(split=split), location=where,
+        check="template" if code == TEMPLATE_REJECTED else "integrity", key=key.format(split=split), location=where,
         message=(f"data.{split} has no usable record: all {records} were rejected, most for {code} ({count} of "
                  f"{records}{f'; also {others}' if others else ''})"
                  f"{f'; the first: {where}: {example.reason}' if example is not None else ''}. Every one is listed "

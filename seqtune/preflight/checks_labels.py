@@ -82,13 +82,10 @@ def check_turn_terminators(*, split: str, templated: bool, run_ends: Mapping[tup
     return problems
 
 
-def trained_terminators(run_ends: Mapping[tuple[int, int], Finding], terminators: Mapping[int, str]) -> dict[int, int]:
-    """Terminator id -> how many target spans end on it."""
-    counts: dict[int, int] = {}
-    for (end, _), finding in run_ends.items():
-        if end in terminators:
-            counts[end] = counts.get(end, 0) + finding.count
-    return counts
+def trained_terminators(control_targets: Mapping[int, int], terminators: Mapping[int, str]) -> dict[int, int]:
+    """Terminator id -> how many times it is a target (a token the model learns to emit): the report's and the
+    exports' "trained terminators". `control_targets`: control token id -> target count (preflight.observe)."""
+    return {t: n for t, n in sorted(control_targets.items()) if t in terminators}
 
 
 # --- 4. control tokens written in data text, and doubled bos ----------------------------------------------------

@@ -206,8 +206,8 @@ def _stats(observed: SplitObservations, control: dict[int, str], ends: dict[int,
     used = set(observed.control_inputs) | set(observed.control_targets)
     return ContentStats(
         target_spans=observed.turns, span_ends=labels.describe_classes(observed.run_ends, control),
-        trained_terminators={ends[t]: n for t, n in sorted(labels.trained_terminators(observed.run_ends,
-                                                                                      ends).items())},
+        trained_terminators={ends[t]: n for t, n in labels.trained_terminators(observed.control_targets,
+                                                                               ends).items()},
         masked_terminators=sum(f.count for f in masked.values()), unterminated_spans=unterminated.count,
         special_tokens={control[t]: {"inputs": observed.control_inputs.get(t, 0),
                                      "targets": observed.control_targets.get(t, 0)} for t in sorted(used)},
@@ -222,7 +222,7 @@ def _checkpoint_checks(cfg: RootConfig, plan: Resolved, hf_config: Any, train: S
     trained (or train now)."""
     if not cfg.model.path:
         return []
-    trained = labels.trained_terminators(train.run_ends, ends)
+    trained = labels.trained_terminators(train.control_targets, ends)
     stop_ids, source = generation_stop_ids(Path(cfg.model.path), hf_config)
     problems = model_checks.check_stop_tokens(trained=trained, names=control, stop_ids=stop_ids, source=source)
     tied = plan.tied_embeddings

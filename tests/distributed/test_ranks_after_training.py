@@ -48,8 +48,10 @@ def test_every_rank_stops_early_and_ends_on_best(tmp_path: Path, data, recipe, p
     evals = {m["step"]: m["eval_loss"] for m in metrics if "eval_loss" in m}
     assert sorted(evals) == [2, 4, 6] and max(m["step"] for m in metrics if "loss" in m) == 6
     final = next(m for m in reversed(metrics) if "test_loss" in m)
-    # Both ranks evaluated the restored step-2 weights (a rank left on step 6 would pull the sum away).
-    assert final["best_step"] == 2 and final["test_loss"] == pytest.approx(evals[2], rel=1e-6)
+    # Both ranks evaluated the restored best weights, those of the lowest eval loss (a rank left on the last step's
+    # weights would pull the summed test loss away from that eval's).
+    best_step = min(evals, key=evals.__getitem__)
+    assert final["best_step"] == best_step and final["test_loss"] == pytest.approx(evals[best_step], rel=1e-6)
     best, last = load_file(run_dir / "best" / weights.name), load_file(run_dir / weights)
     assert best.keys() == last.keys()
     for name in best:

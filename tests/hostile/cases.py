@@ -1360,7 +1360,7 @@ def _safetensors(tensors: dict[str, list[int]]) -> bytes:
     return len(blob).to_bytes(8, "little") + blob + b"\0" * offset
 
 
-def _checkpoint(tmp: Path, config: dict) -> Path:
+def _config_only_checkpoint(tmp: Path, config: dict) -> Path:
     directory = tmp / "ckpt"
     write(directory / "config.json", json.dumps(config).encode())
     write(directory / "model.safetensors", _safetensors({"model.embed_tokens.weight": [8, 4],
@@ -1373,14 +1373,14 @@ def _checkpoint(tmp: Path, config: dict) -> Path:
 def _(tmp: Path) -> Run:
     config = {"model_type": "novel", "architectures": ["NovelForCausalLM"], "vocab_size": 8,
               "auto_map": {"AutoModelForCausalLM": "modeling_novel.NovelForCausalLM"}}
-    return Run(args=["model=hf", f"model.path={_checkpoint(tmp, config)}", "lora=default"])
+    return Run(args=["model=hf", f"model.path={_config_only_checkpoint(tmp, config)}", "lora=default"])
 
 
 @case("auto_unknown_architecture", AUTO, "a checkpoint of a class transformers does not ship", "clean",
       refused(r"model\.path", r"NovelForCausalLM", r"not a causal-LM class transformers"))
 def _(tmp: Path) -> Run:
     config = {"model_type": "novel", "architectures": ["NovelForCausalLM"], "vocab_size": 8}
-    return Run(args=["model=hf", f"model.path={_checkpoint(tmp, config)}", "lora=default"])
+    return Run(args=["model=hf", f"model.path={_config_only_checkpoint(tmp, config)}", "lora=default"])
 
 
 # --- cases: the starting checkpoint (seqtune/models/checkpoint_check.py) -----------------------------------------

@@ -84,14 +84,15 @@ def test_tool_turns_train_where_the_format_has_them_and_are_refused_naming_the_t
     text = refused(run_cli(["model=gemma3_tiny", "tokenizer=gemma3", *common, "preflight.only=true"], failing),
                    failing, "[template] tokenizer.chat_template", "messages[2] role 'tool' is not accepted by the chat template",
                    "Fix: tokenizer.chat_template=NAME", "llama3, mistral_v3")
-    assert "16 of 16 train conversations cannot be rendered by the chat template" in " ".join(text.split())
+    # Every record refused by the template: one problem, naming the template as what to fix (not max_bad_fraction).
+    assert "all 16 were rejected, most for template_rejected (16 of 16)" in " ".join(text.split())
 
 
 def test_one_cause_is_one_problem_the_table_is_printed_once_and_json_agrees(tmp_path: Path):
     # Llama 3's 128,256-token vocabulary on a 4,096-row model (256 special tokens without a row), and two samples
     # that truncation leaves without a target (dropped, in both data modes, and said so).
     rows = [{"instruction": f"Name fruit {i}.", "input": "", "output": "pear"} for i in range(12)]
-    rows += [{"instruction": "Repeat this. " * 40, "input": "", "output": "ok"} for _ in range(2)]
+    rows += [{"instruction": f"Repeat this {i}. " * 40, "input": "", "output": "ok"} for i in range(2)]
     data = write_jsonl(tmp_path / "train.jsonl", rows)
     run_dir = tmp_path / "run"
     text = refused(run_cli(["tokenizer=llama3", f"data.train={data}", "data.val=null", "data.max_seq_len=32",

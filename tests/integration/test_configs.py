@@ -40,12 +40,14 @@ def test_group_file_composes_and_type_checks(path: Path):
     overrides = [f"{group}={path.stem}"]
     if OmegaConf.select(OmegaConf.load(path), "requires_path"):
         overrides.append("model.path=/checkpoints/somewhere")  # real-size models need a checkpoint directory
+    if OmegaConf.select(OmegaConf.load(path), "format") == "preference":
+        overrides.append("recipe=lora_dpo")  # preference pairs are read by the preference recipe only
     cfg = _compose(overrides)
     typed = to_typed(cfg)
     assert isinstance(typed, RootConfig)
-    if group == "recipe":  # presets of the one SFT recipe, differing in lora.enabled
+    if group == "recipe":  # presets of a recipe (sft, dpo), differing in lora.enabled
         assert path.read_text().splitlines()[0] == "# @package _global_"
-        assert typed.recipe_name == "sft" and typed.lora.enabled == (path.stem == "lora_sft")
+        assert typed.recipe_name == path.stem.split("_", 1)[1] and typed.lora.enabled == path.stem.startswith("lora_")
 
 
 def test_unknown_key_fails_at_compose_time_naming_it():

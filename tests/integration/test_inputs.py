@@ -160,8 +160,8 @@ def test_weighted_sources_mix_by_weight_and_the_batch_identity_follows_the_weigh
     if mode == "cached":  # 13 micro-batches of 4 (tail dropped), each sample its weight's number of times
         assert sum(plan["samples_per_rank"]) == 52 and plan["steps_per_epoch"] == 13
         assert len([m for m in read_metrics(run_dir) if "loss" in m]) == 13
-    else:  # the stream pads its last micro-batch with fillers
-        assert result["stream_source_records"] == [20, 30] and plan["micro_batches_per_rank"] == 14
+    else:  # the stream honours data.tail=drop as cached mode does: 13 full micro-batches, the rest left out
+        assert result["stream_source_records"] == [20, 30] and plan["micro_batches_per_rank"] == 13
     identity = json.loads((run_dir / "plan.json").read_text())["batches"]
     assert [m["weight"] for m in identity["mix"]] == [2.0, 0.5]
     console = (run_dir / "seqtune.log").read_text()

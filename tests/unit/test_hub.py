@@ -31,6 +31,8 @@ def offline_cache(tmp_path, monkeypatch) -> Path:
     cache = tmp_path / "hub"
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # An in-process CLI run earlier in this worker (the hostile table) records the user's value here: not this test's.
+    monkeypatch.delenv("SEQTUNE_USER_HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("HF_TOKEN", "hf_secret_token_never_written")
     return cache
 

@@ -17,7 +17,7 @@ from seqtune.data.tokenize import SampleEncoder
 from seqtune.models import load_model_config, read_model_facts, spec_for
 from seqtune.models.memory import meta_model
 from seqtune.preflight import checks_labels as labels
-from seqtune.preflight.content import terminators
+from seqtune.preflight.tokens import terminators
 from seqtune.preflight.observe import observe_split
 from seqtune.tokenizers import load_tokenizer
 from seqtune.tokenizers.control import control_tokens, literal_controls, whitespace_ids
@@ -71,8 +71,9 @@ def test_the_checkpoints_end_of_turn_is_trained_and_a_masking_template_is_caught
         control = control_tokens(tokenizer)
         observed = observe_split(scan.cache_dir, control=control, literal=literal_controls(tokenizer),
                                  bos_id=encoder.bos_id, scan_text=True, space_ids=whitespace_ids(tokenizer))
-        ends = terminators(tokenizer, spec_for(cfg).eot_token, "chat", control)
-        return labels.check_turn_terminators(split="train", fmt="chat", run_ends=observed.run_ends, terminators=ends)
+        ends = terminators(tokenizer, spec_for(cfg).eot_token, templated=True)
+        return labels.check_turn_terminators(split="train", templated=True, run_ends=observed.run_ends,
+                                             terminators=ends)
 
     assert problems() == []
     eot = spec_for(cfg).eot_token

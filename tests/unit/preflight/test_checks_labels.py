@@ -19,7 +19,8 @@ def found(count: int, *lines: int) -> Finding:
 def test_spans_ending_on_a_terminator_pass():
     runs = {(EOT, HEADER): found(4, 1, 2), (EOS, SAMPLE_END): found(8, 1)}
     assert labels.check_turn_terminators(split="train", templated=True, run_ends=runs, terminators=ENDS) == []
-    assert labels.trained_terminators(runs, ENDS) == {EOT: 4, EOS: 8}
+    # Trained terminators: the terminators that are targets, counted (a control token that is no terminator is not).
+    assert labels.trained_terminators({EOT: 4, EOS: 8, HEADER: 3}, ENDS) == {EOT: 4, EOS: 8}
 
 
 def test_a_terminator_right_after_a_span_is_a_masked_terminator():

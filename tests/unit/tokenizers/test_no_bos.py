@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seqtune.config.schema import ModelConfig, PaddingConfig, TokenizerConfig
+from seqtune.config.schema import ModelConfig, TokenizerConfig
+from seqtune.data.batching import BatchRule
 from seqtune.data.collate import make_collator
 from seqtune.data.loader import build_eval_prompts
 from seqtune.data.tokenize import SampleEncoder
@@ -88,8 +89,8 @@ def test_samples_start_with_their_text_and_end_with_a_trained_eos(no_bos_dir, tm
     prompts = build_eval_prompts(scan.cache_dir, count=2, max_seq_len=64, bos_id=None)
     assert prompts and all(p.prompt_ids and p.reference_ids[-1] == tokenizer.eos_token_id for p in prompts)
     # Packed rows: each document's positions restart at 0 and its targets stay its own.
-    collate = make_collator(PaddingConfig(strategy="packed"), max_seq_len=64, pad_id=tokenizer.pad_token_id,
-                            padding_side="right")
+    collate = make_collator(BatchRule(strategy="packed", batch_size=len(cache), max_seq_len=64),
+                            pad_id=tokenizer.pad_token_id, padding_side="right")
     batch = collate([cache[i] for i in range(len(cache))])
     starts = np.flatnonzero(batch["position_ids"][0].numpy() == 0)
     assert starts.tolist()[:2] == [0, len(cache[0].input_ids)]
