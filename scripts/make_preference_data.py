@@ -14,6 +14,8 @@ import json
 import random
 from pathlib import Path
 
+from make_instruct_data import write_jsonl  # the sibling script (run as scripts/make_preference_data.py)
+
 ROOT = Path(__file__).parents[1]
 INSTRUCT = ROOT / "seqtune/data/assets/instruct"
 PROMPT = "### Instruction:\n{instruction}\n\n### Response:\n"
@@ -60,13 +62,6 @@ def pairs_of(path: Path, rng: random.Random, skip_prompts: set[str]) -> list[dic
         seen.add(key)
         records.append(record)
     return [made for record in records if (made := pair(record, rng)) is not None]
-
-
-def write_jsonl(path: Path, rows: list[dict[str, str]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
 def main() -> None:

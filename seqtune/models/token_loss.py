@@ -39,50 +39,44 @@ def chunk_tokens(vocab_rows: int) -> int:
     return max(MIN_CHUNK_TOKENS, LOGITS_CHUNK_BYTES // (4 * vocab_rows))
 
 
-def _chunk_loss(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module, softcap: float | None) -> torch.Tensor:
+def _chunk_loss(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module, softcap: float | None,
+                reduction: str) -> torch.Tensor:
     logits = head(hidden).float()
     if softcap is not None:
         logits = torch.tanh(logits / softcap) * softcap
-    return F.cross_entropy(logits, targets, reduction="sum")
+    return F.cross_entropy(logits, targets, reduction=reduction)
+
+
+def _target_positions(hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The hidden states and targets of the positions whose target is not IGNORE_INDEX, in row-major order: prompt
+    and padding positions never reach the head (their logits would be computed only to be ignored)."""
+    flat_targets = targets.reshape(-1)
+    keep = (flat_targets != IGNORE_INDEX).nonzero().squeeze(1)
+    return hidden.reshape(-1, hidden.shape[-1]).index_select(0, keep), flat_targets.index_select(0, keep)
 
 
 def chunked_cross_entropy(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor, *, chunk: int,
                           softcap: float | None = None) -> torch.Tensor:
     """Sum of CE of head(hidden) vs targets over positions whose target is not IGNORE_INDEX, never holding more
     than `chunk` positions' logits at once (forward or backward)."""
-    flat_hidden = hidden.reshape(-1, hidden.shape[-1])
-    flat_targets = targets.reshape(-1)
-    keep = (flat_targets != IGNORE_INDEX).nonzero().squeeze(1)
-    # Prompt and padding positions never reach the head: their logits would be computed only to be ignored.
-    selected, wanted = flat_hidden.index_select(0, keep), flat_targets.index_select(0, keep)
+    selected, wanted = _target_positions(hidden, targets)
     # Starts from a zero that is part of the graph: a micro-batch without targets still backpropagates (zeros),
     # as every rank's backward must under DDP.
     total = hidden.sum().float() * 0.0
     for start in range(0, wanted.numel(), chunk):
         end = start + chunk
-        total = total + checkpoint(_chunk_loss, selected[start:end], wanted[start:end], head, softcap,
+        total = total + checkpoint(_chunk_loss, selected[start:end], wanted[start:end], head, softcap, "sum",
                                    use_reentrant=False)
     return total
-
-
-def _chunk_token_losses(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module,
-                        softcap: float | None) -> torch.Tensor:
-    logits = head(hidden).float()
-    if softcap is not None:
-        logits = torch.tanh(logits / softcap) * softcap
-    return F.cross_entropy(logits, targets, reduction="none")
 
 
 def chunked_token_losses(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor, *, chunk: int,
                          softcap: float | None = None) -> torch.Tensor:
     """The cross-entropy of every target position (targets != IGNORE_INDEX, in row-major order), chunked like
     chunked_cross_entropy: what an objective that needs per-sequence log-probabilities sums (preference pairs)."""
-    flat_hidden = hidden.reshape(-1, hidden.shape[-1])
-    flat_targets = targets.reshape(-1)
-    keep = (flat_targets != IGNORE_INDEX).nonzero().squeeze(1)
-    selected, wanted = flat_hidden.index_select(0, keep), flat_targets.index_select(0, keep)
-    parts = [checkpoint(_chunk_token_losses, selected[start:start + chunk], wanted[start:start + chunk], head,
-                        softcap, use_reentrant=False) for start in range(0, wanted.numel(), chunk)]
+    selected, wanted = _target_positions(hidden, targets)
+    parts = [checkpoint(_chunk_loss, selected[start:start + chunk], wanted[start:start + chunk], head, softcap,
+                        "none", use_reentrant=False) for start in range(0, wanted.numel(), chunk)]
     return torch.cat(parts) if parts else hidden.new_zeros(0, dtype=torch.float32)
 
 
