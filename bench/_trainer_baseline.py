@@ -14,11 +14,11 @@ import argparse
 import json
 import os
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-from transformers import DataCollatorForSeq2Seq, Trainer, TrainerCallback, TrainingArguments
+from _step_times import StepTimes  # bench/ is this script's directory, first on sys.path
+from transformers import DataCollatorForSeq2Seq, Trainer, TrainingArguments
 
 from seqtune.config.load import load_resolved
 from seqtune.config.plan import load_plan
@@ -40,18 +40,6 @@ class CountingTrainer(Trainer):
         self.counts.append((int((inputs["labels"][:, 1:] != -100).sum()), int(inputs["attention_mask"].sum()),
                             inputs["input_ids"].numel()))
         return super().training_step(model, inputs, num_items_in_batch)
-
-
-class StepTimes(TrainerCallback):
-    def __init__(self) -> None:
-        self.ends: list[float] = []
-        self.begin = 0.0
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.begin = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.ends.append(time.perf_counter())
 
 
 def samples(path: Path, encoder: SampleEncoder) -> list[dict[str, list[int]]]:

@@ -17,14 +17,14 @@ import argparse
 import json
 import os
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 import trl
 from datasets import Dataset
 from peft import LoraConfig
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from _step_times import StepTimes  # bench/ is this script's directory, first on sys.path
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import DPOConfig, DPOTrainer
 
 
@@ -44,18 +44,6 @@ class CountingDPOTrainer(DPOTrainer):
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         self.losses.append(float(loss.detach()))  # grad_accum is 1: the micro-batch loss is the step's loss
         return loss
-
-
-class StepTimes(TrainerCallback):
-    def __init__(self) -> None:
-        self.ends: list[float] = []
-        self.begin = 0.0
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.begin = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.ends.append(time.perf_counter())
 
 
 def pairs(path: Path, count: int) -> Dataset:
