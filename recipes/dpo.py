@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from seqtune.config.plan import Plan
-from seqtune.config.schema import PreferenceLoss, RootConfig
+from seqtune.config.schema import RootConfig
 from seqtune.distributed import DistEnv
 from seqtune.recipes.finetune import fine_tune
 from seqtune.train.objectives import DisabledAdapters, FrozenCopy, PreferenceObjective, ReferenceModel
@@ -25,7 +25,7 @@ from seqtune.train.objectives import DisabledAdapters, FrozenCopy, PreferenceObj
 def run(cfg: RootConfig, plan: Plan, run_dir: Path) -> None:
     def objective(built: torch.nn.Module, model: torch.nn.Module, env: DistEnv) -> PreferenceObjective:
         reference: ReferenceModel | None = None
-        if cfg.dpo.loss != PreferenceLoss.simpo:  # SimPO needs no reference model
+        if cfg.dpo.needs_reference:
             if cfg.lora.enabled:
                 reference = DisabledAdapters(model=model, peft_model=built)
             else:

@@ -588,6 +588,11 @@ class DpoConfig:
     # Label smoothing of the sigmoid loss (conservative DPO, cDPO): the share of pairs assumed mislabelled.
     label_smoothing: float = 0.0
 
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the loss compares with a reference model (SimPO is reference-free)."""
+        return self.loss != PreferenceLoss.simpo
+
     def __post_init__(self) -> None:
         domain = _Domain("dpo")
         domain.above("beta", self.beta, 0, 0.1)

@@ -67,7 +67,7 @@ def fast_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
                                        sharded=plan.sharded)
     problems += checks.check_export(export_merged=cfg.train.export_merged, sharded=plan.sharded)
     problems += checks.check_reference_model(sample_kind=plan.sample_kind, lora=cfg.lora.enabled,
-                                             sharded=plan.sharded, needs_reference=cfg.dpo.loss != "simpo")
+                                             sharded=plan.sharded, needs_reference=cfg.dpo.needs_reference)
     problems += checks.check_gguf_export(export_gguf=cfg.train.export_gguf, lora=cfg.lora.enabled,
                                          sharded=plan.sharded, refusal=gguf_refusal_for(
                                              plan.model_type, cfg.model.path) if cfg.train.export_gguf else None)
