@@ -62,8 +62,9 @@ def machine() -> dict[str, object]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
-        "git_commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                                     text=True).stdout.strip(),
+        "git_commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip(),
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         "load_avg_at_start": os.getloadavg()[0],
     }
@@ -78,7 +79,10 @@ def write_results(name: str, payload: dict) -> Path:
 
 
 def markdown_table(header: list[str], rows: list[list[object]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|",
+    ]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
@@ -99,5 +103,10 @@ def window_throughput(metrics: list[dict]) -> dict | None:
         tokens += window_tokens
         targets += record["target_tokens_per_s"] * window_seconds
         positions += record["computed_tokens_per_s"] * window_seconds
-    return {"measured_seconds": seconds, "tokens_per_s": tokens / seconds, "target_tokens_per_s": targets / seconds,
-            "computed_positions_per_s": positions / seconds, "padding_efficiency": tokens / positions}
+    return {
+        "measured_seconds": seconds,
+        "tokens_per_s": tokens / seconds,
+        "target_tokens_per_s": targets / seconds,
+        "computed_positions_per_s": positions / seconds,
+        "padding_efficiency": tokens / positions,
+    }

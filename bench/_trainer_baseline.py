@@ -37,8 +37,13 @@ class CountingTrainer(Trainer):
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         # (target tokens, real tokens, computed positions)
-        self.counts.append((int((inputs["labels"][:, 1:] != -100).sum()), int(inputs["attention_mask"].sum()),
-                            inputs["input_ids"].numel()))
+        self.counts.append(
+            (
+                int((inputs["labels"][:, 1:] != -100).sum()),
+                int(inputs["attention_mask"].sum()),
+                inputs["input_ids"].numel(),
+            )
+        )
         return super().training_step(model, inputs, num_items_in_batch)
 
 
@@ -47,8 +52,9 @@ def samples(path: Path, encoder: SampleEncoder) -> list[dict[str, list[int]]]:
     records = [r for r in (parser.parse(n, raw) for n, raw in iter_records(path)) if not isinstance(r, Reject)]
     out = []
     for s in encoder.encode_batch(records):
-        out.append({"input_ids": s.input_ids.tolist(), "labels": s.labels.tolist(),
-                    "attention_mask": [1] * len(s.input_ids)})
+        out.append(
+            {"input_ids": s.input_ids.tolist(), "labels": s.labels.tolist(), "attention_mask": [1] * len(s.input_ids)}
+        )
     return out
 
 
@@ -67,8 +73,9 @@ def main() -> None:
     spec = get_spec(cfg.model.family)
     tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec.chat_template)
     # On the GPU the model is built there: a random 8B-shaped model initialises in seconds, not minutes of CPU.
-    model = build_model(cfg.model, attn_implementation=args.attn, resize_to=plan.vocab.resize_to,
-                        device="cuda" if args.gpu else None)
+    model = build_model(
+        cfg.model, attn_implementation=args.attn, resize_to=plan.vocab.resize_to, device="cuda" if args.gpu else None
+    )
     model = apply_lora(model, cfg.lora, targets=plan.lora_targets, saved=plan.lora_saved)
     train = samples(args.data, SampleEncoder(tokenizer, cfg.data.format, train_on_prompt=cfg.data.train_on_prompt))
     if cfg.model.gradient_checkpointing:
@@ -77,18 +84,41 @@ def main() -> None:
     timer = StepTimes()
     with tempfile.TemporaryDirectory() as out:
         training_args = TrainingArguments(
-            output_dir=out, per_device_train_batch_size=cfg.train.batch_size,
-            gradient_accumulation_steps=cfg.train.grad_accum, max_steps=args.steps, learning_rate=cfg.optim.lr,
-            weight_decay=cfg.optim.weight_decay, max_grad_norm=cfg.optim.grad_clip, lr_scheduler_type="cosine",
-            warmup_steps=cfg.optim.warmup_steps, logging_strategy="no", save_strategy="no", report_to=[],
-            use_cpu=not args.gpu, bf16=args.gpu, dataloader_num_workers=0, seed=cfg.train.seed, disable_tqdm=True,
+            output_dir=out,
+            per_device_train_batch_size=cfg.train.batch_size,
+            gradient_accumulation_steps=cfg.train.grad_accum,
+            max_steps=args.steps,
+            learning_rate=cfg.optim.lr,
+            weight_decay=cfg.optim.weight_decay,
+            max_grad_norm=cfg.optim.grad_clip,
+            lr_scheduler_type="cosine",
+            warmup_steps=cfg.optim.warmup_steps,
+            logging_strategy="no",
+            save_strategy="no",
+            report_to=[],
+            use_cpu=not args.gpu,
+            bf16=args.gpu,
+            dataloader_num_workers=0,
+            seed=cfg.train.seed,
+            disable_tqdm=True,
         )
-        trainer = CountingTrainer(model=model, args=training_args, train_dataset=train, data_collator=collator,
-                                  callbacks=[timer])
+        trainer = CountingTrainer(
+            model=model, args=training_args, train_dataset=train, data_collator=collator, callbacks=[timer]
+        )
         trainer.counts = []
         trainer.train()
-    print("BENCH_RESULT " + json.dumps({"begin": timer.begin, "step_ends": timer.ends, "counts": trainer.counts,
-                      "threads": torch.get_num_threads(), "pid": os.getpid()}))
+    print(
+        "BENCH_RESULT "
+        + json.dumps(
+            {
+                "begin": timer.begin,
+                "step_ends": timer.ends,
+                "counts": trainer.counts,
+                "threads": torch.get_num_threads(),
+                "pid": os.getpid(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -81,17 +81,37 @@ def write_checkpoint(directory: Path) -> Path:
 
 
 def _env(threads: int) -> dict[str, str]:
-    return os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-                         "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
+    return os.environ | {
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONWARNINGS": "ignore",
+    }
 
 
 def seqtune_command(run_dir: Path, *, checkpoint: Path, work: Path, steps: int, lr: float | None) -> list[str]:
-    return [PYTHON, "-m", "seqtune", "recipe=lora_dpo", f"hydra.run.dir={run_dir}", f"model.path={checkpoint}",
-            # lora=tiny's settings, spelled out: seqtune refuses the tiny preset on a checkpoint (model.path).
-            "lora=default", "lora.rank=16", "lora.alpha=32", "lora.modules_to_save=[lm_head]",
-            "data.val=null", "data.shuffle=false", f"data.cache_dir={work / 'cache'}", f"train.max_steps={steps}",
-            f"train.batch_size={BATCH}", "train.eval_every=0", "train.log_every=1", "train.progress=false",
-            *([f"optim.lr={lr}"] if lr is not None else [])]
+    return [
+        PYTHON,
+        "-m",
+        "seqtune",
+        "recipe=lora_dpo",
+        f"hydra.run.dir={run_dir}",
+        f"model.path={checkpoint}",
+        # lora=tiny's settings, spelled out: seqtune refuses the tiny preset on a checkpoint (model.path).
+        "lora=default",
+        "lora.rank=16",
+        "lora.alpha=32",
+        "lora.modules_to_save=[lm_head]",
+        "data.val=null",
+        "data.shuffle=false",
+        f"data.cache_dir={work / 'cache'}",
+        f"train.max_steps={steps}",
+        f"train.batch_size={BATCH}",
+        "train.eval_every=0",
+        "train.log_every=1",
+        "train.progress=false",
+        *([f"optim.lr={lr}"] if lr is not None else []),
+    ]
 
 
 def run_child(cmd: list[str], threads: int) -> tuple[subprocess.CompletedProcess, float, float]:
@@ -116,12 +136,20 @@ def run_seqtune(*, checkpoint: Path, work: Path, steps: int, threads: int, tag: 
     steps_logged = [m for m in logs if "loss" in m]
     # window_throughput measures every window after its first: starting at step WARMUP measures WARMUP+1 .. steps.
     measured = window_throughput([m for m in steps_logged if m["step"] >= WARMUP])
-    return {"side": "seqtune", "run_dir": str(run_dir), **measured, "process_wall_seconds": wall,
-            "process_cpu_seconds": cpu,
-            "losses": [m["loss"] for m in steps_logged],
-            "tokens_per_step": [b["tokens_seen"] - a for a, b in zip([0] + [m["tokens_seen"] for m in steps_logged],
-                                                                     steps_logged)],
-            "reward_accuracy_last": steps_logged[-1]["rewards/accuracies"], "command": " ".join(cmd[1:])}
+    return {
+        "side": "seqtune",
+        "run_dir": str(run_dir),
+        **measured,
+        "process_wall_seconds": wall,
+        "process_cpu_seconds": cpu,
+        "losses": [m["loss"] for m in steps_logged],
+        "tokens_per_step": [
+            b["tokens_seen"] - a
+            for a, b in zip([0] + [m["tokens_seen"] for m in steps_logged], steps_logged, strict=True)
+        ],
+        "reward_accuracy_last": steps_logged[-1]["rewards/accuracies"],
+        "command": " ".join(cmd[1:]),
+    }
 
 
 def trl_spec(run_dir: Path, *, checkpoint: Path, steps: int, threads: int) -> dict:
@@ -132,14 +160,27 @@ def trl_spec(run_dir: Path, *, checkpoint: Path, steps: int, threads: int) -> di
 
     cfg, plan = load_resolved(run_dir / "config.yaml"), load_plan(run_dir)
     return {
-        "checkpoint": str(checkpoint), "data": cfg.data.train, "steps": steps, "batch_size": cfg.train.batch_size,
-        "seed": cfg.train.seed, "beta": cfg.dpo.beta, "threads": threads,
+        "checkpoint": str(checkpoint),
+        "data": cfg.data.train,
+        "steps": steps,
+        "batch_size": cfg.train.batch_size,
+        "seed": cfg.train.seed,
+        "beta": cfg.dpo.beta,
+        "threads": threads,
         "gradient_checkpointing": cfg.model.gradient_checkpointing,
         "attn_implementation": plan.attn_implementation,
-        "lora": {"rank": cfg.lora.rank, "alpha": cfg.lora.alpha, "dropout": cfg.lora.dropout,
-                 "targets": list(plan.lora_targets), "modules_to_save": list(plan.lora_saved)},
-        "lr": cfg.optim.lr, "betas": list(cfg.optim.betas), "eps": cfg.optim.eps,
-        "weight_decay": cfg.optim.weight_decay, "grad_clip": cfg.optim.grad_clip,
+        "lora": {
+            "rank": cfg.lora.rank,
+            "alpha": cfg.lora.alpha,
+            "dropout": cfg.lora.dropout,
+            "targets": list(plan.lora_targets),
+            "modules_to_save": list(plan.lora_saved),
+        },
+        "lr": cfg.optim.lr,
+        "betas": list(cfg.optim.betas),
+        "eps": cfg.optim.eps,
+        "weight_decay": cfg.optim.weight_decay,
+        "grad_clip": cfg.optim.grad_clip,
         "lr_factors": [lr_factor(s, cfg=cfg.optim, total_steps=steps) for s in range(steps)],
     }
 
@@ -151,17 +192,26 @@ def run_trl(python: Path, *, spec: Path, threads: int, tokens_out: Path | None) 
     proc, wall, cpu = run_child(cmd, threads)
     if proc.returncode != 0:
         raise SystemExit(f"TRL baseline failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    result = next(json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines()
-                  if line.startswith("BENCH_RESULT "))
+    result = next(
+        json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines() if line.startswith("BENCH_RESULT ")
+    )
     ends = result["step_ends"]  # ends[i] = end of step i+1: the window is steps WARMUP+1 .. steps, as seqtune's
     seconds = ends[-1] - ends[WARMUP - 1]
     targets, tokens, positions = (sum(c[k] for c in result["counts"][WARMUP:]) for k in range(3))
-    return {"side": "trl", "measured_seconds": seconds, "target_tokens_per_s": targets / seconds,
-            "tokens_per_s": tokens / seconds, "computed_positions_per_s": positions / seconds,
-            "padding_efficiency": tokens / positions, "process_wall_seconds": wall, "process_cpu_seconds": cpu,
-            "losses": result["losses"],
-            "tokens_per_step": [c[1] for c in result["counts"]],
-            "trl": result["trl"], "command": " ".join([os.path.relpath(cmd[0], REPO), *cmd[1:]])}
+    return {
+        "side": "trl",
+        "measured_seconds": seconds,
+        "target_tokens_per_s": targets / seconds,
+        "tokens_per_s": tokens / seconds,
+        "computed_positions_per_s": positions / seconds,
+        "padding_efficiency": tokens / positions,
+        "process_wall_seconds": wall,
+        "process_cpu_seconds": cpu,
+        "losses": result["losses"],
+        "tokens_per_step": [c[1] for c in result["counts"]],
+        "trl": result["trl"],
+        "command": " ".join([os.path.relpath(cmd[0], REPO), *cmd[1:]]),
+    }
 
 
 def token_parity(run_dir: Path, tokens: Path) -> dict:
@@ -181,8 +231,8 @@ def token_parity(run_dir: Path, tokens: Path) -> dict:
     parser = LineParser(fmt=encoder.fmt, file=str(cfg.data.train))
     records = [parser.parse(n, raw) for n, raw in islice(iter_records(Path(cfg.data.train)), len(theirs))]
     differ = 0
-    for pair, trl_row in zip(encoder.encode_batch(records), theirs):
-        for mine, side in zip(pair, ("chosen_ids", "rejected_ids")):
+    for pair, trl_row in zip(encoder.encode_batch(records), theirs, strict=True):
+        for mine, side in zip(pair, ("chosen_ids", "rejected_ids"), strict=True):
             ids = trl_row["prompt_ids"] + trl_row[side]
             targets = [i >= len(trl_row["prompt_ids"]) for i in range(len(ids))]
             differ += ids != mine.input_ids.tolist() or targets != (mine.labels != -100).tolist()
@@ -203,24 +253,35 @@ def components() -> dict[str, dict[str, tuple]]:
         "seqtune": {
             "whole step (loop.train_step)": ("seqtune/train/loop.py", "train_step"),
             "policy + reference forward (sequence_logps)": ("seqtune/train/objectives.py", "sequence_logps"),
-            "  of which the reference (DisabledAdapters)": ("seqtune/train/objectives.py", "__call__",
-                                                            _first_line(DisabledAdapters.__call__)),
+            "  of which the reference (DisabledAdapters)": (
+                "seqtune/train/objectives.py",
+                "__call__",
+                _first_line(DisabledAdapters.__call__),
+            ),
             "  of which the LM head, target positions only (chunked_token_losses)": (
-                "seqtune/models/token_loss.py", "chunked_token_losses"),
+                "seqtune/models/token_loss.py",
+                "chunked_token_losses",
+            ),
             "backward": ("torch/_tensor.py", "backward"),
             "optimizer step (AdamW)": ("torch/optim/adam.py", "step"),
             "collate (PaddedCollator)": ("seqtune/data/collate.py", "__call__", _first_line(PaddedCollator.__call__)),
         },
         "trl": {
-            "whole step without the optimizer (DPOTrainer.training_step)": ("trl/trainer/dpo_trainer.py",
-                                                                            "training_step"),
+            "whole step without the optimizer (DPOTrainer.training_step)": (
+                "trl/trainer/dpo_trainer.py",
+                "training_step",
+            ),
             "DPO loss and metrics (DPOTrainer._compute_loss)": ("trl/trainer/dpo_trainer.py", "_compute_loss"),
             "policy + reference forward (_fused_forward)": ("trl/trainer/utils.py", "_fused_forward"),
             "  of which the LM head, every position (ChunkedLogProbFunction.forward)": (
-                "trl/kernels/chunked_logprob.py", "forward"),
+                "trl/kernels/chunked_logprob.py",
+                "forward",
+            ),
             "backward": ("torch/_tensor.py", "backward"),
             "  of which the LM head's backward (ChunkedLogProbFunction.backward)": (
-                "trl/kernels/chunked_logprob.py", "backward"),
+                "trl/kernels/chunked_logprob.py",
+                "backward",
+            ),
             "metrics: accelerate gather": ("accelerate/accelerator.py", "gather"),
             "optimizer step (AdamW)": ("torch/optim/adam.py", "step"),
             "collate (DataCollatorForPreference)": ("trl/trainer/dpo_trainer.py", "torch_call"),
@@ -232,9 +293,15 @@ def component_seconds(prof: Path, wanted: dict[str, tuple], steps: int) -> dict[
     import pstats
 
     stats = pstats.Stats(str(prof)).stats  # {(file, line, name): (cc, nc, tt, cumulative, callers)}
-    return {label: sum(ct for (file, line, name), (_, _, _, ct, _) in stats.items()
-                       if file.endswith(suffix) and name == function and (not first or line == first[0])) / steps
-            for label, (suffix, function, *first) in wanted.items()}
+    return {
+        label: sum(
+            ct
+            for (file, line, name), (_, _, _, ct, _) in stats.items()
+            if file.endswith(suffix) and name == function and (not first or line == first[0])
+        )
+        / steps
+        for label, (suffix, function, *first) in wanted.items()
+    }
 
 
 def profile(python: Path, *, checkpoint: Path, work: Path, steps: int, threads: int) -> None:
@@ -242,13 +309,31 @@ def profile(python: Path, *, checkpoint: Path, work: Path, steps: int, threads: 
     are all per-step functions), then seconds per step of each component."""
     run_dir = work / "seqtune-profile"
     seqtune_cmd = seqtune_command(run_dir, checkpoint=checkpoint, work=work, steps=steps, lr=None)
-    subprocess.run([PYTHON, "-m", "cProfile", "-o", str(work / "seqtune.prof"), *seqtune_cmd[1:]], cwd=REPO,
-                   env=_env(threads), check=True, capture_output=True)
+    subprocess.run(
+        [PYTHON, "-m", "cProfile", "-o", str(work / "seqtune.prof"), *seqtune_cmd[1:]],
+        cwd=REPO,
+        env=_env(threads),
+        check=True,
+        capture_output=True,
+    )
     spec = trl_spec(run_dir, checkpoint=checkpoint, steps=steps, threads=threads)
     (work / "trl_profile_spec.json").write_text(json.dumps(spec))
-    subprocess.run([str(python), "-m", "cProfile", "-o", str(work / "trl.prof"),
-                    str(REPO / "bench" / "_trl_dpo_baseline.py"), "--spec", str(work / "trl_profile_spec.json")],
-                   cwd=REPO, env=_env(threads), check=True, capture_output=True)
+    subprocess.run(
+        [
+            str(python),
+            "-m",
+            "cProfile",
+            "-o",
+            str(work / "trl.prof"),
+            str(REPO / "bench" / "_trl_dpo_baseline.py"),
+            "--spec",
+            str(work / "trl_profile_spec.json"),
+        ],
+        cwd=REPO,
+        env=_env(threads),
+        check=True,
+        capture_output=True,
+    )
     result = {side: component_seconds(work / f"{side}.prof", wanted, steps) for side, wanted in components().items()}
     for side, seconds in result.items():
         print(f"\n{side} (cProfile, {steps} steps, seconds per step)\n")
@@ -264,15 +349,20 @@ def spread(values: list[float], fmt: str = "{:.0f}") -> str:
 
 
 def loss_parity(seqtune_losses: list[float], trl_losses: list[float]) -> dict:
-    diffs = [abs(a - b) for a, b in zip(seqtune_losses, trl_losses)]
+    diffs = [abs(a - b) for a, b in zip(seqtune_losses, trl_losses, strict=True)]
     worst = max(range(len(diffs)), key=diffs.__getitem__)
     # Float rounding differs between the two (summation order, chunking): a few 1e-7 per step, which training at a
     # high learning rate can amplify over many steps. The first step past 1e-5 says where the curves part.
     parting = next((i + 1 for i, d in enumerate(diffs) if d > 1e-5), None)
-    return {"steps_compared": len(diffs), "max_abs_diff": diffs[worst], "at_step": worst + 1,
-            "first_step_above_1e-5": parting, "abs_diff_per_step": diffs,
-            "seqtune_first_last": [seqtune_losses[0], seqtune_losses[-1]], "trl_first_last": [trl_losses[0],
-                                                                                              trl_losses[-1]]}
+    return {
+        "steps_compared": len(diffs),
+        "max_abs_diff": diffs[worst],
+        "at_step": worst + 1,
+        "first_step_above_1e-5": parting,
+        "abs_diff_per_step": diffs,
+        "seqtune_first_last": [seqtune_losses[0], seqtune_losses[-1]],
+        "trl_first_last": [trl_losses[0], trl_losses[-1]],
+    }
 
 
 def timed_runs(python: Path, *, checkpoint: Path, work: Path, args, threads: int) -> list[dict]:
@@ -284,17 +374,25 @@ def timed_runs(python: Path, *, checkpoint: Path, work: Path, args, threads: int
         # Alternate which side goes first, so a load change across a repeat does not always hit the same side.
         for side in ("seqtune", "trl") if repeat % 2 == 0 else ("trl", "seqtune"):
             if side == "seqtune":
-                run = run_seqtune(checkpoint=checkpoint, work=work, steps=args.steps, threads=threads,
-                                  tag=f"r{repeat}", lr=args.lr)
+                run = run_seqtune(
+                    checkpoint=checkpoint, work=work, steps=args.steps, threads=threads, tag=f"r{repeat}", lr=args.lr
+                )
                 if not spec_path.exists():
                     spec = trl_spec(Path(run["run_dir"]), checkpoint=checkpoint, steps=args.steps, threads=threads)
                     spec_path.write_text(json.dumps(spec, indent=2))
             else:
-                run = run_trl(python, spec=spec_path, threads=threads,
-                              tokens_out=work / "trl_tokens.json" if repeat == 0 else None)
+                run = run_trl(
+                    python,
+                    spec=spec_path,
+                    threads=threads,
+                    tokens_out=work / "trl_tokens.json" if repeat == 0 else None,
+                )
             runs.append(run | {"repeat": repeat})
-            print(f"[{repeat}] {side}: {run['target_tokens_per_s']:.0f} target tok/s, "
-                  f"loss {run['losses'][0]:.4f} -> {run['losses'][-1]:.4f}", flush=True)
+            print(
+                f"[{repeat}] {side}: {run['target_tokens_per_s']:.0f} target tok/s, "
+                f"loss {run['losses'][0]:.4f} -> {run['losses'][-1]:.4f}",
+                flush=True,
+            )
     return runs
 
 
@@ -302,13 +400,22 @@ def cpu_per_step(python: Path, runs: list[dict], *, checkpoint: Path, work: Path
     """CPU seconds per step of the last steps: the median full run's minus a (WARMUP + 1)-step run's, per step
     (start-up, preflight or dataset preparation, model build and warm-up cost the same in both)."""
     short_steps = WARMUP + 1
-    short = {"seqtune": run_seqtune(checkpoint=checkpoint, work=work, steps=short_steps, threads=threads,
-                                    tag="short", lr=args.lr)}
+    short = {
+        "seqtune": run_seqtune(
+            checkpoint=checkpoint, work=work, steps=short_steps, threads=threads, tag="short", lr=args.lr
+        )
+    }
     spec = json.loads((work / "trl_spec.json").read_text())
     (work / "trl_spec_short.json").write_text(json.dumps(spec | {"steps": short_steps}))
     short["trl"] = run_trl(python, spec=work / "trl_spec_short.json", threads=threads, tokens_out=None)
-    return {side: (statistics.median(r["process_cpu_seconds"] for r in runs if r["side"] == side)
-                   - short[side]["process_cpu_seconds"]) / (args.steps - short_steps) for side in short}
+    return {
+        side: (
+            statistics.median(r["process_cpu_seconds"] for r in runs if r["side"] == side)
+            - short[side]["process_cpu_seconds"]
+        )
+        / (args.steps - short_steps)
+        for side in short
+    }
 
 
 def main() -> None:
@@ -318,9 +425,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads per process (0 = all cores)")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--lr", type=float, default=None, help="optim.lr for both sides (default: the recipe's)")
-    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
-                        help="instead of the timed runs: one cProfile'd run of STEPS steps per side, time per step "
-                             "by component (bench/results/dpo_vs_trl_profile.json)")
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="instead of the timed runs: one cProfile'd run of STEPS steps per side, time per step "
+        "by component (bench/results/dpo_vs_trl_profile.json)",
+    )
     args = parser.parse_args()
     threads = args.threads or os.cpu_count() or 1
     python = trl_python()
@@ -343,40 +455,67 @@ def report(runs: list[dict], args, threads: int, tokens: dict, parity: dict, cpu
     trl_by_repeat = {r["repeat"]: r for r in by_side["trl"]}
     ratios = [r["target_tokens_per_s"] / trl_by_repeat[r["repeat"]]["target_tokens_per_s"] for r in by_side["seqtune"]]
     rows = []
-    for side, label in (("trl", f"TRL {by_side['trl'][0]['trl']} DPOTrainer + peft LoRA (baseline)"),
-                        ("seqtune", "seqtune recipe=lora_dpo (padding=longest)")):
+    for side, label in (
+        ("trl", f"TRL {by_side['trl'][0]['trl']} DPOTrainer + peft LoRA (baseline)"),
+        ("seqtune", "seqtune recipe=lora_dpo (padding=longest)"),
+    ):
         mine = by_side[side]
-        rows.append([label, spread([r["target_tokens_per_s"] for r in mine]),
-                     spread([r["tokens_per_s"] for r in mine]),
-                     f"{statistics.median(r['padding_efficiency'] for r in mine):.3f}",
-                     "1.00x" if side == "trl" else spread(ratios, "{:.2f}x"),
-                     f"{statistics.median(r['process_wall_seconds'] for r in mine):.0f} s",
-                     spread([r["process_cpu_seconds"] for r in mine], "{:.0f} s")])
-    print(f"\ntinyllama_tiny checkpoint + LoRA r16 (lm_head in full), bundled preference pairs in file order, "
-          f"lr {args.lr or 'of the recipe'}, "
-          f"micro-batch {BATCH} pairs, {args.steps} steps (measured: steps {WARMUP + 1}-{args.steps}), "
-          f"{threads} torch thread(s), {args.repeats} alternating repeat(s), median (min-max)\n")
-    print(markdown_table(["run", "target tok/s", "real tok/s", "padding eff.", "target tok/s vs TRL",
-                          "process wall", "process CPU"], rows))
-    print(f"\nCPU seconds per step (median full run minus a {WARMUP + 1}-step run): TRL "
-          f"{cpu['trl']:.2f}, seqtune {cpu['seqtune']:.2f}: "
-          f"{cpu['trl'] / cpu['seqtune']:.2f}x less CPU per step for seqtune")
+        rows.append(
+            [
+                label,
+                spread([r["target_tokens_per_s"] for r in mine]),
+                spread([r["tokens_per_s"] for r in mine]),
+                f"{statistics.median(r['padding_efficiency'] for r in mine):.3f}",
+                "1.00x" if side == "trl" else spread(ratios, "{:.2f}x"),
+                f"{statistics.median(r['process_wall_seconds'] for r in mine):.0f} s",
+                spread([r["process_cpu_seconds"] for r in mine], "{:.0f} s"),
+            ]
+        )
+    print(
+        f"\ntinyllama_tiny checkpoint + LoRA r16 (lm_head in full), bundled preference pairs in file order, "
+        f"lr {args.lr or 'of the recipe'}, "
+        f"micro-batch {BATCH} pairs, {args.steps} steps (measured: steps {WARMUP + 1}-{args.steps}), "
+        f"{threads} torch thread(s), {args.repeats} alternating repeat(s), median (min-max)\n"
+    )
+    print(
+        markdown_table(
+            ["run", "target tok/s", "real tok/s", "padding eff.", "target tok/s vs TRL", "process wall", "process CPU"],
+            rows,
+        )
+    )
+    print(
+        f"\nCPU seconds per step (median full run minus a {WARMUP + 1}-step run): TRL "
+        f"{cpu['trl']:.2f}, seqtune {cpu['seqtune']:.2f}: "
+        f"{cpu['trl'] / cpu['seqtune']:.2f}x less CPU per step for seqtune"
+    )
     agreeing = (parity["first_step_above_1e-5"] or args.steps + 1) - 1
     (s_first, s_last), (t_first, t_last) = parity["seqtune_first_last"], parity["trl_first_last"]
-    print(f"\nloss parity (repeat 0, every step): |seqtune - TRL| <= 1e-5 up to step {agreeing} of {args.steps}; "
-          f"max {parity['max_abs_diff']:.2e} at step {parity['at_step']}; seqtune {s_first:.4f} -> {s_last:.4f}, "
-          f"TRL {t_first:.4f} -> {t_last:.4f}")
-    print(f"token parity: {tokens['sequences_differing']} of {tokens['sequences_compared']} sequences differ "
-          f"(ids or targets) between TRL's tokenization and seqtune's; same real tokens every step: "
-          f"{tokens['same_real_tokens_every_step']}")
+    print(
+        f"\nloss parity (repeat 0, every step): |seqtune - TRL| <= 1e-5 up to step {agreeing} of {args.steps}; "
+        f"max {parity['max_abs_diff']:.2e} at step {parity['at_step']}; seqtune {s_first:.4f} -> {s_last:.4f}, "
+        f"TRL {t_first:.4f} -> {t_last:.4f}"
+    )
+    print(
+        f"token parity: {tokens['sequences_differing']} of {tokens['sequences_compared']} sequences differ "
+        f"(ids or targets) between TRL's tokenization and seqtune's; same real tokens every step: "
+        f"{tokens['same_real_tokens_every_step']}"
+    )
     for side, mine in by_side.items():
         print(f"{side}: {mine[0]['command']}")
     name = "dpo_vs_trl" + (f"_lr{args.lr:g}" if args.lr is not None else "")
-    path = write_results(name, {
-        "args": vars(args) | {"workdir": str(args.workdir)}, "threads": threads, "warmup_steps": WARMUP,
-        "ratio_vs_trl": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)},
-        "cpu_seconds_per_step": cpu, "loss_parity": parity, "token_parity": tokens,
-        "runs": runs})
+    path = write_results(
+        name,
+        {
+            "args": vars(args) | {"workdir": str(args.workdir)},
+            "threads": threads,
+            "warmup_steps": WARMUP,
+            "ratio_vs_trl": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)},
+            "cpu_seconds_per_step": cpu,
+            "loss_parity": parity,
+            "token_parity": tokens,
+            "runs": runs,
+        },
+    )
     print(f"\nwrote {path}")
 
 

@@ -24,9 +24,14 @@ MARKER = "tokenizer has"
 def first_problem_seconds(run_dir: str) -> float:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     began = time.perf_counter()
-    proc = subprocess.Popen([PYTHON, "-m", "seqtune", "model.vocab_size=64", f"hydra.run.dir={run_dir}",
-                             "train.progress=false"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "seqtune", "model.vocab_size=64", f"hydra.run.dir={run_dir}", "train.progress=false"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     for line in proc.stdout:
         if MARKER in line:
             seconds = time.perf_counter() - began
@@ -39,8 +44,13 @@ def first_problem_seconds(run_dir: str) -> float:
 
 def import_seconds() -> float:
     began = time.perf_counter()
-    subprocess.run([PYTHON, "-c", "import torch, transformers, peft"], cwd=REPO, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [PYTHON, "-c", "import torch, transformers, peft"],
+        cwd=REPO,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return time.perf_counter() - began
 
 
@@ -54,18 +64,40 @@ def main() -> None:
             loads.append(os.getloadavg()[0])
             first.append(first_problem_seconds(f"{tmp}/run{i}"))
             imports.append(import_seconds())
-    ratios = [f / i for f, i in zip(first, imports)]
+    ratios = [f / i for f, i in zip(first, imports, strict=True)]
     median = statistics.median(ratios)
-    print(markdown_table(
-        ["what", "median s", "min-max s"],
-        [["first printed problem, `python -m seqtune model.vocab_size=64`", f"{statistics.median(first):.2f}",
-          f"{min(first):.2f}-{max(first):.2f}"],
-         ["`python -c \"import torch, transformers, peft\"`", f"{statistics.median(imports):.2f}",
-          f"{min(imports):.2f}-{max(imports):.2f}"]]))
-    print(f"\nratio first problem / import: median {median:.2f}x (min {min(ratios):.2f}, max {max(ratios):.2f}); "
-          f"target <= 0.3x: {'met' if median <= 0.3 else 'NOT met'}; load average {min(loads):.2f}-{max(loads):.2f}")
-    write_results("first_error", {"first_problem_s": first, "import_s": imports, "ratios": ratios,
-                                  "median_ratio": median, "target_met": median <= 0.3, "load_avg": loads})
+    print(
+        markdown_table(
+            ["what", "median s", "min-max s"],
+            [
+                [
+                    "first printed problem, `python -m seqtune model.vocab_size=64`",
+                    f"{statistics.median(first):.2f}",
+                    f"{min(first):.2f}-{max(first):.2f}",
+                ],
+                [
+                    '`python -c "import torch, transformers, peft"`',
+                    f"{statistics.median(imports):.2f}",
+                    f"{min(imports):.2f}-{max(imports):.2f}",
+                ],
+            ],
+        )
+    )
+    print(
+        f"\nratio first problem / import: median {median:.2f}x (min {min(ratios):.2f}, max {max(ratios):.2f}); "
+        f"target <= 0.3x: {'met' if median <= 0.3 else 'NOT met'}; load average {min(loads):.2f}-{max(loads):.2f}"
+    )
+    write_results(
+        "first_error",
+        {
+            "first_problem_s": first,
+            "import_s": imports,
+            "ratios": ratios,
+            "median_ratio": median,
+            "target_met": median <= 0.3,
+            "load_avg": loads,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -37,11 +37,18 @@ def step(variant: str, rows: int, seq: int, vocab: int) -> dict:
     from seqtune.models import apply_lora, build_model, get_spec
     from seqtune.models.token_loss import install_token_loss
 
-    node = OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(REPO / "configs/model/llama3_tiny.yaml"),
-                           {"vocab_size": vocab})
+    node = OmegaConf.merge(
+        OmegaConf.structured(ModelConfig),
+        OmegaConf.load(REPO / "configs/model/llama3_tiny.yaml"),
+        {"vocab_size": vocab},
+    )
     model = build_model(OmegaConf.to_object(node), attn_implementation="sdpa")
-    model = apply_lora(model, LoraConfig(rank=16, alpha=32.0, modules_to_save=["lm_head"]),
-                       targets=get_spec("llama3").lora_targets, saved=("lm_head",))
+    model = apply_lora(
+        model,
+        LoraConfig(rank=16, alpha=32.0, modules_to_save=["lm_head"]),
+        targets=get_spec("llama3").lora_targets,
+        saved=("lm_head",),
+    )
     if variant == "chunked":
         install_token_loss(model, path="chunked")
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
@@ -54,14 +61,19 @@ def step(variant: str, rows: int, seq: int, vocab: int) -> dict:
         loss = model(input_ids=ids, targets=targets, use_cache=False).loss
     else:
         logits = model(input_ids=ids, use_cache=False).logits
-        loss = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1), ignore_index=IGNORE_INDEX,
-                               reduction="sum")
+        loss = F.cross_entropy(
+            logits.float().reshape(-1, vocab), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+        )
     loss.backward()
     optimizer.step()
     seconds = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"variant": variant, "peak_growth_mib": (after - before) / 1024, "step_seconds": seconds,
-            "loss": loss.item() / int((targets != IGNORE_INDEX).sum())}
+    return {
+        "variant": variant,
+        "peak_growth_mib": (after - before) / 1024,
+        "step_seconds": seconds,
+        "loss": loss.item() / int((targets != IGNORE_INDEX).sum()),
+    }
 
 
 def main() -> None:
@@ -76,16 +88,39 @@ def main() -> None:
         return
     runs = []
     for variant in ("full-logits", "chunked"):
-        cmd = [sys.executable, __file__, "--variant", variant, "--rows", str(args.rows), "--seq", str(args.seq),
-               "--vocab", str(args.vocab)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--variant",
+            variant,
+            "--rows",
+            str(args.rows),
+            "--seq",
+            str(args.seq),
+            "--vocab",
+            str(args.vocab),
+        ]
         out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True).stdout
         runs.append(json.loads(out.strip().splitlines()[-1]) | {"command": " ".join(["python", *cmd[1:]])})
     base = runs[0]["peak_growth_mib"]
-    rows = [[r["variant"], f"{r['peak_growth_mib']:,.0f}", f"{r['peak_growth_mib'] / base:.2f}x",
-             f"{r['step_seconds']:.1f}", f"{r['loss']:.5f}"] for r in runs]
-    print(f"llama3_tiny + Llama 3 vocabulary ({args.vocab}), LoRA r16 + head, {args.rows} x {args.seq} tokens, CPU fp32\n")
-    print(markdown_table(["loss path", "peak RSS growth of one step (MiB)", "vs full logits", "step s",
-                          "loss per token"], rows))
+    rows = [
+        [
+            r["variant"],
+            f"{r['peak_growth_mib']:,.0f}",
+            f"{r['peak_growth_mib'] / base:.2f}x",
+            f"{r['step_seconds']:.1f}",
+            f"{r['loss']:.5f}",
+        ]
+        for r in runs
+    ]
+    print(
+        f"llama3_tiny + Llama 3 vocabulary ({args.vocab}), LoRA r16 + head, {args.rows} x {args.seq} tokens, CPU fp32\n"
+    )
+    print(
+        markdown_table(
+            ["loss path", "peak RSS growth of one step (MiB)", "vs full logits", "step s", "loss per token"], rows
+        )
+    )
     write_results("loss_memory", {"args": vars(args), "runs": runs})
 
 

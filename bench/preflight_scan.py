@@ -20,13 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import markdown_table, write_results
 from transformers import AutoTokenizer
 
-from _common import markdown_table, write_results
 from seqtune.data.formats import LineParser
 from seqtune.data.scan import scan_split
-from seqtune.data.split import files_split
 from seqtune.data.sources import iter_records
+from seqtune.data.split import files_split
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.preflight.observe import observe_split
 from seqtune.tokenizers.control import control_tokens, literal_controls, whitespace_ids
@@ -66,8 +66,14 @@ def read_and_parse_seconds(path: Path) -> float:
 def observe(cache_dir: Path, tokenizer, encoder: SampleEncoder):
     """What preflight's content checks read from a split, timed (stored beside the cache: a re-run reads it)."""
     began = time.perf_counter()
-    observed = observe_split(cache_dir, control=control_tokens(tokenizer), literal=literal_controls(tokenizer),
-                             bos_id=encoder.bos_id, scan_text=True, space_ids=whitespace_ids(tokenizer))
+    observed = observe_split(
+        cache_dir,
+        control=control_tokens(tokenizer),
+        literal=literal_controls(tokenizer),
+        bos_id=encoder.bos_id,
+        scan_text=True,
+        space_ids=whitespace_ids(tokenizer),
+    )
     return observed, time.perf_counter() - began
 
 
@@ -103,36 +109,73 @@ def main() -> None:
     parse_only = read_and_parse_seconds(data)
 
     threads = os.environ.get("RAYON_NUM_THREADS", str(os.cpu_count()))
-    print(f"{first.records:,} alpaca records, {first.total_tokens:,} tokens, {threads} CPU threads, "
-          f"{data.stat().st_size / 1e6:.0f} MB\n")
+    print(
+        f"{first.records:,} alpaca records, {first.total_tokens:,} tokens, {threads} CPU threads, "
+        f"{data.stat().st_size / 1e6:.0f} MB\n"
+    )
     rows = [
         ["plain `tokenizer(texts)` (texts already in memory)", f"{plain:.2f}", "1.00x"],
-        ["read + parse only (iter_records + LineParser, no tokenizer)", f"{parse_only:.2f}", f"{parse_only / plain:.2f}x"],
+        [
+            "read + parse only (iter_records + LineParser, no tokenizer)",
+            f"{parse_only:.2f}",
+            f"{parse_only / plain:.2f}x",
+        ],
         ["scan_split, first run (read+parse+encode+cache)", f"{first.seconds:.2f}", f"{first.seconds / plain:.2f}x"],
-        ["scan_split, cached re-run", f"{again.seconds:.2f}",
-         f"{again.seconds / plain:.3f}x ({100 * again.seconds / first.seconds:.1f}% of first)"],
-        ["content observations alone (token pass, text scan, hashes)", f"{observe_first:.2f}",
-         f"{observe_first / plain:.2f}x"],
-        ["**scan_split + content observations, first run (checks on)**", f"{checks_first:.2f}",
-         f"**{checks_first / plain:.2f}x**"],
-        ["scan_split + content observations, cached re-run", f"{checks_again:.2f}",
-         f"{checks_again / plain:.3f}x ({100 * checks_again / checks_first:.1f}% of first)"],
+        [
+            "scan_split, cached re-run",
+            f"{again.seconds:.2f}",
+            f"{again.seconds / plain:.3f}x ({100 * again.seconds / first.seconds:.1f}% of first)",
+        ],
+        [
+            "content observations alone (token pass, text scan, hashes)",
+            f"{observe_first:.2f}",
+            f"{observe_first / plain:.2f}x",
+        ],
+        [
+            "**scan_split + content observations, first run (checks on)**",
+            f"{checks_first:.2f}",
+            f"**{checks_first / plain:.2f}x**",
+        ],
+        [
+            "scan_split + content observations, cached re-run",
+            f"{checks_again:.2f}",
+            f"{checks_again / plain:.3f}x ({100 * checks_again / checks_first:.1f}% of first)",
+        ],
     ]
-    print(f"observations: {observed.turns:,} target spans, {observed.literal_lines.count} lines with literal "
-          f"special tokens, {observed.samples:,} sample hashes\n")
+    print(
+        f"observations: {observed.turns:,} target spans, {observed.literal_lines.count} lines with literal "
+        f"special tokens, {observed.samples:,} sample hashes\n"
+    )
     print(markdown_table(["step", "seconds", "vs plain encode"], rows))
-    path = write_results("preflight_scan", {
-        "args": {"records": args.records}, "records": first.records, "total_tokens": first.total_tokens,
-        "file_mb": data.stat().st_size / 1e6, "rayon_threads": threads,
-        "seconds": {"plain_encode": plain, "read_parse_only": parse_only, "scan_first": first.seconds,
-                    "scan_cached": again.seconds, "observe_first": observe_first, "observe_cached": observe_again},
-        "ratios": {"scan_vs_plain": first.seconds / plain, "cached_vs_first": again.seconds / first.seconds,
-                   "scan_with_checks_vs_plain": checks_first / plain,
-                   "cached_with_checks_vs_first": checks_again / checks_first},
-        "targets_met": {"scan_le_1.25x_plain": first.seconds / plain <= 1.25,
-                        "cached_le_5pct_first": again.seconds / first.seconds <= 0.05,
-                        "scan_with_checks_le_1.25x_plain": checks_first / plain <= 1.25},
-    })
+    path = write_results(
+        "preflight_scan",
+        {
+            "args": {"records": args.records},
+            "records": first.records,
+            "total_tokens": first.total_tokens,
+            "file_mb": data.stat().st_size / 1e6,
+            "rayon_threads": threads,
+            "seconds": {
+                "plain_encode": plain,
+                "read_parse_only": parse_only,
+                "scan_first": first.seconds,
+                "scan_cached": again.seconds,
+                "observe_first": observe_first,
+                "observe_cached": observe_again,
+            },
+            "ratios": {
+                "scan_vs_plain": first.seconds / plain,
+                "cached_vs_first": again.seconds / first.seconds,
+                "scan_with_checks_vs_plain": checks_first / plain,
+                "cached_with_checks_vs_first": checks_again / checks_first,
+            },
+            "targets_met": {
+                "scan_le_1.25x_plain": first.seconds / plain <= 1.25,
+                "cached_le_5pct_first": again.seconds / first.seconds <= 0.05,
+                "scan_with_checks_le_1.25x_plain": checks_first / plain <= 1.25,
+            },
+        },
+    )
     print(f"\nwrote {path}")
 
 

@@ -15,22 +15,21 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
-from transformers import DataCollatorForSeq2Seq
-
 from _common import markdown_table, write_results
 from _trainer_baseline import samples
+from transformers import DataCollatorForSeq2Seq
+
 from seqtune.config.load import load_resolved
 from seqtune.config.plan import load_plan
 from seqtune.data.collate import make_collator
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.data.types import TokenizedSample
 from seqtune.models import apply_lora, build_model, get_spec
-from seqtune.tokenizers import load_tokenizer
 from seqtune.models.token_loss import install_token_loss
+from seqtune.tokenizers import load_tokenizer
 from seqtune.train.objectives import TokenCrossEntropy
-
-import numpy as np
 
 
 def main() -> None:
@@ -44,21 +43,30 @@ def main() -> None:
     torch.manual_seed(0)
     spec = get_spec(cfg.model.family)
     tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec.chat_template)
-    model = apply_lora(build_model(cfg.model, attn_implementation="sdpa", resize_to=plan.vocab.resize_to), cfg.lora,
-                       targets=plan.lora_targets, saved=plan.lora_saved).train()
+    model = apply_lora(
+        build_model(cfg.model, attn_implementation="sdpa", resize_to=plan.vocab.resize_to),
+        cfg.lora,
+        targets=plan.lora_targets,
+        saved=plan.lora_saved,
+    ).train()
     # The loss as the run computes it; the Trainer path below calls the model without targets (its own forward).
     install_token_loss(model, path=plan.loss)
     rows = samples(args.data, SampleEncoder(tokenizer, cfg.data.format, train_on_prompt=cfg.data.train_on_prompt))
     rng = random.Random(0)
     groups = [rng.sample(rows, cfg.train.batch_size) for _ in range(args.batches)]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    seqtune_collate = make_collator(cfg.padding, max_seq_len=plan.max_seq_len, pad_id=pad_id,
-                                    padding_side=plan.padding_side)
+    seqtune_collate = make_collator(
+        cfg.padding, max_seq_len=plan.max_seq_len, pad_id=pad_id, padding_side=plan.padding_side
+    )
     hf_collate = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100, padding="longest")
 
     def seqtune_step(group):
-        batch = seqtune_collate([TokenizedSample(input_ids=np.asarray(r["input_ids"]), labels=np.asarray(r["labels"]),
-                                                 location="") for r in group])
+        batch = seqtune_collate(
+            [
+                TokenizedSample(input_ids=np.asarray(r["input_ids"]), labels=np.asarray(r["labels"]), location="")
+                for r in group
+            ]
+        )
         loss = TokenCrossEntropy()(model, batch)[0] / batch["num_targets"]
         loss.backward()
         return batch["input_ids"].numel()
@@ -80,17 +88,34 @@ def main() -> None:
                 began = time.perf_counter()
                 paths[name](group)
                 times[name].append(time.perf_counter() - began)
-    per_pair = [s / t for s, t in zip(times["seqtune"], times["trainer"])]
+    per_pair = [s / t for s, t in zip(times["seqtune"], times["trainer"], strict=True)]
     total = {k: sum(v) for k, v in times.items()}
-    print(f"{args.batches} fixed micro-batches of {cfg.train.batch_size}, {args.reps} ABBA reps, "
-          f"{torch.get_num_threads()} threads\n")
-    print(markdown_table(["path", "seconds (total)", "time vs Trainer path"], [
-        ["Trainer: DataCollatorForSeq2Seq + model(labels=)", f"{total['trainer']:.2f}", "1.00x"],
-        ["seqtune: longest collator + token loss (chunked)", f"{total['seqtune']:.2f}",
-         f"{total['seqtune'] / total['trainer']:.3f}x (median pair {statistics.median(per_pair):.3f}x)"]]))
-    path = write_results("step_paths", {"args": {k: str(v) for k, v in vars(args).items()}, "seconds": times,
-                                        "ratio_total": total["seqtune"] / total["trainer"],
-                                        "ratio_median_pair": statistics.median(per_pair)})
+    print(
+        f"{args.batches} fixed micro-batches of {cfg.train.batch_size}, {args.reps} ABBA reps, "
+        f"{torch.get_num_threads()} threads\n"
+    )
+    print(
+        markdown_table(
+            ["path", "seconds (total)", "time vs Trainer path"],
+            [
+                ["Trainer: DataCollatorForSeq2Seq + model(labels=)", f"{total['trainer']:.2f}", "1.00x"],
+                [
+                    "seqtune: longest collator + token loss (chunked)",
+                    f"{total['seqtune']:.2f}",
+                    f"{total['seqtune'] / total['trainer']:.3f}x (median pair {statistics.median(per_pair):.3f}x)",
+                ],
+            ],
+        )
+    )
+    path = write_results(
+        "step_paths",
+        {
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "seconds": times,
+            "ratio_total": total["seqtune"] / total["trainer"],
+            "ratio_median_pair": statistics.median(per_pair),
+        },
+    )
     print(f"\nwrote {path}")
 
 

@@ -82,14 +82,26 @@ def main() -> None:
     for n in sizes:
         path = write_lines(work / f"lines_{n}.jsonl", n)
         for reader in readers:
-            out = subprocess.run([PYTHON, __file__, "--child", str(path), reader], cwd=REPO, capture_output=True,
-                                 text=True, check=True)
+            out = subprocess.run(
+                [PYTHON, __file__, "--child", str(path), reader], cwd=REPO, capture_output=True, text=True, check=True
+            )
             result = json.loads(out.stdout.strip().splitlines()[-1])
-            results.append({"lines": n, "reader": reader, "file_mb": path.stat().st_size / 1e6, **result,
-                            "records_per_s": result["records"] / result["seconds"],
-                            "rss_growth_mb": result["peak_rss_mb"] - result["rss_before_mb"]})
-            print(f"{n:>9,} {reader:<14} {results[-1]['records_per_s']:>10,.0f} rec/s  "
-                  f"peak RSS {result['peak_rss_mb']:.0f} MB", file=sys.stderr, flush=True)
+            results.append(
+                {
+                    "lines": n,
+                    "reader": reader,
+                    "file_mb": path.stat().st_size / 1e6,
+                    **result,
+                    "records_per_s": result["records"] / result["seconds"],
+                    "rss_growth_mb": result["peak_rss_mb"] - result["rss_before_mb"],
+                }
+            )
+            print(
+                f"{n:>9,} {reader:<14} {results[-1]['records_per_s']:>10,.0f} rec/s  "
+                f"peak RSS {result['peak_rss_mb']:.0f} MB",
+                file=sys.stderr,
+                flush=True,
+            )
     report(results, sizes, readers, args)
 
 
@@ -101,18 +113,34 @@ def report(results: list[dict], sizes: list[int], readers: list[str], args) -> N
         for reader in readers:
             r = by[(n, reader)]
             speed = f"{r['records_per_s'] / base['records_per_s']:.2f}x" if base else "-"
-            rows.append([f"{n:,} lines ({r['file_mb']:.0f} MB)", reader, f"{r['records_per_s']:,.0f}", speed,
-                         f"{r['peak_rss_mb']:.0f}", f"{r['rss_growth_mb']:.1f}"])
-    print(markdown_table(["file", "reader", "records/s", "speed vs baseline", "peak RSS MB", "RSS growth while reading MB"],
-                         rows))
-    growth = {reader: by[(sizes[-1], reader)]["peak_rss_mb"] - by[(sizes[0], reader)]["peak_rss_mb"]
-              for reader in readers}
+            rows.append(
+                [
+                    f"{n:,} lines ({r['file_mb']:.0f} MB)",
+                    reader,
+                    f"{r['records_per_s']:,.0f}",
+                    speed,
+                    f"{r['peak_rss_mb']:.0f}",
+                    f"{r['rss_growth_mb']:.1f}",
+                ]
+            )
+    print(
+        markdown_table(
+            ["file", "reader", "records/s", "speed vs baseline", "peak RSS MB", "RSS growth while reading MB"], rows
+        )
+    )
+    growth = {
+        reader: by[(sizes[-1], reader)]["peak_rss_mb"] - by[(sizes[0], reader)]["peak_rss_mb"] for reader in readers
+    }
     print("\npeak RSS, largest file minus smallest: " + ", ".join(f"{k} {v:+.1f} MB" for k, v in growth.items()))
-    path = write_results("streaming_reader", {
-        "args": {"sizes": sizes, "readers": readers}, "results": results,
-        "peak_rss_growth_smallest_to_largest_mb": growth,
-        "targets_met": {"seqtune_rss_growth_lt_64mb": growth.get("seqtune", 0.0) < 64.0},
-    })
+    path = write_results(
+        "streaming_reader",
+        {
+            "args": {"sizes": sizes, "readers": readers},
+            "results": results,
+            "peak_rss_growth_smallest_to_largest_mb": growth,
+            "targets_met": {"seqtune_rss_growth_lt_64mb": growth.get("seqtune", 0.0) < 64.0},
+        },
+    )
     print(f"\nwrote {path}")
 
 

@@ -14,11 +14,11 @@ import copy
 from pathlib import Path
 
 import torch
+from seqtune.recipes.finetune import fine_tune
 
 from seqtune.config.plan import Plan
 from seqtune.config.schema import RootConfig
 from seqtune.distributed import DistEnv
-from seqtune.recipes.finetune import fine_tune
 from seqtune.train.objectives import DisabledAdapters, FrozenCopy, PreferenceObjective, ReferenceModel
 
 

@@ -36,7 +36,6 @@ from seqtune.train.objectives import Objective
 from seqtune.train.optim import build_optimizer, build_scheduler
 from seqtune.train.session import open_logger, seed_dropout, set_seed, total_steps
 
-
 # Builds the recipe's objective once the model is built, from (the model as built, before DDP/FSDP wrapping), and
 # the wrapped model the loop calls (a reference model is made from them).
 ObjectiveFactory = Callable[[torch.nn.Module, torch.nn.Module, DistEnv], Objective]
@@ -49,8 +48,9 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
 
     tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec.chat_template)
 
-    model = build_model(cfg.model, attn_implementation=plan.attn_implementation, resize_to=plan.vocab.resize_to,
-                        device=env.device)
+    model = build_model(
+        cfg.model, attn_implementation=plan.attn_implementation, resize_to=plan.vocab.resize_to, device=env.device
+    )
     if cfg.lora.enabled:
         # Rows added by a resize train through peft's trainable tokens, or in full (plan.lora_saved).
         model = apply_lora(model, cfg.lora, targets=plan.lora_targets, saved=plan.lora_saved)
@@ -60,8 +60,11 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
     install_token_loss(model, path=plan.loss)
     if env.is_main:
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        print(f"attention: {plan.attn_implementation}; kernels: {plan.kernels}; loss: {plan.loss}; "
-              f"trainable parameters: {trainable:,}", flush=True)
+        print(
+            f"attention: {plan.attn_implementation}; kernels: {plan.kernels}; loss: {plan.loss}; "
+            f"trainable parameters: {trainable:,}",
+            flush=True,
+        )
     built = model.to(env.device)
     model = wrap_model(built, env, sharded=plan.sharded)
     trained = objective(built, model, env)
@@ -75,32 +78,80 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
     scaler = torch.amp.GradScaler(env.device.type) if plan.loss_scaling else None
     stopper = None
     if cfg.train.early_stop_patience:  # writes best/ whenever eval_loss improves; the run ends on those weights
-        best = BestWeights(unwrap(model), tokenizer, run_dir=run_dir, env=env, lora=cfg.lora.enabled,
-                           sharded=plan.sharded, data_format=cfg.data.format)
-        stopper = EarlyStopping(patience=cfg.train.early_stop_patience, min_delta=cfg.train.early_stop_min_delta,
-                                best=best)
+        best = BestWeights(
+            unwrap(model),
+            tokenizer,
+            run_dir=run_dir,
+            env=env,
+            lora=cfg.lora.enabled,
+            sharded=plan.sharded,
+            data_format=cfg.data.format,
+        )
+        stopper = EarlyStopping(
+            patience=cfg.train.early_stop_patience, min_delta=cfg.train.early_stop_min_delta, best=best
+        )
     progress = Progress()
-    checkpointer = Checkpointer(run_dir=run_dir, cfg=cfg.train, plan=plan, env=env, model=model, optimizer=optimizer,
-                                scheduler=scheduler, data=train_batches, scaler=scaler, progress=progress,
-                                settings=flat_settings(cfg), early_stop=stopper)
+    checkpointer = Checkpointer(
+        run_dir=run_dir,
+        cfg=cfg.train,
+        plan=plan,
+        env=env,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        data=train_batches,
+        scaler=scaler,
+        progress=progress,
+        settings=flat_settings(cfg),
+        early_stop=stopper,
+    )
     checkpointer.resume()
     logger = open_logger(cfg, run_dir, env, progress.step)
 
     autocast = getattr(torch, plan.autocast_dtype) if plan.autocast_dtype else None
     evaluator = Evaluator(
-        model=model, env=env, objective=trained, every=cfg.train.eval_every, max_batches=cfg.train.eval_batches,
-        autocast_dtype=autocast, val=build_eval_batches(cfg, plan, split="val", rank=env.rank),
-        test=build_eval_batches(cfg, plan, split="test", rank=env.rank), logger=logger, stopper=stopper,
-        samples=build_sample_generator(cfg, plan, tokenizer=tokenizer, env=env, run_dir=run_dir,
-                                       autocast_dtype=autocast, resume_step=progress.step))
-    loop = Loop(model=model, optimizer=optimizer, scheduler=scheduler, train_batches=train_batches,
-                evaluator=evaluator, env=env, cfg=cfg.train, grad_clip=cfg.optim.grad_clip,
-                total_steps=steps, logger=logger, autocast_dtype=autocast, scaler=scaler, checkpointer=checkpointer,
-                objective=trained)
+        model=model,
+        env=env,
+        objective=trained,
+        every=cfg.train.eval_every,
+        max_batches=cfg.train.eval_batches,
+        autocast_dtype=autocast,
+        val=build_eval_batches(cfg, plan, split="val", rank=env.rank),
+        test=build_eval_batches(cfg, plan, split="test", rank=env.rank),
+        logger=logger,
+        stopper=stopper,
+        samples=build_sample_generator(
+            cfg, plan, tokenizer=tokenizer, env=env, run_dir=run_dir, autocast_dtype=autocast, resume_step=progress.step
+        ),
+    )
+    loop = Loop(
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        train_batches=train_batches,
+        evaluator=evaluator,
+        env=env,
+        cfg=cfg.train,
+        grad_clip=cfg.optim.grad_clip,
+        total_steps=steps,
+        logger=logger,
+        autocast_dtype=autocast,
+        scaler=scaler,
+        checkpointer=checkpointer,
+        objective=trained,
+    )
     fit(loop, progress)
     evaluator.finish(progress.step)  # the best eval's weights restored (early stopping), then the test split
 
-    export_final(unwrap(model), tokenizer, run_dir=run_dir, env=env, lora=cfg.lora.enabled,
-                 data_format=cfg.data.format, merged=cfg.train.export_merged, sharded=plan.sharded)
+    export_final(
+        unwrap(model),
+        tokenizer,
+        run_dir=run_dir,
+        env=env,
+        lora=cfg.lora.enabled,
+        data_format=cfg.data.format,
+        merged=cfg.train.export_merged,
+        sharded=plan.sharded,
+    )
     report_end(run_dir=run_dir, env=env, logger=logger)
     teardown()

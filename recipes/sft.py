@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from seqtune.recipes.finetune import fine_tune
+
 from seqtune.config.plan import Plan
 from seqtune.config.schema import RootConfig
-from seqtune.recipes.finetune import fine_tune
 from seqtune.train.objectives import TokenCrossEntropy
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 os.environ.setdefault("RAYON_RS_NUM_CPUS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 ASSETS = Path(__file__).resolve().parents[1] / "seqtune" / "tokenizers" / "assets"
 VOCAB_SIZE = 4096
@@ -258,15 +258,15 @@ ANSWER_SENTENCES = [
 CODE_SNIPPETS = [
     "def {fn}(items: list[int]) -> int:\n    total = 0\n    for item in items:\n        total += item * {k}\n"
     "    return total\n",
-    "for i in range({k}):\n    if i % 2 == 0:\n        print(f\"{fn}: {{i}}\")\n",
+    'for i in range({k}):\n    if i % 2 == 0:\n        print(f"{fn}: {{i}}")\n',
     "class {cls}:\n    def __init__(self, name: str, size: int = {k}) -> None:\n        self.name = name\n"
-    "        self.size = size\n\n    def __repr__(self) -> str:\n        return f\"{cls}({{self.name!r}})\"\n",
-    "import json\n\nwith open(\"{fn}.json\") as f:\n    data = json.load(f)\nprint(len(data[\"{noun}\"]))\n",
+    '        self.size = size\n\n    def __repr__(self) -> str:\n        return f"{cls}({{self.name!r}})"\n',
+    'import json\n\nwith open("{fn}.json") as f:\n    data = json.load(f)\nprint(len(data["{noun}"]))\n',
     "$ python -m seqtune model={noun} train.max_steps={k} data.max_seq_len=auto\n",
     "SELECT name, COUNT(*) FROM {noun} WHERE size > {k} GROUP BY name ORDER BY 2 DESC;\n",
-    "{{\"instruction\": \"{verb} the {noun}\", \"input\": \"\", \"output\": \"The {noun} is {adj}.\"}}\n",
+    '{{"instruction": "{verb} the {noun}", "input": "", "output": "The {noun} is {adj}."}}\n',
     "x = torch.randn({k}, {k2})\ny = x @ x.T\nloss = y.mean()\nloss.backward()\n",
-    "if not os.path.exists(path):\n    raise FileNotFoundError(f\"missing {{path}}\")\n",
+    'if not os.path.exists(path):\n    raise FileNotFoundError(f"missing {{path}}")\n',
 ]
 
 
@@ -275,10 +275,19 @@ def _fill(rng: random.Random, template: str, topic: str) -> str:
     noun, noun2 = rng.sample(nouns, 2)
     verb = rng.choice(VERBS)
     return template.format(
-        adj=rng.choice(ADJECTIVES), noun=noun, noun2=noun2, verb=verb, verb_cap=verb.capitalize(),
-        adv=rng.choice(ADVERBS), conn=rng.choice(CONNECTIVES), name=rng.choice(NAMES), topic=topic,
-        fn=f"{verb}_{noun.replace(' ', '_').replace('-', '_')}", cls=noun.title().replace(" ", "").replace("-", ""),
-        k=rng.randint(2, 4096), k2=rng.randint(2, 512),
+        adj=rng.choice(ADJECTIVES),
+        noun=noun,
+        noun2=noun2,
+        verb=verb,
+        verb_cap=verb.capitalize(),
+        adv=rng.choice(ADVERBS),
+        conn=rng.choice(CONNECTIVES),
+        name=rng.choice(NAMES),
+        topic=topic,
+        fn=f"{verb}_{noun.replace(' ', '_').replace('-', '_')}",
+        cls=noun.title().replace(" ", "").replace("-", ""),
+        k=rng.randint(2, 4096),
+        k2=rng.randint(2, 512),
     )
 
 
@@ -323,11 +332,15 @@ def _prose(rng: random.Random) -> str:
     """Loose sentences over the broad vocabulary: many distinct words, each seen a few times."""
     sentences = []
     for _ in range(rng.randint(3, 8)):
-        words = [rng.choice(GENERAL_WORDS) if rng.random() < 0.6 else _inflect(rng, rng.choice(ROOT_VERBS))
-                 for _ in range(rng.randint(5, 14))]
-        glue = [rng.choice(["the", "a", "of", "and", "to", "in", "with", "for", "on", "by", "as", "from", "that"])
-                for _ in words]
-        body = " ".join(f"{g} {w}" if i % 2 else w for i, (g, w) in enumerate(zip(glue, words)))
+        words = [
+            rng.choice(GENERAL_WORDS) if rng.random() < 0.6 else _inflect(rng, rng.choice(ROOT_VERBS))
+            for _ in range(rng.randint(5, 14))
+        ]
+        glue = [
+            rng.choice(["the", "a", "of", "and", "to", "in", "with", "for", "on", "by", "as", "from", "that"])
+            for _ in words
+        ]
+        body = " ".join(f"{g} {w}" if i % 2 else w for i, (g, w) in enumerate(zip(glue, words, strict=True)))
         if rng.random() < 0.15:
             body = rng.choice(CONNECTIVES) + " " + body
         sentences.append(body[0].upper() + body[1:] + rng.choice([".", ".", ".", "?", "!", ";", ":"]))
@@ -339,7 +352,7 @@ def _identifiers(rng: random.Random) -> str:
     camel = [n.split("_")[0].title() + n.split("_")[1].title() for n in names]
     return (
         f"{names[0]} = {names[1]}({names[2]}, max_{names[3]}={rng.randint(0, 10**6)})\n"
-        f"self.{names[1]}.append({camel[0]}(value={rng.random():.4f}, tag=\"{camel[1]}\"))  # {rng.choice(ADJECTIVES)}\n"
+        f'self.{names[1]}.append({camel[0]}(value={rng.random():.4f}, tag="{camel[1]}"))  # {rng.choice(ADJECTIVES)}\n'
     )
 
 
@@ -371,13 +384,18 @@ def train_bpe(corpus: str) -> Tokenizer:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE, min_frequency=2, special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=VOCAB_SIZE,
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tokenizer.train_from_iterator(corpus.split("\n\n"), trainer=trainer)
     # bos is prepended by the tokenizer (as Llama, Mistral and Gemma do); eos is the data pipeline's decision.
     tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, 0)],
+        single=f"{BOS} $A",
+        pair=f"{BOS} $A {BOS} $B",
+        special_tokens=[(BOS, 0)],
     )
     return tokenizer
 
@@ -386,7 +404,10 @@ def save(tokenizer: Tokenizer, out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(out_dir / "tokenizer.json"), pretty=True)
     special_map = {
-        "bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "unk_token": UNK,
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "pad_token": PAD,
+        "unk_token": UNK,
         "additional_special_tokens": CHAT_TOKENS,
     }
     config = {

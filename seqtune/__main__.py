@@ -57,17 +57,24 @@ def _check_presets(typed) -> None:
     choices = HydraConfig.get().runtime.choices
     recipe = choices.get("recipe")
     if recipe == "full_sft" and typed.lora.enabled:
-        raise ConfigError("recipe=full_sft trains every weight, but lora.enabled=true asks for LoRA adapters.",
-                          key="lora.enabled", fix="recipe=lora_sft (LoRA), or drop lora.enabled=true (full fine-tune)")
+        raise ConfigError(
+            "recipe=full_sft trains every weight, but lora.enabled=true asks for LoRA adapters.",
+            key="lora.enabled",
+            fix="recipe=lora_sft (LoRA), or drop lora.enabled=true (full fine-tune)",
+        )
     if recipe == "lora_sft" and not typed.lora.enabled:
-        raise ConfigError("recipe=lora_sft trains LoRA adapters, but lora.enabled=false turns them off.",
-                          key="lora.enabled", fix="recipe=full_sft (every weight trains), or drop lora.enabled=false")
+        raise ConfigError(
+            "recipe=lora_sft trains LoRA adapters, but lora.enabled=false turns them off.",
+            key="lora.enabled",
+            fix="recipe=full_sft (every weight trains), or drop lora.enabled=false",
+        )
     # lora=tiny (the embedded default) trains the whole head: right for a random tiny model, a trap for a real one.
     if choices.get("lora") == "tiny" and typed.model.path and typed.lora.modules_to_save:
         raise ConfigError(
             f"lora=tiny (the embedded default's preset: rank 16 with {', '.join(typed.lora.modules_to_save)} trained "
             f"in full, sized for tiny random models) is combined with a real checkpoint (model.path="
-            f"{typed.model.path}): it would train the whole output head.", key="lora",
+            f"{typed.model.path}): it would train the whole output head.",
+            key="lora",
             fix="lora=default (LoRA only), or lora=default 'lora.modules_to_save=[lm_head]' if you mean it",
         )
 
@@ -115,12 +122,18 @@ def launch(cfg: DictConfig, run_dir: Path) -> None:
     world = load_plan(run_dir).world
     command = launch_command(typed.launcher, world, run_dir, os.environ)
     env = worker_environ(world, os.environ)
-    print(f"launching {world.world_size} rank(s) ({world.nnodes} node(s) x {world.nproc_per_node}; "
-          f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}):", " ".join(command), flush=True)
+    print(
+        f"launching {world.world_size} rank(s) ({world.nnodes} node(s) x {world.nproc_per_node}; "
+        f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}):",
+        " ".join(command),
+        flush=True,
+    )
     code = run_launched(command, env, grace_s=typed.train.signal_grace_s)  # forwards SIGINT/SIGTERM to every rank
     if code != 0:
-        raise SeqtuneError(f"{command[0] if typed.launcher.name == LauncherName.slurm else 'torchrun'} exited with "
-                           f"code {code}; the failing rank's error is printed above.")
+        raise SeqtuneError(
+            f"{command[0] if typed.launcher.name == LauncherName.slurm else 'torchrun'} exited with "
+            f"code {code}; the failing rank's error is printed above."
+        )
     mark_finished(typed, run_dir)
 
 
@@ -163,8 +176,7 @@ def main() -> None:
         message = None if user_setting == "1" else _config_refusal(exc)
         if message is None:
             raise  # not a config problem: a bug, shown with its full traceback
-        print(f"seqtune: error: {message}\n(HYDRA_FULL_ERROR=1 shows the full traceback.)", file=sys.stderr,
-              flush=True)
+        print(f"seqtune: error: {message}\n(HYDRA_FULL_ERROR=1 shows the full traceback.)", file=sys.stderr, flush=True)
         sys.exit(2)
     finally:
         signals.restore(handlers)
@@ -213,8 +225,10 @@ def _run_dir_not_a_directory(path: Path) -> str:
     """hydra.run.dir names a file, or a path under one: say which file is in the way."""
     blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
     where = "is a file" if blocking == path else f"is under {blocking}, which is a file"
-    return (f"hydra.run.dir={path} {where}: a run directory must be a directory. Fix: hydra.run.dir=NEW_DIR (a "
-            f"directory, new or a run's own), or move {blocking} out of the way")
+    return (
+        f"hydra.run.dir={path} {where}: a run directory must be a directory. Fix: hydra.run.dir=NEW_DIR (a "
+        f"directory, new or a run's own), or move {blocking} out of the way"
+    )
 
 
 def _from_run_dir_setup(exc: BaseException) -> bool:

@@ -23,20 +23,35 @@ LOG_FILE = "seqtune.log"
 
 # (category, message regex, why it is a false alarm for seqtune). Only these exact warnings are silenced.
 KNOWN_FALSE_ALARMS: tuple[tuple[type[Warning], str, str], ...] = (
-    (UserWarning, r"Model has `tie_word_embeddings=True` and a tied layer is part of the adapter",
-     "peft checks a config flag, not the tensors: seqtune passes ensure_weight_tying whenever the head and the "
-     "embedding really are one tensor (seqtune/models/lora.py), and untied models get the warning too"),
-    (FutureWarning, r"`is_gradient_checkpointing` is deprecated",
-     "raised inside peft's get_peft_model on every LoRA run, with or without gradient checkpointing"),
+    (
+        UserWarning,
+        r"Model has `tie_word_embeddings=True` and a tied layer is part of the adapter",
+        "peft checks a config flag, not the tensors: seqtune passes ensure_weight_tying whenever the head and the "
+        "embedding really are one tensor (seqtune/models/lora.py), and untied models get the warning too",
+    ),
+    (
+        FutureWarning,
+        r"`is_gradient_checkpointing` is deprecated",
+        "raised inside peft's get_peft_model on every LoRA run, with or without gradient checkpointing",
+    ),
 )
 # (logger, how the message starts, why it is a false alarm): library log records silenced, each by its exact start.
 KNOWN_FALSE_ALARM_LOGS: tuple[tuple[str, str, str], ...] = (
-    ("torchao", "Skipping import of cpp extensions",
-     "torchao's optional C++ kernels, which seqtune never uses (peft imports torchao for quantized layers only)"),
-    ("transformers.modeling_utils", "The new embeddings will be initialized from a multivariate normal",
-     "model.resize_embeddings asks for mean resizing on purpose (seqtune/models/build.py) and preflight notes it"),
-    ("transformers.modeling_utils", "The new lm_head weights will be initialized from a multivariate normal",
-     "the head's half of the same resize"),
+    (
+        "torchao",
+        "Skipping import of cpp extensions",
+        "torchao's optional C++ kernels, which seqtune never uses (peft imports torchao for quantized layers only)",
+    ),
+    (
+        "transformers.modeling_utils",
+        "The new embeddings will be initialized from a multivariate normal",
+        "model.resize_embeddings asks for mean resizing on purpose (seqtune/models/build.py) and preflight notes it",
+    ),
+    (
+        "transformers.modeling_utils",
+        "The new lm_head weights will be initialized from a multivariate normal",
+        "the head's half of the same resize",
+    ),
 )
 
 
@@ -90,15 +105,25 @@ class PlainProgress:
 
     def _line(self) -> None:
         self._last_time, self._last_tenth, self._last_printed = time.monotonic(), self._tenth(), self.n
-        done = f"{self.n} {self.unit}" if not self.total else \
-            f"{self.n}/{self.total} {self.unit} ({self.n / self.total:.0%})"
-        self.stream.write(f"{self.desc}: {done}"
-                          f"{f', {self.postfix}' if self.postfix else ''}\n")
+        done = (
+            f"{self.n} {self.unit}"
+            if not self.total
+            else f"{self.n}/{self.total} {self.unit} ({self.n / self.total:.0%})"
+        )
+        self.stream.write(f"{self.desc}: {done}{f', {self.postfix}' if self.postfix else ''}\n")
         self.stream.flush()
 
 
-def progress_bar(*, total: int | None, initial: int, desc: str, unit: str, enabled: bool,
-                 stream: TextIO | None = None, mininterval: float = 0.1):
+def progress_bar(
+    *,
+    total: int | None,
+    initial: int,
+    desc: str,
+    unit: str,
+    enabled: bool,
+    stream: TextIO | None = None,
+    mininterval: float = 0.1,
+):
     """A tqdm bar on a terminal; plain periodic lines (PlainProgress) when the stream is a file or a pipe; a
     disabled tqdm (does nothing) when not `enabled`. `total` None: a count without an end (a scan)."""
     from tqdm import tqdm
@@ -106,8 +131,16 @@ def progress_bar(*, total: int | None, initial: int, desc: str, unit: str, enabl
     stream = stream or sys.stdout
     if enabled and not _is_terminal(stream):
         return PlainProgress(total=total, initial=initial, desc=desc, unit=unit, stream=stream)
-    return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=stream, disable=not enabled,
-                dynamic_ncols=True, mininterval=mininterval)
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc=desc,
+        unit=unit,
+        file=stream,
+        disable=not enabled,
+        dynamic_ncols=True,
+        mininterval=mininterval,
+    )
 
 
 def _is_terminal(stream: TextIO) -> bool:

@@ -30,11 +30,17 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 def storage_error(exc: OSError, path: Path, *, key: str) -> StorageError:
     """The user-facing error for an OSError while writing `path`; `key` is the config key that chose the place."""
     if exc.errno in _NO_SPACE:
-        return StorageError(f"no space left on {path}{_free_space(path)}: {exc.strerror}.", key=key,
-                            fix=f"free space on that disk, or point {key} at a disk with more room.")
+        return StorageError(
+            f"no space left on {path}{_free_space(path)}: {exc.strerror}.",
+            key=key,
+            fix=f"free space on that disk, or point {key} at a disk with more room.",
+        )
     reason = exc.strerror or str(exc)
-    return StorageError(f"cannot write {path}: {reason}.", key=key,
-                        fix=f"make it writable by this user, or point {key} at a writable directory.")
+    return StorageError(
+        f"cannot write {path}: {reason}.",
+        key=key,
+        fix=f"make it writable by this user, or point {key} at a writable directory.",
+    )
 
 
 def _free_space(path: Path) -> str:

@@ -70,47 +70,71 @@ def resolve_snapshot(repo_id: str, *, revision: str | None, key: str, repo_type:
     at = f"@{revision}" if revision else ""
     patterns = CHECKPOINT_FILES if repo_type == "model" else None
     try:
-        return Path(snapshot_download(repo_id, repo_type=repo_type, revision=revision, cache_dir=cache,
-                                      local_files_only=True, allow_patterns=patterns))
+        return Path(
+            snapshot_download(
+                repo_id,
+                repo_type=repo_type,
+                revision=revision,
+                cache_dir=cache,
+                local_files_only=True,
+                allow_patterns=patterns,
+            )
+        )
     except LocalEntryNotFoundError:
         if offline():
             raise ModelLoadError(
                 f"{key}={repo_id}{at}: no such local directory, and as a hub id not in the hub cache {cache}, and "
                 "HF_HUB_OFFLINE=1 forbids downloading it.",
-                key=key, fix=f"fetch it once online: `{fetch_command(repo_id, revision, repo_type)}` (HF_HUB_CACHE="
-                             f"{cache}), then rerun; or unset HF_HUB_OFFLINE") from None
+                key=key,
+                fix=f"fetch it once online: `{fetch_command(repo_id, revision, repo_type)}` (HF_HUB_CACHE="
+                f"{cache}), then rerun; or unset HF_HUB_OFFLINE",
+            ) from None
     return _download(repo_id, revision=revision, cache=cache, key=key, repo_type=repo_type, patterns=patterns)
 
 
-def _download(repo_id: str, *, revision: str | None, cache: Path, key: str, repo_type: str,
-              patterns: list[str] | None) -> Path:
+def _download(
+    repo_id: str, *, revision: str | None, cache: Path, key: str, repo_type: str, patterns: list[str] | None
+) -> Path:
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
     at = f"@{revision}" if revision else ""
     command = fetch_command(repo_id, revision, repo_type)
-    token_fix = (f"set HF_TOKEN to a token whose account accepted the {repo_type}'s terms (or run `hf auth login`), "
-                 f"then rerun; or fetch it yourself: `{command}`")
+    token_fix = (
+        f"set HF_TOKEN to a token whose account accepted the {repo_type}'s terms (or run `hf auth login`), "
+        f"then rerun; or fetch it yourself: `{command}`"
+    )
     # seqtune's entry points set HF_HUB_OFFLINE=1 so that no library downloads on its own; this one download, of
     # what the user named while online, is allowed (huggingface_hub reads the flag from its constants module).
     saved, constants.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE, False
     try:
-        return Path(snapshot_download(repo_id, repo_type=repo_type, revision=revision, cache_dir=cache,
-                                      allow_patterns=patterns))
+        return Path(
+            snapshot_download(repo_id, repo_type=repo_type, revision=revision, cache_dir=cache, allow_patterns=patterns)
+        )
     except GatedRepoError:
-        raise ModelLoadError(f"{key}={repo_id}{at} is gated: this account (HF_TOKEN) may not download it.",
-                             key=key, fix=token_fix) from None
+        raise ModelLoadError(
+            f"{key}={repo_id}{at} is gated: this account (HF_TOKEN) may not download it.", key=key, fix=token_fix
+        ) from None
     except RevisionNotFoundError:
-        raise ModelLoadError(f"{key}={repo_id}: revision {revision!r} does not exist.", key="model.revision",
-                             fix="model.revision=null (main), or a branch, tag or commit of the repository") from None
+        raise ModelLoadError(
+            f"{key}={repo_id}: revision {revision!r} does not exist.",
+            key="model.revision",
+            fix="model.revision=null (main), or a branch, tag or commit of the repository",
+        ) from None
     except RepositoryNotFoundError:
-        raise ModelLoadError(f"{key}={repo_id}{at}: no such repository, or it is private and HF_TOKEN is not set "
-                             "to a token that may read it.", key=key, fix=token_fix) from None
+        raise ModelLoadError(
+            f"{key}={repo_id}{at}: no such repository, or it is private and HF_TOKEN is not set "
+            "to a token that may read it.",
+            key=key,
+            fix=token_fix,
+        ) from None
     except (HfHubHTTPError, OSError, ValueError) as err:  # no network, a proxy, a full disk: said, not a traceback
-        raise ModelLoadError(f"{key}={repo_id}{at}: downloading into the hub cache {cache} failed "
-                             f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}).", key=key,
-                             fix=f"fetch it with `{command}` where the hub is reachable, then rerun with "
-                                 "HF_HUB_OFFLINE=1") from None
+        raise ModelLoadError(
+            f"{key}={repo_id}{at}: downloading into the hub cache {cache} failed "
+            f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}).",
+            key=key,
+            fix=f"fetch it with `{command}` where the hub is reachable, then rerun with HF_HUB_OFFLINE=1",
+        ) from None
     finally:
         constants.HF_HUB_OFFLINE = saved
 
@@ -121,14 +145,16 @@ def resolve_hub_paths(cfg):
     if model.revision and not is_hub_id(model.path):
         from seqtune.config.errors import ConfigError
 
-        raise ConfigError(f"model.revision={model.revision} but model.path={model.path} is not a hub id (org/name).",
-                          key="model.revision", fix="model.revision=null, or model.path=ORG/NAME")
+        raise ConfigError(
+            f"model.revision={model.revision} but model.path={model.path} is not a hub id (org/name).",
+            key="model.revision",
+            fix="model.revision=null, or model.path=ORG/NAME",
+        )
     if is_hub_id(tok.path):  # the model's own repository is read at the model's revision
         revision = model.revision if tok.path == model.path else None
         cfg.tokenizer = replace(tok, path=str(resolve_snapshot(tok.path, revision=revision, key="tokenizer.path")))
     if is_hub_id(model.path):
-        cfg.model = replace(model, path=str(resolve_snapshot(model.path, revision=model.revision,
-                                                             key="model.path")))
+        cfg.model = replace(model, path=str(resolve_snapshot(model.path, revision=model.revision, key="model.path")))
     return cfg
 
 
@@ -146,8 +172,11 @@ def dataset_files(spec: str, key: str) -> list[Path]:
 
     match = HF_DATASET.match(spec)
     if match is None:
-        raise DataError(f"{key}={spec} is not a hub dataset id.", key=key,
-                        fix=f"{key}=hf:ORG/NAME, with :CONFIG and/or @SPLIT (e.g. hf:org/name:default@train)")
+        raise DataError(
+            f"{key}={spec} is not a hub dataset id.",
+            key=key,
+            fix=f"{key}=hf:ORG/NAME, with :CONFIG and/or @SPLIT (e.g. hf:org/name:default@train)",
+        )
     parts = dict((part[0], part[1:]) for part in re.findall(r"[@:][^@:]+", match["rest"]))
     repo_id, config, split = match["id"], parts.get(":"), parts.get("@", DEFAULT_SPLITS.get(key.split("[")[0], "train"))
     snapshot = resolve_snapshot(repo_id, revision=None, key=key, repo_type="dataset")
@@ -156,10 +185,16 @@ def dataset_files(spec: str, key: str) -> list[Path]:
     try:
         builder = datasets.load_dataset_builder(str(snapshot), name=config)
     except (ValueError, FileNotFoundError) as err:
-        raise DataError(f"{key}={spec}: `datasets` finds no config {config!r} in {snapshot} ({err}).", key=key,
-                        fix=f"{key}=hf:{repo_id}:CONFIG with a config the dataset card names") from None
+        raise DataError(
+            f"{key}={spec}: `datasets` finds no config {config!r} in {snapshot} ({err}).",
+            key=key,
+            fix=f"{key}=hf:{repo_id}:CONFIG with a config the dataset card names",
+        ) from None
     files = {str(name): found for name, found in (builder.config.data_files or {}).items()}
     if split not in files:
-        raise DataError(f"{key}={spec}: the dataset has no split {split!r} (it has {sorted(files)}).", key=key,
-                        fix=f"{key}=hf:{repo_id}{':' + config if config else ''}@SPLIT with one of {sorted(files)}")
+        raise DataError(
+            f"{key}={spec}: the dataset has no split {split!r} (it has {sorted(files)}).",
+            key=key,
+            fix=f"{key}=hf:{repo_id}{':' + config if config else ''}@SPLIT with one of {sorted(files)}",
+        )
     return [Path(str(file)) for file in files[split]]

@@ -30,8 +30,12 @@ def torchrun_command(launcher: LauncherConfig, world: World, run_dir: Path) -> l
         # --standalone picks a free port, so two runs on one machine (tests, sweeps) never collide.
         command.append("--standalone")
     else:
-        command += [f"--nnodes={world.nnodes}", f"--node-rank={launcher.node_rank}",
-                    "--rdzv-backend=c10d", f"--rdzv-endpoint={launcher.rdzv_endpoint}"]
+        command += [
+            f"--nnodes={world.nnodes}",
+            f"--node-rank={launcher.node_rank}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={launcher.rdzv_endpoint}",
+        ]
     # Any rank that fails makes torchrun stop the others and exit non-zero, so a crash never becomes a hang.
     return command + [*WORKER, str(run_dir)]
 
@@ -43,11 +47,23 @@ def slurm_command(launcher: LauncherConfig, world: World, run_dir: Path, environ
     # The batch step runs on the allocation's first node, which every node can reach; MASTER_ADDR overrides it.
     host = environ.get("MASTER_ADDR") or environ.get("SLURMD_NODENAME") or socket.gethostname()
     port = launcher.rdzv_endpoint.rsplit(":", 1)[-1]
-    srun = ["srun", f"--nodes={world.nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-            f"--job-name=seqtune-{job_id}"]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={world.nnodes}",
-                f"--nproc-per-node={world.nproc_per_node}", f"--rdzv-id={job_id}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={host}:{port}"]
+    srun = [
+        "srun",
+        f"--nodes={world.nnodes}",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        f"--job-name=seqtune-{job_id}",
+    ]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={world.nnodes}",
+        f"--nproc-per-node={world.nproc_per_node}",
+        f"--rdzv-id={job_id}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={host}:{port}",
+    ]
     return srun + torchrun + [*WORKER, str(run_dir)]
 
 
@@ -108,8 +124,11 @@ def run_launched(command: list[str], env: dict[str, str], *, grace_s: float) -> 
     if received:
         name = signal.Signals(received[0]).name
         launcher = "srun" if command[0] == "srun" else "torchrun"
-        raise Interrupted(received[0], f"stopped by {name}: every rank has ended ({launcher} exit code {code}); rank "
-                                       "0's line above says whether a final checkpoint was written.")
+        raise Interrupted(
+            received[0],
+            f"stopped by {name}: every rank has ended ({launcher} exit code {code}); rank "
+            "0's line above says whether a final checkpoint was written.",
+        )
     return code
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -50,22 +50,26 @@ def check_finished(cfg: RootConfig, run_dir: Path) -> bool:
     changes = setting_changes(saved["settings"], cfg)
     when = saved.get("finished_at", "?")
     if not changes:
-        print(f"{run_dir} already holds this run, finished {when} with these settings ({marker.name}): nothing to "
-              f"do, nothing written. To train it again: train.overwrite=true (moves it into "
-              f"{PREVIOUS_PREFIX}<time>/), or another hydra.run.dir.", flush=True)
+        print(
+            f"{run_dir} already holds this run, finished {when} with these settings ({marker.name}): nothing to "
+            f"do, nothing written. To train it again: train.overwrite=true (moves it into "
+            f"{PREVIOUS_PREFIX}<time>/), or another hydra.run.dir.",
+            flush=True,
+        )
         return True
     listed = "; ".join(map(str, changes))
     raise ConfigError(
         f"{run_dir} holds a run that finished {when} ({marker.name}) with other settings: {listed}. A finished run "
-        f"is a record and is not trained over. Nothing was written ({KEPT}).", key=RUN_DIR_KEY,
+        f"is a record and is not trained over. Nothing was written ({KEPT}).",
+        key=RUN_DIR_KEY,
         fix=f"hydra.run.dir=NEW_DIR for a new run, or train.overwrite=true to move the finished run into "
-            f"{run_dir}/{PREVIOUS_PREFIX}<time>/ and train here")
+        f"{run_dir}/{PREVIOUS_PREFIX}<time>/ and train here",
+    )
 
 
 def mark_finished(cfg: RootConfig, run_dir: Path) -> Path:
     """Write RUN_DIR/finished.json, atomically: the last file of a run whose every rank exited 0."""
-    record = {"finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "settings": flat_settings(cfg)}
+    record = {"finished_at": datetime.now(UTC).isoformat(timespec="seconds"), "settings": flat_settings(cfg)}
     return write_atomic(Path(run_dir) / FINISHED, json.dumps(record, indent=1), key=RUN_DIR_KEY)
 
 
@@ -76,15 +80,18 @@ def _read_marker(marker: Path) -> dict[str, Any]:
         saved = exc
     if not isinstance(saved, dict) or not isinstance(saved.get("settings"), dict):
         why = saved if isinstance(saved, Exception) else "it records no settings"
-        raise ConfigError(f"{marker} says this directory holds a finished run, but it cannot be read ({why}): the "
-                          f"run is not compared and not trained over. Nothing was written ({KEPT}).",
-                          key=RUN_DIR_KEY, fix="hydra.run.dir=NEW_DIR, or train.overwrite=true to move the run "
-                                               f"into {marker.parent}/{PREVIOUS_PREFIX}<time>/")
+        raise ConfigError(
+            f"{marker} says this directory holds a finished run, but it cannot be read ({why}): the "
+            f"run is not compared and not trained over. Nothing was written ({KEPT}).",
+            key=RUN_DIR_KEY,
+            fix="hydra.run.dir=NEW_DIR, or train.overwrite=true to move the run "
+            f"into {marker.parent}/{PREVIOUS_PREFIX}<time>/",
+        )
     return saved
 
 
 def _move_aside(run_dir: Path) -> Path:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     target = run_dir / f"{PREVIOUS_PREFIX}{stamp}"
     n = 1
     while target.exists():
@@ -94,8 +101,11 @@ def _move_aside(run_dir: Path) -> Path:
     target.mkdir()
     for path in moved:
         os.rename(path, target / path.name)  # one filesystem: a rename, nothing copied or deleted
-    print(f"train.overwrite=true: the finished run in {run_dir} was moved into {target} ({len(moved)} entries); "
-          f"training anew.", flush=True)
+    print(
+        f"train.overwrite=true: the finished run in {run_dir} was moved into {target} ({len(moved)} entries); "
+        f"training anew.",
+        flush=True,
+    )
     return target
 
 

@@ -36,13 +36,18 @@ def hold_run_dir(run_dir: Path) -> Iterator[None]:
         except BlockingIOError:
             raise ConfigError(
                 f"{run_dir} is in use by another seqtune run ({_describe(_read_holder(fd))}): two runs writing one "
-                "run directory interleave its metrics and overwrite each other's checkpoints.", key=RUN_DIR_KEY,
+                "run directory interleave its metrics and overwrite each other's checkpoints.",
+                key=RUN_DIR_KEY,
                 fix=f"give this run its own directory (hydra.run.dir=NEW_DIR), or wait for that run to end (to stop "
-                    f"it: kill -TERM {_read_holder(fd).get('pid', 'PID')} on its host)") from None
+                f"it: kill -TERM {_read_holder(fd).get('pid', 'PID')} on its host)",
+            ) from None
         previous = _read_holder(fd)
         if previous:  # its holder is gone (the kernel released the lock when it died): taken over
-            print(f"note: taking over the lock of {run_dir} from a run that is no longer running "
-                  f"({_describe(previous)}).", flush=True)
+            print(
+                f"note: taking over the lock of {run_dir} from a run that is no longer running "
+                f"({_describe(previous)}).",
+                flush=True,
+            )
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         _record(fd, json.dumps(holder).encode())
         try:

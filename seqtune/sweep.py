@@ -72,16 +72,24 @@ class SweepSummary(Callback):
             codes.append(EXIT_FAILED)
         print(render_markdown(rows), flush=True)
         if codes:
-            print(f"sweep: {len(codes)} of {len(rows)} job(s) did not succeed; their rows say why.", file=sys.stderr,
-                  flush=True)
+            print(
+                f"sweep: {len(codes)} of {len(rows)} job(s) did not succeed; their rows say why.",
+                file=sys.stderr,
+                flush=True,
+            )
             sys.exit(EXIT_REFUSED if all(code == EXIT_REFUSED for code in codes) else EXIT_FAILED)
 
 
 def _write_job(config: DictConfig, *, overrides: list[str], exit_code: int | None, error: str | None) -> None:
     run_dir = Path(config.hydra.runtime.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    record = {"job": int(config.hydra.job.num), "overrides": overrides, "exit_code": exit_code, "error": error,
-              "run_dir": str(run_dir)}
+    record = {
+        "job": int(config.hydra.job.num),
+        "overrides": overrides,
+        "exit_code": exit_code,
+        "error": error,
+        "run_dir": str(run_dir),
+    }
     write_atomic(run_dir / JOB_FILE, json.dumps(record, indent=1) + "\n", key=SWEEP_DIR_KEY)
 
 
@@ -91,10 +99,14 @@ def collect_rows(sweep_dir: Path) -> list[dict[str, Any]]:
     for job_file in sweep_dir.rglob(JOB_FILE):
         job = json.loads(job_file.read_text())
         status = {None: "not finished", 0: "completed"}.get(job["exit_code"], "failed")
-        row = {"job": job["job"], "overrides": job["overrides"], "status": status,
-               "exit_code": EXIT_FAILED if job["exit_code"] is None else job["exit_code"],
-               "error": (job["error"] or "").strip().splitlines()[0] if job["error"] else None,
-               "run_dir": job["run_dir"]}
+        row = {
+            "job": job["job"],
+            "overrides": job["overrides"],
+            "status": status,
+            "exit_code": EXIT_FAILED if job["exit_code"] is None else job["exit_code"],
+            "error": (job["error"] or "").strip().splitlines()[0] if job["error"] else None,
+            "run_dir": job["run_dir"],
+        }
         row.update(final_metrics(job_file.parent / METRICS_FILE))
         rows.append(row)
     return sorted(rows, key=lambda row: row["job"])
@@ -129,8 +141,17 @@ def table(rows: list[dict[str, Any]], *, skip: Sequence[str] = ()) -> tuple[list
     keys = list(dict.fromkeys(k for row in rows for k in _overrides(row) if k not in skipped))
     metrics = [m for m in FINAL_METRICS if any(m in row for row in rows)]
     columns = ["job", *keys, "status", "exit_code", *metrics, "error"]
-    cells = [[row["job"], *(_overrides(row).get(k, "") for k in keys), row["status"], row["exit_code"],
-              *(row.get(m, "") for m in metrics), row["error"] or ""] for row in rows]
+    cells = [
+        [
+            row["job"],
+            *(_overrides(row).get(k, "") for k in keys),
+            row["status"],
+            row["exit_code"],
+            *(row.get(m, "") for m in metrics),
+            row["error"] or "",
+        ]
+        for row in rows
+    ]
     return columns, cells
 
 

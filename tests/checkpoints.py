@@ -10,23 +10,30 @@ from pathlib import Path
 
 # The chat templates as the real checkpoints ship them (their tokenizer_config.json), shortened where they only add
 # tool or system-prompt variants.
-PHI3 = ("{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + "
-        "'<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}"
-        "{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}"
-        "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}")
-OLMO2 = ("{{ bos_token }}{% for message in messages %}{% if message['role'] == 'system' %}{{ '<|system|>\n' + "
-         "message['content'] + '\n' }}{% elif message['role'] == 'user' %}{{ '<|user|>\n' + message['content'] + "
-         "'\n' }}{% elif message['role'] == 'assistant' %}{% if not loop.last %}{{ '<|assistant|>\n'  + "
-         "message['content'] + eos_token + '\n' }}{% else %}{{ '<|assistant|>\n'  + message['content'] + eos_token }}"
-         "{% endif %}{% endif %}{% if loop.last and add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
-         "{% endfor %}")
-CHATML_DEFAULT_SYSTEM = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-                         "{{ '<|im_start|>system\nSYSTEM<|im_end|>\n' }}{% endif %}"
-                         "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
-                         "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+PHI3 = (
+    "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + "
+    "'<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}"
+    "{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}"
+)
+OLMO2 = (
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'system' %}{{ '<|system|>\n' + "
+    "message['content'] + '\n' }}{% elif message['role'] == 'user' %}{{ '<|user|>\n' + message['content'] + "
+    "'\n' }}{% elif message['role'] == 'assistant' %}{% if not loop.last %}{{ '<|assistant|>\n'  + "
+    "message['content'] + eos_token + '\n' }}{% else %}{{ '<|assistant|>\n'  + message['content'] + eos_token }}"
+    "{% endif %}{% endif %}{% if loop.last and add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+    "{% endfor %}"
+)
+CHATML_DEFAULT_SYSTEM = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nSYSTEM<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 QWEN25 = CHATML_DEFAULT_SYSTEM.replace("SYSTEM", "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.")
-SMOLLM2 = CHATML_DEFAULT_SYSTEM.replace("SYSTEM",
-                                       "You are a helpful AI assistant named SmolLM, trained by Hugging Face")
+SMOLLM2 = CHATML_DEFAULT_SYSTEM.replace(
+    "SYSTEM", "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+)
 
 # tokenizer_config.json entries as the real checkpoints state them (Qwen2.5: its own tokenizer class, whose default
 # unk the explicit null overrides).
@@ -34,11 +41,27 @@ TOKENIZER_CONFIG = {"qwen2": {"tokenizer_class": "Qwen2Tokenizer", "unk_token": 
 # name: (config class, config kwargs, tokenizer source, chat template, eos, end-of-turn, extra tokens, padding side)
 KINDS = {
     "phi3": ("Phi3Config", {"tie_word_embeddings": False}, "bundled", PHI3, "</s>", "<|end|>", [], "left"),
-    "qwen2": ("Qwen2Config", {"tie_word_embeddings": True, "sliding_window": 32768, "use_sliding_window": False},
-              "qwen3", QWEN25, "<|im_end|>", "<|im_end|>", [], None),
+    "qwen2": (
+        "Qwen2Config",
+        {"tie_word_embeddings": True, "sliding_window": 32768, "use_sliding_window": False},
+        "qwen3",
+        QWEN25,
+        "<|im_end|>",
+        "<|im_end|>",
+        [],
+        None,
+    ),
     "olmo2": ("Olmo2Config", {"tie_word_embeddings": False}, "bundled", OLMO2, "</s>", "</s>", [], None),
-    "smollm": ("LlamaConfig", {"tie_word_embeddings": True}, "bundled", SMOLLM2, "<|im_end|>", "<|im_end|>",
-               ["<|im_start|>", "<|im_end|>"], None),
+    "smollm": (
+        "LlamaConfig",
+        {"tie_word_embeddings": True},
+        "bundled",
+        SMOLLM2,
+        "<|im_end|>",
+        "<|im_end|>",
+        ["<|im_start|>", "<|im_end|>"],
+        None,
+    ),
 }
 
 
@@ -68,16 +91,26 @@ def build_checkpoint(kind: str, directory: Path) -> Path:
     rows = -(-len(tokenizer) // 64) * 64
     eos_id, eot_id = tokenizer.convert_tokens_to_ids(eos), tokenizer.convert_tokens_to_ids(eot)
     config = getattr(transformers, config_class)(
-        vocab_size=rows, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=4096, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=eos_id, pad_token_id=tokenizer.pad_token_id, **extra)
+        vocab_size=rows,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=eos_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **extra,
+    )
     config.architectures = [config_class.replace("Config", "ForCausalLM")]
     torch.manual_seed(0)
     model = getattr(transformers, config.architectures[0])(config)
     model.save_pretrained(directory, safe_serialization=True)
     stop = sorted({eos_id, eot_id})
-    (directory / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": stop if len(stop) > 1 else stop[0]}))
+    (directory / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": tokenizer.bos_token_id, "eos_token_id": stop if len(stop) > 1 else stop[0]})
+    )
     for leftover in ("training_args.bin",):
         (directory / leftover).unlink(missing_ok=True)
     return directory

@@ -13,8 +13,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_cli(args: list[str], run_dir: Path, *, module: str = "seqtune", timeout: int = 600,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    args: list[str], run_dir: Path, *, module: str = "seqtune", timeout: int = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """`python -m seqtune ARGS hydra.run.dir=RUN_DIR`, captured; never raises on a non-zero exit."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true"}
     full_env.pop("WANDB_API_KEY", None)  # tests never go online

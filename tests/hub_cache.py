@@ -10,15 +10,15 @@ from pathlib import Path
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 # Put on PYTHONPATH for a CLI subprocess: its interpreter refuses every non-loopback connection from the start.
-SITECUSTOMIZE = '''
+SITECUSTOMIZE = f"""
 import socket
 _connect = socket.socket.connect
 def _guarded(self, address):
-    if self.family in (socket.AF_INET, socket.AF_INET6) and address[0] not in {loopback!r}:
+    if self.family in (socket.AF_INET, socket.AF_INET6) and address[0] not in {LOOPBACK!r}:
         raise OSError("seqtune test socket guard: network connection to %r attempted" % (address,))
     return _connect(self, address)
 socket.socket.connect = _guarded
-'''.format(loopback=LOOPBACK)
+"""
 
 
 def add_repo(cache: Path, repo_id: str, source: Path, *, repo_type: str = "model", revision: str = "main") -> Path:

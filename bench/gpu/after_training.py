@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proof import TINY, Proof, model_overrides, run_sections, small_lora, write_sft_data  # noqa: E402
+from proof import TINY, Proof, model_overrides, run_sections, small_lora, write_sft_data
 
 KEEP = ("memory_estimate_gib", "measured_peak_gib", "estimate_vs_measured", "command", "memory_breakdown")
 
@@ -36,24 +36,45 @@ def after_training(proof: Proof) -> dict:
     data = write_sft_data(proof.work / "tiny.jsonl", 200, max_tokens=256)
     val = write_sft_data(proof.work / "tiny_val.jsonl", 24, max_tokens=256, seed=1)
     device = proof.bf16_device
-    run = proof.cli("after_tiny", [*model_overrides(TINY), "tokenizer=llama3", f"data.train={data}",
-                                   f"data.val={val}", f"data.test={val}", "train.max_steps=40", "train.eval_every=4",
-                                   "train.early_stop_patience=2", "train.early_stop_min_delta=100",
-                                   "train.eval_samples=2", "train.eval_sample_tokens=8", "lora=default",
-                                   "optim.lr=1e-3", *device], timeout=200)
+    run = proof.cli(
+        "after_tiny",
+        [
+            *model_overrides(TINY),
+            "tokenizer=llama3",
+            f"data.train={data}",
+            f"data.val={val}",
+            f"data.test={val}",
+            "train.max_steps=40",
+            "train.eval_every=4",
+            "train.early_stop_patience=2",
+            "train.early_stop_min_delta=100",
+            "train.eval_samples=2",
+            "train.eval_sample_tokens=8",
+            "lora=default",
+            "optim.lr=1e-3",
+            *device,
+        ],
+        timeout=200,
+    )
     run_dir = Path(run["run_dir"])
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     samples = [json.loads(line) for line in (run_dir / "samples_generated.jsonl").read_text().splitlines()]
     final = next(m for m in reversed(metrics) if "test_loss" in m)
     evals = {m["step"]: m["eval_loss"] for m in metrics if "eval_loss" in m}
-    return {"attention": run["backend"]["attention"], "evals": evals, "final": final, "samples": samples[-2:],
-            "test_equals_best_eval": abs(final["test_loss"] - evals[final["best_step"]]) <= 1e-3 * final["test_loss"],
-            "stdout_tail": run["stdout_tail"]}
+    return {
+        "attention": run["backend"]["attention"],
+        "evals": evals,
+        "final": final,
+        "samples": samples[-2:],
+        "test_equals_best_eval": abs(final["test_loss"] - evals[final["best_step"]]) <= 1e-3 * final["test_loss"],
+        "stdout_tail": run["stdout_tail"],
+    }
 
 
 def main() -> None:
-    run_sections(__doc__, "gpu_after.json", {"dora_memory": dora_memory, "after_training": after_training},
-                 budget_s=480)
+    run_sections(
+        __doc__, "gpu_after.json", {"dora_memory": dora_memory, "after_training": after_training}, budget_s=480
+    )
 
 
 if __name__ == "__main__":

@@ -86,8 +86,11 @@ def timed_steps(model, batch: dict, steps: int, warmup: int) -> dict:
         losses.append(loss.item() / int(batch["num_targets"]))
         if i >= warmup:
             times.append(time.perf_counter() - start)
-    return {"step_s": statistics.median(times), "first_loss": losses[0],
-            "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+    return {
+        "step_s": statistics.median(times),
+        "first_loss": losses[0],
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+    }
 
 
 def set_input_casting(model, enabled: bool) -> None:
@@ -123,8 +126,14 @@ def main() -> None:
         if name.endswith("liger"):
             from liger_kernel.transformers import apply_liger_kernel_to_llama
 
-            apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
-                                        fused_linear_cross_entropy=False, model=base_model)
+            apply_liger_kernel_to_llama(
+                rope=True,
+                rms_norm=True,
+                swiglu=True,
+                cross_entropy=False,
+                fused_linear_cross_entropy=False,
+                model=base_model,
+            )
         torch.cuda.empty_cache()
         row = timed_steps(model, batch, args.steps, args.warmup)
         row |= {"tokens_per_s": tokens / row["step_s"], "target_tokens_per_s": targets / row["step_s"]}
@@ -137,8 +146,9 @@ def main() -> None:
     print(table, flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "lora_step.json").write_text(json.dumps({"shape": args.shape, "tokens": tokens,
-                                                             "targets": targets, "variants": results}, indent=2))
+        (args.out / "lora_step.json").write_text(
+            json.dumps({"shape": args.shape, "tokens": tokens, "targets": targets, "variants": results}, indent=2)
+        )
         (args.out / "lora_step_profile.txt").write_text(table)
 
 

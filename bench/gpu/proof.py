@@ -35,17 +35,57 @@ sys.path.insert(0, str(REPO / "bench"))
 from _common import WORDS, markdown_table, window_throughput  # noqa: E402
 
 # Llama-3-8B and TinyLlama-1.1B architecture fields (seqtune model keys), random weights: nothing is downloaded.
-LLAMA3_8B = {"vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336, "num_layers": 32,
-             "num_heads": 32, "num_kv_heads": 8, "max_position_embeddings": 131072, "rope_theta": 500000.0}
-TINYLLAMA_1B = {"vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 5632, "num_layers": 22,
-                "num_heads": 32, "num_kv_heads": 4, "max_position_embeddings": 131072}
-TINY = {"vocab_size": 128256, "hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4,
-        "num_kv_heads": 2, "max_position_embeddings": 131072}
+LLAMA3_8B = {
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_layers": 32,
+    "num_heads": 32,
+    "num_kv_heads": 8,
+    "max_position_embeddings": 131072,
+    "rope_theta": 500000.0,
+}
+TINYLLAMA_1B = {
+    "vocab_size": 128256,
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_layers": 22,
+    "num_heads": 32,
+    "num_kv_heads": 4,
+    "max_position_embeddings": 131072,
+}
+TINY = {
+    "vocab_size": 128256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_layers": 2,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "max_position_embeddings": 131072,
+}
 # Qwen3-8B (model=qwen3_tiny's keys): q/k norm, head_dim 128, untied as the real 8B; the tokenizer is Qwen3's own.
-QWEN3_8B = {"vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288, "num_layers": 36, "num_heads": 32,
-            "num_kv_heads": 8, "head_dim": 128, "max_position_embeddings": 40960, "tie_word_embeddings": False}
-QWEN3_TINY = {"vocab_size": 151936, "hidden_size": 128, "intermediate_size": 256, "num_layers": 2, "num_heads": 4,
-              "num_kv_heads": 2, "head_dim": 32, "max_position_embeddings": 40960, "tie_word_embeddings": False}
+QWEN3_8B = {
+    "vocab_size": 151936,
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_layers": 36,
+    "num_heads": 32,
+    "num_kv_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 40960,
+    "tie_word_embeddings": False,
+}
+QWEN3_TINY = {
+    "vocab_size": 151936,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_layers": 2,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "head_dim": 32,
+    "max_position_embeddings": 40960,
+    "tie_word_embeddings": False,
+}
 # Dense bf16 peak of an H100/H200 SXM by the datasheet; MFU is against this (--peak-tflops to change).
 H200_BF16_TFLOPS = 989.0
 LOG_EVERY = 5
@@ -67,7 +107,7 @@ class Proof:
         try:
             value = fn()
             entry = {"ok": True, **value}
-        except (Exception, SystemExit) as err:  # one failing section must not lose the others' numbers
+        except (Exception, SystemExit) as err:  # noqa: BLE001 - one failing section must not lose the others' numbers
             entry = {"ok": False, "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-4000:]}
             print(entry["traceback"], flush=True)
         entry["seconds"] = round(time.perf_counter() - start, 1)
@@ -87,29 +127,52 @@ class Proof:
 
     def command(self, name: str, overrides: list[str]) -> list[str]:
         """`python -m seqtune` for a run in WORK/name, with every run's common overrides."""
-        return [sys.executable, "-m", "seqtune", f"hydra.run.dir={self.work / name}", "train.progress=false",
-                f"train.log_every={LOG_EVERY}", "train.eval_every=0", f"data.cache_dir={self.work / 'cache'}",
-                *overrides]
+        return [
+            sys.executable,
+            "-m",
+            "seqtune",
+            f"hydra.run.dir={self.work / name}",
+            "train.progress=false",
+            f"train.log_every={LOG_EVERY}",
+            "train.eval_every=0",
+            f"data.cache_dir={self.work / 'cache'}",
+            *overrides,
+        ]
 
     def cli(self, name: str, overrides: list[str], *, timeout: float, torchrun: bool = False) -> dict:
         run_dir = self.work / name
         cmd = self.command(name, overrides)
         began = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=child_env(),
-                              timeout=min(timeout, max(30.0, self.left_s() - 20)))
+        proc = subprocess.run(
+            cmd,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            env=child_env(),
+            timeout=min(timeout, max(30.0, self.left_s() - 20)),
+        )
         wall = time.perf_counter() - began
-        record = {"command": "python " + " ".join(cmd[1:]), "exit": proc.returncode, "wall_s": round(wall, 1),
-                  "run_dir": str(run_dir)}
+        record = {
+            "command": "python " + " ".join(cmd[1:]),
+            "exit": proc.returncode,
+            "wall_s": round(wall, 1),
+            "run_dir": str(run_dir),
+        }
         if proc.returncode != 0:
             raise RuntimeError(f"{name} exited {proc.returncode}:\n{proc.stdout[-2500:]}\n{proc.stderr[-2500:]}")
         record["stdout_tail"] = proc.stdout[-1500:]
         preflight = json.loads((run_dir / "preflight.json").read_text())
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         peaks = [m["peak_memory_mb"] for m in metrics if "peak_memory_mb" in m]
-        record |= {"backend": preflight.get("backend"), "memory_estimate_gib": preflight["memory"]["total_gib"],
-                   "memory_breakdown": preflight["memory"], "measured_peak_gib": max(peaks) / 1024 if peaks else None,
-                   "final_loss": next((m["loss"] for m in reversed(metrics) if "loss" in m), None),
-                   "throughput": window_throughput(metrics), "preflight": preflight}
+        record |= {
+            "backend": preflight.get("backend"),
+            "memory_estimate_gib": preflight["memory"]["total_gib"],
+            "memory_breakdown": preflight["memory"],
+            "measured_peak_gib": max(peaks) / 1024 if peaks else None,
+            "final_loss": next((m["loss"] for m in reversed(metrics) if "loss" in m), None),
+            "throughput": window_throughput(metrics),
+            "preflight": preflight,
+        }
         if record["measured_peak_gib"]:
             record["estimate_vs_measured"] = record["memory_estimate_gib"] / record["measured_peak_gib"]
         return record
@@ -122,12 +185,19 @@ def child_env() -> dict[str, str]:
 def machine() -> dict:
     import torch
 
-    info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+    }
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        info |= {"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),
-                 "capability": list(torch.cuda.get_device_capability())}
+        info |= {
+            "gpu": props.name,
+            "gpu_memory_gib": round(props.total_memory / 2**30, 1),
+            "capability": list(torch.cuda.get_device_capability()),
+        }
     from importlib.metadata import PackageNotFoundError, version
 
     for package in ("transformers", "peft", "bitsandbytes", "flash-attn", "liger-kernel"):
@@ -150,8 +220,16 @@ def write_sft_data(path: Path, n: int, *, max_tokens: int, seed: int = 0) -> Pat
             else:
                 total = max(4, min(limit, int(rng.lognormvariate(0, 0.7) * max_tokens / 14)))
             prompt = max(1, total // 3)
-            f.write(json.dumps({"instruction": " ".join(rng.choices(WORDS, k=prompt)), "input": "",
-                                "output": " ".join(rng.choices(WORDS, k=total - prompt))}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "instruction": " ".join(rng.choices(WORDS, k=prompt)),
+                        "input": "",
+                        "output": " ".join(rng.choices(WORDS, k=total - prompt)),
+                    }
+                )
+                + "\n"
+            )
     return path
 
 
@@ -169,7 +247,6 @@ def contamination(quick: bool) -> dict:
 
     from seqtune.models import varlen
     from seqtune.models.attention import flash_attn_installed
-
     from seqtune.models.kernels import liger_installed
 
     device = "cpu" if quick else "cuda"
@@ -181,14 +258,28 @@ def contamination(quick: bool) -> dict:
     rows = []
     for family, config in tiny_configs().items():
         for backend in backends:
-            kernel = varlen.use_kernel(varlen.reference_kernel) if quick and backend == varlen.TORCH_VARLEN \
+            kernel = (
+                varlen.use_kernel(varlen.reference_kernel)
+                if quick and backend == varlen.TORCH_VARLEN
                 else _nullcontext()
+            )
             with kernel, _restored_modeling_modules():
-                rows.append({"family": family, "backend": backend,
-                             **_contamination_case(config, backend, device=device, dtype=dtype)})
+                rows.append(
+                    {
+                        "family": family,
+                        "backend": backend,
+                        **_contamination_case(config, backend, device=device, dtype=dtype),
+                    }
+                )
     worst = max(r["worst_relative"] for r in rows)
-    return {"rows": rows, "backends": backends, "dtype": str(dtype), "device": device,
-            "passed": all(r["isolated"] and r["matches_eager"] for r in rows), "worst_relative": worst}
+    return {
+        "rows": rows,
+        "backends": backends,
+        "dtype": str(dtype),
+        "device": device,
+        "passed": all(r["isolated"] and r["matches_eager"] for r in rows),
+        "worst_relative": worst,
+    }
 
 
 class _restored_modeling_modules:
@@ -220,14 +311,22 @@ class _nullcontext:
 def tiny_configs() -> dict:
     from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig
 
-    common = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    common = dict(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     return {
         "llama3": LlamaConfig(**common),
         # A window shorter than the documents, so the sliding-window path really cuts.
         "mistral": MistralConfig(**common, sliding_window=8),
-        "gemma3": Gemma3TextConfig(**common, head_dim=32, sliding_window=8, layer_types=["sliding_attention",
-                                                                                          "full_attention"]),
+        "gemma3": Gemma3TextConfig(
+            **common, head_dim=32, sliding_window=8, layer_types=["sliding_attention", "full_attention"]
+        ),
     }
 
 
@@ -278,9 +377,14 @@ def _contamination_case(config, backend: str, *, device: str, dtype) -> dict:
         comparisons[label] = {"logits_relative": rel, "grad_relative": grads}
     tolerance = 3e-2 if dtype != torch.float32 else 1e-4  # bf16 rounding vs an fp32 reference
     worst = max([isolation] + [v for c in comparisons.values() for v in c.values()])
-    return {"isolation_relative": isolation, "isolated": isolation <= tolerance, "comparisons": comparisons,
-            "matches_eager": all(v <= tolerance * 2 for c in comparisons.values() for v in c.values()),
-            "worst_relative": worst, "tolerance": tolerance}
+    return {
+        "isolation_relative": isolation,
+        "isolated": isolation <= tolerance,
+        "comparisons": comparisons,
+        "matches_eager": all(v <= tolerance * 2 for c in comparisons.values() for v in c.values()),
+        "worst_relative": worst,
+        "tolerance": tolerance,
+    }
 
 
 def _batches(a, b, c, device):
@@ -295,17 +399,23 @@ def _batches(a, b, c, device):
     for i, doc in enumerate((a, b, c)):
         ids[i, : len(doc)] = doc
         right[i, : len(doc)] = 1
-        left_ids[i, length - len(doc):] = doc
-        left[i, length - len(doc):] = 1
-        left_pos[i, length - len(doc):] = torch.arange(len(doc))
+        left_ids[i, length - len(doc) :] = doc
+        left[i, length - len(doc) :] = 1
+        left_pos[i, length - len(doc) :] = torch.arange(len(doc))
     pos = torch.arange(length).expand(3, length)
     packed_ids = torch.cat([a, b, c]).unsqueeze(0)
     packed_pos = torch.cat([torch.arange(len(d)) for d in (a, b, c)]).unsqueeze(0)
     yield "packed", {"input_ids": packed_ids.to(device), "position_ids": packed_pos.to(device)}, None
-    yield "right-padded", {"input_ids": ids.to(device), "attention_mask": right.to(device),
-                           "position_ids": pos.to(device)}, right.to(device)
-    yield "left-padded", {"input_ids": left_ids.to(device), "attention_mask": left.to(device),
-                          "position_ids": left_pos.to(device)}, left.to(device)
+    yield (
+        "right-padded",
+        {"input_ids": ids.to(device), "attention_mask": right.to(device), "position_ids": pos.to(device)},
+        right.to(device),
+    )
+    yield (
+        "left-padded",
+        {"input_ids": left_ids.to(device), "attention_mask": left.to(device), "position_ids": left_pos.to(device)},
+        left.to(device),
+    )
 
 
 def _grad_relative(model, reference, batch, keep) -> float:
@@ -332,9 +442,20 @@ def small_lora(proof: Proof, max_steps: int) -> list[str]:
     """bf16 LoRA r16 on every projection of the TinyLlama-1.1B shape (tiny under --quick), packed 4 x 1024."""
     data = write_sft_data(proof.work / "small.jsonl", 600, max_tokens=1024)
     shape = TINY if proof.quick else TINYLLAMA_1B
-    return [*model_overrides(shape), "tokenizer=llama3", f"data.train={data}", "data.val=null",
-            "data.max_seq_len=1024", "lora=default", "lora.rank=16", "optim.lr=1e-4", "padding=packed",
-            "train.batch_size=4", f"train.max_steps={max_steps}", *proof.bf16_device]
+    return [
+        *model_overrides(shape),
+        "tokenizer=llama3",
+        f"data.train={data}",
+        "data.val=null",
+        "data.max_seq_len=1024",
+        "lora=default",
+        "lora.rank=16",
+        "optim.lr=1e-4",
+        "padding=packed",
+        "train.batch_size=4",
+        f"train.max_steps={max_steps}",
+        *proof.bf16_device,
+    ]
 
 
 def steps(proof: Proof) -> dict:
@@ -346,16 +467,30 @@ def steps(proof: Proof) -> dict:
     if proof.quick:
         runs["qlora"] = {"skipped": "QLoRA (bitsandbytes NF4) needs CUDA"}
     else:
-        runs["qlora"] = proof.cli("qlora", common + ["model.load_in_4bit=true", "train.max_steps=3"],
-                                  timeout=200)
+        runs["qlora"] = proof.cli("qlora", common + ["model.load_in_4bit=true", "train.max_steps=3"], timeout=200)
         # fp16 autocast trains with a GradScaler (its state checkpointed): the path preflight allows for fp16.
-        runs["fp16_scaler"] = proof.cli("fp16_scaler", ["train.device=cuda", "train.mixed_precision=fp16",
-                                                        "train.max_steps=12", "train.save_every=6"], timeout=120)
-        runs["bf16_full_ft"] = proof.cli("bf16_full_ft", [*model_overrides(shape), "tokenizer=llama3",
-                                                          f"data.train={data}", "data.val=null",
-                                                          "data.max_seq_len=1024", "recipe=full_sft",
-                                                          "optim.lr=1e-5", "padding=packed", "train.batch_size=4",
-                                                          "train.max_steps=3", *device], timeout=150)
+        runs["fp16_scaler"] = proof.cli(
+            "fp16_scaler",
+            ["train.device=cuda", "train.mixed_precision=fp16", "train.max_steps=12", "train.save_every=6"],
+            timeout=120,
+        )
+        runs["bf16_full_ft"] = proof.cli(
+            "bf16_full_ft",
+            [
+                *model_overrides(shape),
+                "tokenizer=llama3",
+                f"data.train={data}",
+                "data.val=null",
+                "data.max_seq_len=1024",
+                "recipe=full_sft",
+                "optim.lr=1e-5",
+                "padding=packed",
+                "train.batch_size=4",
+                "train.max_steps=3",
+                *device,
+            ],
+            timeout=150,
+        )
     return {"runs": runs}
 
 
@@ -369,32 +504,58 @@ def throughput(proof: Proof, peak_tflops: float) -> dict:
     shape = TINY if proof.quick else LLAMA3_8B
     steps = 10 if proof.quick else 20
     data = write_sft_data(proof.work / "sft.jsonl", 3000 if proof.quick else 12000, max_tokens=max_len)
-    common = [*model_overrides(shape), "tokenizer=llama3", f"data.train={data}", "data.val=null",
-              f"data.max_seq_len={max_len}", "lora=default", "lora.rank=16", "optim.lr=1e-4", "train.batch_size=2",
-              f"train.max_steps={steps}"]
+    common = [
+        *model_overrides(shape),
+        "tokenizer=llama3",
+        f"data.train={data}",
+        "data.val=null",
+        f"data.max_seq_len={max_len}",
+        "lora=default",
+        "lora.rank=16",
+        "optim.lr=1e-4",
+        "train.batch_size=2",
+        f"train.max_steps={steps}",
+    ]
     device = proof.bf16_device
     packed = proof.cli("8b_packed", common + device + ["padding=packed"], timeout=300)
     plain = None
     if not proof.quick and proof.left_s() > 330:  # the same run with the model's own modules (model.kernels=torch)
-        plain = proof.cli("8b_packed_torch_kernels", common + device + ["padding=packed", "model.kernels=torch"],
-                          timeout=300)
-    baseline = run_baseline(run_dir=Path(packed["run_dir"]), data=data, steps=steps, threads=8, nproc=1,
-                            flags=("--attn", "sdpa") + (() if proof.quick else ("--gpu",)))
+        plain = proof.cli(
+            "8b_packed_torch_kernels", common + device + ["padding=packed", "model.kernels=torch"], timeout=300
+        )
+    baseline = run_baseline(
+        run_dir=Path(packed["run_dir"]),
+        data=data,
+        steps=steps,
+        threads=8,
+        nproc=1,
+        flags=("--attn", "sdpa") + (() if proof.quick else ("--gpu",)),
+    )
     lengths = _cached_lengths(packed["preflight"])
-    rows = {f"seqtune packed, kernels={packed['backend']['kernels']}": packed["throughput"]
-            | {"command": packed["command"]}}
+    rows = {
+        f"seqtune packed, kernels={packed['backend']['kernels']}": packed["throughput"] | {"command": packed["command"]}
+    }
     if plain is not None:
         rows["seqtune packed, kernels=torch"] = plain["throughput"] | {"command": plain["command"]}
     rows["Trainer + DataCollatorForSeq2Seq + sdpa"] = baseline
     for row in rows.values():
         row |= mfu(shape, row, lengths, peak_tflops)
     ratio = next(iter(rows.values()))["target_tokens_per_s"] / baseline["target_tokens_per_s"]
-    return {"shape": "Llama-3-8B" if not proof.quick else "tiny", "max_seq_len": max_len, "micro_batch": 2,
-            "steps": steps, "rows": rows, "target_tokens_ratio": ratio, "backend": packed["backend"],
-            "memory_runs": {name: {k: run[k] for k in ("memory_estimate_gib", "measured_peak_gib",
-                                                       "estimate_vs_measured", "command")}
-                            for name, run in (("8b_packed", packed), ("8b_packed_torch_kernels", plain)) if run},
-            "peak_tflops": peak_tflops}
+    return {
+        "shape": "Llama-3-8B" if not proof.quick else "tiny",
+        "max_seq_len": max_len,
+        "micro_batch": 2,
+        "steps": steps,
+        "rows": rows,
+        "target_tokens_ratio": ratio,
+        "backend": packed["backend"],
+        "memory_runs": {
+            name: {k: run[k] for k in ("memory_estimate_gib", "measured_peak_gib", "estimate_vs_measured", "command")}
+            for name, run in (("8b_packed", packed), ("8b_packed_torch_kernels", plain))
+            if run
+        },
+        "peak_tflops": peak_tflops,
+    }
 
 
 def _cached_lengths(preflight: dict) -> list[int]:
@@ -406,13 +567,13 @@ def _cached_lengths(preflight: dict) -> list[int]:
 def mfu(shape: dict, row: dict, lengths: list[int], peak_tflops: float) -> dict:
     """Model FLOPs utilisation of a LoRA run, counting only the work the model needs, on real tokens:
 
-      per real token:   4 * N_body                      (forward 2N + backward to the activations 2N; the frozen
-                                                         base weights get no gradient under LoRA)
-                        + 12 * L * d_q * c              (causal attention: QK^T and AV, forward + 2x backward,
-                                                         c = mean attended context = sum n(n+1)/2 / sum n
-                                                         over the documents' lengths n)
-      per target token: 4 * V * d                       (the head, needed only where there is a target)
-      MFU = FLOPs/s / peak (dense bf16, datasheet).     mfu_6n adds the full-fine-tune convention 6N for reference.
+    per real token:   4 * N_body                      (forward 2N + backward to the activations 2N; the frozen
+                                                       base weights get no gradient under LoRA)
+                      + 12 * L * d_q * c              (causal attention: QK^T and AV, forward + 2x backward,
+                                                       c = mean attended context = sum n(n+1)/2 / sum n
+                                                       over the documents' lengths n)
+    per target token: 4 * V * d                       (the head, needed only where there is a target)
+    MFU = FLOPs/s / peak (dense bf16, datasheet).     mfu_6n adds the full-fine-tune convention 6N for reference.
     """
     d, f, layers, v = shape["hidden_size"], shape["intermediate_size"], shape["num_layers"], shape["vocab_size"]
     kv = d * shape["num_kv_heads"] // shape["num_heads"]
@@ -421,8 +582,12 @@ def mfu(shape: dict, row: dict, lengths: list[int], peak_tflops: float) -> dict:
     per_token = 4 * body + 12 * layers * d * context
     flops = row["tokens_per_s"] * per_token + row["target_tokens_per_s"] * 4 * v * d
     six = row["tokens_per_s"] * (6 * (body + v * d) + 12 * layers * d * context)
-    return {"mfu": flops / (peak_tflops * 1e12), "mfu_6n": six / (peak_tflops * 1e12),
-            "model_tflops_per_s": flops / 1e12, "mean_attended_context": context}
+    return {
+        "mfu": flops / (peak_tflops * 1e12),
+        "mfu_6n": six / (peak_tflops * 1e12),
+        "model_tflops_per_s": flops / 1e12,
+        "mean_attended_context": context,
+    }
 
 
 # --- 3b. the Qwen3-8B shape ----------------------------------------------------------------------------------
@@ -435,16 +600,38 @@ def qwen3(proof: Proof, peak_tflops: float) -> dict:
     shape = QWEN3_TINY if proof.quick else QWEN3_8B
     steps = 6 if proof.quick else 20
     data = write_sft_data(proof.work / "sft_qwen3.jsonl", 1000 if proof.quick else 12000, max_tokens=max_len)
-    run = proof.cli("qwen3_8b_packed", ["model=qwen3_tiny", *(f"model.{k}={v}" for k, v in shape.items()),
-                                        "tokenizer=qwen3", f"data.train={data}", "data.val=null",
-                                        f"data.max_seq_len={max_len}", "lora=default", "lora.rank=16",
-                                        "optim.lr=1e-4", "train.batch_size=2", f"train.max_steps={steps}",
-                                        "padding=packed", *proof.bf16_device], timeout=300)
+    run = proof.cli(
+        "qwen3_8b_packed",
+        [
+            "model=qwen3_tiny",
+            *(f"model.{k}={v}" for k, v in shape.items()),
+            "tokenizer=qwen3",
+            f"data.train={data}",
+            "data.val=null",
+            f"data.max_seq_len={max_len}",
+            "lora=default",
+            "lora.rank=16",
+            "optim.lr=1e-4",
+            "train.batch_size=2",
+            f"train.max_steps={steps}",
+            "padding=packed",
+            *proof.bf16_device,
+        ],
+        timeout=300,
+    )
     row = run["throughput"] | mfu(shape, run["throughput"], _cached_lengths(run["preflight"]), peak_tflops)
-    return {"shape": "Qwen3-8B" if not proof.quick else "tiny", "max_seq_len": max_len, "steps": steps,
-            "row": row | {"command": run["command"]}, "backend": run["backend"],
-            "memory_runs": {"qwen3_8b_packed": {k: run[k] for k in ("memory_estimate_gib", "measured_peak_gib",
-                                                                   "estimate_vs_measured", "command")}}}
+    return {
+        "shape": "Qwen3-8B" if not proof.quick else "tiny",
+        "max_seq_len": max_len,
+        "steps": steps,
+        "row": row | {"command": run["command"]},
+        "backend": run["backend"],
+        "memory_runs": {
+            "qwen3_8b_packed": {
+                k: run[k] for k in ("memory_estimate_gib", "measured_peak_gib", "estimate_vs_measured", "command")
+            }
+        },
+    }
 
 
 # --- 4. memory ------------------------------------------------------------------------------------------------
@@ -453,20 +640,37 @@ def qwen3(proof: Proof, peak_tflops: float) -> dict:
 def memory(proof: Proof) -> dict:
     """Estimate vs measured for every CLI run so far, plus the 8B shape with activation checkpointing."""
     rows = {}
-    for name, section in proof.results["sections"].items():
+    for section in proof.results["sections"].values():
         for run_name, run in _runs(section):
             if run.get("measured_peak_gib"):
-                rows[run_name] = {k: run.get(k) for k in ("memory_estimate_gib", "measured_peak_gib",
-                                                         "estimate_vs_measured", "command")}
+                rows[run_name] = {
+                    k: run.get(k)
+                    for k in ("memory_estimate_gib", "measured_peak_gib", "estimate_vs_measured", "command")
+                }
     if not proof.quick and proof.left_s() > 150:
         data = proof.work / "sft.jsonl"
-        run = proof.cli("8b_checkpointing", [*model_overrides(LLAMA3_8B), "tokenizer=llama3", f"data.train={data}",
-                                             "data.val=null", "data.max_seq_len=4096", "lora=default",
-                                             "lora.rank=16", "train.batch_size=4", "train.max_steps=2",
-                                             "padding=packed", "model.gradient_checkpointing=true",
-                                             "train.device=cuda", "model.dtype=bfloat16"], timeout=200)
-        rows["8b_checkpointing"] = {k: run.get(k) for k in ("memory_estimate_gib", "measured_peak_gib",
-                                                        "estimate_vs_measured", "command")}
+        run = proof.cli(
+            "8b_checkpointing",
+            [
+                *model_overrides(LLAMA3_8B),
+                "tokenizer=llama3",
+                f"data.train={data}",
+                "data.val=null",
+                "data.max_seq_len=4096",
+                "lora=default",
+                "lora.rank=16",
+                "train.batch_size=4",
+                "train.max_steps=2",
+                "padding=packed",
+                "model.gradient_checkpointing=true",
+                "train.device=cuda",
+                "model.dtype=bfloat16",
+            ],
+            timeout=200,
+        )
+        rows["8b_checkpointing"] = {
+            k: run.get(k) for k in ("memory_estimate_gib", "measured_peak_gib", "estimate_vs_measured", "command")
+        }
     within = [abs(r["estimate_vs_measured"] - 1) <= 0.15 for r in rows.values() if r["estimate_vs_measured"]]
     return {"rows": rows, "all_within_15pct": bool(within) and all(within)}
 
@@ -484,12 +688,16 @@ def _runs(section: dict):
 
 def torchrun(proof: Proof) -> dict:
     device = ["train.device=cpu"] if proof.quick else ["train.device=cuda"]
-    run = proof.cli("torchrun", ["launcher=torchrun", "launcher.nproc_per_node=1", "train.max_steps=10", *device],
-                    timeout=150)
+    run = proof.cli(
+        "torchrun", ["launcher=torchrun", "launcher.nproc_per_node=1", "train.max_steps=10", *device], timeout=150
+    )
     backend = "gloo" if proof.quick else "nccl"
     joined = f"process group: {backend} backend" in run["stdout_tail"]
-    return {"run": {k: run[k] for k in ("command", "exit", "wall_s", "final_loss")}, "backend": backend,
-            "process_group_joined": joined}
+    return {
+        "run": {k: run[k] for k in ("command", "exit", "wall_s", "final_loss")},
+        "backend": backend,
+        "process_group_joined": joined,
+    }
 
 
 # --- report ---------------------------------------------------------------------------------------------------
@@ -497,9 +705,12 @@ def torchrun(proof: Proof) -> dict:
 
 def render(results: dict) -> str:
     m = results["machine"]
-    out = [f"GPU proof: {m.get('gpu', 'CPU (--quick)')}, torch {m['torch']} (CUDA {m.get('cuda')}), "
-           f"transformers {m['transformers']}, peft {m['peft']}, bitsandbytes {m['bitsandbytes']}, "
-           f"flash_attn {m['flash_attn']}, liger_kernel {m['liger_kernel']}; {m['date_utc']} UTC", ""]
+    out = [
+        f"GPU proof: {m.get('gpu', 'CPU (--quick)')}, torch {m['torch']} (CUDA {m.get('cuda')}), "
+        f"transformers {m['transformers']}, peft {m['peft']}, bitsandbytes {m['bitsandbytes']}, "
+        f"flash_attn {m['flash_attn']}, liger_kernel {m['liger_kernel']}; {m['date_utc']} UTC",
+        "",
+    ]
     sections = results["sections"]
     for name, entry in sections.items():
         status = "ok" if entry["ok"] else f"FAILED: {entry['error'][:300]}"
@@ -507,34 +718,85 @@ def render(results: dict) -> str:
     out.append("")
     if sections.get("contamination", {}).get("ok"):
         c = sections["contamination"]
-        rows = [[r["family"], r["backend"], f"{r['isolation_relative']:.1e}",
-                 *(f"{r['comparisons'][k]['logits_relative']:.1e} / {r['comparisons'][k]['grad_relative']:.1e}"
-                   for k in ("packed", "right-padded", "left-padded")), "yes" if r["isolated"] and
-                 r["matches_eager"] else "NO"] for r in c["rows"]]
-        out += [f"Packed contamination ({c['device']}, {c['dtype']}; relative max |diff|):", "",
-                markdown_table(["family", "backend", "B packed vs alone / A changed", "packed vs eager fp32 "
-                                "(logits / grad)", "right-padded", "left-padded", "pass"], rows), ""]
+        rows = [
+            [
+                r["family"],
+                r["backend"],
+                f"{r['isolation_relative']:.1e}",
+                *(
+                    f"{r['comparisons'][k]['logits_relative']:.1e} / {r['comparisons'][k]['grad_relative']:.1e}"
+                    for k in ("packed", "right-padded", "left-padded")
+                ),
+                "yes" if r["isolated"] and r["matches_eager"] else "NO",
+            ]
+            for r in c["rows"]
+        ]
+        out += [
+            f"Packed contamination ({c['device']}, {c['dtype']}; relative max |diff|):",
+            "",
+            markdown_table(
+                [
+                    "family",
+                    "backend",
+                    "B packed vs alone / A changed",
+                    "packed vs eager fp32 (logits / grad)",
+                    "right-padded",
+                    "left-padded",
+                    "pass",
+                ],
+                rows,
+            ),
+            "",
+        ]
     if sections.get("throughput", {}).get("ok"):
         t = sections["throughput"]
-        rows = [[name, f"{r['tokens_per_s']:.0f}", f"{r['target_tokens_per_s']:.0f}",
-                 f"{r['target_tokens_per_s'] / t['rows']['Trainer + DataCollatorForSeq2Seq + sdpa']['target_tokens_per_s']:.2f}x",
-                 f"{r['padding_efficiency']:.3f}", f"{100 * r['mfu']:.1f}%", f"{100 * r['mfu_6n']:.1f}%"]
-                for name, r in t["rows"].items()]
-        out += [f"Throughput, {t['shape']} shape, bf16 LoRA r16, micro-batch {t['micro_batch']} x {t['max_seq_len']},"
-                f" {t['steps']} steps (attention {t['backend']['attention']}, loss {t['backend']['loss']}):", "",
-                markdown_table(["run", "real tok/s", "target tok/s", "vs Trainer", "padding eff.", "MFU (4N+attn)",
-                                "MFU (6N conv.)"], rows), ""]
+        rows = [
+            [
+                name,
+                f"{r['tokens_per_s']:.0f}",
+                f"{r['target_tokens_per_s']:.0f}",
+                f"{r['target_tokens_per_s'] / t['rows']['Trainer + DataCollatorForSeq2Seq + sdpa']['target_tokens_per_s']:.2f}x",
+                f"{r['padding_efficiency']:.3f}",
+                f"{100 * r['mfu']:.1f}%",
+                f"{100 * r['mfu_6n']:.1f}%",
+            ]
+            for name, r in t["rows"].items()
+        ]
+        out += [
+            f"Throughput, {t['shape']} shape, bf16 LoRA r16, micro-batch {t['micro_batch']} x {t['max_seq_len']},"
+            f" {t['steps']} steps (attention {t['backend']['attention']}, loss {t['backend']['loss']}):",
+            "",
+            markdown_table(
+                ["run", "real tok/s", "target tok/s", "vs Trainer", "padding eff.", "MFU (4N+attn)", "MFU (6N conv.)"],
+                rows,
+            ),
+            "",
+        ]
     if sections.get("qwen3", {}).get("ok"):
         q = sections["qwen3"]
         r = q["row"]
-        out += [f"Qwen3, {q['shape']} shape, bf16 LoRA r16 packed x {q['max_seq_len']}, {q['steps']} steps (kernels "
-                f"{q['backend']['kernels']}, attention {q['backend']['attention']}): {r['tokens_per_s']:.0f} real tok/s, "
-                f"{r['target_tokens_per_s']:.0f} target tok/s, MFU {100 * r['mfu']:.1f}%", ""]
+        out += [
+            f"Qwen3, {q['shape']} shape, bf16 LoRA r16 packed x {q['max_seq_len']}, {q['steps']} steps (kernels "
+            f"{q['backend']['kernels']}, attention {q['backend']['attention']}): {r['tokens_per_s']:.0f} real tok/s, "
+            f"{r['target_tokens_per_s']:.0f} target tok/s, MFU {100 * r['mfu']:.1f}%",
+            "",
+        ]
     if sections.get("memory", {}).get("ok"):
-        rows = [[name, f"{r['memory_estimate_gib']:.2f}", f"{r['measured_peak_gib']:.2f}",
-                 f"{r['estimate_vs_measured'] or 0:.2f}"] for name, r in sections["memory"]["rows"].items()]
-        out += ["Peak memory, preflight estimate vs torch.cuda.max_memory_allocated (GiB):", "",
-                markdown_table(["run", "estimate", "measured", "ratio"], rows), ""]
+        rows = [
+            [
+                name,
+                f"{r['memory_estimate_gib']:.2f}",
+                f"{r['measured_peak_gib']:.2f}",
+                f"{r['estimate_vs_measured'] or 0:.2f}",
+            ]
+            for name, r in sections["memory"]["rows"].items()
+        ]
+        out += [
+            "Peak memory, preflight estimate vs torch.cuda.max_memory_allocated (GiB):",
+            "",
+            markdown_table(["run", "estimate", "measured", "ratio"], rows),
+            "",
+        ]
     return "\n".join(out)
 
 

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proof import REPO, TINY, Proof, child_env, model_overrides, run_sections, write_sft_data  # noqa: E402
+from proof import REPO, TINY, Proof, child_env, model_overrides, run_sections, write_sft_data
 
 
 def _adapter(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -37,22 +37,39 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 def resume(proof: Proof) -> dict:
     data = write_sft_data(proof.work / "resume.jsonl", 300, max_tokens=256)
-    overrides = [*model_overrides(TINY), "tokenizer=llama3", f"data.train={data}", "data.val=null", "lora=default",
-                 "lora.dropout=0.1", "optim.lr=1e-3", "padding=packed", "data.max_seq_len=512", "train.batch_size=4",
-                 "train.max_steps=12", "train.save_every=4", "train.keep_last=0", *proof.bf16_device]
+    overrides = [
+        *model_overrides(TINY),
+        "tokenizer=llama3",
+        f"data.train={data}",
+        "data.val=null",
+        "lora=default",
+        "lora.dropout=0.1",
+        "optim.lr=1e-3",
+        "padding=packed",
+        "data.max_seq_len=512",
+        "train.batch_size=4",
+        "train.max_steps=12",
+        "train.save_every=4",
+        "train.keep_last=0",
+        *proof.bf16_device,
+    ]
     whole = [Path(proof.cli(f"resume_whole_{i}", overrides, timeout=150)["run_dir"]) for i in (1, 2)]
     crashed = proof.work / "resume_crashed"
     # The crash: the command proof.cli runs, with the fault injected after step 6 (exit 1, step_4 kept).
     cmd = proof.command(crashed.name, overrides)
-    killed = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=150,
-                            env=child_env() | {"SEQTUNE_FAULT": "train:6"})
+    killed = subprocess.run(
+        cmd, cwd=REPO, capture_output=True, text=True, timeout=150, env=child_env() | {"SEQTUNE_FAULT": "train:6"}
+    )
     if killed.returncode == 0 or not (crashed / "checkpoints" / "step_00000004").is_dir():
         raise RuntimeError(f"the injected fault did not stop the run after a checkpoint:\n{killed.stdout[-2000:]}")
     resumed = Path(proof.cli("resume_crashed", overrides, timeout=150)["run_dir"])
-    return {"command": " ".join(cmd[1:]), "fault": "SEQTUNE_FAULT=train:6, resumed with train.resume=auto",
-            "max_abs_diff_whole_vs_whole": _max_diff(_adapter(whole[0]), _adapter(whole[1])),
-            "max_abs_diff_whole_vs_resumed": _max_diff(_adapter(whole[0]), _adapter(resumed)),
-            "losses": {"whole_1": _losses(whole[0]), "whole_2": _losses(whole[1]), "resumed": _losses(resumed)}}
+    return {
+        "command": " ".join(cmd[1:]),
+        "fault": "SEQTUNE_FAULT=train:6, resumed with train.resume=auto",
+        "max_abs_diff_whole_vs_whole": _max_diff(_adapter(whole[0]), _adapter(whole[1])),
+        "max_abs_diff_whole_vs_resumed": _max_diff(_adapter(whole[0]), _adapter(resumed)),
+        "losses": {"whole_1": _losses(whole[0]), "whole_2": _losses(whole[1]), "resumed": _losses(resumed)},
+    }
 
 
 def main() -> None:

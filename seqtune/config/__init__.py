@@ -8,6 +8,8 @@ from seqtune.config.errors import (
     SeqtuneError,
     StorageError,
 )
+from seqtune.config.load import load_resolved, save_resolved, to_typed
+from seqtune.config.resolvers import register_resolvers
 from seqtune.config.schema import (
     DataConfig,
     LauncherConfig,
@@ -22,12 +24,28 @@ from seqtune.config.schema import (
     TrainConfig,
     register_schemas,
 )
-from seqtune.config.load import load_resolved, save_resolved, to_typed
-from seqtune.config.resolvers import register_resolvers
 
 __all__ = [
-    "ConfigError", "DataError", "ModelLoadError", "PreflightFailed", "SeqtuneError", "StorageError",
-    "DataConfig", "LauncherConfig", "LoggerConfig", "LoraConfig", "ModelConfig", "OptimConfig",
-    "PaddingConfig", "PreflightConfig", "RootConfig", "TokenizerConfig", "TrainConfig",
-    "register_schemas", "register_resolvers", "to_typed", "load_resolved", "save_resolved",
+    "ConfigError",
+    "DataError",
+    "ModelLoadError",
+    "PreflightFailed",
+    "SeqtuneError",
+    "StorageError",
+    "DataConfig",
+    "LauncherConfig",
+    "LoggerConfig",
+    "LoraConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "PaddingConfig",
+    "PreflightConfig",
+    "RootConfig",
+    "TokenizerConfig",
+    "TrainConfig",
+    "register_schemas",
+    "register_resolvers",
+    "to_typed",
+    "load_resolved",
+    "save_resolved",
 ]

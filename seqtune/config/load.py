@@ -24,8 +24,10 @@ def _unknown_group_keys(cfg: DictConfig) -> list[str]:
         known = {f.name for f in fields(GROUP_SCHEMAS[group])}
         for key in map(str, node.keys()):
             if key not in known:
-                problems.append(f"{group}.{key} is not a setting of {group} ({GROUP_SCHEMAS[group].__name__}). "
-                                f"Fix: remove +{group}.{key}, or use one of: {', '.join(sorted(known))}")
+                problems.append(
+                    f"{group}.{key} is not a setting of {group} ({GROUP_SCHEMAS[group].__name__}). "
+                    f"Fix: remove +{group}.{key}, or use one of: {', '.join(sorted(known))}"
+                )
     return problems
 
 
@@ -58,8 +60,11 @@ def load_resolved(path: Path) -> RootConfig:
     """Load a resolved config written by save_resolved, re-checked against the schema (user extras ignored)."""
     saved = OmegaConf.load(path)
     if not isinstance(saved, DictConfig):
-        raise ConfigError(f"{path} is not a config mapping: it holds a YAML list", key="hydra.run.dir",
-                          fix="restore the run directory's config.yaml, or start a new run (hydra.run.dir=NEW_DIR)")
+        raise ConfigError(
+            f"{path} is not a config mapping: it holds a YAML list",
+            key="hydra.run.dir",
+            fix="restore the run directory's config.yaml, or start a new run (hydra.run.dir=NEW_DIR)",
+        )
     known = {f.name for f in fields(RootConfig)}
     schema_keys = OmegaConf.masked_copy(saved, [str(k) for k in saved.keys() if k in known])
     merged = OmegaConf.merge(OmegaConf.structured(RootConfig), schema_keys)

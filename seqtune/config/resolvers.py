@@ -11,8 +11,11 @@ PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
 def asset_path(relative: str) -> str:
     """`${seqtune_asset:data/instruct/train.jsonl}` -> the file shipped inside the installed package."""
-    candidates = [PACKAGE_ROOT / relative, PACKAGE_ROOT / "data" / "assets" / relative.removeprefix("data/"),
-                  PACKAGE_ROOT / "tokenizers" / "assets" / relative.removeprefix("tokenizers/")]
+    candidates = [
+        PACKAGE_ROOT / relative,
+        PACKAGE_ROOT / "data" / "assets" / relative.removeprefix("data/"),
+        PACKAGE_ROOT / "tokenizers" / "assets" / relative.removeprefix("tokenizers/"),
+    ]
     for path in candidates:
         if path.exists():
             return str(path)

@@ -54,7 +54,7 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
 
 
 def checkpoint_step(path: Path) -> int:
-    return int(path.name[len(CHECKPOINT_PREFIX):])
+    return int(path.name[len(CHECKPOINT_PREFIX) :])
 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
@@ -63,8 +63,13 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
-    done = [p for p in root.iterdir() if p.name.startswith(CHECKPOINT_PREFIX) and p.name[len(CHECKPOINT_PREFIX):]
-            .isdigit() and (p / MANIFEST).is_file()]
+    done = [
+        p
+        for p in root.iterdir()
+        if p.name.startswith(CHECKPOINT_PREFIX)
+        and p.name[len(CHECKPOINT_PREFIX) :].isdigit()
+        and (p / MANIFEST).is_file()
+    ]
     return sorted(done, key=checkpoint_step)
 
 
@@ -83,8 +88,10 @@ def checkpoint_files(directory: Path) -> dict[str, dict[str, Any]]:
     directory = Path(directory)
     paths = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
     digests = _sha256_all(paths)
-    return {str(p.relative_to(directory)): {"size": p.stat().st_size, "sha256": digest}
-            for p, digest in zip(paths, digests)}
+    return {
+        str(p.relative_to(directory)): {"size": p.stat().st_size, "sha256": digest}
+        for p, digest in zip(paths, digests, strict=True)
+    }
 
 
 def checkpoint_damage(checkpoint: Path) -> str | None:
@@ -110,7 +117,7 @@ def checkpoint_damage(checkpoint: Path) -> str | None:
         if size != entry["size"]:
             return f"{name} is {size:,} bytes, its manifest says {entry['size']:,} (truncated or overwritten)"
     names = list(listed)
-    for name, digest in zip(names, _sha256_all([checkpoint / n for n in names])):
+    for name, digest in zip(names, _sha256_all([checkpoint / n for n in names]), strict=True):
         if digest != listed[name]["sha256"]:
             return f"{name} does not match its sha256 in the manifest (corrupt)"
     return None
@@ -137,9 +144,14 @@ def manifest_problem(manifest: Any) -> str | None:
     for name, entry in manifest["files"].items():
         if Path(name).is_absolute() or ".." in Path(name).parts:
             return f"'files' names {name!r}, outside the checkpoint"
-        if not (isinstance(entry, dict) and _is(entry.get("size"), int) and entry["size"] >= 0
-                and isinstance(entry.get("sha256"), str) and re.fullmatch(r"[0-9a-f]{64}", entry["sha256"])):
-            return f"files[{name!r}] is {_shown(entry)}, not {{\"size\": bytes, \"sha256\": 64 hex digits}}"
+        if not (
+            isinstance(entry, dict)
+            and _is(entry.get("size"), int)
+            and entry["size"] >= 0
+            and isinstance(entry.get("sha256"), str)
+            and re.fullmatch(r"[0-9a-f]{64}", entry["sha256"])
+        ):
+            return f'files[{name!r}] is {_shown(entry)}, not {{"size": bytes, "sha256": 64 hex digits}}'
     return None
 
 

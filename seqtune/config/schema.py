@@ -107,8 +107,10 @@ class SampleKind(StrEnum):
 
 RECIPE_KIND = {RecipeName.sft: SampleKind.sft, RecipeName.dpo: SampleKind.preference}
 # The formats each sample kind reads.
-KIND_FORMATS = {SampleKind.sft: tuple(f for f in DataFormat if f != DataFormat.preference),
-                SampleKind.preference: (DataFormat.preference,)}
+KIND_FORMATS = {
+    SampleKind.sft: tuple(f for f in DataFormat if f != DataFormat.preference),
+    SampleKind.preference: (DataFormat.preference,),
+}
 
 # The fields of each format's records: (required, optional). data.columns (or a source's `columns`) maps these
 # names to the data's own; seqtune.data.formats reads them, the columnar readers read only these columns.
@@ -252,8 +254,9 @@ class _Domain:
             key, text = self.problems[0]
             raise ConfigError(text, key=key)
         if self.problems:
-            raise ConfigError("invalid config:\n  - " + "\n  - ".join(text for _, text in self.problems),
-                              key=self.problems[0][0])
+            raise ConfigError(
+                "invalid config:\n  - " + "\n  - ".join(text for _, text in self.problems), key=self.problems[0][0]
+            )
 
 
 # The largest seed: int64, what a seed is everywhere it travels (torch's generators take < 2**64, numpy any size,
@@ -262,8 +265,13 @@ SEED_MAX = 2**63 - 1
 
 
 def _seed(domain: _Domain, value: Any, default: int) -> None:
-    domain.require(isinstance(value, int) and 0 <= value <= SEED_MAX, "seed", value,
-                   f"must be within [0, 2**63-1 = {SEED_MAX}] (a 64-bit seed)", str(default))
+    domain.require(
+        isinstance(value, int) and 0 <= value <= SEED_MAX,
+        "seed",
+        value,
+        f"must be within [0, 2**63-1 = {SEED_MAX}] (a 64-bit seed)",
+        str(default),
+    )
 
 
 def _finite(value: Any) -> bool:
@@ -311,21 +319,37 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         domain = _Domain("model")
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
-                     "head_dim", "max_position_embeddings", "sliding_window", "sliding_window_pattern"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "max_position_embeddings",
+            "sliding_window",
+            "sliding_window_pattern",
+        ):
             domain.at_least(name, getattr(self, name), 1, "null", optional=True)
         if self.rope_theta is not None:
             domain.above("rope_theta", self.rope_theta, 0, "null")
         domain.at_least("rope_scaling_factor", self.rope_scaling_factor, 0, "null", optional=True)
         _seed(domain, self.seed, 0)
         if self.family == ModelFamily.auto and not self.path:
-            domain.refuse("path", "model.family=auto reads every fact from a checkpoint, but model.path is null. Fix: "
-                          "model.path=DIR (a Hugging Face checkpoint directory), or a *_tiny model config")
+            domain.refuse(
+                "path",
+                "model.family=auto reads every fact from a checkpoint, but model.path is null. Fix: "
+                "model.path=DIR (a Hugging Face checkpoint directory), or a *_tiny model config",
+            )
         if self.requires_path and not self.path:
-            domain.refuse("path", f"model.path is required for the {self.family} checkpoint config: the local Hugging "
-                          "Face checkpoint directory (config.json, model*.safetensors, tokenizer files) or its hub id. "
-                          "Fix: model.path=/path/to/checkpoint or model.path=ORG/NAME (or a *_tiny model config for a "
-                          "random tiny model)")
+            domain.refuse(
+                "path",
+                f"model.path is required for the {self.family} checkpoint config: the local Hugging "
+                "Face checkpoint directory (config.json, model*.safetensors, tokenizer files) or its hub id. "
+                "Fix: model.path=/path/to/checkpoint or model.path=ORG/NAME (or a *_tiny model config for a "
+                "random tiny model)",
+            )
         domain.done()
 
 
@@ -415,8 +439,9 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         domain = _Domain("data")
-        auto_or_int = self.max_seq_len == "auto" or (isinstance(self.max_seq_len, int)
-                                                      and not isinstance(self.max_seq_len, bool))
+        auto_or_int = self.max_seq_len == "auto" or (
+            isinstance(self.max_seq_len, int) and not isinstance(self.max_seq_len, bool)
+        )
         domain.require(auto_or_int, "max_seq_len", self.max_seq_len, "must be 'auto' or an integer", "auto")
         if auto_or_int and self.max_seq_len != "auto":
             domain.at_least("max_seq_len", self.max_seq_len, 2, "auto")
@@ -424,9 +449,12 @@ class DataConfig:
         domain.within("max_duplicate_fraction", self.max_duplicate_fraction, 0.0, 1.0, 0.0)
         domain.within("val_fraction", self.val_fraction, 0.0, 1.0, 0.0, high_open=True)
         if _finite(self.val_fraction) and self.val_fraction > 0 and self.val is not None:
-            domain.refuse("val_fraction", f"data.val_fraction={self.val_fraction} and data.val={self.val!r} both "
-                          "define the validation split. Fix: data.val=null (hold out part of train), or "
-                          "data.val_fraction=0 (validate on data.val)")
+            domain.refuse(
+                "val_fraction",
+                f"data.val_fraction={self.val_fraction} and data.val={self.val!r} both "
+                "define the validation split. Fix: data.val=null (hold out part of train), or "
+                "data.val_fraction=0 (validate on data.val)",
+            )
         domain.at_least("preflight_sample", self.preflight_sample, 0, 0)
         domain.at_least("num_workers", self.num_workers, 0, 0)
         for key, text in _column_problems("data.columns", self.columns or {}, self.format):
@@ -454,11 +482,16 @@ def _parse_sources(data: DataConfig, split: str) -> tuple[list[DataSource], list
     else:
         return [], [(key, f"{key}={spec!r} is not a path, a glob or a list of them. Fix: {key}=path/to/file.jsonl")]
     if not items:
-        return [], [(key, f"{key}=[] is an empty list: it names no data. Fix: {key}=path/to/file.jsonl (a path, "
-                          "glob or list)" + ("" if split == "train" else f", or {key}=null"))]
+        return [], [
+            (
+                key,
+                f"{key}=[] is an empty list: it names no data. Fix: {key}=path/to/file.jsonl (a path, "
+                "glob or list)" + ("" if split == "train" else f", or {key}=null"),
+            )
+        ]
     sources: list[DataSource] = []
     problems: list[tuple[str, str]] = []
-    for item, item_key in zip(items, keys):
+    for item, item_key in zip(items, keys, strict=True):
         source = _source(data, split, item, item_key, problems)
         if source is not None:
             sources.append(source)
@@ -469,36 +502,62 @@ def _source(data: DataConfig, split: str, item: Any, key: str, problems: list[tu
     if isinstance(item, str):
         return DataSource(key=key, path=item, format=data.format, columns=dict(data.columns or {}))
     if not isinstance(item, dict):
-        problems.append((key, f"{key}={item!r} is neither a path nor a mapping {{{', '.join(SOURCE_KEYS)}}}. "
-                              f"Fix: {key}=path/to/file.jsonl"))
+        problems.append(
+            (
+                key,
+                f"{key}={item!r} is neither a path nor a mapping {{{', '.join(SOURCE_KEYS)}}}. "
+                f"Fix: {key}=path/to/file.jsonl",
+            )
+        )
         return None
     found = len(problems)
     for name in sorted(set(item) - set(SOURCE_KEYS)):
-        problems.append((f"{key}.{name}", f"{key}.{name} is not a setting of a data source. Fix: use only "
-                                          f"{', '.join(SOURCE_KEYS)}"))
+        problems.append(
+            (f"{key}.{name}", f"{key}.{name} is not a setting of a data source. Fix: use only {', '.join(SOURCE_KEYS)}")
+        )
     path = item.get("path")
     if not isinstance(path, str) or not path:
         problems.append((f"{key}.path", f"{key} has no path. Fix: {key}.path=path/to/file.jsonl"))
     fmt = item.get("format", data.format)
     if fmt not in DataFormat.__members__:
-        problems.append((f"{key}.format", f"{key}.format={fmt!r} is not a data format. Fix: {key}.format=one of "
-                                          f"{', '.join(DataFormat)}"))
+        problems.append(
+            (
+                f"{key}.format",
+                f"{key}.format={fmt!r} is not a data format. Fix: {key}.format=one of {', '.join(DataFormat)}",
+            )
+        )
         fmt = None
     weight = item.get("weight", 1.0)
     if not (_finite(weight) and weight > 0):
-        problems.append((f"{key}.weight", f"{key}.weight={weight!r} must be a number > 0 (how many times each sample "
-                                          f"is used per epoch). Fix: {key}.weight=1"))
+        problems.append(
+            (
+                f"{key}.weight",
+                f"{key}.weight={weight!r} must be a number > 0 (how many times each sample "
+                f"is used per epoch). Fix: {key}.weight=1",
+            )
+        )
     elif split != "train" and weight != 1:
-        problems.append((f"{key}.weight", f"{key}.weight={weight!r}: weights mix training sources; evaluation "
-                                          f"reads every sample once. Fix: remove {key}.weight"))
+        problems.append(
+            (
+                f"{key}.weight",
+                f"{key}.weight={weight!r}: weights mix training sources; evaluation "
+                f"reads every sample once. Fix: remove {key}.weight",
+            )
+        )
     default_columns = data.columns or {} if fmt == data.format else {}
     columns = item.get("columns", default_columns)
     if fmt is not None:
         problems += _column_problems(f"{key}.columns", columns, DataFormat(fmt))
     if len(problems) > found or not isinstance(path, str):
         return None
-    return DataSource(key=key, path=path, format=DataFormat(fmt), columns=dict(columns), weight=float(weight),
-                      columns_key=f"{key}.columns" if "columns" in item else "data.columns")
+    return DataSource(
+        key=key,
+        path=path,
+        format=DataFormat(fmt),
+        columns=dict(columns),
+        weight=float(weight),
+        columns_key=f"{key}.columns" if "columns" in item else "data.columns",
+    )
 
 
 def _column_problems(key: str, columns: Any, fmt: DataFormat) -> list[tuple[str, str]]:
@@ -506,17 +565,25 @@ def _column_problems(key: str, columns: Any, fmt: DataFormat) -> list[tuple[str,
     required, optional = FORMAT_FIELDS[fmt]
     fields_ = (*required, *optional)
     if not isinstance(columns, dict):
-        return [(key, f"{key}={columns!r} is not a mapping of field to column name. Fix: {key}={{{fields_[0]}: "
-                      "NAME}")]
+        return [(key, f"{key}={columns!r} is not a mapping of field to column name. Fix: {key}={{{fields_[0]}: NAME}}")]
     problems = []
     for name, column in columns.items():
         if name not in fields_:
-            problems.append((f"{key}.{name}", f"{key}.{name}: {name!r} is not a field of the {fmt} format (its "
-                                              f"fields: {', '.join(fields_)}). Fix: map one of those, e.g. "
-                                              f"{key}={{{fields_[0]}: {column}}}"))
+            problems.append(
+                (
+                    f"{key}.{name}",
+                    f"{key}.{name}: {name!r} is not a field of the {fmt} format (its "
+                    f"fields: {', '.join(fields_)}). Fix: map one of those, e.g. "
+                    f"{key}={{{fields_[0]}: {column}}}",
+                )
+            )
         elif not isinstance(column, str) or not column:
-            problems.append((f"{key}.{name}", f"{key}.{name}={column!r} must be the name of a field in the data. "
-                                              f"Fix: {key}.{name}=NAME"))
+            problems.append(
+                (
+                    f"{key}.{name}",
+                    f"{key}.{name}={column!r} must be the name of a field in the data. Fix: {key}.{name}=NAME",
+                )
+            )
     return problems
 
 
@@ -560,9 +627,13 @@ class LoraConfig:
         domain.at_least("rank", self.rank, 1, 8)
         domain.above("alpha", self.alpha, 0, 16)
         domain.within("dropout", self.dropout, 0.0, 1.0, 0.0, high_open=True)
-        domain.require(self.target_modules is None or len(self.target_modules) > 0, "target_modules",
-                       self.target_modules, "names no module to adapt", "null (the family's defaults), or names "
-                       "like [q_proj,v_proj]")
+        domain.require(
+            self.target_modules is None or len(self.target_modules) > 0,
+            "target_modules",
+            self.target_modules,
+            "names no module to adapt",
+            "null (the family's defaults), or names like [q_proj,v_proj]",
+        )
         domain.done()
 
 
@@ -600,8 +671,11 @@ class DpoConfig:
         domain.at_least("sft_weight", self.sft_weight, 0, 0.0)
         domain.within("label_smoothing", self.label_smoothing, 0.0, 0.5, 0.0, high_open=True)
         if self.label_smoothing and self.loss != PreferenceLoss.sigmoid and _finite(self.label_smoothing):
-            domain.refuse("label_smoothing", f"dpo.label_smoothing={self.label_smoothing} smooths the sigmoid loss "
-                          f"only, but dpo.loss={self.loss}. Fix: dpo.loss=sigmoid, or dpo.label_smoothing=0")
+            domain.refuse(
+                "label_smoothing",
+                f"dpo.label_smoothing={self.label_smoothing} smooths the sigmoid loss "
+                f"only, but dpo.loss={self.loss}. Fix: dpo.loss=sigmoid, or dpo.label_smoothing=0",
+            )
         domain.done()
 
 
@@ -640,14 +714,37 @@ class OptimConfig:
 # identity still refuses), data.val / data.test (evaluation only), logger and preflight (reporting), and the kernels
 # `auto` picks on another machine (the same math up to rounding). Everything else (optimizer, data, model, LoRA,
 # padding, seed, early stopping, ...) is refused.
-RESUME_ACCEPTABLE = ("train.max_steps", "train.epochs", "train.save_every", "train.keep_last", "train.log_every",
-                     "train.eval_every", "train.eval_batches", "train.eval_samples", "train.eval_sample_tokens",
-                     "train.export_merged", "data.num_workers", "data.val", "data.test", "logger", "preflight",
-                     "plan.attn_implementation", "plan.kernels", "plan.loss")
+RESUME_ACCEPTABLE = (
+    "train.max_steps",
+    "train.epochs",
+    "train.save_every",
+    "train.keep_last",
+    "train.log_every",
+    "train.eval_every",
+    "train.eval_batches",
+    "train.eval_samples",
+    "train.eval_sample_tokens",
+    "train.export_merged",
+    "data.num_workers",
+    "data.val",
+    "data.test",
+    "logger",
+    "preflight",
+    "plan.attn_implementation",
+    "plan.kernels",
+    "plan.loss",
+)
 # Settings of one invocation, never compared with a checkpoint's. The launcher's world size is a fact of the plan,
 # compared there (a new rendezvous port or backend on restart changes nothing a step computes).
-RESUME_IGNORED = ("train.resume", "train.resume_accept", "train.overwrite", "train.signal_grace_s", "train.progress", "preflight.only",
-                  "launcher")
+RESUME_IGNORED = (
+    "train.resume",
+    "train.resume_accept",
+    "train.overwrite",
+    "train.signal_grace_s",
+    "train.progress",
+    "preflight.only",
+    "launcher",
+)
 
 
 @dataclass(kw_only=True)
@@ -715,18 +812,24 @@ class TrainConfig:
         _seed(domain, self.seed, 1234)
         unknown = [k for k in self.resume_accept if not any(k == a or k.startswith(f"{a}.") for a in RESUME_ACCEPTABLE)]
         if unknown:
-            domain.refuse("resume_accept", f"train.resume_accept lists {', '.join(unknown)}, which a resume cannot "
-                          f"change: the checkpoint's state was trained under it. Fix: restore the checkpoint's value, "
-                          f"or start over with train.resume=never hydra.run.dir=NEW_DIR; a resume accepts changes of "
-                          f"{', '.join(RESUME_ACCEPTABLE)}")
+            domain.refuse(
+                "resume_accept",
+                f"train.resume_accept lists {', '.join(unknown)}, which a resume cannot "
+                f"change: the checkpoint's state was trained under it. Fix: restore the checkpoint's value, "
+                f"or start over with train.resume=never hydra.run.dir=NEW_DIR; a resume accepts changes of "
+                f"{', '.join(RESUME_ACCEPTABLE)}",
+            )
         domain.at_least("early_stop_min_delta", self.early_stop_min_delta, 0, 0.0)
         domain.at_least("signal_grace_s", self.signal_grace_s, 0, 60.0)
         domain.at_least("eval_sample_tokens", self.eval_sample_tokens, 1, 32)
         if self.early_stop_min_delta and not self.early_stop_patience and _finite(self.early_stop_min_delta):
-            domain.refuse("early_stop_min_delta", f"train.early_stop_min_delta={self.early_stop_min_delta} has no "
-                          "effect: early stopping is off (train.early_stop_patience=0). Fix: "
-                          "train.early_stop_patience=N (evals without improvement before stopping), or drop "
-                          "train.early_stop_min_delta")
+            domain.refuse(
+                "early_stop_min_delta",
+                f"train.early_stop_min_delta={self.early_stop_min_delta} has no "
+                "effect: early stopping is off (train.early_stop_patience=0). Fix: "
+                "train.early_stop_patience=N (evals without improvement before stopping), or drop "
+                "train.early_stop_min_delta",
+            )
         domain.done()
 
 
@@ -749,8 +852,13 @@ class LauncherConfig:
         if _finite(self.nnodes):
             domain.within("node_rank", self.node_rank, 0, self.nnodes, 0, high_open=True)
         host, _, port = self.rdzv_endpoint.rpartition(":")
-        domain.require(bool(host) and port.isdigit() and 0 < int(port) < 65536, "rdzv_endpoint",
-                       self.rdzv_endpoint, "must be HOST:PORT", "127.0.0.1:29500")
+        domain.require(
+            bool(host) and port.isdigit() and 0 < int(port) < 65536,
+            "rdzv_endpoint",
+            self.rdzv_endpoint,
+            "must be HOST:PORT",
+            "127.0.0.1:29500",
+        )
         domain.done()
 
 
@@ -815,16 +923,23 @@ class RootConfig:
         if self.train.export_merged and not self.lora.enabled:
             raise ConfigError(
                 "train.export_merged=true with lora.enabled=false: a full fine-tune has no adapter to merge; its "
-                "RUN_DIR/model is already a plain Hugging Face checkpoint.", key="train.export_merged",
-                fix="train.export_merged=false (load RUN_DIR/model with AutoModelForCausalLM.from_pretrained)")
+                "RUN_DIR/model is already a plain Hugging Face checkpoint.",
+                key="train.export_merged",
+                fix="train.export_merged=false (load RUN_DIR/model with AutoModelForCausalLM.from_pretrained)",
+            )
         rules = _Domain("train")
         _evaluation_rules(self, rules)
         _recipe_rules(self, rules)
         for name in ("use_dora", "use_rslora"):
             if getattr(self.lora, name) and not self.lora.enabled:
-                rules.problems.append((f"lora.{name}", f"lora.{name}=true with lora.enabled=false (recipe=full_sft): "
-                                       "every weight trains, there is no adapter to change. Fix: recipe=lora_sft, "
-                                       f"or drop lora.{name}"))
+                rules.problems.append(
+                    (
+                        f"lora.{name}",
+                        f"lora.{name}=true with lora.enabled=false (recipe=full_sft): "
+                        "every weight trains, there is no adapter to change. Fix: recipe=lora_sft, "
+                        f"or drop lora.{name}",
+                    )
+                )
         rules.done()
 
 
@@ -838,40 +953,66 @@ def _recipe_rules(cfg: RootConfig, rules: _Domain) -> None:
                 continue
             key = "data.format" if source.format == cfg.data.format else f"{source.key}.format"
             if kind == SampleKind.preference:
-                fix = ("data.format=preference with {prompt, chosen, rejected} records (strings or message lists), "
-                       "or recipe=lora_sft to fine-tune on these records")
+                fix = (
+                    "data.format=preference with {prompt, chosen, rejected} records (strings or message lists), "
+                    "or recipe=lora_sft to fine-tune on these records"
+                )
             else:
                 fix = "recipe=lora_dpo (or full_dpo) to train on preference pairs, or an SFT data.format"
-            rules.problems.append((key, f"{key}={source.format} ({source.key}) is not read by "
-                                        f"recipe_name={cfg.recipe_name}, whose records are {kind} samples "
-                                        f"(formats: {', '.join(allowed)}). Fix: {fix}"))
+            rules.problems.append(
+                (
+                    key,
+                    f"{key}={source.format} ({source.key}) is not read by "
+                    f"recipe_name={cfg.recipe_name}, whose records are {kind} samples "
+                    f"(formats: {', '.join(allowed)}). Fix: {fix}",
+                )
+            )
     if cfg.recipe_name != RecipeName.dpo and cfg.dpo != DpoConfig():
-        rules.problems.append(("dpo", f"dpo.* settings are set, but recipe_name={cfg.recipe_name} does not train "
-                                      "on preferences: they would be ignored. Fix: recipe=lora_dpo, or drop the "
-                                      "dpo.* overrides"))
+        rules.problems.append(
+            (
+                "dpo",
+                f"dpo.* settings are set, but recipe_name={cfg.recipe_name} does not train "
+                "on preferences: they would be ignored. Fix: recipe=lora_dpo, or drop the "
+                "dpo.* overrides",
+            )
+        )
 
 
 def _evaluation_rules(cfg: RootConfig, rules: _Domain) -> None:
     """Early stopping and generated samples act at evals of the validation split: without one, refuse."""
     train = cfg.train
-    for key, value, off in (("early_stop_patience", train.early_stop_patience, "0"),
-                            ("eval_samples", train.eval_samples, "0")):
+    for key, value, off in (
+        ("early_stop_patience", train.early_stop_patience, "0"),
+        ("eval_samples", train.eval_samples, "0"),
+    ):
         if not value:
             continue
         if validation_key(cfg.data.val, cfg.data.val_fraction) is None:
-            rules.refuse(key, f"train.{key}={value} acts at evals of the validation split, but {NO_VALIDATION}. "
-                         f"Fix: {VALIDATION_FIX}, or train.{key}={off}")
+            rules.refuse(
+                key,
+                f"train.{key}={value} acts at evals of the validation split, but {NO_VALIDATION}. "
+                f"Fix: {VALIDATION_FIX}, or train.{key}={off}",
+            )
         elif not train.eval_every:
-            rules.refuse(key, f"train.{key}={value} acts at evals, but train.eval_every=0 never evaluates. "
-                         f"Fix: train.eval_every=N (optimizer steps between evals), or train.{key}={off}")
+            rules.refuse(
+                key,
+                f"train.{key}={value} acts at evals, but train.eval_every=0 never evaluates. "
+                f"Fix: train.eval_every=N (optimizer steps between evals), or train.{key}={off}",
+            )
     if train.eval_samples and cfg.data.train_on_prompt:
-        rules.refuse("eval_samples", f"train.eval_samples={train.eval_samples} completes the prompts of validation "
-                     "records, but data.train_on_prompt=true makes every token a target, so the token cache no longer "
-                     "marks where a prompt ends. Fix: train.eval_samples=0, or data.train_on_prompt=false")
+        rules.refuse(
+            "eval_samples",
+            f"train.eval_samples={train.eval_samples} completes the prompts of validation "
+            "records, but data.train_on_prompt=true makes every token a target, so the token cache no longer "
+            "marks where a prompt ends. Fix: train.eval_samples=0, or data.train_on_prompt=false",
+        )
     elif train.eval_samples and cfg.data.format == DataFormat.text:
-        rules.refuse("eval_samples", f"train.eval_samples={train.eval_samples} completes the prompts of validation "
-                     "records, but data.format=text records have no prompt (every token is a target). Fix: "
-                     "train.eval_samples=0, or a format with prompts (alpaca, chat, input_output)")
+        rules.refuse(
+            "eval_samples",
+            f"train.eval_samples={train.eval_samples} completes the prompts of validation "
+            "records, but data.format=text records have no prompt (every token is a target). Fix: "
+            "train.eval_samples=0, or a format with prompts (alpaca, chat, input_output)",
+        )
 
 
 GROUP_SCHEMAS: dict[str, type] = {

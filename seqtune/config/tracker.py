@@ -28,6 +28,8 @@ def key_problem(cfg: LoggerConfig, environ: Mapping[str, str]) -> str | None:
     problem = "It starts or ends with whitespace." if key.strip() != key else check_api_key(key)
     if problem is None:
         return None
-    return (f"{KEY_VARIABLE} is not a W&B API key: {problem} (the value is not shown). Fix: set {KEY_VARIABLE} to the "
-            f"key from https://wandb.ai/authorize, or unset it (logger.mode=auto then logs offline into the run "
-            f"directory), or logger.mode=offline")
+    return (
+        f"{KEY_VARIABLE} is not a W&B API key: {problem} (the value is not shown). Fix: set {KEY_VARIABLE} to the "
+        f"key from https://wandb.ai/authorize, or unset it (logger.mode=auto then logs offline into the run "
+        f"directory), or logger.mode=offline"
+    )

@@ -47,7 +47,7 @@ def right_pad(
     """Right-pad token rows with `padding_idx` and label rows with `ignore_idx` to the longest row."""
     _, collate = _resolve_padded_collate_sft()
     out = collate(
-        [{"tokens": r.tolist(), "labels": lab.tolist()} for r, lab in zip(rows, labels)],
+        [{"tokens": r.tolist(), "labels": lab.tolist()} for r, lab in zip(rows, labels, strict=True)],
         padding_idx=padding_idx,
         ignore_idx=ignore_idx,
     )

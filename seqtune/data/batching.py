@@ -83,16 +83,23 @@ class BatchRule:
     def stream_problem(self) -> str | None:
         """Why data.mode=stream cannot honour this rule, or None."""
         if self.packed:
-            return ("padding.strategy=packed needs every sample's length before the epoch starts (rows are packed "
-                    "best-fit over the whole split, and every rank must know how many micro-batches a pass makes so "
-                    "all ranks stop together); data.mode=stream tokenizes records as it reads them. Fix: "
-                    "data.mode=cached (packing from the token cache preflight writes), or padding.strategy=bucket "
-                    "(length-grouped micro-batches, which stream mode forms within a window of records)")
+            return (
+                "padding.strategy=packed needs every sample's length before the epoch starts (rows are packed "
+                "best-fit over the whole split, and every rank must know how many micro-batches a pass makes so "
+                "all ranks stop together); data.mode=stream tokenizes records as it reads them. Fix: "
+                "data.mode=cached (packing from the token cache preflight writes), or padding.strategy=bucket "
+                "(length-grouped micro-batches, which stream mode forms within a window of records)"
+            )
         return None
 
 
 def batch_rule(cfg: RootConfig, *, max_seq_len: int, sequences_per_sample: int) -> BatchRule:
     """The rule of this run's padding strategy (preflight builds it with the max_seq_len it resolves; ranks with the
     plan's)."""
-    return BatchRule(strategy=cfg.padding.strategy, batch_size=cfg.train.batch_size, max_seq_len=max_seq_len,
-                     multiple_of=cfg.padding.multiple_of, sequences_per_sample=sequences_per_sample)
+    return BatchRule(
+        strategy=cfg.padding.strategy,
+        batch_size=cfg.train.batch_size,
+        max_seq_len=max_seq_len,
+        multiple_of=cfg.padding.multiple_of,
+        sequences_per_sample=sequences_per_sample,
+    )

@@ -30,6 +30,7 @@ from seqtune.data.sources import open_raw
 from seqtune.data.tokenize import EncodedBatch
 from seqtune.data.types import IGNORE_INDEX, Reject, TokenizedSample
 from seqtune.files import TempDir, storage_error, sweep_stale_temps
+
 # One fingerprint for the whole project: it skips the padding/truncation state transformers mutates per call,
 # so using the tokenizer elsewhere between two scans does not miss the cache.
 from seqtune.tokenizers.info import tokenizer_fingerprint  # noqa: F401 - part of this module's API
@@ -39,8 +40,14 @@ CACHE_VERSION = "seqtune-token-cache-v6"  # v6: a preference pair's two sequence
 META = "meta.json"
 # The config key that decides where caches live (named in every disk error).
 CACHE_KEY = "data.cache_dir"
-_ARRAYS = {"tokens": np.int32, "target": np.uint8, "offsets": np.int64, "lengths": np.int32, "lines": np.int64,
-           "file_ids": np.int32}
+_ARRAYS = {
+    "tokens": np.int32,
+    "target": np.uint8,
+    "offsets": np.int64,
+    "lengths": np.int32,
+    "lines": np.int64,
+    "file_ids": np.int32,
+}
 
 
 def file_fingerprint(path: Path) -> str:
@@ -92,8 +99,8 @@ class TokenCacheWriter:
         self._out: dict[str, IO[bytes]] = {}
         self._rejects: IO[str] | None = None
         with self._writing():
-            self._out = {name: open(self.tmp / f"{name}.bin", "wb") for name in _ARRAYS}  # noqa: SIM115
-            self._rejects = open(self.tmp / "rejects.jsonl", "w", encoding="utf-8")  # noqa: SIM115
+            self._out = {name: open(self.tmp / f"{name}.bin", "wb") for name in _ARRAYS}
+            self._rejects = open(self.tmp / "rejects.jsonl", "w", encoding="utf-8")
             self._out["offsets"].write(np.zeros(1, np.int64).tobytes())
         self._file_ids = {str(p): i for i, p in enumerate(files)}
         self.num_samples = 0
@@ -112,8 +119,12 @@ class TokenCacheWriter:
             raise ValueError("token id does not fit int32")  # internal: vocabularies are far below 2**31
         offsets = self.num_tokens + np.cumsum(batch.lengths)
         chunks = {
-            "tokens": batch.ids, "target": batch.target, "offsets": offsets, "lengths": batch.lengths,
-            "lines": batch.lines, "file_ids": np.asarray([self._file_ids[f] for f in batch.files]),
+            "tokens": batch.ids,
+            "target": batch.target,
+            "offsets": offsets,
+            "lengths": batch.lengths,
+            "lines": batch.lines,
+            "file_ids": np.asarray([self._file_ids[f] for f in batch.files]),
         }
         with self._writing():
             for name, values in chunks.items():
@@ -134,8 +145,15 @@ class TokenCacheWriter:
             for f in files:
                 f.close()
             sizes = {p.name: p.stat().st_size for p in sorted(self.tmp.iterdir())}
-            meta = {**meta, "version": CACHE_VERSION, "key": self.key, "files": [str(p) for p in self.files],
-                    "num_samples": self.num_samples, "num_tokens": self.num_tokens, "sizes": sizes}
+            meta = {
+                **meta,
+                "version": CACHE_VERSION,
+                "key": self.key,
+                "files": [str(p) for p in self.files],
+                "num_samples": self.num_samples,
+                "num_tokens": self.num_tokens,
+                "sizes": sizes,
+            }
             meta["checksum"] = _meta_checksum(meta)
             with open(self.tmp / META, "w", encoding="utf-8") as f:
                 f.write(json.dumps(meta, indent=1))
@@ -173,9 +191,11 @@ def cache_damage(directory: Path) -> str | None:
     if meta.get("checksum") != _meta_checksum(meta):
         return f"{META} does not match its checksum (edited or damaged)"
     n, tokens = meta["num_samples"], meta["num_tokens"]
-    expected = {f"{name}.bin": np.dtype(dtype).itemsize * (tokens if name in ("tokens", "target") else
-                                                           n + 1 if name == "offsets" else n)
-                for name, dtype in _ARRAYS.items()}
+    expected = {
+        f"{name}.bin": np.dtype(dtype).itemsize
+        * (tokens if name in ("tokens", "target") else n + 1 if name == "offsets" else n)
+        for name, dtype in _ARRAYS.items()
+    }
     for name, size in {**meta["sizes"], **expected}.items():
         try:
             actual = (directory / name).stat().st_size
@@ -205,8 +225,11 @@ class TokenCache:
         directory = Path(directory)
         damage = cache_damage(directory)
         if damage:
-            raise DataError(f"the token cache {directory} is damaged: {damage}.", key=CACHE_KEY,
-                            fix="run the same command again: preflight rebuilds a damaged cache.")
+            raise DataError(
+                f"the token cache {directory} is damaged: {damage}.",
+                key=CACHE_KEY,
+                fix="run the same command again: preflight rebuilds a damaged cache.",
+            )
         return cls(directory, json.loads((directory / META).read_text(encoding="utf-8")))
 
     def __len__(self) -> int:
@@ -226,8 +249,10 @@ class TokenCache:
 
     def sample_sources(self) -> np.ndarray:
         """The source (index into meta's sources) of every sample, from the file each came from."""
-        of_file = np.asarray([index for index, source in enumerate(self.meta["sources_read"]["sources"])
-                              for _ in source["files"]], dtype=np.int32)
+        of_file = np.asarray(
+            [index for index, source in enumerate(self.meta["sources_read"]["sources"]) for _ in source["files"]],
+            dtype=np.int32,
+        )
         return of_file[np.asarray(self._arrays["file_ids"])] if len(self) else np.empty(0, np.int32)
 
     @property

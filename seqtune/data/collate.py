@@ -59,13 +59,16 @@ def _sequences(samples: Sequence[Sample], rule: BatchRule) -> list[TokenizedSamp
     if len(longest) > rule.max_seq_len:
         raise DataError(
             f"sample {longest.location} has {len(longest)} tokens > data.max_seq_len={rule.max_seq_len} at collate "
-            "time.", key="data.max_seq_len",
-            fix="data.overlength=truncate or drop (the over-length policy must run before batching).")
+            "time.",
+            key="data.max_seq_len",
+            fix="data.overlength=truncate or drop (the over-length policy must run before batching).",
+        )
     return flat
 
 
-def _summary(targets: torch.Tensor, real_tokens: int, samples: Sequence[Sample], rule: BatchRule
-             ) -> dict[str, torch.Tensor]:
+def _summary(
+    targets: torch.Tensor, real_tokens: int, samples: Sequence[Sample], rule: BatchRule
+) -> dict[str, torch.Tensor]:
     out = {"num_tokens": torch.tensor(real_tokens, dtype=torch.long), "num_targets": (targets != IGNORE_INDEX).sum()}
     if rule.sequences_per_sample > 1:
         real = sum(any(s.num_targets for s in sequences_of(sample)) for sample in samples)
@@ -111,8 +114,12 @@ class PaddedCollator:
         else:
             attention_mask = (cols < lengths.unsqueeze(1)).long()
             position_ids = cols.expand(len(flat), width).clone()
-        batch = {"input_ids": input_ids, "targets": targets, "position_ids": position_ids,
-                 "attention_mask": attention_mask}
+        batch = {
+            "input_ids": input_ids,
+            "targets": targets,
+            "position_ids": position_ids,
+            "attention_mask": attention_mask,
+        }
         if self.rule.sequences_per_sample > 1:
             rows = torch.arange(len(flat)).unsqueeze(1).expand(len(flat), width)
             batch["sequence_index"] = torch.where(attention_mask.bool(), rows, -1)
@@ -134,8 +141,10 @@ class PackedCollator:
         groups = [sequences_of(sample) for sample in samples]
         rows = next_fit_rows([self.rule.packing_length([len(s) for s in g]) for g in groups], capacity)
         if len(rows) > self.rule.rows:
-            raise ValueError(f"{len(rows)} packed rows > the rule's {self.rule.rows} (the sampler orders each "
-                             "micro-batch so next-fit rebuilds its rows)")
+            raise ValueError(
+                f"{len(rows)} packed rows > the rule's {self.rule.rows} (the sampler orders each "
+                "micro-batch so next-fit rebuilds its rows)"
+            )
         shape = (max(len(rows), self.rule.rows), capacity)
         input_ids = torch.full(shape, self.pad_id, dtype=torch.long)
         targets = torch.full(shape, IGNORE_INDEX, dtype=torch.long)
@@ -146,10 +155,10 @@ class PackedCollator:
             for pos in row:
                 for j, seq in enumerate(groups[pos]):
                     n = len(seq)
-                    input_ids[r, col:col + n] = torch.as_tensor(seq.input_ids)
-                    targets[r, col:col + n] = torch.as_tensor(shifted_targets(seq.labels))
-                    position_ids[r, col:col + n] = torch.arange(n)
-                    index[r, col:col + n] = pos * k + j
+                    input_ids[r, col : col + n] = torch.as_tensor(seq.input_ids)
+                    targets[r, col : col + n] = torch.as_tensor(shifted_targets(seq.labels))
+                    position_ids[r, col : col + n] = torch.arange(n)
+                    index[r, col : col + n] = pos * k + j
                     col += n
             # The pad tail restarts at 0 and counts up, so transformers sees it as one more document: no real
             # token ever attends to it (it comes last and attention is causal anyway), and it attends to nothing real.

@@ -51,26 +51,36 @@ class Columns:
                 raise DataError(
                     f"{path} has no top-level column {column!r}: it is a field of the nested (struct) column "
                     f"{inside!r}, and seqtune reads top-level columns only (nested columns are not supported, so no "
-                    f"{self.key} value can name it).", key=self.key,
+                    f"{self.key} value can name it).",
+                    key=self.key,
                     fix=f"flatten the file (pyarrow: pq.write_table(pq.read_table(IN).flatten(), OUT) names it "
-                        f"'{inside}.{column}'), then {self.key}={{{field}: {inside}.{column}}}.")
-            mapped = f"which {self.key} maps {field} to" if field != column else \
-                f"a field of the {self.format} format, not mapped by {self.key}"
+                    f"'{inside}.{column}'), then {self.key}={{{field}: {inside}.{column}}}.",
+                )
+            mapped = (
+                f"which {self.key} maps {field} to"
+                if field != column
+                else f"a field of the {self.format} format, not mapped by {self.key}"
+            )
             mapping = {f: c for f, c in (*self.required, *self.optional) if f != c}
             mapping[field] = "NAME"
             shown = ", ".join(f"{f}: {c}" for f, c in mapping.items())
-            raise DataError(f"{path} has no column {column!r} ({mapped}); its columns are: {', '.join(names)}.",
-                            key=self.key, fix=f"{self.key}={{{shown}}} with NAME the column that holds {field} (or "
-                                              "the data.format these columns belong to).")
+            raise DataError(
+                f"{path} has no column {column!r} ({mapped}); its columns are: {', '.join(names)}.",
+                key=self.key,
+                fix=f"{self.key}={{{shown}}} with NAME the column that holds {field} (or "
+                "the data.format these columns belong to).",
+            )
         wanted = [column for _, column in (*self.required, *self.optional) if column in names]
         dropped = [name for name in names if name not in wanted and name.lower() in SYSTEM_COLUMNS]
         if dropped:
             raise DataError(
                 f"{path} has a {dropped[0]!r} column that data.format={self.format} does not read (its fields: "
                 f"{', '.join(f for f, _ in (*self.required, *self.optional))}; mapped by {self.key}): every row's "
-                "system prompt would be dropped without a word.", key=self.key,
+                "system prompt would be dropped without a word.",
+                key=self.key,
                 fix=f"data.format=sharegpt with {self.key}={{system: {dropped[0]}, ...}} (it reads a system column), "
-                    "put the system prompt into each row's messages as {role: system}, or remove the column.")
+                "put the system prompt into each row's messages as {role: system}, or remove the column.",
+            )
         return wanted
 
 
@@ -82,8 +92,10 @@ def _nested(schema: Any) -> dict[str, list[str]]:
 
 
 def _arrow_error(path: Path, what: str, exc: BaseException) -> DataError:
-    return DataError(f"{path} is damaged or truncated: pyarrow cannot read it as {what} ({exc}).",
-                     fix=f"copy or write {path} again; seqtune never trains on what is left of a damaged file.")
+    return DataError(
+        f"{path} is damaged or truncated: pyarrow cannot read it as {what} ({exc}).",
+        fix=f"copy or write {path} again; seqtune never trains on what is left of a damaged file.",
+    )
 
 
 def _rows(batches: Iterator[Any], path: Path, what: str) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -113,8 +125,10 @@ def parquet_rows(path: Path, columns: Columns | None) -> Iterator[tuple[int, dic
     for read, record in _rows(parquet.iter_batches(batch_size=ROW_BATCH, columns=wanted), path, "Parquet"):
         yield read, record
     if read != parquet.metadata.num_rows:  # what the footer promises; a mismatch is damage, not a shorter dataset
-        raise DataError(f"{path} is damaged: {read} rows read, its footer states {parquet.metadata.num_rows}.",
-                        fix=f"copy or write {path} again.")
+        raise DataError(
+            f"{path} is damaged: {read} rows read, its footer states {parquet.metadata.num_rows}.",
+            fix=f"copy or write {path} again.",
+        )
 
 
 def arrow_rows(path: Path, columns: Columns | None, *, stream: bool) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -143,12 +157,15 @@ def _check_stream_end(path: Path) -> None:
         f.seek(max(0, path.stat().st_size - len(ARROW_STREAM_END)))
         tail = f.read()
     if tail != ARROW_STREAM_END:
-        raise DataError(f"{path} is truncated: the Arrow stream does not end with its end-of-stream marker, so its "
-                        "last record batches may be missing.", fix=f"copy or write {path} again (datasets writes the "
-                                                                   "marker when it finishes a file).")
+        raise DataError(
+            f"{path} is truncated: the Arrow stream does not end with its end-of-stream marker, so its "
+            "last record batches may be missing.",
+            fix=f"copy or write {path} again (datasets writes the marker when it finishes a file).",
+        )
 
 
 # --- a `datasets` save_to_disk directory -------------------------------------------------------------------
+
 
 def is_saved_dataset(path: Path) -> bool:
     return (path / SAVED_STATE).is_file()
@@ -162,12 +179,17 @@ def check_saved_dataset(path: Path, key: str) -> None:
         except (OSError, ValueError, AttributeError):
             splits = []
         shown = ", ".join(str(path / s) for s in splits) or f"{path}/SPLIT"
-        raise DataError(f"{key}: {path} is a `datasets` DatasetDict (splits: {', '.join(splits) or '?'}), not one "
-                        "split.", key=key, fix=f"point {key} at one split's directory: {shown}")
+        raise DataError(
+            f"{key}: {path} is a `datasets` DatasetDict (splits: {', '.join(splits) or '?'}), not one split.",
+            key=key,
+            fix=f"point {key} at one split's directory: {shown}",
+        )
     if not is_saved_dataset(path):
-        raise DataError(f"{key}: {path} is a directory, not a `datasets` save_to_disk directory (no {SAVED_STATE}).",
-                        key=key, fix=f"point {key} at data files, or at the files in it with a glob like "
-                                     f"{path}/*.jsonl.")
+        raise DataError(
+            f"{key}: {path} is a directory, not a `datasets` save_to_disk directory (no {SAVED_STATE}).",
+            key=key,
+            fix=f"point {key} at data files, or at the files in it with a glob like {path}/*.jsonl.",
+        )
 
 
 def saved_dataset_files(path: Path) -> list[Path]:
@@ -185,8 +207,10 @@ def saved_dataset_rows(path: Path, columns: Columns | None) -> Iterator[tuple[in
 
         loaded = datasets.load_from_disk(str(path), keep_in_memory=False)
     except (pa.ArrowException, OSError, ValueError, KeyError, FileNotFoundError) as exc:
-        raise DataError(f"{path}: `datasets` cannot load this save_to_disk directory ({type(exc).__name__}: {exc}).",
-                        fix=f"write it again with Dataset.save_to_disk({str(path)!r}).") from None
+        raise DataError(
+            f"{path}: `datasets` cannot load this save_to_disk directory ({type(exc).__name__}: {exc}).",
+            fix=f"write it again with Dataset.save_to_disk({str(path)!r}).",
+        ) from None
     names = list(loaded.column_names)
     wanted = columns.select(path, names, _nested(loaded.data.schema)) if columns is not None else names
     tables = loaded.select_columns(wanted).with_format("arrow").iter(batch_size=ROW_BATCH)

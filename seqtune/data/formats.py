@@ -44,8 +44,13 @@ MAX_SYMLINKS = 40
 # Tool-use fields a message may carry (OpenAI's shape), passed to the chat template as they are.
 TOOL_FIELDS = ("tool_calls", "tool_call_id")
 # ShareGPT speakers (LLaMA-Factory's tags) → chat roles. function_call and observation are the tool turns.
-SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "function_call": "assistant",
-                  "observation": "tool"}
+SHAREGPT_ROLES = {
+    "human": "user",
+    "gpt": "assistant",
+    "system": "system",
+    "function_call": "assistant",
+    "observation": "tool",
+}
 # OpenAI content parts: the text ones are joined with this (as vLLM joins them for text-only templates).
 CONTENT_PART_SEPARATOR = "\n"
 # A JSON escape of a UTF-16 surrogate (\ud800-\udfff): json.loads turns an unpaired one into a str that no UTF-8
@@ -210,8 +215,11 @@ class LineParser:
         except ValueError as exc:
             return self._reject(line, f"bad_json: {exc}")
         except RecursionError:
-            return self._reject(line, "bad_json: nested deeper than the JSON parser can follow (a record is a flat "
-                                      "object of strings, lists and numbers)")
+            return self._reject(
+                line,
+                "bad_json: nested deeper than the JSON parser can follow (a record is a flat "
+                "object of strings, lists and numbers)",
+            )
         if not isinstance(obj, dict):
             return self._reject(line, f"not_object: a JSON {type(obj).__name__}, expected an object {{...}}")
         record = self._by_format(line, self._renamed(obj))
@@ -258,8 +266,9 @@ class LineParser:
         has = ", ".join(sorted(self._data_keys)) or "none"
         return self._reject(line, f"missing_field: {', '.join(self._name(k) for k in keys)} (has: {has})")
 
-    def _strings(self, line: int, obj: dict, required: tuple[str, ...], optional: tuple[str, ...] = ()
-                 ) -> list[str] | Reject:
+    def _strings(
+        self, line: int, obj: dict, required: tuple[str, ...], optional: tuple[str, ...] = ()
+    ) -> list[str] | Reject:
         missing = [k for k in required if k not in obj]
         if missing:
             return self._missing(line, missing, obj)
@@ -269,8 +278,9 @@ class LineParser:
             if value is None and key in optional:
                 value = ""
             if not isinstance(value, str):
-                return self._reject(line, f"wrong_type: {self._name(key)} is a {type(value).__name__}, expected a "
-                                          "string")
+                return self._reject(
+                    line, f"wrong_type: {self._name(key)} is a {type(value).__name__}, expected a string"
+                )
             values.append(value)
         return values
 
@@ -292,7 +302,7 @@ class LineParser:
         values = self._strings(line, obj, ("input", "output"))
         if isinstance(values, Reject):
             return values
-        for key, value in zip(("input", "output"), values):
+        for key, value in zip(("input", "output"), values, strict=True):
             if not value.strip():
                 return self._reject(line, f"empty_text: {self._name(key)} is empty")
             problem = self._media_problem(value)
@@ -316,11 +326,15 @@ class LineParser:
     def _check_media(self, ref: str) -> str | None:
         path = resolve_under(self._media_dir, ref)
         if path is None:
-            return (f"media_outside_root: {ref} resolves outside {self._media_dir} (an absolute path, a '..' above "
-                    f"it or a symlink out of it); media must lie under data.media_root")
+            return (
+                f"media_outside_root: {ref} resolves outside {self._media_dir} (an absolute path, a '..' above "
+                f"it or a symlink out of it); media must lie under data.media_root"
+            )
         if not os.path.exists(path):
-            return (f"missing_media: {ref} not found under {self._media_dir} (set data.media_root to the directory "
-                    f"media paths are relative to)")
+            return (
+                f"missing_media: {ref} not found under {self._media_dir} (set data.media_root to the directory "
+                f"media paths are relative to)"
+            )
         return None
 
     def _text(self, line: int, obj: dict) -> Record | Reject:
@@ -336,21 +350,34 @@ class LineParser:
         if messages is None:
             return self._missing(line, ["messages"], obj)
         if not isinstance(messages, list) or not messages:
-            return self._reject(line, f"wrong_type: {self._name('messages')} must be a non-empty list of "
-                                      "{role, content}")
+            return self._reject(
+                line, f"wrong_type: {self._name('messages')} must be a non-empty list of {{role, content}}"
+            )
         turns = []
         for i, message in enumerate(messages):
             where = f"messages[{i}]"
-            if not isinstance(message, dict) or "role" not in message or (
-                    "content" not in message and not message.get("tool_calls")):
+            if (
+                not isinstance(message, dict)
+                or "role" not in message
+                or ("content" not in message and not message.get("tool_calls"))
+            ):
                 return self._reject(line, f"missing_field: {where} needs role and content")
             problem = _tool_calls_problem(message.get("tool_calls"), where)
-            content, content_problem = _content_text(message.get("content"), where,
-                                                     tool_call=bool(message.get("tool_calls")))
+            content, content_problem = _content_text(
+                message.get("content"), where, tool_call=bool(message.get("tool_calls"))
+            )
             if problem or content_problem:
                 return self._reject(line, problem or content_problem or "")
-            turns.append(({"role": message["role"], "content": content,
-                           **{k: message[k] for k in TOOL_FIELDS if message.get(k)}}, where))
+            turns.append(
+                (
+                    {
+                        "role": message["role"],
+                        "content": content,
+                        **{k: message[k] for k in TOOL_FIELDS if message.get(k)},
+                    },
+                    where,
+                )
+            )
         return self._conversation(line, turns, obj.get("tools"))
 
     def _sharegpt(self, line: int, obj: dict) -> Record | Reject:
@@ -358,14 +385,17 @@ class LineParser:
         if conversations is None:
             return self._missing(line, ["conversations"], obj)
         if not isinstance(conversations, list) or not conversations:
-            return self._reject(line, f"wrong_type: {self._name('conversations')} must be a non-empty list of "
-                                      "{from, value}")
+            return self._reject(
+                line, f"wrong_type: {self._name('conversations')} must be a non-empty list of {{from, value}}"
+            )
         system = obj.get("system")
         if system is not None and not isinstance(system, str):
-            return self._reject(line, f"wrong_type: {self._name('system')} is a {type(system).__name__}, expected "
-                                      "a string")
-        turns: list[tuple[dict[str, Any], str]] = [({"role": "system", "content": system}, "system")] \
-            if system and system.strip() else []
+            return self._reject(
+                line, f"wrong_type: {self._name('system')} is a {type(system).__name__}, expected a string"
+            )
+        turns: list[tuple[dict[str, Any], str]] = (
+            [({"role": "system", "content": system}, "system")] if system and system.strip() else []
+        )
         unanswered: list[str] = []  # ids of the tool calls no observation has answered yet, oldest first
         calls = 0
         for i, turn in enumerate(conversations):
@@ -375,11 +405,11 @@ class LineParser:
             where = f"conversations[{i}] ({speaker})"
             if not isinstance(speaker, str) or speaker not in SHAREGPT_ROLES:
                 shown = repr(speaker) if len(repr(speaker)) <= 40 else f"{repr(speaker)[:37]}..."
-                return self._reject(line, f"wrong_type: conversations[{i}] from {shown} is not one of "
-                                          f"{', '.join(SHAREGPT_ROLES)}")
+                return self._reject(
+                    line, f"wrong_type: conversations[{i}] from {shown} is not one of {', '.join(SHAREGPT_ROLES)}"
+                )
             if not isinstance(value, str):
-                return self._reject(line, f"wrong_type: {where} value is a {type(value).__name__}, expected a "
-                                          "string")
+                return self._reject(line, f"wrong_type: {where} value is a {type(value).__name__}, expected a string")
             message: dict[str, Any] = {"role": SHAREGPT_ROLES[speaker], "content": value}
             if speaker == "function_call":
                 tool_calls = _sharegpt_tool_calls(value, first_id=calls + 1)
@@ -407,14 +437,18 @@ class LineParser:
             return self._reject(line, "no_targets: no assistant message, nothing to train on")
         if not any(m["role"] == "user" for m, _ in turns[:last]):
             # A reply to nothing teaches the model to answer unprompted, and templates render it as no exchange.
-            return self._reject(line, "no_user_turn: no user message before the assistant reply (a system prompt "
-                                      "alone is not a turn to answer)")
+            return self._reject(
+                line,
+                "no_user_turn: no user message before the assistant reply (a system prompt "
+                "alone is not a turn to answer)",
+            )
         definitions = _tool_definitions(tools)
         if isinstance(definitions, str):
             return self._reject(line, f"wrong_type: {self._name('tools')} {definitions}")
         # Turns after the last assistant reply carry no target; keeping them would put eos after a user turn.
-        return Conversation(file=self.file, line=line, messages=[m for m, _ in turns[: last + 1]],
-                            tools=definitions or None)
+        return Conversation(
+            file=self.file, line=line, messages=[m for m, _ in turns[: last + 1]], tools=definitions or None
+        )
 
     def _preference(self, line: int, obj: dict) -> Record | Reject:
         missing = [k for k in ("chosen", "rejected") if k not in obj]
@@ -425,32 +459,47 @@ class LineParser:
             return self._string_pair(line, prompt, chosen, rejected)
         if isinstance(chosen, list) and isinstance(rejected, list):
             return self._conversation_pair(line, obj, prompt, chosen, rejected)
-        return self._reject(line, f"wrong_type: {self._name('chosen')} and {self._name('rejected')} must both be "
-                                  f"strings or both lists of messages (a {type(chosen).__name__} and a "
-                                  f"{type(rejected).__name__})")
+        return self._reject(
+            line,
+            f"wrong_type: {self._name('chosen')} and {self._name('rejected')} must both be "
+            f"strings or both lists of messages (a {type(chosen).__name__} and a "
+            f"{type(rejected).__name__})",
+        )
 
     def _string_pair(self, line: int, prompt: Any, chosen: str, rejected: str) -> Record | Reject:
         if prompt is None:
-            return self._reject(line, f"missing_field: {self._name('prompt')} (a pair of strings needs the prompt "
-                                      "both completions answer; message lists may carry it as their shared history)")
+            return self._reject(
+                line,
+                f"missing_field: {self._name('prompt')} (a pair of strings needs the prompt "
+                "both completions answer; message lists may carry it as their shared history)",
+            )
         if not isinstance(prompt, str):
-            return self._reject(line, f"wrong_type: {self._name('prompt')} is a {type(prompt).__name__}, expected "
-                                      "a string like chosen and rejected")
+            return self._reject(
+                line,
+                f"wrong_type: {self._name('prompt')} is a {type(prompt).__name__}, expected "
+                "a string like chosen and rejected",
+            )
         for key, value in (("prompt", prompt), ("chosen", chosen), ("rejected", rejected)):
             if not value.strip():
                 return self._reject(line, f"empty_text: {self._name(key)} is empty")
         if chosen == rejected:
-            return self._reject(line, "identical_pair: chosen and rejected are the same text: there is nothing "
-                                      "to prefer")
-        return PreferencePair(file=self.file, line=line,
-                              chosen=PromptCompletion(file=self.file, line=line, prompt=prompt, completion=chosen),
-                              rejected=PromptCompletion(file=self.file, line=line, prompt=prompt,
-                                                        completion=rejected))
+            return self._reject(
+                line, "identical_pair: chosen and rejected are the same text: there is nothing to prefer"
+            )
+        return PreferencePair(
+            file=self.file,
+            line=line,
+            chosen=PromptCompletion(file=self.file, line=line, prompt=prompt, completion=chosen),
+            rejected=PromptCompletion(file=self.file, line=line, prompt=prompt, completion=rejected),
+        )
 
     def _conversation_pair(self, line: int, obj: dict, prompt: Any, chosen: list, rejected: list) -> Record | Reject:
         if prompt is not None and not isinstance(prompt, list):
-            return self._reject(line, f"wrong_type: {self._name('prompt')} is a {type(prompt).__name__}, expected "
-                                      "a list of messages like chosen and rejected")
+            return self._reject(
+                line,
+                f"wrong_type: {self._name('prompt')} is a {type(prompt).__name__}, expected "
+                "a list of messages like chosen and rejected",
+            )
         history = prompt or []
         sides = []
         for key, completion in (("chosen", chosen), ("rejected", rejected)):
@@ -464,26 +513,45 @@ class LineParser:
         conv_chosen, conv_rejected = sides
         if prompt is None:  # implicit prompt: everything before the last message is shared history
             start = len(conv_chosen.messages) - 1
-            differ = next((i for i, (a, b) in enumerate(zip(conv_chosen.messages, conv_rejected.messages))
-                           if a != b), None)
+            differ = next(
+                (
+                    i
+                    for i, (a, b) in enumerate(zip(conv_chosen.messages, conv_rejected.messages, strict=True))
+                    if a != b
+                ),
+                None,
+            )
             if len(conv_chosen.messages) != len(conv_rejected.messages) or (differ is not None and differ < start):
                 at = differ if differ is not None else min(len(conv_chosen.messages), len(conv_rejected.messages))
-                return self._reject(line, f"history_mismatch: chosen and rejected differ at message {at}, before "
-                                          "their last turn: a pair must answer the same conversation (give the "
-                                          "shared part as `prompt` and only the replies as chosen and rejected)")
+                return self._reject(
+                    line,
+                    f"history_mismatch: chosen and rejected differ at message {at}, before "
+                    "their last turn: a pair must answer the same conversation (give the "
+                    "shared part as `prompt` and only the replies as chosen and rejected)",
+                )
         else:
             start = len(history)
         if conv_chosen.messages[start:] == conv_rejected.messages[start:]:
-            return self._reject(line, "identical_pair: chosen and rejected are the same reply: there is nothing to "
-                                      "prefer")
+            return self._reject(
+                line, "identical_pair: chosen and rejected are the same reply: there is nothing to prefer"
+            )
         for key, record in (("chosen", conv_chosen), ("rejected", conv_rejected)):
             if not any(m["role"] == "assistant" for m in record.messages[start:]):
                 return self._reject(line, f"no_targets: {self._name(key)} has no assistant reply after the prompt")
-        return PreferencePair(file=self.file, line=line,
-                              chosen=Conversation(file=self.file, line=line, messages=conv_chosen.messages,
-                                                  tools=conv_chosen.tools, first_target=start),
-                              rejected=Conversation(file=self.file, line=line, messages=conv_rejected.messages,
-                                                    tools=conv_rejected.tools, first_target=start))
+        return PreferencePair(
+            file=self.file,
+            line=line,
+            chosen=Conversation(
+                file=self.file, line=line, messages=conv_chosen.messages, tools=conv_chosen.tools, first_target=start
+            ),
+            rejected=Conversation(
+                file=self.file,
+                line=line,
+                messages=conv_rejected.messages,
+                tools=conv_rejected.tools,
+                first_target=start,
+            ),
+        )
 
     def _tokenized(self, line: int, obj: dict) -> Record | Reject:
         if "input_ids" not in obj:
@@ -526,13 +594,19 @@ class LineParser:
             return self._reject(line, "empty_text: input_ids has no real (unpadded) token")
         if (ids < 0).any() or (self.vocab_size is not None and (ids >= self.vocab_size).any()):
             bad = int(ids[(ids < 0) | (ids >= (self.vocab_size or np.iinfo(np.int64).max))][0])
-            return self._reject(line, f"bad_token_id: {bad} outside the tokenizer's 0..{self.vocab_size} "
-                                      f"(was this data tokenized with another tokenizer?)")
+            return self._reject(
+                line,
+                f"bad_token_id: {bad} outside the tokenizer's 0..{self.vocab_size} "
+                f"(was this data tokenized with another tokenizer?)",
+            )
         if labels is not None:
             wrong = np.flatnonzero((labels != IGNORE_INDEX) & (labels != ids))
             if len(wrong):
-                return self._reject(line, f"wrong_type: labels[{int(wrong[0])}]={int(labels[wrong[0]])} is neither "
-                                          f"{IGNORE_INDEX} nor input_ids[{int(wrong[0])}]; labels must be unshifted")
+                return self._reject(
+                    line,
+                    f"wrong_type: labels[{int(wrong[0])}]={int(labels[wrong[0]])} is neither "
+                    f"{IGNORE_INDEX} nor input_ids[{int(wrong[0])}]; labels must be unshifted",
+                )
         return PreTokenized(file=self.file, line=line, input_ids=ids, labels=labels, padding_stripped=stripped)
 
     def _pad_run(self, ids: np.ndarray) -> slice:
@@ -561,9 +635,12 @@ def _lone_surrogate(record: Record) -> Reject | None:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:
             char = f"\\u{ord(text[exc.start]):04x}"
-            return Reject(file=record.file, line=record.line,
-                          reason=f"bad_utf8: the {where} holds a lone surrogate {char} (JSON escapes \\ud800-"
-                                 "\\udfff are only valid in high+low pairs)")
+            return Reject(
+                file=record.file,
+                line=record.line,
+                reason=f"bad_utf8: the {where} holds a lone surrogate {char} (JSON escapes \\ud800-"
+                "\\udfff are only valid in high+low pairs)",
+            )
     return None
 
 
@@ -584,8 +661,10 @@ def role_reason(where: str, role: object, accepted_roles: tuple[str, ...]) -> st
     take (template_rejected), or a value that is no role at all (wrong_type)."""
     accepted = ", ".join(accepted_roles)
     if isinstance(role, str) and role in CHAT_ROLES:  # a valid record: it is the template that has no such role
-        return (f"{TEMPLATE_REJECTED}: {where} role {role!r} is not accepted by the chat template "
-                f"(tokenizer.chat_template), which takes: {accepted}")
+        return (
+            f"{TEMPLATE_REJECTED}: {where} role {role!r} is not accepted by the chat template "
+            f"(tokenizer.chat_template), which takes: {accepted}"
+        )
     shown = repr(role) if len(repr(role)) <= 40 else f"{repr(role)[:37]}..."
     return f"wrong_type: {where} role {shown} is not one of {accepted} (the roles the chat template takes)"
 
@@ -597,21 +676,29 @@ def _content_text(content: Any, where: str, *, tool_call: bool) -> tuple[str, st
     if isinstance(content, str):
         return content, None
     if content is None:
-        return "", None if tool_call else f"wrong_type: {where} content is null (only a turn with tool_calls may " \
-                                          "have no content)"
+        return (
+            "",
+            None
+            if tool_call
+            else f"wrong_type: {where} content is null (only a turn with tool_calls may have no content)",
+        )
     if not isinstance(content, list):
-        return "", f"wrong_type: {where} content is a {type(content).__name__}, expected a string or a list of " \
-                   "text parts"
+        return (
+            "",
+            f"wrong_type: {where} content is a {type(content).__name__}, expected a string or a list of text parts",
+        )
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text" and isinstance(part.get("text"), str):
             texts.append(part["text"])
         elif isinstance(kind, str) and kind != "text":
-            return "", (f"unsupported_content: {where} content[{j}] is a {kind!r} part; seqtune trains on text "
-                        "(parts of type 'text') only")
+            return "", (
+                f"unsupported_content: {where} content[{j}] is a {kind!r} part; seqtune trains on text "
+                "(parts of type 'text') only"
+            )
         else:
-            return "", f"wrong_type: {where} content[{j}] is not a part {{\"type\": \"text\", \"text\": ...}}"
+            return "", f'wrong_type: {where} content[{j}] is not a part {{"type": "text", "text": ...}}'
     return CONTENT_PART_SEPARATOR.join(texts), None
 
 
@@ -623,10 +710,16 @@ def _tool_calls_problem(calls: Any, where: str) -> str | None:
         return f"wrong_type: {where} tool_calls is a {type(calls).__name__}, expected a list"
     for k, call in enumerate(calls):
         function = call.get("function") if isinstance(call, dict) else None
-        if not (isinstance(function, dict) and isinstance(function.get("name"), str) and function["name"]
-                and isinstance(function.get("arguments"), (str, dict))):
-            return (f"wrong_type: {where} tool_calls[{k}] needs function.name (a string) and function.arguments "
-                    "(an object or its JSON)")
+        if not (
+            isinstance(function, dict)
+            and isinstance(function.get("name"), str)
+            and function["name"]
+            and isinstance(function.get("arguments"), (str, dict))
+        ):
+            return (
+                f"wrong_type: {where} tool_calls[{k}] needs function.name (a string) and function.arguments "
+                "(an object or its JSON)"
+            )
     return None
 
 
@@ -647,11 +740,20 @@ def _sharegpt_tool_calls(value: str, *, first_id: int) -> list[dict[str, Any]] |
     calls = parsed if isinstance(parsed, list) else [parsed]
     out = []
     for n, call in enumerate(calls):
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"] or not isinstance(
-                call.get("arguments", {}), (str, dict)):
+        if (
+            not isinstance(call, dict)
+            or not isinstance(call.get("name"), str)
+            or not call["name"]
+            or not isinstance(call.get("arguments", {}), (str, dict))
+        ):
             return shape
-        out.append({"id": tool_call_id(first_id + n), "type": "function",
-                    "function": {"name": call["name"], "arguments": call.get("arguments", {})}})
+        out.append(
+            {
+                "id": tool_call_id(first_id + n),
+                "type": "function",
+                "function": {"name": call["name"], "arguments": call.get("arguments", {})},
+            }
+        )
     return out or shape
 
 

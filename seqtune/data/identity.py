@@ -17,8 +17,10 @@ from seqtune.data.cache import META, file_fingerprint
 
 # The cache's meta.json field holding {path: {"size": bytes, "fingerprint": file_fingerprint}} of its files.
 IDENTITY = "file_identity"
-FIX = ("let whatever writes the file finish (or train on a copy that nothing writes to), then run the same command "
-       "again: preflight proves the data as it is then")
+FIX = (
+    "let whatever writes the file finish (or train on a copy that nothing writes to), then run the same command "
+    "again: preflight proves the data as it is then"
+)
 
 
 def _stat(path: Path) -> tuple[int, int, int]:
@@ -37,15 +39,22 @@ def check_unchanged(files: list[Path], before: dict[str, tuple[int, int, int]], 
     for path in files:
         if str(path) in before and _stat(path) != before[str(path)]:
             size = os.stat(path).st_size
-            raise DataError(f"{key}: {path} changed while preflight read it ({before[str(path)][0]:,} bytes when the "
-                            f"scan started, {size:,} now): its token cache would not hold what the file holds; "
-                            "nothing was cached.", key=key, fix=FIX)
+            raise DataError(
+                f"{key}: {path} changed while preflight read it ({before[str(path)][0]:,} bytes when the "
+                f"scan started, {size:,} now): its token cache would not hold what the file holds; "
+                "nothing was cached.",
+                key=key,
+                fix=FIX,
+            )
 
 
 def identity_meta(files: list[Path]) -> dict[str, Any]:
     """For the cache's meta.json: each file's size and fingerprint (memoized by file_fingerprint: not re-read)."""
-    return {IDENTITY: {str(p): {"size": os.stat(p).st_size, "fingerprint": file_fingerprint(p)}
-                       for p in files if Path(p).is_file()}}
+    return {
+        IDENTITY: {
+            str(p): {"size": os.stat(p).st_size, "fingerprint": file_fingerprint(p)} for p in files if Path(p).is_file()
+        }
+    }
 
 
 def check_as_proven(files: list[Path], cache_dir: Path, key: str) -> None:
@@ -58,6 +67,9 @@ def check_as_proven(files: list[Path], cache_dir: Path, key: str) -> None:
         size = os.stat(path).st_size if Path(path).exists() else None
         if size != proven["size"] or file_fingerprint(path) != proven["fingerprint"]:
             now = "it is gone" if size is None else f"{size:,} bytes now"
-            raise DataError(f"{key}: {path} is not the file preflight proved ({proven['size']:,} bytes then, {now}; "
-                            "its content differs): training would read other data than was checked.", key=key,
-                            fix=FIX)
+            raise DataError(
+                f"{key}: {path} is not the file preflight proved ({proven['size']:,} bytes then, {now}; "
+                "its content differs): training would read other data than was checked.",
+                key=key,
+                fix=FIX,
+            )

@@ -45,7 +45,7 @@ from seqtune.data.stream import (
     sample_end,
 )
 from seqtune.data.tokenize import SampleEncoder
-from seqtune.data.types import IGNORE_INDEX, POLICY_REJECTS, Reject, Sample, TokenizedSample
+from seqtune.data.types import IGNORE_INDEX, POLICY_REJECTS, Reject, Sample
 
 
 class SplitView(Dataset):
@@ -56,15 +56,20 @@ class SplitView(Dataset):
     and rejected next to each other), sample i is sequences k*i .. k*i+k-1, kept or hidden together, and an item is
     their tuple."""
 
-    def __init__(self, cache: TokenCache, *, max_seq_len: int, overlength: Overlength,
-                 sequences_per_sample: int = 1) -> None:
+    def __init__(
+        self, cache: TokenCache, *, max_seq_len: int, overlength: Overlength, sequences_per_sample: int = 1
+    ) -> None:
         k = self.k = sequences_per_sample
         seq_lengths = np.asarray(cache.lengths).reshape(-1, k)
         self.cache, self.max_seq_len, self.overlength = cache, max_seq_len, overlength
-        over = (np.flatnonzero((seq_lengths > max_seq_len).any(axis=1)) if overlength != Overlength.error
-                else np.empty(0, np.int64))
-        hidden = [int(i) for i in over if isinstance(apply_overlength(self._raw(int(i)), max_seq_len, overlength),
-                                                     Reject)]
+        over = (
+            np.flatnonzero((seq_lengths > max_seq_len).any(axis=1))
+            if overlength != Overlength.error
+            else np.empty(0, np.int64)
+        )
+        hidden = [
+            int(i) for i in over if isinstance(apply_overlength(self._raw(int(i)), max_seq_len, overlength), Reject)
+        ]
         self.cut = [cache.location(i * k) for i in hidden] if overlength in TRUNCATING else []
         self.indices = np.setdiff1d(np.arange(len(seq_lengths)), np.asarray(hidden, dtype=np.int64))
         kept = np.minimum(seq_lengths[self.indices], max_seq_len)
@@ -110,9 +115,17 @@ class PlannedBatches:
 
     def __init__(self, view: SplitView, plan: DistributedBatchPlan, collator: Collator, *, num_workers: int) -> None:
         if len(plan) == 0:
-            raise DataError(f"the split has {len(view)} samples: not one micro-batch per rank.",
-                            key="train.batch_size", fix="a smaller train.batch_size or fewer ranks")
-        self.dataset, self.plan, self.collator, self.num_workers = WithFillers(dataset=view), plan, collator, num_workers
+            raise DataError(
+                f"the split has {len(view)} samples: not one micro-batch per rank.",
+                key="train.batch_size",
+                fix="a smaller train.batch_size or fewer ranks",
+            )
+        self.dataset, self.plan, self.collator, self.num_workers = (
+            WithFillers(dataset=view),
+            plan,
+            collator,
+            num_workers,
+        )
         self.epoch, self.consumed = 0, 0
 
     def steps_per_epoch(self, grad_accum: int) -> int:
@@ -122,8 +135,11 @@ class PlannedBatches:
         # torch types `dataset` as a Dataset; any object with __getitem__ and __len__ is a map-style dataset.
         loader: DataLoader[dict[str, Any]] = DataLoader(
             self.dataset,  # type: ignore[arg-type]
-            batch_sampler=self.plan.batches(epoch)[start:], collate_fn=self.collator, num_workers=self.num_workers,
-            generator=worker_seed_generator(self.plan.seed, self.plan.rank, epoch))
+            batch_sampler=self.plan.batches(epoch)[start:],
+            collate_fn=self.collator,
+            num_workers=self.num_workers,
+            generator=worker_seed_generator(self.plan.seed, self.plan.rank, epoch),
+        )
         yield from loader
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -140,9 +156,12 @@ class PlannedBatches:
         if state is None:
             return
         if "plan" not in state:  # written by data.mode=stream
-            raise DataError("cannot resume: the checkpoint's data position comes from data.mode=stream, this run "
-                            "reads the token cache (data.mode=cached).", key="train.resume",
-                            fix="data.mode=stream (as when the checkpoint was written), or train.resume=never")
+            raise DataError(
+                "cannot resume: the checkpoint's data position comes from data.mode=stream, this run "
+                "reads the token cache (data.mode=cached).",
+                key="train.resume",
+                fix="data.mode=stream (as when the checkpoint was written), or train.resume=never",
+            )
         self.plan.load_state_dict(state)
         self.epoch, self.consumed = self.plan.epoch, self.plan.position
 
@@ -184,8 +203,12 @@ class StreamedBatches:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         while True:
             stream = self.make_stream(resume=self.progress if self.progress.consumed else None, epoch=self.epoch)
-            loader = DataLoader(stream, batch_size=None, num_workers=self.num_workers,
-                                generator=worker_seed_generator(self.seed, self.rank, self.epoch))
+            loader = DataLoader(
+                stream,
+                batch_size=None,
+                num_workers=self.num_workers,
+                generator=worker_seed_generator(self.seed, self.rank, self.epoch),
+            )
             for item in loader:
                 self._account(item, stream.num_shards)
                 yield item.batch
@@ -202,8 +225,13 @@ class StreamedBatches:
         self.budget.check(pass_done=False, latest=bad[-1] if bad else None)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"mode": "stream", "epoch": self.epoch, **self.progress.state_dict(),
-                "bad_lines": self.budget.state_dict(), "stream": self.identity}
+        return {
+            "mode": "stream",
+            "epoch": self.epoch,
+            **self.progress.state_dict(),
+            "bad_lines": self.budget.state_dict(),
+            "stream": self.identity,
+        }
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         if state is None:
@@ -212,9 +240,11 @@ class StreamedBatches:
         if saved != self.identity:
             raise DataError(
                 f"cannot resume the stream position: the stream changed since the checkpoint (saved {saved}, now "
-                f"{self.identity}); resuming would repeat or skip lines.", key="train.resume",
+                f"{self.identity}); resuming would repeat or skip lines.",
+                key="train.resume",
                 fix="restore the original data files, data.mode, train.batch_size, data.num_workers and world "
-                    "size, or train.resume=never.")
+                "size, or train.resume=never.",
+            )
         self.epoch = int(state["epoch"])
         self.progress.load_state_dict(state)
         self.budget.load_state_dict(state["bad_lines"])
@@ -232,33 +262,51 @@ def train_mix(cfg: RootConfig, view: SplitView) -> SourceMix | None:
     sources = cfg.data.sources("train")
     if all(source.weight == 1 for source in sources):
         return None
-    return SourceMix(source_of=view.sample_sources(), weights=tuple(s.weight for s in sources),
-                     keys=tuple(s.key for s in sources))
+    return SourceMix(
+        source_of=view.sample_sources(), weights=tuple(s.weight for s in sources), keys=tuple(s.key for s in sources)
+    )
 
 
-def planned_batches(cfg: RootConfig, plan: Plan, split: str, *, rank: int, shuffle: bool,
-                    tail: Tail, train: bool) -> PlannedBatches:
-    view = SplitView(TokenCache.open(Path(plan.caches[split])), max_seq_len=plan.max_seq_len,
-                     overlength=cfg.data.overlength, sequences_per_sample=plan.sequences_per_sample)
+def planned_batches(
+    cfg: RootConfig, plan: Plan, split: str, *, rank: int, shuffle: bool, tail: Tail, train: bool
+) -> PlannedBatches:
+    view = SplitView(
+        TokenCache.open(Path(plan.caches[split])),
+        max_seq_len=plan.max_seq_len,
+        overlength=cfg.data.overlength,
+        sequences_per_sample=plan.sequences_per_sample,
+    )
     rule = plan_rule(cfg, plan)
     batch_plan = DistributedBatchPlan(
-        view.lengths, widths=view.widths, rule=rule, world_size=plan.world.world_size, rank=rank,
-        seed=cfg.train.seed, shuffle=shuffle, tail=tail, bucket_window=cfg.padding.bucket_window,
+        view.lengths,
+        widths=view.widths,
+        rule=rule,
+        world_size=plan.world.world_size,
+        rank=rank,
+        seed=cfg.train.seed,
+        shuffle=shuffle,
+        tail=tail,
+        bucket_window=cfg.padding.bucket_window,
         mix=train_mix(cfg, view) if train else None,
     )
     collator = make_collator(rule, pad_id=plan.tokens.pad_id, padding_side=plan.padding_side)
     return PlannedBatches(view, batch_plan, collator, num_workers=cfg.data.num_workers)
 
 
-def stream_identity(cfg: RootConfig, split: SplitInput, source_records: list[int], world_size: int
-                    ) -> dict[str, Any]:
+def stream_identity(cfg: RootConfig, split: SplitInput, source_records: list[int], world_size: int) -> dict[str, Any]:
     """What a stream position depends on: a resume under other values would repeat or skip records."""
-    identity = {"files": [str(f) for f in split.files], "num_lines": records_per_pass(split, source_records),
-                "batch_size": cfg.train.batch_size, "world_size": world_size,
-                "num_workers": max(1, cfg.data.num_workers)}
+    identity = {
+        "files": [str(f) for f in split.files],
+        "num_lines": records_per_pass(split, source_records),
+        "batch_size": cfg.train.batch_size,
+        "world_size": world_size,
+        "num_workers": max(1, cfg.data.num_workers),
+    }
     if split.mixed:
-        identity["mix"] = [{"source": s.key, "records": n, "weight": s.weight}
-                           for s, n in zip(split.sources, source_records)]
+        identity["mix"] = [
+            {"source": s.key, "records": n, "weight": s.weight}
+            for s, n in zip(split.sources, source_records, strict=True)
+        ]
     return identity
 
 
@@ -276,7 +324,7 @@ class SourceEncoders:
             encoder = self.by_file[record.file]
             groups.setdefault(id(encoder), (encoder, []))[1].append(i)
         for encoder, members in groups.values():
-            for i, encoded in zip(members, encoder.encode_batch([records[i] for i in members])):
+            for i, encoded in zip(members, encoder.encode_batch([records[i] for i in members]), strict=True):
                 out[i] = encoded
         return out  # type: ignore[return-value]
 
@@ -286,31 +334,52 @@ def _streamed(cfg: RootConfig, plan: Plan, rank: int, tokenizer) -> StreamedBatc
     assert split is not None, "data.train is required (MISSING in the schema), so the train split exists"
     check_as_proven(split.files, Path(plan.caches["train"]), key="data.train")  # the files preflight proved
     source_records = list(plan.stream_records)
-    encoders = {fmt: SampleEncoder(tokenizer, fmt, train_on_prompt=cfg.data.train_on_prompt, tokens=plan.tokens)
-                for fmt in split.formats}
+    encoders = {
+        fmt: SampleEncoder(tokenizer, fmt, train_on_prompt=cfg.data.train_on_prompt, tokens=plan.tokens)
+        for fmt in split.formats
+    }
     parsers, by_file = {}, {}
     for source in split.sources:
         for path in source.files:
             by_file[str(path)] = encoders[source.format]
-            parsers[str(path)] = encoders[source.format].line_parser(str(path), media_root=cfg.data.media_root,
-                                                                     columns=source.columns)
+            parsers[str(path)] = encoders[source.format].line_parser(
+                str(path), media_root=cfg.data.media_root, columns=source.columns
+            )
     rule = plan_rule(cfg, plan)
     collator = make_collator(rule, pad_id=plan.tokens.pad_id, padding_side=plan.padding_side)
     world_size = plan.world.world_size
     make_stream = partial(
-        JsonlStream, split, parse=RecordParser(parsers=parsers), encode_batch=SourceEncoders(by_file=by_file),
-        collate=collator, rule=rule, overlength=cfg.data.overlength, world_size=world_size, rank=rank,
-        num_workers=cfg.data.num_workers, source_records=source_records, seed=cfg.train.seed, tail=cfg.data.tail,
-        bucket_window=cfg.padding.bucket_window)
+        JsonlStream,
+        split,
+        parse=RecordParser(parsers=parsers),
+        encode_batch=SourceEncoders(by_file=by_file),
+        collate=collator,
+        rule=rule,
+        overlength=cfg.data.overlength,
+        world_size=world_size,
+        rank=rank,
+        num_workers=cfg.data.num_workers,
+        source_records=source_records,
+        seed=cfg.train.seed,
+        tail=cfg.data.tail,
+        bucket_window=cfg.padding.bucket_window,
+    )
     rejects_file = Path(plan.rejects_file)
     budget = BadLineBudget(max_bad_fraction=cfg.data.max_bad_fraction, rejects_file=rejects_file, rank=rank)
-    rejects = RejectLog(path=rejects_file, files=split.files,
-                        logged_through=sample_end(split, cfg.data.preflight_sample))
+    rejects = RejectLog(
+        path=rejects_file, files=split.files, logged_through=sample_end(split, cfg.data.preflight_sample)
+    )
     # Preflight proved every rank gets at least one micro-batch per pass (check_epoch_steps).
-    return StreamedBatches(make_stream=make_stream, batches_per_rank=make_stream(resume=None).batches_per_rank(),
-                           num_workers=cfg.data.num_workers, seed=cfg.train.seed, rank=rank,
-                           identity=stream_identity(cfg, split, source_records, world_size),
-                           budget=budget, rejects=rejects)
+    return StreamedBatches(
+        make_stream=make_stream,
+        batches_per_rank=make_stream(resume=None).batches_per_rank(),
+        num_workers=cfg.data.num_workers,
+        seed=cfg.train.seed,
+        rank=rank,
+        identity=stream_identity(cfg, split, source_records, world_size),
+        budget=budget,
+        rejects=rejects,
+    )
 
 
 def build_train_batches(cfg: RootConfig, plan: Plan, *, rank: int, tokenizer) -> PlannedBatches | StreamedBatches:
@@ -337,8 +406,9 @@ class EvalPrompt:
     location: str
 
 
-def build_eval_prompts(cache_dir: Path, *, count: int, max_seq_len: int, bos_id: int | None,
-                       stride: int = 1) -> list[EvalPrompt]:
+def build_eval_prompts(
+    cache_dir: Path, *, count: int, max_seq_len: int, bos_id: int | None, stride: int = 1
+) -> list[EvalPrompt]:
     """The first `count` samples of a split's token cache (file order: the validation split) that have a prompt
     shorter than max_seq_len, tokenized exactly as training saw them. The reference is the first run of target
     tokens: the completion, or a conversation's first assistant reply and its end-of-turn marker. `stride`: the
@@ -355,8 +425,13 @@ def build_eval_prompts(cache_dir: Path, *, count: int, max_seq_len: int, bos_id:
         first = int(targets[0])
         gaps = np.flatnonzero(np.diff(targets) > 1)
         end = int(targets[gaps[0]]) + 1 if len(gaps) else int(targets[-1]) + 1
-        prompts.append(EvalPrompt(prompt_ids=sample.input_ids[:first].tolist(),
-                                  reference_ids=sample.input_ids[first:end].tolist(), location=sample.location))
+        prompts.append(
+            EvalPrompt(
+                prompt_ids=sample.input_ids[:first].tolist(),
+                reference_ids=sample.input_ids[first:end].tolist(),
+                location=sample.location,
+            )
+        )
         if len(prompts) == count:
             break
     return prompts

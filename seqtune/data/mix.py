@@ -42,7 +42,7 @@ class SourceMix:
         return np.bincount(self.source_of, minlength=len(self.weights)).tolist()
 
     def used(self) -> list[int]:
-        return [used_per_epoch(w, n) for w, n in zip(self.weights, self.samples())]
+        return [used_per_epoch(w, n) for w, n in zip(self.weights, self.samples(), strict=True)]
 
     def epoch_samples(self, seed: int, epoch: int) -> np.ndarray:
         """The sample indices of `epoch`, source by source (with repeats for weights above 1), unshuffled."""
@@ -59,5 +59,7 @@ class SourceMix:
 
     def identity(self) -> list[dict[str, Any]]:
         """What a data position depends on: each source's samples and weight (a changed weight is another plan)."""
-        return [{"source": key, "samples": n, "weight": w}
-                for key, n, w in zip(self.keys, self.samples(), self.weights)]
+        return [
+            {"source": key, "samples": n, "weight": w}
+            for key, n, w in zip(self.keys, self.samples(), self.weights, strict=True)
+        ]

@@ -46,7 +46,7 @@ def pack_best_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[in
     rows: list[list[int]] = []
     rows_by_free: dict[int, list[int]] = {}
     free_values: list[int] = []
-    for idx, size in zip(order.tolist(), lengths[order].tolist()):
+    for idx, size in zip(order.tolist(), lengths[order].tolist(), strict=True):
         k = bisect_left(free_values, size)
         if k == len(free_values):
             row, free = len(rows), capacity

@@ -30,8 +30,12 @@ from seqtune.data.types import IGNORE_INDEX, Sample, TokenizedSample, sequences_
 
 def as_filler(sample: Sample) -> Sample:
     """The same tokens with every target masked: computed like the sample, never changing the loss."""
-    masked = tuple(TokenizedSample(input_ids=s.input_ids, labels=np.full_like(s.labels, IGNORE_INDEX),
-                                   location=f"{s.location} (filler)") for s in sequences_of(sample))
+    masked = tuple(
+        TokenizedSample(
+            input_ids=s.input_ids, labels=np.full_like(s.labels, IGNORE_INDEX), location=f"{s.location} (filler)"
+        )
+        for s in sequences_of(sample)
+    )
     return masked if isinstance(sample, tuple) else masked[0]
 
 
@@ -88,8 +92,9 @@ def _split_steps(entries: np.ndarray, world_size: int, batch_size: int) -> list[
     return [steps[:, r, :].tolist() for r in range(world_size)]
 
 
-def _bucket(entries: np.ndarray, lengths2: np.ndarray, step: int, window: int,
-            rng: np.random.Generator, shuffle: bool) -> np.ndarray:
+def _bucket(
+    entries: np.ndarray, lengths2: np.ndarray, step: int, window: int, rng: np.random.Generator, shuffle: bool
+) -> np.ndarray:
     """Sort each window of `window` global steps by length, then shuffle the order of the global steps.
 
     A global step (world_size micro-batches) is cut from consecutive sorted samples, so all ranks get similar
@@ -106,20 +111,29 @@ def _bucket(entries: np.ndarray, lengths2: np.ndarray, step: int, window: int,
     return steps.reshape(-1)
 
 
-def _packed_plan(lengths: np.ndarray, order: np.ndarray, *, batch_size: int, world_size: int, max_seq_len: int,
-                 tail: Tail, rng: np.random.Generator, shuffle: bool) -> EpochPlan:
+def _packed_plan(
+    lengths: np.ndarray,
+    order: np.ndarray,
+    *,
+    batch_size: int,
+    world_size: int,
+    max_seq_len: int,
+    tail: Tail,
+    rng: np.random.Generator,
+    shuffle: bool,
+) -> EpochPlan:
     n = len(lengths)
     rows = [[int(order[i]) for i in row] for row in pack_best_fit_decreasing(lengths[order], max_seq_len)]
     row_ids = rng.permutation(len(rows)) if shuffle else np.arange(len(rows))
     kept, _, extra = _fit_to_steps(row_ids, world_size * batch_size, tail, len(rows))
-    dropped = sum(len(rows[r]) for r in row_ids[len(kept):]) if tail == Tail.drop else 0
+    dropped = sum(len(rows[r]) for r in row_ids[len(kept) :]) if tail == Tail.drop else 0
     # Filler rows are copies (entries + n) of real rows; appended after the real rows of their micro-batch.
     rows_all = rows + [[i + n for i in row] for row in rows]
     lengths2 = np.concatenate([lengths, lengths])
     per_rank: list[list[list[int]]] = []
     for rank_rows in _split_steps(kept, world_size, batch_size):
         per_rank.append([_micro_batch_order(rows_all, ids, lengths2) for ids in rank_rows])
-    fillers = sum(len(rows[r - len(rows)]) for r in kept[len(kept) - extra:]) if extra else 0
+    fillers = sum(len(rows[r - len(rows)]) for r in kept[len(kept) - extra :]) if extra else 0
     return EpochPlan(per_rank=per_rank, dropped_samples=dropped, filler_samples=fillers)
 
 
@@ -132,14 +146,25 @@ def _micro_batch_order(rows_all: list[list[int]], ids: list[int], lengths2: np.n
     return real + order_for_next_fit(rows_all, [i for i in ids if i >= half], lengths2)
 
 
-def _padded_plan(widths: np.ndarray, order: np.ndarray, *, strategy: PaddingStrategy, batch_size: int, world_size: int,
-                 tail: Tail, bucket_window: int, rng: np.random.Generator, shuffle: bool) -> EpochPlan:
+def _padded_plan(
+    widths: np.ndarray,
+    order: np.ndarray,
+    *,
+    strategy: PaddingStrategy,
+    batch_size: int,
+    world_size: int,
+    tail: Tail,
+    bucket_window: int,
+    rng: np.random.Generator,
+    shuffle: bool,
+) -> EpochPlan:
     step = world_size * batch_size
     entries, dropped, fillers = _fit_to_steps(order, step, tail, len(widths))
     if strategy == PaddingStrategy.bucket:
         entries = _bucket(entries, np.concatenate([widths, widths]), step, bucket_window, rng, shuffle)
-    return EpochPlan(per_rank=_split_steps(entries, world_size, batch_size), dropped_samples=dropped,
-                     filler_samples=fillers)
+    return EpochPlan(
+        per_rank=_split_steps(entries, world_size, batch_size), dropped_samples=dropped, filler_samples=fillers
+    )
 
 
 class DistributedBatchPlan:
@@ -151,9 +176,20 @@ class DistributedBatchPlan:
     training (prefetch), so then save `state_at(epoch, consumed)` from the consumer's count instead of state_dict().
     """
 
-    def __init__(self, lengths: np.ndarray, *, rule: BatchRule, world_size: int, rank: int, seed: int, shuffle: bool,
-                 tail: Tail, bucket_window: int, widths: np.ndarray | None = None,
-                 mix: SourceMix | None = None) -> None:
+    def __init__(
+        self,
+        lengths: np.ndarray,
+        *,
+        rule: BatchRule,
+        world_size: int,
+        rank: int,
+        seed: int,
+        shuffle: bool,
+        tail: Tail,
+        bucket_window: int,
+        widths: np.ndarray | None = None,
+        mix: SourceMix | None = None,
+    ) -> None:
         """`lengths`: each sample's tokens (all of its sequences: what it occupies in a packed row); `widths`: its
         longest sequence (what its row needs when padded; default `lengths`, one sequence per sample). `rule`: the
         padding strategy's shapes (seqtune.data.batching). `mix`: weighted sources (seqtune.data.mix): each epoch
@@ -183,13 +219,28 @@ class DistributedBatchPlan:
                 drawn = self.mix.epoch_samples(self.seed, epoch)
                 order = drawn[rng.permutation(len(drawn))] if self.shuffle else drawn
             if self.rule.packed:
-                plan = _packed_plan(self.lengths, order, batch_size=self.batch_size, world_size=self.world_size,
-                                    max_seq_len=self.rule.row_capacity, tail=self.tail, rng=rng,
-                                    shuffle=self.shuffle)
+                plan = _packed_plan(
+                    self.lengths,
+                    order,
+                    batch_size=self.batch_size,
+                    world_size=self.world_size,
+                    max_seq_len=self.rule.row_capacity,
+                    tail=self.tail,
+                    rng=rng,
+                    shuffle=self.shuffle,
+                )
             else:
-                plan = _padded_plan(self.widths, order, strategy=self.rule.strategy, batch_size=self.batch_size,
-                                    world_size=self.world_size, tail=self.tail, bucket_window=self.bucket_window,
-                                    rng=rng, shuffle=self.shuffle)
+                plan = _padded_plan(
+                    self.widths,
+                    order,
+                    strategy=self.rule.strategy,
+                    batch_size=self.batch_size,
+                    world_size=self.world_size,
+                    tail=self.tail,
+                    bucket_window=self.bucket_window,
+                    rng=rng,
+                    shuffle=self.shuffle,
+                )
             self._cache = (epoch, plan)
         return self._cache[1]
 
@@ -213,9 +264,17 @@ class DistributedBatchPlan:
         self.epoch, self.position = self.epoch + 1, 0
 
     def identity(self) -> dict[str, Any]:
-        identity = {"num_samples": self.num_samples, "batch_size": self.batch_size, "world_size": self.world_size,
-                    "strategy": str(self.rule.strategy), "max_seq_len": self.rule.max_seq_len, "seed": self.seed,
-                    "shuffle": self.shuffle, "tail": str(self.tail), "bucket_window": self.bucket_window}
+        identity = {
+            "num_samples": self.num_samples,
+            "batch_size": self.batch_size,
+            "world_size": self.world_size,
+            "strategy": str(self.rule.strategy),
+            "max_seq_len": self.rule.max_seq_len,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "tail": str(self.tail),
+            "bucket_window": self.bucket_window,
+        }
         if self.rule.sequences_per_sample > 1:
             identity["sequences_per_sample"] = self.rule.sequences_per_sample
         if self.mix is not None:

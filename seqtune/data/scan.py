@@ -86,10 +86,15 @@ class SplitScan:
 
 
 def encoder_signature(encoder: SampleEncoder) -> str:
-    return "|".join([
-        tokenizer_fingerprint(encoder.tokenizer), template_signature(encoder.fmt),
-        f"train_on_prompt={encoder.train_on_prompt}", f"bos={encoder.bos_id}", f"eos={encoder.eos_id}",
-    ])
+    return "|".join(
+        [
+            tokenizer_fingerprint(encoder.tokenizer),
+            template_signature(encoder.fmt),
+            f"train_on_prompt={encoder.train_on_prompt}",
+            f"bos={encoder.bos_id}",
+            f"eos={encoder.eos_id}",
+        ]
+    )
 
 
 @dataclass(kw_only=True)
@@ -132,12 +137,21 @@ class _Stats:
         padded = np.flatnonzero(batch.padding_stripped)
         self.padded += len(padded)
         self.padded_locations += [f"{batch.files[i]}:{int(batch.lines[i])}" for i in padded[:10]][
-            : max(0, 10 - len(self.padded_locations))]
+            : max(0, 10 - len(self.padded_locations))
+        ]
 
 
-def scan_split(split: SplitInput, encoders: dict[DataFormat, SampleEncoder], *, cache_root: Path, key_extra: str = "",
-               media_root: str | None = None, max_records: int = 0, chunk_size: int = 16384,
-               progress: bool = False) -> SplitScan:
+def scan_split(
+    split: SplitInput,
+    encoders: dict[DataFormat, SampleEncoder],
+    *,
+    cache_root: Path,
+    key_extra: str = "",
+    media_root: str | None = None,
+    max_records: int = 0,
+    chunk_size: int = 16384,
+    progress: bool = False,
+) -> SplitScan:
     """Stream `split` once (each source with the encoder of its format, from `encoders`); write or reuse its token
     cache; return its statistics.
 
@@ -156,25 +170,43 @@ def scan_split(split: SplitInput, encoders: dict[DataFormat, SampleEncoder], *, 
         shutil.rmtree(published, ignore_errors=True)
     writer = TokenCacheWriter(Path(cache_root), key, split.files)
     try:
-        stats = _stream(split, encoders, writer, media_root=media_root, max_records=max_records,
-                        chunk_size=chunk_size, progress=progress)
+        stats = _stream(
+            split,
+            encoders,
+            writer,
+            media_root=media_root,
+            max_records=max_records,
+            chunk_size=chunk_size,
+            progress=progress,
+        )
         k = max(encoders[fmt].sequences_per_sample for fmt in split.formats)
         check_unchanged(split.files, before, key=f"data.{split.name}")
-        directory = writer.commit({**_stats_meta(stats, split), **to_meta(split), **identity_meta(split.files),
-                                   "sequences_per_sample": k})
+        directory = writer.commit(
+            {**_stats_meta(stats, split), **to_meta(split), **identity_meta(split.files), "sequences_per_sample": k}
+        )
     except BaseException:
         writer.abort()
         raise
     scan = _load_scan(split.name, directory, began)
     scan.from_cache = False
     if damage is not None:
-        scan.rebuilt_note = f"the token cache of data.{split.name} ({published}) was damaged ({damage}); it was rebuilt."
+        scan.rebuilt_note = (
+            f"the token cache of data.{split.name} ({published}) was damaged ({damage}); it was rebuilt."
+        )
     return scan
 
 
-def _stream(split: SplitInput, encoders: dict[DataFormat, SampleEncoder], writer: TokenCacheWriter, *,
-            media_root: str | None, max_records: int, chunk_size: int, progress: bool) -> _Stats:
-    stats = _Stats(source_of_file={str(p): s for p, s in zip(split.files, split.file_sources())})
+def _stream(
+    split: SplitInput,
+    encoders: dict[DataFormat, SampleEncoder],
+    writer: TokenCacheWriter,
+    *,
+    media_root: str | None,
+    max_records: int,
+    chunk_size: int,
+    progress: bool,
+) -> _Stats:
+    stats = _Stats(source_of_file={str(p): s for p, s in zip(split.files, split.file_sources(), strict=True)})
     bar = _progress_bar(split.name, progress)
     parser: LineParser | None = None
     chunk: list[Record] = []
@@ -187,8 +219,9 @@ def _stream(split: SplitInput, encoders: dict[DataFormat, SampleEncoder], writer
                 chunk, rejects, source = [], [], record.source
             if parser is None or parser.file != str(record.path):
                 spec = split.sources[record.source]
-                parser = encoders[spec.format].line_parser(str(record.path), media_root=media_root,
-                                                           columns=spec.columns)
+                parser = encoders[spec.format].line_parser(
+                    str(record.path), media_root=media_root, columns=spec.columns
+                )
             parsed = parser.parse(record.number, record.payload)
             if isinstance(parsed, Reject):
                 rejects.append(parsed)
@@ -261,19 +294,33 @@ def _progress_bar(name: str, enabled: bool):
         return None
     from seqtune.console import progress_bar
 
-    return progress_bar(total=None, initial=0, desc=f"scan {name}", unit="rec", enabled=True, stream=sys.stderr,
-                        mininterval=0.5)
+    return progress_bar(
+        total=None, initial=0, desc=f"scan {name}", unit="rec", enabled=True, stream=sys.stderr, mininterval=0.5
+    )
 
 
 def _stats_meta(stats: _Stats, split: SplitInput) -> dict:
-    sources = [{"key": source.key, "format": str(source.format), "files": len(source.files),
-                "records": stats.source_records[index], "rejected": stats.source_rejects[index]}
-               for index, source in enumerate(split.sources)]
-    return {"source_counts": sources,
-        "records": stats.records, "reject_counts": dict(stats.reject_counts), "max_token_id": stats.max_token_id,
-        "max_token_location": stats.max_token_location, "zero_target_samples": stats.zero_target,
-        "target_tokens": stats.target_tokens, "total_tokens": stats.total_tokens,
-        "padded_inputs": stats.padded, "padded_locations": stats.padded_locations,
+    sources = [
+        {
+            "key": source.key,
+            "format": str(source.format),
+            "files": len(source.files),
+            "records": stats.source_records[index],
+            "rejected": stats.source_rejects[index],
+        }
+        for index, source in enumerate(split.sources)
+    ]
+    return {
+        "source_counts": sources,
+        "records": stats.records,
+        "reject_counts": dict(stats.reject_counts),
+        "max_token_id": stats.max_token_id,
+        "max_token_location": stats.max_token_location,
+        "zero_target_samples": stats.zero_target,
+        "target_tokens": stats.target_tokens,
+        "total_tokens": stats.total_tokens,
+        "padded_inputs": stats.padded,
+        "padded_locations": stats.padded_locations,
     }
 
 
@@ -281,17 +328,27 @@ def _load_scan(name: str, directory: Path, began: float) -> SplitScan:
     meta = json.loads((directory / META).read_text())
     rejects = []
     with open(directory / "rejects.jsonl", encoding="utf-8") as f:
-        for line, _ in zip(f, range(MAX_REJECTS_IN_MEMORY)):
+        for line, _ in zip(f, range(MAX_REJECTS_IN_MEMORY), strict=True):
             rejects.append(Reject(**json.loads(line)))
     k = meta["sequences_per_sample"]
     return SplitScan(
-        name=name, cache_dir=directory, files=meta["files"], records=meta["records"], samples=meta["num_samples"] // k,
+        name=name,
+        cache_dir=directory,
+        files=meta["files"],
+        records=meta["records"],
+        samples=meta["num_samples"] // k,
         sequences_per_sample=k,
-        rejects=rejects, reject_counts=meta["reject_counts"],
+        rejects=rejects,
+        reject_counts=meta["reject_counts"],
         lengths=np.fromfile(directory / "lengths.bin", dtype=np.int32),
-        max_token_id=meta["max_token_id"], max_token_location=meta["max_token_location"],
-        zero_target_samples=meta["zero_target_samples"], target_tokens=meta["target_tokens"],
-        total_tokens=meta["total_tokens"], padded_inputs=meta["padded_inputs"],
-        padded_locations=meta["padded_locations"], from_cache=True, seconds=time.perf_counter() - began,
+        max_token_id=meta["max_token_id"],
+        max_token_location=meta["max_token_location"],
+        zero_target_samples=meta["zero_target_samples"],
+        target_tokens=meta["target_tokens"],
+        total_tokens=meta["total_tokens"],
+        padded_inputs=meta["padded_inputs"],
+        padded_locations=meta["padded_locations"],
+        from_cache=True,
+        seconds=time.perf_counter() - began,
         sources=[SourceCount(**source) for source in meta["source_counts"]],
     )

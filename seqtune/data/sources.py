@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-
 from seqtune.config.errors import DataError
 from seqtune.config.schema import FORMAT_FIELDS, DataFormat, DataSource
 from seqtune.data import columnar
@@ -69,8 +68,11 @@ def expand_paths(spec: Any, key: str) -> list[Path]:
         pattern = glob.has_magic(text) and not os.path.lexists(text)
         matches = sorted(glob.glob(text, recursive=True)) if pattern else [text]
         if pattern and not matches:
-            raise DataError(f"{key}: the glob {text!r} matches no file{_unlistable(text)}.", key=key,
-                            fix=f"check the pattern, or point {key} at existing .jsonl files.")
+            raise DataError(
+                f"{key}: the glob {text!r} matches no file{_unlistable(text)}.",
+                key=key,
+                fix=f"check the pattern, or point {key} at existing .jsonl files.",
+            )
         for match in matches:
             path = Path(match)
             check_readable_file(path, key)
@@ -102,11 +104,21 @@ def check_readable_file(path: Path, key: str) -> None:
         open_raw(path / columnar.SAVED_STATE, key).close()
         return
     if not stat.S_ISREG(mode):
-        kind = ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
-                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
-        raise DataError(f"{key}: {path} is {kind}; seqtune reads each data file more than once (to hash it, scan "
-                        "it and train on it), so it must be a regular file.", key=key,
-                        fix=f"write the data to a file and point {key} at it.")
+        kind = (
+            "a named pipe (FIFO)"
+            if stat.S_ISFIFO(mode)
+            else "a socket"
+            if stat.S_ISSOCK(mode)
+            else "a device"
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "not a regular file"
+        )
+        raise DataError(
+            f"{key}: {path} is {kind}; seqtune reads each data file more than once (to hash it, scan "
+            "it and train on it), so it must be a regular file.",
+            key=key,
+            fix=f"write the data to a file and point {key} at it.",
+        )
     open_raw(path, key).close()  # permission problems surface here, naming the file, not mid-scan
 
 
@@ -114,11 +126,17 @@ def _path_error(path: Path, exc: OSError, key: str | None) -> DataError:
     where = f"{key}: " if key else ""
     fix = f"point {key} at an existing .jsonl file (a path, glob or list)." if key else "check the path."
     if exc.errno == errno.ELOOP:
-        return DataError(f"{where}{path} is a symlink loop (too many levels of symbolic links).", key=key,
-                         fix=f"make {path} point at the real file (`ls -l {path}` shows where it points).")
+        return DataError(
+            f"{where}{path} is a symlink loop (too many levels of symbolic links).",
+            key=key,
+            fix=f"make {path} point at the real file (`ls -l {path}` shows where it points).",
+        )
     if exc.errno == errno.EACCES:
-        return DataError(f"{where}{path}: permission denied (this user cannot read it).", key=key,
-                         fix=f"give this user read access (chmod a+r {path}), or run as a user who can read it.")
+        return DataError(
+            f"{where}{path}: permission denied (this user cannot read it).",
+            key=key,
+            fix=f"give this user read access (chmod a+r {path}), or run as a user who can read it.",
+        )
     if exc.errno == errno.ENOENT and path.is_symlink():
         return DataError(f"{where}{path} is a symlink to {os.readlink(path)}, which does not exist.", key=key, fix=fix)
     if exc.errno in (errno.ENOENT, errno.ENOTDIR):
@@ -143,7 +161,7 @@ def _near_misses(path: Path) -> str:
 def open_raw(path: Path, key: str | None = None) -> IO[bytes]:
     """The file's bytes as stored (no decompression); an OSError becomes a DataError naming the file."""
     try:
-        return open(path, "rb", buffering=_READ_SIZE)  # noqa: SIM115 - the caller closes it
+        return open(path, "rb", buffering=_READ_SIZE)  # the caller closes it
     except OSError as exc:
         raise _path_error(Path(path), exc, key) from None
 
@@ -195,8 +213,10 @@ def _open_binary(path: Path, stack: ExitStack) -> IO[bytes]:
         try:
             import zstandard
         except ImportError as exc:
-            raise DataError(f"{path} is zstd-compressed but the 'zstandard' package is not installed.",
-                            fix="pip install zstandard, or decompress it: zstd -d FILE") from exc
+            raise DataError(
+                f"{path} is zstd-compressed but the 'zstandard' package is not installed.",
+                fix="pip install zstandard, or decompress it: zstd -d FILE",
+            ) from exc
         return stack.enter_context(io.BufferedReader(_ZstdRaw(raw, zstandard), _READ_SIZE))
     return raw
 
@@ -216,26 +236,34 @@ def _damage_errors() -> tuple[type[BaseException], ...]:
 def _damaged(path: Path, exc: BaseException) -> DataError:
     """A read error → what it means for this file: not compressed as named, truncated, damaged, or unreadable."""
     name = path.name
-    kind, magic = ("gzip", b"\x1f\x8b") if name.endswith(".gz") else ("zstd", _ZSTD_MAGIC) if name.endswith(
-        ".zst") else ("", b"")
+    kind, magic = (
+        ("gzip", b"\x1f\x8b") if name.endswith(".gz") else ("zstd", _ZSTD_MAGIC) if name.endswith(".zst") else ("", b"")
+    )
     check = f"{'gzip' if kind == 'gzip' else 'zstd'} -t {path}" if kind else f"cat {path} > /dev/null"
     if isinstance(exc, OSError) and not isinstance(exc, gzip.BadGzipFile) and exc.errno is not None:
-        return DataError(f"{path}: reading failed: {exc.strerror}.",
-                         fix=f"check the disk, or copy the file again ({check} reads all of it).")
+        return DataError(
+            f"{path}: reading failed: {exc.strerror}.",
+            fix=f"check the disk, or copy the file again ({check} reads all of it).",
+        )
     head = _peek_raw(path)
     if kind and not head.startswith(magic) and not magic.startswith(head):  # (a cut inside the magic: truncated)
-        return DataError(f"{path} is named .{name.rsplit('.', 1)[1]} but is not {kind}-compressed (it starts with "
-                         f"{head!r}).", fix=f"rename it to what it is (plain JSON Lines: {name.rsplit('.', 1)[0]}), "
-                                            f"or compress it with {kind}.")
+        return DataError(
+            f"{path} is named .{name.rsplit('.', 1)[1]} but is not {kind}-compressed (it starts with {head!r}).",
+            fix=f"rename it to what it is (plain JSON Lines: {name.rsplit('.', 1)[0]}), or compress it with {kind}.",
+        )
     if isinstance(exc, EOFError):
-        return DataError(f"{path} is truncated: its {kind or 'compressed'} stream ends before its end marker, so the "
-                         "end of the file is missing.",
-                         fix=f"copy or download {path} again ({check} checks a file); seqtune never trains on "
-                             "what is left of a truncated file.")
-    detail = ("bytes that are not gzip follow a complete gzip member (trailing garbage, or a damaged member)"
-              if "Not a gzipped file" in str(exc) else f"{kind or 'compressed'} data is corrupt: {exc}")
-    return DataError(f"{path} is damaged: {detail}.",
-                     fix=f"copy or download {path} again ({check} checks a file).")
+        return DataError(
+            f"{path} is truncated: its {kind or 'compressed'} stream ends before its end marker, so the "
+            "end of the file is missing.",
+            fix=f"copy or download {path} again ({check} checks a file); seqtune never trains on "
+            "what is left of a truncated file.",
+        )
+    detail = (
+        "bytes that are not gzip follow a complete gzip member (trailing garbage, or a damaged member)"
+        if "Not a gzipped file" in str(exc)
+        else f"{kind or 'compressed'} data is corrupt: {exc}"
+    )
+    return DataError(f"{path} is damaged: {detail}.", fix=f"copy or download {path} again ({check} checks a file).")
 
 
 def _peek_raw(path: Path) -> bytes:
@@ -299,9 +327,13 @@ Reader = Callable[[Path, IO[bytes]], Iterator[tuple[int, bytes]]]
 
 def _not_read_yet(what: str, fix: str) -> Reader:
     def reader(path: Path, stream: IO[bytes]) -> Iterator[tuple[int, bytes]]:
-        raise DataError(f"{path} is {what}, not JSON Lines (one JSON object per line) or a JSON array; seqtune "
-                        "does not read that layout.", fix=fix)
+        raise DataError(
+            f"{path} is {what}, not JSON Lines (one JSON object per line) or a JSON array; seqtune "
+            "does not read that layout.",
+            fix=fix,
+        )
         yield  # pragma: no cover - a generator, like every reader
+
     return reader
 
 
@@ -356,14 +388,13 @@ def _json_array_records(path: Path, stream: IO[bytes]) -> Iterator[tuple[int, by
                     start = match.end()
             elif token in _OPENER_OF:
                 if depth[-1] != _OPENER_OF[token]:
-                    raise _array_error(path, offset + at, count + 1,
-                                       f"a '{chr(token)}' closes a '{chr(depth[-1])}'")
+                    raise _array_error(path, offset + at, count + 1, f"a '{chr(token)}' closes a '{chr(depth[-1])}'")
                 depth.pop()
                 if not depth:  # the array's own ']'
                     last = bytes(buf[start:at]).strip()
                     if last or count:  # `[]` has no element; `[1,]` has an empty one (a bad_json reject)
                         yield count + 1, last
-                    _only_whitespace_after(path, bytes(buf[match.end():]), stream, offset + at)
+                    _only_whitespace_after(path, bytes(buf[match.end() :]), stream, offset + at)
                     return
             else:
                 depth.append(token)
@@ -371,10 +402,12 @@ def _json_array_records(path: Path, stream: IO[bytes]) -> Iterator[tuple[int, by
         chunk = stream.read(_READ_SIZE)
         if not chunk:
             what = "inside a string" if resume < len(buf) else f"with {len(depth)} bracket(s) still open"
-            raise DataError(f"{path} is truncated: its JSON array ends {what} (after {count} complete element(s), "
-                            f"at byte {offset + len(buf)}), so the end of the file is missing.",
-                            fix=f"copy or download {path} again (python -m json.tool {path} > /dev/null checks "
-                                "it); seqtune never trains on what is left of a truncated file.")
+            raise DataError(
+                f"{path} is truncated: its JSON array ends {what} (after {count} complete element(s), "
+                f"at byte {offset + len(buf)}), so the end of the file is missing.",
+                fix=f"copy or download {path} again (python -m json.tool {path} > /dev/null checks "
+                "it); seqtune never trains on what is left of a truncated file.",
+            )
         keep = min(start, resume) if depth else 0
         del buf[:keep]
         offset, start, pos = offset + keep, start - keep, resume - keep
@@ -383,9 +416,10 @@ def _json_array_records(path: Path, stream: IO[bytes]) -> Iterator[tuple[int, by
 
 def _array_error(path: Path, at: int, element: int, what: str) -> DataError:
     where = f"in element {element}" if element else "before its first element"
-    return DataError(f"{path} is not a well-formed JSON array: {what} at byte {at} ({where}).",
-                     fix=f"repair the file (python -m json.tool {path} names the first error), or write it as "
-                         "JSON Lines.")
+    return DataError(
+        f"{path} is not a well-formed JSON array: {what} at byte {at} ({where}).",
+        fix=f"repair the file (python -m json.tool {path} names the first error), or write it as JSON Lines.",
+    )
 
 
 def _only_whitespace_after(path: Path, rest: bytes, stream: IO[bytes], closed_at: int) -> None:
@@ -393,9 +427,11 @@ def _only_whitespace_after(path: Path, rest: bytes, stream: IO[bytes], closed_at
     while True:
         if rest.strip():
             shown = rest.strip()[:40]
-            raise DataError(f"{path} holds more than its JSON array: {shown!r}... follows the array's closing ']' "
-                            f"(byte {closed_at}).", fix="keep one array per file (or write the records as JSON "
-                                                        "Lines).")
+            raise DataError(
+                f"{path} holds more than its JSON array: {shown!r}... follows the array's closing ']' "
+                f"(byte {closed_at}).",
+                fix="keep one array per file (or write the records as JSON Lines).",
+            )
         rest = stream.read(_READ_SIZE)
         if not rest:
             return
@@ -408,7 +444,8 @@ READERS: dict[str, Reader] = {
     "json_array": _json_array_records,
     "json_document": _not_read_yet(
         "one JSON document spread over several lines (pretty-printed)",
-        "write one record per line: jq -c '.KEY[]' FILE (for a list under KEY)"),
+        "write one record per line: jq -c '.KEY[]' FILE (for a list under KEY)",
+    ),
 }
 # columnar layout → reader of (row number, row dict), given the file and the columns the format reads.
 COLUMNAR_READERS: dict[str, Callable[[Path, Columns | None], Iterator[tuple[int, dict[str, Any]]]]] = {
@@ -453,15 +490,19 @@ def _records(path: Path, columns: Columns | None) -> Iterator[tuple[int, Payload
         head = stream.read(_SNIFF_BYTES)
         encoding = _wide_encoding(head)
         if encoding:
-            raise DataError(f"{path} is {encoding}-encoded (it starts with a {encoding} byte-order mark); seqtune "
-                            "reads UTF-8 JSON Lines.", fix=f"convert it: iconv -f {encoding} -t UTF-8 {path} > "
-                                                           f"{path.with_suffix('.utf8' + path.suffix)}")
+            raise DataError(
+                f"{path} is {encoding}-encoded (it starts with a {encoding} byte-order mark); seqtune "
+                "reads UTF-8 JSON Lines.",
+                fix=f"convert it: iconv -f {encoding} -t UTF-8 {path} > {path.with_suffix('.utf8' + path.suffix)}",
+            )
         layout = detect_layout(head, path.name.removesuffix(".gz").removesuffix(".zst"))
         if layout in COLUMNAR_READERS:
             if path.suffix in (".gz", ".zst"):
-                raise DataError(f"{path} is a compressed {layout} file; pyarrow reads Parquet and Arrow files "
-                                "uncompressed (they compress their own columns).",
-                                fix=f"decompress it: {'gzip' if path.suffix == '.gz' else 'zstd'} -d {path}")
+                raise DataError(
+                    f"{path} is a compressed {layout} file; pyarrow reads Parquet and Arrow files "
+                    "uncompressed (they compress their own columns).",
+                    fix=f"decompress it: {'gzip' if path.suffix == '.gz' else 'zstd'} -d {path}",
+                )
             stack.close()
             yield from COLUMNAR_READERS[layout](path, columns)
             return
@@ -489,6 +530,7 @@ def iter_records(path: Path, columns: Columns | None = None) -> Iterator[tuple[i
 
 # --- sources: the items of data.<split>, expanded ----------------------------------------------------------
 
+
 @dataclass(frozen=True, kw_only=True)
 class SourceFiles:
     """One source of a split with its files: what the scan, the stream and the mix read (DataSource + files)."""
@@ -503,9 +545,12 @@ class SourceFiles:
     def record_columns(self) -> Columns:
         """The columns a record of this source has, in the data's names (what a columnar reader reads)."""
         required, optional = FORMAT_FIELDS[self.format]
-        return Columns(required=tuple((f, self.columns.get(f, f)) for f in required),
-                       optional=tuple((f, self.columns.get(f, f)) for f in optional),
-                       key=self.columns_key, format=str(self.format))
+        return Columns(
+            required=tuple((f, self.columns.get(f, f)) for f in required),
+            optional=tuple((f, self.columns.get(f, f)) for f in optional),
+            key=self.columns_key,
+            format=str(self.format),
+        )
 
 
 def expand_sources(sources: list[DataSource]) -> list[SourceFiles]:
@@ -517,11 +562,21 @@ def expand_sources(sources: list[DataSource]) -> list[SourceFiles]:
         for path in files:
             real = os.path.realpath(path)  # one file named two ways (`..`, a symlink) is still one file
             if real in owner:
-                raise DataError(f"{source.key}: {path} is also part of {owner[real]}"
-                                f"{'' if str(path) == real else f' (both are {real})'}.", key=source.key,
-                                fix="list each file in one source (a source's weight says how often it is used).")
+                raise DataError(
+                    f"{source.key}: {path} is also part of {owner[real]}"
+                    f"{'' if str(path) == real else f' (both are {real})'}.",
+                    key=source.key,
+                    fix="list each file in one source (a source's weight says how often it is used).",
+                )
             owner[real] = source.key
-        expanded.append(SourceFiles(key=source.key, files=tuple(files), format=source.format,
-                                    columns=dict(source.columns), columns_key=source.columns_key,
-                                    weight=source.weight))
+        expanded.append(
+            SourceFiles(
+                key=source.key,
+                files=tuple(files),
+                format=source.format,
+                columns=dict(source.columns),
+                columns_key=source.columns_key,
+                weight=source.weight,
+            )
+        )
     return expanded

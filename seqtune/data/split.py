@@ -42,8 +42,11 @@ class Holdout:
 
 def content_hash(payload: Payload) -> float:
     """A record's content as a number in [0, 1): the same for the same bytes (or row) on every machine."""
-    data = payload if isinstance(payload, bytes) else json.dumps(
-        payload, sort_keys=True, ensure_ascii=False, default=str).encode("utf-8")
+    data = (
+        payload
+        if isinstance(payload, bytes)
+        else json.dumps(payload, sort_keys=True, ensure_ascii=False, default=str).encode("utf-8")
+    )
     digest = hashlib.blake2b(data, digest_size=8, key=HOLDOUT_KEY).digest()
     return int.from_bytes(digest, "big") / 2**64
 
@@ -107,25 +110,49 @@ class SplitInput:
 
 def to_meta(split: SplitInput) -> dict[str, Any]:
     """The split as the token cache's meta.json keeps it (enough to read the same records again)."""
-    return {"sources_read": {
-        "sources": [{"key": s.key, "format": str(s.format), "columns": s.columns, "columns_key": s.columns_key,
-                     "files": [str(p) for p in s.files]} for s in split.sources],
-        "holdout": asdict(split.holdout) if split.holdout else None}}
+    return {
+        "sources_read": {
+            "sources": [
+                {
+                    "key": s.key,
+                    "format": str(s.format),
+                    "columns": s.columns,
+                    "columns_key": s.columns_key,
+                    "files": [str(p) for p in s.files],
+                }
+                for s in split.sources
+            ],
+            "holdout": asdict(split.holdout) if split.holdout else None,
+        }
+    }
 
 
 def from_meta(name: str, meta: dict[str, Any]) -> SplitInput:
     """The SplitInput a token cache was written from (weights 1: the cache does not depend on them)."""
     read = meta["sources_read"]
-    sources = tuple(SourceFiles(key=s["key"], files=tuple(Path(f) for f in s["files"]), format=DataFormat(s["format"]),
-                                columns=dict(s["columns"]), columns_key=s["columns_key"]) for s in read["sources"])
+    sources = tuple(
+        SourceFiles(
+            key=s["key"],
+            files=tuple(Path(f) for f in s["files"]),
+            format=DataFormat(s["format"]),
+            columns=dict(s["columns"]),
+            columns_key=s["columns_key"],
+        )
+        for s in read["sources"]
+    )
     holdout = Holdout(**read["holdout"]) if read["holdout"] else None
     return SplitInput(name=name, sources=sources, holdout=holdout)
 
 
 def files_split(name: str, files: list[Path], fmt: str, columns: dict[str, str] | None = None) -> SplitInput:
     """A split of plain files in one format, outside any config (benchmarks and tests)."""
-    source = SourceFiles(key=f"data.{name}", files=tuple(Path(f) for f in files), format=DataFormat(fmt),
-                         columns=dict(columns or {}), columns_key="data.columns")
+    source = SourceFiles(
+        key=f"data.{name}",
+        files=tuple(Path(f) for f in files),
+        format=DataFormat(fmt),
+        columns=dict(columns or {}),
+        columns_key="data.columns",
+    )
     return SplitInput(name=name, sources=(source,))
 
 
@@ -136,8 +163,11 @@ def split_input(data: DataConfig, name: str, validation: str | None) -> SplitInp
     holdout = validation == "data.val_fraction"
     if name == "val" and holdout:
         train = expand_sources(data.sources("train"))
-        return SplitInput(name="val", sources=tuple(replace(s, weight=1.0) for s in train),
-                          holdout=Holdout(fraction=data.val_fraction, side="val"))
+        return SplitInput(
+            name="val",
+            sources=tuple(replace(s, weight=1.0) for s in train),
+            holdout=Holdout(fraction=data.val_fraction, side="val"),
+        )
     sources = data.sources(name)
     if not sources:
         return None
@@ -148,8 +178,10 @@ def split_input(data: DataConfig, name: str, validation: str | None) -> SplitInp
 def validation_source(data: DataConfig, key: str | None) -> str:
     """Which validation split the run has (`key`: plan.validation), in one line for the report."""
     if key == "data.val_fraction":
-        return (f"about {data.val_fraction:.0%} of data.train's records, held out by a hash of their content "
-                f"(data.val_fraction={data.val_fraction}; never trained on)")
+        return (
+            f"about {data.val_fraction:.0%} of data.train's records, held out by a hash of their content "
+            f"(data.val_fraction={data.val_fraction}; never trained on)"
+        )
     if key is None:
         return f"none (data.val=null, data.val_fraction=0): no evaluation; set {VALIDATION_FIX}"
     return f"data.val ({', '.join(source.path for source in data.sources('val'))})"

@@ -50,7 +50,6 @@ from seqtune.data.split import SplitInput, SplitRecord
 from seqtune.data.types import IGNORE_INDEX, Reject, Sample, TokenizedSample, sequences_of
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class StreamPosition:
     worker: int  # global worker id
@@ -86,8 +85,11 @@ def _sequence_overlength(sample: TokenizedSample, max_seq_len: int, policy: str)
         return sample
     file, line = sample.location.rsplit(":", 1)
     if policy == "error":
-        raise DataError(f"{sample.location}: {len(sample)} tokens > data.max_seq_len={max_seq_len}.",
-                        key="data.overlength", fix="data.overlength=truncate or drop, or raise data.max_seq_len.")
+        raise DataError(
+            f"{sample.location}: {len(sample)} tokens > data.max_seq_len={max_seq_len}.",
+            key="data.overlength",
+            fix="data.overlength=truncate or drop, or raise data.max_seq_len.",
+        )
     if policy == "drop":
         return Reject(file=file, line=int(line), reason=f"overlength: {len(sample)} > {max_seq_len}")
     cut = cut_sample(sample, max_seq_len, policy)
@@ -116,11 +118,12 @@ def count_lines(split: SplitInput) -> list[int]:
 
 def records_per_pass(split: SplitInput, source_records: list[int]) -> int:
     """The records one pass deals: each source's round(weight x records)."""
-    return sum(used_per_epoch(source.weight, n) for source, n in zip(split.sources, source_records))
+    return sum(used_per_epoch(source.weight, n) for source, n in zip(split.sources, source_records, strict=True))
 
 
-def pass_records(split: SplitInput, source_records: list[int], *, seed: int, epoch: int,
-                 start: StreamPosition) -> Iterator[tuple[int, SplitRecord, bool]]:
+def pass_records(
+    split: SplitInput, source_records: list[int], *, seed: int, epoch: int, start: StreamPosition
+) -> Iterator[tuple[int, SplitRecord, bool]]:
     """The records of one pass in stream order, from after `start`: (counter, record, first time in this pass).
     Without weights: the split's records in order (a resume skips whole files without reading them); with them: the
     interleaved mix, whose records before `start` are read again but not parsed."""
@@ -139,13 +142,14 @@ def pass_records(split: SplitInput, source_records: list[int], *, seed: int, epo
             yield counter, record, first
 
 
-def _interleaved(split: SplitInput, source_records: list[int], *, seed: int, epoch: int
-                 ) -> Iterator[tuple[SplitRecord, bool]]:
+def _interleaved(
+    split: SplitInput, source_records: list[int], *, seed: int, epoch: int
+) -> Iterator[tuple[SplitRecord, bool]]:
     """Each source's records of the pass (see the module doc), merged by when each is due."""
     import heapq
 
     heads: list[list[Any]] = []
-    for index, (source, n) in enumerate(zip(split.sources, source_records)):
+    for index, (source, n) in enumerate(zip(split.sources, source_records, strict=True)):
         total = used_per_epoch(source.weight, n)
         if total:
             records = _source_pass(split, index, n, total, mix_rng(seed, epoch, index))
@@ -162,8 +166,9 @@ def _interleaved(split: SplitInput, source_records: list[int], *, seed: int, epo
             heapq.heapreplace(heads, [((emitted + 0.5) / total, index), total, emitted, records])
 
 
-def _source_pass(split: SplitInput, index: int, n: int, total: int, rng: np.random.Generator
-                 ) -> Iterator[tuple[SplitRecord, bool]]:
+def _source_pass(
+    split: SplitInput, index: int, n: int, total: int, rng: np.random.Generator
+) -> Iterator[tuple[SplitRecord, bool]]:
     """Source `index`'s records of one pass: floor(total / n) full readings, then `total % n` of its records chosen
     by selection sampling (each record in turn with probability still-to-choose / still-to-read: exactly that many,
     in file order, without holding the source in memory)."""
@@ -219,9 +224,11 @@ class BadLineBudget:
         raise DataError(
             f"{self.bad} of {self.lines} train lines read so far on rank {self.rank} are malformed "
             f"({fraction:.2%} > data.max_bad_fraction={self.max_bad_fraction}){where}; each is listed in "
-            f"{self.rejects_file}.", key="data.max_bad_fraction",
+            f"{self.rejects_file}.",
+            key="data.max_bad_fraction",
             fix=f"repair those lines, or raise data.max_bad_fraction (>= {math.ceil(fraction * 1000) / 1000:g}) "
-                "to skip them.")
+            "to skip them.",
+        )
 
     def state_dict(self) -> dict[str, int]:
         return {"lines": self.lines, "bad": self.bad}
@@ -268,11 +275,26 @@ class JsonlStream(IterableDataset):
     `source_records`: the records of each source of `split` (preflight counted them); with `seed` and `epoch` they
     decide a weighted pass (see the module doc)."""
 
-    def __init__(self, split: SplitInput, *, parse: Callable[[Any, str], Any],
-                 encode_batch: Callable[[list[Any]], list[Sample | Reject]], collate: Collator, rule: BatchRule,
-                 overlength: str, world_size: int, rank: int, num_workers: int, source_records: list[int],
-                 seed: int = 0, epoch: int = 0, encode_chunk: int = 256, tail: Tail | str = Tail.pad,
-                 bucket_window: int = 1, resume: StreamProgress | None = None) -> None:
+    def __init__(
+        self,
+        split: SplitInput,
+        *,
+        parse: Callable[[Any, str], Any],
+        encode_batch: Callable[[list[Any]], list[Sample | Reject]],
+        collate: Collator,
+        rule: BatchRule,
+        overlength: str,
+        world_size: int,
+        rank: int,
+        num_workers: int,
+        source_records: list[int],
+        seed: int = 0,
+        epoch: int = 0,
+        encode_chunk: int = 256,
+        tail: Tail | str = Tail.pad,
+        bucket_window: int = 1,
+        resume: StreamProgress | None = None,
+    ) -> None:
         why_not = rule.stream_problem()
         if why_not:  # preflight refuses it first (stream_train_plan); this is the same rule
             raise DataError(why_not, key="padding.strategy")
@@ -289,8 +311,9 @@ class JsonlStream(IterableDataset):
         # next one is due from worker consumed % num_workers, so the resumed worker i plays that role + i.
         self.rotation = resume.consumed % self.num_workers if resume else 0
         num_lines = records_per_pass(split, self.source_records)
-        self.batches_per_worker = batches_per_worker(num_lines, batch_size=self.batch_size,
-                                                     num_shards=self.num_shards, tail=tail)
+        self.batches_per_worker = batches_per_worker(
+            num_lines, batch_size=self.batch_size, num_shards=self.num_shards, tail=tail
+        )
 
     @property
     def num_shards(self) -> int:
@@ -310,11 +333,13 @@ class JsonlStream(IterableDataset):
         records = pass_records(self.split, self.source_records, seed=self.seed, epoch=self.epoch, start=start)
         for counter, record, first in records:
             if (counter - 1) % self.num_shards == gid:
-                yield replace(start, file_index=record.file, line=record.number, next_line=counter), \
-                    record.payload, first
+                yield (
+                    replace(start, file_index=record.file, line=record.number, next_line=counter),
+                    record.payload,
+                    first,
+                )
 
-    def _samples(self, gid: int, start: StreamPosition
-                 ) -> Iterator[tuple[Sample | Reject, StreamPosition, bool]]:
+    def _samples(self, gid: int, start: StreamPosition) -> Iterator[tuple[Sample | Reject, StreamPosition, bool]]:
         """This worker's lines as samples or rejects, in line order (parse rejects wait for the chunk they are in),
         so the position of the last item handed out is a safe place to resume from."""
         pending: list[tuple[Any, StreamPosition, bool]] = []
@@ -328,8 +353,9 @@ class JsonlStream(IterableDataset):
                 pending, records = [], 0
         yield from self._encode(pending)
 
-    def _encode(self, pending: list[tuple[Any, StreamPosition, bool]]
-                ) -> Iterator[tuple[Sample | Reject, StreamPosition, bool]]:
+    def _encode(
+        self, pending: list[tuple[Any, StreamPosition, bool]]
+    ) -> Iterator[tuple[Sample | Reject, StreamPosition, bool]]:
         records = [parsed for parsed, _, _ in pending if not isinstance(parsed, Reject)]
         encoded = iter(self.encode_batch(records) if records else [])
         for parsed, pos, first in pending:
@@ -364,8 +390,9 @@ class JsonlStream(IterableDataset):
                 yield self._batch(batch, rejects if j == 0 else [], repeated if j == 0 else 0, position, last=last)
             skip, window_start = 0, consumed
 
-    def _read_window(self, items: Iterator, start: StreamPosition, held: tuple | None
-                     ) -> tuple[list[Sample], list[Reject], int, StreamPosition, tuple | None]:
+    def _read_window(
+        self, items: Iterator, start: StreamPosition, held: tuple | None
+    ) -> tuple[list[Sample], list[Reject], int, StreamPosition, tuple | None]:
         """The next window's samples (window x batch_size of them), the rejects read with them, the position after
         its last record (trailing rejects included), and the sample read past it (it opens the next window)."""
         samples: list[Sample] = []
@@ -392,21 +419,28 @@ class JsonlStream(IterableDataset):
         """A window's micro-batches: length-sorted first when bucketing (stable, so a resume cuts them the same)."""
         if self.window > 1:
             samples = sorted(samples, key=lambda s: max(len(seq) for seq in sequences_of(s)))
-        return [samples[i:i + self.batch_size] for i in range(0, len(samples), self.batch_size)]
+        return [samples[i : i + self.batch_size] for i in range(0, len(samples), self.batch_size)]
 
-    def _batch(self, samples: list[Sample], rejects: list[Reject], repeated: int, position: StreamPosition,
-               last: Sample | None) -> StreamBatch:
+    def _batch(
+        self, samples: list[Sample], rejects: list[Reject], repeated: int, position: StreamPosition, last: Sample | None
+    ) -> StreamBatch:
         """A micro-batch of the rule's shape: an incomplete one is completed with fillers (the last real sample, or
         one token, every target masked), so they cost compute but never change the loss."""
         missing = self.batch_size - len(samples)
         if missing:
             if last is None:
-                one = TokenizedSample(input_ids=np.zeros(1, dtype=np.int64), labels=np.full(1, IGNORE_INDEX),
-                                      location="filler:0")
+                one = TokenizedSample(
+                    input_ids=np.zeros(1, dtype=np.int64), labels=np.full(1, IGNORE_INDEX), location="filler:0"
+                )
                 last = one if self.rule.sequences_per_sample == 1 else (one,) * self.rule.sequences_per_sample
             samples = samples + [as_filler(last)] * missing
-        return StreamBatch(batch=self.collate(samples), position=position, rejects=rejects,
-                           repeated_rejects=repeated, filler=missing == self.batch_size)
+        return StreamBatch(
+            batch=self.collate(samples),
+            position=position,
+            rejects=rejects,
+            repeated_rejects=repeated,
+            filler=missing == self.batch_size,
+        )
 
 
 @dataclass(kw_only=True)
@@ -421,8 +455,7 @@ class StreamProgress:
         self.consumed += 1
 
     def state_dict(self) -> dict[str, Any]:
-        return {"consumed": self.consumed,
-                "positions": {str(k): vars(v).copy() for k, v in self.positions.items()}}
+        return {"consumed": self.consumed, "positions": {str(k): vars(v).copy() for k, v in self.positions.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.consumed = int(state["consumed"])

@@ -41,7 +41,6 @@ from seqtune.tokenizers import templates
 from seqtune.tokenizers.facts import added_bos_id
 
 
-
 @dataclass(kw_only=True)
 class EncodedBatch:
     """Samples of one batch laid out flat: sample i is ids[offsets[i]:offsets[i+1]] (what the cache stores)."""
@@ -64,8 +63,8 @@ class EncodedBatch:
 
     def sample(self, i: int, offsets: np.ndarray | None = None) -> TokenizedSample:
         offsets = self.offsets if offsets is None else offsets
-        ids = self.ids[offsets[i]: offsets[i + 1]]
-        labels = np.where(self.target[offsets[i]: offsets[i + 1]], ids, IGNORE_INDEX)
+        ids = self.ids[offsets[i] : offsets[i + 1]]
+        labels = np.where(self.target[offsets[i] : offsets[i + 1]], ids, IGNORE_INDEX)
         return TokenizedSample(input_ids=ids, labels=labels, location=f"{self.files[i]}:{int(self.lines[i])}")
 
 
@@ -82,8 +81,11 @@ class SampleEncoder:
         """`tokens`: the plan's token facts (the bos the run adds); without them (tools, tests) the same rule is
         asked of the tokenizer (seqtune.tokenizers.facts.added_bos_id)."""
         if tokenizer.eos_token_id is None:
-            raise ConfigError("the tokenizer has no eos token, so samples cannot end with one.", key="tokenizer",
-                              fix="use a tokenizer with an eos token (tokenizer.source=bundled has </s>).")
+            raise ConfigError(
+                "the tokenizer has no eos token, so samples cannot end with one.",
+                key="tokenizer",
+                fix="use a tokenizer with an eos token (tokenizer.source=bundled has </s>).",
+            )
         self.tokenizer = tokenizer
         self.fmt = fmt
         # chat and sharegpt records are conversations, rendered by the chat template; preference pairs are two
@@ -98,13 +100,18 @@ class SampleEncoder:
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self.sequences_per_sample = 2 if self.pairs else 1
         if self._backend is None and renders:
-            raise ConfigError(f"data.format={fmt} needs a fast (Rust) tokenizer for character offsets.",
-                              key="data.format", fix="load the tokenizer with use_fast=True.")
+            raise ConfigError(
+                f"data.format={fmt} needs a fast (Rust) tokenizer for character offsets.",
+                key="data.format",
+                fix="load the tokenizer with use_fast=True.",
+            )
         if self.chat and not getattr(tokenizer, "chat_template", None):
-            raise ConfigError(f"data.format={fmt} but the tokenizer has no chat template (and the model family "
-                              "gives none).", key="tokenizer.chat_template",
-                              fix=f"tokenizer.chat_template=NAME (one of {', '.join(templates.NAMED)}), a .jinja "
-                                  "file or a Jinja string.")
+            raise ConfigError(
+                f"data.format={fmt} but the tokenizer has no chat template (and the model family gives none).",
+                key="tokenizer.chat_template",
+                fix=f"tokenizer.chat_template=NAME (one of {', '.join(templates.NAMED)}), a .jinja "
+                "file or a Jinja string.",
+            )
         # The roles this run's chat template takes, asked of the template itself (the parser is told, so a line
         # is never accepted by one and refused by the other); a template that cannot render at all fails here.
         self.chat_roles = chat_template_roles(tokenizer) if renders else CHAT_ROLES
@@ -115,9 +122,16 @@ class SampleEncoder:
     def line_parser(self, file: str, *, media_root: str | None, columns: dict[str, str] | None = None) -> LineParser:
         """The parser for the records of `file` that this encoder's records come from (its ids, vocab and roles);
         `columns`: the data's field names (data.columns)."""
-        return LineParser(fmt=self.fmt, file=file, media_root=media_root, pad_id=self.tokenizer.pad_token_id,
-                          eos_id=self.eos_id, vocab_size=self.vocab_size, roles=self.chat_roles,
-                          columns=dict(columns or {}))
+        return LineParser(
+            fmt=self.fmt,
+            file=file,
+            media_root=media_root,
+            pad_id=self.tokenizer.pad_token_id,
+            eos_id=self.eos_id,
+            vocab_size=self.vocab_size,
+            roles=self.chat_roles,
+            columns=dict(columns or {}),
+        )
 
     def _token_lists(self, texts: list[str]) -> list[list[int]]:
         self.texts_tokenized += len(texts)
@@ -157,8 +171,11 @@ class SampleEncoder:
         ids, is_completion, counts = (self._tokens_whole if self._backend is not None else self._tokens_apart)(records)
         # A text that already ends in the eos token (e.g. a literal "</s>") gets no second one.
         last = np.cumsum(counts) - 1
-        ends_on_eos = (counts > 0) & (ids[np.maximum(last, 0)] == self.eos_id) & is_completion[np.maximum(last, 0)] \
-            if len(ids) else np.zeros(n, bool)
+        ends_on_eos = (
+            (counts > 0) & (ids[np.maximum(last, 0)] == self.eos_id) & is_completion[np.maximum(last, 0)]
+            if len(ids)
+            else np.zeros(n, bool)
+        )
         add_eos = ~ends_on_eos
         bos = int(self.bos_id is not None)
         lengths = bos + counts + add_eos
@@ -173,9 +190,13 @@ class SampleEncoder:
         target[text_pos] = is_completion | self.train_on_prompt
         out[(starts + lengths - 1)[add_eos]] = self.eos_id
         return EncodedBatch(
-            ids=out, target=target, lengths=lengths, files=[r.file for r in records],
+            ids=out,
+            target=target,
+            lengths=lengths,
+            files=[r.file for r in records],
             lines=np.fromiter((r.line for r in records), np.int64, count=n),
-            padding_stripped=np.zeros(n, np.int64), source_index=np.arange(n),
+            padding_stripped=np.zeros(n, np.int64),
+            source_index=np.arange(n),
         )
 
     def _tokens_whole(self, records: list[PromptCompletion]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -184,7 +205,7 @@ class SampleEncoder:
         gives every completion the word-start piece `▁` a SentencePiece tokenizer puts before a text.)
         Returns (flat ids, is_completion per token, tokens per record)."""
         prompts = [r.prompt for r in records] if self.fmt != "text" else [""] * len(records)
-        texts = [p + r.completion for p, r in zip(prompts, records)]
+        texts = [p + r.completion for p, r in zip(prompts, records, strict=True)]
         self.texts_tokenized += len(texts)
         assert self._backend is not None, "offsets need a fast tokenizer (the slow path tokenizes apart)"
         encodings = self._backend.encode_batch(texts, add_special_tokens=False)
@@ -199,8 +220,11 @@ class SampleEncoder:
         """A slow (Python) tokenizer gives no character offsets: prompt and completion are tokenized apart (exact
         only without a prefix-space rule; preflight's tokens-vs-text check says when it is not)."""
         n = len(records)
-        prompt_ids, p_len = self._flat([r.prompt for r in records]) if self.fmt != "text" else (
-            np.empty(0, np.int64), np.zeros(n, np.int64))
+        prompt_ids, p_len = (
+            self._flat([r.prompt for r in records])
+            if self.fmt != "text"
+            else (np.empty(0, np.int64), np.zeros(n, np.int64))
+        )
         comp_ids, c_len = self._flat([r.completion for r in records])
         counts = p_len + c_len
         starts = np.cumsum(counts) - counts
@@ -212,8 +236,14 @@ class SampleEncoder:
         ids[_ragged_positions(c_len, starts + p_len)] = comp_ids
         return ids, is_completion, counts
 
-    def _assemble(self, parts: list[tuple[np.ndarray, np.ndarray]], records: list, kept: list[int],
-                  rejects: list[tuple[int, Reject]], stripped: list[int]) -> EncodedBatch:
+    def _assemble(
+        self,
+        parts: list[tuple[np.ndarray, np.ndarray]],
+        records: list,
+        kept: list[int],
+        rejects: list[tuple[int, Reject]],
+        stripped: list[int],
+    ) -> EncodedBatch:
         """Per-sample (ids, target) → one batch, applying the bos/eos rules. Used by the per-record formats."""
         out_ids, out_target = [], []
         for ids, target in parts:
@@ -234,9 +264,11 @@ class SampleEncoder:
         return EncodedBatch(
             ids=np.concatenate(out_ids) if out_ids else np.empty(0, np.int64),
             target=np.concatenate(out_target) if out_target else np.empty(0, bool),
-            lengths=lengths, files=[records[i].file for i in kept],
+            lengths=lengths,
+            files=[records[i].file for i in kept],
             lines=np.asarray([records[i].line for i in kept], np.int64),
-            padding_stripped=np.asarray(stripped, np.int64), source_index=np.asarray(kept, np.int64),
+            padding_stripped=np.asarray(stripped, np.int64),
+            source_index=np.asarray(kept, np.int64),
             rejects=rejects,
         )
 
@@ -251,7 +283,7 @@ class SampleEncoder:
         whose either side is rejected is rejected whole (the reason names the side)."""
         sides = [self._encode_side([getattr(r, side) for r in records], side) for side in ("chosen", "rejected")]
         ids, target, lengths, kept, rejects = [], [], [], [], []
-        for i, (chosen, rejected) in enumerate(zip(*sides)):
+        for i, (chosen, rejected) in enumerate(zip(*sides, strict=True)):
             refused = next((s for s in (chosen, rejected) if isinstance(s, Reject)), None)
             if refused is not None:
                 rejects.append((i, refused))
@@ -264,13 +296,18 @@ class SampleEncoder:
         return EncodedBatch(
             ids=np.concatenate(ids) if ids else np.empty(0, np.int64),
             target=np.concatenate(target) if target else np.empty(0, bool),
-            lengths=np.asarray(lengths, np.int64), files=[records[i].file for i in kept],
+            lengths=np.asarray(lengths, np.int64),
+            files=[records[i].file for i in kept],
             lines=np.asarray([records[i].line for i in kept], np.int64),
-            padding_stripped=np.zeros(len(kept), np.int64), source_index=np.asarray(kept, np.int64),
-            rejects=rejects, sequences_per_sample=2)
+            padding_stripped=np.zeros(len(kept), np.int64),
+            source_index=np.asarray(kept, np.int64),
+            rejects=rejects,
+            sequences_per_sample=2,
+        )
 
-    def _encode_side(self, records: list[PromptCompletion | Conversation], side: str
-                     ) -> list[tuple[np.ndarray, np.ndarray] | Reject]:
+    def _encode_side(
+        self, records: list[PromptCompletion | Conversation], side: str
+    ) -> list[tuple[np.ndarray, np.ndarray] | Reject]:
         """(ids, target) or a Reject per record of one side of the pairs, each by its shape's encoder."""
         out: list[tuple[np.ndarray, np.ndarray] | Reject | None] = [None] * len(records)
         for shape, encode in ((PromptCompletion, self._encode_prompt_completion), (Conversation, self._encode_chat)):
@@ -304,13 +341,16 @@ class SampleEncoder:
                 rejects.append((i, Reject(file=record.file, line=record.line, reason=reason)))
                 continue
             if record.tools and not self.renders_tools:
-                reason = (f"{TEMPLATE_REJECTED}: its {len(record.tools)} tool definition(s) would not be rendered: "
-                          "the chat template (tokenizer.chat_template) never reads `tools`")
+                reason = (
+                    f"{TEMPLATE_REJECTED}: its {len(record.tools)} tool definition(s) would not be rendered: "
+                    "the chat template (tokenizer.chat_template) never reads `tools`"
+                )
                 rejects.append((i, Reject(file=record.file, line=record.line, reason=reason)))
                 continue
             try:
-                text, assistant_spans = render_chat(self.tokenizer, record.messages, tools=record.tools,
-                                                    first_target=record.first_target)
+                text, assistant_spans = render_chat(
+                    self.tokenizer, record.messages, tools=record.tools, first_target=record.first_target
+                )
             except Exception as exc:  # noqa: BLE001 - a template's own error is this record's reject reason
                 reason = f"{TEMPLATE_REJECTED}: the chat template (tokenizer.chat_template) refused it: {exc}"
                 rejects.append((i, Reject(file=record.file, line=record.line, reason=reason)))
@@ -322,7 +362,7 @@ class SampleEncoder:
         assert self._backend is not None, "__init__ refuses a rendering format without a fast tokenizer"
         encodings = self._backend.encode_batch(texts, add_special_tokens=False) if texts else []
         parts = []
-        for enc, assistant_spans in zip(encodings, spans):
+        for enc, assistant_spans in zip(encodings, spans, strict=True):
             # A token is a target when its last character lies inside a reply: a token straddling the end
             # (where the partial rendering diverged from the full one) belongs to the next turn.
             ends = np.fromiter((e for _, e in enc.offsets), np.int64, count=len(enc.offsets))
@@ -333,8 +373,9 @@ class SampleEncoder:
         return self._assemble(parts, records, kept, rejects, [0] * len(kept))
 
 
-def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None, first_target: int = 0
-                ) -> tuple[str, list[tuple[int, int]]]:
+def render_chat(
+    tokenizer, messages: list[dict], tools: list[dict] | None = None, first_target: int = 0
+) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation (exactly `apply_chat_template`'s text, with `tools` given to the template) and the
     character span of each assistant reply from message `first_target` on (end-of-turn marker included).
 
@@ -347,18 +388,25 @@ def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None
     for i, message in enumerate(messages):
         if message["role"] != "assistant" or i < first_target:
             continue
-        before = tokenizer.apply_chat_template(messages[:i], tools=tools, tokenize=False,
-                                               add_generation_prompt=True) if i else ""
+        before = (
+            tokenizer.apply_chat_template(messages[:i], tools=tools, tokenize=False, add_generation_prompt=True)
+            if i
+            else ""
+        )
         upto = tokenizer.apply_chat_template(messages[: i + 1], tools=tools, tokenize=False)
         if not (upto.startswith(before) and full.startswith(before)):
-            raise ValueError(f"its rendering is not append-only at message {i} (the generation prompt is not a "
-                             "prefix of the reply), so the assistant reply cannot be located")
+            raise ValueError(
+                f"its rendering is not append-only at message {i} (the generation prompt is not a "
+                "prefix of the reply), so the assistant reply cannot be located"
+            )
         # A template may close the LAST turn differently (e.g. eos after the final reply): the reply ends where
         # this partial rendering stops agreeing with the full conversation; trailing whitespace is not the reply's.
         common = os.path.commonprefix([upto, full])
         if len(common.rstrip()) <= len(before):  # e.g. Qwen3's official template drops an earlier turn's <think>
-            raise ValueError(f"its rendering of assistant message {i} changes once later messages follow (not "
-                             "append-only), so the reply as trained cannot be located")
+            raise ValueError(
+                f"its rendering of assistant message {i} changes once later messages follow (not "
+                "append-only), so the reply as trained cannot be located"
+            )
         spans.append((len(before), len(common.rstrip())))
     return full, spans
 
@@ -388,7 +436,8 @@ def chat_template_roles(tokenizer) -> tuple[str, ...]:
             f"the chat template cannot render a plain user/assistant conversation: {type(exc).__name__}: {exc}",
             key="tokenizer.chat_template",
             fix="set tokenizer.chat_template to a template that renders (null = the tokenizer's own, else the model "
-                "family's).") from None
+            "family's).",
+        ) from None
     accepted = {"user", "assistant"}
     for role, messages in _ROLE_PROBES.items():
         # A template that never names the tool role may still render a tool turn without raising (as some generic
@@ -398,6 +447,6 @@ def chat_template_roles(tokenizer) -> tuple[str, ...]:
         try:
             render_chat(tokenizer, messages)
             accepted.add(role)
-        except Exception:  # noqa: BLE001, S112 - refusing a role is how a template says it has none
+        except Exception:  # noqa: BLE001 - refusing a role is how a template says it has none
             continue
     return tuple(role for role in CHAT_ROLES if role in accepted)

@@ -43,8 +43,10 @@ def init_distributed(plan: Plan, *, backend_choice: ProcessGroupBackend) -> Dist
         raise ConfigError(
             f"{world_size} rank(s) were started, but the run's plan (plan.json) was proven for "
             f"{plan.world.world_size} ({plan.world.nnodes} node(s) x {plan.world.nproc_per_node}, from "
-            f"{plan.world.source}).", key="launcher.nproc_per_node",
-            fix="start training with `python -m seqtune ...`: its launcher starts the plan's ranks")
+            f"{plan.world.source}).",
+            key="launcher.nproc_per_node",
+            fix="start training with `python -m seqtune ...`: its launcher starts the plan's ranks",
+        )
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cpu")
@@ -58,8 +60,9 @@ def init_distributed(plan: Plan, *, backend_choice: ProcessGroupBackend) -> Dist
         auto = "nccl" if device.type == "cuda" else "gloo"
         backend = auto if backend_choice == ProcessGroupBackend.auto else str(backend_choice)
         # A bounded timeout turns a rank that never arrives into an error instead of a hang.
-        dist.init_process_group(backend=backend, timeout=timedelta(minutes=10),
-                                device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(
+            backend=backend, timeout=timedelta(minutes=10), device_id=device if device.type == "cuda" else None
+        )
         if rank == 0:
             print(f"process group: {dist.get_backend()} backend, world size {world_size}", flush=True)
     return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=device)

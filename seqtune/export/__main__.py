@@ -14,16 +14,23 @@ from seqtune.config.errors import ConfigError, SeqtuneError
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m seqtune.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path, help="the run directory of a finished seqtune training run")
-    parser.add_argument("--gguf", choices=("f16", "bf16", "q8_0"), default=None,
-                        help="write RUN_DIR/gguf/*.gguf first (from merged/, or model/ for a full fine-tune)")
+    parser.add_argument(
+        "--gguf",
+        choices=("f16", "bf16", "q8_0"),
+        default=None,
+        help="write RUN_DIR/gguf/*.gguf first (from merged/, or model/ for a full fine-tune)",
+    )
     args = parser.parse_args(argv)
     from seqtune.console import silence_known_false_alarms
 
     silence_known_false_alarms()
     try:
         if not (args.run_dir / "config.yaml").is_file():
-            raise ConfigError(f"{args.run_dir} is not a seqtune run directory (no config.yaml).", key="RUN_DIR",
-                              fix="python -m seqtune.export runs/DATE_TIME (the directory a training run printed).")
+            raise ConfigError(
+                f"{args.run_dir} is not a seqtune run directory (no config.yaml).",
+                key="RUN_DIR",
+                fix="python -m seqtune.export runs/DATE_TIME (the directory a training run printed).",
+            )
         from seqtune.export.proof import prove_exports
 
         if args.gguf:

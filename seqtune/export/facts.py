@@ -86,8 +86,13 @@ class ShipFacts:
 def ship_facts(tokenizer: Any, run_dir: Path) -> ShipFacts:
     run_dir = Path(run_dir)
     plan = load_plan(run_dir)
-    return ShipFacts(run_dir=run_dir, cfg=load_resolved(run_dir / "config.yaml"), stop=stop_ids(tokenizer, run_dir),
-                     resize_to=plan.vocab.resize_to, validation=plan.validation)
+    return ShipFacts(
+        run_dir=run_dir,
+        cfg=load_resolved(run_dir / "config.yaml"),
+        stop=stop_ids(tokenizer, run_dir),
+        resize_to=plan.vocab.resize_to,
+        validation=plan.validation,
+    )
 
 
 def write_base(facts: ShipFacts, tokenizer: Any, *, device: Any) -> Path | None:
@@ -133,8 +138,11 @@ def data_files(facts: ShipFacts, *, digests: bool = True) -> list[tuple[str, Pat
     for name in SPLITS:
         split = split_input(facts.cfg.data, name, facts.validation)
         for path in split.files if split is not None else []:
-            digest = sha256_file(path) if digests and path.is_file() else (
-                "(a directory)" if path.is_dir() else "(in the card written at the end of the run)")
+            digest = (
+                sha256_file(path)
+                if digests and path.is_file()
+                else ("(a directory)" if path.is_dir() else "(in the card written at the end of the run)")
+            )
             rows.append((name, path, digest))
     return rows
 
@@ -149,39 +157,76 @@ def card_text(facts: ShipFacts, kind: str, *, files: list[tuple[str, Path, str]]
     target = run_dir / kind
     lora = kind in ("adapter", "best") and cfg.lora.enabled
     if lora:
-        load = ["from peft import PeftModel",
-                "from transformers import AutoModelForCausalLM, AutoTokenizer",
-                *([] if not facts.resize_to or not cfg.model.path else [
-                    f"# the base's embedding was resized to {facts.resize_to} rows for training"]),
-                f"base = AutoModelForCausalLM.from_pretrained({facts.base!r})",
-                *([f"base.resize_token_embeddings({facts.resize_to})"] if facts.resize_to and cfg.model.path else []),
-                f"model = PeftModel.from_pretrained(base, {str(target.resolve())!r})",
-                f"tokenizer = AutoTokenizer.from_pretrained({str(target.resolve())!r})"]
+        load = [
+            "from peft import PeftModel",
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            *(
+                []
+                if not facts.resize_to or not cfg.model.path
+                else [f"# the base's embedding was resized to {facts.resize_to} rows for training"]
+            ),
+            f"base = AutoModelForCausalLM.from_pretrained({facts.base!r})",
+            *([f"base.resize_token_embeddings({facts.resize_to})"] if facts.resize_to and cfg.model.path else []),
+            f"model = PeftModel.from_pretrained(base, {str(target.resolve())!r})",
+            f"tokenizer = AutoTokenizer.from_pretrained({str(target.resolve())!r})",
+        ]
     else:
-        load = ["from transformers import AutoModelForCausalLM, AutoTokenizer",
-                f"model = AutoModelForCausalLM.from_pretrained({str(target.resolve())!r})",
-                f"tokenizer = AutoTokenizer.from_pretrained({str(target.resolve())!r})"]
-    base_note = (f"`{cfg.model.path}`" if cfg.model.path else
-                 f"a tiny random `{cfg.model.family}` model (model.seed={cfg.model.seed}), written to `{facts.base}`")
+        load = [
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            f"model = AutoModelForCausalLM.from_pretrained({str(target.resolve())!r})",
+            f"tokenizer = AutoTokenizer.from_pretrained({str(target.resolve())!r})",
+        ]
+    base_note = (
+        f"`{cfg.model.path}`"
+        if cfg.model.path
+        else f"a tiny random `{cfg.model.family}` model (model.seed={cfg.model.seed}), written to `{facts.base}`"
+    )
     stops = ", ".join(f"`{facts.stop.names.get(i, i)}` ({i})" for i in facts.stop.eos)
     best = metrics.get("best_eval_loss")
     lines = [
-        "---", f"base_model: {facts.base}", *(["library_name: peft"] if lora else []),
-        "tags:", "- seqtune", f"- {'lora' if cfg.lora.enabled else 'full-fine-tune'}", "---", "",
-        f"# {run_dir.name}: {'LoRA adapter' if lora else 'model'} fine-tuned with seqtune ({kind}/)", "",
-        f"Base: {base_note}. Data format: `{cfg.data.format}`. Generation stops at {stops}.", "",
-        "## Load", "", "```python", *load, "```", "",
-        "## Data", "", "| split | file | sha256 |", "|---|---|---|",
-        *[f"| {split} | `{path}` | `{digest}` |" for split, path, digest in files], "",
-        "## Training", "",
+        "---",
+        f"base_model: {facts.base}",
+        *(["library_name: peft"] if lora else []),
+        "tags:",
+        "- seqtune",
+        f"- {'lora' if cfg.lora.enabled else 'full-fine-tune'}",
+        "---",
+        "",
+        f"# {run_dir.name}: {'LoRA adapter' if lora else 'model'} fine-tuned with seqtune ({kind}/)",
+        "",
+        f"Base: {base_note}. Data format: `{cfg.data.format}`. Generation stops at {stops}.",
+        "",
+        "## Load",
+        "",
+        "```python",
+        *load,
+        "```",
+        "",
+        "## Data",
+        "",
+        "| split | file | sha256 |",
+        "|---|---|---|",
+        *[f"| {split} | `{path}` | `{digest}` |" for split, path, digest in files],
+        "",
+        "## Training",
+        "",
         f"- steps: {metrics.get('step', '-')} (train.max_steps={cfg.train.max_steps})",
         f"- final train loss: {_loss(metrics.get('loss'))}",
         f"- final eval loss: {_loss(metrics.get('eval_loss'))}",
         f"- best eval loss: {_loss(best)}" + (f" (step {metrics.get('best_step')})" if best is not None else ""),
         f"- test loss: {_loss(metrics.get('test_loss'))}",
-        *([f"- this directory holds the weights of the best eval (step {metrics.get('best_step')})"]
-          if kind == "best" else []),
-        "", "## Command", "", "```bash", command(run_dir), "```", "",
+        *(
+            [f"- this directory holds the weights of the best eval (step {metrics.get('best_step')})"]
+            if kind == "best"
+            else []
+        ),
+        "",
+        "## Command",
+        "",
+        "```bash",
+        command(run_dir),
+        "```",
+        "",
     ]
     return "\n".join(lines)
 

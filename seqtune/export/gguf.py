@@ -71,8 +71,10 @@ ROPE_SCALINGS = (None, "default", "llama3", "linear")
 def gguf_refusal(model_type: str, rope_type: str | None = None) -> str | None:
     """Why a model cannot be written as GGUF here, or None."""
     if model_type not in ARCHES:
-        return (f"the GGUF writer does not know model_type {model_type!r} (it knows {', '.join(sorted(ARCHES))}: "
-                "seqtune.export.gguf.ARCHES)")
+        return (
+            f"the GGUF writer does not know model_type {model_type!r} (it knows {', '.join(sorted(ARCHES))}: "
+            "seqtune.export.gguf.ARCHES)"
+        )
     if rope_type not in ROPE_SCALINGS:
         return f"the GGUF writer does not encode rope scaling {rope_type!r} (it encodes llama3 and linear)"
     return None
@@ -96,8 +98,11 @@ def _rope_type(config: dict) -> str | None:
 
 def _permute(weights: np.ndarray, n_head: int) -> np.ndarray:
     """convert_hf_to_gguf.py LlamaModel.permute: HF's rotary halves -> llama.cpp's interleaved pairs."""
-    return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
-            .swapaxes(1, 2).reshape(weights.shape))
+    return (
+        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
 
 
 def _source_tensors(directory: Path, only: str | None = None) -> Iterator[tuple[str, np.ndarray]]:
@@ -105,7 +110,7 @@ def _source_tensors(directory: Path, only: str | None = None) -> Iterator[tuple[
 
     for file in sorted(directory.glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open has no iteration
+            for name in f.keys():  # safe_open has no iteration
                 if only is None or name == only:
                     yield name, f.get_tensor(name).float().numpy()
 
@@ -145,8 +150,11 @@ def _llama3_rope_factors(config: dict) -> np.ndarray:
     scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
     base = scaling.get("rope_theta", config.get("rope_theta", 10000.0))
     dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    factor, low, high = scaling.get("factor", 8.0), scaling.get("low_freq_factor", 1.0), scaling.get(
-        "high_freq_factor", 4.0)
+    factor, low, high = (
+        scaling.get("factor", 8.0),
+        scaling.get("low_freq_factor", 1.0),
+        scaling.get("high_freq_factor", 4.0),
+    )
     old = scaling.get("original_max_position_embeddings", 8192)
     factors = []
     for freq in 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim)):
@@ -165,8 +173,11 @@ def _storage_type(gguf_type: str, data: np.ndarray) -> Any:
     """llama.cpp's rule: 1-D tensors (norms, rope factors) stay F32; Q8_0 needs rows in blocks of 32."""
     import gguf
 
-    types = {"f16": gguf.GGMLQuantizationType.F16, "bf16": gguf.GGMLQuantizationType.BF16,
-             "q8_0": gguf.GGMLQuantizationType.Q8_0}
+    types = {
+        "f16": gguf.GGMLQuantizationType.F16,
+        "bf16": gguf.GGMLQuantizationType.BF16,
+        "q8_0": gguf.GGMLQuantizationType.Q8_0,
+    }
     if data.ndim < 2:
         return gguf.GGMLQuantizationType.F32
     if gguf_type == "q8_0" and data.shape[-1] % 32:
@@ -208,9 +219,15 @@ def _prepends_space(tokenizer_json: dict) -> bool:
         if isinstance(part, dict):
             parts += part.get("normalizers", []) + part.get("pretokenizers", [])
             found.append(part)
-    return any((p.get("type") == "Prepend" and p.get("prepend") == "\u2581")
-               or (p.get("type") == "Metaspace" and p.get("prepend_scheme", "always") != "never"
-                   and p.get("add_prefix_space", True)) for p in found)
+    return any(
+        (p.get("type") == "Prepend" and p.get("prepend") == "\u2581")
+        or (
+            p.get("type") == "Metaspace"
+            and p.get("prepend_scheme", "always") != "never"
+            and p.get("add_prefix_space", True)
+        )
+        for p in found
+    )
 
 
 def gguf_vocab(tokenizer: Any, tokenizer_json: dict) -> GgufVocab:
@@ -238,12 +255,18 @@ def gguf_vocab(tokenizer: Any, tokenizer_json: dict) -> GgufVocab:
         else:
             types.append(gguf.TokenType.NORMAL)
     if byte_fallback:
-        return GgufVocab(model="llama", pre="default", tokens=tokens, types=[int(t) for t in types],
-                         scores=[0.0 if t != gguf.TokenType.NORMAL else -float(i) for i, t in enumerate(types)],
-                         add_space_prefix=_prepends_space(tokenizer_json))
+        return GgufVocab(
+            model="llama",
+            pre="default",
+            tokens=tokens,
+            types=[int(t) for t in types],
+            scores=[0.0 if t != gguf.TokenType.NORMAL else -float(i) for i, t in enumerate(types)],
+            add_space_prefix=_prepends_space(tokenizer_json),
+        )
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
-    return GgufVocab(model="gpt2", pre=_pre_tokenizer(tokenizer_json), tokens=tokens, types=[int(t) for t in types],
-                     merges=merges)
+    return GgufVocab(
+        model="gpt2", pre=_pre_tokenizer(tokenizer_json), tokens=tokens, types=[int(t) for t in types], merges=merges
+    )
 
 
 # --- writing --------------------------------------------------------------------------------------------------------
@@ -272,16 +295,20 @@ def write_gguf(source: Path, target: Path, gguf_type: str, *, ids: GgufIds, add_
     config = json.loads((source / "config.json").read_text())
     refusal = gguf_refusal(config.get("model_type", "?"), _rope_type(config))
     if refusal:
-        raise ConfigError(f"train.export_gguf: {refusal}.", key="train.export_gguf",
-                          fix="train.export_gguf=null (merged/ loads with transformers; convert it elsewhere).")
+        raise ConfigError(
+            f"train.export_gguf: {refusal}.",
+            key="train.export_gguf",
+            fix="train.export_gguf=null (merged/ loads with transformers; convert it elsewhere).",
+        )
     arch = ARCHES[config["model_type"]]
     logging.getLogger("gguf").setLevel(logging.WARNING)  # its "Little Endian only" notice says nothing to act on
     tokenizer = AutoTokenizer.from_pretrained(source)
     vocab = gguf_vocab(tokenizer, json.loads((source / "tokenizer.json").read_text()))
     target.parent.mkdir(parents=True, exist_ok=True)
     # use_temp_file: converted tensors spool to disk until written, not the whole model in memory.
-    writer = gguf.GGUFWriter(str(target), gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch.name)],
-                             use_temp_file=True)
+    writer = gguf.GGUFWriter(
+        str(target), gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch.name)], use_temp_file=True
+    )
     _write_metadata(writer, config, arch, gguf_type, source)
     _write_tokenizer(writer, vocab, ids, add_bos=add_bos, template=tokenizer.chat_template)
     for name, data in gguf_tensors(source, config, arch):
@@ -314,8 +341,11 @@ def _write_metadata(writer: Any, config: dict, arch: GgufArch, gguf_type: str, s
     if _rope_type(config) == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rope["factor"])
-    file_types = {"f16": gguf.LlamaFileType.MOSTLY_F16, "bf16": gguf.LlamaFileType.MOSTLY_BF16,
-                  "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
+    file_types = {
+        "f16": gguf.LlamaFileType.MOSTLY_F16,
+        "bf16": gguf.LlamaFileType.MOSTLY_BF16,
+        "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    }
     writer.add_file_type(file_types[gguf_type])
     if arch.extra is not None:
         arch.extra(writer, config)
@@ -352,20 +382,25 @@ def export_run_gguf(run_dir: Path, gguf_type: str) -> Path:
     from seqtune.export.facts import ship_facts
 
     run_dir = Path(run_dir)
-    source = run_dir / "merged" if (run_dir / "merged").is_dir() or (run_dir / "adapter").is_dir() else \
-        run_dir / "model"
+    source = (
+        run_dir / "merged" if (run_dir / "merged").is_dir() or (run_dir / "adapter").is_dir() else run_dir / "model"
+    )
     if source.name == "merged" and not source.is_dir():
         _merge_adapter(run_dir, source)
     if not (source / "config.json").is_file():
-        raise ConfigError(f"{run_dir} has no merged/, adapter/ or model/ to export.", key="RUN_DIR",
-                          fix="name the run directory of a finished training run.")
+        raise ConfigError(
+            f"{run_dir} has no merged/, adapter/ or model/ to export.",
+            key="RUN_DIR",
+            fix="name the run directory of a finished training run.",
+        )
     tokenizer = AutoTokenizer.from_pretrained(source)
     facts = ship_facts(tokenizer, run_dir)
     eos, eot = terminator_ids(facts.stop.eos)
     ids = GgufIds(bos=facts.stop.bos, eos=eos, eot=eot, pad=facts.stop.pad)
     add_bos = tokenizer.bos_token_id is not None and tokenizer("a")["input_ids"][:1] == [tokenizer.bos_token_id]
-    target = write_gguf(source, run_dir / GGUF_DIR / f"{run_dir.name}-{gguf_type}.gguf", gguf_type, ids=ids,
-                        add_bos=add_bos)
+    target = write_gguf(
+        source, run_dir / GGUF_DIR / f"{run_dir.name}-{gguf_type}.gguf", gguf_type, ids=ids, add_bos=add_bos
+    )
     print(f"saved GGUF ({gguf_type}): {target}", flush=True)
     return target
 
@@ -430,8 +465,11 @@ def check_gguf(path: Path, facts: Any) -> Any:
     if extra := set(stored) - expected_names:
         failures.append(f"tensors not in {source.name}/: {sorted(extra)[:3]}")
     eos, eot = terminator_ids(facts.stop.eos)
-    found_ids = {"eos": _field(reader, gguf.Keys.Tokenizer.EOS_ID), "eot": _field(reader, gguf.Keys.Tokenizer.EOT_ID),
-                 "bos": _field(reader, gguf.Keys.Tokenizer.BOS_ID)}
+    found_ids = {
+        "eos": _field(reader, gguf.Keys.Tokenizer.EOS_ID),
+        "eot": _field(reader, gguf.Keys.Tokenizer.EOT_ID),
+        "bos": _field(reader, gguf.Keys.Tokenizer.BOS_ID),
+    }
     wanted = {"eos": eos, "eot": eot, "bos": facts.stop.bos}
     for key, value in wanted.items():
         if found_ids[key] != value:
@@ -440,24 +478,36 @@ def check_gguf(path: Path, facts: Any) -> Any:
     template = _field(reader, gguf.Keys.Tokenizer.CHAT_TEMPLATE)
     if (template or None) != (trained_template or None):
         failures.append("tokenizer.chat_template is not the template trained with")
-    summary = (f"{len(expected_names)} tensors {'equal to' if exact else 'within Q8_0 step of'} {source.name}/"
-               f"{'' if exact else f' (max |difference| {worst:.2g})'}; eos {eos}"
-               f"{f', eot {eot}' if eot is not None else ''}; chat template {'set' if template else 'none'}")
-    return ArtifactProof(artifact=f"{GGUF_DIR}/{path.name}", ok=not failures,
-                         checks={"summary": summary, "tensors": len(expected_names), "ids": found_ids,
-                                 "max_difference": worst, "chat_template": bool(template)}, failures=failures)
+    summary = (
+        f"{len(expected_names)} tensors {'equal to' if exact else 'within Q8_0 step of'} {source.name}/"
+        f"{'' if exact else f' (max |difference| {worst:.2g})'}; eos {eos}"
+        f"{f', eot {eot}' if eot is not None else ''}; chat template {'set' if template else 'none'}"
+    )
+    return ArtifactProof(
+        artifact=f"{GGUF_DIR}/{path.name}",
+        ok=not failures,
+        checks={
+            "summary": summary,
+            "tensors": len(expected_names),
+            "ids": found_ids,
+            "max_difference": worst,
+            "chat_template": bool(template),
+        },
+        failures=failures,
+    )
 
 
 def _as_stored(expected: np.ndarray, qtype: Any) -> np.ndarray:
     """What an exact F32/F16/BF16 store of `expected` reads back as."""
     import gguf
 
-    return gguf.quants.dequantize(gguf.quants.quantize(expected, qtype), qtype).reshape(expected.shape).astype(
-        np.float32)
+    return (
+        gguf.quants.dequantize(gguf.quants.quantize(expected, qtype), qtype).reshape(expected.shape).astype(np.float32)
+    )
 
 
 def _q8_bound(data: np.ndarray) -> np.ndarray:
     """Per block of 32: Q8_0's error bound: half its step d = max |x| / 127, plus 127 times the fp16 rounding of d
     (relative 2^-11, or 2^-25 absolute where d is subnormal in fp16); here a full step plus 127 * 2^-24."""
     step = np.abs(data.reshape(-1, 32)).max(axis=1) / 127.0
-    return step * (1.0 + 127 * 2.0 ** -11) + 127 * 2.0 ** -24
+    return step * (1.0 + 127 * 2.0**-11) + 127 * 2.0**-24

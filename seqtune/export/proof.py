@@ -51,13 +51,14 @@ class ArtifactProof:
 
 def reference_prompts(run_dir: Path, tokenizer: Any) -> list[Any]:
     """The first validation prompts as training tokenized them (the train split's when there is no validation)."""
-    from seqtune.data.loader import build_eval_prompts
     from seqtune.config.plan import load_plan
+    from seqtune.data.loader import build_eval_prompts
 
     plan = load_plan(run_dir)  # the run's plan: its token caches, max_seq_len and the bos the encoder added
     cache = Path(plan.caches.get("val") or plan.caches["train"])
-    prompts = build_eval_prompts(cache, count=PROMPTS, max_seq_len=plan.max_seq_len, bos_id=plan.tokens.bos_id,
-                                 stride=plan.sequences_per_sample)
+    prompts = build_eval_prompts(
+        cache, count=PROMPTS, max_seq_len=plan.max_seq_len, bos_id=plan.tokens.bos_id, stride=plan.sequences_per_sample
+    )
     return prompts or _text_prompts(cache)
 
 
@@ -118,8 +119,9 @@ def _tolerance(*dtypes: torch.dtype) -> float:
 
 
 @torch.no_grad()
-def logits_agreement(model: torch.nn.Module, reference: dict[str, torch.Tensor], reference_dtype: torch.dtype,
-                     device: torch.device) -> tuple[dict[str, Any], list[str]]:
+def logits_agreement(
+    model: torch.nn.Module, reference: dict[str, torch.Tensor], reference_dtype: torch.dtype, device: torch.device
+) -> tuple[dict[str, Any], list[str]]:
     """Max |logit difference| against the trained model's, over every reference prompt and position."""
     dtype = next(model.parameters()).dtype
     tolerance = _tolerance(dtype, reference_dtype)
@@ -128,15 +130,24 @@ def logits_agreement(model: torch.nn.Module, reference: dict[str, torch.Tensor],
         i = key.split(".", 1)[1]
         expected = reference[f"logits.{i}"]
         ids = reference[key]
-        got = model(input_ids=ids[None].to(device)).logits[0, len(ids) - len(expected):].float().cpu()
+        got = model(input_ids=ids[None].to(device)).logits[0, len(ids) - len(expected) :].float().cpu()
         scale = max(1.0, float(expected.abs().max()))
         worst = max(worst, float((got - expected).abs().max()) / scale)
         same_top &= bool((got.argmax(-1) == expected.argmax(-1)).all())
-    checks = {"max_logit_difference_relative": round(worst, 8), "tolerance": tolerance, "dtype": str(dtype),
-              "same_greedy_tokens": same_top}
-    failures = [] if worst <= tolerance else [
-        f"its next-token logits differ from the trained model's by {worst:.3g} (relative to the largest logit) > "
-        f"{tolerance:g} allowed for {str(dtype).removeprefix('torch.')}"]
+    checks = {
+        "max_logit_difference_relative": round(worst, 8),
+        "tolerance": tolerance,
+        "dtype": str(dtype),
+        "same_greedy_tokens": same_top,
+    }
+    failures = (
+        []
+        if worst <= tolerance
+        else [
+            f"its next-token logits differ from the trained model's by {worst:.3g} (relative to the largest logit) > "
+            f"{tolerance:g} allowed for {str(dtype).removeprefix('torch.')}"
+        ]
+    )
     return checks, failures
 
 
@@ -154,8 +165,9 @@ class _ForceToken:
 
 
 @torch.no_grad()
-def stops_at_terminators(model: torch.nn.Module, directory: Path, facts: ShipFacts, prompt: torch.Tensor,
-                         device: torch.device) -> tuple[dict[str, Any], list[str]]:
+def stops_at_terminators(
+    model: torch.nn.Module, directory: Path, facts: ShipFacts, prompt: torch.Tensor, device: torch.device
+) -> tuple[dict[str, Any], list[str]]:
     """Generation with the artifact's own generation_config.json ends at each trained terminator."""
     from transformers import GenerationConfig, LogitsProcessorList
 
@@ -168,23 +180,29 @@ def stops_at_terminators(model: torch.nn.Module, directory: Path, facts: ShipFac
     for token in facts.stop.eos:
         forced = LogitsProcessorList([_ForceToken(inputs.shape[1], 1, token)])
         new = model.generate(  # type: ignore[operator]  # a transformers (or peft) model: nn.Module types it loosely
-            input_ids=inputs, attention_mask=torch.ones_like(inputs), generation_config=config,
-                             logits_processor=forced)[0, inputs.shape[1]:].tolist()
+            input_ids=inputs, attention_mask=torch.ones_like(inputs), generation_config=config, logits_processor=forced
+        )[0, inputs.shape[1] :].tolist()
         stopped = len(new) <= 2 and new[-1] in listed
         name = facts.stop.names.get(token, str(token))
         checks["stops"][name] = stopped
         if not stopped:
-            failures.append(f"generation does not stop at the trained terminator {name} (id {token}): "
-                            f"{directory.name}/generation_config.json eos_token_id={listed}")
-    greedy = model.generate(input_ids=inputs, attention_mask=torch.ones_like(inputs),  # type: ignore[operator]
-                            generation_config=config)[0, inputs.shape[1]:].tolist()
+            failures.append(
+                f"generation does not stop at the trained terminator {name} (id {token}): "
+                f"{directory.name}/generation_config.json eos_token_id={listed}"
+            )
+    greedy = model.generate(
+        input_ids=inputs,
+        attention_mask=torch.ones_like(inputs),  # type: ignore[operator]
+        generation_config=config,
+    )[0, inputs.shape[1] :].tolist()
     checks["greedy_tokens"] = len(greedy)
     checks["greedy_stopped"] = bool(greedy) and greedy[-1] in listed
     return checks, failures
 
 
-def prove_artifact(facts: ShipFacts, name: str, reference: dict[str, torch.Tensor], reference_dtype: torch.dtype,
-                   device: torch.device) -> ArtifactProof:
+def prove_artifact(
+    facts: ShipFacts, name: str, reference: dict[str, torch.Tensor], reference_dtype: torch.dtype, device: torch.device
+) -> ArtifactProof:
     device = _room_for(facts.run_dir / name, device)
     model = load_artifact(facts, name, device=device)
     logit_checks, failures = logits_agreement(model, reference, reference_dtype, device)
@@ -193,8 +211,7 @@ def prove_artifact(facts: ShipFacts, name: str, reference: dict[str, torch.Tenso
     del model  # one artifact in memory at a time, beside the trained model
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return ArtifactProof(artifact=name, ok=not failures, checks={**logit_checks, **stop_checks},
-                         failures=failures)
+    return ArtifactProof(artifact=name, ok=not failures, checks={**logit_checks, **stop_checks}, failures=failures)
 
 
 def _room_for(directory: Path, device: torch.device) -> torch.device:
@@ -203,8 +220,11 @@ def _room_for(directory: Path, device: torch.device) -> torch.device:
     if device.type != "cuda":
         return device
     weights = sum(f.stat().st_size for f in directory.glob("*.safetensors"))
-    base = json.loads((directory / "adapter_config.json").read_text())["base_model_name_or_path"] \
-        if (directory / "adapter_config.json").is_file() else None
+    base = (
+        json.loads((directory / "adapter_config.json").read_text())["base_model_name_or_path"]
+        if (directory / "adapter_config.json").is_file()
+        else None
+    )
     if base and Path(base).is_dir():
         weights += sum(f.stat().st_size for f in Path(base).glob("*.safetensors"))
     free, _ = torch.cuda.mem_get_info(device)
@@ -216,10 +236,9 @@ def prove_exports(run_dir: Path, *, device: torch.device | None = None) -> list[
     each artifact that fails."""
     from safetensors import safe_open
     from transformers import AutoTokenizer
+    from transformers.utils import logging as transformers_logging
 
     from seqtune.export.gguf import check_gguf
-
-    from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()  # a "Loading weights" bar per artifact says nothing
     run_dir = Path(run_dir)
@@ -227,11 +246,14 @@ def prove_exports(run_dir: Path, *, device: torch.device | None = None) -> list[
     reference_path = run_dir / REFERENCE_FILE
     names = [name for name in ARTIFACTS if (run_dir / name).is_dir()]
     if not reference_path.is_file() or not names:
-        raise ConfigError(f"{run_dir} holds no exported artifact with the trained model's reference logits "
-                          f"({REFERENCE_FILE}, written at the end of training).", key="RUN_DIR",
-                          fix="name the run directory of a training run that finished with this seqtune version.")
+        raise ConfigError(
+            f"{run_dir} holds no exported artifact with the trained model's reference logits "
+            f"({REFERENCE_FILE}, written at the end of training).",
+            key="RUN_DIR",
+            fix="name the run directory of a training run that finished with this seqtune version.",
+        )
     with safe_open(str(reference_path), framework="pt") as f:
-        reference = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 - safe_open has no iteration
+        reference = {key: f.get_tensor(key) for key in f.keys()}  # safe_open has no iteration
         reference_dtype = getattr(torch, f.metadata()["dtype"])
     tokenizer = AutoTokenizer.from_pretrained(run_dir / names[0])
     facts = ship_facts(tokenizer, run_dir)
@@ -249,17 +271,22 @@ def _report(run_dir: Path, proofs: list[ArtifactProof]) -> None:
     for proof in proofs:
         checks = proof.checks
         if "max_logit_difference_relative" in checks:
-            detail = (f"logits within {checks['max_logit_difference_relative']:.2g} of the trained model's "
-                      f"(tolerance {checks['tolerance']:g}, {checks['dtype'].removeprefix('torch.')}); stops at "
-                      f"{', '.join(n for n, ok in checks['stops'].items() if ok) or 'nothing'}")
+            detail = (
+                f"logits within {checks['max_logit_difference_relative']:.2g} of the trained model's "
+                f"(tolerance {checks['tolerance']:g}, {checks['dtype'].removeprefix('torch.')}); stops at "
+                f"{', '.join(n for n, ok in checks['stops'].items() if ok) or 'nothing'}"
+            )
         else:
             detail = checks.get("summary", "")
-        print(f"export proof: {proof.artifact}: {'ok' if proof.ok else 'FAILED'}: {detail}"
-              + "".join(f"\n  - {failure}" for failure in proof.failures), flush=True)
+        print(
+            f"export proof: {proof.artifact}: {'ok' if proof.ok else 'FAILED'}: {detail}"
+            + "".join(f"\n  - {failure}" for failure in proof.failures),
+            flush=True,
+        )
     failed = [p for p in proofs if not p.ok]
     if failed:
         raise SeqtuneError(
             f"the export proof failed for {', '.join(p.artifact for p in failed)}: "
             + "; ".join(f"{p.artifact}: {p.failures[0]}" for p in failed)
-            + f". Details: {run_dir / EXPORT_JSON}.")
-
+            + f". Details: {run_dir / EXPORT_JSON}."
+        )

@@ -37,15 +37,30 @@ if TYPE_CHECKING:
     )
 
 _EXPORTS = {
-    "AttentionChoice": "attention", "AttentionEnv": "attention", "attention_choice": "attention",
+    "AttentionChoice": "attention",
+    "AttentionEnv": "attention",
+    "attention_choice": "attention",
     "attn_backend_problems": "attention",
-    "build_model": "build", "load_model_config": "build",
-    "ModelFacts": "facts", "check_checkpoint_dir": "facts", "read_model_facts": "facts",
-    "apply_lora": "lora", "save_adapter": "lora",
-    "MemoryEstimate": "memory", "MemoryInputs": "memory", "ParamCount": "memory", "count_parameters": "memory",
-    "memory_estimate": "memory", "meta_model": "memory",
-    "FAMILIES": "spec", "ModelSpec": "spec", "get_spec": "spec", "lora_module_names": "spec",
-    "resized_rows": "spec", "spec_for": "spec", "unmatched_targets": "spec",
+    "build_model": "build",
+    "load_model_config": "build",
+    "ModelFacts": "facts",
+    "check_checkpoint_dir": "facts",
+    "read_model_facts": "facts",
+    "apply_lora": "lora",
+    "save_adapter": "lora",
+    "MemoryEstimate": "memory",
+    "MemoryInputs": "memory",
+    "ParamCount": "memory",
+    "count_parameters": "memory",
+    "memory_estimate": "memory",
+    "meta_model": "memory",
+    "FAMILIES": "spec",
+    "ModelSpec": "spec",
+    "get_spec": "spec",
+    "lora_module_names": "spec",
+    "resized_rows": "spec",
+    "spec_for": "spec",
+    "unmatched_targets": "spec",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)

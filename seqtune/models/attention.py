@@ -80,15 +80,17 @@ def _why_not(name: str, env: AttentionEnv) -> list[str]:
     if not _gpu_capable():
         reasons.append("needs an Ampere or newer GPU (compute capability 8.0+)")
     if name == "flash_attention_2" and not flash_attn_installed():
-        reasons.append("needs the flash_attn package, which is not installed (pip install flash-attn "
-                       "--no-build-isolation)")
+        reasons.append(
+            "needs the flash_attn package, which is not installed (pip install flash-attn --no-build-isolation)"
+        )
     if name == TORCH_VARLEN:
         available, windowed = _varlen_support()
         if not available:
             reasons.append("needs torch >= 2.10 (torch.nn.attention.varlen)")
         elif env.sliding_window and not windowed:
-            reasons.append("needs a sliding-window kernel for this model, which this torch's varlen_attn lacks "
-                           "(torch >= 2.11)")
+            reasons.append(
+                "needs a sliding-window kernel for this model, which this torch's varlen_attn lacks (torch >= 2.11)"
+            )
         if env.dropout_or_softcap:
             reasons.append("supports no attention dropout or logit softcapping, which this model config sets")
     return reasons
@@ -97,14 +99,18 @@ def _why_not(name: str, env: AttentionEnv) -> list[str]:
 def attn_backend_problems(requested: str, env: AttentionEnv) -> list[str]:
     """Why `requested` cannot run (empty when it can): one message per cause, each with the fix. For preflight."""
     if requested not in ATTN_IMPLEMENTATIONS:
-        return [f"model.attn_implementation={requested!r} is not one of {', '.join(ATTN_IMPLEMENTATIONS)}. "
-                "Fix: model.attn_implementation=auto"]
+        return [
+            f"model.attn_implementation={requested!r} is not one of {', '.join(ATTN_IMPLEMENTATIONS)}. "
+            "Fix: model.attn_implementation=auto"
+        ]
     if requested == "auto":
         return []
     fix = "Fix: model.attn_implementation=auto"
-    return [f"model.attn_implementation={requested} {reason}. {fix}"
-            + (", or train.mixed_precision=bf16" if "bf16/fp16" in reason else "")
-            for reason in _why_not(requested, env)]
+    return [
+        f"model.attn_implementation={requested} {reason}. {fix}"
+        + (", or train.mixed_precision=bf16" if "bf16/fp16" in reason else "")
+        for reason in _why_not(requested, env)
+    ]
 
 
 def attention_choice(requested: str, env: AttentionEnv) -> AttentionChoice:

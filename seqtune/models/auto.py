@@ -28,8 +28,10 @@ from seqtune.models.spec import FAMILIES, ModelSpec, common_arch_fields, get_spe
 # What the chat-template probe renders as the reply whose closing token is the end-of-turn marker.
 PROBE_REPLY = "seqtune probe reply"
 _LAYER_WEIGHT = re.compile(r"^model\.layers\.0\.(.+)\.weight$")
-FIX = ("model.path=DIR of a checkpoint whose architecture transformers ships (config.json `architectures` names a "
-       "*ForCausalLM class), or a named family (model=llama3_8b, model=qwen3_8b, ...)")
+FIX = (
+    "model.path=DIR of a checkpoint whose architecture transformers ships (config.json `architectures` names a "
+    "*ForCausalLM class), or a named family (model=llama3_8b, model=qwen3_8b, ...)"
+)
 
 
 def checkpoint_spec(path: str) -> ModelSpec:
@@ -43,12 +45,16 @@ def _checkpoint_spec(root_text: str) -> ModelSpec:
     config = json.loads((root / "config.json").read_text())
     model_type, model_class = _causal_lm_class(root, config)
     weights = _weight_shapes(root)
-    layer = [match.group(1) for name, shape in weights.items()
-             if (match := _LAYER_WEIGHT.match(name)) and len(shape) == 2]
+    layer = [
+        match.group(1) for name, shape in weights.items() if (match := _LAYER_WEIGHT.match(name)) and len(shape) == 2
+    ]
     if not layer or not any(name.endswith("embed_tokens.weight") for name in weights):
         raise ModelLoadError(
             f"model.path={root}: its weights do not follow the Hugging Face decoder layout seqtune's LoRA naming "
-            "reads (model.embed_tokens, model.layers.N.<module>, lm_head).", key="model.path", fix=FIX)
+            "reads (model.embed_tokens, model.layers.N.<module>, lm_head).",
+            key="model.path",
+            fix=FIX,
+        )
     tied, tied_source = _tied(config, weights)
     tokenizer_config = _json(root / "tokenizer_config.json")
     template, template_source = _chat_template(root, tokenizer_config)
@@ -61,29 +67,41 @@ def _checkpoint_spec(root_text: str) -> ModelSpec:
     sources = {
         "architecture": f"{model_class} (config.json architectures)",
         "rows, context, layers, RoPE": "config.json (vocab_size, max_position_embeddings, num_hidden_layers, "
-                                       "rope_parameters / rope_scaling)",
+        "rope_parameters / rope_scaling)",
         "tied embeddings": f"{tied} ({tied_source})",
         "LoRA targets": f"{', '.join(dict.fromkeys(m.rsplit('.', 1)[-1] for m in layer_modules))} (the linear "
-                        "weights of decoder layer 0 in the safetensors)",
+        "weights of decoder layer 0 in the safetensors)",
         "end of turn": f"{eot} ({eot_source})",
         "chat template": template_source,
         "padding side": f"{padding} ({padding_source})",
-        "quirks": f"model.family={named[0].family}'s (same model_type {model_type})" if named else "none (no named "
-                  f"family declares model_type {model_type})",
+        "quirks": f"model.family={named[0].family}'s (same model_type {model_type})"
+        if named
+        else f"none (no named family declares model_type {model_type})",
     }
     return ModelSpec(
-        family="auto", hf_model_types=(model_type,), hf_model_class=model_class, padding_side=padding,
-        chat_template=template or "", eot_token=eot or "", layer_modules=layer_modules,
+        family="auto",
+        hf_model_types=(model_type,),
+        hf_model_class=model_class,
+        padding_side=padding,
+        chat_template=template or "",
+        eot_token=eot or "",
+        layer_modules=layer_modules,
         lora_targets=tuple(dict.fromkeys(m.rsplit(".", 1)[-1] for m in layer_modules)),
-        refused_dtypes=refused, liger=any(spec.liger for spec in named),
-        tiny_defaults={"tie_word_embeddings": tied}, build_tiny_config=_no_tiny_model,
-        read_arch_fields=common_arch_fields, sources=sources,
+        refused_dtypes=refused,
+        liger=any(spec.liger for spec in named),
+        tiny_defaults={"tie_word_embeddings": tied},
+        build_tiny_config=_no_tiny_model,
+        read_arch_fields=common_arch_fields,
+        sources=sources,
     )
 
 
 def _no_tiny_model(fields: dict[str, Any]):
-    raise ModelLoadError("model.family=auto reads its architecture from a checkpoint; model.path is null.",
-                         key="model.path", fix="model.path=DIR, or a *_tiny model config (model=llama3_tiny)")
+    raise ModelLoadError(
+        "model.family=auto reads its architecture from a checkpoint; model.path is null.",
+        key="model.path",
+        fix="model.path=DIR, or a *_tiny model config (model=llama3_tiny)",
+    )
 
 
 def _causal_lm_class(root: Path, config: dict) -> tuple[str, str]:
@@ -95,13 +113,19 @@ def _causal_lm_class(root: Path, config: dict) -> tuple[str, str]:
         raise ModelLoadError(
             f"model.path={root}: config.json has auto_map ({sorted(config['auto_map'])}): this architecture is "
             "repository code, loaded only with trust_remote_code, which seqtune never enables (it runs arbitrary "
-            "code from the checkpoint).", key="model.path", fix=FIX)
+            "code from the checkpoint).",
+            key="model.path",
+            fix=FIX,
+        )
     causal = [name for name in architectures if name.endswith("ForCausalLM")]
     if not causal or causal[0] not in dir(transformers):
         raise ModelLoadError(
             f"model.path={root}: config.json names architectures={architectures} (model_type={model_type!r}), "
             f"not a causal-LM class transformers {transformers.__version__} ships; seqtune never runs the "
-            "checkpoint's own code (trust_remote_code).", key="model.path", fix=FIX)
+            "checkpoint's own code (trust_remote_code).",
+            key="model.path",
+            fix=FIX,
+        )
     return str(model_type), causal[0]
 
 
@@ -152,9 +176,10 @@ def _end_of_turn(root: Path, template: str | None, tokenizer_config: dict) -> tu
     if template:
         rendered = _render_probe(template, tokenizer_config)
         if rendered is not None:
-            after = rendered[rendered.index(PROBE_REPLY) + len(PROBE_REPLY):]
-            found = sorted((after.find(token), -len(token), token) for token in set(filter(None, added))
-                           if after.find(token) >= 0)
+            after = rendered[rendered.index(PROBE_REPLY) + len(PROBE_REPLY) :]
+            found = sorted(
+                (after.find(token), -len(token), token) for token in set(filter(None, added)) if after.find(token) >= 0
+            )
             if found:
                 return found[0][2], "the chat template: the control token it writes after an assistant reply"
     if eos:
@@ -169,10 +194,16 @@ def _render_probe(template: str, tokenizer_config: dict) -> str | None:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[ext.loopcontrols])
     env.filters["tojson"] = lambda value, **_: json.dumps(value, ensure_ascii=False)
     env.globals["raise_exception"] = _raise
-    specials = {f"{role}_token": _token_text(tokenizer_config.get(f"{role}_token")) or ""
-                for role in ("bos", "eos", "pad", "unk")}
-    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": PROBE_REPLY},
-                {"role": "user", "content": "Thanks"}, {"role": "assistant", "content": "Bye"}]
+    specials = {
+        f"{role}_token": _token_text(tokenizer_config.get(f"{role}_token")) or ""
+        for role in ("bos", "eos", "pad", "unk")
+    }
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": PROBE_REPLY},
+        {"role": "user", "content": "Thanks"},
+        {"role": "assistant", "content": "Bye"},
+    ]
     try:
         return env.from_string(template).render(messages=messages, add_generation_prompt=False, **specials)
     except Exception:  # noqa: BLE001 - a template that cannot render the probe names no end-of-turn token

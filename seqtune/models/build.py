@@ -64,7 +64,7 @@ def _read_checkpoint_config(cfg: ModelConfig, spec: ModelSpec) -> PretrainedConf
             "must match the checkpoint.",
             key=mismatches[0].split("=")[0],
             fix=f"{fields} (read them from the checkpoint), or model=hf (no architecture fields: every fact read "
-                "from the checkpoint)",
+            "from the checkpoint)",
         )
     return hf_config
 
@@ -99,8 +99,9 @@ def build_model(
     dtype = torch_dtype(cfg.dtype)
     model_class = getattr(transformers, spec.hf_model_class)
     if cfg.path is None:
-        model = _build_tiny(model_class, hf_config, cfg, attn_implementation, dtype,
-                            torch.device("cpu" if device is None else device))
+        model = _build_tiny(
+            model_class, hf_config, cfg, attn_implementation, dtype, torch.device("cpu" if device is None else device)
+        )
         if cfg.load_in_4bit:
             model = _quantize_via_checkpoint(model, model_class, cfg, attn_implementation, dtype)
     else:
@@ -119,8 +120,9 @@ def build_model(
     return model
 
 
-def _build_tiny(model_class, hf_config, cfg: ModelConfig, attn_implementation: str, dtype,
-                device: torch.device) -> PreTrainedModel:
+def _build_tiny(
+    model_class, hf_config, cfg: ModelConfig, attn_implementation: str, dtype, device: torch.device
+) -> PreTrainedModel:
     # Built and initialised on the training device: an 8B-shaped random model takes seconds on a GPU, not minutes
     # of CPU init. Same seed and device type = same weights in every process.
     with device:

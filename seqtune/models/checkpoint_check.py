@@ -24,14 +24,29 @@ from seqtune.config.errors import ModelLoadError
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 FLOAT_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
-OTHER_DTYPES = {"I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1,
-                "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "F4": 1}
+OTHER_DTYPES = {
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U64": 8,
+    "U32": 4,
+    "U16": 2,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "F8_E8M0": 1,
+    "F4": 1,
+}
 # A header larger than this is not a safetensors header (the format's own limit is 100 MB).
 MAX_HEADER = 100_000_000
 # Buffers older transformers versions saved that today's models recompute (never parameters to load).
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-FIX = ("point model.path at an intact checkpoint of this architecture (re-download or re-save it: "
-       "model.save_pretrained(dir, safe_serialization=True)), or correct config.json to describe the weights")
+FIX = (
+    "point model.path at an intact checkpoint of this architecture (re-download or re-save it: "
+    "model.save_pretrained(dir, safe_serialization=True)), or correct config.json to describe the weights"
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,8 +55,9 @@ class WeightFault:
     message: str  # names the tensor(s) and ends with the fix
 
 
-def weight_faults(root: Path, expected: dict[str, tuple[int, ...]], tied: list[set[str]],
-                  prefix: str) -> list[WeightFault]:
+def weight_faults(
+    root: Path, expected: dict[str, tuple[int, ...]], tied: list[set[str]], prefix: str
+) -> list[WeightFault]:
     """Everything wrong with the weight files of `root` against the architecture's parameters (`expected`: name ->
     shape; `tied`: groups of names that are one tensor, of which one stored copy is enough)."""
     shards, unreadable = _shards(root)
@@ -56,10 +72,16 @@ def weight_faults(root: Path, expected: dict[str, tuple[int, ...]], tied: list[s
         for name, entry in header.items():
             found[name] = (shard, entry["shape"])
             if entry["dtype"] not in FLOAT_DTYPES:
-                faults.append(WeightFault(file=str(root / shard), message=(
-                    f"tensor {name} is stored as {entry['dtype']}, not a floating-point dtype seqtune trains from "
-                    "(a quantized checkpoint?). Fix: use the checkpoint's bf16/fp16/fp32 release "
-                    "(model.load_in_4bit=true quantizes it while loading)")))
+                faults.append(
+                    WeightFault(
+                        file=str(root / shard),
+                        message=(
+                            f"tensor {name} is stored as {entry['dtype']}, not a floating-point dtype seqtune trains from "
+                            "(a quantized checkpoint?). Fix: use the checkpoint's bf16/fp16/fp32 release "
+                            "(model.load_in_4bit=true quantizes it while loading)"
+                        ),
+                    )
+                )
     if unreadable:
         return unreadable + faults  # what an unreadable file or index holds is unknown: a missing list would mislead
     return faults + _against_architecture(root, found, expected, tied, prefix)
@@ -75,7 +97,7 @@ def _shards(root: Path) -> tuple[dict[str, set[str] | None], list[WeightFault]]:
     except (OSError, UnicodeDecodeError, ValueError, AttributeError) as err:
         weight_map, reason = None, f"is not a JSON object ({err})"
     else:
-        reason = "has no \"weight_map\" object of tensor name -> shard file"
+        reason = 'has no "weight_map" object of tensor name -> shard file'
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         return {}, [WeightFault(file=str(index), message=f"{INDEX} {reason}. Fix: {FIX}")]
     shards: dict[str, set[str]] = {}
@@ -86,8 +108,10 @@ def _shards(root: Path) -> tuple[dict[str, set[str] | None], list[WeightFault]]:
 
 def read_header(path: Path) -> tuple[dict[str, dict], WeightFault | None]:
     """The tensors of one safetensors file ({name: {dtype, shape, data_offsets}}) from its header alone."""
+
     def fault(why: str) -> tuple[dict, WeightFault]:
         return {}, WeightFault(file=str(path), message=f"cannot be read as safetensors: {why}. Fix: {FIX}")
+
     try:
         size = path.stat().st_size
         with path.open("rb") as f:
@@ -110,8 +134,10 @@ def read_header(path: Path) -> tuple[dict[str, dict], WeightFault | None]:
             return fault(f"tensor {name}: {problem}")
         end = max(end, entry["data_offsets"][1])
     if end > data:
-        return fault(f"its tensors need {end:,} bytes of data but the file holds {data:,} (truncated: "
-                     f"{end - data:,} bytes missing)")
+        return fault(
+            f"its tensors need {end:,} bytes of data but the file holds {data:,} (truncated: "
+            f"{end - data:,} bytes missing)"
+        )
     if end < data:
         return fault(f"{data - end:,} bytes follow the last tensor's data (damaged or appended to)")
     return header, None
@@ -122,8 +148,13 @@ def _entry_problem(entry: Any) -> str | None:
         return "the header entry lacks dtype, shape or data_offsets"
     width = FLOAT_DTYPES.get(entry["dtype"]) or OTHER_DTYPES.get(entry["dtype"])
     shape, offsets = entry["shape"], entry["data_offsets"]
-    valid = (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)
-             and isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets))
+    valid = (
+        isinstance(shape, list)
+        and all(isinstance(d, int) and d >= 0 for d in shape)
+        and isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(isinstance(o, int) for o in offsets)
+    )
     if width is None or not valid or offsets[1] < offsets[0]:
         return f"dtype {entry['dtype']!r}, shape {shape!r}, offsets {offsets!r} are not valid"
     if entry["dtype"] != "F4" and (offsets[1] - offsets[0]) != math.prod(shape) * width:
@@ -137,37 +168,71 @@ def _index_agreement(root: Path, shard: str, listed: set[str] | None, held: set[
     faults = []
     absent, unlisted = sorted(listed - held), sorted(held - listed)
     if absent:
-        faults.append(WeightFault(file=str(root / INDEX), message=(
-            f"{INDEX} places {len(absent)} tensor(s) in {shard} that it does not hold ({_some(absent)}). Fix: {FIX}")))
+        faults.append(
+            WeightFault(
+                file=str(root / INDEX),
+                message=(
+                    f"{INDEX} places {len(absent)} tensor(s) in {shard} that it does not hold ({_some(absent)}). Fix: {FIX}"
+                ),
+            )
+        )
     if unlisted:
-        faults.append(WeightFault(file=str(root / shard), message=(
-            f"{shard} holds {len(unlisted)} tensor(s) {INDEX} does not list ({_some(unlisted)}); they would not "
-            f"load. Fix: {FIX}")))
+        faults.append(
+            WeightFault(
+                file=str(root / shard),
+                message=(
+                    f"{shard} holds {len(unlisted)} tensor(s) {INDEX} does not list ({_some(unlisted)}); they would not "
+                    f"load. Fix: {FIX}"
+                ),
+            )
+        )
     return faults
 
 
-def _against_architecture(root: Path, found: dict[str, tuple[str, list[int]]], expected: dict[str, tuple[int, ...]],
-                          tied: list[set[str]], prefix: str) -> list[WeightFault]:
+def _against_architecture(
+    root: Path,
+    found: dict[str, tuple[str, list[int]]],
+    expected: dict[str, tuple[int, ...]],
+    tied: list[set[str]],
+    prefix: str,
+) -> list[WeightFault]:
     # A checkpoint of the bare model (LlamaModel) stores "layers.0..." for "model.layers.0...": transformers adds it.
-    found = {(f"{prefix}.{n}" if n not in expected and f"{prefix}.{n}" in expected else n): v
-             for n, v in found.items()}
+    found = {(f"{prefix}.{n}" if n not in expected and f"{prefix}.{n}" in expected else n): v for n, v in found.items()}
     where = str(root / (INDEX if (root / INDEX).is_file() else SINGLE))
     optional = {name for group in tied if group & set(found) for name in group}
     missing = sorted(n for n in expected if n not in found and n not in optional)
     extra = sorted(n for n in found if n not in expected and not n.endswith(IGNORED_SUFFIXES))
     faults = []
     if missing:
-        faults.append(WeightFault(file=where, message=(
-            f"{len(missing)} of the {len(expected)} parameters the architecture declares (config.json) are not in "
-            f"the checkpoint ({_some(missing)}): they would start from random values. Fix: {FIX}")))
+        faults.append(
+            WeightFault(
+                file=where,
+                message=(
+                    f"{len(missing)} of the {len(expected)} parameters the architecture declares (config.json) are not in "
+                    f"the checkpoint ({_some(missing)}): they would start from random values. Fix: {FIX}"
+                ),
+            )
+        )
     if extra:
-        faults.append(WeightFault(file=where, message=(
-            f"{len(extra)} tensor(s) in the checkpoint are no parameter of the architecture config.json declares "
-            f"({_some(extra)}). Fix: {FIX}")))
+        faults.append(
+            WeightFault(
+                file=where,
+                message=(
+                    f"{len(extra)} tensor(s) in the checkpoint are no parameter of the architecture config.json declares "
+                    f"({_some(extra)}). Fix: {FIX}"
+                ),
+            )
+        )
     for name in sorted(n for n in found if n in expected and tuple(found[n][1]) != tuple(expected[n])):
-        faults.append(WeightFault(file=str(root / found[name][0]), message=(
-            f"tensor {name} has shape {list(found[name][1])}, the architecture (config.json) declares "
-            f"{list(expected[name])}. Fix: {FIX}")))
+        faults.append(
+            WeightFault(
+                file=str(root / found[name][0]),
+                message=(
+                    f"tensor {name} has shape {list(found[name][1])}, the architecture (config.json) declares "
+                    f"{list(expected[name])}. Fix: {FIX}"
+                ),
+            )
+        )
     return faults
 
 
@@ -214,11 +279,18 @@ FINITE_SAMPLE = 1 << 16
 def check_loading_info(info: dict[str, Any], path: str) -> None:
     """transformers' own report of the load (output_loading_info=True): anything missing, unexpected, of another
     shape or in error is refused, never passed over (the header check should have caught it first)."""
-    parts = [f"{what.replace('_', ' ')}: {_some(sorted(str(k) for k in info.get(what) or ()))}"
-             for what in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs") if info.get(what)]
+    parts = [
+        f"{what.replace('_', ' ')}: {_some(sorted(str(k) for k in info.get(what) or ()))}"
+        for what in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")
+        if info.get(what)
+    ]
     if parts:
-        raise ModelLoadError(f"model.path={path}: transformers did not load the checkpoint as its architecture "
-                             f"declares ({'; '.join(parts)}).", key="model.path", fix=FIX)
+        raise ModelLoadError(
+            f"model.path={path}: transformers did not load the checkpoint as its architecture "
+            f"declares ({'; '.join(parts)}).",
+            key="model.path",
+            fix=FIX,
+        )
 
 
 def check_finite_weights(model, path: str) -> None:
@@ -234,5 +306,7 @@ def check_finite_weights(model, path: str) -> None:
                 bad = int((~torch.isfinite(sample)).sum())
                 raise ModelLoadError(
                     f"model.path={path}: parameter {name} holds non-finite values (NaN or inf; {bad} of "
-                    f"{sample.numel()} elements looked at): training from it gives a NaN loss.", key="model.path",
-                    fix=FIX)
+                    f"{sample.numel()} elements looked at): training from it gives a NaN loss.",
+                    key="model.path",
+                    fix=FIX,
+                )

@@ -76,12 +76,13 @@ def read_token_rows(path: Path, ids: dict[str, list[int]], reference_ids: list[i
             rows_total = tensor.get_shape()[0]
 
             def row(i: int, tensor=tensor) -> np.ndarray:
-                return tensor[i: i + 1].float().numpy()[0]
+                return tensor[i : i + 1].float().numpy()[0]
 
             found[matrix] = TokenRows(
                 tensor=f"{files[name].name}:{name}",
                 rows={i: row(i) for i in ids.get(matrix, []) if 0 <= i < rows_total},
-                reference=[row(i) for i in reference_ids if 0 <= i < rows_total])
+                reference=[row(i) for i in reference_ids if 0 <= i < rows_total],
+            )
     return found
 
 
@@ -92,7 +93,11 @@ def rope_facts(hf_config: Any) -> tuple[int | None, str | None, float | None]:
     if "full_attention" in rope and isinstance(rope["full_attention"], dict):
         rope = rope["full_attention"]
     original = rope.get("original_max_position_embeddings") or getattr(
-        hf_config, "original_max_position_embeddings", None)
+        hf_config, "original_max_position_embeddings", None
+    )
     factor = rope.get("factor")
-    return (None if original is None else int(original)), rope.get("rope_type", rope.get("type")), \
-        (None if factor is None else float(factor))
+    return (
+        (None if original is None else int(original)),
+        rope.get("rope_type", rope.get("type")),
+        (None if factor is None else float(factor)),
+    )

@@ -53,8 +53,11 @@ def read_model_facts(cfg: ModelConfig, spec: ModelSpec) -> ModelFacts:
         config = read_config_json(root, cfg.path)
         try:
             check_model_type(cfg, spec, config.get("model_type"))
-            vocab, context, layers = (config["vocab_size"], config["max_position_embeddings"],
-                                      config["num_hidden_layers"])
+            vocab, context, layers = (
+                config["vocab_size"],
+                config["max_position_embeddings"],
+                config["num_hidden_layers"],
+            )
             # Qwen2/2.5 state a window they do not use (use_sliding_window: false).
             use_window = config.get("use_sliding_window", True) is not False
             model_type, window = config["model_type"], config.get("sliding_window") if use_window else None
@@ -62,11 +65,21 @@ def read_model_facts(cfg: ModelConfig, spec: ModelSpec) -> ModelFacts:
             # Absent from config.json: the transformers class's default, which the family's tiny default mirrors.
             tied = bool(config.get("tie_word_embeddings", spec.tiny_defaults["tie_word_embeddings"]))
         except (OSError, ValueError, KeyError, TypeError) as err:
-            raise ModelLoadError(f"model.path={cfg.path}: config.json cannot be read ({err!r}). {EXPECTED_CHECKPOINT}",
-                                 key="model.path", fix=PATH_FIX) from err
-    return ModelFacts(embedding_rows=int(vocab), output_rows=int(vocab), context_length=int(context),
-                      num_layers=int(layers), model_type=model_type, sliding_window=window is not None,
-                      attention_dropout_or_softcap=dropout, tied_embeddings=tied)
+            raise ModelLoadError(
+                f"model.path={cfg.path}: config.json cannot be read ({err!r}). {EXPECTED_CHECKPOINT}",
+                key="model.path",
+                fix=PATH_FIX,
+            ) from err
+    return ModelFacts(
+        embedding_rows=int(vocab),
+        output_rows=int(vocab),
+        context_length=int(context),
+        num_layers=int(layers),
+        model_type=model_type,
+        sliding_window=window is not None,
+        attention_dropout_or_softcap=dropout,
+        tied_embeddings=tied,
+    )
 
 
 def read_config_json(root: Path, path: str) -> dict[str, Any]:
@@ -74,12 +87,18 @@ def read_config_json(root: Path, path: str) -> dict[str, Any]:
     try:
         config = json.loads((root / "config.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise ModelLoadError(f"model.path={path}: config.json cannot be read ({err!r}). {EXPECTED_CHECKPOINT}",
-                             key="model.path", fix=PATH_FIX) from None
+        raise ModelLoadError(
+            f"model.path={path}: config.json cannot be read ({err!r}). {EXPECTED_CHECKPOINT}",
+            key="model.path",
+            fix=PATH_FIX,
+        ) from None
     if not isinstance(config, dict):
-        raise ModelLoadError(f"model.path={path}: config.json holds a JSON {type(config).__name__}, not an object "
-                             f"with the model's architecture. {EXPECTED_CHECKPOINT}", key="model.path",
-                             fix=f"restore {root / 'config.json'} from the checkpoint's release")
+        raise ModelLoadError(
+            f"model.path={path}: config.json holds a JSON {type(config).__name__}, not an object "
+            f"with the model's architecture. {EXPECTED_CHECKPOINT}",
+            key="model.path",
+            fix=f"restore {root / 'config.json'} from the checkpoint's release",
+        )
     return config
 
 
@@ -123,8 +142,11 @@ def check_model_type(cfg: ModelConfig, spec: ModelSpec, model_type: str | None) 
     if model_type in spec.hf_model_types:
         return
     others = family_for_model_type(model_type) if model_type else []
-    fix = f"model.family={others[0]}" if others else ("model=hf (model.family=auto: any causal LM transformers "
-                                                       "ships, its facts read from the checkpoint)")
+    fix = (
+        f"model.family={others[0]}"
+        if others
+        else ("model=hf (model.family=auto: any causal LM transformers ships, its facts read from the checkpoint)")
+    )
     if model_type == "gemma3":
         fix = "use a text-only Gemma 3 checkpoint (gemma-3-1b*, model_type gemma3_text); multimodal ones are not supported"
     raise ModelLoadError(

@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from torch import nn
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class Choice:
     name: str
@@ -50,8 +49,14 @@ def kernels_problems(requested: str, *, device_type: str, model_type: str) -> li
     """Why model.kernels=`requested` cannot run here (empty when it can), with the fix. For preflight."""
     if requested != Kernels.liger:
         return []
-    return [f"model.kernels=liger {'; '.join(_why_not_liger(device_type, model_type))}. Fix: model.kernels=auto "
-            "(the model's own modules where Liger cannot run)"] if _why_not_liger(device_type, model_type) else []
+    return (
+        [
+            f"model.kernels=liger {'; '.join(_why_not_liger(device_type, model_type))}. Fix: model.kernels=auto "
+            "(the model's own modules where Liger cannot run)"
+        ]
+        if _why_not_liger(device_type, model_type)
+        else []
+    )
 
 
 def kernels_choice(requested: str, *, device_type: str, model_type: str) -> Choice:
@@ -73,13 +78,18 @@ def loss_choice(*, kernels: str, head_trained_by_peft: bool, per_sequence: bool 
     trained in full, or new token rows), so it is no plain Linear for the fused kernel. `per_sequence`: the
     objective needs every target token's log-probability (preference pairs), which the fused kernel does not give."""
     if per_sequence:
-        return Choice(name="chunked", reason="chunked cross-entropy per token: the preference objective sums each "
-                                             "sequence's log-probabilities")
+        return Choice(
+            name="chunked",
+            reason="chunked cross-entropy per token: the preference objective sums each sequence's log-probabilities",
+        )
     if kernels != "liger":
         return Choice(name="chunked", reason=f"chunked cross-entropy (model.kernels={kernels})")
     if head_trained_by_peft:
-        return Choice(name="chunked", reason="chunked cross-entropy: peft wraps lm_head (LoRA target, trained in "
-                                             "full or new token rows), which Liger's fused loss cannot read")
+        return Choice(
+            name="chunked",
+            reason="chunked cross-entropy: peft wraps lm_head (LoRA target, trained in "
+            "full or new token rows), which Liger's fused loss cannot read",
+        )
     return Choice(name="fused", reason="Liger-Kernel fused linear cross-entropy")
 
 
@@ -93,5 +103,12 @@ def apply_kernels(model: nn.Module, name: str) -> None:
     from liger_kernel.transformers import _apply_liger_kernel_to_instance
 
     lm = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]
-    _apply_liger_kernel_to_instance(model=lm, rope=True, rms_norm=True, swiglu=True, geglu=True,
-                                    cross_entropy=False, fused_linear_cross_entropy=False)
+    _apply_liger_kernel_to_instance(
+        model=lm,
+        rope=True,
+        rms_norm=True,
+        swiglu=True,
+        geglu=True,
+        cross_entropy=False,
+        fused_linear_cross_entropy=False,
+    )

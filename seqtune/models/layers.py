@@ -11,5 +11,7 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     for name, module in model.named_modules():
         if name.endswith("layers") and isinstance(module, nn.ModuleList):
             return list(module)
-    raise ValueError(f"{type(model).__name__} has no ModuleList of decoder layers named `layers`: seqtune cannot "
-                     "shard it per layer or estimate its memory per layer")
+    raise ValueError(
+        f"{type(model).__name__} has no ModuleList of decoder layers named `layers`: seqtune cannot "
+        "shard it per layer or estimate its memory per layer"
+    )

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
+import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model, prepare_model_for_kbit_training
-import torch
 from torch import nn
 from transformers import PreTrainedModel
 

@@ -119,9 +119,15 @@ def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:
         if inputs.dora:  # DoRA's magnitude vector: one fp32 parameter per output feature of each adapted module
             adapter += sum(m.out_features for m in adapted)
         # By tensor: a tied head and embedding saved together are one tensor (peft keeps them tied).
-        saved = sum(p.numel() for p in {id(p): p for name, m in model.named_modules()
-                                        if name.rsplit(".", 1)[-1] in inputs.modules_to_save
-                                        for p in m.parameters()}.values())
+        saved = sum(
+            p.numel()
+            for p in {
+                id(p): p
+                for name, m in model.named_modules()
+                if name.rsplit(".", 1)[-1] in inputs.modules_to_save
+                for p in m.parameters()
+            }.values()
+        )
         tokens = inputs.new_rows * config.hidden_size * (1 if config.tie_word_embeddings else 2)
         weights += saved * width  # peft trains a copy of each saved module and keeps the original
         trainable = adapter + saved + tokens
@@ -143,9 +149,15 @@ def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:
     # foreach AdamW/SGD build one temporary per trainable tensor for the update.
     step = grads + grads
     peak = weights + optimizer + max(activations, step)
-    return MemoryEstimate(params=total, trainable_params=trainable, weights_bytes=int(weights),
-                          grads_bytes=int(grads), optimizer_bytes=int(optimizer), activations_bytes=int(activations),
-                          total_bytes=int(peak))
+    return MemoryEstimate(
+        params=total,
+        trainable_params=trainable,
+        weights_bytes=int(weights),
+        grads_bytes=int(grads),
+        optimizer_bytes=int(optimizer),
+        activations_bytes=int(activations),
+        total_bytes=int(peak),
+    )
 
 
 def _adapted(name: str, targets: tuple[str, ...]) -> bool:
@@ -213,14 +225,19 @@ def _layer_bytes_per_token(inputs: MemoryInputs, config: PretrainedConfig, layer
     # The inputs the Linears keep for their weight gradients (trained weights, or the adapters').
     # sdpa under autocast returns the compute dtype; the flash glues return their input's dtype (a Linear's).
     attention_out = w.compute if inputs.attention == "sdpa" else w.linear
-    groups = (("q_proj", "k_proj", "v_proj"), hidden, w.residual), (("o_proj",), q, attention_out), \
-        (("gate_proj", "up_proj"), hidden, w.residual), (("down_proj",), ffn, w.linear)
+    groups = (
+        (("q_proj", "k_proj", "v_proj"), hidden, w.residual),
+        (("o_proj",), q, attention_out),
+        (("gate_proj", "up_proj"), hidden, w.residual),
+        (("down_proj",), ffn, w.linear),
+    )
     for names, size, input_width in groups:
         keeping = [n for n in names if not inputs.lora_enabled or _adapted(n, inputs.lora_targets)]
         total += _kept_inputs(inputs, keeping, size, input_width, w, already_kept=names == ("o_proj",))
     if inputs.lora_enabled:
-        adapted = [m for name, m in layer.named_modules()
-                   if isinstance(m, nn.Linear) and _adapted(name, inputs.lora_targets)]
+        adapted = [
+            m for name, m in layer.named_modules() if isinstance(m, nn.Linear) and _adapted(name, inputs.lora_targets)
+        ]
         total += len(adapted) * inputs.lora_rank * w.compute  # x @ A, kept for B's gradient
         if inputs.dora:
             # DoRA scales the base output and the adapter's output by the magnitude per feature: both products keep
@@ -244,13 +261,19 @@ def _dora_forward_bytes(inputs: MemoryInputs, model: nn.Module, w: _Widths) -> f
         return 0.0
     width = _adapter_width(inputs, w)
     weight_copy = 1 if inputs.load_in_4bit or BYTES_PER_DTYPE[inputs.weights_dtype] != width else 0
-    return max(((m.in_features**2 + (3 + weight_copy) * m.in_features * m.out_features) * width
-                for name, m in decoder_layers(model)[0].named_modules()
-                if isinstance(m, nn.Linear) and _adapted(name, inputs.lora_targets)), default=0.0)
+    return max(
+        (
+            (m.in_features**2 + (3 + weight_copy) * m.in_features * m.out_features) * width
+            for name, m in decoder_layers(model)[0].named_modules()
+            if isinstance(m, nn.Linear) and _adapted(name, inputs.lora_targets)
+        ),
+        default=0.0,
+    )
 
 
-def _kept_inputs(inputs: MemoryInputs, modules: list[str], size: int, input_width: int, w: _Widths, *,
-                 already_kept: bool) -> float:
+def _kept_inputs(
+    inputs: MemoryInputs, modules: list[str], size: int, input_width: int, w: _Widths, *, already_kept: bool
+) -> float:
     """What the Linears reading one tensor keep of it: the tensor itself once when they can all use it as it is
     (and nothing when the attention kernel keeps it already), else one converted copy per module."""
     if not modules:
@@ -266,6 +289,8 @@ def _kept_inputs(inputs: MemoryInputs, modules: list[str], size: int, input_widt
     if needed != input_width:
         return len(modules) * size * needed
     return 0.0 if already_kept and needed == w.compute else size * needed
+
+
 def _attention_matrix_bytes(inputs: MemoryInputs, config: PretrainedConfig, compute: int) -> float:
     """T x T terms: eager keeps the attention probabilities per layer; sdpa reads a [rows, 1, T, T] bool mask."""
     rows = max(1, inputs.batch_tokens // max(1, inputs.seq_len))

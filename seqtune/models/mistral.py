@@ -15,7 +15,6 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 
-
 def build_tiny_config(f: dict[str, Any]) -> PretrainedConfig:
     from transformers import MistralConfig  # at call time: importing this module stays light
 
@@ -37,9 +36,17 @@ SPEC = ModelSpec(
     unused_fields=frozenset({"sliding_window_pattern", "rope_scaling_factor"}),
     liger=True,
     tiny_defaults={
-        "vocab_size": 4096, "hidden_size": 64, "intermediate_size": 224, "num_layers": 2, "num_heads": 8,
-        "num_kv_heads": 2, "head_dim": None, "max_position_embeddings": 32768, "sliding_window": 128,
-        "rope_theta": 1000000.0, "tie_word_embeddings": False,
+        "vocab_size": 4096,
+        "hidden_size": 64,
+        "intermediate_size": 224,
+        "num_layers": 2,
+        "num_heads": 8,
+        "num_kv_heads": 2,
+        "head_dim": None,
+        "max_position_embeddings": 32768,
+        "sliding_window": 128,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": False,
     },
     build_tiny_config=build_tiny_config,
     read_arch_fields=common_arch_fields,

@@ -45,8 +45,15 @@ SPEC = ModelSpec(
     tiny_defaults={
         # The real rows (151936: the 151669-token vocabulary padded), so tokenizer=qwen3 needs no resize; head_dim
         # 32 > hidden/heads = 16, as in the real 0.6B (128 > 1024/16 = 64).
-        "vocab_size": 151936, "hidden_size": 64, "intermediate_size": 192, "num_layers": 2, "num_heads": 4,
-        "num_kv_heads": 2, "head_dim": 32, "max_position_embeddings": 40960, "rope_theta": 1000000.0,
+        "vocab_size": 151936,
+        "hidden_size": 64,
+        "intermediate_size": 192,
+        "num_layers": 2,
+        "num_heads": 4,
+        "num_kv_heads": 2,
+        "head_dim": 32,
+        "max_position_embeddings": 40960,
+        "rope_theta": 1000000.0,
         "tie_word_embeddings": True,
     },
     build_tiny_config=build_tiny_config,

@@ -50,8 +50,13 @@ FAMILIES: tuple[str, ...] = tuple(f for f in ModelFamily if f != ModelFamily.aut
 # Embedding rows are padded to this multiple on resize.
 EMBEDDING_ROW_MULTIPLE = 64
 LLAMA_LAYER_MODULES: tuple[str, ...] = (
-    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-    "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
 )
 
 

@@ -15,7 +15,6 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 
-
 def build_tiny_config(f: dict[str, Any]) -> PretrainedConfig:
     from transformers import LlamaConfig  # at call time: importing this module stays light
 
@@ -37,8 +36,15 @@ SPEC = ModelSpec(
     unused_fields=frozenset({"sliding_window", "sliding_window_pattern", "rope_scaling_factor"}),
     liger=True,
     tiny_defaults={
-        "vocab_size": 4096, "hidden_size": 64, "intermediate_size": 176, "num_layers": 2, "num_heads": 8,
-        "num_kv_heads": 2, "head_dim": None, "max_position_embeddings": 2048, "rope_theta": 10000.0,
+        "vocab_size": 4096,
+        "hidden_size": 64,
+        "intermediate_size": 176,
+        "num_layers": 2,
+        "num_heads": 8,
+        "num_kv_heads": 2,
+        "head_dim": None,
+        "max_position_embeddings": 2048,
+        "rope_theta": 10000.0,
         "tie_word_embeddings": False,
     },
     build_tiny_config=build_tiny_config,

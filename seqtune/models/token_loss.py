@@ -39,8 +39,9 @@ def chunk_tokens(vocab_rows: int) -> int:
     return max(MIN_CHUNK_TOKENS, LOGITS_CHUNK_BYTES // (4 * vocab_rows))
 
 
-def _chunk_loss(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module, softcap: float | None,
-                reduction: str) -> torch.Tensor:
+def _chunk_loss(
+    hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module, softcap: float | None, reduction: str
+) -> torch.Tensor:
     logits = head(hidden).float()
     if softcap is not None:
         logits = torch.tanh(logits / softcap) * softcap
@@ -55,8 +56,9 @@ def _target_positions(hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torc
     return hidden.reshape(-1, hidden.shape[-1]).index_select(0, keep), flat_targets.index_select(0, keep)
 
 
-def chunked_cross_entropy(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor, *, chunk: int,
-                          softcap: float | None = None) -> torch.Tensor:
+def chunked_cross_entropy(
+    hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor, *, chunk: int, softcap: float | None = None
+) -> torch.Tensor:
     """Sum of CE of head(hidden) vs targets over positions whose target is not IGNORE_INDEX, never holding more
     than `chunk` positions' logits at once (forward or backward)."""
     selected, wanted = _target_positions(hidden, targets)
@@ -65,23 +67,36 @@ def chunked_cross_entropy(hidden: torch.Tensor, head: nn.Module, targets: torch.
     total = hidden.sum().float() * 0.0
     for start in range(0, wanted.numel(), chunk):
         end = start + chunk
-        total = total + checkpoint(_chunk_loss, selected[start:end], wanted[start:end], head, softcap, "sum",
-                                   use_reentrant=False)
+        total = total + checkpoint(
+            _chunk_loss, selected[start:end], wanted[start:end], head, softcap, "sum", use_reentrant=False
+        )
     return total
 
 
-def chunked_token_losses(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor, *, chunk: int,
-                         softcap: float | None = None) -> torch.Tensor:
+def chunked_token_losses(
+    hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor, *, chunk: int, softcap: float | None = None
+) -> torch.Tensor:
     """The cross-entropy of every target position (targets != IGNORE_INDEX, in row-major order), chunked like
     chunked_cross_entropy: what an objective that needs per-sequence log-probabilities sums (preference pairs)."""
     selected, wanted = _target_positions(hidden, targets)
-    parts = [checkpoint(_chunk_loss, selected[start:start + chunk], wanted[start:start + chunk], head, softcap,
-                        "none", use_reentrant=False) for start in range(0, wanted.numel(), chunk)]
+    parts = [
+        checkpoint(
+            _chunk_loss,
+            selected[start : start + chunk],
+            wanted[start : start + chunk],
+            head,
+            softcap,
+            "none",
+            use_reentrant=False,
+        )
+        for start in range(0, wanted.numel(), chunk)
+    ]
     return torch.cat(parts) if parts else hidden.new_zeros(0, dtype=torch.float32)
 
 
-def fused_cross_entropy(hidden: torch.Tensor, head: nn.Linear, targets: torch.Tensor, *,
-                        softcap: float | None = None) -> torch.Tensor:
+def fused_cross_entropy(
+    hidden: torch.Tensor, head: nn.Linear, targets: torch.Tensor, *, softcap: float | None = None
+) -> torch.Tensor:
     from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
     loss = LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum", softcap=softcap)
@@ -101,29 +116,34 @@ def install_token_loss(model: nn.Module, *, path: str, chunk: int | None = None)
     `chunk`: positions per chunk of the chunked path (default: chunk_tokens of the vocabulary)."""
     if path not in ("chunked", "fused"):
         raise ValueError(f"loss path {path!r} must be resolved (kernels.loss_choice) before install")
-    lm = cast(PreTrainedModel,
-              model.get_base_model()  # type: ignore[operator]  # peft's wrapper; nn.Module types it Tensor | Module
-              if hasattr(model, "get_base_model") else model)
+    lm = cast(
+        PreTrainedModel,
+        model.get_base_model()  # type: ignore[operator]  # peft's wrapper; nn.Module types it Tensor | Module
+        if hasattr(model, "get_base_model")
+        else model,
+    )
     head = lm.get_output_embeddings()
     if path == "fused" and type(head) is not nn.Linear:
-        raise ValueError(f"fused loss needs a plain Linear head, found {type(head).__name__} "
-                         "(kernels.loss_choice decides)")
+        raise ValueError(
+            f"fused loss needs a plain Linear head, found {type(head).__name__} (kernels.loss_choice decides)"
+        )
     original = type(lm).forward
     softcap = getattr(lm.config, "final_logit_softcapping", None)
     # resize_token_embeddings keeps config.vocab_size up to date
     chunk = chunk or chunk_tokens(lm.config.vocab_size)
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, targets=None, per_token=False,
-                **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, targets=None, per_token=False, **kwargs):
         if targets is None:
-            return original(self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                            **kwargs)
+            return original(
+                self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
+            )
         # peft passes these through as None; the decoder takes neither labels nor output flags.
         for unused in ("labels", "output_attentions", "output_hidden_states", "return_dict"):
             kwargs.pop(unused, None)
         kwargs["use_cache"] = False  # a KV cache would merge packed documents (tests/unit/data/test_contamination.py)
-        hidden = self.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                    **kwargs).last_hidden_state
+        hidden = self.base_model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
+        ).last_hidden_state
         out_head = self.get_output_embeddings()
         if per_token:
             # `loss` is a zero that belongs to the graph (a micro-batch without targets still backpropagates, as

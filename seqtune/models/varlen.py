@@ -145,7 +145,7 @@ def reference_kernel(q, k, v, cu_seqlens, max_len, scale, window):
     k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])
     out = torch.empty_like(q)
     bounds = cu_seqlens.tolist()
-    for start, end in zip(bounds[:-1], bounds[1:]):
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
         qd, kd, vd = (t[start:end].transpose(0, 1) for t in (q, k, v))
         n = end - start
         mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()

@@ -49,7 +49,11 @@ def _listed(items: Sequence[str], total: int) -> str:
 
 
 def check_vocab_size(
-    *, tokenizer_size: int, embedding_rows: int, output_rows: int, resize_embeddings: bool,
+    *,
+    tokenizer_size: int,
+    embedding_rows: int,
+    output_rows: int,
+    resize_embeddings: bool,
     special_ids: Mapping[str, int | None] | None = None,
 ) -> list[Problem]:
     """The tokenizer's full vocabulary (added + special tokens) must fit the input embedding and the output head.
@@ -57,28 +61,38 @@ def check_vocab_size(
     An id >= the embedding rows indexes out of range: on CUDA a device-side assert a few steps in (report 4).
     One problem for one cause: the special tokens it leaves without a row are counted in it, not listed apart.
     """
-    short = [(what, rows) for what, rows in (("input embedding", embedding_rows), ("output head", output_rows))
-             if tokenizer_size > rows]
+    short = [
+        (what, rows)
+        for what, rows in (("input embedding", embedding_rows), ("output head", output_rows))
+        if tokenizer_size > rows
+    ]
     if resize_embeddings or not short:
         return []
     rows = min(r for _, r in short)
     parts = " and ".join(f"{what} rows {r}" for what, r in short)
     outside = _out_of_range(special_ids or {}, rows)
-    specials = (f"; {len(outside)} special token(s) among them: {_listed(outside, len(outside))}"
-                if outside else "")
-    return [Problem(
-        check="vocab", key="model.resize_embeddings",
-        message=(f"tokenizer has {tokenizer_size} tokens (added and special included) > model {parts} "
-                 f"(model.vocab_size); ids {rows}..{tokenizer_size - 1} would index out of range{specials}. "
-                 f"Fix: model.resize_embeddings=true (resizes to {resized_rows(rows, tokenizer_size)}), "
-                 "or the tokenizer that matches the model (tokenizer=checkpoint)."),
-    )]
+    specials = f"; {len(outside)} special token(s) among them: {_listed(outside, len(outside))}" if outside else ""
+    return [
+        Problem(
+            check="vocab",
+            key="model.resize_embeddings",
+            message=(
+                f"tokenizer has {tokenizer_size} tokens (added and special included) > model {parts} "
+                f"(model.vocab_size); ids {rows}..{tokenizer_size - 1} would index out of range{specials}. "
+                f"Fix: model.resize_embeddings=true (resizes to {resized_rows(rows, tokenizer_size)}), "
+                "or the tokenizer that matches the model (tokenizer=checkpoint)."
+            ),
+        )
+    ]
 
 
 def _out_of_range(special_ids: Mapping[str, int | None], vocab_rows: int) -> list[str]:
     """`name (id)` per special id without a row, each id once (a token's text wins over its role: eos, pad...)."""
-    outside = {token_id: name for name, token_id in special_ids.items()
-               if token_id is not None and not 0 <= token_id < vocab_rows}
+    outside = {
+        token_id: name
+        for name, token_id in special_ids.items()
+        if token_id is not None and not 0 <= token_id < vocab_rows
+    }
     return [f"{name} ({token_id})" for token_id, name in sorted(outside.items())]
 
 
@@ -89,12 +103,17 @@ def check_special_token_ids(*, special_ids: Mapping[str, int | None], vocab_rows
     outside = _out_of_range(special_ids, vocab_rows)
     if not outside:
         return []
-    return [Problem(
-        check="vocab", key="model.resize_embeddings",
-        message=(f"{len(outside)} special token(s) have ids outside the model's embedding rows [0, {vocab_rows}): "
-                 f"{_listed(outside, len(outside))}. Fix: model.resize_embeddings=true, or the tokenizer that "
-                 "matches the model (tokenizer=checkpoint)."),
-    )]
+    return [
+        Problem(
+            check="vocab",
+            key="model.resize_embeddings",
+            message=(
+                f"{len(outside)} special token(s) have ids outside the model's embedding rows [0, {vocab_rows}): "
+                f"{_listed(outside, len(outside))}. Fix: model.resize_embeddings=true, or the tokenizer that "
+                "matches the model (tokenizer=checkpoint)."
+            ),
+        )
+    ]
 
 
 def check_max_token_id(
@@ -104,18 +123,26 @@ def check_max_token_id(
     if max_token_id < vocab_rows:
         return []
     if pretokenized:
-        fix = (f"re-tokenize data.{split} with the model's tokenizer, or model.resize_embeddings=true if those "
-               "ids are intended")
+        fix = (
+            f"re-tokenize data.{split} with the model's tokenizer, or model.resize_embeddings=true if those "
+            "ids are intended"
+        )
         key = f"data.{split}"
     else:
         fix = "model.resize_embeddings=true, or the tokenizer that matches the model (tokenizer=checkpoint)"
         key = "model.resize_embeddings"
     where = f" ({location})" if location else ""
-    return [Problem(
-        check="vocab", key=key, location=location,
-        message=(f"{split} data contains token id {max_token_id}{where} >= model embedding rows {vocab_rows}. "
-                 f"Fix: {fix}."),
-    )]
+    return [
+        Problem(
+            check="vocab",
+            key=key,
+            location=location,
+            message=(
+                f"{split} data contains token id {max_token_id}{where} >= model embedding rows {vocab_rows}. "
+                f"Fix: {fix}."
+            ),
+        )
+    ]
 
 
 # --- 2. pad token (the tokenizer loader applies tokenizer.pad_policy, refusing `error` without a pad) ----------
@@ -124,8 +151,10 @@ def check_max_token_id(
 def pad_token_notes(*, pad_id: int | None, eos_id: int | None) -> list[str]:
     """Information, not a problem: pad == eos is safe because collators mask padding by position, not by id."""
     if pad_id is not None and pad_id == eos_id:
-        return [f"pad token id {pad_id} == eos id: padding is masked by the attention and label masks, so the "
-                "final eos of every sample still trains."]
+        return [
+            f"pad token id {pad_id} == eos id: padding is masked by the attention and label masks, so the "
+            "final eos of every sample still trains."
+        ]
     return []
 
 
@@ -153,10 +182,12 @@ def auto_length_notes(*, lengths: np.ndarray, max_seq_len: int, longest_location
     cap = round_up(p99, 8)
     over = int((values > cap).sum())
     where = f", {longest_location}" if longest_location else ""
-    return [f"data.max_seq_len=auto is {max_seq_len}, set by the longest sample ({longest} tokens{where}), while 99% "
-            f"of samples have at most {p99} tokens and {over} sample(s) exceed {cap}. Memory, padded rows and the "
-            f"plan are sized for that outlier. To size them for the data: data.max_seq_len={cap} "
-            f"data.overlength=drop (drops those {over}), or data.overlength=truncate to keep their beginning."]
+    return [
+        f"data.max_seq_len=auto is {max_seq_len}, set by the longest sample ({longest} tokens{where}), while 99% "
+        f"of samples have at most {p99} tokens and {over} sample(s) exceed {cap}. Memory, padded rows and the "
+        f"plan are sized for that outlier. To size them for the data: data.max_seq_len={cap} "
+        f"data.overlength=drop (drops those {over}), or data.overlength=truncate to keep their beginning."
+    ]
 
 
 def check_context_length(
@@ -167,12 +198,16 @@ def check_context_length(
         return []
     if auto:
         where = f" ({longest_location})" if longest_location else ""
-        message = (f"data.max_seq_len=auto resolves to {max_seq_len} (longest sample{where}) > model context "
-                   f"length {context_length}. Fix: data.max_seq_len={context_length} with data.overlength=truncate "
-                   "or data.overlength=drop.")
+        message = (
+            f"data.max_seq_len=auto resolves to {max_seq_len} (longest sample{where}) > model context "
+            f"length {context_length}. Fix: data.max_seq_len={context_length} with data.overlength=truncate "
+            "or data.overlength=drop."
+        )
     else:
-        message = (f"data.max_seq_len={max_seq_len} > model context length {context_length}. "
-                   f"Fix: data.max_seq_len={context_length} (or less), or data.max_seq_len=auto.")
+        message = (
+            f"data.max_seq_len={max_seq_len} > model context length {context_length}. "
+            f"Fix: data.max_seq_len={context_length} (or less), or data.max_seq_len=auto."
+        )
     return [Problem(check="length", key="data.max_seq_len", message=message, location=longest_location)]
 
 
@@ -195,13 +230,19 @@ def check_overlength(
     order = over[np.argsort(-np.asarray(lengths)[over], kind="stable")]
     longest = int(order[0])
     listed = [f"{locations[i]} ({int(lengths[i])} tokens > {max_seq_len})" for i in order[:MAX_LISTED]]
-    return [Problem(
-        check="length", key="data.max_seq_len", location=locations[longest],
-        message=(f"data.max_seq_len={max_seq_len} < longest {split} sample {int(lengths[longest])} tokens "
-                 f"({locations[longest]}); {over.size} {split} sample(s) over the limit: "
-                 f"{_listed(listed, int(over.size))}. Fix: data.max_seq_len=auto, or data.overlength=truncate "
-                 "(or drop)."),
-    )]
+    return [
+        Problem(
+            check="length",
+            key="data.max_seq_len",
+            location=locations[longest],
+            message=(
+                f"data.max_seq_len={max_seq_len} < longest {split} sample {int(lengths[longest])} tokens "
+                f"({locations[longest]}); {over.size} {split} sample(s) over the limit: "
+                f"{_listed(listed, int(over.size))}. Fix: data.max_seq_len=auto, or data.overlength=truncate "
+                "(or drop)."
+            ),
+        )
+    ]
 
 
 def length_stats(lengths: np.ndarray, max_seq_len: int) -> dict[str, int]:
@@ -210,8 +251,10 @@ def length_stats(lengths: np.ndarray, max_seq_len: int) -> dict[str, int]:
     if values.size == 0:
         return {"min": 0, "median": 0, "p99": 0, "max": 0, "over_limit": 0}
     return {
-        "min": int(values.min()), "median": int(np.median(values)),
-        "p99": int(np.percentile(values, 99, method="higher")), "max": int(values.max()),
+        "min": int(values.min()),
+        "median": int(np.median(values)),
+        "p99": int(np.percentile(values, 99, method="higher")),
+        "max": int(values.max()),
         "over_limit": int((values > max_seq_len).sum()),
     }
 
@@ -225,12 +268,18 @@ def check_trainable_tokens(*, split: str, zero_target: int, locations: Sequence[
     (Samples that data.overlength=truncate leaves without a target are dropped in both data modes: a note.)"""
     if zero_target == 0 or dropped:
         return []
-    return [Problem(
-        check="labels", key="data.train_on_prompt", location=locations[0] if locations else None,
-        message=(f"{zero_target} {split} sample(s) have zero trainable tokens (every completion token masked): "
-                 f"{_listed(list(locations), zero_target)}. Fix: give them a non-empty completion, "
-                 "data.train_on_prompt=true, or a larger data.max_seq_len if truncation cut the completion."),
-    )]
+    return [
+        Problem(
+            check="labels",
+            key="data.train_on_prompt",
+            location=locations[0] if locations else None,
+            message=(
+                f"{zero_target} {split} sample(s) have zero trainable tokens (every completion token masked): "
+                f"{_listed(list(locations), zero_target)}. Fix: give them a non-empty completion, "
+                "data.train_on_prompt=true, or a larger data.max_seq_len if truncation cut the completion."
+            ),
+        )
+    ]
 
 
 def trainable_fraction(num_targets: np.ndarray, lengths: np.ndarray) -> float:
@@ -242,7 +291,11 @@ def trainable_fraction(num_targets: np.ndarray, lengths: np.ndarray) -> float:
 
 
 def check_batch_shapes(
-    *, label: str, shapes: Mapping[str, tuple[int, ...]], strategy: str, expected: tuple[int, int],
+    *,
+    label: str,
+    shapes: Mapping[str, tuple[int, ...]],
+    strategy: str,
+    expected: tuple[int, int],
 ) -> list[Problem]:
     """One collated micro-batch: every [rows, width] tensor has exactly the shape the padding strategy's rule
     (seqtune.data.batching.BatchRule) gives for it.
@@ -251,29 +304,46 @@ def check_batch_shapes(
     """
     matrices = {name: tuple(shape) for name, shape in shapes.items() if len(shape) == 2}
     if not matrices:
-        return [Problem(check="padding", key="padding.strategy",
-                        message=f"padding.strategy={strategy} produced no [rows, width] tensors for the {label}. "
-                                "Fix: padding.strategy=longest.")]
+        return [
+            Problem(
+                check="padding",
+                key="padding.strategy",
+                message=f"padding.strategy={strategy} produced no [rows, width] tensors for the {label}. "
+                "Fix: padding.strategy=longest.",
+            )
+        ]
     wrong = {name: shape for name, shape in matrices.items() if shape != tuple(expected)}
     if not wrong:
         return []
     listed = ", ".join(f"{name} {list(shape)}" for name, shape in sorted(matrices.items()))
-    return [Problem(check="padding", key="padding.strategy",
-                    message=(f"padding.strategy={strategy} must give the {label} the shape {list(expected)} (rows x "
-                             f"width, by the strategy's rule), but the collator built {listed}. Fix: "
-                             "padding.strategy=longest (and please report this collator bug)."))]
+    return [
+        Problem(
+            check="padding",
+            key="padding.strategy",
+            message=(
+                f"padding.strategy={strategy} must give the {label} the shape {list(expected)} (rows x "
+                f"width, by the strategy's rule), but the collator built {listed}. Fix: "
+                "padding.strategy=longest (and please report this collator bug)."
+            ),
+        )
+    ]
 
 
 def check_packed_attention(*, strategy: str, attn_implementation: str) -> list[Problem]:
     """Packed rows hold several documents: only backends that honour per-document positions keep them apart."""
     if strategy != "packed" or attn_implementation in PACKING_SAFE_ATTENTION:
         return []
-    return [Problem(
-        check="padding", key="model.attn_implementation",
-        message=(f"padding.strategy=packed needs an attention backend that keeps packed documents apart "
-                 f"({', '.join(PACKING_SAFE_ATTENTION)}), got model.attn_implementation={attn_implementation}. "
-                 "Fix: model.attn_implementation=sdpa, or padding.strategy=longest."),
-    )]
+    return [
+        Problem(
+            check="padding",
+            key="model.attn_implementation",
+            message=(
+                f"padding.strategy=packed needs an attention backend that keeps packed documents apart "
+                f"({', '.join(PACKING_SAFE_ATTENTION)}), got model.attn_implementation={attn_implementation}. "
+                "Fix: model.attn_implementation=sdpa, or padding.strategy=longest."
+            ),
+        )
+    ]
 
 
 def prepadded_notes(*, split: str, count: int, locations: Sequence[str], strategy: str) -> list[str]:
@@ -282,8 +352,10 @@ def prepadded_notes(*, split: str, count: int, locations: Sequence[str], strateg
     the shapes; rows whose mask is not plain padding are rejected (wrong_type) and counted by check_bad_lines."""
     if count == 0:
         return []
-    return [f"{count} pre-tokenized {split} row(s) arrived already padded (first: {_listed(list(locations), count)}); "
-            f"their padding was stripped and padding.strategy={strategy} pads every batch to one shape."]
+    return [
+        f"{count} pre-tokenized {split} row(s) arrived already padded (first: {_listed(list(locations), count)}); "
+        f"their padding was stripped and padding.strategy={strategy} pads every batch to one shape."
+    ]
 
 
 # --- 6. data integrity --------------------------------------------------------------------------------------
@@ -316,25 +388,37 @@ def check_bad_lines(
     problems = []
     if unrenderable:
         tools = ", ".join(TEMPLATES_WITH_TOOL_TURNS)
-        problems.append(Problem(
-            check="template", key="tokenizer.chat_template", location=_where(unrenderable[0]),
-            message=(f"{len(unrenderable)} of {total_lines} {split} conversations cannot be rendered by the chat "
-                     f"template ({fraction:.2%} of lines skipped > data.max_bad_fraction={max_bad_fraction}): "
-                     f"{_listed(_described(unrenderable), len(unrenderable))}. All are listed in rejects.jsonl. "
-                     f"Fix: tokenizer.chat_template=NAME with a template that renders them (tool turns: {tools}; "
-                     f"tool definitions: {', '.join(TEMPLATES_WITH_TOOL_DEFINITIONS)}, or a checkpoint's own that "
-                     "reads `tools`; or a .jinja file), repair "
-                     f"those conversations, or {skip}."),
-        ))
+        problems.append(
+            Problem(
+                check="template",
+                key="tokenizer.chat_template",
+                location=_where(unrenderable[0]),
+                message=(
+                    f"{len(unrenderable)} of {total_lines} {split} conversations cannot be rendered by the chat "
+                    f"template ({fraction:.2%} of lines skipped > data.max_bad_fraction={max_bad_fraction}): "
+                    f"{_listed(_described(unrenderable), len(unrenderable))}. All are listed in rejects.jsonl. "
+                    f"Fix: tokenizer.chat_template=NAME with a template that renders them (tool turns: {tools}; "
+                    f"tool definitions: {', '.join(TEMPLATES_WITH_TOOL_DEFINITIONS)}, or a checkpoint's own that "
+                    "reads `tools`; or a .jinja file), repair "
+                    f"those conversations, or {skip}."
+                ),
+            )
+        )
     if malformed:
         per_reason = ", ".join(f"{code} x{count}" for code, count in sorted(reject_counts(malformed).items()))
-        problems.append(Problem(
-            check="integrity", key="data.max_bad_fraction", location=_where(malformed[0]),
-            message=(f"{len(malformed)} of {total_lines} {split} lines are malformed ({fraction:.2%} of lines "
-                     f"skipped > data.max_bad_fraction={max_bad_fraction}): {per_reason}; "
-                     f"{_listed(_described(malformed), len(malformed))}. All are listed in rejects.jsonl. "
-                     f"Fix: repair those lines, or {skip}."),
-        ))
+        problems.append(
+            Problem(
+                check="integrity",
+                key="data.max_bad_fraction",
+                location=_where(malformed[0]),
+                message=(
+                    f"{len(malformed)} of {total_lines} {split} lines are malformed ({fraction:.2%} of lines "
+                    f"skipped > data.max_bad_fraction={max_bad_fraction}): {per_reason}; "
+                    f"{_listed(_described(malformed), len(malformed))}. All are listed in rejects.jsonl. "
+                    f"Fix: repair those lines, or {skip}."
+                ),
+            )
+        )
     return problems
 
 
@@ -347,8 +431,16 @@ def _described(rejects: Sequence[Reject]) -> list[str]:
 
 
 def check_split_not_empty(
-    *, split: str, files: Sequence[str], records: int, samples: int, kept: int, reject_counts: Mapping[str, int],
-    first_reject: Reject | None, overlength: str, rejects: Sequence[Reject] = (),
+    *,
+    split: str,
+    files: Sequence[str],
+    records: int,
+    samples: int,
+    kept: int,
+    reject_counts: Mapping[str, int],
+    first_reject: Reject | None,
+    overlength: str,
+    rejects: Sequence[Reject] = (),
 ) -> list[Problem]:
     """A configured split must give at least one sample after every policy: an empty train split would otherwise
     pass preflight and fail after the model is built, blaming the batch size; an empty val split would
@@ -358,16 +450,38 @@ def check_split_not_empty(
     named = _listed(list(files), len(files))
     skip = "" if split == "train" else f", or data.{split}=null to run without a {split} split"
     if records == 0:
-        return [Problem(check="integrity", key=f"data.{split}",
-                        message=(f"data.{split} has no records: {named} hold(s) nothing but blank lines (or nothing "
-                                 f"at all). Fix: point data.{split} at JSON Lines with records{skip}."))]
+        return [
+            Problem(
+                check="integrity",
+                key=f"data.{split}",
+                message=(
+                    f"data.{split} has no records: {named} hold(s) nothing but blank lines (or nothing "
+                    f"at all). Fix: point data.{split} at JSON Lines with records{skip}."
+                ),
+            )
+        ]
     if samples == 0:
-        return [_all_rejected(split=split, records=records, reject_counts=reject_counts, rejects=rejects,
-                              first_reject=first_reject, skip=skip)]
-    return [Problem(check="length", key="data.overlength",
-                    message=(f"data.overlength={overlength} leaves no {split} sample: all {samples} are longer than "
-                             f"data.max_seq_len. Fix: a larger data.max_seq_len (or auto), or "
-                             "data.overlength=truncate."))]
+        return [
+            _all_rejected(
+                split=split,
+                records=records,
+                reject_counts=reject_counts,
+                rejects=rejects,
+                first_reject=first_reject,
+                skip=skip,
+            )
+        ]
+    return [
+        Problem(
+            check="length",
+            key="data.overlength",
+            message=(
+                f"data.overlength={overlength} leaves no {split} sample: all {samples} are longer than "
+                f"data.max_seq_len. Fix: a larger data.max_seq_len (or auto), or "
+                "data.overlength=truncate."
+            ),
+        )
+    ]
 
 
 # What fixes the records a reject code names, and the key it is about ({split}: the split's key).
@@ -375,29 +489,47 @@ REJECT_FIXES: dict[str, tuple[str, str]] = {
     "bad_json": ("data.{split}", "write one JSON object per line (JSON Lines) or one JSON array of objects"),
     "bad_utf8": ("data.{split}", "re-encode the file as UTF-8"),
     "not_object": ("data.{split}", "make each record a JSON object {...} with the format's fields"),
-    "missing_field": ("data.columns", "name the data's fields with data.columns={FORMAT_FIELD: DATA_FIELD}, or set "
-                                      "data.format to the format the records are in (alpaca, input_output, text, "
-                                      "chat, sharegpt, tokenized)"),
-    "wrong_type": ("data.format", "set data.format to the format the records are in (chat: messages=[{role, "
-                                  "content}], sharegpt: conversations=[{from, value}]), or map fields with "
-                                  "data.columns"),
+    "missing_field": (
+        "data.columns",
+        "name the data's fields with data.columns={FORMAT_FIELD: DATA_FIELD}, or set "
+        "data.format to the format the records are in (alpaca, input_output, text, "
+        "chat, sharegpt, tokenized)",
+    ),
+    "wrong_type": (
+        "data.format",
+        "set data.format to the format the records are in (chat: messages=[{role, "
+        "content}], sharegpt: conversations=[{from, value}]), or map fields with "
+        "data.columns",
+    ),
     "empty_text": ("data.{split}", "fill in the empty fields, or drop those records"),
     "missing_media": ("data.media_root", "data.media_root=DIR, the directory the records' media paths are under"),
     "bad_token_id": ("data.{split}", "re-tokenize the data with the tokenizer this run uses"),
     "no_targets": ("data.{split}", "give every conversation an assistant reply (and a user turn before it)"),
     "no_user_turn": ("data.{split}", "give every conversation a user message before its assistant reply"),
     "unsupported_content": ("data.{split}", "keep only text content parts (images, audio and files do not train)"),
-    TEMPLATE_REJECTED: ("tokenizer.chat_template", "tokenizer.chat_template=NAME with a template that renders them "
-                                                   f"(tool turns: {', '.join(TEMPLATES_WITH_TOOL_TURNS)})"),
+    TEMPLATE_REJECTED: (
+        "tokenizer.chat_template",
+        "tokenizer.chat_template=NAME with a template that renders them "
+        f"(tool turns: {', '.join(TEMPLATES_WITH_TOOL_TURNS)})",
+    ),
     "identical_pair": ("data.{split}", "give each pair a chosen and a rejected completion that differ"),
-    "history_mismatch": ("data.{split}", "give the shared conversation as `prompt` and only the replies as chosen "
-                                         "and rejected"),
+    "history_mismatch": (
+        "data.{split}",
+        "give the shared conversation as `prompt` and only the replies as chosen and rejected",
+    ),
     "overlength": ("data.max_seq_len", "a larger data.max_seq_len (or auto), or data.overlength=truncate"),
 }
 
 
-def _all_rejected(*, split: str, records: int, reject_counts: Mapping[str, int], rejects: Sequence[Reject],
-                  first_reject: Reject | None, skip: str) -> Problem:
+def _all_rejected(
+    *,
+    split: str,
+    records: int,
+    reject_counts: Mapping[str, int],
+    rejects: Sequence[Reject],
+    first_reject: Reject | None,
+    skip: str,
+) -> Problem:
     """Every record of a split rejected: one problem naming the most common reason and what fixes it (raising
     data.max_bad_fraction would only lead to "no usable record")."""
     code, count = max(sorted(reject_counts.items()), key=lambda item: item[1])
@@ -406,11 +538,16 @@ def _all_rejected(*, split: str, records: int, reject_counts: Mapping[str, int],
     others = ", ".join(f"{c} x{n}" for c, n in sorted(reject_counts.items()) if c != code)
     where = f"{example.file}:{example.line}" if example is not None else None
     return Problem(
-        check="template" if code == TEMPLATE_REJECTED else "integrity", key=key.format(split=split), location=where,
-        message=(f"data.{split} has no usable record: all {records} were rejected, most for {code} ({count} of "
-                 f"{records}{f'; also {others}' if others else ''})"
-                 f"{f'; the first: {where}: {example.reason}' if example is not None else ''}. Every one is listed "
-                 f"in rejects.jsonl. Fix: {fix}{skip}."))
+        check="template" if code == TEMPLATE_REJECTED else "integrity",
+        key=key.format(split=split),
+        location=where,
+        message=(
+            f"data.{split} has no usable record: all {records} were rejected, most for {code} ({count} of "
+            f"{records}{f'; also {others}' if others else ''})"
+            f"{f'; the first: {where}: {example.reason}' if example is not None else ''}. Every one is listed "
+            f"in rejects.jsonl. Fix: {fix}{skip}."
+        ),
+    )
 
 
 def _fraction_fix(fraction: float) -> str:
@@ -422,8 +559,14 @@ def _fraction_fix(fraction: float) -> str:
 
 
 def check_epoch_steps(
-    *, split: str, num_items: int, micro_batches_per_rank: int, steps_per_epoch: int | None, batch_size: int,
-    world_size: int, grad_accum: int,
+    *,
+    split: str,
+    num_items: int,
+    micro_batches_per_rank: int,
+    steps_per_epoch: int | None,
+    batch_size: int,
+    world_size: int,
+    grad_accum: int,
 ) -> list[Problem]:
     """Every rank runs the same number of micro-batches; an epoch with zero of them (or zero steps) is an error.
 
@@ -433,79 +576,123 @@ def check_epoch_steps(
     if micro_batches_per_rank > 0 and (steps_per_epoch is None or steps_per_epoch > 0):
         return []
     what = "optimizer steps" if micro_batches_per_rank > 0 else "micro-batches"
-    return [Problem(
-        check="plan", key="train.batch_size",
-        message=(f"{split}: {num_items} samples/rows give zero {what} per rank per epoch: one "
-                 f"{'step' if steps_per_epoch is not None else 'micro-batch on every rank'} needs "
-                 f"train.batch_size={batch_size} x world size {world_size}"
-                 f"{f' x train.grad_accum={grad_accum}' if steps_per_epoch is not None else ''} = {needed}. "
-                 f"Fix: a smaller train.batch_size or train.grad_accum, fewer ranks (launcher.nproc_per_node), "
-                 "more data, or data.tail=pad."),
-    )]
+    return [
+        Problem(
+            check="plan",
+            key="train.batch_size",
+            message=(
+                f"{split}: {num_items} samples/rows give zero {what} per rank per epoch: one "
+                f"{'step' if steps_per_epoch is not None else 'micro-batch on every rank'} needs "
+                f"train.batch_size={batch_size} x world size {world_size}"
+                f"{f' x train.grad_accum={grad_accum}' if steps_per_epoch is not None else ''} = {needed}. "
+                f"Fix: a smaller train.batch_size or train.grad_accum, fewer ranks (launcher.nproc_per_node), "
+                "more data, or data.tail=pad."
+            ),
+        )
+    ]
 
 
 # --- 8. LoRA and backends -----------------------------------------------------------------------------------
 
 
-def check_lora_targets(*, targets: Sequence[str], module_names: Sequence[str], defaults: Sequence[str]) -> list[Problem]:
+def check_lora_targets(
+    *, targets: Sequence[str], module_names: Sequence[str], defaults: Sequence[str]
+) -> list[Problem]:
     """Every LoRA target (lora.target_modules, or the family's defaults) must match a module peft can wrap
     (peft's rule: the full name or a dotted suffix). No targets = full fine-tuning: nothing to check."""
     missing = unmatched_targets(targets, module_names)
     if not missing:
         return []
     valid = sorted({name.rsplit(".", 1)[-1] for name in module_names})
-    return [Problem(
-        check="lora", key="lora.target_modules",
-        message=(f"lora.target_modules {missing} match no module of the model. Valid names: {', '.join(valid)}. "
-                 f"Fix: lora.target_modules=null (the family's defaults: {list(defaults)}), or names from that "
-                 "list."),
-    )]
+    return [
+        Problem(
+            check="lora",
+            key="lora.target_modules",
+            message=(
+                f"lora.target_modules {missing} match no module of the model. Valid names: {', '.join(valid)}. "
+                f"Fix: lora.target_modules=null (the family's defaults: {list(defaults)}), or names from that "
+                "list."
+            ),
+        )
+    ]
 
 
 def check_backend(
-    *, load_in_4bit: bool, device: str, cuda_available: bool, bitsandbytes_installed: bool,
-    attention_problems: Sequence[str], kernels_problems: Sequence[str] = (),
+    *,
+    load_in_4bit: bool,
+    device: str,
+    cuda_available: bool,
+    bitsandbytes_installed: bool,
+    attention_problems: Sequence[str],
+    kernels_problems: Sequence[str] = (),
 ) -> list[Problem]:
     """QLoRA needs CUDA and bitsandbytes; the kernels' own rules (models.attention.attn_backend_problems,
     models.kernels.kernels_problems) say why model.attn_implementation or model.kernels cannot run. Refuse them up
     front, with the fix."""
     problems = []
     if device == "cuda" and not cuda_available:
-        problems.append(Problem(check="backend", key="train.device",
-                                message="train.device=cuda but no CUDA device is available. Fix: train.device=auto."))
+        problems.append(
+            Problem(
+                check="backend",
+                key="train.device",
+                message="train.device=cuda but no CUDA device is available. Fix: train.device=auto.",
+            )
+        )
     if load_in_4bit and not cuda_available:
-        problems.append(Problem(check="backend", key="model.load_in_4bit",
-                                message="model.load_in_4bit=true (QLoRA) needs a CUDA device; none is available. "
-                                        "Fix: model.load_in_4bit=false, or run on a CUDA GPU."))
+        problems.append(
+            Problem(
+                check="backend",
+                key="model.load_in_4bit",
+                message="model.load_in_4bit=true (QLoRA) needs a CUDA device; none is available. "
+                "Fix: model.load_in_4bit=false, or run on a CUDA GPU.",
+            )
+        )
     elif load_in_4bit and not bitsandbytes_installed:
-        problems.append(Problem(check="backend", key="model.load_in_4bit",
-                                message="model.load_in_4bit=true (QLoRA) needs bitsandbytes, which is not installed. "
-                                        "Fix: pip install -e '.[cuda]', or model.load_in_4bit=false."))
-    problems += [Problem(check="backend", key="model.attn_implementation", message=message)
-                 for message in attention_problems]
+        problems.append(
+            Problem(
+                check="backend",
+                key="model.load_in_4bit",
+                message="model.load_in_4bit=true (QLoRA) needs bitsandbytes, which is not installed. "
+                "Fix: pip install -e '.[cuda]', or model.load_in_4bit=false.",
+            )
+        )
+    problems += [
+        Problem(check="backend", key="model.attn_implementation", message=message) for message in attention_problems
+    ]
     problems += [Problem(check="backend", key="model.kernels", message=message) for message in kernels_problems]
     return problems
 
 
-def check_precision(*, family: str, compute_dtype: str, refused_dtypes: Mapping[str, str], loss_scaling: bool,
-                    sharded: bool) -> list[Problem]:
+def check_precision(
+    *, family: str, compute_dtype: str, refused_dtypes: Mapping[str, str], loss_scaling: bool, sharded: bool
+) -> list[Problem]:
     """A compute dtype the family cannot train in (Gemma 3 in float16), and fp16 loss scaling under FSDP (each
     rank would judge overflow on its own shard and the ranks' steps would diverge)."""
     problems = []
     if compute_dtype in refused_dtypes:
-        problems.append(Problem(
-            check="backend", key="train.mixed_precision",
-            message=(f"model.family={family} computes in {compute_dtype} here (train.mixed_precision / model.dtype), "
-                     f"which it cannot train in: {refused_dtypes[compute_dtype]}. Fix: train.mixed_precision=bf16 "
-                     "(on a GPU with bf16) or train.mixed_precision=no with model.dtype=float32."),
-        ))
+        problems.append(
+            Problem(
+                check="backend",
+                key="train.mixed_precision",
+                message=(
+                    f"model.family={family} computes in {compute_dtype} here (train.mixed_precision / model.dtype), "
+                    f"which it cannot train in: {refused_dtypes[compute_dtype]}. Fix: train.mixed_precision=bf16 "
+                    "(on a GPU with bf16) or train.mixed_precision=no with model.dtype=float32."
+                ),
+            )
+        )
     if loss_scaling and sharded:
-        problems.append(Problem(
-            check="backend", key="train.mixed_precision",
-            message=("train.mixed_precision=fp16 with train.parallel=fsdp across ranks: the fp16 loss scaler checks "
-                     "for overflow per rank, so sharded ranks could skip different steps. Fix: "
-                     "train.mixed_precision=bf16, or train.parallel=ddp."),
-        ))
+        problems.append(
+            Problem(
+                check="backend",
+                key="train.mixed_precision",
+                message=(
+                    "train.mixed_precision=fp16 with train.parallel=fsdp across ranks: the fp16 loss scaler checks "
+                    "for overflow per rank, so sharded ranks could skip different steps. Fix: "
+                    "train.mixed_precision=bf16, or train.parallel=ddp."
+                ),
+            )
+        )
     return problems
 
 
@@ -513,12 +700,17 @@ def check_export(*, export_merged: bool, sharded: bool) -> list[Problem]:
     """A merged export needs the whole model on one rank; under FSDP across ranks only the adapter is gathered."""
     if not (export_merged and sharded):
         return []
-    return [Problem(
-        check="backend", key="train.export_merged",
-        message=("train.export_merged=true with train.parallel=fsdp across ranks: the model is sharded, so only the "
-                 "gathered adapter/weights are exported. Fix: train.export_merged=false, then merge offline with "
-                 "peft: PeftModel.from_pretrained(base, RUN_DIR/adapter).merge_and_unload().save_pretrained(DIR)."),
-    )]
+    return [
+        Problem(
+            check="backend",
+            key="train.export_merged",
+            message=(
+                "train.export_merged=true with train.parallel=fsdp across ranks: the model is sharded, so only the "
+                "gathered adapter/weights are exported. Fix: train.export_merged=false, then merge offline with "
+                "peft: PeftModel.from_pretrained(base, RUN_DIR/adapter).merge_and_unload().save_pretrained(DIR)."
+            ),
+        )
+    ]
 
 
 def check_gguf_export(*, export_gguf: str | None, refusal: str | None, lora: bool, sharded: bool) -> list[Problem]:
@@ -527,14 +719,24 @@ def check_gguf_export(*, export_gguf: str | None, refusal: str | None, lora: boo
     if export_gguf is None:
         return []
     if refusal:
-        return [Problem(check="export", key="train.export_gguf",
-                        message=f"train.export_gguf={export_gguf}: {refusal}. Fix: train.export_gguf=null (merged/ "
-                                "loads with transformers; convert it with llama.cpp's convert_hf_to_gguf.py).")]
+        return [
+            Problem(
+                check="export",
+                key="train.export_gguf",
+                message=f"train.export_gguf={export_gguf}: {refusal}. Fix: train.export_gguf=null (merged/ "
+                "loads with transformers; convert it with llama.cpp's convert_hf_to_gguf.py).",
+            )
+        ]
     if lora and sharded:
-        return [Problem(check="export", key="train.export_gguf",
-                        message=f"train.export_gguf={export_gguf} with LoRA under train.parallel=fsdp across ranks: "
-                                "there is no merged model to write. Fix: train.export_gguf=null, then "
-                                "`python -m seqtune.export RUN_DIR --gguf TYPE` after training.")]
+        return [
+            Problem(
+                check="export",
+                key="train.export_gguf",
+                message=f"train.export_gguf={export_gguf} with LoRA under train.parallel=fsdp across ranks: "
+                "there is no merged model to write. Fix: train.export_gguf=null, then "
+                "`python -m seqtune.export RUN_DIR --gguf TYPE` after training.",
+            )
+        ]
     return []
 
 
@@ -542,16 +744,23 @@ def check_eval_prompts(*, requested: int, found: int, max_seq_len: int) -> tuple
     """train.eval_samples completes validation prompts: refuse when the split has none (problems), say so when it
     has fewer than asked (notes)."""
     if found == 0:
-        return [Problem(
-            check="data", key="train.eval_samples",
-            message=(f"train.eval_samples={requested}, but no validation sample has a prompt to complete: none has "
-                     f"tokens before its first target, within data.max_seq_len={max_seq_len}. Fix: "
-                     "train.eval_samples=0, or validation records with prompts (for data.format=tokenized, labels "
-                     "of -100 before the completion)."),
-        )], []
+        return [
+            Problem(
+                check="data",
+                key="train.eval_samples",
+                message=(
+                    f"train.eval_samples={requested}, but no validation sample has a prompt to complete: none has "
+                    f"tokens before its first target, within data.max_seq_len={max_seq_len}. Fix: "
+                    "train.eval_samples=0, or validation records with prompts (for data.format=tokenized, labels "
+                    "of -100 before the completion)."
+                ),
+            )
+        ], []
     if found < requested:
-        return [], [f"train.eval_samples={requested}: the validation split has {found} sample(s) with a prompt; "
-                    "samples are generated from those."]
+        return [], [
+            f"train.eval_samples={requested}: the validation split has {found} sample(s) with a prompt; "
+            "samples are generated from those."
+        ]
     return [], []
 
 
@@ -560,12 +769,17 @@ def check_early_stopping(*, early_stop: bool, lora: bool, sharded: bool) -> list
     loaded into LoRA weights sharded by FSDP."""
     if not (early_stop and lora and sharded):
         return []
-    return [Problem(
-        check="backend", key="train.early_stop_patience",
-        message=("train.early_stop_patience with LoRA under train.parallel=fsdp across ranks: the run ends on the "
-                 "best eval's adapter, read back from best/, which seqtune cannot load into sharded LoRA weights. "
-                 "Fix: train.parallel=ddp (LoRA's trainable weights are small), or train.early_stop_patience=0."),
-    )]
+    return [
+        Problem(
+            check="backend",
+            key="train.early_stop_patience",
+            message=(
+                "train.early_stop_patience with LoRA under train.parallel=fsdp across ranks: the run ends on the "
+                "best eval's adapter, read back from best/, which seqtune cannot load into sharded LoRA weights. "
+                "Fix: train.parallel=ddp (LoRA's trainable weights are small), or train.early_stop_patience=0."
+            ),
+        )
+    ]
 
 
 def check_reference_model(*, sample_kind: str, lora: bool, sharded: bool, needs_reference: bool) -> list[Problem]:
@@ -573,13 +787,18 @@ def check_reference_model(*, sample_kind: str, lora: bool, sharded: bool, needs_
     every rank: under FSDP the policy is sharded and the copy would not be."""
     if sample_kind == "sft" or lora or not sharded or not needs_reference:
         return []
-    return [Problem(
-        check="backend", key="train.parallel",
-        message=("recipe=full_dpo under train.parallel=fsdp across ranks: the reference model is a frozen copy of the "
-                 "starting weights, which seqtune does not shard, so it would not fit where FSDP is needed. Fix: "
-                 "recipe=lora_dpo (the reference is the model with its adapters disabled, no copy), dpo.loss=simpo "
-                 "(reference-free), or train.parallel=ddp."),
-    )]
+    return [
+        Problem(
+            check="backend",
+            key="train.parallel",
+            message=(
+                "recipe=full_dpo under train.parallel=fsdp across ranks: the reference model is a frozen copy of the "
+                "starting weights, which seqtune does not shard, so it would not fit where FSDP is needed. Fix: "
+                "recipe=lora_dpo (the reference is the model with its adapters disabled, no copy), dpo.loss=simpo "
+                "(reference-free), or train.parallel=ddp."
+            ),
+        )
+    ]
 
 
 # --- 9. resume: in seqtune.preflight.resume (the run against its checkpoint's settings and plan) ------------
@@ -588,16 +807,24 @@ def check_reference_model(*, sample_kind: str, lora: bool, sharded: bool, needs_
 # --- 10. memory ---------------------------------------------------------------------------------------------
 
 
-def check_memory(*, estimate_gib: float, device_memory_gib: float | None, breakdown: str,
-                 fits: Sequence[str] = ()) -> list[Problem]:
+def check_memory(
+    *, estimate_gib: float, device_memory_gib: float | None, breakdown: str, fits: Sequence[str] = ()
+) -> list[Problem]:
     """Worst-case batch memory vs the device's; with no device (CPU) the estimate is only reported. `fits`: the
     settings that would fit, each with its estimate (preflight tries them)."""
     if device_memory_gib is None or estimate_gib <= device_memory_gib:
         return []
-    fix = ("; or ".join(fits) if fits else "none of a smaller batch, checkpointing, a shorter max_seq_len or QLoRA "
-           "fits alone: combine them, or use train.parallel=fsdp over more GPUs")
-    return [Problem(
-        check="memory", key="train.batch_size",
-        message=f"estimated peak memory {estimate_gib:.1f} GiB ({breakdown}) > device memory "
-                f"{device_memory_gib:.1f} GiB. Fix: {fix}.",
-    )]
+    fix = (
+        "; or ".join(fits)
+        if fits
+        else "none of a smaller batch, checkpointing, a shorter max_seq_len or QLoRA "
+        "fits alone: combine them, or use train.parallel=fsdp over more GPUs"
+    )
+    return [
+        Problem(
+            check="memory",
+            key="train.batch_size",
+            message=f"estimated peak memory {estimate_gib:.1f} GiB ({breakdown}) > device memory "
+            f"{device_memory_gib:.1f} GiB. Fix: {fix}.",
+        )
+    ]

@@ -32,8 +32,9 @@ def _label_key(split: str, templated: bool) -> str:
     return "tokenizer.chat_template" if templated else f"data.{split}"
 
 
-def classify_spans(run_ends: Mapping[tuple[int, int], Finding], terminators: Mapping[int, str]
-                   ) -> tuple[dict[int, Finding], Finding]:
+def classify_spans(
+    run_ends: Mapping[tuple[int, int], Finding], terminators: Mapping[int, str]
+) -> tuple[dict[int, Finding], Finding]:
     """(terminator id -> target spans followed by that terminator outside the targets, spans with no terminator
     at all). run_ends: (class of a span's last token, class of the token after it) -> how many spans, where;
     classes are token ids, NON_CONTROL or SAMPLE_END (seqtune.preflight.observe)."""
@@ -49,8 +50,9 @@ def classify_spans(run_ends: Mapping[tuple[int, int], Finding], terminators: Map
     return masked, unterminated
 
 
-def check_turn_terminators(*, split: str, templated: bool, run_ends: Mapping[tuple[int, int], Finding],
-                           terminators: Mapping[int, str]) -> list[Problem]:
+def check_turn_terminators(
+    *, split: str, templated: bool, run_ends: Mapping[tuple[int, int], Finding], terminators: Mapping[int, str]
+) -> list[Problem]:
     """Every span of targets (an assistant turn, a completion) must end on a terminator (the family's end-of-turn,
     the chat template's turn closer, or eos) that is itself a target. A terminator right after a span is one the
     template left outside the targets (axolotl #3754: Gemma's <end_of_turn>); a span followed by no terminator at
@@ -59,26 +61,41 @@ def check_turn_terminators(*, split: str, templated: bool, run_ends: Mapping[tup
     a turn ends."""
     masked, unterminated = classify_spans(run_ends, terminators)
     key = _label_key(split, templated)
-    fix = ("Fix: tokenizer.chat_template=null (the tokenizer's own template, else the model family's), or a "
-           "template whose assistant turn renders its end-of-turn token inside the reply."
-           if templated else f"Fix: make the labels of data.{split} include the end-of-turn token of each "
-                                 "target span (labels = input_ids there).")
+    fix = (
+        "Fix: tokenizer.chat_template=null (the tokenizer's own template, else the model family's), or a "
+        "template whose assistant turn renders its end-of-turn token inside the reply."
+        if templated
+        else f"Fix: make the labels of data.{split} include the end-of-turn token of each "
+        "target span (labels = input_ids there)."
+    )
     problems = []
     for token_id, found in sorted(masked.items()):
-        problems.append(Problem(
-            check="terminator", key=key, location=found.locations[0],
-            message=(f"{found.count} target span(s) of data.{split} are followed by their terminator "
-                     f"{terminators[token_id]} (id {token_id}) outside the targets: the model never learns to "
-                     f"end a reply, so generation runs on. First: {_first(found)}. {fix}"),
-        ))
+        problems.append(
+            Problem(
+                check="terminator",
+                key=key,
+                location=found.locations[0],
+                message=(
+                    f"{found.count} target span(s) of data.{split} are followed by their terminator "
+                    f"{terminators[token_id]} (id {token_id}) outside the targets: the model never learns to "
+                    f"end a reply, so generation runs on. First: {_first(found)}. {fix}"
+                ),
+            )
+        )
     if unterminated.count:
         expected = " or ".join(f"{terminators[i]} (id {i})" for i in sorted(terminators))
-        problems.append(Problem(
-            check="terminator", key=key, location=unterminated.locations[0],
-            message=(f"{unterminated.count} target span(s) of data.{split} end without an end-of-turn token: "
-                     f"neither their last target nor the token after it is {expected}, so the model never learns "
-                     f"to end those replies. First: {_first(unterminated)}. {fix}"),
-        ))
+        problems.append(
+            Problem(
+                check="terminator",
+                key=key,
+                location=unterminated.locations[0],
+                message=(
+                    f"{unterminated.count} target span(s) of data.{split} end without an end-of-turn token: "
+                    f"neither their last target nor the token after it is {expected}, so the model never learns "
+                    f"to end those replies. First: {_first(unterminated)}. {fix}"
+                ),
+            )
+        )
     return problems
 
 
@@ -96,26 +113,40 @@ def check_literal_controls(*, split: str, per_token: Mapping[str, Finding], line
     or end-of-turn in the middle of a prompt or reply."""
     if not lines.count:
         return []
-    tokens = ", ".join(f"{text} in {finding.count} line(s)"
-                       for text, finding in sorted(per_token.items(), key=lambda item: -item[1].count))
-    return [Problem(
-        check="specials", key=f"data.{split}", location=lines.locations[0],
-        message=(f"{lines.count} line(s) of data.{split} hold special-token strings in their text, which the "
-                 f"tokenizer turns into control tokens, not text ({tokens}): {_first(lines)}. Fix: remove or "
-                 "rewrite those strings in the data (seqtune adds bos, eos and the chat template's markers itself)."),
-    )]
+    tokens = ", ".join(
+        f"{text} in {finding.count} line(s)"
+        for text, finding in sorted(per_token.items(), key=lambda item: -item[1].count)
+    )
+    return [
+        Problem(
+            check="specials",
+            key=f"data.{split}",
+            location=lines.locations[0],
+            message=(
+                f"{lines.count} line(s) of data.{split} hold special-token strings in their text, which the "
+                f"tokenizer turns into control tokens, not text ({tokens}): {_first(lines)}. Fix: remove or "
+                "rewrite those strings in the data (seqtune adds bos, eos and the chat template's markers itself)."
+            ),
+        )
+    ]
 
 
 def check_double_bos(*, split: str, double_bos: Finding, bos: str) -> list[Problem]:
     """Pre-tokenized rows that already start with two bos (tokenized twice with add_special_tokens)."""
     if not double_bos.count:
         return []
-    return [Problem(
-        check="specials", key=f"data.{split}", location=double_bos.locations[0],
-        message=(f"{double_bos.count} pre-tokenized row(s) of data.{split} start with two bos tokens ({bos} {bos}): "
-                 f"{_first(double_bos)}. Fix: re-tokenize data.{split} without adding bos twice (bos once, or "
-                 "add_special_tokens=False when a chat template renders it)."),
-    )]
+    return [
+        Problem(
+            check="specials",
+            key=f"data.{split}",
+            location=double_bos.locations[0],
+            message=(
+                f"{double_bos.count} pre-tokenized row(s) of data.{split} start with two bos tokens ({bos} {bos}): "
+                f"{_first(double_bos)}. Fix: re-tokenize data.{split} without adding bos twice (bos once, or "
+                "add_special_tokens=False when a chat template renders it)."
+            ),
+        )
+    ]
 
 
 # --- 6. truncation that cuts the final terminator ----------------------------------------------------------------
@@ -128,16 +159,26 @@ def check_terminator_cut(*, split: str, policy: str, fmt: str, cut: Finding) -> 
     if not cut.count or fmt == "text":
         return []
     if policy == "truncate_prompt":
-        fix = ("their completion alone is longer than data.max_seq_len. Fix: data.overlength=drop, or a larger "
-               "data.max_seq_len")
+        fix = (
+            "their completion alone is longer than data.max_seq_len. Fix: data.overlength=drop, or a larger "
+            "data.max_seq_len"
+        )
     else:
-        fix = ("Fix: data.overlength=truncate_prompt (keeps the completion, cuts the prompt from the left), "
-               "data.overlength=drop, or a larger data.max_seq_len")
-    return [Problem(
-        check="truncation", key="data.overlength", location=cut.locations[0],
-        message=(f"data.overlength={policy} cuts the final eos / end-of-turn of {cut.count} data.{split} "
-                 f"sample(s), so the model learns not to stop: {_first(cut)}; {fix}."),
-    )]
+        fix = (
+            "Fix: data.overlength=truncate_prompt (keeps the completion, cuts the prompt from the left), "
+            "data.overlength=drop, or a larger data.max_seq_len"
+        )
+    return [
+        Problem(
+            check="truncation",
+            key="data.overlength",
+            location=cut.locations[0],
+            message=(
+                f"data.overlength={policy} cuts the final eos / end-of-turn of {cut.count} data.{split} "
+                f"sample(s), so the model learns not to stop: {_first(cut)}; {fix}."
+            ),
+        )
+    ]
 
 
 # --- 8. exact duplicates ----------------------------------------------------------------------------------------
@@ -164,8 +205,9 @@ def found_in(hashes: np.ndarray, reference: np.ndarray) -> tuple[np.ndarray, np.
     return hits, order[slot[hits]]
 
 
-def check_duplicates(*, split: str, samples: int, copies: int, examples: Sequence[str], of: str | None,
-                     max_fraction: float) -> list[Problem]:
+def check_duplicates(
+    *, split: str, samples: int, copies: int, examples: Sequence[str], of: str | None, max_fraction: float
+) -> list[Problem]:
     """Exact duplicate samples (same tokens, same targets): within a split (`of` None) or of the train split (`of`
     = "train", for val/test: evaluation on what was trained). Above data.max_duplicate_fraction of the split's
     samples, preflight fails. `examples`: "copy (= original)" locations."""
@@ -177,14 +219,20 @@ def check_duplicates(*, split: str, samples: int, copies: int, examples: Sequenc
     what = f"are exact duplicates of data.{of} samples" if of else "are exact duplicates of another sample"
     listed = ", ".join(examples[:MAX_LISTED]) + (f" and {copies - MAX_LISTED} more" if copies > MAX_LISTED else "")
     allowed = f"{np.ceil(fraction * 1000) / 1000:.3f}".rstrip("0").rstrip(".")
-    fix = (f"remove them from data.{split}" if of else "deduplicate the split") + \
-        f", or data.max_duplicate_fraction={allowed} to accept them"
-    return [Problem(
-        check="duplicates", key="data.max_duplicate_fraction",
-        location=examples[0].split(" ", 1)[0] if examples else None,
-        message=(f"{copies} of {samples} data.{split} samples ({fraction:.2%} > data.max_duplicate_fraction="
-                 f"{max_fraction}) {what} (same tokens and targets): {listed}. Fix: {fix}."),
-    )]
+    fix = (
+        f"remove them from data.{split}" if of else "deduplicate the split"
+    ) + f", or data.max_duplicate_fraction={allowed} to accept them"
+    return [
+        Problem(
+            check="duplicates",
+            key="data.max_duplicate_fraction",
+            location=examples[0].split(" ", 1)[0] if examples else None,
+            message=(
+                f"{copies} of {samples} data.{split} samples ({fraction:.2%} > data.max_duplicate_fraction="
+                f"{max_fraction}) {what} (same tokens and targets): {listed}. Fix: {fix}."
+            ),
+        )
+    ]
 
 
 def duplicate_notes(*, split: str, samples: int, copies: int, of: str | None, max_fraction: float) -> list[str]:
@@ -192,38 +240,49 @@ def duplicate_notes(*, split: str, samples: int, copies: int, of: str | None, ma
     if not copies or not samples or copies / samples > max_fraction:
         return []
     what = f"exact duplicates of data.{of} samples" if of else "exact duplicates of another sample"
-    return [f"{copies} of {samples} data.{split} samples ({copies / samples:.1%}) are {what}, within "
-            f"data.max_duplicate_fraction={max_fraction}."]
+    return [
+        f"{copies} of {samples} data.{split} samples ({copies / samples:.1%}) are {what}, within "
+        f"data.max_duplicate_fraction={max_fraction}."
+    ]
 
 
 def describe_classes(run_ends: Mapping[tuple[int, int], Finding], names: Mapping[int, str]) -> dict[str, int]:
     """Readable (last token -> next token) counts of the target spans, for preflight.json."""
+
     def label(token: int) -> str:
         return {NON_CONTROL: "text", SAMPLE_END: "end"}.get(token, names.get(token, str(token)))
+
     return {f"{label(end)} -> {label(nxt)}": finding.count for (end, nxt), finding in run_ends.items()}
 
 
 # --- 9. the tokens are the text -----------------------------------------------------------------------------------
 
 
-def check_tokens_text(*, split: str, checked: int, samples: int, mismatched: Finding, first_difference: str | None,
-                      tokenizer_key: str) -> list[Problem]:
+def check_tokens_text(
+    *, split: str, checked: int, samples: int, mismatched: Finding, first_difference: str | None, tokenizer_key: str
+) -> list[Problem]:
     """Every checked sample's ids (bos and the appended eos aside) must be its rendered text tokenized whole, or
     decode back to exactly that text: a prompt/completion boundary tokenized apart trains tokens generation never
     sees (a SentencePiece `▁` before every completion). seqtune finds the boundary by character offsets, which a
     fast tokenizer (tokenizer.json) gives; a tokenizer whose boundary cannot be made exact is refused."""
     if not mismatched.count:
         return []
-    return [Problem(
-        check="tokens", key=tokenizer_key, location=mismatched.locations[0],
-        message=(f"{mismatched.count} of {checked} checked data.{split} samples (of {samples}: the first of each "
-                 "source) "
-                 f"are not the tokens of their text: the prompt/completion or turn boundary is tokenized apart "
-                 f"from the text, so training sees tokens that generation never will. {first_difference}. "
-                 f"First: {_first(mismatched)}. Fix: a fast tokenizer ({tokenizer_key} naming a directory with a "
-                 "tokenizer.json, which gives the character offsets the boundary is found by), or data.format=text "
-                 "with each record's whole text."),
-    )]
+    return [
+        Problem(
+            check="tokens",
+            key=tokenizer_key,
+            location=mismatched.locations[0],
+            message=(
+                f"{mismatched.count} of {checked} checked data.{split} samples (of {samples}: the first of each "
+                "source) "
+                f"are not the tokens of their text: the prompt/completion or turn boundary is tokenized apart "
+                f"from the text, so training sees tokens that generation never will. {first_difference}. "
+                f"First: {_first(mismatched)}. Fix: a fast tokenizer ({tokenizer_key} naming a directory with a "
+                "tokenizer.json, which gives the character offsets the boundary is found by), or data.format=text "
+                "with each record's whole text."
+            ),
+        )
+    ]
 
 
 def tokens_text_note(*, split: str, checked: int, samples: int) -> list[str]:

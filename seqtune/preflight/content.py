@@ -33,8 +33,8 @@ from seqtune.preflight.checks import Problem
 from seqtune.preflight.observe import Finding, SplitObservations, observe_split
 from seqtune.preflight.result import ContentStats, PreflightResult
 from seqtune.preflight.samples_html import SAMPLES_HTML, write_html
-from seqtune.tokenizers import templates
 from seqtune.preflight.tokens_text import split_text_proof
+from seqtune.tokenizers import templates
 from seqtune.tokenizers.control import control_tokens, literal_controls, whitespace_ids
 from seqtune.tokenizers.location import resolve_location
 
@@ -49,13 +49,18 @@ def file_checks(cfg: RootConfig, plan: Resolved, tokenizer: Any, hf_config: Any)
     location = resolve_location(cfg.tokenizer, cfg.model)
     source = location.directory / "tokenizer.json"
     truncation, padding = tokenizer_presets(source, tokenizer)
-    problems = model_checks.check_tokenizer_presets(truncation=truncation, padding=padding, source=str(source),
-                                                    key=location.key)
+    problems = model_checks.check_tokenizer_presets(
+        truncation=truncation, padding=padding, source=str(source), key=location.key
+    )
     if cfg.model.path and hf_config is not None:
         bos, eos = config_bos_eos(hf_config)
         problems += model_checks.check_bos_eos_ids(
-            tokenizer_bos=tokenizer.bos_token_id, tokenizer_eos=plan.vocab.eos_id, config_bos=bos, config_eos=eos,
-            source=str(Path(cfg.model.path) / "config.json"))
+            tokenizer_bos=tokenizer.bos_token_id,
+            tokenizer_eos=plan.vocab.eos_id,
+            config_bos=bos,
+            config_eos=eos,
+            source=str(Path(cfg.model.path) / "config.json"),
+        )
     return problems
 
 
@@ -86,46 +91,76 @@ def _tokenizer_key(cfg: RootConfig) -> str:
     return key if key.startswith("tokenizer.") else "tokenizer.path"
 
 
-def content_checks(cfg: RootConfig, plan: Resolved, tokens: Tokens, tokenizer: Any, hf_config: Any,
-                   scans: dict[str, SplitScan], max_seq_len: int, result: PreflightResult) -> list[Problem]:
+def content_checks(
+    cfg: RootConfig,
+    plan: Resolved,
+    tokens: Tokens,
+    tokenizer: Any,
+    hf_config: Any,
+    scans: dict[str, SplitScan],
+    max_seq_len: int,
+    result: PreflightResult,
+) -> list[Problem]:
     """After the scan: every split's labels and text, duplicates within and across splits, stop tokens, untrained
     special rows and the pretraining context. Fills result.splits[name].content and result.notes."""
     fmt = cfg.data.format
     control = control_tokens(tokenizer)
     literal = literal_controls(tokenizer) if fmt != "tokenized" else {}
     spaces = whitespace_ids(tokenizer)
-    seen = {name: observe_split(scan.cache_dir, control=control, literal=literal, bos_id=tokens.bos_id,
-                                scan_text=fmt != "tokenized", space_ids=spaces) for name, scan in scans.items()}
+    seen = {
+        name: observe_split(
+            scan.cache_dir,
+            control=control,
+            literal=literal,
+            bos_id=tokens.bos_id,
+            scan_text=fmt != "tokenized",
+            space_ids=spaces,
+        )
+        for name, scan in scans.items()
+    }
     ends = tokens.terminators
     k = plan.sequences_per_sample
     problems: list[Problem] = []
     train = (scans["train"], sample_hashes(seen["train"].hashes(), k)) if "train" in seen else None
     for name, scan in scans.items():
         observed = seen[name]
-        problems += labels.check_turn_terminators(split=name, templated=tokens.templated,
-                                                  run_ends=observed.run_ends, terminators=ends)
-        problems += labels.check_literal_controls(split=name, per_token=observed.literal_controls,
-                                                  lines=observed.literal_lines)
+        problems += labels.check_turn_terminators(
+            split=name, templated=tokens.templated, run_ends=observed.run_ends, terminators=ends
+        )
+        problems += labels.check_literal_controls(
+            split=name, per_token=observed.literal_controls, lines=observed.literal_lines
+        )
         proof = None
         if fmt != "tokenized":
-            proof = split_text_proof(scan.cache_dir, tokenizer, train_on_prompt=cfg.data.train_on_prompt,
-                                     media_root=cfg.data.media_root)
-            problems += labels.check_tokens_text(split=name, checked=proof.checked, samples=proof.samples,
-                                                 mismatched=proof.mismatched, first_difference=proof.first_difference,
-                                                 tokenizer_key=_tokenizer_key(cfg))
+            proof = split_text_proof(
+                scan.cache_dir, tokenizer, train_on_prompt=cfg.data.train_on_prompt, media_root=cfg.data.media_root
+            )
+            problems += labels.check_tokens_text(
+                split=name,
+                checked=proof.checked,
+                samples=proof.samples,
+                mismatched=proof.mismatched,
+                first_difference=proof.first_difference,
+                tokenizer_key=_tokenizer_key(cfg),
+            )
             if not proof.mismatched.count:
                 result.notes += labels.tokens_text_note(split=name, checked=proof.checked, samples=proof.samples)
         if fmt == "tokenized" and tokens.bos_id is not None:
-            problems += labels.check_double_bos(split=name, double_bos=observed.double_bos,
-                                                bos=control[tokens.bos_id])
+            problems += labels.check_double_bos(split=name, double_bos=observed.double_bos, bos=control[tokens.bos_id])
         cut = terminator_cut(scan, max_seq_len, cfg.data.overlength, ends)
         problems += labels.check_terminator_cut(split=name, policy=cfg.data.overlength, fmt=fmt, cut=cut)
-        duplicates, duplicate_problems = _duplicates(cfg, scan, sample_hashes(observed.hashes(), k), k,
-                                                     train if name != "train" else None)
+        duplicates, duplicate_problems = _duplicates(
+            cfg, scan, sample_hashes(observed.hashes(), k), k, train if name != "train" else None
+        )
         problems += duplicate_problems
         for copies, of in ((duplicates[0], None), (duplicates[1], "train")):
-            result.notes += labels.duplicate_notes(split=name, samples=observed.samples // k, copies=copies or 0,
-                                                   of=of, max_fraction=cfg.data.max_duplicate_fraction)
+            result.notes += labels.duplicate_notes(
+                split=name,
+                samples=observed.samples // k,
+                copies=copies or 0,
+                of=of,
+                max_fraction=cfg.data.max_duplicate_fraction,
+            )
         if name in result.splits:
             result.splits[name].content = stats = _stats(observed, control, ends, cut, duplicates)
             if proof is not None:
@@ -139,8 +174,12 @@ def content_checks(cfg: RootConfig, plan: Resolved, tokens: Tokens, tokenizer: A
         return problems
     original, rope_type, factor = rope_facts(hf_config)
     rope_problems, notes = model_checks.check_rope_context(
-        max_seq_len=max_seq_len, context_length=plan.context_length, original=original, rope_type=rope_type,
-        factor=factor)
+        max_seq_len=max_seq_len,
+        context_length=plan.context_length,
+        original=original,
+        rope_type=rope_type,
+        factor=factor,
+    )
     result.notes += notes
     return problems + rope_problems
 
@@ -178,46 +217,80 @@ def sample_hashes(hashes: np.ndarray, k: int) -> np.ndarray:
     return combined
 
 
-def _duplicates(cfg: RootConfig, scan: SplitScan, hashes: np.ndarray, k: int,
-                train: tuple[SplitScan, np.ndarray] | None) -> tuple[tuple[int, int | None], list[Problem]]:
+def _duplicates(
+    cfg: RootConfig, scan: SplitScan, hashes: np.ndarray, k: int, train: tuple[SplitScan, np.ndarray] | None
+) -> tuple[tuple[int, int | None], list[Problem]]:
     """Exact copies within the split and, for val/test, of train samples: ((within, of train), problems).
     `hashes`: one per sample; sample i's location is its first sequence's."""
     cache = scan.cache()
     copies, originals = labels.duplicate_copies(hashes)
-    examples = [f"{cache.location(int(c) * k)} (= line {cache.location(int(o) * k).rsplit(':', 1)[1]})"
-                for c, o in zip(copies[: labels.MAX_LISTED], originals[: labels.MAX_LISTED])]
-    problems = labels.check_duplicates(split=scan.name, samples=len(hashes), copies=len(copies), examples=examples,
-                                       of=None, max_fraction=cfg.data.max_duplicate_fraction)
+    examples = [
+        f"{cache.location(int(c) * k)} (= line {cache.location(int(o) * k).rsplit(':', 1)[1]})"
+        for c, o in zip(copies[: labels.MAX_LISTED], originals[: labels.MAX_LISTED], strict=True)
+    ]
+    problems = labels.check_duplicates(
+        split=scan.name,
+        samples=len(hashes),
+        copies=len(copies),
+        examples=examples,
+        of=None,
+        max_fraction=cfg.data.max_duplicate_fraction,
+    )
     if train is None:
         return (len(copies), None), problems
     train_scan, train_hashes = train
     hits, train_index = labels.found_in(hashes, train_hashes)
     train_cache = train_scan.cache()
-    examples = [f"{cache.location(int(h) * k)} (= {train_cache.location(int(t) * k)})"
-                for h, t in zip(hits[: labels.MAX_LISTED], train_index[: labels.MAX_LISTED])]
-    problems += labels.check_duplicates(split=scan.name, samples=len(hashes), copies=len(hits), examples=examples,
-                                        of="train", max_fraction=cfg.data.max_duplicate_fraction)
+    examples = [
+        f"{cache.location(int(h) * k)} (= {train_cache.location(int(t) * k)})"
+        for h, t in zip(hits[: labels.MAX_LISTED], train_index[: labels.MAX_LISTED], strict=True)
+    ]
+    problems += labels.check_duplicates(
+        split=scan.name,
+        samples=len(hashes),
+        copies=len(hits),
+        examples=examples,
+        of="train",
+        max_fraction=cfg.data.max_duplicate_fraction,
+    )
     return (len(copies), len(hits)), problems
 
 
-def _stats(observed: SplitObservations, control: dict[int, str], ends: dict[int, str], cut: Finding,
-           duplicates: tuple[int, int | None]) -> ContentStats:
+def _stats(
+    observed: SplitObservations,
+    control: dict[int, str],
+    ends: dict[int, str],
+    cut: Finding,
+    duplicates: tuple[int, int | None],
+) -> ContentStats:
     masked, unterminated = labels.classify_spans(observed.run_ends, ends)
     used = set(observed.control_inputs) | set(observed.control_targets)
     return ContentStats(
-        target_spans=observed.turns, span_ends=labels.describe_classes(observed.run_ends, control),
-        trained_terminators={ends[t]: n for t, n in labels.trained_terminators(observed.control_targets,
-                                                                               ends).items()},
-        masked_terminators=sum(f.count for f in masked.values()), unterminated_spans=unterminated.count,
-        special_tokens={control[t]: {"inputs": observed.control_inputs.get(t, 0),
-                                     "targets": observed.control_targets.get(t, 0)} for t in sorted(used)},
-        literal_special_lines=observed.literal_lines.count, double_bos=observed.double_bos.count,
-        terminator_cut=cut.count, duplicates=duplicates[0], duplicates_of_train=duplicates[1],
+        target_spans=observed.turns,
+        span_ends=labels.describe_classes(observed.run_ends, control),
+        trained_terminators={ends[t]: n for t, n in labels.trained_terminators(observed.control_targets, ends).items()},
+        masked_terminators=sum(f.count for f in masked.values()),
+        unterminated_spans=unterminated.count,
+        special_tokens={
+            control[t]: {"inputs": observed.control_inputs.get(t, 0), "targets": observed.control_targets.get(t, 0)}
+            for t in sorted(used)
+        },
+        literal_special_lines=observed.literal_lines.count,
+        double_bos=observed.double_bos.count,
+        terminator_cut=cut.count,
+        duplicates=duplicates[0],
+        duplicates_of_train=duplicates[1],
     )
 
 
-def _checkpoint_checks(cfg: RootConfig, plan: Resolved, hf_config: Any, train: SplitObservations,
-                       control: dict[int, str], ends: dict[int, str]) -> list[Problem]:
+def _checkpoint_checks(
+    cfg: RootConfig,
+    plan: Resolved,
+    hf_config: Any,
+    train: SplitObservations,
+    control: dict[int, str],
+    ends: dict[int, str],
+) -> list[Problem]:
     """With a local checkpoint: the trained terminators stop generation, and the special rows the data uses were
     trained (or train now)."""
     if not cfg.model.path:
@@ -227,15 +300,26 @@ def _checkpoint_checks(cfg: RootConfig, plan: Resolved, hf_config: Any, train: S
     problems = model_checks.check_stop_tokens(trained=trained, names=control, stop_ids=stop_ids, source=source)
     tied = plan.tied_embeddings
     inputs, targets = sorted(train.control_inputs), sorted(train.control_targets)
-    rows = read_token_rows(Path(cfg.model.path), {"embedding": sorted(set(inputs) | set(targets) if tied else inputs),
-                                                  "head": targets},
-                           _reference_ids(plan.vocab.embedding_rows, control))
+    rows = read_token_rows(
+        Path(cfg.model.path),
+        {"embedding": sorted(set(inputs) | set(targets) if tied else inputs), "head": targets},
+        _reference_ids(plan.vocab.embedding_rows, control),
+    )
     embedding_trained, head_trained = _rows_trained(cfg, plan)
-    matrices = [model_checks.MatrixRows(module=module, tensor=rows[matrix].tensor, use=use, trained=trained_now,
-                                        found=model_checks.untrained_rows(rows[matrix].rows, rows[matrix].reference))
-                for matrix, module, use, trained_now in (
-                    ("embedding", "embed_tokens", "inputs" + (" or targets" if tied else ""), embedding_trained),
-                    ("head", "lm_head", "targets", head_trained)) if matrix in rows]
+    matrices = [
+        model_checks.MatrixRows(
+            module=module,
+            tensor=rows[matrix].tensor,
+            use=use,
+            trained=trained_now,
+            found=model_checks.untrained_rows(rows[matrix].rows, rows[matrix].reference),
+        )
+        for matrix, module, use, trained_now in (
+            ("embedding", "embed_tokens", "inputs" + (" or targets" if tied else ""), embedding_trained),
+            ("head", "lm_head", "targets", head_trained),
+        )
+        if matrix in rows
+    ]
     problems += model_checks.check_untrained_rows(matrices=matrices, names=control, source=cfg.model.path)
     return problems
 
@@ -256,20 +340,37 @@ def _rows_trained(cfg: RootConfig, plan: Resolved) -> tuple[bool, bool]:
     return embedding, head
 
 
-def show_samples(cfg: RootConfig, plan: Resolved, tokens: Tokens, tokenizer: Any, scans: dict[str, SplitScan],
-                 max_seq_len: int, run_dir: Path) -> list[samples.ShownSample]:
+def show_samples(
+    cfg: RootConfig,
+    plan: Resolved,
+    tokens: Tokens,
+    tokenizer: Any,
+    scans: dict[str, SplitScan],
+    max_seq_len: int,
+    run_dir: Path,
+) -> list[samples.ShownSample]:
     """preflight.show: write samples.html and samples.json into the run directory and print one sample."""
     control = control_tokens(tokenizer)
     eos = tokens.eos_id
-    kinds = samples.TokenKinds(bos=tokens.bos_id, eos=eos, eot=frozenset(set(tokens.terminators) - {eos}),
-                               control=frozenset(control))
-    shown = samples.collect(scans, max_seq_len=max_seq_len, policy=cfg.data.overlength, show=cfg.preflight.show,
-                            seed=cfg.train.seed, tokenizer=tokenizer, kinds=kinds,
-                            members=MEMBERS[SampleKind(plan.sample_kind)])
+    kinds = samples.TokenKinds(
+        bos=tokens.bos_id, eos=eos, eot=frozenset(set(tokens.terminators) - {eos}), control=frozenset(control)
+    )
+    shown = samples.collect(
+        scans,
+        max_seq_len=max_seq_len,
+        policy=cfg.data.overlength,
+        show=cfg.preflight.show,
+        seed=cfg.train.seed,
+        tokenizer=tokenizer,
+        kinds=kinds,
+        members=MEMBERS[SampleKind(plan.sample_kind)],
+    )
     samples.write_json(shown, run_dir / samples.SAMPLES_JSON)
-    summary = (f"{run_dir} · model.family={cfg.model.family} · data.format={cfg.data.format} · "
-               f"max_seq_len={max_seq_len} · data.overlength={cfg.data.overlength} · "
-               f"preflight.show={cfg.preflight.show} random sample(s) per split, plus the longest and a truncated one")
+    summary = (
+        f"{run_dir} · model.family={cfg.model.family} · data.format={cfg.data.format} · "
+        f"max_seq_len={max_seq_len} · data.overlength={cfg.data.overlength} · "
+        f"preflight.show={cfg.preflight.show} random sample(s) per split, plus the longest and a truncated one"
+    )
     write_html(shown, run_dir / SAMPLES_HTML, title="seqtune: what the model will be trained on", summary=summary)
     samples.print_sample(shown)
     return shown

@@ -75,8 +75,15 @@ class SplitObservations:
         return sum(finding.count for finding in self.run_ends.values())
 
 
-def observe_split(cache_dir: Path, *, control: Mapping[int, str], literal: Mapping[str, int], bos_id: int | None,
-                  scan_text: bool, space_ids: Collection[int] = ()) -> SplitObservations:
+def observe_split(
+    cache_dir: Path,
+    *,
+    control: Mapping[int, str],
+    literal: Mapping[str, int],
+    bos_id: int | None,
+    scan_text: bool,
+    space_ids: Collection[int] = (),
+) -> SplitObservations:
     """The split's observations, read from beside its cache or computed once and stored there. `scan_text`: the
     data files hold text (every format but tokenized)."""
     cache_dir = Path(cache_dir)
@@ -90,13 +97,15 @@ def observe_split(cache_dir: Path, *, control: Mapping[int, str], literal: Mappi
     if scan_text:
         # Only the records the scan read (stream mode scans a sample of the train split).
         observed.literal_controls, observed.literal_lines = scan_literal_controls(
-            from_meta("split", cache.meta), literal, max_lines=int(cache.meta["records"]))
+            from_meta("split", cache.meta), literal, max_lines=int(cache.meta["records"])
+        )
     _store(observed, hashes, cache_dir)
     return observed
 
 
-def _observe_tokens(cache: TokenCache, control: Mapping[int, str], bos_id: int | None, space_ids: Collection[int]
-                    ) -> tuple[SplitObservations, np.ndarray]:
+def _observe_tokens(
+    cache: TokenCache, control: Mapping[int, str], bos_id: int | None, space_ids: Collection[int]
+) -> tuple[SplitObservations, np.ndarray]:
     offsets, tokens, target = cache.flat("offsets"), cache.flat("tokens"), cache.flat("target")
     n = len(cache)
     size = max(max(control, default=0), max(space_ids, default=0), int(cache.max_token_id), 0) + 1
@@ -128,15 +137,28 @@ def _observe_tokens(cache: TokenCache, control: Mapping[int, str], bos_id: int |
         hashes[a:b] = _hash_samples(ids, tgt, starts, lens, table)
         a = b
     observed = SplitObservations(
-        samples=n, run_ends=run_ends, double_bos=double_bos, literal_controls={}, literal_lines=Finding(),
+        samples=n,
+        run_ends=run_ends,
+        double_bos=double_bos,
+        literal_controls={},
+        literal_lines=Finding(),
         control_inputs={int(i): int(inputs[i]) for i in np.flatnonzero(inputs)},
         control_targets={int(i): int(targets[i]) for i in np.flatnonzero(targets)},
     )
     return observed, hashes
 
 
-def _runs(ids: np.ndarray, tgt: np.ndarray, starts: np.ndarray, lens: np.ndarray, is_control: np.ndarray,
-          is_space: np.ndarray, cache: TokenCache, first_sample: int, run_ends: dict[tuple[int, int], Finding]) -> None:
+def _runs(
+    ids: np.ndarray,
+    tgt: np.ndarray,
+    starts: np.ndarray,
+    lens: np.ndarray,
+    is_control: np.ndarray,
+    is_space: np.ndarray,
+    cache: TokenCache,
+    first_sample: int,
+    run_ends: dict[tuple[int, int], Finding],
+) -> None:
     """Count the (last token, next token) classes of every maximal run of targets, within each sample."""
     is_last = np.zeros(len(ids), bool)
     is_last[starts + lens - 1] = True
@@ -161,7 +183,7 @@ def _runs(ids: np.ndarray, tgt: np.ndarray, starts: np.ndarray, lens: np.ndarray
     unique, inverse, counts = np.unique(pairs, axis=0, return_inverse=True, return_counts=True)
     # Runs grouped by class, in sample order within each group: the first few of each are its locations.
     grouped = np.split(sample[np.argsort(inverse.ravel(), kind="stable")], np.cumsum(counts)[:-1])
-    for (end, nxt), count, samples in zip(unique.tolist(), counts.tolist(), grouped):
+    for (end, nxt), count, samples in zip(unique.tolist(), counts.tolist(), grouped, strict=True):
         first = dict.fromkeys(samples[: MAX_LOCATIONS * 4].tolist())
         finding = run_ends.setdefault((end, nxt), Finding())
         finding.add(count, [cache.location(i) for i in list(first)[:MAX_LOCATIONS]])
@@ -171,8 +193,9 @@ def _position_table(longest: int) -> np.ndarray:
     return np.random.default_rng(_POSITION_SEED).integers(0, 2**63, size=max(longest, 1), dtype=np.uint64)
 
 
-def _hash_samples(ids: np.ndarray, tgt: np.ndarray, starts: np.ndarray, lens: np.ndarray,
-                  table: np.ndarray) -> np.ndarray:
+def _hash_samples(
+    ids: np.ndarray, tgt: np.ndarray, starts: np.ndarray, lens: np.ndarray, table: np.ndarray
+) -> np.ndarray:
     """A 64-bit hash per sample of its token ids and target mask, order-sensitive, all in numpy."""
     if not len(lens):
         return np.empty(0, np.uint64)
@@ -208,8 +231,10 @@ def _trie_regex(words: list[bytes]) -> bytes:
         node[None] = True  # a word ends here
 
     def build(node: dict) -> bytes:
-        branches = [re.escape(bytes([byte])) + build(child)
-                    for byte, child in sorted((k, v) for k, v in node.items() if k is not None)]
+        branches = [
+            re.escape(bytes([byte])) + build(child)
+            for byte, child in sorted((k, v) for k, v in node.items() if k is not None)
+        ]
         if not branches:
             return b""
         body = branches[0] if len(branches) == 1 else b"(?:" + b"|".join(branches) + b")"
@@ -219,8 +244,9 @@ def _trie_regex(words: list[bytes]) -> bytes:
     return build(root)
 
 
-def scan_literal_controls(split: SplitInput, literal: Mapping[str, int], *, max_lines: int = 0
-                          ) -> tuple[dict[str, Finding], Finding]:
+def scan_literal_controls(
+    split: SplitInput, literal: Mapping[str, int], *, max_lines: int = 0
+) -> tuple[dict[str, Finding], Finding]:
     """Records of `split` (the first `max_lines`, 0 = all) whose text holds a control token's string, per token
     and in all (a columnar row is searched as its JSON)."""
     pattern, forms = literal_pattern(literal)
@@ -231,8 +257,11 @@ def scan_literal_controls(split: SplitInput, literal: Mapping[str, int], *, max_
     for read, record in enumerate(split.records(), start=1):
         if max_lines and read > max_lines:
             break
-        raw = record.payload if isinstance(record.payload, bytes) else json.dumps(
-            record.payload, ensure_ascii=False, default=str).encode("utf-8")
+        raw = (
+            record.payload
+            if isinstance(record.payload, bytes)
+            else json.dumps(record.payload, ensure_ascii=False, default=str).encode("utf-8")
+        )
         found = pattern.findall(raw)
         if not found:
             continue
@@ -263,13 +292,15 @@ def _load(path: Path, hash_file: Path) -> SplitObservations | None:
         body = json.loads(path.read_text())
         observed = SplitObservations(
             samples=body["samples"],
-            run_ends={(r["end"], r["next"]): Finding(count=r["count"], locations=r["locations"])
-                      for r in body["run_ends"]},
+            run_ends={
+                (r["end"], r["next"]): Finding(count=r["count"], locations=r["locations"]) for r in body["run_ends"]
+            },
             control_inputs={int(k): v for k, v in body["control_inputs"].items()},
             control_targets={int(k): v for k, v in body["control_targets"].items()},
             double_bos=Finding(**body["double_bos"]),
             literal_controls={k: Finding(**v) for k, v in body["literal_controls"].items()},
-            literal_lines=Finding(**body["literal_lines"]), hash_file=hash_file,
+            literal_lines=Finding(**body["literal_lines"]),
+            hash_file=hash_file,
         )
         intact = hash_file.stat().st_size == observed.samples * np.dtype(np.uint64).itemsize
     except (OSError, ValueError, KeyError, TypeError):

@@ -15,12 +15,12 @@ from seqtune.config.plan import Resolved, Tokens
 from seqtune.config.schema import DataMode, Overlength, RootConfig, Tail
 from seqtune.config.tracker import KEY_VARIABLE, key_problem
 from seqtune.data.batching import BatchRule
+from seqtune.data.overlength import TRUNCATING
+from seqtune.export.gguf import gguf_refusal_for
 from seqtune.models.attention import AttentionEnv, attn_backend_problems
 from seqtune.models.checkpoint_check import checkpoint_faults
 from seqtune.models.kernels import kernels_problems
 from seqtune.models.spec import lora_module_names, spec_for
-from seqtune.data.overlength import TRUNCATING
-from seqtune.export.gguf import gguf_refusal_for
 from seqtune.preflight import checks
 from seqtune.preflight import checks_model as model_checks
 from seqtune.preflight.checks import Problem
@@ -32,47 +32,73 @@ if TYPE_CHECKING:
 
 GIB = 2**30
 # What each over-length policy does to a long sample, as the note says it.
-OVERLENGTH_ACTIONS = {"truncate": "truncated", "truncate_prompt": "cut from the left of their prompt",
-                      "drop": "dropped"}
+OVERLENGTH_ACTIONS = {
+    "truncate": "truncated",
+    "truncate_prompt": "cut from the left of their prompt",
+    "drop": "dropped",
+}
 
 
 def fast_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
     """The checks that need no data and no heavy library (plain values of the plan): they print within a second."""
     vocab, spec = plan.vocab, spec_for(cfg.model)
-    problems = checks.check_vocab_size(tokenizer_size=vocab.tokenizer_size, embedding_rows=vocab.embedding_rows,
-                                       output_rows=vocab.output_rows, resize_embeddings=vocab.resize_to is not None,
-                                       special_ids=vocab.special_ids)
+    problems = checks.check_vocab_size(
+        tokenizer_size=vocab.tokenizer_size,
+        embedding_rows=vocab.embedding_rows,
+        output_rows=vocab.output_rows,
+        resize_embeddings=vocab.resize_to is not None,
+        special_ids=vocab.special_ids,
+    )
     if not problems:  # else the special tokens without a row are part of that one problem
         problems += checks.check_special_token_ids(special_ids=vocab.special_ids, vocab_rows=vocab.rows)
     if cfg.data.max_seq_len != "auto":
-        problems += checks.check_context_length(max_seq_len=int(cfg.data.max_seq_len),
-                                                context_length=plan.context_length, auto=False)
-    problems += checks.check_lora_targets(targets=plan.lora_targets,
-                                          module_names=lora_module_names(spec, plan.num_layers),
-                                          defaults=spec.lora_targets)
-    env = AttentionEnv(device_type=plan.device_type, compute_dtype=plan.compute_dtype,
-                       sliding_window=plan.sliding_window, dropout_or_softcap=plan.attention_dropout_or_softcap)
+        problems += checks.check_context_length(
+            max_seq_len=int(cfg.data.max_seq_len), context_length=plan.context_length, auto=False
+        )
+    problems += checks.check_lora_targets(
+        targets=plan.lora_targets, module_names=lora_module_names(spec, plan.num_layers), defaults=spec.lora_targets
+    )
+    env = AttentionEnv(
+        device_type=plan.device_type,
+        compute_dtype=plan.compute_dtype,
+        sliding_window=plan.sliding_window,
+        dropout_or_softcap=plan.attention_dropout_or_softcap,
+    )
     problems += checks.check_backend(
-        load_in_4bit=cfg.model.load_in_4bit, device=cfg.train.device, cuda_available=plan.cuda_available,
+        load_in_4bit=cfg.model.load_in_4bit,
+        device=cfg.train.device,
+        cuda_available=plan.cuda_available,
         bitsandbytes_installed=_installed("bitsandbytes"),
         attention_problems=attn_backend_problems(cfg.model.attn_implementation, env),
-        kernels_problems=kernels_problems(cfg.model.kernels, device_type=plan.device_type,
-                                          model_type=plan.model_type),
+        kernels_problems=kernels_problems(cfg.model.kernels, device_type=plan.device_type, model_type=plan.model_type),
     )
     if not plan.attn_reason.startswith(CANNOT_RUN):
-        problems += checks.check_packed_attention(strategy=cfg.padding.strategy,
-                                                  attn_implementation=plan.attn_implementation)
-    problems += checks.check_precision(family=spec.family, compute_dtype=plan.compute_dtype,
-                                       refused_dtypes=spec.refused_dtypes, loss_scaling=plan.loss_scaling,
-                                       sharded=plan.sharded)
+        problems += checks.check_packed_attention(
+            strategy=cfg.padding.strategy, attn_implementation=plan.attn_implementation
+        )
+    problems += checks.check_precision(
+        family=spec.family,
+        compute_dtype=plan.compute_dtype,
+        refused_dtypes=spec.refused_dtypes,
+        loss_scaling=plan.loss_scaling,
+        sharded=plan.sharded,
+    )
     problems += checks.check_export(export_merged=cfg.train.export_merged, sharded=plan.sharded)
-    problems += checks.check_reference_model(sample_kind=plan.sample_kind, lora=cfg.lora.enabled,
-                                             sharded=plan.sharded, needs_reference=cfg.dpo.needs_reference)
-    problems += checks.check_gguf_export(export_gguf=cfg.train.export_gguf, lora=cfg.lora.enabled,
-                                         sharded=plan.sharded, refusal=gguf_refusal_for(
-                                             plan.model_type, cfg.model.path) if cfg.train.export_gguf else None)
-    problems += checks.check_early_stopping(early_stop=cfg.train.early_stop_patience > 0, lora=cfg.lora.enabled,
-                                            sharded=plan.sharded)
+    problems += checks.check_reference_model(
+        sample_kind=plan.sample_kind,
+        lora=cfg.lora.enabled,
+        sharded=plan.sharded,
+        needs_reference=cfg.dpo.needs_reference,
+    )
+    problems += checks.check_gguf_export(
+        export_gguf=cfg.train.export_gguf,
+        lora=cfg.lora.enabled,
+        sharded=plan.sharded,
+        refusal=gguf_refusal_for(plan.model_type, cfg.model.path) if cfg.train.export_gguf else None,
+    )
+    problems += checks.check_early_stopping(
+        early_stop=cfg.train.early_stop_patience > 0, lora=cfg.lora.enabled, sharded=plan.sharded
+    )
     bad_key = key_problem(cfg.logger, os.environ)  # a tracker that cannot start online is found before training
     problems += [Problem(check="logger", key=KEY_VARIABLE, message=bad_key)] if bad_key else []
     return problems
@@ -96,8 +122,10 @@ def runtime_phase(cfg: RootConfig, plan: Resolved) -> tuple[Any, Any, Tokens, li
     loaded = tokenizer_facts(tokenizer, eot_token=spec.eot_token)
     resolved = (plan.vocab.tokenizer_size, plan.vocab.special_ids, plan.vocab.pad_id, plan.vocab.eos_id)
     if (loaded.size, loaded.special_ids, loaded.pad_id, loaded.eos_id) != resolved:
-        raise RuntimeError(f"seqtune bug: the tokenizer facts read without transformers ({resolved}) differ from "
-                           f"the loaded tokenizer's ({loaded}); please report it with the tokenizer directory.")
+        raise RuntimeError(
+            f"seqtune bug: the tokenizer facts read without transformers ({resolved}) differ from "
+            f"the loaded tokenizer's ({loaded}); please report it with the tokenizer directory."
+        )
     try:
         hf_config = load_model_config(cfg.model)
     except SeqtuneError as err:  # e.g. an architecture field that contradicts the checkpoint
@@ -122,8 +150,9 @@ def resolve_lengths(cfg: RootConfig, plan: Resolved, scans: dict) -> tuple[int, 
     max_seq_len = checks.resolve_max_seq_len(cfg.data.max_seq_len, longest)
     if not auto:  # an explicit value was checked against the context before the scan
         return max_seq_len, [], []
-    problems = checks.check_context_length(max_seq_len=max_seq_len, context_length=plan.context_length,
-                                           auto=True, longest_location=location)
+    problems = checks.check_context_length(
+        max_seq_len=max_seq_len, context_length=plan.context_length, auto=True, longest_location=location
+    )
     lengths = np.concatenate([scan.lengths for scan in scans.values()]) if scans else np.empty(0, np.int32)
     notes = checks.auto_length_notes(lengths=lengths, max_seq_len=max_seq_len, longest_location=location)
     return max_seq_len, problems, notes
@@ -145,26 +174,51 @@ class _Locations:
 def split_checks(cfg: RootConfig, plan: Resolved, scan, max_seq_len: int) -> list[Problem]:
     """Integrity, produced token ids, length limit and labels of one split."""
     # A split with no usable record is one problem (check_split_not_empty), not first a data.max_bad_fraction one.
-    problems = [] if scan.records and not scan.samples else checks.check_bad_lines(
-        split=scan.name, rejects=scan.rejects, total_lines=scan.records, max_bad_fraction=cfg.data.max_bad_fraction)
+    problems = (
+        []
+        if scan.records and not scan.samples
+        else checks.check_bad_lines(
+            split=scan.name, rejects=scan.rejects, total_lines=scan.records, max_bad_fraction=cfg.data.max_bad_fraction
+        )
+    )
     if not problems:
-        view = training_view(scan, max_seq_len, Overlength.drop if cfg.data.overlength == Overlength.drop
-                             else Overlength.truncate, plan.sequences_per_sample)
+        view = training_view(
+            scan,
+            max_seq_len,
+            Overlength.drop if cfg.data.overlength == Overlength.drop else Overlength.truncate,
+            plan.sequences_per_sample,
+        )
         problems += checks.check_split_not_empty(
-            split=scan.name, files=scan.files, records=scan.records, samples=scan.samples,
-            kept=len(view) if view is not None else 0, reject_counts=scan.reject_counts,
-            first_reject=scan.rejects[0] if scan.rejects else None, overlength=cfg.data.overlength,
-            rejects=scan.rejects)
+            split=scan.name,
+            files=scan.files,
+            records=scan.records,
+            samples=scan.samples,
+            kept=len(view) if view is not None else 0,
+            reject_counts=scan.reject_counts,
+            first_reject=scan.rejects[0] if scan.rejects else None,
+            overlength=cfg.data.overlength,
+            rejects=scan.rejects,
+        )
     if scan.samples and not _explained_by_vocab_size(cfg, plan, scan):
         problems += checks.check_max_token_id(
-            split=scan.name, max_token_id=scan.max_token_id, location=scan.max_token_location,
-            vocab_rows=plan.vocab.rows, pretokenized=cfg.data.format == "tokenized")
-    problems += checks.check_overlength(split=scan.name, lengths=scan.lengths, locations=_Locations(scan),
-                                        max_seq_len=max_seq_len, policy=cfg.data.overlength)
+            split=scan.name,
+            max_token_id=scan.max_token_id,
+            location=scan.max_token_location,
+            vocab_rows=plan.vocab.rows,
+            pretokenized=cfg.data.format == "tokenized",
+        )
+    problems += checks.check_overlength(
+        split=scan.name,
+        lengths=scan.lengths,
+        locations=_Locations(scan),
+        max_seq_len=max_seq_len,
+        policy=cfg.data.overlength,
+    )
     # Nothing drops samples that train only their eos, so they are a problem (an empty completion is a data bug).
     # (Samples that data.overlength=truncate leaves with no target are dropped in both modes: see split_stats.)
-    problems += checks.check_trainable_tokens(split=scan.name, zero_target=scan.zero_target_samples,
-                                              locations=_zero_target_locations(scan), dropped=False)
+    problems += checks.check_trainable_tokens(
+        split=scan.name, zero_target=scan.zero_target_samples, locations=_zero_target_locations(scan), dropped=False
+    )
     return problems
 
 
@@ -195,19 +249,28 @@ def split_stats(cfg: RootConfig, scan, view, max_seq_len: int) -> tuple[SplitSta
     stats = checks.length_stats(scan.lengths, max_seq_len)
     over = stats.pop("over_limit")
     policy = cfg.data.overlength
-    notes = checks.prepadded_notes(split=scan.name, count=scan.padded_inputs, locations=scan.padded_locations,
-                                   strategy=cfg.padding.strategy)
+    notes = checks.prepadded_notes(
+        split=scan.name, count=scan.padded_inputs, locations=scan.padded_locations, strategy=cfg.padding.strategy
+    )
     cut = len(view.cut) if view is not None else 0
     if over and policy != Overlength.error:
-        notes.append(f"data.overlength={policy}: {over} {scan.name} sample(s) longer than {max_seq_len} tokens "
-                     f"will be {OVERLENGTH_ACTIONS[policy]}"
-                     f"{f'; {cut} of them keep no target after truncation and are dropped' if cut else ''}"
-                     f"{f' (first: {view.cut[0]})' if cut else ''}.")
+        notes.append(
+            f"data.overlength={policy}: {over} {scan.name} sample(s) longer than {max_seq_len} tokens "
+            f"will be {OVERLENGTH_ACTIONS[policy]}"
+            f"{f'; {cut} of them keep no target after truncation and are dropped' if cut else ''}"
+            f"{f' (first: {view.cut[0]})' if cut else ''}."
+        )
     split = SplitStats(
-        records=scan.records, rejected=scan.num_rejects, lengths=stats, over_limit=over,
-        trainable_fraction=round(scan.trainable_fraction, 4), zero_target=scan.zero_target_samples,
-        reject_reasons=dict(scan.reject_counts), truncated=over - cut if policy in TRUNCATING else 0,
-        dropped=over if policy == Overlength.drop else cut, prepadded=scan.padded_inputs,
+        records=scan.records,
+        rejected=scan.num_rejects,
+        lengths=stats,
+        over_limit=over,
+        trainable_fraction=round(scan.trainable_fraction, 4),
+        zero_target=scan.zero_target_samples,
+        reject_reasons=dict(scan.reject_counts),
+        truncated=over - cut if policy in TRUNCATING else 0,
+        dropped=over if policy == Overlength.drop else cut,
+        prepadded=scan.padded_inputs,
     )
     return split, notes
 
@@ -217,14 +280,28 @@ def source_stats(cfg: RootConfig, scan, view) -> list[SourceStats]:
     epoch uses (the train split's weights; seqtune.data.mix)."""
     from seqtune.data.loader import train_mix
 
-    kept = np.bincount(view.cache.sample_sources()[view.indices], minlength=len(scan.sources)).tolist() \
-        if view is not None else [0] * len(scan.sources)
+    kept = (
+        np.bincount(view.cache.sample_sources()[view.indices], minlength=len(scan.sources)).tolist()
+        if view is not None
+        else [0] * len(scan.sources)
+    )
     mix = train_mix(cfg, view) if scan.name == "train" and view is not None else None
     weights = mix.weights if mix is not None else (1.0,) * len(scan.sources)
     used = mix.used() if mix is not None else kept
-    return [SourceStats(key=source.key, format=source.format, files=source.files, records=source.records,
-                        rejected=source.rejected, samples=source.samples, kept=k, weight=w, used_per_epoch=u)
-            for source, k, w, u in zip(scan.sources, kept, weights, used)]
+    return [
+        SourceStats(
+            key=source.key,
+            format=source.format,
+            files=source.files,
+            records=source.records,
+            rejected=source.rejected,
+            samples=source.samples,
+            kept=k,
+            weight=w,
+            used_per_epoch=u,
+        )
+        for source, k, w, u in zip(scan.sources, kept, weights, used, strict=True)
+    ]
 
 
 def training_view(scan, max_seq_len: int, policy: Overlength, sequences_per_sample: int):
@@ -234,8 +311,9 @@ def training_view(scan, max_seq_len: int, policy: Overlength, sequences_per_samp
 
     if policy == Overlength.error and len(scan.lengths) and int(scan.lengths.max()) > max_seq_len:
         return None
-    return SplitView(scan.cache(), max_seq_len=max_seq_len, overlength=policy,
-                     sequences_per_sample=sequences_per_sample)
+    return SplitView(
+        scan.cache(), max_seq_len=max_seq_len, overlength=policy, sequences_per_sample=sequences_per_sample
+    )
 
 
 def shape_checks(rule: BatchRule, tokens: Tokens, padding_side: str, views: dict) -> list[Problem]:
@@ -249,8 +327,10 @@ def shape_checks(rule: BatchRule, tokens: Tokens, padding_side: str, views: dict
         if view is None or not len(view):
             continue
         order = np.argsort(view.widths, kind="stable")
-        for label, picked in ((f"longest {name} micro-batch", order[-rule.batch_size:]),
-                              (f"shortest {name} micro-batch", order[:rule.batch_size])):
+        for label, picked in (
+            (f"longest {name} micro-batch", order[-rule.batch_size :]),
+            (f"shortest {name} micro-batch", order[: rule.batch_size]),
+        ):
             samples = [view[int(i)] for i in picked]
             samples += [samples[-1]] * (rule.batch_size - len(samples))  # fillers complete a short split's batch
             try:
@@ -260,13 +340,13 @@ def shape_checks(rule: BatchRule, tokens: Tokens, padding_side: str, views: dict
                 continue
             shapes = {key: tuple(value.shape) for key, value in batch.items()}
             expected = rule.shape(int(view.widths[picked].max()))
-            problems += checks.check_batch_shapes(label=label, shapes=shapes, strategy=rule.strategy,
-                                                  expected=expected)
+            problems += checks.check_batch_shapes(label=label, shapes=shapes, strategy=rule.strategy, expected=expected)
     return problems
 
 
-def plan_phase(cfg: RootConfig, plan: Resolved, rule: BatchRule, views: dict
-               ) -> tuple[PlanStats, float | None, dict[str, Any] | None, list[Problem]]:
+def plan_phase(
+    cfg: RootConfig, plan: Resolved, rule: BatchRule, views: dict
+) -> tuple[PlanStats, float | None, dict[str, Any] | None, list[Problem]]:
     """The distributed plan per split, built by the same DistributedBatchPlan the ranks use, at the plan's world
     size; also the train split's batch-plan identity (what a checkpoint's data position depends on)."""
     from seqtune.data.loader import train_mix
@@ -284,28 +364,47 @@ def plan_phase(cfg: RootConfig, plan: Resolved, rule: BatchRule, views: dict
         drawn = sum(mix.used()) if mix is not None else len(view.lengths)  # what one epoch uses
         # Evaluation must see every sample once, so its tail is padded with masked fillers, never dropped.
         batch_plan = DistributedBatchPlan(
-            view.lengths, widths=view.widths, rule=rule, world_size=world, rank=0, seed=cfg.train.seed,
-            shuffle=cfg.data.shuffle and train, tail=cfg.data.tail if train else Tail.pad,
-            bucket_window=cfg.padding.bucket_window, mix=mix,
+            view.lengths,
+            widths=view.widths,
+            rule=rule,
+            world_size=world,
+            rank=0,
+            seed=cfg.train.seed,
+            shuffle=cfg.data.shuffle and train,
+            tail=cfg.data.tail if train else Tail.pad,
+            bucket_window=cfg.padding.bucket_window,
+            mix=mix,
         )
         summary = batch_plan.summary()
         micro = int(summary["micro_batches_per_rank"])
         steps = micro // cfg.train.grad_accum if train else None
         stats.splits[name] = SplitPlan(
-            samples=drawn, samples_per_rank=list(summary["samples_per_rank"]),
-            tokens_per_rank=list(summary["tokens_per_rank"]), micro_batches_per_rank=micro, steps_per_epoch=steps,
-            dropped_samples=int(summary["dropped_samples"]), filler_samples=int(summary["filler_samples"]))
+            samples=drawn,
+            samples_per_rank=list(summary["samples_per_rank"]),
+            tokens_per_rank=list(summary["tokens_per_rank"]),
+            micro_batches_per_rank=micro,
+            steps_per_epoch=steps,
+            dropped_samples=int(summary["dropped_samples"]),
+            filler_samples=int(summary["filler_samples"]),
+        )
         if train:
             efficiency = round(float(summary["padding_efficiency"]), 4) if micro else None
             identity = batch_plan.identity()
-        problems += checks.check_epoch_steps(split=name, num_items=drawn, micro_batches_per_rank=micro,
-                                             steps_per_epoch=steps, batch_size=cfg.train.batch_size,
-                                             world_size=world, grad_accum=cfg.train.grad_accum)
+        problems += checks.check_epoch_steps(
+            split=name,
+            num_items=drawn,
+            micro_batches_per_rank=micro,
+            steps_per_epoch=steps,
+            batch_size=cfg.train.batch_size,
+            world_size=world,
+            grad_accum=cfg.train.grad_accum,
+        )
     return stats, efficiency, identity, problems
 
 
-def stream_train_plan(cfg: RootConfig, plan: Resolved, rule: BatchRule, split, source_records: list[int]
-                      ) -> tuple[SplitPlan, dict[str, Any], list[Problem]]:
+def stream_train_plan(
+    cfg: RootConfig, plan: Resolved, rule: BatchRule, split, source_records: list[int]
+) -> tuple[SplitPlan, dict[str, Any], list[Problem]]:
     """data.mode=stream: every rank yields the micro-batches a pass over the train split makes (its records, or the
     weighted mix's; the scanned sample says nothing about the whole corpus; per-rank samples and tokens are unknown
     until it is read)."""
@@ -315,15 +414,23 @@ def stream_train_plan(cfg: RootConfig, plan: Resolved, rule: BatchRule, split, s
     world = plan.world.world_size
     workers = max(1, cfg.data.num_workers)
     num_lines = records_per_pass(split, source_records)
-    micro = workers * batches_per_worker(num_lines, batch_size=cfg.train.batch_size, num_shards=world * workers,
-                                         tail=cfg.data.tail)
+    micro = workers * batches_per_worker(
+        num_lines, batch_size=cfg.train.batch_size, num_shards=world * workers, tail=cfg.data.tail
+    )
     steps = micro // cfg.train.grad_accum
-    stream = SplitPlan(samples=num_lines, samples_per_rank=[], tokens_per_rank=[], micro_batches_per_rank=micro,
-                       steps_per_epoch=steps)
+    stream = SplitPlan(
+        samples=num_lines, samples_per_rank=[], tokens_per_rank=[], micro_batches_per_rank=micro, steps_per_epoch=steps
+    )
     identity = stream_identity(cfg, split, source_records, world)
-    problems = checks.check_epoch_steps(split="train", num_items=num_lines, micro_batches_per_rank=micro,
-                                        steps_per_epoch=steps, batch_size=cfg.train.batch_size, world_size=world,
-                                        grad_accum=cfg.train.grad_accum)
+    problems = checks.check_epoch_steps(
+        split="train",
+        num_items=num_lines,
+        micro_batches_per_rank=micro,
+        steps_per_epoch=steps,
+        batch_size=cfg.train.batch_size,
+        world_size=world,
+        grad_accum=cfg.train.grad_accum,
+    )
     why_not = rule.stream_problem()
     if why_not:
         problems.append(Problem(check="padding", key="padding.strategy", message=why_not))
@@ -341,15 +448,30 @@ def memory_inputs(cfg: RootConfig, plan: Resolved, rule: BatchRule, hf_config) -
     # sdpa gets k/v repeated by transformers whenever a mask is built, which packing and padding always do.
     native_gqa = attention == "flash_attention_2" or (attention == "torch_varlen" and kernel_supports_gqa())
     return MemoryInputs(
-        hf_config=hf_config, vocab_rows=rows, weights_dtype=str(cfg.model.dtype), compute_dtype=plan.compute_dtype,
-        lora_enabled=cfg.lora.enabled, lora_rank=cfg.lora.rank, lora_dropout=cfg.lora.dropout,
-        lora_targets=plan.lora_targets, dora=cfg.lora.enabled and cfg.lora.use_dora, modules_to_save=saved,
+        hf_config=hf_config,
+        vocab_rows=rows,
+        weights_dtype=str(cfg.model.dtype),
+        compute_dtype=plan.compute_dtype,
+        lora_enabled=cfg.lora.enabled,
+        lora_rank=cfg.lora.rank,
+        lora_dropout=cfg.lora.dropout,
+        lora_targets=plan.lora_targets,
+        dora=cfg.lora.enabled and cfg.lora.use_dora,
+        modules_to_save=saved,
         new_rows=max(0, rows - plan.vocab.embedding_rows) if "embed_tokens" not in saved else 0,
-        optimizer=str(cfg.optim.name), load_in_4bit=cfg.model.load_in_4bit,
-        gradient_checkpointing=cfg.model.gradient_checkpointing, batch_tokens=rule.worst_case_positions(),
-        seq_len=rule.row_capacity, attention=attention, native_gqa=native_gqa, kernels=plan.kernels or "torch",
-        loss=plan.loss, autocast=plan.autocast_dtype is not None, world_size=plan.world.world_size,
-        sharded=plan.sharded, reference_copy=plan.sample_kind != "sft" and not cfg.lora.enabled,
+        optimizer=str(cfg.optim.name),
+        load_in_4bit=cfg.model.load_in_4bit,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+        batch_tokens=rule.worst_case_positions(),
+        seq_len=rule.row_capacity,
+        attention=attention,
+        native_gqa=native_gqa,
+        kernels=plan.kernels or "torch",
+        loss=plan.loss,
+        autocast=plan.autocast_dtype is not None,
+        world_size=plan.world.world_size,
+        sharded=plan.sharded,
+        reference_copy=plan.sample_kind != "sft" and not cfg.lora.enabled,
     )
 
 
@@ -362,16 +484,21 @@ def memory_phase(cfg: RootConfig, plan: Resolved, rule: BatchRule, hf_config) ->
     estimate = memory_estimate(inputs)
     device = device_memory_gib(cfg.preflight.device_memory_gib, plan.device_type)
     stats = MemoryStats(
-        weights_gib=round(estimate.weights_bytes / GIB, 4), grads_gib=round(estimate.grads_bytes / GIB, 4),
+        weights_gib=round(estimate.weights_bytes / GIB, 4),
+        grads_gib=round(estimate.grads_bytes / GIB, 4),
         optimizer_gib=round(estimate.optimizer_bytes / GIB, 4),
         activations_gib=round(estimate.activations_bytes / GIB, 4),
-        total_gib=round(estimate.total_bytes / GIB, 4), device_gib=device,
+        total_gib=round(estimate.total_bytes / GIB, 4),
+        device_gib=device,
     )
-    breakdown = (f"weights {stats.weights_gib:.1f} + grads {stats.grads_gib:.1f} + optimizer "
-                 f"{stats.optimizer_gib:.1f} + activations {stats.activations_gib:.1f}")
+    breakdown = (
+        f"weights {stats.weights_gib:.1f} + grads {stats.grads_gib:.1f} + optimizer "
+        f"{stats.optimizer_gib:.1f} + activations {stats.activations_gib:.1f}"
+    )
     fits = _what_fits(cfg, inputs, device) if device is not None and stats.total_gib > device else []
-    return stats, checks.check_memory(estimate_gib=stats.total_gib, device_memory_gib=device, breakdown=breakdown,
-                                      fits=fits)
+    return stats, checks.check_memory(
+        estimate_gib=stats.total_gib, device_memory_gib=device, breakdown=breakdown, fits=fits
+    )
 
 
 def _what_fits(cfg: RootConfig, inputs: MemoryInputs, device_gib: float) -> list[str]:
@@ -380,14 +507,20 @@ def _what_fits(cfg: RootConfig, inputs: MemoryInputs, device_gib: float) -> list
 
     batch = cfg.train.batch_size
     candidates: list[tuple[str, dict[str, Any]]] = [
-        ("model.gradient_checkpointing=true", {"gradient_checkpointing": True})]
+        ("model.gradient_checkpointing=true", {"gradient_checkpointing": True})
+    ]
     while batch > 1:
         batch //= 2
         accum = cfg.train.grad_accum * cfg.train.batch_size // batch
-        candidates.append((f"train.batch_size={batch} train.grad_accum={accum}",
-                           {"batch_tokens": batch * inputs.seq_len}))
-    candidates.append((f"data.max_seq_len={inputs.seq_len // 2} (with data.overlength=drop or truncate)",
-                       {"batch_tokens": inputs.batch_tokens // 2, "seq_len": inputs.seq_len // 2}))
+        candidates.append(
+            (f"train.batch_size={batch} train.grad_accum={accum}", {"batch_tokens": batch * inputs.seq_len})
+        )
+    candidates.append(
+        (
+            f"data.max_seq_len={inputs.seq_len // 2} (with data.overlength=drop or truncate)",
+            {"batch_tokens": inputs.batch_tokens // 2, "seq_len": inputs.seq_len // 2},
+        )
+    )
     if inputs.lora_enabled and not inputs.load_in_4bit:
         candidates.append(("model.load_in_4bit=true (QLoRA)", {"load_in_4bit": True}))
     if not inputs.lora_enabled:

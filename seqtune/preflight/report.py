@@ -14,6 +14,7 @@ import numpy as np
 from seqtune.files import atomic_output
 from seqtune.preflight.checks import Problem
 from seqtune.preflight.result import REJECTS_FILE, RUN_DIR_KEY, PreflightResult, SourceStats
+
 PLOT_FILE = "lengths.png"
 # Wide enough for a file:line and a fix on one screen, narrow enough for a terminal.
 MESSAGE_WIDTH = 96
@@ -41,19 +42,27 @@ def print_early_problems(problems: Sequence[Problem], stream: TextIO | None = No
     """Say within seconds what the checks before the scan found; their full text is in the one table printed
     after the scan (so a long scan is not waited out for nothing, and nothing is printed twice)."""
     if problems:
-        print(f"preflight: {len(problems)} problem(s) found before reading any data (the data scan continues; "
-              f"the table after it has the details):\n{headlines(problems)}", file=stream or sys.stdout, flush=True)
+        print(
+            f"preflight: {len(problems)} problem(s) found before reading any data (the data scan continues; "
+            f"the table after it has the details):\n{headlines(problems)}",
+            file=stream or sys.stdout,
+            flush=True,
+        )
 
 
 def format_splits(result: PreflightResult) -> str:
-    header = (f"  {'split':<6} {'records':>8} {'rejected':>8} {'min':>6} {'median':>6} {'p99':>6} {'max':>6} "
-              f"{'>limit':>6} {'trainable':>9}")
+    header = (
+        f"  {'split':<6} {'records':>8} {'rejected':>8} {'min':>6} {'median':>6} {'p99':>6} {'max':>6} "
+        f"{'>limit':>6} {'trainable':>9}"
+    )
     lines = [f"max_seq_len={result.max_seq_len} (model context {result.context_length})", header]
     for name, stats in result.splits.items():
         lengths = stats.lengths
-        lines.append(f"  {name:<6} {stats.records:>8} {stats.rejected:>8} {lengths['min']:>6} "
-                     f"{lengths['median']:>6} {lengths['p99']:>6} {lengths['max']:>6} {stats.over_limit:>6} "
-                     f"{stats.trainable_fraction:>9.1%}")
+        lines.append(
+            f"  {name:<6} {stats.records:>8} {stats.rejected:>8} {lengths['min']:>6} "
+            f"{lengths['median']:>6} {lengths['p99']:>6} {lengths['max']:>6} {stats.over_limit:>6} "
+            f"{stats.trainable_fraction:>9.1%}"
+        )
         if len(stats.sources) > 1 or any(source.weight != 1 for source in stats.sources):
             lines += [_source_row(source, weighted=name == "train") for source in stats.sources]
     if result.validation is not None:
@@ -64,8 +73,10 @@ def format_splits(result: PreflightResult) -> str:
 def _source_row(source: SourceStats, *, weighted: bool) -> str:
     """One source of a split under its row: what was read, rejected and kept, and (train) what an epoch uses."""
     files = f"{source.files} file{'s' if source.files > 1 else ''}"
-    row = f"    {source.key} ({source.format}, {files}): {source.records} records, {source.rejected} rejected, " \
-          f"{source.kept} samples"
+    row = (
+        f"    {source.key} ({source.format}, {files}): {source.records} records, {source.rejected} rejected, "
+        f"{source.kept} samples"
+    )
     return f"{row}, weight {source.weight:g} -> {source.used_per_epoch} per epoch" if weighted else row
 
 
@@ -75,8 +86,10 @@ def format_summary(result: PreflightResult) -> str:
     if result.vocab is not None:
         vocab = result.vocab
         resized = f", resized to {vocab.resized_to}" if vocab.resized_to else ""
-        lines.append(f"vocab: tokenizer {vocab.tokenizer_size}, embedding rows {vocab.embedding_rows}{resized}, "
-                     f"max token id {vocab.max_token_id} ({vocab.max_token_location or '-'})")
+        lines.append(
+            f"vocab: tokenizer {vocab.tokenizer_size}, embedding rows {vocab.embedding_rows}{resized}, "
+            f"max token id {vocab.max_token_id} ({vocab.max_token_location or '-'})"
+        )
     if result.padding is not None:
         efficiency = "-" if result.padding.efficiency is None else f"{result.padding.efficiency:.1%}"
         if _no_micro_batches(result, "train"):  # nothing is padded when nothing runs: not 100%
@@ -87,28 +100,39 @@ def format_summary(result: PreflightResult) -> str:
         for name, split in result.plan.splits.items():
             steps = "" if split.steps_per_epoch is None else f", {split.steps_per_epoch} steps/epoch"
             if not split.samples_per_rank:  # data.mode=stream: known by lines only until it is read
-                lines.append(f"  {name}: streamed, {split.samples} lines over all ranks, "
-                             f"{split.micro_batches_per_rank} micro-batches per rank{steps}")
+                lines.append(
+                    f"  {name}: streamed, {split.samples} lines over all ranks, "
+                    f"{split.micro_batches_per_rank} micro-batches per rank{steps}"
+                )
                 continue
             if split.micro_batches_per_rank == 0:
-                lines.append(f"  {name}: no micro-batches ({split.samples} samples over {result.plan.world_size} "
-                             f"rank(s))")
+                lines.append(
+                    f"  {name}: no micro-batches ({split.samples} samples over {result.plan.world_size} rank(s))"
+                )
                 continue
-            lines.append(f"  {name}: per rank {min(split.samples_per_rank)}-{max(split.samples_per_rank)} samples, "
-                         f"{min(split.tokens_per_rank)}-{max(split.tokens_per_rank)} tokens, "
-                         f"{split.micro_batches_per_rank} micro-batches{steps}")
+            lines.append(
+                f"  {name}: per rank {min(split.samples_per_rank)}-{max(split.samples_per_rank)} samples, "
+                f"{min(split.tokens_per_rank)}-{max(split.tokens_per_rank)} tokens, "
+                f"{split.micro_batches_per_rank} micro-batches{steps}"
+            )
     if result.backend is not None:
         backend = result.backend
         lines.append(f"attention: {backend.attention} ({backend.attention_reason})")
-        lines.append(f"kernels: {backend.kernels} ({backend.kernels_reason}); loss: {backend.loss} "
-                     f"({backend.loss_reason})")
+        lines.append(
+            f"kernels: {backend.kernels} ({backend.kernels_reason}); loss: {backend.loss} ({backend.loss_reason})"
+        )
     if result.memory is not None:
         memory = result.memory
-        device = "report only (no device memory to compare)" if memory.device_gib is None \
+        device = (
+            "report only (no device memory to compare)"
+            if memory.device_gib is None
             else f"device {memory.device_gib:.1f} GiB"
-        lines.append(f"memory: ~{memory.total_gib:.2f} GiB (weights {memory.weights_gib:.2f}, grads "
-                     f"{memory.grads_gib:.2f}, optimizer {memory.optimizer_gib:.2f}, activations "
-                     f"{memory.activations_gib:.2f}); {device}")
+        )
+        lines.append(
+            f"memory: ~{memory.total_gib:.2f} GiB (weights {memory.weights_gib:.2f}, grads "
+            f"{memory.grads_gib:.2f}, optimizer {memory.optimizer_gib:.2f}, activations "
+            f"{memory.activations_gib:.2f}); {device}"
+        )
     lines.extend(f"note: {note}" for note in result.notes)
     return "\n".join(lines)
 
@@ -147,7 +171,7 @@ def plot_lengths(
 
     splits = [name for name, values in lengths.items() if len(values)]
     fig, axes = plt.subplots(len(splits) or 1, 1, figsize=(8, 2.6 * max(len(splits), 1)), squeeze=False)
-    for axis, name in zip(axes[:, 0], splits):
+    for axis, name in zip(axes[:, 0], splits, strict=True):
         values = np.asarray(lengths[name])
         axis.hist(values, bins=min(60, max(10, len(np.unique(values)))), color="tab:blue", alpha=0.8)
         axis.axvline(max_seq_len, color="tab:red", linestyle="--", label=f"max_seq_len={max_seq_len}")

@@ -17,11 +17,11 @@ from pathlib import Path
 from seqtune.config.errors import ConfigError
 from seqtune.config.plan import Resolved, Vocab, World, validation_key
 from seqtune.config.schema import (
+    RECIPE_KIND,
     Device,
     LauncherConfig,
     LauncherName,
     MixedPrecision,
-    RECIPE_KIND,
     PaddingSide,
     Parallel,
     RootConfig,
@@ -61,41 +61,77 @@ def resolve_plan(cfg: RootConfig, environ: Mapping[str, str]) -> Resolved:
     candidates = lora_module_names(spec, model.num_layers)
     wrapped = tuple(name for name in candidates if any(matches_target(name, t) for t in targets))
     resize_to = resized_rows(model.embedding_rows, tokenizer.size) if cfg.model.resize_embeddings else None
-    saved = modules_trained_in_full(cfg.lora.modules_to_save, tied=model.tied_embeddings,
-                                    base_rows=model.embedding_rows,
-                                    rows=resize_to or model.embedding_rows) if cfg.lora.enabled else ()
+    saved = (
+        modules_trained_in_full(
+            cfg.lora.modules_to_save,
+            tied=model.tied_embeddings,
+            base_rows=model.embedding_rows,
+            rows=resize_to or model.embedding_rows,
+        )
+        if cfg.lora.enabled
+        else ()
+    )
     compute = autocast or str(cfg.model.dtype)
     # peft wraps the head when LoRA adapts it, trains it in full, or trains new token rows of it.
-    head_wrapped = cfg.lora.enabled and ("lm_head" in wrapped or "lm_head" in saved
-                                         or (resize_to or 0) > model.embedding_rows)
+    head_wrapped = cfg.lora.enabled and (
+        "lm_head" in wrapped or "lm_head" in saved or (resize_to or 0) > model.embedding_rows
+    )
     kind = RECIPE_KIND[cfg.recipe_name]
     return Resolved(
-        world=world, sharded=cfg.train.parallel == Parallel.fsdp and world.world_size > 1,
-        device_type=device.type, cuda_available=device.cuda_available, autocast_dtype=autocast,
-        compute_dtype=compute, loss_scaling=autocast == "float16",
+        world=world,
+        sharded=cfg.train.parallel == Parallel.fsdp and world.world_size > 1,
+        device_type=device.type,
+        cuda_available=device.cuda_available,
+        autocast_dtype=autocast,
+        compute_dtype=compute,
+        loss_scaling=autocast == "float16",
         padding_side=str(spec.padding_side if cfg.padding.side == PaddingSide.auto else cfg.padding.side),
-        vocab=Vocab(tokenizer_size=tokenizer.size, special_ids=tokenizer.special_ids, pad_id=tokenizer.pad_id,
-                    eos_id=tokenizer.eos_id, embedding_rows=model.embedding_rows, output_rows=model.output_rows,
-                    resize_to=resize_to),
-        context_length=model.context_length, num_layers=model.num_layers, model_type=model.model_type,
-        sliding_window=model.sliding_window, attention_dropout_or_softcap=model.attention_dropout_or_softcap,
+        vocab=Vocab(
+            tokenizer_size=tokenizer.size,
+            special_ids=tokenizer.special_ids,
+            pad_id=tokenizer.pad_id,
+            eos_id=tokenizer.eos_id,
+            embedding_rows=model.embedding_rows,
+            output_rows=model.output_rows,
+            resize_to=resize_to,
+        ),
+        context_length=model.context_length,
+        num_layers=model.num_layers,
+        model_type=model.model_type,
+        sliding_window=model.sliding_window,
+        attention_dropout_or_softcap=model.attention_dropout_or_softcap,
         tied_embeddings=model.tied_embeddings,
-        **resolve_kernels(cfg, device_type=device.type, compute_dtype=compute, model=model,
-                          head_wrapped=head_wrapped, per_sequence=kind != SampleKind.sft),
-        lora_targets=targets, lora_modules=wrapped, lora_saved=saved,
-        validation=validation_key(cfg.data.val, cfg.data.val_fraction), fact_sources=dict(spec.sources),
-        sample_kind=str(kind), sequences_per_sample=sequences_per_sample(kind),
+        **resolve_kernels(
+            cfg,
+            device_type=device.type,
+            compute_dtype=compute,
+            model=model,
+            head_wrapped=head_wrapped,
+            per_sequence=kind != SampleKind.sft,
+        ),
+        lora_targets=targets,
+        lora_modules=wrapped,
+        lora_saved=saved,
+        validation=validation_key(cfg.data.val, cfg.data.val_fraction),
+        fact_sources=dict(spec.sources),
+        sample_kind=str(kind),
+        sequences_per_sample=sequences_per_sample(kind),
     )
 
 
-def resolve_kernels(cfg: RootConfig, *, device_type: str, compute_dtype: str, model: ModelFacts,
-                    head_wrapped: bool, per_sequence: bool) -> dict[str, str]:
+def resolve_kernels(
+    cfg: RootConfig, *, device_type: str, compute_dtype: str, model: ModelFacts, head_wrapped: bool, per_sequence: bool
+) -> dict[str, str]:
     """The attention kernel, the layer kernels and the loss path, each by its one rule, with the reason. A requested
     kernel that cannot run here stays the requested name with that reason: fast_checks reports the problem
     (attn_backend_problems, kernels_problems) and no rank starts. `per_sequence`: the objective needs each
     sequence's log-probability (preference pairs), not one sum."""
-    env = AttentionEnv(device_type=device_type, compute_dtype=compute_dtype, sliding_window=model.sliding_window,
-                       dropout_or_softcap=model.attention_dropout_or_softcap)
+    env = AttentionEnv(
+        device_type=device_type,
+        compute_dtype=compute_dtype,
+        sliding_window=model.sliding_window,
+        dropout_or_softcap=model.attention_dropout_or_softcap,
+    )
     requested = cfg.model.attn_implementation
     attn_problems = attn_backend_problems(requested, env)
     if attn_problems:
@@ -109,10 +145,17 @@ def resolve_kernels(cfg: RootConfig, *, device_type: str, compute_dtype: str, mo
     else:
         kernels = kernels_choice(cfg.model.kernels, device_type=device_type, model_type=model.model_type)
         kernels_name, kernels_reason = kernels.name, kernels.reason
-    loss = loss_choice(kernels="torch" if why_not else kernels_name, head_trained_by_peft=head_wrapped,
-                       per_sequence=per_sequence)
-    return {"attn_implementation": attn_name, "attn_reason": attn_reason, "kernels": kernels_name,
-            "kernels_reason": kernels_reason, "loss": loss.name, "loss_reason": loss.reason}
+    loss = loss_choice(
+        kernels="torch" if why_not else kernels_name, head_trained_by_peft=head_wrapped, per_sequence=per_sequence
+    )
+    return {
+        "attn_implementation": attn_name,
+        "attn_reason": attn_reason,
+        "kernels": kernels_name,
+        "kernels_reason": kernels_reason,
+        "loss": loss.name,
+        "loss_reason": loss.reason,
+    }
 
 
 def _tokenizer_facts(cfg: RootConfig, chat_template: str, eot_token: str) -> TokenizerFacts:
@@ -132,24 +175,38 @@ def resolve_world(launcher: LauncherConfig, environ: Mapping[str, str]) -> World
         if launcher.nproc_per_node != 1 or launcher.nnodes != 1:
             raise ConfigError(
                 f"launcher=local runs one in-process rank, but launcher.nproc_per_node={launcher.nproc_per_node} "
-                f"and launcher.nnodes={launcher.nnodes}.", key="launcher.nproc_per_node",
+                f"and launcher.nnodes={launcher.nnodes}.",
+                key="launcher.nproc_per_node",
                 fix=f"launcher=torchrun launcher.nproc_per_node={launcher.nproc_per_node} for several ranks, or "
-                    "launcher.nproc_per_node=1 launcher.nnodes=1")
+                "launcher.nproc_per_node=1 launcher.nnodes=1",
+            )
         return World(nnodes=1, nproc_per_node=1, source="launcher=local")
     if launcher.name == LauncherName.torchrun:
-        return World(nnodes=launcher.nnodes, nproc_per_node=launcher.nproc_per_node,
-                     source="launcher.nnodes x launcher.nproc_per_node")
+        return World(
+            nnodes=launcher.nnodes,
+            nproc_per_node=launcher.nproc_per_node,
+            source="launcher.nnodes x launcher.nproc_per_node",
+        )
     job_id = environ.get("SLURM_JOB_ID")
     if not job_id:
-        raise ConfigError("launcher=slurm runs inside a SLURM allocation, but SLURM_JOB_ID is not set.",
-                          key="launcher", fix="sbatch launch/slurm.sbatch ... (or launcher=torchrun on one machine)")
+        raise ConfigError(
+            "launcher=slurm runs inside a SLURM allocation, but SLURM_JOB_ID is not set.",
+            key="launcher",
+            fix="sbatch launch/slurm.sbatch ... (or launcher=torchrun on one machine)",
+        )
     allocated = int(environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES") or "1")
     if launcher.nnodes > allocated:
-        raise ConfigError(f"launcher.nnodes={launcher.nnodes} but the allocation (job {job_id}) has {allocated} "
-                          "node(s).", key="launcher.nnodes", fix=f"launcher.nnodes={allocated}, or sbatch --nodes=N")
+        raise ConfigError(
+            f"launcher.nnodes={launcher.nnodes} but the allocation (job {job_id}) has {allocated} node(s).",
+            key="launcher.nnodes",
+            fix=f"launcher.nnodes={allocated}, or sbatch --nodes=N",
+        )
     nnodes = launcher.nnodes if launcher.nnodes > 1 else allocated
-    return World(nnodes=nnodes, nproc_per_node=launcher.nproc_per_node,
-                 source=f"SLURM job {job_id} ({allocated} node(s) allocated) x launcher.nproc_per_node")
+    return World(
+        nnodes=nnodes,
+        nproc_per_node=launcher.nproc_per_node,
+        source=f"SLURM job {job_id} ({allocated} node(s) allocated) x launcher.nproc_per_node",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -180,10 +237,16 @@ def _torch_has_gpu_support() -> bool:
         return True  # unknown layout: ask torch itself
     values = {}
     for node in ast.parse(version.read_text()).body:
-        target = node.target if isinstance(node, ast.AnnAssign) else (
-            node.targets[0] if isinstance(node, ast.Assign) else None)
-        if (isinstance(target, ast.Name) and isinstance(node, ast.Assign | ast.AnnAssign)
-                and isinstance(node.value, ast.Constant)):
+        target = (
+            node.target
+            if isinstance(node, ast.AnnAssign)
+            else (node.targets[0] if isinstance(node, ast.Assign) else None)
+        )
+        if (
+            isinstance(target, ast.Name)
+            and isinstance(node, ast.Assign | ast.AnnAssign)
+            and isinstance(node.value, ast.Constant)
+        ):
             values[target.id] = node.value.value
     return values.get("cuda") is not None or values.get("hip") is not None
 

@@ -186,8 +186,13 @@ def _optional(cls: type, data: dict[str, Any] | None) -> Any:
 
 
 def _split_stats(data: dict[str, Any]) -> SplitStats:
-    return SplitStats(**{**data, "content": _optional(ContentStats, data.get("content")),
-                         "sources": [SourceStats(**source) for source in data.get("sources", [])]})
+    return SplitStats(
+        **{
+            **data,
+            "content": _optional(ContentStats, data.get("content")),
+            "sources": [SourceStats(**source) for source in data.get("sources", [])],
+        }
+    )
 
 
 def load_result(run_dir: Path) -> PreflightResult:
@@ -195,17 +200,25 @@ def load_result(run_dir: Path) -> PreflightResult:
     data = json.loads((Path(run_dir) / RESULT_FILE).read_text())
     plan = data.get("plan")
     if plan is not None:
-        plan = PlanStats(world_size=plan["world_size"], global_batch=plan["global_batch"],
-                         splits={name: SplitPlan(**split) for name, split in plan["splits"].items()})
+        plan = PlanStats(
+            world_size=plan["world_size"],
+            global_batch=plan["global_batch"],
+            splits={name: SplitPlan(**split) for name, split in plan["splits"].items()},
+        )
     return PreflightResult(
-        ok=data["ok"], max_seq_len=data["max_seq_len"],
+        ok=data["ok"],
+        max_seq_len=data["max_seq_len"],
         caches={split: Path(path) for split, path in data["caches"].items()},
         problems=[Problem(**problem) for problem in data["problems"]],
         splits={name: _split_stats(stats) for name, stats in data["splits"].items()},
-        vocab=_optional(VocabStats, data["vocab"]), padding=_optional(PaddingStats, data["padding"]),
-        plan=plan, memory=_optional(MemoryStats, data["memory"]),
-        backend=_optional(BackendStats, data.get("backend")), notes=list(data["notes"]),
-        context_length=data["context_length"], stream_train_lines=data["stream_train_lines"],
+        vocab=_optional(VocabStats, data["vocab"]),
+        padding=_optional(PaddingStats, data["padding"]),
+        plan=plan,
+        memory=_optional(MemoryStats, data["memory"]),
+        backend=_optional(BackendStats, data.get("backend")),
+        notes=list(data["notes"]),
+        context_length=data["context_length"],
+        stream_train_lines=data["stream_train_lines"],
         stream_source_records=data.get("stream_source_records"),
         rejects_file=None if data["rejects_file"] is None else Path(data["rejects_file"]),
         validation=data.get("validation"),

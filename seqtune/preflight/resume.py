@@ -33,8 +33,16 @@ from seqtune.preflight.checks import Problem
 # Plan fields that explain a difference rather than make one (reasons, where a world size came from), that say where
 # rather than what (a split's token cache directory: `data` holds its identity; the rejects file), or that differ on
 # every resume (the checkpoint itself).
-PLAN_IGNORED = ("resume_from", "attn_reason", "kernels_reason", "loss_reason", "cuda_available", "world.source",
-                "caches", "rejects_file")
+PLAN_IGNORED = (
+    "resume_from",
+    "attn_reason",
+    "kernels_reason",
+    "loss_reason",
+    "cuda_available",
+    "world.source",
+    "caches",
+    "rejects_file",
+)
 # Why a plan fact can change while every setting stayed the same.
 PLAN_HINTS = {
     "world": "the ranks started: launcher.nnodes x launcher.nproc_per_node, or the SLURM allocation",
@@ -78,16 +86,21 @@ def find_resume(cfg: TrainConfig, run_dir: Path) -> ResumePoint | None:
             print(f"resume: checkpoint {path} cannot be used ({damage}); trying the one before it.", flush=True)
             continue
         if skipped:
-            print(f"resume: continuing from {path.name}, the newest intact checkpoint (skipped: "
-                  f"{'; '.join(skipped)}).", flush=True)
+            print(
+                f"resume: continuing from {path.name}, the newest intact checkpoint (skipped: {'; '.join(skipped)}).",
+                flush=True,
+            )
         manifest = read_manifest(path)  # its shape was checked with its files (checkpoint_damage)
-        return ResumePoint(checkpoint=path, step=checkpoint_step(path), settings=manifest["settings"],
-                           plan=manifest["plan"])
+        return ResumePoint(
+            checkpoint=path, step=checkpoint_step(path), settings=manifest["settings"], plan=manifest["plan"]
+        )
     if skipped:
         raise ConfigError(
             f"train.resume=auto found checkpoints in {Path(run_dir) / 'checkpoints'}, but none can be used: "
-            f"{'; '.join(skipped)}. Nothing was written ({RECORD} are unchanged).", key="train.resume",
-            fix="start over in a new directory: train.resume=never hydra.run.dir=NEW_DIR")
+            f"{'; '.join(skipped)}. Nothing was written ({RECORD} are unchanged).",
+            key="train.resume",
+            fix="start over in a new directory: train.resume=never hydra.run.dir=NEW_DIR",
+        )
     return None
 
 
@@ -97,13 +110,19 @@ def check_settings(point: ResumePoint, cfg: RootConfig) -> None:
     changes = setting_changes(point.settings, cfg)
     refused = [c for c in changes if not _accepted(c.key, cfg.train.resume_accept)]
     if refused:
-        raise ConfigError(_refusal(point, "; ".join(map(str, refused)), len(refused), "setting(s)"),
-                          key="train.resume", fix=_fix(refused))
+        raise ConfigError(
+            _refusal(point, "; ".join(map(str, refused)), len(refused), "setting(s)"),
+            key="train.resume",
+            fix=_fix(refused),
+        )
     if changes:
         longer = any(c.key in ("train.max_steps", "train.epochs") for c in changes)
-        print(f"resume: continuing {point.checkpoint.name} with accepted change(s) (train.resume_accept): "
-              f"{'; '.join(map(str, changes))}"
-              f"{'; the learning-rate schedule is recomputed for the new length' if longer else ''}.", flush=True)
+        print(
+            f"resume: continuing {point.checkpoint.name} with accepted change(s) (train.resume_accept): "
+            f"{'; '.join(map(str, changes))}"
+            f"{'; the learning-rate schedule is recomputed for the new length' if longer else ''}.",
+            flush=True,
+        )
 
 
 def setting_changes(saved: Mapping[str, Any], cfg: RootConfig) -> list[Change]:
@@ -115,27 +134,39 @@ def setting_changes(saved: Mapping[str, Any], cfg: RootConfig) -> list[Change]:
 def plan_problems(point: ResumePoint, plan: Plan, accept: Sequence[str]) -> list[Problem]:
     """The resolved plan against the checkpoint's: one problem naming every fact that differs, not accepted."""
     now = json.loads(json.dumps(asdict(plan)))  # tuples as lists, as the manifest stores them
-    changes = [Change(key=f"plan.{c.key}", saved=c.saved, now=c.now)
-               for c in _differences(_flatten(point.plan), _flatten(now), ignored=PLAN_IGNORED)]
+    changes = [
+        Change(key=f"plan.{c.key}", saved=c.saved, now=c.now)
+        for c in _differences(_flatten(point.plan), _flatten(now), ignored=PLAN_IGNORED)
+    ]
     refused = [c for c in changes if not _accepted(c.key, accept)]
     if not refused:
         return []
     groups: dict[str, list[Change]] = {}
     for change in refused:
         groups.setdefault(change.key.split(".")[1], []).append(change)
-    listed = "; ".join("; ".join(map(str, group)) + (f" ({PLAN_HINTS[field]})" if field in PLAN_HINTS else "")
-                       for field, group in groups.items())
-    return [Problem(check="resume", key="train.resume", location=str(point.checkpoint),
-                    message=f"{_refusal(point, listed, len(refused), 'fact(s) of the resolved plan')} "
-                            f"Fix: {_fix(refused)}")]
+    listed = "; ".join(
+        "; ".join(map(str, group)) + (f" ({PLAN_HINTS[field]})" if field in PLAN_HINTS else "")
+        for field, group in groups.items()
+    )
+    return [
+        Problem(
+            check="resume",
+            key="train.resume",
+            location=str(point.checkpoint),
+            message=f"{_refusal(point, listed, len(refused), 'fact(s) of the resolved plan')} Fix: {_fix(refused)}",
+        )
+    ]
 
 
 def _differences(saved: Mapping[str, Any], now: Mapping[str, Any], *, ignored: Iterable[str]) -> list[Change]:
     # Keys on both sides only: a key the checkpoint's seqtune did not have (a setting added since) has no saved
     # value to differ from, and a changed value of an existing key is what changes the training.
     keys = sorted(set(saved) & set(now))
-    return [Change(key=k, saved=saved.get(k), now=now.get(k)) for k in keys
-            if saved.get(k) != now.get(k) and not _covered(k, ignored)]
+    return [
+        Change(key=k, saved=saved.get(k), now=now.get(k))
+        for k in keys
+        if saved.get(k) != now.get(k) and not _covered(k, ignored)
+    ]
 
 
 def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -160,9 +191,11 @@ def _accepted(key: str, accept: Sequence[str]) -> bool:
 
 
 def _refusal(point: ResumePoint, listed: str, count: int, what: str) -> str:
-    return (f"train.resume=auto would continue {point.checkpoint} (step {point.step}), but {count} {what} "
-            f"differ from the ones it was written with: {listed}. Resuming would not continue the same training. "
-            f"Nothing was written ({RECORD} are unchanged).")
+    return (
+        f"train.resume=auto would continue {point.checkpoint} (step {point.step}), but {count} {what} "
+        f"differ from the ones it was written with: {listed}. Resuming would not continue the same training. "
+        f"Nothing was written ({RECORD} are unchanged)."
+    )
 
 
 def _fix(changes: list[Change]) -> str:
@@ -170,8 +203,10 @@ def _fix(changes: list[Change]) -> str:
     start_over = "start over in a new directory: train.resume=never hydra.run.dir=NEW_DIR"
     if all(_covered(k, RESUME_ACCEPTABLE) for k in keys):
         return f"train.resume_accept=[{','.join(dict.fromkeys(keys))}] to continue with the new values; or {start_over}"
-    return (f"restore the checkpoint's values (before each ->), or {start_over}. Only "
-            f"{', '.join(RESUME_ACCEPTABLE)} may change in a resume, each listed in train.resume_accept")
+    return (
+        f"restore the checkpoint's values (before each ->), or {start_over}. Only "
+        f"{', '.join(RESUME_ACCEPTABLE)} may change in a resume, each listed in train.resume_accept"
+    )
 
 
 def _show(value: Any) -> str:

@@ -19,13 +19,13 @@ from seqtune.config.errors import PreflightFailed, SeqtuneError
 from seqtune.config.plan import Plan, Resolved, Tokens, complete_plan, write_plan
 from seqtune.config.rundir import PLAN_FILE
 from seqtune.config.schema import SPLITS, DataMode, RootConfig
-from seqtune.files import storage_error
-from seqtune.preflight import checks, content
-from seqtune.preflight.checks import Problem
 from seqtune.data.batching import batch_rule
 from seqtune.data.scan import SplitScan, scan_split
 from seqtune.data.split import split_input, validation_source
 from seqtune.data.tokenize import SampleEncoder
+from seqtune.files import storage_error
+from seqtune.preflight import checks, content
+from seqtune.preflight.checks import Problem
 from seqtune.preflight.phases import (
     fast_checks,
     memory_phase,
@@ -49,14 +49,15 @@ from seqtune.preflight.report import (
     write_rejects,
 )
 from seqtune.preflight.resolve import CANNOT_RUN, resolve_plan
-from seqtune.preflight.resume import RECORD, ResumePoint, plan_problems
 from seqtune.preflight.result import RUN_DIR_KEY, BackendStats, PaddingStats, PreflightResult, VocabStats, write_result
+from seqtune.preflight.resume import RECORD, ResumePoint, plan_problems
 
 DEFAULT_CACHE_ROOT = Path("~/.cache/seqtune/tokens")
 
 
-def run_preflight(cfg: RootConfig, run_dir: Path, environ: Mapping[str, str] | None = None, *,
-                  resume: ResumePoint | None = None) -> PreflightResult:
+def run_preflight(
+    cfg: RootConfig, run_dir: Path, environ: Mapping[str, str] | None = None, *, resume: ResumePoint | None = None
+) -> PreflightResult:
     """Resolve the plan and check every invariant; write plan.json (only when every check passed: it is what the
     ranks run), preflight.json, rejects.jsonl, lengths.png; raise PreflightFailed (exit 2) on problems. `environ`
     (default os.environ) holds the SLURM allocation.
@@ -79,8 +80,9 @@ def run_preflight(cfg: RootConfig, run_dir: Path, environ: Mapping[str, str] | N
         tokenizer, hf_config, tokens, late = runtime_phase(cfg, resolved)
     except SeqtuneError as err:
         problem = Problem(check="load", key=err.key or "tokenizer", message=str(err))
-        return _finish(PreflightResult(ok=False, max_seq_len=None, problems=[*problems, problem]), run_dir,
-                       resolved, resume)
+        return _finish(
+            PreflightResult(ok=False, max_seq_len=None, problems=[*problems, problem]), run_dir, resolved, resume
+        )
     late += content.file_checks(cfg, resolved, tokenizer, hf_config)
     print_early_problems(late)
     result, data, scans = _scan_and_check(cfg, resolved, tokens, tokenizer, run_dir, problems + late, hf_config)
@@ -95,18 +97,28 @@ def run_preflight(cfg: RootConfig, run_dir: Path, environ: Mapping[str, str] | N
     return _finish(result, run_dir, plan if plan is not None else resolved, resume)
 
 
-def _scan_and_check(cfg: RootConfig, resolved: Resolved, tokens: Tokens, tokenizer: Any, run_dir: Path,
-                    problems: list[Problem], hf_config: Any
-                    ) -> tuple[PreflightResult, dict[str, Any] | None, dict[str, SplitScan]]:
+def _scan_and_check(
+    cfg: RootConfig,
+    resolved: Resolved,
+    tokens: Tokens,
+    tokenizer: Any,
+    run_dir: Path,
+    problems: list[Problem],
+    hf_config: Any,
+) -> tuple[PreflightResult, dict[str, Any] | None, dict[str, SplitScan]]:
     """Scan every split, then everything that needs the data: limits, labels, shapes, the distributed plan, memory.
     Also returns the facts the data adds to the plan (None when the data phases could not establish them) and the
     scans. Writes nothing into the run directory (see _write_reports)."""
     scans, scan_problems = scan_splits(cfg, resolved, tokenizer, tokens)
     problems += scan_problems
-    result = PreflightResult(ok=False, max_seq_len=None, context_length=resolved.context_length,
-                             caches={name: scan.cache_dir for name, scan in scans.items()},
-                             rejects_file=run_dir / REJECTS_FILE,
-                             validation=validation_source(cfg.data, resolved.validation))
+    result = PreflightResult(
+        ok=False,
+        max_seq_len=None,
+        context_length=resolved.context_length,
+        caches={name: scan.cache_dir for name, scan in scans.items()},
+        rejects_file=run_dir / REJECTS_FILE,
+        validation=validation_source(cfg.data, resolved.validation),
+    )
     result.notes += checks.pad_token_notes(pad_id=resolved.vocab.pad_id, eos_id=resolved.vocab.eos_id)
     result.notes += [scan.rebuilt_note for scan in scans.values() if scan.rebuilt_note]
     data = None
@@ -117,26 +129,47 @@ def _scan_and_check(cfg: RootConfig, resolved: Resolved, tokens: Tokens, tokeniz
             problems.append(Problem(check="data", key=err.key or "data", message=str(err)))
     result.vocab = _vocab_stats(resolved, scans)
     if resolved.vocab.resize_to is not None:
-        result.notes.append(f"model.resize_embeddings=true: embedding and head resized from "
-                            f"{resolved.vocab.embedding_rows} to {resolved.vocab.resize_to} rows (tokenizer "
-                            f"{resolved.vocab.tokenizer_size}, multiple of 64).")
+        result.notes.append(
+            f"model.resize_embeddings=true: embedding and head resized from "
+            f"{resolved.vocab.embedding_rows} to {resolved.vocab.resize_to} rows (tokenizer "
+            f"{resolved.vocab.tokenizer_size}, multiple of 64)."
+        )
     result.problems = problems
     return result, data, scans
 
 
-def _write_reports(cfg: RootConfig, resolved: Resolved, tokens: Tokens, tokenizer: Any,
-                   scans: dict[str, SplitScan], result: PreflightResult, run_dir: Path) -> None:
+def _write_reports(
+    cfg: RootConfig,
+    resolved: Resolved,
+    tokens: Tokens,
+    tokenizer: Any,
+    scans: dict[str, SplitScan],
+    result: PreflightResult,
+    run_dir: Path,
+) -> None:
     """rejects.jsonl, lengths.png, samples.html/json: the run's view of its data (skipped by a refused resume)."""
     write_rejects([scan.cache_dir / "rejects.jsonl" for scan in scans.values()], run_dir)
     if cfg.preflight.plot and result.max_seq_len is not None:
-        plot_lengths({name: scan.lengths for name, scan in scans.items()}, max_seq_len=result.max_seq_len,
-                     context_length=resolved.context_length, path=run_dir / PLOT_FILE)
+        plot_lengths(
+            {name: scan.lengths for name, scan in scans.items()},
+            max_seq_len=result.max_seq_len,
+            context_length=resolved.context_length,
+            path=run_dir / PLOT_FILE,
+        )
     if cfg.preflight.show and result.max_seq_len is not None:
         content.show_samples(cfg, resolved, tokens, tokenizer, scans, result.max_seq_len, run_dir)
 
 
-def _data_phases(cfg: RootConfig, resolved: Resolved, tokens: Tokens, tokenizer: Any, hf_config: Any,
-                 scans: dict[str, SplitScan], result: PreflightResult, problems: list[Problem]) -> dict[str, Any]:
+def _data_phases(
+    cfg: RootConfig,
+    resolved: Resolved,
+    tokens: Tokens,
+    tokenizer: Any,
+    hf_config: Any,
+    scans: dict[str, SplitScan],
+    result: PreflightResult,
+    problems: list[Problem],
+) -> dict[str, Any]:
     """Every check that needs the scanned data. Returns the facts the data adds to the plan (complete_plan)."""
     max_seq_len, length_problems, length_notes = resolve_lengths(cfg, resolved, scans)
     result.max_seq_len = max_seq_len
@@ -144,8 +177,10 @@ def _data_phases(cfg: RootConfig, resolved: Resolved, tokens: Tokens, tokenizer:
     result.notes += length_notes
     rule = batch_rule(cfg, max_seq_len=max_seq_len, sequences_per_sample=resolved.sequences_per_sample)
     # Each split exactly as training will serve it (data.overlength applied), built once for every phase below.
-    views = {name: training_view(scan, max_seq_len, cfg.data.overlength, resolved.sequences_per_sample)
-             for name, scan in scans.items()}
+    views = {
+        name: training_view(scan, max_seq_len, cfg.data.overlength, resolved.sequences_per_sample)
+        for name, scan in scans.items()
+    }
     for name, scan in scans.items():
         problems += split_checks(cfg, resolved, scan, max_seq_len)
         result.splits[name], notes = split_stats(cfg, scan, views[name], max_seq_len)
@@ -156,10 +191,16 @@ def _data_phases(cfg: RootConfig, resolved: Resolved, tokens: Tokens, tokenizer:
     if cfg.train.eval_samples and "val" in scans:
         from seqtune.data.loader import build_eval_prompts
 
-        found = build_eval_prompts(scans["val"].cache_dir, count=cfg.train.eval_samples, max_seq_len=max_seq_len,
-                                   bos_id=tokens.bos_id, stride=resolved.sequences_per_sample)
-        prompt_problems, prompt_notes = checks.check_eval_prompts(requested=cfg.train.eval_samples, found=len(found),
-                                                                  max_seq_len=max_seq_len)
+        found = build_eval_prompts(
+            scans["val"].cache_dir,
+            count=cfg.train.eval_samples,
+            max_seq_len=max_seq_len,
+            bos_id=tokens.bos_id,
+            stride=resolved.sequences_per_sample,
+        )
+        prompt_problems, prompt_notes = checks.check_eval_prompts(
+            requested=cfg.train.eval_samples, found=len(found), max_seq_len=max_seq_len
+        )
         problems += prompt_problems
         result.notes += prompt_notes
     result.plan, efficiency, batches, batch_problems = plan_phase(cfg, resolved, rule, views)
@@ -171,13 +212,18 @@ def _data_phases(cfg: RootConfig, resolved: Resolved, tokens: Tokens, tokenizer:
     if hf_config is not None:
         result.memory, memory_problems = memory_phase(cfg, resolved, rule, hf_config)
         problems += memory_problems
-    return {"max_seq_len": max_seq_len, "batches": batches or {}, "stream_records": stream_records,
-            "data": {name: scan.cache_dir.name for name, scan in scans.items()},
-            "caches": {name: str(scan.cache_dir) for name, scan in scans.items()}}
+    return {
+        "max_seq_len": max_seq_len,
+        "batches": batches or {},
+        "stream_records": stream_records,
+        "data": {name: scan.cache_dir.name for name, scan in scans.items()},
+        "caches": {name: str(scan.cache_dir) for name, scan in scans.items()},
+    }
 
 
-def _stream_phase(cfg: RootConfig, resolved: Resolved, rule, sampled: SplitScan, result: PreflightResult,
-                  problems: list[Problem]) -> tuple[dict[str, Any], tuple[int, ...]]:
+def _stream_phase(
+    cfg: RootConfig, resolved: Resolved, rule, sampled: SplitScan, result: PreflightResult, problems: list[Problem]
+) -> tuple[dict[str, Any], tuple[int, ...]]:
     """data.mode=stream: every rank must know how many micro-batches a pass makes, so they all stop together:
     count the train records once here (the plan holds the counts)."""
     from seqtune.data.mix import used_per_epoch
@@ -189,7 +235,7 @@ def _stream_phase(cfg: RootConfig, resolved: Resolved, rule, sampled: SplitScan,
     records = [source.records for source in sampled.sources] if complete else count_lines(split)
     result.stream_source_records = records
     result.stream_train_lines = lines = records_per_pass(split, records)
-    for stats, source, count in zip(result.splits["train"].sources, split.sources, records):
+    for stats, source, count in zip(result.splits["train"].sources, split.sources, records, strict=True):
         stats.used_per_epoch = used_per_epoch(source.weight, count)  # the stream deals records, all of them
     assert result.plan is not None, "plan_phase set it before the stream phase"
     result.plan.splits["train"], batches, stream_problems = stream_train_plan(cfg, resolved, rule, split, records)
@@ -197,14 +243,17 @@ def _stream_phase(cfg: RootConfig, resolved: Resolved, rule, sampled: SplitScan,
     return batches, tuple(records)
 
 
-def scan_splits(cfg: RootConfig, resolved: Resolved, tokenizer: Any, tokens: Tokens
-                ) -> tuple[dict[str, SplitScan], list[Problem]]:
+def scan_splits(
+    cfg: RootConfig, resolved: Resolved, tokenizer: Any, tokens: Tokens
+) -> tuple[dict[str, SplitScan], list[Problem]]:
     """Stream every configured split once through scan_split (which writes the token cache training reads)."""
     scans: dict[str, SplitScan] = {}
     formats = dict.fromkeys(source.format for name in SPLITS for source in cfg.data.sources(name))
     try:
-        encoders = {fmt: SampleEncoder(tokenizer, fmt, train_on_prompt=cfg.data.train_on_prompt, tokens=tokens)
-                    for fmt in formats}
+        encoders = {
+            fmt: SampleEncoder(tokenizer, fmt, train_on_prompt=cfg.data.train_on_prompt, tokens=tokens)
+            for fmt in formats
+        }
     except SeqtuneError as err:
         return scans, [Problem(check="data", key=err.key or "data.format", message=str(err))]
     problems: list[Problem] = []
@@ -216,8 +265,14 @@ def scan_splits(cfg: RootConfig, resolved: Resolved, tokenizer: Any, tokens: Tok
             split = split_input(cfg.data, name, resolved.validation)
             if split is None:
                 continue
-            scans[name] = scan_split(split, encoders, cache_root=cache_root, media_root=cfg.data.media_root,
-                                     max_records=sample if name == "train" else 0, progress=cfg.train.progress)
+            scans[name] = scan_split(
+                split,
+                encoders,
+                cache_root=cache_root,
+                media_root=cfg.data.media_root,
+                max_records=sample if name == "train" else 0,
+                progress=cfg.train.progress,
+            )
         except SeqtuneError as err:
             problems.append(Problem(check="data", key=err.key or f"data.{name}", message=str(err)))
     return scans, problems
@@ -226,22 +281,33 @@ def scan_splits(cfg: RootConfig, resolved: Resolved, tokenizer: Any, tokens: Tok
 def _vocab_stats(resolved: Resolved, scans: dict[str, SplitScan]) -> VocabStats:
     top = max(scans.values(), key=lambda scan: scan.max_token_id, default=None)
     return VocabStats(
-        tokenizer_size=resolved.vocab.tokenizer_size, embedding_rows=resolved.vocab.embedding_rows,
-        output_rows=resolved.vocab.output_rows, max_token_id=top.max_token_id if top else -1,
-        max_token_location=top.max_token_location if top else None, resized_to=resolved.vocab.resize_to,
+        tokenizer_size=resolved.vocab.tokenizer_size,
+        embedding_rows=resolved.vocab.embedding_rows,
+        output_rows=resolved.vocab.output_rows,
+        max_token_id=top.max_token_id if top else -1,
+        max_token_location=top.max_token_location if top else None,
+        resized_to=resolved.vocab.resize_to,
     )
 
 
-def _finish(result: PreflightResult, run_dir: Path, plan: Resolved | None,
-            resume: ResumePoint | None) -> PreflightResult:
+def _finish(
+    result: PreflightResult, run_dir: Path, plan: Resolved | None, resume: ResumePoint | None
+) -> PreflightResult:
     """Write plan.json (the complete plan of a run whose every check passed) and preflight.json, print the report;
     raise PreflightFailed (exit 2) on any problem. A refused resume writes neither: the run's record stays the one
     its checkpoints were trained under."""
     result.ok = not result.problems and isinstance(plan, Plan)
-    if plan is not None and not any(reason.startswith(CANNOT_RUN) for reason in (plan.attn_reason, plan.kernels_reason)):
-        result.backend = BackendStats(attention=plan.attn_implementation, attention_reason=plan.attn_reason,
-                                      kernels=plan.kernels, kernels_reason=plan.kernels_reason, loss=plan.loss,
-                                      loss_reason=plan.loss_reason)
+    if plan is not None and not any(
+        reason.startswith(CANNOT_RUN) for reason in (plan.attn_reason, plan.kernels_reason)
+    ):
+        result.backend = BackendStats(
+            attention=plan.attn_implementation,
+            attention_reason=plan.attn_reason,
+            kernels=plan.kernels,
+            kernels_reason=plan.kernels_reason,
+            loss=plan.loss,
+            loss_reason=plan.loss_reason,
+        )
     keep_record = resume is not None and not result.ok
     if not keep_record:
         if result.ok and isinstance(plan, Plan):
@@ -252,8 +318,13 @@ def _finish(result: PreflightResult, run_dir: Path, plan: Resolved | None,
     print_report(result)
     if not result.ok:
         # One line per problem: the full messages are in the table just printed and in preflight.json.
-        where = (f"This run's record ({RECORD}) is unchanged: a refused resume writes nothing."
-                 if keep_record else f"Report: {run_dir / 'preflight.json'}")
-        raise PreflightFailed(f"preflight found {len(result.problems)} problem(s), listed in the table above; "
-                              f"nothing was trained. {where}\n{headlines(result.problems)}")
+        where = (
+            f"This run's record ({RECORD}) is unchanged: a refused resume writes nothing."
+            if keep_record
+            else f"Report: {run_dir / 'preflight.json'}"
+        )
+        raise PreflightFailed(
+            f"preflight found {len(result.problems)} problem(s), listed in the table above; "
+            f"nothing was trained. {where}\n{headlines(result.problems)}"
+        )
     return result

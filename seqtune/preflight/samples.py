@@ -85,8 +85,9 @@ class TokenKinds:
         return "special" if token_id in self.control else "text"
 
 
-def pick(lengths: np.ndarray, *, max_seq_len: int, policy: str, show: int, seed: int | list[int]
-         ) -> list[tuple[int, str]]:
+def pick(
+    lengths: np.ndarray, *, max_seq_len: int, policy: str, show: int, seed: int | list[int]
+) -> list[tuple[int, str]]:
     """(sample index, why) of the samples to show: the longest, a truncated one, `show` random ones. `lengths`: per
     sample (a pair's longest sequence)."""
     lengths = np.asarray(lengths)
@@ -106,8 +107,18 @@ def pick(lengths: np.ndarray, *, max_seq_len: int, policy: str, show: int, seed:
     return chosen
 
 
-def render(cache: TokenCache, index: int, *, split: str, why: str, max_seq_len: int, policy: str, tokenizer: Any,
-           kinds: TokenKinds, member: str = "sample") -> ShownSample:
+def render(
+    cache: TokenCache,
+    index: int,
+    *,
+    split: str,
+    why: str,
+    max_seq_len: int,
+    policy: str,
+    tokenizer: Any,
+    kinds: TokenKinds,
+    member: str = "sample",
+) -> ShownSample:
     """Sample `index` as training serves it, decoded token by token (a character split over several tokens is
     shown on the token that completes it), with a marker where the over-length policy removed tokens. A sample
     longer than MAX_SHOWN_TOKENS shows its head and its tail (where the terminator is)."""
@@ -134,22 +145,44 @@ def render(cache: TokenCache, index: int, *, split: str, why: str, max_seq_len: 
         if k == 0 or k == elide_at or position != previous + 1:
             stream = DecodeStream(skip_special_tokens=False)
         token_id = int(sample.input_ids[position])
-        tokens.append(ShownToken(text=stream.step(backend, token_id) or "", token_id=token_id,
-                                 target=bool(sample.labels[position] != IGNORE_INDEX), kind=kinds.of(token_id)))
+        tokens.append(
+            ShownToken(
+                text=stream.step(backend, token_id) or "",
+                token_id=token_id,
+                target=bool(sample.labels[position] != IGNORE_INDEX),
+                kind=kinds.of(token_id),
+            )
+        )
         previous = position
     if previous != original - 1:
         tokens.append(_marker("cut", original - 1 - previous, "cut"))
-    return ShownSample(split=split, why=why, location=sample.location, member=member, length=len(trained),
-                       original_length=original, targets=int((sample.labels[trained] != IGNORE_INDEX).sum()),
-                       tokens=tokens)
+    return ShownSample(
+        split=split,
+        why=why,
+        location=sample.location,
+        member=member,
+        length=len(trained),
+        original_length=original,
+        targets=int((sample.labels[trained] != IGNORE_INDEX).sum()),
+        tokens=tokens,
+    )
 
 
 def _marker(kind: str, count: int, what: str) -> ShownToken:
     return ShownToken(text=f"[{count} tokens {what}]", token_id=-1, target=False, kind=kind)
 
 
-def collect(scans: dict[str, SplitScan], *, max_seq_len: int, policy: str, show: int, seed: int, tokenizer: Any,
-            kinds: TokenKinds, members: tuple[str, ...] = ("sample",)) -> list[ShownSample]:
+def collect(
+    scans: dict[str, SplitScan],
+    *,
+    max_seq_len: int,
+    policy: str,
+    show: int,
+    seed: int,
+    tokenizer: Any,
+    kinds: TokenKinds,
+    members: tuple[str, ...] = ("sample",),
+) -> list[ShownSample]:
     """The samples to show, each sequence of a sample in `members` order (a pair: chosen, then rejected)."""
     shown = []
     k = len(members)
@@ -159,8 +192,19 @@ def collect(scans: dict[str, SplitScan], *, max_seq_len: int, policy: str, show:
         # One stream per split: the same seed would pick the same relative positions in every split.
         for index, why in pick(per_sample, max_seq_len=max_seq_len, policy=policy, show=show, seed=[seed, number]):
             for j, member in enumerate(members):
-                shown.append(render(cache, index * k + j, split=name, why=why, max_seq_len=max_seq_len,
-                                    policy=policy, tokenizer=tokenizer, kinds=kinds, member=member))
+                shown.append(
+                    render(
+                        cache,
+                        index * k + j,
+                        split=name,
+                        why=why,
+                        max_seq_len=max_seq_len,
+                        policy=policy,
+                        tokenizer=tokenizer,
+                        kinds=kinds,
+                        member=member,
+                    )
+                )
     return shown
 
 
@@ -176,9 +220,17 @@ def read_json(path: Path) -> list[dict[str, Any]]:
 
 # --- the console --------------------------------------------------------------------------------------------------
 
-_ANSI = {"target": "\x1b[42;30m", "prompt": "\x1b[2m", "bos": "\x1b[1;44;97m", "eos": "\x1b[1;41;97m",
-         "eot": "\x1b[1;43;30m", "special": "\x1b[1;7m", "cut": "\x1b[1;35m", "elided": "\x1b[2;35m",
-         "reset": "\x1b[0m"}
+_ANSI = {
+    "target": "\x1b[42;30m",
+    "prompt": "\x1b[2m",
+    "bos": "\x1b[1;44;97m",
+    "eos": "\x1b[1;41;97m",
+    "eot": "\x1b[1;43;30m",
+    "special": "\x1b[1;7m",
+    "cut": "\x1b[1;35m",
+    "elided": "\x1b[2;35m",
+    "reset": "\x1b[0m",
+}
 
 
 def use_colour(stream: TextIO) -> bool:
@@ -195,14 +247,24 @@ def console_text(sample: ShownSample, colour: bool) -> str:
         half = CONSOLE_TOKENS // 2
         tokens = [*tokens[:half], _marker("elided", len(tokens) - 2 * half, "not shown"), *tokens[-half:]]
     member = f" ({sample.member})" if sample.member != "sample" else ""
-    head = (f"preflight: a {sample.split} sample{member} as it will be trained ({sample.why}, {sample.location}, "
-            f"{sample.length} tokens, {sample.targets} targets); all samples: samples.html")
+    head = (
+        f"preflight: a {sample.split} sample{member} as it will be trained ({sample.why}, {sample.location}, "
+        f"{sample.length} tokens, {sample.targets} targets); all samples: samples.html"
+    )
     if not colour:
         legend = f"  legend: {TARGET_OPEN}targets{TARGET_CLOSE}, the rest is prompt (not trained)"
         return f"{head}\n{legend}\n{replace(sample, tokens=tokens).marked_text()}"
-    legend = "  legend: " + " ".join(f"{_ANSI[k]}{label}{_ANSI['reset']}" for k, label in (
-        ("target", "target"), ("prompt", "prompt"), ("bos", "BOS"), ("eos", "EOS"), ("eot", "end-of-turn"),
-        ("special", "special")))
+    legend = "  legend: " + " ".join(
+        f"{_ANSI[k]}{label}{_ANSI['reset']}"
+        for k, label in (
+            ("target", "target"),
+            ("prompt", "prompt"),
+            ("bos", "BOS"),
+            ("eos", "EOS"),
+            ("eot", "end-of-turn"),
+            ("special", "special"),
+        )
+    )
     body = []
     for token in tokens:
         style = token.kind if token.kind != "text" else ("target" if token.target else "prompt")

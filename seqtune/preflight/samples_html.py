@@ -54,8 +54,10 @@ LEGEND = (
 
 
 # What a reader checks on each sample (the mistakes preflight's checks look for, seen by eye).
-LOOK_FOR = ("Look for: every reply ends on an end-of-turn or EOS token marked as a target; the prompt and the "
-            "template's headers are not marked; no special token sits inside the text; a cut sample kept its end.")
+LOOK_FOR = (
+    "Look for: every reply ends on an end-of-turn or EOS token marked as a target; the prompt and the "
+    "template's headers are not marked; no special token sits inside the text; a cut sample kept its end."
+)
 
 
 def _token(token: ShownToken) -> str:
@@ -74,12 +76,16 @@ def _token(token: ShownToken) -> str:
 def _sample(sample: ShownSample) -> str:
     cut = f", {sample.original_length} before the cut" if sample.original_length != sample.length else ""
     member = f"<b>{escape(sample.member)}</b> · " if sample.member != "sample" else ""
-    meta = (f'<div class="meta">{member}<b>{escape(sample.why)}</b> · <code class="location">'
-            f"{escape(sample.location)}</code> · {sample.length} tokens{cut} · {sample.targets} targets</div>")
+    meta = (
+        f'<div class="meta">{member}<b>{escape(sample.why)}</b> · <code class="location">'
+        f"{escape(sample.location)}</code> · {sample.length} tokens{cut} · {sample.targets} targets</div>"
+    )
     tokens = "".join(_token(token) for token in sample.tokens)
-    return (f'<div class="sample member-{escape(sample.member)}" data-split="{escape(sample.split)}" '
-            f'data-location="{escape(sample.location)}" data-member="{escape(sample.member)}" '
-            f'data-targets="{sample.targets}">{meta}<div class="tokens">{tokens}</div></div>')
+    return (
+        f'<div class="sample member-{escape(sample.member)}" data-split="{escape(sample.split)}" '
+        f'data-location="{escape(sample.location)}" data-member="{escape(sample.member)}" '
+        f'data-targets="{sample.targets}">{meta}<div class="tokens">{tokens}</div></div>'
+    )
 
 
 def _samples(samples: Sequence[ShownSample]) -> str:
@@ -87,8 +93,7 @@ def _samples(samples: Sequence[ShownSample]) -> str:
     out: list[str] = []
     group: list[ShownSample] = []
     for sample in samples:
-        if group and (sample.member == "sample" or (sample.location, sample.why) != (group[0].location,
-                                                                                     group[0].why)):
+        if group and (sample.member == "sample" or (sample.location, sample.why) != (group[0].location, group[0].why)):
             out.append(_group(group))
             group = []
         group.append(sample)
@@ -108,11 +113,13 @@ def page(samples: Sequence[ShownSample], *, title: str, summary: str) -> str:
     for split in dict.fromkeys(s.split for s in samples):
         body = _samples([s for s in samples if s.split == split])
         sections.append(f'<section id="split-{escape(split)}"><h2>{escape(split)}</h2>{body}</section>')
-    return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
-            f"<style>{_CSS}</style></head><body><h1>{escape(title)}</h1>"
-            f'<p class="run">{escape(summary)}</p><p>{escape(LOOK_FOR)}</p>'
-            f'<div class="legend" id="legend"><b>Legend</b> {legend}</div>'
-            f'{"".join(sections)}</body></html>\n')
+    return (
+        f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+        f"<style>{_CSS}</style></head><body><h1>{escape(title)}</h1>"
+        f'<p class="run">{escape(summary)}</p><p>{escape(LOOK_FOR)}</p>'
+        f'<div class="legend" id="legend"><b>Legend</b> {legend}</div>'
+        f"{''.join(sections)}</body></html>\n"
+    )
 
 
 def write_html(samples: Sequence[ShownSample], path: Path, *, title: str, summary: str) -> Path:

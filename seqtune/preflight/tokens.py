@@ -27,9 +27,13 @@ def token_facts(cfg: RootConfig, resolved: Resolved, tokenizer: Any) -> Tokens:
     templated = bool(formats & TEMPLATED_FORMATS) and bool(getattr(tokenizer, "chat_template", None))
     eos = int(tokenizer.eos_token_id)
     pad = resolved.vocab.pad_id if resolved.vocab.pad_id is not None else eos
-    return Tokens(pad_id=int(pad), bos_id=added_bos_id(tokenizer), eos_id=eos,
-                  terminators=terminators(tokenizer, spec_for(cfg.model).eot_token, templated=templated),
-                  templated=templated)
+    return Tokens(
+        pad_id=int(pad),
+        bos_id=added_bos_id(tokenizer),
+        eos_id=eos,
+        terminators=terminators(tokenizer, spec_for(cfg.model).eot_token, templated=templated),
+        templated=templated,
+    )
 
 
 def terminators(tokenizer: Any, eot: str | None, *, templated: bool) -> dict[int, str]:
@@ -51,8 +55,12 @@ def terminators(tokenizer: Any, eot: str | None, *, templated: bool) -> dict[int
 def template_turn_closer(tokenizer: Any, control: dict[int, str]) -> int | None:
     """The first control token the chat template renders after an assistant reply, inside that reply's turn (the
     turn of a reply that is not the last, which templates close like every other); None when there is none."""
-    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": PROBE_REPLY},
-                {"role": "user", "content": "Thanks"}, {"role": "assistant", "content": "Bye"}]
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": PROBE_REPLY},
+        {"role": "user", "content": "Thanks"},
+        {"role": "assistant", "content": "Bye"},
+    ]
     try:
         text, spans = render_chat(tokenizer, messages)
     except Exception:  # noqa: BLE001 - a template that cannot render this has no closer to find
@@ -62,5 +70,5 @@ def template_turn_closer(tokenizer: Any, control: dict[int, str]) -> int | None:
     at = reply.find(PROBE_REPLY)
     if at < 0:
         return None
-    ids = tokenizer(reply[at + len(PROBE_REPLY):], add_special_tokens=False)["input_ids"]
+    ids = tokenizer(reply[at + len(PROBE_REPLY) :], add_special_tokens=False)["input_ids"]
     return next((int(i) for i in ids if int(i) in control), None)

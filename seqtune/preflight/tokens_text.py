@@ -41,8 +41,15 @@ class TextProof:
     first_difference: str | None = None  # where and how the first mismatched sample differs
 
 
-def prove_tokens_text(split: SplitInput, cache: TokenCache, tokenizer: Any, encoders: Mapping[str, SampleEncoder], *,
-                      media_root: str | None, limit: int = TEXT_PROOF_SAMPLES) -> TextProof:
+def prove_tokens_text(
+    split: SplitInput,
+    cache: TokenCache,
+    tokenizer: Any,
+    encoders: Mapping[str, SampleEncoder],
+    *,
+    media_root: str | None,
+    limit: int = TEXT_PROOF_SAMPLES,
+) -> TextProof:
     """Compare cached samples of `split` with their records' rendered text (`encoders`: one per format of the
     split's sources, as the scan used): the first `limit` samples, shared out over the split's sources so every
     source (and format) is checked."""
@@ -59,8 +66,9 @@ def prove_tokens_text(split: SplitInput, cache: TokenCache, tokenizer: Any, enco
         proof.checked += 1
         for j, text in enumerate(texts):
             sample = cache[wanted[location] + j]
-            difference = _difference(np.asarray(sample.input_ids, np.int64), text, tokenizer,
-                                     bos_id=encoder.bos_id, eos_id=encoder.eos_id)
+            difference = _difference(
+                np.asarray(sample.input_ids, np.int64), text, tokenizer, bos_id=encoder.bos_id, eos_id=encoder.eos_id
+            )
             if difference is not None:
                 proof.mismatched.add(1, [location])
                 if proof.first_difference is None:
@@ -69,8 +77,9 @@ def prove_tokens_text(split: SplitInput, cache: TokenCache, tokenizer: Any, enco
     return proof
 
 
-def _rendered_texts(split: SplitInput, encoders: Mapping[str, SampleEncoder], media_root: str | None,
-                    wanted: dict[str, int]) -> Iterator[tuple[str, list[str]]]:
+def _rendered_texts(
+    split: SplitInput, encoders: Mapping[str, SampleEncoder], media_root: str | None, wanted: dict[str, int]
+) -> Iterator[tuple[str, list[str]]]:
     """(location, rendered text of each of its sequences) of the records whose samples are `wanted`, in the split's
     order."""
     left, parser = len(wanted), None
@@ -79,8 +88,9 @@ def _rendered_texts(split: SplitInput, encoders: Mapping[str, SampleEncoder], me
             return
         encoder = encoders[split.sources[record.source].format]
         if parser is None or parser.file != str(record.path) or parser.fmt != encoder.fmt:
-            parser = encoder.line_parser(str(record.path), media_root=media_root,
-                                         columns=split.sources[record.source].columns)
+            parser = encoder.line_parser(
+                str(record.path), media_root=media_root, columns=split.sources[record.source].columns
+            )
         location = f"{record.path}:{record.number}"
         if location not in wanted:
             continue
@@ -146,10 +156,12 @@ def _difference(ids: np.ndarray, text: str, tokenizer: Any, *, bos_id: int | Non
     differ = np.flatnonzero(core[:common] != whole[:common])
     at = int(differ[0]) if len(differ) else common
     lo = max(at - CONTEXT_TOKENS, 0)
-    trained = tokenizer.convert_ids_to_tokens(core[lo: at + CONTEXT_TOKENS].tolist())
-    expected = tokenizer.convert_ids_to_tokens(whole[lo: at + CONTEXT_TOKENS].tolist())
-    return (f"from token {at} the sample has {trained[at - lo:]} where the text tokenized whole has "
-            f"{expected[at - lo:]} (after {trained[: at - lo]})")
+    trained = tokenizer.convert_ids_to_tokens(core[lo : at + CONTEXT_TOKENS].tolist())
+    expected = tokenizer.convert_ids_to_tokens(whole[lo : at + CONTEXT_TOKENS].tolist())
+    return (
+        f"from token {at} the sample has {trained[at - lo :]} where the text tokenized whole has "
+        f"{expected[at - lo :]} (after {trained[: at - lo]})"
+    )
 
 
 def split_text_proof(cache_dir: Path, tokenizer: Any, *, train_on_prompt: bool, media_root: str | None) -> TextProof:

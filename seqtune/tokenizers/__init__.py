@@ -18,9 +18,14 @@ if TYPE_CHECKING:
     from seqtune.tokenizers.location import ADDED_PAD_TOKEN, BUNDLED_DIR
 
 _EXPORTS = {
-    "TokenizerFacts": "facts", "read_tokenizer_facts": "facts", "tokenizer_facts": "facts",
-    "special_token_ids": "info", "tokenizer_fingerprint": "info", "load_tokenizer": "load",
-    "ADDED_PAD_TOKEN": "location", "BUNDLED_DIR": "location",
+    "TokenizerFacts": "facts",
+    "read_tokenizer_facts": "facts",
+    "tokenizer_facts": "facts",
+    "special_token_ids": "info",
+    "tokenizer_fingerprint": "info",
+    "load_tokenizer": "load",
+    "ADDED_PAD_TOKEN": "location",
+    "BUNDLED_DIR": "location",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -32,7 +32,7 @@ def literal_controls(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:
         return {}
     encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
     ids = {text: token_id for token_id, text in tokens.items()}
-    return {text: ids[text] for text, got in zip(texts, encoded) if got == [ids[text]]}
+    return {text: ids[text] for text, got in zip(texts, encoded, strict=True) if got == [ids[text]]}
 
 
 # What chat templates put after a turn's closing token: newlines and spaces.

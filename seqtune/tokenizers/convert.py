@@ -24,9 +24,18 @@ LLAMA3_PATTERN = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 LLAMA3_SPECIALS = [
-    "<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>", "<|reserved_special_token_1|>",
-    "<|finetune_right_pad_id|>", "<|step_id|>", "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>",
-    "<|eot_id|>", "<|python_tag|>", "<|image|>",
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|reserved_special_token_0|>",
+    "<|reserved_special_token_1|>",
+    "<|finetune_right_pad_id|>",
+    "<|step_id|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eom_id|>",
+    "<|eot_id|>",
+    "<|python_tag|>",
+    "<|image|>",
 ]
 # Qwen (1 to 3): the pre-tokenizer splits digits one by one (Llama 3 groups up to three).
 QWEN_PATTERN = (
@@ -36,21 +45,49 @@ QWEN_PATTERN = (
 # Qwen3's added tokens after the 151,643 byte-level ranks, in id order (151643...), and whether each is special
 # (skipped by decode(skip_special_tokens=True)) as Qwen3's tokenizer.json marks it.
 QWEN3_ADDED = [
-    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True), ("<|object_ref_start|>", True),
-    ("<|object_ref_end|>", True), ("<|box_start|>", True), ("<|box_end|>", True), ("<|quad_start|>", True),
-    ("<|quad_end|>", True), ("<|vision_start|>", True), ("<|vision_end|>", True), ("<|vision_pad|>", True),
-    ("<|image_pad|>", True), ("<|video_pad|>", True), ("<tool_call>", False), ("</tool_call>", False),
-    ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False), ("<|fim_pad|>", False),
-    ("<|repo_name|>", False), ("<|file_sep|>", False), ("<tool_response>", False), ("</tool_response>", False),
-    ("<think>", False), ("</think>", False),
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True),
+    ("<|box_start|>", True),
+    ("<|box_end|>", True),
+    ("<|quad_start|>", True),
+    ("<|quad_end|>", True),
+    ("<|vision_start|>", True),
+    ("<|vision_end|>", True),
+    ("<|vision_pad|>", True),
+    ("<|image_pad|>", True),
+    ("<|video_pad|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<|fim_prefix|>", False),
+    ("<|fim_middle|>", False),
+    ("<|fim_suffix|>", False),
+    ("<|fim_pad|>", False),
+    ("<|repo_name|>", False),
+    ("<|file_sep|>", False),
+    ("<tool_response>", False),
+    ("</tool_response>", False),
+    ("<think>", False),
+    ("</think>", False),
 ]
 # GGUF / sentencepiece piece types.
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 # Texts every converted tokenizer must encode exactly as the original library does.
 REFERENCE_TEXTS = [
-    "Hello world", " Hello world", "Hello, world! How are you?", "  two leading spaces", "tabs\tand\nnewlines\n\n",
-    "numbers 1234567 and 3.14159", "Ünïcödé façade naïve café", "日本語のテキスト", "emoji 🦙🚀 end",
-    "def f(x):\n    return x ** 2  # square", "<b>not a tag</b> <p>", "a" * 40,
+    "Hello world",
+    " Hello world",
+    "Hello, world! How are you?",
+    "  two leading spaces",
+    "tabs\tand\nnewlines\n\n",
+    "numbers 1234567 and 3.14159",
+    "Ünïcödé façade naïve café",
+    "日本語のテキスト",
+    "emoji 🦙🚀 end",
+    "def f(x):\n    return x ** 2  # square",
+    "<b>not a tag</b> <p>",
+    "a" * 40,
     "runs:    four spaces,\t\ttwo tabs,\n\n\nthree newlines",
 ]
 
@@ -88,8 +125,9 @@ def from_tiktoken(raw: Path) -> Tokenizer:
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     # The converter recovers the byte-level merges from the ranks; specials follow the 128,000 ranks in order.
-    converter = TikTokenConverter(vocab_file=str(raw), pattern=LLAMA3_PATTERN,
-                                  extra_special_tokens=llama3_special_tokens())
+    converter = TikTokenConverter(
+        vocab_file=str(raw), pattern=LLAMA3_PATTERN, extra_special_tokens=llama3_special_tokens()
+    )
     return converter.converted()
 
 
@@ -99,12 +137,12 @@ def from_qwen_tiktoken(raw: Path) -> Tokenizer:
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     specials = [text for text, special in QWEN3_ADDED if special]
-    tokenizer = TikTokenConverter(vocab_file=str(raw), pattern=QWEN_PATTERN,
-                                  extra_special_tokens=specials).converted()
+    tokenizer = TikTokenConverter(vocab_file=str(raw), pattern=QWEN_PATTERN, extra_special_tokens=specials).converted()
     tokenizer.normalizer = normalizers.NFC()
     # Added but not special (Qwen marks them so): tool-call, fill-in-the-middle and thinking markers.
-    tokenizer.add_tokens([AddedToken(text, special=False, normalized=False) for text, special in QWEN3_ADDED
-                          if not special])
+    tokenizer.add_tokens(
+        [AddedToken(text, special=False, normalized=False) for text, special in QWEN3_ADDED if not special]
+    )
     return tokenizer
 
 
@@ -121,16 +159,24 @@ def from_sentencepiece(raw: Path) -> Tokenizer:
     model = sentencepiece_model_pb2.ModelProto()  # type: ignore[attr-defined]  # protobuf builds the class at import
     model.ParseFromString(raw.read_bytes())
     if model.trainer_spec.model_type != model.trainer_spec.BPE:
-        raise ValueError(f"{raw} is a sentencepiece {model.trainer_spec.ModelType.Name(model.trainer_spec.model_type)}"
-                         " model; only BPE models convert")
+        raise ValueError(
+            f"{raw} is a sentencepiece {model.trainer_spec.ModelType.Name(model.trainer_spec.model_type)}"
+            " model; only BPE models convert"
+        )
     pieces = [piece.piece for piece in model.pieces]
     scores = [piece.score for piece in model.pieces]
     types = [int(piece.type) for piece in model.pieces]
     return spm_bpe(pieces, scores, types, add_prefix_space=model.normalizer_spec.add_dummy_prefix)
 
 
-def spm_bpe(pieces: list[str], scores: list[float], types: list[int], merges: list[tuple[str, str]] | None = None,
-            *, add_prefix_space: bool = True) -> Tokenizer:
+def spm_bpe(
+    pieces: list[str],
+    scores: list[float],
+    types: list[int],
+    merges: list[tuple[str, str]] | None = None,
+    *,
+    add_prefix_space: bool = True,
+) -> Tokenizer:
     """A sentencepiece-style BPE: '▁' for spaces, byte fallback, merges ranked by the merged piece's score."""
     vocab = {piece: i for i, piece in enumerate(pieces)}
     if merges is None:
@@ -146,18 +192,21 @@ def spm_bpe(pieces: list[str], scores: list[float], types: list[int], merges: li
     tokenizer.decoder = decoders.Sequence(decode_steps)
     # sentencepiece matches user-defined pieces on the normalized text ("▁▁" is two spaces), so they are matched
     # after normalization here too; control pieces are never normalized (chat templates write them literally).
-    tokenizer.add_tokens([AddedToken(pieces[i], special=False, normalized=True)
-                          for i, t in enumerate(types) if t == USER_DEFINED])
-    tokenizer.add_special_tokens([AddedToken(pieces[i], special=True, normalized=False)
-                                  for i, t in enumerate(types) if t in (UNKNOWN, CONTROL)])
+    tokenizer.add_tokens(
+        [AddedToken(pieces[i], special=False, normalized=True) for i, t in enumerate(types) if t == USER_DEFINED]
+    )
+    tokenizer.add_special_tokens(
+        [AddedToken(pieces[i], special=True, normalized=False) for i, t in enumerate(types) if t in (UNKNOWN, CONTROL)]
+    )
     return tokenizer
 
 
-def merges_from_scores(pieces: list[str], scores: list[float], types: list[int],
-                       vocab: dict[str, int]) -> list[tuple[str, str]]:
+def merges_from_scores(
+    pieces: list[str], scores: list[float], types: list[int], vocab: dict[str, int]
+) -> list[tuple[str, str]]:
     # sentencepiece BPE applies the merge whose result has the highest score first, so rank by that score.
     ranked = []
-    for piece, score, kind in zip(pieces, scores, types):
+    for piece, score, kind in zip(pieces, scores, types, strict=True):
         if kind != NORMAL or len(piece) < 2:
             continue
         for cut in range(1, len(piece)):
@@ -203,7 +252,7 @@ def read_gguf_metadata(path: Path) -> dict:
 def _gguf_string(data: memoryview, offset: int) -> tuple[str, int]:
     (length,) = struct.unpack_from("<Q", data, offset)
     start = offset + 8
-    return str(data[start:start + length], "utf-8"), start + length
+    return str(data[start : start + length], "utf-8"), start + length
 
 
 def _gguf_read(data: memoryview, offset: int, vtype: int):
@@ -229,7 +278,7 @@ def _gguf_read(data: memoryview, offset: int, vtype: int):
 def _split_merge(merge: str, vocab: dict[str, int]) -> tuple[str, str]:
     # GGUF stores a merge as "left right"; a piece can itself hold a space, so pick the cut whose halves exist.
     for cut in [i for i, ch in enumerate(merge) if ch == " "]:
-        left, right = merge[:cut], merge[cut + 1:]
+        left, right = merge[:cut], merge[cut + 1 :]
         if left in vocab and right in vocab and left + right in vocab:
             return left, right
     raise ValueError(f"GGUF merge {merge!r} does not split into two vocabulary pieces")
@@ -240,14 +289,23 @@ def _split_merge(merge: str, vocab: dict[str, int]) -> tuple[str, str]:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def save_hf_dir(converted: Converted, out: Path, *, bos: str | None, eos: str, pad: str | None, unk: str | None,
-                chat_template: str | None) -> None:
+def save_hf_dir(
+    converted: Converted,
+    out: Path,
+    *,
+    bos: str | None,
+    eos: str,
+    pad: str | None,
+    unk: str | None,
+    chat_template: str | None,
+) -> None:
     tokenizer = converted.tokenizer
     if bos is not None:  # Qwen has none: nothing is prepended
         bos_id = tokenizer.token_to_id(bos)
         # bos is prepended by the tokenizer (as the official files do); eos is the data pipeline's decision.
-        prepend_bos = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
-                                                    special_tokens=[(bos, bos_id)])
+        prepend_bos = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
+        )
         if isinstance(tokenizer.post_processor, processors.ByteLevel):
             tokenizer.post_processor = processors.Sequence([tokenizer.post_processor, prepend_bos])
         else:
@@ -257,9 +315,13 @@ def save_hf_dir(converted: Converted, out: Path, *, bos: str | None, eos: str, p
     special = {"bos_token": bos, "eos_token": eos, "unk_token": unk, "pad_token": pad}
     special = {k: v for k, v in special.items() if v is not None}
     config = {
-        "tokenizer_class": "PreTrainedTokenizerFast", **special, "add_bos_token": bos is not None,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **special,
+        "add_bos_token": bos is not None,
         "add_eos_token": False,
-        "clean_up_tokenization_spaces": False, "model_max_length": 1_000_000, "chat_template": chat_template,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 1_000_000,
+        "chat_template": chat_template,
     }
     (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2, ensure_ascii=False) + "\n")
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
@@ -276,7 +338,7 @@ def read_vectors(inp: Path | None, out: Path | None) -> list[tuple[str, list[int
         return []
     texts = inp.read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
     ids = out.read_text(encoding="utf-8").split("\n")
-    return [(text, [int(i) for i in line.split()]) for text, line in zip(texts, ids)]
+    return [(text, [int(i) for i in line.split()]) for text, line in zip(texts, ids, strict=True)]
 
 
 def reference_encoder(kind: str, raw: Path):
@@ -299,8 +361,9 @@ def reference_encoder(kind: str, raw: Path):
     return None
 
 
-def check_hf_dir(directory: Path, *, source: PypiTokenizer, raw: Path,
-                 vectors: list[tuple[str, list[int]]]) -> list[str]:
+def check_hf_dir(
+    directory: Path, *, source: PypiTokenizer, raw: Path, vectors: list[tuple[str, list[int]]]
+) -> list[str]:
     """Every way the conversion could be wrong, as messages (empty = the tokenizer is the real one)."""
     from transformers import AutoTokenizer
 
@@ -322,9 +385,12 @@ def check_hf_dir(directory: Path, *, source: PypiTokenizer, raw: Path,
             problems.append(f"decode(encode({text!r})) = {tok.decode(got)!r}")
     with_specials = tok("Hello world")["input_ids"]
     if source.bos is None and with_specials != tok.encode("Hello world", add_special_tokens=False):
-        problems.append(f"'Hello world' with specials encodes to {with_specials}: this tokenizer has no bos, so "
-                        "nothing may be added")
-    elif source.bos is not None and (with_specials[:1] != [tok.bos_token_id]
-                                     or with_specials.count(tok.bos_token_id) != 1):
+        problems.append(
+            f"'Hello world' with specials encodes to {with_specials}: this tokenizer has no bos, so "
+            "nothing may be added"
+        )
+    elif source.bos is not None and (
+        with_specials[:1] != [tok.bos_token_id] or with_specials.count(tok.bos_token_id) != 1
+    ):
         problems.append(f"'Hello world' with specials encodes to {with_specials}: bos must be prepended exactly once")
     return problems

@@ -39,8 +39,9 @@ def tokenizer_facts(tokenizer: Any, *, eot_token: str | None) -> TokenizerFacts:
         # An end-of-turn marker the tokenizer does not know maps to unk (or None): not an id to range-check.
         if token_id is not None and token_id != tokenizer.unk_token_id:
             ids[eot_token] = int(token_id)
-    return TokenizerFacts(size=len(tokenizer), special_ids=ids, pad_id=tokenizer.pad_token_id,
-                          eos_id=tokenizer.eos_token_id)
+    return TokenizerFacts(
+        size=len(tokenizer), special_ids=ids, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id
+    )
 
 
 def read_tokenizer_facts(tok: TokenizerConfig, model: ModelConfig, *, eot_token: str | None) -> TokenizerFacts | None:

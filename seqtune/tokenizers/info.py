@@ -33,7 +33,7 @@ def _backend_without_call_state(text: str) -> str:
     # call state without parsing (Gemma's 11 MB JSON: 0.5 s instead of 2.5 s through json.loads/dumps).
     marker = ',"added_tokens":'
     if text.startswith('{"version":') and marker in text:
-        return text[text.index(marker):]
+        return text[text.index(marker) :]
     backend = json.loads(text)
     backend.pop("padding", None)
     backend.pop("truncation", None)

@@ -16,8 +16,9 @@ from seqtune.tokenizers.location import (
 )
 
 
-def load_tokenizer(tok: TokenizerConfig, model: ModelConfig, *,
-                   default_chat_template: str | None = None) -> PreTrainedTokenizerBase:
+def load_tokenizer(
+    tok: TokenizerConfig, model: ModelConfig, *, default_chat_template: str | None = None
+) -> PreTrainedTokenizerBase:
     """A fast tokenizer with eos (and bos where it has one), a pad token per tokenizer.pad_policy and a chat template (when any exists).
 
     The chat template is tokenizer.chat_template if set (a name from seqtune.tokenizers.templates.NAMED, a .jinja
@@ -42,12 +43,15 @@ def _load_directory(location: TokenizerLocation) -> PreTrainedTokenizerBase:
         # Local directory only: local_files_only makes a hub lookup impossible, and no repo code ever runs.
         tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)
     except Exception as exc:  # transformers raises many types (OSError, ValueError, KeyError...) for broken files
-        raise ModelLoadError(f"{key}={value}: loading the tokenizer in {directory} failed: {exc}", key=key,
-                             fix=DIRECTORY_FIX) from exc
+        raise ModelLoadError(
+            f"{key}={value}: loading the tokenizer in {directory} failed: {exc}", key=key, fix=DIRECTORY_FIX
+        ) from exc
     if not tokenizer.is_fast:
-        raise ModelLoadError(f"{key}={value}: {directory} gives a slow {type(tokenizer).__name__}; seqtune needs "
-                             "a fast tokenizer.", key=key,
-                             fix="add a tokenizer.json (save it with a recent transformers).")
+        raise ModelLoadError(
+            f"{key}={value}: {directory} gives a slow {type(tokenizer).__name__}; seqtune needs a fast tokenizer.",
+            key=key,
+            fix="add a tokenizer.json (save it with a recent transformers).",
+        )
     if not location.has_json:
         _check_against_sentencepiece(tokenizer, location)
     return tokenizer
@@ -68,5 +72,5 @@ def _check_against_sentencepiece(tokenizer: PreTrainedTokenizerBase, location: T
             f"{expected[:8]}).",
             key=location.key,
             fix="save the tokenizer with tokenizer.json, or set tokenizer_class (e.g. LlamaTokenizer) in "
-                "tokenizer_config.json.",
+            "tokenizer_config.json.",
         )

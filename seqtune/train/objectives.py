@@ -29,8 +29,7 @@ class Objective(Protocol):
     count_key: str
     metric_names: tuple[str, ...]
 
-    def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]
-                 ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def _inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -45,20 +44,26 @@ class TokenCrossEntropy:
     count_key: str = "num_targets"
     metric_names: tuple[str, ...] = ()
 
-    def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         # use_cache=False always: when a KV cache is created, packed rows are no longer kept apart.
         loss = model(**_inputs(batch), targets=batch["targets"], use_cache=False).loss
         return loss, loss.new_zeros(0)
 
 
 # The preference metrics, in this order (TRL's names; evaluation logs them as eval_<name>).
-PREFERENCE_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
-                      "logps/chosen", "logps/rejected")
+PREFERENCE_METRICS = (
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/margins",
+    "rewards/accuracies",
+    "logps/chosen",
+    "logps/rejected",
+)
 
 
-def sequence_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor]
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sequence_logps(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(log-probability of each sequence's targets, its target count, a zero in the graph) for a micro-batch of
     k-sequence samples: sequence i of the micro-batch is batch["sequence_index"] == i (seqtune.data.collate)."""
     out = model(**_inputs(batch), targets=batch["targets"], per_token=True, use_cache=False)
@@ -83,8 +88,7 @@ class PreferenceObjective:
     count_key: str = "num_samples"
     metric_names: tuple[str, ...] = PREFERENCE_METRICS
 
-    def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         logps, lengths, anchor = sequence_logps(model, batch)
         chosen, rejected = logps[0::2], logps[1::2]
         chosen_len, rejected_len = lengths[0::2].float(), lengths[1::2].float()
@@ -114,8 +118,16 @@ class PreferenceObjective:
         if self.cfg.sft_weight:
             losses = losses + self.cfg.sft_weight * (-chosen / chosen_len.clamp(min=1))
         weight = real.float()
-        rewards = torch.stack([reward_chosen, reward_rejected, reward_chosen - reward_rejected,
-                               (reward_chosen > reward_rejected).float(), chosen, rejected]).detach()
+        rewards = torch.stack(
+            [
+                reward_chosen,
+                reward_rejected,
+                reward_chosen - reward_rejected,
+                (reward_chosen > reward_rejected).float(),
+                chosen,
+                rejected,
+            ]
+        ).detach()
         return (losses * weight).sum() + anchor, (rewards * weight).sum(dim=1)
 
 

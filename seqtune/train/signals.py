@@ -59,8 +59,10 @@ def _handler(signum: int, _frame) -> None:
         return
     if _RECEIVED.signum is not None or not _RECEIVED.deferred:
         _RECEIVED.signum, _RECEIVED.at = signum, time.monotonic()
-        raise Interrupted(signum, f"stopped by {signal.Signals(signum).name}"
-                                  f"{' (a second signal: at once)' if _RECEIVED.deferred else ''}.")
+        raise Interrupted(
+            signum,
+            f"stopped by {signal.Signals(signum).name}{' (a second signal: at once)' if _RECEIVED.deferred else ''}.",
+        )
     _RECEIVED.signum, _RECEIVED.at = signum, time.monotonic()
     # No print here: the handler may run while the console's lock is held. The bound on the stop is a timer.
     timer = threading.Timer(_RECEIVED.grace_s + HARD_STOP_MARGIN_S, _hard_stop, args=(signum,))
@@ -100,13 +102,18 @@ class StopAtStep:
             if agreed == self.env.world_size:
                 self.checkpointer.save(step)
             elif self.env.is_main:
-                print(f"no final checkpoint: the last save took {estimate:.1f} s, more than the {left:.1f} s left "
-                      "of train.signal_grace_s.", flush=True)
+                print(
+                    f"no final checkpoint: the last save took {estimate:.1f} s, more than the {left:.1f} s left "
+                    "of train.signal_grace_s.",
+                    flush=True,
+                )
         kept = [p for p in complete_checkpoints(self.checkpointer.run_dir) if checkpoint_step(p) <= step]
         if not kept:
             return "no checkpoint was written; a rerun starts over."
-        return (f"the latest checkpoint is {kept[-1]} (step {checkpoint_step(kept[-1])}); the same command "
-                "(train.resume=auto) resumes from it exactly.")
+        return (
+            f"the latest checkpoint is {kept[-1]} (step {checkpoint_step(kept[-1])}); the same command "
+            "(train.resume=auto) resumes from it exactly."
+        )
 
     def _sum(self, value: float) -> float:
         """Over every rank (the all-reduce is also what makes every rank stop after the same step)."""

@@ -14,15 +14,30 @@ from safetensors.torch import load_file
 from tests.conftest import read_metrics, run_cli
 
 STEPS = 6
-COMMON = ["recipe=full_sft", f"train.max_steps={STEPS}", "train.eval_every=0", "train.log_every=1", "data.val=null",
-          "padding=longest", "optim.lr=1e-3"]
-FSDP = ["launcher=torchrun", "launcher.nproc_per_node=2", "train.parallel=fsdp", "train.batch_size=2",
-        "train.save_every=2", "train.keep_last=3"]
+COMMON = [
+    "recipe=full_sft",
+    f"train.max_steps={STEPS}",
+    "train.eval_every=0",
+    "train.log_every=1",
+    "data.val=null",
+    "padding=longest",
+    "optim.lr=1e-3",
+]
+FSDP = [
+    "launcher=torchrun",
+    "launcher.nproc_per_node=2",
+    "train.parallel=fsdp",
+    "train.batch_size=2",
+    "train.save_every=2",
+    "train.keep_last=3",
+]
 WEIGHTS = Path("model") / "model.safetensors"
 
 
 def _ok(result) -> None:
-    assert result.returncode == 0, f"exit {result.returncode}\nSTDOUT:\n{result.stdout[-4000:]}\nSTDERR:\n{result.stderr[-4000:]}"
+    assert result.returncode == 0, (
+        f"exit {result.returncode}\nSTDOUT:\n{result.stdout[-4000:]}\nSTDERR:\n{result.stderr[-4000:]}"
+    )
 
 
 def _losses(run_dir: Path) -> list[float]:
@@ -41,7 +56,7 @@ def test_fsdp_matches_one_unsharded_process_on_the_same_global_batch(fsdp_run: P
     _ok(run_cli([*COMMON, "launcher=local", "train.batch_size=4"], single))
     one, two = _losses(single), _losses(fsdp_run)
     assert len(one) == len(two) == STEPS and one[0] != one[-1]
-    for step, (a, b) in enumerate(zip(one, two), start=1):
+    for step, (a, b) in enumerate(zip(one, two, strict=True), start=1):
         assert abs(a - b) <= 1e-4 * abs(a), f"step {step}: 1 process {a} vs FSDP 2 ranks {b}"
     mine, theirs = load_file(str(single / WEIGHTS)), load_file(str(fsdp_run / WEIGHTS))
     assert mine.keys() == theirs.keys()

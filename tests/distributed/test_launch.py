@@ -37,8 +37,14 @@ def test_slurm_command_spans_the_allocation_with_one_rendezvous():
     command = launch_command(launcher, world, Path("/shared/run"), ALLOCATION)
     assert command[:4] == ["srun", "--nodes=4", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
     joined = " ".join(command)
-    for part in ("--nnodes=4", "--nproc-per-node=8", "--rdzv-id=77", "--rdzv-backend=c10d",
-                 "--rdzv-endpoint=gpu-a01:29511", "-m seqtune.worker --run-dir /shared/run"):
+    for part in (
+        "--nnodes=4",
+        "--nproc-per-node=8",
+        "--rdzv-id=77",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=gpu-a01:29511",
+        "-m seqtune.worker --run-dir /shared/run",
+    ):
         assert part in joined
 
 
@@ -48,7 +54,9 @@ def test_slurm_outside_an_allocation_names_the_fix():
 
 
 def test_slurm_more_nodes_than_allocated_names_the_fix():
-    with pytest.raises(ConfigError, match=r"launcher.nnodes=8 but the allocation \(job 77\) has 4.*Fix: launcher.nnodes=4"):
+    with pytest.raises(
+        ConfigError, match=r"launcher.nnodes=8 but the allocation \(job 77\) has 4.*Fix: launcher.nnodes=4"
+    ):
         resolve_world(LauncherConfig(name="slurm", nnodes=8), ALLOCATION)
 
 
@@ -100,9 +108,11 @@ def test_a_split_too_small_for_the_allocation_fails_preflight_before_any_launch(
     bin_dir.mkdir()
     (bin_dir / "srun").write_text(f"#!/bin/sh\ntouch {trace}\n")
     (bin_dir / "srun").chmod(0o755)
-    result = run_cli([f"data.train={train}", "data.val=null", "launcher=slurm", "launcher.nproc_per_node=2",
-                      "train.batch_size=2"], tmp_path / "run",
-                     env={**ALLOCATION, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    result = run_cli(
+        [f"data.train={train}", "data.val=null", "launcher=slurm", "launcher.nproc_per_node=2", "train.batch_size=2"],
+        tmp_path / "run",
+        env={**ALLOCATION, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+    )
     assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
     assert "world size 8" in result.stdout and "train.batch_size=2 x world size 8" in result.stdout
     assert not trace.exists(), "srun was called although preflight failed"
@@ -117,9 +127,19 @@ def test_sbatch_script_is_valid_shell_and_runs_seqtune_with_launcher_slurm():
 
 def test_multirun_jobs_get_their_own_directories_and_share_one_token_cache(tmp_path: Path):
     sweep, cache = tmp_path / "sweep", tmp_path / "cache"
-    result = run_cli(["-m", "lora.rank=4,8", "train.max_steps=2", "train.eval_every=0", "train.batch_size=4",
-                      "train.log_every=1",
-                      f"data.cache_dir={cache}", f"hydra.sweep.dir={sweep}"], tmp_path / "unused")
+    result = run_cli(
+        [
+            "-m",
+            "lora.rank=4,8",
+            "train.max_steps=2",
+            "train.eval_every=0",
+            "train.batch_size=4",
+            "train.log_every=1",
+            f"data.cache_dir={cache}",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        tmp_path / "unused",
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     jobs = [sweep / "0", sweep / "1"]
     ranks = [json.loads((job / "adapter" / "adapter_config.json").read_text())["r"] for job in jobs]

@@ -13,14 +13,22 @@ from safetensors.torch import load_file
 
 from tests.conftest import read_metrics, run_cli
 
-TWO_RANKS = ["launcher=torchrun", "launcher.nproc_per_node=2", "train.batch_size=2", "train.log_every=1",
-             "optim.lr=1e-2", "padding=longest"]
+TWO_RANKS = [
+    "launcher=torchrun",
+    "launcher.nproc_per_node=2",
+    "train.batch_size=2",
+    "train.log_every=1",
+    "optim.lr=1e-2",
+    "padding=longest",
+]
 # Only the first eval can improve on "no eval yet": every run stops two evals later, at step 6.
 EARLY = ["train.max_steps=40", "train.eval_every=2", "train.early_stop_patience=2", "train.early_stop_min_delta=100"]
 
 
 def _ok(result) -> None:
-    assert result.returncode == 0, f"exit {result.returncode}\nSTDOUT:\n{result.stdout[-4000:]}\nSTDERR:\n{result.stderr[-4000:]}"
+    assert result.returncode == 0, (
+        f"exit {result.returncode}\nSTDOUT:\n{result.stdout[-4000:]}\nSTDERR:\n{result.stderr[-4000:]}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -29,17 +37,26 @@ def data(tmp_path_factory) -> list[str]:
     words = ("apple", "river", "candle", "orbit", "maple", "stone")
     # Every record distinct, none of val in train (the duplicates check refuses both).
     for name, start, n in (("train", 0, 32), ("val", 100, 8)):
-        rows = [{"instruction": f"Item {i}: repeat {words[i % 6]}.", "input": "", "output": f"{words[i % 6]} " * (1 + i % 3)}
-                for i in range(start, start + n)]
+        rows = [
+            {
+                "instruction": f"Item {i}: repeat {words[i % 6]}.",
+                "input": "",
+                "output": f"{words[i % 6]} " * (1 + i % 3),
+            }
+            for i in range(start, start + n)
+        ]
         (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     # The test split is the validation file: on the restored weights its loss must be the best eval's.
     return [f"data.train={root / 'train.jsonl'}", f"data.val={root / 'val.jsonl'}", f"data.test={root / 'val.jsonl'}"]
 
 
-@pytest.mark.parametrize(("recipe", "parallel", "weights"), [
-    ("lora_sft", "ddp", Path("adapter") / "adapter_model.safetensors"),
-    ("full_sft", "fsdp", Path("model") / "model.safetensors"),
-])
+@pytest.mark.parametrize(
+    ("recipe", "parallel", "weights"),
+    [
+        ("lora_sft", "ddp", Path("adapter") / "adapter_model.safetensors"),
+        ("full_sft", "fsdp", Path("model") / "model.safetensors"),
+    ],
+)
 def test_every_rank_stops_early_and_ends_on_best(tmp_path: Path, data, recipe, parallel, weights):
     run_dir = tmp_path / "run"
     samples = ["train.eval_samples=2", "train.eval_sample_tokens=4"] if parallel == "ddp" else []

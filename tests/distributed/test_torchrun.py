@@ -29,11 +29,16 @@ from safetensors.torch import load_file
 from tests.conftest import REPO, assert_adapter_matches_merged, read_metrics, run_cli
 
 STEPS, SAVE_EVERY = 40, 4
-COMMON = [f"train.max_steps={STEPS}", "train.eval_every=0", "train.log_every=1", "data.val=null",
-          "padding=longest",
-          # LoRA only: a fully trained lm_head (lora=tiny's modules_to_save) lets Adam amplify float-order noise in
-          # near-zero gradients to ~2e-4 relative loss differences between 1 and 2 ranks after ~25 steps.
-          "lora.modules_to_save=[]"]
+COMMON = [
+    f"train.max_steps={STEPS}",
+    "train.eval_every=0",
+    "train.log_every=1",
+    "data.val=null",
+    "padding=longest",
+    # LoRA only: a fully trained lm_head (lora=tiny's modules_to_save) lets Adam amplify float-order noise in
+    # near-zero gradients to ~2e-4 relative loss differences between 1 and 2 ranks after ~25 steps.
+    "lora.modules_to_save=[]",
+]
 TWO_RANKS = ["launcher=torchrun", "launcher.nproc_per_node=2", "train.batch_size=2"]
 CHECKPOINTED = [f"train.save_every={SAVE_EVERY}", "train.keep_last=2", "train.resume=auto"]
 # Every rank draws its own dropout masks from its own stream, which its checkpoint file restores: a resume is exact.
@@ -42,7 +47,9 @@ ADAPTER = Path("adapter") / "adapter_model.safetensors"
 
 
 def _ok(result) -> None:
-    assert result.returncode == 0, f"exit {result.returncode}\nSTDOUT:\n{result.stdout[-4000:]}\nSTDERR:\n{result.stderr[-4000:]}"
+    assert result.returncode == 0, (
+        f"exit {result.returncode}\nSTDOUT:\n{result.stdout[-4000:]}\nSTDERR:\n{result.stderr[-4000:]}"
+    )
 
 
 def _losses(run_dir: Path) -> list[float]:
@@ -77,7 +84,7 @@ def test_two_ranks_match_one_rank_with_the_same_global_batch(tmp_path: Path):
     # normalisation must agree to float precision. Later steps drift by summation-order noise that Adam amplifies
     # (measured: <1e-4 relative up to step 24, ~2e-4 by step 37), hence the looser bound over the whole curve.
     assert abs(one[0] - two[0]) <= 1e-6 * abs(one[0]), (one[0], two[0])
-    for step, (a, b) in enumerate(zip(one, two), start=1):
+    for step, (a, b) in enumerate(zip(one, two, strict=True), start=1):
         assert abs(a - b) <= (1e-4 if step <= 24 else 1e-3) * abs(a), f"step {step}: 1 rank {a} vs 2 ranks {b}"
 
 
@@ -85,8 +92,16 @@ def test_checkpoints_are_periodic_and_only_the_last_k_kept(reference: Path):
     kept = sorted(p.name for p in (reference / "checkpoints").iterdir())
     assert kept == [f"step_{STEPS - SAVE_EVERY:08d}", f"step_{STEPS:08d}"]
     latest = reference / "checkpoints" / f"step_{STEPS:08d}"
-    assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_rank0.pt", "rng_rank1.pt", "data_rank0.pt",
-            "data_rank1.pt", "manifest.json"} <= {p.name for p in latest.iterdir()}
+    assert {
+        "model.safetensors",
+        "optimizer.pt",
+        "scheduler.pt",
+        "rng_rank0.pt",
+        "rng_rank1.pt",
+        "data_rank0.pt",
+        "data_rank1.pt",
+        "manifest.json",
+    } <= {p.name for p in latest.iterdir()}
     manifest = json.loads((latest / "manifest.json").read_text())
     assert manifest["step"] == STEPS and manifest["plan"]["world"]["nproc_per_node"] == 2
     assert set(manifest["files"]) == {p.name for p in latest.iterdir()} - {"manifest.json"}
@@ -107,15 +122,30 @@ def _assert_resumed_like_reference(run_dir: Path, reference: Path, resumed_from:
 
 def test_sigkill_then_resume_matches_the_uninterrupted_run(reference: Path, tmp_path: Path):
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "seqtune", *COMMON, *DROPOUT, *TWO_RANKS, *CHECKPOINTED,
-               f"hydra.run.dir={run_dir}",
-               "train.progress=false"]
+    command = [
+        sys.executable,
+        "-m",
+        "seqtune",
+        *COMMON,
+        *DROPOUT,
+        *TWO_RANKS,
+        *CHECKPOINTED,
+        f"hydra.run.dir={run_dir}",
+        "train.progress=false",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("WANDB_API_KEY", None)
     # Its own process group, so kill -9 reaches the parent, torchrun and both ranks at once (like a node loss).
     # Niced, so on a small machine this watcher still wakes up promptly to kill it early in training.
-    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True, preexec_fn=lambda: os.nice(10))
+    proc = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=lambda: os.nice(10),
+    )
     checkpoints = run_dir / "checkpoints"
     deadline = time.monotonic() + 300
     while not list(checkpoints.glob("step_*")) and proc.poll() is None and time.monotonic() < deadline:
@@ -156,12 +186,28 @@ def test_sigterm_stops_every_rank_with_a_checkpoint_that_resumes_exactly(referen
     step, writes a final checkpoint there, and nothing of the run is left; the same command then resumes from that
     checkpoint bitwise like the uninterrupted run."""
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "seqtune", *COMMON, *DROPOUT, *TWO_RANKS, *CHECKPOINTED,
-               f"hydra.run.dir={run_dir}", "train.progress=false"]
+    command = [
+        sys.executable,
+        "-m",
+        "seqtune",
+        *COMMON,
+        *DROPOUT,
+        *TWO_RANKS,
+        *CHECKPOINTED,
+        f"hydra.run.dir={run_dir}",
+        "train.progress=false",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("WANDB_API_KEY", None)
-    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: os.nice(10))
+    proc = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: os.nice(10),
+    )
     checkpoints = run_dir / "checkpoints"
     deadline = time.monotonic() + 300
     while not list(checkpoints.glob("step_*")) and proc.poll() is None and time.monotonic() < deadline:
@@ -186,9 +232,21 @@ def test_sigterm_stops_every_rank_with_a_checkpoint_that_resumes_exactly(referen
 
 def test_a_second_run_into_a_live_run_directory_is_refused(tmp_path: Path):
     run_dir = tmp_path / "run"
-    first = subprocess.Popen([sys.executable, "-m", "seqtune", *COMMON, *TWO_RANKS, "train.max_steps=400",
-                              f"hydra.run.dir={run_dir}", "train.progress=false"], cwd=REPO,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "seqtune",
+            *COMMON,
+            *TWO_RANKS,
+            "train.max_steps=400",
+            f"hydra.run.dir={run_dir}",
+            "train.progress=false",
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 300
         while not (run_dir / "plan.json").is_file() and first.poll() is None and time.monotonic() < deadline:
@@ -206,8 +264,9 @@ def test_a_second_run_into_a_live_run_directory_is_refused(tmp_path: Path):
 def test_crash_while_saving_resumes_from_the_previous_checkpoint(reference: Path, tmp_path: Path):
     run_dir = tmp_path / "run"
     crash_step = 2 * SAVE_EVERY
-    crashed = run_cli([*COMMON, *DROPOUT, *TWO_RANKS, *CHECKPOINTED], run_dir,
-                      env={"SEQTUNE_FAULT": f"save:{crash_step}"})
+    crashed = run_cli(
+        [*COMMON, *DROPOUT, *TWO_RANKS, *CHECKPOINTED], run_dir, env={"SEQTUNE_FAULT": f"save:{crash_step}"}
+    )
     assert crashed.returncode != 0
     checkpoints = run_dir / "checkpoints"
     assert (checkpoints / f".tmp-step_{crash_step:08d}" / "model.safetensors").is_file()  # really mid-save
@@ -253,12 +312,27 @@ def test_launcher_slurm_runs_srun_torchrun_inside_an_allocation(tmp_path: Path):
     log = tmp_path / "srun_args"
     srun.write_text(f'#!/bin/sh\necho "$@" > {log}\nwhile [ "${{1#--}}" != "$1" ]; do shift; done\nexec "$@"\n')
     srun.chmod(srun.stat().st_mode | stat.S_IEXEC)
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "1",
-           "MASTER_ADDR": "127.0.0.1"}
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NUM_NODES": "1",
+        "MASTER_ADDR": "127.0.0.1",
+    }
     run_dir = tmp_path / "run"
-    result = run_cli(["train.max_steps=2", "train.eval_every=0", "train.log_every=1", "data.val=null", "launcher=slurm",
-                      "launcher.nproc_per_node=2", "train.batch_size=2",
-                      f"launcher.rdzv_endpoint=127.0.0.1:{_free_port()}"], run_dir, env=env)
+    result = run_cli(
+        [
+            "train.max_steps=2",
+            "train.eval_every=0",
+            "train.log_every=1",
+            "data.val=null",
+            "launcher=slurm",
+            "launcher.nproc_per_node=2",
+            "train.batch_size=2",
+            f"launcher.rdzv_endpoint=127.0.0.1:{_free_port()}",
+        ],
+        run_dir,
+        env=env,
+    )
     _ok(result)
     args = log.read_text()
     assert "--nodes=1 --ntasks-per-node=1" in args and "--rdzv-id=4242" in args and "--nproc-per-node=2" in args

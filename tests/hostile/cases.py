@@ -77,9 +77,12 @@ class Case:
 
 # --- data builders ----------------------------------------------------------------------------------------
 
+
 def alpaca_rows(n: int, tag: str = "") -> list[bytes]:
-    return [json.dumps({"instruction": f"Say {tag}{i}.", "input": "", "output": f"{tag}{i} said."}).encode()
-            for i in range(n)]
+    return [
+        json.dumps({"instruction": f"Say {tag}{i}.", "input": "", "output": f"{tag}{i} said."}).encode()
+        for i in range(n)
+    ]
 
 
 def text_rows(n: int) -> list[bytes]:
@@ -109,9 +112,12 @@ def train(path: Path | str, *extra: str) -> list[str]:
 
 # --- judges -----------------------------------------------------------------------------------------------
 
-def refused(*needles: str, absent: tuple[str, ...] = (), codes: tuple[int, ...] = (2,)
-            ) -> Callable[[Outcome], str | None]:
+
+def refused(
+    *needles: str, absent: tuple[str, ...] = (), codes: tuple[int, ...] = (2,)
+) -> Callable[[Outcome], str | None]:
     """Exit 2 (or one of `codes`), no traceback, every regex in `needles` found in the output and none of `absent`."""
+
     def judge(out: Outcome) -> str | None:
         if out.traceback:
             return f"traceback: {_last_line(out.output)}"
@@ -125,12 +131,20 @@ def refused(*needles: str, absent: tuple[str, ...] = (), codes: tuple[int, ...] 
         if present:
             return f"message says {present}"
         return None
+
     return judge
 
 
-def accepted(*, records: int, rejected: int = 0, codes: tuple[str, ...] = (), split: str = "train",
-             check: Callable[[Outcome], str | None] | None = None) -> Callable[[Outcome], str | None]:
+def accepted(
+    *,
+    records: int,
+    rejected: int = 0,
+    codes: tuple[str, ...] = (),
+    split: str = "train",
+    check: Callable[[Outcome], str | None] | None = None,
+) -> Callable[[Outcome], str | None]:
     """Exit 0; the split read `records` records of which `rejected` were rejected (with these reason codes)."""
+
     def judge(out: Outcome) -> str | None:
         if out.traceback:
             return f"traceback: {_last_line(out.output)}"
@@ -148,6 +162,7 @@ def accepted(*, records: int, rejected: int = 0, codes: tuple[str, ...] = (), sp
             if unnamed:
                 return f"reject without file/line/reason: {unnamed[0]}"
         return check(out) if check else None
+
     return judge
 
 
@@ -168,6 +183,7 @@ def both(*judges: Callable[[Outcome], str | None]) -> Callable[[Outcome], str | 
             if problem:
                 return problem
         return None
+
     return judge
 
 
@@ -178,112 +194,175 @@ CASES: list[Case] = []
 
 def case(name: str, group: str, what: str, expect: str, judge, needs: str | None = None, suite: bool = True):
     def register(build: Callable[[Path], Run]) -> Callable[[Path], Run]:
-        CASES.append(Case(name=name, group=group, what=what, expect=expect, build=build, judge=judge, needs=needs,
-                          suite=suite))
+        CASES.append(
+            Case(name=name, group=group, what=what, expect=expect, build=build, judge=judge, needs=needs, suite=suite)
+        )
         return build
+
     return register
 
 
 DAMAGED = "damaged compressed file"
 
 
-@case("zst_truncated_half", DAMAGED, ".jsonl.zst cut at half its size", "clean",
-      refused(r"d\.jsonl\.zst", r"(?i)truncated|damaged"))
+@case(
+    "zst_truncated_half",
+    DAMAGED,
+    ".jsonl.zst cut at half its size",
+    "clean",
+    refused(r"d\.jsonl\.zst", r"(?i)truncated|damaged"),
+)
 def _(tmp: Path) -> Run:
     data = zst(jsonl_bytes(alpaca_rows(400)))
     return Run(args=train(write(tmp / "d.jsonl.zst", data[: len(data) // 2])))
 
 
-@case("zst_truncated_head", DAMAGED, ".jsonl.zst cut to its first 12 bytes", "clean",
-      refused(r"d\.jsonl\.zst", r"(?i)truncated|damaged"))
+@case(
+    "zst_truncated_head",
+    DAMAGED,
+    ".jsonl.zst cut to its first 12 bytes",
+    "clean",
+    refused(r"d\.jsonl\.zst", r"(?i)truncated|damaged"),
+)
 def _(tmp: Path) -> Run:
     return Run(args=train(write(tmp / "d.jsonl.zst", zst(jsonl_bytes(alpaca_rows(400)))[:12])))
 
 
-@case("zst_corrupt_middle", DAMAGED, ".jsonl.zst with 64 bytes overwritten in the middle", "clean",
-      refused(r"d\.jsonl\.zst", r"(?i)damaged|corrupt"))
+@case(
+    "zst_corrupt_middle",
+    DAMAGED,
+    ".jsonl.zst with 64 bytes overwritten in the middle",
+    "clean",
+    refused(r"d\.jsonl\.zst", r"(?i)damaged|corrupt"),
+)
 def _(tmp: Path) -> Run:
     data = bytearray(zst(jsonl_bytes(alpaca_rows(400))))
     mid = len(data) // 2
-    data[mid: mid + 64] = b"\xff" * 64
+    data[mid : mid + 64] = b"\xff" * 64
     return Run(args=train(write(tmp / "d.jsonl.zst", bytes(data))))
 
 
-@case("zst_plain_file", DAMAGED, "a plain JSONL file named .jsonl.zst", "clean",
-      refused(r"d\.jsonl\.zst", r"(?i)not zstd"))
+@case(
+    "zst_plain_file",
+    DAMAGED,
+    "a plain JSONL file named .jsonl.zst",
+    "clean",
+    refused(r"d\.jsonl\.zst", r"(?i)not zstd"),
+)
 def _(tmp: Path) -> Run:
     return Run(args=train(write(tmp / "d.jsonl.zst", jsonl_bytes(alpaca_rows(40)))))
 
 
-@case("zst_trailing_garbage", DAMAGED, "valid .jsonl.zst followed by 100 bytes of garbage", "clean",
-      refused(r"d\.jsonl\.zst", r"(?i)damaged|corrupt|garbage"))
+@case(
+    "zst_trailing_garbage",
+    DAMAGED,
+    "valid .jsonl.zst followed by 100 bytes of garbage",
+    "clean",
+    refused(r"d\.jsonl\.zst", r"(?i)damaged|corrupt|garbage"),
+)
 def _(tmp: Path) -> Run:
     return Run(args=train(write(tmp / "d.jsonl.zst", zst(jsonl_bytes(alpaca_rows(40))) + b"garbage!" * 12)))
 
 
-@case("zst_multi_frame", DAMAGED, "two zstd frames concatenated (valid: both halves are read)", "ok",
-      accepted(records=60))
+@case(
+    "zst_multi_frame", DAMAGED, "two zstd frames concatenated (valid: both halves are read)", "ok", accepted(records=60)
+)
 def _(tmp: Path) -> Run:
     rows = alpaca_rows(60)
     return Run(args=train(write(tmp / "d.jsonl.zst", zst(jsonl_bytes(rows[:30])) + zst(jsonl_bytes(rows[30:])))))
 
 
-@case("zst_zero_bytes", DAMAGED, "a zero-byte .jsonl.zst (an empty train split)", "clean",
-      refused(r"data\.train", r"(?i)no (usable )?record|empty"))
+@case(
+    "zst_zero_bytes",
+    DAMAGED,
+    "a zero-byte .jsonl.zst (an empty train split)",
+    "clean",
+    refused(r"data\.train", r"(?i)no (usable )?record|empty"),
+)
 def _(tmp: Path) -> Run:
     return Run(args=train(write(tmp / "d.jsonl.zst", b"")))
 
 
-@case("gz_truncated_half", DAMAGED, ".jsonl.gz cut at half its size", "clean",
-      refused(r"d\.jsonl\.gz", r"(?i)truncated|damaged"))
+@case(
+    "gz_truncated_half",
+    DAMAGED,
+    ".jsonl.gz cut at half its size",
+    "clean",
+    refused(r"d\.jsonl\.gz", r"(?i)truncated|damaged"),
+)
 def _(tmp: Path) -> Run:
     data = gzip.compress(jsonl_bytes(alpaca_rows(400)))
     return Run(args=train(write(tmp / "d.jsonl.gz", data[: len(data) // 2])))
 
 
-@case("gz_truncated_tail", DAMAGED, ".jsonl.gz missing its last 8 bytes (CRC and size)", "clean",
-      refused(r"d\.jsonl\.gz", r"(?i)truncated|damaged"))
+@case(
+    "gz_truncated_tail",
+    DAMAGED,
+    ".jsonl.gz missing its last 8 bytes (CRC and size)",
+    "clean",
+    refused(r"d\.jsonl\.gz", r"(?i)truncated|damaged"),
+)
 def _(tmp: Path) -> Run:
     return Run(args=train(write(tmp / "d.jsonl.gz", gzip.compress(jsonl_bytes(alpaca_rows(400)))[:-8])))
 
 
-@case("gz_corrupt_middle", DAMAGED, ".jsonl.gz with 64 bytes overwritten in the middle", "clean",
-      refused(r"d\.jsonl\.gz", r"(?i)damaged|corrupt"))
+@case(
+    "gz_corrupt_middle",
+    DAMAGED,
+    ".jsonl.gz with 64 bytes overwritten in the middle",
+    "clean",
+    refused(r"d\.jsonl\.gz", r"(?i)damaged|corrupt"),
+)
 def _(tmp: Path) -> Run:
     data = bytearray(gzip.compress(jsonl_bytes(alpaca_rows(400))))
     mid = len(data) // 2
-    data[mid: mid + 64] = b"\x00" * 64
+    data[mid : mid + 64] = b"\x00" * 64
     return Run(args=train(write(tmp / "d.jsonl.gz", bytes(data))))
 
 
-@case("gz_plain_file", DAMAGED, "a plain JSONL file named .jsonl.gz", "clean",
-      refused(r"d\.jsonl\.gz", r"(?i)not gzip"))
+@case(
+    "gz_plain_file", DAMAGED, "a plain JSONL file named .jsonl.gz", "clean", refused(r"d\.jsonl\.gz", r"(?i)not gzip")
+)
 def _(tmp: Path) -> Run:
     return Run(args=train(write(tmp / "d.jsonl.gz", jsonl_bytes(alpaca_rows(40)))))
 
 
-@case("gz_trailing_garbage", DAMAGED, "valid .jsonl.gz followed by 100 bytes of garbage", "clean",
-      refused(r"d\.jsonl\.gz", r"(?i)damaged|corrupt|garbage|not gzip"))
+@case(
+    "gz_trailing_garbage",
+    DAMAGED,
+    "valid .jsonl.gz followed by 100 bytes of garbage",
+    "clean",
+    refused(r"d\.jsonl\.gz", r"(?i)damaged|corrupt|garbage|not gzip"),
+)
 def _(tmp: Path) -> Run:
     return Run(args=train(write(tmp / "d.jsonl.gz", gzip.compress(jsonl_bytes(alpaca_rows(40))) + b"garbage!" * 12)))
 
 
-@case("gz_multi_member", DAMAGED, "two gzip members concatenated (valid: both are read)", "ok",
-      accepted(records=60))
+@case("gz_multi_member", DAMAGED, "two gzip members concatenated (valid: both are read)", "ok", accepted(records=60))
 def _(tmp: Path) -> Run:
     rows = alpaca_rows(60)
     data = gzip.compress(jsonl_bytes(rows[:30])) + gzip.compress(jsonl_bytes(rows[30:]))
     return Run(args=train(write(tmp / "d.jsonl.gz", data)))
 
 
-@case("gz_zero_bytes", DAMAGED, "a zero-byte .jsonl.gz (an empty train split)", "clean",
-      refused(r"data\.train", r"(?i)no (usable )?record|empty"))
+@case(
+    "gz_zero_bytes",
+    DAMAGED,
+    "a zero-byte .jsonl.gz (an empty train split)",
+    "clean",
+    refused(r"data\.train", r"(?i)no (usable )?record|empty"),
+)
 def _(tmp: Path) -> Run:
     return Run(args=train(write(tmp / "d.jsonl.gz", b"")))
 
 
-@case("raw_deflate_named_gz", DAMAGED, "a zlib stream (not gzip) named .jsonl.gz", "clean",
-      refused(r"d\.jsonl\.gz", r"(?i)not gzip"))
+@case(
+    "raw_deflate_named_gz",
+    DAMAGED,
+    "a zlib stream (not gzip) named .jsonl.gz",
+    "clean",
+    refused(r"d\.jsonl\.gz", r"(?i)not gzip"),
+)
 def _(tmp: Path) -> Run:
     return Run(args=train(write(tmp / "d.jsonl.gz", zlib.compress(jsonl_bytes(alpaca_rows(40))))))
 
@@ -293,41 +372,71 @@ def _(tmp: Path) -> Run:
 EMPTY = "empty split"
 
 
-@case("train_empty_file", EMPTY, "data.train is an empty file", "clean",
-      refused(r"data\.train", r"(?i)no (usable )?record|empty"))
+@case(
+    "train_empty_file",
+    EMPTY,
+    "data.train is an empty file",
+    "clean",
+    refused(r"data\.train", r"(?i)no (usable )?record|empty"),
+)
 def _(tmp: Path) -> Run:
     return Run(args=train(write(tmp / "d.jsonl", b"")))
 
 
-@case("train_blank_lines", EMPTY, "data.train holds only blank and whitespace lines (\\n, spaces, \\r\\n, tabs)",
-      "clean", refused(r"data\.train", r"(?i)no (usable )?record|empty|blank"))
+@case(
+    "train_blank_lines",
+    EMPTY,
+    "data.train holds only blank and whitespace lines (\\n, spaces, \\r\\n, tabs)",
+    "clean",
+    refused(r"data\.train", r"(?i)no (usable )?record|empty|blank"),
+)
 def _(tmp: Path) -> Run:
     return Run(args=train(write(tmp / "d.jsonl", b"\n\n   \n\r\n\t\n")))
 
 
-@case("train_all_rejected", EMPTY, "every train line rejected, data.max_bad_fraction=1", "clean",
-      refused(r"data\.train", r"(?i)no (usable )?record|every|all"))
+@case(
+    "train_all_rejected",
+    EMPTY,
+    "every train line rejected, data.max_bad_fraction=1",
+    "clean",
+    refused(r"data\.train", r"(?i)no (usable )?record|every|all"),
+)
 def _(tmp: Path) -> Run:
     return Run(args=train(write(tmp / "d.jsonl", b"not json\n" * 30), "data.max_bad_fraction=1"))
 
 
-@case("val_empty_file", EMPTY, "data.val is an empty file", "clean",
-      refused(r"data\.val", r"(?i)no (usable )?record|empty"))
+@case(
+    "val_empty_file",
+    EMPTY,
+    "data.val is an empty file",
+    "clean",
+    refused(r"data\.val", r"(?i)no (usable )?record|empty"),
+)
 def _(tmp: Path) -> Run:
     good = write(tmp / "t.jsonl", jsonl_bytes(alpaca_rows(40)))
     return Run(args=train(good, f"data.val={write(tmp / 'v.jsonl', b'')}"))
 
 
-@case("val_all_rejected", EMPTY, "every val line rejected, data.max_bad_fraction=1", "clean",
-      refused(r"data\.val", r"(?i)no (usable )?record|every|all"))
+@case(
+    "val_all_rejected",
+    EMPTY,
+    "every val line rejected, data.max_bad_fraction=1",
+    "clean",
+    refused(r"data\.val", r"(?i)no (usable )?record|every|all"),
+)
 def _(tmp: Path) -> Run:
     good = write(tmp / "t.jsonl", jsonl_bytes(alpaca_rows(40)))
     bad = write(tmp / "v.jsonl", jsonl_bytes([b'{"instruction": 1}'] * 20))
     return Run(args=train(good, f"data.val={bad}", "data.max_bad_fraction=1"))
 
 
-@case("test_blank_lines", EMPTY, "data.test holds only blank lines", "clean",
-      refused(r"data\.test", r"(?i)no (usable )?record|empty|blank"))
+@case(
+    "test_blank_lines",
+    EMPTY,
+    "data.test holds only blank lines",
+    "clean",
+    refused(r"data\.test", r"(?i)no (usable )?record|empty|blank"),
+)
 def _(tmp: Path) -> Run:
     good = write(tmp / "t.jsonl", jsonl_bytes(alpaca_rows(40)))
     blank = write(tmp / "x.jsonl", b"\n" * 5)
@@ -341,8 +450,11 @@ ODD = "odd record"
 
 def _one_odd(tmp: Path, odd: bytes, *extra: str, rows: list[bytes] | None = None) -> Run:
     rows = rows if rows is not None else alpaca_rows(40)
-    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(rows[:20] + [odd] + rows[20:])),
-                          "data.max_bad_fraction=0.1", *extra))
+    return Run(
+        args=train(
+            write(tmp / "d.jsonl", jsonl_bytes(rows[:20] + [odd] + rows[20:])), "data.max_bad_fraction=0.1", *extra
+        )
+    )
 
 
 @case("lone_surrogate", ODD, 'an Alpaca output holding "\\ud800"', "ok", accepted(records=41, rejected=1))
@@ -350,14 +462,20 @@ def _(tmp: Path) -> Run:
     return _one_odd(tmp, b'{"instruction": "hi", "input": "", "output": "x\\ud800y"}')
 
 
-@case("lone_surrogate_unused_key", ODD, 'a lone surrogate in a key no format reads ("\\udfff": 1)', "ok",
-      accepted(records=41))
+@case(
+    "lone_surrogate_unused_key",
+    ODD,
+    'a lone surrogate in a key no format reads ("\\udfff": 1)',
+    "ok",
+    accepted(records=41),
+)
 def _(tmp: Path) -> Run:
     return _one_odd(tmp, b'{"instruction": "hi", "input": "", "output": "ok", "\\udfff": 1}')
 
 
-@case("surrogate_pair", ODD, 'a valid surrogate pair "\\ud83d\\ude00" (an emoji) is a sample', "ok",
-      accepted(records=41))
+@case(
+    "surrogate_pair", ODD, 'a valid surrogate pair "\\ud83d\\ude00" (an emoji) is a sample', "ok", accepted(records=41)
+)
 def _(tmp: Path) -> Run:
     return _one_odd(tmp, b'{"instruction": "hi", "input": "", "output": "smile \\ud83d\\ude00"}')
 
@@ -373,8 +491,7 @@ def _(tmp: Path) -> Run:
     return _one_odd(tmp, b'{"a":' * 200_000 + b"1" + b"}" * 200_000)
 
 
-@case("int_2_70_tokenized", ODD, "input_ids holding 2**70 (tokenized format)", "ok",
-      accepted(records=41, rejected=1))
+@case("int_2_70_tokenized", ODD, "input_ids holding 2**70 (tokenized format)", "ok", accepted(records=41, rejected=1))
 def _(tmp: Path) -> Run:
     rows = [json.dumps({"input_ids": [1, 5 + i % 7, 9, 2]}).encode() for i in range(40)]
     return _one_odd(tmp, json.dumps({"input_ids": [1, 2**70, 2]}).encode(), "data.format=tokenized", rows=rows)
@@ -387,14 +504,24 @@ def _(tmp: Path) -> Run:
     return _one_odd(tmp, odd, "data.format=tokenized", rows=rows)
 
 
-@case("huge_int_text_field", ODD, "an Alpaca output that is the integer 2**70 (wrong type)", "ok",
-      accepted(records=41, rejected=1, codes=("wrong_type",)))
+@case(
+    "huge_int_text_field",
+    ODD,
+    "an Alpaca output that is the integer 2**70 (wrong type)",
+    "ok",
+    accepted(records=41, rejected=1, codes=("wrong_type",)),
+)
 def _(tmp: Path) -> Run:
     return _one_odd(tmp, b'{"instruction": "hi", "output": 1180591620717411303424}')
 
 
-@case("bool_token_id", ODD, "input_ids holding true (a JSON bool is not a token id)", "ok",
-      accepted(records=41, rejected=1))
+@case(
+    "bool_token_id",
+    ODD,
+    "input_ids holding true (a JSON bool is not a token id)",
+    "ok",
+    accepted(records=41, rejected=1),
+)
 def _(tmp: Path) -> Run:
     rows = [json.dumps({"input_ids": [1, 5 + i % 7, 9, 2]}).encode() for i in range(40)]
     return _one_odd(tmp, b'{"input_ids": [1, true, 2]}', "data.format=tokenized", rows=rows)
@@ -405,20 +532,29 @@ def _(tmp: Path) -> Run:
     return _one_odd(tmp, b'{"instruction": "hi", "output": NaN}')
 
 
-@case("nul_escaped", ODD, 'an output holding an escaped NUL ("a\\u0000b"): a valid string', "ok",
-      accepted(records=41))
+@case("nul_escaped", ODD, 'an output holding an escaped NUL ("a\\u0000b"): a valid string', "ok", accepted(records=41))
 def _(tmp: Path) -> Run:
     return _one_odd(tmp, b'{"instruction": "hi", "input": "", "output": "a\\u0000b"}')
 
 
-@case("nul_raw_byte", ODD, "a raw NUL byte inside a JSON string (invalid JSON)", "ok",
-      accepted(records=41, rejected=1, codes=("bad_json",)))
+@case(
+    "nul_raw_byte",
+    ODD,
+    "a raw NUL byte inside a JSON string (invalid JSON)",
+    "ok",
+    accepted(records=41, rejected=1, codes=("bad_json",)),
+)
 def _(tmp: Path) -> Run:
     return _one_odd(tmp, b'{"instruction": "hi", "output": "a\x00b"}')
 
 
-@case("latin1_byte", ODD, "a Latin-1 byte (0xE9) in one line of a UTF-8 file", "ok",
-      accepted(records=41, rejected=1, codes=("bad_utf8",)))
+@case(
+    "latin1_byte",
+    ODD,
+    "a Latin-1 byte (0xE9) in one line of a UTF-8 file",
+    "ok",
+    accepted(records=41, rejected=1, codes=("bad_utf8",)),
+)
 def _(tmp: Path) -> Run:
     return _one_odd(tmp, b'{"instruction": "caf\xe9", "output": "x"}')
 
@@ -428,8 +564,9 @@ def _(tmp: Path) -> Run:
     return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40), b"\r\n"))))
 
 
-@case("cr_only_file", ODD, "a file with old-Mac CR-only line endings (one physical line)", "clean",
-      refused(r"d\.jsonl"))
+@case(
+    "cr_only_file", ODD, "a file with old-Mac CR-only line endings (one physical line)", "clean", refused(r"d\.jsonl")
+)
 def _(tmp: Path) -> Run:
     return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40), b"\r"))))
 
@@ -455,51 +592,93 @@ def _(tmp: Path) -> Run:
     return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40)).rstrip(b"\n"))))
 
 
-@case("wrong_type_fields", ODD, "instruction a number, output a list, input an object (3 lines)", "ok",
-      accepted(records=43, rejected=3, codes=("wrong_type",)))
+@case(
+    "wrong_type_fields",
+    ODD,
+    "instruction a number, output a list, input an object (3 lines)",
+    "ok",
+    accepted(records=43, rejected=3, codes=("wrong_type",)),
+)
 def _(tmp: Path) -> Run:
-    rows = alpaca_rows(40) + [b'{"instruction": 5, "output": "x"}', b'{"instruction": "a", "output": ["x"]}',
-                              b'{"instruction": "a", "input": {"k": 1}, "output": "x"}']
+    rows = alpaca_rows(40) + [
+        b'{"instruction": 5, "output": "x"}',
+        b'{"instruction": "a", "output": ["x"]}',
+        b'{"instruction": "a", "input": {"k": 1}, "output": "x"}',
+    ]
     return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(rows)), "data.max_bad_fraction=0.1"))
 
 
-@case("non_object_lines", ODD, "lines that are an array, a string, a number and null", "ok",
-      accepted(records=44, rejected=4, codes=("not_object",)))
+@case(
+    "non_object_lines",
+    ODD,
+    "lines that are an array, a string, a number and null",
+    "ok",
+    accepted(records=44, rejected=4, codes=("not_object",)),
+)
 def _(tmp: Path) -> Run:
     rows = alpaca_rows(40) + [b"[1, 2]", b'"text"', b"42", b"null"]
     return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(rows)), "data.max_bad_fraction=0.1"))
 
 
-@case("huge_line", ODD, "one 2 MB output among short records (longer than the model context)", "clean",
-      refused(r"data\.max_seq_len", r"d\.jsonl:21"))
+@case(
+    "huge_line",
+    ODD,
+    "one 2 MB output among short records (longer than the model context)",
+    "clean",
+    refused(r"data\.max_seq_len", r"d\.jsonl:21"),
+)
 def _(tmp: Path) -> Run:
     huge = json.dumps({"instruction": "long", "output": "word " * 400_000}).encode()
     return _one_odd(tmp, huge)
 
 
-@case("chat_content_parts", ODD, "a chat message whose content is a list of text parts (read, joined)", "ok",
-      accepted(records=41, rejected=0))
+@case(
+    "chat_content_parts",
+    ODD,
+    "a chat message whose content is a list of text parts (read, joined)",
+    "ok",
+    accepted(records=41, rejected=0),
+)
 def _(tmp: Path) -> Run:
-    rows = [json.dumps({"messages": [{"role": "user", "content": f"q{i}"},
-                                     {"role": "assistant", "content": f"a{i}"}]}).encode() for i in range(40)]
-    odd = b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "q"}]}, ' \
-          b'{"role": "assistant", "content": "a"}]}'
+    rows = [
+        json.dumps(
+            {"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
+        ).encode()
+        for i in range(40)
+    ]
+    odd = (
+        b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "q"}]}, '
+        b'{"role": "assistant", "content": "a"}]}'
+    )
     return _one_odd(tmp, odd, "data.format=chat", rows=rows)
 
 
 @case("chat_role_list", ODD, "a chat role that is a list (unhashable)", "ok", accepted(records=41, rejected=1))
 def _(tmp: Path) -> Run:
-    rows = [json.dumps({"messages": [{"role": "user", "content": f"q{i}"},
-                                     {"role": "assistant", "content": f"a{i}"}]}).encode() for i in range(40)]
+    rows = [
+        json.dumps(
+            {"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
+        ).encode()
+        for i in range(40)
+    ]
     odd = b'{"messages": [{"role": ["user"], "content": "q"}, {"role": "assistant", "content": "a"}]}'
     return _one_odd(tmp, odd, "data.format=chat", rows=rows)
 
 
-@case("chat_surrogate_content", ODD, "a chat message content holding a lone surrogate", "ok",
-      accepted(records=41, rejected=1))
+@case(
+    "chat_surrogate_content",
+    ODD,
+    "a chat message content holding a lone surrogate",
+    "ok",
+    accepted(records=41, rejected=1),
+)
 def _(tmp: Path) -> Run:
-    rows = [json.dumps({"messages": [{"role": "user", "content": f"q{i}"},
-                                     {"role": "assistant", "content": f"a{i}"}]}).encode() for i in range(40)]
+    rows = [
+        json.dumps(
+            {"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
+        ).encode()
+        for i in range(40)
+    ]
     odd = b'{"messages": [{"role": "user", "content": "q\\udc80"}, {"role": "assistant", "content": "a"}]}'
     return _one_odd(tmp, odd, "data.format=chat", rows=rows)
 
@@ -509,21 +688,36 @@ def _(tmp: Path) -> Run:
 PATHS = "path"
 
 
-@case("missing_file", PATHS, "data.train names a file that does not exist", "clean",
-      refused(r"data\.train", r"nope\.jsonl does not exist", absent=(r"nope\.jsonl/\*",)))
+@case(
+    "missing_file",
+    PATHS,
+    "data.train names a file that does not exist",
+    "clean",
+    refused(r"data\.train", r"nope\.jsonl does not exist", absent=(r"nope\.jsonl/\*",)),
+)
 def _(tmp: Path) -> Run:
     return Run(args=train(tmp / "nope.jsonl"))
 
 
-@case("missing_file_typo", PATHS, "data.train has a typo of an existing file's name", "clean",
-      refused(r"data\.train", r"trian\.jsonl does not exist", r"train\.jsonl"))
+@case(
+    "missing_file_typo",
+    PATHS,
+    "data.train has a typo of an existing file's name",
+    "clean",
+    refused(r"data\.train", r"trian\.jsonl does not exist", r"train\.jsonl"),
+)
 def _(tmp: Path) -> Run:
     write(tmp / "train.jsonl", jsonl_bytes(alpaca_rows(40)))
     return Run(args=train(tmp / "trian.jsonl"))
 
 
-@case("symlink_loop", PATHS, "data.train is a symlink loop", "clean",
-      refused(r"data\.train", r"(?i)symlink loop|symbolic links"))
+@case(
+    "symlink_loop",
+    PATHS,
+    "data.train is a symlink loop",
+    "clean",
+    refused(r"data\.train", r"(?i)symlink loop|symbolic links"),
+)
 def _(tmp: Path) -> Run:
     a, b = tmp / "a.jsonl", tmp / "b.jsonl"
     os.symlink(b, a)
@@ -531,40 +725,67 @@ def _(tmp: Path) -> Run:
     return Run(args=train(a))
 
 
-@case("dangling_symlink", PATHS, "data.train is a symlink to a missing file", "clean",
-      refused(r"data\.train", r"(?i)link.*gone\.jsonl|gone\.jsonl.*does not exist"))
+@case(
+    "dangling_symlink",
+    PATHS,
+    "data.train is a symlink to a missing file",
+    "clean",
+    refused(r"data\.train", r"(?i)link.*gone\.jsonl|gone\.jsonl.*does not exist"),
+)
 def _(tmp: Path) -> Run:
     os.symlink(tmp / "gone.jsonl", tmp / "d.jsonl")
     return Run(args=train(tmp / "d.jsonl"))
 
 
-@case("directory", PATHS, "data.train is a directory", "clean", refused(r"data\.train", r"is a directory", r"\*\.jsonl"))
+@case(
+    "directory", PATHS, "data.train is a directory", "clean", refused(r"data\.train", r"is a directory", r"\*\.jsonl")
+)
 def _(tmp: Path) -> Run:
     write(tmp / "dir" / "a.jsonl", jsonl_bytes(alpaca_rows(40)))
     return Run(args=train(tmp / "dir"))
 
 
-@case("fifo", PATHS, "data.train is a named pipe (FIFO)", "clean",
-      refused(r"data\.train", r"(?i)named pipe|not a regular file"))
+@case(
+    "fifo",
+    PATHS,
+    "data.train is a named pipe (FIFO)",
+    "clean",
+    refused(r"data\.train", r"(?i)named pipe|not a regular file"),
+)
 def _(tmp: Path) -> Run:
     os.mkfifo(tmp / "d.jsonl")
     return Run(args=train(tmp / "d.jsonl"))
 
 
-@case("dev_null", PATHS, "data.train=/dev/null (a character device)", "clean",
-      refused(r"data\.train", r"(?i)device|not a regular file"))
+@case(
+    "dev_null",
+    PATHS,
+    "data.train=/dev/null (a character device)",
+    "clean",
+    refused(r"data\.train", r"(?i)device|not a regular file"),
+)
 def _(tmp: Path) -> Run:
     return Run(args=train("/dev/null"))
 
 
-@case("glob_no_match", PATHS, "data.train is a glob that matches nothing", "clean",
-      refused(r"data\.train", r"matches no file"))
+@case(
+    "glob_no_match",
+    PATHS,
+    "data.train is a glob that matches nothing",
+    "clean",
+    refused(r"data\.train", r"matches no file"),
+)
 def _(tmp: Path) -> Run:
     return Run(args=train(f"'{tmp}/*.jsonl'"))
 
 
-@case("glob_matches_directory", PATHS, "data.train is a glob that matches only a directory", "clean",
-      refused(r"data\.train", r"is a directory"))
+@case(
+    "glob_matches_directory",
+    PATHS,
+    "data.train is a glob that matches only a directory",
+    "clean",
+    refused(r"data\.train", r"is a directory"),
+)
 def _(tmp: Path) -> Run:
     (tmp / "shards.jsonl").mkdir()
     return Run(args=train(f"'{tmp}/*.jsonl'"))
@@ -578,36 +799,59 @@ def _(tmp: Path) -> Run:
 NEEDS_SETPRIV = "setpriv" if os.geteuid() == 0 else None
 
 
-@case("permission_denied", PATHS, "data.train is not readable by the user (mode 000, root's override dropped)",
-      "clean", refused(r"data\.train", r"d\.jsonl", r"(?i)permission denied"), needs=NEEDS_SETPRIV)
+@case(
+    "permission_denied",
+    PATHS,
+    "data.train is not readable by the user (mode 000, root's override dropped)",
+    "clean",
+    refused(r"data\.train", r"d\.jsonl", r"(?i)permission denied"),
+    needs=NEEDS_SETPRIV,
+)
 def _(tmp: Path) -> Run:
     path = write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40)))
     path.chmod(0)
     return Run(args=train(path), prefix=SETPRIV)
 
 
-@case("permission_denied_gz", PATHS, "data.train .jsonl.gz not readable (mode 000, root's override dropped)",
-      "clean", refused(r"data\.train", r"d\.jsonl\.gz", r"(?i)permission denied"), needs=NEEDS_SETPRIV,
-      suite=False)
+@case(
+    "permission_denied_gz",
+    PATHS,
+    "data.train .jsonl.gz not readable (mode 000, root's override dropped)",
+    "clean",
+    refused(r"data\.train", r"d\.jsonl\.gz", r"(?i)permission denied"),
+    needs=NEEDS_SETPRIV,
+    suite=False,
+)
 def _(tmp: Path) -> Run:
     path = write(tmp / "d.jsonl.gz", gzip.compress(jsonl_bytes(alpaca_rows(40))))
     path.chmod(0)
     return Run(args=train(path), prefix=SETPRIV)
 
 
-@case("unreadable_directory_glob", PATHS, "a glob into a directory the user cannot list (root's override dropped)",
-      "clean", refused(r"data\.train", r"(?i)permission denied"), needs=NEEDS_SETPRIV, suite=False)
+@case(
+    "unreadable_directory_glob",
+    PATHS,
+    "a glob into a directory the user cannot list (root's override dropped)",
+    "clean",
+    refused(r"data\.train", r"(?i)permission denied"),
+    needs=NEEDS_SETPRIV,
+    suite=False,
+)
 def _(tmp: Path) -> Run:
     write(tmp / "locked" / "a.jsonl", jsonl_bytes(alpaca_rows(40)))
     (tmp / "locked").chmod(0)
-    return Run(args=train(f"'{tmp}/locked/*.jsonl'"), prefix=SETPRIV,
-               after=lambda: (tmp / "locked").chmod(stat.S_IRWXU) or "")
+    return Run(
+        args=train(f"'{tmp}/locked/*.jsonl'"), prefix=SETPRIV, after=lambda: (tmp / "locked").chmod(stat.S_IRWXU) or ""
+    )
 
 
 # As root, drop the capabilities that bypass file permissions, so mode 000 really refuses the read (a normal user
 # needs no prefix).
-SETPRIV = (["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-dac_override,-dac_read_search"]
-           if os.geteuid() == 0 else [])
+SETPRIV = (
+    ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-dac_override,-dac_read_search"]
+    if os.geteuid() == 0
+    else []
+)
 
 # --- cases: misattributed errors --------------------------------------------------------------------------
 
@@ -615,12 +859,18 @@ MISATTRIBUTED = "misattributed error"
 
 
 def _chat_rows(n: int, roles: tuple[str, ...] = ("user", "assistant")) -> list[bytes]:
-    return [json.dumps({"messages": [{"role": r, "content": f"{r} turn {i}"} for r in roles]}).encode()
-            for i in range(n)]
+    return [
+        json.dumps({"messages": [{"role": r, "content": f"{r} turn {i}"} for r in roles]}).encode() for i in range(n)
+    ]
 
 
-@case("json_array_pretty", MISATTRIBUTED, "a .json file holding a pretty-printed JSON array (read by element)", "ok",
-      accepted(records=40))
+@case(
+    "json_array_pretty",
+    MISATTRIBUTED,
+    "a .json file holding a pretty-printed JSON array (read by element)",
+    "ok",
+    accepted(records=40),
+)
 def _(tmp: Path) -> Run:
     rows = [json.loads(r) for r in alpaca_rows(40)]
     return Run(args=train(write(tmp / "d.json", json.dumps(rows, indent=2).encode())))
@@ -632,81 +882,146 @@ def _(tmp: Path) -> Run:
     return Run(args=train(write(tmp / "d.json", json.dumps(rows).encode())))
 
 
-@case("json_array_in_jsonl", MISATTRIBUTED, "a .jsonl file holding a pretty-printed JSON array", "ok",
-      accepted(records=40))
+@case(
+    "json_array_in_jsonl",
+    MISATTRIBUTED,
+    "a .jsonl file holding a pretty-printed JSON array",
+    "ok",
+    accepted(records=40),
+)
 def _(tmp: Path) -> Run:
     rows = [json.loads(r) for r in alpaca_rows(40)]
     return Run(args=train(write(tmp / "d.jsonl", json.dumps(rows, indent=2).encode())))
 
 
-@case("json_array_truncated", MISATTRIBUTED, "a JSON array cut short (the download stopped)", "clean",
-      refused(r"d\.json\b", r"truncated", absent=(r"data\.max_bad_fraction",)))
+@case(
+    "json_array_truncated",
+    MISATTRIBUTED,
+    "a JSON array cut short (the download stopped)",
+    "clean",
+    refused(r"d\.json\b", r"truncated", absent=(r"data\.max_bad_fraction",)),
+)
 def _(tmp: Path) -> Run:
     text = json.dumps([json.loads(r) for r in alpaca_rows(40)], indent=2).encode()
     return Run(args=train(write(tmp / "d.json", text[: len(text) * 2 // 3])))
 
 
-@case("json_array_bad_element", ODD, "one element of a JSON array is not valid JSON (a bare word)", "ok",
-      accepted(records=41, rejected=1, codes=("bad_json",)))
+@case(
+    "json_array_bad_element",
+    ODD,
+    "one element of a JSON array is not valid JSON (a bare word)",
+    "ok",
+    accepted(records=41, rejected=1, codes=("bad_json",)),
+)
 def _(tmp: Path) -> Run:
     rows = [r.decode() for r in alpaca_rows(40)]
     text = "[\n" + ",\n".join(rows[:20] + ['{"instruction": nope}'] + rows[20:]) + "\n]\n"
     return Run(args=train(write(tmp / "d.json", text.encode()), "data.max_bad_fraction=0.1"))
 
 
-@case("json_array_twice", MISATTRIBUTED, "two JSON arrays one after the other in one file", "clean",
-      refused(r"d\.json\b", r"more than its JSON array"))
+@case(
+    "json_array_twice",
+    MISATTRIBUTED,
+    "two JSON arrays one after the other in one file",
+    "clean",
+    refused(r"d\.json\b", r"more than its JSON array"),
+)
 def _(tmp: Path) -> Run:
     rows = [json.loads(r) for r in alpaca_rows(40)]
     return Run(args=train(write(tmp / "d.json", (json.dumps(rows[:20]) + json.dumps(rows[20:])).encode())))
 
 
-@case("json_object_pretty", MISATTRIBUTED, "a .jsonl file holding one pretty-printed JSON object", "clean",
-      refused(r"d\.jsonl", r"(?i)one json (object|document)|pretty"))
+@case(
+    "json_object_pretty",
+    MISATTRIBUTED,
+    "a .jsonl file holding one pretty-printed JSON object",
+    "clean",
+    refused(r"d\.jsonl", r"(?i)one json (object|document)|pretty"),
+)
 def _(tmp: Path) -> Run:
     rows = [json.loads(r) for r in alpaca_rows(40)]
     return Run(args=train(write(tmp / "d.jsonl", json.dumps({"data": rows}, indent=2).encode())))
 
 
-@case("chat_template_syntax", MISATTRIBUTED, "tokenizer.chat_template with a Jinja syntax error, chat data", "clean",
-      refused(r"tokenizer\.chat_template", absent=(r"data\.max_bad_fraction",)))
+@case(
+    "chat_template_syntax",
+    MISATTRIBUTED,
+    "tokenizer.chat_template with a Jinja syntax error, chat data",
+    "clean",
+    refused(r"tokenizer\.chat_template", absent=(r"data\.max_bad_fraction",)),
+)
 def _(tmp: Path) -> Run:
     data = write(tmp / "d.jsonl", jsonl_bytes(_chat_rows(200)))
     return Run(args=train(data, "data.format=chat", "tokenizer.chat_template='{% for m in messages %}{{ m.content '"))
 
 
-@case("chat_template_raises", MISATTRIBUTED, "tokenizer.chat_template that raises on every conversation", "clean",
-      refused(r"tokenizer\.chat_template", absent=(r"data\.max_bad_fraction",)))
+@case(
+    "chat_template_raises",
+    MISATTRIBUTED,
+    "tokenizer.chat_template that raises on every conversation",
+    "clean",
+    refused(r"tokenizer\.chat_template", absent=(r"data\.max_bad_fraction",)),
+)
 def _(tmp: Path) -> Run:
     data = write(tmp / "d.jsonl", jsonl_bytes(_chat_rows(200)))
-    return Run(args=train(data, "data.format=chat",
-                          "tokenizer.chat_template='{{ raise_exception(\"no\") }}'"))
+    return Run(args=train(data, "data.format=chat", "tokenizer.chat_template='{{ raise_exception(\"no\") }}'"))
 
 
-@case("chat_template_unknown_var", MISATTRIBUTED, "tokenizer.chat_template calling an undefined function", "clean",
-      refused(r"tokenizer\.chat_template", absent=(r"data\.max_bad_fraction",)))
+@case(
+    "chat_template_unknown_var",
+    MISATTRIBUTED,
+    "tokenizer.chat_template calling an undefined function",
+    "clean",
+    refused(r"tokenizer\.chat_template", absent=(r"data\.max_bad_fraction",)),
+)
 def _(tmp: Path) -> Run:
     data = write(tmp / "d.jsonl", jsonl_bytes(_chat_rows(200)))
-    return Run(args=train(data, "data.format=chat",
-                          "tokenizer.chat_template='{% for m in messages %}{{ nope(m) }}{% endfor %}'"))
+    return Run(
+        args=train(
+            data, "data.format=chat", "tokenizer.chat_template='{% for m in messages %}{{ nope(m) }}{% endfor %}'"
+        )
+    )
 
 
-@case("chat_tool_role_bundled", MISATTRIBUTED,
-      "chat data with a tool turn, bundled template (no tool role): the reject names the template, not the data",
-      "ok", accepted(records=41, rejected=1, check=lambda out: None if re.search(
-          r"tokenizer\.chat_template|template", (out.run_dir / "rejects.jsonl").read_text())
-          else "the reject does not blame the template"))
+@case(
+    "chat_tool_role_bundled",
+    MISATTRIBUTED,
+    "chat data with a tool turn, bundled template (no tool role): the reject names the template, not the data",
+    "ok",
+    accepted(
+        records=41,
+        rejected=1,
+        check=lambda out: (
+            None
+            if re.search(r"tokenizer\.chat_template|template", (out.run_dir / "rejects.jsonl").read_text())
+            else "the reject does not blame the template"
+        ),
+    ),
+)
 def _(tmp: Path) -> Run:
-    odd = json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "{}"},
-                                   {"role": "assistant", "content": "a"}]}).encode()
+    odd = json.dumps(
+        {
+            "messages": [
+                {"role": "user", "content": "q"},
+                {"role": "tool", "content": "{}"},
+                {"role": "assistant", "content": "a"},
+            ]
+        }
+    ).encode()
     return _one_odd(tmp, odd, "data.format=chat", rows=_chat_rows(40))
 
 
-@case("chat_unknown_role", MISATTRIBUTED, "a chat role 'narrator' that no template knows", "ok",
-      accepted(records=41, rejected=1))
+@case(
+    "chat_unknown_role",
+    MISATTRIBUTED,
+    "a chat role 'narrator' that no template knows",
+    "ok",
+    accepted(records=41, rejected=1),
+)
 def _(tmp: Path) -> Run:
-    odd = json.dumps({"messages": [{"role": "narrator", "content": "q"},
-                                   {"role": "assistant", "content": "a"}]}).encode()
+    odd = json.dumps(
+        {"messages": [{"role": "narrator", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    ).encode()
     return _one_odd(tmp, odd, "data.format=chat", rows=_chat_rows(40))
 
 
@@ -719,8 +1034,13 @@ def _alpaca_table(n: int, tag: str = ""):
     import pyarrow as pa
 
     rows = [json.loads(r) for r in alpaca_rows(n, tag)]
-    return pa.table({"prompt": [r["instruction"] for r in rows], "response": [r["output"] for r in rows],
-                     "photo": [b"\x89PNG" * 64] * n})
+    return pa.table(
+        {
+            "prompt": [r["instruction"] for r in rows],
+            "response": [r["output"] for r in rows],
+            "photo": [b"\x89PNG" * 64] * n,
+        }
+    )
 
 
 def _parquet(path: Path, n: int = 40) -> Path:
@@ -736,27 +1056,45 @@ MAPPED = "data.columns={instruction: prompt, output: response}"
 
 def _sources(*expected: tuple[str, int, int]) -> Callable[[Outcome], str | None]:
     """The train split's sources, as preflight.json lists them: (key, records, used per epoch) each."""
+
     def check(out: Outcome) -> str | None:
-        got = [(s["key"], s["records"], s["used_per_epoch"])
-               for s in out.preflight()["splits"]["train"].get("sources", [])]
+        got = [
+            (s["key"], s["records"], s["used_per_epoch"]) for s in out.preflight()["splits"]["train"].get("sources", [])
+        ]
         return None if got == list(expected) else f"sources {got}, expected {list(expected)}"
+
     return check
 
 
-@case("parquet_mapped", SHAPES, "a Parquet file whose columns data.columns maps (an image column beside)", "ok",
-      accepted(records=40))
+@case(
+    "parquet_mapped",
+    SHAPES,
+    "a Parquet file whose columns data.columns maps (an image column beside)",
+    "ok",
+    accepted(records=40),
+)
 def _(tmp: Path) -> Run:
     return Run(args=train(_parquet(tmp / "d.parquet"), MAPPED))
 
 
-@case("parquet_missing_column", SHAPES, "a Parquet file without the format's columns, no data.columns", "clean",
-      refused(r"data\.columns", r"d\.parquet has no column 'instruction'", r"its columns are: prompt, response, photo"))
+@case(
+    "parquet_missing_column",
+    SHAPES,
+    "a Parquet file without the format's columns, no data.columns",
+    "clean",
+    refused(r"data\.columns", r"d\.parquet has no column 'instruction'", r"its columns are: prompt, response, photo"),
+)
 def _(tmp: Path) -> Run:
     return Run(args=train(_parquet(tmp / "d.parquet")))
 
 
-@case("parquet_truncated", SHAPES, "a Parquet file cut short (no footer)", "clean",
-      refused(r"d\.parquet", r"damaged or truncated"))
+@case(
+    "parquet_truncated",
+    SHAPES,
+    "a Parquet file cut short (no footer)",
+    "clean",
+    refused(r"d\.parquet", r"damaged or truncated"),
+)
 def _(tmp: Path) -> Run:
     path = _parquet(tmp / "d.parquet")
     path.write_bytes(path.read_bytes()[:-100])
@@ -765,8 +1103,9 @@ def _(tmp: Path) -> Run:
 
 @case("parquet_gz", SHAPES, "a gzip-compressed Parquet file", "clean", refused(r"d\.parquet\.gz", r"decompress it"))
 def _(tmp: Path) -> Run:
-    return Run(args=train(write(tmp / "d.parquet.gz", gzip.compress(_parquet(tmp / "x" / "d.parquet").read_bytes())),
-                          MAPPED))
+    return Run(
+        args=train(write(tmp / "d.parquet.gz", gzip.compress(_parquet(tmp / "x" / "d.parquet").read_bytes())), MAPPED)
+    )
 
 
 def _arrow(path: Path, table, *, stream: bool) -> Path:
@@ -778,21 +1117,34 @@ def _arrow(path: Path, table, *, stream: bool) -> Path:
     return path
 
 
-@case("arrow_file_stream_saved", SHAPES, "an Arrow IPC file, an Arrow stream and a save_to_disk directory as three "
-      "sources", "ok", accepted(records=36, check=_sources(("data.train[0]", 12, 12), ("data.train[1]", 10, 10),
-                                                          ("data.train[2]", 14, 14))))
+@case(
+    "arrow_file_stream_saved",
+    SHAPES,
+    "an Arrow IPC file, an Arrow stream and a save_to_disk directory as three sources",
+    "ok",
+    accepted(
+        records=36, check=_sources(("data.train[0]", 12, 12), ("data.train[1]", 10, 10), ("data.train[2]", 14, 14))
+    ),
+)
 def _(tmp: Path) -> Run:
     import datasets
 
     datasets.disable_progress_bars()
     datasets.Dataset.from_dict(_alpaca_table(14, "d").to_pydict()).save_to_disk(str(tmp / "saved"))
-    arrow, stream = _arrow(tmp / "f.arrow", _alpaca_table(12, "f"), stream=False), \
-        _arrow(tmp / "s.arrow", _alpaca_table(10, "s"), stream=True)
+    arrow, stream = (
+        _arrow(tmp / "f.arrow", _alpaca_table(12, "f"), stream=False),
+        _arrow(tmp / "s.arrow", _alpaca_table(10, "s"), stream=True),
+    )
     return Run(args=train(f"[{arrow},{stream},{tmp / 'saved'}]", MAPPED))
 
 
-@case("arrow_stream_cut", SHAPES, "an Arrow stream cut between two record batches (pyarrow reads it as shorter)",
-      "clean", refused(r"s\.arrow is truncated", r"end-of-stream marker"))
+@case(
+    "arrow_stream_cut",
+    SHAPES,
+    "an Arrow stream cut between two record batches (pyarrow reads it as shorter)",
+    "clean",
+    refused(r"s\.arrow is truncated", r"end-of-stream marker"),
+)
 def _(tmp: Path) -> Run:
     import pyarrow as pa
 
@@ -804,51 +1156,104 @@ def _(tmp: Path) -> Run:
     return Run(args=train(path, MAPPED))
 
 
-@case("dataset_dict_directory", SHAPES, "a DatasetDict save_to_disk directory (splits inside)", "clean",
-      refused(r"data\.train", r"DatasetDict", r"one split's directory"))
+@case(
+    "dataset_dict_directory",
+    SHAPES,
+    "a DatasetDict save_to_disk directory (splits inside)",
+    "clean",
+    refused(r"data\.train", r"DatasetDict", r"one split's directory"),
+)
 def _(tmp: Path) -> Run:
     import datasets
 
     datasets.disable_progress_bars()
     table = _alpaca_table(8)
-    datasets.DatasetDict({"train": datasets.Dataset.from_dict(table.to_pydict()),
-                          "test": datasets.Dataset.from_dict(table.to_pydict())}).save_to_disk(str(tmp / "dd"))
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_dict(table.to_pydict()), "test": datasets.Dataset.from_dict(table.to_pydict())}
+    ).save_to_disk(str(tmp / "dd"))
     return Run(args=train(tmp / "dd", MAPPED))
 
 
 def _sharegpt(i: int) -> dict:
-    return {"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": f"q{i}"},
-                              {"from": "gpt", "value": f"a{i}"}]}
+    return {
+        "conversations": [
+            {"from": "system", "value": "Be brief."},
+            {"from": "human", "value": f"q{i}"},
+            {"from": "gpt", "value": f"a{i}"},
+        ]
+    }
 
 
-@case("sharegpt_json_array", SHAPES, "ShareGPT conversations in a JSON array, one bad function_call turn", "ok",
-      accepted(records=31, rejected=1, codes=("wrong_type",)))
+@case(
+    "sharegpt_json_array",
+    SHAPES,
+    "ShareGPT conversations in a JSON array, one bad function_call turn",
+    "ok",
+    accepted(records=31, rejected=1, codes=("wrong_type",)),
+)
 def _(tmp: Path) -> Run:
     rows = [_sharegpt(i) for i in range(30)]
-    rows.insert(9, {"conversations": [{"from": "human", "value": "q"}, {"from": "function_call", "value": "f(x)"},
-                                      {"from": "gpt", "value": "a"}]})
-    return Run(args=train(write(tmp / "d.json", json.dumps(rows).encode()), "data.format=sharegpt",
-                          "data.max_bad_fraction=0.1"))
+    rows.insert(
+        9,
+        {
+            "conversations": [
+                {"from": "human", "value": "q"},
+                {"from": "function_call", "value": "f(x)"},
+                {"from": "gpt", "value": "a"},
+            ]
+        },
+    )
+    return Run(
+        args=train(
+            write(tmp / "d.json", json.dumps(rows).encode()), "data.format=sharegpt", "data.max_bad_fraction=0.1"
+        )
+    )
 
 
-@case("sharegpt_tools_untemplated", SHAPES, "ShareGPT records with tool definitions, a template that never reads "
-      "them", "clean", refused(r"tokenizer\.chat_template", r"never reads `tools`"))
+@case(
+    "sharegpt_tools_untemplated",
+    SHAPES,
+    "ShareGPT records with tool definitions, a template that never reads them",
+    "clean",
+    refused(r"tokenizer\.chat_template", r"never reads `tools`"),
+)
 def _(tmp: Path) -> Run:
     rows = [{**_sharegpt(i), "tools": json.dumps([{"name": "f", "parameters": {}}])} for i in range(20)]
     return Run(args=train(write(tmp / "d.json", json.dumps(rows).encode()), "data.format=sharegpt"))
 
 
-@case("chat_image_part", SHAPES, "a chat message whose content parts hold an image", "ok",
-      accepted(records=41, rejected=1, codes=("unsupported_content",)))
+@case(
+    "chat_image_part",
+    SHAPES,
+    "a chat message whose content parts hold an image",
+    "ok",
+    accepted(records=41, rejected=1, codes=("unsupported_content",)),
+)
 def _(tmp: Path) -> Run:
-    odd = json.dumps({"messages": [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
-                                                                {"type": "image_url", "image_url": {"url": "c.png"}}]},
-                                   {"role": "assistant", "content": "A cat."}]}).encode()
+    odd = json.dumps(
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "What is this?"},
+                        {"type": "image_url", "image_url": {"url": "c.png"}},
+                    ],
+                },
+                {"role": "assistant", "content": "A cat."},
+            ]
+        }
+    ).encode()
     return _one_odd(tmp, odd, "data.format=chat", rows=_chat_rows(40))
 
 
-@case("weighted_sources", SHAPES, "two sources with weights 3 and 0.5", "ok",
-      accepted(records=50, check=_sources(("data.train[0]", 20, 60), ("data.train[1]", 30, 15))))
+@case(
+    "weighted_sources",
+    SHAPES,
+    "two sources with weights 3 and 0.5",
+    "ok",
+    accepted(records=50, check=_sources(("data.train[0]", 20, 60), ("data.train[1]", 30, 15))),
+)
 def _(tmp: Path) -> Run:
     first = write(tmp / "a.jsonl", jsonl_bytes(alpaca_rows(20, "a")))
     second = write(tmp / "b.json", json.dumps([json.loads(r) for r in alpaca_rows(30, "b")]).encode())
@@ -861,15 +1266,25 @@ def _(tmp: Path) -> Run:
     return Run(args=train(f"[{first}, {{path: {first}, weight: 0}}]"))
 
 
-@case("one_file_two_sources", SHAPES, "the same file listed as two sources", "clean",
-      refused(r"data\.train\[1\]", r"also part of data\.train\[0\]"))
+@case(
+    "one_file_two_sources",
+    SHAPES,
+    "the same file listed as two sources",
+    "clean",
+    refused(r"data\.train\[1\]", r"also part of data\.train\[0\]"),
+)
 def _(tmp: Path) -> Run:
     first = write(tmp / "a.jsonl", jsonl_bytes(alpaca_rows(20)))
     return Run(args=train(f"[{first}, {{path: {first}, weight: 2}}]"))
 
 
-@case("val_fraction_and_val", SHAPES, "data.val_fraction together with data.val", "clean",
-      refused(r"data\.val_fraction=0\.1 and data\.val=", r"Fix: data\.val=null"))
+@case(
+    "val_fraction_and_val",
+    SHAPES,
+    "data.val_fraction together with data.val",
+    "clean",
+    refused(r"data\.val_fraction=0\.1 and data\.val=", r"Fix: data\.val=null"),
+)
 def _(tmp: Path) -> Run:
     data = write(tmp / "a.jsonl", jsonl_bytes(alpaca_rows(20)))
     return Run(args=train(data, f"data.val={data}", "data.val_fraction=0.1"))
@@ -880,16 +1295,28 @@ def _(tmp: Path) -> Run:
 CONFIG = "config"
 
 
-@case("yaml_syntax_error", CONFIG, "a config group file with a YAML syntax error (hydra.searchpath)", "clean",
-      refused(r"broken\.yaml:?\s*(line )?\d", absent=(r"hydra/_internal",)))
+@case(
+    "yaml_syntax_error",
+    CONFIG,
+    "a config group file with a YAML syntax error (hydra.searchpath)",
+    "clean",
+    refused(r"broken\.yaml:?\s*(line )?\d", absent=(r"hydra/_internal",)),
+)
 def _(tmp: Path) -> Run:
-    write(tmp / "conf" / "model" / "broken.yaml",
-          b"# a broken model config\ndefaults:\n  - tinyllama_tiny\nhidden_size: [32\nnum_layers: 2\n")
+    write(
+        tmp / "conf" / "model" / "broken.yaml",
+        b"# a broken model config\ndefaults:\n  - tinyllama_tiny\nhidden_size: [32\nnum_layers: 2\n",
+    )
     return Run(args=[f"hydra.searchpath=[file://{tmp / 'conf'}]", "model=broken"])
 
 
-@case("yaml_syntax_error_primary", CONFIG, "--config-name of a user config with a YAML syntax error", "clean",
-      refused(r"mine\.yaml:?\s*(line )?\d", absent=(r"hydra/_internal",)))
+@case(
+    "yaml_syntax_error_primary",
+    CONFIG,
+    "--config-name of a user config with a YAML syntax error",
+    "clean",
+    refused(r"mine\.yaml:?\s*(line )?\d", absent=(r"hydra/_internal",)),
+)
 def _(tmp: Path) -> Run:
     write(tmp / "conf" / "mine.yaml", b"defaults:\n  - seqtune_config\n  - _self_\ndata: {train: x.jsonl\n")
     return Run(args=["--config-dir", str(tmp / "conf"), "--config-name", "mine"])
@@ -920,8 +1347,7 @@ def _(tmp: Path) -> Run:
     return Run(args=["+note=${nope}"])
 
 
-@case("unknown_resolver", CONFIG, "data.train=${env:HOME} (a resolver that does not exist)", "clean",
-      refused(r"env"))
+@case("unknown_resolver", CONFIG, "data.train=${env:HOME} (a resolver that does not exist)", "clean", refused(r"env"))
 def _(tmp: Path) -> Run:
     return Run(args=["data.train=${env:HOME}"])
 
@@ -944,6 +1370,7 @@ def _umount(mount: Path) -> Callable[[], str]:
         if os.system(f"umount {mount}") != 0:
             os.system(f"umount -l {mount}")  # never leave a mount behind, even if a file is still open
         return f"left: {left}" if left else ""
+
     return after
 
 
@@ -955,42 +1382,79 @@ def _no_temps_after(out: Outcome) -> str | None:
 DISK_FULL_CODES = (1, 2)
 
 
-@case("cache_disk_full", DISK, "the token cache on a full 256 KB tmpfs", "clean",
-      both(refused(r"(?i)no space left on .*cache", codes=DISK_FULL_CODES), _no_temps_after), needs="mount")
+@case(
+    "cache_disk_full",
+    DISK,
+    "the token cache on a full 256 KB tmpfs",
+    "clean",
+    both(refused(r"(?i)no space left on .*cache", codes=DISK_FULL_CODES), _no_temps_after),
+    needs="mount",
+)
 def _(tmp: Path) -> Run:
     mount = _tmpfs(tmp, "full", "256k")
     data = write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(3000)))
     return Run(args=train(data, f"data.cache_dir={mount / 'cache'}"), after=_umount(mount))
 
 
-@case("run_dir_disk_full_hydra", DISK, "the run directory on an 8 KB tmpfs (Hydra's own .hydra/ files fail)",
-      "clean", both(refused(r"(?i)no space left on .*run", codes=DISK_FULL_CODES), _no_temps_after), needs="mount")
+@case(
+    "run_dir_disk_full_hydra",
+    DISK,
+    "the run directory on an 8 KB tmpfs (Hydra's own .hydra/ files fail)",
+    "clean",
+    both(refused(r"(?i)no space left on .*run", codes=DISK_FULL_CODES), _no_temps_after),
+    needs="mount",
+)
 def _(tmp: Path) -> Run:
     mount = _tmpfs(tmp, "full", "8k")
-    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(400))), f"hydra.run.dir={mount / 'run'}"),
-               after=_umount(mount))
+    return Run(
+        args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(400))), f"hydra.run.dir={mount / 'run'}"),
+        after=_umount(mount),
+    )
 
 
-@case("run_dir_disk_full_preflight", DISK, "the run directory on a 16 KB tmpfs (preflight.json or config.yaml fails)",
-      "clean", both(refused(r"(?i)no space left on .*run/(preflight\.json|config\.yaml)", codes=DISK_FULL_CODES),
-                    _no_temps_after), needs="mount")
+@case(
+    "run_dir_disk_full_preflight",
+    DISK,
+    "the run directory on a 16 KB tmpfs (preflight.json or config.yaml fails)",
+    "clean",
+    both(refused(r"(?i)no space left on .*run/(preflight\.json|config\.yaml)", codes=DISK_FULL_CODES), _no_temps_after),
+    needs="mount",
+)
 def _(tmp: Path) -> Run:
     mount = _tmpfs(tmp, "full", "16k")
-    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(400))), f"hydra.run.dir={mount / 'run'}"),
-               after=_umount(mount))
+    return Run(
+        args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(400))), f"hydra.run.dir={mount / 'run'}"),
+        after=_umount(mount),
+    )
 
 
-@case("run_dir_disk_full_plot", DISK, "the run directory on a 24 KB tmpfs (lengths.png fails)", "clean",
-      both(refused(r"(?i)no space left on .*run/lengths\.png", codes=DISK_FULL_CODES), _no_temps_after),
-      needs="mount")
+@case(
+    "run_dir_disk_full_plot",
+    DISK,
+    "the run directory on a 24 KB tmpfs (lengths.png fails)",
+    "clean",
+    both(refused(r"(?i)no space left on .*run/lengths\.png", codes=DISK_FULL_CODES), _no_temps_after),
+    needs="mount",
+)
 def _(tmp: Path) -> Run:
     mount = _tmpfs(tmp, "full", "24k")
-    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(400))), f"hydra.run.dir={mount / 'run'}",
-                          "preflight.plot=true"), after=_umount(mount))
+    return Run(
+        args=train(
+            write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(400))),
+            f"hydra.run.dir={mount / 'run'}",
+            "preflight.plot=true",
+        ),
+        after=_umount(mount),
+    )
 
 
-@case("stale_tmp_in_cache", DISK, "a killed scan's .tmp-* directory in the token cache", "ok",
-      accepted(records=40, check=no_leftover_temps))
+@case(
+    "stale_tmp_in_cache",
+    DISK,
+    "a killed scan's .tmp-* directory in the token cache",
+    "ok",
+    accepted(records=40, check=no_leftover_temps),
+)
 def _(tmp: Path) -> Run:
     stale = tmp / "cache" / ".tmp-0123456789abcdef0123456789abcdef-x1y2z3"
     write(stale / "tokens.bin", b"\0" * 4096)
@@ -1006,6 +1470,7 @@ def _cached_then(tmp: Path, damage: Callable[[Path], None]) -> Run:
 
     def between(cache_dir: Path) -> None:
         damage(next(p for p in cache_dir.iterdir() if not p.name.startswith(".")))
+
     return Run(args=train(data), first=True, between=between)
 
 
@@ -1024,13 +1489,19 @@ def _(tmp: Path) -> Run:
     return _cached_then(tmp, lambda d: (d / "meta.json").write_bytes((d / "meta.json").read_bytes()[:40]))
 
 
-@case("cache_edited_meta", DISK, "a published cache whose meta.json counts were edited (valid JSON)", "ok",
-      accepted(records=40))
+@case(
+    "cache_edited_meta",
+    DISK,
+    "a published cache whose meta.json counts were edited (valid JSON)",
+    "ok",
+    accepted(records=40),
+)
 def _(tmp: Path) -> Run:
     def edit(d: Path) -> None:
         meta = json.loads((d / "meta.json").read_text())
         meta["num_samples"] += 5
         (d / "meta.json").write_text(json.dumps(meta))
+
     return _cached_then(tmp, edit)
 
 
@@ -1045,14 +1516,24 @@ def _modes(out: Outcome) -> str | None:
     return f"not following umask 022: {wrong[:4]}" if wrong else None
 
 
-@case("umask_cache_and_run_dir", DISK, "umask 022: token cache and run-dir files are 0644/0755", "ok",
-      accepted(records=40, check=_modes))
+@case(
+    "umask_cache_and_run_dir",
+    DISK,
+    "umask 022: token cache and run-dir files are 0644/0755",
+    "ok",
+    accepted(records=40, check=_modes),
+)
 def _(tmp: Path) -> Run:
     return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40))), "preflight.plot=true"))
 
 
-@case("umask_adapter", DISK, "umask 022: the trained adapter's files are 0644 (2 training steps)", "ok",
-      accepted(records=40, check=_modes))
+@case(
+    "umask_adapter",
+    DISK,
+    "umask 022: the trained adapter's files are 0644 (2 training steps)",
+    "ok",
+    accepted(records=40, check=_modes),
+)
 def _(tmp: Path) -> Run:
     data = write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40)))
     return Run(args=train(data, "preflight.only=false", "train.max_steps=2", "train.eval_every=0"))
@@ -1063,20 +1544,36 @@ def _checkpoints_after(mount: Path) -> Callable[[], str]:
         root = mount / "run" / "checkpoints"
         kept = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
         return _umount(mount)() + f" kept: {kept}"
+
     return after
 
 
-@case("checkpoint_disk_full", DISK, "the run directory on a 6 MB tmpfs: the first 3.5 MB checkpoint fits, the second "
-      "does not", "clean",
-      both(refused(r"(?i)no space left on .*run/checkpoints/step_00000004", codes=(1,)),
-           lambda out: None if out.extra.strip() == "kept: ['step_00000002']" else f"after: {out.extra.strip()}"),
-      needs="mount")
+@case(
+    "checkpoint_disk_full",
+    DISK,
+    "the run directory on a 6 MB tmpfs: the first 3.5 MB checkpoint fits, the second does not",
+    "clean",
+    both(
+        refused(r"(?i)no space left on .*run/checkpoints/step_00000004", codes=(1,)),
+        lambda out: None if out.extra.strip() == "kept: ['step_00000002']" else f"after: {out.extra.strip()}",
+    ),
+    needs="mount",
+)
 def _(tmp: Path) -> Run:
     mount = _tmpfs(tmp, "full", "6m")
     data = write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40)))
-    return Run(args=train(data, f"hydra.run.dir={mount / 'run'}", "preflight.only=false", "train.max_steps=6",
-                          "train.save_every=2", "train.keep_last=0", "train.eval_every=0"),
-               after=_checkpoints_after(mount))
+    return Run(
+        args=train(
+            data,
+            f"hydra.run.dir={mount / 'run'}",
+            "preflight.only=false",
+            "train.max_steps=6",
+            "train.save_every=2",
+            "train.keep_last=0",
+            "train.eval_every=0",
+        ),
+        after=_checkpoints_after(mount),
+    )
 
 
 # --- cases: resume ----------------------------------------------------------------------------------------
@@ -1097,8 +1594,20 @@ def _trained_then(tmp: Path, damage: Callable[[Path], None], *extra: str) -> Run
         (run / "finished.json").unlink()
         shutil.rmtree(run / "adapter")
         damage(run)
-    return Run(args=train(data, "preflight.only=false", "train.max_steps=4", "train.save_every=2", "train.keep_last=0",
-                          "train.eval_every=0", *extra), first=True, between=between)
+
+    return Run(
+        args=train(
+            data,
+            "preflight.only=false",
+            "train.max_steps=4",
+            "train.save_every=2",
+            "train.keep_last=0",
+            "train.eval_every=0",
+            *extra,
+        ),
+        first=True,
+        between=between,
+    )
 
 
 def _cut(path: Path, keep: int | None = None) -> None:
@@ -1113,12 +1622,14 @@ def _flip(path: Path) -> None:
 
 def resumed_from(step: int, *needles: str) -> Callable[[Outcome], str | None]:
     """Exit 0, the message naming the skipped checkpoint and why, and training resumed from `step`."""
+
     def judge(out: Outcome) -> str | None:
         problem = refused(*needles, rf"continuing from step_{step:08d}, the newest intact", codes=(0,))(out)
         if problem:
             return problem
         steps = [json.loads(line)["step"] for line in (out.run_dir / "metrics.jsonl").read_text().splitlines()]
         return None if steps[-1] == 4 and (out.run_dir / "adapter").is_dir() else f"metrics steps {steps}"
+
     return judge
 
 
@@ -1128,37 +1639,71 @@ def record_kept(out: Outcome) -> str | None:
     return f"a refused resume rewrote {changed}" if changed else None
 
 
-@case("resume_latest_truncated", RESUME, "the latest checkpoint's model.safetensors cut in half", "ok",
-      resumed_from(2, r"step_00000004 cannot be used \(model\.safetensors is [\d,]+ bytes, its manifest says"))
+@case(
+    "resume_latest_truncated",
+    RESUME,
+    "the latest checkpoint's model.safetensors cut in half",
+    "ok",
+    resumed_from(2, r"step_00000004 cannot be used \(model\.safetensors is [\d,]+ bytes, its manifest says"),
+)
 def _(tmp: Path) -> Run:
     return _trained_then(tmp, lambda run: _cut(run / "checkpoints/step_00000004/model.safetensors"))
 
 
-@case("resume_latest_corrupt", RESUME, "one byte of the latest checkpoint's optimizer.pt flipped (same size)", "ok",
-      resumed_from(2, r"step_00000004 cannot be used \(optimizer\.pt does not match its sha256"))
+@case(
+    "resume_latest_corrupt",
+    RESUME,
+    "one byte of the latest checkpoint's optimizer.pt flipped (same size)",
+    "ok",
+    resumed_from(2, r"step_00000004 cannot be used \(optimizer\.pt does not match its sha256"),
+)
 def _(tmp: Path) -> Run:
     return _trained_then(tmp, lambda run: _flip(run / "checkpoints/step_00000004/optimizer.pt"))
 
 
-@case("resume_manifest_cut", RESUME, "the latest checkpoint's manifest.json cut to 30 bytes", "ok",
-      resumed_from(2, r"step_00000004 cannot be used \(its manifest\.json cannot be read"))
+@case(
+    "resume_manifest_cut",
+    RESUME,
+    "the latest checkpoint's manifest.json cut to 30 bytes",
+    "ok",
+    resumed_from(2, r"step_00000004 cannot be used \(its manifest\.json cannot be read"),
+)
 def _(tmp: Path) -> Run:
     return _trained_then(tmp, lambda run: _cut(run / "checkpoints/step_00000004/manifest.json", 30))
 
 
-@case("resume_all_damaged", RESUME, "every checkpoint's model.safetensors cut short", "clean",
-      both(refused(r"train\.resume", r"none can be used: step_00000004: .*step_00000002: ",
-                   r"Fix: start over in a new directory: train\.resume=never"), record_kept))
+@case(
+    "resume_all_damaged",
+    RESUME,
+    "every checkpoint's model.safetensors cut short",
+    "clean",
+    both(
+        refused(
+            r"train\.resume",
+            r"none can be used: step_00000004: .*step_00000002: ",
+            r"Fix: start over in a new directory: train\.resume=never",
+        ),
+        record_kept,
+    ),
+)
 def _(tmp: Path) -> Run:
     def cut_all(run: Path) -> None:
         for checkpoint in (run / "checkpoints").iterdir():
             _cut(checkpoint / "model.safetensors")
+
     return _trained_then(tmp, cut_all)
 
 
-@case("resume_other_data_same_count", RESUME, "data.train's content changed, record count the same", "clean",
-      both(refused(r"train\.resume", r"plan\.data\.train [0-9a-f]{32} -> [0-9a-f]{32}",
-                   r"(?i)record .* is unchanged"), record_kept))
+@case(
+    "resume_other_data_same_count",
+    RESUME,
+    "data.train's content changed, record count the same",
+    "clean",
+    both(
+        refused(r"train\.resume", r"plan\.data\.train [0-9a-f]{32} -> [0-9a-f]{32}", r"(?i)record .* is unchanged"),
+        record_kept,
+    ),
+)
 def _(tmp: Path) -> Run:
     return _trained_then(tmp, lambda run: write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40, tag="x"))))
 
@@ -1177,34 +1722,60 @@ def _into_finished(tmp: Path, *case_args: str, first_args: tuple[str, ...] = ("o
 
     def between(cache_dir: Path) -> None:
         shutil.copytree(cache_dir.parent / "first", cache_dir.parent / "run")
-    return Run(args=train(data, *TRAINED, *case_args), first=True, between=between,
-               first_args=["preflight.only=false", *first_args])
+
+    return Run(
+        args=train(data, *TRAINED, *case_args),
+        first=True,
+        between=between,
+        first_args=["preflight.only=false", *first_args],
+    )
 
 
 def finished_kept(out: Outcome) -> str | None:
     """The finished run's record and adapter are byte-identical to what the first run wrote."""
     first = out.run_dir.parent / "first"
     changed = [n for n in KEPT if (out.run_dir / n).read_bytes() != (first / n).read_bytes()]
-    changed += [f"adapter/{p.name}" for p in (first / "adapter").iterdir()
-                if (out.run_dir / "adapter" / p.name).read_bytes() != p.read_bytes()]
+    changed += [
+        f"adapter/{p.name}"
+        for p in (first / "adapter").iterdir()
+        if (out.run_dir / "adapter" / p.name).read_bytes() != p.read_bytes()
+    ]
     return f"the finished run was rewritten: {changed}" if changed else None
 
 
-@case("finished_run_other_lr", TRUST, "a second command with optim.lr=0.02 into a run dir that finished with 0.01",
-      "clean", both(refused(r"hydra\.run\.dir", r"optim\.lr 0\.01 -> 0\.02", r"hydra\.run\.dir=NEW_DIR",
-                            r"train\.overwrite=true"), finished_kept))
+@case(
+    "finished_run_other_lr",
+    TRUST,
+    "a second command with optim.lr=0.02 into a run dir that finished with 0.01",
+    "clean",
+    both(
+        refused(r"hydra\.run\.dir", r"optim\.lr 0\.01 -> 0\.02", r"hydra\.run\.dir=NEW_DIR", r"train\.overwrite=true"),
+        finished_kept,
+    ),
+)
 def _(tmp: Path) -> Run:
     return _into_finished(tmp, "optim.lr=0.02")
 
 
-@case("finished_run_dry_run_other_lr", TRUST, "preflight.only=true with optim.lr=0.02 into a finished run dir",
-      "clean", both(refused(r"hydra\.run\.dir", r"optim\.lr 0\.01 -> 0\.02"), finished_kept), suite=False)
+@case(
+    "finished_run_dry_run_other_lr",
+    TRUST,
+    "preflight.only=true with optim.lr=0.02 into a finished run dir",
+    "clean",
+    both(refused(r"hydra\.run\.dir", r"optim\.lr 0\.01 -> 0\.02"), finished_kept),
+    suite=False,
+)
 def _(tmp: Path) -> Run:
     return _into_finished(tmp, "optim.lr=0.02", "preflight.only=true")
 
 
-@case("finished_run_same_command", TRUST, "the same command again into its finished run dir: a no-op that says so",
-      "ok", both(refused(r"already holds this run", r"nothing written", codes=(0,)), finished_kept))
+@case(
+    "finished_run_same_command",
+    TRUST,
+    "the same command again into its finished run dir: a no-op that says so",
+    "ok",
+    both(refused(r"already holds this run", r"nothing written", codes=(0,)), finished_kept),
+)
 def _(tmp: Path) -> Run:
     return _into_finished(tmp, "optim.lr=0.01")
 
@@ -1214,29 +1785,44 @@ def _moved_aside(out: Outcome) -> str | None:
     moved = list(out.run_dir.glob("previous-*"))
     if len(moved) != 1:
         return f"expected one previous-*/ in the run dir, found {[p.name for p in moved]}"
-    changed = [n for n in [*KEPT, "adapter/adapter_model.safetensors"]
-               if (moved[0] / n).read_bytes() != (first / n).read_bytes()]
+    changed = [
+        n
+        for n in [*KEPT, "adapter/adapter_model.safetensors"]
+        if (moved[0] / n).read_bytes() != (first / n).read_bytes()
+    ]
     if changed:
         return f"the moved-aside run differs from the finished one: {changed}"
     new = json.loads((out.run_dir / "finished.json").read_text())["settings"]
     return None if new["optim.lr"] == 0.02 else f"the new run's settings say optim.lr={new['optim.lr']}"
 
 
-@case("finished_run_overwrite", TRUST, "train.overwrite=true with optim.lr=0.02 moves the finished run into "
-      "previous-<time>/ and trains anew", "ok",
-      both(refused(r"moved into .*previous-", codes=(0,)), _moved_aside), suite=False)
+@case(
+    "finished_run_overwrite",
+    TRUST,
+    "train.overwrite=true with optim.lr=0.02 moves the finished run into previous-<time>/ and trains anew",
+    "ok",
+    both(refused(r"moved into .*previous-", codes=(0,)), _moved_aside),
+    suite=False,
+)
 def _(tmp: Path) -> Run:
     return _into_finished(tmp, "optim.lr=0.02", "train.overwrite=true")
 
 
 def _media_rows(refs: list[str]) -> bytes:
-    rows = [json.dumps({"input": f"<img>{ref}</img> what is it?", "output": f"thing {i}"}).encode()
-            for i, ref in enumerate(refs)]
+    rows = [
+        json.dumps({"input": f"<img>{ref}</img> what is it?", "output": f"thing {i}"}).encode()
+        for i, ref in enumerate(refs)
+    ]
     return jsonl_bytes(rows)
 
 
-@case("media_dotdot_escape", TRUST, "input_output: <img>../x.png</img> (x.png exists, outside the media root)", "ok",
-      accepted(records=40, rejected=1, codes=("media_outside_root",)))
+@case(
+    "media_dotdot_escape",
+    TRUST,
+    "input_output: <img>../x.png</img> (x.png exists, outside the media root)",
+    "ok",
+    accepted(records=40, rejected=1, codes=("media_outside_root",)),
+)
 def _(tmp: Path) -> Run:
     write(tmp / "x.png", b"png")
     write(tmp / "data/cat.png", b"png")
@@ -1244,17 +1830,24 @@ def _(tmp: Path) -> Run:
     return Run(args=train(data, "data.format=input_output", "data.max_bad_fraction=0.1"))
 
 
-@case("media_absolute_and_symlink", TRUST, "input_output with data.media_root: an absolute path, a symlink out of "
-      "the root, a `..` to a file that does not exist: all rejected alike (no existence oracle)", "ok",
-      accepted(records=40, rejected=3, codes=("media_outside_root",)))
+@case(
+    "media_absolute_and_symlink",
+    TRUST,
+    "input_output with data.media_root: an absolute path, a symlink out of "
+    "the root, a `..` to a file that does not exist: all rejected alike (no existence oracle)",
+    "ok",
+    accepted(records=40, rejected=3, codes=("media_outside_root",)),
+)
 def _(tmp: Path) -> Run:
     write(tmp / "secret.txt", b"secret")
     write(tmp / "media/cat.png", b"png")
     (tmp / "media/link.png").symlink_to(tmp / "secret.txt")
-    data = write(tmp / "d.jsonl", _media_rows(["cat.png"] * 37 + [str(tmp / "secret.txt"), "link.png",
-                                                                 "../nothing/here.png"]))
-    return Run(args=train(data, "data.format=input_output", f"data.media_root={tmp / 'media'}",
-                          "data.max_bad_fraction=0.1"))
+    data = write(
+        tmp / "d.jsonl", _media_rows(["cat.png"] * 37 + [str(tmp / "secret.txt"), "link.png", "../nothing/here.png"])
+    )
+    return Run(
+        args=train(data, "data.format=input_output", f"data.media_root={tmp / 'media'}", "data.max_bad_fraction=0.1")
+    )
 
 
 def _pickle_calling(command: str) -> bytes:
@@ -1266,6 +1859,7 @@ def _pickle_calling(command: str) -> bytes:
     class Payload:
         def __reduce__(self):
             return (os.system, (command,))
+
     buffer = io.BytesIO()
     torch.save({"torch": Payload()}, buffer)
     return buffer.getvalue()
@@ -1275,10 +1869,16 @@ def _not_run(marker: Path) -> Callable[[Outcome], str | None]:
     return lambda out: f"the pickle's command ran: {marker} exists" if marker.exists() else None
 
 
-@case("checkpoint_malicious_pickle", TRUST, "the latest checkpoint's rng_rank0.pt replaced by a pickle calling "
-      "os.system, its manifest rewritten to match", "clean",
-      both(refused(r"rng_rank0\.pt is not a weights-only torch file", r"posix\.system", r"train\.resume"),
-           lambda out: _not_run(out.run_dir.parent / "pwned")(out)))
+@case(
+    "checkpoint_malicious_pickle",
+    TRUST,
+    "the latest checkpoint's rng_rank0.pt replaced by a pickle calling os.system, its manifest rewritten to match",
+    "clean",
+    both(
+        refused(r"rng_rank0\.pt is not a weights-only torch file", r"posix\.system", r"train\.resume"),
+        lambda out: _not_run(out.run_dir.parent / "pwned")(out),
+    ),
+)
 def _(tmp: Path) -> Run:
     def plant(run: Path) -> None:
         import hashlib
@@ -1289,29 +1889,57 @@ def _(tmp: Path) -> Run:
         data = (checkpoint / "rng_rank0.pt").read_bytes()
         manifest["files"]["rng_rank0.pt"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
         (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+
     return _trained_then(tmp, plant)
 
 
-@case("model_path_malicious_bin", TRUST, "model.path holding config.json and a pytorch_model.bin that calls os.system",
-      "clean", both(refused(r"model\.path=\S+model holds only pickle weights", r"safetensors only"),
-                    lambda out: _not_run(out.run_dir.parent / "pwned")(out)))
+@case(
+    "model_path_malicious_bin",
+    TRUST,
+    "model.path holding config.json and a pytorch_model.bin that calls os.system",
+    "clean",
+    both(
+        refused(r"model\.path=\S+model holds only pickle weights", r"safetensors only"),
+        lambda out: _not_run(out.run_dir.parent / "pwned")(out),
+    ),
+)
 def _(tmp: Path) -> Run:
-    write(tmp / "model/config.json", json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"],
-                                                 "vocab_size": 128256, "hidden_size": 64}).encode())
+    write(
+        tmp / "model/config.json",
+        json.dumps(
+            {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 128256, "hidden_size": 64}
+        ).encode(),
+    )
     write(tmp / "model/pytorch_model.bin", _pickle_calling(f"touch {tmp / 'pwned'}"))
-    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40))), "model=llama3_8b", "lora=default",
-                          f"model.path={tmp / 'model'}", "tokenizer.source=bundled"))
+    return Run(
+        args=train(
+            write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40))),
+            "model=llama3_8b",
+            "lora=default",
+            f"model.path={tmp / 'model'}",
+            "tokenizer.source=bundled",
+        )
+    )
 
 
-@case("manifest_wrong_shape", TRUST, "the latest checkpoint's manifest lists its files as numbers, not "
-      "{size, sha256}", "ok", resumed_from(2, r"step_00000004 cannot be used \(its manifest\.json is damaged: "
-                                              r"files\['[a-z_0-9.]+'\] is \d+"))
+@case(
+    "manifest_wrong_shape",
+    TRUST,
+    "the latest checkpoint's manifest lists its files as numbers, not {size, sha256}",
+    "ok",
+    resumed_from(
+        2,
+        r"step_00000004 cannot be used \(its manifest\.json is damaged: "
+        r"files\['[a-z_0-9.]+'\] is \d+",
+    ),
+)
 def _(tmp: Path) -> Run:
     def edit(run: Path) -> None:
         path = run / "checkpoints/step_00000004/manifest.json"
         manifest = json.loads(path.read_text())
         manifest["files"] = {name: entry["size"] for name, entry in manifest["files"].items()}
         path.write_text(json.dumps(manifest))
+
     return _trained_then(tmp, edit)
 
 
@@ -1320,28 +1948,52 @@ WANDB_KEY = "0123456789abcdef0123456789abcdef0123beef"
 NO_WANDB = {"WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_SILENT": "true"}
 
 
-@case("wandb_invalid_key", TRUST, "logger=wandb with WANDB_API_KEY=not-a-key-123 (too short for a key)", "clean",
-      refused(r"WANDB_API_KEY is not a W&B API key", r"40\+ characters", absent=(r"not-a-key-123",)))
+@case(
+    "wandb_invalid_key",
+    TRUST,
+    "logger=wandb with WANDB_API_KEY=not-a-key-123 (too short for a key)",
+    "clean",
+    refused(r"WANDB_API_KEY is not a W&B API key", r"40\+ characters", absent=(r"not-a-key-123",)),
+)
 def _(tmp: Path) -> Run:
-    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40))), "logger=wandb"),
-               env={**NO_WANDB, "WANDB_API_KEY": "not-a-key-123"})
+    return Run(
+        args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40))), "logger=wandb"),
+        env={**NO_WANDB, "WANDB_API_KEY": "not-a-key-123"},
+    )
 
 
 def _offline_and_unleaked(out: Outcome) -> str | None:
     if not (out.run_dir / "finished.json").is_file():
         return "the run did not finish"
-    leaked = [str(p.relative_to(out.run_dir)) for p in out.run_dir.rglob("*")
-              if p.is_file() and WANDB_KEY.encode() in p.read_bytes()]
+    leaked = [
+        str(p.relative_to(out.run_dir))
+        for p in out.run_dir.rglob("*")
+        if p.is_file() and WANDB_KEY.encode() in p.read_bytes()
+    ]
     return f"the key was written into {leaked}" if leaked else None
 
 
-@case("wandb_unreachable", TRUST, "logger=wandb with a key and W&B unreachable (a closed port), "
-      "logger.init_timeout=2: the run finishes offline", "ok",
-      both(refused(r"W&B could not be reached within logger\.init_timeout=2s", r"wandb sync .*run/wandb/offline-run-",
-                   codes=(0,)), _offline_and_unleaked))
+@case(
+    "wandb_unreachable",
+    TRUST,
+    "logger=wandb with a key and W&B unreachable (a closed port), logger.init_timeout=2: the run finishes offline",
+    "ok",
+    both(
+        refused(
+            r"W&B could not be reached within logger\.init_timeout=2s",
+            r"wandb sync .*run/wandb/offline-run-",
+            codes=(0,),
+        ),
+        _offline_and_unleaked,
+    ),
+)
 def _(tmp: Path) -> Run:
-    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40))), *TRAINED, "logger=wandb",
-                          "logger.init_timeout=2"), env={**NO_WANDB, "WANDB_API_KEY": WANDB_KEY})
+    return Run(
+        args=train(
+            write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40))), *TRAINED, "logger=wandb", "logger.init_timeout=2"
+        ),
+        env={**NO_WANDB, "WANDB_API_KEY": WANDB_KEY},
+    )
 
 
 # --- checkpoints by family=auto ---------------------------------------------------------------------------
@@ -1363,21 +2015,37 @@ def _safetensors(tensors: dict[str, list[int]]) -> bytes:
 def _config_only_checkpoint(tmp: Path, config: dict) -> Path:
     directory = tmp / "ckpt"
     write(directory / "config.json", json.dumps(config).encode())
-    write(directory / "model.safetensors", _safetensors({"model.embed_tokens.weight": [8, 4],
-                                                          "model.layers.0.self_attn.q_proj.weight": [4, 4]}))
+    write(
+        directory / "model.safetensors",
+        _safetensors({"model.embed_tokens.weight": [8, 4], "model.layers.0.self_attn.q_proj.weight": [4, 4]}),
+    )
     return directory
 
 
-@case("auto_remote_code", AUTO, "a checkpoint whose config.json needs trust_remote_code (auto_map)", "clean",
-      refused(r"model\.path", r"auto_map", r"trust_remote_code, which seqtune never enables"))
+@case(
+    "auto_remote_code",
+    AUTO,
+    "a checkpoint whose config.json needs trust_remote_code (auto_map)",
+    "clean",
+    refused(r"model\.path", r"auto_map", r"trust_remote_code, which seqtune never enables"),
+)
 def _(tmp: Path) -> Run:
-    config = {"model_type": "novel", "architectures": ["NovelForCausalLM"], "vocab_size": 8,
-              "auto_map": {"AutoModelForCausalLM": "modeling_novel.NovelForCausalLM"}}
+    config = {
+        "model_type": "novel",
+        "architectures": ["NovelForCausalLM"],
+        "vocab_size": 8,
+        "auto_map": {"AutoModelForCausalLM": "modeling_novel.NovelForCausalLM"},
+    }
     return Run(args=["model=hf", f"model.path={_config_only_checkpoint(tmp, config)}", "lora=default"])
 
 
-@case("auto_unknown_architecture", AUTO, "a checkpoint of a class transformers does not ship", "clean",
-      refused(r"model\.path", r"NovelForCausalLM", r"not a causal-LM class transformers"))
+@case(
+    "auto_unknown_architecture",
+    AUTO,
+    "a checkpoint of a class transformers does not ship",
+    "clean",
+    refused(r"model\.path", r"NovelForCausalLM", r"not a causal-LM class transformers"),
+)
 def _(tmp: Path) -> Run:
     config = {"model_type": "novel", "architectures": ["NovelForCausalLM"], "vocab_size": 8}
     return Run(args=["model=hf", f"model.path={_config_only_checkpoint(tmp, config)}", "lora=default"])
@@ -1398,8 +2066,9 @@ def _checkpoint(tmp: Path, damage: Callable[[Path], None], *extra: str, shards: 
     from seqtune.tokenizers import BUNDLED_DIR
 
     repo = Path(__file__).resolve().parents[2]
-    tiny = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig),
-                                               OmegaConf.load(repo / "configs/model/tinyllama_tiny.yaml")))
+    tiny = OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(repo / "configs/model/tinyllama_tiny.yaml"))
+    )
     model, tokenizer = build_model(tiny, attn_implementation="sdpa"), AutoTokenizer.from_pretrained(BUNDLED_DIR)
     for config in (model.config, model.generation_config):
         config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
@@ -1417,6 +2086,7 @@ def _tensors(edit: Callable[[dict], dict]) -> Callable[[Path], None]:
 
         tensors = load_file(str(path / "model.safetensors"))
         save_file(edit(tensors), str(path / "model.safetensors"), metadata={"format": "pt"})
+
     return damage
 
 
@@ -1429,49 +2099,98 @@ def _before_training(out: Outcome) -> str | None:
     return "a model was trained or exported" if (out.run_dir / "adapter").exists() else None
 
 
-@case("ckpt_names_match_nothing", CHECKPOINT, "model.path whose tensor names match no parameter (transformer.*)",
-      "clean", both(refused(r"\[checkpoint\] model\.path", r"21 of the 21 parameters the architecture declares",
-                            r"no parameter of the architecture", r"Fix: point model\.path"), _before_training))
+@case(
+    "ckpt_names_match_nothing",
+    CHECKPOINT,
+    "model.path whose tensor names match no parameter (transformer.*)",
+    "clean",
+    both(
+        refused(
+            r"\[checkpoint\] model\.path",
+            r"21 of the 21 parameters the architecture declares",
+            r"no parameter of the architecture",
+            r"Fix: point model\.path",
+        ),
+        _before_training,
+    ),
+)
 def _(tmp: Path) -> Run:
     return _checkpoint(tmp, _tensors(lambda t: {f"transformer.{k}": v for k, v in t.items()}))
 
 
-@case("ckpt_missing_layer", CHECKPOINT, "model.path with decoder layer 1's tensors missing", "clean",
-      refused(r"9 of the 21 parameters .*model\.layers\.1\.", r"random values"))
+@case(
+    "ckpt_missing_layer",
+    CHECKPOINT,
+    "model.path with decoder layer 1's tensors missing",
+    "clean",
+    refused(r"9 of the 21 parameters .*model\.layers\.1\.", r"random values"),
+)
 def _(tmp: Path) -> Run:
     return _checkpoint(tmp, _tensors(lambda t: {k: v for k, v in t.items() if ".layers.1." not in k}))
 
 
-@case("ckpt_wrong_shape", CHECKPOINT, "model.path with one tensor of the wrong shape", "clean",
-      refused(r"tensor model\.layers\.0\.mlp\.up_proj\.weight has shape \[100, 64\].*declares \[176, 64\]"))
+@case(
+    "ckpt_wrong_shape",
+    CHECKPOINT,
+    "model.path with one tensor of the wrong shape",
+    "clean",
+    refused(r"tensor model\.layers\.0\.mlp\.up_proj\.weight has shape \[100, 64\].*declares \[176, 64\]"),
+)
 def _(tmp: Path) -> Run:
-    return _checkpoint(tmp, _tensors(lambda t: {**t, "model.layers.0.mlp.up_proj.weight":
-                                                t["model.layers.0.mlp.up_proj.weight"][:100].contiguous()}))
+    return _checkpoint(
+        tmp,
+        _tensors(
+            lambda t: {
+                **t,
+                "model.layers.0.mlp.up_proj.weight": t["model.layers.0.mlp.up_proj.weight"][:100].contiguous(),
+            }
+        ),
+    )
 
 
-@case("ckpt_truncated_shard", CHECKPOINT, "a sharded model.path with its second shard cut in half", "clean",
-      refused(r"model-00002-of-0000\d\.safetensors: cannot be read as safetensors.*truncated"))
+@case(
+    "ckpt_truncated_shard",
+    CHECKPOINT,
+    "a sharded model.path with its second shard cut in half",
+    "clean",
+    refused(r"model-00002-of-0000\d\.safetensors: cannot be read as safetensors.*truncated"),
+)
 def _(tmp: Path) -> Run:
     def cut(path: Path) -> None:
         _cut(path / next(p.name for p in sorted(path.glob("model-00002-*"))))
+
     return _checkpoint(tmp, cut, shards=True)
 
 
-@case("ckpt_damaged_index", CHECKPOINT, "a sharded model.path whose model.safetensors.index.json is cut short",
-      "clean", refused(r"model\.safetensors\.index\.json is not a JSON object"))
+@case(
+    "ckpt_damaged_index",
+    CHECKPOINT,
+    "a sharded model.path whose model.safetensors.index.json is cut short",
+    "clean",
+    refused(r"model\.safetensors\.index\.json is not a JSON object"),
+)
 def _(tmp: Path) -> Run:
     return _checkpoint(tmp, lambda path: _cut(path / "model.safetensors.index.json", 200), shards=True)
 
 
-@case("ckpt_config_list", CHECKPOINT, "model.path whose config.json is a JSON list", "clean",
-      refused(r"config\.json holds a JSON list, not an object"))
+@case(
+    "ckpt_config_list",
+    CHECKPOINT,
+    "model.path whose config.json is a JSON list",
+    "clean",
+    refused(r"config\.json holds a JSON list, not an object"),
+)
 def _(tmp: Path) -> Run:
-    return _checkpoint(tmp, lambda path: write(path / "config.json",
-                                               b"[" + (path / "config.json").read_bytes() + b"]"))
+    return _checkpoint(tmp, lambda path: write(path / "config.json", b"[" + (path / "config.json").read_bytes() + b"]"))
 
 
-@case("ckpt_nan_weights", CHECKPOINT, "model.path with a row of NaN in one weight (training asked for)", "clean",
-      both(refused(r"parameter model\.layers\.0\.mlp\.up_proj\.weight holds non-finite values"), _before_training))
+@case(
+    "ckpt_nan_weights",
+    CHECKPOINT,
+    "model.path with a row of NaN in one weight (training asked for)",
+    "clean",
+    both(refused(r"parameter model\.layers\.0\.mlp\.up_proj\.weight holds non-finite values"), _before_training),
+)
 def _(tmp: Path) -> Run:
     return _checkpoint(tmp, _tensors(_poisoned), "preflight.only=false", "train.max_steps=2", "train.eval_every=0")
 
@@ -1486,55 +2205,110 @@ def _log_ends_with(pattern: str) -> Callable[[Outcome], str | None]:
         log = out.run_dir / "seqtune.log"
         lines = [line for line in log.read_text().splitlines() if line.strip()] if log.is_file() else []
         return None if lines and re.search(pattern, lines[-1]) else f"seqtune.log ends with {lines[-1:]}"
+
     return judge
 
 
-@case("diverging_lr", RUN_LIFE, "optim.lr=1e4: the loss turns NaN within a few steps", "clean",
-      both(refused(r"training diverged at step \d+: loss .*gradient norm", r"step_0000000\d",
-                   r"a lower optim\.lr \(now 10000\)", codes=(1,)),
-           _before_training, _log_ends_with(r"training diverged at step")))
+@case(
+    "diverging_lr",
+    RUN_LIFE,
+    "optim.lr=1e4: the loss turns NaN within a few steps",
+    "clean",
+    both(
+        refused(
+            r"training diverged at step \d+: loss .*gradient norm",
+            r"step_0000000\d",
+            r"a lower optim\.lr \(now 10000\)",
+            codes=(1,),
+        ),
+        _before_training,
+        _log_ends_with(r"training diverged at step"),
+    ),
+)
 def _(tmp: Path) -> Run:
     data = write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40)))
-    return Run(args=train(data, "preflight.only=false", "optim.lr=1e4", "train.max_steps=12", "train.save_every=1",
-                          "train.keep_last=0", "train.eval_every=0"))
+    return Run(
+        args=train(
+            data,
+            "preflight.only=false",
+            "optim.lr=1e4",
+            "train.max_steps=12",
+            "train.save_every=1",
+            "train.keep_last=0",
+            "train.eval_every=0",
+        )
+    )
 
 
-@case("stale_run_lock", RUN_LIFE, "a run directory whose .lock names a run that died", "ok",
-      accepted(records=40, check=lambda out: None if re.search(r"taking over the lock .*\(pid 999999 on host gone",
-                                                               out.output) else "no note about the dead run's lock"))
+@case(
+    "stale_run_lock",
+    RUN_LIFE,
+    "a run directory whose .lock names a run that died",
+    "ok",
+    accepted(
+        records=40,
+        check=lambda out: (
+            None
+            if re.search(r"taking over the lock .*\(pid 999999 on host gone", out.output)
+            else "no note about the dead run's lock"
+        ),
+    ),
+)
 def _(tmp: Path) -> Run:
     write(tmp / "run" / ".lock", b'{"pid": 999999, "host": "gone", "since": "2026-01-01T00:00:00"}')
     return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40)))))
 
 
-@case("run_dir_is_a_file", RUN_LIFE, "hydra.run.dir names an existing file", "clean",
-      refused(r"hydra\.run\.dir=\S+ is a file: a run directory must be a directory", r"Fix: hydra\.run\.dir=NEW_DIR"))
+@case(
+    "run_dir_is_a_file",
+    RUN_LIFE,
+    "hydra.run.dir names an existing file",
+    "clean",
+    refused(r"hydra\.run\.dir=\S+ is a file: a run directory must be a directory", r"Fix: hydra\.run\.dir=NEW_DIR"),
+)
 def _(tmp: Path) -> Run:
     blocker = write(tmp / "taken", b"not a directory")
     return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40))), f"hydra.run.dir={blocker}"))
 
 
-@case("run_dir_under_a_file", RUN_LIFE, "hydra.run.dir under an existing file", "clean",
-      refused(r"hydra\.run\.dir=\S+ is under \S+taken, which is a file"))
+@case(
+    "run_dir_under_a_file",
+    RUN_LIFE,
+    "hydra.run.dir under an existing file",
+    "clean",
+    refused(r"hydra\.run\.dir=\S+ is under \S+taken, which is a file"),
+)
 def _(tmp: Path) -> Run:
     blocker = write(tmp / "taken", b"not a directory")
     return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40))), f"hydra.run.dir={blocker / 'run'}"))
 
 
-@case("seed_beyond_int64", RUN_LIFE, "train.seed=2**64 and model.seed=2**64", "clean",
-      refused(r"seed=18446744073709551616 must be within \[0, 2\*\*63-1"))
+@case(
+    "seed_beyond_int64",
+    RUN_LIFE,
+    "train.seed=2**64 and model.seed=2**64",
+    "clean",
+    refused(r"seed=18446744073709551616 must be within \[0, 2\*\*63-1"),
+)
 def _(tmp: Path) -> Run:
-    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40))), f"train.seed={2**64}",
-                          f"model.seed={2**64}"))
+    return Run(
+        args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40))), f"train.seed={2**64}", f"model.seed={2**64}")
+    )
 
 
-@case("metrics_last_line_cut", RUN_LIFE, "resume where a killed run left metrics.jsonl's last line half-written",
-      "ok", refused(r"metrics\.jsonl:\d+ is not a complete JSON record \('\{\"step\": 5, \"lo'", codes=(0,)))
+@case(
+    "metrics_last_line_cut",
+    RUN_LIFE,
+    "resume where a killed run left metrics.jsonl's last line half-written",
+    "ok",
+    refused(r"metrics\.jsonl:\d+ is not a complete JSON record \('\{\"step\": 5, \"lo'", codes=(0,)),
+)
 def _(tmp: Path) -> Run:
     def cut_last(run: Path) -> None:
         metrics = run / "metrics.jsonl"
         metrics.write_bytes(metrics.read_bytes() + b'{"step": 5, "lo')
         shutil.rmtree(run / "checkpoints" / "step_00000004")  # so that the resume has a step left to train
+
     return _trained_then(tmp, cut_last)
 
 
@@ -1543,43 +2317,92 @@ def _(tmp: Path) -> Run:
 READ = "what the run reads"
 
 
-@case("same_file_through_dotdot", READ, "one file as two sources, the second named through sub/..", "clean",
-      refused(r"data\.train\[1\]: \S+sub/\.\./d\.jsonl is also part of data\.train\[0\] \(both are"))
+@case(
+    "same_file_through_dotdot",
+    READ,
+    "one file as two sources, the second named through sub/..",
+    "clean",
+    refused(r"data\.train\[1\]: \S+sub/\.\./d\.jsonl is also part of data\.train\[0\] \(both are"),
+)
 def _(tmp: Path) -> Run:
     data = write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40)))
     (tmp / "sub").mkdir()
     return Run(args=train(f"[{data},{tmp / 'sub' / '..' / 'd.jsonl'}]"))
 
 
-@case("literal_glob_characters", READ, "data.train='data[1].jsonl' (40 records) beside data1.jsonl (10)", "ok",
-      accepted(records=40))
+@case(
+    "literal_glob_characters",
+    READ,
+    "data.train='data[1].jsonl' (40 records) beside data1.jsonl (10)",
+    "ok",
+    accepted(records=40),
+)
 def _(tmp: Path) -> Run:
     literal = write(tmp / "data[1].jsonl", jsonl_bytes(alpaca_rows(40)))
     write(tmp / "data1.jsonl", jsonl_bytes(alpaca_rows(10, tag="other")))
     return Run(args=train(f"'{literal}'"))
 
 
-@case("template_not_utf8", READ, "tokenizer.chat_template=FILE.jinja holding a Latin-1 byte, chat data", "clean",
-      refused(r"tokenizer\.chat_template=\S+t\.jinja: the file is not UTF-8 text \(byte 0xe9", r"Fix: save t\.jinja"))
+@case(
+    "template_not_utf8",
+    READ,
+    "tokenizer.chat_template=FILE.jinja holding a Latin-1 byte, chat data",
+    "clean",
+    refused(r"tokenizer\.chat_template=\S+t\.jinja: the file is not UTF-8 text \(byte 0xe9", r"Fix: save t\.jinja"),
+)
 def _(tmp: Path) -> Run:
     template = write(tmp / "t.jinja", b"{% for m in messages %}{{ m.content }} caf\xe9{% endfor %}")
-    rows = [json.dumps({"messages": [{"role": "user", "content": f"q{i}"},
-                                     {"role": "assistant", "content": f"a{i}"}]}).encode() for i in range(40)]
-    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(rows)), "data.format=chat",
-                          f"tokenizer.chat_template={template}"))
+    rows = [
+        json.dumps(
+            {"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
+        ).encode()
+        for i in range(40)
+    ]
+    return Run(
+        args=train(write(tmp / "d.jsonl", jsonl_bytes(rows)), "data.format=chat", f"tokenizer.chat_template={template}")
+    )
 
 
-@case("tool_arguments_lone_surrogate", READ, "a chat record whose tool call's arguments hold \"\\ud800\"", "ok",
-      accepted(records=41, rejected=1, codes=("bad_utf8",),
-               check=lambda out: None if "tool_calls[0].function.arguments holds a lone surrogate" in
-               (out.run_dir / "rejects.jsonl").read_text() else "the reject does not name the arguments"))
+@case(
+    "tool_arguments_lone_surrogate",
+    READ,
+    'a chat record whose tool call\'s arguments hold "\\ud800"',
+    "ok",
+    accepted(
+        records=41,
+        rejected=1,
+        codes=("bad_utf8",),
+        check=lambda out: (
+            None
+            if "tool_calls[0].function.arguments holds a lone surrogate" in (out.run_dir / "rejects.jsonl").read_text()
+            else "the reject does not name the arguments"
+        ),
+    ),
+)
 def _(tmp: Path) -> Run:
-    rows = [json.dumps({"messages": [{"role": "user", "content": f"q{i}"},
-                                     {"role": "assistant", "content": f"a{i}"}]}).encode() for i in range(40)]
+    rows = [
+        json.dumps(
+            {"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
+        ).encode()
+        for i in range(40)
+    ]
     call = {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "\ud800"}'}}
-    bad = {"messages": [{"role": "user", "content": "weather?"},
-                        {"role": "assistant", "content": None, "tool_calls": [call]},
-                        {"role": "tool", "content": "22C"}, {"role": "assistant", "content": "22C."}]}
+    bad = {
+        "messages": [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "content": "22C"},
+            {"role": "assistant", "content": "22C."},
+        ]
+    }
     rows.insert(5, json.dumps(bad).encode())
-    return Run(args=train(write(tmp / "d.jsonl", jsonl_bytes(rows)), "data.format=chat", "data.max_bad_fraction=0.1",
-                          "tokenizer=llama3", "model=llama3_tiny", "model.resize_embeddings=true"))
+    return Run(
+        args=train(
+            write(tmp / "d.jsonl", jsonl_bytes(rows)),
+            "data.format=chat",
+            "data.max_bad_fraction=0.1",
+            "tokenizer=llama3",
+            "model=llama3_tiny",
+            "model.resize_embeddings=true",
+        )
+    )

@@ -12,8 +12,14 @@ BUNDLED_TOKENIZER = Path(__file__).resolve().parents[2] / "seqtune/tokenizers/as
 
 # Derandomized and without an example database: the suite finds the same examples on every machine and run
 # (with hypothesis pinned in constraints.txt), and writes nothing into the checkout.
-settings.register_profile("seqtune", derandomize=True, database=None, deadline=None, print_blob=True,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile(
+    "seqtune",
+    derandomize=True,
+    database=None,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 settings.load_profile("seqtune")
 
 

@@ -28,11 +28,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import cases as table  # noqa: E402
+import cases as table
 
 REPO = Path(__file__).resolve().parents[2]
-BASE = {"preflight.only": "true", "data.val": "null", "train.batch_size": "2", "train.progress": "false",
-        "preflight.plot": "false"}
+BASE = {
+    "preflight.only": "true",
+    "data.val": "null",
+    "train.batch_size": "2",
+    "train.progress": "false",
+    "preflight.plot": "false",
+}
 
 
 def available(needs: str | None) -> bool:
@@ -66,15 +71,22 @@ def cli_args(tmp: Path, run: table.Run) -> tuple[list[str], Path, Path]:
     return args, Path(values["hydra.run.dir"]), Path(values["data.cache_dir"])
 
 
-def _subprocess(prefix: list[str], args: list[str], pythonpath: str | None, extra_env: dict[str, str]
-                ) -> tuple[int, str]:
+def _subprocess(
+    prefix: list[str], args: list[str], pythonpath: str | None, extra_env: dict[str, str]
+) -> tuple[int, str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **extra_env}
     env.pop("HYDRA_FULL_ERROR", None)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     # `python -m` puts the working directory first on sys.path: run from the checkout whose code is meant.
-    done = subprocess.run([*prefix, sys.executable, "-m", "seqtune", *args], cwd=pythonpath or REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [*prefix, sys.executable, "-m", "seqtune", *args],
+        cwd=pythonpath or REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return done.returncode, done.stdout + done.stderr
 
 
@@ -92,7 +104,7 @@ def _in_process(args: list[str]) -> tuple[int, str]:
                 main()
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
-            except Exception:  # noqa: BLE001 - what would reach the user as a traceback
+            except Exception:  # noqa: BLE001 - a traceback is what the case's verdict reads (BAD)
                 out.write(traceback.format_exc())
                 code = 1
     finally:
@@ -128,12 +140,14 @@ def run_case(case: table.Case, *, in_process: bool, pythonpath: str | None = Non
         subprocess_only = bool(run.prefix) or bool(run.env) or not in_process
 
         def invoke(arguments: list[str]) -> tuple[int, str]:
-            return (_subprocess(run.prefix, arguments, pythonpath, run.env) if subprocess_only
-                    else _in_process(arguments))
+            return (
+                _subprocess(run.prefix, arguments, pythonpath, run.env) if subprocess_only else _in_process(arguments)
+            )
 
         if run.first:
-            first_args, _, _ = cli_args(tmp, table.Run(args=[*run.args, *run.first_args,
-                                                             f"hydra.run.dir={tmp / 'first'}"]))
+            first_args, _, _ = cli_args(
+                tmp, table.Run(args=[*run.args, *run.first_args, f"hydra.run.dir={tmp / 'first'}"])
+            )
             invoke(first_args)
             run.between(cache_dir)
         rc, output = invoke(args)
@@ -158,20 +172,27 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="also write the table to this file")
     args = parser.parse_args()
     chosen = [c for c in table.CASES if not args.k or any(k in c.name for k in args.k)]
-    rows = ["| # | group | case | input | expected | verdict | command (after `python -m seqtune`) |",
-            "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| # | group | case | input | expected | verdict | command (after `python -m seqtune`) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     counts: dict[str, int] = {}
     for number, case in enumerate(chosen, 1):
         try:
             result = run_case(case, in_process=False, pythonpath=args.pythonpath)
-        except Exception as exc:  # noqa: BLE001 - a case that cannot even be built is reported, the table goes on
+        except Exception as exc:  # noqa: BLE001 - one broken case must not hide the others' verdicts
             result = Result(verdict=f"BAD: the case itself failed: {exc!r}", command="", seconds=0.0)
         kind = result.verdict.split(":")[0]
         counts[kind] = counts.get(kind, 0) + 1
-        print(f"[{number}/{len(chosen)}] {case.name}: {result.verdict} ({result.seconds:.1f}s)", file=sys.stderr,
-              flush=True)
-        rows.append(f"| {number} | {case.group} | {case.name} | {case.what} | {case.expect} | {result.verdict} | "
-                    f"`{result.command}` |")
+        print(
+            f"[{number}/{len(chosen)}] {case.name}: {result.verdict} ({result.seconds:.1f}s)",
+            file=sys.stderr,
+            flush=True,
+        )
+        rows.append(
+            f"| {number} | {case.group} | {case.name} | {case.what} | {case.expect} | {result.verdict} | "
+            f"`{result.command}` |"
+        )
     summary = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
     text = "\n".join(rows) + f"\n\n{len(chosen)} cases: {summary}\n"
     print(text)

@@ -12,8 +12,8 @@ import pytest
 
 from seqtune.config.errors import DataError
 from seqtune.data.cache import TokenCache, cache_damage
-from tests.conftest import scan_files
 from seqtune.data.tokenize import SampleEncoder
+from tests.conftest import scan_files
 
 
 def _truncate(name: str, keep: int) -> Callable[[Path], None]:
@@ -62,9 +62,16 @@ def test_a_damaged_cache_is_refused_then_rebuilt_identically(tmp_path, tokenizer
     assert again.rebuilt_note and "was damaged" in again.rebuilt_note and "rebuilt" in again.rebuilt_note
     np.testing.assert_array_equal(again.lengths, first.lengths)
     assert (again.records, again.samples, again.num_rejects) == (51, 50, 1)
-    assert [e.input_ids.tolist() for e in TokenCache.open(again.cache_dir)] == \
-        [s.input_ids.tolist() for s in (encoder.encode_batch([encoder.line_parser(str(data), media_root=None)
-                                                              .parse(n, json.dumps(r).encode())
-                                                              for n, r in enumerate(rows[:-1], 1)]))]
+    assert [e.input_ids.tolist() for e in TokenCache.open(again.cache_dir)] == [
+        s.input_ids.tolist()
+        for s in (
+            encoder.encode_batch(
+                [
+                    encoder.line_parser(str(data), media_root=None).parse(n, json.dumps(r).encode())
+                    for n, r in enumerate(rows[:-1], 1)
+                ]
+            )
+        )
+    ]
     third = scan_files("train", [data], encoder, cache_root=tmp_path / "cache")
     assert third.from_cache and third.rebuilt_note is None  # the rebuilt entry is trusted again

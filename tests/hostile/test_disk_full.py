@@ -21,11 +21,11 @@ from omegaconf import OmegaConf
 
 from seqtune.config.errors import StorageError
 from seqtune.config.load import save_resolved
-from tests.conftest import scan_files
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.files import TempDir, follow_umask, sweep_stale_temps, write_atomic
 from seqtune.preflight.report import write_rejects
 from seqtune.preflight.result import PreflightResult, write_result
+from tests.conftest import scan_files
 
 ROWS = [json.dumps({"instruction": f"Say {i} " * 20, "output": f"{i} said " * 30}) for i in range(2000)]
 
@@ -48,8 +48,11 @@ def test_token_cache_on_a_full_disk_names_the_cache_and_leaves_no_temporary(tmp_
     data.write_text("\n".join(ROWS) + "\n")
     encoder = SampleEncoder(tokenizer, "alpaca", train_on_prompt=False)
     cache_root = full_dir / "cache"
-    with pytest.raises(StorageError, match=rf"data\.cache_dir: no space left on {cache_root} .*Fix: free space on "
-                                           r"that disk, or point data\.cache_dir at a disk with more room"):
+    with pytest.raises(
+        StorageError,
+        match=rf"data\.cache_dir: no space left on {cache_root} .*Fix: free space on "
+        r"that disk, or point data\.cache_dir at a disk with more room",
+    ):
         scan_files("train", [data], encoder, cache_root=cache_root)
     assert list(cache_root.iterdir()) == [], "a temporary or partial cache was left"
 
@@ -90,8 +93,7 @@ def test_a_killed_writers_temporary_is_swept_and_a_live_ones_is_not(tmp_path):
     live = TempDir(root, "live", key="data.cache_dir")
     legacy = root / ".tmp-0123abcd-x1y2"  # from a version without locks: no one can hold it
     legacy.mkdir()
-    writer = subprocess.Popen([sys.executable, "-c", _WRITER_THEN_SLEEP, str(root)], stdout=subprocess.PIPE,
-                              text=True)
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER_THEN_SLEEP, str(root)], stdout=subprocess.PIPE, text=True)
     killed = Path(writer.stdout.readline().strip())
     assert sweep_stale_temps(root) == [legacy]  # the writer is alive: its lock is held, its work is kept
     assert killed.is_dir() and live.path.is_dir()

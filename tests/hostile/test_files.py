@@ -58,7 +58,7 @@ def test_trailing_garbage_and_overwritten_bytes_are_damage(tmp_path, kind):
         list(iter_records(garbage))
     broken = bytearray(COMPRESSED[kind])
     middle = len(broken) // 2
-    broken[middle: middle + 64] = b"\xff" * 64
+    broken[middle : middle + 64] = b"\xff" * 64
     with pytest.raises(DataError, match=rf"b\.jsonl\.{kind} is (damaged|truncated)"):
         list(iter_records(_write(tmp_path, f"b.jsonl.{kind}", bytes(broken))))
 
@@ -66,8 +66,11 @@ def test_trailing_garbage_and_overwritten_bytes_are_damage(tmp_path, kind):
 @pytest.mark.parametrize(("kind", "wrong"), [("gz", "gzip"), ("zst", "zstd")])
 def test_a_plain_file_named_as_compressed_says_so(tmp_path, kind, wrong):
     path = _write(tmp_path, f"d.jsonl.{kind}", DATA)
-    with pytest.raises(DataError, match=rf"d\.jsonl\.{kind} is named \.{kind} but is not {wrong}-compressed "
-                                        r"\(it starts with b'\{\"instru'\).*rename it .*d\.jsonl"):
+    with pytest.raises(
+        DataError,
+        match=rf"d\.jsonl\.{kind} is named \.{kind} but is not {wrong}-compressed "
+        r"\(it starts with b'\{\"instru'\).*rename it .*d\.jsonl",
+    ):
         list(iter_records(path))
 
 
@@ -82,19 +85,22 @@ def test_a_utf8_bom_is_read_and_utf16_is_refused_with_the_conversion(tmp_path):
             list(iter_records(wide))
 
 
-@pytest.mark.parametrize(("name", "content", "layout"), [
-    ("a.json", json.dumps([{"a": 1}, {"a": 2}], indent=2), "json_array"),
-    ("a.json", json.dumps([{"a": 1}, {"a": 2}]), "json_array"),
-    ("a.json.gz", json.dumps([{"a": 1}]), "json_array"),
-    ("a.jsonl", json.dumps([{"a": 1}, {"a": 2}], indent=2), "json_array"),
-    ("a.jsonl", json.dumps({"data": [{"a": 1}]}, indent=2), "json_document"),
-    ("a.jsonl", "PAR1\x15\x04", "parquet"),
-    ("a.jsonl", '{"a": 1}\n{"a": 2}\n', "jsonl"),
-    ("a.json", '{"a": 1}\n{"a": 2}\n', "jsonl"),  # JSON Lines in a .json file is common: read it
-    ("a.jsonl", "[1, 2]\n" + '{"a": 1}\n', "jsonl"),  # one array LINE is a not_object reject, not an array file
-    ("a.jsonl", '{"a": \n{"a": 2}\n', "jsonl"),  # a broken first line followed by records is a bad line
-    ("a.jsonl", "", "jsonl"),
-])
+@pytest.mark.parametrize(
+    ("name", "content", "layout"),
+    [
+        ("a.json", json.dumps([{"a": 1}, {"a": 2}], indent=2), "json_array"),
+        ("a.json", json.dumps([{"a": 1}, {"a": 2}]), "json_array"),
+        ("a.json.gz", json.dumps([{"a": 1}]), "json_array"),
+        ("a.jsonl", json.dumps([{"a": 1}, {"a": 2}], indent=2), "json_array"),
+        ("a.jsonl", json.dumps({"data": [{"a": 1}]}, indent=2), "json_document"),
+        ("a.jsonl", "PAR1\x15\x04", "parquet"),
+        ("a.jsonl", '{"a": 1}\n{"a": 2}\n', "jsonl"),
+        ("a.json", '{"a": 1}\n{"a": 2}\n', "jsonl"),  # JSON Lines in a .json file is common: read it
+        ("a.jsonl", "[1, 2]\n" + '{"a": 1}\n', "jsonl"),  # one array LINE is a not_object reject, not an array file
+        ("a.jsonl", '{"a": \n{"a": 2}\n', "jsonl"),  # a broken first line followed by records is a bad line
+        ("a.jsonl", "", "jsonl"),
+    ],
+)
 def test_layouts_are_recognised_from_the_first_bytes(name, content, layout):
     assert detect_layout(content.encode(), name) == layout
 
@@ -137,6 +143,7 @@ def test_a_fifo_never_blocks_the_reader(tmp_path):
         with pytest.raises(DataError):
             expand_paths(str(tmp_path / "pipe.jsonl"), "data.train")
         done.set()
+
     threading.Thread(target=check, daemon=True).start()
     assert done.wait(10), "expand_paths opened the FIFO and blocked"
 
@@ -170,14 +177,23 @@ def test_an_unreadable_file_is_named_not_a_permission_traceback(tmp_path):
     _write(locked, "a.jsonl", DATA)
     for path in (plain, packed, locked):
         path.chmod(0)
-    prefix = (["setpriv", "--bounding-set=-dac_override,-dac_read_search",
-               "--inh-caps=-dac_override,-dac_read_search"] if os.geteuid() == 0 else [])
-    done = subprocess.run([*prefix, sys.executable, "-c", _UNREADABLE_CHECK, str(locked), str(plain), str(packed)],
-                          capture_output=True, text=True, timeout=120)
+    prefix = (
+        ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-dac_override,-dac_read_search"]
+        if os.geteuid() == 0
+        else []
+    )
+    done = subprocess.run(
+        [*prefix, sys.executable, "-c", _UNREADABLE_CHECK, str(locked), str(plain), str(packed)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     locked.chmod(0o700)
     glob_line, *lines = done.stdout.splitlines()
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert len(lines) == 6 and all(line.startswith("ERROR") for line in lines), lines
     assert all("permission denied" in line and ("d.jsonl" in line) for line in lines), lines
-    assert glob_line.startswith("GLOB data.val: the glob") and f"({locked} cannot be listed: Permission denied)" \
-        in glob_line, glob_line
+    assert (
+        glob_line.startswith("GLOB data.val: the glob")
+        and f"({locked} cannot be listed: Permission denied)" in glob_line
+    ), glob_line

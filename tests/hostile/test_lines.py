@@ -17,21 +17,31 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqtune.data.cache import TokenCache
-from seqtune.data.formats import Conversation, PreTokenized, PromptCompletion
-from tests.conftest import scan_files
-from seqtune.data.stream import JsonlStream
 from seqtune.data.batching import BatchRule
+from seqtune.data.cache import TokenCache
 from seqtune.data.collate import make_collator
+from seqtune.data.formats import Conversation, PreTokenized, PromptCompletion
 from seqtune.data.loader import RecordParser
 from seqtune.data.sources import iter_records
 from seqtune.data.split import files_split
+from seqtune.data.stream import JsonlStream
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.data.types import Reject
+from tests.conftest import scan_files
 
-REJECT_CODES = {"bad_json", "bad_utf8", "not_object", "missing_field", "wrong_type", "empty_text", "missing_media",
-                "media_outside_root",
-                "bad_token_id", "no_targets", "template_rejected"}
+REJECT_CODES = {
+    "bad_json",
+    "bad_utf8",
+    "not_object",
+    "missing_field",
+    "wrong_type",
+    "empty_text",
+    "missing_media",
+    "media_outside_root",
+    "bad_token_id",
+    "no_targets",
+    "template_rejected",
+}
 
 # --- strategies ----------------------------------------------------------------------------------------------
 
@@ -40,10 +50,12 @@ any_char = st.one_of(st.characters(), st.characters(categories=["Cs"]), st.sampl
 hostile_text = st.lists(any_char, max_size=40).map("".join)  # st.text() would drop the surrogates
 good_text = st.text(st.characters(codec="utf-8"), min_size=1, max_size=60).filter(lambda s: s.strip())
 huge_ints = st.sampled_from([2**63 - 1, 2**63, -(2**63) - 1, 2**70, -(2**70), 10**30])
-json_scalars = st.one_of(st.none(), st.booleans(), st.integers(), huge_ints, st.floats(allow_nan=True),
-                         hostile_text)
-json_values = st.recursive(json_scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(hostile_text, inner, max_size=4)), max_leaves=12)
+json_scalars = st.one_of(st.none(), st.booleans(), st.integers(), huge_ints, st.floats(allow_nan=True), hostile_text)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(hostile_text, inner, max_size=4)),
+    max_leaves=12,
+)
 
 
 def _dump(value, ascii_only: bool) -> bytes:
@@ -52,16 +64,25 @@ def _dump(value, ascii_only: bool) -> bytes:
 
 
 GOOD = {
-    "alpaca": st.fixed_dictionaries({"instruction": good_text, "output": good_text},
-                                    optional={"input": st.one_of(st.none(), good_text)}),
+    "alpaca": st.fixed_dictionaries(
+        {"instruction": good_text, "output": good_text}, optional={"input": st.one_of(st.none(), good_text)}
+    ),
     "text": st.fixed_dictionaries({"text": good_text}),
     "input_output": st.fixed_dictionaries({"input": good_text.filter(lambda s: "<" not in s), "output": good_text}),
-    "chat": st.builds(lambda q, a: {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]},
-                      good_text, good_text),
+    "chat": st.builds(
+        lambda q, a: {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]},
+        good_text,
+        good_text,
+    ),
     "tokenized": st.fixed_dictionaries({"input_ids": st.lists(st.integers(8, 4095), min_size=1, max_size=30)}),
 }
-FIELDS = {"alpaca": ["instruction", "input", "output"], "text": ["text"], "input_output": ["input", "output"],
-          "chat": ["messages"], "tokenized": ["input_ids", "labels", "attention_mask"]}
+FIELDS = {
+    "alpaca": ["instruction", "input", "output"],
+    "text": ["text"],
+    "input_output": ["input", "output"],
+    "chat": ["messages"],
+    "tokenized": ["input_ids", "labels", "attention_mask"],
+}
 
 
 @st.composite
@@ -78,9 +99,11 @@ def hostile_line(draw, fmt: str) -> bytes:
         ids = st.lists(st.one_of(st.integers(-200, 5000), huge_ints), max_size=6)
         return _dump({k: draw(ids) for k in keys}, ascii_only)
     if kind == "messages":
-        message = st.dictionaries(st.sampled_from(["role", "content", "name"]),
-                                  st.one_of(st.sampled_from(["user", "assistant", "system", "tool", "narrator"]),
-                                            json_values), max_size=3)
+        message = st.dictionaries(
+            st.sampled_from(["role", "content", "name"]),
+            st.one_of(st.sampled_from(["user", "assistant", "system", "tool", "narrator"]), json_values),
+            max_size=3,
+        )
         return _dump({"messages": draw(st.lists(message, max_size=4))}, ascii_only)
     if kind == "value":
         return _dump(draw(json_values), ascii_only)
@@ -122,6 +145,7 @@ def _encoder(tokenizer, fmt: str) -> SampleEncoder:
 
 # --- properties ----------------------------------------------------------------------------------------------
 
+
 @settings(max_examples=300)
 @given(fmt=st.sampled_from(sorted(GOOD)), data=st.data())
 def test_the_parser_turns_any_line_into_a_record_or_a_reject_naming_it(tokenizer, fmt, data):
@@ -134,8 +158,13 @@ def test_the_parser_turns_any_line_into_a_record_or_a_reject_naming_it(tokenizer
     else:
         assert isinstance(parsed, (PromptCompletion, Conversation, PreTokenized))
         assert (parsed.file, parsed.line) == ("f.jsonl", 7)
-        texts = ([parsed.prompt, parsed.completion] if isinstance(parsed, PromptCompletion) else
-                 [m["content"] for m in parsed.messages] if isinstance(parsed, Conversation) else [])
+        texts = (
+            [parsed.prompt, parsed.completion]
+            if isinstance(parsed, PromptCompletion)
+            else [m["content"] for m in parsed.messages]
+            if isinstance(parsed, Conversation)
+            else []
+        )
         for text in texts:
             text.encode("utf-8")  # a record holds only what a tokenizer can take
 
@@ -171,10 +200,17 @@ def test_stream_mode_reads_the_same_lines_into_batches_and_rejects(tokenizer, fm
         path = Path(tmp) / "d.jsonl"
         path.write_bytes(b"".join(line + b"\n" for line in lines))
         stream = JsonlStream(
-            files_split("train", [path], fmt), parse=RecordParser(parsers={str(path): encoder.line_parser(str(path), media_root=None)}),
-            encode_batch=encoder.encode_batch, collate=make_collator(RULE, pad_id=2, padding_side="right"),
-            rule=RULE, overlength="truncate", world_size=1, rank=0, num_workers=1,
-            source_records=[sum(1 for _ in iter_records(path))])
+            files_split("train", [path], fmt),
+            parse=RecordParser(parsers={str(path): encoder.line_parser(str(path), media_root=None)}),
+            encode_batch=encoder.encode_batch,
+            collate=make_collator(RULE, pad_id=2, padding_side="right"),
+            rule=RULE,
+            overlength="truncate",
+            world_size=1,
+            rank=0,
+            num_workers=1,
+            source_records=[sum(1 for _ in iter_records(path))],
+        )
         batches = list(stream)
     rejected = [r.line for item in batches for r in item.rejects]
     # Fillers complete an incomplete micro-batch: every real sample trains at least its eos, a filler nothing.

@@ -14,6 +14,8 @@ from replay import run_case
 def test_hostile_input_is_refused_cleanly_or_handled(case):
     result = run_case(case, in_process=True)
     if result.verdict == "n/a":
-        pytest.skip(f"{case.name} {result.command} (root for tmpfs/setpriv); test_disk_full covers disk-full with "
-                    "an injected ENOSPC")
+        pytest.skip(
+            f"{case.name} {result.command} (root for tmpfs/setpriv); test_disk_full covers disk-full with "
+            "an injected ENOSPC"
+        )
     assert result.verdict == case.expect, f"{case.name}: {result.verdict}\n{result.output[-3000:]}"

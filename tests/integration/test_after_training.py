@@ -17,14 +17,22 @@ WORDS = ("apple", "river", "candle", "orbit", "maple", "stone", "cloud", "ember"
 
 
 def _ok(result) -> None:
-    assert result.returncode == 0, f"exit {result.returncode}\nSTDOUT:\n{result.stdout[-4000:]}\nSTDERR:\n{result.stderr[-4000:]}"
+    assert result.returncode == 0, (
+        f"exit {result.returncode}\nSTDOUT:\n{result.stdout[-4000:]}\nSTDERR:\n{result.stderr[-4000:]}"
+    )
 
 
 def _alpaca(path: Path, n: int, offset: int = 0) -> Path:
     # Every record distinct, and no validation record repeats a training one (the duplicates check refuses both).
-    rows = [{"instruction": f"Item {offset * 1000 + i}: repeat the word {WORDS[(i + offset) % len(WORDS)]} "
-                            f"{1 + i % 3} times.", "input": "",
-             "output": " ".join([WORDS[(i + offset) % len(WORDS)]] * (1 + i % 3))} for i in range(n)]
+    rows = [
+        {
+            "instruction": f"Item {offset * 1000 + i}: repeat the word {WORDS[(i + offset) % len(WORDS)]} "
+            f"{1 + i % 3} times.",
+            "input": "",
+            "output": " ".join([WORDS[(i + offset) % len(WORDS)]] * (1 + i % 3)),
+        }
+        for i in range(n)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -37,8 +45,15 @@ def data(tmp_path_factory) -> dict[str, Path]:
 
 def _args(data: dict[str, Path], *extra: str) -> list[str]:
     # The test split is the validation file: the same samples, so its loss must equal an eval's on the same weights.
-    return [f"data.train={data['train']}", f"data.val={data['val']}", f"data.test={data['val']}", "train.batch_size=4",
-            "train.log_every=1", "optim.lr=1e-2", *extra]
+    return [
+        f"data.train={data['train']}",
+        f"data.val={data['val']}",
+        f"data.test={data['val']}",
+        "train.batch_size=4",
+        "train.log_every=1",
+        "optim.lr=1e-2",
+        *extra,
+    ]
 
 
 def _evals(run_dir: Path) -> dict[int, float]:
@@ -52,8 +67,21 @@ def _final(run_dir: Path) -> dict:
 @pytest.fixture(scope="module")
 def sampled(tmp_path_factory, data) -> Path:
     run_dir = tmp_path_factory.mktemp("sampled") / "run"
-    _ok(run_cli(_args(data, "train.max_steps=6", "train.eval_every=3", "lora.dropout=0.1", "train.eval_samples=2",
-                      "train.eval_sample_tokens=6", "logger=wandb", "logger.mode=offline"), run_dir))
+    _ok(
+        run_cli(
+            _args(
+                data,
+                "train.max_steps=6",
+                "train.eval_every=3",
+                "lora.dropout=0.1",
+                "train.eval_samples=2",
+                "train.eval_sample_tokens=6",
+                "logger=wandb",
+                "logger.mode=offline",
+            ),
+            run_dir,
+        )
+    )
     return run_dir
 
 
@@ -98,9 +126,14 @@ def test_samples_match_cached_greedy_generation_of_the_saved_adapter(sampled: Pa
     for row in (r for r in rows if r["step"] == 6):
         prompt = tokenizer(row["prompt"], add_special_tokens=False, return_tensors="pt").input_ids
         with torch.no_grad():
-            out = tuned.generate(input_ids=prompt, max_new_tokens=6, do_sample=False,
-                                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
-        new = out[0, prompt.shape[1]:]
+            out = tuned.generate(
+                input_ids=prompt,
+                max_new_tokens=6,
+                do_sample=False,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.eos_token_id,
+            )
+        new = out[0, prompt.shape[1] :]
         assert len(new) == row["new_tokens"]
         assert tokenizer.decode(new, skip_special_tokens=True) == row["completion"]
 
@@ -114,10 +147,14 @@ def test_samples_leave_training_exactly_as_without_them(sampled: Path, data, tmp
     assert _evals(sampled) == _evals(plain)
 
 
-EARLY = ["train.max_steps=40", "train.eval_every=2", "train.early_stop_patience=2",
-         # Only the first eval can improve on "no eval yet" by that much: the run must stop two evals later, at
-         # step 6, and end on the lowest eval (min_delta gates patience only, as in transformers).
-         "train.early_stop_min_delta=100"]
+EARLY = [
+    "train.max_steps=40",
+    "train.eval_every=2",
+    "train.early_stop_patience=2",
+    # Only the first eval can improve on "no eval yet" by that much: the run must stop two evals later, at
+    # step 6, and end on the lowest eval (min_delta gates patience only, as in transformers).
+    "train.early_stop_min_delta=100",
+]
 WEIGHTS = {"lora_sft": "adapter_model.safetensors", "full_sft": "model.safetensors"}
 
 
@@ -180,15 +217,21 @@ def test_a_sweep_writes_one_summary_of_every_job_failed_ones_included(tmp_path: 
     import csv
 
     sweep = tmp_path / "sweep"
-    result = run_cli(["-m", "train.max_steps=1,3,0", *_args(data, "train.eval_every=1"), f"hydra.sweep.dir={sweep}"],
-                     tmp_path / "unused", env={"SEQTUNE_FAULT": "train:2"})
+    result = run_cli(
+        ["-m", "train.max_steps=1,3,0", *_args(data, "train.eval_every=1"), f"hydra.sweep.dir={sweep}"],
+        tmp_path / "unused",
+        env={"SEQTUNE_FAULT": "train:2"},
+    )
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]  # a job failed while training
     jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
-    assert [(j["job"], j["status"], j["exit_code"]) for j in jobs] == [(0, "completed", 0), (1, "failed", 1),
-                                                                        (2, "failed", 2)]
+    assert [(j["job"], j["status"], j["exit_code"]) for j in jobs] == [
+        (0, "completed", 0),
+        (1, "failed", 1),
+        (2, "failed", 2),
+    ]
     assert jobs[0]["step"] == 1 and jobs[0]["test_loss"] == pytest.approx(jobs[0]["eval_loss"], rel=1e-9)
     assert "SEQTUNE_FAULT" in jobs[1]["error"] and "train.max_steps=0 must be >= 1" in jobs[2]["error"]
-    assert all(f"train.max_steps={n}" in j["overrides"] for n, j in zip((1, 3, 0), jobs))
+    assert all(f"train.max_steps={n}" in j["overrides"] for n, j in zip((1, 3, 0), jobs, strict=True))
     with (sweep / "sweep_summary.csv").open() as f:
         table = list(csv.DictReader(f))
     assert [row["train.max_steps"] for row in table] == ["1", "3", "0"]

@@ -12,14 +12,27 @@ import pytest
 from tests.checkpoints import KINDS, build_checkpoint
 from tests.conftest import run_cli
 
-TRAIN_BRIEFLY = ["train.max_steps=2", "train.eval_every=0", "train.batch_size=4", "data.val=null",
-                 "data.max_duplicate_fraction=1", "train.export_merged=true", "lora=default"]
+TRAIN_BRIEFLY = [
+    "train.max_steps=2",
+    "train.eval_every=0",
+    "train.batch_size=4",
+    "data.val=null",
+    "data.max_duplicate_fraction=1",
+    "train.export_merged=true",
+    "lora=default",
+]
 
 
 def chat_rows(path: Path) -> Path:
-    rows = [{"messages": [{"role": "user", "content": f"Count to {i}."},
-                          {"role": "assistant", "content": " ".join(str(j) for j in range(1, i + 2))}]}
-            for i in range(16)]
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"Count to {i}."},
+                {"role": "assistant", "content": " ".join(str(j) for j in range(1, i + 2))},
+            ]
+        }
+        for i in range(16)
+    ]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
 
@@ -31,8 +44,16 @@ def test_checkpoint_trains_and_exports_with_no_family_named(kind, tmp_path):
 
     checkpoint = build_checkpoint(kind, tmp_path / kind)
     run_dir = tmp_path / "run"
-    result = run_cli(["model=hf", f"model.path={checkpoint}", "data.format=chat",
-                      f"data.train={chat_rows(tmp_path / 'chat.jsonl')}", *TRAIN_BRIEFLY], run_dir)
+    result = run_cli(
+        [
+            "model=hf",
+            f"model.path={checkpoint}",
+            "data.format=chat",
+            f"data.train={chat_rows(tmp_path / 'chat.jsonl')}",
+            *TRAIN_BRIEFLY,
+        ],
+        run_dir,
+    )
     text = result.stdout + result.stderr
     assert result.returncode == 0, text[-4000:]
     assert "note: model facts (end of turn)" in text and "note: model facts (LoRA targets)" in text

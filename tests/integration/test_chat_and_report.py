@@ -14,9 +14,16 @@ from tests.conftest import run_cli
 
 TRAIN_BRIEFLY = ["train.max_steps=2", "train.eval_every=0", "train.log_every=1", "train.batch_size=4"]
 # Library noise a user cannot act on (issue 18): none of it reaches the console of a resized, checkpointed LoRA run.
-FALSE_ALARMS = ("tie_word_embeddings", "is_gradient_checkpointing", "gradient_checkpointing_enable",
-                "Skipping import of cpp extensions", "mean_resizing", "Loading weights", "Writing model shards",
-                "\r")
+FALSE_ALARMS = (
+    "tie_word_embeddings",
+    "is_gradient_checkpointing",
+    "gradient_checkpointing_enable",
+    "Skipping import of cpp extensions",
+    "mean_resizing",
+    "Loading weights",
+    "Writing model shards",
+    "\r",
+)
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -25,18 +32,26 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 def chat(i: int) -> dict:
-    return {"messages": [{"role": "system", "content": "Answer with numbers."},
-                         {"role": "user", "content": f"Count to {i % 7 + 1}."},
-                         {"role": "assistant", "content": " ".join(str(k) for k in range(1, i % 7 + 2))}]}
+    return {
+        "messages": [
+            {"role": "system", "content": "Answer with numbers."},
+            {"role": "user", "content": f"Count to {i % 7 + 1}."},
+            {"role": "assistant", "content": " ".join(str(k) for k in range(1, i % 7 + 2))},
+        ]
+    }
 
 
 def tool_chat(i: int) -> dict:
     function = {"name": "get_weather", "arguments": {"city": f"c{i}"}}
     call = {"id": f"call{i:05d}", "type": "function", "function": function}
-    return {"messages": [{"role": "user", "content": f"Weather in c{i}?"},
-                         {"role": "assistant", "content": "", "tool_calls": [call]},
-                         {"role": "tool", "content": f"{i}C", "tool_call_id": call["id"]},
-                         {"role": "assistant", "content": f"It is {i}C in c{i}."}]}
+    return {
+        "messages": [
+            {"role": "user", "content": f"Weather in c{i}?"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": f"{i}C", "tool_call_id": call["id"]},
+            {"role": "assistant", "content": f"It is {i}C in c{i}."},
+        ]
+    }
 
 
 def output(result) -> str:
@@ -60,9 +75,21 @@ def refused(result, run_dir: Path, *needles: str) -> str:
 def test_gemma3_chat_renders_masks_and_trains_with_the_gemma3_template(tmp_path: Path):
     data = write_jsonl(tmp_path / "chat.jsonl", [chat(i) for i in range(24)])
     run_dir = tmp_path / "run"
-    ok(run_cli(["model=gemma3_tiny", "tokenizer=gemma3", "data.format=chat", f"data.train={data}", "data.val=null",
+    ok(
+        run_cli(
+            [
+                "model=gemma3_tiny",
+                "tokenizer=gemma3",
+                "data.format=chat",
+                f"data.train={data}",
+                "data.val=null",
                 "data.max_duplicate_fraction=1",
-                "model.resize_embeddings=true", *TRAIN_BRIEFLY], run_dir))
+                "model.resize_embeddings=true",
+                *TRAIN_BRIEFLY,
+            ],
+            run_dir,
+        )
+    )
     from transformers import AutoTokenizer
 
     saved = AutoTokenizer.from_pretrained(run_dir / "adapter")
@@ -81,9 +108,14 @@ def test_tool_turns_train_where_the_format_has_them_and_are_refused_naming_the_t
     report = json.loads((run_dir / "preflight.json").read_text())
     assert report["splits"]["train"]["records"] == 16 and report["splits"]["train"]["rejected"] == 0
     failing = tmp_path / "gemma"
-    text = refused(run_cli(["model=gemma3_tiny", "tokenizer=gemma3", *common, "preflight.only=true"], failing),
-                   failing, "[template] tokenizer.chat_template", "messages[2] role 'tool' is not accepted by the chat template",
-                   "Fix: tokenizer.chat_template=NAME", "llama3, mistral_v3")
+    text = refused(
+        run_cli(["model=gemma3_tiny", "tokenizer=gemma3", *common, "preflight.only=true"], failing),
+        failing,
+        "[template] tokenizer.chat_template",
+        "messages[2] role 'tool' is not accepted by the chat template",
+        "Fix: tokenizer.chat_template=NAME",
+        "llama3, mistral_v3",
+    )
     # Every record refused by the template: one problem, naming the template as what to fix (not max_bad_fraction).
     assert "all 16 were rejected, most for template_rejected (16 of 16)" in " ".join(text.split())
 
@@ -95,9 +127,21 @@ def test_one_cause_is_one_problem_the_table_is_printed_once_and_json_agrees(tmp_
     rows += [{"instruction": f"Repeat this {i}. " * 40, "input": "", "output": "ok"} for i in range(2)]
     data = write_jsonl(tmp_path / "train.jsonl", rows)
     run_dir = tmp_path / "run"
-    text = refused(run_cli(["tokenizer=llama3", f"data.train={data}", "data.val=null", "data.max_seq_len=32",
-                            "data.overlength=truncate"], run_dir), run_dir,
-                   "256 special token(s) among them", "2 of them keep no target after truncation and are dropped")
+    text = refused(
+        run_cli(
+            [
+                "tokenizer=llama3",
+                f"data.train={data}",
+                "data.val=null",
+                "data.max_seq_len=32",
+                "data.overlength=truncate",
+            ],
+            run_dir,
+        ),
+        run_dir,
+        "256 special token(s) among them",
+        "2 of them keep no target after truncation and are dropped",
+    )
     report = json.loads((run_dir / "preflight.json").read_text())
     # The data's ids past the embedding are the vocabulary problem again: one problem, its ids in the vocab line.
     assert [p["check"] for p in report["problems"]] == ["vocab"]
@@ -118,8 +162,17 @@ def test_run_log_warnings_auto_length_and_the_adapter_say_what_was_trained(tmp_p
     rows.append({"instruction": "Tell a long story.", "input": "", "output": "and then " * 150})  # one outlier
     data = write_jsonl(tmp_path / "train.jsonl", rows)
     run_dir = tmp_path / "run"
-    result = run_cli(["tokenizer=llama3", "model.resize_embeddings=true", "model.gradient_checkpointing=true",
-                      f"data.train={data}", "data.val=null", *TRAIN_BRIEFLY], run_dir)
+    result = run_cli(
+        [
+            "tokenizer=llama3",
+            "model.resize_embeddings=true",
+            "model.gradient_checkpointing=true",
+            f"data.train={data}",
+            "data.val=null",
+            *TRAIN_BRIEFLY,
+        ],
+        run_dir,
+    )
     ok(result)
     text = output(result)
     assert not [alarm for alarm in FALSE_ALARMS if alarm in text], text[-3000:]

@@ -13,7 +13,9 @@ FAST = ["train.max_steps=6", "train.eval_every=3", "train.log_every=1", "train.b
 
 
 def _ok(result) -> None:
-    assert result.returncode == 0, f"exit {result.returncode}\nSTDOUT:\n{result.stdout[-4000:]}\nSTDERR:\n{result.stderr[-4000:]}"
+    assert result.returncode == 0, (
+        f"exit {result.returncode}\nSTDOUT:\n{result.stdout[-4000:]}\nSTDERR:\n{result.stderr[-4000:]}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +61,27 @@ def test_full_sft_recipe_trains(tmp_path: Path):
 
 def test_tiny_model_overfits_a_handful_of_samples(tmp_path: Path):
     data = tmp_path / "few.jsonl"
-    rows = [{"instruction": f"Repeat the word {w}.", "input": "", "output": f"{w} {w} {w}"}
-            for w in ("apple", "river", "candle", "orbit")]
+    rows = [
+        {"instruction": f"Repeat the word {w}.", "input": "", "output": f"{w} {w} {w}"}
+        for w in ("apple", "river", "candle", "orbit")
+    ]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     run_dir = tmp_path / "run"
-    _ok(run_cli([f"data.train={data}", "data.val=null", "train.max_steps=40", "train.batch_size=4",
-                 "train.eval_every=0", "optim.lr=1e-2", "optim.warmup_steps=0", "lora.rank=16"], run_dir))
+    _ok(
+        run_cli(
+            [
+                f"data.train={data}",
+                "data.val=null",
+                "train.max_steps=40",
+                "train.batch_size=4",
+                "train.eval_every=0",
+                "optim.lr=1e-2",
+                "optim.warmup_steps=0",
+                "lora.rank=16",
+            ],
+            run_dir,
+        )
+    )
     losses = [m["loss"] for m in read_metrics(run_dir) if "loss" in m]
     assert losses[-1] < 0.35 * losses[0], losses
 
@@ -90,14 +107,15 @@ def test_wrong_model_path_names_the_key_and_what_was_expected(tmp_path: Path):
 def test_a_local_checkpoint_directory_trains_through_a_real_size_config(tmp_path: Path):
     """What a real user does: model=<real config> model.path=DIR, with the tokenizer taken from DIR."""
     from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
 
     from seqtune.config.schema import ModelConfig
     from seqtune.models import build_model
     from seqtune.tokenizers import BUNDLED_DIR
-    from transformers import AutoTokenizer
 
-    tiny = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig),
-                                               OmegaConf.load(REPO / "configs/model/tinyllama_tiny.yaml")))
+    tiny = OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(REPO / "configs/model/tinyllama_tiny.yaml"))
+    )
     checkpoint = tmp_path / "TinyLlama-local"
     model, tokenizer = build_model(tiny, attn_implementation="sdpa"), AutoTokenizer.from_pretrained(BUNDLED_DIR)
     # A real checkpoint states its tokenizer's bos/eos ids (preflight checks them, and generation stops on eos).
@@ -106,8 +124,19 @@ def test_a_local_checkpoint_directory_trains_through_a_real_size_config(tmp_path
     model.save_pretrained(checkpoint, safe_serialization=True)
     tokenizer.save_pretrained(checkpoint)
     run_dir = tmp_path / "run"
-    _ok(run_cli(["model=tinyllama_1b", f"model.path={checkpoint}", "lora=default", "train.max_steps=2",
-                 "train.eval_every=0", "train.batch_size=4"], run_dir))
+    _ok(
+        run_cli(
+            [
+                "model=tinyllama_1b",
+                f"model.path={checkpoint}",
+                "lora=default",
+                "train.max_steps=2",
+                "train.eval_every=0",
+                "train.batch_size=4",
+            ],
+            run_dir,
+        )
+    )
     adapter = json.loads((run_dir / "adapter" / "adapter_config.json").read_text())
     assert adapter["base_model_name_or_path"] == str(checkpoint)
     assert json.loads((run_dir / "preflight.json").read_text())["vocab"]["embedding_rows"] == 4096
@@ -135,8 +164,13 @@ def test_preflight_only_is_a_dry_run(tmp_path: Path):
 
 def test_wandb_logger_runs_offline_without_a_key(tmp_path: Path):
     run_dir = tmp_path / "run"
-    _ok(run_cli(["logger=wandb", "train.max_steps=2", "train.eval_every=0", "train.batch_size=4"], run_dir,
-                env={"WANDB_API_KEY": ""}))
+    _ok(
+        run_cli(
+            ["logger=wandb", "train.max_steps=2", "train.eval_every=0", "train.batch_size=4"],
+            run_dir,
+            env={"WANDB_API_KEY": ""},
+        )
+    )
     offline = list((run_dir / "wandb").glob("offline-run-*"))
     assert offline, "no offline W&B run directory"
     assert list(offline[0].glob("*.wandb")), "the offline run recorded no data"
@@ -159,12 +193,14 @@ def test_wandb_unreachable_with_a_key_finishes_offline_and_never_writes_the_key(
     the run logs offline into the run directory and says how to sync it; the key is in no file seqtune writes."""
     run_dir = tmp_path / "run"
     secret = "0123456789abcdef0123456789abcdef0123beef"
-    result = run_cli(["logger=wandb", "logger.init_timeout=2", "train.max_steps=1", "train.eval_every=0",
-                      "train.batch_size=4"], run_dir, env={"WANDB_API_KEY": secret,
-                                                           "WANDB_BASE_URL": "http://127.0.0.1:9"})
+    result = run_cli(
+        ["logger=wandb", "logger.init_timeout=2", "train.max_steps=1", "train.eval_every=0", "train.batch_size=4"],
+        run_dir,
+        env={"WANDB_API_KEY": secret, "WANDB_BASE_URL": "http://127.0.0.1:9"},
+    )
     _ok(result)
     [offline] = list((run_dir / "wandb").glob("offline-run-*"))
-    assert f"W&B could not be reached within logger.init_timeout=2s" in result.stdout
+    assert "W&B could not be reached within logger.init_timeout=2s" in result.stdout
     assert f"wandb sync {offline}" in result.stdout
     assert (run_dir / "finished.json").is_file()
     for path in run_dir.rglob("*"):

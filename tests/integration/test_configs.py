@@ -28,8 +28,7 @@ def _compose(overrides: list[str]):
 
 def test_every_group_file_is_found():
     groups = {p.parent.name for p in GROUP_FILES}
-    assert {"recipe", "model", "tokenizer", "data", "padding", "lora", "optim", "train", "launcher",
-            "logger"} <= groups
+    assert {"recipe", "model", "tokenizer", "data", "padding", "lora", "optim", "train", "launcher", "logger"} <= groups
 
 
 @pytest.mark.parametrize("path", GROUP_FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")
@@ -84,29 +83,32 @@ def test_a_value_outside_a_choice_fails_at_compose_naming_the_allowed_values(key
     assert key in text and f"expected one of [{', '.join(m.value for m in enum)}]" in text
 
 
-@pytest.mark.parametrize(("override", "needle"), [
-    ("optim.lr=0", r"optim.lr=0.0 must be > 0 .*Fix: optim.lr=1e-4"),
-    ("optim.lr=nan", r"optim.lr=nan must be > 0 \(and finite\)"),
-    ("optim.betas=[0.9,1.0]", r"optim.betas=\[0.9, 1.0\] must be two numbers within \[0, 1\)"),
-    ("optim.betas=[-0.1,0.9]", r"optim.betas=.* must be two numbers within \[0, 1\)"),
-    ("optim.min_lr_ratio=1.5", r"optim.min_lr_ratio=1.5 must be within \[0, 1\]"),
-    ("lora.rank=0", r"lora.rank=0 must be >= 1. Fix: lora.rank=8"),
-    ("lora.alpha=0", r"lora.alpha=0.0 must be > 0"),
-    ("lora.dropout=1.0", r"lora.dropout=1.0 must be within \[0, 1\). Fix: lora.dropout=0.0"),
-    ("lora.target_modules=[]", r"lora.target_modules=\[\] names no module to adapt. Fix: lora.target_modules=null"),
-    ("train.max_steps=0", r"train.max_steps=0 must be >= 1. Fix: train.max_steps=null \(run train.epochs epochs\)"),
-    ("train.epochs=0", r"train.epochs=0 must be >= 1"),
-    ("train.save_every=-1", r"train.save_every=-1 must be >= 0"),
-    ("train.log_every=0", r"train.log_every=0 must be >= 1"),
-    ("train.keep_last=-2", r"train.keep_last=-2 must be >= 0"),
-    ("train.batch_size=0", r"train.batch_size=0 must be >= 1"),
-    ("data.max_bad_fraction=1.5", r"data.max_bad_fraction=1.5 must be within \[0, 1\]"),
-    ("padding.multiple_of=0", r"padding.multiple_of=0 must be >= 1"),
-    ("launcher.node_rank=3", r"launcher.node_rank=3 must be within \[0, 1\)"),
-    ("launcher.rdzv_endpoint=nohost", r"launcher.rdzv_endpoint='nohost' must be HOST:PORT"),
-    ("model.hidden_size=0", r"model.hidden_size=0 must be >= 1. Fix: model.hidden_size=null"),
-    ("preflight.device_memory_gib=0", r"preflight.device_memory_gib=0.0 must be > 0"),
-])
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("optim.lr=0", r"optim.lr=0.0 must be > 0 .*Fix: optim.lr=1e-4"),
+        ("optim.lr=nan", r"optim.lr=nan must be > 0 \(and finite\)"),
+        ("optim.betas=[0.9,1.0]", r"optim.betas=\[0.9, 1.0\] must be two numbers within \[0, 1\)"),
+        ("optim.betas=[-0.1,0.9]", r"optim.betas=.* must be two numbers within \[0, 1\)"),
+        ("optim.min_lr_ratio=1.5", r"optim.min_lr_ratio=1.5 must be within \[0, 1\]"),
+        ("lora.rank=0", r"lora.rank=0 must be >= 1. Fix: lora.rank=8"),
+        ("lora.alpha=0", r"lora.alpha=0.0 must be > 0"),
+        ("lora.dropout=1.0", r"lora.dropout=1.0 must be within \[0, 1\). Fix: lora.dropout=0.0"),
+        ("lora.target_modules=[]", r"lora.target_modules=\[\] names no module to adapt. Fix: lora.target_modules=null"),
+        ("train.max_steps=0", r"train.max_steps=0 must be >= 1. Fix: train.max_steps=null \(run train.epochs epochs\)"),
+        ("train.epochs=0", r"train.epochs=0 must be >= 1"),
+        ("train.save_every=-1", r"train.save_every=-1 must be >= 0"),
+        ("train.log_every=0", r"train.log_every=0 must be >= 1"),
+        ("train.keep_last=-2", r"train.keep_last=-2 must be >= 0"),
+        ("train.batch_size=0", r"train.batch_size=0 must be >= 1"),
+        ("data.max_bad_fraction=1.5", r"data.max_bad_fraction=1.5 must be within \[0, 1\]"),
+        ("padding.multiple_of=0", r"padding.multiple_of=0 must be >= 1"),
+        ("launcher.node_rank=3", r"launcher.node_rank=3 must be within \[0, 1\)"),
+        ("launcher.rdzv_endpoint=nohost", r"launcher.rdzv_endpoint='nohost' must be HOST:PORT"),
+        ("model.hidden_size=0", r"model.hidden_size=0 must be >= 1. Fix: model.hidden_size=null"),
+        ("preflight.device_memory_gib=0", r"preflight.device_memory_gib=0.0 must be > 0"),
+    ],
+)
 def test_a_value_that_cannot_train_fails_when_typed_naming_key_and_fix(override, needle):
     from seqtune.config import ConfigError
 
@@ -125,7 +127,9 @@ def test_every_bad_value_of_a_group_is_reported_at_once():
 def test_a_merged_export_of_a_full_finetune_is_refused_with_the_fix():
     from seqtune.config import ConfigError
 
-    with pytest.raises(ConfigError, match=r"train.export_merged=true with lora.enabled=false.*Fix: train.export_merged=false"):
+    with pytest.raises(
+        ConfigError, match=r"train.export_merged=true with lora.enabled=false.*Fix: train.export_merged=false"
+    ):
         to_typed(_compose(["recipe=full_sft", "train.export_merged=true"]))
 
 
@@ -154,5 +158,7 @@ def test_new_top_level_keys_are_kept_but_new_group_keys_are_refused(tmp_path):
     save_resolved(cfg, tmp_path / "config.yaml")
     assert "note: baseline-run" in (tmp_path / "config.yaml").read_text()
     assert load_resolved(tmp_path / "config.yaml").recipe_name == "sft"
-    with pytest.raises(ConfigError, match=r"model.hiden_size is not a setting of model.*Fix: remove \+model.hiden_size"):
+    with pytest.raises(
+        ConfigError, match=r"model.hiden_size is not a setting of model.*Fix: remove \+model.hiden_size"
+    ):
         to_typed(_compose(["+model.hiden_size=32"]))

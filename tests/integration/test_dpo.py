@@ -16,19 +16,38 @@ from tests.conftest import read_metrics, run_cli
 pytestmark = pytest.mark.slow
 
 STEPS = 8
-COMMON = ["recipe=lora_dpo", f"train.max_steps={STEPS}", "train.save_every=2", "train.keep_last=0",
-          "train.batch_size=4", "train.log_every=1", "train.eval_every=4", "lora.dropout=0.1", "padding=packed",
-          "preflight.plot=false", "data.max_duplicate_fraction=0"]
-METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
-           "logps/rejected")
+COMMON = [
+    "recipe=lora_dpo",
+    f"train.max_steps={STEPS}",
+    "train.save_every=2",
+    "train.keep_last=0",
+    "train.batch_size=4",
+    "train.log_every=1",
+    "train.eval_every=4",
+    "lora.dropout=0.1",
+    "padding=packed",
+    "preflight.plot=false",
+    "data.max_duplicate_fraction=0",
+]
+METRICS = (
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/margins",
+    "rewards/accuracies",
+    "logps/chosen",
+    "logps/rejected",
+)
 TIMINGS = {"tokens_per_s", "computed_tokens_per_s", "target_tokens_per_s", "peak_memory_mb"}
 WORDS = ("red", "green", "blue", "amber", "violet")
 
 
 def pair(i: int) -> dict:
     answer = " ".join(WORDS[(i + j) % 5] for j in range(1 + i % 4))
-    return {"prompt": f"List the colours of set {i}:\n", "chosen": answer, "rejected": " ".join(reversed(
-        answer.split())) + " no" if i % 2 else f"set {i} has no colours"}
+    return {
+        "prompt": f"List the colours of set {i}:\n",
+        "chosen": answer,
+        "rejected": " ".join(reversed(answer.split())) + " no" if i % 2 else f"set {i} has no colours",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +55,11 @@ def data(tmp_path_factory) -> list[str]:
     directory = tmp_path_factory.mktemp("pairs")
     (directory / "train.jsonl").write_text("".join(json.dumps(pair(i)) + "\n" for i in range(32)))
     (directory / "val.jsonl").write_text("".join(json.dumps(pair(i)) + "\n" for i in range(100, 108)))
-    return [f"data.train={directory / 'train.jsonl'}", f"data.val={directory / 'val.jsonl'}",
-            f"data.cache_dir={directory / 'tokens'}"]
+    return [
+        f"data.train={directory / 'train.jsonl'}",
+        f"data.val={directory / 'val.jsonl'}",
+        f"data.cache_dir={directory / 'tokens'}",
+    ]
 
 
 def ok(result) -> None:
@@ -65,10 +87,13 @@ def test_a_dpo_run_logs_the_preference_metrics_and_shows_pairs_side_by_side(refe
     assert '<div class="pair">' in page and 'data-member="chosen"' in page and 'data-member="rejected"' in page
 
 
-@pytest.mark.parametrize("fault,exit_code", [
-    ("train:6", 1),  # an exception before step 6: the latest checkpoint is step 4
-    ("save:6", -9),  # SIGKILL halfway through writing step 6's checkpoint: step 4 is the newest intact one
-])
+@pytest.mark.parametrize(
+    "fault,exit_code",
+    [
+        ("train:6", 1),  # an exception before step 6: the latest checkpoint is step 4
+        ("save:6", -9),  # SIGKILL halfway through writing step 6's checkpoint: step 4 is the newest intact one
+    ],
+)
 def test_a_crashed_dpo_run_resumes_bitwise_like_the_uninterrupted_one(reference, data, tmp_path, fault, exit_code):
     args = [*COMMON, *data, "preflight.show=1"]
     run_dir = tmp_path / "run"
@@ -84,20 +109,26 @@ def test_a_crashed_dpo_run_resumes_bitwise_like_the_uninterrupted_one(reference,
 
     def after(run: Path) -> list[dict]:
         return [{k: v for k, v in m.items() if k not in TIMINGS} for m in read_metrics(run) if m["step"] > 4]
+
     assert after(run_dir) == after(reference)
 
 
 def test_pair_problems_are_refused_before_step_one_naming_file_and_line(data, tmp_path):
     bad = tmp_path / "bad.jsonl"
-    rows = [pair(0),
-            {"prompt": "Q:", "chosen": "same", "rejected": "same"},
-            {"chosen": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "x"}],
-             "rejected": [{"role": "user", "content": "b"}, {"role": "assistant", "content": "y"}]},
-            {"prompt": "Q:", "chosen": "   ", "rejected": "fine"},
-            *[pair(i) for i in range(1, 12)]]
+    rows = [
+        pair(0),
+        {"prompt": "Q:", "chosen": "same", "rejected": "same"},
+        {
+            "chosen": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "x"}],
+            "rejected": [{"role": "user", "content": "b"}, {"role": "assistant", "content": "y"}],
+        },
+        {"prompt": "Q:", "chosen": "   ", "rejected": "fine"},
+        *[pair(i) for i in range(1, 12)],
+    ]
     bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    refused = run_cli([*COMMON, f"data.train={bad}", "data.val=null", "train.eval_every=0", "preflight.only=true"],
-                      tmp_path / "run")
+    refused = run_cli(
+        [*COMMON, f"data.train={bad}", "data.val=null", "train.eval_every=0", "preflight.only=true"], tmp_path / "run"
+    )
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     text = " ".join((refused.stdout + refused.stderr).split())
     for line, code in ((2, "identical_pair"), (3, "history_mismatch"), (4, "empty_text")):
@@ -105,17 +136,30 @@ def test_pair_problems_are_refused_before_step_one_naming_file_and_line(data, tm
     assert "Fix: repair those lines" in text
 
 
-@pytest.mark.parametrize("policy,expected", [
-    ("error", "data.overlength"),
-    ("truncate", "cuts the final eos / end-of-turn"),
-])
+@pytest.mark.parametrize(
+    "policy,expected",
+    [
+        ("error", "data.overlength"),
+        ("truncate", "cuts the final eos / end-of-turn"),
+    ],
+)
 def test_a_pair_longer_than_max_seq_len_is_refused_or_must_keep_its_terminator(data, tmp_path, policy, expected):
     long = tmp_path / "long.jsonl"
     rows = [pair(i) for i in range(12)]
     rows[5] = {"prompt": "List:\n", "chosen": " ".join(WORDS * 12), "rejected": "red"}
     long.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    refused = run_cli([*COMMON, f"data.train={long}", "data.val=null", "train.eval_every=0", "data.max_seq_len=40",
-                       f"data.overlength={policy}", "preflight.only=true"], tmp_path / "run")
+    refused = run_cli(
+        [
+            *COMMON,
+            f"data.train={long}",
+            "data.val=null",
+            "train.eval_every=0",
+            "data.max_seq_len=40",
+            f"data.overlength={policy}",
+            "preflight.only=true",
+        ],
+        tmp_path / "run",
+    )
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     text = " ".join((refused.stdout + refused.stderr).split())
     assert "long.jsonl:6" in text and expected in text, text[-3000:]

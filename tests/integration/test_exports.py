@@ -25,21 +25,51 @@ END_OF_TEXT, EOT, BEGIN = 128001, 128009, 128000
 def run_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("exports")
     data = root / "chat.jsonl"
-    data.write_text("".join(json.dumps({"messages": [
-        {"role": "user", "content": f"What is {i} plus {i}?"},
-        {"role": "assistant", "content": f"It is {2 * i}."}]}) + "\n" for i in range(24)))
-    result = run_cli(["model=llama3_tiny", "tokenizer=llama3", "model.resize_embeddings=true", f"data.train={data}",
-                      "data.format=chat", "data.val_fraction=0.25", "train.max_steps=2", "train.eval_every=1",
-                      "train.early_stop_patience=3", "train.export_merged=true", "train.export_gguf=q8_0",
-                      "preflight.plot=false", "preflight.show=0"], root / "run")
+    data.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": f"What is {i} plus {i}?"},
+                        {"role": "assistant", "content": f"It is {2 * i}."},
+                    ]
+                }
+            )
+            + "\n"
+            for i in range(24)
+        )
+    )
+    result = run_cli(
+        [
+            "model=llama3_tiny",
+            "tokenizer=llama3",
+            "model.resize_embeddings=true",
+            f"data.train={data}",
+            "data.format=chat",
+            "data.val_fraction=0.25",
+            "train.max_steps=2",
+            "train.eval_every=1",
+            "train.early_stop_patience=3",
+            "train.export_merged=true",
+            "train.export_gguf=q8_0",
+            "preflight.plot=false",
+            "preflight.show=0",
+        ],
+        root / "run",
+    )
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     assert "export proof: gguf/run-q8_0.gguf: ok" in result.stdout
     return root / "run"
 
 
 def export_cli(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "seqtune.export", str(run_dir), *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "seqtune.export", str(run_dir), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_every_export_carries_the_trained_ids(run_dir):
@@ -66,16 +96,28 @@ def test_the_adapter_names_a_base_that_loads_and_its_card_is_real(run_dir):
     torch.testing.assert_close(tuned(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-4, rtol=1e-4)
     card = (run_dir / "adapter" / "README.md").read_text()
     digest = __import__("hashlib").sha256((run_dir.parent / "chat.jsonl").read_bytes()).hexdigest()
-    for needle in (f"base_model: {run_dir / 'base'}", digest, "- steps: 2", "best eval loss: ", "final eval loss: ",
-                   "test loss: -", "python -m seqtune model=llama3_tiny tokenizer=llama3",
-                   f"PeftModel.from_pretrained(base, '{run_dir / 'adapter'}')", "`<|eot_id|>` (128009)"):
+    for needle in (
+        f"base_model: {run_dir / 'base'}",
+        digest,
+        "- steps: 2",
+        "best eval loss: ",
+        "final eval loss: ",
+        "test loss: -",
+        "python -m seqtune model=llama3_tiny tokenizer=llama3",
+        f"PeftModel.from_pretrained(base, '{run_dir / 'adapter'}')",
+        "`<|eot_id|>` (128009)",
+    ):
         assert needle in card, needle
 
 
 def test_export_json_holds_the_proof_of_every_artifact(run_dir):
     report = json.loads((run_dir / "export.json").read_text())
     assert report["ok"] and [a["artifact"] for a in report["artifacts"]] == [
-        "adapter", "best", "merged", "gguf/run-q8_0.gguf"]
+        "adapter",
+        "best",
+        "merged",
+        "gguf/run-q8_0.gguf",
+    ]
     for artifact in report["artifacts"][:3]:
         assert artifact["checks"]["max_logit_difference_relative"] <= artifact["checks"]["tolerance"]
         assert artifact["checks"]["stops"] == {"<|end_of_text|>": True, "<|eot_id|>": True}
@@ -111,8 +153,10 @@ def test_an_export_that_no_longer_stops_or_matches_fails_naming_it(run_dir, tmp_
     generation.write_text(json.dumps({**json.loads(generation.read_text()), "eos_token_id": 2}))  # main's value
     result = export_cli(copy)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "the export proof failed for merged: merged: generation does not stop at the trained terminator " \
-           "<|end_of_text|> (id 128001)" in result.stderr
+    assert (
+        "the export proof failed for merged: merged: generation does not stop at the trained terminator "
+        "<|end_of_text|> (id 128001)" in result.stderr
+    )
     from safetensors.torch import load_file, save_file
 
     weights = copy / "best" / "adapter_model.safetensors"

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-
 from tests.conftest import read_metrics, run_cli
 
 TRAIN_BRIEFLY = ["train.max_steps=2", "train.eval_every=0", "train.log_every=1", "train.batch_size=4"]
@@ -45,8 +44,9 @@ def trained(result, run_dir: Path) -> list[dict]:
 
 def test_1_variable_length_samples_with_micro_batch_above_one_train_with_default_padding(tmp_path: Path):
     data = write_jsonl(tmp_path / "train.jsonl", [alpaca(n, i) for i, n in enumerate([1, 40, 3, 17, 8, 60, 2, 25] * 2)])
-    metrics = trained(run_cli([f"data.train={data}", "data.val=null", *TRAIN_BRIEFLY], tmp_path / "run"),
-                      tmp_path / "run")
+    metrics = trained(
+        run_cli([f"data.train={data}", "data.val=null", *TRAIN_BRIEFLY], tmp_path / "run"), tmp_path / "run"
+    )
     # Rows really were of different lengths and were padded (not stacked as-is, not truncated).
     assert all(m["padding_efficiency"] < 1.0 for m in metrics)
 
@@ -56,8 +56,9 @@ def test_2_fixed_shape_padding_and_inconsistently_prepadded_tokenized_data(tmp_p
     rows = []
     for i, (real, padded_to) in enumerate([(12, 40), (30, 37), (7, 40), (21, 33)] * 2):
         ids = [0] + [100 + (i * 7 + j) % 500 for j in range(real - 2)] + [eos]
-        rows.append({"input_ids": ids + [pad] * (padded_to - real),
-                     "attention_mask": [1] * real + [0] * (padded_to - real)})
+        rows.append(
+            {"input_ids": ids + [pad] * (padded_to - real), "attention_mask": [1] * real + [0] * (padded_to - real)}
+        )
     data = write_jsonl(tmp_path / "tok.jsonl", rows)
     common = [f"data.train={data}", "data.val=null", "data.format=tokenized", "padding=max_length"]
     # The Unsloth case: rows that arrive padded to different lengths (40 vs 37 vs 33). Detected, the padding
@@ -71,21 +72,45 @@ def test_2_fixed_shape_padding_and_inconsistently_prepadded_tokenized_data(tmp_p
     # A row whose mask does not match its ids cannot be unpadded safely: refused, naming file:line and the key.
     broken = write_jsonl(tmp_path / "broken.jsonl", rows + [{"input_ids": [0, 5, 6, 1], "attention_mask": [1, 1, 1]}])
     failing = tmp_path / "failing"
-    caught(run_cli([f"data.train={broken}", "data.val=null", "data.format=tokenized", "padding=max_length",
-                    *TRAIN_BRIEFLY], failing), failing, "data.max_bad_fraction", f"{broken}:9", "Fix:")
+    caught(
+        run_cli(
+            [f"data.train={broken}", "data.val=null", "data.format=tokenized", "padding=max_length", *TRAIN_BRIEFLY],
+            failing,
+        ),
+        failing,
+        "data.max_bad_fraction",
+        f"{broken}:9",
+        "Fix:",
+    )
 
 
 def test_3_malformed_lines_and_missing_media_are_skipped_listed_and_bounded(tmp_path: Path):
     (tmp_path / "media").mkdir()
     (tmp_path / "media" / "cat.png").write_bytes(b"\x89PNG")
-    good = [{"input": f"Describe <img>cat.png</img> in {i} words.", "output": "A small cat. " * (i % 4 + 1)}
-            for i in range(14)]
-    rows = good[:5] + ['{"input": "unterminated', {"input": "Describe <img>dog.png</img>", "output": "A dog."}] + good[5:]
+    good = [
+        {"input": f"Describe <img>cat.png</img> in {i} words.", "output": "A small cat. " * (i % 4 + 1)}
+        for i in range(14)
+    ]
+    rows = (
+        good[:5] + ['{"input": "unterminated', {"input": "Describe <img>dog.png</img>", "output": "A dog."}] + good[5:]
+    )
     data = write_jsonl(tmp_path / "vl.jsonl", rows)
-    common = [f"data.train={data}", "data.val=null", "data.format=input_output", f"data.media_root={tmp_path / 'media'}"]
+    common = [
+        f"data.train={data}",
+        "data.val=null",
+        "data.format=input_output",
+        f"data.media_root={tmp_path / 'media'}",
+    ]
     failing = tmp_path / "failing"
-    caught(run_cli([*common, *TRAIN_BRIEFLY], failing), failing,
-           "data.max_bad_fraction", f"{data}:6", "bad_json", "missing_media", "Fix:")
+    caught(
+        run_cli([*common, *TRAIN_BRIEFLY], failing),
+        failing,
+        "data.max_bad_fraction",
+        f"{data}:6",
+        "bad_json",
+        "missing_media",
+        "Fix:",
+    )
     run_dir = tmp_path / "run"
     trained(run_cli([*common, "data.max_bad_fraction=0.2", *TRAIN_BRIEFLY], run_dir), run_dir)
     rejects = [json.loads(line) for line in (run_dir / "rejects.jsonl").read_text().splitlines()]
@@ -109,8 +134,13 @@ def test_5_a_validation_sample_longer_than_every_training_sample(tmp_path: Path)
     common = [f"data.train={train}", f"data.val={val}", "train.eval_every=1"]
     failing = tmp_path / "failing"
     # An explicit limit that covers the longest training sample (the Lit-GPT setup), but not val line 3.
-    caught(run_cli([*common, "data.max_seq_len=48", *TRAIN_BRIEFLY], failing), failing,
-           "data.max_seq_len=48", f"{val}:3", "Fix: data.max_seq_len=auto")
+    caught(
+        run_cli([*common, "data.max_seq_len=48", *TRAIN_BRIEFLY], failing),
+        failing,
+        "data.max_seq_len=48",
+        f"{val}:3",
+        "Fix: data.max_seq_len=auto",
+    )
     run_dir = tmp_path / "run"
     metrics = trained(run_cli([*common, *TRAIN_BRIEFLY, "train.eval_every=1"], run_dir), run_dir)
     assert json.loads((run_dir / "preflight.json").read_text())["max_seq_len"] >= 90

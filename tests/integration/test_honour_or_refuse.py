@@ -21,7 +21,9 @@ BRIEF = ["train.eval_every=0", "train.log_every=1", "train.batch_size=4", "data.
 
 
 def _ok(result) -> None:
-    assert result.returncode == 0, f"exit {result.returncode}\nSTDOUT:\n{result.stdout[-4000:]}\nSTDERR:\n{result.stderr[-4000:]}"
+    assert result.returncode == 0, (
+        f"exit {result.returncode}\nSTDOUT:\n{result.stdout[-4000:]}\nSTDERR:\n{result.stderr[-4000:]}"
+    )
 
 
 def _refused(result, exit_code: int, *needles: str) -> None:
@@ -31,10 +33,13 @@ def _refused(result, exit_code: int, *needles: str) -> None:
         assert needle in text, f"{needle!r} not in:\n{text[-4000:]}"
 
 
-@pytest.mark.parametrize(("preset", "override", "fix"), [
-    ("full_sft", "lora.enabled=true", "Fix: recipe=lora_sft"),
-    ("lora_sft", "lora.enabled=false", "Fix: recipe=full_sft"),
-])
+@pytest.mark.parametrize(
+    ("preset", "override", "fix"),
+    [
+        ("full_sft", "lora.enabled=true", "Fix: recipe=lora_sft"),
+        ("lora_sft", "lora.enabled=false", "Fix: recipe=full_sft"),
+    ],
+)
 def test_a_preset_contradicted_by_lora_enabled_is_refused(tmp_path: Path, preset, override, fix):
     """recipe=full_sft lora.enabled=true used to pass preflight with LoRA-sized checks, then train every weight."""
     run_dir = tmp_path / "run"
@@ -60,8 +65,9 @@ def test_resuming_at_another_world_size_is_refused_by_preflight(tmp_path: Path):
     crashed = run_cli(["train.max_steps=4", "train.save_every=2", *BRIEF], run_dir, env={"SEQTUNE_FAULT": "train:3"})
     assert crashed.returncode == 1, crashed.stderr[-2000:]
     record = {name: (run_dir / name).read_bytes() for name in ("config.yaml", "plan.json", "preflight.json")}
-    result = run_cli(["launcher=torchrun", "launcher.nproc_per_node=2", "train.max_steps=4", "train.save_every=2",
-                      *BRIEF], run_dir)
+    result = run_cli(
+        ["launcher=torchrun", "launcher.nproc_per_node=2", "train.max_steps=4", "train.save_every=2", *BRIEF], run_dir
+    )
     _refused(result, 2, "train.resume", "step_00000002", "world_size 1 -> 2", "Fix:")
     assert [m["step"] for m in read_metrics(run_dir) if "loss" in m] == [1, 2]  # nothing more trained
     assert {name: (run_dir / name).read_bytes() for name in record} == record  # the run's record is untouched

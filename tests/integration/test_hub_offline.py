@@ -30,8 +30,13 @@ def hub(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     guard = root / "guard"
     guard.mkdir()
     (guard / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    env = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "HF_TOKEN": TOKEN, "PYTHONPATH": str(guard),
-           "HF_DATASETS_CACHE": str(root / "datasets")}
+    env = {
+        "HF_HUB_CACHE": str(cache),
+        "HF_HUB_OFFLINE": "1",
+        "HF_TOKEN": TOKEN,
+        "PYTHONPATH": str(guard),
+        "HF_DATASETS_CACHE": str(root / "datasets"),
+    }
     return cache, env
 
 
@@ -39,9 +44,21 @@ def hub(tmp_path_factory) -> tuple[Path, dict[str, str]]:
 def test_hub_ids_train_offline_without_a_connection_and_write_no_token(hub, tmp_path):
     cache, env = hub
     run_dir = tmp_path / "run"
-    result = run_cli(["model=qwen3_8b", "model.path=org/tiny-qwen3", "lora=default", "data.train=hf:org/tiny-set",
-                      "data.val=hf:org/tiny-set", "data.max_duplicate_fraction=1", "train.max_steps=2",
-                      "train.eval_every=0", "train.batch_size=4"], run_dir, env=env)
+    result = run_cli(
+        [
+            "model=qwen3_8b",
+            "model.path=org/tiny-qwen3",
+            "lora=default",
+            "data.train=hf:org/tiny-set",
+            "data.val=hf:org/tiny-set",
+            "data.max_duplicate_fraction=1",
+            "train.max_steps=2",
+            "train.eval_every=0",
+            "train.batch_size=4",
+        ],
+        run_dir,
+        env=env,
+    )
     text = result.stdout + result.stderr
     assert result.returncode == 0, text[-4000:]
     assert "socket guard" not in text
@@ -57,8 +74,9 @@ def test_the_guard_refuses_a_connection_in_a_subprocess(hub):
 
     _, env = hub
     probe = "import socket; socket.create_connection(('192.0.2.1', 443), timeout=1)"
-    result = subprocess.run([sys.executable, "-c", probe], env={**env, "PATH": "/usr/bin:/bin"}, capture_output=True,
-                            text=True)
+    result = subprocess.run(
+        [sys.executable, "-c", probe], env={**env, "PATH": "/usr/bin:/bin"}, capture_output=True, text=True
+    )
     assert result.returncode != 0 and "socket guard: network connection to ('192.0.2.1', 443)" in result.stderr
 
 

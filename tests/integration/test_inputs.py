@@ -53,51 +53,89 @@ def test_a_json_array_trains_and_rejects_name_the_element(tmp_path: Path):
 
 def sharegpt(i: int) -> dict:
     call = {"name": "get_weather", "arguments": {"city": f"c{i}"}}
-    return {"system": "Use the tools.",
-            "conversations": [{"from": "human", "value": f"Weather in c{i}?"},
-                              {"from": "function_call", "value": json.dumps(call)},
-                              {"from": "observation", "value": f"{i}C"},
-                              {"from": "gpt", "value": f"It is {i}C in c{i}."}]}
+    return {
+        "system": "Use the tools.",
+        "conversations": [
+            {"from": "human", "value": f"Weather in c{i}?"},
+            {"from": "function_call", "value": json.dumps(call)},
+            {"from": "observation", "value": f"{i}C"},
+            {"from": "gpt", "value": f"It is {i}C in c{i}."},
+        ],
+    }
 
 
 def test_sharegpt_tool_turns_render_with_the_template_and_train_on_the_calls(tmp_path: Path):
     data = tmp_path / "sharegpt.json"
     data.write_text(json.dumps([sharegpt(i) for i in range(16)]))
     run_dir = tmp_path / "run"
-    ok(run_cli(["model=mistral_tiny", "tokenizer=mistral_v3", "data.format=sharegpt", f"data.train={data}",
-                "model.resize_embeddings=true", *BRIEFLY], run_dir))
+    ok(
+        run_cli(
+            [
+                "model=mistral_tiny",
+                "tokenizer=mistral_v3",
+                "data.format=sharegpt",
+                f"data.train={data}",
+                "model.resize_embeddings=true",
+                *BRIEFLY,
+            ],
+            run_dir,
+        )
+    )
     train = report(run_dir)["splits"]["train"]
     assert (train["records"], train["rejected"]) == (16, 0)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "adapter")
     sample = TokenCache.open(Path(report(run_dir)["caches"]["train"]))[3]
-    messages = [{"role": "system", "content": "Use the tools."}, {"role": "user", "content": "Weather in c3?"},
-                {"role": "assistant", "content": "", "tool_calls": [
-                    {"id": "call00001", "type": "function",
-                     "function": {"name": "get_weather", "arguments": {"city": "c3"}}}]},
-                {"role": "tool", "content": "3C", "tool_call_id": "call00001"},
-                {"role": "assistant", "content": "It is 3C in c3."}]
+    messages = [
+        {"role": "system", "content": "Use the tools."},
+        {"role": "user", "content": "Weather in c3?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call00001",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "c3"}},
+                }
+            ],
+        },
+        {"role": "tool", "content": "3C", "tool_call_id": "call00001"},
+        {"role": "assistant", "content": "It is 3C in c3."},
+    ]
     assert sample.input_ids.tolist() == tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False)
     targets = tokenizer.decode(sample.input_ids[sample.labels != IGNORE_INDEX])
     # The call and the reply, each with its </s> (decoding shows SentencePiece's word-start marks as spaces).
-    assert targets == '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "c3"}, "id": "call00001"}]</s>' \
-                      " It is 3C in c3.</s>"
+    assert (
+        targets == '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "c3"}, "id": "call00001"}]</s>'
+        " It is 3C in c3.</s>"
+    )
 
 
 def test_sharegpt_tool_definitions_reach_a_template_that_reads_them(tmp_path: Path):
     """(A template that never reads `tools` refuses such records: tests/hostile, sharegpt_tools_untemplated.)"""
-    rows = [{**sharegpt(i), "tools": json.dumps([{"name": "get_weather", "parameters": {"type": "object"}}])}
-            for i in range(8)]
+    rows = [
+        {**sharegpt(i), "tools": json.dumps([{"name": "get_weather", "parameters": {"type": "object"}}])}
+        for i in range(8)
+    ]
     data = tmp_path / "sharegpt.json"
     data.write_text(json.dumps(rows))
-    common = ["model=llama3_tiny", "tokenizer=llama3", "data.format=sharegpt", f"data.train={data}",
-              "model.resize_embeddings=true", *READ_ONLY]
-    reads_tools = ("{{- bos_token }}{%- if tools %}{{- 'Tools: ' + tools | tojson + '\\n' }}{%- endif %}"
-                   "{%- for m in messages %}{%- set role = 'ipython' if m['role'] == 'tool' else m['role'] %}"
-                   "{%- if m['tool_calls'] is defined and m['tool_calls'] %}{{- role + ': ' + m['tool_calls'] | tojson }}"
-                   "{%- else %}{{- role + ': ' + m['content'] }}{%- endif %}{{- '<|eot_id|>' }}{%- endfor %}"
-                   "{%- if add_generation_prompt %}{{- 'assistant: ' }}{%- endif %}")
+    common = [
+        "model=llama3_tiny",
+        "tokenizer=llama3",
+        "data.format=sharegpt",
+        f"data.train={data}",
+        "model.resize_embeddings=true",
+        *READ_ONLY,
+    ]
+    reads_tools = (
+        "{{- bos_token }}{%- if tools %}{{- 'Tools: ' + tools | tojson + '\\n' }}{%- endif %}"
+        "{%- for m in messages %}{%- set role = 'ipython' if m['role'] == 'tool' else m['role'] %}"
+        "{%- if m['tool_calls'] is defined and m['tool_calls'] %}{{- role + ': ' + m['tool_calls'] | tojson }}"
+        "{%- else %}{{- role + ': ' + m['content'] }}{%- endif %}{{- '<|eot_id|>' }}{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- 'assistant: ' }}{%- endif %}"
+    )
     template = tmp_path / "tools.jinja"
     template.write_text(reads_tools)
     run_dir = tmp_path / "run"
@@ -113,20 +151,49 @@ def test_sharegpt_tool_definitions_reach_a_template_that_reads_them(tmp_path: Pa
 
 
 def test_openai_content_parts_and_null_tool_call_content_train(tmp_path: Path):
-    call = {"id": "call00001", "type": "function", "function": {"name": "lookup", "arguments": "{\"q\": \"x\"}"}}
-    rows = [{"messages": [{"role": "user", "content": [{"type": "text", "text": f"Question {i}"},
-                                                       {"type": "text", "text": "Please look it up."}]},
-                          {"role": "assistant", "content": None, "tool_calls": [call]},
-                          {"role": "tool", "content": f"answer {i}", "tool_call_id": "call00001"},
-                          {"role": "assistant", "content": [{"type": "text", "text": f"It is answer {i}."}]}]}
-            for i in range(12)]
-    rows.append({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x.png"}}]},
-                              {"role": "assistant", "content": "A cat."}]})
+    call = {"id": "call00001", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}
+    rows = [
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": f"Question {i}"},
+                        {"type": "text", "text": "Please look it up."},
+                    ],
+                },
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "content": f"answer {i}", "tool_call_id": "call00001"},
+                {"role": "assistant", "content": [{"type": "text", "text": f"It is answer {i}."}]},
+            ]
+        }
+        for i in range(12)
+    ]
+    rows.append(
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x.png"}}]},
+                {"role": "assistant", "content": "A cat."},
+            ]
+        }
+    )
     data = tmp_path / "chat.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     run_dir = tmp_path / "run"
-    ok(run_cli(["model=llama3_tiny", "tokenizer=llama3", "data.format=chat", f"data.train={data}",
-                "model.resize_embeddings=true", "data.max_bad_fraction=0.1", *READ_ONLY], run_dir))
+    ok(
+        run_cli(
+            [
+                "model=llama3_tiny",
+                "tokenizer=llama3",
+                "data.format=chat",
+                f"data.train={data}",
+                "model.resize_embeddings=true",
+                "data.max_bad_fraction=0.1",
+                *READ_ONLY,
+            ],
+            run_dir,
+        )
+    )
     train = report(run_dir)["splits"]["train"]
     assert (train["records"], train["reject_reasons"]) == (13, {"unsupported_content": 1})
     from transformers import AutoTokenizer
@@ -154,7 +221,9 @@ def test_weighted_sources_mix_by_weight_and_the_batch_identity_follows_the_weigh
     result = report(run_dir)
     sources = result["splits"]["train"]["sources"]
     assert [(s["key"], s["weight"], s["used_per_epoch"]) for s in sources] == [
-        ("data.train[0]", 2.0, 40), ("data.train[1]", 0.5, 15)]
+        ("data.train[0]", 2.0, 40),
+        ("data.train[1]", 0.5, 15),
+    ]
     plan = result["plan"]["splits"]["train"]
     assert plan["samples"] == 55  # 2 x 20 + round(0.5 x 30)
     if mode == "cached":  # 13 micro-batches of 4 (tail dropped), each sample its weight's number of times
@@ -183,8 +252,10 @@ def test_data_train_alone_has_no_validation_and_val_fraction_holds_out_part_of_i
     assert json.loads((alone / "plan.json").read_text())["validation"] is None
     assert not [m for m in read_metrics(alone) if "eval_loss" in m]
     held = tmp_path / "held"
-    result = run_cli([f"data.train={data}", "data.val_fraction=0.2", "train.max_steps=1", "train.eval_every=1",
-                      "preflight.show=0"], held)
+    result = run_cli(
+        [f"data.train={data}", "data.val_fraction=0.2", "train.max_steps=1", "train.eval_every=1", "preflight.show=0"],
+        held,
+    )
     ok(result)
     splits = report(held)["splits"]
     assert splits["train"]["records"] + splits["val"]["records"] == 200 and 20 < splits["val"]["records"] < 60
@@ -217,8 +288,10 @@ def test_parquet_arrow_and_a_saved_dataset_train_with_their_own_column_names(tmp
     datasets.disable_progress_bars()
     datasets.Dataset.from_dict(table(14, "d").to_pydict()).save_to_disk(str(tmp_path / "saved"))
     mapped = "columns: {instruction: prompt, output: response}"
-    train = (f"data.train=[{{path: {parquet}, {mapped}}}, {{path: {stream}, {mapped}}}, "
-             f"{{path: {tmp_path / 'saved'}, {mapped}, weight: 2}}]")
+    train = (
+        f"data.train=[{{path: {parquet}, {mapped}}}, {{path: {stream}, {mapped}}}, "
+        f"{{path: {tmp_path / 'saved'}, {mapped}, weight: 2}}]"
+    )
     run_dir = tmp_path / "run"
     ok(run_cli([train, "data.max_bad_fraction=0.1", *BRIEFLY], run_dir))
     split = report(run_dir)["splits"]["train"]

@@ -15,11 +15,15 @@ from tests.conftest import read_metrics, run_cli
 
 
 def chat(i: int) -> dict:
-    return {"messages": [{"role": "system", "content": "Answer with numbers."},
-                         {"role": "user", "content": f"Count to {i % 7 + 1}."},
-                         {"role": "assistant", "content": " ".join(str(j) for j in range(1, i % 7 + 2))},
-                         {"role": "user", "content": "And twice that?"},
-                         {"role": "assistant", "content": str(2 * (i % 7 + 1))}]}
+    return {
+        "messages": [
+            {"role": "system", "content": "Answer with numbers."},
+            {"role": "user", "content": f"Count to {i % 7 + 1}."},
+            {"role": "assistant", "content": " ".join(str(j) for j in range(1, i % 7 + 2))},
+            {"role": "user", "content": "And twice that?"},
+            {"role": "assistant", "content": str(2 * (i % 7 + 1))},
+        ]
+    }
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -34,9 +38,21 @@ def test_qwen3_tiny_trains_chat_with_im_end_as_target_and_validation_loss_falls(
     train = write_jsonl(tmp_path / "train.jsonl", [chat(i) for i in range(48)])
     val = write_jsonl(tmp_path / "val.jsonl", [chat(i) for i in range(100, 108)])
     run_dir = tmp_path / "run"
-    result = run_cli(["model=qwen3_tiny", "tokenizer=qwen3", "data.format=chat", f"data.train={train}",
-                      f"data.val={val}", "data.max_duplicate_fraction=1", "train.max_steps=24", "train.eval_every=8",
-                      "train.batch_size=8", "train.eval_samples=2"], run_dir)
+    result = run_cli(
+        [
+            "model=qwen3_tiny",
+            "tokenizer=qwen3",
+            "data.format=chat",
+            f"data.train={train}",
+            f"data.val={val}",
+            "data.max_duplicate_fraction=1",
+            "train.max_steps=24",
+            "train.eval_every=8",
+            "train.batch_size=8",
+            "train.eval_samples=2",
+        ],
+        run_dir,
+    )
     text = result.stdout + result.stderr
     assert result.returncode == 0, text[-4000:]
     assert "chat template qwen3: every assistant turn keeps its <think> block" in " ".join(text.split())

@@ -22,9 +22,18 @@ from tests.conftest import read_metrics, run_cli
 STEPS, SAVE_EVERY = 12, 3
 # 40 records (shuffled: data.shuffle defaults to true), 8 per step: 5 steps an epoch, so 12 steps cross two epoch
 # boundaries; evaluation every 4 steps.
-COMMON = [f"train.max_steps={STEPS}", f"train.save_every={SAVE_EVERY}", "train.keep_last=0", "train.batch_size=8",
-          "train.log_every=1", "train.eval_every=4", "lora.dropout=0.1",
-          "data.max_duplicate_fraction=1", "preflight.plot=false", "preflight.show=0"]
+COMMON = [
+    f"train.max_steps={STEPS}",
+    f"train.save_every={SAVE_EVERY}",
+    "train.keep_last=0",
+    "train.batch_size=8",
+    "train.log_every=1",
+    "train.eval_every=4",
+    "lora.dropout=0.1",
+    "data.max_duplicate_fraction=1",
+    "preflight.plot=false",
+    "preflight.show=0",
+]
 VARIANTS = {
     "dropout_shuffled": ["padding=longest"],
     "packed_workers": ["padding=packed", "data.num_workers=2"],
@@ -36,13 +45,22 @@ ADAPTER = Path("adapter") / "adapter_model.safetensors"
 
 def _data(directory: Path) -> list[str]:
     directory.mkdir(parents=True, exist_ok=True)
-    rows = [{"instruction": f"Name the colour of item {i}.", "input": "",
-             "output": " ".join(["red", "green", "blue", "amber"][i % 4] for _ in range(1 + i % 5))} for i in range(40)]
+    rows = [
+        {
+            "instruction": f"Name the colour of item {i}.",
+            "input": "",
+            "output": " ".join(["red", "green", "blue", "amber"][i % 4] for _ in range(1 + i % 5)),
+        }
+        for i in range(40)
+    ]
     val = [{"instruction": f"Name item {i}.", "input": "", "output": f"item {i}"} for i in range(8)]
     (directory / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (directory / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in val))
-    return [f"data.train={directory / 'train.jsonl'}", f"data.val={directory / 'val.jsonl'}",
-            f"data.cache_dir={directory / 'tokens'}"]
+    return [
+        f"data.train={directory / 'train.jsonl'}",
+        f"data.val={directory / 'val.jsonl'}",
+        f"data.cache_dir={directory / 'tokens'}",
+    ]
 
 
 def _ok(result) -> None:
@@ -84,6 +102,7 @@ def references(tmp_path_factory, data) -> dict[str, Path]:
             _ok(run_cli([*COMMON, *data, *VARIANTS[variant]], run_dir))
             done[variant] = run_dir
         return done[variant]
+
     return get
 
 
@@ -104,8 +123,10 @@ def test_changed_settings_and_data_are_refused_and_a_damaged_checkpoint_is_skipp
     args = [*COMMON, *data, *VARIANTS["dropout_shuffled"]]
     run_dir = tmp_path / "run"
     _crash(args, run_dir, before_step=11)  # checkpoints at steps 3, 6 and 9
-    record = {name: (run_dir / name).read_bytes() for name in ("config.yaml", "plan.json", "preflight.json",
-                                                                "metrics.jsonl", "rejects.jsonl")}
+    record = {
+        name: (run_dir / name).read_bytes()
+        for name in ("config.yaml", "plan.json", "preflight.json", "metrics.jsonl", "rejects.jsonl")
+    }
 
     refused = run_cli([*args, "optim.lr=0.02", "lora.rank=4"], run_dir)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
@@ -118,8 +139,9 @@ def test_changed_settings_and_data_are_refused_and_a_damaged_checkpoint_is_skipp
     refused = run_cli(args, run_dir)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     text = " ".join(refused.stdout.split())
-    assert "plan.data.train" in text and "the split's file contents, the tokenizer or the chat template changed" \
-           in text, text[-2000:]
+    assert (
+        "plan.data.train" in text and "the split's file contents, the tokenizer or the chat template changed" in text
+    ), text[-2000:]
     assert "record (config.yaml, plan.json, preflight.json, metrics.jsonl) is unchanged" in refused.stderr
     assert {name: (run_dir / name).read_bytes() for name in record} == record, "a refused resume wrote its record"
     train.write_bytes(original)

@@ -20,8 +20,15 @@ from tests.conftest import REPO, read_metrics, run_cli
 
 pytestmark = pytest.mark.slow
 
-ARGS = ["train.max_steps=30", "train.save_every=5", "train.keep_last=0", "train.eval_every=0", "data.val=null",
-        "train.log_every=1", "lora.dropout=0.1"]
+ARGS = [
+    "train.max_steps=30",
+    "train.save_every=5",
+    "train.keep_last=0",
+    "train.eval_every=0",
+    "data.val=null",
+    "train.log_every=1",
+    "lora.dropout=0.1",
+]
 ADAPTER = Path("adapter") / "adapter_model.safetensors"
 
 
@@ -30,9 +37,15 @@ def test_sigint_stops_with_a_checkpoint_that_resumes_exactly(tmp_path: Path):
     assert run_cli(ARGS, reference).returncode == 0
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("WANDB_API_KEY", None)
-    proc = subprocess.Popen([sys.executable, "-m", "seqtune", *ARGS, f"hydra.run.dir={run_dir}",
-                             "train.progress=false"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, preexec_fn=lambda: os.nice(10))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "seqtune", *ARGS, f"hydra.run.dir={run_dir}", "train.progress=false"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: os.nice(10),
+    )
     deadline = time.monotonic() + 300
     while not (run_dir / "checkpoints").is_dir() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -15,7 +15,9 @@ BAD = ["{broken json", '["a list"]', json.dumps({"instruction": "no output"})]
 
 
 def _ok(result) -> None:
-    assert result.returncode == 0, f"exit {result.returncode}\nSTDOUT:\n{result.stdout[-4000:]}\nSTDERR:\n{result.stderr[-4000:]}"
+    assert result.returncode == 0, (
+        f"exit {result.returncode}\nSTDOUT:\n{result.stdout[-4000:]}\nSTDERR:\n{result.stderr[-4000:]}"
+    )
 
 
 def test_stream_mode_trains_on_the_shipped_data(tmp_path: Path):
@@ -45,8 +47,19 @@ def dirty(tmp_path: Path) -> Path:
 def test_bad_lines_within_the_limit_are_skipped_and_listed(tmp_path: Path, dirty: Path):
     run_dir = tmp_path / "run"
     # 42 good lines / batch 4 = 11 micro-batches: 12 steps read the whole pass and start the next.
-    _ok(run_cli([*STREAM, f"data.train={dirty}", "data.val=null", "data.preflight_sample=10",
-                 "data.max_bad_fraction=0.2", "train.max_steps=12"], run_dir))
+    _ok(
+        run_cli(
+            [
+                *STREAM,
+                f"data.train={dirty}",
+                "data.val=null",
+                "data.preflight_sample=10",
+                "data.max_bad_fraction=0.2",
+                "train.max_steps=12",
+            ],
+            run_dir,
+        )
+    )
     listed = [json.loads(line) for line in (run_dir / "rejects.jsonl").read_text().splitlines()]
     assert sorted(r["line"] for r in listed) == [8, 16, 24, 32, 40, 48]  # each once: preflight's + the stream's
     assert all(r["file"] == str(dirty) for r in listed)
@@ -55,8 +68,17 @@ def test_bad_lines_within_the_limit_are_skipped_and_listed(tmp_path: Path, dirty
 
 @pytest.mark.parametrize("sample", [10, 5])  # 10: preflight sees line 8; 5: only the stream does
 def test_max_bad_fraction_zero_fails_naming_the_key(tmp_path: Path, dirty: Path, sample: int):
-    result = run_cli([*STREAM, f"data.train={dirty}", "data.val=null", f"data.preflight_sample={sample}",
-                      "data.max_bad_fraction=0.0", "train.max_steps=4"], tmp_path / "run")
+    result = run_cli(
+        [
+            *STREAM,
+            f"data.train={dirty}",
+            "data.val=null",
+            f"data.preflight_sample={sample}",
+            "data.max_bad_fraction=0.0",
+            "train.max_steps=4",
+        ],
+        tmp_path / "run",
+    )
     assert result.returncode != 0
     assert "data.max_bad_fraction" in result.stdout + result.stderr
     if sample == 5:  # preflight passed, the run stopped at the first bad line

@@ -14,18 +14,24 @@ from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow
 
-FETCHED = [("llama2_spm", "tinyllama_tiny"), ("mistral_v1", "mistral_tiny"), ("mistral_v3", "mistral_tiny"),
-           ("llama3", "llama3_tiny"), ("gemma3", "gemma3_tiny")]
+FETCHED = [
+    ("llama2_spm", "tinyllama_tiny"),
+    ("mistral_v1", "mistral_tiny"),
+    ("mistral_v3", "mistral_tiny"),
+    ("llama3", "llama3_tiny"),
+    ("gemma3", "gemma3_tiny"),
+]
 ROWS = {
     "alpaca": [{"instruction": f"List {i} items.", "input": "", "output": f"[{i}, 2]\nDone."} for i in range(12)],
     "input_output": [{"input": f"Q{i}: what?\n", "output": f"[{i}] answer"} for i in range(12)],
     "text": [{"text": f"[{i}] plain text\nwith lines"} for i in range(12)],
-    "chat": [{"messages": [{"role": "user", "content": f"Hi {i}"}, {"role": "assistant", "content": f"[{i}] Hello"}]}
-             for i in range(12)],
+    "chat": [
+        {"messages": [{"role": "user", "content": f"Hi {i}"}, {"role": "assistant", "content": f"[{i}] Hello"}]}
+        for i in range(12)
+    ],
 }
 # Loaded first by every Python process of the run (PYTHONPATH): the completion tokenized apart from its prompt.
-PLANTED = ("from seqtune.data.tokenize import SampleEncoder\n"
-           "SampleEncoder._tokens_whole = SampleEncoder._tokens_apart\n")
+PLANTED = "from seqtune.data.tokenize import SampleEncoder\nSampleEncoder._tokens_whole = SampleEncoder._tokens_apart\n"
 
 
 def preflight(tmp_path: Path, tokenizer: str, model: str, env: dict[str, str] | None = None):
@@ -35,9 +41,20 @@ def preflight(tmp_path: Path, tokenizer: str, model: str, env: dict[str, str] | 
         path.write_text("".join(json.dumps(row) + "\n" for row in rows))
         sources.append(f"{{path: {path}, format: {fmt}}}")
     run_dir = tmp_path / "run"
-    result = run_cli([f"model={model}", f"tokenizer={tokenizer}", "model.resize_embeddings=true",
-                      f"data.train=[{','.join(sources)}]", f"data.cache_dir={tmp_path / 'tokens'}",
-                      "preflight.only=true", "preflight.plot=false", "preflight.show=0"], run_dir, env=env)
+    result = run_cli(
+        [
+            f"model={model}",
+            f"tokenizer={tokenizer}",
+            "model.resize_embeddings=true",
+            f"data.train=[{','.join(sources)}]",
+            f"data.cache_dir={tmp_path / 'tokens'}",
+            "preflight.only=true",
+            "preflight.plot=false",
+            "preflight.show=0",
+        ],
+        run_dir,
+        env=env,
+    )
     return result, run_dir
 
 

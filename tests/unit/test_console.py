@@ -23,7 +23,8 @@ def test_run_log_keeps_what_the_console_showed_with_bars_in_their_final_state(tm
         sys.stderr.write("\rscan val: 7 rec")  # a bar left unfinished
     print("after the run: console only")
     assert (tmp_path / console.LOG_FILE).read_text() == (
-        "preflight: no problems.\ntrain: 100%|#####| 2/2\nsaved LoRA adapter\nscan val: 7 rec\n")
+        "preflight: no problems.\ntrain: 100%|#####| 2/2\nsaved LoRA adapter\nscan val: 7 rec\n"
+    )
     assert not (tmp_path / "inner").exists()
     assert "before the run" in screen.getvalue() and "50%" in screen.getvalue()
 
@@ -32,16 +33,27 @@ def test_only_the_known_false_alarms_are_silenced():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         console.silence_known_false_alarms()
-        warnings.warn("Model has `tie_word_embeddings=True` and a tied layer is part of the adapter, but ...",
-                      UserWarning)
-        warnings.warn("`is_gradient_checkpointing` is deprecated and will be removed in v6.", FutureWarning)
+        warnings.warn(
+            "Model has `tie_word_embeddings=True` and a tied layer is part of the adapter, but ...",
+            UserWarning,
+            stacklevel=1,
+        )
+        warnings.warn(
+            "`is_gradient_checkpointing` is deprecated and will be removed in v6.", FutureWarning, stacklevel=1
+        )
         # Migrated, not silenced: seqtune calls activation_checkpointing_enable, so this would be a new caller's.
-        warnings.warn("`gradient_checkpointing_enable` is deprecated and will be removed in v6.", FutureWarning)
-        warnings.warn("`is_gradient_checkpointing` is deprecated", UserWarning)  # same text, other category
-        warnings.warn("something else entirely", UserWarning)
-    assert [str(w.message) for w in caught] == ["`gradient_checkpointing_enable` is deprecated and will be removed "
-                                                "in v6.", "`is_gradient_checkpointing` is deprecated",
-                                                "something else entirely"]
+        warnings.warn(
+            "`gradient_checkpointing_enable` is deprecated and will be removed in v6.", FutureWarning, stacklevel=1
+        )
+        warnings.warn(
+            "`is_gradient_checkpointing` is deprecated", UserWarning, stacklevel=1
+        )  # same text, other category
+        warnings.warn("something else entirely", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == [
+        "`gradient_checkpointing_enable` is deprecated and will be removed in v6.",
+        "`is_gradient_checkpointing` is deprecated",
+        "something else entirely",
+    ]
 
 
 def test_known_false_alarm_log_records_are_dropped_and_nothing_else(caplog):
@@ -52,7 +64,8 @@ def test_known_false_alarm_log_records_are_dropped_and_nothing_else(caplog):
         logging.getLogger("torchao").warning("Skipping import of cpp extensions due to incompatible torch version")
         logging.getLogger("torchao").warning("a real torchao problem")
         logging.getLogger("transformers.modeling_utils").warning(
-            "The new embeddings will be initialized from a multivariate normal distribution ...")
+            "The new embeddings will be initialized from a multivariate normal distribution ..."
+        )
     assert [r.getMessage() for r in caplog.records] == ["a real torchao problem"]
 
 

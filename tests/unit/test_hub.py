@@ -51,9 +51,12 @@ def test_a_cached_checkpoint_resolves_and_loads_with_no_connection(checkpoint, o
 
 def test_a_missing_id_offline_names_the_cache_and_the_fetch_command(offline_cache, monkeypatch):
     attempts = guard_sockets(monkeypatch)
-    with pytest.raises(ModelLoadError, match=rf"model.path=org/absent@v2: no such local directory, and as a hub id "
-                                             rf"not in the hub cache {offline_cache}.*"
-                                             r"Fix: fetch it once online: `hf download org/absent --revision v2`"):
+    with pytest.raises(
+        ModelLoadError,
+        match=rf"model.path=org/absent@v2: no such local directory, and as a hub id "
+        rf"not in the hub cache {offline_cache}.*"
+        r"Fix: fetch it once online: `hf download org/absent --revision v2`",
+    ):
         resolve_snapshot("org/absent", revision="v2", key="model.path")
     assert attempts == []
 
@@ -87,7 +90,7 @@ class _Hub(http.server.BaseHTTPRequestHandler):
 
     answer = (403, "GatedRepo")
 
-    def do_GET(self):  # noqa: N802 - http.server's name
+    def do_GET(self):
         status, code = self.answer
         self.send_response(status)
         self.send_header("X-Error-Code", code)
@@ -116,10 +119,13 @@ def fake_hub(monkeypatch, tmp_path):
     server.shutdown()
 
 
-@pytest.mark.parametrize("answer,message", [
-    ((403, "GatedRepo"), r"org/gated is gated: this account \(HF_TOKEN\) may not download it.*Fix: set HF_TOKEN"),
-    ((401, "RepoNotFound"), r"org/gated: no such repository, or it is private and HF_TOKEN is not set"),
-])
+@pytest.mark.parametrize(
+    "answer,message",
+    [
+        ((403, "GatedRepo"), r"org/gated is gated: this account \(HF_TOKEN\) may not download it.*Fix: set HF_TOKEN"),
+        ((401, "RepoNotFound"), r"org/gated: no such repository, or it is private and HF_TOKEN is not set"),
+    ],
+)
 def test_online_a_gated_or_unknown_repository_is_refused_naming_hf_token(fake_hub, monkeypatch, answer, message):
     monkeypatch.setattr(fake_hub, "answer", answer)
     attempts = guard_sockets(monkeypatch)
@@ -133,13 +139,25 @@ def test_the_typed_config_carries_the_snapshots_of_model_and_tokenizer_ids(check
 
     snapshot = add_repo(offline_cache, "org/tiny-qwen2", checkpoint, revision="v1")
     attempts = guard_sockets(monkeypatch)
-    typed = compose_real("model=hf", "model.path=org/tiny-qwen2", "model.revision=v1", "lora=default",
-                         "tokenizer=checkpoint", "tokenizer.path=org/tiny-qwen2")
+    typed = compose_real(
+        "model=hf",
+        "model.path=org/tiny-qwen2",
+        "model.revision=v1",
+        "lora=default",
+        "tokenizer=checkpoint",
+        "tokenizer.path=org/tiny-qwen2",
+    )
     # The model's own repository as the tokenizer: read at the model's revision.
     assert typed.model.path == typed.tokenizer.path == str(snapshot) and typed.model.revision == "v1"
     with pytest.raises(ModelLoadError, match=r"tokenizer.path=org/other: no such local directory.*hf download org/"):
-        compose_real("model=hf", "model.path=org/tiny-qwen2", "model.revision=v1", "lora=default",
-                     "tokenizer=checkpoint", "tokenizer.path=org/other")
+        compose_real(
+            "model=hf",
+            "model.path=org/tiny-qwen2",
+            "model.revision=v1",
+            "lora=default",
+            "tokenizer=checkpoint",
+            "tokenizer.path=org/other",
+        )
     assert attempts == []
 
 
@@ -150,7 +168,8 @@ def test_a_named_config_of_a_hub_dataset_is_read_as_its_card_declares(offline_ca
         (source / config / "train.jsonl").write_text(json.dumps({"instruction": config, "output": "ok"}) + "\n")
     (source / "README.md").write_text(
         "---\nconfigs:\n- config_name: small\n  data_files:\n  - split: train\n    path: small/train.jsonl\n"
-        "- config_name: large\n  data_files:\n  - split: train\n    path: large/train.jsonl\n---\n")
+        "- config_name: large\n  data_files:\n  - split: train\n    path: large/train.jsonl\n---\n"
+    )
     add_repo(offline_cache, "org/two-configs", source, repo_type="dataset")
     attempts = guard_sockets(monkeypatch)
     [large] = expand_paths("hf:org/two-configs:large@train", "data.train")

@@ -53,9 +53,12 @@ def test_other_settings_are_refused_naming_each_difference_and_the_fix(finished)
     cfg, run_dir = finished
     before = contents(run_dir)
     other = replace(cfg, optim=replace(cfg.optim, lr=0.02), lora=replace(cfg.lora, rank=4))
-    with pytest.raises(ConfigError, match=r"hydra\.run\.dir: .*run holds a run that finished .* with other settings: "
-                                          r"lora\.rank 8 -> 4; optim\.lr 0\.0003 -> 0\.02\. .*Nothing was written "
-                                          r".*Fix: hydra\.run\.dir=NEW_DIR .*or train\.overwrite=true") as info:
+    with pytest.raises(
+        ConfigError,
+        match=r"hydra\.run\.dir: .*run holds a run that finished .* with other settings: "
+        r"lora\.rank 8 -> 4; optim\.lr 0\.0003 -> 0\.02\. .*Nothing was written "
+        r".*Fix: hydra\.run\.dir=NEW_DIR .*or train\.overwrite=true",
+    ) as info:
         check_finished(other, run_dir)
     assert info.value.exit_code == 2
     assert contents(run_dir) == before
@@ -68,7 +71,8 @@ def test_overwrite_moves_the_finished_run_aside_and_deletes_nothing(finished):
     assert check_finished(other, run_dir) is False
     [previous] = list(run_dir.glob("previous-*"))
     assert {str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file()} == {
-        str(Path(previous.name) / name) for name in [*RECORD, ".wandb_id", FINISHED]}
+        str(Path(previous.name) / name) for name in [*RECORD, ".wandb_id", FINISHED]
+    }
     assert contents(previous) == {k: v for k, v in before.items() if k in [*RECORD, ".wandb_id", FINISHED]}
     assert (run_dir / ".hydra").is_dir()  # this command's Hydra record stays
     assert check_finished(other, run_dir) is False  # the directory no longer holds a finished run
@@ -77,8 +81,11 @@ def test_overwrite_moves_the_finished_run_aside_and_deletes_nothing(finished):
 def test_a_damaged_marker_is_refused_not_trained_over(finished):
     cfg, run_dir = finished
     (run_dir / FINISHED).write_text(json.dumps({"settings": 3}))
-    with pytest.raises(ConfigError, match=r"finished\.json says this directory holds a finished run, but it cannot "
-                                          r"be read \(it records no settings\).*train\.overwrite=true"):
+    with pytest.raises(
+        ConfigError,
+        match=r"finished\.json says this directory holds a finished run, but it cannot "
+        r"be read \(it records no settings\).*train\.overwrite=true",
+    ):
         check_finished(cfg, run_dir)
     (run_dir / FINISHED).write_text("{")
     with pytest.raises(ConfigError, match=r"cannot be read \(Expecting"):

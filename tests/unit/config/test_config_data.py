@@ -14,12 +14,22 @@ register_resolvers()
 
 
 def test_a_split_is_a_list_of_sources_with_defaults_filled_in():
-    data = DataConfig(train=["a.jsonl", {"path": "b.parquet", "format": "sharegpt", "weight": 0.5},
-                             {"path": "c.json", "columns": {"output": "response"}}],
-                      columns={"instruction": "prompt"})
+    data = DataConfig(
+        train=[
+            "a.jsonl",
+            {"path": "b.parquet", "format": "sharegpt", "weight": 0.5},
+            {"path": "c.json", "columns": {"output": "response"}},
+        ],
+        columns={"instruction": "prompt"},
+    )
     a, b, c = data.sources("train")
-    assert (a.key, a.path, a.format, a.columns, a.weight) == ("data.train[0]", "a.jsonl", DataFormat.alpaca,
-                                                             {"instruction": "prompt"}, 1.0)
+    assert (a.key, a.path, a.format, a.columns, a.weight) == (
+        "data.train[0]",
+        "a.jsonl",
+        DataFormat.alpaca,
+        {"instruction": "prompt"},
+        1.0,
+    )
     # data.columns applies to the sources in data.format only; a source's own columns replace it.
     assert (b.format, b.columns, b.weight, b.columns_key) == (DataFormat.sharegpt, {}, 0.5, "data.columns")
     assert (c.columns, c.columns_key) == ({"output": "response"}, "data.train[2].columns")
@@ -27,24 +37,41 @@ def test_a_split_is_a_list_of_sources_with_defaults_filled_in():
     assert DataConfig(train="a.jsonl").sources("val") == []
 
 
-@pytest.mark.parametrize(("data", "message"), [
-    (dict(train=[]), r"data\.train=\[\] is an empty list"),
-    (dict(train=[{"path": "a", "shuffle": True}]), r"data\.train\[0\]\.shuffle is not a setting of a data source\. "
-                                                   r"Fix: use only path, format, weight, columns"),
-    (dict(train=[{"weight": 2}]), r"data\.train\[0\] has no path"),
-    (dict(train=[{"path": "a", "format": "orca"}]), r"data\.train\[0\]\.format='orca' is not a data format.*sharegpt"),
-    (dict(train=[{"path": "a", "weight": 0}]), r"data\.train\[0\]\.weight=0 must be a number > 0"),
-    (dict(train=[{"path": "a", "weight": float("nan")}]), r"data\.train\[0\]\.weight=nan must be a number > 0"),
-    (dict(train="a", val=[{"path": "v", "weight": 2}]), r"data\.val\[0\]\.weight=2: weights mix training sources"),
-    (dict(train="a", columns={"response": "output"}), r"data\.columns\.response: 'response' is not a field of the "
-                                                      r"alpaca format \(its fields: instruction, output, input\)"),
-    (dict(train=[{"path": "a", "format": "chat", "columns": {"messages": ""}}]),
-     r"data\.train\[0\]\.columns\.messages='' must be the name of a field in the data"),
-    (dict(train="a", val="v", val_fraction=0.1), r"data\.val_fraction=0\.1 and data\.val='v' both define the "
-                                                 r"validation split"),
-    (dict(train="a", val_fraction=1.0), r"data\.val_fraction=1\.0 must be within \[0, 1\)"),
-    (dict(train=3), r"data\.train=3 is not a path, a glob or a list of them"),
-])
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (dict(train=[]), r"data\.train=\[\] is an empty list"),
+        (
+            dict(train=[{"path": "a", "shuffle": True}]),
+            r"data\.train\[0\]\.shuffle is not a setting of a data source\. "
+            r"Fix: use only path, format, weight, columns",
+        ),
+        (dict(train=[{"weight": 2}]), r"data\.train\[0\] has no path"),
+        (
+            dict(train=[{"path": "a", "format": "orca"}]),
+            r"data\.train\[0\]\.format='orca' is not a data format.*sharegpt",
+        ),
+        (dict(train=[{"path": "a", "weight": 0}]), r"data\.train\[0\]\.weight=0 must be a number > 0"),
+        (dict(train=[{"path": "a", "weight": float("nan")}]), r"data\.train\[0\]\.weight=nan must be a number > 0"),
+        (dict(train="a", val=[{"path": "v", "weight": 2}]), r"data\.val\[0\]\.weight=2: weights mix training sources"),
+        (
+            dict(train="a", columns={"response": "output"}),
+            r"data\.columns\.response: 'response' is not a field of the "
+            r"alpaca format \(its fields: instruction, output, input\)",
+        ),
+        (
+            dict(train=[{"path": "a", "format": "chat", "columns": {"messages": ""}}]),
+            r"data\.train\[0\]\.columns\.messages='' must be the name of a field in the data",
+        ),
+        (
+            dict(train="a", val="v", val_fraction=0.1),
+            r"data\.val_fraction=0\.1 and data\.val='v' both define the "
+            r"validation split",
+        ),
+        (dict(train="a", val_fraction=1.0), r"data\.val_fraction=1\.0 must be within \[0, 1\)"),
+        (dict(train=3), r"data\.train=3 is not a path, a glob or a list of them"),
+    ],
+)
 def test_bad_sources_are_refused_naming_the_key_and_the_fix(data, message):
     with pytest.raises(ConfigError, match=message):
         DataConfig(**data)
@@ -58,24 +85,34 @@ def _compose(overrides: list[str]):
 def test_the_demo_val_set_only_comes_with_the_demo_train_set(tmp_path):
     assert _compose([]).data.val.endswith("data/assets/instruct/val.jsonl")
     assert _compose([f"data.train={tmp_path / 'mine.jsonl'}"]).data.val is None
-    assert _compose([f"data.train={tmp_path / 'mine.jsonl'}", f"data.val={tmp_path / 'v.jsonl'}"]).data.val == \
-        str(tmp_path / "v.jsonl")
+    assert _compose([f"data.train={tmp_path / 'mine.jsonl'}", f"data.val={tmp_path / 'v.jsonl'}"]).data.val == str(
+        tmp_path / "v.jsonl"
+    )
     assert _compose(["data.val=null"]).data.val is None
 
 
 def test_the_demo_duplicate_allowance_only_comes_with_the_demo_train_set(tmp_path):
     assert _compose([]).data.max_duplicate_fraction == 0.15
     assert _compose([f"data.train={tmp_path / 'mine.jsonl'}"]).data.max_duplicate_fraction == 0.0
-    assert _compose([f"data.train={tmp_path / 'mine.jsonl'}", "data.max_duplicate_fraction=0.2"]
-                    ).data.max_duplicate_fraction == 0.2
+    assert (
+        _compose(
+            [f"data.train={tmp_path / 'mine.jsonl'}", "data.max_duplicate_fraction=0.2"]
+        ).data.max_duplicate_fraction
+        == 0.2
+    )
 
 
 def test_sources_and_columns_compose_from_the_command_line(tmp_path):
-    data = _compose([f"data.train=[{{path: {tmp_path}/a.json, weight: 2}}, {tmp_path}/b.parquet]",
-                     "data.columns={instruction: prompt, output: response}"]).data
+    data = _compose(
+        [
+            f"data.train=[{{path: {tmp_path}/a.json, weight: 2}}, {tmp_path}/b.parquet]",
+            "data.columns={instruction: prompt, output: response}",
+        ]
+    ).data
     assert [(s.path, s.weight, s.columns) for s in data.sources("train")] == [
         (f"{tmp_path}/a.json", 2.0, {"instruction": "prompt", "output": "response"}),
-        (f"{tmp_path}/b.parquet", 1.0, {"instruction": "prompt", "output": "response"})]
+        (f"{tmp_path}/b.parquet", 1.0, {"instruction": "prompt", "output": "response"}),
+    ]
 
 
 def test_whether_a_run_has_validation_is_one_fact_that_val_fraction_answers_too(tmp_path):

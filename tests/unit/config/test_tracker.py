@@ -13,8 +13,9 @@ GOOD = "0123456789abcdef0123456789abcdef0123beef"
 def test_auto_is_online_only_with_a_key():
     assert wandb_mode(WANDB, {"WANDB_API_KEY": GOOD}) == "online"
     assert wandb_mode(WANDB, {"WANDB_API_KEY": ""}) == wandb_mode(WANDB, {}) == "offline"
-    assert wandb_mode(LoggerConfig(name=LoggerName.wandb, mode=LoggerMode.disabled), {"WANDB_API_KEY": GOOD}) == \
-        "disabled"
+    assert (
+        wandb_mode(LoggerConfig(name=LoggerName.wandb, mode=LoggerMode.disabled), {"WANDB_API_KEY": GOOD}) == "disabled"
+    )
 
 
 def test_a_key_that_cannot_be_one_is_named_and_never_shown():

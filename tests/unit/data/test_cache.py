@@ -9,13 +9,12 @@ import pytest
 from seqtune.config.errors import DataError
 from seqtune.data.cache import TokenCache, TokenCacheWriter, cache_key, tokenizer_fingerprint
 from seqtune.data.formats import PromptCompletion
-from tests.conftest import scan_files
 from seqtune.data.tokenize import SampleEncoder
+from tests.conftest import scan_files
 
 
 def _alpaca_rows(n: int) -> list[dict]:
-    return [{"instruction": f"Repeat {i}.", "input": "", "output": " ".join(["word"] * (i % 9 + 1))}
-            for i in range(n)]
+    return [{"instruction": f"Repeat {i}.", "input": "", "output": " ".join(["word"] * (i % 9 + 1))} for i in range(n)]
 
 
 def test_cache_round_trips_exactly_what_the_encoder_produced(tmp_path, bundled_tokenizer, jsonl):
@@ -24,8 +23,15 @@ def test_cache_round_trips_exactly_what_the_encoder_produced(tmp_path, bundled_t
     scan = scan_files("train", [data], encoder, cache_root=tmp_path / "cache", chunk_size=16)
     cache = TokenCache.open(scan.cache_dir)
     assert len(cache) == 50 and cache.lengths.tolist() == scan.lengths.tolist()
-    records = [PromptCompletion(file=str(data), line=i + 1, prompt=f"### Instruction:\nRepeat {i}.\n\n### Response:\n",
-                                completion=r["output"]) for i, r in enumerate(_alpaca_rows(50))]
+    records = [
+        PromptCompletion(
+            file=str(data),
+            line=i + 1,
+            prompt=f"### Instruction:\nRepeat {i}.\n\n### Response:\n",
+            completion=r["output"],
+        )
+        for i, r in enumerate(_alpaca_rows(50))
+    ]
     for i, expected in enumerate(encoder.encode_batch(records)):
         got = cache[i]
         assert np.array_equal(got.input_ids, expected.input_ids) and np.array_equal(got.labels, expected.labels)

@@ -34,8 +34,10 @@ def test_shifted_targets_predict_next_label_and_nothing_after_the_last_token() -
     assert shifted_targets(labels).tolist() == [5, 6, EOS, IGNORE_INDEX]
 
 
-@pytest.mark.parametrize("strategy,multiple_of,width", [("longest", 1, 8), ("bucket", 1, 8), ("longest", 6, 12),
-                                                        ("longest", 64, 16), ("max_length", 1, 16)])
+@pytest.mark.parametrize(
+    "strategy,multiple_of,width",
+    [("longest", 1, 8), ("bucket", 1, 8), ("longest", 6, 12), ("longest", 64, 16), ("max_length", 1, 16)],
+)
 def test_widths(strategy: str, multiple_of: int, width: int) -> None:
     batch = collate(strategy, multiple_of=multiple_of)
     for key in ("input_ids", "targets", "position_ids", "attention_mask"):

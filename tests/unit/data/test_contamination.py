@@ -28,15 +28,21 @@ LEN_A, LEN_B, ROW = 11, 9, 24
 def tiny_llama(attn: str) -> LlamaForCausalLM:
     register()
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      attn_implementation=attn)
+    cfg = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        attn_implementation=attn,
+    )
     return LlamaForCausalLM(cfg).float().train()
 
 
 def packed_row(a_ids: np.ndarray, b_ids: np.ndarray) -> dict[str, torch.Tensor]:
-    collate = make_collator(BatchRule(strategy="packed", batch_size=1, max_seq_len=ROW), pad_id=0,
-                            padding_side="right")
+    collate = make_collator(BatchRule(strategy="packed", batch_size=1, max_seq_len=ROW), pad_id=0, padding_side="right")
     samples = [TokenizedSample(input_ids=ids, labels=ids, location=f"t:{i}") for i, ids in enumerate([a_ids, b_ids])]
     batch = collate(samples)
     assert batch["input_ids"].shape == (1, ROW) and "attention_mask" not in batch

@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 
 from seqtune.data.formats import (
-    ALPACA_TEMPLATE_NO_INPUT, Conversation, LineParser, PreTokenized, PromptCompletion, resolve_under,
+    ALPACA_TEMPLATE_NO_INPUT,
+    Conversation,
+    LineParser,
+    PreTokenized,
+    PromptCompletion,
+    resolve_under,
 )
 from seqtune.data.types import IGNORE_INDEX, Reject
 
@@ -22,52 +27,86 @@ def _code(result) -> str:
     return result.code
 
 
-@pytest.mark.parametrize(("fmt", "raw", "code"), [
-    ("alpaca", b'{"instruction": "caf\xe9"}', "bad_utf8"),
-    ("alpaca", b'{"instruction": "x", ', "bad_json"),
-    ("alpaca", b"[1, 2]", "not_object"),
-    ("alpaca", {"instruction": "x"}, "missing_field"),
-    ("alpaca", {"instruction": "x", "output": 3}, "wrong_type"),
-    ("alpaca", {"instruction": "x", "input": ["a"], "output": "y"}, "wrong_type"),
-    ("alpaca", {"instruction": "x", "output": "  "}, "empty_text"),
-    ("input_output", {"input": "x"}, "missing_field"),
-    ("input_output", {"input": "", "output": "y"}, "empty_text"),
-    ("text", {"txt": "x"}, "missing_field"),
-    ("text", {"text": ""}, "empty_text"),
-    ("chat", {"msgs": []}, "missing_field"),
-    ("chat", {"messages": "hi"}, "wrong_type"),
-    ("chat", {"messages": [{"role": "user"}]}, "missing_field"),
-    ("chat", {"messages": [{"role": "robot", "content": "x"}]}, "wrong_type"),
-    ("chat", {"messages": [{"role": "user", "content": "x"}]}, "no_targets"),
-    ("chat", {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}]}, "empty_text"),
-    ("tokenized", {"ids": [1]}, "missing_field"),
-    ("tokenized", {"input_ids": [1, "2"]}, "wrong_type"),
-    ("tokenized", {"input_ids": [5, 6, 7], "labels": [5, 6]}, "wrong_type"),
-    ("tokenized", {"input_ids": [5, 6, 7], "labels": [6, 7, -100]}, "wrong_type"),
-    ("tokenized", {"input_ids": [5, -1]}, "bad_token_id"),
-    ("chat", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]},
-                           {"role": "assistant", "content": "y"}]}, "unsupported_content"),
-    ("chat", {"messages": [{"role": "user", "content": [{"text": "no type"}]},
-                           {"role": "assistant", "content": "y"}]}, "wrong_type"),
-    ("chat", {"messages": [{"role": "user", "content": None}, {"role": "assistant", "content": "y"}]}, "wrong_type"),
-    ("chat", {"messages": [{"role": "user", "content": "x"},
-                           {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f"}}]}]},
-     "wrong_type"),
-    ("chat", {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}], "tools": "{"},
-     "wrong_type"),
-    ("sharegpt", {"messages": []}, "missing_field"),
-    ("sharegpt", {"conversations": [{"from": "human"}]}, "missing_field"),
-    ("sharegpt", {"conversations": [{"from": "bard", "value": "x"}]}, "wrong_type"),
-    ("sharegpt", {"conversations": [{"from": "human", "value": "x"}, {"from": "function_call", "value": "f(1)"}]},
-     "wrong_type"),
-    ("sharegpt", {"conversations": [{"from": "human", "value": "x"}]}, "no_targets"),
-    ("sharegpt", {"conversations": [{"from": "human", "value": "x"}, {"from": "gpt", "value": " "}]}, "empty_text"),
-    ("alpaca", b"", "bad_json"),  # an empty element of a JSON array (a doubled comma)
-    # A system prompt and a reply answer nobody: the model would learn to talk unprompted.
-    ("chat", {"messages": [{"role": "system", "content": "Be brief."}, {"role": "assistant", "content": "Hi"}]},
-     "no_user_turn"),
-    ("sharegpt", {"system": "Be brief.", "conversations": [{"from": "gpt", "value": "Hi"}]}, "no_user_turn"),
-])
+@pytest.mark.parametrize(
+    ("fmt", "raw", "code"),
+    [
+        ("alpaca", b'{"instruction": "caf\xe9"}', "bad_utf8"),
+        ("alpaca", b'{"instruction": "x", ', "bad_json"),
+        ("alpaca", b"[1, 2]", "not_object"),
+        ("alpaca", {"instruction": "x"}, "missing_field"),
+        ("alpaca", {"instruction": "x", "output": 3}, "wrong_type"),
+        ("alpaca", {"instruction": "x", "input": ["a"], "output": "y"}, "wrong_type"),
+        ("alpaca", {"instruction": "x", "output": "  "}, "empty_text"),
+        ("input_output", {"input": "x"}, "missing_field"),
+        ("input_output", {"input": "", "output": "y"}, "empty_text"),
+        ("text", {"txt": "x"}, "missing_field"),
+        ("text", {"text": ""}, "empty_text"),
+        ("chat", {"msgs": []}, "missing_field"),
+        ("chat", {"messages": "hi"}, "wrong_type"),
+        ("chat", {"messages": [{"role": "user"}]}, "missing_field"),
+        ("chat", {"messages": [{"role": "robot", "content": "x"}]}, "wrong_type"),
+        ("chat", {"messages": [{"role": "user", "content": "x"}]}, "no_targets"),
+        ("chat", {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}]}, "empty_text"),
+        ("tokenized", {"ids": [1]}, "missing_field"),
+        ("tokenized", {"input_ids": [1, "2"]}, "wrong_type"),
+        ("tokenized", {"input_ids": [5, 6, 7], "labels": [5, 6]}, "wrong_type"),
+        ("tokenized", {"input_ids": [5, 6, 7], "labels": [6, 7, -100]}, "wrong_type"),
+        ("tokenized", {"input_ids": [5, -1]}, "bad_token_id"),
+        (
+            "chat",
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]},
+                    {"role": "assistant", "content": "y"},
+                ]
+            },
+            "unsupported_content",
+        ),
+        (
+            "chat",
+            {"messages": [{"role": "user", "content": [{"text": "no type"}]}, {"role": "assistant", "content": "y"}]},
+            "wrong_type",
+        ),
+        (
+            "chat",
+            {"messages": [{"role": "user", "content": None}, {"role": "assistant", "content": "y"}]},
+            "wrong_type",
+        ),
+        (
+            "chat",
+            {
+                "messages": [
+                    {"role": "user", "content": "x"},
+                    {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f"}}]},
+                ]
+            },
+            "wrong_type",
+        ),
+        (
+            "chat",
+            {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}], "tools": "{"},
+            "wrong_type",
+        ),
+        ("sharegpt", {"messages": []}, "missing_field"),
+        ("sharegpt", {"conversations": [{"from": "human"}]}, "missing_field"),
+        ("sharegpt", {"conversations": [{"from": "bard", "value": "x"}]}, "wrong_type"),
+        (
+            "sharegpt",
+            {"conversations": [{"from": "human", "value": "x"}, {"from": "function_call", "value": "f(1)"}]},
+            "wrong_type",
+        ),
+        ("sharegpt", {"conversations": [{"from": "human", "value": "x"}]}, "no_targets"),
+        ("sharegpt", {"conversations": [{"from": "human", "value": "x"}, {"from": "gpt", "value": " "}]}, "empty_text"),
+        ("alpaca", b"", "bad_json"),  # an empty element of a JSON array (a doubled comma)
+        # A system prompt and a reply answer nobody: the model would learn to talk unprompted.
+        (
+            "chat",
+            {"messages": [{"role": "system", "content": "Be brief."}, {"role": "assistant", "content": "Hi"}]},
+            "no_user_turn",
+        ),
+        ("sharegpt", {"system": "Be brief.", "conversations": [{"from": "gpt", "value": "Hi"}]}, "no_user_turn"),
+    ],
+)
 def test_every_reject_code(fmt, raw, code):
     assert _code(_parse(fmt, raw, vocab_size=100)) == code
 
@@ -85,19 +124,30 @@ WEATHER = {"name": "get_weather", "arguments": {"city": "Paris"}}
 
 
 def test_sharegpt_maps_speakers_and_tool_turns_onto_openai_messages():
-    record = _parse("sharegpt", {
-        "system": "Be brief.", "tools": json.dumps([{"name": "get_weather", "parameters": {"type": "object"}}]),
-        "conversations": [
-            {"from": "human", "value": "Weather in Paris and Rome?"},
-            {"from": "function_call", "value": json.dumps([WEATHER, {**WEATHER, "arguments": {"city": "Rome"}}])},
-            {"from": "observation", "value": "22C"}, {"from": "observation", "value": "25C"},
-            {"from": "gpt", "value": "22C and 25C."}, {"from": "human", "value": "Thanks"}]})
+    record = _parse(
+        "sharegpt",
+        {
+            "system": "Be brief.",
+            "tools": json.dumps([{"name": "get_weather", "parameters": {"type": "object"}}]),
+            "conversations": [
+                {"from": "human", "value": "Weather in Paris and Rome?"},
+                {"from": "function_call", "value": json.dumps([WEATHER, {**WEATHER, "arguments": {"city": "Rome"}}])},
+                {"from": "observation", "value": "22C"},
+                {"from": "observation", "value": "25C"},
+                {"from": "gpt", "value": "22C and 25C."},
+                {"from": "human", "value": "Thanks"},
+            ],
+        },
+    )
     assert isinstance(record, Conversation)
     assert [m["role"] for m in record.messages] == ["system", "user", "assistant", "tool", "tool", "assistant"]
     calls = record.messages[2]["tool_calls"]
     assert [c["id"] for c in calls] == ["call00001", "call00002"]  # 9 alphanumerics, as Mistral's templates need
-    assert calls[1] == {"id": "call00002", "type": "function",
-                        "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}
+    assert calls[1] == {
+        "id": "call00002",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": {"city": "Rome"}},
+    }
     # Each observation answers the oldest call still unanswered; the trailing human turn has no target: dropped.
     assert [m.get("tool_call_id") for m in record.messages[3:5]] == ["call00001", "call00002"]
     assert record.tools == [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
@@ -105,18 +155,36 @@ def test_sharegpt_maps_speakers_and_tool_turns_onto_openai_messages():
 
 def test_chat_content_parts_are_joined_and_null_content_is_a_tool_call_turn():
     call = {"id": "call00001", "type": "function", "function": WEATHER}
-    record = _parse("chat", {"messages": [
-        {"role": "user", "content": [{"type": "text", "text": "Weather"}, {"type": "text", "text": "in Paris?"}]},
-        {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "content": "22C", "tool_call_id": "call00001"},
-        {"role": "assistant", "content": [{"type": "text", "text": "22C."}]}]})
+    record = _parse(
+        "chat",
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "Weather"}, {"type": "text", "text": "in Paris?"}],
+                },
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "content": "22C", "tool_call_id": "call00001"},
+                {"role": "assistant", "content": [{"type": "text", "text": "22C."}]},
+            ]
+        },
+    )
     assert isinstance(record, Conversation) and record.tools is None
     assert [m["content"] for m in record.messages] == ["Weather\nin Paris?", "", "22C", "22C."]
     assert record.messages[1]["tool_calls"] == [call] and record.messages[2]["tool_call_id"] == "call00001"
-    refused = _parse("chat", {"messages": [{"role": "user", "content": [{"type": "input_audio", "data": "..."}]},
-                                           {"role": "assistant", "content": "y"}]})
-    assert refused.reason == ("unsupported_content: messages[0] content[0] is a 'input_audio' part; seqtune trains on "
-                              "text (parts of type 'text') only")
+    refused = _parse(
+        "chat",
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "input_audio", "data": "..."}]},
+                {"role": "assistant", "content": "y"},
+            ]
+        },
+    )
+    assert refused.reason == (
+        "unsupported_content: messages[0] content[0] is a 'input_audio' part; seqtune trains on "
+        "text (parts of type 'text') only"
+    )
 
 
 def test_columns_map_the_data_names_and_a_record_is_read_from_a_row_dict_too():
@@ -125,8 +193,11 @@ def test_columns_map_the_data_names_and_a_record_is_read_from_a_row_dict_too():
     for raw in (json.dumps(row).encode(), row):
         record = LineParser(fmt="alpaca", file="/data/x.parquet", columns=columns).parse(3, raw)
         assert isinstance(record, PromptCompletion)
-        assert (record.prompt, record.completion, record.line) == (ALPACA_TEMPLATE_NO_INPUT.format(instruction="Say hi."),
-                                                                  "hi", 3)
+        assert (record.prompt, record.completion, record.line) == (
+            ALPACA_TEMPLATE_NO_INPUT.format(instruction="Say hi."),
+            "hi",
+            3,
+        )
     missing = LineParser(fmt="alpaca", file="/d.jsonl", columns=columns).parse(1, b'{"prompt": "x", "output": "y"}')
     assert missing.reason == "missing_field: response (data.columns: output) (has: output, prompt)"
 
@@ -140,8 +211,16 @@ def test_alpaca_renders_prompt_with_and_without_input():
 
 
 def test_chat_drops_turns_after_the_last_assistant_reply():
-    record = _parse("chat", {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-                                          {"role": "user", "content": "c"}]})
+    record = _parse(
+        "chat",
+        {
+            "messages": [
+                {"role": "user", "content": "a"},
+                {"role": "assistant", "content": "b"},
+                {"role": "user", "content": "c"},
+            ]
+        },
+    )
     assert isinstance(record, Conversation)
     assert [m["role"] for m in record.messages] == ["user", "assistant"]
 
@@ -156,8 +235,9 @@ def test_input_output_media_must_exist(tmp_path):
     assert isinstance(bad, Reject) and bad.line == 2
     assert bad.reason.startswith("missing_media: imgs/dog.png not found under") and "data.media_root" in bad.reason
     rooted = LineParser(fmt="input_output", file="/elsewhere/d.jsonl", media_root=str(tmp_path))
-    assert isinstance(rooted.parse(3, json.dumps({"input": "<img>imgs/cat.png</img>", "output": "x"}).encode()),
-                      PromptCompletion)
+    assert isinstance(
+        rooted.parse(3, json.dumps({"input": "<img>imgs/cat.png</img>", "output": "x"}).encode()), PromptCompletion
+    )
 
 
 def test_media_outside_the_root_is_rejected_whether_it_exists_or_not(tmp_path):
@@ -178,8 +258,15 @@ def test_media_outside_the_root_is_rejected_whether_it_exists_or_not(tmp_path):
     for ref in ("imgs/cat.png", "imgs/../imgs/cat.png", "./alias.png"):
         assert reason(ref) is None, ref
     # An existing and a missing file outside give the same answer: the references are no existence oracle.
-    for ref in ("../secret/passwd", "../secret/nothing", str(outside / "passwd"), "/etc/passwd", "evil.png",
-                "out/passwd", "imgs/../../secret/passwd"):
+    for ref in (
+        "../secret/passwd",
+        "../secret/nothing",
+        str(outside / "passwd"),
+        "/etc/passwd",
+        "evil.png",
+        "out/passwd",
+        "imgs/../../secret/passwd",
+    ):
         assert reason(ref).startswith(f"media_outside_root: {ref} resolves outside {root}"), ref
     assert reason("imgs/dog.png").startswith("missing_media: imgs/dog.png not found under")
 
@@ -197,8 +284,10 @@ def test_resolve_under_follows_links_only_inside_the_root(tmp_path):
 
 
 def test_tokenized_padding_stripped_by_attention_mask_left_or_right():
-    right = _parse("tokenized", {"input_ids": [5, 6, 7, 0, 0], "attention_mask": [1, 1, 1, 0, 0],
-                                 "labels": [-100, 6, 7, -100, -100]})
+    right = _parse(
+        "tokenized",
+        {"input_ids": [5, 6, 7, 0, 0], "attention_mask": [1, 1, 1, 0, 0], "labels": [-100, 6, 7, -100, -100]},
+    )
     assert isinstance(right, PreTokenized)
     assert right.input_ids.tolist() == [5, 6, 7] and right.padding_stripped == 2
     assert right.labels.tolist() == [IGNORE_INDEX, 6, 7]

@@ -27,8 +27,11 @@ def test_a_file_appended_to_during_the_scan_is_refused(tmp_path: Path):
     check_unchanged([data], before, key="data.train")
     with data.open("a") as f:
         f.write(json.dumps({"text": "late"}) + "\n")
-    with pytest.raises(DataError, match=r"data.train: \S+train.jsonl changed while preflight read it \([\d,]+ bytes "
-                                        r"when the scan started, [\d,]+ now\).*Fix: let whatever writes"):
+    with pytest.raises(
+        DataError,
+        match=r"data.train: \S+train.jsonl changed while preflight read it \([\d,]+ bytes "
+        r"when the scan started, [\d,]+ now\).*Fix: let whatever writes",
+    ):
         check_unchanged([data], before, key="data.train")
 
 
@@ -55,10 +58,17 @@ def test_one_file_named_two_ways_is_one_file(tmp_path: Path):
     other = tmp_path / "sub" / ".." / "a.jsonl"
     assert expand_paths([str(data), str(other)], "data.train") == [data]
 
-    with pytest.raises(DataError, match=r"data.train\[1\]: \S+sub/../a.jsonl is also part of data.train\[0\] \(both "
-                                        r"are \S+a.jsonl\)"):
-        expand_sources([DataSource(key="data.train[0]", path=str(data), format=DataFormat.text, columns={}),
-                        DataSource(key="data.train[1]", path=str(other), format=DataFormat.text, columns={})])
+    with pytest.raises(
+        DataError,
+        match=r"data.train\[1\]: \S+sub/../a.jsonl is also part of data.train\[0\] \(both "
+        r"are \S+a.jsonl\)",
+    ):
+        expand_sources(
+            [
+                DataSource(key="data.train[0]", path=str(data), format=DataFormat.text, columns={}),
+                DataSource(key="data.train[1]", path=str(other), format=DataFormat.text, columns={}),
+            ]
+        )
 
 
 def test_a_literal_name_with_glob_characters_is_read_as_itself(tmp_path: Path):

@@ -22,15 +22,23 @@ from seqtune.config.errors import DataError
 from seqtune.config.plan import World, load_plan
 from seqtune.data.cache import TokenCache
 from seqtune.data.loader import PlannedBatches, SplitView, StreamedBatches, build_train_batches
-from tests.conftest import scan_files
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.models import get_spec
 from seqtune.preflight import load_result, run_preflight
 from seqtune.tokenizers import load_tokenizer
+from tests.conftest import scan_files
 from tests.unit.data.conftest import write_jsonl
 
-TINY_MODEL = {"family": "tinyllama", "vocab_size": 4096, "hidden_size": 64, "intermediate_size": 176,
-              "num_layers": 2, "num_heads": 8, "num_kv_heads": 2, "max_position_embeddings": 2048}
+TINY_MODEL = {
+    "family": "tinyllama",
+    "vocab_size": 4096,
+    "hidden_size": 64,
+    "intermediate_size": 176,
+    "num_layers": 2,
+    "num_heads": 8,
+    "num_kv_heads": 2,
+    "max_position_embeddings": 2048,
+}
 WORDS = ("apple", "river", "candle", "orbit", "meadow", "copper")
 
 
@@ -40,10 +48,17 @@ def alpaca(i: int) -> dict:
 
 def make_cfg(tmp_path: Path, train: Path, *overrides: str) -> RootConfig:
     base = {
-        "recipe_name": "sft", "model": TINY_MODEL, "tokenizer": {"source": "bundled"},
+        "recipe_name": "sft",
+        "model": TINY_MODEL,
+        "tokenizer": {"source": "bundled"},
         "data": {"train": str(train), "format": "alpaca", "cache_dir": str(tmp_path / "tokens")},
-        "padding": {}, "lora": {}, "optim": {}, "train": {"batch_size": 1, "progress": False}, "launcher": {},
-        "logger": {}, "preflight": {"plot": False},
+        "padding": {},
+        "lora": {},
+        "optim": {},
+        "train": {"batch_size": 1, "progress": False},
+        "launcher": {},
+        "logger": {},
+        "preflight": {"plot": False},
     }
     return to_typed(OmegaConf.merge(OmegaConf.structured(RootConfig), base, OmegaConf.from_dotlist(list(overrides))))
 
@@ -67,7 +82,7 @@ def batches_for(cfg: RootConfig, prepared, rank: int = 0, world_size: int = 1):
 def rows_of(batch: dict) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     """(input_ids, targets) of every row with a target (fillers have none), padding cut off."""
     out = []
-    for ids, targets, mask in zip(batch["input_ids"], batch["targets"], batch["attention_mask"]):
+    for ids, targets, mask in zip(batch["input_ids"], batch["targets"], batch["attention_mask"], strict=True):
         if (targets != -100).any():
             keep = mask.bool()
             out.append((tuple(ids[keep].tolist()), tuple(targets[keep].tolist())))
@@ -160,12 +175,22 @@ def test_truncation_that_leaves_no_target_drops_the_sample_in_both_modes(tmp_pat
     reported, in cached mode as in stream mode (cached mode used to keep it, stream mode dropped it)."""
     # Pre-tokenized, with no eos to lose: truncating prompt/completion formats is refused for cutting their final
     # eos (preflight's terminator check), so the rule is shown where truncation is otherwise allowed.
-    rows = [{"input_ids": list(range(10 + i, 30 + i)), "labels": [-100] * 10 + list(range(20 + i, 30 + i))}
-            for i in range(8)]
+    rows = [
+        {"input_ids": list(range(10 + i, 30 + i)), "labels": [-100] * 10 + list(range(20 + i, 30 + i))}
+        for i in range(8)
+    ]
     rows[3] = {"input_ids": list(range(100, 150)), "labels": [-100] * 40 + list(range(140, 150))}  # targets past 32
     corpus = write_jsonl(tmp_path / "train.jsonl", rows)
-    cfg = make_cfg(tmp_path, corpus, "data.format=tokenized", "data.max_seq_len=32", "data.overlength=truncate",
-                   "data.shuffle=false", f"data.mode={mode}", "train.batch_size=1")
+    cfg = make_cfg(
+        tmp_path,
+        corpus,
+        "data.format=tokenized",
+        "data.max_seq_len=32",
+        "data.overlength=truncate",
+        "data.shuffle=false",
+        f"data.mode={mode}",
+        "train.batch_size=1",
+    )
     prepared = prepare(cfg, tmp_path / "run")
     preflight = prepared[0]
     assert preflight.splits["train"].dropped == 1 and any("keep no target" in note for note in preflight.notes)
@@ -178,8 +203,9 @@ def test_truncation_that_leaves_no_target_drops_the_sample_in_both_modes(tmp_pat
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("stop_after", [1, 4, 9])  # 9: into the second pass (6 micro-batches a pass)
 def test_stream_resume_yields_exactly_the_remaining_batches(tmp_path, corpus, num_workers, stop_after) -> None:
-    cfg = make_cfg(tmp_path, corpus, "data.mode=stream", "train.batch_size=4", f"data.num_workers={num_workers}",
-                   "data.tail=pad")
+    cfg = make_cfg(
+        tmp_path, corpus, "data.mode=stream", "train.batch_size=4", f"data.num_workers={num_workers}", "data.tail=pad"
+    )
     prepared = prepare(cfg, tmp_path / "run")
     full = batches_for(cfg, prepared)
     assert full.batches_per_rank == 6 and full.steps_per_epoch(grad_accum=2) == 3
@@ -195,8 +221,7 @@ def test_stream_resume_yields_exactly_the_remaining_batches(tmp_path, corpus, nu
 def test_stream_tail_drop_leaves_out_what_does_not_fill_a_micro_batch_on_every_worker(tmp_path, corpus) -> None:
     """data.tail=drop is honoured in stream mode as in cached mode: 23 lines over 2 ranks x 2 workers at batch 2
     deal 5-6 lines a worker; each yields the 2 full micro-batches the smallest deal makes, the rest is left out."""
-    cfg = make_cfg(tmp_path, corpus, "data.mode=stream", "train.batch_size=2", "data.num_workers=2",
-                   "data.tail=drop")
+    cfg = make_cfg(tmp_path, corpus, "data.mode=stream", "train.batch_size=2", "data.num_workers=2", "data.tail=drop")
     prepared = prepare(cfg, tmp_path / "run")
     ranks = [batches_for(cfg, prepared, rank, 2) for rank in range(2)]
     passes = [one_pass(r) for r in ranks]
@@ -215,8 +240,9 @@ def test_stream_resume_refuses_a_changed_stream(tmp_path, corpus) -> None:
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_two_ranks_cover_every_line_once_with_equal_batch_counts(tmp_path, corpus, num_workers) -> None:
-    cfg = make_cfg(tmp_path, corpus, "data.mode=stream", "train.batch_size=2", f"data.num_workers={num_workers}",
-                   "data.tail=pad")
+    cfg = make_cfg(
+        tmp_path, corpus, "data.mode=stream", "train.batch_size=2", f"data.num_workers={num_workers}", "data.tail=pad"
+    )
     prepared = prepare(cfg, tmp_path / "run")
     whole = samples(one_pass(batches_for(cfg, prepared)))
     ranks = [batches_for(cfg, prepared, rank, 2) for rank in range(2)]
@@ -248,8 +274,14 @@ def listed(run_dir: Path) -> list[tuple[str, int]]:
 
 
 def test_stream_lists_each_bad_line_once_and_skips_it(tmp_path, dirty) -> None:
-    cfg = make_cfg(tmp_path, dirty, "data.mode=stream", "data.preflight_sample=6", "data.max_bad_fraction=0.2",
-                   "train.batch_size=3")
+    cfg = make_cfg(
+        tmp_path,
+        dirty,
+        "data.mode=stream",
+        "data.preflight_sample=6",
+        "data.max_bad_fraction=0.2",
+        "train.batch_size=3",
+    )
     prepared = prepare(cfg, tmp_path / "run")
     assert listed(tmp_path / "run") == []  # the sample was clean
     batches = batches_for(cfg, prepared)
@@ -263,7 +295,10 @@ def test_any_bad_line_fails_at_once_with_max_bad_fraction_zero(tmp_path, dirty) 
     cfg = make_cfg(tmp_path, dirty, "data.mode=stream", "data.preflight_sample=6", "train.batch_size=3")
     prepared = prepare(cfg, tmp_path / "run")  # the sample is clean: preflight passes
     batches = iter(batches_for(cfg, prepared))
-    with pytest.raises(DataError, match=r"1 of 10 train lines .* > data.max_bad_fraction=0.0\); the latest is \S*dirty.jsonl:8 \(not_object"):
+    with pytest.raises(
+        DataError,
+        match=r"1 of 10 train lines .* > data.max_bad_fraction=0.0\); the latest is \S*dirty.jsonl:8 \(not_object",
+    ):
         for _ in range(3):
             next(batches)
     assert listed(tmp_path / "run") == [(str(dirty), 8)]
@@ -271,8 +306,14 @@ def test_any_bad_line_fails_at_once_with_max_bad_fraction_zero(tmp_path, dirty) 
 
 def test_a_nonzero_limit_is_judged_by_the_end_of_a_short_pass(tmp_path, dirty) -> None:
     # 12.5% bad: within 0.2 although the first bad line alone is 1 of 8; above 0.1 once the whole pass is read.
-    cfg = make_cfg(tmp_path, dirty, "data.mode=stream", "data.preflight_sample=6", "data.max_bad_fraction=0.1",
-                   "train.batch_size=3")
+    cfg = make_cfg(
+        tmp_path,
+        dirty,
+        "data.mode=stream",
+        "data.preflight_sample=6",
+        "data.max_bad_fraction=0.1",
+        "train.batch_size=3",
+    )
     prepared = prepare(cfg, tmp_path / "run")
     batches = batches_for(cfg, prepared)
     iterator = iter(batches)
@@ -306,17 +347,30 @@ def test_eval_prompts_cut_chat_and_alpaca_samples_at_their_first_target(tmp_path
     reference is that reply and its end-of-turn marker, not the later turns."""
     from seqtune.data.loader import build_eval_prompts
 
-    chat = write_jsonl(tmp_path / "chat.jsonl", [{"messages": [
-        {"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "apple"},
-        {"role": "user", "content": "Another?"}, {"role": "assistant", "content": "river"}]}] * 3)
+    chat = write_jsonl(
+        tmp_path / "chat.jsonl",
+        [
+            {
+                "messages": [
+                    {"role": "user", "content": "Name a fruit."},
+                    {"role": "assistant", "content": "apple"},
+                    {"role": "user", "content": "Another?"},
+                    {"role": "assistant", "content": "river"},
+                ]
+            }
+        ]
+        * 3,
+    )
     # Three copies of one conversation, validated on itself: duplicates accepted on purpose.
     cfg = make_cfg(tmp_path, chat, f"data.val={chat}", "data.format=chat", "data.max_duplicate_fraction=1")
     preflight, plan, tokenizer = prepare(cfg, tmp_path / "run")
-    prompts = build_eval_prompts(preflight.caches["val"], count=2, max_seq_len=plan.max_seq_len,
-                                 bos_id=plan.vocab.special_ids.get("bos"))
+    prompts = build_eval_prompts(
+        preflight.caches["val"], count=2, max_seq_len=plan.max_seq_len, bos_id=plan.vocab.special_ids.get("bos")
+    )
     assert [p.location for p in prompts] == [f"{chat}:1", f"{chat}:2"]
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "Name a fruit."}], tokenize=False,
-                                             add_generation_prompt=True)
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Name a fruit."}], tokenize=False, add_generation_prompt=True
+    )
     prompt = tokenizer.decode(prompts[0].prompt_ids)
     assert prompt.endswith(rendered) and "Another?" not in prompt
     assert tokenizer.decode(prompts[0].reference_ids, skip_special_tokens=True).strip() == "apple"

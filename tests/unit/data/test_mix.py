@@ -20,8 +20,10 @@ def mix(*weights: float) -> SourceMix:
     return SourceMix(source_of=SOURCES, weights=weights, keys=tuple(f"data.train[{i}]" for i in range(len(weights))))
 
 
-@pytest.mark.parametrize(("weight", "samples", "used"), [(1, 7, 7), (2, 7, 14), (0.5, 7, 4), (0.5, 5, 3),
-                                                         (2.5, 10, 25), (0.01, 10, 0), (1.25, 2, 3)])
+@pytest.mark.parametrize(
+    ("weight", "samples", "used"),
+    [(1, 7, 7), (2, 7, 14), (0.5, 7, 4), (0.5, 5, 3), (2.5, 10, 25), (0.01, 10, 0), (1.25, 2, 3)],
+)
 def test_used_per_epoch_is_round_half_up_of_weight_times_samples(weight, samples, used):
     assert used_per_epoch(weight, samples) == used
 
@@ -40,8 +42,16 @@ def test_an_epoch_uses_whole_passes_then_a_fresh_subset_without_repeats():
 
 
 def plan(weighted: SourceMix | None, **kw) -> DistributedBatchPlan:
-    args = dict(rule=BatchRule(strategy=PaddingStrategy.longest, batch_size=2, max_seq_len=64), world_size=2, rank=0,
-                seed=3, shuffle=True, tail=Tail.pad, bucket_window=4, mix=weighted)
+    args = dict(
+        rule=BatchRule(strategy=PaddingStrategy.longest, batch_size=2, max_seq_len=64),
+        world_size=2,
+        rank=0,
+        seed=3,
+        shuffle=True,
+        tail=Tail.pad,
+        bucket_window=4,
+        mix=weighted,
+    )
     return DistributedBatchPlan(np.arange(len(SOURCES)) % 9 + 1, **{**args, **kw})
 
 

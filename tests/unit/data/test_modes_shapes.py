@@ -19,13 +19,21 @@ WORDS = ("apple", "river", "candle", "orbit", "meadow", "copper", "lantern", "ha
 
 
 def sft_rows(n: int) -> list[dict]:
-    return [{"instruction": f"Repeat word {i}.", "input": "", "output": " ".join([WORDS[i % 8]] * (1 + (i * 5) % 11))}
-            for i in range(n)]
+    return [
+        {"instruction": f"Repeat word {i}.", "input": "", "output": " ".join([WORDS[i % 8]] * (1 + (i * 5) % 11))}
+        for i in range(n)
+    ]
 
 
 def pair_rows(n: int) -> list[dict]:
-    return [{"prompt": f"Say word {i} a few times:\n", "chosen": " ".join([WORDS[i % 8]] * (1 + (i * 5) % 11)),
-             "rejected": " ".join([WORDS[(i + 3) % 8]] * (1 + (i * 3) % 7))} for i in range(n)]
+    return [
+        {
+            "prompt": f"Say word {i} a few times:\n",
+            "chosen": " ".join([WORDS[i % 8]] * (1 + (i * 5) % 11)),
+            "rejected": " ".join([WORDS[(i + 3) % 8]] * (1 + (i * 3) % 7)),
+        }
+        for i in range(n)
+    ]
 
 
 KINDS = {"sft": ("alpaca", sft_rows), "dpo": ("preference", pair_rows)}
@@ -34,9 +42,19 @@ KINDS = {"sft": ("alpaca", sft_rows), "dpo": ("preference", pair_rows)}
 def shapes(tmp_path: Path, kind: str, strategy: str, mode: str) -> tuple[list[tuple[int, int]], object]:
     fmt, rows = KINDS[kind]
     data = write_jsonl(tmp_path / f"{kind}.jsonl", rows(24))  # 24 = 2 bucket windows of 3 micro-batches of 4
-    cfg = make_cfg(tmp_path, data, f"recipe_name={kind}", f"data.format={fmt}", "train.batch_size=4",
-                   f"padding.strategy={strategy}", f"data.mode={mode}", "data.shuffle=false", "data.tail=pad",
-                   "padding.bucket_window=3", "padding.multiple_of=4")
+    cfg = make_cfg(
+        tmp_path,
+        data,
+        f"recipe_name={kind}",
+        f"data.format={fmt}",
+        "train.batch_size=4",
+        f"padding.strategy={strategy}",
+        f"data.mode={mode}",
+        "data.shuffle=false",
+        "data.tail=pad",
+        "padding.bucket_window=3",
+        "padding.multiple_of=4",
+    )
     _, plan, tokenizer = prepare(cfg, tmp_path / f"run-{mode}")
     batches = build_train_batches(cfg, plan, rank=0, tokenizer=tokenizer)
     rule = plan_rule(cfg, plan)

@@ -8,10 +8,10 @@ import pytest
 from seqtune.data.formats import PromptCompletion
 from seqtune.data.loader import SplitView
 from seqtune.data.overlength import cut_sample
-from tests.conftest import scan_files
 from seqtune.data.stream import apply_overlength
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.data.types import IGNORE_INDEX, Reject
+from tests.conftest import scan_files
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def test_truncate_prompt_keeps_bos_and_the_whole_completion_and_cuts_the_prompt_
     # The completion with its eos, exactly, at the end; the prompt's newest tokens just before it.
     kept_targets = int(targets.sum())
     np.testing.assert_array_equal(cut.input_ids[-kept_targets:], long_prompt.input_ids[targets])
-    np.testing.assert_array_equal(cut.input_ids[1:], long_prompt.input_ids[len(long_prompt) - 23:])
+    np.testing.assert_array_equal(cut.input_ids[1:], long_prompt.input_ids[len(long_prompt) - 23 :])
     np.testing.assert_array_equal(cut.labels[-kept_targets:], long_prompt.labels[targets])
 
 
@@ -45,7 +45,7 @@ def test_truncate_prompt_cuts_the_completion_end_only_when_the_completion_alone_
     limit = targets  # bos + the completion is one token too long
     cut = cut_sample(long_prompt, limit, "truncate_prompt")
     first_target = int(np.flatnonzero(long_prompt.labels != IGNORE_INDEX)[0])
-    np.testing.assert_array_equal(cut.input_ids[1:], long_prompt.input_ids[first_target: first_target + limit - 1])
+    np.testing.assert_array_equal(cut.input_ids[1:], long_prompt.input_ids[first_target : first_target + limit - 1])
     assert cut.input_ids[-1] != long_prompt.input_ids[-1]  # the eos went
 
 
@@ -55,8 +55,10 @@ def test_a_sample_that_fits_is_unchanged(long_prompt):
 
 
 def test_stream_and_cached_view_cut_the_same_way(tmp_path, jsonl, bundled_tokenizer):
-    rows = [{"instruction": "one two three four five " * 8, "input": "", "output": "six seven"},
-            {"instruction": "short", "input": "", "output": "ok"}]
+    rows = [
+        {"instruction": "one two three four five " * 8, "input": "", "output": "six seven"},
+        {"instruction": "short", "input": "", "output": "ok"},
+    ]
     encoder = SampleEncoder(bundled_tokenizer, "alpaca", train_on_prompt=False)
     cache = scan_files("train", [jsonl(tmp_path / "t.jsonl", rows)], encoder, cache_root=tmp_path / "c").cache()
     view = SplitView(cache, max_seq_len=24, overlength="truncate_prompt")

@@ -22,9 +22,16 @@ PAD = 2  # = eos
 
 def tiny_llama(attn: str = "sdpa") -> LlamaForCausalLM:
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      attn_implementation=attn)
+    cfg = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        attn_implementation=attn,
+    )
     return LlamaForCausalLM(cfg).float().train()
 
 
@@ -42,10 +49,13 @@ def make_samples() -> list[TokenizedSample]:
 
 def forward(model: LlamaForCausalLM, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Per-position CE [B,T] (0 where no target)."""
-    logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
-                   attention_mask=batch.get("attention_mask"), use_cache=False).logits
-    ce = F.cross_entropy(logits.flatten(0, 1), batch["targets"].flatten(), ignore_index=IGNORE_INDEX,
-                         reduction="none")
+    logits = model(
+        input_ids=batch["input_ids"],
+        position_ids=batch["position_ids"],
+        attention_mask=batch.get("attention_mask"),
+        use_cache=False,
+    ).logits
+    ce = F.cross_entropy(logits.flatten(0, 1), batch["targets"].flatten(), ignore_index=IGNORE_INDEX, reduction="none")
     return ce.view(batch["targets"].shape)
 
 
@@ -67,14 +77,17 @@ def run(strategy: str, side: str, batch_size: int) -> tuple[dict[int, float], di
     model, samples = tiny_llama(), WithFillers(dataset=make_samples())
     rule = BatchRule(strategy=strategy, batch_size=batch_size, max_seq_len=MAX_SEQ_LEN, multiple_of=8)
     collate = make_collator(rule, pad_id=PAD, padding_side=side)
-    plan = DistributedBatchPlan(np.array(LENGTHS), rule=rule, world_size=1, rank=0, seed=3, shuffle=True, tail="pad",
-                                bucket_window=1)
+    plan = DistributedBatchPlan(
+        np.array(LENGTHS), rule=rule, world_size=1, rank=0, seed=3, shuffle=True, tail="pad", bucket_window=1
+    )
     losses: dict[int, float] = {}
     for mb in plan:
         batch = collate([samples[i] for i in mb])
         ce = forward(model, batch)
         total = torch.zeros(())
-        for idx, (row, cols) in zip(mb, sample_slices(strategy, side, batch, [LENGTHS[i % len(LENGTHS)] for i in mb])):
+        for idx, (row, cols) in zip(
+            mb, sample_slices(strategy, side, batch, [LENGTHS[i % len(LENGTHS)] for i in mb]), strict=True
+        ):
             if idx >= len(LENGTHS):  # a tail filler: every target masked, nothing to check
                 assert ce[row, cols].sum() == 0
                 continue
@@ -86,8 +99,16 @@ def run(strategy: str, side: str, batch_size: int) -> tuple[dict[int, float], di
     return losses, {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-CASES = [("longest", "right", 2), ("longest", "left", 3), ("max_length", "right", 2), ("max_length", "left", 2),
-         ("bucket", "right", 2), ("bucket", "left", 2), ("packed", "right", 1), ("packed", "right", 2)]
+CASES = [
+    ("longest", "right", 2),
+    ("longest", "left", 3),
+    ("max_length", "right", 2),
+    ("max_length", "left", 2),
+    ("bucket", "right", 2),
+    ("bucket", "left", 2),
+    ("packed", "right", 1),
+    ("packed", "right", 2),
+]
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +117,9 @@ def reference() -> tuple[dict[int, float], dict[str, torch.Tensor]]:
 
 
 @pytest.mark.parametrize("strategy,side,batch_size", CASES)
-def test_losses_and_gradients_match_each_sample_alone(strategy: str, side: str, batch_size: int,
-                                                      reference: tuple) -> None:
+def test_losses_and_gradients_match_each_sample_alone(
+    strategy: str, side: str, batch_size: int, reference: tuple
+) -> None:
     ref_losses, ref_grads = reference
     losses, grads = run(strategy, side, batch_size)
     for i in ref_losses:

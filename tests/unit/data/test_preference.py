@@ -28,8 +28,11 @@ def parse(obj: dict | str) -> PreferencePair | Reject:
 @pytest.fixture(scope="module")
 def chat_tokenizer():
     """The bundled tokenizer with the TinyLlama family's chat template (zephyr), as a run loads it."""
-    return load_tokenizer(TokenizerConfig(source="bundled"), ModelConfig(family="tinyllama"),
-                          default_chat_template=get_spec("tinyllama").chat_template)
+    return load_tokenizer(
+        TokenizerConfig(source="bundled"),
+        ModelConfig(family="tinyllama"),
+        default_chat_template=get_spec("tinyllama").chat_template,
+    )
 
 
 def test_string_pairs_become_two_prompt_completion_records():
@@ -40,10 +43,18 @@ def test_string_pairs_become_two_prompt_completion_records():
 
 
 def test_conversational_pairs_with_an_explicit_prompt_train_only_the_replies():
-    prompt = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
-              {"role": "user", "content": "2+2?"}]
-    pair = parse({"prompt": prompt, "chosen": [{"role": "assistant", "content": "4"}],
-                  "rejected": [{"role": "assistant", "content": "5"}]})
+    prompt = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "2+2?"},
+    ]
+    pair = parse(
+        {
+            "prompt": prompt,
+            "chosen": [{"role": "assistant", "content": "4"}],
+            "rejected": [{"role": "assistant", "content": "5"}],
+        }
+    )
     assert isinstance(pair.chosen, Conversation) and pair.chosen.first_target == 3
     assert [m["content"] for m in pair.chosen.messages] == ["Hi", "Hello!", "2+2?", "4"]
     assert pair.rejected.messages[-1]["content"] == "5"
@@ -51,26 +62,55 @@ def test_conversational_pairs_with_an_explicit_prompt_train_only_the_replies():
 
 def test_ultrafeedback_style_pairs_share_their_history_implicitly():
     history = [{"role": "user", "content": "2+2?"}]
-    pair = parse({"chosen": [*history, {"role": "assistant", "content": "4"}],
-                  "rejected": [*history, {"role": "assistant", "content": "5"}]})
+    pair = parse(
+        {
+            "chosen": [*history, {"role": "assistant", "content": "4"}],
+            "rejected": [*history, {"role": "assistant", "content": "5"}],
+        }
+    )
     assert pair.chosen.first_target == 1 and pair.rejected.first_target == 1
 
 
-@pytest.mark.parametrize("record,code,detail", [
-    ({"prompt": "Q", "chosen": "same", "rejected": "same"}, "identical_pair", "nothing to prefer"),
-    ({"prompt": "Q", "chosen": "a", "rejected": "  "}, "empty_text", "rejected is empty"),
-    ({"chosen": "a", "rejected": "b"}, "missing_field", "prompt"),
-    ({"prompt": "Q", "chosen": "a"}, "missing_field", "rejected"),
-    ({"prompt": "Q", "chosen": "a", "rejected": [{"role": "assistant", "content": "b"}]}, "wrong_type",
-     "both be strings or both lists"),
-    ({"chosen": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "a"}],
-      "rejected": [{"role": "user", "content": "y"}, {"role": "assistant", "content": "b"}]},
-     "history_mismatch", "differ at message 0"),
-    ({"prompt": [{"role": "user", "content": "x"}], "chosen": [{"role": "assistant", "content": "a"}],
-      "rejected": [{"role": "assistant", "content": "a"}]}, "identical_pair", "same reply"),
-    ({"prompt": [{"role": "user", "content": "x"}], "chosen": [{"role": "assistant", "content": ""}],
-      "rejected": [{"role": "assistant", "content": "a"}]}, "empty_text", "(in chosen)"),
-])
+@pytest.mark.parametrize(
+    "record,code,detail",
+    [
+        ({"prompt": "Q", "chosen": "same", "rejected": "same"}, "identical_pair", "nothing to prefer"),
+        ({"prompt": "Q", "chosen": "a", "rejected": "  "}, "empty_text", "rejected is empty"),
+        ({"chosen": "a", "rejected": "b"}, "missing_field", "prompt"),
+        ({"prompt": "Q", "chosen": "a"}, "missing_field", "rejected"),
+        (
+            {"prompt": "Q", "chosen": "a", "rejected": [{"role": "assistant", "content": "b"}]},
+            "wrong_type",
+            "both be strings or both lists",
+        ),
+        (
+            {
+                "chosen": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "a"}],
+                "rejected": [{"role": "user", "content": "y"}, {"role": "assistant", "content": "b"}],
+            },
+            "history_mismatch",
+            "differ at message 0",
+        ),
+        (
+            {
+                "prompt": [{"role": "user", "content": "x"}],
+                "chosen": [{"role": "assistant", "content": "a"}],
+                "rejected": [{"role": "assistant", "content": "a"}],
+            },
+            "identical_pair",
+            "same reply",
+        ),
+        (
+            {
+                "prompt": [{"role": "user", "content": "x"}],
+                "chosen": [{"role": "assistant", "content": ""}],
+                "rejected": [{"role": "assistant", "content": "a"}],
+            },
+            "empty_text",
+            "(in chosen)",
+        ),
+    ],
+)
 def test_pair_problems_are_rejects_with_their_line_and_reason(record, code, detail):
     reject = parse(record)
     assert isinstance(reject, Reject) and reject.code == code and (reject.file, reject.line) == ("p.jsonl", 7)
@@ -83,28 +123,41 @@ def test_a_pair_encodes_as_two_sft_records_side_by_side(bundled_tokenizer):
     [chosen, rejected] = sft.encode_batch([pair.chosen, pair.rejected])
     [encoded] = SampleEncoder(bundled_tokenizer, "preference", train_on_prompt=False).encode_batch([pair])
     assert isinstance(encoded, tuple) and len(encoded) == 2
-    for got, want in zip(encoded, (chosen, rejected)):
+    for got, want in zip(encoded, (chosen, rejected), strict=True):
         assert got.input_ids.tolist() == want.input_ids.tolist() and got.labels.tolist() == want.labels.tolist()
         assert got.location == "p.jsonl:7"
 
 
 def test_a_conversational_pair_trains_only_the_reply_after_the_shared_history(chat_tokenizer):
-    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
-               {"role": "user", "content": "2+2?"}]
-    pair = parse({"prompt": history, "chosen": [{"role": "assistant", "content": "four"}],
-                  "rejected": [{"role": "assistant", "content": "five"}]})
+    history = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "2+2?"},
+    ]
+    pair = parse(
+        {
+            "prompt": history,
+            "chosen": [{"role": "assistant", "content": "four"}],
+            "rejected": [{"role": "assistant", "content": "five"}],
+        }
+    )
     [(chosen, rejected)] = SampleEncoder(chat_tokenizer, "preference", train_on_prompt=False).encode_batch([pair])
     for sample, reply in ((chosen, "four"), (rejected, "five")):
         targets = chat_tokenizer.decode(sample.input_ids[sample.labels != IGNORE_INDEX])
         assert reply in targets and "Hello!" not in targets  # the history's assistant turn is prompt here
     # The prompt tokens are identical on both sides: the pair answers one conversation.
     first = lambda s: int(np.flatnonzero(s.labels != IGNORE_INDEX)[0])  # noqa: E731
-    assert chosen.input_ids[:first(chosen)].tolist() == rejected.input_ids[:first(rejected)].tolist()
+    assert chosen.input_ids[: first(chosen)].tolist() == rejected.input_ids[: first(rejected)].tolist()
 
 
 def test_a_rejected_side_rejects_the_whole_pair_naming_the_side(chat_tokenizer):
-    pair = parse({"prompt": [{"role": "user", "content": "x"}], "chosen": [{"role": "assistant", "content": "a"}],
-                  "rejected": [{"role": "assistant", "content": "b"}]})
+    pair = parse(
+        {
+            "prompt": [{"role": "user", "content": "x"}],
+            "chosen": [{"role": "assistant", "content": "a"}],
+            "rejected": [{"role": "assistant", "content": "b"}],
+        }
+    )
     pair.rejected.messages[-1]["role"] = "narrator"  # a role the template refuses, found while encoding
     [reject] = SampleEncoder(chat_tokenizer, "preference", train_on_prompt=False).encode_batch([pair])
     assert isinstance(reject, Reject) and reject.reason.endswith("(rejected)")

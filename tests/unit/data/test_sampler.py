@@ -17,8 +17,17 @@ N = 103  # prime: never a multiple of world_size x batch_size, so the tail polic
 LENGTHS = np.random.default_rng(7).integers(1, 60, size=N)
 
 
-def make_plan(strategy: str, world_size: int, rank: int, tail: str, lengths: np.ndarray = LENGTHS,
-              batch_size: int = 3, max_seq_len: int = 64, multiple_of: int = 1, **over: int) -> DistributedBatchPlan:
+def make_plan(
+    strategy: str,
+    world_size: int,
+    rank: int,
+    tail: str,
+    lengths: np.ndarray = LENGTHS,
+    batch_size: int = 3,
+    max_seq_len: int = 64,
+    multiple_of: int = 1,
+    **over: int,
+) -> DistributedBatchPlan:
     args = {"seed": 11, "bucket_window": 2} | over
     rule = BatchRule(strategy=strategy, batch_size=batch_size, max_seq_len=max_seq_len, multiple_of=multiple_of)
     return DistributedBatchPlan(lengths, rule=rule, world_size=world_size, rank=rank, shuffle=True, tail=tail, **args)
@@ -45,10 +54,11 @@ def test_every_sample_once_and_equal_micro_batches_per_rank(strategy: str, tail:
 
 
 def test_packed_micro_batches_collate_to_batch_size_rows_within_capacity() -> None:
-    samples = [TokenizedSample(input_ids=np.arange(n) % 50, labels=np.arange(n) % 50, location=f"f:{i}")
-               for i, n in enumerate(LENGTHS)]
-    collate = make_collator(BatchRule(strategy="packed", batch_size=3, max_seq_len=64), pad_id=0,
-                            padding_side="right")
+    samples = [
+        TokenizedSample(input_ids=np.arange(n) % 50, labels=np.arange(n) % 50, location=f"f:{i}")
+        for i, n in enumerate(LENGTHS)
+    ]
+    collate = make_collator(BatchRule(strategy="packed", batch_size=3, max_seq_len=64), pad_id=0, padding_side="right")
     plan = make_plan("packed", 2, 1, "drop")
     for mb in plan:
         batch = collate([samples[i] for i in mb])
@@ -105,9 +115,12 @@ def test_steps_per_epoch_and_efficiency_report() -> None:
     assert plan.steps_per_epoch(2) == len(plan) // 2
     rng = np.random.default_rng(0)
     lengths = np.clip(rng.lognormal(5.0, 1.0, 5000).astype(np.int64), 1, 2048)
-    eff = {s: make_plan(s, 1, 0, "pad", lengths=lengths, batch_size=8, max_seq_len=2048, multiple_of=8, seed=0,
-                        bucket_window=100).summary()["padding_efficiency"]
-           for s in ["longest", "max_length", "bucket", "packed"]}
+    eff = {
+        s: make_plan(
+            s, 1, 0, "pad", lengths=lengths, batch_size=8, max_seq_len=2048, multiple_of=8, seed=0, bucket_window=100
+        ).summary()["padding_efficiency"]
+        for s in ["longest", "max_length", "bucket", "packed"]
+    }
     print("padding efficiency (5000 long-tailed lengths, batch 8, max_seq_len 2048):", eff)
     assert eff["max_length"] < eff["longest"] < eff["bucket"] < eff["packed"]
     assert eff["packed"] >= 0.98  # tail=pad: the filler rows of the last step count as waste here

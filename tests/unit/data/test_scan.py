@@ -1,28 +1,28 @@
 from __future__ import annotations
 
 import gzip
-import re
 import json
+import re
 
 import numpy as np
 
-from tests.conftest import scan_files
 from seqtune.data.tokenize import SampleEncoder
+from tests.conftest import scan_files
 
 GOOD = {"instruction": "Add 2 and 3.", "input": "", "output": "5"}
 
 
 def _mixed_rows() -> list:
     return [
-        GOOD,                                             # 1
+        GOOD,  # 1
         b'{"instruction": "bad \xff byte", "output": "x"}',  # 2 bad_utf8
-        '{"instruction": "x", "output": ',                # 3 bad_json
-        "",                                               # 4 blank: skipped, not a reject
-        '"just a string"',                                # 5 not_object
-        {"instruction": "no output"},                     # 6 missing_field
-        {"instruction": "x", "output": 5},                # 7 wrong_type
-        {"instruction": "x", "output": ""},               # 8 empty_text
-        GOOD,                                             # 9
+        '{"instruction": "x", "output": ',  # 3 bad_json
+        "",  # 4 blank: skipped, not a reject
+        '"just a string"',  # 5 not_object
+        {"instruction": "no output"},  # 6 missing_field
+        {"instruction": "x", "output": 5},  # 7 wrong_type
+        {"instruction": "x", "output": ""},  # 8 empty_text
+        GOOD,  # 9
     ]
 
 
@@ -38,12 +38,17 @@ def test_rejects_name_file_line_and_reason_gz(tmp_path, bundled_tokenizer, jsonl
     encoder = SampleEncoder(bundled_tokenizer, "alpaca", train_on_prompt=False)
     scan = scan_files("train", [data], encoder, cache_root=tmp_path / "c")
     assert [(r.file, r.line, r.code) for r in scan.rejects] == [
-        (str(data), 2, "bad_utf8"), (str(data), 3, "bad_json"), (str(data), 5, "not_object"),
-        (str(data), 6, "missing_field"), (str(data), 7, "wrong_type"), (str(data), 8, "empty_text"),
+        (str(data), 2, "bad_utf8"),
+        (str(data), 3, "bad_json"),
+        (str(data), 5, "not_object"),
+        (str(data), 6, "missing_field"),
+        (str(data), 7, "wrong_type"),
+        (str(data), 8, "empty_text"),
     ]
     assert scan.records == 8 and scan.samples == 2 and scan.num_rejects == 6
-    assert scan.reject_counts == {c: 1 for c in
-                                  ("bad_utf8", "bad_json", "not_object", "missing_field", "wrong_type", "empty_text")}
+    assert scan.reject_counts == {
+        c: 1 for c in ("bad_utf8", "bad_json", "not_object", "missing_field", "wrong_type", "empty_text")
+    }
     assert [scan.cache().location(i) for i in range(2)] == [f"{data}:1", f"{data}:9"]
     rejects_file = [json.loads(x) for x in (scan.cache_dir / "rejects.jsonl").read_text().splitlines()]
     assert rejects_file[0] == {"file": str(data), "line": 2, "reason": scan.rejects[0].reason}
@@ -51,8 +56,10 @@ def test_rejects_name_file_line_and_reason_gz(tmp_path, bundled_tokenizer, jsonl
 
 def test_missing_media_rejected_at_its_line(tmp_path, bundled_tokenizer, jsonl):
     (tmp_path / "a.png").write_bytes(b"x")
-    data = jsonl(tmp_path / "io.jsonl", [{"input": "<img>a.png</img> what", "output": "a"},
-                                         {"input": "<img>b.png</img> what", "output": "b"}])
+    data = jsonl(
+        tmp_path / "io.jsonl",
+        [{"input": "<img>a.png</img> what", "output": "a"}, {"input": "<img>b.png</img> what", "output": "b"}],
+    )
     encoder = SampleEncoder(bundled_tokenizer, "input_output", train_on_prompt=False)
     scan = scan_files("train", [data], encoder, cache_root=tmp_path / "c")
     assert [(r.line, r.code) for r in scan.rejects] == [(2, "missing_media")] and scan.samples == 1
@@ -63,8 +70,7 @@ def test_stats_lengths_max_token_and_trainable_fraction(tmp_path, bundled_tokeni
     data = jsonl(tmp_path / "d.jsonl", rows)
     encoder = SampleEncoder(bundled_tokenizer, "alpaca", train_on_prompt=False)
     scan = scan_files("train", [data], encoder, cache_root=tmp_path / "c", chunk_size=2)
-    samples = encoder.encode_batch(
-        [encoder_record for encoder_record in _records(data, bundled_tokenizer)])
+    samples = encoder.encode_batch([encoder_record for encoder_record in _records(data, bundled_tokenizer)])
     assert scan.lengths.tolist() == [len(s) for s in samples]
     all_ids = np.concatenate([s.input_ids for s in samples])
     assert scan.max_token_id == int(all_ids.max())
@@ -98,15 +104,17 @@ def test_second_scan_reuses_cache_without_tokenizing(tmp_path, bundled_tokenizer
 def test_cache_invalidated_when_data_or_tokenizer_changes(tmp_path, bundled_tokenizer, fresh_tokenizer, jsonl):
     data = jsonl(tmp_path / "d.jsonl", [GOOD] * 5)
     root = tmp_path / "c"
-    first = scan_files("train", [data], SampleEncoder(bundled_tokenizer, "alpaca", train_on_prompt=False),
-                       cache_root=root)
+    first = scan_files(
+        "train", [data], SampleEncoder(bundled_tokenizer, "alpaca", train_on_prompt=False), cache_root=root
+    )
     jsonl(data, [GOOD] * 4 + [{**GOOD, "output": "6"}])  # same size, different content
     encoder = SampleEncoder(bundled_tokenizer, "alpaca", train_on_prompt=False)
     changed = scan_files("train", [data], encoder, cache_root=root)
     assert not changed.from_cache and encoder.texts_tokenized > 0 and changed.cache_dir != first.cache_dir
     fresh_tokenizer.add_tokens(["zqxj"])
-    retok = scan_files("train", [data], SampleEncoder(fresh_tokenizer, "alpaca", train_on_prompt=False),
-                       cache_root=root)
+    retok = scan_files(
+        "train", [data], SampleEncoder(fresh_tokenizer, "alpaca", train_on_prompt=False), cache_root=root
+    )
     assert not retok.from_cache and retok.cache_dir not in (first.cache_dir, changed.cache_dir)
 
 
@@ -114,11 +122,11 @@ def test_tokenized_padded_rows_detected_and_inconsistent_rejected(tmp_path, bund
     tok = bundled_tokenizer
     pad, eos = tok.pad_token_id, tok.eos_token_id
     rows = [
-        {"input_ids": [20, 21, eos]},                                                      # 1 clean
-        {"input_ids": [20, 21, eos, pad, pad], "attention_mask": [1, 1, 1, 0, 0]},          # 2 padded (mask)
-        {"input_ids": [20, 21, eos, pad, pad]},                                             # 3 padded (pad ids)
-        {"input_ids": [20, 21, eos, pad], "labels": [20, 21, eos]},                         # 4 inconsistent
-        {"input_ids": [20, 21, eos], "attention_mask": [1, 0, 1]},                          # 5 holes
+        {"input_ids": [20, 21, eos]},  # 1 clean
+        {"input_ids": [20, 21, eos, pad, pad], "attention_mask": [1, 1, 1, 0, 0]},  # 2 padded (mask)
+        {"input_ids": [20, 21, eos, pad, pad]},  # 3 padded (pad ids)
+        {"input_ids": [20, 21, eos, pad], "labels": [20, 21, eos]},  # 4 inconsistent
+        {"input_ids": [20, 21, eos], "attention_mask": [1, 0, 1]},  # 5 holes
     ]
     data = jsonl(tmp_path / "t.jsonl", rows)
     scan = scan_files("train", [data], SampleEncoder(tok, "tokenized", train_on_prompt=False), cache_root=tmp_path)
@@ -139,19 +147,26 @@ def test_max_records_and_progress_bar(tmp_path, bundled_tokenizer, jsonl, capsys
 
 def test_padding_call_on_the_tokenizer_between_scans_still_hits_the_cache(tmp_path, fresh_tokenizer, jsonl):
     data = jsonl(tmp_path / "d.jsonl", [GOOD] * 3)
-    first = scan_files("train", [data], SampleEncoder(fresh_tokenizer, "alpaca", train_on_prompt=False),
-                       cache_root=tmp_path / "c")
+    first = scan_files(
+        "train", [data], SampleEncoder(fresh_tokenizer, "alpaca", train_on_prompt=False), cache_root=tmp_path / "c"
+    )
     fresh_tokenizer(["a", "a b c"], padding="max_length", max_length=8, truncation=True)  # mutates backend state
-    again = scan_files("train", [data], SampleEncoder(fresh_tokenizer, "alpaca", train_on_prompt=False),
-                       cache_root=tmp_path / "c")
+    again = scan_files(
+        "train", [data], SampleEncoder(fresh_tokenizer, "alpaca", train_on_prompt=False), cache_root=tmp_path / "c"
+    )
     assert again.from_cache and again.cache_dir == first.cache_dir
 
 
 def test_progress_bar_counts_each_record_once(tmp_path, bundled_tokenizer, jsonl, capsys):
     # Two kinds of rejects: the parser's (bad JSON) and the encoder's (a tool turn the template cannot render).
     chat = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]}
-    tool = {"messages": [{"role": "user", "content": "Hi"}, {"role": "tool", "content": "42"},
-                         {"role": "assistant", "content": "Yo"}]}
+    tool = {
+        "messages": [
+            {"role": "user", "content": "Hi"},
+            {"role": "tool", "content": "42"},
+            {"role": "assistant", "content": "Yo"},
+        ]
+    }
     data = jsonl(tmp_path / "d.jsonl", [chat] * 6 + [tool] * 4 + ['{"messages": '] * 2)
     encoder = SampleEncoder(bundled_tokenizer, "chat", train_on_prompt=False)
     scan = scan_files("train", [data], encoder, cache_root=tmp_path / "c", progress=True)

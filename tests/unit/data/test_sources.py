@@ -82,8 +82,15 @@ def test_streaming_200k_lines_keeps_memory_bounded(tmp_path):
 
 # --- JSON arrays ------------------------------------------------------------------------------------------
 
-TRICKY = [{"instruction": 'brackets ] } [ { and "quotes" and a \\ backslash, commas, too', "output": "x"},
-          {"nested": [1, [2, {"k": "v]"}]], "unicode": "ü→日本"}, 5, "a string", None, [], {}]
+TRICKY = [
+    {"instruction": 'brackets ] } [ { and "quotes" and a \\ backslash, commas, too', "output": "x"},
+    {"nested": [1, [2, {"k": "v]"}]], "unicode": "ü→日本"},
+    5,
+    "a string",
+    None,
+    [],
+    {},
+]
 
 
 @pytest.mark.parametrize("indent", [None, 2])
@@ -103,8 +110,16 @@ def test_json_array_compressed_with_bom_and_trailing_whitespace(tmp_path):
     assert [json.loads(raw) for _, raw in iter_records(path)] == TRICKY
 
 
-@pytest.mark.parametrize(("text", "expected"), [("[]", []), (" [ \n ] ", []), ("[1,]", [b"1", b""]),
-                                                ("[1,,2]", [b"1", b"", b"2"]), ('[{"a": nope}]', [b'{"a": nope}'])])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[]", []),
+        (" [ \n ] ", []),
+        ("[1,]", [b"1", b""]),
+        ("[1,,2]", [b"1", b"", b"2"]),
+        ('[{"a": nope}]', [b'{"a": nope}']),
+    ],
+)
 def test_json_array_odd_elements_are_records_for_the_parser(tmp_path, text, expected):
     """An empty or malformed element is a record (the parser rejects it with its number), not a file error."""
     path = tmp_path / "d.json"
@@ -112,13 +127,19 @@ def test_json_array_odd_elements_are_records_for_the_parser(tmp_path, text, expe
     assert [raw for _, raw in iter_records(path)] == expected
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ('[{"a": 1}, {"a": 2', r"d\.json is truncated: its JSON array ends with 2 bracket\(s\) still open \(after 1 "
-                           r"complete element"),
-    ('[{"a": 1}, {"a": "cut', r"d\.json is truncated: its JSON array ends inside a string"),
-    ('[{"a": 1]', r"d\.json is not a well-formed JSON array: a '\]' closes a '\{' at byte 8 \(in element 1\)"),
-    ('[1, 2] [3]', r"d\.json holds more than its JSON array: b'\[3\]'\.\.\. follows the array's closing '\]'"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            '[{"a": 1}, {"a": 2',
+            r"d\.json is truncated: its JSON array ends with 2 bracket\(s\) still open \(after 1 "
+            r"complete element",
+        ),
+        ('[{"a": 1}, {"a": "cut', r"d\.json is truncated: its JSON array ends inside a string"),
+        ('[{"a": 1]', r"d\.json is not a well-formed JSON array: a '\]' closes a '\{' at byte 8 \(in element 1\)"),
+        ("[1, 2] [3]", r"d\.json holds more than its JSON array: b'\[3\]'\.\.\. follows the array's closing '\]'"),
+    ],
+)
 def test_a_broken_json_array_is_a_data_error_naming_the_file_never_a_shorter_dataset(tmp_path, text, message):
     path = tmp_path / "d.json"
     path.write_text(text)
@@ -143,15 +164,21 @@ def test_a_json_array_streams_in_memory_that_does_not_grow_with_the_file(tmp_pat
 
 # --- columnar files ---------------------------------------------------------------------------------------
 
+
 def _table(n: int = 5):
     import pyarrow as pa
 
-    return pa.table({"prompt": [f"p{i}" for i in range(n)], "response": [f"r{i}" for i in range(n)],
-                     "image": [b"\x00" * 64] * n})
+    return pa.table(
+        {"prompt": [f"p{i}" for i in range(n)], "response": [f"r{i}" for i in range(n)], "image": [b"\x00" * 64] * n}
+    )
 
 
-ALPACA_MAPPED = Columns(required=(("instruction", "prompt"), ("output", "response")), optional=(("input", "input"),),
-                        key="data.columns", format="alpaca")
+ALPACA_MAPPED = Columns(
+    required=(("instruction", "prompt"), ("output", "response")),
+    optional=(("input", "input"),),
+    key="data.columns",
+    format="alpaca",
+)
 
 
 def _write_arrow(path, table, *, stream: bool, batches: int | None = None):
@@ -185,11 +212,18 @@ def test_a_missing_column_names_the_mapping_key_and_the_file_columns(tmp_path):
 
     path = tmp_path / "d.parquet"
     pq.write_table(_table(), path)
-    unmapped = Columns(required=(("instruction", "instruction"), ("output", "output")), optional=(),
-                       key="data.train[1].columns", format="alpaca")
-    with pytest.raises(DataError, match=r"d\.parquet has no column 'instruction' \(a field of the alpaca format, not "
-                                        r"mapped by data\.train\[1\]\.columns\); its columns are: prompt, response, "
-                                        r"image\. Fix: data\.train\[1\]\.columns=\{instruction: NAME\}"):
+    unmapped = Columns(
+        required=(("instruction", "instruction"), ("output", "output")),
+        optional=(),
+        key="data.train[1].columns",
+        format="alpaca",
+    )
+    with pytest.raises(
+        DataError,
+        match=r"d\.parquet has no column 'instruction' \(a field of the alpaca format, not "
+        r"mapped by data\.train\[1\]\.columns\); its columns are: prompt, response, "
+        r"image\. Fix: data\.train\[1\]\.columns=\{instruction: NAME\}",
+    ):
         list(iter_records(path, unmapped))
 
 
@@ -199,15 +233,22 @@ def test_a_field_inside_a_nested_column_is_said_to_be_unsupported_with_a_fix_tha
 
     path = tmp_path / "nested.parquet"
     pq.write_table(pa.table({"data": [{"prompt": "p", "response": "r"}]}), path)
-    with pytest.raises(DataError, match=r"no top-level column 'prompt': it is a field of the nested \(struct\) "
-                                        r"column 'data'.*nested columns are not supported.*"
-                                        r"Fix: flatten the file.*data\.columns=\{instruction: data\.prompt\}"):
+    with pytest.raises(
+        DataError,
+        match=r"no top-level column 'prompt': it is a field of the nested \(struct\) "
+        r"column 'data'.*nested columns are not supported.*"
+        r"Fix: flatten the file.*data\.columns=\{instruction: data\.prompt\}",
+    ):
         list(iter_records(path, ALPACA_MAPPED))
     # The fix it gives works: the flattened file's column, mapped as said, reads.
     flat = tmp_path / "flat.parquet"
     pq.write_table(pq.read_table(path).flatten(), flat)
-    mapped = Columns(required=(("instruction", "data.prompt"), ("output", "data.response")), optional=(),
-                     key="data.columns", format="alpaca")
+    mapped = Columns(
+        required=(("instruction", "data.prompt"), ("output", "data.response")),
+        optional=(),
+        key="data.columns",
+        format="alpaca",
+    )
     assert list(iter_records(flat, mapped)) == [(1, {"data.prompt": "p", "data.response": "r"})]
 
 
@@ -217,8 +258,11 @@ def test_a_system_prompt_column_the_format_does_not_read_is_refused_not_dropped(
 
     path = tmp_path / "d.parquet"
     pq.write_table(pa.table({"prompt": ["p"], "response": ["r"], "system": ["Be brief."]}), path)
-    with pytest.raises(DataError, match=r"a 'system' column that data\.format=alpaca does not read.*dropped without "
-                                        r"a word\. Fix: data\.format=sharegpt"):
+    with pytest.raises(
+        DataError,
+        match=r"a 'system' column that data\.format=alpaca does not read.*dropped without "
+        r"a word\. Fix: data\.format=sharegpt",
+    ):
         list(iter_records(path, ALPACA_MAPPED))
 
 
@@ -252,16 +296,19 @@ def test_a_saved_dataset_directory_is_one_source_and_a_dataset_dict_names_its_sp
     assert expand_paths(str(saved), "data.train") == [saved]
     assert [row for _, row in iter_records(saved, ALPACA_MAPPED)][4] == {"prompt": "p4", "response": "r4"}
     splits = tmp_path / "splits"
-    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"a": [1]}),
-                          "test": datasets.Dataset.from_dict({"a": [2]})}).save_to_disk(str(splits))
-    with pytest.raises(DataError, match=r"data\.val: .*splits is a `datasets` DatasetDict \(splits: (train, test|test, "
-                                        r"train)\), not one split\. Fix: point data\.val at one split's directory"):
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_dict({"a": [1]}), "test": datasets.Dataset.from_dict({"a": [2]})}
+    ).save_to_disk(str(splits))
+    with pytest.raises(
+        DataError,
+        match=r"data\.val: .*splits is a `datasets` DatasetDict \(splits: (train, test|test, "
+        r"train)\), not one split\. Fix: point data\.val at one split's directory",
+    ):
         expand_paths(str(splits), "data.val")
 
 
 def test_a_file_in_two_sources_is_refused(tmp_path):
     a = _write(tmp_path / "a.jsonl", [b"{}"])
-    sources_ = [DataSource(key=f"data.train[{i}]", path=str(a), format=DataFormat.alpaca, columns={})
-                for i in range(2)]
+    sources_ = [DataSource(key=f"data.train[{i}]", path=str(a), format=DataFormat.alpaca, columns={}) for i in range(2)]
     with pytest.raises(DataError, match=r"data\.train\[1\]: .*a\.jsonl is also part of data\.train\[0\]"):
         expand_sources(sources_)

@@ -12,9 +12,9 @@ import pytest
 from torch.utils.data import DataLoader
 
 from seqtune.config.errors import DataError
+from seqtune.config.schema import DataFormat
 from seqtune.data.batching import BatchRule
 from seqtune.data.collate import make_collator
-from seqtune.config.schema import DataFormat
 from seqtune.data.sources import SourceFiles
 from seqtune.data.split import SplitInput, files_split
 from seqtune.data.stream import JsonlStream, StreamPosition, StreamProgress, pass_records
@@ -72,19 +72,37 @@ def corpus(tmp_path: Path) -> tuple[list[Path], set[int], int]:
     return files, good, lines
 
 
-def make_stream(files: list[Path], num_lines: int, world_size: int, rank: int, num_workers: int,
-                overlength: str = "drop", resume: StreamProgress | None = None) -> JsonlStream:
+def make_stream(
+    files: list[Path],
+    num_lines: int,
+    world_size: int,
+    rank: int,
+    num_workers: int,
+    overlength: str = "drop",
+    resume: StreamProgress | None = None,
+) -> JsonlStream:
     collate = make_collator(RULE, pad_id=0, padding_side="right")
-    return JsonlStream(files_split("train", files, "text"), parse=parse, encode_batch=encode_batch, collate=collate,
-                       rule=RULE, overlength=overlength, world_size=world_size, rank=rank, num_workers=num_workers,
-                       source_records=[num_lines], encode_chunk=4, resume=resume)
+    return JsonlStream(
+        files_split("train", files, "text"),
+        parse=parse,
+        encode_batch=encode_batch,
+        collate=collate,
+        rule=RULE,
+        overlength=overlength,
+        world_size=world_size,
+        rank=rank,
+        num_workers=num_workers,
+        source_records=[num_lines],
+        encode_chunk=4,
+        resume=resume,
+    )
 
 
 def loader(ds: JsonlStream, num_workers: int) -> DataLoader:
     return DataLoader(ds, batch_size=None, num_workers=num_workers)
 
 
-def ids_of(item) -> list[int]:  # noqa: ANN001 - StreamBatch
+def ids_of(item) -> list[int]:
     """The record ids of a micro-batch's real samples (fillers, which complete it, train nothing)."""
     real = (item.batch["targets"] != -100).any(dim=1)
     return item.batch["input_ids"][real, 0].tolist()
@@ -144,22 +162,49 @@ def test_resume_yields_exactly_the_remaining_batches(corpus, num_workers: int, s
 
 def mixed(files: list[Path], weights: tuple[float, float]) -> SplitInput:
     """part0 and part1 of the corpus as two sources with these weights."""
-    return SplitInput(name="train", sources=tuple(
-        SourceFiles(key=f"data.train[{i}]", files=(path,), format=DataFormat.text, columns={}, columns_key="",
-                    weight=w) for i, (path, w) in enumerate(zip(files, weights))))
+    return SplitInput(
+        name="train",
+        sources=tuple(
+            SourceFiles(
+                key=f"data.train[{i}]", files=(path,), format=DataFormat.text, columns={}, columns_key="", weight=w
+            )
+            for i, (path, w) in enumerate(zip(files, weights, strict=True))
+        ),
+    )
 
 
-def mixed_stream(split: SplitInput, counts: list[int], world_size: int, rank: int, num_workers: int, *, epoch: int = 0,
-                 resume: StreamProgress | None = None) -> JsonlStream:
+def mixed_stream(
+    split: SplitInput,
+    counts: list[int],
+    world_size: int,
+    rank: int,
+    num_workers: int,
+    *,
+    epoch: int = 0,
+    resume: StreamProgress | None = None,
+) -> JsonlStream:
     collate = make_collator(RULE, pad_id=0, padding_side="right")
-    return JsonlStream(split, parse=parse, encode_batch=encode_batch, collate=collate, rule=RULE,
-                       overlength="drop", world_size=world_size, rank=rank,
-                       num_workers=num_workers, source_records=counts, seed=5, epoch=epoch, encode_chunk=4,
-                       resume=resume)
+    return JsonlStream(
+        split,
+        parse=parse,
+        encode_batch=encode_batch,
+        collate=collate,
+        rule=RULE,
+        overlength="drop",
+        world_size=world_size,
+        rank=rank,
+        num_workers=num_workers,
+        source_records=counts,
+        seed=5,
+        epoch=epoch,
+        encode_chunk=4,
+        resume=resume,
+    )
 
 
-def dealt(split: SplitInput, counts: list[int], world_size: int, num_workers: int, epoch: int = 0
-          ) -> tuple[Counter, list[int]]:
+def dealt(
+    split: SplitInput, counts: list[int], world_size: int, num_workers: int, epoch: int = 0
+) -> tuple[Counter, list[int]]:
     """Good record ids over every rank (with repeats) and the micro-batches per rank."""
     seen: Counter[int] = Counter()
     batches = []
@@ -191,9 +236,9 @@ def test_a_weighted_pass_deals_exactly_round_weight_times_records_of_each_source
     files, _, _ = corpus
     split = mixed(files, (2, 0.5))
     records = Counter()
-    for counter, record, first in pass_records(split, [37, 57], seed=5, epoch=0,
-                                               start=StreamPosition(worker=0, file_index=0, line=0, next_line=0,
-                                                                    batches=0)):
+    for _counter, record, _first in pass_records(
+        split, [37, 57], seed=5, epoch=0, start=StreamPosition(worker=0, file_index=0, line=0, next_line=0, batches=0)
+    ):
         records[record.source] += 1
     assert records == {0: 74, 1: 29}
 

@@ -8,8 +8,8 @@ import pytest
 from seqtune.config.errors import ConfigError
 from seqtune.data.formats import CHAT_ROLES, Conversation, PreTokenized, PromptCompletion
 from seqtune.data.tokenize import SampleEncoder, chat_template_roles, render_chat
-from seqtune.models import get_spec
 from seqtune.data.types import IGNORE_INDEX, Reject, TokenizedSample
+from seqtune.models import get_spec
 from seqtune.tokenizers import templates
 
 
@@ -35,7 +35,7 @@ def test_prompt_completion_labels_bos_eos(bundled_tokenizer, fmt):
     assert labels[-1] == tok.eos_token_id  # the final eos is a target
     assert labels[0] == IGNORE_INDEX
     prompt_len = len(tok("Say hi:\n", add_special_tokens=False)["input_ids"])
-    assert (labels[1: 1 + prompt_len] == IGNORE_INDEX).all()
+    assert (labels[1 : 1 + prompt_len] == IGNORE_INDEX).all()
     assert _targets(tok, sample) == "hi there</s>"
     assert sample.location == "d.jsonl:1"
 
@@ -74,7 +74,7 @@ def test_batched_encoding_equals_one_by_one(bundled_tokenizer):
     encoder = SampleEncoder(bundled_tokenizer, "alpaca", train_on_prompt=False)
     records = [_pc(f"Prompt {i} " * (i % 5 + 1) + "\n", "word " * (i % 7 + 1), line=i + 1) for i in range(40)]
     together = encoder.encode_batch(records)
-    for record, sample in zip(records, together):
+    for record, sample in zip(records, together, strict=True):
         [alone] = encoder.encode_batch([record])
         assert np.array_equal(alone.input_ids, sample.input_ids) and np.array_equal(alone.labels, sample.labels)
         assert sample.location == f"d.jsonl:{record.line}"
@@ -84,10 +84,14 @@ def test_pretokenized_gets_bos_and_eos_once_and_keeps_given_labels(bundled_token
     tok = bundled_tokenizer
     bos, eos = tok.bos_token_id, tok.eos_token_id
     encoder = SampleEncoder(tok, "tokenized", train_on_prompt=False)
-    bare = PreTokenized(file="t.jsonl", line=3, input_ids=np.array([10, 11, 12]),
-                        labels=np.array([IGNORE_INDEX, 11, 12]), padding_stripped=0)
-    full = PreTokenized(file="t.jsonl", line=4, input_ids=np.array([bos, 10, 11, eos]), labels=None,
-                        padding_stripped=2)
+    bare = PreTokenized(
+        file="t.jsonl",
+        line=3,
+        input_ids=np.array([10, 11, 12]),
+        labels=np.array([IGNORE_INDEX, 11, 12]),
+        padding_stripped=0,
+    )
+    full = PreTokenized(file="t.jsonl", line=4, input_ids=np.array([bos, 10, 11, eos]), labels=None, padding_stripped=2)
     first, second = encoder.encode_batch([bare, full])
     assert first.input_ids.tolist() == [bos, 10, 11, 12, eos]
     assert first.labels.tolist() == [IGNORE_INDEX, IGNORE_INDEX, 11, 12, eos]
@@ -103,8 +107,7 @@ def _chat(*turns: tuple[str, str], line: int = 1) -> Conversation:
 
 def test_chat_targets_only_assistant_turns_and_template_bos_not_doubled(bundled_tokenizer):
     tok = bundled_tokenizer
-    convo = _chat(("system", "Be brief."), ("user", "2+2?"), ("assistant", "4"), ("user", "3+3?"),
-                  ("assistant", "6"))
+    convo = _chat(("system", "Be brief."), ("user", "2+2?"), ("assistant", "4"), ("user", "3+3?"), ("assistant", "6"))
     [sample] = SampleEncoder(tok, "chat", train_on_prompt=False).encode_batch([convo])
     ids = sample.input_ids.tolist()
     assert tok.chat_template.startswith("{{ bos_token }}")  # the template renders bos itself
@@ -113,12 +116,13 @@ def test_chat_targets_only_assistant_turns_and_template_bos_not_doubled(bundled_
     target_text = tok.decode(sample.input_ids[sample.labels != IGNORE_INDEX], skip_special_tokens=False)
     assert target_text.replace("\n", "") == "4<|end|>6<|end|></s>"
     user_id = tok.convert_tokens_to_ids("<|user|>")
-    assert all(label == IGNORE_INDEX for i, label in zip(ids, sample.labels) if i == user_id)
+    assert all(label == IGNORE_INDEX for i, label in zip(ids, sample.labels, strict=True) if i == user_id)
 
 
 def test_chat_spans_are_inside_the_rendered_text(bundled_tokenizer):
-    text, spans = render_chat(bundled_tokenizer, [{"role": "user", "content": "hi"},
-                                                  {"role": "assistant", "content": "hello"}])
+    text, spans = render_chat(
+        bundled_tokenizer, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    )
     assert [text[lo:hi] for lo, hi in spans] == ["hello<|end|>\n</s>"]
 
 
@@ -128,18 +132,20 @@ def test_tool_turn_the_template_has_no_role_for_is_a_reject_at_its_line(bundled_
     bad = _chat(("user", "a"), ("tool", "x"), ("assistant", "b"), line=2)  # the bundled template has no tool role
     first, second = encoder.encode_batch([good, bad])
     assert isinstance(first, TokenizedSample)
-    assert isinstance(second, Reject) and (second.file, second.line, second.code) == ("c.jsonl", 2,
-                                                                                      "template_rejected")
+    assert isinstance(second, Reject) and (second.file, second.line, second.code) == ("c.jsonl", 2, "template_rejected")
     assert "messages[1] role 'tool' is not accepted by the chat template (tokenizer.chat_template)" in second.reason
 
 
-@pytest.mark.parametrize(("template", "roles"), [
-    ("bundled", ("system", "user", "assistant")),  # raises 'Unknown role' for anything else
-    ("llama3", ("system", "user", "assistant", "tool")),  # a header per message: any role renders
-    ("tinyllama", ("system", "user", "assistant")),  # Zephyr's: renders any role, but names no tool role
-    ("mistral", ("system", "user", "assistant")),  # user/assistant must alternate: no tool turn
-    ("gemma3", ("system", "user", "assistant")),
-])
+@pytest.mark.parametrize(
+    ("template", "roles"),
+    [
+        ("bundled", ("system", "user", "assistant")),  # raises 'Unknown role' for anything else
+        ("llama3", ("system", "user", "assistant", "tool")),  # a header per message: any role renders
+        ("tinyllama", ("system", "user", "assistant")),  # Zephyr's: renders any role, but names no tool role
+        ("mistral", ("system", "user", "assistant")),  # user/assistant must alternate: no tool turn
+        ("gemma3", ("system", "user", "assistant")),
+    ],
+)
 def test_the_parser_accepts_exactly_the_roles_the_template_renders(fresh_tokenizer, template, roles):
     if template != "bundled":
         fresh_tokenizer.chat_template = get_spec(template).chat_template
@@ -147,8 +153,16 @@ def test_the_parser_accepts_exactly_the_roles_the_template_renders(fresh_tokeniz
     assert chat_template_roles(fresh_tokenizer) == encoder.chat_roles == roles
     parser = encoder.line_parser("c.jsonl", media_root=None)
     for role in CHAT_ROLES:
-        line = json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
-                                        {"role": role, "content": "x"}, {"role": "assistant", "content": "b"}]})
+        line = json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": "q"},
+                    {"role": "assistant", "content": "a"},
+                    {"role": role, "content": "x"},
+                    {"role": "assistant", "content": "b"},
+                ]
+            }
+        )
         parsed = parser.parse(1, line.encode())
         accepted = not isinstance(parsed, Reject)
         assert accepted == (role in roles), parsed
@@ -156,16 +170,22 @@ def test_the_parser_accepts_exactly_the_roles_the_template_renders(fresh_tokeniz
             assert "not accepted by the chat template (tokenizer.chat_template)" in parsed.reason
 
 
-@pytest.mark.parametrize("template", [
-    "{% for m in messages %}{{ m.content ",  # Jinja syntax error
-    "{{ raise_exception('no conversations here') }}",
-    "{% for m in messages %}{{ undefined_function(m) }}{% endfor %}",
-    "{{ messages | length }}",  # renders, but not append-only: the replies cannot be located
-])
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{% for m in messages %}{{ m.content ",  # Jinja syntax error
+        "{{ raise_exception('no conversations here') }}",
+        "{% for m in messages %}{{ undefined_function(m) }}{% endfor %}",
+        "{{ messages | length }}",  # renders, but not append-only: the replies cannot be located
+    ],
+)
 def test_a_template_that_cannot_render_a_plain_chat_is_one_error_naming_its_key(fresh_tokenizer, template):
     fresh_tokenizer.chat_template = template
-    with pytest.raises(ConfigError, match=r"tokenizer\.chat_template: the chat template cannot render a plain "
-                                          r"user/assistant conversation.*Fix: set tokenizer\.chat_template"):
+    with pytest.raises(
+        ConfigError,
+        match=r"tokenizer\.chat_template: the chat template cannot render a plain "
+        r"user/assistant conversation.*Fix: set tokenizer\.chat_template",
+    ):
         SampleEncoder(fresh_tokenizer, "chat", train_on_prompt=False)
     SampleEncoder(fresh_tokenizer, "alpaca", train_on_prompt=False)  # only chat data needs the template
 
@@ -181,6 +201,9 @@ def test_chat_template_error_becomes_a_reject_at_its_line(fresh_tokenizer):
 
 def test_chat_without_any_template_names_tokenizer_chat_template(fresh_tokenizer):
     fresh_tokenizer.chat_template = None
-    with pytest.raises(ConfigError, match=r"tokenizer.chat_template: .*no chat template.*Fix: "
-                                          r"tokenizer.chat_template=NAME \(one of llama3, mistral_v1"):
+    with pytest.raises(
+        ConfigError,
+        match=r"tokenizer.chat_template: .*no chat template.*Fix: "
+        r"tokenizer.chat_template=NAME \(one of llama3, mistral_v1",
+    ):
         SampleEncoder(fresh_tokenizer, "chat", train_on_prompt=False)

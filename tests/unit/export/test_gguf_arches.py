@@ -25,9 +25,15 @@ def test_an_unknown_architecture_and_rope_scaling_are_refused_naming_why():
     assert set(ARCHES) >= {"llama", "mistral", "gemma3_text"}
 
 
-@pytest.mark.parametrize(("name", "model", "pre", "space"), [
-    ("llama2_spm", "llama", "default", True), ("mistral_v3", "llama", "default", True),
-    ("gemma3", "llama", "default", False), ("llama3", "gpt2", "llama-bpe", False)])
+@pytest.mark.parametrize(
+    ("name", "model", "pre", "space"),
+    [
+        ("llama2_spm", "llama", "default", True),
+        ("mistral_v3", "llama", "default", True),
+        ("gemma3", "llama", "default", False),
+        ("llama3", "gpt2", "llama-bpe", False),
+    ],
+)
 def test_the_vocabulary_is_written_as_llama_cpp_reads_each_tokenizer(name, model, pre, space):
     import json
 

@@ -44,6 +44,10 @@ def lora_for(model, lora, family: str):
     from seqtune.models.spec import modules_trained_in_full
 
     rows = model.get_input_embeddings().weight.shape[0]
-    saved = modules_trained_in_full(lora.modules_to_save, tied=bool(model.config.tie_word_embeddings),
-                                    base_rows=getattr(model, "seqtune_base_rows", rows), rows=rows)
+    saved = modules_trained_in_full(
+        lora.modules_to_save,
+        tied=bool(model.config.tie_word_embeddings),
+        base_rows=getattr(model, "seqtune_base_rows", rows),
+        rows=rows,
+    )
     return apply_lora(model, lora, targets=get_spec(family).lora_targets, saved=saved)

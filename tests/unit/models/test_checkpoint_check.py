@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY_FAMILIES, tiny_cfg
 from safetensors.torch import load_file, save_file
 
-from conftest import TINY_FAMILIES, tiny_cfg
 from seqtune.config.errors import ModelLoadError
 from seqtune.models import build_model, load_model_config
 from seqtune.models.checkpoint_check import check_finite_weights, check_loading_info, checkpoint_faults
@@ -63,8 +63,11 @@ def test_names_matching_nothing(saved, tmp_path):
     path = _copy(saved, "single", tmp_path)
     _rewrite(path, lambda t: {f"transformer.{k}": v for k, v in t.items()})
     missing, extra = _faults(path)
-    assert re.search(r"model.safetensors: \d+ of the \d+ parameters .* are not in the checkpoint \(lm_head.weight, "
-                     r"model.embed_tokens.weight.*random values. Fix: point model.path", missing)
+    assert re.search(
+        r"model.safetensors: \d+ of the \d+ parameters .* are not in the checkpoint \(lm_head.weight, "
+        r"model.embed_tokens.weight.*random values. Fix: point model.path",
+        missing,
+    )
     assert "no parameter of the architecture config.json declares (transformer.lm_head.weight" in extra
 
 
@@ -79,8 +82,11 @@ def test_a_tensor_of_the_wrong_shape(saved, tmp_path):
     path = _copy(saved, "single", tmp_path)
     _rewrite(path, lambda t: {**t, "model.layers.0.mlp.up_proj.weight": t["model.layers.0.mlp.up_proj.weight"][:7]})
     (fault,) = _faults(path)
-    assert re.search(r"model.safetensors: tensor model.layers.0.mlp.up_proj.weight has shape \[7, 64\], the "
-                     r"architecture \(config.json\) declares \[\d+, 64\]. Fix:", fault)
+    assert re.search(
+        r"model.safetensors: tensor model.layers.0.mlp.up_proj.weight has shape \[7, 64\], the "
+        r"architecture \(config.json\) declares \[\d+, 64\]. Fix:",
+        fault,
+    )
 
 
 def test_a_quantized_dtype(saved, tmp_path):
@@ -127,10 +133,18 @@ def test_config_json_that_is_a_list_is_refused(saved, tmp_path):
 
 def test_transformers_loading_report_never_passes_silently():
     with pytest.raises(ModelLoadError, match=r"transformers did not load.*missing keys: model.norm.weight.*Fix:"):
-        check_loading_info({"missing_keys": {"model.norm.weight"}, "unexpected_keys": set(), "mismatched_keys": set(),
-                            "error_msgs": []}, "/ckpt")
-    check_loading_info({"missing_keys": set(), "unexpected_keys": set(), "mismatched_keys": set(), "error_msgs": []},
-                       "/ckpt")
+        check_loading_info(
+            {
+                "missing_keys": {"model.norm.weight"},
+                "unexpected_keys": set(),
+                "mismatched_keys": set(),
+                "error_msgs": [],
+            },
+            "/ckpt",
+        )
+    check_loading_info(
+        {"missing_keys": set(), "unexpected_keys": set(), "mismatched_keys": set(), "error_msgs": []}, "/ckpt"
+    )
 
 
 def test_non_finite_weights_are_refused_after_the_load(saved, tmp_path):
@@ -141,6 +155,7 @@ def test_non_finite_weights_are_refused_after_the_load(saved, tmp_path):
     def poison(t):
         t["model.layers.1.self_attn.q_proj.weight"][5, 3] = float("inf")
         return t
+
     _rewrite(path, poison)
     with pytest.raises(ModelLoadError, match=r"parameter model.layers.1.self_attn.q_proj.weight holds non-finite"):
         build_model(tiny_cfg("llama3", path=str(path)), attn_implementation="sdpa")

@@ -5,8 +5,8 @@ explicit choice is a ConfigError naming the key and the fix."""
 from __future__ import annotations
 
 import pytest
-
 from conftest import tiny_cfg
+
 from seqtune.config.errors import ConfigError
 from seqtune.models import attention, get_spec
 from seqtune.models.attention import AttentionEnv, attention_choice, attn_backend_problems
@@ -61,8 +61,11 @@ def test_explicit_portable_choices_pass_through(explicit):
 
 
 def test_flash_kernels_on_cpu_are_config_errors_with_the_fix():
-    with pytest.raises(ConfigError, match=r"model.attn_implementation=flash_attention_2 needs a CUDA device, not "
-                                          r"cpu\. Fix: model.attn_implementation=auto"):
+    with pytest.raises(
+        ConfigError,
+        match=r"model.attn_implementation=flash_attention_2 needs a CUDA device, not "
+        r"cpu\. Fix: model.attn_implementation=auto",
+    ):
         attention_choice("flash_attention_2", CPU_BF16)
     with pytest.raises(ConfigError, match=r"model.attn_implementation=torch_varlen needs a CUDA device"):
         attention_choice("torch_varlen", CPU_BF16)
@@ -73,7 +76,8 @@ def test_problems_are_collected_for_preflight():
     assert any("CUDA" in p for p in problems)
     assert any("bf16/fp16" in p and p.endswith("train.mixed_precision=bf16") for p in problems)
     assert attn_backend_problems("flash", CPU_BF16)[0].startswith(
-        "model.attn_implementation='flash' is not one of auto, flash_attention_2, torch_varlen, sdpa, eager")
+        "model.attn_implementation='flash' is not one of auto, flash_attention_2, torch_varlen, sdpa, eager"
+    )
 
 
 def test_the_plan_reads_window_dropout_and_softcap_from_the_model_config(tmp_path):
@@ -85,11 +89,29 @@ def test_the_plan_reads_window_dropout_and_softcap_from_the_model_config(tmp_pat
     checkpoint = tmp_path / "ckpt"
     checkpoint.mkdir()
     (checkpoint / "model.safetensors").write_bytes(b"")
-    config = {"model_type": "llama", "vocab_size": 64, "max_position_embeddings": 128, "num_hidden_layers": 2,
-              "attention_dropout": 0.1}
+    config = {
+        "model_type": "llama",
+        "vocab_size": 64,
+        "max_position_embeddings": 128,
+        "num_hidden_layers": 2,
+        "attention_dropout": 0.1,
+    }
     (checkpoint / "config.json").write_text(json.dumps(config))
-    facts = read_model_facts(tiny_cfg("llama3", path=str(checkpoint), vocab_size=None, hidden_size=None,
-                                      intermediate_size=None, num_layers=None, num_heads=None, num_kv_heads=None,
-                                      max_position_embeddings=None, rope_theta=None, rope_scaling_factor=None,
-                                      tie_word_embeddings=None), get_spec("llama3"))
+    facts = read_model_facts(
+        tiny_cfg(
+            "llama3",
+            path=str(checkpoint),
+            vocab_size=None,
+            hidden_size=None,
+            intermediate_size=None,
+            num_layers=None,
+            num_heads=None,
+            num_kv_heads=None,
+            max_position_embeddings=None,
+            rope_theta=None,
+            rope_scaling_factor=None,
+            tie_word_embeddings=None,
+        ),
+        get_spec("llama3"),
+    )
     assert facts.attention_dropout_or_softcap and not facts.sliding_window and facts.model_type == "llama"

@@ -17,18 +17,20 @@ from seqtune.data.tokenize import SampleEncoder
 from seqtune.models import load_model_config, read_model_facts, spec_for
 from seqtune.models.memory import meta_model
 from seqtune.preflight import checks_labels as labels
-from seqtune.preflight.tokens import terminators
 from seqtune.preflight.observe import observe_split
+from seqtune.preflight.tokens import terminators
 from seqtune.tokenizers import load_tokenizer
 from seqtune.tokenizers.control import control_tokens, literal_controls, whitespace_ids
 from tests.checkpoints import KINDS, build_checkpoint
 from tests.conftest import scan_files
 
 # kind: (class, end-of-turn, tied, padding side)
-EXPECTED = {"phi3": ("Phi3ForCausalLM", "<|end|>", False, "left"),
-            "qwen2": ("Qwen2ForCausalLM", "<|im_end|>", True, "right"),
-            "olmo2": ("Olmo2ForCausalLM", "</s>", False, "right"),
-            "smollm": ("LlamaForCausalLM", "<|im_end|>", True, "right")}
+EXPECTED = {
+    "phi3": ("Phi3ForCausalLM", "<|end|>", False, "left"),
+    "qwen2": ("Qwen2ForCausalLM", "<|im_end|>", True, "right"),
+    "olmo2": ("Olmo2ForCausalLM", "</s>", False, "right"),
+    "smollm": ("LlamaForCausalLM", "<|im_end|>", True, "right"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +48,18 @@ def test_facts_come_from_the_checkpoint_and_match_the_model_transformers_builds(
     cfg = auto(checkpoints[kind])
     spec, facts = spec_for(cfg), read_model_facts(cfg, spec_for(cfg))
     model_class, eot, tied, side = EXPECTED[kind]
-    assert (spec.hf_model_class, spec.eot_token, facts.tied_embeddings, spec.padding_side) == (model_class, eot, tied,
-                                                                                                side)
+    assert (spec.hf_model_class, spec.eot_token, facts.tied_embeddings, spec.padding_side) == (
+        model_class,
+        eot,
+        tied,
+        side,
+    )
     model = meta_model(load_model_config(cfg))
-    linear = sorted(name.removeprefix("model.layers.0.") for name, module in model.named_modules()
-                    if name.startswith("model.layers.0.") and isinstance(module, nn.Linear))
+    linear = sorted(
+        name.removeprefix("model.layers.0.")
+        for name, module in model.named_modules()
+        if name.startswith("model.layers.0.") and isinstance(module, nn.Linear)
+    )
     assert list(spec.layer_modules) == linear  # the safetensors' layer-0 matrices are exactly its Linear modules
     assert facts.embedding_rows == model.get_input_embeddings().num_embeddings and not facts.sliding_window
     assert set(spec.sources) >= {"architecture", "tied embeddings", "LoRA targets", "end of turn", "padding side"}
@@ -60,8 +69,14 @@ def test_facts_come_from_the_checkpoint_and_match_the_model_transformers_builds(
 def test_the_checkpoints_end_of_turn_is_trained_and_a_masking_template_is_caught(checkpoints, kind, tmp_path):
     cfg = auto(checkpoints[kind])
     tokenizer = load_tokenizer(TokenizerConfig(source="path"), cfg)
-    conversation = {"messages": [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Fine."},
-                                 {"role": "user", "content": "And?"}, {"role": "assistant", "content": "Still."}]}
+    conversation = {
+        "messages": [
+            {"role": "user", "content": "Hi?"},
+            {"role": "assistant", "content": "Fine."},
+            {"role": "user", "content": "And?"},
+            {"role": "assistant", "content": "Still."},
+        ]
+    }
     data = tmp_path / "chat.jsonl"
     data.write_text(json.dumps(conversation) + "\n")
 
@@ -69,18 +84,27 @@ def test_the_checkpoints_end_of_turn_is_trained_and_a_masking_template_is_caught
         encoder = SampleEncoder(tokenizer, "chat", train_on_prompt=False)
         scan = scan_files("train", [data], encoder, cache_root=tmp_path / "tokens")
         control = control_tokens(tokenizer)
-        observed = observe_split(scan.cache_dir, control=control, literal=literal_controls(tokenizer),
-                                 bos_id=encoder.bos_id, scan_text=True, space_ids=whitespace_ids(tokenizer))
+        observed = observe_split(
+            scan.cache_dir,
+            control=control,
+            literal=literal_controls(tokenizer),
+            bos_id=encoder.bos_id,
+            scan_text=True,
+            space_ids=whitespace_ids(tokenizer),
+        )
         ends = terminators(tokenizer, spec_for(cfg).eot_token, templated=True)
-        return labels.check_turn_terminators(split="train", templated=True, run_ends=observed.run_ends,
-                                             terminators=ends)
+        return labels.check_turn_terminators(
+            split="train", templated=True, run_ends=observed.run_ends, terminators=ends
+        )
 
     assert problems() == []
     eot = spec_for(cfg).eot_token
     # The end-of-turn written at the start of the next turn: outside every assistant span, so never trained.
-    tokenizer.chat_template = ("{% for m in messages %}{% if not loop.first %}" + eot + "{% endif %}"
-                               "{{ m['role'] + ': ' + m['content'] }}{% endfor %}"
-                               "{% if add_generation_prompt %}" + eot + "{{ 'assistant: ' }}{% endif %}")
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if not loop.first %}" + eot + "{% endif %}"
+        "{{ m['role'] + ': ' + m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}" + eot + "{{ 'assistant: ' }}{% endif %}"
+    )
     masked = problems()
     assert [p.check for p in masked] == ["terminator"] and masked[0].key == "tokenizer.chat_template"
 
@@ -106,5 +130,6 @@ def test_auto_without_a_checkpoint_is_refused():
 
 def test_a_named_family_pointed_at_another_architecture_suggests_auto(checkpoints):
     with pytest.raises(ModelLoadError, match=r"model_type='phi3' checkpoint but model.family=llama3.*Fix: model=hf"):
-        read_model_facts(ModelConfig(family="llama3", path=str(checkpoints["phi3"])), spec_for(ModelConfig(
-            family="llama3")))
+        read_model_facts(
+            ModelConfig(family="llama3", path=str(checkpoints["phi3"])), spec_for(ModelConfig(family="llama3"))
+        )

@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-
 from conftest import random_batch, tiny_cfg
+
 from seqtune.config.errors import ConfigError, ModelLoadError
 from seqtune.models import build_model, load_model_config
 
@@ -45,8 +45,12 @@ def test_family_only_config_reads_the_checkpoint_without_weights(saved_llama3, t
 def test_sharded_checkpoint_index_is_accepted_and_missing_shards_named(saved_llama3, tmp_path):
     path, _ = saved_llama3
     (tmp_path / "config.json").write_text((path / "config.json").read_text())
-    index = {"weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors",
-                            "lm_head.weight": "model-00002-of-00002.safetensors"}}
+    index = {
+        "weight_map": {
+            "model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+            "lm_head.weight": "model-00002-of-00002.safetensors",
+        }
+    }
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"")
     with pytest.raises(ModelLoadError, match=r"missing shards .*model-00002-of-00002.safetensors"):
@@ -57,7 +61,9 @@ def test_sharded_checkpoint_index_is_accepted_and_missing_shards_named(saved_lla
 
 def test_field_differing_from_checkpoint_is_an_error(saved_llama3):
     path, _ = saved_llama3
-    with pytest.raises(ConfigError, match=r"model.hidden_size=128 but the checkpoint has 64.*Fix: model.hidden_size=null"):
+    with pytest.raises(
+        ConfigError, match=r"model.hidden_size=128 but the checkpoint has 64.*Fix: model.hidden_size=null"
+    ):
         load_model_config(tiny_cfg("llama3", path=str(path), hidden_size=128))
 
 
@@ -65,7 +71,10 @@ FIX = r"Fix: model.path=/path/to/checkpoint, or a hub id model.path=ORG/NAME"
 
 
 def test_missing_path(tmp_path):
-    with pytest.raises(ModelLoadError, match=rf"model.path=\S*nope does not exist\. Expected a local Hugging Face checkpoint directory \(config.json.*{FIX}"):
+    with pytest.raises(
+        ModelLoadError,
+        match=rf"model.path=\S*nope does not exist\. Expected a local Hugging Face checkpoint directory \(config.json.*{FIX}",
+    ):
         load_model_config(tiny_cfg("llama3", path=str(tmp_path / "nope")))
 
 
@@ -92,13 +101,26 @@ def test_pickle_only_checkpoint_is_refused(saved_llama3, tmp_path):
 
 def test_family_and_model_type_mismatch_names_both(saved_llama3):
     path, _ = saved_llama3
-    with pytest.raises(ModelLoadError, match=r"model_type='llama' checkpoint but model.family=gemma3 expects model_type 'gemma3_text'.*Fix: model.family=llama3"):
+    with pytest.raises(
+        ModelLoadError,
+        match=r"model_type='llama' checkpoint but model.family=gemma3 expects model_type 'gemma3_text'.*Fix: model.family=llama3",
+    ):
         load_model_config(tiny_cfg("gemma3", path=str(path), **{k: None for k in GEMMA_FIELDS}))
 
 
-GEMMA_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
-                "head_dim", "max_position_embeddings", "sliding_window", "sliding_window_pattern",
-                "tie_word_embeddings")
+GEMMA_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "max_position_embeddings",
+    "sliding_window",
+    "sliding_window_pattern",
+    "tie_word_embeddings",
+)
 
 
 def test_gemma3_roundtrip_keeps_layer_pattern_and_tying(tmp_path):
@@ -116,7 +138,9 @@ def test_gemma3_roundtrip_keeps_layer_pattern_and_tying(tmp_path):
 def test_load_in_4bit_without_cuda_is_a_config_error():
     if torch.cuda.is_available():
         pytest.skip("CUDA present: 4-bit loading is allowed")
-    with pytest.raises(ConfigError, match=r"model.load_in_4bit=true needs a CUDA device.*Fix: model.load_in_4bit=false"):
+    with pytest.raises(
+        ConfigError, match=r"model.load_in_4bit=true needs a CUDA device.*Fix: model.load_in_4bit=false"
+    ):
         build_model(tiny_cfg("llama3", load_in_4bit=True), attn_implementation="sdpa")
 
 

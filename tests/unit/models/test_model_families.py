@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-import pytest
-import torch
-import transformers
-
 import math
 from pathlib import Path
 
+import pytest
+import torch
+import transformers
 from conftest import MODEL_CONFIGS, TINY_FAMILIES, random_batch, tiny_cfg
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
 from seqtune.config.errors import ConfigError
 from seqtune.models import build_model, count_parameters, get_spec, load_model_config, read_model_facts
 
@@ -121,7 +121,9 @@ def test_null_fields_take_the_family_tiny_defaults():
 
 
 def test_field_the_family_does_not_use_is_an_error():
-    with pytest.raises(ConfigError, match=r"model.sliding_window=64.*not used by model.family=llama3.*Fix: model.sliding_window=null"):
+    with pytest.raises(
+        ConfigError, match=r"model.sliding_window=64.*not used by model.family=llama3.*Fix: model.sliding_window=null"
+    ):
         load_model_config(tiny_cfg("llama3", sliding_window=64))
 
 
@@ -136,16 +138,28 @@ CONVERSATION = [
     {"role": "assistant", "content": "Hello"},
 ]
 # The real models' bos / eos (what their tokenizers put around a conversation).
-BOS_EOS = {"llama3": ("<|begin_of_text|>", "<|end_of_text|>"), "gemma3": ("<bos>", "<eos>"),
-           "mistral": ("<s>", "</s>"), "tinyllama": ("<s>", "</s>"), "qwen3": (None, "<|im_end|>")}
+BOS_EOS = {
+    "llama3": ("<|begin_of_text|>", "<|end_of_text|>"),
+    "gemma3": ("<bos>", "<eos>"),
+    "mistral": ("<s>", "</s>"),
+    "tinyllama": ("<s>", "</s>"),
+    "qwen3": (None, "<|im_end|>"),
+}
 MARKERS = {
-    "llama3": ["<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>",
-               "<|start_header_id|>assistant<|end_header_id|>\n\nHello<|eot_id|>"],
-    "gemma3": ["<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n", "<start_of_turn>model\nHello<end_of_turn>\n"],
+    "llama3": [
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>",
+        "<|start_header_id|>assistant<|end_header_id|>\n\nHello<|eot_id|>",
+    ],
+    "gemma3": [
+        "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n",
+        "<start_of_turn>model\nHello<end_of_turn>\n",
+    ],
     "mistral": ["<s>[INST] Be brief.\n\nHi [/INST] Hello</s>"],
     "tinyllama": ["<|system|>\nBe brief.</s>\n<|user|>\nHi</s>\n<|assistant|>\nHello</s>\n"],
-    "qwen3": ["<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n",
-              "<|im_start|>assistant\n<think>\n\n</think>\n\nHello<|im_end|>\n"],
+    "qwen3": [
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n",
+        "<|im_start|>assistant\n<think>\n\n</think>\n\nHello<|im_end|>\n",
+    ],
 }
 
 
@@ -170,9 +184,14 @@ def test_every_family_module_is_in_the_registry_and_every_member_has_its_files()
     from seqtune.models.spec import FAMILIES
 
     models_dir = Path(__file__).resolve().parents[3] / "seqtune/models"
-    with_spec = {path.stem for path in models_dir.glob("*.py")
-                 if any(isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "SPEC" for t in node.targets)
-                        for node in ast.parse(path.read_text()).body)}
+    with_spec = {
+        path.stem
+        for path in models_dir.glob("*.py")
+        if any(
+            isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "SPEC" for t in node.targets)
+            for node in ast.parse(path.read_text()).body
+        )
+    }
     assert with_spec == set(FAMILIES)
     assert all((MODEL_CONFIGS / f"{family}_tiny.yaml").is_file() for family in FAMILIES)
     assert all(get_spec(family).family == family for family in FAMILIES)

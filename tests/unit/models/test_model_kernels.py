@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import lora_for, random_batch, tiny_cfg
+
 from seqtune.config.errors import ConfigError
 from seqtune.config.schema import LoraConfig
 from seqtune.models import build_model

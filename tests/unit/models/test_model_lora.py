@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import lora_for, random_batch, tiny_cfg
 from peft import PeftModel
 from safetensors.torch import load_file
 
-from conftest import lora_for, random_batch, tiny_cfg
 from seqtune.config.schema import LoraConfig
 from seqtune.models import (
     build_model,
@@ -31,7 +31,9 @@ def test_default_targets_match_every_projection(family):
     assert set(spec.lora_targets) == DEFAULT_TARGETS
     assert unmatched_targets(spec.lora_targets, lora_module_names(spec, model.config.num_hidden_layers)) == []
     peft_model = lora_for(model, LoraConfig(rank=4), family)
-    wrapped = {name.split(".lora_A")[0].rsplit(".", 1)[-1] for name, _ in peft_model.named_parameters() if "lora_A" in name}
+    wrapped = {
+        name.split(".lora_A")[0].rsplit(".", 1)[-1] for name, _ in peft_model.named_parameters() if "lora_A" in name
+    }
     assert wrapped == DEFAULT_TARGETS
     counts = count_parameters(peft_model)
     assert 0 < counts.trainable < counts.total // 5
@@ -44,8 +46,11 @@ def test_spec_module_layout_is_the_real_module_tree(family):
     from seqtune.models import load_model_config
 
     cfg = tiny_cfg(family, num_layers=3)
-    real = [name for name, module in meta_model(load_model_config(cfg)).named_modules()
-            if isinstance(module, LORA_MODULE_TYPES) and name]
+    real = [
+        name
+        for name, module in meta_model(load_model_config(cfg)).named_modules()
+        if isinstance(module, LORA_MODULE_TYPES) and name
+    ]
     assert lora_module_names(get_spec(family), 3) == real
 
 
@@ -131,8 +136,11 @@ def test_gradient_checkpointing_with_lora_still_trains_adapters():
 @pytest.mark.parametrize("family", ["gemma3", "llama3"])
 def test_head_trained_in_full_saves_and_reloads_for_tied_and_untied_models(family, tmp_path):
     """lora=tiny trains lm_head in full; with Gemma's tied embeddings peft must take the embedding with it."""
-    model = lora_for(build_model(tiny_cfg(family), attn_implementation="sdpa"),
-                     LoraConfig(rank=4, modules_to_save=["lm_head"]), family)
+    model = lora_for(
+        build_model(tiny_cfg(family), attn_implementation="sdpa"),
+        LoraConfig(rank=4, modules_to_save=["lm_head"]),
+        family,
+    )
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert any("lm_head" in n or "embed_tokens" in n for n in trainable)
     ids = random_batch(model.config.vocab_size, batch=2, seq=16)
@@ -153,8 +161,11 @@ def test_mostly_new_rows_train_the_embedding_in_full_and_keep_the_adapter_config
     # A tiny model with a real tokenizer's vocabulary: 5,056 new rows next to 4,096 old ones.
     cfg = tiny_cfg(family)
     # lm_head named as well (lora=tiny does): each module is wrapped once.
-    peft_model = lora_for(build_model(cfg, attn_implementation="sdpa", resize_to=9100),
-                          LoraConfig(rank=4, modules_to_save=["lm_head"]), family)
+    peft_model = lora_for(
+        build_model(cfg, attn_implementation="sdpa", resize_to=9100),
+        LoraConfig(rank=4, modules_to_save=["lm_head"]),
+        family,
+    )
     assert sorted(peft_model.peft_config["default"].modules_to_save) == ["embed_tokens", "lm_head"]
     names = [n for n, p in peft_model.named_parameters() if p.requires_grad]
     assert not any("trainable_tokens_delta" in n for n in names)
@@ -172,8 +183,9 @@ def test_mostly_new_rows_train_the_embedding_in_full_and_keep_the_adapter_config
     save_adapter(peft_model, tmp_path)
     config = (tmp_path / "adapter_config.json").read_text()
     assert len(config) < 4000 and '"trainable_token_indices": null' in config
-    reloaded = PeftModel.from_pretrained(build_model(cfg, attn_implementation="sdpa", resize_to=9100),
-                                         str(tmp_path)).eval()
+    reloaded = PeftModel.from_pretrained(
+        build_model(cfg, attn_implementation="sdpa", resize_to=9100), str(tmp_path)
+    ).eval()
     with torch.no_grad():
         torch.testing.assert_close(reloaded(input_ids=batch).logits, expected)
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-import transformers
-
 import torch
-
+import transformers
 from conftest import lora_for, random_batch, tiny_cfg
+
 from seqtune.config.schema import LoraConfig
 from seqtune.models import (
     MemoryInputs,
@@ -18,27 +17,48 @@ from seqtune.models import (
     count_parameters,
     get_spec,
     load_model_config,
+    memory,
     memory_estimate,
     meta_model,
 )
-from seqtune.models import memory
 from seqtune.models.memory import NF4_BYTES_PER_WEIGHT
 from seqtune.models.token_loss import chunk_tokens
 
 TARGETS = tuple(get_spec("llama3").lora_targets)
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 GIB = 2**30
-LLAMA3_8B = transformers.LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                                     num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                                     max_position_embeddings=131072)
-TINYLLAMA_1B = transformers.LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=5632,
-                                        num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
-                                        max_position_embeddings=131072)
+LLAMA3_8B = transformers.LlamaConfig(
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    max_position_embeddings=131072,
+)
+TINYLLAMA_1B = transformers.LlamaConfig(
+    vocab_size=128256,
+    hidden_size=2048,
+    intermediate_size=5632,
+    num_hidden_layers=22,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    max_position_embeddings=131072,
+)
 
 
 def inputs(hf, **changes) -> MemoryInputs:
-    base = MemoryInputs(hf_config=hf, vocab_rows=hf.vocab_size, weights_dtype="float32", compute_dtype="float32",
-                        lora_enabled=True, lora_rank=8, lora_targets=TARGETS, batch_tokens=512, seq_len=128)
+    base = MemoryInputs(
+        hf_config=hf,
+        vocab_rows=hf.vocab_size,
+        weights_dtype="float32",
+        compute_dtype="float32",
+        lora_enabled=True,
+        lora_rank=8,
+        lora_targets=TARGETS,
+        batch_tokens=512,
+        seq_len=128,
+    )
     return replace(base, **changes)
 
 
@@ -72,12 +92,16 @@ def test_fsdp_shards_state_and_keeps_two_layers_whole():
 
 
 def test_qlora_stores_nf4_linears_and_upcasts_the_rest():
-    est = memory_estimate(inputs(LLAMA3_8B, weights_dtype="bfloat16", compute_dtype="bfloat16", load_in_4bit=True,
-                                 autocast=True))
+    est = memory_estimate(
+        inputs(LLAMA3_8B, weights_dtype="bfloat16", compute_dtype="bfloat16", load_in_4bit=True, autocast=True)
+    )
     model = meta_model(LLAMA3_8B)
     total = count_parameters(model).total
-    body = sum(m.weight.numel() for n, m in model.named_modules()
-               if isinstance(m, transformers.pytorch_utils.nn.Linear) and n != "lm_head")
+    body = sum(
+        m.weight.numel()
+        for n, m in model.named_modules()
+        if isinstance(m, transformers.pytorch_utils.nn.Linear) and n != "lm_head"
+    )
     assert est.weights_bytes == int(body * NF4_BYTES_PER_WEIGHT + (total - body) * 4)
     # The 7B quantized body takes 3.6 GB; the embedding and head, upcast to fp32, another 4.2 GB.
     assert 7.5e9 < est.weights_bytes < 8.0e9
@@ -92,8 +116,17 @@ def test_chunked_loss_costs_one_chunk_of_logits_not_tokens_times_vocab():
 
 
 def test_checkpointing_and_liger_kernels_keep_less():
-    base = inputs(LLAMA3_8B, weights_dtype="bfloat16", compute_dtype="bfloat16", autocast=True, batch_tokens=8192,
-                  seq_len=4096, lora_rank=16, lora_targets=ALL, attention="torch_varlen")
+    base = inputs(
+        LLAMA3_8B,
+        weights_dtype="bfloat16",
+        compute_dtype="bfloat16",
+        autocast=True,
+        batch_tokens=8192,
+        seq_len=4096,
+        lora_rank=16,
+        lora_targets=ALL,
+        attention="torch_varlen",
+    )
     plain = memory_estimate(base)
     assert memory_estimate(replace(base, gradient_checkpointing=True)).activations_bytes < plain.activations_bytes / 4
     assert memory_estimate(replace(base, kernels="liger", loss="fused")).activations_bytes < plain.activations_bytes
@@ -104,21 +137,39 @@ def test_checkpointing_and_liger_kernels_keep_less():
 MEASURED_GIB = {
     "8b_packed": (LLAMA3_8B, dict(batch_tokens=8192, kernels="liger", loss="fused"), 53.10),
     "8b_packed_torch_kernels": (LLAMA3_8B, dict(batch_tokens=8192, kernels="torch", loss="chunked"), 64.49),
-    "8b_checkpointing": (LLAMA3_8B, dict(batch_tokens=16384, kernels="liger", loss="fused",
-                                         gradient_checkpointing=True), 22.69),
+    "8b_checkpointing": (
+        LLAMA3_8B,
+        dict(batch_tokens=16384, kernels="liger", loss="fused", gradient_checkpointing=True),
+        22.69,
+    ),
     "bf16_lora_1b": (TINYLLAMA_1B, dict(batch_tokens=4096, seq_len=1024, kernels="liger", loss="fused"), 8.71),
-    "qlora_1b": (TINYLLAMA_1B, dict(batch_tokens=4096, seq_len=1024, kernels="liger", loss="fused",
-                                    load_in_4bit=True), 12.80),
-    "bf16_full_ft_1b": (TINYLLAMA_1B, dict(batch_tokens=4096, seq_len=1024, kernels="liger", loss="fused",
-                                           lora_enabled=False), 14.59),
+    "qlora_1b": (
+        TINYLLAMA_1B,
+        dict(batch_tokens=4096, seq_len=1024, kernels="liger", loss="fused", load_in_4bit=True),
+        12.80,
+    ),
+    "bf16_full_ft_1b": (
+        TINYLLAMA_1B,
+        dict(batch_tokens=4096, seq_len=1024, kernels="liger", loss="fused", lora_enabled=False),
+        14.59,
+    ),
 }
 
 
 @pytest.mark.parametrize("name", sorted(MEASURED_GIB))
 def test_estimate_holds_against_the_measured_gpu_peaks(name):
     hf, changes, measured = MEASURED_GIB[name]
-    run = inputs(hf, weights_dtype="bfloat16", compute_dtype="bfloat16", autocast=True, seq_len=4096, lora_rank=16,
-                 lora_targets=ALL, attention="torch_varlen", native_gqa=False)
+    run = inputs(
+        hf,
+        weights_dtype="bfloat16",
+        compute_dtype="bfloat16",
+        autocast=True,
+        seq_len=4096,
+        lora_rank=16,
+        lora_targets=ALL,
+        attention="torch_varlen",
+        native_gqa=False,
+    )
     estimate = memory_estimate(replace(run, **changes)).total_bytes / GIB
     assert abs(estimate / measured - 1) <= 0.15, (estimate, measured)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import lora_for, tiny_cfg
+
 from seqtune.config.schema import LoraConfig
 from seqtune.data.types import IGNORE_INDEX
 from seqtune.models import build_model
@@ -17,8 +17,9 @@ from seqtune.models.token_loss import chunk_tokens, install_token_loss
 
 def full_logits_loss(model, ids, targets):
     logits = model(input_ids=ids, use_cache=False).logits
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                           ignore_index=IGNORE_INDEX, reduction="sum")
+    return F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
 
 
 def grads(model):
@@ -34,15 +35,17 @@ def batch(vocab: int):
     return ids, targets
 
 
-@pytest.mark.parametrize("family,lora", [("llama3", "lm_head"), ("gemma3", "none"), ("mistral", "resize"),
-                                         ("tinyllama", "full")])
+@pytest.mark.parametrize(
+    "family,lora", [("llama3", "lm_head"), ("gemma3", "none"), ("mistral", "resize"), ("tinyllama", "full")]
+)
 def test_chunked_loss_equals_full_logits_loss_value_and_gradients(family, lora):
     def build():
         model = build_model(tiny_cfg(family), attn_implementation="eager", resize_to=4160 if lora == "resize" else None)
         if lora == "full":
             return model
-        return lora_for(model, LoraConfig(rank=4, dropout=0.0, modules_to_save=["lm_head"] if lora == "lm_head"
-                                          else []), family)
+        return lora_for(
+            model, LoraConfig(rank=4, dropout=0.0, modules_to_save=["lm_head"] if lora == "lm_head" else []), family
+        )
 
     reference, chunked = build(), build()
     chunked.load_state_dict(reference.state_dict())
@@ -84,8 +87,11 @@ def test_loss_path_follows_kernels_and_the_head():
 
 
 def test_fused_refuses_a_wrapped_head():
-    model = lora_for(build_model(tiny_cfg("llama3"), attn_implementation="sdpa"),
-                     LoraConfig(rank=4, modules_to_save=["lm_head"]), "llama3")
+    model = lora_for(
+        build_model(tiny_cfg("llama3"), attn_implementation="sdpa"),
+        LoraConfig(rank=4, modules_to_save=["lm_head"]),
+        "llama3",
+    )
     with pytest.raises(ValueError, match="fused loss needs a plain Linear head"):
         install_token_loss(model, path="fused")
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import TINY_FAMILIES, tiny_cfg
+
 from seqtune.data.batching import BatchRule
 from seqtune.data.collate import make_collator
 from seqtune.data.types import IGNORE_INDEX, TokenizedSample
@@ -48,15 +48,17 @@ def loss_and_grads(model, batch):
     model.zero_grad(set_to_none=True)
     inputs = {k: batch[k] for k in ("input_ids", "position_ids", "attention_mask") if k in batch}
     logits = model(**inputs, use_cache=False).logits
-    loss = F.cross_entropy(logits.float().flatten(0, 1), batch["targets"].flatten(), ignore_index=IGNORE_INDEX,
-                           reduction="sum")
+    loss = F.cross_entropy(
+        logits.float().flatten(0, 1), batch["targets"].flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
     loss.backward()
     return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 @pytest.mark.parametrize("family", TINY_FAMILIES)
-@pytest.mark.parametrize("strategy,side", [("packed", "right"), ("longest", "right"), ("longest", "left"),
-                                           ("bucket", "right")])
+@pytest.mark.parametrize(
+    "strategy,side", [("packed", "right"), ("longest", "right"), ("longest", "left"), ("bucket", "right")]
+)
 def test_varlen_glue_matches_eager(family, strategy, side):
     eager, varlen = pair(family)
     found = samples(eager.config.vocab_size)
@@ -88,8 +90,9 @@ def test_a_wrong_cut_is_caught_by_the_comparison():
     """The comparison above can fail: a kernel that ignores document bounds (one causal span per batch) differs."""
     eager, varlen = pair("llama3")
     found = samples(eager.config.vocab_size)
-    collate = make_collator(BatchRule(strategy="packed", batch_size=len(found), max_seq_len=64), pad_id=0,
-                            padding_side="right")
+    collate = make_collator(
+        BatchRule(strategy="packed", batch_size=len(found), max_seq_len=64), pad_id=0, padding_side="right"
+    )
     batch = collate(found)
     ref_logits, _ = loss_and_grads(eager, batch)
 

@@ -28,8 +28,10 @@ def test_a_terminator_right_after_a_span_is_a_masked_terminator():
     [problem] = labels.check_turn_terminators(split="train", templated=True, run_ends=runs, terminators=ENDS)
     assert problem.check == "terminator" and problem.key == "tokenizer.chat_template"
     assert problem.location == "t.jsonl:4"
-    assert "3 target span(s) of data.train are followed by their terminator <|eot_id|> (id 9) outside the " \
-           "targets" in problem.message
+    assert (
+        "3 target span(s) of data.train are followed by their terminator <|eot_id|> (id 9) outside the "
+        "targets" in problem.message
+    )
     assert "t.jsonl:4, t.jsonl:5" in problem.message and "Fix: tokenizer.chat_template=null" in problem.message
 
 
@@ -37,8 +39,9 @@ def test_a_span_with_no_terminator_at_all_is_named_with_the_terminators_expected
     runs = {(NON_CONTROL, HEADER): found(2, 6), (NON_CONTROL, NON_CONTROL): found(1, 7), (EOS, SAMPLE_END): found(3)}
     [problem] = labels.check_turn_terminators(split="val", templated=False, run_ends=runs, terminators=ENDS)
     assert problem.key == "data.val" and "3 target span(s) of data.val end without an end-of-turn" in problem.message
-    assert "</s> (id 2) or <|eot_id|> (id 9)" in problem.message and "Fix: make the labels of data.val" in \
-        problem.message
+    assert (
+        "</s> (id 2) or <|eot_id|> (id 9)" in problem.message and "Fix: make the labels of data.val" in problem.message
+    )
     masked, unterminated = labels.classify_spans(runs, ENDS)
     assert masked == {} and unterminated.count == 3
 
@@ -80,15 +83,19 @@ def test_duplicate_copies_point_at_their_first_occurrence():
     assert labels.duplicate_copies(np.empty(0, np.uint64))[0].size == 0
 
 
-@pytest.mark.parametrize("of, phrase", [(None, "are exact duplicates of another sample"),
-                                        ("train", "are exact duplicates of data.train samples")])
+@pytest.mark.parametrize(
+    "of, phrase",
+    [(None, "are exact duplicates of another sample"), ("train", "are exact duplicates of data.train samples")],
+)
 def test_duplicates_above_the_allowed_fraction_fail(of, phrase):
-    [problem] = labels.check_duplicates(split="val", samples=40, copies=3, examples=["v.jsonl:2 (= t.jsonl:9)"],
-                                        of=of, max_fraction=0.05)
+    [problem] = labels.check_duplicates(
+        split="val", samples=40, copies=3, examples=["v.jsonl:2 (= t.jsonl:9)"], of=of, max_fraction=0.05
+    )
     assert problem.check == "duplicates" and problem.key == "data.max_duplicate_fraction"
     assert problem.location == "v.jsonl:2" and phrase in problem.message
     assert "3 of 40 data.val samples (7.50% > data.max_duplicate_fraction=0.05)" in problem.message
     assert "data.max_duplicate_fraction=0.075 to accept them" in problem.message
     assert labels.check_duplicates(split="val", samples=40, copies=2, examples=["x"], of=of, max_fraction=0.05) == []
     assert labels.duplicate_notes(split="val", samples=40, copies=2, of=of, max_fraction=0.05) == [
-        f"2 of 40 data.val samples (5.0%) are {phrase.removeprefix('are ')}, within data.max_duplicate_fraction=0.05."]
+        f"2 of 40 data.val samples (5.0%) are {phrase.removeprefix('are ')}, within data.max_duplicate_fraction=0.05."
+    ]

@@ -31,8 +31,9 @@ def test_a_tokenizer_json_that_presets_truncation_is_refused_naming_the_file(tmp
     assert f"{directory}/tokenizer.json presets truncation (max_length 8" in messages(report)
     tokenizer_json["truncation"] = None
     (directory / "tokenizer.json").write_text(json.dumps(tokenizer_json, indent=2))
-    assert run_preflight(make_cfg(tmp_path, data, "tokenizer.source=path", f"tokenizer.path={directory}"),
-                         tmp_path / "run2").ok
+    assert run_preflight(
+        make_cfg(tmp_path, data, "tokenizer.source=path", f"tokenizer.path={directory}"), tmp_path / "run2"
+    ).ok
 
 
 @pytest.fixture()
@@ -45,8 +46,14 @@ def checkpoint(tmp_path: Path) -> Path:
     from seqtune.models import build_model
 
     path = tmp_path / "ckpt"
-    fields = {**TINY_MODEL, "family": "llama3", "num_layers": 1, "rope_scaling_factor": 8.0,
-              "max_position_embeddings": 131072, "rope_theta": 500000.0}
+    fields = {
+        **TINY_MODEL,
+        "family": "llama3",
+        "num_layers": 1,
+        "rope_scaling_factor": 8.0,
+        "max_position_embeddings": 131072,
+        "rope_theta": 500000.0,
+    }
     build_model(ModelConfig(**fields), attn_implementation="sdpa").save_pretrained(path, safe_serialization=True)
     edit_config(path, bos_token_id=0, eos_token_id=1)  # the bundled tokenizer's <s> and </s>
     (path / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
@@ -60,21 +67,44 @@ def edit_config(path: Path, **values) -> None:
 
 
 def checkpoint_cfg(tmp_path: Path, data: Path, path: Path, *overrides: str):
-    return make_cfg(tmp_path, data, "model.family=llama3", f"model.path={path}", "tokenizer.source=bundled",
-                    *(f"model.{key}=null" for key in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                                                      "num_heads", "num_kv_heads", "max_position_embeddings")),
-                    *overrides)
+    return make_cfg(
+        tmp_path,
+        data,
+        "model.family=llama3",
+        f"model.path={path}",
+        "tokenizer.source=bundled",
+        *(
+            f"model.{key}=null"
+            for key in (
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_layers",
+                "num_heads",
+                "num_kv_heads",
+                "max_position_embeddings",
+            )
+        ),
+        *overrides,
+    )
 
 
 def test_past_the_pretraining_context_a_note_with_rope_scaling_a_refusal_without(tmp_path, data, checkpoint):
     result = run_preflight(checkpoint_cfg(tmp_path, data, checkpoint, "data.max_seq_len=9000"), tmp_path / "run")
-    assert result.ok and any("past the model's pretraining context 8192" in note and "llama3" in note
-                             for note in result.notes)
+    assert result.ok and any(
+        "past the model's pretraining context 8192" in note and "llama3" in note for note in result.notes
+    )
     # The same context stated with no scaling (a Phi-3-style top-level key, rope_type default).
-    edit_config(checkpoint, rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
-                original_max_position_embeddings=8192)
-    report = run_failing(checkpoint_cfg(tmp_path, data, checkpoint, "data.max_seq_len=9000"), tmp_path / "run2",
-                         match=r"\[length\] data.max_seq_len")
+    edit_config(
+        checkpoint,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+        original_max_position_embeddings=8192,
+    )
+    report = run_failing(
+        checkpoint_cfg(tmp_path, data, checkpoint, "data.max_seq_len=9000"),
+        tmp_path / "run2",
+        match=r"\[length\] data.max_seq_len",
+    )
     assert "data.max_seq_len=9000 > the model's pretraining context 8192" in messages(report)
     assert "Fix: data.max_seq_len=8192" in messages(report)
 

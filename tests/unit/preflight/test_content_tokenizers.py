@@ -10,43 +10,61 @@ from pathlib import Path
 import pytest
 
 from seqtune.config.schema import ModelConfig, TokenizerConfig
-from tests.conftest import scan_files
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.models import get_spec
 from seqtune.preflight import checks_labels as labels
-from seqtune.preflight.tokens import template_turn_closer, terminators
 from seqtune.preflight.observe import observe_split
+from seqtune.preflight.tokens import template_turn_closer, terminators
 from seqtune.tokenizers import load_tokenizer
 from seqtune.tokenizers.control import control_tokens, literal_controls, whitespace_ids
+from tests.conftest import scan_files
 
 # The Gemma turn format with the markers of the `gemma4` vocabulary (Gemma 4's, from llama.cpp): its own template
 # opens an empty thought channel in the generation prompt, which no longer prefixes the rendered reply (not
 # append-only), so seqtune's chat rendering cannot locate replies with it.
-GEMMA_TURNS = ("{{ bos_token }}{% for m in messages %}{{ '<|turn>' + ('model' if m['role'] == 'assistant' else "
-               "m['role']) + '\n' + m['content'] + '<turn|>\n' }}{% endfor %}"
-               "{% if add_generation_prompt %}{{ '<|turn>model\n' }}{% endif %}")
+GEMMA_TURNS = (
+    "{{ bos_token }}{% for m in messages %}{{ '<|turn>' + ('model' if m['role'] == 'assistant' else "
+    "m['role']) + '\n' + m['content'] + '<turn|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|turn>model\n' }}{% endif %}"
+)
 # (PyPI tokenizer, model family, the token its chat template closes an assistant turn with, template override)
-CASES = [("llama3", "llama3", "<|eot_id|>", None), ("mistral_v3", "mistral", "</s>", None),
-         ("llama2_spm", "tinyllama", "</s>", None), ("gemma3", "gemma3", "<end_of_turn>", None),
-         ("gemma4", "gemma3", "<turn|>", GEMMA_TURNS), ("qwen3", "qwen3", "<|im_end|>", None)]
+CASES = [
+    ("llama3", "llama3", "<|eot_id|>", None),
+    ("mistral_v3", "mistral", "</s>", None),
+    ("llama2_spm", "tinyllama", "</s>", None),
+    ("gemma3", "gemma3", "<end_of_turn>", None),
+    ("gemma4", "gemma3", "<turn|>", GEMMA_TURNS),
+    ("qwen3", "qwen3", "<|im_end|>", None),
+]
 # Renders the closer at the START of the next message (and in the generation prompt), so it never lies inside the
 # assistant's own span: the template mistake behind axolotl #3754.
-MASKING_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if not loop.first %}CLOSER{% endif %}"
-                    "{{ m['role'] + ': ' + m['content'] }}{% endfor %}"
-                    "{% if add_generation_prompt %}CLOSER{{ 'assistant: ' }}{% endif %}")
+MASKING_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if not loop.first %}CLOSER{% endif %}"
+    "{{ m['role'] + ': ' + m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}CLOSER{{ 'assistant: ' }}{% endif %}"
+)
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[case[0] for case in CASES])
 def case(request):
     name, family, closer, template = request.param
-    tokenizer = load_tokenizer(TokenizerConfig(source="pypi", name=name, chat_template=template),
-                               ModelConfig(family=family), default_chat_template=get_spec(family).chat_template)
+    tokenizer = load_tokenizer(
+        TokenizerConfig(source="pypi", name=name, chat_template=template),
+        ModelConfig(family=family),
+        default_chat_template=get_spec(family).chat_template,
+    )
     return tokenizer, family, closer
 
 
 def conversation(i: int, reply: str = "Fine.") -> dict:
-    return {"messages": [{"role": "user", "content": f"How are you, {i}?"}, {"role": "assistant", "content": reply},
-                         {"role": "user", "content": "And now?"}, {"role": "assistant", "content": f"Still {i}."}]}
+    return {
+        "messages": [
+            {"role": "user", "content": f"How are you, {i}?"},
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": "And now?"},
+            {"role": "assistant", "content": f"Still {i}."},
+        ]
+    }
 
 
 def check(tmp_path: Path, tokenizer, family: str, rows: list[dict]) -> tuple[list, dict[int, str]]:
@@ -56,13 +74,21 @@ def check(tmp_path: Path, tokenizer, family: str, rows: list[dict]) -> tuple[lis
     scan = scan_files("train", [data], encoder, cache_root=tmp_path / "tokens")
     assert scan.samples == len(rows), scan.rejects[:1]
     control = control_tokens(tokenizer)
-    observed = observe_split(scan.cache_dir, control=control, literal=literal_controls(tokenizer),
-                             bos_id=encoder.bos_id, scan_text=True, space_ids=whitespace_ids(tokenizer))
+    observed = observe_split(
+        scan.cache_dir,
+        control=control,
+        literal=literal_controls(tokenizer),
+        bos_id=encoder.bos_id,
+        scan_text=True,
+        space_ids=whitespace_ids(tokenizer),
+    )
     ends = terminators(tokenizer, get_spec(family).eot_token, templated=True)
-    problems = labels.check_turn_terminators(split="train", templated=True, run_ends=observed.run_ends,
-                                             terminators=ends)
-    problems += labels.check_literal_controls(split="train", per_token=observed.literal_controls,
-                                              lines=observed.literal_lines)
+    problems = labels.check_turn_terminators(
+        split="train", templated=True, run_ends=observed.run_ends, terminators=ends
+    )
+    problems += labels.check_literal_controls(
+        split="train", per_token=observed.literal_controls, lines=observed.literal_lines
+    )
     return problems, ends
 
 

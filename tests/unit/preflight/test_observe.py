@@ -10,7 +10,6 @@ import pytest
 from transformers import AutoTokenizer
 
 from seqtune.data.split import files_split
-from tests.conftest import scan_files
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.preflight.observe import (
     HASH_FILE,
@@ -23,6 +22,7 @@ from seqtune.preflight.observe import (
 )
 from seqtune.tokenizers import BUNDLED_DIR
 from seqtune.tokenizers.control import control_tokens, literal_controls, whitespace_ids
+from tests.conftest import scan_files
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +39,24 @@ def write(path: Path, rows: list) -> Path:
 def observe(tmp_path: Path, tokenizer, fmt: str, rows: list, **encoder):
     encoder = SampleEncoder(tokenizer, fmt, train_on_prompt=encoder.get("train_on_prompt", False))
     scan = scan_files("train", [write(tmp_path / "data.jsonl", rows)], encoder, cache_root=tmp_path / "tokens")
-    observed = observe_split(scan.cache_dir, control=control_tokens(tokenizer), literal=literal_controls(tokenizer),
-                             bos_id=encoder.bos_id, scan_text=fmt != "tokenized", space_ids=whitespace_ids(tokenizer))
+    observed = observe_split(
+        scan.cache_dir,
+        control=control_tokens(tokenizer),
+        literal=literal_controls(tokenizer),
+        bos_id=encoder.bos_id,
+        scan_text=fmt != "tokenized",
+        space_ids=whitespace_ids(tokenizer),
+    )
     return scan, observed
 
 
 def test_every_completion_is_one_span_ending_on_eos_and_duplicates_hash_alike(tmp_path, tokenizer):
-    rows = [{"instruction": "Add 2 and 3.", "output": "5"}, {"instruction": "Name a fruit.", "output": "pear"},
-            {"instruction": "Add 2 and 3.", "output": "5"}, {"instruction": "Add 2 and 3.", "output": "6"}]
+    rows = [
+        {"instruction": "Add 2 and 3.", "output": "5"},
+        {"instruction": "Name a fruit.", "output": "pear"},
+        {"instruction": "Add 2 and 3.", "output": "5"},
+        {"instruction": "Add 2 and 3.", "output": "6"},
+    ]
     scan, observed = observe(tmp_path, tokenizer, "alpaca", rows)
     eos, bos = tokenizer.eos_token_id, tokenizer.bos_token_id
     assert observed.samples == 4 and observed.turns == 4
@@ -62,8 +72,14 @@ def test_every_completion_is_one_span_ending_on_eos_and_duplicates_hash_alike(tm
 
 
 def test_chat_spans_end_on_the_templates_turn_closer(tmp_path, tokenizer):
-    chat = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
-                         {"role": "user", "content": "3+3?"}, {"role": "assistant", "content": "6"}]}
+    chat = {
+        "messages": [
+            {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "4"},
+            {"role": "user", "content": "3+3?"},
+            {"role": "assistant", "content": "6"},
+        ]
+    }
     _, observed = observe(tmp_path, tokenizer, "chat", [chat])
     end, user = tokenizer.convert_tokens_to_ids("<|end|>"), tokenizer.convert_tokens_to_ids("<|user|>")
     # The bundled template: "...4<|end|>\n<|user|>..." then the last reply "6<|end|>\n</s>". The newline after the
@@ -73,9 +89,11 @@ def test_chat_spans_end_on_the_templates_turn_closer(tmp_path, tokenizer):
 
 def test_pretokenized_rows_with_two_bos_and_a_masked_end_of_turn(tmp_path, tokenizer):
     bos, eos, end = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|end|>")
-    rows = [{"input_ids": [bos, bos, 300, 301, eos]},
-            {"input_ids": [bos, 300, 301, end, 302, 303, eos], "labels": [-100, -100, 301, -100, -100, 303, eos]},
-            {"input_ids": [bos, 300, 301, eos]}]
+    rows = [
+        {"input_ids": [bos, bos, 300, 301, eos]},
+        {"input_ids": [bos, 300, 301, end, 302, 303, eos], "labels": [-100, -100, 301, -100, -100, 303, eos]},
+        {"input_ids": [bos, 300, 301, eos]},
+    ]
     _, observed = observe(tmp_path, tokenizer, "tokenized", rows)
     assert observed.double_bos.count == 1 and observed.double_bos.locations[0].endswith("data.jsonl:1")
     assert observed.run_ends[(NON_CONTROL, end)].locations == [f"{tmp_path / 'data.jsonl'}:2"]
@@ -83,18 +101,21 @@ def test_pretokenized_rows_with_two_bos_and_a_masked_end_of_turn(tmp_path, token
 
 
 def test_control_strings_written_in_text_are_found_per_line(tmp_path, tokenizer):
-    rows = [{"instruction": "Say hi.", "output": "hi"},
-            {"instruction": "Close with <|end|> please", "output": "ok"},
-            '{"instruction": "slash-escaped <\\/s> end", "output": "x"}',
-            {"instruction": "an html <s>strike</s>", "output": "y"}]
+    rows = [
+        {"instruction": "Say hi.", "output": "hi"},
+        {"instruction": "Close with <|end|> please", "output": "ok"},
+        '{"instruction": "slash-escaped <\\/s> end", "output": "x"}',
+        {"instruction": "an html <s>strike</s>", "output": "y"},
+    ]
     _, observed = observe(tmp_path, tokenizer, "alpaca", rows)
     assert observed.literal_lines.count == 3
     assert observed.literal_controls["<|end|>"].count == 1
     assert [loc.rsplit(":", 1)[1] for loc in observed.literal_controls["</s>"].locations] == ["3", "4"]
     assert observed.literal_controls["<s>"].locations[0].endswith(":4")
     # Stream mode scans a sample: only the lines it read are searched.
-    per_token, lines = scan_literal_controls(files_split("train", [tmp_path / "data.jsonl"], "alpaca"),
-                                             literal_controls(tokenizer), max_lines=2)
+    per_token, lines = scan_literal_controls(
+        files_split("train", [tmp_path / "data.jsonl"], "alpaca"), literal_controls(tokenizer), max_lines=2
+    )
     assert lines.count == 1 and set(per_token) == {"<|end|>"}
 
 
@@ -111,8 +132,13 @@ def test_the_literal_pattern_takes_the_longest_token_and_scales_to_thousands_of_
     literal = {"<|end|>": 7, "<|endoftext|>": 9, "</s>": 2, **{f"<unused{i}>": 100 + i for i in range(5000)}}
     pattern, forms = literal_pattern(literal)
     line = b'{"text": "a <|endoftext|> b <|end|> c <\\/s> <unused4999> <unused49> <b>bold</b>"}'
-    assert [forms[m] for m in pattern.findall(line)] == ["<|endoftext|>", "<|end|>", "</s>", "<unused4999>",
-                                                        "<unused49>"]
+    assert [forms[m] for m in pattern.findall(line)] == [
+        "<|endoftext|>",
+        "<|end|>",
+        "</s>",
+        "<unused4999>",
+        "<unused49>",
+    ]
 
 
 def test_damaged_stored_observations_are_computed_again(tmp_path, tokenizer):
@@ -120,7 +146,13 @@ def test_damaged_stored_observations_are_computed_again(tmp_path, tokenizer):
     scan, observed = observe(tmp_path, tokenizer, "alpaca", rows)
     (scan.cache_dir / OBSERVATIONS_FILE).write_text('{"samples": 2, "run_')  # cut short
     (scan.cache_dir / HASH_FILE).write_bytes(b"\0" * 3)
-    again = observe_split(scan.cache_dir, control=control_tokens(tokenizer), literal=literal_controls(tokenizer),
-                          bos_id=tokenizer.bos_token_id, scan_text=True, space_ids=whitespace_ids(tokenizer))
+    again = observe_split(
+        scan.cache_dir,
+        control=control_tokens(tokenizer),
+        literal=literal_controls(tokenizer),
+        bos_id=tokenizer.bos_token_id,
+        scan_text=True,
+        space_ids=whitespace_ids(tokenizer),
+    )
     assert again.run_ends == observed.run_ends and (again.hashes() == observed.hashes()).all()
     assert json.loads((scan.cache_dir / OBSERVATIONS_FILE).read_text())["samples"] == 2

@@ -24,16 +24,42 @@ from seqtune.preflight.result import (
 
 def _result(tmp_path: Path) -> PreflightResult:
     return PreflightResult(
-        ok=False, max_seq_len=480, context_length=2048, caches={"train": tmp_path / "cache" / "abc"},
-        problems=[Problem(check="length", key="data.max_seq_len", message="too long. Fix: data.max_seq_len=auto",
-                          location="val.jsonl:812")],
-        splits={"train": SplitStats(records=10, rejected=1, lengths={"min": 3, "median": 9, "p99": 470, "max": 473},
-                                    over_limit=1, reject_reasons={"bad_json": 1})},
+        ok=False,
+        max_seq_len=480,
+        context_length=2048,
+        caches={"train": tmp_path / "cache" / "abc"},
+        problems=[
+            Problem(
+                check="length",
+                key="data.max_seq_len",
+                message="too long. Fix: data.max_seq_len=auto",
+                location="val.jsonl:812",
+            )
+        ],
+        splits={
+            "train": SplitStats(
+                records=10,
+                rejected=1,
+                lengths={"min": 3, "median": 9, "p99": 470, "max": 473},
+                over_limit=1,
+                reject_reasons={"bad_json": 1},
+            )
+        },
         vocab=VocabStats(tokenizer_size=4097, embedding_rows=4096, max_token_id=4000, max_token_location="t:1"),
         padding=PaddingStats(strategy="longest", side="right", efficiency=0.8),
-        plan=PlanStats(world_size=2, global_batch=8, splits={"train": SplitPlan(
-            samples=9, samples_per_rank=[4, 4], tokens_per_rank=[30, 31], micro_batches_per_rank=1,
-            steps_per_epoch=1)}),
+        plan=PlanStats(
+            world_size=2,
+            global_batch=8,
+            splits={
+                "train": SplitPlan(
+                    samples=9,
+                    samples_per_rank=[4, 4],
+                    tokens_per_rank=[30, 31],
+                    micro_batches_per_rank=1,
+                    steps_per_epoch=1,
+                )
+            },
+        ),
         memory=MemoryStats(weights_gib=0.1, grads_gib=0.0, optimizer_gib=0.0, activations_gib=0.2, total_gib=0.3),
         notes=["pad == eos"],
     )
@@ -44,8 +70,12 @@ def test_preflight_json_round_trips(tmp_path):
     path = write_result(result, tmp_path)
     data = json.loads(path.read_text())
     assert data["ok"] is False and data["max_seq_len"] == 480
-    assert data["problems"][0] == {"check": "length", "key": "data.max_seq_len",
-                                   "message": "too long. Fix: data.max_seq_len=auto", "location": "val.jsonl:812"}
+    assert data["problems"][0] == {
+        "check": "length",
+        "key": "data.max_seq_len",
+        "message": "too long. Fix: data.max_seq_len=auto",
+        "location": "val.jsonl:812",
+    }
     assert data["splits"]["train"]["lengths"] == {"min": 3, "median": 9, "p99": 470, "max": 473}
     assert data["vocab"]["tokenizer_size"] == 4097 and data["padding"]["efficiency"] == 0.8
     assert data["caches"] == {"train": str(tmp_path / "cache" / "abc")}
@@ -72,8 +102,12 @@ def test_rejects_jsonl_concatenates_every_split(tmp_path):
 
 
 def test_length_plot_is_written(tmp_path):
-    path = plot_lengths({"train": np.array([5, 9, 30]), "val": np.array([7, 40]), "test": np.array([])},
-                        max_seq_len=40, context_length=64, path=tmp_path / "lengths.png")
+    path = plot_lengths(
+        {"train": np.array([5, 9, 30]), "val": np.array([7, 40]), "test": np.array([])},
+        max_seq_len=40,
+        context_length=64,
+        path=tmp_path / "lengths.png",
+    )
     assert path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"
 
 
@@ -82,8 +116,15 @@ def test_a_split_with_no_micro_batches_says_so_not_100_percent(tmp_path):
 
     result = _result(tmp_path)
     result.padding = PaddingStats(strategy="longest", side="right", efficiency=1.0)  # what the sampler gives for 0
-    result.plan = PlanStats(world_size=1, global_batch=8, splits={"train": SplitPlan(
-        samples=3, samples_per_rank=[3], tokens_per_rank=[0], micro_batches_per_rank=0, steps_per_epoch=0)})
+    result.plan = PlanStats(
+        world_size=1,
+        global_batch=8,
+        splits={
+            "train": SplitPlan(
+                samples=3, samples_per_rank=[3], tokens_per_rank=[0], micro_batches_per_rank=0, steps_per_epoch=0
+            )
+        },
+    )
     summary = format_summary(result)
     assert "efficiency - (no micro-batches)" in summary and "100.0%" not in summary
     assert "  train: no micro-batches (3 samples over 1 rank(s))" in summary

@@ -21,8 +21,12 @@ RECORD = ("config.yaml", "plan.json", "preflight.json", "rejects.jsonl", "metric
 
 def point_for(cfg, plan, run_dir: Path) -> ResumePoint:
     """What find_resume reads from a checkpoint's manifest, for a run of `cfg` under `plan`."""
-    return ResumePoint(checkpoint=run_dir / "checkpoints" / "step_00000004", step=4, settings=flat_settings(cfg),
-                       plan=json.loads(json.dumps(asdict(plan))))
+    return ResumePoint(
+        checkpoint=run_dir / "checkpoints" / "step_00000004",
+        step=4,
+        settings=flat_settings(cfg),
+        plan=json.loads(json.dumps(asdict(plan))),
+    )
 
 
 @pytest.fixture()
@@ -45,33 +49,50 @@ def record(run_dir: Path) -> dict[str, bytes]:
 def test_every_changed_setting_is_refused_by_name_with_both_values(trained):
     cfg, _, point = trained
     changed = replace(cfg, optim=replace(cfg.optim, lr=0.02), lora=replace(cfg.lora, rank=4))
-    with pytest.raises(ConfigError, match=r"train\.resume=auto would continue .*step_00000004 \(step 4\), but 2 "
-                                          r"setting\(s\) differ .*: lora\.rank 8 -> 4; optim\.lr 0\.0003 -> 0\.02\. "
-                                          r".*Nothing was written .*Fix: restore the checkpoint's values .*or start "
-                                          r"over in a new directory: train\.resume=never hydra\.run\.dir=NEW_DIR"):
+    with pytest.raises(
+        ConfigError,
+        match=r"train\.resume=auto would continue .*step_00000004 \(step 4\), but 2 "
+        r"setting\(s\) differ .*: lora\.rank 8 -> 4; optim\.lr 0\.0003 -> 0\.02\. "
+        r".*Nothing was written .*Fix: restore the checkpoint's values .*or start "
+        r"over in a new directory: train\.resume=never hydra\.run\.dir=NEW_DIR",
+    ):
         check_settings(point, changed)
 
 
 def test_a_longer_run_is_accepted_only_when_named(trained, capsys):
     cfg, _, point = trained
     longer = replace(cfg, train=replace(cfg.train, max_steps=40))
-    with pytest.raises(ConfigError, match=r"train\.max_steps null -> 40.*Fix: train\.resume_accept="
-                                          r"\[train\.max_steps\] to continue"):
+    with pytest.raises(
+        ConfigError,
+        match=r"train\.max_steps null -> 40.*Fix: train\.resume_accept="
+        r"\[train\.max_steps\] to continue",
+    ):
         check_settings(point, longer)
     check_settings(point, replace(longer, train=replace(longer.train, resume_accept=["train.max_steps"])))
-    assert "accepted change(s) (train.resume_accept): train.max_steps null -> 40; the learning-rate schedule is " \
-           "recomputed" in capsys.readouterr().out
+    assert (
+        "accepted change(s) (train.resume_accept): train.max_steps null -> 40; the learning-rate schedule is "
+        "recomputed" in capsys.readouterr().out
+    )
 
 
 def test_settings_of_one_invocation_are_not_compared(trained):
     cfg, _, point = trained
-    check_settings(point, replace(cfg, train=replace(cfg.train, progress=True),
-                                  launcher=replace(cfg.launcher, rdzv_endpoint="127.0.0.1:29600")))
+    check_settings(
+        point,
+        replace(
+            cfg,
+            train=replace(cfg.train, progress=True),
+            launcher=replace(cfg.launcher, rdzv_endpoint="127.0.0.1:29600"),
+        ),
+    )
 
 
 def test_resume_accept_takes_only_changes_a_resume_can_make(tmp_path):
-    with pytest.raises(ConfigError, match=r"train\.resume_accept lists optim\.lr, which a resume cannot change.*"
-                                          r"accepts changes of train\.max_steps"):
+    with pytest.raises(
+        ConfigError,
+        match=r"train\.resume_accept lists optim\.lr, which a resume cannot change.*"
+        r"accepts changes of train\.max_steps",
+    ):
         make_cfg(tmp_path, tmp_path / "t.jsonl", "train.resume_accept=[train.max_steps,optim.lr]")
     make_cfg(tmp_path, tmp_path / "t.jsonl", "train.resume_accept=[train.max_steps,logger.project,preflight]")
 
@@ -92,8 +113,10 @@ def test_the_plan_problem_names_the_split_and_why_it_differs(trained):
     other = replace(plan, data={**plan.data, "train": "0" * 32})
     [problem] = plan_problems(point, other, accept=[])
     assert problem.key == "train.resume" and problem.location.endswith("step_00000004")
-    assert f"plan.data.train {plan.data['train']} -> {'0' * 32} (the split's file contents, the tokenizer or the " \
-           "chat template changed)" in problem.message
+    assert (
+        f"plan.data.train {plan.data['train']} -> {'0' * 32} (the split's file contents, the tokenizer or the "
+        "chat template changed)" in problem.message
+    )
     world = replace(plan, batches={**plan.batches, "world_size": 2})
     assert "plan.batches.world_size 1 -> 2 (the batch plan" in plan_problems(point, world, accept=[])[0].message
     assert plan_problems(point, replace(plan, resume_from="elsewhere", attn_reason="another"), accept=[]) == []

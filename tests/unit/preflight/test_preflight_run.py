@@ -18,8 +18,16 @@ from seqtune.config import PreflightFailed, RootConfig, to_typed
 from seqtune.preflight import load_result, run_preflight
 
 REPO = Path(__file__).resolve().parents[3]
-TINY_MODEL = {"family": "tinyllama", "vocab_size": 4096, "hidden_size": 64, "intermediate_size": 176,
-              "num_layers": 2, "num_heads": 8, "num_kv_heads": 2, "max_position_embeddings": 2048}
+TINY_MODEL = {
+    "family": "tinyllama",
+    "vocab_size": 4096,
+    "hidden_size": 64,
+    "intermediate_size": 176,
+    "num_layers": 2,
+    "num_heads": 8,
+    "num_kv_heads": 2,
+    "max_position_embeddings": 2048,
+}
 
 
 def write_jsonl(path: Path, rows: list) -> Path:
@@ -34,10 +42,17 @@ def alpaca(n_words: int, i: int = 0) -> dict:
 
 def make_cfg(tmp_path: Path, train: Path, *overrides: str) -> RootConfig:
     base = {
-        "recipe_name": "sft", "model": TINY_MODEL, "tokenizer": {"source": "bundled"},
+        "recipe_name": "sft",
+        "model": TINY_MODEL,
+        "tokenizer": {"source": "bundled"},
         "data": {"train": str(train), "format": "alpaca", "cache_dir": str(tmp_path / "tokens")},
-        "padding": {}, "lora": {}, "optim": {}, "train": {"batch_size": 4, "progress": False}, "launcher": {},
-        "logger": {}, "preflight": {"plot": False},
+        "padding": {},
+        "lora": {},
+        "optim": {},
+        "train": {"batch_size": 4, "progress": False},
+        "launcher": {},
+        "logger": {},
+        "preflight": {"plot": False},
     }
     merged = OmegaConf.merge(OmegaConf.structured(RootConfig), base, OmegaConf.from_dotlist(list(overrides)))
     return to_typed(merged)
@@ -82,8 +97,9 @@ def test_variable_lengths_pass_with_default_longest_padding(tmp_path, varied, ca
 
 
 def test_max_length_strategy_gives_fixed_shapes(tmp_path, varied):
-    result = run_preflight(make_cfg(tmp_path, varied, "padding.strategy=max_length", "data.max_seq_len=64"),
-                           tmp_path / "run")
+    result = run_preflight(
+        make_cfg(tmp_path, varied, "padding.strategy=max_length", "data.max_seq_len=64"), tmp_path / "run"
+    )
     assert result.ok and result.max_seq_len == 64 and result.padding.strategy == "max_length"
     assert result.padding.efficiency < 0.5  # fixed shapes cost padding, and the report says how much
 
@@ -95,13 +111,18 @@ def test_inconsistently_prepadded_tokenized_rows_are_detected(tmp_path):
         ids = list(range(10, 10 + real))
         rows.append({"input_ids": ids + [0] * (width - real), "attention_mask": [1] * real + [0] * (width - real)})
     train = write_jsonl(tmp_path / "train.jsonl", rows)
-    result = run_preflight(make_cfg(tmp_path, train, "data.format=tokenized", "padding.strategy=max_length",
-                                    "data.max_seq_len=16"), tmp_path / "run")
+    result = run_preflight(
+        make_cfg(tmp_path, train, "data.format=tokenized", "padding.strategy=max_length", "data.max_seq_len=16"),
+        tmp_path / "run",
+    )
     assert result.splits["train"].prepadded == 4
     assert any("arrived already padded" in note for note in result.notes)
     broken = write_jsonl(tmp_path / "broken.jsonl", rows + [{"input_ids": [5, 6, 7], "attention_mask": [1, 1]}])
-    report = run_failing(make_cfg(tmp_path, broken, "data.format=tokenized", "data.max_seq_len=16"),
-                         tmp_path / "run2", match=r"data.max_bad_fraction \(.*broken.jsonl:5\)")
+    report = run_failing(
+        make_cfg(tmp_path, broken, "data.format=tokenized", "data.max_seq_len=16"),
+        tmp_path / "run2",
+        match=r"data.max_bad_fraction \(.*broken.jsonl:5\)",
+    )
     assert "broken.jsonl:5 (wrong_type: lengths differ" in messages(report)
 
 
@@ -111,16 +132,21 @@ def test_inconsistently_prepadded_tokenized_rows_are_detected(tmp_path):
 def test_bad_lines_go_to_rejects_and_fail_at_zero_fraction(tmp_path):
     (tmp_path / "cat.png").write_bytes(b"\x89PNG")
     good = [{"input": f"Describe <img>cat.png</img> {i}", "output": "a cat"} for i in range(8)]
-    train = write_jsonl(tmp_path / "train.jsonl", good + ['{"input": "cut', {"input": "<img>gone.png</img>",
-                                                                              "output": "x"}])
-    report = run_failing(make_cfg(tmp_path, train, "data.format=input_output"), tmp_path / "run",
-                         match="data.max_bad_fraction")
+    train = write_jsonl(
+        tmp_path / "train.jsonl", good + ['{"input": "cut', {"input": "<img>gone.png</img>", "output": "x"}]
+    )
+    report = run_failing(
+        make_cfg(tmp_path, train, "data.format=input_output"), tmp_path / "run", match="data.max_bad_fraction"
+    )
     rejects = [json.loads(line) for line in (tmp_path / "run" / "rejects.jsonl").read_text().splitlines()]
     assert [(Path(r["file"]).name, r["line"], r["reason"].split(":")[0]) for r in rejects] == [
-        ("train.jsonl", 9, "bad_json"), ("train.jsonl", 10, "missing_media")]
+        ("train.jsonl", 9, "bad_json"),
+        ("train.jsonl", 10, "missing_media"),
+    ]
     assert report["splits"]["train"]["rejected"] == 2 and report["problems"][0]["key"] == "data.max_bad_fraction"
-    result = run_preflight(make_cfg(tmp_path, train, "data.format=input_output", "data.max_bad_fraction=0.25"),
-                           tmp_path / "run2")
+    result = run_preflight(
+        make_cfg(tmp_path, train, "data.format=input_output", "data.max_bad_fraction=0.25"), tmp_path / "run2"
+    )
     assert result.ok and result.splits["train"].records == 10 and result.splits["train"].rejected == 2
 
 
@@ -217,25 +243,41 @@ def test_shipped_default_config_passes_on_the_shipped_data(tmp_path, strategy):
 def test_truncate_is_an_explicit_reported_policy(tmp_path, varied):
     # Plain text (continued pretraining): a cut document end is expected, the truncation is counted and reported.
     text = write_jsonl(tmp_path / "text.jsonl", [{"text": " ".join(["apple"] * n)} for n in (3, 30, 8, 40)])
-    result = run_preflight(make_cfg(tmp_path, text, "data.format=text", "data.max_seq_len=24",
-                                    "data.overlength=truncate", "padding.strategy=max_length"), tmp_path / "run")
+    result = run_preflight(
+        make_cfg(
+            tmp_path,
+            text,
+            "data.format=text",
+            "data.max_seq_len=24",
+            "data.overlength=truncate",
+            "padding.strategy=max_length",
+        ),
+        tmp_path / "run",
+    )
     stats = result.splits["train"]
     assert result.ok and stats.over_limit == 2 and stats.truncated == 2 and stats.content.terminator_cut == 2
     assert any("will be truncated" in note for note in result.notes)
-    report = run_failing(make_cfg(tmp_path, varied, "data.max_seq_len=24"), tmp_path / "run2",
-                         match=r"data.max_seq_len \(.*train.jsonl:\d+\)")
+    report = run_failing(
+        make_cfg(tmp_path, varied, "data.max_seq_len=24"),
+        tmp_path / "run2",
+        match=r"data.max_seq_len \(.*train.jsonl:\d+\)",
+    )
     assert "data.max_seq_len=24 < longest train sample" in messages(report)
 
 
 def test_truncate_that_cuts_the_final_eos_is_refused_and_truncate_prompt_keeps_it(tmp_path, varied):
-    report = run_failing(make_cfg(tmp_path, varied, "data.max_seq_len=24", "data.overlength=truncate"),
-                         tmp_path / "run", match=r"\[truncation\] data.overlength \(.*train.jsonl:\d+\)")
+    report = run_failing(
+        make_cfg(tmp_path, varied, "data.max_seq_len=24", "data.overlength=truncate"),
+        tmp_path / "run",
+        match=r"\[truncation\] data.overlength \(.*train.jsonl:\d+\)",
+    )
     problem = next(p for p in report["problems"] if p["check"] == "truncation")
     over = report["splits"]["train"]["over_limit"]
     assert over > 0 and f"cuts the final eos / end-of-turn of {over} data.train sample(s)" in problem["message"]
     assert "Fix: data.overlength=truncate_prompt" in problem["message"]
-    result = run_preflight(make_cfg(tmp_path, varied, "data.max_seq_len=24", "data.overlength=truncate_prompt"),
-                           tmp_path / "run2")
+    result = run_preflight(
+        make_cfg(tmp_path, varied, "data.max_seq_len=24", "data.overlength=truncate_prompt"), tmp_path / "run2"
+    )
     stats = result.splits["train"]
     assert result.ok and stats.truncated == over and stats.content.terminator_cut == 0
     assert any("cut from the left of their prompt" in note for note in result.notes)
@@ -244,8 +286,9 @@ def test_truncate_that_cuts_the_final_eos_is_refused_and_truncate_prompt_keeps_i
 def test_truncation_that_cuts_every_target_drops_the_sample_and_says_where(tmp_path, varied):
     rows = [alpaca(2, i) for i in range(4)] + [{"instruction": "Say it. " * 30, "input": "", "output": "ok"}]
     train = write_jsonl(tmp_path / "prompty.jsonl", rows)
-    result = run_preflight(make_cfg(tmp_path, train, "data.max_seq_len=32", "data.overlength=truncate"),
-                           tmp_path / "run")
+    result = run_preflight(
+        make_cfg(tmp_path, train, "data.max_seq_len=32", "data.overlength=truncate"), tmp_path / "run"
+    )
     # Dropped, not trained without its end: truncate's terminator check has nothing to refuse here.
     assert result.ok and result.splits["train"].dropped == 1 and result.splits["train"].truncated == 0
     note = next(n for n in result.notes if "keep no target" in n)
@@ -255,23 +298,32 @@ def test_truncation_that_cuts_every_target_drops_the_sample_and_says_where(tmp_p
 
 
 def test_pretokenized_ids_are_checked_against_the_model_with_file_and_line(tmp_path):
-    train = write_jsonl(tmp_path / "ids.jsonl", [{"input_ids": [5, 6, 7, 8]}, {"input_ids": [5, 4050, 7]},
-                                                 {"input_ids": [9, 10, 11]}])
+    train = write_jsonl(
+        tmp_path / "ids.jsonl", [{"input_ids": [5, 6, 7, 8]}, {"input_ids": [5, 4050, 7]}, {"input_ids": [9, 10, 11]}]
+    )
     small_model = [f"model.{key}={value}" for key, value in {**TINY_MODEL, "vocab_size": 4032}.items()]
     small_model.append("train.batch_size=2")
-    report = run_failing(make_cfg(tmp_path, train, "data.format=tokenized", *small_model), tmp_path / "run",
-                         match=r"data.train \(.*ids.jsonl:2\)")
+    report = run_failing(
+        make_cfg(tmp_path, train, "data.format=tokenized", *small_model),
+        tmp_path / "run",
+        match=r"data.train \(.*ids.jsonl:2\)",
+    )
     problem = next(p for p in report["problems"] if p["key"] == "data.train")
     assert "token id 4050" in problem["message"] and ">= model embedding rows 4032" in problem["message"]
     assert report["vocab"]["max_token_id"] == 4050
-    result = run_preflight(make_cfg(tmp_path, train, "data.format=tokenized", *small_model,
-                                    "model.resize_embeddings=true"), tmp_path / "run2")
+    result = run_preflight(
+        make_cfg(tmp_path, train, "data.format=tokenized", *small_model, "model.resize_embeddings=true"),
+        tmp_path / "run2",
+    )
     assert result.ok and result.vocab.resized_to == 4096 and any("resized from 4032" in n for n in result.notes)
 
 
 def test_memory_over_the_stated_device_memory_fails(tmp_path, varied):
-    report = run_failing(make_cfg(tmp_path, varied, "preflight.device_memory_gib=0.0001"), tmp_path / "run",
-                         match=r"\[memory\] train.batch_size")
+    report = run_failing(
+        make_cfg(tmp_path, varied, "preflight.device_memory_gib=0.0001"),
+        tmp_path / "run",
+        match=r"\[memory\] train.batch_size",
+    )
     assert report["memory"]["device_gib"] == 0.0001 and report["memory"]["total_gib"] > 0.0001
     assert "none of a smaller batch, checkpointing, a shorter max_seq_len or QLoRA fits alone" in messages(report)
 
@@ -280,12 +332,16 @@ def test_memory_refusal_names_the_settings_that_would_fit(tmp_path, varied):
     """A device between the checkpointed and the plain estimate: the refusal names checkpointing, with its estimate."""
     full = ("recipe_name=sft", "lora.enabled=false")
     plain = run_preflight(make_cfg(tmp_path, varied, *full), tmp_path / "plain").memory.total_gib
-    checkpointed = run_preflight(make_cfg(tmp_path, varied, *full, "model.gradient_checkpointing=true"),
-                                 tmp_path / "ckpt").memory.total_gib
+    checkpointed = run_preflight(
+        make_cfg(tmp_path, varied, *full, "model.gradient_checkpointing=true"), tmp_path / "ckpt"
+    ).memory.total_gib
     assert checkpointed < plain
     device = (plain + checkpointed) / 2
-    report = run_failing(make_cfg(tmp_path, varied, *full, f"preflight.device_memory_gib={device}"),
-                         tmp_path / "run", match=r"\[memory\] train.batch_size")
+    report = run_failing(
+        make_cfg(tmp_path, varied, *full, f"preflight.device_memory_gib={device}"),
+        tmp_path / "run",
+        match=r"\[memory\] train.batch_size",
+    )
     assert f"model.gradient_checkpointing=true (~{checkpointed:.1f} GiB)" in messages(report)
 
 
@@ -311,38 +367,63 @@ def test_the_plan_and_the_checks_that_need_no_data_load_no_torch_transformers_or
 
 
 def test_fp16_is_refused_for_gemma3_naming_the_fix(tmp_path, varied):
-    gemma = {"model.family=gemma3", "model.num_kv_heads=1", "model.head_dim=64", "model.sliding_window=64",
-             "model.sliding_window_pattern=6", "model.tie_word_embeddings=true", "model.num_heads=4",
-             "model.intermediate_size=192", "model.max_position_embeddings=32768"}
-    report = run_failing(make_cfg(tmp_path, varied, *sorted(gemma), "train.mixed_precision=fp16"), tmp_path / "run",
-                         match=r"train.mixed_precision")
+    gemma = {
+        "model.family=gemma3",
+        "model.num_kv_heads=1",
+        "model.head_dim=64",
+        "model.sliding_window=64",
+        "model.sliding_window_pattern=6",
+        "model.tie_word_embeddings=true",
+        "model.num_heads=4",
+        "model.intermediate_size=192",
+        "model.max_position_embeddings=32768",
+    }
+    report = run_failing(
+        make_cfg(tmp_path, varied, *sorted(gemma), "train.mixed_precision=fp16"),
+        tmp_path / "run",
+        match=r"train.mixed_precision",
+    )
     assert "overflow float16" in messages(report) and "Fix: train.mixed_precision=bf16" in messages(report)
     assert run_preflight(make_cfg(tmp_path, varied, *sorted(gemma)), tmp_path / "run2").ok
 
 
 def test_fp16_and_a_merged_export_are_refused_under_fsdp_across_ranks(tmp_path, varied):
     fsdp = ("launcher.name=torchrun", "launcher.nproc_per_node=2", "train.parallel=fsdp", "train.batch_size=2")
-    report = run_failing(make_cfg(tmp_path, varied, *fsdp, "train.mixed_precision=fp16", "train.export_merged=true"),
-                         tmp_path / "run", match=r"train.export_merged")
+    report = run_failing(
+        make_cfg(tmp_path, varied, *fsdp, "train.mixed_precision=fp16", "train.export_merged=true"),
+        tmp_path / "run",
+        match=r"train.export_merged",
+    )
     keys = [p["key"] for p in report["problems"]]
     assert keys.count("train.mixed_precision") == 1 and "train.export_merged" in keys
     assert "per rank" in messages(report) and "merge_and_unload" in messages(report)
     assert not (tmp_path / "run" / "plan.json").exists()  # a refused run has no plan a rank could start from
     # One rank is not sharded: both are honoured there.
-    assert run_preflight(make_cfg(tmp_path, varied, "train.parallel=fsdp", "train.mixed_precision=fp16",
-                                  "train.export_merged=true"), tmp_path / "run2").ok
+    assert run_preflight(
+        make_cfg(tmp_path, varied, "train.parallel=fsdp", "train.mixed_precision=fp16", "train.export_merged=true"),
+        tmp_path / "run2",
+    ).ok
 
 
 def test_a_missing_checkpoint_fails_once_with_preflight_json(tmp_path, varied):
-    report = run_failing(make_cfg(tmp_path, varied, f"model.path={tmp_path / 'nowhere'}", "model.vocab_size=null",
-                                  "tokenizer.source=bundled"), tmp_path / "run", match="model.path")
+    report = run_failing(
+        make_cfg(
+            tmp_path, varied, f"model.path={tmp_path / 'nowhere'}", "model.vocab_size=null", "tokenizer.source=bundled"
+        ),
+        tmp_path / "run",
+        match="model.path",
+    )
     assert report["problems"][0]["check"] == "load" and report["max_seq_len"] is None
 
 
 def test_early_stopping_of_lora_is_refused_under_fsdp_across_ranks_only(tmp_path, varied):
     # The validation split is the training file itself: accepted on purpose (the duplicates check would refuse it).
-    early = ("data.val=" + str(varied), "data.max_duplicate_fraction=1", "train.eval_every=2",
-             "train.early_stop_patience=2")
+    early = (
+        "data.val=" + str(varied),
+        "data.max_duplicate_fraction=1",
+        "train.eval_every=2",
+        "train.early_stop_patience=2",
+    )
     fsdp = ("launcher.name=torchrun", "launcher.nproc_per_node=2", "train.parallel=fsdp", "train.batch_size=2")
     report = run_failing(make_cfg(tmp_path, varied, *early, *fsdp), tmp_path / "run", match="train.early_stop_patience")
     assert "Fix: train.parallel=ddp" in messages(report)
@@ -351,19 +432,31 @@ def test_early_stopping_of_lora_is_refused_under_fsdp_across_ranks_only(tmp_path
     assert run_preflight(make_cfg(tmp_path, varied, *early, "train.parallel=fsdp"), tmp_path / "run3").ok
 
 
-@pytest.mark.parametrize(("overrides", "needles"), [
-    (["train.early_stop_patience=3", "train.eval_every=5"], ["data.val=null", "Fix: data.val=PATH"]),
-    (["train.early_stop_patience=3", "data.val=VAL"], ["train.eval_every=0", "Fix: train.eval_every=N"]),
-    (["train.eval_samples=2", "train.eval_every=5"], ["train.eval_samples=2", "Fix: data.val=PATH"]),
-    (["train.eval_samples=2", "train.eval_every=5", "data.val=VAL", "data.format=text"],
-     ["data.format=text", "Fix: train.eval_samples=0"]),
-    (["train.eval_samples=2", "train.eval_every=5", "data.val=VAL", "data.train_on_prompt=true"],
-     ["data.train_on_prompt=true", "Fix: train.eval_samples=0"]),
-    (["train.early_stop_min_delta=0.01"], ["has no effect", "Fix: train.early_stop_patience=N"]),
-    (["lora.enabled=false", "lora.use_dora=true"], ["lora.use_dora=true with lora.enabled=false", "recipe=lora_sft"]),
-    (["train.early_stop_patience=-1", "train.eval_samples=-2", "train.eval_sample_tokens=0"],
-     ["train.early_stop_patience=-1", "train.eval_samples=-2", "train.eval_sample_tokens=0"]),
-])
+@pytest.mark.parametrize(
+    ("overrides", "needles"),
+    [
+        (["train.early_stop_patience=3", "train.eval_every=5"], ["data.val=null", "Fix: data.val=PATH"]),
+        (["train.early_stop_patience=3", "data.val=VAL"], ["train.eval_every=0", "Fix: train.eval_every=N"]),
+        (["train.eval_samples=2", "train.eval_every=5"], ["train.eval_samples=2", "Fix: data.val=PATH"]),
+        (
+            ["train.eval_samples=2", "train.eval_every=5", "data.val=VAL", "data.format=text"],
+            ["data.format=text", "Fix: train.eval_samples=0"],
+        ),
+        (
+            ["train.eval_samples=2", "train.eval_every=5", "data.val=VAL", "data.train_on_prompt=true"],
+            ["data.train_on_prompt=true", "Fix: train.eval_samples=0"],
+        ),
+        (["train.early_stop_min_delta=0.01"], ["has no effect", "Fix: train.early_stop_patience=N"]),
+        (
+            ["lora.enabled=false", "lora.use_dora=true"],
+            ["lora.use_dora=true with lora.enabled=false", "recipe=lora_sft"],
+        ),
+        (
+            ["train.early_stop_patience=-1", "train.eval_samples=-2", "train.eval_sample_tokens=0"],
+            ["train.early_stop_patience=-1", "train.eval_samples=-2", "train.eval_sample_tokens=0"],
+        ),
+    ],
+)
 def test_settings_that_act_at_evals_are_refused_without_what_they_need(tmp_path, varied, overrides, needles):
     from seqtune.config import ConfigError
 
@@ -382,6 +475,9 @@ def test_generated_samples_need_validation_prompts_and_preflight_counts_them(tmp
     assert result.ok and "the validation split has 8 sample(s) with a prompt" in " ".join(result.notes)
     # Pre-tokenized rows without labels train on every token: nothing to complete.
     ids = write_jsonl(tmp_path / "ids.jsonl", [{"input_ids": [5, 6, 7, 8 + i]} for i in range(8)])
-    report = run_failing(make_cfg(tmp_path, ids, f"data.val={ids}", "data.format=tokenized", *samples),
-                         tmp_path / "run2", match="train.eval_samples")
+    report = run_failing(
+        make_cfg(tmp_path, ids, f"data.val={ids}", "data.format=tokenized", *samples),
+        tmp_path / "run2",
+        match="train.eval_samples",
+    )
     assert "no validation sample has a prompt" in messages(report) and "Fix: train.eval_samples=0" in messages(report)

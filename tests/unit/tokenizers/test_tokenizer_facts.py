@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,8 +20,7 @@ MODEL = ModelConfig(family="llama3")
 
 
 def both(tok: TokenizerConfig, eot: str | None = "<|eot_id|>"):
-    return (read_tokenizer_facts(tok, MODEL, eot_token=eot),
-            tokenizer_facts(load_tokenizer(tok, MODEL), eot_token=eot))
+    return (read_tokenizer_facts(tok, MODEL, eot_token=eot), tokenizer_facts(load_tokenizer(tok, MODEL), eot_token=eot))
 
 
 @pytest.mark.parametrize("policy", ["eos", "add"])
@@ -61,10 +60,17 @@ def test_both_readers_refuse_the_same_inputs(tmp_path):
 
 
 def test_the_light_reader_imports_neither_torch_nor_transformers():
-    code = ("import sys; from seqtune.config.schema import ModelConfig, TokenizerConfig; "
-            "from seqtune.tokenizers import read_tokenizer_facts; "
-            "read_tokenizer_facts(TokenizerConfig(source='bundled'), ModelConfig(family='llama3'), eot_token=None); "
-            "print(sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[3])
+    code = (
+        "import sys; from seqtune.config.schema import ModelConfig, TokenizerConfig; "
+        "from seqtune.tokenizers import read_tokenizer_facts; "
+        "read_tokenizer_facts(TokenizerConfig(source='bundled'), ModelConfig(family='llama3'), eot_token=None); "
+        "print(sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[3],
+    )
     assert out.stdout.strip() == "[]"

@@ -30,7 +30,9 @@ def test_pad_policy_add_grows_vocab_by_one(no_pad_dir):
 
 
 def test_pad_policy_error_names_key_and_fix(no_pad_dir):
-    with pytest.raises(ConfigError, match=r"tokenizer\.pad_policy=error .*no pad token.*Fix: tokenizer\.pad_policy=eos"):
+    with pytest.raises(
+        ConfigError, match=r"tokenizer\.pad_policy=error .*no pad token.*Fix: tokenizer\.pad_policy=eos"
+    ):
         load_path(no_pad_dir, pad_policy="error")
 
 
@@ -57,7 +59,10 @@ def test_auto_and_path_default_to_model_path(bundled, tmp_path):
 
 def test_missing_path_names_key_value_and_fix(tmp_path):
     missing = tmp_path / "nope"
-    with pytest.raises(ModelLoadError, match=rf"tokenizer\.path={missing}: .*not a directory.*tokenizer\.json.*Fix: .*tokenizer\.path=DIR"):
+    with pytest.raises(
+        ModelLoadError,
+        match=rf"tokenizer\.path={missing}: .*not a directory.*tokenizer\.json.*Fix: .*tokenizer\.path=DIR",
+    ):
         load_path(missing)
 
 
@@ -68,7 +73,10 @@ def test_missing_model_path_names_model_path(tmp_path):
 
 def test_directory_without_tokenizer_lists_expected_files(tmp_path):
     (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(ModelLoadError, match=r"expected tokenizer\.json, or tokenizer\.model \+ tokenizer_config\.json; found \['config\.json'\]"):
+    with pytest.raises(
+        ModelLoadError,
+        match=r"expected tokenizer\.json, or tokenizer\.model \+ tokenizer_config\.json; found \['config\.json'\]",
+    ):
         load_path(tmp_path)
 
 
@@ -94,10 +102,18 @@ def test_chat_template_precedence(no_template_dir, bundled):
     override = "{{ 'override' }}"
     assert load_tokenizer(TokenizerConfig(source="bundled"), MODEL, default_chat_template=family).chat_template == own
     assert load_path(no_template_dir).chat_template is None
-    assert load_tokenizer(TokenizerConfig(source="path", path=str(no_template_dir)), MODEL,
-                          default_chat_template=family).chat_template == family
-    assert load_tokenizer(TokenizerConfig(source="bundled", chat_template=override), MODEL,
-                          default_chat_template=family).chat_template == override
+    assert (
+        load_tokenizer(
+            TokenizerConfig(source="path", path=str(no_template_dir)), MODEL, default_chat_template=family
+        ).chat_template
+        == family
+    )
+    assert (
+        load_tokenizer(
+            TokenizerConfig(source="bundled", chat_template=override), MODEL, default_chat_template=family
+        ).chat_template
+        == override
+    )
 
 
 def test_missing_eos_is_an_error(no_eos_dir):
@@ -115,8 +131,11 @@ def test_chat_template_takes_a_name_a_jinja_file_or_a_string_and_refuses_the_res
     (tmp_path / "mine.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
     assert loaded(str(tmp_path / "mine.jinja")).chat_template.startswith("{% for m in messages %}")
     assert loaded("{{ messages[0]['content'] }}").chat_template == "{{ messages[0]['content'] }}"
-    with pytest.raises(ConfigError, match=r"tokenizer.chat_template=.*nope.jinja: no such file. Fix: "
-                                          r"tokenizer.chat_template=NAME \(one of llama3, "):
+    with pytest.raises(
+        ConfigError,
+        match=r"tokenizer.chat_template=.*nope.jinja: no such file. Fix: "
+        r"tokenizer.chat_template=NAME \(one of llama3, ",
+    ):
         loaded(str(tmp_path / "nope.jinja"))
     with pytest.raises(ConfigError, match=r"tokenizer.chat_template is not a valid Jinja template \(line 1"):
         loaded("{% for m in messages %}")

@@ -21,30 +21,74 @@ from seqtune.tokenizers import load_tokenizer, pypi, special_token_ids
 QUICK_FOX = "The quick brown fox jumps over 12 lazy dogs."
 EXPECTED = {
     # name: (vocab size, bos, eos, {text: ids without bos})
-    "llama3": (128_256, ("<|begin_of_text|>", 128_000), ("<|end_of_text|>", 128_001), {
-        "Hello world": [9906, 1917], QUICK_FOX: [791, 4062, 14198, 39935, 35308, 927, 220, 717, 16053, 12875, 13]}),
-    "mistral_v1": (32_000, ("<s>", 1), ("</s>", 2), {
-        "Hello world": [22557, 1526],
-        QUICK_FOX: [415, 2936, 9060, 285, 1142, 461, 10575, 754, 28705, 28740, 28750, 17898, 9540, 28723]}),
-    "mistral_v3": (32_768, ("<s>", 1), ("</s>", 2), {
-        "Hello world": [23325, 2294],
-        QUICK_FOX: [1183, 3704, 9828, 1053, 1910, 1229, 11343, 1522, 29473, 29508, 29518, 18666, 10308, 29491]}),
-    "llama2_spm": (32_000, ("<s>", 1), ("</s>", 2), {
-        "Hello world": [15043, 3186], " Hello World!": [29871, 15043, 2787, 29991],
-        "Hello, world!": [15043, 29892, 3186, 29991]}),
+    "llama3": (
+        128_256,
+        ("<|begin_of_text|>", 128_000),
+        ("<|end_of_text|>", 128_001),
+        {"Hello world": [9906, 1917], QUICK_FOX: [791, 4062, 14198, 39935, 35308, 927, 220, 717, 16053, 12875, 13]},
+    ),
+    "mistral_v1": (
+        32_000,
+        ("<s>", 1),
+        ("</s>", 2),
+        {
+            "Hello world": [22557, 1526],
+            QUICK_FOX: [415, 2936, 9060, 285, 1142, 461, 10575, 754, 28705, 28740, 28750, 17898, 9540, 28723],
+        },
+    ),
+    "mistral_v3": (
+        32_768,
+        ("<s>", 1),
+        ("</s>", 2),
+        {
+            "Hello world": [23325, 2294],
+            QUICK_FOX: [1183, 3704, 9828, 1053, 1910, 1229, 11343, 1522, 29473, 29508, 29518, 18666, 10308, 29491],
+        },
+    ),
+    "llama2_spm": (
+        32_000,
+        ("<s>", 1),
+        ("</s>", 2),
+        {
+            "Hello world": [15043, 3186],
+            " Hello World!": [29871, 15043, 2787, 29991],
+            "Hello, world!": [15043, 29892, 3186, 29991],
+        },
+    ),
     # Gemma 3's ids come from sentencepiece on the model file, Gemma 4's from llama.cpp's reference file.
-    "gemma3": (262_144, ("<bos>", 2), ("<eos>", 1), {
-        "Hello world": [9259, 1902], " Hello World!": [26352, 4109, 236888],
-        "Hello, world!": [9259, 236764, 1902, 236888],
-        QUICK_FOX: [818, 3823, 8864, 37423, 38167, 1024, 236743, 236770, 236778, 31770, 12414, 236761],
-        "<start_of_turn>user\nHi<end_of_turn>\n": [105, 2364, 107, 10979, 106, 107]}),
-    "gemma4": (262_144, ("<bos>", 2), ("<eos>", 1), {
-        "Hello world": [9259, 1902], " Hello World!": [26352, 4109, 236888],
-        "Hello, world!": [9259, 236764, 1902, 236888]}),
+    "gemma3": (
+        262_144,
+        ("<bos>", 2),
+        ("<eos>", 1),
+        {
+            "Hello world": [9259, 1902],
+            " Hello World!": [26352, 4109, 236888],
+            "Hello, world!": [9259, 236764, 1902, 236888],
+            QUICK_FOX: [818, 3823, 8864, 37423, 38167, 1024, 236743, 236770, 236778, 31770, 12414, 236761],
+            "<start_of_turn>user\nHi<end_of_turn>\n": [105, 2364, 107, 10979, 106, 107],
+        },
+    ),
+    "gemma4": (
+        262_144,
+        ("<bos>", 2),
+        ("<eos>", 1),
+        {
+            "Hello world": [9259, 1902],
+            " Hello World!": [26352, 4109, 236888],
+            "Hello, world!": [9259, 236764, 1902, 236888],
+        },
+    ),
     # Qwen3: no bos (nothing is prepended); ids from Hugging Face's Qwen2 tokenizer via llama.cpp's reference file.
-    "qwen3": (151_669, (None, None), ("<|im_end|>", 151_645), {
-        "Hello world": [9707, 1879], "ied 4 ½ months": [1122, 220, 19, 220, 26062, 3951],
-        "<|im_start|>user\nHi<|im_end|>": [151644, 872, 198, 13048, 151645]}),
+    "qwen3": (
+        151_669,
+        (None, None),
+        ("<|im_end|>", 151_645),
+        {
+            "Hello world": [9707, 1879],
+            "ied 4 ½ months": [1122, 220, 19, 220, 26062, 3951],
+            "<|im_start|>user\nHi<|im_end|>": [151644, 872, 198, 13048, 151645],
+        },
+    ),
 }
 _LOADED: dict[str, object] = {}
 
@@ -82,18 +126,22 @@ def test_known_encodings_and_round_trip(name):
 
 def test_llama3_chat_template_uses_header_tokens():
     tok = fetched("llama3")
-    ids = tok.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True,
-                                  tokenize=True, return_dict=False)
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     text = tok.decode(ids)
-    assert text == ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
-                    "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert text == (
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
     assert ids.count(128_000) == 1 and 128_009 in ids
 
 
 def test_mistral_chat_template_uses_inst_control_tokens():
     tok = fetched("mistral_v3")
-    ids = tok.apply_chat_template([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}],
-                                  tokenize=True, return_dict=False)
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}], tokenize=True, return_dict=False
+    )
     assert ids[:2] == [1, 3] and 4 in ids and ids[-1] == 2  # <s> [INST] ... [/INST] ... </s>
 
 
@@ -122,7 +170,9 @@ def test_tokenizer_model_alone_is_refused_and_with_config_matches_sentencepiece(
     source = pypi.tokenizer_dir("mistral_v1") / "source" / "tokenizer.model.v1"
     shutil.copy(source, tmp_path / "tokenizer.model")
     # Alone, transformers would drop the "▁" before the first word: refused before it can load.
-    with pytest.raises(ModelLoadError, match=r"expected tokenizer\.json, or tokenizer\.model \+ tokenizer_config\.json"):
+    with pytest.raises(
+        ModelLoadError, match=r"expected tokenizer\.json, or tokenizer\.model \+ tokenizer_config\.json"
+    ):
         load_tokenizer(TokenizerConfig(source="path", path=str(tmp_path)), ModelConfig(family="mistral"))
     config = {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))

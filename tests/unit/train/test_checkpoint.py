@@ -20,7 +20,11 @@ import torch
 from seqtune.config.errors import ConfigError, StorageError
 from seqtune.config.plan import Plan, Tokens, Vocab, World
 from seqtune.config.rundir import (
-    MANIFEST, checkpoint_damage, checkpoint_files, complete_checkpoints, latest_checkpoint,
+    MANIFEST,
+    checkpoint_damage,
+    checkpoint_files,
+    complete_checkpoints,
+    latest_checkpoint,
 )
 from seqtune.config.schema import OptimConfig, PaddingStrategy, Tail, TrainConfig
 from seqtune.data.batching import BatchRule
@@ -31,20 +35,44 @@ from seqtune.train.checkpoint import Checkpointer, Progress, load_weights_only
 from seqtune.train.optim import build_optimizer, build_scheduler
 
 ENV = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
-PLAN = Plan(world=World(nnodes=1, nproc_per_node=1, source="test"), sharded=False, device_type="cpu",
-            cuda_available=False, autocast_dtype=None, compute_dtype="float32", loss_scaling=False,
-            padding_side="right", context_length=64, num_layers=1, model_type="llama", attn_implementation="sdpa",
-            kernels="torch", vocab=Vocab(tokenizer_size=8, special_ids={}, pad_id=0, eos_id=1, embedding_rows=8,
-                                         output_rows=8, resize_to=None),
-            tokens=Tokens(pad_id=0, bos_id=None, eos_id=1, terminators={1: "</s>"}, templated=False),
-            max_seq_len=32, batches={}, data={}, caches={}, rejects_file="rejects.jsonl")
+PLAN = Plan(
+    world=World(nnodes=1, nproc_per_node=1, source="test"),
+    sharded=False,
+    device_type="cpu",
+    cuda_available=False,
+    autocast_dtype=None,
+    compute_dtype="float32",
+    loss_scaling=False,
+    padding_side="right",
+    context_length=64,
+    num_layers=1,
+    model_type="llama",
+    attn_implementation="sdpa",
+    kernels="torch",
+    vocab=Vocab(tokenizer_size=8, special_ids={}, pad_id=0, eos_id=1, embedding_rows=8, output_rows=8, resize_to=None),
+    tokens=Tokens(pad_id=0, bos_id=None, eos_id=1, terminators={1: "</s>"}, templated=False),
+    max_seq_len=32,
+    batches={},
+    data={},
+    caches={},
+    rejects_file="rejects.jsonl",
+)
 
 
 class Training:
     """Everything a Checkpointer is built from, for one tiny model."""
 
-    def __init__(self, run_dir: Path, *, save_every: int = 2, keep_last: int = 2, scaler: bool = False,
-                 width: int = 4, plan: Plan = PLAN, seed: int = 0) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        save_every: int = 2,
+        keep_last: int = 2,
+        scaler: bool = False,
+        width: int = 4,
+        plan: Plan = PLAN,
+        seed: int = 0,
+    ) -> None:
         torch.manual_seed(seed)
         self.model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Linear(width, 1))
         # A frozen parameter (like a LoRA base weight) is never saved: it comes from the base model, the same in
@@ -53,16 +81,31 @@ class Training:
         cfg = OptimConfig(lr=0.1, warmup_steps=2)
         self.optimizer = build_optimizer([p for p in self.model.parameters() if p.requires_grad], cfg)
         self.scheduler = build_scheduler(self.optimizer, cfg, total_steps=10)
-        self.data = DistributedBatchPlan(np.arange(1, 17), rule=BatchRule(strategy=PaddingStrategy.longest,
-                                                                           batch_size=2, max_seq_len=32),
-                                         world_size=1, rank=0, seed=3, shuffle=True, tail=Tail.drop, bucket_window=100)
+        self.data = DistributedBatchPlan(
+            np.arange(1, 17),
+            rule=BatchRule(strategy=PaddingStrategy.longest, batch_size=2, max_seq_len=32),
+            world_size=1,
+            rank=0,
+            seed=3,
+            shuffle=True,
+            tail=Tail.drop,
+            bucket_window=100,
+        )
         self.scaler = torch.amp.GradScaler("cpu") if scaler else None
         self.progress = Progress()
         self.checkpointer = Checkpointer(
-            run_dir=run_dir, cfg=TrainConfig(save_every=save_every, keep_last=keep_last),
-            plan=replace(plan, loss_scaling=scaler), env=ENV, model=self.model, optimizer=self.optimizer,
-            scheduler=self.scheduler, data=self.data, scaler=self.scaler, progress=self.progress,
-            settings={"train.seed": seed})
+            run_dir=run_dir,
+            cfg=TrainConfig(save_every=save_every, keep_last=keep_last),
+            plan=replace(plan, loss_scaling=scaler),
+            env=ENV,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            data=self.data,
+            scaler=self.scaler,
+            progress=self.progress,
+            settings={"train.seed": seed},
+        )
 
     def step(self) -> None:
         loss = self.model(torch.randn(3, self.model[0].in_features)).pow(2).sum()
@@ -94,8 +137,9 @@ def test_saves_on_schedule_and_keeps_the_newest_k(tmp_path):
     assert saved_steps(tmp_path) == [4, 6]
     latest = latest_checkpoint(tmp_path)
     assert latest.name == "step_00000006"
-    assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_rank0.pt", "data_rank0.pt",
-            MANIFEST} == {p.name for p in latest.iterdir()}
+    assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_rank0.pt", "data_rank0.pt", MANIFEST} == {
+        p.name for p in latest.iterdir()
+    }
     manifest = json.loads((latest / MANIFEST).read_text())
     assert manifest["step"] == 6 and manifest["progress"] == {"step": 6, "tokens_seen": 60}
     assert manifest["plan"]["world"]["nproc_per_node"] == 1  # the plan it was written under
@@ -122,15 +166,20 @@ def test_resume_continues_exactly_like_the_uninterrupted_run(tmp_path):
     reference = Training(tmp_path / "ref", save_every=0, scaler=True)
     reference.train(5)
     Training(tmp_path / "run", save_every=3, scaler=True).train(3)
-    resumed = Training(tmp_path / "run", save_every=3, scaler=True, seed=1,
-                       plan=replace(PLAN, resume_from=str(latest_checkpoint(tmp_path / "run"))))
+    resumed = Training(
+        tmp_path / "run",
+        save_every=3,
+        scaler=True,
+        seed=1,
+        plan=replace(PLAN, resume_from=str(latest_checkpoint(tmp_path / "run"))),
+    )
     assert resumed.checkpointer.resume() is True
     assert (resumed.progress.step, resumed.progress.tokens_seen) == (3, 30)
     resumed.train(2)
     assert resumed.scheduler.state_dict() == reference.scheduler.state_dict()
     assert resumed.scaler.state_dict() == reference.scaler.state_dict()
     assert resumed.data.state_dict() == reference.data.state_dict()
-    for a, b in zip(resumed.model.parameters(), reference.model.parameters()):
+    for a, b in zip(resumed.model.parameters(), reference.model.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
@@ -179,12 +228,15 @@ def _flip_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize(("damage", "reason"), [
-    (lambda c: _truncate(c / "model.safetensors"), r"model\.safetensors is [\d,]+ bytes, its manifest says [\d,]+"),
-    (lambda c: _flip_byte(c / "optimizer.pt"), r"optimizer\.pt does not match its sha256"),
-    (lambda c: (c / "rng_rank0.pt").unlink(), r"rng_rank0\.pt is missing"),
-    (lambda c: _truncate(c / MANIFEST), r"manifest\.json cannot be read"),
-])
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda c: _truncate(c / "model.safetensors"), r"model\.safetensors is [\d,]+ bytes, its manifest says [\d,]+"),
+        (lambda c: _flip_byte(c / "optimizer.pt"), r"optimizer\.pt does not match its sha256"),
+        (lambda c: (c / "rng_rank0.pt").unlink(), r"rng_rank0\.pt is missing"),
+        (lambda c: _truncate(c / MANIFEST), r"manifest\.json cannot be read"),
+    ],
+)
 def test_a_damaged_checkpoint_is_found_and_named_before_use(tmp_path, damage, reason):
     Training(tmp_path, save_every=2).train(2)
     latest = latest_checkpoint(tmp_path)
@@ -198,19 +250,24 @@ def _edit_manifest(checkpoint: Path, edit) -> None:
     (checkpoint / MANIFEST).write_text(json.dumps(manifest))
 
 
-@pytest.mark.parametrize(("edit", "reason"), [
-    (lambda m: m["files"].update({"optimizer.pt": 7}), r"files\['optimizer\.pt'\] is 7, not \{"),
-    (lambda m: m["files"]["optimizer.pt"].update(size="12"), r"files\['optimizer\.pt'\] is .*not \{"),
-    (lambda m: m["files"].update({"../../etc/passwd": {"size": 1, "sha256": "0" * 64}}),
-     r"'files' names '\.\./\.\./etc/passwd', outside the checkpoint"),
-    (lambda m: m.update(files={}), r"'files' lists no file"),
-    (lambda m: m.update(progress=[6, 60]), r"'progress' is \[6, 60\], not an object"),
-    (lambda m: m["progress"].update(step=True), r"progress\.step is true, not a count"),
-    (lambda m: m.update(parts=[1, 2]), r"'parts' is \[1, 2\], not a list of names"),
-    (lambda m: m.update(settings=3), r"'settings' is 3, not an object"),
-    (lambda m: m.pop("plan"), r"it has no 'plan'"),
-    (lambda m: m.update(step=m["step"] + 1), r"it says step \d, in step_0000000\d"),
-])
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        (lambda m: m["files"].update({"optimizer.pt": 7}), r"files\['optimizer\.pt'\] is 7, not \{"),
+        (lambda m: m["files"]["optimizer.pt"].update(size="12"), r"files\['optimizer\.pt'\] is .*not \{"),
+        (
+            lambda m: m["files"].update({"../../etc/passwd": {"size": 1, "sha256": "0" * 64}}),
+            r"'files' names '\.\./\.\./etc/passwd', outside the checkpoint",
+        ),
+        (lambda m: m.update(files={}), r"'files' lists no file"),
+        (lambda m: m.update(progress=[6, 60]), r"'progress' is \[6, 60\], not an object"),
+        (lambda m: m["progress"].update(step=True), r"progress\.step is true, not a count"),
+        (lambda m: m.update(parts=[1, 2]), r"'parts' is \[1, 2\], not a list of names"),
+        (lambda m: m.update(settings=3), r"'settings' is 3, not an object"),
+        (lambda m: m.pop("plan"), r"it has no 'plan'"),
+        (lambda m: m.update(step=m["step"] + 1), r"it says step \d, in step_0000000\d"),
+    ],
+)
 def test_a_manifest_of_the_wrong_shape_makes_its_checkpoint_damaged_not_a_traceback(tmp_path, edit, reason):
     """The manifest is checked against its schema before any field is read: resume skips it like a corrupt one."""
     Training(tmp_path, save_every=2, keep_last=0).train(4)
@@ -236,11 +293,15 @@ def test_a_pickle_that_calls_a_function_is_refused_by_name_and_never_run(tmp_pat
     with open(latest / "rng_rank0.pt", "wb") as f:
         torch.save({"torch": Payload()}, f)
     _edit_manifest(latest, lambda m: m.update(files=checkpoint_files(latest)))  # a consistent, hostile checkpoint
-    resumed = Training(tmp_path, save_every=2, plan=replace(PLAN, resume_from=str(find_resume(TrainConfig(),
-                                                                                               tmp_path).checkpoint)))
-    with pytest.raises(ConfigError, match=r"checkpoint file .*step_00000002/rng_rank0\.pt is not a weights-only torch "
-                                          r"file \(.*GLOBAL posix\.system.*\): it is refused unread.*Fix: remove "
-                                          r".*step_00000002") as info:
+    resumed = Training(
+        tmp_path, save_every=2, plan=replace(PLAN, resume_from=str(find_resume(TrainConfig(), tmp_path).checkpoint))
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"checkpoint file .*step_00000002/rng_rank0\.pt is not a weights-only torch "
+        r"file \(.*GLOBAL posix\.system.*\): it is refused unread.*Fix: remove "
+        r".*step_00000002",
+    ) as info:
         resumed.checkpointer.resume()
     assert info.value.exit_code == 2 and "weights_only=False" not in str(info.value)
     assert not marker.exists()
@@ -268,8 +329,11 @@ def test_no_intact_checkpoint_is_refused_rather_than_starting_over(tmp_path):
     Training(tmp_path, save_every=2, keep_last=0).train(4)
     for checkpoint in complete_checkpoints(tmp_path):
         _truncate(checkpoint / "optimizer.pt")
-    with pytest.raises(ConfigError, match=r"none can be used: step_00000004: optimizer\.pt is .*step_00000002: "
-                                          r"optimizer\.pt .*Fix: start over in a new directory: train\.resume=never"):
+    with pytest.raises(
+        ConfigError,
+        match=r"none can be used: step_00000004: optimizer\.pt is .*step_00000002: "
+        r"optimizer\.pt .*Fix: start over in a new directory: train\.resume=never",
+    ):
         find_resume(TrainConfig(), tmp_path)
 
 
@@ -279,8 +343,12 @@ def test_a_resumed_run_replaces_the_damaged_newer_checkpoints(tmp_path):
     Training(tmp_path, save_every=2, keep_last=0).train(6)
     for checkpoint in complete_checkpoints(tmp_path)[1:]:
         _truncate(checkpoint / "model.safetensors")
-    resumed = Training(tmp_path, save_every=3, keep_last=0,
-                       plan=replace(PLAN, resume_from=str(find_resume(TrainConfig(), tmp_path).checkpoint)))
+    resumed = Training(
+        tmp_path,
+        save_every=3,
+        keep_last=0,
+        plan=replace(PLAN, resume_from=str(find_resume(TrainConfig(), tmp_path).checkpoint)),
+    )
     assert resumed.checkpointer.resume() is True
     resumed.train(1)
     assert saved_steps(tmp_path) == [2, 3]
@@ -307,8 +375,11 @@ def test_a_full_disk_while_saving_says_so_keeps_the_previous_checkpoint_and_remo
     run = Training(small_disk.path, save_every=2, keep_last=0)
     run.train(2)
     small_disk.fill()
-    with pytest.raises(StorageError, match=rf"hydra\.run\.dir: no space left on {small_disk.path}/checkpoints/"
-                                           r"(\.tmp-)?step_00000004.* Fix: free space on that disk"):
+    with pytest.raises(
+        StorageError,
+        match=rf"hydra\.run\.dir: no space left on {small_disk.path}/checkpoints/"
+        r"(\.tmp-)?step_00000004.* Fix: free space on that disk",
+    ):
         run.train(2)
     assert saved_steps(small_disk.path) == [2]
     assert checkpoint_damage(latest_checkpoint(small_disk.path)) is None

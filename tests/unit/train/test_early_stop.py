@@ -24,7 +24,7 @@ def run(losses: list[float], *, patience: int, min_delta: float) -> tuple[EarlyS
     best = SavedAt()
     stopper = EarlyStopping(patience=patience, min_delta=min_delta, best=best)
     step = 0
-    for step, loss in zip(range(3, 3 * len(losses) + 1, 3), losses):
+    for step, loss in zip(range(3, 3 * len(losses) + 1, 3), losses, strict=True):
         best.step = step
         stopper.observe(step, loss)
         if stopper.should_stop:

@@ -31,8 +31,9 @@ def test_non_finite_stops_naming_step_checkpoint_and_fix(tmp_path: Path, loss: f
     _checkpoint(tmp_path, 4)
     later = _checkpoint(tmp_path, 8)  # written at the failing step by nothing: only earlier ones are intact
     guard = NumericsGuard(run_dir=tmp_path, loss_scaling=False, lr=1e4)
-    with pytest.raises(TrainingDiverged,
-                       match=r"diverged at step 8: .*step_00000004 \(step 4\).*optim.lr \(now 10000\)"):
+    with pytest.raises(
+        TrainingDiverged, match=r"diverged at step 8: .*step_00000004 \(step 4\).*optim.lr \(now 10000\)"
+    ):
         guard.check(8, loss, grad_norm)
     assert TrainingDiverged.exit_code == EXIT_FAILED and later.is_dir()
 

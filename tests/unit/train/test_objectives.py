@@ -42,8 +42,10 @@ def seq(prompt: list[int], completion: list[int], loc: str) -> TokenizedSample:
     return TokenizedSample(input_ids=ids, labels=labels, location=loc)
 
 
-PAIRS = [(seq([1, 5, 6, 7], [9, 10, 2], "p:1"), seq([1, 5, 6, 7], [11, 2], "p:1")),
-         (seq([1, 8, 8], [12, 13, 14, 15, 2], "p:2"), seq([1, 8, 8], [16, 2], "p:2"))]
+PAIRS = [
+    (seq([1, 5, 6, 7], [9, 10, 2], "p:1"), seq([1, 5, 6, 7], [11, 2], "p:1")),
+    (seq([1, 8, 8], [12, 13, 14, 15, 2], "p:2"), seq([1, 8, 8], [16, 2], "p:2")),
+]
 
 
 def batch_of(strategy: str, pairs=PAIRS, batch_size: int = 2) -> dict[str, torch.Tensor]:
