@@ -145,7 +145,7 @@ def run_seqtune(*, checkpoint: Path, work: Path, steps: int, threads: int, tag: 
         "losses": [m["loss"] for m in steps_logged],
         "tokens_per_step": [
             b["tokens_seen"] - a
-            for a, b in zip([0] + [m["tokens_seen"] for m in steps_logged], steps_logged, strict=True)
+            for a, b in zip([0] + [m["tokens_seen"] for m in steps_logged], steps_logged, strict=False)
         ],
         "reward_accuracy_last": steps_logged[-1]["rewards/accuracies"],
         "command": " ".join(cmd[1:]),

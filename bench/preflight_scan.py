@@ -23,10 +23,11 @@ from pathlib import Path
 from _common import markdown_table, write_results
 from transformers import AutoTokenizer
 
+from seqtune.config.schema import DataFormat
 from seqtune.data.formats import LineParser
 from seqtune.data.scan import scan_split
-from seqtune.data.sources import iter_records
-from seqtune.data.split import files_split
+from seqtune.data.sources import SourceFiles, iter_records
+from seqtune.data.split import SplitInput
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.preflight.observe import observe_split
 from seqtune.tokenizers.control import control_tokens, literal_controls, whitespace_ids
@@ -98,7 +99,10 @@ def main() -> None:
     cache_root = work / "cache"
     shutil.rmtree(cache_root, ignore_errors=True)
     encoder = SampleEncoder(tokenizer, "alpaca", train_on_prompt=False)
-    split = files_split("train", [data], "alpaca")
+    source = SourceFiles(
+        key="data.train", files=(data,), format=DataFormat.alpaca, columns={}, columns_key="data.columns"
+    )
+    split = SplitInput(name="train", sources=(source,))
     first = scan_split(split, {"alpaca": encoder}, cache_root=cache_root)
     observed, observe_first = observe(first.cache_dir, tokenizer, encoder)
     again = scan_split(split, {"alpaca": encoder}, cache_root=cache_root)

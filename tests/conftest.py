@@ -29,7 +29,7 @@ def run_cli(
 def scan_files(name: str, files: list[Path], encoder, **kwargs):
     """scan_split over plain files in the encoder's format (one source)."""
     from seqtune.data.scan import scan_split
-    from seqtune.data.split import files_split
+    from tests.splits import files_split
 
     return scan_split(files_split(name, files, encoder.fmt), {encoder.fmt: encoder}, **kwargs)
 

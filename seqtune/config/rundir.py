@@ -73,11 +73,6 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(done, key=checkpoint_step)
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    done = complete_checkpoints(run_dir)
-    return done[-1] if done else None
-
-
 def read_manifest(checkpoint: Path) -> dict[str, Any]:
     return json.loads((Path(checkpoint) / MANIFEST).read_text())
 

@@ -2,7 +2,7 @@
 
 Everything seqtune takes from torchtune goes through here, so replacing it is a one-file change. The import is lazy
 (torchtune pulls in torchao and costs seconds) and any failure falls back to our own implementation below, which
-tests/unit/data/test_collate.py checks gives identical tensors. `padding_backend()` says which one is in use.
+tests/unit/data/test_collate.py checks gives identical tensors.
 """
 
 from __future__ import annotations
@@ -34,11 +34,6 @@ def _resolve_padded_collate_sft() -> tuple[str, Callable[..., dict[str, torch.Te
         log.warning("torchtune unavailable (%s); using seqtune's own padded_collate_sft", exc)
         return "seqtune", _own_padded_collate_sft
     return "torchtune", padded_collate_sft
-
-
-def padding_backend() -> str:
-    """'torchtune' when the pinned torchtune imported, else 'seqtune' (our fallback)."""
-    return _resolve_padded_collate_sft()[0]
 
 
 def right_pad(

@@ -76,12 +76,6 @@ def _summary(
     return out
 
 
-def _fill_rows(tensor: torch.Tensor, rows: int, value: int) -> torch.Tensor:
-    """Complete a micro-batch with rows of `value`: every micro-batch of a rule has the same number of rows."""
-    missing = rows - tensor.shape[0]
-    return F.pad(tensor, (0, 0, 0, missing), value=value) if missing > 0 else tensor
-
-
 @dataclass(kw_only=True)
 class PaddedCollator:
     """longest / bucket (pad to the longest in the micro-batch, rounded up) and max_length (always max_seq_len):

@@ -144,18 +144,6 @@ def from_meta(name: str, meta: dict[str, Any]) -> SplitInput:
     return SplitInput(name=name, sources=sources, holdout=holdout)
 
 
-def files_split(name: str, files: list[Path], fmt: str, columns: dict[str, str] | None = None) -> SplitInput:
-    """A split of plain files in one format, outside any config (benchmarks and tests)."""
-    source = SourceFiles(
-        key=f"data.{name}",
-        files=tuple(Path(f) for f in files),
-        format=DataFormat(fmt),
-        columns=dict(columns or {}),
-        columns_key="data.columns",
-    )
-    return SplitInput(name=name, sources=(source,))
-
-
 def split_input(data: DataConfig, name: str, validation: str | None) -> SplitInput | None:
     """Split `name` of the config, its files expanded (a DataError names the source key of a missing file); None
     when the run has no such split. `validation`: the plan's validation key (plan.validation); with

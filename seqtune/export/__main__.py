@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from seqtune.config.errors import ConfigError, SeqtuneError
+from seqtune.config.schema import GgufType
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dir", type=Path, help="the run directory of a finished seqtune training run")
     parser.add_argument(
         "--gguf",
-        choices=("f16", "bf16", "q8_0"),
+        choices=[t.value for t in GgufType],
         default=None,
         help="write RUN_DIR/gguf/*.gguf first (from merged/, or model/ for a full fine-tune)",
     )

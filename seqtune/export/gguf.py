@@ -28,7 +28,6 @@ import numpy as np
 from seqtune.config.errors import ConfigError, SeqtuneError
 from seqtune.files import follow_umask
 
-GGUF_TYPES = ("f16", "bf16", "q8_0")
 GGUF_DIR = "gguf"
 
 

@@ -23,9 +23,6 @@ from seqtune.data.scan import SplitScan
 from seqtune.data.types import IGNORE_INDEX
 
 SAMPLES_JSON = "samples.json"
-# Kinds of tokens made visible; every other control token is "special", everything else "text"; "cut" and
-# "elided" mark tokens removed by data.overlength and tokens of a long sample the page does not show.
-KINDS = ("text", "bos", "eos", "eot", "special", "cut", "elided")
 # Marks of targets on a console without colour (and in the W&B table's text column).
 TARGET_OPEN, TARGET_CLOSE = "\u27e6", "\u27e7"
 # The console shows at most this many tokens of its sample, samples.html this many per sample: the head and the

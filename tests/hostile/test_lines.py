@@ -23,11 +23,11 @@ from seqtune.data.collate import make_collator
 from seqtune.data.formats import Conversation, PreTokenized, PromptCompletion
 from seqtune.data.loader import RecordParser
 from seqtune.data.sources import iter_records
-from seqtune.data.split import files_split
 from seqtune.data.stream import JsonlStream
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.data.types import Reject
 from tests.conftest import scan_files
+from tests.splits import files_split
 
 REJECT_CODES = {
     "bad_json",

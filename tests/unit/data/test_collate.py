@@ -79,9 +79,9 @@ def test_too_long_sample_is_an_error_naming_its_location() -> None:
 
 
 def test_own_padded_collate_matches_torchtune() -> None:
-    # If torchtune ever stops importing, _torchtune falls back to this implementation; it must be identical.
-    if _torchtune.padding_backend() != "torchtune":
-        pytest.skip("torchtune not importable: seqtune's fallback is already in use")
+    # If torchtune ever stops importing, _torchtune falls back to this implementation; it must be identical. The pin
+    # in constraints.txt imports, so the backend in use here is torchtune's.
+    assert _torchtune._resolve_padded_collate_sft()[0] == "torchtune"
     from torchtune.data import padded_collate_sft
 
     batch = [{"tokens": s.input_ids.tolist(), "labels": s.labels.tolist()} for s in SAMPLES]

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from seqtune.data.split import files_split
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.preflight.observe import (
     HASH_FILE,
@@ -23,6 +22,7 @@ from seqtune.preflight.observe import (
 from seqtune.tokenizers import BUNDLED_DIR
 from seqtune.tokenizers.control import control_tokens, literal_controls, whitespace_ids
 from tests.conftest import scan_files
+from tests.splits import files_split
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,6 @@ from seqtune.config.rundir import (
     checkpoint_damage,
     checkpoint_files,
     complete_checkpoints,
-    latest_checkpoint,
 )
 from seqtune.config.schema import OptimConfig, PaddingStrategy, Tail, TrainConfig
 from seqtune.data.batching import BatchRule
@@ -57,6 +56,11 @@ PLAN = Plan(
     caches={},
     rejects_file="rejects.jsonl",
 )
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    done = complete_checkpoints(run_dir)
+    return done[-1] if done else None
 
 
 class Training:
