@@ -513,10 +513,11 @@ class LineParser:
         conv_chosen, conv_rejected = sides
         if prompt is None:  # implicit prompt: everything before the last message is shared history
             start = len(conv_chosen.messages) - 1
+            # Conversations of different lengths are compared up to the shorter (the mismatch is refused below).
             differ = next(
                 (
                     i
-                    for i, (a, b) in enumerate(zip(conv_chosen.messages, conv_rejected.messages, strict=True))
+                    for i, (a, b) in enumerate(zip(conv_chosen.messages, conv_rejected.messages, strict=False))
                     if a != b
                 ),
                 None,
