@@ -1,4 +1,5 @@
-"""The docs cannot drift from the code: README.md and docs/*.md are checked against the repository and the CLI.
+"""The docs cannot drift from the code: README.md, docs/*.md and launch/README.md are checked against the repository
+and the CLI.
 
 (a) Every relative link resolves: the file exists and, for `#anchor`, the heading exists (GitHub's anchors); every
     repository path written in backticks (`seqtune/data/batching.py`, `tests/hostile/cases.py`) exists.
@@ -9,8 +10,8 @@
     and no file is read: a command is checked against the schema only, so placeholders that are paths or hub ids
     (`model.path=/ckpt/Llama-3.1-8B`, `data.train=my.jsonl`, `model.path=org/name`) are fine as written (hub ids are
     not looked up).
-    Convention: a fenced block right after a line `<!-- docs-test: skip -->` is not checked (for a command that is
-    meant to be refused, or one that needs a Hydra plugin this environment lacks). Use it sparingly.
+    Convention: a fenced block right after a line `<!-- docs-test: skip (REASON) -->` is not checked (for a command
+    that is meant to be refused, or one that needs a Hydra plugin this environment lacks). Use it sparingly.
 (c) A few cheap commands from the docs run for real on CPU (one slow test): each must appear verbatim in a doc's
     code block, so what runs here is what a reader types.
 """
@@ -29,8 +30,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-SKIP_MARKER = "<!-- docs-test: skip -->"
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "launch" / "README.md"]
+SKIP_MARKER = "<!-- docs-test: skip"  # then the reason, then -->
 
 
 def _rel(path: Path) -> str:
@@ -139,7 +140,7 @@ def _fenced_blocks(doc: Path) -> list[tuple[int, list[str]]]:
     for number, line in enumerate(lines, 1):
         if line.lstrip().startswith("```"):
             if current is None:
-                current, start, skip = [], number + 1, previous.strip() == SKIP_MARKER
+                current, start, skip = [], number + 1, previous.strip().startswith(SKIP_MARKER)
             else:
                 if not skip:
                     blocks.append((start, current))
@@ -299,6 +300,17 @@ def test_a_wrong_command_fails_the_check(cli, args, needle):
     with pytest.raises(Exception, match=re.escape(needle)):
         for job in jobs_of(args):
             check_against_schema(cli, job)
+
+
+def test_commands_are_found_in_code_blocks_and_the_skip_marker_skips_a_block(tmp_path: Path):
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "`python -m seqtune prose=ignored`\n```bash\nFOO=1 .venv/bin/python -m seqtune a=1 \\\n    b='x y'  # c=3\n"
+        "bash scripts/setup.sh && python -m seqtune.export RUN_DIR\n```\n"
+        "<!-- docs-test: skip (a refusal on purpose) -->\n```bash\npython -m seqtune optim.lrr=1\n```\n"
+    )
+    found = [(c.line, c.module, c.args) for c in _commands_in(doc)]
+    assert found == [(3, "seqtune", ("a=1", "b=x y")), (5, "seqtune.export", ("RUN_DIR",))]
 
 
 def test_sweeps_are_split_into_their_jobs():
