@@ -3,13 +3,15 @@ and the CLI.
 
 (a) Every relative link resolves: the file exists and, for `#anchor`, the heading exists (GitHub's anchors); every
     repository path written in backticks (`seqtune/data/batching.py`, `tests/hostile/cases.py`) exists.
-(b) Every `python -m seqtune ...` / `seqtune ...` command in a fenced code block is composed with Hydra's compose
+(b) Every `python -m seqtune ...` / `seqtune ...` / `sbatch launch/slurm.sbatch ...` command in a fenced code block is composed with Hydra's compose
     API against the real configs, its overrides exactly as written (`-m` sweeps split into their jobs), and
     converted as the CLI converts it (`seqtune.__main__`: `_typed`, then `_check_presets`), so an unknown key, a
     value outside the schema or a renamed config group fails here, naming the doc's file:line. Nothing is trained
     and no file is read: a command is checked against the schema only, so placeholders that are paths or hub ids
     (`model.path=/ckpt/Llama-3.1-8B`, `data.train=my.jsonl`, `model.path=org/name`) are fine as written (hub ids are
     not looked up).
+    The same holds for a whole command written inline in the prose, and for the command in each shipped config's
+    header comment (configs/**/*.yaml).
     Convention: a fenced block right after a line `<!-- docs-test: skip (REASON) -->` is not checked (for a command
     that is meant to be refused, or one that needs a Hydra plugin this environment lacks). Use it sparingly.
 (c) A few cheap commands from the docs run for real on CPU (one slow test): each must appear verbatim in a doc's
@@ -184,7 +186,8 @@ def _split_on_operators(words: list[str]) -> list[list[str]]:
 
 
 def _seqtune_command(words: list[str]) -> tuple[str, tuple[str, ...]] | None:
-    """(module, arguments) of `[ENV=..] [.venv/bin/]python -m seqtune[.x] ARGS` or `seqtune ARGS`, else None."""
+    """(module, arguments) of `[ENV=..] [.venv/bin/]python -m seqtune[.x] ARGS`, `seqtune ARGS` or
+    `sbatch launch/slurm.sbatch ARGS` (which runs `python -m seqtune launcher=slurm ... ARGS`), else None."""
     while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):  # VAR=value before the command
         words = words[1:]
     if len(words) >= 3 and Path(words[0]).name.startswith("python") and words[1] == "-m":
@@ -192,11 +195,38 @@ def _seqtune_command(words: list[str]) -> tuple[str, tuple[str, ...]] | None:
         return (module, tuple(words[3:])) if module.split(".")[0] == "seqtune" else None
     if words and words[0] == "seqtune":
         return "seqtune", tuple(words[1:])
+    if len(words) >= 2 and words[0] == "sbatch" and words[1].endswith("slurm.sbatch"):  # it runs launcher=slurm ARGS
+        return "seqtune", ("launcher=slurm", *words[2:])
     return None
+
+
+def _inline_commands_in(doc: Path) -> list[Command]:
+    """`python -m seqtune key=value ...` written inline in the prose (an elided `...` is not a command)."""
+    commands = []
+    for number, line in _prose_lines(doc):
+        for span in CODE_SPAN.findall(line):
+            if span.startswith("python -m seqtune ") and "..." not in span:
+                command = _seqtune_command(shlex.split(span))
+                if command is not None:
+                    commands.append(Command(doc, number, span, *command))
+    return commands
 
 
 def documented_commands() -> list[Command]:
     return [command for doc in DOCS for command in _commands_in(doc)]
+
+
+def config_header_commands() -> list[Command]:
+    """The command each shipped config's header comment gives (`# what it is: python -m seqtune group=name ...`)."""
+    commands = []
+    for path in sorted((REPO / "configs").rglob("*.yaml")):
+        for number, line in enumerate(path.read_text().splitlines()[:3], 1):
+            if line.startswith("#") and "python -m seqtune " in line:
+                text = "python -m seqtune " + line.split("python -m seqtune ", 1)[1]
+                command = _seqtune_command(shlex.split(text))
+                assert command is not None
+                commands.append(Command(path, number, text, *command))
+    return commands
 
 
 # Hydra's own flags a documented command may carry; anything else must be skipped with the marker.
@@ -236,14 +266,18 @@ def jobs_of(args: tuple[str, ...]) -> list[list[str]]:
 @pytest.fixture(scope="module")
 def cli(monkeypatch_module):
     """seqtune's entry module (its import registers the schemas and resolvers) with the environment restored after,
-    and hub ids left as written (to_typed would look them up in the hub cache)."""
+    hub ids left as written (to_typed would look them up in the hub cache), and Hydra initialised on the shipped
+    configs for the module's tests."""
+    from hydra import initialize_config_module
+
     saved = dict(os.environ)
     import seqtune.__main__ as entry
 
     os.environ.clear()
     os.environ.update(saved)
     monkeypatch_module.setattr("seqtune.hub.resolve_hub_paths", lambda cfg: cfg)
-    return entry
+    with initialize_config_module(config_module="seqtune.configs", version_base=None):
+        yield entry
 
 
 @pytest.fixture(scope="module")
@@ -253,25 +287,27 @@ def monkeypatch_module():
 
 
 def check_against_schema(entry, overrides: list[str]) -> None:
-    """Compose like `python -m seqtune OVERRIDES` and type the result like the CLI; raises what the CLI would."""
-    from hydra import compose, initialize_config_module
+    """Compose like `python -m seqtune OVERRIDES` and type the result like the CLI; raises what the CLI would.
+    (Hydra is initialised by the `cli` fixture.)"""
+    from hydra import compose
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
-    with initialize_config_module(config_module="seqtune.configs", version_base=None):
-        cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
-        HydraConfig.instance().set_config(cfg)  # _check_presets reads the chosen presets from it
-        with open_dict(cfg):
-            del cfg["hydra"]  # what the task function receives
-        entry._check_presets(entry._typed(cfg))
+    cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)  # _check_presets reads the chosen presets from it
+    with open_dict(cfg):
+        del cfg["hydra"]  # what the task function receives
+    entry._check_presets(entry._typed(cfg))
 
 
-COMMANDS = [c for c in documented_commands() if c.module == "seqtune"]
+INLINE = [command for doc in DOCS for command in _inline_commands_in(doc)]
+COMMANDS = [c for c in documented_commands() + INLINE + config_header_commands() if c.module == "seqtune"]
 
 
 def test_the_docs_hold_commands_to_check():
-    docs = {c.doc.name for c in COMMANDS}
-    assert len(COMMANDS) >= 20 and {"README.md", "training.md", "data.md"} <= docs, COMMANDS
+    docs = {_rel(c.doc) for c in COMMANDS}
+    assert {"README.md", "docs/training.md", "docs/data.md", "configs/model/llama3_8b.yaml"} <= docs, docs
+    assert len(COMMANDS) >= 60, COMMANDS
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c.where)
