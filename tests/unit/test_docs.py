@@ -2,7 +2,8 @@
 and the CLI.
 
 (a) Every relative link resolves: the file exists and, for `#anchor`, the heading exists (GitHub's anchors); every
-    repository path written in backticks (`seqtune/data/batching.py`, `tests/hostile/cases.py`) exists.
+    repository path written in backticks (`seqtune/data/batching.py`, `tests/hostile/cases.py`) exists; every
+    config key written in backticks in the prose (`train.eval_sample_tokens`) is a setting of the schema.
 (b) Every `python -m seqtune ...` / `seqtune ...` / `sbatch launch/slurm.sbatch ...` command in a fenced code block is composed with Hydra's compose
     API against the real configs, its overrides exactly as written (`-m` sweeps split into their jobs), and
     converted as the CLI converts it (`seqtune.__main__`: `_typed`, then `_check_presets`), so an unknown key, a
@@ -115,6 +116,44 @@ def test_a_broken_link_anchor_or_path_is_found(tmp_path: Path):
     assert len(found) == 3, found
     assert "missing.md does not exist" in found[0] and "no heading #nowhere" in found[1]
     assert "seqtune/no_such_module.py" in found[2]
+
+
+# A config key named in the prose: `group.key` (with or without `=value`), not a file (`preflight.json`) nor a new
+# key (`+model.foo`). docs/ARCHITECTURE.md is left out: it names modules (`data.loader`), which look the same.
+CONFIG_KEY = re.compile(
+    r"(?<![\w./+-])(model|tokenizer|data|padding|lora|optim|train|launcher|logger|preflight|dpo)\.([a-z_][a-z0-9_]*)(?![\w.(])"
+)
+FILE_SUFFIXES = {"json", "jsonl", "yaml", "md", "html", "png", "py"}
+
+
+def unknown_keys(doc: Path) -> list[str]:
+    from dataclasses import fields
+
+    from seqtune.config.schema import GROUP_SCHEMAS
+
+    found = []
+    for number, line in _prose_lines(doc):
+        for span in CODE_SPAN.findall(line):
+            for group, key in CONFIG_KEY.findall(span):
+                if key not in FILE_SUFFIXES and key not in {f.name for f in fields(GROUP_SCHEMAS[group])}:
+                    found.append(f"{_rel(doc)}:{number}: {group}.{key} is not a setting (`{span}`)")
+    return found
+
+
+@pytest.mark.parametrize("doc", [d for d in DOCS if d.name != "ARCHITECTURE.md"], ids=_rel)
+def test_every_config_key_named_in_the_prose_exists(doc: Path):
+    assert not unknown_keys(doc), "\n".join(unknown_keys(doc))
+
+
+def test_a_renamed_key_in_the_prose_is_found(tmp_path: Path):
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "`train.max_steps=3`, `preflight.json`, `+model.foo=1`, `optim.learning_rate`, `data.val_frac=0.1`\n"
+    )
+    assert [f.split(": ")[1] for f in unknown_keys(doc)] == [
+        "optim.learning_rate is not a setting (`optim.learning_rate`)",
+        "data.val_frac is not a setting (`data.val_frac=0.1`)",
+    ]
 
 
 # --- (b) commands against the schema -------------------------------------------------------------------------------
