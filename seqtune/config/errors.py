@@ -1,6 +1,6 @@
 """Error types users see. Each names the config key (or file:line), the values, the broken relation and the fix.
 
-Exit codes of `python -m seqtune` (README, "Exit codes"): 2 = refused before training (a config, model, tokenizer,
+Exit codes of `python -m seqtune` (docs/training.md, "Exit codes"): 2 = refused before training (a config, model, tokenizer,
 data or preflight problem; nothing trained), 1 = failed while training, 130 / 143 = stopped by SIGINT / SIGTERM.
 """
 

@@ -513,6 +513,7 @@ class LineParser:
         conv_chosen, conv_rejected = sides
         if prompt is None:  # implicit prompt: everything before the last message is shared history
             start = len(conv_chosen.messages) - 1
+            # Conversations of different lengths are compared up to the shorter (the mismatch is refused below).
             differ = next(
                 (
                     i

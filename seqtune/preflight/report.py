@@ -171,6 +171,7 @@ def plot_lengths(
 
     splits = [name for name, values in lengths.items() if len(values)]
     fig, axes = plt.subplots(len(splits) or 1, 1, figsize=(8, 2.6 * max(len(splits), 1)), squeeze=False)
+    # One empty axis when no split has a sample (every record rejected): that failure is preflight's to report.
     for axis, name in zip(axes[:, 0], splits, strict=False):
         values = np.asarray(lengths[name])
         axis.hist(values, bins=min(60, max(10, len(np.unique(values)))), color="tab:blue", alpha=0.8)

@@ -91,6 +91,19 @@ def test_ultrafeedback_style_pairs_share_their_history_implicitly():
             "history_mismatch",
             "differ at message 0",
         ),
+        (  # one conversation a prefix of the other: a reject, never a zip() error
+            {
+                "chosen": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "a"}],
+                "rejected": [
+                    {"role": "user", "content": "x"},
+                    {"role": "assistant", "content": "a"},
+                    {"role": "user", "content": "y"},
+                    {"role": "assistant", "content": "c"},
+                ],
+            },
+            "history_mismatch",
+            "differ at message 2",
+        ),
         (
             {
                 "prompt": [{"role": "user", "content": "x"}],
