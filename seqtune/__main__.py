@@ -10,7 +10,6 @@ would give every rank its own run directory)."""
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 import traceback
@@ -21,25 +20,23 @@ from pathlib import Path
 # threads must not be forked into dataloader workers.
 os.environ.setdefault("SEQTUNE_USER_HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", ""))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# torchao (pulled in by peft/torchtune) warns at import about its C++ extensions, which seqtune does not use.
-logging.getLogger("torchao").setLevel(logging.ERROR)
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-import hydra  # noqa: E402
-from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from hydra.types import RunMode  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
-from omegaconf.errors import MissingMandatoryValue  # noqa: E402
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+from omegaconf.errors import MissingMandatoryValue
 
-from seqtune import console  # noqa: E402
-from seqtune.config import SeqtuneError, register_resolvers, register_schemas, save_resolved, to_typed  # noqa: E402
-from seqtune.config.errors import EXIT_FAILED, ConfigError, Interrupted  # noqa: E402
-from seqtune.config.plan import load_plan  # noqa: E402
-from seqtune.config.rundir import RESOLVED_CONFIG  # noqa: E402
-from seqtune.config.schema import LauncherName  # noqa: E402
-from seqtune.run_lock import hold_run_dir  # noqa: E402
-from seqtune.sweep import JobOutcome  # noqa: E402
-from seqtune.train import signals  # noqa: E402
+from seqtune import console
+from seqtune.config import SeqtuneError, register_resolvers, register_schemas, save_resolved, to_typed
+from seqtune.config.errors import EXIT_FAILED, ConfigError, Interrupted
+from seqtune.config.plan import load_plan
+from seqtune.config.rundir import RESOLVED_CONFIG
+from seqtune.config.schema import LauncherName
+from seqtune.run_lock import hold_run_dir
+from seqtune.sweep import JobOutcome
+from seqtune.train import signals
 
 register_schemas()
 register_resolvers()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import logging
 import os
 import sys
 import traceback
@@ -17,17 +16,15 @@ from pathlib import Path
 
 os.environ.setdefault("SEQTUNE_USER_HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", ""))  # see __main__
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# torchao (pulled in by peft/torchtune) warns at import about its C++ extensions, which seqtune does not use.
-logging.getLogger("torchao").setLevel(logging.ERROR)
 
-from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E402
+from torch.distributed.elastic.multiprocessing.errors import record
 
-from seqtune import console  # noqa: E402
-from seqtune.config import SeqtuneError, load_resolved  # noqa: E402
-from seqtune.config.errors import ConfigError, Interrupted  # noqa: E402
-from seqtune.config.plan import load_plan  # noqa: E402
-from seqtune.config.rundir import RESOLVED_CONFIG  # noqa: E402
-from seqtune.train import signals  # noqa: E402
+from seqtune import console
+from seqtune.config import SeqtuneError, load_resolved
+from seqtune.config.errors import ConfigError, Interrupted
+from seqtune.config.plan import load_plan
+from seqtune.config.rundir import RESOLVED_CONFIG
+from seqtune.train import signals
 
 
 def run_worker(run_dir: Path) -> None:

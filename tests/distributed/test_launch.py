@@ -21,6 +21,8 @@ from seqtune.preflight.resolve import resolve_world
 from tests.conftest import REPO, read_metrics, run_cli
 from tests.unit.preflight.test_preflight_run import alpaca, make_cfg, write_jsonl
 
+pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
+
 ALLOCATION = {"SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "4", "SLURMD_NODENAME": "gpu-a01"}
 
 

@@ -13,6 +13,8 @@ from safetensors.torch import load_file
 
 from tests.conftest import read_metrics, run_cli
 
+pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
+
 TWO_RANKS = [
     "launcher=torchrun",
     "launcher.nproc_per_node=2",

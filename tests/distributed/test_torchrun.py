@@ -28,6 +28,8 @@ from safetensors.torch import load_file
 
 from tests.conftest import REPO, assert_adapter_matches_merged, read_metrics, run_cli
 
+pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
+
 STEPS, SAVE_EVERY = 40, 4
 COMMON = [
     f"train.max_steps={STEPS}",

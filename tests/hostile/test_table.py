@@ -9,6 +9,8 @@ import pytest
 from cases import CASES
 from replay import run_case
 
+pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
+
 
 @pytest.mark.parametrize("case", [case for case in CASES if case.suite], ids=lambda case: case.name)
 def test_hostile_input_is_refused_cleanly_or_handled(case):

@@ -13,6 +13,8 @@ from safetensors.torch import load_file
 
 from tests.conftest import assert_adapter_matches_merged, read_metrics, run_cli
 
+pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
+
 WORDS = ("apple", "river", "candle", "orbit", "maple", "stone", "cloud", "ember", "harbor", "lantern")
 
 

@@ -12,6 +12,8 @@ import pytest
 from tests.checkpoints import KINDS, build_checkpoint
 from tests.conftest import run_cli
 
+pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
+
 TRAIN_BRIEFLY = [
     "train.max_steps=2",
     "train.eval_every=0",
@@ -37,7 +39,6 @@ def chat_rows(path: Path) -> Path:
     return path
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_checkpoint_trains_and_exports_with_no_family_named(kind, tmp_path):
     from transformers import AutoModelForCausalLM

@@ -8,9 +8,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from seqtune.data.cache import TokenCache
 from seqtune.data.types import IGNORE_INDEX
 from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
 
 TRAIN_BRIEFLY = ["train.max_steps=2", "train.eval_every=0", "train.log_every=1", "train.batch_size=4"]
 # Library noise a user cannot act on (issue 18): none of it reaches the console of a resized, checkpointed LoRA run.

@@ -9,6 +9,8 @@ import pytest
 
 from tests.conftest import REPO, assert_adapter_matches_merged, read_metrics, run_cli
 
+pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
+
 FAST = ["train.max_steps=6", "train.eval_every=3", "train.log_every=1", "train.batch_size=4"]
 
 

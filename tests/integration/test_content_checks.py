@@ -12,6 +12,8 @@ import pytest
 
 from tests.conftest import REPO, read_metrics, run_cli
 
+pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
+
 EOT, START, END = 128009, 128006, 128007
 TRAIN_BRIEFLY = ["train.max_steps=1", "train.eval_every=0", "train.batch_size=2"]
 

@@ -8,7 +8,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import read_metrics, run_cli
+
+pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
 
 TRAIN_BRIEFLY = ["train.max_steps=2", "train.eval_every=0", "train.log_every=1", "train.batch_size=4"]
 

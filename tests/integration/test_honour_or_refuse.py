@@ -17,6 +17,8 @@ import torch
 from seqtune.config import ConfigError
 from tests.conftest import read_metrics, run_cli
 
+pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
+
 BRIEF = ["train.eval_every=0", "train.log_every=1", "train.batch_size=4", "data.val=null"]
 
 

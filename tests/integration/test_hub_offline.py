@@ -13,6 +13,8 @@ from tests.checkpoints import build_qwen3_checkpoint
 from tests.conftest import run_cli
 from tests.hub_cache import SITECUSTOMIZE, add_repo
 
+pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
+
 TOKEN = "hf_test_token_that_must_never_be_written"
 
 
@@ -40,7 +42,6 @@ def hub(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     return cache, env
 
 
-@pytest.mark.slow
 def test_hub_ids_train_offline_without_a_connection_and_write_no_token(hub, tmp_path):
     cache, env = hub
     run_dir = tmp_path / "run"
@@ -80,7 +81,6 @@ def test_the_guard_refuses_a_connection_in_a_subprocess(hub):
     assert result.returncode != 0 and "socket guard: network connection to ('192.0.2.1', 443)" in result.stderr
 
 
-@pytest.mark.slow
 def test_an_id_missing_from_the_cache_exits_2_naming_the_cache_and_the_command(hub, tmp_path):
     cache, env = hub
     result = run_cli(["model=qwen3_8b", "model.path=org/absent", "lora=default"], tmp_path / "run", env=env)

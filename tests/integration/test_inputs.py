@@ -15,6 +15,8 @@ from seqtune.data.cache import TokenCache
 from seqtune.data.types import IGNORE_INDEX
 from tests.conftest import read_metrics, run_cli
 
+pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
+
 BRIEFLY = ["train.max_steps=2", "train.eval_every=0", "train.log_every=1", "train.batch_size=4", "preflight.show=0"]
 # Where the point is what preflight reads (training then reads the same token cache whatever the input was).
 READ_ONLY = ["preflight.only=true", "preflight.show=0"]

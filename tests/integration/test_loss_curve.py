@@ -16,6 +16,8 @@ import pytest
 
 from tests.conftest import read_metrics, run_cli
 
+pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
+
 PINNED = [
     8.293672336368111,
     8.27169829433404,

@@ -13,6 +13,8 @@ from seqtune.data.cache import TokenCache
 from seqtune.data.types import IGNORE_INDEX
 from tests.conftest import read_metrics, run_cli
 
+pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
+
 
 def chat(i: int) -> dict:
     return {
@@ -31,7 +33,6 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-@pytest.mark.slow
 def test_qwen3_tiny_trains_chat_with_im_end_as_target_and_validation_loss_falls(tmp_path: Path):
     from transformers import AutoTokenizer
 

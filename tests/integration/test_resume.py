@@ -19,6 +19,8 @@ from safetensors.torch import load_file
 
 from tests.conftest import read_metrics, run_cli
 
+pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
+
 STEPS, SAVE_EVERY = 12, 3
 # 40 records (shuffled: data.shuffle defaults to true), 8 per step: 5 steps an epoch, so 12 steps cross two epoch
 # boundaries; evaluation every 4 steps.

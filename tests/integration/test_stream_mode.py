@@ -10,6 +10,8 @@ import pytest
 
 from tests.conftest import REPO, read_metrics, run_cli
 
+pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
+
 STREAM = ["data.mode=stream", "train.eval_every=0", "train.log_every=1", "train.batch_size=4"]
 BAD = ["{broken json", '["a list"]', json.dumps({"instruction": "no output"})]
 
