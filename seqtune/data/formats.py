@@ -516,7 +516,7 @@ class LineParser:
             differ = next(
                 (
                     i
-                    for i, (a, b) in enumerate(zip(conv_chosen.messages, conv_rejected.messages, strict=True))
+                    for i, (a, b) in enumerate(zip(conv_chosen.messages, conv_rejected.messages, strict=False))
                     if a != b
                 ),
                 None,

@@ -328,7 +328,7 @@ def _load_scan(name: str, directory: Path, began: float) -> SplitScan:
     meta = json.loads((directory / META).read_text())
     rejects = []
     with open(directory / "rejects.jsonl", encoding="utf-8") as f:
-        for line, _ in zip(f, range(MAX_REJECTS_IN_MEMORY), strict=True):
+        for line, _ in zip(f, range(MAX_REJECTS_IN_MEMORY), strict=False):
             rejects.append(Reject(**json.loads(line)))
     k = meta["sequences_per_sample"]
     return SplitScan(

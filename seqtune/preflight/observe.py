@@ -183,7 +183,7 @@ def _runs(
     unique, inverse, counts = np.unique(pairs, axis=0, return_inverse=True, return_counts=True)
     # Runs grouped by class, in sample order within each group: the first few of each are its locations.
     grouped = np.split(sample[np.argsort(inverse.ravel(), kind="stable")], np.cumsum(counts)[:-1])
-    for (end, nxt), count, samples in zip(unique.tolist(), counts.tolist(), grouped, strict=True):
+    for (end, nxt), count, samples in zip(unique.tolist(), counts.tolist(), grouped, strict=False):
         first = dict.fromkeys(samples[: MAX_LOCATIONS * 4].tolist())
         finding = run_ends.setdefault((end, nxt), Finding())
         finding.add(count, [cache.location(i) for i in list(first)[:MAX_LOCATIONS]])

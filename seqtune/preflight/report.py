@@ -171,7 +171,7 @@ def plot_lengths(
 
     splits = [name for name, values in lengths.items() if len(values)]
     fig, axes = plt.subplots(len(splits) or 1, 1, figsize=(8, 2.6 * max(len(splits), 1)), squeeze=False)
-    for axis, name in zip(axes[:, 0], splits, strict=True):
+    for axis, name in zip(axes[:, 0], splits, strict=False):
         values = np.asarray(lengths[name])
         axis.hist(values, bins=min(60, max(10, len(np.unique(values)))), color="tab:blue", alpha=0.8)
         axis.axvline(max_seq_len, color="tab:red", linestyle="--", label=f"max_seq_len={max_seq_len}")
