@@ -60,14 +60,17 @@ def layout_args(mode: str, max_length: int) -> dict:
     return {"packing": False, "padding_free": True, "max_length": None}
 
 
-def build_trainer(spec: dict, mode: str, out_dir: str) -> CountingSFTTrainer:
+def build_trainer(spec: dict, mode: str, out_dir: str, *, trl_defaults: bool) -> CountingSFTTrainer:
     tokenizer = AutoTokenizer.from_pretrained(spec["checkpoint"])
     model = AutoModelForCausalLM.from_pretrained(
         spec["checkpoint"], dtype=torch.float32, attn_implementation=spec["attn_implementation"]
     )
     data = json.loads(Path(spec["rows" if mode == "rows" else "samples"]).read_text())
+    matching = matching_args(spec, out_dir)
+    if trl_defaults:  # what a user gets from SFTConfig: bf16 autocast (on CPU too) and activation checkpointing
+        del matching["bf16"], matching["gradient_checkpointing"]
     args = SFTConfig(
-        **matching_args(spec, out_dir),
+        **matching,
         **layout_args(mode, spec["max_length"]),
         completion_only_loss=True,
         dataset_num_proc=None,
@@ -88,12 +91,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--spec", type=Path, required=True)
     parser.add_argument("--mode", choices=("packed", "unpacked", "rows"), required=True)
+    parser.add_argument(
+        "--trl-defaults", action="store_true", help="keep SFTConfig's bf16=True and activation checkpointing"
+    )
     args = parser.parse_args()
     spec = json.loads(args.spec.read_text())
     torch.set_num_threads(spec["threads"])
     timer = StepTimes()
     with tempfile.TemporaryDirectory() as out:
-        trainer = build_trainer(spec, args.mode, out)
+        trainer = build_trainer(spec, args.mode, out, trl_defaults=args.trl_defaults)
         trainer.add_callback(timer)
         trainer.train()
     print_result(trainer, timer, counts=trainer.counts, losses=trainer.losses)

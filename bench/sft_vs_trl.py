@@ -1,5 +1,5 @@
 """SFT throughput and loss parity vs TRL's SFTTrainer: python bench/sft_vs_trl.py [--steps 20] [--repeats 3]
-[--layouts packed,longest] [--profile N]
+[--threads 1] [--layouts packed,longest] [--trl-defaults] [--profile N]
 
 Target tokens per second of `python -m seqtune` (lora_sft, the real CLI, a subprocess) with `padding=packed` against
 TRL's SFTTrainer with `packing=True, packing_strategy="bfd"` (padding-free batches), and with `padding=longest`
@@ -101,6 +101,7 @@ def write_trl_inputs(run_dir: Path, work: Path, steps: int) -> tuple[Path, Path 
     read through seqtune's own batch plan and row split."""
     from seqtune.config.load import load_resolved
     from seqtune.config.plan import load_plan
+    from seqtune.config.schema import PaddingStrategy
     from seqtune.data.loader import planned_batches
     from seqtune.data.packing import next_fit_rows
     from seqtune.data.types import IGNORE_INDEX
@@ -120,7 +121,7 @@ def write_trl_inputs(run_dir: Path, work: Path, steps: int) -> tuple[Path, Path 
     view = batches.dataset.dataset
     samples = [columns([i]) for i in range(len(view))]
     samples_path.write_text(json.dumps([{k: s[k] for k in ("input_ids", "completion_mask")} for s in samples]))
-    if cfg.padding.strategy.value != "packed":
+    if cfg.padding.strategy != PaddingStrategy.packed:
         return samples_path, None
     rows = []
     for indices in batches.plan.batches(0)[:steps]:
@@ -148,8 +149,13 @@ def trl_spec(run_dir: Path, work: Path, *, checkpoint: Path, steps: int, threads
     return path
 
 
+# --trl-defaults: every TRL run keeps SFTConfig's own bf16=True and gradient_checkpointing=True (set by main).
+TRL_DEFAULTS: list[str] = []
+
+
 def trl_command(python: Path, spec: Path, mode: str) -> list[str]:
-    return [str(python), str(REPO / "bench" / "_trl_sft_baseline.py"), "--spec", str(spec), "--mode", mode]
+    script = str(REPO / "bench" / "_trl_sft_baseline.py")
+    return [str(python), script, "--spec", str(spec), "--mode", mode, *TRL_DEFAULTS]
 
 
 def run_trl(python: Path, *, spec: Path, mode: str, threads: int) -> dict:
@@ -183,10 +189,8 @@ def timed_runs(python: Path, *, checkpoint: Path, data: Path, work: Path, args, 
             # Alternate which side goes first, so a load change across a repeat does not always hit the same side.
             for side in ("seqtune", "trl") if repeat % 2 == 0 else ("trl", "seqtune"):
                 if side == "seqtune":
-                    run = run_seqtune(
-                        padding, checkpoint=checkpoint, data=data, work=work, steps=args.steps, threads=threads,
-                        tag=f"r{repeat}",
-                    )  # fmt: skip
+                    paths = {"checkpoint": checkpoint, "data": data, "work": work}
+                    run = run_seqtune(padding, steps=args.steps, threads=threads, tag=f"r{repeat}", **paths)
                     if padding not in specs:
                         specs[padding] = trl_spec(
                             Path(run["run_dir"]), work, checkpoint=checkpoint, steps=args.steps, threads=threads
@@ -305,6 +309,7 @@ def profile(python: Path, *, checkpoint: Path, data: Path, work: Path, args, thr
 
 def report(runs: list[dict], parity: dict[str, dict], cpu: dict[str, float], args, threads: int) -> None:
     ratios: dict[str, list[float]] = {}
+    defaults = ", SFTConfig's bf16=True + gradient_checkpointing=True" if TRL_DEFAULTS else ""
     for padding in args.layouts:
         mine = {side: [r for r in runs if r["padding"] == padding and r["side"] == side] for side in ("trl", "seqtune")}
         trl_by_repeat = {r["repeat"]: r for r in mine["trl"]}
@@ -313,7 +318,7 @@ def report(runs: list[dict], parity: dict[str, dict], cpu: dict[str, float], arg
         ]
         rows = []
         for side, label in (
-            ("trl", f"TRL {mine['trl'][0]['trl']} SFTTrainer {TRL_LABEL[padding]}"),
+            ("trl", f"TRL {mine['trl'][0]['trl']} SFTTrainer {TRL_LABEL[padding]}{defaults}"),
             ("seqtune", f"seqtune padding={padding}"),
         ):
             sided = mine[side]
@@ -351,7 +356,7 @@ def report(runs: list[dict], parity: dict[str, dict], cpu: dict[str, float], arg
         if r["repeat"] == 0:
             print(f"{r['side']} {r['padding']}: {r['command']}")
     path = write_results(
-        "sft_vs_trl",
+        "sft_vs_trl" + ("_trl_defaults" if args.trl_defaults else ""),
         {
             "args": vars(args) | {"workdir": str(args.workdir)},
             "threads": threads,
@@ -404,8 +409,16 @@ def main() -> None:
         help="instead of the timed runs: per layout and side one run of STEPS steps under cProfile and one under "
         "torch.profiler (bench/results/sft_vs_trl_profile.json)",
     )
+    parser.add_argument(
+        "--trl-defaults",
+        action="store_true",
+        help="TRL keeps SFTConfig's defaults bf16=True (autocast, on CPU too) and gradient_checkpointing=True instead "
+        "of matching seqtune's fp32 without activation checkpointing (bench/results/sft_vs_trl_trl_defaults.json)",
+    )
     args = parser.parse_args()
     args.layouts = args.layouts.split(",")
+    if args.trl_defaults:
+        TRL_DEFAULTS.append("--trl-defaults")
     threads = args.threads or os.cpu_count() or 1
     python = trl_python()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="seqtune-sft-vs-trl-"))
