@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 from pathlib import Path
 
 import torch
-import trl
 from _step_times import StepTimes  # bench/ is this script's directory, first on sys.path
+from _trl_common import install_optimizer, matching_args, peft_config, print_result
 from datasets import Dataset
-from peft import LoraConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import DPOConfig, DPOTrainer
 
@@ -68,53 +66,14 @@ def build_trainer(spec: dict, out_dir: str) -> CountingDPOTrainer:
     model = AutoModelForCausalLM.from_pretrained(
         spec["checkpoint"], dtype=torch.float32, attn_implementation=spec["attn_implementation"]
     )
-    lora = spec["lora"]
-    peft_config = LoraConfig(
-        r=lora["rank"],
-        lora_alpha=lora["alpha"],
-        lora_dropout=lora["dropout"],
-        target_modules=lora["targets"],
-        modules_to_save=lora["modules_to_save"] or None,
-        task_type="CAUSAL_LM",
-    )
-    args = DPOConfig(
-        output_dir=out_dir,
-        per_device_train_batch_size=spec["batch_size"],
-        gradient_accumulation_steps=1,
-        max_steps=spec["steps"],
-        learning_rate=spec["lr"],
-        max_grad_norm=spec["grad_clip"],
-        beta=spec["beta"],
-        train_sampling_strategy="sequential",  # seqtune runs with data.shuffle=false: both read the file in order
-        # TRL's own defaults are gradient_checkpointing=True and bf16=True (autocast, on CPU too); seqtune's run
-        # here has model.gradient_checkpointing=false and fp32 (train.mixed_precision=auto is none on CPU).
-        gradient_checkpointing=spec["gradient_checkpointing"],
-        bf16=False,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        dataloader_num_workers=0,
-        seed=spec["seed"],
-        disable_tqdm=True,
-    )
     trainer = CountingDPOTrainer(
         model=model,
-        args=args,
+        args=DPOConfig(**matching_args(spec, out_dir), beta=spec["beta"]),
         processing_class=tokenizer,
-        peft_config=peft_config,
+        peft_config=peft_config(spec),
         train_dataset=pairs(Path(spec["data"]), spec["steps"] * spec["batch_size"]),
     )
-    # seqtune's optimizer and schedule (its warmup starts at lr/warmup, transformers' at 0), set before train()
-    # so that Trainer.create_optimizer_and_scheduler keeps them.
-    trainable = [p for p in trainer.model.parameters() if p.requires_grad]
-    trainer.optimizer = torch.optim.AdamW(
-        trainable, lr=spec["lr"], betas=tuple(spec["betas"]), eps=spec["eps"], weight_decay=spec["weight_decay"]
-    )
-    factors = spec["lr_factors"]
-    trainer.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-        trainer.optimizer, lambda step: factors[min(step, len(factors) - 1)]
-    )
+    install_optimizer(trainer, spec)
     trainer.counts, trainer.losses = [], []
     return trainer
 
@@ -134,24 +93,7 @@ def main() -> None:
             columns = ("prompt_ids", "chosen_ids", "rejected_ids")
             args.tokens_out.write_text(json.dumps([{k: row[k] for k in columns} for row in trainer.train_dataset]))
         trainer.train()
-    logged = [h for h in trainer.state.log_history if "learning_rate" in h]
-    print(
-        "BENCH_RESULT "
-        + json.dumps(
-            {
-                "begin": timer.begin,
-                "step_ends": timer.ends,
-                "counts": trainer.counts,
-                "losses": trainer.losses,
-                "lrs": [h["learning_rate"] for h in logged],
-                "grad_norms": [h.get("grad_norm") for h in logged],
-                "log_history": logged,
-                "threads": torch.get_num_threads(),
-                "trl": trl.__version__,
-                "pid": os.getpid(),
-            }
-        )
-    )
+    print_result(trainer, timer, counts=trainer.counts, losses=trainer.losses)
 
 
 if __name__ == "__main__":

@@ -20,73 +20,34 @@ rate amplifies it. Token parity: TRL's own tokenization against seqtune's, seque
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
-import resource
-import shutil
 import statistics
 import subprocess
 import tempfile
-import time
 from itertools import islice
 from pathlib import Path
 
-from _common import PYTHON, REPO, markdown_table, window_throughput, write_results
+from _common import PYTHON, REPO, markdown_table, write_results
+from _vs_trl import (
+    CHECKPOINT_LORA,
+    child_env,
+    component_seconds,
+    first_line,
+    loss_parity,
+    run_child,
+    seqtune_steps,
+    seqtune_window,
+    spread,
+    trainer_spec,
+    trl_python,
+    trl_result,
+    trl_window,
+    write_checkpoint,
+)
 
-TRL_VERSION = "1.16.0"  # the newest TRL on PyPI (2026-11); requires transformers >= 4.56.2, runs on our 5.23.0
-TRL_VENV = REPO / "bench" / ".venv-trl"
 WARMUP = 5
 BATCH = 8
-
-
-def trl_python() -> Path:
-    """bench/.venv-trl/bin/python with TRL_VERSION, created on first use (about 2 minutes from the local wheels)."""
-    python = TRL_VENV / "bin" / "python"
-    probe = [str(python), "-c", "import trl, peft; print(trl.__version__)"]
-    if python.exists() and subprocess.run(probe, capture_output=True, text=True).stdout.strip() == TRL_VERSION:
-        return python
-    print(f"creating {TRL_VENV} (trl=={TRL_VERSION})", flush=True)
-    subprocess.run([PYTHON, "-m", "venv", "--clear", str(TRL_VENV)], check=True)
-    pip = [str(python), "-m", "pip", "install", "--quiet", "-c", str(REPO / "constraints.txt")]
-    # torch first, pinned by constraints.txt: pip then takes the local CPU wheel. Left to trl's dependencies
-    # (through accelerate), pip could resolve the newest CUDA build and several GB of CUDA packages.
-    subprocess.run(pip + ["torch"], check=True)
-    subprocess.run(pip + [f"trl=={TRL_VERSION}", "peft"], check=True)  # transformers, peft pinned as seqtune's
-    return python
-
-
-def write_checkpoint(directory: Path) -> Path:
-    """tinyllama_tiny exactly as seqtune builds it (random weights from model.seed), saved as a Hugging Face
-    checkpoint with the bundled tokenizer: the one set of starting weights both sides load."""
-    from omegaconf import OmegaConf
-    from transformers import AutoTokenizer
-
-    from seqtune.config.schema import ModelConfig
-    from seqtune.models import build_model
-    from seqtune.tokenizers.location import BUNDLED_DIR
-
-    fields = OmegaConf.load(REPO / "configs" / "model" / "tinyllama_tiny.yaml")
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), fields))
-    model = build_model(cfg, attn_implementation="sdpa")
-    tokenizer = AutoTokenizer.from_pretrained(BUNDLED_DIR)
-    # The special ids the checkpoint declares are the tokenizer's (seqtune's preflight checks they agree).
-    for config in (model.config, model.generation_config):
-        config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
-        config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(directory)
-    for file in BUNDLED_DIR.iterdir():
-        shutil.copy(file, directory / file.name)
-    return directory
-
-
-def _env(threads: int) -> dict[str, str]:
-    return os.environ | {
-        "OMP_NUM_THREADS": str(threads),
-        "MKL_NUM_THREADS": str(threads),
-        "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONWARNINGS": "ignore",
-    }
 
 
 def seqtune_command(run_dir: Path, *, checkpoint: Path, work: Path, steps: int, lr: float | None) -> list[str]:
@@ -97,11 +58,7 @@ def seqtune_command(run_dir: Path, *, checkpoint: Path, work: Path, steps: int, 
         "recipe=lora_dpo",
         f"hydra.run.dir={run_dir}",
         f"model.path={checkpoint}",
-        # lora=tiny's settings, spelled out: seqtune refuses the tiny preset on a checkpoint (model.path).
-        "lora=default",
-        "lora.rank=16",
-        "lora.alpha=32",
-        "lora.modules_to_save=[lm_head]",
+        *CHECKPOINT_LORA,
         "data.val=null",
         "data.shuffle=false",
         f"data.cache_dir={work / 'cache'}",
@@ -114,75 +71,31 @@ def seqtune_command(run_dir: Path, *, checkpoint: Path, work: Path, steps: int, 
     ]
 
 
-def run_child(cmd: list[str], threads: int) -> tuple[subprocess.CompletedProcess, float, float]:
-    """(result, wall seconds, CPU seconds of the child): on a loaded machine a process waits for a core, which
-    costs wall time but no CPU time, so CPU seconds compare the work of two runs more robustly."""
-    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    began = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(threads), capture_output=True, text=True)
-    wall = time.perf_counter() - began
-    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
-    return proc, wall, cpu
-
-
 def run_seqtune(*, checkpoint: Path, work: Path, steps: int, threads: int, tag: str, lr: float | None) -> dict:
     run_dir = work / f"seqtune-{tag}"
     cmd = seqtune_command(run_dir, checkpoint=checkpoint, work=work, steps=steps, lr=lr)
     proc, wall, cpu = run_child(cmd, threads)
     if proc.returncode != 0:
         raise SystemExit(f"seqtune failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    logs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps_logged = [m for m in logs if "loss" in m]
-    # window_throughput measures every window after its first: starting at step WARMUP measures WARMUP+1 .. steps.
-    measured = window_throughput([m for m in steps_logged if m["step"] >= WARMUP])
+    steps_logged = seqtune_steps(run_dir)
     return {
         "side": "seqtune",
         "run_dir": str(run_dir),
-        **measured,
+        **seqtune_window(steps_logged, WARMUP),
         "process_wall_seconds": wall,
         "process_cpu_seconds": cpu,
-        "losses": [m["loss"] for m in steps_logged],
-        "tokens_per_step": [
-            b["tokens_seen"] - a
-            for a, b in zip([0] + [m["tokens_seen"] for m in steps_logged], steps_logged, strict=False)
-        ],
         "reward_accuracy_last": steps_logged[-1]["rewards/accuracies"],
         "command": " ".join(cmd[1:]),
     }
 
 
 def trl_spec(run_dir: Path, *, checkpoint: Path, steps: int, threads: int) -> dict:
-    """What the TRL side needs, read from the seqtune run's resolved config and plan (one source for both)."""
+    """What the TRL side needs: trainer_spec's settings plus the data and beta (same resolved config)."""
     from seqtune.config.load import load_resolved
-    from seqtune.config.plan import load_plan
-    from seqtune.train.optim import lr_factor
 
-    cfg, plan = load_resolved(run_dir / "config.yaml"), load_plan(run_dir)
-    return {
-        "checkpoint": str(checkpoint),
-        "data": cfg.data.train,
-        "steps": steps,
-        "batch_size": cfg.train.batch_size,
-        "seed": cfg.train.seed,
-        "beta": cfg.dpo.beta,
-        "threads": threads,
-        "gradient_checkpointing": cfg.model.gradient_checkpointing,
-        "attn_implementation": plan.attn_implementation,
-        "lora": {
-            "rank": cfg.lora.rank,
-            "alpha": cfg.lora.alpha,
-            "dropout": cfg.lora.dropout,
-            "targets": list(plan.lora_targets),
-            "modules_to_save": list(plan.lora_saved),
-        },
-        "lr": cfg.optim.lr,
-        "betas": list(cfg.optim.betas),
-        "eps": cfg.optim.eps,
-        "weight_decay": cfg.optim.weight_decay,
-        "grad_clip": cfg.optim.grad_clip,
-        "lr_factors": [lr_factor(s, cfg=cfg.optim, total_steps=steps) for s in range(steps)],
-    }
+    cfg = load_resolved(run_dir / "config.yaml")
+    spec = trainer_spec(run_dir, checkpoint=checkpoint, steps=steps, threads=threads)
+    return spec | {"data": cfg.data.train, "beta": cfg.dpo.beta}
 
 
 def run_trl(python: Path, *, spec: Path, threads: int, tokens_out: Path | None) -> dict:
@@ -192,19 +105,10 @@ def run_trl(python: Path, *, spec: Path, threads: int, tokens_out: Path | None) 
     proc, wall, cpu = run_child(cmd, threads)
     if proc.returncode != 0:
         raise SystemExit(f"TRL baseline failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    result = next(
-        json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines() if line.startswith("BENCH_RESULT ")
-    )
-    ends = result["step_ends"]  # ends[i] = end of step i+1: the window is steps WARMUP+1 .. steps, as seqtune's
-    seconds = ends[-1] - ends[WARMUP - 1]
-    targets, tokens, positions = (sum(c[k] for c in result["counts"][WARMUP:]) for k in range(3))
+    result = trl_result(proc.stdout)
     return {
         "side": "trl",
-        "measured_seconds": seconds,
-        "target_tokens_per_s": targets / seconds,
-        "tokens_per_s": tokens / seconds,
-        "computed_positions_per_s": positions / seconds,
-        "padding_efficiency": tokens / positions,
+        **trl_window(result, WARMUP),
         "process_wall_seconds": wall,
         "process_cpu_seconds": cpu,
         "losses": result["losses"],
@@ -241,10 +145,6 @@ def token_parity(run_dir: Path, tokens: Path) -> dict:
 
 # Where a step's time goes: cumulative cProfile seconds of these functions, (file suffix, name[, first line]).
 # Both sides run the model twice per step: the policy, then the reference (the adapters disabled).
-def _first_line(function) -> int:
-    return inspect.unwrap(function).__code__.co_firstlineno  # cProfile's line for a (decorated) function
-
-
 def components() -> dict[str, dict[str, tuple]]:
     from seqtune.data.collate import PaddedCollator
     from seqtune.train.objectives import DisabledAdapters
@@ -256,7 +156,7 @@ def components() -> dict[str, dict[str, tuple]]:
             "  of which the reference (DisabledAdapters)": (
                 "seqtune/train/objectives.py",
                 "__call__",
-                _first_line(DisabledAdapters.__call__),
+                first_line(DisabledAdapters.__call__),
             ),
             "  of which the LM head, target positions only (chunked_token_losses)": (
                 "seqtune/models/token_loss.py",
@@ -264,7 +164,7 @@ def components() -> dict[str, dict[str, tuple]]:
             ),
             "backward": ("torch/_tensor.py", "backward"),
             "optimizer step (AdamW)": ("torch/optim/adam.py", "step"),
-            "collate (PaddedCollator)": ("seqtune/data/collate.py", "__call__", _first_line(PaddedCollator.__call__)),
+            "collate (PaddedCollator)": ("seqtune/data/collate.py", "__call__", first_line(PaddedCollator.__call__)),
         },
         "trl": {
             "whole step without the optimizer (DPOTrainer.training_step)": (
@@ -289,21 +189,6 @@ def components() -> dict[str, dict[str, tuple]]:
     }
 
 
-def component_seconds(prof: Path, wanted: dict[str, tuple], steps: int) -> dict[str, float]:
-    import pstats
-
-    stats = pstats.Stats(str(prof)).stats  # {(file, line, name): (cc, nc, tt, cumulative, callers)}
-    return {
-        label: sum(
-            ct
-            for (file, line, name), (_, _, _, ct, _) in stats.items()
-            if file.endswith(suffix) and name == function and (not first or line == first[0])
-        )
-        / steps
-        for label, (suffix, function, *first) in wanted.items()
-    }
-
-
 def profile(python: Path, *, checkpoint: Path, work: Path, steps: int, threads: int) -> None:
     """One cProfile'd run per side (preflight, model build and warm-up included in the file, but the components
     are all per-step functions), then seconds per step of each component."""
@@ -312,7 +197,7 @@ def profile(python: Path, *, checkpoint: Path, work: Path, steps: int, threads: 
     subprocess.run(
         [PYTHON, "-m", "cProfile", "-o", str(work / "seqtune.prof"), *seqtune_cmd[1:]],
         cwd=REPO,
-        env=_env(threads),
+        env=child_env(threads),
         check=True,
         capture_output=True,
     )
@@ -330,7 +215,7 @@ def profile(python: Path, *, checkpoint: Path, work: Path, steps: int, threads: 
             str(work / "trl_profile_spec.json"),
         ],
         cwd=REPO,
-        env=_env(threads),
+        env=child_env(threads),
         check=True,
         capture_output=True,
     )
@@ -340,29 +225,6 @@ def profile(python: Path, *, checkpoint: Path, work: Path, steps: int, threads: 
         print(markdown_table(["component", "s/step"], [[label, f"{s:.3f}"] for label, s in seconds.items()]))
     print(f"\nprofiles: {work / 'seqtune.prof'}, {work / 'trl.prof'} (python -m pstats FILE)")
     write_results("dpo_vs_trl_profile", {"steps": steps, "threads": threads, "seconds_per_step": result})
-
-
-def spread(values: list[float], fmt: str = "{:.0f}") -> str:
-    if len(values) == 1:
-        return fmt.format(values[0])
-    return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
-
-
-def loss_parity(seqtune_losses: list[float], trl_losses: list[float]) -> dict:
-    diffs = [abs(a - b) for a, b in zip(seqtune_losses, trl_losses, strict=True)]
-    worst = max(range(len(diffs)), key=diffs.__getitem__)
-    # Float rounding differs between the two (summation order, chunking): a few 1e-7 per step, which training at a
-    # high learning rate can amplify over many steps. The first step past 1e-5 says where the curves part.
-    parting = next((i + 1 for i, d in enumerate(diffs) if d > 1e-5), None)
-    return {
-        "steps_compared": len(diffs),
-        "max_abs_diff": diffs[worst],
-        "at_step": worst + 1,
-        "first_step_above_1e-5": parting,
-        "abs_diff_per_step": diffs,
-        "seqtune_first_last": [seqtune_losses[0], seqtune_losses[-1]],
-        "trl_first_last": [trl_losses[0], trl_losses[-1]],
-    }
 
 
 def timed_runs(python: Path, *, checkpoint: Path, work: Path, args, threads: int) -> list[dict]:
