@@ -7,6 +7,7 @@ cache that fails verification (a truncated or missing file, an edited meta.json)
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import sys
@@ -328,7 +329,7 @@ def _load_scan(name: str, directory: Path, began: float) -> SplitScan:
     meta = json.loads((directory / META).read_text())
     rejects = []
     with open(directory / "rejects.jsonl", encoding="utf-8") as f:
-        for line, _ in zip(f, range(MAX_REJECTS_IN_MEMORY), strict=True):
+        for line in itertools.islice(f, MAX_REJECTS_IN_MEMORY):  # the first ones; the counts hold them all
             rejects.append(Reject(**json.loads(line)))
     k = meta["sequences_per_sample"]
     return SplitScan(
