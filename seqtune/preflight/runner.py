@@ -39,11 +39,11 @@ from seqtune.preflight.phases import (
     stream_train_plan,
     training_view,
 )
+from seqtune.preflight.plot import LengthsPlot
 from seqtune.preflight.report import (
     PLOT_FILE,
     REJECTS_FILE,
     headlines,
-    plot_lengths,
     print_early_problems,
     print_report,
     write_rejects,
@@ -85,15 +85,21 @@ def run_preflight(
         )
     late += content.file_checks(cfg, resolved, tokenizer, hf_config)
     print_early_problems(late)
-    result, data, scans = _scan_and_check(cfg, resolved, tokens, tokenizer, run_dir, problems + late, hf_config)
-    plan: Plan | None = None
-    if data is not None:
-        plan = complete_plan(resolved, tokens=tokens, rejects_file=str(run_dir / REJECTS_FILE), **data)
-        if resume is not None:
-            result.problems += plan_problems(resume, plan, cfg.train.resume_accept)
-            plan = replace(plan, resume_from=str(resume.checkpoint))
-    if resume is None or not result.problems:
-        _write_reports(cfg, resolved, tokens, tokenizer, scans, result, run_dir)
+    plot = LengthsPlot()  # drawn by a child process while the checks go on
+    try:
+        result, data, scans = _scan_and_check(
+            cfg, resolved, tokens, tokenizer, run_dir, problems + late, hf_config, plot
+        )
+        plan: Plan | None = None
+        if data is not None:
+            plan = complete_plan(resolved, tokens=tokens, rejects_file=str(run_dir / REJECTS_FILE), **data)
+            if resume is not None:
+                result.problems += plan_problems(resume, plan, cfg.train.resume_accept)
+                plan = replace(plan, resume_from=str(resume.checkpoint))
+        if resume is None or not result.problems:
+            _write_reports(cfg, resolved, tokens, tokenizer, scans, result, run_dir, plot)
+    finally:
+        plot.discard()  # a refused resume writes nothing; an error stops the drawing
     return _finish(result, run_dir, plan if plan is not None else resolved, resume)
 
 
@@ -105,6 +111,7 @@ def _scan_and_check(
     run_dir: Path,
     problems: list[Problem],
     hf_config: Any,
+    plot: LengthsPlot,
 ) -> tuple[PreflightResult, dict[str, Any] | None, dict[str, SplitScan]]:
     """Scan every split, then everything that needs the data: limits, labels, shapes, the distributed plan, memory.
     Also returns the facts the data adds to the plan (None when the data phases could not establish them) and the
@@ -124,7 +131,7 @@ def _scan_and_check(
     data = None
     if "train" in scans:
         try:
-            data = _data_phases(cfg, resolved, tokens, tokenizer, hf_config, scans, result, problems)
+            data = _data_phases(cfg, resolved, tokens, tokenizer, hf_config, scans, result, problems, plot)
         except SeqtuneError as err:  # e.g. a collator or plan refusing a value: one more problem, still one failure
             problems.append(Problem(check="data", key=err.key or "data", message=str(err)))
     result.vocab = _vocab_stats(resolved, scans)
@@ -146,16 +153,11 @@ def _write_reports(
     scans: dict[str, SplitScan],
     result: PreflightResult,
     run_dir: Path,
+    plot: LengthsPlot,
 ) -> None:
     """rejects.jsonl, lengths.png, samples.html/json: the run's view of its data (skipped by a refused resume)."""
     write_rejects([scan.cache_dir / "rejects.jsonl" for scan in scans.values()], run_dir)
-    if cfg.preflight.plot and result.max_seq_len is not None:
-        plot_lengths(
-            {name: scan.lengths for name, scan in scans.items()},
-            max_seq_len=result.max_seq_len,
-            context_length=resolved.context_length,
-            path=run_dir / PLOT_FILE,
-        )
+    plot.write(run_dir / PLOT_FILE, key=RUN_DIR_KEY)  # started by _data_phases when preflight.plot is on
     if cfg.preflight.show and result.max_seq_len is not None:
         content.show_samples(cfg, resolved, tokens, tokenizer, scans, result.max_seq_len, run_dir)
 
@@ -169,10 +171,14 @@ def _data_phases(
     scans: dict[str, SplitScan],
     result: PreflightResult,
     problems: list[Problem],
+    plot: LengthsPlot,
 ) -> dict[str, Any]:
     """Every check that needs the scanned data. Returns the facts the data adds to the plan (complete_plan)."""
     max_seq_len, length_problems, length_notes = resolve_lengths(cfg, resolved, scans)
     result.max_seq_len = max_seq_len
+    if cfg.preflight.plot:
+        lengths = {name: scan.lengths for name, scan in scans.items()}
+        plot.start(lengths, max_seq_len=max_seq_len, context_length=resolved.context_length)
     problems += length_problems
     result.notes += length_notes
     rule = batch_rule(cfg, max_seq_len=max_seq_len, sequences_per_sample=resolved.sequences_per_sample)
