@@ -42,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import REPO, markdown_table
+from _common import REPO, markdown_table, write_results
 
 LOCK = "/tmp/seqtune-timing.lock"
 SEQTUNE_ARGS = ["model=llama3_tiny", "tokenizer=llama3", "model.resize_embeddings=true"]
@@ -296,6 +296,9 @@ def main() -> None:
         shutil.rmtree(cold_cache, ignore_errors=True)
     (work / "times.json").write_text(json.dumps({"times": times, "loads": loads}, indent=1))
     report(args, tree, data, times, loads)
+    name = "startup" if tree == REPO else f"startup_{tree.name}"
+    payload = {"tree": str(tree), "records": args.records, "data": str(data), "seconds": times, "load_avg": loads}
+    print(f"\nwrote {write_results(name, payload)}")
 
 
 def _empty(directory: Path) -> Path:

@@ -1,10 +1,10 @@
 """lengths.png: a length histogram per split, drawn by a child process while preflight goes on.
 
 Importing matplotlib and drawing cost about a second, which used to sit on the path to the first training step (and
-to a dry run's verdict). `LengthsPlot.start` hands the lengths to `python -m seqtune.preflight.plot` as soon as
-max_seq_len is known; the child returns the PNG's bytes, and the parent writes them (`write`) where it wrote the
-file before, through the same atomic write, so a full disk is reported as before and a refused resume writes nothing
-(`discard`).
+to a dry run's verdict). `LengthsPlot()` starts `python -m seqtune.preflight.plot` before the tokenizer loads, so the
+child imports matplotlib while the parent loads and scans; `draw` hands it the lengths once max_seq_len is known; the
+child returns the PNG's bytes, and the parent writes them (`write`) where it wrote the file before, through the same
+atomic write, so a full disk is reported as before and a refused resume writes nothing (`discard`).
 """
 
 from __future__ import annotations
@@ -63,31 +63,36 @@ def plot_lengths(
 
 
 class LengthsPlot:
-    """lengths.png drawn in a child process: `start` when the lengths are known, then `write` or `discard`."""
+    """lengths.png drawn in a child process, started at once: `draw` when the lengths are known, then `write`, and
+    `discard` in every case (it ends a child that was never asked to draw)."""
 
     def __init__(self) -> None:
-        self._child: subprocess.Popen[bytes] | None = None
-
-    def start(self, lengths: Mapping[str, np.ndarray], *, max_seq_len: int, context_length: int | None) -> None:
-        request = {"lengths": dict(lengths), "max_seq_len": max_seq_len, "context_length": context_length}
         # The child imports this very seqtune, wherever it was imported from.
         root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-        self._child = subprocess.Popen(
+        self._child: subprocess.Popen[bytes] | None = subprocess.Popen(
             [sys.executable, "-m", "seqtune.preflight.plot"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
         )
-        assert self._child.stdin is not None, "stdin=PIPE"
-        with self._child.stdin as stdin:
-            stdin.write(pickle.dumps(request))
+        self._drawing = False
+
+    def draw(self, lengths: Mapping[str, np.ndarray], *, max_seq_len: int, context_length: int | None) -> None:
+        assert self._child is not None and self._child.stdin is not None, "draw once, before write or discard"
+        request = {"lengths": dict(lengths), "max_seq_len": max_seq_len, "context_length": context_length}
+        try:
+            with self._child.stdin as stdin:
+                stdin.write(pickle.dumps(request))
+        except BrokenPipeError:  # the child failed before reading: write() reports its error
+            pass
         self._child.stdin = None  # sent and closed: communicate() only reads
+        self._drawing = True
 
     def write(self, path: Path, *, key: str) -> Path | None:
-        """Wait for the drawing and write it to `path` (None when it was never started)."""
-        if self._child is None:
+        """Wait for the drawing and write it to `path` (None when `draw` was not called)."""
+        if self._child is None or not self._drawing:
             return None
         child, self._child = self._child, None
         png, errors = child.communicate()
