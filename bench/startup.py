@@ -1,4 +1,4 @@
-"""Start-up cost: python bench/startup.py [--records 5000] [--repeats 5] [--tree DIR] [--workdir DIR]
+"""Start-up cost: python bench/startup.py [--records 5000] [--repeats 5] [--tree DIR] [--baseline DIR] [--workdir DIR]
 
 What a user waits for before anything useful happens, against the floor of doing the same tokenizing by hand:
 
@@ -20,8 +20,8 @@ registry here): English words in sentences, lengths drawn to match Alpaca's (ins
 40% of records, answers with a median of ~30 words and a long tail), every record distinct. `--data FILE` uses a
 real alpaca JSONL instead.
 
-`--tree DIR` times another source tree (e.g. an export of an older commit) instead of this one: it is put first on
-PYTHONPATH and must import as `seqtune` with `seqtune.configs` and `seqtune.recipes` inside it (symlinks
+`--tree DIR` times another source tree (e.g. an export of an older commit) instead of this one, and `--baseline DIR`
+times a second tree in the same rounds. Such a tree is put first on PYTHONPATH and must import as `seqtune` with `seqtune.configs` and `seqtune.recipes` inside it (symlinks
 `DIR/seqtune/configs -> ../configs`, `DIR/seqtune/recipes -> ../recipes` in an export); the script checks that.
 """
 
@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from _common import REPO, markdown_table, write_results
@@ -220,85 +221,77 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="rounds of plain / cold / cached")
     parser.add_argument("--default-repeats", type=int, default=3, help="rounds that also run the default (0: none)")
     parser.add_argument("--tree", type=Path, default=REPO, help="the seqtune source tree to time")
+    parser.add_argument("--baseline", type=Path, default=None, help="a second tree, timed in the same rounds")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--data", type=Path, default=None, help="a real alpaca JSONL instead of generated records")
     parser.add_argument("--tokenizer", type=Path, default=None, help="default: the fetched llama3 tokenizer")
     args = parser.parse_args()
-    tree = args.tree.resolve()
     cache_root = Path(os.environ.get("SEQTUNE_CACHE") or Path.home() / ".cache" / "seqtune").expanduser()
     tokenizer = args.tokenizer or cache_root / "tokenizers" / "llama3"
     if not (tokenizer / "tokenizer.json").exists():
         sys.exit(f"{tokenizer} has no tokenizer.json: run python scripts/fetch_tokenizers.py --only llama3")
     work = args.workdir or Path(tempfile.mkdtemp(prefix="seqtune-startup-"))
     work.mkdir(parents=True, exist_ok=True)
-    env = tree_environ(tree)
+    trees = {"tree": args.tree.resolve()} | ({"baseline": args.baseline.resolve()} if args.baseline else {})
+    envs = {label: tree_environ(tree) for label, tree in trees.items()}
     data, texts = write_inputs(work, args.records, args.data)
     plain_script = work / "plain_tokenize.py"
     plain_script.write_text(PLAIN_SCRIPT)
 
-    def seqtune_preflight(cache: Path, name: str) -> list[str]:
-        run_dir = work / "runs" / name
+    def preflight(label: str, cache: Path, name: str) -> float:
+        run_dir = work / "runs" / label / name
         shutil.rmtree(run_dir, ignore_errors=True)
-        return [
-            sys.executable,
-            "-m",
-            "seqtune",
-            "preflight.only=true",
-            *SEQTUNE_ARGS,
-            f"data.train={data}",
-            f"data.cache_dir={cache}",
-            f"hydra.run.dir={run_dir}",
-        ]
+        command = [sys.executable, "-m", "seqtune", "preflight.only=true", *SEQTUNE_ARGS, f"data.train={data}"]
+        command += [f"data.cache_dir={cache}", f"hydra.run.dir={run_dir}"]
+        return timed(command, env=envs[label], cwd=work, log=work / f"{label}-{name}.log")
 
-    warm_cache = work / "cache-warm"
-    timed(seqtune_preflight(warm_cache, "warm"), env=env, cwd=work, log=work / "warm.log")  # fills the cache once
-    times: dict[str, list[float]] = {"plain": [], "cold": [], "cached": [], "first_step": [], "default_total": []}
+    for label in trees:
+        preflight(label, work / f"cache-warm-{label}", "warm")  # fills the token cache the cached runs read
+    times: dict[str, list[float]] = {"plain": []}
     loads: list[float] = []
+
+    def record(key: str, seconds: float) -> None:
+        times.setdefault(key, []).append(seconds)
+        print(f"{key}: {seconds:.2f} s", flush=True)
+
+    def default_run(label: str) -> None:
+        first, total = timed_default(env=envs[label], cwd=_empty(work / f"default-{label}"), log=work / f"{label}.log")
+        record(f"{label}:first_step", first)
+        record(f"{label}:default_total", total)
+
     for round_no in range(args.repeats):
-        cold_cache = work / f"cache-cold-{round_no}"
-        shutil.rmtree(cold_cache, ignore_errors=True)
-        runs = [
-            (
+        runs: list[Callable[[], None]] = [
+            lambda: record(
                 "plain",
-                lambda: timed(
-                    [sys.executable, str(plain_script), str(tokenizer), str(texts)],
-                    env=env,
+                timed(
+                    PLAIN + [str(plain_script), str(tokenizer), str(texts)],
+                    env=envs["tree"],
                     cwd=work,
                     log=work / "plain.log",
                 ),
-            ),
-            (
-                "cold",
-                lambda cache=cold_cache: timed(
-                    seqtune_preflight(cache, "cold"), env=env, cwd=work, log=work / "cold.log"
-                ),
-            ),
-            (
-                "cached",
-                lambda: timed(seqtune_preflight(warm_cache, "cached"), env=env, cwd=work, log=work / "cached.log"),
-            ),
-        ]
-        if round_no < args.default_repeats:
-            runs.append(
-                ("default", lambda: timed_default(env=env, cwd=_empty(work / "default"), log=work / "default.log"))
             )
+        ]
+        for label in trees:
+            cold = work / f"cache-cold-{label}-{round_no}"
+            runs.append(lambda label=label, cold=cold: record(f"{label}:cold", preflight(label, cold, "cold")))
+            runs.append(
+                lambda label=label: record(f"{label}:cached", preflight(label, work / f"cache-warm-{label}", "cached"))
+            )
+            if round_no < args.default_repeats:
+                runs.append(lambda label=label: default_run(label))
         shift = round_no % len(runs)
-        for name, run in runs[shift:] + runs[:shift]:  # alternate which command goes first
+        for run in runs[shift:] + runs[:shift]:  # alternate which command goes first
             loads.append(os.getloadavg()[0])
-            result = run()
-            if name == "default":
-                first, total = result  # type: ignore[misc]
-                times["first_step"].append(first)
-                times["default_total"].append(total)
-            else:
-                times[name].append(result)  # type: ignore[arg-type]
-            print(f"round {round_no + 1} {name}: {result}", flush=True)
-        shutil.rmtree(cold_cache, ignore_errors=True)
+            run()
+        for label in trees:
+            shutil.rmtree(work / f"cache-cold-{label}-{round_no}", ignore_errors=True)
     (work / "times.json").write_text(json.dumps({"times": times, "loads": loads}, indent=1))
-    report(args, tree, data, times, loads)
-    name = "startup" if tree == REPO else f"startup_{tree.name}"
-    payload = {"tree": str(tree), "records": args.records, "data": str(data), "seconds": times, "load_avg": loads}
-    print(f"\nwrote {write_results(name, payload)}")
+    report(args, trees, data, times, loads)
+    payload = {"trees": {k: str(v) for k, v in trees.items()}, "records": args.records, "data": str(data)}
+    print(f"\nwrote {write_results('startup', {**payload, 'seconds': times, 'load_avg': loads})}")
+
+
+PLAIN = [sys.executable]
 
 
 def _empty(directory: Path) -> Path:
@@ -307,44 +300,59 @@ def _empty(directory: Path) -> Path:
     return directory
 
 
-def report(args: argparse.Namespace, tree: Path, data: Path, times: dict[str, list[float]], loads: list[float]) -> None:
+def report(
+    args: argparse.Namespace, trees: dict[str, Path], data: Path, times: dict[str, list[float]], loads: list[float]
+) -> None:
     plain = statistics.median(times["plain"])
+
+    def ratio(key: str) -> str:
+        return f"{statistics.median(times[key]) / plain:.2f}x"
+
     rows = [
         [
             "plain script: import transformers, AutoTokenizer.from_pretrained, tokenizer(texts)",
+            "",
             median_cell(times["plain"]),
             "1.00x",
-        ],
-        [
-            f"`python -m seqtune preflight.only=true {' '.join(SEQTUNE_ARGS)} data.train=...`, cold token cache",
-            median_cell(times["cold"]),
-            f"{statistics.median(times['cold']) / plain:.2f}x",
-        ],
-        [
-            "the same, cached (token cache of an earlier run)",
-            median_cell(times["cached"]),
-            f"{statistics.median(times['cached']) / plain:.2f}x",
-        ],
+        ]
     ]
-    if times["first_step"]:
+    for label, tree in trees.items():
+        where = f"{label} ({tree})"
         rows += [
             [
-                "`python -m seqtune` (the default run): end of its first training step",
-                median_cell(times["first_step"]),
-                "-",
+                f"`python -m seqtune preflight.only=true {' '.join(SEQTUNE_ARGS)} data.train=...`, cold token cache",
+                where,
+                median_cell(times[f"{label}:cold"]),
+                ratio(f"{label}:cold"),
             ],
             [
-                "`python -m seqtune`: whole run (300 steps, eval, export proof)",
-                median_cell(times["default_total"]),
-                "-",
+                "the same, cached (the token cache of an earlier run)",
+                where,
+                median_cell(times[f"{label}:cached"]),
+                ratio(f"{label}:cached"),
             ],
         ]
+        if f"{label}:first_step" in times:
+            rows += [
+                [
+                    "`python -m seqtune` (the default run): end of its first training step",
+                    where,
+                    median_cell(times[f"{label}:first_step"]),
+                    "-",
+                ],
+                [
+                    "`python -m seqtune`: the whole run (300 steps, evals, export proof)",
+                    where,
+                    median_cell(times[f"{label}:default_total"]),
+                    "-",
+                ],
+            ]
     print(
-        f"\n{tree} ({args.records:,} records of {data}); seconds, median (min-max) of {args.repeats} alternating "
-        f"rounds ({args.default_repeats} for the default run); load average 1 min at each run's start: "
+        f"\n{args.records:,} records of {data}; seconds, median (min-max) of {args.repeats} alternating rounds "
+        f"({args.default_repeats} with the default run); 1-minute load average at each run's start: "
         f"{min(loads):.2f}-{max(loads):.2f} (median {statistics.median(loads):.2f})\n"
     )
-    print(markdown_table(["command", "seconds", "vs plain"], rows))
+    print(markdown_table(["command", "tree", "seconds", "vs plain"], rows))
 
 
 if __name__ == "__main__":
