@@ -1,15 +1,13 @@
-"""Preflight output: the console report (problem table, per-split stats), rejects.jsonl and lengths.png."""
+"""Preflight output: the console report (problem table, per-split stats) and rejects.jsonl (lengths.png: plot.py)."""
 
 from __future__ import annotations
 
 import shutil
 import sys
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
-
-import numpy as np
 
 from seqtune.files import atomic_output
 from seqtune.preflight.checks import Problem
@@ -157,35 +155,4 @@ def write_rejects(split_rejects: Sequence[Path], run_dir: Path) -> Path:
             if source.is_file():
                 with source.open("rb") as f:
                     shutil.copyfileobj(f, out)
-    return path
-
-
-def plot_lengths(
-    lengths: Mapping[str, np.ndarray], *, max_seq_len: int, context_length: int | None, path: Path
-) -> Path:
-    """A length histogram per split with max_seq_len (and the model context, when on scale) drawn as lines."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display in the parent process, on clusters, or in CI
-    import matplotlib.pyplot as plt
-
-    splits = [name for name, values in lengths.items() if len(values)]
-    fig, axes = plt.subplots(len(splits) or 1, 1, figsize=(8, 2.6 * max(len(splits), 1)), squeeze=False)
-    # One empty axis when no split has a sample (every record rejected): that failure is preflight's to report.
-    for axis, name in zip(axes[:, 0], splits, strict=False):
-        values = np.asarray(lengths[name])
-        axis.hist(values, bins=min(60, max(10, len(np.unique(values)))), color="tab:blue", alpha=0.8)
-        axis.axvline(max_seq_len, color="tab:red", linestyle="--", label=f"max_seq_len={max_seq_len}")
-        # The context line only when it is within sight; a 128k line would squash every histogram to nothing.
-        if context_length is not None and context_length <= 4 * max(max_seq_len, int(values.max())):
-            axis.axvline(context_length, color="black", linestyle=":", label=f"model context={context_length}")
-        elif context_length is not None:  # still stated, so the reader knows the headroom
-            axis.plot([], [], " ", label=f"model context={context_length} (off scale)")
-        axis.set_title(f"{name}: {len(values)} samples")
-        axis.set_xlabel("tokens")
-        axis.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    with atomic_output(path, key=RUN_DIR_KEY) as tmp:
-        fig.savefig(tmp, dpi=100)
-    plt.close(fig)
     return path

@@ -39,11 +39,11 @@ from seqtune.preflight.phases import (
     stream_train_plan,
     training_view,
 )
+from seqtune.preflight.plot import LengthsPlot
 from seqtune.preflight.report import (
     PLOT_FILE,
     REJECTS_FILE,
     headlines,
-    plot_lengths,
     print_early_problems,
     print_report,
     write_rejects,
@@ -76,6 +76,24 @@ def run_preflight(
         return _finish(PreflightResult(ok=False, max_seq_len=None, problems=[problem]), run_dir, None, resume)
     problems = fast_checks(cfg, resolved)
     print_early_problems(problems)
+    # lengths.png is drawn by a child process that imports matplotlib while this one loads and scans.
+    plot = LengthsPlot() if cfg.preflight.plot else None
+    try:
+        return _checks_after_plan(cfg, resolved, problems, run_dir, resume, plot)
+    finally:
+        if plot is not None:
+            plot.discard()  # a refused resume writes nothing; an error stops the drawing
+
+
+def _checks_after_plan(
+    cfg: RootConfig,
+    resolved: Resolved,
+    problems: list[Problem],
+    run_dir: Path,
+    resume: ResumePoint | None,
+    plot: LengthsPlot | None,
+) -> PreflightResult:
+    """The runtime phase (tokenizer, model config), the scan and every check that needs the data; the reports."""
     try:
         tokenizer, hf_config, tokens, late = runtime_phase(cfg, resolved)
     except SeqtuneError as err:
@@ -85,7 +103,7 @@ def run_preflight(
         )
     late += content.file_checks(cfg, resolved, tokenizer, hf_config)
     print_early_problems(late)
-    result, data, scans = _scan_and_check(cfg, resolved, tokens, tokenizer, run_dir, problems + late, hf_config)
+    result, data, scans = _scan_and_check(cfg, resolved, tokens, tokenizer, run_dir, problems + late, hf_config, plot)
     plan: Plan | None = None
     if data is not None:
         plan = complete_plan(resolved, tokens=tokens, rejects_file=str(run_dir / REJECTS_FILE), **data)
@@ -93,7 +111,7 @@ def run_preflight(
             result.problems += plan_problems(resume, plan, cfg.train.resume_accept)
             plan = replace(plan, resume_from=str(resume.checkpoint))
     if resume is None or not result.problems:
-        _write_reports(cfg, resolved, tokens, tokenizer, scans, result, run_dir)
+        _write_reports(cfg, resolved, tokens, tokenizer, scans, result, run_dir, plot)
     return _finish(result, run_dir, plan if plan is not None else resolved, resume)
 
 
@@ -105,6 +123,7 @@ def _scan_and_check(
     run_dir: Path,
     problems: list[Problem],
     hf_config: Any,
+    plot: LengthsPlot | None,
 ) -> tuple[PreflightResult, dict[str, Any] | None, dict[str, SplitScan]]:
     """Scan every split, then everything that needs the data: limits, labels, shapes, the distributed plan, memory.
     Also returns the facts the data adds to the plan (None when the data phases could not establish them) and the
@@ -124,7 +143,7 @@ def _scan_and_check(
     data = None
     if "train" in scans:
         try:
-            data = _data_phases(cfg, resolved, tokens, tokenizer, hf_config, scans, result, problems)
+            data = _data_phases(cfg, resolved, tokens, tokenizer, hf_config, scans, result, problems, plot)
         except SeqtuneError as err:  # e.g. a collator or plan refusing a value: one more problem, still one failure
             problems.append(Problem(check="data", key=err.key or "data", message=str(err)))
     result.vocab = _vocab_stats(resolved, scans)
@@ -146,16 +165,12 @@ def _write_reports(
     scans: dict[str, SplitScan],
     result: PreflightResult,
     run_dir: Path,
+    plot: LengthsPlot | None,
 ) -> None:
     """rejects.jsonl, lengths.png, samples.html/json: the run's view of its data (skipped by a refused resume)."""
     write_rejects([scan.cache_dir / "rejects.jsonl" for scan in scans.values()], run_dir)
-    if cfg.preflight.plot and result.max_seq_len is not None:
-        plot_lengths(
-            {name: scan.lengths for name, scan in scans.items()},
-            max_seq_len=result.max_seq_len,
-            context_length=resolved.context_length,
-            path=run_dir / PLOT_FILE,
-        )
+    if plot is not None:
+        plot.write(run_dir / PLOT_FILE, key=RUN_DIR_KEY)  # drawn once _data_phases knew max_seq_len
     if cfg.preflight.show and result.max_seq_len is not None:
         content.show_samples(cfg, resolved, tokens, tokenizer, scans, result.max_seq_len, run_dir)
 
@@ -169,10 +184,14 @@ def _data_phases(
     scans: dict[str, SplitScan],
     result: PreflightResult,
     problems: list[Problem],
+    plot: LengthsPlot | None,
 ) -> dict[str, Any]:
     """Every check that needs the scanned data. Returns the facts the data adds to the plan (complete_plan)."""
     max_seq_len, length_problems, length_notes = resolve_lengths(cfg, resolved, scans)
     result.max_seq_len = max_seq_len
+    if plot is not None:
+        lengths = {name: scan.lengths for name, scan in scans.items()}
+        plot.draw(lengths, max_seq_len=max_seq_len, context_length=resolved.context_length)
     problems += length_problems
     result.notes += length_notes
     rule = batch_rule(cfg, max_seq_len=max_seq_len, sequences_per_sample=resolved.sequences_per_sample)

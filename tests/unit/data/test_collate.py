@@ -1,4 +1,4 @@
-"""Collator contract: shapes per strategy, shifted targets, masks from lengths, padding side, torchtune fallback."""
+"""Collator contract: shapes per strategy, shifted targets, masks from lengths, padding side, padding identical to torchtune's."""
 
 from __future__ import annotations
 
@@ -79,13 +79,12 @@ def test_too_long_sample_is_an_error_naming_its_location() -> None:
 
 
 def test_own_padded_collate_matches_torchtune() -> None:
-    # If torchtune ever stops importing, _torchtune falls back to this implementation; it must be identical. The pin
-    # in constraints.txt imports, so the backend in use here is torchtune's.
-    assert _torchtune._resolve_padded_collate_sft()[0] == "torchtune"
+    # seqtune pads with its own copy of torchtune's contract (importing torchtune costs ~1 s of start-up).
     from torchtune.data import padded_collate_sft
 
     batch = [{"tokens": s.input_ids.tolist(), "labels": s.labels.tolist()} for s in SAMPLES]
-    ours = _torchtune._own_padded_collate_sft(batch, padding_idx=PAD, ignore_idx=IGNORE_INDEX)
+    ours = _torchtune.padded_collate_sft(batch, padding_idx=PAD, ignore_idx=IGNORE_INDEX)
     theirs = padded_collate_sft(batch, padding_idx=PAD, ignore_idx=IGNORE_INDEX)
+    assert ours["tokens"].shape[0] == len(SAMPLES) and int((ours["labels"] == IGNORE_INDEX).sum()) > 0
     for key in ("tokens", "labels"):
         assert torch.equal(ours[key], theirs[key])

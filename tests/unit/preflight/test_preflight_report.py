@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from seqtune.preflight.checks import Problem
-from seqtune.preflight.report import format_problems, plot_lengths, print_report, write_rejects
+from seqtune.preflight.plot import plot_lengths
+from seqtune.preflight.report import format_problems, print_report, write_rejects
 from seqtune.preflight.result import (
     MemoryStats,
     PaddingStats,

@@ -202,3 +202,25 @@ def test_stamp_records_the_chat_template_actually_saved(name):
         assert stamp["chat_template_sha256"] == hashlib.sha256(saved.encode()).hexdigest()
         assert stamp["chat_template_origin"]
     assert (name == "llama2_spm") == (saved is None)
+
+
+@pytest.mark.parametrize("name", [*sorted(pypi.SOURCES), "bundled"])
+def test_generic_fast_load_is_what_autotokenizer_builds(name):
+    # load_tokenizer skips AutoTokenizer (and its import of torch) for a directory that names the generic fast class:
+    # the tokenizer must be the one AutoTokenizer would have built.
+    from transformers import AutoTokenizer
+
+    from seqtune.tokenizers import BUNDLED_DIR
+    from seqtune.tokenizers.load import _from_pretrained, _generic_fast
+    from seqtune.tokenizers.location import TokenizerLocation
+
+    if name != "bundled":
+        fetched(name)
+    directory = BUNDLED_DIR if name == "bundled" else pypi.tokenizer_dir(name)
+    assert _generic_fast(TokenizerLocation(directory=directory, key="tokenizer.path", value=str(directory)))
+    ours = _from_pretrained(directory, generic=True)
+    theirs = AutoTokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)
+    text = "Hello world, this is seqtune.\n### Instruction:\n  Summarize café 12345 </s> <|im_end|>"
+    assert type(ours) is type(theirs) and ours.get_vocab() == theirs.get_vocab()
+    assert ours.added_tokens_decoder == theirs.added_tokens_decoder and ours.init_kwargs == theirs.init_kwargs
+    assert ours(text, return_offsets_mapping=True) == theirs(text, return_offsets_mapping=True)

@@ -1,0 +1,50 @@
+"""A dry run imports only what its phases need: the regression test for start-up cost (issue 20), with no timing.
+
+`python -m seqtune preflight.only=true` runs in a fresh interpreter on the bundled data; the probe records which
+heavy libraries are in sys.modules when the checks that need no data have printed (the plan is resolved: nothing
+heavy may be loaded yet) and when the process exits (the dry run never trains, plots in a child process and pads
+with torch's own pad_sequence, so peft, matplotlib, torchtune and what torchtune pulls in must never load).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROBE = """
+import atexit, json, runpy, sys
+HEAVY = {heavy!r}
+seen = {{}}
+loaded = lambda: sorted(name for name in HEAVY if name in sys.modules)
+import seqtune.preflight.runner as runner
+fast_checks = runner.fast_checks
+def probed(*args, **kwargs):
+    seen["after_plan"] = loaded()
+    return fast_checks(*args, **kwargs)
+runner.fast_checks = probed
+atexit.register(lambda: open({out!r}, "w").write(json.dumps({{**seen, "at_exit": loaded()}})))
+sys.argv = ["seqtune", *{args!r}]
+runpy.run_module("seqtune", run_name="__main__")
+"""
+HEAVY = ["torch", "transformers", "peft", "matplotlib", "torchtune", "torchao", "datasets", "pyarrow", "pandas"]
+# What the dry run needs after its light checks: the tokenizer (transformers) and the model config and memory
+# estimate (torch; transformers builds the meta model, and its quantizer registry imports torchao).
+NEEDED_LATER = {"torch", "transformers", "torchao"}
+
+
+@pytest.mark.slow
+def test_dry_run_imports_only_what_its_phases_need(tmp_path: Path) -> None:
+    out = tmp_path / "modules.json"
+    args = ["preflight.only=true", f"hydra.run.dir={tmp_path / 'run'}", f"data.cache_dir={tmp_path / 'cache'}"]
+    probe = PROBE.format(heavy=HEAVY, out=str(out), args=args)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "preflight passed" in done.stdout and (tmp_path / "run" / "lengths.png").stat().st_size > 0
+    modules = json.loads(out.read_text())
+    assert modules["after_plan"] == [], "imported before the checks that need no data printed"
+    assert set(modules["at_exit"]) <= NEEDED_LATER, f"a dry run imported {set(modules['at_exit']) - NEEDED_LATER}"
+    assert {"torch", "transformers"} <= set(modules["at_exit"]), "the probe saw the dry run's imports"
