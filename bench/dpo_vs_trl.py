@@ -364,7 +364,11 @@ def report(runs: list[dict], args, threads: int, tokens: dict, parity: dict, cpu
     )
     for side, mine in by_side.items():
         print(f"{side}: {mine[0]['command']}")
-    name = "dpo_vs_trl" + (f"_lr{args.lr:g}" if args.lr is not None else "")
+    name = (
+        "dpo_vs_trl"
+        + (f"_lr{args.lr:g}" if args.lr is not None else "")
+        + (f"_threads{threads}" if threads != 2 else "")
+    )
     path = write_results(
         name,
         {
