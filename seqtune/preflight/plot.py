@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from seqtune.files import atomic_output, write_atomic
+from seqtune.files import write_atomic
 
 
 def render_lengths(lengths: Mapping[str, np.ndarray], *, max_seq_len: int, context_length: int | None) -> bytes:
@@ -48,18 +48,6 @@ def render_lengths(lengths: Mapping[str, np.ndarray], *, max_seq_len: int, conte
     fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
     return png.getvalue()
-
-
-def plot_lengths(
-    lengths: Mapping[str, np.ndarray], *, max_seq_len: int, context_length: int | None, path: Path
-) -> Path:
-    """render_lengths in this process, written to `path`."""
-    from seqtune.preflight.result import RUN_DIR_KEY
-
-    png = render_lengths(lengths, max_seq_len=max_seq_len, context_length=context_length)
-    with atomic_output(path, key=RUN_DIR_KEY) as tmp:
-        tmp.write_bytes(png)
-    return path
 
 
 class LengthsPlot:

@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 
 from seqtune.preflight.checks import Problem
-from seqtune.preflight.plot import plot_lengths
+from seqtune.preflight.plot import LengthsPlot
 from seqtune.preflight.report import format_problems, print_report, write_rejects
 from seqtune.preflight.result import (
+    RUN_DIR_KEY,
     MemoryStats,
     PaddingStats,
     PlanStats,
@@ -103,13 +104,17 @@ def test_rejects_jsonl_concatenates_every_split(tmp_path):
 
 
 def test_length_plot_is_written(tmp_path):
-    path = plot_lengths(
-        {"train": np.array([5, 9, 30]), "val": np.array([7, 40]), "test": np.array([])},
-        max_seq_len=40,
-        context_length=64,
-        path=tmp_path / "lengths.png",
-    )
-    assert path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"
+    plot = LengthsPlot()  # the child process preflight draws with
+    try:
+        plot.draw(
+            {"train": np.array([5, 9, 30]), "val": np.array([7, 40]), "test": np.array([])},
+            max_seq_len=40,
+            context_length=64,
+        )
+        path = plot.write(tmp_path / "lengths.png", key=RUN_DIR_KEY)
+    finally:
+        plot.discard()
+    assert path is not None and path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_a_split_with_no_micro_batches_says_so_not_100_percent(tmp_path):
