@@ -1,17 +1,21 @@
 """Collators: a micro-batch of samples -> the batch dict every training step reads, shaped by the BatchRule.
 
 A sample is a TokenizedSample, or a tuple of them (a preference pair: chosen, rejected), kept together. Batch keys
-(all torch tensors):
-  input_ids [R,T] long; targets [R,T] long, labels already shifted per sequence (targets[t] = labels[t+1] of the same
+(int64 arrays; `arrays()` lays them out in numpy, calling the collator gives the same memory as torch tensors):
+  input_ids [R,T]; targets [R,T], labels already shifted per sequence (targets[t] = labels[t+1] of the same
   sequence; IGNORE_INDEX at each sequence's last position, at padding, so no target ever crosses a document
-  boundary); position_ids [R,T] long, real tokens of every sequence start at 0; attention_mask [R,T] long (1 real /
-  0 pad) for every strategy but `packed`; num_tokens (0-dim, real non-pad tokens); num_targets (0-dim, targets !=
-  IGNORE_INDEX). With more than one sequence per sample also: sequence_index [R,T] long (which sequence of the
+  boundary); position_ids [R,T], real tokens of every sequence start at 0; attention_mask [R,T] (1 real / 0 pad)
+  for every strategy but `packed`; num_tokens (0-dim, real non-pad tokens); num_targets (0-dim, targets !=
+  IGNORE_INDEX). With more than one sequence per sample also: sequence_index [R,T] (which sequence of the
   micro-batch a position belongs to: sample i's member j is sequence k*i + j; -1 at padding) and num_samples (0-dim,
   samples with at least one target: fillers excluded).
 R and T follow seqtune.data.batching.BatchRule: the rule is the one owner of the shapes, this module lays them out.
+The layout is numpy so preflight proves the shapes with this very code without importing torch (issue 20: a dry run
+costs no more than tokenizing); training wraps the arrays with torch.from_numpy (no copy).
 
 Masks come from sample lengths, never from comparing ids with eos/pad (pad may equal eos, and the final eos trains).
+Right padding follows torchtune's `padded_collate_sft` contract (seqtune was built on torchtune 0.6.1; importing it
+cost ~1 s of every start): tests/unit/data/test_collate.py proves `right_pad` identical to torchtune's function.
 
 `packed` has NO attention_mask on purpose: transformers 5.23 (masking_utils._preprocess_mask_arguments) detects
 packed rows from position_ids that restart at 0 (find_packed_sequence_indices) and builds a block-diagonal causal
@@ -24,21 +28,41 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from seqtune.config.errors import DataError
-from seqtune.data._torchtune import right_pad
 from seqtune.data.batching import BatchRule
 from seqtune.data.packing import next_fit_rows
 from seqtune.data.types import IGNORE_INDEX, Sample, TokenizedSample, sequences_of
 
+if TYPE_CHECKING:
+    import torch
+
+Arrays = dict[str, np.ndarray]
+
 
 class Collator(Protocol):
     def __call__(self, samples: Sequence[Sample]) -> dict[str, torch.Tensor]: ...
+
+    def arrays(self, samples: Sequence[Sample]) -> Arrays: ...
+
+
+def as_tensors(arrays: Arrays) -> dict[str, torch.Tensor]:
+    """The batch as torch tensors sharing the arrays' memory."""
+    import torch
+
+    return {key: torch.from_numpy(value) for key, value in arrays.items()}
+
+
+def right_pad(rows: Sequence[np.ndarray], width: int, fill: int) -> np.ndarray:
+    """[len(rows), width] int64: each row at the left, `fill` after it (torchtune's padded_collate_sft contract,
+    to a given width)."""
+    out = np.full((len(rows), width), fill, dtype=np.int64)
+    for r, row in enumerate(rows):
+        out[r, : len(row)] = row
+    return out
 
 
 def shifted_targets(labels: np.ndarray) -> np.ndarray:
@@ -66,13 +90,14 @@ def _sequences(samples: Sequence[Sample], rule: BatchRule) -> list[TokenizedSamp
     return flat
 
 
-def _summary(
-    targets: torch.Tensor, real_tokens: int, samples: Sequence[Sample], rule: BatchRule
-) -> dict[str, torch.Tensor]:
-    out = {"num_tokens": torch.tensor(real_tokens, dtype=torch.long), "num_targets": (targets != IGNORE_INDEX).sum()}
+def _summary(targets: np.ndarray, real_tokens: int, samples: Sequence[Sample], rule: BatchRule) -> Arrays:
+    out = {
+        "num_tokens": np.array(real_tokens, dtype=np.int64),
+        "num_targets": np.array((targets != IGNORE_INDEX).sum(), dtype=np.int64),
+    }
     if rule.sequences_per_sample > 1:
         real = sum(any(s.num_targets for s in sequences_of(sample)) for sample in samples)
-        out["num_samples"] = torch.tensor(real, dtype=torch.long)
+        out["num_samples"] = np.array(real, dtype=np.int64)
     return out
 
 
@@ -86,28 +111,29 @@ class PaddedCollator:
     padding_side: str
 
     def __call__(self, samples: Sequence[Sample]) -> dict[str, torch.Tensor]:
+        return as_tensors(self.arrays(samples))
+
+    def arrays(self, samples: Sequence[Sample]) -> Arrays:
         flat = _sequences(samples, self.rule)
-        lengths = torch.tensor([len(s) for s in flat], dtype=torch.long)
+        lengths = np.array([len(s) for s in flat], dtype=np.int64)
         width = self.rule.width(int(lengths.max()))
-        ids = [torch.as_tensor(s.input_ids, dtype=torch.long) for s in flat]
-        tgts = [torch.as_tensor(shifted_targets(s.labels)) for s in flat]
+        ids = [np.asarray(s.input_ids, dtype=np.int64) for s in flat]
+        tgts = [shifted_targets(s.labels) for s in flat]
         left = self.padding_side == "left"
         if left:  # left padding = right padding of the reversed rows, reversed back
-            ids, tgts = [r.flip(0) for r in ids], [r.flip(0) for r in tgts]
-        input_ids, targets = right_pad(ids, tgts, padding_idx=self.pad_id, ignore_idx=IGNORE_INDEX)
-        extra = width - input_ids.shape[1]
-        input_ids = F.pad(input_ids, (0, extra), value=self.pad_id)
-        targets = F.pad(targets, (0, extra), value=IGNORE_INDEX)
-        cols = torch.arange(width).unsqueeze(0)
+            ids, tgts = [r[::-1] for r in ids], [r[::-1] for r in tgts]
+        input_ids = right_pad(ids, width, self.pad_id)
+        targets = right_pad(tgts, width, IGNORE_INDEX)
+        cols = np.arange(width, dtype=np.int64)[None, :]
         if left:
-            input_ids, targets = input_ids.flip(1), targets.flip(1)
-            start = (width - lengths).unsqueeze(1)
-            attention_mask = (cols >= start).long()
+            input_ids, targets = np.ascontiguousarray(input_ids[:, ::-1]), np.ascontiguousarray(targets[:, ::-1])
+            start = (width - lengths)[:, None]
+            attention_mask = (cols >= start).astype(np.int64)
             # Real tokens count from 0 wherever the row starts; left pads get 0 (masked, never attended).
-            position_ids = (cols - start).clamp(min=0)
+            position_ids = np.maximum(cols - start, 0)
         else:
-            attention_mask = (cols < lengths.unsqueeze(1)).long()
-            position_ids = cols.expand(len(flat), width).clone()
+            attention_mask = (cols < lengths[:, None]).astype(np.int64)
+            position_ids = np.repeat(cols, len(flat), axis=0)
         batch = {
             "input_ids": input_ids,
             "targets": targets,
@@ -115,8 +141,8 @@ class PaddedCollator:
             "attention_mask": attention_mask,
         }
         if self.rule.sequences_per_sample > 1:
-            rows = torch.arange(len(flat)).unsqueeze(1).expand(len(flat), width)
-            batch["sequence_index"] = torch.where(attention_mask.bool(), rows, -1)
+            rows = np.arange(len(flat), dtype=np.int64)[:, None]
+            batch["sequence_index"] = np.where(attention_mask.astype(bool), rows, -1)
         return batch | _summary(targets, int(lengths.sum()), samples, self.rule)
 
 
@@ -130,6 +156,9 @@ class PackedCollator:
     pad_id: int
 
     def __call__(self, samples: Sequence[Sample]) -> dict[str, torch.Tensor]:
+        return as_tensors(self.arrays(samples))
+
+    def arrays(self, samples: Sequence[Sample]) -> Arrays:
         _sequences(samples, self.rule)
         capacity, k = self.rule.row_capacity, self.rule.sequences_per_sample
         groups = [sequences_of(sample) for sample in samples]
@@ -140,23 +169,23 @@ class PackedCollator:
                 "micro-batch so next-fit rebuilds its rows)"
             )
         shape = (max(len(rows), self.rule.rows), capacity)
-        input_ids = torch.full(shape, self.pad_id, dtype=torch.long)
-        targets = torch.full(shape, IGNORE_INDEX, dtype=torch.long)
-        position_ids = torch.arange(capacity).repeat(shape[0], 1)
-        index = torch.full(shape, -1, dtype=torch.long)
+        input_ids = np.full(shape, self.pad_id, dtype=np.int64)
+        targets = np.full(shape, IGNORE_INDEX, dtype=np.int64)
+        position_ids = np.tile(np.arange(capacity, dtype=np.int64), (shape[0], 1))
+        index = np.full(shape, -1, dtype=np.int64)
         for r, row in enumerate(rows):
             col = 0
             for pos in row:
                 for j, seq in enumerate(groups[pos]):
                     n = len(seq)
-                    input_ids[r, col : col + n] = torch.as_tensor(seq.input_ids)
-                    targets[r, col : col + n] = torch.as_tensor(shifted_targets(seq.labels))
-                    position_ids[r, col : col + n] = torch.arange(n)
+                    input_ids[r, col : col + n] = seq.input_ids
+                    targets[r, col : col + n] = shifted_targets(seq.labels)
+                    position_ids[r, col : col + n] = np.arange(n)
                     index[r, col : col + n] = pos * k + j
                     col += n
             # The pad tail restarts at 0 and counts up, so transformers sees it as one more document: no real
             # token ever attends to it (it comes last and attention is causal anyway), and it attends to nothing real.
-            position_ids[r, col:] = torch.arange(capacity - col)
+            position_ids[r, col:] = np.arange(capacity - col)
         real = sum(len(s) for g in groups for s in g)
         batch = {"input_ids": input_ids, "targets": targets, "position_ids": position_ids}
         if k > 1:

@@ -19,18 +19,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from seqtune.config.errors import DataError
 from seqtune.config.plan import Plan
-from seqtune.config.schema import DataMode, Overlength, RootConfig, Tail
+from seqtune.config.schema import DataMode, RootConfig, Tail
 from seqtune.data.batching import BatchRule, batch_rule
 from seqtune.data.cache import TokenCache
 from seqtune.data.collate import Collator, make_collator
 from seqtune.data.formats import LineParser, Record
 from seqtune.data.identity import check_as_proven
-from seqtune.data.mix import SourceMix
-from seqtune.data.overlength import TRUNCATING
 from seqtune.data.sampler import DistributedBatchPlan, WithFillers
 from seqtune.data.split import SplitInput, split_input
 from seqtune.data.stream import (
@@ -39,60 +37,13 @@ from seqtune.data.stream import (
     RejectLog,
     StreamBatch,
     StreamProgress,
-    apply_overlength,
     lines_read,
     records_per_pass,
     sample_end,
 )
 from seqtune.data.tokenize import SampleEncoder
-from seqtune.data.types import IGNORE_INDEX, POLICY_REJECTS, Reject, Sample
-
-
-class SplitView(Dataset):
-    """A cached split's samples after data.overlength, by the stream's rule (apply_overlength), so both modes train
-    on the same samples: `drop` hides over-length samples; `truncate`/`truncate_prompt` cut them
-    (seqtune.data.overlength) and hide those left with no target (`cut` lists where they are); `error` keeps them
-    (preflight has refused such a split). With k sequences per sample (a preference pair: the cache holds chosen
-    and rejected next to each other), sample i is sequences k*i .. k*i+k-1, kept or hidden together, and an item is
-    their tuple."""
-
-    def __init__(
-        self, cache: TokenCache, *, max_seq_len: int, overlength: Overlength, sequences_per_sample: int = 1
-    ) -> None:
-        k = self.k = sequences_per_sample
-        seq_lengths = np.asarray(cache.lengths).reshape(-1, k)
-        self.cache, self.max_seq_len, self.overlength = cache, max_seq_len, overlength
-        over = (
-            np.flatnonzero((seq_lengths > max_seq_len).any(axis=1))
-            if overlength != Overlength.error
-            else np.empty(0, np.int64)
-        )
-        hidden = [
-            int(i) for i in over if isinstance(apply_overlength(self._raw(int(i)), max_seq_len, overlength), Reject)
-        ]
-        self.cut = [cache.location(i * k) for i in hidden] if overlength in TRUNCATING else []
-        self.indices = np.setdiff1d(np.arange(len(seq_lengths)), np.asarray(hidden, dtype=np.int64))
-        kept = np.minimum(seq_lengths[self.indices], max_seq_len)
-        # What a sample occupies in a packed row (all its sequences) and what a padded row needs (its longest).
-        self.lengths, self.widths = kept.sum(axis=1), kept.max(axis=1, initial=0)
-
-    def _raw(self, index: int) -> Sample:
-        if self.k == 1:
-            return self.cache[index]
-        return tuple(self.cache[index * self.k + j] for j in range(self.k))
-
-    def __len__(self) -> int:
-        return int(self.indices.shape[0])
-
-    def __getitem__(self, i: int) -> Sample:
-        sample = self._raw(int(self.indices[i]))
-        cut = apply_overlength(sample, self.max_seq_len, self.overlength)
-        assert not isinstance(cut, Reject), "hidden in __init__"
-        return cut
-
-    def sample_sources(self) -> np.ndarray:
-        """The source (index into the cache's sources) of every kept sample."""
-        return self.cache.sample_sources()[self.indices * self.k]
+from seqtune.data.types import POLICY_REJECTS, Reject, Sample
+from seqtune.data.view import SplitView, train_mix
 
 
 def worker_seed_generator(seed: int, rank: int, epoch: int) -> torch.Generator:
@@ -256,17 +207,6 @@ def plan_rule(cfg: RootConfig, plan: Plan) -> BatchRule:
     return batch_rule(cfg, max_seq_len=plan.max_seq_len, sequences_per_sample=plan.sequences_per_sample)
 
 
-def train_mix(cfg: RootConfig, view: SplitView) -> SourceMix | None:
-    """The weighted mix of the train split's sources (seqtune.data.mix), or None when every weight is 1 (each
-    sample once per epoch, as without weights)."""
-    sources = cfg.data.sources("train")
-    if all(source.weight == 1 for source in sources):
-        return None
-    return SourceMix(
-        source_of=view.sample_sources(), weights=tuple(s.weight for s in sources), keys=tuple(s.key for s in sources)
-    )
-
-
 def planned_batches(
     cfg: RootConfig, plan: Plan, split: str, *, rank: int, shuffle: bool, tail: Tail, train: bool
 ) -> PlannedBatches:
@@ -395,43 +335,3 @@ def build_eval_batches(cfg: RootConfig, plan: Plan, *, split: str, rank: int):
         return None
     planned = planned_batches(cfg, plan, split, rank=rank, shuffle=False, tail=Tail.pad, train=False)
     return lambda: planned.epoch_batches(0)
-
-
-@dataclass(frozen=True, kw_only=True)
-class EvalPrompt:
-    """A validation record cut where its first target starts: the prompt, and the completion it was trained on."""
-
-    prompt_ids: list[int]
-    reference_ids: list[int]
-    location: str
-
-
-def build_eval_prompts(
-    cache_dir: Path, *, count: int, max_seq_len: int, bos_id: int | None, stride: int = 1
-) -> list[EvalPrompt]:
-    """The first `count` samples of a split's token cache (file order: the validation split) that have a prompt
-    shorter than max_seq_len, tokenized exactly as training saw them. The reference is the first run of target
-    tokens: the completion, or a conversation's first assistant reply and its end-of-turn marker. `stride`: the
-    sequences per sample (a preference pair's first sequence, its chosen completion, is the reference)."""
-    cache = TokenCache.open(cache_dir)
-    prompts: list[EvalPrompt] = []
-    for i in range(0, len(cache), stride):
-        sample = cache[i]
-        targets = np.flatnonzero(sample.labels != IGNORE_INDEX)
-        # The bos the encoder adds is never a target: on its own it is no prompt (pre-tokenized rows without labels).
-        leading_bos = int(bos_id is not None and sample.input_ids[0] == bos_id)
-        if not len(targets) or targets[0] <= leading_bos or targets[0] >= max_seq_len:
-            continue  # no prompt, or one too long to complete
-        first = int(targets[0])
-        gaps = np.flatnonzero(np.diff(targets) > 1)
-        end = int(targets[gaps[0]]) + 1 if len(gaps) else int(targets[-1]) + 1
-        prompts.append(
-            EvalPrompt(
-                prompt_ids=sample.input_ids[:first].tolist(),
-                reference_ids=sample.input_ids[first:end].tolist(),
-                location=sample.location,
-            )
-        )
-        if len(prompts) == count:
-            break
-    return prompts

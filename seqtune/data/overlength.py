@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqtune.data.types import IGNORE_INDEX, TokenizedSample
+from seqtune.config.errors import DataError
+from seqtune.data.types import IGNORE_INDEX, Reject, Sample, TokenizedSample
 
 TRUNCATING = ("truncate", "truncate_prompt")
 
@@ -40,3 +41,32 @@ def cut_sample(sample: TokenizedSample, max_seq_len: int, policy: str) -> Tokeni
         return sample
     keep = kept_positions(sample.labels, max_seq_len, policy)
     return TokenizedSample(input_ids=sample.input_ids[keep], labels=sample.labels[keep], location=sample.location)
+
+
+def apply_overlength(sample: Sample, max_seq_len: int, policy: str) -> Sample | Reject:
+    """data.overlength for one sample; the sequences of a pair are kept or dropped together."""
+    if isinstance(sample, tuple):
+        cut = tuple(_sequence_overlength(seq, max_seq_len, policy) for seq in sample)
+        rejected = next((c for c in cut if isinstance(c, Reject)), None)
+        return rejected if rejected is not None else cut  # type: ignore[return-value]
+    return _sequence_overlength(sample, max_seq_len, policy)
+
+
+def _sequence_overlength(sample: TokenizedSample, max_seq_len: int, policy: str) -> TokenizedSample | Reject:
+    if len(sample) <= max_seq_len:
+        return sample
+    file, line = sample.location.rsplit(":", 1)
+    if policy == "error":
+        raise DataError(
+            f"{sample.location}: {len(sample)} tokens > data.max_seq_len={max_seq_len}.",
+            key="data.overlength",
+            fix="data.overlength=truncate or drop, or raise data.max_seq_len.",
+        )
+    if policy == "drop":
+        return Reject(file=file, line=int(line), reason=f"overlength: {len(sample)} > {max_seq_len}")
+    cut = cut_sample(sample, max_seq_len, policy)
+    # The last kept position predicts nothing after shifting, so at least two positions must hold a target.
+    if (cut.labels[1:] == IGNORE_INDEX).all():
+        # Code `overlength`: a consequence of the policy, not a malformed line (it never counts as bad).
+        return Reject(file=file, line=int(line), reason="overlength: no target left after truncation")
+    return cut

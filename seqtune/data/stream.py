@@ -44,7 +44,7 @@ from seqtune.config.schema import PaddingStrategy, Tail
 from seqtune.data.batching import BatchRule
 from seqtune.data.collate import Collator
 from seqtune.data.mix import mix_rng, used_per_epoch
-from seqtune.data.overlength import cut_sample
+from seqtune.data.overlength import apply_overlength
 from seqtune.data.sampler import as_filler
 from seqtune.data.split import SplitInput, SplitRecord
 from seqtune.data.types import IGNORE_INDEX, Reject, Sample, TokenizedSample, sequences_of
@@ -69,35 +69,6 @@ class StreamBatch:
     rejects: list[Reject] = field(default_factory=list)
     repeated_rejects: int = 0
     filler: bool = False
-
-
-def apply_overlength(sample: Sample, max_seq_len: int, policy: str) -> Sample | Reject:
-    """data.overlength for one sample; the sequences of a pair are kept or dropped together."""
-    if isinstance(sample, tuple):
-        cut = tuple(_sequence_overlength(seq, max_seq_len, policy) for seq in sample)
-        rejected = next((c for c in cut if isinstance(c, Reject)), None)
-        return rejected if rejected is not None else cut  # type: ignore[return-value]
-    return _sequence_overlength(sample, max_seq_len, policy)
-
-
-def _sequence_overlength(sample: TokenizedSample, max_seq_len: int, policy: str) -> TokenizedSample | Reject:
-    if len(sample) <= max_seq_len:
-        return sample
-    file, line = sample.location.rsplit(":", 1)
-    if policy == "error":
-        raise DataError(
-            f"{sample.location}: {len(sample)} tokens > data.max_seq_len={max_seq_len}.",
-            key="data.overlength",
-            fix="data.overlength=truncate or drop, or raise data.max_seq_len.",
-        )
-    if policy == "drop":
-        return Reject(file=file, line=int(line), reason=f"overlength: {len(sample)} > {max_seq_len}")
-    cut = cut_sample(sample, max_seq_len, policy)
-    # The last kept position predicts nothing after shifting, so at least two positions must hold a target.
-    if (cut.labels[1:] == IGNORE_INDEX).all():
-        # Code `overlength`: a consequence of the policy, not a malformed line (it never counts as bad).
-        return Reject(file=file, line=int(line), reason="overlength: no target left after truncation")
-    return cut
 
 
 def batches_per_worker(num_lines: int, *, batch_size: int, num_shards: int, tail: Tail | str = Tail.pad) -> int:

@@ -52,7 +52,7 @@ class ArtifactProof:
 def reference_prompts(run_dir: Path, tokenizer: Any) -> list[Any]:
     """The first validation prompts as training tokenized them (the train split's when there is no validation)."""
     from seqtune.config.plan import load_plan
-    from seqtune.data.loader import build_eval_prompts
+    from seqtune.data.prompts import build_eval_prompts
 
     plan = load_plan(run_dir)  # the run's plan: its token caches, max_seq_len and the bos the encoder added
     cache = Path(plan.caches.get("val") or plan.caches["train"])
@@ -65,7 +65,7 @@ def reference_prompts(run_dir: Path, tokenizer: Any) -> list[Any]:
 def _text_prompts(cache_dir: Path) -> list[Any]:
     """Samples with no prompt (data.format=text, every token a target): their first tokens are the prompt."""
     from seqtune.data.cache import TokenCache
-    from seqtune.data.loader import EvalPrompt
+    from seqtune.data.prompts import EvalPrompt
 
     cache = TokenCache.open(cache_dir)
     prompts = []

@@ -90,13 +90,14 @@ def _checkpoint_spec(root_text: str) -> ModelSpec:
         refused_dtypes=refused,
         liger=any(spec.liger for spec in named),
         tiny_defaults={"tie_word_embeddings": tied},
-        build_tiny_config=_no_tiny_model,
+        hf_config_class="",
+        tiny_config_kwargs=_no_tiny_model,
         read_arch_fields=common_arch_fields,
         sources=sources,
     )
 
 
-def _no_tiny_model(fields: dict[str, Any]):
+def _no_tiny_model(fields: dict[str, Any]) -> dict[str, Any]:
     raise ModelLoadError(
         "model.family=auto reads its architecture from a checkpoint; model.path is null.",
         key="model.path",

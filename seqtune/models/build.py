@@ -23,7 +23,14 @@ from seqtune.config.errors import ConfigError, ModelLoadError
 from seqtune.config.schema import AttnImplementation, ModelConfig
 from seqtune.models.checkpoint_check import check_finite_weights, check_loading_info
 from seqtune.models.facts import EXPECTED_CHECKPOINT, PATH_FIX, check_checkpoint_dir, check_model_type, read_config_json
-from seqtune.models.spec import ModelSpec, arch_mismatches, check_unused_fields, resolve_tiny_fields, spec_for
+from seqtune.models.spec import (
+    ModelSpec,
+    arch_mismatches,
+    build_tiny_config,
+    check_unused_fields,
+    resolve_tiny_fields,
+    spec_for,
+)
 from seqtune.models.varlen import register as register_varlen
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -36,7 +43,7 @@ def load_model_config(cfg: ModelConfig) -> PretrainedConfig:
     spec = spec_for(cfg)
     check_unused_fields(cfg, spec)
     if cfg.path is None:
-        hf_config = spec.build_tiny_config(resolve_tiny_fields(cfg, spec))
+        hf_config = build_tiny_config(spec, resolve_tiny_fields(cfg, spec))
     else:
         hf_config = _read_checkpoint_config(cfg, spec)
     hf_config.use_cache = False

@@ -3,9 +3,10 @@
 A safetensors file is an 8-byte little-endian header length, a JSON header (each tensor's dtype, shape and byte
 range) and the data; `model.safetensors.index.json` maps tensor names to shard files. From those alone (config.json
 was proven a JSON object with the family's fields by seqtune.models.facts): the index and the shards agree; no shard is
-truncated (the header's byte ranges end where the file does); every parameter the architecture declares (the model
-built from config.json on the meta device) is there with its declared shape and a floating dtype; and no tensor is
-left over, except those a known rule explains (a tied head stored once, old rotary `inv_freq` buffers).
+truncated (the header's byte ranges end where the file does); every tensor the architecture declares
+(seqtune.models.arch: written down for the named families, else from a meta-device model) is there with its declared
+shape and a floating dtype; and no tensor is left over, except those a known rule explains (a tied head stored once,
+old rotary `inv_freq` buffers).
 
 Each failure is a `WeightFault` naming the file, the tensor and the fix; preflight turns them into problems (exit 2
 before training). After the load, `build.py` checks what transformers reports and that sampled weights are finite.
@@ -17,9 +18,12 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from seqtune.config.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from seqtune.models.arch import Arch
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -241,31 +245,11 @@ def _some(names: list[str], shown: int = 3) -> str:
     return ", ".join(names[:shown]) + more
 
 
-def architecture_tensors(hf_config) -> tuple[dict[str, tuple[int, ...]], list[set[str]], str]:
-    """Name -> shape of every tensor the model loads (parameters and persistent buffers), the tied groups, and the
-    base model's prefix: from the model built on the meta device (no memory, no init)."""
-    from seqtune.models.memory import meta_model
-
-    model = meta_model(hf_config)
-    shapes = {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}
-    groups: dict[int, set[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(param), set()).add(name)
-    # transformers ties at load, so a tied head may also be absent when its own module is separate.
-    tied = [g for g in groups.values() if len(g) > 1]
-    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
-    if getattr(hf_config, "tie_word_embeddings", False) and head is not None and head.weight is not embed.weight:
-        names = {n for n, p in model.named_parameters(remove_duplicate=False) if p is head.weight or p is embed.weight}
-        tied.append(names)
-    return shapes, tied, model.base_model_prefix
-
-
-def checkpoint_faults(path: str | None, hf_config) -> list[WeightFault]:
+def checkpoint_faults(path: str | None, arch: Arch | None) -> list[WeightFault]:
     """model.path's weight files against the architecture its config.json declares (nothing for a tiny model)."""
-    if path is None or hf_config is None:
+    if path is None or arch is None:
         return []
-    expected, tied, prefix = architecture_tensors(hf_config)
-    return weight_faults(Path(path).expanduser(), expected, tied, prefix)
+    return weight_faults(Path(path).expanduser(), arch.tensors, arch.tied, arch.prefix)
 
 
 # --- after the load (seqtune.models.build) ------------------------------------------------------------------------

@@ -24,10 +24,8 @@ def layer_types(num_layers: int, pattern: int) -> list[str]:
     return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
 
 
-def build_tiny_config(f: dict[str, Any]) -> PretrainedConfig:
-    from transformers import Gemma3TextConfig  # at call time: importing this module stays light
-
-    return Gemma3TextConfig(
+def tiny_config_kwargs(f: dict[str, Any]) -> dict[str, Any]:
+    return dict(
         **common_config_kwargs(f),
         # Gemma 3 scales scores by query_pre_attn_scalar**-0.5; the released models set it to head_dim.
         query_pre_attn_scalar=f["head_dim"],
@@ -79,6 +77,7 @@ SPEC = ModelSpec(
         "rope_theta": 1000000.0,
         "tie_word_embeddings": True,
     },
-    build_tiny_config=build_tiny_config,
+    hf_config_class="Gemma3TextConfig",
+    tiny_config_kwargs=tiny_config_kwargs,
     read_arch_fields=read_arch_fields,
 )

@@ -7,14 +7,10 @@ tie them).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from seqtune.models.spec import ModelSpec, common_arch_fields, common_config_kwargs
 from seqtune.tokenizers import templates
-
-if TYPE_CHECKING:
-    from transformers import PretrainedConfig
-
 
 # Llama 3.1's scaling: wavelengths longer than original/low_freq_factor are divided by `factor`, shorter than
 # original/high_freq_factor kept, smoothly blended between. 8192 is the pretraining context.
@@ -36,10 +32,8 @@ def rope_parameters(theta: float, factor: float) -> dict[str, Any]:
     }
 
 
-def build_tiny_config(f: dict[str, Any]) -> PretrainedConfig:
-    from transformers import LlamaConfig  # at call time: importing this module stays light
-
-    return LlamaConfig(
+def tiny_config_kwargs(f: dict[str, Any]) -> dict[str, Any]:
+    return dict(
         **common_config_kwargs(f),
         rope_parameters=rope_parameters(f["rope_theta"], f["rope_scaling_factor"]),
         rms_norm_eps=1e-5,
@@ -68,6 +62,7 @@ SPEC = ModelSpec(
         "rope_scaling_factor": 8.0,
         "tie_word_embeddings": False,
     },
-    build_tiny_config=build_tiny_config,
+    hf_config_class="LlamaConfig",
+    tiny_config_kwargs=tiny_config_kwargs,
     read_arch_fields=common_arch_fields,
 )

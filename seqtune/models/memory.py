@@ -1,4 +1,4 @@
-"""Parameter counts and the training-memory estimate, computed without allocating the model (meta device).
+"""Parameter counts and the training-memory estimate, computed without building the model (seqtune.models.arch).
 
 The estimate is the peak of one training step on one device, as torch.cuda.max_memory_allocated counts it. It is
 built from what each operation of a decoder layer keeps for the backward (which depends on the dtypes in flight,
@@ -13,17 +13,16 @@ gradients, optimizer state and the update's temporaries).
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-import transformers
-from torch import nn
-from transformers import PretrainedConfig, PreTrainedModel
-
-from seqtune.models.layers import decoder_layers
+from seqtune.models.arch import Arch
+from seqtune.models.chunks import chunk_tokens
 from seqtune.models.spec import matches_target
-from seqtune.models.token_loss import chunk_tokens
+
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import PretrainedConfig, PreTrainedModel
 
 BYTES_PER_DTYPE = {"float32": 4, "bfloat16": 2, "float16": 2}
 # NF4: 4 bits per weight + one fp8 absmax per 64-weight block + one fp32 per 256 blocks (double quantisation).
@@ -46,7 +45,7 @@ class ParamCount:
 class MemoryInputs:
     """The resolved facts the estimate reads (preflight fills them from the run's plan)."""
 
-    hf_config: PretrainedConfig
+    arch: Arch  # the model's numbers and tensors (seqtune.models.arch)
     vocab_rows: int  # embedding and head rows after model.resize_embeddings
     weights_dtype: str  # model.dtype
     compute_dtype: str  # what matmuls and activations run in (autocast dtype, else model.dtype)
@@ -91,21 +90,22 @@ def count_parameters(model: nn.Module) -> ParamCount:
 
 
 def meta_model(hf_config: PretrainedConfig) -> PreTrainedModel:
-    """The model's module tree on the meta device: shapes and names, no memory, no init. For preflight checks."""
+    """The model's module tree on the meta device: shapes and names, no memory, no init. For the architectures
+    seqtune.models.arch does not write down."""
+    import torch
+    import transformers
+
     with torch.device("meta"):
         return transformers.AutoModelForCausalLM.from_config(hf_config)
 
 
 def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:
-    config = copy.copy(inputs.hf_config)
-    config.vocab_size = inputs.vocab_rows
-    model = meta_model(config)
-    total = count_parameters(model).total
+    arch = inputs.arch.with_vocab(inputs.vocab_rows)
+    total = arch.total()
     width = BYTES_PER_DTYPE[inputs.weights_dtype]
-    linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
-    head = model.get_output_embeddings()
+    head_numel = arch.head_numel()
     if inputs.load_in_4bit:
-        quantized = sum(m.weight.numel() for m in linears.values() if m is not head)
+        quantized = sum(fan_in * fan_out for name, (fan_in, fan_out) in arch.linears.items() if name != arch.head)
         # prepare_model_for_kbit_training casts everything not quantized (norms, embeddings, head) to fp32.
         weights = quantized * NF4_BYTES_PER_WEIGHT + (total - quantized) * 4
     else:
@@ -114,38 +114,30 @@ def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:
         weights *= 2
     head_grad: float = 0
     if inputs.lora_enabled:
-        adapted = [m for name, m in linears.items() if _adapted(name, inputs.lora_targets)]
-        adapter = sum(inputs.lora_rank * (m.in_features + m.out_features) for m in adapted)
+        adapted = [shape for name, shape in arch.linears.items() if _adapted(name, inputs.lora_targets)]
+        adapter = sum(inputs.lora_rank * (fan_in + fan_out) for fan_in, fan_out in adapted)
         if inputs.dora:  # DoRA's magnitude vector: one fp32 parameter per output feature of each adapted module
-            adapter += sum(m.out_features for m in adapted)
+            adapter += sum(fan_out for _, fan_out in adapted)
         # By tensor: a tied head and embedding saved together are one tensor (peft keeps them tied).
-        saved = sum(
-            p.numel()
-            for p in {
-                id(p): p
-                for name, m in model.named_modules()
-                if name.rsplit(".", 1)[-1] in inputs.modules_to_save
-                for p in m.parameters()
-            }.values()
-        )
-        tokens = inputs.new_rows * config.hidden_size * (1 if config.tie_word_embeddings else 2)
+        saved = arch.under(inputs.modules_to_save)
+        tokens = inputs.new_rows * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
         weights += saved * width  # peft trains a copy of each saved module and keeps the original
         trainable = adapter + saved + tokens
         state_bytes = (adapter + tokens) * ADAPTER_BYTES + saved * width
         if "lm_head" in inputs.modules_to_save:
-            head_grad = head.weight.numel() * width
+            head_grad = head_numel * width
     else:
         trainable, state_bytes = total, total * width
-        head_grad = head.weight.numel() * width
-    grads = state_bytes
-    optimizer = state_bytes * OPTIMIZER_STATES.get(inputs.optimizer, 2)
+        head_grad = head_numel * width
+    grads: float = state_bytes
+    optimizer: float = state_bytes * OPTIMIZER_STATES.get(inputs.optimizer, 2)
     if inputs.sharded and inputs.world_size > 1:
         # FSDP keeps 1/world of every sharded tensor, plus the unsharded layer being computed and the next one.
-        largest_layer = max(sum(p.numel() for p in layer.parameters()) for layer in decoder_layers(model))
+        largest_layer = max(arch.layer_params(layer) for layer in arch.layers)
         weights = weights / inputs.world_size + 2 * largest_layer * BYTES_PER_DTYPE[inputs.compute_dtype]
         grads, optimizer = grads / inputs.world_size, optimizer / inputs.world_size
         head_grad /= inputs.world_size
-    activations = _activation_bytes(inputs, config, model) + head_grad
+    activations = _activation_bytes(inputs, arch) + head_grad
     # foreach AdamW/SGD build one temporary per trainable tensor for the update.
     step = grads + grads
     peak = weights + optimizer + max(activations, step)
@@ -183,12 +175,12 @@ def _widths(inputs: MemoryInputs) -> _Widths:
     return _Widths(residual=residual, linear=linear, compute=compute if inputs.autocast else linear)
 
 
-def _activation_bytes(inputs: MemoryInputs, config: PretrainedConfig, model: nn.Module) -> float:
+def _activation_bytes(inputs: MemoryInputs, arch: Arch) -> float:
     """Bytes autograd keeps at the start of the backward, with the largest transient buffers."""
     w = _widths(inputs)
-    tokens, hidden, layers = inputs.batch_tokens, config.hidden_size, config.num_hidden_layers
-    per_layer = _layer_bytes_per_token(inputs, config, decoder_layers(model)[0], w)
-    attention_matrix = _attention_matrix_bytes(inputs, config, w.compute)
+    tokens, hidden, layers = inputs.batch_tokens, arch.hidden_size, arch.num_hidden_layers
+    per_layer = _layer_bytes_per_token(inputs, arch, w)
+    attention_matrix = _attention_matrix_bytes(inputs, arch, w.compute)
     if inputs.gradient_checkpointing:
         # Only each layer's input survives; one layer is recomputed (and held) at a time in the backward.
         kept = tokens * (layers * w.residual * hidden + per_layer) + attention_matrix
@@ -196,8 +188,8 @@ def _activation_bytes(inputs: MemoryInputs, config: PretrainedConfig, model: nn.
         kept = tokens * layers * per_layer + layers * attention_matrix
     kept += tokens * _norm_bytes(inputs, hidden, w)  # the final norm
     # The backward's first gradient buffers: the MLP's and the residual stream's, one layer at a time.
-    transient = tokens * (3 * config.intermediate_size * w.linear + 2 * w.residual * hidden)
-    return kept + max(transient + _loss_bytes(inputs, tokens, hidden, w), _dora_forward_bytes(inputs, model, w))
+    transient = tokens * (3 * arch.intermediate_size * w.linear + 2 * w.residual * hidden)
+    return kept + max(transient + _loss_bytes(inputs, tokens, hidden, w), _dora_forward_bytes(inputs, arch, w))
 
 
 def _norm_bytes(inputs: MemoryInputs, size: int, w: _Widths) -> float:
@@ -208,15 +200,14 @@ def _norm_bytes(inputs: MemoryInputs, size: int, w: _Widths) -> float:
     return size * NORM_BYTES + (0 if inputs.lora_enabled else size * w.residual)
 
 
-def _layer_bytes_per_token(inputs: MemoryInputs, config: PretrainedConfig, layer: nn.Module, w: _Widths) -> float:
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    q, kv = heads * head_dim, kv_heads * head_dim
-    hidden, ffn = config.hidden_size, config.intermediate_size
+def _layer_bytes_per_token(inputs: MemoryInputs, arch: Arch, w: _Widths) -> float:
+    """What one decoder layer (the first: they are alike) keeps per token."""
+    q, kv = arch.num_attention_heads * arch.head_dim, arch.num_key_value_heads * arch.head_dim
+    hidden, ffn = arch.hidden_size, arch.intermediate_size
+    layer = arch.layers[0]
     total = 0.0
-    for name, module in layer.named_modules():
-        if type(module).__name__.endswith("RMSNorm"):
-            total += _norm_bytes(inputs, {"q_norm": q, "k_norm": kv}.get(name.rsplit(".", 1)[-1], hidden), w)
+    for name in arch.layer_norms(layer):
+        total += _norm_bytes(inputs, {"q_norm": q, "k_norm": kv}.get(name.rsplit(".", 1)[-1], hidden), w)
     # Attention kernels keep q, k, v and the output in the compute dtype (k and v repeated without native GQA).
     kv_kept = kv if inputs.native_gqa else q
     total += w.compute * (2 * q + 2 * kv_kept)
@@ -235,15 +226,13 @@ def _layer_bytes_per_token(inputs: MemoryInputs, config: PretrainedConfig, layer
         keeping = [n for n in names if not inputs.lora_enabled or _adapted(n, inputs.lora_targets)]
         total += _kept_inputs(inputs, keeping, size, input_width, w, already_kept=names == ("o_proj",))
     if inputs.lora_enabled:
-        adapted = [
-            m for name, m in layer.named_modules() if isinstance(m, nn.Linear) and _adapted(name, inputs.lora_targets)
-        ]
+        adapted = [shape for name, shape in arch.layer_linears(layer).items() if _adapted(name, inputs.lora_targets)]
         total += len(adapted) * inputs.lora_rank * w.compute  # x @ A, kept for B's gradient
         if inputs.dora:
             # DoRA scales the base output and the adapter's output by the magnitude per feature: both products keep
             # their [tokens, out] input for the magnitude's gradient (measured on CPU: 2 x 4 bytes per token and
             # output feature in fp32, 2 x 2 under bf16 autocast; tests/unit/models/test_model_memory.py).
-            total += sum(m.out_features for m in adapted) * (w.linear + _adapter_width(inputs, w))
+            total += sum(fan_out for _, fan_out in adapted) * (w.linear + _adapter_width(inputs, w))
     return total
 
 
@@ -253,7 +242,7 @@ def _adapter_width(inputs: MemoryInputs, w: _Widths) -> int:
     return w.compute if inputs.autocast else ADAPTER_BYTES
 
 
-def _dora_forward_bytes(inputs: MemoryInputs, model: nn.Module, w: _Widths) -> float:
+def _dora_forward_bytes(inputs: MemoryInputs, arch: Arch, w: _Widths) -> float:
     """DoRA's forward transient, the largest over the adapted modules (freed before the next module runs): peft
     builds B @ A by passing an [in, in] identity through the adapter, adds it to the base weight (cast, or
     dequantized from NF4, to the adapter input's dtype) and takes the per-feature norm."""
@@ -263,9 +252,9 @@ def _dora_forward_bytes(inputs: MemoryInputs, model: nn.Module, w: _Widths) -> f
     weight_copy = 1 if inputs.load_in_4bit or BYTES_PER_DTYPE[inputs.weights_dtype] != width else 0
     return max(
         (
-            (m.in_features**2 + (3 + weight_copy) * m.in_features * m.out_features) * width
-            for name, m in decoder_layers(model)[0].named_modules()
-            if isinstance(m, nn.Linear) and _adapted(name, inputs.lora_targets)
+            (fan_in**2 + (3 + weight_copy) * fan_in * fan_out) * width
+            for name, (fan_in, fan_out) in arch.layer_linears(arch.layers[0]).items()
+            if _adapted(name, inputs.lora_targets)
         ),
         default=0.0,
     )
@@ -291,12 +280,12 @@ def _kept_inputs(
     return 0.0 if already_kept and needed == w.compute else size * needed
 
 
-def _attention_matrix_bytes(inputs: MemoryInputs, config: PretrainedConfig, compute: int) -> float:
+def _attention_matrix_bytes(inputs: MemoryInputs, arch: Arch, compute: int) -> float:
     """T x T terms: eager keeps the attention probabilities per layer; sdpa reads a [rows, 1, T, T] bool mask."""
     rows = max(1, inputs.batch_tokens // max(1, inputs.seq_len))
     square = rows * inputs.seq_len**2
     if inputs.attention == "eager":
-        return square * config.num_attention_heads * (compute + 4)
+        return square * arch.num_attention_heads * (compute + 4)
     if inputs.attention == "sdpa":
         return square
     return 0.0

@@ -6,19 +6,14 @@ Quirks: GQA 32 query / 8 key-value heads; sliding-window attention (v0.1: 4096-t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from seqtune.models.spec import ModelSpec, common_arch_fields, common_config_kwargs
 from seqtune.tokenizers import templates
 
-if TYPE_CHECKING:
-    from transformers import PretrainedConfig
 
-
-def build_tiny_config(f: dict[str, Any]) -> PretrainedConfig:
-    from transformers import MistralConfig  # at call time: importing this module stays light
-
-    return MistralConfig(
+def tiny_config_kwargs(f: dict[str, Any]) -> dict[str, Any]:
+    return dict(
         **common_config_kwargs(f),
         sliding_window=f["sliding_window"],
         rope_parameters={"rope_type": "default", "rope_theta": f["rope_theta"]},
@@ -48,6 +43,7 @@ SPEC = ModelSpec(
         "rope_theta": 1000000.0,
         "tie_word_embeddings": False,
     },
-    build_tiny_config=build_tiny_config,
+    hf_config_class="MistralConfig",
+    tiny_config_kwargs=tiny_config_kwargs,
     read_arch_fields=common_arch_fields,
 )

@@ -10,19 +10,14 @@ norm) train with model.family=auto (configs/model/hf.yaml).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from seqtune.models.spec import ModelSpec, common_arch_fields, common_config_kwargs
 from seqtune.tokenizers import templates
 
-if TYPE_CHECKING:
-    from transformers import PretrainedConfig
 
-
-def build_tiny_config(f: dict[str, Any]) -> PretrainedConfig:
-    from transformers import Qwen3Config  # at call time: importing this module stays light
-
-    return Qwen3Config(
+def tiny_config_kwargs(f: dict[str, Any]) -> dict[str, Any]:
+    return dict(
         **common_config_kwargs(f),
         rope_parameters={"rope_type": "default", "rope_theta": f["rope_theta"]},
         rms_norm_eps=1e-6,
@@ -56,6 +51,7 @@ SPEC = ModelSpec(
         "rope_theta": 1000000.0,
         "tie_word_embeddings": True,
     },
-    build_tiny_config=build_tiny_config,
+    hf_config_class="Qwen3Config",
+    tiny_config_kwargs=tiny_config_kwargs,
     read_arch_fields=common_arch_fields,
 )

@@ -5,8 +5,9 @@ The registry is the `ModelFamily` enum (seqtune/config/schema.py): each member b
 the tests parametrize over), `LIGER_MODEL_TYPES` (a family states whether Liger-Kernel patches it), so a new
 family cannot be silently left out of either (docs/extending.md, "Adding a model family"). The spec carries plain
 facts about the family (chat format, LoRA targets, module layout, padding side, dtype quirks) plus two functions:
-how to build the tiny Hugging Face config from ModelConfig's architecture fields, and how to read those fields back
-from a checkpoint's config (so a checkpoint and an explicit field can be compared).
+the tiny Hugging Face config's kwargs from ModelConfig's architecture fields (plain values: the parent reads a tiny
+model's numbers from them without transformers), and how to read those fields back from a checkpoint's config (so a
+checkpoint and an explicit field can be compared).
 
 Light on purpose (no torch, no transformers at import): the parent resolves the run's plan from these facts and
 prints the checks that need no data before the heavy libraries load.
@@ -85,8 +86,11 @@ class ModelSpec:
     liger: bool
     # Values for null architecture fields when building the tiny model.
     tiny_defaults: Mapping[str, Any]
-    # ModelConfig (with nulls filled) -> HF config. Called by build.load_model_config.
-    build_tiny_config: Callable[[dict[str, Any]], PretrainedConfig]
+    # The transformers config class of the family (its name: this module imports no transformers).
+    hf_config_class: str
+    # ModelConfig fields (nulls filled) -> the config class's kwargs, plain values: the tiny model's config is
+    # hf_config_class(**kwargs) (build_tiny_config), and preflight reads its numbers from the kwargs alone.
+    tiny_config_kwargs: Callable[[dict[str, Any]], dict[str, Any]]
     # HF config -> {ModelConfig field: value} for comparing explicit fields with a checkpoint.
     read_arch_fields: Callable[[PretrainedConfig], dict[str, Any]]
     # Where each fact came from, for the preflight report (model.family=auto reads them from the checkpoint; a named
@@ -177,6 +181,13 @@ def resolve_tiny_fields(cfg: ModelConfig, spec: ModelSpec) -> dict[str, Any]:
         value = getattr(cfg, name)
         values[name] = spec.tiny_defaults.get(name) if value is None else value
     return values
+
+
+def build_tiny_config(spec: ModelSpec, fields: dict[str, Any]) -> PretrainedConfig:
+    """The Hugging Face config of a tiny model: the family's config class over its plain kwargs."""
+    import transformers
+
+    return getattr(transformers, spec.hf_config_class)(**spec.tiny_config_kwargs(fields))
 
 
 def check_unused_fields(cfg: ModelConfig, spec: ModelSpec) -> None:

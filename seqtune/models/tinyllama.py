@@ -6,19 +6,14 @@ Quirks: Llama 2 architecture at 1.1B: 22 layers, hidden 2048, GQA 32 query / 4 k
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from seqtune.models.spec import ModelSpec, common_arch_fields, common_config_kwargs
 from seqtune.tokenizers import templates
 
-if TYPE_CHECKING:
-    from transformers import PretrainedConfig
 
-
-def build_tiny_config(f: dict[str, Any]) -> PretrainedConfig:
-    from transformers import LlamaConfig  # at call time: importing this module stays light
-
-    return LlamaConfig(
+def tiny_config_kwargs(f: dict[str, Any]) -> dict[str, Any]:
+    return dict(
         **common_config_kwargs(f),
         # Llama 2 RoPE: plain, theta 10000, no scaling.
         rope_parameters={"rope_type": "default", "rope_theta": f["rope_theta"]},
@@ -47,6 +42,7 @@ SPEC = ModelSpec(
         "rope_theta": 10000.0,
         "tie_word_embeddings": False,
     },
-    build_tiny_config=build_tiny_config,
+    hf_config_class="LlamaConfig",
+    tiny_config_kwargs=tiny_config_kwargs,
     read_arch_fields=common_arch_fields,
 )

@@ -29,14 +29,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from seqtune.data.types import IGNORE_INDEX
-
-# Upper bound of one chunk's fp32 logits: 256 MiB = 523 positions of Llama 3's 128,256-token vocabulary.
-LOGITS_CHUNK_BYTES = 256 * 2**20
-MIN_CHUNK_TOKENS = 64
-
-
-def chunk_tokens(vocab_rows: int) -> int:
-    return max(MIN_CHUNK_TOKENS, LOGITS_CHUNK_BYTES // (4 * vocab_rows))
+from seqtune.models.chunks import chunk_tokens
 
 
 def _chunk_loss(

@@ -20,6 +20,7 @@ from seqtune.data.kinds import MEMBERS
 from seqtune.data.overlength import TRUNCATING, cut_sample
 from seqtune.data.scan import SplitScan
 from seqtune.data.types import IGNORE_INDEX
+from seqtune.models.arch import ModelConfigs
 from seqtune.models.checkpoint_facts import (
     config_bos_eos,
     generation_stop_ids,
@@ -44,7 +45,7 @@ REFERENCE_ROWS = 16
 PRESET_HEAD_BYTES = 1 << 16
 
 
-def file_checks(cfg: RootConfig, plan: Resolved, tokenizer: Any, hf_config: Any) -> list[Problem]:
+def file_checks(cfg: RootConfig, plan: Resolved, tokenizer: Any, model: ModelConfigs | None) -> list[Problem]:
     """Before the scan: presets in tokenizer.json; with a checkpoint, the tokenizer's bos/eos against its config."""
     location = resolve_location(cfg.tokenizer, cfg.model)
     source = location.directory / "tokenizer.json"
@@ -52,8 +53,8 @@ def file_checks(cfg: RootConfig, plan: Resolved, tokenizer: Any, hf_config: Any)
     problems = model_checks.check_tokenizer_presets(
         truncation=truncation, padding=padding, source=str(source), key=location.key
     )
-    if cfg.model.path and hf_config is not None:
-        bos, eos = config_bos_eos(hf_config)
+    if cfg.model.path and model is not None and model.hf_config is not None:
+        bos, eos = config_bos_eos(model.hf_config)
         problems += model_checks.check_bos_eos_ids(
             tokenizer_bos=tokenizer.bos_token_id,
             tokenizer_eos=plan.vocab.eos_id,
@@ -96,7 +97,7 @@ def content_checks(
     plan: Resolved,
     tokens: Tokens,
     tokenizer: Any,
-    hf_config: Any,
+    model: ModelConfigs | None,
     scans: dict[str, SplitScan],
     max_seq_len: int,
     result: PreflightResult,
@@ -168,11 +169,12 @@ def content_checks(
     result.notes += [f"model facts ({fact}): {source}" for fact, source in plan.fact_sources.items()]
     if tokens.templated:
         result.notes += [note] if (note := templates.earlier_turns_note(tokenizer)) else []
-    if "train" in seen and hf_config is not None:
-        problems += _checkpoint_checks(cfg, plan, hf_config, seen["train"], control, ends)
-    if hf_config is None:
+    if model is None:
         return problems
-    original, rope_type, factor = rope_facts(hf_config)
+    if "train" in seen and model.hf_config is not None:
+        problems += _checkpoint_checks(cfg, plan, model.hf_config, seen["train"], control, ends)
+    # A checkpoint's RoPE as transformers reads its config; a tiny model's from its family's kwargs.
+    original, rope_type, factor = rope_facts(model.hf_config if model.hf_config is not None else model.arch)
     rope_problems, notes = model_checks.check_rope_context(
         max_seq_len=max_seq_len,
         context_length=plan.context_length,

@@ -17,6 +17,7 @@ from seqtune.config.tracker import KEY_VARIABLE, key_problem
 from seqtune.data.batching import BatchRule
 from seqtune.data.overlength import TRUNCATING
 from seqtune.export.gguf import gguf_refusal_for
+from seqtune.models.arch import ModelConfigs, model_configs
 from seqtune.models.attention import AttentionEnv, attn_backend_problems
 from seqtune.models.checkpoint_check import checkpoint_faults
 from seqtune.models.kernels import kernels_problems
@@ -29,6 +30,7 @@ from seqtune.preflight.result import MemoryStats, PlanStats, SourceStats, SplitP
 
 if TYPE_CHECKING:
     from seqtune.models import MemoryInputs
+    from seqtune.models.arch import Arch
 
 GIB = 2**30
 # What each over-length policy does to a long sample, as the note says it.
@@ -108,11 +110,10 @@ def _installed(package: str) -> bool:
     return importlib.util.find_spec(package) is not None
 
 
-def runtime_phase(cfg: RootConfig, plan: Resolved) -> tuple[Any, Any, Tokens, list[Problem]]:
-    """What needs torch and transformers: the tokenizer for the scan, the token facts of the plan (ids as the encoder
-    adds them, terminators) and the model's Hugging Face config. The loaded tokenizer must show the facts the light
-    reader resolved (else it is a bug)."""
-    from seqtune.models import load_model_config
+def runtime_phase(cfg: RootConfig, plan: Resolved) -> tuple[Any, ModelConfigs | None, Tokens, list[Problem]]:
+    """The tokenizer for the scan, the token facts of the plan (ids as the encoder adds them, terminators) and what
+    is known of the model before its weights load (seqtune.models.arch: a tiny model's without transformers or
+    torch). The loaded tokenizer must show the facts the light reader resolved (else it is a bug)."""
     from seqtune.preflight.tokens import token_facts
     from seqtune.tokenizers import load_tokenizer, tokenizer_facts
 
@@ -126,15 +127,18 @@ def runtime_phase(cfg: RootConfig, plan: Resolved) -> tuple[Any, Any, Tokens, li
             f"seqtune bug: the tokenizer facts read without transformers ({resolved}) differ from "
             f"the loaded tokenizer's ({loaded}); please report it with the tokenizer directory."
         )
+    model: ModelConfigs | None
     try:
-        hf_config = load_model_config(cfg.model)
+        model = model_configs(cfg.model)
     except SeqtuneError as err:  # e.g. an architecture field that contradicts the checkpoint
         problems.append(Problem(check="load", key=err.key or "model.path", message=str(err)))
-        hf_config = None
-    weights = model_checks.check_checkpoint_weights(checkpoint_faults(cfg.model.path, hf_config))
+        model = None
+    weights = model_checks.check_checkpoint_weights(
+        checkpoint_faults(cfg.model.path, model.arch if model is not None else None)
+    )
     if weights:  # nothing else reads weights that failed the proof (a truncated shard would raise mid-read)
-        problems, hf_config = problems + weights, None
-    return tokenizer, hf_config, token_facts(cfg, plan, tokenizer), problems
+        problems, model = problems + weights, None
+    return tokenizer, model, token_facts(cfg, plan, tokenizer), problems
 
 
 def resolve_lengths(cfg: RootConfig, plan: Resolved, scans: dict) -> tuple[int, list[Problem], list[str]]:
@@ -278,7 +282,7 @@ def split_stats(cfg: RootConfig, scan, view, max_seq_len: int) -> tuple[SplitSta
 def source_stats(cfg: RootConfig, scan, view) -> list[SourceStats]:
     """Per source of a split: records and rejects as scanned, samples kept after data.overlength, and how many an
     epoch uses (the train split's weights; seqtune.data.mix)."""
-    from seqtune.data.loader import train_mix
+    from seqtune.data.view import train_mix
 
     kept = (
         np.bincount(view.cache.sample_sources()[view.indices], minlength=len(scan.sources)).tolist()
@@ -307,7 +311,7 @@ def source_stats(cfg: RootConfig, scan, view) -> list[SourceStats]:
 def training_view(scan, max_seq_len: int, policy: Overlength, sequences_per_sample: int):
     """The split exactly as the cached loader serves it (over-length policy applied); None when `error` would
     refuse it (check_overlength has reported that)."""
-    from seqtune.data.loader import SplitView
+    from seqtune.data.view import SplitView
 
     if policy == Overlength.error and len(scan.lengths) and int(scan.lengths.max()) > max_seq_len:
         return None
@@ -318,7 +322,8 @@ def training_view(scan, max_seq_len: int, policy: Overlength, sequences_per_samp
 
 def shape_checks(rule: BatchRule, tokens: Tokens, padding_side: str, views: dict) -> list[Problem]:
     """Run the configured collator on each split's worst-case micro-batches (its longest and its shortest samples):
-    each must have exactly the shape the strategy's rule gives it."""
+    each must have exactly the shape the strategy's rule gives it. (Its numpy layout: the memory training's tensors
+    share, without importing torch.)"""
     from seqtune.data.collate import make_collator
 
     collator = make_collator(rule, pad_id=tokens.pad_id, padding_side=padding_side)
@@ -334,7 +339,7 @@ def shape_checks(rule: BatchRule, tokens: Tokens, padding_side: str, views: dict
             samples = [view[int(i)] for i in picked]
             samples += [samples[-1]] * (rule.batch_size - len(samples))  # fillers complete a short split's batch
             try:
-                batch = collator(samples)
+                batch = collator.arrays(samples)
             except SeqtuneError as err:
                 problems.append(Problem(check="padding", key=err.key or "padding.strategy", message=str(err)))
                 continue
@@ -349,8 +354,8 @@ def plan_phase(
 ) -> tuple[PlanStats, float | None, dict[str, Any] | None, list[Problem]]:
     """The distributed plan per split, built by the same DistributedBatchPlan the ranks use, at the plan's world
     size; also the train split's batch-plan identity (what a checkpoint's data position depends on)."""
-    from seqtune.data.loader import train_mix
     from seqtune.data.sampler import DistributedBatchPlan
+    from seqtune.data.view import train_mix
 
     world = plan.world.world_size
     stats = PlanStats(world_size=world, global_batch=cfg.train.batch_size * cfg.train.grad_accum * world)
@@ -437,18 +442,21 @@ def stream_train_plan(
     return stream, identity, problems
 
 
-def memory_inputs(cfg: RootConfig, plan: Resolved, rule: BatchRule, hf_config) -> MemoryInputs:
+def memory_inputs(cfg: RootConfig, plan: Resolved, rule: BatchRule, arch: Arch) -> MemoryInputs:
     """The estimate's inputs, every one a resolved fact of the plan: rows after resize, the trainable set, kernels,
-    world. (`hf_config` gives the shapes.)"""
+    world. (`arch` gives the shapes.)"""
     from seqtune.models import MemoryInputs
-    from seqtune.models.varlen import kernel_supports_gqa
 
     rows, saved = plan.vocab.rows, plan.lora_saved
     attention = plan.attn_implementation or "sdpa"
     # sdpa gets k/v repeated by transformers whenever a mask is built, which packing and padding always do.
-    native_gqa = attention == "flash_attention_2" or (attention == "torch_varlen" and kernel_supports_gqa())
+    native_gqa = attention == "flash_attention_2"
+    if attention == "torch_varlen":  # imports torch: only a run that uses the kernel asks it
+        from seqtune.models.varlen import kernel_supports_gqa
+
+        native_gqa = kernel_supports_gqa()
     return MemoryInputs(
-        hf_config=hf_config,
+        arch=arch,
         vocab_rows=rows,
         weights_dtype=str(cfg.model.dtype),
         compute_dtype=plan.compute_dtype,
@@ -475,12 +483,12 @@ def memory_inputs(cfg: RootConfig, plan: Resolved, rule: BatchRule, hf_config) -
     )
 
 
-def memory_phase(cfg: RootConfig, plan: Resolved, rule: BatchRule, hf_config) -> tuple[MemoryStats, list[Problem]]:
+def memory_phase(cfg: RootConfig, plan: Resolved, rule: BatchRule, arch: Arch) -> tuple[MemoryStats, list[Problem]]:
     """The training peak of the worst-case micro-batch, vs the device's memory; when it will not fit, the settings
     that would (each tried through the same estimate)."""
     from seqtune.models import memory_estimate
 
-    inputs = memory_inputs(cfg, plan, rule, hf_config)
+    inputs = memory_inputs(cfg, plan, rule, arch)
     estimate = memory_estimate(inputs)
     device = device_memory_gib(cfg.preflight.device_memory_gib, plan.device_type)
     stats = MemoryStats(

@@ -24,6 +24,7 @@ from seqtune.data.scan import SplitScan, scan_split
 from seqtune.data.split import split_input, validation_source
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.files import storage_error
+from seqtune.models.arch import ModelConfigs
 from seqtune.preflight import checks, content
 from seqtune.preflight.checks import Problem
 from seqtune.preflight.phases import (
@@ -95,15 +96,15 @@ def _checks_after_plan(
 ) -> PreflightResult:
     """The runtime phase (tokenizer, model config), the scan and every check that needs the data; the reports."""
     try:
-        tokenizer, hf_config, tokens, late = runtime_phase(cfg, resolved)
+        tokenizer, model, tokens, late = runtime_phase(cfg, resolved)
     except SeqtuneError as err:
         problem = Problem(check="load", key=err.key or "tokenizer", message=str(err))
         return _finish(
             PreflightResult(ok=False, max_seq_len=None, problems=[*problems, problem]), run_dir, resolved, resume
         )
-    late += content.file_checks(cfg, resolved, tokenizer, hf_config)
+    late += content.file_checks(cfg, resolved, tokenizer, model)
     print_early_problems(late)
-    result, data, scans = _scan_and_check(cfg, resolved, tokens, tokenizer, run_dir, problems + late, hf_config, plot)
+    result, data, scans = _scan_and_check(cfg, resolved, tokens, tokenizer, run_dir, problems + late, model, plot)
     plan: Plan | None = None
     if data is not None:
         plan = complete_plan(resolved, tokens=tokens, rejects_file=str(run_dir / REJECTS_FILE), **data)
@@ -122,7 +123,7 @@ def _scan_and_check(
     tokenizer: Any,
     run_dir: Path,
     problems: list[Problem],
-    hf_config: Any,
+    model: ModelConfigs | None,
     plot: LengthsPlot | None,
 ) -> tuple[PreflightResult, dict[str, Any] | None, dict[str, SplitScan]]:
     """Scan every split, then everything that needs the data: limits, labels, shapes, the distributed plan, memory.
@@ -143,7 +144,7 @@ def _scan_and_check(
     data = None
     if "train" in scans:
         try:
-            data = _data_phases(cfg, resolved, tokens, tokenizer, hf_config, scans, result, problems, plot)
+            data = _data_phases(cfg, resolved, tokens, tokenizer, model, scans, result, problems, plot)
         except SeqtuneError as err:  # e.g. a collator or plan refusing a value: one more problem, still one failure
             problems.append(Problem(check="data", key=err.key or "data", message=str(err)))
     result.vocab = _vocab_stats(resolved, scans)
@@ -180,7 +181,7 @@ def _data_phases(
     resolved: Resolved,
     tokens: Tokens,
     tokenizer: Any,
-    hf_config: Any,
+    model: ModelConfigs | None,
     scans: dict[str, SplitScan],
     result: PreflightResult,
     problems: list[Problem],
@@ -205,10 +206,10 @@ def _data_phases(
         result.splits[name], notes = split_stats(cfg, scan, views[name], max_seq_len)
         result.splits[name].sources = source_stats(cfg, scan, views[name])
         result.notes += notes
-    problems += content.content_checks(cfg, resolved, tokens, tokenizer, hf_config, scans, max_seq_len, result)
+    problems += content.content_checks(cfg, resolved, tokens, tokenizer, model, scans, max_seq_len, result)
     problems += shape_checks(rule, tokens, resolved.padding_side, views)
     if cfg.train.eval_samples and "val" in scans:
-        from seqtune.data.loader import build_eval_prompts
+        from seqtune.data.prompts import build_eval_prompts
 
         found = build_eval_prompts(
             scans["val"].cache_dir,
@@ -228,8 +229,8 @@ def _data_phases(
     if cfg.data.mode == DataMode.stream:
         batches, stream_records = _stream_phase(cfg, resolved, rule, scans["train"], result, problems)
     result.padding = PaddingStats(strategy=cfg.padding.strategy, side=resolved.padding_side, efficiency=efficiency)
-    if hf_config is not None:
-        result.memory, memory_problems = memory_phase(cfg, resolved, rule, hf_config)
+    if model is not None:
+        result.memory, memory_problems = memory_phase(cfg, resolved, rule, model.arch)
         problems += memory_problems
     return {
         "max_seq_len": max_seq_len,

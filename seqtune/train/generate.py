@@ -21,7 +21,7 @@ import torch
 from seqtune.config.plan import Plan
 from seqtune.config.rundir import SAMPLES_FILE
 from seqtune.config.schema import RootConfig
-from seqtune.data.loader import EvalPrompt, build_eval_prompts
+from seqtune.data.prompts import EvalPrompt, build_eval_prompts
 from seqtune.distributed import DistEnv, broadcast_from_main
 from seqtune.train.metrics import MetricsLogger, truncate_after
 from seqtune.train.step import autocast

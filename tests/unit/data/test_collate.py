@@ -7,9 +7,8 @@ import pytest
 import torch
 
 from seqtune.config.errors import DataError
-from seqtune.data import _torchtune
 from seqtune.data.batching import BatchRule
-from seqtune.data.collate import make_collator, shifted_targets
+from seqtune.data.collate import make_collator, right_pad, shifted_targets
 from seqtune.data.types import IGNORE_INDEX, TokenizedSample
 
 EOS = PAD = 2  # pad reuses eos (tokenizer.pad_policy=eos): masks must come from lengths, not ids
@@ -78,13 +77,29 @@ def test_too_long_sample_is_an_error_naming_its_location() -> None:
         collate("longest", max_seq_len=6)
 
 
-def test_own_padded_collate_matches_torchtune() -> None:
+def test_own_right_padding_matches_torchtune() -> None:
     # seqtune pads with its own copy of torchtune's contract (importing torchtune costs ~1 s of start-up).
     from torchtune.data import padded_collate_sft
 
     batch = [{"tokens": s.input_ids.tolist(), "labels": s.labels.tolist()} for s in SAMPLES]
-    ours = _torchtune.padded_collate_sft(batch, padding_idx=PAD, ignore_idx=IGNORE_INDEX)
     theirs = padded_collate_sft(batch, padding_idx=PAD, ignore_idx=IGNORE_INDEX)
+    width = max(len(s) for s in SAMPLES)
+    ours = {
+        "tokens": right_pad([s.input_ids for s in SAMPLES], width, PAD),
+        "labels": right_pad([s.labels for s in SAMPLES], width, IGNORE_INDEX),
+    }
     assert ours["tokens"].shape[0] == len(SAMPLES) and int((ours["labels"] == IGNORE_INDEX).sum()) > 0
     for key in ("tokens", "labels"):
-        assert torch.equal(ours[key], theirs[key])
+        assert torch.equal(torch.from_numpy(ours[key]), theirs[key])
+
+
+@pytest.mark.parametrize("strategy", ["longest", "bucket", "max_length", "packed"])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_collator_tensors_are_its_arrays(strategy: str, side: str) -> None:
+    # Preflight proves shapes on arrays() without torch; training steps on __call__: one layout, shared memory.
+    rule = BatchRule(strategy=strategy, batch_size=3, max_seq_len=16, multiple_of=4 if strategy == "bucket" else 1)
+    collator = make_collator(rule, pad_id=PAD, padding_side=side)
+    arrays, tensors = collator.arrays(SAMPLES), collator(SAMPLES)
+    assert arrays.keys() == tensors.keys()
+    for key, value in arrays.items():
+        assert tensors[key].dtype == torch.long and torch.equal(tensors[key], torch.from_numpy(value)), key

@@ -21,8 +21,9 @@ from seqtune.config import RootConfig, to_typed
 from seqtune.config.errors import DataError
 from seqtune.config.plan import World, load_plan
 from seqtune.data.cache import TokenCache
-from seqtune.data.loader import PlannedBatches, SplitView, StreamedBatches, build_train_batches
+from seqtune.data.loader import PlannedBatches, StreamedBatches, build_train_batches
 from seqtune.data.tokenize import SampleEncoder
+from seqtune.data.view import SplitView
 from seqtune.models import get_spec
 from seqtune.preflight import load_result, run_preflight
 from seqtune.tokenizers import load_tokenizer
@@ -345,7 +346,7 @@ def test_batches_never_draw_from_the_global_torch_generator(tmp_path, corpus, mo
 def test_eval_prompts_cut_chat_and_alpaca_samples_at_their_first_target(tmp_path):
     """A conversation's prompt runs up to its first assistant reply (the template's generation prompt included); the
     reference is that reply and its end-of-turn marker, not the later turns."""
-    from seqtune.data.loader import build_eval_prompts
+    from seqtune.data.prompts import build_eval_prompts
 
     chat = write_jsonl(
         tmp_path / "chat.jsonl",

@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 
 from seqtune.data.formats import PromptCompletion
-from seqtune.data.loader import SplitView
-from seqtune.data.overlength import cut_sample
-from seqtune.data.stream import apply_overlength
+from seqtune.data.overlength import apply_overlength, cut_sample
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.data.types import IGNORE_INDEX, Reject
+from seqtune.data.view import SplitView
 from tests.conftest import scan_files
 
 

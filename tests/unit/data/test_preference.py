@@ -13,7 +13,7 @@ from seqtune.config.schema import ModelConfig, TokenizerConfig
 from seqtune.data.batching import BatchRule
 from seqtune.data.collate import make_collator
 from seqtune.data.formats import Conversation, LineParser, PreferencePair, PromptCompletion
-from seqtune.data.stream import apply_overlength
+from seqtune.data.overlength import apply_overlength
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.data.types import IGNORE_INDEX, Reject, TokenizedSample
 from seqtune.models import get_spec

@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from seqtune.config.errors import ModelLoadError
 from seqtune.models import build_model, load_model_config
+from seqtune.models.arch import config_arch
 from seqtune.models.checkpoint_check import check_finite_weights, check_loading_info, checkpoint_faults
 from seqtune.models.facts import read_config_json
 
@@ -38,7 +39,7 @@ def _copy(saved: dict[str, Path], which: str, tmp_path: Path) -> Path:
 
 def _faults(path: Path) -> list[str]:
     cfg = tiny_cfg("llama3", path=str(path))
-    return [f"{f.file}: {f.message}" for f in checkpoint_faults(cfg.path, load_model_config(cfg))]
+    return [f"{f.file}: {f.message}" for f in checkpoint_faults(cfg.path, config_arch(load_model_config(cfg)))]
 
 
 def _rewrite(path: Path, edit) -> None:
@@ -56,7 +57,7 @@ def test_every_family_saved_by_transformers_passes(family: str, tmp_path):
     """Including a tied head stored once (gemma3) and each family's own layout."""
     build_model(tiny_cfg(family), attn_implementation="sdpa").save_pretrained(tmp_path, safe_serialization=True)
     cfg = tiny_cfg(family, path=str(tmp_path))
-    assert checkpoint_faults(cfg.path, load_model_config(cfg)) == []
+    assert checkpoint_faults(cfg.path, config_arch(load_model_config(cfg))) == []
 
 
 def test_names_matching_nothing(saved, tmp_path):

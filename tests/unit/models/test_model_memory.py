@@ -21,8 +21,9 @@ from seqtune.models import (
     memory_estimate,
     meta_model,
 )
+from seqtune.models.arch import config_arch
+from seqtune.models.chunks import chunk_tokens
 from seqtune.models.memory import NF4_BYTES_PER_WEIGHT
-from seqtune.models.token_loss import chunk_tokens
 
 TARGETS = tuple(get_spec("llama3").lora_targets)
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -49,7 +50,7 @@ TINYLLAMA_1B = transformers.LlamaConfig(
 
 def inputs(hf, **changes) -> MemoryInputs:
     base = MemoryInputs(
-        hf_config=hf,
+        arch=config_arch(hf),
         vocab_rows=hf.vocab_size,
         weights_dtype="float32",
         compute_dtype="float32",
@@ -217,7 +218,7 @@ def test_dora_counts_its_magnitudes_and_the_two_outputs_each_adapted_module_keep
     # What autograd keeps on top of LoRA (measured: 2,768,256 bytes, 22% more) against the estimate's activations.
     # DoRA's forward transient (peft's B @ A and weight norm) is freed before the backward, and smaller here than
     # the backward's first buffers it is compared with, so it is not part of this difference.
-    transient = memory._dora_forward_bytes(inputs(hf, dora=True), meta_model(hf), memory._widths(inputs(hf)))
+    transient = memory._dora_forward_bytes(inputs(hf, dora=True), config_arch(hf), memory._widths(inputs(hf)))
     assert 0 < transient < plain.activations_bytes / 10
     measured = dora_kept - lora_kept
     assert measured > 0.1 * lora_kept

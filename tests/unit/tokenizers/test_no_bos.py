@@ -13,7 +13,7 @@ import pytest
 from seqtune.config.schema import ModelConfig, TokenizerConfig
 from seqtune.data.batching import BatchRule
 from seqtune.data.collate import make_collator
-from seqtune.data.loader import build_eval_prompts
+from seqtune.data.prompts import build_eval_prompts
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.data.types import IGNORE_INDEX
 from seqtune.preflight.observe import observe_split

@@ -1,0 +1,52 @@
+"""The validation prompts generation is judged on (train.eval_samples): read from a split's token cache, exactly
+as training tokenized them. Light (numpy): preflight counts them before torch is imported."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from seqtune.data.cache import TokenCache
+from seqtune.data.types import IGNORE_INDEX
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalPrompt:
+    """A validation record cut where its first target starts: the prompt, and the completion it was trained on."""
+
+    prompt_ids: list[int]
+    reference_ids: list[int]
+    location: str
+
+
+def build_eval_prompts(
+    cache_dir: Path, *, count: int, max_seq_len: int, bos_id: int | None, stride: int = 1
+) -> list[EvalPrompt]:
+    """The first `count` samples of a split's token cache (file order: the validation split) that have a prompt
+    shorter than max_seq_len, tokenized exactly as training saw them. The reference is the first run of target
+    tokens: the completion, or a conversation's first assistant reply and its end-of-turn marker. `stride`: the
+    sequences per sample (a preference pair's first sequence, its chosen completion, is the reference)."""
+    cache = TokenCache.open(cache_dir)
+    prompts: list[EvalPrompt] = []
+    for i in range(0, len(cache), stride):
+        sample = cache[i]
+        targets = np.flatnonzero(sample.labels != IGNORE_INDEX)
+        # The bos the encoder adds is never a target: on its own it is no prompt (pre-tokenized rows without labels).
+        leading_bos = int(bos_id is not None and sample.input_ids[0] == bos_id)
+        if not len(targets) or targets[0] <= leading_bos or targets[0] >= max_seq_len:
+            continue  # no prompt, or one too long to complete
+        first = int(targets[0])
+        gaps = np.flatnonzero(np.diff(targets) > 1)
+        end = int(targets[gaps[0]]) + 1 if len(gaps) else int(targets[-1]) + 1
+        prompts.append(
+            EvalPrompt(
+                prompt_ids=sample.input_ids[:first].tolist(),
+                reference_ids=sample.input_ids[first:end].tolist(),
+                location=sample.location,
+            )
+        )
+        if len(prompts) == count:
+            break
+    return prompts

@@ -1,0 +1,306 @@
+"""Arch: a causal LM's numbers and every tensor it declares, by name and shape, without building it.
+
+What the memory estimate and the checkpoint check read. Two builders of one description:
+
+- `layout_arch` writes the table down for the decoders whose module tree seqtune knows (the Hugging Face Llama
+  layout of every named family: llama, mistral, qwen3 with its q/k norms, gemma3_text with its four norms per layer),
+  from the config's numbers alone: no torch, no transformers. A tiny model's numbers come from its family's plain
+  config kwargs (`tiny_arch`), so a dry run of a tiny model never imports either.
+- `module_arch` walks a model built on the meta device (any other architecture transformers ships, model=hf).
+
+`config_arch` picks between them for a loaded Hugging Face config. tests/unit/models/test_arch.py proves the
+written-down table equal to the meta model's for every named family, tiny and real-sized, with and without biases
+and tied embeddings: a family whose layout changes in transformers fails there, not in a user's run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from seqtune.config.schema import ModelConfig
+
+# Hugging Face model_type -> what its decoder layer holds beside the Llama layout's seven projections and two norms.
+QK_NORM = "qk_norm"  # RMSNorm over each head's queries and keys (head_dim wide)
+SANDWICH = "sandwich"  # norms before and after the MLP too (Gemma's four norms per layer)
+LAYOUTS: dict[str, frozenset[str]] = {
+    "llama": frozenset(),
+    "mistral": frozenset(),
+    "qwen3": frozenset({QK_NORM}),
+    "gemma3_text": frozenset({QK_NORM, SANDWICH}),
+}
+# Config attributes the numbers are read from, as transformers names them.
+NUMBERS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "tie_word_embeddings",
+)
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Arch:
+    model_type: str
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    # The config's RoPE settings as transformers holds them (rope_facts reads them).
+    rope_parameters: Mapping[str, Any] = field(default_factory=dict)
+    # Every tensor the model loads (parameters and persistent buffers) by state_dict name: a tied head is listed
+    # under both names, as state_dict lists it.
+    tensors: dict[str, tuple[int, ...]]
+    # Groups of names that are one tensor (a tied head and embedding).
+    tied: list[set[str]]
+    # The base model's attribute ("model"): checkpoints may store names without it.
+    prefix: str
+    # Every nn.Linear by module name: (in_features, out_features).
+    linears: dict[str, tuple[int, int]]
+    # The RMSNorm modules by name.
+    norms: tuple[str, ...]
+    # The decoder layers' module names, in order (model.layers.0, ...).
+    layers: tuple[str, ...]
+    head: str  # the output embedding's module name
+
+    def parameters(self) -> dict[str, int]:
+        """Distinct parameters (a tied weight once, under its first name) -> element count."""
+        alias = {name: min(group) for group in self.tied for name in group}
+        counts: dict[str, int] = {}
+        for name, shape in self.tensors.items():
+            counts.setdefault(alias.get(name, name), _numel(shape))
+        return counts
+
+    def total(self) -> int:
+        return sum(self.parameters().values())
+
+    def under(self, names: set[str] | frozenset[str] | tuple[str, ...]) -> int:
+        """Elements of the distinct parameters inside any module whose own name (last component) is in `names`,
+        at any depth (what `module.parameters()` of each such module counts, a shared tensor once)."""
+        alias = {name: min(group) for group in self.tied for name in group}
+        found: dict[str, int] = {}
+        for name, shape in self.tensors.items():
+            if any(part in names for part in name.split(".")[:-1]):
+                found.setdefault(alias.get(name, name), _numel(shape))
+        return sum(found.values())
+
+    def layer_params(self, layer: str) -> int:
+        prefix = layer + "."
+        return sum(count for name, count in self.parameters().items() if name.startswith(prefix))
+
+    def layer_linears(self, layer: str) -> dict[str, tuple[int, int]]:
+        """The Linears of one decoder layer, by their name inside it (self_attn.q_proj, ...)."""
+        prefix = layer + "."
+        return {name[len(prefix) :]: shape for name, shape in self.linears.items() if name.startswith(prefix)}
+
+    def layer_norms(self, layer: str) -> list[str]:
+        prefix = layer + "."
+        return [name[len(prefix) :] for name in self.norms if name.startswith(prefix)]
+
+    def head_numel(self) -> int:
+        return _numel(self.tensors[f"{self.head}.weight"])
+
+    def with_vocab(self, rows: int) -> Arch:
+        """The same model with its embedding and head resized to `rows` (model.resize_embeddings)."""
+        tensors = dict(self.tensors)
+        for name in (f"{self.prefix}.embed_tokens.weight", f"{self.head}.weight"):
+            if name in tensors:
+                tensors[name] = (rows, *tensors[name][1:])
+        return replace(self, vocab_size=rows, tensors=tensors)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for size in shape:
+        n *= size
+    return n
+
+
+def numbers_of(config: Any) -> dict[str, Any]:
+    """The numbers of a config (a transformers config, or a plain namespace of its kwargs), with the rules the
+    layout families' config classes apply to missing ones: key-value heads = query heads, head_dim =
+    hidden / heads."""
+    values: dict[str, Any] = {name: getattr(config, name, None) for name in NUMBERS}
+    if values["num_key_value_heads"] is None:
+        values["num_key_value_heads"] = values["num_attention_heads"]
+    if values["head_dim"] is None:
+        values["head_dim"] = values["hidden_size"] // values["num_attention_heads"]
+    values["tie_word_embeddings"] = bool(values["tie_word_embeddings"])
+    return values
+
+
+def layout_arch(
+    model_type: str,
+    numbers: Mapping[str, Any],
+    *,
+    attention_bias: bool = False,
+    mlp_bias: bool = False,
+    rope_parameters: Mapping[str, Any] | None = None,
+) -> Arch:
+    """The tensor table of a Llama-layout decoder (LAYOUTS) from its numbers."""
+    extras = LAYOUTS[model_type]
+    hidden, ffn, heads, kv, head_dim, vocab = (
+        int(numbers[k])
+        for k in (
+            "hidden_size",
+            "intermediate_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "vocab_size",
+        )
+    )
+    layer_count = int(numbers["num_hidden_layers"])
+    tied = bool(numbers["tie_word_embeddings"])
+    tensors: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden)}
+    linears: dict[str, tuple[int, int]] = {}
+    norms: list[str] = []
+
+    def linear(name: str, fan_in: int, fan_out: int, bias: bool) -> None:
+        linears[name] = (fan_in, fan_out)
+        tensors[f"{name}.weight"] = (fan_out, fan_in)
+        if bias:
+            tensors[f"{name}.bias"] = (fan_out,)
+
+    def norm(name: str, size: int) -> None:
+        norms.append(name)
+        tensors[f"{name}.weight"] = (size,)
+
+    layers = tuple(f"model.layers.{i}" for i in range(layer_count))
+    for layer in layers:
+        attn = f"{layer}.self_attn"
+        linear(f"{attn}.q_proj", hidden, heads * head_dim, attention_bias)
+        linear(f"{attn}.k_proj", hidden, kv * head_dim, attention_bias)
+        linear(f"{attn}.v_proj", hidden, kv * head_dim, attention_bias)
+        linear(f"{attn}.o_proj", heads * head_dim, hidden, attention_bias)
+        if QK_NORM in extras:
+            norm(f"{attn}.q_norm", head_dim)
+            norm(f"{attn}.k_norm", head_dim)
+        linear(f"{layer}.mlp.gate_proj", hidden, ffn, mlp_bias)
+        linear(f"{layer}.mlp.up_proj", hidden, ffn, mlp_bias)
+        linear(f"{layer}.mlp.down_proj", ffn, hidden, mlp_bias)
+        norm(f"{layer}.input_layernorm", hidden)
+        norm(f"{layer}.post_attention_layernorm", hidden)
+        if SANDWICH in extras:
+            norm(f"{layer}.pre_feedforward_layernorm", hidden)
+            norm(f"{layer}.post_feedforward_layernorm", hidden)
+    norm("model.norm", hidden)
+    linear("lm_head", hidden, vocab, False)
+    return Arch(
+        model_type=model_type,
+        hidden_size=hidden,
+        intermediate_size=ffn,
+        num_hidden_layers=layer_count,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        vocab_size=vocab,
+        tie_word_embeddings=tied,
+        rope_parameters=dict(rope_parameters or {}),
+        tensors=tensors,
+        tied=[{"model.embed_tokens.weight", "lm_head.weight"}] if tied else [],
+        prefix="model",
+        linears=linears,
+        norms=tuple(norms),
+        layers=layers,
+        head="lm_head",
+    )
+
+
+def config_arch(hf_config: Any) -> Arch:
+    """The Arch of a loaded transformers config: written down for the LAYOUTS model types, else walked on a meta
+    model (imports transformers' modeling code)."""
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type in LAYOUTS:
+        return layout_arch(
+            model_type,
+            numbers_of(hf_config),
+            attention_bias=bool(getattr(hf_config, "attention_bias", False)),
+            mlp_bias=bool(getattr(hf_config, "mlp_bias", False)),
+            rope_parameters=getattr(hf_config, "rope_parameters", None) or {},
+        )
+    from seqtune.models.memory import meta_model
+
+    return module_arch(meta_model(hf_config), hf_config)
+
+
+def module_arch(model: Any, hf_config: Any) -> Arch:
+    """The Arch of a built model (the meta device is enough: shapes and names only)."""
+    from torch import nn
+
+    from seqtune.models.layers import decoder_layers
+
+    tensors = {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}
+    groups: dict[int, set[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), set()).add(name)
+    tied = [g for g in groups.values() if len(g) > 1]
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    # transformers ties at load, so a tied head may also be a separate module until then.
+    if getattr(hf_config, "tie_word_embeddings", False) and head is not None and head.weight is not embed.weight:
+        tied.append(
+            {n for n, p in model.named_parameters(remove_duplicate=False) if p is head.weight or p is embed.weight}
+        )
+    modules = dict(model.named_modules())
+    by_module = {id(m): name for name, m in modules.items()}
+    numbers = numbers_of(hf_config)
+    return Arch(
+        model_type=str(getattr(hf_config, "model_type", "")),
+        **numbers,
+        rope_parameters=getattr(hf_config, "rope_parameters", None) or {},
+        tensors=tensors,
+        tied=tied,
+        prefix=model.base_model_prefix,
+        linears={name: (m.in_features, m.out_features) for name, m in modules.items() if isinstance(m, nn.Linear)},
+        norms=tuple(name for name, m in modules.items() if type(m).__name__.endswith("RMSNorm")),
+        layers=tuple(by_module[id(layer)] for layer in decoder_layers(model)),
+        head=by_module[id(head)],
+    )
+
+
+def tiny_arch(model_type: str, kwargs: Mapping[str, Any]) -> Arch:
+    """The Arch of a tiny model from its family's plain config kwargs (spec.tiny_config_kwargs): no transformers."""
+    return layout_arch(
+        model_type,
+        numbers_of(SimpleNamespace(**kwargs)),
+        attention_bias=bool(kwargs.get("attention_bias", False)),
+        mlp_bias=bool(kwargs.get("mlp_bias", False)),
+        rope_parameters=kwargs.get("rope_parameters") or {},
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfigs:
+    """What preflight knows of the model before any weight loads."""
+
+    arch: Arch
+    # The checkpoint's transformers config (model.path only: its bos/eos and RoPE as transformers reads them); None
+    # for a tiny model, whose numbers come from its family's plain kwargs.
+    hf_config: Any | None
+
+
+def model_configs(cfg: ModelConfig) -> ModelConfigs:
+    """The run's Arch: a tiny model's from its family's kwargs without importing transformers; a checkpoint's from
+    its config.json through transformers (build.load_model_config: the same reading and checks as the load)."""
+    from seqtune.models.spec import resolve_tiny_fields, spec_for
+
+    spec = spec_for(cfg)
+    if cfg.path is None and spec.hf_model_types[0] in LAYOUTS:
+        kwargs = spec.tiny_config_kwargs(resolve_tiny_fields(cfg, spec))
+        return ModelConfigs(arch=tiny_arch(spec.hf_model_types[0], kwargs), hf_config=None)
+    from seqtune.models.build import load_model_config
+
+    hf_config = load_model_config(cfg)
+    return ModelConfigs(arch=config_arch(hf_config), hf_config=hf_config if cfg.path else None)
