@@ -26,6 +26,7 @@ from seqtune.preflight import checks_model as model_checks
 from seqtune.preflight.checks import Problem
 from seqtune.preflight.resolve import CANNOT_RUN
 from seqtune.preflight.result import MemoryStats, PlanStats, SourceStats, SplitPlan, SplitStats
+from seqtune.preflight.tokenizer_record import RunTokenizer, TokenizerRecord, build_record
 
 if TYPE_CHECKING:
     from seqtune.models import MemoryInputs
@@ -108,24 +109,16 @@ def _installed(package: str) -> bool:
     return importlib.util.find_spec(package) is not None
 
 
-def runtime_phase(cfg: RootConfig, plan: Resolved) -> tuple[Any, Any, Tokens, list[Problem]]:
-    """What needs torch and transformers: the tokenizer for the scan, the token facts of the plan (ids as the encoder
-    adds them, terminators) and the model's Hugging Face config. The loaded tokenizer must show the facts the light
-    reader resolved (else it is a bug)."""
+def runtime_phase(
+    cfg: RootConfig, plan: Resolved, stored: TokenizerRecord | None
+) -> tuple[RunTokenizer, Any, Tokens, list[Problem]]:
+    """What needs torch and transformers: the tokenizer for the scan (with the token facts of the plan: ids as the
+    encoder adds them, terminators) and the model's Hugging Face config. `stored`: the tokenizer's stored record,
+    which makes loading it wait until something must encode or decode."""
     from seqtune.models import load_model_config
-    from seqtune.preflight.tokens import token_facts
-    from seqtune.tokenizers import load_tokenizer, tokenizer_facts
 
     problems: list[Problem] = []
-    spec = spec_for(cfg.model)
-    tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec.chat_template)
-    loaded = tokenizer_facts(tokenizer, eot_token=spec.eot_token)
-    resolved = (plan.vocab.tokenizer_size, plan.vocab.special_ids, plan.vocab.pad_id, plan.vocab.eos_id)
-    if (loaded.size, loaded.special_ids, loaded.pad_id, loaded.eos_id) != resolved:
-        raise RuntimeError(
-            f"seqtune bug: the tokenizer facts read without transformers ({resolved}) differ from "
-            f"the loaded tokenizer's ({loaded}); please report it with the tokenizer directory."
-        )
+    tokenizer = run_tokenizer(cfg, plan, stored)
     try:
         hf_config = load_model_config(cfg.model)
     except SeqtuneError as err:  # e.g. an architecture field that contradicts the checkpoint
@@ -134,7 +127,26 @@ def runtime_phase(cfg: RootConfig, plan: Resolved) -> tuple[Any, Any, Tokens, li
     weights = model_checks.check_checkpoint_weights(checkpoint_faults(cfg.model.path, hf_config))
     if weights:  # nothing else reads weights that failed the proof (a truncated shard would raise mid-read)
         problems, hf_config = problems + weights, None
-    return tokenizer, hf_config, token_facts(cfg, plan, tokenizer), problems
+    return tokenizer, hf_config, tokenizer.record.tokens, problems
+
+
+def run_tokenizer(cfg: RootConfig, plan: Resolved, stored: TokenizerRecord | None) -> RunTokenizer:
+    """The run's tokenizer: from its stored record, else loaded now and its record built. The loaded tokenizer must
+    show the facts the light reader resolved (else it is a bug)."""
+    if stored is not None:
+        return RunTokenizer(cfg, stored)
+    from seqtune.tokenizers import load_tokenizer
+
+    tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec_for(cfg.model).chat_template)
+    record = build_record(cfg, plan, tokenizer)
+    loaded = record.facts
+    resolved = (plan.vocab.tokenizer_size, plan.vocab.special_ids, plan.vocab.pad_id, plan.vocab.eos_id)
+    if (loaded.size, loaded.special_ids, loaded.pad_id, loaded.eos_id) != resolved:
+        raise RuntimeError(
+            f"seqtune bug: the tokenizer facts read without transformers ({resolved}) differ from "
+            f"the loaded tokenizer's ({loaded}); please report it with the tokenizer directory."
+        )
+    return RunTokenizer(cfg, record, loaded=tokenizer)
 
 
 def resolve_lengths(cfg: RootConfig, plan: Resolved, scans: dict) -> tuple[int, list[Problem], list[str]]:
