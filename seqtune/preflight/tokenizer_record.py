@@ -155,7 +155,7 @@ def write_record(cache_root: Path, key: str | None, record: TokenizerRecord) -> 
     tokenizer load (the token cache itself reports an unwritable root)."""
     if key is None:
         return
-    body = {**_to_body(record), "key": key}
+    body = json.loads(json.dumps({**_to_body(record), "key": key}))  # as it reads back: ids as string keys
     try:
         record_path(cache_root, key).parent.mkdir(parents=True, exist_ok=True)
         write_atomic(record_path(cache_root, key), json.dumps({"sha256": _checksum(body), "body": body}), key=CACHE_KEY)
