@@ -112,9 +112,8 @@ def _checks_after_plan(
         return _finish(
             PreflightResult(ok=False, max_seq_len=None, problems=[*problems, problem]), run_dir, resolved, resume
         )
-    if stored is None and record_key is not None and tokenizer_record.record_key(cfg) == record_key:
-        # (the key again: files that changed while they loaded must not be recorded under their old key)
-        tokenizer_record.write_record(token_cache_root(cfg), record_key, tokenizer.record)
+    if stored is None:  # loaded now: the next run reads its record
+        tokenizer_record.keep_record(cfg, token_cache_root(cfg), record_key, tokenizer.record)
     late += content.file_checks(cfg, resolved, tokenizer, hf_config)
     print_early_problems(late)
     result, data, scans = _scan_and_check(cfg, resolved, tokens, tokenizer, run_dir, problems + late, hf_config, plot)

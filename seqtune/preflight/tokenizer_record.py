@@ -163,6 +163,13 @@ def write_record(cache_root: Path, key: str | None, record: TokenizerRecord) -> 
         pass
 
 
+def keep_record(cfg: RootConfig, cache_root: Path, key: str | None, record: TokenizerRecord) -> None:
+    """write_record under `key`, the key computed before the tokenizer loaded, unless its files changed meanwhile
+    (a record must never describe other files than its key's)."""
+    if key is not None and record_key(cfg) == key:
+        write_record(cache_root, key, record)
+
+
 def _checksum(body: Any) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
