@@ -182,11 +182,11 @@ def _write_reports(
 ) -> None:
     """rejects.jsonl, lengths.png, samples.html/json: the run's view of its data (skipped by a refused resume)."""
     write_rejects([scan.cache_dir / "rejects.jsonl" for scan in scans.values()], run_dir)
+    if plot is not None:
+        plot.write(run_dir / PLOT_FILE, key=RUN_DIR_KEY)  # drawn once _data_phases knew max_seq_len
     if cfg.preflight.show and result.max_seq_len is not None:
         store = token_cache_root(cfg) / SHOWN_DIR
         content.show_samples(cfg, resolved, tokens, tokenizer, scans, result.max_seq_len, run_dir, store)
-    if plot is not None:  # last: the child draws while the samples are decoded
-        plot.write(run_dir / PLOT_FILE, key=RUN_DIR_KEY)  # drawn once _data_phases knew max_seq_len
 
 
 def _data_phases(
