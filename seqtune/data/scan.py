@@ -13,6 +13,7 @@ import shutil
 import sys
 import time
 from collections import Counter
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,15 +87,24 @@ class SplitScan:
         return TokenCache.open(self.cache_dir)
 
 
-def encoder_signature(encoder: SampleEncoder) -> str:
+def format_signature(*, fingerprint: str, fmt: str, train_on_prompt: bool, bos_id: int | None, eos_id: int) -> str:
+    """What of one format's encoding goes into the token-cache key: the tokenizer (its fingerprint), the format's
+    rendering, and the ids the encoder adds. A caller that holds these facts (preflight's tokenizer record) finds
+    a published cache without building an encoder, so without loading the tokenizer."""
     return "|".join(
-        [
-            tokenizer_fingerprint(encoder.tokenizer),
-            template_signature(encoder.fmt),
-            f"train_on_prompt={encoder.train_on_prompt}",
-            f"bos={encoder.bos_id}",
-            f"eos={encoder.eos_id}",
-        ]
+        [fingerprint, template_signature(fmt), f"train_on_prompt={train_on_prompt}", f"bos={bos_id}", f"eos={eos_id}"]
+    )
+
+
+def encoder_signature(encoder: SampleEncoder, fingerprint: str | None = None) -> str:
+    """`fingerprint`: the encoder's tokenizer_fingerprint when the caller already has it (it costs a serialization
+    of the whole tokenizer)."""
+    return format_signature(
+        fingerprint=fingerprint or tokenizer_fingerprint(encoder.tokenizer),
+        fmt=encoder.fmt,
+        train_on_prompt=encoder.train_on_prompt,
+        bos_id=encoder.bos_id,
+        eos_id=encoder.eos_id,
     )
 
 
@@ -152,17 +162,18 @@ def scan_split(
     max_records: int = 0,
     chunk_size: int = 16384,
     progress: bool = False,
+    fingerprint: str | None = None,
 ) -> SplitScan:
     """Stream `split` once (each source with the encoder of its format, from `encoders`); write or reuse its token
     cache; return its statistics.
 
     max_records > 0 stops after that many records (stream mode's preflight sample). key_extra: anything else
-    the caller's cache must depend on.
+    the caller's cache must depend on. fingerprint: the encoders' tokenizer_fingerprint, when the caller has it.
     """
     began = time.perf_counter()
-    signature = "|".join(encoder_signature(encoders[fmt]) for fmt in split.formats) + "|" + split.signature()
+    signatures = {fmt: encoder_signature(encoders[fmt], fingerprint) for fmt in split.formats}
     before = file_states(split.files)  # the key hashes the files as they are now: the scan must read the same
-    key = cache_key(split.files, signature, f"{key_extra}|media_root={media_root}|max={max_records}")
+    key = _split_key(split, signatures, key_extra=key_extra, media_root=media_root, max_records=max_records)
     published = Path(cache_root) / key
     damage = cache_damage(published) if published.exists() else None
     if published.exists() and damage is None:
@@ -195,6 +206,32 @@ def scan_split(
             f"the token cache of data.{split.name} ({published}) was damaged ({damage}); it was rebuilt."
         )
     return scan
+
+
+def published_scan(
+    split: SplitInput,
+    signatures: Mapping[DataFormat, str],
+    *,
+    cache_root: Path,
+    key_extra: str = "",
+    media_root: str | None = None,
+    max_records: int = 0,
+) -> SplitScan | None:
+    """The split's statistics from its published, verified token cache, or None (missing or damaged: scan_split
+    then rebuilds it). `signatures`: format_signature per format of the split; the other arguments as scan_split's."""
+    began = time.perf_counter()
+    key = _split_key(split, signatures, key_extra=key_extra, media_root=media_root, max_records=max_records)
+    published = Path(cache_root) / key
+    if published.exists() and cache_damage(published) is None:
+        return _load_scan(split.name, published, began)
+    return None
+
+
+def _split_key(
+    split: SplitInput, signatures: Mapping[DataFormat, str], *, key_extra: str, media_root: str | None, max_records: int
+) -> str:
+    signature = "|".join(signatures[fmt] for fmt in split.formats) + "|" + split.signature()
+    return cache_key(split.files, signature, f"{key_extra}|media_root={media_root}|max={max_records}")
 
 
 def _stream(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,10 +34,11 @@ from seqtune.preflight.checks import Problem
 from seqtune.preflight.observe import Finding, SplitObservations, observe_split
 from seqtune.preflight.result import ContentStats, PreflightResult
 from seqtune.preflight.samples_html import SAMPLES_HTML, write_html
-from seqtune.preflight.tokens_text import split_text_proof
-from seqtune.tokenizers import templates
-from seqtune.tokenizers.control import control_tokens, literal_controls, whitespace_ids
+from seqtune.preflight.tokens_text import stored_text_proof
 from seqtune.tokenizers.location import resolve_location
+
+if TYPE_CHECKING:
+    from seqtune.preflight.tokenizer_record import RunTokenizer
 
 # Ordinary-token rows read beside the special ones: the scale an untrained row is compared with.
 REFERENCE_ROWS = 16
@@ -45,18 +46,18 @@ REFERENCE_ROWS = 16
 PRESET_HEAD_BYTES = 1 << 16
 
 
-def file_checks(cfg: RootConfig, plan: Resolved, tokenizer: Any, model: ModelConfigs | None) -> list[Problem]:
+def file_checks(cfg: RootConfig, plan: Resolved, tokenizer: RunTokenizer, model: ModelConfigs | None) -> list[Problem]:
     """Before the scan: presets in tokenizer.json; with a checkpoint, the tokenizer's bos/eos against its config."""
     location = resolve_location(cfg.tokenizer, cfg.model)
     source = location.directory / "tokenizer.json"
-    truncation, padding = tokenizer_presets(source, tokenizer)
+    truncation, padding = tokenizer.record.presets
     problems = model_checks.check_tokenizer_presets(
         truncation=truncation, padding=padding, source=str(source), key=location.key
     )
     if cfg.model.path and model is not None and model.hf_config is not None:
         bos, eos = config_bos_eos(model.hf_config)
         problems += model_checks.check_bos_eos_ids(
-            tokenizer_bos=tokenizer.bos_token_id,
+            tokenizer_bos=tokenizer.record.bos_token_id,
             tokenizer_eos=plan.vocab.eos_id,
             config_bos=bos,
             config_eos=eos,
@@ -96,7 +97,7 @@ def content_checks(
     cfg: RootConfig,
     plan: Resolved,
     tokens: Tokens,
-    tokenizer: Any,
+    tokenizer: RunTokenizer,
     model: ModelConfigs | None,
     scans: dict[str, SplitScan],
     max_seq_len: int,
@@ -105,9 +106,9 @@ def content_checks(
     """After the scan: every split's labels and text, duplicates within and across splits, stop tokens, untrained
     special rows and the pretraining context. Fills result.splits[name].content and result.notes."""
     fmt = cfg.data.format
-    control = control_tokens(tokenizer)
-    literal = literal_controls(tokenizer) if fmt != "tokenized" else {}
-    spaces = whitespace_ids(tokenizer)
+    control = tokenizer.record.control
+    literal = tokenizer.record.literal if fmt != "tokenized" else {}
+    spaces = tokenizer.record.spaces
     seen = {
         name: observe_split(
             scan.cache_dir,
@@ -133,8 +134,8 @@ def content_checks(
         )
         proof = None
         if fmt != "tokenized":
-            proof = split_text_proof(
-                scan.cache_dir, tokenizer, train_on_prompt=cfg.data.train_on_prompt, media_root=cfg.data.media_root
+            proof = stored_text_proof(
+                scan.cache_dir, tokenizer.load, train_on_prompt=cfg.data.train_on_prompt, media_root=cfg.data.media_root
             )
             problems += labels.check_tokens_text(
                 split=name,
@@ -168,7 +169,7 @@ def content_checks(
                 stats.text_checked, stats.text_mismatched = proof.checked, proof.mismatched.count
     result.notes += [f"model facts ({fact}): {source}" for fact, source in plan.fact_sources.items()]
     if tokens.templated:
-        result.notes += [note] if (note := templates.earlier_turns_note(tokenizer)) else []
+        result.notes += [note] if (note := tokenizer.record.earlier_turns_note) else []
     if model is None:
         return problems
     if "train" in seen and model.hf_config is not None:
@@ -346,24 +347,27 @@ def show_samples(
     cfg: RootConfig,
     plan: Resolved,
     tokens: Tokens,
-    tokenizer: Any,
+    tokenizer: RunTokenizer,
     scans: dict[str, SplitScan],
     max_seq_len: int,
     run_dir: Path,
+    store: Path,
 ) -> list[samples.ShownSample]:
-    """preflight.show: write samples.html and samples.json into the run directory and print one sample."""
-    control = control_tokens(tokenizer)
+    """preflight.show: write samples.html and samples.json into the run directory and print one sample. `store`:
+    where the decoded samples are kept for a re-run (samples.collect_stored)."""
+    control = tokenizer.record.control
     eos = tokens.eos_id
     kinds = samples.TokenKinds(
         bos=tokens.bos_id, eos=eos, eot=frozenset(set(tokens.terminators) - {eos}), control=frozenset(control)
     )
-    shown = samples.collect(
+    shown = samples.collect_stored(
+        store,
         scans,
         max_seq_len=max_seq_len,
         policy=cfg.data.overlength,
         show=cfg.preflight.show,
         seed=cfg.train.seed,
-        tokenizer=tokenizer,
+        load_tokenizer=tokenizer.load,
         kinds=kinds,
         members=MEMBERS[SampleKind(plan.sample_kind)],
     )

@@ -27,6 +27,7 @@ from seqtune.preflight import checks_model as model_checks
 from seqtune.preflight.checks import Problem
 from seqtune.preflight.resolve import CANNOT_RUN
 from seqtune.preflight.result import MemoryStats, PlanStats, SourceStats, SplitPlan, SplitStats
+from seqtune.preflight.tokenizer_record import RunTokenizer, TokenizerRecord, build_record
 
 if TYPE_CHECKING:
     from seqtune.models import MemoryInputs
@@ -110,23 +111,15 @@ def _installed(package: str) -> bool:
     return importlib.util.find_spec(package) is not None
 
 
-def runtime_phase(cfg: RootConfig, plan: Resolved) -> tuple[Any, ModelConfigs | None, Tokens, list[Problem]]:
-    """The tokenizer for the scan, the token facts of the plan (ids as the encoder adds them, terminators) and what
-    is known of the model before its weights load (seqtune.models.arch: a tiny model's without transformers or
-    torch). The loaded tokenizer must show the facts the light reader resolved (else it is a bug)."""
-    from seqtune.preflight.tokens import token_facts
-    from seqtune.tokenizers import load_tokenizer, tokenizer_facts
-
+def runtime_phase(
+    cfg: RootConfig, plan: Resolved, stored: TokenizerRecord | None
+) -> tuple[RunTokenizer, ModelConfigs | None, Tokens, list[Problem]]:
+    """The tokenizer for the scan (with the token facts of the plan: ids as the encoder adds them, terminators)
+    and what is known of the model before its weights load (seqtune.models.arch: a tiny model's without
+    transformers or torch). `stored`: the tokenizer's stored record, which makes loading it wait until something
+    must encode or decode."""
     problems: list[Problem] = []
-    spec = spec_for(cfg.model)
-    tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec.chat_template)
-    loaded = tokenizer_facts(tokenizer, eot_token=spec.eot_token)
-    resolved = (plan.vocab.tokenizer_size, plan.vocab.special_ids, plan.vocab.pad_id, plan.vocab.eos_id)
-    if (loaded.size, loaded.special_ids, loaded.pad_id, loaded.eos_id) != resolved:
-        raise RuntimeError(
-            f"seqtune bug: the tokenizer facts read without transformers ({resolved}) differ from "
-            f"the loaded tokenizer's ({loaded}); please report it with the tokenizer directory."
-        )
+    tokenizer = run_tokenizer(cfg, plan, stored)
     model: ModelConfigs | None
     try:
         model = model_configs(cfg.model)
@@ -138,7 +131,26 @@ def runtime_phase(cfg: RootConfig, plan: Resolved) -> tuple[Any, ModelConfigs | 
     )
     if weights:  # nothing else reads weights that failed the proof (a truncated shard would raise mid-read)
         problems, model = problems + weights, None
-    return tokenizer, model, token_facts(cfg, plan, tokenizer), problems
+    return tokenizer, model, tokenizer.record.tokens, problems
+
+
+def run_tokenizer(cfg: RootConfig, plan: Resolved, stored: TokenizerRecord | None) -> RunTokenizer:
+    """The run's tokenizer: from its stored record, else loaded now and its record built. The loaded tokenizer must
+    show the facts the light reader resolved (else it is a bug)."""
+    if stored is not None:
+        return RunTokenizer(cfg, stored)
+    from seqtune.tokenizers import load_tokenizer
+
+    tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec_for(cfg.model).chat_template)
+    record = build_record(cfg, plan, tokenizer)
+    loaded = record.facts
+    resolved = (plan.vocab.tokenizer_size, plan.vocab.special_ids, plan.vocab.pad_id, plan.vocab.eos_id)
+    if (loaded.size, loaded.special_ids, loaded.pad_id, loaded.eos_id) != resolved:
+        raise RuntimeError(
+            f"seqtune bug: the tokenizer facts read without transformers ({resolved}) differ from "
+            f"the loaded tokenizer's ({loaded}); please report it with the tokenizer directory."
+        )
+    return RunTokenizer(cfg, record, loaded=tokenizer)
 
 
 def resolve_lengths(cfg: RootConfig, plan: Resolved, scans: dict) -> tuple[int, list[Problem], list[str]]:

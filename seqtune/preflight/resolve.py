@@ -46,14 +46,17 @@ CANNOT_RUN = "cannot run here: "
 AUTOCAST = {MixedPrecision.bf16: "bfloat16", MixedPrecision.fp16: "float16"}
 
 
-def resolve_plan(cfg: RootConfig, environ: Mapping[str, str]) -> Resolved:
+def resolve_plan(
+    cfg: RootConfig, environ: Mapping[str, str], *, tokenizer_facts: TokenizerFacts | None = None
+) -> Resolved:
     """Every fact the run derives before reading data. Raises the loaders' SeqtuneErrors (missing checkpoint or
-    tokenizer, a SLURM launcher outside an allocation, ...) unchanged."""
+    tokenizer, a SLURM launcher outside an allocation, ...) unchanged. `tokenizer_facts`: the tokenizer's, when a
+    stored record holds them (seqtune.preflight.tokenizer_record); else they are read from its files."""
     spec = spec_for(cfg.model)
     world = resolve_world(cfg.launcher, environ)
     device = probe_device(cfg.train.device)
     autocast = autocast_dtype(cfg.train.mixed_precision, device)
-    tokenizer = _tokenizer_facts(cfg, spec.chat_template, spec.eot_token)
+    tokenizer = tokenizer_facts or _tokenizer_facts(cfg, spec.chat_template, spec.eot_token)
     model = read_model_facts(cfg.model, spec)
     targets: tuple[str, ...] = ()
     if cfg.lora.enabled:  # null = the family's defaults ([] is refused by the schema)

@@ -10,7 +10,7 @@ is tokenized twice. The completed plan is written to plan.json, which every rank
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,14 +18,14 @@ from typing import Any
 from seqtune.config.errors import PreflightFailed, SeqtuneError
 from seqtune.config.plan import Plan, Resolved, Tokens, complete_plan, write_plan
 from seqtune.config.rundir import PLAN_FILE
-from seqtune.config.schema import SPLITS, DataMode, RootConfig
+from seqtune.config.schema import SPLITS, DataFormat, DataMode, RootConfig
 from seqtune.data.batching import batch_rule
-from seqtune.data.scan import SplitScan, scan_split
+from seqtune.data.scan import SplitScan, format_signature, published_scan, scan_split
 from seqtune.data.split import split_input, validation_source
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.files import storage_error
 from seqtune.models.arch import ModelConfigs
-from seqtune.preflight import checks, content
+from seqtune.preflight import checks, content, tokenizer_record
 from seqtune.preflight.checks import Problem
 from seqtune.preflight.phases import (
     fast_checks,
@@ -40,7 +40,7 @@ from seqtune.preflight.phases import (
     stream_train_plan,
     training_view,
 )
-from seqtune.preflight.plot import LengthsPlot
+from seqtune.preflight.plot import PLOT_DIR, LengthsPlot
 from seqtune.preflight.report import (
     PLOT_FILE,
     REJECTS_FILE,
@@ -52,6 +52,8 @@ from seqtune.preflight.report import (
 from seqtune.preflight.resolve import CANNOT_RUN, resolve_plan
 from seqtune.preflight.result import RUN_DIR_KEY, BackendStats, PaddingStats, PreflightResult, VocabStats, write_result
 from seqtune.preflight.resume import RECORD, ResumePoint, plan_problems
+from seqtune.preflight.samples import SHOWN_DIR
+from seqtune.preflight.tokenizer_record import RunTokenizer, TokenizerRecord
 
 DEFAULT_CACHE_ROOT = Path("~/.cache/seqtune/tokens")
 
@@ -70,17 +72,23 @@ def run_preflight(
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise storage_error(exc, run_dir, key=RUN_DIR_KEY) from None
+    # A stored record of the tokenizer's facts spares this run loading it (seqtune.preflight.tokenizer_record).
+    record_key = tokenizer_record.record_key(cfg)
+    stored = tokenizer_record.read_record(token_cache_root(cfg), record_key)
     try:
-        resolved = resolve_plan(cfg, os.environ if environ is None else environ)
+        resolved = resolve_plan(
+            cfg, os.environ if environ is None else environ, tokenizer_facts=stored.facts if stored else None
+        )
     except SeqtuneError as err:  # no tokenizer, model config or launch world: nothing else can be checked
         problem = Problem(check="load", key=err.key or "model.path", message=str(err))
         return _finish(PreflightResult(ok=False, max_seq_len=None, problems=[problem]), run_dir, None, resume)
     problems = fast_checks(cfg, resolved)
     print_early_problems(problems)
     # lengths.png is drawn by a child process that imports matplotlib while this one loads and scans.
-    plot = LengthsPlot() if cfg.preflight.plot else None
+    # With the tokenizer's record (a re-run), the child starts only if something must be tokenized or drawn.
+    plot = LengthsPlot(token_cache_root(cfg) / PLOT_DIR, start=stored is None) if cfg.preflight.plot else None
     try:
-        return _checks_after_plan(cfg, resolved, problems, run_dir, resume, plot)
+        return _checks_after_plan(cfg, resolved, problems, run_dir, resume, plot, (stored, record_key))
     finally:
         if plot is not None:
             plot.discard()  # a refused resume writes nothing; an error stops the drawing
@@ -93,15 +101,20 @@ def _checks_after_plan(
     run_dir: Path,
     resume: ResumePoint | None,
     plot: LengthsPlot | None,
+    record: tuple[TokenizerRecord | None, str | None],
 ) -> PreflightResult:
-    """The runtime phase (tokenizer, model config), the scan and every check that needs the data; the reports."""
+    """The runtime phase (tokenizer, model config), the scan and every check that needs the data; the reports.
+    `record`: the tokenizer's stored record (None when there is none) and its key."""
+    stored, record_key = record
     try:
-        tokenizer, model, tokens, late = runtime_phase(cfg, resolved)
+        tokenizer, model, tokens, late = runtime_phase(cfg, resolved, stored)
     except SeqtuneError as err:
         problem = Problem(check="load", key=err.key or "tokenizer", message=str(err))
         return _finish(
             PreflightResult(ok=False, max_seq_len=None, problems=[*problems, problem]), run_dir, resolved, resume
         )
+    if stored is None:  # loaded now: the next run reads its record
+        tokenizer_record.keep_record(cfg, token_cache_root(cfg), record_key, tokenizer.record)
     late += content.file_checks(cfg, resolved, tokenizer, model)
     print_early_problems(late)
     result, data, scans = _scan_and_check(cfg, resolved, tokens, tokenizer, run_dir, problems + late, model, plot)
@@ -120,7 +133,7 @@ def _scan_and_check(
     cfg: RootConfig,
     resolved: Resolved,
     tokens: Tokens,
-    tokenizer: Any,
+    tokenizer: RunTokenizer,
     run_dir: Path,
     problems: list[Problem],
     model: ModelConfigs | None,
@@ -129,7 +142,7 @@ def _scan_and_check(
     """Scan every split, then everything that needs the data: limits, labels, shapes, the distributed plan, memory.
     Also returns the facts the data adds to the plan (None when the data phases could not establish them) and the
     scans. Writes nothing into the run directory (see _write_reports)."""
-    scans, scan_problems = scan_splits(cfg, resolved, tokenizer, tokens)
+    scans, scan_problems = scan_splits(cfg, resolved, tokenizer, tokens, before_encoding=plot.start if plot else None)
     problems += scan_problems
     result = PreflightResult(
         ok=False,
@@ -162,7 +175,7 @@ def _write_reports(
     cfg: RootConfig,
     resolved: Resolved,
     tokens: Tokens,
-    tokenizer: Any,
+    tokenizer: RunTokenizer,
     scans: dict[str, SplitScan],
     result: PreflightResult,
     run_dir: Path,
@@ -173,14 +186,15 @@ def _write_reports(
     if plot is not None:
         plot.write(run_dir / PLOT_FILE, key=RUN_DIR_KEY)  # drawn once _data_phases knew max_seq_len
     if cfg.preflight.show and result.max_seq_len is not None:
-        content.show_samples(cfg, resolved, tokens, tokenizer, scans, result.max_seq_len, run_dir)
+        store = token_cache_root(cfg) / SHOWN_DIR
+        content.show_samples(cfg, resolved, tokens, tokenizer, scans, result.max_seq_len, run_dir, store)
 
 
 def _data_phases(
     cfg: RootConfig,
     resolved: Resolved,
     tokens: Tokens,
-    tokenizer: Any,
+    tokenizer: RunTokenizer,
     model: ModelConfigs | None,
     scans: dict[str, SplitScan],
     result: PreflightResult,
@@ -263,35 +277,70 @@ def _stream_phase(
     return batches, tuple(records)
 
 
+def token_cache_root(cfg: RootConfig) -> Path:
+    """data.cache_dir, else the default: where token caches and the tokenizer's record live."""
+    return Path(cfg.data.cache_dir).expanduser() if cfg.data.cache_dir else DEFAULT_CACHE_ROOT.expanduser()
+
+
 def scan_splits(
-    cfg: RootConfig, resolved: Resolved, tokenizer: Any, tokens: Tokens
+    cfg: RootConfig,
+    resolved: Resolved,
+    tokenizer: RunTokenizer,
+    tokens: Tokens,
+    *,
+    before_encoding: Callable[[], None] | None = None,
 ) -> tuple[dict[str, SplitScan], list[Problem]]:
-    """Stream every configured split once through scan_split (which writes the token cache training reads)."""
+    """Stream every configured split once through scan_split (which writes the token cache training reads). A
+    split whose cache is published is read back by its key alone (the tokenizer's fingerprint is in its record):
+    the encoders, and so the loaded tokenizer, are built at the first split that must be tokenized, right after
+    `before_encoding` is called (lengths.png's child starts then, to import matplotlib while the scan runs)."""
     scans: dict[str, SplitScan] = {}
     formats = dict.fromkeys(source.format for name in SPLITS for source in cfg.data.sources(name))
-    try:
-        encoders = {
-            fmt: SampleEncoder(tokenizer, fmt, train_on_prompt=cfg.data.train_on_prompt, tokens=tokens)
-            for fmt in formats
-        }
-    except SeqtuneError as err:
-        return scans, [Problem(check="data", key=err.key or "data.format", message=str(err))]
+    fingerprint = tokenizer.record.fingerprint
+    signatures = {
+        fmt: format_signature(
+            fingerprint=fingerprint,
+            fmt=fmt,
+            train_on_prompt=cfg.data.train_on_prompt,
+            bos_id=tokens.bos_id,
+            eos_id=tokens.eos_id,
+        )
+        for fmt in formats
+    }
+    encoders: dict[DataFormat, SampleEncoder] | None = None
     problems: list[Problem] = []
-    cache_root = Path(cfg.data.cache_dir).expanduser() if cfg.data.cache_dir else DEFAULT_CACHE_ROOT.expanduser()
+    cache_root = token_cache_root(cfg)
     sample = cfg.data.preflight_sample if cfg.data.mode == DataMode.stream else 0
     for name in SPLITS:
         # Only train streams; val/test are read in full into the cache that evaluation uses in both modes.
+        max_records = sample if name == "train" else 0
         try:
             split = split_input(cfg.data, name, resolved.validation)
             if split is None:
                 continue
-            scans[name] = scan_split(
+            found = published_scan(
+                split, signatures, cache_root=cache_root, media_root=cfg.data.media_root, max_records=max_records
+            )
+            if found is None and encoders is None:
+                if before_encoding is not None:
+                    before_encoding()
+                try:
+                    encoders = {
+                        fmt: SampleEncoder(
+                            tokenizer.load(), fmt, train_on_prompt=cfg.data.train_on_prompt, tokens=tokens
+                        )
+                        for fmt in formats
+                    }
+                except SeqtuneError as err:  # no split can be tokenized: that one problem
+                    return {}, [Problem(check="data", key=err.key or "data.format", message=str(err))]
+            scans[name] = found or scan_split(
                 split,
-                encoders,
+                encoders or {},
                 cache_root=cache_root,
                 media_root=cfg.data.media_root,
-                max_records=sample if name == "train" else 0,
+                max_records=max_records,
                 progress=cfg.train.progress,
+                fingerprint=fingerprint,
             )
         except SeqtuneError as err:
             problems.append(Problem(check="data", key=err.key or f"data.{name}", message=str(err)))

@@ -8,21 +8,28 @@ printed on the console, in colour on a terminal.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
 
+from seqtune.config.errors import SeqtuneError
 from seqtune.data.cache import TokenCache
 from seqtune.data.overlength import kept_positions
 from seqtune.data.scan import SplitScan
 from seqtune.data.types import IGNORE_INDEX
+from seqtune.files import write_atomic
 
 SAMPLES_JSON = "samples.json"
+# The shown samples kept under the token cache root (collect_stored).
+SHOWN_DIR = "shown"
 # Marks of targets on a console without colour (and in the W&B table's text column).
 TARGET_OPEN, TARGET_CLOSE = "\u27e6", "\u27e7"
 # The console shows at most this many tokens of its sample, samples.html this many per sample: the head and the
@@ -203,6 +210,61 @@ def collect(
                     )
                 )
     return shown
+
+
+def collect_stored(
+    store: Path,
+    scans: dict[str, SplitScan],
+    *,
+    max_seq_len: int,
+    policy: str,
+    show: int,
+    seed: int,
+    load_tokenizer: Callable[[], Any],
+    kinds: TokenKinds,
+    members: tuple[str, ...] = ("sample",),
+) -> list[ShownSample]:
+    """collect, kept in `store` by a digest of everything that decides it: each split's token cache (its directory
+    is named by a content key over the data and the tokenizer), the choice's settings, the kinds, this module's
+    code and the decoding library's version. A re-run reads it back without loading the tokenizer; a stored file
+    that does not parse is ignored and written again."""
+    settings = [max_seq_len, policy, show, seed, asdict(kinds), list(members)]
+    digest = hashlib.sha256(json.dumps([settings, _version("tokenizers")], default=sorted).encode())
+    digest.update(Path(__file__).read_bytes())
+    digest.update(json.dumps([(name, scan.cache_dir.name) for name, scan in scans.items()]).encode())
+    path = Path(store) / f"{digest.hexdigest()[:32]}.json"
+    try:
+        return [_shown_from_dict(row) for row in json.loads(path.read_text(encoding="utf-8"))]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    shown = collect(
+        scans,
+        max_seq_len=max_seq_len,
+        policy=policy,
+        show=show,
+        seed=seed,
+        tokenizer=load_tokenizer(),
+        kinds=kinds,
+        members=members,
+    )
+    try:  # best effort: an unwritable store only costs the next run the decoding
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps([asdict(sample) for sample in shown]), key="data.cache_dir")
+    except (OSError, SeqtuneError):
+        pass
+    return shown
+
+
+def _shown_from_dict(row: dict[str, Any]) -> ShownSample:
+    tokens = [ShownToken(**token) for token in row.pop("tokens")]
+    return ShownSample(**row, tokens=tokens)
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def write_json(samples: list[ShownSample], path: Path) -> Path:

@@ -11,24 +11,30 @@ every record of a format).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+import json
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from seqtune.data.cache import TokenCache
+from seqtune.config.errors import SeqtuneError
+from seqtune.data.cache import CACHE_KEY, TokenCache
 from seqtune.data.formats import Conversation, PreferencePair, PromptCompletion
 from seqtune.data.split import SplitInput, from_meta
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.data.types import Reject
+from seqtune.files import write_atomic
 from seqtune.preflight.observe import Finding
 
 # Samples checked per split: a few seconds at most, and a systematic boundary error shows in the first ones.
 TEXT_PROOF_SAMPLES = 512
 # Tokens shown on each side of the first difference.
 CONTEXT_TOKENS = 3
+# Bump when the proof's rule changes: a stored proof of the old rule then stops matching.
+PROOF_VERSION = 1
+PROOF_FILE = f"text-proof-v{PROOF_VERSION}-{TEXT_PROOF_SAMPLES}-{CONTEXT_TOKENS}.json"
 
 
 @dataclass(kw_only=True)
@@ -162,6 +168,32 @@ def _difference(ids: np.ndarray, text: str, tokenizer: Any, *, bos_id: int | Non
         f"from token {at} the sample has {trained[at - lo :]} where the text tokenized whole has "
         f"{expected[at - lo :]} (after {trained[: at - lo]})"
     )
+
+
+def stored_text_proof(
+    cache_dir: Path, load_tokenizer: Callable[[], Any], *, train_on_prompt: bool, media_root: str | None
+) -> TextProof:
+    """split_text_proof, kept beside the split's token cache: the proof depends only on what the cache's key
+    covers (the data files, the tokenizer, train_on_prompt, media_root) and on this module's rule (its version
+    and bound, in the file's name), so a cached re-run reads it back without loading the tokenizer. A stored proof
+    that does not parse is computed and written again."""
+    stored = Path(cache_dir) / PROOF_FILE
+    try:
+        body = json.loads(stored.read_text(encoding="utf-8"))
+        return TextProof(
+            samples=int(body["samples"]),
+            checked=int(body["checked"]),
+            mismatched=Finding(**body["mismatched"]),
+            first_difference=body["first_difference"],
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    proof = split_text_proof(cache_dir, load_tokenizer(), train_on_prompt=train_on_prompt, media_root=media_root)
+    try:  # best effort: an unwritable cache only costs the next run this proof again
+        write_atomic(stored, json.dumps(asdict(proof)), key=CACHE_KEY)
+    except SeqtuneError:
+        pass
+    return proof
 
 
 def split_text_proof(cache_dir: Path, tokenizer: Any, *, train_on_prompt: bool, media_root: str | None) -> TextProof:

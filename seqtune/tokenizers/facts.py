@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from seqtune.config.schema import ModelConfig, TokenizerConfig
@@ -54,7 +55,10 @@ def read_tokenizer_facts(tok: TokenizerConfig, model: ModelConfig, *, eot_token:
     location = resolve_location(tok, model)
     if not location.has_json:
         return None
-    backend = Tokenizer.from_file(str(location.directory / "tokenizer.json"))
+    path = location.directory / "tokenizer.json"
+    backend = Tokenizer.from_file(str(path))
+    _PARSED.clear()
+    _PARSED[_identity(path)] = backend  # for the loader, which would parse the same file again (take_parsed)
     roles = _role_tokens(location)
     require_eos(roles.get("eos"), location)
     roles["pad"] = pad_token_for(roles.get("pad"), roles["eos"], tok.pad_policy, location)
@@ -77,6 +81,25 @@ def read_tokenizer_facts(tok: TokenizerConfig, model: ModelConfig, *, eot_token:
         if token_id is not None and token_id != ids.get("unk"):
             ids[eot_token] = token_id
     return TokenizerFacts(size=size, special_ids=ids, pad_id=ids.get("pad"), eos_id=ids.get("eos"))
+
+
+# The light reader's parse of tokenizer.json, handed once to the loader (a 9-33 MB file costs 0.4-1.5 s to parse).
+_PARSED: dict[tuple, Any] = {}
+
+
+def _identity(path: Path) -> tuple:
+    # ctime changes on every write and no tool sets it back: the same identity is the same bytes.
+    st = path.stat()
+    return (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def take_parsed(path: Path) -> Any | None:
+    """The `tokenizers.Tokenizer` read_tokenizer_facts parsed from `path`, if the file is unchanged since; given
+    once (the loader then owns and mutates it), else None. The light reader only read it (ids, sizes)."""
+    try:
+        return _PARSED.pop(_identity(path), None)
+    except OSError:
+        return None
 
 
 def _role_tokens(location: TokenizerLocation) -> dict[str, str]:

@@ -11,6 +11,7 @@ from transformers import PreTrainedTokenizerFast
 from seqtune.config.errors import ModelLoadError
 from seqtune.config.schema import ModelConfig, TokenizerConfig
 from seqtune.tokenizers import templates
+from seqtune.tokenizers.facts import take_parsed
 from seqtune.tokenizers.location import (
     DIRECTORY_FIX,
     TokenizerLocation,
@@ -68,7 +69,23 @@ def _from_pretrained(directory: Path, *, generic: bool) -> PreTrainedTokenizerBa
     # class is what AutoTokenizer would build, without its import of every family's tokenizer mapping and of torch
     # (~1.5 s of a dry run's start).
     if generic:
-        return PreTrainedTokenizerFast.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)
+        parsed = take_parsed(directory / "tokenizer.json")
+        if parsed is None:
+            return PreTrainedTokenizerFast.from_pretrained(
+                str(directory), local_files_only=True, trust_remote_code=False
+            )
+        # The light reader already parsed this tokenizer.json (the same tokenizers.Tokenizer.from_file transformers
+        # calls): it is handed over as tokenizer_object instead of parsing the file again. transformers deep-copies
+        # a tokenizer_object (a copy costs more than the parse), so for this one call the copy is the object itself;
+        # the hook is removed at once, so the loaded tokenizer copies like any other. Proven identical to the plain
+        # load, file for file, by tests/unit/tokenizers/test_tokenizer_facts.py.
+        parsed.__deepcopy__ = lambda memo: parsed
+        try:
+            return PreTrainedTokenizerFast.from_pretrained(
+                str(directory), local_files_only=True, trust_remote_code=False, tokenizer_object=parsed
+            )
+        finally:
+            del parsed.__deepcopy__
     from transformers import AutoTokenizer  # imports every family's tokenizer mapping, and torch
 
     return AutoTokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)

@@ -1469,7 +1469,7 @@ def _cached_then(tmp: Path, damage: Callable[[Path], None]) -> Run:
     data = write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40)))
 
     def between(cache_dir: Path) -> None:
-        damage(next(p for p in cache_dir.iterdir() if not p.name.startswith(".")))
+        damage(next(p for p in cache_dir.iterdir() if (p / "meta.json").is_file()))  # a split's cache, not plots/
 
     return Run(args=train(data), first=True, between=between)
 

@@ -37,15 +37,37 @@ HEAVY = ["torch", "transformers", "peft", "matplotlib", "torchtune", "torchao", 
 NEEDED_LATER = {"transformers"}
 
 
-@pytest.mark.slow
-def test_dry_run_imports_only_what_its_phases_need(tmp_path: Path) -> None:
-    out = tmp_path / "modules.json"
-    args = ["preflight.only=true", f"hydra.run.dir={tmp_path / 'run'}", f"data.cache_dir={tmp_path / 'cache'}"]
-    probe = PROBE.format(heavy=HEAVY, out=str(out), args=args)
+# What a re-run with a valid token cache never imports: the tokenizer's loader (seqtune.tokenizers.load, transformers'
+# fast tokenizer class: the tokenizer's facts come from its stored record) and matplotlib (lengths.png is copied
+# from the cache).
+CACHED_NEVER = ["matplotlib", "transformers", "seqtune.tokenizers.load"]
+
+
+def probed_dry_run(tmp_path: Path, run: str, heavy: list[str]) -> dict[str, list[str]]:
+    """A dry run on the bundled data in a fresh interpreter (token cache: tmp_path/cache); the `heavy` modules
+    loaded when the fast checks printed and at exit."""
+    out = tmp_path / f"{run}.json"
+    args = ["preflight.only=true", f"hydra.run.dir={tmp_path / run}", f"data.cache_dir={tmp_path / 'cache'}"]
+    probe = PROBE.format(heavy=heavy, out=str(out), args=args)
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "preflight passed" in done.stdout and (tmp_path / "run" / "lengths.png").stat().st_size > 0
-    modules = json.loads(out.read_text())
+    assert "preflight passed" in done.stdout and (tmp_path / run / "lengths.png").stat().st_size > 0
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_dry_run_imports_only_what_its_phases_need(tmp_path: Path) -> None:
+    modules = probed_dry_run(tmp_path, "run", HEAVY)
     assert modules["after_plan"] == [], "imported before the checks that need no data printed"
     assert set(modules["at_exit"]) <= NEEDED_LATER, f"a dry run imported {set(modules['at_exit']) - NEEDED_LATER}"
     assert "transformers" in modules["at_exit"], "the probe saw the dry run's imports"
+
+
+@pytest.mark.slow
+def test_a_cached_dry_run_loads_no_tokenizer_and_no_matplotlib(tmp_path: Path) -> None:
+    first = probed_dry_run(tmp_path, "first", HEAVY + CACHED_NEVER)
+    assert set(CACHED_NEVER) <= set(first["at_exit"]) | {"matplotlib"}, "the probe saw the first run load it"
+    again = probed_dry_run(tmp_path, "again", HEAVY + CACHED_NEVER)
+    assert again["after_plan"] == []
+    assert not set(again["at_exit"]) & set(CACHED_NEVER), f"a cached dry run imported {again['at_exit']}"
+    assert (tmp_path / "again" / "lengths.png").read_bytes() == (tmp_path / "first" / "lengths.png").read_bytes()

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from seqtune.preflight.checks import Problem
-from seqtune.preflight.plot import LengthsPlot
+from seqtune.preflight.plot import LengthsPlot, plot_key, render_lengths
 from seqtune.preflight.report import format_problems, print_report, write_rejects
 from seqtune.preflight.result import (
     RUN_DIR_KEY,
@@ -115,6 +115,41 @@ def test_length_plot_is_written(tmp_path):
     finally:
         plot.discard()
     assert path is not None and path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"
+
+
+def _drawn(store: Path, lengths: dict, out: Path, *, start: bool = True) -> bytes:
+    plot = LengthsPlot(store, start=start)
+    try:
+        plot.draw(lengths, max_seq_len=40, context_length=64)
+        path = plot.write(out, key=RUN_DIR_KEY)
+    finally:
+        plot.discard()
+    assert path is not None
+    return path.read_bytes()
+
+
+def test_a_stored_length_plot_is_the_fresh_drawing_byte_for_byte(tmp_path):
+    store = tmp_path / "plots"
+    lengths = {"train": np.array([5, 9, 30], np.int32), "val": np.array([7, 40], np.int32)}
+    first = _drawn(store, lengths, tmp_path / "first.png")
+    assert first == render_lengths(lengths, max_seq_len=40, context_length=64)  # what the child draws, unchanged
+    [stored] = list(store.iterdir())
+    stored.write_bytes(first[:-1] + b"\x00")  # an edit (its name carries its digest): drawn again, stored again
+    assert _drawn(store, lengths, tmp_path / "again.png") == first
+    assert list(store.iterdir()) == [stored] and stored.read_bytes() == first
+    plot = LengthsPlot(store, start=False)  # a re-run: the copy is taken, no child is ever started
+    plot.draw(lengths, max_seq_len=40, context_length=64)
+    assert plot._child is None and plot.write(tmp_path / "copied.png", key=RUN_DIR_KEY).read_bytes() == first
+    # anything drawn differently is a new drawing: another split's lengths, another split name
+    assert plot_key(lengths, max_seq_len=40, context_length=64) != plot_key(
+        {**lengths, "val": np.array([7, 41], np.int32)}, max_seq_len=40, context_length=64
+    )
+    assert plot_key(lengths, max_seq_len=40, context_length=64) != plot_key(
+        {"train": lengths["train"], "test": lengths["val"]}, max_seq_len=40, context_length=64
+    )
+    assert plot_key(lengths, max_seq_len=40, context_length=64) != plot_key(
+        lengths, max_seq_len=40, context_length=None
+    )
 
 
 def test_a_split_with_no_micro_batches_says_so_not_100_percent(tmp_path):

@@ -13,7 +13,7 @@ from seqtune.config.schema import ModelConfig, TokenizerConfig
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.models import get_spec
 from seqtune.preflight import checks_labels as labels
-from seqtune.preflight.tokens_text import split_text_proof
+from seqtune.preflight.tokens_text import PROOF_FILE, split_text_proof, stored_text_proof
 from seqtune.tokenizers import load_tokenizer
 from tests.conftest import scan_files
 
@@ -127,3 +127,30 @@ def test_a_boundary_with_a_token_the_text_lacks_is_caught_on_every_tokenizer(tok
     )
     assert found.mismatched.count == len(RECORDS["input_output"])
     assert [p.check for p in problems] == ["tokens"] and problems[0].location.endswith("input_output.jsonl:1")
+
+
+def test_a_stored_proof_is_read_back_without_the_tokenizer_and_a_damaged_one_is_proven_again(
+    tokenizer, tmp_path, monkeypatch
+):
+    """stored_text_proof: a re-run reads the proof beside the cache (no tokenizer); a file that does not parse is
+    proven again from the tokenizer and stored again. A mismatched proof round-trips with its first difference."""
+    monkeypatch.setattr(SampleEncoder, "_tokens_whole", SampleEncoder._tokens_apart)
+    scan, found = proof(tmp_path, tokenizer, "alpaca", RECORDS["alpaca"])
+    loads: list[int] = []
+
+    def load():
+        loads.append(1)
+        return tokenizer
+
+    stored = scan.cache_dir / PROOF_FILE
+    first = stored_text_proof(scan.cache_dir, load, train_on_prompt=False, media_root=None)
+    assert first == found and loads == [1] and stored.is_file()
+
+    def refused():
+        raise AssertionError("a stored proof loaded the tokenizer")
+
+    assert stored_text_proof(scan.cache_dir, refused, train_on_prompt=False, media_root=None) == found
+    for damaged in (stored.read_text()[:20], "", "[]", '{"samples": "x"}'):
+        stored.write_text(damaged)
+        assert stored_text_proof(scan.cache_dir, load, train_on_prompt=False, media_root=None) == found
+    assert loads == [1] * 5 and stored_text_proof(scan.cache_dir, refused, train_on_prompt=False, media_root=None)

