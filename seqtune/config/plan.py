@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from seqtune.config.rundir import PLAN_FILE
+from seqtune.config.rundir import PLAN_FILE, RUN_DIR_KEY
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,12 +170,11 @@ def complete_plan(resolved: Resolved, **facts: Any) -> Plan:
 
 
 def write_plan(plan: Plan, run_dir: Path) -> Path:
-    path = Path(run_dir) / PLAN_FILE
-    # Write then rename: a rank must never read a half-written file.
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(asdict(plan), indent=2) + "\n")
-    tmp.replace(path)
-    return path
+    """plan.json, written atomically (a rank never reads a half-written file; a full disk is a clean error naming
+    the path, not a traceback)."""
+    from seqtune.files import write_atomic
+
+    return write_atomic(Path(run_dir) / PLAN_FILE, json.dumps(asdict(plan), indent=2) + "\n", key=RUN_DIR_KEY)
 
 
 def load_plan(run_dir: Path) -> Plan:

@@ -21,6 +21,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from seqtune.config.errors import SeqtuneError
+from seqtune.config.rundir import RUN_DIR_KEY
 from seqtune.data.cache import TokenCache
 from seqtune.data.overlength import kept_positions
 from seqtune.data.scan import SplitScan
@@ -268,9 +269,9 @@ def _version(package: str) -> str | None:
 
 
 def write_json(samples: list[ShownSample], path: Path) -> Path:
+    """samples.json in the run directory, written atomically: a full disk is a clean error naming the path."""
     rows = [{**{k: v for k, v in asdict(s).items() if k != "tokens"}, "text": s.marked_text()} for s in samples]
-    path.write_text(json.dumps(rows, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-    return path
+    return write_atomic(path, json.dumps(rows, ensure_ascii=False, indent=1) + "\n", key=RUN_DIR_KEY)
 
 
 def read_json(path: Path) -> list[dict[str, Any]]:

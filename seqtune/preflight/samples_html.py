@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from html import escape
 from pathlib import Path
 
+from seqtune.config.rundir import RUN_DIR_KEY
+from seqtune.files import write_atomic
 from seqtune.preflight.samples import ShownSample, ShownToken
 
 SAMPLES_HTML = "samples.html"
@@ -123,5 +125,5 @@ def page(samples: Sequence[ShownSample], *, title: str, summary: str) -> str:
 
 
 def write_html(samples: Sequence[ShownSample], path: Path, *, title: str, summary: str) -> Path:
-    path.write_text(page(samples, title=title, summary=summary), encoding="utf-8")
-    return path
+    """samples.html in the run directory, written atomically: a full disk is a clean error naming the path."""
+    return write_atomic(path, page(samples, title=title, summary=summary), key=RUN_DIR_KEY)

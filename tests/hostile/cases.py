@@ -1429,6 +1429,48 @@ def _(tmp: Path) -> Run:
 
 
 @case(
+    "run_dir_disk_full_samples",
+    DISK,
+    "the run directory on a 52 KB tmpfs (lengths.png fits; samples.json or samples.html, preflight.show, fails)",
+    "clean",
+    both(refused(r"(?i)no space left on .*run/samples\.(json|html)", codes=DISK_FULL_CODES), _no_temps_after),
+    needs="mount",
+)
+def _(tmp: Path) -> Run:
+    mount = _tmpfs(tmp, "full", "52k")
+    return Run(
+        args=train(
+            write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(400))),
+            f"hydra.run.dir={mount / 'run'}",
+            "preflight.plot=true",
+            "preflight.show=3",
+        ),
+        after=_umount(mount),
+    )
+
+
+@case(
+    "run_dir_disk_full_plan",
+    DISK,
+    "the run directory on a 60 KB tmpfs (the reports fit; plan.json, the ranks' plan, fails)",
+    "clean",
+    both(refused(r"(?i)no space left on .*run/plan\.json", codes=DISK_FULL_CODES), _no_temps_after),
+    needs="mount",
+)
+def _(tmp: Path) -> Run:
+    mount = _tmpfs(tmp, "full", "60k")
+    return Run(
+        args=train(
+            write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(400))),
+            f"hydra.run.dir={mount / 'run'}",
+            "preflight.plot=true",
+            "preflight.show=3",
+        ),
+        after=_umount(mount),
+    )
+
+
+@case(
     "run_dir_disk_full_plot",
     DISK,
     "the run directory on a 24 KB tmpfs (lengths.png fails)",
