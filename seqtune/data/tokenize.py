@@ -98,6 +98,12 @@ class SampleEncoder:
         self.bos_id = tokens.bos_id if tokens is not None else added_bos_id(tokenizer)
         self.vocab_size = len(tokenizer)
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        if self._backend is not None:
+            # Whole texts are encoded: data.overlength decides lengths and the collators pad. A truncation or padding
+            # preset in tokenizer.json (preflight reports it) must not cut or pad what is measured and trained on;
+            # transformers clears both on each of its own calls, the Rust backend called here does not.
+            self._backend.no_truncation()
+            self._backend.no_padding()
         self.sequences_per_sample = 2 if self.pairs else 1
         if self._backend is None and renders:
             raise ConfigError(

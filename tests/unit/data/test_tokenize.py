@@ -6,11 +6,13 @@ import numpy as np
 import pytest
 
 from seqtune.config.errors import ConfigError
+from seqtune.config.plan import Tokens
 from seqtune.data.formats import CHAT_ROLES, Conversation, PreTokenized, PromptCompletion
 from seqtune.data.tokenize import SampleEncoder, chat_template_roles, render_chat
 from seqtune.data.types import IGNORE_INDEX, Reject, TokenizedSample
 from seqtune.models import get_spec
 from seqtune.tokenizers import templates
+from tests.unit.data.conftest import load_bundled_tokenizer
 
 
 def _pc(prompt: str, completion: str, line: int = 1) -> PromptCompletion:
@@ -68,6 +70,26 @@ def test_final_eos_is_a_target_when_pad_equals_eos(fresh_tokenizer):
     for fmt in ("alpaca", "text"):
         [sample] = SampleEncoder(tok, fmt, train_on_prompt=False).encode_batch([_pc("Q:\n", "answer")])
         assert sample.input_ids[-1] == tok.eos_token_id and sample.labels[-1] == tok.eos_token_id
+
+
+@pytest.mark.parametrize("fmt", ["alpaca", "text", "chat"])
+def test_a_truncation_or_padding_preset_never_cuts_or_pads_what_is_encoded(fresh_tokenizer, fmt):
+    # A tokenizer.json may preset truncation/padding (preflight reports it); the backend keeps it until a
+    # transformers call clears it, and the encoder calls the backend directly: it must encode whole texts.
+    # The plan's Tokens are handed in, as preflight and training do: no transformers call clears the preset first.
+    reference = SampleEncoder(load_bundled_tokenizer(), fmt, train_on_prompt=False)
+    tokens = Tokens(
+        pad_id=reference.eos_id, bos_id=reference.bos_id, eos_id=reference.eos_id, terminators={}, templated=False
+    )
+    fresh_tokenizer.backend_tokenizer.enable_truncation(max_length=4)
+    fresh_tokenizer.backend_tokenizer.enable_padding(length=64, pad_id=0)
+    encoder = SampleEncoder(fresh_tokenizer, fmt, train_on_prompt=False, tokens=tokens)
+    record = _chat(("user", "What is seven times two?"), ("assistant", "It is fourteen.")) if fmt == "chat" else None
+    records = [record] if record else [_pc("Question: what is seven times two?\n", "It is fourteen, of course.")]
+    [sample] = encoder.encode_batch(records)
+    [expected] = reference.encode_batch(records)
+    assert len(sample.input_ids) > 8 and np.array_equal(sample.input_ids, expected.input_ids)
+    assert np.array_equal(sample.labels, expected.labels)
 
 
 def test_batched_encoding_equals_one_by_one(bundled_tokenizer):
