@@ -1428,16 +1428,10 @@ def _(tmp: Path) -> Run:
     )
 
 
-@case(
-    "run_dir_disk_full_samples",
-    DISK,
-    "the run directory on a 52 KB tmpfs (lengths.png fits; samples.json or samples.html, preflight.show, fails)",
-    "clean",
-    both(refused(r"(?i)no space left on .*run/samples\.(json|html)", codes=DISK_FULL_CODES), _no_temps_after),
-    needs="mount",
-)
-def _(tmp: Path) -> Run:
-    mount = _tmpfs(tmp, "full", "52k")
+def _full_run_dir_with_reports(tmp: Path, size: str) -> Run:
+    """A dry run on 400 alpaca rows writing every report (lengths.png, samples.json/html, plan.json) into a run
+    directory on a tmpfs of `size`: which file fails first depends on the size."""
+    mount = _tmpfs(tmp, "full", size)
     return Run(
         args=train(
             write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(400))),
@@ -1447,6 +1441,18 @@ def _(tmp: Path) -> Run:
         ),
         after=_umount(mount),
     )
+
+
+@case(
+    "run_dir_disk_full_samples",
+    DISK,
+    "the run directory on a 52 KB tmpfs (lengths.png fits; samples.json or samples.html, preflight.show, fails)",
+    "clean",
+    both(refused(r"(?i)no space left on .*run/samples\.(json|html)", codes=DISK_FULL_CODES), _no_temps_after),
+    needs="mount",
+)
+def _(tmp: Path) -> Run:
+    return _full_run_dir_with_reports(tmp, "52k")
 
 
 @case(
@@ -1458,16 +1464,7 @@ def _(tmp: Path) -> Run:
     needs="mount",
 )
 def _(tmp: Path) -> Run:
-    mount = _tmpfs(tmp, "full", "60k")
-    return Run(
-        args=train(
-            write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(400))),
-            f"hydra.run.dir={mount / 'run'}",
-            "preflight.plot=true",
-            "preflight.show=3",
-        ),
-        after=_umount(mount),
-    )
+    return _full_run_dir_with_reports(tmp, "60k")
 
 
 @case(
