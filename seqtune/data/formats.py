@@ -534,7 +534,8 @@ class LineParser:
     def _preference_shape(self, line: int, obj: dict) -> str | Reject:
         """Which PREFERENCE_SHAPES a pair is in, told by the field that holds its prompt; a Reject when it has
         two such fields, or prompt text in a field its shape does not read (it would be dropped without a word)."""
-        markers = [shape for shape, (marker, _, _) in PREFERENCE_SHAPES.items() if marker in obj]
+        # A null field is an absent one (a table's column that this row does not use).
+        markers = [shape for shape, (marker, _, _) in PREFERENCE_SHAPES.items() if obj.get(marker) is not None]
         if "messages" in markers and not (isinstance(obj["chosen"], dict) and isinstance(obj["rejected"], dict)):
             # LLaMA-Factory's `messages` pairs give one reply each; beside whole conversations (UltraFeedback's
             # `messages` copies the chosen one) it is not the prompt.

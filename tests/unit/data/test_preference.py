@@ -339,3 +339,9 @@ def test_a_string_prompt_copied_into_the_conversations_is_read_as_trl_extracts_i
     pair = parse({"prompt": "2+2?", "chosen": chosen, "rejected": rejected, "messages": chosen})
     assert isinstance(pair, PreferencePair) and pair.chosen.first_target == 1
     assert [m["content"] for m in pair.chosen.messages] == ["2+2?", "4"]
+
+
+def test_a_null_prompt_field_is_an_absent_one():
+    """A table's rows carry every column: a null `prompt` beside an Alpaca pair's instruction is no second prompt."""
+    pair = parse({"prompt": None, "instruction": "Add.", "input": None, "chosen": "4", "rejected": "22"})
+    assert isinstance(pair, PreferencePair) and pair.chosen.prompt.startswith("### Instruction:\nAdd.")
