@@ -218,9 +218,16 @@ class SampleLocations(Protocol):
 
 
 def check_overlength(
-    *, split: str, lengths: np.ndarray, locations: SampleLocations, max_seq_len: int, policy: str
+    *,
+    split: str,
+    lengths: np.ndarray,
+    locations: SampleLocations,
+    max_seq_len: int,
+    policy: str,
+    noun: str = "sample",
 ) -> list[Problem]:
     """With data.overlength=error, every sample of every split fits max_seq_len (report 5: val longer than train).
+    `lengths`: per sample (a pair's longer sequence), `noun`: what a sample is called (seqtune.data.kinds.NOUNS).
 
     truncate and drop are explicit policies: their counts are reported in the split stats, not as problems.
     """
@@ -236,8 +243,8 @@ def check_overlength(
             key="data.max_seq_len",
             location=locations[longest],
             message=(
-                f"data.max_seq_len={max_seq_len} < longest {split} sample {int(lengths[longest])} tokens "
-                f"({locations[longest]}); {over.size} {split} sample(s) over the limit: "
+                f"data.max_seq_len={max_seq_len} < longest {split} {noun} {int(lengths[longest])} tokens "
+                f"({locations[longest]}); {over.size} {split} {noun}(s) over the limit: "
                 f"{_listed(listed, int(over.size))}. Fix: data.max_seq_len=auto, or data.overlength=truncate "
                 "(or drop)."
             ),

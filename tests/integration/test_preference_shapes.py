@@ -106,22 +106,22 @@ def test_overlength_drop_counts_pairs_and_says_what_a_split_keeps(tmp_path):
         val[i] = dict(short, chosen=f"{long} {i}")
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in val))
-    result = run_cli(
-        [
-            *COMMON[:-1],
-            f"data.train={tmp_path / 'train.jsonl'}",
-            f"data.val={tmp_path / 'val.jsonl'}",
-            "data.max_seq_len=64",
-            "data.overlength=drop",
-            "preflight.only=true",
-        ],
-        tmp_path / "run",
-    )
+    args = [
+        *COMMON[:-1],
+        f"data.train={tmp_path / 'train.jsonl'}",
+        f"data.val={tmp_path / 'val.jsonl'}",
+        "data.max_seq_len=64",
+        "preflight.only=true",
+    ]
+    result = run_cli([*args, "data.overlength=drop"], tmp_path / "run")
     ok(result)
     said = text(result)
     assert "6 val pair(s) with a sequence longer than 64 tokens will be dropped, leaving 3 of 9" in said, said[-3000:]
     stats = json.loads((tmp_path / "run" / "preflight.json").read_text())["splits"]["val"]
     assert stats["dropped"] == 6 and stats["over_limit"] == 6
+    # data.overlength=error names each pair once, by its line.
+    said = refused(run_cli([*args, "data.overlength=error"], tmp_path / "error"))
+    assert "6 val pair(s) over the limit" in said and said.count("val.jsonl:1 (") == 1, said[-3000:]
 
 
 def test_a_pair_that_repeats_its_explicit_prompt_is_refused_naming_its_line(tmp_path):
