@@ -961,7 +961,9 @@ def _recipe_rules(cfg: RootConfig, rules: _Domain) -> None:
             key = "data.format" if source.format == cfg.data.format else f"{source.key}.format"
             if kind == SampleKind.preference:
                 fix = (
-                    "data.format=preference with {prompt, chosen, rejected} records (strings or message lists), "
+                    "data.format=preference with {prompt, chosen, rejected} records (strings or message lists; it "
+                    "also reads LLaMA-Factory's Alpaca {instruction, input, chosen, rejected}, ShareGPT "
+                    "{conversations, chosen, rejected} and OpenAI {messages, chosen, rejected} pairs as they are), "
                     "or recipe=lora_sft to fine-tune on these records"
                 )
             else:
