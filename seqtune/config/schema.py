@@ -82,7 +82,9 @@ class DataFormat(StrEnum):
     text = "text"
     tokenized = "tokenized"
     # {"prompt"?, "chosen", "rejected"}: strings, or message lists (TRL's conversational preference format; without
-    # a prompt, chosen and rejected are whole conversations that share all but their last assistant turn).
+    # a prompt, chosen and rejected are whole conversations that share all but their last assistant turn); and
+    # LLaMA-Factory's pairs, told by their fields: Alpaca {instruction, input?, system?}, ShareGPT {conversations}
+    # and OpenAI {messages} with one reply each (seqtune.data.formats.PREFERENCE_SHAPES).
     preference = "preference"
 
 
@@ -121,7 +123,12 @@ FORMAT_FIELDS: dict[DataFormat, tuple[tuple[str, ...], tuple[str, ...]]] = {
     DataFormat.input_output: (("input", "output"), ()),
     DataFormat.text: (("text",), ()),
     DataFormat.tokenized: (("input_ids",), ("labels", "attention_mask")),
-    DataFormat.preference: (("chosen", "rejected"), ("prompt",)),
+    # Its shapes (seqtune.data.formats.PREFERENCE_SHAPES) hold the prompt in prompt, instruction (+ input, system),
+    # conversations (+ system) or messages; history is read to refuse it (a prompt part no pair shape reads).
+    DataFormat.preference: (
+        ("chosen", "rejected"),
+        ("prompt", "instruction", "input", "system", "conversations", "messages", "tools", "history"),
+    ),
 }
 
 
@@ -954,7 +961,9 @@ def _recipe_rules(cfg: RootConfig, rules: _Domain) -> None:
             key = "data.format" if source.format == cfg.data.format else f"{source.key}.format"
             if kind == SampleKind.preference:
                 fix = (
-                    "data.format=preference with {prompt, chosen, rejected} records (strings or message lists), "
+                    "data.format=preference with {prompt, chosen, rejected} records (strings or message lists; it "
+                    "also reads LLaMA-Factory's Alpaca {instruction, input, chosen, rejected}, ShareGPT "
+                    "{conversations, chosen, rejected} and OpenAI {messages, chosen, rejected} pairs as they are), "
                     "or recipe=lora_sft to fine-tune on these records"
                 )
             else:

@@ -16,7 +16,10 @@ Formats (data.format; the fields of each are FORMAT_FIELDS in seqtune/config/sch
                 same prompt. Strings: prompt + completion each (the prompt is required). Message lists (TRL's
                 conversational format): prompt + chosen and prompt + rejected are conversations; without a prompt,
                 chosen and rejected are whole conversations that must share every message but their last (an
-                assistant reply). Only the turns after the shared history are targets.
+                assistant reply). Only the turns after the shared history are targets. LLaMA-Factory's pairs are
+                read too, told by the field holding the prompt (PREFERENCE_SHAPES): Alpaca {instruction, input?,
+                system?} (the prompt rendered as alpaca renders it), ShareGPT {conversations, system?} and OpenAI
+                {messages} with one reply message each as chosen and rejected (rendered as sharegpt and chat).
 """
 
 from __future__ import annotations
@@ -58,6 +61,20 @@ CONTENT_PART_SEPARATOR = "\n"
 # case costs nothing.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _INT64 = (-(2**63), 2**63 - 1)
+# The shapes of data.format=preference records, told apart by the field holding the prompt: shape -> (that field,
+# the fields of the prompt it reads, how the data looks). The field names are FORMAT_FIELDS[preference]'s.
+PREFERENCE_SHAPES: dict[str, tuple[str, tuple[str, ...], str]] = {
+    # TRL's: strings (the prompt as written), or message lists (without `prompt`, whole conversations).
+    "prompt": ("prompt", ("prompt", "tools"), "{prompt?, chosen, rejected}"),
+    # LLaMA-Factory's Alpaca pairs: the prompt rendered as data.format=alpaca renders it (alpaca_prompt).
+    "alpaca": ("instruction", ("instruction", "input", "system"), "{instruction, input?, system?, chosen, rejected}"),
+    # LLaMA-Factory's ShareGPT pairs (dpo_en_demo.json): chosen and rejected are one {from, value} reply each.
+    "sharegpt": ("conversations", ("conversations", "system", "tools"), "{conversations, system?, chosen, rejected}"),
+    # LLaMA-Factory's OpenAI-style pairs: chosen and rejected are one {role, content} reply each.
+    "messages": ("messages", ("messages", "tools"), "{messages, chosen: {role, content}, rejected}"),
+}
+# Fields holding part of a prompt in some shape: in a record whose shape does not read them, they would be lost.
+PROMPT_PART_FIELDS = ("input", "system", "history")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -106,6 +123,41 @@ class PreferencePair:
 
 
 Record = PromptCompletion | Conversation | PreTokenized | PreferencePair
+
+
+def alpaca_prompt(instruction: str, input_text: str = "", system: str = "") -> str:
+    """An Alpaca record's prompt (ALPACA_TEMPLATE, or ALPACA_TEMPLATE_NO_INPUT without an input); a system prompt
+    goes first, a paragraph of its own, where the classic Alpaca preamble stands."""
+    if input_text.strip():
+        prompt = ALPACA_TEMPLATE.format(instruction=instruction, input=input_text)
+    else:
+        prompt = ALPACA_TEMPLATE_NO_INPUT.format(instruction=instruction)
+    return f"{system}\n\n{prompt}" if system.strip() else prompt
+
+
+def preference_rendering() -> str:
+    """How data.format=preference renders the prompt of each shape (the preflight report says it)."""
+    return (
+        "data.format=preference renders a pair's prompt by its shape: {prompt} strings as written, joined to "
+        "each completion with no template (TRL's standard format: the prompt carries its own, as the bundled pairs "
+        "do); Alpaca pairs {instruction, input, system} with the alpaca template, as data.format=alpaca; message "
+        "lists, ShareGPT {conversations} and OpenAI {messages} pairs with the chat template "
+        "(tokenizer.chat_template), as data.format=chat and sharegpt."
+    )
+
+
+def _shapes_listed() -> str:
+    return ", ".join(description for _, _, description in PREFERENCE_SHAPES.values())
+
+
+def _has_content(value: Any) -> bool:
+    """A field that holds something (an empty string, list or null would lose nothing)."""
+    return value is not None and not (isinstance(value, (str, list, dict)) and not value)
+
+
+def _last_user_turn_is(messages: list[dict[str, Any]], text: str) -> bool:
+    users = [m for m in messages if m["role"] == "user"]
+    return bool(users) and users[-1]["content"].strip() == text.strip()
 
 
 def chat_template_for(fmt: str, tokenizer_template: str | None) -> str | None:
@@ -173,6 +225,9 @@ def template_signature(fmt: str) -> str:
     """What of this module's rendering goes into the token-cache key (changing a template must invalidate it)."""
     if fmt == "alpaca":
         return f"{fmt}|{ALPACA_TEMPLATE}|{ALPACA_TEMPLATE_NO_INPUT}"
+    if fmt == "preference":
+        # The shapes read decide which records are pairs, and Alpaca pairs render with the alpaca template.
+        return f"{fmt}|{'|'.join(PREFERENCE_SHAPES)}|{ALPACA_TEMPLATE}|{ALPACA_TEMPLATE_NO_INPUT}|system-first"
     # Which media references are accepted decides which records are samples: a cache scanned before they had to
     # lie under data.media_root is not this rule's.
     return f"{fmt}|media_under_root" if fmt == "input_output" else fmt
@@ -454,7 +509,17 @@ class LineParser:
         missing = [k for k in ("chosen", "rejected") if k not in obj]
         if missing:
             return self._missing(line, missing, obj)
-        chosen, rejected, prompt = obj["chosen"], obj["rejected"], obj.get("prompt")
+        shape = self._preference_shape(line, obj)
+        if isinstance(shape, Reject):
+            return shape
+        chosen, rejected = obj["chosen"], obj["rejected"]
+        if shape == "alpaca":
+            return self._alpaca_pair(line, obj)
+        if shape == "sharegpt":
+            return self._sharegpt_pair(line, obj)
+        if shape == "messages":  # LLaMA-Factory's OpenAI-style pairs: the prompt's messages, then one reply each
+            return self._conversation_pair(line, obj, obj["messages"], [chosen], [rejected], prompt_key="messages")
+        prompt = obj.get("prompt")
         if isinstance(chosen, str) and isinstance(rejected, str):
             return self._string_pair(line, prompt, chosen, rejected)
         if isinstance(chosen, list) and isinstance(rejected, list):
@@ -464,6 +529,99 @@ class LineParser:
             f"wrong_type: {self._name('chosen')} and {self._name('rejected')} must both be "
             f"strings or both lists of messages (a {type(chosen).__name__} and a "
             f"{type(rejected).__name__})",
+        )
+
+    def _preference_shape(self, line: int, obj: dict) -> str | Reject:
+        """Which PREFERENCE_SHAPES a pair is in, told by the field that holds its prompt; a Reject when it has
+        two such fields, or prompt text in a field its shape does not read (it would be dropped without a word)."""
+        # A null field is an absent one (a table's column that this row does not use).
+        markers = [shape for shape, (marker, _, _) in PREFERENCE_SHAPES.items() if obj.get(marker) is not None]
+        if "messages" in markers and not (isinstance(obj["chosen"], dict) and isinstance(obj["rejected"], dict)):
+            # LLaMA-Factory's `messages` pairs give one reply each; beside whole conversations (UltraFeedback's
+            # `messages` copies the chosen one) it is not the prompt.
+            markers.remove("messages")
+        if len(markers) > 1:
+            fields = " and ".join(self._name(PREFERENCE_SHAPES[s][0]) for s in markers)
+            return self._reject(
+                line,
+                f"ambiguous_shape: the record has both {fields}, so which one is the prompt is unclear (keep one: "
+                f"a pair is one of {_shapes_listed()})",
+            )
+        shape = markers[0] if markers else "prompt"
+        _, reads, description = PREFERENCE_SHAPES[shape]
+        unread = [k for k in PROMPT_PART_FIELDS if k not in reads and _has_content(obj.get(k))]
+        if not unread:
+            return shape
+        fix = "fold it into the prompt, or give the pair in a shape that reads it"
+        column = self.columns.get("prompt")
+        if shape == "prompt" and column:
+            remap = (
+                "remove data.columns.prompt"
+                if column == "instruction"
+                else f"data.columns={{instruction: {column}}} instead of {{prompt: {column}}}"
+            )
+            fix = f"{remap}: Alpaca pairs {{instruction, input?, system?, chosen, rejected}} are read whole"
+        return self._reject(
+            line,
+            f"unread_field: {self._name(unread[0])} holds part of the prompt, which a {description} pair does not "
+            f"read: it would be dropped ({fix})",
+        )
+
+    def _alpaca_pair(self, line: int, obj: dict) -> Record | Reject:
+        """LLaMA-Factory's Alpaca pairs: the prompt is rendered exactly as data.format=alpaca renders it."""
+        values = self._strings(line, obj, ("instruction", "chosen", "rejected"), ("input", "system"))
+        if isinstance(values, Reject):
+            return values
+        instruction, chosen, rejected, input_text, system = values
+        if not instruction.strip():
+            return self._reject(line, f"empty_text: {self._name('instruction')} is empty")
+        prompt = alpaca_prompt(instruction, input_text, system)
+        return self._string_pair(line, prompt, chosen, rejected)
+
+    def _sharegpt_pair(self, line: int, obj: dict) -> Record | Reject:
+        """LLaMA-Factory's ShareGPT pairs: `conversations` is the prompt, chosen and rejected one reply each (a
+        {from, value} turn, or a list of them), each side read as data.format=sharegpt reads a conversation."""
+        conversations = obj.get("conversations")
+        if not isinstance(conversations, list) or not conversations:
+            return self._reject(
+                line, f"wrong_type: {self._name('conversations')} must be a non-empty list of {{from, value}}"
+            )
+        sides = []
+        for key in ("chosen", "rejected"):
+            reply = obj[key]
+            turns = [reply] if isinstance(reply, dict) else reply
+            if not isinstance(turns, list) or not turns:
+                return self._reject(
+                    line,
+                    f"wrong_type: {self._name(key)} must be a reply {{from, value}} (or a list of them), "
+                    f"not a {type(reply).__name__}",
+                )
+            if conversations == turns[: len(conversations)]:
+                return self._repeated_prompt(line, key, "conversations")
+            record = self._sharegpt(line, {**obj, "conversations": [*conversations, *turns]})
+            if isinstance(record, Reject):
+                return self._reject(line, f"{record.reason} (in {self._name(key)})")
+            assert isinstance(record, Conversation)  # what _sharegpt returns when it does not reject
+            sides.append(record)
+        # One message per ShareGPT turn, after the system message when the record has one.
+        system = obj.get("system")
+        start = len(conversations) + int(isinstance(system, str) and bool(system.strip()))
+        return self._conversations_pair(line, sides[0], sides[1], start)
+
+    def _repeated_prompt(self, line: int, key: str, prompt_key: str) -> Reject:
+        # TRL's contract: with an explicit prompt, chosen and rejected are the completions only. Stripping a copy
+        # here would guess at where the prompt ends; the data's author knows.
+        extract = (
+            ", or leave `prompt` out: the messages chosen and rejected share are then the prompt, as TRL's "
+            "maybe_extract_prompt reads them"
+            if prompt_key == "prompt"
+            else ""
+        )
+        return self._reject(
+            line,
+            f"repeated_prompt: {self._name(key)} starts with the {self._name(prompt_key)} messages again, so every "
+            f"sequence would render the prompt twice ({self._name(prompt_key)} is the prompt: keep only the reply "
+            f"in {self._name(key)}{extract})",
         )
 
     def _string_pair(self, line: int, prompt: Any, chosen: str, rejected: str) -> Record | Reject:
@@ -493,11 +651,18 @@ class LineParser:
             rejected=PromptCompletion(file=self.file, line=line, prompt=prompt, completion=rejected),
         )
 
-    def _conversation_pair(self, line: int, obj: dict, prompt: Any, chosen: list, rejected: list) -> Record | Reject:
-        if prompt is not None and not isinstance(prompt, list):
+    def _conversation_pair(
+        self, line: int, obj: dict, prompt: Any, chosen: list, rejected: list, *, prompt_key: str = "prompt"
+    ) -> Record | Reject:
+        text_prompt = prompt if isinstance(prompt, str) else None
+        if text_prompt is not None:
+            # TRL's maybe_extract_prompt: a string prompt beside whole conversations (UltraFeedback's) is a copy;
+            # the conversations' shared history is the prompt. Read so only when it is the copy it claims to be.
+            prompt = None
+        elif prompt is not None and not isinstance(prompt, list):
             return self._reject(
                 line,
-                f"wrong_type: {self._name('prompt')} is a {type(prompt).__name__}, expected "
+                f"wrong_type: {self._name(prompt_key)} is a {type(prompt).__name__}, expected "
                 "a list of messages like chosen and rejected",
             )
         history = prompt or []
@@ -505,33 +670,44 @@ class LineParser:
         for key, completion in (("chosen", chosen), ("rejected", rejected)):
             if not completion:
                 return self._reject(line, f"empty_text: {self._name(key)} has no message")
+            if history and completion[: len(history)] == history:
+                return self._repeated_prompt(line, key, prompt_key)
             record = self._chat(line, {"messages": [*history, *completion], "tools": obj.get("tools")})
             if isinstance(record, Reject):
                 return self._reject(line, f"{record.reason} (in {self._name(key)})")
             assert isinstance(record, Conversation)  # what _chat returns when it does not reject
             sides.append(record)
         conv_chosen, conv_rejected = sides
-        if prompt is None:  # implicit prompt: everything before the last message is shared history
-            start = len(conv_chosen.messages) - 1
-            # Conversations of different lengths are compared up to the shorter (the mismatch is refused below).
-            differ = next(
-                (
-                    i
-                    for i, (a, b) in enumerate(zip(conv_chosen.messages, conv_rejected.messages, strict=False))
-                    if a != b
-                ),
-                None,
+        if prompt is not None:
+            return self._conversations_pair(line, conv_chosen, conv_rejected, len(history))
+        # Implicit prompt: everything before the last message is shared history.
+        start = len(conv_chosen.messages) - 1
+        # Conversations of different lengths are compared up to the shorter (the mismatch is refused below).
+        differ = next(
+            (i for i, (a, b) in enumerate(zip(conv_chosen.messages, conv_rejected.messages, strict=False)) if a != b),
+            None,
+        )
+        if len(conv_chosen.messages) != len(conv_rejected.messages) or (differ is not None and differ < start):
+            at = differ if differ is not None else min(len(conv_chosen.messages), len(conv_rejected.messages))
+            return self._reject(
+                line,
+                f"history_mismatch: chosen and rejected differ at message {at}, before "
+                "their last turn: a pair must answer the same conversation (give the "
+                "shared part as `prompt` and only the replies as chosen and rejected)",
             )
-            if len(conv_chosen.messages) != len(conv_rejected.messages) or (differ is not None and differ < start):
-                at = differ if differ is not None else min(len(conv_chosen.messages), len(conv_rejected.messages))
-                return self._reject(
-                    line,
-                    f"history_mismatch: chosen and rejected differ at message {at}, before "
-                    "their last turn: a pair must answer the same conversation (give the "
-                    "shared part as `prompt` and only the replies as chosen and rejected)",
-                )
-        else:
-            start = len(history)
+        if text_prompt is not None and not _last_user_turn_is(conv_chosen.messages[:start], text_prompt):
+            return self._reject(
+                line,
+                f"wrong_type: {self._name('prompt')} is a string that is not the last user message of the "
+                "conversations in chosen and rejected: give the prompt as a list of messages, or leave it out "
+                "(the conversations' shared history is the prompt)",
+            )
+        return self._conversations_pair(line, conv_chosen, conv_rejected, start)
+
+    def _conversations_pair(
+        self, line: int, conv_chosen: Conversation, conv_rejected: Conversation, start: int
+    ) -> Record | Reject:
+        """Two conversations that share their first `start` messages (the prompt) → a pair training the rest."""
         if conv_chosen.messages[start:] == conv_rejected.messages[start:]:
             return self._reject(
                 line, "identical_pair: chosen and rejected are the same reply: there is nothing to prefer"

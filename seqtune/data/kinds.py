@@ -16,6 +16,8 @@ from seqtune.config.schema import SampleKind
 SEQUENCES = {SampleKind.sft: 1, SampleKind.preference: 2}
 # What the sequences of a sample are called, in order (the report and samples.html name them).
 MEMBERS = {SampleKind.sft: ("sample",), SampleKind.preference: ("chosen", "rejected")}
+# What the report calls one sample of the kind: drops and counts are in these, never in sequences.
+NOUNS = {SampleKind.sft: "sample", SampleKind.preference: "pair"}
 
 
 def sequences_per_sample(kind: SampleKind | str) -> int:

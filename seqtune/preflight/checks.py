@@ -218,9 +218,16 @@ class SampleLocations(Protocol):
 
 
 def check_overlength(
-    *, split: str, lengths: np.ndarray, locations: SampleLocations, max_seq_len: int, policy: str
+    *,
+    split: str,
+    lengths: np.ndarray,
+    locations: SampleLocations,
+    max_seq_len: int,
+    policy: str,
+    noun: str = "sample",
 ) -> list[Problem]:
     """With data.overlength=error, every sample of every split fits max_seq_len (report 5: val longer than train).
+    `lengths`: per sample (a pair's longer sequence), `noun`: what a sample is called (seqtune.data.kinds.NOUNS).
 
     truncate and drop are explicit policies: their counts are reported in the split stats, not as problems.
     """
@@ -236,8 +243,8 @@ def check_overlength(
             key="data.max_seq_len",
             location=locations[longest],
             message=(
-                f"data.max_seq_len={max_seq_len} < longest {split} sample {int(lengths[longest])} tokens "
-                f"({locations[longest]}); {over.size} {split} sample(s) over the limit: "
+                f"data.max_seq_len={max_seq_len} < longest {split} {noun} {int(lengths[longest])} tokens "
+                f"({locations[longest]}); {over.size} {split} {noun}(s) over the limit: "
                 f"{_listed(listed, int(over.size))}. Fix: data.max_seq_len=auto, or data.overlength=truncate "
                 "(or drop)."
             ),
@@ -441,6 +448,7 @@ def check_split_not_empty(
     first_reject: Reject | None,
     overlength: str,
     rejects: Sequence[Reject] = (),
+    fmt: str = "",
 ) -> list[Problem]:
     """A configured split must give at least one sample after every policy: an empty train split would otherwise
     pass preflight and fail after the model is built, blaming the batch size; an empty val split would
@@ -469,6 +477,7 @@ def check_split_not_empty(
                 rejects=rejects,
                 first_reject=first_reject,
                 skip=skip,
+                fmt=fmt,
             )
         ]
     return [
@@ -518,6 +527,34 @@ REJECT_FIXES: dict[str, tuple[str, str]] = {
         "give the shared conversation as `prompt` and only the replies as chosen and rejected",
     ),
     "overlength": ("data.max_seq_len", "a larger data.max_seq_len (or auto), or data.overlength=truncate"),
+    "ambiguous_shape": (
+        "data.columns",
+        "keep one prompt field per pair (rename or remove the other with data.columns={FIELD: DATA_FIELD})",
+    ),
+    "unread_field": (
+        "data.columns",
+        "give each pair's prompt in the fields of one shape: Alpaca pairs {instruction, input, system, chosen, "
+        "rejected} are read as they are, without a data.columns mapping of prompt to instruction",
+    ),
+    "repeated_prompt": (
+        "data.{split}",
+        "keep only the replies in chosen and rejected, or leave the prompt field out so that the turns the two "
+        "conversations share are read as the prompt (as TRL's maybe_extract_prompt does)",
+    ),
+}
+# data.format=preference: the record-shape fixes above name SFT formats that the DPO recipes do not read.
+PREFERENCE_REJECT_FIXES: dict[str, tuple[str, str]] = {
+    "missing_field": (
+        "data.columns",
+        "give the pairs in one of the preference shapes (docs/data.md#preference-records: {prompt, chosen, "
+        "rejected}, Alpaca {instruction, input, chosen, rejected}, ShareGPT {conversations, chosen, rejected}, "
+        "OpenAI {messages, chosen, rejected}), or name the data's fields with data.columns={FIELD: DATA_FIELD}",
+    ),
+    "wrong_type": (
+        "data.{split}",
+        "give the pairs in one of the preference shapes (docs/data.md#preference-records): chosen and rejected "
+        "both strings, both message lists, or one reply message each beside conversations or messages",
+    ),
 }
 
 
@@ -529,12 +566,14 @@ def _all_rejected(
     rejects: Sequence[Reject],
     first_reject: Reject | None,
     skip: str,
+    fmt: str,
 ) -> Problem:
     """Every record of a split rejected: one problem naming the most common reason and what fixes it (raising
     data.max_bad_fraction would only lead to "no usable record")."""
     code, count = max(sorted(reject_counts.items()), key=lambda item: item[1])
     example = next((r for r in rejects if r.code == code), first_reject)
-    key, fix = REJECT_FIXES.get(code, ("data.{split}", "repair those records"))
+    fixes = {**REJECT_FIXES, **PREFERENCE_REJECT_FIXES} if fmt == "preference" else REJECT_FIXES
+    key, fix = fixes.get(code, ("data.{split}", "repair those records"))
     others = ", ".join(f"{c} x{n}" for c, n in sorted(reject_counts.items()) if c != code)
     where = f"{example.file}:{example.line}" if example is not None else None
     return Problem(

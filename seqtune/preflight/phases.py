@@ -12,9 +12,10 @@ import numpy as np
 
 from seqtune.config.errors import SeqtuneError
 from seqtune.config.plan import Resolved, Tokens
-from seqtune.config.schema import DataMode, Overlength, RootConfig, Tail
+from seqtune.config.schema import RECIPE_KIND, DataMode, Overlength, RootConfig, Tail
 from seqtune.config.tracker import KEY_VARIABLE, key_problem
 from seqtune.data.batching import BatchRule
+from seqtune.data.kinds import NOUNS
 from seqtune.data.overlength import TRUNCATING
 from seqtune.export.gguf import gguf_refusal_for
 from seqtune.models.arch import ModelConfigs, model_configs
@@ -169,22 +170,28 @@ def resolve_lengths(cfg: RootConfig, plan: Resolved, scans: dict) -> tuple[int, 
     problems = checks.check_context_length(
         max_seq_len=max_seq_len, context_length=plan.context_length, auto=True, longest_location=location
     )
-    lengths = np.concatenate([scan.lengths for scan in scans.values()]) if scans else np.empty(0, np.int32)
+    lengths = np.concatenate([_sample_lengths(scan) for scan in scans.values()]) if scans else np.empty(0, np.int32)
     notes = checks.auto_length_notes(lengths=lengths, max_seq_len=max_seq_len, longest_location=location)
     return max_seq_len, problems, notes
 
 
+def _sample_lengths(scan) -> np.ndarray:
+    """The length that decides whether each sample fits: its longest sequence (a pair is kept or dropped whole)."""
+    return np.asarray(scan.lengths).reshape(-1, scan.sequences_per_sample).max(axis=1, initial=0)
+
+
 class _Locations:
-    """file:line of cache sample i, read lazily (a split can hold 100M samples)."""
+    """file:line of cache sample i (its first sequence), read lazily (a split can hold 100M samples)."""
 
     def __init__(self, scan) -> None:
         self._cache = scan.cache()
+        self._stride = scan.sequences_per_sample
 
     def __len__(self) -> int:
-        return len(self._cache)
+        return len(self._cache) // self._stride
 
     def __getitem__(self, i: int) -> str:
-        return self._cache.location(int(i))
+        return self._cache.location(int(i) * self._stride)
 
 
 def split_checks(cfg: RootConfig, plan: Resolved, scan, max_seq_len: int) -> list[Problem]:
@@ -214,6 +221,7 @@ def split_checks(cfg: RootConfig, plan: Resolved, scan, max_seq_len: int) -> lis
             first_reject=scan.rejects[0] if scan.rejects else None,
             overlength=cfg.data.overlength,
             rejects=scan.rejects,
+            fmt=cfg.data.format,
         )
     if scan.samples and not _explained_by_vocab_size(cfg, plan, scan):
         problems += checks.check_max_token_id(
@@ -225,10 +233,11 @@ def split_checks(cfg: RootConfig, plan: Resolved, scan, max_seq_len: int) -> lis
         )
     problems += checks.check_overlength(
         split=scan.name,
-        lengths=scan.lengths,
+        lengths=_sample_lengths(scan),
         locations=_Locations(scan),
         max_seq_len=max_seq_len,
         policy=cfg.data.overlength,
+        noun=NOUNS[RECIPE_KIND[cfg.recipe_name]],
     )
     # Nothing drops samples that train only their eos, so they are a problem (an empty completion is a data bug).
     # (Samples that data.overlength=truncate leaves with no target are dropped in both modes: see split_stats.)
@@ -263,16 +272,21 @@ def split_stats(cfg: RootConfig, scan, view, max_seq_len: int) -> tuple[SplitSta
     """A split's statistics; `view` is the split as training serves it (None when data.overlength=error refuses
     it), whose `cut` lists the samples truncation left without a target (dropped, in both data modes)."""
     stats = checks.length_stats(scan.lengths, max_seq_len)
-    over = stats.pop("over_limit")
+    stats.pop("over_limit")  # counts sequences: a pair is over when either of its two is
+    k = scan.sequences_per_sample
+    over = int((_sample_lengths(scan) > max_seq_len).sum())
+    noun = NOUNS[RECIPE_KIND[cfg.recipe_name]]
     policy = cfg.data.overlength
     notes = checks.prepadded_notes(
         split=scan.name, count=scan.padded_inputs, locations=scan.padded_locations, strategy=cfg.padding.strategy
     )
     cut = len(view.cut) if view is not None else 0
     if over and policy != Overlength.error:
+        longer = f"with a sequence longer than {max_seq_len} tokens" if k > 1 else f"longer than {max_seq_len} tokens"
+        left = f", leaving {scan.samples - over} of {scan.samples}" if policy == Overlength.drop else ""
         notes.append(
-            f"data.overlength={policy}: {over} {scan.name} sample(s) longer than {max_seq_len} tokens "
-            f"will be {OVERLENGTH_ACTIONS[policy]}"
+            f"data.overlength={policy}: {over} {scan.name} {noun}(s) {longer} "
+            f"will be {OVERLENGTH_ACTIONS[policy]}{left}"
             f"{f'; {cut} of them keep no target after truncation and are dropped' if cut else ''}"
             f"{f' (first: {view.cut[0]})' if cut else ''}."
         )

@@ -66,8 +66,9 @@ class SourceStats:
 class SplitStats:
     records: int
     rejected: int
-    # min / median / p99 / max token lengths of the accepted samples.
+    # min / median / p99 / max token lengths of the accepted samples' sequences (a pair's chosen and rejected).
     lengths: dict[str, int]
+    # Samples (pairs: either sequence) longer than max_seq_len; over_limit, truncated and dropped count samples.
     over_limit: int
     trainable_fraction: float = 0.0
     zero_target: int = 0

@@ -20,6 +20,7 @@ from seqtune.config.plan import Plan, Resolved, Tokens, complete_plan, write_pla
 from seqtune.config.rundir import PLAN_FILE
 from seqtune.config.schema import SPLITS, DataFormat, DataMode, RootConfig
 from seqtune.data.batching import batch_rule
+from seqtune.data.formats import preference_rendering
 from seqtune.data.scan import SplitScan, format_signature, published_scan, scan_split
 from seqtune.data.split import split_input, validation_source
 from seqtune.data.tokenize import SampleEncoder
@@ -209,6 +210,8 @@ def _data_phases(
         plot.draw(lengths, max_seq_len=max_seq_len, context_length=resolved.context_length)
     problems += length_problems
     result.notes += length_notes
+    if cfg.data.format == DataFormat.preference:
+        result.notes.append(preference_rendering())
     rule = batch_rule(cfg, max_seq_len=max_seq_len, sequences_per_sample=resolved.sequences_per_sample)
     # Each split exactly as training will serve it (data.overlength applied), built once for every phase below.
     views = {

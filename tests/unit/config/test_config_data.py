@@ -128,3 +128,13 @@ def test_whether_a_run_has_validation_is_one_fact_that_val_fraction_answers_too(
     assert "data.val_fraction=0.05" in str(info.value)
     given = _compose([mine, f"data.val={tmp_path / 'v.jsonl'}"])
     assert validation_key(given.data.val, given.data.val_fraction) == "data.val"
+
+
+def test_a_dpo_recipe_on_sharegpt_names_the_preference_format_that_reads_sharegpt_pairs(tmp_path):
+    """LLaMA-Factory's pairs are ShareGPT or Alpaca shaped: the fix must point at data.format=preference, which reads
+    them as they are, not at an SFT format the DPO recipe refuses."""
+    with pytest.raises(ConfigError) as info:
+        _compose(["recipe=lora_dpo", f"data.train={tmp_path / 'dpo_en_demo.json'}", "data.format=sharegpt"])
+    message = " ".join(str(info.value).split())
+    assert "data.format=sharegpt" in message and "Fix: data.format=preference" in message
+    assert "ShareGPT {conversations, chosen, rejected}" in message

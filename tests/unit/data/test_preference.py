@@ -221,3 +221,127 @@ def test_fillers_complete_a_pair_batch_without_counting():
     batch = make_collator(rule, pad_id=0, padding_side="right")([PAIRS[0], as_filler(PAIRS[1])])
     assert int(batch["num_samples"]) == 1 and tuple(batch["input_ids"].shape) == (4, 6)
     assert torch.all(batch["targets"][2:] == IGNORE_INDEX)
+
+
+def parse_with(obj: dict, columns: dict[str, str]) -> PreferencePair | Reject:
+    return LineParser(fmt="preference", file="p.jsonl", columns=columns).parse(7, json.dumps(obj).encode())
+
+
+def test_llama_factory_sharegpt_pairs_are_the_conversation_then_one_reply_each(chat_tokenizer):
+    """dpo_en_demo.json's shape: the prompt rendered by the chat template exactly as data.format=sharegpt renders
+    the same conversation, only the reply a target."""
+    record = {
+        "conversations": [{"from": "human", "value": "Name a primary colour."}],
+        "system": "Answer in one word.",
+        "chosen": {"from": "gpt", "value": "Red."},
+        "rejected": {"from": "gpt", "value": "Purple."},
+    }
+    pair = parse(record)
+    assert isinstance(pair, PreferencePair) and isinstance(pair.chosen, Conversation)
+    assert [m["role"] for m in pair.chosen.messages] == ["system", "user", "assistant"]
+    assert pair.chosen.first_target == 2 and pair.rejected.messages[-1]["content"] == "Purple."
+    sharegpt = LineParser(fmt="sharegpt", file="p.jsonl").parse(
+        7, json.dumps({**record, "conversations": [*record["conversations"], record["chosen"]]}).encode()
+    )
+    [as_sft] = SampleEncoder(chat_tokenizer, "sharegpt", train_on_prompt=False).encode_batch([sharegpt])
+    [(chosen, _)] = SampleEncoder(chat_tokenizer, "preference", train_on_prompt=False).encode_batch([pair])
+    assert chosen.input_ids.tolist() == as_sft.input_ids.tolist() and chosen.labels.tolist() == as_sft.labels.tolist()
+
+
+def test_llama_factory_openai_pairs_read_messages_as_the_prompt():
+    pair = parse(
+        {
+            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}],
+            "chosen": {"role": "assistant", "content": "4"},
+            "rejected": {"role": "assistant", "content": "5"},
+        }
+    )
+    assert isinstance(pair, PreferencePair) and pair.chosen.first_target == 2
+    assert [m["content"] for m in pair.rejected.messages] == ["Be brief.", "2+2?", "5"]
+
+
+def test_alpaca_pairs_render_their_prompt_as_the_alpaca_format_does(bundled_tokenizer):
+    record = {"instruction": "Add the numbers.", "input": "2 and 2", "chosen": "4", "rejected": "22"}
+    pair = parse(record)
+    assert isinstance(pair, PreferencePair)
+    as_sft = LineParser(fmt="alpaca", file="p.jsonl").parse(
+        7, json.dumps({"instruction": record["instruction"], "input": record["input"], "output": "4"}).encode()
+    )
+    assert pair.chosen == as_sft and "### Input:\n2 and 2" in pair.rejected.prompt
+    with_system = parse({**record, "system": "You are a calculator."})
+    assert with_system.chosen.prompt == f"You are a calculator.\n\n{as_sft.prompt}"
+
+
+@pytest.mark.parametrize(
+    "record,columns,code,detail",
+    [
+        (  # the prompt mapped from instruction: input would be dropped without a word
+            {"instruction": "Add.", "input": "2 and 2", "chosen": "4", "rejected": "22"},
+            {"prompt": "instruction"},
+            "unread_field",
+            "input holds part of the prompt",
+        ),
+        (
+            {"prompt": "Q", "system": "Be brief.", "chosen": "a", "rejected": "b"},
+            {},
+            "unread_field",
+            "system holds part of the prompt",
+        ),
+        (
+            {"prompt": "Q", "instruction": "Add.", "chosen": "a", "rejected": "b"},
+            {},
+            "ambiguous_shape",
+            "both prompt and instruction",
+        ),
+        (  # an explicit prompt that the conversations repeat: every sequence would render it twice
+            {
+                "prompt": [{"role": "user", "content": "2+2?"}],
+                "chosen": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}],
+                "rejected": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "5"}],
+            },
+            {},
+            "repeated_prompt",
+            "chosen starts with the prompt messages again",
+        ),
+        (
+            {
+                "conversations": [{"from": "human", "value": "2+2?"}],
+                "chosen": [{"from": "human", "value": "2+2?"}, {"from": "gpt", "value": "4"}],
+                "rejected": {"from": "gpt", "value": "5"},
+            },
+            {},
+            "repeated_prompt",
+            "chosen starts with the conversations messages again",
+        ),
+        (  # a string prompt beside conversations that do not ask it: which is the prompt?
+            {
+                "prompt": "3+3?",
+                "chosen": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}],
+                "rejected": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "5"}],
+            },
+            {},
+            "wrong_type",
+            "not the last user message",
+        ),
+    ],
+)
+def test_pairs_that_would_lose_or_repeat_prompt_text_are_rejects(record, columns, code, detail):
+    reject = parse_with(record, columns)
+    assert isinstance(reject, Reject) and reject.code == code and (reject.file, reject.line) == ("p.jsonl", 7)
+    assert detail in reject.reason
+
+
+def test_a_string_prompt_copied_into_the_conversations_is_read_as_trl_extracts_it():
+    """UltraFeedback's shape: `prompt` repeats the user turn of whole conversations (and `messages` copies the
+    chosen one): the shared history is the prompt, once."""
+    chosen = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
+    rejected = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "5"}]
+    pair = parse({"prompt": "2+2?", "chosen": chosen, "rejected": rejected, "messages": chosen})
+    assert isinstance(pair, PreferencePair) and pair.chosen.first_target == 1
+    assert [m["content"] for m in pair.chosen.messages] == ["2+2?", "4"]
+
+
+def test_a_null_prompt_field_is_an_absent_one():
+    """A table's rows carry every column: a null `prompt` beside an Alpaca pair's instruction is no second prompt."""
+    pair = parse({"prompt": None, "instruction": "Add.", "input": None, "chosen": "4", "rejected": "22"})
+    assert isinstance(pair, PreferencePair) and pair.chosen.prompt.startswith("### Instruction:\nAdd.")
