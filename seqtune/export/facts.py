@@ -7,6 +7,7 @@ so export, best/ and `python -m seqtune.export RUN_DIR` write the same facts:
   the train split's targets end on, as preflight counted them), written into config.json and generation_config.json;
 - `base`: where the adapter's base is (model.path; for a tiny random model RUN_DIR/base/, the seeded base written
   there), named by adapter_config.json's base_model_name_or_path and the card's loading lines;
+- `shipped_config(model)`: every saved config generates with a KV cache (use_cache true; training keeps false);
 - `write_card(target, kind)`: README.md with the base, the data files and their sha256, steps, losses, the command.
 """
 
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,6 +70,22 @@ def stamp_stop_ids(model: Any, stop: StopIds) -> None:
         config.pad_token_id = stop.pad
 
 
+@contextmanager
+def shipped_config(model: Any) -> Iterator[None]:
+    """use_cache=True in the config.json and generation_config.json a save writes (generation wants its KV cache:
+    without it every new token recomputes the whole sequence), and the training value (False: a cache would merge
+    packed documents) back afterwards. A PeftModel's configs are its base's."""
+    configs = [model.config, model.generation_config]
+    before = [config.use_cache for config in configs]
+    for config in configs:
+        config.use_cache = True
+    try:
+        yield
+    finally:
+        for config, value in zip(configs, before, strict=True):
+            config.use_cache = value
+
+
 @dataclass(frozen=True, kw_only=True)
 class ShipFacts:
     run_dir: Path
@@ -105,7 +124,8 @@ def write_base(facts: ShipFacts, tokenizer: Any, *, device: Any) -> Path | None:
         return None
     base = build_model(facts.cfg.model, attn_implementation="sdpa", resize_to=facts.resize_to, device=device)
     stamp_stop_ids(base, facts.stop)
-    base.save_pretrained(target, safe_serialization=True)
+    with shipped_config(base):
+        base.save_pretrained(target, safe_serialization=True)
     tokenizer.save_pretrained(target)
     follow_umask(target)
     return target

