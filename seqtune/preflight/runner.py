@@ -18,7 +18,7 @@ from typing import Any
 from seqtune.config.errors import PreflightFailed, SeqtuneError
 from seqtune.config.plan import Plan, Resolved, Tokens, complete_plan, write_plan
 from seqtune.config.rundir import PLAN_FILE
-from seqtune.config.schema import SPLITS, DataFormat, DataMode, RootConfig
+from seqtune.config.schema import SPLITS, DataFormat, DataMode, Duplicates, RootConfig
 from seqtune.data.batching import batch_rule
 from seqtune.data.scan import SplitScan, format_signature, published_scan, scan_split
 from seqtune.data.split import split_input, validation_source
@@ -260,6 +260,7 @@ def _stream_phase(
 ) -> tuple[dict[str, Any], tuple[int, ...]]:
     """data.mode=stream: every rank must know how many micro-batches a pass makes, so they all stop together:
     count the train records once here (the plan holds the counts)."""
+    from seqtune.data.dedup import dropped_per_source, stream_sample_problem, with_dropped
     from seqtune.data.mix import used_per_epoch
     from seqtune.data.stream import count_lines, records_per_pass
 
@@ -267,6 +268,13 @@ def _stream_phase(
     assert split is not None, "data.train is required (MISSING in the schema), so the train split exists"
     complete = not cfg.data.preflight_sample or sampled.records < cfg.data.preflight_sample
     records = [source.records for source in sampled.sources] if complete else count_lines(split)
+    if cfg.data.duplicates == Duplicates.drop:
+        if complete or sum(records) == sampled.records:
+            split = with_dropped(split, sampled.cache_dir)
+            records = [n - d for n, d in zip(records, dropped_per_source(split), strict=True)]
+        else:
+            refusal = stream_sample_problem(cfg.data.preflight_sample, sum(records))
+            problems.append(Problem(check="duplicates", key="data.duplicates", message=str(refusal)))
     result.stream_source_records = records
     result.stream_train_lines = lines = records_per_pass(split, records)
     for stats, source, count in zip(result.splits["train"].sources, split.sources, records, strict=True):
@@ -311,6 +319,7 @@ def scan_splits(
     problems: list[Problem] = []
     cache_root = token_cache_root(cfg)
     sample = cfg.data.preflight_sample if cfg.data.mode == DataMode.stream else 0
+    drop_duplicates = cfg.data.duplicates == Duplicates.drop
     for name in SPLITS:
         # Only train streams; val/test are read in full into the cache that evaluation uses in both modes.
         max_records = sample if name == "train" else 0
@@ -319,7 +328,12 @@ def scan_splits(
             if split is None:
                 continue
             found = published_scan(
-                split, signatures, cache_root=cache_root, media_root=cfg.data.media_root, max_records=max_records
+                split,
+                signatures,
+                cache_root=cache_root,
+                media_root=cfg.data.media_root,
+                max_records=max_records,
+                drop_duplicates=drop_duplicates,
             )
             if found is None and encoders is None:
                 if before_encoding is not None:
@@ -341,9 +355,13 @@ def scan_splits(
                 max_records=max_records,
                 progress=cfg.train.progress,
                 fingerprint=fingerprint,
+                drop_duplicates=drop_duplicates,
             )
         except SeqtuneError as err:
-            problems.append(Problem(check="data", key=err.key or f"data.{name}", message=str(err)))
+            problem = Problem(check="data", key=err.key or f"data.{name}", message=str(err))
+            # One cause, one problem: splits that read the same file (data.val_fraction) meet the same fault.
+            if problem not in problems:
+                problems.append(problem)
     return scans, problems
 
 

@@ -363,7 +363,7 @@ def test_eval_prompts_cut_chat_and_alpaca_samples_at_their_first_target(tmp_path
         * 3,
     )
     # Three copies of one conversation, validated on itself: duplicates accepted on purpose.
-    cfg = make_cfg(tmp_path, chat, f"data.val={chat}", "data.format=chat", "data.max_duplicate_fraction=1")
+    cfg = make_cfg(tmp_path, chat, f"data.val={chat}", "data.format=chat", "data.duplicates=keep")
     preflight, plan, tokenizer = prepare(cfg, tmp_path / "run")
     prompts = build_eval_prompts(
         preflight.caches["val"], count=2, max_seq_len=plan.max_seq_len, bos_id=plan.vocab.special_ids.get("bos")

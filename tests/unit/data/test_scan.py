@@ -173,3 +173,31 @@ def test_progress_bar_counts_each_record_once(tmp_path, bundled_tokenizer, jsonl
     assert (scan.records, scan.samples, scan.reject_counts) == (12, 6, {"template_rejected": 4, "bad_json": 2})
     counts = re.findall(r"scan train: (\d+) rec", capsys.readouterr().err)
     assert counts and int(counts[-1]) == 12
+
+
+def test_drop_duplicates_leaves_out_later_copies_naming_the_first_and_keys_the_cache(tmp_path, bundled_tokenizer, jsonl):
+    other = {"instruction": "Add 1 and 1.", "input": "", "output": "2"}
+    # Line 4 is line 1 written differently (no input field, other key order): the same tokens and targets.
+    same_tokens = {"output": "5", "instruction": "Add 2 and 3."}
+    data = jsonl(tmp_path / "train.jsonl", [GOOD, other, GOOD, same_tokens, other, {"instruction": "x", "output": 5}])
+    encoder = SampleEncoder(bundled_tokenizer, "alpaca", train_on_prompt=False)
+    kept = scan_files("train", [data], encoder, cache_root=tmp_path / "c")
+    dropped = scan_files("train", [data], encoder, cache_root=tmp_path / "c", drop_duplicates=True)
+    assert (kept.records, kept.samples) == (6, 5) and (dropped.records, dropped.samples) == (6, 2)
+    assert dropped.cache_dir != kept.cache_dir  # another key: the two caches hold other samples
+    assert dropped.reject_counts == {"duplicate": 3, "wrong_type": 1}
+    assert [(r.line, r.reason) for r in dropped.rejects if r.code == "duplicate"] == [
+        (3, f"duplicate: the same tokens and targets as {data}:1"),
+        (4, f"duplicate: the same tokens and targets as {data}:1"),
+        (5, f"duplicate: the same tokens and targets as {data}:2"),
+    ]
+    cache = dropped.cache()
+    assert [cache.location(i) for i in range(len(cache))] == [f"{data}:1", f"{data}:2"]
+    assert [s.records for s in dropped.sources] == [6] and [s.samples for s in dropped.sources] == [2]
+    # The records a stream-mode pass leaves out are the ones the scan dropped.
+    from seqtune.data.dedup import dropped_per_source, with_dropped
+    from tests.splits import files_split
+
+    split = with_dropped(files_split("train", [data], "alpaca"), dropped.cache_dir)
+    assert split.dropped == {(0, 3), (0, 4), (0, 5)} and dropped_per_source(split) == [3]
+    assert [r.number for r in split.records()] == [1, 2, 6]

@@ -420,7 +420,7 @@ def test_early_stopping_of_lora_is_refused_under_fsdp_across_ranks_only(tmp_path
     # The validation split is the training file itself: accepted on purpose (the duplicates check would refuse it).
     early = (
         "data.val=" + str(varied),
-        "data.max_duplicate_fraction=1",
+        "data.duplicates=keep",
         "train.eval_every=2",
         "train.early_stop_patience=2",
     )
@@ -470,7 +470,7 @@ def test_settings_that_act_at_evals_are_refused_without_what_they_need(tmp_path,
 
 def test_generated_samples_need_validation_prompts_and_preflight_counts_them(tmp_path, varied):
     # Validation is the training file itself, accepted on purpose (the duplicates check would refuse it).
-    samples = ("train.eval_every=2", "train.eval_samples=20", "data.max_duplicate_fraction=1")
+    samples = ("train.eval_every=2", "train.eval_samples=20", "data.duplicates=keep")
     result = run_preflight(make_cfg(tmp_path, varied, f"data.val={varied}", *samples), tmp_path / "run")
     assert result.ok and "the validation split has 8 sample(s) with a prompt" in " ".join(result.notes)
     # Pre-tokenized rows without labels train on every token: nothing to complete.
