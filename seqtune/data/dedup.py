@@ -3,25 +3,33 @@ out where the split is read, so every count after it (the token cache, the plan'
 mix, the stream's deal) is the count without them.
 
 The scan drops them while it writes the token cache (`DuplicateFilter`), each as a `duplicate` reject naming the
-first copy (`file:line`), in the cache's and the run's rejects.jsonl. Stream-mode training re-reads the files: it
-leaves out the same records, read back from the cache's rejects (`dropped_records`), before they are dealt, so the
-deal, the steps and a resume see the same records preflight counted.
+first copy (`file:line`), in the cache's and the run's rejects.jsonl. Stream-mode training re-reads the files and
+leaves out the same records before they are dealt (`with_dropped`), so the deal, the steps and a resume see the
+records preflight counted. Past stream mode's preflight sample, which nothing tokenizes before training, a record
+is a copy when it repeats an earlier one exactly as written (`count_with_copies`: preflight reads every record
+there anyway, to count them).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from seqtune.config.errors import DataError
+from seqtune.data.cache import CACHE_KEY
+from seqtune.data.formats import LineParser
 from seqtune.data.split import SplitInput
 from seqtune.data.tokenize import EncodedBatch
 from seqtune.data.types import DUPLICATE, Reject
+from seqtune.files import storage_error
 
+# Beside a stream-mode train cache: (file index, record number) int64 pairs of the records a pass leaves out.
+STREAM_DROPPED = "stream-dropped-v1.bin"
 # Bytes of a sample's digest: 128 bits, so two different samples never collide in any real split.
 DIGEST_BYTES = 16
 
@@ -84,7 +92,7 @@ def _kept(batch: EncodedBatch, keep: np.ndarray) -> EncodedBatch:
     )
 
 
-def dropped_records(cache_dir: Path, split: SplitInput) -> frozenset[tuple[int, int]]:
+def dropped_records(cache_dir: Path, split: SplitInput) -> set[tuple[int, int]]:
     """(file index in `split.files`, record number) of every record the scan dropped as a duplicate, read from the
     token cache's rejects.jsonl."""
     index = {str(path): i for i, path in enumerate(split.files)}
@@ -94,12 +102,64 @@ def dropped_records(cache_dir: Path, split: SplitInput) -> frozenset[tuple[int, 
             reject = json.loads(line)
             if reject["reason"].split(":", 1)[0] == DUPLICATE:
                 dropped.add((index[reject["file"]], int(reject["line"])))
-    return frozenset(dropped)
+    return dropped
+
+
+def count_with_copies(split: SplitInput, *, media_root: str | None) -> tuple[list[int], set[tuple[int, int]]]:
+    """One read of every record of `split`: each source's records, and (file index, number) of every readable
+    record that repeats an earlier readable one exactly as written (a line byte for byte, a row value for value).
+    For the records past stream mode's preflight sample, which no scan tokenizes: equal records have equal tokens.
+    A record the parser rejects is never a copy: it stays a bad line, counted against data.max_bad_fraction."""
+    counts = [0] * len(split.sources)
+    digests, where = [], []
+    parsers: dict[int, LineParser] = {}
+    for record in split.records():
+        counts[record.source] += 1
+        if record.file not in parsers:
+            source = split.sources[record.source]
+            parsers[record.file] = LineParser(
+                fmt=source.format, file=str(record.path), media_root=media_root, columns=source.columns
+            )
+        payload = record.payload
+        if isinstance(parsers[record.file].parse(record.number, payload), Reject):
+            continue
+        raw = payload if isinstance(payload, bytes) else json.dumps(payload, sort_keys=True, default=str).encode()
+        digests.append(int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little"))
+        where.append((record.file, record.number))
+    if not digests:
+        return counts, set()
+    # 8 bytes a record in one array, not a set of objects: a corpus too large to tokenize has many records.
+    _, first = np.unique(np.asarray(digests, np.uint64), return_index=True)
+    copies = np.ones(len(digests), bool)
+    copies[first] = False
+    return counts, {where[i] for i in np.flatnonzero(copies)}
+
+
+def write_stream_dropped(cache_dir: Path, dropped: set[tuple[int, int]]) -> None:
+    """Beside the train split's token cache (whose key holds the files, the sample and the policy, everything the
+    set depends on): what a stream pass leaves out, for training to read (`with_dropped`)."""
+    rows = np.asarray(sorted(dropped), np.int64).reshape(-1, 2)
+    tmp = Path(cache_dir) / f".{STREAM_DROPPED}.{os.getpid()}.tmp"
+    try:
+        rows.tofile(tmp)
+        os.replace(tmp, Path(cache_dir) / STREAM_DROPPED)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise storage_error(exc, Path(cache_dir), key=CACHE_KEY) from None
 
 
 def with_dropped(split: SplitInput, cache_dir: Path) -> SplitInput:
-    """`split` read without the records its scan (token cache `cache_dir`) dropped as duplicates."""
-    return replace(split, dropped=dropped_records(cache_dir, split))
+    """`split` read as a stream pass reads it: without the records preflight left out as duplicates."""
+    path = Path(cache_dir) / STREAM_DROPPED
+    if not path.is_file():
+        raise DataError(
+            f"{path} is missing: the list of duplicate records preflight left out of data.train is gone (the token "
+            "cache directory was cleaned after preflight).",
+            key="data.train",
+            fix="run the same command again: preflight writes it anew.",
+        )
+    rows = np.fromfile(path, np.int64).reshape(-1, 2)
+    return replace(split, dropped=frozenset((int(f), int(n)) for f, n in rows))
 
 
 def dropped_per_source(split: SplitInput) -> list[int]:
@@ -109,15 +169,3 @@ def dropped_per_source(split: SplitInput) -> list[int]:
     for file_index, _ in split.dropped:
         counts[of_file[file_index]] += 1
     return counts
-
-
-def stream_sample_problem(sample: int, records: int) -> DataError:
-    """data.duplicates=drop in stream mode needs preflight to have read every train record: a copy past its sample
-    could only be found by training, after the plan's counts were fixed."""
-    return DataError(
-        f"data.duplicates=drop leaves out every exact duplicate of the train split, but data.mode=stream with "
-        f"data.preflight_sample={sample} scans {sample} of its {records} records: copies past them cannot be known "
-        "before training, and the plan's steps count the records without copies.",
-        key="data.duplicates",
-        fix="data.preflight_sample=0 (preflight scans every record once), or data.duplicates=keep (train every copy)",
-    )

@@ -23,6 +23,7 @@ from seqtune.data.batching import batch_rule
 from seqtune.data.scan import SplitScan, format_signature, published_scan, scan_split
 from seqtune.data.split import split_input, validation_source
 from seqtune.data.tokenize import SampleEncoder
+from seqtune.data.types import DUPLICATE
 from seqtune.files import storage_error
 from seqtune.models.arch import ModelConfigs
 from seqtune.preflight import checks, content, tokenizer_record
@@ -260,21 +261,33 @@ def _stream_phase(
 ) -> tuple[dict[str, Any], tuple[int, ...]]:
     """data.mode=stream: every rank must know how many micro-batches a pass makes, so they all stop together:
     count the train records once here (the plan holds the counts)."""
-    from seqtune.data.dedup import dropped_per_source, stream_sample_problem, with_dropped
+    from seqtune.data.dedup import (
+        count_with_copies,
+        dropped_per_source,
+        dropped_records,
+        with_dropped,
+        write_stream_dropped,
+    )
     from seqtune.data.mix import used_per_epoch
     from seqtune.data.stream import count_lines, records_per_pass
 
     split = split_input(cfg.data, "train", resolved.validation)
     assert split is not None, "data.train is required (MISSING in the schema), so the train split exists"
     complete = not cfg.data.preflight_sample or sampled.records < cfg.data.preflight_sample
-    records = [source.records for source in sampled.sources] if complete else count_lines(split)
-    if cfg.data.duplicates == Duplicates.drop:
-        if complete or sum(records) == sampled.records:
-            split = with_dropped(split, sampled.cache_dir)
-            records = [n - d for n, d in zip(records, dropped_per_source(split), strict=True)]
-        else:
-            refusal = stream_sample_problem(cfg.data.preflight_sample, sum(records))
-            problems.append(Problem(check="duplicates", key="data.duplicates", message=str(refusal)))
+    drop = cfg.data.duplicates == Duplicates.drop
+    if complete:
+        records = [source.records for source in sampled.sources]
+    else:  # one read of the records past the sample (and, to drop, of which repeat an earlier one as written)
+        records, copies = (
+            count_with_copies(split, media_root=cfg.data.media_root) if drop else (count_lines(split), set())
+        )
+    if drop:
+        # What the scan dropped (same tokens and targets), and past the sample what repeats as written.
+        dropped = dropped_records(sampled.cache_dir, split) | (set() if complete else copies)
+        write_stream_dropped(sampled.cache_dir, dropped)
+        split = with_dropped(split, sampled.cache_dir)
+        records = [n - d for n, d in zip(records, dropped_per_source(split), strict=True)]
+        result.notes += _stream_copies_note(len(dropped) - sampled.reject_counts.get(DUPLICATE, 0))
     result.stream_source_records = records
     result.stream_train_lines = lines = records_per_pass(split, records)
     for stats, source, count in zip(result.splits["train"].sources, split.sources, records, strict=True):
@@ -283,6 +296,15 @@ def _stream_phase(
     result.plan.splits["train"], batches, stream_problems = stream_train_plan(cfg, resolved, rule, split, records)
     problems += stream_problems if lines else []  # no lines at all is the empty-split problem
     return batches, tuple(records)
+
+
+def _stream_copies_note(past_sample: int) -> list[str]:
+    if not past_sample:
+        return []
+    return [
+        f"data.duplicates=drop: {past_sample} data.train records past data.preflight_sample repeat an earlier record "
+        "exactly as written and are left out of every stream pass."
+    ]
 
 
 def token_cache_root(cfg: RootConfig) -> Path:

@@ -377,3 +377,27 @@ def test_eval_prompts_cut_chat_and_alpaca_samples_at_their_first_target(tmp_path
     assert tokenizer.decode(prompts[0].reference_ids, skip_special_tokens=True).strip() == "apple"
     # With a prompt limit below every prompt's length, nothing is left to complete.
     assert build_eval_prompts(preflight.caches["val"], count=2, max_seq_len=3, bos_id=None) == []
+
+
+@pytest.mark.parametrize("sample", [0, 5])  # 0: preflight scans all; 5: the copies past it are found as written
+def test_stream_drops_the_duplicates_cached_mode_drops_and_the_plan_counts_without_them(tmp_path, sample) -> None:
+    rows = [alpaca(i) for i in range(20)]
+    rows[3:3] = [alpaca(1)]  # line 4 repeats line 2: inside the sample
+    rows[15:15] = [alpaca(7), alpaca(12)]  # lines 16 and 17 repeat lines 9 and 14: past it
+    data = write_jsonl(tmp_path / "train.jsonl", rows)
+    common = ("data.shuffle=false", "train.batch_size=2", "data.tail=pad", "data.max_seq_len=64")
+    cached_cfg = make_cfg(tmp_path, data, *common)
+    cached = batches_for(cached_cfg, prepare(cached_cfg, tmp_path / "cached"))
+    want = samples(islice(cached, len(cached.plan)))
+    assert sum(want.values()) == 20 and set(want.values()) == {1}
+    stream_cfg = make_cfg(tmp_path, data, *common, "data.mode=stream", f"data.preflight_sample={sample}")
+    prepared = prepare(stream_cfg, tmp_path / "stream")
+    assert prepared[1].stream_records == (20,)  # the plan deals the records without their copies
+    streamed = batches_for(stream_cfg, prepared)
+    assert streamed.batches_per_rank == 10 and streamed.identity["duplicates_dropped"] == 3
+    assert samples(one_pass(streamed)) == want
+    # keep deals every record.
+    kept_cfg = make_cfg(tmp_path, data, *common, "data.mode=stream", f"data.preflight_sample={sample}",
+                        "data.duplicates=keep")
+    kept = batches_for(kept_cfg, prepare(kept_cfg, tmp_path / "kept"))
+    assert sum(samples(one_pass(kept)).values()) == 23
