@@ -30,6 +30,8 @@ from seqtune.files import storage_error
 
 # Beside a stream-mode train cache: (file index, record number) int64 pairs of the records a pass leaves out.
 STREAM_DROPPED = "stream-dropped-v1.bin"
+# Beside it: those found past stream mode's preflight sample, as rejects.jsonl lines.
+STREAM_COPIES = "stream-copies-v1.jsonl"
 # Bytes of a sample's digest: 128 bits, so two different samples never collide in any real split.
 DIGEST_BYTES = 16
 
@@ -105,9 +107,11 @@ def dropped_records(cache_dir: Path, split: SplitInput) -> set[tuple[int, int]]:
     return dropped
 
 
-def count_with_copies(split: SplitInput, *, media_root: str | None) -> tuple[list[int], set[tuple[int, int]]]:
+def count_with_copies(
+    split: SplitInput, *, media_root: str | None
+) -> tuple[list[int], dict[tuple[int, int], tuple[int, int]]]:
     """One read of every record of `split`: each source's records, and (file index, number) of every readable
-    record that repeats an earlier readable one exactly as written (a line byte for byte, a row value for value).
+    record that repeats an earlier readable one exactly as written (-> that first one's) (a line byte for byte, a row value for value).
     For the records past stream mode's preflight sample, which no scan tokenizes: equal records have equal tokens.
     A record the parser rejects is never a copy: it stays a bad line, counted against data.max_bad_fraction."""
     counts = [0] * len(split.sources)
@@ -127,25 +131,41 @@ def count_with_copies(split: SplitInput, *, media_root: str | None) -> tuple[lis
         digests.append(int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little"))
         where.append((record.file, record.number))
     if not digests:
-        return counts, set()
+        return counts, {}
     # 8 bytes a record in one array, not a set of objects: a corpus too large to tokenize has many records.
-    _, first = np.unique(np.asarray(digests, np.uint64), return_index=True)
-    copies = np.ones(len(digests), bool)
-    copies[first] = False
-    return counts, {where[i] for i in np.flatnonzero(copies)}
+    _, first, inverse = np.unique(np.asarray(digests, np.uint64), return_index=True, return_inverse=True)
+    first_of = first[inverse.ravel()]
+    copies = np.flatnonzero(first_of != np.arange(len(digests)))
+    return counts, {where[int(i)]: where[int(first_of[i])] for i in copies}
 
 
-def write_stream_dropped(cache_dir: Path, dropped: set[tuple[int, int]]) -> None:
-    """Beside the train split's token cache (whose key holds the files, the sample and the policy, everything the
-    set depends on): what a stream pass leaves out, for training to read (`with_dropped`)."""
+def write_stream_dropped(cache_dir: Path, dropped: set[tuple[int, int]], past_sample: list[Reject]) -> None:
+    """Beside the train split's token cache (whose key holds the files, the sample and the policy, everything they
+    depend on): what a stream pass leaves out, for training to read (`with_dropped`), and the copies found past
+    the sample as rejects (the run's rejects.jsonl lists them after the scan's)."""
     rows = np.asarray(sorted(dropped), np.int64).reshape(-1, 2)
-    tmp = Path(cache_dir) / f".{STREAM_DROPPED}.{os.getpid()}.tmp"
-    try:
-        rows.tofile(tmp)
-        os.replace(tmp, Path(cache_dir) / STREAM_DROPPED)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise storage_error(exc, Path(cache_dir), key=CACHE_KEY) from None
+    text = "".join(json.dumps({"file": r.file, "line": r.line, "reason": r.reason}) + "\n" for r in past_sample)
+    for name, write in ((STREAM_DROPPED, rows.tofile), (STREAM_COPIES, lambda tmp: tmp.write_text(text))):
+        tmp = Path(cache_dir) / f".{name}.{os.getpid()}.tmp"
+        try:
+            write(tmp)
+            os.replace(tmp, Path(cache_dir) / name)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise storage_error(exc, Path(cache_dir), key=CACHE_KEY) from None
+
+
+def copy_rejects(split: SplitInput, copies: dict[tuple[int, int], tuple[int, int]]) -> list[Reject]:
+    """The copies count_with_copies found, as `duplicate` rejects naming the record each repeats."""
+    files = split.files
+    return [
+        Reject(
+            file=str(files[f]),
+            line=n,
+            reason=f"{DUPLICATE}: repeats {files[first[0]]}:{first[1]} exactly as written (past data.preflight_sample)",
+        )
+        for (f, n), first in sorted(copies.items())
+    ]
 
 
 def with_dropped(split: SplitInput, cache_dir: Path) -> SplitInput:

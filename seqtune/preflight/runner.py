@@ -23,7 +23,7 @@ from seqtune.data.batching import batch_rule
 from seqtune.data.scan import SplitScan, format_signature, published_scan, scan_split
 from seqtune.data.split import split_input, validation_source
 from seqtune.data.tokenize import SampleEncoder
-from seqtune.data.types import DUPLICATE
+from seqtune.data.dedup import STREAM_COPIES
 from seqtune.files import storage_error
 from seqtune.models.arch import ModelConfigs
 from seqtune.preflight import checks, content, tokenizer_record
@@ -183,7 +183,11 @@ def _write_reports(
     plot: LengthsPlot | None,
 ) -> None:
     """rejects.jsonl, lengths.png, samples.html/json: the run's view of its data (skipped by a refused resume)."""
-    write_rejects([scan.cache_dir / "rejects.jsonl" for scan in scans.values()], run_dir)
+    # (Stream mode: the duplicates found past preflight's sample follow the train scan's rejects.)
+    write_rejects(
+        [path for scan in scans.values() for path in (scan.cache_dir / "rejects.jsonl", scan.cache_dir / STREAM_COPIES)],
+        run_dir,
+    )
     if plot is not None:
         plot.write(run_dir / PLOT_FILE, key=RUN_DIR_KEY)  # drawn once _data_phases knew max_seq_len
     if cfg.preflight.show and result.max_seq_len is not None:
@@ -262,6 +266,7 @@ def _stream_phase(
     """data.mode=stream: every rank must know how many micro-batches a pass makes, so they all stop together:
     count the train records once here (the plan holds the counts)."""
     from seqtune.data.dedup import (
+        copy_rejects,
         count_with_copies,
         dropped_per_source,
         dropped_records,
@@ -279,15 +284,16 @@ def _stream_phase(
         records = [source.records for source in sampled.sources]
     else:  # one read of the records past the sample (and, to drop, of which repeat an earlier one as written)
         records, copies = (
-            count_with_copies(split, media_root=cfg.data.media_root) if drop else (count_lines(split), set())
+            count_with_copies(split, media_root=cfg.data.media_root) if drop else (count_lines(split), {})
         )
     if drop:
         # What the scan dropped (same tokens and targets), and past the sample what repeats as written.
-        dropped = dropped_records(sampled.cache_dir, split) | (set() if complete else copies)
-        write_stream_dropped(sampled.cache_dir, dropped)
+        scanned = dropped_records(sampled.cache_dir, split)
+        past = {at: first for at, first in (copies if not complete else {}).items() if at not in scanned}
+        write_stream_dropped(sampled.cache_dir, scanned | set(past), copy_rejects(split, past))
         split = with_dropped(split, sampled.cache_dir)
         records = [n - d for n, d in zip(records, dropped_per_source(split), strict=True)]
-        result.notes += _stream_copies_note(len(dropped) - sampled.reject_counts.get(DUPLICATE, 0))
+        result.notes += _stream_copies_note(len(past))
     result.stream_source_records = records
     result.stream_train_lines = lines = records_per_pass(split, records)
     for stats, source, count in zip(result.splits["train"].sources, split.sources, records, strict=True):
@@ -303,7 +309,8 @@ def _stream_copies_note(past_sample: int) -> list[str]:
         return []
     return [
         f"data.duplicates=drop: {past_sample} data.train records past data.preflight_sample repeat an earlier record "
-        "exactly as written and are left out of every stream pass."
+        "exactly as written and are left out of every stream pass; each is in rejects.jsonl naming the record it "
+        "repeats."
     ]
 
 

@@ -396,6 +396,14 @@ def test_stream_drops_the_duplicates_cached_mode_drops_and_the_plan_counts_witho
     streamed = batches_for(stream_cfg, prepared)
     assert streamed.batches_per_rank == 10 and streamed.identity["duplicates_dropped"] == 3
     assert samples(one_pass(streamed)) == want
+    listed = [json.loads(line) for line in (tmp_path / "stream" / "rejects.jsonl").read_text().splitlines()]
+    reasons = {r["line"]: r["reason"] for r in listed}
+    past = "repeats {} exactly as written" if sample else "the same tokens and targets as {}"
+    assert reasons == {
+        4: f"duplicate: the same tokens and targets as {data}:2",
+        16: "duplicate: " + past.format(f"{data}:9") + (" (past data.preflight_sample)" if sample else ""),
+        17: "duplicate: " + past.format(f"{data}:14") + (" (past data.preflight_sample)" if sample else ""),
+    }
     # keep deals every record.
     kept_cfg = make_cfg(tmp_path, data, *common, "data.mode=stream", f"data.preflight_sample={sample}",
                         "data.duplicates=keep")

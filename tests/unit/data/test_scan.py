@@ -195,17 +195,20 @@ def test_drop_duplicates_leaves_out_later_copies_naming_the_first_and_keys_the_c
     assert [cache.location(i) for i in range(len(cache))] == [f"{data}:1", f"{data}:2"]
     assert [s.records for s in dropped.sources] == [6] and [s.samples for s in dropped.sources] == [2]
     # The records a stream-mode pass leaves out are the ones the scan dropped.
-    from seqtune.data.dedup import count_with_copies, dropped_per_source, dropped_records, with_dropped
-    from seqtune.data.dedup import write_stream_dropped
+    from seqtune.data.dedup import copy_rejects, count_with_copies, dropped_per_source, dropped_records
+    from seqtune.data.dedup import with_dropped, write_stream_dropped
     from tests.splits import files_split
 
     split = files_split("train", [data], "alpaca")
     assert dropped_records(dropped.cache_dir, split) == {(0, 3), (0, 4), (0, 5)}
-    write_stream_dropped(dropped.cache_dir, dropped_records(dropped.cache_dir, split))
+    write_stream_dropped(dropped.cache_dir, dropped_records(dropped.cache_dir, split), [])
     streamed = with_dropped(split, dropped.cache_dir)
     assert dropped_per_source(streamed) == [3] and [r.number for r in streamed.records()] == [1, 2, 6]
     # Past a stream sample nothing is tokenized: a copy there is a record repeated as written. Line 4 (same tokens,
     # other text) is not one; line 6 is a bad line, never a copy, even repeated.
     bad = jsonl(tmp_path / "bad.jsonl", [GOOD, {"instruction": "x", "output": 5}, {"instruction": "x", "output": 5}])
-    assert count_with_copies(split, media_root=None) == ([6], {(0, 3), (0, 5)})
-    assert count_with_copies(files_split("train", [bad], "alpaca"), media_root=None) == ([3], set())
+    assert count_with_copies(split, media_root=None) == ([6], {(0, 3): (0, 1), (0, 5): (0, 2)})
+    assert count_with_copies(files_split("train", [bad], "alpaca"), media_root=None) == ([3], {})
+    [reject] = copy_rejects(split, {(0, 5): (0, 2)})
+    assert (reject.file, reject.line, reject.code) == (str(data), 5, "duplicate")
+    assert reject.reason.endswith(f"repeats {data}:2 exactly as written (past data.preflight_sample)")
