@@ -23,8 +23,10 @@ def asset_path(relative: str) -> str:
 
 
 # The bundled data sets: train file -> its validation file.
-DEMO_TRAIN = "data/instruct/train.jsonl"
-DEMO_SETS = {DEMO_TRAIN: "data/instruct/val.jsonl", "data/preference/train.jsonl": "data/preference/val.jsonl"}
+DEMO_SETS = {
+    "data/instruct/train.jsonl": "data/instruct/val.jsonl",
+    "data/preference/train.jsonl": "data/preference/val.jsonl",
+}
 
 
 def demo_val(train: object) -> str | None:

@@ -95,7 +95,9 @@ class Columns:
                 "instruction/response template around the text), or remove the column."
             )
         if self.format == "chat":
-            return "put the system prompt into each row's messages as {role: system, content: ...}, or remove the column."
+            return (
+                "put the system prompt into each row's messages as {role: system, content: ...}, or remove the column."
+            )
         return f"remove the column (data.format={self.format} has no system prompt)."
 
 

@@ -182,6 +182,21 @@ def with_dropped(split: SplitInput, cache_dir: Path) -> SplitInput:
     return replace(split, dropped=frozenset((int(f), int(n)) for f, n in rows))
 
 
+def stream_without_copies(
+    split: SplitInput, *, cache_dir: Path, scanned: list[int] | None, media_root: str | None
+) -> tuple[SplitInput, list[int], int]:
+    """data.duplicates=drop in stream mode, in preflight: the split as every pass reads it (without the copies the
+    scan dropped and, past the sample, those found as written), the records of each source a pass deals, and how
+    many copies lay past the sample. `scanned`: each source's records as the scan read them when it covered the
+    whole split, else None (then every record is read here once). `cache_dir`: the train scan's token cache."""
+    records, copies = (scanned, {}) if scanned is not None else count_with_copies(split, media_root=media_root)
+    in_scan = dropped_records(cache_dir, split)
+    past = {at: first for at, first in copies.items() if at not in in_scan}
+    write_stream_dropped(cache_dir, in_scan | set(past), copy_rejects(split, past))
+    split = with_dropped(split, cache_dir)
+    return split, [n - d for n, d in zip(records, dropped_per_source(split), strict=True)], len(past)
+
+
 def dropped_per_source(split: SplitInput) -> list[int]:
     """How many of each source's records `split` leaves out as duplicates."""
     of_file = split.file_sources()

@@ -241,7 +241,9 @@ def duplicate_notes(*, split: str, samples: int, copies: int, of: str | None, po
     if not copies or not samples or policy != "keep":
         return []
     what = f"exact duplicates of data.{of} samples" if of else "exact duplicates of another sample"
-    return [f"{copies} of {samples} data.{split} samples ({copies / samples:.1%}) are {what}, kept (data.duplicates=keep)."]
+    return [
+        f"{copies} of {samples} data.{split} samples ({copies / samples:.1%}) are {what}, kept (data.duplicates=keep)."
+    ]
 
 
 def dropped_duplicates_note(*, split: str, records: int, dropped: int, first: str | None) -> list[str]:
@@ -252,6 +254,17 @@ def dropped_duplicates_note(*, split: str, records: int, dropped: int, first: st
         f"data.duplicates=drop: {dropped} of {records} data.{split} records are exact duplicates (same tokens and "
         f"targets) of an earlier record and are left out{f' (first: {first})' if first else ''}; each is in rejects.jsonl "
         "naming the copy it repeats. To train every copy: data.duplicates=keep."
+    ]
+
+
+def stream_copies_note(past_sample: int) -> list[str]:
+    """data.duplicates=drop in stream mode: the copies found past data.preflight_sample (as written)."""
+    if not past_sample:
+        return []
+    return [
+        f"data.duplicates=drop: {past_sample} data.train records past data.preflight_sample repeat an earlier record "
+        "exactly as written and are left out of every stream pass; each is in rejects.jsonl naming the record it "
+        "repeats."
     ]
 
 

@@ -20,13 +20,13 @@ from seqtune.config.plan import Plan, Resolved, Tokens, complete_plan, write_pla
 from seqtune.config.rundir import PLAN_FILE
 from seqtune.config.schema import SPLITS, DataFormat, DataMode, Duplicates, RootConfig
 from seqtune.data.batching import batch_rule
+from seqtune.data.dedup import STREAM_COPIES
 from seqtune.data.scan import SplitScan, format_signature, published_scan, scan_split
 from seqtune.data.split import split_input, validation_source
 from seqtune.data.tokenize import SampleEncoder
-from seqtune.data.dedup import STREAM_COPIES
 from seqtune.files import storage_error
 from seqtune.models.arch import ModelConfigs
-from seqtune.preflight import checks, content, tokenizer_record
+from seqtune.preflight import checks, checks_labels, content, tokenizer_record
 from seqtune.preflight.checks import Problem
 from seqtune.preflight.phases import (
     fast_checks,
@@ -185,7 +185,11 @@ def _write_reports(
     """rejects.jsonl, lengths.png, samples.html/json: the run's view of its data (skipped by a refused resume)."""
     # (Stream mode: the duplicates found past preflight's sample follow the train scan's rejects.)
     write_rejects(
-        [path for scan in scans.values() for path in (scan.cache_dir / "rejects.jsonl", scan.cache_dir / STREAM_COPIES)],
+        [
+            path
+            for scan in scans.values()
+            for path in (scan.cache_dir / "rejects.jsonl", scan.cache_dir / STREAM_COPIES)
+        ],
         run_dir,
     )
     if plot is not None:
@@ -265,35 +269,21 @@ def _stream_phase(
 ) -> tuple[dict[str, Any], tuple[int, ...]]:
     """data.mode=stream: every rank must know how many micro-batches a pass makes, so they all stop together:
     count the train records once here (the plan holds the counts)."""
-    from seqtune.data.dedup import (
-        copy_rejects,
-        count_with_copies,
-        dropped_per_source,
-        dropped_records,
-        with_dropped,
-        write_stream_dropped,
-    )
+    from seqtune.data.dedup import stream_without_copies
     from seqtune.data.mix import used_per_epoch
     from seqtune.data.stream import count_lines, records_per_pass
 
     split = split_input(cfg.data, "train", resolved.validation)
     assert split is not None, "data.train is required (MISSING in the schema), so the train split exists"
     complete = not cfg.data.preflight_sample or sampled.records < cfg.data.preflight_sample
-    drop = cfg.data.duplicates == Duplicates.drop
-    if complete:
-        records = [source.records for source in sampled.sources]
-    else:  # one read of the records past the sample (and, to drop, of which repeat an earlier one as written)
-        records, copies = (
-            count_with_copies(split, media_root=cfg.data.media_root) if drop else (count_lines(split), {})
+    scanned = [source.records for source in sampled.sources] if complete else None
+    if cfg.data.duplicates == Duplicates.drop:
+        split, records, past_sample = stream_without_copies(
+            split, cache_dir=sampled.cache_dir, scanned=scanned, media_root=cfg.data.media_root
         )
-    if drop:
-        # What the scan dropped (same tokens and targets), and past the sample what repeats as written.
-        scanned = dropped_records(sampled.cache_dir, split)
-        past = {at: first for at, first in (copies if not complete else {}).items() if at not in scanned}
-        write_stream_dropped(sampled.cache_dir, scanned | set(past), copy_rejects(split, past))
-        split = with_dropped(split, sampled.cache_dir)
-        records = [n - d for n, d in zip(records, dropped_per_source(split), strict=True)]
-        result.notes += _stream_copies_note(len(past))
+        result.notes += checks_labels.stream_copies_note(past_sample)
+    else:
+        records = scanned if scanned is not None else count_lines(split)
     result.stream_source_records = records
     result.stream_train_lines = lines = records_per_pass(split, records)
     for stats, source, count in zip(result.splits["train"].sources, split.sources, records, strict=True):
@@ -302,16 +292,6 @@ def _stream_phase(
     result.plan.splits["train"], batches, stream_problems = stream_train_plan(cfg, resolved, rule, split, records)
     problems += stream_problems if lines else []  # no lines at all is the empty-split problem
     return batches, tuple(records)
-
-
-def _stream_copies_note(past_sample: int) -> list[str]:
-    if not past_sample:
-        return []
-    return [
-        f"data.duplicates=drop: {past_sample} data.train records past data.preflight_sample repeat an earlier record "
-        "exactly as written and are left out of every stream pass; each is in rejects.jsonl naming the record it "
-        "repeats."
-    ]
 
 
 def token_cache_root(cfg: RootConfig) -> Path:

@@ -83,6 +83,22 @@ def test_a_public_set_with_a_few_duplicates_trains_by_default_with_the_copies_co
     assert len([m for m in read_metrics(run_dir) if "loss" in m]) == 2
 
 
+def test_stream_mode_with_a_preflight_sample_drops_the_copies_past_it_too(tmp_path, public_set):
+    run_dir = tmp_path / "run"
+    ok(run_cli([f"data.train={public_set}", "data.mode=stream", "data.preflight_sample=20", *BRIEFLY], run_dir))
+    found = report(run_dir)
+    assert found["splits"]["train"]["reject_reasons"] == {"duplicate": 1}  # line 9, in the sample's 20
+    assert found["stream_source_records"] == [UNIQUE] and found["plan"]["splits"]["train"]["samples"] == UNIQUE
+    assert any(note.startswith("data.duplicates=drop: 2 data.train records past") for note in found["notes"])
+    rejects = [json.loads(line) for line in (run_dir / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["line"], r["reason"]) for r in rejects] == [
+        (9, f"duplicate: the same tokens and targets as {public_set}:8"),
+        (26, f"duplicate: repeats {public_set}:25 exactly as written (past data.preflight_sample)"),
+        (45, f"duplicate: repeats {public_set}:44 exactly as written (past data.preflight_sample)"),
+    ]
+    assert len([m for m in read_metrics(run_dir) if "loss" in m]) == 2
+
+
 def test_keep_trains_every_copy_and_refuse_refuses_naming_the_key_and_the_fix(tmp_path, public_set):
     kept = tmp_path / "kept"
     ok(run_cli([f"data.train={public_set}", "data.duplicates=keep", *READ_ONLY], kept))
@@ -104,9 +120,9 @@ def test_keep_trains_every_copy_and_refuse_refuses_naming_the_key_and_the_fix(tm
     assert problem["key"] == "data.duplicates" and problem["location"] == f"{public_set}:9"
     assert "3 of 63 data.train samples (4.76%) are exact duplicates of another sample" in problem["message"]
     assert f"{public_set}:9 (= line 8)" in problem["message"]
-    assert "Fix: data.duplicates=drop (the default: train one copy of each), or data.duplicates=keep" in problem[
-        "message"
-    ]
+    assert (
+        "Fix: data.duplicates=drop (the default: train one copy of each), or data.duplicates=keep" in problem["message"]
+    )
 
 
 def test_a_validation_sample_found_in_train_stays_refused(tmp_path, public_set):
@@ -195,7 +211,8 @@ def test_an_empty_media_reference_or_a_directory_is_refused_naming_the_line(tmp_
     )
     assert problem["key"] == "data.max_bad_fraction" and problem["location"] == f"{data}:5"
     assert "empty_media x1, media_not_file x1" in problem["message"]
-    assert f"{data}:5 (empty_media: a media reference with no path (<img></img>); put the media file's path" in (
-        problem["message"]
+    assert (
+        f"{data}:5 (empty_media: a media reference with no path (<img></img>); put the media file's path"
+        in (problem["message"])
     )
     assert f"{data}:10 (media_not_file: imgs is a directory under {tmp_path}, not a media file" in problem["message"]

@@ -266,9 +266,7 @@ def test_the_saved_alpaca_chat_template_renders_system_and_history_as_training_d
     ]
     rendered = template.render(messages=messages, bos_token="", eos_token="</s>", raise_exception=None)
     assert rendered == record.prompt
-    whole = template.render(
-        messages=[*messages, {"role": "assistant", "content": "6"}], bos_token="", eos_token="</s>"
-    )
+    whole = template.render(messages=[*messages, {"role": "assistant", "content": "6"}], bos_token="", eos_token="</s>")
     assert whole == record.prompt + "6</s>"
 
 

@@ -405,7 +405,8 @@ def test_stream_drops_the_duplicates_cached_mode_drops_and_the_plan_counts_witho
         17: "duplicate: " + past.format(f"{data}:14") + (" (past data.preflight_sample)" if sample else ""),
     }
     # keep deals every record.
-    kept_cfg = make_cfg(tmp_path, data, *common, "data.mode=stream", f"data.preflight_sample={sample}",
-                        "data.duplicates=keep")
+    kept_cfg = make_cfg(
+        tmp_path, data, *common, "data.mode=stream", f"data.preflight_sample={sample}", "data.duplicates=keep"
+    )
     kept = batches_for(kept_cfg, prepare(kept_cfg, tmp_path / "kept"))
     assert sum(samples(one_pass(kept)).values()) == 23

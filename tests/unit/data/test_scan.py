@@ -175,7 +175,9 @@ def test_progress_bar_counts_each_record_once(tmp_path, bundled_tokenizer, jsonl
     assert counts and int(counts[-1]) == 12
 
 
-def test_drop_duplicates_leaves_out_later_copies_naming_the_first_and_keys_the_cache(tmp_path, bundled_tokenizer, jsonl):
+def test_drop_duplicates_leaves_out_later_copies_naming_the_first_and_keys_the_cache(
+    tmp_path, bundled_tokenizer, jsonl
+):
     other = {"instruction": "Add 1 and 1.", "input": "", "output": "2"}
     # Line 4 is line 1 written differently (no input field, other key order): the same tokens and targets.
     same_tokens = {"output": "5", "instruction": "Add 2 and 3."}
@@ -195,8 +197,14 @@ def test_drop_duplicates_leaves_out_later_copies_naming_the_first_and_keys_the_c
     assert [cache.location(i) for i in range(len(cache))] == [f"{data}:1", f"{data}:2"]
     assert [s.records for s in dropped.sources] == [6] and [s.samples for s in dropped.sources] == [2]
     # The records a stream-mode pass leaves out are the ones the scan dropped.
-    from seqtune.data.dedup import copy_rejects, count_with_copies, dropped_per_source, dropped_records
-    from seqtune.data.dedup import with_dropped, write_stream_dropped
+    from seqtune.data.dedup import (
+        copy_rejects,
+        count_with_copies,
+        dropped_per_source,
+        dropped_records,
+        with_dropped,
+        write_stream_dropped,
+    )
     from tests.splits import files_split
 
     split = files_split("train", [data], "alpaca")

@@ -237,7 +237,11 @@ def test_shipped_default_config_passes_on_the_shipped_data(tmp_path, strategy):
     result = run_preflight(cfg, tmp_path / "run")
     assert result.ok and set(result.splits) == {"train", "val"}
     assert result.max_seq_len >= max(stats.lengths["max"] for stats in result.splits.values())
-    assert (tmp_path / "run" / "lengths.png").is_file() and (tmp_path / "run" / "rejects.jsonl").read_text() == ""
+    assert (tmp_path / "run" / "lengths.png").is_file()
+    # Nothing malformed; the shipped set's own repeats are left out (data.duplicates=drop) and listed.
+    listed = [json.loads(line) for line in (tmp_path / "run" / "rejects.jsonl").read_text().splitlines()]
+    assert result.splits["train"].reject_reasons == {"duplicate": 206} and len(listed) == 206
+    assert all(r["reason"].startswith("duplicate: the same tokens and targets as ") for r in listed)
 
 
 def test_truncate_is_an_explicit_reported_policy(tmp_path, varied):
