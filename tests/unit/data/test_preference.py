@@ -221,3 +221,22 @@ def test_fillers_complete_a_pair_batch_without_counting():
     batch = make_collator(rule, pad_id=0, padding_side="right")([PAIRS[0], as_filler(PAIRS[1])])
     assert int(batch["num_samples"]) == 1 and tuple(batch["input_ids"].shape) == (4, 6)
     assert torch.all(batch["targets"][2:] == IGNORE_INDEX)
+
+
+def test_data_duplicates_drop_keeps_a_pair_together_and_a_swapped_pair_is_no_copy(bundled_tokenizer):
+    from seqtune.data.dedup import DuplicateFilter
+
+    rows = [
+        {"prompt": "Say hi:\n", "chosen": "hi there", "rejected": "go away"},
+        {"prompt": "Say hi:\n", "chosen": "go away", "rejected": "hi there"},  # the same texts, sides swapped
+        {"prompt": "Say hi:\n", "chosen": "hi there", "rejected": "go away"},  # a copy of record 1
+        {"prompt": "Say hi:\n", "chosen": "hi there", "rejected": "leave"},  # the same chosen only
+    ]
+    parser = LineParser(fmt="preference", file="p.jsonl")
+    pairs = [parser.parse(n, json.dumps(row).encode()) for n, row in enumerate(rows, start=1)]
+    batch = SampleEncoder(bundled_tokenizer, "preference", train_on_prompt=False).encode_records(pairs)
+    kept, rejects = DuplicateFilter().filter(batch)
+    assert [(r.line, r.reason) for r in rejects] == [(3, "duplicate: the same tokens and targets as p.jsonl:1")]
+    assert kept.lines.tolist() == [1, 1, 2, 2, 4, 4] and len(kept.files) == 6
+    offsets = kept.offsets
+    assert offsets[-1] == len(kept.ids) == len(kept.target) == batch.offsets[-1] - (batch.offsets[6] - batch.offsets[4])
