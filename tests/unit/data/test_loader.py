@@ -404,6 +404,13 @@ def test_stream_drops_the_duplicates_cached_mode_drops_and_the_plan_counts_witho
         16: "duplicate: " + past.format(f"{data}:9") + (" (past data.preflight_sample)" if sample else ""),
         17: "duplicate: " + past.format(f"{data}:14") + (" (past data.preflight_sample)" if sample else ""),
     }
+    # A resume mid-pass continues the same deal: the copies stay out and nothing repeats.
+    stopped = batches_for(stream_cfg, prepared)
+    taken = [rows_of(b) for b in islice(stopped, 4)]
+    resumed = batches_for(stream_cfg, prepared)
+    resumed.load_state_dict(roundtrip(stopped.state_dict()))
+    rest = [rows_of(b) for b in islice(resumed, 6)]
+    assert Counter(r for rows in taken + rest for r in rows) == want
     # keep deals every record.
     kept_cfg = make_cfg(
         tmp_path, data, *common, "data.mode=stream", f"data.preflight_sample={sample}", "data.duplicates=keep"
