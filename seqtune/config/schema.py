@@ -117,7 +117,7 @@ KIND_FORMATS = {
 # The fields of each format's records: (required, optional). data.columns (or a source's `columns`) maps these
 # names to the data's own; seqtune.data.formats reads them, the columnar readers read only these columns.
 FORMAT_FIELDS: dict[DataFormat, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    DataFormat.alpaca: (("instruction", "output"), ("input",)),
+    DataFormat.alpaca: (("instruction", "output"), ("input", "system", "history")),
     DataFormat.chat: (("messages",), ("tools",)),
     DataFormat.sharegpt: (("conversations",), ("system", "tools")),
     DataFormat.input_output: (("input", "output"), ()),
@@ -137,6 +137,17 @@ class Overlength(StrEnum):
     truncate = "truncate"
     truncate_prompt = "truncate_prompt"
     drop = "drop"
+
+
+class Duplicates(StrEnum):
+    """data.duplicates: what happens to exact duplicates (same tokens and targets) of a sample of the same split.
+    drop: every copy after the first is left out (counted, and listed in rejects.jsonl naming the first copy);
+    keep: they train (said in a note); refuse: preflight fails on any. A validation or test sample that is also a
+    train sample is refused under drop and refuse (evaluation would measure recall), noted under keep."""
+
+    drop = "drop"
+    keep = "keep"
+    refuse = "refuse"
 
 
 class DataMode(StrEnum):
@@ -427,9 +438,8 @@ class DataConfig:
     overlength: Overlength = Overlength.error
     # Fraction of lines allowed to be malformed (skipped and written to rejects.jsonl). 0.0 = any bad line fails.
     max_bad_fraction: float = 0.0
-    # Fraction of a split's samples allowed to be exact copies (same tokens and targets) of another sample of the
-    # split, or, for val/test, of a train sample. 0.0 = any duplicate fails.
-    max_duplicate_fraction: float = 0.0
+    # Exact duplicates (same tokens and targets) within a split: drop | keep | refuse (see Duplicates).
+    duplicates: Duplicates = Duplicates.drop
     train_on_prompt: bool = False
     # cached: preflight's scan writes a token cache that training reads. stream: tokenize on the fly.
     mode: DataMode = DataMode.cached
@@ -453,7 +463,6 @@ class DataConfig:
         if auto_or_int and self.max_seq_len != "auto":
             domain.at_least("max_seq_len", self.max_seq_len, 2, "auto")
         domain.within("max_bad_fraction", self.max_bad_fraction, 0.0, 1.0, 0.0)
-        domain.within("max_duplicate_fraction", self.max_duplicate_fraction, 0.0, 1.0, 0.0)
         domain.within("val_fraction", self.val_fraction, 0.0, 1.0, 0.0, high_open=True)
         if _finite(self.val_fraction) and self.val_fraction > 0 and self.val is not None:
             domain.refuse(

@@ -106,8 +106,8 @@ def zst(data: bytes) -> bytes:
 
 
 def train(path: Path | str, *extra: str) -> list[str]:
-    # Hostile lines repeat on purpose; the duplicates check (its own tests) is not what these cases are about.
-    return [f"data.train={path}", "data.max_duplicate_fraction=1", *extra]
+    # Hostile lines repeat on purpose, and are kept: duplicates (their own tests) are not what these cases are about.
+    return [f"data.train={path}", "data.duplicates=keep", *extra]
 
 
 # --- judges -----------------------------------------------------------------------------------------------
