@@ -20,6 +20,7 @@ from seqtune.config.plan import Plan, Resolved, Tokens, complete_plan, write_pla
 from seqtune.config.rundir import PLAN_FILE
 from seqtune.config.schema import SPLITS, DataFormat, DataMode, RootConfig
 from seqtune.data.batching import batch_rule
+from seqtune.data.cache import REJECTS
 from seqtune.data.scan import SplitScan, format_signature, published_scan, scan_split
 from seqtune.data.split import split_input, validation_source
 from seqtune.data.tokenize import SampleEncoder
@@ -182,7 +183,7 @@ def _write_reports(
     plot: LengthsPlot | None,
 ) -> None:
     """rejects.jsonl, lengths.png, samples.html/json: the run's view of its data (skipped by a refused resume)."""
-    write_rejects([scan.cache_dir / "rejects.jsonl" for scan in scans.values()], run_dir)
+    write_rejects([scan.cache_dir / REJECTS for scan in scans.values()], run_dir)
     if plot is not None:
         plot.write(run_dir / PLOT_FILE, key=RUN_DIR_KEY)  # drawn once _data_phases knew max_seq_len
     if cfg.preflight.show and result.max_seq_len is not None:

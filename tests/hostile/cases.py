@@ -1544,6 +1544,33 @@ def _(tmp: Path) -> Run:
     return _cached_then(tmp, edit)
 
 
+def _flip_target_in_place(d: Path) -> None:
+    """One byte of target.bin (0 or 1 per token) flipped where it lies: same size, same meta.json."""
+    with open(d / "target.bin", "r+b") as f:
+        f.seek((d / "target.bin").stat().st_size // 2)
+        byte = f.read(1)[0]
+        f.seek(-1, 1)
+        f.write(bytes([byte ^ 1]))
+
+
+@case(
+    "cache_target_flipped",
+    DISK,
+    "a published cache whose target.bin had one byte flipped in place (same size)",
+    "ok",
+    accepted(
+        records=40,
+        check=lambda out: (
+            None
+            if re.search(r"target\.bin does not match its CRC-32 .*it was rebuilt", re.sub(r"\s+", " ", out.output))
+            else "the run did not say the damaged target.bin was rebuilt"
+        ),
+    ),
+)
+def _(tmp: Path) -> Run:
+    return _cached_then(tmp, _flip_target_in_place)
+
+
 def _modes(out: Outcome) -> str | None:
     wrong = []
     for root in (out.cache_dir, out.run_dir):
