@@ -149,8 +149,8 @@ class TokenCacheWriter:
 
     def commit(self, meta: dict[str, Any]) -> Path:
         with self._writing():
-            for f in self._out.values():
-                f.close()
+            for out in self._out.values():
+                out.close()
             sizes = {p.name: p.stat().st_size for p in sorted(self.tmp.iterdir())}
             meta = {
                 **meta,
