@@ -462,7 +462,7 @@ def _fetch_one_dist(
             except FetchError as exc:
                 failures.append(str(exc))
                 continue
-            except Exception as exc:  # a converter bug or a corrupt file: report which tokenizer, not a traceback
+            except Exception as exc:  # noqa: BLE001 - a converter bug or a corrupt file: report which tokenizer, not a traceback
                 failures.append(f"{source.name}: converting {source.member} failed: {exc!r}")
                 continue
             log(f"{source.name}: converted and checked in {time.perf_counter() - start:.1f}s -> {path}")
