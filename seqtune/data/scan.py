@@ -21,7 +21,15 @@ from pathlib import Path
 import numpy as np
 
 from seqtune.config.schema import DataFormat
-from seqtune.data.cache import META, TokenCache, TokenCacheWriter, cache_damage, cache_key, tokenizer_fingerprint
+from seqtune.data.cache import (
+    META,
+    REJECTS,
+    TokenCache,
+    TokenCacheWriter,
+    cache_damage,
+    cache_key,
+    tokenizer_fingerprint,
+)
 from seqtune.data.dedup import DuplicateFilter
 from seqtune.data.formats import LineParser, Record, template_signature
 from seqtune.data.identity import check_unchanged, file_states, identity_meta
@@ -396,7 +404,7 @@ def _stats_meta(stats: _Stats, split: SplitInput) -> dict:
 def _load_scan(name: str, directory: Path, began: float) -> SplitScan:
     meta = json.loads((directory / META).read_text())
     rejects = []
-    with open(directory / "rejects.jsonl", encoding="utf-8") as f:
+    with open(directory / REJECTS, encoding="utf-8") as f:
         for line in itertools.islice(f, MAX_REJECTS_IN_MEMORY):
             rejects.append(Reject(**json.loads(line)))
     k = meta["sequences_per_sample"]

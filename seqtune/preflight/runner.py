@@ -20,6 +20,7 @@ from seqtune.config.plan import Plan, Resolved, Tokens, complete_plan, write_pla
 from seqtune.config.rundir import PLAN_FILE
 from seqtune.config.schema import SPLITS, DataFormat, DataMode, Duplicates, RootConfig
 from seqtune.data.batching import batch_rule
+from seqtune.data.cache import REJECTS
 from seqtune.data.dedup import STREAM_COPIES
 from seqtune.data.formats import preference_rendering
 from seqtune.data.scan import SplitScan, format_signature, published_scan, scan_split
@@ -186,11 +187,7 @@ def _write_reports(
     """rejects.jsonl, lengths.png, samples.html/json: the run's view of its data (skipped by a refused resume)."""
     # (Stream mode: the duplicates found past preflight's sample follow the train scan's rejects.)
     write_rejects(
-        [
-            path
-            for scan in scans.values()
-            for path in (scan.cache_dir / "rejects.jsonl", scan.cache_dir / STREAM_COPIES)
-        ],
+        [path for scan in scans.values() for path in (scan.cache_dir / REJECTS, scan.cache_dir / STREAM_COPIES)],
         run_dir,
     )
     if plot is not None:
