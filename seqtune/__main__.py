@@ -90,16 +90,20 @@ def _prepare_config(cfg: DictConfig) -> DictConfig:
 def launch(cfg: DictConfig, run_dir: Path, snapshot: RunDirSnapshot) -> None:
     from seqtune.preflight import run_preflight
     from seqtune.preflight.resume import check_settings, find_resume
-    from seqtune.records import check_finished, mark_finished
+    from seqtune.records import Finished, check_finished, extend_finished, mark_finished
 
     typed = _typed(_prepare_config(cfg))
     _check_presets(typed)
-    if check_finished(typed, run_dir):  # a finished run is a record: the same command is a no-op, another refused
+    # A finished run is a record: the same command is a no-op, another refused, a longer run continues it.
+    finished = check_finished(typed, run_dir)
+    if finished is Finished.SAME:
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     # train.resume=auto: the newest intact checkpoint, whose settings must be this run's. A refused resume writes
     # nothing, so the run's record stays the one its checkpoints were trained under.
     resume = find_resume(typed.train, run_dir)
+    if finished is Finished.EXTEND:
+        extend_finished(run_dir, resume)  # the first finish's record, kept before anything of it is rewritten
     if resume is None:
         save_resolved(cfg, run_dir / RESOLVED_CONFIG)  # the record of this attempt, even one preflight refuses
     else:

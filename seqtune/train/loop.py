@@ -164,7 +164,7 @@ def fit(loop: Loop, state: Progress) -> Progress:
             record.update(loop.evaluator.evaluate(state.step))
         if len(record) > 1 and loop.logger is not None:
             loop.logger.log(record)
-        loop.checkpointer.maybe_save(state.step)
+        loop.checkpointer.maybe_save(state.step, last=last or loop.evaluator.should_stop)
         stop.check(state.step)
     bar.close()
     stop.release()
