@@ -741,6 +741,8 @@ RESUME_ACCEPTABLE = (
     "train.eval_samples",
     "train.eval_sample_tokens",
     "train.export_merged",
+    "train.loss_spike_factor",
+    "train.dead_grad_steps",
     "data.num_workers",
     "data.val",
     "data.test",
@@ -802,6 +804,12 @@ class TrainConfig:
     # A run directory that holds a finished run (RUN_DIR/finished.json) is a record: another command into it is
     # refused. true = move that run aside into RUN_DIR/previous-<time>/ (never deleted) and train here anew.
     overwrite: bool = False
+    # Divergence (seqtune.train.numerics), besides a non-finite loss or gradient norm, which always stops training:
+    # stop when a step's loss exceeds loss_spike_factor x the loss of the run's first step (0 = off), or when the
+    # gradient norm is exactly 0 for dead_grad_steps steps in a row, a collapsed model (0 = off). Exit 1; nothing of
+    # that step is saved, nothing is exported.
+    loss_spike_factor: float = 10.0
+    dead_grad_steps: int = 10
     seed: int = 1234
     device: Device = Device.auto
     # auto = bf16 autocast on GPUs that support it, none on CPU. fp16 trains with a loss scaler (saved in
@@ -838,6 +846,14 @@ class TrainConfig:
         domain.at_least("early_stop_min_delta", self.early_stop_min_delta, 0, 0.0)
         domain.at_least("signal_grace_s", self.signal_grace_s, 0, 60.0)
         domain.at_least("eval_sample_tokens", self.eval_sample_tokens, 1, 32)
+        domain.require(
+            self.loss_spike_factor == 0 or (_finite(self.loss_spike_factor) and self.loss_spike_factor > 1),
+            "loss_spike_factor",
+            self.loss_spike_factor,
+            "must be 0 (off) or > 1 (a loss at most the first step's is no spike)",
+            "10.0",
+        )
+        domain.at_least("dead_grad_steps", self.dead_grad_steps, 0, 10)
         if self.early_stop_min_delta and not self.early_stop_patience and _finite(self.early_stop_min_delta):
             domain.refuse(
                 "early_stop_min_delta",

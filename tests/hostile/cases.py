@@ -1420,13 +1420,13 @@ def _(tmp: Path) -> Run:
 @case(
     "run_dir_disk_full_preflight",
     DISK,
-    "the run directory on a 16 KB tmpfs (preflight.json or config.yaml fails)",
+    "the run directory on a 20 KB tmpfs (the lock and .hydra/ fit; preflight.json or config.yaml fails)",
     "clean",
     both(refused(r"(?i)no space left on .*run/(preflight\.json|config\.yaml)", codes=DISK_FULL_CODES), _no_temps_after),
     needs="mount",
 )
 def _(tmp: Path) -> Run:
-    mount = _tmpfs(tmp, "full", "16k")
+    mount = _tmpfs(tmp, "full", "20k")
     return Run(
         args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(400))), f"hydra.run.dir={mount / 'run'}"),
         after=_umount(mount),
@@ -1803,15 +1803,16 @@ def _into_finished(tmp: Path, *case_args: str, first_args: tuple[str, ...] = ("o
 
 
 def finished_kept(out: Outcome) -> str | None:
-    """The finished run's record and adapter are byte-identical to what the first run wrote."""
+    """Every file of the finished run's directory (.hydra/, seqtune.log and the lock included) is byte-identical to
+    what the first run left: a command that does not train writes nothing there."""
     first = out.run_dir.parent / "first"
-    changed = [n for n in KEPT if (out.run_dir / n).read_bytes() != (first / n).read_bytes()]
-    changed += [
-        f"adapter/{p.name}"
-        for p in (first / "adapter").iterdir()
-        if (out.run_dir / "adapter" / p.name).read_bytes() != p.read_bytes()
-    ]
-    return f"the finished run was rewritten: {changed}" if changed else None
+
+    def tree(root: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+    before, after = tree(first), tree(out.run_dir)
+    changed = sorted(n for n in before.keys() | after.keys() if before.get(n) != after.get(n))
+    return f"the finished run's directory was changed: {changed}" if changed else None
 
 
 @case(
