@@ -120,6 +120,7 @@ def launch(cfg: DictConfig, run_dir: Path, snapshot: RunDirSnapshot) -> None:
         from seqtune.worker import run_worker
 
         run_worker(run_dir)
+        _after_training(typed, run_dir)
         mark_finished(typed, run_dir)
         return
     from seqtune.launch import launch_command, run_launched, worker_environ
@@ -139,7 +140,17 @@ def launch(cfg: DictConfig, run_dir: Path, snapshot: RunDirSnapshot) -> None:
             f"{command[0] if typed.launcher.name == LauncherName.slurm else 'torchrun'} exited with "
             f"code {code}; the failing rank's error is printed above."
         )
+    _after_training(typed, run_dir)
     mark_finished(typed, run_dir)
+
+
+def _after_training(typed, run_dir: Path) -> None:
+    """Benchmark evaluation (eval.harness_tasks) in this parent process, once every rank has exited: the device is
+    free, and no rank waits in a collective while lm-eval runs."""
+    if typed.eval.harness_tasks:
+        from seqtune.evaluate import log_scores, request_from, run_harness
+
+        log_scores(run_dir, run_harness(run_dir, request_from(typed.eval)))
 
 
 @hydra.main(version_base=None, config_path="pkg://seqtune.configs", config_name="config")

@@ -696,6 +696,43 @@ class DpoConfig:
 
 
 @dataclass(kw_only=True)
+class EvalConfig:
+    """Benchmark evaluation with lm-evaluation-harness after training (seqtune.evaluate): the trained weights (best/
+    when early stopping kept one, else the final export) and, with harness_baseline, the starting model."""
+
+    # Task, group or tag names lm-eval knows, or that a YAML file under harness_include defines. [] = none.
+    harness_tasks: list[str] = field(default_factory=list)
+    # A directory of task YAML files (lm-eval's --include_path): tasks defined offline, with local data files.
+    harness_include: str | None = None
+    # Also evaluate the starting model (the base the run trained from), side by side in harness.json.
+    harness_baseline: bool = False
+    # Documents per task (null = all): a quick look while iterating.
+    harness_limit: int | None = None
+    # Few-shot examples per document (null = each task's own default).
+    harness_num_fewshot: int | None = None
+    harness_batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        domain = _Domain("eval")
+        domain.at_least("harness_limit", self.harness_limit, 1, "null", optional=True)
+        domain.at_least("harness_num_fewshot", self.harness_num_fewshot, 0, "null", optional=True)
+        domain.at_least("harness_batch_size", self.harness_batch_size, 1, 8)
+        if not self.harness_tasks:
+            changed = [
+                name
+                for name in ("harness_include", "harness_baseline", "harness_limit", "harness_num_fewshot")
+                if getattr(self, name) not in (None, False)
+            ]
+            for name in changed:
+                domain.refuse(
+                    name,
+                    f"eval.{name} is set but eval.harness_tasks is empty: nothing would read it. Fix: "
+                    f"'eval.harness_tasks=[TASK,...]', or drop eval.{name}",
+                )
+        domain.done()
+
+
+@dataclass(kw_only=True)
 class OptimConfig:
     name: OptimName = OptimName.adamw
     lr: float = 3e-4
@@ -950,6 +987,8 @@ class RootConfig:
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     # Preference tuning (read by recipe=lora_dpo | full_dpo; refused with another recipe when changed).
     dpo: DpoConfig = field(default_factory=DpoConfig)
+    # lm-evaluation-harness after training (seqtune.evaluate).
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
         if self.train.export_merged and not self.lora.enabled:
@@ -1061,6 +1100,7 @@ GROUP_SCHEMAS: dict[str, type] = {
     "logger": LoggerConfig,
     "preflight": PreflightConfig,
     "dpo": DpoConfig,
+    "eval": EvalConfig,
 }
 
 

@@ -32,6 +32,7 @@ from seqtune.preflight import checks, checks_labels, content, tokenizer_record
 from seqtune.preflight.checks import Problem
 from seqtune.preflight.phases import (
     fast_checks,
+    harness_checks,
     memory_phase,
     plan_phase,
     resolve_lengths,
@@ -119,6 +120,7 @@ def _checks_after_plan(
     if stored is None:  # loaded now: the next run reads its record
         tokenizer_record.keep_record(cfg, token_cache_root(cfg), record_key, tokenizer.record)
     late += content.file_checks(cfg, resolved, tokenizer, model)
+    late += harness_checks(cfg)
     print_early_problems(late)
     result, data, scans = _scan_and_check(cfg, resolved, tokens, tokenizer, run_dir, problems + late, model, plot)
     plan: Plan | None = None
