@@ -3,7 +3,6 @@ in checks.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -26,7 +25,7 @@ from seqtune.models.spec import lora_module_names, spec_for
 from seqtune.preflight import checks
 from seqtune.preflight import checks_model as model_checks
 from seqtune.preflight.checks import Problem
-from seqtune.preflight.resolve import CANNOT_RUN
+from seqtune.preflight.resolve import CANNOT_RUN, installed
 from seqtune.preflight.result import MemoryStats, PlanStats, SourceStats, SplitPlan, SplitStats
 from seqtune.preflight.tokenizer_record import RunTokenizer, TokenizerRecord, build_record
 
@@ -72,9 +71,12 @@ def fast_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
         load_in_4bit=cfg.model.load_in_4bit,
         device=cfg.train.device,
         cuda_available=plan.cuda_available,
-        bitsandbytes_installed=_installed("bitsandbytes"),
+        bitsandbytes_installed=installed("bitsandbytes"),
         attention_problems=attn_backend_problems(cfg.model.attn_implementation, env),
         kernels_problems=kernels_problems(cfg.model.kernels, device_type=plan.device_type, model_type=plan.model_type),
+        optimizer_problems=[plan.optimizer_reason.removeprefix(CANNOT_RUN)]
+        if plan.optimizer_reason.startswith(CANNOT_RUN)
+        else [],
     )
     if not plan.attn_reason.startswith(CANNOT_RUN):
         problems += checks.check_packed_attention(
@@ -106,10 +108,6 @@ def fast_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
     bad_key = key_problem(cfg.logger, os.environ)  # a tracker that cannot start online is found before training
     problems += [Problem(check="logger", key=KEY_VARIABLE, message=bad_key)] if bad_key else []
     return problems
-
-
-def _installed(package: str) -> bool:
-    return importlib.util.find_spec(package) is not None
 
 
 def runtime_phase(
@@ -493,7 +491,7 @@ def memory_inputs(cfg: RootConfig, plan: Resolved, rule: BatchRule, arch: Arch) 
         dora=cfg.lora.enabled and cfg.lora.use_dora,
         modules_to_save=saved,
         new_rows=max(0, rows - plan.vocab.embedding_rows) if "embed_tokens" not in saved else 0,
-        optimizer=str(cfg.optim.name),
+        optimizer=plan.optimizer,
         load_in_4bit=cfg.model.load_in_4bit,
         gradient_checkpointing=cfg.model.gradient_checkpointing,
         batch_tokens=rule.worst_case_positions(),

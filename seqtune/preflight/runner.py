@@ -370,7 +370,7 @@ def _finish(
     its checkpoints were trained under."""
     result.ok = not result.problems and isinstance(plan, Plan)
     if plan is not None and not any(
-        reason.startswith(CANNOT_RUN) for reason in (plan.attn_reason, plan.kernels_reason)
+        reason.startswith(CANNOT_RUN) for reason in (plan.attn_reason, plan.kernels_reason, plan.optimizer_reason)
     ):
         result.backend = BackendStats(
             attention=plan.attn_implementation,
@@ -379,6 +379,8 @@ def _finish(
             kernels_reason=plan.kernels_reason,
             loss=plan.loss,
             loss_reason=plan.loss_reason,
+            optimizer=plan.optimizer,
+            optimizer_reason=plan.optimizer_reason,
         )
     keep_record = resume is not None and not result.ok
     if not keep_record:

@@ -31,6 +31,7 @@ from seqtune.data.sampler import DistributedBatchPlan
 from seqtune.distributed import DistEnv
 from seqtune.preflight.resume import find_resume
 from seqtune.train.checkpoint import Checkpointer, Progress, load_weights_only
+from seqtune.models.optimizers import TORCH_ADAMW
 from seqtune.train.optim import build_optimizer, build_scheduler
 
 ENV = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
@@ -83,7 +84,7 @@ class Training:
         # every run (zeros here, whatever the seed).
         self.model[0].bias.requires_grad_(False).data.zero_()
         cfg = OptimConfig(lr=0.1, warmup_steps=2)
-        self.optimizer = build_optimizer([p for p in self.model.parameters() if p.requires_grad], cfg)
+        self.optimizer = build_optimizer([p for p in self.model.parameters() if p.requires_grad], cfg, TORCH_ADAMW)
         self.scheduler = build_scheduler(self.optimizer, cfg, total_steps=10)
         self.data = DistributedBatchPlan(
             np.arange(1, 17),
