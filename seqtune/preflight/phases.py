@@ -21,6 +21,7 @@ from seqtune.models.arch import ModelConfigs, model_configs
 from seqtune.models.attention import AttentionEnv, attn_backend_problems
 from seqtune.models.checkpoint_check import checkpoint_faults
 from seqtune.models.kernels import kernels_problems
+from seqtune.models.optimizers import IMPLEMENTATIONS, TORCH_ADAMW
 from seqtune.models.spec import lora_module_names, spec_for
 from seqtune.preflight import checks
 from seqtune.preflight import checks_model as model_checks
@@ -527,13 +528,13 @@ def memory_phase(cfg: RootConfig, plan: Resolved, rule: BatchRule, arch: Arch) -
         f"weights {stats.weights_gib:.1f} + grads {stats.grads_gib:.1f} + optimizer "
         f"{stats.optimizer_gib:.1f} + activations {stats.activations_gib:.1f}"
     )
-    fits = _what_fits(cfg, inputs, device) if device is not None and stats.total_gib > device else []
+    fits = _what_fits(cfg, plan, inputs, device) if device is not None and stats.total_gib > device else []
     return stats, checks.check_memory(
         estimate_gib=stats.total_gib, device_memory_gib=device, breakdown=breakdown, fits=fits
     )
 
 
-def _what_fits(cfg: RootConfig, inputs: MemoryInputs, device_gib: float) -> list[str]:
+def _what_fits(cfg: RootConfig, plan: Resolved, inputs: MemoryInputs, device_gib: float) -> list[str]:
     """Settings that would make the estimate fit the device, each with its estimate (the refusal names them)."""
     from seqtune.models import memory_estimate
 
@@ -555,6 +556,9 @@ def _what_fits(cfg: RootConfig, inputs: MemoryInputs, device_gib: float) -> list
     )
     if inputs.lora_enabled and not inputs.load_in_4bit:
         candidates.append(("model.load_in_4bit=true (QLoRA)", {"load_in_4bit": True}))
+    if inputs.optimizer == TORCH_ADAMW:
+        lean = IMPLEMENTATIONS[("adamw_8bit", plan.device_type)]
+        candidates.append((f"optim.name=adamw_8bit ({lean})", {"optimizer": lean}))
     if not inputs.lora_enabled:
         targets = tuple(spec_for(cfg.model).lora_targets)
         candidates.append(("recipe=lora_sft", {"lora_enabled": True, "lora_rank": 8, "lora_targets": targets}))

@@ -246,7 +246,7 @@ def _data_phases(
     if cfg.data.mode == DataMode.stream:
         batches, stream_records = _stream_phase(cfg, resolved, rule, scans["train"], result, problems)
     result.padding = PaddingStats(strategy=cfg.padding.strategy, side=resolved.padding_side, efficiency=efficiency)
-    if model is not None:
+    if model is not None and not resolved.optimizer_reason.startswith(CANNOT_RUN):  # no state to count otherwise
         result.memory, memory_problems = memory_phase(cfg, resolved, rule, model.arch)
         problems += memory_problems
     return {

@@ -119,6 +119,10 @@ def test_paging_on_cpu_and_a_missing_library_are_refused_naming_optim_name():
         "paged_adamw_8bit", device_type="cpu", bitsandbytes_installed=True, torchao_installed=True
     )
     assert paged.startswith("optim.name=paged_adamw_8bit") and "CUDA" in paged and "optim.name=adamw_8bit" in paged
-    (missing,) = optimizer_problems("adamw_8bit", device_type="cuda", bitsandbytes_installed=False, torchao_installed=True)
+    (missing,) = optimizer_problems(
+        "adamw_8bit", device_type="cuda", bitsandbytes_installed=False, torchao_installed=True
+    )
     assert "bitsandbytes is not installed" in missing and "pip install -e '.[cuda]'" in missing
-    assert optimizer_problems("adamw_8bit", device_type="cpu", bitsandbytes_installed=False, torchao_installed=True) == []
+    assert (
+        optimizer_problems("adamw_8bit", device_type="cpu", bitsandbytes_installed=False, torchao_installed=True) == []
+    )

@@ -29,9 +29,9 @@ from seqtune.config.schema import OptimConfig, PaddingStrategy, Tail, TrainConfi
 from seqtune.data.batching import BatchRule
 from seqtune.data.sampler import DistributedBatchPlan
 from seqtune.distributed import DistEnv
+from seqtune.models.optimizers import TORCH_ADAMW
 from seqtune.preflight.resume import find_resume
 from seqtune.train.checkpoint import Checkpointer, Progress, load_weights_only
-from seqtune.models.optimizers import TORCH_ADAMW
 from seqtune.train.optim import build_optimizer, build_scheduler
 
 ENV = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
@@ -49,6 +49,8 @@ PLAN = Plan(
     model_type="llama",
     attn_implementation="sdpa",
     kernels="torch",
+    optimizer=TORCH_ADAMW,
+    optimizer_reason="test",
     vocab=Vocab(tokenizer_size=8, special_ids={}, pad_id=0, eos_id=1, embedding_rows=8, output_rows=8, resize_to=None),
     tokens=Tokens(pad_id=0, bos_id=None, eos_id=1, terminators={1: "</s>"}, templated=False),
     max_seq_len=32,
