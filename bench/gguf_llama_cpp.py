@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import PYTHON, REPO, markdown_table, write_results  # noqa: E402
+from _common import PYTHON, REPO, markdown_table, write_results
 
 FAMILIES = {
     "llama3": ["model=llama3_tiny", "tokenizer=llama3"],
