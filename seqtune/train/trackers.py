@@ -9,7 +9,7 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,9 +34,7 @@ class Tracker(Protocol):
     def close(self) -> None: ...
 
 
-def open_trackers(
-    *, run_dir: Path, cfg: LoggerConfig, config_dict: dict[str, Any], resume_step: int
-) -> list[Tracker]:
+def open_trackers(*, run_dir: Path, cfg: LoggerConfig, config_dict: dict[str, Any], resume_step: int) -> list[Tracker]:
     trackers: list[Tracker] = []
     if cfg.wandb is not None and wandb_mode(cfg.wandb, os.environ) != "disabled":
         trackers.append(WandbTracker(_init_wandb(run_dir=run_dir, cfg=cfg.wandb, config_dict=config_dict)))
@@ -152,7 +150,9 @@ class TensorboardTracker:
         from torch.utils.tensorboard import SummaryWriter
 
         self._step = resume_step
-        self._writer = SummaryWriter(str(run_dir / TENSORBOARD_DIR), purge_step=resume_step + 1 if resume_step else None)
+        self._writer = SummaryWriter(
+            str(run_dir / TENSORBOARD_DIR), purge_step=resume_step + 1 if resume_step else None
+        )
         config_text = "\n".join(f"    {key} = {value}" for key, value in flatten(config_dict).items())
         self._writer.add_text("config", config_text, global_step=resume_step)
 
@@ -172,7 +172,9 @@ class TensorboardTracker:
 
     def table(self, name: str, columns: Sequence[str], rows: list[list[Any]], step: int | None) -> None:
         header = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
-        body = "".join("| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in r) + " |\n" for r in rows)
+        body = "".join(
+            "| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in r) + " |\n" for r in rows
+        )
         self._writer.add_text(name, header + body, global_step=self._step if step is None else step)
 
     def image(self, path: Path, name: str) -> None:
@@ -196,35 +198,47 @@ class MlflowTracker:
     store RUN_DIR/mlruns. The run id is kept in RUN_DIR/.mlflow_run.json, so a resume continues the same run."""
 
     def __init__(self, run_dir: Path, cfg: MlflowConfig, config_dict: dict[str, Any], resume_step: int) -> None:
-        from mlflow.tracking import MlflowClient
+        from mlflow.exceptions import MlflowException
 
         self._run_dir = run_dir
         self._step = resume_step
-        uri = _mlflow_uri(run_dir, cfg)
-        self._client = MlflowClient(tracking_uri=uri)
-        self._run_id = self._start_run(uri, cfg.experiment, resume_step)
-        self._log_params(flatten(config_dict))
         self._failed = False
+        local = (run_dir / MLFLOW_DIR).resolve().as_uri()
+        uri = _reachable_uri(cfg, local)
+        try:
+            self._start_run(uri, cfg.experiment, resume_step)
+            self._log_params(flatten(config_dict))
+        except MlflowException as exc:  # e.g. a server that answers but refuses us (auth, a proxy's error page)
+            if uri == local:
+                raise
+            _say_fallback(f"refused the run ({_first_line(exc)})", uri, local)
+            self._start_run(local, cfg.experiment, resume_step)
+            self._log_params(flatten(config_dict))
 
-    def _start_run(self, uri: str, experiment: str, resume_step: int) -> str:
+    def _start_run(self, uri: str, experiment: str, resume_step: int) -> None:
+        from mlflow.tracking import MlflowClient
+
+        if uri.startswith("file:") or "://" not in uri:
+            # MLflow 3 keeps its file store (the one store mlflow-skinny writes without a database) behind this switch.
+            os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
+        self._client = MlflowClient(tracking_uri=uri)
         id_file = self._run_dir / ".mlflow_run.json"
         earlier = json.loads(id_file.read_text()) if id_file.is_file() else {}
         if earlier.get("uri") == uri:
-            run_id = str(earlier["run_id"])
-            self._client.update_run(run_id, status="RUNNING")
-            logged = [m.step for m in self._client.get_metric_history(run_id, "loss")]
+            self._run_id = str(earlier["run_id"])
+            self._client.update_run(self._run_id, status="RUNNING")
+            logged = [m.step for m in self._client.get_metric_history(self._run_id, "loss")]
             if logged and max(logged) > resume_step:
                 print(
-                    f"note: MLflow run {run_id} already has loss up to step {max(logged)} from before this resume "
-                    f"(step {resume_step}); MLflow keeps both values of steps {resume_step + 1}..{max(logged)}.",
+                    f"note: MLflow run {self._run_id} already has loss up to step {max(logged)} from before this "
+                    f"resume (step {resume_step}); MLflow keeps both values of steps {resume_step + 1}..{max(logged)}.",
                     flush=True,
                 )
-            return run_id
+            return
         found = self._client.get_experiment_by_name(experiment)
         experiment_id = found.experiment_id if found else self._client.create_experiment(experiment)
-        run_id = self._client.create_run(experiment_id, run_name=self._run_dir.name).info.run_id
-        id_file.write_text(json.dumps({"uri": uri, "run_id": run_id}))
-        return run_id
+        self._run_id = self._client.create_run(experiment_id, run_name=self._run_dir.name).info.run_id
+        id_file.write_text(json.dumps({"uri": uri, "run_id": self._run_id}))
 
     def _log_params(self, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
@@ -241,44 +255,47 @@ class MlflowTracker:
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric
+
+        self._step = step
+        now = int(1000 * time.time())
+        self._call(lambda: self._client.log_batch(self._run_id, [Metric(k, v, now, step) for k, v in metrics.items()]))
+
+    def summary(self, values: dict[str, Any]) -> None:
+        # Under summary/, as TensorBoard's: a final value never adds a point to a logged metric's history.
+        from mlflow.entities import Metric, RunTag
+
+        now = int(1000 * time.time())
+        names = {key: f"summary/{key}" for key in values}
+        metrics = [Metric(names[k], v, now, self._step) for k, v in values.items() if _is_number(v)]
+        tags = [RunTag(names[k], str(v)) for k, v in values.items() if not _is_number(v)]
+        self._call(lambda: self._client.log_batch(self._run_id, metrics=metrics, tags=tags))
+
+    def table(self, name: str, columns: Sequence[str], rows: list[list[Any]], step: int | None) -> None:
+        path = f"{name}{'' if step is None else f'_step{step}'}.json"
+        self._call(lambda: self._client.log_dict(self._run_id, {"columns": list(columns), "data": rows}, path))
+
+    def image(self, path: Path, name: str) -> None:
+        self._call(lambda: self._client.log_artifact(self._run_id, str(path), artifact_path=str(Path(name).parent)))
+
+    def close(self) -> None:
+        self._call(lambda: self._client.set_terminated(self._run_id))
+
+    def _call(self, operation: Callable[[], object]) -> None:
+        """A server that stops answering mid-run (after MLflow's own retries) ends MLflow logging, not the run."""
         from mlflow.exceptions import MlflowException
 
         if self._failed:
             return
-        self._step = step
-        now = int(1000 * time.time())
         try:
-            self._client.log_batch(self._run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
-        except MlflowException as exc:  # the server went away mid-run: metrics.jsonl still has every step
+            operation()
+        except MlflowException as exc:
             self._failed = True
-            print(f"MLflow stopped answering at step {step} ({_first_line(exc)}); metrics.jsonl has every step.")
-
-    def summary(self, values: dict[str, Any]) -> None:
-        # Under summary/, as TensorBoard's: a final value never adds a point to a logged metric's history.
-        for key, value in values.items():
-            if self._failed:
-                return
-            if _is_number(value):
-                self._client.log_metric(self._run_id, f"summary/{key}", value, step=self._step)
-            else:
-                self._client.set_tag(self._run_id, f"summary/{key}", str(value))
-
-    def table(self, name: str, columns: Sequence[str], rows: list[list[Any]], step: int | None) -> None:
-        suffix = "" if step is None else f"_step{step}"
-        self._client.log_dict(self._run_id, {"columns": list(columns), "data": rows}, f"{name}{suffix}.json")
-
-    def image(self, path: Path, name: str) -> None:
-        self._client.log_artifact(self._run_id, str(path), artifact_path=str(Path(name).parent))
-
-    def close(self) -> None:
-        if not self._failed:
-            self._client.set_terminated(self._run_id)
+            print(f"MLflow stopped answering at step {self._step} ({_first_line(exc)}); metrics.jsonl has every step.")
 
 
-def _mlflow_uri(run_dir: Path, cfg: MlflowConfig) -> str:
+def _reachable_uri(cfg: MlflowConfig, local: str) -> str:
     """MLFLOW_TRACKING_URI when set and (for a server) answering within logger.mlflow.init_timeout, else the local
-    store RUN_DIR/mlruns, with one console line saying why and how to look at it."""
-    local = (run_dir / MLFLOW_DIR).resolve().as_uri()
+    store RUN_DIR/mlruns."""
     uri = os.environ.get(MLFLOW_URI_VARIABLE, "").strip()
     if uri.startswith(("http://", "https://")):
         import requests
@@ -286,15 +303,18 @@ def _mlflow_uri(run_dir: Path, cfg: MlflowConfig) -> str:
         try:
             requests.get(f"{uri.rstrip('/')}/health", timeout=cfg.init_timeout)
         except requests.RequestException as exc:
-            print(
-                f"MLflow at {MLFLOW_URI_VARIABLE}={uri} could not be reached within logger.mlflow.init_timeout="
-                f"{cfg.init_timeout:g}s ({type(exc).__name__}): logging into the local store {local}; to look at it: "
-                f"MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {local}",
-                flush=True,
+            _say_fallback(
+                f"could not be reached within logger.mlflow.init_timeout={cfg.init_timeout:g}s ({type(exc).__name__})",
+                uri,
+                local,
             )
-            uri = local
-    uri = uri or local
-    if uri.startswith("file:") or "://" not in uri:
-        # MLflow 3 keeps its file store (the only store mlflow-skinny can write without a database) behind this switch.
-        os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
-    return uri
+            return local
+    return uri or local
+
+
+def _say_fallback(why: str, uri: str, local: str) -> None:
+    print(
+        f"MLflow at {MLFLOW_URI_VARIABLE}={uri} {why}: logging into the local store {local}; to look at it: "
+        f"MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {local}",
+        flush=True,
+    )

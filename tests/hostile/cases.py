@@ -2029,7 +2029,10 @@ def _offline_and_unleaked(out: Outcome) -> str | None:
 def _(tmp: Path) -> Run:
     return Run(
         args=train(
-            write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40))), *TRAINED, "logger=wandb", "logger.wandb.init_timeout=2"
+            write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40))),
+            *TRAINED,
+            "logger=wandb",
+            "logger.wandb.init_timeout=2",
         ),
         env={**NO_WANDB, "WANDB_API_KEY": WANDB_KEY},
     )

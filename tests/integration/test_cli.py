@@ -196,7 +196,13 @@ def test_wandb_unreachable_with_a_key_finishes_offline_and_never_writes_the_key(
     run_dir = tmp_path / "run"
     secret = "0123456789abcdef0123456789abcdef0123beef"
     result = run_cli(
-        ["logger=wandb", "logger.wandb.init_timeout=2", "train.max_steps=1", "train.eval_every=0", "train.batch_size=4"],
+        [
+            "logger=wandb",
+            "logger.wandb.init_timeout=2",
+            "train.max_steps=1",
+            "train.eval_every=0",
+            "train.batch_size=4",
+        ],
         run_dir,
         env={"WANDB_API_KEY": secret, "WANDB_BASE_URL": "http://127.0.0.1:9"},
     )

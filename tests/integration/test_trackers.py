@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -86,12 +88,16 @@ def test_mlflow_local_store_has_every_step_and_the_flattened_config_and_resumes_
     assert len(client.search_runs([run.info.experiment_id])) == 1, "a resume started a second MLflow run"
     assert run.info.status == "FINISHED" and run.info.run_name == "run"
     assert run.data.params["train.max_steps"] == "6" and run.data.params["recipe_name"] == "sft"
-    # Steps 4 was logged before the crash and again after the resume: MLflow keeps both, and the console says so.
+    # Step 4 was logged before the crash and again after the resume: MLflow keeps both, and the console says so.
     assert "already has loss up to step 4 from before this resume (step 3)" in resumed.stdout
-    loss = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")]
-    assert sorted({step for step, _ in loss}) == [1, 2, 3, 4, 5, 6]
-    last = {m.step: m.value for m in sorted(client.get_metric_history(run.info.run_id, "loss"), key=lambda m: m.timestamp)}
-    assert [last[r["step"]] for r in read_metrics(run_dir)] == pytest.approx([r["loss"] for r in read_metrics(run_dir)])
+    logged = read_metrics(run_dir)
+    assert {key for record in logged for key in record} - {"step"} <= set(run.data.metrics)
+    loss: dict[int, list[float]] = {}
+    for point in client.get_metric_history(run.info.run_id, "loss"):
+        loss.setdefault(point.step, []).append(point.value)
+    assert {step: len(values) for step, values in loss.items()} == {1: 1, 2: 1, 3: 1, 4: 2, 5: 1, 6: 1}
+    for record in logged:  # the resume is exact, so both values of step 4 are the one metrics.jsonl kept
+        assert loss[record["step"]] == pytest.approx([record["loss"]] * len(loss[record["step"]]), rel=1e-6)
 
 
 def test_wandb_and_tensorboard_together(tmp_path: Path):
@@ -117,6 +123,37 @@ def test_an_unreachable_mlflow_server_falls_back_to_the_local_store(tmp_path: Pa
     [line] = [line for line in result.stdout.splitlines() if line.startswith("MLflow at ")]
     assert line.startswith("MLflow at MLFLOW_TRACKING_URI=http://127.0.0.1:9 could not be reached within ")
     assert f"logging into the local store {local}" in line and "mlflow ui --backend-store-uri" in line
+    client, run = _mlflow_run(run_dir)
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2, 3, 4, 5, 6]
+
+
+class _RefusingServer(BaseHTTPRequestHandler):
+    """Answers /health and refuses every MLflow API call, as a server behind a login or a proxy's error page does."""
+
+    def do_GET(self) -> None:
+        self.send_response(200 if self.path == "/health" else 403)
+        self.end_headers()
+        self.wfile.write(b'{"error_code": "PERMISSION_DENIED", "message": "no access"}')
+
+    do_POST = do_PATCH = do_GET
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_a_mlflow_server_that_refuses_the_run_falls_back_to_the_local_store(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _RefusingServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    uri = f"http://127.0.0.1:{server.server_port}"
+    try:
+        result = run_cli(["logger=mlflow", *TINY], run_dir, env={"MLFLOW_TRACKING_URI": uri})
+    finally:
+        server.shutdown()
+    _ok(result)
+    [line] = [line for line in result.stdout.splitlines() if line.startswith("MLflow at ")]
+    assert line.startswith(f"MLflow at MLFLOW_TRACKING_URI={uri} refused the run (")
+    assert f"logging into the local store {(run_dir / 'mlruns').resolve().as_uri()}" in line
     client, run = _mlflow_run(run_dir)
     assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2, 3, 4, 5, 6]
 
