@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from seqtune.config.errors import ConfigError
+from seqtune.config.rundir import MLFLOW_RUN_FILE, WANDB_ID_FILE
 from seqtune.config.schema import LoggerConfig, MlflowConfig, WandbConfig
 from seqtune.config.tracker import KEY_VARIABLE, wandb_mode
 
@@ -132,7 +133,7 @@ def _first_line(exc: BaseException) -> str:
 
 def _wandb_run_id(run_dir: Path) -> str:
     """The same id across resumes of one run directory, so W&B continues the run rather than starting another."""
-    id_file = run_dir / ".wandb_id"
+    id_file = run_dir / WANDB_ID_FILE
     if not id_file.exists():
         id_file.write_text(uuid.uuid4().hex[:12])
     return id_file.read_text().strip()
@@ -195,7 +196,8 @@ def _is_number(value: Any) -> bool:
 
 class MlflowTracker:
     """One MLflow run per run directory: MLFLOW_TRACKING_URI, else (or when that server does not answer) the local
-    store RUN_DIR/mlruns. The run id is kept in RUN_DIR/.mlflow_run.json, so a resume continues the same run."""
+    store RUN_DIR/mlruns. The run id is kept in RUN_DIR/.mlflow_run.json with its store, so a resume continues the
+    same run."""
 
     def __init__(self, run_dir: Path, cfg: MlflowConfig, config_dict: dict[str, Any], resume_step: int) -> None:
         from mlflow.exceptions import MlflowException
@@ -222,7 +224,7 @@ class MlflowTracker:
             # MLflow 3 keeps its file store (the one store mlflow-skinny writes without a database) behind this switch.
             os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
         self._client = MlflowClient(tracking_uri=uri)
-        id_file = self._run_dir / ".mlflow_run.json"
+        id_file = self._run_dir / MLFLOW_RUN_FILE
         earlier = json.loads(id_file.read_text()) if id_file.is_file() else {}
         if earlier.get("uri") == uri:
             self._run_id = str(earlier["run_id"])
