@@ -82,8 +82,9 @@ def _check_presets(typed) -> None:
 def _prepare_config(cfg: DictConfig) -> DictConfig:
     """Fill what the parent decides once for every rank: the W&B group of a sweep."""
     hydra_cfg = HydraConfig.get()
-    if hydra_cfg.mode == RunMode.MULTIRUN and cfg.logger.group is None:
-        cfg.logger.group = Path(hydra_cfg.sweep.dir).name
+    wandb = cfg.logger.wandb
+    if hydra_cfg.mode == RunMode.MULTIRUN and wandb is not None and wandb.group is None:
+        wandb.group = Path(hydra_cfg.sweep.dir).name
     return cfg
 
 
@@ -259,6 +260,8 @@ def _config_refusal(exc: BaseException) -> str | None:
             mark = error.problem_mark
             context = f"{error.context}: " if error.context else ""
             return f"{mark.name}:{mark.line + 1}:{mark.column + 1}: YAML syntax error: {context}{error.problem}"
+    if isinstance(exc, AssertionError) and "Unexpected type for root: NoneType" in str(exc):
+        return _unselected_tracker(sys.argv[1:])
     if isinstance(exc, OverrideParseException):
         return f"the override {exc.override!r} does not parse: {exc.message}"
     if isinstance(exc, (HydraException, OmegaConfBaseException)):
@@ -270,6 +273,27 @@ def _config_refusal(exc: BaseException) -> str | None:
     no_room = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS)
     if isinstance(exc, OSError) and exc.errno in no_room and _from_run_dir_setup(exc):
         return str(storage_error(exc, _failed_path(exc), key="hydra.run.dir"))
+    return None
+
+
+def _unselected_tracker(overrides: list[str]) -> str | None:
+    """OmegaConf cannot set a key inside a tracker that is off (logger.wandb=null unless logger names wandb): name
+    the override and the logger list that turns the tracker on."""
+    from dataclasses import fields
+
+    from seqtune.config.schema import LoggerConfig
+
+    for override in overrides:
+        key = override.split("=", 1)[0]
+        parts = key.split(".")
+        trackers = [f.name for f in fields(LoggerConfig)]
+        if len(parts) > 2 and parts[0] == "logger" and parts[1] in trackers:
+            other = next(name for name in trackers if name != parts[1])
+            return (
+                f"{key} is a setting of the {parts[1]} logger, which this run does not use (logger.{parts[1]} is "
+                f"null). Fix: select it as well: logger={parts[1]} (or a list, e.g. logger=[{other},{parts[1]}]) "
+                f"{override}"
+            )
     return None
 
 

@@ -229,11 +229,6 @@ class ProcessGroupBackend(StrEnum):
     nccl = "nccl"
 
 
-class LoggerName(StrEnum):
-    stdout = "stdout"
-    wandb = "wandb"
-
-
 class LoggerMode(StrEnum):
     auto = "auto"
     online = "online"
@@ -936,8 +931,7 @@ class LauncherConfig:
 
 
 @dataclass(kw_only=True)
-class LoggerConfig:
-    name: LoggerName = LoggerName.stdout
+class WandbConfig:
     project: str = "seqtune"
     entity: str | None = None
     # null = the Hydra sweep directory name for multirun (one W&B group per sweep), else the run's name.
@@ -949,9 +943,37 @@ class LoggerConfig:
     init_timeout: float = 30.0
 
     def __post_init__(self) -> None:
-        domain = _Domain("logger")
+        domain = _Domain("logger.wandb")
         domain.above("init_timeout", self.init_timeout, 0, 30)
         domain.done()
+
+
+@dataclass(kw_only=True)
+class TensorboardConfig:
+    """No settings: event files go to RUN_DIR/tensorboard, written through at every logged step."""
+
+
+@dataclass(kw_only=True)
+class MlflowConfig:
+    experiment: str = "seqtune"
+    # Seconds the server named by MLFLOW_TRACKING_URI may take to answer. Past it, or unreachable, the run logs into
+    # the local store RUN_DIR/mlruns and says how to upload it later. Without MLFLOW_TRACKING_URI: RUN_DIR/mlruns.
+    init_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        domain = _Domain("logger.mlflow")
+        domain.above("init_timeout", self.init_timeout, 0, 30)
+        domain.done()
+
+
+@dataclass(kw_only=True)
+class LoggerConfig:
+    """Trackers on rank 0, each under its own key so that `logger=[wandb,tensorboard]` composes both files; null =
+    off. The console and RUN_DIR/metrics.jsonl are always on (logger=stdout selects no tracker)."""
+
+    wandb: WandbConfig | None = None
+    tensorboard: TensorboardConfig | None = None
+    mlflow: MlflowConfig | None = None
 
 
 @dataclass(kw_only=True)

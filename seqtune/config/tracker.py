@@ -1,27 +1,27 @@
-"""Weights & Biases, decided before training: which mode `logger.mode=auto` means, and whether WANDB_API_KEY can be
-a key at all. The key itself is read by wandb from the environment; seqtune never copies it anywhere."""
+"""Weights & Biases, decided before training: which mode `logger.wandb.mode=auto` means, and whether WANDB_API_KEY
+can be a key at all. The key itself is read by wandb from the environment; seqtune never copies it anywhere."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from seqtune.config.schema import LoggerConfig, LoggerMode, LoggerName
+from seqtune.config.schema import LoggerMode, WandbConfig
 
 KEY_VARIABLE = "WANDB_API_KEY"
 
 
-def wandb_mode(cfg: LoggerConfig, environ: Mapping[str, str]) -> str:
-    """online, offline or disabled: logger.mode, where auto = online when WANDB_API_KEY is set."""
+def wandb_mode(cfg: WandbConfig, environ: Mapping[str, str]) -> str:
+    """online, offline or disabled: logger.wandb.mode, where auto = online when WANDB_API_KEY is set."""
     if cfg.mode != LoggerMode.auto:
         return cfg.mode.value
     return "online" if environ.get(KEY_VARIABLE) else "offline"
 
 
-def key_problem(cfg: LoggerConfig, environ: Mapping[str, str]) -> str | None:
+def key_problem(cfg: WandbConfig | None, environ: Mapping[str, str]) -> str | None:
     """Why WANDB_API_KEY cannot be a W&B key (wandb's own format check: no network, and the key is never shown),
-    or None. Checked only when the run would go online with it."""
+    or None. Checked only when the run would go online with it (cfg None: W&B is not one of the loggers)."""
     key = environ.get(KEY_VARIABLE)
-    if cfg.name != LoggerName.wandb or not key or wandb_mode(cfg, environ) != "online":
+    if cfg is None or not key or wandb_mode(cfg, environ) != "online":
         return None
     from wandb.sdk.lib.wbauth.validation import check_api_key
 
@@ -30,6 +30,6 @@ def key_problem(cfg: LoggerConfig, environ: Mapping[str, str]) -> str | None:
         return None
     return (
         f"{KEY_VARIABLE} is not a W&B API key: {problem} (the value is not shown). Fix: set {KEY_VARIABLE} to the "
-        f"key from https://wandb.ai/authorize, or unset it (logger.mode=auto then logs offline into the run "
-        f"directory), or logger.mode=offline"
+        f"key from https://wandb.ai/authorize, or unset it (logger.wandb.mode=auto then logs offline into the run "
+        f"directory), or logger.wandb.mode=offline"
     )

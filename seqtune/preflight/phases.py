@@ -106,7 +106,7 @@ def fast_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
     problems += checks.check_early_stopping(
         early_stop=cfg.train.early_stop_patience > 0, lora=cfg.lora.enabled, sharded=plan.sharded
     )
-    bad_key = key_problem(cfg.logger, os.environ)  # a tracker that cannot start online is found before training
+    bad_key = key_problem(cfg.logger.wandb, os.environ)  # a tracker that cannot start online is found before training
     problems += [Problem(check="logger", key=KEY_VARIABLE, message=bad_key)] if bad_key else []
     return problems
 

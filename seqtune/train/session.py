@@ -52,7 +52,7 @@ def open_logger(cfg: RootConfig, run_dir: Path, env: DistEnv, resume_step: int) 
     logger.summary(preflight_summary(load_result(run_dir)))
     logger.log_file(run_dir / "lengths.png", "preflight/lengths")
     if (run_dir / SAMPLES_JSON).is_file():
-        logger.log_table("preflight/samples", *sample_table(read_samples(run_dir / SAMPLES_JSON)))
+        logger.table("preflight/samples", *sample_table(read_samples(run_dir / SAMPLES_JSON)))
     return logger
 
 

@@ -2048,11 +2048,11 @@ def _offline_and_unleaked(out: Outcome) -> str | None:
 @case(
     "wandb_unreachable",
     TRUST,
-    "logger=wandb with a key and W&B unreachable (a closed port), logger.init_timeout=2: the run finishes offline",
+    "logger=wandb with a key and W&B unreachable (a closed port), logger.wandb.init_timeout=2: the run finishes offline",
     "ok",
     both(
         refused(
-            r"W&B could not be reached within logger\.init_timeout=2s",
+            r"W&B could not be reached within logger\.wandb\.init_timeout=2s",
             r"wandb sync .*run/wandb/offline-run-",
             codes=(0,),
         ),
@@ -2062,7 +2062,10 @@ def _offline_and_unleaked(out: Outcome) -> str | None:
 def _(tmp: Path) -> Run:
     return Run(
         args=train(
-            write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40))), *TRAINED, "logger=wandb", "logger.init_timeout=2"
+            write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40))),
+            *TRAINED,
+            "logger=wandb",
+            "logger.wandb.init_timeout=2",
         ),
         env={**NO_WANDB, "WANDB_API_KEY": WANDB_KEY},
     )

@@ -79,7 +79,7 @@ def sampled(tmp_path_factory, data) -> Path:
                 "train.eval_samples=2",
                 "train.eval_sample_tokens=6",
                 "logger=wandb",
-                "logger.mode=offline",
+                "logger.wandb.mode=offline",
             ),
             run_dir,
         )

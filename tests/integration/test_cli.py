@@ -191,18 +191,24 @@ def test_wandb_logger_runs_offline_without_a_key(tmp_path: Path):
 
 
 def test_wandb_unreachable_with_a_key_finishes_offline_and_never_writes_the_key(tmp_path: Path):
-    """A key and no network (W&B's host is a closed local port): the start-up gives up after logger.init_timeout,
+    """A key and no network (W&B's host is a closed local port): the start-up gives up after logger.wandb.init_timeout,
     the run logs offline into the run directory and says how to sync it; the key is in no file seqtune writes."""
     run_dir = tmp_path / "run"
     secret = "0123456789abcdef0123456789abcdef0123beef"
     result = run_cli(
-        ["logger=wandb", "logger.init_timeout=2", "train.max_steps=1", "train.eval_every=0", "train.batch_size=4"],
+        [
+            "logger=wandb",
+            "logger.wandb.init_timeout=2",
+            "train.max_steps=1",
+            "train.eval_every=0",
+            "train.batch_size=4",
+        ],
         run_dir,
         env={"WANDB_API_KEY": secret, "WANDB_BASE_URL": "http://127.0.0.1:9"},
     )
     _ok(result)
     [offline] = list((run_dir / "wandb").glob("offline-run-*"))
-    assert "W&B could not be reached within logger.init_timeout=2s" in result.stdout
+    assert "W&B could not be reached within logger.wandb.init_timeout=2s" in result.stdout
     assert f"wandb sync {offline}" in result.stdout
     assert (run_dir / "finished.json").is_file()
     for path in run_dir.rglob("*"):

@@ -25,6 +25,7 @@ def finished(tmp_path: Path):
         (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
         (run_dir / name).write_text(f"{name} of the finished run\n")
     (run_dir / ".wandb_id").write_text("abc")
+    (run_dir / ".mlflow_run.json").write_text('{"uri": "file:///x", "run_id": "abc"}')
     (run_dir / ".hydra").mkdir()
     mark_finished(cfg, run_dir)
     return cfg, run_dir
@@ -71,9 +72,11 @@ def test_overwrite_moves_the_finished_run_aside_and_deletes_nothing(finished):
     assert check_finished(other, run_dir) is Finished.NONE
     [previous] = list(run_dir.glob("previous-*"))
     assert {str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file()} == {
-        str(Path(previous.name) / name) for name in [*RECORD, ".wandb_id", FINISHED]
+        str(Path(previous.name) / name) for name in [*RECORD, ".wandb_id", ".mlflow_run.json", FINISHED]
     }
-    assert contents(previous) == {k: v for k, v in before.items() if k in [*RECORD, ".wandb_id", FINISHED]}
+    assert contents(previous) == {
+        k: v for k, v in before.items() if k in [*RECORD, ".wandb_id", ".mlflow_run.json", FINISHED]
+    }
     assert (run_dir / ".hydra").is_dir()  # this command's Hydra record stays
     assert check_finished(other, run_dir) is Finished.NONE  # the directory no longer holds a finished run
 

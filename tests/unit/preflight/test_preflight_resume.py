@@ -94,7 +94,7 @@ def test_resume_accept_takes_only_changes_a_resume_can_make(tmp_path):
         r"accepts changes of train\.max_steps",
     ):
         make_cfg(tmp_path, tmp_path / "t.jsonl", "train.resume_accept=[train.max_steps,optim.lr]")
-    make_cfg(tmp_path, tmp_path / "t.jsonl", "train.resume_accept=[train.max_steps,logger.project,preflight]")
+    make_cfg(tmp_path, tmp_path / "t.jsonl", "train.resume_accept=[train.max_steps,logger.wandb.project,preflight]")
 
 
 def test_other_data_with_the_same_record_count_is_refused_and_nothing_is_written(trained, tmp_path):
