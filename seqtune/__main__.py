@@ -92,6 +92,7 @@ def launch(cfg: DictConfig, run_dir: Path) -> None:
     typed = _typed(_prepare_config(cfg))
     _check_presets(typed)
     if check_finished(typed, run_dir):  # a finished run is a record: the same command is a no-op, another refused
+        _push(typed, run_dir)  # ... but for its push, which the same command retries
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     # train.resume=auto: the newest intact checkpoint, whose settings must be this run's. A refused resume writes
@@ -113,6 +114,7 @@ def launch(cfg: DictConfig, run_dir: Path) -> None:
 
         run_worker(run_dir)
         mark_finished(typed, run_dir)
+        _push(typed, run_dir)
         return
     from seqtune.launch import launch_command, run_launched, worker_environ
 
@@ -132,6 +134,16 @@ def launch(cfg: DictConfig, run_dir: Path) -> None:
             f"code {code}; the failing rank's error is printed above."
         )
     mark_finished(typed, run_dir)
+    _push(typed, run_dir)
+
+
+def _push(typed, run_dir: Path) -> None:
+    """train.push_to_hub: the finished, proven export to the Hub, after finished.json (a failed upload leaves a
+    complete run directory and names the command that retries it)."""
+    if typed.train.push_to_hub is not None:
+        from seqtune.export.push import push_finished
+
+        push_finished(run_dir, typed.train.push_to_hub, private=typed.train.push_private)
 
 
 @hydra.main(version_base=None, config_path="pkg://seqtune.configs", config_name="config")
