@@ -89,7 +89,9 @@ class FakeHub:
                             item = json.loads(line)
                             if item["key"] == "file":
                                 stored[item["value"]["path"]] = base64.b64decode(item["value"]["content"])
-                        return self._answer(200, {"commitUrl": f"{hub.url}/{repo}/commit/{'0' * 40}", "commitOid": "0" * 40})
+                        return self._answer(
+                            200, {"commitUrl": f"{hub.url}/{repo}/commit/{'0' * 40}", "commitOid": "0" * 40}
+                        )
                 self._answer(404, {"error": f"fake hub: no endpoint {method} {self.path}"})
 
             def _answer(self, status: int, payload: dict[str, Any]) -> None:

@@ -26,7 +26,12 @@ pytestmark = pytest.mark.slow  # runs the real CLI end to end
 TOKEN = "hf_push_test_token_that_must_never_be_written"
 TINY = ["train.max_steps=2", "train.batch_size=4", "preflight.plot=false", "preflight.show=0"]
 # What upload_folder sends, in order (the README.md's metadata is validated first); GETs are not part of it.
-UPLOAD = ["/api/repos/create", "/api/validate-yaml", "/api/models/{repo}/preupload/main", "/api/models/{repo}/commit/main"]
+UPLOAD = [
+    "/api/repos/create",
+    "/api/validate-yaml",
+    "/api/models/{repo}/preupload/main",
+    "/api/models/{repo}/commit/main",
+]
 
 
 @pytest.fixture
@@ -155,7 +160,10 @@ def test_a_failed_upload_keeps_the_run_and_the_named_command_pushes_it_later(tmp
 
     working = FakeHub()
     try:
-        later = export_cli(run_dir, "--push", "org/tiny-merged", env=hub_env(working, guard, tmp_path / "home"))
+        env = hub_env(working, guard, tmp_path / "home")
+        later = export_cli(run_dir, "--push", "org/tiny-merged", env=env)
+        # The same training command on the finished run directory trains nothing and retries the push too.
+        again = run_cli([*TINY, "train.export_merged=true", "train.push_to_hub=org/tiny-again"], run_dir, env=env)
     finally:
         working.close()
     assert later.returncode == 0, (later.stdout + later.stderr)[-3000:]
@@ -164,6 +172,8 @@ def test_a_failed_upload_keeps_the_run_and_the_named_command_pushes_it_later(tmp
     assert uploaded == files_of(run_dir / "merged")  # merged/ when train.export_merged, with its card
     assert "model.safetensors" in uploaded and "README.md" in uploaded
     assert working.received.repos["org/tiny-merged"]["visibility"] == "private"
+    assert again.returncode == 0 and "nothing to do" in again.stdout, (again.stdout + again.stderr)[-3000:]
+    assert working.received.files["org/tiny-again"] == uploaded
 
 
 def test_an_unreachable_hub_exits_1_naming_the_retry(pushed, guard, tmp_path):
@@ -195,7 +205,9 @@ def test_a_push_that_cannot_work_is_refused_before_training(hub, guard, tmp_path
 
 def test_a_missing_token_alone_is_refused_before_training(hub, guard, tmp_path):
     run_dir = tmp_path / "run"
-    result = run_cli([*TINY, "train.push_to_hub=org/name"], run_dir, env=hub_env(hub, guard, tmp_path / "home", token=None))
+    result = run_cli(
+        [*TINY, "train.push_to_hub=org/name"], run_dir, env=hub_env(hub, guard, tmp_path / "home", token=None)
+    )
     text = " ".join((result.stdout + result.stderr).split())
     assert result.returncode == 2, text[-3000:]
     assert "train.push_to_hub=org/name, but no Hugging Face token is available" in text

@@ -185,7 +185,13 @@ def no_login(tmp_path, monkeypatch):
     """No token from the environment or a login file; the user's own HF_HUB_OFFLINE unset."""
     from huggingface_hub import constants
 
-    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE", "HF_HUB_OFFLINE", "SEQTUNE_USER_HF_HUB_OFFLINE"):
+    for name in (
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "HF_OIDC_RESOURCE",
+        "HF_HUB_OFFLINE",
+        "SEQTUNE_USER_HF_HUB_OFFLINE",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "token"))
     return tmp_path / "token"
