@@ -1,5 +1,5 @@
 """train.push_to_hub through the real CLI, against a Hugging Face Hub on loopback (tests/fake_hub.py): the proven
-adapter (or merged model) goes up with its card into a private repository, with the token in the Authorization
+adapter (or merged model) goes up with its card, and any GGUF file beside it, into a private repository, with the token in the Authorization
 header and in no file of the run directory; a failed upload exits 1 naming the command that retries it, which
 `python -m seqtune.export RUN_DIR --push` then does; a refused export proof uploads nothing; a missing token,
 HF_HUB_OFFLINE=1 and a malformed id are refused before training. Every non-loopback connection is refused in the
@@ -86,6 +86,7 @@ def files_of(directory: Path) -> dict[str, bytes]:
 def assert_clean(text: str, hub: FakeHub) -> None:
     assert "Traceback" not in text and "socket guard" not in text, text[-3000:]
     assert hub.received.foreign == []
+    assert not [path for _, path, _ in hub.received.requests if "xet" in path or "lfs" in path]  # bytes in commits
 
 
 @pytest.fixture(scope="module")
@@ -213,3 +214,16 @@ def test_a_missing_token_alone_is_refused_before_training(hub, guard, tmp_path):
     assert "train.push_to_hub=org/name, but no Hugging Face token is available" in text
     assert "is not a Hub repository id" not in text and "HF_HUB_OFFLINE" not in text
     assert not (run_dir / "adapter").exists() and hub.received.requests == []
+
+
+def test_a_gguf_file_goes_up_beside_the_adapter(hub, guard, tmp_path):
+    run_dir = tmp_path / "run"
+    env = hub_env(hub, guard, tmp_path / "home")
+    result = run_cli([*TINY, "train.export_gguf=f16", "train.push_to_hub=org/tiny-gguf"], run_dir, env=env)
+    text = result.stdout + result.stderr
+    assert result.returncode == 0, text[-4000:]
+    assert_clean(text, hub)
+    (gguf,) = (run_dir / "gguf").glob("*.gguf")
+    uploaded = hub.received.files["org/tiny-gguf"]
+    assert uploaded == {**files_of(run_dir / "adapter"), gguf.name: gguf.read_bytes()}  # not merged/: not asked
+    assert "pushing adapter/ and 1 GGUF file(s)" in result.stdout
