@@ -2,7 +2,8 @@
 and `upload_folder`, read from its source (hf_api.py, _commit_api.py, _upload_pipeline.py), and nothing else.
 
 - POST /api/repos/create (JSON: name, organization, visibility) -> {"url"}
-- POST /api/validate-yaml (a README.md's metadata, checked before upload) -> {}
+- POST /api/validate-yaml (a README.md's metadata, checked before upload) -> {}, or 400 for a `base_model` that is
+  not a Hub id, as the Hub answers (`"base_model" with value "/local/path" is not valid`)
 - POST /api/models/ORG/NAME/preupload/main -> every file "regular": its bytes travel base64 inside the commit, so
   neither Xet (hf_xet's pipeline only uploads files the server marks "lfs") nor the LFS batch API is used (the
   client forces no file to LFS; it only forces empty files to "regular")
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -76,6 +78,10 @@ class FakeHub:
                     hub.received.repos[repo] = payload
                     return self._answer(200, {"url": f"{hub.url}/{repo}"})
                 if method == "POST" and parts == ["api", "validate-yaml"]:
+                    base = re.search(r"^base_model: (.*)$", json.loads(body)["content"].split("\n---")[0], re.M)
+                    if base and not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", base[1].strip()):
+                        message = f'"base_model" with value "{base[1].strip()}" is not valid.'
+                        return self._answer(400, {"error": message, "errors": [{"message": message}]})
                     return self._answer(200, {})
                 if method == "POST" and len(parts) == 6 and parts[:2] == ["api", "models"]:
                     repo, action = f"{parts[2]}/{parts[3]}", parts[4]

@@ -2,9 +2,10 @@
 `python -m seqtune.export RUN_DIR --push ORG/NAME` later).
 
 What goes up is what the run ships, at the repository's root so that `from_pretrained("ORG/NAME")` loads it:
-merged/ when train.export_merged, else adapter/ (LoRA) or model/ (full fine-tune), each with its README.md card,
-plus every RUN_DIR/gguf/*.gguf file. Only after the export proof passed (RUN_DIR/export.json says ok): a refused
-proof uploads nothing. huggingface_hub's HfApi creates the repository (private unless train.push_private=false;
+merged/ when train.export_merged, else adapter/ (LoRA) or model/ (full fine-tune), plus every RUN_DIR/gguf/*.gguf
+file, and the export's README.md card written for the repository (its loading lines name ORG/NAME; `base_model` is
+model.path's hub id, or absent for a local base, which the Hub's metadata check refuses). Only after the export
+proof passed (RUN_DIR/export.json says ok): a refused proof uploads nothing. huggingface_hub's HfApi creates the repository (private unless train.push_private=false;
 an existing one keeps its visibility) and uploads the files in one upload_folder call; the token is the one
 huggingface_hub reads itself (HF_TOKEN, else `hf auth login`'s file) and passes through no seqtune code, so it is
 in no file of the run directory. A failed upload raises SeqtuneError (exit 1) naming the key and the command that
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from seqtune.config.errors import SeqtuneError
 from seqtune.config.load import load_resolved
+from seqtune.export.facts import CARD, card_text, data_files, ship_facts
 from seqtune.export.proof import EXPORT_JSON, GGUF_DIR, prove_exports
 from seqtune.hub import LOGIN_FIX, PUSH_KEY, push_command
 
@@ -69,7 +71,7 @@ def push_run(run_dir: Path, repo_id: str, *, private: bool, key: str = PUSH_KEY)
     saved, constants.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE, False
     try:
         with tempfile.TemporaryDirectory(prefix="seqtune-push-") as staging:
-            folder = _staged(Path(staging), export, gguf)
+            folder = _staged(Path(staging), export, gguf, repo_id)
             api = HfApi()
             url = api.create_repo(repo_id, private=private, exist_ok=True)
             with_gguf = f" and {len(gguf)} GGUF file(s)" if gguf else ""
@@ -96,13 +98,18 @@ def push_run(run_dir: Path, repo_id: str, *, private: bool, key: str = PUSH_KEY)
     return str(commit.commit_url)
 
 
-def _staged(staging: Path, export: Path, gguf: list[Path]) -> Path:
+def _staged(staging: Path, export: Path, gguf: list[Path], repo_id: str) -> Path:
     """A folder of links: the export's files at the root, the GGUF files beside them (one commit, one layout,
-    nothing written into the run directory)."""
-    for source in [*sorted(p for p in export.rglob("*") if p.is_file()), *gguf]:
+    nothing written into the run directory), and the export's card as the repository's: loading from `repo_id`,
+    with a `base_model` the Hub accepts (a hub id, else none: a local path there is refused with HTTP 400)."""
+    from transformers import AutoTokenizer
+
+    for source in [*sorted(p for p in export.rglob("*") if p.is_file() and p.name != CARD), *gguf]:
         link = staging / (source.relative_to(export) if source.is_relative_to(export) else Path(source.name))
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(source.resolve())
+    facts = ship_facts(AutoTokenizer.from_pretrained(export), export.parent)
+    (staging / CARD).write_text(card_text(facts, export.name, files=data_files(facts), repo_id=repo_id))
     return staging
 
 

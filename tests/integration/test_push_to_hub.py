@@ -83,6 +83,10 @@ def files_of(directory: Path) -> dict[str, bytes]:
     return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
+def without_card(files: dict[str, bytes]) -> dict[str, bytes]:
+    return {name: data for name, data in files.items() if name != "README.md"}
+
+
 def assert_clean(text: str, hub: FakeHub) -> None:
     assert "Traceback" not in text and "socket guard" not in text, text[-3000:]
     assert hub.received.foreign == []
@@ -108,9 +112,13 @@ def test_a_run_pushes_its_proven_adapter_with_its_card_privately(pushed):
     assert posts(hub) == expected_posts("org/tiny-adapter")
     assert hub.received.repos["org/tiny-adapter"]["visibility"] == "private"
     assert all(auth == f"Bearer {TOKEN}" for method, _, auth in hub.received.requests if method == "POST")
-    assert hub.received.files["org/tiny-adapter"] == files_of(run_dir / "adapter")  # the exact files, at the root
-    assert "adapter_model.safetensors" in hub.received.files["org/tiny-adapter"]
-    assert b"library_name: peft" in hub.received.files["org/tiny-adapter"]["README.md"]
+    uploaded = hub.received.files["org/tiny-adapter"]
+    assert without_card(uploaded) == without_card(files_of(run_dir / "adapter"))  # the exact files, at the root
+    assert "adapter_model.safetensors" in uploaded
+    card = uploaded["README.md"].decode()  # the repository's card: it loads from there, no local base_model
+    assert "library_name: peft" in card and "base_model:" not in card
+    assert "model = PeftModel.from_pretrained(base, 'org/tiny-adapter')" in card
+    assert "base_model: /" in (run_dir / "adapter" / "README.md").read_text()  # the run's own card is unchanged
     assert json.loads((run_dir / "export.json").read_text())["ok"] is True
     assert f"pushed to the Hub: {hub.url}/org/tiny-adapter/commit/" in result.stdout
 
@@ -170,11 +178,12 @@ def test_a_failed_upload_keeps_the_run_and_the_named_command_pushes_it_later(tmp
     assert later.returncode == 0, (later.stdout + later.stderr)[-3000:]
     assert_clean(later.stdout + later.stderr, working)
     uploaded = working.received.files["org/tiny-merged"]
-    assert uploaded == files_of(run_dir / "merged")  # merged/ when train.export_merged, with its card
-    assert "model.safetensors" in uploaded and "README.md" in uploaded
+    assert without_card(uploaded) == without_card(files_of(run_dir / "merged"))  # merged/ with train.export_merged
+    assert "model.safetensors" in uploaded
+    assert "AutoModelForCausalLM.from_pretrained('org/tiny-merged')" in uploaded["README.md"].decode()
     assert working.received.repos["org/tiny-merged"]["visibility"] == "private"
     assert again.returncode == 0 and "nothing to do" in again.stdout, (again.stdout + again.stderr)[-3000:]
-    assert working.received.files["org/tiny-again"] == uploaded
+    assert without_card(working.received.files["org/tiny-again"]) == without_card(uploaded)
 
 
 def test_an_unreachable_hub_exits_1_naming_the_retry(pushed, guard, tmp_path):
@@ -225,5 +234,6 @@ def test_a_gguf_file_goes_up_beside_the_adapter(hub, guard, tmp_path):
     assert_clean(text, hub)
     (gguf,) = (run_dir / "gguf").glob("*.gguf")
     uploaded = hub.received.files["org/tiny-gguf"]
-    assert uploaded == {**files_of(run_dir / "adapter"), gguf.name: gguf.read_bytes()}  # not merged/: not asked
+    expected = {**without_card(files_of(run_dir / "adapter")), gguf.name: gguf.read_bytes()}  # not merged/
+    assert without_card(uploaded) == expected and "README.md" in uploaded
     assert "pushing adapter/ and 1 GGUF file(s)" in result.stdout
