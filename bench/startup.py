@@ -81,7 +81,7 @@ def _text(rng: random.Random, words: int) -> str:
 
 def alpaca_like_records(n: int, seed: int = 0) -> list[dict[str, str]]:
     """Alpaca's shape and lengths (instruction median ~12 words, input on 40%, answer median ~30 words with a
-    long tail), every record distinct (preflight refuses a set of duplicates)."""
+    long tail), every record distinct (preflight would drop copies, and the counts would not be n)."""
     rng = random.Random(seed)
     out: list[dict[str, str]] = []
     for _ in range(n):

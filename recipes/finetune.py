@@ -33,7 +33,7 @@ from seqtune.train.export import BestWeights, export_final, report_end
 from seqtune.train.generate import build_sample_generator
 from seqtune.train.loop import Loop, fit
 from seqtune.train.objectives import Objective
-from seqtune.train.optim import build_optimizer, build_scheduler
+from seqtune.train.optim import build_optimizer, build_scheduler, sync_lr_after_resume
 from seqtune.train.session import open_logger, seed_dropout, set_seed, total_steps
 
 # Builds the recipe's objective once the model is built, from (the model as built, before DDP/FSDP wrapping), and
@@ -105,7 +105,8 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
         settings=flat_settings(cfg),
         early_stop=stopper,
     )
-    checkpointer.resume()
+    if checkpointer.resume():
+        sync_lr_after_resume(scheduler)
     logger = open_logger(cfg, run_dir, env, progress.step)
 
     autocast = getattr(torch, plan.autocast_dtype) if plan.autocast_dtype else None

@@ -13,6 +13,7 @@ import contextlib
 import os
 import sys
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 # Before torch/transformers are imported: no library reaches a model hub on its own (only seqtune.hub fetches a hub
@@ -32,9 +33,11 @@ from seqtune import console
 from seqtune.config import SeqtuneError, register_resolvers, register_schemas, save_resolved, to_typed
 from seqtune.config.errors import EXIT_FAILED, ConfigError, Interrupted
 from seqtune.config.plan import load_plan
-from seqtune.config.rundir import RESOLVED_CONFIG
+from seqtune.config.rundir import RESOLVED_CONFIG, RUN_DIR_KEY
 from seqtune.config.schema import LauncherName
+from seqtune.files import storage_error, write_atomic
 from seqtune.run_lock import hold_run_dir
+from seqtune.run_snapshot import HYDRA_DIR, RunDirSnapshot
 from seqtune.sweep import JobOutcome
 from seqtune.train import signals
 
@@ -84,20 +87,25 @@ def _prepare_config(cfg: DictConfig) -> DictConfig:
     return cfg
 
 
-def launch(cfg: DictConfig, run_dir: Path) -> None:
+def launch(cfg: DictConfig, run_dir: Path, snapshot: RunDirSnapshot) -> None:
     from seqtune.preflight import run_preflight
     from seqtune.preflight.resume import check_settings, find_resume
-    from seqtune.records import check_finished, mark_finished
+    from seqtune.records import Finished, check_finished, extend_finished, mark_finished
 
     typed = _typed(_prepare_config(cfg))
     _check_presets(typed)
-    if check_finished(typed, run_dir):  # a finished run is a record: the same command is a no-op, another refused
-        _push(typed, run_dir)  # ... but for its push, which the same command retries
+    # A finished run is a record: the same command is a no-op (but for its push, which it retries), another
+    # refused, a longer run continues it.
+    finished = check_finished(typed, run_dir)
+    if finished is Finished.SAME:
+        _push(typed, run_dir)
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     # train.resume=auto: the newest intact checkpoint, whose settings must be this run's. A refused resume writes
     # nothing, so the run's record stays the one its checkpoints were trained under.
     resume = find_resume(typed.train, run_dir)
+    if finished is Finished.EXTEND:
+        extend_finished(run_dir, resume)  # the first finish's record, kept before anything of it is rewritten
     if resume is None:
         save_resolved(cfg, run_dir / RESOLVED_CONFIG)  # the record of this attempt, even one preflight refuses
     else:
@@ -106,6 +114,7 @@ def launch(cfg: DictConfig, run_dir: Path) -> None:
     run_preflight(typed, run_dir, resume=resume)
     if resume is not None:
         save_resolved(cfg, run_dir / RESOLVED_CONFIG)  # the resume was accepted: its settings are the run's now
+    snapshot.keep()  # training starts (or a dry run passed): what this command wrote is the run's record now
     if typed.preflight.only:
         print(f"preflight passed; dry run (preflight.only=true): nothing trained. Report: {run_dir / 'preflight.json'}")
         return
@@ -113,6 +122,7 @@ def launch(cfg: DictConfig, run_dir: Path) -> None:
         from seqtune.worker import run_worker
 
         run_worker(run_dir)
+        _after_training(typed, run_dir)
         mark_finished(typed, run_dir)
         _push(typed, run_dir)
         return
@@ -133,6 +143,7 @@ def launch(cfg: DictConfig, run_dir: Path) -> None:
             f"{command[0] if typed.launcher.name == LauncherName.slurm else 'torchrun'} exited with "
             f"code {code}; the failing rank's error is printed above."
         )
+    _after_training(typed, run_dir)
     mark_finished(typed, run_dir)
     _push(typed, run_dir)
 
@@ -146,17 +157,32 @@ def _push(typed, run_dir: Path) -> None:
         push_finished(run_dir, typed.train.push_to_hub, private=typed.train.push_private)
 
 
+def _after_training(typed, run_dir: Path) -> None:
+    """Benchmark evaluation (eval.harness_tasks) in this parent process, once every rank has exited: the device is
+    free, and no rank waits in a collective while lm-eval runs."""
+    if typed.eval.harness_tasks:
+        from seqtune.evaluate import log_scores, request_from, run_harness
+
+        log_scores(run_dir, run_harness(run_dir, request_from(typed.eval)))
+
+
 @hydra.main(version_base=None, config_path="pkg://seqtune.configs", config_name="config")
 def _hydra_main(cfg: DictConfig) -> JobOutcome:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     sweep = HydraConfig.get().mode == RunMode.MULTIRUN
+    snapshot: RunDirSnapshot | None = None
     with contextlib.ExitStack() as held:
         try:
             held.enter_context(hold_run_dir(run_dir))  # one writer per run directory, before anything is written
+            # Settled after the log is closed: a command that does not train leaves a run's directory as it was.
+            snapshot = held.enter_context(_unless_trained(run_dir))
+            _write_hydra_record(cfg, run_dir)
             held.enter_context(console.run_log(run_dir))
-            launch(cfg, run_dir)
-        except SeqtuneError as err:
+            launch(cfg, run_dir, snapshot)
+        except (SeqtuneError, Interrupted) as err:
             print(f"\nseqtune: error: {err}", file=sys.stderr, flush=True)
+            if snapshot is not None and isinstance(err, Interrupted):
+                snapshot.interrupted = True
             if not sweep or isinstance(err, Interrupted):  # a signal ends the whole sweep
                 sys.exit(err.exit_code)
             return JobOutcome(exit_code=err.exit_code, error=str(err))
@@ -168,6 +194,36 @@ def _hydra_main(cfg: DictConfig) -> JobOutcome:
             traceback.print_exc()
             return JobOutcome(exit_code=EXIT_FAILED, error=f"{type(err).__name__}: {err}")
     return JobOutcome(exit_code=0)
+
+
+@contextlib.contextmanager
+def _unless_trained(run_dir: Path) -> Iterator[RunDirSnapshot]:
+    try:
+        snapshot = RunDirSnapshot.take(run_dir)
+    except OSError as exc:
+        raise storage_error(exc, run_dir, key=RUN_DIR_KEY) from None
+    try:
+        yield snapshot
+    finally:
+        snapshot.settle()
+
+
+def _write_hydra_record(cfg: DictConfig, run_dir: Path) -> None:
+    """RUN_DIR/.hydra/{config,hydra,overrides}.yaml, as Hydra writes them (hydra.output_subdir is off in
+    config.yaml so that Hydra does not write them before the run directory's snapshot is taken)."""
+    from omegaconf import OmegaConf
+
+    record = {
+        "config.yaml": cfg,
+        "hydra.yaml": HydraConfig.instance().cfg,  # the `hydra` node only, as Hydra saves it
+        "overrides.yaml": HydraConfig.get().overrides.task,
+    }
+    try:
+        (run_dir / HYDRA_DIR).mkdir(exist_ok=True)
+    except OSError as exc:
+        raise storage_error(exc, run_dir / HYDRA_DIR, key=RUN_DIR_KEY) from None
+    for name, value in record.items():
+        write_atomic(run_dir / HYDRA_DIR / name, OmegaConf.to_yaml(value), key=RUN_DIR_KEY)
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from seqtune.config.errors import StorageError
+from seqtune.config.errors import SeqtuneError, StorageError
 
 TEMP_PREFIX = ".tmp-"
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -130,17 +130,16 @@ def _temp_name(path: Path) -> Path:
 def atomic_output(path: Path, *, key: str) -> Iterator[Path]:
     """Yield a temporary path beside `path`; when the block ends without error it replaces `path` in one rename.
 
-    On any error the temporary file is removed, and an OSError becomes a StorageError naming `path` and `key`."""
+    On any error (a signal's Interrupted included) the temporary file is removed, and the operating system's error
+    (an OSError, or a library's error wrapping one: os_error_in) becomes a StorageError naming `path` and `key`."""
     path = Path(path)
     tmp = _temp_name(path)
     try:
         yield tmp
         os.replace(tmp, path)
-    except OSError as exc:
+    except BaseException as exc:
         _remove(tmp)
-        raise storage_error(exc, path, key=key) from None
-    except BaseException:
-        _remove(tmp)
+        _raise_storage_error_behind(exc, path, key=key)
         raise
 
 
@@ -202,6 +201,21 @@ class TempDir:
         finally:
             self._unlock()
 
+    def replace(self, final: Path) -> None:
+        """Take `final`'s place, replacing a previous `final` whole. A directory cannot be renamed over a non-empty
+        one: the previous one goes aside (onto an empty locked temporary, which rename replaces), this one takes its
+        name, then the previous one is removed. A crash in between leaves a `.tmp-*` that the next sweep removes."""
+        old = TempDir(self.parent, f"old-{Path(final).name}", key=self.key)
+        try:
+            if os.path.lexists(final):
+                os.rename(final, old.path)
+        except OSError as exc:
+            old.discard()
+            self.discard()
+            raise storage_error(exc, Path(final), key=self.key) from None
+        self.publish(final)
+        old.discard()
+
     def discard(self) -> None:
         _remove(self.path)
         self._unlock()
@@ -210,6 +224,34 @@ class TempDir:
         if self._fd is not None:
             os.close(self._fd)  # closing releases the flock
             self._fd = None
+
+
+@contextmanager
+def atomic_directory(path: Path, *, key: str) -> Iterator[Path]:
+    """Yield a locked temporary directory beside `path` to fill; when the block ends without error it replaces
+    `path` whole (TempDir.replace), its modes following the umask. On any error, a signal's Interrupted included,
+    the temporary is removed and `path` is left as it was; the operating system's error becomes a StorageError
+    naming `path` (as atomic_output)."""
+    path = Path(path)
+    temp = TempDir(path.parent, path.name, key=key)
+    sweep_stale_temps(path.parent)  # what a killed writer left (its lock died with it)
+    try:
+        yield temp.path
+        follow_umask(temp.path)
+    except BaseException as exc:
+        temp.discard()
+        _raise_storage_error_behind(exc, path, key=key)
+        raise
+    temp.replace(path)
+
+
+def _raise_storage_error_behind(exc: BaseException, path: Path, *, key: str) -> None:
+    """Raise the StorageError of the operating system's error behind a failed write (an OSError, or a library's
+    error wrapping one); return for anything else (a signal, a seqtune error, a bug), which the caller re-raises."""
+    if isinstance(exc, Exception) and not isinstance(exc, SeqtuneError):
+        os_error = os_error_in(exc)
+        if os_error is not None:
+            raise storage_error(os_error, path, key=key) from None
 
 
 def sweep_stale_temps(parent: Path) -> list[Path]:

@@ -9,6 +9,13 @@ written), and other settings are refused (exit 2), naming each difference with b
 uses (seqtune.preflight.resume.setting_changes). `train.overwrite=true` moves the finished run into
 RUN_DIR/previous-<time>/ first (never deletes it), and the command trains anew.
 
+A longer run is the one exception: train.resume_accept listing train.max_steps (or train.epochs) with a larger
+value, every other difference accepted too, continues the finished run from the checkpoint of its last step (the
+loop saves one whenever train.save_every > 0). `extend_finished` copies the first finish's record (finished.json,
+config.yaml, plan.json, preflight's report, metrics.jsonl, the exports) into RUN_DIR/previous-<its finish time>/
+before anything of it is rewritten; finished.json stays in place until the longer run finishes, so an extension
+stopped midway is resumed by the same command, and the first finish's record is kept once.
+
 A finished run is recognised by finished.json alone: a run that crashed before it (even after exporting) is a
 crashed run, which train.resume continues under its own rules.
 """
@@ -17,38 +24,53 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from datetime import UTC, datetime
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from seqtune.config.errors import ConfigError
 from seqtune.config.load import flat_settings
-from seqtune.config.rundir import FINISHED, PREVIOUS_PREFIX, RUN_DIR_KEY
-from seqtune.config.schema import RootConfig
+from seqtune.config.rundir import CHECKPOINTS, FINISHED, PREVIOUS_PREFIX, RUN_DIR_KEY
+from seqtune.config.schema import Resume, RootConfig
 from seqtune.console import LOG_FILE
-from seqtune.files import write_atomic
-from seqtune.preflight.resume import setting_changes
+from seqtune.files import TEMP_PREFIX, write_atomic
+from seqtune.preflight.resume import Change, ResumePoint, accepted, setting_changes
 
 KEPT = "config.yaml, plan.json, preflight.json, metrics.jsonl and the adapter/ or model/ are unchanged"
 # What stays in RUN_DIR when train.overwrite moves a finished run aside: this command's console log (open for
 # append), the moved runs, and hidden entries (Hydra's .hydra/ of this command, locks, temporaries) but the W&B id,
 # which must not carry over to the new run.
 MOVED_HIDDEN = (".wandb_id",)
+# The settings that say how long a run trains: a larger value, accepted by train.resume_accept, trains a finished run
+# longer.
+LENGTH_KEYS = ("train.max_steps", "train.epochs")
 
 
-def check_finished(cfg: RootConfig, run_dir: Path) -> bool:
-    """True when `run_dir` holds a finished run with these settings: nothing to do (the caller writes nothing).
-    Raises ConfigError (exit 2) when it holds one with other settings; with train.overwrite=true, moves it aside
-    instead and returns False."""
+class Finished(Enum):
+    """What a command does with the finished run in its directory."""
+
+    NONE = "none"  # no finished run there (or train.overwrite moved it aside): train
+    SAME = "same"  # this very run, finished: nothing to do
+    EXTEND = "extend"  # train it longer, from its last step (extend_finished)
+
+
+def check_finished(cfg: RootConfig, run_dir: Path) -> Finished:
+    """Finished.SAME when `run_dir` holds a finished run with these settings: nothing to do (the caller writes
+    nothing); Finished.EXTEND when this command trains it longer. Raises ConfigError (exit 2) when it holds one with
+    other settings; with train.overwrite=true, moves it aside instead."""
     marker = Path(run_dir) / FINISHED
     if not marker.is_file():
-        return False
+        return Finished.NONE
     if cfg.train.overwrite:
         _move_aside(Path(run_dir))
-        return False
+        return Finished.NONE
     saved = _read_marker(marker)
     changes = setting_changes(saved["settings"], cfg)
     when = saved.get("finished_at", "?")
+    if _extends(cfg, run_dir, saved["settings"], changes, when):
+        return Finished.EXTEND
     if not changes:
         print(
             f"{run_dir} already holds this run, finished {when} with these settings ({marker.name}): nothing to "
@@ -56,7 +78,7 @@ def check_finished(cfg: RootConfig, run_dir: Path) -> bool:
             f"{PREVIOUS_PREFIX}<time>/), or another hydra.run.dir.",
             flush=True,
         )
-        return True
+        return Finished.SAME
     listed = "; ".join(map(str, changes))
     raise ConfigError(
         f"{run_dir} holds a run that finished {when} ({marker.name}) with other settings: {listed}. A finished run "
@@ -65,6 +87,61 @@ def check_finished(cfg: RootConfig, run_dir: Path) -> bool:
         fix=f"hydra.run.dir=NEW_DIR for a new run, or train.overwrite=true to move the finished run into "
         f"{run_dir}/{PREVIOUS_PREFIX}<time>/ and train here",
     )
+
+
+def _extends(cfg: RootConfig, run_dir: Path, saved: dict[str, Any], changes: list[Change], when: str) -> bool:
+    """Whether this command trains the finished run longer; ConfigError when it asks to (its train.resume_accept
+    lists the length) with a length that is not longer."""
+    if cfg.train.resume != Resume.auto or not any(accepted(k, cfg.train.resume_accept) for k in LENGTH_KEYS):
+        return False
+    if any(not accepted(c.key, cfg.train.resume_accept) for c in changes):
+        return False  # refused as any other difference, each one named
+    # The length is set as the finished run set it: max_steps, or epochs when its max_steps was null.
+    key = "train.epochs" if saved.get("train.max_steps") is None else "train.max_steps"
+    old, new = saved.get(key), getattr(cfg.train, key.split(".")[1])
+    same_way = key == "train.max_steps" or cfg.train.max_steps is None
+    if same_way and isinstance(old, int) and isinstance(new, int) and new > old:
+        return True
+    asked = f"train.max_steps={cfg.train.max_steps}" if cfg.train.max_steps is not None else f"{key}={new}"
+    raise ConfigError(
+        f"{run_dir} holds a run that finished {when} with {key}={old}; {asked} does not train it longer (an "
+        f"extension continues the finished run from its last step). Nothing was written ({KEPT}).",
+        key=key,
+        fix=f"{key}=N with N > {old} to train it longer, or hydra.run.dir=NEW_DIR for a new run",
+    )
+
+
+def extend_finished(run_dir: Path, resume: ResumePoint | None) -> Path:
+    """A longer run of the finished run in `run_dir` continues `resume` (its last step's checkpoint): copy the first
+    finish's record into RUN_DIR/previous-<finish time>/ (once), and return that directory."""
+    run_dir = Path(run_dir)
+    saved = _read_marker(run_dir / FINISHED)
+    if resume is None:
+        raise ConfigError(
+            f"{run_dir} holds a finished run without a checkpoint to continue (it trained with train.save_every=0, "
+            f"or before seqtune kept a finished run's last step): it cannot be trained longer. Nothing was written "
+            f"({KEPT}).",
+            key="train.save_every",
+            fix="train it again in a new directory with train.save_every=N (its last step is then kept): "
+            "hydra.run.dir=NEW_DIR train.save_every=N",
+        )
+    stamp = datetime.fromisoformat(saved["finished_at"]).strftime("%Y%m%d-%H%M%S") if "finished_at" in saved else "?"
+    target = run_dir / f"{PREVIOUS_PREFIX}{stamp}"
+    if not target.exists():  # else: an extension stopped midway copied it already, before anything was rewritten
+        tmp = run_dir / f"{TEMP_PREFIX}{target.name}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        for path in run_dir.iterdir():
+            if _moves(path.name) and path.name != CHECKPOINTS:
+                copy = shutil.copytree if path.is_dir() else shutil.copy2
+                copy(path, tmp / path.name)
+        tmp.rename(target)
+    print(
+        f"training the run finished {saved.get('finished_at', '?')} longer, from {resume.checkpoint.name} (step "
+        f"{resume.step}): its record is kept in {target}; {FINISHED} is rewritten when the longer run finishes.",
+        flush=True,
+    )
+    return target
 
 
 def mark_finished(cfg: RootConfig, run_dir: Path) -> Path:

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     with console.run_log(args.run_dir) if rank == "0" else contextlib.nullcontext():
         try:
             run_worker(args.run_dir)
-        except SeqtuneError as err:
+        except (SeqtuneError, Interrupted) as err:
             if isinstance(err, Interrupted) and rank != "0":
                 return err.exit_code  # every rank stopped at the same step: rank 0 says where
             print(f"\nseqtune (rank {rank}): error: {err}", file=sys.stderr, flush=True)

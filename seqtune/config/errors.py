@@ -48,9 +48,13 @@ class StorageError(SeqtuneError):
     """A file seqtune writes could not be written: no space left, no permission, a read-only disk."""
 
 
-class Interrupted(SeqtuneError):
+class Interrupted(BaseException):
     """SIGINT or SIGTERM stopped the run: exit 128 + the signal's number (130 SIGINT, 143 SIGTERM), as a shell
-    reports a process the signal ended."""
+    reports a process the signal ended.
+
+    A BaseException, as KeyboardInterrupt is, not a SeqtuneError: a signal is no problem of the input, so the code
+    that collects problems (`except SeqtuneError` around a scan, a tokenizer load, a collator) must not turn it into
+    one (a SIGTERM during the scan was reported as a `data.train` problem, exit 2, with preflight.json written)."""
 
     def __init__(self, signum: int, message: str) -> None:
         self.signum = signum

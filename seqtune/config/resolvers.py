@@ -23,8 +23,10 @@ def asset_path(relative: str) -> str:
 
 
 # The bundled data sets: train file -> its validation file.
-DEMO_TRAIN = "data/instruct/train.jsonl"
-DEMO_SETS = {DEMO_TRAIN: "data/instruct/val.jsonl", "data/preference/train.jsonl": "data/preference/val.jsonl"}
+DEMO_SETS = {
+    "data/instruct/train.jsonl": "data/instruct/val.jsonl",
+    "data/preference/train.jsonl": "data/preference/val.jsonl",
+}
 
 
 def demo_val(train: object) -> str | None:
@@ -36,21 +38,8 @@ def demo_val(train: object) -> str | None:
     return None
 
 
-# The bundled instruction set repeats some short tasks: 206 of its 1,500 lines are exact copies of another (13.7%).
-# (The bundled preference pairs were deduplicated when generated: they need no allowance.)
-DEMO_DUPLICATE_FRACTION = 0.15
-
-
-def demo_duplicate_fraction(train: object) -> float:
-    """`${seqtune_demo_duplicates:${.train}}`: the bundled set's allowance for its own repeats while data.train is the
-    bundled train set, else 0.0 (the schema's default): a user's data is never held to the demo's allowance."""
-    return DEMO_DUPLICATE_FRACTION if isinstance(train, str) and train == asset_path(DEMO_TRAIN) else 0.0
-
-
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("seqtune_asset"):
         OmegaConf.register_new_resolver("seqtune_asset", asset_path)
     if not OmegaConf.has_resolver("seqtune_demo_val"):
         OmegaConf.register_new_resolver("seqtune_demo_val", demo_val)
-    if not OmegaConf.has_resolver("seqtune_demo_duplicates"):
-        OmegaConf.register_new_resolver("seqtune_demo_duplicates", demo_duplicate_fraction)

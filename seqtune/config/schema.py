@@ -117,7 +117,7 @@ KIND_FORMATS = {
 # The fields of each format's records: (required, optional). data.columns (or a source's `columns`) maps these
 # names to the data's own; seqtune.data.formats reads them, the columnar readers read only these columns.
 FORMAT_FIELDS: dict[DataFormat, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    DataFormat.alpaca: (("instruction", "output"), ("input",)),
+    DataFormat.alpaca: (("instruction", "output"), ("input", "system", "history")),
     DataFormat.chat: (("messages",), ("tools",)),
     DataFormat.sharegpt: (("conversations",), ("system", "tools")),
     DataFormat.input_output: (("input", "output"), ()),
@@ -137,6 +137,17 @@ class Overlength(StrEnum):
     truncate = "truncate"
     truncate_prompt = "truncate_prompt"
     drop = "drop"
+
+
+class Duplicates(StrEnum):
+    """data.duplicates: what happens to exact duplicates (same tokens and targets) of a sample of the same split.
+    drop: every copy after the first is left out (counted, and listed in rejects.jsonl naming the first copy);
+    keep: they train (said in a note); refuse: preflight fails on any. A validation or test sample that is also a
+    train sample is refused under drop and refuse (evaluation would measure recall), noted under keep."""
+
+    drop = "drop"
+    keep = "keep"
+    refuse = "refuse"
 
 
 class DataMode(StrEnum):
@@ -427,9 +438,8 @@ class DataConfig:
     overlength: Overlength = Overlength.error
     # Fraction of lines allowed to be malformed (skipped and written to rejects.jsonl). 0.0 = any bad line fails.
     max_bad_fraction: float = 0.0
-    # Fraction of a split's samples allowed to be exact copies (same tokens and targets) of another sample of the
-    # split, or, for val/test, of a train sample. 0.0 = any duplicate fails.
-    max_duplicate_fraction: float = 0.0
+    # Exact duplicates (same tokens and targets) within a split: drop | keep | refuse (see Duplicates).
+    duplicates: Duplicates = Duplicates.drop
     train_on_prompt: bool = False
     # cached: preflight's scan writes a token cache that training reads. stream: tokenize on the fly.
     mode: DataMode = DataMode.cached
@@ -453,7 +463,6 @@ class DataConfig:
         if auto_or_int and self.max_seq_len != "auto":
             domain.at_least("max_seq_len", self.max_seq_len, 2, "auto")
         domain.within("max_bad_fraction", self.max_bad_fraction, 0.0, 1.0, 0.0)
-        domain.within("max_duplicate_fraction", self.max_duplicate_fraction, 0.0, 1.0, 0.0)
         domain.within("val_fraction", self.val_fraction, 0.0, 1.0, 0.0, high_open=True)
         if _finite(self.val_fraction) and self.val_fraction > 0 and self.val is not None:
             domain.refuse(
@@ -687,6 +696,43 @@ class DpoConfig:
 
 
 @dataclass(kw_only=True)
+class EvalConfig:
+    """Benchmark evaluation with lm-evaluation-harness after training (seqtune.evaluate): the trained weights (best/
+    when early stopping kept one, else the final export) and, with harness_baseline, the starting model."""
+
+    # Task, group or tag names lm-eval knows, or that a YAML file under harness_include defines. [] = none.
+    harness_tasks: list[str] = field(default_factory=list)
+    # A directory of task YAML files (lm-eval's --include_path): tasks defined offline, with local data files.
+    harness_include: str | None = None
+    # Also evaluate the starting model (the base the run trained from), side by side in harness.json.
+    harness_baseline: bool = False
+    # Documents per task (null = all): a quick look while iterating.
+    harness_limit: int | None = None
+    # Few-shot examples per document (null = each task's own default).
+    harness_num_fewshot: int | None = None
+    harness_batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        domain = _Domain("eval")
+        domain.at_least("harness_limit", self.harness_limit, 1, "null", optional=True)
+        domain.at_least("harness_num_fewshot", self.harness_num_fewshot, 0, "null", optional=True)
+        domain.at_least("harness_batch_size", self.harness_batch_size, 1, 8)
+        if not self.harness_tasks:
+            changed = [
+                name
+                for name in ("harness_include", "harness_baseline", "harness_limit", "harness_num_fewshot")
+                if getattr(self, name) not in (None, False)
+            ]
+            for name in changed:
+                domain.refuse(
+                    name,
+                    f"eval.{name} is set but eval.harness_tasks is empty: nothing would read it. Fix: "
+                    f"'eval.harness_tasks=[TASK,...]', or drop eval.{name}",
+                )
+        domain.done()
+
+
+@dataclass(kw_only=True)
 class OptimConfig:
     name: OptimName = OptimName.adamw
     lr: float = 3e-4
@@ -732,6 +778,8 @@ RESUME_ACCEPTABLE = (
     "train.eval_samples",
     "train.eval_sample_tokens",
     "train.export_merged",
+    "train.loss_spike_factor",
+    "train.dead_grad_steps",
     "data.num_workers",
     "data.val",
     "data.test",
@@ -795,6 +843,12 @@ class TrainConfig:
     # A run directory that holds a finished run (RUN_DIR/finished.json) is a record: another command into it is
     # refused. true = move that run aside into RUN_DIR/previous-<time>/ (never deleted) and train here anew.
     overwrite: bool = False
+    # Divergence (seqtune.train.numerics), besides a non-finite loss or gradient norm, which always stops training:
+    # stop when a step's loss exceeds loss_spike_factor x the loss of the run's first step (0 = off), or when the
+    # gradient norm is exactly 0 for dead_grad_steps steps in a row, a collapsed model (0 = off). Exit 1; nothing of
+    # that step is saved, nothing is exported.
+    loss_spike_factor: float = 10.0
+    dead_grad_steps: int = 10
     seed: int = 1234
     device: Device = Device.auto
     # auto = bf16 autocast on GPUs that support it, none on CPU. fp16 trains with a loss scaler (saved in
@@ -837,6 +891,14 @@ class TrainConfig:
         domain.at_least("early_stop_min_delta", self.early_stop_min_delta, 0, 0.0)
         domain.at_least("signal_grace_s", self.signal_grace_s, 0, 60.0)
         domain.at_least("eval_sample_tokens", self.eval_sample_tokens, 1, 32)
+        domain.require(
+            self.loss_spike_factor == 0 or (_finite(self.loss_spike_factor) and self.loss_spike_factor > 1),
+            "loss_spike_factor",
+            self.loss_spike_factor,
+            "must be 0 (off) or > 1 (a loss at most the first step's is no spike)",
+            "10.0",
+        )
+        domain.at_least("dead_grad_steps", self.dead_grad_steps, 0, 10)
         if self.early_stop_min_delta and not self.early_stop_patience and _finite(self.early_stop_min_delta):
             domain.refuse(
                 "early_stop_min_delta",
@@ -933,6 +995,8 @@ class RootConfig:
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     # Preference tuning (read by recipe=lora_dpo | full_dpo; refused with another recipe when changed).
     dpo: DpoConfig = field(default_factory=DpoConfig)
+    # lm-evaluation-harness after training (seqtune.evaluate).
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
         if self.train.export_merged and not self.lora.enabled:
@@ -1044,6 +1108,7 @@ GROUP_SCHEMAS: dict[str, type] = {
     "logger": LoggerConfig,
     "preflight": PreflightConfig,
     "dpo": DpoConfig,
+    "eval": EvalConfig,
 }
 
 

@@ -61,14 +61,16 @@ class Columns:
                 if field != column
                 else f"a field of the {self.format} format, not mapped by {self.key}"
             )
+            # Every missing field at once: a fix that maps one leaves the next to fail on the next run.
             mapping = {f: c for f, c in (*self.required, *self.optional) if f != c}
-            mapping[field] = "NAME"
+            mapping.update({f: f"{f.upper()}_COLUMN" for f, _ in missing})
             shown = ", ".join(f"{f}: {c}" for f, c in mapping.items())
+            holds = ", ".join(f"{f.upper()}_COLUMN the column that holds {f}" for f, _ in missing)
+            also = f" (also missing: {', '.join(repr(c) for _, c in missing[1:])})" if len(missing) > 1 else ""
             raise DataError(
-                f"{path} has no column {column!r} ({mapped}); its columns are: {', '.join(names)}.",
+                f"{path} has no column {column!r} ({mapped}){also}; its columns are: {', '.join(names)}.",
                 key=self.key,
-                fix=f"{self.key}={{{shown}}} with NAME the column that holds {field} (or "
-                "the data.format these columns belong to).",
+                fix=f"{self.key}={{{shown}}} with {holds} (or the data.format these columns belong to).",
             )
         wanted = [column for _, column in (*self.required, *self.optional) if column in names]
         dropped = [name for name in names if name not in wanted and name.lower() in SYSTEM_COLUMNS]
@@ -78,10 +80,25 @@ class Columns:
                 f"{', '.join(f for f, _ in (*self.required, *self.optional))}; mapped by {self.key}): every row's "
                 "system prompt would be dropped without a word.",
                 key=self.key,
-                fix=f"data.format=sharegpt with {self.key}={{system: {dropped[0]}, ...}} (it reads a system column), "
-                "put the system prompt into each row's messages as {role: system}, or remove the column.",
+                fix=self._system_fix(dropped[0]),
             )
         return wanted
+
+    def _system_fix(self, column: str) -> str:
+        """What reads a system column instead: alpaca reads prompt/completion rows with one (its `system` field);
+        conversations carry it as their first message; the other formats have no place for it."""
+        mapped = dict((*self.required, *self.optional))
+        if self.format == "input_output":
+            columns = f"{{instruction: {mapped['input']}, output: {mapped['output']}, system: {column}}}"
+            return (
+                f"data.format=alpaca {self.key}={columns} (alpaca reads a system column and renders its "
+                "instruction/response template around the text), or remove the column."
+            )
+        if self.format == "chat":
+            return (
+                "put the system prompt into each row's messages as {role: system, content: ...}, or remove the column."
+            )
+        return f"remove the column (data.format={self.format} has no system prompt)."
 
 
 def _nested(schema: Any) -> dict[str, list[str]]:

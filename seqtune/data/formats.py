@@ -1,7 +1,9 @@
 """One record (a JSON value's raw bytes, or a columnar row) → a typed record, or a `Reject` saying what is wrong.
 
 Formats (data.format; the fields of each are FORMAT_FIELDS in seqtune/config/schema.py, renamed by data.columns):
-  alpaca        {"instruction", "input"?, "output"} → prompt (ALPACA_TEMPLATE) + completion
+  alpaca        {"instruction", "input"?, "output", "system"?, "history"?} → prompt (the system prompt, each earlier
+                [instruction, response] pair of `history` as ALPACA_HISTORY_TURN, then ALPACA_TEMPLATE) + completion
+                (only the final output is the target, as LLaMA-Factory trains its alpaca format)
   chat          {"messages": [{"role", "content"}, ...], "tools"?} → rendered by the tokenizer's chat template;
                 content may be OpenAI's list of parts ([{"type": "text", "text"}], joined with a newline) and is
                 null on an assistant turn that carries tool_calls
@@ -41,6 +43,9 @@ from seqtune.tokenizers.templates import CHAT_ROLES
 # A short Alpaca prompt: the classic one-paragraph preamble costs ~40 tokens a record and teaches nothing.
 ALPACA_TEMPLATE = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
 ALPACA_TEMPLATE_NO_INPUT = "### Instruction:\n{instruction}\n\n### Response:\n"
+# An alpaca record's `system` prompt and its `history` turns, before the instruction (context, never targets).
+ALPACA_SYSTEM = "{system}\n\n"
+ALPACA_HISTORY_TURN = ALPACA_TEMPLATE_NO_INPUT + "{response}\n\n"
 MEDIA_PATTERN = re.compile(r"<(img|image|audio|video)>(.*?)</\1>", re.DOTALL)
 # Symlinks followed while resolving one media reference (Linux's own limit), more is a loop.
 MAX_SYMLINKS = 40
@@ -67,7 +72,11 @@ PREFERENCE_SHAPES: dict[str, tuple[str, tuple[str, ...], str]] = {
     # TRL's: strings (the prompt as written), or message lists (without `prompt`, whole conversations).
     "prompt": ("prompt", ("prompt", "tools"), "{prompt?, chosen, rejected}"),
     # LLaMA-Factory's Alpaca pairs: the prompt rendered as data.format=alpaca renders it (alpaca_prompt).
-    "alpaca": ("instruction", ("instruction", "input", "system"), "{instruction, input?, system?, chosen, rejected}"),
+    "alpaca": (
+        "instruction",
+        ("instruction", "input", "system", "history"),
+        "{instruction, input?, system?, history?, chosen, rejected}",
+    ),
     # LLaMA-Factory's ShareGPT pairs (dpo_en_demo.json): chosen and rejected are one {from, value} reply each.
     "sharegpt": ("conversations", ("conversations", "system", "tools"), "{conversations, system?, chosen, rejected}"),
     # LLaMA-Factory's OpenAI-style pairs: chosen and rejected are one {role, content} reply each.
@@ -125,14 +134,20 @@ class PreferencePair:
 Record = PromptCompletion | Conversation | PreTokenized | PreferencePair
 
 
-def alpaca_prompt(instruction: str, input_text: str = "", system: str = "") -> str:
-    """An Alpaca record's prompt (ALPACA_TEMPLATE, or ALPACA_TEMPLATE_NO_INPUT without an input); a system prompt
-    goes first, a paragraph of its own, where the classic Alpaca preamble stands."""
+def alpaca_prompt(
+    instruction: str, input_text: str = "", system: str = "", history: list[tuple[str, str]] | None = None
+) -> str:
+    """An Alpaca record's prompt, for data.format=alpaca and Alpaca preference pairs alike: the system prompt first
+    (ALPACA_SYSTEM, a paragraph where the classic preamble stands), then each earlier [instruction, response] turn
+    of LLaMA-Factory's `history` (ALPACA_HISTORY_TURN), then ALPACA_TEMPLATE (ALPACA_TEMPLATE_NO_INPUT without an
+    input)."""
     if input_text.strip():
         prompt = ALPACA_TEMPLATE.format(instruction=instruction, input=input_text)
     else:
         prompt = ALPACA_TEMPLATE_NO_INPUT.format(instruction=instruction)
-    return f"{system}\n\n{prompt}" if system.strip() else prompt
+    context = ALPACA_SYSTEM.format(system=system) if system.strip() else ""
+    context += "".join(ALPACA_HISTORY_TURN.format(instruction=q, response=a) for q, a in history or ())
+    return context + prompt
 
 
 def preference_rendering() -> str:
@@ -168,8 +183,7 @@ def chat_template_for(fmt: str, tokenizer_template: str | None) -> str | None:
     if fmt in CHAT_FORMATS:
         return tokenizer_template
     if fmt == "alpaca":
-        before, after = ALPACA_TEMPLATE_NO_INPUT.split("{instruction}")
-        return _one_turn_template(before, after)
+        return _alpaca_template()
     if fmt == "input_output":
         return _one_turn_template("", "")
     return None
@@ -184,6 +198,25 @@ def _one_turn_template(before: str, after: str) -> str:
         "{%- elif message['role'] == 'assistant' %}{{- message['content'] + eos_token }}"
         "{%- else %}{{- raise_exception('this model was trained on single instructions: user and assistant turns "
         "only') }}{%- endif %}{%- endfor %}"
+    )
+
+
+def _alpaca_template() -> str:
+    """The alpaca rendering as a chat template: an optional system message, then user/assistant turns, earlier
+    replies ended as ALPACA_HISTORY_TURN ends them, the last with eos (the training prompt, turn for turn)."""
+    before, after = ALPACA_TEMPLATE_NO_INPUT.split("{instruction}")
+    system_before, system_after = ALPACA_SYSTEM.split("{system}")
+    reply_end = ALPACA_HISTORY_TURN.split("{response}")[1]
+    return (
+        "{{- bos_token if bos_token else '' }}{%- for message in messages %}"
+        "{%- if message['role'] == 'system' and loop.first %}"
+        f"{{{{- {json.dumps(system_before)} + message['content'] + {json.dumps(system_after)} }}}}"
+        "{%- elif message['role'] == 'user' %}"
+        f"{{{{- {json.dumps(before)} + message['content'] + {json.dumps(after)} }}}}"
+        "{%- elif message['role'] == 'assistant' %}"
+        f"{{{{- message['content'] + (eos_token if loop.last else {json.dumps(reply_end)}) }}}}"
+        "{%- else %}{{- raise_exception('this model was trained on alpaca records: an optional first system "
+        "message, then user and assistant turns') }}{%- endif %}{%- endfor %}"
     )
 
 
@@ -224,10 +257,13 @@ def resolve_under(root: str, ref: str) -> str | None:
 def template_signature(fmt: str) -> str:
     """What of this module's rendering goes into the token-cache key (changing a template must invalidate it)."""
     if fmt == "alpaca":
-        return f"{fmt}|{ALPACA_TEMPLATE}|{ALPACA_TEMPLATE_NO_INPUT}"
+        return f"{fmt}|{ALPACA_TEMPLATE}|{ALPACA_TEMPLATE_NO_INPUT}|{ALPACA_SYSTEM}|{ALPACA_HISTORY_TURN}"
     if fmt == "preference":
         # The shapes read decide which records are pairs, and Alpaca pairs render with the alpaca template.
-        return f"{fmt}|{'|'.join(PREFERENCE_SHAPES)}|{ALPACA_TEMPLATE}|{ALPACA_TEMPLATE_NO_INPUT}|system-first"
+        return (
+            f"{fmt}|{'|'.join(PREFERENCE_SHAPES)}|{ALPACA_TEMPLATE}|{ALPACA_TEMPLATE_NO_INPUT}|{ALPACA_SYSTEM}|"
+            f"{ALPACA_HISTORY_TURN}|system-first"
+        )
     # Which media references are accepted decides which records are samples: a cache scanned before they had to
     # lie under data.media_root is not this rule's.
     return f"{fmt}|media_under_root" if fmt == "input_output" else fmt
@@ -340,18 +376,34 @@ class LineParser:
         return values
 
     def _alpaca(self, line: int, obj: dict) -> Record | Reject:
-        values = self._strings(line, obj, ("instruction", "output"), ("input",))
+        values = self._strings(line, obj, ("instruction", "output"), ("input", "system"))
         if isinstance(values, Reject):
             return values
-        instruction, output, input_text = values
+        instruction, output, input_text, system = values
         for key, value in (("instruction", instruction), ("output", output)):
             if not value.strip():
                 return self._reject(line, f"empty_text: {self._name(key)} is empty")
-        if input_text.strip():
-            prompt = ALPACA_TEMPLATE.format(instruction=instruction, input=input_text)
-        else:
-            prompt = ALPACA_TEMPLATE_NO_INPUT.format(instruction=instruction)
+        history = self._alpaca_history(line, obj.get("history"))
+        if isinstance(history, Reject):
+            return history
+        prompt = alpaca_prompt(instruction, input_text, system, history)
         return PromptCompletion(file=self.file, line=line, prompt=prompt, completion=output)
+
+    def _alpaca_history(self, line: int, history: Any) -> list[tuple[str, str]] | Reject:
+        """LLaMA-Factory's alpaca `history`: earlier turns as [instruction, response] pairs (null or [] = none)."""
+        if history is None:
+            return []
+        pairs = []
+        shape = "expected a list of [instruction, response] pairs of strings"
+        if not isinstance(history, list):
+            return self._reject(line, f"wrong_type: {self._name('history')} is a {type(history).__name__}, {shape}")
+        for i, pair in enumerate(history):
+            if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(isinstance(t, str) for t in pair)):
+                return self._reject(line, f"wrong_type: {self._name('history')}[{i}] is {_short(pair)}, {shape}")
+            if not (pair[0].strip() and pair[1].strip()):
+                return self._reject(line, f"empty_text: {self._name('history')}[{i}] has an empty turn")
+            pairs.append((pair[0], pair[1]))
+        return pairs
 
     def _input_output(self, line: int, obj: dict) -> Record | Reject:
         values = self._strings(line, obj, ("input", "output"))
@@ -379,6 +431,11 @@ class LineParser:
         return None
 
     def _check_media(self, ref: str) -> str | None:
+        if not ref:
+            return (
+                "empty_media: a media reference with no path (<img></img>); put the media file's path between the "
+                "tags, or remove the empty reference"
+            )
         path = resolve_under(self._media_dir, ref)
         if path is None:
             return (
@@ -389,6 +446,12 @@ class LineParser:
             return (
                 f"missing_media: {ref} not found under {self._media_dir} (set data.media_root to the directory "
                 f"media paths are relative to)"
+            )
+        if not os.path.isfile(path):
+            kind = "a directory" if os.path.isdir(path) else "not a regular file"
+            return (
+                f"media_not_file: {ref} is {kind} under {self._media_dir}, not a media file; name the file itself "
+                "(e.g. <img>images/cat.png</img>)"
             )
         return None
 
@@ -575,7 +638,10 @@ class LineParser:
         instruction, chosen, rejected, input_text, system = values
         if not instruction.strip():
             return self._reject(line, f"empty_text: {self._name('instruction')} is empty")
-        prompt = alpaca_prompt(instruction, input_text, system)
+        history = self._alpaca_history(line, obj.get("history"))
+        if isinstance(history, Reject):
+            return history
+        prompt = alpaca_prompt(instruction, input_text, system, history)
         return self._string_pair(line, prompt, chosen, rejected)
 
     def _sharegpt_pair(self, line: int, obj: dict) -> Record | Reject:
@@ -794,6 +860,11 @@ class LineParser:
         if self.pad_id == self.eos_id and end < len(ids):
             end += 1
         return slice(start, max(start, end))
+
+
+def _short(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 40 else f"{shown[:37]}..."
 
 
 def _lone_surrogate(record: Record) -> Reject | None:

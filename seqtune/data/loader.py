@@ -23,10 +23,11 @@ from torch.utils.data import DataLoader
 
 from seqtune.config.errors import DataError
 from seqtune.config.plan import Plan
-from seqtune.config.schema import DataMode, RootConfig, Tail
+from seqtune.config.schema import DataMode, Duplicates, RootConfig, Tail
 from seqtune.data.batching import BatchRule, batch_rule
 from seqtune.data.cache import TokenCache
 from seqtune.data.collate import Collator, make_collator
+from seqtune.data.dedup import with_dropped
 from seqtune.data.formats import LineParser, Record
 from seqtune.data.identity import check_as_proven
 from seqtune.data.sampler import DistributedBatchPlan, WithFillers
@@ -241,6 +242,7 @@ def stream_identity(cfg: RootConfig, split: SplitInput, source_records: list[int
         "batch_size": cfg.train.batch_size,
         "world_size": world_size,
         "num_workers": max(1, cfg.data.num_workers),
+        "duplicates_dropped": len(split.dropped),
     }
     if split.mixed:
         identity["mix"] = [
@@ -273,6 +275,8 @@ def _streamed(cfg: RootConfig, plan: Plan, rank: int, tokenizer) -> StreamedBatc
     split = split_input(cfg.data, "train", plan.validation)
     assert split is not None, "data.train is required (MISSING in the schema), so the train split exists"
     check_as_proven(split.files, Path(plan.caches["train"]), key="data.train")  # the files preflight proved
+    if cfg.data.duplicates == Duplicates.drop:  # the records preflight's scan dropped, as the plan counted them
+        split = with_dropped(split, Path(plan.caches["train"]))
     source_records = list(plan.stream_records)
     encoders = {
         fmt: SampleEncoder(tokenizer, fmt, train_on_prompt=cfg.data.train_on_prompt, tokens=plan.tokens)

@@ -21,7 +21,16 @@ from pathlib import Path
 import numpy as np
 
 from seqtune.config.schema import DataFormat
-from seqtune.data.cache import META, TokenCache, TokenCacheWriter, cache_damage, cache_key, tokenizer_fingerprint
+from seqtune.data.cache import (
+    META,
+    REJECTS,
+    TokenCache,
+    TokenCacheWriter,
+    cache_damage,
+    cache_key,
+    tokenizer_fingerprint,
+)
+from seqtune.data.dedup import DuplicateFilter
 from seqtune.data.formats import LineParser, Record, template_signature
 from seqtune.data.identity import check_unchanged, file_states, identity_meta
 from seqtune.data.split import SplitInput, to_meta
@@ -163,17 +172,26 @@ def scan_split(
     chunk_size: int = 16384,
     progress: bool = False,
     fingerprint: str | None = None,
+    drop_duplicates: bool = False,
 ) -> SplitScan:
     """Stream `split` once (each source with the encoder of its format, from `encoders`); write or reuse its token
     cache; return its statistics.
 
     max_records > 0 stops after that many records (stream mode's preflight sample). key_extra: anything else
     the caller's cache must depend on. fingerprint: the encoders' tokenizer_fingerprint, when the caller has it.
+    drop_duplicates: data.duplicates=drop, records equal to an earlier one are rejects (seqtune.data.dedup).
     """
     began = time.perf_counter()
     signatures = {fmt: encoder_signature(encoders[fmt], fingerprint) for fmt in split.formats}
     before = file_states(split.files)  # the key hashes the files as they are now: the scan must read the same
-    key = _split_key(split, signatures, key_extra=key_extra, media_root=media_root, max_records=max_records)
+    key = _split_key(
+        split,
+        signatures,
+        key_extra=key_extra,
+        media_root=media_root,
+        max_records=max_records,
+        drop_duplicates=drop_duplicates,
+    )
     published = Path(cache_root) / key
     damage = cache_damage(published) if published.exists() else None
     if published.exists() and damage is None:
@@ -190,6 +208,7 @@ def scan_split(
             max_records=max_records,
             chunk_size=chunk_size,
             progress=progress,
+            duplicates=DuplicateFilter() if drop_duplicates else None,
         )
         k = max(encoders[fmt].sequences_per_sample for fmt in split.formats)
         check_unchanged(split.files, before, key=f"data.{split.name}")
@@ -216,11 +235,19 @@ def published_scan(
     key_extra: str = "",
     media_root: str | None = None,
     max_records: int = 0,
+    drop_duplicates: bool = False,
 ) -> SplitScan | None:
     """The split's statistics from its published, verified token cache, or None (missing or damaged: scan_split
     then rebuilds it). `signatures`: format_signature per format of the split; the other arguments as scan_split's."""
     began = time.perf_counter()
-    key = _split_key(split, signatures, key_extra=key_extra, media_root=media_root, max_records=max_records)
+    key = _split_key(
+        split,
+        signatures,
+        key_extra=key_extra,
+        media_root=media_root,
+        max_records=max_records,
+        drop_duplicates=drop_duplicates,
+    )
     published = Path(cache_root) / key
     if published.exists() and cache_damage(published) is None:
         return _load_scan(split.name, published, began)
@@ -228,10 +255,18 @@ def published_scan(
 
 
 def _split_key(
-    split: SplitInput, signatures: Mapping[DataFormat, str], *, key_extra: str, media_root: str | None, max_records: int
+    split: SplitInput,
+    signatures: Mapping[DataFormat, str],
+    *,
+    key_extra: str,
+    media_root: str | None,
+    max_records: int,
+    drop_duplicates: bool,
 ) -> str:
+    # drop_duplicates, not data.duplicates: keep and refuse cache the same samples (refuse only checks them).
     signature = "|".join(signatures[fmt] for fmt in split.formats) + "|" + split.signature()
-    return cache_key(split.files, signature, f"{key_extra}|media_root={media_root}|max={max_records}")
+    extra = f"{key_extra}|media_root={media_root}|max={max_records}|drop_duplicates={drop_duplicates}"
+    return cache_key(split.files, signature, extra)
 
 
 def _stream(
@@ -243,13 +278,14 @@ def _stream(
     max_records: int,
     chunk_size: int,
     progress: bool,
+    duplicates: DuplicateFilter | None,
 ) -> _Stats:
     stats = _Stats(source_of_file={str(p): s for p, s in zip(split.files, split.file_sources(), strict=True)})
     bar = _progress_bar(split.name, progress)
     parser: LineParser | None = None
     chunk: list[Record] = []
     rejects: list[Reject] = []
-    with _EncodePipeline(writer, stats, bar) as pipeline:
+    with _EncodePipeline(writer, stats, bar, duplicates) as pipeline:
         source = -1
         for record in split.records():
             if record.source != source:  # a chunk holds one source's records: one format, one encoder
@@ -286,8 +322,8 @@ class _EncodePipeline:
     tokenization instead of adding to it. Results are written in submission order, one chunk in flight at a time.
     """
 
-    def __init__(self, writer: TokenCacheWriter, stats: _Stats, bar) -> None:
-        self.writer, self.stats, self.bar = writer, stats, bar
+    def __init__(self, writer: TokenCacheWriter, stats: _Stats, bar, duplicates: DuplicateFilter | None) -> None:
+        self.writer, self.stats, self.bar, self.duplicates = writer, stats, bar, duplicates
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqtune-encode")
         self.pending: tuple[Future | None, list[Reject], int] | None = None
 
@@ -307,6 +343,9 @@ class _EncodePipeline:
         if future is not None:
             batch = future.result()
             rejects = rejects + [r for _, r in batch.rejects]
+            if self.duplicates is not None:
+                batch, copies = self.duplicates.filter(batch)
+                rejects += copies
             self.writer.append(batch)
             self.stats.add_batch(batch)
         # Rejects go out in line order within the chunk, so rejects.jsonl reads top to bottom like the file.
@@ -365,7 +404,7 @@ def _stats_meta(stats: _Stats, split: SplitInput) -> dict:
 def _load_scan(name: str, directory: Path, began: float) -> SplitScan:
     meta = json.loads((directory / META).read_text())
     rejects = []
-    with open(directory / "rejects.jsonl", encoding="utf-8") as f:
+    with open(directory / REJECTS, encoding="utf-8") as f:
         for line in itertools.islice(f, MAX_REJECTS_IN_MEMORY):
             rejects.append(Reject(**json.loads(line)))
     k = meta["sequences_per_sample"]

@@ -62,11 +62,14 @@ class SplitRecord:
 
 @dataclass(frozen=True, kw_only=True)
 class SplitInput:
-    """What one split reads: its sources in order and, for data.val_fraction, the side of the holdout it keeps."""
+    """What one split reads: its sources in order and, for data.val_fraction, the side of the holdout it keeps.
+    `dropped`: (file index, record number) of records left out as duplicates (data.duplicates=drop, found by the
+    scan: seqtune.data.dedup); stream-mode training reads the split without them."""
 
     name: str
     sources: tuple[SourceFiles, ...]
     holdout: Holdout | None = None
+    dropped: frozenset[tuple[int, int]] = frozenset()
 
     @property
     def files(self) -> list[Path]:
@@ -82,7 +85,7 @@ class SplitInput:
 
     def records(self, *, source: int | None = None, start_file: int = 0) -> Iterator[SplitRecord]:
         """The split's records in order (of one source only, when given; from file `start_file` on, those before
-        it not even opened), the held-out ones left out."""
+        it not even opened), the held-out and the dropped ones left out."""
         file_index = 0
         for index, spec in enumerate(self.sources):
             if (source is not None and index != source) or file_index + len(spec.files) <= start_file:
@@ -94,6 +97,8 @@ class SplitInput:
                     file_index += 1
                     continue
                 for number, payload in iter_records(path, columns):
+                    if self.dropped and (file_index, number) in self.dropped:
+                        continue
                     if self.holdout is None or self.holdout.keeps(payload):
                         yield SplitRecord(source=index, file=file_index, path=path, number=number, payload=payload)
                 file_index += 1

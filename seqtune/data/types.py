@@ -8,9 +8,12 @@ import numpy as np
 
 # Label value for positions that are not trained (prompt tokens, padding, document boundaries).
 IGNORE_INDEX = -100
-# Reject codes that follow from a policy (data.overlength=drop|truncate), not from a malformed line: they are
-# neither written to rejects.jsonl nor counted against data.max_bad_fraction.
-POLICY_REJECTS = ("overlength",)
+# The reject code of a record dropped by data.duplicates=drop: its tokens and targets equal an earlier record's.
+DUPLICATE = "duplicate"
+# Reject codes that follow from a policy (data.overlength=drop|truncate, data.duplicates=drop), not from a
+# malformed line: they never count against data.max_bad_fraction (duplicates are listed in rejects.jsonl, naming
+# the first copy; over-length samples are not).
+POLICY_REJECTS = ("overlength", DUPLICATE)
 
 
 # The reject code of a well-formed record the chat template refuses (a role it lacks, or its own error): preflight
@@ -27,13 +30,14 @@ class Reject:
     line: int
     # "<code>: <detail>", code one of: bad_json, bad_utf8, not_object, missing_field, wrong_type, empty_text,
     # missing_media, media_outside_root (a media reference resolving outside data.media_root: absolute, a `..`
-    # above it, a symlink out of it), bad_token_id, overlength (data.overlength=drop, or truncate leaving no
+    # above it, a symlink out of it), empty_media (<img></img>), media_not_file (a directory, a FIFO), bad_token_id, overlength (data.overlength=drop, or truncate leaving no
     # target), no_targets,
     # no_user_turn (a conversation whose reply answers no user message),
     # unsupported_content (a content part that is not text: an image, audio, a file),
     # template_rejected (the chat template refuses this conversation, has no such role, or renders no tools),
     # identical_pair (a preference pair whose chosen and rejected completions are the same),
-    # history_mismatch (a conversational pair whose chosen and rejected differ before their last turn)
+    # history_mismatch (a conversational pair whose chosen and rejected differ before their last turn),
+    # duplicate (data.duplicates=drop: the same tokens and targets as an earlier record of the split)
     reason: str
 
     @property

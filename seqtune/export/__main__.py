@@ -1,7 +1,10 @@
 """`python -m seqtune.export RUN_DIR [--gguf f16|bf16|q8_0] [--push ORG/NAME [--public]]`: prove a finished run's
 exports (and first write its GGUF file when asked), then, with --push, upload them to the Hugging Face Hub
 (seqtune.export.push): exit 0 when every artifact behaves like the trained model (and was uploaded), 1 naming each
-one that does not (nothing is uploaded) or the upload that failed, 2 when RUN_DIR or the request cannot be used."""
+one that does not (nothing is uploaded), a file that could not be written (a full disk) or the upload that failed,
+2 when RUN_DIR or the request cannot be used (no run, a damaged artifact, a directory this user cannot write, a push
+that cannot work), 130 / 143 when stopped by SIGINT / SIGTERM. Every file is written under a temporary name and
+renamed when complete: a failure or a signal leaves nothing partial under RUN_DIR."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from seqtune.config.errors import ConfigError, SeqtuneError
+from seqtune.config.errors import ConfigError, Interrupted, SeqtuneError
 from seqtune.config.schema import GgufType
 
 
@@ -35,35 +38,79 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--public is a setting of --push ORG/NAME")
     from seqtune.console import silence_known_false_alarms
 
+    # The entry point's one use of train/: SIGINT/SIGTERM raise Interrupted (exit 130/143), so the temporary of the
+    # file being written is removed on the way out, as everywhere outside the training loop.
+    from seqtune.train import signals
+
     silence_known_false_alarms()
+    handlers = signals.install()
     try:
-        if not (args.run_dir / "config.yaml").is_file():
-            raise ConfigError(
-                f"{args.run_dir} is not a seqtune run directory (no config.yaml).",
-                key="RUN_DIR",
-                fix="python -m seqtune.export runs/DATE_TIME (the directory a training run printed).",
-            )
-        from seqtune.export.proof import prove_exports
-
-        if args.push:  # refused before the proof's minutes, as preflight refuses it before training
-            from seqtune.hub import push_problems
-
-            problems = push_problems(args.push, key="--push", off="drop --push")
-            if problems:
-                raise ConfigError(" ".join(problems), key="--push")
-        if args.gguf:
-            from seqtune.export.gguf import export_run_gguf
-
-            export_run_gguf(args.run_dir, args.gguf)
-        prove_exports(args.run_dir)
+        _export(args.run_dir, args.gguf, args.push)
         if args.push:
             from seqtune.export.push import push_run
 
             push_run(args.run_dir, args.push, private=not args.public, key="--push")
+    except Interrupted as err:
+        print(
+            f"seqtune.export: error: {err} Nothing partial was left in {args.run_dir}: the same command starts the "
+            "export again.",
+            file=sys.stderr,
+            flush=True,
+        )
+        return err.exit_code
     except SeqtuneError as err:
         print(f"seqtune.export: error: {err}", file=sys.stderr, flush=True)
         return err.exit_code
+    finally:
+        signals.restore(handlers)
     return 0
+
+
+def _export(run_dir: Path, gguf: str | None, push: str | None) -> None:
+    from seqtune.export.proof import RUN_DIR_ARG
+
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(
+            f"{run_dir} is not a seqtune run directory (no config.yaml).",
+            key=RUN_DIR_ARG,
+            fix="python -m seqtune.export runs/DATE_TIME (the directory a training run printed).",
+        )
+    _check_writable(run_dir)
+    if push:  # refused before the proof's minutes, as preflight refuses it before training
+        from seqtune.hub import push_problems
+
+        problems = push_problems(push, key="--push", off="drop --push")
+        if problems:
+            raise ConfigError(" ".join(problems), key="--push")
+    from seqtune.export.proof import prove_exports
+
+    if gguf:
+        from seqtune.export.gguf import export_run_gguf
+
+        export_run_gguf(run_dir, gguf, key=RUN_DIR_ARG)
+    prove_exports(run_dir, key=RUN_DIR_ARG)
+
+
+def _check_writable(run_dir: Path) -> None:
+    """The export writes export.json (and gguf/, merged/) into RUN_DIR: a directory this user cannot write is
+    refused before anything is loaded. Tried by making (and removing) a temporary directory there, which answers
+    for a read-only disk, modes, ACLs and root without its override alike."""
+    import os
+    import tempfile
+
+    from seqtune.export.proof import RUN_DIR_ARG
+    from seqtune.files import TEMP_PREFIX
+
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}export-probe-", dir=run_dir))
+    except OSError as exc:
+        raise ConfigError(
+            f"{run_dir} cannot be written ({exc.strerror}): the export writes export.json (and gguf/, merged/) "
+            "into it.",
+            key=RUN_DIR_ARG,
+            fix=f"make it writable by this user (chmod -R u+w {run_dir}), or export a writable copy "
+            f"(cp -r {run_dir} COPY && python -m seqtune.export COPY).",
+        ) from None
 
 
 if __name__ == "__main__":

@@ -23,9 +23,10 @@ from typing import Any
 
 from seqtune.config.load import load_resolved
 from seqtune.config.plan import load_plan
+from seqtune.config.rundir import RUN_DIR_KEY
 from seqtune.config.schema import SPLITS, RootConfig
 from seqtune.data.split import split_input
-from seqtune.files import follow_umask, sha256_file
+from seqtune.files import atomic_directory, sha256_file, write_atomic
 from seqtune.hub import is_hub_id
 from seqtune.preflight.result import load_result
 
@@ -125,10 +126,9 @@ def write_base(facts: ShipFacts, tokenizer: Any, *, device: Any) -> Path | None:
         return None
     base = build_model(facts.cfg.model, attn_implementation="sdpa", resize_to=facts.resize_to, device=device)
     stamp_stop_ids(base, facts.stop)
-    with shipped_config(base):
-        base.save_pretrained(target, safe_serialization=True)
-    tokenizer.save_pretrained(target)
-    follow_umask(target)
+    with atomic_directory(target, key=RUN_DIR_KEY) as staging, shipped_config(base):
+        base.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
     return target
 
 
@@ -266,4 +266,6 @@ def card_text(facts: ShipFacts, kind: str, *, files: list[tuple[str, Path, str]]
 
 
 def write_card(facts: ShipFacts, target: Path, kind: str, *, files: list[tuple[str, Path, str]] | None = None) -> None:
-    (target / CARD).write_text(card_text(facts, kind, files=data_files(facts) if files is None else files))
+    """`target`/README.md, the card of `kind` (target: RUN_DIR/kind, or the temporary directory that becomes it)."""
+    text = card_text(facts, kind, files=data_files(facts) if files is None else files)
+    write_atomic(target / CARD, text, key=RUN_DIR_KEY)

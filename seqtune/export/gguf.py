@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from seqtune.config.errors import ConfigError, SeqtuneError
-from seqtune.files import follow_umask
+from seqtune.files import atomic_directory, atomic_output, follow_umask, storage_error
 
 GGUF_DIR = "gguf"
 
@@ -304,11 +305,16 @@ def terminator_ids(stop_eos: tuple[int, ...]) -> tuple[int, int | None]:
     return stop_eos[0], (stop_eos[1] if len(stop_eos) > 1 else None)
 
 
-def write_gguf(source: Path, target: Path, gguf_type: str, *, ids: GgufIds, add_bos: bool) -> Path:
-    """source: a transformers directory (merged/ or model/) with its tokenizer; target: the .gguf file."""
+def write_gguf(source: Path, target: Path, gguf_type: str, *, ids: GgufIds, add_bos: bool, key: str) -> Path:
+    """source: a transformers directory (merged/ or model/) with its tokenizer; target: the .gguf file, written
+    under a temporary name and renamed only when complete (a full disk, an error or a signal leaves no file under
+    `target`'s name); `key`: what a disk error names as where the file goes."""
     import gguf
     from transformers import AutoTokenizer
 
+    from seqtune.export.proof import check_readable
+
+    check_readable(sorted(source.glob("*.safetensors")))
     config = json.loads((source / "config.json").read_text())
     refusal = gguf_refusal(config.get("model_type", "?"), _rope_type(config))
     if refusal:
@@ -321,22 +327,39 @@ def write_gguf(source: Path, target: Path, gguf_type: str, *, ids: GgufIds, add_
     logging.getLogger("gguf").setLevel(logging.WARNING)  # its "Little Endian only" notice says nothing to act on
     tokenizer = AutoTokenizer.from_pretrained(source)
     vocab = gguf_vocab(tokenizer, json.loads((source / "tokenizer.json").read_text()), rows=config["vocab_size"])
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # use_temp_file: converted tensors spool to disk until written, not the whole model in memory.
-    writer = gguf.GGUFWriter(
-        str(target), gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch.name)], use_temp_file=True
-    )
-    _write_metadata(writer, config, arch, gguf_type, source)
-    _write_tokenizer(writer, vocab, ids, add_bos=add_bos, template=tokenizer.chat_template)
-    for name, data in gguf_tensors(source, config, arch):
-        qtype = _storage_type(gguf_type, data)
-        writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    follow_umask(target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise storage_error(exc, target.parent, key=key) from None
+    with atomic_output(target, key=key) as partial:
+        # use_temp_file: converted tensors spool to disk until written, not the whole model in memory.
+        writer = gguf.GGUFWriter(
+            str(partial), gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch.name)], use_temp_file=True
+        )
+        try:
+            _write_metadata(writer, config, arch, gguf_type, source)
+            _write_tokenizer(writer, vocab, ids, add_bos=add_bos, template=tokenizer.chat_template)
+            for name, data in gguf_tensors(source, config, arch):
+                qtype = _storage_type(gguf_type, data)
+                writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+            writer.fout[0].flush()  # type: ignore[index]  # opened by write_header_to_file: one file, no shards
+            os.fsync(writer.fout[0].fileno())  # type: ignore[index]  # a full disk is found here, not at close
+        finally:
+            _close(writer)
+        follow_umask(partial)
     return target
+
+
+def _close(writer: Any) -> None:
+    """Close the writer's file; after a failed write (a full disk) its last flush may fail again, and the partial
+    file is removed regardless."""
+    try:
+        writer.close()
+    except OSError:
+        pass
 
 
 def _write_metadata(writer: Any, config: dict, arch: GgufArch, gguf_type: str, source: Path) -> None:
@@ -394,9 +417,10 @@ def _write_tokenizer(writer: Any, vocab: GgufVocab, ids: GgufIds, *, add_bos: bo
         writer.add_chat_template(template)
 
 
-def export_run_gguf(run_dir: Path, gguf_type: str) -> Path:
+def export_run_gguf(run_dir: Path, gguf_type: str, *, key: str) -> Path:
     """RUN_DIR/gguf/<run>-<type>.gguf from merged/ (LoRA; written first from adapter/ on its base when missing) or
-    model/ (a full fine-tune)."""
+    model/ (a full fine-tune). Both written atomically; `key` names where they go in a disk error (hydra.run.dir
+    at the end of training, RUN_DIR for `python -m seqtune.export`)."""
     from transformers import AutoTokenizer
 
     from seqtune.export.facts import ship_facts
@@ -406,7 +430,7 @@ def export_run_gguf(run_dir: Path, gguf_type: str) -> Path:
         run_dir / "merged" if (run_dir / "merged").is_dir() or (run_dir / "adapter").is_dir() else run_dir / "model"
     )
     if source.name == "merged" and not source.is_dir():
-        _merge_adapter(run_dir, source)
+        _merge_adapter(run_dir, source, key=key)
     if not (source / "config.json").is_file():
         raise ConfigError(
             f"{run_dir} has no merged/, adapter/ or model/ to export.",
@@ -419,13 +443,13 @@ def export_run_gguf(run_dir: Path, gguf_type: str) -> Path:
     ids = GgufIds(bos=facts.stop.bos, eos=eos, eot=eot, pad=facts.stop.pad)
     add_bos = tokenizer.bos_token_id is not None and tokenizer("a")["input_ids"][:1] == [tokenizer.bos_token_id]
     target = write_gguf(
-        source, run_dir / GGUF_DIR / f"{run_dir.name}-{gguf_type}.gguf", gguf_type, ids=ids, add_bos=add_bos
+        source, run_dir / GGUF_DIR / f"{run_dir.name}-{gguf_type}.gguf", gguf_type, ids=ids, add_bos=add_bos, key=key
     )
     print(f"saved GGUF ({gguf_type}): {target}", flush=True)
     return target
 
 
-def _merge_adapter(run_dir: Path, target: Path) -> None:
+def _merge_adapter(run_dir: Path, target: Path, *, key: str) -> None:
     """merged/ from adapter/ on the base its adapter_config.json names (an on-demand export of a LoRA run)."""
     import torch
     from transformers import AutoTokenizer
@@ -436,10 +460,9 @@ def _merge_adapter(run_dir: Path, target: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "adapter")
     model: Any = load_artifact(ship_facts(tokenizer, run_dir), "adapter", device=torch.device("cpu"))
     merged = model.merge_and_unload()
-    with shipped_config(merged):
-        merged.save_pretrained(target, safe_serialization=True)
-    tokenizer.save_pretrained(target)
-    follow_umask(target)
+    with atomic_directory(target, key=key) as staging, shipped_config(merged):
+        merged.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
 
 
 # --- the proof ------------------------------------------------------------------------------------------------------

@@ -23,11 +23,14 @@ from typing import Any
 
 import torch
 
-from seqtune.config.errors import ConfigError, SeqtuneError
+from seqtune.config.errors import ConfigError, ModelLoadError, SeqtuneError
+from seqtune.config.rundir import RUN_DIR_KEY
 from seqtune.export.facts import ShipFacts, ship_facts
-from seqtune.files import follow_umask
+from seqtune.files import atomic_output, follow_umask, write_atomic
 
 REFERENCE_FILE = "export_reference.safetensors"
+# What `python -m seqtune.export` calls the run directory it was given (its errors name it as their key).
+RUN_DIR_ARG = "RUN_DIR"
 EXPORT_JSON = "export.json"
 GGUF_DIR = "gguf"
 # Validation prompts compared, and positions per prompt (the last prompt token, then the first reference tokens).
@@ -93,9 +96,29 @@ def capture_reference(model: torch.nn.Module, tokenizer: Any, run_dir: Path, *, 
         locations.append(prompt.location)
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     path = Path(run_dir) / REFERENCE_FILE
-    save_file(tensors, str(path), metadata={"dtype": dtype, "locations": json.dumps(locations)})
-    follow_umask(path)  # safetensors writes 0600
+    with atomic_output(path, key=RUN_DIR_KEY) as partial:
+        save_file(tensors, str(partial), metadata={"dtype": dtype, "locations": json.dumps(locations)})
+        follow_umask(partial)  # safetensors writes 0600
     return path
+
+
+def check_readable(files: list[Path]) -> None:
+    """Each safetensors file opens (its header, and the data the header declares, are all there): a file cut short
+    is refused naming it, not a SafetensorError traceback from deep inside transformers or peft."""
+    from safetensors import SafetensorError, safe_open
+
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as exc:
+            raise ModelLoadError(
+                f"{file} cannot be read ({exc}; the file is {file.stat().st_size:,} bytes): it is damaged or cut "
+                "short.",
+                key=RUN_DIR_ARG,
+                fix=f"restore {file.parent.name}/ from a complete copy (a copy cut short by a full disk or an "
+                "interrupted transfer looks like this), or train the run again.",
+            ) from None
 
 
 def load_artifact(facts: ShipFacts, name: str, *, device: torch.device) -> torch.nn.Module:
@@ -103,11 +126,13 @@ def load_artifact(facts: ShipFacts, name: str, *, device: torch.device) -> torch
     from transformers import AutoModelForCausalLM
 
     directory = facts.run_dir / name
+    check_readable(sorted(directory.glob("*.safetensors")))
     if not (directory / "adapter_config.json").is_file():
         return AutoModelForCausalLM.from_pretrained(directory, dtype="auto").to(device).eval()  # type: ignore[arg-type]  # transformers' .to decorator
     from peft import PeftModel
 
     base_name = json.loads((directory / "adapter_config.json").read_text())["base_model_name_or_path"]
+    check_readable(sorted(Path(base_name).glob("*.safetensors")))  # a hub id globs nothing: transformers checks it
     base = AutoModelForCausalLM.from_pretrained(base_name, dtype="auto")
     rows = base.get_input_embeddings().weight.shape[0]  # type: ignore[index]  # an Embedding's weight
     if facts.resize_to and rows < facts.resize_to:
@@ -262,9 +287,9 @@ def _room_for(directory: Path, device: torch.device) -> torch.device:
     return device if free > 2 * weights else torch.device("cpu")
 
 
-def prove_exports(run_dir: Path, *, device: torch.device | None = None) -> list[ArtifactProof]:
+def prove_exports(run_dir: Path, *, key: str, device: torch.device | None = None) -> list[ArtifactProof]:
     """Prove every artifact in `run_dir`; write export.json, print one line each; raise SeqtuneError (exit 1) naming
-    each artifact that fails."""
+    each artifact that fails. `key`: what a disk error names as where export.json goes."""
     from safetensors import safe_open
     from transformers import AutoTokenizer
     from transformers.utils import logging as transformers_logging
@@ -283,6 +308,7 @@ def prove_exports(run_dir: Path, *, device: torch.device | None = None) -> list[
             key="RUN_DIR",
             fix="name the run directory of a training run that finished with this seqtune version.",
         )
+    check_readable([reference_path])
     with safe_open(str(reference_path), framework="pt") as f:
         reference = {key: f.get_tensor(key) for key in f.keys()}  # safe_open has no iteration
         reference_dtype = getattr(torch, f.metadata()["dtype"])
@@ -290,15 +316,13 @@ def prove_exports(run_dir: Path, *, device: torch.device | None = None) -> list[
     facts = ship_facts(tokenizer, run_dir)
     proofs = [prove_artifact(facts, name, reference, reference_dtype, device) for name in names]
     proofs += [check_gguf(path, facts) for path in sorted((run_dir / GGUF_DIR).glob("*.gguf"))]
-    _report(run_dir, proofs)
+    _report(run_dir, proofs, key=key)
     return proofs
 
 
-def _report(run_dir: Path, proofs: list[ArtifactProof]) -> None:
-    from seqtune.files import write_atomic
-
+def _report(run_dir: Path, proofs: list[ArtifactProof], *, key: str) -> None:
     body = {"ok": all(p.ok for p in proofs), "artifacts": [asdict(p) for p in proofs]}
-    write_atomic(run_dir / EXPORT_JSON, json.dumps(body, indent=1).encode(), key="hydra.run.dir")
+    write_atomic(run_dir / EXPORT_JSON, json.dumps(body, indent=1).encode(), key=key)
     for proof in proofs:
         checks = proof.checks
         if "max_logit_difference_relative" in checks:

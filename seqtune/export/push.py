@@ -20,6 +20,7 @@ from pathlib import Path
 
 from seqtune.config.errors import SeqtuneError
 from seqtune.config.load import load_resolved
+from seqtune.config.rundir import RUN_DIR_KEY
 from seqtune.export.facts import CARD, card_text, data_files, ship_facts
 from seqtune.export.proof import EXPORT_JSON, GGUF_DIR, prove_exports
 from seqtune.hub import LOGIN_FIX, PUSH_KEY, push_command
@@ -52,7 +53,7 @@ def push_finished(run_dir: Path, repo_id: str, *, private: bool) -> str:
     """The end of a run: its proof ran on rank 0 at export (export.json), except a sharded run's, which runs here
     first (the ranks have exited, the weights are read from the run directory)."""
     if not (Path(run_dir) / EXPORT_JSON).is_file():
-        prove_exports(Path(run_dir))
+        prove_exports(Path(run_dir), key=RUN_DIR_KEY)
     return push_run(run_dir, repo_id, private=private)
 
 

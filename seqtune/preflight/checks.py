@@ -512,6 +512,8 @@ REJECT_FIXES: dict[str, tuple[str, str]] = {
     ),
     "empty_text": ("data.{split}", "fill in the empty fields, or drop those records"),
     "missing_media": ("data.media_root", "data.media_root=DIR, the directory the records' media paths are under"),
+    "empty_media": ("data.{split}", "put each media file's path between its tags, or remove the empty references"),
+    "media_not_file": ("data.{split}", "name the media file itself in each reference, not a directory"),
     "bad_token_id": ("data.{split}", "re-tokenize the data with the tokenizer this run uses"),
     "no_targets": ("data.{split}", "give every conversation an assistant reply (and a user turn before it)"),
     "no_user_turn": ("data.{split}", "give every conversation a user message before its assistant reply"),

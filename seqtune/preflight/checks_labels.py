@@ -206,43 +206,65 @@ def found_in(hashes: np.ndarray, reference: np.ndarray) -> tuple[np.ndarray, np.
 
 
 def check_duplicates(
-    *, split: str, samples: int, copies: int, examples: Sequence[str], of: str | None, max_fraction: float
+    *, split: str, samples: int, copies: int, examples: Sequence[str], of: str | None, policy: str
 ) -> list[Problem]:
     """Exact duplicate samples (same tokens, same targets): within a split (`of` None) or of the train split (`of`
-    = "train", for val/test: evaluation on what was trained). Above data.max_duplicate_fraction of the split's
-    samples, preflight fails. `examples`: "copy (= original)" locations."""
-    if not copies or not samples:
-        return []
-    fraction = copies / samples
-    if fraction <= max_fraction:
+    = "train", for val/test: evaluation on what was trained). data.duplicates=refuse fails on any; so does drop on
+    copies of train (drop leaves out copies within a split, found by the scan, so none reach this check); keep
+    accepts them (duplicate_notes says so). `examples`: "copy (= original)" locations."""
+    if not copies or not samples or policy == "keep" or (policy == "drop" and not of):
         return []
     what = f"are exact duplicates of data.{of} samples" if of else "are exact duplicates of another sample"
     listed = ", ".join(examples[:MAX_LISTED]) + (f" and {copies - MAX_LISTED} more" if copies > MAX_LISTED else "")
-    allowed = f"{np.ceil(fraction * 1000) / 1000:.3f}".rstrip("0").rstrip(".")
-    fix = (
-        f"remove them from data.{split}" if of else "deduplicate the split"
-    ) + f", or data.max_duplicate_fraction={allowed} to accept them"
+    if of:
+        fix = (
+            f"remove them from data.{split} (evaluating on trained samples measures recall), or "
+            f"data.duplicates=keep to evaluate on them anyway"
+        )
+    else:
+        fix = "data.duplicates=drop (the default: train one copy of each), or data.duplicates=keep to train every copy"
     return [
         Problem(
             check="duplicates",
-            key="data.max_duplicate_fraction",
+            key="data.duplicates",
             location=examples[0].split(" ", 1)[0] if examples else None,
             message=(
-                f"{copies} of {samples} data.{split} samples ({fraction:.2%} > data.max_duplicate_fraction="
-                f"{max_fraction}) {what} (same tokens and targets): {listed}. Fix: {fix}."
+                f"{copies} of {samples} data.{split} samples ({copies / samples:.2%}) {what} (same tokens and "
+                f"targets; data.duplicates={policy}): {listed}. Fix: {fix}."
             ),
         )
     ]
 
 
-def duplicate_notes(*, split: str, samples: int, copies: int, of: str | None, max_fraction: float) -> list[str]:
-    """Duplicates within data.max_duplicate_fraction are accepted, and said."""
-    if not copies or not samples or copies / samples > max_fraction:
+def duplicate_notes(*, split: str, samples: int, copies: int, of: str | None, policy: str) -> list[str]:
+    """Duplicates data.duplicates=keep trains (or evaluates on) are said."""
+    if not copies or not samples or policy != "keep":
         return []
     what = f"exact duplicates of data.{of} samples" if of else "exact duplicates of another sample"
     return [
-        f"{copies} of {samples} data.{split} samples ({copies / samples:.1%}) are {what}, within "
-        f"data.max_duplicate_fraction={max_fraction}."
+        f"{copies} of {samples} data.{split} samples ({copies / samples:.1%}) are {what}, kept (data.duplicates=keep)."
+    ]
+
+
+def dropped_duplicates_note(*, split: str, records: int, dropped: int, first: str | None) -> list[str]:
+    """data.duplicates=drop: how many records of the split the scan left out, and the first."""
+    if not dropped:
+        return []
+    return [
+        f"data.duplicates=drop: {dropped} of {records} data.{split} records are exact duplicates (same tokens and "
+        f"targets) of an earlier record and are left out{f' (first: {first})' if first else ''}; each is in rejects.jsonl "
+        "naming the copy it repeats. To train every copy: data.duplicates=keep."
+    ]
+
+
+def stream_copies_note(past_sample: int) -> list[str]:
+    """data.duplicates=drop in stream mode: the copies found past data.preflight_sample (as written)."""
+    if not past_sample:
+        return []
+    return [
+        f"data.duplicates=drop: {past_sample} data.train records past data.preflight_sample repeat an earlier record "
+        "exactly as written and are left out of every stream pass; each is in rejects.jsonl naming the record it "
+        "repeats."
     ]
 
 

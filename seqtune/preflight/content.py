@@ -19,7 +19,7 @@ from seqtune.config.schema import RootConfig, SampleKind
 from seqtune.data.kinds import MEMBERS
 from seqtune.data.overlength import TRUNCATING, cut_sample
 from seqtune.data.scan import SplitScan
-from seqtune.data.types import IGNORE_INDEX
+from seqtune.data.types import DUPLICATE, IGNORE_INDEX
 from seqtune.models.arch import ModelConfigs
 from seqtune.models.checkpoint_facts import (
     config_bos_eos,
@@ -157,12 +157,17 @@ def content_checks(
         problems += duplicate_problems
         for copies, of in ((duplicates[0], None), (duplicates[1], "train")):
             result.notes += labels.duplicate_notes(
-                split=name,
-                samples=observed.samples // k,
-                copies=copies or 0,
-                of=of,
-                max_fraction=cfg.data.max_duplicate_fraction,
+                split=name, samples=observed.samples // k, copies=copies or 0, of=of, policy=cfg.data.duplicates
             )
+        first_dropped = next((r for r in scan.rejects if r.code == DUPLICATE), None)
+        result.notes += labels.dropped_duplicates_note(
+            split=name,
+            records=scan.records,
+            dropped=scan.reject_counts.get(DUPLICATE, 0),
+            first=f"{first_dropped.file}:{first_dropped.line}, {first_dropped.reason.split(': ', 1)[1]}"
+            if first_dropped
+            else None,
+        )
         if name in result.splits:
             result.splits[name].content = stats = _stats(observed, control, ends, cut, duplicates)
             if proof is not None:
@@ -237,7 +242,7 @@ def _duplicates(
         copies=len(copies),
         examples=examples,
         of=None,
-        max_fraction=cfg.data.max_duplicate_fraction,
+        policy=cfg.data.duplicates,
     )
     if train is None:
         return (len(copies), None), problems
@@ -254,7 +259,7 @@ def _duplicates(
         copies=len(hits),
         examples=examples,
         of="train",
-        max_fraction=cfg.data.max_duplicate_fraction,
+        policy=cfg.data.duplicates,
     )
     return (len(copies), len(hits)), problems
 

@@ -581,3 +581,14 @@ def device_memory_gib(requested: float | None, device_type: str) -> float | None
         if torch.cuda.is_available():
             return torch.cuda.get_device_properties(0).total_memory / 2**30
     return None
+
+
+def harness_checks(cfg: RootConfig) -> list[Problem]:
+    """eval.harness_tasks resolve and build offline before any training (lm-eval is imported only when asked)."""
+    if not cfg.eval.harness_tasks:
+        return []
+    from seqtune.evaluate.harness import harness_faults, request_from
+
+    return [
+        Problem(check="harness", key=key, message=message) for key, message in harness_faults(request_from(cfg.eval))
+    ]

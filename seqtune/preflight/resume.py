@@ -108,7 +108,7 @@ def check_settings(point: ResumePoint, cfg: RootConfig) -> None:
     """Refuse (ConfigError) when a setting differs from the checkpoint's and train.resume_accept does not list it;
     print the accepted differences."""
     changes = setting_changes(point.settings, cfg)
-    refused = [c for c in changes if not _accepted(c.key, cfg.train.resume_accept)]
+    refused = [c for c in changes if not accepted(c.key, cfg.train.resume_accept)]
     if refused:
         raise ConfigError(
             _refusal(point, "; ".join(map(str, refused)), len(refused), "setting(s)"),
@@ -138,7 +138,7 @@ def plan_problems(point: ResumePoint, plan: Plan, accept: Sequence[str]) -> list
         Change(key=f"plan.{c.key}", saved=c.saved, now=c.now)
         for c in _differences(_flatten(point.plan), _flatten(now), ignored=PLAN_IGNORED)
     ]
-    refused = [c for c in changes if not _accepted(c.key, accept)]
+    refused = [c for c in changes if not accepted(c.key, accept)]
     if not refused:
         return []
     groups: dict[str, list[Change]] = {}
@@ -184,7 +184,7 @@ def _covered(key: str, entries: Iterable[str]) -> bool:
     return any(key == e or key.startswith(f"{e}.") for e in entries)
 
 
-def _accepted(key: str, accept: Sequence[str]) -> bool:
+def accepted(key: str, accept: Sequence[str]) -> bool:
     # A split's data identity in the plan (plan.data.val) is accepted with its setting (data.val).
     setting = key.removeprefix("plan.") if key.startswith("plan.data.") else key
     return _covered(key, accept) or _covered(setting, accept)

@@ -18,18 +18,21 @@ from typing import Any
 from seqtune.config.errors import PreflightFailed, SeqtuneError
 from seqtune.config.plan import Plan, Resolved, Tokens, complete_plan, write_plan
 from seqtune.config.rundir import PLAN_FILE
-from seqtune.config.schema import SPLITS, DataFormat, DataMode, RootConfig
+from seqtune.config.schema import SPLITS, DataFormat, DataMode, Duplicates, RootConfig
 from seqtune.data.batching import batch_rule
+from seqtune.data.cache import REJECTS
+from seqtune.data.dedup import STREAM_COPIES
 from seqtune.data.formats import preference_rendering
 from seqtune.data.scan import SplitScan, format_signature, published_scan, scan_split
 from seqtune.data.split import split_input, validation_source
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.files import storage_error
 from seqtune.models.arch import ModelConfigs
-from seqtune.preflight import checks, content, tokenizer_record
+from seqtune.preflight import checks, checks_labels, content, tokenizer_record
 from seqtune.preflight.checks import Problem
 from seqtune.preflight.phases import (
     fast_checks,
+    harness_checks,
     memory_phase,
     plan_phase,
     resolve_lengths,
@@ -117,6 +120,7 @@ def _checks_after_plan(
     if stored is None:  # loaded now: the next run reads its record
         tokenizer_record.keep_record(cfg, token_cache_root(cfg), record_key, tokenizer.record)
     late += content.file_checks(cfg, resolved, tokenizer, model)
+    late += harness_checks(cfg)
     print_early_problems(late)
     result, data, scans = _scan_and_check(cfg, resolved, tokens, tokenizer, run_dir, problems + late, model, plot)
     plan: Plan | None = None
@@ -183,7 +187,11 @@ def _write_reports(
     plot: LengthsPlot | None,
 ) -> None:
     """rejects.jsonl, lengths.png, samples.html/json: the run's view of its data (skipped by a refused resume)."""
-    write_rejects([scan.cache_dir / "rejects.jsonl" for scan in scans.values()], run_dir)
+    # (Stream mode: the duplicates found past preflight's sample follow the train scan's rejects.)
+    write_rejects(
+        [path for scan in scans.values() for path in (scan.cache_dir / REJECTS, scan.cache_dir / STREAM_COPIES)],
+        run_dir,
+    )
     if plot is not None:
         plot.write(run_dir / PLOT_FILE, key=RUN_DIR_KEY)  # drawn once _data_phases knew max_seq_len
     if cfg.preflight.show and result.max_seq_len is not None:
@@ -263,13 +271,21 @@ def _stream_phase(
 ) -> tuple[dict[str, Any], tuple[int, ...]]:
     """data.mode=stream: every rank must know how many micro-batches a pass makes, so they all stop together:
     count the train records once here (the plan holds the counts)."""
+    from seqtune.data.dedup import stream_without_copies
     from seqtune.data.mix import used_per_epoch
     from seqtune.data.stream import count_lines, records_per_pass
 
     split = split_input(cfg.data, "train", resolved.validation)
     assert split is not None, "data.train is required (MISSING in the schema), so the train split exists"
     complete = not cfg.data.preflight_sample or sampled.records < cfg.data.preflight_sample
-    records = [source.records for source in sampled.sources] if complete else count_lines(split)
+    scanned = [source.records for source in sampled.sources] if complete else None
+    if cfg.data.duplicates == Duplicates.drop:
+        split, records, past_sample = stream_without_copies(
+            split, cache_dir=sampled.cache_dir, scanned=scanned, media_root=cfg.data.media_root
+        )
+        result.notes += checks_labels.stream_copies_note(past_sample)
+    else:
+        records = scanned if scanned is not None else count_lines(split)
     result.stream_source_records = records
     result.stream_train_lines = lines = records_per_pass(split, records)
     for stats, source, count in zip(result.splits["train"].sources, split.sources, records, strict=True):
@@ -314,6 +330,7 @@ def scan_splits(
     problems: list[Problem] = []
     cache_root = token_cache_root(cfg)
     sample = cfg.data.preflight_sample if cfg.data.mode == DataMode.stream else 0
+    drop_duplicates = cfg.data.duplicates == Duplicates.drop
     for name in SPLITS:
         # Only train streams; val/test are read in full into the cache that evaluation uses in both modes.
         max_records = sample if name == "train" else 0
@@ -322,7 +339,12 @@ def scan_splits(
             if split is None:
                 continue
             found = published_scan(
-                split, signatures, cache_root=cache_root, media_root=cfg.data.media_root, max_records=max_records
+                split,
+                signatures,
+                cache_root=cache_root,
+                media_root=cfg.data.media_root,
+                max_records=max_records,
+                drop_duplicates=drop_duplicates,
             )
             if found is None and encoders is None:
                 if before_encoding is not None:
@@ -344,9 +366,13 @@ def scan_splits(
                 max_records=max_records,
                 progress=cfg.train.progress,
                 fingerprint=fingerprint,
+                drop_duplicates=drop_duplicates,
             )
         except SeqtuneError as err:
-            problems.append(Problem(check="data", key=err.key or f"data.{name}", message=str(err)))
+            problem = Problem(check="data", key=err.key or f"data.{name}", message=str(err))
+            # One cause, one problem: splits that read the same file (data.val_fraction) meet the same fault.
+            if problem not in problems:
+                problems.append(problem)
     return scans, problems
 
 

@@ -1,5 +1,5 @@
 """Checkpointing as one component: it owns the schedule (train.save_every, train.keep_last), the training state as a
-dict of stateful parts, the atomic layout and FSDP's sharded form. The loop asks `maybe_save(step)`; the recipe
+dict of stateful parts, the atomic layout and FSDP's sharded form. The loop asks `maybe_save(step, last=...)`; the recipe
 asks `resume()` once, before training.
 
 Layout (seqtune.config.rundir): RUN_DIR/checkpoints/step_00000040/ holding one entry per part:
@@ -269,8 +269,10 @@ class Checkpointer:
             self.parts["early_stop"] = RankZeroFile(early_stop)
         self.last_save_s: float | None = None  # how long the last save took (a save on a signal must fit its grace)
 
-    def maybe_save(self, step: int) -> Path | None:
-        if self.cfg.save_every and step % self.cfg.save_every == 0:
+    def maybe_save(self, step: int, *, last: bool = False) -> Path | None:
+        """Every `train.save_every` steps, and at the last step: a finished run's final state is a checkpoint, so
+        a longer run continues it (train.resume_accept=[train.max_steps] into the finished run's directory)."""
+        if self.cfg.save_every and (step % self.cfg.save_every == 0 or last):
             return self.save(step)
         return None
 

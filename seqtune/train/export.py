@@ -3,7 +3,7 @@ with early stopping, RUN_DIR/best/ (the same export of the best eval's weights),
 
 from __future__ import annotations
 
-import os
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, cast
 
@@ -23,7 +23,7 @@ from seqtune.export.facts import (
 )
 from seqtune.export.gguf import export_run_gguf
 from seqtune.export.proof import capture_reference, prove_exports
-from seqtune.files import TempDir, follow_umask, storage_error, sweep_stale_temps
+from seqtune.files import atomic_directory, follow_umask
 from seqtune.models import save_adapter
 from seqtune.train.loop import peak_memory_bytes
 from seqtune.train.metrics import MetricsLogger
@@ -53,12 +53,15 @@ def export_final(
     stamp_stop_ids(model, facts.stop)
     if env.is_main and not sharded:  # the trained model's logits, before anything is merged into it
         capture_reference(model, tokenizer, run_dir, device=env.device)
-    target = run_dir / (ADAPTER_DIR if lora else MODEL_DIR)
+    kind = ADAPTER_DIR if lora else MODEL_DIR
+    target = run_dir / kind
     saved_tokenizer = trained_tokenizer(tokenizer, data_format)
-    save_trained(model, saved_tokenizer, target, env=env, lora=lora, sharded=sharded, facts=facts)
+    files = data_files(facts) if env.is_main else []
+    with _staged(target, env) as staging:
+        save_trained(model, saved_tokenizer, staging, env=env, lora=lora, sharded=sharded, facts=facts)
+        if env.is_main:
+            write_card(facts, staging, kind, files=files)
     if env.is_main:
-        files = data_files(facts)
-        write_card(facts, target, ADAPTER_DIR if lora else MODEL_DIR, files=files)
         if lora:
             write_base(facts, tokenizer, device=env.device)
         if (run_dir / BEST_DIR).is_dir():  # its card, now with the run's final numbers
@@ -71,23 +74,28 @@ def export_final(
             # A tied head trained in full (lora.modules_to_save) is no longer the embedding: say so in config.json.
             if merged_model.get_output_embeddings().weight is not merged_model.get_input_embeddings().weight:
                 merged_model.config.tie_word_embeddings = False
-            with shipped_config(merged_model):
-                merged_model.save_pretrained(run_dir / MERGED_DIR, safe_serialization=True)
-            saved_tokenizer.save_pretrained(run_dir / MERGED_DIR)
-            write_card(facts, run_dir / MERGED_DIR, MERGED_DIR, files=files)
-            follow_umask(run_dir / MERGED_DIR)
+            with atomic_directory(run_dir / MERGED_DIR, key=RUN_DIR_KEY) as staging, shipped_config(merged_model):
+                merged_model.save_pretrained(staging, safe_serialization=True)
+                saved_tokenizer.save_pretrained(staging)
+                write_card(facts, staging, MERGED_DIR, files=files)
             print(f"saved merged model: {run_dir / MERGED_DIR}", flush=True)
         if gguf:
-            export_run_gguf(run_dir, str(gguf))
+            export_run_gguf(run_dir, str(gguf), key=RUN_DIR_KEY)
     barrier()
     if env.is_main and not sharded:
-        prove_exports(run_dir, device=env.device)
+        prove_exports(run_dir, key=RUN_DIR_KEY, device=env.device)
     elif env.is_main:
         print(
             f"export proof: run `python -m seqtune.export {run_dir}` (the sharded model was not kept on one "
             "device to compare with).",
             flush=True,
         )
+
+
+def _staged(target: Path, env: DistEnv) -> AbstractContextManager[Path]:
+    """Where rank 0 writes an export directory: a temporary that replaces `target` whole when complete (nothing
+    partial ever has its name). The other ranks only take part in save_trained's gather: they get `target`."""
+    return atomic_directory(target, key=RUN_DIR_KEY) if env.is_main else nullcontext(target)
 
 
 def save_trained(
@@ -163,34 +171,19 @@ class BestWeights:
     def save(self) -> Path:
         """Write the export into a locked temporary directory beside best/, then swap it in: a crash while
         writing leaves the previous best/ whole (and a .tmp-best-* that the next save sweeps away)."""
-        parent = self.path.parent
-        new = TempDir(parent, BEST_DIR, key=RUN_DIR_KEY) if self.env.is_main else None
-        try:
+        with _staged(self.path, self.env) as staging:
             save_trained(
                 self.model,
                 self.tokenizer,
-                new.path if new else self.path,
+                staging,
                 env=self.env,
                 lora=self.lora,
                 sharded=self.sharded,
                 facts=self.facts,
             )
-            if new is not None:
+            if self.env.is_main:
                 self._files = self._files if self._files is not None else data_files(self.facts, digests=False)
-                write_card(self.facts, new.path, BEST_DIR, files=self._files)
-        except OSError as exc:
-            if new is not None:
-                new.discard()
-            raise storage_error(exc, self.path, key=RUN_DIR_KEY) from None
-        if new is not None:
-            sweep_stale_temps(parent)
-            # A directory cannot be renamed over a non-empty one: the previous best goes aside (onto an empty
-            # locked temporary, which rename replaces), the new one takes its name, then the old one is removed.
-            old = TempDir(parent, f"old-{BEST_DIR}", key=RUN_DIR_KEY)
-            if self.path.exists():
-                os.rename(self.path, old.path)
-            new.publish(self.path)
-            old.discard()
+                write_card(self.facts, staging, BEST_DIR, files=self._files)
         barrier()
         return self.path
 

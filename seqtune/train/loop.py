@@ -131,7 +131,11 @@ def fit(loop: Loop, state: Progress) -> Progress:
         enabled=loop.env.is_main and loop.cfg.progress,
     )
     numerics = NumericsGuard(
-        run_dir=loop.checkpointer.run_dir, loss_scaling=loop.scaler is not None, lr=loop.scheduler.base_lrs[0]
+        run_dir=loop.checkpointer.run_dir,
+        loss_scaling=loop.scaler is not None,
+        lr=loop.scheduler.base_lrs[0],
+        spike_factor=loop.cfg.loss_spike_factor,
+        dead_grad_steps=loop.cfg.dead_grad_steps,
     )
     # SIGTERM/SIGINT from here on: stop after the step in flight, with a final checkpoint (seqtune.train.signals).
     stop = StopAtStep(
@@ -160,7 +164,7 @@ def fit(loop: Loop, state: Progress) -> Progress:
             record.update(loop.evaluator.evaluate(state.step))
         if len(record) > 1 and loop.logger is not None:
             loop.logger.log(record)
-        loop.checkpointer.maybe_save(state.step)
+        loop.checkpointer.maybe_save(state.step, last=last or loop.evaluator.should_stop)
         stop.check(state.step)
     bar.close()
     stop.release()

@@ -34,3 +34,14 @@ def lr_factor(step: int, *, cfg: OptimConfig, total_steps: int) -> float:
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg=cfg, total_steps=total_steps))
+
+
+def sync_lr_after_resume(scheduler) -> None:
+    """The next step's learning rate, from this run's schedule. A resumed optimizer holds the rate the checkpoint's
+    schedule set after its last step; when the run's length changed (train.max_steps or train.epochs accepted by
+    train.resume_accept, e.g. a finished run trained longer) that is the old length's (the finished run's final,
+    decayed rate), not this schedule's. With the length unchanged both are the same float: resuming stays bitwise."""
+    for group, base, factor in zip(
+        scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True
+    ):
+        group["lr"] = base * factor(scheduler.last_epoch)

@@ -37,7 +37,7 @@ def _ok(result) -> None:
 def data(tmp_path_factory) -> list[str]:
     root = tmp_path_factory.mktemp("data")
     words = ("apple", "river", "candle", "orbit", "maple", "stone")
-    # Every record distinct, none of val in train (the duplicates check refuses both).
+    # Every record distinct (copies would be dropped), none of val in train (refused).
     for name, start, n in (("train", 0, 32), ("val", 100, 8)):
         rows = [
             {

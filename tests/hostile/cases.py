@@ -17,6 +17,8 @@ import os
 import re
 import shutil
 import stat
+import subprocess
+import sys
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +42,9 @@ class Run:
     between: Callable[[Path], None] | None = None
     # Arguments of the first run only (over `args`): the same run directory trained with another setting first.
     first_args: list[str] = field(default_factory=list)
+    # Not None: the case's command is `python -m seqtune.export RUN_DIR *export` (RUN_DIR: the case's run
+    # directory, hydra.run.dir of `args`), after the first run trained (`args` are the first run's).
+    export: list[str] | None = None
 
 
 @dataclass(kw_only=True)
@@ -106,8 +111,8 @@ def zst(data: bytes) -> bytes:
 
 
 def train(path: Path | str, *extra: str) -> list[str]:
-    # Hostile lines repeat on purpose; the duplicates check (its own tests) is not what these cases are about.
-    return [f"data.train={path}", "data.max_duplicate_fraction=1", *extra]
+    # Hostile lines repeat on purpose, and are kept: duplicates (their own tests) are not what these cases are about.
+    return [f"data.train={path}", "data.duplicates=keep", *extra]
 
 
 # --- judges -----------------------------------------------------------------------------------------------
@@ -1415,13 +1420,13 @@ def _(tmp: Path) -> Run:
 @case(
     "run_dir_disk_full_preflight",
     DISK,
-    "the run directory on a 16 KB tmpfs (preflight.json or config.yaml fails)",
+    "the run directory on a 20 KB tmpfs (the lock and .hydra/ fit; preflight.json or config.yaml fails)",
     "clean",
     both(refused(r"(?i)no space left on .*run/(preflight\.json|config\.yaml)", codes=DISK_FULL_CODES), _no_temps_after),
     needs="mount",
 )
 def _(tmp: Path) -> Run:
-    mount = _tmpfs(tmp, "full", "16k")
+    mount = _tmpfs(tmp, "full", "20k")
     return Run(
         args=train(write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(400))), f"hydra.run.dir={mount / 'run'}"),
         after=_umount(mount),
@@ -1542,6 +1547,33 @@ def _(tmp: Path) -> Run:
         (d / "meta.json").write_text(json.dumps(meta))
 
     return _cached_then(tmp, edit)
+
+
+def _flip_target_in_place(d: Path) -> None:
+    """One byte of target.bin (0 or 1 per token) flipped where it lies: same size, same meta.json."""
+    with open(d / "target.bin", "r+b") as f:
+        f.seek((d / "target.bin").stat().st_size // 2)
+        byte = f.read(1)[0]
+        f.seek(-1, 1)
+        f.write(bytes([byte ^ 1]))
+
+
+@case(
+    "cache_target_flipped",
+    DISK,
+    "a published cache whose target.bin had one byte flipped in place (same size)",
+    "ok",
+    accepted(
+        records=40,
+        check=lambda out: (
+            None
+            if re.search(r"target\.bin does not match its CRC-32 .*it was rebuilt", re.sub(r"\s+", " ", out.output))
+            else "the run did not say the damaged target.bin was rebuilt"
+        ),
+    ),
+)
+def _(tmp: Path) -> Run:
+    return _cached_then(tmp, _flip_target_in_place)
 
 
 def _modes(out: Outcome) -> str | None:
@@ -1771,15 +1803,16 @@ def _into_finished(tmp: Path, *case_args: str, first_args: tuple[str, ...] = ("o
 
 
 def finished_kept(out: Outcome) -> str | None:
-    """The finished run's record and adapter are byte-identical to what the first run wrote."""
+    """Every file of the finished run's directory (.hydra/, seqtune.log and the lock included) is byte-identical to
+    what the first run left: a command that does not train writes nothing there."""
     first = out.run_dir.parent / "first"
-    changed = [n for n in KEPT if (out.run_dir / n).read_bytes() != (first / n).read_bytes()]
-    changed += [
-        f"adapter/{p.name}"
-        for p in (first / "adapter").iterdir()
-        if (out.run_dir / "adapter" / p.name).read_bytes() != p.read_bytes()
-    ]
-    return f"the finished run was rewritten: {changed}" if changed else None
+
+    def tree(root: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+    before, after = tree(first), tree(out.run_dir)
+    changed = sorted(n for n in before.keys() | after.keys() if before.get(n) != after.get(n))
+    return f"the finished run's directory was changed: {changed}" if changed else None
 
 
 @case(
@@ -2445,3 +2478,208 @@ def _(tmp: Path) -> Run:
             "model.resize_embeddings=true",
         )
     )
+
+
+# --- cases: export faults (python -m seqtune.export RUN_DIR, and the export at the end of training) -------------
+
+EXPORT = "export faults"
+HERE = Path(__file__).resolve().parent
+# Exit statuses of a run stopped by a signal (docs/training.md, "Exit codes").
+SIGNAL_CODES = {"SIGINT": 130, "SIGTERM": 143}
+GGUF_F16 = ["--gguf", "f16"]
+
+
+def _signal_on_gguf(name: str) -> list[str]:
+    """A command prefix: the command receives signal `name` once its GGUF file is open for writing."""
+    return [sys.executable, str(HERE / "signal_on_open.py"), name, ".gguf", "--"]
+
+
+def _export_rerun(run: Path, *export: str, before: Callable[[], None] = lambda: None) -> Callable[[], str]:
+    """After the fault: undo it (`before`), run the same export again, say how that went (the judge reads it)."""
+
+    def after() -> str:
+        before()
+        done = subprocess.run(
+            [sys.executable, "-m", "seqtune.export", str(run), *export],
+            cwd=HERE.parents[1],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        files = sorted(p.name for p in (run / "gguf").iterdir()) if (run / "gguf").is_dir() else []
+        return f"rerun exit {done.returncode}; gguf/: {files}; {_last_line(done.stdout + done.stderr)}"
+
+    return after
+
+
+def _trained_for_export(
+    tmp: Path,
+    damage: Callable[[Path], None],
+    export: list[str],
+    *,
+    after: Callable[[], str],
+    run_dir: Path | None = None,
+    prefix: list[str] | None = None,
+    merged: bool = False,
+) -> Run:
+    """Train 2 steps (the first run, in tmp/first; with merged/ when `merged`), copy that finished run to the case's
+    run directory (`run_dir`, default tmp/run), damage it, then the case runs `python -m seqtune.export RUN_DIR
+    *export` (under `prefix`)."""
+    data = write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40)))
+    run_dir = run_dir or tmp / "run"
+
+    def between(cache_dir: Path) -> None:
+        shutil.copytree(cache_dir.parent / "first", run_dir, dirs_exist_ok=True)
+        damage(run_dir)
+
+    return Run(
+        args=train(data, *TRAINED, f"train.export_merged={str(merged).lower()}", f"hydra.run.dir={run_dir}"),
+        first=True,
+        between=between,
+        export=export,
+        prefix=prefix or [],
+        after=after,
+    )
+
+
+def export_refused(*needles: str, codes: tuple[int, ...] = (2,)) -> Callable[[Outcome], str | None]:
+    """Refused cleanly (no traceback, these codes, the needles), no .gguf file left under any name (final or
+    temporary), and the same export run again after the fault was undone succeeds with its file."""
+
+    def judge(out: Outcome) -> str | None:
+        problem = refused(*needles, codes=codes)(out)
+        if problem:
+            return problem
+        if not out.extra.startswith("rerun exit 0;"):
+            return f"the export after the fault was undone: {out.extra}"
+        gguf = re.search(r"gguf/: \[(.*?)\]", out.extra)
+        if gguf and ".tmp-" in gguf[1]:
+            return f"a temporary GGUF file was left: {gguf[1]}"
+        return None
+
+    return judge
+
+
+@case(
+    "export_adapter_cut",
+    EXPORT,
+    "python -m seqtune.export on a finished run whose adapter_model.safetensors was cut in half",
+    "clean",
+    export_refused(
+        r"RUN_DIR: \S+/run/adapter/adapter_model\.safetensors cannot be read",
+        r"damaged or cut short",
+        r"Fix: restore adapter/ from a complete copy",
+    ),
+)
+def _(tmp: Path) -> Run:
+    adapter = Path("adapter") / "adapter_model.safetensors"
+    first = tmp / "first" / adapter
+    return _trained_for_export(
+        tmp,
+        lambda run: _cut(run / adapter),
+        [],
+        after=_export_rerun(tmp / "run", before=lambda: shutil.copyfile(first, tmp / "run" / adapter)),
+    )
+
+
+@case(
+    "export_read_only_run_dir",
+    EXPORT,
+    "python -m seqtune.export --gguf f16 on a finished run the user cannot write (root's override dropped)",
+    "clean",
+    export_refused(
+        r"RUN_DIR: \S+/run cannot be written \(Permission denied\)",
+        r"Fix: make it writable by this user \(chmod -R u\+w ",
+    ),
+    needs=NEEDS_SETPRIV,
+)
+def _(tmp: Path) -> Run:
+    def read_only(run: Path) -> None:
+        subprocess.run(["chmod", "-R", "a-w", str(run)], check=True)
+
+    def writable() -> None:
+        subprocess.run(["chmod", "-R", "u+w", str(tmp / "run")], check=True)
+
+    return _trained_for_export(
+        tmp, read_only, GGUF_F16, prefix=SETPRIV, after=_export_rerun(tmp / "run", *GGUF_F16, before=writable)
+    )
+
+
+def _fill_to(mount: Path, spare_kb: int) -> Callable[[Path], None]:
+    """Shrink the tmpfs at `mount` to what it holds plus `spare_kb`: too little for a GGUF file of the tiny model."""
+
+    def damage(run: Path) -> None:
+        used_kb = int(
+            subprocess.run(["df", "-k", "--output=used", str(mount)], capture_output=True, text=True).stdout.split()[-1]
+        )
+        os.system(f"mount -o remount,size={used_kb + spare_kb}k {mount}")
+
+    return damage
+
+
+@case(
+    "export_gguf_disk_full",
+    EXPORT,
+    "python -m seqtune.export --gguf f16 with 256 KB left on the run directory's disk (a tmpfs); then room is made",
+    "clean",
+    export_refused(r"(?i)RUN_DIR: no space left on \S+/run/gguf/run-f16\.gguf", codes=(1,)),
+    needs="mount",
+)
+def _(tmp: Path) -> Run:
+    mount = _tmpfs(tmp, "full", "64m")
+
+    def more_room() -> None:
+        os.system(f"mount -o remount,size=64m {mount}")
+
+    def rerun_then_umount() -> str:
+        said = _export_rerun(mount / "run", *GGUF_F16, before=more_room)()
+        return said + _umount(mount)()
+
+    return _trained_for_export(
+        tmp, _fill_to(mount, 256), GGUF_F16, run_dir=mount / "run", merged=True, after=rerun_then_umount
+    )
+
+
+def _export_signal_case(name: str) -> Callable[[Path], Run]:
+    def build(tmp: Path) -> Run:
+        return _trained_for_export(
+            tmp, lambda run: None, GGUF_F16, prefix=_signal_on_gguf(name), after=_export_rerun(tmp / "run", *GGUF_F16)
+        )
+
+    return build
+
+
+case(
+    "export_gguf_sigterm",
+    EXPORT,
+    "SIGTERM while python -m seqtune.export --gguf f16 writes the GGUF file",
+    "clean",
+    export_refused(r"stopped by SIGTERM", r"Nothing partial was left in", codes=(SIGNAL_CODES["SIGTERM"],)),
+)(_export_signal_case("SIGTERM"))
+case(
+    "export_gguf_sigint",
+    EXPORT,
+    "SIGINT (Ctrl-C) while python -m seqtune.export --gguf f16 writes the GGUF file",
+    "clean",
+    export_refused(r"stopped by SIGINT", r"Nothing partial was left in", codes=(SIGNAL_CODES["SIGINT"],)),
+    suite=False,  # the same path as SIGTERM
+)(_export_signal_case("SIGINT"))
+
+
+@case(
+    "train_export_gguf_sigterm",
+    EXPORT,
+    "SIGTERM while the end of training writes gguf/ (train.export_gguf=f16)",
+    "clean",
+    both(
+        refused(r"stopped by SIGTERM", codes=(SIGNAL_CODES["SIGTERM"],)),
+        lambda out: (
+            None
+            if not (out.run_dir / "gguf").is_dir() or not any((out.run_dir / "gguf").iterdir())
+            else f"gguf/ holds {sorted(p.name for p in (out.run_dir / 'gguf').iterdir())}"
+        ),
+    ),
+)
+def _(tmp: Path) -> Run:
+    data = write(tmp / "d.jsonl", jsonl_bytes(alpaca_rows(40)))
+    return Run(args=train(data, *TRAINED, "train.export_gguf=f16"), prefix=_signal_on_gguf("SIGTERM"))

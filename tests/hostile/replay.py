@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cases as table
 
 REPO = Path(__file__).resolve().parents[2]
+EXPORT = "seqtune.export"
 BASE = {
     "preflight.only": "true",
     "data.val": "null",
@@ -72,7 +73,7 @@ def cli_args(tmp: Path, run: table.Run) -> tuple[list[str], Path, Path]:
 
 
 def _subprocess(
-    prefix: list[str], args: list[str], pythonpath: str | None, extra_env: dict[str, str]
+    prefix: list[str], args: list[str], pythonpath: str | None, extra_env: dict[str, str], module: str = "seqtune"
 ) -> tuple[int, str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **extra_env}
     env.pop("HYDRA_FULL_ERROR", None)
@@ -80,7 +81,7 @@ def _subprocess(
         env["PYTHONPATH"] = pythonpath
     # `python -m` puts the working directory first on sys.path: run from the checkout whose code is meant.
     done = subprocess.run(
-        [*prefix, sys.executable, "-m", "seqtune", *args],
+        [*prefix, sys.executable, "-m", module, *args],
         cwd=pythonpath or REPO,
         env=env,
         capture_output=True,
@@ -90,18 +91,23 @@ def _subprocess(
     return done.returncode, done.stdout + done.stderr
 
 
-def _in_process(args: list[str]) -> tuple[int, str]:
-    """`seqtune.__main__.main()` with these arguments; an uncaught exception is reported as its traceback."""
+def _in_process(args: list[str], module: str = "seqtune") -> tuple[int, str]:
+    """`seqtune.__main__.main()` (or `seqtune.export.__main__.main(args)`) with these arguments; an uncaught
+    exception is reported as its traceback."""
     from seqtune.__main__ import main
+    from seqtune.export.__main__ import main as export_main
 
     out = io.StringIO()
     saved = sys.argv
-    sys.argv = ["seqtune", *args]
+    sys.argv = [module, *args]
     code = 0
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             try:
-                main()
+                if module == EXPORT:
+                    code = export_main(args)
+                else:
+                    main()
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
             except Exception:  # noqa: BLE001 - a traceback is what the case's verdict reads (BAD)
@@ -139,24 +145,30 @@ def run_case(case: table.Case, *, in_process: bool, pythonpath: str | None = Non
         # A case's environment (W&B's variables) would outlive it in this process: it runs as a subprocess.
         subprocess_only = bool(run.prefix) or bool(run.env) or not in_process
 
-        def invoke(arguments: list[str]) -> tuple[int, str]:
-            return (
-                _subprocess(run.prefix, arguments, pythonpath, run.env) if subprocess_only else _in_process(arguments)
-            )
+        def invoke(arguments: list[str], module: str = "seqtune", prefix: list[str] = run.prefix) -> tuple[int, str]:
+            if subprocess_only:
+                return _subprocess(prefix, arguments, pythonpath, run.env, module)
+            return _in_process(arguments, module)
 
         if run.first:
             first_args, _, _ = cli_args(
                 tmp, table.Run(args=[*run.args, *run.first_args, f"hydra.run.dir={tmp / 'first'}"])
             )
-            invoke(first_args)
+            # An export case's prefix (a signal, dropped permissions) is for its export, not the training before it.
+            invoke(first_args, prefix=[] if run.export is not None else run.prefix)
             run.between(cache_dir)
-        rc, output = invoke(args)
+        if run.export is not None:
+            args = [str(run_dir), *run.export]
+            rc, output = invoke(args, module=EXPORT)
+        else:
+            rc, output = invoke(args)
         extra = run.after() if run.after else ""
         # Judged without the temp dir's name, which holds the case name (a regex must match the message itself).
         output = output.replace(str(tmp), "$TMP")
         outcome = table.Outcome(rc=rc, output=output, run_dir=run_dir, cache_dir=cache_dir, extra=extra)
         problem = case.judge(outcome)
         shown = " ".join(a if " " not in a else repr(a) for a in args).replace(str(tmp), "$TMP")
+        shown = f"(-m {EXPORT}) {shown}" if run.export is not None else shown
         verdict = case.expect if problem is None else f"BAD: {problem}"
         return Result(verdict=verdict, command=shown, seconds=time.perf_counter() - began, output=output)
     finally:

@@ -1,5 +1,6 @@
-"""A token-cache entry is verified (file sizes, a checksum of its meta.json) before it is trusted: a damaged one
-is rebuilt by the scan and refused, naming data.cache_dir, by anything that would memory-map it."""
+"""A token-cache entry is verified (file sizes, each file's CRC-32, a checksum of its meta.json) before it is
+trusted: a damaged one is rebuilt by the scan and refused, naming data.cache_dir, by anything that would memory-map
+it."""
 
 from __future__ import annotations
 
@@ -32,7 +33,23 @@ def _edit_meta_keeping_sizes(d: Path) -> None:
     (d / "meta.json").write_text(json.dumps(meta))
 
 
+def _flip_in_place(name: str) -> Callable[[Path], None]:
+    """One byte in the middle of the file changed where it lies (same size, same inode): a bad sector, a stray
+    write. target.bin's bytes are 0 or 1, so the flip turns a prompt token into a target or the reverse."""
+
+    def flip(d: Path) -> None:
+        with open(d / name, "r+b") as f:
+            f.seek((d / name).stat().st_size // 2)
+            byte = f.read(1)[0]
+            f.seek(-1, 1)
+            f.write(bytes([byte ^ 1]))
+
+    return flip
+
+
 DAMAGE = {
+    "target.bin flipped in place": (_flip_in_place("target.bin"), r"target\.bin does not match its CRC-32"),
+    "tokens.bin flipped in place": (_flip_in_place("tokens.bin"), r"tokens\.bin does not match its CRC-32"),
     "tokens.bin truncated": (_truncate("tokens.bin", 10), r"tokens\.bin is 10 bytes, \d+ expected"),
     "offsets.bin emptied": (_truncate("offsets.bin", 0), r"offsets\.bin is 0 bytes"),
     "lengths.bin missing": (lambda d: (d / "lengths.bin").unlink(), r"lengths\.bin is missing"),

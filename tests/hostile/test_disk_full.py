@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from seqtune.config.errors import StorageError
 from seqtune.config.load import save_resolved
 from seqtune.data.tokenize import SampleEncoder
-from seqtune.files import TempDir, follow_umask, sweep_stale_temps, write_atomic
+from seqtune.files import TempDir, atomic_directory, follow_umask, sweep_stale_temps, write_atomic
 from seqtune.preflight.report import write_rejects
 from seqtune.preflight.result import PreflightResult, write_result
 from tests.conftest import scan_files
@@ -121,3 +121,31 @@ def test_written_files_follow_the_umask(tmp_path, umask):
     assert stat.S_IMODE(published.stat().st_mode) == 0o777 & ~umask
     assert stat.S_IMODE((published / "tokens.bin").stat().st_mode) == 0o666 & ~umask
     assert stat.S_IMODE((tmp_path / "preflight.json").stat().st_mode) == 0o666 & ~umask
+
+
+def test_an_atomic_directory_replaces_whole_or_leaves_the_previous_one(tmp_path):
+    target = tmp_path / "merged"
+    with atomic_directory(target, key="hydra.run.dir") as staging:
+        (staging / "model.safetensors").write_bytes(b"first")
+    for interruption in (KeyboardInterrupt(), RuntimeError("a bug")):  # a signal, an error that is not the disk's
+        with pytest.raises(type(interruption)), atomic_directory(target, key="hydra.run.dir") as staging:
+            (staging / "model.safetensors").write_bytes(b"half")
+            raise interruption
+        assert [p.name for p in tmp_path.iterdir()] == ["merged"], "a temporary was left"
+        assert (target / "model.safetensors").read_bytes() == b"first"
+    with atomic_directory(target, key="hydra.run.dir") as staging:
+        (staging / "config.json").write_bytes(b"{}")
+    assert sorted(p.name for p in target.iterdir()) == ["config.json"], (
+        "the previous directory was merged, not replaced"
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["merged"]
+
+
+def test_an_atomic_directory_on_a_full_disk_names_it_and_leaves_nothing(full_dir):
+    target = full_dir / "run" / "merged"
+    with pytest.raises(StorageError, match=rf"hydra\.run\.dir: no space left on {target} "):
+        with atomic_directory(target, key="hydra.run.dir") as staging:
+            with open(staging / "model.safetensors", "wb") as f:
+                f.write(b"\0" * 2**21)
+                f.flush()
+    assert sorted(p.name for p in (full_dir / "run").iterdir()) == ["preflight.json"], "a temporary was left"

@@ -25,7 +25,7 @@ def _ok(result) -> None:
 
 
 def _alpaca(path: Path, n: int, offset: int = 0) -> Path:
-    # Every record distinct, and no validation record repeats a training one (the duplicates check refuses both).
+    # Every record distinct (copies would be dropped), and no validation record repeats a training one (refused).
     rows = [
         {
             "instruction": f"Item {offset * 1000 + i}: repeat the word {WORDS[(i + offset) % len(WORDS)]} "

@@ -19,7 +19,7 @@ TRAIN_BRIEFLY = [
     "train.eval_every=0",
     "train.batch_size=4",
     "data.val=null",
-    "data.max_duplicate_fraction=1",
+    "data.duplicates=keep",
     "train.export_merged=true",
     "lora=default",
 ]

@@ -87,7 +87,7 @@ def test_gemma3_chat_renders_masks_and_trains_with_the_gemma3_template(tmp_path:
                 "data.format=chat",
                 f"data.train={data}",
                 "data.val=null",
-                "data.max_duplicate_fraction=1",
+                "data.duplicates=keep",
                 "model.resize_embeddings=true",
                 *TRAIN_BRIEFLY,
             ],

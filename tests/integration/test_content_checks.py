@@ -129,7 +129,7 @@ def test_a_llama3_checkpoint_broken_setup_exits_2_and_the_fixed_setup_trains(lla
         f"[specials] data.train ({train}:8)",
         "<|eot_id|> in 1 line(s)",
         # 8: a validation conversation that is also a training one
-        f"[duplicates] data.max_duplicate_fraction ({val}:2)",
+        f"[duplicates] data.duplicates ({val}:2)",
         f"{val}:2 (= {train}:4)",
         # 2: the trained end-of-turn is not a token generation stops on
         "[stopping] model.path",
@@ -157,7 +157,7 @@ def test_a_llama3_checkpoint_broken_setup_exits_2_and_the_fixed_setup_trains(lla
     run_dir = tmp_path / "run"
     trained(
         run_cli(
-            [*common, "lora.modules_to_save=[embed_tokens,lm_head]", "data.max_duplicate_fraction=0.5", *TRAIN_BRIEFLY],
+            [*common, "lora.modules_to_save=[embed_tokens,lm_head]", "data.duplicates=keep", *TRAIN_BRIEFLY],
             run_dir,
         ),
         run_dir,

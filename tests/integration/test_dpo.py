@@ -27,7 +27,7 @@ COMMON = [
     "lora.dropout=0.1",
     "padding=packed",
     "preflight.plot=false",
-    "data.max_duplicate_fraction=0",
+    "data.duplicates=refuse",
 ]
 METRICS = (
     "rewards/chosen",

@@ -52,7 +52,7 @@ def test_hub_ids_train_offline_without_a_connection_and_write_no_token(hub, tmp_
             "lora=default",
             "data.train=hf:org/tiny-set",
             "data.val=hf:org/tiny-set",
-            "data.max_duplicate_fraction=1",
+            "data.duplicates=keep",
             "train.max_steps=2",
             "train.eval_every=0",
             "train.batch_size=4",

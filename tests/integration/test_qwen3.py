@@ -46,7 +46,7 @@ def test_qwen3_tiny_trains_chat_with_im_end_as_target_and_validation_loss_falls(
             "data.format=chat",
             f"data.train={train}",
             f"data.val={val}",
-            "data.max_duplicate_fraction=1",
+            "data.duplicates=keep",
             "train.max_steps=24",
             "train.eval_every=8",
             "train.batch_size=8",

@@ -32,7 +32,7 @@ COMMON = [
     "train.log_every=1",
     "train.eval_every=4",
     "lora.dropout=0.1",
-    "data.max_duplicate_fraction=1",
+    "data.duplicates=keep",
     "preflight.plot=false",
     "preflight.show=0",
 ]

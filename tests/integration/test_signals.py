@@ -4,6 +4,7 @@ resumes from that checkpoint exactly (the 2-rank torchrun case: tests/distribute
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -66,3 +67,42 @@ def test_sigint_stops_with_a_checkpoint_that_resumes_exactly(tmp_path: Path):
     assert ours.keys() == theirs.keys()
     for name in ours:
         torch.testing.assert_close(ours[name], theirs[name], atol=0, rtol=0, msg=name)  # bitwise, dropout included
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_during_the_scan_stops_at_once_and_writes_nothing(tmp_path: Path, signum: int, code: int):
+    """A signal while preflight scans 60,000 preference pairs (a cold token cache: the scan takes seconds) is no
+    problem of the data: exit 130/143, no preflight.json or other partial report, no half-written token cache, and
+    a rerun passes."""
+    pairs = tmp_path / "prefs.jsonl"
+    rows = (
+        json.dumps({"prompt": f"What is {i} plus {7 * i}?", "chosen": f"It is {8 * i}.", "rejected": f"Maybe {3 * i}?"})
+        for i in range(60_000)
+    )
+    pairs.write_text("".join(row + "\n" for row in rows))
+    run_dir, cache = tmp_path / "run", tmp_path / "cache"
+    args = ["recipe=lora_dpo", f"data.train={pairs}", "data.val=null", f"data.cache_dir={cache}", "preflight.only=true"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "seqtune", *args, f"hydra.run.dir={run_dir}", "train.progress=false"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    # The marker: the scan's token cache under construction (renamed into place only when complete).
+    while not list(cache.rglob(".tmp-*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert proc.poll() is None, "the scan ended before the signal could be sent: make the split bigger"
+    proc.send_signal(signum)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == code, output[-3000:]
+    assert f"seqtune: error: stopped by {signal.Signals(signum).name}." in output
+    assert "Traceback" not in output and "data.train" not in output
+    assert sorted(p.name for p in run_dir.iterdir()) == [".lock"]  # the directory as the command found it: new
+    assert not list(cache.rglob(".tmp-*"))
+
+    rerun = run_cli(args, run_dir)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert (run_dir / "preflight.json").is_file()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from hydra import compose, initialize_config_module
+from hydra.errors import ConfigCompositionException
 
 from seqtune.config import register_resolvers, register_schemas, to_typed
 from seqtune.config.errors import ConfigError
@@ -57,7 +58,7 @@ def test_a_split_is_a_list_of_sources_with_defaults_filled_in():
         (
             dict(train="a", columns={"response": "output"}),
             r"data\.columns\.response: 'response' is not a field of the "
-            r"alpaca format \(its fields: instruction, output, input\)",
+            r"alpaca format \(its fields: instruction, output, input, system, history\)",
         ),
         (
             dict(train=[{"path": "a", "format": "chat", "columns": {"messages": ""}}]),
@@ -91,15 +92,12 @@ def test_the_demo_val_set_only_comes_with_the_demo_train_set(tmp_path):
     assert _compose(["data.val=null"]).data.val is None
 
 
-def test_the_demo_duplicate_allowance_only_comes_with_the_demo_train_set(tmp_path):
-    assert _compose([]).data.max_duplicate_fraction == 0.15
-    assert _compose([f"data.train={tmp_path / 'mine.jsonl'}"]).data.max_duplicate_fraction == 0.0
-    assert (
-        _compose(
-            [f"data.train={tmp_path / 'mine.jsonl'}", "data.max_duplicate_fraction=0.2"]
-        ).data.max_duplicate_fraction
-        == 0.2
-    )
+def test_duplicates_are_dropped_by_default_and_the_old_threshold_is_refused(tmp_path):
+    assert _compose([]).data.duplicates == "drop"
+    assert _compose([f"data.train={tmp_path / 'mine.jsonl'}", "data.duplicates=refuse"]).data.duplicates == "refuse"
+    # The old threshold is gone: set, it is refused naming the key, never ignored.
+    with pytest.raises(ConfigCompositionException, match="Could not override 'data.max_duplicate_fraction'"):
+        _compose(["data.max_duplicate_fraction=0.2"])
 
 
 def test_sources_and_columns_compose_from_the_command_line(tmp_path):

@@ -210,6 +210,66 @@ def test_alpaca_renders_prompt_with_and_without_input():
     assert without.prompt == ALPACA_TEMPLATE_NO_INPUT.format(instruction="Add.")
 
 
+def test_alpaca_reads_a_system_prompt_and_history_turns_before_the_instruction():
+    record = _parse(
+        "alpaca",
+        {
+            "system": "Be brief.",
+            "history": [["Add 1 and 1.", "2"], ["And 2 and 2?", "4"]],
+            "instruction": "And 3 and 3?",
+            "input": None,
+            "output": "6",
+        },
+    )
+    assert isinstance(record, PromptCompletion) and record.completion == "6"
+    assert record.prompt == (
+        "Be brief.\n\n"
+        "### Instruction:\nAdd 1 and 1.\n\n### Response:\n2\n\n"
+        "### Instruction:\nAnd 2 and 2?\n\n### Response:\n4\n\n"
+        "### Instruction:\nAnd 3 and 3?\n\n### Response:\n"
+    )
+    # Empty or null system and history render as the plain record.
+    plain = _parse("alpaca", {"system": "", "history": [], "instruction": "Add.", "output": "5"})
+    assert plain.prompt == ALPACA_TEMPLATE_NO_INPUT.format(instruction="Add.")
+    assert _parse("alpaca", {"system": None, "history": None, "instruction": "Add.", "output": "5"}) == plain
+
+
+@pytest.mark.parametrize(
+    ("record", "reason"),
+    [
+        ({"system": 3}, "wrong_type: system is a int, expected a string"),
+        ({"history": "Hi"}, "wrong_type: history is a str, expected a list of [instruction, response] pairs"),
+        ({"history": [["only one"]]}, "wrong_type: history[0] is ['only one'], expected a list of"),
+        ({"history": [["q", 2]]}, "wrong_type: history[0] is ['q', 2], expected"),
+        ({"history": [["q", " "]]}, "empty_text: history[0] has an empty turn"),
+    ],
+)
+def test_alpaca_system_and_history_of_the_wrong_shape_are_rejects(record, reason):
+    result = _parse("alpaca", {"instruction": "Add.", "output": "5", **record})
+    assert isinstance(result, Reject) and result.reason.startswith(reason), result
+
+
+def test_the_saved_alpaca_chat_template_renders_system_and_history_as_training_does():
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from seqtune.data.formats import chat_template_for
+
+    record = _parse(
+        "alpaca", {"system": "Be brief.", "history": [["Add 1 and 1.", "2"]], "instruction": "And 3?", "output": "6"}
+    )
+    template = ImmutableSandboxedEnvironment().from_string(chat_template_for("alpaca", None))
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Add 1 and 1."},
+        {"role": "assistant", "content": "2"},
+        {"role": "user", "content": "And 3?"},
+    ]
+    rendered = template.render(messages=messages, bos_token="", eos_token="</s>", raise_exception=None)
+    assert rendered == record.prompt
+    whole = template.render(messages=[*messages, {"role": "assistant", "content": "6"}], bos_token="", eos_token="</s>")
+    assert whole == record.prompt + "6</s>"
+
+
 def test_chat_drops_turns_after_the_last_assistant_reply():
     record = _parse(
         "chat",
@@ -238,6 +298,27 @@ def test_input_output_media_must_exist(tmp_path):
     assert isinstance(
         rooted.parse(3, json.dumps({"input": "<img>imgs/cat.png</img>", "output": "x"}).encode()), PromptCompletion
     )
+
+
+@pytest.mark.parametrize(
+    ("ref", "reason"),
+    [
+        ("", "empty_media: a media reference with no path (<img></img>); put the media file's path"),
+        ("  ", "empty_media: a media reference with no path"),
+        ("imgs", "media_not_file: imgs is a directory under {root}, not a media file; name the file itself"),
+        ("imgs/", "media_not_file: imgs/ is a directory under"),
+        (".", "media_not_file: . is a directory under"),
+    ],
+)
+def test_an_empty_media_reference_or_a_directory_is_not_media(tmp_path, ref, reason):
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "cat.png").write_bytes(b"png")
+    parser = LineParser(fmt="input_output", file=str(tmp_path / "d.jsonl"))
+    bad = parser.parse(4, json.dumps({"input": f"<img>{ref}</img> what?", "output": "a cat"}).encode())
+    assert isinstance(bad, Reject) and bad.line == 4
+    assert bad.reason.startswith(reason.format(root=tmp_path)), bad.reason
+    ok = parser.parse(5, json.dumps({"input": "<img>imgs/cat.png</img> what?", "output": "a cat"}).encode())
+    assert isinstance(ok, PromptCompletion)
 
 
 def test_media_outside_the_root_is_rejected_whether_it_exists_or_not(tmp_path):

@@ -363,7 +363,7 @@ def test_eval_prompts_cut_chat_and_alpaca_samples_at_their_first_target(tmp_path
         * 3,
     )
     # Three copies of one conversation, validated on itself: duplicates accepted on purpose.
-    cfg = make_cfg(tmp_path, chat, f"data.val={chat}", "data.format=chat", "data.max_duplicate_fraction=1")
+    cfg = make_cfg(tmp_path, chat, f"data.val={chat}", "data.format=chat", "data.duplicates=keep")
     preflight, plan, tokenizer = prepare(cfg, tmp_path / "run")
     prompts = build_eval_prompts(
         preflight.caches["val"], count=2, max_seq_len=plan.max_seq_len, bos_id=plan.vocab.special_ids.get("bos")
@@ -377,3 +377,43 @@ def test_eval_prompts_cut_chat_and_alpaca_samples_at_their_first_target(tmp_path
     assert tokenizer.decode(prompts[0].reference_ids, skip_special_tokens=True).strip() == "apple"
     # With a prompt limit below every prompt's length, nothing is left to complete.
     assert build_eval_prompts(preflight.caches["val"], count=2, max_seq_len=3, bos_id=None) == []
+
+
+@pytest.mark.parametrize("sample", [0, 5])  # 0: preflight scans all; 5: the copies past it are found as written
+def test_stream_drops_the_duplicates_cached_mode_drops_and_the_plan_counts_without_them(tmp_path, sample) -> None:
+    rows = [alpaca(i) for i in range(20)]
+    rows[3:3] = [alpaca(1)]  # line 4 repeats line 2: inside the sample
+    rows[15:15] = [alpaca(7), alpaca(12)]  # lines 16 and 17 repeat lines 9 and 14: past it
+    data = write_jsonl(tmp_path / "train.jsonl", rows)
+    common = ("data.shuffle=false", "train.batch_size=2", "data.tail=pad", "data.max_seq_len=64")
+    cached_cfg = make_cfg(tmp_path, data, *common)
+    cached = batches_for(cached_cfg, prepare(cached_cfg, tmp_path / "cached"))
+    want = samples(islice(cached, len(cached.plan)))
+    assert sum(want.values()) == 20 and set(want.values()) == {1}
+    stream_cfg = make_cfg(tmp_path, data, *common, "data.mode=stream", f"data.preflight_sample={sample}")
+    prepared = prepare(stream_cfg, tmp_path / "stream")
+    assert prepared[1].stream_records == (20,)  # the plan deals the records without their copies
+    streamed = batches_for(stream_cfg, prepared)
+    assert streamed.batches_per_rank == 10 and streamed.identity["duplicates_dropped"] == 3
+    assert samples(one_pass(streamed)) == want
+    listed = [json.loads(line) for line in (tmp_path / "stream" / "rejects.jsonl").read_text().splitlines()]
+    reasons = {r["line"]: r["reason"] for r in listed}
+    past = "repeats {} exactly as written" if sample else "the same tokens and targets as {}"
+    assert reasons == {
+        4: f"duplicate: the same tokens and targets as {data}:2",
+        16: "duplicate: " + past.format(f"{data}:9") + (" (past data.preflight_sample)" if sample else ""),
+        17: "duplicate: " + past.format(f"{data}:14") + (" (past data.preflight_sample)" if sample else ""),
+    }
+    # A resume mid-pass continues the same deal: the copies stay out and nothing repeats.
+    stopped = batches_for(stream_cfg, prepared)
+    taken = [rows_of(b) for b in islice(stopped, 4)]
+    resumed = batches_for(stream_cfg, prepared)
+    resumed.load_state_dict(roundtrip(stopped.state_dict()))
+    rest = [rows_of(b) for b in islice(resumed, 6)]
+    assert Counter(r for rows in taken + rest for r in rows) == want
+    # keep deals every record.
+    kept_cfg = make_cfg(
+        tmp_path, data, *common, "data.mode=stream", f"data.preflight_sample={sample}", "data.duplicates=keep"
+    )
+    kept = batches_for(kept_cfg, prepare(kept_cfg, tmp_path / "kept"))
+    assert sum(samples(one_pass(kept)).values()) == 23

@@ -270,6 +270,15 @@ def test_alpaca_pairs_render_their_prompt_as_the_alpaca_format_does(bundled_toke
     assert pair.chosen == as_sft and "### Input:\n2 and 2" in pair.rejected.prompt
     with_system = parse({**record, "system": "You are a calculator."})
     assert with_system.chosen.prompt == f"You are a calculator.\n\n{as_sft.prompt}"
+    history = [["What is 1+1?", "2"]]
+    with_history = parse({**record, "history": history})
+    as_sft_history = LineParser(fmt="alpaca", file="p.jsonl").parse(
+        7,
+        json.dumps(
+            {"instruction": record["instruction"], "input": record["input"], "output": "4", "history": history}
+        ).encode(),
+    )
+    assert with_history.chosen.prompt == as_sft_history.prompt and "What is 1+1?" in with_history.chosen.prompt
 
 
 @pytest.mark.parametrize(
@@ -345,3 +354,22 @@ def test_a_null_prompt_field_is_an_absent_one():
     """A table's rows carry every column: a null `prompt` beside an Alpaca pair's instruction is no second prompt."""
     pair = parse({"prompt": None, "instruction": "Add.", "input": None, "chosen": "4", "rejected": "22"})
     assert isinstance(pair, PreferencePair) and pair.chosen.prompt.startswith("### Instruction:\nAdd.")
+
+
+def test_data_duplicates_drop_keeps_a_pair_together_and_a_swapped_pair_is_no_copy(bundled_tokenizer):
+    from seqtune.data.dedup import DuplicateFilter
+
+    rows = [
+        {"prompt": "Say hi:\n", "chosen": "hi there", "rejected": "go away"},
+        {"prompt": "Say hi:\n", "chosen": "go away", "rejected": "hi there"},  # the same texts, sides swapped
+        {"prompt": "Say hi:\n", "chosen": "hi there", "rejected": "go away"},  # a copy of record 1
+        {"prompt": "Say hi:\n", "chosen": "hi there", "rejected": "leave"},  # the same chosen only
+    ]
+    parser = LineParser(fmt="preference", file="p.jsonl")
+    pairs = [parser.parse(n, json.dumps(row).encode()) for n, row in enumerate(rows, start=1)]
+    batch = SampleEncoder(bundled_tokenizer, "preference", train_on_prompt=False).encode_records(pairs)
+    kept, rejects = DuplicateFilter().filter(batch)
+    assert [(r.line, r.reason) for r in rejects] == [(3, "duplicate: the same tokens and targets as p.jsonl:1")]
+    assert kept.lines.tolist() == [1, 1, 2, 2, 4, 4] and len(kept.files) == 6
+    offsets = kept.offsets
+    assert offsets[-1] == len(kept.ids) == len(kept.target) == batch.offsets[-1] - (batch.offsets[6] - batch.offsets[4])

@@ -173,3 +173,50 @@ def test_progress_bar_counts_each_record_once(tmp_path, bundled_tokenizer, jsonl
     assert (scan.records, scan.samples, scan.reject_counts) == (12, 6, {"template_rejected": 4, "bad_json": 2})
     counts = re.findall(r"scan train: (\d+) rec", capsys.readouterr().err)
     assert counts and int(counts[-1]) == 12
+
+
+def test_drop_duplicates_leaves_out_later_copies_naming_the_first_and_keys_the_cache(
+    tmp_path, bundled_tokenizer, jsonl
+):
+    other = {"instruction": "Add 1 and 1.", "input": "", "output": "2"}
+    # Line 4 is line 1 written differently (no input field, other key order): the same tokens and targets.
+    same_tokens = {"output": "5", "instruction": "Add 2 and 3."}
+    data = jsonl(tmp_path / "train.jsonl", [GOOD, other, GOOD, same_tokens, other, {"instruction": "x", "output": 5}])
+    encoder = SampleEncoder(bundled_tokenizer, "alpaca", train_on_prompt=False)
+    kept = scan_files("train", [data], encoder, cache_root=tmp_path / "c")
+    dropped = scan_files("train", [data], encoder, cache_root=tmp_path / "c", drop_duplicates=True)
+    assert (kept.records, kept.samples) == (6, 5) and (dropped.records, dropped.samples) == (6, 2)
+    assert dropped.cache_dir != kept.cache_dir  # another key: the two caches hold other samples
+    assert dropped.reject_counts == {"duplicate": 3, "wrong_type": 1}
+    assert [(r.line, r.reason) for r in dropped.rejects if r.code == "duplicate"] == [
+        (3, f"duplicate: the same tokens and targets as {data}:1"),
+        (4, f"duplicate: the same tokens and targets as {data}:1"),
+        (5, f"duplicate: the same tokens and targets as {data}:2"),
+    ]
+    cache = dropped.cache()
+    assert [cache.location(i) for i in range(len(cache))] == [f"{data}:1", f"{data}:2"]
+    assert [s.records for s in dropped.sources] == [6] and [s.samples for s in dropped.sources] == [2]
+    # The records a stream-mode pass leaves out are the ones the scan dropped.
+    from seqtune.data.dedup import (
+        copy_rejects,
+        count_with_copies,
+        dropped_per_source,
+        dropped_records,
+        with_dropped,
+        write_stream_dropped,
+    )
+    from tests.splits import files_split
+
+    split = files_split("train", [data], "alpaca")
+    assert dropped_records(dropped.cache_dir, split) == {(0, 3), (0, 4), (0, 5)}
+    write_stream_dropped(dropped.cache_dir, dropped_records(dropped.cache_dir, split), [])
+    streamed = with_dropped(split, dropped.cache_dir)
+    assert dropped_per_source(streamed) == [3] and [r.number for r in streamed.records()] == [1, 2, 6]
+    # Past a stream sample nothing is tokenized: a copy there is a record repeated as written. Line 4 (same tokens,
+    # other text) is not one; line 6 is a bad line, never a copy, even repeated.
+    bad = jsonl(tmp_path / "bad.jsonl", [GOOD, {"instruction": "x", "output": 5}, {"instruction": "x", "output": 5}])
+    assert count_with_copies(split, media_root=None) == ([6], {(0, 3): (0, 1), (0, 5): (0, 2)})
+    assert count_with_copies(files_split("train", [bad], "alpaca"), media_root=None) == ([3], {})
+    [reject] = copy_rejects(split, {(0, 5): (0, 2)})
+    assert (reject.file, reject.line, reject.code) == (str(data), 5, "duplicate")
+    assert reject.reason.endswith(f"repeats {data}:2 exactly as written (past data.preflight_sample)")

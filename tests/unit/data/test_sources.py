@@ -11,7 +11,7 @@ from seqtune.config.errors import DataError
 from seqtune.config.schema import DataFormat, DataSource
 from seqtune.data import columnar, sources
 from seqtune.data.columnar import Columns
-from seqtune.data.sources import expand_paths, expand_sources, iter_records
+from seqtune.data.sources import SourceFiles, expand_paths, expand_sources, iter_records
 
 
 def _write(path, lines: list[bytes]):
@@ -221,10 +221,15 @@ def test_a_missing_column_names_the_mapping_key_and_the_file_columns(tmp_path):
     with pytest.raises(
         DataError,
         match=r"d\.parquet has no column 'instruction' \(a field of the alpaca format, not "
-        r"mapped by data\.train\[1\]\.columns\); its columns are: prompt, response, "
-        r"image\. Fix: data\.train\[1\]\.columns=\{instruction: NAME\}",
+        r"mapped by data\.train\[1\]\.columns\) \(also missing: 'output'\); its columns are: prompt, response, "
+        r"image\. Fix: data\.train\[1\]\.columns=\{instruction: INSTRUCTION_COLUMN, output: OUTPUT_COLUMN\}",
     ):
         list(iter_records(path, unmapped))
+    # Every missing field is named at once, so the fix, filled in, reads the file.
+    mapped = Columns(
+        required=(("instruction", "prompt"), ("output", "response")), optional=(), key="data.columns", format="alpaca"
+    )
+    assert [row for _, row in iter_records(path, mapped)][0]["prompt"] == _table().column("prompt")[0].as_py()
 
 
 def test_a_field_inside_a_nested_column_is_said_to_be_unsupported_with_a_fix_that_works(tmp_path):
@@ -258,12 +263,26 @@ def test_a_system_prompt_column_the_format_does_not_read_is_refused_not_dropped(
 
     path = tmp_path / "d.parquet"
     pq.write_table(pa.table({"prompt": ["p"], "response": ["r"], "system": ["Be brief."]}), path)
+    io = Columns(
+        required=(("input", "prompt"), ("output", "response")), optional=(), key="data.columns", format="input_output"
+    )
     with pytest.raises(
         DataError,
-        match=r"a 'system' column that data\.format=alpaca does not read.*dropped without "
-        r"a word\. Fix: data\.format=sharegpt",
+        match=r"a 'system' column that data\.format=input_output does not read.*dropped without "
+        r"a word\. Fix: data\.format=alpaca data\.columns=\{instruction: prompt, output: response, system: system\}",
     ):
-        list(iter_records(path, ALPACA_MAPPED))
+        list(iter_records(path, io))
+    # alpaca reads it (its `system` field): the fix above, as a source's columns, reads every column.
+    source = SourceFiles(
+        key="data.train",
+        files=(path,),
+        format=DataFormat.alpaca,
+        columns={"instruction": "prompt", "output": "response", "system": "system"},
+        columns_key="data.columns",
+    )
+    assert list(iter_records(path, source.record_columns())) == [
+        (1, {"prompt": "p", "response": "r", "system": "Be brief."})
+    ]
 
 
 def test_damaged_or_truncated_columnar_files_are_data_errors(tmp_path):

@@ -87,15 +87,27 @@ def test_duplicate_copies_point_at_their_first_occurrence():
     "of, phrase",
     [(None, "are exact duplicates of another sample"), ("train", "are exact duplicates of data.train samples")],
 )
-def test_duplicates_above_the_allowed_fraction_fail(of, phrase):
-    [problem] = labels.check_duplicates(
-        split="val", samples=40, copies=3, examples=["v.jsonl:2 (= t.jsonl:9)"], of=of, max_fraction=0.05
-    )
-    assert problem.check == "duplicates" and problem.key == "data.max_duplicate_fraction"
+def test_duplicates_are_refused_under_refuse_and_noted_under_keep(of, phrase):
+    examples = ["v.jsonl:2 (= t.jsonl:9)"]
+    [problem] = labels.check_duplicates(split="val", samples=40, copies=3, examples=examples, of=of, policy="refuse")
+    assert problem.check == "duplicates" and problem.key == "data.duplicates"
     assert problem.location == "v.jsonl:2" and phrase in problem.message
-    assert "3 of 40 data.val samples (7.50% > data.max_duplicate_fraction=0.05)" in problem.message
-    assert "data.max_duplicate_fraction=0.075 to accept them" in problem.message
-    assert labels.check_duplicates(split="val", samples=40, copies=2, examples=["x"], of=of, max_fraction=0.05) == []
-    assert labels.duplicate_notes(split="val", samples=40, copies=2, of=of, max_fraction=0.05) == [
-        f"2 of 40 data.val samples (5.0%) are {phrase.removeprefix('are ')}, within data.max_duplicate_fraction=0.05."
+    assert "3 of 40 data.val samples (7.50%)" in problem.message and "v.jsonl:2 (= t.jsonl:9)" in problem.message
+    assert ("Fix: remove them from data.val" if of else "Fix: data.duplicates=drop") in problem.message
+    assert "data.duplicates=keep" in problem.message
+    assert labels.check_duplicates(split="val", samples=40, copies=3, examples=examples, of=of, policy="keep") == []
+    assert labels.duplicate_notes(split="val", samples=40, copies=2, of=of, policy="keep") == [
+        f"2 of 40 data.val samples (5.0%) are {phrase.removeprefix('are ')}, kept (data.duplicates=keep)."
     ]
+    assert labels.duplicate_notes(split="val", samples=40, copies=2, of=of, policy="refuse") == []
+
+
+def test_under_drop_copies_of_train_stay_refused():
+    examples = ["v.jsonl:2 (= t.jsonl:9)"]
+    [problem] = labels.check_duplicates(split="val", samples=40, copies=1, examples=examples, of="train", policy="drop")
+    assert "are exact duplicates of data.train samples" in problem.message and "data.duplicates=drop" in problem.message
+    # Copies within a split are the scan's to drop: the check never refuses them under drop.
+    assert labels.check_duplicates(split="val", samples=40, copies=1, examples=examples, of=None, policy="drop") == []
+    assert labels.dropped_duplicates_note(split="train", records=10, dropped=0, first=None) == []
+    [note] = labels.dropped_duplicates_note(split="train", records=10, dropped=2, first="t.jsonl:5")
+    assert note.startswith("data.duplicates=drop: 2 of 10 data.train records") and "t.jsonl:5" in note

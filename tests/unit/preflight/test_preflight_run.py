@@ -237,7 +237,11 @@ def test_shipped_default_config_passes_on_the_shipped_data(tmp_path, strategy):
     result = run_preflight(cfg, tmp_path / "run")
     assert result.ok and set(result.splits) == {"train", "val"}
     assert result.max_seq_len >= max(stats.lengths["max"] for stats in result.splits.values())
-    assert (tmp_path / "run" / "lengths.png").is_file() and (tmp_path / "run" / "rejects.jsonl").read_text() == ""
+    assert (tmp_path / "run" / "lengths.png").is_file()
+    # Nothing malformed; the shipped set's own repeats are left out (data.duplicates=drop) and listed.
+    listed = [json.loads(line) for line in (tmp_path / "run" / "rejects.jsonl").read_text().splitlines()]
+    assert result.splits["train"].reject_reasons == {"duplicate": 206} and len(listed) == 206
+    assert all(r["reason"].startswith("duplicate: the same tokens and targets as ") for r in listed)
 
 
 def test_truncate_is_an_explicit_reported_policy(tmp_path, varied):
@@ -420,7 +424,7 @@ def test_early_stopping_of_lora_is_refused_under_fsdp_across_ranks_only(tmp_path
     # The validation split is the training file itself: accepted on purpose (the duplicates check would refuse it).
     early = (
         "data.val=" + str(varied),
-        "data.max_duplicate_fraction=1",
+        "data.duplicates=keep",
         "train.eval_every=2",
         "train.early_stop_patience=2",
     )
@@ -470,7 +474,7 @@ def test_settings_that_act_at_evals_are_refused_without_what_they_need(tmp_path,
 
 def test_generated_samples_need_validation_prompts_and_preflight_counts_them(tmp_path, varied):
     # Validation is the training file itself, accepted on purpose (the duplicates check would refuse it).
-    samples = ("train.eval_every=2", "train.eval_samples=20", "data.max_duplicate_fraction=1")
+    samples = ("train.eval_every=2", "train.eval_samples=20", "data.duplicates=keep")
     result = run_preflight(make_cfg(tmp_path, varied, f"data.val={varied}", *samples), tmp_path / "run")
     assert result.ok and "the validation split has 8 sample(s) with a prompt" in " ".join(result.notes)
     # Pre-tokenized rows without labels train on every token: nothing to complete.

@@ -63,3 +63,40 @@ def test_sgd_and_adamw_take_the_configured_hyperparameters():
     assert isinstance(adamw, torch.optim.AdamW)
     assert adamw.defaults["betas"] == (0.8, 0.95) and adamw.defaults["eps"] == 1e-6
     assert isinstance(build_optimizer(params, OptimConfig(name="sgd")), torch.optim.SGD)
+
+
+def _trained(cfg: OptimConfig, total: int, steps: int):
+    """An optimizer and schedule after `steps` steps, saved and loaded into a fresh pair for a run of `total` steps,
+    as a resume does."""
+    weight = torch.nn.Parameter(torch.ones(2))
+    optimizer = build_optimizer([weight], cfg)
+    scheduler = build_scheduler(optimizer, cfg, total)
+    for _ in range(steps):
+        weight.grad = torch.ones(2)
+        optimizer.step()
+        scheduler.step()
+    return optimizer.state_dict(), scheduler.state_dict()
+
+
+def _resumed(cfg: OptimConfig, saved, total: int):
+    optimizer = build_optimizer([torch.nn.Parameter(torch.ones(2))], cfg)
+    scheduler = build_scheduler(optimizer, cfg, total)
+    optimizer.load_state_dict(saved[0])
+    scheduler.load_state_dict(saved[1])
+    return optimizer, scheduler
+
+
+def test_a_resume_with_a_new_length_takes_the_next_rate_from_the_new_schedule():
+    from seqtune.train.optim import sync_lr_after_resume
+
+    cfg = OptimConfig(warmup_steps=5, schedule="cosine", min_lr_ratio=0.1, lr=1.0)
+    saved = _trained(cfg, total=8, steps=8)
+    optimizer, scheduler = _resumed(cfg, saved, total=12)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1)  # the 8-step schedule's floor, for step 9
+    sync_lr_after_resume(scheduler)
+    assert optimizer.param_groups[0]["lr"] == lr_factor(8, cfg=cfg, total_steps=12) > 0.5
+
+    same, scheduler = _resumed(cfg, saved, total=8)  # the length unchanged: the very same float
+    before = same.param_groups[0]["lr"]
+    sync_lr_after_resume(scheduler)
+    assert same.param_groups[0]["lr"] == before
