@@ -62,7 +62,7 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         print(
             f"attention: {plan.attn_implementation}; kernels: {plan.kernels}; loss: {plan.loss}; "
-            f"trainable parameters: {trainable:,}",
+            f"optimizer: {plan.optimizer}; trainable parameters: {trainable:,}",
             flush=True,
         )
     built = model.to(env.device)
@@ -72,7 +72,7 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
 
     train_batches = build_train_batches(cfg, plan, rank=env.rank, tokenizer=tokenizer)
 
-    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.optim)
+    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.optim, plan.optimizer)
     steps = total_steps(cfg, train_batches.steps_per_epoch(cfg.train.grad_accum))
     scheduler = build_scheduler(optimizer, cfg.optim, steps)
     scaler = torch.amp.GradScaler(env.device.type) if plan.loss_scaling else None

@@ -93,6 +93,10 @@ class Resolved:
     attn_reason: str = ""
     kernels: str
     kernels_reason: str = ""
+    # The optimizer class every rank builds for optim.name on this device (seqtune.models.optimizers), with the
+    # reason; optim.name itself with the reason it cannot run when it cannot (preflight reports it).
+    optimizer: str
+    optimizer_reason: str
     # chunked | fused: how the loss is computed from the hidden states (never [batch, seq, vocab] logits).
     loss: str = "chunked"
     loss_reason: str = ""

@@ -174,8 +174,12 @@ class PaddingSide(StrEnum):
 
 
 class OptimName(StrEnum):
+    # Which library runs each on which device: seqtune.models.optimizers.
     adamw = "adamw"
     sgd = "sgd"
+    adamw_8bit = "adamw_8bit"
+    paged_adamw_8bit = "paged_adamw_8bit"
+    adamw_4bit = "adamw_4bit"
 
 
 class Schedule(StrEnum):

@@ -89,12 +89,16 @@ class Arch:
     def under(self, names: set[str] | frozenset[str] | tuple[str, ...]) -> int:
         """Elements of the distinct parameters inside any module whose own name (last component) is in `names`,
         at any depth (what `module.parameters()` of each such module counts, a shared tensor once)."""
+        return sum(self.tensors_under(names).values())
+
+    def tensors_under(self, names: set[str] | frozenset[str] | tuple[str, ...]) -> dict[str, int]:
+        """`under`, tensor by tensor: distinct parameter name -> elements."""
         alias = {name: min(group) for group in self.tied for name in group}
         found: dict[str, int] = {}
         for name, shape in self.tensors.items():
             if any(part in names for part in name.split(".")[:-1]):
                 found.setdefault(alias.get(name, name), _numel(shape))
-        return sum(found.values())
+        return found
 
     def layer_params(self, layer: str) -> int:
         prefix = layer + "."

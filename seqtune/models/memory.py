@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from seqtune.models.arch import Arch
 from seqtune.models.chunks import chunk_tokens
+from seqtune.models.optimizers import TORCH_ADAMW, optimizer_state_bytes
 from seqtune.models.spec import matches_target
 
 if TYPE_CHECKING:
@@ -27,8 +28,6 @@ if TYPE_CHECKING:
 BYTES_PER_DTYPE = {"float32": 4, "bfloat16": 2, "float16": 2}
 # NF4: 4 bits per weight + one fp8 absmax per 64-weight block + one fp32 per 256 blocks (double quantisation).
 NF4_BYTES_PER_WEIGHT = 0.5 + 1 / 64 + 4 / (64 * 256)
-# Optimizer state tensors per trainable parameter (AdamW: exp_avg + exp_avg_sq; SGD: momentum buffer).
-OPTIMIZER_STATES = {"adamw": 2, "sgd": 1}
 # RMSNorm (every supported family) computes in fp32 and keeps its fp32 input for the backward.
 NORM_BYTES = 4
 # peft keeps LoRA weights (and their grads and optimizer state) in fp32 whatever the base dtype.
@@ -56,7 +55,7 @@ class MemoryInputs:
     dora: bool = False  # lora.use_dora: a trained magnitude per output feature, two outputs kept per module
     modules_to_save: tuple[str, ...] = ()  # trained in full beside the adapter (a copy per module)
     new_rows: int = 0  # rows added by the resize, trained through peft's trainable tokens
-    optimizer: str = "adamw"
+    optimizer: str = TORCH_ADAMW  # the class the plan builds (seqtune.models.optimizers.STATE_LAYOUTS)
     load_in_4bit: bool = False
     gradient_checkpointing: bool = False
     batch_tokens: int  # positions of the worst micro-batch: rows x max_seq_len
@@ -130,7 +129,8 @@ def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:
         trainable, state_bytes = total, total * width
         head_grad = head_numel * width
     grads: float = state_bytes
-    optimizer: float = state_bytes * OPTIMIZER_STATES.get(inputs.optimizer, 2)
+    # 8- and 4-bit optimizers quantise per tensor (and keep small ones full width): counted tensor by tensor.
+    optimizer: float = optimizer_state_bytes(_trained_tensors(inputs, arch), inputs.optimizer)
     if inputs.sharded and inputs.world_size > 1:
         # FSDP keeps 1/world of every sharded tensor, plus the unsharded layer being computed and the next one.
         largest_layer = max(arch.layer_params(layer) for layer in arch.layers)
@@ -150,6 +150,24 @@ def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:
         activations_bytes=int(activations),
         total_bytes=int(peak),
     )
+
+
+def _trained_tensors(inputs: MemoryInputs, arch: Arch) -> list[tuple[int, int]]:
+    """Every tensor the optimizer steps, as (elements, bytes per element): peft's LoRA A and B (and DoRA's
+    magnitude) per adapted module, each saved module's tensors, the new rows' trainable tokens; or every parameter."""
+    width = BYTES_PER_DTYPE[inputs.weights_dtype]
+    if not inputs.lora_enabled:
+        return [(numel, width) for numel in arch.parameters().values()]
+    tensors = []
+    for name, (fan_in, fan_out) in arch.linears.items():
+        if _adapted(name, inputs.lora_targets):
+            tensors += [(inputs.lora_rank * fan_in, ADAPTER_BYTES), (fan_out * inputs.lora_rank, ADAPTER_BYTES)]
+            tensors += [(fan_out, ADAPTER_BYTES)] if inputs.dora else []
+    tensors += [(numel, width) for numel in arch.tensors_under(inputs.modules_to_save).values()]
+    if inputs.new_rows:
+        embeddings = 1 if arch.tie_word_embeddings else 2
+        tensors += [(inputs.new_rows * arch.hidden_size, ADAPTER_BYTES)] * embeddings
+    return tensors
 
 
 def _adapted(name: str, targets: tuple[str, ...]) -> bool:

@@ -666,10 +666,11 @@ def check_backend(
     bitsandbytes_installed: bool,
     attention_problems: Sequence[str],
     kernels_problems: Sequence[str] = (),
+    optimizer_problems: Sequence[str] = (),
 ) -> list[Problem]:
-    """QLoRA needs CUDA and bitsandbytes; the kernels' own rules (models.attention.attn_backend_problems,
-    models.kernels.kernels_problems) say why model.attn_implementation or model.kernels cannot run. Refuse them up
-    front, with the fix."""
+    """QLoRA needs CUDA and bitsandbytes; the kernels' and optimizers' own rules (models.attention
+    .attn_backend_problems, models.kernels.kernels_problems, models.optimizers.optimizer_problems) say why
+    model.attn_implementation, model.kernels or optim.name cannot run. Refuse them up front, with the fix."""
     problems = []
     if device == "cuda" and not cuda_available:
         problems.append(
@@ -701,6 +702,7 @@ def check_backend(
         Problem(check="backend", key="model.attn_implementation", message=message) for message in attention_problems
     ]
     problems += [Problem(check="backend", key="model.kernels", message=message) for message in kernels_problems]
+    problems += [Problem(check="backend", key="optim.name", message=message) for message in optimizer_problems]
     return problems
 
 

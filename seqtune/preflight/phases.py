@@ -3,7 +3,6 @@ in checks.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -23,11 +22,12 @@ from seqtune.models.arch import ModelConfigs, model_configs
 from seqtune.models.attention import AttentionEnv, attn_backend_problems
 from seqtune.models.checkpoint_check import checkpoint_faults
 from seqtune.models.kernels import kernels_problems
+from seqtune.models.optimizers import IMPLEMENTATIONS, TORCH_ADAMW
 from seqtune.models.spec import lora_module_names, spec_for
 from seqtune.preflight import checks
 from seqtune.preflight import checks_model as model_checks
 from seqtune.preflight.checks import Problem
-from seqtune.preflight.resolve import CANNOT_RUN
+from seqtune.preflight.resolve import CANNOT_RUN, installed
 from seqtune.preflight.result import MemoryStats, PlanStats, SourceStats, SplitPlan, SplitStats
 from seqtune.preflight.tokenizer_record import RunTokenizer, TokenizerRecord, build_record
 
@@ -73,9 +73,12 @@ def fast_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
         load_in_4bit=cfg.model.load_in_4bit,
         device=cfg.train.device,
         cuda_available=plan.cuda_available,
-        bitsandbytes_installed=_installed("bitsandbytes"),
+        bitsandbytes_installed=installed("bitsandbytes"),
         attention_problems=attn_backend_problems(cfg.model.attn_implementation, env),
         kernels_problems=kernels_problems(cfg.model.kernels, device_type=plan.device_type, model_type=plan.model_type),
+        optimizer_problems=[plan.optimizer_reason.removeprefix(CANNOT_RUN)]
+        if plan.optimizer_reason.startswith(CANNOT_RUN)
+        else [],
     )
     if not plan.attn_reason.startswith(CANNOT_RUN):
         problems += checks.check_packed_attention(
@@ -109,10 +112,6 @@ def fast_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
     bad_key = key_problem(cfg.logger, os.environ)  # a tracker that cannot start online is found before training
     problems += [Problem(check="logger", key=KEY_VARIABLE, message=bad_key)] if bad_key else []
     return problems
-
-
-def _installed(package: str) -> bool:
-    return importlib.util.find_spec(package) is not None
 
 
 def runtime_phase(
@@ -496,7 +495,7 @@ def memory_inputs(cfg: RootConfig, plan: Resolved, rule: BatchRule, arch: Arch) 
         dora=cfg.lora.enabled and cfg.lora.use_dora,
         modules_to_save=saved,
         new_rows=max(0, rows - plan.vocab.embedding_rows) if "embed_tokens" not in saved else 0,
-        optimizer=str(cfg.optim.name),
+        optimizer=plan.optimizer,
         load_in_4bit=cfg.model.load_in_4bit,
         gradient_checkpointing=cfg.model.gradient_checkpointing,
         batch_tokens=rule.worst_case_positions(),
@@ -532,13 +531,13 @@ def memory_phase(cfg: RootConfig, plan: Resolved, rule: BatchRule, arch: Arch) -
         f"weights {stats.weights_gib:.1f} + grads {stats.grads_gib:.1f} + optimizer "
         f"{stats.optimizer_gib:.1f} + activations {stats.activations_gib:.1f}"
     )
-    fits = _what_fits(cfg, inputs, device) if device is not None and stats.total_gib > device else []
+    fits = _what_fits(cfg, plan, inputs, device) if device is not None and stats.total_gib > device else []
     return stats, checks.check_memory(
         estimate_gib=stats.total_gib, device_memory_gib=device, breakdown=breakdown, fits=fits
     )
 
 
-def _what_fits(cfg: RootConfig, inputs: MemoryInputs, device_gib: float) -> list[str]:
+def _what_fits(cfg: RootConfig, plan: Resolved, inputs: MemoryInputs, device_gib: float) -> list[str]:
     """Settings that would make the estimate fit the device, each with its estimate (the refusal names them)."""
     from seqtune.models import memory_estimate
 
@@ -560,6 +559,9 @@ def _what_fits(cfg: RootConfig, inputs: MemoryInputs, device_gib: float) -> list
     )
     if inputs.lora_enabled and not inputs.load_in_4bit:
         candidates.append(("model.load_in_4bit=true (QLoRA)", {"load_in_4bit": True}))
+    if inputs.optimizer == TORCH_ADAMW:
+        lean = IMPLEMENTATIONS[("adamw_8bit", plan.device_type)]
+        candidates.append((f"optim.name=adamw_8bit ({lean})", {"optimizer": lean}))
     if not inputs.lora_enabled:
         targets = tuple(spec_for(cfg.model).lora_targets)
         candidates.append(("recipe=lora_sft", {"lora_enabled": True, "lora_rank": 8, "lora_targets": targets}))

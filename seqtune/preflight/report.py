@@ -119,6 +119,7 @@ def format_summary(result: PreflightResult) -> str:
         lines.append(
             f"kernels: {backend.kernels} ({backend.kernels_reason}); loss: {backend.loss} ({backend.loss_reason})"
         )
+        lines.append(f"optimizer: {backend.optimizer} ({backend.optimizer_reason})")
     if result.memory is not None:
         memory = result.memory
         device = (

@@ -31,6 +31,7 @@ from seqtune.data.kinds import sequences_per_sample
 from seqtune.models.attention import AttentionEnv, attention_choice, attn_backend_problems
 from seqtune.models.facts import ModelFacts, read_model_facts
 from seqtune.models.kernels import kernels_choice, kernels_problems, loss_choice
+from seqtune.models.optimizers import optimizer_choice, optimizer_problems
 from seqtune.models.spec import (
     lora_module_names,
     matches_target,
@@ -112,6 +113,7 @@ def resolve_plan(
             head_wrapped=head_wrapped,
             per_sequence=kind != SampleKind.sft,
         ),
+        **resolve_optimizer(str(cfg.optim.name), device_type=device.type),
         lora_targets=targets,
         lora_modules=wrapped,
         lora_saved=saved,
@@ -159,6 +161,25 @@ def resolve_kernels(
         "loss": loss.name,
         "loss_reason": loss.reason,
     }
+
+
+def resolve_optimizer(name: str, *, device_type: str) -> dict[str, str]:
+    """The optimizer class for optim.name on this device, by its one rule; the name with the reason it cannot run
+    otherwise (fast_checks reports the problem and no rank starts)."""
+    problems = optimizer_problems(
+        name,
+        device_type=device_type,
+        bitsandbytes_installed=installed("bitsandbytes"),
+        torchao_installed=installed("torchao"),
+    )
+    if problems:
+        return {"optimizer": name, "optimizer_reason": f"{CANNOT_RUN}{problems[0]}"}
+    choice = optimizer_choice(name, device_type)
+    return {"optimizer": choice.implementation, "optimizer_reason": choice.reason}
+
+
+def installed(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
 
 
 def _tokenizer_facts(cfg: RootConfig, chat_template: str, eot_token: str) -> TokenizerFacts:

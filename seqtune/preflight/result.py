@@ -125,7 +125,8 @@ class PlanStats:
 
 @dataclass(kw_only=True)
 class BackendStats:
-    """The kernels the ranks build with (decided once here; the recipe reads them, never re-derives them)."""
+    """The kernels and the optimizer class the ranks build with (decided once here; the recipe reads them, never
+    re-derives them)."""
 
     attention: str
     attention_reason: str
@@ -133,6 +134,8 @@ class BackendStats:
     kernels_reason: str
     loss: str
     loss_reason: str
+    optimizer: str
+    optimizer_reason: str
 
 
 @dataclass(kw_only=True)

@@ -38,6 +38,7 @@ PLAN_IGNORED = (
     "attn_reason",
     "kernels_reason",
     "loss_reason",
+    "optimizer_reason",
     "cuda_available",
     "world.source",
     "caches",
@@ -50,6 +51,8 @@ PLAN_HINTS = {
     "data": "the split's file contents, the tokenizer or the chat template changed",
     "max_seq_len": "data.max_seq_len=auto, resolved over the data",
     "vocab": "the tokenizer or the model's config.json changed",
+    "optimizer": "optim.name runs another class on another device (seqtune.models.optimizers); one's state does "
+    "not load into the other",
 }
 RECORD = "config.yaml, plan.json, preflight.json, metrics.jsonl"
 

@@ -254,7 +254,7 @@ def _data_phases(
     if cfg.data.mode == DataMode.stream:
         batches, stream_records = _stream_phase(cfg, resolved, rule, scans["train"], result, problems)
     result.padding = PaddingStats(strategy=cfg.padding.strategy, side=resolved.padding_side, efficiency=efficiency)
-    if model is not None:
+    if model is not None and not resolved.optimizer_reason.startswith(CANNOT_RUN):  # no state to count otherwise
         result.memory, memory_problems = memory_phase(cfg, resolved, rule, model.arch)
         problems += memory_problems
     return {
@@ -396,7 +396,7 @@ def _finish(
     its checkpoints were trained under."""
     result.ok = not result.problems and isinstance(plan, Plan)
     if plan is not None and not any(
-        reason.startswith(CANNOT_RUN) for reason in (plan.attn_reason, plan.kernels_reason)
+        reason.startswith(CANNOT_RUN) for reason in (plan.attn_reason, plan.kernels_reason, plan.optimizer_reason)
     ):
         result.backend = BackendStats(
             attention=plan.attn_implementation,
@@ -405,6 +405,8 @@ def _finish(
             kernels_reason=plan.kernels_reason,
             loss=plan.loss,
             loss_reason=plan.loss_reason,
+            optimizer=plan.optimizer,
+            optimizer_reason=plan.optimizer_reason,
         )
     keep_record = resume is not None and not result.ok
     if not keep_record:

@@ -200,7 +200,8 @@ def _log_record(loop: Loop, state: Progress, window: dict[str, Any], out: dict[s
         # Mean over the objective's units (target tokens, pairs) of the steps since the last log line.
         "loss": window["loss_sum"] / units,
         **{name: value / units for name, value in zip(loop.objective.metric_names, window["metric_sums"], strict=True)},
-        "lr": loop.scheduler.get_last_lr()[0],
+        # torchao's optimizers hold lr as a tensor (the scheduler fills it in place): logged as a number.
+        "lr": float(loop.scheduler.get_last_lr()[0]),
         "grad_norm": out["grad_norm"],
         "tokens_per_s": window["tokens"] / seconds,
         "computed_tokens_per_s": window["positions"] / seconds,

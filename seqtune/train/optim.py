@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import torch
 
 from seqtune.config.schema import OptimConfig
+from seqtune.models.optimizers import STATE_LAYOUTS, TORCH_SGD
 
 
-def build_optimizer(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
-    if cfg.name == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    return torch.optim.AdamW(
+def build_optimizer(params: list[torch.nn.Parameter], cfg: OptimConfig, implementation: str) -> torch.optim.Optimizer:
+    """The class the plan resolved for optim.name on this device (seqtune.models.optimizers), built with the
+    config's hyperparameters: every AdamW takes the same lr, betas, eps and weight decay."""
+    assert implementation in STATE_LAYOUTS, f"the plan names no optimizer class: {implementation}"
+    module, _, name = implementation.rpartition(".")
+    optimizer_class = getattr(importlib.import_module(module), name)
+    if implementation == TORCH_SGD:
+        return optimizer_class(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return optimizer_class(
         params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps
     )
 
@@ -44,4 +51,8 @@ def sync_lr_after_resume(scheduler) -> None:
     for group, base, factor in zip(
         scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True
     ):
-        group["lr"] = base * factor(scheduler.last_epoch)
+        rate = base * factor(scheduler.last_epoch)
+        if isinstance(group["lr"], torch.Tensor):  # torchao's optimizers keep the rate in a tensor (as LambdaLR does)
+            group["lr"].fill_(rate)
+        else:
+            group["lr"] = rate

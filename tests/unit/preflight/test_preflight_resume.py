@@ -122,6 +122,17 @@ def test_the_plan_problem_names_the_split_and_why_it_differs(trained):
     assert plan_problems(point, replace(plan, resume_from="elsewhere", attn_reason="another"), accept=[]) == []
 
 
+def test_an_optimizer_class_changed_by_the_device_is_refused_saying_why(trained):
+    """A torchao AdamW8bit checkpoint written on CPU cannot continue as bitsandbytes' on CUDA (or the reverse)."""
+    _, run_dir, point = trained
+    plan = load_plan(run_dir)
+    other = replace(plan, optimizer="bitsandbytes.optim.AdamW8bit", optimizer_reason="another")
+    [problem] = plan_problems(point, other, accept=[])
+    assert (
+        f"plan.optimizer {plan.optimizer} -> bitsandbytes.optim.AdamW8bit (optim.name runs another" in problem.message
+    )
+
+
 def test_an_evaluation_split_may_change_when_accepted(trained, capsys):
     cfg, run_dir, point = trained
     val = Path(cfg.data.val)

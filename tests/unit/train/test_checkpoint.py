@@ -29,6 +29,7 @@ from seqtune.config.schema import OptimConfig, PaddingStrategy, Tail, TrainConfi
 from seqtune.data.batching import BatchRule
 from seqtune.data.sampler import DistributedBatchPlan
 from seqtune.distributed import DistEnv
+from seqtune.models.optimizers import TORCH_ADAMW
 from seqtune.preflight.resume import find_resume
 from seqtune.train.checkpoint import Checkpointer, Progress, load_weights_only
 from seqtune.train.optim import build_optimizer, build_scheduler
@@ -48,6 +49,8 @@ PLAN = Plan(
     model_type="llama",
     attn_implementation="sdpa",
     kernels="torch",
+    optimizer=TORCH_ADAMW,
+    optimizer_reason="test",
     vocab=Vocab(tokenizer_size=8, special_ids={}, pad_id=0, eos_id=1, embedding_rows=8, output_rows=8, resize_to=None),
     tokens=Tokens(pad_id=0, bos_id=None, eos_id=1, terminators={1: "</s>"}, templated=False),
     max_seq_len=32,
@@ -83,7 +86,7 @@ class Training:
         # every run (zeros here, whatever the seed).
         self.model[0].bias.requires_grad_(False).data.zero_()
         cfg = OptimConfig(lr=0.1, warmup_steps=2)
-        self.optimizer = build_optimizer([p for p in self.model.parameters() if p.requires_grad], cfg)
+        self.optimizer = build_optimizer([p for p in self.model.parameters() if p.requires_grad], cfg, TORCH_ADAMW)
         self.scheduler = build_scheduler(self.optimizer, cfg, total_steps=10)
         self.data = DistributedBatchPlan(
             np.arange(1, 17),

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from seqtune.config.schema import OptimConfig
+from seqtune.models.optimizers import TORCH_ADAMW, TORCH_SGD
 from seqtune.train.optim import build_optimizer, build_scheduler, lr_factor
 
 TOTAL = 100
@@ -47,7 +48,7 @@ def test_past_the_end_the_rate_stays_at_the_floor():
 
 def test_the_scheduler_applies_the_factor_to_optim_lr_step_by_step():
     cfg = OptimConfig(lr=0.5, warmup_steps=2, schedule="linear", min_lr_ratio=0.0)
-    optimizer = build_optimizer([torch.nn.Parameter(torch.zeros(2))], cfg)
+    optimizer = build_optimizer([torch.nn.Parameter(torch.zeros(2))], cfg, TORCH_ADAMW)
     scheduler = build_scheduler(optimizer, cfg, total_steps=6)
     seen = []
     for _ in range(6):
@@ -59,17 +60,17 @@ def test_the_scheduler_applies_the_factor_to_optim_lr_step_by_step():
 
 def test_sgd_and_adamw_take_the_configured_hyperparameters():
     params = [torch.nn.Parameter(torch.zeros(2))]
-    adamw = build_optimizer(params, OptimConfig(lr=1e-3, betas=[0.8, 0.95], eps=1e-6, weight_decay=0.1))
+    adamw = build_optimizer(params, OptimConfig(lr=1e-3, betas=[0.8, 0.95], eps=1e-6, weight_decay=0.1), TORCH_ADAMW)
     assert isinstance(adamw, torch.optim.AdamW)
     assert adamw.defaults["betas"] == (0.8, 0.95) and adamw.defaults["eps"] == 1e-6
-    assert isinstance(build_optimizer(params, OptimConfig(name="sgd")), torch.optim.SGD)
+    assert isinstance(build_optimizer(params, OptimConfig(name="sgd"), TORCH_SGD), torch.optim.SGD)
 
 
 def _trained(cfg: OptimConfig, total: int, steps: int):
     """An optimizer and schedule after `steps` steps, saved and loaded into a fresh pair for a run of `total` steps,
     as a resume does."""
     weight = torch.nn.Parameter(torch.ones(2))
-    optimizer = build_optimizer([weight], cfg)
+    optimizer = build_optimizer([weight], cfg, TORCH_ADAMW)
     scheduler = build_scheduler(optimizer, cfg, total)
     for _ in range(steps):
         weight.grad = torch.ones(2)
@@ -79,7 +80,7 @@ def _trained(cfg: OptimConfig, total: int, steps: int):
 
 
 def _resumed(cfg: OptimConfig, saved, total: int):
-    optimizer = build_optimizer([torch.nn.Parameter(torch.ones(2))], cfg)
+    optimizer = build_optimizer([torch.nn.Parameter(torch.ones(2))], cfg, TORCH_ADAMW)
     scheduler = build_scheduler(optimizer, cfg, total)
     optimizer.load_state_dict(saved[0])
     scheduler.load_state_dict(saved[1])
