@@ -95,9 +95,11 @@ def launch(cfg: DictConfig, run_dir: Path, snapshot: RunDirSnapshot) -> None:
 
     typed = _typed(_prepare_config(cfg))
     _check_presets(typed)
-    # A finished run is a record: the same command is a no-op, another refused, a longer run continues it.
+    # A finished run is a record: the same command is a no-op (but for its push, which it retries), another
+    # refused, a longer run continues it.
     finished = check_finished(typed, run_dir)
     if finished is Finished.SAME:
+        _push(typed, run_dir)
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     # train.resume=auto: the newest intact checkpoint, whose settings must be this run's. A refused resume writes
@@ -123,6 +125,7 @@ def launch(cfg: DictConfig, run_dir: Path, snapshot: RunDirSnapshot) -> None:
         run_worker(run_dir)
         _after_training(typed, run_dir)
         mark_finished(typed, run_dir)
+        _push(typed, run_dir)
         return
     from seqtune.launch import launch_command, run_launched, worker_environ
 
@@ -143,6 +146,16 @@ def launch(cfg: DictConfig, run_dir: Path, snapshot: RunDirSnapshot) -> None:
         )
     _after_training(typed, run_dir)
     mark_finished(typed, run_dir)
+    _push(typed, run_dir)
+
+
+def _push(typed, run_dir: Path) -> None:
+    """train.push_to_hub: the finished, proven export to the Hub, after finished.json (a failed upload leaves a
+    complete run directory and names the command that retries it)."""
+    if typed.train.push_to_hub is not None:
+        from seqtune.export.push import push_finished
+
+        push_finished(run_dir, typed.train.push_to_hub, private=typed.train.push_private)
 
 
 def _after_training(typed, run_dir: Path) -> None:

@@ -198,3 +198,48 @@ def dataset_files(spec: str, key: str) -> list[Path]:
             fix=f"{key}=hf:{repo_id}{':' + config if config else ''}@SPLIT with one of {sorted(files)}",
         )
     return [Path(str(file)) for file in files[split]]
+
+
+# The key that asks for a push, and the commands that log in and push a finished run again (one copy of each).
+PUSH_KEY = "train.push_to_hub"
+LOGIN_FIX = "run `hf auth login` (or set HF_TOKEN to a token with write access)"
+
+
+def push_command(run_dir: Path | str, repo_id: str, *, private: bool = True) -> str:
+    """The command that pushes a finished run's proven export later (seqtune.export's CLI)."""
+    return f"python -m seqtune.export {run_dir} --push {repo_id}" + ("" if private else " --public")
+
+
+def push_problems(repo_id: str, *, key: str = PUSH_KEY, off: str = f"{PUSH_KEY}=null") -> list[str]:
+    """Why pushing to `repo_id` (asked by `key`; `off` is how to not ask) cannot work, found without the network
+    (none: []): the id as huggingface_hub validates it (with a namespace: org/name), HF_HUB_OFFLINE=1, and no token
+    (HF_TOKEN or `hf auth login`'s file; huggingface_hub reads it again at push time, so the value is never held
+    or shown here)."""
+    from huggingface_hub import get_token
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    problems: list[str] = []
+    try:
+        validate_repo_id(repo_id)
+        if "/" not in repo_id:
+            raise HFValidationError("a repository to push to is named with its owner")
+    except HFValidationError as err:
+        problems.append(f"{key}={repo_id} is not a Hub repository id ({err}). Fix: {key}=ORG/NAME")
+    if offline():
+        problems.append(
+            f"{key}={repo_id} with HF_HUB_OFFLINE=1: the upload would be refused. Fix: unset HF_HUB_OFFLINE, or "
+            f"{off} and push later where the Hub is reachable with `{push_command('RUN_DIR', repo_id)}`"
+        )
+    try:
+        token = get_token()
+    except Exception as err:  # noqa: BLE001  # an OIDC exchange HF_OIDC_RESOURCE asked for failed: said, not raised
+        token, why = None, f" (huggingface_hub: {type(err).__name__})"
+    else:
+        why = ""
+    if not token:
+        problems.append(
+            f"{key}={repo_id}, but no Hugging Face token is available{why}, so the upload would fail. "
+            f"Fix: {LOGIN_FIX}, or {off}"
+        )
+    return problems

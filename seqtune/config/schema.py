@@ -796,6 +796,8 @@ RESUME_IGNORED = (
     "train.overwrite",
     "train.signal_grace_s",
     "train.progress",
+    "train.push_to_hub",
+    "train.push_private",
     "preflight.only",
     "launcher",
 )
@@ -858,6 +860,12 @@ class TrainConfig:
     # From merged/ (written for it: LoRA) or model/; the export proof reads it back. Refused for an architecture
     # the writer does not know (seqtune.export.gguf.ARCHES) and for LoRA under FSDP across ranks.
     export_gguf: GgufType | None = None
+    # Upload the export to the Hugging Face Hub repository ORG/NAME at the end of the run, once the export proof
+    # passed: merged/ when train.export_merged, else adapter/ (LoRA) or model/, with its README.md card, and the
+    # GGUF file(s). null = no upload. The token is huggingface_hub's (HF_TOKEN or `hf auth login`), never written.
+    push_to_hub: str | None = None
+    # The repository is created private (ignored when it exists already); false = public.
+    push_private: bool = True
     # ddp | fsdp (full fine-tuning of models too big for one device)
     parallel: Parallel = Parallel.ddp
     progress: bool = True

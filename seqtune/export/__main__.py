@@ -1,8 +1,10 @@
-"""`python -m seqtune.export RUN_DIR [--gguf f16|bf16|q8_0]`: prove a finished run's exports (and first write its
-GGUF file when asked): exit 0 when every artifact behaves like the trained model, 1 naming each one that does not
-or a file that could not be written (a full disk), 2 when RUN_DIR or the request cannot be used (no run, a damaged
-artifact, a directory this user cannot write), 130 / 143 when stopped by SIGINT / SIGTERM. Every file is written
-under a temporary name and renamed when complete: a failure or a signal leaves nothing partial under RUN_DIR."""
+"""`python -m seqtune.export RUN_DIR [--gguf f16|bf16|q8_0] [--push ORG/NAME [--public]]`: prove a finished run's
+exports (and first write its GGUF file when asked), then, with --push, upload them to the Hugging Face Hub
+(seqtune.export.push): exit 0 when every artifact behaves like the trained model (and was uploaded), 1 naming each
+one that does not (nothing is uploaded), a file that could not be written (a full disk) or the upload that failed,
+2 when RUN_DIR or the request cannot be used (no run, a damaged artifact, a directory this user cannot write, a push
+that cannot work), 130 / 143 when stopped by SIGINT / SIGTERM. Every file is written under a temporary name and
+renamed when complete: a failure or a signal leaves nothing partial under RUN_DIR."""
 
 from __future__ import annotations
 
@@ -23,7 +25,17 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="write RUN_DIR/gguf/*.gguf first (from merged/, or model/ for a full fine-tune)",
     )
+    parser.add_argument(
+        "--push",
+        metavar="ORG/NAME",
+        default=None,
+        help="once the proof passes, upload the export to this Hugging Face Hub repository (created private); "
+        "the token is HF_TOKEN or `hf auth login`'s",
+    )
+    parser.add_argument("--public", action="store_true", help="with --push: create the repository public")
     args = parser.parse_args(argv)
+    if args.public and not args.push:
+        parser.error("--public is a setting of --push ORG/NAME")
     from seqtune.console import silence_known_false_alarms
 
     # The entry point's one use of train/: SIGINT/SIGTERM raise Interrupted (exit 130/143), so the temporary of the
@@ -33,7 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     silence_known_false_alarms()
     handlers = signals.install()
     try:
-        _export(args.run_dir, args.gguf)
+        _export(args.run_dir, args.gguf, args.push)
+        if args.push:
+            from seqtune.export.push import push_run
+
+            push_run(args.run_dir, args.push, private=not args.public, key="--push")
     except Interrupted as err:
         print(
             f"seqtune.export: error: {err} Nothing partial was left in {args.run_dir}: the same command starts the "
@@ -50,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _export(run_dir: Path, gguf: str | None) -> None:
+def _export(run_dir: Path, gguf: str | None, push: str | None) -> None:
     from seqtune.export.proof import RUN_DIR_ARG
 
     if not (run_dir / "config.yaml").is_file():
@@ -60,6 +76,12 @@ def _export(run_dir: Path, gguf: str | None) -> None:
             fix="python -m seqtune.export runs/DATE_TIME (the directory a training run printed).",
         )
     _check_writable(run_dir)
+    if push:  # refused before the proof's minutes, as preflight refuses it before training
+        from seqtune.hub import push_problems
+
+        problems = push_problems(push, key="--push", off="drop --push")
+        if problems:
+            raise ConfigError(" ".join(problems), key="--push")
     from seqtune.export.proof import prove_exports
 
     if gguf:

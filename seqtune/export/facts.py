@@ -27,6 +27,7 @@ from seqtune.config.rundir import RUN_DIR_KEY
 from seqtune.config.schema import SPLITS, RootConfig
 from seqtune.data.split import split_input
 from seqtune.files import atomic_directory, sha256_file, write_atomic
+from seqtune.hub import is_hub_id
 from seqtune.preflight.result import load_result
 
 BASE_DIR = "base"
@@ -171,10 +172,23 @@ def _loss(value: Any) -> str:
     return "-" if value is None else f"{float(value):.4f}"
 
 
-def card_text(facts: ShipFacts, kind: str, *, files: list[tuple[str, Path, str]]) -> str:
-    """README.md of an export: `kind` is adapter | model | merged | best."""
+def hub_base(run_dir: Path) -> str | None:
+    """model.path as the run named it (config.yaml keeps a hub id; the loaded config holds its local snapshot),
+    when it is a hub id."""
+    from omegaconf import OmegaConf
+
+    path = OmegaConf.select(OmegaConf.load(run_dir / "config.yaml"), "model.path")
+    return str(path) if is_hub_id(path) else None
+
+
+def card_text(facts: ShipFacts, kind: str, *, files: list[tuple[str, Path, str]], repo_id: str | None = None) -> str:
+    """README.md of an export: `kind` is adapter | model | merged | best. `repo_id`: the card of the Hub repository
+    it is pushed to, which loads from there, and whose `base_model` is a Hub id or absent (the Hub refuses a local
+    path there: its metadata check answers 400)."""
     cfg, run_dir, metrics = facts.cfg, facts.run_dir, _metrics(facts.run_dir)
     target = run_dir / kind
+    where = repo_id or str(target.resolve())
+    base_model = facts.base if repo_id is None else hub_base(run_dir)
     lora = kind in ("adapter", "best") and cfg.lora.enabled
     if lora:
         load = [
@@ -187,14 +201,14 @@ def card_text(facts: ShipFacts, kind: str, *, files: list[tuple[str, Path, str]]
             ),
             f"base = AutoModelForCausalLM.from_pretrained({facts.base!r})",
             *([f"base.resize_token_embeddings({facts.resize_to})"] if facts.resize_to and cfg.model.path else []),
-            f"model = PeftModel.from_pretrained(base, {str(target.resolve())!r})",
-            f"tokenizer = AutoTokenizer.from_pretrained({str(target.resolve())!r})",
+            f"model = PeftModel.from_pretrained(base, {where!r})",
+            f"tokenizer = AutoTokenizer.from_pretrained({where!r})",
         ]
     else:
         load = [
             "from transformers import AutoModelForCausalLM, AutoTokenizer",
-            f"model = AutoModelForCausalLM.from_pretrained({str(target.resolve())!r})",
-            f"tokenizer = AutoTokenizer.from_pretrained({str(target.resolve())!r})",
+            f"model = AutoModelForCausalLM.from_pretrained({where!r})",
+            f"tokenizer = AutoTokenizer.from_pretrained({where!r})",
         ]
     base_note = (
         f"`{cfg.model.path}`"
@@ -205,7 +219,7 @@ def card_text(facts: ShipFacts, kind: str, *, files: list[tuple[str, Path, str]]
     best = metrics.get("best_eval_loss")
     lines = [
         "---",
-        f"base_model: {facts.base}",
+        *([f"base_model: {base_model}"] if base_model else []),
         *(["library_name: peft"] if lora else []),
         "tags:",
         "- seqtune",

@@ -17,6 +17,7 @@ from seqtune.data.batching import BatchRule
 from seqtune.data.kinds import NOUNS
 from seqtune.data.overlength import TRUNCATING
 from seqtune.export.gguf import gguf_refusal_for
+from seqtune.hub import PUSH_KEY, push_problems
 from seqtune.models.arch import ModelConfigs, model_configs
 from seqtune.models.attention import AttentionEnv, attn_backend_problems
 from seqtune.models.checkpoint_check import checkpoint_faults
@@ -106,6 +107,8 @@ def fast_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
     problems += checks.check_early_stopping(
         early_stop=cfg.train.early_stop_patience > 0, lora=cfg.lora.enabled, sharded=plan.sharded
     )
+    if cfg.train.push_to_hub is not None:  # found before training, not after it (no network: seqtune.hub)
+        problems += [Problem(check="export", key=PUSH_KEY, message=m) for m in push_problems(cfg.train.push_to_hub)]
     bad_key = key_problem(cfg.logger.wandb, os.environ)  # a tracker that cannot start online is found before training
     problems += [Problem(check="logger", key=KEY_VARIABLE, message=bad_key)] if bad_key else []
     return problems

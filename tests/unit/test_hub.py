@@ -178,3 +178,51 @@ def test_a_named_config_of_a_hub_dataset_is_read_as_its_card_declares(offline_ca
     with pytest.raises(DataError, match=r"finds no config 'medium'"):
         expand_paths("hf:org/two-configs:medium", "data.train")
     assert attempts == []
+
+
+@pytest.fixture
+def no_login(tmp_path, monkeypatch):
+    """No token from the environment or a login file; the user's own HF_HUB_OFFLINE unset."""
+    from huggingface_hub import constants
+
+    for name in (
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "HF_OIDC_RESOURCE",
+        "HF_HUB_OFFLINE",
+        "SEQTUNE_USER_HF_HUB_OFFLINE",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "token"))
+    return tmp_path / "token"
+
+
+def test_a_push_with_a_login_file_and_a_well_formed_id_has_no_problem(no_login):
+    from seqtune.hub import push_problems
+
+    assert push_problems("org/name") != []  # no token yet: the check can fail
+    no_login.write_text("hf_from_hf_auth_login\n")  # what `hf auth login` writes
+    assert push_problems("org/name") == []
+
+
+@pytest.mark.parametrize(
+    ("repo_id", "said"),
+    [("name", "is named with its owner"), ("org/na--me", "Cannot have -- or .."), ("a/b/c", "namespace/repo_name")],
+)
+def test_a_push_to_a_malformed_id_names_the_key_and_the_form(no_login, monkeypatch, repo_id, said):
+    from seqtune.hub import push_problems
+
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
+    (problem,) = push_problems(repo_id)
+    assert problem.startswith(f"train.push_to_hub={repo_id} is not a Hub repository id") and said in problem
+    assert problem.endswith("Fix: train.push_to_hub=ORG/NAME")
+
+
+def test_a_push_while_the_user_is_offline_is_refused_with_the_later_command(no_login, monkeypatch):
+    from seqtune.hub import push_problems
+
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
+    monkeypatch.setenv("SEQTUNE_USER_HF_HUB_OFFLINE", "1")  # as seqtune's entry point records the user's value
+    (problem,) = push_problems("org/name", key="--push", off="drop --push")
+    assert "--push=org/name with HF_HUB_OFFLINE=1" in problem
+    assert "drop --push" in problem and "`python -m seqtune.export RUN_DIR --push org/name`" in problem
