@@ -102,7 +102,8 @@ def test_a_gguf_whose_vocabulary_is_not_padded_fails_the_proof_naming_the_tensor
     unpadded = writer.gguf_vocab
     monkeypatch.setattr(writer, "gguf_vocab", lambda tokenizer, tj, rows: unpadded(tokenizer, tj, rows=len(tokenizer)))
     ids = GgufIds(bos=None, eos=151645, eot=None, pad=151643)
-    writer.write_gguf(copy / "merged", copy / "gguf" / "run-f16.gguf", "f16", ids=ids, add_bos=False)
+    target = copy / "gguf" / "run-f16.gguf"
+    writer.write_gguf(copy / "merged", target, "f16", ids=ids, add_bos=False, key="RUN_DIR")
     result = export_cli(copy)
     assert result.returncode == 1, result.stdout + result.stderr
     assert (
