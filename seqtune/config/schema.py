@@ -444,7 +444,7 @@ class DataConfig:
     mode: DataMode = DataMode.cached
     # Root for media references like <img>path</img> in input_output records (null = the JSONL's directory).
     media_root: str | None = None
-    # Token cache directory (shared by every job of a sweep). null = ~/.cache/seqtune/tokens.
+    # Token cache directory (shared by every job of a sweep). null = $SEQTUNE_CACHE/tokens (~/.cache/seqtune/tokens).
     cache_dir: str | None = None
     # stream mode: how many records per split preflight scans (0 = all).
     preflight_sample: int = 0

@@ -58,8 +58,7 @@ from seqtune.preflight.result import RUN_DIR_KEY, BackendStats, PaddingStats, Pr
 from seqtune.preflight.resume import RECORD, ResumePoint, plan_problems
 from seqtune.preflight.samples import SHOWN_DIR
 from seqtune.preflight.tokenizer_record import RunTokenizer, TokenizerRecord
-
-DEFAULT_CACHE_ROOT = Path("~/.cache/seqtune/tokens")
+from seqtune.tokenizers import pypi
 
 
 def run_preflight(
@@ -298,7 +297,8 @@ def _stream_phase(
 
 def token_cache_root(cfg: RootConfig) -> Path:
     """data.cache_dir, else the default: where token caches and the tokenizer's record live."""
-    return Path(cfg.data.cache_dir).expanduser() if cfg.data.cache_dir else DEFAULT_CACHE_ROOT.expanduser()
+    # The same root as the tokenizers' (SEQTUNE_CACHE, default ~/.cache/seqtune): one variable moves every cache.
+    return Path(cfg.data.cache_dir).expanduser() if cfg.data.cache_dir else pypi.cache_root() / "tokens"
 
 
 def scan_splits(
