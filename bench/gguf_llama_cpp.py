@@ -27,10 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PYTHON, REPO, markdown_table, write_results
 
 FAMILIES = {
-    "llama3": ["model=llama3_tiny", "tokenizer=llama3"],
+    # The tiny models have 4096 rows (Qwen3's has the real 151,936): a real tokenizer resizes them, as a user would.
+    "llama3": ["model=llama3_tiny", "tokenizer=llama3", "model.resize_embeddings=true"],
     "qwen3": ["model=qwen3_tiny", "tokenizer=qwen3"],
-    "gemma3": ["model=gemma3_tiny", "tokenizer=gemma3"],
-    "mistral": ["model=mistral_tiny", "tokenizer=mistral_v3"],
+    "gemma3": ["model=gemma3_tiny", "tokenizer=gemma3", "model.resize_embeddings=true"],
+    "mistral": ["model=mistral_tiny", "tokenizer=mistral_v3", "model.resize_embeddings=true"],
     "tinyllama": ["model=tinyllama_tiny"],
 }
 GREEDY = 16
@@ -103,9 +104,14 @@ def compare(run_dir: Path, gguf_type: str) -> dict:
     llm.reset()
     llm.eval(hf_ids)
     cpp_logits = np.asarray(llm.scores[len(hf_ids) - 1], dtype=np.float32)[: hf_logits.shape[0]]
+    # HF's min_new_tokens keeps every eos id from being picked; the same ids are masked on llama.cpp's side.
+    eos = model.generation_config.eos_token_id
+    masked = [eos] if isinstance(eos, int) else list(eos or [])
     cpp_greedy = []
     for _ in range(GREEDY):
-        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+        row[masked] = -np.inf
+        token = int(np.argmax(row))
         cpp_greedy.append(token)
         llm.eval([token])
     scale = max(1.0, float(np.abs(hf_logits).max()))
