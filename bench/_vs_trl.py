@@ -49,7 +49,7 @@ def write_checkpoint(directory: Path) -> Path:
     from seqtune.models import build_model
     from seqtune.tokenizers.location import BUNDLED_DIR
 
-    fields = OmegaConf.load(REPO / "configs" / "model" / "tinyllama_tiny.yaml")
+    fields = OmegaConf.load(REPO / "seqtune" / "configs" / "model" / "tinyllama_tiny.yaml")
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), fields))
     model = build_model(cfg, attn_implementation="sdpa")
     tokenizer = AutoTokenizer.from_pretrained(BUNDLED_DIR)

@@ -3,7 +3,7 @@
 Target tokens per second of `python -m seqtune recipe=lora_dpo` (the real CLI, a subprocess) against TRL's
 DPOTrainer (bench/_trl_dpo_baseline.py, a subprocess in its own virtualenv bench/.venv-trl, which this script
 creates when missing: TRL is no dependency of seqtune). Both sides, alternating, start from the SAME weights: the
-tiny TinyLlama model (configs/model/tinyllama_tiny.yaml) built once by seqtune.models.build_model and saved as a
+tiny TinyLlama model (seqtune/configs/model/tinyllama_tiny.yaml) built once by seqtune.models.build_model and saved as a
 Hugging Face checkpoint with the bundled tokenizer, which seqtune reads through model.path and TRL through
 from_pretrained. Same LoRA (the seqtune plan's targets, rank 16, alpha 32, lm_head trained in full), the bundled
 preference pairs in file order (data.shuffle=false; TRL's sequential sampler), micro-batch, beta, AdamW with

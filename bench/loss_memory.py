@@ -39,7 +39,7 @@ def step(variant: str, rows: int, seq: int, vocab: int) -> dict:
 
     node = OmegaConf.merge(
         OmegaConf.structured(ModelConfig),
-        OmegaConf.load(REPO / "configs/model/llama3_tiny.yaml"),
+        OmegaConf.load(REPO / "seqtune/configs/model/llama3_tiny.yaml"),
         {"vocab_size": vocab},
     )
     model = build_model(OmegaConf.to_object(node), attn_implementation="sdpa")

@@ -1,7 +1,7 @@
 """A sweep (`python -m seqtune -m key=a,b ...`) ends with one table of every job: SWEEP_DIR/sweep_summary.md, .json
 and .csv, one row per job with its overrides, its status and its final metrics.
 
-`SweepSummary` is a Hydra callback, registered in configs/config.yaml (hydra.callbacks). Where each job runs, it
+`SweepSummary` is a Hydra callback, registered in seqtune/configs/config.yaml (hydra.callbacks). Where each job runs, it
 writes RUN_DIR/job.json when the job starts (so a job killed outright still shows, as not finished) and again when
 it ends, with its exit code and error. In the parent, after the last job, it reads every job.json and metrics.jsonl
 under the sweep directory and writes the table. In a sweep a job that fails does not stop the others: its row says

@@ -33,7 +33,7 @@ def run_worker(run_dir: Path) -> None:
         recipe = importlib.import_module(f"seqtune.recipes.{cfg.recipe_name}")
     except ModuleNotFoundError as err:
         raise ConfigError(
-            f"recipe_name={cfg.recipe_name!r} has no recipes/{cfg.recipe_name}.py ({err}).",
+            f"recipe_name={cfg.recipe_name!r} has no seqtune/recipes/{cfg.recipe_name}.py ({err}).",
             key="recipe_name",
             fix="recipe=lora_sft or recipe=full_sft",
         ) from None

@@ -122,7 +122,7 @@ def copy_checkpoint(source: Path, directory: Path) -> Path:
 
 
 def build_qwen3_checkpoint(directory: Path) -> Path:
-    """configs/model/qwen3_tiny.yaml saved as a checkpoint (Qwen3ForCausalLM, the real 151936 rows, tied) with the
+    """seqtune/configs/model/qwen3_tiny.yaml saved as a checkpoint (Qwen3ForCausalLM, the real 151936 rows, tied) with the
     fetched qwen3 tokenizer and its template: what a Qwen3 repository holds, in miniature."""
     from transformers import AutoTokenizer
 

@@ -14,7 +14,7 @@ cache="${SEQTUNE_CACHE:-$HOME/.cache/seqtune}/tokenizers"
 mkdir -p "$cache"
 cp -r "$root/tokenizers/." "$cache/"
 export PYTHONPATH="$root/site${PYTHONPATH:+:$PYTHONPATH}"
-# seqtune itself: editable, no dependencies, no index (its configs/ and recipes/ map into the package).
+# seqtune itself: editable, no dependencies, no index (configs and recipes are modules of the package).
 python3 -m pip install --quiet --no-deps --no-build-isolation --no-index -e . >/dev/null
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true

@@ -1,6 +1,6 @@
 """Typed schemas for every config group, registered with Hydra's ConfigStore: the one place allowed values live.
 
-configs/config.yaml starts its defaults list with `root_schema`, so every group file is merged into a typed
+seqtune/configs/config.yaml starts its defaults list with `root_schema`, so every group file is merged into a typed
 dataclass node: an unknown key, a wrong type or a value outside an Enum fails at compose time with Hydra's own
 message naming the key and the allowed values. Numeric domains are checked in each group's `__post_init__`,
 which `OmegaConf.to_object` (seqtune.config.load.to_typed) runs before anything else happens; a value that cannot
@@ -93,7 +93,7 @@ CHAT_FORMATS = frozenset({DataFormat.chat, DataFormat.sharegpt})
 
 
 class RecipeName(StrEnum):
-    # recipes/<name>.py; the presets (configs/recipe/*.yaml) set it: lora_sft, full_sft -> sft; lora_dpo, full_dpo
+    # seqtune/recipes/<name>.py; the presets (seqtune/configs/recipe/*.yaml) set it: lora_sft, full_sft -> sft; lora_dpo, full_dpo
     # -> dpo.
     sft = "sft"
     dpo = "dpo"
@@ -1006,7 +1006,7 @@ class PreflightConfig:
 
 @dataclass(kw_only=True)
 class RootConfig:
-    # Which recipes/<name>.py runs (set by the recipe group: recipe=lora_sft and recipe=full_sft run sft,
+    # Which seqtune/recipes/<name>.py runs (set by the recipe group: recipe=lora_sft and recipe=full_sft run sft,
     # recipe=lora_dpo and recipe=full_dpo run dpo).
     recipe_name: RecipeName = MISSING
     model: ModelConfig = MISSING
@@ -1139,5 +1139,5 @@ GROUP_SCHEMAS: dict[str, type] = {
 
 
 def register_schemas() -> None:
-    """Store the root schema; configs/config.yaml lists it first, so each group is checked against its dataclass."""
+    """Store the root schema; seqtune/configs/config.yaml lists it first, so each group is checked against its dataclass."""
     ConfigStore.instance().store(name="root_schema", node=RootConfig)

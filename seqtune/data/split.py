@@ -9,7 +9,7 @@ holds about f of the records (preflight reports the exact counts).
 
 Which validation split a run has is decided once, in the plan (`plan.validation`; `validation_source` says it in the report): data.val, the
 held-out part of train, or none. A user's data never mixes with the demo's: the bundled validation set is only the
-default while data.train is the bundled train set (configs/data/instruct_tiny.yaml).
+default while data.train is the bundled train set (seqtune/configs/data/instruct_tiny.yaml).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Quirks: q_norm/k_norm (RMSNorm over each head's queries and keys before RoPE); h
 theta 1e6, 40960-token context (32768 trained; YaRN beyond is left to the checkpoint's config); tied embeddings in
 the small models (0.6B, 1.7B, 4B), untied from 8B up; no sliding window; the tokenizer has no bos
 ("bos_token": null) and ends an assistant turn with <|im_end|>. Qwen2/2.5 checkpoints (Qwen2ForCausalLM, no q/k
-norm) train with model.family=auto (configs/model/hf.yaml).
+norm) train with model.family=auto (seqtune/configs/model/hf.yaml).
 """
 
 from __future__ import annotations

@@ -105,7 +105,7 @@ def get_spec(family: str) -> ModelSpec:
             f"model.family={family!r} is not a known family. Valid: {', '.join(sorted(FAMILIES))}, or auto with "
             "model.path (the facts read from the checkpoint).",
             key="model.family",
-            fix="model=llama3_tiny (or another configs/model/*.yaml)",
+            fix="model=llama3_tiny (or another seqtune/configs/model/*.yaml)",
         )
     # Imported lazily: the family modules import this module for ModelSpec.
     return importlib.import_module(f"seqtune.models.{family}").SPEC

@@ -26,8 +26,10 @@ MODEL_INPUTS = ("input_ids", "position_ids", "attention_mask")
 
 
 class Objective(Protocol):
-    count_key: str
-    metric_names: tuple[str, ...]
+    @property
+    def count_key(self) -> str: ...
+    @property
+    def metric_names(self) -> tuple[str, ...]: ...
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]: ...
 

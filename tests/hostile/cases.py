@@ -2142,7 +2142,9 @@ def _checkpoint(tmp: Path, damage: Callable[[Path], None], *extra: str, shards: 
 
     repo = Path(__file__).resolve().parents[2]
     tiny = OmegaConf.to_object(
-        OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(repo / "configs/model/tinyllama_tiny.yaml"))
+        OmegaConf.merge(
+            OmegaConf.structured(ModelConfig), OmegaConf.load(repo / "seqtune/configs/model/tinyllama_tiny.yaml")
+        )
     )
     model, tokenizer = build_model(tiny, attn_implementation="sdpa"), AutoTokenizer.from_pretrained(BUNDLED_DIR)
     for config in (model.config, model.generation_config):

@@ -116,7 +116,9 @@ def test_a_local_checkpoint_directory_trains_through_a_real_size_config(tmp_path
     from seqtune.tokenizers import BUNDLED_DIR
 
     tiny = OmegaConf.to_object(
-        OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(REPO / "configs/model/tinyllama_tiny.yaml"))
+        OmegaConf.merge(
+            OmegaConf.structured(ModelConfig), OmegaConf.load(REPO / "seqtune/configs/model/tinyllama_tiny.yaml")
+        )
     )
     checkpoint = tmp_path / "TinyLlama-local"
     model, tokenizer = build_model(tiny, attn_implementation="sdpa"), AutoTokenizer.from_pretrained(BUNDLED_DIR)

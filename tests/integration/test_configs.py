@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from seqtune.config import register_resolvers, register_schemas, to_typed
 from seqtune.config.schema import GROUP_SCHEMAS, RootConfig
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "seqtune" / "configs"
 GROUP_FILES = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent != CONFIGS)
 
 register_schemas()

@@ -75,7 +75,7 @@ def llama3_checkpoint(tmp_path_factory) -> Path:
     }
     cfg = OmegaConf.to_object(
         OmegaConf.merge(
-            OmegaConf.structured(ModelConfig), OmegaConf.load(REPO / "configs/model/llama3_tiny.yaml"), shape
+            OmegaConf.structured(ModelConfig), OmegaConf.load(REPO / "seqtune/configs/model/llama3_tiny.yaml"), shape
         )
     )
     model = build_model(cfg, attn_implementation="sdpa")

@@ -33,7 +33,7 @@ COMMON = [
     "preflight.plot=false",
     "preflight.show=0",
 ]
-# Plain SGD (no momentum, no per-parameter scaling) needs a far larger step than configs/optim/adamw.yaml's 1e-2 to
+# Plain SGD (no momentum, no per-parameter scaling) needs a far larger step than seqtune/configs/optim/adamw.yaml's 1e-2 to
 # move the random tiny model's loss within a few steps.
 LR = {"sgd": ["optim.lr=1.0"]}
 TIMINGS = {"tokens_per_s", "computed_tokens_per_s", "target_tokens_per_s", "peak_memory_mb"}

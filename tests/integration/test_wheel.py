@@ -1,4 +1,4 @@
-"""configs/ and recipes/ work from the built wheel, not only from the source tree."""
+"""seqtune/configs/ and seqtune/recipes/ work from the built wheel, not only from the source tree."""
 
 from __future__ import annotations
 

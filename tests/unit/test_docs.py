@@ -12,7 +12,7 @@ and the CLI.
     (`model.path=/ckpt/Llama-3.1-8B`, `data.train=my.jsonl`, `model.path=org/name`) are fine as written (hub ids are
     not looked up).
     The same holds for a whole command written inline in the prose, and for the command in each shipped config's
-    header comment (configs/**/*.yaml).
+    header comment (seqtune/configs/**/*.yaml).
     Convention: a fenced block right after a line `<!-- docs-test: skip (REASON) -->` is not checked (for a command
     that is meant to be refused, or one that needs a Hydra plugin this environment lacks). Use it sparingly.
 (c) A few cheap commands from the docs run for real on CPU (one slow test): each must appear verbatim in a doc's
@@ -258,7 +258,7 @@ def documented_commands() -> list[Command]:
 def config_header_commands() -> list[Command]:
     """The command each shipped config's header comment gives (`# what it is: python -m seqtune group=name ...`)."""
     commands = []
-    for path in sorted((REPO / "configs").rglob("*.yaml")):
+    for path in sorted((REPO / "seqtune" / "configs").rglob("*.yaml")):
         for number, line in enumerate(path.read_text().splitlines()[:3], 1):
             if line.startswith("#") and "python -m seqtune " in line:
                 text = "python -m seqtune " + line.split("python -m seqtune ", 1)[1]
@@ -345,7 +345,7 @@ COMMANDS = [c for c in documented_commands() + INLINE + config_header_commands()
 
 def test_the_docs_hold_commands_to_check():
     docs = {_rel(c.doc) for c in COMMANDS}
-    assert {"README.md", "docs/training.md", "docs/data.md", "configs/model/llama3_8b.yaml"} <= docs, docs
+    assert {"README.md", "docs/training.md", "docs/data.md", "seqtune/configs/model/llama3_8b.yaml"} <= docs, docs
     assert len(COMMANDS) >= 60, COMMANDS
 
 

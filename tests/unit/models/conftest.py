@@ -1,4 +1,4 @@
-"""Fixtures for tests/unit/models: ModelConfigs composed from the real configs/model/*.yaml, tiny real models."""
+"""Fixtures for tests/unit/models: ModelConfigs composed from the real seqtune/configs/model/*.yaml, tiny real models."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from omegaconf import OmegaConf
 from seqtune.config.schema import ModelConfig
 from seqtune.models.spec import FAMILIES
 
-MODEL_CONFIGS = Path(__file__).resolve().parents[3] / "configs/model"
+MODEL_CONFIGS = Path(__file__).resolve().parents[3] / "seqtune/configs/model"
 # Read from the one registry (ModelFamily): a new family's tests run without anyone listing it here.
 TINY_FAMILIES = FAMILIES
 
 
 def tiny_cfg(family: str, **overrides) -> ModelConfig:
-    """configs/model/<family>_tiny.yaml merged into the typed schema (as Hydra does), plus overrides."""
+    """seqtune/configs/model/<family>_tiny.yaml merged into the typed schema (as Hydra does), plus overrides."""
     node = OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(MODEL_CONFIGS / f"{family}_tiny.yaml"))
     node = OmegaConf.merge(node, overrides)
     return OmegaConf.to_object(node)

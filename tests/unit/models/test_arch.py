@@ -14,13 +14,13 @@ from dataclasses import fields
 
 import pytest
 import transformers
-from conftest import MODEL_CONFIGS, tiny_cfg
 
 from seqtune.models import FAMILIES, get_spec, load_model_config, meta_model
 from seqtune.models.arch import LAYOUTS, Arch, config_arch, model_configs, module_arch
 from seqtune.models.checkpoint_facts import rope_facts
 from seqtune.models.memory import MemoryInputs, memory_estimate
 from seqtune.models.spec import build_tiny_config, resolve_tiny_fields
+from tests.unit.models.conftest import MODEL_CONFIGS, tiny_cfg
 
 SMALL = {
     "vocab_size": 300,

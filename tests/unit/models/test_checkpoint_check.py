@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_FAMILIES, tiny_cfg
 from safetensors.torch import load_file, save_file
 
 from seqtune.config.errors import ModelLoadError
@@ -19,6 +18,7 @@ from seqtune.models import build_model, load_model_config
 from seqtune.models.arch import config_arch
 from seqtune.models.checkpoint_check import check_finite_weights, check_loading_info, checkpoint_faults
 from seqtune.models.facts import read_config_json
+from tests.unit.models.conftest import TINY_FAMILIES, tiny_cfg
 
 SINGLE = "model.safetensors"
 

@@ -5,12 +5,12 @@ explicit choice is a ConfigError naming the key and the fix."""
 from __future__ import annotations
 
 import pytest
-from conftest import tiny_cfg
 
 from seqtune.config.errors import ConfigError
 from seqtune.models import attention, get_spec
 from seqtune.models.attention import AttentionEnv, attention_choice, attn_backend_problems
 from seqtune.models.facts import read_model_facts
+from tests.unit.models.conftest import tiny_cfg
 
 CPU_BF16 = AttentionEnv(device_type="cpu", compute_dtype="bfloat16")
 CUDA_BF16 = AttentionEnv(device_type="cuda", compute_dtype="bfloat16")

@@ -6,10 +6,10 @@ import json
 
 import pytest
 import torch
-from conftest import random_batch, tiny_cfg
 
 from seqtune.config.errors import ConfigError, ModelLoadError
 from seqtune.models import build_model, load_model_config
+from tests.unit.models.conftest import random_batch, tiny_cfg
 
 
 @pytest.fixture(scope="module")

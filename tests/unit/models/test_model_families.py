@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from conftest import MODEL_CONFIGS, TINY_FAMILIES, random_batch, tiny_cfg
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from seqtune.config.errors import ConfigError
 from seqtune.models import build_model, count_parameters, get_spec, load_model_config, read_model_facts
+from tests.unit.models.conftest import MODEL_CONFIGS, TINY_FAMILIES, random_batch, tiny_cfg
 
 EXPECTED_CLASS = {
     "llama3": "LlamaForCausalLM",
@@ -178,7 +178,7 @@ def test_chat_template_renders_the_family_format(family):
 
 def test_every_family_module_is_in_the_registry_and_every_member_has_its_files():
     """The registry (ModelFamily) and the family modules cannot drift: a module defining a SPEC that is not a
-    member, or a member without its module or its configs/model/<family>_tiny.yaml, fails here."""
+    member, or a member without its module or its seqtune/configs/model/<family>_tiny.yaml, fails here."""
     import ast
 
     from seqtune.models.spec import FAMILIES

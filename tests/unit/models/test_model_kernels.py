@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import lora_for, random_batch, tiny_cfg
 
 from seqtune.config.errors import ConfigError
 from seqtune.config.schema import LoraConfig
@@ -13,6 +12,7 @@ from seqtune.models import build_model
 from seqtune.models import kernels as kernels_module
 from seqtune.models.kernels import kernels_choice
 from seqtune.models.lora import skip_adapter_input_cast
+from tests.unit.models.conftest import lora_for, random_batch, tiny_cfg
 
 
 def test_auto_is_torch_off_cuda_and_says_why():

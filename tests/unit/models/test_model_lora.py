@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import lora_for, random_batch, tiny_cfg
 from peft import PeftModel
 from safetensors.torch import load_file
 
@@ -18,6 +17,7 @@ from seqtune.models import (
     save_adapter,
     unmatched_targets,
 )
+from tests.unit.models.conftest import lora_for, random_batch, tiny_cfg
 
 # Module kinds peft's LoRA can wrap by name (Linear includes bitsandbytes' Linear4bit).
 LORA_MODULE_TYPES = (torch.nn.Linear, torch.nn.Embedding)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import lora_for, tiny_cfg
 
 from seqtune.config.schema import LoraConfig
 from seqtune.data.types import IGNORE_INDEX
 from seqtune.models import build_model
 from seqtune.models.kernels import loss_choice
 from seqtune.models.token_loss import chunk_tokens, install_token_loss
+from tests.unit.models.conftest import lora_for, tiny_cfg
 
 
 def full_logits_loss(model, ids, targets):

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import TINY_FAMILIES, tiny_cfg
 
 from seqtune.data.batching import BatchRule
 from seqtune.data.collate import make_collator
 from seqtune.data.types import IGNORE_INDEX, TokenizedSample
 from seqtune.models import build_model
 from seqtune.models.varlen import TORCH_VARLEN, document_segments, reference_kernel, use_kernel
+from tests.unit.models.conftest import TINY_FAMILIES, tiny_cfg
 
 LENGTHS = (23, 9, 17, 5, 30)
 WINDOW = 6

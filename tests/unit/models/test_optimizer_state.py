@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import lora_for, random_batch, tiny_cfg
 
 from seqtune.config.schema import LoraConfig, OptimConfig
 from seqtune.models import MemoryInputs, build_model, load_model_config, memory_estimate
@@ -21,9 +20,10 @@ from seqtune.models.optimizers import (
     optimizer_problems,
 )
 from seqtune.train.optim import build_optimizer
+from tests.unit.models.conftest import lora_for, random_batch, tiny_cfg
 
 CPU_CLASSES = sorted({implementation for (_, device), implementation in IMPLEMENTATIONS.items() if device == "cpu"})
-LORA = LoraConfig(rank=16, modules_to_save=["lm_head"])  # configs/lora/tiny.yaml
+LORA = LoraConfig(rank=16, modules_to_save=["lm_head"])  # seqtune/configs/lora/tiny.yaml
 
 
 def _state_bytes(optimizer: torch.optim.Optimizer) -> int:

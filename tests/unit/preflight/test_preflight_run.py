@@ -216,7 +216,7 @@ def test_too_little_data_for_the_world_size_fails(tmp_path, varied):
 
 # --- the real, composed Hydra config ------------------------------------------------------------------------------
 
-CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[3] / "seqtune" / "configs"
 
 
 def compose_real(*overrides: str) -> RootConfig:

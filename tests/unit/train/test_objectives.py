@@ -19,7 +19,7 @@ from seqtune.models import apply_lora, build_model, get_spec
 from seqtune.models.token_loss import install_token_loss
 from seqtune.train.objectives import DisabledAdapters, PreferenceObjective, TokenCrossEntropy, sequence_logps
 
-CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[3] / "configs/model"
+CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[3] / "seqtune/configs/model"
 
 
 def tiny_model(lora: bool = True) -> torch.nn.Module:

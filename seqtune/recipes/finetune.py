@@ -1,4 +1,4 @@
-"""The steps every recipe shares, top to bottom: a recipe (recipes/sft.py, recipes/dpo.py) is a sample kind (what
+"""The steps every recipe shares, top to bottom: a recipe (seqtune/recipes/sft.py, seqtune/recipes/dpo.py) is a sample kind (what
 the plan says a record becomes, seqtune.data.kinds) plus an objective (seqtune.train.objectives), and calls
 `fine_tune` with the objective it trains.
 
@@ -48,12 +48,13 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
 
     tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec.chat_template)
 
-    model = build_model(
+    base = build_model(
         cfg.model, attn_implementation=plan.attn_implementation, resize_to=plan.vocab.resize_to, device=env.device
     )
+    model: torch.nn.Module = base
     if cfg.lora.enabled:
         # Rows added by a resize train through peft's trainable tokens, or in full (plan.lora_saved).
-        model = apply_lora(model, cfg.lora, targets=plan.lora_targets, saved=plan.lora_saved)
+        model = apply_lora(base, cfg.lora, targets=plan.lora_targets, saved=plan.lora_saved)
         if plan.autocast_dtype:
             skip_adapter_input_cast(model)
     apply_kernels(model, plan.kernels)

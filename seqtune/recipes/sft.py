@@ -4,17 +4,16 @@ presets differ only in lora.enabled.
 
 Sample kind: sft (one token sequence per record, its completion or assistant turns the targets). Objective: the
 summed cross-entropy of every target token, averaged over the step's target tokens on every rank. The steps are
-recipes/finetune.py's.
+seqtune/recipes/finetune.py's.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from seqtune.recipes.finetune import fine_tune
-
 from seqtune.config.plan import Plan
 from seqtune.config.schema import RootConfig
+from seqtune.recipes.finetune import fine_tune
 from seqtune.train.objectives import TokenCrossEntropy
 
 

@@ -5,7 +5,7 @@ the starting weights, which preflight's memory estimate counts).
 Sample kind: preference (a {prompt, chosen, rejected} record becomes two sequences, chosen then rejected, kept
 together in every batch). Objective: dpo.loss (DPO's sigmoid, IPO, or reference-free SimPO) with dpo.beta, plus
 dpo.sft_weight x the chosen completion's NLL (RPO), averaged over the step's pairs on every rank; the metrics
-rewards/{chosen,rejected,margins,accuracies} and logps/{chosen,rejected}. The steps are recipes/finetune.py's.
+rewards/{chosen,rejected,margins,accuracies} and logps/{chosen,rejected}. The steps are seqtune/recipes/finetune.py's.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import copy
 from pathlib import Path
 
 import torch
-from seqtune.recipes.finetune import fine_tune
 
 from seqtune.config.plan import Plan
 from seqtune.config.schema import RootConfig
 from seqtune.distributed import DistEnv
+from seqtune.recipes.finetune import fine_tune
 from seqtune.train.objectives import DisabledAdapters, FrozenCopy, PreferenceObjective, ReferenceModel
 
 
