@@ -16,8 +16,8 @@ from pathlib import Path
 
 from seqtune.config.errors import ConfigError
 from seqtune.config.plan import Resolved, Vocab, World, validation_key
+from seqtune.config.recipe_spec import Scored, recipe_spec
 from seqtune.config.schema import (
-    RECIPE_KIND,
     Device,
     LauncherConfig,
     LauncherName,
@@ -25,7 +25,6 @@ from seqtune.config.schema import (
     PaddingSide,
     Parallel,
     RootConfig,
-    SampleKind,
 )
 from seqtune.data.kinds import sequences_per_sample
 from seqtune.models.attention import AttentionEnv, attention_choice, attn_backend_problems
@@ -80,7 +79,8 @@ def resolve_plan(
     head_wrapped = cfg.lora.enabled and (
         "lm_head" in wrapped or "lm_head" in saved or (resize_to or 0) > model.embedding_rows
     )
-    kind = RECIPE_KIND[cfg.recipe_name]
+    recipe = recipe_spec(cfg.recipe_name)
+    kind = recipe.sample_kind
     return Resolved(
         world=world,
         sharded=cfg.train.parallel == Parallel.fsdp and world.world_size > 1,
@@ -111,7 +111,7 @@ def resolve_plan(
             compute_dtype=compute,
             model=model,
             head_wrapped=head_wrapped,
-            per_sequence=kind != SampleKind.sft,
+            per_sequence=recipe.scored != Scored.token,
         ),
         **resolve_optimizer(str(cfg.optim.name), device_type=device.type),
         lora_targets=targets,
@@ -119,6 +119,9 @@ def resolve_plan(
         lora_saved=saved,
         validation=validation_key(cfg.data.val, cfg.data.val_fraction),
         fact_sources=dict(spec.sources),
+        recipe=recipe.name,
+        scored=str(recipe.scored),
+        reference=str(recipe.reference(cfg)),
         sample_kind=str(kind),
         sequences_per_sample=sequences_per_sample(kind),
     )
@@ -130,7 +133,7 @@ def resolve_kernels(
     """The attention kernel, the layer kernels and the loss path, each by its one rule, with the reason. A requested
     kernel that cannot run here stays the requested name with that reason: fast_checks reports the problem
     (attn_backend_problems, kernels_problems) and no rank starts. `per_sequence`: the objective needs each
-    sequence's log-probability (preference pairs), not one sum."""
+    sequence's log-probability or hidden state (the recipe's spec: scored), not one summed cross-entropy."""
     env = AttentionEnv(
         device_type=device_type,
         compute_dtype=compute_dtype,
