@@ -109,7 +109,13 @@ def format_signature(
     rendering, the targets' settings and the ids the encoder adds. A caller that holds these facts (preflight's
     tokenizer record) finds a published cache without building an encoder, so without loading the tokenizer.
     train_on_reasoning is named only when false, so the keys of every cache written before it existed hold."""
-    parts = [fingerprint, template_signature(fmt), f"train_on_prompt={train_on_prompt}", f"bos={bos_id}", f"eos={eos_id}"]
+    parts = [
+        fingerprint,
+        template_signature(fmt),
+        f"train_on_prompt={train_on_prompt}",
+        f"bos={bos_id}",
+        f"eos={eos_id}",
+    ]
     return "|".join(parts if train_on_reasoning else [*parts, "train_on_reasoning=False"])
 
 

@@ -139,8 +139,7 @@ class SampleEncoder:
         if not train_on_reasoning and (self.reasoning is None or not self.reasoning.rendered):
             raise ConfigError(
                 f"data.train_on_reasoning=false but data.format={fmt} with this chat template renders no reasoning "
-                "block to mask"
-                + (" (the template drops it)." if self.reasoning is not None else "."),
+                "block to mask" + (" (the template drops it)." if self.reasoning is not None else "."),
                 key="data.train_on_reasoning",
                 fix="data.train_on_reasoning=true (the default), or a template that renders reasoning "
                 "(tokenizer.chat_template=qwen3) with chat or message-list preference data.",
@@ -404,9 +403,7 @@ class SampleEncoder:
         return self._assemble(parts, records, kept, rejects, [0] * len(kept))
 
 
-def _after_reasoning(
-    text: str, spans: list[tuple[int, int]], block: templates.ReasoningBlock
-) -> list[tuple[int, int]]:
+def _after_reasoning(text: str, spans: list[tuple[int, int]], block: templates.ReasoningBlock) -> list[tuple[int, int]]:
     """Each reply span without the reasoning block it opens with (the markers, the reasoning and the whitespace
     after the block): the reply after it stays a target. The parser moved the reasoning out of the content and
     left no marker in it, so the block's first closing marker is its end."""

@@ -25,6 +25,7 @@ from typing import Any
 from seqtune.config.errors import ModelLoadError
 from seqtune.models.spec import FAMILIES, ModelSpec, common_arch_fields, get_spec
 from seqtune.tokenizers.templates import PROBE_REPLY, end_of_turn_probe
+
 _LAYER_WEIGHT = re.compile(r"^model\.layers\.0\.(.+)\.weight$")
 FIX = (
     "model.path=DIR of a checkpoint whose architecture transformers ships (config.json `architectures` names a "
@@ -198,9 +199,7 @@ def _render_probe(template: str, tokenizer_config: dict) -> str | None:
         for role in ("bos", "eos", "pad", "unk")
     }
     try:
-        return env.from_string(template).render(
-            messages=end_of_turn_probe(), add_generation_prompt=False, **specials
-        )
+        return env.from_string(template).render(messages=end_of_turn_probe(), add_generation_prompt=False, **specials)
     except Exception:  # noqa: BLE001 - a template that cannot render the probe names no end-of-turn token
         return None
 

@@ -288,9 +288,7 @@ def scan_literal_controls(
     return per_token, lines
 
 
-def _misplaced(
-    record, split: SplitInput, parsers: dict[str, LineParser], reasoning: ReasoningBlock
-) -> dict[str, None]:
+def _misplaced(record, split: SplitInput, parsers: dict[str, LineParser], reasoning: ReasoningBlock) -> dict[str, None]:
     """The reasoning markers left in a record's text once parsed with the template's reasoning block (all of them
     when the parser rejects the record: it is then judged as written)."""
     source = split.sources[record.source]

@@ -16,6 +16,7 @@ from seqtune.models import spec_for
 from seqtune.tokenizers.control import control_tokens
 from seqtune.tokenizers.facts import added_bos_id, tokenizer_facts
 from seqtune.tokenizers.templates import PROBE_REPLY, end_of_turn_probe
+
 # The formats whose records the chat template renders (a preference pair may hold message lists).
 TEMPLATED_FORMATS = frozenset({*CHAT_FORMATS, DataFormat.preference})
 

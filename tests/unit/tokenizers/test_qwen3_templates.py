@@ -146,8 +146,11 @@ def test_train_on_reasoning_false_masks_every_turns_think_block_and_trains_the_r
 
 @pytest.mark.parametrize(
     "template,fmt,why",
-    [("llama3", "chat", r"renders no reasoning block to mask\."), ("qwen3_no_think", "chat", "the template drops it"),
-     ("qwen3", "alpaca", "data.format=alpaca")],
+    [
+        ("llama3", "chat", r"renders no reasoning block to mask\."),
+        ("qwen3_no_think", "chat", "the template drops it"),
+        ("qwen3", "alpaca", "data.format=alpaca"),
+    ],
 )
 def test_train_on_reasoning_false_is_refused_where_nothing_renders_a_block(template, fmt, why):
     with pytest.raises(ConfigError, match=why) as refused:
@@ -185,7 +188,9 @@ def test_only_misplaced_special_token_strings_are_literal_controls(tmp_path):
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     per_token, lines = scan_literal_controls(
-        files_split("train", [data], "chat"), literal_controls(tokenizer), reasoning=templates.reasoning_block(tokenizer)
+        files_split("train", [data], "chat"),
+        literal_controls(tokenizer),
+        reasoning=templates.reasoning_block(tokenizer),
     )
     assert [int(loc.rsplit(":", 1)[1]) for loc in lines.locations] == [3, 4, 5, 6, 7]
     assert per_token["<|im_end|>"].count == 1 and per_token["<think>"].count == 3
@@ -197,8 +202,11 @@ def test_only_misplaced_special_token_strings_are_literal_controls(tmp_path):
 def test_think_blocks_in_preference_pairs_are_data_and_in_string_pairs_special_text(tmp_path):
     tokenizer = qwen3()
     rows = [
-        {"prompt": [{"role": "user", "content": "2+2?"}], "chosen": [{"role": "assistant", "content": THINK}],
-         "rejected": [{"role": "assistant", "content": "<think>\nguess\n</think>\n\n5"}]},
+        {
+            "prompt": [{"role": "user", "content": "2+2?"}],
+            "chosen": [{"role": "assistant", "content": THINK}],
+            "rejected": [{"role": "assistant", "content": "<think>\nguess\n</think>\n\n5"}],
+        },
         {"prompt": "2+2?", "chosen": THINK, "rejected": "5"},  # no template: the markers would be special tokens
     ]
     data = tmp_path / "pairs.jsonl"
