@@ -487,6 +487,11 @@ class LineParser:
             content, content_problem = _content_text(
                 message.get("content"), where, tool_call=bool(message.get("tool_calls"))
             )
+            reasoning = message.get("reasoning_content")
+            if reasoning is not None and not isinstance(reasoning, str):
+                content_problem = (
+                    f"wrong_type: {where} reasoning_content is a {type(reasoning).__name__}, expected a string"
+                )
             if problem or content_problem:
                 return self._reject(line, problem or content_problem or "")
             turns.append(
@@ -494,7 +499,7 @@ class LineParser:
                     {
                         "role": message["role"],
                         "content": content,
-                        **{k: message[k] for k in TOOL_FIELDS if message.get(k)},
+                        **{k: message[k] for k in (*TOOL_FIELDS, "reasoning_content") if message.get(k)},
                     },
                     where,
                 )
@@ -553,6 +558,14 @@ class LineParser:
                 return self._reject(line, role_reason(where, role, self.roles))
             if role == "assistant" and not message["content"].strip() and not message.get("tool_calls"):
                 return self._reject(line, f"empty_text: {where} (assistant) is empty")
+            if "reasoning_content" in message and (role != "assistant" or self.reasoning is None):
+                # Never rendered: a template without a reasoning block (or any template, on another role) drops it.
+                whose = "the chat template (tokenizer.chat_template) has no reasoning block"
+                return self._reject(
+                    line,
+                    f"{TEMPLATE_REJECTED}: {where} reasoning_content would not be rendered: "
+                    + (whose if role == "assistant" else f"only an assistant reply has one, not a {role} message"),
+                )
         last = max((i for i, (m, _) in enumerate(turns) if m["role"] == "assistant"), default=-1)
         if last < 0:
             return self._reject(line, "no_targets: no assistant message, nothing to train on")
@@ -873,8 +886,8 @@ def _split_reasoning(message: dict[str, Any], block: ReasoningBlock) -> dict[str
     as special-token strings (also a second block, or markers inside the reasoning)."""
     content = message["content"].lstrip()
     end = content.find(block.close)
-    if not content.startswith(block.open) or end < 0:
-        return message
+    if not content.startswith(block.open) or end < 0 or "reasoning_content" in message:
+        return message  # the template reads reasoning_content first: a block in the content is then text
     reasoning = content[len(block.open) : end]
     if block.open in reasoning:
         return message

@@ -217,3 +217,21 @@ def test_think_blocks_in_preference_pairs_are_data_and_in_string_pairs_special_t
         reasoning=templates.reasoning_block(tokenizer),
     )
     assert [int(loc.rsplit(":", 1)[1]) for loc in lines.locations] == [2]
+
+
+def test_a_reasoning_content_field_is_rendered_where_the_template_has_a_block_and_refused_where_not():
+    record = {
+        "messages": [
+            {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "4", "reasoning_content": "add two and two"},
+        ]
+    }
+    tokenizer = qwen3()
+    encoder = SampleEncoder(tokenizer, "chat", train_on_prompt=False)
+    sample = encoder.encode_batch([parsed(encoder, record)])[0]
+    assert trained_runs(tokenizer, sample) == ["<think>\nadd two and two\n</think>\n\n4<|im_end|>"]
+    plain = SampleEncoder(qwen3("llama3"), "chat", train_on_prompt=False)
+    rejected = parsed(plain, record)
+    assert isinstance(rejected, Reject) and "messages[1] reasoning_content would not be rendered" in rejected.reason
+    record["messages"][0]["reasoning_content"] = "a user's"
+    assert "not a user message" in parsed(encoder, record).reason
