@@ -258,9 +258,9 @@ def scan_literal_controls(
     reasoning: ReasoningBlock | None = None,
 ) -> tuple[dict[str, Finding], Finding]:
     """Records of `split` (the first `max_lines`, 0 = all) whose text holds a control token's string, per token
-    and in all (a columnar row is searched as its JSON). A record whose only such strings are `reasoning`'s markers
-    is parsed as training parses it: they count only where they remain in its text after the parser took each
-    reply's opening reasoning block out (elsewhere in a reply, in a prompt, a second block, a string pair)."""
+    and in all (a columnar row is searched as its JSON). A record holding `reasoning`'s markers is parsed as
+    training parses it: they count only where they remain in its text after the parser took each reply's opening
+    reasoning block out (elsewhere in a reply, in a prompt, a second block, a string pair)."""
     pattern, forms = literal_pattern(literal)
     markers = {reasoning.open, reasoning.close} if reasoning is not None else set()
     parsers: dict[str, LineParser] = {}
@@ -277,8 +277,9 @@ def scan_literal_controls(
             else json.dumps(record.payload, ensure_ascii=False, default=str).encode("utf-8")
         )
         found = dict.fromkeys(forms[match] for match in pattern.findall(raw))
-        if found and markers.issuperset(found):
-            found = _misplaced(record, split, parsers, reasoning)  # type: ignore[arg-type]
+        if markers.intersection(found):
+            misplaced = _misplaced(record, split, parsers, reasoning)  # type: ignore[arg-type]
+            found = {text: None for text in found if text not in markers or text in misplaced}
         if not found:
             continue
         location = f"{record.path}:{record.number}"

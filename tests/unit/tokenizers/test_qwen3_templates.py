@@ -179,7 +179,7 @@ def test_only_misplaced_special_token_strings_are_literal_controls(tmp_path):
     rows = [
         chat_line(THINK),  # 1: the documented reasoning block
         chat_line("  <think>x</think>4", "<think></think>6"),  # 2: leading space, every turn: still the block
-        chat_line("4 <|im_end|>"),  # 3: a turn marker in a reply
+        chat_line("<think>x</think>4 <|im_end|>"),  # 3: a turn marker in a reply (its block is fine)
         {"messages": [{"role": "user", "content": "<think>hi</think>"}, {"role": "assistant", "content": "4"}]},  # 4
         chat_line("4 </think>"),  # 5: a closing marker after the reply
         chat_line("<think>a<think>b</think>4"),  # 6: markers inside the reasoning
