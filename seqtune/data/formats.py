@@ -558,13 +558,9 @@ class LineParser:
                 return self._reject(line, role_reason(where, role, self.roles))
             if role == "assistant" and not message["content"].strip() and not message.get("tool_calls"):
                 return self._reject(line, f"empty_text: {where} (assistant) is empty")
-            if "reasoning_content" in message and (role != "assistant" or self.reasoning is None):
-                # Never rendered: a template without a reasoning block (or any template, on another role) drops it.
-                whose = "the chat template (tokenizer.chat_template) has no reasoning block"
+            if "reasoning_content" in message and role != "assistant":  # no template renders it there
                 return self._reject(
-                    line,
-                    f"{TEMPLATE_REJECTED}: {where} reasoning_content would not be rendered: "
-                    + (whose if role == "assistant" else f"only an assistant reply has one, not a {role} message"),
+                    line, f"wrong_type: {where} reasoning_content on a {role} message (only an assistant reply has one)"
                 )
         last = max((i for i, (m, _) in enumerate(turns) if m["role"] == "assistant"), default=-1)
         if last < 0:

@@ -368,6 +368,14 @@ class SampleEncoder:
                 reason = role_reason(f"messages[{refused}]", record.messages[refused]["role"], self.chat_roles)
                 rejects.append((i, Reject(file=record.file, line=record.line, reason=reason)))
                 continue
+            thought = next((n for n, m in enumerate(record.messages) if "reasoning_content" in m), None)
+            if thought is not None and self.reasoning is None:
+                reason = (
+                    f"{TEMPLATE_REJECTED}: messages[{thought}] reasoning_content would not be rendered: the chat "
+                    "template (tokenizer.chat_template) has no reasoning block"
+                )
+                rejects.append((i, Reject(file=record.file, line=record.line, reason=reason)))
+                continue
             if record.tools and not self.renders_tools:
                 reason = (
                     f"{TEMPLATE_REJECTED}: its {len(record.tools)} tool definition(s) would not be rendered: "

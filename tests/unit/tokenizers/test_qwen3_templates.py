@@ -231,7 +231,7 @@ def test_a_reasoning_content_field_is_rendered_where_the_template_has_a_block_an
     sample = encoder.encode_batch([parsed(encoder, record)])[0]
     assert trained_runs(tokenizer, sample) == ["<think>\nadd two and two\n</think>\n\n4<|im_end|>"]
     plain = SampleEncoder(qwen3("llama3"), "chat", train_on_prompt=False)
-    rejected = parsed(plain, record)
+    rejected = plain.encode_batch([parsed(plain, record)])[0]
     assert isinstance(rejected, Reject) and "messages[1] reasoning_content would not be rendered" in rejected.reason
     record["messages"][0]["reasoning_content"] = "a user's"
-    assert "not a user message" in parsed(encoder, record).reason
+    assert "reasoning_content on a user message" in parsed(encoder, record).reason
