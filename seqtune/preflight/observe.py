@@ -277,8 +277,8 @@ def scan_literal_controls(
             else json.dumps(record.payload, ensure_ascii=False, default=str).encode("utf-8")
         )
         found = dict.fromkeys(forms[match] for match in pattern.findall(raw))
-        if markers.intersection(found):
-            misplaced = _misplaced(record, split, parsers, reasoning)  # type: ignore[arg-type]
+        if reasoning is not None and markers.intersection(found):
+            misplaced = _misplaced(record, split, parsers, reasoning)
             found = {text: None for text in found if text not in markers or text in misplaced}
         if not found:
             continue
