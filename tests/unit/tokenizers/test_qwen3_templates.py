@@ -235,3 +235,12 @@ def test_a_reasoning_content_field_is_rendered_where_the_template_has_a_block_an
     assert isinstance(rejected, Reject) and "messages[1] reasoning_content would not be rendered" in rejected.reason
     record["messages"][0]["reasoning_content"] = "a user's"
     assert "reasoning_content on a user message" in parsed(encoder, record).reason
+
+
+def test_sharegpt_replies_open_with_the_block_as_chat_ones_do():
+    tokenizer = qwen3()
+    chat = SampleEncoder(tokenizer, "chat", train_on_prompt=False)
+    sharegpt = SampleEncoder(tokenizer, "sharegpt", train_on_prompt=False)
+    record = {"conversations": [{"from": "human", "value": "question 0"}, {"from": "gpt", "value": THINK}]}
+    ours, theirs = parsed(sharegpt, record), parsed(chat, chat_line(THINK))
+    assert ours.messages == theirs.messages and "reasoning_content" in ours.messages[1]
