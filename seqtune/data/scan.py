@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from seqtune.config.schema import DataFormat
+from seqtune.config.schema import CHAT_FORMATS, DataFormat
 from seqtune.data.cache import (
     META,
     REJECTS,
@@ -108,7 +108,9 @@ def format_signature(
     """What of one format's encoding goes into the token-cache key: the tokenizer (its fingerprint), the format's
     rendering, the targets' settings and the ids the encoder adds. A caller that holds these facts (preflight's
     tokenizer record) finds a published cache without building an encoder, so without loading the tokenizer.
-    train_on_reasoning is named only when false, so the keys of every cache written before it existed hold."""
+    train_on_reasoning is named only when false, so the keys of every cache written before it existed hold; a
+    conversation with train_on_prompt=true is marked, since its caches from before it was honoured hold the
+    assistant-only targets."""
     parts = [
         fingerprint,
         template_signature(fmt),
@@ -116,6 +118,8 @@ def format_signature(
         f"bos={bos_id}",
         f"eos={eos_id}",
     ]
+    if train_on_prompt and fmt in CHAT_FORMATS:
+        parts.append("conversation_prompts_trained")
     return "|".join(parts if train_on_reasoning else [*parts, "train_on_reasoning=False"])
 
 

@@ -404,7 +404,8 @@ class SampleEncoder:
             # A token is a target when its last character lies inside a reply: a token straddling the end
             # (where the partial rendering diverged from the full one) belongs to the next turn.
             ends = np.fromiter((e for _, e in enc.offsets), np.int64, count=len(enc.offsets))
-            target = np.zeros(len(ends), bool)
+            # data.train_on_prompt: every token of the conversation trains (system and user turns too).
+            target = np.full(len(ends), self.train_on_prompt, bool)
             for lo, hi in assistant_spans:
                 target |= (ends > lo) & (ends <= hi)
             parts.append((np.asarray(enc.ids, np.int64), target))
