@@ -13,7 +13,8 @@ included, averaged over those tokens; seqtune's is the chosen completion's mean 
 averaged over pairs, which is exactly minus TRL's logps/chosen. So the bench checks
     seqtune loss == TRL loss - TRL nll_loss - TRL logps/chosen       (to 1e-5)
     seqtune nll_loss == -TRL logps/chosen,   and every other metric equal (to 1e-5),
-and reports how far TRL's own nll_loss is from seqtune's. Writes bench/results/orpo_vs_trl.json.
+and reports how far TRL's own nll_loss is from seqtune's. Writes bench/results/orpo_vs_trl.json
+(orpo_vs_trl_checkpoint.json with --checkpoint).
 """
 
 from __future__ import annotations
@@ -130,7 +131,8 @@ def main() -> None:
             f"max |difference| {r['max_abs_difference']:.2e}"
         )
     print(f"TRL {trl['trl']}: {len(rows)} batches of {args.batch} pairs, worst |difference| {worst:.2e}")
-    path = write_results("orpo_vs_trl", {"trl": trl["trl"], "beta": args.beta, "worst": worst, "batches": rows})
+    name = "orpo_vs_trl" + ("_checkpoint" if args.checkpoint else "")
+    path = write_results(name, {"trl": trl["trl"], "beta": args.beta, "worst": worst, "batches": rows})
     print(f"wrote {path}")
     if worst > TOLERANCE:
         raise SystemExit(f"parity FAILED: {worst:.2e} > {TOLERANCE}")
