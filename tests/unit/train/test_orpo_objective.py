@@ -51,6 +51,20 @@ def test_log1mexp_is_accurate_at_both_ends(x):
     assert log1mexp(torch.tensor([x], dtype=torch.float32)).item() == pytest.approx(want, rel=1e-5, abs=1e-30)
 
 
+def test_a_completion_of_probability_one_gives_finite_odds_and_gradients():
+    chosen = torch.tensor([0.0, -1e-9, -2.0], requires_grad=True)  # mean probabilities 1 in float32, then e^-2
+    rejected = torch.tensor([-3.0, 0.0, -2.5], requires_grad=True)
+    losses, metrics = odds_ratio_terms(chosen, rejected, beta=0.1)
+    losses.sum().backward()
+    assert torch.isfinite(losses).all() and torch.isfinite(metrics).all()
+    assert torch.isfinite(chosen.grad).all() and torch.isfinite(rejected.grad).all()
+    assert chosen.grad[0] == -1.0  # the SFT term still pulls; the capped odds add nothing there
+    # Below the cap nothing changes: the third pair is the plain formula.
+    c, r = -2.0, -2.5
+    log_odds = (c - r) - (math.log1p(-math.exp(c)) - math.log1p(-math.exp(r)))
+    assert losses[2].item() == pytest.approx(-c + 0.1 * math.log1p(math.exp(-log_odds)), abs=1e-6)
+
+
 def test_the_loss_is_the_formula_from_full_logits_and_packing_changes_nothing():
     torch.manual_seed(0)
     model = tiny_model().eval()
