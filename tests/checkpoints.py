@@ -52,6 +52,27 @@ KINDS = {
         None,
     ),
     "olmo2": ("Olmo2Config", {"tie_word_embeddings": False}, "bundled", OLMO2, "</s>", "</s>", [], None),
+    # Mixture of experts (the tiny shape of issue 30: 2 layers, hidden 64, 4 experts, top-2)
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        {"tie_word_embeddings": False, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+        "qwen3",
+        QWEN25,
+        "<|im_end|>",
+        "<|im_end|>",
+        [],
+        None,
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        {"tie_word_embeddings": False, "num_local_experts": 4, "num_experts_per_tok": 2},
+        "bundled",
+        PHI3,
+        "</s>",
+        "<|end|>",
+        [],
+        None,
+    ),
     "smollm": (
         "LlamaConfig",
         {"tie_word_embeddings": True},

@@ -333,6 +333,10 @@ class ModelConfig:
     load_in_4bit: bool = False
     gradient_checkpointing: bool = False
     seed: int = 0
+    # Mixture of experts: the router's load-balancing loss is added as coef x aux_loss and logged as
+    # router_aux_loss. null = the checkpoint's config.json router_aux_loss_coef; 0 = not added (still logged).
+    # Refused for a model without a router.
+    router_aux_loss_coef: float | None = None
 
     def __post_init__(self) -> None:
         domain = _Domain("model")
@@ -352,6 +356,7 @@ class ModelConfig:
         if self.rope_theta is not None:
             domain.above("rope_theta", self.rope_theta, 0, "null")
         domain.at_least("rope_scaling_factor", self.rope_scaling_factor, 0, "null", optional=True)
+        domain.at_least("router_aux_loss_coef", self.router_aux_loss_coef, 0, "null", optional=True)
         _seed(domain, self.seed, 0)
         if self.family == ModelFamily.auto and not self.path:
             domain.refuse(

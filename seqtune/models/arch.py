@@ -74,6 +74,11 @@ class Arch:
     # The decoder layers' module names, in order (model.layers.0, ...).
     layers: tuple[str, ...]
     head: str  # the output embedding's module name
+    # The tensors as a checkpoint stores them when transformers converts them while loading (a mixture of experts:
+    # each expert's gate/up/down matrices on file, one fused 3-D parameter per layer in the model); None when the
+    # stored names and shapes are `tensors` themselves. From transformers' own conversion mapping, reverted as
+    # save_pretrained reverts it (module_arch), so the checkpoint proof checks what the loader will convert.
+    stored: dict[str, tuple[int, ...]] | None = None
 
     def parameters(self) -> dict[str, int]:
         """Distinct parameters (a tied weight once, under its first name) -> element count."""
@@ -260,6 +265,7 @@ def module_arch(model: Any, hf_config: Any) -> Arch:
     modules = dict(model.named_modules())
     by_module = {id(m): name for name, m in modules.items()}
     numbers = numbers_of(hf_config)
+    stored = _stored_tensors(model)
     return Arch(
         model_type=str(getattr(hf_config, "model_type", "")),
         **numbers,
@@ -271,7 +277,17 @@ def module_arch(model: Any, hf_config: Any) -> Arch:
         norms=tuple(name for name, m in modules.items() if type(m).__name__.endswith("RMSNorm")),
         layers=tuple(by_module[id(layer)] for layer in decoder_layers(model)),
         head=by_module[id(head)],
+        stored=None if stored == tensors else stored,
     )
+
+
+def _stored_tensors(model: Any) -> dict[str, tuple[int, ...]]:
+    """The model's tensors named and shaped as save_pretrained writes them: transformers' conversion mapping for
+    the architecture, reverted (on the meta device: shapes only)."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    state = dict(model.state_dict(keep_vars=True))
+    return {name: tuple(t.shape) for name, t in revert_weight_conversion(model, state).items()}
 
 
 def tiny_arch(model_type: str, kwargs: Mapping[str, Any]) -> Arch:

@@ -41,8 +41,10 @@ def checkpoint_spec(path: str) -> ModelSpec:
 
 @lru_cache(maxsize=8)
 def _checkpoint_spec(root_text: str) -> ModelSpec:
+    from seqtune.models.facts import read_config_json
+
     root = Path(root_text)
-    config = json.loads((root / "config.json").read_text())
+    config = read_config_json(root, root_text)
     model_type, model_class = _causal_lm_class(root, config)
     weights = _weight_shapes(root)
     layer = [
@@ -54,6 +56,16 @@ def _checkpoint_spec(root_text: str) -> ModelSpec:
             "reads (model.embed_tokens, model.layers.N.<module>, lm_head).",
             key="model.path",
             fix=FIX,
+        )
+    layer_source = "the linear weights of decoder layer 0 in the safetensors"
+    if config.get("num_experts_per_tok"):
+        layer, layer_source = (
+            _built_layer_linears(root),
+            (
+                f"the Linear modules of decoder layer 0 as transformers builds it: a mixture of experts "
+                f"(num_experts_per_tok={config['num_experts_per_tok']}) whose experts transformers fuses into 3-D "
+                "parameters and whose router is no Linear, so LoRA adapts attention (and any dense MLP) by default"
+            ),
         )
     tied, tied_source = _tied(config, weights)
     tokenizer_config = _json(root / "tokenizer_config.json")
@@ -69,8 +81,7 @@ def _checkpoint_spec(root_text: str) -> ModelSpec:
         "rows, context, layers, RoPE": "config.json (vocab_size, max_position_embeddings, num_hidden_layers, "
         "rope_parameters / rope_scaling)",
         "tied embeddings": f"{tied} ({tied_source})",
-        "LoRA targets": f"{', '.join(dict.fromkeys(m.rsplit('.', 1)[-1] for m in layer_modules))} (the linear "
-        "weights of decoder layer 0 in the safetensors)",
+        "LoRA targets": f"{', '.join(dict.fromkeys(m.rsplit('.', 1)[-1] for m in layer_modules))} ({layer_source})",
         "end of turn": f"{eot} ({eot_source})",
         "chat template": template_source,
         "padding side": f"{padding} ({padding_source})",
@@ -128,6 +139,17 @@ def _causal_lm_class(root: Path, config: dict) -> tuple[str, str]:
             fix=FIX,
         )
     return str(model_type), causal[0]
+
+
+def _built_layer_linears(root: Path) -> list[str]:
+    """The nn.Linear modules of decoder layer 0 of the model transformers builds from config.json (on the meta
+    device): where the stored weights are converted while loading, their names on file are not the modules'."""
+    from transformers import AutoConfig
+
+    from seqtune.models.arch import config_arch
+
+    arch = config_arch(AutoConfig.from_pretrained(root, local_files_only=True, trust_remote_code=False))
+    return list(arch.layer_linears(arch.layers[0]))
 
 
 def _weight_shapes(root: Path) -> dict[str, list[int]]:

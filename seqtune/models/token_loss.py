@@ -14,10 +14,16 @@ target positions only, and sends them through the head in chunks:
   Linear (frozen or trained in full), so a head that peft wraps keeps the chunked path.
 
 The loss is computed inside the model's own forward, so DDP's and FSDP's hooks see one forward as usual.
+
+A mixture of experts (the plan's `router_aux_loss_coef` is set) also asks the decoder for its router logits and
+adds transformers' own load-balancing loss (the model module's `load_balancing_loss_func`, as its ForCausalLM
+forward does) as coef x aux x the micro-batch's target count: divided by the step's target count, that is
+transformers' mean loss + coef x aux. `.aux_loss` holds the aux value, which the objective logs (router_aux_loss).
 """
 
 from __future__ import annotations
 
+import sys
 import types
 from typing import cast
 
@@ -26,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOutputWithPast
 
 from seqtune.data.types import IGNORE_INDEX
 from seqtune.models.chunks import chunk_tokens
@@ -101,12 +107,23 @@ def fused_cross_entropy(
     return loss(head.weight, selected, flat_targets.index_select(0, keep), head.bias).float()
 
 
-def install_token_loss(model: nn.Module, *, path: str, chunk: int | None = None) -> None:
+def _router_aux_loss(lm: PreTrainedModel, router_logits, attention_mask) -> torch.Tensor:
+    """transformers' load-balancing loss of this architecture, from its own modeling module."""
+    balance = getattr(sys.modules[type(lm).__module__], "load_balancing_loss_func", None)
+    if balance is None:
+        raise ValueError(f"{type(lm).__name__} has a router_aux_loss_coef but its module no load_balancing_loss_func")
+    return balance(router_logits, lm.num_experts, lm.num_experts_per_tok, attention_mask)
+
+
+def install_token_loss(
+    model: nn.Module, *, path: str, chunk: int | None = None, router_aux_coef: float | None = None
+) -> None:
     """Give the causal LM inside `model` (a transformers model, or peft's wrapper of one) a `targets=` argument:
     `model(input_ids=..., targets=...).loss` is then the summed token loss, computed as `path` says; with
     `per_token=True`, `.logits` is every target position's cross-entropy instead (chunked) and `.loss` a zero in the
     graph.
-    `chunk`: positions per chunk of the chunked path (default: chunk_tokens of the vocabulary)."""
+    `chunk`: positions per chunk of the chunked path (default: chunk_tokens of the vocabulary).
+    `router_aux_coef`: a mixture of experts' load-balancing coefficient (the plan's), None for a model without."""
     if path not in ("chunked", "fused"):
         raise ValueError(f"loss path {path!r} must be resolved (kernels.loss_choice) before install")
     lm = cast(
@@ -134,9 +151,12 @@ def install_token_loss(model: nn.Module, *, path: str, chunk: int | None = None)
         for unused in ("labels", "output_attentions", "output_hidden_states", "return_dict"):
             kwargs.pop(unused, None)
         kwargs["use_cache"] = False  # a KV cache would merge packed documents (tests/unit/data/test_contamination.py)
-        hidden = self.base_model(
+        if router_aux_coef is not None:
+            kwargs["output_router_logits"] = True
+        decoded = self.base_model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
-        ).last_hidden_state
+        )
+        hidden = decoded.last_hidden_state
         out_head = self.get_output_embeddings()
         if per_token:
             # `loss` is a zero that belongs to the graph (a micro-batch without targets still backpropagates, as
@@ -147,6 +167,10 @@ def install_token_loss(model: nn.Module, *, path: str, chunk: int | None = None)
             loss = fused_cross_entropy(hidden, out_head, targets, softcap=softcap)
         else:
             loss = chunked_cross_entropy(hidden, out_head, targets, chunk=chunk, softcap=softcap)
-        return CausalLMOutputWithPast(loss=loss)
+        if router_aux_coef is None:
+            return CausalLMOutputWithPast(loss=loss)
+        aux = _router_aux_loss(self, decoded.router_logits, attention_mask).float()
+        count = (targets != IGNORE_INDEX).sum()
+        return MoeCausalLMOutputWithPast(loss=loss + router_aux_coef * aux * count, aux_loss=aux)
 
     lm.forward = types.MethodType(forward, lm)

@@ -22,6 +22,7 @@ from seqtune.config.schema import (
     LauncherConfig,
     LauncherName,
     MixedPrecision,
+    ModelConfig,
     PaddingSide,
     Parallel,
     RootConfig,
@@ -105,6 +106,7 @@ def resolve_plan(
         sliding_window=model.sliding_window,
         attention_dropout_or_softcap=model.attention_dropout_or_softcap,
         tied_embeddings=model.tied_embeddings,
+        router_aux_loss_coef=router_aux_coef(cfg.model, model),
         **resolve_kernels(
             cfg,
             device_type=device.type,
@@ -122,6 +124,20 @@ def resolve_plan(
         sample_kind=str(kind),
         sequences_per_sample=sequences_per_sample(kind),
     )
+
+
+def router_aux_coef(model_cfg: ModelConfig, model: ModelFacts) -> float | None:
+    """model.router_aux_loss_coef over the checkpoint's; refused for a model without a router."""
+    if model_cfg.router_aux_loss_coef is None:
+        return model.router_aux_loss_coef
+    if model.router_aux_loss_coef is None:
+        raise ConfigError(
+            f"model.router_aux_loss_coef={model_cfg.router_aux_loss_coef}, but model_type={model.model_type} has no "
+            "mixture-of-experts router (config.json declares no num_experts_per_tok with router_aux_loss_coef).",
+            key="model.router_aux_loss_coef",
+            fix="model.router_aux_loss_coef=null",
+        )
+    return float(model_cfg.router_aux_loss_coef)
 
 
 def resolve_kernels(

@@ -41,15 +41,23 @@ def _inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 @dataclass(frozen=True)
 class TokenCrossEntropy:
     """SFT: the summed cross-entropy of every target token (seqtune.models.token_loss computes it from the hidden
-    states, chunked or fused, never [batch, seq, vocab] logits)."""
+    states, chunked or fused, never [batch, seq, vocab] logits). `router_aux`: a mixture of experts whose loss
+    includes the router's load-balancing term (the plan's router_aux_loss_coef): its value is logged as
+    router_aux_loss, averaged over the same target tokens as the loss."""
 
+    router_aux: bool = False
     count_key: str = "num_targets"
-    metric_names: tuple[str, ...] = ()
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        return ("router_aux_loss",) if self.router_aux else ()
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         # use_cache=False always: when a KV cache is created, packed rows are no longer kept apart.
-        loss = model(**_inputs(batch), targets=batch["targets"], use_cache=False).loss
-        return loss, loss.new_zeros(0)
+        out = model(**_inputs(batch), targets=batch["targets"], use_cache=False)
+        if not self.router_aux:
+            return out.loss, out.loss.new_zeros(0)
+        return out.loss, (out.aux_loss.detach() * batch[self.count_key]).reshape(1)
 
 
 # The preference metrics, in this order (TRL's names; evaluation logs them as eval_<name>).

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.checkpoints import KINDS, build_checkpoint
-from tests.conftest import run_cli
+from tests.conftest import read_metrics, run_cli
 
 pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
 
@@ -41,9 +41,13 @@ def chat_rows(path: Path) -> Path:
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_checkpoint_trains_and_exports_with_no_family_named(kind, tmp_path):
+    """A mixture of experts (qwen3_moe, mixtral) trains 5 steps with the router's load-balancing loss, its
+    coefficient the checkpoint's, logged as router_aux_loss."""
     from transformers import AutoModelForCausalLM
 
     checkpoint = build_checkpoint(kind, tmp_path / kind)
+    config = json.loads((checkpoint / "config.json").read_text())
+    moe = "num_experts_per_tok" in config
     run_dir = tmp_path / "run"
     result = run_cli(
         [
@@ -52,6 +56,7 @@ def test_checkpoint_trains_and_exports_with_no_family_named(kind, tmp_path):
             "data.format=chat",
             f"data.train={chat_rows(tmp_path / 'chat.jsonl')}",
             *TRAIN_BRIEFLY,
+            *(["train.max_steps=5", "train.log_every=1"] if moe else []),
         ],
         run_dir,
     )
@@ -62,4 +67,12 @@ def test_checkpoint_trains_and_exports_with_no_family_named(kind, tmp_path):
     adapter = json.loads((run_dir / "adapter" / "adapter_config.json").read_text())
     assert sorted(adapter["target_modules"]) == sorted(plan["lora_targets"])
     merged = AutoModelForCausalLM.from_pretrained(run_dir / "merged")
-    assert type(merged).__name__ == json.loads((checkpoint / "config.json").read_text())["architectures"][0]
+    assert type(merged).__name__ == config["architectures"][0]
+    assert json.loads((run_dir / "export.json").read_text())["ok"] is True
+    metrics = read_metrics(run_dir)
+    if moe:
+        assert plan["router_aux_loss_coef"] == config["router_aux_loss_coef"]
+        assert [m["step"] for m in metrics if "router_aux_loss" in m] == [1, 2, 3, 4, 5]
+        assert all(m["router_aux_loss"] > 0 for m in metrics if "router_aux_loss" in m)
+    else:
+        assert plan["router_aux_loss_coef"] is None and not any("router_aux_loss" in m for m in metrics)

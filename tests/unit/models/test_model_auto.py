@@ -30,6 +30,8 @@ EXPECTED = {
     "qwen2": ("Qwen2ForCausalLM", "<|im_end|>", True, "right"),
     "olmo2": ("Olmo2ForCausalLM", "</s>", False, "right"),
     "smollm": ("LlamaForCausalLM", "<|im_end|>", True, "right"),
+    "qwen3_moe": ("Qwen3MoeForCausalLM", "<|im_end|>", False, "right"),
+    "mixtral": ("MixtralForCausalLM", "<|end|>", False, "right"),
 }
 
 

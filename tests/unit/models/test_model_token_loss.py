@@ -105,3 +105,36 @@ def test_a_micro_batch_without_targets_backpropagates_zeros():
     loss.backward()
     assert loss.item() == 0.0
     assert all(p.grad is not None and not p.grad.any() for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("config_class", ["Qwen3MoeConfig", "MixtralConfig"])
+def test_a_mixture_of_experts_adds_transformers_router_loss_with_its_coefficient(config_class):
+    import transformers
+
+    extra = {"num_experts": 4} if config_class == "Qwen3MoeConfig" else {"num_local_experts": 4}
+    config = getattr(transformers, config_class)(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts_per_tok=2,
+        router_aux_loss_coef=0.25,
+        **extra,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(1))
+    theirs = model(input_ids=ids, labels=ids, output_router_logits=True, use_cache=False)
+    targets = torch.full_like(ids, IGNORE_INDEX)
+    targets[:, :-1] = ids[:, 1:]  # the collator's shifted targets
+    install_token_loss(model, path="chunked", router_aux_coef=0.25)
+    ours = model(input_ids=ids, targets=targets)
+    count = int((targets != IGNORE_INDEX).sum())
+    torch.testing.assert_close(ours.aux_loss, theirs.aux_loss.float())
+    torch.testing.assert_close(ours.loss / count, theirs.loss.float(), rtol=1e-5, atol=1e-6)
+    assert float(ours.aux_loss.detach()) > 0  # the term is there, not only equal because both are zero
+    install_token_loss(model, path="chunked")  # no coefficient: the plain summed cross-entropy
+    plain = model(input_ids=ids, targets=targets).loss / count
+    torch.testing.assert_close(plain + 0.25 * ours.aux_loss, theirs.loss.float(), rtol=1e-5, atol=1e-6)
