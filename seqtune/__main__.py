@@ -167,6 +167,28 @@ def _after_training(typed, run_dir: Path) -> None:
         log_scores(run_dir, run_harness(run_dir, request_from(typed.eval)))
 
 
+# Chosen for `model.path=DIR` (or ORG/NAME) when the command names no model: every fact read from the checkpoint.
+BARE_CHECKPOINT_MODEL = "model=hf"
+# ... and, unless the command names a lora preset, LoRA only: lora=tiny (the embedded default) trains the whole head,
+# which is right for a random tiny model and refused for a real checkpoint.
+BARE_CHECKPOINT_LORA = "lora=default"
+
+
+def _bare_checkpoint(cfg: DictConfig) -> tuple[DictConfig, str]:
+    """The config of `model.path=...` alone: composed again with model=hf (and lora=default unless lora= is
+    given), as if the command had named them, with the line that says so; else `cfg` unchanged."""
+    overrides = list(HydraConfig.get().overrides.task)
+    chosen = {override.lstrip("+~").split("=", 1)[0] for override in overrides}
+    if "model" in chosen or not cfg.model.path:
+        return cfg, ""
+    added = [BARE_CHECKPOINT_MODEL, *([] if "lora" in chosen else [BARE_CHECKPOINT_LORA])]
+    note = (
+        f"model.path={cfg.model.path} with no model named: {' '.join(added)} (model.family=auto: every model fact "
+        "read from the checkpoint, each with its source below)"
+    )
+    return hydra.compose(config_name="config", overrides=[*overrides, *added]), note
+
+
 @hydra.main(version_base=None, config_path="pkg://seqtune.configs", config_name="config")
 def _hydra_main(cfg: DictConfig) -> JobOutcome:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -177,8 +199,11 @@ def _hydra_main(cfg: DictConfig) -> JobOutcome:
             held.enter_context(hold_run_dir(run_dir))  # one writer per run directory, before anything is written
             # Settled after the log is closed: a command that does not train leaves a run's directory as it was.
             snapshot = held.enter_context(_unless_trained(run_dir))
+            cfg, note = _bare_checkpoint(cfg)
             _write_hydra_record(cfg, run_dir)
             held.enter_context(console.run_log(run_dir))
+            if note:
+                print(note, flush=True)
             launch(cfg, run_dir, snapshot)
         except (SeqtuneError, Interrupted) as err:
             print(f"\nseqtune: error: {err}", file=sys.stderr, flush=True)

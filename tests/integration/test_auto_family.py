@@ -76,3 +76,20 @@ def test_checkpoint_trains_and_exports_with_no_family_named(kind, tmp_path):
         assert all(m["router_aux_loss"] > 0 for m in metrics if "router_aux_loss" in m)
     else:
         assert plan["router_aux_loss_coef"] is None and not any("router_aux_loss" in m for m in metrics)
+
+
+def test_a_bare_model_path_trains_with_no_model_named(tmp_path):
+    """`model.path=DIR` alone (no model=, no lora=): the run composes model=hf and lora=default, says so, and
+    trains the Phi-3-style checkpoint with every fact read from it."""
+    checkpoint = build_checkpoint("phi3", tmp_path / "phi3")
+    run_dir = tmp_path / "run"
+    briefly = [arg for arg in TRAIN_BRIEFLY if not arg.startswith("lora=")]
+    args = [f"model.path={checkpoint}", "data.format=chat", f"data.train={chat_rows(tmp_path / 'chat.jsonl')}"]
+    result = run_cli([*args, *briefly], run_dir)
+    text = result.stdout + result.stderr
+    assert result.returncode == 0, text[-4000:]
+    assert f"model.path={checkpoint} with no model named: model=hf lora=default" in text
+    assert "note: model facts (architecture): Phi3ForCausalLM" in text
+    config = (run_dir / "config.yaml").read_text()
+    assert "family: auto" in config and "modules_to_save: []" in config
+    assert json.loads((run_dir / "export.json").read_text())["ok"] is True
