@@ -15,6 +15,7 @@ import sys
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 # Before torch/transformers are imported: no library reaches a model hub on its own (only seqtune.hub fetches a hub
 # id named in model.path, unless the user's own HF_HUB_OFFLINE, kept in USER_HUB_OFFLINE, forbids it), and tokenizer
@@ -26,7 +27,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict, read_write
 from omegaconf.errors import MissingMandatoryValue
 
 from seqtune import console
@@ -186,7 +187,14 @@ def _bare_checkpoint(cfg: DictConfig) -> tuple[DictConfig, str]:
         f"model.path={cfg.model.path} with no model named: {' '.join(added)} (model.family=auto: every model fact "
         "read from the checkpoint, each with its source below)"
     )
-    return hydra.compose(config_name="config", overrides=[*overrides, *added]), note
+    composed = hydra.compose(config_name="config", overrides=[*overrides, *added])
+    # What _check_presets and .hydra/hydra.yaml read (typed a dict by Hydra's dataclass, a DictConfig at run time).
+    choices = cast(DictConfig, HydraConfig.get().runtime.choices)
+    with read_write(choices), open_dict(choices):
+        for added_choice in added:
+            group, option = added_choice.split("=")
+            choices[group] = option
+    return composed, note
 
 
 @hydra.main(version_base=None, config_path="pkg://seqtune.configs", config_name="config")

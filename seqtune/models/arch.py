@@ -247,7 +247,6 @@ def config_arch(hf_config: Any) -> Arch:
 
 def module_arch(model: Any, hf_config: Any) -> Arch:
     """The Arch of a built model (the meta device is enough: shapes and names only)."""
-    from torch import nn
 
     from seqtune.models.layers import decoder_layers
 
@@ -265,6 +264,12 @@ def module_arch(model: Any, hf_config: Any) -> Arch:
     modules = dict(model.named_modules())
     by_module = {id(m): name for name, m in modules.items()}
     numbers = numbers_of(hf_config)
+    layers = tuple(by_module[id(layer)] for layer in decoder_layers(model))
+    linears = _linears(modules)
+    if numbers["intermediate_size"] is None:  # GPT-2 names it n_inner (null = 4 x hidden): the MLP's widest Linear
+        numbers["intermediate_size"] = max(
+            out for name, (_, out) in linears.items() if name.startswith(layers[0] + ".")
+        )
     stored = _stored_tensors(model)
     return Arch(
         model_type=str(getattr(hf_config, "model_type", "")),
@@ -273,12 +278,26 @@ def module_arch(model: Any, hf_config: Any) -> Arch:
         tensors=tensors,
         tied=tied,
         prefix=model.base_model_prefix,
-        linears={name: (m.in_features, m.out_features) for name, m in modules.items() if isinstance(m, nn.Linear)},
+        linears=linears,
         norms=tuple(name for name, m in modules.items() if type(m).__name__.endswith("RMSNorm")),
-        layers=tuple(by_module[id(layer)] for layer in decoder_layers(model)),
+        layers=layers,
         head=by_module[id(head)],
         stored=None if stored == tensors else stored,
     )
+
+
+def _linears(modules: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """Every matrix-multiplying module by name: (in, out). nn.Linear, and transformers' Conv1D (GPT-2's
+    projections: a Linear with its weight stored transposed, which peft adapts too)."""
+    from torch import nn
+
+    found: dict[str, tuple[int, int]] = {}
+    for name, m in modules.items():
+        if isinstance(m, nn.Linear):
+            found[name] = (m.in_features, m.out_features)
+        elif type(m).__name__ == "Conv1D":
+            found[name] = (m.nx, m.nf)
+    return found
 
 
 def _stored_tensors(model: Any) -> dict[str, tuple[int, ...]]:

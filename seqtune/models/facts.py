@@ -60,9 +60,9 @@ def read_model_facts(cfg: ModelConfig, spec: ModelSpec) -> ModelFacts:
         try:
             check_model_type(cfg, spec, config.get("model_type"))
             vocab, context, layers = (
-                config["vocab_size"],
-                config["max_position_embeddings"],
-                config["num_hidden_layers"],
+                config_value(config, "vocab_size"),
+                config_value(config, "max_position_embeddings"),
+                config_value(config, "num_hidden_layers"),
             )
             # Qwen2/2.5 state a window they do not use (use_sliding_window: false).
             use_window = config.get("use_sliding_window", True) is not False
@@ -88,6 +88,24 @@ def read_model_facts(cfg: ModelConfig, spec: ModelSpec) -> ModelFacts:
         tied_embeddings=tied,
         router_aux_loss_coef=None if router is None else float(router),
     )
+
+
+def config_value(config: dict[str, Any], name: str) -> Any:
+    """config.json's value of the transformers config attribute `name` (KeyError when it has none)."""
+    return config[config_key(config, name)]
+
+
+def config_key(config: dict[str, Any], name: str) -> str:
+    """The config.json key of the transformers config attribute `name`: itself, or where the architecture's config
+    class stores it under another key (its attribute_map: GPT-2's n_positions for max_position_embeddings, n_layer
+    for num_hidden_layers)."""
+    if name in config:
+        return name
+    from transformers import CONFIG_MAPPING  # only for an architecture that names the fact differently
+
+    model_type = str(config.get("model_type"))
+    aliases = CONFIG_MAPPING[model_type].attribute_map if model_type in CONFIG_MAPPING else {}
+    return aliases.get(name, name)
 
 
 def read_config_json(root: Path, path: str) -> dict[str, Any]:

@@ -106,7 +106,7 @@ def resolve_plan(
         sliding_window=model.sliding_window,
         attention_dropout_or_softcap=model.attention_dropout_or_softcap,
         tied_embeddings=model.tied_embeddings,
-        router_aux_loss_coef=router_aux_coef(cfg.model, model),
+        router_aux_loss_coef=router_aux_coef(cfg.model, model, per_sequence=kind != SampleKind.sft),
         **resolve_kernels(
             cfg,
             device_type=device.type,
@@ -126,10 +126,18 @@ def resolve_plan(
     )
 
 
-def router_aux_coef(model_cfg: ModelConfig, model: ModelFacts) -> float | None:
-    """model.router_aux_loss_coef over the checkpoint's; refused for a model without a router."""
+def router_aux_coef(model_cfg: ModelConfig, model: ModelFacts, *, per_sequence: bool) -> float | None:
+    """model.router_aux_loss_coef over the checkpoint's; refused for a model without a router. The objectives of
+    per-sequence sample kinds (preference pairs) add no router loss: None, and a coefficient set for one refused."""
+    if per_sequence and model_cfg.router_aux_loss_coef is not None:
+        raise ConfigError(
+            f"model.router_aux_loss_coef={model_cfg.router_aux_loss_coef}: the preference objectives (DPO, IPO, "
+            "SimPO) add no router load-balancing loss.",
+            key="model.router_aux_loss_coef",
+            fix="model.router_aux_loss_coef=null, or an SFT recipe (recipe=lora_sft)",
+        )
     if model_cfg.router_aux_loss_coef is None:
-        return model.router_aux_loss_coef
+        return None if per_sequence else model.router_aux_loss_coef
     if model.router_aux_loss_coef is None:
         raise ConfigError(
             f"model.router_aux_loss_coef={model_cfg.router_aux_loss_coef}, but model_type={model.model_type} has no "

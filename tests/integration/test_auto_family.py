@@ -14,6 +14,8 @@ from tests.conftest import read_metrics, run_cli
 
 pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
 
+# GPT-2's learned absolute positions: it trains packed, its position ids restarting per document.
+PADDING = {"gpt2": "packed"}
 TRAIN_BRIEFLY = [
     "train.max_steps=2",
     "train.eval_every=0",
@@ -57,6 +59,7 @@ def test_checkpoint_trains_and_exports_with_no_family_named(kind, tmp_path):
             f"data.train={chat_rows(tmp_path / 'chat.jsonl')}",
             *TRAIN_BRIEFLY,
             *(["train.max_steps=5", "train.log_every=1"] if moe else []),
+            *([f"padding={PADDING[kind]}"] if kind in PADDING else []),
         ],
         run_dir,
     )

@@ -162,7 +162,7 @@ def test_non_finite_weights_are_refused_after_the_load(saved, tmp_path):
         build_model(tiny_cfg("llama3", path=str(path)), attn_implementation="sdpa")
 
 
-@pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral", "olmoe"])
 def test_a_mixture_of_experts_is_proven_against_transformers_conversion(kind, tmp_path):
     """save_pretrained stores each expert's matrices (Mixtral: block_sparse_moe.experts.N.w1); transformers 5 fuses
     them into one 3-D parameter per layer while loading. The proof compares the file with that conversion, so an
