@@ -16,6 +16,8 @@ pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: 
 
 # GPT-2's learned absolute positions: it trains packed, its position ids restarting per document.
 PADDING = {"gpt2": "packed"}
+# LoRA on the fused experts too (peft's target_parameters), beside attention: exported merged and proven.
+EXPERT_LORA = {"qwen3_moe": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]}
 TRAIN_BRIEFLY = [
     "train.max_steps=2",
     "train.eval_every=0",
@@ -60,6 +62,7 @@ def test_checkpoint_trains_and_exports_with_no_family_named(kind, tmp_path):
             *TRAIN_BRIEFLY,
             *(["train.max_steps=5", "train.log_every=1"] if moe else []),
             *([f"padding={PADDING[kind]}"] if kind in PADDING else []),
+            *([f"lora.target_parameters=[{','.join(EXPERT_LORA[kind])}]"] if kind in EXPERT_LORA else []),
         ],
         run_dir,
     )
@@ -69,6 +72,7 @@ def test_checkpoint_trains_and_exports_with_no_family_named(kind, tmp_path):
     plan = json.loads((run_dir / "plan.json").read_text())
     adapter = json.loads((run_dir / "adapter" / "adapter_config.json").read_text())
     assert sorted(adapter["target_modules"]) == sorted(plan["lora_targets"])
+    assert sorted(adapter["target_parameters"] or []) == sorted(EXPERT_LORA.get(kind, []))
     merged = AutoModelForCausalLM.from_pretrained(run_dir / "merged")
     assert type(merged).__name__ == config["architectures"][0]
     assert json.loads((run_dir / "export.json").read_text())["ok"] is True

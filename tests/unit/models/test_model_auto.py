@@ -182,3 +182,27 @@ def test_the_router_coefficient_is_the_checkpoints_unless_set_and_refused_where_
     assert plan("qwen3_moe", "recipe=lora_dpo", "data=preference_tiny").router_aux_loss_coef is None
     with pytest.raises(ConfigError, match=r"the preference objectives .* add no router load-balancing loss"):
         plan("qwen3_moe", "recipe=lora_dpo", "data=preference_tiny", "model.router_aux_loss_coef=0.05")
+
+
+def test_lora_on_fused_experts_names_parameters_of_the_model(checkpoints):
+    """lora.target_parameters (peft's adapters on parameters no Linear owns: the fused experts) must name
+    parameters of the model: peft adapts nothing, silently, for a name that matches none."""
+    from omegaconf import OmegaConf
+
+    from seqtune.config.schema import LoraConfig
+    from seqtune.models.arch import config_arch
+    from seqtune.preflight.checks_model import check_lora_parameters
+
+    tensors = list(config_arch(load_model_config(auto(checkpoints["qwen3_moe"]))).tensors)
+    assert check_lora_parameters(["mlp.experts.gate_up_proj", "experts.down_proj"], tensors) == []
+    [problem] = check_lora_parameters(["mlp.experts.gate_proj"], tensors)
+    assert problem.key == "lora.target_parameters" and "e.g. mlp.experts.down_proj, mlp.experts.gate_up_proj" in (
+        problem.message
+    )
+    with pytest.raises(ConfigError, match=r"lora.target_parameters=.*lora.use_dora=true"):
+        OmegaConf.to_object(
+            OmegaConf.merge(
+                OmegaConf.structured(LoraConfig),
+                {"use_dora": True, "target_parameters": ["mlp.experts.gate_up_proj"]},
+            )
+        )
