@@ -15,10 +15,10 @@ target positions only, and sends them through the head in chunks:
 
 The loss is computed inside the model's own forward, so DDP's and FSDP's hooks see one forward as usual.
 
-A mixture of experts (the plan's `router_aux_loss_coef` is set) also asks the decoder for its router logits and
-adds transformers' own load-balancing loss (the model module's `load_balancing_loss_func`, as its ForCausalLM
-forward does) as coef x aux x the micro-batch's target count: divided by the step's target count, that is
-transformers' mean loss + coef x aux. `.aux_loss` holds the aux value, which the objective logs (router_aux_loss).
+A mixture of experts (`router_aux=True`: the plan has a router_aux_loss_coef) also asks the decoder for its router
+logits and returns transformers' own load-balancing loss (the model module's `load_balancing_loss_func`, as its
+ForCausalLM forward computes it) as `.aux_loss`; the objective adds it with the coefficient
+(seqtune.train.objectives.TokenCrossEntropy) and logs it (router_aux_loss).
 """
 
 from __future__ import annotations
@@ -115,15 +115,13 @@ def _router_aux_loss(lm: PreTrainedModel, router_logits, attention_mask) -> torc
     return balance(router_logits, lm.num_experts, lm.num_experts_per_tok, attention_mask)
 
 
-def install_token_loss(
-    model: nn.Module, *, path: str, chunk: int | None = None, router_aux_coef: float | None = None
-) -> None:
+def install_token_loss(model: nn.Module, *, path: str, chunk: int | None = None, router_aux: bool = False) -> None:
     """Give the causal LM inside `model` (a transformers model, or peft's wrapper of one) a `targets=` argument:
     `model(input_ids=..., targets=...).loss` is then the summed token loss, computed as `path` says; with
     `per_token=True`, `.logits` is every target position's cross-entropy instead (chunked) and `.loss` a zero in the
     graph.
     `chunk`: positions per chunk of the chunked path (default: chunk_tokens of the vocabulary).
-    `router_aux_coef`: a mixture of experts' load-balancing coefficient (the plan's), None for a model without."""
+    `router_aux`: a mixture of experts' router load-balancing loss is returned as `.aux_loss` too."""
     if path not in ("chunked", "fused"):
         raise ValueError(f"loss path {path!r} must be resolved (kernels.loss_choice) before install")
     lm = cast(
@@ -151,7 +149,7 @@ def install_token_loss(
         for unused in ("labels", "output_attentions", "output_hidden_states", "return_dict"):
             kwargs.pop(unused, None)
         kwargs["use_cache"] = False  # a KV cache would merge packed documents (tests/unit/data/test_contamination.py)
-        if router_aux_coef is not None:
+        if router_aux:
             kwargs["output_router_logits"] = True
         decoded = self.base_model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
@@ -167,10 +165,9 @@ def install_token_loss(
             loss = fused_cross_entropy(hidden, out_head, targets, softcap=softcap)
         else:
             loss = chunked_cross_entropy(hidden, out_head, targets, chunk=chunk, softcap=softcap)
-        if router_aux_coef is None:
+        if not router_aux:
             return CausalLMOutputWithPast(loss=loss)
         aux = _router_aux_loss(self, decoded.router_logits, attention_mask).float()
-        count = (targets != IGNORE_INDEX).sum()
-        return MoeCausalLMOutputWithPast(loss=loss + router_aux_coef * aux * count, aux_loss=aux)
+        return MoeCausalLMOutputWithPast(loss=loss, aux_loss=aux)
 
     lm.forward = types.MethodType(forward, lm)

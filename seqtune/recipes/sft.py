@@ -18,5 +18,5 @@ from seqtune.train.objectives import TokenCrossEntropy
 
 
 def run(cfg: RootConfig, plan: Plan, run_dir: Path) -> None:
-    router_aux = plan.router_aux_loss_coef is not None
-    fine_tune(cfg, plan, run_dir, objective=lambda built, model, env: TokenCrossEntropy(router_aux=router_aux))
+    coef = plan.router_aux_loss_coef
+    fine_tune(cfg, plan, run_dir, objective=lambda built, model, env: TokenCrossEntropy(router_aux_coef=coef))
