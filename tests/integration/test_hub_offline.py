@@ -69,6 +69,19 @@ def test_hub_ids_train_offline_without_a_connection_and_write_no_token(hub, tmp_
             assert TOKEN.encode() not in path.read_bytes(), path
 
 
+def test_a_hub_id_alone_picks_model_hf_and_passes_preflight_offline(hub, tmp_path):
+    cache, env = hub
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        ["model.path=org/tiny-qwen3", "data.train=hf:org/tiny-set", "preflight.only=true"], run_dir, env=env
+    )
+    text = result.stdout + result.stderr
+    assert result.returncode == 0, text[-4000:]
+    assert "model.path=org/tiny-qwen3 with no model named: model=hf lora=default" in text
+    assert "note: model facts (architecture): Qwen3ForCausalLM" in text and "socket guard" not in text
+    assert "  family: auto\n" in (run_dir / "config.yaml").read_text()
+
+
 def test_the_guard_refuses_a_connection_in_a_subprocess(hub):
     import subprocess
     import sys
