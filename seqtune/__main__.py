@@ -34,6 +34,7 @@ from seqtune import console
 from seqtune.config import SeqtuneError, register_resolvers, register_schemas, save_resolved, to_typed
 from seqtune.config.errors import EXIT_FAILED, ConfigError, Interrupted
 from seqtune.config.plan import load_plan
+from seqtune.config.recipe_spec import recipe_spec
 from seqtune.config.rundir import RESOLVED_CONFIG, RUN_DIR_KEY
 from seqtune.config.schema import LauncherName
 from seqtune.files import storage_error, write_atomic
@@ -57,17 +58,16 @@ def _check_presets(typed) -> None:
     """What a preset decided cannot be contradicted silently by a key set next to it."""
     choices = HydraConfig.get().runtime.choices
     recipe = choices.get("recipe")
-    if recipe == "full_sft" and typed.lora.enabled:
+    spec = recipe_spec(typed.recipe_name)
+    lora, other = typed.lora.enabled, spec.preset(lora=typed.lora.enabled)
+    if recipe in spec.presets.values() and recipe != other:
+        asked = "lora.enabled=true asks for LoRA adapters" if lora else "lora.enabled=false turns LoRA off"
+        does = "trains LoRA adapters" if not lora else "trains every weight"
+        fix = f"recipe={other}" if other else f"drop lora.enabled={str(lora).lower()}"
         raise ConfigError(
-            "recipe=full_sft trains every weight, but lora.enabled=true asks for LoRA adapters.",
+            f"recipe={recipe} {does}, but {asked}.",
             key="lora.enabled",
-            fix="recipe=lora_sft (LoRA), or drop lora.enabled=true (full fine-tune)",
-        )
-    if recipe == "lora_sft" and not typed.lora.enabled:
-        raise ConfigError(
-            "recipe=lora_sft trains LoRA adapters, but lora.enabled=false turns them off.",
-            key="lora.enabled",
-            fix="recipe=full_sft (every weight trains), or drop lora.enabled=false",
+            fix=f"{fix}, or drop lora.enabled={str(lora).lower()}" if other else fix,
         )
     # lora=tiny (the embedded default) trains the whole head: right for a random tiny model, a trap for a real one.
     if choices.get("lora") == "tiny" and typed.model.path and typed.lora.modules_to_save:

@@ -21,22 +21,17 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from seqtune import console
 from seqtune.config import SeqtuneError, load_resolved
-from seqtune.config.errors import ConfigError, Interrupted
+from seqtune.config.errors import Interrupted
 from seqtune.config.plan import load_plan
+from seqtune.config.recipe_spec import recipe_spec
 from seqtune.config.rundir import RESOLVED_CONFIG
 from seqtune.train import signals
 
 
 def run_worker(run_dir: Path) -> None:
     cfg = load_resolved(run_dir / RESOLVED_CONFIG)
-    try:
-        recipe = importlib.import_module(f"seqtune.recipes.{cfg.recipe_name}")
-    except ModuleNotFoundError as err:
-        raise ConfigError(
-            f"recipe_name={cfg.recipe_name!r} has no seqtune/recipes/{cfg.recipe_name}.py ({err}).",
-            key="recipe_name",
-            fix="recipe=lora_sft or recipe=full_sft",
-        ) from None
+    recipe_spec(cfg.recipe_name)  # a ConfigError naming the recipes there are, if it is none of them
+    recipe = importlib.import_module(f"seqtune.recipes.{cfg.recipe_name}")
     recipe.run(cfg, load_plan(run_dir), run_dir)
 
 

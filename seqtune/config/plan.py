@@ -118,6 +118,13 @@ class Resolved:
     lora_saved: tuple[str, ...] = ()
     # The key that defines the validation split (validation_key): data.val, data.val_fraction, or null for none.
     validation: str | None = None
+    # The recipe that runs (recipe_name; its spec, seqtune.config.recipe_spec, declares the rest), what its
+    # objective reads from the model (token | sequence | scalar) and the reference model it needs: none, the policy
+    # with its adapters disabled ("adapters", LoRA), or a frozen copy of the starting weights ("copy", counted by
+    # the memory estimate, refused under FSDP).
+    recipe: str = "sft"
+    scored: str = "token"
+    reference: str = "none"
     # What a record becomes (the recipe's sample kind, seqtune.data.kinds): "sft" (one sequence) or "preference"
     # (a pair: chosen and rejected, kept together in every batch), and how many sequences that is.
     sample_kind: str = "sft"

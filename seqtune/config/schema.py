@@ -10,16 +10,18 @@ Defaults live here or in YAML, never in `cfg.get(key, default)` inside code.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from seqtune.config.domain import Domain as _Domain
+from seqtune.config.domain import finite as _finite
 from seqtune.config.errors import ConfigError
 from seqtune.config.plan import NO_VALIDATION, VALIDATION_FIX, validation_key
+from seqtune.config.recipe_spec import RecipeSpec, preset_fix, recipe_spec, recipes
 
 # --- closed choices: one Enum each (a StrEnum compares equal to its string, so "packed" == PaddingStrategy.packed)
 
@@ -92,13 +94,6 @@ class DataFormat(StrEnum):
 CHAT_FORMATS = frozenset({DataFormat.chat, DataFormat.sharegpt})
 
 
-class RecipeName(StrEnum):
-    # seqtune/recipes/<name>.py; the presets (seqtune/configs/recipe/*.yaml) set it: lora_sft, full_sft -> sft; lora_dpo, full_dpo
-    # -> dpo.
-    sft = "sft"
-    dpo = "dpo"
-
-
 class SampleKind(StrEnum):
     """What one record becomes for a recipe (seqtune.data.kinds): an SFT sample (one token sequence with its
     targets) or a preference pair (two sequences, chosen then rejected, always batched together)."""
@@ -107,11 +102,19 @@ class SampleKind(StrEnum):
     preference = "preference"
 
 
-RECIPE_KIND = {RecipeName.sft: SampleKind.sft, RecipeName.dpo: SampleKind.preference}
 # The formats each sample kind reads.
 KIND_FORMATS = {
     SampleKind.sft: tuple(f for f in DataFormat if f != DataFormat.preference),
     SampleKind.preference: (DataFormat.preference,),
+}
+
+# How a refusal tells a kind's records (shown when a recipe is given another kind's format).
+KIND_FORMAT_HINT = {
+    SampleKind.preference: (
+        "data.format=preference with {prompt, chosen, rejected} records (strings or message lists; it also reads "
+        "LLaMA-Factory's Alpaca {instruction, input, chosen, rejected}, ShareGPT {conversations, chosen, rejected} "
+        "and OpenAI {messages, chosen, rejected} pairs as they are)"
+    ),
 }
 
 # The fields of each format's records: (required, optional). data.columns (or a source's `columns`) maps these
@@ -239,43 +242,6 @@ class LoggerMode(StrEnum):
 # --- numeric domains: checked next to the fields, all problems of a group reported at once -------------------
 
 
-class _Domain:
-    """Collects the out-of-domain values of one group; `done()` raises one ConfigError listing them all."""
-
-    def __init__(self, group: str) -> None:
-        self.group = group
-        self.problems: list[tuple[str, str]] = []
-
-    def require(self, ok: bool, name: str, value: Any, rule: str, fix: str) -> None:
-        if not ok:
-            key = f"{self.group}.{name}"
-            self.problems.append((key, f"{key}={value!r} {rule}. Fix: {key}={fix}"))
-
-    def refuse(self, name: str, text: str) -> None:
-        self.problems.append((f"{self.group}.{name}", text))
-
-    def at_least(self, name: str, value: Any, low: float, fix: Any, *, optional: bool = False) -> None:
-        if optional and value is None:
-            return
-        self.require(_finite(value) and value >= low, name, value, f"must be >= {low:g}", str(fix))
-
-    def above(self, name: str, value: Any, low: float, fix: Any) -> None:
-        self.require(_finite(value) and value > low, name, value, f"must be > {low:g} (and finite)", str(fix))
-
-    def within(self, name: str, value: Any, low: float, high: float, fix: Any, *, high_open: bool = False) -> None:
-        ok = _finite(value) and low <= value and (value < high if high_open else value <= high)
-        self.require(ok, name, value, f"must be within [{low:g}, {high:g}{')' if high_open else ']'}", str(fix))
-
-    def done(self) -> None:
-        if len(self.problems) == 1:
-            key, text = self.problems[0]
-            raise ConfigError(text, key=key)
-        if self.problems:
-            raise ConfigError(
-                "invalid config:\n  - " + "\n  - ".join(text for _, text in self.problems), key=self.problems[0][0]
-            )
-
-
 # The largest seed: int64, what a seed is everywhere it travels (torch's generators take < 2**64, numpy any size,
 # but checkpoints' settings and W&B configs store it as a 64-bit integer).
 SEED_MAX = 2**63 - 1
@@ -289,10 +255,6 @@ def _seed(domain: _Domain, value: Any, default: int) -> None:
         f"must be within [0, 2**63-1 = {SEED_MAX}] (a 64-bit seed)",
         str(default),
     )
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(kw_only=True)
@@ -445,6 +407,9 @@ class DataConfig:
     # Exact duplicates (same tokens and targets) within a split: drop | keep | refuse (see Duplicates).
     duplicates: Duplicates = Duplicates.drop
     train_on_prompt: bool = False
+    # The chat template's reasoning blocks (<think>...</think> under qwen3) as targets; false masks them (the reply
+    # after the block still trains). Refused when the template renders none (docs/data.md).
+    train_on_reasoning: bool = True
     # cached: preflight's scan writes a token cache that training reads. stream: tokenize on the fly.
     mode: DataMode = DataMode.cached
     # Root for media references like <img>path</img> in input_output records (null = the JSONL's directory).
@@ -665,48 +630,6 @@ class LoraConfig:
             "cannot be adapted with lora.use_dora=true (peft's parameter adapters have no DoRA)",
             "[] (LoRA on modules only), or lora.use_dora=false",
         )
-        domain.done()
-
-
-class PreferenceLoss(StrEnum):
-    # sigmoid: DPO (Rafailov et al. 2023); ipo: IPO's squared loss (Azar et al. 2023); simpo: SimPO, reference-free
-    # with length-normalised log-probabilities and a target margin (Meng et al. 2024).
-    sigmoid = "sigmoid"
-    ipo = "ipo"
-    simpo = "simpo"
-
-
-@dataclass(kw_only=True)
-class DpoConfig:
-    """Preference tuning (recipe=lora_dpo | full_dpo): the objective's settings."""
-
-    # The inverse temperature of the implicit reward: larger keeps the policy closer to the reference.
-    beta: float = 0.1
-    loss: PreferenceLoss = PreferenceLoss.sigmoid
-    # simpo: the target reward margin gamma (in units of the length-normalised log-probability, times beta).
-    simpo_gamma: float = 0.5
-    # An SFT term on the chosen completion (RPO, Pang et al. 2024): loss += sft_weight x its mean token NLL.
-    sft_weight: float = 0.0
-    # Label smoothing of the sigmoid loss (conservative DPO, cDPO): the share of pairs assumed mislabelled.
-    label_smoothing: float = 0.0
-
-    @property
-    def needs_reference(self) -> bool:
-        """Whether the loss compares with a reference model (SimPO is reference-free)."""
-        return self.loss != PreferenceLoss.simpo
-
-    def __post_init__(self) -> None:
-        domain = _Domain("dpo")
-        domain.above("beta", self.beta, 0, 0.1)
-        domain.at_least("simpo_gamma", self.simpo_gamma, 0, 0.5)
-        domain.at_least("sft_weight", self.sft_weight, 0, 0.0)
-        domain.within("label_smoothing", self.label_smoothing, 0.0, 0.5, 0.0, high_open=True)
-        if self.label_smoothing and self.loss != PreferenceLoss.sigmoid and _finite(self.label_smoothing):
-            domain.refuse(
-                "label_smoothing",
-                f"dpo.label_smoothing={self.label_smoothing} smooths the sigmoid loss "
-                f"only, but dpo.loss={self.loss}. Fix: dpo.loss=sigmoid, or dpo.label_smoothing=0",
-            )
         domain.done()
 
 
@@ -1021,10 +944,12 @@ class PreflightConfig:
 
 
 @dataclass(kw_only=True)
-class RootConfig:
-    # Which seqtune/recipes/<name>.py runs (set by the recipe group: recipe=lora_sft and recipe=full_sft run sft,
-    # recipe=lora_dpo and recipe=full_dpo run dpo).
-    recipe_name: RecipeName = MISSING
+class CoreConfig:
+    """The groups every run has. RootConfig adds each registered recipe's own group (seqtune.config.recipe_spec)."""
+
+    # Which recipe runs: seqtune/recipes/<recipe_name>/ (set by the recipe preset: recipe=lora_sft and
+    # recipe=full_sft run sft; each preset in seqtune/configs/recipe/ names its recipe).
+    recipe_name: str = MISSING
     model: ModelConfig = MISSING
     tokenizer: TokenizerConfig = MISSING
     data: DataConfig = MISSING
@@ -1035,8 +960,6 @@ class RootConfig:
     launcher: LauncherConfig = MISSING
     logger: LoggerConfig = MISSING
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
-    # Preference tuning (read by recipe=lora_dpo | full_dpo; refused with another recipe when changed).
-    dpo: DpoConfig = field(default_factory=DpoConfig)
     # lm-evaluation-harness after training (seqtune.evaluate).
     eval: EvalConfig = field(default_factory=EvalConfig)
 
@@ -1053,55 +976,85 @@ class RootConfig:
         _recipe_rules(self, rules)
         for name in ("use_dora", "use_rslora"):
             if getattr(self.lora, name) and not self.lora.enabled:
+                lora_preset = _lora_preset(self.recipe_name)
                 rules.problems.append(
                     (
                         f"lora.{name}",
-                        f"lora.{name}=true with lora.enabled=false (recipe=full_sft): "
-                        "every weight trains, there is no adapter to change. Fix: recipe=lora_sft, "
-                        f"or drop lora.{name}",
+                        f"lora.{name}=true with lora.enabled=false: every weight trains, there is no adapter to "
+                        f"change. Fix: {f'recipe={lora_preset}, or ' if lora_preset else ''}drop lora.{name}",
                     )
                 )
         rules.done()
 
 
-def _recipe_rules(cfg: RootConfig, rules: _Domain) -> None:
-    """A recipe reads its sample kind's formats only; the dpo settings belong to the dpo recipe."""
-    kind = RECIPE_KIND[cfg.recipe_name]
-    allowed = KIND_FORMATS[kind]
+def _recipe_rules(cfg: CoreConfig, rules: _Domain) -> None:
+    """What the recipe's spec declares, refused by one rule each whatever the recipe: the formats its sample kind
+    reads, the padding strategies and micro-batch it trains with, and every other recipe's settings left alone."""
+    try:
+        spec = recipe_spec(cfg.recipe_name)
+    except ConfigError as err:
+        rules.problems.append(("recipe_name", str(err)))
+        return
+    kind = spec.sample_kind
+    allowed = KIND_FORMATS[SampleKind(kind)]
     for split in SPLITS:
         for source in cfg.data.sources(split):
             if source.format in allowed:
                 continue
             key = "data.format" if source.format == cfg.data.format else f"{source.key}.format"
-            if kind == SampleKind.preference:
-                fix = (
-                    "data.format=preference with {prompt, chosen, rejected} records (strings or message lists; it "
-                    "also reads LLaMA-Factory's Alpaca {instruction, input, chosen, rejected}, ShareGPT "
-                    "{conversations, chosen, rejected} and OpenAI {messages, chosen, rejected} pairs as they are), "
-                    "or recipe=lora_sft to fine-tune on these records"
-                )
-            else:
-                fix = "recipe=lora_dpo (or full_dpo) to train on preference pairs, or an SFT data.format"
+            readers = [preset_fix(other) for other in recipes().values() if source.format in _formats(other)]
+            fix = KIND_FORMAT_HINT.get(SampleKind(kind)) or f"data.format={' or '.join(allowed)}"
+            if readers:
+                fix += f", or a recipe that reads {source.format} records: {'; '.join(readers)}"
             rules.problems.append(
                 (
                     key,
-                    f"{key}={source.format} ({source.key}) is not read by "
-                    f"recipe_name={cfg.recipe_name}, whose records are {kind} samples "
-                    f"(formats: {', '.join(allowed)}). Fix: {fix}",
+                    f"{key}={source.format} ({source.key}) is not read by recipe_name={spec.name}, whose records "
+                    f"are {kind} samples (formats: {', '.join(allowed)}). Fix: {fix}",
                 )
             )
-    if cfg.recipe_name != RecipeName.dpo and cfg.dpo != DpoConfig():
+    if spec.paddings is not None and cfg.padding.strategy not in spec.paddings:
         rules.problems.append(
             (
-                "dpo",
-                f"dpo.* settings are set, but recipe_name={cfg.recipe_name} does not train "
-                "on preferences: they would be ignored. Fix: recipe=lora_dpo, or drop the "
-                "dpo.* overrides",
+                "padding.strategy",
+                f"padding.strategy={cfg.padding.strategy} is not one recipe_name={spec.name} trains with. Fix: "
+                f"padding=" + " or padding=".join(sorted(spec.paddings)),
             )
         )
+    if cfg.train.batch_size < spec.min_micro_batch:
+        rules.problems.append(
+            (
+                "train.batch_size",
+                f"train.batch_size={cfg.train.batch_size} is below the {spec.min_micro_batch} samples per "
+                f"micro-batch recipe_name={spec.name} needs ({spec.min_micro_batch_reason}). Fix: "
+                f"train.batch_size={spec.min_micro_batch} (with train.grad_accum lowered to keep the step)",
+            )
+        )
+    for other in recipes().values():
+        changed = other.changed_settings(cfg) if other is not spec else []
+        if changed:
+            rules.problems.append(
+                (
+                    changed[0],
+                    f"{', '.join(changed)} set, but those are settings of recipe_name={other.name} "
+                    f"({preset_fix(other)}), and recipe_name={spec.name} runs: they would be ignored. Fix: "
+                    f"{preset_fix(other)}, or drop the {other.name}.* overrides",
+                )
+            )
 
 
-def _evaluation_rules(cfg: RootConfig, rules: _Domain) -> None:
+def _lora_preset(name: str) -> str | None:
+    try:
+        return recipe_spec(name).preset(lora=True)
+    except ConfigError:  # an unknown recipe is its own problem (_recipe_rules)
+        return None
+
+
+def _formats(spec: RecipeSpec) -> tuple[DataFormat, ...]:
+    return KIND_FORMATS[SampleKind(spec.sample_kind)]
+
+
+def _evaluation_rules(cfg: CoreConfig, rules: _Domain) -> None:
     """Early stopping and generated samples act at evals of the validation split: without one, refuse."""
     train = cfg.train
     for key, value, off in (
@@ -1149,9 +1102,34 @@ GROUP_SCHEMAS: dict[str, type] = {
     "launcher": LauncherConfig,
     "logger": LoggerConfig,
     "preflight": PreflightConfig,
-    "dpo": DpoConfig,
     "eval": EvalConfig,
+    # and each recipe's own group (below)
 }
+
+
+def _root_config() -> type:
+    """CoreConfig plus one field per registered recipe with settings (`dpo: DpoConfig`), each defaulted, so a
+    recipe's group exists in every config and is refused (not read) under another recipe."""
+    groups = [
+        (spec.name, spec.settings, field(default_factory=spec.settings))
+        for spec in recipes().values()
+        if spec.settings is not None
+    ]
+    for name, schema, _ in groups:
+        GROUP_SCHEMAS[name] = schema
+    root = make_dataclass("RootConfig", groups, bases=(CoreConfig,), kw_only=True)
+    root.__module__ = __name__
+    root.__doc__ = "Every group of a run's config: CoreConfig's and each registered recipe's own (dpo, ...)."
+    return root
+
+
+if TYPE_CHECKING:
+
+    class RootConfig(CoreConfig):
+        def __getattr__(self, group: str) -> Any: ...  # a recipe's group (its spec's settings dataclass)
+
+else:
+    RootConfig = _root_config()
 
 
 def register_schemas() -> None:

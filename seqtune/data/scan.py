@@ -96,13 +96,27 @@ class SplitScan:
         return TokenCache.open(self.cache_dir)
 
 
-def format_signature(*, fingerprint: str, fmt: str, train_on_prompt: bool, bos_id: int | None, eos_id: int) -> str:
+def format_signature(
+    *,
+    fingerprint: str,
+    fmt: str,
+    train_on_prompt: bool,
+    bos_id: int | None,
+    eos_id: int,
+    train_on_reasoning: bool = True,
+) -> str:
     """What of one format's encoding goes into the token-cache key: the tokenizer (its fingerprint), the format's
-    rendering, and the ids the encoder adds. A caller that holds these facts (preflight's tokenizer record) finds
-    a published cache without building an encoder, so without loading the tokenizer."""
-    return "|".join(
-        [fingerprint, template_signature(fmt), f"train_on_prompt={train_on_prompt}", f"bos={bos_id}", f"eos={eos_id}"]
-    )
+    rendering, the targets' settings and the ids the encoder adds. A caller that holds these facts (preflight's
+    tokenizer record) finds a published cache without building an encoder, so without loading the tokenizer.
+    train_on_reasoning is named only when false, so the keys of every cache written before it existed hold."""
+    parts = [
+        fingerprint,
+        template_signature(fmt),
+        f"train_on_prompt={train_on_prompt}",
+        f"bos={bos_id}",
+        f"eos={eos_id}",
+    ]
+    return "|".join(parts if train_on_reasoning else [*parts, "train_on_reasoning=False"])
 
 
 def encoder_signature(encoder: SampleEncoder, fingerprint: str | None = None) -> str:
@@ -112,6 +126,7 @@ def encoder_signature(encoder: SampleEncoder, fingerprint: str | None = None) ->
         fingerprint=fingerprint or tokenizer_fingerprint(encoder.tokenizer),
         fmt=encoder.fmt,
         train_on_prompt=encoder.train_on_prompt,
+        train_on_reasoning=encoder.train_on_reasoning,
         bos_id=encoder.bos_id,
         eos_id=encoder.eos_id,
     )

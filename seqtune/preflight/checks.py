@@ -15,6 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
+from seqtune.config.recipe_spec import RecipeSpec, Reference
 from seqtune.data.batching import round_up
 from seqtune.data.types import POLICY_REJECTS, TEMPLATE_REJECTED, Reject
 from seqtune.models.attention import PACKING_SAFE_ATTENTION
@@ -825,20 +826,28 @@ def check_early_stopping(*, early_stop: bool, lora: bool, sharded: bool) -> list
     ]
 
 
-def check_reference_model(*, sample_kind: str, lora: bool, sharded: bool, needs_reference: bool) -> list[Problem]:
-    """Full-parameter preference tuning keeps a frozen copy of the starting weights as its reference model, whole on
-    every rank: under FSDP the policy is sharded and the copy would not be."""
-    if sample_kind == "sft" or lora or not sharded or not needs_reference:
+def check_reference_model(*, reference: str, sharded: bool, recipe: RecipeSpec) -> list[Problem]:
+    """A full fine-tune's reference model is a frozen copy of the starting weights, whole on every rank: under FSDP
+    the policy is sharded and the copy would not be (the recipe's spec says when it needs one: plan.reference)."""
+    if reference != Reference.copy or not sharded:
         return []
+    fixes = []
+    if (preset := recipe.preset(lora=True)) is not None:
+        fixes.append(
+            f"recipe={preset} train.parallel=ddp (LoRA: the reference is the model with its adapters disabled, no "
+            "copy, and the trainable weights are small)"
+        )
+    if recipe.reference_free_fix:
+        fixes.append(recipe.reference_free_fix)
+    fixes.append("train.parallel=ddp (each rank holds the whole model and its copy)")
     return [
         Problem(
             check="backend",
             key="train.parallel",
             message=(
-                "recipe=full_dpo under train.parallel=fsdp across ranks: the reference model is a frozen copy of the "
-                "starting weights, which seqtune does not shard, so it would not fit where FSDP is needed. Fix: "
-                "recipe=lora_dpo (the reference is the model with its adapters disabled, no copy), dpo.loss=simpo "
-                "(reference-free), or train.parallel=ddp."
+                f"recipe_name={recipe.name} with lora.enabled=false under train.parallel=fsdp across ranks: its "
+                "reference model is a frozen copy of the starting weights, which seqtune does not shard, so it "
+                f"would not fit where FSDP is needed. Fix: {'; or '.join(fixes)}."
             ),
         )
     ]

@@ -11,7 +11,8 @@ import numpy as np
 
 from seqtune.config.errors import SeqtuneError
 from seqtune.config.plan import Resolved, Tokens
-from seqtune.config.schema import RECIPE_KIND, DataMode, Overlength, RootConfig, Tail
+from seqtune.config.recipe_spec import Reference, recipe_spec
+from seqtune.config.schema import DataMode, Overlength, RootConfig, SampleKind, Tail
 from seqtune.config.tracker import KEY_VARIABLE, key_problem
 from seqtune.data.batching import BatchRule
 from seqtune.data.kinds import NOUNS
@@ -93,10 +94,7 @@ def fast_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
     )
     problems += checks.check_export(export_merged=cfg.train.export_merged, sharded=plan.sharded)
     problems += checks.check_reference_model(
-        sample_kind=plan.sample_kind,
-        lora=cfg.lora.enabled,
-        sharded=plan.sharded,
-        needs_reference=cfg.dpo.needs_reference,
+        reference=plan.reference, sharded=plan.sharded, recipe=recipe_spec(plan.recipe)
     )
     problems += checks.check_gguf_export(
         export_gguf=cfg.train.export_gguf,
@@ -241,7 +239,7 @@ def split_checks(cfg: RootConfig, plan: Resolved, scan, max_seq_len: int) -> lis
         locations=_Locations(scan),
         max_seq_len=max_seq_len,
         policy=cfg.data.overlength,
-        noun=NOUNS[RECIPE_KIND[cfg.recipe_name]],
+        noun=NOUNS[SampleKind(recipe_spec(cfg.recipe_name).sample_kind)],
     )
     # Nothing drops samples that train only their eos, so they are a problem (an empty completion is a data bug).
     # (Samples that data.overlength=truncate leaves with no target are dropped in both modes: see split_stats.)
@@ -279,7 +277,7 @@ def split_stats(cfg: RootConfig, scan, view, max_seq_len: int) -> tuple[SplitSta
     stats.pop("over_limit")  # counts sequences: a pair is over when either of its two is
     k = scan.sequences_per_sample
     over = int((_sample_lengths(scan) > max_seq_len).sum())
-    noun = NOUNS[RECIPE_KIND[cfg.recipe_name]]
+    noun = NOUNS[SampleKind(recipe_spec(cfg.recipe_name).sample_kind)]
     policy = cfg.data.overlength
     notes = checks.prepadded_notes(
         split=scan.name, count=scan.padded_inputs, locations=scan.padded_locations, strategy=cfg.padding.strategy
@@ -509,7 +507,7 @@ def memory_inputs(cfg: RootConfig, plan: Resolved, rule: BatchRule, arch: Arch) 
         autocast=plan.autocast_dtype is not None,
         world_size=plan.world.world_size,
         sharded=plan.sharded,
-        reference_copy=plan.sample_kind != "sft" and not cfg.lora.enabled,
+        reference_copy=plan.reference == Reference.copy,
     )
 
 
@@ -564,9 +562,12 @@ def _what_fits(cfg: RootConfig, plan: Resolved, inputs: MemoryInputs, device_gib
     if inputs.optimizer == TORCH_ADAMW:
         lean = IMPLEMENTATIONS[("adamw_8bit", plan.device_type)]
         candidates.append((f"optim.name=adamw_8bit ({lean})", {"optimizer": lean}))
-    if not inputs.lora_enabled:
+    lora_preset = recipe_spec(plan.recipe).preset(lora=True)
+    if not inputs.lora_enabled and lora_preset is not None:
         targets = tuple(spec_for(cfg.model).lora_targets)
-        candidates.append(("recipe=lora_sft", {"lora_enabled": True, "lora_rank": 8, "lora_targets": targets}))
+        # LoRA's reference (if the recipe has one) is the policy with its adapters off: no copy to count.
+        lora = {"lora_enabled": True, "lora_rank": 8, "lora_targets": targets, "reference_copy": False}
+        candidates.append((f"recipe={lora_preset}", lora))
     fits = []
     for setting, change in candidates:
         total = memory_estimate(replace(inputs, **change)).total_bytes / GIB

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from seqtune.config.errors import ConfigError
 from seqtune.config.plan import Resolved, Vocab, World, validation_key
+from seqtune.config.recipe_spec import RecipeSpec, Scored, recipe_spec
 from seqtune.config.schema import (
-    RECIPE_KIND,
     Device,
     LauncherConfig,
     LauncherName,
@@ -26,7 +26,6 @@ from seqtune.config.schema import (
     PaddingSide,
     Parallel,
     RootConfig,
-    SampleKind,
 )
 from seqtune.data.kinds import sequences_per_sample
 from seqtune.models.attention import AttentionEnv, attention_choice, attn_backend_problems
@@ -81,7 +80,8 @@ def resolve_plan(
     head_wrapped = cfg.lora.enabled and (
         "lm_head" in wrapped or "lm_head" in saved or (resize_to or 0) > model.embedding_rows
     )
-    kind = RECIPE_KIND[cfg.recipe_name]
+    recipe = recipe_spec(cfg.recipe_name)
+    kind = recipe.sample_kind
     return Resolved(
         world=world,
         sharded=cfg.train.parallel == Parallel.fsdp and world.world_size > 1,
@@ -106,14 +106,14 @@ def resolve_plan(
         sliding_window=model.sliding_window,
         attention_dropout_or_softcap=model.attention_dropout_or_softcap,
         tied_embeddings=model.tied_embeddings,
-        router_aux_loss_coef=router_aux_coef(cfg.model, model, per_sequence=kind != SampleKind.sft),
+        router_aux_loss_coef=router_aux_coef(cfg.model, model, recipe=recipe),
         **resolve_kernels(
             cfg,
             device_type=device.type,
             compute_dtype=compute,
             model=model,
             head_wrapped=head_wrapped,
-            per_sequence=kind != SampleKind.sft,
+            per_sequence=recipe.scored != Scored.token,
         ),
         **resolve_optimizer(str(cfg.optim.name), device_type=device.type),
         lora_targets=targets,
@@ -121,23 +121,26 @@ def resolve_plan(
         lora_saved=saved,
         validation=validation_key(cfg.data.val, cfg.data.val_fraction),
         fact_sources=dict(spec.sources),
+        recipe=recipe.name,
+        scored=str(recipe.scored),
+        reference=str(recipe.reference(cfg)),
         sample_kind=str(kind),
         sequences_per_sample=sequences_per_sample(kind),
     )
 
 
-def router_aux_coef(model_cfg: ModelConfig, model: ModelFacts, *, per_sequence: bool) -> float | None:
-    """model.router_aux_loss_coef over the checkpoint's; refused for a model without a router. The objectives of
-    per-sequence sample kinds (preference pairs) add no router loss: None, and a coefficient set for one refused."""
-    if per_sequence and model_cfg.router_aux_loss_coef is not None:
+def router_aux_coef(model_cfg: ModelConfig, model: ModelFacts, *, recipe: RecipeSpec) -> float | None:
+    """model.router_aux_loss_coef over the checkpoint's; refused for a model without a router. A recipe whose
+    objective adds no router loss (its spec's router_aux_loss) plans none, and refuses a coefficient set for it."""
+    if not recipe.router_aux_loss and model_cfg.router_aux_loss_coef is not None:
         raise ConfigError(
-            f"model.router_aux_loss_coef={model_cfg.router_aux_loss_coef}: the preference objectives (DPO, IPO, "
-            "SimPO) add no router load-balancing loss.",
+            f"model.router_aux_loss_coef={model_cfg.router_aux_loss_coef}: the {recipe.name} recipe's objective adds "
+            "no router load-balancing loss.",
             key="model.router_aux_loss_coef",
             fix="model.router_aux_loss_coef=null, or an SFT recipe (recipe=lora_sft)",
         )
     if model_cfg.router_aux_loss_coef is None:
-        return None if per_sequence else model.router_aux_loss_coef
+        return model.router_aux_loss_coef if recipe.router_aux_loss else None
     if model.router_aux_loss_coef is None:
         raise ConfigError(
             f"model.router_aux_loss_coef={model_cfg.router_aux_loss_coef}, but model_type={model.model_type} has no "
@@ -154,7 +157,7 @@ def resolve_kernels(
     """The attention kernel, the layer kernels and the loss path, each by its one rule, with the reason. A requested
     kernel that cannot run here stays the requested name with that reason: fast_checks reports the problem
     (attn_backend_problems, kernels_problems) and no rank starts. `per_sequence`: the objective needs each
-    sequence's log-probability (preference pairs), not one sum."""
+    sequence's log-probability or hidden state (the recipe's spec: scored), not one summed cross-entropy."""
     env = AttentionEnv(
         device_type=device_type,
         compute_dtype=compute_dtype,

@@ -1,6 +1,6 @@
-"""The steps every recipe shares, top to bottom: a recipe (seqtune/recipes/sft.py, seqtune/recipes/dpo.py) is a sample kind (what
-the plan says a record becomes, seqtune.data.kinds) plus an objective (seqtune.train.objectives), and calls
-`fine_tune` with the objective it trains.
+"""The steps every recipe shares, top to bottom: a recipe (seqtune/recipes/<name>/, e.g. sft, dpo) is a sample kind
+(what the plan says a record becomes, seqtune.data.kinds) plus an objective, and calls `fine_tune` with a factory that
+builds the objective it trains from the built model and the reference model its spec asked for (plan.reference).
 
 Reads top to bottom: tokenizer → model (+ LoRA) → the objective → data → optimizer/schedule → early stopping →
 checkpoints → evaluation → loop → the best weights and the test split → save. Every derived fact (world size,
@@ -12,12 +12,14 @@ nothing else to train.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from seqtune.config.load import flat_settings
 from seqtune.config.plan import Plan
+from seqtune.config.recipe_spec import recipe_spec
 from seqtune.config.schema import RootConfig
 from seqtune.data.loader import build_eval_batches, build_train_batches
 from seqtune.distributed import DistEnv, init_distributed, teardown, unwrap, wrap_model
@@ -32,13 +34,22 @@ from seqtune.train.evaluate import Evaluator
 from seqtune.train.export import BestWeights, export_final, report_end
 from seqtune.train.generate import build_sample_generator
 from seqtune.train.loop import Loop, fit
-from seqtune.train.objectives import Objective
+from seqtune.train.objectives import Objective, ReferenceModel, build_reference
 from seqtune.train.optim import build_optimizer, build_scheduler, sync_lr_after_resume
 from seqtune.train.session import open_logger, seed_dropout, set_seed, total_steps
 
-# Builds the recipe's objective once the model is built, from (the model as built, before DDP/FSDP wrapping), and
-# the wrapped model the loop calls (a reference model is made from them).
-ObjectiveFactory = Callable[[torch.nn.Module, torch.nn.Module, DistEnv], Objective]
+
+@dataclass(frozen=True)
+class Built:
+    """What a recipe's objective is built from, once the model is."""
+
+    model: torch.nn.Module  # as built: before DDP/FSDP wrapping (peft's model with LoRA)
+    wrapped: torch.nn.Module  # what the loop calls
+    env: DistEnv
+    reference: ReferenceModel | None  # plan.reference built: none, the adapters-off policy, or a frozen copy
+
+
+ObjectiveFactory = Callable[[Built], Objective]
 
 
 def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: ObjectiveFactory) -> None:
@@ -68,7 +79,8 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
         )
     built = model.to(env.device)
     model = wrap_model(built, env, sharded=plan.sharded)
-    trained = objective(built, model, env)
+    reference = build_reference(plan.reference, built=built, model=model)
+    trained = objective(Built(model=built, wrapped=model, env=env, reference=reference))
     seed_dropout(cfg.train.seed, env.rank)
 
     train_batches = build_train_batches(cfg, plan, rank=env.rank, tokenizer=tokenizer)
@@ -115,6 +127,7 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
         model=model,
         env=env,
         objective=trained,
+        recipe=recipe_spec(plan.recipe),
         every=cfg.train.eval_every,
         max_batches=cfg.train.eval_batches,
         autocast_dtype=autocast,

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from seqtune.config.recipe_spec import RecipeSpec
 from seqtune.distributed import DistEnv, all_reduce_sum, unwrap
 from seqtune.train.early_stop import EarlyStopping
 from seqtune.train.generate import SampleGenerator
@@ -68,6 +69,7 @@ class Evaluator:
     model: torch.nn.Module
     env: DistEnv
     objective: Objective
+    recipe: RecipeSpec  # the unit a loss averages over, whether perplexity means anything, the metrics shown
     # train.eval_every (0 = never) and train.eval_batches (0 = the whole validation split).
     every: int
     max_batches: int
@@ -135,7 +137,7 @@ class Evaluator:
                 **{f"test_{name}": value for name, value in measured.items()},
             }
             metrics.update(test)
-            unit = "target tokens" if self.objective.count_key == "num_targets" else "samples"
+            unit = self.recipe.unit
             self._print(
                 f"test: loss {loss:.4f}{self._summary_line(test, 'test_')} over {targets:,.0f} {unit} "
                 f"(data.test, every sample once)"
@@ -147,14 +149,13 @@ class Evaluator:
 
     def _perplexity(self, prefix: str, loss: float) -> dict[str, float]:
         """Perplexity is the exponent of a mean token cross-entropy: only for an objective averaged over tokens."""
-        return {f"{prefix}_ppl": _ppl(loss)} if self.objective.count_key == "num_targets" else {}
+        return {f"{prefix}_ppl": _ppl(loss)} if self.recipe.perplexity else {}
 
-    @staticmethod
-    def _summary_line(metrics: dict[str, Any], prefix: str) -> str:
+    def _summary_line(self, metrics: dict[str, Any], prefix: str) -> str:
         parts = [f" ppl {metrics[prefix + 'ppl']:.2f}"] if prefix + "ppl" in metrics else []
-        for name in ("rewards/accuracies", "rewards/margins"):
+        for name in self.recipe.shown:
             if prefix + name in metrics:
-                parts.append(f" {name.split('/')[1]} {metrics[prefix + name]:.3f}")
+                parts.append(f" {name.split('/')[-1]} {metrics[prefix + name]:.3f}")
         return "".join(parts)
 
     def _print(self, line: str) -> None:

@@ -1,7 +1,9 @@
 """Objectives: what loss and metrics come out of the model for one micro-batch, the training half of a recipe.
 
-A recipe is a sample kind (seqtune.data.kinds: what a record becomes) plus an objective. The loop, the evaluator,
-the checkpointer and early stopping are shared and ask an objective three things:
+A recipe (seqtune/recipes/<name>/, its spec: seqtune.config.recipe_spec) is a sample kind (seqtune.data.kinds: what
+a record becomes) plus an objective; a recipe's own objective lives in its package, the pieces several share live
+here (token cross-entropy, per-sequence log-probabilities, the reference models). The loop, the evaluator, the
+checkpointer and early stopping are shared and ask an objective three things:
 - `count_key`: the batch entry that counts the units the loss averages over (target tokens for SFT, pairs for
   preference tuning). A step's loss is the sum over every micro-batch on every rank divided by the global count,
   so accumulation, padding and world size never change what is averaged.
@@ -13,13 +15,12 @@ the checkpointer and early stopping are shared and ask an objective three things
 from __future__ import annotations
 
 import contextlib
+import copy
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-import torch.nn.functional as F
 
-from seqtune.config.schema import DpoConfig, PreferenceLoss
 from seqtune.data.types import IGNORE_INDEX
 
 MODEL_INPUTS = ("input_ids", "position_ids", "attention_mask")
@@ -66,17 +67,6 @@ class TokenCrossEntropy:
         return loss, weighted.detach().reshape(1)
 
 
-# The preference metrics, in this order (TRL's names; evaluation logs them as eval_<name>).
-PREFERENCE_METRICS = (
-    "rewards/chosen",
-    "rewards/rejected",
-    "rewards/margins",
-    "rewards/accuracies",
-    "logps/chosen",
-    "logps/rejected",
-)
-
-
 def sequence_logps(
     model: torch.nn.Module, batch: dict[str, torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -90,61 +80,6 @@ def sequence_logps(
     logps = torch.zeros(count, dtype=torch.float32, device=targets.device).index_add(0, index, -out.logits)
     lengths = torch.bincount(index, minlength=count)
     return logps, lengths, out.loss
-
-
-@dataclass
-class PreferenceObjective:
-    """Preference tuning on (chosen, rejected) pairs: DPO's sigmoid loss, IPO, or reference-free SimPO, with an
-    optional SFT term on the chosen completion (RPO). The implicit reward of a completion is beta x (policy minus
-    reference log-probability); `reference` runs the reference model on a batch (LoRA: the same model with its
-    adapters disabled; a full fine-tune: a frozen copy), or is None for SimPO."""
-
-    cfg: DpoConfig
-    reference: ReferenceModel | None
-    count_key: str = "num_samples"
-    metric_names: tuple[str, ...] = PREFERENCE_METRICS
-
-    def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        logps, lengths, anchor = sequence_logps(model, batch)
-        chosen, rejected = logps[0::2], logps[1::2]
-        chosen_len, rejected_len = lengths[0::2].float(), lengths[1::2].float()
-        # Fillers (every target masked) complete micro-batches: they take no part in the loss or the metrics.
-        real = (chosen_len > 0) & (rejected_len > 0)
-        beta = self.cfg.beta
-        if self.reference is not None:
-            ref, _ = self.reference(batch)
-            ref_chosen, ref_rejected = ref[0::2], ref[1::2]
-        else:
-            ref_chosen, ref_rejected = torch.zeros_like(chosen), torch.zeros_like(rejected)
-        if self.cfg.loss == PreferenceLoss.sigmoid:
-            logits = (chosen - ref_chosen) - (rejected - ref_rejected)
-            smooth = self.cfg.label_smoothing
-            losses = -F.logsigmoid(beta * logits) * (1 - smooth) - F.logsigmoid(-beta * logits) * smooth
-            reward_chosen, reward_rejected = beta * (chosen - ref_chosen), beta * (rejected - ref_rejected)
-        elif self.cfg.loss == PreferenceLoss.ipo:
-            # IPO regresses the (length-normalised, as in TRL) log-ratio difference onto 1 / (2 beta).
-            clen, rlen = chosen_len.clamp(min=1), rejected_len.clamp(min=1)
-            logits = (chosen - ref_chosen) / clen - (rejected - ref_rejected) / rlen
-            losses = (logits - 1 / (2 * beta)) ** 2
-            reward_chosen, reward_rejected = beta * (chosen - ref_chosen), beta * (rejected - ref_rejected)
-        else:  # simpo: reference-free, length-normalised, with a target margin gamma
-            avg_chosen, avg_rejected = chosen / chosen_len.clamp(min=1), rejected / rejected_len.clamp(min=1)
-            losses = -F.logsigmoid(beta * (avg_chosen - avg_rejected) - self.cfg.simpo_gamma)
-            reward_chosen, reward_rejected = beta * avg_chosen, beta * avg_rejected
-        if self.cfg.sft_weight:
-            losses = losses + self.cfg.sft_weight * (-chosen / chosen_len.clamp(min=1))
-        weight = real.float()
-        rewards = torch.stack(
-            [
-                reward_chosen,
-                reward_rejected,
-                reward_chosen - reward_rejected,
-                (reward_chosen > reward_rejected).float(),
-                chosen,
-                rejected,
-            ]
-        ).detach()
-        return (losses * weight).sum() + anchor, (rewards * weight).sum(dim=1)
 
 
 class ReferenceModel(Protocol):
@@ -186,3 +121,15 @@ def _eval_mode(model: torch.nn.Module):
         yield
     finally:
         model.train(was_training)
+
+
+def build_reference(reference: str, *, built: torch.nn.Module, model: torch.nn.Module) -> ReferenceModel | None:
+    """The reference model the plan resolved (plan.reference, from the recipe's spec): none, the policy with its
+    adapters disabled, or a frozen copy of `built` (the model as built, still untrained; preflight refuses the copy
+    under FSDP and counts it in the memory estimate)."""
+    if reference == "none":
+        return None
+    if reference == "adapters":
+        return DisabledAdapters(model=model, peft_model=built)
+    frozen = copy.deepcopy(built).eval().requires_grad_(False)
+    return FrozenCopy(model=frozen)

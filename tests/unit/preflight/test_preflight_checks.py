@@ -381,9 +381,13 @@ def test_memory_fails_only_against_a_known_device():
     assert checks.check_memory(estimate_gib=9.0, device_memory_gib=80.0, breakdown="") == []
 
 
-def test_full_parameter_preference_tuning_under_fsdp_is_refused_unless_reference_free():
-    [problem] = checks.check_reference_model(sample_kind="preference", lora=False, sharded=True, needs_reference=True)
-    assert problem.key == "train.parallel" and "recipe=lora_dpo" in problem.message
-    assert checks.check_reference_model(sample_kind="preference", lora=True, sharded=True, needs_reference=True) == []
-    assert checks.check_reference_model(sample_kind="preference", lora=False, sharded=True, needs_reference=False) == []
-    assert checks.check_reference_model(sample_kind="sft", lora=False, sharded=True, needs_reference=True) == []
+def test_a_reference_copy_under_fsdp_is_refused_with_fixes_that_are_accepted():
+    from seqtune.config.recipe_spec import recipe_spec
+
+    dpo = recipe_spec("dpo")
+    [problem] = checks.check_reference_model(reference="copy", sharded=True, recipe=dpo)
+    assert problem.key == "train.parallel" and "recipe_name=dpo" in problem.message
+    assert "recipe=lora_dpo train.parallel=ddp" in problem.message and "dpo.loss=simpo" in problem.message
+    assert checks.check_reference_model(reference="adapters", sharded=True, recipe=dpo) == []
+    assert checks.check_reference_model(reference="none", sharded=True, recipe=dpo) == []
+    assert checks.check_reference_model(reference="copy", sharded=False, recipe=dpo) == []

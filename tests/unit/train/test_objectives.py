@@ -10,14 +10,16 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from seqtune.config.schema import DpoConfig, LoraConfig, ModelConfig
+from seqtune.config.schema import LoraConfig, ModelConfig
 from seqtune.data.batching import BatchRule
 from seqtune.data.collate import make_collator
 from seqtune.data.sampler import as_filler
 from seqtune.data.types import IGNORE_INDEX, TokenizedSample
 from seqtune.models import apply_lora, build_model, get_spec
 from seqtune.models.token_loss import install_token_loss
-from seqtune.train.objectives import DisabledAdapters, PreferenceObjective, TokenCrossEntropy, sequence_logps
+from seqtune.recipes.dpo import DpoConfig
+from seqtune.recipes.dpo.objective import PreferenceObjective
+from seqtune.train.objectives import DisabledAdapters, TokenCrossEntropy, sequence_logps
 
 CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[3] / "seqtune/configs/model"
 

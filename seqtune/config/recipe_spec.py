@@ -1,0 +1,137 @@
+"""The recipe contract: what a recipe needs, declared by the recipe itself and read by everything before training.
+
+A recipe is a package `seqtune/recipes/<name>/` whose `__init__.py` (torch-free) registers one `RecipeSpec` and
+defines `run(cfg, plan, run_dir)` (which imports the torch half when called). The spec says:
+
+- `sample_kind`: what one record becomes (a kind of seqtune.data.kinds: the formats it reads, its sequences).
+- `settings`: the dataclass of its own config group (`dpo.*`, `orpo.*`), or None. The root config holds every
+  registered recipe's group; a group changed under another recipe is refused by one generic rule naming its owner.
+- `needs_reference`: whether the objective compares with a reference model, given its settings (SimPO does not).
+  Whether that reference is a second copy follows from LoRA (`reference()`): with adapters, the same model with
+  them disabled; a full fine-tune keeps a frozen copy, which the memory estimate counts and FSDP refuses.
+- `scored`: what the objective reads from the model (token cross-entropy, each sequence's log-probability, a scalar
+  head), which decides the loss path (the fused kernel gives one sum only).
+- `count_key`, `unit`, `metrics`, `perplexity`: what a loss is averaged over, what the report calls it, the metrics
+  logged beside the loss (eval ones as eval_<name>), and whether eval_ppl means anything (token cross-entropy).
+- `paddings`, `min_micro_batch`: the padding strategies it trains with and the smallest micro-batch its objective
+  is defined on; anything else is refused by name before step 1.
+- `presets`: its presets in seqtune/configs/recipe/ by whether LoRA is on (for fixes that name a preset).
+
+The plan (seqtune.preflight.resolve) resolves the spec into facts (plan.recipe, plan.sample_kind, plan.reference,
+plan.scored); preflight, the memory estimate, the evaluator and early stopping read those, never a recipe's name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from enum import StrEnum
+from typing import Any
+
+from seqtune.config.errors import ConfigError
+
+
+class Reference(StrEnum):
+    none = "none"  # no reference model
+    adapters = "adapters"  # the policy with its LoRA adapters disabled (no second copy)
+    copy = "copy"  # a frozen copy of the starting weights (full fine-tuning): counted, never sharded
+
+
+class Scored(StrEnum):
+    token = "token"  # the summed cross-entropy of every target token (any loss path, fused included)
+    sequence = "sequence"  # each sequence's summed target log-probability (chunked per-token cross-entropy)
+    scalar = "scalar"  # a scalar head read at each sequence's last target token (no vocabulary projection)
+
+
+@dataclass(frozen=True)
+class RecipeSpec:
+    name: str  # recipe_name: seqtune/recipes/<name>/
+    summary: str  # one line: what it trains, for `--help` and the report
+    sample_kind: str
+    presets: dict[bool, str]  # lora.enabled -> the preset that runs it that way (recipe=<preset>)
+    settings: type | None = None  # its config group's dataclass, the group named after the recipe
+    needs_reference: Callable[[Any], bool] = lambda settings: False
+    reference_free_fix: str = ""  # the setting that makes it reference-free, if one does ("dpo.loss=simpo ...")
+    scored: Scored = Scored.token
+    count_key: str = "num_targets"  # the batch entry a loss is averaged over
+    unit: str = "target tokens"
+    metrics: tuple[str, ...] = ()
+    shown: tuple[str, ...] = ()  # the metrics the console's eval line shows beside the loss
+    perplexity: bool = False
+    paddings: frozenset[str] | None = None  # None: every padding strategy
+    min_micro_batch: int = 1
+    min_micro_batch_reason: str = ""
+    # Its objective adds a mixture of experts' router load-balancing loss (plan.router_aux_loss_coef); a recipe that
+    # does not refuses model.router_aux_loss_coef, and its plan holds none.
+    router_aux_loss: bool = False
+
+    @property
+    def group(self) -> str | None:
+        return self.name if self.settings is not None else None
+
+    def settings_of(self, cfg: Any) -> Any:
+        """This recipe's settings in a root config (None when it has no group)."""
+        return getattr(cfg, self.name) if self.settings is not None else None
+
+    def reference(self, cfg: Any) -> Reference:
+        if not self.needs_reference(self.settings_of(cfg)):
+            return Reference.none
+        return Reference.adapters if cfg.lora.enabled else Reference.copy
+
+    def preset(self, *, lora: bool) -> str | None:
+        return self.presets.get(lora)
+
+    def changed_settings(self, cfg: Any) -> list[str]:
+        """The keys of this recipe's group that differ from their defaults in `cfg` (e.g. ["dpo.beta"])."""
+        if self.settings is None:
+            return []
+        given, default = getattr(cfg, self.name), self.settings()
+        return [f"{self.name}.{f.name}" for f in fields(default) if getattr(given, f.name) != getattr(default, f.name)]
+
+
+_RECIPES: dict[str, RecipeSpec] = {}
+_DISCOVERED = False
+
+
+def register(spec: RecipeSpec) -> RecipeSpec:
+    """Called by a recipe package's __init__.py with its spec."""
+    known = _RECIPES.get(spec.name)
+    if known is not None and known is not spec:
+        raise ValueError(f"recipe {spec.name!r} is registered twice")
+    _RECIPES[spec.name] = spec
+    return spec
+
+
+def recipes() -> dict[str, RecipeSpec]:
+    """Every recipe: each package under seqtune/recipes/ (plain modules there are shared steps, not recipes)."""
+    global _DISCOVERED
+    if not _DISCOVERED:
+        package = importlib.import_module("seqtune.recipes")
+        for module in pkgutil.iter_modules(package.__path__):
+            if module.ispkg:
+                importlib.import_module(f"seqtune.recipes.{module.name}")
+        _DISCOVERED = True
+    return dict(sorted(_RECIPES.items()))
+
+
+def recipe_spec(name: str) -> RecipeSpec:
+    spec = recipes().get(str(name))
+    if spec is None:
+        raise ConfigError(
+            f"recipe_name={name!r} is not a recipe (there is no seqtune/recipes/{name}/ registering one).",
+            key="recipe_name",
+            fix="recipe=PRESET with one of: " + ", ".join(all_presets()),
+        )
+    return spec
+
+
+def all_presets() -> list[str]:
+    return [preset for spec in recipes().values() for preset in spec.presets.values()]
+
+
+def preset_fix(spec: RecipeSpec) -> str:
+    """`recipe=lora_x (or full_x)`: how a fix names a recipe."""
+    names = [spec.presets[lora] for lora in (True, False) if lora in spec.presets]
+    return f"recipe={names[0]}" + (f" (or {names[1]})" if len(names) > 1 else "")
