@@ -15,6 +15,7 @@ import sys
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 # Before torch/transformers are imported: no library reaches a model hub on its own (only seqtune.hub fetches a hub
 # id named in model.path, unless the user's own HF_HUB_OFFLINE, kept in USER_HUB_OFFLINE, forbids it), and tokenizer
@@ -26,7 +27,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict, read_write
 from omegaconf.errors import MissingMandatoryValue
 
 from seqtune import console
@@ -167,6 +168,35 @@ def _after_training(typed, run_dir: Path) -> None:
         log_scores(run_dir, run_harness(run_dir, request_from(typed.eval)))
 
 
+# Chosen for `model.path=DIR` (or ORG/NAME) when the command names no model: every fact read from the checkpoint.
+BARE_CHECKPOINT_MODEL = "model=hf"
+# ... and, unless the command names a lora preset, LoRA only: lora=tiny (the embedded default) trains the whole head,
+# which is right for a random tiny model and refused for a real checkpoint.
+BARE_CHECKPOINT_LORA = "lora=default"
+
+
+def _bare_checkpoint(cfg: DictConfig) -> tuple[DictConfig, str]:
+    """The config of `model.path=...` alone: composed again with model=hf (and lora=default unless lora= is
+    given), as if the command had named them, with the line that says so; else `cfg` unchanged."""
+    overrides = list(HydraConfig.get().overrides.task)
+    chosen = {override.lstrip("+~").split("=", 1)[0] for override in overrides}
+    if "model" in chosen or not cfg.model.path:
+        return cfg, ""
+    added = [BARE_CHECKPOINT_MODEL, *([] if "lora" in chosen else [BARE_CHECKPOINT_LORA])]
+    note = (
+        f"model.path={cfg.model.path} with no model named: {' '.join(added)} (model.family=auto: every model fact "
+        "read from the checkpoint, each with its source below)"
+    )
+    composed = hydra.compose(config_name="config", overrides=[*overrides, *added])
+    # What _check_presets and .hydra/hydra.yaml read (typed a dict by Hydra's dataclass, a DictConfig at run time).
+    choices = cast(DictConfig, HydraConfig.get().runtime.choices)
+    with read_write(choices), open_dict(choices):
+        for added_choice in added:
+            group, option = added_choice.split("=")
+            choices[group] = option
+    return composed, note
+
+
 @hydra.main(version_base=None, config_path="pkg://seqtune.configs", config_name="config")
 def _hydra_main(cfg: DictConfig) -> JobOutcome:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -177,8 +207,11 @@ def _hydra_main(cfg: DictConfig) -> JobOutcome:
             held.enter_context(hold_run_dir(run_dir))  # one writer per run directory, before anything is written
             # Settled after the log is closed: a command that does not train leaves a run's directory as it was.
             snapshot = held.enter_context(_unless_trained(run_dir))
+            cfg, note = _bare_checkpoint(cfg)
             _write_hydra_record(cfg, run_dir)
             held.enter_context(console.run_log(run_dir))
+            if note:
+                print(note, flush=True)
             launch(cfg, run_dir, snapshot)
         except (SeqtuneError, Interrupted) as err:
             print(f"\nseqtune: error: {err}", file=sys.stderr, flush=True)

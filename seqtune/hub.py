@@ -60,6 +60,28 @@ def fetch_command(repo_id: str, revision: str | None, repo_type: str = "model") 
     return command + (f" --revision {revision}" if revision else "")
 
 
+def snapshot_origin(path: str | Path) -> tuple[str, str, str] | None:
+    """(repo_id, repo_type, commit) when `path` is a snapshot directory of the hub cache
+    (<cache>/models--org--name/snapshots/<commit>), else None: what `hf download` re-fetches it from."""
+    parts = Path(path).expanduser().absolute().parts
+    if len(parts) < 3 or parts[-2] != "snapshots":
+        return None
+    kind, _, name = parts[-3].partition("--")
+    if kind not in ("models", "datasets", "spaces") or "--" not in name:
+        return None
+    return name.replace("--", "/", 1), kind[:-1], parts[-1]
+
+
+def repair_command(path: str | Path, files: list[str]) -> str | None:
+    """The `hf download` command that fetches `files` of the hub snapshot `path` again (None: not a snapshot).
+    --force-download, because a damaged blob that still exists is otherwise kept."""
+    origin = snapshot_origin(path)
+    if origin is None:
+        return None
+    repo_id, repo_type, commit = origin
+    return fetch_command(" ".join([repo_id, *files]), commit, repo_type) + " --force-download"
+
+
 def resolve_snapshot(repo_id: str, *, revision: str | None, key: str, repo_type: str = "model") -> Path:
     """The local snapshot directory of `repo_id` at `revision` (None = main): from the cache, else downloaded
     unless HF_HUB_OFFLINE=1. Raises ModelLoadError naming `key` and the fix."""
@@ -83,13 +105,28 @@ def resolve_snapshot(repo_id: str, *, revision: str | None, key: str, repo_type:
     except LocalEntryNotFoundError:
         if offline():
             raise ModelLoadError(
-                f"{key}={repo_id}{at}: no such local directory, and as a hub id not in the hub cache {cache}, and "
-                "HF_HUB_OFFLINE=1 forbids downloading it.",
+                f"{key}={repo_id}{at}: no such local directory, and as a hub id not in the hub cache {cache}"
+                f"{_cached_revisions(cache, repo_id, revision, repo_type)}, and HF_HUB_OFFLINE=1 forbids downloading it.",
                 key=key,
                 fix=f"fetch it once online: `{fetch_command(repo_id, revision, repo_type)}` (HF_HUB_CACHE="
                 f"{cache}), then rerun; or unset HF_HUB_OFFLINE",
             ) from None
     return _download(repo_id, revision=revision, cache=cache, key=key, repo_type=repo_type, patterns=patterns)
+
+
+def _cached_revisions(cache: Path, repo_id: str, revision: str | None, repo_type: str) -> str:
+    """What the cache holds of `repo_id` when it holds some of it: the refs/<revision> file that is missing (or
+    the snapshot it names), and the revisions it does hold."""
+    repo = cache / f"{repo_type}s--{repo_id.replace('/', '--')}"
+    if not repo.is_dir():
+        return ""
+    refs = repo / "refs"
+    held = sorted(str(p.relative_to(refs)) for p in refs.rglob("*") if p.is_file()) if refs.is_dir() else []
+    ref = refs / (revision or "main")
+    if ref.is_file():
+        commit = ref.read_text().strip()
+        return f" ({ref} names commit {commit}, whose snapshot {repo / 'snapshots' / commit} is missing)"
+    return f" ({ref} does not exist; the cache holds revision(s) {', '.join(held) or 'none'} of it)"
 
 
 def _download(

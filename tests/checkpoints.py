@@ -52,6 +52,39 @@ KINDS = {
         None,
     ),
     "olmo2": ("Olmo2Config", {"tie_word_embeddings": False}, "bundled", OLMO2, "</s>", "</s>", [], None),
+    # Mixture of experts (the tiny shape of issue 30: 2 layers, hidden 64, 4 experts, top-2)
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        {"tie_word_embeddings": False, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+        "qwen3",
+        QWEN25,
+        "<|im_end|>",
+        "<|im_end|>",
+        [],
+        None,
+    ),
+    "olmoe": (
+        "OlmoeConfig",
+        {"tie_word_embeddings": False, "num_experts": 4, "num_experts_per_tok": 2},
+        "bundled",
+        OLMO2,
+        "</s>",
+        "</s>",
+        [],
+        None,
+    ),
+    # Absolute learned positions (wpe), Conv1D projections under transformer.h.N, a short context: GPT-2.
+    "gpt2": ("GPT2Config", {"tie_word_embeddings": True}, "bundled", PHI3, "</s>", "<|end|>", [], None),
+    "mixtral": (
+        "MixtralConfig",
+        {"tie_word_embeddings": False, "num_local_experts": 4, "num_experts_per_tok": 2},
+        "bundled",
+        PHI3,
+        "</s>",
+        "<|end|>",
+        [],
+        None,
+    ),
     "smollm": (
         "LlamaConfig",
         {"tie_word_embeddings": True},
@@ -63,6 +96,20 @@ KINDS = {
         None,
     ),
 }
+
+
+# The shape of every kind (the Llama-style config kwargs), and the kinds whose config names it otherwise.
+SHAPE = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+}
+OWN_SHAPE = {"gpt2": {"n_embd": 64, "n_inner": 128, "n_layer": 2, "n_head": 4, "n_positions": 512}}
+# The class config.json names, where it is not the config class's *ForCausalLM.
+OWN_CLASS = {"gpt2": "GPT2LMHeadModel"}
 
 
 def build_checkpoint(kind: str, directory: Path) -> Path:
@@ -92,18 +139,13 @@ def build_checkpoint(kind: str, directory: Path) -> Path:
     eos_id, eot_id = tokenizer.convert_tokens_to_ids(eos), tokenizer.convert_tokens_to_ids(eot)
     config = getattr(transformers, config_class)(
         vocab_size=rows,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
+        **OWN_SHAPE.get(kind, SHAPE),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=eos_id,
         pad_token_id=tokenizer.pad_token_id,
         **extra,
     )
-    config.architectures = [config_class.replace("Config", "ForCausalLM")]
+    config.architectures = [OWN_CLASS.get(kind, config_class.replace("Config", "ForCausalLM"))]
     torch.manual_seed(0)
     model = getattr(transformers, config.architectures[0])(config)
     model.save_pretrained(directory, safe_serialization=True)

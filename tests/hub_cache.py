@@ -4,6 +4,7 @@ fails any attempt to open a network connection (loopback, used by torch's proces
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import socket
 from pathlib import Path
@@ -53,3 +54,35 @@ def guard_sockets(monkeypatch) -> list:
 
     monkeypatch.setattr(socket.socket, "connect", guarded)
     return attempts
+
+
+def damage_snapshot(cache: Path, checkpoint: Path, fault: str) -> tuple[str, str | None, str]:
+    """A snapshot of `checkpoint` in `cache` with `fault`: (repo id, revision asked for, the file the refusal names)."""
+    repo = f"org/{fault}"
+    snapshot = add_repo(cache, repo, checkpoint)
+    if fault == "dangling-blob":
+        (snapshot / "model.safetensors").resolve().unlink()
+        return repo, None, str(snapshot / "model.safetensors")
+    if fault in ("truncated-config", "invalid-config"):
+        blob = (snapshot / "config.json").resolve()
+        text = blob.read_text()
+        blob.write_text(text[: len(text) // 2] if fault == "truncated-config" else json.dumps([json.loads(text)]))
+        return repo, None, str(snapshot / "config.json")
+    if fault == "missing-shard":
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(str(snapshot / "model.safetensors"))
+        names = sorted(tensors)
+        half = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+        index = {"metadata": {}, "weight_map": {n: shard for shard, group in half.items() for n in group}}
+        (snapshot / "model.safetensors").unlink()
+        save_file({n: tensors[n] for n in half["model-00001-of-00002.safetensors"]}, str(snapshot / next(iter(half))))
+        (snapshot / "model.safetensors.index.json").write_text(json.dumps(index))
+        return repo, None, "model-00002-of-00002.safetensors"
+    assert fault == "unknown-revision"
+    return repo, "v2", str(snapshot.parent.parent / "refs" / "v2")
+
+
+# What a hub cache suffers (issue 30): a deleted blob, a truncated or invalid config.json, a shard the index names
+# but the snapshot lacks, a revision with no refs/ entry.
+FAULTS = ["dangling-blob", "truncated-config", "invalid-config", "missing-shard", "unknown-revision"]

@@ -86,6 +86,9 @@ class Resolved:
     sliding_window: bool = False
     attention_dropout_or_softcap: bool = False
     tied_embeddings: bool = False
+    # Mixture of experts: the router load-balancing loss's coefficient (model.router_aux_loss_coef, else the
+    # checkpoint's); None = the model has no router (models.facts). The loss adds coef x aux, logged router_aux_loss.
+    router_aux_loss_coef: float | None = None
     # The kernels every rank builds with, each decided once by its rule with the reason (seqtune.models.attention
     # .attention_choice, seqtune.models.kernels.kernels_choice / loss_choice). When the requested one cannot run
     # here, it stays the requested name with the reason it cannot: preflight reports that problem and no rank starts.

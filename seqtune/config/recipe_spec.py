@@ -63,6 +63,9 @@ class RecipeSpec:
     paddings: frozenset[str] | None = None  # None: every padding strategy
     min_micro_batch: int = 1
     min_micro_batch_reason: str = ""
+    # Its objective adds a mixture of experts' router load-balancing loss (plan.router_aux_loss_coef); a recipe that
+    # does not refuses model.router_aux_loss_coef, and its plan holds none.
+    router_aux_loss: bool = False
 
     @property
     def group(self) -> str | None:

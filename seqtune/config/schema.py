@@ -295,6 +295,10 @@ class ModelConfig:
     load_in_4bit: bool = False
     gradient_checkpointing: bool = False
     seed: int = 0
+    # Mixture of experts: the router's load-balancing loss is added as coef x aux_loss and logged as
+    # router_aux_loss. null = the checkpoint's config.json router_aux_loss_coef; 0 = not added (still logged).
+    # Refused for a model without a router.
+    router_aux_loss_coef: float | None = None
 
     def __post_init__(self) -> None:
         domain = _Domain("model")
@@ -314,6 +318,7 @@ class ModelConfig:
         if self.rope_theta is not None:
             domain.above("rope_theta", self.rope_theta, 0, "null")
         domain.at_least("rope_scaling_factor", self.rope_scaling_factor, 0, "null", optional=True)
+        domain.at_least("router_aux_loss_coef", self.router_aux_loss_coef, 0, "null", optional=True)
         _seed(domain, self.seed, 0)
         if self.family == ModelFamily.auto and not self.path:
             domain.refuse(
@@ -595,6 +600,10 @@ class LoraConfig:
     target_modules: list[str] | None = None
     # Modules trained in full next to the adapter and saved in it (peft modules_to_save), e.g. [lm_head].
     modules_to_save: list[str] = field(default_factory=list)
+    # LoRA on parameters that belong to no Linear (peft target_parameters): a mixture of experts' fused experts,
+    # e.g. [mlp.experts.gate_up_proj,mlp.experts.down_proj]. Each must name parameters of the model (peft's suffix
+    # rule; preflight refuses one that names none). Not with use_dora (peft's parameter adapters have no DoRA).
+    target_parameters: list[str] = field(default_factory=list)
     # DoRA (peft use_dora): each adapted weight is split into a trained magnitude per output feature and a
     # LoRA-updated direction. Costs a little memory per adapted module (preflight's estimate counts it).
     use_dora: bool = False
@@ -613,6 +622,13 @@ class LoraConfig:
             self.target_modules,
             "names no module to adapt",
             "null (the family's defaults), or names like [q_proj,v_proj]",
+        )
+        domain.require(
+            not (self.use_dora and self.target_parameters),
+            "target_parameters",
+            self.target_parameters,
+            "cannot be adapted with lora.use_dora=true (peft's parameter adapters have no DoRA)",
+            "[] (LoRA on modules only), or lora.use_dora=false",
         )
         domain.done()
 

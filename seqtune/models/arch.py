@@ -74,6 +74,11 @@ class Arch:
     # The decoder layers' module names, in order (model.layers.0, ...).
     layers: tuple[str, ...]
     head: str  # the output embedding's module name
+    # The tensors as a checkpoint stores them when transformers converts them while loading (a mixture of experts:
+    # each expert's gate/up/down matrices on file, one fused 3-D parameter per layer in the model); None when the
+    # stored names and shapes are `tensors` themselves. From transformers' own conversion mapping, reverted as
+    # save_pretrained reverts it (module_arch), so the checkpoint proof checks what the loader will convert.
+    stored: dict[str, tuple[int, ...]] | None = None
 
     def parameters(self) -> dict[str, int]:
         """Distinct parameters (a tied weight once, under its first name) -> element count."""
@@ -242,7 +247,6 @@ def config_arch(hf_config: Any) -> Arch:
 
 def module_arch(model: Any, hf_config: Any) -> Arch:
     """The Arch of a built model (the meta device is enough: shapes and names only)."""
-    from torch import nn
 
     from seqtune.models.layers import decoder_layers
 
@@ -260,6 +264,13 @@ def module_arch(model: Any, hf_config: Any) -> Arch:
     modules = dict(model.named_modules())
     by_module = {id(m): name for name, m in modules.items()}
     numbers = numbers_of(hf_config)
+    layers = tuple(by_module[id(layer)] for layer in decoder_layers(model))
+    linears = _linears(modules)
+    if numbers["intermediate_size"] is None:  # GPT-2 names it n_inner (null = 4 x hidden): the MLP's widest Linear
+        numbers["intermediate_size"] = max(
+            out for name, (_, out) in linears.items() if name.startswith(layers[0] + ".")
+        )
+    stored = _stored_tensors(model)
     return Arch(
         model_type=str(getattr(hf_config, "model_type", "")),
         **numbers,
@@ -267,11 +278,35 @@ def module_arch(model: Any, hf_config: Any) -> Arch:
         tensors=tensors,
         tied=tied,
         prefix=model.base_model_prefix,
-        linears={name: (m.in_features, m.out_features) for name, m in modules.items() if isinstance(m, nn.Linear)},
+        linears=linears,
         norms=tuple(name for name, m in modules.items() if type(m).__name__.endswith("RMSNorm")),
-        layers=tuple(by_module[id(layer)] for layer in decoder_layers(model)),
+        layers=layers,
         head=by_module[id(head)],
+        stored=None if stored == tensors else stored,
     )
+
+
+def _linears(modules: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """Every matrix-multiplying module by name: (in, out). nn.Linear, and transformers' Conv1D (GPT-2's
+    projections: a Linear with its weight stored transposed, which peft adapts too)."""
+    from torch import nn
+
+    found: dict[str, tuple[int, int]] = {}
+    for name, m in modules.items():
+        if isinstance(m, nn.Linear):
+            found[name] = (m.in_features, m.out_features)
+        elif type(m).__name__ == "Conv1D":
+            found[name] = (m.nx, m.nf)
+    return found
+
+
+def _stored_tensors(model: Any) -> dict[str, tuple[int, ...]]:
+    """The model's tensors named and shaped as save_pretrained writes them: transformers' conversion mapping for
+    the architecture, reverted (on the meta device: shapes only)."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    state = dict(model.state_dict(keep_vars=True))
+    return {name: tuple(t.shape) for name, t in revert_weight_conversion(model, state).items()}
 
 
 def tiny_arch(model_type: str, kwargs: Mapping[str, Any]) -> Arch:

@@ -1,12 +1,16 @@
 """model.family=auto: any causal LM transformers ships, every fact read from the checkpoint itself.
 
 A named family (llama3.py, qwen3.py, ...) states its facts; a checkpoint of any other architecture states them in
-its own files, and this module reads them there, light (JSON, the safetensors headers, Jinja; no torch):
-- the class: config.json `architectures` (a *ForCausalLM class transformers ships; `auto_map` = repository code,
-  refused: seqtune never runs trust_remote_code);
-- rows, context, RoPE, tied embeddings: config.json (models.facts reads them; tied: config.json, else the absence
-  of a separate lm_head.weight in the safetensors);
-- LoRA targets and the decoder layout: the linear (2-D) weights of decoder layer 0 in the safetensors headers;
+its own files, and this module reads them there, light where it can (JSON, the safetensors headers, Jinja):
+- the class: config.json `architectures` (a *ForCausalLM class transformers ships, or any other class
+  AutoModelForCausalLM maps, e.g. GPT2LMHeadModel; `auto_map` = repository code, refused: seqtune never runs
+  trust_remote_code);
+- rows, context, RoPE, tied embeddings: config.json (models.facts reads them, under the config class's
+  attribute_map names too: GPT-2's n_positions, n_layer; tied: config.json, else the absence of a separate
+  lm_head.weight in the safetensors);
+- LoRA targets and the decoder layout: the linear (2-D) weights of decoder layer 0 in the safetensors headers for
+  the Llama layout (model.layers.N); for a mixture of experts (stored names converted while loading) and other
+  layouts (GPT-2's transformer.h.N) the Linear/Conv1D modules of the model transformers builds on the meta device;
 - the end-of-turn token: what the checkpoint's chat template renders right after an assistant reply;
 - padding side: tokenizer_config.json `padding_side`, else right;
 - quirks (refused dtypes, Liger support) only from a named family that declares the same model_type.
@@ -18,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 import struct
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -29,7 +34,7 @@ from seqtune.tokenizers.templates import PROBE_REPLY, end_of_turn_probe
 _LAYER_WEIGHT = re.compile(r"^model\.layers\.0\.(.+)\.weight$")
 FIX = (
     "model.path=DIR of a checkpoint whose architecture transformers ships (config.json `architectures` names a "
-    "*ForCausalLM class), or a named family (model=llama3_8b, model=qwen3_8b, ...)"
+    "class AutoModelForCausalLM builds), or a named family (model=llama3_8b, model=qwen3_8b, ...)"
 )
 
 
@@ -40,20 +45,38 @@ def checkpoint_spec(path: str) -> ModelSpec:
 
 @lru_cache(maxsize=8)
 def _checkpoint_spec(root_text: str) -> ModelSpec:
+    from seqtune.models.facts import read_config_json
+
     root = Path(root_text)
-    config = json.loads((root / "config.json").read_text())
+    config = read_config_json(root, root_text)
     model_type, model_class = _causal_lm_class(root, config)
     weights = _weight_shapes(root)
     layer = [
         match.group(1) for name, shape in weights.items() if (match := _LAYER_WEIGHT.match(name)) and len(shape) == 2
     ]
-    if not layer or not any(name.endswith("embed_tokens.weight") for name in weights):
-        raise ModelLoadError(
-            f"model.path={root}: its weights do not follow the Hugging Face decoder layout seqtune's LoRA naming "
-            "reads (model.embed_tokens, model.layers.N.<module>, lm_head).",
-            key="model.path",
-            fix=FIX,
+    layout = _Layout(layer_modules=layer)
+    layer_source = "the linear weights of decoder layer 0 in the safetensors"
+    if config.get("num_experts_per_tok"):
+        layout, layer_source = (
+            _built_layout(root),
+            f"the Linear modules of decoder layer 0 as transformers builds it: a mixture of experts "
+            f"(num_experts_per_tok={config['num_experts_per_tok']}) whose experts transformers fuses into 3-D "
+            "parameters and whose router is no Linear, so LoRA adapts attention (and any dense MLP) by default",
         )
+    elif not layer or not any(name.endswith("embed_tokens.weight") for name in weights):
+        layout = _built_layout(root)
+        layer_source = (
+            f"the Linear/Conv1D modules of decoder layer 0 ({layout.layers_prefix}.0) of the model transformers "
+            "builds from config.json: its weights do not follow the Llama layout (model.layers.N)"
+        )
+        if not layout.layer_modules:
+            raise ModelLoadError(
+                f"model.path={root}: decoder layer 0 ({layout.layers_prefix}.0) of {model_class} has no Linear or "
+                "Conv1D module for LoRA to adapt.",
+                key="model.path",
+                fix=FIX,
+            )
+    layer = list(layout.layer_modules)
     tied, tied_source = _tied(config, weights)
     tokenizer_config = _json(root / "tokenizer_config.json")
     template, template_source = _chat_template(root, tokenizer_config)
@@ -65,11 +88,14 @@ def _checkpoint_spec(root_text: str) -> ModelSpec:
     layer_modules = tuple(sorted(layer))
     sources = {
         "architecture": f"{model_class} (config.json architectures)",
-        "rows, context, layers, RoPE": "config.json (vocab_size, max_position_embeddings, num_hidden_layers, "
-        "rope_parameters / rope_scaling)",
+        "rows, context, layers, RoPE": f"config.json ({', '.join(_keys(config))}, "
+        + (
+            "rope_parameters / rope_scaling)"
+            if {"rope_parameters", "rope_scaling", "rope_theta"} & set(config)
+            else "no RoPE: learned absolute positions, packed rows restart them per document)"
+        ),
         "tied embeddings": f"{tied} ({tied_source})",
-        "LoRA targets": f"{', '.join(dict.fromkeys(m.rsplit('.', 1)[-1] for m in layer_modules))} (the linear "
-        "weights of decoder layer 0 in the safetensors)",
+        "LoRA targets": f"{', '.join(dict.fromkeys(m.rsplit('.', 1)[-1] for m in layer_modules))} ({layer_source})",
         "end of turn": f"{eot} ({eot_source})",
         "chat template": template_source,
         "padding side": f"{padding} ({padding_source})",
@@ -85,6 +111,8 @@ def _checkpoint_spec(root_text: str) -> ModelSpec:
         chat_template=template or "",
         eot_token=eot or "",
         layer_modules=layer_modules,
+        layers_prefix=layout.layers_prefix,
+        embedding_module=layout.embedding_module,
         lora_targets=tuple(dict.fromkeys(m.rsplit(".", 1)[-1] for m in layer_modules)),
         refused_dtypes=refused,
         liger=any(spec.liger for spec in named),
@@ -94,6 +122,14 @@ def _checkpoint_spec(root_text: str) -> ModelSpec:
         read_arch_fields=common_arch_fields,
         sources=sources,
     )
+
+
+def _keys(config: dict) -> list[str]:
+    """The config.json keys rows, context and layers are read from (models.facts.config_key)."""
+    from seqtune.models.facts import config_key
+
+    names = ("vocab_size", "max_position_embeddings", "num_hidden_layers")
+    return [key if key == name else f"{key} (= {name})" for name in names if (key := config_key(config, name))]
 
 
 def _no_tiny_model(fields: dict[str, Any]) -> dict[str, Any]:
@@ -117,16 +153,55 @@ def _causal_lm_class(root: Path, config: dict) -> tuple[str, str]:
             key="model.path",
             fix=FIX,
         )
-    causal = [name for name in architectures if name.endswith("ForCausalLM")]
-    if not causal or causal[0] not in dir(transformers):
+    causal = [name for name in architectures if name.endswith("ForCausalLM") and name in dir(transformers)]
+    if not causal:  # GPT2LMHeadModel and the other classes AutoModelForCausalLM maps under other names
+        causal = [name for name in architectures if name in _causal_lm_classes()]
+    if not causal:
         raise ModelLoadError(
             f"model.path={root}: config.json names architectures={architectures} (model_type={model_type!r}), "
-            f"not a causal-LM class transformers {transformers.__version__} ships; seqtune never runs the "
-            "checkpoint's own code (trust_remote_code).",
+            f"none of them a class transformers {transformers.__version__}'s AutoModelForCausalLM builds; seqtune "
+            "never runs the checkpoint's own code (trust_remote_code).",
             key="model.path",
             fix=FIX,
         )
     return str(model_type), causal[0]
+
+
+def _causal_lm_classes() -> set[str]:
+    """Every class AutoModelForCausalLM maps a model_type to (imports transformers' auto module, and torch)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return {name for names in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() for name in _names(names)}
+
+
+def _names(value: str | tuple[str, ...]) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Layout:
+    layer_modules: list[str]
+    layers_prefix: str = "model.layers"
+    embedding_module: str = "model.embed_tokens"
+
+
+def _built_layout(root: Path) -> _Layout:
+    """The module names of the model transformers builds from config.json (on the meta device): decoder layer 0's
+    Linear (and Conv1D) modules, where the layers and the input embedding live. For checkpoints whose stored names
+    are not the modules' (converted while loading: a mixture of experts) or not the Llama layout (GPT-2)."""
+    from transformers import AutoConfig
+
+    from seqtune.models.arch import config_arch
+    from seqtune.models.memory import meta_model
+
+    model = meta_model(AutoConfig.from_pretrained(root, local_files_only=True, trust_remote_code=False))
+    arch = config_arch(model.config)
+    embedding = next(name for name, m in model.named_modules() if m is model.get_input_embeddings())
+    return _Layout(
+        layer_modules=list(arch.layer_linears(arch.layers[0])),
+        layers_prefix=arch.layers[0].rsplit(".", 1)[0],
+        embedding_module=embedding,
+    )
 
 
 def _weight_shapes(root: Path) -> dict[str, list[int]]:

@@ -60,10 +60,15 @@ class WeightFault:
 
 
 def weight_faults(
-    root: Path, expected: dict[str, tuple[int, ...]], tied: list[set[str]], prefix: str
+    root: Path,
+    expected: dict[str, tuple[int, ...]],
+    tied: list[set[str]],
+    prefix: str,
+    stored: dict[str, tuple[int, ...]] | None = None,
 ) -> list[WeightFault]:
     """Everything wrong with the weight files of `root` against the architecture's parameters (`expected`: name ->
-    shape; `tied`: groups of names that are one tensor, of which one stored copy is enough)."""
+    shape; `tied`: groups of names that are one tensor, of which one stored copy is enough; `stored`: the same
+    parameters as save_pretrained writes them when transformers converts them while loading, Arch.stored)."""
     shards, unreadable = _shards(root)
     faults: list[WeightFault] = []
     found: dict[str, tuple[str, list[int]]] = {}
@@ -88,7 +93,19 @@ def weight_faults(
                 )
     if unreadable:
         return unreadable + faults  # what an unreadable file or index holds is unknown: a missing list would mislead
-    return faults + _against_architecture(root, found, expected, tied, prefix)
+    return faults + _against_architecture(root, found, _stored_form(found, expected, stored), tied, prefix)
+
+
+def _stored_form(
+    found: dict[str, tuple[str, list[int]]],
+    expected: dict[str, tuple[int, ...]],
+    stored: dict[str, tuple[int, ...]] | None,
+) -> dict[str, tuple[int, ...]]:
+    """What the checkpoint is compared with: the model's own parameters when it holds them as the model names them
+    (a checkpoint already in transformers' fused layout), else the form transformers converts from."""
+    if stored is None or any(name in expected and name not in stored for name in found):
+        return expected
+    return stored
 
 
 def _shards(root: Path) -> tuple[dict[str, set[str] | None], list[WeightFault]]:
@@ -249,7 +266,7 @@ def checkpoint_faults(path: str | None, arch: Arch | None) -> list[WeightFault]:
     """model.path's weight files against the architecture its config.json declares (nothing for a tiny model)."""
     if path is None or arch is None:
         return []
-    return weight_faults(Path(path).expanduser(), arch.tensors, arch.tied, arch.prefix)
+    return weight_faults(Path(path).expanduser(), arch.tensors, arch.tied, arch.prefix, arch.stored)
 
 
 # --- after the load (seqtune.models.build) ------------------------------------------------------------------------

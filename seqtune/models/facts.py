@@ -8,12 +8,14 @@ transformers and peft are imported. build.load_model_config reads the full Huggi
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from seqtune.config.errors import ModelLoadError
 from seqtune.config.schema import ModelConfig
+from seqtune.hub import repair_command
 from seqtune.models.checkpoint_check import INDEX
 from seqtune.models.spec import ModelSpec, family_for_model_type, resolve_tiny_fields
 
@@ -39,6 +41,9 @@ class ModelFacts:
     sliding_window: bool
     attention_dropout_or_softcap: bool
     tied_embeddings: bool
+    # A mixture of experts whose router has a load-balancing loss (config.json num_experts_per_tok and
+    # router_aux_loss_coef, as transformers' MoE classes read them): the checkpoint's coefficient; None otherwise.
+    router_aux_loss_coef: float | None = None
 
 
 def read_model_facts(cfg: ModelConfig, spec: ModelSpec) -> ModelFacts:
@@ -48,15 +53,16 @@ def read_model_facts(cfg: ModelConfig, spec: ModelSpec) -> ModelFacts:
         vocab, context, layers = fields["vocab_size"], fields["max_position_embeddings"], fields["num_layers"]
         model_type, window, dropout = spec.hf_model_types[0], fields.get("sliding_window"), False
         tied = bool(fields["tie_word_embeddings"])
+        router = None
     else:
         root = check_checkpoint_dir(cfg.path)
         config = read_config_json(root, cfg.path)
         try:
             check_model_type(cfg, spec, config.get("model_type"))
             vocab, context, layers = (
-                config["vocab_size"],
-                config["max_position_embeddings"],
-                config["num_hidden_layers"],
+                config_value(config, "vocab_size"),
+                config_value(config, "max_position_embeddings"),
+                config_value(config, "num_hidden_layers"),
             )
             # Qwen2/2.5 state a window they do not use (use_sliding_window: false).
             use_window = config.get("use_sliding_window", True) is not False
@@ -64,6 +70,7 @@ def read_model_facts(cfg: ModelConfig, spec: ModelSpec) -> ModelFacts:
             dropout = bool(config.get("attention_dropout") or 0) or config.get("attn_logit_softcapping") is not None
             # Absent from config.json: the transformers class's default, which the family's tiny default mirrors.
             tied = bool(config.get("tie_word_embeddings", spec.tiny_defaults["tie_word_embeddings"]))
+            router = config.get("router_aux_loss_coef") if config.get("num_experts_per_tok") else None
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise ModelLoadError(
                 f"model.path={cfg.path}: config.json cannot be read ({err!r}). {EXPECTED_CHECKPOINT}",
@@ -79,63 +86,120 @@ def read_model_facts(cfg: ModelConfig, spec: ModelSpec) -> ModelFacts:
         sliding_window=window is not None,
         attention_dropout_or_softcap=dropout,
         tied_embeddings=tied,
+        router_aux_loss_coef=None if router is None else float(router),
     )
+
+
+def config_value(config: dict[str, Any], name: str) -> Any:
+    """config.json's value of the transformers config attribute `name` (KeyError when it has none)."""
+    return config[config_key(config, name)]
+
+
+def config_key(config: dict[str, Any], name: str) -> str:
+    """The config.json key of the transformers config attribute `name`: itself, or where the architecture's config
+    class stores it under another key (its attribute_map: GPT-2's n_positions for max_position_embeddings, n_layer
+    for num_hidden_layers)."""
+    if name in config:
+        return name
+    from transformers import CONFIG_MAPPING  # only for an architecture that names the fact differently
+
+    model_type = str(config.get("model_type"))
+    aliases = CONFIG_MAPPING[model_type].attribute_map if model_type in CONFIG_MAPPING else {}
+    return aliases.get(name, name)
 
 
 def read_config_json(root: Path, path: str) -> dict[str, Any]:
     """model.path's config.json as a dict (a list, a string or broken JSON is a ModelLoadError naming the file)."""
+    file = root / "config.json"
     try:
-        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
+        config = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as err:
         raise ModelLoadError(
-            f"model.path={path}: config.json cannot be read ({err!r}). {EXPECTED_CHECKPOINT}",
+            f"model.path={path}: {file} cannot be read ({type(err).__name__}: {err}; truncated or damaged?). "
+            f"{EXPECTED_CHECKPOINT}",
             key="model.path",
-            fix=PATH_FIX,
+            fix=refetch_fix(root, ["config.json"]),
         ) from None
     if not isinstance(config, dict):
         raise ModelLoadError(
-            f"model.path={path}: config.json holds a JSON {type(config).__name__}, not an object "
+            f"model.path={path}: {file} holds a JSON {type(config).__name__}, not an object "
             f"with the model's architecture. {EXPECTED_CHECKPOINT}",
             key="model.path",
-            fix=f"restore {root / 'config.json'} from the checkpoint's release",
+            fix=refetch_fix(root, ["config.json"]),
         )
     return config
 
 
+def refetch_fix(root: Path, files: list[str]) -> str:
+    """How to get intact copies of `files` of the checkpoint in `root`: a hub snapshot's `hf download` command,
+    else its release."""
+    command = repair_command(root, files)
+    if command:
+        return f"fetch them again into the hub cache: `{command}`"
+    return f"restore {', '.join(str(root / f) for f in files)} from the checkpoint's release ({PATH_FIX})"
+
+
+def _dangling(path: Path) -> str:
+    """Why a path that is no file is missing when it is a link whose target was deleted (a hub cache blob)."""
+    if path.is_symlink() and not path.exists():
+        return f"holds a broken link: {path} -> {os.readlink(path)}, which does not exist (its blob was deleted)"
+    return ""
+
+
 def check_checkpoint_dir(path: str) -> Path:
-    """Return `path` as a Path if it holds config.json and safetensors weights, else raise ModelLoadError."""
+    """Return `path` as a Path if it holds config.json and safetensors weights, else raise ModelLoadError (a file
+    lost from a hub snapshot names the `hf download` command that fetches it again)."""
     root = Path(path).expanduser()
+    refetch: list[str] = []
     if not root.exists():
         problem: str | None = "does not exist"
     elif not root.is_dir():
         problem = "is a file, not a directory"
     elif not (root / "config.json").is_file():
-        problem = "has no config.json"
+        problem = _dangling(root / "config.json") or "has no config.json"
+        refetch = ["config.json"] if (root / "config.json").is_symlink() else []
     else:
-        problem = _weights_problem(root)
+        problem, refetch = _weights_problem(root)
     if problem:
-        raise ModelLoadError(f"model.path={path} {problem}. {EXPECTED_CHECKPOINT}", key="model.path", fix=PATH_FIX)
+        raise ModelLoadError(
+            f"model.path={path} {problem}. {EXPECTED_CHECKPOINT}",
+            key="model.path",
+            fix=refetch_fix(root, refetch) if refetch else PATH_FIX,
+        )
     return root
 
 
-def _weights_problem(root: Path) -> str | None:
+def _weights_problem(root: Path) -> tuple[str | None, list[str]]:
+    """What is wrong with the weight files of `root` (None: nothing found here), and the files to fetch again."""
     index = root / INDEX
     if index.is_file():
         try:
             shards = {s for s in json.loads(index.read_text()).get("weight_map", {}).values() if isinstance(s, str)}
         except (OSError, UnicodeDecodeError, ValueError, AttributeError):
-            return None  # a damaged index: preflight's checkpoint check names what is wrong with it
+            return None, []  # a damaged index: preflight's checkpoint check names what is wrong with it
         missing = sorted(s for s in shards if not (root / s).is_file())
-        return f"is missing shards listed in {index.name}: {', '.join(missing)}" if missing else None
-    if any(root.glob("*.safetensors")):
-        return None
+        links = [why for s in missing if (why := _dangling(root / s))]
+        said = f" ({'; '.join(links)})" if links else ""
+        return (
+            (f"is missing shards listed in {index.name}: {', '.join(missing)}{said}", missing)
+            if missing
+            else (None, [])
+        )
+    if _dangling(index):
+        return _dangling(index), [INDEX]
+    weights = sorted(root.glob("*.safetensors"))
+    dangling = [w.name for w in weights if _dangling(w)]
+    if dangling:
+        return "; ".join(_dangling(root / name) for name in dangling), dangling
+    if weights:
+        return None, []
     if any(root.glob("*.bin")) or any(root.glob("*.pt")):
         return (
             "holds only pickle weights (*.bin/*.pt); seqtune loads safetensors only, because unpickling runs "
             "arbitrary code. Convert once with transformers: AutoModelForCausalLM.from_pretrained(dir)"
             ".save_pretrained(dir, safe_serialization=True)"
-        )
-    return "has no *.safetensors weights"
+        ), []
+    return "has no *.safetensors weights", []
 
 
 def check_model_type(cfg: ModelConfig, spec: ModelSpec, model_type: str | None) -> None:

@@ -40,6 +40,8 @@ def apply_lora(model: PreTrainedModel, lora: LoraConfig, *, targets: Sequence[st
         use_dora=lora.use_dora,
         use_rslora=lora.use_rslora,
         target_modules=list(targets),
+        # Parameters that belong to no Linear (a mixture of experts' fused experts; preflight proved each matches).
+        target_parameters=list(lora.target_parameters) or None,
         task_type="CAUSAL_LM",
         modules_to_save=modules_to_save,
         trainable_token_indices=_new_token_indices(model, modules_to_save or []),

@@ -76,6 +76,10 @@ class ModelSpec:
     # Modules of every decoder layer that LoRA can wrap (nn.Linear), relative to model.layers.<i>. Every
     # supported family uses the Hugging Face Llama layout; tests/unit/models checks it against the real module tree.
     layer_modules: tuple[str, ...] = LLAMA_LAYER_MODULES
+    # Where the decoder layers and the input embedding live in the module tree (the Llama layout's names; GPT-2's
+    # are transformer.h and transformer.wte: model.family=auto reads them from the checkpoint).
+    layers_prefix: str = "model.layers"
+    embedding_module: str = "model.embed_tokens"
     # lora.target_modules=null: every projection of every decoder layer.
     lora_targets: tuple[str, ...] = tuple(name.rsplit(".", 1)[-1] for name in LLAMA_LAYER_MODULES)
     # Compute dtypes the family cannot train in: {dtype: why}. Refused by preflight, naming the reason.
@@ -130,9 +134,9 @@ def spec_for(model: ModelConfig) -> ModelSpec:
 def lora_module_names(spec: ModelSpec, num_layers: int) -> list[str]:
     """Full names of the modules LoRA can wrap (nn.Linear and nn.Embedding), as transformers names them, without
     building the model: the embedding, every decoder layer's `layer_modules`, the LM head."""
-    names = ["model.embed_tokens"]
+    names = [spec.embedding_module]
     for i in range(num_layers):
-        names += [f"model.layers.{i}.{module}" for module in spec.layer_modules]
+        names += [f"{spec.layers_prefix}.{i}.{module}" for module in spec.layer_modules]
     return names + ["lm_head"]
 
 

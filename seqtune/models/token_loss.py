@@ -14,10 +14,16 @@ target positions only, and sends them through the head in chunks:
   Linear (frozen or trained in full), so a head that peft wraps keeps the chunked path.
 
 The loss is computed inside the model's own forward, so DDP's and FSDP's hooks see one forward as usual.
+
+A mixture of experts (`router_aux=True`: the plan has a router_aux_loss_coef) also asks the decoder for its router
+logits and returns transformers' own load-balancing loss (the model module's `load_balancing_loss_func`, as its
+ForCausalLM forward computes it) as `.aux_loss`; the objective adds it with the coefficient
+(seqtune.train.objectives.TokenCrossEntropy) and logs it (router_aux_loss).
 """
 
 from __future__ import annotations
 
+import sys
 import types
 from typing import cast
 
@@ -26,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOutputWithPast
 
 from seqtune.data.types import IGNORE_INDEX
 from seqtune.models.chunks import chunk_tokens
@@ -101,12 +107,21 @@ def fused_cross_entropy(
     return loss(head.weight, selected, flat_targets.index_select(0, keep), head.bias).float()
 
 
-def install_token_loss(model: nn.Module, *, path: str, chunk: int | None = None) -> None:
+def _router_aux_loss(lm: PreTrainedModel, router_logits, attention_mask) -> torch.Tensor:
+    """transformers' load-balancing loss of this architecture, from its own modeling module."""
+    balance = getattr(sys.modules[type(lm).__module__], "load_balancing_loss_func", None)
+    if balance is None:
+        raise ValueError(f"{type(lm).__name__} has a router_aux_loss_coef but its module no load_balancing_loss_func")
+    return balance(router_logits, lm.num_experts, lm.num_experts_per_tok, attention_mask)
+
+
+def install_token_loss(model: nn.Module, *, path: str, chunk: int | None = None, router_aux: bool = False) -> None:
     """Give the causal LM inside `model` (a transformers model, or peft's wrapper of one) a `targets=` argument:
     `model(input_ids=..., targets=...).loss` is then the summed token loss, computed as `path` says; with
     `per_token=True`, `.logits` is every target position's cross-entropy instead (chunked) and `.loss` a zero in the
     graph.
-    `chunk`: positions per chunk of the chunked path (default: chunk_tokens of the vocabulary)."""
+    `chunk`: positions per chunk of the chunked path (default: chunk_tokens of the vocabulary).
+    `router_aux`: a mixture of experts' router load-balancing loss is returned as `.aux_loss` too."""
     if path not in ("chunked", "fused"):
         raise ValueError(f"loss path {path!r} must be resolved (kernels.loss_choice) before install")
     lm = cast(
@@ -134,9 +149,12 @@ def install_token_loss(model: nn.Module, *, path: str, chunk: int | None = None)
         for unused in ("labels", "output_attentions", "output_hidden_states", "return_dict"):
             kwargs.pop(unused, None)
         kwargs["use_cache"] = False  # a KV cache would merge packed documents (tests/unit/data/test_contamination.py)
-        hidden = self.base_model(
+        if router_aux:
+            kwargs["output_router_logits"] = True
+        decoded = self.base_model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
-        ).last_hidden_state
+        )
+        hidden = decoded.last_hidden_state
         out_head = self.get_output_embeddings()
         if per_token:
             # `loss` is a zero that belongs to the graph (a micro-batch without targets still backpropagates, as
@@ -147,6 +165,9 @@ def install_token_loss(model: nn.Module, *, path: str, chunk: int | None = None)
             loss = fused_cross_entropy(hidden, out_head, targets, softcap=softcap)
         else:
             loss = chunked_cross_entropy(hidden, out_head, targets, chunk=chunk, softcap=softcap)
-        return CausalLMOutputWithPast(loss=loss)
+        if not router_aux:
+            return CausalLMOutputWithPast(loss=loss)
+        aux = _router_aux_loss(self, decoded.router_logits, attention_mask).float()
+        return MoeCausalLMOutputWithPast(loss=loss, aux_loss=aux)
 
     lm.forward = types.MethodType(forward, lm)

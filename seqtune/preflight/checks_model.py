@@ -6,6 +6,7 @@ Plain values in, a list of Problems (or notes) out; seqtune.preflight.content re
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -215,4 +216,28 @@ def check_checkpoint_weights(faults: Sequence) -> list[Problem]:
     return [
         Problem(check="checkpoint", key="model.path", message=f"{fault.file}: {fault.message}", location=fault.file)
         for fault in faults
+    ]
+
+
+def check_lora_parameters(targets: Sequence[str], tensors: Sequence[str]) -> list[Problem]:
+    """lora.target_parameters: each names a parameter of the model (its full name, or a dotted suffix of one, as peft
+    matches it); peft itself adapts nothing for a name that matches none, silently."""
+    from seqtune.models.spec import matches_target
+
+    # Parameters no Linear owns, named inside their layer (model.layers.0.mlp.experts.gate_up_proj -> mlp.experts...).
+    parents = sorted(
+        {re.sub(r"^.*?\.\d+\.", "", name) for name in tensors if name.rsplit(".", 1)[-1] not in ("weight", "bias")}
+    )
+    return [
+        Problem(
+            check="lora",
+            key="lora.target_parameters",
+            message=(
+                f"lora.target_parameters names {target}, which is no parameter of this model, so nothing there would "
+                f"train. Fix: names of parameters that belong to no Linear, e.g. {', '.join(parents[:3]) or 'none'}, "
+                "or lora.target_parameters=[]"
+            ),
+        )
+        for target in targets
+        if not any(matches_target(name, target) for name in tensors)
     ]

@@ -132,6 +132,8 @@ def runtime_phase(
     )
     if weights:  # nothing else reads weights that failed the proof (a truncated shard would raise mid-read)
         problems, model = problems + weights, None
+    if model is not None and cfg.lora.enabled:
+        problems += model_checks.check_lora_parameters(cfg.lora.target_parameters, list(model.arch.tensors))
     return tokenizer, model, tokenizer.record.tokens, problems
 
 

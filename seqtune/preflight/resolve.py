@@ -16,12 +16,13 @@ from pathlib import Path
 
 from seqtune.config.errors import ConfigError
 from seqtune.config.plan import Resolved, Vocab, World, validation_key
-from seqtune.config.recipe_spec import Scored, recipe_spec
+from seqtune.config.recipe_spec import RecipeSpec, Scored, recipe_spec
 from seqtune.config.schema import (
     Device,
     LauncherConfig,
     LauncherName,
     MixedPrecision,
+    ModelConfig,
     PaddingSide,
     Parallel,
     RootConfig,
@@ -105,6 +106,7 @@ def resolve_plan(
         sliding_window=model.sliding_window,
         attention_dropout_or_softcap=model.attention_dropout_or_softcap,
         tied_embeddings=model.tied_embeddings,
+        router_aux_loss_coef=router_aux_coef(cfg.model, model, recipe=recipe),
         **resolve_kernels(
             cfg,
             device_type=device.type,
@@ -125,6 +127,28 @@ def resolve_plan(
         sample_kind=str(kind),
         sequences_per_sample=sequences_per_sample(kind),
     )
+
+
+def router_aux_coef(model_cfg: ModelConfig, model: ModelFacts, *, recipe: RecipeSpec) -> float | None:
+    """model.router_aux_loss_coef over the checkpoint's; refused for a model without a router. A recipe whose
+    objective adds no router loss (its spec's router_aux_loss) plans none, and refuses a coefficient set for it."""
+    if not recipe.router_aux_loss and model_cfg.router_aux_loss_coef is not None:
+        raise ConfigError(
+            f"model.router_aux_loss_coef={model_cfg.router_aux_loss_coef}: the {recipe.name} recipe's objective adds "
+            "no router load-balancing loss.",
+            key="model.router_aux_loss_coef",
+            fix="model.router_aux_loss_coef=null, or an SFT recipe (recipe=lora_sft)",
+        )
+    if model_cfg.router_aux_loss_coef is None:
+        return model.router_aux_loss_coef if recipe.router_aux_loss else None
+    if model.router_aux_loss_coef is None:
+        raise ConfigError(
+            f"model.router_aux_loss_coef={model_cfg.router_aux_loss_coef}, but model_type={model.model_type} has no "
+            "mixture-of-experts router (config.json declares no num_experts_per_tok with router_aux_loss_coef).",
+            key="model.router_aux_loss_coef",
+            fix="model.router_aux_loss_coef=null",
+        )
+    return float(model_cfg.router_aux_loss_coef)
 
 
 def resolve_kernels(

@@ -69,7 +69,7 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
         if plan.autocast_dtype:
             skip_adapter_input_cast(model)
     apply_kernels(model, plan.kernels)
-    install_token_loss(model, path=plan.loss)
+    install_token_loss(model, path=plan.loss, router_aux=plan.router_aux_loss_coef is not None)
     if env.is_main:
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         print(

@@ -42,15 +42,29 @@ def _inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 @dataclass(frozen=True)
 class TokenCrossEntropy:
     """SFT: the summed cross-entropy of every target token (seqtune.models.token_loss computes it from the hidden
-    states, chunked or fused, never [batch, seq, vocab] logits)."""
+    states, chunked or fused, never [batch, seq, vocab] logits).
 
+    `router_aux_coef` (a mixture of experts: the plan's router_aux_loss_coef): while training, coef x the router's
+    load-balancing loss x the micro-batch's target count is added, so the step's loss (divided by the step's target
+    count) is transformers' mean cross-entropy + coef x aux; evaluation's loss stays the cross-entropy (its
+    perplexity a perplexity). The aux value is logged as router_aux_loss (eval_router_aux_loss), averaged over the
+    same target tokens."""
+
+    router_aux_coef: float | None = None
     count_key: str = "num_targets"
-    metric_names: tuple[str, ...] = ()
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        return () if self.router_aux_coef is None else ("router_aux_loss",)
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         # use_cache=False always: when a KV cache is created, packed rows are no longer kept apart.
-        loss = model(**_inputs(batch), targets=batch["targets"], use_cache=False).loss
-        return loss, loss.new_zeros(0)
+        out = model(**_inputs(batch), targets=batch["targets"], use_cache=False)
+        if self.router_aux_coef is None:
+            return out.loss, out.loss.new_zeros(0)
+        weighted = out.aux_loss * batch[self.count_key]
+        loss = out.loss + self.router_aux_coef * weighted if model.training else out.loss
+        return loss, weighted.detach().reshape(1)
 
 
 def sequence_logps(

@@ -10,10 +10,14 @@ from pathlib import Path
 import pytest
 
 from tests.checkpoints import KINDS, build_checkpoint
-from tests.conftest import run_cli
+from tests.conftest import read_metrics, run_cli
 
 pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
 
+# GPT-2's learned absolute positions: it trains packed, its position ids restarting per document.
+PADDING = {"gpt2": "packed"}
+# LoRA on the fused experts too (peft's target_parameters), beside attention: exported merged and proven.
+EXPERT_LORA = {"qwen3_moe": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]}
 TRAIN_BRIEFLY = [
     "train.max_steps=2",
     "train.eval_every=0",
@@ -41,9 +45,13 @@ def chat_rows(path: Path) -> Path:
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_checkpoint_trains_and_exports_with_no_family_named(kind, tmp_path):
+    """A mixture of experts (qwen3_moe, mixtral) trains 5 steps with the router's load-balancing loss, its
+    coefficient the checkpoint's, logged as router_aux_loss."""
     from transformers import AutoModelForCausalLM
 
     checkpoint = build_checkpoint(kind, tmp_path / kind)
+    config = json.loads((checkpoint / "config.json").read_text())
+    moe = "num_experts_per_tok" in config
     run_dir = tmp_path / "run"
     result = run_cli(
         [
@@ -52,6 +60,9 @@ def test_checkpoint_trains_and_exports_with_no_family_named(kind, tmp_path):
             "data.format=chat",
             f"data.train={chat_rows(tmp_path / 'chat.jsonl')}",
             *TRAIN_BRIEFLY,
+            *(["train.max_steps=5", "train.log_every=1"] if moe else []),
+            *([f"padding={PADDING[kind]}"] if kind in PADDING else []),
+            *([f"lora.target_parameters=[{','.join(EXPERT_LORA[kind])}]"] if kind in EXPERT_LORA else []),
         ],
         run_dir,
     )
@@ -61,5 +72,31 @@ def test_checkpoint_trains_and_exports_with_no_family_named(kind, tmp_path):
     plan = json.loads((run_dir / "plan.json").read_text())
     adapter = json.loads((run_dir / "adapter" / "adapter_config.json").read_text())
     assert sorted(adapter["target_modules"]) == sorted(plan["lora_targets"])
+    assert sorted(adapter["target_parameters"] or []) == sorted(EXPERT_LORA.get(kind, []))
     merged = AutoModelForCausalLM.from_pretrained(run_dir / "merged")
-    assert type(merged).__name__ == json.loads((checkpoint / "config.json").read_text())["architectures"][0]
+    assert type(merged).__name__ == config["architectures"][0]
+    assert json.loads((run_dir / "export.json").read_text())["ok"] is True
+    metrics = read_metrics(run_dir)
+    if moe:
+        assert plan["router_aux_loss_coef"] == config["router_aux_loss_coef"]
+        assert [m["step"] for m in metrics if "router_aux_loss" in m] == [1, 2, 3, 4, 5]
+        assert all(m["router_aux_loss"] > 0 for m in metrics if "router_aux_loss" in m)
+    else:
+        assert plan["router_aux_loss_coef"] is None and not any("router_aux_loss" in m for m in metrics)
+
+
+def test_a_bare_model_path_trains_with_no_model_named(tmp_path):
+    """`model.path=DIR` alone (no model=, no lora=): the run composes model=hf and lora=default, says so, and
+    trains the Phi-3-style checkpoint with every fact read from it."""
+    checkpoint = build_checkpoint("phi3", tmp_path / "phi3")
+    run_dir = tmp_path / "run"
+    briefly = [arg for arg in TRAIN_BRIEFLY if not arg.startswith("lora=")]
+    args = [f"model.path={checkpoint}", "data.format=chat", f"data.train={chat_rows(tmp_path / 'chat.jsonl')}"]
+    result = run_cli([*args, *briefly], run_dir)
+    text = result.stdout + result.stderr
+    assert result.returncode == 0, text[-4000:]
+    assert f"model.path={checkpoint} with no model named: model=hf lora=default" in text
+    assert "note: model facts (architecture): Phi3ForCausalLM" in text
+    config = (run_dir / "config.yaml").read_text()
+    assert "family: auto" in config and "modules_to_save: []" in config
+    assert json.loads((run_dir / "export.json").read_text())["ok"] is True

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.checkpoints import build_qwen3_checkpoint
+from tests.checkpoints import build_checkpoint, build_qwen3_checkpoint
 from tests.conftest import run_cli
-from tests.hub_cache import SITECUSTOMIZE, add_repo
+from tests.hub_cache import FAULTS, SITECUSTOMIZE, add_repo, damage_snapshot
 
 pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
 
@@ -69,6 +69,19 @@ def test_hub_ids_train_offline_without_a_connection_and_write_no_token(hub, tmp_
             assert TOKEN.encode() not in path.read_bytes(), path
 
 
+def test_a_hub_id_alone_picks_model_hf_and_passes_preflight_offline(hub, tmp_path):
+    cache, env = hub
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        ["model.path=org/tiny-qwen3", "data.train=hf:org/tiny-set", "preflight.only=true"], run_dir, env=env
+    )
+    text = result.stdout + result.stderr
+    assert result.returncode == 0, text[-4000:]
+    assert "model.path=org/tiny-qwen3 with no model named: model=hf lora=default" in text
+    assert "note: model facts (architecture): Qwen3ForCausalLM" in text and "socket guard" not in text
+    assert "  family: auto\n" in (run_dir / "config.yaml").read_text()
+
+
 def test_the_guard_refuses_a_connection_in_a_subprocess(hub):
     import subprocess
     import sys
@@ -87,4 +100,21 @@ def test_an_id_missing_from_the_cache_exits_2_naming_the_cache_and_the_command(h
     text = " ".join((result.stdout + result.stderr).split())
     assert result.returncode == 2, text[-3000:]
     assert f"not in the hub cache {cache}" in text and "`hf download org/absent`" in text
+    assert "Traceback" not in text and "socket guard" not in text
+
+
+@pytest.fixture(scope="module")
+def phi3(tmp_path_factory) -> Path:
+    return build_checkpoint("phi3", tmp_path_factory.mktemp("phi3") / "phi3")
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_damaged_hub_cache_exits_2_naming_the_file(hub, phi3, tmp_path, fault):
+    cache, env = hub
+    repo, revision, named = damage_snapshot(cache, phi3, fault)
+    args = ["model=hf", f"model.path={repo}", "lora=default", "preflight.only=true"]
+    result = run_cli([*args, *([f"model.revision={revision}"] if revision else [])], tmp_path / "run", env=env)
+    text = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 2, text[-3000:]
+    assert named in text and f"`hf download {repo}" in text, text[-3000:]
     assert "Traceback" not in text and "socket guard" not in text

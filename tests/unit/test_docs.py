@@ -336,6 +336,7 @@ def check_against_schema(entry, overrides: list[str]) -> None:
     HydraConfig.instance().set_config(cfg)  # _check_presets reads the chosen presets from it
     with open_dict(cfg):
         del cfg["hydra"]  # what the task function receives
+    cfg, _ = entry._bare_checkpoint(cfg)  # model.path alone: composed again with model=hf, as the CLI does
     entry._check_presets(entry._typed(cfg))
 
 

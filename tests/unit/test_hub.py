@@ -18,7 +18,7 @@ from seqtune.hub import is_hub_id, resolve_snapshot
 from seqtune.models import read_model_facts, spec_for
 from seqtune.tokenizers import load_tokenizer
 from tests.checkpoints import build_checkpoint
-from tests.hub_cache import add_repo, guard_sockets
+from tests.hub_cache import FAULTS, add_repo, damage_snapshot, guard_sockets
 
 
 @pytest.fixture(scope="module")
@@ -226,3 +226,17 @@ def test_a_push_while_the_user_is_offline_is_refused_with_the_later_command(no_l
     (problem,) = push_problems("org/name", key="--push", off="drop --push")
     assert "--push=org/name with HF_HUB_OFFLINE=1" in problem
     assert "drop --push" in problem and "`python -m seqtune.export RUN_DIR --push org/name`" in problem
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_damaged_hub_cache_is_refused_naming_the_file_and_the_command_that_repairs_it(
+    checkpoint, offline_cache, fault
+):
+    repo, revision, named = damage_snapshot(offline_cache, checkpoint, fault)
+    with pytest.raises(ModelLoadError) as refused:
+        model = ModelConfig(family="auto", path=str(resolve_snapshot(repo, revision=revision, key="model.path")))
+        read_model_facts(model, spec_for(model))
+    message = str(refused.value)
+    assert named in message and f"`hf download {repo}" in message, message
+    if fault != "unknown-revision":  # the repair fetches exactly the damaged file again, over the damaged blob
+        assert f"{Path(named).name} --revision " in message and "--force-download`" in message, message

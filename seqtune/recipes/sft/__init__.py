@@ -26,6 +26,7 @@ SPEC = register(
         count_key="num_targets",
         unit="target tokens",
         perplexity=True,
+        router_aux_loss=True,
     )
 )
 
@@ -34,4 +35,5 @@ def run(cfg: Any, plan: Any, run_dir: Path) -> None:
     from seqtune.recipes.finetune import fine_tune
     from seqtune.train.objectives import TokenCrossEntropy
 
-    fine_tune(cfg, plan, run_dir, objective=lambda built: TokenCrossEntropy())
+    coef = plan.router_aux_loss_coef  # a mixture of experts' router loss (None: the model has no router)
+    fine_tune(cfg, plan, run_dir, objective=lambda built: TokenCrossEntropy(router_aux_coef=coef))

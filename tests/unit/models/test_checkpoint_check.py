@@ -160,3 +160,27 @@ def test_non_finite_weights_are_refused_after_the_load(saved, tmp_path):
     _rewrite(path, poison)
     with pytest.raises(ModelLoadError, match=r"parameter model.layers.1.self_attn.q_proj.weight holds non-finite"):
         build_model(tiny_cfg("llama3", path=str(path)), attn_implementation="sdpa")
+
+
+@pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral", "olmoe"])
+def test_a_mixture_of_experts_is_proven_against_transformers_conversion(kind, tmp_path):
+    """save_pretrained stores each expert's matrices (Mixtral: block_sparse_moe.experts.N.w1); transformers 5 fuses
+    them into one 3-D parameter per layer while loading. The proof compares the file with that conversion, so an
+    intact checkpoint passes (in the stored or in the fused layout) and a missing expert is named."""
+    from seqtune.config.schema import ModelConfig
+    from tests.checkpoints import build_checkpoint
+
+    checkpoint = build_checkpoint(kind, tmp_path / kind)
+    arch = config_arch(load_model_config(ModelConfig(family="auto", path=str(checkpoint))))
+    assert arch.stored is not None and set(arch.stored) != set(arch.tensors)
+    assert checkpoint_faults(str(checkpoint), arch) == []
+    from transformers import AutoModelForCausalLM
+
+    fused = shutil.copytree(checkpoint, tmp_path / "fused")
+    state = AutoModelForCausalLM.from_pretrained(checkpoint).state_dict()
+    save_file({k: v.contiguous() for k, v in state.items()}, str(fused / SINGLE), metadata={"format": "pt"})
+    assert checkpoint_faults(str(fused), arch) == []  # the model's own names: nothing to convert
+    expert = next(name for name in load_file(str(checkpoint / SINGLE)) if ".experts.1." in name and "layers.1." in name)
+    _rewrite(checkpoint, lambda tensors: {k: v for k, v in tensors.items() if k != expert})
+    faults = checkpoint_faults(str(checkpoint), arch)
+    assert len(faults) == 1 and f"are not in the checkpoint ({expert})" in faults[0].message

@@ -30,6 +30,10 @@ EXPECTED = {
     "qwen2": ("Qwen2ForCausalLM", "<|im_end|>", True, "right"),
     "olmo2": ("Olmo2ForCausalLM", "</s>", False, "right"),
     "smollm": ("LlamaForCausalLM", "<|im_end|>", True, "right"),
+    "qwen3_moe": ("Qwen3MoeForCausalLM", "<|im_end|>", False, "right"),
+    "mixtral": ("MixtralForCausalLM", "<|end|>", False, "right"),
+    "gpt2": ("GPT2LMHeadModel", "<|end|>", True, "right"),
+    "olmoe": ("OlmoeForCausalLM", "</s>", False, "right"),
 }
 
 
@@ -55,12 +59,16 @@ def test_facts_come_from_the_checkpoint_and_match_the_model_transformers_builds(
         side,
     )
     model = meta_model(load_model_config(cfg))
+    layer = f"{spec.layers_prefix}.0."
     linear = sorted(
-        name.removeprefix("model.layers.0.")
+        name.removeprefix(layer)
         for name, module in model.named_modules()
-        if name.startswith("model.layers.0.") and isinstance(module, nn.Linear)
+        if name.startswith(layer) and (isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D")
     )
-    assert list(spec.layer_modules) == linear  # the safetensors' layer-0 matrices are exactly its Linear modules
+    # The layer's matrices are exactly the Linear (GPT-2: Conv1D) modules transformers builds; a mixture of experts'
+    # fused experts and its router are none.
+    assert sorted(spec.layer_modules) == linear
+    assert dict(model.named_modules())[spec.embedding_module] is model.get_input_embeddings()
     assert facts.embedding_rows == model.get_input_embeddings().num_embeddings and not facts.sliding_window
     assert set(spec.sources) >= {"architecture", "tied embeddings", "LoRA targets", "end of turn", "padding side"}
 
@@ -117,7 +125,7 @@ def test_repository_code_and_unknown_architectures_are_refused_naming_why(checkp
         spec_for(auto(remote))
     unknown = shutil.copytree(checkpoints["olmo2"], tmp_path / "unknown")
     (unknown / "config.json").write_text(json.dumps({**config, "architectures": ["NovelForCausalLM"]}))
-    with pytest.raises(ModelLoadError, match=r"NovelForCausalLM.*not a causal-LM class transformers .* ships"):
+    with pytest.raises(ModelLoadError, match=r"NovelForCausalLM.*none of them a class transformers .* builds"):
         spec_for(auto(unknown))
 
 
@@ -132,4 +140,69 @@ def test_a_named_family_pointed_at_another_architecture_suggests_auto(checkpoint
     with pytest.raises(ModelLoadError, match=r"model_type='phi3' checkpoint but model.family=llama3.*Fix: model=hf"):
         read_model_facts(
             ModelConfig(family="llama3", path=str(checkpoints["phi3"])), spec_for(ModelConfig(family="llama3"))
+        )
+
+
+def test_gpt2_absolute_positions_restart_and_packed_documents_stay_apart(checkpoints):
+    """GPT-2 (learned absolute positions, no RoPE): the context is config.json's n_positions, and a packed row
+    (position ids restarting at 0, no attention mask) gives the second document exactly the logits it has alone,
+    through seqtune's own loss path."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    cfg = auto(checkpoints["gpt2"])
+    facts = read_model_facts(cfg, spec_for(cfg))
+    assert facts.context_length == json.loads((checkpoints["gpt2"] / "config.json").read_text())["n_positions"]
+    model = AutoModelForCausalLM.from_pretrained(checkpoints["gpt2"]).eval()
+    gen = torch.Generator().manual_seed(0)
+    first, second = torch.randint(5, 4000, (1, 11), generator=gen), torch.randint(5, 4000, (1, 9), generator=gen)
+    packed = torch.cat([first, second], dim=1)
+    positions = torch.cat([torch.arange(11), torch.arange(9)]).unsqueeze(0)
+    with torch.no_grad():
+        alone = model(input_ids=second, use_cache=False).logits
+        together = model(input_ids=packed, position_ids=positions, use_cache=False).logits[:, 11:]
+        unreset = model(input_ids=packed, use_cache=False).logits[:, 11:]
+    torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(unreset, alone, atol=1e-3)  # the reset is what keeps them apart
+
+
+def test_the_router_coefficient_is_the_checkpoints_unless_set_and_refused_where_nothing_adds_it(checkpoints):
+    from seqtune.preflight.resolve import resolve_plan
+    from tests.unit.preflight.test_preflight_run import compose_real
+
+    def plan(kind: str, *overrides: str):
+        return resolve_plan(compose_real("model=hf", f"model.path={checkpoints[kind]}", "lora=default", *overrides), {})
+
+    coefficient = json.loads((checkpoints["qwen3_moe"] / "config.json").read_text())["router_aux_loss_coef"]
+    assert plan("qwen3_moe").router_aux_loss_coef == coefficient
+    assert plan("qwen3_moe", "model.router_aux_loss_coef=0.05").router_aux_loss_coef == 0.05
+    assert plan("phi3").router_aux_loss_coef is None
+    with pytest.raises(ConfigError, match=r"model.router_aux_loss_coef=0.05, but model_type=phi3 has no mixture"):
+        plan("phi3", "model.router_aux_loss_coef=0.05")
+    assert plan("qwen3_moe", "recipe=lora_dpo", "data=preference_tiny").router_aux_loss_coef is None
+    with pytest.raises(ConfigError, match=r"the dpo recipe's objective adds no router load-balancing loss"):
+        plan("qwen3_moe", "recipe=lora_dpo", "data=preference_tiny", "model.router_aux_loss_coef=0.05")
+
+
+def test_lora_on_fused_experts_names_parameters_of_the_model(checkpoints):
+    """lora.target_parameters (peft's adapters on parameters no Linear owns: the fused experts) must name
+    parameters of the model: peft adapts nothing, silently, for a name that matches none."""
+    from omegaconf import OmegaConf
+
+    from seqtune.config.schema import LoraConfig
+    from seqtune.models.arch import config_arch
+    from seqtune.preflight.checks_model import check_lora_parameters
+
+    tensors = list(config_arch(load_model_config(auto(checkpoints["qwen3_moe"]))).tensors)
+    assert check_lora_parameters(["mlp.experts.gate_up_proj", "experts.down_proj"], tensors) == []
+    [problem] = check_lora_parameters(["mlp.experts.gate_proj"], tensors)
+    assert problem.key == "lora.target_parameters" and "e.g. mlp.experts.down_proj, mlp.experts.gate_up_proj" in (
+        problem.message
+    )
+    with pytest.raises(ConfigError, match=r"lora.target_parameters=.*lora.use_dora=true"):
+        OmegaConf.to_object(
+            OmegaConf.merge(
+                OmegaConf.structured(LoraConfig),
+                {"use_dora": True, "target_parameters": ["mlp.experts.gate_up_proj"]},
+            )
         )

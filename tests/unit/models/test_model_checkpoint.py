@@ -152,7 +152,11 @@ def test_dtype_is_applied_to_weights():
 def test_unreadable_config_json_names_the_path(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     (tmp_path / "model.safetensors").write_bytes(b"")
-    with pytest.raises(ModelLoadError, match=rf"model.path=\S+: config.json cannot be read.*{FIX}"):
+    with pytest.raises(
+        ModelLoadError,
+        match=r"model.path=\S+: \S+/config.json cannot be read.*Fix: restore \S+/config.json from the checkpoint's "
+        r"release \(model.path=/path/to/checkpoint",
+    ):
         load_model_config(tiny_cfg("llama3", path=str(tmp_path)))
 
 

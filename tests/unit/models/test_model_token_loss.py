@@ -105,3 +105,45 @@ def test_a_micro_batch_without_targets_backpropagates_zeros():
     loss.backward()
     assert loss.item() == 0.0
     assert all(p.grad is not None and not p.grad.any() for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("config_class", ["Qwen3MoeConfig", "MixtralConfig"])
+def test_a_mixture_of_experts_adds_transformers_router_loss_with_its_coefficient(config_class):
+    """Training: the SFT objective's loss over the step's targets is transformers' own (mean CE + coef x aux,
+    output_router_logits=True); evaluating: the cross-entropy alone. router_aux_loss is the aux value either way."""
+    import transformers
+
+    from seqtune.train.objectives import TokenCrossEntropy
+
+    extra = {"num_experts": 4} if config_class == "Qwen3MoeConfig" else {"num_local_experts": 4}
+    config = getattr(transformers, config_class)(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts_per_tok=2,
+        router_aux_loss_coef=0.25,
+        **extra,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).train()
+    ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(1))
+    theirs = model(input_ids=ids, labels=ids, output_router_logits=True, use_cache=False)
+    targets = torch.full_like(ids, IGNORE_INDEX)
+    targets[:, :-1] = ids[:, 1:]  # the collator's shifted targets
+    count = int((targets != IGNORE_INDEX).sum())
+    batch = {"input_ids": ids, "targets": targets, "num_targets": torch.tensor(count)}
+    install_token_loss(model, path="chunked", router_aux=True)
+    objective = TokenCrossEntropy(router_aux_coef=0.25)
+    assert objective.metric_names == ("router_aux_loss",)
+    loss, metrics = objective(model, batch)
+    aux = theirs.aux_loss.float().detach()
+    assert float(aux) > 0  # the term is there, not only equal because both are zero
+    torch.testing.assert_close(loss / count, theirs.loss.float(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(metrics / count, aux.reshape(1))
+    model.eval()
+    eval_loss, eval_metrics = objective(model, batch)
+    torch.testing.assert_close(eval_loss / count + 0.25 * aux, theirs.loss.float().detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(eval_metrics / count, aux.reshape(1))
