@@ -16,7 +16,7 @@ from pathlib import Path
 
 from seqtune.config.errors import ConfigError
 from seqtune.config.plan import Resolved, Vocab, World, validation_key
-from seqtune.config.recipe_spec import RecipeSpec, Scored, recipe_spec
+from seqtune.config.recipe_spec import RecipeSpec, Scored, preset_fix, recipe_spec, recipes
 from seqtune.config.schema import (
     Device,
     LauncherConfig,
@@ -137,7 +137,8 @@ def router_aux_coef(model_cfg: ModelConfig, model: ModelFacts, *, recipe: Recipe
             f"model.router_aux_loss_coef={model_cfg.router_aux_loss_coef}: the {recipe.name} recipe's objective adds "
             "no router load-balancing loss.",
             key="model.router_aux_loss_coef",
-            fix="model.router_aux_loss_coef=null, or an SFT recipe (recipe=lora_sft)",
+            fix="model.router_aux_loss_coef=null, or a recipe whose objective adds it: "
+            + "; ".join(preset_fix(other) for other in recipes().values() if other.router_aux_loss),
         )
     if model_cfg.router_aux_loss_coef is None:
         return model.router_aux_loss_coef if recipe.router_aux_loss else None
