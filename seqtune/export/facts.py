@@ -17,7 +17,7 @@ import json
 import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,10 +66,17 @@ def stop_ids(tokenizer: Any, run_dir: Path) -> StopIds:
 def stamp_stop_ids(model: Any, stop: StopIds) -> None:
     """Set bos/eos/pad on the model's config and generation config (a PeftModel's are its base's), so every
     save_pretrained of it (model/, merged/, best/) writes the ids of the tokenizer trained with."""
-    for config in (model.config, model.generation_config):
+    for config in _configs(model):
         config.bos_token_id = stop.bos
         config.eos_token_id = stop.eos_value
         config.pad_token_id = stop.pad
+
+
+def _configs(model: Any) -> list[Any]:
+    """config and generation config; a scalar-head model (ForSequenceClassification) generates nothing and has
+    no generation config."""
+    generation = getattr(model, "generation_config", None)
+    return [model.config] if generation is None else [model.config, generation]
 
 
 @contextmanager
@@ -77,7 +84,7 @@ def shipped_config(model: Any) -> Iterator[None]:
     """use_cache=True in the config.json and generation_config.json a save writes (generation wants its KV cache:
     without it every new token recomputes the whole sequence), and the training value (False: a cache would merge
     packed documents) back afterwards. A PeftModel's configs are its base's."""
-    configs = [model.config, model.generation_config]
+    configs = _configs(model)
     before = [config.use_cache for config in configs]
     for config in configs:
         config.use_cache = True
@@ -95,6 +102,13 @@ class ShipFacts:
     stop: StopIds
     resize_to: int | None
     validation: str | None  # plan.validation: which split validation is (data.val, data.val_fraction of train)
+    # plan.scored: "scalar" ships the family's ForSequenceClassification (a reward model), anything else a causal LM.
+    scored: str = "token"
+    pad_id: int | None = None  # plan.tokens.pad_id: a scalar head's config.pad_token_id
+
+    @property
+    def scalar(self) -> bool:
+        return self.scored == "scalar"
 
     @property
     def base(self) -> str:
@@ -107,12 +121,17 @@ class ShipFacts:
 def ship_facts(tokenizer: Any, run_dir: Path) -> ShipFacts:
     run_dir = Path(run_dir)
     plan = load_plan(run_dir)
+    stop = stop_ids(tokenizer, run_dir)
+    if plan.scored == "scalar":  # its pooling skips pad ids: one is always set, what training read around
+        stop = replace(stop, pad=plan.tokens.pad_id)
     return ShipFacts(
         run_dir=run_dir,
         cfg=load_resolved(run_dir / "config.yaml"),
-        stop=stop_ids(tokenizer, run_dir),
+        stop=stop,
         resize_to=plan.vocab.resize_to,
         validation=plan.validation,
+        scored=plan.scored,
+        pad_id=plan.tokens.pad_id,
     )
 
 
