@@ -1036,7 +1036,7 @@ def _no_lm_head_rules(cfg: CoreConfig, spec: RecipeSpec, rules: _Domain) -> None
         "lora.modules_to_save": (
             cfg.lora.enabled and bool({"lm_head", "embed_tokens"} & set(cfg.lora.modules_to_save)),
             "lora.modules_to_save=[] (the scalar head trains in full already)",
-            "train an LM head in full",
+            "train the embedding or an LM head in full (peft keeps a tied pair together)",
         ),
         "model.resize_embeddings": (
             cfg.model.resize_embeddings,

@@ -23,6 +23,7 @@ from typing import Any
 
 from seqtune.config.load import load_resolved
 from seqtune.config.plan import load_plan
+from seqtune.config.recipe_spec import Scored
 from seqtune.config.rundir import RUN_DIR_KEY
 from seqtune.config.schema import SPLITS, RootConfig
 from seqtune.data.split import split_input
@@ -108,7 +109,7 @@ class ShipFacts:
 
     @property
     def scalar(self) -> bool:
-        return self.scored == "scalar"
+        return self.scored == Scored.scalar
 
     @property
     def base(self) -> str:
@@ -122,7 +123,7 @@ def ship_facts(tokenizer: Any, run_dir: Path) -> ShipFacts:
     run_dir = Path(run_dir)
     plan = load_plan(run_dir)
     stop = stop_ids(tokenizer, run_dir)
-    if plan.scored == "scalar":  # its pooling skips pad ids: one is always set, what training read around
+    if plan.scored == Scored.scalar:  # its pooling skips pad ids: one is always set, what training read around
         stop = replace(stop, pad=plan.tokens.pad_id)
     return ShipFacts(
         run_dir=run_dir,

@@ -90,8 +90,9 @@ def capture_reference(model: torch.nn.Module, tokenizer: Any, run_dir: Path, *, 
 
     model.eval()
     from seqtune.config.plan import load_plan
+    from seqtune.config.recipe_spec import Scored
 
-    if load_plan(run_dir).scored == "scalar":
+    if load_plan(run_dir).scored == Scored.scalar:
         from seqtune.export.score_proof import capture_scores
 
         tensors, locations = capture_scores(model, run_dir, device=device)
