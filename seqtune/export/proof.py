@@ -162,7 +162,7 @@ def load_artifact(facts: ShipFacts, name: str, *, device: torch.device) -> torch
         base = auto.from_pretrained(base_name, dtype="auto", **head)
     finally:
         transformers_logging.set_verbosity(verbosity)
-    rows = base.get_input_embeddings().weight.shape[0]  # type: ignore[index]  # an Embedding's weight
+    rows = base.get_input_embeddings().weight.shape[0]  # `auto` is Any: so is the model it loads
     if facts.resize_to and rows < facts.resize_to:
         base.resize_token_embeddings(facts.resize_to, mean_resizing=False)
     return PeftModel.from_pretrained(base, directory).to(device).eval()

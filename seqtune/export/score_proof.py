@@ -93,7 +93,8 @@ def prove_scores(
     model: torch.nn.Module, directory: Path, reference: dict[str, torch.Tensor], tolerance: float, device: torch.device
 ) -> tuple[dict[str, Any], list[str]]:
     checks, failures = _config_failures(directory, model)
-    pad = model.config.pad_token_id  # type: ignore[union-attr]  # a transformers model's config
+    config: Any = model.config  # a transformers model's config (nn.Module types attributes Tensor | Module)
+    pad = config.pad_token_id
     count = len([k for k in reference if k.startswith("score.")])
     expected = torch.cat([reference[f"score.{k}"] for k in range(count)])
     single = torch.stack(
