@@ -402,6 +402,9 @@ class DataConfig:
     # Exact duplicates (same tokens and targets) within a split: drop | keep | refuse (see Duplicates).
     duplicates: Duplicates = Duplicates.drop
     train_on_prompt: bool = False
+    # The chat template's reasoning blocks (<think>...</think> under qwen3) as targets; false masks them (the reply
+    # after the block still trains). Refused when the template renders none (docs/data.md).
+    train_on_reasoning: bool = True
     # cached: preflight's scan writes a token cache that training reads. stream: tokenize on the fly.
     mode: DataMode = DataMode.cached
     # Root for media references like <img>path</img> in input_output records (null = the JSONL's directory).

@@ -38,7 +38,7 @@ import numpy as np
 
 from seqtune.config.schema import CHAT_FORMATS, DataFormat
 from seqtune.data.types import IGNORE_INDEX, TEMPLATE_REJECTED, Reject
-from seqtune.tokenizers.templates import CHAT_ROLES
+from seqtune.tokenizers.templates import CHAT_ROLES, ReasoningBlock
 
 # A short Alpaca prompt: the classic one-paragraph preamble costs ~40 tokens a record and teaches nothing.
 ALPACA_TEMPLATE = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
@@ -283,6 +283,9 @@ class LineParser:
     # chat, sharegpt: the roles the run's chat template accepts (see CHAT_ROLES).
     roles: tuple[str, ...] = CHAT_ROLES
     columns: dict[str, str] = field(default_factory=dict)
+    # chat, sharegpt, message-list pairs: the run's chat template's reasoning block (templates.reasoning_block).
+    # A reply that opens with it gets it as `reasoning_content`, which the template renders the same way.
+    reasoning: ReasoningBlock | None = None
 
     def __post_init__(self) -> None:
         # Resolved once (the root itself may be a symlink): every reference must resolve under it.
@@ -484,6 +487,11 @@ class LineParser:
             content, content_problem = _content_text(
                 message.get("content"), where, tool_call=bool(message.get("tool_calls"))
             )
+            reasoning = message.get("reasoning_content")
+            if reasoning is not None and not isinstance(reasoning, str):
+                content_problem = (
+                    f"wrong_type: {where} reasoning_content is a {type(reasoning).__name__}, expected a string"
+                )
             if problem or content_problem:
                 return self._reject(line, problem or content_problem or "")
             turns.append(
@@ -491,7 +499,7 @@ class LineParser:
                     {
                         "role": message["role"],
                         "content": content,
-                        **{k: message[k] for k in TOOL_FIELDS if message.get(k)},
+                        **{k: message[k] for k in (*TOOL_FIELDS, "reasoning_content") if message.get(k)},
                     },
                     where,
                 )
@@ -550,6 +558,10 @@ class LineParser:
                 return self._reject(line, role_reason(where, role, self.roles))
             if role == "assistant" and not message["content"].strip() and not message.get("tool_calls"):
                 return self._reject(line, f"empty_text: {where} (assistant) is empty")
+            if "reasoning_content" in message and role != "assistant":  # no template renders it there
+                return self._reject(
+                    line, f"wrong_type: {where} reasoning_content on a {role} message (only an assistant reply has one)"
+                )
         last = max((i for i, (m, _) in enumerate(turns) if m["role"] == "assistant"), default=-1)
         if last < 0:
             return self._reject(line, "no_targets: no assistant message, nothing to train on")
@@ -563,10 +575,11 @@ class LineParser:
         definitions = _tool_definitions(tools)
         if isinstance(definitions, str):
             return self._reject(line, f"wrong_type: {self._name('tools')} {definitions}")
+        messages = [m for m, _ in turns[: last + 1]]
+        if self.reasoning is not None:
+            messages = [_split_reasoning(m, self.reasoning) if m["role"] == "assistant" else m for m in messages]
         # Turns after the last assistant reply carry no target; keeping them would put eos after a user turn.
-        return Conversation(
-            file=self.file, line=line, messages=[m for m, _ in turns[: last + 1]], tools=definitions or None
-        )
+        return Conversation(file=self.file, line=line, messages=messages, tools=definitions or None)
 
     def _preference(self, line: int, obj: dict) -> Record | Reject:
         missing = [k for k in ("chosen", "rejected") if k not in obj]
@@ -862,6 +875,34 @@ class LineParser:
         return slice(start, max(start, end))
 
 
+def _split_reasoning(message: dict[str, Any], block: ReasoningBlock) -> dict[str, Any]:
+    """An assistant message whose content opens with the template's reasoning block (`<think>...</think>answer`,
+    leading whitespace allowed) as `reasoning_content` + the rest, as the template itself splits it (so it renders
+    the same). Anything else is kept as written: markers elsewhere stay in the text, where preflight refuses them
+    as special-token strings (also a second block, or markers inside the reasoning)."""
+    content = message["content"].lstrip()
+    end = content.find(block.close)
+    if not content.startswith(block.open) or end < 0 or "reasoning_content" in message:
+        return message  # the template reads reasoning_content first: a block in the content is then text
+    reasoning = content[len(block.open) : end]
+    if block.open in reasoning:
+        return message
+    return {**message, "content": content[end + len(block.close) :], "reasoning_content": reasoning}
+
+
+def record_texts(record: Record) -> Iterator[tuple[str, str]]:
+    """(where, text) of every string of `record` that is rendered: prompt and completion, or every string of the
+    messages (contents, reasoning, tool calls' names and arguments) and the tool definitions; both sides of a pair."""
+    if isinstance(record, PreferencePair):
+        yield from record_texts(record.chosen)
+        yield from record_texts(record.rejected)
+    elif isinstance(record, PromptCompletion):
+        yield from (("prompt", record.prompt), ("completion", record.completion))
+    elif isinstance(record, Conversation):
+        yield from _strings(record.messages, "messages")
+        yield from _strings(record.tools or [], "tools")
+
+
 def _short(value: Any) -> str:
     shown = repr(value)
     return shown if len(shown) <= 40 else f"{shown[:37]}..."
@@ -869,16 +910,7 @@ def _short(value: Any) -> str:
 
 def _lone_surrogate(record: Record) -> Reject | None:
     """A Reject when a text of `record` holds an unpaired UTF-16 surrogate (valid JSON, but not encodable)."""
-    if isinstance(record, PreferencePair):
-        return _lone_surrogate(record.chosen) or _lone_surrogate(record.rejected)
-    if isinstance(record, PromptCompletion):
-        texts = [("prompt", record.prompt), ("completion", record.completion)]
-    elif isinstance(record, Conversation):
-        # Every string the template may render: contents, tool calls' names and arguments, tool definitions.
-        texts = list(_strings(record.messages, "messages")) + list(_strings(record.tools or [], "tools"))
-    else:
-        return None
-    for where, text in texts:
+    for where, text in record_texts(record):
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:

@@ -279,7 +279,13 @@ def _streamed(cfg: RootConfig, plan: Plan, rank: int, tokenizer) -> StreamedBatc
         split = with_dropped(split, Path(plan.caches["train"]))
     source_records = list(plan.stream_records)
     encoders = {
-        fmt: SampleEncoder(tokenizer, fmt, train_on_prompt=cfg.data.train_on_prompt, tokens=plan.tokens)
+        fmt: SampleEncoder(
+            tokenizer,
+            fmt,
+            train_on_prompt=cfg.data.train_on_prompt,
+            tokens=plan.tokens,
+            train_on_reasoning=cfg.data.train_on_reasoning,
+        )
         for fmt in split.formats
     }
     parsers, by_file = {}, {}

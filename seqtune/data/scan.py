@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from seqtune.config.schema import DataFormat
+from seqtune.config.schema import CHAT_FORMATS, DataFormat
 from seqtune.data.cache import (
     META,
     REJECTS,
@@ -96,13 +96,31 @@ class SplitScan:
         return TokenCache.open(self.cache_dir)
 
 
-def format_signature(*, fingerprint: str, fmt: str, train_on_prompt: bool, bos_id: int | None, eos_id: int) -> str:
+def format_signature(
+    *,
+    fingerprint: str,
+    fmt: str,
+    train_on_prompt: bool,
+    bos_id: int | None,
+    eos_id: int,
+    train_on_reasoning: bool = True,
+) -> str:
     """What of one format's encoding goes into the token-cache key: the tokenizer (its fingerprint), the format's
-    rendering, and the ids the encoder adds. A caller that holds these facts (preflight's tokenizer record) finds
-    a published cache without building an encoder, so without loading the tokenizer."""
-    return "|".join(
-        [fingerprint, template_signature(fmt), f"train_on_prompt={train_on_prompt}", f"bos={bos_id}", f"eos={eos_id}"]
-    )
+    rendering, the targets' settings and the ids the encoder adds. A caller that holds these facts (preflight's
+    tokenizer record) finds a published cache without building an encoder, so without loading the tokenizer.
+    train_on_reasoning is named only when false, so the keys of every cache written before it existed hold; a
+    conversation with train_on_prompt=true is marked, since its caches from before it was honoured hold the
+    assistant-only targets."""
+    parts = [
+        fingerprint,
+        template_signature(fmt),
+        f"train_on_prompt={train_on_prompt}",
+        f"bos={bos_id}",
+        f"eos={eos_id}",
+    ]
+    if train_on_prompt and fmt in CHAT_FORMATS:
+        parts.append("conversation_prompts_trained")
+    return "|".join(parts if train_on_reasoning else [*parts, "train_on_reasoning=False"])
 
 
 def encoder_signature(encoder: SampleEncoder, fingerprint: str | None = None) -> str:
@@ -112,6 +130,7 @@ def encoder_signature(encoder: SampleEncoder, fingerprint: str | None = None) ->
         fingerprint=fingerprint or tokenizer_fingerprint(encoder.tokenizer),
         fmt=encoder.fmt,
         train_on_prompt=encoder.train_on_prompt,
+        train_on_reasoning=encoder.train_on_reasoning,
         bos_id=encoder.bos_id,
         eos_id=encoder.eos_id,
     )

@@ -77,9 +77,18 @@ def _ragged_positions(lengths: np.ndarray, starts: np.ndarray) -> np.ndarray:
 class SampleEncoder:
     """Encodes records of one format with one tokenizer. `encode_batch` for samples, `encode_records` for speed."""
 
-    def __init__(self, tokenizer, fmt: str, *, train_on_prompt: bool, tokens: Tokens | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer,
+        fmt: str,
+        *,
+        train_on_prompt: bool,
+        tokens: Tokens | None = None,
+        train_on_reasoning: bool = True,
+    ) -> None:
         """`tokens`: the plan's token facts (the bos the run adds); without them (tools, tests) the same rule is
-        asked of the tokenizer (seqtune.tokenizers.facts.added_bos_id)."""
+        asked of the tokenizer (seqtune.tokenizers.facts.added_bos_id). `train_on_reasoning=False`: the chat
+        template's reasoning blocks are not targets (data.train_on_reasoning)."""
         if tokenizer.eos_token_id is None:
             raise ConfigError(
                 "the tokenizer has no eos token, so samples cannot end with one.",
@@ -123,6 +132,18 @@ class SampleEncoder:
         self.chat_roles = chat_template_roles(tokenizer) if renders else CHAT_ROLES
         # Tool definitions (a record's `tools`) need a template that renders them, else a reject names the template.
         self.renders_tools = renders and templates.renders_tool_definitions(tokenizer.chat_template)
+        # The template's reasoning block (<think>...</think> at the start of a reply): the parser hands it to the
+        # template as reasoning_content, and data.train_on_reasoning=false masks it from the targets.
+        self.reasoning = templates.reasoning_block(tokenizer) if renders else None
+        self.train_on_reasoning = train_on_reasoning
+        if not train_on_reasoning and (self.reasoning is None or not self.reasoning.rendered):
+            raise ConfigError(
+                f"data.train_on_reasoning=false but data.format={fmt} with this chat template renders no reasoning "
+                "block to mask" + (" (the template drops it)." if self.reasoning is not None else "."),
+                key="data.train_on_reasoning",
+                fix="data.train_on_reasoning=true (the default), or a template that renders reasoning "
+                "(tokenizer.chat_template=qwen3) with chat or message-list preference data.",
+            )
         self.texts_tokenized = 0  # counts tokenizer inputs: lets tests prove a cached re-run tokenizes nothing
 
     def line_parser(self, file: str, *, media_root: str | None, columns: dict[str, str] | None = None) -> LineParser:
@@ -137,6 +158,7 @@ class SampleEncoder:
             vocab_size=self.vocab_size,
             roles=self.chat_roles,
             columns=dict(columns or {}),
+            reasoning=self.reasoning,
         )
 
     def _token_lists(self, texts: list[str]) -> list[list[int]]:
@@ -346,6 +368,14 @@ class SampleEncoder:
                 reason = role_reason(f"messages[{refused}]", record.messages[refused]["role"], self.chat_roles)
                 rejects.append((i, Reject(file=record.file, line=record.line, reason=reason)))
                 continue
+            thought = next((n for n, m in enumerate(record.messages) if "reasoning_content" in m), None)
+            if thought is not None and self.reasoning is None:
+                reason = (
+                    f"{TEMPLATE_REJECTED}: messages[{thought}] reasoning_content would not be rendered: the chat "
+                    "template (tokenizer.chat_template) has no reasoning block"
+                )
+                rejects.append((i, Reject(file=record.file, line=record.line, reason=reason)))
+                continue
             if record.tools and not self.renders_tools:
                 reason = (
                     f"{TEMPLATE_REJECTED}: its {len(record.tools)} tool definition(s) would not be rendered: "
@@ -362,6 +392,8 @@ class SampleEncoder:
                 rejects.append((i, Reject(file=record.file, line=record.line, reason=reason)))
                 continue
             texts.append(text)
+            if not self.train_on_reasoning and self.reasoning is not None:
+                assistant_spans = _after_reasoning(text, assistant_spans, self.reasoning)
             spans.append(assistant_spans)
             kept.append(i)
         self.texts_tokenized += len(texts)
@@ -372,11 +404,27 @@ class SampleEncoder:
             # A token is a target when its last character lies inside a reply: a token straddling the end
             # (where the partial rendering diverged from the full one) belongs to the next turn.
             ends = np.fromiter((e for _, e in enc.offsets), np.int64, count=len(enc.offsets))
-            target = np.zeros(len(ends), bool)
+            # data.train_on_prompt: every token of the conversation trains (system and user turns too).
+            target = np.full(len(ends), self.train_on_prompt, bool)
             for lo, hi in assistant_spans:
                 target |= (ends > lo) & (ends <= hi)
             parts.append((np.asarray(enc.ids, np.int64), target))
         return self._assemble(parts, records, kept, rejects, [0] * len(kept))
+
+
+def _after_reasoning(text: str, spans: list[tuple[int, int]], block: templates.ReasoningBlock) -> list[tuple[int, int]]:
+    """Each reply span without the reasoning block it opens with (the markers, the reasoning and the whitespace
+    after the block): the reply after it stays a target. The parser moved the reasoning out of the content and
+    left no marker in it, so the block's first closing marker is its end."""
+    out = []
+    for lo, hi in spans:
+        start = lo + len(text[lo:hi]) - len(text[lo:hi].lstrip())
+        close = text.find(block.close, start, hi) if text.startswith(block.open, start) else -1
+        if close >= 0:
+            end = close + len(block.close)
+            lo = end + len(text[end:hi]) - len(text[end:hi].lstrip())
+        out.append((lo, hi))
+    return out
 
 
 def render_chat(

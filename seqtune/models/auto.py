@@ -24,9 +24,8 @@ from typing import Any
 
 from seqtune.config.errors import ModelLoadError
 from seqtune.models.spec import FAMILIES, ModelSpec, common_arch_fields, get_spec
+from seqtune.tokenizers.templates import PROBE_REPLY, end_of_turn_probe
 
-# What the chat-template probe renders as the reply whose closing token is the end-of-turn marker.
-PROBE_REPLY = "seqtune probe reply"
 _LAYER_WEIGHT = re.compile(r"^model\.layers\.0\.(.+)\.weight$")
 FIX = (
     "model.path=DIR of a checkpoint whose architecture transformers ships (config.json `architectures` names a "
@@ -199,14 +198,8 @@ def _render_probe(template: str, tokenizer_config: dict) -> str | None:
         f"{role}_token": _token_text(tokenizer_config.get(f"{role}_token")) or ""
         for role in ("bos", "eos", "pad", "unk")
     }
-    messages = [
-        {"role": "user", "content": "Hi"},
-        {"role": "assistant", "content": PROBE_REPLY},
-        {"role": "user", "content": "Thanks"},
-        {"role": "assistant", "content": "Bye"},
-    ]
     try:
-        return env.from_string(template).render(messages=messages, add_generation_prompt=False, **specials)
+        return env.from_string(template).render(messages=end_of_turn_probe(), add_generation_prompt=False, **specials)
     except Exception:  # noqa: BLE001 - a template that cannot render the probe names no end-of-turn token
         return None
 

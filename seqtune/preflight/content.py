@@ -117,6 +117,7 @@ def content_checks(
             bos_id=tokens.bos_id,
             scan_text=fmt != "tokenized",
             space_ids=spaces,
+            reasoning=tokenizer.record.reasoning,
         )
         for name, scan in scans.items()
     }

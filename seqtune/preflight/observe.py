@@ -8,7 +8,8 @@ cache's content and the tokenizer, which are both in the cache's key. Per split 
   (a control token's id, NON_CONTROL, or SAMPLE_END), counted, first few located;
 - control tokens used as inputs and as targets, counted by id;
 - pre-tokenized rows that start with two bos;
-- lines whose text holds a control token's string (a literal `<|eot_id|>` becomes that control id);
+- lines whose text holds a control token's string (a literal `<|eot_id|>` becomes that control id), except the
+  chat template's reasoning markers where the template reads them (a reply that opens with <think>...</think>);
 - a 64-bit hash of every sample's tokens and targets (sample_hash.bin), for exact duplicates.
 """
 
@@ -24,9 +25,12 @@ from pathlib import Path
 import numpy as np
 
 from seqtune.data.cache import TokenCache
+from seqtune.data.formats import LineParser, record_texts
 from seqtune.data.split import SplitInput, from_meta
+from seqtune.data.types import Reject
+from seqtune.tokenizers.templates import ReasoningBlock
 
-VERSION = 1
+VERSION = 2
 OBSERVATIONS_FILE = f"observations-v{VERSION}.json"
 HASH_FILE = f"sample_hash-v{VERSION}.bin"
 NON_CONTROL = -1
@@ -83,9 +87,11 @@ def observe_split(
     bos_id: int | None,
     scan_text: bool,
     space_ids: Collection[int] = (),
+    reasoning: ReasoningBlock | None = None,
 ) -> SplitObservations:
     """The split's observations, read from beside its cache or computed once and stored there. `scan_text`: the
-    data files hold text (every format but tokenized)."""
+    data files hold text (every format but tokenized). `reasoning`: the chat template's reasoning block, whose
+    markers are data where the template reads them (the template is in the cache's key)."""
     cache_dir = Path(cache_dir)
     stored, hash_file = cache_dir / OBSERVATIONS_FILE, cache_dir / HASH_FILE
     if stored.is_file() and hash_file.is_file():
@@ -97,7 +103,7 @@ def observe_split(
     if scan_text:
         # Only the records the scan read (stream mode scans a sample of the train split).
         observed.literal_controls, observed.literal_lines = scan_literal_controls(
-            from_meta("split", cache.meta), literal, max_lines=int(cache.meta["records"])
+            from_meta("split", cache.meta), literal, max_lines=int(cache.meta["records"]), reasoning=reasoning
         )
     _store(observed, hashes, cache_dir)
     return observed
@@ -245,11 +251,19 @@ def _trie_regex(words: list[bytes]) -> bytes:
 
 
 def scan_literal_controls(
-    split: SplitInput, literal: Mapping[str, int], *, max_lines: int = 0
+    split: SplitInput,
+    literal: Mapping[str, int],
+    *,
+    max_lines: int = 0,
+    reasoning: ReasoningBlock | None = None,
 ) -> tuple[dict[str, Finding], Finding]:
     """Records of `split` (the first `max_lines`, 0 = all) whose text holds a control token's string, per token
-    and in all (a columnar row is searched as its JSON)."""
+    and in all (a columnar row is searched as its JSON). A record holding `reasoning`'s markers is parsed as
+    training parses it: they count only where they remain in its text after the parser took each reply's opening
+    reasoning block out (elsewhere in a reply, in a prompt, a second block, a string pair)."""
     pattern, forms = literal_pattern(literal)
+    markers = {reasoning.open, reasoning.close} if reasoning is not None else set()
+    parsers: dict[str, LineParser] = {}
     per_token: dict[str, Finding] = {}
     lines = Finding()
     if pattern is None:
@@ -262,14 +276,33 @@ def scan_literal_controls(
             if isinstance(record.payload, bytes)
             else json.dumps(record.payload, ensure_ascii=False, default=str).encode("utf-8")
         )
-        found = pattern.findall(raw)
+        found = dict.fromkeys(forms[match] for match in pattern.findall(raw))
+        if reasoning is not None and markers.intersection(found):
+            misplaced = _misplaced(record, split, parsers, reasoning)
+            found = {text: None for text in found if text not in markers or text in misplaced}
         if not found:
             continue
         location = f"{record.path}:{record.number}"
         lines.add(1, [location])
-        for text in dict.fromkeys(forms[match] for match in found):
+        for text in found:
             per_token.setdefault(text, Finding()).add(1, [location])
     return per_token, lines
+
+
+def _misplaced(record, split: SplitInput, parsers: dict[str, LineParser], reasoning: ReasoningBlock) -> dict[str, None]:
+    """The reasoning markers left in a record's text once parsed with the template's reasoning block (all of them
+    when the parser rejects the record: it is then judged as written)."""
+    source = split.sources[record.source]
+    parser = parsers.get(str(record.path))
+    if parser is None:
+        parser = parsers[str(record.path)] = LineParser(
+            fmt=source.format, file=str(record.path), columns=dict(source.columns or {}), reasoning=reasoning
+        )
+    parsed = parser.parse(record.number, record.payload)
+    markers = (reasoning.open, reasoning.close)
+    if isinstance(parsed, Reject):
+        return dict.fromkeys(markers)
+    return dict.fromkeys(m for m in markers for _, text in record_texts(parsed) if m in text)
 
 
 def _store(observed: SplitObservations, hashes: np.ndarray, cache_dir: Path) -> None:

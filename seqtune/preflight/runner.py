@@ -321,6 +321,7 @@ def scan_splits(
             fingerprint=fingerprint,
             fmt=fmt,
             train_on_prompt=cfg.data.train_on_prompt,
+            train_on_reasoning=cfg.data.train_on_reasoning,
             bos_id=tokens.bos_id,
             eos_id=tokens.eos_id,
         )
@@ -352,7 +353,11 @@ def scan_splits(
                 try:
                     encoders = {
                         fmt: SampleEncoder(
-                            tokenizer.load(), fmt, train_on_prompt=cfg.data.train_on_prompt, tokens=tokens
+                            tokenizer.load(),
+                            fmt,
+                            train_on_prompt=cfg.data.train_on_prompt,
+                            tokens=tokens,
+                            train_on_reasoning=cfg.data.train_on_reasoning,
                         )
                         for fmt in formats
                     }

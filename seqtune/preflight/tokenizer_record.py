@@ -3,7 +3,8 @@
 Loading a real tokenizer costs a second or more (importing transformers, parsing a 9-33 MB tokenizer.json), and
 everything preflight reads off it is a handful of small values: the plan's vocabulary facts, its Tokens (bos as the
 encoder adds it, terminators), the fingerprint in the token cache's key, the control, literal and whitespace ids the
-content checks count, the presets of tokenizer.json, the chat template's note on earlier turns. `build_record`
+content checks count, the presets of tokenizer.json, the chat template's note on earlier turns and its reasoning
+block. `build_record`
 computes them from the loaded tokenizer with the very functions preflight calls otherwise (the record stores their
 results, it re-derives nothing), and the record is stored under a key over everything they depend on
 (`record_key`): the bytes of every tokenizer file the loader may read, the tokenizer settings, the family's default
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 # Bump when what a record holds, or how any of its facts is computed, changes: old records then stop matching.
-RECORD_VERSION = 1
+RECORD_VERSION = 2
 RECORD_DIR = "tokenizer-facts"
 # Every file a Hugging Face tokenizer load may read (AutoTokenizer reads config.json for the model type); a
 # checkpoint directory's weights are not among them.
@@ -74,6 +75,7 @@ class TokenizerRecord:
     bos_token_id: int | None  # tokenizer.bos_token_id (checked against a checkpoint's config)
     presets: tuple[dict | None, dict | None]  # content.tokenizer_presets: truncation, padding
     earlier_turns_note: str | None  # templates.earlier_turns_note, for templated records (else None)
+    reasoning: templates.ReasoningBlock | None  # templates.reasoning_block, for templated records (else None)
 
 
 def build_record(cfg: RootConfig, plan: Resolved, tokenizer: PreTrainedTokenizerBase) -> TokenizerRecord:
@@ -97,6 +99,7 @@ def build_record(cfg: RootConfig, plan: Resolved, tokenizer: PreTrainedTokenizer
         bos_token_id=tokenizer.bos_token_id,
         presets=(truncation, padding),
         earlier_turns_note=templates.earlier_turns_note(tokenizer) if tokens.templated else None,
+        reasoning=templates.reasoning_block(tokenizer) if tokens.templated else None,
     )
 
 
@@ -205,6 +208,7 @@ def _from_body(body: dict[str, Any]) -> TokenizerRecord:
         bos_token_id=_int_or_none(body["bos_token_id"]),
         presets=(truncation, padding),
         earlier_turns_note=body["earlier_turns_note"],
+        reasoning=None if body["reasoning"] is None else templates.ReasoningBlock(**body["reasoning"]),
     )
 
 

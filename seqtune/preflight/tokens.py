@@ -15,9 +15,8 @@ from seqtune.data.tokenize import render_chat
 from seqtune.models import spec_for
 from seqtune.tokenizers.control import control_tokens
 from seqtune.tokenizers.facts import added_bos_id, tokenizer_facts
+from seqtune.tokenizers.templates import PROBE_REPLY, end_of_turn_probe
 
-# The reply the chat template is asked to render, to find the token that closes an assistant turn.
-PROBE_REPLY = "seqtune probe reply"
 # The formats whose records the chat template renders (a preference pair may hold message lists).
 TEMPLATED_FORMATS = frozenset({*CHAT_FORMATS, DataFormat.preference})
 
@@ -55,14 +54,8 @@ def terminators(tokenizer: Any, eot: str | None, *, templated: bool) -> dict[int
 def template_turn_closer(tokenizer: Any, control: dict[int, str]) -> int | None:
     """The first control token the chat template renders after an assistant reply, inside that reply's turn (the
     turn of a reply that is not the last, which templates close like every other); None when there is none."""
-    messages = [
-        {"role": "user", "content": "Hi"},
-        {"role": "assistant", "content": PROBE_REPLY},
-        {"role": "user", "content": "Thanks"},
-        {"role": "assistant", "content": "Bye"},
-    ]
     try:
-        text, spans = render_chat(tokenizer, messages)
+        text, spans = render_chat(tokenizer, end_of_turn_probe())
     except Exception:  # noqa: BLE001 - a template that cannot render this has no closer to find
         return None
     lo, hi = spans[0]

@@ -13,7 +13,9 @@ it to every segment between control tokens, so those templates write no space af
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from seqtune.config.errors import ConfigError
 
@@ -278,8 +280,59 @@ def resolve(value: str) -> str:
     return value
 
 
-# A reasoning trace the probe below puts in an earlier assistant turn.
+# A reasoning trace the probes below put in an assistant turn.
 _PROBE_THOUGHT = "seqtune probe thought"
+# The reply the end-of-turn probe asks a template to render: the control token it writes right after this reply
+# (a reply that is not the last: templates close the final one differently, e.g. with eos) closes an assistant turn.
+PROBE_REPLY = "seqtune probe reply"
+
+
+def end_of_turn_probe() -> list[dict[str, Any]]:
+    """The conversation that finds a template's turn closer (models.auto reads the checkpoint's template with it,
+    preflight.tokens the run's): PROBE_REPLY is an assistant reply followed by another exchange. A fresh list."""
+    return [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": PROBE_REPLY},
+        {"role": "user", "content": "Thanks"},
+        {"role": "assistant", "content": "Bye"},
+    ]
+
+
+# The reasoning markers a chat template may read at the start of an assistant reply's content (Qwen3's, as its
+# official template and QwQ/DeepSeek-R1 data write them): <think>...</think>answer.
+REASONING_MARKERS = (("<think>", "</think>"),)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReasoningBlock:
+    """A chat template's reasoning block: the markers it reads at the start of an assistant reply's content (the
+    same as a message's `reasoning_content`), and whether it renders the block (`qwen3`, Qwen3's official template)
+    or drops it (`qwen3_no_think`). Those two strings are data there, not special-token text out of place."""
+
+    open: str
+    close: str
+    rendered: bool
+
+
+def reasoning_block(tokenizer) -> ReasoningBlock | None:
+    """The reasoning block the tokenizer's chat template declares by what it renders: an assistant content that
+    opens with `open ... close` renders exactly as the same reasoning given as `reasoning_content`. None: the
+    template has no reasoning block (it would render the markers as written, as special tokens in the reply)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    for open_, close in REASONING_MARKERS:
+        inline = f"{open_}\n{_PROBE_THOUGHT}\n{close}\n\n{PROBE_REPLY}"
+        split = {"role": "assistant", "content": PROBE_REPLY, "reasoning_content": _PROBE_THOUGHT}
+        try:
+            texts = [
+                tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}, reply], tokenize=False)
+                for reply in ({"role": "assistant", "content": inline}, split)
+            ]
+        except Exception:  # noqa: BLE001 - a template that cannot render this has no reasoning block
+            return None
+        if texts[0] == texts[1]:
+            return ReasoningBlock(open=open_, close=close, rendered=_PROBE_THOUGHT in texts[0])
+    return None
 
 
 def earlier_turns_note(tokenizer) -> str | None:

@@ -69,3 +69,41 @@ def test_qwen3_tiny_trains_chat_with_im_end_as_target_and_validation_loss_falls(
     targets = sample.input_ids[sample.labels != IGNORE_INDEX].tolist()
     assert targets.count(tokenizer.convert_tokens_to_ids("<|im_end|>")) == 2  # both replies end on a trained marker
     assert tokenizer.decode(targets).startswith("<think>\n\n</think>\n\n1")
+
+
+def reasoning_chat(i: int) -> dict:
+    n = i % 7 + 1
+    reply = f"<think>\n{n} plus {n} is {2 * n}.\n</think>\n\n{2 * n}" if i % 3 else str(2 * n)  # some without
+    return {"messages": [{"role": "user", "content": f"What is {n}+{n}?"}, {"role": "assistant", "content": reply}]}
+
+
+@pytest.mark.parametrize("train_on_reasoning", [True, False])
+def test_qwen3_tiny_trains_think_blocks_written_in_content(tmp_path: Path, train_on_reasoning: bool):
+    """Issue 30 item 5: <think>...</think> at the start of a reply was refused on every line as special-token text;
+    it is the qwen3 template's reasoning block, rendered and trained (or masked with data.train_on_reasoning=false)."""
+    from transformers import AutoTokenizer
+
+    train = write_jsonl(tmp_path / "train.jsonl", [reasoning_chat(i) for i in range(24)])
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        [
+            "model=qwen3_tiny",
+            "tokenizer=qwen3",
+            "data.format=chat",
+            f"data.train={train}",
+            f"data.train_on_reasoning={str(train_on_reasoning).lower()}",
+            "data.duplicates=keep",
+            "train.max_steps=3",
+            "train.batch_size=8",
+        ],
+        run_dir,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "adapter")
+    cache = TokenCache.open(Path(json.loads((run_dir / "preflight.json").read_text())["caches"]["train"]))
+    sample = cache[1]  # line 2: a reply with its reasoning
+    assert tokenizer.decode(sample.input_ids).endswith(
+        "<|im_start|>assistant\n<think>\n2 plus 2 is 4.\n</think>\n\n4<|im_end|>\n"
+    )
+    targets = tokenizer.decode(sample.input_ids[sample.labels != IGNORE_INDEX])
+    assert targets == ("<think>\n2 plus 2 is 4.\n</think>\n\n4<|im_end|>" if train_on_reasoning else "4<|im_end|>")

@@ -141,6 +141,17 @@ def test_chat_targets_only_assistant_turns_and_template_bos_not_doubled(bundled_
     assert all(label == IGNORE_INDEX for i, label in zip(ids, sample.labels, strict=True) if i == user_id)
 
 
+def test_chat_with_train_on_prompt_trains_every_turn(bundled_tokenizer):
+    """data.train_on_prompt=true is honoured for conversations too (it was ignored: only assistant turns trained)."""
+    tok = bundled_tokenizer
+    convo = _chat(("system", "Be brief."), ("user", "2+2?"), ("assistant", "4"))
+    [masked] = SampleEncoder(tok, "chat", train_on_prompt=False).encode_batch([convo])
+    [every] = SampleEncoder(tok, "chat", train_on_prompt=True).encode_batch([convo])
+    assert every.input_ids.tolist() == masked.input_ids.tolist()
+    assert (masked.labels == IGNORE_INDEX).sum() > 1
+    assert every.labels.tolist()[1:] == every.input_ids.tolist()[1:]  # all but the bos the template renders
+
+
 def test_chat_spans_are_inside_the_rendered_text(bundled_tokenizer):
     text, spans = render_chat(
         bundled_tokenizer, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]

@@ -485,3 +485,12 @@ def test_generated_samples_need_validation_prompts_and_preflight_counts_them(tmp
         match="train.eval_samples",
     )
     assert "no validation sample has a prompt" in messages(report) and "Fix: train.eval_samples=0" in messages(report)
+
+
+def test_train_on_reasoning_false_is_refused_where_no_template_renders_a_reasoning_block(tmp_path, varied):
+    # alpaca records are not rendered by a chat template: there is no <think> block to mask.
+    report = run_failing(
+        make_cfg(tmp_path, varied, "data.train_on_reasoning=false"), tmp_path / "run", match="data.train_on_reasoning"
+    )
+    assert report["problems"][0]["key"] == "data.train_on_reasoning"
+    assert "Fix: data.train_on_reasoning=true" in messages(report)

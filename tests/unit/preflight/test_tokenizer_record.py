@@ -68,6 +68,7 @@ def expected_record(cfg: RootConfig, plan: Resolved) -> records.TokenizerRecord:
         bos_token_id=tokenizer.bos_token_id,
         presets=tokenizer_presets(source, tokenizer),
         earlier_turns_note=templates.earlier_turns_note(tokenizer) if tokens.templated else None,
+        reasoning=templates.reasoning_block(tokenizer) if tokens.templated else None,
     )
 
 
