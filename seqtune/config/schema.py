@@ -21,7 +21,7 @@ from seqtune.config.domain import Domain as _Domain
 from seqtune.config.domain import finite as _finite
 from seqtune.config.errors import ConfigError
 from seqtune.config.plan import NO_VALIDATION, VALIDATION_FIX, validation_key
-from seqtune.config.recipe_spec import RecipeSpec, preset_fix, recipe_spec, recipes
+from seqtune.config.recipe_spec import RecipeSpec, Scored, preset_fix, recipe_spec, recipes
 
 # --- closed choices: one Enum each (a StrEnum compares equal to its string, so "packed" == PaddingStrategy.packed)
 
@@ -1030,6 +1030,8 @@ def _recipe_rules(cfg: CoreConfig, rules: _Domain) -> None:
                 f"train.batch_size={spec.min_micro_batch} (with train.grad_accum lowered to keep the step)",
             )
         )
+    if spec.scored == Scored.scalar:
+        _no_lm_head_rules(cfg, spec, rules)
     for other in recipes().values():
         changed = other.changed_settings(cfg) if other is not spec else []
         if changed:
@@ -1039,6 +1041,35 @@ def _recipe_rules(cfg: CoreConfig, rules: _Domain) -> None:
                     f"{', '.join(changed)} set, but those are settings of recipe_name={other.name} "
                     f"({preset_fix(other)}), and recipe_name={spec.name} runs: they would be ignored. Fix: "
                     f"{preset_fix(other)}, or drop the {other.name}.* overrides",
+                )
+            )
+
+
+def _no_lm_head_rules(cfg: CoreConfig, spec: RecipeSpec, rules: _Domain) -> None:
+    """A scalar-scored recipe trains the family's ForSequenceClassification: a scalar head and no LM head, so what
+    needs one (generating text, a GGUF file, harness tasks, training or growing the head) is refused, not skipped."""
+    fixes = {
+        "train.eval_samples": (cfg.train.eval_samples > 0, "train.eval_samples=0", "generate text"),
+        "train.export_gguf": (cfg.train.export_gguf is not None, "train.export_gguf=null", "be a GGUF file"),
+        "eval.harness_tasks": (bool(cfg.eval.harness_tasks), "eval.harness_tasks=[]", "run generation benchmarks"),
+        "lora.modules_to_save": (
+            cfg.lora.enabled and bool({"lm_head", "embed_tokens"} & set(cfg.lora.modules_to_save)),
+            "lora.modules_to_save=[] (the scalar head trains in full already)",
+            "train the embedding or an LM head in full (peft keeps a tied pair together)",
+        ),
+        "model.resize_embeddings": (
+            cfg.model.resize_embeddings,
+            "model.resize_embeddings=false (a tokenizer whose ids fit the embedding)",
+            "grow an LM head (not supported for a scalar head yet)",
+        ),
+    }
+    for key, (refused, fix, what) in fixes.items():
+        if refused:
+            rules.problems.append(
+                (
+                    key,
+                    f"{key} is set, but recipe_name={spec.name} trains a scalar head with no LM head (the family's "
+                    f"ForSequenceClassification), which cannot {what}. Fix: {fix}",
                 )
             )
 

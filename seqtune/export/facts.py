@@ -17,12 +17,13 @@ import json
 import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from seqtune.config.load import load_resolved
 from seqtune.config.plan import load_plan
+from seqtune.config.recipe_spec import Scored
 from seqtune.config.rundir import RUN_DIR_KEY
 from seqtune.config.schema import SPLITS, RootConfig
 from seqtune.data.split import split_input
@@ -66,10 +67,17 @@ def stop_ids(tokenizer: Any, run_dir: Path) -> StopIds:
 def stamp_stop_ids(model: Any, stop: StopIds) -> None:
     """Set bos/eos/pad on the model's config and generation config (a PeftModel's are its base's), so every
     save_pretrained of it (model/, merged/, best/) writes the ids of the tokenizer trained with."""
-    for config in (model.config, model.generation_config):
+    for config in _configs(model):
         config.bos_token_id = stop.bos
         config.eos_token_id = stop.eos_value
         config.pad_token_id = stop.pad
+
+
+def _configs(model: Any) -> list[Any]:
+    """config and generation config; a scalar-head model (ForSequenceClassification) generates nothing and has
+    no generation config."""
+    generation = getattr(model, "generation_config", None)
+    return [model.config] if generation is None else [model.config, generation]
 
 
 @contextmanager
@@ -77,7 +85,7 @@ def shipped_config(model: Any) -> Iterator[None]:
     """use_cache=True in the config.json and generation_config.json a save writes (generation wants its KV cache:
     without it every new token recomputes the whole sequence), and the training value (False: a cache would merge
     packed documents) back afterwards. A PeftModel's configs are its base's."""
-    configs = [model.config, model.generation_config]
+    configs = _configs(model)
     before = [config.use_cache for config in configs]
     for config in configs:
         config.use_cache = True
@@ -95,6 +103,13 @@ class ShipFacts:
     stop: StopIds
     resize_to: int | None
     validation: str | None  # plan.validation: which split validation is (data.val, data.val_fraction of train)
+    # plan.scored: "scalar" ships the family's ForSequenceClassification (a reward model), anything else a causal LM.
+    scored: str = "token"
+    pad_id: int | None = None  # plan.tokens.pad_id: a scalar head's config.pad_token_id
+
+    @property
+    def scalar(self) -> bool:
+        return self.scored == Scored.scalar
 
     @property
     def base(self) -> str:
@@ -107,12 +122,17 @@ class ShipFacts:
 def ship_facts(tokenizer: Any, run_dir: Path) -> ShipFacts:
     run_dir = Path(run_dir)
     plan = load_plan(run_dir)
+    stop = stop_ids(tokenizer, run_dir)
+    if plan.scored == Scored.scalar:  # its pooling skips pad ids: one is always set, what training read around
+        stop = replace(stop, pad=plan.tokens.pad_id)
     return ShipFacts(
         run_dir=run_dir,
         cfg=load_resolved(run_dir / "config.yaml"),
-        stop=stop_ids(tokenizer, run_dir),
+        stop=stop,
         resize_to=plan.vocab.resize_to,
         validation=plan.validation,
+        scored=plan.scored,
+        pad_id=plan.tokens.pad_id,
     )
 
 
@@ -190,24 +210,27 @@ def card_text(facts: ShipFacts, kind: str, *, files: list[tuple[str, Path, str]]
     where = repo_id or str(target.resolve())
     base_model = facts.base if repo_id is None else hub_base(run_dir)
     lora = kind in ("adapter", "best") and cfg.lora.enabled
+    # A scalar head (a sequence classifier with one label) loads its causal base with the head the adapter holds.
+    auto = "AutoModelForSequenceClassification" if facts.scalar else "AutoModelForCausalLM"
+    head = f", num_labels=1, pad_token_id={facts.stop.pad}" if facts.scalar else ""
     if lora:
         load = [
             "from peft import PeftModel",
-            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            f"from transformers import {auto}, AutoTokenizer",
             *(
                 []
                 if not facts.resize_to or not cfg.model.path
                 else [f"# the base's embedding was resized to {facts.resize_to} rows for training"]
             ),
-            f"base = AutoModelForCausalLM.from_pretrained({facts.base!r})",
+            f"base = {auto}.from_pretrained({facts.base!r}{head})",
             *([f"base.resize_token_embeddings({facts.resize_to})"] if facts.resize_to and cfg.model.path else []),
             f"model = PeftModel.from_pretrained(base, {where!r})",
             f"tokenizer = AutoTokenizer.from_pretrained({where!r})",
         ]
     else:
         load = [
-            "from transformers import AutoModelForCausalLM, AutoTokenizer",
-            f"model = AutoModelForCausalLM.from_pretrained({where!r})",
+            f"from transformers import {auto}, AutoTokenizer",
+            f"model = {auto}.from_pretrained({where!r})",
             f"tokenizer = AutoTokenizer.from_pretrained({where!r})",
         ]
     base_note = (

@@ -11,6 +11,8 @@ would, with plain transformers/peft:
   tokenizer); the unforced greedy continuation is recorded too;
 - config.json and generation_config.json ask for a KV cache, and greedy tokens with the cache are those without;
 - each RUN_DIR/gguf/*.gguf read back (seqtune.export.gguf.check_gguf).
+A scalar head (plan.scored == "scalar", a reward model) is captured and proved by seqtune.export.score_proof
+instead: validation pairs scored as training scored them, loaded with AutoModelForSequenceClassification.
 Results go to RUN_DIR/export.json and the console; a failed proof raises SeqtuneError (exit 1) naming the artifact.
 """
 
@@ -82,10 +84,31 @@ def _text_prompts(cache_dir: Path) -> list[Any]:
 
 @torch.no_grad()
 def capture_reference(model: torch.nn.Module, tokenizer: Any, run_dir: Path, *, device: torch.device) -> Path:
-    """The trained model's next-token logits on the reference prompts, saved for every later proof."""
+    """The trained model's next-token logits on the reference prompts (a scalar head's scores of reference
+    pairs), saved for every later proof."""
     from safetensors.torch import save_file
 
     model.eval()
+    from seqtune.config.plan import load_plan
+    from seqtune.config.recipe_spec import Scored
+
+    if load_plan(run_dir).scored == Scored.scalar:
+        from seqtune.export.score_proof import capture_scores
+
+        tensors, locations = capture_scores(model, run_dir, device=device)
+    else:
+        tensors, locations = _capture_logits(model, tokenizer, run_dir, device=device)
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    path = Path(run_dir) / REFERENCE_FILE
+    with atomic_output(path, key=RUN_DIR_KEY) as partial:
+        save_file(tensors, str(partial), metadata={"dtype": dtype, "locations": json.dumps(locations)})
+        follow_umask(partial)  # safetensors writes 0600
+    return path
+
+
+def _capture_logits(
+    model: torch.nn.Module, tokenizer: Any, run_dir: Path, *, device: torch.device
+) -> tuple[dict[str, torch.Tensor], list[str]]:
     tensors, locations = {}, []
     for i, prompt in enumerate(reference_prompts(run_dir, tokenizer)):
         ids = prompt.prompt_ids + prompt.reference_ids[: POSITIONS - 1]
@@ -94,12 +117,7 @@ def capture_reference(model: torch.nn.Module, tokenizer: Any, run_dir: Path, *, 
         tensors[f"ids.{i}"] = torch.tensor(ids, dtype=torch.int64)
         tensors[f"logits.{i}"] = logits.float().cpu().contiguous()
         locations.append(prompt.location)
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    path = Path(run_dir) / REFERENCE_FILE
-    with atomic_output(path, key=RUN_DIR_KEY) as partial:
-        save_file(tensors, str(partial), metadata={"dtype": dtype, "locations": json.dumps(locations)})
-        follow_umask(partial)  # safetensors writes 0600
-    return path
+    return tensors, locations
 
 
 def check_readable(files: list[Path]) -> None:
@@ -122,19 +140,29 @@ def check_readable(files: list[Path]) -> None:
 
 
 def load_artifact(facts: ShipFacts, name: str, *, device: torch.device) -> torch.nn.Module:
-    """An artifact loaded as a user would: merged/ and model/ with transformers, adapter/ and best/ on their base."""
-    from transformers import AutoModelForCausalLM
+    """An artifact loaded as a user would: merged/ and model/ with transformers, adapter/ and best/ on their base.
+    A scalar head's (facts.scalar) with AutoModelForSequenceClassification; its adapter's base is the causal
+    checkpoint, loaded with one label and the trained pad id (the head comes from the adapter)."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
+    auto: Any = AutoModelForSequenceClassification if facts.scalar else AutoModelForCausalLM
     directory = facts.run_dir / name
     check_readable(sorted(directory.glob("*.safetensors")))
     if not (directory / "adapter_config.json").is_file():
-        return AutoModelForCausalLM.from_pretrained(directory, dtype="auto").to(device).eval()  # type: ignore[arg-type]  # transformers' .to decorator
+        return auto.from_pretrained(directory, dtype="auto").to(device).eval()
     from peft import PeftModel
+    from transformers.utils import logging as transformers_logging
 
     base_name = json.loads((directory / "adapter_config.json").read_text())["base_model_name_or_path"]
     check_readable(sorted(Path(base_name).glob("*.safetensors")))  # a hub id globs nothing: transformers checks it
-    base = AutoModelForCausalLM.from_pretrained(base_name, dtype="auto")
-    rows = base.get_input_embeddings().weight.shape[0]  # type: ignore[index]  # an Embedding's weight
+    head = {"num_labels": 1, "pad_token_id": facts.stop.pad} if facts.scalar else {}
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()  # "score.weight newly initialized": the adapter holds the trained one
+    try:
+        base = auto.from_pretrained(base_name, dtype="auto", **head)
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+    rows = base.get_input_embeddings().weight.shape[0]  # `auto` is Any: so is the model it loads
     if facts.resize_to and rows < facts.resize_to:
         base.resize_token_embeddings(facts.resize_to, mean_resizing=False)
     return PeftModel.from_pretrained(base, directory).to(device).eval()
@@ -261,6 +289,11 @@ def prove_artifact(
 ) -> ArtifactProof:
     device = _room_for(facts.run_dir / name, device)
     model = load_artifact(facts, name, device=device)
+    if facts.scalar:  # a scalar head generates nothing: its scores are what it ships
+        from seqtune.export.score_proof import prove_scores
+
+        checks, failures = prove_scores(model, facts.run_dir / name, reference, _tolerance(reference_dtype), device)
+        return ArtifactProof(artifact=name, ok=not failures, checks=checks, failures=failures)
     logit_checks, failures = logits_agreement(model, reference, reference_dtype, device)
     stop_checks, stop_failures = stops_at_terminators(model, facts.run_dir / name, facts, reference["ids.0"], device)
     failures += stop_failures
@@ -325,7 +358,13 @@ def _report(run_dir: Path, proofs: list[ArtifactProof], *, key: str) -> None:
     write_atomic(run_dir / EXPORT_JSON, json.dumps(body, indent=1).encode(), key=key)
     for proof in proofs:
         checks = proof.checks
-        if "max_logit_difference_relative" in checks:
+        if "max_score_difference_relative" in checks:
+            detail = (
+                f"scores within {checks['max_score_difference_relative']:.2g} of the trained model's (tolerance "
+                f"{checks['tolerance']:g}); chosen above rejected in {checks['chosen_above_rejected']} of "
+                f"{checks['pairs']} pairs (the trained model: {checks['trained_chosen_above_rejected']})"
+            )
+        elif "max_logit_difference_relative" in checks:
             detail = (
                 f"logits within {checks['max_logit_difference_relative']:.2g} of the trained model's "
                 f"(tolerance {checks['tolerance']:g}, {checks['dtype'].removeprefix('torch.')}); stops at "

@@ -129,6 +129,17 @@ class Arch:
                 tensors[name] = (rows, *tensors[name][1:])
         return replace(self, vocab_size=rows, tensors=tensors)
 
+    def with_scalar_head(self) -> Arch:
+        """The family's ForSequenceClassification with one label: the LM head replaced by `score` (hidden -> 1, no
+        bias), a tied head's tensor remaining the embedding alone."""
+        head = f"{self.head}.weight"
+        tensors = {name: shape for name, shape in self.tensors.items() if name != head}
+        tensors["score.weight"] = (1, self.hidden_size)
+        linears = {name: shape for name, shape in self.linears.items() if name != self.head}
+        linears["score"] = (self.hidden_size, 1)
+        tied = [group - {head} for group in self.tied if len(group - {head}) > 1]
+        return replace(self, tensors=tensors, linears=linears, tied=tied, head="score", tie_word_embeddings=False)
+
 
 def _numel(shape: tuple[int, ...]) -> int:
     n = 1

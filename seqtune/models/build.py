@@ -23,6 +23,7 @@ from seqtune.config.errors import ConfigError, ModelLoadError
 from seqtune.config.schema import AttnImplementation, ModelConfig
 from seqtune.models.checkpoint_check import check_finite_weights, check_loading_info
 from seqtune.models.facts import EXPECTED_CHECKPOINT, PATH_FIX, check_checkpoint_dir, check_model_type, read_config_json
+from seqtune.models.scalar_head import score_class
 from seqtune.models.spec import (
     ModelSpec,
     arch_mismatches,
@@ -86,8 +87,14 @@ def build_model(
     attn_implementation: str,
     resize_to: int | None = None,
     device: torch.device | str | None = None,
+    scalar_head: bool = False,
+    pad_id: int | None = None,
 ) -> PreTrainedModel:
     """The model for training: checkpoint weights from model.path, or a tiny model seeded by model.seed.
+
+    `scalar_head` (plan.scored == "scalar"): the family's ForSequenceClassification with one label and no LM head,
+    config.pad_token_id = `pad_id` (what its own pooling skips: seqtune.models.scalar_head); from a causal
+    checkpoint its head `score` starts from transformers' init and the checkpoint's lm_head is left out.
 
     `attn_implementation` is already resolved (the plan's). `resize_to` is the plan's row count after
     model.resize_embeddings=true (spec.resized_rows): embedding and head grow to exactly that many rows;
@@ -105,6 +112,10 @@ def build_model(
     hf_config = load_model_config(cfg)
     dtype = torch_dtype(cfg.dtype)
     model_class = getattr(transformers, spec.hf_model_class)
+    if scalar_head:
+        model_class = getattr(transformers, score_class(spec.hf_model_class, spec.hf_score_class))
+        hf_config.num_labels = 1
+        hf_config.pad_token_id = pad_id
     if cfg.path is None:
         model = _build_tiny(
             model_class, hf_config, cfg, attn_implementation, dtype, torch.device("cpu" if device is None else device)
@@ -112,7 +123,9 @@ def build_model(
         if cfg.load_in_4bit:
             model = _quantize_via_checkpoint(model, model_class, cfg, attn_implementation, dtype)
     else:
-        model = _load_checkpoint(model_class, Path(cfg.path), hf_config, cfg, attn_implementation, dtype)
+        model = _load_checkpoint(
+            model_class, Path(cfg.path), hf_config, cfg, attn_implementation, dtype, scalar_head=scalar_head
+        )
     model.config.use_cache = False
     # transformers types the embedding as nn.Module, whose attributes mypy reads as Tensor | Module: our plain int.
     embedding_weight = cast(torch.Tensor, model.get_input_embeddings().weight)
@@ -143,7 +156,9 @@ def _build_tiny(
     return model.to(dtype)
 
 
-def _load_checkpoint(model_class, root: Path, hf_config, cfg: ModelConfig, attn_implementation: str, dtype):
+def _load_checkpoint(
+    model_class, root: Path, hf_config, cfg: ModelConfig, attn_implementation: str, dtype, *, scalar_head: bool = False
+):
     quantization = None
     device_map = None
     if cfg.load_in_4bit:
@@ -174,6 +189,12 @@ def _load_checkpoint(model_class, root: Path, hf_config, cfg: ModelConfig, attn_
             key="model.path",
             fix=PATH_FIX,
         ) from err
+    if scalar_head:  # a causal checkpoint: the new head is not in it, its LM head is not used
+        info = {
+            **info,
+            "missing_keys": [k for k in info.get("missing_keys") or () if not str(k).startswith("score.")],
+            "unexpected_keys": [k for k in info.get("unexpected_keys") or () if not str(k).startswith("lm_head.")],
+        }
     # Never passes silently: what transformers could not place, and weights that are not numbers.
     check_loading_info(info, str(cfg.path))
     check_finite_weights(model, str(cfg.path))

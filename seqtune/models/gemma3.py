@@ -54,6 +54,8 @@ SPEC = ModelSpec(
     # gemma3_text only: the 4B+ checkpoints are multimodal ("gemma3", a vision tower around a text_config).
     hf_model_types=("gemma3_text",),
     hf_model_class="Gemma3ForCausalLM",
+    # Gemma3ForSequenceClassification is the multimodal model; the text-only one has its own class.
+    hf_score_class="Gemma3TextForSequenceClassification",
     padding_side="right",
     chat_template=templates.GEMMA3,
     eot_token="<end_of_turn>",

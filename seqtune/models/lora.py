@@ -16,7 +16,14 @@ from transformers import PreTrainedModel
 from seqtune.config.schema import LoraConfig
 
 
-def apply_lora(model: PreTrainedModel, lora: LoraConfig, *, targets: Sequence[str], saved: Sequence[str]) -> PeftModel:
+def apply_lora(
+    model: PreTrainedModel,
+    lora: LoraConfig,
+    *,
+    targets: Sequence[str],
+    saved: Sequence[str],
+    scalar_head: bool = False,
+) -> PeftModel:
     """Wrap `model` with LoRA adapters on `targets` (the plan's resolved lora targets, which preflight proved
     match modules of this model).
 
@@ -24,6 +31,8 @@ def apply_lora(model: PreTrainedModel, lora: LoraConfig, *, targets: Sequence[st
     partner, and the embedding and head when a resize made most of their rows new. Other rows added by a resize
     are trained through peft's trainable tokens: only those rows get a parameter, so a 128k-row embedding does not
     become trainable for a handful of new tokens.
+    `scalar_head`: a ForSequenceClassification (seqtune.models.scalar_head), adapted as peft's SEQ_CLS task, which
+    AutoModelForSequenceClassification + PeftModel.from_pretrained load back; its `score` is among `saved`.
     """
     if getattr(model, "is_loaded_in_4bit", False):
         # Casts norms/embeddings to fp32 and makes inputs require grad, as k-bit training needs.
@@ -32,7 +41,8 @@ def apply_lora(model: PreTrainedModel, lora: LoraConfig, *, targets: Sequence[st
             use_gradient_checkpointing=model.is_activation_checkpointing,
             gradient_checkpointing_kwargs={"use_reentrant": False},
         )
-    modules_to_save = list(saved) or None
+    # peft's SEQ_CLS task saves the head (`score`) itself.
+    modules_to_save = [m for m in saved if not (scalar_head and m == "score")] or None
     config = PeftLoraConfig(
         r=lora.rank,
         lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft annotates int; it only divides by it (alpha / r)
@@ -42,7 +52,7 @@ def apply_lora(model: PreTrainedModel, lora: LoraConfig, *, targets: Sequence[st
         target_modules=list(targets),
         # Parameters that belong to no Linear (a mixture of experts' fused experts; preflight proved each matches).
         target_parameters=list(lora.target_parameters) or None,
-        task_type="CAUSAL_LM",
+        task_type="SEQ_CLS" if scalar_head else "CAUSAL_LM",
         modules_to_save=modules_to_save,
         trainable_token_indices=_new_token_indices(model, modules_to_save or []),
         # A tied head saved in full must stay the same tensor as the embedding.

@@ -69,6 +69,9 @@ class MemoryInputs:
     sharded: bool = False  # FSDP: parameters, grads and optimizer state sharded over world_size
     # A frozen copy of the model's weights beside it (full-parameter preference tuning's reference model).
     reference_copy: bool = False
+    # The objective reads a scalar head (plan.scored == "scalar", a reward model): the family's
+    # ForSequenceClassification, whose `score` (hidden -> 1) replaces the LM head, and no vocabulary logits.
+    scalar_head: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,6 +103,8 @@ def meta_model(hf_config: PretrainedConfig) -> PreTrainedModel:
 
 def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:
     arch = inputs.arch.with_vocab(inputs.vocab_rows)
+    if inputs.scalar_head:
+        arch = arch.with_scalar_head()
     total = arch.total()
     width = BYTES_PER_DTYPE[inputs.weights_dtype]
     head_numel = arch.head_numel()
@@ -310,7 +315,10 @@ def _attention_matrix_bytes(inputs: MemoryInputs, arch: Arch, compute: int) -> f
 
 
 def _loss_bytes(inputs: MemoryInputs, tokens: int, hidden: int, w: _Widths) -> float:
-    """The loss never holds [tokens, vocab] logits: one chunk's (chunked), or Liger's internal chunk (fused)."""
+    """The loss never holds [tokens, vocab] logits: one chunk's (chunked), or Liger's internal chunk (fused).
+    A scalar head reads one hidden state per sequence: nothing next to the rest."""
+    if inputs.scalar_head:
+        return 0.0
     if inputs.loss == "fused":
         # Liger keeps grad_input and a chunk of about the hidden states' size in fp32.
         return tokens * hidden * (w.residual + 2 * 4)

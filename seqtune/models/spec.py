@@ -68,6 +68,9 @@ class ModelSpec:
     hf_model_types: tuple[str, ...]
     # transformers class that builds the causal LM (tiny and real alike).
     hf_model_class: str
+    # transformers class of the scalar-head model (a reward model: plan.scored == "scalar"); "" = the causal LM's
+    # name with ForSequenceClassification (seqtune.models.scalar_head.score_class).
+    hf_score_class: str = ""
     # Training convention: right padding keeps position ids 0..n-1 for every sample.
     padding_side: str
     chat_template: str

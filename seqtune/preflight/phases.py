@@ -11,7 +11,7 @@ import numpy as np
 
 from seqtune.config.errors import SeqtuneError
 from seqtune.config.plan import Resolved, Tokens
-from seqtune.config.recipe_spec import Reference, recipe_spec
+from seqtune.config.recipe_spec import Reference, Scored, recipe_spec
 from seqtune.config.schema import DataMode, Overlength, RootConfig, SampleKind, Tail
 from seqtune.config.tracker import KEY_VARIABLE, key_problem
 from seqtune.data.batching import BatchRule
@@ -508,6 +508,7 @@ def memory_inputs(cfg: RootConfig, plan: Resolved, rule: BatchRule, arch: Arch) 
         world_size=plan.world.world_size,
         sharded=plan.sharded,
         reference_copy=plan.reference == Reference.copy,
+        scalar_head=plan.scored == Scored.scalar,
     )
 
 

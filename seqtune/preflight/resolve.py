@@ -75,12 +75,14 @@ def resolve_plan(
         if cfg.lora.enabled
         else ()
     )
+    recipe = recipe_spec(cfg.recipe_name)
+    if cfg.lora.enabled and recipe.scored == Scored.scalar:
+        saved += ("score",)  # the scalar head is new: it trains in full beside the adapters
     compute = autocast or str(cfg.model.dtype)
     # peft wraps the head when LoRA adapts it, trains it in full, or trains new token rows of it.
     head_wrapped = cfg.lora.enabled and (
         "lm_head" in wrapped or "lm_head" in saved or (resize_to or 0) > model.embedding_rows
     )
-    recipe = recipe_spec(cfg.recipe_name)
     kind = recipe.sample_kind
     return Resolved(
         world=world,
@@ -113,7 +115,7 @@ def resolve_plan(
             compute_dtype=compute,
             model=model,
             head_wrapped=head_wrapped,
-            per_sequence=recipe.scored != Scored.token,
+            scored=str(recipe.scored),
         ),
         **resolve_optimizer(str(cfg.optim.name), device_type=device.type),
         lora_targets=targets,
@@ -153,12 +155,12 @@ def router_aux_coef(model_cfg: ModelConfig, model: ModelFacts, *, recipe: Recipe
 
 
 def resolve_kernels(
-    cfg: RootConfig, *, device_type: str, compute_dtype: str, model: ModelFacts, head_wrapped: bool, per_sequence: bool
+    cfg: RootConfig, *, device_type: str, compute_dtype: str, model: ModelFacts, head_wrapped: bool, scored: str
 ) -> dict[str, str]:
     """The attention kernel, the layer kernels and the loss path, each by its one rule, with the reason. A requested
     kernel that cannot run here stays the requested name with that reason: fast_checks reports the problem
-    (attn_backend_problems, kernels_problems) and no rank starts. `per_sequence`: the objective needs each
-    sequence's log-probability or hidden state (the recipe's spec: scored), not one summed cross-entropy."""
+    (attn_backend_problems, kernels_problems) and no rank starts. `scored` (the recipe's spec): what the objective
+    reads (token cross-entropy, each sequence's log-probability, a scalar head), which decides the loss path."""
     env = AttentionEnv(
         device_type=device_type,
         compute_dtype=compute_dtype,
@@ -178,9 +180,7 @@ def resolve_kernels(
     else:
         kernels = kernels_choice(cfg.model.kernels, device_type=device_type, model_type=model.model_type)
         kernels_name, kernels_reason = kernels.name, kernels.reason
-    loss = loss_choice(
-        kernels="torch" if why_not else kernels_name, head_trained_by_peft=head_wrapped, per_sequence=per_sequence
-    )
+    loss = loss_choice(kernels="torch" if why_not else kernels_name, head_trained_by_peft=head_wrapped, scored=scored)
     return {
         "attn_implementation": attn_name,
         "attn_reason": attn_reason,

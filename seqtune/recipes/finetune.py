@@ -19,13 +19,14 @@ import torch
 
 from seqtune.config.load import flat_settings
 from seqtune.config.plan import Plan
-from seqtune.config.recipe_spec import recipe_spec
+from seqtune.config.recipe_spec import Scored, recipe_spec
 from seqtune.config.schema import RootConfig
 from seqtune.data.loader import build_eval_batches, build_train_batches
 from seqtune.distributed import DistEnv, init_distributed, teardown, unwrap, wrap_model
 from seqtune.models import apply_lora, build_model, spec_for
 from seqtune.models.kernels import apply_kernels
 from seqtune.models.lora import skip_adapter_input_cast
+from seqtune.models.scalar_head import install_scalar_head
 from seqtune.models.token_loss import install_token_loss
 from seqtune.tokenizers import load_tokenizer
 from seqtune.train.checkpoint import Checkpointer, Progress
@@ -59,17 +60,26 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
 
     tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec.chat_template)
 
+    scalar = plan.scored == Scored.scalar  # a scalar head, no LM head (seqtune.models.scalar_head)
     base = build_model(
-        cfg.model, attn_implementation=plan.attn_implementation, resize_to=plan.vocab.resize_to, device=env.device
+        cfg.model,
+        attn_implementation=plan.attn_implementation,
+        resize_to=plan.vocab.resize_to,
+        device=env.device,
+        scalar_head=scalar,
+        pad_id=plan.tokens.pad_id,
     )
     model: torch.nn.Module = base
     if cfg.lora.enabled:
         # Rows added by a resize train through peft's trainable tokens, or in full (plan.lora_saved).
-        model = apply_lora(base, cfg.lora, targets=plan.lora_targets, saved=plan.lora_saved)
+        model = apply_lora(base, cfg.lora, targets=plan.lora_targets, saved=plan.lora_saved, scalar_head=scalar)
         if plan.autocast_dtype:
             skip_adapter_input_cast(model)
     apply_kernels(model, plan.kernels)
-    install_token_loss(model, path=plan.loss, router_aux=plan.router_aux_loss_coef is not None)
+    if scalar:
+        install_scalar_head(model)
+    else:
+        install_token_loss(model, path=plan.loss, router_aux=plan.router_aux_loss_coef is not None)
     if env.is_main:
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         print(

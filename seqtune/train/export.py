@@ -72,7 +72,8 @@ def export_final(
         if merged or (lora and gguf):  # LoRA only; a GGUF file is written from merged/ (preflight: not under FSDP)
             merged_model = model.merge_and_unload()  # type: ignore[operator]  # peft's wrapper (LoRA only here)
             # A tied head trained in full (lora.modules_to_save) is no longer the embedding: say so in config.json.
-            if merged_model.get_output_embeddings().weight is not merged_model.get_input_embeddings().weight:
+            head = merged_model.get_output_embeddings()  # None: a scalar head's model has no LM head
+            if head is not None and head.weight is not merged_model.get_input_embeddings().weight:
                 merged_model.config.tie_word_embeddings = False
             with atomic_directory(run_dir / MERGED_DIR, key=RUN_DIR_KEY) as staging, shipped_config(merged_model):
                 merged_model.save_pretrained(staging, safe_serialization=True)
@@ -117,7 +118,9 @@ def _write_trained(model: torch.nn.Module, tokenizer, target: Path, *, lora: boo
             config.base_model_name_or_path = facts.base
         # `model` is peft's wrapper; save_adapter never lets peft look the base model up on a hub.
         save_adapter(model, target, state_dict=state)  # type: ignore[arg-type]
-        model.generation_config.save_pretrained(target)  # type: ignore[union-attr,operator]
+        generation = getattr(model, "generation_config", None)  # a scalar head's model generates nothing
+        if generation is not None:
+            generation.save_pretrained(target)
     else:
         # a transformers model; nn.Module types its methods Tensor | Module
         model.save_pretrained(target, state_dict=state, safe_serialization=True)  # type: ignore[operator]

@@ -223,3 +223,19 @@ def test_dora_counts_its_magnitudes_and_the_two_outputs_each_adapted_module_keep
     measured = dora_kept - lora_kept
     assert measured > 0.1 * lora_kept
     assert dora.activations_bytes - plain.activations_bytes == pytest.approx(measured, rel=0.02)
+
+
+def test_a_scalar_head_counts_score_instead_of_the_lm_head_and_no_vocabulary_logits():
+    cfg = tiny_cfg("llama3")
+    hf = load_model_config(cfg)
+    built = build_model(cfg, attn_implementation="sdpa", scalar_head=True, pad_id=0)
+    lm = memory_estimate(inputs(hf, lora_enabled=False))
+    scalar = memory_estimate(inputs(hf, lora_enabled=False, scalar_head=True))
+    assert scalar.params == count_parameters(built).total  # the ForSequenceClassification as built
+    head = 0 if hf.tie_word_embeddings else hf.vocab_size * hf.hidden_size
+    assert lm.params - scalar.params == head - hf.hidden_size
+    big_lm = memory_estimate(inputs(TINYLLAMA_1B, batch_tokens=16384, seq_len=4096))
+    big_scalar = memory_estimate(inputs(TINYLLAMA_1B, batch_tokens=16384, seq_len=4096, scalar_head=True))
+    # No chunk of [tokens, vocab] logits, no hidden states gathered for them: only the score's tiny gradient differs.
+    loss = 16384 * 2048 * 4 + chunk_tokens(128256) * 128256 * (4 + 4 + 4)
+    assert big_lm.activations_bytes - big_scalar.activations_bytes == loss
