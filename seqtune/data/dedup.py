@@ -91,6 +91,7 @@ def _kept(batch: EncodedBatch, keep: np.ndarray) -> EncodedBatch:
         source_index=batch.source_index[keep],
         rejects=batch.rejects,
         sequences_per_sample=batch.sequences_per_sample,
+        fields={name: values[keep] for name, values in batch.fields.items()},
     )
 
 
