@@ -984,7 +984,9 @@ def _recipe_rules(cfg: CoreConfig, rules: _Domain) -> None:
             )
         )
     if cfg.data.mode == DataMode.stream and _kind(spec).stream_problem:
-        rules.problems.append(("data.mode", f"data.mode=stream with recipe_name={spec.name}: {_kind(spec).stream_problem}"))
+        rules.problems.append(
+            ("data.mode", f"data.mode=stream with recipe_name={spec.name}: {_kind(spec).stream_problem}")
+        )
     if cfg.train.batch_size < spec.min_micro_batch:
         rules.problems.append(
             (

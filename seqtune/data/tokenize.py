@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
 from itertools import chain
+from typing import Any
 
 import numpy as np
 

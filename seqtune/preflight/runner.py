@@ -22,8 +22,8 @@ from seqtune.config.schema import SPLITS, DataFormat, DataMode, Duplicates, Root
 from seqtune.data.batching import batch_rule
 from seqtune.data.cache import REJECTS
 from seqtune.data.dedup import STREAM_COPIES
-from seqtune.data.kinds import sample_kind
 from seqtune.data.formats import preference_rendering
+from seqtune.data.kinds import sample_kind
 from seqtune.data.scan import SplitScan, format_signature, published_scan, scan_split
 from seqtune.data.split import split_input, validation_source
 from seqtune.data.tokenize import SampleEncoder

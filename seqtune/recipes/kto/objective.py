@@ -38,9 +38,7 @@ class KtoObjective:
             self.cfg.undesirable_weight * (1 - torch.sigmoid(beta * (z0 - logratio))),
         )
         rewards = beta * logratio.detach() * real
-        metrics = torch.stack(
-            [(rewards * desirable).sum(), (rewards * ~desirable).sum(), z0 * real.sum()]
-        )
+        metrics = torch.stack([(rewards * desirable).sum(), (rewards * ~desirable).sum(), z0 * real.sum()])
         return (losses * real).sum() + anchor, metrics
 
 
