@@ -60,6 +60,9 @@ class EncodedBatch:
     # The kind's extra per-sample values (seqtune.data.kinds.SampleField), one entry per sequence like `lines`
     # (every sequence of a sample holds the sample's value).
     fields: dict[str, np.ndarray] = field(default_factory=dict)
+    # The members that are the record's own content (what data.duplicates compares, with the fields): empty = all.
+    # A KTO sample's KL pair borrows another record's completion, so two copies of a record differ there.
+    identity: tuple[int, ...] = ()
 
     @property
     def offsets(self) -> np.ndarray:
@@ -295,12 +298,14 @@ class SampleEncoder:
         records: list[Any],
         members: dict[str, list[PromptCompletion | Conversation]],
         fields: dict[str, list[int]] | None = None,
+        identity: tuple[str, ...] = (),
     ) -> EncodedBatch:
         """Records of several sequences each (a kind's members, e.g. a pair's chosen and rejected): member m of
         record i is members[m][i], encoded exactly as an SFT record of its shape would be (prompt/completion, or a
         conversation through the chat template), the members of a record laid out next to each other. A record
         whose any member is rejected is rejected whole (the reason names the member). `fields`: the kind's
-        per-sample values by field name, one per record."""
+        per-sample values by field name, one per record; `identity`: the members that are the record's own content
+        (empty: all), what data.duplicates compares."""
         sides = [self._encode_side(side_records, name) for name, side_records in members.items()]
         k = len(sides)
         ids, target, lengths, kept, rejects = [], [], [], [], []
@@ -326,6 +331,7 @@ class SampleEncoder:
             rejects=rejects,
             sequences_per_sample=k,
             fields={name: np.asarray(values, np.int64)[index] for name, values in (fields or {}).items()},
+            identity=tuple(list(members).index(name) for name in identity),
         )
 
     def _encode_side(

@@ -26,11 +26,9 @@ COMMON = [
     "lora.dropout=0.1",
     "padding=packed",
     "preflight.plot=false",
-    # Early stopping: only the first eval can improve by that much, so the run stops two evals later, at step 6.
-    "train.eval_every=2",
-    "train.early_stop_patience=2",
-    "train.early_stop_min_delta=100",
 ]
+# Early stopping: only the first eval can improve by that much, so the run stops two evals later, at step 6.
+EARLY = ["train.eval_every=2", "train.early_stop_patience=2", "train.early_stop_min_delta=100"]
 METRICS = ("rewards/chosen", "rewards/rejected", "kl")
 TIMINGS = {"tokens_per_s", "computed_tokens_per_s", "target_tokens_per_s", "peak_memory_mb"}
 WORDS = ("red", "green", "blue", "amber", "violet")
@@ -70,7 +68,7 @@ def ok(result) -> None:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, data) -> Path:
     run_dir = tmp_path_factory.mktemp("reference") / "run"
-    ok(run_cli([*COMMON, *data], run_dir))
+    ok(run_cli([*COMMON, *EARLY, *data], run_dir))
     return run_dir
 
 
@@ -94,9 +92,9 @@ def test_a_kto_run_logs_its_metrics_stops_early_and_exports_with_the_proof(refer
 
 def test_a_crashed_kto_run_resumes_bitwise_like_the_uninterrupted_one(reference, data, tmp_path):
     run_dir = tmp_path / "run"
-    crashed = run_cli([*COMMON, *data], run_dir, env={"SEQTUNE_FAULT": "train:5"})
+    crashed = run_cli([*COMMON, *EARLY, *data], run_dir, env={"SEQTUNE_FAULT": "train:5"})
     assert crashed.returncode == 1, crashed.stderr[-2000:]
-    resumed = run_cli([*COMMON, *data], run_dir)
+    resumed = run_cli([*COMMON, *EARLY, *data], run_dir)
     ok(resumed)
     assert "step_00000004 (step 4)" in resumed.stdout
     adapter = Path("adapter") / "adapter_model.safetensors"
@@ -110,7 +108,7 @@ def test_a_crashed_kto_run_resumes_bitwise_like_the_uninterrupted_one(reference,
 
 
 def refused(args: list[str], run_dir: Path) -> str:
-    no_val = ["data.val=null", "train.eval_every=0", "train.early_stop_patience=0"]
+    no_val = ["data.val=null", "train.eval_every=0"]
     result = run_cli([*COMMON, *no_val, "preflight.only=true", *args], run_dir)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     return " ".join((result.stdout + result.stderr).split())

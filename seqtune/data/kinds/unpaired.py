@@ -34,6 +34,7 @@ def _encode(encoder: Any, records: list[Any]) -> Any:
         records,
         {"completion": examples, "kl": mismatched},
         fields={LABEL.name: [int(r.label) for r in records]},
+        identity=("completion",),  # two copies of a record are duplicates whatever their KL pairs borrowed
     )
 
 

@@ -111,3 +111,16 @@ def test_the_label_check_refuses_one_label_and_states_the_ratio(tmp_path, bundle
 def test_each_kind_declares_members_a_noun_and_formats(kind):
     declared = sample_kind(kind)
     assert declared.members and declared.noun and declared.formats and declared.sequences == len(declared.members)
+
+
+def test_a_copied_record_is_a_duplicate_whatever_its_kl_pair_borrowed_and_its_label_counts(
+    tmp_path, bundled_tokenizer, jsonl
+):
+    """The KL pair holds the previous record's completion, so two copies differ there: duplicates compare the
+    record's own completion and its label."""
+    rows = [ROWS[0], ROWS[1], ROWS[0], ROWS[2], {**ROWS[0], "label": False}]
+    data = jsonl(tmp_path / "copies.jsonl", rows)
+    encoder = SampleEncoder(bundled_tokenizer, "unpaired_preference", train_on_prompt=False)
+    scan = scan_files("train", [data], encoder, cache_root=tmp_path / "c", drop_duplicates=True)
+    assert [(r.line, r.code) for r in scan.rejects] == [(3, "duplicate")]
+    assert scan.samples == 4 and scan.cache().field("label").tolist()[::2] == [1, 0, 1, 0]
