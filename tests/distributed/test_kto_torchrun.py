@@ -46,7 +46,7 @@ def test_two_ranks_give_the_loss_and_kl_of_one_rank_with_the_same_global_batch(t
     for a, b in zip(first, second, strict=True):
         for key in ("loss", "kl", "rewards/chosen", "rewards/rejected"):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["step"], key)
-    assert first[-1]["kl"] > 0  # the adapter moved the policy: a z0 of 0 everywhere would prove nothing
+    assert any(m["kl"] > 0 for m in first)  # a step with z0 > 0 (a z0 of 0 everywhere would prove nothing)
 
 
 def _z0_on_rank(rank: int, port: int, out: str) -> None:
