@@ -230,9 +230,11 @@ def _data_phases(
     for name, scan in scans.items():
         problems += split_checks(cfg, resolved, scan, max_seq_len)
         if kind.checks is not None:  # what the sample kind itself requires of a split (e.g. both labels)
-            found = kind.checks(name, scan.cache())
-            problems += [Problem(check="sample_kind", key=k, message=m, location=loc) for k, m, loc in found.problems]
-            result.notes += found.notes
+            declared = kind.checks(name, scan.cache())
+            problems += [
+                Problem(check="sample_kind", key=k, message=m, location=loc) for k, m, loc in declared.problems
+            ]
+            result.notes += declared.notes
         result.splits[name], notes = split_stats(cfg, scan, views[name], max_seq_len)
         result.splits[name].sources = source_stats(cfg, scan, views[name])
         result.notes += notes
