@@ -125,8 +125,8 @@ class Resolved:
     recipe: str = "sft"
     scored: str = "token"
     reference: str = "none"
-    # What a record becomes (the recipe's sample kind, seqtune.data.kinds): "sft" (one sequence) or "preference"
-    # (a pair: chosen and rejected, kept together in every batch), and how many sequences that is.
+    # What a record becomes (the recipe's sample kind, seqtune.data.kinds: "sft", "preference", "unpaired"; its
+    # sequences are kept together in every batch), and how many sequences that is.
     sample_kind: str = "sft"
     sequences_per_sample: int = 1
     # Where each model fact came from (model.family=auto: config.json, the safetensors, the chat template, ...),

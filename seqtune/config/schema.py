@@ -88,34 +88,14 @@ class DataFormat(StrEnum):
     # LLaMA-Factory's pairs, told by their fields: Alpaca {instruction, input?, system?}, ShareGPT {conversations}
     # and OpenAI {messages} with one reply each (seqtune.data.formats.PREFERENCE_SHAPES).
     preference = "preference"
+    # {"prompt", "completion", "label"}: one completion of a prompt, label true = desirable (KTO's unpaired feedback,
+    # TRL's unpaired preference format; strings).
+    unpaired_preference = "unpaired_preference"
 
 
 # The formats whose records are conversations, rendered with the tokenizer's chat template.
 CHAT_FORMATS = frozenset({DataFormat.chat, DataFormat.sharegpt})
 
-
-class SampleKind(StrEnum):
-    """What one record becomes for a recipe (seqtune.data.kinds): an SFT sample (one token sequence with its
-    targets) or a preference pair (two sequences, chosen then rejected, always batched together)."""
-
-    sft = "sft"
-    preference = "preference"
-
-
-# The formats each sample kind reads.
-KIND_FORMATS = {
-    SampleKind.sft: tuple(f for f in DataFormat if f != DataFormat.preference),
-    SampleKind.preference: (DataFormat.preference,),
-}
-
-# How a refusal tells a kind's records (shown when a recipe is given another kind's format).
-KIND_FORMAT_HINT = {
-    SampleKind.preference: (
-        "data.format=preference with {prompt, chosen, rejected} records (strings or message lists; it also reads "
-        "LLaMA-Factory's Alpaca {instruction, input, chosen, rejected}, ShareGPT {conversations, chosen, rejected} "
-        "and OpenAI {messages, chosen, rejected} pairs as they are)"
-    ),
-}
 
 # The fields of each format's records: (required, optional). data.columns (or a source's `columns`) maps these
 # names to the data's own; seqtune.data.formats reads them, the columnar readers read only these columns.
@@ -132,6 +112,7 @@ FORMAT_FIELDS: dict[DataFormat, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("chosen", "rejected"),
         ("prompt", "instruction", "input", "system", "conversations", "messages", "tools", "history"),
     ),
+    DataFormat.unpaired_preference: (("prompt", "completion", "label"), ()),
 }
 
 
@@ -996,14 +977,14 @@ def _recipe_rules(cfg: CoreConfig, rules: _Domain) -> None:
         rules.problems.append(("recipe_name", str(err)))
         return
     kind = spec.sample_kind
-    allowed = KIND_FORMATS[SampleKind(kind)]
+    allowed = _formats(spec)
     for split in SPLITS:
         for source in cfg.data.sources(split):
             if source.format in allowed:
                 continue
             key = "data.format" if source.format == cfg.data.format else f"{source.key}.format"
             readers = [preset_fix(other) for other in recipes().values() if source.format in _formats(other)]
-            fix = KIND_FORMAT_HINT.get(SampleKind(kind)) or f"data.format={' or '.join(allowed)}"
+            fix = _kind(spec).format_hint or f"data.format={' or '.join(allowed)}"
             if readers:
                 fix += f", or a recipe that reads {source.format} records: {'; '.join(readers)}"
             rules.problems.append(
@@ -1020,6 +1001,10 @@ def _recipe_rules(cfg: CoreConfig, rules: _Domain) -> None:
                 f"padding.strategy={cfg.padding.strategy} is not one recipe_name={spec.name} trains with. Fix: "
                 f"padding=" + " or padding=".join(sorted(spec.paddings)),
             )
+        )
+    if cfg.data.mode == DataMode.stream and _kind(spec).stream_problem:
+        rules.problems.append(
+            ("data.mode", f"data.mode=stream with recipe_name={spec.name}: {_kind(spec).stream_problem}")
         )
     if cfg.train.batch_size < spec.min_micro_batch:
         rules.problems.append(
@@ -1081,8 +1066,16 @@ def _lora_preset(name: str) -> str | None:
         return None
 
 
+def _kind(spec: RecipeSpec) -> Any:
+    # The kinds live in the data layer (each declares its formats, its encoding, its fields); they import nothing
+    # of the config, so reading them here at check time is no cycle.
+    from seqtune.data.kinds import sample_kind
+
+    return sample_kind(spec.sample_kind)
+
+
 def _formats(spec: RecipeSpec) -> tuple[DataFormat, ...]:
-    return KIND_FORMATS[SampleKind(spec.sample_kind)]
+    return tuple(DataFormat(fmt) for fmt in _kind(spec).formats)
 
 
 def _evaluation_rules(cfg: CoreConfig, rules: _Domain) -> None:

@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from seqtune.config.schema import PaddingStrategy, RootConfig
+from seqtune.data import kinds
+from seqtune.data.kinds import SampleField
 
 
 def round_up(value: int, multiple: int) -> int:
@@ -39,6 +41,8 @@ class BatchRule:
     max_seq_len: int
     multiple_of: int = 1
     sequences_per_sample: int = 1
+    # The sample kind's per-sample fields, batched one value per sample under their keys (seqtune.data.kinds).
+    fields: tuple[SampleField, ...] = ()
 
     @property
     def packed(self) -> bool:
@@ -93,13 +97,15 @@ class BatchRule:
         return None
 
 
-def batch_rule(cfg: RootConfig, *, max_seq_len: int, sequences_per_sample: int) -> BatchRule:
-    """The rule of this run's padding strategy (preflight builds it with the max_seq_len it resolves; ranks with the
-    plan's)."""
+def batch_rule(cfg: RootConfig, *, max_seq_len: int, sample_kind: str) -> BatchRule:
+    """The rule of this run's padding strategy for the recipe's sample kind (preflight builds it with the
+    max_seq_len it resolves; ranks with the plan's)."""
+    kind = kinds.sample_kind(sample_kind)
     return BatchRule(
         strategy=cfg.padding.strategy,
         batch_size=cfg.train.batch_size,
         max_seq_len=max_seq_len,
         multiple_of=cfg.padding.multiple_of,
-        sequences_per_sample=sequences_per_sample,
+        sequences_per_sample=kind.sequences,
+        fields=kind.fields,
     )

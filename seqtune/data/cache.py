@@ -11,6 +11,8 @@ of memory-mapping garbage. CRC-32 because it is the fastest full-content hash th
   offsets.bin  int64, num_samples + 1 (sample i = tokens[o[i]:o[i+1]]) lengths.bin int32 per sample
   lines.bin    int64 1-based record number per sample                file_ids.bin int32 index into meta.files
   rejects.jsonl       every skipped record with its reason            meta.json   counts, stats, files, sources
+  field.<name>.bin    one per field the sample kind declares (seqtune.data.kinds.SampleField: a KTO label), of
+                      its dtype, one entry per sequence like lines.bin (meta.json's fields: name -> dtype)
 A "sample" of these arrays is one token sequence: a preference pair is two of them, chosen then rejected, next to
 each other (meta.json's sequences_per_sample; seqtune.data.loader.SplitView groups them back).
 """
@@ -40,8 +42,9 @@ from seqtune.files import TempDir, storage_error, sweep_stale_temps
 from seqtune.tokenizers.info import tokenizer_fingerprint  # noqa: F401 - part of this module's API
 
 # Bump when the on-disk layout or any tokenization rule changes: old caches then simply stop matching.
-# v7: meta.json holds each file's CRC-32 (content verified on read); v6: a preference pair's two sequences
-CACHE_VERSION = "seqtune-token-cache-v7"
+# v8: a sample kind's declared fields (field.<name>.bin); v7: meta.json holds each file's CRC-32 (content verified
+# on read); v6: a preference pair's two sequences
+CACHE_VERSION = "seqtune-token-cache-v8"
 META = "meta.json"
 REJECTS = "rejects.jsonl"
 # The config key that decides where caches live (named in every disk error).
@@ -97,15 +100,17 @@ class TokenCacheWriter:
     Any OSError while writing (a full disk, a read-only cache) is a StorageError naming the cache root; abort()
     then removes the temporary directory."""
 
-    def __init__(self, root: Path, key: str, files: list[Path]) -> None:
+    def __init__(self, root: Path, key: str, files: list[Path], fields: dict[str, str] | None = None) -> None:
+        """`fields`: the sample kind's per-sample fields, name -> numpy dtype (seqtune.data.kinds.SampleField)."""
         self.root, self.key, self.files = Path(root), key, files
+        self.fields = dict(fields or {})
         self._dir = TempDir(self.root, key, key=CACHE_KEY)
         sweep_stale_temps(self.root)  # what killed writers left (their locks died with them)
         self.tmp = self._dir.path
         self._out: dict[str, IO[bytes]] = {}
         self._crc: dict[str, int] = {}  # file name -> CRC-32 of what was written to it so far
         with self._writing():
-            self._out = {f"{name}.bin": open(self.tmp / f"{name}.bin", "wb") for name in _ARRAYS}
+            self._out = {f"{name}.bin": open(self.tmp / f"{name}.bin", "wb") for name in _arrays(self.fields)}
             self._out[REJECTS] = open(self.tmp / REJECTS, "wb")
             self._write("offsets.bin", np.zeros(1, np.int64).tobytes())
         self._file_ids = {str(p): i for i, p in enumerate(files)}
@@ -131,10 +136,12 @@ class TokenCacheWriter:
             "lengths": batch.lengths,
             "lines": batch.lines,
             "file_ids": np.asarray([self._file_ids[f] for f in batch.files]),
+            **{_field_array(name): batch.fields[name] for name in self.fields},
         }
+        arrays = _arrays(self.fields)
         with self._writing():
             for name, values in chunks.items():
-                self._write(f"{name}.bin", np.asarray(values, dtype=_ARRAYS[name]).tobytes())
+                self._write(f"{name}.bin", np.asarray(values, dtype=arrays[name]).tobytes())
         self.num_samples += len(batch.lengths)
         self.num_tokens += int(batch.lengths.sum())
 
@@ -159,6 +166,7 @@ class TokenCacheWriter:
                 "files": [str(p) for p in self.files],
                 "num_samples": self.num_samples,
                 "num_tokens": self.num_tokens,
+                "fields": self.fields,
                 "sizes": sizes,
                 "crc32": {name: self._crc.get(name, 0) for name in sizes},
             }
@@ -177,6 +185,15 @@ class TokenCacheWriter:
             except OSError:
                 pass
         self._dir.discard()
+
+
+def _field_array(name: str) -> str:
+    return f"field.{name}"
+
+
+def _arrays(fields: dict[str, str]) -> dict[str, Any]:
+    """Every array of a cache (name -> dtype): the fixed ones and one per field of its sample kind."""
+    return {**_ARRAYS, **{_field_array(name): np.dtype(dtype) for name, dtype in fields.items()}}
 
 
 def _meta_checksum(meta: dict[str, Any]) -> str:
@@ -201,7 +218,7 @@ def cache_damage(directory: Path) -> str | None:
     expected = {
         f"{name}.bin": np.dtype(dtype).itemsize
         * (tokens if name in ("tokens", "target") else n + 1 if name == "offsets" else n)
-        for name, dtype in _ARRAYS.items()
+        for name, dtype in _arrays(meta["fields"]).items()
     }
     for name, size in {**meta["sizes"], **expected}.items():
         try:
@@ -248,8 +265,10 @@ class TokenCache:
         n = meta["num_samples"]
         sizes = {"tokens": meta["num_tokens"], "target": meta["num_tokens"], "offsets": n + 1}
         self._arrays = {
-            name: _memmap(self.directory / f"{name}.bin", dtype, sizes.get(name, n)) for name, dtype in _ARRAYS.items()
+            name: _memmap(self.directory / f"{name}.bin", dtype, sizes.get(name, n))
+            for name, dtype in _arrays(meta["fields"]).items()
         }
+        self.fields: tuple[str, ...] = tuple(meta["fields"])
 
     @classmethod
     def open(cls, directory: Path) -> TokenCache:
@@ -275,7 +294,8 @@ class TokenCache:
         lo, hi = int(self._arrays["offsets"][i]), int(self._arrays["offsets"][i + 1])
         ids = np.asarray(self._arrays["tokens"][lo:hi], dtype=np.int64)
         labels = np.where(self._arrays["target"][lo:hi].astype(bool), ids, IGNORE_INDEX)
-        return TokenizedSample(input_ids=ids, labels=labels, location=self.location(i))
+        fields = {name: int(self._arrays[_field_array(name)][i]) for name in self.fields}
+        return TokenizedSample(input_ids=ids, labels=labels, location=self.location(i), fields=fields)
 
     def location(self, i: int) -> str:
         return f"{self.files[int(self._arrays['file_ids'][i])]}:{int(self._arrays['lines'][i])}"
@@ -295,6 +315,10 @@ class TokenCache:
     @property
     def max_token_id(self) -> int:
         return int(self.meta["max_token_id"])
+
+    def field(self, name: str) -> np.ndarray:
+        """A declared field of the sample kind, one entry per sequence (memory-mapped)."""
+        return self._arrays[_field_array(name)]
 
     def flat(self, name: str) -> np.ndarray:
         """A whole memory-mapped array (tokens, target, offsets, ...) for readers that take many samples at once."""

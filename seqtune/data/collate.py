@@ -8,7 +8,8 @@ A sample is a TokenizedSample, or a tuple of them (a preference pair: chosen, re
   for every strategy but `packed`; num_tokens (0-dim, real non-pad tokens); num_targets (0-dim, targets !=
   IGNORE_INDEX). With more than one sequence per sample also: sequence_index [R,T] (which sequence of the
   micro-batch a position belongs to: sample i's member j is sequence k*i + j; -1 at padding) and num_samples (0-dim,
-  samples with at least one target: fillers excluded).
+  samples with at least one target: fillers excluded). Each per-sample field the sample kind declares
+  (seqtune.data.kinds.SampleField, e.g. a KTO label): [samples] under its batch_key, fillers included.
 R and T follow seqtune.data.batching.BatchRule: the rule is the one owner of the shapes, this module lays them out.
 The layout is numpy so preflight proves the shapes with this very code without importing torch (issue 20: a dry run
 costs no more than tokenizing); training wraps the arrays with torch.from_numpy (no copy).
@@ -98,6 +99,9 @@ def _summary(targets: np.ndarray, real_tokens: int, samples: Sequence[Sample], r
     if rule.sequences_per_sample > 1:
         real = sum(any(s.num_targets for s in sequences_of(sample)) for sample in samples)
         out["num_samples"] = np.array(real, dtype=np.int64)
+    for declared in rule.fields:  # the sample kind's per-sample values: one per sample, in sample order
+        values = [sequences_of(sample)[0].fields[declared.name] for sample in samples]
+        out[declared.batch_key] = np.asarray(values, dtype=np.int64)
     return out
 
 

@@ -54,7 +54,9 @@ class DuplicateFilter:
         rejects = []
         for r in range(records):
             digest = hashlib.blake2b(digest_size=DIGEST_BYTES)
-            for i in range(r * k, r * k + k):
+            for name in sorted(batch.fields):  # a record's fields are its content too (a KTO label)
+                digest.update(f"{name}={int(batch.fields[name][r * k])};".encode())
+            for i in (r * k + j for j in batch.identity or range(k)):
                 lo, hi = int(offsets[i]), int(offsets[i + 1])
                 digest.update(np.int64(hi - lo).tobytes())
                 digest.update(np.ascontiguousarray(batch.ids[lo:hi], np.int64).tobytes())
@@ -91,6 +93,8 @@ def _kept(batch: EncodedBatch, keep: np.ndarray) -> EncodedBatch:
         source_index=batch.source_index[keep],
         rejects=batch.rejects,
         sequences_per_sample=batch.sequences_per_sample,
+        fields={name: values[keep] for name, values in batch.fields.items()},
+        identity=batch.identity,
     )
 
 

@@ -131,7 +131,17 @@ class PreferencePair:
     rejected: PromptCompletion | Conversation
 
 
-Record = PromptCompletion | Conversation | PreTokenized | PreferencePair
+@dataclass(kw_only=True, slots=True)
+class UnpairedExample:
+    """unpaired_preference: one completion of a prompt and whether it is desirable (KTO's binary feedback)."""
+
+    file: str
+    line: int
+    example: PromptCompletion
+    label: bool
+
+
+Record = PromptCompletion | Conversation | PreTokenized | PreferencePair | UnpairedExample
 
 
 def alpaca_prompt(
@@ -351,6 +361,8 @@ class LineParser:
             return self._sharegpt(line, obj)
         if self.fmt == DataFormat.preference:
             return self._preference(line, obj)
+        if self.fmt == DataFormat.unpaired_preference:
+            return self._unpaired(line, obj)
         return self._tokenized(line, obj)
 
     def _reject(self, line: int, reason: str) -> Reject:
@@ -808,6 +820,27 @@ class LineParser:
                 first_target=start,
             ),
         )
+
+    def _unpaired(self, line: int, obj: dict) -> Record | Reject:
+        """{prompt, completion, label}: strings, and a JSON boolean (true = desirable)."""
+        values = self._strings(line, obj, ("prompt", "completion"))
+        if isinstance(values, Reject):
+            return values
+        if "label" not in obj:
+            return self._missing(line, ["label"], obj)
+        label = obj["label"]
+        if not isinstance(label, bool | np.bool_):
+            return self._reject(
+                line,
+                f"wrong_type: {self._name('label')} is a {type(label).__name__} ({_short(label)}), expected true "
+                "(a desirable completion) or false (an undesirable one)",
+            )
+        prompt, completion = values
+        for key, value in (("prompt", prompt), ("completion", completion)):
+            if not value.strip():
+                return self._reject(line, f"empty_text: {self._name(key)} is empty")
+        example = PromptCompletion(file=self.file, line=line, prompt=prompt, completion=completion)
+        return UnpairedExample(file=self.file, line=line, example=example, label=bool(label))
 
     def _tokenized(self, line: int, obj: dict) -> Record | Reject:
         if "input_ids" not in obj:

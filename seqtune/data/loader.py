@@ -205,7 +205,7 @@ class StreamedBatches:
 
 
 def plan_rule(cfg: RootConfig, plan: Plan) -> BatchRule:
-    return batch_rule(cfg, max_seq_len=plan.max_seq_len, sequences_per_sample=plan.sequences_per_sample)
+    return batch_rule(cfg, max_seq_len=plan.max_seq_len, sample_kind=plan.sample_kind)
 
 
 def planned_batches(

@@ -40,7 +40,9 @@ def cut_sample(sample: TokenizedSample, max_seq_len: int, policy: str) -> Tokeni
     if len(sample) <= max_seq_len:
         return sample
     keep = kept_positions(sample.labels, max_seq_len, policy)
-    return TokenizedSample(input_ids=sample.input_ids[keep], labels=sample.labels[keep], location=sample.location)
+    return TokenizedSample(
+        input_ids=sample.input_ids[keep], labels=sample.labels[keep], location=sample.location, fields=sample.fields
+    )
 
 
 def apply_overlength(sample: Sample, max_seq_len: int, policy: str) -> Sample | Reject:

@@ -32,7 +32,10 @@ def as_filler(sample: Sample) -> Sample:
     """The same tokens with every target masked: computed like the sample, never changing the loss."""
     masked = tuple(
         TokenizedSample(
-            input_ids=s.input_ids, labels=np.full_like(s.labels, IGNORE_INDEX), location=f"{s.location} (filler)"
+            input_ids=s.input_ids,
+            labels=np.full_like(s.labels, IGNORE_INDEX),
+            location=f"{s.location} (filler)",
+            fields=s.fields,
         )
         for s in sequences_of(sample)
     )

@@ -217,7 +217,8 @@ def scan_split(
         return _load_scan(split.name, published, began)
     if damage is not None:
         shutil.rmtree(published, ignore_errors=True)
-    writer = TokenCacheWriter(Path(cache_root), key, split.files)
+    fields = {f.name: f.dtype for fmt in split.formats for f in encoders[fmt].kind.fields}
+    writer = TokenCacheWriter(Path(cache_root), key, split.files, fields)
     try:
         stats = _stream(
             split,

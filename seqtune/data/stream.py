@@ -401,7 +401,10 @@ class JsonlStream(IterableDataset):
         if missing:
             if last is None:
                 one = TokenizedSample(
-                    input_ids=np.zeros(1, dtype=np.int64), labels=np.full(1, IGNORE_INDEX), location="filler:0"
+                    input_ids=np.zeros(1, dtype=np.int64),
+                    labels=np.full(1, IGNORE_INDEX),
+                    location="filler:0",
+                    fields={f.name: 0 for f in self.rule.fields},
                 )
                 last = one if self.rule.sequences_per_sample == 1 else (one,) * self.rule.sequences_per_sample
             samples = samples + [as_filler(last)] * missing

@@ -20,22 +20,23 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import Any
 
 import numpy as np
 
 from seqtune.config.errors import ConfigError
 from seqtune.config.plan import Tokens
-from seqtune.config.schema import CHAT_FORMATS, DataFormat
+from seqtune.config.schema import CHAT_FORMATS
 from seqtune.data.formats import (
     CHAT_ROLES,
     Conversation,
     LineParser,
-    PreferencePair,
     PreTokenized,
     PromptCompletion,
     Record,
     role_reason,
 )
+from seqtune.data.kinds import kind_of_format
 from seqtune.data.types import IGNORE_INDEX, TEMPLATE_REJECTED, Reject, Sample, TokenizedSample
 from seqtune.tokenizers import templates
 from seqtune.tokenizers.facts import added_bos_id
@@ -53,9 +54,15 @@ class EncodedBatch:
     padding_stripped: np.ndarray  # int64 per sample: pad positions removed from a pre-tokenized row
     source_index: np.ndarray  # int64 per sample: index into the records given to encode_records
     rejects: list[tuple[int, Reject]] = field(default_factory=list)  # (record index, reject) found while encoding
-    # Sequences per record: 2 for preference pairs (chosen, rejected next to each other; every per-sample array
-    # above is then per sequence, both sequences of a record with the same source_index).
+    # Sequences per record: the sample kind's members (2 for preference pairs: chosen, rejected next to each other;
+    # every per-sample array above is then per sequence, both sequences of a record with the same source_index).
     sequences_per_sample: int = 1
+    # The kind's extra per-sample values (seqtune.data.kinds.SampleField), one entry per sequence like `lines`
+    # (every sequence of a sample holds the sample's value).
+    fields: dict[str, np.ndarray] = field(default_factory=dict)
+    # The members that are the record's own content (what data.duplicates compares, with the fields): empty = all.
+    # A KTO sample's KL pair borrows another record's completion, so two copies of a record differ there.
+    identity: tuple[int, ...] = ()
 
     @property
     def offsets(self) -> np.ndarray:
@@ -65,7 +72,12 @@ class EncodedBatch:
         offsets = self.offsets if offsets is None else offsets
         ids = self.ids[offsets[i] : offsets[i + 1]]
         labels = np.where(self.target[offsets[i] : offsets[i + 1]], ids, IGNORE_INDEX)
-        return TokenizedSample(input_ids=ids, labels=labels, location=f"{self.files[i]}:{int(self.lines[i])}")
+        return TokenizedSample(
+            input_ids=ids,
+            labels=labels,
+            location=f"{self.files[i]}:{int(self.lines[i])}",
+            fields={name: int(values[i]) for name, values in self.fields.items()},
+        )
 
 
 def _ragged_positions(lengths: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -97,11 +109,14 @@ class SampleEncoder:
             )
         self.tokenizer = tokenizer
         self.fmt = fmt
-        # chat and sharegpt records are conversations, rendered by the chat template; preference pairs are two
-        # records each, conversations (rendered by the template, when the tokenizer has one) or prompt/completion.
+        # The sample kind whose records this format holds: it says how a record is encoded (seqtune.data.kinds).
+        self.kind = kind_of_format(fmt)
+        # chat and sharegpt records are conversations, rendered by the chat template; a record of several members
+        # (a preference pair) is several records, conversations (rendered by the template, when the tokenizer has
+        # one) or prompt/completion.
         self.chat = fmt in CHAT_FORMATS
-        self.pairs = fmt == DataFormat.preference
-        renders = self.chat or (self.pairs and bool(getattr(tokenizer, "chat_template", None)))
+        self.members = self.kind.sequences > 1
+        renders = self.chat or (self.members and bool(getattr(tokenizer, "chat_template", None)))
         self.train_on_prompt = train_on_prompt
         self.eos_id = int(tokenizer.eos_token_id)
         self.bos_id = tokens.bos_id if tokens is not None else added_bos_id(tokenizer)
@@ -113,7 +128,7 @@ class SampleEncoder:
             # transformers clears both on each of its own calls, the Rust backend called here does not.
             self._backend.no_truncation()
             self._backend.no_padding()
-        self.sequences_per_sample = 2 if self.pairs else 1
+        self.sequences_per_sample = self.kind.sequences
         if self._backend is None and renders:
             raise ConfigError(
                 f"data.format={fmt} needs a fast (Rust) tokenizer for character offsets.",
@@ -180,13 +195,8 @@ class SampleEncoder:
         return out  # type: ignore[return-value]
 
     def encode_records(self, records: list[Record]) -> EncodedBatch:
-        if self.pairs:
-            return self._encode_pairs(records)  # type: ignore[arg-type]
-        if self.chat:
-            return self._encode_chat(records)  # type: ignore[arg-type]
-        if self.fmt == "tokenized":
-            return self._encode_pretokenized(records)  # type: ignore[arg-type]
-        return self._encode_prompt_completion(records)  # type: ignore[arg-type]
+        """The records of one chunk (one format), encoded as their sample kind says."""
+        return self.kind.encode(self, records)
 
     def _flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         lists = self._token_lists(texts)
@@ -194,7 +204,7 @@ class SampleEncoder:
         flat = np.fromiter(chain.from_iterable(lists), dtype=np.int64, count=int(lengths.sum()))
         return flat, lengths
 
-    def _encode_prompt_completion(self, records: list[PromptCompletion]) -> EncodedBatch:
+    def encode_prompt_completion(self, records: list[PromptCompletion]) -> EncodedBatch:
         n = len(records)
         ids, is_completion, counts = (self._tokens_whole if self._backend is not None else self._tokens_apart)(records)
         # A text that already ends in the eos token (e.g. a literal "</s>") gets no second one.
@@ -303,24 +313,35 @@ class SampleEncoder:
     def _closed_with_eos(self, ids: np.ndarray, target: np.ndarray) -> bool:
         """chat: the last target is an eos (Mistral's and Zephyr's templates end every reply with one)."""
         targets = np.flatnonzero(target)
-        return (self.chat or self.pairs) and len(targets) > 0 and int(ids[targets[-1]]) == self.eos_id
+        return (self.chat or self.members) and len(targets) > 0 and int(ids[targets[-1]]) == self.eos_id
 
-    def _encode_pairs(self, records: list[PreferencePair]) -> EncodedBatch:
-        """Each pair's chosen and rejected completions encoded exactly as an SFT record of their shape would be
-        (prompt/completion, or a conversation through the chat template), laid out next to each other. A pair
-        whose either side is rejected is rejected whole (the reason names the side)."""
-        sides = [self._encode_side([getattr(r, side) for r in records], side) for side in ("chosen", "rejected")]
+    def encode_members(
+        self,
+        records: list[Any],
+        members: dict[str, list[PromptCompletion | Conversation]],
+        fields: dict[str, list[int]] | None = None,
+        identity: tuple[str, ...] = (),
+    ) -> EncodedBatch:
+        """Records of several sequences each (a kind's members, e.g. a pair's chosen and rejected): member m of
+        record i is members[m][i], encoded exactly as an SFT record of its shape would be (prompt/completion, or a
+        conversation through the chat template), the members of a record laid out next to each other. A record
+        whose any member is rejected is rejected whole (the reason names the member). `fields`: the kind's
+        per-sample values by field name, one per record; `identity`: the members that are the record's own content
+        (empty: all), what data.duplicates compares."""
+        sides = [self._encode_side(side_records, name) for name, side_records in members.items()]
+        k = len(sides)
         ids, target, lengths, kept, rejects = [], [], [], [], []
-        for i, (chosen, rejected) in enumerate(zip(*sides, strict=True)):
-            refused = next((s for s in (chosen, rejected) if isinstance(s, Reject)), None)
+        for i, encoded in enumerate(zip(*sides, strict=True)):
+            refused = next((s for s in encoded if isinstance(s, Reject)), None)
             if refused is not None:
                 rejects.append((i, refused))
                 continue
-            for seq_ids, seq_target in (chosen, rejected):
+            for seq_ids, seq_target in encoded:
                 ids.append(seq_ids)
                 target.append(seq_target)
                 lengths.append(len(seq_ids))
-            kept += [i, i]
+            kept += [i] * k
+        index = np.asarray(kept, np.int64)
         return EncodedBatch(
             ids=np.concatenate(ids) if ids else np.empty(0, np.int64),
             target=np.concatenate(target) if target else np.empty(0, bool),
@@ -328,9 +349,11 @@ class SampleEncoder:
             files=[records[i].file for i in kept],
             lines=np.asarray([records[i].line for i in kept], np.int64),
             padding_stripped=np.zeros(len(kept), np.int64),
-            source_index=np.asarray(kept, np.int64),
+            source_index=index,
             rejects=rejects,
-            sequences_per_sample=2,
+            sequences_per_sample=k,
+            fields={name: np.asarray(values, np.int64)[index] for name, values in (fields or {}).items()},
+            identity=tuple(list(members).index(name) for name in identity),
         )
 
     def _encode_side(
@@ -338,7 +361,7 @@ class SampleEncoder:
     ) -> list[tuple[np.ndarray, np.ndarray] | Reject]:
         """(ids, target) or a Reject per record of one side of the pairs, each by its shape's encoder."""
         out: list[tuple[np.ndarray, np.ndarray] | Reject | None] = [None] * len(records)
-        for shape, encode in ((PromptCompletion, self._encode_prompt_completion), (Conversation, self._encode_chat)):
+        for shape, encode in ((PromptCompletion, self.encode_prompt_completion), (Conversation, self.encode_chat)):
             members = [i for i, r in enumerate(records) if isinstance(r, shape)]
             if not members:
                 continue
@@ -352,14 +375,14 @@ class SampleEncoder:
                 out[members[source]] = Reject(file=reject.file, line=reject.line, reason=f"{reject.reason} ({side})")
         return out  # type: ignore[return-value]
 
-    def _encode_pretokenized(self, records: list[PreTokenized]) -> EncodedBatch:
+    def encode_pretokenized(self, records: list[PreTokenized]) -> EncodedBatch:
         parts = []
         for r in records:
             target = np.ones(len(r.input_ids), bool) if r.labels is None else r.labels != IGNORE_INDEX
             parts.append((r.input_ids, target))
         return self._assemble(parts, records, list(range(len(records))), [], [r.padding_stripped for r in records])
 
-    def _encode_chat(self, records: list[Conversation]) -> EncodedBatch:
+    def encode_chat(self, records: list[Conversation]) -> EncodedBatch:
         texts, spans, kept, rejects = [], [], [], []
         for i, record in enumerate(records):
             # Records built elsewhere than this encoder's parser are held to the same roles.

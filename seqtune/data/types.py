@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -60,6 +60,9 @@ class TokenizedSample:
     input_ids: np.ndarray
     labels: np.ndarray
     location: str
+    # The sample kind's extra per-sample values (seqtune.data.kinds.SampleField: a KTO label), the same on every
+    # sequence of a sample; the collator batches them under their declared keys.
+    fields: dict[str, int] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from seqtune.config.plan import Resolved, Tokens
-from seqtune.config.schema import RootConfig, SampleKind
-from seqtune.data.kinds import MEMBERS
+from seqtune.config.schema import RootConfig
+from seqtune.data.kinds import sample_kind
 from seqtune.data.overlength import TRUNCATING, cut_sample
 from seqtune.data.scan import SplitScan
 from seqtune.data.types import DUPLICATE, IGNORE_INDEX
@@ -375,7 +375,7 @@ def show_samples(
         seed=cfg.train.seed,
         load_tokenizer=tokenizer.load,
         kinds=kinds,
-        members=MEMBERS[SampleKind(plan.sample_kind)],
+        members=sample_kind(plan.sample_kind).members,
     )
     samples.write_json(shown, run_dir / samples.SAMPLES_JSON)
     summary = (

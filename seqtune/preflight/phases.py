@@ -12,10 +12,10 @@ import numpy as np
 from seqtune.config.errors import SeqtuneError
 from seqtune.config.plan import Resolved, Tokens
 from seqtune.config.recipe_spec import Reference, Scored, recipe_spec
-from seqtune.config.schema import DataMode, Overlength, RootConfig, SampleKind, Tail
+from seqtune.config.schema import DataMode, Overlength, RootConfig, Tail
 from seqtune.config.tracker import KEY_VARIABLE, key_problem
 from seqtune.data.batching import BatchRule
-from seqtune.data.kinds import NOUNS
+from seqtune.data.kinds import sample_kind
 from seqtune.data.overlength import TRUNCATING
 from seqtune.export.gguf import gguf_refusal_for
 from seqtune.hub import PUSH_KEY, push_problems
@@ -239,7 +239,7 @@ def split_checks(cfg: RootConfig, plan: Resolved, scan, max_seq_len: int) -> lis
         locations=_Locations(scan),
         max_seq_len=max_seq_len,
         policy=cfg.data.overlength,
-        noun=NOUNS[SampleKind(recipe_spec(cfg.recipe_name).sample_kind)],
+        noun=sample_kind(recipe_spec(cfg.recipe_name).sample_kind).noun,
     )
     # Nothing drops samples that train only their eos, so they are a problem (an empty completion is a data bug).
     # (Samples that data.overlength=truncate leaves with no target are dropped in both modes: see split_stats.)
@@ -277,7 +277,7 @@ def split_stats(cfg: RootConfig, scan, view, max_seq_len: int) -> tuple[SplitSta
     stats.pop("over_limit")  # counts sequences: a pair is over when either of its two is
     k = scan.sequences_per_sample
     over = int((_sample_lengths(scan) > max_seq_len).sum())
-    noun = NOUNS[SampleKind(recipe_spec(cfg.recipe_name).sample_kind)]
+    noun = sample_kind(recipe_spec(cfg.recipe_name).sample_kind).noun
     policy = cfg.data.overlength
     notes = checks.prepadded_notes(
         split=scan.name, count=scan.padded_inputs, locations=scan.padded_locations, strategy=cfg.padding.strategy

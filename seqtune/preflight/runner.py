@@ -23,6 +23,7 @@ from seqtune.data.batching import batch_rule
 from seqtune.data.cache import REJECTS
 from seqtune.data.dedup import STREAM_COPIES
 from seqtune.data.formats import preference_rendering
+from seqtune.data.kinds import sample_kind
 from seqtune.data.scan import SplitScan, format_signature, published_scan, scan_split
 from seqtune.data.split import split_input, validation_source
 from seqtune.data.tokenize import SampleEncoder
@@ -219,14 +220,21 @@ def _data_phases(
     result.notes += length_notes
     if cfg.data.format == DataFormat.preference:
         result.notes.append(preference_rendering())
-    rule = batch_rule(cfg, max_seq_len=max_seq_len, sequences_per_sample=resolved.sequences_per_sample)
+    rule = batch_rule(cfg, max_seq_len=max_seq_len, sample_kind=resolved.sample_kind)
     # Each split exactly as training will serve it (data.overlength applied), built once for every phase below.
     views = {
         name: training_view(scan, max_seq_len, cfg.data.overlength, resolved.sequences_per_sample)
         for name, scan in scans.items()
     }
+    kind = sample_kind(resolved.sample_kind)
     for name, scan in scans.items():
         problems += split_checks(cfg, resolved, scan, max_seq_len)
+        if kind.checks is not None:  # what the sample kind itself requires of a split (e.g. both labels)
+            declared = kind.checks(name, scan.cache())
+            problems += [
+                Problem(check="sample_kind", key=k, message=m, location=loc) for k, m, loc in declared.problems
+            ]
+            result.notes += declared.notes
         result.splits[name], notes = split_stats(cfg, scan, views[name], max_seq_len)
         result.splits[name].sources = source_stats(cfg, scan, views[name])
         result.notes += notes

@@ -12,7 +12,9 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from seqtune.config import register_resolvers, register_schemas, to_typed
+from seqtune.config.recipe_spec import recipes
 from seqtune.config.schema import GROUP_SCHEMAS, RootConfig
+from seqtune.data.kinds import sample_kind
 
 CONFIGS = Path(__file__).resolve().parents[2] / "seqtune" / "configs"
 GROUP_FILES = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent != CONFIGS)
@@ -39,8 +41,11 @@ def test_group_file_composes_and_type_checks(path: Path):
     overrides = [f"{group}={path.stem}"]
     if OmegaConf.select(OmegaConf.load(path), "requires_path"):
         overrides.append("model.path=/checkpoints/somewhere")  # real-size models need a checkpoint directory
-    if OmegaConf.select(OmegaConf.load(path), "format") == "preference":
-        overrides.append("recipe=lora_dpo")  # preference pairs are read by the preference recipe only
+    fmt = OmegaConf.select(OmegaConf.load(path), "format")
+    if fmt is not None and fmt not in sample_kind("sft").formats:
+        # Records of another kind (preference pairs, unpaired feedback) are read by that kind's recipes only.
+        reader = next(spec for spec in recipes().values() if fmt in sample_kind(spec.sample_kind).formats)
+        overrides.append(f"recipe={reader.presets[True]}")
     cfg = _compose(overrides)
     typed = to_typed(cfg)
     assert isinstance(typed, RootConfig)

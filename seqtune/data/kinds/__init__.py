@@ -1,0 +1,111 @@
+"""Sample kinds: what one record becomes for a recipe, the data half of the recipe contract.
+
+A recipe (seqtune.config.recipe_spec) is a sample kind plus an objective. A kind is one `SampleKind` object,
+declared in its own module of this package (sft.py, preference.py, unpaired.py) and found by `sample_kind(name)`:
+
+- `members`: the token sequences one record becomes, in order (their count is the kind's `sequences`); the cache,
+  the batch rule, the sampler, the stream and every check keep a sample's sequences together.
+- `formats`: the data.format values it reads (a format belongs to one kind); `format_hint` tells a refusal how its
+  records look.
+- `encode(encoder, records)`: the parsed records of one chunk -> an EncodedBatch (seqtune.data.tokenize), built
+  from the encoder's per-shape steps, so every kind obeys the same bos/eos/target rules.
+- `fields`: extra per-sample values (a label, a weight) with their dtype: the encoder fills them, the token cache
+  stores each as one more array (field.<name>.bin, one entry per sequence like lines.bin), and the collator puts
+  them into the batch under `batch_key` (int64, one per sample). Shared code reads the declaration, never a name.
+- `checks(split, cache)`: problems and notes preflight adds for each split of this kind (e.g. a split with only
+  one label), or None.
+- `stream_problem`: why data.mode=stream cannot honour the kind's encoding, or "" when it can.
+
+Torch-free and tokenizer-free: config rules and preflight read kinds before anything is built.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from seqtune.data.cache import TokenCache
+    from seqtune.data.tokenize import EncodedBatch, SampleEncoder
+
+
+@dataclass(frozen=True)
+class SampleField:
+    """One extra per-sample value of a kind: a cache array of `dtype` and the batch entry `batch_key`."""
+
+    name: str
+    dtype: str  # a numpy dtype name ("int8"); the batch holds it as int64
+    batch_key: str
+
+
+@dataclass(frozen=True)
+class KindCheck:
+    """What a kind's `checks` found in one split: problems (refusals, as (key, message, location)) and notes."""
+
+    problems: tuple[tuple[str, str, str | None], ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SampleKind:
+    name: str
+    noun: str  # what the report calls one sample: drops and counts are in these, never in sequences
+    members: tuple[str, ...]  # what each of its sequences is called, in order (the report, samples.html)
+    formats: tuple[str, ...]
+    encode: Callable[[SampleEncoder, list[Any]], EncodedBatch]
+    format_hint: str = ""
+    fields: tuple[SampleField, ...] = ()
+    checks: Callable[[str, TokenCache], KindCheck] | None = None
+    stream_problem: str = ""
+
+    @property
+    def sequences(self) -> int:
+        return len(self.members)
+
+
+_KINDS: dict[str, SampleKind] = {}
+_DISCOVERED = False
+
+
+def register(kind: SampleKind) -> SampleKind:
+    known = _KINDS.get(kind.name)
+    if known is not None and known is not kind:
+        raise ValueError(f"sample kind {kind.name!r} is registered twice")
+    taken = {fmt: other.name for other in _KINDS.values() if other is not kind for fmt in other.formats}
+    clash = [fmt for fmt in kind.formats if fmt in taken]
+    if clash:
+        raise ValueError(f"data.format={clash[0]} is read by sample kinds {taken[clash[0]]!r} and {kind.name!r}")
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def kinds() -> dict[str, SampleKind]:
+    """Every kind: each module of this package registers one."""
+    global _DISCOVERED
+    if not _DISCOVERED:
+        for module in pkgutil.iter_modules(__path__):
+            importlib.import_module(f"{__name__}.{module.name}")
+        _DISCOVERED = True
+    return dict(_KINDS)
+
+
+def sample_kind(name: str) -> SampleKind:
+    kind = kinds().get(str(name))
+    if kind is None:
+        raise KeyError(f"sample kind {name!r} is not declared in seqtune/data/kinds/")  # a recipe spec's own bug
+    return kind
+
+
+def kind_of_format(fmt: str) -> SampleKind:
+    """The kind whose records data.format=`fmt` holds."""
+    for kind in kinds().values():
+        if str(fmt) in kind.formats:
+            return kind
+    raise KeyError(f"data.format={fmt} is read by no sample kind")  # every DataFormat is declared by one
+
+
+def sequences_per_sample(name: str) -> int:
+    return sample_kind(name).sequences

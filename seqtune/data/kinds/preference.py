@@ -1,0 +1,30 @@
+"""preference: a pair, chosen then rejected: the same prompt with two completions, encoded like two SFT records and
+kept together everywhere (cached next to each other, batched together, dropped or truncated together)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from seqtune.data.kinds import SampleKind, register
+
+
+def _encode(encoder: Any, records: list[Any]) -> Any:
+    return encoder.encode_members(
+        records, {"chosen": [r.chosen for r in records], "rejected": [r.rejected for r in records]}
+    )
+
+
+KIND = register(
+    SampleKind(
+        name="preference",
+        noun="pair",
+        members=("chosen", "rejected"),
+        formats=("preference",),
+        encode=_encode,
+        format_hint=(
+            "data.format=preference with {prompt, chosen, rejected} records (strings or message lists; it also reads "
+            "LLaMA-Factory's Alpaca {instruction, input, chosen, rejected}, ShareGPT {conversations, chosen, rejected} "
+            "and OpenAI {messages, chosen, rejected} pairs as they are)"
+        ),
+    )
+)

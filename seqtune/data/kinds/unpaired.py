@@ -1,0 +1,86 @@
+"""unpaired: one completion of a prompt with a binary label (true = desirable), KTO's unpaired feedback.
+
+A record becomes two sequences and one field:
+- `completion`: prompt_i + completion_i, encoded as an SFT prompt/completion record (the completion is the target);
+- `kl`: prompt_i + completion_j, a mismatched pair, where j is the record before i in the same encoded chunk
+  (wrapping: the chunk's first record takes its last one's completion). Its log-ratio under policy and reference
+  estimates KTO's reference point z0 = KL(policy || reference) (Ethayarajh et al. 2024, eq. 8). TRL does the same
+  rotation (trl KTOTrainer `_get_kl_dataset`: each block of per_device_train_batch_size rows shifts its completions
+  by one at preprocessing). Here the pairing is fixed when the record is encoded and cached, so it is the same for
+  every epoch, every padding strategy, every world size and every resume; the price is that it follows the scan's
+  chunks (16,384 records), which stream mode's smaller chunks would not reproduce: stream mode is refused.
+- `label`: int8, 1 = desirable, batched as `label` (one per sample).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from seqtune.data.kinds import KindCheck, SampleField, SampleKind, register
+
+LABEL = SampleField(name="label", dtype="int8", batch_key="label")
+
+
+def _encode(encoder: Any, records: list[Any]) -> Any:
+    examples = [r.example for r in records]
+    # The mismatched pair of record i: its prompt with the completion of record i - 1 (TRL's +1 offset).
+    mismatched = [
+        type(example)(file=example.file, line=example.line, prompt=example.prompt, completion=other.completion)
+        for example, other in zip(examples, examples[-1:] + examples[:-1], strict=True)
+    ]
+    return encoder.encode_members(
+        records,
+        {"completion": examples, "kl": mismatched},
+        fields={LABEL.name: [int(r.label) for r in records]},
+        identity=("completion",),  # two copies of a record are duplicates whatever their KL pairs borrowed
+    )
+
+
+def _label_check(split: str, cache: Any) -> KindCheck:
+    """A split with only one label cannot train (or measure) KTO's two sides: refused. Else the ratio is a note."""
+    labels = np.asarray(cache.field(LABEL.name))[:: KIND.sequences]
+    desirable = int(labels.sum())
+    undesirable = len(labels) - desirable
+    files = ", ".join(cache.files)
+    if not len(labels):
+        return KindCheck()  # an empty split is its own problem
+    if desirable == 0 or undesirable == 0:
+        have, lack = ("desirable", "undesirable") if undesirable == 0 else ("undesirable", "desirable")
+        message = (
+            f"data.{split} ({files}) holds only {have} samples ({len(labels)} with label "
+            f"{str(have == 'desirable').lower()}): a completion's reward is measured against both kinds of feedback, "
+            f"so there is nothing to learn the {lack} side from. Fix: add records with label "
+            f"{str(lack == 'desirable').lower()} to {files}, or train on the desirable completions alone with an "
+            "SFT recipe (data.format=input_output)"
+        )
+        return KindCheck(problems=((f"data.{split}", message, None),))
+    note = (
+        f"data.{split}: {desirable} desirable / {undesirable} undesirable samples (ratio "
+        f"{desirable / undesirable:.2f}); the KTO paper weights the sides so that desirable_weight x {desirable} / "
+        f"(undesirable_weight x {undesirable}) lies in [1, 4/3]"
+    )
+    return KindCheck(notes=(note,))
+
+
+KIND = register(
+    SampleKind(
+        name="unpaired",
+        noun="sample",
+        members=("completion", "kl"),
+        formats=("unpaired_preference",),
+        encode=_encode,
+        format_hint=(
+            "data.format=unpaired_preference with {prompt, completion, label} records (strings; label true = a "
+            "desirable completion, false = an undesirable one)"
+        ),
+        fields=(LABEL,),
+        checks=_label_check,
+        stream_problem=(
+            "each sample's KL sequence pairs its prompt with another record's completion, fixed when the token "
+            "cache is written (the scan's chunks); stream mode encodes other chunks and would pair other records. "
+            "Fix: data.mode=cached"
+        ),
+    )
+)

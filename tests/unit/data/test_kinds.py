@@ -1,0 +1,126 @@
+"""Sample kinds as declarations (seqtune/data/kinds/): every format is read by exactly one kind, and the unpaired
+kind (KTO's feedback) parses {prompt, completion, label}, encodes each record into its completion and a mismatched
+KL pair, and carries its label from the encoder through the token cache and the view into the batch; its preflight
+check refuses a split with one label and states the ratio."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from seqtune.config.schema import DataFormat
+from seqtune.data.batching import BatchRule
+from seqtune.data.cache import TokenCache, cache_damage
+from seqtune.data.collate import make_collator
+from seqtune.data.formats import LineParser, PromptCompletion, UnpairedExample
+from seqtune.data.kinds import kind_of_format, kinds, sample_kind
+from seqtune.data.kinds.unpaired import LABEL
+from seqtune.data.tokenize import SampleEncoder
+from seqtune.data.types import Reject, sequences_of
+from seqtune.data.view import SplitView
+from tests.conftest import scan_files
+
+ROWS = [
+    {"prompt": "Q: red?\nA:", "completion": " yes", "label": True},
+    {"prompt": "Q: blue?\nA:", "completion": " no no", "label": False},
+    {"prompt": "Q: green?\nA:", "completion": " maybe so", "label": True},
+]
+
+
+def parse(obj: dict) -> UnpairedExample | Reject:
+    return LineParser(fmt="unpaired_preference", file="u.jsonl").parse(4, json.dumps(obj).encode())
+
+
+def test_every_format_is_read_by_exactly_one_kind():
+    readers = {fmt: [k.name for k in kinds().values() if fmt in k.formats] for fmt in DataFormat}
+    assert all(len(names) == 1 for names in readers.values()), readers
+    assert kind_of_format("unpaired_preference") is sample_kind("unpaired")
+    assert sample_kind("unpaired").sequences == 2 and sample_kind("unpaired").fields == (LABEL,)
+
+
+def test_unpaired_records_parse_and_bad_labels_are_rejected_with_the_reason():
+    record = parse(ROWS[1])
+    assert isinstance(record, UnpairedExample) and record.label is False
+    assert record.example == PromptCompletion(file="u.jsonl", line=4, prompt="Q: blue?\nA:", completion=" no no")
+    for bad, code in (
+        ({**ROWS[0], "label": "true"}, "wrong_type"),
+        ({**ROWS[0], "label": 1}, "wrong_type"),
+        ({k: v for k, v in ROWS[0].items() if k != "label"}, "missing_field"),
+        ({**ROWS[0], "completion": "  "}, "empty_text"),
+    ):
+        rejected = parse(bad)
+        assert isinstance(rejected, Reject) and rejected.code == code and rejected.line == 4
+
+
+def test_a_record_becomes_its_completion_and_the_previous_records_completion_with_its_label(bundled_tokenizer):
+    encoder = SampleEncoder(bundled_tokenizer, "unpaired_preference", train_on_prompt=False)
+    records = [parse(row) for row in ROWS]
+    samples = encoder.encode_batch(records)
+    plain = SampleEncoder(bundled_tokenizer, "input_output", train_on_prompt=False)
+    for i, sample in enumerate(samples):
+        completion, kl = sequences_of(sample)
+        mine, previous = records[i].example, records[i - 1].example  # the first takes the last one's (wrapping)
+        expected = plain.encode_batch(
+            [mine, PromptCompletion(file="u.jsonl", line=4, prompt=mine.prompt, completion=previous.completion)]
+        )
+        assert np.array_equal(completion.input_ids, expected[0].input_ids)
+        assert np.array_equal(completion.labels, expected[0].labels)
+        assert np.array_equal(kl.input_ids, expected[1].input_ids) and np.array_equal(kl.labels, expected[1].labels)
+        assert completion.fields == kl.fields == {"label": int(ROWS[i]["label"])}
+
+
+def test_the_label_goes_through_the_cache_and_the_view_into_the_batch(tmp_path, bundled_tokenizer, jsonl):
+    data = jsonl(tmp_path / "u.jsonl", ROWS)
+    encoder = SampleEncoder(bundled_tokenizer, "unpaired_preference", train_on_prompt=False)
+    scan = scan_files("train", [data], encoder, cache_root=tmp_path / "c")
+    cache = scan.cache()
+    assert cache.field("label").tolist() == [1, 1, 0, 0, 1, 1]  # one entry per sequence
+    view = SplitView(cache, max_seq_len=64, overlength="drop", sequences_per_sample=2)
+    rule = BatchRule(strategy="longest", batch_size=3, max_seq_len=64, sequences_per_sample=2, fields=(LABEL,))
+    batch = make_collator(rule, pad_id=0, padding_side="right").arrays([view[i] for i in (2, 0, 1)])
+    assert batch["label"].tolist() == [1, 1, 0] and batch["num_samples"] == 3
+    # The field's file is part of what the cache verifies.
+    shutil.copy(scan.cache_dir / "field.label.bin", tmp_path / "label.bin")
+    (scan.cache_dir / "field.label.bin").write_bytes(b"\x01")
+    assert "field.label.bin" in (cache_damage(scan.cache_dir) or "")
+    shutil.copy(tmp_path / "label.bin", scan.cache_dir / "field.label.bin")
+    assert cache_damage(scan.cache_dir) is None and len(TokenCache.open(scan.cache_dir)) == 6
+
+
+def test_the_label_check_refuses_one_label_and_states_the_ratio(tmp_path, bundled_tokenizer, jsonl):
+    encoder = SampleEncoder(bundled_tokenizer, "unpaired_preference", train_on_prompt=False)
+    check = sample_kind("unpaired").checks
+    assert check is not None
+    both = scan_files("train", [jsonl(tmp_path / "both.jsonl", ROWS)], encoder, cache_root=tmp_path / "c")
+    found = check("train", both.cache())
+    assert not found.problems and found.notes == (
+        "data.train: 2 desirable / 1 undesirable samples (ratio 2.00); the KTO paper weights the sides so that "
+        "desirable_weight x 2 / (undesirable_weight x 1) lies in [1, 4/3]",
+    )
+    one = jsonl(tmp_path / "one.jsonl", [ROWS[0], ROWS[2]])
+    found = check("val", scan_files("val", [one], encoder, cache_root=tmp_path / "c").cache())
+    [(key, message, _)] = found.problems
+    assert key == "data.val" and str(one) in message and "only desirable samples" in message
+    assert "Fix: add records with label false" in message
+
+
+@pytest.mark.parametrize("kind", sorted(kinds()))
+def test_each_kind_declares_members_a_noun_and_formats(kind):
+    declared = sample_kind(kind)
+    assert declared.members and declared.noun and declared.formats and declared.sequences == len(declared.members)
+
+
+def test_a_copied_record_is_a_duplicate_whatever_its_kl_pair_borrowed_and_its_label_counts(
+    tmp_path, bundled_tokenizer, jsonl
+):
+    """The KL pair holds the previous record's completion, so two copies differ there: duplicates compare the
+    record's own completion and its label."""
+    rows = [ROWS[0], ROWS[1], ROWS[0], ROWS[2], {**ROWS[0], "label": False}]
+    data = jsonl(tmp_path / "copies.jsonl", rows)
+    encoder = SampleEncoder(bundled_tokenizer, "unpaired_preference", train_on_prompt=False)
+    scan = scan_files("train", [data], encoder, cache_root=tmp_path / "c", drop_duplicates=True)
+    assert [(r.line, r.code) for r in scan.rejects] == [(3, "duplicate")]
+    assert scan.samples == 4 and scan.cache().field("label").tolist()[::2] == [1, 0, 1, 0]
