@@ -838,13 +838,14 @@ def run_sections(doc: str, result_file: str, sections: dict, *, budget_s: float,
     add_device_arguments(parser)
     parser.add_argument("--budget-s", type=float, default=budget_s)
     parser.add_argument("--only", default="", help="comma-separated sections to run (default: all)")
+    parser.add_argument("--result", default=result_file, help=f"the JSON file written in --out (default {result_file})")
     if add_arguments is not None:
         add_arguments(parser)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     proof = Proof(args.out, on_cpu(args), args.budget_s)
     proof.args = args
-    proof.write = lambda: (args.out / result_file).write_text(json.dumps(proof.results, indent=2, default=str) + "\n")
+    proof.write = lambda: (args.out / args.result).write_text(json.dumps(proof.results, indent=2, default=str) + "\n")
     for name in args.only.split(",") if args.only else sections:
         proof.section(name, lambda fn=sections[name]: fn(proof))
     print(json.dumps(proof.results["sections"], indent=1, default=str)[-6000:], flush=True)

@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # bench/gpu, bench
 from _vs_trl import loss_parity, seqtune_steps, seqtune_window, trainer_spec, trl_result, trl_window  # noqa: E402
-from proof import LLAMA3_8B, Proof, _cached_lengths, child_env, mfu, run_sections, write_sft_data  # noqa: E402
+from proof import LLAMA3_8B, TINYLLAMA_1B, Proof, _cached_lengths, child_env, mfu, run_sections, write_sft_data  # noqa: E402
 from sft_vs_trl import write_trl_inputs  # noqa: E402
 
 LORA = ("lora=default", "lora.rank=16", "lora.alpha=32")
@@ -61,14 +61,15 @@ def _sizes(proof: Proof) -> dict:
     return {"shape": LLAMA3_8B, "max_len": 4096, "steps": 16, "warmup": 6, "records": 1500, "name": "Llama-3-8B"}
 
 
-def checkpoint(proof: Proof, shape: dict) -> Path:
-    """The one set of starting weights both sides load (written once per work directory)."""
+def checkpoint(proof: Proof, shape: dict, name: str) -> Path:
+    """The one set of starting weights both sides load (written once per work directory): on the CPU
+    seqtune/configs/model/llama3_tiny.yaml with the bundled tokenizer, on CUDA `shape` in bf16 with Llama 3's."""
     from _vs_trl import write_checkpoint
 
     from seqtune.tokenizers import pypi
     from seqtune.tokenizers.location import BUNDLED_DIR
 
-    directory = proof.work / "vs_trl_checkpoint"
+    directory = proof.work / f"vs_trl_checkpoint_{name}"
     if not (directory / "config.json").is_file():
         if proof.quick:
             write_checkpoint(directory, model="llama3_tiny", tokenizer_dir=BUNDLED_DIR, device="cpu")
@@ -177,7 +178,7 @@ def summary(runs: list[dict], shape: dict, lengths: list[int], peak_tflops: floa
 
 def sft(proof: Proof) -> dict:
     sizes = _sizes(proof)
-    ckpt = checkpoint(proof, sizes["shape"])
+    ckpt = checkpoint(proof, sizes["shape"], sizes["name"])
     # write_sft_data counts one Llama 3 token a word; the bundled tokenizer of the CPU run takes about two.
     words = sizes["max_len"] // 2 if proof.quick else sizes["max_len"]
     data = write_sft_data(proof.work / "vs_trl_sft.jsonl", sizes["records"], max_tokens=words)
@@ -262,8 +263,10 @@ def device_spec(proof: Proof, backend: dict) -> dict:
 
 def dpo(proof: Proof) -> dict:
     sizes = _sizes(proof) | {"steps": 5 if proof.quick else 12, "warmup": 2 if proof.quick else 4}
+    if not proof.quick:  # TinyLlama-1.1B's shape: six DPO runs of an 8B would not fit one 10-minute device call
+        sizes |= {"shape": TINYLLAMA_1B, "name": "TinyLlama-1.1B"}
     batch = 4 if proof.quick else 8
-    ckpt = checkpoint(proof, sizes["shape"])
+    ckpt = checkpoint(proof, sizes["shape"], sizes["name"])
     overrides = [
         "recipe=lora_dpo",
         "model=hf",
