@@ -1,14 +1,15 @@
 """The GPU proof of seqtune's training path, in one command of under 10 minutes (bench/gpu/README.md):
 
     python bench/gpu/proof.py --out DIR            # a CUDA machine (bench/gpu/bundle.sh brings the wheels)
-    python bench/gpu/proof.py --out DIR --quick    # CPU, tiny shapes: every code path, no GPU numbers
+    python bench/gpu/proof.py --out DIR --device cpu   # (or --quick) CPU, tiny shapes: every code path, no GPU numbers
 
 1. contamination: packed rows keep documents apart on CUDA for sdpa, torch_varlen and flash_attention_2 (when
    installed), and each backend's logits and gradients match eager fp32 on packed, right- and left-padded batches;
 2. steps: one QLoRA step (bitsandbytes NF4), bf16 LoRA and full fine-tuning steps on a TinyLlama-1.1B-shaped model,
    and fp16 with its GradScaler (checkpointed) on the embedded default's tiny model, real CLI;
 3. throughput: bf16 LoRA on a Llama-3-8B-shaped model (random weights), packed 4096, against transformers.Trainer +
-   DataCollatorForSeq2Seq + sdpa on the same model and data, in this run; MFU (formula in mfu());
+   DataCollatorForSeq2Seq + sdpa on the same model and data, in this run (unpacked: far fewer tokens per step; the
+   row's label says how many; vs_trl.py compares with TRL at equal positions per step); MFU (formula in mfu());
 4. memory: preflight's estimate vs torch.cuda.max_memory_allocated for every CLI run;
 5. torchrun: launcher=torchrun on one GPU with the NCCL process group.
 
