@@ -5,8 +5,9 @@
 #                                                        rest, so nothing is fetched there)
 #   bash bench/gpu/run.sh --dry-run OUT_DIR [PART ...]   on any CPU, in this checkout's environment (.venv with the dev
 #                                                        extra): every part with --device cpu on tiny shapes
-# PARTs (default: all but after_training on a GPU, all of them in a dry run), each under `timeout 570`, so a failing
-# or slow part leaves the others' results and any one part fits a 10-minute device call:
+# PARTs (default: all but after_training on a GPU, all of them in a dry run), each under `timeout 570` on the GPU (so a
+# failing or slow part leaves the others' results and any one part fits a 10-minute device call; 3000 s in a dry run,
+# which has no such limit and shares its cores):
 #   proof          bench/gpu/proof.py: contamination, QLoRA / bf16 LoRA / full steps, 8B-shape throughput vs the
 #                  unpacked Trainer, the Qwen3-8B shape, preflight's memory estimate vs measured peaks, torchrun (NCCL)
 #   vs_trl_sft     bench/gpu/vs_trl.py --only sft: the 8B-shape LoRA row vs TRL's SFTTrainer, 8,192 positions/step
@@ -30,7 +31,7 @@ if [ "${1:-}" = "--dry-run" ]; then
   out=$2
   shift 2
   parts=("${@:-proof vs_trl_sft vs_trl_dpo resume_check lora_step after_training}")
-  python=${PYTHON:-.venv/bin/python}
+  python=${PYTHON:-.venv/bin/python} limit=3000
   # No time budget on the CPU (the sections' budgets are for a device call); lora_step: one timed step.
   for part in proof vs_trl_sft vs_trl_dpo resume_check after_training; do argv[$part]+=" --device cpu --budget-s 3000"; done
   argv[lora_step]+=" --device cpu --steps 1 --warmup 1"
@@ -47,7 +48,7 @@ else
   export PYTHONPATH="$root/site${PYTHONPATH:+:$PYTHONPATH}"
   # seqtune itself: editable, no dependencies, no index (configs and recipes are modules of the package).
   python3 -m pip install --quiet --no-deps --no-build-isolation --no-index -e . >/dev/null || exit 1
-  python=python3
+  python=python3 limit=570
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 fi
 export PYTHONUNBUFFERED=1
@@ -65,7 +66,7 @@ for part in "${parts[@]}"; do
   echo "=== $part: python ${argv[$part]} --out $out"
   began=$(date +%s)
   # shellcheck disable=SC2086  # the part's arguments are separate words
-  timeout 570 "$python" ${argv[$part]} --out "$out"
+  timeout "$limit" "$python" ${argv[$part]} --out "$out"
   code=$?
   # run.json keeps every part's latest exit code and seconds, across calls that each run some parts.
   "$python" - "$out/run.json" "$part" "$code" "$(($(date +%s) - began))" "python ${argv[$part]} --out $out" <<'EOF'

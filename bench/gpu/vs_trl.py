@@ -139,11 +139,12 @@ def trl_run(proof: Proof, script: str, spec: Path, extra: list[str], warmup: int
     }
 
 
-def alternating(proof: Proof, repeats: int, seqtune_side, trl_side) -> list[dict]:
-    """`repeats` x (seqtune, TRL), the order alternating (repeat 0: seqtune first, as its run writes TRL's spec), so
-    a change of machine load across a repeat does not always hit the same side."""
-    runs = []
-    for repeat in range(repeats):
+def alternating(proof: Proof, section: str, seqtune_side, trl_side) -> list[dict]:
+    """`--repeats` x (seqtune, TRL), the order alternating (repeat 0: seqtune first, as its run writes TRL's spec), so
+    a change of machine load across a repeat does not always hit the same side. Each run is written to the JSON as it
+    ends: a part that runs out of device time keeps the repeats it finished."""
+    runs: list[dict] = []
+    for repeat in range(proof.args.repeats):
         for side in ("seqtune", "trl") if repeat % 2 == 0 else ("trl", "seqtune"):
             run = seqtune_side(repeat) if side == "seqtune" else trl_side(repeat)
             runs.append(run | {"repeat": repeat})
@@ -152,6 +153,8 @@ def alternating(proof: Proof, repeats: int, seqtune_side, trl_side) -> list[dict
                 f"{statistics.mean(run['per_step']['positions']):.0f} positions/step",
                 flush=True,
             )
+            proof.results["sections"][section] = {"ok": False, "error": "unfinished: the runs so far", "runs": runs}
+            proof.write()
     return runs
 
 
@@ -208,7 +211,7 @@ def sft(proof: Proof) -> dict:
         run = trl_run(proof, "_trl_sft_baseline.py", specs["packed"], ["--mode", "packed"], sizes["warmup"])
         return run | {"layout": 'TRL SFTTrainer packing=True packing_strategy="bfd" (padding-free)'}
 
-    runs = alternating(proof, proof.args.repeats, seqtune_side, trl_side)
+    runs = alternating(proof, "sft", seqtune_side, trl_side)
     # Identical rows: TRL trains on the rows seqtune packed, in its order (the same real and target tokens per step).
     same_rows = trl_run(proof, "_trl_sft_baseline.py", specs["packed"], ["--mode", "rows"], sizes["warmup"])
     first = next(r for r in runs if r["side"] == "seqtune" and r["repeat"] == 0)
@@ -291,7 +294,7 @@ def dpo(proof: Proof) -> dict:
     def trl_side(repeat: int) -> dict:
         return trl_run(proof, "_trl_dpo_baseline.py", specs["dpo"], [], sizes["warmup"]) | {"layout": "DPOTrainer"}
 
-    runs = alternating(proof, proof.args.repeats, seqtune_side, trl_side)
+    runs = alternating(proof, "dpo", seqtune_side, trl_side)
     first = {side: next(r for r in runs if r["side"] == side and r["repeat"] == 0) for side in ("seqtune", "trl")}
     lengths = _cached_lengths(json.loads((Path(first["seqtune"]["run_dir"]) / "preflight.json").read_text()))
     return {
