@@ -117,7 +117,11 @@ def trl_run(proof: Proof, script: str, spec: Path, extra: list[str], warmup: int
     cmd = [sys.executable, str(Path(__file__).resolve().parents[1] / script), "--spec", str(spec), *extra]
     env = child_env() | {"TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(
-        cmd, capture_output=True, text=True, env=env, timeout=min(420.0, max(30.0, proof.left_s() - 20))
+        cmd,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=max(30.0, proof.left_s() - 20) if proof.quick else min(420.0, max(30.0, proof.left_s() - 20)),
     )
     if proc.returncode != 0:
         raise RuntimeError(f"{script} exited {proc.returncode}:\n{proc.stdout[-2500:]}\n{proc.stderr[-2500:]}")
