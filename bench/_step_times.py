@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import torch
 from transformers import TrainerCallback
 
 
@@ -17,4 +18,6 @@ class StepTimes(TrainerCallback):
         self.begin = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
+        if torch.cuda.is_available():  # the step's kernels finish before its end time is taken
+            torch.cuda.synchronize()
         self.ends.append(time.perf_counter())

@@ -36,14 +36,19 @@ def matching_args(spec: dict, out_dir: str) -> dict:
         "learning_rate": spec["lr"],
         "max_grad_norm": spec["grad_clip"],
         "train_sampling_strategy": "sequential",  # seqtune runs with data.shuffle=false: both read in order
-        # TRL's own defaults are gradient_checkpointing=True and bf16=True (autocast, on CPU too); seqtune's run
-        # here has model.gradient_checkpointing=false and fp32 (train.mixed_precision=auto is none on CPU).
+        # TRL's own defaults are gradient_checkpointing=True and bf16=True (autocast, on CPU too); seqtune's runs
+        # on the CPU have model.gradient_checkpointing=false and fp32 (train.mixed_precision=auto is none on CPU),
+        # on CUDA bf16 autocast (bench/gpu/vs_trl.py): the spec carries seqtune's settings.
         "gradient_checkpointing": spec["gradient_checkpointing"],
-        "bf16": False,
+        "gradient_checkpointing_kwargs": {"use_reentrant": False},  # as seqtune checkpoints (models/build.py)
+        "bf16": spec["bf16"],
+        # Liger's layer kernels (RMSNorm, SwiGLU, RoPE); TRL keeps its own fused LM head (its fused linear
+        # cross-entropy is refused with it), as seqtune keeps its fused loss beside Liger.
+        "use_liger_kernel": spec["liger"],
         "logging_steps": 1,
         "save_strategy": "no",
         "report_to": [],
-        "use_cpu": True,
+        "use_cpu": spec["device"] == "cpu",
         "dataloader_num_workers": 0,
         "seed": spec["seed"],
         "disable_tqdm": True,
@@ -75,6 +80,7 @@ def print_result(trainer: Trainer, timer: StepTimes, *, counts: list, losses: li
         "grad_norms": [h.get("grad_norm") for h in logged],
         "log_history": logged,
         "threads": torch.get_num_threads(),
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
         "trl": trl.__version__,
         "pid": os.getpid(),
     }

@@ -64,7 +64,10 @@ def pairs(path: Path, count: int) -> Dataset:
 def build_trainer(spec: dict, out_dir: str) -> CountingDPOTrainer:
     tokenizer = AutoTokenizer.from_pretrained(spec["checkpoint"])
     model = AutoModelForCausalLM.from_pretrained(
-        spec["checkpoint"], dtype=torch.float32, attn_implementation=spec["attn_implementation"]
+        spec["checkpoint"],
+        dtype=getattr(torch, spec["dtype"]),
+        attn_implementation=spec["attn_implementation"],
+        device_map=spec["device"],
     )
     trainer = CountingDPOTrainer(
         model=model,

@@ -63,7 +63,10 @@ def layout_args(mode: str, max_length: int) -> dict:
 def build_trainer(spec: dict, mode: str, out_dir: str, *, trl_defaults: bool) -> CountingSFTTrainer:
     tokenizer = AutoTokenizer.from_pretrained(spec["checkpoint"])
     model = AutoModelForCausalLM.from_pretrained(
-        spec["checkpoint"], dtype=torch.float32, attn_implementation=spec["attn_implementation"]
+        spec["checkpoint"],
+        dtype=getattr(torch, spec["dtype"]),
+        attn_implementation=spec["attn_implementation"],
+        device_map=spec["device"],
     )
     data = json.loads(Path(spec["rows" if mode == "rows" else "samples"]).read_text())
     matching = matching_args(spec, out_dir)

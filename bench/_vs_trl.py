@@ -39,9 +39,17 @@ def trl_python() -> Path:
     return python
 
 
-def write_checkpoint(directory: Path) -> Path:
-    """tinyllama_tiny exactly as seqtune builds it (random weights from model.seed), saved as a Hugging Face
-    checkpoint with the bundled tokenizer: the one set of starting weights both sides load."""
+def write_checkpoint(
+    directory: Path,
+    *,
+    model: str = "tinyllama_tiny",
+    fields: dict | None = None,
+    tokenizer_dir: Path | None = None,
+    device: str | None = None,
+) -> Path:
+    """seqtune/configs/model/<model>.yaml (with `fields` over it: bench/gpu/vs_trl.py's 8B shape) exactly as seqtune
+    builds it (random weights from model.seed, in model.dtype), saved as a Hugging Face checkpoint with a tokenizer
+    (default: the bundled one): the one set of starting weights both sides load."""
     from omegaconf import OmegaConf
     from transformers import AutoTokenizer
 
@@ -49,17 +57,19 @@ def write_checkpoint(directory: Path) -> Path:
     from seqtune.models import build_model
     from seqtune.tokenizers.location import BUNDLED_DIR
 
-    fields = OmegaConf.load(REPO / "seqtune" / "configs" / "model" / "tinyllama_tiny.yaml")
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), fields))
-    model = build_model(cfg, attn_implementation="sdpa")
-    tokenizer = AutoTokenizer.from_pretrained(BUNDLED_DIR)
+    tokenizer_dir = tokenizer_dir or BUNDLED_DIR
+    yaml = OmegaConf.load(REPO / "seqtune" / "configs" / "model" / f"{model}.yaml")
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), yaml, fields or {}))
+    built = build_model(cfg, attn_implementation="sdpa", device=device)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     # The special ids the checkpoint declares are the tokenizer's (seqtune's preflight checks they agree).
-    for config in (model.config, model.generation_config):
+    for config in (built.config, built.generation_config):
         config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
         config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(directory)
-    for file in BUNDLED_DIR.iterdir():
-        shutil.copy(file, directory / file.name)
+    built.save_pretrained(directory)
+    for file in tokenizer_dir.iterdir():
+        if file.is_file():
+            shutil.copy(file, directory / file.name)
     return directory
 
 
@@ -104,6 +114,11 @@ def trainer_spec(run_dir: Path, *, checkpoint: Path, steps: int, threads: int) -
         "threads": threads,
         "gradient_checkpointing": cfg.model.gradient_checkpointing,
         "attn_implementation": plan.attn_implementation,
+        # The CPU benches' settings; bench/gpu/vs_trl.py sets CUDA, bf16, Liger and TRL's own attention over them.
+        "device": "cpu",
+        "dtype": "float32",
+        "bf16": False,
+        "liger": False,
         "lora": {
             "rank": cfg.lora.rank,
             "alpha": cfg.lora.alpha,

@@ -127,7 +127,8 @@ def write_trl_inputs(run_dir: Path, work: Path, steps: int) -> tuple[Path, Path 
     for indices in batches.plan.batches(0)[:steps]:
         lengths = [len(batches.dataset[i]) for i in indices]
         split = next_fit_rows(lengths, plan.max_seq_len)
-        assert len(split) == BATCH, f"a micro-batch of {len(split)} rows"  # filler rows appear only at an epoch's end
+        # filler rows appear only at an epoch's end
+        assert len(split) == cfg.train.batch_size, f"a micro-batch of {len(split)} rows"
         rows += [columns([indices[p] for p in row]) for row in split]
     rows_path = work / "trl_rows.json"
     rows_path.write_text(json.dumps(rows))

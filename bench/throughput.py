@@ -116,6 +116,7 @@ def run_baseline(
         "tokens_per_s": tokens / seconds,
         "computed_positions_per_s": positions / seconds,
         "padding_efficiency": tokens / positions,
+        "real_tokens_per_step": tokens / sum(len(r["counts"][LOG_EVERY:]) for r in ranks),
         "process_wall_seconds": wall,
         "command": " ".join(launcher[1:] + script),
     }

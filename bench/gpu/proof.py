@@ -1,14 +1,15 @@
 """The GPU proof of seqtune's training path, in one command of under 10 minutes (bench/gpu/README.md):
 
     python bench/gpu/proof.py --out DIR            # a CUDA machine (bench/gpu/bundle.sh brings the wheels)
-    python bench/gpu/proof.py --out DIR --quick    # CPU, tiny shapes: every code path, no GPU numbers
+    python bench/gpu/proof.py --out DIR --device cpu   # (or --quick) CPU, tiny shapes: every code path, no GPU numbers
 
 1. contamination: packed rows keep documents apart on CUDA for sdpa, torch_varlen and flash_attention_2 (when
    installed), and each backend's logits and gradients match eager fp32 on packed, right- and left-padded batches;
 2. steps: one QLoRA step (bitsandbytes NF4), bf16 LoRA and full fine-tuning steps on a TinyLlama-1.1B-shaped model,
    and fp16 with its GradScaler (checkpointed) on the embedded default's tiny model, real CLI;
 3. throughput: bf16 LoRA on a Llama-3-8B-shaped model (random weights), packed 4096, against transformers.Trainer +
-   DataCollatorForSeq2Seq + sdpa on the same model and data, in this run; MFU (formula in mfu());
+   DataCollatorForSeq2Seq + sdpa on the same model and data, in this run (unpacked: far fewer tokens per step; the
+   row's label says how many; vs_trl.py compares with TRL at equal positions per step); MFU (formula in mfu());
 4. memory: preflight's estimate vs torch.cuda.max_memory_allocated for every CLI run;
 5. torchrun: launcher=torchrun on one GPU with the NCCL process group.
 
@@ -96,7 +97,14 @@ class Proof:
         self.out, self.quick, self.began, self.budget_s = out, quick, time.perf_counter(), budget_s
         self.work = out / "work" if quick else Path("/tmp/seqtune-gpu-proof")
         self.work.mkdir(parents=True, exist_ok=True)
-        self.results: dict = {"machine": machine(), "quick": quick, "sections": {}}
+        self.results: dict = {
+            "machine": machine(),
+            "quick": quick,
+            "device": "cpu" if quick else "cuda",
+            "command": " ".join(["python", *sys.argv]),
+            "sections": {},
+        }
+        self.args: argparse.Namespace | None = None
 
     def left_s(self) -> float:
         return self.budget_s - (time.perf_counter() - self.began)
@@ -125,7 +133,7 @@ class Proof:
         """The device overrides of a bf16 run: CUDA on the GPU, the CPU (fp32) under --quick."""
         return ["train.device=cpu"] if self.quick else ["train.device=cuda", "model.dtype=bfloat16"]
 
-    def command(self, name: str, overrides: list[str]) -> list[str]:
+    def command(self, name: str, overrides: list[str], *, log_every: int = LOG_EVERY) -> list[str]:
         """`python -m seqtune` for a run in WORK/name, with every run's common overrides."""
         return [
             sys.executable,
@@ -133,15 +141,15 @@ class Proof:
             "seqtune",
             f"hydra.run.dir={self.work / name}",
             "train.progress=false",
-            f"train.log_every={LOG_EVERY}",
+            f"train.log_every={log_every}",
             "train.eval_every=0",
             f"data.cache_dir={self.work / 'cache'}",
             *overrides,
         ]
 
-    def cli(self, name: str, overrides: list[str], *, timeout: float, torchrun: bool = False) -> dict:
+    def cli(self, name: str, overrides: list[str], *, timeout: float, log_every: int = LOG_EVERY) -> dict:
         run_dir = self.work / name
-        cmd = self.command(name, overrides)
+        cmd = self.command(name, overrides, log_every=log_every)
         began = time.perf_counter()
         proc = subprocess.run(
             cmd,
@@ -149,7 +157,8 @@ class Proof:
             capture_output=True,
             text=True,
             env=child_env(),
-            timeout=min(timeout, max(30.0, self.left_s() - 20)),
+            # Each run's limit is for a GPU; on the CPU (shared cores, no device call) only the budget bounds it.
+            timeout=max(30.0, self.left_s() - 20) if self.quick else min(timeout, max(30.0, self.left_s() - 20)),
         )
         wall = time.perf_counter() - began
         record = {
@@ -200,7 +209,16 @@ def machine() -> dict:
         }
     from importlib.metadata import PackageNotFoundError, version
 
-    for package in ("transformers", "peft", "bitsandbytes", "flash-attn", "liger-kernel"):
+    for package in (
+        "transformers",
+        "peft",
+        "trl",
+        "accelerate",
+        "datasets",
+        "bitsandbytes",
+        "flash-attn",
+        "liger-kernel",
+    ):
         try:
             info[package.replace("-", "_")] = version(package)
         except PackageNotFoundError:
@@ -532,12 +550,14 @@ def throughput(proof: Proof, peak_tflops: float) -> dict:
         flags=("--attn", "sdpa") + (() if proof.quick else ("--gpu",)),
     )
     lengths = _cached_lengths(packed["preflight"])
+    # What the Trainer row is: unpacked samples, far fewer tokens per step than seqtune's packed rows (issue 33).
+    trainer_row = f"unpacked transformers.Trainer + sdpa, {baseline['real_tokens_per_step']:.0f} real tokens/step"
     rows = {
         f"seqtune packed, kernels={packed['backend']['kernels']}": packed["throughput"] | {"command": packed["command"]}
     }
     if plain is not None:
         rows["seqtune packed, kernels=torch"] = plain["throughput"] | {"command": plain["command"]}
-    rows["Trainer + DataCollatorForSeq2Seq + sdpa"] = baseline
+    rows[trainer_row] = baseline
     for row in rows.values():
         row |= mfu(shape, row, lengths, peak_tflops)
     ratio = next(iter(rows.values()))["target_tokens_per_s"] / baseline["target_tokens_per_s"]
@@ -548,6 +568,7 @@ def throughput(proof: Proof, peak_tflops: float) -> dict:
         "steps": steps,
         "rows": rows,
         "target_tokens_ratio": ratio,
+        "baseline_row": trainer_row,
         "backend": packed["backend"],
         "memory_runs": {
             name: {k: run[k] for k in ("memory_estimate_gib", "measured_peak_gib", "estimate_vs_measured", "command")}
@@ -755,7 +776,7 @@ def render(results: dict) -> str:
                 name,
                 f"{r['tokens_per_s']:.0f}",
                 f"{r['target_tokens_per_s']:.0f}",
-                f"{r['target_tokens_per_s'] / t['rows']['Trainer + DataCollatorForSeq2Seq + sdpa']['target_tokens_per_s']:.2f}x",
+                f"{r['target_tokens_per_s'] / t['rows'][t['baseline_row']]['target_tokens_per_s']:.2f}x",
                 f"{r['padding_efficiency']:.3f}",
                 f"{100 * r['mfu']:.1f}%",
                 f"{100 * r['mfu_6n']:.1f}%",
@@ -800,34 +821,50 @@ def render(results: dict) -> str:
     return "\n".join(out)
 
 
-def run_sections(doc: str, result_file: str, sections: dict, *, budget_s: float) -> None:
-    """main() of a GPU script beside this one: --out DIR [--quick] [--budget-s], each section recorded (as
-    Proof.section does) into DIR/result_file as soon as it ends; `sections` maps a name to fn(proof) -> dict."""
+def add_device_arguments(parser: argparse.ArgumentParser) -> None:
+    """--device cpu (or its older spelling --quick): tiny shapes on the CPU, every code path, no GPU numbers."""
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--quick", action="store_true", help="the same as --device cpu")
+
+
+def on_cpu(args: argparse.Namespace) -> bool:
+    return args.quick or args.device == "cpu"
+
+
+def run_sections(doc: str, result_file: str, sections: dict, *, budget_s: float, add_arguments=None) -> None:
+    """main() of a GPU script beside this one: --out DIR [--device cpu] [--budget-s] (+ add_arguments(parser)),
+    each section recorded (as Proof.section does) into DIR/result_file as soon as it ends; `sections` maps a name to
+    fn(proof) -> dict, the parsed arguments in proof.args."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--quick", action="store_true", help="CPU, tiny shapes (exercises the code paths)")
+    add_device_arguments(parser)
     parser.add_argument("--budget-s", type=float, default=budget_s)
+    parser.add_argument("--only", default="", help="comma-separated sections to run (default: all)")
+    parser.add_argument("--result", default=result_file, help=f"the JSON file written in --out (default {result_file})")
+    if add_arguments is not None:
+        add_arguments(parser)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    proof = Proof(args.out, args.quick, args.budget_s)
-    proof.write = lambda: (args.out / result_file).write_text(json.dumps(proof.results, indent=2, default=str) + "\n")
-    for name, fn in sections.items():
-        proof.section(name, lambda fn=fn: fn(proof))
+    proof = Proof(args.out, on_cpu(args), args.budget_s)
+    proof.args = args
+    proof.write = lambda: (args.out / args.result).write_text(json.dumps(proof.results, indent=2, default=str) + "\n")
+    for name in args.only.split(",") if args.only else sections:
+        proof.section(name, lambda fn=sections[name]: fn(proof))
     print(json.dumps(proof.results["sections"], indent=1, default=str)[-6000:], flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--quick", action="store_true", help="CPU, tiny shapes (exercises the code paths)")
+    add_device_arguments(parser)
     parser.add_argument("--peak-tflops", type=float, default=H200_BF16_TFLOPS)
     parser.add_argument("--budget-s", type=float, default=540, help="stop starting new runs after this")
     parser.add_argument("--only", default="", help="comma-separated sections to run (default: all)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    proof = Proof(args.out, args.quick, args.budget_s)
+    proof = Proof(args.out, on_cpu(args), args.budget_s)
     sections = {
-        "contamination": lambda: contamination(args.quick),
+        "contamination": lambda: contamination(proof.quick),
         "steps": lambda: steps(proof),
         "throughput": lambda: throughput(proof, args.peak_tflops),
         "qwen3": lambda: qwen3(proof, args.peak_tflops),

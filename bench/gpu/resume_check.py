@@ -58,7 +58,12 @@ def resume(proof: Proof) -> dict:
     # The crash: the command proof.cli runs, with the fault injected after step 6 (exit 1, step_4 kept).
     cmd = proof.command(crashed.name, overrides)
     killed = subprocess.run(
-        cmd, cwd=REPO, capture_output=True, text=True, timeout=150, env=child_env() | {"SEQTUNE_FAULT": "train:6"}
+        cmd,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=max(30.0, proof.left_s() - 20) if proof.quick else 150,
+        env=child_env() | {"SEQTUNE_FAULT": "train:6"},
     )
     if killed.returncode == 0 or not (crashed / "checkpoints" / "step_00000004").is_dir():
         raise RuntimeError(f"the injected fault did not stop the run after a checkpoint:\n{killed.stdout[-2000:]}")

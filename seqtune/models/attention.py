@@ -127,3 +127,15 @@ def attention_choice(requested: str, env: AttentionEnv) -> AttentionChoice:
             return AttentionChoice(name=name, reason=f"auto: {'; '.join(skipped + [f'{name} can run'])}")
         skipped.append(f"not {name} ({why[0]})")
     return AttentionChoice(name="sdpa", reason=f"auto: {'; '.join(skipped)}")
+
+
+def native_gqa(attention: str) -> bool:
+    """Whether `attention` reads a GQA model's k/v heads as they are (else k and v are repeated per query head first,
+    num_heads / num_kv_heads times their memory and bandwidth): flash_attention_2 always; torch_varlen when this
+    torch's varlen kernel takes enable_gqa; sdpa and eager not here, since transformers repeats k/v whenever it builds
+    a mask, which packing and padding always do. Preflight's memory estimate and its backend record both read this."""
+    if attention == TORCH_VARLEN:  # imports torch: only a run that uses the kernel asks it
+        from seqtune.models.varlen import kernel_supports_gqa
+
+        return kernel_supports_gqa()
+    return attention == AttnImplementation.flash_attention_2.value

@@ -476,13 +476,9 @@ def memory_inputs(cfg: RootConfig, plan: Resolved, rule: BatchRule, arch: Arch) 
     from seqtune.models import MemoryInputs
 
     rows, saved = plan.vocab.rows, plan.lora_saved
-    attention = plan.attn_implementation or "sdpa"
-    # sdpa gets k/v repeated by transformers whenever a mask is built, which packing and padding always do.
-    native_gqa = attention == "flash_attention_2"
-    if attention == "torch_varlen":  # imports torch: only a run that uses the kernel asks it
-        from seqtune.models.varlen import kernel_supports_gqa
+    from seqtune.models.attention import native_gqa
 
-        native_gqa = kernel_supports_gqa()
+    attention = plan.attn_implementation or "sdpa"
     return MemoryInputs(
         arch=arch,
         vocab_rows=rows,
@@ -501,7 +497,7 @@ def memory_inputs(cfg: RootConfig, plan: Resolved, rule: BatchRule, arch: Arch) 
         batch_tokens=rule.worst_case_positions(),
         seq_len=rule.row_capacity,
         attention=attention,
-        native_gqa=native_gqa,
+        native_gqa=native_gqa(attention),
         kernels=plan.kernels or "torch",
         loss=plan.loss,
         autocast=plan.autocast_dtype is not None,

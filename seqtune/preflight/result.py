@@ -136,6 +136,9 @@ class BackendStats:
     loss_reason: str
     optimizer: str
     optimizer_reason: str
+    # A GQA model's k/v heads under `attention`: "native" (read as they are) or "repeated" (per query head first).
+    # Empty in a preflight.json written before it was recorded.
+    gqa_kv: str = ""
 
 
 @dataclass(kw_only=True)

@@ -29,6 +29,7 @@ from seqtune.data.split import split_input, validation_source
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.files import storage_error
 from seqtune.models.arch import ModelConfigs
+from seqtune.models.attention import native_gqa
 from seqtune.preflight import checks, checks_labels, content, tokenizer_record
 from seqtune.preflight.checks import Problem
 from seqtune.preflight.phases import (
@@ -420,6 +421,7 @@ def _finish(
             loss_reason=plan.loss_reason,
             optimizer=plan.optimizer,
             optimizer_reason=plan.optimizer_reason,
+            gqa_kv="native" if native_gqa(plan.attn_implementation or "sdpa") else "repeated",
         )
     keep_record = resume is not None and not result.ok
     if not keep_record:

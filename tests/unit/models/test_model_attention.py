@@ -115,3 +115,15 @@ def test_the_plan_reads_window_dropout_and_softcap_from_the_model_config(tmp_pat
         get_spec("llama3"),
     )
     assert facts.attention_dropout_or_softcap and not facts.sliding_window and facts.model_type == "llama"
+
+
+def test_which_backends_read_gqa_heads_as_they_are(monkeypatch):
+    """The k/v path preflight records (backend.gqa_kv) and the memory estimate prices: sdpa and eager repeat k/v
+    whenever a mask is built; flash-attn never; torch_varlen as this torch's varlen kernel allows."""
+    from seqtune.models import varlen
+
+    assert not attention.native_gqa("sdpa") and not attention.native_gqa("eager")
+    assert attention.native_gqa("flash_attention_2")
+    for supported in (True, False):
+        monkeypatch.setattr(varlen, "kernel_supports_gqa", lambda supported=supported: supported)
+        assert attention.native_gqa("torch_varlen") is supported
