@@ -60,16 +60,21 @@ class Stateful(Protocol):
 
 @dataclass(kw_only=True)
 class Progress:
-    """Where training stands: optimizer steps taken and real tokens seen (saved in the manifest)."""
+    """Where training stands: optimizer steps taken, real tokens seen, and the run's first step loss (the numerics
+    guard's reference for a loss spike, kept across a resume) (saved in the manifest)."""
 
     step: int = 0
     tokens_seen: int = 0
+    first_loss: float | None = None
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
+        # Checkpoints written before it was kept: the resumed process's first step stands in, as it did then.
+        first = state.get("first_loss")
+        self.first_loss = None if first is None else float(first)
 
 
 class RngState:

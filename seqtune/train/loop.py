@@ -136,6 +136,7 @@ def fit(loop: Loop, state: Progress) -> Progress:
         lr=loop.scheduler.base_lrs[0],
         spike_factor=loop.cfg.loss_spike_factor,
         dead_grad_steps=loop.cfg.dead_grad_steps,
+        first_loss=state.first_loss,
     )
     # SIGTERM/SIGINT from here on: stop after the step in flight, with a final checkpoint (seqtune.train.signals).
     stop = StopAtStep(
@@ -148,6 +149,7 @@ def fit(loop: Loop, state: Progress) -> Progress:
         out = train_step(loop, [next(batches) for _ in range(loop.cfg.grad_accum)])
         # Before anything of the step is logged, evaluated or saved.
         numerics.check(state.step + 1, out["loss_sum"] / max(out["units"], 1.0), out["grad_norm"])
+        state.first_loss = numerics.first_loss
         state.step += 1
         state.tokens_seen += int(out["tokens"])
         _accumulate(window, out)

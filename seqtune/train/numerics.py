@@ -3,8 +3,9 @@ before anything of that step is evaluated, checkpointed or exported, so a diverg
 
 Three signs, checked in this order (one owner: the loop asks `check` once per optimizer step):
 - a non-finite loss or gradient norm (always on);
-- a loss spike: the step's loss above `train.loss_spike_factor` x the loss of this process's first step (the model
-  as it started, or as the resumed checkpoint left it). A learning rate far too high throws the loss orders of
+- a loss spike: the step's loss above `train.loss_spike_factor` x the loss of the run's first step (kept in the
+  checkpoint's progress, so a resumed run compares with the same step: a run resumed when its loss had fallen near
+  0 would otherwise take an ordinary bump for a spike). A learning rate far too high throws the loss orders of
   magnitude above where it started (24,000 at step 2 from 10.4); a healthy run, warmup bumps included, stays well
   below 10x its start. 0 turns it off;
 - dead gradients: a gradient norm of exactly 0 for `train.dead_grad_steps` steps in a row. A collapsed model (every
@@ -36,12 +37,19 @@ class NumericsGuard:
     (the loss is all-reduced, DDP's gradients too), so every rank stops at the same step."""
 
     def __init__(
-        self, *, run_dir: Path, loss_scaling: bool, lr: float, spike_factor: float, dead_grad_steps: int
+        self,
+        *,
+        run_dir: Path,
+        loss_scaling: bool,
+        lr: float,
+        spike_factor: float,
+        dead_grad_steps: int,
+        first_loss: float | None = None,
     ) -> None:
         self.run_dir, self.loss_scaling, self.lr = Path(run_dir), loss_scaling, lr
         self.spike_factor, self.dead_grad_steps = spike_factor, dead_grad_steps
         self.skipped_steps = 0
-        self.first_loss: float | None = None
+        self.first_loss = first_loss  # the run's first step loss (a resumed run's, from its checkpoint)
         self.dead_since: int | None = None  # the first step of the current run of zero gradient norms
 
     def check(self, step: int, loss: float, grad_norm: float) -> None:

@@ -117,3 +117,29 @@ def test_the_rules_settings_are_refused_outside_their_domain(values: dict, messa
 
     with pytest.raises(ConfigError, match=message):
         TrainConfig(**values)
+
+
+def test_a_resumed_run_compares_with_the_runs_first_step_kept_in_its_progress(tmp_path: Path):
+    """The reference loss travels in the checkpoint's progress: a run resumed when its loss had fallen to 0.03 takes
+    an ordinary 0.57 for what it is against the first step's 0.69 (it was a spike against the resumed step's)."""
+    from seqtune.train.checkpoint import Progress
+
+    first = _guard(tmp_path)
+    first.check(1, 0.69, 1.0)
+    saved = Progress(step=4, tokens_seen=100, first_loss=first.first_loss).state_dict()
+    resumed = Progress()
+    resumed.load_state_dict(saved)
+    assert resumed.first_loss == 0.69
+    guard = NumericsGuard(
+        run_dir=tmp_path,
+        loss_scaling=False,
+        lr=1e-3,
+        spike_factor=10.0,
+        dead_grad_steps=0,
+        first_loss=resumed.first_loss,
+    )
+    guard.check(5, 0.03, 1.0)
+    guard.check(7, 0.57, 1.0)  # no spike: 0.57 < 10 x 0.69
+    legacy = Progress()
+    legacy.load_state_dict({"step": 4, "tokens_seen": 100})  # a checkpoint from before first_loss was kept
+    assert legacy.first_loss is None
