@@ -63,6 +63,12 @@ class RecipeSpec:
     paddings: frozenset[str] | None = None  # None: every padding strategy
     min_micro_batch: int = 1
     min_micro_batch_reason: str = ""
+    # Whether its loss is a positive quantity that falls as it learns, so a step's loss far above the first step's
+    # is a divergence (train.loss_spike_factor). A policy-gradient surrogate is ~0 and signed: no such rule holds.
+    loss_spikes: bool = True
+    # Checks of its own that preflight runs before step 1 (after the data scan): (cfg, plan) -> [(key, message)],
+    # each a refusal naming the key or file:line and the fix. The function imports its recipe's pieces lazily.
+    preflight: Callable[[Any, Any], list[tuple[str, str]]] | None = None
 
     @property
     def group(self) -> str | None:

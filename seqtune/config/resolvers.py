@@ -26,6 +26,7 @@ def asset_path(relative: str) -> str:
 DEMO_SETS = {
     "data/instruct/train.jsonl": "data/instruct/val.jsonl",
     "data/preference/train.jsonl": "data/preference/val.jsonl",
+    "data/prompts/train.jsonl": "data/prompts/val.jsonl",
 }
 
 

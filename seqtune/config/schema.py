@@ -88,6 +88,9 @@ class DataFormat(StrEnum):
     # LLaMA-Factory's pairs, told by their fields: Alpaca {instruction, input?, system?}, ShareGPT {conversations}
     # and OpenAI {messages} with one reply each (seqtune.data.formats.PREFERENCE_SHAPES).
     preference = "preference"
+    # {"prompt", ...}: a prompt to generate from (a string, or a message list rendered with the chat template's
+    # generation prompt); every other column is kept for the reward functions of an online recipe (grpo).
+    prompt = "prompt"
 
 
 # The formats whose records are conversations, rendered with the tokenizer's chat template.
@@ -100,12 +103,14 @@ class SampleKind(StrEnum):
 
     sft = "sft"
     preference = "preference"
+    prompt = "prompt"
 
 
 # The formats each sample kind reads.
 KIND_FORMATS = {
-    SampleKind.sft: tuple(f for f in DataFormat if f != DataFormat.preference),
+    SampleKind.sft: tuple(f for f in DataFormat if f not in (DataFormat.preference, DataFormat.prompt)),
     SampleKind.preference: (DataFormat.preference,),
+    SampleKind.prompt: (DataFormat.prompt,),
 }
 
 # How a refusal tells a kind's records (shown when a recipe is given another kind's format).
@@ -115,6 +120,8 @@ KIND_FORMAT_HINT = {
         "LLaMA-Factory's Alpaca {instruction, input, chosen, rejected}, ShareGPT {conversations, chosen, rejected} "
         "and OpenAI {messages, chosen, rejected} pairs as they are)"
     ),
+    SampleKind.prompt: "data.format=prompt with {prompt, ...} records (a string or a message list, other columns "
+    "kept for the reward functions)",
 }
 
 # The fields of each format's records: (required, optional). data.columns (or a source's `columns`) maps these
@@ -132,6 +139,8 @@ FORMAT_FIELDS: dict[DataFormat, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("chosen", "rejected"),
         ("prompt", "instruction", "input", "system", "conversations", "messages", "tools", "history"),
     ),
+    # Every other column of a JSON prompt record is kept for the reward functions (a columnar file reads these only).
+    DataFormat.prompt: (("prompt",), ()),
 }
 
 

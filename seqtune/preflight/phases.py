@@ -15,7 +15,7 @@ from seqtune.config.recipe_spec import Reference, recipe_spec
 from seqtune.config.schema import DataMode, Overlength, RootConfig, SampleKind, Tail
 from seqtune.config.tracker import KEY_VARIABLE, key_problem
 from seqtune.data.batching import BatchRule
-from seqtune.data.kinds import NOUNS
+from seqtune.data.kinds import NOUNS, TRAINS_TARGETS
 from seqtune.data.overlength import TRUNCATING
 from seqtune.export.gguf import gguf_refusal_for
 from seqtune.hub import PUSH_KEY, push_problems
@@ -241,9 +241,10 @@ def split_checks(cfg: RootConfig, plan: Resolved, scan, max_seq_len: int) -> lis
     )
     # Nothing drops samples that train only their eos, so they are a problem (an empty completion is a data bug).
     # (Samples that data.overlength=truncate leaves with no target are dropped in both modes: see split_stats.)
-    problems += checks.check_trainable_tokens(
-        split=scan.name, zero_target=scan.zero_target_samples, locations=_zero_target_locations(scan), dropped=False
-    )
+    if TRAINS_TARGETS[SampleKind(recipe_spec(cfg.recipe_name).sample_kind)]:
+        problems += checks.check_trainable_tokens(
+            split=scan.name, zero_target=scan.zero_target_samples, locations=_zero_target_locations(scan), dropped=False
+        )
     return problems
 
 

@@ -12,7 +12,7 @@ nothing else to train.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -34,7 +34,7 @@ from seqtune.train.evaluate import Evaluator
 from seqtune.train.export import BestWeights, export_final, report_end
 from seqtune.train.generate import build_sample_generator
 from seqtune.train.loop import Loop, fit
-from seqtune.train.objectives import Objective, ReferenceModel, build_reference
+from seqtune.train.objectives import Objective, ReferenceModel, StatefulObjective, build_reference
 from seqtune.train.optim import build_optimizer, build_scheduler, sync_lr_after_resume
 from seqtune.train.session import open_logger, seed_dropout, set_seed, total_steps
 
@@ -117,6 +117,7 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
         progress=progress,
         settings=flat_settings(cfg),
         early_stop=stopper,
+        objective=trained if isinstance(trained, StatefulObjective) else None,
     )
     if checkpointer.resume():
         sync_lr_after_resume(scheduler)
@@ -146,7 +147,8 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
         train_batches=train_batches,
         evaluator=evaluator,
         env=env,
-        cfg=cfg.train,
+        # A loss that is not positive and falling has no spike to watch (the recipe's spec says).
+        cfg=cfg.train if recipe_spec(plan.recipe).loss_spikes else replace(cfg.train, loss_spike_factor=0.0),
         grad_clip=cfg.optim.grad_clip,
         total_steps=steps,
         logger=logger,
