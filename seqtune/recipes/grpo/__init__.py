@@ -138,8 +138,15 @@ SPEC = register(
         shown=("reward", "reward_std", "completion_length"),
         paddings=frozenset({"longest", "bucket", "max_length"}),
         loss_spikes=False,
+        preflight=lambda cfg, facts: _checks(cfg, facts),
     )
 )
+
+
+def _checks(cfg: Any, facts: Any) -> list[tuple[str, str]]:
+    from seqtune.recipes.grpo.checks import grpo_checks
+
+    return grpo_checks(cfg, facts)
 
 
 def run(cfg: Any, plan: Any, run_dir: Path) -> None:

@@ -139,7 +139,7 @@ def dry_call_problems(rewards: list[Reward], records: list[dict[str, Any]]) -> l
             continue
         try:
             call_reward(reward, prompts, dummy, columns)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  # user code raises anything: the refusal names it
             problems.append(
                 (
                     reward.key,

@@ -118,8 +118,11 @@ def _sample(logits: torch.Tensor, top_p: float, generator: torch.Generator) -> t
     return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(1).to(logits.device)
 
 
-def token_logps(model: torch.nn.Module, rollout: Rollout, completion_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-probability, entropy) of each completion token under `model`: [rows, C]."""
+def token_logps(
+    model: torch.nn.Module, rollout: Rollout, completion_len: int, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probability, entropy) of each completion token under `model` at the sampling temperature (TRL computes
+    both, policy and reference, so): [rows, C]."""
     mask = rollout.attention_mask
     positions = (mask.cumsum(1) - 1).clamp(min=0)
     logits = (
@@ -132,6 +135,7 @@ def token_logps(model: torch.nn.Module, rollout: Rollout, completion_len: int) -
         )
         .logits[:, :-1]
         .float()
+        / temperature
     )
     logp_all = torch.log_softmax(logits, dim=-1)
     targets = rollout.sequences[:, -completion_len:]
@@ -140,7 +144,9 @@ def token_logps(model: torch.nn.Module, rollout: Rollout, completion_len: int) -
     return logps, entropy
 
 
-def reference_logps(reference: ReferenceModel, rollout: Rollout, completion_len: int) -> torch.Tensor:
+def reference_logps(
+    reference: ReferenceModel, rollout: Rollout, completion_len: int, temperature: float
+) -> torch.Tensor:
     """The reference's token log-probabilities: the policy with its adapters disabled, or the frozen copy."""
     with torch.no_grad():
         if isinstance(reference, DisabledAdapters):
@@ -148,20 +154,24 @@ def reference_logps(reference: ReferenceModel, rollout: Rollout, completion_len:
             reference.model.eval()
             try:
                 with reference.peft_model.disable_adapter():
-                    return token_logps(reference.model, rollout, completion_len)[0]
+                    return token_logps(reference.model, rollout, completion_len, temperature)[0]
             finally:
                 reference.model.train(was)
         assert isinstance(reference, FrozenCopy)
-        return token_logps(reference.model, rollout, completion_len)[0]
+        return token_logps(reference.model, rollout, completion_len, temperature)[0]
 
 
 def group_advantages(rewards: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(advantages, each group's std): (r - group mean) / (group std + 1e-4), TRL's scale_rewards=group (unbiased
-    std, as torch.std)."""
+    """(advantages, each group's std): (r - group mean) / (group std + 1e-4), TRL's scale_rewards=group with its
+    unbiased nan-aware std. A NaN reward (no function scored the completion) is left out of its group's mean and
+    std, and its advantage is 0 (TRL's unscorable completions)."""
     grouped = rewards.view(-1, group)
-    mean, std = grouped.mean(1), grouped.std(1)
-    advantages = (grouped - mean[:, None]) / (std[:, None] + 1e-4)
-    return advantages.reshape(-1), std
+    mean = torch.nanmean(grouped, dim=1, keepdim=True)
+    count = (~torch.isnan(grouped)).sum(1, keepdim=True)
+    variance = torch.nanmean((grouped - mean) ** 2, dim=1, keepdim=True) * count / (count - 1)
+    std = torch.where(count > 1, variance.sqrt(), torch.full_like(variance, math.nan))
+    advantages = torch.nan_to_num((grouped - mean) / (std + 1e-4), nan=0.0)
+    return advantages.reshape(-1), std.squeeze(1)
 
 
 def surrogate_loss(
@@ -265,6 +275,7 @@ class GrpoObjective:
         per_function = self._score(records, completions)  # [functions, rows], NaN where a function abstains
         weights = torch.tensor(self.cfg.weights, dtype=torch.float64)[:, None]
         total = torch.nansum(per_function * weights, dim=0).float()
+        total[torch.isnan(per_function).all(0)] = math.nan  # unscored by every function: no baseline, no advantage
         advantages, group_std = group_advantages(total, self.cfg.num_generations)
         device = rollout.sequences.device
         advantages = advantages.to(device)
@@ -272,9 +283,13 @@ class GrpoObjective:
         mask = rollout.completion_mask.float()
         if self.cfg.mask_truncated:
             mask = mask * (~rollout.truncated).float()[:, None]
-        logps, entropy = token_logps(model, rollout, C)
+        logps, entropy = token_logps(model, rollout, C, self.cfg.temperature)
         old = logps.detach()  # num_iterations=1: the generation batch's own log-probabilities (ratio 1)
-        ref = reference_logps(self.reference, rollout, C) if self.reference is not None and self.cfg.beta else None
+        ref = (
+            reference_logps(self.reference, rollout, C, self.cfg.temperature)
+            if self.reference is not None and self.cfg.beta
+            else None
+        )
         loss, kl, region = surrogate_loss(
             logps, old, advantages, mask, cfg=self.cfg, ref_logps=ref, prompts=len(prompts)
         )
@@ -283,8 +298,8 @@ class GrpoObjective:
         full = rollout.completion_mask.float()
         metrics = torch.stack(
             [
-                total.view(P, G).mean(1).sum().to(device),
-                group_std.sum().to(device),
+                torch.nan_to_num(torch.nanmean(total.view(P, G), 1)).sum().to(device),
+                torch.nan_to_num(group_std).sum().to(device),
                 *(torch.nan_to_num(f.float().view(P, G)).mean(1).sum().to(device) for f in per_function),
                 lengths.view(P, G).mean(1).sum(),
                 rollout.truncated.float().view(P, G).mean(1).sum(),
@@ -306,7 +321,7 @@ class GrpoObjective:
             columns = {k: [r.get(k) for r in records] for k in records[0] if k != "prompt"}
             try:
                 out.append(call_reward(reward, prompts, completions, columns))
-            except Exception as exc:
+            except Exception as exc:  # user code raises anything: the message names the function
                 raise RuntimeError(
                     f"{reward.key}={reward.ref} ({reward.where}) failed while training: {type(exc).__name__}: {exc}"
                 ) from exc
@@ -326,7 +341,7 @@ class GrpoObjective:
                     "step": step,
                     "prompt": record["prompt"],
                     "completion": text,
-                    "reward": float(total[i]),
+                    "reward": _finite_or_none(float(total[i])),
                     "rewards": rewards,
                 }
                 out.write(json.dumps(line, ensure_ascii=False) + "\n")
@@ -348,8 +363,8 @@ def _prompt_rows(batch: dict[str, torch.Tensor]) -> list[list[int]]:
 
 
 def build_objective(cfg: RootConfig, plan: Plan, run_dir: Path, built: Any) -> GrpoObjective:
-    from seqtune.tokenizers import load_tokenizer
     from seqtune.models import spec_for
+    from seqtune.tokenizers import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec_for(cfg.model).chat_template)
     return GrpoObjective(
