@@ -12,7 +12,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from seqtune.config import register_resolvers, register_schemas, to_typed
-from seqtune.config.schema import GROUP_SCHEMAS, RootConfig
+from seqtune.config.recipe_spec import recipe_spec, recipes
+from seqtune.config.schema import GROUP_SCHEMAS, KIND_FORMATS, RootConfig, SampleKind
 
 CONFIGS = Path(__file__).resolve().parents[2] / "seqtune" / "configs"
 GROUP_FILES = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent != CONFIGS)
@@ -39,12 +40,14 @@ def test_group_file_composes_and_type_checks(path: Path):
     overrides = [f"{group}={path.stem}"]
     if OmegaConf.select(OmegaConf.load(path), "requires_path"):
         overrides.append("model.path=/checkpoints/somewhere")  # real-size models need a checkpoint directory
-    if OmegaConf.select(OmegaConf.load(path), "format") == "preference":
-        overrides.append("recipe=lora_dpo")  # preference pairs are read by the preference recipe only
+    fmt = OmegaConf.select(OmegaConf.load(path), "format")
+    readers = [spec for spec in recipes().values() if fmt in KIND_FORMATS[SampleKind(spec.sample_kind)]]
+    if fmt and recipe_spec("sft") not in readers:  # a format only another recipe reads (preference, prompt)
+        overrides.append(f"recipe={readers[0].presets[True]}")
     cfg = _compose(overrides)
     typed = to_typed(cfg)
     assert isinstance(typed, RootConfig)
-    if group == "recipe":  # presets of a recipe (sft, dpo), differing in lora.enabled
+    if group == "recipe":  # presets of a recipe (sft, dpo, grpo), differing in lora.enabled
         assert path.read_text().splitlines()[0] == "# @package _global_"
         assert typed.recipe_name == path.stem.split("_", 1)[1] and typed.lora.enabled == path.stem.startswith("lora_")
 

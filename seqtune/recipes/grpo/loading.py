@@ -117,7 +117,7 @@ def call_reward(
 def dry_call_problems(rewards: list[Reward], records: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """Each reward called on two real prompts (records: {prompt, columns...}) with dummy completions: what raises,
     returns the wrong length or a non-finite value, or reads a column the data lacks, as (key, message)."""
-    problems = []
+    problems: list[tuple[str, str]] = []
     if not records:
         return problems
     prompts = [r["prompt"] for r in records]
