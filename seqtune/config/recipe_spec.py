@@ -78,6 +78,9 @@ class RecipeSpec:
     # Whether its loss is a positive quantity that falls as it learns, so a step's loss far above the first step's
     # is a divergence (train.loss_spike_factor). A policy-gradient surrogate is ~0 and signed: no such rule holds.
     loss_spikes: bool = True
+    # Whether a zero gradient for train.dead_grad_steps steps means the model collapsed. Not for a group-relative
+    # objective: a batch whose every group ties (a sparse reward nobody earns yet) has zero advantages and no gradient.
+    zero_grad_is_collapse: bool = True
     # Checks of its own that preflight runs before step 1 (after the data scan): (cfg, plan) -> [(key, message)],
     # each a refusal naming the key or file:line and the fix. The function imports its recipe's pieces lazily.
     preflight: Callable[[Any, RecipeFacts], list[tuple[str, str]]] | None = None

@@ -19,8 +19,8 @@ import torch
 
 from seqtune.config.load import flat_settings
 from seqtune.config.plan import Plan
-from seqtune.config.recipe_spec import recipe_spec
-from seqtune.config.schema import RootConfig
+from seqtune.config.recipe_spec import RecipeSpec, recipe_spec
+from seqtune.config.schema import RootConfig, TrainConfig
 from seqtune.data.loader import build_eval_batches, build_train_batches
 from seqtune.distributed import DistEnv, init_distributed, teardown, unwrap, wrap_model
 from seqtune.models import apply_lora, build_model, spec_for
@@ -147,8 +147,7 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
         train_batches=train_batches,
         evaluator=evaluator,
         env=env,
-        # A loss that is not positive and falling has no spike to watch (the recipe's spec says).
-        cfg=cfg.train if recipe_spec(plan.recipe).loss_spikes else replace(cfg.train, loss_spike_factor=0.0),
+        cfg=_divergence_checks(cfg, recipe_spec(plan.recipe)),
         grad_clip=cfg.optim.grad_clip,
         total_steps=steps,
         logger=logger,
@@ -172,3 +171,14 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
     )
     report_end(run_dir=run_dir, env=env, logger=logger)
     teardown()
+
+
+def _divergence_checks(cfg: RootConfig, spec: RecipeSpec) -> TrainConfig:
+    """train.* with the divergence rules the recipe's objective can break off: a loss that is not positive and
+    falling has no spike to watch, and a group-relative objective's zero gradient is a tie, not a collapse."""
+    train = cfg.train
+    if not spec.loss_spikes:
+        train = replace(train, loss_spike_factor=0.0)
+    if not spec.zero_grad_is_collapse:
+        train = replace(train, dead_grad_steps=0)
+    return train

@@ -138,6 +138,7 @@ SPEC = register(
         shown=("reward", "reward_std", "completion_length"),
         paddings=frozenset({"longest", "bucket", "max_length"}),
         loss_spikes=False,
+        zero_grad_is_collapse=False,
         preflight=lambda cfg, facts: _checks(cfg, facts),
     )
 )
