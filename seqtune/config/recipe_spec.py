@@ -46,6 +46,18 @@ class Scored(StrEnum):
 
 
 @dataclass(frozen=True)
+class RecipeFacts:
+    """What preflight hands a recipe's own checks (RecipeSpec.preflight), once the data is scanned."""
+
+    plan: Any  # the resolved plan (seqtune.config.plan.Resolved)
+    tokenizer: Callable[[], Any]  # loads the run's tokenizer (transformers) on first call
+    max_seq_len: int
+    max_seq_len_auto: bool  # data.max_seq_len=auto: derived from the data, no budget beyond it
+    longest: dict[str, tuple[int, str]]  # split -> (its longest sequence's tokens, file:line)
+    terminators: dict[int, str]  # the trained terminators (plan.tokens.terminators)
+
+
+@dataclass(frozen=True)
 class RecipeSpec:
     name: str  # recipe_name: seqtune/recipes/<name>/
     summary: str  # one line: what it trains, for `--help` and the report
@@ -66,6 +78,15 @@ class RecipeSpec:
     # Its objective adds a mixture of experts' router load-balancing loss (plan.router_aux_loss_coef); a recipe that
     # does not refuses model.router_aux_loss_coef, and its plan holds none.
     router_aux_loss: bool = False
+    # Whether its loss is a positive quantity that falls as it learns, so a step's loss far above the first step's
+    # is a divergence (train.loss_spike_factor). A policy-gradient surrogate is ~0 and signed: no such rule holds.
+    loss_spikes: bool = True
+    # Whether a zero gradient for train.dead_grad_steps steps means the model collapsed. Not for a group-relative
+    # objective: a batch whose every group ties (a sparse reward nobody earns yet) has zero advantages and no gradient.
+    zero_grad_is_collapse: bool = True
+    # Checks of its own that preflight runs before step 1 (after the data scan): (cfg, plan) -> [(key, message)],
+    # each a refusal naming the key or file:line and the fix. The function imports its recipe's pieces lazily.
+    preflight: Callable[[Any, RecipeFacts], list[tuple[str, str]]] | None = None
 
     @property
     def group(self) -> str | None:

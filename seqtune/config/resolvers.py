@@ -27,6 +27,7 @@ DEMO_SETS = {
     "data/instruct/train.jsonl": "data/instruct/val.jsonl",
     "data/preference/train.jsonl": "data/preference/val.jsonl",
     "data/unpaired/train.jsonl": "data/unpaired/val.jsonl",
+    "data/prompts/train.jsonl": "data/prompts/val.jsonl",
 }
 
 

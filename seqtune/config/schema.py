@@ -91,6 +91,9 @@ class DataFormat(StrEnum):
     # {"prompt", "completion", "label"}: one completion of a prompt, label true = desirable (KTO's unpaired feedback,
     # TRL's unpaired preference format; strings).
     unpaired_preference = "unpaired_preference"
+    # {"prompt", ...}: a prompt to generate from (a string, or a message list rendered with the chat template's
+    # generation prompt); every other column is kept for the reward functions of an online recipe (grpo).
+    prompt = "prompt"
 
 
 # The formats whose records are conversations, rendered with the tokenizer's chat template.
@@ -113,6 +116,8 @@ FORMAT_FIELDS: dict[DataFormat, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("prompt", "instruction", "input", "system", "conversations", "messages", "tools", "history"),
     ),
     DataFormat.unpaired_preference: (("prompt", "completion", "label"), ()),
+    # Every other column of a JSON prompt record is kept for the reward functions (a columnar file reads these only).
+    DataFormat.prompt: (("prompt",), ()),
 }
 
 
@@ -968,6 +973,41 @@ class CoreConfig:
         rules.done()
 
 
+# The divergence rules a recipe's objective can break (RecipeSpec.loss_spikes, RecipeSpec.zero_grad_is_collapse): the
+# key, the spec field, and why the rule does not hold for such an objective.
+_DIVERGENCE_RULES = (
+    (
+        "loss_spike_factor",
+        "loss_spikes",
+        "its loss is not a positive quantity that falls as it learns (a policy-gradient surrogate is ~0 and signed), "
+        "so a step's loss far above the first step's is no divergence",
+    ),
+    (
+        "dead_grad_steps",
+        "zero_grad_is_collapse",
+        "a zero gradient is a tie, not a collapse (a batch whose every group ties, a sparse reward nobody earns "
+        "yet, has zero advantages)",
+    ),
+)
+
+
+def _divergence_rules(cfg: CoreConfig, spec: RecipeSpec, rules: _Domain) -> None:
+    """A divergence check the recipe turns off is honoured off (0) or refused: a value changed from its default
+    would otherwise be silently ignored."""
+    defaults = TrainConfig()
+    for name, declared, why in _DIVERGENCE_RULES:
+        value = getattr(cfg.train, name)
+        if getattr(spec, declared) or value in (0, getattr(defaults, name)):
+            continue
+        rules.problems.append(
+            (
+                f"train.{name}",
+                f"train.{name}={value} with recipe_name={spec.name}: this check is off for the recipe because {why}. "
+                f"Fix: drop the train.{name} override (or train.{name}=0)",
+            )
+        )
+
+
 def _recipe_rules(cfg: CoreConfig, rules: _Domain) -> None:
     """What the recipe's spec declares, refused by one rule each whatever the recipe: the formats its sample kind
     reads, the padding strategies and micro-batch it trains with, and every other recipe's settings left alone."""
@@ -1017,6 +1057,7 @@ def _recipe_rules(cfg: CoreConfig, rules: _Domain) -> None:
         )
     if spec.scored == Scored.scalar:
         _no_lm_head_rules(cfg, spec, rules)
+    _divergence_rules(cfg, spec, rules)
     for other in recipes().values():
         changed = other.changed_settings(cfg) if other is not spec else []
         if changed:

@@ -121,6 +121,17 @@ class PreTokenized:
 
 
 @dataclass(kw_only=True, slots=True)
+class PromptOnly:
+    """prompt: a prompt to generate from (a string, or messages rendered with the generation prompt); `columns`:
+    the record's other fields, for the reward functions (never tokenized)."""
+
+    file: str
+    line: int
+    prompt: str | list[dict[str, Any]]
+    columns: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True, slots=True)
 class PreferencePair:
     """preference: two completions of one prompt, each a record of its own (both strings: PromptCompletion; both
     message lists: Conversation with the shared history before `first_target`)."""
@@ -141,7 +152,7 @@ class UnpairedExample:
     label: bool
 
 
-Record = PromptCompletion | Conversation | PreTokenized | PreferencePair | UnpairedExample
+Record = PromptCompletion | Conversation | PreTokenized | PreferencePair | UnpairedExample | PromptOnly
 
 
 def alpaca_prompt(
@@ -363,6 +374,8 @@ class LineParser:
             return self._preference(line, obj)
         if self.fmt == DataFormat.unpaired_preference:
             return self._unpaired(line, obj)
+        if self.fmt == DataFormat.prompt:
+            return self._prompt(line, obj)
         return self._tokenized(line, obj)
 
     def _reject(self, line: int, reason: str) -> Reject:
@@ -592,6 +605,35 @@ class LineParser:
             messages = [_split_reasoning(m, self.reasoning) if m["role"] == "assistant" else m for m in messages]
         # Turns after the last assistant reply carry no target; keeping them would put eos after a user turn.
         return Conversation(file=self.file, line=line, messages=messages, tools=definitions or None)
+
+    def _prompt(self, line: int, obj: dict) -> Record | Reject:
+        """{prompt, ...}: a string, or a message list ending on a turn the model answers (not an assistant's)."""
+        prompt = obj.get("prompt")
+        if prompt is None:
+            return self._missing(line, ["prompt"], obj)
+        columns = {k: v for k, v in obj.items() if k != "prompt"}
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                return self._reject(line, f"empty_text: {self._name('prompt')} is empty")
+            return PromptOnly(file=self.file, line=line, prompt=prompt, columns=columns)
+        if not isinstance(prompt, list) or not prompt:
+            return self._reject(
+                line, f"wrong_type: {self._name('prompt')} must be a string or a non-empty list of {{role, content}}"
+            )
+        messages = []
+        for i, message in enumerate(prompt):
+            where = f"{self._name('prompt')}[{i}]"
+            if not isinstance(message, dict) or "role" not in message or "content" not in message:
+                return self._reject(line, f"missing_field: {where} needs role and content")
+            content, problem = _content_text(message.get("content"), where, tool_call=False)
+            if problem:
+                return self._reject(line, problem)
+            if message["role"] not in self.roles:
+                return self._reject(line, role_reason(where, message["role"], self.roles))
+            messages.append({"role": message["role"], "content": content})
+        if messages[-1]["role"] == "assistant":
+            return self._reject(line, f"wrong_type: {where} is an assistant turn; a prompt ends on a turn to answer")
+        return PromptOnly(file=self.file, line=line, prompt=messages, columns=columns)
 
     def _preference(self, line: int, obj: dict) -> Record | Reject:
         missing = [k for k in ("chosen", "rejected") if k not in obj]

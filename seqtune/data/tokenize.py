@@ -33,6 +33,7 @@ from seqtune.data.formats import (
     LineParser,
     PreTokenized,
     PromptCompletion,
+    PromptOnly,
     Record,
     role_reason,
 )
@@ -116,7 +117,9 @@ class SampleEncoder:
         # one) or prompt/completion.
         self.chat = fmt in CHAT_FORMATS
         self.members = self.kind.sequences > 1
-        renders = self.chat or (self.members and bool(getattr(tokenizer, "chat_template", None)))
+        renders = self.chat or (
+            (self.members or self.kind.message_prompts) and bool(getattr(tokenizer, "chat_template", None))
+        )
         self.train_on_prompt = train_on_prompt
         self.eos_id = int(tokenizer.eos_token_id)
         self.bos_id = tokens.bos_id if tokens is not None else added_bos_id(tokenizer)
@@ -306,6 +309,54 @@ class SampleEncoder:
             files=[records[i].file for i in kept],
             lines=np.asarray([records[i].line for i in kept], np.int64),
             padding_stripped=np.asarray(stripped, np.int64),
+            source_index=np.asarray(kept, np.int64),
+            rejects=rejects,
+        )
+
+    def encode_prompts(self, records: list[PromptOnly]) -> EncodedBatch:
+        """data.format=prompt: each prompt as generation starts from it (bos once; messages through the chat
+        template with its generation prompt), no eos. Its last token is its one target: an anchor that tells a
+        prompt from a filler and counts prompts, never trained (seqtune.data.kinds)."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        texts, kept, rejects = [], [], []
+        for i, record in enumerate(records):
+            if isinstance(record.prompt, str):
+                texts.append(record.prompt)
+            elif not template:
+                rejects.append(
+                    (
+                        i,
+                        Reject(
+                            file=record.file,
+                            line=record.line,
+                            reason=TEMPLATE_REJECTED + ": a "
+                            "message-list prompt needs a chat template (tokenizer.chat_template)",
+                        ),
+                    )
+                )
+                continue
+            else:
+                texts.append(
+                    self.tokenizer.apply_chat_template(record.prompt, tokenize=False, add_generation_prompt=True)
+                )
+            kept.append(i)
+        lists = self._token_lists(texts)
+        ids, target = [], []
+        for seq in lists:
+            row = np.asarray(seq, np.int64)
+            if self.bos_id is not None and (len(row) == 0 or row[0] != self.bos_id):
+                row = np.concatenate([[self.bos_id], row]).astype(np.int64)
+            mask = np.zeros(len(row), bool)
+            mask[-1] = True
+            ids.append(row)
+            target.append(mask)
+        return EncodedBatch(
+            ids=np.concatenate(ids) if ids else np.empty(0, np.int64),
+            target=np.concatenate(target) if target else np.empty(0, bool),
+            lengths=np.fromiter(map(len, ids), np.int64, count=len(ids)),
+            files=[records[i].file for i in kept],
+            lines=np.asarray([records[i].line for i in kept], np.int64),
+            padding_stripped=np.zeros(len(kept), np.int64),
             source_index=np.asarray(kept, np.int64),
             rejects=rejects,
         )

@@ -123,13 +123,16 @@ def content_checks(
     }
     ends = tokens.terminators
     k = plan.sequences_per_sample
+    # A kind whose targets are anchors only (prompts: the completions are generated) ends no reply in its data.
+    trains = sample_kind(plan.sample_kind).trains_targets
     problems: list[Problem] = []
     train = (scans["train"], sample_hashes(seen["train"].hashes(), k)) if "train" in seen else None
     for name, scan in scans.items():
         observed = seen[name]
-        problems += labels.check_turn_terminators(
-            split=name, templated=tokens.templated, run_ends=observed.run_ends, terminators=ends
-        )
+        if trains:
+            problems += labels.check_turn_terminators(
+                split=name, templated=tokens.templated, run_ends=observed.run_ends, terminators=ends
+            )
         problems += labels.check_literal_controls(
             split=name, per_token=observed.literal_controls, lines=observed.literal_lines
         )
@@ -151,7 +154,8 @@ def content_checks(
         if fmt == "tokenized" and tokens.bos_id is not None:
             problems += labels.check_double_bos(split=name, double_bos=observed.double_bos, bos=control[tokens.bos_id])
         cut = terminator_cut(scan, max_seq_len, cfg.data.overlength, ends)
-        problems += labels.check_terminator_cut(split=name, policy=cfg.data.overlength, fmt=fmt, cut=cut)
+        if trains:
+            problems += labels.check_terminator_cut(split=name, policy=cfg.data.overlength, fmt=fmt, cut=cut)
         duplicates, duplicate_problems = _duplicates(
             cfg, scan, sample_hashes(observed.hashes(), k), k, train if name != "train" else None
         )

@@ -243,9 +243,10 @@ def split_checks(cfg: RootConfig, plan: Resolved, scan, max_seq_len: int) -> lis
     )
     # Nothing drops samples that train only their eos, so they are a problem (an empty completion is a data bug).
     # (Samples that data.overlength=truncate leaves with no target are dropped in both modes: see split_stats.)
-    problems += checks.check_trainable_tokens(
-        split=scan.name, zero_target=scan.zero_target_samples, locations=_zero_target_locations(scan), dropped=False
-    )
+    if sample_kind(recipe_spec(cfg.recipe_name).sample_kind).trains_targets:
+        problems += checks.check_trainable_tokens(
+            split=scan.name, zero_target=scan.zero_target_samples, locations=_zero_target_locations(scan), dropped=False
+        )
     return problems
 
 

@@ -15,8 +15,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from seqtune.config.errors import PreflightFailed, SeqtuneError
 from seqtune.config.plan import Plan, Resolved, Tokens, complete_plan, write_plan
+from seqtune.config.recipe_spec import RecipeFacts, recipe_spec
 from seqtune.config.rundir import PLAN_FILE
 from seqtune.config.schema import SPLITS, DataFormat, DataMode, Duplicates, RootConfig
 from seqtune.data.batching import batch_rule
@@ -241,6 +244,7 @@ def _data_phases(
         result.notes += notes
     problems += content.content_checks(cfg, resolved, tokens, tokenizer, model, scans, max_seq_len, result)
     problems += shape_checks(rule, tokens, resolved.padding_side, views)
+    problems += _recipe_checks(cfg, resolved, tokens, tokenizer, scans, max_seq_len)
     if cfg.train.eval_samples and "val" in scans:
         from seqtune.data.prompts import build_eval_prompts
 
@@ -443,3 +447,24 @@ def _finish(
             f"nothing was trained. {where}\n{headlines(result.problems)}"
         )
     return result
+
+
+def _recipe_checks(cfg: RootConfig, resolved: Resolved, tokens, tokenizer, scans, max_seq_len: int) -> list[Problem]:
+    """The recipe's own checks (RecipeSpec.preflight), each a problem naming its key or file:line."""
+    spec = recipe_spec(cfg.recipe_name)
+    if spec.preflight is None:
+        return []
+    longest = {}
+    for name, scan in scans.items():
+        if len(scan.lengths):
+            i = int(np.argmax(scan.lengths))
+            longest[name] = (int(scan.lengths[i]), scan.cache().location(i))
+    facts = RecipeFacts(
+        plan=resolved,
+        tokenizer=tokenizer.load,
+        max_seq_len=max_seq_len,
+        max_seq_len_auto=str(cfg.data.max_seq_len) == "auto",
+        longest=longest,
+        terminators=dict(tokens.terminators),
+    )
+    return [Problem(check=spec.name, key=key, message=message) for key, message in spec.preflight(cfg, facts)]

@@ -12,15 +12,15 @@ nothing else to train.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from seqtune.config.load import flat_settings
 from seqtune.config.plan import Plan
-from seqtune.config.recipe_spec import Scored, recipe_spec
-from seqtune.config.schema import RootConfig
+from seqtune.config.recipe_spec import RecipeSpec, Scored, recipe_spec
+from seqtune.config.schema import RootConfig, TrainConfig
 from seqtune.data.loader import build_eval_batches, build_train_batches
 from seqtune.distributed import DistEnv, init_distributed, teardown, unwrap, wrap_model
 from seqtune.models import apply_lora, build_model, spec_for
@@ -35,7 +35,7 @@ from seqtune.train.evaluate import Evaluator
 from seqtune.train.export import BestWeights, export_final, report_end
 from seqtune.train.generate import build_sample_generator
 from seqtune.train.loop import Loop, fit
-from seqtune.train.objectives import Objective, ReferenceModel, build_reference
+from seqtune.train.objectives import Objective, ReferenceModel, StatefulObjective, build_reference
 from seqtune.train.optim import build_optimizer, build_scheduler, sync_lr_after_resume
 from seqtune.train.session import open_logger, seed_dropout, set_seed, total_steps
 
@@ -127,6 +127,7 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
         progress=progress,
         settings=flat_settings(cfg),
         early_stop=stopper,
+        objective=trained if isinstance(trained, StatefulObjective) else None,
     )
     if checkpointer.resume():
         sync_lr_after_resume(scheduler)
@@ -156,7 +157,7 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
         train_batches=train_batches,
         evaluator=evaluator,
         env=env,
-        cfg=cfg.train,
+        cfg=_divergence_checks(cfg, recipe_spec(plan.recipe)),
         grad_clip=cfg.optim.grad_clip,
         total_steps=steps,
         logger=logger,
@@ -180,3 +181,14 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
     )
     report_end(run_dir=run_dir, env=env, logger=logger)
     teardown()
+
+
+def _divergence_checks(cfg: RootConfig, spec: RecipeSpec) -> TrainConfig:
+    """train.* with the divergence rules the recipe's objective can break off: a loss that is not positive and
+    falling has no spike to watch, and a group-relative objective's zero gradient is a tie, not a collapse."""
+    train = cfg.train
+    if not spec.loss_spikes:
+        train = replace(train, loss_spike_factor=0.0)
+    if not spec.zero_grad_is_collapse:
+        train = replace(train, dead_grad_steps=0)
+    return train

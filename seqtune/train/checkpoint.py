@@ -255,6 +255,7 @@ class Checkpointer:
         progress: Progress,
         settings: Mapping[str, Any],
         early_stop: Stateful | None = None,
+        objective: Stateful | None = None,
     ) -> None:
         self.run_dir, self.cfg, self.plan, self.env, self.progress = Path(run_dir), cfg, plan, env, progress
         # The run's settings (seqtune.config.load.flat_settings): a resume compares its own with these.
@@ -272,6 +273,8 @@ class Checkpointer:
             self.parts["scaler"] = RankZeroFile(scaler)
         if early_stop is not None:  # the same on every rank: the eval losses it sees are summed over ranks
             self.parts["early_stop"] = RankZeroFile(early_stop)
+        if objective is not None:  # an objective's own state (seqtune.train.objectives.StatefulObjective), per rank
+            self.parts["objective"] = PerRankFile(objective)
         self.last_save_s: float | None = None  # how long the last save took (a save on a signal must fit its grace)
 
     def maybe_save(self, step: int, *, last: bool = False) -> Path | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -33,6 +33,16 @@ class Objective(Protocol):
     def metric_names(self) -> tuple[str, ...]: ...
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@runtime_checkable
+class StatefulObjective(Protocol):
+    """An objective with state of its own that a resume must restore (an online recipe's sampling generators): the
+    checkpointer saves it per rank as the part "objective"."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 def _inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

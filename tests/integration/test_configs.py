@@ -49,7 +49,7 @@ def test_group_file_composes_and_type_checks(path: Path):
     cfg = _compose(overrides)
     typed = to_typed(cfg)
     assert isinstance(typed, RootConfig)
-    if group == "recipe":  # presets of a recipe (sft, dpo), differing in lora.enabled
+    if group == "recipe":  # presets of a recipe (sft, dpo, grpo), differing in lora.enabled
         assert path.read_text().splitlines()[0] == "# @package _global_"
         assert typed.recipe_name == path.stem.split("_", 1)[1] and typed.lora.enabled == path.stem.startswith("lora_")
 

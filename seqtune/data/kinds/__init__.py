@@ -1,7 +1,7 @@
 """Sample kinds: what one record becomes for a recipe, the data half of the recipe contract.
 
 A recipe (seqtune.config.recipe_spec) is a sample kind plus an objective. A kind is one `SampleKind` object,
-declared in its own module of this package (sft.py, preference.py, unpaired.py) and found by `sample_kind(name)`:
+declared in its own module of this package (sft.py, preference.py, unpaired.py, prompt.py) and found by `sample_kind(name)`:
 
 - `members`: the token sequences one record becomes, in order (their count is the kind's `sequences`); the cache,
   the batch rule, the sampler, the stream and every check keep a sample's sequences together.
@@ -14,6 +14,8 @@ declared in its own module of this package (sft.py, preference.py, unpaired.py) 
   them into the batch under `batch_key` (int64, one per sample). Shared code reads the declaration, never a name.
 - `checks(split, cache)`: problems and notes preflight adds for each split of this kind (e.g. a split with only
   one label), or None.
+- `trains_targets`: False for a kind whose targets are anchors only (prompt), which skips the checks of trained
+  targets; `message_prompts`: a one-sequence record may be a message list for the chat template.
 - `stream_problem`: why data.mode=stream cannot honour the kind's encoding, or "" when it can.
 
 Torch-free and tokenizer-free: config rules and preflight read kinds before anything is built.
@@ -60,6 +62,12 @@ class SampleKind:
     fields: tuple[SampleField, ...] = ()
     checks: Callable[[str, TokenCache], KindCheck] | None = None
     stream_problem: str = ""
+    # Whether its targets train: a kind whose one target is an anchor (prompt: the completions are generated online)
+    # ends no reply in its data, so preflight's zero-target and terminator checks do not apply to it.
+    trains_targets: bool = True
+    # Whether a one-sequence record may be a message list rendered with the tokenizer's chat template (a kind of
+    # several members renders its members' messages anyway).
+    message_prompts: bool = False
 
     @property
     def sequences(self) -> int:

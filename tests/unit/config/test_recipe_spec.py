@@ -12,6 +12,7 @@ import pytest
 from seqtune.config.errors import ConfigError
 from seqtune.config.plan import load_plan
 from seqtune.config.recipe_spec import recipe_spec, recipes
+from seqtune.data.kinds import sample_kind
 from seqtune.preflight.runner import run_preflight
 from tests.unit.preflight.test_preflight_run import make_cfg
 
@@ -50,6 +51,22 @@ def test_an_unknown_recipe_is_refused_listing_the_presets(tmp_path: Path):
     with pytest.raises(ConfigError) as info:
         make_cfg(tmp_path, PAIRS, "recipe_name=nope")
     assert info.value.key == "recipe_name" and "lora_sft" in str(info.value) and "lora_dpo" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("key", "declared"), [("loss_spike_factor", "loss_spikes"), ("dead_grad_steps", "zero_grad_is_collapse")]
+)
+def test_a_divergence_check_the_recipe_turns_off_is_refused_when_set_and_honoured_off(
+    tmp_path: Path, key: str, declared: str
+):
+    spec = next(spec for spec in recipes().values() if not getattr(spec, declared))
+    kind = sample_kind(spec.sample_kind)
+    data = REPO / "seqtune/data/assets/prompts/train.jsonl"
+    base = (f"recipe_name={spec.name}", f"data.format={kind.formats[0]}")
+    with pytest.raises(ConfigError) as info:
+        make_cfg(tmp_path / "set", data, *base, f"train.{key}=5")
+    assert info.value.key == f"train.{key}" and f"recipe_name={spec.name}" in str(info.value)
+    make_cfg(tmp_path / "off", data, *base, f"train.{key}=0")  # off is what runs: honoured
 
 
 def _names() -> set[str]:

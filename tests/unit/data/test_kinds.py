@@ -124,3 +124,20 @@ def test_a_copied_record_is_a_duplicate_whatever_its_kl_pair_borrowed_and_its_la
     scan = scan_files("train", [data], encoder, cache_root=tmp_path / "c", drop_duplicates=True)
     assert [(r.line, r.code) for r in scan.rejects] == [(3, "duplicate")]
     assert scan.samples == 4 and scan.cache().field("label").tolist()[::2] == [1, 0, 1, 0]
+
+
+def test_a_prompt_record_is_its_prompt_with_one_untrained_anchor_and_no_eos(bundled_tokenizer):
+    kind = kind_of_format("prompt")
+    assert kind.trains_targets is False and kind.message_prompts is True  # preflight skips trained-target checks
+    encoder = SampleEncoder(bundled_tokenizer, "prompt", train_on_prompt=False)
+    record = LineParser(fmt="prompt", file="p.jsonl").parse(
+        3, json.dumps({"prompt": "Q: red?", "answer": "r"}).encode()
+    )
+    assert record.columns == {"answer": "r"}  # type: ignore[union-attr]
+    (sample,) = encoder.encode_batch([record])
+    (prompt,) = sequences_of(sample)
+    text_ids = bundled_tokenizer("Q: red?", add_special_tokens=False)["input_ids"]
+    assert (
+        list(prompt.input_ids[-len(text_ids) :]) == text_ids and prompt.input_ids[-1] != bundled_tokenizer.eos_token_id
+    )
+    assert int((prompt.labels != -100).sum()) == 1 and prompt.labels[-1] == prompt.input_ids[-1]

@@ -1,0 +1,157 @@
+"""Online RL with verifiable rewards (GRPO): `python -m seqtune recipe=lora_grpo` (LoRA adapters; with grpo.beta > 0
+the reference is the same model with its adapters disabled) or `recipe=full_grpo` (every weight trains; a frozen
+copy is the reference when grpo.beta > 0).
+
+Sample kind: prompt (data.format=prompt: `prompt` a string or a message list; every other column goes to the reward
+functions). Objective (objective.py): per micro-batch of prompts, grpo.num_generations completions each sampled
+with the current weights from a private, checkpointed generator, scored by grpo.rewards (weighted by
+grpo.reward_weights), advantages normalised within each prompt's group, then TRL's clipped surrogate
+(grpo.epsilon, grpo.epsilon_high) with grpo.loss's token normalisation and grpo.beta x the k3 KL estimate to the
+reference. A loss is averaged over prompts (the kind's one anchor target counts them). The steps are
+seqtune/recipes/finetune.py's.
+
+This file is torch-free: preflight reads SPEC before anything is built; `run` imports the training half.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from seqtune.config.domain import Domain
+from seqtune.config.recipe_spec import RecipeSpec, Scored, register
+
+# The rewards the bundled demo is scored with (seqtune/recipes/grpo/rewards.py): examples for a user's own.
+DEMO_REWARDS = ("seqtune.recipes.grpo.rewards:letter_share",)
+
+
+class GrpoLoss(StrEnum):
+    # TRL's token normalisations (GRPOConfig.loss_type): grpo: each completion's mean token loss, averaged over
+    # completions; dr_grpo: the summed token loss / (completions x grpo.max_completion_tokens) (Liu et al. 2025);
+    # dapo: the summed token loss / the tokens of the generation batch (Yu et al. 2025).
+    grpo = "grpo"
+    dr_grpo = "dr_grpo"
+    dapo = "dapo"
+
+
+class Generator(StrEnum):
+    transformers = "transformers"  # the policy's own forward, sampling from a private torch.Generator
+    vllm = "vllm"  # colocated vLLM (GPU only): not built yet, refused by the schema
+
+
+@dataclass(kw_only=True)
+class GrpoConfig:
+    """Online RL with verifiable rewards (recipe=lora_grpo | full_grpo): generation, rewards and the objective."""
+
+    # Reward functions, FILE.py:FUNCTION (relative to the working directory) or package.module:FUNCTION, called as
+    # TRL does: fn(prompts, completions, **columns) -> list[float | None]; a completion's reward is their
+    # weighted sum (None: the function does not score it).
+    rewards: list[str] = field(default_factory=lambda: list(DEMO_REWARDS))
+    reward_weights: list[float] | None = None  # null: 1.0 each
+    num_generations: int = 4  # completions per prompt (the group its advantages are normalised in)
+    max_completion_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    epsilon: float = 0.2  # the ratio is clipped to [1 - epsilon, 1 + epsilon_high]
+    epsilon_high: float | None = None  # null: epsilon (DAPO's clip-higher sets it larger)
+    beta: float = 0.0  # the k3 KL estimate to the reference, weighted (0: no reference model)
+    loss: GrpoLoss = GrpoLoss.dapo
+    num_iterations: int = 1  # optimizer steps per generation batch (TRL's mu)
+    mask_truncated: bool = False  # completions that hit max_completion_tokens without a terminator train nothing
+    generator: Generator = Generator.transformers
+
+    @property
+    def weights(self) -> list[float]:
+        return list(self.reward_weights) if self.reward_weights is not None else [1.0] * len(self.rewards)
+
+    @property
+    def clip_high(self) -> float:
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    def __post_init__(self) -> None:
+        domain = Domain("grpo")
+        domain.require(
+            bool(self.rewards),
+            "rewards",
+            self.rewards,
+            "needs at least one reward function",
+            "[FILE.py:FUNCTION] or [package.module:FUNCTION]",
+        )
+        for i, ref in enumerate(self.rewards):
+            module, _, name = str(ref).rpartition(":")
+            domain.require(
+                bool(module and name.isidentifier()),
+                f"rewards[{i}]",
+                ref,
+                "is not MODULE:FUNCTION",
+                "FILE.py:FUNCTION or package.module:FUNCTION",
+            )
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
+            domain.refuse(
+                "reward_weights",
+                f"grpo.reward_weights has {len(self.reward_weights)} weights for "
+                f"{len(self.rewards)} grpo.rewards. Fix: one weight per reward function, or null (1.0 each)",
+            )
+        domain.at_least("num_generations", self.num_generations, 2, 4)
+        domain.at_least("max_completion_tokens", self.max_completion_tokens, 1, 16)
+        domain.above("temperature", self.temperature, 0, 1.0)
+        domain.within("top_p", self.top_p, 0.0, 1.0, 1.0)
+        domain.require(self.top_p > 0, "top_p", self.top_p, "must be > 0", "grpo.top_p=1.0")
+        domain.at_least("epsilon", self.epsilon, 0, 0.2)
+        if self.epsilon_high is not None:
+            domain.at_least("epsilon_high", self.epsilon_high, 0, 0.28)
+        domain.at_least("beta", self.beta, 0, 0.0)
+        # A generation batch reused for several optimizer steps needs the data loader to hand the same prompts
+        # again (TRL's RepeatSampler); the shared loader cannot yet, so more than one is refused, not ignored.
+        domain.require(
+            self.num_iterations == 1,
+            "num_iterations",
+            self.num_iterations,
+            "> 1 is not supported yet (each step generates for its own prompts)",
+            "1",
+        )
+        domain.require(
+            self.generator == Generator.transformers,
+            "generator",
+            self.generator,
+            "vllm is not built yet",
+            "transformers",
+        )
+        domain.done()
+
+
+SPEC = register(
+    RecipeSpec(
+        name="grpo",
+        summary="online RL: sample completions of prompts, score them with reward functions, GRPO's clipped update",
+        sample_kind="prompt",
+        presets={True: "lora_grpo", False: "full_grpo"},
+        settings=GrpoConfig,
+        needs_reference=lambda grpo: grpo.beta > 0,
+        reference_free_fix="grpo.beta=0 (no KL term)",
+        scored=Scored.sequence,
+        count_key="num_targets",  # a prompt's one anchor target (seqtune.data.kinds): the loss is per prompt
+        unit="prompts",
+        metrics=(),  # the objective's metrics name the reward functions: GrpoObjective.metric_names
+        shown=("reward", "reward_std", "completion_length"),
+        paddings=frozenset({"longest", "bucket", "max_length"}),
+        loss_spikes=False,
+        zero_grad_is_collapse=False,
+        preflight=lambda cfg, facts: _checks(cfg, facts),
+    )
+)
+
+
+def _checks(cfg: Any, facts: Any) -> list[tuple[str, str]]:
+    from seqtune.recipes.grpo.checks import grpo_checks
+
+    return grpo_checks(cfg, facts)
+
+
+def run(cfg: Any, plan: Any, run_dir: Path) -> None:
+    from seqtune.recipes.finetune import fine_tune
+    from seqtune.recipes.grpo.objective import build_objective
+
+    fine_tune(cfg, plan, run_dir, objective=lambda built: build_objective(cfg, plan, run_dir, built))

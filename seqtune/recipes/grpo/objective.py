@@ -1,0 +1,382 @@
+"""GRPO's objective: the torch half of recipes/grpo, imported when it runs.
+
+Per micro-batch of prompts (rows of the prompt kind: its one anchor target marks a real prompt, fillers have none):
+sample grpo.num_generations completions of each with the current weights, score them, normalise the rewards within
+each prompt's group, and return TRL's clipped-surrogate loss summed per prompt (the loop divides by the step's
+prompts). The math follows TRL's GRPOTrainer._compute_loss (trl 0.2x): ratio = exp(logp - old_logp),
+-min(ratio A, clip(ratio, 1 - epsilon, 1 + epsilon_high) A) per token, + beta x (exp(ref - logp) - (ref - logp) - 1).
+
+Sampling is the policy's own forward without a KV cache (a few short completions), drawing from private
+torch.Generators (one for training, one for evaluation) whose states are checkpointed: transformers' `generate`
+draws from the global generator, which dropout shares, so a resumed run could not replay it bitwise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from seqtune.config.plan import Plan
+from seqtune.config.schema import RootConfig
+from seqtune.data.types import IGNORE_INDEX
+from seqtune.distributed import DistEnv, unwrap
+from seqtune.recipes.grpo import GrpoConfig, GrpoLoss
+from seqtune.recipes.grpo.loading import Reward, call_reward, load_rewards
+from seqtune.recipes.grpo.prompts import PromptTable, read_prompt_table
+from seqtune.train.metrics import truncate_after
+from seqtune.train.objectives import DisabledAdapters, FrozenCopy, ReferenceModel
+
+COMPLETIONS_FILE = "completions.jsonl"
+
+
+def metric_names(rewards: list[Reward]) -> tuple[str, ...]:
+    return (
+        "reward",
+        "reward_std",
+        *(f"rewards/{r.name}" for r in rewards),
+        "completion_length",
+        "completions/clipped_ratio",
+        "kl",
+        "clip_ratio",
+        "entropy",
+    )
+
+
+@dataclass
+class Rollout:
+    """One micro-batch's generation: G completions per prompt, row p*G + g."""
+
+    sequences: torch.Tensor  # [P*G, Lp + C] left-padded prompt, then the completion (pad after its end)
+    attention_mask: torch.Tensor  # [P*G, Lp + C]
+    completion_mask: torch.Tensor  # [P*G, C] the completion's tokens (its terminator included)
+    truncated: torch.Tensor  # [P*G] bool: hit max_completion_tokens without a terminator
+    completion_ids: list[list[int]]
+
+
+def sample_completions(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    *,
+    cfg: GrpoConfig,
+    stop_ids: frozenset[int],
+    pad_id: int,
+    generator: torch.Generator,
+) -> Rollout:
+    """grpo.num_generations completions of each prompt, sampled token by token (temperature, top-p) from `generator`."""
+    device = next(model.parameters()).device
+    rows = [p for p in prompts for _ in range(cfg.num_generations)]
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros_like(ids)
+    for r, row in enumerate(rows):
+        ids[r, width - len(row) :] = torch.tensor(row, device=device)
+        mask[r, width - len(row) :] = 1
+    done = torch.zeros(len(rows), dtype=torch.bool, device=device)
+    stop = torch.tensor(sorted(stop_ids), device=device)
+    new: list[torch.Tensor] = []
+    for _ in range(cfg.max_completion_tokens):
+        positions = (mask.cumsum(1) - 1).clamp(min=0)
+        logits = (
+            model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False, logits_to_keep=1)
+            .logits[:, -1]
+            .float()
+        )
+        token = _sample(logits / cfg.temperature, cfg.top_p, generator)
+        token = torch.where(done, torch.full_like(token, pad_id), token)
+        new.append(token)
+        live = (~done).long()
+        ids = torch.cat([ids, token[:, None]], 1)
+        mask = torch.cat([mask, live[:, None]], 1)
+        done = done | torch.isin(token, stop)
+        if bool(done.all()):
+            break
+    completion_mask = mask[:, width:]
+    completion_ids = [ids[r, width:][completion_mask[r].bool()].tolist() for r in range(len(rows))]
+    return Rollout(
+        sequences=ids,
+        attention_mask=mask,
+        completion_mask=completion_mask,
+        truncated=~done,
+        completion_ids=completion_ids,
+    )
+
+
+def _sample(logits: torch.Tensor, top_p: float, generator: torch.Generator) -> torch.Tensor:
+    probs = torch.softmax(logits, dim=-1)
+    if top_p < 1.0:  # the smallest set of tokens whose probability reaches top_p (transformers' TopPLogitsWarper)
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    # Sampled on the CPU generator: one stream whatever the device, so CPU and GPU runs can be compared.
+    return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(1).to(logits.device)
+
+
+def token_logps(
+    model: torch.nn.Module, rollout: Rollout, completion_len: int, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probability, entropy) of each completion token under `model` at the sampling temperature (TRL computes
+    both, policy and reference, so): [rows, C]."""
+    mask = rollout.attention_mask
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    logits = (
+        model(
+            input_ids=rollout.sequences,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=False,
+            logits_to_keep=completion_len + 1,
+        )
+        .logits[:, :-1]
+        .float()
+        / temperature
+    )
+    logp_all = torch.log_softmax(logits, dim=-1)
+    targets = rollout.sequences[:, -completion_len:]
+    logps = logp_all.gather(-1, targets[..., None]).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logps, entropy
+
+
+def reference_logps(
+    reference: ReferenceModel, rollout: Rollout, completion_len: int, temperature: float
+) -> torch.Tensor:
+    """The reference's token log-probabilities: the policy with its adapters disabled, or the frozen copy."""
+    with torch.no_grad():
+        if isinstance(reference, DisabledAdapters):
+            was = reference.model.training
+            reference.model.eval()
+            try:
+                with reference.peft_model.disable_adapter():
+                    return token_logps(reference.model, rollout, completion_len, temperature)[0]
+            finally:
+                reference.model.train(was)
+        assert isinstance(reference, FrozenCopy)
+        return token_logps(reference.model, rollout, completion_len, temperature)[0]
+
+
+def group_advantages(rewards: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, each group's std): (r - group mean) / (group std + 1e-4), TRL's scale_rewards=group with its
+    unbiased nan-aware std. A NaN reward (no function scored the completion) is left out of its group's mean and
+    std, and its advantage is 0 (TRL's unscorable completions)."""
+    grouped = rewards.view(-1, group)
+    mean = torch.nanmean(grouped, dim=1, keepdim=True)
+    count = (~torch.isnan(grouped)).sum(1, keepdim=True)
+    variance = torch.nanmean((grouped - mean) ** 2, dim=1, keepdim=True) * count / (count - 1)
+    std = torch.where(count > 1, variance.sqrt(), torch.full_like(variance, math.nan))
+    advantages = torch.nan_to_num((grouped - mean) / (std + 1e-4), nan=0.0)
+    return advantages.reshape(-1), std.squeeze(1)
+
+
+def surrogate_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    cfg: GrpoConfig,
+    ref_logps: torch.Tensor | None,
+    prompts: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the loss summed over the micro-batch's `prompts` so that / prompts is TRL's loss, per-token KL, per-token
+    clipped (region) indicator). `mask` [rows, C] float: the completion tokens that train."""
+    ratio = torch.exp(logps - old_logps)
+    clipped = torch.clamp(ratio, 1 - cfg.epsilon, 1 + cfg.clip_high)
+    adv = advantages[:, None]
+    per_token = -torch.min(ratio * adv, clipped * adv)
+    kl = torch.zeros_like(logps)
+    if ref_logps is not None and cfg.beta:
+        delta = ref_logps - logps
+        kl = torch.exp(delta) - delta - 1
+        per_token = per_token + cfg.beta * kl
+    region = ((ratio < 1 - cfg.epsilon) & (adv < 0)) | ((ratio > 1 + cfg.clip_high) & (adv > 0))
+    rows = logps.shape[0]
+    if cfg.loss == GrpoLoss.grpo:  # each completion's token mean, then the mean over completions
+        loss = ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1.0)).sum() / cfg.num_generations
+    elif cfg.loss == GrpoLoss.dr_grpo:  # a constant normaliser: completions x max_completion_tokens
+        loss = (per_token * mask).sum() / (cfg.num_generations * cfg.max_completion_tokens)
+    else:  # dapo: every token of the generation batch counts once (TRL's num_items_in_batch)
+        loss = (per_token * mask).sum() / mask.sum().clamp(min=1.0) * prompts
+    assert rows == prompts * cfg.num_generations
+    return loss, kl, region.float()
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+@dataclass
+class GrpoObjective:
+    cfg: GrpoConfig
+    rewards: list[Reward]
+    table: PromptTable
+    tokenizer: Any
+    reference: ReferenceModel | None
+    stop_ids: frozenset[int]
+    pad_id: int
+    env: DistEnv
+    seed: int
+    grad_accum: int
+    completions_path: Path
+    count_key: str = "num_targets"
+    metric_names: tuple[str, ...] = ()
+    train_calls: int = 0
+    _written_step: int = -1
+    generators: dict[str, torch.Generator] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.metric_names = metric_names(self.rewards)
+        for i, phase in enumerate(("train", "eval")):
+            seed = int(np.random.SeedSequence([self.seed, self.env.rank, i]).generate_state(1, np.uint32)[0])
+            self.generators[phase] = torch.Generator().manual_seed(seed)
+
+    # The checkpointer's part: the sampling generators and where training stands (completions.jsonl's step).
+    def state_dict(self) -> dict[str, Any]:
+        return {"train_calls": self.train_calls, **{k: g.get_state() for k, g in self.generators.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.train_calls = int(state["train_calls"])
+        for key, generator in self.generators.items():
+            generator.set_state(state[key])
+        if self.env.is_main:
+            truncate_after(self.completions_path, self.train_calls // self.grad_accum)
+
+    def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        training = model.training
+        prompts = _prompt_rows(batch)
+        if not prompts:  # a micro-batch of fillers only
+            return next(model.parameters()).sum() * 0.0, torch.zeros(len(self.metric_names))
+        with torch.no_grad():
+            was = model.training
+            model.eval()  # sampling without dropout (TRL generates in eval mode too)
+            try:
+                rollout = sample_completions(
+                    unwrap(model),
+                    prompts,
+                    cfg=self.cfg,
+                    stop_ids=self.stop_ids,
+                    pad_id=self.pad_id,
+                    generator=self.generators["train" if training else "eval"],
+                )
+            finally:
+                model.train(was)
+        records = [self.table.record(p) for p in prompts for _ in range(self.cfg.num_generations)]
+        texts = [self.tokenizer.decode(c, skip_special_tokens=True) for c in rollout.completion_ids]
+        completions = [
+            [{"role": "assistant", "content": t}] if isinstance(r["prompt"], list) else t
+            for r, t in zip(records, texts, strict=True)
+        ]
+        per_function = self._score(records, completions)  # [functions, rows], NaN where a function abstains
+        weights = torch.tensor(self.cfg.weights, dtype=torch.float64)[:, None]
+        total = torch.nansum(per_function * weights, dim=0).float()
+        total[torch.isnan(per_function).all(0)] = math.nan  # unscored by every function: no baseline, no advantage
+        advantages, group_std = group_advantages(total, self.cfg.num_generations)
+        device = rollout.sequences.device
+        advantages = advantages.to(device)
+        C = rollout.completion_mask.shape[1]
+        mask = rollout.completion_mask.float()
+        if self.cfg.mask_truncated:
+            mask = mask * (~rollout.truncated).float()[:, None]
+        logps, entropy = token_logps(model, rollout, C, self.cfg.temperature)
+        old = logps.detach()  # num_iterations=1: the generation batch's own log-probabilities (ratio 1)
+        ref = (
+            reference_logps(self.reference, rollout, C, self.cfg.temperature)
+            if self.reference is not None and self.cfg.beta
+            else None
+        )
+        loss, kl, region = surrogate_loss(
+            logps, old, advantages, mask, cfg=self.cfg, ref_logps=ref, prompts=len(prompts)
+        )
+        P, G = len(prompts), self.cfg.num_generations
+        lengths = rollout.completion_mask.sum(1).float()
+        full = rollout.completion_mask.float()
+        metrics = torch.stack(
+            [
+                torch.nan_to_num(torch.nanmean(total.view(P, G), 1)).sum().to(device),
+                torch.nan_to_num(group_std).sum().to(device),
+                *(torch.nan_to_num(f.float().view(P, G)).mean(1).sum().to(device) for f in per_function),
+                lengths.view(P, G).mean(1).sum(),
+                rollout.truncated.float().view(P, G).mean(1).sum(),
+                _masked_mean(kl, full).detach() * P,
+                _masked_mean(region, full).detach() * P,
+                _masked_mean(entropy, full).detach() * P,
+            ]
+        ).detach()
+        if training:
+            self.train_calls += 1
+        else:
+            self._write(records, texts, per_function, total)
+        return loss, metrics
+
+    def _score(self, records: list[dict[str, Any]], completions: list[Any]) -> torch.Tensor:
+        prompts = [r["prompt"] for r in records]
+        out = []
+        for reward in self.rewards:
+            columns = {k: [r.get(k) for r in records] for k in records[0] if k != "prompt"}
+            try:
+                out.append(call_reward(reward, prompts, completions, columns))
+            except Exception as exc:  # user code raises anything: the message names the function
+                raise RuntimeError(
+                    f"{reward.key}={reward.ref} ({reward.where}) failed while training: {type(exc).__name__}: {exc}"
+                ) from exc
+        return torch.tensor(out, dtype=torch.float64)
+
+    def _write(
+        self, records: list[dict[str, Any]], texts: list[str], per_function: torch.Tensor, total: torch.Tensor
+    ) -> None:
+        """completions.jsonl: each eval's completions with their rewards (rank 0's prompts), at eval steps."""
+        if not self.env.is_main:
+            return
+        step = self.train_calls // self.grad_accum
+        with self.completions_path.open("a", encoding="utf-8") as out:
+            for i, (record, text) in enumerate(zip(records, texts, strict=True)):
+                rewards = {r.name: _finite_or_none(float(per_function[j, i])) for j, r in enumerate(self.rewards)}
+                line = {
+                    "step": step,
+                    "prompt": record["prompt"],
+                    "completion": text,
+                    "reward": _finite_or_none(float(total[i])),
+                    "rewards": rewards,
+                }
+                out.write(json.dumps(line, ensure_ascii=False) + "\n")
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _prompt_rows(batch: dict[str, torch.Tensor]) -> list[list[int]]:
+    """The real prompts of a micro-batch (rows with their anchor target; fillers have none), without padding."""
+    rows = []
+    for r in range(batch["input_ids"].shape[0]):
+        if not bool((batch["targets"][r] != IGNORE_INDEX).any()):
+            continue
+        keep = batch["attention_mask"][r].bool()
+        rows.append(batch["input_ids"][r][keep].tolist())
+    return rows
+
+
+def build_objective(cfg: RootConfig, plan: Plan, run_dir: Path, built: Any) -> GrpoObjective:
+    from seqtune.models import spec_for
+    from seqtune.tokenizers import load_tokenizer
+
+    tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec_for(cfg.model).chat_template)
+    return GrpoObjective(
+        cfg=cfg.grpo,
+        rewards=load_rewards(list(cfg.grpo.rewards)),
+        table=read_prompt_table(cfg, plan, tokenizer),
+        tokenizer=tokenizer,
+        reference=built.reference,
+        stop_ids=frozenset(plan.tokens.terminators),
+        pad_id=plan.tokens.pad_id,
+        env=built.env,
+        seed=cfg.train.seed,
+        grad_accum=cfg.train.grad_accum,
+        completions_path=Path(run_dir) / COMPLETIONS_FILE,
+    )
