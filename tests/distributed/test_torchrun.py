@@ -86,10 +86,12 @@ def test_two_ranks_match_one_rank_with_the_same_global_batch(tmp_path: Path):
     assert one[0] != one[-1]  # training moved: equal curves are not two constant lines
     # Step 1 is one forward pass of the same weights on the same global batch: sample split and sum-over-targets
     # normalisation must agree to float precision. Later steps drift by summation-order noise that Adam amplifies
-    # (measured: <1e-4 relative up to step 24, ~2e-4 by step 37), hence the looser bound over the whole curve.
+    # (measured with portable kernels: <1e-4 relative up to step 24 on both CPUs seen; by step 35, 2e-4 on a Xeon with
+    # AVX-512/AMX and 1.4e-3 on an AMD EPYC with AVX-512), hence the looser bound past step 24. A wrong split or
+    # normalisation is off from step 1.
     assert abs(one[0] - two[0]) <= 1e-6 * abs(one[0]), (one[0], two[0])
     for step, (a, b) in enumerate(zip(one, two, strict=True), start=1):
-        assert abs(a - b) <= (1e-4 if step <= 24 else 1e-3) * abs(a), f"step {step}: 1 rank {a} vs 2 ranks {b}"
+        assert abs(a - b) <= (1e-4 if step <= 24 else 5e-3) * abs(a), f"step {step}: 1 rank {a} vs 2 ranks {b}"
 
 
 def test_checkpoints_are_periodic_and_only_the_last_k_kept(reference: Path):
