@@ -228,7 +228,7 @@ def check_overlength(
     noun: str = "sample",
 ) -> list[Problem]:
     """With data.overlength=error, every sample of every split fits max_seq_len (report 5: val longer than train).
-    `lengths`: per sample (a pair's longer sequence), `noun`: what a sample is called (seqtune.data.kinds.NOUNS).
+    `lengths`: per sample (a pair's longer sequence), `noun`: what a sample is called (its sample kind's noun, seqtune.data.kinds).
 
     truncate and drop are explicit policies: their counts are reported in the split stats, not as problems.
     """

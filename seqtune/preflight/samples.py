@@ -53,7 +53,7 @@ class ShownSample:
     why: str  # longest | truncated | random (a longest that is cut says "longest, truncated")
     location: str
     # Which sequence of its sample it is: "sample" (SFT), "chosen" / "rejected" (a preference pair, shown side by
-    # side: seqtune.data.kinds.MEMBERS).
+    # side: its sample kind's members, seqtune.data.kinds).
     member: str = "sample"
     length: int  # tokens as trained
     original_length: int
