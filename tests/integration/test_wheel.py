@@ -30,7 +30,7 @@ def test_wheel_ships_configs_recipes_and_assets_and_runs_outside_the_repo(tmp_pa
         "seqtune/configs/recipe/lora_sft.yaml",
         "seqtune/configs/recipe/full_sft.yaml",
         "seqtune/configs/model/gemma3_tiny.yaml",
-        "seqtune/recipes/sft/",
+        "seqtune/recipes/sft/__init__.py",
         "seqtune/data/assets/instruct/train.jsonl",
         "seqtune/tokenizers/assets/seqtune-bpe/tokenizer.json",
         "seqtune/worker.py",

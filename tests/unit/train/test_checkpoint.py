@@ -148,7 +148,7 @@ def test_saves_on_schedule_and_keeps_the_newest_k(tmp_path):
         p.name for p in latest.iterdir()
     }
     manifest = json.loads((latest / MANIFEST).read_text())
-    assert manifest["step"] == 6 and manifest["progress"] == {"step": 6, "tokens_seen": 60}
+    assert manifest["step"] == 6 and manifest["progress"] == {"step": 6, "tokens_seen": 60, "first_loss": None}
     assert manifest["plan"]["world"]["nproc_per_node"] == 1  # the plan it was written under
 
 
