@@ -103,15 +103,7 @@ class GrpoConfig:
         if self.epsilon_high is not None:
             domain.at_least("epsilon_high", self.epsilon_high, 0, 0.28)
         domain.at_least("beta", self.beta, 0, 0.0)
-        # A generation batch reused for several optimizer steps needs the data loader to hand the same prompts
-        # again (TRL's RepeatSampler); the shared loader cannot yet, so more than one is refused, not ignored.
-        domain.require(
-            self.num_iterations == 1,
-            "num_iterations",
-            self.num_iterations,
-            "> 1 is not supported yet (each step generates for its own prompts)",
-            "1",
-        )
+        domain.at_least("num_iterations", self.num_iterations, 1, 1)
         domain.require(
             self.generator == Generator.transformers,
             "generator",
@@ -139,6 +131,12 @@ SPEC = register(
         paddings=frozenset({"longest", "bucket", "max_length"}),
         loss_spikes=False,
         zero_grad_is_collapse=False,
+        # TRL's mu: the batch plan hands each step's prompts num_iterations times; the objective generates on the
+        # first and trains the later ones on the same rollouts with their generation-time log-probabilities.
+        step_repeats=lambda grpo: grpo.num_iterations,
+        step_repeats_key="grpo.num_iterations",
+        early_stop_metric="reward",  # train.early_stop_patience watches eval_reward: a mean reward, higher is better
+        early_stop_higher=True,
         preflight=lambda cfg, facts: _checks(cfg, facts),
     )
 )
