@@ -306,7 +306,8 @@ class DistributedBatchPlan:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         saved = state["plan"]
         if saved != self.identity():
-            changed = {k: (saved.get(k), v) for k, v in self.identity().items() if saved.get(k) != v}
+            now = self.identity()
+            changed = {k: (saved.get(k), now.get(k)) for k in {**saved, **now} if saved.get(k) != now.get(k)}
             raise DataError(
                 f"cannot resume the data position: the batch plan changed since the checkpoint ({changed}, "
                 "saved vs now); resuming would repeat or skip samples.",
