@@ -1,5 +1,8 @@
 """samples.html: the shown samples as one self-contained page (inline CSS, no script, no external asset).
 
+An online recipe adds what its model generated (`add_completions`): a section per eval step with each prompt, its
+completions and each reward, rewritten at every eval from completions.jsonl below preflight's samples.
+
 Every token is a <span class="tok ..."> with its id in the title: `target` (trained) or `prompt` (not trained),
 plus `bos` / `eos` / `eot` / `special` for control tokens and `cut` where the over-length policy removed tokens.
 A legend at the top explains the marks; each sample names its split, why it was picked and its file:line.
@@ -7,9 +10,11 @@ A legend at the top explains the marks; each sample names its split, why it was 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from html import escape
 from pathlib import Path
+from typing import Any
 
 from seqtune.config.rundir import RUN_DIR_KEY
 from seqtune.files import write_atomic
@@ -41,6 +46,12 @@ h1 { font-size: 1.4rem; } h2 { font-size: 1.15rem; margin-top: 2rem; border-bott
 .cut { color: #8250df; font-style: italic; outline: 1px dashed #8250df; padding: 0 3px; }
 .elided { color: #57606a; font-style: italic; outline: 1px dotted #8c959f; padding: 0 3px; }
 .nl { color: #afb8c1; }
+table.completions { border-collapse: collapse; width: 100%; font-size: .85rem; margin: .5rem 0 1.5rem; }
+table.completions th, table.completions td { border: 1px solid #d0d7de; padding: .3rem .5rem; vertical-align: top;
+          text-align: left; }
+table.completions td.text { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace;
+          white-space: pre-wrap; word-break: break-word; }
+table.completions td.num { text-align: right; font-variant-numeric: tabular-nums; }
 """
 
 LEGEND = (
@@ -127,3 +138,48 @@ def page(samples: Sequence[ShownSample], *, title: str, summary: str) -> str:
 def write_html(samples: Sequence[ShownSample], path: Path, *, title: str, summary: str) -> Path:
     """samples.html in the run directory, written atomically: a full disk is a clean error naming the path."""
     return write_atomic(path, page(samples, title=title, summary=summary), key=RUN_DIR_KEY)
+
+
+COMPLETIONS_START = '<section id="completions">'
+_END = "</body></html>\n"
+
+
+def _text(value: Any) -> str:
+    """A prompt or completion as written: a string, or a message list as JSON."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _reward(value: float | None) -> str:
+    return "none" if value is None else f"{value:.4f}"
+
+
+def completions_section(rows: Sequence[dict[str, Any]]) -> str:
+    """completions.jsonl's rows ({step, prompt, completion, reward, rewards: {function: value}}) as one table per
+    eval step: prompt, completion, the weighted reward and each function's."""
+    names = list(dict.fromkeys(name for row in rows for name in row["rewards"]))
+    head = "".join(f"<th>{escape(h)}</th>" for h in ("prompt", "completion", "reward", *names))
+    parts = [
+        f"{COMPLETIONS_START}<h2>completions at each eval</h2><p class=\"run\">Each eval's prompts (rank 0's), "
+        "their completions sampled by the weights of that step, and the reward of each (completions.jsonl)</p>"
+    ]
+    for step in dict.fromkeys(row["step"] for row in rows):
+        body = []
+        for row in (r for r in rows if r["step"] == step):
+            cells = [f'<td class="text">{escape(_text(row["prompt"]))}</td>']
+            cells.append(f'<td class="text">{escape(_text(row["completion"]))}</td>')
+            values = [row["reward"], *(row["rewards"].get(name) for name in names)]
+            cells += [f'<td class="num">{escape(_reward(v))}</td>' for v in values]
+            body.append(f"<tr>{''.join(cells)}</tr>")
+        parts.append(
+            f'<h3 id="step-{int(step)}">step {int(step)}</h3><table class="completions"><tr>{head}</tr>'
+            f"{''.join(body)}</table>"
+        )
+    return "".join(parts) + "</section>"
+
+
+def add_completions(path: Path, rows: Sequence[dict[str, Any]], *, title: str) -> Path:
+    """samples.html with the completions section (replacing the last eval's): below preflight's samples when it
+    wrote them, else on a page of its own."""
+    html = path.read_text(encoding="utf-8") if path.is_file() else page([], title=title, summary=str(path.parent))
+    head = html.split(COMPLETIONS_START)[0].removesuffix(_END)
+    return write_atomic(path, head + completions_section(rows) + _END, key=RUN_DIR_KEY)

@@ -38,7 +38,7 @@ class GrpoLoss(StrEnum):
 
 class Generator(StrEnum):
     transformers = "transformers"  # the policy's own forward, sampling from a private torch.Generator
-    vllm = "vllm"  # colocated vLLM (GPU only): not built yet, refused by the schema
+    vllm = "vllm"  # colocated vLLM (GPU only): not built yet, refused by GrpoConfig with the fix
 
 
 @dataclass(kw_only=True)
@@ -104,13 +104,13 @@ class GrpoConfig:
             domain.at_least("epsilon_high", self.epsilon_high, 0, 0.28)
         domain.at_least("beta", self.beta, 0, 0.0)
         domain.at_least("num_iterations", self.num_iterations, 1, 1)
-        domain.require(
-            self.generator == Generator.transformers,
-            "generator",
-            self.generator,
-            "vllm is not built yet",
-            "transformers",
-        )
+        if self.generator != Generator.transformers:  # refused, never silently replaced by transformers
+            domain.refuse(
+                "generator",
+                f"grpo.generator={self.generator}: seqtune's colocated vLLM generator (a CUDA GPU, weights synced "
+                "each step) is not built yet, so a run cannot use it. Fix: grpo.generator=transformers (the "
+                "policy's own forward, on any device)",
+            )
         domain.done()
 
 

@@ -26,6 +26,7 @@ from seqtune.config.plan import Plan
 from seqtune.config.schema import RootConfig
 from seqtune.data.types import IGNORE_INDEX
 from seqtune.distributed import DistEnv, unwrap
+from seqtune.preflight.samples_html import SAMPLES_HTML, add_completions
 from seqtune.recipes.grpo import GrpoConfig, GrpoLoss
 from seqtune.recipes.grpo.loading import Reward, call_reward, load_rewards
 from seqtune.recipes.grpo.prompts import PromptTable, read_prompt_table
@@ -413,7 +414,8 @@ class GrpoObjective:
     def _write(
         self, records: list[dict[str, Any]], texts: list[str], per_function: torch.Tensor, total: torch.Tensor
     ) -> None:
-        """completions.jsonl: each eval's completions with their rewards (rank 0's prompts), at eval steps."""
+        """completions.jsonl: each eval's completions with their rewards (rank 0's prompts), at eval steps; and
+        samples.html shows them all, step by step."""
         if not self.env.is_main:
             return
         step = self.train_calls // self.grad_accum
@@ -428,6 +430,8 @@ class GrpoObjective:
                     "rewards": rewards,
                 }
                 out.write(json.dumps(line, ensure_ascii=False) + "\n")
+        rows = [json.loads(line) for line in self.completions_path.read_text(encoding="utf-8").splitlines()]
+        add_completions(self.completions_path.parent / SAMPLES_HTML, rows, title="seqtune: GRPO completions")
 
 
 def _finite_or_none(value: float) -> float | None:
