@@ -1,7 +1,7 @@
 """samples.html: the shown samples as one self-contained page (inline CSS, no script, no external asset).
 
-An online recipe adds what its model generated (`add_completions`): a section per eval step with each prompt, its
-completions and each reward, rewritten at every eval from completions.jsonl below preflight's samples.
+A recipe may add a section of tables below preflight's samples (`add_section`): GRPO's completions at each eval
+step, with each prompt, its completions and their rewards, rewritten at every eval.
 
 Every token is a <span class="tok ..."> with its id in the title: `target` (trained) or `prompt` (not trained),
 plus `bos` / `eos` / `eot` / `special` for control tokens and `cut` where the over-length policy removed tokens.
@@ -10,11 +10,10 @@ A legend at the top explains the marks; each sample names its split, why it was 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from html import escape
 from pathlib import Path
-from typing import Any
 
 from seqtune.config.rundir import RUN_DIR_KEY
 from seqtune.files import write_atomic
@@ -140,46 +139,45 @@ def write_html(samples: Sequence[ShownSample], path: Path, *, title: str, summar
     return write_atomic(path, page(samples, title=title, summary=summary), key=RUN_DIR_KEY)
 
 
-COMPLETIONS_START = '<section id="completions">'
 _END = "</body></html>\n"
 
 
-def _text(value: Any) -> str:
-    """A prompt or completion as written: a string, or a message list as JSON."""
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+@dataclass(frozen=True, kw_only=True)
+class Table:
+    """One table of a section: its heading (and anchor id), column names, and rows of cell texts; the first
+    `text_columns` cells of a row are text (monospace, wrapped), the rest numbers (right-aligned)."""
+
+    heading: str
+    anchor: str
+    columns: Sequence[str]
+    rows: Sequence[Sequence[str]]
+    text_columns: int
 
 
-def _reward(value: float | None) -> str:
-    return "none" if value is None else f"{value:.4f}"
-
-
-def completions_section(rows: Sequence[dict[str, Any]]) -> str:
-    """completions.jsonl's rows ({step, prompt, completion, reward, rewards: {function: value}}) as one table per
-    eval step: prompt, completion, the weighted reward and each function's."""
-    names = list(dict.fromkeys(name for row in rows for name in row["rewards"]))
-    head = "".join(f"<th>{escape(h)}</th>" for h in ("prompt", "completion", "reward", *names))
-    parts = [
-        f"{COMPLETIONS_START}<h2>completions at each eval</h2><p class=\"run\">Each eval's prompts (rank 0's), "
-        "their completions sampled by the weights of that step, and the reward of each (completions.jsonl)</p>"
-    ]
-    for step in dict.fromkeys(row["step"] for row in rows):
-        body = []
-        for row in (r for r in rows if r["step"] == step):
-            cells = [f'<td class="text">{escape(_text(row["prompt"]))}</td>']
-            cells.append(f'<td class="text">{escape(_text(row["completion"]))}</td>')
-            values = [row["reward"], *(row["rewards"].get(name) for name in names)]
-            cells += [f'<td class="num">{escape(_reward(v))}</td>' for v in values]
-            body.append(f"<tr>{''.join(cells)}</tr>")
+def tables_section(section_id: str, heading: str, note: str, tables: Sequence[Table]) -> str:
+    """A section of tables (every text escaped), e.g. an online recipe's completions at each eval."""
+    parts = [f'<section id="{escape(section_id)}"><h2>{escape(heading)}</h2><p class="run">{escape(note)}</p>']
+    for table in tables:
+        head = "".join(f"<th>{escape(c)}</th>" for c in table.columns)
+        body = "".join(
+            "<tr>"
+            + "".join(
+                f'<td class="{"text" if i < table.text_columns else "num"}">{escape(cell)}</td>'
+                for i, cell in enumerate(row)
+            )
+            + "</tr>"
+            for row in table.rows
+        )
         parts.append(
-            f'<h3 id="step-{int(step)}">step {int(step)}</h3><table class="completions"><tr>{head}</tr>'
-            f"{''.join(body)}</table>"
+            f'<h3 id="{escape(table.anchor)}">{escape(table.heading)}</h3>'
+            f'<table class="completions"><tr>{head}</tr>{body}</table>'
         )
     return "".join(parts) + "</section>"
 
 
-def add_completions(path: Path, rows: Sequence[dict[str, Any]], *, title: str) -> Path:
-    """samples.html with the completions section (replacing the last eval's): below preflight's samples when it
-    wrote them, else on a page of its own."""
+def add_section(path: Path, section_id: str, section: str, *, title: str) -> Path:
+    """samples.html with `section` (a tables_section) replacing the one of that id it had: below preflight's
+    samples when it wrote them, else on a page of its own. Written atomically."""
     html = path.read_text(encoding="utf-8") if path.is_file() else page([], title=title, summary=str(path.parent))
-    head = html.split(COMPLETIONS_START)[0].removesuffix(_END)
-    return write_atomic(path, head + completions_section(rows) + _END, key=RUN_DIR_KEY)
+    head = html.split(f'<section id="{escape(section_id)}">')[0].removesuffix(_END)
+    return write_atomic(path, head + section + _END, key=RUN_DIR_KEY)

@@ -78,6 +78,10 @@ def test_a_grpo_run_logs_rewards_and_writes_completions(reference):
     assert page.count('<section id="completions">') == 1 and 'id="step-2"' in page and 'id="step-4"' in page
     assert "<th>letter_share</th>" in page and 'data-split="train"' in page
     assert all(html.escape(line["completion"]) in page for line in lines)
+    # the export after a GRPO run carries its proof (the adapter reloads to the trained logits and stops at eos)
+    report = json.loads((reference / "export.json").read_text())
+    assert report["ok"] and [(a["artifact"], a["ok"]) for a in report["artifacts"]] == [("adapter", True)]
+    assert report["artifacts"][0]["checks"]["stops"] == {"</s>": True}
 
 
 def test_a_crashed_grpo_run_resumes_bitwise_like_the_uninterrupted_one(reference, tmp_path):

@@ -26,14 +26,12 @@ from seqtune.config.plan import Plan
 from seqtune.config.schema import RootConfig
 from seqtune.data.types import IGNORE_INDEX
 from seqtune.distributed import DistEnv, unwrap
-from seqtune.preflight.samples_html import SAMPLES_HTML, add_completions
 from seqtune.recipes.grpo import GrpoConfig, GrpoLoss
+from seqtune.recipes.grpo.completions import COMPLETIONS_FILE, show_completions
 from seqtune.recipes.grpo.loading import Reward, call_reward, load_rewards
 from seqtune.recipes.grpo.prompts import PromptTable, read_prompt_table
 from seqtune.train.metrics import truncate_after
 from seqtune.train.objectives import DisabledAdapters, FrozenCopy, ReferenceModel
-
-COMPLETIONS_FILE = "completions.jsonl"
 
 
 def metric_names(rewards: list[Reward]) -> tuple[str, ...]:
@@ -430,8 +428,7 @@ class GrpoObjective:
                     "rewards": rewards,
                 }
                 out.write(json.dumps(line, ensure_ascii=False) + "\n")
-        rows = [json.loads(line) for line in self.completions_path.read_text(encoding="utf-8").splitlines()]
-        add_completions(self.completions_path.parent / SAMPLES_HTML, rows, title="seqtune: GRPO completions")
+        show_completions(self.completions_path)
 
 
 def _finite_or_none(value: float) -> float | None:
