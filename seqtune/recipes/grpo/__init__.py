@@ -58,7 +58,9 @@ class GrpoConfig:
     epsilon_high: float | None = None  # null: epsilon (DAPO's clip-higher sets it larger)
     beta: float = 0.0  # the k3 KL estimate to the reference, weighted (0: no reference model)
     loss: GrpoLoss = GrpoLoss.dapo
-    num_iterations: int = 1  # optimizer steps per generation batch (TRL's mu)
+    # Optimizer steps per generation batch (TRL's mu): the batch plan hands each step's prompts this many times in a
+    # row (plan.step_repeats; an epoch has this many times the steps), the later ones reuse the first's rollouts.
+    num_iterations: int = 1
     mask_truncated: bool = False  # completions that hit max_completion_tokens without a terminator train nothing
     generator: Generator = Generator.transformers
 
