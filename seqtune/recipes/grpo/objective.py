@@ -283,7 +283,9 @@ class GrpoObjective:
         self.train_calls = int(state["train_calls"])
         for key, generator in self.generators.items():
             generator.set_state(state[key])
-        self.buffer = {int(slot): Scored.from_state(saved, self.device) for slot, saved in state["buffer"].items()}
+        # A checkpoint written before rollouts were reused has no buffer (it trained with grpo.num_iterations=1).
+        saved_buffer = state.get("buffer", {})
+        self.buffer = {int(slot): Scored.from_state(saved, self.device) for slot, saved in saved_buffer.items()}
         if self.env.is_main:
             truncate_after(self.completions_path, self.train_calls // self.grad_accum)
 

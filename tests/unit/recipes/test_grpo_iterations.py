@@ -158,3 +158,26 @@ def test_the_reused_rollouts_round_trip_through_the_checkpoint_state():
     got, _ = resumed(model, batch())
     assert torch.equal(got, expected)
     assert resumed.train_calls == grpo.train_calls == 2
+
+
+def test_with_gradient_accumulation_each_micro_batch_reuses_its_own_rollout():
+    """train.grad_accum=2: the batch plan hands micro-batches A B A B (one step, twice); the 3rd and 4th calls reuse
+    A's and B's rollouts, and a micro-batch whose prompts are not the buffered ones is an internal error."""
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    model = tiny_model().train()
+    grpo = objective(tokenizer, GrpoLoss.dapo)
+    grpo.grad_accum = 2
+    first, second = batch(), batch()
+    second["input_ids"][:, 1] += 7  # other prompts in the step's 2nd micro-batch
+    for ids in second["input_ids"]:
+        grpo.table.records[tuple(ids[ids != 0].tolist())] = {"prompt": "other"}
+    grpo(model, first)
+    grpo(model, second)
+    a, b = grpo.buffer[0], grpo.buffer[1]
+    assert a.prompts != b.prompts
+    grpo(model, first)
+    grpo(model, second)
+    assert grpo.buffer == {0: a, 1: b}
+    with pytest.raises(AssertionError, match="the step's prompts changed"):
+        grpo.train_calls = 2  # pretend the plan handed the 2nd micro-batch where the 1st's repeat belongs
+        grpo(model, second)
