@@ -129,6 +129,9 @@ class Resolved:
     # sequences are kept together in every batch), and how many sequences that is.
     sample_kind: str = "sft"
     sequences_per_sample: int = 1
+    # Optimizer steps in a row on each step's micro-batches (the recipe's step_repeats: GRPO's grpo.num_iterations
+    # reuses a generation batch); the batch plan hands them that many times, so steps per epoch count the repeats.
+    step_repeats: int = 1
     # Where each model fact came from (model.family=auto: config.json, the safetensors, the chat template, ...),
     # printed in the preflight report; empty for a named family, whose module states them.
     fact_sources: dict[str, str] = field(default_factory=dict)

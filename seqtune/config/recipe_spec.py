@@ -84,6 +84,15 @@ class RecipeSpec:
     # Whether a zero gradient for train.dead_grad_steps steps means the model collapsed. Not for a group-relative
     # objective: a batch whose every group ties (a sparse reward nobody earns yet) has zero advantages and no gradient.
     zero_grad_is_collapse: bool = True
+    # How many optimizer steps in a row train on each step's micro-batches, given its settings: an online recipe
+    # reuses one generation batch for several updates (GRPO's num_iterations, TRL's mu). The plan resolves it
+    # (plan.step_repeats) and the batch plan hands each step's micro-batches that many times.
+    step_repeats: Callable[[Any], int] = lambda settings: 1
+    step_repeats_key: str = ""  # the setting that sets it, which refusals name ("grpo.num_iterations")
+    # What early stopping watches: an eval metric the objective logs (eval_<name>; "loss": eval_loss) and whether
+    # higher is better (a reward) or lower (a loss).
+    early_stop_metric: str = "loss"
+    early_stop_higher: bool = False
     # Checks of its own that preflight runs before step 1 (after the data scan): (cfg, plan) -> [(key, message)],
     # each a refusal naming the key or file:line and the fix. The function imports its recipe's pieces lazily.
     preflight: Callable[[Any, RecipeFacts], list[tuple[str, str]]] | None = None

@@ -741,7 +741,7 @@ class TrainConfig:
     # How many validation micro-batches an eval uses (0 = the whole split). The test split (data.test) is always
     # evaluated in full, once, at the end of training.
     eval_batches: int = 0
-    # Early stopping on eval_loss: stop after this many evals in a row without an improvement of more than
+    # Early stopping on eval_loss (or the metric the recipe watches: GRPO eval_reward, higher is better): stop after this many evals in a row without an improvement of more than
     # early_stop_min_delta (0 = off). RUN_DIR/best/ holds the weights of the best eval, written whenever it improves;
     # the run ends with those weights restored (the test split and adapter/ or model/ are then the best's).
     # Needs a validation split (data.val or data.val_fraction) and train.eval_every.

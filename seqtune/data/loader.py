@@ -229,6 +229,8 @@ def planned_batches(
         tail=tail,
         bucket_window=cfg.padding.bucket_window,
         mix=train_mix(cfg, view) if train else None,
+        repeats=plan.step_repeats if train else 1,
+        group=cfg.train.grad_accum,
     )
     collator = make_collator(rule, pad_id=plan.tokens.pad_id, padding_side=plan.padding_side)
     return PlannedBatches(view, batch_plan, collator, num_workers=cfg.data.num_workers)

@@ -192,11 +192,15 @@ class DistributedBatchPlan:
         bucket_window: int,
         widths: np.ndarray | None = None,
         mix: SourceMix | None = None,
+        repeats: int = 1,
+        group: int = 1,
     ) -> None:
         """`lengths`: each sample's tokens (all of its sequences: what it occupies in a packed row); `widths`: its
         longest sequence (what its row needs when padded; default `lengths`, one sequence per sample). `rule`: the
         padding strategy's shapes (seqtune.data.batching). `mix`: weighted sources (seqtune.data.mix): each epoch
-        uses the samples it draws, repeats included, instead of every sample once."""
+        uses the samples it draws, repeats included, instead of every sample once. `repeats` > 1 (plan.step_repeats): each
+        run of `group` micro-batches (one optimizer step: train.grad_accum) is handed `repeats` times in a row, so
+        an online recipe's generation batch trains that many steps."""
         # The schema guarantees batch_size, bucket_window >= 1 and the strategy/tail choices.
         assert 0 <= rank < world_size, f"rank {rank} outside world size {world_size}"
         self.lengths = np.asarray(lengths, dtype=np.int64)
@@ -204,6 +208,7 @@ class DistributedBatchPlan:
         self.rule, self.batch_size, self.world_size, self.rank = rule, rule.batch_size, world_size, rank
         self.seed, self.shuffle, self.tail, self.bucket_window = seed, shuffle, tail, bucket_window
         self.mix = mix
+        self.repeats, self.group = repeats, group
         self.epoch, self.position = 0, 0
         self._cache: tuple[int, EpochPlan] | None = None
 
@@ -248,7 +253,13 @@ class DistributedBatchPlan:
         return self._cache[1]
 
     def batches(self, epoch: int) -> list[list[int]]:
-        return self.plan(epoch).per_rank[self.rank]
+        mine = self.plan(epoch).per_rank[self.rank]
+        if self.repeats == 1:
+            return mine
+        # Preflight refuses an epoch that is not a whole number of steps (check_repeated_steps): a partial step
+        # repeated would put the next epoch's micro-batches in the wrong optimizer steps.
+        steps = [mine[i : i + self.group] for i in range(0, len(mine), self.group)]
+        return [batch for step in steps for _ in range(self.repeats) for batch in step]
 
     def __len__(self) -> int:
         """Micro-batches per rank per epoch (the same on every rank, and for every epoch)."""
@@ -282,6 +293,8 @@ class DistributedBatchPlan:
             identity["sequences_per_sample"] = self.rule.sequences_per_sample
         if self.mix is not None:
             identity["mix"] = self.mix.identity()
+        if self.repeats > 1:
+            identity["step_repeats"], identity["grad_accum"] = self.repeats, self.group
         return identity
 
     def state_at(self, epoch: int, consumed: int) -> dict[str, Any]:
@@ -293,7 +306,8 @@ class DistributedBatchPlan:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         saved = state["plan"]
         if saved != self.identity():
-            changed = {k: (saved.get(k), v) for k, v in self.identity().items() if saved.get(k) != v}
+            now = self.identity()
+            changed = {k: (saved.get(k), now.get(k)) for k in {**saved, **now} if saved.get(k) != now.get(k)}
             raise DataError(
                 f"cannot resume the data position: the batch plan changed since the checkpoint ({changed}, "
                 "saved vs now); resuming would repeat or skip samples.",
@@ -320,7 +334,7 @@ class DistributedBatchPlan:
             tokens.append(int(self.lengths[real].sum()))
             computed += sum(self.computed_positions(mb) for mb in rank_batches)
         return {
-            "micro_batches_per_rank": len(plan.per_rank[0]),
+            "micro_batches_per_rank": len(plan.per_rank[0]) * self.repeats,  # handed out: repeats count
             "samples_per_rank": samples,
             "tokens_per_rank": tokens,
             "dropped_samples": plan.dropped_samples,

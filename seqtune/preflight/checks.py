@@ -634,6 +634,41 @@ def check_epoch_steps(
     ]
 
 
+def check_repeated_steps(
+    micro_batches_per_rank: int | None, *, repeats: int, key: str, grad_accum: int, stream: bool
+) -> list[Problem]:
+    """A recipe that trains several steps on each step's micro-batches (plan.step_repeats) needs the batch plan
+    to hand them again: cached data (a stream is read once per pass), in whole steps (a partial last step repeated
+    would shift every later step's micro-batches). `micro_batches_per_rank`: one epoch's, before repeating."""
+    if repeats == 1:
+        return []
+    if stream:
+        return [
+            Problem(
+                check="plan",
+                key="data.mode",
+                message=(
+                    f"{key}={repeats} trains {repeats} steps on each step's micro-batches, which a stream "
+                    f"(data.mode=stream) cannot hand again. Fix: data.mode=cached, or {key}=1."
+                ),
+            )
+        ]
+    if micro_batches_per_rank is None or micro_batches_per_rank % grad_accum == 0:
+        return []
+    return [
+        Problem(
+            check="plan",
+            key="train.grad_accum",
+            message=(
+                f"{key}={repeats} repeats each optimizer step's micro-batches, but the train split's "
+                f"{micro_batches_per_rank} micro-batches per rank per epoch are not a whole number of steps of "
+                f"train.grad_accum={grad_accum}. Fix: train.grad_accum dividing {micro_batches_per_rank}, "
+                f"or {key}=1."
+            ),
+        )
+    ]
+
+
 # --- 8. LoRA and backends -----------------------------------------------------------------------------------
 
 

@@ -389,6 +389,14 @@ def plan_phase(
     world = plan.world.world_size
     stats = PlanStats(world_size=world, global_batch=cfg.train.batch_size * cfg.train.grad_accum * world)
     problems: list[Problem] = []
+    if cfg.data.mode == DataMode.stream:
+        problems += checks.check_repeated_steps(
+            None,
+            repeats=plan.step_repeats,
+            key=recipe_spec(plan.recipe).step_repeats_key,
+            grad_accum=cfg.train.grad_accum,
+            stream=True,
+        )
     efficiency, identity = None, None
     for name, view in views.items():
         if view is None or not len(view) or (name == "train" and cfg.data.mode == DataMode.stream):
@@ -408,6 +416,8 @@ def plan_phase(
             tail=cfg.data.tail if train else Tail.pad,
             bucket_window=cfg.padding.bucket_window,
             mix=mix,
+            repeats=plan.step_repeats if train else 1,
+            group=cfg.train.grad_accum,
         )
         summary = batch_plan.summary()
         micro = int(summary["micro_batches_per_rank"])
@@ -424,6 +434,13 @@ def plan_phase(
         if train:
             efficiency = round(float(summary["padding_efficiency"]), 4) if micro else None
             identity = batch_plan.identity()
+            problems += checks.check_repeated_steps(
+                micro // plan.step_repeats,
+                repeats=plan.step_repeats,
+                key=recipe_spec(plan.recipe).step_repeats_key,
+                grad_accum=cfg.train.grad_accum,
+                stream=False,
+            )
         problems += checks.check_epoch_steps(
             split=name,
             num_items=drawn,

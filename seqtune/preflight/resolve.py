@@ -128,6 +128,7 @@ def resolve_plan(
         reference=str(recipe.reference(cfg)),
         sample_kind=str(kind),
         sequences_per_sample=sequences_per_sample(kind),
+        step_repeats=recipe.step_repeats(recipe.settings_of(cfg)),
     )
 
 

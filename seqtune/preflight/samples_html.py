@@ -1,5 +1,8 @@
 """samples.html: the shown samples as one self-contained page (inline CSS, no script, no external asset).
 
+A recipe may add a section of tables below preflight's samples (`add_section`): GRPO's completions at each eval
+step, with each prompt, its completions and their rewards, rewritten at every eval.
+
 Every token is a <span class="tok ..."> with its id in the title: `target` (trained) or `prompt` (not trained),
 plus `bos` / `eos` / `eot` / `special` for control tokens and `cut` where the over-length policy removed tokens.
 A legend at the top explains the marks; each sample names its split, why it was picked and its file:line.
@@ -8,6 +11,7 @@ A legend at the top explains the marks; each sample names its split, why it was 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 
@@ -41,6 +45,12 @@ h1 { font-size: 1.4rem; } h2 { font-size: 1.15rem; margin-top: 2rem; border-bott
 .cut { color: #8250df; font-style: italic; outline: 1px dashed #8250df; padding: 0 3px; }
 .elided { color: #57606a; font-style: italic; outline: 1px dotted #8c959f; padding: 0 3px; }
 .nl { color: #afb8c1; }
+table.completions { border-collapse: collapse; width: 100%; font-size: .85rem; margin: .5rem 0 1.5rem; }
+table.completions th, table.completions td { border: 1px solid #d0d7de; padding: .3rem .5rem; vertical-align: top;
+          text-align: left; }
+table.completions td.text { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace;
+          white-space: pre-wrap; word-break: break-word; }
+table.completions td.num { text-align: right; font-variant-numeric: tabular-nums; }
 """
 
 LEGEND = (
@@ -127,3 +137,47 @@ def page(samples: Sequence[ShownSample], *, title: str, summary: str) -> str:
 def write_html(samples: Sequence[ShownSample], path: Path, *, title: str, summary: str) -> Path:
     """samples.html in the run directory, written atomically: a full disk is a clean error naming the path."""
     return write_atomic(path, page(samples, title=title, summary=summary), key=RUN_DIR_KEY)
+
+
+_END = "</body></html>\n"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Table:
+    """One table of a section: its heading (and anchor id), column names, and rows of cell texts; the first
+    `text_columns` cells of a row are text (monospace, wrapped), the rest numbers (right-aligned)."""
+
+    heading: str
+    anchor: str
+    columns: Sequence[str]
+    rows: Sequence[Sequence[str]]
+    text_columns: int
+
+
+def tables_section(section_id: str, heading: str, note: str, tables: Sequence[Table]) -> str:
+    """A section of tables (every text escaped), e.g. an online recipe's completions at each eval."""
+    parts = [f'<section id="{escape(section_id)}"><h2>{escape(heading)}</h2><p class="run">{escape(note)}</p>']
+    for table in tables:
+        head = "".join(f"<th>{escape(c)}</th>" for c in table.columns)
+        body = "".join(
+            "<tr>"
+            + "".join(
+                f'<td class="{"text" if i < table.text_columns else "num"}">{escape(cell)}</td>'
+                for i, cell in enumerate(row)
+            )
+            + "</tr>"
+            for row in table.rows
+        )
+        parts.append(
+            f'<h3 id="{escape(table.anchor)}">{escape(table.heading)}</h3>'
+            f'<table class="completions"><tr>{head}</tr>{body}</table>'
+        )
+    return "".join(parts) + "</section>"
+
+
+def add_section(path: Path, section_id: str, section: str, *, title: str) -> Path:
+    """samples.html with `section` (a tables_section) replacing the one of that id it had: below preflight's
+    samples when it wrote them, else on a page of its own. Written atomically."""
+    html = path.read_text(encoding="utf-8") if path.is_file() else page([], title=title, summary=str(path.parent))
+    head = html.split(f'<section id="{escape(section_id)}">')[0].removesuffix(_END)
+    return write_atomic(path, head + section + _END, key=RUN_DIR_KEY)

@@ -100,7 +100,8 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
     scheduler = build_scheduler(optimizer, cfg.optim, steps)
     scaler = torch.amp.GradScaler(env.device.type) if plan.loss_scaling else None
     stopper = None
-    if cfg.train.early_stop_patience:  # writes best/ whenever eval_loss improves; the run ends on those weights
+    recipe = recipe_spec(plan.recipe)
+    if cfg.train.early_stop_patience:  # writes best/ whenever the watched eval metric improves; the run ends on those
         best = BestWeights(
             unwrap(model),
             tokenizer,
@@ -111,7 +112,11 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
             data_format=cfg.data.format,
         )
         stopper = EarlyStopping(
-            patience=cfg.train.early_stop_patience, min_delta=cfg.train.early_stop_min_delta, best=best
+            patience=cfg.train.early_stop_patience,
+            min_delta=cfg.train.early_stop_min_delta,
+            best=best,
+            metric=f"eval_{recipe.early_stop_metric}",
+            higher=recipe.early_stop_higher,
         )
     progress = Progress()
     checkpointer = Checkpointer(
@@ -138,7 +143,7 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
         model=model,
         env=env,
         objective=trained,
-        recipe=recipe_spec(plan.recipe),
+        recipe=recipe,
         every=cfg.train.eval_every,
         max_batches=cfg.train.eval_batches,
         autocast_dtype=autocast,
@@ -157,7 +162,7 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
         train_batches=train_batches,
         evaluator=evaluator,
         env=env,
-        cfg=_divergence_checks(cfg, recipe_spec(plan.recipe)),
+        cfg=_divergence_checks(cfg, recipe),
         grad_clip=cfg.optim.grad_clip,
         total_steps=steps,
         logger=logger,

@@ -1,6 +1,8 @@
-"""Early stopping on eval_loss (train.early_stop_patience, train.early_stop_min_delta).
+"""Early stopping on an eval metric (train.early_stop_patience, train.early_stop_min_delta): the one the recipe's spec
+declares (RecipeSpec.early_stop_metric / early_stop_higher): eval_loss, lower is better, unless the recipe watches
+another (GRPO: eval_reward, higher is better). "Best" below means lowest, or highest for such a metric.
 
-Every eval whose loss is the lowest so far writes RUN_DIR/best/ (BestWeights.save), as transformers'
+Every eval whose value is the best so far writes RUN_DIR/best/ (BestWeights.save), as transformers'
 load_best_model_at_end keeps the lowest; min_delta only gates patience: an eval resets the count only when it beats the
 best by more than min_delta. After `patience` evals in a row without such an improvement, the loop stops. Whether it stopped or ran to the
 last step, the run ends on the best eval's weights (`end_on_best`), so the test split and the final export are the
@@ -26,7 +28,9 @@ class EarlyStopping:
     patience: int
     min_delta: float
     best: Best = field(repr=False)
-    best_loss: float = math.inf
+    metric: str = "eval_loss"  # what it watches (a key of the eval's metrics)
+    higher: bool = False  # whether a larger value is better
+    best_loss: float = math.nan  # the best value of `metric` so far (NaN: none yet); named for old checkpoints
     best_step: int = 0  # 0: no eval improved yet (best/ not written)
     evals_since_best: int = 0
 
@@ -34,25 +38,33 @@ class EarlyStopping:
     def should_stop(self) -> bool:
         return self.evals_since_best >= self.patience
 
+    def _better(self, value: float, than: float, margin: float = 0.0) -> bool:
+        if not math.isfinite(value):
+            return False
+        if math.isnan(than):
+            return True
+        return value > than + margin if self.higher else value < than - margin
+
     def observe(self, step: int, loss: float) -> tuple[dict[str, Any], str]:
-        """Record one eval: (metrics to log, what to add to the console's eval line)."""
-        lowest = math.isfinite(loss) and loss < self.best_loss
-        significant = lowest and loss < self.best_loss - self.min_delta
+        """Record one eval's value of `metric` (`loss`: eval_loss, unless the recipe watches another): (metrics to
+        log, what to add to the console's eval line)."""
+        best_yet = self._better(loss, self.best_loss)
+        significant = best_yet and self._better(loss, self.best_loss, self.min_delta)
         previous = self.best_loss
-        if lowest:
+        if best_yet:
             self.best_loss, self.best_step = loss, step
             self.best.save()
         self.evals_since_best = 0 if significant else self.evals_since_best + 1
         if significant:
             note = "; best so far, saved to best/"
         else:
-            saved = "; lowest so far, saved to best/, but" if lowest else "; no"
+            saved = "; best so far, saved to best/, but" if best_yet else "; no"
             note = (
                 f"{saved} improvement on {previous:.4f} by more than train.early_stop_min_delta={self.min_delta:g}"
                 f" for {self.evals_since_best} of train.early_stop_patience={self.patience} evals"
             )
         metrics: dict[str, Any] = {
-            "best_eval_loss": self.best_loss,
+            f"best_{self.metric}": self.best_loss,
             "best_step": self.best_step,
             "evals_since_best": self.evals_since_best,
         }
@@ -65,17 +77,17 @@ class EarlyStopping:
         """Load best/ into the model unless the last eval was the best; returns what to log."""
         if self.best_step == 0:
             say(
-                "early stopping: no eval had a finite loss, so best/ was never written; the run ends on its last "
+                f"early stopping: no eval had a finite {self.metric}, so best/ was never written; the run ends on its last "
                 "weights"
             )
             return {}
         if self.best_step != step:
             self.best.restore()
             say(
-                f"restored the best eval's weights (step {self.best_step}, eval_loss {self.best_loss:.4f}) from best/: "
-                "the test split and the final export use them"
+                f"restored the best eval's weights (step {self.best_step}, {self.metric} {self.best_loss:.4f}) from "
+                "best/: the test split and the final export use them"
             )
-        return {"best_eval_loss": self.best_loss, "best_step": self.best_step}
+        return {f"best_{self.metric}": self.best_loss, "best_step": self.best_step}
 
     def state_dict(self) -> dict[str, Any]:
         return {"best_loss": self.best_loss, "best_step": self.best_step, "evals_since_best": self.evals_since_best}

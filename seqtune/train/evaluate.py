@@ -111,7 +111,7 @@ class Evaluator:
         }
         line = f"step {step}: eval_loss {loss:.4f}" + self._summary_line(metrics, "eval_")
         if self.stopper is not None:
-            stop_metrics, note = self.stopper.observe(step, loss)
+            stop_metrics, note = self.stopper.observe(step, metrics[self.stopper.metric])
             metrics.update(stop_metrics)
             line += note
         self._print(line)

@@ -5,6 +5,7 @@ generation."""
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -71,7 +72,16 @@ def test_a_grpo_run_logs_rewards_and_writes_completions(reference):
     assert all(set(line) == {"step", "prompt", "completion", "reward", "rewards"} for line in lines)
     assert all(line["rewards"]["letter_share"] == pytest.approx(line["reward"]) for line in lines)
     plan = json.loads((reference / "plan.json").read_text())
-    assert plan["sample_kind"] == "prompt" and plan["recipe"] == "grpo"
+    assert plan["sample_kind"] == "prompt" and plan["recipe"] == "grpo" and plan["step_repeats"] == 1
+    # samples.html: preflight's prompts, then every eval's prompts, completions and rewards, escaped
+    page = (reference / "samples.html").read_text()
+    assert page.count('<section id="completions">') == 1 and 'id="step-2"' in page and 'id="step-4"' in page
+    assert "<th>letter_share</th>" in page and 'data-split="train"' in page
+    assert all(html.escape(line["completion"]) in page for line in lines)
+    # the export after a GRPO run carries its proof (the adapter reloads to the trained logits and stops at eos)
+    report = json.loads((reference / "export.json").read_text())
+    assert report["ok"] and [(a["artifact"], a["ok"]) for a in report["artifacts"]] == [("adapter", True)]
+    assert report["artifacts"][0]["checks"]["stops"] == {"</s>": True}
 
 
 def test_a_crashed_grpo_run_resumes_bitwise_like_the_uninterrupted_one(reference, tmp_path):
@@ -109,3 +119,72 @@ def test_reward_problems_are_refused_before_any_generation(tmp_path):
     assert f"(raised at {rewards}:2)" in out
     assert "reads column(s) solution, which the data's records lack (they have: answer)" in out
     assert not (run_dir / "completions.jsonl").exists() and not (run_dir / "metrics.jsonl").exists()
+
+
+ITERATED = [*COMMON, "grpo.num_iterations=2", "train.max_steps=6", "train.save_every=3"]
+
+
+@pytest.fixture(scope="module")
+def iterated(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("grpo_mu") / "run"
+    ok(run_cli(ITERATED, run_dir))
+    return run_dir
+
+
+def test_num_iterations_reuses_each_generation_batch_for_that_many_steps(iterated):
+    """grpo.num_iterations=2: steps 1-2, 3-4, 5-6 train on one generation batch each (the same rewards and lengths),
+    the 2nd step with the 1st's log-probabilities (a ratio off 1), and the plan counts the repeated steps."""
+    steps = [m for m in read_metrics(iterated) if "loss" in m]
+    assert [m["step"] for m in steps] == list(range(1, 7))
+    for first, second in zip(steps[::2], steps[1::2], strict=True):
+        for name in ("reward", "reward_std", "completion_length", "completions/clipped_ratio"):
+            assert second[name] == first[name], (second["step"], name)
+        assert first["clip_ratio"] == 0.0  # the generation step: ratio 1
+    assert steps[0]["reward"] != steps[2]["reward"] or steps[0]["completion_length"] != steps[2]["completion_length"]
+    assert any(m["clip_ratio"] > 0 for m in steps[1::2])  # a reused step moved some tokens past the clip
+    plan = json.loads((iterated / "plan.json").read_text())
+    assert plan["step_repeats"] == 2 and plan["batches"]["step_repeats"] == 2
+    report = json.loads((iterated / "preflight.json").read_text())
+    assert json.dumps(report).count('"steps_per_epoch": 168') >= 1  # 168 prompts / 2 per step, each step twice
+
+
+def test_a_run_killed_mid_cycle_resumes_bitwise(iterated, tmp_path):
+    """SIGKILL while saving step 6: step 3's checkpoint (the 1st step of a generation batch that step 4 reuses) holds
+    the rollouts and their log-probabilities, so the resumed steps 4-6 are the uninterrupted run's bit for bit."""
+    run_dir = tmp_path / "run"
+    crashed = run_cli(ITERATED, run_dir, env={"SEQTUNE_FAULT": "save:6"})
+    assert crashed.returncode == -9, crashed.stderr[-2000:]
+    resumed = run_cli(ITERATED, run_dir)
+    ok(resumed)
+    assert "step_00000003 (step 3)" in resumed.stdout
+    adapter = Path("adapter") / "adapter_model.safetensors"
+    ours, theirs = load_file(str(run_dir / adapter)), load_file(str(iterated / adapter))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+    def after(run: Path) -> list[dict]:
+        return [{k: v for k, v in m.items() if k not in TIMINGS} for m in read_metrics(run) if m["step"] > 3]
+
+    assert after(run_dir) == after(iterated)
+    assert (run_dir / "completions.jsonl").read_text() == (iterated / "completions.jsonl").read_text()
+
+
+def test_early_stopping_watches_the_eval_reward(tmp_path):
+    """train.early_stop_patience on a GRPO run watches eval_reward (the recipe spec's metric, higher is better):
+    best/ is the highest eval's, the run stops after `patience` evals without a higher one and ends on best/."""
+    run_dir = tmp_path / "run"
+    args = [*COMMON, "train.max_steps=12", "train.eval_every=2", "train.save_every=0", "train.early_stop_patience=1"]
+    ok(run_cli(args, run_dir))
+    metrics = read_metrics(run_dir)
+    evals = [m for m in metrics if "eval_reward" in m]
+    assert all("best_eval_reward" in m and "best_eval_loss" not in m for m in evals)
+    for n, m in enumerate(evals):
+        rewards = [e["eval_reward"] for e in evals[: n + 1]]
+        assert m["best_eval_reward"] == max(rewards)
+        assert m["best_step"] == evals[rewards.index(max(rewards))]["step"]
+    # patience 1: the first eval that is not the highest so far stops the run (6 rising eval rewards would not)
+    assert evals[-1].get("early_stopped") is True and evals[-1]["step"] < 12
+    assert (run_dir / "best").is_dir()
+    best_step = evals[-1]["best_step"]
+    ours = load_file(str(run_dir / "adapter" / "adapter_model.safetensors"))
+    saved = load_file(str(run_dir / "best" / "adapter_model.safetensors"))
+    assert best_step != evals[-1]["step"] and all(torch.equal(ours[k], saved[k]) for k in ours)

@@ -38,7 +38,7 @@ class GrpoLoss(StrEnum):
 
 class Generator(StrEnum):
     transformers = "transformers"  # the policy's own forward, sampling from a private torch.Generator
-    vllm = "vllm"  # colocated vLLM (GPU only): not built yet, refused by the schema
+    vllm = "vllm"  # colocated vLLM (GPU only): not built yet, refused by GrpoConfig with the fix
 
 
 @dataclass(kw_only=True)
@@ -58,7 +58,9 @@ class GrpoConfig:
     epsilon_high: float | None = None  # null: epsilon (DAPO's clip-higher sets it larger)
     beta: float = 0.0  # the k3 KL estimate to the reference, weighted (0: no reference model)
     loss: GrpoLoss = GrpoLoss.dapo
-    num_iterations: int = 1  # optimizer steps per generation batch (TRL's mu)
+    # Optimizer steps per generation batch (TRL's mu): the batch plan hands each step's prompts this many times in a
+    # row (plan.step_repeats; an epoch has this many times the steps), the later ones reuse the first's rollouts.
+    num_iterations: int = 1
     mask_truncated: bool = False  # completions that hit max_completion_tokens without a terminator train nothing
     generator: Generator = Generator.transformers
 
@@ -103,22 +105,14 @@ class GrpoConfig:
         if self.epsilon_high is not None:
             domain.at_least("epsilon_high", self.epsilon_high, 0, 0.28)
         domain.at_least("beta", self.beta, 0, 0.0)
-        # A generation batch reused for several optimizer steps needs the data loader to hand the same prompts
-        # again (TRL's RepeatSampler); the shared loader cannot yet, so more than one is refused, not ignored.
-        domain.require(
-            self.num_iterations == 1,
-            "num_iterations",
-            self.num_iterations,
-            "> 1 is not supported yet (each step generates for its own prompts)",
-            "1",
-        )
-        domain.require(
-            self.generator == Generator.transformers,
-            "generator",
-            self.generator,
-            "vllm is not built yet",
-            "transformers",
-        )
+        domain.at_least("num_iterations", self.num_iterations, 1, 1)
+        if self.generator != Generator.transformers:  # refused, never silently replaced by transformers
+            domain.refuse(
+                "generator",
+                f"grpo.generator={self.generator}: seqtune's colocated vLLM generator (a CUDA GPU, weights synced "
+                "each step) is not built yet, so a run cannot use it. Fix: grpo.generator=transformers (the "
+                "policy's own forward, on any device)",
+            )
         domain.done()
 
 
@@ -139,6 +133,12 @@ SPEC = register(
         paddings=frozenset({"longest", "bucket", "max_length"}),
         loss_spikes=False,
         zero_grad_is_collapse=False,
+        # TRL's mu: the batch plan hands each step's prompts num_iterations times; the objective generates on the
+        # first and trains the later ones on the same rollouts with their generation-time log-probabilities.
+        step_repeats=lambda grpo: grpo.num_iterations,
+        step_repeats_key="grpo.num_iterations",
+        early_stop_metric="reward",  # train.early_stop_patience watches eval_reward: a mean reward, higher is better
+        early_stop_higher=True,
         preflight=lambda cfg, facts: _checks(cfg, facts),
     )
 )

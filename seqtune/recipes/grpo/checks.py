@@ -1,5 +1,14 @@
 """GRPO's own preflight checks (RecipeSpec.preflight): what a late failure of an online run would cost most, proven
-before step 1. Each is (key, message with the fix); preflight lists them with every other problem and exits 2."""
+before step 1. Each is (key, message with the fix); preflight lists them with every other problem and exits 2.
+
+Proven here: the completion budget (prompt + grpo.max_completion_tokens within data.max_seq_len and the context);
+each reward function imports, has TRL's signature, reads only columns the data has, and returns one finite float
+(or None) per completion on a dry call with real prompts; message prompts' chat template renders a generation prompt
+and closes the assistant turn with a token generation stops at (a trained terminator); every rank generates for as
+many prompts (no filler-only micro-batch under DDP). The group divides each rank's generation batch by
+construction: a rank samples grpo.num_generations completions of each of its own prompts. The step plan's own rules
+(grpo.num_iterations with whole steps, cached data) are the shared plan phase's (check_repeated_steps).
+"""
 
 from __future__ import annotations
 
@@ -7,24 +16,48 @@ from typing import Any
 
 from seqtune.config.errors import ConfigError
 from seqtune.config.recipe_spec import RecipeFacts
-from seqtune.recipes.grpo.loading import dry_call_problems, load_rewards
+from seqtune.config.schema import Tail
+from seqtune.preflight.tokens import template_turn_closer
+from seqtune.recipes.grpo.loading import Reward, dry_call_problems, load_reward
 from seqtune.recipes.grpo.prompts import read_prompt_table
+from seqtune.tokenizers.control import control_tokens
 
 DRY_PROMPTS = 2
 
 
 def grpo_checks(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
-    problems = _budget(cfg, facts)
-    try:
-        rewards = load_rewards(list(cfg.grpo.rewards))
-    except ConfigError as err:
-        return [*problems, (err.key or "grpo.rewards", str(err))]
+    problems = _budget(cfg, facts) + _equal_prompts(cfg, facts)
+    rewards: list[Reward] = []
+    for i, ref in enumerate(cfg.grpo.rewards):  # every function that does not load is named, not just the first
+        try:
+            rewards.append(load_reward(f"grpo.rewards[{i}]", str(ref)))
+        except ConfigError as err:
+            problems.append((err.key or f"grpo.rewards[{i}]", str(err)))
     tokenizer = facts.tokenizer()
     table = read_prompt_table(cfg, facts.plan, tokenizer, limit=DRY_PROMPTS)
     records = list(table.records.values())
     problems += dry_call_problems(rewards, records)
     problems += _generation_prompt(tokenizer, records)
+    problems += _stop_ids(tokenizer, records, facts.terminators)
     return problems
+
+
+def _equal_prompts(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
+    """Across ranks, data.tail=pad completes the last step with fillers: a rank whose micro-batch is fillers only
+    generates nothing and skips the forward every other rank's DDP backward waits on. data.tail=drop gives every
+    rank full micro-batches of real prompts."""
+    world = facts.plan.world.world_size
+    if world == 1 or cfg.data.tail != Tail.pad:
+        return []
+    return [
+        (
+            "data.tail",
+            f"data.tail=pad with {world} ranks: the last step's fillers would leave ranks with unequal prompts "
+            "(a rank with none generates nothing and breaks the step's gradient all-reduce). Fix: data.tail=drop "
+            "(every rank gets train.batch_size real prompts per micro-batch; the tail is reshuffled into the next "
+            "epoch)",
+        )
+    ]
 
 
 def _budget(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
@@ -64,5 +97,28 @@ def _generation_prompt(tokenizer: Any, records: list[dict[str, Any]]) -> list[tu
             "the chat template renders no generation prompt (add_generation_prompt=True adds nothing), so "
             "completions would not start an assistant turn. Fix: tokenizer.chat_template=NAME whose template "
             "opens the assistant turn, or string prompts",
+        )
+    ]
+
+
+def _stop_ids(tokenizer: Any, records: list[dict[str, Any]], terminators: dict[int, str]) -> list[tuple[str, str]]:
+    """Completions stop at the plan's trained terminators (plan.tokens.terminators, what sampling stops at). A
+    message prompt opens an assistant turn: the token the chat template closes that turn with must be one of them,
+    or every completion runs on to grpo.max_completion_tokens (and is marked clipped)."""
+    if not any(isinstance(r["prompt"], list) for r in records) or not getattr(tokenizer, "chat_template", None):
+        return []
+    control = control_tokens(tokenizer)
+    closer = template_turn_closer(tokenizer, control)
+    if closer is None or closer in terminators:
+        return []
+    stops = ", ".join(f"{text} ({i})" for i, text in sorted(terminators.items()))
+    return [
+        (
+            "tokenizer.chat_template",
+            f"message prompts: the chat template closes an assistant turn with {control[closer]} (id {closer}), "
+            f"which is not a generation stop id (the trained terminators: {stops}), so completions would not stop "
+            f"at the turn's end and would run to grpo.max_completion_tokens. Fix: a model.family whose end-of-turn "
+            f"token is {control[closer]}, a tokenizer.chat_template that closes turns with {stops.split(' (')[0]}, "
+            "or string prompts",
         )
     ]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +27,11 @@ from seqtune.config.schema import RootConfig
 from seqtune.data.types import IGNORE_INDEX
 from seqtune.distributed import DistEnv, unwrap
 from seqtune.recipes.grpo import GrpoConfig, GrpoLoss
+from seqtune.recipes.grpo.completions import COMPLETIONS_FILE, show_completions
 from seqtune.recipes.grpo.loading import Reward, call_reward, load_rewards
 from seqtune.recipes.grpo.prompts import PromptTable, read_prompt_table
 from seqtune.train.metrics import truncate_after
 from seqtune.train.objectives import DisabledAdapters, FrozenCopy, ReferenceModel
-
-COMPLETIONS_FILE = "completions.jsonl"
 
 
 def metric_names(rewards: list[Reward]) -> tuple[str, ...]:
@@ -212,6 +211,39 @@ def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
+class Scored:
+    """One micro-batch's scored generation: what grpo.num_iterations > 1 reuses for the steps after the first."""
+
+    prompts: list[list[int]]
+    rollout: Rollout
+    records: list[dict[str, Any]]
+    texts: list[str]
+    per_function: torch.Tensor  # [functions, rows] float64, NaN where a function abstains
+    total: torch.Tensor  # [rows] the weighted reward
+    group_std: torch.Tensor  # [prompts]
+    advantages: torch.Tensor  # [rows]
+    ref_logps: torch.Tensor | None  # [rows, C] the reference's (fixed: the reference does not train)
+    old_logps: torch.Tensor | None = None  # [rows, C] the policy's at generation time, set by the first pass
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "rollout"}
+        return {**state, "rollout": {f.name: getattr(self.rollout, f.name) for f in fields(self.rollout)}}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], device: torch.device) -> Scored:
+        """Rebuilt from a checkpoint: the rollout and the per-token tensors on the device, the rewards on the CPU."""
+
+        def moved(value: Any) -> Any:
+            return value.to(device) if isinstance(value, torch.Tensor) else value
+
+        rollout = Rollout(**{k: moved(v) for k, v in state["rollout"].items()})
+        rest = {k: v for k, v in state.items() if k != "rollout"}
+        for key in ("advantages", "ref_logps", "old_logps"):
+            rest[key] = moved(rest[key])
+        return cls(rollout=rollout, **rest)
+
+
+@dataclass
 class GrpoObjective:
     cfg: GrpoConfig
     rewards: list[Reward]
@@ -228,7 +260,9 @@ class GrpoObjective:
     metric_names: tuple[str, ...] = ()
     train_calls: int = 0
     _written_step: int = -1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     generators: dict[str, torch.Generator] = field(default_factory=dict)
+    buffer: dict[int, Scored] = field(default_factory=dict)  # micro-batch slot -> its step's rollouts (mu > 1)
 
     def __post_init__(self) -> None:
         self.metric_names = metric_names(self.rewards)
@@ -236,22 +270,64 @@ class GrpoObjective:
             seed = int(np.random.SeedSequence([self.seed, self.env.rank, i]).generate_state(1, np.uint32)[0])
             self.generators[phase] = torch.Generator().manual_seed(seed)
 
-    # The checkpointer's part: the sampling generators and where training stands (completions.jsonl's step).
+    # The checkpointer's part: the sampling generators, where training stands (completions.jsonl's step) and, with
+    # grpo.num_iterations > 1, the step's rollouts still to be reused (a resume mid-cycle trains on the same ones).
     def state_dict(self) -> dict[str, Any]:
-        return {"train_calls": self.train_calls, **{k: g.get_state() for k, g in self.generators.items()}}
+        return {
+            "train_calls": self.train_calls,
+            **{k: g.get_state() for k, g in self.generators.items()},
+            "buffer": {slot: scored.state_dict() for slot, scored in self.buffer.items()},
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.train_calls = int(state["train_calls"])
         for key, generator in self.generators.items():
             generator.set_state(state[key])
+        # A checkpoint written before rollouts were reused has no buffer (it trained with grpo.num_iterations=1).
+        saved_buffer = state.get("buffer", {})
+        self.buffer = {int(slot): Scored.from_state(saved, self.device) for slot, saved in saved_buffer.items()}
         if self.env.is_main:
             truncate_after(self.completions_path, self.train_calls // self.grad_accum)
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         training = model.training
         prompts = _prompt_rows(batch)
+        # Which micro-batch of which step this is: the batch plan hands each step's micro-batches
+        # grpo.num_iterations times in a row (plan.step_repeats), so the 1st pass generates, the later ones reuse.
+        slot, reuse = self.train_calls % self.grad_accum, False
+        if training:
+            reuse = (self.train_calls // self.grad_accum) % self.cfg.num_iterations != 0
+            self.train_calls += 1
         if not prompts:  # a micro-batch of fillers only
             return next(model.parameters()).sum() * 0.0, torch.zeros(len(self.metric_names))
+        scored = self._reused(slot, prompts) if reuse else self._generate(model, prompts, training)
+        rollout = scored.rollout
+        C = rollout.completion_mask.shape[1]
+        mask = rollout.completion_mask.float()
+        if self.cfg.mask_truncated:
+            mask = mask * (~rollout.truncated).float()[:, None]
+        logps, entropy = token_logps(model, rollout, C, self.cfg.temperature)
+        if scored.old_logps is None:  # the generation step: its own log-probabilities (ratio 1, TRL's detach)
+            scored.old_logps = logps.detach()
+            if training and self.cfg.num_iterations > 1:
+                self.buffer[slot] = scored
+        loss, kl, region = surrogate_loss(
+            logps,
+            scored.old_logps,
+            scored.advantages,
+            mask,
+            cfg=self.cfg,
+            ref_logps=scored.ref_logps,
+            prompts=len(prompts),
+        )
+        metrics = self._metrics(scored, kl, region, entropy, len(prompts))
+        if not training:
+            self._write(scored.records, scored.texts, scored.per_function, scored.total)
+        return loss, metrics
+
+    def _generate(self, model: torch.nn.Module, prompts: list[list[int]], training: bool) -> Scored:
+        """Sample grpo.num_generations completions of each prompt with the current weights (no dropout), score them,
+        and take what stays fixed while the batch is reused: advantages and the reference's log-probabilities."""
         with torch.no_grad():
             was = model.training
             model.eval()  # sampling without dropout (TRL generates in eval mode too)
@@ -277,30 +353,43 @@ class GrpoObjective:
         total = torch.nansum(per_function * weights, dim=0).float()
         total[torch.isnan(per_function).all(0)] = math.nan  # unscored by every function: no baseline, no advantage
         advantages, group_std = group_advantages(total, self.cfg.num_generations)
-        device = rollout.sequences.device
-        advantages = advantages.to(device)
         C = rollout.completion_mask.shape[1]
-        mask = rollout.completion_mask.float()
-        if self.cfg.mask_truncated:
-            mask = mask * (~rollout.truncated).float()[:, None]
-        logps, entropy = token_logps(model, rollout, C, self.cfg.temperature)
-        old = logps.detach()  # num_iterations=1: the generation batch's own log-probabilities (ratio 1)
         ref = (
             reference_logps(self.reference, rollout, C, self.cfg.temperature)
             if self.reference is not None and self.cfg.beta
             else None
         )
-        loss, kl, region = surrogate_loss(
-            logps, old, advantages, mask, cfg=self.cfg, ref_logps=ref, prompts=len(prompts)
+        return Scored(
+            prompts=prompts,
+            rollout=rollout,
+            records=records,
+            texts=texts,
+            per_function=per_function,
+            total=total,
+            group_std=group_std,
+            advantages=advantages.to(rollout.sequences.device),
+            ref_logps=ref,
         )
-        P, G = len(prompts), self.cfg.num_generations
+
+    def _reused(self, slot: int, prompts: list[list[int]]) -> Scored:
+        scored = self.buffer.get(slot)
+        # An internal invariant: the batch plan repeats whole steps (preflight refuses an epoch that is not).
+        assert scored is not None and scored.prompts == prompts, "grpo.num_iterations: the step's prompts changed"
+        return scored
+
+    def _metrics(
+        self, scored: Scored, kl: torch.Tensor, region: torch.Tensor, entropy: torch.Tensor, P: int
+    ) -> torch.Tensor:
+        """Each metric summed over the micro-batch's prompts (the loop divides by the step's prompts)."""
+        G, rollout = self.cfg.num_generations, scored.rollout
+        device = rollout.sequences.device
         lengths = rollout.completion_mask.sum(1).float()
         full = rollout.completion_mask.float()
-        metrics = torch.stack(
+        return torch.stack(
             [
-                torch.nan_to_num(torch.nanmean(total.view(P, G), 1)).sum().to(device),
-                torch.nan_to_num(group_std).sum().to(device),
-                *(torch.nan_to_num(f.float().view(P, G)).mean(1).sum().to(device) for f in per_function),
+                torch.nan_to_num(torch.nanmean(scored.total.view(P, G), 1)).sum().to(device),
+                torch.nan_to_num(scored.group_std).sum().to(device),
+                *(torch.nan_to_num(f.float().view(P, G)).mean(1).sum().to(device) for f in scored.per_function),
                 lengths.view(P, G).mean(1).sum(),
                 rollout.truncated.float().view(P, G).mean(1).sum(),
                 _masked_mean(kl, full).detach() * P,
@@ -308,11 +397,6 @@ class GrpoObjective:
                 _masked_mean(entropy, full).detach() * P,
             ]
         ).detach()
-        if training:
-            self.train_calls += 1
-        else:
-            self._write(records, texts, per_function, total)
-        return loss, metrics
 
     def _score(self, records: list[dict[str, Any]], completions: list[Any]) -> torch.Tensor:
         prompts = [r["prompt"] for r in records]
@@ -330,7 +414,8 @@ class GrpoObjective:
     def _write(
         self, records: list[dict[str, Any]], texts: list[str], per_function: torch.Tensor, total: torch.Tensor
     ) -> None:
-        """completions.jsonl: each eval's completions with their rewards (rank 0's prompts), at eval steps."""
+        """completions.jsonl: each eval's completions with their rewards (rank 0's prompts), at eval steps; and
+        samples.html shows them all, step by step."""
         if not self.env.is_main:
             return
         step = self.train_calls // self.grad_accum
@@ -345,6 +430,7 @@ class GrpoObjective:
                     "rewards": rewards,
                 }
                 out.write(json.dumps(line, ensure_ascii=False) + "\n")
+        show_completions(self.completions_path)
 
 
 def _finite_or_none(value: float) -> float | None:
@@ -376,6 +462,7 @@ def build_objective(cfg: RootConfig, plan: Plan, run_dir: Path, built: Any) -> G
         stop_ids=frozenset(plan.tokens.terminators),
         pad_id=plan.tokens.pad_id,
         env=built.env,
+        device=built.env.device,
         seed=cfg.train.seed,
         grad_accum=cfg.train.grad_accum,
         completions_path=Path(run_dir) / COMPLETIONS_FILE,

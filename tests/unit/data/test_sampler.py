@@ -124,3 +124,26 @@ def test_steps_per_epoch_and_efficiency_report() -> None:
     print("padding efficiency (5000 long-tailed lengths, batch 8, max_seq_len 2048):", eff)
     assert eff["max_length"] < eff["longest"] < eff["bucket"] < eff["packed"]
     assert eff["packed"] >= 0.98  # tail=pad: the filler rows of the last step count as waste here
+
+
+@pytest.mark.parametrize("strategy", ["longest", "bucket"])
+def test_repeated_steps_hand_each_step_again_and_resume_mid_cycle(strategy: str) -> None:
+    """plan.step_repeats=2 with train.grad_accum=2 (GRPO's num_iterations): each step's two micro-batches come twice
+    in a row, steps per epoch count the repeats, the samples per rank do not, and a resume mid-cycle goes on exactly."""
+    tail, lengths = "drop", LENGTHS[:96]  # 24 micro-batches of 2 per rank: 12 whole steps
+    once = make_plan(strategy, 2, 1, tail, lengths, batch_size=2)
+    base = once.batches(0)
+    assert len(base) == 24
+    twice = make_plan(strategy, 2, 1, tail, lengths, batch_size=2, repeats=2, group=2)
+    steps = [base[i : i + 2] for i in range(0, len(base), 2)]
+    assert twice.batches(0) == [b for step in steps for b in (*step, *step)]
+    assert twice.steps_per_epoch(2) == 2 * once.steps_per_epoch(2)
+    assert twice.summary()["samples_per_rank"] == once.summary()["samples_per_rank"]
+    assert twice.summary()["micro_batches_per_rank"] == 2 * len(once)
+    it = iter(twice)
+    taken = [next(it) for _ in range(3)]  # stopped inside the first step's repeat
+    resumed = make_plan(strategy, 2, 1, tail, lengths, batch_size=2, repeats=2, group=2)
+    resumed.load_state_dict(twice.state_dict())
+    assert taken + list(resumed) == twice.batches(0)
+    with pytest.raises(DataError, match="step_repeats"):  # a checkpoint of another num_iterations does not resume
+        once.load_state_dict(twice.state_dict())

@@ -45,3 +45,20 @@ def test_min_delta_still_gates_patience():
     assert stopped == 12 and stopper.best_step == 12  # three small gains in a row stop it; the last is the best
     stopper, _, stopped = run([5.0, 4.0, 3.0, 2.0], patience=2, min_delta=0.5)
     assert stopped == 12 and not stopper.should_stop
+
+
+def test_a_metric_where_higher_is_better_keeps_the_highest():
+    """A recipe that watches eval_reward (RecipeSpec.early_stop_higher): the highest eval is best/, and a fall stops."""
+    best = SavedAt()
+    stopper = EarlyStopping(patience=2, min_delta=0.05, best=best, metric="eval_reward", higher=True)
+    logged = {}
+    for step, reward in zip((3, 6, 9, 12, 15), (0.1, 0.3, 0.32, 0.2, 0.25), strict=True):
+        best.step = step
+        logged, _ = stopper.observe(step, reward)
+        if stopper.should_stop:
+            break
+    # 0.32 beats 0.3 by less than min_delta: saved, but patience counts it; 0.2 is the second miss.
+    assert step == 12 and stopper.should_stop and best.saved == [3, 6, 9]
+    assert logged["best_eval_reward"] == 0.32 and logged["best_step"] == 9 and "best_eval_loss" not in logged
+    assert stopper.end_on_best(step, say=lambda _: None) == {"best_eval_reward": 0.32, "best_step": 9}
+    assert best.restored == [9]

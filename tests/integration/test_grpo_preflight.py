@@ -1,0 +1,207 @@
+"""Every GRPO refusal through the real CLI (`python -m seqtune recipe=lora_grpo ... preflight.only=true`): exit 2
+before any generation, each naming the key or the reward function's file:line and the fix. One parametrised table,
+preflight-only invocations (no training), plus the accepted cases that show each check can pass."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow
+
+BASE = ["recipe=lora_grpo", "preflight.only=true", "preflight.plot=false", "train.batch_size=2"]
+
+REWARDS = """\
+import math
+
+
+def ok(prompts, completions, answer, **columns):
+    return [0.5] * len(completions)
+
+
+def short_list(prompts, completions, **columns):
+    return [0.0]
+
+
+def not_finite(prompts, completions, **columns):
+    return [math.nan] * len(completions)
+
+
+def raises(prompts, completions, **columns):
+    raise KeyError("solution")
+
+
+def needs(prompts, completions, solution, **columns):
+    return [0.0] * len(completions)
+
+
+def one_argument(completions):
+    return [0.0] * len(completions)
+"""
+# A chat template that renders no generation prompt (add_generation_prompt changes nothing).
+NO_GENERATION_PROMPT = "{% for m in messages %}<|user|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("grpo_preflight")
+    rewards = root / "my_rewards.py"
+    rewards.write_text(REWARDS)
+    broken = root / "broken_import.py"
+    broken.write_text("import seqtune_no_such_module\n\n\ndef fn(prompts, completions, **columns):\n    return []\n")
+    messages = root / "messages.jsonl"
+    with messages.open("w") as out:
+        for i in range(24):
+            letter = "abcdef"[i % 6]
+            record = {"prompt": [{"role": "user", "content": f"Say {letter} {i}"}], "answer": letter}
+            out.write(json.dumps(record) + "\n")
+    template = root / "no_generation_prompt.jinja"
+    template.write_text(NO_GENERATION_PROMPT)
+    return {"rewards": rewards, "broken": broken, "messages": messages, "template": template}
+
+
+def line_of(path: Path, text: str) -> int:
+    return next(n for n, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+# (id, overrides (str.format'ed with the files), the key named, what the message says)
+CASES = [
+    (
+        "budget_over_max_seq_len",
+        ["data.max_seq_len=16", "grpo.max_completion_tokens=4"],
+        "grpo.max_completion_tokens",
+        "+ grpo.max_completion_tokens=4 = 20 tokens > data.max_seq_len 16. Fix: grpo.max_completion_tokens=",
+    ),
+    (
+        "budget_over_context",
+        ["grpo.max_completion_tokens=2040"],
+        "grpo.max_completion_tokens",
+        "= 2056 tokens > model context 2048. Fix: grpo.max_completion_tokens=2032",
+    ),
+    ("reward_does_not_import", ["grpo.rewards=[{broken}:fn]"], "grpo.rewards[0]", "failed: ModuleNotFoundError"),
+    ("reward_missing", ["grpo.rewards=[{rewards}:nope]"], "grpo.rewards[0]", "has no function nope"),
+    (
+        "reward_signature",
+        ["grpo.rewards=[{rewards}:one_argument]"],
+        "grpo.rewards[0]",
+        "takes 1 positional parameter(s); a reward is called as fn(prompts, completions, **columns)",
+    ),
+    (
+        "reward_raises",
+        ["grpo.rewards=[{rewards}:raises]"],
+        "grpo.rewards[0]",
+        "({rewards}:{raises_def}) failed a dry call on 2 real prompts with dummy completions: KeyError: "
+        "'solution' (raised at {rewards}:{raises_at})",
+    ),
+    (
+        "reward_wrong_length",
+        ["grpo.rewards=[{rewards}:ok,{rewards}:short_list]"],
+        "grpo.rewards[1]",
+        "({rewards}:{short_def}) failed a dry call on 2 real prompts with dummy completions: ValueError: returned 1 "
+        "for 2 completions",
+    ),
+    (
+        "reward_not_finite",
+        ["grpo.rewards=[{rewards}:not_finite]"],
+        "grpo.rewards[0]",
+        "({rewards}:{nan_def}) failed a dry call on 2 real prompts with dummy completions: ValueError: returned nan "
+        "at index 0 (expected a finite float or None)",
+    ),
+    (
+        "reward_column_missing",
+        ["grpo.rewards=[{rewards}:needs]"],
+        "grpo.rewards[0]",
+        "reads column(s) solution, which the data's records lack (they have: answer)",
+    ),
+    (
+        "unequal_prompts_per_rank",
+        ["launcher=torchrun", "launcher.nproc_per_node=2", "data.tail=pad"],
+        "data.tail",
+        "data.tail=pad with 2 ranks: the last step's fillers would leave ranks with unequal prompts",
+    ),
+    (
+        "no_generation_prompt",
+        ["data.train={messages}", "data.val=null", "tokenizer.chat_template={template}"],
+        "tokenizer.chat_template",
+        "the chat template renders no generation prompt",
+    ),
+    (
+        "stop_ids_not_the_turn_closer",
+        ["data.train={messages}", "data.val=null"],
+        "tokenizer.chat_template",
+        "closes an assistant turn with <|end|> (id {end_id}), which is not a generation stop id (the trained "
+        "terminators: </s> (1))",
+    ),
+    (
+        "iterations_partial_step",
+        ["grpo.num_iterations=2", "train.grad_accum=5"],
+        "train.grad_accum",
+        "grpo.num_iterations=2 repeats each optimizer step's micro-batches, but the train split's 84 micro-batches "
+        "per rank per epoch are not a whole number of steps of train.grad_accum=5",
+    ),
+    (
+        "iterations_stream",
+        ["grpo.num_iterations=2", "data.mode=stream"],
+        "data.mode",
+        "grpo.num_iterations=2 trains 2 steps on each step's micro-batches, which a stream (data.mode=stream) cannot "
+        "hand again. Fix: data.mode=cached",
+    ),
+    (
+        "vllm_generator",
+        ["grpo.generator=vllm"],
+        "grpo.generator",
+        "grpo.generator=vllm: seqtune's colocated vLLM generator (a CUDA GPU, weights synced each step) is not built "
+        "yet, so a run cannot use it. Fix: grpo.generator=transformers",
+    ),
+]
+
+
+def _fill(text: str, files: dict[str, Path]) -> str:
+    rewards = files["rewards"]
+    return text.format(
+        **files,
+        raises_def=line_of(rewards, "def raises"),
+        raises_at=line_of(rewards, "raise KeyError"),
+        short_def=line_of(rewards, "def short_list"),
+        nan_def=line_of(rewards, "def not_finite"),
+        end_id=_end_id(),
+    )
+
+
+def _end_id() -> int:
+    from transformers import AutoTokenizer
+
+    import seqtune
+
+    tokenizer = AutoTokenizer.from_pretrained(Path(seqtune.__file__).parent / "tokenizers" / "assets" / "seqtune-bpe")
+    return int(tokenizer.convert_tokens_to_ids("<|end|>"))
+
+
+@pytest.mark.parametrize("overrides,key,says", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_each_grpo_refusal_exits_2_before_any_generation(files, tmp_path, overrides, key, says):
+    run_dir = tmp_path / "run"
+    result = run_cli([*BASE, *(_fill(o, files) for o in overrides)], run_dir)
+    out = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 2, out[-3000:]
+    assert key in out and " ".join(_fill(says, files).split()) in out, out[-3000:]
+    assert "Traceback" not in out
+    assert not (run_dir / "completions.jsonl").exists() and not (run_dir / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["grpo.rewards=[{rewards}:ok]", "grpo.num_iterations=2", "data.max_seq_len=20", "grpo.max_completion_tokens=4"],
+        # zephyr closes an assistant turn with </s>: a trained terminator, so message prompts stop
+        ["data.train={messages}", "data.val=null", "tokenizer.chat_template=zephyr"],
+    ],
+    ids=["rewards_budget_and_iterations", "message_prompts_whose_turn_ends_on_a_terminator"],
+)
+def test_the_same_checks_accept_a_sound_run(files, tmp_path, overrides):
+    result = run_cli([*BASE, *(_fill(o, files) for o in overrides)], tmp_path / "run")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "preflight: no problems." in result.stdout

@@ -1,0 +1,183 @@
+"""grpo.num_iterations > 1 (TRL's mu) through GrpoObjective itself, on a tiny random model and the bundled tokenizer:
+the 2nd pass over a step's prompts trains on the 1st pass's rollout with its generation-time log-probabilities
+(after an update, so the ratio is not 1), its loss equals TRL's GRPOTrainer._compute_loss fed the same rollout,
+old_per_token_logps and advantages to 1e-5; a new cycle generates again; and the reused rollouts survive a
+state_dict round trip (what a resume mid-cycle loads)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+import seqtune
+from seqtune.distributed import DistEnv
+from seqtune.recipes.grpo import GrpoConfig, GrpoLoss
+from seqtune.recipes.grpo.loading import load_rewards
+from seqtune.recipes.grpo.objective import GrpoObjective
+from seqtune.recipes.grpo.prompts import PromptTable
+
+TOKENIZER = Path(seqtune.__file__).parent / "tokenizers" / "assets" / "seqtune-bpe"
+G, C = 4, 5
+PROMPTS = [[1, 301, 302, 303], [1, 400, 401]]  # two prompts of different lengths (left-padded when generating)
+
+
+def tiny_model() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=4096,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    return LlamaForCausalLM(config)
+
+
+def objective(tokenizer, loss: GrpoLoss, **settings) -> GrpoObjective:
+    table = PromptTable()
+    for ids in PROMPTS:
+        table.records[tuple(ids)] = {"prompt": tokenizer.decode(ids[1:])}
+    cfg = GrpoConfig(
+        rewards=["seqtune.recipes.grpo.rewards:short"],
+        num_generations=G,
+        max_completion_tokens=C,
+        num_iterations=2,
+        loss=loss,
+        **settings,
+    )
+    return GrpoObjective(
+        cfg=cfg,
+        rewards=load_rewards(list(cfg.rewards)),
+        table=table,
+        tokenizer=tokenizer,
+        reference=None,
+        stop_ids=frozenset({tokenizer.eos_token_id}),
+        pad_id=tokenizer.pad_token_id or 0,
+        env=DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")),
+        seed=3,
+        grad_accum=1,
+        completions_path=Path(tempfile.mkdtemp()) / "completions.jsonl",
+    )
+
+
+def batch() -> dict[str, torch.Tensor]:
+    width = max(map(len, PROMPTS))
+    ids = torch.zeros(len(PROMPTS), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, p in enumerate(PROMPTS):
+        ids[r, : len(p)], mask[r, : len(p)] = torch.tensor(p), 1
+    targets = torch.full_like(ids, -100)
+    targets[:, 1] = 5  # each prompt's one anchor target: a real prompt, not a filler
+    return {"input_ids": ids, "attention_mask": mask, "targets": targets}
+
+
+def trl_loss(model, scored, cfg: GrpoConfig) -> float:
+    from trl import GRPOConfig, GRPOTrainer
+
+    with tempfile.TemporaryDirectory() as out:
+        args = GRPOConfig(
+            output_dir=out,
+            per_device_train_batch_size=len(PROMPTS) * G,
+            num_generations=G,
+            max_completion_length=C,
+            loss_type=str(cfg.loss),
+            beta=0.0,
+            epsilon=cfg.epsilon,
+            epsilon_high=cfg.clip_high,
+            temperature=cfg.temperature,
+            num_iterations=cfg.num_iterations,
+            use_cpu=True,
+            report_to=[],
+            bf16=False,
+        )
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=lambda prompts, completions, **kw: [0.0] * len(prompts),
+            args=args,
+            train_dataset=Dataset.from_dict({"prompt": ["x"] * (len(PROMPTS) * G)}),
+            processing_class=AutoTokenizer.from_pretrained(TOKENIZER),
+        )
+    trainer.current_gradient_accumulation_steps = 1
+    ro = scored.rollout
+    completion_len = ro.completion_mask.shape[1]
+    inputs = {
+        "prompt_ids": ro.sequences[:, :-completion_len],
+        "prompt_mask": ro.attention_mask[:, :-completion_len],
+        "completion_ids": ro.sequences[:, -completion_len:],
+        "completion_mask": ro.completion_mask,
+        "advantages": scored.advantages,
+        "old_per_token_logps": scored.old_logps,
+        "num_items_in_batch": ro.completion_mask.sum().float(),
+    }
+    trainer.model.train()
+    return float(trainer._compute_loss(trainer.model, inputs).detach())
+
+
+@pytest.mark.parametrize("loss", list(GrpoLoss))
+def test_the_second_iteration_reuses_the_rollout_and_matches_trl(loss):
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    model = tiny_model().train()  # no dropout in the config: both sides see one function
+    grpo = objective(tokenizer, loss, epsilon_high=0.28, temperature=0.7)
+    first, _ = grpo(model, batch())
+    scored = grpo.buffer[0]
+    assert scored.old_logps is not None and not scored.old_logps.requires_grad
+    old = scored.old_logps.clone()
+    with torch.no_grad():  # an optimizer step's worth of change, so the ratio leaves 1 and the clip takes part
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    second, metrics = grpo(model, batch())
+    assert grpo.buffer[0] is scored and torch.equal(scored.old_logps, old)  # no new generation, old log-probs kept
+    clip_ratio = metrics[grpo.metric_names.index("clip_ratio")].item()
+    assert clip_ratio > 0  # the perturbation moves some tokens past the clip: the 2nd pass is not a ratio-1 step
+    theirs = trl_loss(model, scored, grpo.cfg)
+    assert second.item() / len(PROMPTS) == pytest.approx(theirs, abs=1e-5)
+    assert second.item() != pytest.approx(first.item(), abs=1e-6)
+
+    grpo(model, batch())  # the next cycle samples again: a new rollout (the generator moved on)
+    assert grpo.buffer[0] is not scored
+
+
+def test_the_reused_rollouts_round_trip_through_the_checkpoint_state():
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    model = tiny_model().train()
+    grpo = objective(tokenizer, GrpoLoss.dapo)
+    grpo(model, batch())
+    state = grpo.state_dict()
+    expected, _ = grpo(model, batch())  # the 2nd pass of the uninterrupted run
+    resumed = objective(tokenizer, GrpoLoss.dapo)
+    with tempfile.TemporaryDirectory() as out:  # as the checkpointer saves and loads a part (weights_only)
+        torch.save(state, Path(out) / "objective.pt")
+        resumed.load_state_dict(torch.load(Path(out) / "objective.pt", weights_only=True))
+    got, _ = resumed(model, batch())
+    assert torch.equal(got, expected)
+    assert resumed.train_calls == grpo.train_calls == 2
+
+
+def test_with_gradient_accumulation_each_micro_batch_reuses_its_own_rollout():
+    """train.grad_accum=2: the batch plan hands micro-batches A B A B (one step, twice); the 3rd and 4th calls reuse
+    A's and B's rollouts, and a micro-batch whose prompts are not the buffered ones is an internal error."""
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    model = tiny_model().train()
+    grpo = objective(tokenizer, GrpoLoss.dapo)
+    grpo.grad_accum = 2
+    first, second = batch(), batch()
+    second["input_ids"][:, 1] += 7  # other prompts in the step's 2nd micro-batch
+    for ids in second["input_ids"]:
+        grpo.table.records[tuple(ids[ids != 0].tolist())] = {"prompt": "other"}
+    grpo(model, first)
+    grpo(model, second)
+    a, b = grpo.buffer[0], grpo.buffer[1]
+    assert a.prompts != b.prompts
+    grpo(model, first)
+    grpo(model, second)
+    assert grpo.buffer == {0: a, 1: b}
+    with pytest.raises(AssertionError, match="the step's prompts changed"):
+        grpo.train_calls = 2  # pretend the plan handed the 2nd micro-batch where the 1st's repeat belongs
+        grpo(model, second)
