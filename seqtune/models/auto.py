@@ -33,7 +33,7 @@ from seqtune.models.arch import config_arch, meta_model
 from seqtune.models.facts import check_checkpoint_dir, config_key, read_config_json
 from seqtune.models.registry import get_spec, specs_for_model_type
 from seqtune.models.spec import ModelSpec, common_arch_fields
-from seqtune.tokenizers.templates import PROBE_REPLY, end_of_turn_probe
+from seqtune.tokenizers.templates import after_probe_reply, end_of_turn_probe
 
 _LAYER_WEIGHT = re.compile(r"^model\.layers\.0\.(.+)\.weight$")
 FIX = (
@@ -255,8 +255,8 @@ def _end_of_turn(root: Path, template: str | None, tokenizer_config: dict) -> tu
     added += [text for t in tokenizer_config.get("added_tokens_decoder", {}).values() if (text := _token_text(t))]
     if template:
         rendered = _render_probe(template, tokenizer_config)
-        if rendered is not None:
-            after = rendered[rendered.index(PROBE_REPLY) + len(PROBE_REPLY) :]
+        after = None if rendered is None else after_probe_reply(rendered)
+        if after is not None:
             found = sorted(
                 (after.find(token), -len(token), token) for token in set(filter(None, added)) if after.find(token) >= 0
             )
