@@ -796,7 +796,7 @@ class TrainConfig:
     export_merged: bool = False
     # Also write RUN_DIR/gguf/<run>-<type>.gguf (llama.cpp, Ollama, LM Studio): f16 | bf16 | q8_0 | null (none).
     # From merged/ (written for it: LoRA) or model/; the export proof reads it back. Refused for an architecture
-    # the writer does not know (seqtune.export.gguf.ARCHES) and for LoRA under FSDP across ranks.
+    # the writer does not know (no family states its `gguf` row: seqtune/models/<family>.py) and for LoRA under FSDP across ranks.
     export_gguf: GgufType | None = None
     # Upload the export to the Hugging Face Hub repository ORG/NAME at the end of the run, once the export proof
     # passed: merged/ when train.export_merged, else adapter/ (LoRA) or model/, with its README.md card, and the

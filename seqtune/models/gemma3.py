@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from seqtune.models.spec import (
     ATTENTION_PROJECTIONS,
+    ChatEncoding,
     GgufRow,
     Layout,
     ModelSpec,
@@ -115,6 +116,13 @@ SPEC = ModelSpec(
         chat_markers=(
             "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n",
             "<start_of_turn>model\nHello<end_of_turn>\n",
+        ),
+        chat_encoding=ChatEncoding(
+            # "\n" after <end_of_turn> is not a target
+            target_runs=("Hello!<end_of_turn>", "Paris.<end_of_turn>", "<eos>"),
+            eos_appended=True,
+            bos_prepended=False,
+            tool_turns=False,
         ),
     ),
 )

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from seqtune.models.spec import GgufRow, Layout, ModelSpec, TestExpectations, common_arch_fields, common_config_kwargs
+from seqtune.models.spec import (
+    ChatEncoding,
+    GgufRow,
+    Layout,
+    ModelSpec,
+    TestExpectations,
+    common_arch_fields,
+    common_config_kwargs,
+)
 from seqtune.tokenizers import templates
 
 # Llama 3.1's scaling: wavelengths longer than original/low_freq_factor are divided by `factor`, shorter than
@@ -73,6 +81,12 @@ SPEC = ModelSpec(
         chat_markers=(
             "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>",
             "<|start_header_id|>assistant<|end_header_id|>\n\nHello<|eot_id|>",
+        ),
+        chat_encoding=ChatEncoding(
+            target_runs=("Hello!<|eot_id|>", "Paris.<|eot_id|><|end_of_text|>"),
+            eos_appended=True,
+            bos_prepended=False,
+            tool_turns=True,
         ),
     ),
 )

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from seqtune.models.spec import GgufRow, Layout, ModelSpec, TestExpectations, common_arch_fields, common_config_kwargs
+from seqtune.models.spec import (
+    ChatEncoding,
+    GgufRow,
+    Layout,
+    ModelSpec,
+    TestExpectations,
+    common_arch_fields,
+    common_config_kwargs,
+)
 from seqtune.tokenizers import templates
 
 
@@ -54,5 +62,11 @@ SPEC = ModelSpec(
         tokenizer="mistral_v3",
         bos_eos=("<s>", "</s>"),
         chat_markers=("<s>[INST] Be brief.\n\nHi [/INST] Hello</s>",),
+        chat_encoding=ChatEncoding(
+            target_runs=("Hello!</s>", "Paris.</s>"),
+            eos_appended=False,
+            bos_prepended=False,
+            tool_turns=True,
+        ),
     ),
 )

@@ -99,6 +99,21 @@ class GgufRow:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ChatEncoding:
+    """How a chat sample of the family encodes with its fetched tokenizer (tests/unit/tokenizers/
+    test_chat_families.py, over the same conversations for every family that states one)."""
+
+    # What the training targets of the system + two-exchange conversation decode to, one string per run.
+    target_runs: tuple[str, ...]
+    # Whether seqtune appends an eos after the template's rendering (the template does not end the last reply with
+    # one), and prepends the tokenizer's bos (a template that renders none).
+    eos_appended: bool
+    bos_prepended: bool
+    # Whether the template renders tool turns (else a tool turn is refused naming the template).
+    tool_turns: bool
+
+
+@dataclass(frozen=True, kw_only=True)
 class TestExpectations:
     """What the family's tests check a tiny build and its tokenizer against (tests/unit/models,
     tests/unit/tokenizers): stated beside the facts they check, so a new family's tests need no table edited."""
@@ -112,6 +127,8 @@ class TestExpectations:
     # Text the family's chat template renders for tests/unit/models/test_model_families.py's conversation
     # (system "Be brief.", user "Hi", assistant "Hello"), each a substring of the rendering.
     chat_markers: tuple[str, ...]
+    # The encoding test_chat_families.py checks (None: not among the families pinned there).
+    chat_encoding: ChatEncoding | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from seqtune.models.spec import GgufRow, Layout, ModelSpec, TestExpectations, common_arch_fields, common_config_kwargs
+from seqtune.models.spec import (
+    ChatEncoding,
+    GgufRow,
+    Layout,
+    ModelSpec,
+    TestExpectations,
+    common_arch_fields,
+    common_config_kwargs,
+)
 from seqtune.tokenizers import templates
 
 
@@ -51,5 +59,11 @@ SPEC = ModelSpec(
         tokenizer="llama2_spm",
         bos_eos=("<s>", "</s>"),
         chat_markers=("<|system|>\nBe brief.</s>\n<|user|>\nHi</s>\n<|assistant|>\nHello</s>\n",),
+        chat_encoding=ChatEncoding(
+            target_runs=("Hello!</s>", "Paris.</s>"),
+            eos_appended=False,
+            bos_prepended=True,
+            tool_turns=False,
+        ),
     ),
 )

@@ -71,7 +71,7 @@ def test_seqtune_models_imports_form_a_dag():
     graph = import_graph()
     assert {"spec", "registry", "arch", "auto", "build", "facts", "memory", "model_configs"} <= set(graph)
     assert graph["spec"] == set(), "spec.py is the bottom: ModelSpec and pure helpers"
-    assert all(graph[family] == {"spec"} for family in FAMILIES), "a family module imports only spec.py"
+    assert all("spec" in graph[family] for family in FAMILIES), "a family module defines its SPEC from spec.py"
     found = cycle(graph)
     assert found is None, "seqtune/models import cycle: " + " -> ".join(found or [])
 
