@@ -10,8 +10,10 @@ Defaults live here or in YAML, never in `cfg.get(key, default)` inside code.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, make_dataclass
 from enum import StrEnum
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hydra.core.config_store import ConfigStore
@@ -26,16 +28,27 @@ from seqtune.config.recipe_spec import RecipeSpec, Scored, preset_fix, recipe_sp
 # --- closed choices: one Enum each (a StrEnum compares equal to its string, so "packed" == PaddingStrategy.packed)
 
 
-class ModelFamily(StrEnum):
-    """The family registry: each member names seqtune/models/<member>.py (its ModelSpec); `auto` reads every fact
-    from the checkpoint (model.path). Adding a family: docs/extending.md."""
+# A family module declares itself with this top-level line (seqtune/models/<family>.py: `SPEC = ModelSpec(`).
+_FAMILY_DECLARATION = re.compile(r"^SPEC = ModelSpec\(", re.MULTILINE)
 
-    auto = "auto"
-    llama3 = "llama3"
-    gemma3 = "gemma3"
-    mistral = "mistral"
-    tinyllama = "tinyllama"
-    qwen3 = "qwen3"
+
+def _family_modules() -> list[str]:
+    """The named families: every seqtune/models/<name>.py that declares `SPEC = ModelSpec(...)`. Read from the
+    files, not imported (config sits below models and stays light), so adding a family is its module and its
+    config, with no list to edit (docs/extending.md)."""
+    models = Path(__file__).resolve().parents[1] / "models"
+    return sorted(p.stem for p in models.glob("*.py") if _FAMILY_DECLARATION.search(p.read_text(encoding="utf-8")))
+
+
+if TYPE_CHECKING:
+
+    class ModelFamily(StrEnum):
+        auto = "auto"
+
+else:
+    # The family registry: `auto` (every fact read from the checkpoint, model.path) and one member per family
+    # module; Hydra refuses any other model.family at compose time, listing these.
+    ModelFamily = StrEnum("ModelFamily", [("auto", "auto"), *((name, name) for name in _family_modules())])
 
 
 class DType(StrEnum):
@@ -783,7 +796,7 @@ class TrainConfig:
     export_merged: bool = False
     # Also write RUN_DIR/gguf/<run>-<type>.gguf (llama.cpp, Ollama, LM Studio): f16 | bf16 | q8_0 | null (none).
     # From merged/ (written for it: LoRA) or model/; the export proof reads it back. Refused for an architecture
-    # the writer does not know (seqtune.export.gguf.ARCHES) and for LoRA under FSDP across ranks.
+    # the writer does not know (no family states its `gguf` row: seqtune/models/<family>.py) and for LoRA under FSDP across ranks.
     export_gguf: GgufType | None = None
     # Upload the export to the Hugging Face Hub repository ORG/NAME at the end of the run, once the export proof
     # passed: merged/ when train.export_merged, else adapter/ (LoRA) or model/, with its README.md card, and the

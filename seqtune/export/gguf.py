@@ -2,10 +2,11 @@
 tensors (or model/'s for a full fine-tune), the tokenizer (vocabulary, token types, scores or merges), the chat
 template trained with and the bos/eos/eot/pad ids, in one RUN_DIR/gguf/<run>-<type>.gguf.
 
-Follows llama.cpp's convert_hf_to_gguf.py for each architecture it knows (ARCHES: the tensor names come from gguf's
-own TensorNameMap; Llama-layout q/k projections are permuted to llama.cpp's rotary layout; Gemma's RMSNorm weights
-are stored as 1 + w). An architecture not in ARCHES, or a rope scaling the writer does not encode, is refused naming
-the reason (`gguf_refusal`), by preflight before training and again here.
+Follows llama.cpp's convert_hf_to_gguf.py for each architecture it knows: a family's `GgufRow` (its `gguf` in
+seqtune/models/<family>.py, read through the registry by model_type: the tensor names come from gguf's own
+TensorNameMap; Llama-layout q/k projections are permuted to llama.cpp's rotary layout; Gemma's RMSNorm weights are
+stored as 1 + w). A model_type no family gives a row, or a rope scaling the writer does not encode, is refused
+naming the reason (`gguf_refusal`), by preflight before training and again here.
 
 `check_gguf` is the post-flight proof for a written file: read back with gguf.GGUFReader, every tensor equals
 merged/'s after the same transform (exactly for f16/bf16 after the dtype conversion, within Q8_0's per-block step),
@@ -21,7 +22,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,47 +31,22 @@ import numpy as np
 
 from seqtune.config.errors import ConfigError, SeqtuneError
 from seqtune.files import atomic_directory, atomic_output, follow_umask, storage_error
+from seqtune.models.registry import gguf_model_types, gguf_row
+from seqtune.models.spec import GgufRow
 
 GGUF_DIR = "gguf"
 
 
-@dataclass(frozen=True, kw_only=True)
-class GgufArch:
-    """How one transformers model_type becomes a llama.cpp architecture (convert_hf_to_gguf.py's model class)."""
-
-    name: str  # gguf.MODEL_ARCH member name
-    permute_qk: bool = False  # LlamaModel: q/k rows reordered for llama.cpp's rotary layout
-    norm_shift: float = 0.0  # Gemma3Model: RMSNorm weights stored as shift + w
-    extra: Callable[[Any, dict], None] | None = None  # architecture-specific metadata (writer, config.json)
-
-
-def _gemma3_metadata(writer: Any, config: dict) -> None:
-    if not config.get("head_dim"):  # a config's own head_dim is written for every architecture (_write_metadata)
-        writer.add_key_length(256)
-        writer.add_value_length(256)
-    if config.get("final_logit_softcapping"):
-        writer.add_final_logit_softcapping(config["final_logit_softcapping"])
-    if config.get("sliding_window_pattern") != 1 and config.get("sliding_window"):
-        writer.add_sliding_window(config["sliding_window"])
-
-
-# transformers model_type -> llama.cpp architecture. Adding a family: one row (and its metadata function, if any).
-ARCHES: dict[str, GgufArch] = {
-    "llama": GgufArch(name="LLAMA", permute_qk=True),
-    "mistral": GgufArch(name="LLAMA", permute_qk=True),  # convert_hf_to_gguf: MistralModel(LlamaModel), arch llama
-    "gemma3_text": GgufArch(name="GEMMA3", norm_shift=1.0, extra=_gemma3_metadata),
-    "qwen3": GgufArch(name="QWEN3"),
-}
 # rope scaling types the writer encodes (llama3: a rope_freqs tensor; linear: a factor).
 ROPE_SCALINGS = (None, "default", "llama3", "linear")
 
 
 def gguf_refusal(model_type: str, rope_type: str | None = None) -> str | None:
     """Why a model cannot be written as GGUF here, or None."""
-    if model_type not in ARCHES:
+    if gguf_row(model_type) is None:
         return (
-            f"the GGUF writer does not know model_type {model_type!r} (it knows {', '.join(sorted(ARCHES))}: "
-            "seqtune.export.gguf.ARCHES)"
+            f"the GGUF writer does not know model_type {model_type!r} (it knows {', '.join(gguf_model_types())}: "
+            "the `gguf` rows of the families in seqtune/models)"
         )
     if rope_type not in ROPE_SCALINGS:
         return f"the GGUF writer does not encode rope scaling {rope_type!r} (it encodes llama3 and linear)"
@@ -91,6 +67,12 @@ def checkpoint_rope_type(path: str | None) -> str | None:
 def _rope_type(config: dict) -> str | None:
     scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
     return scaling.get("rope_type") or scaling.get("type")
+
+
+def _row(model_type: str) -> GgufRow:
+    row = gguf_row(model_type)
+    assert row is not None, f"gguf_refusal checked model_type {model_type!r} first"
+    return row
 
 
 def _permute(weights: np.ndarray, n_head: int) -> np.ndarray:
@@ -116,7 +98,7 @@ def _read_tensor(directory: Path, wanted: str) -> np.ndarray | None:
     return next((data for name, data in _source_tensors(directory, only=wanted)), None)
 
 
-def gguf_tensors(directory: Path, config: dict, arch: GgufArch) -> Iterator[tuple[str, np.ndarray]]:
+def gguf_tensors(directory: Path, config: dict, arch: GgufRow) -> Iterator[tuple[str, np.ndarray]]:
     """(GGUF name, float32 array) of every tensor llama.cpp reads, transformed as convert_hf_to_gguf.py does."""
     import gguf
 
@@ -323,7 +305,7 @@ def write_gguf(source: Path, target: Path, gguf_type: str, *, ids: GgufIds, add_
             key="train.export_gguf",
             fix="train.export_gguf=null (merged/ loads with transformers; convert it elsewhere).",
         )
-    arch = ARCHES[config["model_type"]]
+    arch = _row(config["model_type"])
     logging.getLogger("gguf").setLevel(logging.WARNING)  # its "Little Endian only" notice says nothing to act on
     tokenizer = AutoTokenizer.from_pretrained(source)
     vocab = gguf_vocab(tokenizer, json.loads((source / "tokenizer.json").read_text()), rows=config["vocab_size"])
@@ -362,7 +344,7 @@ def _close(writer: Any) -> None:
         pass
 
 
-def _write_metadata(writer: Any, config: dict, arch: GgufArch, gguf_type: str, source: Path) -> None:
+def _write_metadata(writer: Any, config: dict, arch: GgufRow, gguf_type: str, source: Path) -> None:
     import gguf
 
     n_head = config["num_attention_heads"]
@@ -484,7 +466,7 @@ def check_gguf(path: Path, facts: Any) -> Any:
     run_dir = facts.run_dir
     source = run_dir / "merged" if (run_dir / "merged").is_dir() else run_dir / "model"
     config = json.loads((source / "config.json").read_text())
-    arch = ARCHES[config["model_type"]]
+    arch = _row(config["model_type"])
     reader = gguf.GGUFReader(str(path))
     stored = {t.name: t for t in reader.tensors}
     failures: list[str] = []

@@ -1,5 +1,5 @@
-"""seqtune.models: one module per family (llama3, gemma3, mistral, tinyllama, qwen3; the registry is ModelFamily),
-auto.py (any causal LM by its checkpoint) + building, LoRA and sizing.
+"""seqtune.models: one module per family (llama3, gemma3, mistral, tinyllama, qwen3, qwen2: each holds all of its
+facts in its SPEC; registry.py reads them), auto.py (any causal LM by its checkpoint) + building, LoRA and sizing.
 
 See docs/ARCHITECTURE.md. Nothing here downloads: checkpoints are local directories with safetensors weights (a hub
 id in model.path is resolved to its cached snapshot before, by seqtune.hub).
@@ -14,27 +14,15 @@ from typing import TYPE_CHECKING
 from seqtune.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from seqtune.models.arch import meta_model
     from seqtune.models.attention import AttentionChoice, AttentionEnv, attention_choice, attn_backend_problems
+    from seqtune.models.auto import spec_for
     from seqtune.models.build import build_model, load_model_config
     from seqtune.models.facts import ModelFacts, check_checkpoint_dir, read_model_facts
     from seqtune.models.lora import apply_lora, save_adapter
-    from seqtune.models.memory import (
-        MemoryEstimate,
-        MemoryInputs,
-        ParamCount,
-        count_parameters,
-        memory_estimate,
-        meta_model,
-    )
-    from seqtune.models.spec import (
-        FAMILIES,
-        ModelSpec,
-        get_spec,
-        lora_module_names,
-        resized_rows,
-        spec_for,
-        unmatched_targets,
-    )
+    from seqtune.models.memory import MemoryEstimate, MemoryInputs, ParamCount, count_parameters, memory_estimate
+    from seqtune.models.registry import FAMILIES, get_spec
+    from seqtune.models.spec import ModelSpec, lora_module_names, resized_rows, unmatched_targets
 
 _EXPORTS = {
     "AttentionChoice": "attention",
@@ -53,13 +41,13 @@ _EXPORTS = {
     "ParamCount": "memory",
     "count_parameters": "memory",
     "memory_estimate": "memory",
-    "meta_model": "memory",
-    "FAMILIES": "spec",
+    "meta_model": "arch",
+    "FAMILIES": "registry",
     "ModelSpec": "spec",
-    "get_spec": "spec",
+    "get_spec": "registry",
     "lora_module_names": "spec",
     "resized_rows": "spec",
-    "spec_for": "spec",
+    "spec_for": "auto",
     "unmatched_targets": "spec",
 }
 __all__ = sorted(_EXPORTS)

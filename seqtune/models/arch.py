@@ -2,13 +2,15 @@
 
 What the memory estimate and the checkpoint check read. Two builders of one description:
 
-- `layout_arch` writes the table down for the decoders whose module tree seqtune knows (the Hugging Face Llama
-  layout of every named family: llama, mistral, qwen3 with its q/k norms, gemma3_text with its four norms per layer),
-  from the config's numbers alone: no torch, no transformers. A tiny model's numbers come from its family's plain
-  config kwargs (`tiny_arch`), so a dry run of a tiny model never imports either.
-- `module_arch` walks a model built on the meta device (any other architecture transformers ships, model=hf).
+- `layout_arch` writes the table down for the decoders whose module tree a family declares (its `Layout`, in
+  seqtune/models/<family>.py: the Hugging Face Llama layout, with q/k norms, Gemma's four norms per layer, and which
+  projections carry biases), from the config's numbers alone: no torch, no transformers. A tiny model's numbers come
+  from its family's plain config kwargs (`tiny_arch`), so a dry run of a tiny model never imports either.
+- `module_arch` walks a model built on the meta device (`meta_model`: any other architecture transformers ships,
+  model=hf).
 
-`config_arch` picks between them for a loaded Hugging Face config. tests/unit/models/test_arch.py proves the
+`config_arch` picks between them for a loaded Hugging Face config (the registry's `layout_for` its model_type).
+model_configs.py resolves a run's Arch. tests/unit/models/test_arch.py proves the
 written-down table equal to the meta model's for every named family, tiny and real-sized, with and without biases
 and tied embeddings: a family whose layout changes in transformers fails there, not in a user's run.
 """
@@ -20,18 +22,12 @@ from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from seqtune.config.schema import ModelConfig
+from seqtune.models.registry import layout_for
+from seqtune.models.spec import ATTENTION_PROJECTIONS, MLP_PROJECTIONS, Layout
 
-# Hugging Face model_type -> what its decoder layer holds beside the Llama layout's seven projections and two norms.
-QK_NORM = "qk_norm"  # RMSNorm over each head's queries and keys (head_dim wide)
-SANDWICH = "sandwich"  # norms before and after the MLP too (Gemma's four norms per layer)
-LAYOUTS: dict[str, frozenset[str]] = {
-    "llama": frozenset(),
-    "mistral": frozenset(),
-    "qwen3": frozenset({QK_NORM}),
-    "gemma3_text": frozenset({QK_NORM, SANDWICH}),
-}
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
+
 # Config attributes the numbers are read from, as transformers names them.
 NUMBERS = (
     "hidden_size",
@@ -43,8 +39,6 @@ NUMBERS = (
     "vocab_size",
     "tie_word_embeddings",
 )
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP = ("gate_proj", "up_proj", "down_proj")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,14 +157,15 @@ def numbers_of(config: Any) -> dict[str, Any]:
 
 def layout_arch(
     model_type: str,
+    layout: Layout,
     numbers: Mapping[str, Any],
     *,
-    attention_bias: bool = False,
-    mlp_bias: bool = False,
+    biased: frozenset[str] = frozenset(),
     rope_parameters: Mapping[str, Any] | None = None,
 ) -> Arch:
-    """The tensor table of a Llama-layout decoder (LAYOUTS) from its numbers."""
-    extras = LAYOUTS[model_type]
+    """The tensor table of a Llama-layout decoder (a family's `Layout`) from its numbers; `biased`: the
+    projections that carry a bias (`Layout.biased` of the config)."""
+    assert biased <= {*ATTENTION_PROJECTIONS, *MLP_PROJECTIONS}, biased
     hidden, ffn, heads, kv, head_dim, vocab = (
         int(numbers[k])
         for k in (
@@ -188,10 +183,10 @@ def layout_arch(
     linears: dict[str, tuple[int, int]] = {}
     norms: list[str] = []
 
-    def linear(name: str, fan_in: int, fan_out: int, bias: bool) -> None:
+    def linear(name: str, fan_in: int, fan_out: int) -> None:
         linears[name] = (fan_in, fan_out)
         tensors[f"{name}.weight"] = (fan_out, fan_in)
-        if bias:
+        if name.rsplit(".", 1)[-1] in biased and name != "lm_head":
             tensors[f"{name}.bias"] = (fan_out,)
 
     def norm(name: str, size: int) -> None:
@@ -201,23 +196,23 @@ def layout_arch(
     layers = tuple(f"model.layers.{i}" for i in range(layer_count))
     for layer in layers:
         attn = f"{layer}.self_attn"
-        linear(f"{attn}.q_proj", hidden, heads * head_dim, attention_bias)
-        linear(f"{attn}.k_proj", hidden, kv * head_dim, attention_bias)
-        linear(f"{attn}.v_proj", hidden, kv * head_dim, attention_bias)
-        linear(f"{attn}.o_proj", heads * head_dim, hidden, attention_bias)
-        if QK_NORM in extras:
+        linear(f"{attn}.q_proj", hidden, heads * head_dim)
+        linear(f"{attn}.k_proj", hidden, kv * head_dim)
+        linear(f"{attn}.v_proj", hidden, kv * head_dim)
+        linear(f"{attn}.o_proj", heads * head_dim, hidden)
+        if layout.qk_norm:
             norm(f"{attn}.q_norm", head_dim)
             norm(f"{attn}.k_norm", head_dim)
-        linear(f"{layer}.mlp.gate_proj", hidden, ffn, mlp_bias)
-        linear(f"{layer}.mlp.up_proj", hidden, ffn, mlp_bias)
-        linear(f"{layer}.mlp.down_proj", ffn, hidden, mlp_bias)
+        linear(f"{layer}.mlp.gate_proj", hidden, ffn)
+        linear(f"{layer}.mlp.up_proj", hidden, ffn)
+        linear(f"{layer}.mlp.down_proj", ffn, hidden)
         norm(f"{layer}.input_layernorm", hidden)
         norm(f"{layer}.post_attention_layernorm", hidden)
-        if SANDWICH in extras:
+        if layout.sandwich_norms:
             norm(f"{layer}.pre_feedforward_layernorm", hidden)
             norm(f"{layer}.post_feedforward_layernorm", hidden)
     norm("model.norm", hidden)
-    linear("lm_head", hidden, vocab, False)
+    linear("lm_head", hidden, vocab)
     return Arch(
         model_type=model_type,
         hidden_size=hidden,
@@ -240,20 +235,29 @@ def layout_arch(
 
 
 def config_arch(hf_config: Any) -> Arch:
-    """The Arch of a loaded transformers config: written down for the LAYOUTS model types, else walked on a meta
-    model (imports transformers' modeling code)."""
-    model_type = getattr(hf_config, "model_type", None)
-    if model_type in LAYOUTS:
+    """The Arch of a loaded transformers config: written down when a family declares the Layout of its model_type,
+    else walked on a meta model (imports transformers' modeling code)."""
+    model_type = str(getattr(hf_config, "model_type", ""))
+    layout = layout_for(model_type)
+    if layout is not None:
         return layout_arch(
             model_type,
+            layout,
             numbers_of(hf_config),
-            attention_bias=bool(getattr(hf_config, "attention_bias", False)),
-            mlp_bias=bool(getattr(hf_config, "mlp_bias", False)),
+            biased=layout.biased(hf_config),
             rope_parameters=getattr(hf_config, "rope_parameters", None) or {},
         )
-    from seqtune.models.memory import meta_model
-
     return module_arch(meta_model(hf_config), hf_config)
+
+
+def meta_model(hf_config: PretrainedConfig) -> PreTrainedModel:
+    """The model's module tree on the meta device: shapes and names, no memory, no init. For the architectures
+    no family writes down."""
+    import torch
+    import transformers
+
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(hf_config)
 
 
 def module_arch(model: Any, hf_config: Any) -> Arch:
@@ -320,37 +324,13 @@ def _stored_tensors(model: Any) -> dict[str, tuple[int, ...]]:
     return {name: tuple(t.shape) for name, t in revert_weight_conversion(model, state).items()}
 
 
-def tiny_arch(model_type: str, kwargs: Mapping[str, Any]) -> Arch:
+def tiny_arch(model_type: str, layout: Layout, kwargs: Mapping[str, Any]) -> Arch:
     """The Arch of a tiny model from its family's plain config kwargs (spec.tiny_config_kwargs): no transformers."""
+    config = SimpleNamespace(**kwargs)
     return layout_arch(
         model_type,
-        numbers_of(SimpleNamespace(**kwargs)),
-        attention_bias=bool(kwargs.get("attention_bias", False)),
-        mlp_bias=bool(kwargs.get("mlp_bias", False)),
+        layout,
+        numbers_of(config),
+        biased=layout.biased(config),
         rope_parameters=kwargs.get("rope_parameters") or {},
     )
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelConfigs:
-    """What preflight knows of the model before any weight loads."""
-
-    arch: Arch
-    # The checkpoint's transformers config (model.path only: its bos/eos and RoPE as transformers reads them); None
-    # for a tiny model, whose numbers come from its family's plain kwargs.
-    hf_config: Any | None
-
-
-def model_configs(cfg: ModelConfig) -> ModelConfigs:
-    """The run's Arch: a tiny model's from its family's kwargs without importing transformers; a checkpoint's from
-    its config.json through transformers (build.load_model_config: the same reading and checks as the load)."""
-    from seqtune.models.spec import resolve_tiny_fields, spec_for
-
-    spec = spec_for(cfg)
-    if cfg.path is None and spec.hf_model_types[0] in LAYOUTS:
-        kwargs = spec.tiny_config_kwargs(resolve_tiny_fields(cfg, spec))
-        return ModelConfigs(arch=tiny_arch(spec.hf_model_types[0], kwargs), hf_config=None)
-    from seqtune.models.build import load_model_config
-
-    hf_config = load_model_config(cfg)
-    return ModelConfigs(arch=config_arch(hf_config), hf_config=hf_config if cfg.path else None)

@@ -28,14 +28,26 @@ from pathlib import Path
 from typing import Any
 
 from seqtune.config.errors import ModelLoadError
-from seqtune.models.spec import FAMILIES, ModelSpec, common_arch_fields, get_spec
-from seqtune.tokenizers.templates import PROBE_REPLY, end_of_turn_probe
+from seqtune.config.schema import ModelConfig, ModelFamily
+from seqtune.models.arch import config_arch, meta_model
+from seqtune.models.facts import check_checkpoint_dir, config_key, read_config_json
+from seqtune.models.registry import get_spec, specs_for_model_type
+from seqtune.models.spec import ModelSpec, common_arch_fields
+from seqtune.tokenizers.templates import after_probe_reply, end_of_turn_probe
 
 _LAYER_WEIGHT = re.compile(r"^model\.layers\.0\.(.+)\.weight$")
 FIX = (
     "model.path=DIR of a checkpoint whose architecture transformers ships (config.json `architectures` names a "
     "class AutoModelForCausalLM builds), or a named family (model=llama3_8b, model=qwen3_8b, ...)"
 )
+
+
+def spec_for(model: ModelConfig) -> ModelSpec:
+    """The ModelSpec of the run: the named family's, or for model.family=auto the one its checkpoint states."""
+    if model.family != ModelFamily.auto:
+        return get_spec(model.family)
+    assert model.path, "the schema refuses model.family=auto without model.path"
+    return checkpoint_spec(str(check_checkpoint_dir(model.path)))
 
 
 def checkpoint_spec(path: str) -> ModelSpec:
@@ -45,8 +57,6 @@ def checkpoint_spec(path: str) -> ModelSpec:
 
 @lru_cache(maxsize=8)
 def _checkpoint_spec(root_text: str) -> ModelSpec:
-    from seqtune.models.facts import read_config_json
-
     root = Path(root_text)
     config = read_config_json(root, root_text)
     model_type, model_class = _causal_lm_class(root, config)
@@ -83,7 +93,7 @@ def _checkpoint_spec(root_text: str) -> ModelSpec:
     eot, eot_source = _end_of_turn(root, template, tokenizer_config)
     padding = tokenizer_config.get("padding_side") or "right"
     padding_source = "tokenizer_config.json padding_side" if "padding_side" in tokenizer_config else "default: right"
-    named = [get_spec(f) for f in FAMILIES if model_type in get_spec(f).hf_model_types]
+    named = specs_for_model_type(model_type)
     refused = {dtype: why for spec in named for dtype, why in spec.refused_dtypes.items()}
     layer_modules = tuple(sorted(layer))
     sources = {
@@ -126,8 +136,6 @@ def _checkpoint_spec(root_text: str) -> ModelSpec:
 
 def _keys(config: dict) -> list[str]:
     """The config.json keys rows, context and layers are read from (models.facts.config_key)."""
-    from seqtune.models.facts import config_key
-
     names = ("vocab_size", "max_position_embeddings", "num_hidden_layers")
     return [key if key == name else f"{key} (= {name})" for name in names if (key := config_key(config, name))]
 
@@ -191,9 +199,6 @@ def _built_layout(root: Path) -> _Layout:
     are not the modules' (converted while loading: a mixture of experts) or not the Llama layout (GPT-2)."""
     from transformers import AutoConfig
 
-    from seqtune.models.arch import config_arch
-    from seqtune.models.memory import meta_model
-
     model = meta_model(AutoConfig.from_pretrained(root, local_files_only=True, trust_remote_code=False))
     arch = config_arch(model.config)
     embedding = next(name for name, m in model.named_modules() if m is model.get_input_embeddings())
@@ -250,8 +255,8 @@ def _end_of_turn(root: Path, template: str | None, tokenizer_config: dict) -> tu
     added += [text for t in tokenizer_config.get("added_tokens_decoder", {}).values() if (text := _token_text(t))]
     if template:
         rendered = _render_probe(template, tokenizer_config)
-        if rendered is not None:
-            after = rendered[rendered.index(PROBE_REPLY) + len(PROBE_REPLY) :]
+        after = None if rendered is None else after_probe_reply(rendered)
+        if after is not None:
             found = sorted(
                 (after.find(token), -len(token), token) for token in set(filter(None, added)) if after.find(token) >= 0
             )

@@ -21,17 +21,11 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from seqtune.config.errors import ConfigError, ModelLoadError
 from seqtune.config.schema import AttnImplementation, ModelConfig
+from seqtune.models.auto import spec_for
 from seqtune.models.checkpoint_check import check_finite_weights, check_loading_info
 from seqtune.models.facts import EXPECTED_CHECKPOINT, PATH_FIX, check_checkpoint_dir, check_model_type, read_config_json
 from seqtune.models.scalar_head import score_class
-from seqtune.models.spec import (
-    ModelSpec,
-    arch_mismatches,
-    build_tiny_config,
-    check_unused_fields,
-    resolve_tiny_fields,
-    spec_for,
-)
+from seqtune.models.spec import ModelSpec, arch_mismatches, build_tiny_config, check_unused_fields, resolve_tiny_fields
 from seqtune.models.varlen import register as register_varlen
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

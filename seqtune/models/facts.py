@@ -17,7 +17,8 @@ from seqtune.config.errors import ModelLoadError
 from seqtune.config.schema import ModelConfig
 from seqtune.hub import repair_command
 from seqtune.models.checkpoint_check import INDEX
-from seqtune.models.spec import ModelSpec, family_for_model_type, resolve_tiny_fields
+from seqtune.models.registry import family_for_model_type, model_type_fix
+from seqtune.models.spec import ModelSpec, resolve_tiny_fields
 
 EXPECTED_CHECKPOINT = (
     "Expected a local Hugging Face checkpoint directory (config.json + model*.safetensors, or a sharded "
@@ -206,13 +207,13 @@ def check_model_type(cfg: ModelConfig, spec: ModelSpec, model_type: str | None) 
     if model_type in spec.hf_model_types:
         return
     others = family_for_model_type(model_type) if model_type else []
-    fix = (
-        f"model.family={others[0]}"
-        if others
-        else ("model=hf (model.family=auto: any causal LM transformers ships, its facts read from the checkpoint)")
-    )
-    if model_type == "gemma3":
-        fix = "use a text-only Gemma 3 checkpoint (gemma-3-1b*, model_type gemma3_text); multimodal ones are not supported"
+    stated = model_type_fix(model_type) if model_type else None
+    if others:
+        fix = f"model.family={others[0]}"
+    elif stated:
+        fix = stated  # a family names what to use instead (Gemma 3's multimodal checkpoints)
+    else:
+        fix = "model=hf (model.family=auto: any causal LM transformers ships, its facts read from the checkpoint)"
     raise ModelLoadError(
         f"model.path={cfg.path} holds a model_type={model_type!r} checkpoint but model.family={spec.family} "
         f"expects model_type {' or '.join(map(repr, spec.hf_model_types))}.",

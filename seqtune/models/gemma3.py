@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from seqtune.models.spec import ModelSpec, common_arch_fields, common_config_kwargs
+from seqtune.models.spec import (
+    ATTENTION_PROJECTIONS,
+    ChatEncoding,
+    GgufRow,
+    Layout,
+    ModelSpec,
+    TestExpectations,
+    common_arch_fields,
+    common_config_kwargs,
+)
 from seqtune.tokenizers import templates
 
 if TYPE_CHECKING:
@@ -36,6 +45,17 @@ def tiny_config_kwargs(f: dict[str, Any]) -> dict[str, Any]:
             "sliding_attention": {"rope_type": "default", "rope_theta": LOCAL_ROPE_THETA},
         },
     )
+
+
+def gguf_metadata(writer: Any, config: dict) -> None:
+    """convert_hf_to_gguf.py Gemma3Model's metadata beyond the common keys."""
+    if not config.get("head_dim"):  # a config's own head_dim is written for every architecture (_write_metadata)
+        writer.add_key_length(256)
+        writer.add_value_length(256)
+    if config.get("final_logit_softcapping"):
+        writer.add_final_logit_softcapping(config["final_logit_softcapping"])
+    if config.get("sliding_window_pattern") != 1 and config.get("sliding_window"):
+        writer.add_sliding_window(config["sliding_window"])
 
 
 def read_arch_fields(hf_config: PretrainedConfig) -> dict[str, Any]:
@@ -82,4 +102,27 @@ SPEC = ModelSpec(
     hf_config_class="Gemma3TextConfig",
     tiny_config_kwargs=tiny_config_kwargs,
     read_arch_fields=read_arch_fields,
+    # q/k norms and four norms per layer; attention_bias switches the attention projections' biases, the MLP has none.
+    layout=Layout(qk_norm=True, sandwich_norms=True, biases=dict.fromkeys(ATTENTION_PROJECTIONS, "attention_bias")),
+    # RMSNorm weights stored as 1 + w, as convert_hf_to_gguf.py's Gemma3Model writes them.
+    gguf=GgufRow(name="GEMMA3", norm_shift=1.0, extra=gguf_metadata),
+    model_type_fixes={
+        "gemma3": "use a text-only Gemma 3 checkpoint (gemma-3-1b*, model_type gemma3_text); multimodal ones are "
+        "not supported"
+    },
+    tests=TestExpectations(
+        tokenizer="gemma3",
+        bos_eos=("<bos>", "<eos>"),
+        chat_markers=(
+            "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n",
+            "<start_of_turn>model\nHello<end_of_turn>\n",
+        ),
+        chat_encoding=ChatEncoding(
+            # "\n" after <end_of_turn> is not a target
+            target_runs=("Hello!<end_of_turn>", "Paris.<end_of_turn>", "<eos>"),
+            eos_appended=True,
+            bos_prepended=False,
+            tool_turns=False,
+        ),
+    ),
 )

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from seqtune.config.errors import ConfigError
 from seqtune.config.schema import Kernels
-from seqtune.models.spec import liger_model_types
+from seqtune.models.registry import liger_model_types
 
 if TYPE_CHECKING:
     from torch import nn

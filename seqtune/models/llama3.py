@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from seqtune.models.spec import ModelSpec, common_arch_fields, common_config_kwargs
+from seqtune.models.spec import (
+    ChatEncoding,
+    GgufRow,
+    Layout,
+    ModelSpec,
+    TestExpectations,
+    common_arch_fields,
+    common_config_kwargs,
+)
 from seqtune.tokenizers import templates
 
 # Llama 3.1's scaling: wavelengths longer than original/low_freq_factor are divided by `factor`, shorter than
@@ -65,4 +73,20 @@ SPEC = ModelSpec(
     hf_config_class="LlamaConfig",
     tiny_config_kwargs=tiny_config_kwargs,
     read_arch_fields=common_arch_fields,
+    layout=Layout(),
+    gguf=GgufRow(name="LLAMA", permute_qk=True),
+    tests=TestExpectations(
+        tokenizer="llama3",
+        bos_eos=("<|begin_of_text|>", "<|end_of_text|>"),
+        chat_markers=(
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>",
+            "<|start_header_id|>assistant<|end_header_id|>\n\nHello<|eot_id|>",
+        ),
+        chat_encoding=ChatEncoding(
+            target_runs=("Hello!<|eot_id|>", "Paris.<|eot_id|><|end_of_text|>"),
+            eos_appended=True,
+            bos_prepended=False,
+            tool_turns=True,
+        ),
+    ),
 )

@@ -23,7 +23,6 @@ from seqtune.models.spec import matches_target
 
 if TYPE_CHECKING:
     from torch import nn
-    from transformers import PretrainedConfig, PreTrainedModel
 
 BYTES_PER_DTYPE = {"float32": 4, "bfloat16": 2, "float16": 2}
 # NF4: 4 bits per weight + one fp8 absmax per 64-weight block + one fp32 per 256 blocks (double quantisation).
@@ -89,16 +88,6 @@ def count_parameters(model: nn.Module) -> ParamCount:
     """Distinct parameters (a tied weight counts once). 4-bit weights count as stored elements, not weights."""
     params = list(model.parameters())
     return ParamCount(total=sum(p.numel() for p in params), trainable=sum(p.numel() for p in params if p.requires_grad))
-
-
-def meta_model(hf_config: PretrainedConfig) -> PreTrainedModel:
-    """The model's module tree on the meta device: shapes and names, no memory, no init. For the architectures
-    seqtune.models.arch does not write down."""
-    import torch
-    import transformers
-
-    with torch.device("meta"):
-        return transformers.AutoModelForCausalLM.from_config(hf_config)
 
 
 def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from seqtune.models.spec import ModelSpec, common_arch_fields, common_config_kwargs
+from seqtune.models.spec import (
+    ChatEncoding,
+    GgufRow,
+    Layout,
+    ModelSpec,
+    TestExpectations,
+    common_arch_fields,
+    common_config_kwargs,
+)
 from seqtune.tokenizers import templates
 
 
@@ -46,4 +54,19 @@ SPEC = ModelSpec(
     hf_config_class="MistralConfig",
     tiny_config_kwargs=tiny_config_kwargs,
     read_arch_fields=common_arch_fields,
+    # MistralAttention and MistralMLP build no bias at all (no attention_bias / mlp_bias flag).
+    layout=Layout(biases={}),
+    # convert_hf_to_gguf.py: MistralModel(LlamaModel), architecture llama.
+    gguf=GgufRow(name="LLAMA", permute_qk=True),
+    tests=TestExpectations(
+        tokenizer="mistral_v3",
+        bos_eos=("<s>", "</s>"),
+        chat_markers=("<s>[INST] Be brief.\n\nHi [/INST] Hello</s>",),
+        chat_encoding=ChatEncoding(
+            target_runs=("Hello!</s>", "Paris.</s>"),
+            eos_appended=False,
+            bos_prepended=False,
+            tool_turns=True,
+        ),
+    ),
 )

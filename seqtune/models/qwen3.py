@@ -12,7 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from seqtune.models.spec import ModelSpec, common_arch_fields, common_config_kwargs
+from seqtune.models.spec import (
+    ATTENTION_PROJECTIONS,
+    GgufRow,
+    Layout,
+    ModelSpec,
+    TestExpectations,
+    common_arch_fields,
+    common_config_kwargs,
+)
 from seqtune.tokenizers import templates
 
 
@@ -54,4 +62,15 @@ SPEC = ModelSpec(
     hf_config_class="Qwen3Config",
     tiny_config_kwargs=tiny_config_kwargs,
     read_arch_fields=common_arch_fields,
+    # q/k norms; attention_bias switches the four attention projections' biases, the MLP has none.
+    layout=Layout(qk_norm=True, biases=dict.fromkeys(ATTENTION_PROJECTIONS, "attention_bias")),
+    gguf=GgufRow(name="QWEN3"),
+    tests=TestExpectations(
+        tokenizer="qwen3",
+        bos_eos=(None, "<|im_end|>"),
+        chat_markers=(
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n",
+            "<|im_start|>assistant\n<think>\n\n</think>\n\nHello<|im_end|>\n",
+        ),
+    ),
 )

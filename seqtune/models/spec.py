@@ -1,10 +1,10 @@
-"""ModelSpec: what seqtune knows about a model family, and the registry `get_spec(family)`.
+"""ModelSpec: what seqtune knows about a model family (the registry of families is seqtune/models/registry.py).
 
-The registry is the `ModelFamily` enum (seqtune/config/schema.py): each member but `auto` names one family module
-(seqtune/models/<family>.py) that defines one `SPEC`. Every list of families is read from here: `FAMILIES` (what
-the tests parametrize over), `LIGER_MODEL_TYPES` (a family states whether Liger-Kernel patches it), so a new
-family cannot be silently left out of either (docs/extending.md, "Adding a model family"). The spec carries plain
-facts about the family (chat format, LoRA targets, module layout, padding side, dtype quirks) plus two functions:
+Each family module (seqtune/models/<family>.py) defines one `SPEC` holding every fact of the family: chat format
+and terminator, LoRA targets, module layout and tensor layout (`Layout`: extra norms, which projections carry
+biases), its GGUF row (`GgufRow`), padding side, dtype quirks, and what its tests expect (`TestExpectations`). Shared
+code reads these declarations through the registry and never keys a table by a family name or a model_type
+(tests/unit/models/test_family_facts.py greps for one). The spec also carries two functions:
 the tiny Hugging Face config's kwargs from ModelConfig's architecture fields (plain values: the parent reads a tiny
 model's numbers from them without transformers), and how to read those fields back from a checkpoint's config (so a
 checkpoint and an explicit field can be compared).
@@ -15,14 +15,13 @@ prints the checks that need no data before the heavy libraries load.
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from seqtune.config.errors import ConfigError
-from seqtune.config.schema import ModelConfig, ModelFamily
+from seqtune.config.schema import ModelConfig
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -46,8 +45,6 @@ ARCH_FIELDS: tuple[str, ...] = (
     "rope_theta",
     "rope_scaling_factor",
 )
-# The named families (model.family=auto is no family module: its facts come from the checkpoint, models/auto.py).
-FAMILIES: tuple[str, ...] = tuple(f for f in ModelFamily if f != ModelFamily.auto)
 # Embedding rows are padded to this multiple on resize.
 EMBEDDING_ROW_MULTIPLE = 64
 LLAMA_LAYER_MODULES: tuple[str, ...] = (
@@ -59,6 +56,79 @@ LLAMA_LAYER_MODULES: tuple[str, ...] = (
     "mlp.up_proj",
     "mlp.down_proj",
 )
+
+ATTENTION_PROJECTIONS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_PROJECTIONS: tuple[str, ...] = ("gate_proj", "up_proj", "down_proj")
+# The Llama layout's biases: config.json's attention_bias on the four attention projections, mlp_bias on the MLP's.
+LLAMA_BIASES: Mapping[str, str | bool] = {
+    **dict.fromkeys(ATTENTION_PROJECTIONS, "attention_bias"),
+    **dict.fromkeys(MLP_PROJECTIONS, "mlp_bias"),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """A decoder of the Hugging Face Llama layout (model.layers.N: q/k/v/o, gate/up/down, two RMSNorms) as the
+    family's transformers class builds it, so seqtune/models/arch.py writes its tensor table down from the config's
+    numbers without building it. tests/unit/models/test_arch.py proves the table equal to the meta model's."""
+
+    # RMSNorm over each head's queries and keys (head_dim wide): Qwen3, Gemma 3.
+    qk_norm: bool = False
+    # Norms before and after the MLP too (Gemma's four norms per layer).
+    sandwich_norms: bool = False
+    # Projection -> what gives it a bias: the name of the config flag that switches it on (attention_bias,
+    # mlp_bias), or True when the class always builds one (Qwen2's q/k/v). A projection not named has none.
+    biases: Mapping[str, str | bool] = field(default_factory=lambda: dict(LLAMA_BIASES))
+
+    def biased(self, config: Any) -> frozenset[str]:
+        """The projections that carry a bias in a model of `config` (a transformers config or its plain kwargs)."""
+        return frozenset(
+            name for name, flag in self.biases.items() if flag is True or bool(getattr(config, str(flag), False))
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class GgufRow:
+    """How the family's checkpoints become a llama.cpp architecture (convert_hf_to_gguf.py's model class); the GGUF
+    writer (seqtune/export/gguf.py) knows a model_type only through a family that declares this row."""
+
+    name: str  # gguf.MODEL_ARCH member name
+    permute_qk: bool = False  # LlamaModel: q/k rows reordered for llama.cpp's rotary layout
+    norm_shift: float = 0.0  # Gemma3Model: RMSNorm weights stored as shift + w
+    extra: Callable[[Any, dict], None] | None = None  # architecture-specific metadata (writer, config.json)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatEncoding:
+    """How a chat sample of the family encodes with its fetched tokenizer (tests/unit/tokenizers/
+    test_chat_families.py, over the same conversations for every family that states one)."""
+
+    # What the training targets of the system + two-exchange conversation decode to, one string per run.
+    target_runs: tuple[str, ...]
+    # Whether seqtune appends an eos after the template's rendering (the template does not end the last reply with
+    # one), and prepends the tokenizer's bos (a template that renders none).
+    eos_appended: bool
+    bos_prepended: bool
+    # Whether the template renders tool turns (else a tool turn is refused naming the template).
+    tool_turns: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class TestExpectations:
+    """What the family's tests check a tiny build and its tokenizer against (tests/unit/models,
+    tests/unit/tokenizers): stated beside the facts they check, so a new family's tests need no table edited."""
+
+    __test__ = False  # not a pytest class
+
+    # The fetched tokenizer (seqtune/configs/tokenizer/<name>.yaml) the chat tests render with.
+    tokenizer: str
+    # The tokenizer's bos and eos text (None: it has no bos, as Qwen's).
+    bos_eos: tuple[str | None, str]
+    # Text the family's chat template renders for tests/unit/models/test_model_families.py's conversation
+    # (system "Be brief.", user "Hi", assistant "Hello"), each a substring of the rendering.
+    chat_markers: tuple[str, ...]
+    # The encoding test_chat_families.py checks (None: not among the families pinned there).
+    chat_encoding: ChatEncoding | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,38 +170,18 @@ class ModelSpec:
     tiny_config_kwargs: Callable[[dict[str, Any]], dict[str, Any]]
     # HF config -> {ModelConfig field: value} for comparing explicit fields with a checkpoint.
     read_arch_fields: Callable[[PretrainedConfig], dict[str, Any]]
+    # The decoder's tensor layout when it is the Llama layout (None: arch.py walks a meta-device model instead).
+    layout: Layout | None = None
+    # Its llama.cpp architecture (None: train.export_gguf is refused for it, naming why).
+    gguf: GgufRow | None = None
+    # config.json model_types this family does NOT load but a user may point it at -> the fix to print (Gemma 3's
+    # multimodal "gemma3" checkpoints for the text-only family).
+    model_type_fixes: Mapping[str, str] = field(default_factory=dict)
+    # What the family's tests expect (None for model.family=auto's spec, which no test table describes).
+    tests: TestExpectations | None = None
     # Where each fact came from, for the preflight report (model.family=auto reads them from the checkpoint; a named
     # family states them in its module).
     sources: Mapping[str, str] = field(default_factory=dict)
-
-
-def get_spec(family: str) -> ModelSpec:
-    """The ModelSpec of `family` (model.family)."""
-    if family not in FAMILIES:
-        raise ConfigError(
-            f"model.family={family!r} is not a known family. Valid: {', '.join(sorted(FAMILIES))}, or auto with "
-            "model.path (the facts read from the checkpoint).",
-            key="model.family",
-            fix="model=llama3_tiny (or another seqtune/configs/model/*.yaml)",
-        )
-    # Imported lazily: the family modules import this module for ModelSpec.
-    return importlib.import_module(f"seqtune.models.{family}").SPEC
-
-
-def liger_model_types() -> tuple[str, ...]:
-    """transformers model types whose layers Liger-Kernel patches: those of every family that says so."""
-    return tuple(dict.fromkeys(t for f in FAMILIES if get_spec(f).liger for t in get_spec(f).hf_model_types))
-
-
-def spec_for(model: ModelConfig) -> ModelSpec:
-    """The ModelSpec of the run: the named family's, or for model.family=auto the one its checkpoint states."""
-    if model.family != ModelFamily.auto:
-        return get_spec(model.family)
-    from seqtune.models.auto import checkpoint_spec
-    from seqtune.models.facts import check_checkpoint_dir
-
-    assert model.path, "the schema refuses model.family=auto without model.path"
-    return checkpoint_spec(str(check_checkpoint_dir(model.path)))
 
 
 def lora_module_names(spec: ModelSpec, num_layers: int) -> list[str]:
@@ -173,11 +223,6 @@ def resized_rows(current_rows: int, tokenizer_size: int) -> int:
     multiple of 64 (tensor-core friendly, the Hugging Face convention), never fewer rows than the model has."""
     rounded = -(-tokenizer_size // EMBEDDING_ROW_MULTIPLE) * EMBEDDING_ROW_MULTIPLE
     return max(current_rows, rounded)
-
-
-def family_for_model_type(model_type: str) -> list[str]:
-    """Families whose checkpoints declare `model_type` (used to suggest a fix on a mismatch)."""
-    return [f for f in FAMILIES if model_type in get_spec(f).hf_model_types]
 
 
 def resolve_tiny_fields(cfg: ModelConfig, spec: ModelSpec) -> dict[str, Any]:

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from seqtune.models.spec import ModelSpec, common_arch_fields, common_config_kwargs
+from seqtune.models.spec import (
+    ChatEncoding,
+    GgufRow,
+    Layout,
+    ModelSpec,
+    TestExpectations,
+    common_arch_fields,
+    common_config_kwargs,
+)
 from seqtune.tokenizers import templates
 
 
@@ -45,4 +53,17 @@ SPEC = ModelSpec(
     hf_config_class="LlamaConfig",
     tiny_config_kwargs=tiny_config_kwargs,
     read_arch_fields=common_arch_fields,
+    layout=Layout(),
+    gguf=GgufRow(name="LLAMA", permute_qk=True),
+    tests=TestExpectations(
+        tokenizer="llama2_spm",
+        bos_eos=("<s>", "</s>"),
+        chat_markers=("<|system|>\nBe brief.</s>\n<|user|>\nHi</s>\n<|assistant|>\nHello</s>\n",),
+        chat_encoding=ChatEncoding(
+            target_runs=("Hello!</s>", "Paris.</s>"),
+            eos_appended=False,
+            bos_prepended=True,
+            tool_turns=False,
+        ),
+    ),
 )

@@ -20,13 +20,13 @@ from seqtune.data.kinds import sample_kind
 from seqtune.data.overlength import TRUNCATING, cut_sample
 from seqtune.data.scan import SplitScan
 from seqtune.data.types import DUPLICATE, IGNORE_INDEX
-from seqtune.models.arch import ModelConfigs
 from seqtune.models.checkpoint_facts import (
     config_bos_eos,
     generation_stop_ids,
     read_token_rows,
     rope_facts,
 )
+from seqtune.models.model_configs import ModelConfigs
 from seqtune.preflight import checks_labels as labels
 from seqtune.preflight import checks_model as model_checks
 from seqtune.preflight import samples

@@ -19,12 +19,13 @@ from seqtune.data.kinds import sample_kind
 from seqtune.data.overlength import TRUNCATING
 from seqtune.export.gguf import gguf_refusal_for
 from seqtune.hub import PUSH_KEY, push_problems
-from seqtune.models.arch import ModelConfigs, model_configs
 from seqtune.models.attention import AttentionEnv, attn_backend_problems
+from seqtune.models.auto import spec_for
 from seqtune.models.checkpoint_check import checkpoint_faults
 from seqtune.models.kernels import kernels_problems
+from seqtune.models.model_configs import ModelConfigs, model_configs
 from seqtune.models.optimizers import IMPLEMENTATIONS, TORCH_ADAMW
-from seqtune.models.spec import lora_module_names, spec_for
+from seqtune.models.spec import lora_module_names
 from seqtune.preflight import checks
 from seqtune.preflight import checks_model as model_checks
 from seqtune.preflight.checks import Problem

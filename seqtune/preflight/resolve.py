@@ -29,16 +29,11 @@ from seqtune.config.schema import (
 )
 from seqtune.data.kinds import sequences_per_sample
 from seqtune.models.attention import AttentionEnv, attention_choice, attn_backend_problems
+from seqtune.models.auto import spec_for
 from seqtune.models.facts import ModelFacts, read_model_facts
 from seqtune.models.kernels import kernels_choice, kernels_problems, loss_choice
 from seqtune.models.optimizers import optimizer_choice, optimizer_problems
-from seqtune.models.spec import (
-    lora_module_names,
-    matches_target,
-    modules_trained_in_full,
-    resized_rows,
-    spec_for,
-)
+from seqtune.models.spec import lora_module_names, matches_target, modules_trained_in_full, resized_rows
 from seqtune.tokenizers.facts import TokenizerFacts, read_tokenizer_facts
 
 # The reason a plan gives for a requested kernel that cannot run here (preflight reports it as a problem).

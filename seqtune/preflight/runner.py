@@ -31,8 +31,8 @@ from seqtune.data.scan import SplitScan, format_signature, published_scan, scan_
 from seqtune.data.split import split_input, validation_source
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.files import storage_error
-from seqtune.models.arch import ModelConfigs
 from seqtune.models.attention import native_gqa
+from seqtune.models.model_configs import ModelConfigs
 from seqtune.preflight import checks, checks_labels, content, tokenizer_record
 from seqtune.preflight.checks import Problem
 from seqtune.preflight.phases import (

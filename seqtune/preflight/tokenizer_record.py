@@ -28,7 +28,7 @@ from seqtune.config.plan import Resolved, Tokens
 from seqtune.config.schema import SPLITS, RootConfig
 from seqtune.data.cache import CACHE_KEY, file_fingerprint
 from seqtune.files import write_atomic
-from seqtune.models.spec import spec_for
+from seqtune.models.auto import spec_for
 from seqtune.tokenizers import templates
 from seqtune.tokenizers.facts import TokenizerFacts
 from seqtune.tokenizers.location import resolve_location

@@ -15,7 +15,7 @@ from seqtune.data.tokenize import render_chat
 from seqtune.models import spec_for
 from seqtune.tokenizers.control import control_tokens
 from seqtune.tokenizers.facts import added_bos_id, tokenizer_facts
-from seqtune.tokenizers.templates import PROBE_REPLY, end_of_turn_probe
+from seqtune.tokenizers.templates import after_probe_reply, end_of_turn_probe
 
 # The formats whose records the chat template renders (a preference pair may hold message lists).
 TEMPLATED_FORMATS = frozenset({*CHAT_FORMATS, DataFormat.preference})
@@ -59,9 +59,8 @@ def template_turn_closer(tokenizer: Any, control: dict[int, str]) -> int | None:
     except Exception:  # noqa: BLE001 - a template that cannot render this has no closer to find
         return None
     lo, hi = spans[0]
-    reply = text[lo:hi]
-    at = reply.find(PROBE_REPLY)
-    if at < 0:
+    after = after_probe_reply(text[lo:hi])
+    if after is None:
         return None
-    ids = tokenizer(reply[at + len(PROBE_REPLY) :], add_special_tokens=False)["input_ids"]
+    ids = tokenizer(after, add_special_tokens=False)["input_ids"]
     return next((int(i) for i in ids if int(i) in control), None)

@@ -298,6 +298,13 @@ def end_of_turn_probe() -> list[dict[str, Any]]:
     ]
 
 
+def after_probe_reply(rendered: str) -> str | None:
+    """The text a template wrote after the probe's reply (where its turn closer is), from the probe's rendering or
+    the reply's span of it; None when the reply is not in it."""
+    at = rendered.find(PROBE_REPLY)
+    return None if at < 0 else rendered[at + len(PROBE_REPLY) :]
+
+
 # The reasoning markers a chat template may read at the start of an assistant reply's content (Qwen3's, as its
 # official template and QwQ/DeepSeek-R1 data write them): <think>...</think>answer.
 REASONING_MARKERS = (("<think>", "</think>"),)

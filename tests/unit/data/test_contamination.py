@@ -19,7 +19,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from seqtune.data.batching import BatchRule
 from seqtune.data.collate import make_collator
 from seqtune.data.types import TokenizedSample
-from seqtune.models.spec import FAMILIES
+from seqtune.models.registry import FAMILIES
 from seqtune.models.varlen import TORCH_VARLEN, reference_kernel, register, use_kernel
 
 LEN_A, LEN_B, ROW = 11, 9, 24

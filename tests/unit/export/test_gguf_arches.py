@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from seqtune.export.gguf import ARCHES, gguf_refusal
-from seqtune.models.spec import FAMILIES, get_spec
+from seqtune.export.gguf import gguf_refusal
+from seqtune.models.registry import FAMILIES, get_spec, gguf_model_types
 from seqtune.preflight.checks import check_gguf_export
 
 
@@ -22,7 +22,7 @@ def test_an_unknown_architecture_and_rope_scaling_are_refused_naming_why():
     assert [p.key for p in problems] == ["train.export_gguf"] and "train.export_gguf=null" in problems[0].message
     assert check_gguf_export(export_gguf="f16", refusal=None, lora=True, sharded=True)[0].key == "train.export_gguf"
     assert check_gguf_export(export_gguf=None, refusal=gguf_refusal("gpt2"), lora=True, sharded=True) == []
-    assert set(ARCHES) >= {"llama", "mistral", "gemma3_text"}
+    assert set(gguf_model_types()) >= {"llama", "mistral", "gemma3_text"}
 
 
 @pytest.mark.parametrize(

@@ -9,10 +9,11 @@ import torch
 from omegaconf import OmegaConf
 
 from seqtune.config.schema import ModelConfig
-from seqtune.models.spec import FAMILIES
+from seqtune.models.registry import FAMILIES
 
 MODEL_CONFIGS = Path(__file__).resolve().parents[3] / "seqtune/configs/model"
-# Read from the one registry (ModelFamily): a new family's tests run without anyone listing it here.
+# Read from the one registry (the family modules, seqtune/models/registry.py): a new family's tests run without
+# anyone listing it here.
 TINY_FAMILIES = FAMILIES
 
 

@@ -16,9 +16,11 @@ import pytest
 import transformers
 
 from seqtune.models import FAMILIES, get_spec, load_model_config, meta_model
-from seqtune.models.arch import LAYOUTS, Arch, config_arch, model_configs, module_arch
+from seqtune.models.arch import Arch, config_arch, module_arch
 from seqtune.models.checkpoint_facts import rope_facts
 from seqtune.models.memory import MemoryInputs, memory_estimate
+from seqtune.models.model_configs import model_configs
+from seqtune.models.registry import layout_for
 from seqtune.models.spec import build_tiny_config, resolve_tiny_fields
 from tests.unit.models.conftest import MODEL_CONFIGS, tiny_cfg
 
@@ -55,30 +57,44 @@ def test_tiny_model_arch_from_kwargs_equals_the_built_model(family: str) -> None
     assert rope_facts(configs.arch) == rope_facts(hf)
 
 
+# Config variants every family with a written-down Layout is checked under: every bias flag the Llama layout knows
+# switched on (a family's Layout says which of them its class honours, and which projections are always biased),
+# tied and untied heads, key-value heads and head_dim left to the config class's own rules.
+VARIANTS = {
+    "biases-tied": {"attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True},
+    "untied-head_dim": {"tie_word_embeddings": False, "head_dim": 8},
+    "mha": {"num_key_value_heads": SMALL["num_attention_heads"]},
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("family", [f for f in FAMILIES if get_spec(f).layout is not None])
+def test_written_down_layout_equals_the_meta_model(family: str, variant: str) -> None:
+    hf = getattr(transformers, get_spec(family).hf_config_class)(**(SMALL | VARIANTS[variant]))
+    assert layout_for(hf.model_type) is not None
+    assert_same(config_arch(hf), module_arch(meta_model(hf), hf))
+
+
 @pytest.mark.parametrize(
     ("config_class", "changes"),
     [
-        (transformers.LlamaConfig, {"attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True}),
         (transformers.LlamaConfig, {"num_key_value_heads": None, "head_dim": 16}),
         (transformers.MistralConfig, {"head_dim": None}),
-        (transformers.Qwen3Config, {"attention_bias": True, "head_dim": 24, "tie_word_embeddings": False}),
-        (transformers.Gemma3TextConfig, {"attention_bias": True, "tie_word_embeddings": False, "head_dim": 8}),
     ],
-    ids=["llama-biases-tied", "llama-mha", "mistral", "qwen3", "gemma3-untied"],
+    ids=["llama-kv-null", "mistral-head_dim-null"],
 )
-def test_written_down_layout_equals_the_meta_model(config_class, changes: dict) -> None:
+def test_missing_numbers_follow_the_config_class_rules(config_class, changes: dict) -> None:
     hf = config_class(**(SMALL | changes))
-    assert hf.model_type in LAYOUTS
     assert_same(config_arch(hf), module_arch(meta_model(hf), hf))
 
 
 def test_other_architectures_are_walked_on_the_meta_model() -> None:
-    # Qwen2 (model=hf): biases on q/k/v only, a layout seqtune does not write down.
-    hf = transformers.Qwen2Config(**SMALL)
-    assert hf.model_type not in LAYOUTS
+    # Phi-3 (model=hf): fused qkv_proj and gate_up_proj, a layout no family writes down.
+    hf = transformers.Phi3Config(**SMALL, pad_token_id=0)
+    assert layout_for(hf.model_type) is None
     arch = config_arch(hf)
-    assert "model.layers.0.self_attn.q_proj.bias" in arch.tensors
-    assert "model.layers.0.self_attn.o_proj.bias" not in arch.tensors
+    assert "model.layers.0.self_attn.qkv_proj.weight" in arch.tensors
+    assert "model.layers.0.self_attn.q_proj.weight" not in arch.tensors
     estimate = memory_estimate(
         MemoryInputs(
             arch=arch,
@@ -107,7 +123,7 @@ def test_a_checkpoint_is_read_through_transformers(tmp_path) -> None:
 def test_a_tiny_models_arch_imports_neither_torch_nor_transformers() -> None:
     probe = (
         "import sys; from omegaconf import OmegaConf; from seqtune.config.schema import ModelConfig; "
-        "from seqtune.models.arch import model_configs; "
+        "from seqtune.models.model_configs import model_configs; "
         f"node = OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load({str(MODEL_CONFIGS)!r} + "
         "'/gemma3_tiny.yaml')); "
         "arch = model_configs(OmegaConf.to_object(node)).arch; "

@@ -15,7 +15,7 @@ from seqtune.config.errors import ConfigError, ModelLoadError
 from seqtune.config.schema import ModelConfig, TokenizerConfig
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.models import load_model_config, read_model_facts, spec_for
-from seqtune.models.memory import meta_model
+from seqtune.models.arch import meta_model
 from seqtune.preflight import checks_labels as labels
 from seqtune.preflight.observe import observe_split
 from seqtune.preflight.tokens import terminators

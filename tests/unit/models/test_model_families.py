@@ -14,20 +14,13 @@ from seqtune.config.errors import ConfigError
 from seqtune.models import build_model, count_parameters, get_spec, load_model_config, read_model_facts
 from tests.unit.models.conftest import MODEL_CONFIGS, TINY_FAMILIES, random_batch, tiny_cfg
 
-EXPECTED_CLASS = {
-    "llama3": "LlamaForCausalLM",
-    "gemma3": "Gemma3ForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "tinyllama": "LlamaForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-}
-
 
 @pytest.mark.parametrize("family", TINY_FAMILIES)
 def test_tiny_builds_family_class_and_trains_a_step(family):
     cfg = tiny_cfg(family)
     model = build_model(cfg, attn_implementation="sdpa")
-    assert type(model).__name__ == EXPECTED_CLASS[family]
+    assert type(model).__name__ == get_spec(family).hf_model_class
+    assert type(model).__name__ in dir(transformers) and model.config.model_type in get_spec(family).hf_model_types
     assert model.config.use_cache is False
     rows = model.config.vocab_size  # 4096, or Qwen3's real 151936 (its tokenizer needs no resize)
     embeddings = rows * model.config.hidden_size * (1 if model.config.tie_word_embeddings else 2)
@@ -128,8 +121,11 @@ def test_field_the_family_does_not_use_is_an_error():
 
 
 def test_unknown_family_lists_the_valid_ones():
-    with pytest.raises(ConfigError, match=r"model.family='gpt2'.*Valid: gemma3, llama3, mistral, qwen3, tinyllama"):
+    from seqtune.models.registry import FAMILIES
+
+    with pytest.raises(ConfigError, match=r"model.family='gpt2'.*Valid: " + ", ".join(sorted(FAMILIES))):
         get_spec("gpt2")
+    assert {"gemma3", "llama3", "mistral", "qwen3", "tinyllama"} <= set(FAMILIES)
 
 
 CONVERSATION = [
@@ -137,51 +133,32 @@ CONVERSATION = [
     {"role": "user", "content": "Hi"},
     {"role": "assistant", "content": "Hello"},
 ]
-# The real models' bos / eos (what their tokenizers put around a conversation).
-BOS_EOS = {
-    "llama3": ("<|begin_of_text|>", "<|end_of_text|>"),
-    "gemma3": ("<bos>", "<eos>"),
-    "mistral": ("<s>", "</s>"),
-    "tinyllama": ("<s>", "</s>"),
-    "qwen3": (None, "<|im_end|>"),
-}
-MARKERS = {
-    "llama3": [
-        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>",
-        "<|start_header_id|>assistant<|end_header_id|>\n\nHello<|eot_id|>",
-    ],
-    "gemma3": [
-        "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n",
-        "<start_of_turn>model\nHello<end_of_turn>\n",
-    ],
-    "mistral": ["<s>[INST] Be brief.\n\nHi [/INST] Hello</s>"],
-    "tinyllama": ["<|system|>\nBe brief.</s>\n<|user|>\nHi</s>\n<|assistant|>\nHello</s>\n"],
-    "qwen3": [
-        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n",
-        "<|im_start|>assistant\n<think>\n\n</think>\n\nHello<|im_end|>\n",
-    ],
-}
+# The real models' bos / eos and the text each family's template renders for CONVERSATION: stated in the family's
+# module (SPEC.tests), so a new family's expectations sit beside its facts.
 
 
 @pytest.mark.parametrize("family", TINY_FAMILIES)
 def test_chat_template_renders_the_family_format(family):
     spec = get_spec(family)
+    assert spec.tests is not None and spec.tests.chat_markers, f"{family}: SPEC.tests states no chat markers"
+    bos, eos = spec.tests.bos_eos
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     text = env.from_string(spec.chat_template).render(
-        messages=CONVERSATION, bos_token=BOS_EOS[family][0], eos_token=BOS_EOS[family][1], add_generation_prompt=False
+        messages=CONVERSATION, bos_token=bos, eos_token=eos, add_generation_prompt=False
     )
-    for marker in MARKERS[family]:
+    for marker in spec.tests.chat_markers:
         assert marker in text
     assert spec.eot_token in text
     assert spec.padding_side == "right"
 
 
 def test_every_family_module_is_in_the_registry_and_every_member_has_its_files():
-    """The registry (ModelFamily) and the family modules cannot drift: a module defining a SPEC that is not a
-    member, or a member without its module or its seqtune/configs/model/<family>_tiny.yaml, fails here."""
+    """The registry (ModelFamily, read from the `SPEC = ModelSpec(` lines) and the family modules cannot drift: a
+    module assigning a SPEC in another form, or a family without its seqtune/configs/model/<family>_tiny.yaml,
+    fails here."""
     import ast
 
-    from seqtune.models.spec import FAMILIES
+    from seqtune.models.registry import FAMILIES
 
     models_dir = Path(__file__).resolve().parents[3] / "seqtune/models"
     with_spec = {
@@ -198,7 +175,7 @@ def test_every_family_module_is_in_the_registry_and_every_member_has_its_files()
 
 
 def test_liger_model_types_are_read_from_the_families():
-    from seqtune.models.spec import FAMILIES, liger_model_types
+    from seqtune.models.registry import FAMILIES, liger_model_types
 
     for family in FAMILIES:
         spec = get_spec(family)

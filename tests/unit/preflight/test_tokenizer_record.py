@@ -13,7 +13,7 @@ import pytest
 
 from seqtune.config.plan import Resolved
 from seqtune.config.schema import RootConfig
-from seqtune.models.spec import spec_for
+from seqtune.models.auto import spec_for
 from seqtune.preflight import run_preflight
 from seqtune.preflight import tokenizer_record as records
 from seqtune.preflight.content import tokenizer_presets

@@ -19,12 +19,11 @@ from seqtune.config.schema import ModelConfig, TokenizerConfig
 from seqtune.data.formats import Conversation
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.data.types import IGNORE_INDEX, Reject
-from seqtune.models import get_spec
+from seqtune.models import FAMILIES, get_spec
+from seqtune.models.spec import ChatEncoding
 from seqtune.tokenizers import load_tokenizer, pypi, templates
 from tests.conftest import require_fetched
 
-# family -> the fetched tokenizer it is paired with
-FAMILY_TOKENIZER = {"llama3": "llama3", "gemma3": "gemma3", "mistral": "mistral_v3", "tinyllama": "llama2_spm"}
 CALL = {"id": "call00001", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
 CONVERSATIONS = {
     "single": [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"}],
@@ -48,18 +47,22 @@ CONVERSATIONS = {
         {"role": "assistant", "content": "It is 22C and sunny."},
     ],
 }
-# What each family's training targets decode to, one string per run of consecutive targets ("system_multi").
-TARGET_RUNS = {
-    "llama3": ["Hello!<|eot_id|>", "Paris.<|eot_id|><|end_of_text|>"],
-    "gemma3": ["Hello!<end_of_turn>", "Paris.<end_of_turn>", "<eos>"],  # "\n" after <end_of_turn> is not a target
-    "mistral": ["Hello!</s>", "Paris.</s>"],
-    "tinyllama": ["Hello!</s>", "Paris.</s>"],
-}
-# Whether seqtune appends an eos after the template's rendering (the template does not end the last reply with one),
-# and prepends the tokenizer's bos (Zephyr's template renders none; every other one renders it itself).
-EOS_APPENDED = {"llama3": True, "gemma3": True, "mistral": False, "tinyllama": False}
-BOS_PREPENDED = {"llama3": False, "gemma3": False, "mistral": False, "tinyllama": True}
-WITH_TOOL_TURNS = {"llama3", "mistral"}
+# The families whose chat encoding is pinned here, each with its fetched tokenizer and what it expects
+# (SPEC.tests.chat_encoding in seqtune/models/<family>.py: target runs, eos appended, bos prepended, tool turns).
+ENCODED = sorted(f for f in FAMILIES if (tests := get_spec(f).tests) is not None and tests.chat_encoding is not None)
+
+
+def expected(family: str) -> ChatEncoding:
+    tests = get_spec(family).tests
+    assert tests is not None and tests.chat_encoding is not None
+    return tests.chat_encoding
+
+
+def paired_tokenizer(family: str) -> str:
+    tests = get_spec(family).tests
+    assert tests is not None
+    return tests.tokenizer
+
 
 # The vendors' reference encoders on the same turns (see the module docstring).
 REFERENCE = {
@@ -358,33 +361,33 @@ def target_runs(tok, sample) -> list[str]:
     return [tok.decode(sample.input_ids[lo:hi]) for lo, hi in zip(edges[::2], edges[1::2], strict=True)]
 
 
-@pytest.mark.parametrize("family", sorted(FAMILY_TOKENIZER))
+@pytest.mark.parametrize("family", ENCODED)
 @pytest.mark.parametrize("conversation", ["single", "multi", "system_multi"])
 def test_ids_are_the_templates_plus_eos_where_trained(family, conversation):
-    tok = tokenizer_for(FAMILY_TOKENIZER[family], family)
+    tok = tokenizer_for(paired_tokenizer(family), family)
     messages = CONVERSATIONS[conversation]
     sample = encode(tok, messages)
     rendered = tok.apply_chat_template(messages, tokenize=True, return_dict=False)
-    expected = ([tok.bos_token_id] if BOS_PREPENDED[family] else []) + rendered
-    expected += [tok.eos_token_id] if EOS_APPENDED[family] else []
-    assert sample.input_ids.tolist() == expected
+    wanted = ([tok.bos_token_id] if expected(family).bos_prepended else []) + rendered
+    wanted += [tok.eos_token_id] if expected(family).eos_appended else []
+    assert sample.input_ids.tolist() == wanted
     assert sample.input_ids.tolist().count(tok.bos_token_id) == 1 and sample.labels[0] == IGNORE_INDEX
 
 
-@pytest.mark.parametrize("family", sorted(FAMILY_TOKENIZER))
+@pytest.mark.parametrize("family", ENCODED)
 def test_targets_are_exactly_each_reply_and_its_end_of_turn_marker(family):
-    tok = tokenizer_for(FAMILY_TOKENIZER[family], family)
+    tok = tokenizer_for(paired_tokenizer(family), family)
     sample = encode(tok, CONVERSATIONS["system_multi"])
-    assert target_runs(tok, sample) == TARGET_RUNS[family]
+    assert target_runs(tok, sample) == list(expected(family).target_runs)
 
 
-@pytest.mark.parametrize("family", sorted(FAMILY_TOKENIZER))
+@pytest.mark.parametrize("family", ENCODED)
 def test_tool_turns_render_where_the_format_has_them_and_are_refused_elsewhere(family):
-    tok = tokenizer_for(FAMILY_TOKENIZER[family], family)
+    tok = tokenizer_for(paired_tokenizer(family), family)
     result = encode(tok, CONVERSATIONS["tool"])
-    if family in WITH_TOOL_TURNS:
+    if expected(family).tool_turns:
         rendered = tok.apply_chat_template(CONVERSATIONS["tool"], tokenize=True, return_dict=False)
-        assert result.input_ids.tolist() == rendered + ([tok.eos_token_id] if EOS_APPENDED[family] else [])
+        assert result.input_ids.tolist() == rendered + ([tok.eos_token_id] if expected(family).eos_appended else [])
         runs = target_runs(tok, result)
         assert "get_weather" in runs[0] and runs[-1].startswith("It is 22C and sunny.")
         assert not any("22C, sunny" in run for run in runs)  # the tool's output is context, never a target
