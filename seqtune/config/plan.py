@@ -129,6 +129,10 @@ class Resolved:
     # sequences are kept together in every batch), and how many sequences that is.
     sample_kind: str = "sft"
     sequences_per_sample: int = 1
+    # An online recipe's sampling (its spec's `generation`): completions per prompt and their token budget; 0 for a
+    # recipe that trains on the data's own sequences. The memory estimate sizes the KV cache and the update by them.
+    completions_per_sample: int = 0
+    completion_tokens: int = 0
     # Where each model fact came from (model.family=auto: config.json, the safetensors, the chat template, ...),
     # printed in the preflight report; empty for a named family, whose module states them.
     fact_sources: dict[str, str] = field(default_factory=dict)
