@@ -1,4 +1,5 @@
-"""GRPO vs TRL's GRPOTrainer on CPU, side by side in one run: python bench/grpo_vs_trl.py [--steps 12] [--threads 2]
+"""GRPO vs TRL's GRPOTrainer on CPU, side by side in one run:
+python bench/grpo_vs_trl.py [--steps 12] [--threads 2] [--completion-tokens N]
 
 Three timed runs, one after another, from the SAME weights (the tiny TinyLlama, seqtune/configs/model/
 tinyllama_tiny.yaml, built once by seqtune and saved as a Hugging Face checkpoint with the bundled tokenizer):
@@ -40,7 +41,9 @@ WARMUP = 2
 BATCH = 8  # prompts per step (train.batch_size): x grpo.num_generations completions
 
 
-def seqtune_command(run_dir: Path, *, checkpoint: Path, work: Path, steps: int, kv_cache: bool) -> list[str]:
+def seqtune_command(
+    run_dir: Path, *, checkpoint: Path, work: Path, steps: int, kv_cache: bool, completion_tokens: int | None
+) -> list[str]:
     return [
         PYTHON,
         str(REPO / "bench" / "_grpo_timed.py"),
@@ -60,6 +63,7 @@ def seqtune_command(run_dir: Path, *, checkpoint: Path, work: Path, steps: int, 
         "train.log_every=1",
         "train.progress=false",
         "preflight.plot=false",
+        *([f"grpo.max_completion_tokens={completion_tokens}"] if completion_tokens else []),
     ]
 
 
@@ -70,9 +74,13 @@ def run(cmd: list[str], threads: int) -> subprocess.CompletedProcess:
     return proc
 
 
-def run_seqtune(*, checkpoint: Path, work: Path, steps: int, threads: int, kv_cache: bool) -> dict:
+def run_seqtune(
+    *, checkpoint: Path, work: Path, steps: int, threads: int, kv_cache: bool, completion_tokens: int | None
+) -> dict:
     run_dir = work / ("seqtune" if kv_cache else "seqtune-no-cache")
-    cmd = seqtune_command(run_dir, checkpoint=checkpoint, work=work, steps=steps, kv_cache=kv_cache)
+    cmd = seqtune_command(
+        run_dir, checkpoint=checkpoint, work=work, steps=steps, kv_cache=kv_cache, completion_tokens=completion_tokens
+    )
     run(cmd, threads)
     calls = json.loads(run_dir.with_suffix(".timing.json").read_text())["calls"]
     logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -141,18 +149,21 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each timed child")
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument(
+        "--completion-tokens", type=int, default=None, help="grpo.max_completion_tokens (default: the recipe's)"
+    )
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="seqtune-grpo-vs-trl-"))
     checkpoint = write_checkpoint(work / "tinyllama-tiny-checkpoint")
     load_before = os.getloadavg()
     common = {"checkpoint": checkpoint, "work": work, "steps": args.steps, "threads": args.threads}
-    runs = [run_seqtune(**common, kv_cache=True)]
+    runs = [run_seqtune(**common, kv_cache=True, completion_tokens=args.completion_tokens)]
     spec = work / "trl_spec.json"
     spec.write_text(
         json.dumps(trl_spec(Path(runs[0]["run_dir"]), **{k: common[k] for k in ("checkpoint", "steps", "threads")}))
     )
     runs.append(run_trl(spec=spec, threads=args.threads, steps=args.steps))
-    runs.append(run_seqtune(**common, kv_cache=False))
+    runs.append(run_seqtune(**common, kv_cache=False, completion_tokens=args.completion_tokens))
     load_after = os.getloadavg()
     sys.path.insert(0, str(REPO / "bench"))
     from grpo_parity import parity_rows
@@ -220,7 +231,7 @@ def report(runs: list[dict], parity: list[dict], worst: float, args, *, load, sp
     )
     print(f"\nmax |seqtune - TRL| = {worst:.2e} ({'ok' if worst <= 1e-5 else 'FAIL'}: bound 1e-5)")
     path = write_results(
-        "grpo_vs_trl",
+        "grpo_vs_trl" + (f"_c{args.completion_tokens}" if args.completion_tokens else ""),
         {
             "args": vars(args) | {"workdir": str(args.workdir)},
             "warmup_steps": WARMUP,
