@@ -2,7 +2,8 @@
 objective (seqtune.recipes.grpo.objective) and to TRL's GRPOTrainer._compute_loss; the losses must agree to 1e-5 for
 every grpo.loss, with clip-higher and the KL term.
 
-Needs TRL importable beside seqtune (TRL is no seqtune dependency). With trl 1.16.0 unpacked into a directory:
+Needs TRL importable beside seqtune (TRL is no seqtune dependency; bench/grpo_vs_trl.py prints these rows too).
+With trl 1.16.0 in seqtune's venv, or unpacked into a directory:
   .venv/bin/pip install --no-deps --target /tmp/trl116 trl==1.16.0
   PYTHONPATH=/tmp/trl116 .venv/bin/python bench/grpo_parity.py
 """
@@ -122,7 +123,9 @@ def seqtune_loss(model, ref_model, batch, advantages, cfg: GrpoConfig) -> float:
     return float(loss.detach()) / P  # the loop divides a step's summed loss by its prompts
 
 
-def main() -> int:
+def parity_rows() -> tuple[list[dict], float]:
+    """Every grpo.loss at beta=0 / temperature 1 and at beta=0.04, epsilon_high=0.28, temperature 0.7: the two
+    losses on the same fixed rollout, and the largest difference."""
     batch = rollout(0)
     advantages, _ = group_advantages(batch["rewards"], G)
     ref_model = tiny_model(0)
@@ -155,6 +158,11 @@ def main() -> int:
                     "abs_diff": abs(ours - theirs),
                 }
             )
+    return results, worst
+
+
+def main() -> int:
+    results, worst = parity_rows()
     print(json.dumps({"trl": trl.__version__, "torch": torch.__version__, "results": results}, indent=1))
     print(f"max |seqtune - trl| = {worst:.2e} ({'ok' if worst <= 1e-5 else 'FAIL'}: bound 1e-5)")
     return 0 if worst <= 1e-5 else 1

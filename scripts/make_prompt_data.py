@@ -1,20 +1,14 @@
-"""Writes the bundled GRPO demo prompts (seqtune/data/assets/prompts/{train,val}.jsonl): "answer with the letter X"
-records with the letter in an `answer` column, which seqtune.recipes.grpo.rewards.letter_share scores.
-Run: python scripts/make_prompt_data.py"""
+"""Writes the bundled GRPO demo prompts (seqtune/data/assets/prompts/{train,val}.jsonl): "write digits" / "write
+capitals" requests (the kind the last word, after a name and one of a few phrasings) with the requested character
+kind in a `kind` column, which seqtune.recipes.grpo.rewards.kind_share scores. Run: python scripts/make_prompt_data.py"""
 
 import json
 import random
 from pathlib import Path
 
-LETTERS = "aeot"
-TEMPLATES = (
-    "Answer with the letter {x} only.",
-    "Write the letter {x}, nothing else.",
-    "Reply using only the letter {x}.",
-    "Type {x} again and again.",
-    "Say {x}.",
-)
-NAMES = ("Ada", "Bo", "Cy", "Di", "Ed", "Flo", "Gus", "Hal", "Ivy", "Jo")
+KINDS = ("digits", "capitals")  # seqtune.recipes.grpo.rewards.CHARACTER_KINDS
+TEMPLATES = ("write {kind}", "reply in {kind}", "only {kind}", "type some {kind}", "answer with {kind}")
+NAMES = ("Ada", "Bo", "Cy", "Di", "Ed", "Flo", "Gus", "Hal", "Ivy", "Jo", "Kim", "Lu", "Max", "Ned", "Oz", "Pam")
 
 
 def main() -> None:
@@ -22,8 +16,8 @@ def main() -> None:
     out = Path(__file__).resolve().parents[1] / "seqtune" / "data" / "assets" / "prompts"
     out.mkdir(parents=True, exist_ok=True)
     records = [
-        {"prompt": f"{name}: " + template.format(x=x), "answer": x}
-        for x in LETTERS
+        {"prompt": f"{name}: " + template.format(kind=kind), "kind": kind}
+        for kind in KINDS
         for template in TEMPLATES
         for name in NAMES
     ]

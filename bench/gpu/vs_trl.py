@@ -337,9 +337,9 @@ def trl_dpo_spec(proof: Proof, run_dir: Path, ckpt: Path, sizes: dict, backend: 
 
 # Why the GRPO row has no number yet (reported as the section's status, never a made-up figure).
 GRPO_PENDING = (
-    "not run: recipe=lora_grpo is a first slice (its demo's reward rises by collapse, not learning; no vLLM "
-    "generator, no KV cache in its sampling), so a speed row against TRL's GRPOTrainer would measure code that will "
-    "change; its loss parity with TRL on fixed rollouts is bench/grpo_parity.py"
+    "not run: recipe=lora_grpo has no vLLM generator yet (grpo.generator=vllm is refused), and this row compares "
+    "vLLM on both sides; the CPU comparison with TRL's GRPOTrainer (transformers generate on both sides, seconds "
+    "per step split into generation and update) and the loss parity on fixed rollouts are bench/grpo_vs_trl.py"
 )
 
 

@@ -132,6 +132,10 @@ class Resolved:
     # Optimizer steps in a row on each step's micro-batches (the recipe's step_repeats: GRPO's grpo.num_iterations
     # reuses a generation batch); the batch plan hands them that many times, so steps per epoch count the repeats.
     step_repeats: int = 1
+    # An online recipe's sampling (its spec's `generation`): completions per prompt and their token budget; 0 for a
+    # recipe that trains on the data's own sequences. The memory estimate sizes the KV cache and the update by them.
+    completions_per_sample: int = 0
+    completion_tokens: int = 0
     # Where each model fact came from (model.family=auto: config.json, the safetensors, the chat template, ...),
     # printed in the preflight report; empty for a named family, whose module states them.
     fact_sources: dict[str, str] = field(default_factory=dict)

@@ -16,6 +16,8 @@ defines `run(cfg, plan, run_dir)` (which imports the torch half when called). Th
 - `paddings`, `min_micro_batch`: the padding strategies it trains with and the smallest micro-batch its objective
   is defined on; anything else is refused by name before step 1.
 - `presets`: its presets in seqtune/configs/recipe/ by whether LoRA is on (for fixes that name a preset).
+- `generation`: an online recipe's sampling, given its settings (each prompt's completions and their token budget):
+  the memory estimate sizes the generation KV cache and the update's batch (every completion after its prompt) by it.
 
 The plan (seqtune.preflight.resolve) resolves the spec into facts (plan.recipe, plan.sample_kind, plan.reference,
 plan.scored); preflight, the memory estimate, the evaluator and early stopping read those, never a recipe's name.
@@ -43,6 +45,14 @@ class Scored(StrEnum):
     token = "token"  # the summed cross-entropy of every target token (any loss path, fused included)
     sequence = "sequence"  # each sequence's summed target log-probability (chunked per-token cross-entropy)
     scalar = "scalar"  # a scalar head read at each sequence's last target token (no vocabulary projection)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Generation:
+    """An online recipe's sampling per prompt (resolved into plan.completions_per_sample / plan.completion_tokens)."""
+
+    completions: int  # sampled for each prompt (GRPO's group)
+    new_tokens: int  # each completion's budget
 
 
 @dataclass(frozen=True)
@@ -96,6 +106,9 @@ class RecipeSpec:
     # Checks of its own that preflight runs before step 1 (after the data scan): (cfg, plan) -> [(key, message)],
     # each a refusal naming the key or file:line and the fix. The function imports its recipe's pieces lazily.
     preflight: Callable[[Any, RecipeFacts], list[tuple[str, str]]] | None = None
+    # What its objective samples before it learns (an online recipe), given its settings; None: it trains on the
+    # data's own sequences.
+    generation: Callable[[Any], Generation | None] = lambda settings: None
 
     @property
     def group(self) -> str | None:

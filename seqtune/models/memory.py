@@ -13,7 +13,7 @@ gradients, optimizer state and the update's temporaries).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from seqtune.models.arch import Arch
@@ -71,6 +71,10 @@ class MemoryInputs:
     # The objective reads a scalar head (plan.scored == "scalar", a reward model): the family's
     # ForSequenceClassification, whose `score` (hidden -> 1) replaces the LM head, and no vocabulary logits.
     scalar_head: bool = False
+    # An online recipe (plan.completions_per_sample > 0): each prompt of the batch is sampled that many times, up to
+    # completion_tokens more tokens, into a KV cache; the update's forward then runs on every completion.
+    completions_per_sample: int = 0
+    completion_tokens: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +86,7 @@ class MemoryEstimate:
     optimizer_bytes: int
     activations_bytes: int  # kept for the backward at its start, with the first gradient buffers
     total_bytes: int  # the peak: see the module docstring
+    kv_cache_bytes: int = 0  # an online recipe's generation: keys and values of every sampled row, all layers
 
 
 def count_parameters(model: nn.Module) -> ParamCount:
@@ -91,6 +96,7 @@ def count_parameters(model: nn.Module) -> ParamCount:
 
 
 def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:
+    inputs, kv_cache = _with_generation(inputs)
     arch = inputs.arch.with_vocab(inputs.vocab_rows)
     if inputs.scalar_head:
         arch = arch.with_scalar_head()
@@ -134,7 +140,9 @@ def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:
     activations = _activation_bytes(inputs, arch) + head_grad
     # foreach AdamW/SGD build one temporary per trainable tensor for the update.
     step = grads + grads
-    peak = weights + optimizer + max(activations, step)
+    # Sampling runs without autograd, before the update's forward (its cache freed by then), but with the earlier
+    # micro-batches' gradients held under grad_accum.
+    peak = weights + optimizer + max(activations, step, grads + kv_cache)
     return MemoryEstimate(
         params=total,
         trainable_params=trainable,
@@ -143,7 +151,24 @@ def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:
         optimizer_bytes=int(optimizer),
         activations_bytes=int(activations),
         total_bytes=int(peak),
+        kv_cache_bytes=int(kv_cache),
     )
+
+
+def _with_generation(inputs: MemoryInputs) -> tuple[MemoryInputs, float]:
+    """An online recipe's (inputs of its update, generation KV cache bytes): the micro-batch's prompts each sampled
+    completions_per_sample times, every row its prompt (padded to the widest) + completion_tokens positions long;
+    the cache holds a key and a value per layer, kv head and position of every row in the compute dtype (sliding
+    layers counted in full: an upper bound)."""
+    if not inputs.completions_per_sample:
+        return inputs, 0.0
+    prompts = inputs.batch_tokens // max(inputs.seq_len, 1)
+    width = inputs.seq_len + inputs.completion_tokens
+    positions = prompts * inputs.completions_per_sample * width
+    arch = inputs.arch
+    per_position = arch.num_hidden_layers * arch.num_key_value_heads * arch.head_dim * 2
+    kv_cache = positions * per_position * BYTES_PER_DTYPE[inputs.compute_dtype]
+    return replace(inputs, batch_tokens=positions, seq_len=width), float(kv_cache)
 
 
 def _trained_tensors(inputs: MemoryInputs, arch: Arch) -> list[tuple[int, int]]:

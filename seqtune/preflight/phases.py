@@ -524,6 +524,8 @@ def memory_inputs(cfg: RootConfig, plan: Resolved, rule: BatchRule, arch: Arch) 
         sharded=plan.sharded,
         reference_copy=plan.reference == Reference.copy,
         scalar_head=plan.scored == Scored.scalar,
+        completions_per_sample=plan.completions_per_sample,
+        completion_tokens=plan.completion_tokens,
     )
 
 
@@ -540,12 +542,14 @@ def memory_phase(cfg: RootConfig, plan: Resolved, rule: BatchRule, arch: Arch) -
         grads_gib=round(estimate.grads_bytes / GIB, 4),
         optimizer_gib=round(estimate.optimizer_bytes / GIB, 4),
         activations_gib=round(estimate.activations_bytes / GIB, 4),
+        kv_cache_gib=round(estimate.kv_cache_bytes / GIB, 4),
         total_gib=round(estimate.total_bytes / GIB, 4),
         device_gib=device,
     )
     breakdown = (
         f"weights {stats.weights_gib:.1f} + grads {stats.grads_gib:.1f} + optimizer "
         f"{stats.optimizer_gib:.1f} + activations {stats.activations_gib:.1f}"
+        + (f" (generation KV cache {stats.kv_cache_gib:.1f})" if stats.kv_cache_gib else "")
     )
     fits = _what_fits(cfg, plan, inputs, device) if device is not None and stats.total_gib > device else []
     return stats, checks.check_memory(

@@ -130,7 +130,9 @@ def format_summary(result: PreflightResult) -> str:
         lines.append(
             f"memory: ~{memory.total_gib:.2f} GiB (weights {memory.weights_gib:.2f}, grads "
             f"{memory.grads_gib:.2f}, optimizer {memory.optimizer_gib:.2f}, activations "
-            f"{memory.activations_gib:.2f}); {device}"
+            f"{memory.activations_gib:.2f}"
+            + (f", generation KV cache {memory.kv_cache_gib:.2f}" if memory.kv_cache_gib else "")
+            + f"); {device}"
         )
     lines.extend(f"note: {note}" for note in result.notes)
     return "\n".join(lines)

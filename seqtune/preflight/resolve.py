@@ -124,7 +124,15 @@ def resolve_plan(
         sample_kind=str(kind),
         sequences_per_sample=sequences_per_sample(kind),
         step_repeats=recipe.step_repeats(recipe.settings_of(cfg)),
+        **_generation(recipe, cfg),
     )
+
+
+def _generation(recipe: RecipeSpec, cfg: RootConfig) -> dict[str, int]:
+    generation = recipe.generation(recipe.settings_of(cfg))
+    if generation is None:
+        return {}
+    return {"completions_per_sample": generation.completions, "completion_tokens": generation.new_tokens}
 
 
 def router_aux_coef(model_cfg: ModelConfig, model: ModelFacts, *, recipe: RecipeSpec) -> float | None:

@@ -148,6 +148,7 @@ class MemoryStats:
     optimizer_gib: float
     activations_gib: float
     total_gib: float
+    kv_cache_gib: float = 0.0  # an online recipe's generation cache (within the peak, not beside it)
     device_gib: float | None = None
 
 

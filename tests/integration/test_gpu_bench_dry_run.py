@@ -115,10 +115,10 @@ def test_dpo_vs_trl_every_repeat_with_token_accounting(out):
 
 
 def test_grpo_has_no_number_and_says_why(out):
-    """The GRPO recipe is a first slice: its row reports why it has no number, never a figure."""
+    """The GRPO recipe has no vLLM generator yet: its row reports why it has no number, never a figure."""
     grpo = _read(out, "gpu_vs_trl_dpo.json")["sections"]["grpo"]
     assert (resources.files("seqtune.configs") / "recipe" / "lora_grpo.yaml").is_file()
-    assert grpo["status"].startswith("not run: recipe=lora_grpo is a first slice")
+    assert grpo["status"].startswith("not run: recipe=lora_grpo has no vLLM generator yet")
     assert set(grpo) == {"ok", "status", "recipes_in_checkout", "seconds"}
 
 

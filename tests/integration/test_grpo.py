@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from seqtune.recipes.grpo.rewards import OTHER_KIND_COST
 from tests.conftest import read_metrics, run_cli
 
 pytestmark = pytest.mark.slow
@@ -36,7 +37,7 @@ COMMON = [
 METRICS = (
     "reward",
     "reward_std",
-    "rewards/letter_share",
+    "rewards/kind_share",
     "completion_length",
     "completions/clipped_ratio",
     "kl",
@@ -64,24 +65,26 @@ def test_a_grpo_run_logs_rewards_and_writes_completions(reference):
     assert all(name in m for m in steps for name in METRICS)
     evals = [m for m in metrics if "eval_loss" in m]
     assert [m["step"] for m in evals] == [2, 4] and all(f"eval_{name}" in m for m in evals for name in METRICS)
-    assert all(0.0 <= m["reward"] <= 1.0 and 1 <= m["completion_length"] <= 4 for m in steps)
+    assert all(-OTHER_KIND_COST <= m["reward"] <= 1.0 and 1 <= m["completion_length"] <= 4 for m in steps)
     assert any(m["kl"] > 0 for m in steps[1:])  # the adapters moved away from the reference
     lines = [json.loads(line) for line in (reference / "completions.jsonl").read_text().splitlines()]
     # eval_batches=1 micro-batch of 2 prompts x 2 completions at each of steps 2 and 4
     assert [line["step"] for line in lines] == [2] * 4 + [4] * 4
     assert all(set(line) == {"step", "prompt", "completion", "reward", "rewards"} for line in lines)
-    assert all(line["rewards"]["letter_share"] == pytest.approx(line["reward"]) for line in lines)
+    assert all(line["rewards"]["kind_share"] == pytest.approx(line["reward"]) for line in lines)
     plan = json.loads((reference / "plan.json").read_text())
     assert plan["sample_kind"] == "prompt" and plan["recipe"] == "grpo" and plan["step_repeats"] == 1
     # samples.html: preflight's prompts, then every eval's prompts, completions and rewards, escaped
     page = (reference / "samples.html").read_text()
     assert page.count('<section id="completions">') == 1 and 'id="step-2"' in page and 'id="step-4"' in page
-    assert "<th>letter_share</th>" in page and 'data-split="train"' in page
+    assert "<th>kind_share</th>" in page and 'data-split="train"' in page
     assert all(html.escape(line["completion"]) in page for line in lines)
     # the export after a GRPO run carries its proof (the adapter reloads to the trained logits and stops at eos)
     report = json.loads((reference / "export.json").read_text())
     assert report["ok"] and [(a["artifact"], a["ok"]) for a in report["artifacts"]] == [("adapter", True)]
     assert report["artifacts"][0]["checks"]["stops"] == {"</s>": True}
+    # What the memory estimate sizes the generation KV cache and the update with (the spec's declaration, resolved)
+    assert plan["completions_per_sample"] == 2 and plan["completion_tokens"] == 4
 
 
 def test_a_crashed_grpo_run_resumes_bitwise_like_the_uninterrupted_one(reference, tmp_path):
@@ -117,7 +120,7 @@ def test_reward_problems_are_refused_before_any_generation(tmp_path):
     out = " ".join(result.stdout.split())
     assert f"grpo.rewards[0]={rewards}:broken ({rewards}:1) failed a dry call" in out
     assert f"(raised at {rewards}:2)" in out
-    assert "reads column(s) solution, which the data's records lack (they have: answer)" in out
+    assert "reads column(s) solution, which the data's records lack (they have: kind)" in out
     assert not (run_dir / "completions.jsonl").exists() and not (run_dir / "metrics.jsonl").exists()
 
 

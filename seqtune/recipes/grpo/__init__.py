@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from seqtune.config.domain import Domain
-from seqtune.config.recipe_spec import RecipeSpec, Scored, register
+from seqtune.config.recipe_spec import Generation, RecipeSpec, Scored, register
 
 # The rewards the bundled demo is scored with (seqtune/recipes/grpo/rewards.py): examples for a user's own.
-DEMO_REWARDS = ("seqtune.recipes.grpo.rewards:letter_share",)
+DEMO_REWARDS = ("seqtune.recipes.grpo.rewards:kind_share",)
 
 
 class GrpoLoss(StrEnum):
@@ -140,6 +140,7 @@ SPEC = register(
         early_stop_metric="reward",  # train.early_stop_patience watches eval_reward: a mean reward, higher is better
         early_stop_higher=True,
         preflight=lambda cfg, facts: _checks(cfg, facts),
+        generation=lambda grpo: Generation(completions=grpo.num_generations, new_tokens=grpo.max_completion_tokens),
     )
 )
 

@@ -6,15 +6,17 @@ each prompt's group, and return TRL's clipped-surrogate loss summed per prompt (
 prompts). The math follows TRL's GRPOTrainer._compute_loss (trl 0.2x): ratio = exp(logp - old_logp),
 -min(ratio A, clip(ratio, 1 - epsilon, 1 + epsilon_high) A) per token, + beta x (exp(ref - logp) - (ref - logp) - 1).
 
-Sampling is the policy's own forward without a KV cache (a few short completions), drawing from private
+Sampling is the policy's own forward with a KV cache (prefill, then a token per step), drawing from private
 torch.Generators (one for training, one for evaluation) whose states are checkpointed: transformers' `generate`
 draws from the global generator, which dropout shares, so a resumed run could not replay it bitwise.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -66,8 +68,14 @@ def sample_completions(
     stop_ids: frozenset[int],
     pad_id: int,
     generator: torch.Generator,
+    kv_cache: bool = True,
 ) -> Rollout:
-    """grpo.num_generations completions of each prompt, sampled token by token (temperature, top-p) from `generator`."""
+    """grpo.num_generations completions of each prompt, sampled token by token (temperature, top-p) from `generator`.
+
+    With `kv_cache` the prompts are prefilled once and each step feeds only the new token against a DynamicCache;
+    without, each step recomputes the whole sequence (the reference the cached loop is tested against: both draw
+    the same tokens from the same generator state). Either way a finished row keeps stepping with a pad token its
+    mask hides, so every step draws one token per row and the generator advances the same whatever stops when."""
     device = next(model.parameters()).device
     rows = [p for p in prompts for _ in range(cfg.num_generations)]
     width = max(map(len, rows))
@@ -78,23 +86,28 @@ def sample_completions(
         mask[r, width - len(row) :] = 1
     done = torch.zeros(len(rows), dtype=torch.bool, device=device)
     stop = torch.tensor(sorted(stop_ids), device=device)
-    new: list[torch.Tensor] = []
-    for _ in range(cfg.max_completion_tokens):
-        positions = (mask.cumsum(1) - 1).clamp(min=0)
-        logits = (
-            model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False, logits_to_keep=1)
-            .logits[:, -1]
-            .float()
-        )
-        token = _sample(logits / cfg.temperature, cfg.top_p, generator)
-        token = torch.where(done, torch.full_like(token, pad_id), token)
-        new.append(token)
-        live = (~done).long()
-        ids = torch.cat([ids, token[:, None]], 1)
-        mask = torch.cat([mask, live[:, None]], 1)
-        done = done | torch.isin(token, stop)
-        if bool(done.all()):
-            break
+    with padded_attention(model):
+        cache = _new_cache(model) if kv_cache else None
+        step_ids = ids
+        for _ in range(cfg.max_completion_tokens):
+            # Left padding: a token's position is the count of real tokens before it (the prompt's own positions).
+            positions = (mask.cumsum(1) - 1).clamp(min=0)
+            out = model(
+                input_ids=step_ids if kv_cache else ids,
+                attention_mask=mask,
+                position_ids=positions[:, -step_ids.shape[1] :] if kv_cache else positions,
+                past_key_values=cache,
+                use_cache=kv_cache,
+                logits_to_keep=1,
+            )
+            token = _sample(out.logits[:, -1].float() / cfg.temperature, cfg.top_p, generator)
+            token = torch.where(done, torch.full_like(token, pad_id), token)
+            ids = torch.cat([ids, token[:, None]], 1)
+            mask = torch.cat([mask, (~done).long()[:, None]], 1)
+            step_ids = token[:, None]
+            done = done | torch.isin(token, stop)
+            if bool(done.all()):
+                break
     completion_mask = mask[:, width:]
     completion_ids = [ids[r, width:][completion_mask[r].bool()].tolist() for r in range(len(rows))]
     return Rollout(
@@ -104,6 +117,42 @@ def sample_completions(
         truncated=~done,
         completion_ids=completion_ids,
     )
+
+
+# Attention kernels that decode one query against a padded KV cache with a 2-D mask; the plan's varlen kernels
+# (torch_varlen, flash_attention_2 over unpadded tokens) are built for whole sequences, so generation swaps to sdpa.
+_DECODING_ATTENTION = frozenset({"sdpa", "eager"})
+
+
+@contextlib.contextmanager
+def padded_attention(model: torch.nn.Module) -> Iterator[None]:
+    """Generation under plain padded attention (sdpa) whatever kernel training runs, restored afterwards."""
+    config = _hf_config(model)
+    before = getattr(config, "_attn_implementation", None) if config is not None else None
+    if config is None or before in _DECODING_ATTENTION:
+        yield
+        return
+    config._attn_implementation = "sdpa"
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+
+
+def _hf_config(model: torch.nn.Module) -> Any:
+    """The transformers config every attention layer of `model` reads (a peft wrapper shares its base's)."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            return config
+    return None
+
+
+def _new_cache(model: torch.nn.Module) -> Any:
+    from transformers import DynamicCache
+
+    # The model's config tells the cache which layers slide (gemma3, mistral): those keep only their window.
+    return DynamicCache(config=_hf_config(model))
 
 
 def _sample(logits: torch.Tensor, top_p: float, generator: torch.Generator) -> torch.Tensor:

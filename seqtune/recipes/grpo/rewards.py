@@ -19,13 +19,30 @@ def _text(completion: Any) -> str:
     return str(completion)
 
 
-def letter_share(prompts: list[Any], completions: list[Any], answer: list[str], **columns: Any) -> list[float]:
-    """The bundled demo's reward: the share of the completion's characters (spaces aside) that are the answer
-    letter. Dense (a random model scores above zero now and then), so a tiny model learns it from scratch."""
+# The character kinds the bundled demo's prompts ask for (scripts/make_prompt_data.py writes them in `kind`).
+CHARACTER_KINDS = {"digits": frozenset("0123456789"), "capitals": frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ")}
+# A completion is scored as if it had at least this many characters: ending after one right character is no win.
+MIN_SCORED_CHARS = 8
+# What each character of another kind costs. Small on purpose: at 1.0 (as much as a right character earns) writing
+# neither kind was the safe answer and the tiny demo model collapsed onto one lowercase word; at 0.1 a policy that
+# writes one kind whatever the prompt still sees the prompts that want the other kind pull it away (measured).
+OTHER_KIND_COST = 0.1
+
+
+def kind_share(prompts: list[Any], completions: list[Any], kind: list[str], **columns: Any) -> list[float]:
+    """The bundled demo's reward: (distinct characters of the requested kind - OTHER_KIND_COST x characters of the
+    other kinds) per character of the completion (spaces aside, at least MIN_SCORED_CHARS counted).
+
+    Dense: a random model writes a digit or a capital now and then (about 0.01 on average). Each distinct character
+    counts once, so repeating one token cannot score well and the policy keeps its mass spread over the kind's many
+    tokens; the other kinds' characters count against, so only a policy that reads the kind off the prompt scores
+    well."""
     rewards = []
-    for completion, letter in zip(completions, answer, strict=True):
+    for completion, wanted in zip(completions, kind, strict=True):
         chars = [c for c in _text(completion) if not c.isspace()]
-        rewards.append(sum(c == letter for c in chars) / len(chars) if chars else 0.0)
+        others = frozenset().union(*(v for k, v in CHARACTER_KINDS.items() if k != wanted))
+        hits = len(CHARACTER_KINDS[wanted].intersection(chars)) - OTHER_KIND_COST * sum(c in others for c in chars)
+        rewards.append(hits / max(len(chars), MIN_SCORED_CHARS))
     return rewards
 
 

@@ -239,3 +239,19 @@ def test_a_scalar_head_counts_score_instead_of_the_lm_head_and_no_vocabulary_log
     # No chunk of [tokens, vocab] logits, no hidden states gathered for them: only the score's tiny gradient differs.
     loss = 16384 * 2048 * 4 + chunk_tokens(128256) * 128256 * (4 + 4 + 4)
     assert big_lm.activations_bytes - big_scalar.activations_bytes == loss
+
+
+def test_an_online_recipe_counts_its_generation_kv_cache_and_the_update_on_every_completion():
+    # 4 prompts of 128 positions, 8 completions of 64 tokens each: 32 rows of 192 positions.
+    offline = inputs(LLAMA3_8B, compute_dtype="bfloat16", weights_dtype="bfloat16")
+    online = replace(offline, completions_per_sample=8, completion_tokens=64)
+    estimate = memory_estimate(online)
+    positions = 4 * 8 * (128 + 64)
+    # layers x kv heads x head_dim x (key, value) x bf16 bytes per position
+    assert estimate.kv_cache_bytes == positions * 32 * 8 * 128 * 2 * 2
+    update = memory_estimate(replace(offline, batch_tokens=positions, seq_len=128 + 64))
+    assert estimate.activations_bytes == update.activations_bytes > memory_estimate(offline).activations_bytes
+    assert memory_estimate(offline).kv_cache_bytes == 0
+    # The cache lives while sampling, beside the earlier micro-batches' gradients: within the peak, not beside it.
+    assert estimate.total_bytes >= estimate.weights_bytes + estimate.optimizer_bytes + estimate.kv_cache_bytes
+    assert estimate.total_bytes < memory_estimate(offline).total_bytes + estimate.activations_bytes

@@ -1,0 +1,66 @@
+"""GRPO's sampler on a tiny real model: the KV-cached loop draws exactly the tokens of the full-recompute loop from
+the same generator state (mixed prompt lengths, rows stopping early, with and without LoRA), and generation runs
+under padded attention whatever kernel the plan picked for training."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from seqtune.config.schema import LoraConfig, ModelConfig
+from seqtune.models import apply_lora, build_model, get_spec
+from seqtune.models.varlen import TORCH_VARLEN
+from seqtune.recipes.grpo import GrpoConfig
+from seqtune.recipes.grpo.objective import sample_completions
+
+CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[3] / "seqtune/configs/model"
+PROMPTS = [[1, 5, 6, 7, 8, 9], [1, 8], [1, 300, 301, 302]]  # mixed lengths: left padding of 4 and 2
+# A ninth of the vocabulary stops a row: some rows end after a token or two, others run to the limit.
+STOPS = frozenset(range(2, 4096, 9))
+
+
+def tiny_model(*, lora: bool, attn: str = "sdpa") -> torch.nn.Module:
+    node = OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(CONFIGS / "tinyllama_tiny.yaml"))
+    model = build_model(OmegaConf.to_object(node), attn_implementation=attn)
+    if lora:
+        model = apply_lora(
+            model, LoraConfig(rank=4, alpha=8), targets=get_spec("tinyllama").lora_targets, saved=("lm_head",)
+        )
+        for name, param in model.named_parameters():  # LoRA's B starts at zero: make the adapters matter
+            if "lora_B" in name:
+                param.data.normal_(0, 0.05, generator=torch.Generator().manual_seed(1))
+    return model.eval()
+
+
+def sample(model: torch.nn.Module, *, kv_cache: bool, seed: int = 7, tokens: int = 8):
+    cfg = GrpoConfig(num_generations=4, max_completion_tokens=tokens, temperature=0.7, top_p=0.95)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        rollout = sample_completions(
+            model, PROMPTS, cfg=cfg, stop_ids=STOPS, pad_id=0, generator=generator, kv_cache=kv_cache
+        )
+    return rollout, generator.get_state()
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_cached_sampler_draws_the_tokens_of_the_full_recompute(lora):
+    model = tiny_model(lora=lora)
+    cached, cached_state = sample(model, kv_cache=True)
+    full, full_state = sample(model, kv_cache=False)
+    assert cached.completion_ids == full.completion_ids
+    assert torch.equal(cached.sequences, full.sequences) and torch.equal(cached.attention_mask, full.attention_mask)
+    assert torch.equal(cached.truncated, full.truncated) and torch.equal(cached_state, full_state)
+    lengths = {len(c) for c in cached.completion_ids}
+    assert min(lengths) < 8 and cached.truncated.any() and not cached.truncated.all()  # early stops and limits
+    assert len(set(map(tuple, cached.completion_ids))) > 6  # sampled, not one greedy answer per prompt
+
+
+def test_generation_runs_padded_attention_under_a_varlen_plan():
+    reference = tiny_model(lora=True)
+    varlen = tiny_model(lora=True, attn=TORCH_VARLEN)
+    varlen.load_state_dict(reference.state_dict())
+    ours, _ = sample(varlen, kv_cache=True)
+    theirs, _ = sample(reference, kv_cache=True)
+    assert ours.completion_ids == theirs.completion_ids
+    assert varlen.config._attn_implementation == TORCH_VARLEN  # training's kernel is back afterwards
