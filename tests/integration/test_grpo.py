@@ -148,7 +148,7 @@ def test_num_iterations_reuses_each_generation_batch_for_that_many_steps(iterate
     plan = json.loads((iterated / "plan.json").read_text())
     assert plan["step_repeats"] == 2 and plan["batches"]["step_repeats"] == 2
     report = json.loads((iterated / "preflight.json").read_text())
-    assert json.dumps(report).count('"steps_per_epoch": 168') >= 1  # 168 prompts / 2 per step, each step twice
+    assert json.dumps(report).count('"steps_per_epoch": 128') >= 1  # 128 prompts / 2 per step, each step twice
 
 
 def test_a_run_killed_mid_cycle_resumes_bitwise(iterated, tmp_path):

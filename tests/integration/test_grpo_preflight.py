@@ -14,6 +14,14 @@ from tests.conftest import run_cli
 pytestmark = pytest.mark.slow
 
 BASE = ["recipe=lora_grpo", "preflight.only=true", "preflight.plot=false", "train.batch_size=2"]
+# The module's own prompts ("answer with the letter X", an `answer` column; 168 train, 32 val, the longest 16 tokens)
+# and a reward reading `answer`, so the numbers below do not move when the bundled demo's data or reward does.
+DATA = Path(__file__).parent / "data"
+DEFAULTS = {
+    "data.train": str(DATA / "grpo_letter_prompts.jsonl"),
+    "data.val": str(DATA / "grpo_letter_prompts_val.jsonl"),
+    "grpo.rewards": "[seqtune.recipes.grpo.rewards:starts_with_answer]",
+}
 
 REWARDS = """\
 import math
@@ -172,6 +180,13 @@ def _fill(text: str, files: dict[str, Path]) -> str:
     )
 
 
+def _args(overrides: list[str], files: dict[str, Path]) -> list[str]:
+    """BASE, the case's overrides, and each of DEFAULTS the case does not set itself."""
+    filled = [_fill(o, files) for o in overrides]
+    keys = {o.split("=", 1)[0] for o in filled}
+    return [*BASE, *(f"{k}={v}" for k, v in DEFAULTS.items() if k not in keys), *filled]
+
+
 def _end_id() -> int:
     from transformers import AutoTokenizer
 
@@ -184,7 +199,7 @@ def _end_id() -> int:
 @pytest.mark.parametrize("overrides,key,says", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_each_grpo_refusal_exits_2_before_any_generation(files, tmp_path, overrides, key, says):
     run_dir = tmp_path / "run"
-    result = run_cli([*BASE, *(_fill(o, files) for o in overrides)], run_dir)
+    result = run_cli(_args(overrides, files), run_dir)
     out = " ".join((result.stdout + result.stderr).split())
     assert result.returncode == 2, out[-3000:]
     assert key in out and " ".join(_fill(says, files).split()) in out, out[-3000:]
@@ -202,6 +217,6 @@ def test_each_grpo_refusal_exits_2_before_any_generation(files, tmp_path, overri
     ids=["rewards_budget_and_iterations", "message_prompts_whose_turn_ends_on_a_terminator"],
 )
 def test_the_same_checks_accept_a_sound_run(files, tmp_path, overrides):
-    result = run_cli([*BASE, *(_fill(o, files) for o in overrides)], tmp_path / "run")
+    result = run_cli(_args(overrides, files), tmp_path / "run")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "preflight: no problems." in result.stdout
