@@ -55,7 +55,14 @@ KINDS = {
     # Mixture of experts (the tiny shape of issue 30: 2 layers, hidden 64, 4 experts, top-2)
     "qwen3_moe": (
         "Qwen3MoeConfig",
-        {"tie_word_embeddings": False, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+        {
+            "tie_word_embeddings": False,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            # as Qwen3-MoE ships (and llama.cpp's qwen3moe computes): the chosen experts' weights renormalized
+            "norm_topk_prob": True,
+        },
         "qwen3",
         QWEN25,
         "<|im_end|>",
