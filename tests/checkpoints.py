@@ -119,8 +119,10 @@ OWN_SHAPE = {"gpt2": {"n_embd": 64, "n_inner": 128, "n_layer": 2, "n_head": 4, "
 OWN_CLASS = {"gpt2": "GPT2LMHeadModel"}
 
 
-def build_checkpoint(kind: str, directory: Path) -> Path:
-    """A tiny random checkpoint of `kind` (KINDS) in `directory`, as save_pretrained writes a real one."""
+def build_checkpoint(kind: str, directory: Path, config_overrides: dict | None = None) -> Path:
+    """A tiny random checkpoint of `kind` (KINDS) in `directory`, as save_pretrained writes a real one;
+    `config_overrides`: config kwargs over the kind's shape and extras (e.g. an OLMoE without grouped-query
+    attention, as OLMoE ships)."""
     import torch
     import transformers
     from transformers import AutoTokenizer
@@ -146,11 +148,10 @@ def build_checkpoint(kind: str, directory: Path) -> Path:
     eos_id, eot_id = tokenizer.convert_tokens_to_ids(eos), tokenizer.convert_tokens_to_ids(eot)
     config = getattr(transformers, config_class)(
         vocab_size=rows,
-        **OWN_SHAPE.get(kind, SHAPE),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=eos_id,
         pad_token_id=tokenizer.pad_token_id,
-        **extra,
+        **{**OWN_SHAPE.get(kind, SHAPE), **extra, **(config_overrides or {})},
     )
     config.architectures = [OWN_CLASS.get(kind, config_class.replace("Config", "ForCausalLM"))]
     torch.manual_seed(0)
