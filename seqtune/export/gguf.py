@@ -566,8 +566,10 @@ def check_gguf(path: Path, facts: Any) -> Any:
     template = _field(reader, gguf.Keys.Tokenizer.CHAT_TEMPLATE)
     if (template or None) != (trained_template or None):
         failures.append("tokenizer.chat_template is not the template trained with")
+    stacks = sum(name.endswith("_exps.weight") for name in expected_names)
+    experts = f" ({stacks} expert stacks, {expert_count(config)} experts each, read back per expert)" if stacks else ""
     summary = (
-        f"{len(expected_names)} tensors {'equal to' if exact else 'within Q8_0 step of'} {source.name}/"
+        f"{len(expected_names)} tensors {'equal to' if exact else 'within Q8_0 step of'} {source.name}/{experts}"
         f"{'' if exact else f' (max |difference| {worst:.2g})'}; eos {eos}"
         f"{f', eot {eot}' if eot is not None else ''}; chat template {'set' if template else 'none'}"
     )
