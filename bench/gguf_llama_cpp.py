@@ -2,9 +2,11 @@
 
     .venv/bin/python -m pip install llama-cpp-python==0.3.36   # builds llama.cpp from source: tens of minutes, a C++ compiler
     .venv/bin/python bench/gguf_llama_cpp.py [--families llama3 qwen3 gemma3 mistral tinyllama] [--type f16]
+    .venv/bin/python bench/gguf_llama_cpp.py --families qwen3_moe mixtral olmoe   # mixtures of experts (model=hf)
 
 Not part of CI (the build takes long). For each family: a tiny model trains 2 steps on chat data with its real
-tokenizer and exports merged/ plus a GGUF file (`train.export_gguf`), then
+tokenizer (a mixture of experts: a tiny model=hf checkpoint from tests/checkpoints.py, by `model.path`) and exports
+merged/ plus a GGUF file (`train.export_gguf`), then
 - llama.cpp must load the file (what seqtune's own proof cannot show: it reads its tensors back with gguf-py);
 - the prompt's token ids from llama.cpp's tokenizer equal transformers' (the chat template rendered by
   transformers, tokenized by both without adding specials again);
@@ -23,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # tests.checkpoints, for the model=hf rows
 
 from _common import PYTHON, REPO, markdown_table, write_results
 
@@ -34,7 +37,20 @@ FAMILIES = {
     "mistral": ["model=mistral_tiny", "tokenizer=mistral_v3", "model.resize_embeddings=true"],
     "tinyllama": ["model=tinyllama_tiny"],
 }
+# model=hf checkpoints, built by tests/checkpoints.py and trained by `model.path` (model.family=auto): the mixtures of
+# experts whose GGUF rows live in seqtune/models/{qwen3_moe,mixtral,olmoe}.py, with the fixture's config overrides
+# (OLMoE as it ships: no grouped-query attention, which llama.cpp's olmoe cannot hold).
+CHECKPOINTS = {"qwen3_moe": {}, "mixtral": {}, "olmoe": {"num_key_value_heads": 4}}
 GREEDY = 16
+
+
+def model_args(family: str, root: Path) -> list[str]:
+    """The row's model arguments: a named family's, or model.path of a freshly built model=hf checkpoint."""
+    if family in FAMILIES:
+        return FAMILIES[family]
+    from tests.checkpoints import build_checkpoint
+
+    return [f"model.path={build_checkpoint(family, root / f'{family}-checkpoint', CHECKPOINTS[family])}"]
 
 
 def train(family: str, gguf_type: str, root: Path) -> Path:
@@ -60,7 +76,7 @@ def train(family: str, gguf_type: str, root: Path) -> Path:
         PYTHON,
         "-m",
         "seqtune",
-        *FAMILIES[family],
+        *model_args(family, root),
         f"data.train={data}",
         "data.format=chat",
         "data.val_fraction=0.25",
@@ -129,7 +145,8 @@ def compare(run_dir: Path, gguf_type: str) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--families", nargs="+", choices=sorted(FAMILIES), default=list(FAMILIES))
+    rows_known = [*FAMILIES, *CHECKPOINTS]
+    parser.add_argument("--families", nargs="+", choices=sorted(rows_known), default=rows_known)
     parser.add_argument("--type", choices=["f16", "bf16", "q8_0"], default="f16")
     args = parser.parse_args()
     try:

@@ -55,7 +55,14 @@ KINDS = {
     # Mixture of experts (the tiny shape of issue 30: 2 layers, hidden 64, 4 experts, top-2)
     "qwen3_moe": (
         "Qwen3MoeConfig",
-        {"tie_word_embeddings": False, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+        {
+            "tie_word_embeddings": False,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            # as Qwen3-MoE ships (and llama.cpp's qwen3moe computes): the chosen experts' weights renormalized
+            "norm_topk_prob": True,
+        },
         "qwen3",
         QWEN25,
         "<|im_end|>",
@@ -112,8 +119,10 @@ OWN_SHAPE = {"gpt2": {"n_embd": 64, "n_inner": 128, "n_layer": 2, "n_head": 4, "
 OWN_CLASS = {"gpt2": "GPT2LMHeadModel"}
 
 
-def build_checkpoint(kind: str, directory: Path) -> Path:
-    """A tiny random checkpoint of `kind` (KINDS) in `directory`, as save_pretrained writes a real one."""
+def build_checkpoint(kind: str, directory: Path, config_overrides: dict | None = None) -> Path:
+    """A tiny random checkpoint of `kind` (KINDS) in `directory`, as save_pretrained writes a real one;
+    `config_overrides`: config kwargs over the kind's shape and extras (e.g. an OLMoE without grouped-query
+    attention, as OLMoE ships)."""
     import torch
     import transformers
     from transformers import AutoTokenizer
@@ -139,11 +148,10 @@ def build_checkpoint(kind: str, directory: Path) -> Path:
     eos_id, eot_id = tokenizer.convert_tokens_to_ids(eos), tokenizer.convert_tokens_to_ids(eot)
     config = getattr(transformers, config_class)(
         vocab_size=rows,
-        **OWN_SHAPE.get(kind, SHAPE),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=eos_id,
         pad_token_id=tokenizer.pad_token_id,
-        **extra,
+        **{**OWN_SHAPE.get(kind, SHAPE), **extra, **(config_overrides or {})},
     )
     config.architectures = [OWN_CLASS.get(kind, config_class.replace("Config", "ForCausalLM"))]
     torch.manual_seed(0)

@@ -41,27 +41,38 @@ GGUF_DIR = "gguf"
 ROPE_SCALINGS = (None, "default", "llama3", "linear")
 
 
-def gguf_refusal(model_type: str, rope_type: str | None = None) -> str | None:
-    """Why a model cannot be written as GGUF here, or None."""
-    if gguf_row(model_type) is None:
+def gguf_refusal(model_type: str, rope_type: str | None = None, config: dict | None = None) -> str | None:
+    """Why a model cannot be written as GGUF here, or None. `config` (config.json, when there is one): what the
+    architecture's row says llama.cpp's graph cannot express (GgufRow.refusal)."""
+    row = gguf_row(model_type)
+    if row is None:
         return (
             f"the GGUF writer does not know model_type {model_type!r} (it knows {', '.join(gguf_model_types())}: "
-            "the `gguf` rows of the families in seqtune/models)"
+            "the `gguf` rows of the families and architectures in seqtune/models)"
         )
     if rope_type not in ROPE_SCALINGS:
         return f"the GGUF writer does not encode rope scaling {rope_type!r} (it encodes llama3 and linear)"
+    if config is not None and row.refusal is not None and (reason := row.refusal(config)):
+        return f"llama.cpp's {row.name.lower()} cannot hold this {model_type} checkpoint: {reason}"
     return None
 
 
 def gguf_refusal_for(model_type: str, model_path: str | None) -> str | None:
-    """gguf_refusal for a run's model: its model_type (the plan's) and model.path's rope scaling."""
-    return gguf_refusal(model_type, checkpoint_rope_type(model_path))
+    """gguf_refusal for a run's model: its model_type (the plan's) and model.path's config.json."""
+    config = checkpoint_config(model_path)
+    return gguf_refusal(model_type, _rope_type(config) if config else None, config)
+
+
+def checkpoint_config(path: str | None) -> dict | None:
+    """model.path's config.json (None: a tiny model, or none)."""
+    config = Path(path).expanduser() / "config.json" if path else None
+    return json.loads(config.read_text()) if config is not None and config.is_file() else None
 
 
 def checkpoint_rope_type(path: str | None) -> str | None:
     """The rope scaling type of model.path's config.json (None: a tiny model, or none)."""
-    config = Path(path).expanduser() / "config.json" if path else None
-    return _rope_type(json.loads(config.read_text())) if config is not None and config.is_file() else None
+    config = checkpoint_config(path)
+    return _rope_type(config) if config is not None else None
 
 
 def _rope_type(config: dict) -> str | None:
@@ -98,6 +109,49 @@ def _read_tensor(directory: Path, wanted: str) -> np.ndarray | None:
     return next((data for name, data in _source_tensors(directory, only=wanted)), None)
 
 
+def expert_count(config: dict) -> int | None:
+    """A mixture of experts' expert count, under either name transformers' configs use (None: no experts)."""
+    return config.get("num_experts") or config.get("num_local_experts")
+
+
+def _expert_tensor(name: str, arch: GgufRow) -> tuple[str, int, str] | None:
+    """<layer>.experts.<e>.<projection>.weight -> (<layer>.experts, e, projection) for the row's projections."""
+    match = re.fullmatch(r"(.+\.experts)\.(\d+)\.(\w+)\.weight", name)
+    if match is None or match.group(3) not in arch.expert_projections:
+        return None
+    return match.group(1), int(match.group(2)), match.group(3)
+
+
+def _stack_experts(
+    tensors: Iterator[tuple[str, np.ndarray]], config: dict, arch: GgufRow
+) -> Iterator[tuple[str, np.ndarray]]:
+    """Each expert's projection on file stacked into one [n_expert, out, in] tensor per layer and projection,
+    named <layer>.experts.<projection>.weight (convert_hf_to_gguf.py's merged experts, which gguf's TensorNameMap
+    maps to blk.N.ffn_*_exps); GGUF stores it as {in, out, n_expert}, the shape llama.cpp's loader creates. A
+    stack is written as soon as its last expert is read (safetensors lists a layer's experts together), so at most
+    a few layers' experts are held at once."""
+    n_experts = expert_count(config) or 0
+    pending: dict[tuple[str, str], dict[int, np.ndarray]] = {}
+    for name, data in tensors:
+        expert = _expert_tensor(name, arch) if arch.expert_projections else None
+        if expert is None:
+            yield name, data
+            continue
+        prefix, index, projection = expert
+        stack = pending.setdefault((prefix, projection), {})
+        stack[index] = data
+        if len(stack) == n_experts:
+            del pending[(prefix, projection)]
+            if sorted(stack) != list(range(n_experts)):
+                raise SeqtuneError(f"seqtune bug: {prefix}.*.{projection} has experts {sorted(stack)}")
+            yield f"{prefix}.{projection}.weight", np.stack([stack[e] for e in range(n_experts)])
+    if pending:
+        (prefix, projection), stack = next(iter(pending.items()))
+        raise SeqtuneError(
+            f"{prefix}.*.{projection}.weight: {len(stack)} experts on file, config.json says {n_experts}"
+        )
+
+
 def gguf_tensors(directory: Path, config: dict, arch: GgufRow) -> Iterator[tuple[str, np.ndarray]]:
     """(GGUF name, float32 array) of every tensor llama.cpp reads, transformed as convert_hf_to_gguf.py does."""
     import gguf
@@ -105,7 +159,7 @@ def gguf_tensors(directory: Path, config: dict, arch: GgufRow) -> Iterator[tuple
     n_layers = config["num_hidden_layers"]
     names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.name), n_layers)
     n_head, n_kv = config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"]
-    for name, data in _source_tensors(directory):
+    for name, data in _stack_experts(_source_tensors(directory), config, arch):
         # A head equal to the embedding is the tied one llama.cpp reuses; a head trained apart is written.
         embedding = _read_tensor(directory, "model.embed_tokens.weight") if name == "lm_head.weight" else None
         if embedding is not None and np.array_equal(data, embedding):
@@ -298,7 +352,7 @@ def write_gguf(source: Path, target: Path, gguf_type: str, *, ids: GgufIds, add_
 
     check_readable(sorted(source.glob("*.safetensors")))
     config = json.loads((source / "config.json").read_text())
-    refusal = gguf_refusal(config.get("model_type", "?"), _rope_type(config))
+    refusal = gguf_refusal(config.get("model_type", "?"), _rope_type(config), config)
     if refusal:
         raise ConfigError(
             f"train.export_gguf: {refusal}.",
@@ -372,6 +426,11 @@ def _write_metadata(writer: Any, config: dict, arch: GgufRow, gguf_type: str, so
         "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
     }
     writer.add_file_type(file_types[gguf_type])
+    if arch.expert_projections:  # convert_hf_to_gguf.py TextModel / Qwen2MoeModel.set_gguf_parameters
+        writer.add_expert_count(expert_count(config))
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        if config.get("moe_intermediate_size"):
+            writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
     if arch.extra is not None:
         arch.extra(writer, config)
 
@@ -491,7 +550,8 @@ def check_gguf(path: Path, facts: Any) -> Any:
             failures.append(f"tensor {name} differs from {source.name}/ ({tensor.tensor_type.name})")
     if extra := set(stored) - expected_names:
         failures.append(f"tensors not in {source.name}/: {sorted(extra)[:3]}")
-    failures += loader_problems(reader)
+    failures += loader_problems(reader, arch)
+    failures += _expert_problems(reader, stored, source, config, arch)
     eos, eot = terminator_ids(facts.stop.eos)
     found_ids = {
         "eos": _field(reader, gguf.Keys.Tokenizer.EOS_ID),
@@ -506,8 +566,10 @@ def check_gguf(path: Path, facts: Any) -> Any:
     template = _field(reader, gguf.Keys.Tokenizer.CHAT_TEMPLATE)
     if (template or None) != (trained_template or None):
         failures.append("tokenizer.chat_template is not the template trained with")
+    stacks = sum(name.endswith("_exps.weight") for name in expected_names)
+    experts = f" ({stacks} expert stacks, {expert_count(config)} experts each, read back per expert)" if stacks else ""
     summary = (
-        f"{len(expected_names)} tensors {'equal to' if exact else 'within Q8_0 step of'} {source.name}/"
+        f"{len(expected_names)} tensors {'equal to' if exact else 'within Q8_0 step of'} {source.name}/{experts}"
         f"{'' if exact else f' (max |difference| {worst:.2g})'}; eos {eos}"
         f"{f', eot {eot}' if eot is not None else ''}; chat template {'set' if template else 'none'}"
     )
@@ -525,6 +587,50 @@ def check_gguf(path: Path, facts: Any) -> Any:
     )
 
 
+def _expert_problems(reader: Any, stored: dict[str, Any], source: Path, config: dict, arch: GgufRow) -> list[str]:
+    """A mixture of experts, proven apart from the stacking that wrote it: the header's expert counts are
+    config.json's, and slice e of every blk.N.ffn_*_exps tensor equals expert e's projection on file, read by its
+    own name (model.layers.N.<...>.experts.<e>.<projection>.weight)."""
+    import gguf
+
+    if not arch.expert_projections:
+        return []
+    name = _field(reader, "general.architecture")
+    wanted = {
+        "expert_count": expert_count(config),
+        "expert_used_count": config["num_experts_per_tok"],
+        "expert_feed_forward_length": config.get("moe_intermediate_size"),
+    }
+    failures = [
+        f"{name}.{key} is {_field(reader, f'{name}.{key}')}, config.json says {value}"
+        for key, value in wanted.items()
+        if _field(reader, f"{name}.{key}") != value
+    ]
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.name), config["num_hidden_layers"])
+    checked = 0
+    for file_name, data in _source_tensors(source):
+        expert = _expert_tensor(file_name, arch)
+        if expert is None:
+            continue
+        prefix, index, projection = expert
+        target = names.get_name(f"{prefix}.{projection}.weight", try_suffixes=(".weight",))
+        tensor = stored.get(target or "")
+        if tensor is None:
+            failures.append(f"{file_name} has no stacked tensor ({target}) in the file")
+            continue
+        got = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        got = got.reshape(int(tensor.shape[-1]), *data.shape)[index]
+        if tensor.tensor_type == gguf.GGMLQuantizationType.Q8_0:
+            if np.any(np.abs(got - data).reshape(-1, 32) > _q8_bound(data)[:, None]):
+                failures.append(f"{target}[{index}] differs from {source.name}/{file_name} by more than Q8_0's step")
+        elif not np.array_equal(got, _as_stored(data, tensor.tensor_type)):
+            failures.append(f"{target}[{index}] differs from {source.name}/{file_name}")
+        checked += 1
+    if checked == 0:
+        failures.append(f"{source.name}/ holds no per-expert tensors ({', '.join(arch.expert_projections)})")
+    return failures
+
+
 # Keys llama.cpp's loader requires of the Llama-layout architectures ({arch} replaced), beyond the tokenizer's.
 REQUIRED_KEYS = (
     "general.architecture",
@@ -540,12 +646,19 @@ REQUIRED_KEYS = (
 )
 
 
-def loader_problems(reader: Any) -> list[str]:
+# What llama.cpp's loader requires of a mixture of experts (n_expert, n_expert_used > 0: it throws otherwise).
+REQUIRED_EXPERT_KEYS = ("{arch}.expert_count", "{arch}.expert_used_count")
+
+
+def loader_problems(reader: Any, row: GgufRow | None = None) -> list[str]:
     """What llama.cpp's loader checks before it runs a file (llama-model.cpp, llama-vocab.cpp): the required keys,
     one token per embedding row (token types and scores alike), and every tensor's shape against the sizes the
-    header states; a tensor it does not read fails its tensor count. Our own reader does not check any of these."""
+    header states; a tensor it does not read fails its tensor count. Our own reader does not check any of these.
+    `row`: the architecture's GgufRow where known (the width of its q/k norms)."""
     arch = _field(reader, "general.architecture")
-    missing = [key.format(arch=arch) for key in REQUIRED_KEYS if reader.get_field(key.format(arch=arch)) is None]
+    moe = any(t.name.endswith("ffn_gate_inp.weight") for t in reader.tensors)
+    required = REQUIRED_KEYS + (REQUIRED_EXPERT_KEYS if moe else ())
+    missing = [key.format(arch=arch) for key in required if reader.get_field(key.format(arch=arch)) is None]
     if missing:
         return [f"llama.cpp requires {', '.join(missing)}, missing from the header"]
     tokens = len(_field(reader, "tokenizer.ggml.tokens"))
@@ -554,7 +667,7 @@ def loader_problems(reader: Any) -> list[str]:
         for key in ("tokenizer.ggml.token_type", "tokenizer.ggml.scores")
         if reader.get_field(key) is not None and (n := len(_field(reader, key))) != tokens
     ]
-    expected = _expected_shapes(reader, arch, tokens)
+    expected = _expected_shapes(reader, arch, tokens, qk_norm_width=row.qk_norm_width if row else "head")
     for tensor in reader.tensors:
         shape = tuple(int(n) for n in tensor.shape)
         want = _shape_for(tensor.name, expected)
@@ -568,7 +681,7 @@ def loader_problems(reader: Any) -> list[str]:
     return problems
 
 
-def _expected_shapes(reader: Any, arch: str, tokens: int) -> dict[str, tuple[int, ...]]:
+def _expected_shapes(reader: Any, arch: str, tokens: int, *, qk_norm_width: str) -> dict[str, tuple[int, ...]]:
     """GGML order (the row length first), as llama.cpp's create_tensor calls state them."""
     n_embd = int(_field(reader, f"{arch}.embedding_length"))
     n_head = int(_field(reader, f"{arch}.attention.head_count"))
@@ -577,6 +690,10 @@ def _expected_shapes(reader: Any, arch: str, tokens: int) -> dict[str, tuple[int
     head_k = int(_field(reader, f"{arch}.attention.key_length") or n_embd // n_head)
     head_v = int(_field(reader, f"{arch}.attention.value_length") or n_embd // n_head)
     rope_dim = int(_field(reader, f"{arch}.rope.dimension_count") or head_k)
+    # A mixture of experts: n_ff_exp is expert_feed_forward_length where stated (qwen3moe), else n_ff (llama, olmoe).
+    n_expert = int(_field(reader, f"{arch}.expert_count") or 0)
+    n_ff_exp = int(_field(reader, f"{arch}.expert_feed_forward_length") or n_ff)
+    q_norm, k_norm = (head_k, head_k) if qk_norm_width == "head" else (n_head * head_k, n_kv * head_k)
     return {
         "token_embd.weight": (n_embd, tokens),
         "output.weight": (n_embd, tokens),
@@ -593,11 +710,15 @@ def _expected_shapes(reader: Any, arch: str, tokens: int) -> dict[str, tuple[int
         "attn_q.bias": (n_head * head_k,),
         "attn_k.bias": (n_kv * head_k,),
         "attn_v.bias": (n_kv * head_v,),
-        "attn_q_norm.weight": (head_k,),
-        "attn_k_norm.weight": (head_k,),
+        "attn_q_norm.weight": (q_norm,),
+        "attn_k_norm.weight": (k_norm,),
         "ffn_gate.weight": (n_embd, n_ff),
         "ffn_up.weight": (n_embd, n_ff),
         "ffn_down.weight": (n_ff, n_embd),
+        "ffn_gate_inp.weight": (n_embd, n_expert),
+        "ffn_gate_exps.weight": (n_embd, n_ff_exp, n_expert),
+        "ffn_up_exps.weight": (n_embd, n_ff_exp, n_expert),
+        "ffn_down_exps.weight": (n_ff_exp, n_embd, n_expert),
         "blocks": (int(_field(reader, f"{arch}.block_count")),),
     }
 

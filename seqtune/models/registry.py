@@ -3,8 +3,10 @@
 A family is one module, seqtune/models/<family>.py, that defines `SPEC = ModelSpec(...)`; `ModelFamily`
 (seqtune/config/schema.py) lists those modules by reading them, and this module imports them by that list. Every
 list of families and every per-model_type fact is read from the specs here: `FAMILIES` (what the tests parametrize
-over), Liger's model types, the written-down tensor layouts (arch.py) and the GGUF rows (export/gguf.py). No table
-keyed by a family name or a model_type lives anywhere else (tests/unit/models/test_family_facts.py).
+over), Liger's model types, the written-down tensor layouts (arch.py) and the GGUF rows (export/gguf.py). An
+architecture no family covers (a model=hf checkpoint) may state its own facts the same way, in a module of its own
+declaring `ARCHITECTURE = Architecture(...)` (seqtune/models/qwen3_moe.py, mixtral.py, olmoe.py: their GGUF rows).
+No table keyed by a family name or a model_type lives anywhere else (tests/unit/models/test_family_facts.py).
 
 Light (no torch, no transformers) and low in seqtune/models' import order: it imports spec.py and the family
 modules, which import only spec.py; what needs a checkpoint (model.family=auto) lives above it, in auto.py.
@@ -13,13 +15,34 @@ modules, which import only spec.py; what needs a checkpoint (model.family=auto) 
 from __future__ import annotations
 
 import importlib
+import re
+from functools import cache
+from pathlib import Path
 
 from seqtune.config.errors import ConfigError
 from seqtune.config.schema import ModelFamily
-from seqtune.models.spec import GgufRow, Layout, ModelSpec
+from seqtune.models.spec import Architecture, GgufRow, Layout, ModelSpec
 
 # The named families (model.family=auto is no family module: its facts come from the checkpoint, models/auto.py).
 FAMILIES: tuple[str, ...] = tuple(str(f) for f in ModelFamily if f != ModelFamily.auto)
+
+# An architecture module (no family: it trains with model=hf) declares itself with this top-level line.
+_ARCHITECTURE_DECLARATION = re.compile(r"^ARCHITECTURE = Architecture\(", re.MULTILINE)
+# Every seqtune/models/<name>.py that declares `ARCHITECTURE = Architecture(...)`: read from the files, as
+# ModelFamily lists the families, so adding one is its module with no list to edit.
+ARCHITECTURE_MODULES: tuple[str, ...] = tuple(
+    sorted(
+        p.stem
+        for p in Path(__file__).resolve().parent.glob("*.py")
+        if _ARCHITECTURE_DECLARATION.search(p.read_text(encoding="utf-8"))
+    )
+)
+
+
+@cache
+def architectures() -> tuple[Architecture, ...]:
+    """The declared architectures no family covers (ARCHITECTURE_MODULES' ARCHITECTURE)."""
+    return tuple(importlib.import_module(f"seqtune.models.{name}").ARCHITECTURE for name in ARCHITECTURE_MODULES)
 
 
 def get_spec(family: str) -> ModelSpec:
@@ -55,13 +78,17 @@ def layout_for(model_type: str) -> Layout | None:
 
 
 def gguf_row(model_type: str) -> GgufRow | None:
-    """The llama.cpp architecture of `model_type`: the first family declaring it with one, else None."""
-    return next((spec.gguf for spec in specs_for_model_type(model_type) if spec.gguf is not None), None)
+    """The llama.cpp architecture of `model_type`: the first family declaring it with one, else the architecture
+    module declaring it (a model=hf checkpoint: Qwen3-MoE, Mixtral, OLMoE), else None."""
+    rows = [spec.gguf for spec in specs_for_model_type(model_type)]
+    rows += [arch.gguf for arch in architectures() if model_type in arch.model_types]
+    return next((row for row in rows if row is not None), None)
 
 
 def gguf_model_types() -> tuple[str, ...]:
     """Every model_type the GGUF writer knows (for its refusal message)."""
-    return tuple(sorted({t for f in FAMILIES if get_spec(f).gguf is not None for t in get_spec(f).hf_model_types}))
+    families = {t for f in FAMILIES if get_spec(f).gguf is not None for t in get_spec(f).hf_model_types}
+    return tuple(sorted(families | {t for a in architectures() if a.gguf is not None for t in a.model_types}))
 
 
 def model_type_fix(model_type: str) -> str | None:

@@ -96,6 +96,26 @@ class GgufRow:
     permute_qk: bool = False  # LlamaModel: q/k rows reordered for llama.cpp's rotary layout
     norm_shift: float = 0.0  # Gemma3Model: RMSNorm weights stored as shift + w
     extra: Callable[[Any, dict], None] | None = None  # architecture-specific metadata (writer, config.json)
+    # What of a checkpoint's config.json llama.cpp's graph for this architecture cannot express (config.json ->
+    # the reason, or None): the writer refuses it by that reason, preflight before training.
+    refusal: Callable[[dict], str | None] | None = None
+    # The width of q_norm/k_norm as llama.cpp's loader creates them: "head" (one head's dim: Qwen3, Qwen3-MoE) or
+    # "all" (every head's: OLMoE's {n_embd}).
+    qk_norm_width: str = "head"
+    # A mixture of experts: each expert's projections on file (<layer>.<experts>.<e>.<projection>.weight) are
+    # stacked into one 3-D tensor per projection, <layer>.<experts>.<projection>, the name gguf's TensorNameMap
+    # maps to blk.N.ffn_{gate,up,down}_exps (convert_hf_to_gguf.py's merged experts). The projection names on file.
+    expert_projections: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Architecture:
+    """A transformers architecture no named family covers (it trains with model=hf, its facts read from the
+    checkpoint) whose own facts seqtune states anyway: its GGUF row. Declared by a module's top-level
+    `ARCHITECTURE = Architecture(` line (seqtune/models/<name>.py), found by the registry as families are."""
+
+    model_types: tuple[str, ...]  # config.json model_type values
+    gguf: GgufRow | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

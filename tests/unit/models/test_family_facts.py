@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from seqtune.models.registry import FAMILIES, get_spec
+from seqtune.models.registry import ARCHITECTURE_MODULES, FAMILIES, architectures, get_spec
 
 REPO = Path(__file__).resolve().parents[3]
 MODELS = REPO / "seqtune/models"
@@ -36,14 +36,15 @@ def _runtime_imports(tree: ast.Module) -> list[str]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    """seqtune/models' modules -> the modules of it they import. The registry imports each family module by name
-    (importlib, from the ModelFamily list), which no import statement shows: those edges are added."""
+    """seqtune/models' modules -> the modules of it they import. The registry imports each family module and each
+    architecture module by name (importlib, from the lists it reads from the files), which no import statement
+    shows: those edges are added."""
     modules = {path.stem for path in MODELS.glob("*.py") if path.stem != "__init__"}
     graph = {}
     for name in modules:
         tree = ast.parse((MODELS / f"{name}.py").read_text())
         graph[name] = {m for m in _runtime_imports(tree) if m in modules and m != name}
-    graph["registry"] |= set(FAMILIES)
+    graph["registry"] |= set(FAMILIES) | set(ARCHITECTURE_MODULES)
     return graph
 
 
@@ -72,6 +73,7 @@ def test_seqtune_models_imports_form_a_dag():
     assert {"spec", "registry", "arch", "auto", "build", "facts", "memory", "model_configs"} <= set(graph)
     assert graph["spec"] == set(), "spec.py is the bottom: ModelSpec and pure helpers"
     assert all("spec" in graph[family] for family in FAMILIES), "a family module defines its SPEC from spec.py"
+    assert all(graph[name] == {"spec"} for name in ARCHITECTURE_MODULES), "an architecture module imports spec.py only"
     found = cycle(graph)
     assert found is None, "seqtune/models import cycle: " + " -> ".join(found or [])
 
@@ -82,10 +84,12 @@ def test_the_cycle_finder_finds_a_cycle():
 
 
 def _keys() -> dict[str, str]:
-    """Every family name and every model_type a family declares -> what it is."""
+    """Every family name and every model_type a family or an architecture module declares -> what it is."""
     keys = {family: "family" for family in FAMILIES}
     for family in FAMILIES:
         keys.update({t: f"model_type of {family}" for t in get_spec(family).hf_model_types if t not in keys})
+    for name, arch in zip(ARCHITECTURE_MODULES, architectures(), strict=True):
+        keys.update({t: f"model_type of seqtune/models/{name}.py" for t in arch.model_types if t not in keys})
     return keys
 
 
@@ -126,8 +130,9 @@ OTHER_TESTS = {"test_model_auto.py"}
 
 def test_no_table_outside_the_family_modules_is_keyed_by_a_family_or_model_type():
     keys = _keys()
-    assert {"llama3", "qwen3", "qwen2", "llama", "gemma3_text"} <= set(keys)
-    paths = [p for p in sorted((REPO / "seqtune").rglob("*.py")) if not (p.parent == MODELS and p.stem in FAMILIES)]
+    assert {"llama3", "qwen3", "qwen2", "llama", "gemma3_text", "qwen3_moe", "mixtral", "olmoe"} <= set(keys)
+    owners = set(FAMILIES) | set(ARCHITECTURE_MODULES)
+    paths = [p for p in sorted((REPO / "seqtune").rglob("*.py")) if not (p.parent == MODELS and p.stem in owners)]
     paths += [p for d in ("tests/unit/models", "tests/unit/export") for p in sorted((REPO / d).glob("*.py"))]
     found = [
         f"{where.removeprefix(str(REPO) + '/')} {name!r} ({keys[name]})"
