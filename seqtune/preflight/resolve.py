@@ -79,6 +79,7 @@ def resolve_plan(
         "lm_head" in wrapped or "lm_head" in saved or (resize_to or 0) > model.embedding_rows
     )
     kind = recipe.sample_kind
+    completions_per_sample, completion_tokens = _generation(recipe, cfg)
     return Resolved(
         world=world,
         sharded=cfg.train.parallel == Parallel.fsdp and world.world_size > 1,
@@ -124,15 +125,18 @@ def resolve_plan(
         sample_kind=str(kind),
         sequences_per_sample=sequences_per_sample(kind),
         step_repeats=recipe.step_repeats(recipe.settings_of(cfg)),
-        **_generation(recipe, cfg),
+        completions_per_sample=completions_per_sample,
+        completion_tokens=completion_tokens,
     )
 
 
-def _generation(recipe: RecipeSpec, cfg: RootConfig) -> dict[str, int]:
+def _generation(recipe: RecipeSpec, cfg: RootConfig) -> tuple[int, int]:
+    """(completions per sample, their token budget) of an online recipe's sampling; (0, 0) for one that trains on the
+    data's own sequences."""
     generation = recipe.generation(recipe.settings_of(cfg))
     if generation is None:
-        return {}
-    return {"completions_per_sample": generation.completions, "completion_tokens": generation.new_tokens}
+        return 0, 0
+    return generation.completions, generation.new_tokens
 
 
 def router_aux_coef(model_cfg: ModelConfig, model: ModelFacts, *, recipe: RecipeSpec) -> float | None:
