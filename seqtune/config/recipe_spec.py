@@ -65,6 +65,7 @@ class RecipeFacts:
     max_seq_len_auto: bool  # data.max_seq_len=auto: derived from the data, no budget beyond it
     longest: dict[str, tuple[int, str]]  # split -> (its longest sequence's tokens, file:line)
     terminators: dict[int, str]  # the trained terminators (plan.tokens.terminators)
+    turn_closer: int | None = None  # the template's assistant-turn closer for message prompts (plan.tokens)
 
 
 @dataclass(frozen=True)

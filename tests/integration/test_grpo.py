@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from seqtune.recipes.grpo.rewards import OTHER_KIND_COST
-from tests.conftest import read_metrics, run_cli
+from tests.conftest import REPO, read_metrics, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -191,3 +191,57 @@ def test_early_stopping_watches_the_eval_reward(tmp_path):
     ours = load_file(str(run_dir / "adapter" / "adapter_model.safetensors"))
     saved = load_file(str(run_dir / "best" / "adapter_model.safetensors"))
     assert best_step != evals[-1]["step"] and all(torch.equal(ours[k], saved[k]) for k in ours)
+
+
+def leaning_to_end_of_turn(root: Path) -> tuple[Path, int]:
+    """A tiny checkpoint (the bundled tokenizer, whose chat template closes a turn with <|end|>, no terminator of
+    the tinyllama family) that samples <|end|> with p ~0.4 at each token: completions of 4 tokens stop often."""
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+
+    from seqtune.config.schema import ModelConfig
+    from seqtune.models import build_model
+    from seqtune.tokenizers import BUNDLED_DIR
+
+    node = OmegaConf.merge(
+        OmegaConf.structured(ModelConfig), OmegaConf.load(REPO / "seqtune/configs/model/tinyllama_tiny.yaml")
+    )
+    model, tokenizer = (
+        build_model(OmegaConf.to_object(node), attn_implementation="sdpa"),
+        AutoTokenizer.from_pretrained(BUNDLED_DIR),
+    )
+    end = int(tokenizer.convert_tokens_to_ids("<|end|>"))
+    with torch.no_grad():  # every hidden state leans along dim 0; only <|end|>'s head row reads it
+        model.model.embed_tokens.weight[:, 0] += 4.0
+        model.lm_head.weight[end, 0] = 1.0
+    for config in (model.config, model.generation_config):
+        config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+    model.save_pretrained(root / "ckpt", safe_serialization=True)
+    tokenizer.save_pretrained(root / "ckpt")
+    return root / "ckpt", end
+
+
+def test_message_prompts_stop_at_the_templates_turn_closer(tmp_path):
+    """data.format=prompt with message-list prompts on a family whose terminators lack the template's turn closer:
+    preflight resolves the closer (plan.tokens.turn_closer), the run trains, and its completions stop there; the
+    same prompts as strings are no assistant turns and never stop at it."""
+    checkpoint, end = leaning_to_end_of_turn(tmp_path)
+    stops = {}
+    for shape in ("messages", "strings"):
+        for split, n in (("train", 16), ("val", 4)):
+            with (tmp_path / f"{shape}_{split}.jsonl").open("w") as out:
+                for i in range(n):
+                    text = f"{split}: say {'abcd'[i % 4]} {i}"
+                    prompt = [{"role": "user", "content": text}] if shape == "messages" else text
+                    out.write(json.dumps({"prompt": prompt, "kind": "digits"}) + "\n")
+        run_dir = tmp_path / shape
+        args = [*COMMON, "model=tinyllama_1b", f"model.path={checkpoint}", "lora=default", "train.max_steps=3"]
+        args += [f"data.train={tmp_path / f'{shape}_train.jsonl'}", f"data.val={tmp_path / f'{shape}_val.jsonl'}"]
+        ok(run_cli([*args, "train.eval_every=3", "train.save_every=0"], run_dir))
+        plan = json.loads((run_dir / "plan.json").read_text())
+        assert plan["tokens"]["turn_closer"] == end and str(end) not in plan["tokens"]["terminators"]
+        lines = [json.loads(line) for line in (run_dir / "completions.jsonl").read_text().splitlines()]
+        stops[shape] = [line["stop"] for line in lines]
+        assert len(read_metrics(run_dir)) >= 3
+    assert stops["messages"].count("<|end|>") >= 2 and set(stops["messages"]) <= {"<|end|>", "</s>", None}
+    assert "<|end|>" not in stops["strings"] and None in stops["strings"]

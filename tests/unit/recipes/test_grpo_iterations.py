@@ -59,6 +59,7 @@ def objective(tokenizer, loss: GrpoLoss, **settings) -> GrpoObjective:
         tokenizer=tokenizer,
         reference=None,
         stop_ids=frozenset({tokenizer.eos_token_id}),
+        turn_closer=None,
         pad_id=tokenizer.pad_token_id or 0,
         env=DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")),
         seed=3,
