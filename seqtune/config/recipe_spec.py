@@ -10,7 +10,7 @@ defines `run(cfg, plan, run_dir)` (which imports the torch half when called). Th
   Whether that reference is a second copy follows from LoRA (`reference()`): with adapters, the same model with
   them disabled; a full fine-tune keeps a frozen copy, which the memory estimate counts and FSDP refuses.
 - `scored`: what the objective reads from the model (token cross-entropy, each sequence's log-probability, a scalar
-  head), which decides the loss path (the fused kernel gives one sum only).
+  head), which decides the loss path (the fused kernel gives one sum only); `scored_why` says why, in the report.
 - `count_key`, `unit`, `metrics`, `perplexity`: what a loss is averaged over, what the report calls it, the metrics
   logged beside the loss (eval ones as eval_<name>), and whether eval_ppl means anything (token cross-entropy).
 - `paddings`, `min_micro_batch`: the padding strategies it trains with and the smallest micro-batch its objective
@@ -78,6 +78,8 @@ class RecipeSpec:
     needs_reference: Callable[[Any], bool] = lambda settings: False
     reference_free_fix: str = ""  # the setting that makes it reference-free, if one does ("dpo.loss=simpo ...")
     scored: Scored = Scored.token
+    # Why its objective reads what `scored` says, in the report's words (the preflight line of the loss path).
+    scored_why: str = ""
     count_key: str = "num_targets"  # the batch entry a loss is averaged over
     unit: str = "target tokens"
     metrics: tuple[str, ...] = ()
