@@ -191,6 +191,12 @@ def test_early_stopping_watches_the_eval_reward(tmp_path):
     ours = load_file(str(run_dir / "adapter" / "adapter_model.safetensors"))
     saved = load_file(str(run_dir / "best" / "adapter_model.safetensors"))
     assert best_step != evals[-1]["step"] and all(torch.equal(ours[k], saved[k]) for k in ours)
+    # the model card shows the metric early stopping watched (the spec's), not an eval loss it never watched
+    best = max(e["eval_reward"] for e in evals)
+    for kind in ("adapter", "best"):
+        card = (run_dir / kind / "README.md").read_text()
+        assert f"- best eval reward: {best:.4f} (step {best_step})" in card, card
+        assert f"- final eval reward: {evals[-1]['eval_reward']:.4f}" in card and "best eval loss" not in card
 
 
 def leaning_to_end_of_turn(root: Path) -> tuple[Path, int]:
