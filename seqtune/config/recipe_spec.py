@@ -155,9 +155,18 @@ def recipes() -> dict[str, RecipeSpec]:
     global _DISCOVERED
     if not _DISCOVERED:
         package = importlib.import_module("seqtune.recipes")
-        for module in pkgutil.iter_modules(package.__path__):
-            if module.ispkg:
-                importlib.import_module(f"seqtune.recipes.{module.name}")
+        names = [module.name for module in pkgutil.iter_modules(package.__path__) if module.ispkg]
+        for name in names:
+            importlib.import_module(f"seqtune.recipes.{name}")
+        # A package still being imported (its __init__ reached this before its register()) would leave its group
+        # out of whatever is built from the registry now (RootConfig): fail loudly rather than build it without.
+        missing = [name for name in names if name not in _RECIPES]
+        if missing:
+            raise RuntimeError(
+                f"seqtune bug: recipe package(s) {', '.join(missing)} under seqtune/recipes/ registered no spec when "
+                "the recipe registry was read (a recipe's __init__ must register before importing anything that "
+                "reads the registry, such as seqtune.config.schema)"
+            )
         _DISCOVERED = True
     return dict(sorted(_RECIPES.items()))
 
