@@ -356,7 +356,7 @@ class GrpoObjective:
             reuse = (self.train_calls // self.grad_accum) % self.cfg.num_iterations != 0
             self.train_calls += 1
         if not prompts:  # a micro-batch of fillers only
-            return next(model.parameters()).sum() * 0.0, torch.zeros(len(self.metric_names))
+            return filler_loss(model, batch), torch.zeros(len(self.metric_names))
         scored = self._reused(slot, prompts) if reuse else self._generate(model, prompts, training)
         rollout = scored.rollout
         C = rollout.completion_mask.shape[1]
@@ -502,6 +502,16 @@ class GrpoObjective:
 
 def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
+
+
+def filler_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A zero loss for a micro-batch of fillers that still runs one forward through `model` (the DDP wrapper) over
+    every parameter: under DDP another rank may hold real prompts, and its backward waits on this rank's gradient
+    buckets (a loss from one parameter alone would leave the rest unready, and DDP's reducer expects a forward before
+    each backward). One token per row keeps it cheap; every gradient it gives is zero."""
+    ids = batch["input_ids"][:, :1]
+    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
+    return logits.float().sum() * 0.0
 
 
 def _prompt_rows(batch: dict[str, torch.Tensor]) -> list[list[int]]:
