@@ -41,9 +41,10 @@ def grpo_checks(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
 
 
 def _equal_prompts(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
-    """Across ranks, data.tail=pad completes the last step with fillers: a rank whose micro-batch is fillers only
-    generates nothing and skips the forward every other rank's DDP backward waits on. data.tail=drop gives every
-    rank full micro-batches of real prompts."""
+    """Across ranks, data.tail=pad completes the last step with fillers, so ranks would train on unequal numbers of
+    prompts (a rank with fewer samples fewer groups). A fillers-only micro-batch no longer stalls DDP (the objective
+    forwards through the wrapper for it: GrpoObjective._filler_loss), but the issue's contract is equal prompts per
+    rank; data.tail=drop gives every rank full micro-batches of real prompts."""
     world = facts.plan.world.world_size
     if world == 1 or cfg.data.tail != Tail.pad:
         return []
@@ -51,7 +52,7 @@ def _equal_prompts(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
         (
             "data.tail",
             f"data.tail=pad with {world} ranks: the last step's fillers would leave ranks with unequal prompts "
-            "(a rank with none generates nothing and breaks the step's gradient all-reduce). Fix: data.tail=drop "
+            "(a rank with fewer samples fewer completions, so the step's update weighs ranks unequally). Fix: data.tail=drop "
             "(every rank gets train.batch_size real prompts per micro-batch; the tail is reshuffled into the next "
             "epoch)",
         )

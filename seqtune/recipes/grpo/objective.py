@@ -356,7 +356,7 @@ class GrpoObjective:
             reuse = (self.train_calls // self.grad_accum) % self.cfg.num_iterations != 0
             self.train_calls += 1
         if not prompts:  # a micro-batch of fillers only
-            return filler_loss(model, batch), torch.zeros(len(self.metric_names))
+            return self._filler_loss(model, batch, reuse), torch.zeros(len(self.metric_names))
         scored = self._reused(slot, prompts) if reuse else self._generate(model, prompts, training)
         rollout = scored.rollout
         C = rollout.completion_mask.shape[1]
@@ -381,6 +381,28 @@ class GrpoObjective:
         if not training:
             self._write(scored)
         return loss, metrics
+
+    def _filler_loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], reuse: bool) -> torch.Tensor:
+        """A zero loss for a micro-batch of fillers (an eval's padded tail, a stream's short rank) that makes the
+        forwards through `model` (the DDP wrapper) a micro-batch of prompts makes: the policy's, and the reference's
+        when the adapters-off reference is computed (beta > 0, a generation pass). Each DDP forward is a collective
+        (buffers are broadcast, gradient buckets readied for the backward), so another rank holding real prompts
+        would otherwise wait for this one. Sampling runs on the unwrapped model: no collective to match. Two tokens
+        per row keep it cheap; every gradient it gives is zero."""
+        first = batch["input_ids"][:, :1]
+        ids = torch.cat([first, first], 1)
+        ones = torch.ones_like(ids)
+        dummy = Rollout(
+            sequences=ids,
+            attention_mask=ones,
+            completion_mask=ones[:, 1:],
+            truncated=ones[:, 0].bool(),
+            completion_ids=[],
+        )
+        if not reuse and self.reference is not None and self.cfg.beta:
+            reference_logps(self.reference, dummy, 1, self.cfg.temperature)
+        logps, _ = token_logps(model, dummy, 1, self.cfg.temperature)
+        return logps.sum() * 0.0
 
     def _stops(self, record: dict[str, Any]) -> frozenset[int]:
         """Where a completion of `record`'s prompt stops: the trained terminators, and for a message-list prompt the
@@ -502,16 +524,6 @@ class GrpoObjective:
 
 def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
-
-
-def filler_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """A zero loss for a micro-batch of fillers that still runs one forward through `model` (the DDP wrapper) over
-    every parameter: under DDP another rank may hold real prompts, and its backward waits on this rank's gradient
-    buckets (a loss from one parameter alone would leave the rest unready, and DDP's reducer expects a forward before
-    each backward). One token per row keeps it cheap; every gradient it gives is zero."""
-    ids = batch["input_ids"][:, :1]
-    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
-    return logits.float().sum() * 0.0
 
 
 def _prompt_rows(batch: dict[str, torch.Tensor]) -> list[list[int]]:
