@@ -58,6 +58,10 @@ def reference(tmp_path_factory) -> Path:
     return run_dir
 
 
+def plan_terminators(run_dir: Path) -> list[str]:
+    return list(json.loads((run_dir / "plan.json").read_text())["tokens"]["terminators"].values())
+
+
 def test_a_grpo_run_logs_rewards_and_writes_completions(reference):
     metrics = read_metrics(reference)
     steps = [m for m in metrics if "loss" in m]
@@ -70,7 +74,9 @@ def test_a_grpo_run_logs_rewards_and_writes_completions(reference):
     lines = [json.loads(line) for line in (reference / "completions.jsonl").read_text().splitlines()]
     # eval_batches=1 micro-batch of 2 prompts x 2 completions at each of steps 2 and 4
     assert [line["step"] for line in lines] == [2] * 4 + [4] * 4
-    assert all(set(line) == {"step", "prompt", "completion", "reward", "rewards"} for line in lines)
+    assert all(set(line) == {"step", "prompt", "completion", "stop", "reward", "rewards"} for line in lines)
+    # string prompts: a completion stops at a trained terminator or runs to the limit (stop null), never elsewhere
+    assert all(line["stop"] in (*plan_terminators(reference), None) for line in lines)
     assert all(line["rewards"]["kind_share"] == pytest.approx(line["reward"]) for line in lines)
     plan = json.loads((reference / "plan.json").read_text())
     assert plan["sample_kind"] == "prompt" and plan["recipe"] == "grpo" and plan["step_repeats"] == 1
