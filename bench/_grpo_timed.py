@@ -14,7 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-import seqtune.config.schema  # noqa: F401  # first: its RootConfig discovers every recipe, grpo's group included
 import seqtune.recipes.grpo.objective as objective
 
 

@@ -1,4 +1,15 @@
-"""Config schemas (typed dataclasses registered with Hydra), error types, and the guarded instantiate."""
+"""Config schemas (typed dataclasses registered with Hydra), error types, and the guarded instantiate.
+
+The schema names load on first use (PEP 562): RootConfig is built from the recipe registry when
+seqtune.config.schema is imported, and a recipe package's torch-free __init__ imports seqtune.config.domain and
+seqtune.config.recipe_spec, whose package is this one. Importing the schema here, eagerly, built RootConfig while that
+recipe was half imported and not yet registered (`import seqtune.recipes.grpo.objective` first: "Key 'grpo' not in
+RootConfig")."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from seqtune.config.errors import (
     ConfigError,
@@ -8,22 +19,36 @@ from seqtune.config.errors import (
     SeqtuneError,
     StorageError,
 )
-from seqtune.config.load import load_resolved, save_resolved, to_typed
-from seqtune.config.resolvers import register_resolvers
-from seqtune.config.schema import (
-    DataConfig,
-    LauncherConfig,
-    LoggerConfig,
-    LoraConfig,
-    ModelConfig,
-    OptimConfig,
-    PaddingConfig,
-    PreflightConfig,
-    RootConfig,
-    TokenizerConfig,
-    TrainConfig,
-    register_schemas,
-)
+
+# name -> the module it comes from, imported when the name is first read
+_LAZY = {
+    **{name: "seqtune.config.load" for name in ("load_resolved", "save_resolved", "to_typed")},
+    "register_resolvers": "seqtune.config.resolvers",
+    **{
+        name: "seqtune.config.schema"
+        for name in (
+            "DataConfig",
+            "LauncherConfig",
+            "LoggerConfig",
+            "LoraConfig",
+            "ModelConfig",
+            "OptimConfig",
+            "PaddingConfig",
+            "PreflightConfig",
+            "RootConfig",
+            "TokenizerConfig",
+            "TrainConfig",
+            "register_schemas",
+        )
+    },
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name]), name)
+
 
 __all__ = [
     "ConfigError",
@@ -32,20 +57,5 @@ __all__ = [
     "PreflightFailed",
     "SeqtuneError",
     "StorageError",
-    "DataConfig",
-    "LauncherConfig",
-    "LoggerConfig",
-    "LoraConfig",
-    "ModelConfig",
-    "OptimConfig",
-    "PaddingConfig",
-    "PreflightConfig",
-    "RootConfig",
-    "TokenizerConfig",
-    "TrainConfig",
-    "register_schemas",
-    "register_resolvers",
-    "to_typed",
-    "load_resolved",
-    "save_resolved",
+    *_LAZY,
 ]

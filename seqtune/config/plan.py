@@ -157,6 +157,10 @@ class Tokens:
     # Whether the run's records are rendered by the chat template (data.format chat, sharegpt, conversational
     # preference pairs): the template, not the data, then decides where a turn ends.
     templated: bool
+    # The token the chat template closes an assistant turn with, when a format's sample kind declares message-list
+    # prompts (SampleKind.message_prompts: data.format=prompt) and the tokenizer has a template; else null. The
+    # completion of a message prompt is an assistant turn: its generation stops here as well as at the terminators.
+    turn_closer: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

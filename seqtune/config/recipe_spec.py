@@ -10,7 +10,7 @@ defines `run(cfg, plan, run_dir)` (which imports the torch half when called). Th
   Whether that reference is a second copy follows from LoRA (`reference()`): with adapters, the same model with
   them disabled; a full fine-tune keeps a frozen copy, which the memory estimate counts and FSDP refuses.
 - `scored`: what the objective reads from the model (token cross-entropy, each sequence's log-probability, a scalar
-  head), which decides the loss path (the fused kernel gives one sum only).
+  head), which decides the loss path (the fused kernel gives one sum only); `scored_why` says why, in the report.
 - `count_key`, `unit`, `metrics`, `perplexity`: what a loss is averaged over, what the report calls it, the metrics
   logged beside the loss (eval ones as eval_<name>), and whether eval_ppl means anything (token cross-entropy).
 - `paddings`, `min_micro_batch`: the padding strategies it trains with and the smallest micro-batch its objective
@@ -65,6 +65,7 @@ class RecipeFacts:
     max_seq_len_auto: bool  # data.max_seq_len=auto: derived from the data, no budget beyond it
     longest: dict[str, tuple[int, str]]  # split -> (its longest sequence's tokens, file:line)
     terminators: dict[int, str]  # the trained terminators (plan.tokens.terminators)
+    turn_closer: int | None = None  # the template's assistant-turn closer for message prompts (plan.tokens)
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,8 @@ class RecipeSpec:
     needs_reference: Callable[[Any], bool] = lambda settings: False
     reference_free_fix: str = ""  # the setting that makes it reference-free, if one does ("dpo.loss=simpo ...")
     scored: Scored = Scored.token
+    # Why its objective reads what `scored` says, in the report's words (the preflight line of the loss path).
+    scored_why: str = ""
     count_key: str = "num_targets"  # the batch entry a loss is averaged over
     unit: str = "target tokens"
     metrics: tuple[str, ...] = ()
@@ -152,9 +155,18 @@ def recipes() -> dict[str, RecipeSpec]:
     global _DISCOVERED
     if not _DISCOVERED:
         package = importlib.import_module("seqtune.recipes")
-        for module in pkgutil.iter_modules(package.__path__):
-            if module.ispkg:
-                importlib.import_module(f"seqtune.recipes.{module.name}")
+        names = [module.name for module in pkgutil.iter_modules(package.__path__) if module.ispkg]
+        for name in names:
+            importlib.import_module(f"seqtune.recipes.{name}")
+        # A package still being imported (its __init__ reached this before its register()) would leave its group
+        # out of whatever is built from the registry now (RootConfig): fail loudly rather than build it without.
+        missing = [name for name in names if name not in _RECIPES]
+        if missing:
+            raise RuntimeError(
+                f"seqtune bug: recipe package(s) {', '.join(missing)} under seqtune/recipes/ registered no spec when "
+                "the recipe registry was read (a recipe's __init__ must register before importing anything that "
+                "reads the registry, such as seqtune.config.schema)"
+            )
         _DISCOVERED = True
     return dict(sorted(_RECIPES.items()))
 

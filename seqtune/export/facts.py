@@ -8,7 +8,8 @@ so export, best/ and `python -m seqtune.export RUN_DIR` write the same facts:
 - `base`: where the adapter's base is (model.path; for a tiny random model RUN_DIR/base/, the seeded base written
   there), named by adapter_config.json's base_model_name_or_path and the card's loading lines;
 - `shipped_config(model)`: every saved config generates with a KV cache (use_cache true; training keeps false);
-- `write_card(target, kind)`: README.md with the base, the data files and their sha256, steps, losses, the command.
+- `write_card(target, kind)`: README.md with the base, the data files and their sha256, steps, losses, the best of
+  the eval metric the recipe's early stopping watches (RecipeSpec.early_stop_metric), the command.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 from seqtune.config.load import load_resolved
 from seqtune.config.plan import load_plan
-from seqtune.config.recipe_spec import Scored
+from seqtune.config.recipe_spec import Scored, recipe_spec
 from seqtune.config.rundir import RUN_DIR_KEY
 from seqtune.config.schema import SPLITS, RootConfig
 from seqtune.data.split import split_input
@@ -106,6 +107,9 @@ class ShipFacts:
     # plan.scored: "scalar" ships the family's ForSequenceClassification (a reward model), anything else a causal LM.
     scored: str = "token"
     pad_id: int | None = None  # plan.tokens.pad_id: a scalar head's config.pad_token_id
+    # The eval metric the recipe's early stopping watches (RecipeSpec.early_stop_metric: "loss", GRPO's "reward"):
+    # the card shows its best (best_eval_<metric> in metrics.jsonl).
+    watched: str = "loss"
 
     @property
     def scalar(self) -> bool:
@@ -133,6 +137,7 @@ def ship_facts(tokenizer: Any, run_dir: Path) -> ShipFacts:
         validation=plan.validation,
         scored=plan.scored,
         pad_id=plan.tokens.pad_id,
+        watched=recipe_spec(plan.recipe).early_stop_metric,
     )
 
 
@@ -239,7 +244,8 @@ def card_text(facts: ShipFacts, kind: str, *, files: list[tuple[str, Path, str]]
         else f"a tiny random `{cfg.model.family}` model (model.seed={cfg.model.seed}), written to `{facts.base}`"
     )
     stops = ", ".join(f"`{facts.stop.names.get(i, i)}` ({i})" for i in facts.stop.eos)
-    best = metrics.get("best_eval_loss")
+    watched = facts.watched
+    best = metrics.get(f"best_eval_{watched}")
     lines = [
         "---",
         *([f"base_model: {base_model}"] if base_model else []),
@@ -270,7 +276,8 @@ def card_text(facts: ShipFacts, kind: str, *, files: list[tuple[str, Path, str]]
         f"- steps: {metrics.get('step', '-')} (train.max_steps={cfg.train.max_steps})",
         f"- final train loss: {_loss(metrics.get('loss'))}",
         f"- final eval loss: {_loss(metrics.get('eval_loss'))}",
-        f"- best eval loss: {_loss(best)}" + (f" (step {metrics.get('best_step')})" if best is not None else ""),
+        *([f"- final eval {watched}: {_loss(metrics.get(f'eval_{watched}'))}"] if watched != "loss" else []),
+        f"- best eval {watched}: {_loss(best)}" + (f" (step {metrics.get('best_step')})" if best is not None else ""),
         f"- test loss: {_loss(metrics.get('test_loss'))}",
         *(
             [f"- this directory holds the weights of the best eval (step {metrics.get('best_step')})"]

@@ -73,18 +73,17 @@ def kernels_choice(requested: str, *, device_type: str, model_type: str) -> Choi
     return Choice(name="liger", reason="auto: Liger-Kernel RMSNorm/SwiGLU/RoPE on CUDA")
 
 
-def loss_choice(*, kernels: str, head_trained_by_peft: bool, scored: str = "token") -> Choice:
+def loss_choice(*, kernels: str, head_trained_by_peft: bool, scored: str = "token", scored_why: str = "") -> Choice:
     """The loss path for the resolved kernels. `head_trained_by_peft`: peft wraps the head (LoRA on lm_head, lm_head
     trained in full, or new token rows), so it is no plain Linear for the fused kernel. `scored` (the recipe's
     spec): "sequence" needs every target token's log-probability (preference pairs), which the fused kernel does not
-    give; "scalar" computes no token loss at all (a scalar head, seqtune.models.scalar_head)."""
+    give; "scalar" computes no token loss at all (a scalar head, seqtune.models.scalar_head). `scored_why`: the
+    recipe's own words for why (RecipeSpec.scored_why), for the report."""
     if scored == "scalar":
         return Choice(name="chunked", reason="no token cross-entropy: a scalar head scores each sequence")
     if scored == "sequence":
-        return Choice(
-            name="chunked",
-            reason="chunked cross-entropy per token: the preference objective sums each sequence's log-probabilities",
-        )
+        why = scored_why or "the objective reads each target token's log-probability"
+        return Choice(name="chunked", reason=f"chunked cross-entropy per token: {why}")
     if kernels != "liger":
         return Choice(name="chunked", reason=f"chunked cross-entropy (model.kernels={kernels})")
     if head_trained_by_peft:

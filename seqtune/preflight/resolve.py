@@ -112,6 +112,7 @@ def resolve_plan(
             model=model,
             head_wrapped=head_wrapped,
             scored=str(recipe.scored),
+            scored_why=recipe.scored_why,
         ),
         **resolve_optimizer(str(cfg.optim.name), device_type=device.type),
         lora_targets=targets,
@@ -163,12 +164,20 @@ def router_aux_coef(model_cfg: ModelConfig, model: ModelFacts, *, recipe: Recipe
 
 
 def resolve_kernels(
-    cfg: RootConfig, *, device_type: str, compute_dtype: str, model: ModelFacts, head_wrapped: bool, scored: str
+    cfg: RootConfig,
+    *,
+    device_type: str,
+    compute_dtype: str,
+    model: ModelFacts,
+    head_wrapped: bool,
+    scored: str,
+    scored_why: str = "",
 ) -> dict[str, str]:
     """The attention kernel, the layer kernels and the loss path, each by its one rule, with the reason. A requested
     kernel that cannot run here stays the requested name with that reason: fast_checks reports the problem
     (attn_backend_problems, kernels_problems) and no rank starts. `scored` (the recipe's spec): what the objective
-    reads (token cross-entropy, each sequence's log-probability, a scalar head), which decides the loss path."""
+    reads (token cross-entropy, each sequence's log-probability, a scalar head), which decides the loss path;
+    `scored_why` (the spec's) says why in the report."""
     env = AttentionEnv(
         device_type=device_type,
         compute_dtype=compute_dtype,
@@ -188,7 +197,12 @@ def resolve_kernels(
     else:
         kernels = kernels_choice(cfg.model.kernels, device_type=device_type, model_type=model.model_type)
         kernels_name, kernels_reason = kernels.name, kernels.reason
-    loss = loss_choice(kernels="torch" if why_not else kernels_name, head_trained_by_peft=head_wrapped, scored=scored)
+    loss = loss_choice(
+        kernels="torch" if why_not else kernels_name,
+        head_trained_by_peft=head_wrapped,
+        scored=scored,
+        scored_why=scored_why,
+    )
     return {
         "attn_implementation": attn_name,
         "attn_reason": attn_reason,

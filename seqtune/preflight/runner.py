@@ -466,5 +466,6 @@ def _recipe_checks(cfg: RootConfig, resolved: Resolved, tokens, tokenizer, scans
         max_seq_len_auto=str(cfg.data.max_seq_len) == "auto",
         longest=longest,
         terminators=dict(tokens.terminators),
+        turn_closer=tokens.turn_closer,
     )
     return [Problem(check=spec.name, key=key, message=message) for key, message in spec.preflight(cfg, facts)]

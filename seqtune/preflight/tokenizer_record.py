@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 # Bump when what a record holds, or how any of its facts is computed, changes: old records then stop matching.
-RECORD_VERSION = 2
+RECORD_VERSION = 3
 RECORD_DIR = "tokenizer-facts"
 # Every file a Hugging Face tokenizer load may read (AutoTokenizer reads config.json for the model type); a
 # checkpoint directory's weights are not among them.
@@ -201,6 +201,7 @@ def _from_body(body: dict[str, Any]) -> TokenizerRecord:
             eos_id=int(tokens["eos_id"]),
             terminators={int(k): str(v) for k, v in tokens["terminators"].items()},
             templated=bool(tokens["templated"]),
+            turn_closer=_int_or_none(tokens["turn_closer"]),
         ),
         control={int(k): str(v) for k, v in body["control"].items()},
         literal={str(k): int(v) for k, v in body["literal"].items()},

@@ -11,6 +11,7 @@ from typing import Any
 
 from seqtune.config.plan import Resolved, Tokens
 from seqtune.config.schema import CHAT_FORMATS, SPLITS, DataFormat, RootConfig
+from seqtune.data.kinds import kind_of_format
 from seqtune.data.tokenize import render_chat
 from seqtune.models import spec_for
 from seqtune.tokenizers.control import control_tokens
@@ -23,7 +24,12 @@ TEMPLATED_FORMATS = frozenset({*CHAT_FORMATS, DataFormat.preference})
 
 def token_facts(cfg: RootConfig, resolved: Resolved, tokenizer: Any) -> Tokens:
     formats = {source.format for split in SPLITS for source in cfg.data.sources(split)}
-    templated = bool(formats & TEMPLATED_FORMATS) and bool(getattr(tokenizer, "chat_template", None))
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    templated = bool(formats & TEMPLATED_FORMATS) and has_template
+    # A kind whose records may hold message-list prompts (SampleKind.message_prompts) generates assistant turns:
+    # they end at the template's turn closer. It is not a terminator of the run (a string prompt's completion is
+    # no turn, and nothing of a prompt trains), so it stays a fact of its own that generation reads per prompt.
+    message_prompts = has_template and any(kind_of_format(fmt).message_prompts for fmt in formats)
     eos = int(tokenizer.eos_token_id)
     pad = resolved.vocab.pad_id if resolved.vocab.pad_id is not None else eos
     return Tokens(
@@ -32,6 +38,7 @@ def token_facts(cfg: RootConfig, resolved: Resolved, tokenizer: Any) -> Tokens:
         eos_id=eos,
         terminators=terminators(tokenizer, spec_for(cfg.model).eot_token, templated=templated),
         templated=templated,
+        turn_closer=template_turn_closer(tokenizer, control_tokens(tokenizer)) if message_prompts else None,
     )
 
 

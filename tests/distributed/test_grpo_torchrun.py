@@ -48,3 +48,18 @@ def test_two_ranks_each_generate_for_their_own_prompts(tmp_path: Path):
     assert all(line["step"] == 3 for line in lines)
     report = json.loads((run_dir / "export.json").read_text())
     assert report["ok"] and [a["artifact"] for a in report["artifacts"]] == ["adapter"]
+
+
+def test_a_rank_whose_eval_micro_batch_is_fillers_only_keeps_in_step(tmp_path: Path):
+    """One validation prompt over 2 ranks: rank 1's eval micro-batch is fillers only. It must make the DDP forwards
+    rank 0 makes for its prompt (the policy's and, with grpo.beta > 0, the adapters-off reference's: each one a
+    collective), or rank 0 waits in its forward while rank 1 waits in the eval's all-reduce (a hang before the fix;
+    the timeout turns one into a failure)."""
+    val = tmp_path / "val.jsonl"
+    val.write_text(json.dumps({"prompt": "Zed: one lone val prompt in digits", "kind": "digits"}) + "\n")
+    args = [*ARGS, "train.max_steps=2", "train.eval_every=2", "train.batch_size=1", "grpo.beta=0.05", f"data.val={val}"]
+    run_dir = tmp_path / "run"
+    result = run_cli(args, run_dir, env=PORTABLE_CPU, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (evaluated,) = [m for m in read_metrics(run_dir) if "eval_loss" in m]
+    assert evaluated["eval_targets"] == 1 and evaluated["step"] == 2

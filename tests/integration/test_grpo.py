@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from seqtune.recipes.grpo.rewards import OTHER_KIND_COST
-from tests.conftest import read_metrics, run_cli
+from tests.conftest import REPO, read_metrics, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -58,6 +58,10 @@ def reference(tmp_path_factory) -> Path:
     return run_dir
 
 
+def plan_terminators(run_dir: Path) -> list[str]:
+    return list(json.loads((run_dir / "plan.json").read_text())["tokens"]["terminators"].values())
+
+
 def test_a_grpo_run_logs_rewards_and_writes_completions(reference):
     metrics = read_metrics(reference)
     steps = [m for m in metrics if "loss" in m]
@@ -70,7 +74,9 @@ def test_a_grpo_run_logs_rewards_and_writes_completions(reference):
     lines = [json.loads(line) for line in (reference / "completions.jsonl").read_text().splitlines()]
     # eval_batches=1 micro-batch of 2 prompts x 2 completions at each of steps 2 and 4
     assert [line["step"] for line in lines] == [2] * 4 + [4] * 4
-    assert all(set(line) == {"step", "prompt", "completion", "reward", "rewards"} for line in lines)
+    assert all(set(line) == {"step", "prompt", "completion", "stop", "reward", "rewards"} for line in lines)
+    # string prompts: a completion stops at a trained terminator or runs to the limit (stop null), never elsewhere
+    assert all(line["stop"] in (*plan_terminators(reference), None) for line in lines)
     assert all(line["rewards"]["kind_share"] == pytest.approx(line["reward"]) for line in lines)
     plan = json.loads((reference / "plan.json").read_text())
     assert plan["sample_kind"] == "prompt" and plan["recipe"] == "grpo" and plan["step_repeats"] == 1
@@ -191,3 +197,63 @@ def test_early_stopping_watches_the_eval_reward(tmp_path):
     ours = load_file(str(run_dir / "adapter" / "adapter_model.safetensors"))
     saved = load_file(str(run_dir / "best" / "adapter_model.safetensors"))
     assert best_step != evals[-1]["step"] and all(torch.equal(ours[k], saved[k]) for k in ours)
+    # the model card shows the metric early stopping watched (the spec's), not an eval loss it never watched
+    best = max(e["eval_reward"] for e in evals)
+    for kind in ("adapter", "best"):
+        card = (run_dir / kind / "README.md").read_text()
+        assert f"- best eval reward: {best:.4f} (step {best_step})" in card, card
+        assert f"- final eval reward: {evals[-1]['eval_reward']:.4f}" in card and "best eval loss" not in card
+
+
+def leaning_to_end_of_turn(root: Path) -> tuple[Path, int]:
+    """A tiny checkpoint (the bundled tokenizer, whose chat template closes a turn with <|end|>, no terminator of
+    the tinyllama family) that samples <|end|> with p ~0.4 at each token: completions of 4 tokens stop often."""
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+
+    from seqtune.config.schema import ModelConfig
+    from seqtune.models import build_model
+    from seqtune.tokenizers import BUNDLED_DIR
+
+    node = OmegaConf.merge(
+        OmegaConf.structured(ModelConfig), OmegaConf.load(REPO / "seqtune/configs/model/tinyllama_tiny.yaml")
+    )
+    model, tokenizer = (
+        build_model(OmegaConf.to_object(node), attn_implementation="sdpa"),
+        AutoTokenizer.from_pretrained(BUNDLED_DIR),
+    )
+    end = int(tokenizer.convert_tokens_to_ids("<|end|>"))
+    with torch.no_grad():  # every hidden state leans along dim 0; only <|end|>'s head row reads it
+        model.model.embed_tokens.weight[:, 0] += 4.0
+        model.lm_head.weight[end, 0] = 1.0
+    for config in (model.config, model.generation_config):
+        config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+    model.save_pretrained(root / "ckpt", safe_serialization=True)
+    tokenizer.save_pretrained(root / "ckpt")
+    return root / "ckpt", end
+
+
+def test_message_prompts_stop_at_the_templates_turn_closer(tmp_path):
+    """data.format=prompt with message-list prompts on a family whose terminators lack the template's turn closer:
+    preflight resolves the closer (plan.tokens.turn_closer), the run trains, and its completions stop there; the
+    same prompts as strings are no assistant turns and never stop at it."""
+    checkpoint, end = leaning_to_end_of_turn(tmp_path)
+    stops = {}
+    for shape in ("messages", "strings"):
+        for split, n in (("train", 16), ("val", 4)):
+            with (tmp_path / f"{shape}_{split}.jsonl").open("w") as out:
+                for i in range(n):
+                    text = f"{split}: say {'abcd'[i % 4]} {i}"
+                    prompt = [{"role": "user", "content": text}] if shape == "messages" else text
+                    out.write(json.dumps({"prompt": prompt, "kind": "digits"}) + "\n")
+        run_dir = tmp_path / shape
+        args = [*COMMON, "model=tinyllama_1b", f"model.path={checkpoint}", "lora=default", "train.max_steps=3"]
+        args += [f"data.train={tmp_path / f'{shape}_train.jsonl'}", f"data.val={tmp_path / f'{shape}_val.jsonl'}"]
+        ok(run_cli([*args, "train.eval_every=3", "train.save_every=0"], run_dir))
+        plan = json.loads((run_dir / "plan.json").read_text())
+        assert plan["tokens"]["turn_closer"] == end and str(end) not in plan["tokens"]["terminators"]
+        lines = [json.loads(line) for line in (run_dir / "completions.jsonl").read_text().splitlines()]
+        stops[shape] = [line["stop"] for line in lines]
+        assert len(read_metrics(run_dir)) >= 3
+    assert stops["messages"].count("<|end|>") >= 2 and set(stops["messages"]) <= {"<|end|>", "</s>", None}
+    assert "<|end|>" not in stops["strings"] and None in stops["strings"]

@@ -52,6 +52,11 @@ def one_argument(completions):
 """
 # A chat template that renders no generation prompt (add_generation_prompt changes nothing).
 NO_GENERATION_PROMPT = "{% for m in messages %}<|user|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+# Turns closed by plain text: no control token after a reply, so no turn closer to stop a completion at.
+NO_TURN_CLOSER = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +74,9 @@ def files(tmp_path_factory) -> dict[str, Path]:
             out.write(json.dumps(record) + "\n")
     template = root / "no_generation_prompt.jinja"
     template.write_text(NO_GENERATION_PROMPT)
-    return {"rewards": rewards, "broken": broken, "messages": messages, "template": template}
+    plain = root / "no_turn_closer.jinja"
+    plain.write_text(NO_TURN_CLOSER)
+    return {"rewards": rewards, "broken": broken, "messages": messages, "template": template, "plain": plain}
 
 
 def line_of(path: Path, text: str) -> int:
@@ -138,11 +145,11 @@ CASES = [
         "the chat template renders no generation prompt",
     ),
     (
-        "stop_ids_not_the_turn_closer",
-        ["data.train={messages}", "data.val=null"],
+        "message_prompts_without_a_turn_closer",
+        ["data.train={messages}", "data.val=null", "tokenizer.chat_template={plain}"],
         "tokenizer.chat_template",
-        "closes an assistant turn with <|end|> (id {end_id}), which is not a generation stop id (the trained "
-        "terminators: </s> (1))",
+        "message prompts: the chat template writes no control token after an assistant reply, so a completion (an "
+        "assistant turn) has no turn closer to stop at",
     ),
     (
         "iterations_partial_step",
@@ -176,7 +183,6 @@ def _fill(text: str, files: dict[str, Path]) -> str:
         raises_at=line_of(rewards, "raise KeyError"),
         short_def=line_of(rewards, "def short_list"),
         nan_def=line_of(rewards, "def not_finite"),
-        end_id=_end_id(),
     )
 
 
@@ -185,15 +191,6 @@ def _args(overrides: list[str], files: dict[str, Path]) -> list[str]:
     filled = [_fill(o, files) for o in overrides]
     keys = {o.split("=", 1)[0] for o in filled}
     return [*BASE, *(f"{k}={v}" for k, v in DEFAULTS.items() if k not in keys), *filled]
-
-
-def _end_id() -> int:
-    from transformers import AutoTokenizer
-
-    import seqtune
-
-    tokenizer = AutoTokenizer.from_pretrained(Path(seqtune.__file__).parent / "tokenizers" / "assets" / "seqtune-bpe")
-    return int(tokenizer.convert_tokens_to_ids("<|end|>"))
 
 
 @pytest.mark.parametrize("overrides,key,says", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
@@ -213,8 +210,14 @@ def test_each_grpo_refusal_exits_2_before_any_generation(files, tmp_path, overri
         ["grpo.rewards=[{rewards}:ok]", "grpo.num_iterations=2", "data.max_seq_len=20", "grpo.max_completion_tokens=4"],
         # zephyr closes an assistant turn with </s>: a trained terminator, so message prompts stop
         ["data.train={messages}", "data.val=null", "tokenizer.chat_template=zephyr"],
+        # the bundled tokenizer's template closes a turn with <|end|>, no terminator: message prompts stop there
+        ["data.train={messages}", "data.val=null"],
     ],
-    ids=["rewards_budget_and_iterations", "message_prompts_whose_turn_ends_on_a_terminator"],
+    ids=[
+        "rewards_budget_and_iterations",
+        "message_prompts_whose_turn_ends_on_a_terminator",
+        "message_prompts_whose_turn_closer_is_no_terminator",
+    ],
 )
 def test_the_same_checks_accept_a_sound_run(files, tmp_path, overrides):
     result = run_cli(_args(overrides, files), tmp_path / "run")

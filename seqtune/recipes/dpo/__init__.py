@@ -84,6 +84,7 @@ SPEC = register(
         needs_reference=lambda dpo: dpo.needs_reference,
         reference_free_fix="dpo.loss=simpo (reference-free)",
         scored=Scored.sequence,
+        scored_why="the preference objective sums each sequence's log-probabilities",
         count_key="num_samples",
         unit="pairs",
         metrics=PREFERENCE_METRICS,

@@ -126,6 +126,7 @@ SPEC = register(
         needs_reference=lambda grpo: grpo.beta > 0,
         reference_free_fix="grpo.beta=0 (no KL term)",
         scored=Scored.sequence,
+        scored_why="the policy-gradient objective weighs each completion token's log-probability by its advantage",
         count_key="num_targets",  # a prompt's one anchor target (seqtune.data.kinds): the loss is per prompt
         unit="prompts",
         metrics=(),  # the objective's metrics name the reward functions: GrpoObjective.metric_names

@@ -4,7 +4,7 @@ before step 1. Each is (key, message with the fix); preflight lists them with ev
 Proven here: the completion budget (prompt + grpo.max_completion_tokens within data.max_seq_len and the context);
 each reward function imports, has TRL's signature, reads only columns the data has, and returns one finite float
 (or None) per completion on a dry call with real prompts; message prompts' chat template renders a generation prompt
-and closes the assistant turn with a token generation stops at (a trained terminator); every rank generates for as
+and closes the assistant turn with a control token (plan.tokens.turn_closer, where their generation stops); every rank generates for as
 many prompts (no filler-only micro-batch under DDP). The group divides each rank's generation batch by
 construction: a rank samples grpo.num_generations completions of each of its own prompts. The step plan's own rules
 (grpo.num_iterations with whole steps, cached data) are the shared plan phase's (check_repeated_steps).
@@ -17,10 +17,8 @@ from typing import Any
 from seqtune.config.errors import ConfigError
 from seqtune.config.recipe_spec import RecipeFacts
 from seqtune.config.schema import Tail
-from seqtune.preflight.tokens import template_turn_closer
 from seqtune.recipes.grpo.loading import Reward, dry_call_problems, load_reward
 from seqtune.recipes.grpo.prompts import read_prompt_table
-from seqtune.tokenizers.control import control_tokens
 
 DRY_PROMPTS = 2
 
@@ -38,14 +36,15 @@ def grpo_checks(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
     records = list(table.records.values())
     problems += dry_call_problems(rewards, records)
     problems += _generation_prompt(tokenizer, records)
-    problems += _stop_ids(tokenizer, records, facts.terminators)
+    problems += _stop_ids(tokenizer, records, facts.turn_closer)
     return problems
 
 
 def _equal_prompts(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
-    """Across ranks, data.tail=pad completes the last step with fillers: a rank whose micro-batch is fillers only
-    generates nothing and skips the forward every other rank's DDP backward waits on. data.tail=drop gives every
-    rank full micro-batches of real prompts."""
+    """Across ranks, data.tail=pad completes the last step with fillers, so ranks would train on unequal numbers of
+    prompts (a rank with fewer samples fewer groups). A fillers-only micro-batch no longer stalls DDP (the objective
+    forwards through the wrapper for it: GrpoObjective._filler_loss), but the issue's contract is equal prompts per
+    rank; data.tail=drop gives every rank full micro-batches of real prompts."""
     world = facts.plan.world.world_size
     if world == 1 or cfg.data.tail != Tail.pad:
         return []
@@ -53,7 +52,7 @@ def _equal_prompts(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
         (
             "data.tail",
             f"data.tail=pad with {world} ranks: the last step's fillers would leave ranks with unequal prompts "
-            "(a rank with none generates nothing and breaks the step's gradient all-reduce). Fix: data.tail=drop "
+            "(a rank with fewer samples fewer completions, so the step's update weighs ranks unequally). Fix: data.tail=drop "
             "(every rank gets train.batch_size real prompts per micro-batch; the tail is reshuffled into the next "
             "epoch)",
         )
@@ -101,24 +100,20 @@ def _generation_prompt(tokenizer: Any, records: list[dict[str, Any]]) -> list[tu
     ]
 
 
-def _stop_ids(tokenizer: Any, records: list[dict[str, Any]], terminators: dict[int, str]) -> list[tuple[str, str]]:
-    """Completions stop at the plan's trained terminators (plan.tokens.terminators, what sampling stops at). A
-    message prompt opens an assistant turn: the token the chat template closes that turn with must be one of them,
-    or every completion runs on to grpo.max_completion_tokens (and is marked clipped)."""
+def _stop_ids(tokenizer: Any, records: list[dict[str, Any]], turn_closer: int | None) -> list[tuple[str, str]]:
+    """A message prompt opens an assistant turn, and its completion stops at the token the chat template closes
+    that turn with (plan.tokens.turn_closer) as well as at the trained terminators. A template after whose reply
+    no control token follows has no closer to stop at: every completion would run to grpo.max_completion_tokens."""
     if not any(isinstance(r["prompt"], list) for r in records) or not getattr(tokenizer, "chat_template", None):
         return []
-    control = control_tokens(tokenizer)
-    closer = template_turn_closer(tokenizer, control)
-    if closer is None or closer in terminators:
+    if turn_closer is not None:
         return []
-    stops = ", ".join(f"{text} ({i})" for i, text in sorted(terminators.items()))
     return [
         (
             "tokenizer.chat_template",
-            f"message prompts: the chat template closes an assistant turn with {control[closer]} (id {closer}), "
-            f"which is not a generation stop id (the trained terminators: {stops}), so completions would not stop "
-            f"at the turn's end and would run to grpo.max_completion_tokens. Fix: a model.family whose end-of-turn "
-            f"token is {control[closer]}, a tokenizer.chat_template that closes turns with {stops.split(' (')[0]}, "
-            "or string prompts",
+            "message prompts: the chat template writes no control token after an assistant reply, so a completion "
+            "(an assistant turn) has no turn closer to stop at and would run to grpo.max_completion_tokens. Fix: a "
+            "tokenizer.chat_template that closes each turn with a special token (e.g. eos, as zephyr does), or "
+            "string prompts",
         )
     ]

@@ -65,12 +65,13 @@ def sample_completions(
     prompts: list[list[int]],
     *,
     cfg: GrpoConfig,
-    stop_ids: frozenset[int],
+    stop_ids: list[frozenset[int]],
     pad_id: int,
     generator: torch.Generator,
     kv_cache: bool = True,
 ) -> Rollout:
-    """grpo.num_generations completions of each prompt, sampled token by token (temperature, top-p) from `generator`.
+    """grpo.num_generations completions of each prompt, sampled token by token (temperature, top-p) from `generator`;
+    `stop_ids`: one set per prompt, the tokens its completions stop at.
 
     With `kv_cache` the prompts are prefilled once and each step feeds only the new token against a DynamicCache;
     without, each step recomputes the whole sequence (the reference the cached loop is tested against: both draw
@@ -85,7 +86,13 @@ def sample_completions(
         ids[r, width - len(row) :] = torch.tensor(row, device=device)
         mask[r, width - len(row) :] = 1
     done = torch.zeros(len(rows), dtype=torch.bool, device=device)
-    stop = torch.tensor(sorted(stop_ids), device=device)
+    # One row of stop ids per completion, padded with -1 (no token's id).
+    widest = max(map(len, stop_ids))
+    stop = torch.tensor(
+        [sorted(ids) + [-1] * (widest - len(ids)) for ids in stop_ids for _ in range(cfg.num_generations)],
+        dtype=torch.long,
+        device=device,
+    ).reshape(len(rows), widest)
     with padded_attention(model):
         cache = _new_cache(model) if kv_cache else None
         step_ids = ids
@@ -105,7 +112,7 @@ def sample_completions(
             ids = torch.cat([ids, token[:, None]], 1)
             mask = torch.cat([mask, (~done).long()[:, None]], 1)
             step_ids = token[:, None]
-            done = done | torch.isin(token, stop)
+            done = done | (token[:, None] == stop).any(1)
             if bool(done.all()):
                 break
     completion_mask = mask[:, width:]
@@ -299,7 +306,8 @@ class GrpoObjective:
     table: PromptTable
     tokenizer: Any
     reference: ReferenceModel | None
-    stop_ids: frozenset[int]
+    stop_ids: frozenset[int]  # the trained terminators (plan.tokens.terminators): every completion stops there
+    turn_closer: int | None  # plan.tokens.turn_closer: a message prompt's completion (an assistant turn) also does
     pad_id: int
     env: DistEnv
     seed: int
@@ -348,7 +356,7 @@ class GrpoObjective:
             reuse = (self.train_calls // self.grad_accum) % self.cfg.num_iterations != 0
             self.train_calls += 1
         if not prompts:  # a micro-batch of fillers only
-            return next(model.parameters()).sum() * 0.0, torch.zeros(len(self.metric_names))
+            return self._filler_loss(model, batch, reuse), torch.zeros(len(self.metric_names))
         scored = self._reused(slot, prompts) if reuse else self._generate(model, prompts, training)
         rollout = scored.rollout
         C = rollout.completion_mask.shape[1]
@@ -371,8 +379,37 @@ class GrpoObjective:
         )
         metrics = self._metrics(scored, kl, region, entropy, len(prompts))
         if not training:
-            self._write(scored.records, scored.texts, scored.per_function, scored.total)
+            self._write(scored)
         return loss, metrics
+
+    def _filler_loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], reuse: bool) -> torch.Tensor:
+        """A zero loss for a micro-batch of fillers (an eval's padded tail, a stream's short rank) that makes the
+        forwards through `model` (the DDP wrapper) a micro-batch of prompts makes: the policy's, and the reference's
+        when the adapters-off reference is computed (beta > 0, a generation pass). Each DDP forward is a collective
+        (buffers are broadcast, gradient buckets readied for the backward), so another rank holding real prompts
+        would otherwise wait for this one. Sampling runs on the unwrapped model: no collective to match. Two tokens
+        per row keep it cheap; every gradient it gives is zero."""
+        first = batch["input_ids"][:, :1]
+        ids = torch.cat([first, first], 1)
+        ones = torch.ones_like(ids)
+        dummy = Rollout(
+            sequences=ids,
+            attention_mask=ones,
+            completion_mask=ones[:, 1:],
+            truncated=ones[:, 0].bool(),
+            completion_ids=[],
+        )
+        if not reuse and self.reference is not None and self.cfg.beta:
+            reference_logps(self.reference, dummy, 1, self.cfg.temperature)
+        logps, _ = token_logps(model, dummy, 1, self.cfg.temperature)
+        return logps.sum() * 0.0
+
+    def _stops(self, record: dict[str, Any]) -> frozenset[int]:
+        """Where a completion of `record`'s prompt stops: the trained terminators, and for a message-list prompt the
+        template's turn closer (its completion is the assistant turn the generation prompt opened)."""
+        if isinstance(record["prompt"], list) and self.turn_closer is not None:
+            return self.stop_ids | {self.turn_closer}
+        return self.stop_ids
 
     def _generate(self, model: torch.nn.Module, prompts: list[list[int]], training: bool) -> Scored:
         """Sample grpo.num_generations completions of each prompt with the current weights (no dropout), score them,
@@ -385,7 +422,7 @@ class GrpoObjective:
                     unwrap(model),
                     prompts,
                     cfg=self.cfg,
-                    stop_ids=self.stop_ids,
+                    stop_ids=[self._stops(self.table.record(p)) for p in prompts],
                     pad_id=self.pad_id,
                     generator=self.generators["train" if training else "eval"],
                 )
@@ -460,22 +497,25 @@ class GrpoObjective:
                 ) from exc
         return torch.tensor(out, dtype=torch.float64)
 
-    def _write(
-        self, records: list[dict[str, Any]], texts: list[str], per_function: torch.Tensor, total: torch.Tensor
-    ) -> None:
+    def _write(self, scored: Scored) -> None:
         """completions.jsonl: each eval's completions with their rewards (rank 0's prompts), at eval steps; and
-        samples.html shows them all, step by step."""
+        samples.html shows them all, step by step. `stop`: the token a completion stopped at (a terminator, or a
+        message prompt's turn closer), null when it ran to grpo.max_completion_tokens."""
         if not self.env.is_main:
             return
         step = self.train_calls // self.grad_accum
+        rollout, per_function = scored.rollout, scored.per_function
         with self.completions_path.open("a", encoding="utf-8") as out:
-            for i, (record, text) in enumerate(zip(records, texts, strict=True)):
+            for i, (record, text) in enumerate(zip(scored.records, scored.texts, strict=True)):
                 rewards = {r.name: _finite_or_none(float(per_function[j, i])) for j, r in enumerate(self.rewards)}
+                ids = rollout.completion_ids[i]
+                stopped = bool(ids) and not bool(rollout.truncated[i])
                 line = {
                     "step": step,
                     "prompt": record["prompt"],
                     "completion": text,
-                    "reward": _finite_or_none(float(total[i])),
+                    "stop": self.tokenizer.convert_ids_to_tokens(ids[-1]) if stopped else None,
+                    "reward": _finite_or_none(float(scored.total[i])),
                     "rewards": rewards,
                 }
                 out.write(json.dumps(line, ensure_ascii=False) + "\n")
@@ -509,6 +549,7 @@ def build_objective(cfg: RootConfig, plan: Plan, run_dir: Path, built: Any) -> G
         tokenizer=tokenizer,
         reference=built.reference,
         stop_ids=frozenset(plan.tokens.terminators),
+        turn_closer=plan.tokens.turn_closer,
         pad_id=plan.tokens.pad_id,
         env=built.env,
         device=built.env.device,

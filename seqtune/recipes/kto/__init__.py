@@ -55,6 +55,7 @@ SPEC = register(
         settings=KtoConfig,
         needs_reference=lambda kto: True,
         scored=Scored.sequence,
+        scored_why="the objective sums each sample's log-probabilities (its implicit reward)",
         count_key="num_samples",
         unit="samples",
         metrics=KTO_METRICS,

@@ -59,6 +59,7 @@ SPEC = register(
         presets={True: "lora_orpo", False: "full_orpo"},
         settings=OrpoConfig,
         scored=Scored.sequence,
+        scored_why="the preference objective sums each sequence's log-probabilities",
         count_key="num_samples",
         unit="pairs",
         metrics=ORPO_METRICS,

@@ -119,3 +119,18 @@ def test_no_shared_module_branches_on_a_recipe_name():
                 if named and any(isinstance(side, ast.Constant) for side in sides):
                     found.append(f"{where} compares the recipe with a name")
     assert not found, "shared code names a recipe:\n" + "\n".join(found)
+
+
+def test_the_loss_path_says_why_in_the_recipes_own_words(tmp_path: Path):
+    """The report's loss line for a recipe whose objective reads per-token log-probabilities is its spec's
+    scored_why, not one recipe's wording for all (GRPO's is no preference objective)."""
+    from seqtune.config.recipe_spec import Scored
+    from seqtune.preflight.resolve import resolve_plan
+
+    sequence = [spec for spec in recipes().values() if spec.scored == Scored.sequence]
+    assert len(sequence) >= 4 and len({spec.scored_why for spec in sequence}) >= 3
+    for spec in sequence:
+        fmt = sample_kind(spec.sample_kind).formats[0]
+        cfg = make_cfg(tmp_path / spec.name, PAIRS, f"recipe_name={spec.name}", f"data.format={fmt}")
+        reason = resolve_plan(cfg, {}).loss_reason
+        assert spec.scored_why and reason == f"chunked cross-entropy per token: {spec.scored_why}", spec.name

@@ -157,3 +157,20 @@ def test_a_re_run_loads_no_tokenizer(tmp_path, monkeypatch):
     other = write_jsonl(tmp_path / "other.jsonl", [alpaca(3, i) for i in range(6)])
     with pytest.raises(AssertionError, match="a re-run loaded the tokenizer"):
         run_preflight(make_cfg(tmp_path, other, "model.resize_embeddings=true"), tmp_path / "run3")
+
+
+def test_a_message_prompt_kind_resolves_the_templates_turn_closer(tmp_path):
+    """data.format=prompt (its kind declares message_prompts): the token facts hold the chat template's turn closer
+    (the bundled template's <|end|>), which a message prompt's completion stops at; it joins no terminators (a
+    string prompt's completion is no turn), and a format without message prompts has none. The stored record
+    keeps it."""
+    rows = [{"prompt": [{"role": "user", "content": f"Hi {i}"}]} for i in range(8)]
+    train = write_jsonl(tmp_path / "prompts.jsonl", rows)
+    cfg = make_cfg(tmp_path, train, "recipe_name=grpo", "data.format=prompt")
+    stored, plan = stored_round_trip(cfg, tmp_path / "root")
+    assert stored == expected_record(cfg, plan)
+    end = load_tokenizer(cfg.tokenizer, cfg.model).convert_tokens_to_ids("<|end|>")
+    assert stored.tokens.turn_closer == end and end not in stored.tokens.terminators
+    assert not stored.tokens.templated
+    alpaca_cfg = cfg_for(tmp_path, [])
+    assert stored_round_trip(alpaca_cfg, tmp_path / "root2")[0].tokens.turn_closer is None

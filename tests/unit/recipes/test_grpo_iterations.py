@@ -59,6 +59,7 @@ def objective(tokenizer, loss: GrpoLoss, **settings) -> GrpoObjective:
         tokenizer=tokenizer,
         reference=None,
         stop_ids=frozenset({tokenizer.eos_token_id}),
+        turn_closer=None,
         pad_id=tokenizer.pad_token_id or 0,
         env=DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")),
         seed=3,
@@ -181,3 +182,22 @@ def test_with_gradient_accumulation_each_micro_batch_reuses_its_own_rollout():
     with pytest.raises(AssertionError, match="the step's prompts changed"):
         grpo.train_calls = 2  # pretend the plan handed the 2nd micro-batch where the 1st's repeat belongs
         grpo(model, second)
+
+
+def test_a_micro_batch_of_fillers_gives_every_parameter_a_zero_gradient():
+    """Under DDP a rank whose micro-batch is fillers only must still forward through the wrapper and ready every
+    gradient bucket, or a rank with real prompts waits on its all-reduce: the filler loss runs the model and gives
+    each trainable parameter a zero gradient (not one parameter only), and counts nothing."""
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    model, grpo = tiny_model().train(), objective(tokenizer, GrpoLoss.grpo)
+    fillers = batch()
+    fillers["targets"][:] = -100  # no anchor target: every row a filler
+    calls = []
+    handle = model.register_forward_hook(lambda module, args, out: calls.append(1))
+    loss, metrics = grpo(model, fillers)
+    loss.backward()
+    handle.remove()
+    assert calls and float(loss) == 0.0 and not metrics.any()
+    grads = {name: p.grad for name, p in model.named_parameters() if p.requires_grad}
+    assert all(g is not None and not g.any() for g in grads.values()), [n for n, g in grads.items() if g is None]
+    assert not list((Path(grpo.completions_path).parent).glob("*.jsonl"))  # nothing generated, nothing written

@@ -38,7 +38,7 @@ def sample(model: torch.nn.Module, *, kv_cache: bool, seed: int = 7, tokens: int
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         rollout = sample_completions(
-            model, PROMPTS, cfg=cfg, stop_ids=STOPS, pad_id=0, generator=generator, kv_cache=kv_cache
+            model, PROMPTS, cfg=cfg, stop_ids=[STOPS] * len(PROMPTS), pad_id=0, generator=generator, kv_cache=kv_cache
         )
     return rollout, generator.get_state()
 
@@ -64,3 +64,25 @@ def test_generation_runs_padded_attention_under_a_varlen_plan():
     theirs, _ = sample(reference, kv_cache=True)
     assert ours.completion_ids == theirs.completion_ids
     assert varlen.config._attn_implementation == TORCH_VARLEN  # training's kernel is back afterwards
+
+
+def test_each_prompt_stops_at_its_own_stop_ids():
+    """A message prompt's completions stop at the template's turn closer, a string prompt's do not: the stop ids
+    are per prompt, and a prompt with another prompt's stops draws the same tokens up to where it stops."""
+    model = tiny_model(lora=False)
+    cfg = GrpoConfig(num_generations=4, max_completion_tokens=8, temperature=0.7, top_p=0.95)
+    draws = {}
+    for name, stops in {"mixed": [STOPS, frozenset(), STOPS], "all": [STOPS] * 3}.items():
+        with torch.no_grad():
+            draws[name] = sample_completions(
+                model, PROMPTS, cfg=cfg, stop_ids=stops, pad_id=0, generator=torch.Generator().manual_seed(7)
+            )
+    mixed, every = draws["mixed"], draws["all"]
+    assert mixed.truncated[4:8].all()  # prompt 1 has no stop id: its 4 completions run to the limit
+    for r in range(12):
+        ours, theirs = mixed.completion_ids[r], every.completion_ids[r]
+        assert ours[: len(theirs)] == theirs  # the same draws; stopping only cuts a row short
+        if 4 <= r < 8:
+            continue
+        assert ours == theirs
+    assert any(len(every.completion_ids[r]) < 8 for r in range(4, 8))  # with STOPS, prompt 1 stops early
