@@ -92,6 +92,12 @@ CASES = [
         "+ grpo.max_completion_tokens=4 = 20 tokens > data.max_seq_len 16. Fix: grpo.max_completion_tokens=",
     ),
     (
+        "fsdp_across_ranks",
+        ["launcher=torchrun", "launcher.nproc_per_node=2", "train.parallel=fsdp"],
+        "train.parallel",
+        "train.parallel=fsdp across ranks with GRPO: each rank samples until its own completions end",
+    ),
+    (
         "budget_over_context",
         ["grpo.max_completion_tokens=2040"],
         "grpo.max_completion_tokens",

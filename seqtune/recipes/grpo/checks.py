@@ -24,7 +24,7 @@ DRY_PROMPTS = 2
 
 
 def grpo_checks(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
-    problems = _budget(cfg, facts) + _equal_prompts(cfg, facts)
+    problems = _budget(cfg, facts) + _equal_prompts(cfg, facts) + _sharded(facts)
     rewards: list[Reward] = []
     for i, ref in enumerate(cfg.grpo.rewards):  # every function that does not load is named, not just the first
         try:
@@ -38,6 +38,22 @@ def grpo_checks(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
     problems += _generation_prompt(tokenizer, records)
     problems += _stop_ids(tokenizer, records, facts.turn_closer)
     return problems
+
+
+def _sharded(facts: RecipeFacts) -> list[tuple[str, str]]:
+    """Under FSDP every forward is a collective, and each rank's sampler stops when its own completions end (a
+    different number of decode forwards per rank), so ranks would wait on each other forever. Refused until
+    sampling steps in lockstep across ranks."""
+    if not facts.plan.sharded:
+        return []
+    return [
+        (
+            "train.parallel",
+            "train.parallel=fsdp across ranks with GRPO: each rank samples until its own completions end, a different "
+            "number of forwards per rank, and every FSDP forward is a collective, so the ranks would hang. Fix: "
+            "train.parallel=ddp (recipe=lora_grpo, or full_grpo when the model fits one device)",
+        )
+    ]
 
 
 def _equal_prompts(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
