@@ -152,7 +152,12 @@ def numbers_of(config: Any) -> dict[str, Any]:
     """The numbers of a config (a transformers config, or a plain namespace of its kwargs), with the rules the
     layout families' config classes apply to missing ones: key-value heads = query heads, head_dim =
     hidden / heads."""
-    values: dict[str, Any] = {name: getattr(config, name, None) for name in NUMBERS}
+    # An image-text config holds its language model's numbers under text_config (get_text_config); whether the
+    # head is tied is the whole model's.
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    values: dict[str, Any] = {name: getattr(text, name, None) for name in NUMBERS}
+    if text is not config:
+        values["tie_word_embeddings"] = getattr(config, "tie_word_embeddings", values["tie_word_embeddings"])
     if values["num_key_value_heads"] is None:
         values["num_key_value_heads"] = values["num_attention_heads"]
     if values["head_dim"] is None:

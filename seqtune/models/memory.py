@@ -97,8 +97,14 @@ def meta_model(hf_config: PretrainedConfig) -> PreTrainedModel:
     import torch
     import transformers
 
+    # An image-text config (a vision tower around a text model) builds the class AutoModelForImageTextToText maps.
+    auto = (
+        transformers.AutoModelForImageTextToText
+        if getattr(hf_config, "vision_config", None) is not None
+        else transformers.AutoModelForCausalLM
+    )
     with torch.device("meta"):
-        return transformers.AutoModelForCausalLM.from_config(hf_config)
+        return auto.from_config(hf_config)
 
 
 def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:

@@ -27,6 +27,8 @@ from seqtune.config.schema import ModelConfig, ModelFamily
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
+    from seqtune.models.vision import VisionSpec
+
 # ModelConfig field -> Hugging Face config attribute, for the fields every family stores the same way.
 HF_FIELD_NAMES: dict[str, str] = {
     "vocab_size": "vocab_size",
@@ -103,6 +105,9 @@ class ModelSpec:
     # Where each fact came from, for the preflight report (model.family=auto reads them from the checkpoint; a named
     # family states them in its module).
     sources: Mapping[str, str] = field(default_factory=dict)
+    # An image-text family's vision side (seqtune.models.vision): its processor, image tokens and vision modules.
+    # None = text only.
+    vision: VisionSpec | None = None
 
 
 def get_spec(family: str) -> ModelSpec:

@@ -1,0 +1,88 @@
+"""What an image-text family declares about its vision side (light: no torch, no transformers at import).
+
+A family whose checkpoints see images (Gemma 3 from 4B up) sets `ModelSpec.vision` to a `VisionSpec`; shared code
+(the data encoder, the collator, preflight, the model build, LoRA) reads this declaration and never a family name:
+
+- how the chat template renders an image part (`placeholder`: the text it writes where the image stands) and how
+  the processor expands that text into the image's token run (`expansion`: e.g. Gemma 3's
+  "\\n\\n<start_of_image>" + 256 x "<image_soft_token>" + "<end_of_image>\\n\\n"), so the token counts preflight
+  proves are the processor's own;
+- which tokens are image tokens (never targets; `token_type_ids` 1 where the image's soft tokens stand);
+- the image processor (resolution, normalisation) that turns a decoded image into pixel values;
+- which modules are the vision tower and the projector: frozen unless model.train_vision=true, never LoRA targets.
+
+`VisionFacts` is the resolved form the plan carries (seqtune.config.plan.Resolved.vision): the numbers of this run
+(a checkpoint's config.json, or the tiny fields), computed once in the parent and read everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class VisionSpec:
+    # transformers classes (their names: this module imports no transformers): the processor a checkpoint saves
+    # and loads with AutoProcessor, and the torch-free image processor seqtune runs on CPU (no torchvision).
+    processor_class: str
+    image_processor_class: str
+    # The text the chat template writes for an image part ({"type": "image"}), before the processor expands it.
+    placeholder: str
+    # The tokens of one image's run (real checkpoints: as their tokenizer and processor name them).
+    boi_token: str
+    image_token: str
+    eoi_token: str
+    # What the processor puts in place of each placeholder, with {boi} {image} {eoi} and {n} = tokens per image.
+    expansion_format: str
+    # config.json keys of the image numbers (a multimodal config holds its text model under `text_config`).
+    tokens_per_image_key: str
+    # Module name prefixes of the vision tower and the multimodal projector (frozen by default, never adapted).
+    vision_modules: tuple[str, ...]
+    # The tiny model's vision tower (model=..._tiny): SigLIP numbers, and the tokens its tiny tokenizer uses for
+    # the run (a tokenizer without the real image tokens names reserved ones: documented in the family module).
+    tiny_vision: dict
+    tiny_tokens_per_image: int
+    tiny_image_tokens: tuple[str, str, str]  # boi, image, eoi
+
+    def expansion(self, boi: str, image: str, eoi: str, n: int) -> str:
+        return self.expansion_format.format(boi=boi, eoi=eoi, image=image * n)
+
+
+@dataclass(frozen=True, kw_only=True)
+class VisionFacts:
+    """The run's image facts (plan.vision): the token strings, tokens per image, image size, the vision modules."""
+
+    placeholder: str
+    boi_token: str
+    image_token: str
+    eoi_token: str
+    tokens_per_image: int
+    image_size: int
+    expansion: str  # one image's full run as text, exactly as the processor writes it
+    vision_modules: tuple[str, ...]
+    processor_class: str
+    image_processor_class: str
+    # model.train_vision: the vision tower and projector train (in full) instead of staying frozen.
+    train_vision: bool = False
+
+    @property
+    def image_tokens(self) -> tuple[str, str, str]:
+        return (self.boi_token, self.image_token, self.eoi_token)
+
+
+def vision_facts(spec: VisionSpec, *, tokens: tuple[str, str, str], tokens_per_image: int, image_size: int,
+                 train_vision: bool) -> VisionFacts:
+    boi, image, eoi = tokens
+    return VisionFacts(
+        placeholder=spec.placeholder if boi == spec.boi_token else boi,
+        boi_token=boi,
+        image_token=image,
+        eoi_token=eoi,
+        tokens_per_image=tokens_per_image,
+        image_size=image_size,
+        expansion=spec.expansion(boi, image, eoi, tokens_per_image),
+        vision_modules=spec.vision_modules,
+        processor_class=spec.processor_class,
+        image_processor_class=spec.image_processor_class,
+        train_vision=train_vision,
+    )
