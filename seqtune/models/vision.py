@@ -11,13 +11,17 @@ A family whose checkpoints see images (Gemma 3 from 4B up) sets `ModelSpec.visio
 - the image processor (resolution, normalisation) that turns a decoded image into pixel values;
 - which modules are the vision tower and the projector: frozen unless model.train_vision=true, never LoRA targets.
 
-`VisionFacts` is the resolved form the plan carries (seqtune.config.plan.Resolved.vision): the numbers of this run
+`VisionFacts` (seqtune.config.plan) is the resolved form the plan carries (plan.vision): the numbers of this run
 (a checkpoint's config.json, or the tiny fields), computed once in the parent and read everywhere.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Any
+
+from seqtune.config.plan import VisionFacts
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,33 +52,11 @@ class VisionSpec:
         return self.expansion_format.format(boi=boi, eoi=eoi, image=image * n)
 
 
-@dataclass(frozen=True, kw_only=True)
-class VisionFacts:
-    """The run's image facts (plan.vision): the token strings, tokens per image, image size, the vision modules."""
-
-    placeholder: str
-    boi_token: str
-    image_token: str
-    eoi_token: str
-    tokens_per_image: int
-    image_size: int
-    expansion: str  # one image's full run as text, exactly as the processor writes it
-    vision_modules: tuple[str, ...]
-    processor_class: str
-    image_processor_class: str
-    # model.train_vision: the vision tower and projector train (in full) instead of staying frozen.
-    train_vision: bool = False
-
-    @property
-    def image_tokens(self) -> tuple[str, str, str]:
-        return (self.boi_token, self.image_token, self.eoi_token)
-
-
 def vision_facts(spec: VisionSpec, *, tokens: tuple[str, str, str], tokens_per_image: int, image_size: int,
                  train_vision: bool) -> VisionFacts:
     boi, image, eoi = tokens
     return VisionFacts(
-        placeholder=spec.placeholder if boi == spec.boi_token else boi,
+        placeholder=spec.placeholder,
         boi_token=boi,
         image_token=image,
         eoi_token=eoi,
@@ -86,3 +68,22 @@ def vision_facts(spec: VisionSpec, *, tokens: tuple[str, str, str], tokens_per_i
         image_processor_class=spec.image_processor_class,
         train_vision=train_vision,
     )
+
+
+def vision_module_pattern(facts: VisionFacts) -> str:
+    """peft's exclude_modules regex (a full match of the module name) for the vision tower and the projector: LoRA
+    adapts the language model only (their attention projections share its target names: q_proj, k_proj, ...)."""
+    names = "|".join(re.escape(module) for module in facts.vision_modules)
+    return rf"(.*\.)?({names})(\..*)?"
+
+
+def freeze_vision(model: Any, facts: VisionFacts) -> int:
+    """Freeze the vision tower and the projector unless model.train_vision; the number of parameters frozen."""
+    if facts.train_vision:
+        return 0
+    frozen = 0
+    for name, param in model.named_parameters():
+        if any(name == m or name.startswith(m + ".") for m in facts.vision_modules):
+            param.requires_grad_(False)
+            frozen += param.numel()
+    return frozen

@@ -29,7 +29,7 @@ from seqtune.config.schema import (
 )
 from seqtune.data.kinds import sequences_per_sample
 from seqtune.models.attention import AttentionEnv, attention_choice, attn_backend_problems
-from seqtune.models.facts import ModelFacts, read_model_facts
+from seqtune.models.facts import ModelFacts, read_model_facts, read_vision_facts
 from seqtune.models.kernels import kernels_choice, kernels_problems, loss_choice
 from seqtune.models.optimizers import optimizer_choice, optimizer_problems
 from seqtune.models.spec import (
@@ -76,6 +76,10 @@ def resolve_plan(
         else ()
     )
     recipe = recipe_spec(cfg.recipe_name)
+    vision = read_vision_facts(cfg.model, spec)
+    if cfg.lora.enabled and vision is not None and vision.train_vision:
+        # model.train_vision with LoRA: the vision tower and projector train in full beside the adapters.
+        saved += tuple(module.rsplit(".", 1)[-1] for module in vision.vision_modules)
     if cfg.lora.enabled and recipe.scored == Scored.scalar:
         saved += ("score",)  # the scalar head is new: it trains in full beside the adapters
     compute = autocast or str(cfg.model.dtype)
@@ -128,6 +132,7 @@ def resolve_plan(
         reference=str(recipe.reference(cfg)),
         sample_kind=str(kind),
         sequences_per_sample=sequences_per_sample(kind),
+        vision=vision,
     )
 
 
