@@ -6,13 +6,16 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import json
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
 from seqtune.config.errors import EXIT_REFUSED, DataError
+from seqtune.data.formats import LineParser, PromptCompletion
 from seqtune.data.images import ImageRef, ImageRefused, describe_image, image_digest, load_image, resolve_image
+from seqtune.data.types import Reject
 
 WHERE = "train.jsonl:7"
 
@@ -163,3 +166,22 @@ def test_an_image_ref_is_a_frozen_value():
     with pytest.raises(AttributeError):
         ref.source = "b.png"  # type: ignore[misc]
     assert ref == ImageRef(source="a.png", path=Path("/r/a.png"), data=None, where=WHERE)
+
+
+def test_input_output_media_tags_are_checked_by_the_same_rule(root, tmp_path):
+    parser = LineParser(fmt="input_output", file=str(tmp_path / "d.jsonl"), media_root=str(root))
+
+    def parsed(ref: str):
+        return parser.parse(3, json.dumps({"input": f"<img>{ref}</img> what?", "output": "red"}).encode())
+
+    png = base64.b64encode(_png()).decode()
+    for ref in ("images/red.png", str(root / "images" / "red.png"), f"data:image/png;base64,{png}"):
+        assert isinstance(parsed(ref), PromptCompletion), ref
+    for ref, code in (
+        ("http://x/y.png", "remote_media"),
+        ("../y.png", "media_outside_root"),
+        ("n.png", "missing_media"),
+    ):
+        rejected = parsed(ref)
+        assert isinstance(rejected, Reject) and (rejected.line, rejected.code) == (3, code)
+        assert rejected.reason == _refusal(ref, root).reason
