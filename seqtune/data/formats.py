@@ -27,7 +27,6 @@ Formats (data.format; the fields of each are FORMAT_FIELDS in seqtune/config/sch
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from seqtune.config.schema import CHAT_FORMATS, DataFormat
+from seqtune.data.images import MEDIA_REFERENCE_RULE, ImageRefused, resolve_image
 from seqtune.data.types import IGNORE_INDEX, TEMPLATE_REJECTED, Reject
 from seqtune.tokenizers.templates import CHAT_ROLES, ReasoningBlock
 
@@ -47,8 +47,6 @@ ALPACA_TEMPLATE_NO_INPUT = "### Instruction:\n{instruction}\n\n### Response:\n"
 ALPACA_SYSTEM = "{system}\n\n"
 ALPACA_HISTORY_TURN = ALPACA_TEMPLATE_NO_INPUT + "{response}\n\n"
 MEDIA_PATTERN = re.compile(r"<(img|image|audio|video)>(.*?)</\1>", re.DOTALL)
-# Symlinks followed while resolving one media reference (Linux's own limit), more is a loop.
-MAX_SYMLINKS = 40
 # Tool-use fields a message may carry (OpenAI's shape), passed to the chat template as they are.
 TOOL_FIELDS = ("tool_calls", "tool_call_id")
 # ShareGPT speakers (LLaMA-Factory's tags) → chat roles. function_call and observation are the tool turns.
@@ -241,40 +239,6 @@ def _alpaca_template() -> str:
     )
 
 
-def resolve_under(root: str, ref: str) -> str | None:
-    """`root/ref` with every symlink resolved (like os.path.realpath), or None when it leaves `root` (a real path,
-    itself resolved): an absolute `ref`, a `..` above root, a symlink whose target lies outside. Walked one component
-    at a time and stopped at the first step out, so nothing outside `root` is ever looked at (a dataset cannot use
-    its media references to probe the machine's files)."""
-    if os.path.isabs(ref):
-        return None
-    parts, current, links = ref.split("/"), root, 0
-    while parts:
-        part = parts.pop(0)
-        if part in ("", "."):
-            continue
-        if part == "..":
-            if current == root:
-                return None
-            current = os.path.dirname(current)
-            continue
-        candidate = os.path.join(current, part)
-        if not os.path.islink(candidate):
-            current = candidate
-            continue
-        links += 1
-        target = os.readlink(candidate)
-        if links > MAX_SYMLINKS:
-            return None  # a symlink loop: nothing it names can be read
-        if os.path.isabs(target):
-            target = os.path.normpath(target)
-            if target != root and not target.startswith(root + os.sep):
-                return None
-            current, target = root, os.path.relpath(target, root)
-        parts = target.split("/") + parts
-    return current
-
-
 def template_signature(fmt: str) -> str:
     """What of this module's rendering goes into the token-cache key (changing a template must invalidate it)."""
     if fmt == "alpaca":
@@ -285,9 +249,9 @@ def template_signature(fmt: str) -> str:
             f"{fmt}|{'|'.join(PREFERENCE_SHAPES)}|{ALPACA_TEMPLATE}|{ALPACA_TEMPLATE_NO_INPUT}|{ALPACA_SYSTEM}|"
             f"{ALPACA_HISTORY_TURN}|system-first"
         )
-    # Which media references are accepted decides which records are samples: a cache scanned before they had to
-    # lie under data.media_root is not this rule's.
-    return f"{fmt}|media_under_root" if fmt == "input_output" else fmt
+    # Which media references are accepted decides which records are samples: a cache scanned under another rule
+    # (before they had to lie under data.media_root, before data: URIs were read) is not this rule's.
+    return f"{fmt}|{MEDIA_REFERENCE_RULE}" if fmt == "input_output" else fmt
 
 
 @dataclass(kw_only=True)
@@ -309,8 +273,8 @@ class LineParser:
     reasoning: ReasoningBlock | None = None
 
     def __post_init__(self) -> None:
-        # Resolved once (the root itself may be a symlink): every reference must resolve under it.
-        self._media_dir = os.path.realpath(self.media_root if self.media_root else Path(self.file).parent)
+        # Every media reference must resolve under it (resolve_image follows the root's own symlinks).
+        self._media_root = Path(self.media_root) if self.media_root else Path(self.file).parent
         self._media_seen: dict[str, str | None] = {}  # reference → its reject reason, None when it is usable
         self._data_keys: list[str] = []
 
@@ -464,23 +428,10 @@ class LineParser:
                 "empty_media: a media reference with no path (<img></img>); put the media file's path between the "
                 "tags, or remove the empty reference"
             )
-        path = resolve_under(self._media_dir, ref)
-        if path is None:
-            return (
-                f"media_outside_root: {ref} resolves outside {self._media_dir} (an absolute path, a '..' above "
-                f"it or a symlink out of it); media must lie under data.media_root"
-            )
-        if not os.path.exists(path):
-            return (
-                f"missing_media: {ref} not found under {self._media_dir} (set data.media_root to the directory "
-                f"media paths are relative to)"
-            )
-        if not os.path.isfile(path):
-            kind = "a directory" if os.path.isdir(path) else "not a regular file"
-            return (
-                f"media_not_file: {ref} is {kind} under {self._media_dir}, not a media file; name the file itself "
-                "(e.g. <img>images/cat.png</img>)"
-            )
+        try:
+            resolve_image(ref, self._media_root, self.file)  # the reason has no line: the Reject adds it
+        except ImageRefused as refused:
+            return refused.reason
         return None
 
     def _text(self, line: int, obj: dict) -> Record | Reject:
