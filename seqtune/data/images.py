@@ -256,3 +256,11 @@ def _open(ref: ImageRef) -> Image.Image:
 
 def _described(image: Image.Image) -> str:
     return f"{image.format or 'unknown format'} {image.mode} {image.width}x{image.height}"
+
+
+def stored_image(stored: str) -> ImageRef:
+    """An image as a token cache stores it (a sample's `images`: a path resolved under data.media_root when the
+    scan checked it, or a data: URI) back as an ImageRef for load_image / image_digest."""
+    if stored.startswith("data:"):
+        return ImageRef(source=stored, path=None, data=_data_uri_bytes(stored, "the token cache"), where=stored[:5])
+    return ImageRef(source=stored, path=Path(stored), data=None, where=stored)

@@ -285,6 +285,7 @@ def _streamed(cfg: RootConfig, plan: Plan, rank: int, tokenizer) -> StreamedBatc
             train_on_prompt=cfg.data.train_on_prompt,
             tokens=plan.tokens,
             train_on_reasoning=cfg.data.train_on_reasoning,
+            vision=plan.vision,
         )
         for fmt in split.formats
     }

@@ -337,6 +337,7 @@ def scan_splits(
             train_on_reasoning=cfg.data.train_on_reasoning,
             bos_id=tokens.bos_id,
             eos_id=tokens.eos_id,
+            vision=resolved.vision,
         )
         for fmt in formats
     }
@@ -371,6 +372,7 @@ def scan_splits(
                             train_on_prompt=cfg.data.train_on_prompt,
                             tokens=tokens,
                             train_on_reasoning=cfg.data.train_on_reasoning,
+                            vision=resolved.vision,
                         )
                         for fmt in formats
                     }
