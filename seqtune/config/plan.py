@@ -82,6 +82,12 @@ class VisionFacts:
     image_processor_class: str
     # model.train_vision: the vision tower and projector train (in full) instead of staying frozen.
     train_vision: bool = False
+    # The ids of boi, image and eoi in the run's tokenizer (its special tokens, read with the vocabulary facts).
+    image_ids: tuple[int, ...] = ()
+
+    @property
+    def image_token_id(self) -> int:
+        return self.image_ids[1]
 
     @property
     def image_tokens(self) -> tuple[str, str, str]:
@@ -224,7 +230,10 @@ def load_plan(run_dir: Path) -> Plan:
     tokens = data["tokens"]
     data["tokens"] = Tokens(**{**tokens, "terminators": {int(k): v for k, v in tokens["terminators"].items()}})
     if data.get("vision") is not None:
-        data["vision"] = VisionFacts(**{**data["vision"], "vision_modules": tuple(data["vision"]["vision_modules"])})
+        vision = data["vision"]
+        data["vision"] = VisionFacts(
+            **{**vision, "vision_modules": tuple(vision["vision_modules"]), "image_ids": tuple(vision["image_ids"])}
+        )
     for name in ("lora_targets", "lora_modules", "lora_saved", "stream_records"):
         data[name] = tuple(data[name])
     return Plan(**data)

@@ -29,6 +29,7 @@ from seqtune.data.cache import TokenCache
 from seqtune.data.collate import Collator, make_collator
 from seqtune.data.dedup import with_dropped
 from seqtune.data.formats import LineParser, Record
+from seqtune.data.pixels import with_images
 from seqtune.data.identity import check_as_proven
 from seqtune.data.sampler import DistributedBatchPlan, WithFillers
 from seqtune.data.split import SplitInput, split_input
@@ -230,7 +231,11 @@ def planned_batches(
         bucket_window=cfg.padding.bucket_window,
         mix=train_mix(cfg, view) if train else None,
     )
-    collator = make_collator(rule, pad_id=plan.tokens.pad_id, padding_side=plan.padding_side)
+    collator = with_images(
+        make_collator(rule, pad_id=plan.tokens.pad_id, padding_side=plan.padding_side),
+        plan.vision,
+        model_path=cfg.model.path,
+    )
     return PlannedBatches(view, batch_plan, collator, num_workers=cfg.data.num_workers)
 
 
@@ -297,7 +302,11 @@ def _streamed(cfg: RootConfig, plan: Plan, rank: int, tokenizer) -> StreamedBatc
                 str(path), media_root=cfg.data.media_root, columns=source.columns
             )
     rule = plan_rule(cfg, plan)
-    collator = make_collator(rule, pad_id=plan.tokens.pad_id, padding_side=plan.padding_side)
+    collator = with_images(
+        make_collator(rule, pad_id=plan.tokens.pad_id, padding_side=plan.padding_side),
+        plan.vision,
+        model_path=cfg.model.path,
+    )
     world_size = plan.world.world_size
     make_stream = partial(
         JsonlStream,

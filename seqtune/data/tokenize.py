@@ -171,6 +171,13 @@ class SampleEncoder:
         # processor's expansion replaces with the image's token run; those tokens are never targets.
         self.vision = vision
         self.image_ids = image_token_ids(tokenizer, vision) if vision is not None else np.empty(0, np.int64)
+        if vision is not None and vision.image_ids and tuple(self.image_ids.tolist()) != vision.image_ids:
+            raise ConfigError(
+                f"the loaded tokenizer encodes the image tokens {vision.image_tokens} as {self.image_ids.tolist()}, "
+                f"its tokenizer.json as {list(vision.image_ids)}.",
+                key="tokenizer",
+                fix="use the tokenizer directory as it is (no added tokens in between).",
+            )
         self.texts_tokenized = 0  # counts tokenizer inputs: lets tests prove a cached re-run tokenizes nothing
 
     def line_parser(self, file: str, *, media_root: str | None, columns: dict[str, str] | None = None) -> LineParser:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import ast
 import importlib.util
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from seqtune.config.errors import ConfigError
-from seqtune.config.plan import Resolved, Vocab, World, validation_key
+from seqtune.config.plan import Resolved, VisionFacts, Vocab, World, validation_key
 from seqtune.config.recipe_spec import RecipeSpec, Scored, preset_fix, recipe_spec, recipes
 from seqtune.config.schema import (
     Device,
@@ -39,7 +39,7 @@ from seqtune.models.spec import (
     resized_rows,
     spec_for,
 )
-from seqtune.tokenizers.facts import TokenizerFacts, read_tokenizer_facts
+from seqtune.tokenizers.facts import TokenizerFacts, read_tokenizer_facts, token_ids
 
 # The reason a plan gives for a requested kernel that cannot run here (preflight reports it as a problem).
 CANNOT_RUN = "cannot run here: "
@@ -77,6 +77,8 @@ def resolve_plan(
     )
     recipe = recipe_spec(cfg.recipe_name)
     vision = read_vision_facts(cfg.model, spec)
+    if vision is not None:
+        vision = with_image_ids(vision, token_ids(cfg.tokenizer, cfg.model, vision.image_tokens))
     if cfg.lora.enabled and vision is not None and vision.train_vision:
         # model.train_vision with LoRA: the vision tower and projector train in full beside the adapters.
         saved += tuple(module.rsplit(".", 1)[-1] for module in vision.vision_modules)
@@ -134,6 +136,20 @@ def resolve_plan(
         sequences_per_sample=sequences_per_sample(kind),
         vision=vision,
     )
+
+
+def with_image_ids(vision: VisionFacts, special_ids: Mapping[str, int]) -> VisionFacts:
+    """The image tokens' ids in the run's tokenizer; a tokenizer without them cannot give the model images."""
+    missing = [token for token in vision.image_tokens if token not in special_ids]
+    if missing:
+        raise ConfigError(
+            f"the tokenizer has no {', '.join(missing)} token(s), which an image's token run is made of "
+            f"({vision.boi_token} {vision.image_token} x {vision.tokens_per_image} {vision.eoi_token}).",
+            key="tokenizer",
+            fix="use the image-text checkpoint's own tokenizer (tokenizer=auto with model.path), or the tokenizer "
+            "its tiny model is sized for (model.tiny_tokenizer).",
+        )
+    return replace(vision, image_ids=tuple(int(special_ids[token]) for token in vision.image_tokens))
 
 
 def router_aux_coef(model_cfg: ModelConfig, model: ModelFacts, *, recipe: RecipeSpec) -> float | None:
