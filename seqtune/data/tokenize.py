@@ -488,6 +488,14 @@ class SampleEncoder:
                 continue
             if record.images:
                 assert self.vision is not None, "only an image-text run's parser keeps images"
+                rendered = text.count(self.vision.placeholder)
+                if rendered != len(record.images):
+                    reason = (
+                        f"{TEMPLATE_REJECTED}: the chat template (tokenizer.chat_template) rendered {rendered} image "
+                        f"marker(s) {self.vision.placeholder} for the record's {len(record.images)} image(s)"
+                    )
+                    rejects.append((i, Reject(file=record.file, line=record.line, reason=reason)))
+                    continue
                 text, assistant_spans = expand_images(text, assistant_spans, self.vision)
             texts.append(text)
             if not self.train_on_reasoning and self.reasoning is not None:

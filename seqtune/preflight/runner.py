@@ -34,6 +34,7 @@ from seqtune.files import storage_error
 from seqtune.models.arch import ModelConfigs
 from seqtune.models.attention import native_gqa
 from seqtune.preflight import checks, checks_labels, content, tokenizer_record
+from seqtune.preflight.checks_vision import vision_checks
 from seqtune.preflight.checks import Problem
 from seqtune.preflight.phases import (
     fast_checks,
@@ -243,6 +244,11 @@ def _data_phases(
         result.splits[name].sources = source_stats(cfg, scan, views[name])
         result.notes += notes
     problems += content.content_checks(cfg, resolved, tokens, tokenizer, model, scans, max_seq_len, result)
+    vision_problems, vision_notes = vision_checks(
+        cfg, resolved, {name: scan.cache_dir for name, scan in scans.items()}, max_seq_len
+    )
+    problems += vision_problems
+    result.notes += vision_notes
     problems += shape_checks(rule, tokens, resolved.padding_side, views)
     problems += _recipe_checks(cfg, resolved, tokens, tokenizer, scans, max_seq_len)
     if cfg.train.eval_samples and "val" in scans:
