@@ -1,16 +1,12 @@
 """Images -> pixel values, and the collator that puts them beside the token rows of an image-text run.
 
-The image processor is the model's own (plan.vision.image_processor_class: Gemma 3's torch-free
-Gemma3ImageProcessorPil, so nothing needs torchvision): a checkpoint's preprocessor_config.json when model.path has
-one, else the class's defaults at the plan's image size (the tiny model). Pan-and-scan stays off: its extra crops
-would add image runs the token counts preflight proved do not hold.
+The image processor is the model's own (seqtune.models.vision.image_processor).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,22 +15,10 @@ from seqtune.config.plan import VisionFacts
 from seqtune.data.collate import Arrays, Collator, as_tensors
 from seqtune.data.images import load_image, stored_image
 from seqtune.data.types import Sample, sequences_of
+from seqtune.models.vision import image_processor
 
 if TYPE_CHECKING:
     import torch
-
-
-def image_processor(vision: VisionFacts, model_path: str | None) -> Any:
-    """The model's image processor (see the module docstring)."""
-    import transformers
-
-    cls = getattr(transformers, vision.image_processor_class)
-    if model_path and (Path(model_path) / "preprocessor_config.json").is_file():
-        processor = cls.from_pretrained(model_path, local_files_only=True)
-    else:
-        processor = cls(size={"height": vision.image_size, "width": vision.image_size})
-    processor.do_pan_and_scan = False
-    return processor
 
 
 @dataclass(kw_only=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from seqtune.config.plan import VisionFacts
@@ -87,3 +88,40 @@ def freeze_vision(model: Any, facts: VisionFacts) -> int:
             param.requires_grad_(False)
             frozen += param.numel()
     return frozen
+
+
+def image_processor(vision: VisionFacts, model_path: str | None) -> Any:
+    """The model's image processor (vision.image_processor_class: Gemma 3's torch-free Gemma3ImageProcessorPil, so
+    nothing needs torchvision): a checkpoint's preprocessor_config.json when model.path has one, else the class's
+    defaults at the plan's image size (the tiny model). Pan-and-scan stays off: its extra crops would add image runs
+    that the token counts preflight proved do not hold."""
+    import transformers
+
+    cls = getattr(transformers, vision.image_processor_class)
+    if model_path and (Path(model_path) / "preprocessor_config.json").is_file():
+        processor = cls.from_pretrained(model_path, local_files_only=True)
+    else:
+        processor = cls(size={"height": vision.image_size, "width": vision.image_size})
+    processor.do_pan_and_scan = False
+    return processor
+
+
+def save_processor(directory: Path, vision: VisionFacts, model_path: str | None) -> None:
+    """The model's processor (vision.processor_class) beside the tokenizer already saved in `directory`, so
+    AutoProcessor.from_pretrained(directory) gives the image processor and the tokenizer that expand an image into
+    the run the model was trained on. The tokenizer is read back naming its image tokens (a tokenizer that has them
+    only as reserved tokens, as the tiny model's, gets them as model-specific special tokens)."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(
+        directory,
+        extra_special_tokens={"boi_token": vision.boi_token, "image_token": vision.image_token, "eoi_token": vision.eoi_token},
+    )
+    processor_class = getattr(transformers, vision.processor_class)
+    processor = processor_class(
+        image_processor=image_processor(vision, model_path),
+        tokenizer=tokenizer,
+        chat_template=tokenizer.chat_template,
+        image_seq_length=vision.tokens_per_image,
+    )
+    processor.save_pretrained(directory)
