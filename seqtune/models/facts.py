@@ -133,8 +133,9 @@ def read_vision_facts(cfg: ModelConfig, spec: ModelSpec) -> VisionFacts | None:
                 fix=PATH_FIX,
             ) from None
         tokens = (vision.boi_token, vision.image_token, vision.eoi_token)
-    return vision_facts(vision, tokens=tokens, tokens_per_image=per_image, image_size=size,
-                        train_vision=cfg.train_vision)
+    return vision_facts(
+        vision, tokens=tokens, tokens_per_image=per_image, image_size=size, train_vision=cfg.train_vision
+    )
 
 
 def config_value(config: dict[str, Any], name: str) -> Any:

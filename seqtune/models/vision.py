@@ -53,8 +53,9 @@ class VisionSpec:
         return self.expansion_format.format(boi=boi, eoi=eoi, image=image * n)
 
 
-def vision_facts(spec: VisionSpec, *, tokens: tuple[str, str, str], tokens_per_image: int, image_size: int,
-                 train_vision: bool) -> VisionFacts:
+def vision_facts(
+    spec: VisionSpec, *, tokens: tuple[str, str, str], tokens_per_image: int, image_size: int, train_vision: bool
+) -> VisionFacts:
     boi, image, eoi = tokens
     return VisionFacts(
         placeholder=spec.placeholder,
@@ -115,7 +116,11 @@ def save_processor(directory: Path, vision: VisionFacts, model_path: str | None)
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(
         directory,
-        extra_special_tokens={"boi_token": vision.boi_token, "image_token": vision.image_token, "eoi_token": vision.eoi_token},
+        extra_special_tokens={
+            "boi_token": vision.boi_token,
+            "image_token": vision.image_token,
+            "eoi_token": vision.eoi_token,
+        },
     )
     processor_class = getattr(transformers, vision.processor_class)
     processor = processor_class(

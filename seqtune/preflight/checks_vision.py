@@ -26,14 +26,21 @@ from seqtune.data.images import ImageRefused, load_image, stored_image
 from seqtune.preflight.checks import Problem
 
 # Reject codes of an image reference (seqtune.data.images.resolve_image): refusals in an image-text run.
-IMAGE_REJECTS = ("missing_media", "media_outside_root", "media_not_file", "empty_media", "remote_media", "bad_media_uri")
+IMAGE_REJECTS = (
+    "missing_media",
+    "media_outside_root",
+    "media_not_file",
+    "empty_media",
+    "remote_media",
+    "bad_media_uri",
+)
 # Problems listed one by one before the rest are counted.
 MAX_LISTED = 10
 
 
-def vision_checks(cfg: RootConfig, resolved: Resolved, caches: Mapping[str, Path], max_seq_len: int) -> tuple[
-    list[Problem], list[str]
-]:
+def vision_checks(
+    cfg: RootConfig, resolved: Resolved, caches: Mapping[str, Path], max_seq_len: int
+) -> tuple[list[Problem], list[str]]:
     """Problems and notes of an image-text run; nothing for a text-only run."""
     vision = resolved.vision
     if vision is None:
