@@ -29,8 +29,8 @@ from seqtune.data.cache import TokenCache
 from seqtune.data.collate import Collator, make_collator
 from seqtune.data.dedup import with_dropped
 from seqtune.data.formats import LineParser, Record
-from seqtune.data.pixels import with_images
 from seqtune.data.identity import check_as_proven
+from seqtune.data.pixels import with_images
 from seqtune.data.sampler import DistributedBatchPlan, WithFillers
 from seqtune.data.split import SplitInput, split_input
 from seqtune.data.stream import (

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from seqtune.config.errors import ConfigError, ModelLoadError
+from seqtune.config.plan import VisionFacts
 from seqtune.config.schema import ModelConfig
 from seqtune.hub import repair_command
 from seqtune.models.checkpoint_check import INDEX
 from seqtune.models.spec import ModelSpec, family_for_model_type, resolve_tiny_fields
-from seqtune.config.plan import VisionFacts
 from seqtune.models.vision import vision_facts
 
 EXPECTED_CHECKPOINT = (

@@ -19,7 +19,6 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from seqtune.models import gemma3
-from seqtune.models.spec import ModelSpec
 from seqtune.models.vision import VisionSpec
 
 if TYPE_CHECKING:

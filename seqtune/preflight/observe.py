@@ -16,7 +16,6 @@ cache's content and the tokenizer, which are both in the cache's key. Per split 
 from __future__ import annotations
 
 import hashlib
-
 import json
 import os
 import re

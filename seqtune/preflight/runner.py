@@ -34,8 +34,8 @@ from seqtune.files import storage_error
 from seqtune.models.arch import ModelConfigs
 from seqtune.models.attention import native_gqa
 from seqtune.preflight import checks, checks_labels, content, tokenizer_record
-from seqtune.preflight.checks_vision import vision_checks
 from seqtune.preflight.checks import Problem
+from seqtune.preflight.checks_vision import vision_checks
 from seqtune.preflight.phases import (
     fast_checks,
     harness_checks,

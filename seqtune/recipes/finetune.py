@@ -24,11 +24,11 @@ from seqtune.config.schema import RootConfig, TrainConfig
 from seqtune.data.loader import build_eval_batches, build_train_batches
 from seqtune.distributed import DistEnv, init_distributed, teardown, unwrap, wrap_model
 from seqtune.models import apply_lora, build_model, spec_for
-from seqtune.models.vision import freeze_vision, vision_module_pattern
 from seqtune.models.kernels import apply_kernels
 from seqtune.models.lora import skip_adapter_input_cast
 from seqtune.models.scalar_head import install_scalar_head
 from seqtune.models.token_loss import install_token_loss
+from seqtune.models.vision import freeze_vision, vision_module_pattern
 from seqtune.tokenizers import load_tokenizer
 from seqtune.train.checkpoint import Checkpointer, Progress
 from seqtune.train.early_stop import EarlyStopping

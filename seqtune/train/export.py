@@ -22,10 +22,10 @@ from seqtune.export.facts import (
     write_card,
 )
 from seqtune.export.gguf import export_run_gguf
-from seqtune.models.vision import save_processor
 from seqtune.export.proof import capture_reference, prove_exports
 from seqtune.files import atomic_directory, follow_umask
 from seqtune.models import save_adapter
+from seqtune.models.vision import save_processor
 from seqtune.train.loop import peak_memory_bytes
 from seqtune.train.metrics import MetricsLogger
 
