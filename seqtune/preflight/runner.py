@@ -273,7 +273,8 @@ def _data_phases(
         batches, stream_records = _stream_phase(cfg, resolved, rule, scans["train"], result, problems)
     result.padding = PaddingStats(strategy=cfg.padding.strategy, side=resolved.padding_side, efficiency=efficiency)
     if model is not None and not resolved.optimizer_reason.startswith(CANNOT_RUN):  # no state to count otherwise
-        result.memory, memory_problems = memory_phase(cfg, resolved, rule, model.arch)
+        most = max((len(refs) for scan in scans.values() for refs in scan.cache().images), default=0)
+        result.memory, memory_problems = memory_phase(cfg, resolved, rule, model.arch, most * rule.rows)
         problems += memory_problems
     return {
         "max_seq_len": max_seq_len,
