@@ -287,6 +287,8 @@ def module_arch(model: Any, hf_config: Any) -> Arch:
             out for name, (_, out) in linears.items() if name.startswith(layers[0] + ".")
         )
     stored = _stored_tensors(model)
+    if stored != tensors:  # a tied tensor is one tensor under its saved names too (Gemma 3's multimodal head)
+        tied = [group | _stored_names(model, group) for group in tied]
     return Arch(
         model_type=str(getattr(hf_config, "model_type", "")),
         **numbers,
@@ -323,6 +325,14 @@ def _stored_tensors(model: Any) -> dict[str, tuple[int, ...]]:
 
     state = dict(model.state_dict(keep_vars=True))
     return {name: tuple(t.shape) for name, t in revert_weight_conversion(model, state).items()}
+
+
+def _stored_names(model: Any, names: set[str]) -> set[str]:
+    """`names` as save_pretrained writes them (transformers' conversion mapping reverted, one by one)."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    state = dict(model.state_dict(keep_vars=True))
+    return {new for name in names if name in state for new in revert_weight_conversion(model, {name: state[name]})}
 
 
 def tiny_arch(model_type: str, kwargs: Mapping[str, Any]) -> Arch:

@@ -17,6 +17,7 @@ from tests.unit.models.conftest import MODEL_CONFIGS, TINY_FAMILIES, random_batc
 EXPECTED_CLASS = {
     "llama3": "LlamaForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
+    "gemma3_vision": "Gemma3ForConditionalGeneration",
     "mistral": "MistralForCausalLM",
     "tinyllama": "LlamaForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
@@ -29,11 +30,19 @@ def test_tiny_builds_family_class_and_trains_a_step(family):
     model = build_model(cfg, attn_implementation="sdpa")
     assert type(model).__name__ == EXPECTED_CLASS[family]
     assert model.config.use_cache is False
-    rows = model.config.vocab_size  # 4096, or Qwen3's real 151936 (its tokenizer needs no resize)
-    embeddings = rows * model.config.hidden_size * (1 if model.config.tie_word_embeddings else 2)
+    text = model.config.get_text_config()  # an image-text model's language model holds the vocabulary
+    rows = text.vocab_size  # 4096, or Qwen3's real 151936 (its tokenizer needs no resize)
+    embeddings = rows * text.hidden_size * (1 if model.config.tie_word_embeddings else 2)
     assert count_parameters(model).total - embeddings < 3_000_000
     batch = random_batch(min(rows, 4096))
-    out = model(input_ids=batch, labels=batch)
+    images = {}
+    vision = get_spec(family).vision
+    if vision is not None:  # one image per row: its soft tokens in the ids, its pixels beside them
+        size, per_image = vision.tiny_vision["image_size"], vision.tiny_tokens_per_image
+        batch[:, 1 : 1 + per_image] = model.config.image_token_id
+        pixels = torch.randn(batch.shape[0], 3, size, size, generator=torch.Generator().manual_seed(0))
+        images = {"pixel_values": pixels, "token_type_ids": (batch == model.config.image_token_id).long()}
+    out = model(input_ids=batch, labels=batch, **images)
     out.loss.backward()
     # Random init: loss near ln(rows) (8.3 for 4096), and every matrix gets a gradient.
     assert abs(out.loss.item() - math.log(rows)) < 0.8
@@ -141,6 +150,7 @@ CONVERSATION = [
 BOS_EOS = {
     "llama3": ("<|begin_of_text|>", "<|end_of_text|>"),
     "gemma3": ("<bos>", "<eos>"),
+    "gemma3_vision": ("<bos>", "<eos>"),
     "mistral": ("<s>", "</s>"),
     "tinyllama": ("<s>", "</s>"),
     "qwen3": (None, "<|im_end|>"),
@@ -161,6 +171,7 @@ MARKERS = {
         "<|im_start|>assistant\n<think>\n\n</think>\n\nHello<|im_end|>\n",
     ],
 }
+MARKERS["gemma3_vision"] = MARKERS["gemma3"]  # the same chat format around the images
 
 
 @pytest.mark.parametrize("family", TINY_FAMILIES)
