@@ -29,6 +29,7 @@ from typing import Any
 
 from seqtune.config.errors import ModelLoadError
 from seqtune.models.spec import FAMILIES, ModelSpec, common_arch_fields, get_spec
+from seqtune.models.vision import VisionSpec
 from seqtune.tokenizers.templates import PROBE_REPLY, end_of_turn_probe
 
 _LAYER_WEIGHT = re.compile(r"^model\.layers\.0\.(.+)\.weight$")
@@ -76,6 +77,10 @@ def _checkpoint_spec(root_text: str) -> ModelSpec:
                 key="model.path",
                 fix=FIX,
             )
+    vision = _vision_of(root, model_type, config)
+    if vision is not None:  # the language model's layers and embedding live under the multimodal model's
+        layout = _built_layout(root)
+        layer_source = f"the Linear modules of the language model's layer 0 ({layout.layers_prefix}.0)"
     layer = list(layout.layer_modules)
     tied, tied_source = _tied(config, weights)
     tokenizer_config = _json(root / "tokenizer_config.json")
@@ -121,6 +126,7 @@ def _checkpoint_spec(root_text: str) -> ModelSpec:
         tiny_config_kwargs=_no_tiny_model,
         read_arch_fields=common_arch_fields,
         sources=sources,
+        vision=vision,
     )
 
 
@@ -156,6 +162,8 @@ def _causal_lm_class(root: Path, config: dict) -> tuple[str, str]:
     causal = [name for name in architectures if name.endswith("ForCausalLM") and name in dir(transformers)]
     if not causal:  # GPT2LMHeadModel and the other classes AutoModelForCausalLM maps under other names
         causal = [name for name in architectures if name in _causal_lm_classes()]
+    if not causal and isinstance(config.get("vision_config"), dict):  # an image-text model (a vision tower)
+        causal = [name for name in architectures if name in _image_text_classes()]
     if not causal:
         raise ModelLoadError(
             f"model.path={root}: config.json names architectures={architectures} (model_type={model_type!r}), "
@@ -172,6 +180,33 @@ def _causal_lm_classes() -> set[str]:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     return {name for names in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() for name in _names(names)}
+
+
+def _image_text_classes() -> set[str]:
+    """Every class AutoModelForImageTextToText maps a model_type to."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    return {name for names in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.values() for name in _names(names)}
+
+
+def _vision_of(root: Path, model_type: str, config: dict) -> VisionSpec | None:
+    """An image-text checkpoint's vision side: the declaration of the named family of its model_type (how its
+    processor expands an image into tokens is that family's knowledge); another image-text type is refused."""
+    if not isinstance(config.get("vision_config"), dict):
+        return None
+    declared = [get_spec(f).vision for f in FAMILIES if model_type in get_spec(f).hf_model_types]
+    vision = next((v for v in declared if v is not None), None)
+    if vision is None:
+        known = sorted({t for f in FAMILIES if get_spec(f).vision is not None for t in get_spec(f).hf_model_types})
+        raise ModelLoadError(
+            f"model.path={root}: an image-text model (config.json vision_config, model_type={model_type!r}) whose "
+            f"processor seqtune does not know how to expand an image into tokens (it knows model_type "
+            f"{', '.join(known)}).",
+            key="model.path",
+            fix="an image-text checkpoint of a known type (model=gemma3_4b model.path=DIR), or a text-only "
+            "checkpoint.",
+        )
+    return vision
 
 
 def _names(value: str | tuple[str, ...]) -> tuple[str, ...]:

@@ -19,7 +19,7 @@ from seqtune.config.schema import ModelConfig
 from seqtune.hub import repair_command
 from seqtune.models.checkpoint_check import INDEX
 from seqtune.models.spec import ModelSpec, family_for_model_type, resolve_tiny_fields
-from seqtune.models.vision import vision_facts
+from seqtune.models.vision import VisionSpec, vision_facts
 
 EXPECTED_CHECKPOINT = (
     "Expected a local Hugging Face checkpoint directory (config.json + model*.safetensors, or a sharded "
@@ -132,10 +132,23 @@ def read_vision_facts(cfg: ModelConfig, spec: ModelSpec) -> VisionFacts | None:
                 key="model.path",
                 fix=PATH_FIX,
             ) from None
-        tokens = (vision.boi_token, vision.image_token, vision.eoi_token)
+        tokens = checkpoint_image_tokens(check_checkpoint_dir(cfg.path), vision)
     return vision_facts(
         vision, tokens=tokens, tokens_per_image=per_image, image_size=size, train_vision=cfg.train_vision
     )
+
+
+def checkpoint_image_tokens(root: Path, vision: VisionSpec) -> tuple[str, str, str]:
+    """The image tokens a checkpoint's tokenizer names (tokenizer_config.json's boi_token, image_token, eoi_token,
+    at the top or among its model-specific special tokens, as transformers writes them), else the family's."""
+    try:
+        config = json.loads((root / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}
+    named = {**(config.get("model_specific_special_tokens") or {}), **config} if isinstance(config, dict) else {}
+    defaults = {"boi_token": vision.boi_token, "image_token": vision.image_token, "eoi_token": vision.eoi_token}
+    found = {key: named.get(key) if isinstance(named.get(key), str) else value for key, value in defaults.items()}
+    return (found["boi_token"], found["image_token"], found["eoi_token"])
 
 
 def config_value(config: dict[str, Any], name: str) -> Any:
