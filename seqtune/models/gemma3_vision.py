@@ -46,6 +46,8 @@ VISION = VisionSpec(
         "num_attention_heads": 2,
         "image_size": 64,
         "patch_size": 8,
+        # As the released models: the projector reads every patch; SigLIP's pooling head is not built.
+        "vision_use_head": False,
     },
     tiny_tokens_per_image=16,
     tiny_image_tokens=TINY_IMAGE_TOKENS,
