@@ -95,7 +95,7 @@ def test_two_images_give_max_seq_len_auto_of_both_runs_and_the_text(tmp_path: Pa
     }
     root, data = media(tmp_path, [two, column] + [conversation(image("images/red_circle_0.png"))] * 4)
     run_dir = tmp_path / "run"
-    result = run_cli([*VISION, *own_data(root, data), "preflight.only=true"], run_dir)
+    result = run_cli([*VISION, *own_data(root, data), "train.batch_size=2", "preflight.only=true"], run_dir)
     assert result.returncode == 0, output(result)[-4000:]
     report = json.loads((run_dir / "preflight.json").read_text())
     cache = TokenCache.open(Path(report["caches"]["train"]))
