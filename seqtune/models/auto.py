@@ -203,8 +203,7 @@ def _vision_of(root: Path, model_type: str, config: dict) -> VisionSpec | None:
             f"processor seqtune does not know how to expand an image into tokens (it knows model_type "
             f"{', '.join(known)}).",
             key="model.path",
-            fix="an image-text checkpoint of a known type (model=gemma3_4b model.path=DIR), or a text-only "
-            "checkpoint.",
+            fix="an image-text checkpoint of a known type (model=gemma3_4b model.path=DIR), or a text-only checkpoint.",
         )
     return vision
 
