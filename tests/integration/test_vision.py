@@ -135,3 +135,41 @@ def test_packing_is_refused_for_image_text_data(tmp_path: Path):
     result = run_cli([*VISION, "padding=packed", "preflight.only=true"], tmp_path / "run")
     assert result.returncode == 2, output(result)[-4000:]
     assert "[vision] padding.strategy" in output(result)
+
+
+def test_a_crashed_image_text_run_resumes_bitwise_like_the_uninterrupted_one(tmp_path: Path):
+    from safetensors.torch import load_file
+
+    adapter = Path("adapter") / "adapter_model.safetensors"
+    args = [
+        *VISION,
+        "train.max_steps=6",
+        "train.save_every=2",
+        "train.keep_last=0",
+        "train.batch_size=4",
+        "train.log_every=1",
+        "train.eval_every=3",
+        "lora.dropout=0.1",
+        "preflight.plot=false",
+    ]
+    reference = tmp_path / "reference"
+    assert run_cli(args, reference).returncode == 0
+    run_dir = tmp_path / "run"
+    crashed = run_cli(args, run_dir, env={"SEQTUNE_FAULT": "train:5"})
+    assert crashed.returncode == 1 and "injected failure on rank 0" in crashed.stderr, crashed.stderr[-2000:]
+    resumed = run_cli(args, run_dir)
+    assert resumed.returncode == 0 and "step_00000004 (step 4)" in resumed.stdout, output(resumed)[-3000:]
+    ours, theirs = load_file(str(run_dir / adapter)), load_file(str(reference / adapter))
+    assert ours.keys() == theirs.keys() and all(torch_equal(ours[k], theirs[k]) for k in ours)
+    timings = {"tokens_per_s", "computed_tokens_per_s", "target_tokens_per_s", "peak_memory_mb"}
+
+    def after(directory: Path) -> list[dict]:
+        return [{k: v for k, v in m.items() if k not in timings} for m in read_metrics(directory) if m["step"] > 4]
+
+    assert after(run_dir) == after(reference)
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
