@@ -80,8 +80,15 @@ def resolve_plan(
     if vision is not None:
         vision = with_image_ids(vision, token_ids(cfg.tokenizer, cfg.model, vision.image_tokens))
     if cfg.lora.enabled and vision is not None and vision.train_vision:
-        # model.train_vision with LoRA: the vision tower and projector train in full beside the adapters.
-        saved += tuple(module.rsplit(".", 1)[-1] for module in vision.vision_modules)
+        # peft's modules_to_save wrapper takes its input positionally; the model calls its vision tower with
+        # pixel_values= (a TypeError at step 1), and weights trained outside the adapter would not be saved with it.
+        raise ConfigError(
+            "model.train_vision=true with LoRA: the vision tower cannot be trained in full beside the adapters "
+            "(peft's modules_to_save cannot wrap it, and the adapter would not carry its weights).",
+            key="model.train_vision",
+            fix="recipe=full_sft model.train_vision=true (everything trains), or model.train_vision=false with LoRA "
+            "(the tower and projector frozen, the language model adapted).",
+        )
     if cfg.lora.enabled and recipe.scored == Scored.scalar:
         saved += ("score",)  # the scalar head is new: it trains in full beside the adapters
     compute = autocast or str(cfg.model.dtype)

@@ -173,3 +173,9 @@ def torch_equal(a, b) -> bool:
     import torch
 
     return bool(torch.equal(a, b))
+
+
+def test_train_vision_with_lora_is_refused_naming_the_fix(tmp_path: Path):
+    result = run_cli([*VISION, "model.train_vision=true", "preflight.only=true"], tmp_path / "run")
+    assert result.returncode == 2, output(result)[-4000:]
+    assert "model.train_vision" in output(result) and "recipe=full_sft model.train_vision=true" in output(result)
