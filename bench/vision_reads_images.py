@@ -50,16 +50,17 @@ def main(run_dir: Path) -> None:
     assert plan.vision is not None, "an image-text run"
     cache = TokenCache.open(Path(plan.caches["val"]))
     pixels = ImagePixels(processor=image_processor(plan.vision, None), vision=plan.vision)
-    base = AutoModelForImageTextToText.from_pretrained(run_dir / "base").eval()
-    untrained = _loss(base, cache, pixels, rolled=False)
-    model = PeftModel.from_pretrained(base, run_dir / "adapter").eval()
-    own, rolled = _loss(model, cache, pixels, rolled=False), _loss(model, cache, pixels, rolled=True)
     command = f"python bench/vision_reads_images.py {run_dir}"
     print("| model | images | val loss per target token | command |")
     print("|---|---|---|---|")
-    print(f"| base (untrained) | own | {untrained:.4f} | {command} |")
-    print(f"| trained adapter | own | {own:.4f} | {command} |")
-    print(f"| trained adapter | another sample's | {rolled:.4f} | {command} |")
+    if (run_dir / "base").is_dir():  # LoRA: the seeded tiny base the adapter was trained on
+        base = AutoModelForImageTextToText.from_pretrained(run_dir / "base").eval()
+        print(f"| base (untrained) | own | {_loss(base, cache, pixels, rolled=False):.4f} | {command} |")
+        model, name = PeftModel.from_pretrained(base, run_dir / "adapter").eval(), "trained adapter"
+    else:  # a full fine-tune (recipe=full_sft): the whole trained model
+        model, name = AutoModelForImageTextToText.from_pretrained(run_dir / "model").eval(), "trained model"
+    print(f"| {name} | own | {_loss(model, cache, pixels, rolled=False):.4f} | {command} |")
+    print(f"| {name} | another sample's | {_loss(model, cache, pixels, rolled=True):.4f} | {command} |")
 
 
 if __name__ == "__main__":
