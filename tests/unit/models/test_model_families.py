@@ -137,7 +137,9 @@ def test_field_the_family_does_not_use_is_an_error():
 
 
 def test_unknown_family_lists_the_valid_ones():
-    with pytest.raises(ConfigError, match=r"model.family='gpt2'.*Valid: gemma3, gemma3_vision, llama3, mistral, qwen3, tinyllama"):
+    with pytest.raises(
+        ConfigError, match=r"model.family='gpt2'.*Valid: gemma3, gemma3_vision, llama3, mistral, qwen3, tinyllama"
+    ):
         get_spec("gpt2")
 
 
