@@ -645,7 +645,8 @@ class LineParser:
         if self.reasoning is not None:
             messages = [_split_reasoning(m, self.reasoning) if m["role"] == "assistant" else m for m in messages]
         # Turns after the last assistant reply carry no target; keeping them would put eos after a user turn.
-        shown = sum(str(m.get("content") or "").count(self.image_placeholder) for m in messages) if images else 0
+        marker = self.image_placeholder or ""
+        shown = sum(str(m.get("content") or "").count(marker) for m in messages) if images and marker else 0
         if images and shown != len(images):
             return self._reject(
                 line,

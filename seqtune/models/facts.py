@@ -147,7 +147,10 @@ def checkpoint_image_tokens(root: Path, vision: VisionSpec) -> tuple[str, str, s
         config = {}
     named = {**(config.get("model_specific_special_tokens") or {}), **config} if isinstance(config, dict) else {}
     defaults = {"boi_token": vision.boi_token, "image_token": vision.image_token, "eoi_token": vision.eoi_token}
-    found = {key: named.get(key) if isinstance(named.get(key), str) else value for key, value in defaults.items()}
+    found: dict[str, str] = {}
+    for key, value in defaults.items():
+        named_value = named.get(key)
+        found[key] = named_value if isinstance(named_value, str) else value
     return (found["boi_token"], found["image_token"], found["eoi_token"])
 
 
