@@ -166,13 +166,14 @@ def _file_url_path(ref: str, where: str) -> str:
 
 def _relative_to_root(path: str, media_root: Path, real_root: str) -> str:
     """An absolute path under the media root (as given, or with its symlinks resolved) made relative to it; any
-    other absolute path stays absolute (resolve_under refuses it, looking at nothing)."""
+    other absolute path stays absolute (resolve_under refuses it, looking at nothing). Only the root's prefix is
+    removed: a `..` or a symlink after it is resolve_under's to follow, as the file system would."""
     if not os.path.isabs(path):
         return path
-    normal = os.path.normpath(path)
     for root in (os.path.normpath(os.path.abspath(media_root)), real_root):
-        if normal == root or normal.startswith(root.rstrip(os.sep) + os.sep):
-            return os.path.relpath(normal, root)
+        prefix = root.rstrip(os.sep) + os.sep
+        if path == root or path.startswith(prefix):
+            return path[len(prefix) :].lstrip(os.sep) or "."
     return path
 
 

@@ -185,3 +185,14 @@ def test_input_output_media_tags_are_checked_by_the_same_rule(root, tmp_path):
         rejected = parsed(ref)
         assert isinstance(rejected, Reject) and (rejected.line, rejected.code) == (3, code)
         assert rejected.reason == _refusal(ref, root).reason
+
+
+def test_an_absolute_path_under_the_root_is_walked_like_a_relative_one(root, tmp_path):
+    (root / "images" / "up").symlink_to(tmp_path)  # a link out of the root, then back in by name
+    assert _refusal(str(root / "images" / "up" / "media" / "images" / "red.png"), root).code == "media_outside_root"
+    assert _refusal(str(root / "images" / ".." / ".." / "secret.png"), root).code == "media_outside_root"
+    assert _refusal(str(root), root).code == "media_not_file"
+    # `..` after a symlink goes up from the link's target, as open() would, not from the link's name.
+    (root / "images" / "deep").mkdir()
+    (root / "jump").symlink_to("images/deep")
+    assert resolve_image(str(root / "jump" / ".." / "red.png"), root, WHERE).path == (root / "images/red.png").resolve()
