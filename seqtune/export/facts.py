@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from seqtune.config.load import load_resolved
-from seqtune.config.plan import load_plan
+from seqtune.config.plan import VisionFacts, load_plan
 from seqtune.config.recipe_spec import Scored
 from seqtune.config.rundir import RUN_DIR_KEY
 from seqtune.config.schema import SPLITS, RootConfig
 from seqtune.data.split import split_input
 from seqtune.files import atomic_directory, sha256_file, write_atomic
 from seqtune.hub import is_hub_id
+from seqtune.models.vision import save_processor
 from seqtune.preflight.result import load_result
 
 BASE_DIR = "base"
@@ -106,6 +107,8 @@ class ShipFacts:
     # plan.scored: "scalar" ships the family's ForSequenceClassification (a reward model), anything else a causal LM.
     scored: str = "token"
     pad_id: int | None = None  # plan.tokens.pad_id: a scalar head's config.pad_token_id
+    # plan.vision: an image-text model ships its processor and loads with AutoModelForImageTextToText.
+    vision: VisionFacts | None = None
 
     @property
     def scalar(self) -> bool:
@@ -133,6 +136,7 @@ def ship_facts(tokenizer: Any, run_dir: Path) -> ShipFacts:
         validation=plan.validation,
         scored=plan.scored,
         pad_id=plan.tokens.pad_id,
+        vision=plan.vision,
     )
 
 
@@ -149,6 +153,8 @@ def write_base(facts: ShipFacts, tokenizer: Any, *, device: Any) -> Path | None:
     with atomic_directory(target, key=RUN_DIR_KEY) as staging, shipped_config(base):
         base.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
+        if facts.vision is not None:
+            save_processor(staging, facts.vision, facts.cfg.model.path)
     return target
 
 
