@@ -17,7 +17,7 @@ from seqtune.data.pixels import with_images
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.data.types import IGNORE_INDEX, Reject
 from seqtune.models.facts import read_vision_facts
-from seqtune.models.spec import get_spec
+from seqtune.models.registry import get_spec
 from seqtune.preflight.resolve import with_image_ids
 from seqtune.tokenizers import load_tokenizer
 from seqtune.tokenizers.facts import token_ids
