@@ -88,6 +88,16 @@ def resolve_plan(
             )
             + "model.train_vision=false with LoRA (the tower and projector frozen, the language model adapted).",
         )
+    if vision is not None and recipe.generation(recipe.settings_of(cfg)) is not None:
+        # The online recipes sample completions from input_ids alone (a KV cache, no pixel_values): an image's soft
+        # tokens would be sampled from without the image, so images are refused there rather than ignored.
+        raise ConfigError(
+            f"{preset_fix(recipe)} samples completions from the prompts' tokens alone, and "
+            f"model.family={spec.family} is an image-text model: its images would not reach the sampling.",
+            key="recipe",
+            fix=f"a text-only model (another model=...) for {preset_fix(recipe)}, or a recipe that does not sample "
+            "completions for the image-text model (e.g. the supervised one).",
+        )
     if cfg.lora.enabled and recipe.scored == Scored.scalar:
         saved += ("score",)  # the scalar head is new: it trains in full beside the adapters
     compute = autocast or str(cfg.model.dtype)
