@@ -86,8 +86,12 @@ def resolve_plan(
             "model.train_vision=true with LoRA: the vision tower cannot be trained in full beside the adapters "
             "(peft's modules_to_save cannot wrap it, and the adapter would not carry its weights).",
             key="model.train_vision",
-            fix="recipe=full_sft model.train_vision=true (everything trains), or model.train_vision=false with LoRA "
-            "(the tower and projector frozen, the language model adapted).",
+            fix=(
+                f"recipe={full} model.train_vision=true (everything trains), or "
+                if (full := recipe.preset(lora=False))
+                else ""
+            )
+            + "model.train_vision=false with LoRA (the tower and projector frozen, the language model adapted).",
         )
     if cfg.lora.enabled and recipe.scored == Scored.scalar:
         saved += ("score",)  # the scalar head is new: it trains in full beside the adapters
