@@ -82,8 +82,8 @@ def resolve_plan(
             "(peft's modules_to_save cannot wrap it, and the adapter would not carry its weights).",
             key="model.train_vision",
             fix=(
-                f"recipe={recipe.presets[False]} model.train_vision=true (everything trains), or "
-                if False in recipe.presets
+                f"recipe={full} model.train_vision=true (everything trains), or "
+                if (full := recipe.preset(lora=False))
                 else ""
             )
             + "model.train_vision=false with LoRA (the tower and projector frozen, the language model adapted).",
