@@ -88,7 +88,8 @@ def resolve_plan(
             )
             + "model.train_vision=false with LoRA (the tower and projector frozen, the language model adapted).",
         )
-    if vision is not None and recipe.generation(recipe.settings_of(cfg)) is not None:
+    generation = recipe.generation(recipe.settings_of(cfg))  # an online recipe's sampling (None: it samples none)
+    if vision is not None and generation is not None:
         # The online recipes sample completions from input_ids alone (a KV cache, no pixel_values): an image's soft
         # tokens would be sampled from without the image, so images are refused there rather than ignored.
         raise ConfigError(
@@ -151,16 +152,10 @@ def resolve_plan(
         sample_kind=str(kind),
         sequences_per_sample=sequences_per_sample(kind),
         step_repeats=recipe.step_repeats(recipe.settings_of(cfg)),
-        **_generation(recipe, cfg),
+        completions_per_sample=generation.completions if generation is not None else 0,
+        completion_tokens=generation.new_tokens if generation is not None else 0,
         vision=vision,
     )
-
-
-def _generation(recipe: RecipeSpec, cfg: RootConfig) -> dict[str, int]:
-    generation = recipe.generation(recipe.settings_of(cfg))
-    if generation is None:
-        return {}
-    return {"completions_per_sample": generation.completions, "completion_tokens": generation.new_tokens}
 
 
 def with_image_ids(vision: VisionFacts, special_ids: Mapping[str, int]) -> VisionFacts:
