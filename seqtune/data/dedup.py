@@ -61,6 +61,8 @@ class DuplicateFilter:
                 digest.update(np.int64(hi - lo).tobytes())
                 digest.update(np.ascontiguousarray(batch.ids[lo:hi], np.int64).tobytes())
                 digest.update(np.ascontiguousarray(batch.target[lo:hi], np.bool_).tobytes())
+            if batch.images:  # an image-text sample is its tokens and its images: other images, another sample
+                digest.update(repr(batch.images[r * k]).encode())
             key = digest.digest()
             location = f"{batch.files[r * k]}:{int(batch.lines[r * k])}"
             first = self.seen.get(key)
@@ -95,6 +97,7 @@ def _kept(batch: EncodedBatch, keep: np.ndarray) -> EncodedBatch:
         sequences_per_sample=batch.sequences_per_sample,
         fields={name: values[keep] for name, values in batch.fields.items()},
         identity=batch.identity,
+        images=[refs for refs, kept in zip(batch.images, keep, strict=True) if kept] if batch.images else [],
     )
 
 

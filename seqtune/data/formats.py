@@ -27,7 +27,6 @@ Formats (data.format; the fields of each are FORMAT_FIELDS in seqtune/config/sch
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from seqtune.config.schema import CHAT_FORMATS, DataFormat
+from seqtune.data.images import MEDIA_REFERENCE_RULE, ImageRefused, resolve_image
 from seqtune.data.types import IGNORE_INDEX, TEMPLATE_REJECTED, Reject
 from seqtune.tokenizers.templates import CHAT_ROLES, ReasoningBlock
 
@@ -47,8 +47,6 @@ ALPACA_TEMPLATE_NO_INPUT = "### Instruction:\n{instruction}\n\n### Response:\n"
 ALPACA_SYSTEM = "{system}\n\n"
 ALPACA_HISTORY_TURN = ALPACA_TEMPLATE_NO_INPUT + "{response}\n\n"
 MEDIA_PATTERN = re.compile(r"<(img|image|audio|video)>(.*?)</\1>", re.DOTALL)
-# Symlinks followed while resolving one media reference (Linux's own limit), more is a loop.
-MAX_SYMLINKS = 40
 # Tool-use fields a message may carry (OpenAI's shape), passed to the chat template as they are.
 TOOL_FIELDS = ("tool_calls", "tool_call_id")
 # ShareGPT speakers (LLaMA-Factory's tags) → chat roles. function_call and observation are the tool turns.
@@ -59,6 +57,10 @@ SHAREGPT_ROLES = {
     "function_call": "assistant",
     "observation": "tool",
 }
+# LLaMA-Factory's placeholder of an image of the `images` column in a message's text.
+IMAGE_TAG = "<image>"
+# Marks an image reference's refusal in LineParser._image's result (a reason, not a stored reference).
+_REFUSED = "\0refused:"
 # OpenAI content parts: the text ones are joined with this (as vLLM joins them for text-only templates).
 CONTENT_PART_SEPARATOR = "\n"
 # A JSON escape of a UTF-16 surrogate (\ud800-\udfff): json.loads turns an unpaired one into a str that no UTF-8
@@ -107,6 +109,9 @@ class Conversation:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
     first_target: int = 0
+    # An image-text run's images, in the order their placeholders stand in the messages: each a resolved file path
+    # under data.media_root, or a data: URI (seqtune.data.images.stored_image reads both back).
+    images: tuple[str, ...] = ()
 
 
 @dataclass(kw_only=True, slots=True)
@@ -241,40 +246,6 @@ def _alpaca_template() -> str:
     )
 
 
-def resolve_under(root: str, ref: str) -> str | None:
-    """`root/ref` with every symlink resolved (like os.path.realpath), or None when it leaves `root` (a real path,
-    itself resolved): an absolute `ref`, a `..` above root, a symlink whose target lies outside. Walked one component
-    at a time and stopped at the first step out, so nothing outside `root` is ever looked at (a dataset cannot use
-    its media references to probe the machine's files)."""
-    if os.path.isabs(ref):
-        return None
-    parts, current, links = ref.split("/"), root, 0
-    while parts:
-        part = parts.pop(0)
-        if part in ("", "."):
-            continue
-        if part == "..":
-            if current == root:
-                return None
-            current = os.path.dirname(current)
-            continue
-        candidate = os.path.join(current, part)
-        if not os.path.islink(candidate):
-            current = candidate
-            continue
-        links += 1
-        target = os.readlink(candidate)
-        if links > MAX_SYMLINKS:
-            return None  # a symlink loop: nothing it names can be read
-        if os.path.isabs(target):
-            target = os.path.normpath(target)
-            if target != root and not target.startswith(root + os.sep):
-                return None
-            current, target = root, os.path.relpath(target, root)
-        parts = target.split("/") + parts
-    return current
-
-
 def template_signature(fmt: str) -> str:
     """What of this module's rendering goes into the token-cache key (changing a template must invalidate it)."""
     if fmt == "alpaca":
@@ -285,9 +256,9 @@ def template_signature(fmt: str) -> str:
             f"{fmt}|{'|'.join(PREFERENCE_SHAPES)}|{ALPACA_TEMPLATE}|{ALPACA_TEMPLATE_NO_INPUT}|{ALPACA_SYSTEM}|"
             f"{ALPACA_HISTORY_TURN}|system-first"
         )
-    # Which media references are accepted decides which records are samples: a cache scanned before they had to
-    # lie under data.media_root is not this rule's.
-    return f"{fmt}|media_under_root" if fmt == "input_output" else fmt
+    # Which media references are accepted decides which records are samples: a cache scanned under another rule
+    # (before they had to lie under data.media_root, before data: URIs were read) is not this rule's.
+    return f"{fmt}|{MEDIA_REFERENCE_RULE}" if fmt == "input_output" else fmt
 
 
 @dataclass(kw_only=True)
@@ -307,10 +278,14 @@ class LineParser:
     # chat, sharegpt, message-list pairs: the run's chat template's reasoning block (templates.reasoning_block).
     # A reply that opens with it gets it as `reasoning_content`, which the template renders the same way.
     reasoning: ReasoningBlock | None = None
+    # An image-text run (plan.vision): the text the chat template writes for an image part. Image parts
+    # ({"type": "image"}, {"type": "image_url"}) and LLaMA-Factory's `images` column with <image> placeholders become
+    # it, their images checked under the media root; null = a text-only run, which refuses image parts.
+    image_placeholder: str | None = None
 
     def __post_init__(self) -> None:
-        # Resolved once (the root itself may be a symlink): every reference must resolve under it.
-        self._media_dir = os.path.realpath(self.media_root if self.media_root else Path(self.file).parent)
+        # Every media reference must resolve under it (resolve_image follows the root's own symlinks).
+        self._media_root = Path(self.media_root) if self.media_root else Path(self.file).parent
         self._media_seen: dict[str, str | None] = {}  # reference → its reject reason, None when it is usable
         self._data_keys: list[str] = []
 
@@ -464,23 +439,10 @@ class LineParser:
                 "empty_media: a media reference with no path (<img></img>); put the media file's path between the "
                 "tags, or remove the empty reference"
             )
-        path = resolve_under(self._media_dir, ref)
-        if path is None:
-            return (
-                f"media_outside_root: {ref} resolves outside {self._media_dir} (an absolute path, a '..' above "
-                f"it or a symlink out of it); media must lie under data.media_root"
-            )
-        if not os.path.exists(path):
-            return (
-                f"missing_media: {ref} not found under {self._media_dir} (set data.media_root to the directory "
-                f"media paths are relative to)"
-            )
-        if not os.path.isfile(path):
-            kind = "a directory" if os.path.isdir(path) else "not a regular file"
-            return (
-                f"media_not_file: {ref} is {kind} under {self._media_dir}, not a media file; name the file itself "
-                "(e.g. <img>images/cat.png</img>)"
-            )
+        try:
+            resolve_image(ref, self._media_root, self.file)  # the reason has no line: the Reject adds it
+        except ImageRefused as refused:
+            return refused.reason
         return None
 
     def _text(self, line: int, obj: dict) -> Record | Reject:
@@ -500,6 +462,7 @@ class LineParser:
                 line, f"wrong_type: {self._name('messages')} must be a non-empty list of {{role, content}}"
             )
         turns = []
+        images: list[str] = []
         for i, message in enumerate(messages):
             where = f"messages[{i}]"
             if (
@@ -509,8 +472,8 @@ class LineParser:
             ):
                 return self._reject(line, f"missing_field: {where} needs role and content")
             problem = _tool_calls_problem(message.get("tool_calls"), where)
-            content, content_problem = _content_text(
-                message.get("content"), where, tool_call=bool(message.get("tool_calls"))
+            content, content_problem = self._content(
+                line, message.get("content"), where, tool_call=bool(message.get("tool_calls")), images=images
             )
             reasoning = message.get("reasoning_content")
             if reasoning is not None and not isinstance(reasoning, str):
@@ -529,7 +492,7 @@ class LineParser:
                     where,
                 )
             )
-        return self._conversation(line, turns, obj.get("tools"))
+        return self._conversation(line, turns, obj.get("tools"), images=images, column=obj.get("images"))
 
     def _sharegpt(self, line: int, obj: dict) -> Record | Reject:
         conversations = obj.get("conversations")
@@ -572,11 +535,89 @@ class LineParser:
             elif speaker == "observation" and unanswered:
                 message["tool_call_id"] = unanswered.pop(0)
             turns.append((message, where))
-        return self._conversation(line, turns, obj.get("tools"))
+        return self._conversation(line, turns, obj.get("tools"), column=obj.get("images"))
 
-    def _conversation(self, line: int, turns: list[tuple[dict[str, Any], str]], tools: Any) -> Record | Reject:
+    def _content(
+        self, line: int, content: Any, where: str, *, tool_call: bool, images: list[str]
+    ) -> tuple[str, str | None]:
+        """A message's content as text (see _content_text); in an image-text run its image parts become the
+        placeholder, each image resolved under the media root and appended to `images`."""
+        if self.image_placeholder is None or not isinstance(content, list):
+            return _content_text(content, where, tool_call=tool_call)
+        texts = []
+        for j, part in enumerate(content):
+            ref = _image_part_ref(part)
+            if ref is None:
+                text, problem = _content_text([part], f"{where} content[{j}]", tool_call=tool_call)
+                if problem:
+                    return "", problem
+                texts.append(text)
+                continue
+            if not isinstance(ref, str):
+                return "", f"wrong_type: {where} content[{j}] is an image part without a path or data: URI string"
+            stored = self._image(line, ref)
+            if stored.startswith(_REFUSED):
+                return "", stored[len(_REFUSED) :]
+            images.append(stored)
+            texts.append(self.image_placeholder)
+        return CONTENT_PART_SEPARATOR.join(texts), None
+
+    def _image(self, line: int, ref: str) -> str:
+        """The stored form of an image reference (its resolved path, or the data: URI), or _REFUSED + the reason."""
+        try:
+            image = resolve_image(ref, self._media_root, f"{self.file}:{line}")
+        except ImageRefused as refused:
+            return _REFUSED + refused.reason
+        return str(image.path) if image.path is not None else image.source
+
+    def _column_images(
+        self, line: int, turns: list[tuple[dict[str, Any], str]], column: Any, images: list[str]
+    ) -> str | None:
+        """LLaMA-Factory's `images` column: each <image> in the messages' text, in order, is the next image."""
+        if column is None:
+            return None
+        if self.image_placeholder is None:
+            return (
+                f"unsupported_content: {self._name('images')} holds images; this model reads text only "
+                "(an image-text model reads them: model=gemma3_vision_tiny, model=gemma3_4b)"
+            )
+        if not isinstance(column, list) or not all(isinstance(ref, str) for ref in column):
+            return f"wrong_type: {self._name('images')} must be a list of image paths"
+        marks = sum(str(m.get("content") or "").count(IMAGE_TAG) for m, _ in turns)
+        if marks != len(column):
+            return (
+                f"wrong_type: {len(column)} image(s) in {self._name('images')} but {marks} {IMAGE_TAG} "
+                f"placeholder(s) in the messages; put one {IMAGE_TAG} where each image stands"
+            )
+        for ref in column:
+            stored = self._image(line, ref)
+            if stored.startswith(_REFUSED):
+                return stored[len(_REFUSED) :]
+            images.append(stored)
+        for message, _ in turns:
+            if isinstance(message.get("content"), str):
+                message["content"] = message["content"].replace(IMAGE_TAG, self.image_placeholder)
+        return None
+
+    def _conversation(
+        self,
+        line: int,
+        turns: list[tuple[dict[str, Any], str]],
+        tools: Any,
+        images: list[str] | None = None,
+        column: Any = None,
+    ) -> Record | Reject:
         """The checks every conversation passes (roles the template takes, text contents, a reply to train on),
-        whichever format it came in; `turns` pairs each message with where the data has it."""
+        whichever format it came in; `turns` pairs each message with where the data has it. `images`: those its
+        image parts named; `column`: LLaMA-Factory's `images` column, read against its <image> placeholders."""
+        images = list(images or [])
+        if images and column is not None:
+            return self._reject(
+                line, f"wrong_type: images given both as content parts and in {self._name('images')}; use one"
+            )
+        problem = self._column_images(line, turns, column, images)
+        if problem:
+            return self._reject(line, problem)
         for message, where in turns:
             role = message["role"]
             if not isinstance(role, str) or role not in self.roles:
@@ -604,7 +645,17 @@ class LineParser:
         if self.reasoning is not None:
             messages = [_split_reasoning(m, self.reasoning) if m["role"] == "assistant" else m for m in messages]
         # Turns after the last assistant reply carry no target; keeping them would put eos after a user turn.
-        return Conversation(file=self.file, line=line, messages=messages, tools=definitions or None)
+        marker = self.image_placeholder or ""
+        shown = sum(str(m.get("content") or "").count(marker) for m in messages) if images and marker else 0
+        if images and shown != len(images):
+            return self._reject(
+                line,
+                f"wrong_type: {len(images)} image(s) but {shown} stand in the turns trained on (an image after the "
+                "last assistant reply, or the image marker typed as text)",
+            )
+        return Conversation(
+            file=self.file, line=line, messages=messages, tools=definitions or None, images=tuple(images)
+        )
 
     def _prompt(self, line: int, obj: dict) -> Record | Reject:
         """{prompt, ...}: a string, or a message list ending on a turn the model answers (not an assistant's)."""
@@ -1024,6 +1075,19 @@ def role_reason(where: str, role: object, accepted_roles: tuple[str, ...]) -> st
     return f"wrong_type: {where} role {shown} is not one of {accepted} (the roles the chat template takes)"
 
 
+def _image_part_ref(part: Any) -> Any | None:
+    """The image reference of an image content part ({"type": "image", "image": REF} or OpenAI's
+    {"type": "image_url", "image_url": {"url": REF}}), else None (not an image part)."""
+    if not isinstance(part, dict):
+        return None
+    if part.get("type") == "image":
+        return part.get("image", part.get("path", part.get("url")))
+    if part.get("type") == "image_url":
+        url = part.get("image_url")
+        return url.get("url") if isinstance(url, dict) else url
+    return None
+
+
 def _content_text(content: Any, where: str, *, tool_call: bool) -> tuple[str, str | None]:
     """A message's content as text, and the reject reason when it has none: a string; OpenAI's list of parts,
     whose text parts are joined (CONTENT_PART_SEPARATOR) and any other part refused; null or absent on an
@@ -1051,6 +1115,12 @@ def _content_text(content: Any, where: str, *, tool_call: bool) -> tuple[str, st
             return "", (
                 f"unsupported_content: {where} content[{j}] is a {kind!r} part; seqtune trains on text "
                 "(parts of type 'text') only"
+                + (
+                    " with a text-only model (image parts train an image-text model: model=gemma3_vision_tiny, "
+                    "model=gemma3_4b)"
+                    if kind in ("image", "image_url")
+                    else ""
+                )
             )
         else:
             return "", f'wrong_type: {where} content[{j}] is not a part {{"type": "text", "text": ...}}'

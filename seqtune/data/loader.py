@@ -30,6 +30,7 @@ from seqtune.data.collate import Collator, make_collator
 from seqtune.data.dedup import with_dropped
 from seqtune.data.formats import LineParser, Record
 from seqtune.data.identity import check_as_proven
+from seqtune.data.pixels import with_images
 from seqtune.data.sampler import DistributedBatchPlan, WithFillers
 from seqtune.data.split import SplitInput, split_input
 from seqtune.data.stream import (
@@ -232,7 +233,11 @@ def planned_batches(
         repeats=plan.step_repeats if train else 1,
         group=cfg.train.grad_accum,
     )
-    collator = make_collator(rule, pad_id=plan.tokens.pad_id, padding_side=plan.padding_side)
+    collator = with_images(
+        make_collator(rule, pad_id=plan.tokens.pad_id, padding_side=plan.padding_side),
+        plan.vision,
+        model_path=cfg.model.path,
+    )
     return PlannedBatches(view, batch_plan, collator, num_workers=cfg.data.num_workers)
 
 
@@ -287,6 +292,7 @@ def _streamed(cfg: RootConfig, plan: Plan, rank: int, tokenizer) -> StreamedBatc
             train_on_prompt=cfg.data.train_on_prompt,
             tokens=plan.tokens,
             train_on_reasoning=cfg.data.train_on_reasoning,
+            vision=plan.vision,
         )
         for fmt in split.formats
     }
@@ -298,7 +304,11 @@ def _streamed(cfg: RootConfig, plan: Plan, rank: int, tokenizer) -> StreamedBatc
                 str(path), media_root=cfg.data.media_root, columns=source.columns
             )
     rule = plan_rule(cfg, plan)
-    collator = make_collator(rule, pad_id=plan.tokens.pad_id, padding_side=plan.padding_side)
+    collator = with_images(
+        make_collator(rule, pad_id=plan.tokens.pad_id, padding_side=plan.padding_side),
+        plan.vision,
+        model_path=cfg.model.path,
+    )
     world_size = plan.world.world_size
     make_stream = partial(
         JsonlStream,

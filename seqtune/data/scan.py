@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from seqtune.config.plan import VisionFacts
 from seqtune.config.schema import CHAT_FORMATS, DataFormat
 from seqtune.data.cache import (
     META,
@@ -28,6 +29,7 @@ from seqtune.data.cache import (
     TokenCacheWriter,
     cache_damage,
     cache_key,
+    images_changed,
     tokenizer_fingerprint,
 )
 from seqtune.data.dedup import DuplicateFilter
@@ -104,6 +106,7 @@ def format_signature(
     bos_id: int | None,
     eos_id: int,
     train_on_reasoning: bool = True,
+    vision: VisionFacts | None = None,
 ) -> str:
     """What of one format's encoding goes into the token-cache key: the tokenizer (its fingerprint), the format's
     rendering, the targets' settings and the ids the encoder adds. A caller that holds these facts (preflight's
@@ -120,6 +123,8 @@ def format_signature(
     ]
     if train_on_prompt and fmt in CHAT_FORMATS:
         parts.append("conversation_prompts_trained")
+    if vision is not None:  # the processor's settings that decide the tokens: the placeholder and its expansion
+        parts.append(f"vision={vision.placeholder!r}->{vision.expansion!r}|{vision.image_tokens}")
     return "|".join(parts if train_on_reasoning else [*parts, "train_on_reasoning=False"])
 
 
@@ -133,6 +138,7 @@ def encoder_signature(encoder: SampleEncoder, fingerprint: str | None = None) ->
         train_on_reasoning=encoder.train_on_reasoning,
         bos_id=encoder.bos_id,
         eos_id=encoder.eos_id,
+        vision=encoder.vision,
     )
 
 
@@ -213,12 +219,15 @@ def scan_split(
     )
     published = Path(cache_root) / key
     damage = cache_damage(published) if published.exists() else None
+    if damage is None and published.exists() and (changed := images_changed(published)):
+        damage = f"its image {changed} changed since it was tokenized"
     if published.exists() and damage is None:
         return _load_scan(split.name, published, began)
     if damage is not None:
         shutil.rmtree(published, ignore_errors=True)
     fields = {f.name: f.dtype for fmt in split.formats for f in encoders[fmt].kind.fields}
-    writer = TokenCacheWriter(Path(cache_root), key, split.files, fields)
+    images = any(encoders[fmt].vision is not None for fmt in split.formats)
+    writer = TokenCacheWriter(Path(cache_root), key, split.files, fields, images=images)
     try:
         stats = _stream(
             split,
@@ -269,7 +278,7 @@ def published_scan(
         drop_duplicates=drop_duplicates,
     )
     published = Path(cache_root) / key
-    if published.exists() and cache_damage(published) is None:
+    if published.exists() and cache_damage(published) is None and images_changed(published) is None:
         return _load_scan(split.name, published, began)
     return None
 

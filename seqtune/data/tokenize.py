@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from seqtune.config.errors import ConfigError
-from seqtune.config.plan import Tokens
+from seqtune.config.plan import Tokens, VisionFacts
 from seqtune.config.schema import CHAT_FORMATS
 from seqtune.data.formats import (
     CHAT_ROLES,
@@ -64,6 +64,9 @@ class EncodedBatch:
     # The members that are the record's own content (what data.duplicates compares, with the fields): empty = all.
     # A KTO sample's KL pair borrows another record's completion, so two copies of a record differ there.
     identity: tuple[int, ...] = ()
+    # An image-text run: each sample's images (stored references, seqtune.data.formats.Conversation.images), in the
+    # order of their token runs; empty = no sample of the batch has any.
+    images: list[tuple[str, ...]] = field(default_factory=list)
 
     @property
     def offsets(self) -> np.ndarray:
@@ -78,6 +81,7 @@ class EncodedBatch:
             labels=labels,
             location=f"{self.files[i]}:{int(self.lines[i])}",
             fields={name: int(values[i]) for name, values in self.fields.items()},
+            images=self.images[i] if self.images else (),
         )
 
 
@@ -98,6 +102,7 @@ class SampleEncoder:
         train_on_prompt: bool,
         tokens: Tokens | None = None,
         train_on_reasoning: bool = True,
+        vision: VisionFacts | None = None,
     ) -> None:
         """`tokens`: the plan's token facts (the bos the run adds); without them (tools, tests) the same rule is
         asked of the tokenizer (seqtune.tokenizers.facts.added_bos_id). `train_on_reasoning=False`: the chat
@@ -162,6 +167,17 @@ class SampleEncoder:
                 fix="data.train_on_reasoning=true (the default), or a template that renders reasoning "
                 "(tokenizer.chat_template=qwen3) with chat or message-list preference data.",
             )
+        # An image-text run (plan.vision): image parts become the placeholder the template renders, which the
+        # processor's expansion replaces with the image's token run; those tokens are never targets.
+        self.vision = vision
+        self.image_ids = image_token_ids(tokenizer, vision) if vision is not None else np.empty(0, np.int64)
+        if vision is not None and vision.image_ids and tuple(self.image_ids.tolist()) != vision.image_ids:
+            raise ConfigError(
+                f"the loaded tokenizer encodes the image tokens {vision.image_tokens} as {self.image_ids.tolist()}, "
+                f"its tokenizer.json as {list(vision.image_ids)}.",
+                key="tokenizer",
+                fix="use the tokenizer directory as it is (no added tokens in between).",
+            )
         self.texts_tokenized = 0  # counts tokenizer inputs: lets tests prove a cached re-run tokenizes nothing
 
     def line_parser(self, file: str, *, media_root: str | None, columns: dict[str, str] | None = None) -> LineParser:
@@ -177,6 +193,7 @@ class SampleEncoder:
             roles=self.chat_roles,
             columns=dict(columns or {}),
             reasoning=self.reasoning,
+            image_placeholder=self.vision.placeholder if self.vision is not None else None,
         )
 
     def _token_lists(self, texts: list[str]) -> list[list[int]]:
@@ -299,9 +316,12 @@ class SampleEncoder:
                 ids, target = np.concatenate([ids, [self.eos_id]]), np.concatenate([target, [True]])
             else:
                 target[-1] = True
+            if len(self.image_ids):
+                target = target & ~np.isin(ids, self.image_ids)  # an image's tokens are input, never targets
             out_ids.append(ids.astype(np.int64))
             out_target.append(target.astype(bool))
         lengths = np.fromiter(map(len, out_ids), np.int64, count=len(out_ids))
+        images = [tuple(getattr(records[i], "images", ())) for i in kept]
         return EncodedBatch(
             ids=np.concatenate(out_ids) if out_ids else np.empty(0, np.int64),
             target=np.concatenate(out_target) if out_target else np.empty(0, bool),
@@ -311,6 +331,7 @@ class SampleEncoder:
             padding_stripped=np.asarray(stripped, np.int64),
             source_index=np.asarray(kept, np.int64),
             rejects=rejects,
+            images=images if any(images) else [],
         )
 
     def encode_prompts(self, records: list[PromptOnly]) -> EncodedBatch:
@@ -465,6 +486,17 @@ class SampleEncoder:
                 reason = f"{TEMPLATE_REJECTED}: the chat template (tokenizer.chat_template) refused it: {exc}"
                 rejects.append((i, Reject(file=record.file, line=record.line, reason=reason)))
                 continue
+            if record.images:
+                assert self.vision is not None, "only an image-text run's parser keeps images"
+                rendered = text.count(self.vision.placeholder)
+                if rendered != len(record.images):
+                    reason = (
+                        f"{TEMPLATE_REJECTED}: the chat template (tokenizer.chat_template) rendered {rendered} image "
+                        f"marker(s) {self.vision.placeholder} for the record's {len(record.images)} image(s)"
+                    )
+                    rejects.append((i, Reject(file=record.file, line=record.line, reason=reason)))
+                    continue
+                text, assistant_spans = expand_images(text, assistant_spans, self.vision)
             texts.append(text)
             if not self.train_on_reasoning and self.reasoning is not None:
                 assistant_spans = _after_reasoning(text, assistant_spans, self.reasoning)
@@ -484,6 +516,41 @@ class SampleEncoder:
                 target |= (ends > lo) & (ends <= hi)
             parts.append((np.asarray(enc.ids, np.int64), target))
         return self._assemble(parts, records, kept, rejects, [0] * len(kept))
+
+
+def image_token_ids(tokenizer, vision: VisionFacts) -> np.ndarray:
+    """The ids of the image run's tokens (boi, image, eoi), each one token of the tokenizer (else ConfigError)."""
+    ids = []
+    for token in vision.image_tokens:
+        encoded = tokenizer.encode(token, add_special_tokens=False)
+        if len(encoded) != 1:
+            raise ConfigError(
+                f"the image token {token!r} is {len(encoded)} tokens for this tokenizer, not one: images cannot be "
+                "given to the model.",
+                key="tokenizer",
+                fix="use the image-text checkpoint's own tokenizer (tokenizer=auto with model.path), or the "
+                "tokenizer its tiny model is sized for (model.tiny_tokenizer).",
+            )
+        ids.append(encoded[0])
+    return np.asarray(ids, np.int64)
+
+
+def expand_images(text: str, spans: list[tuple[int, int]], vision: VisionFacts) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered text with each image placeholder replaced by the processor's run for one image (exactly as the
+    processor rewrites the prompt: Gemma3Processor replaces its boi token by full_image_sequence), and the target
+    character spans moved past what each replacement added."""
+    pieces = text.split(vision.placeholder)
+    grow = len(vision.expansion) - len(vision.placeholder)
+    starts, position = [], 0
+    for piece in pieces[:-1]:
+        position += len(piece)
+        starts.append(position)
+        position += len(vision.placeholder)
+
+    def moved(offset: int) -> int:
+        return offset + grow * sum(1 for start in starts if start < offset)
+
+    return vision.expansion.join(pieces), [(moved(lo), moved(hi)) for lo, hi in spans]
 
 
 def _after_reasoning(text: str, spans: list[tuple[int, int]], block: templates.ReasoningBlock) -> list[tuple[int, int]]:

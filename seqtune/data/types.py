@@ -63,6 +63,9 @@ class TokenizedSample:
     # The sample kind's extra per-sample values (seqtune.data.kinds.SampleField: a KTO label), the same on every
     # sequence of a sample; the collator batches them under their declared keys.
     fields: dict[str, int] = field(default_factory=dict)
+    # An image-text sample's images (resolved paths under data.media_root, or data: URIs), in the order of their
+    # token runs in input_ids: the collator turns them into pixel_values.
+    images: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])

@@ -23,13 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from seqtune.config.load import load_resolved
-from seqtune.config.plan import load_plan
+from seqtune.config.plan import VisionFacts, load_plan
 from seqtune.config.recipe_spec import Scored, recipe_spec
 from seqtune.config.rundir import RUN_DIR_KEY
 from seqtune.config.schema import SPLITS, RootConfig
 from seqtune.data.split import split_input
 from seqtune.files import atomic_directory, sha256_file, write_atomic
 from seqtune.hub import is_hub_id
+from seqtune.models.vision import save_processor
 from seqtune.preflight.result import load_result
 
 BASE_DIR = "base"
@@ -110,6 +111,8 @@ class ShipFacts:
     # The eval metric the recipe's early stopping watches (RecipeSpec.early_stop_metric: "loss", GRPO's "reward"):
     # the card shows its best (best_eval_<metric> in metrics.jsonl).
     watched: str = "loss"
+    # plan.vision: an image-text model ships its processor and loads with AutoModelForImageTextToText.
+    vision: VisionFacts | None = None
 
     @property
     def scalar(self) -> bool:
@@ -138,6 +141,7 @@ def ship_facts(tokenizer: Any, run_dir: Path) -> ShipFacts:
         scored=plan.scored,
         pad_id=plan.tokens.pad_id,
         watched=recipe_spec(plan.recipe).early_stop_metric,
+        vision=plan.vision,
     )
 
 
@@ -154,6 +158,8 @@ def write_base(facts: ShipFacts, tokenizer: Any, *, device: Any) -> Path | None:
     with atomic_directory(target, key=RUN_DIR_KEY) as staging, shipped_config(base):
         base.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
+        if facts.vision is not None:
+            save_processor(staging, facts.vision, facts.cfg.model.path)
     return target
 
 

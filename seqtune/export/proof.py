@@ -110,14 +110,62 @@ def _capture_logits(
     model: torch.nn.Module, tokenizer: Any, run_dir: Path, *, device: torch.device
 ) -> tuple[dict[str, torch.Tensor], list[str]]:
     tensors, locations = {}, []
+    pixels = _prompt_pixels(run_dir)
     for i, prompt in enumerate(reference_prompts(run_dir, tokenizer)):
         ids = prompt.prompt_ids + prompt.reference_ids[: POSITIONS - 1]
         first = len(prompt.prompt_ids) - 1
-        logits = model(input_ids=torch.tensor([ids], device=device)).logits[0, first:]
         tensors[f"ids.{i}"] = torch.tensor(ids, dtype=torch.int64)
+        tensors.update(
+            {f"{name}.{i}": value for name, value in (pixels(prompt.location) if pixels is not None else {}).items()}
+        )
+        images = _on(_image_inputs(tensors, str(i), tensors[f"ids.{i}"], _image_token(model)), device)
+        logits = model(input_ids=torch.tensor([ids], device=device), **images).logits[0, first:]
         tensors[f"logits.{i}"] = logits.float().cpu().contiguous()
         locations.append(prompt.location)
     return tensors, locations
+
+
+def _prompt_pixels(run_dir: Path) -> Any | None:
+    """An image-text run: location -> the model inputs of that sample's images (pixel_values, token_type_ids), so
+    every proof compares logits on a prompt with its images, as the model reads them; None for a text-only run."""
+    from seqtune.config.plan import load_plan
+    from seqtune.data.cache import TokenCache
+    from seqtune.data.pixels import ImagePixels
+    from seqtune.models.vision import image_processor
+
+    plan = load_plan(run_dir)
+    if plan.vision is None:
+        return None
+    vision = plan.vision
+    cache = TokenCache.open(Path(plan.caches.get("val") or plan.caches["train"]))
+    by_location = {cache.location(i): i for i in range(len(cache))}
+    from seqtune.config.load import load_resolved
+
+    pixels = ImagePixels(
+        processor=image_processor(vision, load_resolved(Path(run_dir) / "config.yaml").model.path), vision=vision
+    )
+
+    def inputs(location: str) -> dict[str, torch.Tensor]:
+        sample = cache[by_location[location]]
+        if not sample.images:
+            return {}
+        return {"pixel_values": torch.from_numpy(pixels(list(sample.images)))}
+
+    return inputs
+
+
+def _on(images: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {name: value.to(device) for name, value in images.items()}
+
+
+def _image_inputs(reference: dict[str, torch.Tensor], i: str, ids: torch.Tensor, vision_token: int | None) -> dict:
+    """The pixel values a reference prompt was captured with, and its token_type_ids (1 at the image tokens)."""
+    if f"pixel_values.{i}" not in reference:
+        return {}
+    out = {"pixel_values": reference[f"pixel_values.{i}"]}
+    if vision_token is not None:
+        out["token_type_ids"] = (ids == vision_token).long()[None]
+    return out
 
 
 def check_readable(files: list[Path]) -> None:
@@ -143,9 +191,11 @@ def load_artifact(facts: ShipFacts, name: str, *, device: torch.device) -> torch
     """An artifact loaded as a user would: merged/ and model/ with transformers, adapter/ and best/ on their base.
     A scalar head's (facts.scalar) with AutoModelForSequenceClassification; its adapter's base is the causal
     checkpoint, loaded with one label and the trained pad id (the head comes from the adapter)."""
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSequenceClassification
 
     auto: Any = AutoModelForSequenceClassification if facts.scalar else AutoModelForCausalLM
+    if facts.vision is not None and not facts.scalar:  # an image-text model, as transformers ships it
+        auto = AutoModelForImageTextToText
     directory = facts.run_dir / name
     check_readable(sorted(directory.glob("*.safetensors")))
     if not (directory / "adapter_config.json").is_file():
@@ -168,6 +218,12 @@ def load_artifact(facts: ShipFacts, name: str, *, device: torch.device) -> torch
     return PeftModel.from_pretrained(base, directory).to(device).eval()
 
 
+def _image_token(model: torch.nn.Module) -> int | None:
+    """An image-text model's image soft token id (its config's image_token_id), else None."""
+    config = getattr(model, "config", None)
+    return getattr(config, "image_token_id", None)
+
+
 def _tolerance(*dtypes: torch.dtype) -> float:
     return max(TOLERANCE.get(dtype, TOLERANCE[torch.bfloat16]) for dtype in dtypes)
 
@@ -184,7 +240,8 @@ def logits_agreement(
         i = key.split(".", 1)[1]
         expected = reference[f"logits.{i}"]
         ids = reference[key]
-        got = model(input_ids=ids[None].to(device)).logits[0, len(ids) - len(expected) :].float().cpu()
+        images = _on(_image_inputs(reference, i, ids, _image_token(model)), device)
+        got = model(input_ids=ids[None].to(device), **images).logits[0, len(ids) - len(expected) :].float().cpu()
         scale = max(1.0, float(expected.abs().max()))
         worst = max(worst, float((got - expected).abs().max()) / scale)
         same_top &= bool((got.argmax(-1) == expected.argmax(-1)).all())

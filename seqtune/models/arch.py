@@ -146,7 +146,12 @@ def numbers_of(config: Any) -> dict[str, Any]:
     """The numbers of a config (a transformers config, or a plain namespace of its kwargs), with the rules the
     layout families' config classes apply to missing ones: key-value heads = query heads, head_dim =
     hidden / heads."""
-    values: dict[str, Any] = {name: getattr(config, name, None) for name in NUMBERS}
+    # An image-text config holds its language model's numbers under text_config (get_text_config); whether the
+    # head is tied is the whole model's.
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    values: dict[str, Any] = {name: getattr(text, name, None) for name in NUMBERS}
+    if text is not config:
+        values["tie_word_embeddings"] = getattr(config, "tie_word_embeddings", values["tie_word_embeddings"])
     if values["num_key_value_heads"] is None:
         values["num_key_value_heads"] = values["num_attention_heads"]
     if values["head_dim"] is None:
@@ -256,8 +261,14 @@ def meta_model(hf_config: PretrainedConfig) -> PreTrainedModel:
     import torch
     import transformers
 
+    # An image-text config (a vision tower around a text model) builds the class AutoModelForImageTextToText maps.
+    auto = (
+        transformers.AutoModelForImageTextToText
+        if getattr(hf_config, "vision_config", None) is not None
+        else transformers.AutoModelForCausalLM
+    )
     with torch.device("meta"):
-        return transformers.AutoModelForCausalLM.from_config(hf_config)
+        return auto.from_config(hf_config)
 
 
 def module_arch(model: Any, hf_config: Any) -> Arch:
@@ -286,6 +297,8 @@ def module_arch(model: Any, hf_config: Any) -> Arch:
             out for name, (_, out) in linears.items() if name.startswith(layers[0] + ".")
         )
     stored = _stored_tensors(model)
+    if stored != tensors:  # a tied tensor is one tensor under its saved names too (Gemma 3's multimodal head)
+        tied = [group | _stored_names(model, group) for group in tied]
     return Arch(
         model_type=str(getattr(hf_config, "model_type", "")),
         **numbers,
@@ -322,6 +335,14 @@ def _stored_tensors(model: Any) -> dict[str, tuple[int, ...]]:
 
     state = dict(model.state_dict(keep_vars=True))
     return {name: tuple(t.shape) for name, t in revert_weight_conversion(model, state).items()}
+
+
+def _stored_names(model: Any, names: set[str]) -> set[str]:
+    """`names` as save_pretrained writes them (transformers' conversion mapping reverted, one by one)."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    state = dict(model.state_dict(keep_vars=True))
+    return {new for name in names if name in state for new in revert_weight_conversion(model, {name: state[name]})}
 
 
 def tiny_arch(model_type: str, layout: Layout, kwargs: Mapping[str, Any]) -> Arch:

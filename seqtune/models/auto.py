@@ -31,8 +31,9 @@ from seqtune.config.errors import ModelLoadError
 from seqtune.config.schema import ModelConfig, ModelFamily
 from seqtune.models.arch import config_arch, meta_model
 from seqtune.models.facts import check_checkpoint_dir, config_key, read_config_json
-from seqtune.models.registry import get_spec, specs_for_model_type
+from seqtune.models.registry import get_spec, specs_for_model_type, vision_model_types
 from seqtune.models.spec import ModelSpec, common_arch_fields
+from seqtune.models.vision import VisionSpec
 from seqtune.tokenizers.templates import after_probe_reply, end_of_turn_probe
 
 _LAYER_WEIGHT = re.compile(r"^model\.layers\.0\.(.+)\.weight$")
@@ -86,6 +87,10 @@ def _checkpoint_spec(root_text: str) -> ModelSpec:
                 key="model.path",
                 fix=FIX,
             )
+    vision = _vision_of(root, model_type, config)
+    if vision is not None:  # the language model's layers and embedding live under the multimodal model's
+        layout = _built_layout(root)
+        layer_source = f"the Linear modules of the language model's layer 0 ({layout.layers_prefix}.0)"
     layer = list(layout.layer_modules)
     tied, tied_source = _tied(config, weights)
     tokenizer_config = _json(root / "tokenizer_config.json")
@@ -131,6 +136,7 @@ def _checkpoint_spec(root_text: str) -> ModelSpec:
         tiny_config_kwargs=_no_tiny_model,
         read_arch_fields=common_arch_fields,
         sources=sources,
+        vision=vision,
     )
 
 
@@ -164,6 +170,8 @@ def _causal_lm_class(root: Path, config: dict) -> tuple[str, str]:
     causal = [name for name in architectures if name.endswith("ForCausalLM") and name in dir(transformers)]
     if not causal:  # GPT2LMHeadModel and the other classes AutoModelForCausalLM maps under other names
         causal = [name for name in architectures if name in _causal_lm_classes()]
+    if not causal and isinstance(config.get("vision_config"), dict):  # an image-text model (a vision tower)
+        causal = [name for name in architectures if name in _image_text_classes()]
     if not causal:
         raise ModelLoadError(
             f"model.path={root}: config.json names architectures={architectures} (model_type={model_type!r}), "
@@ -180,6 +188,31 @@ def _causal_lm_classes() -> set[str]:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     return {name for names in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() for name in _names(names)}
+
+
+def _image_text_classes() -> set[str]:
+    """Every class AutoModelForImageTextToText maps a model_type to."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    return {name for names in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.values() for name in _names(names)}
+
+
+def _vision_of(root: Path, model_type: str, config: dict) -> VisionSpec | None:
+    """An image-text checkpoint's vision side: the declaration of the named family of its model_type (how its
+    processor expands an image into tokens is that family's knowledge); another image-text type is refused."""
+    if not isinstance(config.get("vision_config"), dict):
+        return None
+    vision = next((spec.vision for spec in specs_for_model_type(model_type) if spec.vision is not None), None)
+    if vision is None:
+        known = vision_model_types()
+        raise ModelLoadError(
+            f"model.path={root}: an image-text model (config.json vision_config, model_type={model_type!r}) whose "
+            f"processor seqtune does not know how to expand an image into tokens (it knows model_type "
+            f"{', '.join(known)}).",
+            key="model.path",
+            fix="an image-text checkpoint of a known type (model=gemma3_4b model.path=DIR), or a text-only checkpoint.",
+        )
+    return vision
 
 
 def _names(value: str | tuple[str, ...]) -> tuple[str, ...]:

@@ -13,12 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from seqtune.config.errors import ModelLoadError
+from seqtune.config.errors import ConfigError, ModelLoadError
+from seqtune.config.plan import VisionFacts
 from seqtune.config.schema import ModelConfig
 from seqtune.hub import repair_command
 from seqtune.models.checkpoint_check import INDEX
 from seqtune.models.registry import family_for_model_type, model_type_fix
 from seqtune.models.spec import ModelSpec, resolve_tiny_fields
+from seqtune.models.vision import VisionSpec, vision_facts
 
 EXPECTED_CHECKPOINT = (
     "Expected a local Hugging Face checkpoint directory (config.json + model*.safetensors, or a sharded "
@@ -60,6 +62,7 @@ def read_model_facts(cfg: ModelConfig, spec: ModelSpec) -> ModelFacts:
         config = read_config_json(root, cfg.path)
         try:
             check_model_type(cfg, spec, config.get("model_type"))
+            config = text_config_of(config)
             vocab, context, layers = (
                 config_value(config, "vocab_size"),
                 config_value(config, "max_position_embeddings"),
@@ -89,6 +92,67 @@ def read_model_facts(cfg: ModelConfig, spec: ModelSpec) -> ModelFacts:
         tied_embeddings=tied,
         router_aux_loss_coef=None if router is None else float(router),
     )
+
+
+def text_config_of(config: dict[str, Any]) -> dict[str, Any]:
+    """An image-text config.json's language model (its `text_config`, under the whole model's type and tying), else
+    the config itself."""
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        return config
+    out = {**text, "model_type": config["model_type"]}
+    if "tie_word_embeddings" in config:
+        out["tie_word_embeddings"] = config["tie_word_embeddings"]
+    return out
+
+
+def read_vision_facts(cfg: ModelConfig, spec: ModelSpec) -> VisionFacts | None:
+    """The run's image facts (plan.vision): the tiny model's declared ones, or a checkpoint's config.json numbers
+    with the family's image tokens; None for a text-only family (model.train_vision=true is then refused)."""
+    vision = spec.vision
+    if vision is None:
+        if cfg.train_vision:
+            raise ConfigError(
+                f"model.train_vision=true but model.family={spec.family} has no vision tower (a text-only model).",
+                key="model.train_vision",
+                fix="model.train_vision=false, or an image-text model (model=gemma3_vision_tiny, model=gemma3_4b).",
+            )
+        return None
+    if cfg.path is None:
+        tokens = vision.tiny_image_tokens
+        per_image, size = vision.tiny_tokens_per_image, int(vision.tiny_vision["image_size"])
+    else:
+        config = read_config_json(check_checkpoint_dir(cfg.path), cfg.path)
+        try:
+            per_image = int(config[vision.tokens_per_image_key])
+            size = int(config["vision_config"]["image_size"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise ModelLoadError(
+                f"model.path={cfg.path}: config.json has no {err} for an image-text model of "
+                f"model.family={spec.family}. {EXPECTED_CHECKPOINT}",
+                key="model.path",
+                fix=PATH_FIX,
+            ) from None
+        tokens = checkpoint_image_tokens(check_checkpoint_dir(cfg.path), vision)
+    return vision_facts(
+        vision, tokens=tokens, tokens_per_image=per_image, image_size=size, train_vision=cfg.train_vision
+    )
+
+
+def checkpoint_image_tokens(root: Path, vision: VisionSpec) -> tuple[str, str, str]:
+    """The image tokens a checkpoint's tokenizer names (tokenizer_config.json's boi_token, image_token, eoi_token,
+    at the top or among its model-specific special tokens, as transformers writes them), else the family's."""
+    try:
+        config = json.loads((root / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}
+    named = {**(config.get("model_specific_special_tokens") or {}), **config} if isinstance(config, dict) else {}
+    defaults = {"boi_token": vision.boi_token, "image_token": vision.image_token, "eoi_token": vision.eoi_token}
+    found: dict[str, str] = {}
+    for key, value in defaults.items():
+        named_value = named.get(key)
+        found[key] = named_value if isinstance(named_value, str) else value
+    return (found["boi_token"], found["image_token"], found["eoi_token"])
 
 
 def config_value(config: dict[str, Any], name: str) -> Any:

@@ -71,7 +71,8 @@ def read_arch_fields(hf_config: PretrainedConfig) -> dict[str, Any]:
 
 SPEC = ModelSpec(
     family="gemma3",
-    # gemma3_text only: the 4B+ checkpoints are multimodal ("gemma3", a vision tower around a text_config).
+    # gemma3_text only: the 4B+ checkpoints are multimodal ("gemma3", a vision tower around a text_config), the
+    # family seqtune.models.gemma3_vision.
     hf_model_types=("gemma3_text",),
     hf_model_class="Gemma3ForCausalLM",
     # Gemma3ForSequenceClassification is the multimodal model; the text-only one has its own class.
@@ -106,10 +107,6 @@ SPEC = ModelSpec(
     layout=Layout(qk_norm=True, sandwich_norms=True, biases=dict.fromkeys(ATTENTION_PROJECTIONS, "attention_bias")),
     # RMSNorm weights stored as 1 + w, as convert_hf_to_gguf.py's Gemma3Model writes them.
     gguf=GgufRow(name="GEMMA3", norm_shift=1.0, extra=gguf_metadata),
-    model_type_fixes={
-        "gemma3": "use a text-only Gemma 3 checkpoint (gemma-3-1b*, model_type gemma3_text); multimodal ones are "
-        "not supported"
-    },
     tests=TestExpectations(
         tokenizer="gemma3",
         bos_eos=("<bos>", "<eos>"),

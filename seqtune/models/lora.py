@@ -23,6 +23,7 @@ def apply_lora(
     targets: Sequence[str],
     saved: Sequence[str],
     scalar_head: bool = False,
+    excluded: str | None = None,
 ) -> PeftModel:
     """Wrap `model` with LoRA adapters on `targets` (the plan's resolved lora targets, which preflight proved
     match modules of this model).
@@ -33,6 +34,8 @@ def apply_lora(
     become trainable for a handful of new tokens.
     `scalar_head`: a ForSequenceClassification (seqtune.models.scalar_head), adapted as peft's SEQ_CLS task, which
     AutoModelForSequenceClassification + PeftModel.from_pretrained load back; its `score` is among `saved`.
+    `excluded`: peft's exclude_modules regex, modules never adapted (an image-text model's vision tower and
+    projector: seqtune.models.vision.vision_module_pattern).
     """
     if getattr(model, "is_loaded_in_4bit", False):
         # Casts norms/embeddings to fp32 and makes inputs require grad, as k-bit training needs.
@@ -50,6 +53,7 @@ def apply_lora(
         use_dora=lora.use_dora,
         use_rslora=lora.use_rslora,
         target_modules=list(targets),
+        exclude_modules=excluded,
         # Parameters that belong to no Linear (a mixture of experts' fused experts; preflight proved each matches).
         target_parameters=list(lora.target_parameters) or None,
         task_type="SEQ_CLS" if scalar_head else "CAUSAL_LM",

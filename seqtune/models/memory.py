@@ -75,6 +75,12 @@ class MemoryInputs:
     # completion_tokens more tokens, into a KV cache; the update's forward then runs on every completion.
     completions_per_sample: int = 0
     completion_tokens: int = 0
+    # An image-text model (plan.vision): its vision tower and projector (module prefixes: never adapted by LoRA,
+    # trained in full only with model.train_vision) and the images of the worst micro-batch, whose vision
+    # activations are kept for the backward when the tower trains (else one layer's are in flight at a time).
+    vision_modules: tuple[str, ...] = ()
+    vision_trains: bool = False
+    images: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,7 +119,7 @@ def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:
         weights *= 2
     head_grad: float = 0
     if inputs.lora_enabled:
-        adapted = [shape for name, shape in arch.linears.items() if _adapted(name, inputs.lora_targets)]
+        adapted = [shape for name, shape in arch.linears.items() if _adapted(name, inputs)]
         adapter = sum(inputs.lora_rank * (fan_in + fan_out) for fan_in, fan_out in adapted)
         if inputs.dora:  # DoRA's magnitude vector: one fp32 parameter per output feature of each adapted module
             adapter += sum(fan_out for _, fan_out in adapted)
@@ -126,7 +132,12 @@ def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:
         if "lm_head" in inputs.modules_to_save:
             head_grad = head_numel * width
     else:
-        trainable, state_bytes = total, total * width
+        frozen = (
+            0
+            if inputs.vision_trains
+            else sum(n for name, n in arch.parameters().items() if _under(name, inputs.vision_modules))
+        )
+        trainable, state_bytes = total - frozen, (total - frozen) * width
         head_grad = head_numel * width
     grads: float = state_bytes
     # 8- and 4-bit optimizers quantise per tensor (and keep small ones full width): counted tensor by tensor.
@@ -137,7 +148,7 @@ def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:
         weights = weights / inputs.world_size + 2 * largest_layer * BYTES_PER_DTYPE[inputs.compute_dtype]
         grads, optimizer = grads / inputs.world_size, optimizer / inputs.world_size
         head_grad /= inputs.world_size
-    activations = _activation_bytes(inputs, arch) + head_grad
+    activations = _activation_bytes(inputs, arch) + head_grad + vision_activation_bytes(inputs, arch)
     # foreach AdamW/SGD build one temporary per trainable tensor for the update.
     step = grads + grads
     # Sampling runs without autograd, before the update's forward (its cache freed by then), but with the earlier
@@ -176,10 +187,11 @@ def _trained_tensors(inputs: MemoryInputs, arch: Arch) -> list[tuple[int, int]]:
     magnitude) per adapted module, each saved module's tensors, the new rows' trainable tokens; or every parameter."""
     width = BYTES_PER_DTYPE[inputs.weights_dtype]
     if not inputs.lora_enabled:
-        return [(numel, width) for numel in arch.parameters().values()]
+        frozen = () if inputs.vision_trains else inputs.vision_modules
+        return [(numel, width) for name, numel in arch.parameters().items() if not _under(name, frozen)]
     tensors = []
     for name, (fan_in, fan_out) in arch.linears.items():
-        if _adapted(name, inputs.lora_targets):
+        if _adapted(name, inputs):
             tensors += [(inputs.lora_rank * fan_in, ADAPTER_BYTES), (fan_out * inputs.lora_rank, ADAPTER_BYTES)]
             tensors += [(fan_out, ADAPTER_BYTES)] if inputs.dora else []
     tensors += [(numel, width) for numel in arch.tensors_under(inputs.modules_to_save).values()]
@@ -189,8 +201,32 @@ def _trained_tensors(inputs: MemoryInputs, arch: Arch) -> list[tuple[int, int]]:
     return tensors
 
 
-def _adapted(name: str, targets: tuple[str, ...]) -> bool:
-    return any(matches_target(name, target) for target in targets)
+def _adapted(name: str, inputs: MemoryInputs) -> bool:
+    """LoRA adapts a module its targets name, never one of the vision tower or projector (peft exclude_modules)."""
+    return any(matches_target(name, t) for t in inputs.lora_targets) and not _under(name, inputs.vision_modules)
+
+
+def _under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes)
+
+
+def vision_activation_bytes(inputs: MemoryInputs, arch: Arch) -> float:
+    """The vision tower's activations for the micro-batch's images, from its tensors' shapes (a ViT/SigLIP
+    encoder: patch embedding [hidden, 3, p, p], position embedding [patches, hidden], fc1 [intermediate, hidden]
+    per layer): every layer's kept when the tower trains, else one layer's in flight."""
+    tower = {n: shape for n, shape in arch.tensors.items() if _under(n, inputs.vision_modules)}
+    if not inputs.images or not tower:
+        return 0.0
+    patches = max((shape[0] for n, shape in tower.items() if n.endswith("position_embedding.weight")), default=0)
+    fc1 = [shape for n, shape in tower.items() if n.endswith("mlp.fc1.weight")]
+    if not patches or not fc1:
+        return 0.0
+    intermediate, hidden = fc1[0]
+    # Per patch and layer: two norms' inputs, q, k, v, the attention output and the residuals, fc1's output and
+    # its activation (what a ViT layer keeps for its backward), in the compute dtype.
+    per_layer = patches * (8 * hidden + 2 * intermediate) * BYTES_PER_DTYPE[inputs.compute_dtype]
+    layers = len(fc1) if inputs.vision_trains else 1
+    return float(inputs.images * per_layer * layers)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -260,10 +296,10 @@ def _layer_bytes_per_token(inputs: MemoryInputs, arch: Arch, w: _Widths) -> floa
         (("down_proj",), ffn, w.linear),
     )
     for names, size, input_width in groups:
-        keeping = [n for n in names if not inputs.lora_enabled or _adapted(n, inputs.lora_targets)]
+        keeping = [n for n in names if not inputs.lora_enabled or _adapted(n, inputs)]
         total += _kept_inputs(inputs, keeping, size, input_width, w, already_kept=names == ("o_proj",))
     if inputs.lora_enabled:
-        adapted = [shape for name, shape in arch.layer_linears(layer).items() if _adapted(name, inputs.lora_targets)]
+        adapted = [shape for name, shape in arch.layer_linears(layer).items() if _adapted(name, inputs)]
         total += len(adapted) * inputs.lora_rank * w.compute  # x @ A, kept for B's gradient
         if inputs.dora:
             # DoRA scales the base output and the adapter's output by the magnitude per feature: both products keep
@@ -291,7 +327,7 @@ def _dora_forward_bytes(inputs: MemoryInputs, arch: Arch, w: _Widths) -> float:
         (
             (fan_in**2 + (3 + weight_copy) * fan_in * fan_out) * width
             for name, (fan_in, fan_out) in arch.layer_linears(arch.layers[0]).items()
-            if _adapted(name, inputs.lora_targets)
+            if _adapted(name, inputs)
         ),
         default=0.0,
     )

@@ -26,6 +26,8 @@ from seqtune.config.schema import ModelConfig
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
+    from seqtune.models.vision import VisionSpec
+
 # ModelConfig field -> Hugging Face config attribute, for the fields every family stores the same way.
 HF_FIELD_NAMES: dict[str, str] = {
     "vocab_size": "vocab_size",
@@ -194,14 +196,17 @@ class ModelSpec:
     layout: Layout | None = None
     # Its llama.cpp architecture (None: train.export_gguf is refused for it, naming why).
     gguf: GgufRow | None = None
-    # config.json model_types this family does NOT load but a user may point it at -> the fix to print (Gemma 3's
-    # multimodal "gemma3" checkpoints for the text-only family).
+    # config.json model_types this family does NOT load but a user may point it at -> the fix to print (read only
+    # when no family declares that model_type: then the fix names that family).
     model_type_fixes: Mapping[str, str] = field(default_factory=dict)
     # What the family's tests expect (None for model.family=auto's spec, which no test table describes).
     tests: TestExpectations | None = None
     # Where each fact came from, for the preflight report (model.family=auto reads them from the checkpoint; a named
     # family states them in its module).
     sources: Mapping[str, str] = field(default_factory=dict)
+    # An image-text family's vision side (seqtune.models.vision): its processor, image tokens and vision modules.
+    # None = text only.
+    vision: VisionSpec | None = None
 
 
 def lora_module_names(spec: ModelSpec, num_layers: int) -> list[str]:

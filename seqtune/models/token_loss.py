@@ -136,9 +136,11 @@ def install_token_loss(model: nn.Module, *, path: str, chunk: int | None = None,
             f"fused loss needs a plain Linear head, found {type(head).__name__} (kernels.loss_choice decides)"
         )
     original = type(lm).forward
-    softcap = getattr(lm.config, "final_logit_softcapping", None)
+    # An image-text model keeps its language model's settings under text_config.
+    text_config = lm.config.get_text_config()
+    softcap = getattr(text_config, "final_logit_softcapping", None)
     # resize_token_embeddings keeps config.vocab_size up to date
-    chunk = chunk or chunk_tokens(lm.config.vocab_size)
+    chunk = chunk or chunk_tokens(text_config.vocab_size)
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, targets=None, per_token=False, **kwargs):
         if targets is None:

@@ -15,6 +15,7 @@ cache's content and the tokenizer, which are both in the cache's key. Per split 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -142,6 +143,12 @@ def _observe_tokens(
             double_bos.add(len(double), [cache.location(a + int(i)) for i in double[:MAX_LOCATIONS]])
         hashes[a:b] = _hash_samples(ids, tgt, starts, lens, table)
         a = b
+    if cache.images:  # an image-text sample is its tokens and its images: other images, another sample
+        mixed = [
+            int.from_bytes(hashlib.blake2b(f"{int(h)}|{refs!r}".encode(), digest_size=8).digest(), "little")
+            for h, refs in zip(hashes, cache.images, strict=True)
+        ]
+        hashes = np.asarray(mixed, np.uint64)
     observed = SplitObservations(
         samples=n,
         run_ends=run_ends,

@@ -489,7 +489,7 @@ def stream_train_plan(
     return stream, identity, problems
 
 
-def memory_inputs(cfg: RootConfig, plan: Resolved, rule: BatchRule, arch: Arch) -> MemoryInputs:
+def memory_inputs(cfg: RootConfig, plan: Resolved, rule: BatchRule, arch: Arch, images: int = 0) -> MemoryInputs:
     """The estimate's inputs, every one a resolved fact of the plan: rows after resize, the trainable set, kernels,
     world. (`arch` gives the shapes.)"""
     from seqtune.models import MemoryInputs
@@ -526,15 +526,21 @@ def memory_inputs(cfg: RootConfig, plan: Resolved, rule: BatchRule, arch: Arch) 
         scalar_head=plan.scored == Scored.scalar,
         completions_per_sample=plan.completions_per_sample,
         completion_tokens=plan.completion_tokens,
+        vision_modules=plan.vision.vision_modules if plan.vision is not None else (),
+        vision_trains=plan.vision is not None and plan.vision.train_vision,
+        images=images,
     )
 
 
-def memory_phase(cfg: RootConfig, plan: Resolved, rule: BatchRule, arch: Arch) -> tuple[MemoryStats, list[Problem]]:
+def memory_phase(
+    cfg: RootConfig, plan: Resolved, rule: BatchRule, arch: Arch, images: int = 0
+) -> tuple[MemoryStats, list[Problem]]:
     """The training peak of the worst-case micro-batch, vs the device's memory; when it will not fit, the settings
-    that would (each tried through the same estimate)."""
+    that would (each tried through the same estimate). `images`: an image-text run's images in the worst
+    micro-batch (the most a sample has x its rows)."""
     from seqtune.models import memory_estimate
 
-    inputs = memory_inputs(cfg, plan, rule, arch)
+    inputs = memory_inputs(cfg, plan, rule, arch, images)
     estimate = memory_estimate(inputs)
     device = device_memory_gib(cfg.preflight.device_memory_gib, plan.device_type)
     stats = MemoryStats(

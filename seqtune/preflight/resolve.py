@@ -11,11 +11,11 @@ from __future__ import annotations
 import ast
 import importlib.util
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from seqtune.config.errors import ConfigError
-from seqtune.config.plan import Resolved, Vocab, World, validation_key
+from seqtune.config.plan import Resolved, VisionFacts, Vocab, World, validation_key
 from seqtune.config.recipe_spec import RecipeSpec, Scored, preset_fix, recipe_spec, recipes
 from seqtune.config.schema import (
     Device,
@@ -30,11 +30,11 @@ from seqtune.config.schema import (
 from seqtune.data.kinds import sequences_per_sample
 from seqtune.models.attention import AttentionEnv, attention_choice, attn_backend_problems
 from seqtune.models.auto import spec_for
-from seqtune.models.facts import ModelFacts, read_model_facts
+from seqtune.models.facts import ModelFacts, read_model_facts, read_vision_facts
 from seqtune.models.kernels import kernels_choice, kernels_problems, loss_choice
 from seqtune.models.optimizers import optimizer_choice, optimizer_problems
 from seqtune.models.spec import lora_module_names, matches_target, modules_trained_in_full, resized_rows
-from seqtune.tokenizers.facts import TokenizerFacts, read_tokenizer_facts
+from seqtune.tokenizers.facts import TokenizerFacts, read_tokenizer_facts, token_ids
 
 # The reason a plan gives for a requested kernel that cannot run here (preflight reports it as a problem).
 CANNOT_RUN = "cannot run here: "
@@ -71,6 +71,34 @@ def resolve_plan(
         else ()
     )
     recipe = recipe_spec(cfg.recipe_name)
+    vision = read_vision_facts(cfg.model, spec)
+    if vision is not None:
+        vision = with_image_ids(vision, token_ids(cfg.tokenizer, cfg.model, vision.image_tokens))
+    if cfg.lora.enabled and vision is not None and vision.train_vision:
+        # peft's modules_to_save wrapper takes its input positionally; the model calls its vision tower with
+        # pixel_values= (a TypeError at step 1), and weights trained outside the adapter would not be saved with it.
+        raise ConfigError(
+            "model.train_vision=true with LoRA: the vision tower cannot be trained in full beside the adapters "
+            "(peft's modules_to_save cannot wrap it, and the adapter would not carry its weights).",
+            key="model.train_vision",
+            fix=(
+                f"recipe={full} model.train_vision=true (everything trains), or "
+                if (full := recipe.preset(lora=False))
+                else ""
+            )
+            + "model.train_vision=false with LoRA (the tower and projector frozen, the language model adapted).",
+        )
+    generation = recipe.generation(recipe.settings_of(cfg))  # an online recipe's sampling (None: it samples none)
+    if vision is not None and generation is not None:
+        # The online recipes sample completions from input_ids alone (a KV cache, no pixel_values): an image's soft
+        # tokens would be sampled from without the image, so images are refused there rather than ignored.
+        raise ConfigError(
+            f"{preset_fix(recipe)} samples completions from the prompts' tokens alone, and "
+            f"model.family={spec.family} is an image-text model: its images would not reach the sampling.",
+            key="recipe",
+            fix=f"a text-only model (another model=...) for {preset_fix(recipe)}, or a recipe that does not sample "
+            "completions for the image-text model (e.g. the supervised one).",
+        )
     if cfg.lora.enabled and recipe.scored == Scored.scalar:
         saved += ("score",)  # the scalar head is new: it trains in full beside the adapters
     compute = autocast or str(cfg.model.dtype)
@@ -79,7 +107,6 @@ def resolve_plan(
         "lm_head" in wrapped or "lm_head" in saved or (resize_to or 0) > model.embedding_rows
     )
     kind = recipe.sample_kind
-    completions_per_sample, completion_tokens = _generation(recipe, cfg)
     return Resolved(
         world=world,
         sharded=cfg.train.parallel == Parallel.fsdp and world.world_size > 1,
@@ -126,18 +153,24 @@ def resolve_plan(
         sample_kind=str(kind),
         sequences_per_sample=sequences_per_sample(kind),
         step_repeats=recipe.step_repeats(recipe.settings_of(cfg)),
-        completions_per_sample=completions_per_sample,
-        completion_tokens=completion_tokens,
+        completions_per_sample=generation.completions if generation is not None else 0,
+        completion_tokens=generation.new_tokens if generation is not None else 0,
+        vision=vision,
     )
 
 
-def _generation(recipe: RecipeSpec, cfg: RootConfig) -> tuple[int, int]:
-    """(completions per sample, their token budget) of an online recipe's sampling; (0, 0) for one that trains on the
-    data's own sequences."""
-    generation = recipe.generation(recipe.settings_of(cfg))
-    if generation is None:
-        return 0, 0
-    return generation.completions, generation.new_tokens
+def with_image_ids(vision: VisionFacts, special_ids: Mapping[str, int]) -> VisionFacts:
+    """The image tokens' ids in the run's tokenizer; a tokenizer without them cannot give the model images."""
+    missing = [token for token in vision.image_tokens if token not in special_ids]
+    if missing:
+        raise ConfigError(
+            f"the tokenizer has no {', '.join(missing)} token(s), which an image's token run is made of "
+            f"({vision.boi_token} {vision.image_token} x {vision.tokens_per_image} {vision.eoi_token}).",
+            key="tokenizer",
+            fix="use the image-text checkpoint's own tokenizer (tokenizer=auto with model.path), or the tokenizer "
+            "its tiny model is sized for (model.tiny_tokenizer).",
+        )
+    return replace(vision, image_ids=tuple(int(special_ids[token]) for token in vision.image_tokens))
 
 
 def router_aux_coef(model_cfg: ModelConfig, model: ModelFacts, *, recipe: RecipeSpec) -> float | None:

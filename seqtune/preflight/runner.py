@@ -35,6 +35,7 @@ from seqtune.models.attention import native_gqa
 from seqtune.models.model_configs import ModelConfigs
 from seqtune.preflight import checks, checks_labels, content, tokenizer_record
 from seqtune.preflight.checks import Problem
+from seqtune.preflight.checks_vision import vision_checks
 from seqtune.preflight.phases import (
     fast_checks,
     harness_checks,
@@ -243,6 +244,11 @@ def _data_phases(
         result.splits[name].sources = source_stats(cfg, scan, views[name])
         result.notes += notes
     problems += content.content_checks(cfg, resolved, tokens, tokenizer, model, scans, max_seq_len, result)
+    vision_problems, vision_notes = vision_checks(
+        cfg, resolved, {name: scan.cache_dir for name, scan in scans.items()}, max_seq_len
+    )
+    problems += vision_problems
+    result.notes += vision_notes
     problems += shape_checks(rule, tokens, resolved.padding_side, views)
     problems += _recipe_checks(cfg, resolved, tokens, tokenizer, scans, max_seq_len)
     if cfg.train.eval_samples and "val" in scans:
@@ -267,7 +273,8 @@ def _data_phases(
         batches, stream_records = _stream_phase(cfg, resolved, rule, scans["train"], result, problems)
     result.padding = PaddingStats(strategy=cfg.padding.strategy, side=resolved.padding_side, efficiency=efficiency)
     if model is not None and not resolved.optimizer_reason.startswith(CANNOT_RUN):  # no state to count otherwise
-        result.memory, memory_problems = memory_phase(cfg, resolved, rule, model.arch)
+        most = max((len(refs) for scan in scans.values() for refs in scan.cache().images), default=0)
+        result.memory, memory_problems = memory_phase(cfg, resolved, rule, model.arch, most * rule.rows)
         problems += memory_problems
     return {
         "max_seq_len": max_seq_len,
@@ -337,6 +344,7 @@ def scan_splits(
             train_on_reasoning=cfg.data.train_on_reasoning,
             bos_id=tokens.bos_id,
             eos_id=tokens.eos_id,
+            vision=resolved.vision,
         )
         for fmt in formats
     }
@@ -371,6 +379,7 @@ def scan_splits(
                             train_on_prompt=cfg.data.train_on_prompt,
                             tokens=tokens,
                             train_on_reasoning=cfg.data.train_on_reasoning,
+                            vision=resolved.vision,
                         )
                         for fmt in formats
                     }

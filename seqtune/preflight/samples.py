@@ -59,6 +59,8 @@ class ShownSample:
     original_length: int
     targets: int
     tokens: list[ShownToken] = field(default_factory=list)
+    # An image-text sample's images (stored references, in the order of their token runs): shown as thumbnails.
+    images: list[str] = field(default_factory=list)
 
     def marked_text(self) -> str:
         """The sample as text, targets between TARGET_OPEN and TARGET_CLOSE."""
@@ -170,6 +172,7 @@ def render(
         original_length=original,
         targets=int((sample.labels[trained] != IGNORE_INDEX).sum()),
         tokens=tokens,
+        images=list(sample.images),
     )
 
 

@@ -16,8 +16,10 @@ from html import escape
 from pathlib import Path
 
 from seqtune.config.rundir import RUN_DIR_KEY
+from seqtune.data.images import stored_image
 from seqtune.files import write_atomic
 from seqtune.preflight.samples import ShownSample, ShownToken
+from seqtune.preflight.thumbnails import THUMBNAIL_CSS, image_thumbnails_html
 
 SAMPLES_HTML = "samples.html"
 
@@ -93,10 +95,12 @@ def _sample(sample: ShownSample) -> str:
         f"{escape(sample.location)}</code> · {sample.length} tokens{cut} · {sample.targets} targets</div>"
     )
     tokens = "".join(_token(token) for token in sample.tokens)
+    # An image-text sample: its images beside the text they stand in (thumbnails embedded in the page).
+    images = image_thumbnails_html([stored_image(ref) for ref in sample.images]) if sample.images else ""
     return (
         f'<div class="sample member-{escape(sample.member)}" data-split="{escape(sample.split)}" '
         f'data-location="{escape(sample.location)}" data-member="{escape(sample.member)}" '
-        f'data-targets="{sample.targets}">{meta}<div class="tokens">{tokens}</div></div>'
+        f'data-targets="{sample.targets}">{meta}{images}<div class="tokens">{tokens}</div></div>'
     )
 
 
@@ -127,7 +131,7 @@ def page(samples: Sequence[ShownSample], *, title: str, summary: str) -> str:
         sections.append(f'<section id="split-{escape(split)}"><h2>{escape(split)}</h2>{body}</section>')
     return (
         f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
-        f"<style>{_CSS}</style></head><body><h1>{escape(title)}</h1>"
+        f"<style>{_CSS}{THUMBNAIL_CSS}</style></head><body><h1>{escape(title)}</h1>"
         f'<p class="run">{escape(summary)}</p><p>{escape(LOOK_FOR)}</p>'
         f'<div class="legend" id="legend"><b>Legend</b> {legend}</div>'
         f"{''.join(sections)}</body></html>\n"

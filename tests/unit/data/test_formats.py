@@ -11,8 +11,8 @@ from seqtune.data.formats import (
     LineParser,
     PreTokenized,
     PromptCompletion,
-    resolve_under,
 )
+from seqtune.data.images import resolve_under
 from seqtune.data.types import IGNORE_INDEX, Reject
 
 

@@ -160,8 +160,8 @@ def test_unreadable_config_json_names_the_path(tmp_path):
         load_model_config(tiny_cfg("llama3", path=str(tmp_path)))
 
 
-def test_multimodal_gemma3_checkpoint_is_refused_with_the_text_only_fix(tmp_path):
+def test_multimodal_gemma3_checkpoint_is_refused_naming_the_image_text_family(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma3"}))
     (tmp_path / "model.safetensors").write_bytes(b"")
-    with pytest.raises(ModelLoadError, match=r"model_type='gemma3' checkpoint.*Fix: use a text-only Gemma 3"):
+    with pytest.raises(ModelLoadError, match=r"model_type='gemma3' checkpoint.*Fix: model.family=gemma3_vision"):
         load_model_config(tiny_cfg("gemma3", path=str(tmp_path), **{k: None for k in GEMMA_FIELDS}))

@@ -22,11 +22,19 @@ def test_tiny_builds_family_class_and_trains_a_step(family):
     assert type(model).__name__ == get_spec(family).hf_model_class
     assert type(model).__name__ in dir(transformers) and model.config.model_type in get_spec(family).hf_model_types
     assert model.config.use_cache is False
-    rows = model.config.vocab_size  # 4096, or Qwen3's real 151936 (its tokenizer needs no resize)
-    embeddings = rows * model.config.hidden_size * (1 if model.config.tie_word_embeddings else 2)
+    text = model.config.get_text_config()  # an image-text model's language model holds the vocabulary
+    rows = text.vocab_size  # 4096, or Qwen3's real 151936 (its tokenizer needs no resize)
+    embeddings = rows * text.hidden_size * (1 if model.config.tie_word_embeddings else 2)
     assert count_parameters(model).total - embeddings < 3_000_000
     batch = random_batch(min(rows, 4096))
-    out = model(input_ids=batch, labels=batch)
+    images = {}
+    vision = get_spec(family).vision
+    if vision is not None:  # one image per row: its soft tokens in the ids, its pixels beside them
+        size, per_image = vision.tiny_vision["image_size"], vision.tiny_tokens_per_image
+        batch[:, 1 : 1 + per_image] = model.config.image_token_id
+        pixels = torch.randn(batch.shape[0], 3, size, size, generator=torch.Generator().manual_seed(0))
+        images = {"pixel_values": pixels, "token_type_ids": (batch == model.config.image_token_id).long()}
+    out = model(input_ids=batch, labels=batch, **images)
     out.loss.backward()
     # Random init: loss near ln(rows) (8.3 for 4096), and every matrix gets a gradient.
     assert abs(out.loss.item() - math.log(rows)) < 0.8

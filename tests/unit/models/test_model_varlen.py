@@ -37,7 +37,7 @@ def samples(vocab: int) -> list[TokenizedSample]:
 
 
 def pair(family: str):
-    overrides = {"sliding_window": WINDOW} if family in ("mistral", "gemma3") else {}
+    overrides = {"sliding_window": WINDOW} if family in ("mistral", "gemma3", "gemma3_vision") else {}
     eager = build_model(tiny_cfg(family, **overrides), attn_implementation="eager").train()
     varlen = build_model(tiny_cfg(family, **overrides), attn_implementation=TORCH_VARLEN).train()
     varlen.load_state_dict(eager.state_dict())
@@ -61,7 +61,7 @@ def loss_and_grads(model, batch):
 )
 def test_varlen_glue_matches_eager(family, strategy, side):
     eager, varlen = pair(family)
-    found = samples(eager.config.vocab_size)
+    found = samples(eager.config.get_text_config().vocab_size)
     rows = len(found)  # packed: at most one row per sample (the rule completes the micro-batch with empty rows)
     collate = make_collator(BatchRule(strategy=strategy, batch_size=rows, max_seq_len=64), pad_id=0, padding_side=side)
     batch = collate(found)

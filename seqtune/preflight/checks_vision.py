@@ -1,0 +1,162 @@
+"""Preflight's checks of an image-text run (plan.vision), over every split, before step 1.
+
+- every image reference resolved under data.media_root: a record whose image is missing, outside the root, not a
+  file or an unreadable data: URI is refused with its file:line (not left out as a bad line: a caption trained
+  without its image teaches the wrong thing, and the user named that image);
+- every image opens and decodes (seqtune.data.images.load_image names the file with its format, mode and size);
+- the image token ids fit the embedding; packing is refused (a packed row would carry several samples' images and
+  Gemma 3's image attention blocks are not kept per document); a truncating over-length policy never cuts an
+  image's run: a sample it would cut is refused, naming it;
+- a note counts the images and their tokens (already inside every length, max_seq_len=auto and the percentiles,
+  since each image's run is in the cached tokens).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from seqtune.config.plan import Resolved
+from seqtune.config.schema import Overlength, PaddingStrategy, RootConfig
+from seqtune.data.cache import REJECTS, TokenCache
+from seqtune.data.images import ImageRefused, load_image, stored_image
+from seqtune.preflight.checks import Problem
+
+# Reject codes of an image reference (seqtune.data.images.resolve_image): refusals in an image-text run.
+IMAGE_REJECTS = (
+    "missing_media",
+    "media_outside_root",
+    "media_not_file",
+    "empty_media",
+    "remote_media",
+    "bad_media_uri",
+)
+# Problems listed one by one before the rest are counted.
+MAX_LISTED = 10
+
+
+def vision_checks(
+    cfg: RootConfig, resolved: Resolved, caches: Mapping[str, Path], max_seq_len: int
+) -> tuple[list[Problem], list[str]]:
+    """Problems and notes of an image-text run; nothing for a text-only run."""
+    vision = resolved.vision
+    if vision is None:
+        return [], []
+    problems: list[Problem] = []
+    notes: list[str] = []
+    if cfg.padding.strategy == PaddingStrategy.packed:
+        problems.append(
+            Problem(
+                check="vision",
+                key="padding.strategy",
+                message="padding.strategy=packed with image-text data: a packed row would hold several samples' "
+                "images, and the model's bidirectional attention within an image is not kept per document. Fix: "
+                "padding=longest (or bucket, max_length).",
+            )
+        )
+    too_big = [i for i in vision.image_ids if i >= resolved.vocab.rows]
+    if too_big:
+        problems.append(
+            Problem(
+                check="vision",
+                key="model",
+                message=f"image token id(s) {too_big} >= the model's {resolved.vocab.rows} embedding rows. Fix: the "
+                "image-text checkpoint's own tokenizer, or model.resize_embeddings=true.",
+            )
+        )
+    for split, directory in caches.items():
+        problems += _reference_problems(split, Path(directory))
+        cache = TokenCache.open(Path(directory))
+        decode, images, distinct = _decode_problems(split, cache)
+        problems += decode
+        problems += _cut_problems(cfg, split, cache, max_seq_len)
+        if images:
+            tokens = images * vision.tokens_per_image
+            notes.append(
+                f"images: data.{split} has {images} ({distinct} distinct, all decoded), {vision.tokens_per_image} "
+                f"tokens each ({vision.boi_token} {vision.image_token} x {vision.tokens_per_image} "
+                f"{vision.eoi_token}, as {vision.processor_class} expands them): {tokens} of its "
+                f"{int(np.asarray(cache.lengths).sum())} tokens, counted in every length above; never targets."
+            )
+    return problems, notes
+
+
+def _reference_problems(split: str, directory: Path) -> list[Problem]:
+    """Every record of the split whose image reference was refused while scanning."""
+    found = []
+    with open(directory / REJECTS, encoding="utf-8") as f:
+        for line in f:
+            reject = json.loads(line)
+            code = reject["reason"].split(":", 1)[0]
+            if code in IMAGE_REJECTS:
+                found.append((f"{reject['file']}:{reject['line']}", reject["reason"]))
+    problems = [
+        Problem(
+            check="vision",
+            key="data.media_root" if "root" in reason.split(":", 1)[0] or "missing" in reason else f"data.{split}",
+            location=where,
+            message=f"data.{split} {where}: {reason}",
+        )
+        for where, reason in found[:MAX_LISTED]
+    ]
+    if len(found) > MAX_LISTED:
+        problems.append(
+            Problem(
+                check="vision",
+                key=f"data.{split}",
+                location=found[MAX_LISTED][0],
+                message=f"data.{split}: {len(found) - MAX_LISTED} more records with refused images (rejects.jsonl "
+                "lists them). Fix: as above.",
+            )
+        )
+    return problems
+
+
+def _decode_problems(split: str, cache: TokenCache) -> tuple[list[Problem], int, int]:
+    """Every distinct image of the split decoded once; (problems, images, distinct images)."""
+    first_use: dict[str, int] = {}
+    images = 0
+    for i, refs in enumerate(cache.images):
+        images += len(refs)
+        for ref in refs:
+            first_use.setdefault(ref, i)
+    problems = []
+    for ref, sample in first_use.items():
+        try:
+            load_image(stored_image(ref))
+        except ImageRefused as refused:
+            where = cache.location(sample)
+            problems.append(
+                Problem(
+                    check="vision",
+                    key=f"data.{split}",
+                    location=where,
+                    message=f"data.{split} {where}: {refused.reason}",
+                )
+            )
+    return problems, images, len(first_use)
+
+
+def _cut_problems(cfg: RootConfig, split: str, cache: TokenCache, max_seq_len: int) -> list[Problem]:
+    """data.overlength=truncate|truncate_prompt never cuts an image's run: a sample with images that is too long
+    is refused, naming it (data.overlength=drop leaves it out whole; error refuses it anyway)."""
+    if cfg.data.overlength not in (Overlength.truncate, Overlength.truncate_prompt) or not cache.images:
+        return []
+    lengths = np.asarray(cache.lengths)
+    long = [i for i in np.flatnonzero(lengths > max_seq_len) if cache.images[int(i)]]
+    if not long:
+        return []
+    where = cache.location(int(long[0]))
+    return [
+        Problem(
+            check="vision",
+            key="data.overlength",
+            location=where,
+            message=f"data.overlength={cfg.data.overlength} would cut {len(long)} data.{split} sample(s) with images "
+            f"(first: {where}, {int(lengths[long[0]])} tokens > data.max_seq_len={max_seq_len}), and a cut image "
+            "run cannot be given to the model. Fix: data.max_seq_len=auto (or larger), or data.overlength=drop.",
+        )
+    ]

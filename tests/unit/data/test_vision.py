@@ -1,0 +1,180 @@
+"""Image-text data on real objects: the Gemma 3 tokenizer (fetched), the tiny vision family's facts, PNGs of the
+bundled vision_tiny set. Parsing image parts, the processor's expansion, targets, the cache and the collator."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from seqtune.config.schema import ModelConfig, TokenizerConfig
+from seqtune.data.cache import TokenCache
+from seqtune.data.formats import Conversation, LineParser
+from seqtune.data.pixels import with_images
+from seqtune.data.tokenize import SampleEncoder
+from seqtune.data.types import IGNORE_INDEX, Reject
+from seqtune.models.facts import read_vision_facts
+from seqtune.models.registry import get_spec
+from seqtune.preflight.resolve import with_image_ids
+from seqtune.tokenizers import load_tokenizer
+from seqtune.tokenizers.facts import token_ids
+from tests.conftest import scan_files
+
+ASSETS = Path(__file__).resolve().parents[3] / "seqtune/data/assets/vision_tiny"
+MODEL = ModelConfig(family="gemma3_vision", tiny_tokenizer="gemma3")
+TOKENIZER = TokenizerConfig(source="auto")
+
+
+@pytest.fixture(scope="module")
+def vision():
+    facts = read_vision_facts(MODEL, get_spec("gemma3_vision"))
+    assert facts is not None
+    return with_image_ids(facts, token_ids(TOKENIZER, MODEL, facts.image_tokens))
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(TOKENIZER, MODEL, default_chat_template=get_spec("gemma3_vision").chat_template)
+
+
+@pytest.fixture(scope="module")
+def encoder(tokenizer, vision):
+    return SampleEncoder(tokenizer, "chat", train_on_prompt=False, vision=vision)
+
+
+def image_part(path: str) -> dict:
+    return {"type": "image", "image": path}
+
+
+def conversation(*parts, reply: str = "a red circle") -> dict:
+    return {"messages": [{"role": "user", "content": list(parts)}, {"role": "assistant", "content": reply}]}
+
+
+def parse(encoder, record: dict, root: Path = ASSETS):
+    parser = encoder.line_parser(str(root / "train.jsonl"), media_root=str(root))
+    return parser.parse(7, json.dumps(record).encode())
+
+
+def test_image_parts_become_the_placeholder_and_their_resolved_paths_in_order(encoder, vision):
+    record = parse(
+        encoder,
+        conversation(
+            image_part("images/red_circle_0.png"),
+            {"type": "text", "text": "and"},
+            {"type": "image_url", "image_url": {"url": "images/blue_square_1.png"}},
+        ),
+    )
+    assert isinstance(record, Conversation)
+    assert record.images == (str(ASSETS / "images/red_circle_0.png"), str(ASSETS / "images/blue_square_1.png"))
+    assert record.messages[0]["content"] == f"{vision.placeholder}\nand\n{vision.placeholder}"
+
+
+def test_llamafactory_images_column_fills_its_image_placeholders(encoder, vision):
+    record = parse(
+        encoder,
+        {
+            "messages": [{"role": "user", "content": "<image>Which colour?"}, {"role": "assistant", "content": "red"}],
+            "images": ["images/red_circle_0.png"],
+        },
+    )
+    assert isinstance(record, Conversation) and record.images == (str(ASSETS / "images/red_circle_0.png"),)
+    assert record.messages[0]["content"] == f"{vision.placeholder}Which colour?"
+    refused = parse(
+        encoder,
+        {
+            "messages": [{"role": "user", "content": "<image> and <image>"}, {"role": "assistant", "content": "x"}],
+            "images": ["images/red_circle_0.png"],
+        },
+    )
+    assert isinstance(refused, Reject) and "2 <image> placeholder(s)" in refused.reason
+
+
+@pytest.mark.parametrize(
+    ("ref", "code"),
+    [
+        ("images/none.png", "missing_media"),
+        ("../vision_tiny/../x.png", "media_outside_root"),
+        ("/etc/hosts", "media_outside_root"),
+    ],
+)
+def test_an_image_that_is_missing_or_outside_the_root_is_a_reject_naming_it(encoder, ref, code):
+    refused = parse(encoder, conversation(image_part(ref)))
+    assert isinstance(refused, Reject) and refused.code == code and refused.line == 7
+
+
+def test_a_text_only_parser_refuses_image_parts_naming_the_image_text_models():
+    parser = LineParser(fmt="chat", file=str(ASSETS / "train.jsonl"))
+    refused = parser.parse(1, json.dumps(conversation(image_part("images/red_circle_0.png"))).encode())
+    assert isinstance(refused, Reject) and refused.code == "unsupported_content"
+    assert "model=gemma3_vision_tiny" in refused.reason
+
+
+def test_each_image_is_the_processors_exact_run_and_never_a_target(encoder, tokenizer, vision):
+    from transformers import Gemma3Processor
+
+    from seqtune.models.vision import image_processor
+
+    record = parse(encoder, conversation(image_part("images/red_circle_0.png"), image_part("images/red_circle_1.png")))
+    [sample] = encoder.encode_batch([record])
+    ids = sample.input_ids
+    boi, soft, eoi = vision.image_ids
+    assert (ids == soft).sum() == 2 * vision.tokens_per_image and (ids == boi).sum() == 2 and (ids == eoi).sum() == 2
+    assert not np.isin(ids[sample.labels != IGNORE_INDEX], vision.image_ids).any()
+    assert tokenizer.decode(ids[sample.labels != IGNORE_INDEX]).startswith("a red circle")
+    assert sample.images == record.images
+    # The transformers processor, given the same rendered conversation, gives the same ids.
+    tokenizer._set_model_specific_special_tokens(
+        special_tokens={"boi_token": vision.boi_token, "image_token": vision.image_token, "eoi_token": vision.eoi_token}
+    )
+    processor = Gemma3Processor(
+        image_processor=image_processor(vision, None), tokenizer=tokenizer, image_seq_length=vision.tokens_per_image
+    )
+    text = tokenizer.apply_chat_template(record.messages, tokenize=False)
+    from PIL import Image
+
+    images = [[Image.open(path) for path in record.images]]
+    expected = processor(text=[text], images=images, add_special_tokens=False)["input_ids"][0]
+    assert ids[: len(expected)].tolist() == list(expected)
+
+
+def test_the_cache_stores_images_and_a_changed_image_rebuilds_it(tmp_path, encoder, jsonl):
+    root = tmp_path / "media"
+    (root / "images").mkdir(parents=True)
+    shutil.copy(ASSETS / "images/red_circle_0.png", root / "images/a.png")
+    data = jsonl(
+        root / "train.jsonl",
+        [conversation(image_part("images/a.png")), conversation(image_part("images/a.png"), reply="b")],
+    )
+    scan = scan_files("train", [data], encoder, cache_root=tmp_path / "cache", media_root=str(root))
+    cache = TokenCache.open(scan.cache_dir)
+    assert cache[1].images == (str((root / "images/a.png").resolve()),)
+    again = scan_files("train", [data], encoder, cache_root=tmp_path / "cache", media_root=str(root))
+    assert again.from_cache
+    shutil.copy(ASSETS / "images/blue_square_0.png", root / "images/a.png")  # same path, other pixels
+    rebuilt = scan_files("train", [data], encoder, cache_root=tmp_path / "cache", media_root=str(root))
+    assert not rebuilt.from_cache and "changed since it was tokenized" in rebuilt.rebuilt_note
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_the_collator_gives_pixel_values_in_row_order_and_token_type_ids(encoder, vision, side):
+    from seqtune.config.schema import PaddingStrategy
+    from seqtune.data.batching import BatchRule
+    from seqtune.data.collate import make_collator
+
+    records = [
+        parse(encoder, conversation(image_part("images/red_circle_0.png"))),
+        parse(encoder, conversation({"type": "text", "text": "no image"}, reply="none")),
+        parse(encoder, conversation(image_part("images/blue_square_0.png"), image_part("images/green_triangle_0.png"))),
+    ]
+    samples = encoder.encode_batch(records)
+    rule = BatchRule(strategy=PaddingStrategy.longest, batch_size=3, max_seq_len=256)
+    collator = with_images(make_collator(rule, pad_id=0, padding_side=side), vision, model_path=None)
+    batch = collator.arrays(samples)
+    assert batch["pixel_values"].shape == (3, 3, vision.image_size, vision.image_size)
+    assert batch["token_type_ids"].sum(axis=1).tolist() == [16, 0, 32]
+    # Row order: the first image is the red one (its red channel is the brightest of the three).
+    red, blue = batch["pixel_values"][0].mean(axis=(1, 2)), batch["pixel_values"][1].mean(axis=(1, 2))
+    assert red[0] > red[2] and blue[2] > blue[0]
