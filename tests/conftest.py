@@ -29,14 +29,26 @@ def require_fetched(name: str) -> None:
         )
 
 
+def restore_user_offline(env: dict[str, str]) -> None:
+    """When seqtune's entry point ran in this process (the hostile table, an in-process import of seqtune.__main__),
+    it recorded the user's HF_HUB_OFFLINE and set HF_HUB_OFFLINE=1: hand a subprocess the user's own value again, so
+    it records that (not the 1 this process inherited from an earlier test)."""
+    user = env.pop("SEQTUNE_USER_HF_HUB_OFFLINE", None)
+    if user is None:
+        return
+    if user:
+        env["HF_HUB_OFFLINE"] = user
+    else:
+        env.pop("HF_HUB_OFFLINE", None)
+
+
 def run_cli(
     args: list[str], run_dir: Path, *, module: str = "seqtune", timeout: int = 600, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
     """`python -m seqtune ARGS hydra.run.dir=RUN_DIR`, captured; never raises on a non-zero exit."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true"}
     full_env.pop("WANDB_API_KEY", None)  # tests never go online
-    # Recorded by seqtune's entry point when the hostile table ran it in this process: the subprocess records its own.
-    full_env.pop("SEQTUNE_USER_HF_HUB_OFFLINE", None)
+    restore_user_offline(full_env)
     full_env.update(env or {})
     command = [sys.executable, "-m", module, *args, f"hydra.run.dir={run_dir}", "train.progress=false"]
     return subprocess.run(command, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, restore_user_offline, run_cli
 from tests.fake_hub import FakeHub
 from tests.hub_cache import SITECUSTOMIZE
 
@@ -65,8 +65,9 @@ def hub_env(hub: FakeHub, guard: Path, home: Path, *, token: str | None = TOKEN)
 def export_cli(run_dir: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     import os
 
-    full = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
-    full.pop("SEQTUNE_USER_HF_HUB_OFFLINE", None)
+    full = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    restore_user_offline(full)
+    full.update(env)
     command = [sys.executable, "-m", "seqtune.export", str(run_dir), *args]
     return subprocess.run(command, cwd=REPO, env=full, capture_output=True, text=True, timeout=600)
 
