@@ -112,17 +112,24 @@ class TokenCacheWriter:
         self.root, self.key, self.files = Path(root), key, files
         self.fields = dict(fields or {})
         self.images = images
-        self._dir = TempDir(self.root, key, key=CACHE_KEY)
-        sweep_stale_temps(self.root)  # what killed writers left (their locks died with them)
-        self.tmp = self._dir.path
         self._out: dict[str, IO[bytes]] = {}
         self._crc: dict[str, int] = {}  # file name -> CRC-32 of what was written to it so far
-        with self._writing():
-            self._out = {f"{name}.bin": open(self.tmp / f"{name}.bin", "wb") for name in _arrays(self.fields)}
-            self._out[REJECTS] = open(self.tmp / REJECTS, "wb")
-            if images:
-                self._out[IMAGES] = open(self.tmp / IMAGES, "wb")
-            self._write("offsets.bin", np.zeros(1, np.int64).tobytes())
+        self._dir = TempDir(self.root, key, key=CACHE_KEY)
+        self.tmp = self._dir.path
+        # Until the caller holds this writer it cannot abort it: a signal (or anything else) raised in here removes
+        # the temporary directory itself, so a run stopped while its cache is being opened leaves nothing behind.
+        try:
+            sweep_stale_temps(self.root)  # what killed writers left (their locks died with them)
+            with self._writing():
+                for name in _arrays(self.fields):
+                    self._out[f"{name}.bin"] = open(self.tmp / f"{name}.bin", "wb")
+                self._out[REJECTS] = open(self.tmp / REJECTS, "wb")
+                if images:
+                    self._out[IMAGES] = open(self.tmp / IMAGES, "wb")
+                self._write("offsets.bin", np.zeros(1, np.int64).tobytes())
+        except BaseException:
+            self.abort()
+            raise
         self._file_ids = {str(p): i for i, p in enumerate(files)}
         self.num_samples = 0
         self.num_tokens = 0
