@@ -211,28 +211,26 @@ def load_image(ref: ImageRef) -> Image.Image:
                 return image.copy()
             rgba = image.convert("RGBA")
             return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+    except _unreadable() as exc:
         raise ImageRefused(
             "bad_image",
             f"{ref.name} cannot be decoded ({found}): Pillow says {type(exc).__name__}: {exc}",
             where=ref.where,
-            fix="re-save the image as PNG or JPEG (RGB), or remove the record",
+            fix=BAD_IMAGE_FIX,
         ) from None
 
 
 def describe_image(ref: ImageRef) -> str:
     """Format, mode and size from the image's header ("PNG RGB 64x64"), without decoding its pixels."""
-    from PIL import Image
-
     try:
         with _open(ref) as image:
             return _described(image)
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+    except _unreadable() as exc:
         raise ImageRefused(
             "bad_image",
             f"{ref.name} is not an image Pillow can read: {type(exc).__name__}: {exc}",
             where=ref.where,
-            fix="re-save the image as PNG or JPEG (RGB), or remove the record",
+            fix=BAD_IMAGE_FIX,
         ) from None
 
 
@@ -247,6 +245,16 @@ def image_digest(ref: ImageRef) -> str:
         while chunk := file.read(_DIGEST_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+BAD_IMAGE_FIX = "re-save the image as PNG or JPEG (RGB), or remove the record"
+
+
+def _unreadable() -> tuple[type[BaseException], ...]:
+    """What Pillow raises for a file it cannot read or decode (Pillow imported only when an image is opened)."""
+    from PIL import Image
+
+    return (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 
 
 def _open(ref: ImageRef) -> Image.Image:
