@@ -98,12 +98,26 @@ def capture_reference(model: torch.nn.Module, tokenizer: Any, run_dir: Path, *, 
         tensors, locations = capture_scores(model, run_dir, device=device)
     else:
         tensors, locations = _capture_logits(model, tokenizer, run_dir, device=device)
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    dtype = str(_computed_in(model, device)).removeprefix("torch.")
     path = Path(run_dir) / REFERENCE_FILE
     with atomic_output(path, key=RUN_DIR_KEY) as partial:
         save_file(tensors, str(partial), metadata={"dtype": dtype, "locations": json.dumps(locations)})
         follow_umask(partial)  # safetensors writes 0600
     return path
+
+
+def _computed_in(model: torch.nn.Module, device: torch.device) -> torch.dtype:
+    """The coarsest dtype the reference logits were computed in: the weights' dtype, or the attention's where it
+    computes coarser (torch_varlen runs fp32 inputs in bf16 on CUDA; the first H100 GRPO run's fp32 adapter proof
+    failed at 1.15e-4 against float32's 1e-4 for that)."""
+    from seqtune.models.varlen import TORCH_VARLEN, computes_in
+
+    dtype = next(model.parameters()).dtype
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) == TORCH_VARLEN:
+        attention = computes_in(dtype, torch.device(device))
+        return attention if TOLERANCE.get(attention, 0) > TOLERANCE.get(dtype, 0) else dtype
+    return dtype
 
 
 def _capture_logits(

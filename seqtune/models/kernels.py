@@ -13,7 +13,11 @@ The rules (kernels_choice, loss_choice) are light: the plan's resolution applies
 from __future__ import annotations
 
 import importlib.util
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from seqtune.config.errors import ConfigError
@@ -105,12 +109,41 @@ def apply_kernels(model: nn.Module, name: str) -> None:
     from liger_kernel.transformers import _apply_liger_kernel_to_instance
 
     lm = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]
-    _apply_liger_kernel_to_instance(
-        model=lm,
-        rope=True,
-        rms_norm=True,
-        swiglu=True,
-        geglu=True,
-        cross_entropy=False,
-        fused_linear_cross_entropy=False,
-    )
+    with recording_module_globals(sys.modules[type(lm).__module__]):
+        _apply_liger_kernel_to_instance(
+            model=lm,
+            rope=True,
+            rms_norm=True,
+            swiglu=True,
+            geglu=True,
+            cross_entropy=False,
+            fused_linear_cross_entropy=False,
+        )
+
+
+# (module, {name: original}) for every transformers modeling module a kernel patch rebound names in.
+_REBOUND: list[tuple[ModuleType, dict[str, object]]] = []
+
+
+@contextmanager
+def recording_module_globals(module: ModuleType) -> Iterator[None]:
+    """Record the names the block rebinds in `module`, for restore_module_globals. Liger's instance patch also
+    rebinds names in the model's transformers module (its RMSNorm class, the RoPE function the attention looks up
+    at each call): the trained model needs them, but every model built after it in this process would run Triton
+    kernels, on any device (the first H100 run's export proof, loading on the CPU, died "cannot be accessed from
+    Triton (cpu tensor?)")."""
+    before = dict(vars(module))
+    yield
+    originals = {name: value for name, value in before.items() if vars(module).get(name) is not value}
+    if originals:
+        _REBOUND.append((module, originals))
+
+
+def restore_module_globals() -> None:
+    """Put back every name a kernel patch rebound in a transformers module (latest first): models built from here
+    on are transformers' own. The patched model keeps its patched layers (RoPE falls back to transformers' own
+    function, the same numbers)."""
+    while _REBOUND:
+        module, originals = _REBOUND.pop()
+        for name, value in originals.items():
+            setattr(module, name, value)

@@ -194,14 +194,23 @@ def varlen_attention_forward(
     if segments.indices is not None:
         q, k, v = (t.index_select(0, segments.indices) for t in (q, k, v))
     dtype = q.dtype
-    if dtype == torch.float32 and q.is_cuda:  # the kernel computes in half precision only
-        half = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else torch.bfloat16
+    half = computes_in(dtype, q.device)
+    if half != dtype:
         q, k, v = q.to(half), k.to(half), v.to(half)
     scale = scaling if scaling is not None else dim**-0.5
     out = _KERNEL[-1](q, k, v, segments.cu_seqlens, segments.max_len, scale, sliding_window).to(dtype)
     if segments.indices is not None:
         out = out.new_zeros(batch * seq, heads, dim).index_copy(0, segments.indices, out)
     return out.view(batch, seq, heads, dim), None
+
+
+def computes_in(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype this attention computes in for inputs of `dtype`: the CUDA kernel runs in half precision only, so
+    fp32 inputs compute in the autocast dtype, or bf16 outside autocast (the export proof's reference logits of a
+    fp32 model then carry bf16 attention: its tolerance reads this)."""
+    if dtype == torch.float32 and device.type == "cuda":
+        return torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else torch.bfloat16
+    return dtype
 
 
 def _repeat_kv(t: torch.Tensor, q_heads: int) -> torch.Tensor:

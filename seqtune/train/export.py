@@ -25,6 +25,8 @@ from seqtune.export.gguf import export_run_gguf
 from seqtune.export.proof import capture_reference, prove_exports
 from seqtune.files import atomic_directory, follow_umask
 from seqtune.models import save_adapter
+from seqtune.models.kernels import restore_module_globals
+from seqtune.models.lora import set_adapter_input_cast
 from seqtune.models.vision import save_processor
 from seqtune.train.loop import peak_memory_bytes
 from seqtune.train.metrics import MetricsLogger
@@ -52,6 +54,7 @@ def export_final(
     carries the trained stop ids, names its base and has a model card (seqtune.train.ship)."""
     facts = ship_facts(tokenizer, run_dir)
     stamp_stop_ids(model, facts.stop)
+    set_adapter_input_cast(model, enabled=True)  # everything below runs the model outside autocast
     if env.is_main and not sharded:  # the trained model's logits, before anything is merged into it
         capture_reference(model, tokenizer, run_dir, device=env.device)
     kind = ADAPTER_DIR if lora else MODEL_DIR
@@ -88,6 +91,7 @@ def export_final(
         if gguf:
             export_run_gguf(run_dir, str(gguf), key=RUN_DIR_KEY)
     barrier()
+    restore_module_globals()  # the proof loads each export as a user would: transformers' own layers, maybe on CPU
     if env.is_main and not sharded:
         prove_exports(run_dir, key=RUN_DIR_KEY, device=env.device)
     elif env.is_main:

@@ -59,6 +59,16 @@ def test_fp16_trains_with_a_loss_scaler_saved_in_checkpoints(tmp_path: Path):
     assert all(m["grad_norm"] < 100 for m in read_metrics(run_dir) if "loss" in m)  # unscaled before clipping
 
 
+def test_a_bf16_model_trains_under_bf16_autocast_and_its_export_is_proven(tmp_path: Path):
+    """model.dtype=bfloat16 + bf16 autocast (what every GPU run is): training skips peft's fp32 input cast, which
+    is only valid under autocast; the export proof then ran the model outside autocast and died on "expected mat1
+    and mat2 to have the same dtype" after the last step (found by the first H100 run of bench/gpu/vs_trl.py)."""
+    run_dir = tmp_path / "run"
+    _ok(run_cli(["model.dtype=bfloat16", "train.mixed_precision=bf16", "train.max_steps=2", *BRIEF], run_dir))
+    assert json.loads((run_dir / "plan.json").read_text())["autocast_dtype"] == "bfloat16"
+    assert (run_dir / "adapter" / "adapter_model.safetensors").is_file()
+
+
 def test_resuming_at_another_world_size_is_refused_by_preflight(tmp_path: Path):
     """The docs promised resume "at any world size"; the data position says otherwise: preflight refuses it now,
     naming the checkpoint and the changed world size, before any rank starts."""

@@ -53,3 +53,27 @@ def test_skipping_the_adapter_input_cast_changes_no_number():
     torch.testing.assert_close(loss, cast_loss, rtol=0, atol=0)
     for name, grad in cast_grads.items():
         torch.testing.assert_close(grads[name], grad, rtol=0, atol=0, msg=name)
+
+
+def test_names_a_kernel_patch_rebinds_in_the_transformers_module_are_put_back():
+    """Liger's instance patch rebinds modeling_llama's RMSNorm class and RoPE function (the trained model needs
+    them); restore_module_globals puts them back so a model built afterwards (the export proof's) is transformers'
+    own, on any device. The patch here rebinds the same two names the way Liger does."""
+    from transformers.models.llama import modeling_llama
+
+    norm, rope = modeling_llama.LlamaRMSNorm, modeling_llama.apply_rotary_pos_emb
+
+    class PatchedNorm(norm):  # type: ignore[misc,valid-type]
+        pass
+
+    with kernels_module.recording_module_globals(modeling_llama):
+        modeling_llama.LlamaRMSNorm = PatchedNorm
+        modeling_llama.apply_rotary_pos_emb = lambda *args, **kwargs: rope(*args, **kwargs)
+    built_patched = build_model(tiny_cfg("llama3"), attn_implementation="sdpa")
+    assert type(built_patched.model.layers[0].input_layernorm) is PatchedNorm  # what Liger's patch leaves behind
+    kernels_module.restore_module_globals()
+    assert modeling_llama.LlamaRMSNorm is norm and modeling_llama.apply_rotary_pos_emb is rope
+    built_after = build_model(tiny_cfg("llama3"), attn_implementation="sdpa")
+    assert type(built_after.model.layers[0].input_layernorm) is norm
+    kernels_module.restore_module_globals()  # nothing left to restore: a no-op
+    assert modeling_llama.LlamaRMSNorm is norm

@@ -103,3 +103,21 @@ def test_a_wrong_cut_is_caught_by_the_comparison():
     with use_kernel(one_span):
         logits, _ = loss_and_grads(varlen, batch)
     assert (logits - ref_logits).abs().max() > 1e-2
+
+
+def test_the_export_proof_knows_torch_varlen_computes_fp32_in_half_precision_on_cuda():
+    """A fp32 model trained with torch_varlen on CUDA computes its attention in bf16 (the kernel has no fp32), so
+    its reference logits carry bf16 error: the proof's tolerance must be bf16's, not fp32's (the first H100 GRPO run
+    failed its adapter proof at 1.15e-4 against fp32's 1e-4). Elsewhere the weights' dtype stands."""
+    from seqtune.export.proof import _computed_in
+    from seqtune.models import build_model
+    from seqtune.models.varlen import computes_in
+    from tests.unit.models.conftest import tiny_cfg
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert computes_in(torch.float32, cuda) == torch.bfloat16
+    assert computes_in(torch.float32, cpu) == torch.float32 and computes_in(torch.bfloat16, cuda) == torch.bfloat16
+    model = build_model(tiny_cfg("llama3"), attn_implementation="sdpa")
+    assert _computed_in(model, cuda) == torch.float32  # sdpa computes fp32 in fp32
+    model.config._attn_implementation = TORCH_VARLEN
+    assert _computed_in(model, cuda) == torch.bfloat16 and _computed_in(model, cpu) == torch.float32
