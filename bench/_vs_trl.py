@@ -70,6 +70,13 @@ def write_checkpoint(
     for file in tokenizer_dir.iterdir():
         if file.is_file():
             shutil.copy(file, directory / file.name)
+    # Give the device memory back: a model built on CUDA here would otherwise stay in this (parent) process's cache
+    # while the timed children train (the 8B shape's 34 GB made the first H100 run's seqtune child run out of memory).
+    del built
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return directory
 
 

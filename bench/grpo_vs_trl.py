@@ -1,5 +1,9 @@
 """GRPO vs TRL's GRPOTrainer on CPU, side by side in one run:
-python bench/grpo_vs_trl.py [--steps 12] [--threads 2] [--completion-tokens N]
+python bench/grpo_vs_trl.py [--steps 12] [--threads 2] [--completion-tokens N] [--shape tiny|tinyllama_1b]
+
+On a CUDA machine both sides train on the GPU (seqtune's train.device=auto, TRL through accelerate): bench/gpu/run.sh's
+part `grpo` runs it there with --shape tinyllama_1b (TinyLlama-1.1B's layers over the bundled tokenizer's vocabulary,
+random weights), where the step is the model's work rather than Python's.
 
 Three timed runs, one after another, from the SAME weights (the tiny TinyLlama, seqtune/configs/model/
 tinyllama_tiny.yaml, built once by seqtune and saved as a Hugging Face checkpoint with the bundled tokenizer):
@@ -28,6 +32,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -39,6 +44,17 @@ from _vs_trl import CHECKPOINT_LORA, child_env, trainer_spec, trl_result, write_
 
 WARMUP = 2
 BATCH = 8  # prompts per step (train.batch_size): x grpo.num_generations completions
+# Model shapes over tinyllama_tiny.yaml (the bundled tokenizer's vocabulary kept): fields write_checkpoint lays over it.
+SHAPES = {
+    "tiny": {},
+    "tinyllama_1b": {
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_layers": 22,
+        "num_heads": 32,
+        "num_kv_heads": 4,
+    },
+}
 
 
 def seqtune_command(
@@ -122,11 +138,29 @@ def trl_spec(run_dir: Path, *, checkpoint: Path, steps: int, threads: int) -> di
         key: getattr(cfg.grpo, key)
         for key in ("num_generations", "max_completion_tokens", "temperature", "top_p", "beta", "epsilon")
     }
-    return trainer_spec(run_dir, checkpoint=checkpoint, steps=steps, threads=threads) | {
-        "data": cfg.data.train,
-        "grpo": grpo | {"loss": str(cfg.grpo.loss)},
-        "reward": [str(origin), function],
-    }
+    from seqtune.config.plan import load_plan
+
+    plan = load_plan(run_dir)
+    # On CUDA TRL trains there too, under the same bf16 autocast over fp32 weights; transformers has no
+    # torch_varlen (seqtune's own attention), so TRL gets sdpa, its best without flash-attn.
+    device = (
+        {
+            "device": "cuda",
+            "bf16": plan.autocast_dtype == "bfloat16",
+            "attn_implementation": "sdpa" if plan.attn_implementation == "torch_varlen" else plan.attn_implementation,
+        }
+        if plan.device_type == "cuda"
+        else {}
+    )
+    return (
+        trainer_spec(run_dir, checkpoint=checkpoint, steps=steps, threads=threads)
+        | device
+        | {
+            "data": cfg.data.train,
+            "grpo": grpo | {"loss": str(cfg.grpo.loss)},
+            "reward": [str(origin), function],
+        }
+    )
 
 
 def run_trl(*, spec: Path, threads: int, steps: int) -> dict:
@@ -149,12 +183,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each timed child")
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--cache-only", action="store_true", help="skip the full-recompute sampler's run")
+    parser.add_argument("--out", type=Path, default=None, help="also write the result JSON into this folder")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="model shape (SHAPES)")
     parser.add_argument(
         "--completion-tokens", type=int, default=None, help="grpo.max_completion_tokens (default: the recipe's)"
     )
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="seqtune-grpo-vs-trl-"))
-    checkpoint = write_checkpoint(work / "tinyllama-tiny-checkpoint")
+    checkpoint = write_checkpoint(work / f"tinyllama-{args.shape}-checkpoint", fields=SHAPES[args.shape])
     load_before = os.getloadavg()
     common = {"checkpoint": checkpoint, "work": work, "steps": args.steps, "threads": args.threads}
     runs = [run_seqtune(**common, kv_cache=True, completion_tokens=args.completion_tokens)]
@@ -163,13 +200,20 @@ def main() -> None:
         json.dumps(trl_spec(Path(runs[0]["run_dir"]), **{k: common[k] for k in ("checkpoint", "steps", "threads")}))
     )
     runs.append(run_trl(spec=spec, threads=args.threads, steps=args.steps))
-    runs.append(run_seqtune(**common, kv_cache=False, completion_tokens=args.completion_tokens))
+    if not args.cache_only:
+        runs.append(run_seqtune(**common, kv_cache=False, completion_tokens=args.completion_tokens))
     load_after = os.getloadavg()
     sys.path.insert(0, str(REPO / "bench"))
     from grpo_parity import parity_rows
 
     parity, worst = parity_rows()
     report(runs, parity, worst, args, load=(load_before, load_after), spec=json.loads(spec.read_text()))
+
+
+def _device() -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
 
 
 def report(runs: list[dict], parity: list[dict], worst: float, args, *, load, spec: dict) -> None:
@@ -194,7 +238,7 @@ def report(runs: list[dict], parity: list[dict], worst: float, args, *, load, sp
     ]
     grpo = spec["grpo"]
     print(
-        f"\ntinyllama_tiny checkpoint + LoRA r{spec['lora']['rank']} (lm_head in full), the bundled GRPO prompts in "
+        f"\ntinyllama_tiny checkpoint ({args.shape} shape, {_device()}) + LoRA r{spec['lora']['rank']} (lm_head in full), the bundled GRPO prompts in "
         f"file order, {BATCH} prompts x {grpo['num_generations']} completions of <= {grpo['max_completion_tokens']} "
         f"tokens per step, reward {spec['reward'][1]}, {args.steps} steps (measured: steps {WARMUP + 1}-"
         f"{args.steps}), {args.threads} torch thread(s) per run, load average {load[0][0]:.1f} before, "
@@ -231,9 +275,12 @@ def report(runs: list[dict], parity: list[dict], worst: float, args, *, load, sp
     )
     print(f"\nmax |seqtune - TRL| = {worst:.2e} ({'ok' if worst <= 1e-5 else 'FAIL'}: bound 1e-5)")
     path = write_results(
-        "grpo_vs_trl" + (f"_c{args.completion_tokens}" if args.completion_tokens else ""),
+        "grpo_vs_trl"
+        + (f"_c{args.completion_tokens}" if args.completion_tokens else "")
+        + ("" if args.shape == "tiny" else f"_{args.shape}"),
         {
-            "args": vars(args) | {"workdir": str(args.workdir)},
+            "device": _device(),
+            "args": vars(args) | {"workdir": str(args.workdir), "out": str(args.out)},
             "warmup_steps": WARMUP,
             "load_average": load,
             "runs": runs,
@@ -243,6 +290,9 @@ def report(runs: list[dict], parity: list[dict], worst: float, args, *, load, sp
         },
     )
     print(f"\nwrote {path}")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, args.out / path.name)
     if worst > 1e-5:
         raise SystemExit(1)
 

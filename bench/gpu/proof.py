@@ -118,6 +118,10 @@ class Proof:
         except (Exception, SystemExit) as err:  # noqa: BLE001 - one failing section must not lose the others' numbers
             entry = {"ok": False, "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-4000:]}
             print(entry["traceback"], flush=True)
+            # What the section wrote as it went (vs_trl.py's finished repeats) stays beside the error: the first H100
+            # run lost five finished repeats to the sixth's timeout.
+            partial = self.results["sections"].get(name, {})
+            entry |= {key: value for key, value in partial.items() if key not in ("ok", "error")}
         entry["seconds"] = round(time.perf_counter() - start, 1)
         self.results["sections"][name] = entry
         self.write()

@@ -14,6 +14,8 @@
 #   vs_trl_dpo     bench/gpu/vs_trl.py --only dpo,grpo: DPO vs DPOTrainer; the GRPO placeholder
 #   resume_check   bench/gpu/resume_check.py: exact resume on the device
 #   lora_step      bench/gpu/lora_step.py: where a LoRA step's time goes (the kernel profile)
+#   grpo           bench/grpo_vs_trl.py --shape tinyllama_1b: recipe=lora_grpo vs TRL's GRPOTrainer on the device
+#                  (both sampling with their own generate loop; vLLM is not on the machine), loss parity
 #   after_training bench/gpu/after_training.py: DoRA memory, generation and early stopping on the device
 # OUT_DIR gets each part's JSON (device, versions, command, every repeat) and run.json (each part's exit code and
 # seconds); copy the JSON files into bench/results/ and the tables into bench/README.md.
@@ -21,16 +23,17 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 declare -A argv=(
   [proof]="bench/gpu/proof.py"
-  [vs_trl_sft]="bench/gpu/vs_trl.py --only sft --result gpu_vs_trl_sft.json"
+  [vs_trl_sft]="bench/gpu/vs_trl.py --only sft --result gpu_vs_trl_sft.json --repeats 2"
   [vs_trl_dpo]="bench/gpu/vs_trl.py --only dpo,grpo --result gpu_vs_trl_dpo.json"
   [resume_check]="bench/gpu/resume_check.py"
   [lora_step]="bench/gpu/lora_step.py"
+  [grpo]="bench/grpo_vs_trl.py --shape tinyllama_1b --steps 8 --cache-only"
   [after_training]="bench/gpu/after_training.py"
 )
 if [ "${1:-}" = "--dry-run" ]; then
   out=$2
   shift 2
-  parts=("${@:-proof vs_trl_sft vs_trl_dpo resume_check lora_step after_training}")
+  parts=("${@:-proof vs_trl_sft vs_trl_dpo resume_check lora_step after_training}")  # grpo: bench/grpo_vs_trl.py
   python=${PYTHON:-.venv/bin/python} limit=3000
   # No time budget on the CPU (the sections' budgets are for a device call); lora_step: one timed step.
   for part in proof vs_trl_sft vs_trl_dpo resume_check after_training; do argv[$part]+=" --device cpu --budget-s 3000"; done
@@ -38,17 +41,23 @@ if [ "${1:-}" = "--dry-run" ]; then
 else
   bundle=$1 out=$2
   shift 2
-  parts=("${@:-proof vs_trl_sft vs_trl_dpo resume_check lora_step}")
+  parts=("${@:-proof vs_trl_sft vs_trl_dpo resume_check lora_step grpo}")
   root=${SEQTUNE_GPU_ROOT:-/tmp/seqtune-gpu}
-  mkdir -p "$root"
-  tar -C "$root" -xJf "$bundle" || exit 1
+  mkdir -p "$root/site"
+  if [ -d "$bundle" ]; then
+    # bench/gpu/carry.sh's folder (wheels/ + tokenizers.tar.gz): small enough to travel with the working tree.
+    for wheel in "$bundle"/wheels/*.whl; do python3 -m zipfile -e "$wheel" "$root/site" || exit 1; done
+    tar -C "$root" -xzf "$bundle/tokenizers.tar.gz" || exit 1
+  else
+    tar -C "$root" -xJf "$bundle" || exit 1
+  fi
   cache="${SEQTUNE_CACHE:-$HOME/.cache/seqtune}/tokenizers"
   mkdir -p "$cache"
   cp -r "$root/tokenizers/." "$cache/"
   export PYTHONPATH="$root/site${PYTHONPATH:+:$PYTHONPATH}"
   # seqtune itself: editable, no dependencies, no index (configs and recipes are modules of the package).
   python3 -m pip install --quiet --no-deps --no-build-isolation --no-index -e . >/dev/null || exit 1
-  python=python3 limit=570
+  python=python3 limit=${PART_LIMIT:-570}
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 fi
 export PYTHONUNBUFFERED=1
