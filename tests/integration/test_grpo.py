@@ -85,10 +85,12 @@ def test_a_grpo_run_logs_rewards_and_writes_completions(reference):
     assert page.count('<section id="completions">') == 1 and 'id="step-2"' in page and 'id="step-4"' in page
     assert "<th>kind_share</th>" in page and 'data-split="train"' in page
     assert all(html.escape(line["completion"]) in page for line in lines)
-    # the export after a GRPO run carries its proof (the adapter reloads to the trained logits and stops at eos)
+    # the export after a GRPO run carries its proof (the adapter reloads to the trained logits and stops at eos,
+    # and at the template's turn closer that data.format=prompt resolves for message prompts: plan.tokens)
     report = json.loads((reference / "export.json").read_text())
     assert report["ok"] and [(a["artifact"], a["ok"]) for a in report["artifacts"]] == [("adapter", True)]
-    assert report["artifacts"][0]["checks"]["stops"] == {"</s>": True}
+    assert plan["tokens"]["turn_closer"] is not None
+    assert report["artifacts"][0]["checks"]["stops"] == {"</s>": True, "<|end|>": True}
     # What the memory estimate sizes the generation KV cache and the update with (the spec's declaration, resolved)
     assert plan["completions_per_sample"] == 2 and plan["completion_tokens"] == 4
 
@@ -235,8 +237,9 @@ def leaning_to_end_of_turn(root: Path) -> tuple[Path, int]:
 
 def test_message_prompts_stop_at_the_templates_turn_closer(tmp_path):
     """data.format=prompt with message-list prompts on a family whose terminators lack the template's turn closer:
-    preflight resolves the closer (plan.tokens.turn_closer), the run trains, and its completions stop there; the
-    same prompts as strings are no assistant turns and never stop at it."""
+    preflight resolves the closer (plan.tokens.turn_closer), the run trains, its completions stop there and so does
+    its export (generation_config.json's eos_token_id, proven); the same prompts as strings are no assistant turns
+    and never stop at it while training (the closer is the format's fact, so their export stops there too)."""
     checkpoint, end = leaning_to_end_of_turn(tmp_path)
     stops = {}
     for shape in ("messages", "strings"):
@@ -255,5 +258,9 @@ def test_message_prompts_stop_at_the_templates_turn_closer(tmp_path):
         lines = [json.loads(line) for line in (run_dir / "completions.jsonl").read_text().splitlines()]
         stops[shape] = [line["stop"] for line in lines]
         assert len(read_metrics(run_dir)) >= 3
+        # the export stops where training's completions did: at eos and at the turn closer the plan resolved
+        generation = json.loads((run_dir / "adapter" / "generation_config.json").read_text())
+        assert generation["eos_token_id"] == [plan["tokens"]["eos_id"], end], generation
+        assert json.loads((run_dir / "export.json").read_text())["ok"]
     assert stops["messages"].count("<|end|>") >= 2 and set(stops["messages"]) <= {"<|end|>", "</s>", None}
     assert "<|end|>" not in stops["strings"] and None in stops["strings"]
