@@ -95,13 +95,36 @@ def test_a_grpo_run_logs_rewards_and_writes_completions(reference):
     assert plan["completions_per_sample"] == 2 and plan["completion_tokens"] == 4
 
 
+def as_written_before_turn_closer(checkpoint: Path, cache: Path) -> None:
+    """Rewrite `checkpoint`'s manifest and the tokenizer record under the token cache root `cache` as seqtune wrote
+    them before plan.tokens.turn_closer existed (tokenizer record v2): no turn_closer in either, checksums valid."""
+    import hashlib
+
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    del manifest["plan"]["tokens"]["turn_closer"]
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+    (record,) = (cache / "tokenizer-facts").glob("*.json")
+    body = json.loads(record.read_text())["body"]
+    del body["tokens"]["turn_closer"]
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    record.write_text(json.dumps({"sha256": digest, "body": body}))
+
+
 def test_a_crashed_grpo_run_resumes_bitwise_like_the_uninterrupted_one(reference, tmp_path):
-    run_dir = tmp_path / "run"
-    crashed = run_cli(COMMON, run_dir, env={"SEQTUNE_FAULT": "train:4"})
+    """...from a checkpoint and a tokenizer record written before turn_closer (record v2): the record is rebuilt,
+    the closer derived again from the same tokenizer (v2 refused message prompts whose closer was no stop id, so
+    sampling stops where it did), and the run continues exactly."""
+    run_dir, own_cache = tmp_path / "run", {"SEQTUNE_CACHE": str(tmp_path / "cache")}
+    crashed = run_cli(COMMON, run_dir, env={"SEQTUNE_FAULT": "train:4", **own_cache})
     assert crashed.returncode == 1, crashed.stderr[-2000:]
-    resumed = run_cli(COMMON, run_dir)
+    as_written_before_turn_closer(run_dir / "checkpoints" / "step_00000002", tmp_path / "cache" / "tokens")
+    resumed = run_cli(COMMON, run_dir, env=own_cache)
     ok(resumed)
     assert "step_00000002 (step 2)" in resumed.stdout
+    closer = json.loads((run_dir / "plan.json").read_text())["tokens"]["turn_closer"]
+    assert closer is not None and closer == json.loads((reference / "plan.json").read_text())["tokens"]["turn_closer"]
+    (record,) = (tmp_path / "cache" / "tokens" / "tokenizer-facts").glob("*.json")
+    assert json.loads(record.read_text())["body"]["tokens"]["turn_closer"] == closer  # rebuilt as v3
     adapter = Path("adapter") / "adapter_model.safetensors"
     ours, theirs = load_file(str(run_dir / adapter)), load_file(str(reference / adapter))
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
