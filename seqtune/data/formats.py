@@ -899,11 +899,18 @@ class LineParser:
         for key, record in (("chosen", conv_chosen), ("rejected", conv_rejected)):
             if not any(m["role"] == "assistant" for m in record.messages[start:]):
                 return self._reject(line, f"no_targets: {self._name(key)} has no assistant reply after the prompt")
+        # Each side keeps its images (the shared prompt's, in an image-text run): dropping them would leave the
+        # image's marker in the text and train without the image.
         return PreferencePair(
             file=self.file,
             line=line,
             chosen=Conversation(
-                file=self.file, line=line, messages=conv_chosen.messages, tools=conv_chosen.tools, first_target=start
+                file=self.file,
+                line=line,
+                messages=conv_chosen.messages,
+                tools=conv_chosen.tools,
+                first_target=start,
+                images=conv_chosen.images,
             ),
             rejected=Conversation(
                 file=self.file,
@@ -911,6 +918,7 @@ class LineParser:
                 messages=conv_rejected.messages,
                 tools=conv_rejected.tools,
                 first_target=start,
+                images=conv_rejected.images,
             ),
         )
 
