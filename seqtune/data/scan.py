@@ -35,6 +35,7 @@ from seqtune.data.cache import (
 from seqtune.data.dedup import DuplicateFilter
 from seqtune.data.formats import LineParser, Record, template_signature
 from seqtune.data.identity import check_unchanged, file_states, identity_meta
+from seqtune.data.kinds import kind_of_format
 from seqtune.data.split import SplitInput, to_meta
 from seqtune.data.tokenize import EncodedBatch, SampleEncoder
 from seqtune.data.types import Reject
@@ -125,6 +126,11 @@ def format_signature(
         parts.append("conversation_prompts_trained")
     if vision is not None:  # the processor's settings that decide the tokens: the placeholder and its expansion
         parts.append(f"vision={vision.placeholder!r}->{vision.expansion!r}|{vision.image_tokens}")
+        kind = kind_of_format(fmt)
+        if kind.images and kind.sequences > 1:
+            # Every member keeps its record's images (a pair's chosen and rejected): a cache written before, which
+            # dropped them and tokenized the bare marker, is not this rule's.
+            parts.append("members_keep_images")
     return "|".join(parts if train_on_reasoning else [*parts, "train_on_reasoning=False"])
 
 

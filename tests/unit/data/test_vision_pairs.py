@@ -78,3 +78,13 @@ def test_chosen_and_rejected_carry_the_prompts_images_into_pixel_values(encoder,
 
 def test_the_kinds_that_carry_images_are_declared():
     assert {name for name, kind in kinds().items() if kind.images} == {"sft", "preference"}
+
+
+def test_a_pair_cache_written_while_images_were_dropped_is_not_reused(vision):
+    from seqtune.data.scan import format_signature
+
+    def signature(fmt: str, facts) -> str:
+        return format_signature(fingerprint="fp", fmt=fmt, train_on_prompt=False, bos_id=2, eos_id=1, vision=facts)
+
+    assert "members_keep_images" in signature("preference", vision)
+    assert "members_keep_images" not in signature("chat", vision) + signature("preference", None)
