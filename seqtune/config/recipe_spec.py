@@ -112,6 +112,9 @@ class RecipeSpec:
     # What its objective samples before it learns (an online recipe), given its settings; None: it trains on the
     # data's own sequences.
     generation: Callable[[Any], Generation | None] = lambda settings: None
+    # Why its objective's forward cannot give an image-text model its images (pixel_values), said in a refusal;
+    # "": the images reach the model (the objective passes the batch's model inputs, seqtune.train.objectives).
+    images_refused: str = ""
 
     @property
     def group(self) -> str | None:

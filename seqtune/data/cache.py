@@ -33,7 +33,7 @@ import numpy as np
 
 from seqtune.config.errors import DataError
 from seqtune.data import columnar
-from seqtune.data.images import image_digest, stored_image
+from seqtune.data.images import ImageRefused, image_digest, resolve_image, stored_image
 from seqtune.data.sources import open_raw
 from seqtune.data.tokenize import EncodedBatch
 from seqtune.data.types import IGNORE_INDEX, Reject, TokenizedSample
@@ -51,6 +51,8 @@ META = "meta.json"
 REJECTS = "rejects.jsonl"
 # An image-text run's image references per sample (one JSON line each: {"images": [...], "digests": [...]}).
 IMAGES = "images.jsonl"
+# meta.json's [reference, media root] of each media reference the scan refused (its record a reject).
+REFUSED_MEDIA = "refused_media"
 # The config key that decides where caches live (named in every disk error).
 CACHE_KEY = "data.cache_dir"
 _ARRAYS = {
@@ -216,7 +218,14 @@ def _image_line(refs: tuple[str, ...]) -> str:
 
 def images_changed(directory: Path) -> str | None:
     """The first image of a published cache whose file is gone or holds other bytes than when it was tokenized
-    (its stored digest), or None. A cache without images: None."""
+    (its stored digest), or a refused image reference that now resolves (its record was kept as a reject: an image
+    put in place since must be read), or None. A cache without images: None."""
+    for ref, root in json.loads((Path(directory) / META).read_text(encoding="utf-8")).get(REFUSED_MEDIA, []):
+        try:
+            resolve_image(ref, Path(root), "the token cache")
+        except ImageRefused:
+            continue
+        return ref
     path = Path(directory) / IMAGES
     if not path.exists():
         return None

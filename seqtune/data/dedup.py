@@ -61,8 +61,8 @@ class DuplicateFilter:
                 digest.update(np.int64(hi - lo).tobytes())
                 digest.update(np.ascontiguousarray(batch.ids[lo:hi], np.int64).tobytes())
                 digest.update(np.ascontiguousarray(batch.target[lo:hi], np.bool_).tobytes())
-            if batch.images:  # an image-text sample is its tokens and its images: other images, another sample
-                digest.update(repr(batch.images[r * k]).encode())
+                if batch.images:  # an image-text sample is its tokens and its images: other images, another sample
+                    digest.update(repr(batch.images[i]).encode())
             key = digest.digest()
             location = f"{batch.files[r * k]}:{int(batch.lines[r * k])}"
             first = self.seen.get(key)

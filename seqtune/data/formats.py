@@ -287,6 +287,9 @@ class LineParser:
         # Every media reference must resolve under it (resolve_image follows the root's own symlinks).
         self._media_root = Path(self.media_root) if self.media_root else Path(self.file).parent
         self._media_seen: dict[str, str | None] = {}  # reference → its reject reason, None when it is usable
+        # Media references refused while parsing (missing, outside the root, ...): a token cache keeps their
+        # records' rejects, so it must be rebuilt once one of them resolves (seqtune.data.cache.images_changed).
+        self.refused_media: set[str] = set()
         self._data_keys: list[str] = []
 
     def parse(self, line: int, raw: bytes | dict[str, Any]) -> Record | Reject:
@@ -442,6 +445,7 @@ class LineParser:
         try:
             resolve_image(ref, self._media_root, self.file)  # the reason has no line: the Reject adds it
         except ImageRefused as refused:
+            self.refused_media.add(ref)
             return refused.reason
         return None
 
@@ -562,11 +566,17 @@ class LineParser:
             texts.append(self.image_placeholder)
         return CONTENT_PART_SEPARATOR.join(texts), None
 
+    @property
+    def media_root_used(self) -> Path:
+        """The directory this file's media references resolve under (data.media_root, else the file's own)."""
+        return self._media_root
+
     def _image(self, line: int, ref: str) -> str:
         """The stored form of an image reference (its resolved path, or the data: URI), or _REFUSED + the reason."""
         try:
             image = resolve_image(ref, self._media_root, f"{self.file}:{line}")
         except ImageRefused as refused:
+            self.refused_media.add(ref)
             return _REFUSED + refused.reason
         return str(image.path) if image.path is not None else image.source
 
@@ -899,11 +909,18 @@ class LineParser:
         for key, record in (("chosen", conv_chosen), ("rejected", conv_rejected)):
             if not any(m["role"] == "assistant" for m in record.messages[start:]):
                 return self._reject(line, f"no_targets: {self._name(key)} has no assistant reply after the prompt")
+        # Each side keeps its images (the shared prompt's, in an image-text run): dropping them would leave the
+        # image's marker in the text and train without the image.
         return PreferencePair(
             file=self.file,
             line=line,
             chosen=Conversation(
-                file=self.file, line=line, messages=conv_chosen.messages, tools=conv_chosen.tools, first_target=start
+                file=self.file,
+                line=line,
+                messages=conv_chosen.messages,
+                tools=conv_chosen.tools,
+                first_target=start,
+                images=conv_chosen.images,
             ),
             rejected=Conversation(
                 file=self.file,
@@ -911,6 +928,7 @@ class LineParser:
                 messages=conv_rejected.messages,
                 tools=conv_rejected.tools,
                 first_target=start,
+                images=conv_rejected.images,
             ),
         )
 

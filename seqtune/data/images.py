@@ -29,8 +29,9 @@ if TYPE_CHECKING:
     from PIL import Image
 
 # What resolve_image accepts, for the keys of caches whose records it decided (a change to the rule is a new cache):
-# paths under the root (relative, or absolute under it), file: URLs of them, base64 image data: URIs; no URLs.
-MEDIA_REFERENCE_RULE = "media_under_root|absolute_under_root|file_url|data_uri_base64|no_remote"
+# paths under the root (relative, or absolute under it), file: URLs of them, base64 image data: URIs; no URLs; a
+# refused reference is looked at again when its cache is reused (seqtune.data.cache.images_changed).
+MEDIA_REFERENCE_RULE = "media_under_root|absolute_under_root|file_url|data_uri_base64|no_remote|refused_rechecked"
 # Symlinks followed while resolving one media reference (Linux's own limit), more is a loop.
 MAX_SYMLINKS = 40
 # A URL scheme with an authority (http://, https://, s3://, ftp://): a file elsewhere, never fetched.

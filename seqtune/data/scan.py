@@ -24,6 +24,7 @@ from seqtune.config.plan import VisionFacts
 from seqtune.config.schema import CHAT_FORMATS, DataFormat
 from seqtune.data.cache import (
     META,
+    REFUSED_MEDIA,
     REJECTS,
     TokenCache,
     TokenCacheWriter,
@@ -35,6 +36,8 @@ from seqtune.data.cache import (
 from seqtune.data.dedup import DuplicateFilter
 from seqtune.data.formats import LineParser, Record, template_signature
 from seqtune.data.identity import check_unchanged, file_states, identity_meta
+from seqtune.data.images import MEDIA_REFERENCE_RULE
+from seqtune.data.kinds import kind_of_format
 from seqtune.data.split import SplitInput, to_meta
 from seqtune.data.tokenize import EncodedBatch, SampleEncoder
 from seqtune.data.types import Reject
@@ -124,7 +127,14 @@ def format_signature(
     if train_on_prompt and fmt in CHAT_FORMATS:
         parts.append("conversation_prompts_trained")
     if vision is not None:  # the processor's settings that decide the tokens: the placeholder and its expansion
-        parts.append(f"vision={vision.placeholder!r}->{vision.expansion!r}|{vision.image_tokens}")
+        parts.append(
+            f"vision={vision.placeholder!r}->{vision.expansion!r}|{vision.image_tokens}|{MEDIA_REFERENCE_RULE}"
+        )
+        kind = kind_of_format(fmt)
+        if kind.images and kind.sequences > 1:
+            # Every member keeps its record's images (a pair's chosen and rejected): a cache written before, which
+            # dropped them and tokenized the bare marker, is not this rule's.
+            parts.append("members_keep_images")
     return "|".join(parts if train_on_reasoning else [*parts, "train_on_reasoning=False"])
 
 
@@ -160,6 +170,13 @@ class _Stats:
     total_tokens: int = 0
     padded: int = 0
     padded_locations: list[str] = field(default_factory=list)
+    # [reference, media root] of every media reference refused while parsing (seqtune.data.cache.REFUSED_MEDIA)
+    refused_media: list[list[str]] = field(default_factory=list)
+
+    def add_refused(self, parser: LineParser | None) -> None:
+        if parser is not None:
+            root = str(parser.media_root_used)
+            self.refused_media += [[ref, root] for ref in sorted(parser.refused_media)]
 
     def add_rejects(self, rejects: list[Reject]) -> None:
         self.reject_counts.update(r.code for r in rejects)
@@ -242,7 +259,13 @@ def scan_split(
         k = max(encoders[fmt].sequences_per_sample for fmt in split.formats)
         check_unchanged(split.files, before, key=f"data.{split.name}")
         directory = writer.commit(
-            {**_stats_meta(stats, split), **to_meta(split), **identity_meta(split.files), "sequences_per_sample": k}
+            {
+                **_stats_meta(stats, split),
+                **to_meta(split),
+                **identity_meta(split.files),
+                "sequences_per_sample": k,
+                REFUSED_MEDIA: stats.refused_media,
+            }
         )
     except BaseException:
         writer.abort()
@@ -321,6 +344,7 @@ def _stream(
                 pipeline.submit(encoders[split.sources[source].format] if source >= 0 else None, chunk, rejects)
                 chunk, rejects, source = [], [], record.source
             if parser is None or parser.file != str(record.path):
+                stats.add_refused(parser)
                 spec = split.sources[record.source]
                 parser = encoders[spec.format].line_parser(
                     str(record.path), media_root=media_root, columns=spec.columns
@@ -339,6 +363,7 @@ def _stream(
                 break
         if source >= 0:
             pipeline.submit(encoders[split.sources[source].format], chunk, rejects)
+    stats.add_refused(parser)
     if bar is not None:
         bar.close()
     return stats

@@ -193,7 +193,8 @@ class SampleEncoder:
             roles=self.chat_roles,
             columns=dict(columns or {}),
             reasoning=self.reasoning,
-            image_placeholder=self.vision.placeholder if self.vision is not None else None,
+            # A kind whose records carry no images (SampleKind.images) refuses image parts rather than drop them.
+            image_placeholder=self.vision.placeholder if self.vision is not None and self.kind.images else None,
         )
 
     def _token_lists(self, texts: list[str]) -> list[list[int]]:
@@ -414,6 +415,10 @@ class SampleEncoder:
                 lengths.append(len(seq_ids))
             kept += [i] * k
         index = np.asarray(kept, np.int64)
+        # Each sequence keeps its own member's images (a pair's chosen and rejected each carry the prompt's): the
+        # collator gives the model every row's images, as TRL repeats pixel_values for chosen and rejected.
+        names = list(members)
+        images = [tuple(getattr(members[names[j % k]][i], "images", ())) for j, i in enumerate(kept)]
         return EncodedBatch(
             ids=np.concatenate(ids) if ids else np.empty(0, np.int64),
             target=np.concatenate(target) if target else np.empty(0, bool),
@@ -423,6 +428,7 @@ class SampleEncoder:
             padding_stripped=np.zeros(len(kept), np.int64),
             source_index=index,
             rejects=rejects,
+            images=images if any(images) else [],
             sequences_per_sample=k,
             fields={name: np.asarray(values, np.int64)[index] for name, values in (fields or {}).items()},
             identity=tuple(list(members).index(name) for name in identity),

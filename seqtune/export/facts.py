@@ -4,7 +4,8 @@ the base the adapter goes on, and a model card that says what was trained on wha
 Read once from the run directory (config.yaml, plan.json, preflight.json, metrics.jsonl, .hydra/overrides.yaml),
 so export, best/ and `python -m seqtune.export RUN_DIR` write the same facts:
 - `ShipFacts.stop`: bos, pad and every trained terminator (the tokenizer's eos first, then each end-of-turn token
-  the train split's targets end on, as preflight counted them), written into config.json and generation_config.json;
+  the train split's targets end on, as preflight counted them, and plan.tokens.turn_closer where message prompts
+  generate assistant turns), written into config.json and generation_config.json;
 - `base`: where the adapter's base is (model.path; for a tiny random model RUN_DIR/base/, the seeded base written
   there), named by adapter_config.json's base_model_name_or_path and the card's loading lines;
 - `shipped_config(model)`: every saved config generates with a KV cache (use_cache true; training keeps false);
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -51,19 +52,27 @@ class StopIds:
         return self.eos[0] if len(self.eos) == 1 else list(self.eos)
 
 
-def stop_ids(tokenizer: Any, run_dir: Path) -> StopIds:
-    """The tokenizer's bos/pad and its eos plus every terminator the train split's targets end on (preflight.json's
-    trained_terminators of data.train)."""
+def stop_ids(tokenizer: Any, trained: Iterable[str], turn_closer: int | None) -> StopIds:
+    """The tokenizer's bos/pad and its eos plus every terminator the train split's targets end on (`trained`:
+    preflight.json's trained_terminators of data.train) and the chat template's turn closer where message prompts
+    generate assistant turns (`turn_closer`: plan.tokens.turn_closer). A GRPO run's prompts train no terminator,
+    its completions stop at the closer: the export stops where training's generation did."""
     eos = int(tokenizer.eos_token_id)
     names = {eos: tokenizer.eos_token}
-    train = load_result(run_dir).splits.get("train")
-    trained = train.content.trained_terminators if train is not None and train.content is not None else {}
     for text in trained:
         token_id = tokenizer.convert_tokens_to_ids(text)
         if token_id is not None and token_id != tokenizer.unk_token_id:
             names[int(token_id)] = text
+    if turn_closer is not None:
+        names.setdefault(int(turn_closer), tokenizer.convert_ids_to_tokens(int(turn_closer)))
     ordered = (eos, *sorted(set(names) - {eos}))
     return StopIds(bos=tokenizer.bos_token_id, eos=ordered, pad=tokenizer.pad_token_id, names=names)
+
+
+def trained_terminators(run_dir: Path) -> dict[str, int]:
+    """preflight.json's trained_terminators of data.train (token text -> count), empty without its content."""
+    train = load_result(run_dir).splits.get("train")
+    return train.content.trained_terminators if train is not None and train.content is not None else {}
 
 
 def stamp_stop_ids(model: Any, stop: StopIds) -> None:
@@ -129,7 +138,7 @@ class ShipFacts:
 def ship_facts(tokenizer: Any, run_dir: Path) -> ShipFacts:
     run_dir = Path(run_dir)
     plan = load_plan(run_dir)
-    stop = stop_ids(tokenizer, run_dir)
+    stop = stop_ids(tokenizer, trained_terminators(run_dir), plan.tokens.turn_closer)
     if plan.scored == Scored.scalar:  # its pooling skips pad ids: one is always set, what training read around
         stop = replace(stop, pad=plan.tokens.pad_id)
     return ShipFacts(

@@ -99,6 +99,14 @@ def resolve_plan(
             fix=f"a text-only model (another model=...) for {preset_fix(recipe)}, or a recipe that does not sample "
             "completions for the image-text model (e.g. the supervised one).",
         )
+    if vision is not None and recipe.images_refused:
+        raise ConfigError(
+            f"{preset_fix(recipe)}: {recipe.images_refused}, and model.family={spec.family} is an image-text model: "
+            "its images would not reach the model.",
+            key="recipe",
+            fix=f"a text-only model (another model=...) for {preset_fix(recipe)}, or a recipe whose objective reads "
+            f"the images of the same data: {', '.join(map(preset_fix, image_recipes(recipe.sample_kind)))}.",
+        )
     if cfg.lora.enabled and recipe.scored == Scored.scalar:
         saved += ("score",)  # the scalar head is new: it trains in full beside the adapters
     compute = autocast or str(cfg.model.dtype)
@@ -157,6 +165,11 @@ def resolve_plan(
         completion_tokens=generation.new_tokens if generation is not None else 0,
         vision=vision,
     )
+
+
+def image_recipes(sample_kind: str) -> list[RecipeSpec]:
+    """The recipes that train on `sample_kind`'s records and give the model their images (what a refusal offers)."""
+    return [spec for spec in recipes().values() if spec.sample_kind == sample_kind and not spec.images_refused]
 
 
 def with_image_ids(vision: VisionFacts, special_ids: Mapping[str, int]) -> VisionFacts:

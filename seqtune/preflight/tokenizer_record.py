@@ -36,7 +36,11 @@ from seqtune.tokenizers.location import resolve_location
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-# Bump when what a record holds, or how any of its facts is computed, changes: old records then stop matching.
+# Bump when what a record holds, or how any of its facts is computed, changes: old records then stop matching, and
+# the run rebuilds the record from the tokenizer (the version is in record_key; a body lacking a field is unreadable,
+# read_record's None). v3 added tokens.turn_closer: a checkpoint written under v2 (its plan without the field)
+# resumes, the closer derived again from the same tokenizer; v2 refused message prompts whose closer was no stop id,
+# so GRPO's sampling stops where it did (tests/integration/test_grpo.py resumes one bitwise).
 RECORD_VERSION = 3
 RECORD_DIR = "tokenizer-facts"
 # Every file a Hugging Face tokenizer load may read (AutoTokenizer reads config.json for the model type); a

@@ -85,21 +85,46 @@ def test_a_grpo_run_logs_rewards_and_writes_completions(reference):
     assert page.count('<section id="completions">') == 1 and 'id="step-2"' in page and 'id="step-4"' in page
     assert "<th>kind_share</th>" in page and 'data-split="train"' in page
     assert all(html.escape(line["completion"]) in page for line in lines)
-    # the export after a GRPO run carries its proof (the adapter reloads to the trained logits and stops at eos)
+    # the export after a GRPO run carries its proof (the adapter reloads to the trained logits and stops at eos,
+    # and at the template's turn closer that data.format=prompt resolves for message prompts: plan.tokens)
     report = json.loads((reference / "export.json").read_text())
     assert report["ok"] and [(a["artifact"], a["ok"]) for a in report["artifacts"]] == [("adapter", True)]
-    assert report["artifacts"][0]["checks"]["stops"] == {"</s>": True}
+    assert plan["tokens"]["turn_closer"] is not None
+    assert report["artifacts"][0]["checks"]["stops"] == {"</s>": True, "<|end|>": True}
     # What the memory estimate sizes the generation KV cache and the update with (the spec's declaration, resolved)
     assert plan["completions_per_sample"] == 2 and plan["completion_tokens"] == 4
 
 
+def as_written_before_turn_closer(checkpoint: Path, cache: Path) -> None:
+    """Rewrite `checkpoint`'s manifest and the tokenizer record under the token cache root `cache` as seqtune wrote
+    them before plan.tokens.turn_closer existed (tokenizer record v2): no turn_closer in either, checksums valid."""
+    import hashlib
+
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    del manifest["plan"]["tokens"]["turn_closer"]
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+    (record,) = (cache / "tokenizer-facts").glob("*.json")
+    body = json.loads(record.read_text())["body"]
+    del body["tokens"]["turn_closer"]
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    record.write_text(json.dumps({"sha256": digest, "body": body}))
+
+
 def test_a_crashed_grpo_run_resumes_bitwise_like_the_uninterrupted_one(reference, tmp_path):
-    run_dir = tmp_path / "run"
-    crashed = run_cli(COMMON, run_dir, env={"SEQTUNE_FAULT": "train:4"})
+    """...from a checkpoint and a tokenizer record written before turn_closer (record v2): the record is rebuilt,
+    the closer derived again from the same tokenizer (v2 refused message prompts whose closer was no stop id, so
+    sampling stops where it did), and the run continues exactly."""
+    run_dir, own_cache = tmp_path / "run", {"SEQTUNE_CACHE": str(tmp_path / "cache")}
+    crashed = run_cli(COMMON, run_dir, env={"SEQTUNE_FAULT": "train:4", **own_cache})
     assert crashed.returncode == 1, crashed.stderr[-2000:]
-    resumed = run_cli(COMMON, run_dir)
+    as_written_before_turn_closer(run_dir / "checkpoints" / "step_00000002", tmp_path / "cache" / "tokens")
+    resumed = run_cli(COMMON, run_dir, env=own_cache)
     ok(resumed)
     assert "step_00000002 (step 2)" in resumed.stdout
+    closer = json.loads((run_dir / "plan.json").read_text())["tokens"]["turn_closer"]
+    assert closer is not None and closer == json.loads((reference / "plan.json").read_text())["tokens"]["turn_closer"]
+    (record,) = (tmp_path / "cache" / "tokens" / "tokenizer-facts").glob("*.json")
+    assert json.loads(record.read_text())["body"]["tokens"]["turn_closer"] == closer  # rebuilt as v3
     adapter = Path("adapter") / "adapter_model.safetensors"
     ours, theirs = load_file(str(run_dir / adapter)), load_file(str(reference / adapter))
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
@@ -235,8 +260,9 @@ def leaning_to_end_of_turn(root: Path) -> tuple[Path, int]:
 
 def test_message_prompts_stop_at_the_templates_turn_closer(tmp_path):
     """data.format=prompt with message-list prompts on a family whose terminators lack the template's turn closer:
-    preflight resolves the closer (plan.tokens.turn_closer), the run trains, and its completions stop there; the
-    same prompts as strings are no assistant turns and never stop at it."""
+    preflight resolves the closer (plan.tokens.turn_closer), the run trains, its completions stop there and so does
+    its export (generation_config.json's eos_token_id, proven); the same prompts as strings are no assistant turns
+    and never stop at it while training (the closer is the format's fact, so their export stops there too)."""
     checkpoint, end = leaning_to_end_of_turn(tmp_path)
     stops = {}
     for shape in ("messages", "strings"):
@@ -255,5 +281,9 @@ def test_message_prompts_stop_at_the_templates_turn_closer(tmp_path):
         lines = [json.loads(line) for line in (run_dir / "completions.jsonl").read_text().splitlines()]
         stops[shape] = [line["stop"] for line in lines]
         assert len(read_metrics(run_dir)) >= 3
+        # the export stops where training's completions did: at eos and at the turn closer the plan resolved
+        generation = json.loads((run_dir / "adapter" / "generation_config.json").read_text())
+        assert generation["eos_token_id"] == [plan["tokens"]["eos_id"], end], generation
+        assert json.loads((run_dir / "export.json").read_text())["ok"]
     assert stops["messages"].count("<|end|>") >= 2 and set(stops["messages"]) <= {"<|end|>", "</s>", None}
     assert "<|end|>" not in stops["strings"] and None in stops["strings"]

@@ -15,7 +15,8 @@ declared in its own module of this package (sft.py, preference.py, unpaired.py, 
 - `checks(split, cache)`: problems and notes preflight adds for each split of this kind (e.g. a split with only
   one label), or None.
 - `trains_targets`: False for a kind whose targets are anchors only (prompt), which skips the checks of trained
-  targets; `message_prompts`: a one-sequence record may be a message list for the chat template.
+  targets; `message_prompts`: a one-sequence record may be a message list for the chat template; `images`: its
+  records may carry images, which each member keeps (an image-text run gives them to the model as pixel_values).
 - `stream_problem`: why data.mode=stream cannot honour the kind's encoding, or "" when it can.
 
 Torch-free and tokenizer-free: config rules and preflight read kinds before anything is built.
@@ -68,6 +69,10 @@ class SampleKind:
     # Whether a one-sequence record may be a message list rendered with the tokenizer's chat template (a kind of
     # several members renders its members' messages anyway).
     message_prompts: bool = False
+    # Whether its records may carry images (image parts, LLaMA-Factory's images column) that an image-text run
+    # expands into each image's token run and gives the model as pixel_values: every member keeps its record's
+    # images (a pair's chosen and rejected share the prompt's). A kind without it refuses image parts.
+    images: bool = False
 
     @property
     def sequences(self) -> int:

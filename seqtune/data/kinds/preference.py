@@ -26,5 +26,6 @@ KIND = register(
             "LLaMA-Factory's Alpaca {instruction, input, chosen, rejected}, ShareGPT {conversations, chosen, rejected} "
             "and OpenAI {messages, chosen, rejected} pairs as they are)"
         ),
+        images=True,  # message-list pairs: both sides carry the prompt's images (TRL's DPOTrainer with a VLM)
     )
 )

@@ -22,5 +22,6 @@ KIND = register(
         members=("sample",),
         formats=("alpaca", "chat", "sharegpt", "input_output", "text", "tokenized"),
         encode=_encode,
+        images=True,
     )
 )

@@ -51,6 +51,8 @@ SPEC = register(
         unit="pairs",
         metrics=REWARD_METRICS,
         shown=REWARD_METRICS,
+        images_refused="its scalar head scores each sequence from the token ids alone (the family's "
+        "ForSequenceClassification is given no pixel_values)",
     )
 )
 

@@ -1,5 +1,6 @@
-"""An image-text model with an online recipe (GRPO samples from input_ids alone, no pixel_values): refused before
-training, naming the recipe and the model, rather than sampling from image tokens without their images."""
+"""An image-text model with a recipe whose images would not reach the model (GRPO samples from input_ids alone; the
+reward model's scalar head is given no pixel_values): refused before training, naming the recipe and the model, rather
+than training on image tokens without their images."""
 
 from __future__ import annotations
 
@@ -24,3 +25,17 @@ def test_an_online_recipe_on_an_image_text_model_is_refused_naming_both():
 def test_the_supervised_recipe_on_the_same_model_resolves_its_images():
     plan = resolve_plan(compose_real("recipe=lora_sft", *VISION), {})
     assert plan.vision is not None and plan.vision.image_ids
+
+
+def test_a_recipe_whose_objective_reads_no_images_is_refused_naming_the_ones_that_do():
+    """The reward model's scalar head is given no pixel_values (RecipeSpec.images_refused): refused naming it, the
+    model and the recipes of the same sample kind whose objective passes the images (derived from the registry)."""
+    with pytest.raises(ConfigError) as err:
+        resolve_plan(compose_real("recipe=lora_reward", *VISION), {})
+    message = " ".join(str(err.value).split())
+    assert err.value.key == "recipe" and "recipe=lora_reward (or full_reward): its scalar head" in message
+    assert "model.family=gemma3_vision is an image-text model" in message
+    assert "recipe=lora_dpo (or full_dpo)" in message and "recipe=lora_orpo (or full_orpo)" in message
+    assert "lora_reward (or full_reward)." not in message  # not offered as its own fix
+    plan = resolve_plan(compose_real("recipe=lora_dpo", *VISION), {})
+    assert plan.vision is not None and plan.sample_kind == "preference"
