@@ -24,3 +24,13 @@ def test_an_online_recipe_on_an_image_text_model_is_refused_naming_both():
 def test_the_supervised_recipe_on_the_same_model_resolves_its_images():
     plan = resolve_plan(compose_real("recipe=lora_sft", *VISION), {})
     assert plan.vision is not None and plan.vision.image_ids
+
+
+@pytest.mark.parametrize("policy", ["truncate", "truncate_prompt"])
+def test_a_truncating_policy_in_stream_mode_is_refused_for_an_image_text_model(policy):
+    with pytest.raises(ConfigError) as err:
+        resolve_plan(compose_real("data.mode=stream", f"data.overlength={policy}", "data.max_seq_len=64", *VISION), {})
+    assert err.value.key == "data.overlength"
+    assert f"data.overlength={policy} with data.mode=stream" in str(err.value)
+    assert "Fix: data.overlength=drop" in str(err.value)
+    assert resolve_plan(compose_real("data.mode=stream", "data.overlength=drop", *VISION), {}).vision is not None
