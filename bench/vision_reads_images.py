@@ -1,22 +1,32 @@
 """Does a trained image-text model read its images? The eval loss of a run's adapter on its validation split with
 each sample's own images, against the same samples with every image replaced by another sample's (rolled by one:
-same text, other pixels), and the untrained base's. Prints a table with the command behind each row.
+same text, other pixels), the untrained base's, and the best an image-blind model can do: the answer prior (each
+validation answer's frequency among the train answers of its kind, colour, shape or both, add-one smoothed; the
+question names the kind, and every other target token is counted as free). Prints a table with the command behind
+each row.
 
     python bench/vision_reads_images.py RUN_DIR        (RUN_DIR of python -m seqtune model=gemma3_vision_tiny data=vision_tiny)
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import math
 import sys
+from collections import Counter
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from seqtune.data.types import IGNORE_INDEX
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from make_vision_tiny import COLOURS, SHAPES  # the demo set's answers
+
 
 def _loss(model, cache, pixels, rolled: bool) -> float:
-    from seqtune.data.types import IGNORE_INDEX
-
     samples = [cache[i] for i in range(len(cache))]
     refs = [s.images for s in samples]
     if rolled:
@@ -37,7 +47,47 @@ def _loss(model, cache, pixels, rolled: bool) -> float:
     return total / count
 
 
-def main(run_dir: Path) -> None:
+def answer_prior(train, val) -> float:
+    """The image-blind bound, nats per validation target token: -log p(answer | its kind) summed over the
+    validation samples (p from the train answers of that kind, add-one smoothed over the kind's answers), divided
+    by their target tokens (those the loss above averages over), as if every target token but the answer's
+    content cost nothing."""
+    colours, shapes = set(COLOURS), set(SHAPES)
+    answers = {
+        "colour": sorted(colours),
+        "shape": sorted(shapes),
+        "both": [f"a {c} {s}" for c in colours for s in shapes],
+    }
+
+    def kind(answer: str) -> str:
+        return "colour" if answer in colours else "shape" if answer in shapes else "both"
+
+    counts = Counter(_answer(sample) for sample in train)
+    nats, targets = 0.0, 0
+    for sample in val:
+        answer = _answer(sample)
+        options = answers[kind(answer)]
+        assert answer in options, f"{sample.location}: {answer!r} is not an answer scripts/make_vision_tiny.py writes"
+        seen = sum(counts[a] for a in options)
+        nats -= math.log((counts[answer] + 1) / (seen + len(options)))
+        targets += int((sample.labels[1:] != IGNORE_INDEX).sum())
+    return nats / targets
+
+
+def _answer(sample) -> str:
+    path, line = sample.location.rsplit(":", 1)
+    record = json.loads(_lines(path)[int(line) - 1])
+    return record["messages"][-1]["content"]
+
+
+@functools.cache
+def _lines(path: str) -> list[str]:
+    return Path(path).read_text(encoding="utf-8").splitlines()
+
+
+def measure(run_dir: Path) -> dict[str, float]:
+    """The losses of the table (tests/integration/test_vision.py asserts on them): `base` (the untrained model, a
+    LoRA run only), `own`, `swapped` (another sample's images) and `prior` (the image-blind bound)."""
     from peft import PeftModel
     from transformers import AutoModelForImageTextToText
 
@@ -50,17 +100,35 @@ def main(run_dir: Path) -> None:
     assert plan.vision is not None, "an image-text run"
     cache = TokenCache.open(Path(plan.caches["val"]))
     pixels = ImagePixels(processor=image_processor(plan.vision, None), vision=plan.vision)
+    losses = {}
+    if (run_dir / "base").is_dir():  # LoRA: the seeded tiny base the adapter was trained on
+        base = AutoModelForImageTextToText.from_pretrained(run_dir / "base").eval()
+        losses["base"] = _loss(base, cache, pixels, rolled=False)
+        model = PeftModel.from_pretrained(base, run_dir / "adapter").eval()
+    else:  # a full fine-tune (recipe=full_sft): the whole trained model
+        model = AutoModelForImageTextToText.from_pretrained(run_dir / "model").eval()
+    losses["own"] = _loss(model, cache, pixels, rolled=False)
+    losses["swapped"] = _loss(model, cache, pixels, rolled=True)
+    train = TokenCache.open(Path(plan.caches["train"]))
+    losses["prior"] = answer_prior([train[i] for i in range(len(train))], [cache[i] for i in range(len(cache))])
+    return losses
+
+
+def main(run_dir: Path) -> None:
+    losses = measure(run_dir)
+    name = "trained adapter" if "base" in losses else "trained model"
+    rows = [
+        ("base (untrained)", "own", "base"),
+        (name, "own", "own"),
+        (name, "another sample's", "swapped"),
+        ("image-blind answer prior (the best without the images)", "none", "prior"),
+    ]
     command = f"python bench/vision_reads_images.py {run_dir}"
     print("| model | images | val loss per target token | command |")
     print("|---|---|---|---|")
-    if (run_dir / "base").is_dir():  # LoRA: the seeded tiny base the adapter was trained on
-        base = AutoModelForImageTextToText.from_pretrained(run_dir / "base").eval()
-        print(f"| base (untrained) | own | {_loss(base, cache, pixels, rolled=False):.4f} | {command} |")
-        model, name = PeftModel.from_pretrained(base, run_dir / "adapter").eval(), "trained adapter"
-    else:  # a full fine-tune (recipe=full_sft): the whole trained model
-        model, name = AutoModelForImageTextToText.from_pretrained(run_dir / "model").eval(), "trained model"
-    print(f"| {name} | own | {_loss(model, cache, pixels, rolled=False):.4f} | {command} |")
-    print(f"| {name} | another sample's | {_loss(model, cache, pixels, rolled=True):.4f} | {command} |")
+    for model, images, key in rows:
+        if key in losses:
+            print(f"| {model} | {images} | {losses[key]:.4f} | {command} |")
 
 
 if __name__ == "__main__":

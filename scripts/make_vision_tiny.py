@@ -1,15 +1,18 @@
-"""Generate seqtune's shipped image-captioning set: python scripts/make_vision_tiny.py [--out DIR] [--seed N]
+"""Generate seqtune's shipped image question set: python scripts/make_vision_tiny.py [--out DIR] [--seed N]
 
 64x64 RGB pictures of one flat shape (circle, square, triangle, diamond) in one of five colours, large and centred or
-small and off-centre, captioned "a red circle"; a fifth of the samples show two pictures and ask for both ("a red
-circle and a blue square"). Several question phrasings, the picture before or after the question. A caption names
-only what is drawn, so a tiny random model can learn it on a CPU (`python -m seqtune model=gemma3_vision_tiny
+small and off-centre. Each sample asks for what only the pixels show: the colour ("What colour is the shape?" ->
+"red"), the shape ("What shape is this?" -> "circle") or both ("What is this?" -> "a red circle"); a fifth of the
+samples show two pictures and ask about one of them ("What colour is the shape in the second picture?"). Colours
+and shapes are drawn uniformly and independently, and the question never names them, so a model that ignores the
+images can do no better than the prior over answers (bench/vision_reads_images.py prints it beside the run's loss).
+Several phrasings, the picture before or after the question (`python -m seqtune model=gemma3_vision_tiny
 data=vision_tiny`).
 
 Writes DIR/images/<colour>_<shape>_<variant>.png (each picture once, shared by every sample showing it),
 DIR/train.jsonl and DIR/validation.jsonl in the content-parts form, image paths relative to DIR (data.media_root):
   {"messages": [{"role": "user", "content": [{"type": "image", "image": "images/red_circle_0.png"},
-                {"type": "text", "text": "What is this?"}]}, {"role": "assistant", "content": "a red circle"}]}
+                {"type": "text", "text": "What colour is the shape?"}]}, {"role": "assistant", "content": "red"}]}
 
 The output is byte-identical for a given seed on any machine: the shapes are drawn with integer arithmetic and the
 PNGs written by `png_bytes` with an uncompressed deflate block (Pillow's drawing and zlib's compression both differ
@@ -37,18 +40,24 @@ COLOURS = {
 }
 # Variant -> (centre x, centre y, half-size): 0 large and centred, 1 small in the upper left.
 VARIANTS = ((32, 32, 24), (22, 22, 13))
-ONE_IMAGE_QUESTIONS = (
-    "What is this?",
-    "What is in the picture?",
-    "Describe the image.",
-    "What shape is this, and what colour is it?",
-    "Caption this image.",
-)
-TWO_IMAGE_QUESTIONS = (
-    "What is in each picture?",
-    "Describe both images.",
-    "What do these two pictures show?",
-)
+# What a question asks for -> its phrasings and the answer from the picture's (colour, shape). With one picture
+# {where} is "", {where_is} " this" and {where_this} " this"; with two they point at one: " in the second picture",
+# " in the second picture" and " the shape in the second picture".
+QUESTIONS: dict[str, tuple[tuple[str, ...], Callable[[str, str], str]]] = {
+    "colour": (
+        ("What colour is the shape{where}?", "Which colour is the shape{where}?", "Name the colour{where}."),
+        lambda colour, shape: colour,
+    ),
+    "shape": (
+        ("What shape is{where_is}?", "Which shape is drawn{where}?", "Name the shape{where}."),
+        lambda colour, shape: shape,
+    ),
+    "both": (
+        ("What is{where_is}?", "Describe the shape{where}.", "Caption{where_this}."),
+        lambda colour, shape: f"a {colour} {shape}",
+    ),
+}
+WHERE = ("in the first picture", "in the second picture")
 TWO_IMAGE_FRACTION = 0.2
 QUESTION_FIRST_FRACTION = 0.2
 TRAIN_SAMPLES = 400
@@ -96,8 +105,12 @@ def image_name(colour: str, shape: str, variant: int) -> str:
     return f"images/{colour}_{shape}_{variant}.png"
 
 
-def caption(colour: str, shape: str) -> str:
-    return f"a {colour} {shape}"
+def question(asked: str, rng: random.Random, *, count: int, which: int) -> str:
+    phrasings, _ = QUESTIONS[asked]
+    where = f" {WHERE[which]}" if count == 2 else ""
+    return rng.choice(phrasings).format(
+        where=where, where_is=where or " this", where_this=f" the shape{where}" if count == 2 else " this"
+    )
 
 
 def sample(rng: random.Random) -> dict:
@@ -105,11 +118,12 @@ def sample(rng: random.Random) -> dict:
     pictures = [
         (rng.choice(list(COLOURS)), rng.choice(list(SHAPES)), rng.randrange(len(VARIANTS))) for _ in range(count)
     ]
-    question = rng.choice(TWO_IMAGE_QUESTIONS if count == 2 else ONE_IMAGE_QUESTIONS)
+    asked, which = rng.choice(list(QUESTIONS)), rng.randrange(count)
+    text = [{"type": "text", "text": question(asked, rng, count=count, which=which)}]
     images = [{"type": "image", "image": image_name(*picture)} for picture in pictures]
-    text = [{"type": "text", "text": question}]
     content = text + images if rng.random() < QUESTION_FIRST_FRACTION else images + text
-    answer = " and ".join(caption(colour, shape) for colour, shape, _ in pictures)
+    colour, shape, _ = pictures[which]
+    answer = QUESTIONS[asked][1](colour, shape)
     return {"messages": [{"role": "user", "content": content}, {"role": "assistant", "content": answer}]}
 
 

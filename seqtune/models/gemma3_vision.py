@@ -3,8 +3,8 @@ around the Gemma 3 text model (seqtune.models.gemma3 holds the text model's quir
 
 Each image becomes "\\n\\n<start_of_image>" + mm_tokens_per_image (256) x "<image_soft_token>" + "<end_of_image>\\n\\n"
 (Gemma3Processor.full_image_sequence), and the model attends bidirectionally within an image (token_type_ids = 1
-at the soft tokens). The vision tower and the projector are frozen unless model.train_vision=true; LoRA adapts the
-language model only.
+at the soft tokens). The vision tower and the projector are frozen unless model.train_vision says otherwise (projector: the
+projector trains, true: both); LoRA adapts the language model only.
 
 The tiny model (model=gemma3_vision_tiny) uses the real Gemma 3 tokenizer that scripts/fetch_tokenizers.py fetches
 from MaxText's wheel (tokenizer=gemma3). That tokenizer has `<start_of_image>` (255999) but neither
@@ -38,6 +38,7 @@ VISION = VisionSpec(
     expansion_format="\n\n{boi}{image}{eoi}\n\n",
     tokens_per_image_key="mm_tokens_per_image",
     vision_modules=("model.vision_tower", "model.multi_modal_projector"),
+    projector_module="model.multi_modal_projector",
     # 64x64 images in 8x8 patches (64 patches), pooled by the projector to 4x4 = 16 tokens per image.
     tiny_vision={
         "hidden_size": 32,

@@ -75,11 +75,11 @@ class MemoryInputs:
     # completion_tokens more tokens, into a KV cache; the update's forward then runs on every completion.
     completions_per_sample: int = 0
     completion_tokens: int = 0
-    # An image-text model (plan.vision): its vision tower and projector (module prefixes: never adapted by LoRA,
-    # trained in full only with model.train_vision) and the images of the worst micro-batch, whose vision
-    # activations are kept for the backward when the tower trains (else one layer's are in flight at a time).
+    # An image-text model (plan.vision): its vision tower and projector (module prefixes: never adapted by LoRA),
+    # those model.train_vision leaves frozen (plan.vision.frozen_modules) and the images of the worst micro-batch,
+    # whose vision activations are kept for the backward when the tower trains (else one layer's are in flight).
     vision_modules: tuple[str, ...] = ()
-    vision_trains: bool = False
+    vision_frozen: tuple[str, ...] = ()
     images: int = 0
 
 
@@ -132,11 +132,7 @@ def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:
         if "lm_head" in inputs.modules_to_save:
             head_grad = head_numel * width
     else:
-        frozen = (
-            0
-            if inputs.vision_trains
-            else sum(n for name, n in arch.parameters().items() if _under(name, inputs.vision_modules))
-        )
+        frozen = sum(n for name, n in arch.parameters().items() if _under(name, inputs.vision_frozen))
         trainable, state_bytes = total - frozen, (total - frozen) * width
         head_grad = head_numel * width
     grads: float = state_bytes
@@ -187,7 +183,7 @@ def _trained_tensors(inputs: MemoryInputs, arch: Arch) -> list[tuple[int, int]]:
     magnitude) per adapted module, each saved module's tensors, the new rows' trainable tokens; or every parameter."""
     width = BYTES_PER_DTYPE[inputs.weights_dtype]
     if not inputs.lora_enabled:
-        frozen = () if inputs.vision_trains else inputs.vision_modules
+        frozen = inputs.vision_frozen
         return [(numel, width) for name, numel in arch.parameters().items() if not _under(name, frozen)]
     tensors = []
     for name, (fan_in, fan_out) in arch.linears.items():
@@ -225,7 +221,7 @@ def vision_activation_bytes(inputs: MemoryInputs, arch: Arch) -> float:
     # Per patch and layer: two norms' inputs, q, k, v, the attention output and the residuals, fc1's output and
     # its activation (what a ViT layer keeps for its backward), in the compute dtype.
     per_layer = patches * (8 * hidden + 2 * intermediate) * BYTES_PER_DTYPE[inputs.compute_dtype]
-    layers = len(fc1) if inputs.vision_trains else 1
+    layers = 1 if inputs.vision_frozen else len(fc1)  # the tower is frozen whenever anything is
     return float(inputs.images * per_layer * layers)
 
 

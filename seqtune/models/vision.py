@@ -9,7 +9,8 @@ A family whose checkpoints see images (Gemma 3 from 4B up) sets `ModelSpec.visio
   proves are the processor's own;
 - which tokens are image tokens (never targets; `token_type_ids` 1 where the image's soft tokens stand);
 - the image processor (resolution, normalisation) that turns a decoded image into pixel values;
-- which modules are the vision tower and the projector: frozen unless model.train_vision=true, never LoRA targets.
+- which modules are the vision tower and the projector: frozen unless model.train_vision says otherwise
+  (`projector`: the projector trains, `true`: both), never LoRA targets.
 
 `VisionFacts` (seqtune.config.plan) is the resolved form the plan carries (plan.vision): the numbers of this run
 (a checkpoint's config.json, or the tiny fields), computed once in the parent and read everywhere.
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from seqtune.config.plan import VisionFacts
+from seqtune.config.schema import TrainVision
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +45,9 @@ class VisionSpec:
     tokens_per_image_key: str
     # Module name prefixes of the vision tower and the multimodal projector (frozen by default, never adapted).
     vision_modules: tuple[str, ...]
+    # The multimodal projector (one of vision_modules): trained in full with model.train_vision=projector (LoRA
+    # keeps a trained copy through peft's modules_to_save, which calls it positionally as the model does).
+    projector_module: str
     # The tiny model's vision tower (model=..._tiny): SigLIP numbers, and the tokens its tiny tokenizer uses for
     # the run (a tokenizer without the real image tokens names reserved ones: documented in the family module).
     tiny_vision: dict
@@ -54,9 +59,19 @@ class VisionSpec:
 
 
 def vision_facts(
-    spec: VisionSpec, *, tokens: tuple[str, str, str], tokens_per_image: int, image_size: int, train_vision: bool
+    spec: VisionSpec,
+    *,
+    tokens: tuple[str, str, str],
+    tokens_per_image: int,
+    image_size: int,
+    train_vision: TrainVision,
 ) -> VisionFacts:
     boi, image, eoi = tokens
+    frozen = {
+        TrainVision.false: spec.vision_modules,
+        TrainVision.projector: tuple(m for m in spec.vision_modules if m != spec.projector_module),
+        TrainVision.true: (),
+    }[train_vision]
     return VisionFacts(
         placeholder=spec.placeholder,
         boi_token=boi,
@@ -68,7 +83,9 @@ def vision_facts(
         vision_modules=spec.vision_modules,
         processor_class=spec.processor_class,
         image_processor_class=spec.image_processor_class,
-        train_vision=train_vision,
+        train_vision=str(train_vision),
+        projector_module=spec.projector_module,
+        frozen_modules=frozen,
     )
 
 
@@ -80,12 +97,10 @@ def vision_module_pattern(facts: VisionFacts) -> str:
 
 
 def freeze_vision(model: Any, facts: VisionFacts) -> int:
-    """Freeze the vision tower and the projector unless model.train_vision; the number of parameters frozen."""
-    if facts.train_vision:
-        return 0
+    """Freeze what model.train_vision leaves frozen (facts.frozen_modules); the number of parameters frozen."""
     frozen = 0
     for name, param in model.named_parameters():
-        if any(name == m or name.startswith(m + ".") for m in facts.vision_modules):
+        if any(name == m or name.startswith(m + ".") for m in facts.frozen_modules):
             param.requires_grad_(False)
             frozen += param.numel()
     return frozen

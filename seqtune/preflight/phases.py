@@ -527,7 +527,7 @@ def memory_inputs(cfg: RootConfig, plan: Resolved, rule: BatchRule, arch: Arch, 
         completions_per_sample=plan.completions_per_sample,
         completion_tokens=plan.completion_tokens,
         vision_modules=plan.vision.vision_modules if plan.vision is not None else (),
-        vision_trains=plan.vision is not None and plan.vision.train_vision,
+        vision_frozen=plan.vision.frozen_modules if plan.vision is not None else (),
         images=images,
     )
 

@@ -18,14 +18,17 @@ from seqtune.config.errors import ConfigError
 from seqtune.config.plan import Resolved, VisionFacts, Vocab, World, validation_key
 from seqtune.config.recipe_spec import RecipeSpec, Scored, preset_fix, recipe_spec, recipes
 from seqtune.config.schema import (
+    DataMode,
     Device,
     LauncherConfig,
     LauncherName,
     MixedPrecision,
     ModelConfig,
+    Overlength,
     PaddingSide,
     Parallel,
     RootConfig,
+    TrainVision,
 )
 from seqtune.data.kinds import sequences_per_sample
 from seqtune.models.attention import AttentionEnv, attention_choice, attn_backend_problems
@@ -74,7 +77,7 @@ def resolve_plan(
     vision = read_vision_facts(cfg.model, spec)
     if vision is not None:
         vision = with_image_ids(vision, token_ids(cfg.tokenizer, cfg.model, vision.image_tokens))
-    if cfg.lora.enabled and vision is not None and vision.train_vision:
+    if cfg.lora.enabled and vision is not None and vision.train_vision == TrainVision.true:
         # peft's modules_to_save wrapper takes its input positionally; the model calls its vision tower with
         # pixel_values= (a TypeError at step 1), and weights trained outside the adapter would not be saved with it.
         raise ConfigError(
@@ -86,7 +89,23 @@ def resolve_plan(
                 if (full := recipe.preset(lora=False))
                 else ""
             )
-            + "model.train_vision=false with LoRA (the tower and projector frozen, the language model adapted).",
+            + "model.train_vision=projector with LoRA (the projector trains beside the adapters, the tower frozen).",
+        )
+    if cfg.lora.enabled and vision is not None and vision.train_vision == TrainVision.projector:
+        # The model calls its projector positionally, so peft's modules_to_save wraps it: a trained copy saved in
+        # the adapter and merged back by merge_and_unload (named as peft matches it: the module's own name).
+        saved += (vision.projector_module.rsplit(".", 1)[-1],)
+    cutting = cfg.data.overlength in (Overlength.truncate, Overlength.truncate_prompt)
+    if vision is not None and cfg.data.mode == DataMode.stream and cutting:
+        # Preflight proves a truncating policy never cuts an image's run on the cached splits it scans in full; a
+        # stream is read past the sample preflight saw, where a cut run could not be given to the model.
+        raise ConfigError(
+            f"data.overlength={cfg.data.overlength} with data.mode=stream on an image-text model "
+            f"(model.family={spec.family}): preflight reads only the start of a stream, so a longer sample past it "
+            "could be cut through an image's token run.",
+            key="data.overlength",
+            fix="data.overlength=drop (a sample too long is left out whole), or data.mode=cached (preflight proves "
+            "that no sample with images is cut).",
         )
     generation = recipe.generation(recipe.settings_of(cfg))  # an online recipe's sampling (None: it samples none)
     if vision is not None and generation is not None:

@@ -39,24 +39,29 @@ def test_another_seed_gives_other_samples_from_the_same_images(tmp_path):
     ).read_bytes()
 
 
-def test_every_referenced_image_is_a_64px_rgb_png_under_the_set_and_captions_name_each_picture():
+def test_every_referenced_image_is_a_64px_rgb_png_under_the_set_and_each_answer_is_what_its_picture_shows():
     assert sum(len(data) for data in _files(ASSET).values()) < 1_000_000
-    counts = {}
+    counts, asked = {}, set()
     for name in ("train.jsonl", "validation.jsonl"):
         rows = [json.loads(line) for line in (ASSET / name).read_text().splitlines()]
         counts[name] = len(rows)
         for row in rows:
             user, assistant = row["messages"]
             images = [part["image"] for part in user["content"] if part["type"] == "image"]
-            assert 1 <= len(images) <= 2 and [p["type"] for p in user["content"]].count("text") == 1
-            assert assistant["content"].count(" and ") == len(images) - 1
-            for ref, said in zip(images, assistant["content"].split(" and "), strict=True):
-                colour, shape, _ = Path(ref).stem.split("_")
-                assert said == f"a {colour} {shape}"
+            (question,) = [part["text"] for part in user["content"] if part["type"] == "text"]
+            assert 1 <= len(images) <= 2
+            # Two pictures: the question says which one it asks about; the answer never appears in the question.
+            which = 1 if "second picture" in question else 0
+            assert len(images) == 1 or ("first picture" in question) != ("second picture" in question)
+            colour, shape, _ = Path(images[which]).stem.split("_")
+            answer = assistant["content"]
+            assert answer in (colour, shape, f"a {colour} {shape}") and colour not in question and shape not in question
+            asked.add("colour" if answer == colour else "shape" if answer == shape else "both")
+            for ref in images:
                 with Image.open(ASSET / ref) as image:
                     image.load()
                     assert (image.format, image.mode, image.size) == ("PNG", "RGB", (64, 64))
-    assert counts == {"train.jsonl": 400, "validation.jsonl": 40}
+    assert counts == {"train.jsonl": 400, "validation.jsonl": 40} and asked == {"colour", "shape", "both"}
 
 
 def test_the_bundled_validation_set_goes_with_the_bundled_train_set_only():

@@ -39,3 +39,13 @@ def test_a_recipe_whose_objective_reads_no_images_is_refused_naming_the_ones_tha
     assert "lora_reward (or full_reward)." not in message  # not offered as its own fix
     plan = resolve_plan(compose_real("recipe=lora_dpo", *VISION), {})
     assert plan.vision is not None and plan.sample_kind == "preference"
+
+
+@pytest.mark.parametrize("policy", ["truncate", "truncate_prompt"])
+def test_a_truncating_policy_in_stream_mode_is_refused_for_an_image_text_model(policy):
+    with pytest.raises(ConfigError) as err:
+        resolve_plan(compose_real("data.mode=stream", f"data.overlength={policy}", "data.max_seq_len=64", *VISION), {})
+    assert err.value.key == "data.overlength"
+    assert f"data.overlength={policy} with data.mode=stream" in str(err.value)
+    assert "Fix: data.overlength=drop" in str(err.value)
+    assert resolve_plan(compose_real("data.mode=stream", "data.overlength=drop", *VISION), {}).vision is not None
