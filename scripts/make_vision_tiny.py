@@ -1,11 +1,12 @@
 """Generate seqtune's shipped image question set: python scripts/make_vision_tiny.py [--out DIR] [--seed N]
 
-64x64 RGB pictures of one flat shape (circle, square, triangle, diamond) in one of five colours, large and centred or
-small and off-centre. Each sample asks for what only the pixels show: the colour ("What colour is the shape?" ->
-"red"), the shape ("What shape is this?" -> "circle") or both ("What is this?" -> "a red circle"); a fifth of the
-samples show two pictures and ask about one of them ("What colour is the shape in the second picture?"). Colours
-and shapes are drawn uniformly and independently, and the question never names them, so a model that ignores the
-images can do no better than the prior over answers (bench/vision_reads_images.py prints it beside the run's loss).
+64x64 RGB pictures of one flat shape (circle, square, triangle, diamond) in one of five colours, filling half to three
+quarters of the canvas, centred or a little off-centre. Each sample asks for what only the pixels show: the colour
+("What colour is the shape?" -> "red"), the shape ("What shape is this?" -> "circle") or both ("What is this?" -> "a
+red circle"); a fifth of the samples show two pictures and ask about one of them ("What colour is the shape in the
+second picture?"). Colours and shapes are drawn uniformly and independently, and the question never names them, so a
+model that ignores the images can do no better than the prior over answers (bench/vision_reads_images.py prints it
+beside the run's loss).
 Several phrasings, the picture before or after the question (`python -m seqtune model=gemma3_vision_tiny
 data=vision_tiny`).
 
@@ -38,8 +39,10 @@ COLOURS = {
     "yellow": (240, 200, 20),
     "purple": (140, 40, 170),
 }
-# Variant -> (centre x, centre y, half-size): 0 large and centred, 1 small in the upper left.
-VARIANTS = ((32, 32, 24), (22, 22, 13))
+# Variant -> (centre x, centre y, half-size): 0 centred, 1 a little smaller and off-centre. Both fill half to three
+# quarters of the canvas, so every 16x16 region the projector pools into one image token shows the colour or the
+# white around the shape's outline (small shapes left most regions plain background, the same in every picture).
+VARIANTS = ((32, 32, 31), (30, 33, 28))
 # What a question asks for -> its phrasings and the answer from the picture's (colour, shape). With one picture
 # {where} is "", {where_is} " this" and {where_this} " this"; with two they point at one: " in the second picture",
 # " in the second picture" and " the shape in the second picture".
