@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -43,3 +44,19 @@ def fresh_tokenizer():
 @pytest.fixture
 def jsonl():
     return write_jsonl
+
+
+@functools.cache
+def tiny_vision_facts():
+    """The tiny Gemma 3 vision model's image facts with the image tokens' ids in the real Gemma 3 tokenizer (what
+    the plan resolves for model=gemma3_vision_tiny): shared by the vision data, pair and cache tests."""
+    from seqtune.config.schema import ModelConfig, TokenizerConfig
+    from seqtune.models.facts import read_vision_facts
+    from seqtune.models.registry import get_spec
+    from seqtune.preflight.resolve import with_image_ids
+    from seqtune.tokenizers.facts import token_ids
+
+    model, tokenizer = ModelConfig(family="gemma3_vision", tiny_tokenizer="gemma3"), TokenizerConfig(source="auto")
+    facts = read_vision_facts(model, get_spec("gemma3_vision"))
+    assert facts is not None
+    return with_image_ids(facts, token_ids(tokenizer, model, facts.image_tokens))

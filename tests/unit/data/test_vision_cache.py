@@ -13,12 +13,10 @@ import pytest
 
 from seqtune.config.schema import ModelConfig, TokenizerConfig
 from seqtune.data.tokenize import SampleEncoder
-from seqtune.models.facts import read_vision_facts
 from seqtune.models.registry import get_spec
-from seqtune.preflight.resolve import with_image_ids
 from seqtune.tokenizers import load_tokenizer
-from seqtune.tokenizers.facts import token_ids
 from tests.conftest import scan_files
+from tests.unit.data.conftest import tiny_vision_facts
 
 IMAGES = Path(__file__).resolve().parents[2] / "integration/data/vision_pairs/images"
 MODEL = ModelConfig(family="gemma3_vision", tiny_tokenizer="gemma3")
@@ -27,9 +25,7 @@ TOKENIZER = TokenizerConfig(source="auto")
 
 @pytest.fixture(scope="module")
 def encoder():
-    facts = read_vision_facts(MODEL, get_spec("gemma3_vision"))
-    assert facts is not None
-    vision = with_image_ids(facts, token_ids(TOKENIZER, MODEL, facts.image_tokens))
+    vision = tiny_vision_facts()
     tokenizer = load_tokenizer(TOKENIZER, MODEL, default_chat_template=get_spec("gemma3_vision").chat_template)
     return SampleEncoder(tokenizer, "chat", train_on_prompt=False, vision=vision)
 

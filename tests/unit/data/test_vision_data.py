@@ -16,12 +16,10 @@ from seqtune.data.formats import Conversation, LineParser
 from seqtune.data.pixels import with_images
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.data.types import IGNORE_INDEX, Reject
-from seqtune.models.facts import read_vision_facts
 from seqtune.models.registry import get_spec
-from seqtune.preflight.resolve import with_image_ids
 from seqtune.tokenizers import load_tokenizer
-from seqtune.tokenizers.facts import token_ids
 from tests.conftest import scan_files
+from tests.unit.data.conftest import tiny_vision_facts
 
 ASSETS = Path(__file__).resolve().parents[3] / "seqtune/data/assets/vision_tiny"
 MODEL = ModelConfig(family="gemma3_vision", tiny_tokenizer="gemma3")
@@ -30,9 +28,7 @@ TOKENIZER = TokenizerConfig(source="auto")
 
 @pytest.fixture(scope="module")
 def vision():
-    facts = read_vision_facts(MODEL, get_spec("gemma3_vision"))
-    assert facts is not None
-    return with_image_ids(facts, token_ids(TOKENIZER, MODEL, facts.image_tokens))
+    return tiny_vision_facts()
 
 
 @pytest.fixture(scope="module")
