@@ -11,7 +11,7 @@ Defaults live here or in YAML, never in `cfg.get(key, default)` inside code.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import dataclass, field, fields, make_dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -480,6 +480,13 @@ class DataConfig:
                 "data.val_fraction=0 (validate on data.val)",
             )
         domain.at_least("preflight_sample", self.preflight_sample, 0, 0)
+        if self.preflight_sample and self.mode == DataMode.cached:  # honoured or refused: cached scans every record
+            domain.refuse(
+                "preflight_sample",
+                f"data.preflight_sample={self.preflight_sample} has no effect: data.mode=cached scans and "
+                "tokenizes every record before training. Fix: data.mode=stream (scan the first N records), or drop "
+                "data.preflight_sample",
+            )
         domain.at_least("num_workers", self.num_workers, 0, 0)
         for key, text in _column_problems("data.columns", self.columns or {}, self.format):
             domain.refuse(key.removeprefix("data."), text)
@@ -611,6 +618,9 @@ def _column_problems(key: str, columns: Any, fmt: DataFormat) -> list[tuple[str,
     return problems
 
 
+BUCKET_WINDOW = 100
+
+
 @dataclass(kw_only=True)
 class PaddingConfig:
     strategy: PaddingStrategy = PaddingStrategy.longest
@@ -619,12 +629,18 @@ class PaddingConfig:
     # Round padded lengths up to a multiple of this (8 or 64 suit tensor cores). 1 = off.
     multiple_of: int = 1
     # bucket: how many micro-batches a length-sorted window spans.
-    bucket_window: int = 100
+    bucket_window: int = BUCKET_WINDOW
 
     def __post_init__(self) -> None:
         domain = _Domain("padding")
         domain.at_least("multiple_of", self.multiple_of, 1, 1)
         domain.at_least("bucket_window", self.bucket_window, 1, 100)
+        if self.bucket_window != BUCKET_WINDOW and self.strategy != PaddingStrategy.bucket:
+            domain.refuse(
+                "bucket_window",
+                f"padding.bucket_window={self.bucket_window} has no effect: only padding=bucket sorts within a "
+                f"window (padding={self.strategy}). Fix: padding=bucket, or drop padding.bucket_window",
+            )
         domain.done()
 
 
@@ -876,6 +892,7 @@ class TrainConfig:
             "10.0",
         )
         domain.at_least("dead_grad_steps", self.dead_grad_steps, 0, 10)
+        _inert_train_settings(self, domain)
         if self.early_stop_min_delta and not self.early_stop_patience and _finite(self.early_stop_min_delta):
             domain.refuse(
                 "early_stop_min_delta",
@@ -885,6 +902,38 @@ class TrainConfig:
                 "train.early_stop_min_delta",
             )
         domain.done()
+
+
+def _inert_train_settings(train: TrainConfig, domain: _Domain) -> None:
+    """A setting that only acts beside another is refused while that one is off (honoured or refused, never
+    ignored): each is compared with its schema default, so leaving it alone is never refused."""
+    defaults = {f.name: f.default for f in fields(TrainConfig)}
+    inert = [
+        (
+            "keep_last",
+            train.keep_last,
+            not train.save_every,
+            "no checkpoints are written (train.save_every=0)",
+            "train.save_every=N",
+        ),
+        (
+            "eval_sample_tokens",
+            train.eval_sample_tokens,
+            not train.eval_samples,
+            "no samples are generated (train.eval_samples=0)",
+            "train.eval_samples=N",
+        ),
+        (
+            "push_private",
+            train.push_private,
+            train.push_to_hub is None,
+            "nothing is uploaded (train.push_to_hub=null)",
+            "train.push_to_hub=ORG/NAME",
+        ),
+    ]
+    for name, value, off, why, fix in inert:
+        if off and value != defaults[name]:
+            domain.refuse(name, f"train.{name}={value} has no effect: {why}. Fix: {fix}, or drop train.{name}")
 
 
 @dataclass(kw_only=True)
