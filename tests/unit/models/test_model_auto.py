@@ -129,6 +129,26 @@ def test_repository_code_and_unknown_architectures_are_refused_naming_why(checkp
         spec_for(auto(unknown))
 
 
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        (
+            lambda data: (2**40).to_bytes(8, "little") + data[8:],
+            r"its header length field says 1,099,511,627,776 bytes",
+        ),
+        (lambda data: data[:8] + b"\xff" * 64 + data[72:], r"its header is damaged"),
+    ],
+    ids=["huge-length", "garbage-header"],
+)
+def test_a_damaged_safetensors_header_is_refused_naming_the_file(checkpoints, tmp_path, damage, why):
+    """Reading the weight shapes used to end in MemoryError (a 1 TiB read) or JSONDecodeError, both tracebacks."""
+    damaged = shutil.copytree(checkpoints["olmo2"], tmp_path / "damaged")
+    [weights] = damaged.glob("*.safetensors")
+    weights.write_bytes(damage(weights.read_bytes()))
+    with pytest.raises(ModelLoadError, match=rf"{weights}.* cannot be read as safetensors: {why}.*Fix: point model"):
+        spec_for(auto(damaged))
+
+
 def test_auto_without_a_checkpoint_is_refused():
     with pytest.raises(ConfigError, match=r"model.family=auto reads every fact from a checkpoint.*Fix: model.path=DIR"):
         from omegaconf import OmegaConf
