@@ -204,6 +204,22 @@ def test_the_router_coefficient_is_the_checkpoints_unless_set_and_refused_where_
         plan("qwen3_moe", "recipe=lora_dpo", "data=preference_tiny", "model.router_aux_loss_coef=0.05")
 
 
+@pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral"])
+def test_a_router_picking_more_experts_than_there_are_is_a_preflight_problem(tmp_path, kind):
+    """num_experts_per_tok > the expert count passed preflight and crashed at step 1 (torch.topk out of range)."""
+    from seqtune.preflight.phases import runtime_phase
+    from seqtune.preflight.resolve import resolve_plan
+    from tests.unit.preflight.test_preflight_run import compose_real
+
+    path = build_checkpoint(kind, tmp_path / kind, config_overrides={"num_experts_per_tok": 5})
+    cfg = compose_real("model=hf", f"model.path={path}", "lora=default", f"data.cache_dir={tmp_path / 'tokens'}")
+    *_, problems = runtime_phase(cfg, resolve_plan(cfg, {}), None)
+    [problem] = [p for p in problems if p.key == "model.path"]
+    [count_key] = {"num_experts", "num_local_experts"} & set(json.loads((path / "config.json").read_text()))
+    assert f"config.json num_experts_per_tok=5 > {count_key}=4" in problem.message
+    assert f"Fix: num_experts_per_tok=4 or less in {path / 'config.json'}" in problem.message
+
+
 def test_lora_on_fused_experts_names_parameters_of_the_model(checkpoints):
     """lora.target_parameters (peft's adapters on parameters no Linear owns: the fused experts) must name
     parameters of the model: peft adapts nothing, silently, for a name that matches none."""
