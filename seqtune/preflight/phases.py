@@ -24,7 +24,7 @@ from seqtune.models.auto import spec_for
 from seqtune.models.checkpoint_check import checkpoint_faults
 from seqtune.models.kernels import kernels_problems
 from seqtune.models.model_configs import ModelConfigs, model_configs
-from seqtune.models.optimizers import IMPLEMENTATIONS, TORCH_ADAMW
+from seqtune.models.optimizers import IMPLEMENTATIONS, TORCH_ADAMW, unread_settings
 from seqtune.models.spec import lora_module_names
 from seqtune.preflight import checks
 from seqtune.preflight import checks_model as model_checks
@@ -82,6 +82,11 @@ def fast_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
         if plan.optimizer_reason.startswith(CANNOT_RUN)
         else [],
     )
+    if not plan.optimizer_reason.startswith(CANNOT_RUN):
+        problems += [
+            Problem(check="optimizer", key=key, message=message)
+            for key, message in unread_settings(plan.optimizer, cfg.optim)
+        ]
     if not plan.attn_reason.startswith(CANNOT_RUN):
         problems += checks.check_packed_attention(
             strategy=cfg.padding.strategy, attn_implementation=plan.attn_implementation
