@@ -1137,7 +1137,7 @@ def _no_lm_head_rules(cfg: CoreConfig, spec: RecipeSpec, rules: _Domain) -> None
             "train the embedding or an LM head in full (peft keeps a tied pair together)",
         ),
         "model.resize_embeddings": (
-            cfg.model.resize_embeddings,
+            cfg.model.resize_embeddings and not spec.resizes_embeddings,
             "model.resize_embeddings=false (a tokenizer whose ids fit the embedding)",
             "grow an LM head (not supported for a scalar head yet)",
         ),
