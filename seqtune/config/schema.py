@@ -942,8 +942,10 @@ class TensorboardConfig:
 @dataclass(kw_only=True)
 class MlflowConfig:
     experiment: str = "seqtune"
-    # Seconds the server named by MLFLOW_TRACKING_URI may take to answer. Past it, or unreachable, the run logs into
-    # the local store RUN_DIR/mlruns and says how to upload it later. Without MLFLOW_TRACKING_URI: RUN_DIR/mlruns.
+    # Seconds the server named by MLFLOW_TRACKING_URI may take to answer: to start the run as a whole (health probe,
+    # experiment, run, params), and each later call. Past it at the start, or unreachable, the run logs into the
+    # local store RUN_DIR/mlruns and says how to look at it; later, MLflow logging stops with one line.
+    # Without MLFLOW_TRACKING_URI: RUN_DIR/mlruns.
     init_timeout: float = 30.0
 
     def __post_init__(self) -> None:
