@@ -77,7 +77,10 @@ def push_run(run_dir: Path, repo_id: str, *, private: bool, key: str = PUSH_KEY)
             api = HfApi()
             url = api.create_repo(repo_id, private=private, exist_ok=True)
             with_gguf = f" and {len(gguf)} GGUF file(s)" if gguf else ""
-            print(f"pushing {export.name}/{with_gguf} to {url} ({'private' if private else 'public'})", flush=True)
+            print(
+                redact_uris(f"pushing {export.name}/{with_gguf} to {url} ({'private' if private else 'public'})"),
+                flush=True,
+            )
             commit = api.upload_folder(
                 repo_id=repo_id,
                 folder_path=folder,
@@ -96,9 +99,9 @@ def push_run(run_dir: Path, repo_id: str, *, private: bool, key: str = PUSH_KEY)
         raise _failed(key, repo_id, run_dir, f"{type(err).__name__}: {_first_line(err)}", f"`{retry}`") from None
     finally:
         constants.HF_HUB_OFFLINE = saved
-    url = redact_uris(str(commit.commit_url))  # HF_ENDPOINT may carry credentials
-    print(f"pushed to the Hub: {url}", flush=True)
-    return url
+    pushed = redact_uris(str(commit.commit_url))  # HF_ENDPOINT may carry credentials
+    print(f"pushed to the Hub: {pushed}", flush=True)
+    return pushed
 
 
 def _staged(staging: Path, export: Path, gguf: list[Path], repo_id: str) -> Path:
