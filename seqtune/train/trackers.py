@@ -216,9 +216,10 @@ class TensorboardTracker:
             operation()
         except OSError as exc:
             self._failed = True
+            when = "at the start" if self._writer is None else f"at step {self._step}"
             print(
-                f"TensorBoard could not write into {self._dir} at step {self._step} "
-                f"({type(exc).__name__}: {exc}): TensorBoard logging stops; metrics.jsonl has every step.",
+                f"TensorBoard could not write into {self._dir} {when} ({type(exc).__name__}: {exc}): TensorBoard "
+                "logging stops; metrics.jsonl has every step.",
                 flush=True,
             )
 
