@@ -120,6 +120,12 @@ class RecipeSpec:
     def group(self) -> str | None:
         return self.name if self.settings is not None else None
 
+    @property
+    def resizes_embeddings(self) -> bool:
+        """Whether model.resize_embeddings can grow this recipe's model: a scalar head has no LM head to grow with
+        its embedding (refused by the config's rules; preflight's vocab problems then offer the other fixes)."""
+        return self.scored != Scored.scalar
+
     def settings_of(self, cfg: Any) -> Any:
         """This recipe's settings in a root config (None when it has no group)."""
         return getattr(cfg, self.name) if self.settings is not None else None

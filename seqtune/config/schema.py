@@ -991,8 +991,10 @@ class TensorboardConfig:
 @dataclass(kw_only=True)
 class MlflowConfig:
     experiment: str = "seqtune"
-    # Seconds the server named by MLFLOW_TRACKING_URI may take to answer. Past it, or unreachable, the run logs into
-    # the local store RUN_DIR/mlruns and says how to upload it later. Without MLFLOW_TRACKING_URI: RUN_DIR/mlruns.
+    # Seconds the server named by MLFLOW_TRACKING_URI may take to answer: to start the run as a whole (health probe,
+    # experiment, run, params), and each later call. Past it at the start, or unreachable, the run logs into the
+    # local store RUN_DIR/mlruns and says how to look at it; later, MLflow logging stops with one line.
+    # Without MLFLOW_TRACKING_URI: RUN_DIR/mlruns.
     init_timeout: float = 30.0
 
     def __post_init__(self) -> None:
@@ -1186,7 +1188,7 @@ def _no_lm_head_rules(cfg: CoreConfig, spec: RecipeSpec, rules: _Domain) -> None
             "train the embedding or an LM head in full (peft keeps a tied pair together)",
         ),
         "model.resize_embeddings": (
-            cfg.model.resize_embeddings,
+            cfg.model.resize_embeddings and not spec.resizes_embeddings,
             "model.resize_embeddings=false (a tokenizer whose ids fit the embedding)",
             "grow an LM head (not supported for a scalar head yet)",
         ),

@@ -68,7 +68,36 @@ def _read_checkpoint_config(cfg: ModelConfig, spec: ModelSpec) -> PretrainedConf
             fix=f"{fields} (read them from the checkpoint), or model=hf (no architecture fields: every fact read "
             "from the checkpoint)",
         )
+    _check_router(root, hf_config)
     return hf_config
+
+
+# The config keys transformers' mixture-of-experts classes read for the expert count (Mixtral: num_local_experts;
+# Qwen3-MoE and OLMoE: num_experts). Each class answers the other name too (attribute_map), so the key named is the
+# one the class stores, as config.json does.
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")
+
+
+def _check_router(root: Path, hf_config: PretrainedConfig) -> None:
+    """A router that picks more experts per token than the layer has fails at the first forward (torch.topk:
+    "selected index k out of range"); refused before anything loads."""
+    text = hf_config.get_text_config()
+    top_k = getattr(text, "num_experts_per_tok", None)
+    counts = [
+        (key, getattr(text, key))
+        for key in EXPERT_COUNT_KEYS
+        if key not in text.attribute_map and isinstance(getattr(text, key, None), int)
+    ]
+    if not top_k or not counts or top_k <= counts[0][1]:
+        return
+    key, experts = counts[0]
+    raise ModelLoadError(
+        f"model.path={root}: config.json num_experts_per_tok={top_k} > {key}={experts}: the router cannot pick "
+        f"{top_k} of {experts} experts per token.",
+        key="model.path",
+        fix=f"num_experts_per_tok={experts} or less in {root / 'config.json'} (the value the checkpoint was "
+        "trained with), or point model.path at an intact checkpoint",
+    )
 
 
 def torch_dtype(name: str) -> torch.dtype:

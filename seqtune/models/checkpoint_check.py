@@ -137,7 +137,9 @@ def read_header(path: Path) -> tuple[dict[str, dict], WeightFault | None]:
         size = path.stat().st_size
         with path.open("rb") as f:
             length = int.from_bytes(f.read(8), "little")
-            if size < 8 or length > min(size - 8, MAX_HEADER):
+            if length > MAX_HEADER:
+                return fault(f"its header length field says {length:,} bytes, more than any safetensors header")
+            if size < 8 or length > size - 8:
                 return fault(f"the file is {size:,} bytes, shorter than its header says (truncated?)")
             header = json.loads(f.read(length))
     except FileNotFoundError:

@@ -24,7 +24,7 @@ from seqtune.models.auto import spec_for
 from seqtune.models.checkpoint_check import checkpoint_faults
 from seqtune.models.kernels import kernels_problems
 from seqtune.models.model_configs import ModelConfigs, model_configs
-from seqtune.models.optimizers import IMPLEMENTATIONS, TORCH_ADAMW
+from seqtune.models.optimizers import IMPLEMENTATIONS, TORCH_ADAMW, unread_settings
 from seqtune.models.spec import lora_module_names
 from seqtune.preflight import checks
 from seqtune.preflight import checks_model as model_checks
@@ -54,10 +54,13 @@ def fast_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
         embedding_rows=vocab.embedding_rows,
         output_rows=vocab.output_rows,
         resize_embeddings=vocab.resize_to is not None,
+        fix=vocab_fix(cfg, plan),
         special_ids=vocab.special_ids,
     )
     if not problems:  # else the special tokens without a row are part of that one problem
-        problems += checks.check_special_token_ids(special_ids=vocab.special_ids, vocab_rows=vocab.rows)
+        problems += checks.check_special_token_ids(
+            special_ids=vocab.special_ids, vocab_rows=vocab.rows, fix=vocab_fix(cfg, plan)
+        )
     if cfg.data.max_seq_len != "auto":
         problems += checks.check_context_length(
             max_seq_len=int(cfg.data.max_seq_len), context_length=plan.context_length, auto=False
@@ -82,6 +85,11 @@ def fast_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
         if plan.optimizer_reason.startswith(CANNOT_RUN)
         else [],
     )
+    if not plan.optimizer_reason.startswith(CANNOT_RUN):
+        problems += [
+            Problem(check="optimizer", key=key, message=message)
+            for key, message in unread_settings(plan.optimizer, cfg.optim)
+        ]
     if not plan.attn_reason.startswith(CANNOT_RUN):
         problems += checks.check_packed_attention(
             strategy=cfg.padding.strategy, attn_implementation=plan.attn_implementation
@@ -111,6 +119,11 @@ def fast_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
     bad_key = key_problem(cfg.logger.wandb, os.environ)  # a tracker that cannot start online is found before training
     problems += [Problem(check="logger", key=KEY_VARIABLE, message=bad_key)] if bad_key else []
     return problems
+
+
+def vocab_fix(cfg: RootConfig, plan: Resolved) -> checks.VocabFix:
+    """What a vocab problem of this run may offer as its fix (each one passes when applied)."""
+    return checks.VocabFix(can_resize=recipe_spec(plan.recipe).resizes_embeddings, tiny=cfg.model.path is None)
 
 
 def runtime_phase(
@@ -233,6 +246,7 @@ def split_checks(cfg: RootConfig, plan: Resolved, scan, max_seq_len: int) -> lis
             location=scan.max_token_location,
             vocab_rows=plan.vocab.rows,
             pretokenized=cfg.data.format == "tokenized",
+            fix=vocab_fix(cfg, plan),
         )
     problems += checks.check_overlength(
         split=scan.name,
