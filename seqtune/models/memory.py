@@ -57,8 +57,8 @@ class MemoryInputs:
     optimizer: str = TORCH_ADAMW  # the class the plan builds (seqtune.models.optimizers.STATE_LAYOUTS)
     load_in_4bit: bool = False
     gradient_checkpointing: bool = False
-    batch_tokens: int  # positions of the worst micro-batch: rows x max_seq_len
-    seq_len: int  # max_seq_len (attention's T x T terms for eager)
+    batch_tokens: int  # positions of the largest micro-batch the plan forms: rows x width (Plan.micro_batch)
+    seq_len: int  # that micro-batch's row width (attention's T x T terms)
     attention: str = "sdpa"
     native_gqa: bool = False  # the attention kernel reads fewer k/v heads (else k and v are repeated per q head)
     kernels: str = "torch"  # torch | liger

@@ -489,9 +489,20 @@ def stream_train_plan(
     return stream, identity, problems
 
 
-def memory_inputs(cfg: RootConfig, plan: Resolved, rule: BatchRule, arch: Arch, images: int = 0) -> MemoryInputs:
+def largest_micro_batch(cfg: RootConfig, rule: BatchRule, views: dict) -> tuple[int, int]:
+    """(rows, width) of the largest train micro-batch the plan forms (Plan.micro_batch): from every train sample as
+    training serves it in cached mode; in stream mode training reads past the scanned sample, so the widest the
+    rule can form."""
+    view = views.get("train")
+    known = cfg.data.mode == DataMode.cached and view is not None
+    return rule.largest_micro_batch(view.widths if known else None)
+
+
+def memory_inputs(
+    cfg: RootConfig, plan: Resolved, micro_batch: tuple[int, int], arch: Arch, images: int = 0
+) -> MemoryInputs:
     """The estimate's inputs, every one a resolved fact of the plan: rows after resize, the trainable set, kernels,
-    world. (`arch` gives the shapes.)"""
+    world, the largest micro-batch (Plan.micro_batch). (`arch` gives the shapes.)"""
     from seqtune.models import MemoryInputs
 
     rows, saved = plan.vocab.rows, plan.lora_saved
@@ -513,8 +524,8 @@ def memory_inputs(cfg: RootConfig, plan: Resolved, rule: BatchRule, arch: Arch, 
         optimizer=plan.optimizer,
         load_in_4bit=cfg.model.load_in_4bit,
         gradient_checkpointing=cfg.model.gradient_checkpointing,
-        batch_tokens=rule.worst_case_positions(),
-        seq_len=rule.row_capacity,
+        batch_tokens=micro_batch[0] * micro_batch[1],
+        seq_len=micro_batch[1],
         attention=attention,
         native_gqa=native_gqa(attention),
         kernels=plan.kernels or "torch",
@@ -533,14 +544,14 @@ def memory_inputs(cfg: RootConfig, plan: Resolved, rule: BatchRule, arch: Arch, 
 
 
 def memory_phase(
-    cfg: RootConfig, plan: Resolved, rule: BatchRule, arch: Arch, images: int = 0
+    cfg: RootConfig, plan: Resolved, micro_batch: tuple[int, int], arch: Arch, images: int = 0
 ) -> tuple[MemoryStats, list[Problem]]:
     """The training peak of the worst-case micro-batch, vs the device's memory; when it will not fit, the settings
     that would (each tried through the same estimate). `images`: an image-text run's images in the worst
     micro-batch (the most a sample has x its rows)."""
     from seqtune.models import memory_estimate
 
-    inputs = memory_inputs(cfg, plan, rule, arch, images)
+    inputs = memory_inputs(cfg, plan, micro_batch, arch, images)
     estimate = memory_estimate(inputs)
     device = device_memory_gib(cfg.preflight.device_memory_gib, plan.device_type)
     stats = MemoryStats(

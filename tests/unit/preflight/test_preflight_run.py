@@ -15,6 +15,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from seqtune.config import PreflightFailed, RootConfig, to_typed
+from seqtune.config.plan import load_plan
+from seqtune.config.schema import PaddingStrategy
 from seqtune.preflight import load_result, run_preflight
 
 REPO = Path(__file__).resolve().parents[3]
@@ -347,6 +349,32 @@ def test_memory_refusal_names_the_settings_that_would_fit(tmp_path, varied):
         match=r"\[memory\] train.batch_size",
     )
     assert f"model.gradient_checkpointing=true (~{checkpointed:.1f} GiB)" in messages(report)
+
+
+@pytest.mark.parametrize("strategy", [str(strategy) for strategy in PaddingStrategy])
+def test_the_estimate_counts_the_micro_batches_the_plan_forms_not_max_seq_len(tmp_path, varied, strategy):
+    """longest/bucket: every row padded to the longest sample, whatever data.max_seq_len (the same batches, the same
+    estimate at 2048 and 16384); max_length: rows of max_seq_len; packed: batch_size rows of max_seq_len."""
+    runs = {}
+    for max_len in (2048, 16384):
+        cfg = make_cfg(
+            tmp_path,
+            varied,
+            f"padding.strategy={strategy}",
+            f"data.max_seq_len={max_len}",
+            "model.max_position_embeddings=16384",
+            "data.tail=pad",  # packed: the 8 samples fill one row
+        )
+        result = run_preflight(cfg, tmp_path / f"run{max_len}")
+        runs[max_len] = (load_plan(tmp_path / f"run{max_len}").micro_batch, result)
+    (short, result), (long, _) = runs[2048], runs[16384]
+    longest = result.splits["train"].lengths["max"]
+    if strategy in ("longest", "bucket"):
+        assert short == long == (4, longest)
+        assert runs[2048][1].memory == runs[16384][1].memory
+    else:
+        assert (short, long) == ((4, 2048), (4, 16384))
+        assert runs[16384][1].memory.activations_gib > 7 * runs[2048][1].memory.activations_gib
 
 
 def test_the_plan_and_the_checks_that_need_no_data_load_no_torch_transformers_or_peft(tmp_path, varied):
