@@ -276,7 +276,9 @@ def _data_phases(
     micro_batch = largest_micro_batch(cfg, rule, views)
     if model is not None and not resolved.optimizer_reason.startswith(CANNOT_RUN):  # no state to count otherwise
         most = max((len(refs) for scan in scans.values() for refs in scan.cache().images), default=0)
-        result.memory, memory_problems = memory_phase(cfg, resolved, micro_batch, model.arch, most * rule.rows)
+        result.memory, memory_problems = memory_phase(
+            cfg, resolved, micro_batch, model.arch, max_seq_len, most * rule.rows
+        )
         problems += memory_problems
     return {
         "max_seq_len": max_seq_len,
