@@ -444,6 +444,21 @@ def test_what_an_offload_keeps_in_host_memory_is_checked_against_preflight_host_
     assert f"train.fsdp_cpu_offload=true keeps ~{fits.host_gib:.1f} GiB in host memory" in messages(report)
 
 
+def test_across_ranks_the_levers_include_fsdp_and_its_cpu_offload(tmp_path, varied):
+    """A 2-rank full fine-tune (planned, not launched) on a device between its sharded and unsharded estimates: FSDP
+    is offered as the exact override, with the estimate preflight gives the sharded plan."""
+    ranks = ("recipe_name=sft", "lora.enabled=false", "launcher.name=torchrun", "launcher.nproc_per_node=2")
+    plain = run_preflight(make_cfg(tmp_path, varied, *ranks), tmp_path / "plain").memory
+    sharded = run_preflight(make_cfg(tmp_path, varied, *ranks, "train.parallel=fsdp"), tmp_path / "fsdp").memory
+    device = (plain.total_gib + sharded.total_gib) / 2
+    report = run_failing(
+        make_cfg(tmp_path, varied, *ranks, f"preflight.device_memory_gib={device}"),
+        tmp_path / "run",
+        match=r"\[memory\] train.batch_size",
+    )
+    assert f"train.parallel=fsdp (~{sharded.total_gib:.1f} GiB)" in messages(report)
+
+
 def test_the_plan_and_the_checks_that_need_no_data_load_no_torch_transformers_or_peft(tmp_path, varied):
     """What makes the first problem print fast: the CLI's entry, the plan's resolution and the fast checks run
     before any heavy library is imported (bench/first_error.py measures the seconds)."""
