@@ -9,6 +9,11 @@ Llama-3-8B and TinyLlama-1.1B shapes, LoRA, QLoRA, full fine-tuning, with and wi
 The peak is the larger of two moments: the start of the backward (weights, optimizer state, every kept
 activation, the first gradient buffers and the gradients of the head) and the optimizer step (weights,
 gradients, optimizer state and the update's temporaries).
+
+What a plan keeps in host memory instead is counted apart (MemoryEstimate.host_bytes, for every rank of the node):
+activations under model.activation_offload (all but the two layers in flight), and the parameter shards, their
+gradients and the optimizer state under FSDP's CPU offload. The batch is the largest micro-batch the plan forms
+(Plan.micro_batch), never rows x max_seq_len for shorter data.
 """
 
 from __future__ import annotations

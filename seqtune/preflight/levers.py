@@ -4,7 +4,8 @@ through the same estimate (seqtune.models.memory) against the device's memory an
 A lever is the exact override(s) to apply and the estimate's inputs it changes. Preflight lists those that fit,
 least invasive first (checkpointing, activation offload, a smaller micro-batch, QLoRA, a lean optimizer, FSDP, FSDP
 CPU offload, a shorter max_seq_len, LoRA), so applying the first one printed passes the memory check. A lever the
-plan cannot use here (activation offload or QLoRA without CUDA, FSDP on one rank) is never offered. When no single
+plan cannot use here (activation offload or QLoRA without CUDA, QLoRA without bitsandbytes, an 8-bit optimizer
+whose library or compiler is missing, FSDP on one rank) is never offered. When no single
 lever fits, two together are tried, then three.
 """
 
@@ -20,7 +21,8 @@ from seqtune.config.plan import Resolved
 from seqtune.config.recipe_spec import recipe_spec
 from seqtune.config.schema import RootConfig
 from seqtune.models.auto import spec_for
-from seqtune.models.optimizers import IMPLEMENTATIONS, TORCH_ADAMW
+from seqtune.models.optimizers import IMPLEMENTATIONS, TORCH_ADAMW, optimizer_problems
+from seqtune.preflight.resolve import installed
 
 if TYPE_CHECKING:
     from seqtune.models import MemoryEstimate, MemoryInputs
@@ -110,9 +112,9 @@ def candidate_levers(cfg: RootConfig, plan: Resolved, inputs: MemoryInputs, max_
             Lever(kind="offload", overrides=("model.activation_offload=true",), change={"activation_offload": True})
         )
     levers += _smaller_micro_batches(cfg, inputs)
-    if cuda and inputs.lora_enabled and not inputs.load_in_4bit:
+    if cuda and installed("bitsandbytes") and inputs.lora_enabled and not inputs.load_in_4bit:
         levers.append(Lever(kind="qlora", overrides=("model.load_in_4bit=true",), change={"load_in_4bit": True}))
-    if inputs.optimizer == TORCH_ADAMW:
+    if inputs.optimizer == TORCH_ADAMW and _can_run("adamw_8bit", plan.device_type):
         lean = IMPLEMENTATIONS[("adamw_8bit", plan.device_type)]
         levers.append(Lever(kind="optimizer", overrides=("optim.name=adamw_8bit",), change={"optimizer": lean}))
     levers += _sharding(inputs)
@@ -128,6 +130,16 @@ def candidate_levers(cfg: RootConfig, plan: Resolved, inputs: MemoryInputs, max_
         lora = {"lora_enabled": True, "lora_rank": 8, "lora_targets": targets, "reference_copy": False}
         levers.append(Lever(kind="lora", overrides=(f"recipe={lora_preset}",), change=lora))
     return levers
+
+
+def _can_run(optimizer: str, device_type: str) -> bool:
+    """optim.name=`optimizer` passes preflight's backend check here (its library installed, its compiler found)."""
+    return not optimizer_problems(
+        optimizer,
+        device_type=device_type,
+        bitsandbytes_installed=installed("bitsandbytes"),
+        torchao_installed=installed("torchao"),
+    )
 
 
 def _smaller_micro_batches(cfg: RootConfig, inputs: MemoryInputs) -> list[Lever]:
