@@ -357,11 +357,26 @@ def _some(names: list[str], shown: int = 3) -> str:
     return ", ".join(names[:shown]) + more
 
 
-def checkpoint_faults(path: str | None, arch: Arch | None) -> list[WeightFault]:
-    """model.path's weight files against the architecture its config.json declares (nothing for a tiny model)."""
+def checkpoint_faults(path: str | None, arch: Arch | None, *, load_in_4bit: bool = False) -> list[WeightFault]:
+    """model.path's weight files against the architecture its config.json declares (nothing for a tiny model);
+    QLoRA's on-the-fly NF4 quantization of a checkpoint that is quantized already."""
     if path is None or arch is None:
         return []
-    return weight_faults(Path(path).expanduser(), arch.tensors, arch.tied, arch.prefix, arch.stored)
+    root = Path(path).expanduser()
+    faults = weight_faults(root, arch.tensors, arch.tied, arch.prefix, arch.stored)
+    quantization, _ = _quantization(root)
+    if load_in_4bit and quantization is not None:
+        faults.append(
+            WeightFault(
+                file=str(root / "config.json"),
+                message=(
+                    "model.load_in_4bit=true quantizes a floating-point checkpoint to NF4 while loading, and "
+                    f"model.path is quantized already (config.json quantization_config.quant_method={FP8}). Fix: "
+                    "model.load_in_4bit=false (LoRA over its dequantized weights), or the model's bf16 release"
+                ),
+            )
+        )
+    return faults
 
 
 # --- after the load (seqtune.models.build) ------------------------------------------------------------------------

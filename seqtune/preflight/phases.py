@@ -134,7 +134,9 @@ def runtime_phase(
         problems.append(Problem(check="load", key=err.key or "model.path", message=str(err)))
         model = None
     weights = model_checks.check_checkpoint_weights(
-        checkpoint_faults(cfg.model.path, model.arch if model is not None else None)
+        checkpoint_faults(
+            cfg.model.path, model.arch if model is not None else None, load_in_4bit=cfg.model.load_in_4bit
+        )
     )
     if weights:  # nothing else reads weights that failed the proof (a truncated shard would raise mid-read)
         problems, model = problems + weights, None

@@ -201,6 +201,10 @@ def test_an_fp8_block_scaled_checkpoint_is_read_in_its_stored_layout(saved, tmp_
     assert type(loaded.model.layers[0].mlp.up_proj) is torch.nn.Linear
     assert torch.linalg.norm(dequantized - original) / torch.linalg.norm(original) < 0.05
 
+    cfg = tiny_cfg("llama3", path=str(path))
+    (qlora,) = checkpoint_faults(cfg.path, config_arch(load_model_config(cfg)), load_in_4bit=True)
+    assert "model.path is quantized already" in qlora.message and "Fix: model.load_in_4bit=false" in qlora.message
+
     scale = "model.layers.1.self_attn.q_proj.weight_scale_inv"
     _rewrite(path, lambda t: {**t, scale: t[scale][:1]})
     (fault,) = _faults(path)
