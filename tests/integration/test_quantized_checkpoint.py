@@ -8,10 +8,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from safetensors import safe_open
 
 from tests.conftest import REPO, run_cli
 from tests.unit.models.conftest import write_fp8_block_scaled
+
+pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
 
 
 def test_lora_trains_on_an_fp8_block_scaled_checkpoint_and_merges_into_the_dequantized_base(tmp_path: Path):
