@@ -310,6 +310,10 @@ class ModelConfig:
     # 4-bit NF4 base weights (QLoRA). CUDA only.
     load_in_4bit: bool = False
     gradient_checkpointing: bool = False
+    # Move the activations autograd saves for the backward from the GPU to pinned host memory during the forward,
+    # and back for the backward (seqtune.train.offload); works with checkpointing (then only each layer's input is
+    # moved). CUDA only: on the CPU they already are in host memory. Preflight counts them against host memory.
+    activation_offload: bool = False
     seed: int = 0
     # Mixture of experts: the router's load-balancing loss is added as coef x aux_loss and logged as
     # router_aux_loss. null = the checkpoint's config.json router_aux_loss_coef; 0 = not added (still logged).
@@ -862,6 +866,10 @@ class TrainConfig:
     push_private: bool = True
     # ddp | fsdp (full fine-tuning of models too big for one device)
     parallel: Parallel = Parallel.ddp
+    # train.parallel=fsdp: keep the parameter shards, their gradients and the optimizer state in host memory
+    # (FSDP2 CPUOffloadPolicy; the optimizer steps on the CPU); each layer is copied to the device for its compute.
+    # Needs train.parallel=fsdp across ranks. Preflight counts those bytes against host memory.
+    fsdp_cpu_offload: bool = False
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -1021,6 +1029,9 @@ class PreflightConfig:
     plot: bool = True
     # Device memory to check the estimate against, in GiB (null = the CUDA device's, or report only).
     device_memory_gib: float | None = None
+    # Host memory to check what a plan keeps there (offloaded activations, FSDP CPU offload's state, for every rank
+    # of the node) against, in GiB (null = this machine's available memory): to plan for another machine.
+    host_memory_gib: float | None = None
     # Samples shown as they will be trained (samples.html, one on the console, a W&B table): per split the longest,
     # a truncated one (if any) and this many random ones. 0 = none.
     show: int = 3
@@ -1028,8 +1039,9 @@ class PreflightConfig:
     def __post_init__(self) -> None:
         domain = _Domain("preflight")
         domain.at_least("show", self.show, 0, 3)
-        if self.device_memory_gib is not None:
-            domain.above("device_memory_gib", self.device_memory_gib, 0, "null")
+        for name in ("device_memory_gib", "host_memory_gib"):
+            if getattr(self, name) is not None:
+                domain.above(name, getattr(self, name), 0, "null")
         domain.done()
 
 

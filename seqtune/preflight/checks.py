@@ -796,6 +796,36 @@ def check_precision(
     return problems
 
 
+def check_offload(
+    *, activation_offload: bool, device_type: str, fsdp_cpu_offload: bool, sharded: bool
+) -> list[Problem]:
+    """Activation offload moves GPU memory to the host: on the CPU there is none to save. FSDP CPU offload is a
+    policy of FSDP's shards: without train.parallel=fsdp across ranks there are none."""
+    problems = []
+    if activation_offload and device_type != "cuda":
+        problems.append(
+            Problem(
+                check="backend",
+                key="model.activation_offload",
+                message=f"model.activation_offload=true on {device_type}: it moves the activations the backward "
+                "needs from GPU memory to host memory, and these already are in host memory here, so there is no "
+                "device memory to save. Fix: model.activation_offload=false, or run on a CUDA GPU.",
+            )
+        )
+    if fsdp_cpu_offload and not sharded:
+        problems.append(
+            Problem(
+                check="backend",
+                key="train.fsdp_cpu_offload",
+                message="train.fsdp_cpu_offload=true without train.parallel=fsdp across ranks: it keeps FSDP's "
+                "parameter shards, gradients and optimizer state in host memory, and this plan shards nothing. "
+                "Fix: train.parallel=fsdp with launcher=torchrun launcher.nproc_per_node=2 (or more), or "
+                "train.fsdp_cpu_offload=false.",
+            )
+        )
+    return problems
+
+
 def check_export(*, export_merged: bool, sharded: bool) -> list[Problem]:
     """A merged export needs the whole model on one rank; under FSDP across ranks only the adapter is gathered."""
     if not (export_merged and sharded):
@@ -915,6 +945,29 @@ def check_reference_model(*, reference: str, sharded: bool, recipe: RecipeSpec) 
 # --- 10. memory ---------------------------------------------------------------------------------------------
 
 
+def check_host_memory(
+    *, host_gib: float, host_memory_gib: float | None, offloading: str, fits: Sequence[str] = ()
+) -> list[Problem]:
+    """What the plan offloads into host memory (every rank of the node) vs the host's."""
+    if host_memory_gib is None or host_gib <= host_memory_gib:
+        return []
+    fix = (
+        "; or ".join(fits)
+        if fits
+        else "a smaller train.batch_size, model.gradient_checkpointing=true (only each layer's input is offloaded), "
+        "more nodes, or preflight.host_memory_gib=GIB for the machine that will run it"
+    )
+    return [
+        Problem(
+            check="memory",
+            key="preflight.host_memory_gib",
+            message=f"{offloading} keeps ~{host_gib:.1f} GiB in host memory (every rank of the node) > host "
+            f"memory {host_memory_gib:.1f} GiB (preflight.host_memory_gib, else this machine's available memory). "
+            f"Fix: {fix}.",
+        )
+    ]
+
+
 def check_memory(
     *, estimate_gib: float, device_memory_gib: float | None, breakdown: str, fits: Sequence[str] = ()
 ) -> list[Problem]:
@@ -923,10 +976,10 @@ def check_memory(
     if device_memory_gib is None or estimate_gib <= device_memory_gib:
         return []
     fix = (
-        "; or ".join(fits)
+        "one of (each with its estimated peak) " + "; or ".join(fits)
         if fits
-        else "none of a smaller batch, checkpointing, a shorter max_seq_len or QLoRA "
-        "fits alone: combine them, or use train.parallel=fsdp over more GPUs"
+        else "none of checkpointing, activation offload, a smaller micro-batch, QLoRA, a lean optimizer, FSDP or "
+        "its CPU offload fits, alone or up to three together: use train.parallel=fsdp over more GPUs"
     )
     return [
         Problem(

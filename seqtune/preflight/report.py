@@ -139,6 +139,11 @@ def format_summary(result: PreflightResult) -> str:
             f"{memory.activations_gib:.2f}"
             + (f", generation KV cache {memory.kv_cache_gib:.2f}" if memory.kv_cache_gib else "")
             + f"); {device}"
+            + (
+                f"; host ~{memory.host_gib:.2f} GiB (offloaded) of {memory.host_memory_gib:.1f}"
+                if memory.host_memory_gib
+                else ""
+            )
         )
     lines.extend(f"note: {note}" for note in result.notes)
     return "\n".join(lines)

@@ -150,6 +150,10 @@ class MemoryStats:
     total_gib: float
     kv_cache_gib: float = 0.0  # an online recipe's generation cache (within the peak, not beside it)
     device_gib: float | None = None
+    # What the plan keeps in host memory (offloaded activations, FSDP CPU offload's state; every rank of the node)
+    # and the host memory it was checked against (null: nothing offloaded).
+    host_gib: float = 0.0
+    host_memory_gib: float | None = None
 
 
 @dataclass(kw_only=True)

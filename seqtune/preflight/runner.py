@@ -39,6 +39,7 @@ from seqtune.preflight.checks_vision import vision_checks
 from seqtune.preflight.phases import (
     fast_checks,
     harness_checks,
+    largest_micro_batch,
     memory_phase,
     plan_phase,
     resolve_lengths,
@@ -272,12 +273,16 @@ def _data_phases(
     if cfg.data.mode == DataMode.stream:
         batches, stream_records = _stream_phase(cfg, resolved, rule, scans["train"], result, problems)
     result.padding = PaddingStats(strategy=cfg.padding.strategy, side=resolved.padding_side, efficiency=efficiency)
+    micro_batch = largest_micro_batch(cfg, rule, views)
     if model is not None and not resolved.optimizer_reason.startswith(CANNOT_RUN):  # no state to count otherwise
         most = max((len(refs) for scan in scans.values() for refs in scan.cache().images), default=0)
-        result.memory, memory_problems = memory_phase(cfg, resolved, rule, model.arch, most * rule.rows)
+        result.memory, memory_problems = memory_phase(
+            cfg, resolved, micro_batch, model.arch, max_seq_len, most * rule.rows
+        )
         problems += memory_problems
     return {
         "max_seq_len": max_seq_len,
+        "micro_batch": micro_batch,
         "batches": batches or {},
         "stream_records": stream_records,
         "data": {name: scan.cache_dir.name for name, scan in scans.items()},

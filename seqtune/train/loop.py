@@ -20,6 +20,7 @@ from seqtune.train.evaluate import Evaluator
 from seqtune.train.metrics import MetricsLogger
 from seqtune.train.numerics import NumericsGuard
 from seqtune.train.objectives import Objective
+from seqtune.train.offload import offload_activations
 from seqtune.train.signals import StopAtStep
 from seqtune.train.step import autocast, move_batch
 
@@ -46,6 +47,8 @@ class Loop:
     total_steps: int
     logger: MetricsLogger | None
     autocast_dtype: torch.dtype | None
+    # model.activation_offload: the forward's saved activations wait in pinned host memory (seqtune.train.offload).
+    activation_offload: bool = False
     # fp16 autocast: scales the loss so small gradients survive float16 (None otherwise).
     scaler: torch.amp.GradScaler | None
     checkpointer: Checkpointer
@@ -80,7 +83,11 @@ def train_step(loop: Loop, micro_batches: list[dict[str, torch.Tensor]]) -> dict
     metric_sums = torch.zeros(len(objective.metric_names), dtype=torch.float64, device=loop.env.device)
     for i, batch in enumerate(micro_batches):
         batch = move_batch(batch, loop.env.device)
-        with _no_sync(loop, last=i == len(micro_batches) - 1), autocast(loop.env.device, loop.autocast_dtype):
+        with (
+            _no_sync(loop, last=i == len(micro_batches) - 1),
+            autocast(loop.env.device, loop.autocast_dtype),
+            offload_activations(loop.activation_offload),
+        ):
             summed, metrics = objective(loop.model, batch)
         scaled = summed * scale
         (loop.scaler.scale(scaled) if loop.scaler is not None else scaled).backward()

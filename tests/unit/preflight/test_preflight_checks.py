@@ -389,8 +389,11 @@ def test_memory_fails_only_against_a_known_device():
         fits=["model.gradient_checkpointing=true (~40.0 GiB)"],
     )
     assert "90.0 GiB (weights 60) > device memory 80.0 GiB" in problems[0].message
-    assert problems[0].message.endswith("Fix: model.gradient_checkpointing=true (~40.0 GiB).")
-    assert "combine them" in checks.check_memory(estimate_gib=90.0, device_memory_gib=80.0, breakdown="")[0].message
+    assert problems[0].message.endswith(
+        "Fix: one of (each with its estimated peak) model.gradient_checkpointing=true (~40.0 GiB)."
+    )
+    none = checks.check_memory(estimate_gib=90.0, device_memory_gib=80.0, breakdown="")[0].message
+    assert "alone or up to three together: use train.parallel=fsdp over more GPUs" in none
     assert checks.check_memory(estimate_gib=90.0, device_memory_gib=None, breakdown="") == []
     assert checks.check_memory(estimate_gib=9.0, device_memory_gib=80.0, breakdown="") == []
 
