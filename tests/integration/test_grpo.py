@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from seqtune.recipes.rollout.rewards import OTHER_KIND_COST
 
-from seqtune.recipes.grpo.rewards import OTHER_KIND_COST
 from tests.conftest import REPO, read_metrics, run_cli
 
 pytestmark = pytest.mark.slow
@@ -28,8 +28,8 @@ COMMON = [
     "train.log_every=1",
     "train.eval_every=2",
     "train.eval_batches=1",
-    "grpo.num_generations=2",
-    "grpo.max_completion_tokens=4",
+    "rollout.num_generations=2",
+    "rollout.max_completion_tokens=4",
     "grpo.beta=0.05",  # the reference (adapters off) and the kl metric take part
     "lora.dropout=0.1",
     "preflight.plot=false",
@@ -146,10 +146,10 @@ def test_reward_problems_are_refused_before_any_generation(tmp_path):
         "    return [0.0] * len(completions)\n"
     )
     run_dir = tmp_path / "run"
-    result = run_cli([*COMMON, f"grpo.rewards=[{rewards}:broken,{rewards}:needs]"], run_dir)
+    result = run_cli([*COMMON, f"rollout.rewards=[{rewards}:broken,{rewards}:needs]"], run_dir)
     assert result.returncode == 2, result.stdout[-2000:]
     out = " ".join(result.stdout.split())
-    assert f"grpo.rewards[0]={rewards}:broken ({rewards}:1) failed a dry call" in out
+    assert f"rollout.rewards[0]={rewards}:broken ({rewards}:1) failed a dry call" in out
     assert f"(raised at {rewards}:2)" in out
     assert "reads column(s) solution, which the data's records lack (they have: kind)" in out
     assert not (run_dir / "completions.jsonl").exists() and not (run_dir / "metrics.jsonl").exists()

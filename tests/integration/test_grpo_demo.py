@@ -12,8 +12,8 @@ import json
 from collections import defaultdict
 
 import pytest
+from seqtune.recipes.rollout.rewards import CHARACTER_KINDS, kind_share
 
-from seqtune.recipes.grpo.rewards import CHARACTER_KINDS, kind_share
 from tests.conftest import PORTABLE_CPU, read_metrics, run_cli
 
 pytestmark = pytest.mark.slow

@@ -20,7 +20,7 @@ DATA = Path(__file__).parent / "data"
 DEFAULTS = {
     "data.train": str(DATA / "grpo_letter_prompts.jsonl"),
     "data.val": str(DATA / "grpo_letter_prompts_val.jsonl"),
-    "grpo.rewards": "[seqtune.recipes.grpo.rewards:starts_with_answer]",
+    "rollout.rewards": "[seqtune.recipes.rollout.rewards:starts_with_answer]",
 }
 
 REWARDS = """\
@@ -87,9 +87,9 @@ def line_of(path: Path, text: str) -> int:
 CASES = [
     (
         "budget_over_max_seq_len",
-        ["data.max_seq_len=16", "grpo.max_completion_tokens=4"],
-        "grpo.max_completion_tokens",
-        "+ grpo.max_completion_tokens=4 = 20 tokens > data.max_seq_len 16. Fix: grpo.max_completion_tokens=",
+        ["data.max_seq_len=16", "rollout.max_completion_tokens=4"],
+        "rollout.max_completion_tokens",
+        "+ rollout.max_completion_tokens=4 = 20 tokens > data.max_seq_len 16. Fix: rollout.max_completion_tokens=",
     ),
     (
         "fsdp_across_ranks",
@@ -99,43 +99,43 @@ CASES = [
     ),
     (
         "budget_over_context",
-        ["grpo.max_completion_tokens=2040"],
-        "grpo.max_completion_tokens",
-        "= 2056 tokens > model context 2048. Fix: grpo.max_completion_tokens=2032",
+        ["rollout.max_completion_tokens=2040"],
+        "rollout.max_completion_tokens",
+        "= 2056 tokens > model context 2048. Fix: rollout.max_completion_tokens=2032",
     ),
-    ("reward_does_not_import", ["grpo.rewards=[{broken}:fn]"], "grpo.rewards[0]", "failed: ModuleNotFoundError"),
-    ("reward_missing", ["grpo.rewards=[{rewards}:nope]"], "grpo.rewards[0]", "has no function nope"),
+    ("reward_does_not_import", ["rollout.rewards=[{broken}:fn]"], "rollout.rewards[0]", "failed: ModuleNotFoundError"),
+    ("reward_missing", ["rollout.rewards=[{rewards}:nope]"], "rollout.rewards[0]", "has no function nope"),
     (
         "reward_signature",
-        ["grpo.rewards=[{rewards}:one_argument]"],
-        "grpo.rewards[0]",
+        ["rollout.rewards=[{rewards}:one_argument]"],
+        "rollout.rewards[0]",
         "takes 1 positional parameter(s); a reward is called as fn(prompts, completions, **columns)",
     ),
     (
         "reward_raises",
-        ["grpo.rewards=[{rewards}:raises]"],
-        "grpo.rewards[0]",
+        ["rollout.rewards=[{rewards}:raises]"],
+        "rollout.rewards[0]",
         "({rewards}:{raises_def}) failed a dry call on 2 real prompts with dummy completions: KeyError: "
         "'solution' (raised at {rewards}:{raises_at})",
     ),
     (
         "reward_wrong_length",
-        ["grpo.rewards=[{rewards}:ok,{rewards}:short_list]"],
-        "grpo.rewards[1]",
+        ["rollout.rewards=[{rewards}:ok,{rewards}:short_list]"],
+        "rollout.rewards[1]",
         "({rewards}:{short_def}) failed a dry call on 2 real prompts with dummy completions: ValueError: returned 1 "
         "for 2 completions",
     ),
     (
         "reward_not_finite",
-        ["grpo.rewards=[{rewards}:not_finite]"],
-        "grpo.rewards[0]",
+        ["rollout.rewards=[{rewards}:not_finite]"],
+        "rollout.rewards[0]",
         "({rewards}:{nan_def}) failed a dry call on 2 real prompts with dummy completions: ValueError: returned nan "
         "at index 0 (expected a finite float or None)",
     ),
     (
         "reward_column_missing",
-        ["grpo.rewards=[{rewards}:needs]"],
-        "grpo.rewards[0]",
+        ["rollout.rewards=[{rewards}:needs]"],
+        "rollout.rewards[0]",
         "reads column(s) solution, which the data's records lack (they have: answer)",
     ),
     (
@@ -173,10 +173,10 @@ CASES = [
     ),
     (
         "vllm_generator",
-        ["grpo.generator=vllm"],
-        "grpo.generator",
-        "grpo.generator=vllm: seqtune's colocated vLLM generator (a CUDA GPU, weights synced each step) is not built "
-        "yet, so a run cannot use it. Fix: grpo.generator=transformers",
+        ["rollout.generator=vllm"],
+        "rollout.generator",
+        "rollout.generator=vllm: seqtune's colocated vLLM generator (a CUDA GPU, weights synced each step) is not built "
+        "yet, so a run cannot use it. Fix: rollout.generator=transformers",
     ),
 ]
 
@@ -213,7 +213,12 @@ def test_each_grpo_refusal_exits_2_before_any_generation(files, tmp_path, overri
 @pytest.mark.parametrize(
     "overrides",
     [
-        ["grpo.rewards=[{rewards}:ok]", "grpo.num_iterations=2", "data.max_seq_len=20", "grpo.max_completion_tokens=4"],
+        [
+            "rollout.rewards=[{rewards}:ok]",
+            "grpo.num_iterations=2",
+            "data.max_seq_len=20",
+            "rollout.max_completion_tokens=4",
+        ],
         # zephyr closes an assistant turn with </s>: a trained terminator, so message prompts stop
         ["data.train={messages}", "data.val=null", "tokenizer.chat_template=zephyr"],
         # the bundled tokenizer's template closes a turn with <|end|>, no terminator: message prompts stop there

@@ -1,4 +1,4 @@
-"""samples.html's completions section (recipes/grpo/completions.py on the shared page's tables): one table per eval
+"""samples.html's completions section (rollout/completions.py on the shared page's tables): one table per eval
 step, every prompt and completion escaped, message prompts as JSON, and each eval replacing the section (not
 adding a second one) below preflight's samples."""
 
@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from seqtune.preflight.samples_html import SAMPLES_HTML, page
-from seqtune.recipes.grpo.completions import COMPLETIONS_FILE, show_completions
+from seqtune.rollout.completions import COMPLETIONS_FILE, show_completions
 
 
 def write_rows(path: Path, rows: list[dict]) -> None:

@@ -59,4 +59,4 @@ def show_completions(path: Path) -> Path:
         f"({COMPLETIONS_FILE}, weighted reward first, then each function's)",
         completion_tables(rows),
     )
-    return add_section(path.parent / SAMPLES_HTML, SECTION, section, title="seqtune: GRPO completions")
+    return add_section(path.parent / SAMPLES_HTML, SECTION, section, title="seqtune: completions")
