@@ -140,7 +140,7 @@ def load_rewards(refs: list[str]) -> list[Reward]:
 
 
 def call_reward(
-    reward: Reward,
+    scorer: Reward,
     prompts: list[Any],
     completions: list[Any],
     completion_ids: list[list[int]],
@@ -149,7 +149,7 @@ def call_reward(
 ) -> list[float]:
     """The reward of each completion (NaN where the function returns None); a wrong shape raises ValueError. The
     function gets its own deep copies of what it could edit in place."""
-    out = reward.fn(
+    out = scorer.fn(
         prompts=copy.deepcopy(prompts),
         completions=copy.deepcopy(completions),
         completion_ids=copy.deepcopy(completion_ids),
@@ -192,18 +192,18 @@ def dry_call_problems(rewards: list[Reward], records: list[dict[str, Any]]) -> l
     dummy = [dummy_completion(p) for p in prompts]
     names = set.intersection(*(set(r) for r in records)) - {"prompt"}
     columns = {name: [r[name] for r in records] for name in names}
-    for reward in rewards:
-        if any(c not in names for c in reward.columns):
+    for scorer in rewards:
+        if any(c not in names for c in scorer.columns):
             continue  # column_problems names the record that lacks it
         try:
-            call_reward(reward, prompts, dummy, [[0] for _ in prompts], columns)
+            call_reward(scorer, prompts, dummy, [[0] for _ in prompts], columns)
         except Exception as exc:  # noqa: BLE001  # user code raises anything: the refusal names it
             problems.append(
                 (
-                    reward.key,
-                    f"{reward.key}={reward.ref} ({reward.where}) failed a dry call on "
+                    scorer.key,
+                    f"{scorer.key}={scorer.ref} ({scorer.where}) failed a dry call on "
                     f"{len(prompts)} real prompts with dummy completions: {type(exc).__name__}: {exc}"
-                    f"{_raised_at(exc, reward)}. Fix: make it return one finite float (or None) per "
+                    f"{_raised_at(exc, scorer)}. Fix: make it return one finite float (or None) per "
                     f"completion, called as {CALL}",
                 )
             )
@@ -214,16 +214,16 @@ def column_problems(rewards: list[Reward], records: list[tuple[str, dict[str, An
     """Every column each reward reads, looked for in EVERY record ((file:line, record) pairs): the first record
     that lacks one is named, so a run never dies at the step that first samples it."""
     problems = []
-    for reward in rewards:
-        for column in reward.columns:
+    for scorer in rewards:
+        for column in scorer.columns:
             lacking = next((where for where, record in records if record.get(column) is None), None)
             if lacking is None:
                 continue
             have = sorted(set().union(*(set(r) for _, r in records)) - {"prompt"}) if records else []
             problems.append(
                 (
-                    reward.key,
-                    f"{reward.key}={reward.ref} ({reward.where}) reads column {column}, which {lacking} lacks (the "
+                    scorer.key,
+                    f"{scorer.key}={scorer.ref} ({scorer.where}) reads column {column}, which {lacking} lacks (the "
                     f"records have: {', '.join(have) or 'only prompt'}). Fix: give every record a {column}, or a "
                     f"default in the function's signature ({column}=None) if it may be missing",
                 )
@@ -231,11 +231,11 @@ def column_problems(rewards: list[Reward], records: list[tuple[str, dict[str, An
     return problems
 
 
-def _raised_at(exc: BaseException, reward: Reward) -> str:
+def _raised_at(exc: BaseException, scorer: Reward) -> str:
     """' (raised at file:line)': the innermost frame of the reward's own file, when the traceback has one."""
     frames = inspect.getinnerframes(exc.__traceback__) if exc.__traceback__ else []
     try:
-        source = inspect.getsourcefile(reward.fn)
+        source = inspect.getsourcefile(scorer.fn)
     except TypeError:
         source = None
     inside = [f for f in frames if f.filename == source]

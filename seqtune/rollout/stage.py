@@ -237,12 +237,12 @@ class RolloutStage:
         prompts = [r["prompt"] for r in records]
         columns = {k: [r.get(k) for r in records] for k in records[0] if k != "prompt"}
         out = []
-        for reward in self.rewards:
+        for scorer in self.rewards:
             try:
-                out.append(call_reward(reward, prompts, completions, ids, columns, step=self.position.step))
+                out.append(call_reward(scorer, prompts, completions, ids, columns, step=self.position.step))
             except Exception as exc:  # user code raises anything: the message names the function
                 raise RuntimeError(
-                    f"{reward.key}={reward.ref} ({reward.where}) failed while training: {type(exc).__name__}: {exc}"
+                    f"{scorer.key}={scorer.ref} ({scorer.where}) failed while training: {type(exc).__name__}: {exc}"
                 ) from exc
         return torch.tensor(out, dtype=torch.float64)
 

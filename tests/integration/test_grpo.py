@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from seqtune.recipes.rollout.rewards import OTHER_KIND_COST
 
+from seqtune.rollout.examples import OTHER_KIND_COST
 from tests.conftest import REPO, read_metrics, run_cli
 
 pytestmark = pytest.mark.slow
@@ -151,23 +151,30 @@ def test_reward_problems_are_refused_before_any_generation(tmp_path):
     out = " ".join(result.stdout.split())
     assert f"rollout.rewards[0]={rewards}:broken ({rewards}:1) failed a dry call" in out
     assert f"(raised at {rewards}:2)" in out
-    assert "reads column(s) solution, which the data's records lack (they have: kind)" in out
+    assert "reads column solution, which " in out and "train.jsonl:1 lacks (the records have: kind)" in out
     assert not (run_dir / "completions.jsonl").exists() and not (run_dir / "metrics.jsonl").exists()
 
 
 ITERATED = [*COMMON, "grpo.num_iterations=2", "train.max_steps=6", "train.save_every=3"]
+# RLOO on the same shared online stage: only the recipe and its own group's keys differ.
+RLOO_ITERATED = [
+    a.replace("lora_grpo", "lora_rloo").replace("grpo.", "rloo.") for a in ITERATED if a != "grpo.loss=dapo"
+]
 
 
-@pytest.fixture(scope="module")
-def iterated(tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("grpo_mu") / "run"
-    ok(run_cli(ITERATED, run_dir))
-    return run_dir
+@pytest.fixture(scope="module", params=["grpo", "rloo"])
+def iterated(tmp_path_factory, request) -> tuple[Path, list[str]]:
+    args = ITERATED if request.param == "grpo" else RLOO_ITERATED
+    run_dir = tmp_path_factory.mktemp(f"{request.param}_mu") / "run"
+    ok(run_cli(args, run_dir))
+    return run_dir, args
 
 
 def test_num_iterations_reuses_each_generation_batch_for_that_many_steps(iterated):
-    """grpo.num_iterations=2: steps 1-2, 3-4, 5-6 train on one generation batch each (the same rewards and lengths),
-    the 2nd step with the 1st's log-probabilities (a ratio off 1), and the plan counts the repeated steps."""
+    """grpo.num_iterations=2 (rloo.num_iterations=2 alike): steps 1-2, 3-4, 5-6 train on one generation batch each
+    (the same rewards and lengths), the 2nd step with the 1st's log-probabilities (a ratio off 1), and the plan
+    counts the repeated steps."""
+    iterated, _ = iterated
     steps = [m for m in read_metrics(iterated) if "loss" in m]
     assert [m["step"] for m in steps] == list(range(1, 7))
     for first, second in zip(steps[::2], steps[1::2], strict=True):
@@ -184,11 +191,13 @@ def test_num_iterations_reuses_each_generation_batch_for_that_many_steps(iterate
 
 def test_a_run_killed_mid_cycle_resumes_bitwise(iterated, tmp_path):
     """SIGKILL while saving step 6: step 3's checkpoint (the 1st step of a generation batch that step 4 reuses) holds
-    the rollouts and their log-probabilities, so the resumed steps 4-6 are the uninterrupted run's bit for bit."""
+    the rollouts and their log-probabilities, so the resumed steps 4-6 are the uninterrupted run's bit for bit (GRPO
+    and RLOO: the stage they share keeps the buffer)."""
+    iterated, args = iterated
     run_dir = tmp_path / "run"
-    crashed = run_cli(ITERATED, run_dir, env={"SEQTUNE_FAULT": "save:6"})
+    crashed = run_cli(args, run_dir, env={"SEQTUNE_FAULT": "save:6"})
     assert crashed.returncode == -9, crashed.stderr[-2000:]
-    resumed = run_cli(ITERATED, run_dir)
+    resumed = run_cli(args, run_dir)
     ok(resumed)
     assert "step_00000003 (step 3)" in resumed.stdout
     adapter = Path("adapter") / "adapter_model.safetensors"

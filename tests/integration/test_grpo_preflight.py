@@ -20,7 +20,7 @@ DATA = Path(__file__).parent / "data"
 DEFAULTS = {
     "data.train": str(DATA / "grpo_letter_prompts.jsonl"),
     "data.val": str(DATA / "grpo_letter_prompts_val.jsonl"),
-    "rollout.rewards": "[seqtune.recipes.rollout.rewards:starts_with_answer]",
+    "rollout.rewards": "[seqtune.rollout.examples:starts_with_answer]",
 }
 
 REWARDS = """\
@@ -47,8 +47,12 @@ def needs(prompts, completions, solution, **columns):
     return [0.0] * len(completions)
 
 
-def one_argument(completions):
+def positional_only(completions, /):
     return [0.0] * len(completions)
+
+
+def trl_documented(completions, **kwargs):
+    return [float(bool(c)) for c in completions]
 """
 # A chat template that renders no generation prompt (add_generation_prompt changes nothing).
 NO_GENERATION_PROMPT = "{% for m in messages %}<|user|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
@@ -95,7 +99,7 @@ CASES = [
         "fsdp_across_ranks",
         ["launcher=torchrun", "launcher.nproc_per_node=2", "train.parallel=fsdp"],
         "train.parallel",
-        "train.parallel=fsdp across ranks with GRPO: each rank samples until its own completions end",
+        "train.parallel=fsdp across ranks with an online recipe: each rank samples until its own completions end",
     ),
     (
         "budget_over_context",
@@ -107,9 +111,10 @@ CASES = [
     ("reward_missing", ["rollout.rewards=[{rewards}:nope]"], "rollout.rewards[0]", "has no function nope"),
     (
         "reward_signature",
-        ["rollout.rewards=[{rewards}:one_argument]"],
+        ["rollout.rewards=[{rewards}:positional_only]"],
         "rollout.rewards[0]",
-        "takes 1 positional parameter(s); a reward is called as fn(prompts, completions, **columns)",
+        "takes completions by position only; a reward is called by keyword, as fn(prompts=, completions=, "
+        "completion_ids=, **columns)",
     ),
     (
         "reward_raises",
@@ -136,7 +141,15 @@ CASES = [
         "reward_column_missing",
         ["rollout.rewards=[{rewards}:needs]"],
         "rollout.rewards[0]",
-        "reads column(s) solution, which the data's records lack (they have: answer)",
+        "reads column solution, which " + str(DATA / "grpo_letter_prompts.jsonl") + ":1 lacks (the records have: "
+        "answer)",
+    ),
+    (
+        "moved_key",
+        ["grpo.num_generations=8"],
+        "grpo.num_generations",
+        "grpo.num_generations moved to rollout.num_generations (every online recipe shares it). Fix: "
+        "rollout.num_generations=8",
     ),
     (
         "unequal_prompts_per_rank",
@@ -214,13 +227,19 @@ def test_each_grpo_refusal_exits_2_before_any_generation(files, tmp_path, overri
     "overrides",
     [
         [
-            "rollout.rewards=[{rewards}:ok]",
+            "rollout.rewards=[{rewards}:ok,{rewards}:trl_documented]",
             "grpo.num_iterations=2",
             "data.max_seq_len=20",
             "rollout.max_completion_tokens=4",
         ],
-        # zephyr closes an assistant turn with </s>: a trained terminator, so message prompts stop
-        ["data.train={messages}", "data.val=null", "tokenizer.chat_template=zephyr"],
+        # zephyr closes an assistant turn with </s>: a trained terminator, so message prompts stop; TRL's own
+        # think_format_reward (message completions) runs unchanged by name
+        [
+            "data.train={messages}",
+            "data.val=null",
+            "tokenizer.chat_template=zephyr",
+            "rollout.rewards=[seqtune.rollout.examples:starts_with_answer,trl.rewards:think_format_reward]",
+        ],
         # the bundled tokenizer's template closes a turn with <|end|>, no terminator: message prompts stop there
         ["data.train={messages}", "data.val=null"],
     ],

@@ -99,6 +99,7 @@ def trl_loss(model, scored, cfg: GrpoConfig, temperature: float) -> float:
             epsilon_high=cfg.clip_high,
             temperature=temperature,
             num_iterations=cfg.num_iterations,
+            importance_sampling_level=str(cfg.importance_sampling_level),
             use_cpu=True,
             report_to=[],
             bf16=False,
@@ -126,11 +127,14 @@ def trl_loss(model, scored, cfg: GrpoConfig, temperature: float) -> float:
     return float(trainer._compute_loss(trainer.model, inputs).detach())
 
 
-@pytest.mark.parametrize("loss", list(GrpoLoss))
-def test_the_second_iteration_reuses_the_rollout_and_matches_trl(loss):
+@pytest.mark.parametrize(
+    "loss,level", [*((loss, "token") for loss in GrpoLoss), (GrpoLoss.grpo, "sequence")], ids=lambda v: str(v)
+)
+def test_the_second_iteration_reuses_the_rollout_and_matches_trl(loss, level):
+    """Each token normalisation, and GSPO (grpo.importance_sampling_level=sequence: one ratio per completion)."""
     tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
     model = tiny_model().train()  # no dropout in the config: both sides see one function
-    grpo = objective(tokenizer, loss, epsilon_high=0.28, temperature=0.7)
+    grpo = objective(tokenizer, loss, epsilon_high=0.28, temperature=0.7, importance_sampling_level=level)
     first, _ = at(grpo, 0)(model, batch())
     scored = grpo.stage.buffer[0]
     assert scored.old_logps is not None and not scored.old_logps.requires_grad
