@@ -68,6 +68,7 @@ class RecipeFacts:
     longest: dict[str, tuple[int, str]]  # split -> (its longest sequence's tokens, file:line)
     terminators: dict[int, str]  # the trained terminators (plan.tokens.terminators)
     turn_closer: int | None = None  # the template's assistant-turn closer for message prompts (plan.tokens)
+    caches: dict[str, str] | None = None  # split -> its token cache directory, as the scan wrote it
 
 
 @dataclass(frozen=True)

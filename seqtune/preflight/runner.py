@@ -476,5 +476,6 @@ def _recipe_checks(cfg: RootConfig, resolved: Resolved, tokens, tokenizer, scans
         longest=longest,
         terminators=dict(tokens.terminators),
         turn_closer=tokens.turn_closer,
+        caches={name: str(scan.cache_dir) for name, scan in scans.items()},
     )
     return [Problem(check=spec.name, key=key, message=message) for key, message in spec.preflight(cfg, facts)]

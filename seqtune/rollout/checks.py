@@ -34,7 +34,7 @@ def rollout_checks(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
         except ConfigError as err:
             problems.append((err.key or f"rollout.rewards[{i}]", str(err)))
     tokenizer = facts.tokenizer()
-    table = read_prompt_table(cfg, facts.plan, tokenizer)
+    table = read_prompt_table(facts.caches or {})
     every = [(table.where[ids], record) for ids, record in table.records.items()]
     problems += column_problems(rewards, every)
     records = [record for _, record in every[:DRY_PROMPTS]]

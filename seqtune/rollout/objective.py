@@ -45,10 +45,10 @@ class OnlineObjective:
         self.stage.load_state_dict(state)
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        prompts = prompt_rows(batch)
+        prompts, keys = prompt_rows(batch)
         if not prompts:  # a micro-batch of fillers only
             return self._filler_loss(model, batch), torch.zeros(len(self.metric_names))
-        rollouts = self.stage.rollouts(model, prompts)
+        rollouts = self.stage.rollouts(model, prompts, keys)
         C = rollouts.sample.completion_mask.shape[1]
         logps, entropy = token_logps(model, rollouts.sample, C, self.stage.cfg.temperature)
         self.stage.keep(rollouts, logps)
@@ -81,15 +81,17 @@ class OnlineObjective:
         return logps.sum() * 0.0
 
 
-def prompt_rows(batch: dict[str, torch.Tensor]) -> list[list[int]]:
-    """The real prompts of a micro-batch (rows with their anchor target; fillers have none), without padding."""
-    rows = []
+def prompt_rows(batch: dict[str, torch.Tensor]) -> tuple[list[list[int]], list[int]]:
+    """The real prompts of a micro-batch (rows with their anchor target; fillers have none), without padding, and
+    the digest of each one's record (its `record_key`: where its columns are kept)."""
+    rows, keys = [], []
     for r in range(batch["input_ids"].shape[0]):
         if not bool((batch["targets"][r] != IGNORE_INDEX).any()):
             continue
         keep = batch["attention_mask"][r].bool()
         rows.append(batch["input_ids"][r][keep].tolist())
-    return rows
+        keys.append(int(batch["record_key"][r]))
+    return rows, keys
 
 
 def online_objective(cfg: RootConfig, plan: Plan, run_dir: Path, built: Any, loss: OnlineLoss) -> OnlineObjective:
@@ -101,7 +103,7 @@ def online_objective(cfg: RootConfig, plan: Plan, run_dir: Path, built: Any, los
     stage = RolloutStage(
         cfg=cfg.rollout,
         rewards=load_rewards(list(cfg.rollout.rewards)),
-        table=read_prompt_table(cfg, plan, tokenizer),
+        table=read_prompt_table(plan.caches),
         tokenizer=tokenizer,
         reference=built.reference,
         stop_ids=frozenset(plan.tokens.terminators),

@@ -156,10 +156,11 @@ class RolloutStage:
     def reusing(self) -> bool:
         return self.position.training and self.position.repeat > 0
 
-    def rollouts(self, model: torch.nn.Module, prompts: list[list[int]]) -> Rollouts:
-        """The micro-batch's rollouts: sampled now on a new generation batch, the buffered ones on a repeat."""
+    def rollouts(self, model: torch.nn.Module, prompts: list[list[int]], keys: list[int]) -> Rollouts:
+        """The micro-batch's rollouts: sampled now on a new generation batch, the buffered ones on a repeat.
+        `keys`: each prompt's record digest (its columns in the table)."""
         if not self.reusing:
-            return self._generate(model, prompts)
+            return self._generate(model, prompts, [self.table.record(k) for k in keys])
         rollouts = self.buffer.get(self.position.micro_batch)
         # An internal invariant: the batch plan repeats whole steps (preflight refuses an epoch that is not).
         assert rollouts is not None and rollouts.prompts == prompts, "the step's prompts changed between repeats"
@@ -181,7 +182,7 @@ class RolloutStage:
             return self.stop_ids | {self.turn_closer}
         return self.stop_ids
 
-    def _generate(self, model: torch.nn.Module, prompts: list[list[int]]) -> Rollouts:
+    def _generate(self, model: torch.nn.Module, prompts: list[list[int]], written: list[dict[str, Any]]) -> Rollouts:
         """Sample with the current weights (no dropout: TRL generates in eval mode too), score, and take what stays
         fixed while the batch is reused: the rewards and the reference's log-probabilities."""
         training = self.position.training
@@ -193,14 +194,14 @@ class RolloutStage:
                     unwrap(model),
                     prompts,
                     cfg=self.sampling,
-                    stop_ids=[self._stops(self.table.record(p)) for p in prompts],
+                    stop_ids=[self._stops(record) for record in written],
                     pad_id=self.pad_id,
                     generator=self.generators["train" if training else "eval"],
                 )
             finally:
                 model.train(was)
         G = self.cfg.num_generations
-        records = [self.table.record(p) for p in prompts for _ in range(G)]
+        records = [record for record in written for _ in range(G)]
         texts = [self.tokenizer.decode(c, skip_special_tokens=True) for c in sample.completion_ids]
         completions = [
             [{"role": "assistant", "content": t}] if isinstance(r["prompt"], list) else t

@@ -296,3 +296,47 @@ def test_message_prompts_stop_at_the_templates_turn_closer(tmp_path):
         assert json.loads((run_dir / "export.json").read_text())["ok"]
     assert stops["messages"].count("<|end|>") >= 2 and set(stops["messages"]) <= {"<|end|>", "</s>", None}
     assert "<|end|>" not in stops["strings"] and None in stops["strings"]
+
+
+VERL_REWARD = """\
+def gsm8k(completions, extra_info, reward_model, **kwargs):
+    # Each record's own struct columns, intact: two records share one prompt and differ in them.
+    for info, truth in zip(extra_info, reward_model, strict=True):
+        if truth["ground_truth"] != str(info["index"] * 3) or not info["answer"].endswith(truth["ground_truth"]):
+            raise ValueError(f"columns of another record: {info} {truth}")
+    answers = [info["answer"].split("####")[-1].strip() for info in extra_info]
+    return [float(c[-1]["content"].strip().endswith(a)) for c, a in zip(completions, answers, strict=True)]
+"""
+
+
+def write_verl_gsm8k(path: Path, rows: int = 8) -> None:
+    """GSM8K as verl publishes it: `prompt` a message list, `reward_model` and `extra_info` struct columns, in
+    Parquet; records 0 and 1 ask the same question with different answers."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def record(i: int) -> dict:
+        question = f"What is {max(i, 1)} times 3?"
+        return {
+            "data_source": "openai/gsm8k",
+            "prompt": [{"content": question + ' Output the final answer after "####".', "role": "user"}],
+            "ability": "math",
+            "reward_model": {"ground_truth": str(i * 3), "style": "rule"},
+            "extra_info": {"answer": f"{i} * 3 = {i * 3}\n#### {i * 3}", "index": i, "question": question},
+        }
+
+    pq.write_table(pa.Table.from_pylist([record(i) for i in range(rows)]), path)
+
+
+def test_gsm8k_as_verl_publishes_it_trains_with_a_reward_reading_its_struct_columns(tmp_path):
+    """The struct columns reach the rewards from the token cache (no data file read again), each record its own
+    although two share a prompt (and neither is dropped as a duplicate)."""
+    data, rewards = tmp_path / "gsm8k.parquet", tmp_path / "verl_rewards.py"
+    write_verl_gsm8k(data)
+    rewards.write_text(VERL_REWARD)
+    run_dir = tmp_path / "run"
+    args = [*COMMON, f"data.train={data}", "data.val=null", "data.format=prompt", "train.eval_every=0"]
+    result = run_cli([*args, f"rollout.rewards=[{rewards}:gsm8k]", "train.max_steps=2"], run_dir)
+    ok(result)
+    assert "duplicate" not in (run_dir / "rejects.jsonl").read_text()
+    assert [m["step"] for m in read_metrics(run_dir) if "loss" in m] == [1, 2]

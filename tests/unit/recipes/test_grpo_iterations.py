@@ -46,8 +46,8 @@ def tiny_model() -> LlamaForCausalLM:
 
 def objective(tokenizer, loss: GrpoLoss, *, temperature: float = 1.0, **settings) -> OnlineObjective:
     table = PromptTable()
-    for ids in PROMPTS:
-        table.records[tuple(ids)] = {"prompt": tokenizer.decode(ids[1:])}
+    for key, ids in enumerate(PROMPTS):  # each prompt's record under its digest (here: its index)
+        table.records[key] = {"prompt": tokenizer.decode(ids[1:])}
     rollout = RolloutConfig(
         rewards=["seqtune.rollout.examples:short"], num_generations=G, max_completion_tokens=C, temperature=temperature
     )
@@ -81,7 +81,8 @@ def batch() -> dict[str, torch.Tensor]:
         ids[r, : len(p)], mask[r, : len(p)] = torch.tensor(p), 1
     targets = torch.full_like(ids, -100)
     targets[:, 1] = 5  # each prompt's one anchor target: a real prompt, not a filler
-    return {"input_ids": ids, "attention_mask": mask, "targets": targets}
+    keys = torch.arange(len(PROMPTS))
+    return {"input_ids": ids, "attention_mask": mask, "targets": targets, "record_key": keys}
 
 
 def trl_loss(model, scored, cfg: GrpoConfig, temperature: float) -> float:
@@ -180,8 +181,9 @@ def test_with_gradient_accumulation_each_micro_batch_reuses_its_own_rollout():
     grpo = objective(tokenizer, GrpoLoss.dapo)
     first, second = batch(), batch()
     second["input_ids"][:, 1] += 7  # other prompts in the step's 2nd micro-batch
-    for ids in second["input_ids"]:
-        grpo.stage.table.records[tuple(ids[ids != 0].tolist())] = {"prompt": "other"}
+    second["record_key"] += len(PROMPTS)
+    for key in second["record_key"].tolist():
+        grpo.stage.table.records[key] = {"prompt": "other"}
     at(grpo, 0, 0)(model, first)
     at(grpo, 0, 1)(model, second)
     a, b = grpo.stage.buffer[0], grpo.stage.buffer[1]
