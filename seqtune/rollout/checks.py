@@ -80,7 +80,8 @@ def _equal_prompts(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
 
 
 def _budget(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
-    """The longest prompt plus rollout.max_completion_tokens within data.max_seq_len (when set) and the context."""
+    """The longest prompt as training serves it (data.overlength applied) plus rollout.max_completion_tokens within
+    data.max_seq_len (when set) and the context. A fix that lowers the budget is offered only when one can work."""
     budget = cfg.rollout.max_completion_tokens
     problems = []
     for split, (tokens, where) in facts.longest.items():
@@ -90,12 +91,13 @@ def _budget(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
             limits.append(("data.max_seq_len", facts.max_seq_len, f"data.max_seq_len={total} or more"))
         for name, limit, fix in limits:
             if limit and total > limit:
+                room = limit - tokens  # what a completion may take beside this prompt
+                lower = f"rollout.max_completion_tokens={room}, or " if room >= 1 else ""
                 problems.append(
                     (
                         "rollout.max_completion_tokens",
-                        f"the longest data.{split} prompt ({where}, {tokens} tokens) + rollout.max_completion_tokens="
-                        f"{budget} = {total} tokens > {name} {limit}. Fix: rollout.max_completion_tokens="
-                        f"{max(limit - tokens, 1)}, or {fix}",
+                        f"the longest data.{split} prompt ({where}, {tokens} tokens as training serves it) + "
+                        f"rollout.max_completion_tokens={budget} = {total} tokens > {name} {limit}. Fix: {lower}{fix}",
                     )
                 )
     return problems

@@ -93,6 +93,12 @@ def test_a_grpo_run_logs_rewards_and_writes_completions(reference):
     assert report["artifacts"][0]["checks"]["stops"] == {"</s>": True, "<|end|>": True}
     # What the memory estimate sizes the generation KV cache and the update with (the spec's declaration, resolved)
     assert plan["completions_per_sample"] == 2 and plan["completion_tokens"] == 4
+    # Preflight's reports describe prompts as prompts: no trainable share, no zero-target or unterminated counts
+    train = json.loads((reference / "preflight.json").read_text())["splits"]["train"]
+    assert train["trainable_fraction"] is None and train["zero_target"] is None
+    assert train["content"]["unterminated_spans"] is None
+    log = (reference / "seqtune.log").read_text()
+    assert "prompt as sampling starts from it" in log and " targets)" not in log
 
 
 def as_written_before_turn_closer(checkpoint: Path, cache: Path) -> None:

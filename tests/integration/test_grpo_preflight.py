@@ -253,3 +253,22 @@ def test_the_same_checks_accept_a_sound_run(files, tmp_path, overrides):
     result = run_cli(_args(overrides, files), tmp_path / "run")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "preflight: no problems." in result.stdout
+
+
+@pytest.mark.parametrize("policy", ["drop", "truncate_prompt"])
+def test_the_completion_budget_counts_the_prompts_training_serves(files, tmp_path, policy):
+    """data.overlength=drop/truncate_prompt: a prompt longer than data.max_seq_len is dropped or cut, so the budget
+    counts the longest prompt as served (never the dropped one), and a fix that lowers the budget is printed only
+    when it leaves a completion at least one token."""
+    import re
+
+    limit = 12  # below the longest prompt of the data (16 tokens)
+    overrides = [f"data.max_seq_len={limit}", f"data.overlength={policy}", "rollout.max_completion_tokens=4"]
+    result = run_cli(_args(overrides, files), tmp_path / "run")
+    out = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 2, out[-3000:]
+    served = [int(t) for t in re.findall(r"(\d+) tokens as training serves it", out)]
+    assert served and all(t <= limit for t in served), out[-3000:]
+    for t, fix in zip(served, re.findall(r"Fix: rollout.max_completion_tokens=(\d+)", out), strict=False):
+        assert int(fix) >= 1 and t + int(fix) <= limit
+    assert "Traceback" not in out
