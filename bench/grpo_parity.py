@@ -1,5 +1,5 @@
 """GRPO loss parity with TRL on fixed rollouts: the same tiny model, prompts, completions and rewards fed to seqtune's
-objective (seqtune.recipes.grpo.objective) and to TRL's GRPOTrainer._compute_loss; the losses must agree to 1e-5 for
+loss (seqtune.recipes.grpo.loss) and to TRL's GRPOTrainer._compute_loss; the losses must agree to 1e-5 for
 every grpo.loss, with clip-higher and the KL term.
 
 Needs TRL importable beside seqtune (TRL is no seqtune dependency; bench/grpo_vs_trl.py prints these rows too).

@@ -135,8 +135,11 @@ def trl_spec(run_dir: Path, *, checkpoint: Path, steps: int, threads: int) -> di
     module, _, function = str(reward).rpartition(":")
     origin = module if module.endswith(".py") else importlib.util.find_spec(module).origin
     grpo = {
-        key: getattr(cfg.grpo, key)
-        for key in ("num_generations", "max_completion_tokens", "temperature", "top_p", "beta", "epsilon")
+        **{
+            key: getattr(cfg.rollout, key)
+            for key in ("num_generations", "max_completion_tokens", "temperature", "top_p")
+        },
+        **{key: getattr(cfg.grpo, key) for key in ("beta", "epsilon")},
     }
     from seqtune.config.plan import load_plan
 

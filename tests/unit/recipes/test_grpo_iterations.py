@@ -212,3 +212,26 @@ def test_a_micro_batch_of_fillers_gives_every_parameter_a_zero_gradient():
     grads = {name: p.grad for name, p in model.named_parameters() if p.requires_grad}
     assert all(g is not None and not g.any() for g in grads.values()), [n for n, g in grads.items() if g is None]
     assert not list((Path(grpo.stage.completions_path).parent).glob("*.jsonl"))  # nothing generated, nothing written
+
+
+def test_a_function_is_averaged_over_what_it_scored_and_an_unscored_batch_is_counted_and_said(
+    tmp_path, monkeypatch, capsys
+):
+    """rewards/<fn> is the mean over the completions the function scored (a None is no 0); a micro-batch none of
+    whose completions is scored says so in the log and counts in rewards/unscored."""
+    (tmp_path / "abstain.py").write_text(
+        "def some(completions, **kw):\n"
+        "    return [1.0 if i % 2 else None for i in range(len(completions))]\n"
+        "def none(completions, **kw):\n"
+        "    return [None] * len(completions)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    model = tiny_model().train()
+    for name, expected, unscored in (("some", 1.0, 0.5), ("none", 0.0, 1.0)):
+        grpo = objective(tokenizer, GrpoLoss.dapo)
+        grpo.stage.rewards = load_rewards([f"abstain.py:{name}"])
+        _, metrics = at(grpo, 0)(model, batch())
+        got = dict(zip(grpo.metric_names, (metrics / len(PROMPTS)).tolist(), strict=True))
+        assert got[f"rewards/{name}"] == pytest.approx(expected) and got["rewards/unscored"] == pytest.approx(unscored)
+    assert "no reward function scored any of the micro-batch's 8 completions" in capsys.readouterr().out
