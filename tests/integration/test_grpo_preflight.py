@@ -93,7 +93,8 @@ CASES = [
         "budget_over_max_seq_len",
         ["data.max_seq_len=16", "rollout.max_completion_tokens=4"],
         "rollout.max_completion_tokens",
-        "+ rollout.max_completion_tokens=4 = 20 tokens > data.max_seq_len 16. Fix: rollout.max_completion_tokens=",
+        # the longest prompt fills data.max_seq_len: no lower budget can work, so none is offered
+        "+ rollout.max_completion_tokens=4 = 20 tokens > data.max_seq_len 16. Fix: data.max_seq_len=20 or more",
     ),
     (
         "fsdp_across_ranks",
@@ -178,11 +179,11 @@ CASES = [
         "per rank per epoch are not a whole number of steps of train.grad_accum=5",
     ),
     (
-        "iterations_stream",
-        ["grpo.num_iterations=2", "data.mode=stream"],
+        "stream",
+        ["data.mode=stream"],
         "data.mode",
-        "grpo.num_iterations=2 trains 2 steps on each step's micro-batches, which a stream (data.mode=stream) cannot "
-        "hand again. Fix: data.mode=cached",
+        "data.mode=stream with recipe_name=grpo: an online recipe's rewards read each prompt's columns from the "
+        "token cache, which a stream does not write. Fix: data.mode=cached",
     ),
     (
         "vllm_generator",
