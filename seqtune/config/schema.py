@@ -24,6 +24,7 @@ from seqtune.config.domain import finite as _finite
 from seqtune.config.errors import ConfigError
 from seqtune.config.plan import NO_VALIDATION, VALIDATION_FIX, validation_key
 from seqtune.config.recipe_spec import RecipeSpec, Scored, preset_fix, recipe_spec, recipes
+from seqtune.config.rollout import RolloutConfig
 
 # --- closed choices: one Enum each (a StrEnum compares equal to its string, so "packed" == PaddingStrategy.packed)
 
@@ -1064,6 +1065,8 @@ class CoreConfig:
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     # lm-evaluation-harness after training (seqtune.evaluate).
     eval: EvalConfig = field(default_factory=EvalConfig)
+    # Sampling and scoring shared by the online recipes (seqtune.config.rollout; refused under any other).
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
 
     def __post_init__(self) -> None:
         if self.train.export_merged and not self.lora.enabled:
@@ -1174,6 +1177,16 @@ def _recipe_rules(cfg: CoreConfig, rules: _Domain) -> None:
     if spec.scored == Scored.scalar:
         _no_lm_head_rules(cfg, spec, rules)
     _divergence_rules(cfg, spec, rules)
+    changed = cfg.rollout.changed()
+    if changed and not spec.online:
+        rules.problems.append(
+            (
+                changed[0],
+                f"{', '.join(changed)} set, but rollout.* configures an online recipe's sampling and rewards, and "
+                f"recipe_name={spec.name} samples nothing: they would be ignored. Fix: drop the rollout.* overrides, "
+                "or an online recipe: " + "; ".join(preset_fix(other) for other in recipes().values() if other.online),
+            )
+        )
     for other in recipes().values():
         changed = other.changed_settings(cfg) if other is not spec else []
         if changed:
@@ -1284,6 +1297,7 @@ GROUP_SCHEMAS: dict[str, type] = {
     "logger": LoggerConfig,
     "preflight": PreflightConfig,
     "eval": EvalConfig,
+    "rollout": RolloutConfig,
     # and each recipe's own group (below)
 }
 

@@ -299,6 +299,8 @@ def split_stats(cfg: RootConfig, scan, view, max_seq_len: int) -> tuple[SplitSta
     it), whose `cut` lists the samples truncation left without a target (dropped, in both data modes)."""
     stats = checks.length_stats(scan.lengths, max_seq_len)
     stats.pop("over_limit")  # counts sequences: a pair is over when either of its two is
+    # A kind whose one target is an anchor (prompts): nothing of it trains, so no trainable share or zero-target count.
+    trains = sample_kind(recipe_spec(cfg.recipe_name).sample_kind).trains_targets
     k = scan.sequences_per_sample
     over = int((_sample_lengths(scan) > max_seq_len).sum())
     noun = sample_kind(recipe_spec(cfg.recipe_name).sample_kind).noun
@@ -321,8 +323,8 @@ def split_stats(cfg: RootConfig, scan, view, max_seq_len: int) -> tuple[SplitSta
         rejected=scan.num_rejects,
         lengths=stats,
         over_limit=over,
-        trainable_fraction=round(scan.trainable_fraction, 4),
-        zero_target=scan.zero_target_samples,
+        trainable_fraction=round(scan.trainable_fraction, 4) if trains else None,
+        zero_target=scan.zero_target_samples if trains else None,
         reject_reasons=dict(scan.reject_counts),
         truncated=over - cut if policy in TRUNCATING else 0,
         dropped=over if policy == Overlength.drop else cut,

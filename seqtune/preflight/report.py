@@ -65,7 +65,7 @@ def format_splits(result: PreflightResult) -> str:
         lines.append(
             f"  {name:<6} {stats.records:>8} {stats.rejected:>8} {lengths['min']:>6} "
             f"{lengths['median']:>6} {lengths['p99']:>6} {lengths['max']:>6} {stats.over_limit:>6} "
-            f"{stats.trainable_fraction:>9.1%}"
+            + (f"{stats.trainable_fraction:>9.1%}" if stats.trainable_fraction is not None else f"{'-':>9}")
         )
         if len(stats.sources) > 1 or any(source.weight != 1 for source in stats.sources):
             lines += [_source_row(source, weighted=name == "train") for source in stats.sources]

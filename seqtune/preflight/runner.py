@@ -251,7 +251,7 @@ def _data_phases(
     problems += vision_problems
     result.notes += vision_notes
     problems += shape_checks(rule, tokens, resolved.padding_side, views)
-    problems += _recipe_checks(cfg, resolved, tokens, tokenizer, scans, max_seq_len)
+    problems += _recipe_checks(cfg, resolved, tokens, tokenizer, scans, views, max_seq_len)
     if cfg.train.eval_samples and "val" in scans:
         from seqtune.data.prompts import build_eval_prompts
 
@@ -463,16 +463,25 @@ def _finish(
     return result
 
 
-def _recipe_checks(cfg: RootConfig, resolved: Resolved, tokens, tokenizer, scans, max_seq_len: int) -> list[Problem]:
-    """The recipe's own checks (RecipeSpec.preflight), each a problem naming its key or file:line."""
+def _recipe_checks(
+    cfg: RootConfig, resolved: Resolved, tokens, tokenizer, scans, views, max_seq_len: int
+) -> list[Problem]:
+    """The recipe's own checks (RecipeSpec.preflight), each a problem naming its key or file:line. `longest` is
+    each split's longest sample as training serves it (`views`: data.overlength applied: a dropped sample is not
+    there, a truncated one counts its kept length)."""
     spec = recipe_spec(cfg.recipe_name)
     if spec.preflight is None:
         return []
     longest = {}
     for name, scan in scans.items():
-        if len(scan.lengths):
-            i = int(np.argmax(scan.lengths))
-            longest[name] = (int(scan.lengths[i]), scan.cache().location(i))
+        view = views.get(name)
+        if view is None:  # data.overlength=error refuses the split (its own problem): its longest as scanned
+            widths, where = scan.lengths, np.arange(len(scan.lengths))
+        else:
+            widths, where = view.widths, view.indices
+        if len(widths):
+            i = int(np.argmax(widths))
+            longest[name] = (int(widths[i]), scan.cache().location(int(where[i])))
     facts = RecipeFacts(
         plan=resolved,
         tokenizer=tokenizer.load,
@@ -481,5 +490,6 @@ def _recipe_checks(cfg: RootConfig, resolved: Resolved, tokens, tokenizer, scans
         longest=longest,
         terminators=dict(tokens.terminators),
         turn_closer=tokens.turn_closer,
+        caches={name: str(scan.cache_dir) for name, scan in scans.items()},
     )
     return [Problem(check=spec.name, key=key, message=message) for key, message in spec.preflight(cfg, facts)]

@@ -181,6 +181,7 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
         scaler=scaler,
         checkpointer=checkpointer,
         objective=trained,
+        step_repeats=plan.step_repeats,
     )
     fit(loop, progress)
     evaluator.finish(progress.step)  # the best eval's weights restored (early stopping), then the test split
