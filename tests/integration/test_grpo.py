@@ -221,7 +221,8 @@ def test_early_stopping_watches_the_eval_reward(tmp_path):
     """train.early_stop_patience on a GRPO run watches eval_reward (the recipe spec's metric, higher is better):
     best/ is the highest eval's, the run stops after `patience` evals without a higher one and ends on best/."""
     run_dir = tmp_path / "run"
-    args = [*COMMON, "train.max_steps=12", "train.eval_every=2", "train.save_every=0", "train.early_stop_patience=1"]
+    args = [*COMMON, "train.max_steps=12", "train.eval_every=2", "train.save_every=0", "train.keep_last=2"]
+    args.append("train.early_stop_patience=1")
     ok(run_cli(args, run_dir))
     metrics = read_metrics(run_dir)
     evals = [m for m in metrics if "eval_reward" in m]
@@ -290,7 +291,7 @@ def test_message_prompts_stop_at_the_templates_turn_closer(tmp_path):
         run_dir = tmp_path / shape
         args = [*COMMON, "model=tinyllama_1b", f"model.path={checkpoint}", "lora=default", "train.max_steps=3"]
         args += [f"data.train={tmp_path / f'{shape}_train.jsonl'}", f"data.val={tmp_path / f'{shape}_val.jsonl'}"]
-        ok(run_cli([*args, "train.eval_every=3", "train.save_every=0"], run_dir))
+        ok(run_cli([*args, "train.eval_every=3", "train.save_every=0", "train.keep_last=2"], run_dir))
         plan = json.loads((run_dir / "plan.json").read_text())
         assert plan["tokens"]["turn_closer"] == end and str(end) not in plan["tokens"]["terminators"]
         lines = [json.loads(line) for line in (run_dir / "completions.jsonl").read_text().splitlines()]
