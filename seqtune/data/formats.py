@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -149,11 +149,12 @@ class PreferencePair:
 
 @dataclass(kw_only=True, slots=True)
 class UnpairedExample:
-    """unpaired_preference: one completion of a prompt and whether it is desirable (KTO's binary feedback)."""
+    """unpaired_preference: one completion of a prompt and whether it is desirable (KTO's binary feedback): strings,
+    or a conversation whose messages from `first_target` on are the completion."""
 
     file: str
     line: int
-    example: PromptCompletion
+    example: PromptCompletion | Conversation
     label: bool
 
 
@@ -933,10 +934,10 @@ class LineParser:
         )
 
     def _unpaired(self, line: int, obj: dict) -> Record | Reject:
-        """{prompt, completion, label}: strings, and a JSON boolean (true = desirable)."""
-        values = self._strings(line, obj, ("prompt", "completion"))
-        if isinstance(values, Reject):
-            return values
+        """{prompt, completion, label} (TRL's unpaired format: strings, or message lists, its conversational shape)
+        or {messages, label} (LLaMA-Factory's kto_en_demo.json: the last message is the completion, the ones
+        before it the prompt); label a JSON boolean (true = desirable). Message lists render with the chat
+        template, only the completion trained."""
         if "label" not in obj:
             return self._missing(line, ["label"], obj)
         label = obj["label"]
@@ -946,12 +947,41 @@ class LineParser:
                 f"wrong_type: {self._name('label')} is a {type(label).__name__} ({_short(label)}), expected true "
                 "(a desirable completion) or false (an undesirable one)",
             )
-        prompt, completion = values
-        for key, value in (("prompt", prompt), ("completion", completion)):
+        example = self._unpaired_example(line, obj)
+        if isinstance(example, Reject):
+            return example
+        return UnpairedExample(file=self.file, line=line, example=example, label=bool(label))
+
+    def _unpaired_example(self, line: int, obj: dict) -> PromptCompletion | Conversation | Reject:
+        """The one completion of an unpaired record and its prompt, in whichever shape the record gives them."""
+        if obj.get("messages") is not None and obj.get("prompt") is None:  # LLaMA-Factory's KTO records
+            record = self._chat(line, {"messages": obj["messages"], "tools": obj.get("tools")})
+            if isinstance(record, Reject):
+                return record
+            assert isinstance(record, Conversation)  # what _chat returns when it does not reject
+            return replace(record, first_target=len(record.messages) - 1)
+        prompt, completion = obj.get("prompt"), obj.get("completion")
+        if isinstance(prompt, list) and isinstance(completion, list):  # TRL's conversational unpaired records
+            if not completion:
+                return self._reject(line, f"empty_text: {self._name('completion')} has no message")
+            record = self._chat(line, {"messages": [*prompt, *completion], "tools": obj.get("tools")})
+            if isinstance(record, Reject):
+                return record
+            assert isinstance(record, Conversation)
+            if not prompt or prompt[-1].get("role") == "assistant" or len(record.messages) <= len(prompt):
+                return self._reject(
+                    line,
+                    f"wrong_type: {self._name('prompt')} must end on a turn that {self._name('completion')}'s "
+                    "assistant reply answers",
+                )
+            return replace(record, first_target=len(prompt))
+        values = self._strings(line, obj, ("prompt", "completion"))
+        if isinstance(values, Reject):
+            return values
+        for key, value in zip(("prompt", "completion"), values, strict=True):
             if not value.strip():
                 return self._reject(line, f"empty_text: {self._name(key)} is empty")
-        example = PromptCompletion(file=self.file, line=line, prompt=prompt, completion=completion)
-        return UnpairedExample(file=self.file, line=line, example=example, label=bool(label))
+        return PromptCompletion(file=self.file, line=line, prompt=values[0], completion=values[1])
 
     def _tokenized(self, line: int, obj: dict) -> Record | Reject:
         if "input_ids" not in obj:
