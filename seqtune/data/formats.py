@@ -47,6 +47,8 @@ ALPACA_TEMPLATE_NO_INPUT = "### Instruction:\n{instruction}\n\n### Response:\n"
 ALPACA_SYSTEM = "{system}\n\n"
 ALPACA_HISTORY_TURN = ALPACA_TEMPLATE_NO_INPUT + "{response}\n\n"
 MEDIA_PATTERN = re.compile(r"<(img|image|audio|video)>(.*?)</\1>", re.DOTALL)
+# An image reference of input_output (MEDIA_PATTERN's `img` kind): an image-text run reads it as an image.
+IMAGE_REFERENCE = "<img>"
 # Tool-use fields a message may carry (OpenAI's shape), passed to the chat template as they are.
 TOOL_FIELDS = ("tool_calls", "tool_call_id")
 # ShareGPT speakers (LLaMA-Factory's tags) → chat roles. function_call and observation are the tool turns.
@@ -96,6 +98,9 @@ class PromptCompletion:
     line: int
     prompt: str
     completion: str
+    # input_output on an image-text run: the images of the prompt's <img> references, in order, each standing in
+    # the prompt as the image placeholder (Conversation.images' form).
+    images: tuple[str, ...] = ()
 
 
 @dataclass(kw_only=True, slots=True)
@@ -259,7 +264,8 @@ def template_signature(fmt: str) -> str:
         )
     # Which media references are accepted decides which records are samples: a cache scanned under another rule
     # (before they had to lie under data.media_root, before data: URIs were read) is not this rule's.
-    return f"{fmt}|{MEDIA_REFERENCE_RULE}" if fmt == "input_output" else fmt
+    # An image-text run reads <img> references as images (since they were text there too).
+    return f"{fmt}|{MEDIA_REFERENCE_RULE}|{IMAGE_REFERENCE}=image" if fmt == "input_output" else fmt
 
 
 @dataclass(kw_only=True)
@@ -422,7 +428,28 @@ class LineParser:
             problem = self._media_problem(value)
             if problem:
                 return self._reject(line, problem)
-        return PromptCompletion(file=self.file, line=line, prompt=values[0], completion=values[1])
+        if self.image_placeholder is None or IMAGE_REFERENCE not in values[0] + values[1]:
+            return PromptCompletion(file=self.file, line=line, prompt=values[0], completion=values[1])
+        return self._input_images(line, values[0], values[1])
+
+    def _input_images(self, line: int, prompt: str, completion: str) -> Record | Reject:
+        """An image-text run: each <img>path</img> of the input is an image (the placeholder the model's chat
+        template writes for an image part, expanded into the image's token run), as a chat image part is. An
+        image is input, never a target: one in the output is refused."""
+        if IMAGE_REFERENCE in completion:
+            return self._reject(
+                line,
+                f"unsupported_content: {self._name('output')} holds an image reference (<img>...</img>), which "
+                f"would be a target; an image is input: put it in {self._name('input')}",
+            )
+        images: list[str] = []
+
+        def placeholder(match: re.Match[str]) -> str:
+            images.append(self._image(line, match.group(2).strip()))  # checked above: never refused here
+            return str(self.image_placeholder)
+
+        text = MEDIA_PATTERN.sub(lambda m: placeholder(m) if m.group(1) == "img" else m.group(0), prompt)
+        return PromptCompletion(file=self.file, line=line, prompt=text, completion=completion, images=tuple(images))
 
     def _media_problem(self, text: str) -> str | None:
         """The reject reason of the first unusable media reference in `text`: one that resolves outside the media

@@ -145,6 +145,21 @@ def test_mllm_demo_shaped_data_trains_evaluates_every_sample_once_and_exports_wi
     assert "export proof: adapter: ok" in output(result)
 
 
+def test_input_output_image_references_are_read_as_images_not_refused_as_control_text(tmp_path: Path):
+    """data.format=input_output with <img>path</img> (the README's format table) on gemma3_vision_tiny: every line
+    was refused as holding special-token strings (Gemma 3's tokenizer has <img> as a control token); now each
+    reference is an image, counted by preflight like a chat image part."""
+    rows = [
+        {"input": f"<img>images/{name}</img> Which colour?", "output": name.split("_")[0]}
+        for name in ("red_circle_0.png", "blue_square_0.png")
+    ] * 3
+    root, data = media(tmp_path, rows)
+    args = [*VISION, *own_data(root, data), "data.format=input_output", "train.batch_size=2", "preflight.only=true"]
+    result = run_cli(args, tmp_path / "run")
+    assert result.returncode == 0, output(result)[-4000:]
+    assert "images: data.train has 6 (2 distinct, all decoded), 16 tokens each" in " ".join(output(result).split())
+
+
 @pytest.mark.parametrize(
     ("ref", "code", "key"),
     [

@@ -198,3 +198,26 @@ def test_an_eval_prompt_holds_only_the_images_whose_runs_it_holds(tmp_path, enco
     assert prompt.prompt_ids.count(vision.image_token_id) == vision.tokens_per_image
     (text_only,) = build_eval_prompts(scan.cache_dir, count=1, max_seq_len=512, bos_id=None)
     assert text_only.images == ()
+
+
+def test_input_output_image_references_are_images_for_an_image_text_model(tokenizer, vision):
+    """data.format=input_output's <img>path</img> (the README's format table): on an image-text model each is an
+    image, expanded into the processor's run like a chat image part, never a target; one in the output is refused.
+    On a text model the reference stays text, checked to exist under the media root."""
+    io = SampleEncoder(tokenizer, "input_output", train_on_prompt=False, vision=vision)
+    parser = io.line_parser(str(ASSETS / "train.jsonl"), media_root=str(ASSETS))
+    line = json.dumps({"input": "<img>images/red_circle_0.png</img> Which colour?", "output": "red"}).encode()
+    record = parser.parse(3, line)
+    assert record.images == (str(ASSETS / "images/red_circle_0.png"),)
+    assert record.prompt == f"{vision.placeholder} Which colour?"
+    (sample,) = io.encode_batch([record])
+    assert sample.images == record.images
+    assert int((sample.input_ids == vision.image_token_id).sum()) == vision.tokens_per_image
+    assert not np.isin(sample.input_ids[sample.labels != IGNORE_INDEX], vision.image_ids).any()
+    assert tokenizer.decode(sample.input_ids[sample.labels != IGNORE_INDEX]).startswith("red")
+    out = json.dumps({"input": "What is it?", "output": "<img>images/red_circle_0.png</img>"}).encode()
+    refused = parser.parse(4, out)
+    assert isinstance(refused, Reject) and refused.code == "unsupported_content" and "put it in input" in refused.reason
+    text = SampleEncoder(tokenizer, "input_output", train_on_prompt=False)
+    kept = text.line_parser(str(ASSETS / "train.jsonl"), media_root=str(ASSETS)).parse(3, line)
+    assert kept.images == () and kept.prompt.startswith("<img>images/red_circle_0.png</img>")
