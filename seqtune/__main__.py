@@ -90,6 +90,7 @@ def _prepare_config(cfg: DictConfig) -> DictConfig:
 
 
 def launch(cfg: DictConfig, run_dir: Path, snapshot: RunDirSnapshot) -> None:
+    from seqtune.export.failure import raise_recorded_failure
     from seqtune.preflight import run_preflight
     from seqtune.preflight.resume import check_settings, find_resume
     from seqtune.records import Finished, check_finished, extend_finished, mark_finished
@@ -100,6 +101,7 @@ def launch(cfg: DictConfig, run_dir: Path, snapshot: RunDirSnapshot) -> None:
     # refused, a longer run continues it.
     finished = check_finished(typed, run_dir)
     if finished is Finished.SAME:
+        raise_recorded_failure(run_dir)  # what failed after its last step is still unanswered
         _push(typed, run_dir)
         return
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -126,6 +128,7 @@ def launch(cfg: DictConfig, run_dir: Path, snapshot: RunDirSnapshot) -> None:
         run_worker(run_dir)
         _after_training(typed, run_dir)
         mark_finished(typed, run_dir)
+        raise_recorded_failure(run_dir)  # after finished.json: the weights and the record are on disk
         _push(typed, run_dir)
         return
     from seqtune.launch import launch_command, run_launched, worker_environ
@@ -147,6 +150,7 @@ def launch(cfg: DictConfig, run_dir: Path, snapshot: RunDirSnapshot) -> None:
         )
     _after_training(typed, run_dir)
     mark_finished(typed, run_dir)
+    raise_recorded_failure(run_dir)
     _push(typed, run_dir)
 
 

@@ -7,8 +7,9 @@ RUN_DIR/checkpoints/step_NNNNNNNN/manifest.json   a checkpoint (seqtune.train.ch
                        every file of the checkpoint with its size and sha256, so a damaged one is found before use
 RUN_DIR/best/          train.early_stop_patience: the adapter (or model) of the best eval so far (seqtune.train.export)
 RUN_DIR/samples_generated.jsonl   train.eval_samples: greedy completions of validation prompts at each eval
-RUN_DIR/finished.json  written last, once every rank finished and exported: the settings (flat_settings) the run was
-                       trained with. A run directory holding it is a record: never trained into again
+RUN_DIR/export_failed.json   what failed after the last step, the weights saved (seqtune.export.failure)
+RUN_DIR/finished.json  written last, once every rank finished and saved its weights: the settings (flat_settings)
+                       the run was trained with. A run directory holding it is a record: never trained into again
                        (seqtune.records); train.overwrite=true first moves the run aside into RUN_DIR/previous-<time>/
 RUN_DIR/job.json       in a sweep (-m): the job's overrides and exit status (seqtune.sweep)
 SWEEP_DIR/sweep_summary.{md,json,csv}   in a sweep: one row per job, its overrides and final metrics
@@ -42,6 +43,7 @@ BEST_DIR = "best"
 SAMPLES_FILE = "samples_generated.jsonl"
 JOB_FILE = "job.json"
 FINISHED = "finished.json"
+EXPORT_FAILED = "export_failed.json"
 # train.overwrite=true moves a finished run into RUN_DIR/previous-<time>/ (never deletes it).
 PREVIOUS_PREFIX = "previous-"
 SWEEP_SUMMARY = "sweep_summary"

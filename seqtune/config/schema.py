@@ -103,7 +103,8 @@ class DataFormat(StrEnum):
     # and OpenAI {messages} with one reply each (seqtune.data.formats.PREFERENCE_SHAPES).
     preference = "preference"
     # {"prompt", "completion", "label"}: one completion of a prompt, label true = desirable (KTO's unpaired feedback,
-    # TRL's unpaired preference format; strings).
+    # TRL's unpaired preference format: strings, or message lists, its conversational shape); and LLaMA-Factory's
+    # {"messages", "label"} (kto_en_demo.json: the last message is the completion).
     unpaired_preference = "unpaired_preference"
     # {"prompt", ...}: a prompt to generate from (a string, or a message list rendered with the chat template's
     # generation prompt); every other column is kept for the reward functions of an online recipe (grpo).
@@ -129,7 +130,8 @@ FORMAT_FIELDS: dict[DataFormat, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("chosen", "rejected"),
         ("prompt", "instruction", "input", "system", "conversations", "messages", "tools", "history"),
     ),
-    DataFormat.unpaired_preference: (("prompt", "completion", "label"), ()),
+    # TRL's shape holds the example in prompt + completion, LLaMA-Factory's in messages.
+    DataFormat.unpaired_preference: (("label",), ("prompt", "completion", "messages", "tools")),
     # Every other column of a JSON prompt record is kept for the reward functions (a columnar file reads these only).
     DataFormat.prompt: (("prompt",), ()),
 }

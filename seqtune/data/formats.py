@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,8 @@ ALPACA_TEMPLATE_NO_INPUT = "### Instruction:\n{instruction}\n\n### Response:\n"
 ALPACA_SYSTEM = "{system}\n\n"
 ALPACA_HISTORY_TURN = ALPACA_TEMPLATE_NO_INPUT + "{response}\n\n"
 MEDIA_PATTERN = re.compile(r"<(img|image|audio|video)>(.*?)</\1>", re.DOTALL)
+# An image reference of input_output (MEDIA_PATTERN's `img` kind): an image-text run reads it as an image.
+IMAGE_REFERENCE = "<img>"
 # Tool-use fields a message may carry (OpenAI's shape), passed to the chat template as they are.
 TOOL_FIELDS = ("tool_calls", "tool_call_id")
 # ShareGPT speakers (LLaMA-Factory's tags) → chat roles. function_call and observation are the tool turns.
@@ -96,6 +98,9 @@ class PromptCompletion:
     line: int
     prompt: str
     completion: str
+    # input_output on an image-text run: the images of the prompt's <img> references, in order, each standing in
+    # the prompt as the image placeholder (Conversation.images' form).
+    images: tuple[str, ...] = ()
 
 
 @dataclass(kw_only=True, slots=True)
@@ -149,11 +154,12 @@ class PreferencePair:
 
 @dataclass(kw_only=True, slots=True)
 class UnpairedExample:
-    """unpaired_preference: one completion of a prompt and whether it is desirable (KTO's binary feedback)."""
+    """unpaired_preference: one completion of a prompt and whether it is desirable (KTO's binary feedback): strings,
+    or a conversation whose messages from `first_target` on are the completion."""
 
     file: str
     line: int
-    example: PromptCompletion
+    example: PromptCompletion | Conversation
     label: bool
 
 
@@ -258,7 +264,8 @@ def template_signature(fmt: str) -> str:
         )
     # Which media references are accepted decides which records are samples: a cache scanned under another rule
     # (before they had to lie under data.media_root, before data: URIs were read) is not this rule's.
-    return f"{fmt}|{MEDIA_REFERENCE_RULE}" if fmt == "input_output" else fmt
+    # An image-text run reads <img> references as images (since they were text there too).
+    return f"{fmt}|{MEDIA_REFERENCE_RULE}|{IMAGE_REFERENCE}=image" if fmt == "input_output" else fmt
 
 
 @dataclass(kw_only=True)
@@ -421,7 +428,28 @@ class LineParser:
             problem = self._media_problem(value)
             if problem:
                 return self._reject(line, problem)
-        return PromptCompletion(file=self.file, line=line, prompt=values[0], completion=values[1])
+        if self.image_placeholder is None or IMAGE_REFERENCE not in values[0] + values[1]:
+            return PromptCompletion(file=self.file, line=line, prompt=values[0], completion=values[1])
+        return self._input_images(line, values[0], values[1])
+
+    def _input_images(self, line: int, prompt: str, completion: str) -> Record | Reject:
+        """An image-text run: each <img>path</img> of the input is an image (the placeholder the model's chat
+        template writes for an image part, expanded into the image's token run), as a chat image part is. An
+        image is input, never a target: one in the output is refused."""
+        if IMAGE_REFERENCE in completion:
+            return self._reject(
+                line,
+                f"unsupported_content: {self._name('output')} holds an image reference (<img>...</img>), which "
+                f"would be a target; an image is input: put it in {self._name('input')}",
+            )
+        images: list[str] = []
+
+        def placeholder(match: re.Match[str]) -> str:
+            images.append(self._image(line, match.group(2).strip()))  # checked above: never refused here
+            return str(self.image_placeholder)
+
+        text = MEDIA_PATTERN.sub(lambda m: placeholder(m) if m.group(1) == "img" else m.group(0), prompt)
+        return PromptCompletion(file=self.file, line=line, prompt=text, completion=completion, images=tuple(images))
 
     def _media_problem(self, text: str) -> str | None:
         """The reject reason of the first unusable media reference in `text`: one that resolves outside the media
@@ -933,10 +961,10 @@ class LineParser:
         )
 
     def _unpaired(self, line: int, obj: dict) -> Record | Reject:
-        """{prompt, completion, label}: strings, and a JSON boolean (true = desirable)."""
-        values = self._strings(line, obj, ("prompt", "completion"))
-        if isinstance(values, Reject):
-            return values
+        """{prompt, completion, label} (TRL's unpaired format: strings, or message lists, its conversational shape)
+        or {messages, label} (LLaMA-Factory's kto_en_demo.json: the last message is the completion, the ones
+        before it the prompt); label a JSON boolean (true = desirable). Message lists render with the chat
+        template, only the completion trained."""
         if "label" not in obj:
             return self._missing(line, ["label"], obj)
         label = obj["label"]
@@ -946,12 +974,41 @@ class LineParser:
                 f"wrong_type: {self._name('label')} is a {type(label).__name__} ({_short(label)}), expected true "
                 "(a desirable completion) or false (an undesirable one)",
             )
-        prompt, completion = values
-        for key, value in (("prompt", prompt), ("completion", completion)):
+        example = self._unpaired_example(line, obj)
+        if isinstance(example, Reject):
+            return example
+        return UnpairedExample(file=self.file, line=line, example=example, label=bool(label))
+
+    def _unpaired_example(self, line: int, obj: dict) -> PromptCompletion | Conversation | Reject:
+        """The one completion of an unpaired record and its prompt, in whichever shape the record gives them."""
+        if obj.get("messages") is not None and obj.get("prompt") is None:  # LLaMA-Factory's KTO records
+            record = self._chat(line, {"messages": obj["messages"], "tools": obj.get("tools")})
+            if isinstance(record, Reject):
+                return record
+            assert isinstance(record, Conversation)  # what _chat returns when it does not reject
+            return replace(record, first_target=len(record.messages) - 1)
+        prompt, completion = obj.get("prompt"), obj.get("completion")
+        if isinstance(prompt, list) and isinstance(completion, list):  # TRL's conversational unpaired records
+            if not completion:
+                return self._reject(line, f"empty_text: {self._name('completion')} has no message")
+            record = self._chat(line, {"messages": [*prompt, *completion], "tools": obj.get("tools")})
+            if isinstance(record, Reject):
+                return record
+            assert isinstance(record, Conversation)
+            if not prompt or prompt[-1].get("role") == "assistant" or len(record.messages) <= len(prompt):
+                return self._reject(
+                    line,
+                    f"wrong_type: {self._name('prompt')} must end on a turn that {self._name('completion')}'s "
+                    "assistant reply answers",
+                )
+            return replace(record, first_target=len(prompt))
+        values = self._strings(line, obj, ("prompt", "completion"))
+        if isinstance(values, Reject):
+            return values
+        for key, value in zip(("prompt", "completion"), values, strict=True):
             if not value.strip():
                 return self._reject(line, f"empty_text: {self._name(key)} is empty")
-        example = PromptCompletion(file=self.file, line=line, prompt=prompt, completion=completion)
-        return UnpairedExample(file=self.file, line=line, example=example, label=bool(label))
+        return PromptCompletion(file=self.file, line=line, prompt=values[0], completion=values[1])
 
     def _tokenized(self, line: int, obj: dict) -> Record | Reject:
         if "input_ids" not in obj:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
+from seqtune.config.plan import VisionFacts
 from seqtune.data.cache import TokenCache
-from seqtune.data.types import IGNORE_INDEX
+from seqtune.data.types import IGNORE_INDEX, TokenizedSample
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -19,15 +20,25 @@ class EvalPrompt:
     prompt_ids: list[int]
     reference_ids: list[int]
     location: str
+    # The images whose token runs are in prompt_ids (the record's first ones: a later turn's images come after
+    # the first target), in the order of their runs: what the model reads with the prompt.
+    images: tuple[str, ...] = ()
 
 
 def build_eval_prompts(
-    cache_dir: Path, *, count: int, max_seq_len: int, bos_id: int | None, stride: int = 1
+    cache_dir: Path,
+    *,
+    count: int,
+    max_seq_len: int,
+    bos_id: int | None,
+    stride: int = 1,
+    vision: VisionFacts | None = None,
 ) -> list[EvalPrompt]:
     """The first `count` samples of a split's token cache (file order: the validation split) that have a prompt
     shorter than max_seq_len, tokenized exactly as training saw them. The reference is the first run of target
     tokens: the completion, or a conversation's first assistant reply and its end-of-turn marker. `stride`: the
-    sequences per sample (a preference pair's first sequence, its chosen completion, is the reference)."""
+    sequences per sample (a preference pair's first sequence, its chosen completion, is the reference). `vision`
+    (plan.vision, an image-text run): each prompt carries the images whose runs it holds."""
     cache = TokenCache.open(cache_dir)
     prompts: list[EvalPrompt] = []
     for i in range(0, len(cache), stride):
@@ -45,8 +56,18 @@ def build_eval_prompts(
                 prompt_ids=sample.input_ids[:first].tolist(),
                 reference_ids=sample.input_ids[first:end].tolist(),
                 location=sample.location,
+                images=_images_in(sample, first, vision),
             )
         )
         if len(prompts) == count:
             break
     return prompts
+
+
+def _images_in(sample: TokenizedSample, end: int, vision: VisionFacts | None) -> tuple[str, ...]:
+    """The sample's images whose runs lie in input_ids[:end]: runs are never cut (preflight refuses a policy that
+    would), so the soft tokens there count whole images, the first ones in run order."""
+    if vision is None or not sample.images:
+        return ()
+    soft = int((sample.input_ids[:end] == vision.image_token_id).sum())
+    return sample.images[: soft // vision.tokens_per_image]

@@ -15,7 +15,7 @@ A filler is encoded in a micro-batch as `index + num_samples`; wrap the dataset 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -25,18 +25,15 @@ from seqtune.config.schema import PaddingStrategy, Tail
 from seqtune.data.batching import BatchRule, round_up
 from seqtune.data.mix import SourceMix
 from seqtune.data.packing import order_for_next_fit, pack_best_fit_decreasing
-from seqtune.data.types import IGNORE_INDEX, Sample, TokenizedSample, sequences_of
+from seqtune.data.types import IGNORE_INDEX, Sample, sequences_of
 
 
 def as_filler(sample: Sample) -> Sample:
-    """The same tokens with every target masked: computed like the sample, never changing the loss."""
+    """The same tokens with every target masked: computed like the sample, never changing the loss. A copy of the
+    sample but its labels and location (dataclasses.replace), so whatever its tokens need travels with them: an
+    image-text sample's image token runs keep their images, or the collator would count tokens without pixels."""
     masked = tuple(
-        TokenizedSample(
-            input_ids=s.input_ids,
-            labels=np.full_like(s.labels, IGNORE_INDEX),
-            location=f"{s.location} (filler)",
-            fields=s.fields,
-        )
+        replace(s, labels=np.full_like(s.labels, IGNORE_INDEX), location=f"{s.location} (filler)")
         for s in sequences_of(sample)
     )
     return masked if isinstance(sample, tuple) else masked[0]

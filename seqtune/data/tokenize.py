@@ -263,6 +263,9 @@ class SampleEncoder:
         out[text_pos] = ids
         target[text_pos] = is_completion | self.train_on_prompt
         out[(starts + lengths - 1)[add_eos]] = self.eos_id
+        images = [r.images for r in records]
+        if any(images):
+            target &= ~np.isin(out, self.image_ids)  # an image's tokens are input, never targets
         return EncodedBatch(
             ids=out,
             target=target,
@@ -271,14 +274,22 @@ class SampleEncoder:
             lines=np.fromiter((r.line for r in records), np.int64, count=n),
             padding_stripped=np.zeros(n, np.int64),
             source_index=np.arange(n),
+            images=images if any(images) else [],
         )
+
+    def _prompt_text(self, record: PromptCompletion) -> str:
+        """The prompt as tokenized: an image-text record's image placeholders expanded into each image's run."""
+        if not record.images:
+            return record.prompt
+        assert self.vision is not None, "only an image-text run's parser keeps images"
+        return expand_images(record.prompt, [], self.vision)[0]
 
     def _tokens_whole(self, records: list[PromptCompletion]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Each record's rendered text (prompt + completion) tokenized whole in one batched call, as generation will
         see it; a token is the completion's when its last character lies past the prompt. (Tokenizing the two apart
         gives every completion the word-start piece `▁` a SentencePiece tokenizer puts before a text.)
         Returns (flat ids, is_completion per token, tokens per record)."""
-        prompts = [r.prompt for r in records] if self.fmt != "text" else [""] * len(records)
+        prompts = [self._prompt_text(r) for r in records] if self.fmt != "text" else [""] * len(records)
         texts = [p + r.completion for p, r in zip(prompts, records, strict=True)]
         self.texts_tokenized += len(texts)
         assert self._backend is not None, "offsets need a fast tokenizer (the slow path tokenizes apart)"
@@ -295,7 +306,7 @@ class SampleEncoder:
         only without a prefix-space rule; preflight's tokens-vs-text check says when it is not)."""
         n = len(records)
         prompt_ids, p_len = (
-            self._flat([r.prompt for r in records])
+            self._flat([self._prompt_text(r) for r in records])
             if self.fmt != "text"
             else (np.empty(0, np.int64), np.zeros(n, np.int64))
         )

@@ -100,7 +100,8 @@ def barrier() -> None:
 
 # Test hook, documented in launch/README.md: SEQTUNE_FAULT="train:STEP:RANK" makes RANK raise at optimizer step STEP
 # (a failing rank must end the whole torchrun job); SEQTUNE_FAULT="save:STEP" SIGKILLs rank 0 halfway through writing
-# the step-STEP checkpoint (a crash mid-save must leave the previous checkpoint as the latest valid one).
+# the step-STEP checkpoint (a crash mid-save must leave the previous checkpoint as the latest valid one);
+# SEQTUNE_FAULT="proof:0" makes the export proof after training raise (the weights and finished.json must stay).
 FAULT_ENV = "SEQTUNE_FAULT"
 
 

@@ -89,6 +89,9 @@ def _export(run_dir: Path, gguf: str | None, push: str | None) -> None:
 
         export_run_gguf(run_dir, gguf, key=RUN_DIR_ARG)
     prove_exports(run_dir, key=RUN_DIR_ARG)
+    from seqtune.export.failure import clear_failure
+
+    clear_failure(run_dir)  # the failure recorded at the end of training is answered by this proof
 
 
 def _check_writable(run_dir: Path) -> None:

@@ -63,7 +63,12 @@ def reference_prompts(run_dir: Path, tokenizer: Any) -> list[Any]:
     plan = load_plan(run_dir)  # the run's plan: its token caches, max_seq_len and the bos the encoder added
     cache = Path(plan.caches.get("val") or plan.caches["train"])
     prompts = build_eval_prompts(
-        cache, count=PROMPTS, max_seq_len=plan.max_seq_len, bos_id=plan.tokens.bos_id, stride=plan.sequences_per_sample
+        cache,
+        count=PROMPTS,
+        max_seq_len=plan.max_seq_len,
+        bos_id=plan.tokens.bos_id,
+        stride=plan.sequences_per_sample,
+        vision=plan.vision,
     )
     return prompts or _text_prompts(cache)
 
@@ -129,9 +134,7 @@ def _capture_logits(
         ids = prompt.prompt_ids + prompt.reference_ids[: POSITIONS - 1]
         first = len(prompt.prompt_ids) - 1
         tensors[f"ids.{i}"] = torch.tensor(ids, dtype=torch.int64)
-        tensors.update(
-            {f"{name}.{i}": value for name, value in (pixels(prompt.location) if pixels is not None else {}).items()}
-        )
+        tensors.update({f"{name}.{i}": value for name, value in (pixels(prompt) if pixels is not None else {}).items()})
         images = _on(_image_inputs(tensors, str(i), tensors[f"ids.{i}"], _image_token(model)), device)
         logits = model(input_ids=torch.tensor([ids], device=device), **images).logits[0, first:]
         tensors[f"logits.{i}"] = logits.float().cpu().contiguous()
@@ -140,30 +143,23 @@ def _capture_logits(
 
 
 def _prompt_pixels(run_dir: Path) -> Any | None:
-    """An image-text run: location -> the model inputs of that sample's images (pixel_values, token_type_ids), so
-    every proof compares logits on a prompt with its images, as the model reads them; None for a text-only run."""
+    """An image-text run: a prompt -> the model inputs of the images its tokens hold (pixel_values), so every proof
+    compares logits on a prompt with its images, as the model reads them; None for a text-only run. Only the
+    prompt's own images: a record's later turns may hold more, whose tokens the prompt (cut at the first target)
+    does not have, and the model refuses features without their tokens."""
+    from seqtune.config.load import load_resolved
     from seqtune.config.plan import load_plan
-    from seqtune.data.cache import TokenCache
     from seqtune.data.pixels import ImagePixels
     from seqtune.models.vision import image_processor
 
-    plan = load_plan(run_dir)
-    if plan.vision is None:
+    vision = load_plan(run_dir).vision
+    if vision is None:
         return None
-    vision = plan.vision
-    cache = TokenCache.open(Path(plan.caches.get("val") or plan.caches["train"]))
-    by_location = {cache.location(i): i for i in range(len(cache))}
-    from seqtune.config.load import load_resolved
+    model_path = load_resolved(Path(run_dir) / "config.yaml").model.path
+    pixels = ImagePixels(processor=image_processor(vision, model_path), vision=vision)
 
-    pixels = ImagePixels(
-        processor=image_processor(vision, load_resolved(Path(run_dir) / "config.yaml").model.path), vision=vision
-    )
-
-    def inputs(location: str) -> dict[str, torch.Tensor]:
-        sample = cache[by_location[location]]
-        if not sample.images:
-            return {}
-        return {"pixel_values": torch.from_numpy(pixels(list(sample.images)))}
+    def inputs(prompt: Any) -> dict[str, torch.Tensor]:
+        return {"pixel_values": torch.from_numpy(pixels(list(prompt.images)))} if prompt.images else {}
 
     return inputs
 

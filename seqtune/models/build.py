@@ -6,7 +6,8 @@ Rules kept here:
 - The training config always has use_cache=False: a KV cache is useless for teacher forcing and its position
   bookkeeping does not follow the packed-sequence boundaries.
 - Tiny models are initialised by our own seeded generator, not transformers' init, so two builds with the same
-  model.seed are identical in any process (transformers' init order changes after e.g. an embedding resize).
+  model.seed are identical in any process (transformers' init order changes after e.g. an embedding resize): every
+  matrix is drawn from it, a vector transformers drew at random is zeroed, a constant one (a norm) kept.
 """
 
 from __future__ import annotations
@@ -176,6 +177,11 @@ def _build_tiny(
         for _, param in model.named_parameters():
             if param.dim() >= 2:
                 param.copy_(torch.randn(param.shape, generator=generator, device=device) * TINY_INIT_STD)
+            elif param.numel() > 1 and not bool((param == param.reshape(-1)[0]).all()):
+                # A vector transformers drew from the global stream (SigLIP's MLP biases, N(0, 1e-6)) differs from
+                # build to build: the base an adapter is saved against (RUN_DIR/base/, rebuilt after training)
+                # was not the trained one, and the export proof failed by 1.4e-4. Zero: the same in every build.
+                param.zero_()
     return model.to(dtype)
 
 

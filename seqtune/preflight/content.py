@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from seqtune.config.plan import Resolved, Tokens
-from seqtune.config.schema import RootConfig
+from seqtune.config.schema import DataFormat, RootConfig
 from seqtune.data.kinds import sample_kind
 from seqtune.data.overlength import TRUNCATING, cut_sample
 from seqtune.data.scan import SplitScan
@@ -118,6 +118,7 @@ def content_checks(
             scan_text=fmt != "tokenized",
             space_ids=spaces,
             reasoning=tokenizer.record.reasoning,
+            image_references=plan.vision is not None and fmt == DataFormat.input_output,
         )
         for name, scan in scans.items()
     }
@@ -139,7 +140,11 @@ def content_checks(
         proof = None
         if fmt != "tokenized":
             proof = stored_text_proof(
-                scan.cache_dir, tokenizer.load, train_on_prompt=cfg.data.train_on_prompt, media_root=cfg.data.media_root
+                scan.cache_dir,
+                tokenizer.load,
+                train_on_prompt=cfg.data.train_on_prompt,
+                media_root=cfg.data.media_root,
+                vision=plan.vision,
             )
             problems += labels.check_tokens_text(
                 split=name,

@@ -89,10 +89,12 @@ def observe_split(
     scan_text: bool,
     space_ids: Collection[int] = (),
     reasoning: ReasoningBlock | None = None,
+    image_references: bool = False,
 ) -> SplitObservations:
     """The split's observations, read from beside its cache or computed once and stored there. `scan_text`: the
     data files hold text (every format but tokenized). `reasoning`: the chat template's reasoning block, whose
-    markers are data where the template reads them (the template is in the cache's key)."""
+    markers are data where the template reads them (the template is in the cache's key). `image_references`:
+    input_output's <img>path</img> are images (an image-text run), not text: their tags are no literal controls."""
     cache_dir = Path(cache_dir)
     stored, hash_file = cache_dir / OBSERVATIONS_FILE, cache_dir / HASH_FILE
     if stored.is_file() and hash_file.is_file():
@@ -104,7 +106,11 @@ def observe_split(
     if scan_text:
         # Only the records the scan read (stream mode scans a sample of the train split).
         observed.literal_controls, observed.literal_lines = scan_literal_controls(
-            from_meta("split", cache.meta), literal, max_lines=int(cache.meta["records"]), reasoning=reasoning
+            from_meta("split", cache.meta),
+            literal,
+            max_lines=int(cache.meta["records"]),
+            reasoning=reasoning,
+            image_references=image_references,
         )
     _store(observed, hashes, cache_dir)
     return observed
@@ -257,12 +263,17 @@ def _trie_regex(words: list[bytes]) -> bytes:
     return build(root)
 
 
+# input_output's image reference as the raw JSON holds it (`/` may be escaped), as formats.MEDIA_PATTERN reads it.
+_IMAGE_REFERENCE_BYTES = re.compile(rb"<img>.*?<\\?/img>", re.DOTALL)
+
+
 def scan_literal_controls(
     split: SplitInput,
     literal: Mapping[str, int],
     *,
     max_lines: int = 0,
     reasoning: ReasoningBlock | None = None,
+    image_references: bool = False,
 ) -> tuple[dict[str, Finding], Finding]:
     """Records of `split` (the first `max_lines`, 0 = all) whose text holds a control token's string, per token
     and in all (a columnar row is searched as its JSON). A record holding `reasoning`'s markers is parsed as
@@ -283,6 +294,8 @@ def scan_literal_controls(
             if isinstance(record.payload, bytes)
             else json.dumps(record.payload, ensure_ascii=False, default=str).encode("utf-8")
         )
+        if image_references:  # the parser reads them as images (Gemma 3's tokenizer has <img> as a control)
+            raw = _IMAGE_REFERENCE_BYTES.sub(b"", raw)
         found = dict.fromkeys(forms[match] for match in pattern.findall(raw))
         if reasoning is not None and markers.intersection(found):
             misplaced = _misplaced(record, split, parsers, reasoning)

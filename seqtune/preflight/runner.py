@@ -236,7 +236,7 @@ def _data_phases(
     for name, scan in scans.items():
         problems += split_checks(cfg, resolved, scan, max_seq_len)
         if kind.checks is not None:  # what the sample kind itself requires of a split (e.g. both labels)
-            declared = kind.checks(name, scan.cache())
+            declared = kind.checks(name, views[name])
             problems += [
                 Problem(check="sample_kind", key=k, message=m, location=loc) for k, m, loc in declared.problems
             ]

@@ -18,8 +18,9 @@ from seqtune.tokenizers.control import control_tokens
 from seqtune.tokenizers.facts import added_bos_id, tokenizer_facts
 from seqtune.tokenizers.templates import after_probe_reply, end_of_turn_probe
 
-# The formats whose records the chat template renders (a preference pair may hold message lists).
-TEMPLATED_FORMATS = frozenset({*CHAT_FORMATS, DataFormat.preference})
+# The formats whose records the chat template renders (a preference pair or an unpaired example may hold message
+# lists).
+TEMPLATED_FORMATS = frozenset({*CHAT_FORMATS, DataFormat.preference, DataFormat.unpaired_preference})
 
 
 def token_facts(cfg: RootConfig, resolved: Resolved, tokenizer: Any) -> Tokens:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from seqtune.config.errors import SeqtuneError
+from seqtune.config.plan import VisionFacts
 from seqtune.data.cache import CACHE_KEY, TokenCache
 from seqtune.data.formats import Conversation, PreferencePair, PromptCompletion
 from seqtune.data.split import SplitInput, from_meta
@@ -33,7 +34,7 @@ TEXT_PROOF_SAMPLES = 512
 # Tokens shown on each side of the first difference.
 CONTEXT_TOKENS = 3
 # Bump when the proof's rule changes: a stored proof of the old rule then stops matching.
-PROOF_VERSION = 1
+PROOF_VERSION = 2  # 2: records with images are parsed as the image-text run parses them, and skipped
 PROOF_FILE = f"text-proof-v{PROOF_VERSION}-{TEXT_PROOF_SAMPLES}-{CONTEXT_TOKENS}.json"
 
 
@@ -135,9 +136,12 @@ def rendered_texts(encoder: SampleEncoder, record: Any) -> list[str] | None:
 
 
 def rendered_text(encoder: SampleEncoder, record: Any) -> str | None:
-    """The text a record trains on as one string (None for pre-tokenized records, which have none)."""
+    """The text a record trains on as one string (None for pre-tokenized records and records with images, which
+    have none)."""
     if isinstance(record, Reject):
         return None
+    if isinstance(record, (Conversation, PromptCompletion)) and record.images:
+        return None  # an image is a run of the processor's tokens, no text: the vision checks count those runs
     if isinstance(record, Conversation):
         return encoder.tokenizer.apply_chat_template(record.messages, tools=record.tools, tokenize=False)
     if isinstance(record, PromptCompletion):
@@ -171,7 +175,12 @@ def _difference(ids: np.ndarray, text: str, tokenizer: Any, *, bos_id: int | Non
 
 
 def stored_text_proof(
-    cache_dir: Path, load_tokenizer: Callable[[], Any], *, train_on_prompt: bool, media_root: str | None
+    cache_dir: Path,
+    load_tokenizer: Callable[[], Any],
+    *,
+    train_on_prompt: bool,
+    media_root: str | None,
+    vision: VisionFacts | None = None,
 ) -> TextProof:
     """split_text_proof, kept beside the split's token cache: the proof depends only on what the cache's key
     covers (the data files, the tokenizer, train_on_prompt, media_root) and on this module's rule (its version
@@ -188,7 +197,9 @@ def stored_text_proof(
         )
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    proof = split_text_proof(cache_dir, load_tokenizer(), train_on_prompt=train_on_prompt, media_root=media_root)
+    proof = split_text_proof(
+        cache_dir, load_tokenizer(), train_on_prompt=train_on_prompt, media_root=media_root, vision=vision
+    )
     try:  # best effort: an unwritable cache only costs the next run this proof again
         write_atomic(stored, json.dumps(asdict(proof)), key=CACHE_KEY)
     except SeqtuneError:
@@ -196,9 +207,15 @@ def stored_text_proof(
     return proof
 
 
-def split_text_proof(cache_dir: Path, tokenizer: Any, *, train_on_prompt: bool, media_root: str | None) -> TextProof:
-    """The proof for one scanned split, read from its token cache (which records the split it was written from)."""
+def split_text_proof(
+    cache_dir: Path, tokenizer: Any, *, train_on_prompt: bool, media_root: str | None, vision: VisionFacts | None = None
+) -> TextProof:
+    """The proof for one scanned split, read from its token cache (which records the split it was written from).
+    `vision`: an image-text run's facts, so records are parsed as the scan parsed them (input_output's <img> an
+    image, not text)."""
     cache = TokenCache.open(cache_dir)
     split = from_meta("split", cache.meta)
-    encoders = {str(fmt): SampleEncoder(tokenizer, fmt, train_on_prompt=train_on_prompt) for fmt in split.formats}
+    encoders = {
+        str(fmt): SampleEncoder(tokenizer, fmt, train_on_prompt=train_on_prompt, vision=vision) for fmt in split.formats
+    }
     return prove_tokens_text(split, cache, tokenizer, encoders, media_root=media_root)

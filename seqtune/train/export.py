@@ -3,15 +3,18 @@ with early stopping, RUN_DIR/best/ (the same export of the best eval's weights),
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from traceback import format_exc
 from typing import Any, cast
 
 import torch
 
+from seqtune.config.errors import SeqtuneError
 from seqtune.config.rundir import BEST_DIR, RUN_DIR_KEY
 from seqtune.data.formats import chat_template_for
-from seqtune.distributed import DistEnv, barrier
+from seqtune.distributed import DistEnv, barrier, inject_fault
 from seqtune.export.facts import (
     ShipFacts,
     data_files,
@@ -21,8 +24,9 @@ from seqtune.export.facts import (
     write_base,
     write_card,
 )
+from seqtune.export.failure import REFERENCE_STEP, ExportFailure, clear_failure, record_failures
 from seqtune.export.gguf import export_run_gguf
-from seqtune.export.proof import capture_reference, prove_exports
+from seqtune.export.proof import GGUF_DIR, capture_reference, prove_exports
 from seqtune.files import atomic_directory, follow_umask
 from seqtune.models import save_adapter
 from seqtune.models.kernels import restore_module_globals
@@ -55,18 +59,21 @@ def export_final(
     facts = ship_facts(tokenizer, run_dir)
     stamp_stop_ids(model, facts.stop)
     set_adapter_input_cast(model, enabled=True)  # everything below runs the model outside autocast
-    if env.is_main and not sharded:  # the trained model's logits, before anything is merged into it
-        capture_reference(model, tokenizer, run_dir, device=env.device)
     kind = ADAPTER_DIR if lora else MODEL_DIR
     target = run_dir / kind
     saved_tokenizer = trained_tokenizer(tokenizer, data_format)
     files = data_files(facts) if env.is_main else []
+    if env.is_main:
+        clear_failure(run_dir)
+    # The trained weights first: whatever fails after them (the reference logits, merged/, GGUF, the proof) is
+    # recorded for the parent, which writes finished.json before raising it (seqtune.export.failure).
     with _staged(target, env) as staging:
         save_trained(model, saved_tokenizer, staging, env=env, lora=lora, sharded=sharded, facts=facts)
         if env.is_main:
             if facts.vision is not None:  # AutoProcessor loads what expands an image as training did
                 save_processor(staging, facts.vision, facts.cfg.model.path)
             write_card(facts, staging, kind, files=files)
+    failures: list[ExportFailure] = []
     if env.is_main:
         if lora:
             write_base(facts, tokenizer, device=env.device)
@@ -74,32 +81,69 @@ def export_final(
             write_card(facts, run_dir / BEST_DIR, BEST_DIR, files=files)
         gathered = " (gathered from FSDP shards)" if sharded else ""
         print(f"saved {'LoRA adapter' if lora else 'model'}{gathered}: {target}", flush=True)
-        gguf = facts.cfg.train.export_gguf
-        if merged or (lora and gguf):  # LoRA only; a GGUF file is written from merged/ (preflight: not under FSDP)
-            merged_model = model.merge_and_unload()  # type: ignore[operator]  # peft's wrapper (LoRA only here)
-            # A tied head trained in full (lora.modules_to_save) is no longer the embedding: say so in config.json.
-            head = merged_model.get_output_embeddings()  # None: a scalar head's model has no LM head
-            if head is not None and head.weight is not merged_model.get_input_embeddings().weight:
-                merged_model.config.tie_word_embeddings = False
-            with atomic_directory(run_dir / MERGED_DIR, key=RUN_DIR_KEY) as staging, shipped_config(merged_model):
-                merged_model.save_pretrained(staging, safe_serialization=True)
-                saved_tokenizer.save_pretrained(staging)
-                if facts.vision is not None:
-                    save_processor(staging, facts.vision, facts.cfg.model.path)
-                write_card(facts, staging, MERGED_DIR, files=files)
-            print(f"saved merged model: {run_dir / MERGED_DIR}", flush=True)
-        if gguf:
-            export_run_gguf(run_dir, str(gguf), key=RUN_DIR_KEY)
+        if not sharded:  # the trained model's logits, before anything is merged into it
+            _attempt(failures, REFERENCE_STEP, lambda: capture_reference(model, tokenizer, run_dir, device=env.device))
+        _merged_and_gguf(model, saved_tokenizer, facts, files, lora=lora, merged=merged, failures=failures)
     barrier()
     restore_module_globals()  # the proof loads each export as a user would: transformers' own layers, maybe on CPU
-    if env.is_main and not sharded:
-        prove_exports(run_dir, key=RUN_DIR_KEY, device=env.device)
-    elif env.is_main:
+    if env.is_main and not sharded and not failures:
+        _attempt(failures, "proving the exports", lambda: _prove(run_dir, env))
+    elif env.is_main and sharded:
         print(
             f"export proof: run `python -m seqtune.export {run_dir}` (the sharded model was not kept on one "
             "device to compare with).",
             flush=True,
         )
+    if failures:
+        written = [name for name in (kind, "base", MERGED_DIR, GGUF_DIR) if (run_dir / name).exists()]
+        record_failures(run_dir, failures, written)
+
+
+def _prove(run_dir: Path, env: DistEnv) -> None:
+    inject_fault("proof", step=0, rank=env.rank)  # test hook: SEQTUNE_FAULT=proof:0 (seqtune.distributed)
+    prove_exports(run_dir, key=RUN_DIR_KEY, device=env.device)
+
+
+def _merged_and_gguf(
+    model: torch.nn.Module, tokenizer, facts: ShipFacts, files, *, lora: bool, merged: bool, failures: list
+) -> None:
+    """merged/ (LoRA: train.export_merged, or the GGUF file's source), then the GGUF file; each failure recorded."""
+    run_dir, gguf = facts.run_dir, facts.cfg.train.export_gguf
+    if merged or (lora and gguf):  # LoRA only; a GGUF file is written from merged/ (preflight: not under FSDP)
+        if not _attempt(failures, f"writing {MERGED_DIR}/", lambda: _write_merged(model, tokenizer, facts, files)):
+            return  # the GGUF file is written from merged/
+    if gguf:
+        _attempt(failures, f"writing {GGUF_DIR}/", lambda: export_run_gguf(run_dir, str(gguf), key=RUN_DIR_KEY))
+
+
+def _write_merged(model: torch.nn.Module, tokenizer, facts: ShipFacts, files) -> None:
+    run_dir = facts.run_dir
+    merged_model = model.merge_and_unload()  # type: ignore[operator]  # peft's wrapper (LoRA only here)
+    # A tied head trained in full (lora.modules_to_save) is no longer the embedding: say so in config.json.
+    head = merged_model.get_output_embeddings()  # None: a scalar head's model has no LM head
+    if head is not None and head.weight is not merged_model.get_input_embeddings().weight:
+        merged_model.config.tie_word_embeddings = False
+    with atomic_directory(run_dir / MERGED_DIR, key=RUN_DIR_KEY) as staging, shipped_config(merged_model):
+        merged_model.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+        if facts.vision is not None:
+            save_processor(staging, facts.vision, facts.cfg.model.path)
+        write_card(facts, staging, MERGED_DIR, files=files)
+    print(f"saved merged model: {run_dir / MERGED_DIR}", flush=True)
+
+
+def _attempt(failures: list[ExportFailure], step: str, action: Callable[[], object]) -> bool:
+    """Run one step after the weights are saved; a failure is recorded (the run's weights and record stay), an
+    interruption (Interrupted, KeyboardInterrupt: BaseException) still ends the run."""
+    try:
+        action()
+    except SeqtuneError as err:  # a refusal or a failed proof: its message is the whole story
+        failures.append(ExportFailure(step=step, error=str(err)))
+        return False
+    except Exception as exc:  # noqa: BLE001  # unexpected: kept with its traceback, the weights are saved
+        failures.append(ExportFailure(step=step, error=f"{type(exc).__name__}: {exc}", details=format_exc()))
+        return False
+    return True
 
 
 def _staged(target: Path, env: DistEnv) -> AbstractContextManager[Path]:

@@ -21,11 +21,15 @@ import torch
 from seqtune.config.plan import Plan
 from seqtune.config.rundir import SAMPLES_FILE
 from seqtune.config.schema import RootConfig
+from seqtune.data.pixels import ImagePixels
 from seqtune.data.prompts import EvalPrompt, build_eval_prompts
 from seqtune.distributed import DistEnv, broadcast_from_main
+from seqtune.models.vision import image_processor
 from seqtune.train.metrics import MetricsLogger, truncate_after
 from seqtune.train.step import autocast
 
+# The tracker table's columns; each line of samples_generated.jsonl also lists the prompt's images (the paths the
+# model read with it as pixel values; [] for text).
 SAMPLE_COLUMNS = ("step", "location", "prompt", "completion", "reference", "new_tokens")
 
 
@@ -38,20 +42,35 @@ def greedy_completion(
     stop_ids: Iterable[int],
     env: DistEnv,
     autocast_dtype: torch.dtype | None,
+    images: PromptImages | None = None,
 ) -> list[int]:
-    """Up to `max_new_tokens` argmax tokens after `prompt`, ending with the first stop id if one comes."""
+    """Up to `max_new_tokens` argmax tokens after `prompt`, ending with the first stop id if one comes. `images`:
+    an image-text prompt's pixel values and image token, read as training read them (token_type_ids marks the
+    soft tokens: Gemma 3 attends bidirectionally within an image)."""
     stop = set(stop_ids)
     ids = torch.tensor([prompt], dtype=torch.long, device=env.device)
     new: list[int] = []
     for _ in range(max_new_tokens):
+        extra = images.inputs(ids) if images is not None else {}
         with autocast(env.device, autocast_dtype):
-            logits = model(input_ids=ids, use_cache=False, logits_to_keep=1).logits
+            logits = model(input_ids=ids, use_cache=False, logits_to_keep=1, **extra).logits
         token = broadcast_from_main(logits[0, -1].argmax().reshape(1, 1))
         new.append(int(token))
         if new[-1] in stop:
             break
         ids = torch.cat([ids, token], dim=1)
     return new
+
+
+@dataclass(kw_only=True)
+class PromptImages:
+    """One prompt's images as model inputs: their pixel values, and the image soft token that marks their runs."""
+
+    pixel_values: torch.Tensor
+    image_token_id: int
+
+    def inputs(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"pixel_values": self.pixel_values, "token_type_ids": (ids == self.image_token_id).long()}
 
 
 @dataclass(kw_only=True)
@@ -66,6 +85,14 @@ class SampleGenerator:
     autocast_dtype: torch.dtype | None
     # The step training resumes from: lines logged after it are dropped (the run continues the same file).
     resume_step: int = 0
+    # An image-text run (plan.vision): the images' pixel values (seqtune.data.pixels.ImagePixels) and image token.
+    pixels: ImagePixels | None = None
+
+    def _images(self, prompt: EvalPrompt) -> PromptImages | None:
+        if self.pixels is None or not prompt.images:
+            return None
+        pixel_values = torch.from_numpy(self.pixels(list(prompt.images))).to(self.env.device)
+        return PromptImages(pixel_values=pixel_values, image_token_id=self.pixels.vision.image_token_id)
 
     def __post_init__(self) -> None:
         if self.env.is_main:
@@ -81,6 +108,7 @@ class SampleGenerator:
                     stop_ids=self.stop_ids,
                     env=self.env,
                     autocast_dtype=self.autocast_dtype,
+                    images=self._images(p),
                 )
                 for p in self.prompts
             ]
@@ -92,6 +120,7 @@ class SampleGenerator:
                 "completion": self.tokenizer.decode(new, skip_special_tokens=True),
                 "reference": self.tokenizer.decode(p.reference_ids, skip_special_tokens=True),
                 "new_tokens": len(new),
+                "images": list(p.images),
             }
             for p, new in zip(self.prompts, completions, strict=True)
         ]
@@ -125,6 +154,7 @@ def build_sample_generator(
         max_seq_len=plan.max_seq_len,
         bos_id=plan.tokens.bos_id,
         stride=plan.sequences_per_sample,
+        vision=plan.vision,
     )
     assert prompts, "preflight's check_eval_prompts proved the validation split has prompts"
     stop_ids = frozenset(plan.tokens.terminators)
@@ -137,4 +167,7 @@ def build_sample_generator(
         env=env,
         autocast_dtype=autocast_dtype,
         resume_step=resume_step,
+        pixels=None
+        if plan.vision is None
+        else ImagePixels(processor=image_processor(plan.vision, cfg.model.path), vision=plan.vision),
     )

@@ -167,13 +167,14 @@ def test_a_pair_longer_than_max_seq_len_is_refused_or_must_keep_its_terminator(d
 
 def test_image_preference_pairs_train_a_vision_model_with_dpo(tmp_path):
     """recipe=lora_dpo model=gemma3_vision_tiny on message-list pairs whose prompt holds an image (TRL's DPOTrainer
-    with a VLM): preflight counts each image's tokens in chosen and in rejected, the loss is finite, and the export
-    proof passes."""
+    with a VLM): preflight counts each image's tokens in chosen and in rejected, the loss is finite, every
+    validation pair is evaluated once although 4 pairs do not fill micro-batches of 3 (the filler pairs kept their
+    image tokens without their images and crashed the collator), and the export proof passes."""
     pairs = Path(__file__).resolve().parent / "data" / "vision_pairs"
     run_dir = tmp_path / "run"
     args = ["recipe=lora_dpo", "model=gemma3_vision_tiny", "data.format=preference", f"data.media_root={pairs}"]
     args += [f"data.train={pairs / 'train.jsonl'}", f"data.val={pairs / 'validation.jsonl'}"]
-    args += ["train.max_steps=1", "train.batch_size=2", "train.eval_every=1", "train.eval_batches=1"]
+    args += ["train.max_steps=1", "train.batch_size=3", "train.eval_every=1", "train.eval_batches=0"]
     result = run_cli([*args, "train.log_every=1", "preflight.show=0", "preflight.plot=false"], run_dir)
     out = " ".join((result.stdout + result.stderr).split())
     assert result.returncode == 0, out[-4000:]
@@ -182,5 +183,6 @@ def test_image_preference_pairs_train_a_vision_model_with_dpo(tmp_path):
     assert f"images: data.train has {2 * records} (4 distinct, all decoded), 16 tokens each" in out
     (step,) = [m for m in read_metrics(run_dir) if "loss" in m]
     assert torch.isfinite(torch.tensor(step["loss"])) and step["logps/chosen"] < 0
+    assert step["eval_targets"] == len((pairs / "validation.jsonl").read_text().splitlines()) == 4
     report = json.loads((run_dir / "export.json").read_text())
     assert report["ok"] and [a["artifact"] for a in report["artifacts"]] == ["adapter"]

@@ -165,3 +165,26 @@ def test_an_export_that_no_longer_stops_or_matches_fails_naming_it(run_dir, tmp_
     result = export_cli(copy)
     assert result.returncode == 1 and "best: its next-token logits differ from the trained model's" in result.stderr
     assert json.loads((copy / "export.json").read_text())["ok"] is False
+
+
+def test_a_failure_after_the_last_step_keeps_the_weights_and_the_record_and_names_the_export_command(tmp_path):
+    """Whatever fails after training (here the proof, by the test hook) comes after the trained weights (adapter/,
+    merged/) and finished.json are written; the error names the command that re-runs the export alone (the same
+    training command says it again), which then passes and clears the recorded failure."""
+    run_dir = tmp_path / "run"
+    args = ["model=llama3_tiny", "train.max_steps=1", "train.export_merged=true", "preflight.plot=false"]
+    result = run_cli([*args, "preflight.show=0"], run_dir, env={"SEQTUNE_FAULT": "proof:0"})
+    err = " ".join(result.stderr.split())
+    assert result.returncode == 1, (result.stdout + result.stderr)[-4000:]
+    assert "Traceback" not in result.stderr
+    assert "proving the exports: RuntimeError: SEQTUNE_FAULT=proof:0" in err
+    assert err.endswith(f"Fix: re-run the export proof alone: python -m seqtune.export {run_dir}")
+    assert (run_dir / "adapter" / "adapter_model.safetensors").is_file()
+    assert (run_dir / "merged" / "model.safetensors").is_file() and (run_dir / "finished.json").is_file()
+    recorded = json.loads((run_dir / "export_failed.json").read_text())
+    assert recorded["saved"] == ["adapter", "base", "merged"] and "Traceback" in recorded["failures"][0]["details"]
+    same = run_cli([*args, "preflight.show=0"], run_dir)  # the finished run: the failure is still unanswered
+    assert same.returncode == 1 and "python -m seqtune.export" in same.stderr, same.stdout + same.stderr
+    again = export_cli(run_dir)
+    assert again.returncode == 0 and "export proof: merged: ok" in again.stdout, again.stdout + again.stderr
+    assert not (run_dir / "export_failed.json").exists()

@@ -104,6 +104,62 @@ def test_two_images_give_max_seq_len_auto_of_both_runs_and_the_text(tmp_path: Pa
     assert report["max_seq_len"] >= len(cache[longest]) > 2 * (TOKENS_PER_IMAGE + 2)
 
 
+def mllm_demo(first: str, then: str | None = None) -> dict:
+    """A record shaped as LLaMA-Factory's data/mllm_demo.json: `<image>` placeholders in user turns, an `images`
+    list, two exchanges; `then`: a second image in the later user turn (as its records with two images have)."""
+    later = ("<image>" if then else "") + "And now?"
+    return {
+        "messages": [
+            {"content": "<image>Who are they?", "role": "user"},
+            {"content": "They are a circle.", "role": "assistant"},
+            {"content": later, "role": "user"},
+            {"content": "They are celebrating.", "role": "assistant"},
+        ],
+        "images": [first, *([then] if then else [])],
+    }
+
+
+def test_mllm_demo_shaped_data_trains_evaluates_every_sample_once_and_exports_with_the_proof(tmp_path: Path):
+    """LLaMA-Factory's mllm_demo.json shape, its first validation record with a second image in a later turn: the
+    eval's last micro-batch needs fillers (5 samples, batches of 2; fillers kept their image tokens without their
+    images and crashed the collator), every validation sample counts once, the generated sample was completed
+    with its prompt's image, and the export proof passes (it was given both images for a prompt holding one)."""
+    red, blue = "images/red_circle_0.png", "images/blue_square_0.png"
+    root, _ = media(tmp_path, [])
+    train, val = root / "mllm_demo.json", root / "mllm_val.json"
+    train.write_text(json.dumps([mllm_demo(red, blue), mllm_demo(blue), mllm_demo(red)] * 2, ensure_ascii=False))
+    val.write_text(
+        json.dumps([mllm_demo(red, blue), mllm_demo(blue), mllm_demo(red), mllm_demo(blue, red)] + [mllm_demo(red)])
+    )
+    run_dir = tmp_path / "run"
+    args = [*VISION, f"data.train={train}", f"data.val={val}", f"data.media_root={root}", "data.duplicates=keep"]
+    args += ["train.max_steps=1", "train.eval_every=1", "train.batch_size=2", "train.log_every=1"]
+    result = run_cli([*args, "train.eval_samples=1", "train.eval_sample_tokens=2"], run_dir)
+    assert result.returncode == 0, output(result)[-4000:]
+    plan = json.loads((run_dir / "plan.json").read_text())
+    cache = TokenCache.open(Path(plan["caches"]["val"]))
+    (evaluated,) = [m["eval_targets"] for m in read_metrics(run_dir) if "eval_targets" in m]
+    assert evaluated == sum(cache[i].num_targets for i in range(len(cache))) and len(cache) == 5
+    (sample,) = [json.loads(line) for line in (run_dir / "samples_generated.jsonl").read_text().splitlines()]
+    assert sample["images"] == [str((root / red).resolve())] and sample["location"].endswith(":1")
+    assert "export proof: adapter: ok" in output(result)
+
+
+def test_input_output_image_references_are_read_as_images_not_refused_as_control_text(tmp_path: Path):
+    """data.format=input_output with <img>path</img> (the README's format table) on gemma3_vision_tiny: every line
+    was refused as holding special-token strings (Gemma 3's tokenizer has <img> as a control token); now each
+    reference is an image, counted by preflight like a chat image part."""
+    rows = [
+        {"input": f"<img>images/{name}</img> Which colour?", "output": name.split("_")[0]}
+        for name in ("red_circle_0.png", "blue_square_0.png")
+    ] * 3
+    root, data = media(tmp_path, rows)
+    args = [*VISION, *own_data(root, data), "data.format=input_output", "train.batch_size=2", "preflight.only=true"]
+    result = run_cli(args, tmp_path / "run")
+    assert result.returncode == 0, output(result)[-4000:]
+    assert "images: data.train has 6 (2 distinct, all decoded), 16 tokens each" in " ".join(output(result).split())
+
+
 @pytest.mark.parametrize(
     ("ref", "code", "key"),
     [

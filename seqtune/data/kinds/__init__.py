@@ -12,8 +12,9 @@ declared in its own module of this package (sft.py, preference.py, unpaired.py, 
 - `fields`: extra per-sample values (a label, a weight) with their dtype: the encoder fills them, the token cache
   stores each as one more array (field.<name>.bin, one entry per sequence like lines.bin), and the collator puts
   them into the batch under `batch_key` (int64, one per sample). Shared code reads the declaration, never a name.
-- `checks(split, cache)`: problems and notes preflight adds for each split of this kind (e.g. a split with only
-  one label), or None.
+- `checks(split, view)`: problems and notes preflight adds for each split of this kind (e.g. a split with only
+  one label), or None; `view` is the split as training serves it (data.overlength applied: a dropped sample does
+  not count).
 - `trains_targets`: False for a kind whose targets are anchors only (prompt), which skips the checks of trained
   targets; `message_prompts`: a one-sequence record may be a message list for the chat template; `images`: its
   records may carry images, which each member keeps (an image-text run gives them to the model as pixel_values).
@@ -33,8 +34,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from seqtune.data.cache import TokenCache
     from seqtune.data.tokenize import EncodedBatch, SampleEncoder
+    from seqtune.data.view import SplitView
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class SampleKind:
     encode: Callable[[SampleEncoder, list[Any]], EncodedBatch]
     format_hint: str = ""
     fields: tuple[SampleField, ...] = ()
-    checks: Callable[[str, TokenCache], KindCheck] | None = None
+    checks: Callable[[str, SplitView], KindCheck] | None = None
     stream_problem: str = ""
     # Whether its targets train: a kind whose one target is an anchor (prompt: the completions are generated online)
     # ends no reply in its data, so preflight's zero-target and terminator checks do not apply to it.

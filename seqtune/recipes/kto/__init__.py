@@ -1,5 +1,5 @@
 """KTO on unpaired feedback: `python -m seqtune recipe=lora_kto` (LoRA adapters; the reference model is the same
-model with its adapters disabled, no second copy).
+model with its adapters disabled, no second copy) or `recipe=full_kto` (every weight; the reference is a frozen copy).
 
 Sample kind: unpaired (a {prompt, completion, label} record becomes two sequences, the completion and a mismatched
 prompt/completion pair for the KL estimate, plus its label: seqtune/data/kinds/unpaired.py). Objective
@@ -51,7 +51,7 @@ SPEC = register(
         name="kto",
         summary="KTO on unpaired (prompt, completion, desirable or not) feedback",
         sample_kind="unpaired",
-        presets={True: "lora_kto"},
+        presets={True: "lora_kto", False: "full_kto"},
         settings=KtoConfig,
         needs_reference=lambda kto: True,
         scored=Scored.sequence,

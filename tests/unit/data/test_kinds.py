@@ -15,7 +15,7 @@ from seqtune.config.schema import DataFormat
 from seqtune.data.batching import BatchRule
 from seqtune.data.cache import TokenCache, cache_damage
 from seqtune.data.collate import make_collator
-from seqtune.data.formats import LineParser, PromptCompletion, UnpairedExample
+from seqtune.data.formats import Conversation, LineParser, PromptCompletion, UnpairedExample
 from seqtune.data.kinds import kind_of_format, kinds, sample_kind
 from seqtune.data.kinds.unpaired import LABEL
 from seqtune.data.tokenize import SampleEncoder
@@ -95,16 +95,83 @@ def test_the_label_check_refuses_one_label_and_states_the_ratio(tmp_path, bundle
     check = sample_kind("unpaired").checks
     assert check is not None
     both = scan_files("train", [jsonl(tmp_path / "both.jsonl", ROWS)], encoder, cache_root=tmp_path / "c")
-    found = check("train", both.cache())
+    found = check("train", view(both.cache()))
     assert not found.problems and found.notes == (
         "data.train: 2 desirable / 1 undesirable samples (ratio 2.00); the KTO paper weights the sides so that "
         "desirable_weight x 2 / (undesirable_weight x 1) lies in [1, 4/3]",
     )
     one = jsonl(tmp_path / "one.jsonl", [ROWS[0], ROWS[2]])
-    found = check("val", scan_files("val", [one], encoder, cache_root=tmp_path / "c").cache())
+    found = check("val", view(scan_files("val", [one], encoder, cache_root=tmp_path / "c").cache()))
     [(key, message, _)] = found.problems
     assert key == "data.val" and str(one) in message and "only desirable samples" in message
     assert "Fix: add records with label false" in message
+
+
+def view(cache: TokenCache, max_seq_len: int = 64) -> SplitView:
+    return SplitView(cache, max_seq_len=max_seq_len, overlength="drop", sequences_per_sample=2)
+
+
+def test_the_labels_are_counted_after_over_length_drops(tmp_path, bundled_tokenizer, jsonl):
+    """data.overlength=drop leaving out every undesirable sample leaves one label: refused, saying why."""
+    encoder = SampleEncoder(bundled_tokenizer, "unpaired_preference", train_on_prompt=False)
+    long = {**ROWS[1], "completion": " no" * 80}
+    scan = scan_files("train", [jsonl(tmp_path / "t.jsonl", [ROWS[0], long, ROWS[2]])], encoder, cache_root=tmp_path)
+    check = sample_kind("unpaired").checks
+    assert check is not None and not check("train", view(scan.cache(), 512)).problems
+    [(key, message, _)] = check("train", view(scan.cache(), 64)).problems
+    # The long completion is in two samples: its own, and the next record's KL pair.
+    assert key == "data.train" and "only desirable samples once data.overlength=drop left out 2 over-length" in message
+    assert "(1 with label true)" in message
+
+
+def test_message_list_records_are_read_in_llamafactorys_and_trls_shapes():
+    """LLaMA-Factory's kto_en_demo.json {messages, label}: the last message is the completion, every earlier one
+    the prompt; TRL's conversational {prompt: [...], completion: [...], label}. Both become a conversation whose
+    completion starts at first_target."""
+    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    ask, reply = {"role": "user", "content": "Red?"}, {"role": "assistant", "content": "Yes"}
+    for obj, first in (
+        ({"messages": [*history, ask, reply], "label": True}, 3),
+        ({"prompt": [*history, ask], "completion": [reply], "label": False}, 3),
+    ):
+        record = parse(obj)
+        assert isinstance(record, UnpairedExample) and record.label is obj["label"]
+        assert isinstance(record.example, Conversation) and record.example.first_target == first
+        assert record.example.messages == [*history, ask, reply]
+    for bad in (
+        {"prompt": [ask, reply], "completion": [reply], "label": True},  # the prompt already ends on a reply
+        {"prompt": [ask], "completion": [], "label": True},
+        {"messages": [ask], "label": True},
+    ):
+        rejected = parse(bad)
+        assert isinstance(rejected, Reject), bad
+
+
+def test_a_conversation_records_kl_pair_is_its_prompt_with_the_previous_reply_through_the_template():
+    from seqtune.config.schema import ModelConfig, TokenizerConfig
+    from seqtune.tokenizers import load_tokenizer
+
+    tokenizer = load_tokenizer(TokenizerConfig(source="auto"), ModelConfig(family="llama3", tiny_tokenizer="llama3"))
+    encoder = SampleEncoder(tokenizer, "unpaired_preference", train_on_prompt=False)
+    rows = [
+        {
+            "messages": [{"role": "user", "content": f"Q{i}"}, {"role": "assistant", "content": f"A{i}"}],
+            "label": i % 2 == 0,
+        }
+        for i in range(3)
+    ]
+    rows.append({"prompt": "Q3 as text", "completion": "A3 as text", "label": False})  # a file may mix shapes
+    samples = encoder.encode_batch(
+        [encoder.line_parser("u.jsonl", media_root=None).parse(i, json.dumps(r).encode()) for i, r in enumerate(rows)]
+    )
+    completion, kl = sequences_of(samples[1])
+    trained = tokenizer.decode(kl.input_ids[kl.labels != -100])
+    assert "Q1" in tokenizer.decode(kl.input_ids) and trained == "A0<|eot_id|><|end_of_text|>"
+    assert tokenizer.decode(completion.input_ids[completion.labels != -100]) == "A1<|eot_id|><|end_of_text|>"
+    _, first_kl = sequences_of(samples[0])  # a conversation's prompt with a string completion
+    assert tokenizer.decode(first_kl.input_ids[first_kl.labels != -100]) == "A3 as text<|eot_id|><|end_of_text|>"
+    _, mixed = sequences_of(samples[3])  # a string prompt with a conversation's reply
+    assert tokenizer.decode(mixed.input_ids[mixed.labels != -100]).startswith("A2")
 
 
 @pytest.mark.parametrize("kind", sorted(kinds()))

@@ -72,6 +72,19 @@ def test_fillers_have_every_target_masked() -> None:
     assert (filler.labels == IGNORE_INDEX).all() and filler.input_ids.tolist() == [0, 1, 2]
 
 
+def test_a_filler_keeps_what_its_tokens_need_its_images_and_fields() -> None:
+    """A filler of an image-text sample holds the same image token runs, so it carries their images (the collator
+    refused a micro-batch with fillers: '128 image tokens in the micro-batch, 64 expected for 4 images')."""
+    seq = TokenizedSample(
+        input_ids=np.arange(4), labels=np.arange(4), location="f:1", fields={"label": 1}, images=("a.png", "b.png")
+    )
+    for sample in (seq, (seq, seq)):
+        filler = WithFillers(dataset=[sample])[1]
+        for one in filler if isinstance(filler, tuple) else (filler,):
+            assert one.images == ("a.png", "b.png") and one.fields == {"label": 1}
+            assert (one.labels == IGNORE_INDEX).all() and one.location == "f:1 (filler)"
+
+
 def test_seeded_per_epoch_and_reproducible_across_processes() -> None:
     a, b = make_plan("bucket", 2, 0, "drop"), make_plan("bucket", 2, 0, "drop")
     assert a.batches(0) == b.batches(0)

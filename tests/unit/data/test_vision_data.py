@@ -174,3 +174,50 @@ def test_the_collator_gives_pixel_values_in_row_order_and_token_type_ids(encoder
     # Row order: the first image is the red one (its red channel is the brightest of the three).
     red, blue = batch["pixel_values"][0].mean(axis=(1, 2)), batch["pixel_values"][1].mean(axis=(1, 2))
     assert red[0] > red[2] and blue[2] > blue[0]
+
+
+def test_an_eval_prompt_holds_only_the_images_whose_runs_it_holds(tmp_path, encoder, vision, jsonl):
+    """A conversation with a second image in a later user turn (LLaMA-Factory's mllm_demo.json): the prompt, cut at
+    the first target, holds the first image's run only, so it is given that image only (the export proof gave it
+    both, and the model refused 32 image features for 16 image tokens)."""
+    from seqtune.data.prompts import build_eval_prompts
+
+    record = {
+        "messages": [
+            {"role": "user", "content": [image_part("images/red_circle_0.png"), {"type": "text", "text": "Which?"}]},
+            {"role": "assistant", "content": "a red circle"},
+            {"role": "user", "content": [image_part("images/blue_square_0.png"), {"type": "text", "text": "And?"}]},
+            {"role": "assistant", "content": "a blue square"},
+        ]
+    }
+    data = jsonl(tmp_path / "train.jsonl", [record])
+    scan = scan_files("train", [data], encoder, cache_root=tmp_path / "cache", media_root=str(ASSETS))
+    assert len(TokenCache.open(scan.cache_dir)[0].images) == 2
+    (prompt,) = build_eval_prompts(scan.cache_dir, count=1, max_seq_len=512, bos_id=None, vision=vision)
+    assert prompt.images == (str(ASSETS / "images/red_circle_0.png"),)
+    assert prompt.prompt_ids.count(vision.image_token_id) == vision.tokens_per_image
+    (text_only,) = build_eval_prompts(scan.cache_dir, count=1, max_seq_len=512, bos_id=None)
+    assert text_only.images == ()
+
+
+def test_input_output_image_references_are_images_for_an_image_text_model(tokenizer, vision):
+    """data.format=input_output's <img>path</img> (the README's format table): on an image-text model each is an
+    image, expanded into the processor's run like a chat image part, never a target; one in the output is refused.
+    On a text model the reference stays text, checked to exist under the media root."""
+    io = SampleEncoder(tokenizer, "input_output", train_on_prompt=False, vision=vision)
+    parser = io.line_parser(str(ASSETS / "train.jsonl"), media_root=str(ASSETS))
+    line = json.dumps({"input": "<img>images/red_circle_0.png</img> Which colour?", "output": "red"}).encode()
+    record = parser.parse(3, line)
+    assert record.images == (str(ASSETS / "images/red_circle_0.png"),)
+    assert record.prompt == f"{vision.placeholder} Which colour?"
+    (sample,) = io.encode_batch([record])
+    assert sample.images == record.images
+    assert int((sample.input_ids == vision.image_token_id).sum()) == vision.tokens_per_image
+    assert not np.isin(sample.input_ids[sample.labels != IGNORE_INDEX], vision.image_ids).any()
+    assert tokenizer.decode(sample.input_ids[sample.labels != IGNORE_INDEX]).startswith("red")
+    out = json.dumps({"input": "What is it?", "output": "<img>images/red_circle_0.png</img>"}).encode()
+    refused = parser.parse(4, out)
+    assert isinstance(refused, Reject) and refused.code == "unsupported_content" and "put it in input" in refused.reason
+    text = SampleEncoder(tokenizer, "input_output", train_on_prompt=False)
+    kept = text.line_parser(str(ASSETS / "train.jsonl"), media_root=str(ASSETS)).parse(3, line)
+    assert kept.images == () and kept.prompt.startswith("<img>images/red_circle_0.png</img>")
