@@ -49,8 +49,8 @@ def missing_reason() -> str | None:
 
 
 @cache
-def _library() -> tuple[Any, Any]:
-    """(cffi ffi, the loaded libllama), its backends initialised and its log silenced."""
+def _library() -> tuple[Any, Any, Any]:
+    """(cffi ffi, the loaded libllama, its log callback), its backends initialised and its log silenced."""
     try:
         from llama_cpp_py_sync import _cffi_bindings, _version
     except ImportError:
@@ -69,25 +69,13 @@ def _library() -> tuple[Any, Any]:
             lib = ffi.dlopen(str(copy / "libllama.so.0"))
         except OSError as again:
             raise LlamaCppUnavailable(f"llama.cpp's library does not load, even relinked: {again}") from None
-    lib.llama_log_set(_QUIET, ffi.NULL)
+    # llama.cpp's log goes nowhere: its load report and per-tensor quantize lines say nothing a user acts on; a
+    # failure comes back as a NULL model or a non-zero status, which the callers name. The callback must outlive
+    # every call into the library: it is cached with it.
+    quiet = ffi.callback("ggml_log_callback", lambda level, text, user_data: None)
+    lib.llama_log_set(quiet, ffi.NULL)
     lib.llama_backend_init()
-    return ffi, lib
-
-
-def _quiet(level: int, text: Any, user_data: Any) -> None:
-    """llama.cpp's log goes nowhere: its load report and per-tensor quantize lines say nothing a user acts on; a
-    failure comes back as a NULL model or a non-zero status, which the callers name."""
-
-
-def _make_quiet() -> Any:
-    try:
-        from llama_cpp_py_sync._cffi_bindings import ffi
-    except ImportError:
-        return None
-    return ffi.callback("ggml_log_callback", _quiet)
-
-
-_QUIET = _make_quiet()
+    return ffi, lib, quiet
 
 
 def _loadable_copy(shipped: Path, version: str) -> Path:
@@ -168,7 +156,7 @@ def version() -> str:
 
 def quantize(source: Path, target: Path, gguf_type: str) -> None:
     """llama.cpp's own quantizer (llama-quantize's library call) from an f16 GGUF file to `gguf_type`."""
-    ffi, lib = _library()
+    ffi, lib, _ = _library()
     params = ffi.new("llama_model_quantize_params *", lib.llama_model_quantize_default_params())
     params.ftype = FTYPES[gguf_type]
     params.nthread = max(1, min(4, os.cpu_count() or 1))
@@ -181,7 +169,8 @@ class LlamaModel:
     """A GGUF file loaded by llama.cpp (with a LoRA adapter GGUF applied at scale 1, when given), one context."""
 
     def __init__(self, path: Path, *, adapter: Path | None = None, n_ctx: int = 1024) -> None:
-        self._ffi, self._lib = ffi, lib = _library()
+        ffi, lib, _quiet = _library()
+        self._ffi, self._lib = ffi, lib
         self._adapter = ffi.NULL
         self._model = lib.llama_model_load_from_file(str(path).encode(), lib.llama_model_default_params())
         if self._model == ffi.NULL:
@@ -251,6 +240,13 @@ class LlamaModel:
             raise SeqtuneError(f"llama.cpp could not decode {len(ids)} tokens (status {status})")
         row = self._lib.llama_get_logits_ith(self._ctx, -1)
         return np.frombuffer(self._ffi.buffer(row, 4 * self.n_vocab), dtype=np.float32).copy()
+
+    def is_end(self, token: int) -> bool:
+        """Whether llama.cpp's generation ends at `token` (an end-of-generation id of the file's vocabulary)."""
+        return bool(self._lib.llama_vocab_is_eog(self._vocab, token))
+
+    def end_ids(self) -> set[int]:
+        return {token for token in range(self.n_vocab) if self.is_end(token)}
 
     def greedy(self, ids: list[int], max_new: int, stop: Iterable[int]) -> list[int]:
         """Greedy continuation of `ids`: up to `max_new` tokens, ending with (and including) the first stop id."""

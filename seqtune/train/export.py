@@ -10,6 +10,7 @@ from typing import Any, cast
 import torch
 
 from seqtune.config.rundir import BEST_DIR, RUN_DIR_KEY
+from seqtune.config.schema import gguf_types
 from seqtune.data.formats import chat_template_for
 from seqtune.distributed import DistEnv, barrier
 from seqtune.export.facts import (
@@ -22,6 +23,7 @@ from seqtune.export.facts import (
     write_card,
 )
 from seqtune.export.gguf import export_run_gguf
+from seqtune.export.gguf_adapter import export_adapter_gguf
 from seqtune.export.proof import capture_reference, prove_exports
 from seqtune.files import atomic_directory, follow_umask
 from seqtune.models import save_adapter
@@ -74,7 +76,9 @@ def export_final(
             write_card(facts, run_dir / BEST_DIR, BEST_DIR, files=files)
         gathered = " (gathered from FSDP shards)" if sharded else ""
         print(f"saved {'LoRA adapter' if lora else 'model'}{gathered}: {target}", flush=True)
-        gguf = facts.cfg.train.export_gguf
+        adapter_gguf = lora and facts.cfg.train.export_gguf_adapter
+        # the adapter is proven against the merged f16 file: written too when not asked for
+        gguf = tuple(dict.fromkeys([*gguf_types(facts.cfg.train.export_gguf), *(["f16"] if adapter_gguf else [])]))
         if merged or (lora and gguf):  # LoRA only; a GGUF file is written from merged/ (preflight: not under FSDP)
             merged_model = model.merge_and_unload()  # type: ignore[operator]  # peft's wrapper (LoRA only here)
             # A tied head trained in full (lora.modules_to_save) is no longer the embedding: say so in config.json.
@@ -89,7 +93,9 @@ def export_final(
                 write_card(facts, staging, MERGED_DIR, files=files)
             print(f"saved merged model: {run_dir / MERGED_DIR}", flush=True)
         if gguf:
-            export_run_gguf(run_dir, str(gguf), key=RUN_DIR_KEY)
+            export_run_gguf(run_dir, gguf, key=RUN_DIR_KEY)
+        if adapter_gguf:
+            export_adapter_gguf(run_dir, key=RUN_DIR_KEY)
     barrier()
     restore_module_globals()  # the proof loads each export as a user would: transformers' own layers, maybe on CPU
     if env.is_main and not sharded:
