@@ -7,7 +7,7 @@ The wheel is tagged manylinux2014 but its libraries were linked against glibc 2.
 `__isoc23_sscanf/strtol/strtoul/strtoull`, C23's variants that also read a "0b" prefix (glibc >= 2.38 redirects
 them from the C library's own names). On an older glibc (Debian 12 has 2.36) the loader refuses the libraries
 ("version `GLIBC_2.38' not found"). `_loadable_copy` then writes, once, a copy of them under
-~/.cache/seqtune/llama_cpp/<version>/ whose four imports name the classic functions (their symbol's name is a suffix
+$SEQTUNE_CACHE/llama_cpp/<version>/ (~/.cache/seqtune by default) whose four imports name the classic functions (their symbol's name is a suffix
 of the C23 one: the name's string offset moves by 9 bytes) at the C library's baseline version, and whose
 GLIBC_2.38 requirement is marked weak (ELF VER_FLG_WEAK: a missing weak version is not an error). llama.cpp never
 parses binary literals, so the classic functions read every number it reads the same.
@@ -80,7 +80,9 @@ def _library() -> tuple[Any, Any, Any]:
 
 def _loadable_copy(shipped: Path, version: str) -> Path:
     """The package's libraries relinked for glibc < 2.38 (module docstring), written once per version."""
-    target = Path(os.environ.get("SEQTUNE_CACHE", Path.home() / ".cache" / "seqtune")) / "llama_cpp" / version
+    from seqtune.tokenizers.pypi import cache_root
+
+    target = cache_root() / "llama_cpp" / version
     done = target / ".complete"
     if done.is_file():
         return target
@@ -88,7 +90,7 @@ def _loadable_copy(shipped: Path, version: str) -> Path:
     for library in sorted(shipped.glob("lib*.so*")):
         data = bytearray(library.read_bytes())
         _relink_c23(data)
-        partial = target / f".{library.name}.partial"
+        partial = target / f".{library.name}.{os.getpid()}.partial"  # two processes may relink at once
         partial.write_bytes(data)
         partial.chmod(0o755)
         partial.replace(target / library.name)
