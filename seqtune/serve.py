@@ -21,6 +21,23 @@ from pathlib import Path
 from typing import Any
 
 ROLES = ("system", "user", "assistant")
+# OpenAI request fields this server does not implement: refused when set, never ignored (the run's trained
+# terminators end every answer; a request's own stop strings, tools, logprobs or penalties would be silently lost).
+UNSERVED = (
+    "stop",
+    "tools",
+    "tool_choice",
+    "functions",
+    "logprobs",
+    "top_logprobs",
+    "logit_bias",
+    "response_format",
+    "presence_penalty",
+    "frequency_penalty",
+    "best_of",
+    "echo",
+    "suffix",
+)
 MAX_BODY = 4 * 1024 * 1024
 
 
@@ -50,6 +67,9 @@ def sampling(body: dict, engine: Any) -> Any:
     from seqtune.export.engine import Sampling
 
     defaults = engine.defaults
+    unserved = [name for name in UNSERVED if body.get(name) not in (None, False, 0, [], {})]
+    if unserved:
+        raise RequestError(f"'{unserved[0]}' is not supported by seqtune.serve; leave it out", param=unserved[0])
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens")) or defaults.max_tokens
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise RequestError(f"'max_tokens' must be a positive integer, got {max_tokens!r}", param="max_tokens")
@@ -117,6 +137,8 @@ class Handler(BaseHTTPRequestHandler):
     def _answer(self, route: Any) -> None:
         try:
             route()
+        except (BrokenPipeError, ConnectionResetError):  # the client left (a stream it stopped reading)
+            self.close_connection = True
         except RequestError as exc:
             self._json(exc.status, exc.body())
         except Exception as exc:  # noqa: BLE001  # whatever fails answers as a server error, never a traceback

@@ -218,6 +218,8 @@ def test_serve_answers_bad_requests_with_openai_errors(server):
     assert bad.value.status_code == 400 and bad.value.body["param"] == "messages[0].role"
     with pytest.raises(openai.BadRequestError, match="'temperature' must be a number in"):
         client.chat.completions.create(model="run", messages=[{"role": "user", "content": "hi"}], temperature=7)
+    with pytest.raises(openai.BadRequestError, match="'stop' is not supported"):
+        client.chat.completions.create(model="run", messages=[{"role": "user", "content": "hi"}], stop=["."])
     with pytest.raises(openai.NotFoundError, match="model_not_found|not served here"):
         client.completions.create(model="gpt-4o", prompt="hi")
     request = urllib.request.Request(f"{server}/chat/completions", data=b"{not json", method="POST")
