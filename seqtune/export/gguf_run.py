@@ -2,8 +2,8 @@
 cannot be compared tensor by tensor with merged/ the way seqtune's own f16/bf16/q8_0 files are (check_gguf).
 
 - llama.cpp loads it;
-- llama.cpp's tokenizer reads each rendered validation prompt (the reference prompts' ids, decoded) to the ids
-  transformers' tokenizer reads from the same text;
+- llama.cpp's tokenizer reads each rendered validation prompt (the reference prompts' ids, decoded, where that
+  round-trips) and two probe conversations rendered with the run's template to the ids transformers reads;
 - its next-token distribution on the reference positions (each prompt's last token, then its first reference
   tokens) is within the type's bound of the f16 file's, run in llama.cpp too. The bounded metric is the largest
   |logit difference| relative to max(1, the largest |f16 logit|): unlike a KL divergence or a probability
@@ -130,9 +130,19 @@ def _kl(reference: np.ndarray, other: np.ndarray) -> float:
 
 
 def _same_ids(model: Any, tokenizer: Any, prompts: list[Any]) -> list[bool]:
-    """Per prompt: llama.cpp's ids for its rendered text equal transformers' ids for the same text."""
-    same = []
+    """Per text: llama.cpp's ids equal transformers' ids for the same text. The texts: each validation prompt's,
+    decoded, where transformers reads that text back to the prompt's own ids (a SentencePiece decode adds a space
+    after a special token, which neither tokenizer would have seen: such a text is left out), and two probe
+    conversations rendered with the run's chat template."""
+    from seqtune.export.modelfile import CONVERSATIONS
+
+    texts = []
     for prompt in prompts:
         text = tokenizer.decode(prompt.prompt_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        same.append(model.tokenize(text) == tokenizer(text, add_special_tokens=False)["input_ids"])
-    return same
+        if tokenizer(text, add_special_tokens=False)["input_ids"] == prompt.prompt_ids:
+            texts.append(text)
+    if tokenizer.chat_template:
+        texts += [
+            str(tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True)) for c in CONVERSATIONS
+        ]
+    return [model.tokenize(text) == tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
