@@ -1,17 +1,18 @@
-"""Each family's GGUF export loaded by the real reader, llama.cpp (through llama-cpp-python), against transformers.
+"""Each family's GGUF export loaded by the real reader, llama.cpp (seqtune.export.llama_cpp: the prebuilt
+llama-cpp-py-sync wheel of the dev extra), against transformers.
 
-    .venv/bin/python -m pip install llama-cpp-python==0.3.36   # builds llama.cpp from source: tens of minutes, a C++ compiler
     .venv/bin/python bench/gguf_llama_cpp.py [--families llama3 qwen3 gemma3 mistral tinyllama] [--type f16]
     .venv/bin/python bench/gguf_llama_cpp.py --families qwen3_moe mixtral olmoe   # mixtures of experts (model=hf)
 
-Not part of CI (the build takes long). For each family: a tiny model trains 2 steps on chat data with its real
+For each family: a tiny model trains 2 steps on chat data with its real
 tokenizer (a mixture of experts: a tiny model=hf checkpoint from tests/checkpoints.py, by `model.path`) and exports
 merged/ plus a GGUF file (`train.export_gguf`), then
 - llama.cpp must load the file (what seqtune's own proof cannot show: it reads its tensors back with gguf-py);
 - the prompt's token ids from llama.cpp's tokenizer equal transformers' (the chat template rendered by
   transformers, tokenized by both without adding specials again);
 - the next-token logits at the prompt's last position agree (largest |difference| relative to the largest logit);
-- 16 greedy tokens are the same on both sides.
+- 16 greedy tokens are the same on both sides (where they part, transformers' own margin between its top two
+  tokens there: a near-tie of a random tiny model's near-uniform logits goes either way under f16 rounding).
 Prints a table and writes bench/results/gguf_llama_cpp.json. A family whose file llama.cpp refuses is a row with
 the reason, not a crash.
 """
@@ -96,8 +97,10 @@ def train(family: str, gguf_type: str, root: Path) -> Path:
 def compare(run_dir: Path, gguf_type: str) -> dict:
     import numpy as np
     import torch
-    from llama_cpp import Llama
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from seqtune.config.errors import SeqtuneError
+    from seqtune.export.llama_cpp import LlamaModel
 
     merged = run_dir / "merged"
     tokenizer = AutoTokenizer.from_pretrained(merged)
@@ -107,29 +110,26 @@ def compare(run_dir: Path, gguf_type: str) -> dict:
     hf_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     path = next((run_dir / "gguf").glob(f"*-{gguf_type}.gguf"))
     try:
-        llm = Llama(model_path=str(path), n_ctx=512, logits_all=True, verbose=False, seed=0)
-    except Exception as exc:  # noqa: BLE001  # llama.cpp refusing the file is the row's result
-        return {"loads": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
-    cpp_ids = llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
+        llm = LlamaModel(path, n_ctx=512)
+    except SeqtuneError as exc:  # llama.cpp refusing the file is the row's result
+        return {"loads": False, "error": str(exc)[:300]}
     model = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).eval()
+    # HF's min_new_tokens keeps every eos id from being picked; the same ids are masked on llama.cpp's side.
+    eos = model.generation_config.eos_token_id
+    masked = [eos] if isinstance(eos, int) else list(eos or [])
     with torch.no_grad():
         hf_logits = model(input_ids=torch.tensor([hf_ids])).logits[0, -1].numpy()
         hf_greedy = model.generate(
             input_ids=torch.tensor([hf_ids]), max_new_tokens=GREEDY, do_sample=False, min_new_tokens=GREEDY
         )[0, len(hf_ids) :].tolist()
-    llm.reset()
-    llm.eval(hf_ids)
-    cpp_logits = np.asarray(llm.scores[len(hf_ids) - 1], dtype=np.float32)[: hf_logits.shape[0]]
-    # HF's min_new_tokens keeps every eos id from being picked; the same ids are masked on llama.cpp's side.
-    eos = model.generation_config.eos_token_id
-    masked = [eos] if isinstance(eos, int) else list(eos or [])
-    cpp_greedy = []
-    for _ in range(GREEDY):
-        row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
-        row[masked] = -np.inf
-        token = int(np.argmax(row))
-        cpp_greedy.append(token)
-        llm.eval([token])
+    with llm:
+        cpp_ids = llm.tokenize(prompt)
+        cpp_logits = llm.next_logits(hf_ids)[: hf_logits.shape[0]]
+        cpp_greedy: list[int] = []
+        for _ in range(GREEDY):
+            row = llm.next_logits(hf_ids + cpp_greedy)
+            row[masked] = -np.inf
+            cpp_greedy.append(int(np.argmax(row)))
     scale = max(1.0, float(np.abs(hf_logits).max()))
     return {
         "loads": True,
@@ -138,25 +138,49 @@ def compare(run_dir: Path, gguf_type: str) -> dict:
         "max_logit_difference_relative": float(np.abs(cpp_logits - hf_logits).max()) / scale,
         "same_top1": int(np.argmax(cpp_logits)) == int(np.argmax(hf_logits)),
         "same_greedy_tokens": cpp_greedy == hf_greedy,
+        **_parting(model, hf_ids, hf_greedy, cpp_greedy, masked),
         "greedy_hf": hf_greedy,
         "greedy_llama_cpp": cpp_greedy,
     }
+
+
+def _parting(model, prompt: list[int], hf: list[int], cpp: list[int], masked: list[int]) -> dict:
+    """Where the greedy tokens part, and transformers' own margin between its top two tokens there: a random tiny
+    model's near-uniform logits have near-ties that f16 rounding decides either way (a margin under the logits'
+    f16 error is a tie, not a wrong model)."""
+    import numpy as np
+    import torch
+
+    at = next((i for i, (a, b) in enumerate(zip(hf, cpp, strict=True)) if a != b), None)
+    if at is None:
+        return {"greedy_parts_at": None}
+    with torch.no_grad():
+        row = model(input_ids=torch.tensor([prompt + hf[:at]])).logits[0, -1].numpy().copy()
+    row[masked] = -np.inf
+    top = np.sort(row)[-2:]
+    return {"greedy_parts_at": at, "hf_margin_at_parting": float(top[1] - top[0])}
+
+
+def _greedy_cell(result: dict) -> str:
+    if not result.get("loads"):
+        return "-"
+    if result["same_greedy_tokens"]:
+        return "yes"
+    return (
+        f"no (from token {result['greedy_parts_at'] + 1}; HF's top-2 margin there {result['hf_margin_at_parting']:.2g})"
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     rows_known = [*FAMILIES, *CHECKPOINTS]
     parser.add_argument("--families", nargs="+", choices=sorted(rows_known), default=rows_known)
-    parser.add_argument("--type", choices=["f16", "bf16", "q8_0"], default="f16")
+    parser.add_argument("--type", choices=["f16", "bf16", "q8_0", "q4_k_m", "q5_k_m", "q6_k"], default="f16")
     args = parser.parse_args()
-    try:
-        import llama_cpp
-    except ImportError:
-        print(
-            "bench/gguf_llama_cpp.py needs llama-cpp-python (not a seqtune dependency): "
-            ".venv/bin/python -m pip install llama-cpp-python==0.3.36",
-            file=sys.stderr,
-        )
+    from seqtune.export.llama_cpp import missing_reason, version
+
+    if reason := missing_reason():
+        print(f"bench/gguf_llama_cpp.py: {reason}", file=sys.stderr)
         return 2
     rows, results = [], {}
     with tempfile.TemporaryDirectory(prefix="seqtune-gguf-bench-") as tmp:
@@ -171,7 +195,7 @@ def main() -> int:
                     result.get("same_prompt_ids", "-"),
                     f"{result['max_logit_difference_relative']:.2g}" if result["loads"] else "-",
                     result.get("same_top1", "-"),
-                    result.get("same_greedy_tokens", "-"),
+                    _greedy_cell(result),
                 ]
             )
     header = [
@@ -184,7 +208,7 @@ def main() -> int:
         "16 greedy equal",
     ]
     print(markdown_table(header, rows))
-    write_results("gguf_llama_cpp", {"llama_cpp_python": llama_cpp.__version__, "type": args.type, "families": results})
+    write_results("gguf_llama_cpp", {"llama_cpp": version(), "type": args.type, "families": results})
     return 0
 
 

@@ -232,6 +232,23 @@ class GgufType(StrEnum):
     f16 = "f16"
     bf16 = "bf16"
     q8_0 = "q8_0"
+    # k-quants: quantized by llama.cpp's own quantizer from the f16 file (seqtune/export/llama_cpp.py).
+    q4_k_m = "q4_k_m"
+    q5_k_m = "q5_k_m"
+    q6_k = "q6_k"
+
+
+def gguf_types(value: Any) -> tuple[GgufType, ...]:
+    """train.export_gguf as the types it asks for, in order: null -> none, one type, or a list of them. Raises
+    ValueError naming what is not a type (TrainConfig's domain check reports it)."""
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else list(value)
+    known = {t.value: t for t in GgufType}
+    unknown = [str(item) for item in items if str(item) not in known]
+    if unknown or not items or len(set(map(str, items))) != len(items):
+        raise ValueError(f"{', '.join(unknown) or 'an empty or repeated list'}")
+    return tuple(known[str(item)] for item in items)
 
 
 class Parallel(StrEnum):
@@ -857,10 +874,18 @@ class TrainConfig:
     # Also save base + LoRA merged as a Hugging Face checkpoint (RUN_DIR/merged). LoRA only: a full fine-tune's
     # RUN_DIR/model already is one. Refused with FSDP across ranks.
     export_merged: bool = False
-    # Also write RUN_DIR/gguf/<run>-<type>.gguf (llama.cpp, Ollama, LM Studio): f16 | bf16 | q8_0 | null (none).
-    # From merged/ (written for it: LoRA) or model/; the export proof reads it back. Refused for an architecture
-    # the writer does not know (no family states its `gguf` row: seqtune/models/<family>.py) and for LoRA under FSDP across ranks.
-    export_gguf: GgufType | None = None
+    # Also write RUN_DIR/gguf/<run>-<type>.gguf (llama.cpp, Ollama, LM Studio), each with an Ollama Modelfile:
+    # f16 | bf16 | q8_0 | q4_k_m | q5_k_m | q6_k, or a list of them ([f16,q4_k_m]); null = none. From merged/
+    # (written for it: LoRA) or model/; the k-quants are llama.cpp's own quantization of the f16 file (written too).
+    # The export proof reads each file back and runs the k-quants in llama.cpp. Refused for an architecture the
+    # writer does not know (no family states its `gguf` row: seqtune/models/<family>.py) and for LoRA under FSDP
+    # across ranks. (Typed Any: OmegaConf cannot hold a type-or-list field; checked below.)
+    export_gguf: Any = None
+    # Also write the LoRA adapter as llama.cpp's GGUF adapter (gguf/<run>-lora.gguf, applied at load time by
+    # llama.cpp's --lora and Ollama's ADAPTER) beside its base's f16 file (gguf/<run>-base.gguf) and the merged
+    # f16 file it is proven against (seqtune/export/gguf_adapter.py). LoRA only; refused for what the format cannot
+    # hold (DoRA, a resized embedding, modules other than lm_head trained in full).
+    export_gguf_adapter: bool = False
     # Upload the export to the Hugging Face Hub repository ORG/NAME at the end of the run, once the export proof
     # passed: merged/ when train.export_merged, else adapter/ (LoRA) or model/, with its README.md card, and the
     # GGUF file(s). null = no upload. The token is huggingface_hub's (HF_TOKEN or `hf auth login`), never written.
@@ -904,6 +929,14 @@ class TrainConfig:
         )
         domain.at_least("dead_grad_steps", self.dead_grad_steps, 0, 10)
         _inert_train_settings(self, domain)
+        try:
+            gguf_types(self.export_gguf)
+        except ValueError as exc:
+            domain.refuse(
+                "export_gguf",
+                f"train.export_gguf={self.export_gguf!r}: {exc} is not a GGUF type. Fix: one of "
+                f"{', '.join(t.value for t in GgufType)}, a list of them ([f16,q4_k_m]), or null",
+            )
         if self.early_stop_min_delta and not self.early_stop_patience and _finite(self.early_stop_min_delta):
             domain.refuse(
                 "early_stop_min_delta",
@@ -1207,7 +1240,7 @@ def _no_lm_head_rules(cfg: CoreConfig, spec: RecipeSpec, rules: _Domain) -> None
     needs one (generating text, a GGUF file, harness tasks, training or growing the head) is refused, not skipped."""
     fixes = {
         "train.eval_samples": (cfg.train.eval_samples > 0, "train.eval_samples=0", "generate text"),
-        "train.export_gguf": (cfg.train.export_gguf is not None, "train.export_gguf=null", "be a GGUF file"),
+        "train.export_gguf": (bool(gguf_types(cfg.train.export_gguf)), "train.export_gguf=null", "be a GGUF file"),
         "eval.harness_tasks": (bool(cfg.eval.harness_tasks), "eval.harness_tasks=[]", "run generation benchmarks"),
         "lora.modules_to_save": (
             cfg.lora.enabled and bool({"lm_head", "embed_tokens"} & set(cfg.lora.modules_to_save)),

@@ -1,4 +1,4 @@
-"""`python -m seqtune.export RUN_DIR [--gguf f16|bf16|q8_0] [--push ORG/NAME [--public]]`: prove a finished run's
+"""`python -m seqtune.export RUN_DIR [--gguf TYPE ...] [--push ORG/NAME [--public]]`: prove a finished run's
 exports (and first write its GGUF file when asked), then, with --push, upload them to the Hugging Face Hub
 (seqtune.export.push): exit 0 when every artifact behaves like the trained model (and was uploaded), 1 naming each
 one that does not (nothing is uploaded), a file that could not be written (a full disk) or the upload that failed,
@@ -22,8 +22,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--gguf",
         choices=[t.value for t in GgufType],
+        nargs="+",
         default=None,
-        help="write RUN_DIR/gguf/*.gguf first (from merged/, or model/ for a full fine-tune)",
+        metavar="TYPE",
+        help="write RUN_DIR/gguf/<run>-TYPE.gguf first (from merged/, or model/ for a full fine-tune): "
+        f"{', '.join(t.value for t in GgufType)}; the k-quants are llama.cpp's quantization of the f16 file",
+    )
+    parser.add_argument(
+        "--gguf-adapter",
+        action="store_true",
+        help="write the LoRA adapter as llama.cpp's GGUF adapter (gguf/<run>-lora.gguf) on its base's f16 file first "
+        "(the merged f16 file it is proven against too)",
     )
     parser.add_argument(
         "--push",
@@ -45,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     silence_known_false_alarms()
     handlers = signals.install()
     try:
-        _export(args.run_dir, args.gguf, args.push)
+        _export(args.run_dir, args.gguf, args.push, adapter=args.gguf_adapter)
         if args.push:
             from seqtune.export.push import push_run
 
@@ -66,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _export(run_dir: Path, gguf: str | None, push: str | None) -> None:
+def _export(run_dir: Path, gguf: list[str] | None, push: str | None, *, adapter: bool = False) -> None:
     from seqtune.export.proof import RUN_DIR_ARG
 
     if not (run_dir / "config.yaml").is_file():
@@ -84,10 +93,24 @@ def _export(run_dir: Path, gguf: str | None, push: str | None) -> None:
             raise ConfigError(" ".join(problems), key="--push")
     from seqtune.export.proof import prove_exports
 
-    if gguf:
-        from seqtune.export.gguf import export_run_gguf
+    if gguf or adapter:
+        from seqtune.export.gguf import export_run_gguf, llama_cpp_missing
 
-        export_run_gguf(run_dir, gguf, key=RUN_DIR_ARG)
+        types = tuple(dict.fromkeys([*(gguf or []), *(["f16"] if adapter else [])]))
+        if reason := llama_cpp_missing((*types, *(["lora"] if adapter else []))):
+            raise ConfigError(
+                f"--gguf {' '.join(types)}: the k-quants and the adapter are made and proven by llama.cpp: {reason}",
+                key="--gguf",
+            )
+        export_run_gguf(run_dir, types, key=RUN_DIR_ARG)
+        if adapter:
+            from seqtune.export.gguf_adapter import export_adapter_gguf
+
+            if not (run_dir / "adapter").is_dir():
+                raise ConfigError(
+                    f"{run_dir} has no adapter/ (a LoRA run's).", key="--gguf-adapter", fix="drop --gguf-adapter."
+                )
+            export_adapter_gguf(run_dir, key=RUN_DIR_ARG)
     prove_exports(run_dir, key=RUN_DIR_ARG)
     from seqtune.export.failure import clear_failure
 

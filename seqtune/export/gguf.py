@@ -76,8 +76,16 @@ def checkpoint_rope_type(path: str | None) -> str | None:
 
 
 def _rope_type(config: dict) -> str | None:
-    scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    scaling = rope_parameters(config)
     return scaling.get("rope_type") or scaling.get("type")
+
+
+def rope_parameters(config: dict, layer_type: str = "full_attention") -> dict:
+    """config.json's rope settings (rope_scaling, or transformers 5's rope_parameters). Gemma 3's are per layer type
+    ({"full_attention": {...}, "sliding_attention": {...}}): the global layers' by default, what llama.cpp's
+    rope.freq_base and rope scaling mean (its sliding layers read rope.freq_base_swa)."""
+    rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    return rope.get(layer_type, {}) if "full_attention" in rope else rope
 
 
 def _row(model_type: str) -> GgufRow:
@@ -180,7 +188,7 @@ def gguf_tensors(directory: Path, config: dict, arch: GgufRow) -> Iterator[tuple
 
 def _llama3_rope_factors(config: dict) -> np.ndarray:
     """convert_hf_to_gguf.py LlamaModel.generate_extra_tensors: Llama 3.1's per-frequency rope factors."""
-    scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    scaling = rope_parameters(config)
     base = scaling.get("rope_theta", config.get("rope_theta", 10000.0))
     dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     factor, low, high = (
@@ -239,6 +247,10 @@ def _pre_tokenizer(tokenizer_json: dict) -> str:
         return "llama-bpe"
     if r"\\p{N}|" in text or r"\\p{N}" in text and "qwen" in text.lower():
         return "qwen2"
+    if '"ByteLevel"' in text and '"use_regex": true' in text and '"Split"' not in text:
+        # GPT-2's own split (a ByteLevel pre-tokenizer with its regex: digits keep their leading space, " 3" is one
+        # piece); llama.cpp's "default" splits digits apart, so the bundled TinyLlama tokenizer read other ids.
+        return "gpt-2"
     return "default"
 
 
@@ -341,10 +353,20 @@ def terminator_ids(stop_eos: tuple[int, ...]) -> tuple[int, int | None]:
     return stop_eos[0], (stop_eos[1] if len(stop_eos) > 1 else None)
 
 
-def write_gguf(source: Path, target: Path, gguf_type: str, *, ids: GgufIds, add_bos: bool, key: str) -> Path:
-    """source: a transformers directory (merged/ or model/) with its tokenizer; target: the .gguf file, written
-    under a temporary name and renamed only when complete (a full disk, an error or a signal leaves no file under
-    `target`'s name); `key`: what a disk error names as where the file goes."""
+def write_gguf(
+    source: Path,
+    target: Path,
+    gguf_type: str,
+    *,
+    ids: GgufIds,
+    add_bos: bool,
+    key: str,
+    tokenizer_dir: Path | None = None,
+) -> Path:
+    """source: a transformers directory (merged/ or model/) with its tokenizer (or the one in `tokenizer_dir`: the
+    trained tokenizer for an adapter's base); target: the .gguf file, written under a temporary name and renamed
+    only when complete (a full disk, an error or a signal leaves no file under `target`'s name); `key`: what a disk
+    error names as where the file goes."""
     import gguf
     from transformers import AutoTokenizer
 
@@ -361,8 +383,9 @@ def write_gguf(source: Path, target: Path, gguf_type: str, *, ids: GgufIds, add_
         )
     arch = _row(config["model_type"])
     logging.getLogger("gguf").setLevel(logging.WARNING)  # its "Little Endian only" notice says nothing to act on
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    vocab = gguf_vocab(tokenizer, json.loads((source / "tokenizer.json").read_text()), rows=config["vocab_size"])
+    tokenizer_dir = tokenizer_dir or source
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    vocab = gguf_vocab(tokenizer, json.loads((tokenizer_dir / "tokenizer.json").read_text()), rows=config["vocab_size"])
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -410,8 +433,12 @@ def _write_metadata(writer: Any, config: dict, arch: GgufRow, gguf_type: str, so
     writer.add_head_count(n_head)
     writer.add_head_count_kv(config.get("num_key_value_heads") or n_head)
     writer.add_layer_norm_rms_eps(config.get("rms_norm_eps", 1e-6))
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    writer.add_rope_freq_base(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
+    rope = rope_parameters(config)
+    # Gemma 3 on transformers 5 states its theta per layer type only: the global layers' (1e6) was lost to the
+    # 10000 default, and llama.cpp's global layers rotated at the sliding layers' frequencies (bench/README.md 11).
+    writer.add_rope_freq_base(rope.get("rope_theta") or config.get("rope_theta") or 10000.0)
+    if sliding := rope_parameters(config, "sliding_attention").get("rope_theta"):
+        writer.add_rope_freq_base_swa(sliding)
     writer.add_rope_dimension_count(config.get("head_dim") or config["hidden_size"] // n_head)
     writer.add_vocab_size(config["vocab_size"])
     if config.get("head_dim"):  # as convert_hf_to_gguf.py writes it: llama.cpp otherwise takes n_embd / n_head
@@ -458,13 +485,63 @@ def _write_tokenizer(writer: Any, vocab: GgufVocab, ids: GgufIds, *, add_bos: bo
         writer.add_chat_template(template)
 
 
-def export_run_gguf(run_dir: Path, gguf_type: str, *, key: str) -> Path:
+# Types seqtune's writer writes itself (and proves by reading back); the others are llama.cpp's quantization of the
+# f16 file (seqtune.export.llama_cpp.FTYPES), proven by running them in llama.cpp (seqtune.export.gguf_run).
+WRITTEN_TYPES = ("f16", "bf16", "q8_0")
+QUANTIZED_SOURCE = "f16"
+
+
+def llama_cpp_missing(gguf_types: tuple[str, ...]) -> str | None:
+    """Why the k-quants among `gguf_types` cannot be made here (llama.cpp does not load), or None."""
+    from seqtune.export.llama_cpp import missing_reason
+
+    return missing_reason() if set(gguf_types) - set(WRITTEN_TYPES) else None
+
+
+def gguf_path(run_dir: Path, gguf_type: str) -> Path:
+    return run_dir / GGUF_DIR / f"{run_dir.name}-{gguf_type}.gguf"
+
+
+def gguf_type(path: Path) -> str:
+    """A file's type from its name (<run>-<type>.gguf, as gguf_path names it)."""
+    return path.stem.rsplit("-", 1)[-1]
+
+
+def export_run_gguf(run_dir: Path, gguf_types: tuple[str, ...], *, key: str) -> list[Path]:
+    """RUN_DIR/gguf/<run>-<type>.gguf for each type, with its Ollama Modelfile. The f16 file is written first for a
+    k-quant (llama.cpp quantizes it) and kept: it is what the k-quant's proof compares with."""
+    run_dir = Path(run_dir)
+    written = [
+        t for t in WRITTEN_TYPES if t in gguf_types or (t == QUANTIZED_SOURCE and set(gguf_types) - {*WRITTEN_TYPES})
+    ]
+    paths = [_export_written(run_dir, gguf_type, key=key) for gguf_type in written]
+    for gguf_type in (t for t in gguf_types if t not in WRITTEN_TYPES):
+        paths.append(_export_quantized(run_dir, gguf_type, key=key))
+    return paths
+
+
+def _export_quantized(run_dir: Path, gguf_type: str, *, key: str) -> Path:
+    """llama.cpp's own quantization of the f16 file into `gguf_type`, written atomically, with its Modelfile."""
+    from seqtune.export.llama_cpp import quantize
+    from seqtune.export.modelfile import write_modelfile
+
+    target = gguf_path(run_dir, gguf_type)
+    with atomic_output(target, key=key) as partial:
+        quantize(gguf_path(run_dir, QUANTIZED_SOURCE), partial, gguf_type)
+        follow_umask(partial)
+    write_modelfile(target, key=key)
+    print(f"saved GGUF ({gguf_type}, llama.cpp's quantizer): {target}", flush=True)
+    return target
+
+
+def _export_written(run_dir: Path, gguf_type: str, *, key: str) -> Path:
     """RUN_DIR/gguf/<run>-<type>.gguf from merged/ (LoRA; written first from adapter/ on its base when missing) or
     model/ (a full fine-tune). Both written atomically; `key` names where they go in a disk error (hydra.run.dir
     at the end of training, RUN_DIR for `python -m seqtune.export`)."""
     from transformers import AutoTokenizer
 
     from seqtune.export.facts import ship_facts
+    from seqtune.export.modelfile import write_modelfile
 
     run_dir = Path(run_dir)
     source = (
@@ -483,9 +560,8 @@ def export_run_gguf(run_dir: Path, gguf_type: str, *, key: str) -> Path:
     eos, eot = terminator_ids(facts.stop.eos)
     ids = GgufIds(bos=facts.stop.bos, eos=eos, eot=eot, pad=facts.stop.pad)
     add_bos = tokenizer.bos_token_id is not None and tokenizer("a")["input_ids"][:1] == [tokenizer.bos_token_id]
-    target = write_gguf(
-        source, run_dir / GGUF_DIR / f"{run_dir.name}-{gguf_type}.gguf", gguf_type, ids=ids, add_bos=add_bos, key=key
-    )
+    target = write_gguf(source, gguf_path(run_dir, gguf_type), gguf_type, ids=ids, add_bos=add_bos, key=key)
+    write_modelfile(target, key=key)
     print(f"saved GGUF ({gguf_type}): {target}", flush=True)
     return target
 

@@ -317,6 +317,8 @@ def stops_at_terminators(
         generation_config=config,
     )[0, inputs.shape[1] :].tolist()
     checks["greedy_tokens"] = len(greedy)
+    checks["greedy"] = greedy  # what `python -m seqtune.serve` answers greedily for this prompt
+    checks["greedy_prompt"] = prompt.tolist()
     checks["greedy_stopped"] = bool(greedy) and greedy[-1] in listed
     cache_checks, cache_failures = generates_with_cache(model, directory, config, inputs)
     return {**checks, **cache_checks}, failures + cache_failures
@@ -394,8 +396,6 @@ def prove_exports(run_dir: Path, *, key: str, device: torch.device | None = None
     from transformers import AutoTokenizer
     from transformers.utils import logging as transformers_logging
 
-    from seqtune.export.gguf import check_gguf
-
     transformers_logging.disable_progress_bar()  # a "Loading weights" bar per artifact says nothing
     run_dir = Path(run_dir)
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -415,9 +415,47 @@ def prove_exports(run_dir: Path, *, key: str, device: torch.device | None = None
     tokenizer = AutoTokenizer.from_pretrained(run_dir / names[0])
     facts = ship_facts(tokenizer, run_dir)
     proofs = [prove_artifact(facts, name, reference, reference_dtype, device) for name in names]
-    proofs += [check_gguf(path, facts) for path in sorted((run_dir / GGUF_DIR).glob("*.gguf"))]
+    proofs += [_prove_gguf(path, facts, tokenizer, run_dir) for path in sorted((run_dir / GGUF_DIR).glob("*.gguf"))]
     _report(run_dir, proofs, key=key)
     return proofs
+
+
+def _prove_gguf(path: Path, facts: ShipFacts, tokenizer: Any, run_dir: Path) -> ArtifactProof:
+    """A GGUF file seqtune wrote is read back; one llama.cpp quantized is run in llama.cpp; either's Modelfile is
+    parsed back."""
+    from seqtune.export.gguf import WRITTEN_TYPES, check_gguf, gguf_path, gguf_type
+    from seqtune.export.gguf_adapter import ADAPTER_TYPE, BASE_TYPE, prove_adapter, prove_base
+    from seqtune.export.modelfile import check_modelfile
+
+    kind = gguf_type(path)
+    if kind == BASE_TYPE:  # the adapter's base: its Modelfile is the adapter's
+        return prove_base(path, tokenizer, reference_prompts(run_dir, tokenizer))
+    if kind == ADAPTER_TYPE:
+        proof = prove_adapter(path, run_dir, facts, tokenizer, reference_prompts(run_dir, tokenizer))
+    elif kind in WRITTEN_TYPES:
+        proof = check_gguf(path, facts)
+    else:
+        proof = _run_gguf(path, facts, tokenizer, run_dir)
+    modelfile = check_modelfile(path, gguf_path(run_dir, BASE_TYPE) if kind == ADAPTER_TYPE else None)
+    proof.checks["modelfile"] = not modelfile
+    proof.failures += modelfile
+    proof.ok = proof.ok and not modelfile
+    return proof
+
+
+def _run_gguf(path: Path, facts: ShipFacts, tokenizer: Any, run_dir: Path) -> ArtifactProof:
+    """A file llama.cpp quantized: run in llama.cpp against the f16 file it was quantized from."""
+    from seqtune.export.gguf import QUANTIZED_SOURCE, gguf_path, gguf_type
+    from seqtune.export.gguf_run import prove_quantized
+
+    source = gguf_path(run_dir, QUANTIZED_SOURCE)
+    if not source.is_file():
+        return ArtifactProof(
+            artifact=f"{GGUF_DIR}/{path.name}",
+            ok=False,
+            failures=[f"{GGUF_DIR}/{source.name}, which it was quantized from and is compared with, is missing"],
+        )
+    return prove_quantized(path, source, facts, tokenizer, reference_prompts(run_dir, tokenizer), gguf_type(path))
 
 
 def _report(run_dir: Path, proofs: list[ArtifactProof], *, key: str) -> None:
@@ -425,7 +463,9 @@ def _report(run_dir: Path, proofs: list[ArtifactProof], *, key: str) -> None:
     write_atomic(run_dir / EXPORT_JSON, json.dumps(body, indent=1).encode(), key=key)
     for proof in proofs:
         checks = proof.checks
-        if "max_score_difference_relative" in checks:
+        if "summary" in checks:  # a GGUF file's proof states its own
+            detail = checks["summary"]
+        elif "max_score_difference_relative" in checks:
             detail = (
                 f"scores within {checks['max_score_difference_relative']:.2g} of the trained model's (tolerance "
                 f"{checks['tolerance']:g}); chosen above rejected in {checks['chosen_above_rejected']} of "
@@ -438,7 +478,7 @@ def _report(run_dir: Path, proofs: list[ArtifactProof], *, key: str) -> None:
                 f"{', '.join(n for n, ok in checks['stops'].items() if ok) or 'nothing'}"
             )
         else:
-            detail = checks.get("summary", "")
+            detail = ""
         print(
             f"export proof: {proof.artifact}: {'ok' if proof.ok else 'FAILED'}: {detail}"
             + "".join(f"\n  - {failure}" for failure in proof.failures),

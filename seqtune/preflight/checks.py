@@ -843,11 +843,25 @@ def check_export(*, export_merged: bool, sharded: bool) -> list[Problem]:
     ]
 
 
-def check_gguf_export(*, export_gguf: str | None, refusal: str | None, lora: bool, sharded: bool) -> list[Problem]:
+def check_gguf_export(
+    *, export_gguf: str | None, refusal: str | None, lora: bool, sharded: bool, llama_cpp_missing: str | None = None
+) -> list[Problem]:
     """train.export_gguf: an architecture (or rope scaling) the GGUF writer knows, and a merged model to write it
-    from (LoRA under FSDP across ranks has none). `refusal`: seqtune.export.gguf.gguf_refusal's reason."""
+    from (LoRA under FSDP across ranks has none). `refusal`: seqtune.export.gguf.gguf_refusal's reason;
+    `llama_cpp_missing`: why llama.cpp, which quantizes and proves the k-quants, cannot run here (None: it can, or
+    no k-quant is asked for)."""
     if export_gguf is None:
         return []
+    if llama_cpp_missing:
+        return [
+            Problem(
+                check="export",
+                key="train.export_gguf",
+                message=f"train.export_gguf={export_gguf}: the k-quants are llama.cpp's own quantization, and "
+                f"{llama_cpp_missing.removesuffix('.')}. Otherwise: train.export_gguf=f16|bf16|q8_0 (seqtune "
+                "writes those itself).",
+            )
+        ]
     if refusal:
         return [
             Problem(
@@ -868,6 +882,35 @@ def check_gguf_export(*, export_gguf: str | None, refusal: str | None, lora: boo
             )
         ]
     return []
+
+
+def check_gguf_adapter(
+    *, lora: bool, dora: bool, full: list[str], sharded: bool, resized: bool, llama_cpp_missing: str | None
+) -> list[Problem]:
+    """train.export_gguf_adapter: a LoRA run whose adapter llama.cpp's adapter format holds (`full`: the modules
+    trained in full or as parameters: lora.modules_to_save + lora.target_parameters), and llama.cpp to prove it."""
+    fix = "Fix: train.export_gguf_adapter=false"
+    reasons = []
+    if not lora:
+        reasons.append("there is no adapter (lora.enabled=false): a full fine-tune's GGUF is train.export_gguf")
+    elif dora:
+        reasons.append("llama.cpp's adapters are plain LoRA, not DoRA (lora.use_dora=true)")
+    elif set(full) - {"lm_head"}:
+        reasons.append(
+            "an adapter file holds low-rank pairs (and a full lm_head), not lora.modules_to_save's or lora.target_parameters' other modules"
+        )
+    elif resized:
+        reasons.append(
+            "the embedding is resized (model.resize_embeddings=true): the base file cannot hold the new rows"
+        )
+    elif sharded:
+        reasons.append("LoRA under train.parallel=fsdp across ranks has no merged model to prove it against")
+    elif llama_cpp_missing:
+        reasons.append(f"it is proven in llama.cpp, and {llama_cpp_missing.removesuffix('.')}")
+    return [
+        Problem(check="export", key="train.export_gguf_adapter", message=f"train.export_gguf_adapter=true: {r}. {fix}.")
+        for r in reasons
+    ]
 
 
 def check_eval_prompts(*, requested: int, found: int, max_seq_len: int) -> tuple[list[Problem], list[str]]:

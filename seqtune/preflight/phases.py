@@ -11,12 +11,12 @@ import numpy as np
 from seqtune.config.errors import SeqtuneError
 from seqtune.config.plan import Resolved, Tokens
 from seqtune.config.recipe_spec import Reference, Scored, recipe_spec
-from seqtune.config.schema import DataMode, Overlength, RootConfig, Tail
+from seqtune.config.schema import DataMode, Overlength, RootConfig, Tail, gguf_types
 from seqtune.config.tracker import KEY_VARIABLE, key_problem
 from seqtune.data.batching import BatchRule
 from seqtune.data.kinds import sample_kind
 from seqtune.data.overlength import TRUNCATING
-from seqtune.export.gguf import gguf_refusal_for
+from seqtune.export.gguf import gguf_refusal_for, llama_cpp_missing
 from seqtune.hub import PUSH_KEY, push_problems
 from seqtune.models.attention import AttentionEnv, attn_backend_problems
 from seqtune.models.auto import spec_for
@@ -111,12 +111,23 @@ def fast_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
     problems += checks.check_reference_model(
         reference=plan.reference, sharded=plan.sharded, recipe=recipe_spec(plan.recipe)
     )
+    gguf = gguf_types(cfg.train.export_gguf)
     problems += checks.check_gguf_export(
-        export_gguf=cfg.train.export_gguf,
+        export_gguf=",".join(gguf) or None,
         lora=cfg.lora.enabled,
         sharded=plan.sharded,
-        refusal=gguf_refusal_for(plan.model_type, cfg.model.path) if cfg.train.export_gguf else None,
+        refusal=gguf_refusal_for(plan.model_type, cfg.model.path) if gguf else None,
+        llama_cpp_missing=llama_cpp_missing(gguf),
     )
+    if cfg.train.export_gguf_adapter:
+        problems += checks.check_gguf_adapter(
+            lora=cfg.lora.enabled,
+            dora=cfg.lora.use_dora,
+            full=[*cfg.lora.modules_to_save, *cfg.lora.target_parameters],
+            sharded=plan.sharded,
+            resized=cfg.model.resize_embeddings,
+            llama_cpp_missing=llama_cpp_missing(("lora",)),
+        )
     problems += checks.check_early_stopping(
         early_stop=cfg.train.early_stop_patience > 0, lora=cfg.lora.enabled, sharded=plan.sharded
     )

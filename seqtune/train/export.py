@@ -13,6 +13,7 @@ import torch
 
 from seqtune.config.errors import SeqtuneError
 from seqtune.config.rundir import BEST_DIR, RUN_DIR_KEY
+from seqtune.config.schema import gguf_types
 from seqtune.data.formats import chat_template_for
 from seqtune.distributed import DistEnv, barrier, inject_fault
 from seqtune.export.facts import (
@@ -26,6 +27,7 @@ from seqtune.export.facts import (
 )
 from seqtune.export.failure import REFERENCE_STEP, ExportFailure, clear_failure, record_failures
 from seqtune.export.gguf import export_run_gguf
+from seqtune.export.gguf_adapter import export_adapter_gguf
 from seqtune.export.proof import GGUF_DIR, capture_reference, prove_exports
 from seqtune.files import atomic_directory, follow_umask
 from seqtune.models import save_adapter
@@ -108,12 +110,18 @@ def _merged_and_gguf(
     model: torch.nn.Module, tokenizer, facts: ShipFacts, files, *, lora: bool, merged: bool, failures: list
 ) -> None:
     """merged/ (LoRA: train.export_merged, or the GGUF file's source), then the GGUF file; each failure recorded."""
-    run_dir, gguf = facts.run_dir, facts.cfg.train.export_gguf
+    run_dir = facts.run_dir
+    adapter_gguf = lora and facts.cfg.train.export_gguf_adapter
+    # the adapter is proven against the merged f16 file: written too when not asked for
+    gguf = tuple(dict.fromkeys([*gguf_types(facts.cfg.train.export_gguf), *(["f16"] if adapter_gguf else [])]))
     if merged or (lora and gguf):  # LoRA only; a GGUF file is written from merged/ (preflight: not under FSDP)
         if not _attempt(failures, f"writing {MERGED_DIR}/", lambda: _write_merged(model, tokenizer, facts, files)):
             return  # the GGUF file is written from merged/
-    if gguf:
-        _attempt(failures, f"writing {GGUF_DIR}/", lambda: export_run_gguf(run_dir, str(gguf), key=RUN_DIR_KEY))
+    if gguf and _attempt(failures, f"writing {GGUF_DIR}/", lambda: export_run_gguf(run_dir, gguf, key=RUN_DIR_KEY)):
+        if adapter_gguf:
+            _attempt(
+                failures, f"writing the adapter {GGUF_DIR}/", lambda: export_adapter_gguf(run_dir, key=RUN_DIR_KEY)
+            )
 
 
 def _write_merged(model: torch.nn.Module, tokenizer, facts: ShipFacts, files) -> None:
