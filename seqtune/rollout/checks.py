@@ -9,8 +9,8 @@ with real prompts; message prompts' chat template renders a generation prompt
 and closes the assistant turn with a control token (plan.tokens.turn_closer, where their generation stops); every rank generates for as
 many prompts (no filler-only micro-batch under DDP). Under FSDP across ranks the sampler steps in lockstep
 (sampling.sample_completions: the ranks agree each decode step whether all completions ended), so it needs no check
-here; a frozen-copy reference and a merged export under FSDP are refused by the shared phases. The group divides each rank's generation batch by
-construction: a rank samples rollout.num_generations completions of each of its own prompts. The step plan's own rules
+here; a frozen-copy reference and a merged export under FSDP are refused by the shared phases. The group divides
+each rank's generation batch by construction: a rank samples rollout.num_generations completions of each of its own prompts. The step plan's own rules
 (num_iterations with whole steps, cached data) are the shared plan phase's (check_repeated_steps).
 """
 
