@@ -7,8 +7,10 @@ each reward function imports and can be called by keyword, every column it reads
 the first lacking one named by file:line), and it returns one finite float (or None) per completion on a dry call
 with real prompts; message prompts' chat template renders a generation prompt
 and closes the assistant turn with a control token (plan.tokens.turn_closer, where their generation stops); every rank generates for as
-many prompts (no filler-only micro-batch under DDP). The group divides each rank's generation batch by
-construction: a rank samples rollout.num_generations completions of each of its own prompts. The step plan's own rules
+many prompts (no filler-only micro-batch under DDP). Under FSDP across ranks the sampler steps in lockstep
+(sampling.sample_completions: the ranks agree each decode step whether all completions ended), so it needs no check
+here; a frozen-copy reference and a merged export under FSDP are refused by the shared phases. The group divides
+each rank's generation batch by construction: a rank samples rollout.num_generations completions of each of its own prompts. The step plan's own rules
 (num_iterations with whole steps, cached data) are the shared plan phase's (check_repeated_steps).
 """
 
@@ -26,7 +28,7 @@ DRY_PROMPTS = 2
 
 
 def rollout_checks(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
-    problems = _budget(cfg, facts) + _equal_prompts(cfg, facts) + _sharded(facts)
+    problems = _budget(cfg, facts) + _equal_prompts(cfg, facts)
     rewards: list[Reward] = []
     for i, ref in enumerate(cfg.rollout.rewards):  # every function that does not load is named, not just the first
         try:
@@ -42,22 +44,6 @@ def rollout_checks(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
     problems += _generation_prompt(tokenizer, records)
     problems += _stop_ids(tokenizer, records, facts.turn_closer)
     return problems
-
-
-def _sharded(facts: RecipeFacts) -> list[tuple[str, str]]:
-    """Under FSDP every forward is a collective, and each rank's sampler stops when its own completions end (a
-    different number of decode forwards per rank), so ranks would wait on each other forever. Refused until
-    sampling steps in lockstep across ranks."""
-    if not facts.plan.sharded:
-        return []
-    return [
-        (
-            "train.parallel",
-            "train.parallel=fsdp across ranks with an online recipe: each rank samples until its own completions end, a different "
-            "number of forwards per rank, and every FSDP forward is a collective, so the ranks would hang. Fix: "
-            "train.parallel=ddp (a LoRA preset, or full fine-tuning when the model fits one device)",
-        )
-    ]
 
 
 def _equal_prompts(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:

@@ -17,9 +17,10 @@ import torch
 from seqtune.config.plan import Plan
 from seqtune.config.schema import RootConfig
 from seqtune.data.types import IGNORE_INDEX
+from seqtune.distributed import unwrap
 from seqtune.rollout.prompts import read_prompt_table
 from seqtune.rollout.rewards import load_rewards
-from seqtune.rollout.sampling import Rollout, reference_logps, token_logps
+from seqtune.rollout.sampling import Rollout, follow, padded_attention, reference_logps, token_logps
 from seqtune.rollout.stage import OnlineLoss, RolloutStage, completions_path
 from seqtune.train.objectives import Position
 
@@ -62,8 +63,10 @@ class OnlineObjective:
         """A zero loss for a micro-batch of fillers (an eval's padded tail, a stream's short rank) that makes the
         forwards through `model` (the DDP wrapper) a micro-batch of prompts makes: the policy's, and the reference's
         on a generation pass. Each DDP forward is a collective (buffers are broadcast, gradient buckets readied for
-        the backward), so another rank holding real prompts would otherwise wait for this one. Sampling runs on the
-        unwrapped model: no collective to match. Two tokens per row keep it cheap; every gradient it gives is zero."""
+        the backward), so another rank holding real prompts would otherwise wait for this one. Under DDP sampling
+        runs on the unwrapped model: no collective to match; under FSDP (stage.lockstep) each decode forward is one,
+        so this rank follows the sampling ranks' decode steps first. Two tokens per row keep it cheap; every
+        gradient it gives is zero."""
         first = batch["input_ids"][:, :1]
         ids = torch.cat([first, first], 1)
         ones = torch.ones_like(ids)
@@ -75,10 +78,23 @@ class OnlineObjective:
             completion_ids=[],
         )
         temperature = self.stage.cfg.temperature
+        if not self.stage.reusing and self.stage.lockstep:
+            self._follow_sampling(model)
         if not self.stage.reusing and self.stage.reference is not None:
             reference_logps(self.stage.reference, dummy, 1, temperature)
         logps, _ = token_logps(model, dummy, 1, temperature)
         return logps.sum() * 0.0
+
+    def _follow_sampling(self, model: torch.nn.Module) -> None:
+        """The decode forwards the ranks with prompts make (as the stage samples: no grad, eval mode, padded
+        attention), each step's agreement included, until every rank's completions ended."""
+        was = model.training
+        model.eval()
+        try:
+            with torch.no_grad(), padded_attention(unwrap(model)):
+                follow(unwrap(model), self.stage.cfg.max_completion_tokens)
+        finally:
+            model.train(was)
 
 
 def prompt_rows(batch: dict[str, torch.Tensor]) -> tuple[list[list[int]], list[int]]:
@@ -112,5 +128,6 @@ def online_objective(cfg: RootConfig, plan: Plan, run_dir: Path, built: Any, los
         env=built.env,
         seed=cfg.train.seed,
         completions_path=completions_path(run_dir),
+        lockstep=plan.sharded,
     )
     return OnlineObjective(stage=stage, loss=loss)

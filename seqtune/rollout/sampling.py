@@ -49,6 +49,7 @@ def sample_completions(
     pad_id: int,
     generator: torch.Generator,
     kv_cache: bool = True,
+    lockstep: bool = False,
 ) -> Rollout:
     """cfg.completions completions of each prompt, sampled token by token (temperature, top-p) from `generator`;
     `stop_ids`: one set per prompt, the tokens its completions stop at.
@@ -56,7 +57,11 @@ def sample_completions(
     With `kv_cache` the prompts are prefilled once and each step feeds only the new token against a DynamicCache;
     without, each step recomputes the whole sequence (the reference the cached loop is tested against: both draw
     the same tokens from the same generator state). Either way a finished row keeps stepping with a pad token its
-    mask hides, so every step draws one token per row and the generator advances the same whatever stops when."""
+    mask hides, so every step draws one token per row and the generator advances the same whatever stops when.
+
+    `lockstep` (FSDP across ranks, where every forward is a collective): the ranks agree each step whether all
+    their completions ended; a rank whose own ended first keeps forwarding (`follow`) without drawing, so its
+    generator and completions are what they would be alone."""
     device = next(model.parameters()).device
     rows = [p for p in prompts for _ in range(cfg.completions)]
     width = max(map(len, rows))
@@ -76,7 +81,7 @@ def sample_completions(
     with padded_attention(model):
         cache = _new_cache(model) if kv_cache else None
         step_ids = ids
-        for _ in range(cfg.max_tokens):
+        for step in range(cfg.max_tokens):
             # Left padding: a token's position is the count of real tokens before it (the prompt's own positions).
             positions = (mask.cumsum(1) - 1).clamp(min=0)
             out = model(
@@ -93,7 +98,10 @@ def sample_completions(
             mask = torch.cat([mask, (~done).long()[:, None]], 1)
             step_ids = token[:, None]
             done = done | (token[:, None] == stop).any(1)
-            if bool(done.all()):
+            if _all_done(bool(done.all()), lockstep, device):
+                break
+            if bool(done.all()):  # lockstep: this rank's completions ended, another rank's have not
+                follow(model, cfg.max_tokens - step - 1)
                 break
     completion_mask = mask[:, width:]
     completion_ids = [ids[r, width:][completion_mask[r].bool()].tolist() for r in range(len(rows))]
@@ -104,6 +112,30 @@ def sample_completions(
         truncated=~done,
         completion_ids=completion_ids,
     )
+
+
+def _all_done(mine: bool, lockstep: bool, device: torch.device) -> bool:
+    """Whether every rank's completions ended (this rank's alone unless in lockstep): one all-reduce under FSDP,
+    on the model's device (nccl reduces device tensors only)."""
+    if not lockstep:
+        return mine
+    import torch.distributed as dist
+
+    flag = torch.tensor([int(mine)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def follow(model: torch.nn.Module, steps: int) -> None:
+    """Keep step with the ranks still sampling, at most `steps` decode steps: a one-token forward each (the
+    collectives an FSDP forward makes) and the step's agreement, until every rank's completions ended. For a rank
+    whose own ended, or that holds no prompts (a micro-batch of fillers)."""
+    device = next(model.parameters()).device
+    one = torch.zeros((1, 1), dtype=torch.long, device=device)
+    for _ in range(steps):
+        model(input_ids=one, attention_mask=torch.ones_like(one), use_cache=False, logits_to_keep=1)
+        if _all_done(True, True, device):
+            return
 
 
 # Attention kernels that decode one query against a padded KV cache with a 2-D mask; the plan's varlen kernels

@@ -111,6 +111,7 @@ class RolloutStage:
     env: DistEnv
     seed: int
     completions_path: Path
+    lockstep: bool = False  # plan.sharded: every forward is a collective, so ranks decode as many steps (sampling)
     position: Position = field(default_factory=lambda: Position(step=0, micro_batch=0))
     trained_steps: int = 0  # the steps trained when a checkpoint is written (what completions.jsonl resumes after)
     generators: dict[str, torch.Generator] = field(default_factory=dict)
@@ -197,6 +198,7 @@ class RolloutStage:
                     stop_ids=[self._stops(record) for record in written],
                     pad_id=self.pad_id,
                     generator=self.generators["train" if training else "eval"],
+                    lockstep=self.lockstep,
                 )
             finally:
                 model.train(was)

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from tests.conftest import PORTABLE_CPU, read_metrics, run_cli
 
@@ -63,3 +65,48 @@ def test_a_rank_whose_eval_micro_batch_is_fillers_only_keeps_in_step(tmp_path: P
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (evaluated,) = [m for m in read_metrics(run_dir) if "eval_loss" in m]
     assert evaluated["eval_targets"] == 1 and evaluated["step"] == 2
+
+
+TIMINGS = {"tokens_per_s", "computed_tokens_per_s", "target_tokens_per_s", "peak_memory_mb", "tok_s"}
+
+
+def test_fsdp_trains_and_resumes_after_a_rank_fails_as_ddp_trains(tmp_path: Path):
+    """train.parallel=fsdp across 2 ranks: every decode forward is a collective, so the ranks sample in lockstep
+    (one agreed "all finished" flag per step). Rank 1's eval micro-batch is fillers only (one val prompt): it
+    follows rank 0's decode steps and reference forward. Crashed on rank 1 mid-cycle (num_iterations=2, the
+    checkpoint holds the step's rollouts) and resumed, the run's metrics and adapter are those of the same run
+    under DDP, where sampling makes no collective at all (bitwise; the gradient norm up to rounding)."""
+    val = tmp_path / "val.jsonl"
+    val.write_text(json.dumps({"prompt": "Zed: one lone val prompt in digits", "kind": "digits"}) + "\n")
+    args = [
+        *ARGS,
+        "train.max_steps=4",
+        "train.eval_every=4",
+        "train.save_every=3",
+        "train.batch_size=1",
+        "grpo.beta=0.05",
+        "grpo.num_iterations=2",
+        f"data.val={val}",
+    ]
+    ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
+    result = run_cli(args, ddp, env=PORTABLE_CPU, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    sharded = [*args, "train.parallel=fsdp"]
+    crashed = run_cli(sharded, fsdp, env={**PORTABLE_CPU, "SEQTUNE_FAULT": "train:4:1"}, timeout=300)
+    assert crashed.returncode != 0 and (fsdp / "checkpoints" / "step_00000003").is_dir()
+    result = run_cli(sharded, fsdp, env=PORTABLE_CPU, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    def metrics(run: Path, norms: bool = False) -> list[dict]:
+        # The gradient norm is summed over shards under FSDP, over whole tensors under DDP: equal up to rounding.
+        return [
+            {k: v for k, v in m.items() if k not in TIMINGS and (k == "grad_norm") == norms} for m in read_metrics(run)
+        ]
+
+    assert [m["step"] for m in metrics(fsdp) if "loss" in m] == [1, 2, 3, 4]
+    assert metrics(fsdp) == metrics(ddp)
+    for ours, theirs in zip(metrics(fsdp, norms=True), metrics(ddp, norms=True), strict=True):
+        assert ours.get("grad_norm") == pytest.approx(theirs.get("grad_norm"), rel=1e-4)
+    adapter = Path("adapter") / "adapter_model.safetensors"
+    ours, theirs = load_file(str(fsdp / adapter)), load_file(str(ddp / adapter))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)

@@ -97,12 +97,6 @@ CASES = [
         "+ rollout.max_completion_tokens=4 = 20 tokens > data.max_seq_len 16. Fix: data.max_seq_len=20 or more",
     ),
     (
-        "fsdp_across_ranks",
-        ["launcher=torchrun", "launcher.nproc_per_node=2", "train.parallel=fsdp"],
-        "train.parallel",
-        "train.parallel=fsdp across ranks with an online recipe: each rank samples until its own completions end",
-    ),
-    (
         "budget_over_context",
         ["rollout.max_completion_tokens=2040"],
         "rollout.max_completion_tokens",

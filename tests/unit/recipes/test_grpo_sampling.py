@@ -85,3 +85,42 @@ def test_each_prompt_stops_at_its_own_stop_ids():
             continue
         assert ours == theirs
     assert any(len(every.completion_ids[r]) < 8 for r in range(4, 8))  # with STOPS, prompt 1 stops early
+
+
+@pytest.mark.parametrize("mine,others_done_at", [(frozenset(range(4096)), 8), (STOPS, 1)])
+def test_a_rank_in_lockstep_makes_every_ranks_forwards_and_samples_what_it_would_alone(
+    monkeypatch, mine, others_done_at
+):
+    """FSDP (plan.sharded): every forward is a collective, so each decode step the ranks agree (an all-reduce, MIN)
+    whether all their completions ended. Here the other ranks' flags are played by the all-reduce: they end at
+    step `others_done_at`. A rank whose own completions all end at their first token (every id stops them) keeps
+    forwarding, drawing nothing, until step 8; one that runs on stops where it would alone. Either way its
+    completions and generator are those of the same sampling alone, with no collective at all."""
+    import torch.distributed as dist
+
+    agreements: list[int] = []
+
+    def all_reduce(flag: torch.Tensor, op: object) -> None:
+        assert op == dist.ReduceOp.MIN
+        agreements.append(int(flag.item()))
+        flag.fill_(min(int(flag.item()), int(len(agreements) >= others_done_at)))
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    model = tiny_model(lora=False)
+    forwards: list[int] = []
+    model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    runs = []
+    for lockstep in (True, False):
+        generator = torch.Generator().manual_seed(7)
+        cfg = Sampling(completions=4, max_tokens=8, temperature=0.7, top_p=0.95)
+        with torch.no_grad():
+            rollout = sample_completions(
+                model, PROMPTS, cfg=cfg, stop_ids=[mine] * 3, pad_id=0, generator=generator, lockstep=lockstep
+            )
+        runs.append((rollout.sequences, generator.get_state(), len(forwards), len(agreements)))
+        forwards.clear()
+        agreements.clear()
+    (lock_ids, lock_state, lock_forwards, agreed), (ids, state, alone_forwards, none) = runs
+    assert torch.equal(lock_ids, ids) and torch.equal(lock_state, state) and none == 0
+    assert lock_forwards == agreed == max(alone_forwards, others_done_at)
+    assert alone_forwards == (1 if others_done_at == 8 else 8)  # the first case follows 7 steps, the second none
