@@ -88,9 +88,11 @@ def _text_prompts(cache_dir: Path) -> list[Any]:
 
 
 @torch.no_grad()
-def capture_reference(model: torch.nn.Module, tokenizer: Any, run_dir: Path, *, device: torch.device) -> Path:
+def capture_reference(
+    model: torch.nn.Module, tokenizer: Any, run_dir: Path, *, device: torch.device, write: bool = True
+) -> Path:
     """The trained model's next-token logits on the reference prompts (a scalar head's scores of reference
-    pairs), saved for every later proof."""
+    pairs), saved for every later proof. Under FSDP every rank runs the same forwards and only one writes."""
     from safetensors.torch import save_file
 
     model.eval()
@@ -105,6 +107,8 @@ def capture_reference(model: torch.nn.Module, tokenizer: Any, run_dir: Path, *, 
         tensors, locations = _capture_logits(model, tokenizer, run_dir, device=device)
     dtype = str(_computed_in(model, device)).removeprefix("torch.")
     path = Path(run_dir) / REFERENCE_FILE
+    if not write:
+        return path
     with atomic_output(path, key=RUN_DIR_KEY) as partial:
         save_file(tensors, str(partial), metadata={"dtype": dtype, "locations": json.dumps(locations)})
         follow_umask(partial)  # safetensors writes 0600

@@ -86,6 +86,12 @@ def export_final(
         if not sharded:  # the trained model's logits, before anything is merged into it
             _attempt(failures, REFERENCE_STEP, lambda: capture_reference(model, tokenizer, run_dir, device=env.device))
         _merged_and_gguf(model, saved_tokenizer, facts, files, lora=lora, merged=merged, failures=failures)
+    if sharded:  # every rank's forwards gather the shards (collectives line up); the main rank keeps the logits
+
+        def reference() -> None:
+            capture_reference(model, tokenizer, run_dir, device=env.device, write=env.is_main)
+
+        _attempt(failures if env.is_main else [], REFERENCE_STEP, reference)
     barrier()
     restore_module_globals()  # the proof loads each export as a user would: transformers' own layers, maybe on CPU
     if env.is_main and not sharded and not failures:

@@ -6,13 +6,15 @@ checkpoints that resume exactly after a rank fails, and a gathered safetensors e
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import read_metrics, run_cli
+from tests.conftest import REPO, read_metrics, run_cli
 
 pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
 
@@ -111,3 +113,10 @@ def test_fsdp_cpu_offload_trains_resumes_exactly_and_exports_the_same_model(fsdp
     assert json.loads((run_dir / "model" / "config.json").read_text()) == json.loads(
         (fsdp_run / "model" / "config.json").read_text()
     )
+    # The proof training defers for a sharded model: every rank captured the reference logits, so the printed
+    # command proves the gathered export against them.
+    assert f"python -m seqtune.export {run_dir}" in (run_dir / "seqtune.log").read_text()
+    proof = subprocess.run(
+        [sys.executable, "-m", "seqtune.export", str(run_dir)], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert proof.returncode == 0 and "export proof: model: ok" in proof.stdout, (proof.stdout + proof.stderr)[-3000:]
