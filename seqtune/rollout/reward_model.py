@@ -41,12 +41,12 @@ _FIX = (
 
 
 def is_reward_model_ref(ref: str) -> bool:
-    """A reward-list entry that names a model: hf:..., an existing directory, or anything that is not
-    MODULE:FUNCTION (a path, which loading refuses when it is no directory)."""
+    """A reward-list entry that names a model: hf:..., an existing directory, or a path (a "/" in an entry that is
+    not MODULE:FUNCTION; loading refuses it when it is no directory)."""
     if ref.startswith(HF_PREFIX) or Path(ref).expanduser().is_dir():
         return True
     module, _, name = ref.rpartition(":")
-    return not (module and name.isidentifier())
+    return "/" in ref and not (module and name.isidentifier())
 
 
 def resolve_directory(key: str, ref: str) -> Path:

@@ -22,6 +22,7 @@ from typing import Any
 
 from seqtune.config.domain import Domain
 from seqtune.config.recipe_spec import Generation, RecipeSpec, Scored, register
+from seqtune.rollout.reward_model import is_reward_model_ref
 
 # The rewards the bundled demo is scored with (seqtune/recipes/grpo/rewards.py): examples for a user's own.
 DEMO_REWARDS = ("seqtune.recipes.grpo.rewards:kind_share",)
@@ -47,7 +48,8 @@ class GrpoConfig:
 
     # Reward functions, FILE.py:FUNCTION (relative to the working directory) or package.module:FUNCTION, called as
     # TRL does: fn(prompts, completions, **columns) -> list[float | None]; a completion's reward is their
-    # weighted sum (None: the function does not score it).
+    # weighted sum (None: the function does not score it). A directory or hf:org/name is a reward model
+    # (seqtune.rollout.reward_model: a one-label sequence classifier, e.g. a reward run's merged/ or adapter/).
     rewards: list[str] = field(default_factory=lambda: list(DEMO_REWARDS))
     reward_weights: list[float] | None = None  # null: 1.0 each
     num_generations: int = 4  # completions per prompt (the group its advantages are normalised in)
@@ -84,11 +86,11 @@ class GrpoConfig:
         for i, ref in enumerate(self.rewards):
             module, _, name = str(ref).rpartition(":")
             domain.require(
-                bool(module and name.isidentifier()),
+                bool(module and name.isidentifier()) or is_reward_model_ref(str(ref)),
                 f"rewards[{i}]",
                 ref,
-                "is not MODULE:FUNCTION",
-                "FILE.py:FUNCTION or package.module:FUNCTION",
+                "is not MODULE:FUNCTION, a reward-model directory or hf:org/name",
+                "FILE.py:FUNCTION, package.module:FUNCTION, a reward model's directory or hf:org/name",
             )
         if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
             domain.refuse(

@@ -3,7 +3,9 @@ before step 1. Each is (key, message with the fix); preflight lists them with ev
 
 Proven here: the completion budget (prompt + grpo.max_completion_tokens within data.max_seq_len and the context);
 each reward function imports, has TRL's signature, reads only columns the data has, and returns one finite float
-(or None) per completion on a dry call with real prompts; message prompts' chat template renders a generation prompt
+(or None) per completion on a dry call with real prompts; each reward model (a directory or hf:org/name) loads on the
+CPU as a one-label sequence classifier whose tokenizer reads every token the policy can write and which scores
+the real prompts finite; message prompts' chat template renders a generation prompt
 and closes the assistant turn with a control token (plan.tokens.turn_closer, where their generation stops); every rank generates for as
 many prompts (no filler-only micro-batch under DDP). The group divides each rank's generation batch by
 construction: a rank samples grpo.num_generations completions of each of its own prompts. The step plan's own rules
@@ -14,11 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from seqtune.config.errors import ConfigError
+from seqtune.config.errors import SeqtuneError
 from seqtune.config.recipe_spec import RecipeFacts
 from seqtune.config.schema import Tail
 from seqtune.recipes.grpo.loading import Reward, dry_call_problems, load_reward
 from seqtune.recipes.grpo.prompts import read_prompt_table
+from seqtune.rollout.reward_model import RewardModel, reward_model_problems
 
 DRY_PROMPTS = 2
 
@@ -28,13 +31,16 @@ def grpo_checks(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
     rewards: list[Reward] = []
     for i, ref in enumerate(cfg.grpo.rewards):  # every function that does not load is named, not just the first
         try:
-            rewards.append(load_reward(f"grpo.rewards[{i}]", str(ref)))
-        except ConfigError as err:
+            rewards.append(load_reward(f"grpo.rewards[{i}]", str(ref), dtype=str(cfg.model.dtype)))
+        except SeqtuneError as err:
             problems.append((err.key or f"grpo.rewards[{i}]", str(err)))
     tokenizer = facts.tokenizer()
     table = read_prompt_table(cfg, facts.plan, tokenizer, limit=DRY_PROMPTS)
     records = list(table.records.values())
     problems += dry_call_problems(rewards, records)
+    for reward in rewards:  # a reward model reads the policy's completions with its own tokenizer
+        if isinstance(reward.fn, RewardModel):
+            problems += reward_model_problems(reward.fn, [r["prompt"] for r in records], tokenizer)
     problems += _generation_prompt(tokenizer, records)
     problems += _stop_ids(tokenizer, records, facts.turn_closer)
     return problems

@@ -1,7 +1,8 @@
 """grpo.rewards → the reward functions, and what preflight proves of them before step 1 (torch-free).
 
 `FILE.py:FUNCTION` is a path relative to the working directory; `package.module:FUNCTION` is imported. A function
-must take (prompts, completions, ...) and every other named parameter is a data column it reads.
+must take (prompts, completions, ...) and every other named parameter is a data column it reads. A directory or
+`hf:org/name` is a reward model (seqtune.rollout.reward_model), loaded on `device` and called as a function is.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from seqtune.config.errors import ConfigError
+from seqtune.rollout.reward_model import RewardModel, is_reward_model_ref, load_reward_model
 
 RewardFn = Callable[..., list[float | None]]
 _CALL = "fn(prompts, completions, **columns) -> list[float | None]"
@@ -40,7 +42,11 @@ class Reward:
             return self.ref
 
 
-def load_reward(key: str, ref: str) -> Reward:
+def load_reward(key: str, ref: str, *, device: Any = "cpu", dtype: str = "float32") -> Reward:
+    """`device`, `dtype`: where a reward model is loaded (preflight's dry call: the CPU; training: the rank's)."""
+    if is_reward_model_ref(ref):
+        model = load_reward_model(key, ref, device=device, dtype=dtype)
+        return Reward(key=key, ref=ref, name=model.name, fn=model, columns=())
     module_ref, _, name = ref.rpartition(":")
     try:
         if module_ref.endswith(".py"):
@@ -91,8 +97,8 @@ def _columns(key: str, ref: str, fn: RewardFn) -> tuple[str, ...]:
     return tuple(p.name for p in named if p.default is inspect.Parameter.empty)
 
 
-def load_rewards(refs: list[str]) -> list[Reward]:
-    return [load_reward(f"grpo.rewards[{i}]", str(ref)) for i, ref in enumerate(refs)]
+def load_rewards(refs: list[str], *, device: Any = "cpu", dtype: str = "float32") -> list[Reward]:
+    return [load_reward(f"grpo.rewards[{i}]", str(ref), device=device, dtype=dtype) for i, ref in enumerate(refs)]
 
 
 def call_reward(
@@ -125,6 +131,8 @@ def dry_call_problems(rewards: list[Reward], records: list[dict[str, Any]]) -> l
     present = set.intersection(*(set(r) for r in records)) - {"prompt"}
     columns = {name: [r[name] for r in records] for name in present}
     for reward in rewards:
+        if isinstance(reward.fn, RewardModel):  # its own dry score: reward_model_problems
+            continue
         missing = [c for c in reward.columns if c not in present]
         if missing:
             problems.append(

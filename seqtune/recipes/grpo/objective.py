@@ -544,7 +544,7 @@ def build_objective(cfg: RootConfig, plan: Plan, run_dir: Path, built: Any) -> G
     tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec_for(cfg.model).chat_template)
     return GrpoObjective(
         cfg=cfg.grpo,
-        rewards=load_rewards(list(cfg.grpo.rewards)),
+        rewards=load_rewards(list(cfg.grpo.rewards), device=built.env.device, dtype=str(cfg.model.dtype)),
         table=read_prompt_table(cfg, plan, tokenizer),
         tokenizer=tokenizer,
         reference=built.reference,

@@ -21,6 +21,7 @@ from seqtune.rollout.reward_model import (
     reward_model_problems,
 )
 from seqtune.tokenizers import BUNDLED_DIR
+from tests.checkpoints import build_word_level_reward_model
 from tests.hub_cache import add_repo
 
 KEY = "rollout.rewards[0]"
@@ -162,19 +163,10 @@ def test_two_labels_or_no_directory_are_refused(tmp_path):
 
 
 def test_a_tokenizer_that_cannot_read_the_completions_is_a_problem(tmp_path):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = ["[UNK]", "[PAD]", "[EOS]", "write", "digits", "1", "2", "3"]
-    word_level = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    word_level.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=word_level, unk_token="[UNK]", pad_token="[PAD]", eos_token="[EOS]")
-    model = LlamaForSequenceClassification(tiny_config(tok, num_labels=1))
-    directory = save(model, tok, tmp_path / "word_level")
+    directory = build_word_level_reward_model(tmp_path / "word_level")
     rm = load_reward_model(KEY, str(directory), device=torch.device("cpu"), dtype=torch.float32)
-    problems = reward_model_problems(rm, ["write digits"], tokenizer())
-    assert len(problems) == 1 and problems[0][0] == KEY
-    assert "reads" in problems[0][1] and "as its unknown token '[UNK]'" in problems[0][1] and "Fix: " in problems[0][1]
+    [(key, message)] = reward_model_problems(rm, ["write digits"], tokenizer())
+    assert key == KEY and "as its unknown token '[UNK]'" in message and "Fix: " in message
 
 
 def test_the_policys_own_vocabulary_reads_cleanly_and_scores_finite(reward_dir):
