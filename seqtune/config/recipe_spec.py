@@ -53,6 +53,8 @@ class Generation:
 
     completions: int  # sampled for each prompt (GRPO's group)
     new_tokens: int  # each completion's budget
+    # Parameters of the reward models that score the completions (frozen, on the device beside the policy).
+    scorer_params: int = 0
 
 
 @dataclass(frozen=True)

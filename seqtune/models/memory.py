@@ -75,6 +75,9 @@ class MemoryInputs:
     # completion_tokens more tokens, into a KV cache; the update's forward then runs on every completion.
     completions_per_sample: int = 0
     completion_tokens: int = 0
+    # Reward models scoring the completions (an online recipe's model rewards): frozen weights in weights_dtype on
+    # every rank, no grads or optimizer state; they score without autograd after sampling, their activations freed.
+    scorer_params: int = 0
     # An image-text model (plan.vision): its vision tower and projector (module prefixes: never adapted by LoRA),
     # those model.train_vision leaves frozen (plan.vision.frozen_modules) and the images of the worst micro-batch,
     # whose vision activations are kept for the backward when the tower trains (else one layer's are in flight).
@@ -144,6 +147,7 @@ def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:
         weights = weights / inputs.world_size + 2 * largest_layer * BYTES_PER_DTYPE[inputs.compute_dtype]
         grads, optimizer = grads / inputs.world_size, optimizer / inputs.world_size
         head_grad /= inputs.world_size
+    weights += inputs.scorer_params * width  # never sharded: each rank scores its own completions
     activations = _activation_bytes(inputs, arch) + head_grad + vision_activation_bytes(inputs, arch)
     # foreach AdamW/SGD build one temporary per trainable tensor for the update.
     step = grads + grads

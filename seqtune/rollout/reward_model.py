@@ -14,7 +14,7 @@ completion's reward is the single logit.
 
 Preflight (reward_model_problems): the tokenizer reads every token the policy can write (no unknown token, no id
 past the model's embedding rows); message prompts need its chat template; two real prompts with dummy completions
-score finite. Its weights are counted by the memory estimate (parameter_bytes, from the safetensors headers).
+score finite. Its weights are counted by the memory estimate (parameter_count, from the safetensors headers).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ HF_PREFIX = "hf:"
 SCORE_BATCH = 16
 # Policy tokens a refusal quotes (of those the reward model's tokenizer cannot read).
 QUOTED = 5
-BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _FIX = (
     "name a reward model: a directory AutoModelForSequenceClassification loads with one label (a reward run's "
     "merged/ or adapter/ export), hf:org/name of one in the hub cache, or a reward function FILE.py:FUNCTION"
@@ -113,18 +112,34 @@ def check_classifier(key: str, ref: str, directory: Path) -> None:
         )
 
 
-def parameter_bytes(key: str, ref: str, dtype: str) -> int:
-    """Its weights' bytes in `dtype` (the memory estimate's term), from the safetensors headers: no tensor read."""
-    directory = resolve_directory(key, ref)
-    base = _adapter_base(key, ref, directory)
-    files = sorted(directory.glob("*.safetensors")) + (sorted(base.glob("*.safetensors")) if base else [])
-    count = 0
-    for file in files:
+def parameter_count(ref: str) -> int:
+    """The parameters the loaded reward model holds (the memory estimate's term), from the safetensors headers, no
+    tensor read: a whole model's tensors; an adapter's base without its causal head (`lm_head`, which the classifier
+    does not load) plus the adapter's own tensors other than LoRA's (merged away). 0 when `ref` names no readable
+    checkpoint: loading it is refused by name (reward_model_problems' caller), not here."""
+    from seqtune.config.errors import SeqtuneError
+
+    try:
+        directory = resolve_directory("", ref)
+        base = _adapter_base("", ref, directory)
+    except SeqtuneError:
+        return 0
+    if base is None:
+        return sum(_shapes(directory).values())
+    own = {name: n for name, n in _shapes(directory).items() if ".lora_" not in name}
+    causal = {name: n for name, n in _shapes(base).items() if not name.startswith("lm_head.")}
+    return sum(own.values()) + sum(causal.values())
+
+
+def _shapes(directory: Path) -> dict[str, int]:
+    """name -> elements of every tensor in the directory's safetensors files."""
+    elements: dict[str, int] = {}
+    for file in sorted(directory.glob("*.safetensors")):
         with file.open("rb") as f:
             (length,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(length))
-        count += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
-    return count * BYTES[dtype]
+        elements.update({k: math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__"})
+    return elements
 
 
 @dataclass
@@ -141,12 +156,12 @@ class RewardModel:
 
     def __call__(
         self, prompts: list[Any], completions: list[Any], completion_ids: list[list[int]] | None = None, **columns: Any
-    ) -> list[float]:
+    ) -> list[float | None]:  # a reward function's type (None: abstains); a reward model scores every completion
         import torch
 
         rows = [self.render(p, c) for p, c in zip(prompts, completions, strict=True)]
         pad = self.model.config.pad_token_id
-        scores: list[float] = []
+        scores: list[float | None] = []
         with torch.no_grad():
             for start in range(0, len(rows), SCORE_BATCH):
                 batch = rows[start : start + SCORE_BATCH]
@@ -172,8 +187,8 @@ class RewardModel:
         return ids + [eos] if eos is not None and (not ids or ids[-1] != eos) else ids
 
     @property
-    def parameter_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+    def parameter_count(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
 
 
 def load_reward_model(key: str, ref: str, *, device: Any, dtype: Any) -> RewardModel:
@@ -263,7 +278,7 @@ def _dry_score(reward_model: RewardModel, prompts: list[Any]) -> str:
             f"scoring {len(prompts)} real prompts with dummy completions failed: {type(exc).__name__}: "
             f"{str(exc).splitlines()[0] if str(exc) else ''}. Fix: {_FIX}"
         )
-    if not all(math.isfinite(s) for s in scores):
+    if not all(s is not None and math.isfinite(s) for s in scores):
         return f"scoring {len(prompts)} real prompts with dummy completions gave {scores}. Fix: {_FIX}"
     return ""
 

@@ -56,6 +56,8 @@ def test_a_grpo_run_scored_by_a_lora_reward_export_trains_and_logs_its_scores(re
     assert all(torch.isfinite(torch.tensor(m["rewards/merged"])) for m in steps)
     lines = [json.loads(line) for line in (run_dir / "completions.jsonl").read_text().splitlines()]
     model = AutoModelForSequenceClassification.from_pretrained(reward_run / "merged").eval()
+    plan = json.loads((run_dir / "plan.json").read_text())  # both reward models in the memory estimate's weights
+    assert plan["scorer_params"] == 2 * sum(p.numel() for p in model.parameters())
     tokenizer = AutoTokenizer.from_pretrained(reward_run / "merged")
     for line in lines:
         ids = tokenizer(line["prompt"] + line["completion"])["input_ids"] + [tokenizer.eos_token_id]

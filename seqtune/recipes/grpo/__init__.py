@@ -22,7 +22,7 @@ from typing import Any
 
 from seqtune.config.domain import Domain
 from seqtune.config.recipe_spec import Generation, RecipeSpec, Scored, register
-from seqtune.rollout.reward_model import is_reward_model_ref
+from seqtune.rollout.reward_model import is_reward_model_ref, parameter_count
 
 # The rewards the bundled demo is scored with (seqtune/recipes/grpo/rewards.py): examples for a user's own.
 DEMO_REWARDS = ("seqtune.recipes.grpo.rewards:kind_share",)
@@ -143,7 +143,11 @@ SPEC = register(
         early_stop_metric="reward",  # train.early_stop_patience watches eval_reward: a mean reward, higher is better
         early_stop_higher=True,
         preflight=lambda cfg, facts: _checks(cfg, facts),
-        generation=lambda grpo: Generation(completions=grpo.num_generations, new_tokens=grpo.max_completion_tokens),
+        generation=lambda grpo: Generation(
+            completions=grpo.num_generations,
+            new_tokens=grpo.max_completion_tokens,
+            scorer_params=sum(parameter_count(str(r)) for r in grpo.rewards if is_reward_model_ref(str(r))),
+        ),
     )
 )
 

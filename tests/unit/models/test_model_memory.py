@@ -255,3 +255,13 @@ def test_an_online_recipe_counts_its_generation_kv_cache_and_the_update_on_every
     # The cache lives while sampling, beside the earlier micro-batches' gradients: within the peak, not beside it.
     assert estimate.total_bytes >= estimate.weights_bytes + estimate.optimizer_bytes + estimate.kv_cache_bytes
     assert estimate.total_bytes < memory_estimate(offline).total_bytes + estimate.activations_bytes
+
+
+def test_reward_models_scoring_completions_count_as_frozen_unsharded_weights():
+    hf = load_model_config(tiny_cfg("llama3"))
+    for sharding in ({}, {"world_size": 4, "sharded": True}):
+        without = memory_estimate(inputs(hf, lora_enabled=False, **sharding))
+        scored = memory_estimate(inputs(hf, lora_enabled=False, scorer_params=1000, **sharding))
+        assert scored.weights_bytes == without.weights_bytes + 4000  # fp32, whole on every rank
+        assert scored.total_bytes == without.total_bytes + 4000
+        assert (scored.grads_bytes, scored.optimizer_bytes) == (without.grads_bytes, without.optimizer_bytes)

@@ -17,7 +17,7 @@ from seqtune.config.errors import ModelLoadError
 from seqtune.rollout.reward_model import (
     is_reward_model_ref,
     load_reward_model,
-    parameter_bytes,
+    parameter_count,
     reward_model_problems,
 )
 from seqtune.tokenizers import BUNDLED_DIR
@@ -139,7 +139,7 @@ def test_a_seq_cls_adapter_scores_as_its_merged_model(reward_dir, tmp_path):
         direct(merged, tok(p + c)["input_ids"] + [tok.eos_token_id]) for p, c in zip(PROMPTS, COMPLETIONS, strict=True)
     ]
     assert rm(PROMPTS, COMPLETIONS) == pytest.approx(expected, abs=1e-5)
-    assert parameter_bytes(KEY, str(tmp_path / "adapter"), "float32") >= rm.parameter_bytes
+    assert parameter_count(str(tmp_path / "adapter")) == rm.parameter_count
 
 
 def test_a_causal_lm_directory_is_refused_naming_the_entry(tmp_path):
@@ -172,7 +172,7 @@ def test_a_tokenizer_that_cannot_read_the_completions_is_a_problem(tmp_path):
 def test_the_policys_own_vocabulary_reads_cleanly_and_scores_finite(reward_dir):
     rm = load_reward_model(KEY, str(reward_dir), device=torch.device("cpu"), dtype=torch.float32)
     assert reward_model_problems(rm, PROMPTS[:2], tokenizer()) == []
-    assert parameter_bytes(KEY, str(reward_dir), "float32") == rm.parameter_bytes
+    assert parameter_count(str(reward_dir)) == rm.parameter_count and parameter_count("/absent/rm") == 0
 
 
 def test_message_prompts_without_a_template_and_nan_scores_are_problems(tmp_path):
