@@ -287,13 +287,15 @@ def _unreadable(reward_model: RewardModel, policy_tokenizer: Any) -> str:
     """Why its tokenizer cannot read the policy's completions (every non-special token the policy can write, as
     the completion's decoded text), or ""."""
     tokenizer = reward_model.tokenizer
+    rows = reward_model.model.get_input_embeddings().weight.shape[0]
+    unk = tokenizer.unk_token_id
+    if unk is None and len(tokenizer) <= rows:  # byte-level: it reads any text, and every id it gives has a row
+        return ""
     special = set(policy_tokenizer.all_special_ids)
     ids = [i for i in range(len(policy_tokenizer)) if i not in special]
     # A byte-fallback token alone decodes to U+FFFD (half a character): completions hold whole characters.
     pieces = [p for p in policy_tokenizer.batch_decode([[i] for i in ids]) if p.strip() and "\ufffd" not in p]
     encoded = tokenizer(pieces, add_special_tokens=False)["input_ids"]
-    rows = reward_model.model.get_input_embeddings().weight.shape[0]
-    unk = tokenizer.unk_token_id
     unknown = [p for p, row in zip(pieces, encoded, strict=True) if unk is not None and unk in row]
     beyond = sorted({i for row in encoded for i in row if i >= rows})
     if unknown:

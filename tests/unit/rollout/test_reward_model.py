@@ -169,6 +169,16 @@ def test_a_tokenizer_that_cannot_read_the_completions_is_a_problem(tmp_path):
     assert key == KEY and "as its unknown token '[UNK]'" in message and "Fix: " in message
 
 
+def test_a_tokenizer_larger_than_the_models_embedding_is_a_problem(tmp_path):
+    tok = tokenizer()
+    config = tiny_config(tok, num_labels=1)
+    config.vocab_size = 64  # the weights of another, smaller vocabulary
+    directory = save(LlamaForSequenceClassification(config), tok, tmp_path / "small")
+    rm = load_reward_model(KEY, str(directory), device=torch.device("cpu"), dtype=torch.float32)
+    [(key, message)] = reward_model_problems(rm, PROMPTS[:2], tokenizer())
+    assert key == KEY and "past its embedding's 64 rows" in message
+
+
 def test_the_policys_own_vocabulary_reads_cleanly_and_scores_finite(reward_dir):
     rm = load_reward_model(KEY, str(reward_dir), device=torch.device("cpu"), dtype=torch.float32)
     assert reward_model_problems(rm, PROMPTS[:2], tokenizer()) == []
