@@ -85,7 +85,10 @@ def _adapter_base(key: str, ref: str, directory: Path) -> Path | None:
             key=key,
             fix=_FIX,
         )
-    return resolve_directory(key, str(adapter["base_model_name_or_path"]))
+    from seqtune.hub import is_hub_id
+
+    base = str(adapter["base_model_name_or_path"])  # a local checkpoint (seqtune's RUN/base), or a Hub id
+    return resolve_directory(key, HF_PREFIX + base if is_hub_id(base) else base)
 
 
 def check_classifier(key: str, ref: str, directory: Path) -> None:
@@ -122,12 +125,12 @@ def parameter_count(ref: str) -> int:
     try:
         directory = resolve_directory("", ref)
         base = _adapter_base("", ref, directory)
-    except SeqtuneError:
+        if base is None:
+            return sum(_shapes(directory).values())
+        own = {name: n for name, n in _shapes(directory).items() if ".lora_" not in name}
+        causal = {name: n for name, n in _shapes(base).items() if not name.startswith("lm_head.")}
+    except (SeqtuneError, OSError, ValueError, struct.error):  # a damaged header: loading refuses it by name
         return 0
-    if base is None:
-        return sum(_shapes(directory).values())
-    own = {name: n for name, n in _shapes(directory).items() if ".lora_" not in name}
-    causal = {name: n for name, n in _shapes(base).items() if not name.startswith("lm_head.")}
     return sum(own.values()) + sum(causal.values())
 
 
@@ -236,7 +239,7 @@ def _load(key: str, ref: str, directory: Path, dtype: Any) -> tuple[Any, Any]:
         model.config.pad_token_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         )
-    if tokenizer.pad_token_id is None and model.config.pad_token_id is None:
+    if model.config.pad_token_id is None:
         raise ModelLoadError(
             f"{key}={ref}: neither its config nor its tokenizer names a pad or eos token, so a batch of "
             "completions cannot be padded for it.",

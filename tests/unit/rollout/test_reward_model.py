@@ -121,7 +121,7 @@ def test_an_hf_id_resolves_through_the_hub_cache(reward_dir, tmp_path, monkeypat
         load_reward_model(KEY, "hf:org/absent", device=torch.device("cpu"), dtype=torch.float32)
 
 
-def test_a_seq_cls_adapter_scores_as_its_merged_model(reward_dir, tmp_path):
+def test_a_seq_cls_adapter_scores_as_its_merged_model(tmp_path, monkeypatch):
     from peft import LoraConfig, get_peft_model
 
     tok = tokenizer()
@@ -140,6 +140,18 @@ def test_a_seq_cls_adapter_scores_as_its_merged_model(reward_dir, tmp_path):
     ]
     assert rm(PROMPTS, COMPLETIONS) == pytest.approx(expected, abs=1e-5)
     assert parameter_count(str(tmp_path / "adapter")) == rm.parameter_count
+    # An adapter whose base is a Hub id (as peft writes it for a Hub base) loads it from the hub cache.
+    cache = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("SEQTUNE_USER_HF_HUB_OFFLINE", raising=False)
+    add_repo(cache, "org/tiny-base", base)
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    (tmp_path / "adapter" / "adapter_config.json").write_text(
+        json.dumps({**config, "base_model_name_or_path": "org/tiny-base"})
+    )
+    on_hub = load_reward_model(KEY, str(tmp_path / "adapter"), device=torch.device("cpu"), dtype=torch.float32)
+    assert on_hub(PROMPTS, COMPLETIONS) == pytest.approx(expected, abs=1e-5)
 
 
 def test_a_causal_lm_directory_is_refused_naming_the_entry(tmp_path):
