@@ -25,7 +25,7 @@ from seqtune.config.errors import ConfigError
 
 def draw(logits: torch.Tensor, *, temperature: float, top_p: float, generator: torch.Generator) -> torch.Tensor:
     """One token per row of `logits` [rows, vocab] (any dtype; computed in fp32), on their device."""
-    assert generator.device.type == logits.device.type, "the sampling generator lives on the logits' device"
+    assert generator.device == logits.device, "the sampling generator lives on the logits' device"
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     if top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
