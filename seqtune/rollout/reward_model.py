@@ -294,6 +294,8 @@ def _unreadable(reward_model: RewardModel, policy_tokenizer: Any) -> str:
     unk = tokenizer.unk_token_id
     if unk is None and len(tokenizer) <= rows:  # byte-level: it reads any text, and every id it gives has a row
         return ""
+    if len(tokenizer) <= rows and tokenizer.get_vocab() == policy_tokenizer.get_vocab():  # the policy's own
+        return ""
     special = set(policy_tokenizer.all_special_ids)
     ids = [i for i in range(len(policy_tokenizer)) if i not in special]
     # A byte-fallback token alone decodes to U+FFFD (half a character): completions hold whole characters.
