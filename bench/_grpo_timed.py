@@ -1,5 +1,5 @@
 """Runs `python -m seqtune ARGS` in this process with GRPO's sampler timed (bench/grpo_vs_trl.py's seqtune side):
-every call of seqtune.recipes.grpo.objective.sample_completions is recorded (begin, end, rows, completion tokens)
+every call of sample_completions (as seqtune.rollout.stage calls it) is recorded (begin, end, rows, completion tokens)
 and written to OUT.json when the run ends. --no-kv-cache samples with the full-recompute loop instead (the same
 tokens, drawn from the same generator: tests/unit/recipes/test_grpo_sampling.py), to measure what the cache buys.
 
@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-import seqtune.recipes.grpo.objective as objective
+import seqtune.rollout.stage as objective
 
 
 def main() -> None:
@@ -31,7 +31,7 @@ def main() -> None:
         calls.append({"begin": begin, "end": end, "rows": len(rollout.completion_ids), "tokens": tokens})
         return rollout
 
-    objective.sample_completions = timed  # GrpoObjective.__call__ looks it up in the module at each call
+    objective.sample_completions = timed  # RolloutStage._generate looks it up in the module at each call
     sys.argv = ["seqtune", *args]
     try:
         runpy.run_module("seqtune", run_name="__main__", alter_sys=True)

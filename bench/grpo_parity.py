@@ -1,5 +1,5 @@
 """GRPO loss parity with TRL on fixed rollouts: the same tiny model, prompts, completions and rewards fed to seqtune's
-objective (seqtune.recipes.grpo.objective) and to TRL's GRPOTrainer._compute_loss; the losses must agree to 1e-5 for
+loss (seqtune.recipes.grpo.loss) and to TRL's GRPOTrainer._compute_loss; the losses must agree to 1e-5 for
 every grpo.loss, with clip-higher and the KL term.
 
 Needs TRL importable beside seqtune (TRL is no seqtune dependency; bench/grpo_vs_trl.py prints these rows too).
@@ -25,7 +25,8 @@ from trl.trainer.utils import add_fused_lm_head
 
 import seqtune
 from seqtune.recipes.grpo import GrpoConfig, GrpoLoss
-from seqtune.recipes.grpo.objective import Rollout, group_advantages, surrogate_loss, token_logps
+from seqtune.recipes.grpo.loss import group_advantages, surrogate_loss
+from seqtune.rollout.sampling import Rollout, token_logps
 
 P, G, C, LP = 3, 4, 6, 5  # prompts, generations, completion length, prompt width (left-padded)
 TOKENIZER = Path(seqtune.__file__).parent / "tokenizers" / "assets" / "seqtune-bpe"  # TRL's processing_class
@@ -65,7 +66,7 @@ def rollout(seed: int) -> dict[str, torch.Tensor]:
     }
 
 
-def trl_loss(model, ref_model, batch, advantages, cfg: GrpoConfig) -> float:
+def trl_loss(model, ref_model, batch, advantages, cfg: GrpoConfig, temperature: float) -> float:
     with tempfile.TemporaryDirectory() as out:
         args = GRPOConfig(
             output_dir=out,
@@ -76,7 +77,8 @@ def trl_loss(model, ref_model, batch, advantages, cfg: GrpoConfig) -> float:
             beta=0.0,
             epsilon=cfg.epsilon,
             epsilon_high=cfg.clip_high,
-            temperature=cfg.temperature,
+            temperature=temperature,
+            importance_sampling_level=str(cfg.importance_sampling_level),
             use_cpu=True,
             report_to=[],
             bf16=False,
@@ -98,14 +100,14 @@ def trl_loss(model, ref_model, batch, advantages, cfg: GrpoConfig) -> float:
     if cfg.beta:
         ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
         mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
-        add_fused_lm_head(ref_model, temperature=cfg.temperature, cast_lm_head_to_fp32=False)  # as TRL does its own
+        add_fused_lm_head(ref_model, temperature=temperature, cast_lm_head_to_fp32=False)  # as TRL does its own
         with torch.no_grad():
             inputs["ref_per_token_logps"], _, _ = trainer._get_per_token_logps_and_entropies(ref_model, ids, mask, C)
     trainer.model.train()  # TRL's train-mode normalisers (gradient accumulation 1); the model has no dropout
     return float(trainer._compute_loss(trainer.model, inputs).detach())
 
 
-def seqtune_loss(model, ref_model, batch, advantages, cfg: GrpoConfig) -> float:
+def seqtune_loss(model, ref_model, batch, advantages, cfg: GrpoConfig, temperature: float) -> float:
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
     mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
     ro = Rollout(
@@ -115,10 +117,17 @@ def seqtune_loss(model, ref_model, batch, advantages, cfg: GrpoConfig) -> float:
         truncated=torch.zeros(P * G, dtype=torch.bool),
         completion_ids=[],
     )
-    logps, _ = token_logps(model, ro, C, cfg.temperature)
-    ref = token_logps(ref_model, ro, C, cfg.temperature)[0].detach() if cfg.beta else None
+    logps, _ = token_logps(model, ro, C, temperature)
+    ref = token_logps(ref_model, ro, C, temperature)[0].detach() if cfg.beta else None
     loss, _, _ = surrogate_loss(
-        logps, logps.detach(), advantages, batch["completion_mask"].float(), cfg=cfg, ref_logps=ref, prompts=P
+        logps,
+        logps.detach(),
+        advantages,
+        batch["completion_mask"].float(),
+        cfg=cfg,
+        ref_logps=ref,
+        group=G,
+        max_tokens=C,
     )
     return float(loss.detach()) / P  # the loop divides a step's summed loss by its prompts
 
@@ -134,22 +143,17 @@ def parity_rows() -> tuple[list[dict], float]:
         for p in policy.parameters():
             p.add_(0.02 * torch.randn_like(p))
     results, worst = [], 0.0
-    for loss in GrpoLoss:
+    cases = [(loss, "token") for loss in GrpoLoss] + [(GrpoLoss.grpo, "sequence")]  # the last: GSPO
+    for loss, level in cases:
         for beta, high, temperature in ((0.0, None, 1.0), (0.04, 0.28, 0.7)):
-            cfg = GrpoConfig(
-                num_generations=G,
-                max_completion_tokens=C,
-                loss=loss,
-                beta=beta,
-                epsilon_high=high,
-                temperature=temperature,
-            )
-            ours = seqtune_loss(copy.deepcopy(policy), ref_model, batch, advantages, cfg)
-            theirs = trl_loss(copy.deepcopy(policy), copy.deepcopy(ref_model), batch, advantages, cfg)
+            cfg = GrpoConfig(loss=loss, beta=beta, epsilon_high=high, importance_sampling_level=level)
+            ours = seqtune_loss(copy.deepcopy(policy), ref_model, batch, advantages, cfg, temperature)
+            theirs = trl_loss(copy.deepcopy(policy), copy.deepcopy(ref_model), batch, advantages, cfg, temperature)
             worst = max(worst, abs(ours - theirs))
             results.append(
                 {
                     "loss": str(loss),
+                    "importance_sampling_level": level,
                     "beta": beta,
                     "epsilon_high": high,
                     "temperature": temperature,

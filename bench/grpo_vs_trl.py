@@ -12,7 +12,7 @@ tinyllama_tiny.yaml, built once by seqtune and saved as a Hugging Face checkpoin
 - the same with the full-recompute sampler (--no-kv-cache: the same tokens, what the cache buys);
 - TRL's GRPOTrainer (bench/_trl_grpo_baseline.py, a child process) with the settings of the seqtune run's resolved
   config and plan: LoRA r16 with lm_head in full, the bundled demo prompts in file order, 8 prompts x
-  grpo.num_generations completions per step, grpo.max_completion_tokens, temperature, top_p, beta=0, dapo loss,
+  rollout.num_generations completions per step, rollout.max_completion_tokens, temperature, top_p, beta=0, dapo loss,
   epsilon, AdamW and seqtune's learning rate of every step, and the demo's reward function (kind_share).
 
 Per side over steps WARMUP+1 .. steps: seconds per step, of which generation (sampling the step's completions:
@@ -43,7 +43,7 @@ from _common import PYTHON, REPO, markdown_table, write_results
 from _vs_trl import CHECKPOINT_LORA, child_env, trainer_spec, trl_result, write_checkpoint
 
 WARMUP = 2
-BATCH = 8  # prompts per step (train.batch_size): x grpo.num_generations completions
+BATCH = 8  # prompts per step (train.batch_size): x rollout.num_generations completions
 # Model shapes over tinyllama_tiny.yaml (the bundled tokenizer's vocabulary kept): fields write_checkpoint lays over it.
 SHAPES = {
     "tiny": {},
@@ -79,7 +79,7 @@ def seqtune_command(
         "train.log_every=1",
         "train.progress=false",
         "preflight.plot=false",
-        *([f"grpo.max_completion_tokens={completion_tokens}"] if completion_tokens else []),
+        *([f"rollout.max_completion_tokens={completion_tokens}"] if completion_tokens else []),
     ]
 
 
@@ -131,12 +131,15 @@ def trl_spec(run_dir: Path, *, checkpoint: Path, steps: int, threads: int) -> di
     from seqtune.config.load import load_resolved
 
     cfg = load_resolved(run_dir / "config.yaml")
-    [reward] = cfg.grpo.rewards
+    [reward] = cfg.rollout.rewards
     module, _, function = str(reward).rpartition(":")
     origin = module if module.endswith(".py") else importlib.util.find_spec(module).origin
     grpo = {
-        key: getattr(cfg.grpo, key)
-        for key in ("num_generations", "max_completion_tokens", "temperature", "top_p", "beta", "epsilon")
+        **{
+            key: getattr(cfg.rollout, key)
+            for key in ("num_generations", "max_completion_tokens", "temperature", "top_p")
+        },
+        **{key: getattr(cfg.grpo, key) for key in ("beta", "epsilon")},
     }
     from seqtune.config.plan import load_plan
 
@@ -187,7 +190,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="also write the result JSON into this folder")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="model shape (SHAPES)")
     parser.add_argument(
-        "--completion-tokens", type=int, default=None, help="grpo.max_completion_tokens (default: the recipe's)"
+        "--completion-tokens", type=int, default=None, help="rollout.max_completion_tokens (default: the recipe's)"
     )
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="seqtune-grpo-vs-trl-"))

@@ -1,12 +1,12 @@
 """Writes the bundled GRPO demo prompts (seqtune/data/assets/prompts/{train,val}.jsonl): "write digits" / "write
 capitals" requests (the kind the last word, after a name and one of a few phrasings) with the requested character
-kind in a `kind` column, which seqtune.recipes.grpo.rewards.kind_share scores. Run: python scripts/make_prompt_data.py"""
+kind in a `kind` column, which seqtune.rollout.examples.kind_share scores. Run: python scripts/make_prompt_data.py"""
 
 import json
 import random
 from pathlib import Path
 
-KINDS = ("digits", "capitals")  # seqtune.recipes.grpo.rewards.CHARACTER_KINDS
+KINDS = ("digits", "capitals")  # seqtune.rollout.examples.CHARACTER_KINDS
 TEMPLATES = ("write {kind}", "reply in {kind}", "only {kind}", "type some {kind}", "answer with {kind}")
 NAMES = ("Ada", "Bo", "Cy", "Di", "Ed", "Flo", "Gus", "Hal", "Ivy", "Jo", "Kim", "Lu", "Max", "Ned", "Oz", "Pam")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -20,6 +21,15 @@ from pathlib import Path
 from typing import TextIO
 
 LOG_FILE = "seqtune.log"
+
+# The credentials a URI can carry: its userinfo (scheme://user:password@host, the basic-auth form MLflow and requests
+# accept in MLFLOW_TRACKING_URI) and the values of query parameters named for a secret (?token=, &api_key=,
+# &X-Amz-Signature=). redact_uris removes both from any text seqtune prints or records.
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@?#]+@")
+_SECRET_PARAMETER = re.compile(
+    r"(?P<name>[?&][^=&#\s]*(?:token|key|secret|password|passwd|signature|sig|auth|credential)[^=&#\s]*=)[^&#\s]+",
+    re.IGNORECASE,
+)
 
 # (category, message regex, why it is a false alarm for seqtune). Only these exact warnings are silenced.
 KNOWN_FALSE_ALARMS: tuple[tuple[type[Warning], str, str], ...] = (
@@ -53,6 +63,12 @@ KNOWN_FALSE_ALARM_LOGS: tuple[tuple[str, str, str], ...] = (
         "the head's half of the same resize",
     ),
 )
+
+
+def redact_uris(text: str) -> str:
+    """`text` with the credentials of every URI in it replaced by `***` (http://user:secret@host/?token=t ->
+    http://***@host/?token=***): every URI seqtune prints or writes into a run file goes through this."""
+    return _SECRET_PARAMETER.sub(r"\g<name>***", _USERINFO.sub(r"\g<scheme>***@", text))
 
 
 class _DropStartingWith(logging.Filter):

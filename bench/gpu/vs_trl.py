@@ -337,7 +337,7 @@ def trl_dpo_spec(proof: Proof, run_dir: Path, ckpt: Path, sizes: dict, backend: 
 
 # Why the GRPO row has no number yet (reported as the section's status, never a made-up figure).
 GRPO_PENDING = (
-    "not run: recipe=lora_grpo has no vLLM generator yet (grpo.generator=vllm is refused), and this row compares "
+    "not run: recipe=lora_grpo has no vLLM generator yet (rollout.generator=vllm is refused), and this row compares "
     "vLLM on both sides; the CPU comparison with TRL's GRPOTrainer (transformers generate on both sides, seconds "
     "per step split into generation and update) and the loss parity on fixed rollouts are bench/grpo_vs_trl.py"
 )

@@ -3,7 +3,7 @@
 The schema names load on first use (PEP 562): RootConfig is built from the recipe registry when
 seqtune.config.schema is imported, and a recipe package's torch-free __init__ imports seqtune.config.domain and
 seqtune.config.recipe_spec, whose package is this one. Importing the schema here, eagerly, built RootConfig while that
-recipe was half imported and not yet registered (`import seqtune.recipes.grpo.objective` first: "Key 'grpo' not in
+recipe was half imported and not yet registered (`import seqtune.recipes.grpo.loss` first: "Key 'grpo' not in
 RootConfig")."""
 
 from __future__ import annotations

@@ -209,6 +209,9 @@ class Plan(Resolved):
     tokens: Tokens
     # data.max_seq_len in force (auto resolved over ALL splits by the scan).
     max_seq_len: int
+    # (rows, width) of the largest train micro-batch the batch plan forms (BatchRule.largest_micro_batch over the
+    # scanned samples): what the memory estimate counts, not rows x max_seq_len.
+    micro_batch: tuple[int, int]
     # What the train split's data position depends on (DistributedBatchPlan / the stream): a checkpoint written
     # under another identity cannot resume exactly.
     batches: dict[str, Any]
@@ -257,6 +260,6 @@ def load_plan(run_dir: Path) -> Plan:
                 "image_ids": tuple(vision["image_ids"]),
             }
         )
-    for name in ("lora_targets", "lora_modules", "lora_saved", "stream_records"):
+    for name in ("lora_targets", "lora_modules", "lora_saved", "stream_records", "micro_batch"):
         data[name] = tuple(data[name])
     return Plan(**data)

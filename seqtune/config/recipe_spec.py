@@ -16,8 +16,11 @@ defines `run(cfg, plan, run_dir)` (which imports the torch half when called). Th
 - `paddings`, `min_micro_batch`: the padding strategies it trains with and the smallest micro-batch its objective
   is defined on; anything else is refused by name before step 1.
 - `presets`: its presets in seqtune/configs/recipe/ by whether LoRA is on (for fixes that name a preset).
-- `generation`: an online recipe's sampling, given its settings (each prompt's completions and their token budget):
-  the memory estimate sizes the generation KV cache and the update's batch (every completion after its prompt) by it.
+- `online`: it samples completions of prompts and scores them (the shared stage, seqtune/rollout/, set by rollout.*):
+  `generation(cfg)` resolves each prompt's completions and their token budget, by which the memory estimate sizes
+  the generation KV cache and the update's batch (every completion after its prompt), and `scorer_params(cfg)` the
+  reward models' frozen weights beside the policy (seqtune.rollout.reward_model.scorer_params). rollout.* is refused
+  under a recipe that is not online.
 
 The plan (seqtune.preflight.resolve) resolves the spec into facts (plan.recipe, plan.sample_kind, plan.reference,
 plan.scored); preflight, the memory estimate, the evaluator and early stopping read those, never a recipe's name.
@@ -68,6 +71,7 @@ class RecipeFacts:
     longest: dict[str, tuple[int, str]]  # split -> (its longest sequence's tokens, file:line)
     terminators: dict[int, str]  # the trained terminators (plan.tokens.terminators)
     turn_closer: int | None = None  # the template's assistant-turn closer for message prompts (plan.tokens)
+    caches: dict[str, str] | None = None  # split -> its token cache directory, as the scan wrote it
 
 
 @dataclass(frozen=True)
@@ -111,9 +115,12 @@ class RecipeSpec:
     # Checks of its own that preflight runs before step 1 (after the data scan): (cfg, plan) -> [(key, message)],
     # each a refusal naming the key or file:line and the fix. The function imports its recipe's pieces lazily.
     preflight: Callable[[Any, RecipeFacts], list[tuple[str, str]]] | None = None
-    # What its objective samples before it learns (an online recipe), given its settings; None: it trains on the
-    # data's own sequences.
-    generation: Callable[[Any], Generation | None] = lambda settings: None
+    # It samples completions before it learns (the shared online stage, rollout.*); False: it trains on the data's
+    # own sequences.
+    online: bool = False
+    # An online recipe's reward models' parameters, given the config (seqtune.rollout.reward_model.scorer_params):
+    # the frozen scorers beside the policy that generation(cfg) hands the memory estimate.
+    scorer_params: Callable[[Any], int] = lambda cfg: 0
     # Why its objective's forward cannot give an image-text model its images (pixel_values), said in a refusal;
     # "": the images reach the model (the objective passes the batch's model inputs, seqtune.train.objectives).
     images_refused: str = ""
@@ -121,6 +128,12 @@ class RecipeSpec:
     @property
     def group(self) -> str | None:
         return self.name if self.settings is not None else None
+
+    @property
+    def resizes_embeddings(self) -> bool:
+        """Whether model.resize_embeddings can grow this recipe's model: a scalar head has no LM head to grow with
+        its embedding (refused by the config's rules; preflight's vocab problems then offer the other fixes)."""
+        return self.scored != Scored.scalar
 
     def settings_of(self, cfg: Any) -> Any:
         """This recipe's settings in a root config (None when it has no group)."""
@@ -130,6 +143,16 @@ class RecipeSpec:
         if not self.needs_reference(self.settings_of(cfg)):
             return Reference.none
         return Reference.adapters if cfg.lora.enabled else Reference.copy
+
+    def generation(self, cfg: Any) -> Generation | None:
+        """What an online recipe samples per prompt (rollout.*); None for one that trains on the data's sequences."""
+        if not self.online:
+            return None
+        return Generation(
+            completions=cfg.rollout.num_generations,
+            new_tokens=cfg.rollout.max_completion_tokens,
+            scorer_params=self.scorer_params(cfg),
+        )
 
     def preset(self, *, lora: bool) -> str | None:
         return self.presets.get(lora)

@@ -11,7 +11,7 @@ Defaults live here or in YAML, never in `cfg.get(key, default)` inside code.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import dataclass, field, fields, make_dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +24,7 @@ from seqtune.config.domain import finite as _finite
 from seqtune.config.errors import ConfigError
 from seqtune.config.plan import NO_VALIDATION, VALIDATION_FIX, validation_key
 from seqtune.config.recipe_spec import RecipeSpec, Scored, preset_fix, recipe_spec, recipes
+from seqtune.config.rollout import RolloutConfig
 
 # --- closed choices: one Enum each (a StrEnum compares equal to its string, so "packed" == PaddingStrategy.packed)
 
@@ -310,6 +311,10 @@ class ModelConfig:
     # 4-bit NF4 base weights (QLoRA). CUDA only.
     load_in_4bit: bool = False
     gradient_checkpointing: bool = False
+    # Move the activations autograd saves for the backward from the GPU to pinned host memory during the forward,
+    # and back for the backward (seqtune.train.offload); works with checkpointing (then only each layer's input is
+    # moved). CUDA only: on the CPU they already are in host memory. Preflight counts them against host memory.
+    activation_offload: bool = False
     seed: int = 0
     # Mixture of experts: the router's load-balancing loss is added as coef x aux_loss and logged as
     # router_aux_loss. null = the checkpoint's config.json router_aux_loss_coef; 0 = not added (still logged).
@@ -480,6 +485,13 @@ class DataConfig:
                 "data.val_fraction=0 (validate on data.val)",
             )
         domain.at_least("preflight_sample", self.preflight_sample, 0, 0)
+        if self.preflight_sample and self.mode == DataMode.cached:  # honoured or refused: cached scans every record
+            domain.refuse(
+                "preflight_sample",
+                f"data.preflight_sample={self.preflight_sample} has no effect: data.mode=cached scans and "
+                "tokenizes every record before training. Fix: data.mode=stream (scan the first N records), or drop "
+                "data.preflight_sample",
+            )
         domain.at_least("num_workers", self.num_workers, 0, 0)
         for key, text in _column_problems("data.columns", self.columns or {}, self.format):
             domain.refuse(key.removeprefix("data."), text)
@@ -611,6 +623,9 @@ def _column_problems(key: str, columns: Any, fmt: DataFormat) -> list[tuple[str,
     return problems
 
 
+BUCKET_WINDOW = 100
+
+
 @dataclass(kw_only=True)
 class PaddingConfig:
     strategy: PaddingStrategy = PaddingStrategy.longest
@@ -619,12 +634,18 @@ class PaddingConfig:
     # Round padded lengths up to a multiple of this (8 or 64 suit tensor cores). 1 = off.
     multiple_of: int = 1
     # bucket: how many micro-batches a length-sorted window spans.
-    bucket_window: int = 100
+    bucket_window: int = BUCKET_WINDOW
 
     def __post_init__(self) -> None:
         domain = _Domain("padding")
         domain.at_least("multiple_of", self.multiple_of, 1, 1)
         domain.at_least("bucket_window", self.bucket_window, 1, 100)
+        if self.bucket_window != BUCKET_WINDOW and self.strategy != PaddingStrategy.bucket:
+            domain.refuse(
+                "bucket_window",
+                f"padding.bucket_window={self.bucket_window} has no effect: only padding=bucket sorts within a "
+                f"window (padding={self.strategy}). Fix: padding=bucket, or drop padding.bucket_window",
+            )
         domain.done()
 
 
@@ -846,6 +867,10 @@ class TrainConfig:
     push_private: bool = True
     # ddp | fsdp (full fine-tuning of models too big for one device)
     parallel: Parallel = Parallel.ddp
+    # train.parallel=fsdp: keep the parameter shards, their gradients and the optimizer state in host memory
+    # (FSDP2 CPUOffloadPolicy; the optimizer steps on the CPU); each layer is copied to the device for its compute.
+    # Needs train.parallel=fsdp across ranks. Preflight counts those bytes against host memory.
+    fsdp_cpu_offload: bool = False
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -876,6 +901,7 @@ class TrainConfig:
             "10.0",
         )
         domain.at_least("dead_grad_steps", self.dead_grad_steps, 0, 10)
+        _inert_train_settings(self, domain)
         if self.early_stop_min_delta and not self.early_stop_patience and _finite(self.early_stop_min_delta):
             domain.refuse(
                 "early_stop_min_delta",
@@ -885,6 +911,38 @@ class TrainConfig:
                 "train.early_stop_min_delta",
             )
         domain.done()
+
+
+def _inert_train_settings(train: TrainConfig, domain: _Domain) -> None:
+    """A setting that only acts beside another is refused while that one is off (honoured or refused, never
+    ignored): each is compared with its schema default, so leaving it alone is never refused."""
+    defaults = {f.name: f.default for f in fields(TrainConfig)}
+    inert = [
+        (
+            "keep_last",
+            train.keep_last,
+            not train.save_every,
+            "no checkpoints are written (train.save_every=0)",
+            "train.save_every=N",
+        ),
+        (
+            "eval_sample_tokens",
+            train.eval_sample_tokens,
+            not train.eval_samples,
+            "no samples are generated (train.eval_samples=0)",
+            "train.eval_samples=N",
+        ),
+        (
+            "push_private",
+            train.push_private,
+            train.push_to_hub is None,
+            "nothing is uploaded (train.push_to_hub=null)",
+            "train.push_to_hub=ORG/NAME",
+        ),
+    ]
+    for name, value, off, why, fix in inert:
+        if off and value != defaults[name]:
+            domain.refuse(name, f"train.{name}={value} has no effect: {why}. Fix: {fix}, or drop train.{name}")
 
 
 @dataclass(kw_only=True)
@@ -942,8 +1000,10 @@ class TensorboardConfig:
 @dataclass(kw_only=True)
 class MlflowConfig:
     experiment: str = "seqtune"
-    # Seconds the server named by MLFLOW_TRACKING_URI may take to answer. Past it, or unreachable, the run logs into
-    # the local store RUN_DIR/mlruns and says how to upload it later. Without MLFLOW_TRACKING_URI: RUN_DIR/mlruns.
+    # Seconds the server named by MLFLOW_TRACKING_URI may take to answer: to start the run as a whole (health probe,
+    # experiment, run, params), and each later call. Past it at the start, or unreachable, the run logs into the
+    # local store RUN_DIR/mlruns and says how to look at it; later, MLflow logging stops with one line.
+    # Without MLFLOW_TRACKING_URI: RUN_DIR/mlruns.
     init_timeout: float = 30.0
 
     def __post_init__(self) -> None:
@@ -970,6 +1030,9 @@ class PreflightConfig:
     plot: bool = True
     # Device memory to check the estimate against, in GiB (null = the CUDA device's, or report only).
     device_memory_gib: float | None = None
+    # Host memory to check what a plan keeps there (offloaded activations, FSDP CPU offload's state, for every rank
+    # of the node) against, in GiB (null = this machine's available memory): to plan for another machine.
+    host_memory_gib: float | None = None
     # Samples shown as they will be trained (samples.html, one on the console, a W&B table): per split the longest,
     # a truncated one (if any) and this many random ones. 0 = none.
     show: int = 3
@@ -977,8 +1040,9 @@ class PreflightConfig:
     def __post_init__(self) -> None:
         domain = _Domain("preflight")
         domain.at_least("show", self.show, 0, 3)
-        if self.device_memory_gib is not None:
-            domain.above("device_memory_gib", self.device_memory_gib, 0, "null")
+        for name in ("device_memory_gib", "host_memory_gib"):
+            if getattr(self, name) is not None:
+                domain.above(name, getattr(self, name), 0, "null")
         domain.done()
 
 
@@ -1001,6 +1065,8 @@ class CoreConfig:
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     # lm-evaluation-harness after training (seqtune.evaluate).
     eval: EvalConfig = field(default_factory=EvalConfig)
+    # Sampling and scoring shared by the online recipes (seqtune.config.rollout; refused under any other).
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
 
     def __post_init__(self) -> None:
         if self.train.export_merged and not self.lora.enabled:
@@ -1111,6 +1177,16 @@ def _recipe_rules(cfg: CoreConfig, rules: _Domain) -> None:
     if spec.scored == Scored.scalar:
         _no_lm_head_rules(cfg, spec, rules)
     _divergence_rules(cfg, spec, rules)
+    changed = cfg.rollout.changed()
+    if changed and not spec.online:
+        rules.problems.append(
+            (
+                changed[0],
+                f"{', '.join(changed)} set, but rollout.* configures an online recipe's sampling and rewards, and "
+                f"recipe_name={spec.name} samples nothing: they would be ignored. Fix: drop the rollout.* overrides, "
+                "or an online recipe: " + "; ".join(preset_fix(other) for other in recipes().values() if other.online),
+            )
+        )
     for other in recipes().values():
         changed = other.changed_settings(cfg) if other is not spec else []
         if changed:
@@ -1137,7 +1213,7 @@ def _no_lm_head_rules(cfg: CoreConfig, spec: RecipeSpec, rules: _Domain) -> None
             "train the embedding or an LM head in full (peft keeps a tied pair together)",
         ),
         "model.resize_embeddings": (
-            cfg.model.resize_embeddings,
+            cfg.model.resize_embeddings and not spec.resizes_embeddings,
             "model.resize_embeddings=false (a tokenizer whose ids fit the embedding)",
             "grow an LM head (not supported for a scalar head yet)",
         ),
@@ -1221,6 +1297,7 @@ GROUP_SCHEMAS: dict[str, type] = {
     "logger": LoggerConfig,
     "preflight": PreflightConfig,
     "eval": EvalConfig,
+    "rollout": RolloutConfig,
     # and each recipe's own group (below)
 }
 

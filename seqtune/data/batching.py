@@ -76,9 +76,14 @@ class BatchRule:
         """Positions the model computes for one micro-batch (real tokens, padding and fillers alike)."""
         return self.rows * self.width(longest)
 
-    def worst_case_positions(self) -> int:
-        """The positions of the largest micro-batch this rule can build (the memory estimate's batch)."""
-        return self.rows * self.row_capacity
+    def largest_micro_batch(self, widths: Sequence[int] | None) -> tuple[int, int]:
+        """(rows, width) of the largest micro-batch this rule forms from samples whose longest sequences are
+        `widths` (the memory estimate's batch): any micro-batch may hold the longest sample, and its rows are
+        padded to it (longest, bucket); max_length and packed are always `shape()`. None (the samples are not all
+        known before training: stream mode reads past preflight's sample): the widest this rule can form."""
+        if widths is None or not len(widths):
+            return self.rows, self.row_capacity
+        return self.shape(int(max(widths)))
 
     def packing_length(self, sequence_lengths: Sequence[int]) -> int:
         """What one sample occupies in a packed row: all of its sequences."""

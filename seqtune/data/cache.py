@@ -12,6 +12,7 @@ of memory-mapping garbage. CRC-32 because it is the fastest full-content hash th
   lines.bin    int64 1-based record number per sample                file_ids.bin int32 index into meta.files
   rejects.jsonl       every skipped record with its reason            meta.json   counts, stats, files, sources
   images.jsonl        an image-text run's image references per sample, with their content digests
+  columns.jsonl       a kind that keeps its records' columns (prompt): each sample's record as written, one JSON line
   field.<name>.bin    one per field the sample kind declares (seqtune.data.kinds.SampleField: a KTO label), of
                       its dtype, one entry per sequence like lines.bin (meta.json's fields: name -> dtype)
 A "sample" of these arrays is one token sequence: a preference pair is two of them, chosen then rejected, next to
@@ -46,11 +47,12 @@ from seqtune.tokenizers.info import tokenizer_fingerprint  # noqa: F401 - part o
 # Bump when the on-disk layout or any tokenization rule changes: old caches then simply stop matching.
 # v8: a sample kind's declared fields (field.<name>.bin); v7: meta.json holds each file's CRC-32 (content verified
 # on read); v6: a preference pair's two sequences
-CACHE_VERSION = "seqtune-token-cache-v8"
+CACHE_VERSION = "seqtune-token-cache-v9"
 META = "meta.json"
 REJECTS = "rejects.jsonl"
 # An image-text run's image references per sample (one JSON line each: {"images": [...], "digests": [...]}).
 IMAGES = "images.jsonl"
+COLUMNS = "columns.jsonl"
 # meta.json's [reference, media root] of each media reference the scan refused (its record a reject).
 REFUSED_MEDIA = "refused_media"
 # The config key that decides where caches live (named in every disk error).
@@ -107,13 +109,22 @@ class TokenCacheWriter:
     then removes the temporary directory."""
 
     def __init__(
-        self, root: Path, key: str, files: list[Path], fields: dict[str, str] | None = None, *, images: bool = False
+        self,
+        root: Path,
+        key: str,
+        files: list[Path],
+        fields: dict[str, str] | None = None,
+        *,
+        images: bool = False,
+        columns: bool = False,
     ) -> None:
         """`fields`: the sample kind's per-sample fields, name -> numpy dtype (seqtune.data.kinds.SampleField).
-        `images`: an image-text run, whose samples' image references (and their digests) go to IMAGES."""
+        `images`: an image-text run, whose samples' image references (and their digests) go to IMAGES.
+        `columns`: a kind that keeps its records as written (SampleKind.keeps_columns): one line each in COLUMNS."""
         self.root, self.key, self.files = Path(root), key, files
         self.fields = dict(fields or {})
         self.images = images
+        self.columns = columns
         self._out: dict[str, IO[bytes]] = {}
         self._crc: dict[str, int] = {}  # file name -> CRC-32 of what was written to it so far
         self._dir = TempDir(self.root, key, key=CACHE_KEY)
@@ -128,6 +139,8 @@ class TokenCacheWriter:
                 self._out[REJECTS] = open(self.tmp / REJECTS, "wb")
                 if images:
                     self._out[IMAGES] = open(self.tmp / IMAGES, "wb")
+                if columns:
+                    self._out[COLUMNS] = open(self.tmp / COLUMNS, "wb")
                 self._write("offsets.bin", np.zeros(1, np.int64).tobytes())
         except BaseException:
             self.abort()
@@ -164,6 +177,8 @@ class TokenCacheWriter:
             if self.images:
                 per_sample = batch.images or [()] * len(batch.lengths)
                 self._write(IMAGES, "".join(_image_line(refs) for refs in per_sample).encode("utf-8"))
+            if self.columns:
+                self._write(COLUMNS, "".join(text + "\n" for text in batch.columns).encode("utf-8"))
         self.num_samples += len(batch.lengths)
         self.num_tokens += int(batch.lengths.sum())
 
@@ -190,6 +205,7 @@ class TokenCacheWriter:
                 "num_tokens": self.num_tokens,
                 "fields": self.fields,
                 "images": self.images,
+                "columns": self.columns,
                 "sizes": sizes,
                 "crc32": {name: self._crc.get(name, 0) for name in sizes},
             }
@@ -359,6 +375,13 @@ class TokenCache:
         fields = {name: int(self._arrays[_field_array(name)][i]) for name in self.fields}
         images = self.images[i] if self.images else ()
         return TokenizedSample(input_ids=ids, labels=labels, location=self.location(i), fields=fields, images=images)
+
+    def records(self) -> list[dict[str, Any]]:
+        """Each sample's record as written ({"prompt": ..., **columns}), for a kind that keeps them (else [])."""
+        if not self.meta.get("columns"):
+            return []
+        with open(self.directory / COLUMNS, encoding="utf-8") as f:
+            return [json.loads(line) for line in f]
 
     def location(self, i: int) -> str:
         return f"{self.files[int(self._arrays['file_ids'][i])]}:{int(self._arrays['lines'][i])}"

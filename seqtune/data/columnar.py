@@ -39,6 +39,9 @@ class Columns:
     optional: tuple[tuple[str, str], ...]
     key: str
     format: str
+    # The format keeps every other column of a record (data.format=prompt: its free columns, of any shape, structs
+    # included, go to the rewards): every column is read, not only the format's fields.
+    keep_all: bool = False
 
     def select(self, path: Path, names: list[str], nested: dict[str, list[str]] | None = None) -> list[str]:
         """The columns of `names` (a file's) to read; a DataError when a required one is missing, or when a system
@@ -72,6 +75,8 @@ class Columns:
                 key=self.key,
                 fix=f"{self.key}={{{shown}}} with {holds} (or the data.format these columns belong to).",
             )
+        if self.keep_all:
+            return list(names)
         wanted = [column for _, column in (*self.required, *self.optional) if column in names]
         dropped = [name for name in names if name not in wanted and name.lower() in SYSTEM_COLUMNS]
         if dropped:

@@ -98,6 +98,7 @@ def _kept(batch: EncodedBatch, keep: np.ndarray) -> EncodedBatch:
         fields={name: values[keep] for name, values in batch.fields.items()},
         identity=batch.identity,
         images=[refs for refs, kept in zip(batch.images, keep, strict=True) if kept] if batch.images else [],
+        columns=[text for text, kept in zip(batch.columns, keep, strict=True) if kept] if batch.columns else [],
     )
 
 

@@ -244,7 +244,8 @@ def scan_split(
         shutil.rmtree(published, ignore_errors=True)
     fields = {f.name: f.dtype for fmt in split.formats for f in encoders[fmt].kind.fields}
     images = any(encoders[fmt].vision is not None for fmt in split.formats)
-    writer = TokenCacheWriter(Path(cache_root), key, split.files, fields, images=images)
+    columns = any(encoders[fmt].kind.keeps_columns for fmt in split.formats)
+    writer = TokenCacheWriter(Path(cache_root), key, split.files, fields, images=images, columns=columns)
     try:
         stats = _stream(
             split,

@@ -35,6 +35,7 @@ from seqtune.config.errors import DataError
 from seqtune.config.schema import FORMAT_FIELDS, DataFormat, DataSource
 from seqtune.data import columnar
 from seqtune.data.columnar import Columns
+from seqtune.data.kinds import kind_of_format
 
 UTF8_BOM = b"\xef\xbb\xbf"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -550,6 +551,7 @@ class SourceFiles:
             optional=tuple((f, self.columns.get(f, f)) for f in optional),
             key=self.columns_key,
             format=str(self.format),
+            keep_all=kind_of_format(str(self.format)).keeps_columns,
         )
 
 

@@ -17,6 +17,8 @@ arithmetic, so the per-record Python cost is a few list operations.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from dataclasses import dataclass, field
 from itertools import chain
@@ -43,6 +45,16 @@ from seqtune.tokenizers import templates
 from seqtune.tokenizers.facts import added_bos_id
 
 
+def record_text(prompt: Any, columns: dict[str, Any]) -> str:
+    """A prompt record as written, as one canonical JSON text (sorted keys: equal records give equal texts)."""
+    return json.dumps({"prompt": prompt, **columns}, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def record_digest(text: str) -> int:
+    """A signed 64-bit digest of a record's text: the cache field that finds it and tells records apart."""
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "little", signed=True)
+
+
 @dataclass(kw_only=True)
 class EncodedBatch:
     """Samples of one batch laid out flat: sample i is ids[offsets[i]:offsets[i+1]] (what the cache stores)."""
@@ -67,6 +79,9 @@ class EncodedBatch:
     # An image-text run: each sample's images (stored references, seqtune.data.formats.Conversation.images), in the
     # order of their token runs; empty = no sample of the batch has any.
     images: list[tuple[str, ...]] = field(default_factory=list)
+    # A kind that keeps its records' columns (SampleKind.keeps_columns): each sample's record as written, one JSON
+    # text per sequence (columns.jsonl in the cache).
+    columns: list[str] = field(default_factory=list)
 
     @property
     def offsets(self) -> np.ndarray:
@@ -362,6 +377,7 @@ class SampleEncoder:
                     self.tokenizer.apply_chat_template(record.prompt, tokenize=False, add_generation_prompt=True)
                 )
             kept.append(i)
+        written = [record_text(records[i].prompt, records[i].columns) for i in kept]
         lists = self._token_lists(texts)
         ids, target = [], []
         for seq in lists:
@@ -381,6 +397,8 @@ class SampleEncoder:
             padding_stripped=np.zeros(len(kept), np.int64),
             source_index=np.asarray(kept, np.int64),
             rejects=rejects,
+            fields={"record": np.asarray([record_digest(t) for t in written], np.int64)},
+            columns=written,
         )
 
     def _closed_with_eos(self, ids: np.ndarray, target: np.ndarray) -> bool:

@@ -118,18 +118,22 @@ def inject_fault(where: str, *, step: int, rank: int) -> None:
     raise RuntimeError(f"{FAULT_ENV}={spec}: injected failure on rank {rank} at step {step}")
 
 
-def wrap_model(model: torch.nn.Module, env: DistEnv, *, sharded: bool) -> torch.nn.Module:
-    """DDP across ranks; FSDP2 (fully_shard per decoder layer, then the root) when the plan shards the model."""
+def wrap_model(model: torch.nn.Module, env: DistEnv, *, sharded: bool, cpu_offload: bool = False) -> torch.nn.Module:
+    """DDP across ranks; FSDP2 (fully_shard per decoder layer, then the root) when the plan shards the model.
+    `cpu_offload` (train.fsdp_cpu_offload, sharded only: preflight refuses it otherwise): FSDP2's CPUOffloadPolicy
+    keeps the shards, their gradients and so the optimizer state in host memory, pinned when the ranks are GPUs
+    (gloo ranks on the CPU already compute there: the policy still runs, with unpinned copies)."""
     if not env.distributed:
         return model
     if sharded:
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
         from seqtune.models.layers import decoder_layers
 
+        policy = CPUOffloadPolicy(pin_memory=env.device.type == "cuda") if cpu_offload else OffloadPolicy()
         for layer in decoder_layers(model):
-            fully_shard(layer)
-        fully_shard(model)
+            fully_shard(layer, offload_policy=policy)
+        fully_shard(model, offload_policy=policy)
         return model
     from torch.nn.parallel import DistributedDataParallel
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from seqtune.config.errors import SeqtuneError
 from seqtune.config.load import load_resolved
 from seqtune.config.rundir import RUN_DIR_KEY
+from seqtune.console import redact_uris
 from seqtune.export.facts import CARD, card_text, data_files, ship_facts
 from seqtune.export.proof import EXPORT_JSON, GGUF_DIR, prove_exports
 from seqtune.hub import LOGIN_FIX, PUSH_KEY, push_command
@@ -76,7 +77,10 @@ def push_run(run_dir: Path, repo_id: str, *, private: bool, key: str = PUSH_KEY)
             api = HfApi()
             url = api.create_repo(repo_id, private=private, exist_ok=True)
             with_gguf = f" and {len(gguf)} GGUF file(s)" if gguf else ""
-            print(f"pushing {export.name}/{with_gguf} to {url} ({'private' if private else 'public'})", flush=True)
+            print(
+                redact_uris(f"pushing {export.name}/{with_gguf} to {url} ({'private' if private else 'public'})"),
+                flush=True,
+            )
             commit = api.upload_folder(
                 repo_id=repo_id,
                 folder_path=folder,
@@ -95,8 +99,9 @@ def push_run(run_dir: Path, repo_id: str, *, private: bool, key: str = PUSH_KEY)
         raise _failed(key, repo_id, run_dir, f"{type(err).__name__}: {_first_line(err)}", f"`{retry}`") from None
     finally:
         constants.HF_HUB_OFFLINE = saved
-    print(f"pushed to the Hub: {commit.commit_url}", flush=True)
-    return str(commit.commit_url)
+    pushed = redact_uris(str(commit.commit_url))  # HF_ENDPOINT may carry credentials
+    print(f"pushed to the Hub: {pushed}", flush=True)
+    return pushed
 
 
 def _staged(staging: Path, export: Path, gguf: list[Path], repo_id: str) -> Path:
@@ -115,7 +120,7 @@ def _staged(staging: Path, export: Path, gguf: list[Path], repo_id: str) -> Path
 
 
 def _first_line(err: BaseException) -> str:
-    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return redact_uris(str(err).strip().splitlines()[0]) if str(err).strip() else type(err).__name__
 
 
 def _failed(key: str, repo_id: str, run_dir: Path, why: str, fix: str) -> SeqtuneError:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import re
-import struct
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 from seqtune.config.errors import ModelLoadError
 from seqtune.config.schema import ModelConfig, ModelFamily
 from seqtune.models.arch import config_arch, meta_model
+from seqtune.models.checkpoint_check import read_header
 from seqtune.models.facts import check_checkpoint_dir, config_key, read_config_json
 from seqtune.models.registry import get_spec, specs_for_model_type, vision_model_types
 from seqtune.models.spec import ModelSpec, common_arch_fields
@@ -243,13 +243,14 @@ def _built_layout(root: Path) -> _Layout:
 
 
 def _weight_shapes(root: Path) -> dict[str, list[int]]:
-    """name -> shape of every tensor, from the safetensors headers (8-byte length + JSON): no tensor is read."""
+    """name -> shape of every tensor, from the safetensors headers (8-byte length + JSON): no tensor is read. A
+    damaged header is refused naming its file, by the reader that proves the checkpoint (checkpoint_check)."""
     shapes: dict[str, list[int]] = {}
     for file in sorted(root.glob("*.safetensors")):
-        with file.open("rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(length))
-        shapes.update({name: info["shape"] for name, info in header.items() if name != "__metadata__"})
+        header, fault = read_header(file)
+        if fault is not None:
+            raise ModelLoadError(f"model.path={root}: {fault.file} {fault.message}", key="model.path")
+        shapes.update({name: info["shape"] for name, info in header.items()})
     return shapes
 
 

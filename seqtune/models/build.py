@@ -68,7 +68,36 @@ def _read_checkpoint_config(cfg: ModelConfig, spec: ModelSpec) -> PretrainedConf
             fix=f"{fields} (read them from the checkpoint), or model=hf (no architecture fields: every fact read "
             "from the checkpoint)",
         )
+    _check_router(root, hf_config)
     return hf_config
+
+
+# The config keys transformers' mixture-of-experts classes read for the expert count (Mixtral: num_local_experts;
+# Qwen3-MoE and OLMoE: num_experts). Each class answers the other name too (attribute_map), so the key named is the
+# one the class stores, as config.json does.
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")
+
+
+def _check_router(root: Path, hf_config: PretrainedConfig) -> None:
+    """A router that picks more experts per token than the layer has fails at the first forward (torch.topk:
+    "selected index k out of range"); refused before anything loads."""
+    text = hf_config.get_text_config()
+    top_k = getattr(text, "num_experts_per_tok", None)
+    counts = [
+        (key, getattr(text, key))
+        for key in EXPERT_COUNT_KEYS
+        if key not in text.attribute_map and isinstance(getattr(text, key, None), int)
+    ]
+    if not top_k or not counts or top_k <= counts[0][1]:
+        return
+    key, experts = counts[0]
+    raise ModelLoadError(
+        f"model.path={root}: config.json num_experts_per_tok={top_k} > {key}={experts}: the router cannot pick "
+        f"{top_k} of {experts} experts per token.",
+        key="model.path",
+        fix=f"num_experts_per_tok={experts} or less in {root / 'config.json'} (the value the checkpoint was "
+        "trained with), or point model.path at an intact checkpoint",
+    )
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -164,6 +193,8 @@ def _load_checkpoint(
             bnb_4bit_compute_dtype=torch.float16 if dtype == torch.float16 else torch.bfloat16,
         )
         device_map = {"": torch.cuda.current_device()}
+    elif _stored_quantization(hf_config) == "fp8":
+        quantization = _dequantized_fp8(cfg, hf_config, dtype)
     try:
         model, info = model_class.from_pretrained(
             root,
@@ -183,6 +214,8 @@ def _load_checkpoint(
             key="model.path",
             fix=PATH_FIX,
         ) from err
+    if quantization is not None and not cfg.load_in_4bit:
+        model = _plain_after_dequantizing(model, dtype)
     if scalar_head:  # a causal checkpoint: the new head is not in it, its LM head is not used
         info = {
             **info,
@@ -193,6 +226,46 @@ def _load_checkpoint(
     check_loading_info(info, str(cfg.path))
     check_finite_weights(model, str(cfg.path))
     return model
+
+
+def _stored_quantization(hf_config) -> str | None:
+    """config.json's quantization_config.quant_method (a pre-quantized checkpoint), or None."""
+    stated = getattr(hf_config, "quantization_config", None)
+    if stated is None:
+        return None
+    method = stated.get("quant_method") if isinstance(stated, dict) else getattr(stated, "quant_method", None)
+    return str(method) if method is not None else None
+
+
+def _dequantized_fp8(cfg: ModelConfig, hf_config, dtype):
+    """An FP8 block-scaled checkpoint (seqtune.models.checkpoint_check reads its layout) loads dequantized to
+    model.dtype on every device: transformers' finegrained_fp8 has no kernels on the CPU (it dequantizes there on
+    its own), and LoRA over FP8 Linears kept in FP8 on a GPU is not run here yet. So the adapter trains over, and a
+    merged export merges into, the dequantized weights."""
+    print(
+        f"model.path={cfg.path}: FP8 block-scaled checkpoint (config.json quantization_config); its weights are "
+        f"dequantized to {str(dtype).removeprefix('torch.')} while loading (transformers' finegrained_fp8), so "
+        "training and any merged export use the dequantized weights.",
+        flush=True,
+    )
+    stated = hf_config.quantization_config
+    stated = stated if isinstance(stated, dict) else stated.to_dict()
+    # Its loading attributes replace the checkpoint's: the modules it left unquantized must stay named.
+    return transformers.FineGrainedFP8Config(
+        dequantize=True, modules_to_not_convert=stated.get("modules_to_not_convert")
+    )
+
+
+def _plain_after_dequantizing(model, dtype):
+    """A dequantized FP8 model as a plain one: transformers loads the tensors it did not dequantize in their stored
+    dtype, not `dtype`, and keeps the dequantizing converter among the model's weight conversions, so
+    save_pretrained would reverse it and write FP8 weight_scale_inv tensors for every weight (embeddings included)
+    into a config.json that no longer states a quantization_config: a merged export that loads wrong."""
+    conversions = getattr(model, "_weight_conversions", None) or []
+    model._weight_conversions = [
+        c for c in conversions if not any("Dequantize" in type(op).__name__ for op in getattr(c, "operations", ()))
+    ]
+    return model.to(dtype)
 
 
 def _quantize_via_checkpoint(model, model_class, cfg: ModelConfig, attn_implementation: str, dtype):

@@ -68,32 +68,127 @@ def weight_faults(
 ) -> list[WeightFault]:
     """Everything wrong with the weight files of `root` against the architecture's parameters (`expected`: name ->
     shape; `tied`: groups of names that are one tensor, of which one stored copy is enough; `stored`: the same
-    parameters as save_pretrained writes them when transformers converts them while loading, Arch.stored)."""
+    parameters as save_pretrained writes them when transformers converts them while loading, Arch.stored). A
+    pre-quantized checkpoint (config.json `quantization_config`) is read in the layout its method stores."""
+    quantization, refused = _quantization(root)
+    if refused:
+        return [refused]
     shards, unreadable = _shards(root)
     faults: list[WeightFault] = []
     found: dict[str, tuple[str, list[int]]] = {}
+    headers: dict[str, dict[str, dict]] = {}
     for shard, listed in shards.items():
         header, fault = read_header(root / shard)
         if fault:
             unreadable.append(fault)
             continue
         faults += _index_agreement(root, shard, listed, set(header))
-        for name, entry in header.items():
-            found[name] = (shard, entry["shape"])
-            if entry["dtype"] not in FLOAT_DTYPES:
-                faults.append(
-                    WeightFault(
-                        file=str(root / shard),
-                        message=(
-                            f"tensor {name} is stored as {entry['dtype']}, not a floating-point dtype seqtune trains from "
-                            "(a quantized checkpoint?). Fix: use the checkpoint's bf16/fp16/fp32 release "
-                            "(model.load_in_4bit=true quantizes it while loading)"
-                        ),
-                    )
-                )
+        headers[shard] = header
+        found.update((name, (shard, entry["shape"])) for name, entry in header.items())
     if unreadable:
         return unreadable + faults  # what an unreadable file or index holds is unknown: a missing list would mislead
+    if quantization is not None:
+        found, scale_faults = _fp8_block_scaled(root, headers, found, quantization)
+        faults += scale_faults
+    else:
+        faults += [
+            _not_floating(root / shard, name, entry["dtype"])
+            for shard, header in headers.items()
+            for name, entry in header.items()
+            if entry["dtype"] not in FLOAT_DTYPES
+        ]
     return faults + _against_architecture(root, found, _stored_form(found, expected, stored), tied, prefix)
+
+
+def _not_floating(file: Path, name: str, dtype: str) -> WeightFault:
+    return WeightFault(
+        file=str(file),
+        message=(
+            f"tensor {name} is stored as {dtype}, not a floating-point dtype seqtune trains from, and config.json "
+            "states no quantization_config that explains it. Fix: use the checkpoint's bf16/fp16/fp32 release "
+            "(model.load_in_4bit=true quantizes it while loading)"
+        ),
+    )
+
+
+# config.json quantization_config.quant_method -> why seqtune does not read that layout (FP8 block-scaled it does).
+UNREAD_QUANTIZATION = {
+    "bitsandbytes": "bitsandbytes 8-/4-bit weights load only on CUDA (its kernels are CUDA-only; transformers has no "
+    "dequantizing path on the CPU), and seqtune does not train over them yet",
+    "compressed-tensors": "seqtune does not read compressed-tensors' packed layouts yet (transformers decompresses "
+    "them only with the compressed-tensors package, which seqtune does not install)",
+    "gptq": "GPTQ kernels need CUDA and the gptqmodel package, which seqtune does not install",
+    "awq": "AWQ kernels need CUDA and the autoawq package, which seqtune does not install",
+    "mxfp4": "MXFP4 weights train only through transformers' triton kernels on recent GPUs; seqtune does not read them "
+    "yet",
+}
+FP8 = "fp8"
+SCALE_SUFFIX = ".weight_scale_inv"
+
+
+def _quantization(root: Path) -> tuple[dict[str, Any] | None, WeightFault | None]:
+    """config.json's quantization_config when it is one seqtune reads (FP8 block-scaled), or the refusal naming why
+    it does not read that one."""
+    try:
+        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None, None  # seqtune.models.facts has proven config.json already; nothing to add here
+    quantization = config.get("quantization_config") if isinstance(config, dict) else None
+    if not isinstance(quantization, dict):
+        return None, None
+    method = str(quantization.get("quant_method"))
+    if method == FP8:
+        return quantization, None
+    why = UNREAD_QUANTIZATION.get(method, "seqtune reads pre-quantized checkpoints in FP8 block-scaled layout only")
+    return None, WeightFault(
+        file=str(root / "config.json"),
+        message=(
+            f"model.path holds a pre-quantized checkpoint (config.json quantization_config.quant_method={method}): "
+            f"{why}. Fix: point model.path at the model's bf16/fp16 release (with model.load_in_4bit=true for "
+            "QLoRA on a GPU), or at its FP8 block-scaled release"
+        ),
+    )
+
+
+def _fp8_block_scaled(
+    root: Path, headers: dict[str, dict[str, dict]], found: dict[str, tuple[str, list[int]]], quantization: dict
+) -> tuple[dict[str, tuple[str, list[int]]], list[WeightFault]]:
+    """transformers' finegrained_fp8 layout (Qwen3/DeepSeek FP8): each quantized Linear's weight in float8_e4m3fn
+    with a float `weight_scale_inv` of one scale per [block_out, block_in] block (one per tensor without
+    weight_block_size). Returns the parameters the architecture is compared with (the scales are not parameters)
+    and what is wrong: an F8 weight without its scales, scales of the wrong shape, any other integer dtype."""
+    block = quantization.get("weight_block_size")
+    faults = []
+    for shard, header in headers.items():
+        for name, entry in header.items():
+            if name.endswith(SCALE_SUFFIX):
+                weight = found.get(name.removesuffix(SCALE_SUFFIX) + ".weight")
+                shape = list(entry["shape"])
+                want = [-(-d // b) for d, b in zip(weight[1], block, strict=True)] if weight and block else None
+                if weight is None or entry["dtype"] not in FLOAT_DTYPES or (want is not None and shape != want):
+                    why = f"of shape {want} for weight_block_size {block}" if want else "beside an FP8 weight"
+                    faults.append(
+                        WeightFault(
+                            file=str(root / shard),
+                            message=(
+                                f"tensor {name} ({entry['dtype']} {shape}) is not the float scales {why}. Fix: {FIX}"
+                            ),
+                        )
+                    )
+            elif entry["dtype"] == "F8_E4M3":
+                if name.removesuffix(".weight") + SCALE_SUFFIX not in found:
+                    faults.append(
+                        WeightFault(
+                            file=str(root / shard),
+                            message=(
+                                f"tensor {name} is stored as F8_E4M3 without its {name.removesuffix('.weight')}{SCALE_SUFFIX} "
+                                f"scales (config.json quantization_config.quant_method=fp8). Fix: {FIX}"
+                            ),
+                        )
+                    )
+            elif entry["dtype"] not in FLOAT_DTYPES:
+                faults.append(_not_floating(root / shard, name, entry["dtype"]))
+    return {name: where for name, where in found.items() if not name.endswith(SCALE_SUFFIX)}, faults
 
 
 def _stored_form(
@@ -137,7 +232,9 @@ def read_header(path: Path) -> tuple[dict[str, dict], WeightFault | None]:
         size = path.stat().st_size
         with path.open("rb") as f:
             length = int.from_bytes(f.read(8), "little")
-            if size < 8 or length > min(size - 8, MAX_HEADER):
+            if length > MAX_HEADER:
+                return fault(f"its header length field says {length:,} bytes, more than any safetensors header")
+            if size < 8 or length > size - 8:
                 return fault(f"the file is {size:,} bytes, shorter than its header says (truncated?)")
             header = json.loads(f.read(length))
     except FileNotFoundError:
@@ -262,11 +359,26 @@ def _some(names: list[str], shown: int = 3) -> str:
     return ", ".join(names[:shown]) + more
 
 
-def checkpoint_faults(path: str | None, arch: Arch | None) -> list[WeightFault]:
-    """model.path's weight files against the architecture its config.json declares (nothing for a tiny model)."""
+def checkpoint_faults(path: str | None, arch: Arch | None, *, load_in_4bit: bool = False) -> list[WeightFault]:
+    """model.path's weight files against the architecture its config.json declares (nothing for a tiny model);
+    QLoRA's on-the-fly NF4 quantization of a checkpoint that is quantized already."""
     if path is None or arch is None:
         return []
-    return weight_faults(Path(path).expanduser(), arch.tensors, arch.tied, arch.prefix, arch.stored)
+    root = Path(path).expanduser()
+    faults = weight_faults(root, arch.tensors, arch.tied, arch.prefix, arch.stored)
+    quantization, _ = _quantization(root)
+    if load_in_4bit and quantization is not None:
+        faults.append(
+            WeightFault(
+                file=str(root / "config.json"),
+                message=(
+                    "model.load_in_4bit=true quantizes a floating-point checkpoint to NF4 while loading, and "
+                    f"model.path is quantized already (config.json quantization_config.quant_method={FP8}). Fix: "
+                    "model.load_in_4bit=false (LoRA over its dequantized weights), or the model's bf16 release"
+                ),
+            )
+        )
+    return faults
 
 
 # --- after the load (seqtune.models.build) ------------------------------------------------------------------------

@@ -9,6 +9,11 @@ Llama-3-8B and TinyLlama-1.1B shapes, LoRA, QLoRA, full fine-tuning, with and wi
 The peak is the larger of two moments: the start of the backward (weights, optimizer state, every kept
 activation, the first gradient buffers and the gradients of the head) and the optimizer step (weights,
 gradients, optimizer state and the update's temporaries).
+
+What a plan keeps in host memory instead is counted apart (MemoryEstimate.host_bytes, for every rank of the node):
+activations under model.activation_offload (all but the two layers in flight), and the parameter shards, their
+gradients and the optimizer state under FSDP's CPU offload. The batch is the largest micro-batch the plan forms
+(Plan.micro_batch), never rows x max_seq_len for shorter data.
 """
 
 from __future__ import annotations
@@ -57,8 +62,14 @@ class MemoryInputs:
     optimizer: str = TORCH_ADAMW  # the class the plan builds (seqtune.models.optimizers.STATE_LAYOUTS)
     load_in_4bit: bool = False
     gradient_checkpointing: bool = False
-    batch_tokens: int  # positions of the worst micro-batch: rows x max_seq_len
-    seq_len: int  # max_seq_len (attention's T x T terms for eager)
+    # model.activation_offload: what autograd keeps per layer waits in pinned host memory (seqtune.train.offload).
+    activation_offload: bool = False
+    # train.fsdp_cpu_offload (with sharded): parameter shards, gradients and optimizer state live in host memory.
+    cpu_offload: bool = False
+    # Ranks on this node: host memory is shared by all of them (plan.world.nproc_per_node).
+    local_ranks: int = 1
+    batch_tokens: int  # positions of the largest micro-batch the plan forms: rows x width (Plan.micro_batch)
+    seq_len: int  # that micro-batch's row width (attention's T x T terms)
     attention: str = "sdpa"
     native_gqa: bool = False  # the attention kernel reads fewer k/v heads (else k and v are repeated per q head)
     kernels: str = "torch"  # torch | liger
@@ -96,6 +107,9 @@ class MemoryEstimate:
     activations_bytes: int  # kept for the backward at its start, with the first gradient buffers
     total_bytes: int  # the peak: see the module docstring
     kv_cache_bytes: int = 0  # an online recipe's generation: keys and values of every sampled row, all layers
+    # What the plan keeps in host memory instead, for every rank of the node together: offloaded activations
+    # (pinned), FSDP CPU offload's parameter shards, gradients and optimizer state.
+    host_bytes: int = 0
 
 
 def count_parameters(model: nn.Module) -> ParamCount:
@@ -141,15 +155,28 @@ def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:
     grads: float = state_bytes
     # 8- and 4-bit optimizers quantise per tensor (and keep small ones full width): counted tensor by tensor.
     optimizer: float = optimizer_state_bytes(_trained_tensors(inputs, arch), inputs.optimizer)
+    host: float = 0
     if inputs.sharded and inputs.world_size > 1:
         # FSDP keeps 1/world of every sharded tensor, plus the unsharded layer being computed and the next one.
         largest_layer = max(arch.layer_params(layer) for layer in arch.layers)
-        weights = weights / inputs.world_size + 2 * largest_layer * BYTES_PER_DTYPE[inputs.compute_dtype]
-        grads, optimizer = grads / inputs.world_size, optimizer / inputs.world_size
+        unsharded = 2 * largest_layer * BYTES_PER_DTYPE[inputs.compute_dtype]
+        weights, grads, optimizer = (
+            weights / inputs.world_size,
+            grads / inputs.world_size,
+            optimizer / inputs.world_size,
+        )
         head_grad /= inputs.world_size
-    weights += inputs.scorer_params * width  # never sharded: each rank scores its own completions
-    activations = _activation_bytes(inputs, arch) + head_grad + vision_activation_bytes(inputs, arch)
-    # foreach AdamW/SGD build one temporary per trainable tensor for the update.
+        if inputs.cpu_offload:  # the shards, their gradients and the optimizer (which steps on the CPU) on the host
+            host += weights + grads + optimizer
+            weights, grads, optimizer = 0, 0, 0
+        weights += unsharded
+    weights += inputs.scorer_params * width  # never sharded, never offloaded: each rank scores its own completions
+    kept, on_device = _activation_parts(inputs, arch)
+    if inputs.activation_offload:
+        host += kept - on_device
+        kept = on_device
+    activations = kept + head_grad + vision_activation_bytes(inputs, arch)
+    # foreach AdamW/SGD build one temporary per trainable tensor for the update (on the CPU under CPU offload).
     step = grads + grads
     # Sampling runs without autograd, before the update's forward (its cache freed by then), but with the earlier
     # micro-batches' gradients held under grad_accum.
@@ -163,6 +190,7 @@ def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:
         activations_bytes=int(activations),
         total_bytes=int(peak),
         kv_cache_bytes=int(kv_cache),
+        host_bytes=int(host * inputs.local_ranks),
     )
 
 
@@ -248,21 +276,27 @@ def _widths(inputs: MemoryInputs) -> _Widths:
     return _Widths(residual=residual, linear=linear, compute=compute if inputs.autocast else linear)
 
 
-def _activation_bytes(inputs: MemoryInputs, arch: Arch) -> float:
-    """Bytes autograd keeps at the start of the backward, with the largest transient buffers."""
+def _activation_parts(inputs: MemoryInputs, arch: Arch) -> tuple[float, float]:
+    """(bytes autograd keeps at the start of the backward with the largest transient buffers; what of them stays
+    on the device under activation offload). Offload moves what each decoder layer keeps to the host; the device
+    holds two layers' worth (the layer whose backward runs and the next one copied back ahead of it), the
+    recomputed layer under checkpointing, the final norm's input and the transients."""
     w = _widths(inputs)
     tokens, hidden, layers = inputs.batch_tokens, arch.hidden_size, arch.num_hidden_layers
     per_layer = _layer_bytes_per_token(inputs, arch, w)
     attention_matrix = _attention_matrix_bytes(inputs, arch, w.compute)
+    layer_kept: float
+    recomputed: float
     if inputs.gradient_checkpointing:
         # Only each layer's input survives; one layer is recomputed (and held) at a time in the backward.
-        kept = tokens * (layers * w.residual * hidden + per_layer) + attention_matrix
+        layer_kept, recomputed = tokens * w.residual * hidden, tokens * per_layer + attention_matrix
     else:
-        kept = tokens * layers * per_layer + layers * attention_matrix
-    kept += tokens * _norm_bytes(inputs, hidden, w)  # the final norm
+        layer_kept, recomputed = tokens * per_layer + attention_matrix, 0.0
+    rest = recomputed + tokens * _norm_bytes(inputs, hidden, w)  # the final norm
     # The backward's first gradient buffers: the MLP's and the residual stream's, one layer at a time.
     transient = tokens * (3 * arch.intermediate_size * w.linear + 2 * w.residual * hidden)
-    return kept + max(transient + _loss_bytes(inputs, tokens, hidden, w), _dora_forward_bytes(inputs, arch, w))
+    rest += max(transient + _loss_bytes(inputs, tokens, hidden, w), _dora_forward_bytes(inputs, arch, w))
+    return layers * layer_kept + rest, min(2, layers) * layer_kept + rest
 
 
 def _norm_bytes(inputs: MemoryInputs, size: int, w: _Widths) -> float:

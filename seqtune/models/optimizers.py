@@ -24,6 +24,8 @@ import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from seqtune.config.schema import OptimConfig
+
 TORCH_ADAMW = "torch.optim.AdamW"
 TORCH_SGD = "torch.optim.SGD"
 TORCHAO_8BIT = "torchao.optim.AdamW8bit"
@@ -81,6 +83,44 @@ STATE_LAYOUTS = {
         states=2, bits=8, block_size=256, min_numel=4096, full_width=4, shared_bytes=2 * 256 * 4
     ),
 }
+
+
+# The optim.* settings each class is built with: seqtune.train.optim passes exactly these, and a setting outside its
+# class's list, set away from the schema's default, is refused (unread_settings): torch's SGD has no betas or eps.
+# optim.schedule, warmup_steps, min_lr_ratio and grad_clip act in the loop, for every optimizer.
+ADAMW_SETTINGS = ("lr", "weight_decay", "betas", "eps")
+SETTINGS: dict[str, tuple[str, ...]] = {
+    TORCH_ADAMW: ADAMW_SETTINGS,
+    TORCH_SGD: ("lr", "weight_decay"),
+    TORCHAO_8BIT: ADAMW_SETTINGS,
+    TORCHAO_4BIT: ADAMW_SETTINGS,
+    BNB_8BIT: ADAMW_SETTINGS,
+    BNB_PAGED_8BIT: ADAMW_SETTINGS,
+}
+
+
+def unread_settings(implementation: str, cfg: OptimConfig) -> list[tuple[str, str]]:
+    """(key, why and the fix) for each optim.* setting the class never reads that is set away from its default."""
+    default = OptimConfig()
+    reads = SETTINGS[implementation]
+    unread = sorted({key for keys in SETTINGS.values() for key in keys} - set(reads))
+    readers = sorted({name for (name, _), cls in IMPLEMENTATIONS.items() if set(unread) & set(SETTINGS[cls])})
+    return [
+        (
+            f"optim.{key}",
+            f"optim.{key}={_hydra(getattr(cfg, key))} is set, but optim.name={cfg.name.value} ({implementation}) "
+            f"never reads it: it is built with {', '.join(f'optim.{r}' for r in reads)} only. Fix: "
+            f"optim.{key}={_hydra(getattr(default, key))} (its default), or an optimizer that reads it "
+            f"(optim.name={readers[0]})",
+        )
+        for key in unread
+        if getattr(cfg, key) != getattr(default, key)
+    ]
+
+
+def _hydra(value: object) -> str:
+    """A value as a command-line override writes it (a list without spaces)."""
+    return f"[{','.join(str(v) for v in value)}]" if isinstance(value, list) else str(value)
 
 
 def optimizer_state_bytes(tensors: Iterable[tuple[int, int]], implementation: str) -> int:

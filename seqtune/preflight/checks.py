@@ -49,12 +49,37 @@ def _listed(items: Sequence[str], total: int) -> str:
 # --- 1. vocabulary ------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, kw_only=True)
+class VocabFix:
+    """The ways this run can give every token id a row, each one a fix that passes when applied (a vocab problem
+    used to offer model.resize_embeddings=true to a recipe that refuses it)."""
+
+    can_resize: bool  # the recipe can grow its embedding (RecipeSpec.resizes_embeddings)
+    tiny: bool  # no model.path: the tiny model's model.vocab_size can cover the tokenizer
+
+    @property
+    def key(self) -> str:
+        """The setting the first fix changes."""
+        return "model.resize_embeddings" if self.can_resize else "model.vocab_size" if self.tiny else "tokenizer"
+
+    def text(self, *, rows: int, needed: int) -> str:
+        """The fix for a model of `rows` rows where the ids need `needed`."""
+        grown = resized_rows(rows, needed)
+        fixes = [f"model.resize_embeddings=true (resizes to {grown})"] if self.can_resize else []
+        if self.tiny:
+            fixes.append(f"model.vocab_size={grown} (a tiny model sized for this tokenizer)")
+        else:
+            fixes.append("the tokenizer that matches the model (tokenizer=checkpoint)")
+        return ", or ".join(fixes)
+
+
 def check_vocab_size(
     *,
     tokenizer_size: int,
     embedding_rows: int,
     output_rows: int,
     resize_embeddings: bool,
+    fix: VocabFix,
     special_ids: Mapping[str, int | None] | None = None,
 ) -> list[Problem]:
     """The tokenizer's full vocabulary (added + special tokens) must fit the input embedding and the output head.
@@ -76,12 +101,11 @@ def check_vocab_size(
     return [
         Problem(
             check="vocab",
-            key="model.resize_embeddings",
+            key=fix.key,
             message=(
                 f"tokenizer has {tokenizer_size} tokens (added and special included) > model {parts} "
                 f"(model.vocab_size); ids {rows}..{tokenizer_size - 1} would index out of range{specials}. "
-                f"Fix: model.resize_embeddings=true (resizes to {resized_rows(rows, tokenizer_size)}), "
-                "or the tokenizer that matches the model (tokenizer=checkpoint)."
+                f"Fix: {fix.text(rows=rows, needed=tokenizer_size)}."
             ),
         )
     ]
@@ -97,7 +121,7 @@ def _out_of_range(special_ids: Mapping[str, int | None], vocab_rows: int) -> lis
     return [f"{name} ({token_id})" for token_id, name in sorted(outside.items())]
 
 
-def check_special_token_ids(*, special_ids: Mapping[str, int | None], vocab_rows: int) -> list[Problem]:
+def check_special_token_ids(*, special_ids: Mapping[str, int | None], vocab_rows: int, fix: VocabFix) -> list[Problem]:
     """Every special token the model will see (bos, eos, pad, chat-template tokens) has an embedding row.
 
     One problem for all of them (a vocabulary of 256 reserved tokens is one mistake, not 256)."""
@@ -107,31 +131,28 @@ def check_special_token_ids(*, special_ids: Mapping[str, int | None], vocab_rows
     return [
         Problem(
             check="vocab",
-            key="model.resize_embeddings",
+            key=fix.key,
             message=(
                 f"{len(outside)} special token(s) have ids outside the model's embedding rows [0, {vocab_rows}): "
-                f"{_listed(outside, len(outside))}. Fix: model.resize_embeddings=true, or the tokenizer that "
-                "matches the model (tokenizer=checkpoint)."
+                f"{_listed(outside, len(outside))}. Fix: "
+                f"{fix.text(rows=vocab_rows, needed=1 + max(i for i in special_ids.values() if i is not None))}."
             ),
         )
     ]
 
 
 def check_max_token_id(
-    *, split: str, max_token_id: int, location: str | None, vocab_rows: int, pretokenized: bool
+    *, split: str, max_token_id: int, location: str | None, vocab_rows: int, pretokenized: bool, fix: VocabFix
 ) -> list[Problem]:
     """The largest id actually produced over a split (or found in pre-tokenized input_ids) has an embedding row."""
     if max_token_id < vocab_rows:
         return []
+    ways = fix.text(rows=vocab_rows, needed=max_token_id + 1)
     if pretokenized:
-        fix = (
-            f"re-tokenize data.{split} with the model's tokenizer, or model.resize_embeddings=true if those "
-            "ids are intended"
-        )
+        text = f"re-tokenize data.{split} with the model's tokenizer, or {ways} if those ids are intended"
         key = f"data.{split}"
     else:
-        fix = "model.resize_embeddings=true, or the tokenizer that matches the model (tokenizer=checkpoint)"
-        key = "model.resize_embeddings"
+        text, key = ways, fix.key
     where = f" ({location})" if location else ""
     return [
         Problem(
@@ -140,7 +161,7 @@ def check_max_token_id(
             location=location,
             message=(
                 f"{split} data contains token id {max_token_id}{where} >= model embedding rows {vocab_rows}. "
-                f"Fix: {fix}."
+                f"Fix: {text}."
             ),
         )
     ]
@@ -775,6 +796,36 @@ def check_precision(
     return problems
 
 
+def check_offload(
+    *, activation_offload: bool, device_type: str, fsdp_cpu_offload: bool, sharded: bool
+) -> list[Problem]:
+    """Activation offload moves GPU memory to the host: on the CPU there is none to save. FSDP CPU offload is a
+    policy of FSDP's shards: without train.parallel=fsdp across ranks there are none."""
+    problems = []
+    if activation_offload and device_type != "cuda":
+        problems.append(
+            Problem(
+                check="backend",
+                key="model.activation_offload",
+                message=f"model.activation_offload=true on {device_type}: it moves the activations the backward "
+                "needs from GPU memory to host memory, and these already are in host memory here, so there is no "
+                "device memory to save. Fix: model.activation_offload=false, or run on a CUDA GPU.",
+            )
+        )
+    if fsdp_cpu_offload and not sharded:
+        problems.append(
+            Problem(
+                check="backend",
+                key="train.fsdp_cpu_offload",
+                message="train.fsdp_cpu_offload=true without train.parallel=fsdp across ranks: it keeps FSDP's "
+                "parameter shards, gradients and optimizer state in host memory, and this plan shards nothing. "
+                "Fix: train.parallel=fsdp with launcher=torchrun launcher.nproc_per_node=2 (or more), or "
+                "train.fsdp_cpu_offload=false.",
+            )
+        )
+    return problems
+
+
 def check_export(*, export_merged: bool, sharded: bool) -> list[Problem]:
     """A merged export needs the whole model on one rank; under FSDP across ranks only the adapter is gathered."""
     if not (export_merged and sharded):
@@ -894,6 +945,29 @@ def check_reference_model(*, reference: str, sharded: bool, recipe: RecipeSpec) 
 # --- 10. memory ---------------------------------------------------------------------------------------------
 
 
+def check_host_memory(
+    *, host_gib: float, host_memory_gib: float | None, offloading: str, fits: Sequence[str] = ()
+) -> list[Problem]:
+    """What the plan offloads into host memory (every rank of the node) vs the host's."""
+    if host_memory_gib is None or host_gib <= host_memory_gib:
+        return []
+    fix = (
+        "; or ".join(fits)
+        if fits
+        else "a smaller train.batch_size, model.gradient_checkpointing=true (only each layer's input is offloaded), "
+        "more nodes, or preflight.host_memory_gib=GIB for the machine that will run it"
+    )
+    return [
+        Problem(
+            check="memory",
+            key="preflight.host_memory_gib",
+            message=f"{offloading} keeps ~{host_gib:.1f} GiB in host memory (every rank of the node) > host "
+            f"memory {host_memory_gib:.1f} GiB (preflight.host_memory_gib, else this machine's available memory). "
+            f"Fix: {fix}.",
+        )
+    ]
+
+
 def check_memory(
     *, estimate_gib: float, device_memory_gib: float | None, breakdown: str, fits: Sequence[str] = ()
 ) -> list[Problem]:
@@ -902,10 +976,10 @@ def check_memory(
     if device_memory_gib is None or estimate_gib <= device_memory_gib:
         return []
     fix = (
-        "; or ".join(fits)
+        "one of (each with its estimated peak) " + "; or ".join(fits)
         if fits
-        else "none of a smaller batch, checkpointing, a shorter max_seq_len or QLoRA "
-        "fits alone: combine them, or use train.parallel=fsdp over more GPUs"
+        else "none of checkpointing, activation offload, a smaller micro-batch, QLoRA, a lean optimizer, FSDP or "
+        "its CPU offload fits, alone or up to three together: use train.parallel=fsdp over more GPUs"
     )
     return [
         Problem(

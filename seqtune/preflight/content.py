@@ -175,6 +175,8 @@ def content_checks(
         )
         if name in result.splits:
             result.splits[name].content = stats = _stats(observed, control, ends, cut, duplicates)
+            if not trains:  # a prompt ends no reply: no span is "unterminated"
+                stats.unterminated_spans = None
             if proof is not None:
                 stats.text_checked, stats.text_mismatched = proof.checked, proof.mismatched.count
     result.notes += [f"model facts ({fact}): {source}" for fact, source in plan.fact_sources.items()]
@@ -380,6 +382,7 @@ def show_samples(
         load_tokenizer=tokenizer.load,
         kinds=kinds,
         members=sample_kind(plan.sample_kind).members,
+        trains=sample_kind(plan.sample_kind).trains_targets,
     )
     samples.write_json(shown, run_dir / samples.SAMPLES_JSON)
     summary = (

@@ -4,7 +4,6 @@ in checks.py."""
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,11 +23,12 @@ from seqtune.models.auto import spec_for
 from seqtune.models.checkpoint_check import checkpoint_faults
 from seqtune.models.kernels import kernels_problems
 from seqtune.models.model_configs import ModelConfigs, model_configs
-from seqtune.models.optimizers import IMPLEMENTATIONS, TORCH_ADAMW
+from seqtune.models.optimizers import unread_settings
 from seqtune.models.spec import lora_module_names
 from seqtune.preflight import checks
 from seqtune.preflight import checks_model as model_checks
 from seqtune.preflight.checks import Problem
+from seqtune.preflight.levers import Budget, host_memory_gib, what_fits
 from seqtune.preflight.resolve import CANNOT_RUN, installed
 from seqtune.preflight.result import MemoryStats, PlanStats, SourceStats, SplitPlan, SplitStats
 from seqtune.preflight.tokenizer_record import RunTokenizer, TokenizerRecord, build_record
@@ -54,10 +54,13 @@ def fast_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
         embedding_rows=vocab.embedding_rows,
         output_rows=vocab.output_rows,
         resize_embeddings=vocab.resize_to is not None,
+        fix=vocab_fix(cfg, plan),
         special_ids=vocab.special_ids,
     )
     if not problems:  # else the special tokens without a row are part of that one problem
-        problems += checks.check_special_token_ids(special_ids=vocab.special_ids, vocab_rows=vocab.rows)
+        problems += checks.check_special_token_ids(
+            special_ids=vocab.special_ids, vocab_rows=vocab.rows, fix=vocab_fix(cfg, plan)
+        )
     if cfg.data.max_seq_len != "auto":
         problems += checks.check_context_length(
             max_seq_len=int(cfg.data.max_seq_len), context_length=plan.context_length, auto=False
@@ -82,6 +85,11 @@ def fast_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
         if plan.optimizer_reason.startswith(CANNOT_RUN)
         else [],
     )
+    if not plan.optimizer_reason.startswith(CANNOT_RUN):
+        problems += [
+            Problem(check="optimizer", key=key, message=message)
+            for key, message in unread_settings(plan.optimizer, cfg.optim)
+        ]
     if not plan.attn_reason.startswith(CANNOT_RUN):
         problems += checks.check_packed_attention(
             strategy=cfg.padding.strategy, attn_implementation=plan.attn_implementation
@@ -94,6 +102,12 @@ def fast_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
         sharded=plan.sharded,
     )
     problems += checks.check_export(export_merged=cfg.train.export_merged, sharded=plan.sharded)
+    problems += checks.check_offload(
+        activation_offload=cfg.model.activation_offload,
+        device_type=plan.device_type,
+        fsdp_cpu_offload=cfg.train.fsdp_cpu_offload,
+        sharded=plan.sharded,
+    )
     problems += checks.check_reference_model(
         reference=plan.reference, sharded=plan.sharded, recipe=recipe_spec(plan.recipe)
     )
@@ -113,6 +127,11 @@ def fast_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
     return problems
 
 
+def vocab_fix(cfg: RootConfig, plan: Resolved) -> checks.VocabFix:
+    """What a vocab problem of this run may offer as its fix (each one passes when applied)."""
+    return checks.VocabFix(can_resize=recipe_spec(plan.recipe).resizes_embeddings, tiny=cfg.model.path is None)
+
+
 def runtime_phase(
     cfg: RootConfig, plan: Resolved, stored: TokenizerRecord | None
 ) -> tuple[RunTokenizer, ModelConfigs | None, Tokens, list[Problem]]:
@@ -129,7 +148,9 @@ def runtime_phase(
         problems.append(Problem(check="load", key=err.key or "model.path", message=str(err)))
         model = None
     weights = model_checks.check_checkpoint_weights(
-        checkpoint_faults(cfg.model.path, model.arch if model is not None else None)
+        checkpoint_faults(
+            cfg.model.path, model.arch if model is not None else None, load_in_4bit=cfg.model.load_in_4bit
+        )
     )
     if weights:  # nothing else reads weights that failed the proof (a truncated shard would raise mid-read)
         problems, model = problems + weights, None
@@ -233,6 +254,7 @@ def split_checks(cfg: RootConfig, plan: Resolved, scan, max_seq_len: int) -> lis
             location=scan.max_token_location,
             vocab_rows=plan.vocab.rows,
             pretokenized=cfg.data.format == "tokenized",
+            fix=vocab_fix(cfg, plan),
         )
     problems += checks.check_overlength(
         split=scan.name,
@@ -277,6 +299,8 @@ def split_stats(cfg: RootConfig, scan, view, max_seq_len: int) -> tuple[SplitSta
     it), whose `cut` lists the samples truncation left without a target (dropped, in both data modes)."""
     stats = checks.length_stats(scan.lengths, max_seq_len)
     stats.pop("over_limit")  # counts sequences: a pair is over when either of its two is
+    # A kind whose one target is an anchor (prompts): nothing of it trains, so no trainable share or zero-target count.
+    trains = sample_kind(recipe_spec(cfg.recipe_name).sample_kind).trains_targets
     k = scan.sequences_per_sample
     over = int((_sample_lengths(scan) > max_seq_len).sum())
     noun = sample_kind(recipe_spec(cfg.recipe_name).sample_kind).noun
@@ -299,8 +323,8 @@ def split_stats(cfg: RootConfig, scan, view, max_seq_len: int) -> tuple[SplitSta
         rejected=scan.num_rejects,
         lengths=stats,
         over_limit=over,
-        trainable_fraction=round(scan.trainable_fraction, 4),
-        zero_target=scan.zero_target_samples,
+        trainable_fraction=round(scan.trainable_fraction, 4) if trains else None,
+        zero_target=scan.zero_target_samples if trains else None,
         reject_reasons=dict(scan.reject_counts),
         truncated=over - cut if policy in TRUNCATING else 0,
         dropped=over if policy == Overlength.drop else cut,
@@ -489,9 +513,21 @@ def stream_train_plan(
     return stream, identity, problems
 
 
-def memory_inputs(cfg: RootConfig, plan: Resolved, rule: BatchRule, arch: Arch, images: int = 0) -> MemoryInputs:
+def largest_micro_batch(cfg: RootConfig, rule: BatchRule, views: dict) -> tuple[int, int]:
+    """(rows, width) of the largest train micro-batch the plan forms (Plan.micro_batch): from every train sample as
+    training serves it in cached mode; in stream mode training reads past the scanned sample, so the widest the
+    rule can form."""
+    view = views.get("train")
+    if cfg.data.mode == DataMode.stream or view is None:
+        return rule.largest_micro_batch(None)
+    return rule.largest_micro_batch(view.widths)
+
+
+def memory_inputs(
+    cfg: RootConfig, plan: Resolved, micro_batch: tuple[int, int], arch: Arch, images: int = 0
+) -> MemoryInputs:
     """The estimate's inputs, every one a resolved fact of the plan: rows after resize, the trainable set, kernels,
-    world. (`arch` gives the shapes.)"""
+    world, the largest micro-batch (Plan.micro_batch). (`arch` gives the shapes.)"""
     from seqtune.models import MemoryInputs
 
     rows, saved = plan.vocab.rows, plan.lora_saved
@@ -513,8 +549,11 @@ def memory_inputs(cfg: RootConfig, plan: Resolved, rule: BatchRule, arch: Arch, 
         optimizer=plan.optimizer,
         load_in_4bit=cfg.model.load_in_4bit,
         gradient_checkpointing=cfg.model.gradient_checkpointing,
-        batch_tokens=rule.worst_case_positions(),
-        seq_len=rule.row_capacity,
+        activation_offload=cfg.model.activation_offload,
+        cpu_offload=cfg.train.fsdp_cpu_offload and plan.sharded,
+        local_ranks=plan.world.nproc_per_node,
+        batch_tokens=micro_batch[0] * micro_batch[1],
+        seq_len=micro_batch[1],
         attention=attention,
         native_gqa=native_gqa(attention),
         kernels=plan.kernels or "torch",
@@ -534,16 +573,17 @@ def memory_inputs(cfg: RootConfig, plan: Resolved, rule: BatchRule, arch: Arch, 
 
 
 def memory_phase(
-    cfg: RootConfig, plan: Resolved, rule: BatchRule, arch: Arch, images: int = 0
+    cfg: RootConfig, plan: Resolved, micro_batch: tuple[int, int], arch: Arch, max_seq_len: int, images: int = 0
 ) -> tuple[MemoryStats, list[Problem]]:
-    """The training peak of the worst-case micro-batch, vs the device's memory; when it will not fit, the settings
-    that would (each tried through the same estimate). `images`: an image-text run's images in the worst
-    micro-batch (the most a sample has x its rows)."""
+    """The training peak of the largest micro-batch vs the device's memory, and what the plan keeps in host memory
+    vs the host's; when either will not fit, the levers that would (seqtune.preflight.levers). `images`: an
+    image-text run's images in the worst micro-batch (the most a sample has x its rows)."""
     from seqtune.models import memory_estimate
 
-    inputs = memory_inputs(cfg, plan, rule, arch, images)
+    inputs = memory_inputs(cfg, plan, micro_batch, arch, images)
     estimate = memory_estimate(inputs)
     device = device_memory_gib(cfg.preflight.device_memory_gib, plan.device_type)
+    host = host_memory_gib(cfg.preflight.host_memory_gib) if estimate.host_bytes else None
     stats = MemoryStats(
         weights_gib=round(estimate.weights_bytes / GIB, 4),
         grads_gib=round(estimate.grads_bytes / GIB, 4),
@@ -552,55 +592,39 @@ def memory_phase(
         kv_cache_gib=round(estimate.kv_cache_bytes / GIB, 4),
         total_gib=round(estimate.total_bytes / GIB, 4),
         device_gib=device,
+        host_gib=round(estimate.host_bytes / GIB, 4),
+        host_memory_gib=host,
     )
     breakdown = (
         f"weights {stats.weights_gib:.1f} + grads {stats.grads_gib:.1f} + optimizer "
         f"{stats.optimizer_gib:.1f} + activations {stats.activations_gib:.1f}"
         + (f" (generation KV cache {stats.kv_cache_gib:.1f})" if stats.kv_cache_gib else "")
     )
-    fits = _what_fits(cfg, plan, inputs, device) if device is not None and stats.total_gib > device else []
-    return stats, checks.check_memory(
+    over_device = device is not None and stats.total_gib > device
+    over_host = host is not None and stats.host_gib > host
+    fits: list[str] = []
+    if over_device or over_host:
+        budget = Budget(
+            device_gib=device if device is not None else float("inf"),
+            host_gib=host_memory_gib(cfg.preflight.host_memory_gib),
+        )
+        fits = what_fits(cfg, plan, inputs, budget, max_seq_len)
+    problems = checks.check_memory(
         estimate_gib=stats.total_gib, device_memory_gib=device, breakdown=breakdown, fits=fits
     )
-
-
-def _what_fits(cfg: RootConfig, plan: Resolved, inputs: MemoryInputs, device_gib: float) -> list[str]:
-    """Settings that would make the estimate fit the device, each with its estimate (the refusal names them)."""
-    from seqtune.models import memory_estimate
-
-    batch = cfg.train.batch_size
-    candidates: list[tuple[str, dict[str, Any]]] = [
-        ("model.gradient_checkpointing=true", {"gradient_checkpointing": True})
-    ]
-    while batch > 1:
-        batch //= 2
-        accum = cfg.train.grad_accum * cfg.train.batch_size // batch
-        candidates.append(
-            (f"train.batch_size={batch} train.grad_accum={accum}", {"batch_tokens": batch * inputs.seq_len})
-        )
-    candidates.append(
-        (
-            f"data.max_seq_len={inputs.seq_len // 2} (with data.overlength=drop or truncate)",
-            {"batch_tokens": inputs.batch_tokens // 2, "seq_len": inputs.seq_len // 2},
-        )
+    problems += checks.check_host_memory(
+        host_gib=stats.host_gib, host_memory_gib=host, offloading=_offloading(inputs), fits=fits
     )
-    if inputs.lora_enabled and not inputs.load_in_4bit:
-        candidates.append(("model.load_in_4bit=true (QLoRA)", {"load_in_4bit": True}))
-    if inputs.optimizer == TORCH_ADAMW:
-        lean = IMPLEMENTATIONS[("adamw_8bit", plan.device_type)]
-        candidates.append((f"optim.name=adamw_8bit ({lean})", {"optimizer": lean}))
-    lora_preset = recipe_spec(plan.recipe).preset(lora=True)
-    if not inputs.lora_enabled and lora_preset is not None:
-        targets = tuple(spec_for(cfg.model).lora_targets)
-        # LoRA's reference (if the recipe has one) is the policy with its adapters off: no copy to count.
-        lora = {"lora_enabled": True, "lora_rank": 8, "lora_targets": targets, "reference_copy": False}
-        candidates.append((f"recipe={lora_preset}", lora))
-    fits = []
-    for setting, change in candidates:
-        total = memory_estimate(replace(inputs, **change)).total_bytes / GIB
-        if total <= device_gib:
-            fits.append(f"{setting} (~{total:.1f} GiB)")
-    return fits
+    return stats, problems
+
+
+def _offloading(inputs: MemoryInputs) -> str:
+    """The settings that put bytes in host memory, as the user wrote them."""
+    offloads = [
+        ("model.activation_offload=true", inputs.activation_offload),
+        ("train.fsdp_cpu_offload=true", inputs.cpu_offload),
+    ]
+    return " and ".join(name for name, on in offloads if on)
 
 
 def device_memory_gib(requested: float | None, device_type: str) -> float | None:

@@ -14,20 +14,26 @@ from seqtune.preflight.checks import Problem
 from seqtune.preflight.result import REJECTS_FILE, RUN_DIR_KEY, PreflightResult, SourceStats
 
 PLOT_FILE = "lengths.png"
-# Wide enough for a file:line and a fix on one screen, narrow enough for a terminal.
+# On a terminal: wide enough for a file:line and a fix on one screen, narrow enough for the terminal.
 MESSAGE_WIDTH = 96
 
 
-def format_problems(problems: Sequence[Problem]) -> str:
-    """A numbered table: check | key | location, then the wrapped message (values, relation, fix)."""
+def format_problems(problems: Sequence[Problem], width: int | None = None) -> str:
+    """A numbered table: check | key | location, then each message (values, relation, fix): wrapped at `width` for
+    a terminal, one line when `width` is None (a log file or a pipe: grep finds the whole message, and where a line
+    breaks never depends on the length of a path in it)."""
     if not problems:
         return "preflight: no problems."
     lines = [f"preflight: {len(problems)} problem(s)", f"  {'#':>3}  {'check':<10} {'key':<28} location"]
     for number, problem in enumerate(problems, 1):
         lines.append(f"  {number:>3}  {problem.check:<10} {problem.key:<28} {problem.location or '-'}")
         # Never break inside a path or a key=value: they are copied from the terminal.
-        for row in textwrap.wrap(problem.message, MESSAGE_WIDTH, break_long_words=False, break_on_hyphens=False):
-            lines.append(f"{'':7}{row}")
+        rows = (
+            [problem.message]
+            if width is None
+            else textwrap.wrap(problem.message, width, break_long_words=False, break_on_hyphens=False)
+        )
+        lines += [f"{'':7}{row}" for row in rows]
     return "\n".join(lines)
 
 
@@ -59,7 +65,7 @@ def format_splits(result: PreflightResult) -> str:
         lines.append(
             f"  {name:<6} {stats.records:>8} {stats.rejected:>8} {lengths['min']:>6} "
             f"{lengths['median']:>6} {lengths['p99']:>6} {lengths['max']:>6} {stats.over_limit:>6} "
-            f"{stats.trainable_fraction:>9.1%}"
+            + (f"{stats.trainable_fraction:>9.1%}" if stats.trainable_fraction is not None else f"{'-':>9}")
         )
         if len(stats.sources) > 1 or any(source.weight != 1 for source in stats.sources):
             lines += [_source_row(source, weighted=name == "train") for source in stats.sources]
@@ -133,6 +139,11 @@ def format_summary(result: PreflightResult) -> str:
             f"{memory.activations_gib:.2f}"
             + (f", generation KV cache {memory.kv_cache_gib:.2f}" if memory.kv_cache_gib else "")
             + f"); {device}"
+            + (
+                f"; host ~{memory.host_gib:.2f} GiB (offloaded) of {memory.host_memory_gib:.1f}"
+                if memory.host_memory_gib
+                else ""
+            )
         )
     lines.extend(f"note: {note}" for note in result.notes)
     return "\n".join(lines)
@@ -144,8 +155,10 @@ def _no_micro_batches(result: PreflightResult, split: str) -> bool:
 
 
 def print_report(result: PreflightResult, stream: TextIO | None = None) -> None:
-    text = "\n".join([format_splits(result), format_summary(result), format_problems(result.problems)])
-    print(text, file=stream or sys.stdout, flush=True)
+    out = stream or sys.stdout
+    width = MESSAGE_WIDTH if out.isatty() else None
+    text = "\n".join([format_splits(result), format_summary(result), format_problems(result.problems, width)])
+    print(text, file=out, flush=True)
 
 
 def write_rejects(split_rejects: Sequence[Path], run_dir: Path) -> Path:

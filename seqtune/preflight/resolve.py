@@ -107,7 +107,7 @@ def resolve_plan(
             fix="data.overlength=drop (a sample too long is left out whole), or data.mode=cached (preflight proves "
             "that no sample with images is cut).",
         )
-    generation = recipe.generation(recipe.settings_of(cfg))  # an online recipe's sampling (None: it samples none)
+    generation = recipe.generation(cfg)  # an online recipe's sampling (None: it samples none)
     if vision is not None and generation is not None:
         # The online recipes sample completions from input_ids alone (a KV cache, no pixel_values): an image's soft
         # tokens would be sampled from without the image, so images are refused there rather than ignored.

@@ -29,7 +29,7 @@ class ContentStats:
     # Terminators (eos, the family's end-of-turn, the template's turn closer) trained, by text: target count.
     trained_terminators: dict[str, int]
     masked_terminators: int
-    unterminated_spans: int
+    unterminated_spans: int | None  # None: a kind whose targets do not train (prompts end no reply)
     # Control tokens the samples use, by text: {"inputs": n, "targets": n}.
     special_tokens: dict[str, dict[str, int]]
     literal_special_lines: int
@@ -70,8 +70,9 @@ class SplitStats:
     lengths: dict[str, int]
     # Samples (pairs: either sequence) longer than max_seq_len; over_limit, truncated and dropped count samples.
     over_limit: int
-    trainable_fraction: float = 0.0
-    zero_target: int = 0
+    # None for a kind whose targets do not train (prompts: their one target is an anchor; nothing of them trains).
+    trainable_fraction: float | None = 0.0
+    zero_target: int | None = 0
     reject_reasons: dict[str, int] = field(default_factory=dict)
     # Samples changed by data.overlength=truncate|drop (reported because it is an explicit policy).
     truncated: int = 0
@@ -150,6 +151,10 @@ class MemoryStats:
     total_gib: float
     kv_cache_gib: float = 0.0  # an online recipe's generation cache (within the peak, not beside it)
     device_gib: float | None = None
+    # What the plan keeps in host memory (offloaded activations, FSDP CPU offload's state; every rank of the node)
+    # and the host memory it was checked against (null: nothing offloaded).
+    host_gib: float = 0.0
+    host_memory_gib: float | None = None
 
 
 @dataclass(kw_only=True)

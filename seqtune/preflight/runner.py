@@ -39,6 +39,7 @@ from seqtune.preflight.checks_vision import vision_checks
 from seqtune.preflight.phases import (
     fast_checks,
     harness_checks,
+    largest_micro_batch,
     memory_phase,
     plan_phase,
     resolve_lengths,
@@ -250,7 +251,7 @@ def _data_phases(
     problems += vision_problems
     result.notes += vision_notes
     problems += shape_checks(rule, tokens, resolved.padding_side, views)
-    problems += _recipe_checks(cfg, resolved, tokens, tokenizer, scans, max_seq_len)
+    problems += _recipe_checks(cfg, resolved, tokens, tokenizer, scans, views, max_seq_len)
     if cfg.train.eval_samples and "val" in scans:
         from seqtune.data.prompts import build_eval_prompts
 
@@ -272,12 +273,16 @@ def _data_phases(
     if cfg.data.mode == DataMode.stream:
         batches, stream_records = _stream_phase(cfg, resolved, rule, scans["train"], result, problems)
     result.padding = PaddingStats(strategy=cfg.padding.strategy, side=resolved.padding_side, efficiency=efficiency)
+    micro_batch = largest_micro_batch(cfg, rule, views)
     if model is not None and not resolved.optimizer_reason.startswith(CANNOT_RUN):  # no state to count otherwise
         most = max((len(refs) for scan in scans.values() for refs in scan.cache().images), default=0)
-        result.memory, memory_problems = memory_phase(cfg, resolved, rule, model.arch, most * rule.rows)
+        result.memory, memory_problems = memory_phase(
+            cfg, resolved, micro_batch, model.arch, max_seq_len, most * rule.rows
+        )
         problems += memory_problems
     return {
         "max_seq_len": max_seq_len,
+        "micro_batch": micro_batch,
         "batches": batches or {},
         "stream_records": stream_records,
         "data": {name: scan.cache_dir.name for name, scan in scans.items()},
@@ -458,16 +463,25 @@ def _finish(
     return result
 
 
-def _recipe_checks(cfg: RootConfig, resolved: Resolved, tokens, tokenizer, scans, max_seq_len: int) -> list[Problem]:
-    """The recipe's own checks (RecipeSpec.preflight), each a problem naming its key or file:line."""
+def _recipe_checks(
+    cfg: RootConfig, resolved: Resolved, tokens, tokenizer, scans, views, max_seq_len: int
+) -> list[Problem]:
+    """The recipe's own checks (RecipeSpec.preflight), each a problem naming its key or file:line. `longest` is
+    each split's longest sample as training serves it (`views`: data.overlength applied: a dropped sample is not
+    there, a truncated one counts its kept length)."""
     spec = recipe_spec(cfg.recipe_name)
     if spec.preflight is None:
         return []
     longest = {}
     for name, scan in scans.items():
-        if len(scan.lengths):
-            i = int(np.argmax(scan.lengths))
-            longest[name] = (int(scan.lengths[i]), scan.cache().location(i))
+        view = views.get(name)
+        if view is None:  # data.overlength=error refuses the split (its own problem): its longest as scanned
+            widths, where = scan.lengths, np.arange(len(scan.lengths))
+        else:
+            widths, where = view.widths, view.indices
+        if len(widths):
+            i = int(np.argmax(widths))
+            longest[name] = (int(widths[i]), scan.cache().location(int(where[i])))
     facts = RecipeFacts(
         plan=resolved,
         tokenizer=tokenizer.load,
@@ -476,5 +490,6 @@ def _recipe_checks(cfg: RootConfig, resolved: Resolved, tokens, tokenizer, scans
         longest=longest,
         terminators=dict(tokens.terminators),
         turn_closer=tokens.turn_closer,
+        caches={name: str(scan.cache_dir) for name, scan in scans.items()},
     )
     return [Problem(check=spec.name, key=key, message=message) for key, message in spec.preflight(cfg, facts)]

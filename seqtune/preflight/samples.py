@@ -61,6 +61,9 @@ class ShownSample:
     tokens: list[ShownToken] = field(default_factory=list)
     # An image-text sample's images (stored references, in the order of their token runs): shown as thumbnails.
     images: list[str] = field(default_factory=list)
+    # False for a kind whose targets do not train (a prompt: its one target is an anchor, its completions are
+    # sampled): shown as the prompt sampling starts from, with no target marked.
+    trains: bool = True
 
     def marked_text(self) -> str:
         """The sample as text, targets between TARGET_OPEN and TARGET_CLOSE."""
@@ -125,6 +128,7 @@ def render(
     tokenizer: Any,
     kinds: TokenKinds,
     member: str = "sample",
+    trains: bool = True,
 ) -> ShownSample:
     """Sample `index` as training serves it, decoded token by token (a character split over several tokens is
     shown on the token that completes it), with a marker where the over-length policy removed tokens. A sample
@@ -156,7 +160,7 @@ def render(
             ShownToken(
                 text=stream.step(backend, token_id) or "",
                 token_id=token_id,
-                target=bool(sample.labels[position] != IGNORE_INDEX),
+                target=trains and bool(sample.labels[position] != IGNORE_INDEX),
                 kind=kinds.of(token_id),
             )
         )
@@ -173,6 +177,7 @@ def render(
         targets=int((sample.labels[trained] != IGNORE_INDEX).sum()),
         tokens=tokens,
         images=list(sample.images),
+        trains=trains,
     )
 
 
@@ -190,8 +195,10 @@ def collect(
     tokenizer: Any,
     kinds: TokenKinds,
     members: tuple[str, ...] = ("sample",),
+    trains: bool = True,
 ) -> list[ShownSample]:
-    """The samples to show, each sequence of a sample in `members` order (a pair: chosen, then rejected)."""
+    """The samples to show, each sequence of a sample in `members` order (a pair: chosen, then rejected); `trains`:
+    the kind's targets train (False: prompts, shown without targets)."""
     shown = []
     k = len(members)
     for number, (name, scan) in enumerate(scans.items()):
@@ -211,6 +218,7 @@ def collect(
                         tokenizer=tokenizer,
                         kinds=kinds,
                         member=member,
+                        trains=trains,
                     )
                 )
     return shown
@@ -227,12 +235,13 @@ def collect_stored(
     load_tokenizer: Callable[[], Any],
     kinds: TokenKinds,
     members: tuple[str, ...] = ("sample",),
+    trains: bool = True,
 ) -> list[ShownSample]:
     """collect, kept in `store` by a digest of everything that decides it: each split's token cache (its directory
     is named by a content key over the data and the tokenizer), the choice's settings, the kinds, this module's
     code and the decoding library's version. A re-run reads it back without loading the tokenizer; a stored file
     that does not parse is ignored and written again."""
-    settings = [max_seq_len, policy, show, seed, asdict(kinds), list(members)]
+    settings = [max_seq_len, policy, show, seed, asdict(kinds), list(members), trains]
     digest = hashlib.sha256(json.dumps([settings, _version("tokenizers")], default=sorted).encode())
     digest.update(Path(__file__).read_bytes())
     digest.update(json.dumps([(name, scan.cache_dir.name) for name, scan in scans.items()]).encode())
@@ -250,6 +259,7 @@ def collect_stored(
         tokenizer=load_tokenizer(),
         kinds=kinds,
         members=members,
+        trains=trains,
     )
     try:  # best effort: an unwritable store only costs the next run the decoding
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -309,6 +319,13 @@ def console_text(sample: ShownSample, colour: bool) -> str:
     if len(tokens) > CONSOLE_TOKENS:
         half = CONSOLE_TOKENS // 2
         tokens = [*tokens[:half], _marker("elided", len(tokens) - 2 * half, "not shown"), *tokens[-half:]]
+    if not sample.trains:  # a prompt: nothing of it trains, its completions are sampled
+        head = (
+            f"preflight: a {sample.split} {sample.member} as sampling starts from it ({sample.why}, "
+            f"{sample.location}, {sample.length} tokens); all samples: samples.html"
+        )
+        legend = "  legend: the whole sample is the prompt; its completions are sampled while training"
+        return f"{head}\n{legend}\n{replace(sample, tokens=tokens).marked_text()}"
     member = f" ({sample.member})" if sample.member != "sample" else ""
     head = (
         f"preflight: a {sample.split} sample{member} as it will be trained ({sample.why}, {sample.location}, "

@@ -98,7 +98,7 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
             flush=True,
         )
     built = model.to(env.device)
-    model = wrap_model(built, env, sharded=plan.sharded)
+    model = wrap_model(built, env, sharded=plan.sharded, cpu_offload=cfg.train.fsdp_cpu_offload)
     reference = build_reference(plan.reference, built=built, model=model)
     trained = objective(Built(model=built, wrapped=model, env=env, reference=reference))
     seed_dropout(cfg.train.seed, env.rank)
@@ -177,9 +177,11 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
         total_steps=steps,
         logger=logger,
         autocast_dtype=autocast,
+        activation_offload=cfg.model.activation_offload,
         scaler=scaler,
         checkpointer=checkpointer,
         objective=trained,
+        step_repeats=plan.step_repeats,
     )
     fit(loop, progress)
     evaluator.finish(progress.step)  # the best eval's weights restored (early stopping), then the test split

@@ -134,6 +134,12 @@ def parameter_count(ref: str) -> int:
     return sum(own.values()) + sum(causal.values())
 
 
+def scorer_params(cfg: Any) -> int:
+    """The parameters of the reward models among cfg.rollout.rewards (an online recipe's RecipeSpec.scorer_params:
+    plan.scorer_params, the memory estimate's frozen scorer weights)."""
+    return sum(parameter_count(str(ref)) for ref in cfg.rollout.rewards if is_reward_model_ref(str(ref)))
+
+
 def _shapes(directory: Path) -> dict[str, int]:
     """name -> elements of every tensor in the directory's safetensors files."""
     elements: dict[str, int] = {}

@@ -21,7 +21,7 @@ from seqtune.distributed import DistEnv, all_reduce_sum, unwrap
 from seqtune.train.early_stop import EarlyStopping
 from seqtune.train.generate import SampleGenerator
 from seqtune.train.metrics import MetricsLogger
-from seqtune.train.objectives import Objective
+from seqtune.train.objectives import Driven, Objective, Position
 from seqtune.train.step import autocast, move_batch
 
 # Returns a fresh iterable over this rank's micro-batches of one split: every sample once over all ranks.
@@ -37,15 +37,18 @@ def split_loss(
     env: DistEnv,
     autocast_dtype: torch.dtype | None,
     max_batches: int = 0,
+    step: int = 0,
 ) -> tuple[float, float, dict[str, float]]:
     """(the objective's mean loss over every unit of the split on every rank, the units (target tokens, pairs),
     its metrics averaged over them): the summed loss of training, not a mean of per-batch means. `max_batches` > 0
-    stops after that many micro-batches per rank."""
+    stops after that many micro-batches per rank; `step`: the step evaluated (what an objective that samples is told)."""
     totals = torch.zeros(2 + len(objective.metric_names), dtype=torch.float64, device=env.device)
     for n, batch in enumerate(batches()):
         if max_batches and n >= max_batches:
             break
         batch = move_batch(batch, env.device)
+        if isinstance(objective, Driven):
+            objective.at(Position(step=step, micro_batch=n, training=False))
         with autocast(env.device, autocast_dtype):
             loss, metrics = objective(model, batch)
         totals[0] += loss.double()
@@ -98,6 +101,7 @@ class Evaluator:
                 env=self.env,
                 autocast_dtype=self.autocast_dtype,
                 max_batches=self.max_batches,
+                step=step,
             )
             if self.samples is not None:
                 self.samples.generate(unwrap(self.model), step, self.logger)
@@ -126,7 +130,7 @@ class Evaluator:
             self.model.eval()
             try:
                 loss, targets, measured = split_loss(
-                    self.model, self.test, self.objective, env=self.env, autocast_dtype=self.autocast_dtype
+                    self.model, self.test, self.objective, env=self.env, autocast_dtype=self.autocast_dtype, step=step
                 )
             finally:
                 self.model.train()

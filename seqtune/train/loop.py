@@ -19,7 +19,8 @@ from seqtune.train.checkpoint import Checkpointer, Progress
 from seqtune.train.evaluate import Evaluator
 from seqtune.train.metrics import MetricsLogger
 from seqtune.train.numerics import NumericsGuard
-from seqtune.train.objectives import Objective
+from seqtune.train.objectives import Driven, Objective, Position
+from seqtune.train.offload import offload_activations
 from seqtune.train.signals import StopAtStep
 from seqtune.train.step import autocast, move_batch
 
@@ -46,11 +47,15 @@ class Loop:
     total_steps: int
     logger: MetricsLogger | None
     autocast_dtype: torch.dtype | None
+    # model.activation_offload: the forward's saved activations wait in pinned host memory (seqtune.train.offload).
+    activation_offload: bool = False
     # fp16 autocast: scales the loss so small gradients survive float16 (None otherwise).
     scaler: torch.amp.GradScaler | None
     checkpointer: Checkpointer
     # The recipe's loss and metrics (seqtune.train.objectives).
     objective: Objective
+    # plan.step_repeats: optimizer steps in a row on each step's micro-batches (an online recipe's reuse).
+    step_repeats: int = 1
 
 
 def _no_sync(loop: Loop, last: bool):
@@ -60,9 +65,10 @@ def _no_sync(loop: Loop, last: bool):
     return loop.model.no_sync()  # type: ignore[operator]  # DDP's (hasattr above); typed Tensor | Module
 
 
-def train_step(loop: Loop, micro_batches: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
+def train_step(loop: Loop, micro_batches: list[dict[str, torch.Tensor]], *, step: int = 0) -> dict[str, Any]:
     """One optimizer step over grad_accum micro-batches; loss normalised by the GLOBAL count of the objective's
-    units (target tokens, pairs)."""
+    units (target tokens, pairs). `step`: the optimizer steps completed before this one (what an objective that
+    samples is told, with each micro-batch's index and which repeat of the step's micro-batches this is)."""
     objective = loop.objective
     counts = torch.tensor(
         [
@@ -80,7 +86,14 @@ def train_step(loop: Loop, micro_batches: list[dict[str, torch.Tensor]]) -> dict
     metric_sums = torch.zeros(len(objective.metric_names), dtype=torch.float64, device=loop.env.device)
     for i, batch in enumerate(micro_batches):
         batch = move_batch(batch, loop.env.device)
-        with _no_sync(loop, last=i == len(micro_batches) - 1), autocast(loop.env.device, loop.autocast_dtype):
+        if isinstance(objective, Driven):
+            repeat = step % loop.step_repeats
+            objective.at(Position(step=step, micro_batch=i, repeat=repeat, repeats=loop.step_repeats))
+        with (
+            _no_sync(loop, last=i == len(micro_batches) - 1),
+            autocast(loop.env.device, loop.autocast_dtype),
+            offload_activations(loop.activation_offload),
+        ):
             summed, metrics = objective(loop.model, batch)
         scaled = summed * scale
         (loop.scaler.scale(scaled) if loop.scaler is not None else scaled).backward()
@@ -146,7 +159,7 @@ def fit(loop: Loop, state: Progress) -> Progress:
     # A resumed run whose early stopping had already ended it does not train on.
     while state.step < loop.total_steps and not loop.evaluator.should_stop:
         inject_fault("train", step=state.step + 1, rank=loop.env.rank)
-        out = train_step(loop, [next(batches) for _ in range(loop.cfg.grad_accum)])
+        out = train_step(loop, [next(batches) for _ in range(loop.cfg.grad_accum)], step=state.step)
         # Before anything of the step is logged, evaluated or saved.
         numerics.check(state.step + 1, out["loss_sum"] / max(out["units"], 1.0), out["grad_norm"])
         state.first_loss = numerics.first_loss

@@ -46,6 +46,25 @@ class StatefulObjective(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+@dataclass(frozen=True)
+class Position:
+    """Where a micro-batch stands, told to an objective that samples (seqtune.rollout) by the loop before each
+    training micro-batch and by the evaluator before each eval one: nothing counts its own calls."""
+
+    step: int  # optimizer steps completed before this micro-batch (at an eval: the step evaluated)
+    micro_batch: int  # its index within the step (or within the eval)
+    repeat: int = 0  # 0: a new generation batch; k > 0: the k-th reuse of the step's rollouts (plan.step_repeats)
+    repeats: int = 1  # plan.step_repeats: how many passes each step's micro-batches get
+    training: bool = True
+
+
+@runtime_checkable
+class Driven(Protocol):
+    """An objective that acts on where training stands (an online recipe's rollout stage)."""
+
+    def at(self, position: Position) -> None: ...
+
+
 def _inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: batch[k] for k in MODEL_INPUTS if k in batch}
 

@@ -8,20 +8,19 @@ import math
 import torch
 
 from seqtune.config.schema import OptimConfig
-from seqtune.models.optimizers import STATE_LAYOUTS, TORCH_SGD
+from seqtune.models.optimizers import SETTINGS, STATE_LAYOUTS
 
 
 def build_optimizer(params: list[torch.nn.Parameter], cfg: OptimConfig, implementation: str) -> torch.optim.Optimizer:
     """The class the plan resolved for optim.name on this device (seqtune.models.optimizers), built with the
-    config's hyperparameters: every AdamW takes the same lr, betas, eps and weight decay."""
+    settings it declares it reads (SETTINGS; preflight refused any other set away from its default)."""
     assert implementation in STATE_LAYOUTS, f"the plan names no optimizer class: {implementation}"
     module, _, name = implementation.rpartition(".")
     optimizer_class = getattr(importlib.import_module(module), name)
-    if implementation == TORCH_SGD:
-        return optimizer_class(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    return optimizer_class(
-        params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps
-    )
+    settings = {key: getattr(cfg, key) for key in SETTINGS[implementation]}
+    if "betas" in settings:
+        settings["betas"] = (cfg.betas[0], cfg.betas[1])
+    return optimizer_class(params, **settings)
 
 
 def lr_factor(step: int, *, cfg: OptimConfig, total_steps: int) -> float:

@@ -122,6 +122,39 @@ def test_a_value_that_cannot_train_fails_when_typed_naming_key_and_fix(override,
     assert info.value.key == override.split("=")[0]
 
 
+@pytest.mark.parametrize(
+    ("overrides", "key", "needle"),
+    [
+        (["train.keep_last=5"], "train.keep_last", r"no checkpoints are written .*Fix: train.save_every=N"),
+        (["train.eval_sample_tokens=8"], "train.eval_sample_tokens", r"no samples are generated"),
+        (["train.push_private=false"], "train.push_private", r"nothing is uploaded .*train.push_to_hub=ORG/NAME"),
+        (["padding.bucket_window=7"], "padding.bucket_window", r"only padding=bucket sorts .*Fix: padding=bucket"),
+        (["data.preflight_sample=10"], "data.preflight_sample", r"data.mode=cached scans .*Fix: data.mode=stream"),
+    ],
+)
+def test_a_setting_that_only_acts_beside_another_is_refused_while_that_one_is_off(overrides, key, needle):
+    """Honoured or refused: each of these was accepted with no effect and no note."""
+    from seqtune.config import ConfigError
+
+    with pytest.raises(ConfigError, match=needle) as info:
+        to_typed(_compose(overrides))
+    assert info.value.key == key
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["train.keep_last=5", "train.save_every=2"],
+        ["train.eval_sample_tokens=8", "train.eval_samples=2"],
+        ["train.push_private=false", "train.push_to_hub=org/name"],
+        ["padding=bucket", "padding.bucket_window=7"],
+        ["data.preflight_sample=10", "data.mode=stream"],
+    ],
+)
+def test_the_same_settings_are_accepted_beside_the_one_they_act_with(overrides):
+    to_typed(_compose(overrides))
+
+
 def test_every_bad_value_of_a_group_is_reported_at_once():
     from seqtune.config import ConfigError
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from seqtune.recipes.grpo.rewards import OTHER_KIND_COST
+from seqtune.rollout.examples import OTHER_KIND_COST
 from tests.conftest import REPO, read_metrics, run_cli
 
 pytestmark = pytest.mark.slow
@@ -28,8 +28,8 @@ COMMON = [
     "train.log_every=1",
     "train.eval_every=2",
     "train.eval_batches=1",
-    "grpo.num_generations=2",
-    "grpo.max_completion_tokens=4",
+    "rollout.num_generations=2",
+    "rollout.max_completion_tokens=4",
     "grpo.beta=0.05",  # the reference (adapters off) and the kl metric take part
     "lora.dropout=0.1",
     "preflight.plot=false",
@@ -93,6 +93,12 @@ def test_a_grpo_run_logs_rewards_and_writes_completions(reference):
     assert report["artifacts"][0]["checks"]["stops"] == {"</s>": True, "<|end|>": True}
     # What the memory estimate sizes the generation KV cache and the update with (the spec's declaration, resolved)
     assert plan["completions_per_sample"] == 2 and plan["completion_tokens"] == 4
+    # Preflight's reports describe prompts as prompts: no trainable share, no zero-target or unterminated counts
+    train = json.loads((reference / "preflight.json").read_text())["splits"]["train"]
+    assert train["trainable_fraction"] is None and train["zero_target"] is None
+    assert train["content"]["unterminated_spans"] is None
+    log = (reference / "seqtune.log").read_text()
+    assert "prompt as sampling starts from it" in log and " targets)" not in log
 
 
 def as_written_before_turn_closer(checkpoint: Path, cache: Path) -> None:
@@ -146,28 +152,35 @@ def test_reward_problems_are_refused_before_any_generation(tmp_path):
         "    return [0.0] * len(completions)\n"
     )
     run_dir = tmp_path / "run"
-    result = run_cli([*COMMON, f"grpo.rewards=[{rewards}:broken,{rewards}:needs]"], run_dir)
+    result = run_cli([*COMMON, f"rollout.rewards=[{rewards}:broken,{rewards}:needs]"], run_dir)
     assert result.returncode == 2, result.stdout[-2000:]
     out = " ".join(result.stdout.split())
-    assert f"grpo.rewards[0]={rewards}:broken ({rewards}:1) failed a dry call" in out
+    assert f"rollout.rewards[0]={rewards}:broken ({rewards}:1) failed a dry call" in out
     assert f"(raised at {rewards}:2)" in out
-    assert "reads column(s) solution, which the data's records lack (they have: kind)" in out
+    assert "reads column solution, which " in out and "train.jsonl:1 lacks (the records have: kind)" in out
     assert not (run_dir / "completions.jsonl").exists() and not (run_dir / "metrics.jsonl").exists()
 
 
 ITERATED = [*COMMON, "grpo.num_iterations=2", "train.max_steps=6", "train.save_every=3"]
+# RLOO on the same shared online stage: only the recipe and its own group's keys differ.
+RLOO_ITERATED = [
+    a.replace("lora_grpo", "lora_rloo").replace("grpo.", "rloo.") for a in ITERATED if a != "grpo.loss=dapo"
+]
 
 
-@pytest.fixture(scope="module")
-def iterated(tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("grpo_mu") / "run"
-    ok(run_cli(ITERATED, run_dir))
-    return run_dir
+@pytest.fixture(scope="module", params=["grpo", "rloo"])
+def iterated(tmp_path_factory, request) -> tuple[Path, list[str]]:
+    args = ITERATED if request.param == "grpo" else RLOO_ITERATED
+    run_dir = tmp_path_factory.mktemp(f"{request.param}_mu") / "run"
+    ok(run_cli(args, run_dir))
+    return run_dir, args
 
 
 def test_num_iterations_reuses_each_generation_batch_for_that_many_steps(iterated):
-    """grpo.num_iterations=2: steps 1-2, 3-4, 5-6 train on one generation batch each (the same rewards and lengths),
-    the 2nd step with the 1st's log-probabilities (a ratio off 1), and the plan counts the repeated steps."""
+    """grpo.num_iterations=2 (rloo.num_iterations=2 alike): steps 1-2, 3-4, 5-6 train on one generation batch each
+    (the same rewards and lengths), the 2nd step with the 1st's log-probabilities (a ratio off 1), and the plan
+    counts the repeated steps."""
+    iterated, _ = iterated
     steps = [m for m in read_metrics(iterated) if "loss" in m]
     assert [m["step"] for m in steps] == list(range(1, 7))
     for first, second in zip(steps[::2], steps[1::2], strict=True):
@@ -184,11 +197,13 @@ def test_num_iterations_reuses_each_generation_batch_for_that_many_steps(iterate
 
 def test_a_run_killed_mid_cycle_resumes_bitwise(iterated, tmp_path):
     """SIGKILL while saving step 6: step 3's checkpoint (the 1st step of a generation batch that step 4 reuses) holds
-    the rollouts and their log-probabilities, so the resumed steps 4-6 are the uninterrupted run's bit for bit."""
+    the rollouts and their log-probabilities, so the resumed steps 4-6 are the uninterrupted run's bit for bit (GRPO
+    and RLOO: the stage they share keeps the buffer)."""
+    iterated, args = iterated
     run_dir = tmp_path / "run"
-    crashed = run_cli(ITERATED, run_dir, env={"SEQTUNE_FAULT": "save:6"})
+    crashed = run_cli(args, run_dir, env={"SEQTUNE_FAULT": "save:6"})
     assert crashed.returncode == -9, crashed.stderr[-2000:]
-    resumed = run_cli(ITERATED, run_dir)
+    resumed = run_cli(args, run_dir)
     ok(resumed)
     assert "step_00000003 (step 3)" in resumed.stdout
     adapter = Path("adapter") / "adapter_model.safetensors"
@@ -287,3 +302,47 @@ def test_message_prompts_stop_at_the_templates_turn_closer(tmp_path):
         assert json.loads((run_dir / "export.json").read_text())["ok"]
     assert stops["messages"].count("<|end|>") >= 2 and set(stops["messages"]) <= {"<|end|>", "</s>", None}
     assert "<|end|>" not in stops["strings"] and None in stops["strings"]
+
+
+VERL_REWARD = """\
+def gsm8k(completions, extra_info, reward_model, **kwargs):
+    # Each record's own struct columns, intact: two records share one prompt and differ in them.
+    for info, truth in zip(extra_info, reward_model, strict=True):
+        if truth["ground_truth"] != str(info["index"] * 3) or not info["answer"].endswith(truth["ground_truth"]):
+            raise ValueError(f"columns of another record: {info} {truth}")
+    answers = [info["answer"].split("####")[-1].strip() for info in extra_info]
+    return [float(c[-1]["content"].strip().endswith(a)) for c, a in zip(completions, answers, strict=True)]
+"""
+
+
+def write_verl_gsm8k(path: Path, rows: int = 8) -> None:
+    """GSM8K as verl publishes it: `prompt` a message list, `reward_model` and `extra_info` struct columns, in
+    Parquet; records 0 and 1 ask the same question with different answers."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def record(i: int) -> dict:
+        question = f"What is {max(i, 1)} times 3?"
+        return {
+            "data_source": "openai/gsm8k",
+            "prompt": [{"content": question + ' Output the final answer after "####".', "role": "user"}],
+            "ability": "math",
+            "reward_model": {"ground_truth": str(i * 3), "style": "rule"},
+            "extra_info": {"answer": f"{i} * 3 = {i * 3}\n#### {i * 3}", "index": i, "question": question},
+        }
+
+    pq.write_table(pa.Table.from_pylist([record(i) for i in range(rows)]), path)
+
+
+def test_gsm8k_as_verl_publishes_it_trains_with_a_reward_reading_its_struct_columns(tmp_path):
+    """The struct columns reach the rewards from the token cache (no data file read again), each record its own
+    although two share a prompt (and neither is dropped as a duplicate)."""
+    data, rewards = tmp_path / "gsm8k.parquet", tmp_path / "verl_rewards.py"
+    write_verl_gsm8k(data)
+    rewards.write_text(VERL_REWARD)
+    run_dir = tmp_path / "run"
+    args = [*COMMON, f"data.train={data}", "data.val=null", "data.format=prompt", "train.eval_every=0"]
+    result = run_cli([*args, f"rollout.rewards=[{rewards}:gsm8k]", "train.max_steps=2"], run_dir)
+    ok(result)
+    assert "duplicate" not in (run_dir / "rejects.jsonl").read_text()
+    assert [m["step"] for m in read_metrics(run_dir) if "loss" in m] == [1, 2]

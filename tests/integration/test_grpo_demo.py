@@ -13,7 +13,7 @@ from collections import defaultdict
 
 import pytest
 
-from seqtune.recipes.grpo.rewards import CHARACTER_KINDS, kind_share
+from seqtune.rollout.examples import CHARACTER_KINDS, kind_share
 from tests.conftest import PORTABLE_CPU, read_metrics, run_cli
 
 pytestmark = pytest.mark.slow

@@ -20,7 +20,7 @@ DATA = Path(__file__).parent / "data"
 DEFAULTS = {
     "data.train": str(DATA / "grpo_letter_prompts.jsonl"),
     "data.val": str(DATA / "grpo_letter_prompts_val.jsonl"),
-    "grpo.rewards": "[seqtune.recipes.grpo.rewards:starts_with_answer]",
+    "rollout.rewards": "[seqtune.rollout.examples:starts_with_answer]",
 }
 
 REWARDS = """\
@@ -47,8 +47,12 @@ def needs(prompts, completions, solution, **columns):
     return [0.0] * len(completions)
 
 
-def one_argument(completions):
+def positional_only(completions, /):
     return [0.0] * len(completions)
+
+
+def trl_documented(completions, **kwargs):
+    return [float(bool(c)) for c in completions]
 """
 # A chat template that renders no generation prompt (add_generation_prompt changes nothing).
 NO_GENERATION_PROMPT = "{% for m in messages %}<|user|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
@@ -87,56 +91,66 @@ def line_of(path: Path, text: str) -> int:
 CASES = [
     (
         "budget_over_max_seq_len",
-        ["data.max_seq_len=16", "grpo.max_completion_tokens=4"],
-        "grpo.max_completion_tokens",
-        "+ grpo.max_completion_tokens=4 = 20 tokens > data.max_seq_len 16. Fix: grpo.max_completion_tokens=",
+        ["data.max_seq_len=16", "rollout.max_completion_tokens=4"],
+        "rollout.max_completion_tokens",
+        # the longest prompt fills data.max_seq_len: no lower budget can work, so none is offered
+        "+ rollout.max_completion_tokens=4 = 20 tokens > data.max_seq_len 16. Fix: data.max_seq_len=20 or more",
     ),
     (
         "fsdp_across_ranks",
         ["launcher=torchrun", "launcher.nproc_per_node=2", "train.parallel=fsdp"],
         "train.parallel",
-        "train.parallel=fsdp across ranks with GRPO: each rank samples until its own completions end",
+        "train.parallel=fsdp across ranks with an online recipe: each rank samples until its own completions end",
     ),
     (
         "budget_over_context",
-        ["grpo.max_completion_tokens=2040"],
-        "grpo.max_completion_tokens",
-        "= 2056 tokens > model context 2048. Fix: grpo.max_completion_tokens=2032",
+        ["rollout.max_completion_tokens=2040"],
+        "rollout.max_completion_tokens",
+        "= 2056 tokens > model context 2048. Fix: rollout.max_completion_tokens=2032",
     ),
-    ("reward_does_not_import", ["grpo.rewards=[{broken}:fn]"], "grpo.rewards[0]", "failed: ModuleNotFoundError"),
-    ("reward_missing", ["grpo.rewards=[{rewards}:nope]"], "grpo.rewards[0]", "has no function nope"),
+    ("reward_does_not_import", ["rollout.rewards=[{broken}:fn]"], "rollout.rewards[0]", "failed: ModuleNotFoundError"),
+    ("reward_missing", ["rollout.rewards=[{rewards}:nope]"], "rollout.rewards[0]", "has no function nope"),
     (
         "reward_signature",
-        ["grpo.rewards=[{rewards}:one_argument]"],
-        "grpo.rewards[0]",
-        "takes 1 positional parameter(s); a reward is called as fn(prompts, completions, **columns)",
+        ["rollout.rewards=[{rewards}:positional_only]"],
+        "rollout.rewards[0]",
+        "takes completions by position only; a reward is called by keyword, as fn(prompts=, completions=, "
+        "completion_ids=, **columns)",
     ),
     (
         "reward_raises",
-        ["grpo.rewards=[{rewards}:raises]"],
-        "grpo.rewards[0]",
+        ["rollout.rewards=[{rewards}:raises]"],
+        "rollout.rewards[0]",
         "({rewards}:{raises_def}) failed a dry call on 2 real prompts with dummy completions: KeyError: "
         "'solution' (raised at {rewards}:{raises_at})",
     ),
     (
         "reward_wrong_length",
-        ["grpo.rewards=[{rewards}:ok,{rewards}:short_list]"],
-        "grpo.rewards[1]",
+        ["rollout.rewards=[{rewards}:ok,{rewards}:short_list]"],
+        "rollout.rewards[1]",
         "({rewards}:{short_def}) failed a dry call on 2 real prompts with dummy completions: ValueError: returned 1 "
         "for 2 completions",
     ),
     (
         "reward_not_finite",
-        ["grpo.rewards=[{rewards}:not_finite]"],
-        "grpo.rewards[0]",
+        ["rollout.rewards=[{rewards}:not_finite]"],
+        "rollout.rewards[0]",
         "({rewards}:{nan_def}) failed a dry call on 2 real prompts with dummy completions: ValueError: returned nan "
         "at index 0 (expected a finite float or None)",
     ),
     (
         "reward_column_missing",
-        ["grpo.rewards=[{rewards}:needs]"],
-        "grpo.rewards[0]",
-        "reads column(s) solution, which the data's records lack (they have: answer)",
+        ["rollout.rewards=[{rewards}:needs]"],
+        "rollout.rewards[0]",
+        "reads column solution, which " + str(DATA / "grpo_letter_prompts.jsonl") + ":1 lacks (the records have: "
+        "answer)",
+    ),
+    (
+        "moved_key",
+        ["grpo.num_generations=8"],
+        "grpo.num_generations",
+        "grpo.num_generations moved to rollout.num_generations (every online recipe shares it). Fix: "
+        "rollout.num_generations=8",
     ),
     (
         "unequal_prompts_per_rank",
@@ -165,18 +179,18 @@ CASES = [
         "per rank per epoch are not a whole number of steps of train.grad_accum=5",
     ),
     (
-        "iterations_stream",
-        ["grpo.num_iterations=2", "data.mode=stream"],
+        "stream",
+        ["data.mode=stream"],
         "data.mode",
-        "grpo.num_iterations=2 trains 2 steps on each step's micro-batches, which a stream (data.mode=stream) cannot "
-        "hand again. Fix: data.mode=cached",
+        "data.mode=stream with recipe_name=grpo: an online recipe's rewards read each prompt's columns from the "
+        "token cache, which a stream does not write. Fix: data.mode=cached",
     ),
     (
         "vllm_generator",
-        ["grpo.generator=vllm"],
-        "grpo.generator",
-        "grpo.generator=vllm: seqtune's colocated vLLM generator (a CUDA GPU, weights synced each step) is not built "
-        "yet, so a run cannot use it. Fix: grpo.generator=transformers",
+        ["rollout.generator=vllm"],
+        "rollout.generator",
+        "rollout.generator=vllm: seqtune's colocated vLLM generator (a CUDA GPU, weights synced each step) is not built "
+        "yet, so a run cannot use it. Fix: rollout.generator=transformers",
     ),
 ]
 
@@ -213,9 +227,20 @@ def test_each_grpo_refusal_exits_2_before_any_generation(files, tmp_path, overri
 @pytest.mark.parametrize(
     "overrides",
     [
-        ["grpo.rewards=[{rewards}:ok]", "grpo.num_iterations=2", "data.max_seq_len=20", "grpo.max_completion_tokens=4"],
-        # zephyr closes an assistant turn with </s>: a trained terminator, so message prompts stop
-        ["data.train={messages}", "data.val=null", "tokenizer.chat_template=zephyr"],
+        [
+            "rollout.rewards=[{rewards}:ok,{rewards}:trl_documented]",
+            "grpo.num_iterations=2",
+            "data.max_seq_len=20",
+            "rollout.max_completion_tokens=4",
+        ],
+        # zephyr closes an assistant turn with </s>: a trained terminator, so message prompts stop; TRL's own
+        # think_format_reward (message completions) runs unchanged by name
+        [
+            "data.train={messages}",
+            "data.val=null",
+            "tokenizer.chat_template=zephyr",
+            "rollout.rewards=[seqtune.rollout.examples:starts_with_answer,trl.rewards:think_format_reward]",
+        ],
         # the bundled tokenizer's template closes a turn with <|end|>, no terminator: message prompts stop there
         ["data.train={messages}", "data.val=null"],
     ],
@@ -229,3 +254,22 @@ def test_the_same_checks_accept_a_sound_run(files, tmp_path, overrides):
     result = run_cli(_args(overrides, files), tmp_path / "run")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "preflight: no problems." in result.stdout
+
+
+@pytest.mark.parametrize("policy", ["drop", "truncate_prompt"])
+def test_the_completion_budget_counts_the_prompts_training_serves(files, tmp_path, policy):
+    """data.overlength=drop/truncate_prompt: a prompt longer than data.max_seq_len is dropped or cut, so the budget
+    counts the longest prompt as served (never the dropped one), and a fix that lowers the budget is printed only
+    when it leaves a completion at least one token."""
+    import re
+
+    limit = 12  # below the longest prompt of the data (16 tokens)
+    overrides = [f"data.max_seq_len={limit}", f"data.overlength={policy}", "rollout.max_completion_tokens=4"]
+    result = run_cli(_args(overrides, files), tmp_path / "run")
+    out = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 2, out[-3000:]
+    served = [int(t) for t in re.findall(r"(\d+) tokens as training serves it", out)]
+    assert served and all(t <= limit for t in served), out[-3000:]
+    for t, fix in zip(served, re.findall(r"Fix: rollout.max_completion_tokens=(\d+)", out), strict=False):
+        assert int(fix) >= 1 and t + int(fix) <= limit
+    assert "Traceback" not in out

@@ -1,5 +1,5 @@
 """A GRPO run scored by a reward model through the real CLI (issue 39 item 5): a tiny recipe=lora_reward run's
-merged/ export in grpo.rewards trains, each logged reward is that model's score of the completion (as
+merged/ export in rollout.rewards trains, each logged reward is that model's score of the completion (as
 AutoModelForSequenceClassification reads the prompt, the completion and eos), and the adapter/ export scores alike;
 a directory that is no sequence classifier, and one whose tokenizer cannot read the policy's completions, exit 2 at
 preflight naming their entries, before any generation."""
@@ -26,8 +26,8 @@ GRPO = [
     "train.eval_every=2",
     "train.eval_batches=1",
     "train.save_every=0",
-    "grpo.num_generations=2",
-    "grpo.max_completion_tokens=4",
+    "rollout.num_generations=2",
+    "rollout.max_completion_tokens=4",
     "preflight.plot=false",
 ]
 
@@ -49,8 +49,8 @@ def reward_run(tmp_path_factory) -> Path:
 
 def test_a_grpo_run_scored_by_a_lora_reward_export_trains_and_logs_its_scores(reward_run, tmp_path):
     run_dir = tmp_path / "grpo"
-    rewards = f"grpo.rewards=[{reward_run / 'merged'},{reward_run / 'adapter'}]"
-    ok(run_cli([*GRPO, rewards, "grpo.reward_weights=[1.0,0.0]"], run_dir))
+    rewards = f"rollout.rewards=[{reward_run / 'merged'},{reward_run / 'adapter'}]"
+    ok(run_cli([*GRPO, rewards, "rollout.reward_weights=[1.0,0.0]"], run_dir))
     steps = [m for m in read_metrics(run_dir) if "loss" in m]
     assert [m["step"] for m in steps] == [1, 2]
     assert all(torch.isfinite(torch.tensor(m["rewards/merged"])) for m in steps)
@@ -71,9 +71,11 @@ def test_a_grpo_run_scored_by_a_lora_reward_export_trains_and_logs_its_scores(re
 def test_no_classifier_and_an_unreadable_tokenizer_are_refused_before_generation(reward_run, tmp_path):
     word_level = build_word_level_reward_model(tmp_path / "word_level")
     run_dir = tmp_path / "refused"
-    result = run_cli([*GRPO, f"grpo.rewards=[{reward_run / 'base'},{word_level}]"], run_dir)
+    result = run_cli([*GRPO, f"rollout.rewards=[{reward_run / 'base'},{word_level}]"], run_dir)
     assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
     problems = {p["key"]: p["message"] for p in json.loads((run_dir / "preflight.json").read_text())["problems"]}
-    assert "names LlamaForCausalLM, not a sequence classifier" in problems["grpo.rewards[0]"]
-    assert "as its unknown token '[UNK]'" in problems["grpo.rewards[1]"] and "Fix: " in problems["grpo.rewards[1]"]
+    assert "names LlamaForCausalLM, not a sequence classifier" in problems["rollout.rewards[0]"]
+    assert (
+        "as its unknown token '[UNK]'" in problems["rollout.rewards[1]"] and "Fix: " in problems["rollout.rewards[1]"]
+    )
     assert not (run_dir / "completions.jsonl").exists() and not (run_dir / "metrics.jsonl").exists()

@@ -90,6 +90,11 @@ def test_mlflow_local_store_has_every_step_and_the_flattened_config_and_resumes_
     assert run.data.params["train.max_steps"] == "6" and run.data.params["recipe_name"] == "sft"
     # Step 4 was logged before the crash and again after the resume: MLflow keeps both, and the console says so.
     assert "already has loss up to step 4 from before this resume (step 3)" in resumed.stdout
+    local = (run_dir / "mlruns").resolve().as_uri()
+    assert (
+        f"MLflow: MLFLOW_TRACKING_URI is not set: logging into the local store {local}; to look at it: "
+        f"MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {local}"
+    ) in resumed.stdout.splitlines()
     logged = read_metrics(run_dir)
     assert {key for record in logged for key in record} - {"step"} <= set(run.data.metrics)
     loss: dict[int, list[float]] = {}
@@ -98,6 +103,22 @@ def test_mlflow_local_store_has_every_step_and_the_flattened_config_and_resumes_
     assert {step: len(values) for step, values in loss.items()} == {1: 1, 2: 1, 3: 1, 4: 2, 5: 1, 6: 1}
     for record in logged:  # the resume is exact, so both values of step 4 are the one metrics.jsonl kept
         assert loss[record["step"]] == pytest.approx([record["loss"]] * len(loss[record["step"]]), rel=1e-6)
+
+
+def test_a_tensorboard_directory_that_cannot_be_written_ends_tensorboard_logging_with_one_line(tmp_path: Path):
+    """An unwritable RUN_DIR/tensorboard/ ended the run with a traceback after "preflight: no problems". A file in
+    its place stands for it (tests run as root, where a directory's mode refuses nothing)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "tensorboard").write_text("not a directory")
+    result = run_cli(["logger=[tensorboard,mlflow]", *TINY], run_dir, env=NO_MLFLOW_SERVER)
+    _ok(result)
+    assert "Traceback" not in result.stdout + result.stderr
+    [line] = [line for line in result.stdout.splitlines() if line.startswith("TensorBoard ")]
+    assert line.startswith(f"TensorBoard could not write into {run_dir / 'tensorboard'} at the start (")
+    assert line.endswith("TensorBoard logging stops; metrics.jsonl has every step.")
+    client, run = _mlflow_run(run_dir)  # the other tracker logs on
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2, 3, 4, 5, 6]
 
 
 def test_wandb_and_tensorboard_together(tmp_path: Path):
@@ -111,18 +132,73 @@ def test_wandb_and_tensorboard_together(tmp_path: Path):
     assert [e.step for e in events.Scalars("eval_loss")] == [3, 6]
 
 
-def test_an_unreachable_mlflow_server_falls_back_to_the_local_store(tmp_path: Path):
+def _assert_secret_nowhere(secret: str, result, run_dir: Path) -> None:
+    """Neither the console nor any file of the run (seqtune.log, .mlflow_run.json, the local store) holds it."""
+    assert secret not in result.stdout + result.stderr
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), f"the password leaked into {path}"
+
+
+def test_an_unreachable_mlflow_server_falls_back_to_the_local_store_and_its_password_is_never_shown(tmp_path: Path):
     run_dir = tmp_path / "run"
     result = run_cli(
         ["logger=mlflow", "logger.mlflow.init_timeout=2", *TINY],
         run_dir,
-        env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"},  # nothing listens on port 9
+        # nothing listens on port 9; user:password@ is MLflow's basic-auth form of the URI
+        env={"MLFLOW_TRACKING_URI": "http://alice:s3cret-pw@127.0.0.1:9/?token=tok3n"},
     )
     _ok(result)
     local = (run_dir / "mlruns").resolve().as_uri()
     [line] = [line for line in result.stdout.splitlines() if line.startswith("MLflow at ")]
-    assert line.startswith("MLflow at MLFLOW_TRACKING_URI=http://127.0.0.1:9 could not be reached within ")
+    assert line.startswith("MLflow at MLFLOW_TRACKING_URI=http://***@127.0.0.1:9/?token=*** could not be reached ")
     assert f"logging into the local store {local}" in line and "mlflow ui --backend-store-uri" in line
+    assert line in (run_dir / "seqtune.log").read_text()
+    for secret in ("s3cret-pw", "tok3n", "alice"):
+        _assert_secret_nowhere(secret, result, run_dir)
+    client, run = _mlflow_run(run_dir)
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2, 3, 4, 5, 6]
+
+
+class _SilentServer(BaseHTTPRequestHandler):
+    """Answers /health and never answers an MLflow API call (until the test releases it): a server whose database
+    hangs behind a live web process."""
+
+    release = threading.Event()
+
+    def do_GET(self) -> None:
+        if self.path != "/health":
+            self.release.wait(timeout=300)
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"OK")
+
+    do_POST = do_PATCH = do_GET
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_a_mlflow_server_that_answers_health_but_never_the_api_falls_back_within_the_timeout(tmp_path: Path):
+    """The health probe passed and MLflow's first call then waited 120 s x 7 retries: the run hung at its start."""
+    run_dir = tmp_path / "run"
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SilentServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    uri = f"http://127.0.0.1:{server.server_port}"
+    try:  # a run that waits out MLflow's retries never ends within the test's limit
+        result = run_cli(
+            ["logger=mlflow", "logger.mlflow.init_timeout=3", *TINY],
+            run_dir,
+            env={"MLFLOW_TRACKING_URI": uri},
+            timeout=300,
+        )
+    finally:
+        _SilentServer.release.set()
+        server.shutdown()
+        server.server_close()
+    _ok(result)
+    [line] = [line for line in result.stdout.splitlines() if line.startswith("MLflow at ")]
+    assert line.startswith(f"MLflow at MLFLOW_TRACKING_URI={uri} did not answer within logger.mlflow.init_timeout=3s")
     client, run = _mlflow_run(run_dir)
     assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2, 3, 4, 5, 6]
 

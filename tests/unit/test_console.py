@@ -92,3 +92,16 @@ def test_without_a_terminal_progress_is_plain_periodic_lines():
     quiet = io.StringIO()
     console.progress_bar(total=5, initial=0, desc="train", unit="steps", enabled=False, stream=quiet).update(5)
     assert quiet.getvalue() == ""
+
+
+def test_the_credentials_of_every_uri_in_a_text_are_redacted():
+    text = (
+        "MLflow at MLFLOW_TRACKING_URI=http://alice:s3cret@mlflow.example.com:5000/ failed; "
+        "see https://TOKEN123@github.com/org/repo?ref=main&access_token=abc&X-Amz-Signature=f00 and file:///tmp/mlruns"
+    )
+    assert console.redact_uris(text) == (
+        "MLflow at MLFLOW_TRACKING_URI=http://***@mlflow.example.com:5000/ failed; "
+        "see https://***@github.com/org/repo?ref=main&access_token=***&X-Amz-Signature=*** and file:///tmp/mlruns"
+    )
+    plain = "a path /tmp/x@y, an address a@b.com, https://example.com/?q=1"
+    assert console.redact_uris(plain) == plain

@@ -17,6 +17,8 @@ declared in its own module of this package (sft.py, preference.py, unpaired.py, 
 - `trains_targets`: False for a kind whose targets are anchors only (prompt), which skips the checks of trained
   targets; `message_prompts`: a one-sequence record may be a message list for the chat template; `images`: its
   records may carry images, which each member keeps (an image-text run gives them to the model as pixel_values).
+- `keeps_columns`: each record's free columns (and its prompt as written) are stored with its sample when the
+  cache is written (columns.jsonl, one JSON line per sample), for an online recipe's rewards.
 - `stream_problem`: why data.mode=stream cannot honour the kind's encoding, or "" when it can.
 
 Torch-free and tokenizer-free: config rules and preflight read kinds before anything is built.
@@ -73,6 +75,9 @@ class SampleKind:
     # expands into each image's token run and gives the model as pixel_values: every member keeps its record's
     # images (a pair's chosen and rejected share the prompt's). A kind without it refuses image parts.
     images: bool = False
+    # Whether each sample keeps its record as written ({"prompt": ..., **columns}) in the token cache
+    # (columns.jsonl), so what reads the columns (an online recipe's rewards) never re-reads the data files.
+    keeps_columns: bool = False
 
     @property
     def sequences(self) -> int:

@@ -1,12 +1,14 @@
-"""prompt: one sequence, a prompt to generate from (online recipes: grpo). Nothing of it trains: its last token is its
-one target, an anchor that tells a real prompt from a filler (fillers have none) and counts prompts (num_targets),
-never a loss term. Its other columns stay out of the token cache (the recipe reads them back by prompt ids)."""
+"""prompt: one sequence, a prompt to generate from (the online recipes: grpo, rloo). Nothing of it trains: its last
+token is its one target, an anchor that tells a real prompt from a filler (fillers have none) and counts prompts
+(num_targets), never a loss term. The record as written (its prompt and every other column, of any JSON shape) is
+kept with the sample in the token cache (columns.jsonl); the field `record` (a 64-bit digest of it, batch key
+`record_key`) finds it from a batch, and makes two records duplicates only when prompt and columns are equal."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from seqtune.data.kinds import SampleKind, register
+from seqtune.data.kinds import SampleField, SampleKind, register
 
 
 def _encode(encoder: Any, records: list[Any]) -> Any:
@@ -23,6 +25,12 @@ KIND = register(
         format_hint=(
             "data.format=prompt with {prompt, ...} records (a string or a message list, other columns kept for the "
             "reward functions)"
+        ),
+        fields=(SampleField(name="record", dtype="int64", batch_key="record_key"),),
+        keeps_columns=True,
+        stream_problem=(
+            "an online recipe's rewards read each prompt's columns from the token cache, which a stream does not "
+            "write. Fix: data.mode=cached"
         ),
         trains_targets=False,
         message_prompts=True,

@@ -1,6 +1,6 @@
 """The root config holds every recipe's group whatever is imported first: RootConfig is built from the recipe
 registry when seqtune.config.schema is imported, so a recipe module imported before it (a bench script importing
-seqtune.recipes.grpo.objective) must not build it while that recipe is half imported. Each order runs in a fresh
+seqtune.recipes.grpo.loss) must not build it while that recipe is half imported. Each order runs in a fresh
 interpreter, where import order is real."""
 
 from __future__ import annotations
@@ -25,7 +25,13 @@ print(sorted(s.name for s in recipes().values() if s.settings is not None and s.
 
 @pytest.mark.parametrize(
     "first",
-    ["seqtune.recipes.grpo.objective", "seqtune.recipes.grpo", "seqtune.recipes.dpo", "seqtune.config.domain"],
+    [
+        "seqtune.recipes.grpo.loss",
+        "seqtune.rollout.stage",
+        "seqtune.recipes.grpo",
+        "seqtune.recipes.dpo",
+        "seqtune.config.domain",
+    ],
 )
 def test_the_root_config_holds_every_recipe_group_whatever_is_imported_first(first):
     result = subprocess.run(

@@ -40,7 +40,7 @@ def pair_rows(n: int) -> list[dict]:
 KINDS = {"sft": ("alpaca", sft_rows), "dpo": ("preference", pair_rows)}
 
 
-def shapes(tmp_path: Path, kind: str, strategy: str, mode: str) -> tuple[list[tuple[int, int]], object]:
+def shapes(tmp_path: Path, kind: str, strategy: str, mode: str) -> tuple[list[tuple[int, int]], object, object]:
     fmt, rows = KINDS[kind]
     data = write_jsonl(tmp_path / f"{kind}.jsonl", rows(24))  # 24 = 2 bucket windows of 3 micro-batches of 4
     cfg = make_cfg(
@@ -53,13 +53,13 @@ def shapes(tmp_path: Path, kind: str, strategy: str, mode: str) -> tuple[list[tu
         f"data.mode={mode}",
         "data.shuffle=false",
         "data.tail=pad",
-        "padding.bucket_window=3",
         "padding.multiple_of=4",
+        *(["padding.bucket_window=3"] if strategy == "bucket" else []),  # refused beside another strategy
     )
     _, plan, tokenizer = prepare(cfg, tmp_path / f"run-{mode}")
     batches = build_train_batches(cfg, plan, rank=0, tokenizer=tokenizer)
     rule = plan_rule(cfg, plan)
-    return [tuple(b["input_ids"].shape) for b in islice(batches, 6)], rule
+    return [tuple(b["input_ids"].shape) for b in islice(batches, 6)], rule, plan
 
 
 # Every member of the enum that stream mode honours (packed is refused there: the tests below), so a new strategy is
@@ -70,8 +70,8 @@ STREAMABLE = [str(strategy) for strategy in PaddingStrategy if strategy != Paddi
 @pytest.mark.parametrize("kind", ["sft", "dpo"])
 @pytest.mark.parametrize("strategy", STREAMABLE)
 def test_cached_and_stream_micro_batches_have_the_rules_shapes(tmp_path, kind, strategy):
-    cached, rule = shapes(tmp_path, kind, strategy, "cached")
-    streamed, _ = shapes(tmp_path, kind, strategy, "stream")
+    cached, rule, plan = shapes(tmp_path, kind, strategy, "cached")
+    streamed, _, streamed_plan = shapes(tmp_path, kind, strategy, "stream")
     assert cached == streamed
     assert all(rows == rule.rows for rows, _ in cached)
     assert rule.rows == 4 * (2 if kind == "dpo" else 1)
@@ -79,12 +79,16 @@ def test_cached_and_stream_micro_batches_have_the_rules_shapes(tmp_path, kind, s
         assert {width for _, width in cached} == {rule.max_seq_len}
     if strategy == "bucket":  # length-grouped: its widths spread wider than one width per window
         assert len({width for _, width in cached}) > 2
+    # The memory estimate's batch: the largest the epoch forms (cached); stream mode reads past preflight's sample,
+    # so the widest its rule can form.
+    assert tuple(plan.micro_batch) == max(cached, key=lambda shape: shape[1])
+    assert tuple(streamed_plan.micro_batch) == (rule.rows, rule.max_seq_len)
 
 
 @pytest.mark.parametrize("kind", ["sft", "dpo"])
 def test_packed_cached_gives_batch_size_rows_of_the_row_capacity(tmp_path, kind):
-    cached, rule = shapes(tmp_path, kind, "packed", "cached")
-    assert set(cached) == {(4, rule.row_capacity)}
+    cached, rule, plan = shapes(tmp_path, kind, "packed", "cached")
+    assert set(cached) == {(4, rule.row_capacity)} == {tuple(plan.micro_batch)}
     assert rule.row_capacity == rule.max_seq_len * (2 if kind == "dpo" else 1)
 
 

@@ -240,3 +240,26 @@ def test_chat_without_any_template_names_tokenizer_chat_template(fresh_tokenizer
         r"tokenizer.chat_template=NAME \(one of llama3, mistral_v1",
     ):
         SampleEncoder(fresh_tokenizer, "chat", train_on_prompt=False)
+
+
+def test_a_prompt_keeps_its_record_and_duplicates_are_same_prompt_and_same_columns(bundled_tokenizer):
+    """data.format=prompt: each sample keeps its record as written (columns of any JSON shape) with a digest field;
+    two records with one prompt and different columns are two samples (data.duplicates=drop keeps both), the same
+    prompt with the same columns is a duplicate."""
+    from seqtune.data.dedup import DuplicateFilter
+    from seqtune.data.formats import PromptOnly
+
+    nested = {"extra_info": {"answer": "#### 4", "index": 0}, "tags": [1, [2, 3]]}
+    records = [
+        PromptOnly(file="p.jsonl", line=1, prompt="2+2?", columns={"answer": "4", **nested}),
+        PromptOnly(file="p.jsonl", line=2, prompt="2+2?", columns={"answer": "5", **nested}),
+        PromptOnly(file="p.jsonl", line=3, prompt="2+2?", columns={"answer": "4", **nested}),
+    ]
+    batch = SampleEncoder(bundled_tokenizer, "prompt", train_on_prompt=False).encode_records(records)
+    assert [json.loads(text)["answer"] for text in batch.columns] == ["4", "5", "4"]
+    assert json.loads(batch.columns[0])["extra_info"] == {"answer": "#### 4", "index": 0}
+    digests = batch.fields["record"].tolist()
+    assert digests[0] == digests[2] != digests[1]
+    kept, rejects = DuplicateFilter().filter(batch)
+    assert [r.line for r in rejects] == [3]
+    assert [json.loads(text)["answer"] for text in kept.columns] == ["4", "5"]

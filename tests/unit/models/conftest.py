@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,33 @@ def lora_for(model, lora, family: str):
         rows=rows,
     )
     return apply_lora(model, lora, targets=get_spec(family).lora_targets, saved=saved)
+
+
+FP8_BLOCK = 16  # divides every tiny family's projection sizes (a real FP8 release uses 128)
+
+
+def write_fp8_block_scaled(saved: Path, block: int = FP8_BLOCK) -> None:
+    """Turn the checkpoint save_pretrained wrote into `saved` into the layout Qwen3/DeepSeek FP8 releases ship:
+    every projection's weight in float8_e4m3fn with a float32 `weight_scale_inv` per [block, block] block (the
+    amax over the block / the largest e4m3 value: what dequantizing multiplies back), the rest unchanged, and
+    config.json's quantization_config as transformers' finegrained_fp8 reads it."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(saved / "model.safetensors"))
+    largest = torch.finfo(torch.float8_e4m3fn).max
+    for name in [n for n in tensors if n.endswith("_proj.weight")]:
+        weight = tensors[name].float()
+        rows, cols = weight.shape
+        blocks = weight.reshape(rows // block, block, cols // block, block)
+        scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / largest
+        quantized = (blocks / scale[:, None, :, None]).to(torch.float8_e4m3fn).reshape(rows, cols)
+        tensors[name], tensors[name.removesuffix(".weight") + ".weight_scale_inv"] = quantized, scale
+    save_file(tensors, str(saved / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((saved / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [block, block],
+    }
+    (saved / "config.json").write_text(json.dumps(config, indent=2))

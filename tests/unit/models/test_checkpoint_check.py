@@ -18,7 +18,7 @@ from seqtune.models import build_model, load_model_config
 from seqtune.models.arch import config_arch
 from seqtune.models.checkpoint_check import check_finite_weights, check_loading_info, checkpoint_faults
 from seqtune.models.facts import read_config_json
-from tests.unit.models.conftest import TINY_FAMILIES, tiny_cfg
+from tests.unit.models.conftest import TINY_FAMILIES, tiny_cfg, write_fp8_block_scaled
 
 SINGLE = "model.safetensors"
 
@@ -184,3 +184,43 @@ def test_a_mixture_of_experts_is_proven_against_transformers_conversion(kind, tm
     _rewrite(checkpoint, lambda tensors: {k: v for k, v in tensors.items() if k != expert})
     faults = checkpoint_faults(str(checkpoint), arch)
     assert len(faults) == 1 and f"are not in the checkpoint ({expert})" in faults[0].message
+
+
+def test_an_fp8_block_scaled_checkpoint_is_read_in_its_stored_layout(saved, tmp_path):
+    """F8_E4M3 weights with their weight_scale_inv blocks under quantization_config.quant_method=fp8 pass (they were
+    refused once per tensor as "not a floating-point dtype"); a scale of the wrong shape or a weight without its
+    scales is named; the model loads dequantized (transformers' finegrained_fp8, on the CPU) close to the original."""
+    path = _copy(saved, "single", tmp_path)
+    write_fp8_block_scaled(path)
+    header = load_file(str(path / SINGLE))
+    assert header["model.layers.0.mlp.up_proj.weight"].dtype == torch.float8_e4m3fn
+    assert _faults(path) == []
+    original = load_file(str(saved["single"] / SINGLE))["model.layers.0.mlp.up_proj.weight"]
+    loaded = build_model(tiny_cfg("llama3", path=str(path)), attn_implementation="sdpa")
+    dequantized = loaded.model.layers[0].mlp.up_proj.weight.detach()
+    assert type(loaded.model.layers[0].mlp.up_proj) is torch.nn.Linear
+    assert torch.linalg.norm(dequantized - original) / torch.linalg.norm(original) < 0.05
+
+    cfg = tiny_cfg("llama3", path=str(path))
+    (qlora,) = checkpoint_faults(cfg.path, config_arch(load_model_config(cfg)), load_in_4bit=True)
+    assert "model.path is quantized already" in qlora.message and "Fix: model.load_in_4bit=false" in qlora.message
+
+    scale = "model.layers.1.self_attn.q_proj.weight_scale_inv"
+    _rewrite(path, lambda t: {**t, scale: t[scale][:1]})
+    (fault,) = _faults(path)
+    assert (
+        f"tensor {scale} (F32 [1, 4]) is not the float scales of shape [4, 4] for weight_block_size [16, 16]" in fault
+    )
+    _rewrite(path, lambda t: {k: v for k, v in t.items() if k != scale})
+    (fault,) = _faults(path)
+    assert "q_proj.weight is stored as F8_E4M3 without its model.layers.1.self_attn.q_proj.weight_scale_inv" in fault
+
+
+@pytest.mark.parametrize(("method", "why"), [("bitsandbytes", "only on CUDA"), ("compressed-tensors", "packed")])
+def test_other_pre_quantized_layouts_are_refused_once_naming_why(saved, tmp_path, method, why):
+    path = _copy(saved, "single", tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": method}}))
+    (fault,) = _faults(path)
+    assert f"quantization_config.quant_method={method}" in fault and why in fault
+    assert "Fix: point model.path at the model's bf16/fp16 release" in fault

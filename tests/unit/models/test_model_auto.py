@@ -129,6 +129,26 @@ def test_repository_code_and_unknown_architectures_are_refused_naming_why(checkp
         spec_for(auto(unknown))
 
 
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        (
+            lambda data: (2**40).to_bytes(8, "little") + data[8:],
+            r"its header length field says 1,099,511,627,776 bytes",
+        ),
+        (lambda data: data[:8] + b"\xff" * 64 + data[72:], r"its header is damaged"),
+    ],
+    ids=["huge-length", "garbage-header"],
+)
+def test_a_damaged_safetensors_header_is_refused_naming_the_file(checkpoints, tmp_path, damage, why):
+    """Reading the weight shapes used to end in MemoryError (a 1 TiB read) or JSONDecodeError, both tracebacks."""
+    damaged = shutil.copytree(checkpoints["olmo2"], tmp_path / "damaged")
+    [weights] = damaged.glob("*.safetensors")
+    weights.write_bytes(damage(weights.read_bytes()))
+    with pytest.raises(ModelLoadError, match=rf"{weights}.* cannot be read as safetensors: {why}.*Fix: point model"):
+        spec_for(auto(damaged))
+
+
 def test_auto_without_a_checkpoint_is_refused():
     with pytest.raises(ConfigError, match=r"model.family=auto reads every fact from a checkpoint.*Fix: model.path=DIR"):
         from omegaconf import OmegaConf
@@ -182,6 +202,22 @@ def test_the_router_coefficient_is_the_checkpoints_unless_set_and_refused_where_
     assert plan("qwen3_moe", "recipe=lora_dpo", "data=preference_tiny").router_aux_loss_coef is None
     with pytest.raises(ConfigError, match=r"the dpo recipe's objective adds no router load-balancing loss"):
         plan("qwen3_moe", "recipe=lora_dpo", "data=preference_tiny", "model.router_aux_loss_coef=0.05")
+
+
+@pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral"])
+def test_a_router_picking_more_experts_than_there_are_is_a_preflight_problem(tmp_path, kind):
+    """num_experts_per_tok > the expert count passed preflight and crashed at step 1 (torch.topk out of range)."""
+    from seqtune.preflight.phases import runtime_phase
+    from seqtune.preflight.resolve import resolve_plan
+    from tests.unit.preflight.test_preflight_run import compose_real
+
+    path = build_checkpoint(kind, tmp_path / kind, config_overrides={"num_experts_per_tok": 5})
+    cfg = compose_real("model=hf", f"model.path={path}", "lora=default", f"data.cache_dir={tmp_path / 'tokens'}")
+    *_, problems = runtime_phase(cfg, resolve_plan(cfg, {}), None)
+    [problem] = [p for p in problems if p.key == "model.path"]
+    [count_key] = {"num_experts", "num_local_experts"} & set(json.loads((path / "config.json").read_text()))
+    assert f"config.json num_experts_per_tok=5 > {count_key}=4" in problem.message
+    assert f"Fix: num_experts_per_tok=4 or less in {path / 'config.json'}" in problem.message
 
 
 def test_lora_on_fused_experts_names_parameters_of_the_model(checkpoints):

@@ -265,3 +265,35 @@ def test_reward_models_scoring_completions_count_as_frozen_unsharded_weights():
         assert scored.weights_bytes == without.weights_bytes + 4000  # fp32, whole on every rank
         assert scored.total_bytes == without.total_bytes + 4000
         assert (scored.grads_bytes, scored.optimizer_bytes) == (without.grads_bytes, without.optimizer_bytes)
+
+
+def test_activation_offload_moves_what_each_layer_keeps_to_host_memory():
+    """model.activation_offload: every decoder layer's kept tensors wait in host memory but the two in flight (the
+    layer whose backward runs and the next one copied back); under checkpointing a layer keeps only its input."""
+    base = inputs(
+        LLAMA3_8B,
+        weights_dtype="bfloat16",
+        compute_dtype="bfloat16",
+        batch_tokens=16384,
+        seq_len=16384,
+        gradient_checkpointing=True,
+    )
+    plain, offloaded = memory_estimate(base), memory_estimate(replace(base, activation_offload=True))
+    layer_input = 16384 * 4096 * 2  # bf16 residual stream
+    assert plain.host_bytes == 0 and offloaded.host_bytes == (32 - 2) * layer_input
+    assert plain.activations_bytes - offloaded.activations_bytes == offloaded.host_bytes  # moved, not dropped
+    assert (offloaded.weights_bytes, offloaded.optimizer_bytes) == (plain.weights_bytes, plain.optimizer_bytes)
+    # Without checkpointing far more moves; every rank of the node pins its own.
+    whole = memory_estimate(replace(base, gradient_checkpointing=False, activation_offload=True, local_ranks=8))
+    assert whole.host_bytes > 8 * 5 * offloaded.host_bytes
+
+
+def test_fsdp_cpu_offload_keeps_the_shards_their_grads_and_the_optimizer_in_host_memory():
+    base = inputs(TINYLLAMA_1B, lora_enabled=False, world_size=2, sharded=True, local_ranks=2)
+    sharded, offloaded = memory_estimate(base), memory_estimate(replace(base, cpu_offload=True))
+    arch = config_arch(TINYLLAMA_1B)
+    in_flight = 2 * max(arch.layer_params(layer) for layer in arch.layers) * 4  # two unsharded fp32 layers
+    assert (offloaded.weights_bytes, offloaded.grads_bytes, offloaded.optimizer_bytes) == (in_flight, 0, 0)
+    moved = sharded.weights_bytes - in_flight + sharded.grads_bytes + sharded.optimizer_bytes
+    assert offloaded.host_bytes == pytest.approx(2 * moved, abs=4)  # both ranks of the node
+    assert offloaded.total_bytes < sharded.total_bytes - moved / 2

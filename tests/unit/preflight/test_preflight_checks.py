@@ -9,10 +9,12 @@ from seqtune.data.types import Reject
 from seqtune.models.spec import resized_rows
 from seqtune.preflight import checks
 
+CHECKPOINT = checks.VocabFix(can_resize=True, tiny=False)
+
 
 def test_vocab_size_fails_when_tokenizer_is_bigger_than_the_embedding():
     problems = checks.check_vocab_size(
-        tokenizer_size=4097, embedding_rows=4096, output_rows=4096, resize_embeddings=False
+        tokenizer_size=4097, embedding_rows=4096, output_rows=4096, resize_embeddings=False, fix=CHECKPOINT
     )
     assert [p.key for p in problems] == ["model.resize_embeddings"]  # one cause, one problem
     assert "4097" in problems[0].message
@@ -23,7 +25,12 @@ def test_vocab_size_fails_when_tokenizer_is_bigger_than_the_embedding():
 def test_vocab_size_counts_the_special_tokens_it_leaves_without_a_row():
     specials = {"bos": 1, **{f"<|reserved_{i}|>": 4096 + i for i in range(256)}}
     problems = checks.check_vocab_size(
-        tokenizer_size=4352, embedding_rows=4096, output_rows=4096, resize_embeddings=False, special_ids=specials
+        tokenizer_size=4352,
+        embedding_rows=4096,
+        output_rows=4096,
+        resize_embeddings=False,
+        fix=CHECKPOINT,
+        special_ids=specials,
     )
     assert len(problems) == 1
     assert "256 special token(s) among them: <|reserved_0|> (4096), " in problems[0].message
@@ -33,7 +40,9 @@ def test_vocab_size_counts_the_special_tokens_it_leaves_without_a_row():
 @pytest.mark.parametrize("size, resize", [(4096, False), (4000, False), (4097, True)])
 def test_vocab_size_passes_when_it_fits_or_resizes(size, resize):
     assert (
-        checks.check_vocab_size(tokenizer_size=size, embedding_rows=4096, output_rows=4096, resize_embeddings=resize)
+        checks.check_vocab_size(
+            tokenizer_size=size, embedding_rows=4096, output_rows=4096, resize_embeddings=resize, fix=CHECKPOINT
+        )
         == []
     )
 
@@ -46,22 +55,27 @@ def test_resized_rows_are_a_multiple_of_64_and_never_fewer():
 
 def test_special_token_out_of_range_fails_in_range_passes():
     problems = checks.check_special_token_ids(
-        special_ids={"bos": 1, "pad": 4096, "eos": None, "x": 5000}, vocab_rows=4096
+        special_ids={"bos": 1, "pad": 4096, "eos": None, "x": 5000}, vocab_rows=4096, fix=CHECKPOINT
     )
     assert len(problems) == 1 and "2 special token(s)" in problems[0].message
     assert "pad (4096), x (5000)" in problems[0].message
-    assert checks.check_special_token_ids(special_ids={"bos": 1, "pad": 4095}, vocab_rows=4096) == []
+    assert checks.check_special_token_ids(special_ids={"bos": 1, "pad": 4095}, vocab_rows=4096, fix=CHECKPOINT) == []
 
 
 def test_max_token_id_names_file_and_line():
     problems = checks.check_max_token_id(
-        split="train", max_token_id=32000, location="train.jsonl:7", vocab_rows=4096, pretokenized=True
+        split="train", max_token_id=32000, location="train.jsonl:7", vocab_rows=4096, pretokenized=True, fix=CHECKPOINT
     )
     assert problems[0].location == "train.jsonl:7" and problems[0].key == "data.train"
     assert "32000 (train.jsonl:7) >= model embedding rows 4096" in problems[0].message
     assert (
         checks.check_max_token_id(
-            split="train", max_token_id=4095, location="train.jsonl:7", vocab_rows=4096, pretokenized=False
+            split="train",
+            max_token_id=4095,
+            location="train.jsonl:7",
+            vocab_rows=4096,
+            pretokenized=False,
+            fix=CHECKPOINT,
         )
         == []
     )
@@ -375,8 +389,11 @@ def test_memory_fails_only_against_a_known_device():
         fits=["model.gradient_checkpointing=true (~40.0 GiB)"],
     )
     assert "90.0 GiB (weights 60) > device memory 80.0 GiB" in problems[0].message
-    assert problems[0].message.endswith("Fix: model.gradient_checkpointing=true (~40.0 GiB).")
-    assert "combine them" in checks.check_memory(estimate_gib=90.0, device_memory_gib=80.0, breakdown="")[0].message
+    assert problems[0].message.endswith(
+        "Fix: one of (each with its estimated peak) model.gradient_checkpointing=true (~40.0 GiB)."
+    )
+    none = checks.check_memory(estimate_gib=90.0, device_memory_gib=80.0, breakdown="")[0].message
+    assert "alone or up to three together: use train.parallel=fsdp over more GPUs" in none
     assert checks.check_memory(estimate_gib=90.0, device_memory_gib=None, breakdown="") == []
     assert checks.check_memory(estimate_gib=9.0, device_memory_gib=80.0, breakdown="") == []
 

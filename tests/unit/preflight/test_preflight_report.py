@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from seqtune.preflight.checks import Problem
 from seqtune.preflight.plot import LengthsPlot, plot_key, render_lengths
-from seqtune.preflight.report import format_problems, print_report, write_rejects
+from seqtune.preflight.report import MESSAGE_WIDTH, format_problems, print_report, write_rejects
 from seqtune.preflight.result import (
     RUN_DIR_KEY,
     MemoryStats,
@@ -92,6 +94,25 @@ def test_problem_table_names_check_key_location_and_fix(tmp_path, capsys):
     print_report(_result(tmp_path))
     out = capsys.readouterr().out
     assert "train" in out and "473" in out and "world size 2" in out and "note: pad == eos" in out
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_message_is_one_line_in_a_log_or_pipe_and_wrapped_only_on_a_terminal(tmp_path):
+    """Where a line broke used to depend on the length of a path in the message (a test looking for "'system' column"
+    failed under a longer pytest temp directory): a log or a pipe gets each message whole."""
+    message = f"{tmp_path / ('x' * 90)}.jsonl has a 'system' column that data.format=input_output cannot read. Fix: ..."
+    result = replace(_result(tmp_path), problems=[Problem(check="data", key="data.columns", message=message)])
+    piped, terminal = io.StringIO(), _Terminal()
+    print_report(result, piped)
+    print_report(result, terminal)
+    assert f"       {message}\n" in piped.getvalue()
+    assert message not in terminal.getvalue() and "'system' column" in terminal.getvalue()
+    wrapped = terminal.getvalue().split("preflight: 1 problem(s)")[1].splitlines()[3:]
+    assert len(wrapped) > 1 and all(len(row) <= 7 + MESSAGE_WIDTH for row in wrapped if "x" * 90 not in row)
 
 
 def test_rejects_jsonl_concatenates_every_split(tmp_path):

@@ -15,6 +15,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from seqtune.config import PreflightFailed, RootConfig, to_typed
+from seqtune.config.plan import load_plan
+from seqtune.config.schema import PaddingStrategy
 from seqtune.preflight import load_result, run_preflight
 
 REPO = Path(__file__).resolve().parents[3]
@@ -329,7 +331,7 @@ def test_memory_over_the_stated_device_memory_fails(tmp_path, varied):
         match=r"\[memory\] train.batch_size",
     )
     assert report["memory"]["device_gib"] == 0.0001 and report["memory"]["total_gib"] > 0.0001
-    assert "none of a smaller batch, checkpointing, a shorter max_seq_len or QLoRA fits alone" in messages(report)
+    assert "a lean optimizer, FSDP or its CPU offload fits, alone or up to three together" in messages(report)
 
 
 def test_memory_refusal_names_the_settings_that_would_fit(tmp_path, varied):
@@ -347,6 +349,114 @@ def test_memory_refusal_names_the_settings_that_would_fit(tmp_path, varied):
         match=r"\[memory\] train.batch_size",
     )
     assert f"model.gradient_checkpointing=true (~{checkpointed:.1f} GiB)" in messages(report)
+
+
+@pytest.mark.parametrize("strategy", [str(strategy) for strategy in PaddingStrategy])
+def test_the_estimate_counts_the_micro_batches_the_plan_forms_not_max_seq_len(tmp_path, varied, strategy):
+    """longest/bucket: every row padded to the longest sample, whatever data.max_seq_len (the same batches, the same
+    estimate at 2048 and 16384); max_length: rows of max_seq_len; packed: batch_size rows of max_seq_len."""
+    runs = {}
+    for max_len in (2048, 16384):
+        cfg = make_cfg(
+            tmp_path,
+            varied,
+            f"padding.strategy={strategy}",
+            f"data.max_seq_len={max_len}",
+            "model.max_position_embeddings=16384",
+            "data.tail=pad",  # packed: the 8 samples fill one row
+        )
+        result = run_preflight(cfg, tmp_path / f"run{max_len}")
+        runs[max_len] = (load_plan(tmp_path / f"run{max_len}").micro_batch, result)
+    (short, result), (long, _) = runs[2048], runs[16384]
+    longest = result.splits["train"].lengths["max"]
+    if strategy in ("longest", "bucket"):
+        assert short == long == (4, longest)
+        assert runs[2048][1].memory == runs[16384][1].memory
+    else:
+        assert (short, long) == ((4, 2048), (4, 16384))
+        assert runs[16384][1].memory.activations_gib > 7 * runs[2048][1].memory.activations_gib
+
+
+LLAMA3_8B_SHAPE = (
+    "model.vocab_size=128256",
+    "model.hidden_size=4096",
+    "model.intermediate_size=14336",
+    "model.num_layers=32",
+    "model.num_heads=32",
+    "model.num_kv_heads=8",
+    "model.max_position_embeddings=16384",
+    "model.dtype=bfloat16",
+    "lora.rank=16",
+)
+
+
+def test_an_8b_shape_at_16k_over_the_device_lists_levers_and_the_first_one_passes(tmp_path, varied):
+    """No weights are built: preflight counts the shapes. The refusal lists the levers with their estimated peaks
+    (combined when none fits alone), each as overrides; applying the first printed passes preflight."""
+    over = (*LLAMA3_8B_SHAPE, "padding.strategy=max_length", "data.max_seq_len=16384", "train.batch_size=8")
+    report = run_failing(
+        make_cfg(tmp_path, varied, *over, "preflight.device_memory_gib=24"),
+        tmp_path / "run",
+        match=r"\[memory\] train.batch_size",
+    )
+    message = messages(report)
+    assert "> device memory 24.0 GiB. Fix: one of (each with its estimated peak) " in message
+    levers = message.split("Fix: one of (each with its estimated peak) ")[1].rstrip(".").split("; or ")
+    first, estimate = levers[0].split(" (~")
+    assert first.split() == [
+        "model.gradient_checkpointing=true",
+        "train.batch_size=1",
+        "train.grad_accum=8",
+        "data.max_seq_len=8192",
+        "data.overlength=truncate",
+    ]
+    result = run_preflight(
+        make_cfg(tmp_path, varied, *over, "preflight.device_memory_gib=24", *first.split()), tmp_path / "fixed"
+    )
+    assert result.ok and result.memory.total_gib <= 24
+    assert f"{result.memory.total_gib:.1f} GiB" == estimate.rstrip(")")
+
+
+def test_activation_offload_on_cpu_and_fsdp_cpu_offload_without_fsdp_are_refused_with_the_reason(tmp_path, varied):
+    report = run_failing(
+        make_cfg(tmp_path, varied, "model.activation_offload=true", "train.fsdp_cpu_offload=true"),
+        tmp_path / "run",
+        match=r"\[backend\] model.activation_offload",
+    )
+    assert {p["key"] for p in report["problems"]} == {"model.activation_offload", "train.fsdp_cpu_offload"}
+    text = messages(report)
+    assert "already are in host memory here, so there is no device memory to save" in text
+    assert "Fix: train.parallel=fsdp with launcher=torchrun launcher.nproc_per_node=2" in text
+
+
+def test_what_an_offload_keeps_in_host_memory_is_checked_against_preflight_host_memory_gib(tmp_path, varied):
+    """FSDP CPU offload across 2 ranks (planned, not launched: preflight.only): the shards, grads and optimizer
+    state of both ranks against the stated host memory."""
+    sharded = ("recipe_name=sft", "lora.enabled=false", "launcher.name=torchrun", "launcher.nproc_per_node=2")
+    plan = (*sharded, "train.parallel=fsdp", "train.fsdp_cpu_offload=true")
+    fits = run_preflight(make_cfg(tmp_path, varied, *plan), tmp_path / "fits").memory
+    assert fits.host_gib > 0 and fits.host_memory_gib is not None and fits.grads_gib == fits.optimizer_gib == 0
+    report = run_failing(
+        make_cfg(tmp_path, varied, *plan, f"preflight.host_memory_gib={fits.host_gib / 2}"),
+        tmp_path / "run",
+        match=r"\[memory\] preflight.host_memory_gib",
+    )
+    assert f"train.fsdp_cpu_offload=true keeps ~{fits.host_gib:.1f} GiB in host memory" in messages(report)
+
+
+def test_across_ranks_the_levers_include_fsdp_and_its_cpu_offload(tmp_path, varied):
+    """A 2-rank full fine-tune (planned, not launched) on a device between its sharded and unsharded estimates: FSDP
+    is offered as the exact override, with the estimate preflight gives the sharded plan."""
+    ranks = ("recipe_name=sft", "lora.enabled=false", "launcher.name=torchrun", "launcher.nproc_per_node=2")
+    plain = run_preflight(make_cfg(tmp_path, varied, *ranks), tmp_path / "plain").memory
+    sharded = run_preflight(make_cfg(tmp_path, varied, *ranks, "train.parallel=fsdp"), tmp_path / "fsdp").memory
+    device = (plain.total_gib + sharded.total_gib) / 2
+    report = run_failing(
+        make_cfg(tmp_path, varied, *ranks, f"preflight.device_memory_gib={device}"),
+        tmp_path / "run",
+        match=r"\[memory\] train.batch_size",
+    )
+    assert f"train.parallel=fsdp (~{sharded.total_gib:.1f} GiB)" in messages(report)
 
 
 def test_the_plan_and_the_checks_that_need_no_data_load_no_torch_transformers_or_peft(tmp_path, varied):

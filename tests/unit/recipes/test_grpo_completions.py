@@ -1,5 +1,5 @@
-"""samples.html's completions section (recipes/grpo/completions.py on the shared page's tables): one table per eval
-step, every prompt and completion escaped, message prompts as JSON, and each eval replacing the section (not
+"""samples.html's completions section (rollout/completions.py on the shared page's tables): one table per eval
+step, every prompt and completion escaped, message prompts as a conversation, and each eval replacing the section (not
 adding a second one) below preflight's samples."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from seqtune.preflight.samples_html import SAMPLES_HTML, page
-from seqtune.recipes.grpo.completions import COMPLETIONS_FILE, show_completions
+from seqtune.rollout.completions import COMPLETIONS_FILE, show_completions
 
 
 def write_rows(path: Path, rows: list[dict]) -> None:
@@ -26,13 +26,16 @@ def test_each_eval_is_a_table_of_escaped_prompts_completions_and_rewards(tmp_pat
     show_completions(completions)
     write_rows(
         completions,
-        [row(2, "<b>hi</b>", "<script>x</script>", 0.5), row(4, [{"role": "user", "content": "a & b"}], "ok", None)],
+        [
+            row(2, "<b>hi</b>", "<script>x</script>", 0.5),
+            row(4, [{"role": "system", "content": "be brief"}, {"role": "user", "content": "a & b"}], "ok", None),
+        ],
     )
     html = show_completions(completions).read_text()
     assert html.startswith("<!doctype html>") and "<title>preflight</title>" in html and html.endswith("</html>\n")
     assert html.count('<section id="completions">') == 1 and 'id="step-2"' in html and 'id="step-4"' in html
     assert "<script>" not in html and "&lt;script&gt;x&lt;/script&gt;" in html and "&lt;b&gt;hi&lt;/b&gt;" in html
-    assert "&quot;content&quot;: &quot;a &amp; b&quot;" in html  # a message prompt, as JSON
+    assert "system: be brief\n\nuser: a &amp; b" in html and "&quot;content&quot;" not in html  # a conversation
     assert "<th>fmt</th>" in html and '<td class="num">0.5000</td>' in html and '<td class="num">none</td>' in html
 
 

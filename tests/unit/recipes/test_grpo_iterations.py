@@ -1,4 +1,4 @@
-"""grpo.num_iterations > 1 (TRL's mu) through GrpoObjective itself, on a tiny random model and the bundled tokenizer:
+"""grpo.num_iterations > 1 (TRL's mu) through the online stage and GRPO's loss, on a tiny random model and the bundled tokenizer:
 the 2nd pass over a step's prompts trains on the 1st pass's rollout with its generation-time log-probabilities
 (after an update, so the ratio is not 1), its loss equals TRL's GRPOTrainer._compute_loss fed the same rollout,
 old_per_token_logps and advantages to 1e-5; a new cycle generates again; and the reused rollouts survive a
@@ -15,11 +15,15 @@ from datasets import Dataset
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 import seqtune
+from seqtune.config.rollout import RolloutConfig
 from seqtune.distributed import DistEnv
 from seqtune.recipes.grpo import GrpoConfig, GrpoLoss
-from seqtune.recipes.grpo.loading import load_rewards
-from seqtune.recipes.grpo.objective import GrpoObjective
-from seqtune.recipes.grpo.prompts import PromptTable
+from seqtune.recipes.grpo.loss import GrpoSurrogate, group_advantages
+from seqtune.rollout.objective import OnlineObjective
+from seqtune.rollout.prompts import PromptTable
+from seqtune.rollout.rewards import load_rewards
+from seqtune.rollout.stage import RolloutStage
+from seqtune.train.objectives import Position
 
 TOKENIZER = Path(seqtune.__file__).parent / "tokenizers" / "assets" / "seqtune-bpe"
 G, C = 4, 5
@@ -40,21 +44,16 @@ def tiny_model() -> LlamaForCausalLM:
     return LlamaForCausalLM(config)
 
 
-def objective(tokenizer, loss: GrpoLoss, **settings) -> GrpoObjective:
+def objective(tokenizer, loss: GrpoLoss, *, temperature: float = 1.0, **settings) -> OnlineObjective:
     table = PromptTable()
-    for ids in PROMPTS:
-        table.records[tuple(ids)] = {"prompt": tokenizer.decode(ids[1:])}
-    cfg = GrpoConfig(
-        rewards=["seqtune.recipes.grpo.rewards:short"],
-        num_generations=G,
-        max_completion_tokens=C,
-        num_iterations=2,
-        loss=loss,
-        **settings,
+    for key, ids in enumerate(PROMPTS):  # each prompt's record under its digest (here: its index)
+        table.records[key] = {"prompt": tokenizer.decode(ids[1:])}
+    rollout = RolloutConfig(
+        rewards=["seqtune.rollout.examples:short"], num_generations=G, max_completion_tokens=C, temperature=temperature
     )
-    return GrpoObjective(
-        cfg=cfg,
-        rewards=load_rewards(list(cfg.rewards)),
+    stage = RolloutStage(
+        cfg=rollout,
+        rewards=load_rewards(list(rollout.rewards)),
         table=table,
         tokenizer=tokenizer,
         reference=None,
@@ -63,9 +62,15 @@ def objective(tokenizer, loss: GrpoLoss, **settings) -> GrpoObjective:
         pad_id=tokenizer.pad_token_id or 0,
         env=DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")),
         seed=3,
-        grad_accum=1,
         completions_path=Path(tempfile.mkdtemp()) / "completions.jsonl",
     )
+    return OnlineObjective(stage=stage, loss=GrpoSurrogate(GrpoConfig(num_iterations=2, loss=loss, **settings)))
+
+
+def at(grpo: OnlineObjective, step: int, micro_batch: int = 0) -> OnlineObjective:
+    """What the loop tells the stage before a training micro-batch (plan.step_repeats=2)."""
+    grpo.at(Position(step=step, micro_batch=micro_batch, repeat=step % 2, repeats=2))
+    return grpo
 
 
 def batch() -> dict[str, torch.Tensor]:
@@ -76,10 +81,11 @@ def batch() -> dict[str, torch.Tensor]:
         ids[r, : len(p)], mask[r, : len(p)] = torch.tensor(p), 1
     targets = torch.full_like(ids, -100)
     targets[:, 1] = 5  # each prompt's one anchor target: a real prompt, not a filler
-    return {"input_ids": ids, "attention_mask": mask, "targets": targets}
+    keys = torch.arange(len(PROMPTS))
+    return {"input_ids": ids, "attention_mask": mask, "targets": targets, "record_key": keys}
 
 
-def trl_loss(model, scored, cfg: GrpoConfig) -> float:
+def trl_loss(model, scored, cfg: GrpoConfig, temperature: float) -> float:
     from trl import GRPOConfig, GRPOTrainer
 
     with tempfile.TemporaryDirectory() as out:
@@ -92,8 +98,9 @@ def trl_loss(model, scored, cfg: GrpoConfig) -> float:
             beta=0.0,
             epsilon=cfg.epsilon,
             epsilon_high=cfg.clip_high,
-            temperature=cfg.temperature,
+            temperature=temperature,
             num_iterations=cfg.num_iterations,
+            importance_sampling_level=str(cfg.importance_sampling_level),
             use_cpu=True,
             report_to=[],
             bf16=False,
@@ -106,14 +113,14 @@ def trl_loss(model, scored, cfg: GrpoConfig) -> float:
             processing_class=AutoTokenizer.from_pretrained(TOKENIZER),
         )
     trainer.current_gradient_accumulation_steps = 1
-    ro = scored.rollout
+    ro = scored.sample
     completion_len = ro.completion_mask.shape[1]
     inputs = {
         "prompt_ids": ro.sequences[:, :-completion_len],
         "prompt_mask": ro.attention_mask[:, :-completion_len],
         "completion_ids": ro.sequences[:, -completion_len:],
         "completion_mask": ro.completion_mask,
-        "advantages": scored.advantages,
+        "advantages": group_advantages(scored.total, G)[0],
         "old_per_token_logps": scored.old_logps,
         "num_items_in_batch": ro.completion_mask.sum().float(),
     }
@@ -121,44 +128,49 @@ def trl_loss(model, scored, cfg: GrpoConfig) -> float:
     return float(trainer._compute_loss(trainer.model, inputs).detach())
 
 
-@pytest.mark.parametrize("loss", list(GrpoLoss))
-def test_the_second_iteration_reuses_the_rollout_and_matches_trl(loss):
+@pytest.mark.parametrize(
+    "loss,level", [*((loss, "token") for loss in GrpoLoss), (GrpoLoss.grpo, "sequence")], ids=lambda v: str(v)
+)
+def test_the_second_iteration_reuses_the_rollout_and_matches_trl(loss, level):
+    """Each token normalisation, and GSPO (grpo.importance_sampling_level=sequence: one ratio per completion)."""
     tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
     model = tiny_model().train()  # no dropout in the config: both sides see one function
-    grpo = objective(tokenizer, loss, epsilon_high=0.28, temperature=0.7)
-    first, _ = grpo(model, batch())
-    scored = grpo.buffer[0]
+    grpo = objective(tokenizer, loss, epsilon_high=0.28, temperature=0.7, importance_sampling_level=level)
+    first, _ = at(grpo, 0)(model, batch())
+    scored = grpo.stage.buffer[0]
     assert scored.old_logps is not None and not scored.old_logps.requires_grad
     old = scored.old_logps.clone()
     with torch.no_grad():  # an optimizer step's worth of change, so the ratio leaves 1 and the clip takes part
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    second, metrics = grpo(model, batch())
-    assert grpo.buffer[0] is scored and torch.equal(scored.old_logps, old)  # no new generation, old log-probs kept
+    second, metrics = at(grpo, 1)(model, batch())
+    assert grpo.stage.buffer[0] is scored and torch.equal(
+        scored.old_logps, old
+    )  # no new generation, old log-probs kept
     clip_ratio = metrics[grpo.metric_names.index("clip_ratio")].item()
     assert clip_ratio > 0  # the perturbation moves some tokens past the clip: the 2nd pass is not a ratio-1 step
-    theirs = trl_loss(model, scored, grpo.cfg)
+    theirs = trl_loss(model, scored, grpo.loss.cfg, temperature=0.7)
     assert second.item() / len(PROMPTS) == pytest.approx(theirs, abs=1e-5)
     assert second.item() != pytest.approx(first.item(), abs=1e-6)
 
-    grpo(model, batch())  # the next cycle samples again: a new rollout (the generator moved on)
-    assert grpo.buffer[0] is not scored
+    at(grpo, 2)(model, batch())  # the next cycle samples again: a new rollout (the generator moved on)
+    assert grpo.stage.buffer[0] is not scored
 
 
 def test_the_reused_rollouts_round_trip_through_the_checkpoint_state():
     tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
     model = tiny_model().train()
     grpo = objective(tokenizer, GrpoLoss.dapo)
-    grpo(model, batch())
+    at(grpo, 0)(model, batch())
     state = grpo.state_dict()
-    expected, _ = grpo(model, batch())  # the 2nd pass of the uninterrupted run
+    expected, _ = at(grpo, 1)(model, batch())  # the 2nd pass of the uninterrupted run
     resumed = objective(tokenizer, GrpoLoss.dapo)
     with tempfile.TemporaryDirectory() as out:  # as the checkpointer saves and loads a part (weights_only)
         torch.save(state, Path(out) / "objective.pt")
         resumed.load_state_dict(torch.load(Path(out) / "objective.pt", weights_only=True))
-    got, _ = resumed(model, batch())
+    got, _ = at(resumed, 1)(model, batch())
     assert torch.equal(got, expected)
-    assert resumed.train_calls == grpo.train_calls == 2
+    assert resumed.stage.trained_steps == grpo.stage.trained_steps == 2
 
 
 def test_with_gradient_accumulation_each_micro_batch_reuses_its_own_rollout():
@@ -167,21 +179,20 @@ def test_with_gradient_accumulation_each_micro_batch_reuses_its_own_rollout():
     tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
     model = tiny_model().train()
     grpo = objective(tokenizer, GrpoLoss.dapo)
-    grpo.grad_accum = 2
     first, second = batch(), batch()
     second["input_ids"][:, 1] += 7  # other prompts in the step's 2nd micro-batch
-    for ids in second["input_ids"]:
-        grpo.table.records[tuple(ids[ids != 0].tolist())] = {"prompt": "other"}
-    grpo(model, first)
-    grpo(model, second)
-    a, b = grpo.buffer[0], grpo.buffer[1]
+    second["record_key"] += len(PROMPTS)
+    for key in second["record_key"].tolist():
+        grpo.stage.table.records[key] = {"prompt": "other"}
+    at(grpo, 0, 0)(model, first)
+    at(grpo, 0, 1)(model, second)
+    a, b = grpo.stage.buffer[0], grpo.stage.buffer[1]
     assert a.prompts != b.prompts
-    grpo(model, first)
-    grpo(model, second)
-    assert grpo.buffer == {0: a, 1: b}
+    at(grpo, 1, 0)(model, first)
+    at(grpo, 1, 1)(model, second)
+    assert grpo.stage.buffer == {0: a, 1: b}
     with pytest.raises(AssertionError, match="the step's prompts changed"):
-        grpo.train_calls = 2  # pretend the plan handed the 2nd micro-batch where the 1st's repeat belongs
-        grpo(model, second)
+        at(grpo, 1, 0)(model, second)  # the plan handing the 2nd micro-batch where the 1st's repeat belongs
 
 
 def test_a_micro_batch_of_fillers_gives_every_parameter_a_zero_gradient():
@@ -194,10 +205,33 @@ def test_a_micro_batch_of_fillers_gives_every_parameter_a_zero_gradient():
     fillers["targets"][:] = -100  # no anchor target: every row a filler
     calls = []
     handle = model.register_forward_hook(lambda module, args, out: calls.append(1))
-    loss, metrics = grpo(model, fillers)
+    loss, metrics = at(grpo, 0)(model, fillers)
     loss.backward()
     handle.remove()
     assert calls and float(loss) == 0.0 and not metrics.any()
     grads = {name: p.grad for name, p in model.named_parameters() if p.requires_grad}
     assert all(g is not None and not g.any() for g in grads.values()), [n for n, g in grads.items() if g is None]
-    assert not list((Path(grpo.completions_path).parent).glob("*.jsonl"))  # nothing generated, nothing written
+    assert not list((Path(grpo.stage.completions_path).parent).glob("*.jsonl"))  # nothing generated, nothing written
+
+
+def test_a_function_is_averaged_over_what_it_scored_and_an_unscored_batch_is_counted_and_said(
+    tmp_path, monkeypatch, capsys
+):
+    """rewards/<fn> is the mean over the completions the function scored (a None is no 0); a micro-batch none of
+    whose completions is scored says so in the log and counts in rewards/unscored."""
+    (tmp_path / "abstain.py").write_text(
+        "def some(completions, **kw):\n"
+        "    return [1.0 if i % 2 else None for i in range(len(completions))]\n"
+        "def none(completions, **kw):\n"
+        "    return [None] * len(completions)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    model = tiny_model().train()
+    for name, expected, unscored in (("some", 1.0, 0.5), ("none", 0.0, 1.0)):
+        grpo = objective(tokenizer, GrpoLoss.dapo)
+        grpo.stage.rewards = load_rewards([f"abstain.py:{name}"])
+        _, metrics = at(grpo, 0)(model, batch())
+        got = dict(zip(grpo.metric_names, (metrics / len(PROMPTS)).tolist(), strict=True))
+        assert got[f"rewards/{name}"] == pytest.approx(expected) and got["rewards/unscored"] == pytest.approx(unscored)
+    assert "no reward function scored any of the micro-batch's 8 completions" in capsys.readouterr().out

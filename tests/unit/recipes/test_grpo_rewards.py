@@ -1,4 +1,4 @@
-"""The bundled demo's reward (seqtune.recipes.grpo.rewards.kind_share) pays only for reading the prompt: the right kind
+"""The bundled demo's reward (seqtune.rollout.examples.kind_share) pays only for reading the prompt: the right kind
 written with many distinct characters scores high; one repeated token, a one-character answer, the wrong kind or
 both kinds whatever the prompt score low."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import seqtune
-from seqtune.recipes.grpo.rewards import CHARACTER_KINDS, kind_share
+from seqtune.rollout.examples import CHARACTER_KINDS, kind_share
 
 PROMPTS = Path(seqtune.__file__).parent / "data" / "assets" / "prompts"
 

@@ -1,4 +1,4 @@
-"""GRPO's sampler on a tiny real model: the KV-cached loop draws exactly the tokens of the full-recompute loop from
+"""The online stage's sampler on a tiny real model: the KV-cached loop draws exactly the tokens of the full-recompute loop from
 the same generator state (mixed prompt lengths, rows stopping early, with and without LoRA), and generation runs
 under padded attention whatever kernel the plan picked for training."""
 
@@ -11,8 +11,7 @@ from omegaconf import OmegaConf
 from seqtune.config.schema import LoraConfig, ModelConfig
 from seqtune.models import apply_lora, build_model, get_spec
 from seqtune.models.varlen import TORCH_VARLEN
-from seqtune.recipes.grpo import GrpoConfig
-from seqtune.recipes.grpo.objective import sample_completions
+from seqtune.rollout.sampling import Sampling, sample_completions
 
 CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[3] / "seqtune/configs/model"
 PROMPTS = [[1, 5, 6, 7, 8, 9], [1, 8], [1, 300, 301, 302]]  # mixed lengths: left padding of 4 and 2
@@ -34,7 +33,7 @@ def tiny_model(*, lora: bool, attn: str = "sdpa") -> torch.nn.Module:
 
 
 def sample(model: torch.nn.Module, *, kv_cache: bool, seed: int = 7, tokens: int = 8):
-    cfg = GrpoConfig(num_generations=4, max_completion_tokens=tokens, temperature=0.7, top_p=0.95)
+    cfg = Sampling(completions=4, max_tokens=tokens, temperature=0.7, top_p=0.95)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         rollout = sample_completions(
@@ -70,7 +69,7 @@ def test_each_prompt_stops_at_its_own_stop_ids():
     """A message prompt's completions stop at the template's turn closer, a string prompt's do not: the stop ids
     are per prompt, and a prompt with another prompt's stops draws the same tokens up to where it stops."""
     model = tiny_model(lora=False)
-    cfg = GrpoConfig(num_generations=4, max_completion_tokens=8, temperature=0.7, top_p=0.95)
+    cfg = Sampling(completions=4, max_tokens=8, temperature=0.7, top_p=0.95)
     draws = {}
     for name, stops in {"mixed": [STOPS, frozenset(), STOPS], "all": [STOPS] * 3}.items():
         with torch.no_grad():

@@ -1,4 +1,5 @@
-"""The sampler's draw (seqtune.rollout.draw) on the CPU: the tokens the first sampler (GRPO's _sample) drew for the
+"""The sampler's draw (seqtune.rollout.draw) on the CPU: the tokens the first sampler (`first_sampler` below, as the
+stage drew them before: probabilities on the host, a CPU generator) drew for the
 same logits and generator state, with and without top-p; the device path's algorithm (the exponential race) is
 torch.multinomial's draw; a generator's checkpointed state replays its draws bitwise; a state from another device
 type is refused naming the setting. The CUDA path itself runs in bench/gpu/resume_check.py's `draw` section."""
@@ -10,7 +11,6 @@ import pytest
 import torch
 
 from seqtune.config.errors import ConfigError
-from seqtune.recipes.grpo.objective import _sample
 from seqtune.rollout.draw import (
     draw,
     exponential_race,
@@ -19,6 +19,17 @@ from seqtune.rollout.draw import (
     new_generator,
     stream_seed,
 )
+
+
+def first_sampler(logits: torch.Tensor, top_p: float, generator: torch.Generator) -> torch.Tensor:
+    """The draw the stage made before this one, verbatim: the reference every CPU run's tokens stay bitwise equal to."""
+    probs = torch.softmax(logits, dim=-1)
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(1).to(logits.device)
 
 
 def logits(seed: int, rows: int = 12, vocab: int = 512) -> torch.Tensor:
@@ -32,7 +43,7 @@ def test_the_cpu_draw_is_the_first_samplers_token_for_token(top_p, temperature):
         ours, theirs = new_generator(torch.device("cpu"), seed), torch.Generator().manual_seed(seed)
         for step in range(6):  # several steps in a row: the generators advance alike
             values = logits(100 * seed + step)
-            expected = _sample(values.float() / temperature, top_p, theirs)
+            expected = first_sampler(values.float() / temperature, top_p, theirs)
             assert torch.equal(draw(values, temperature=temperature, top_p=top_p, generator=ours), expected)
         assert torch.equal(ours.get_state(), theirs.get_state())
 

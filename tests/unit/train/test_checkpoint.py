@@ -54,6 +54,7 @@ PLAN = Plan(
     vocab=Vocab(tokenizer_size=8, special_ids={}, pad_id=0, eos_id=1, embedding_rows=8, output_rows=8, resize_to=None),
     tokens=Tokens(pad_id=0, bos_id=None, eos_id=1, terminators={1: "</s>"}, templated=False),
     max_seq_len=32,
+    micro_batch=(4, 32),
     batches={},
     data={},
     caches={},

@@ -1,7 +1,7 @@
 """Reward functions shipped with seqtune: the bundled demo's, and examples of TRL's call that a user's own follow.
 
-A reward function is called as TRL's GRPOTrainer calls it: `fn(prompts, completions, **columns)` with one entry per
-completion (a prompt repeated grpo.num_generations times), `completions` strings (message lists
+A reward function is called as TRL's GRPOTrainer calls it, by keyword: `fn(prompts=, completions=, completion_ids=,
+**columns)` with one entry per completion (a prompt repeated rollout.num_generations times), `completions` strings (message lists
 [{"role": "assistant", "content": ...}] for conversational prompts), each data column a keyword (its values
 repeated like the prompts), and returns one float per completion, or None where it does not score one. Functions
 that read a column name it as a parameter: preflight checks the data has it. Plain Python, no torch.

@@ -1,15 +1,17 @@
-"""GRPO's own preflight checks (RecipeSpec.preflight): what a late failure of an online run would cost most, proven
-before step 1. Each is (key, message with the fix); preflight lists them with every other problem and exits 2.
+"""The online stage's preflight checks (an online recipe's RecipeSpec.preflight): what a late failure of an online
+run would cost most, proven before step 1. Each is (key, message with the fix); preflight lists them with every other
+problem and exits 2.
 
-Proven here: the completion budget (prompt + grpo.max_completion_tokens within data.max_seq_len and the context);
-each reward function imports, has TRL's signature, reads only columns the data has, and returns one finite float
-(or None) per completion on a dry call with real prompts; each reward model (a directory or hf:org/name) loads on the
-CPU as a one-label sequence classifier whose tokenizer reads every token the policy can write and which scores
-the real prompts finite; message prompts' chat template renders a generation prompt
+Proven here: the completion budget (prompt + rollout.max_completion_tokens within data.max_seq_len and the context);
+each reward function imports and can be called by keyword, every column it reads is in every record (each one read,
+the first lacking one named by file:line), and it returns one finite float (or None) per completion on a dry call
+with real prompts; each reward model (a directory or hf:org/name) loads on the CPU as a one-label sequence
+classifier whose tokenizer reads every token the policy can write and which scores the real prompts finite; message
+prompts' chat template renders a generation prompt
 and closes the assistant turn with a control token (plan.tokens.turn_closer, where their generation stops); every rank generates for as
 many prompts (no filler-only micro-batch under DDP). The group divides each rank's generation batch by
-construction: a rank samples grpo.num_generations completions of each of its own prompts. The step plan's own rules
-(grpo.num_iterations with whole steps, cached data) are the shared plan phase's (check_repeated_steps).
+construction: a rank samples rollout.num_generations completions of each of its own prompts. The step plan's own rules
+(num_iterations with whole steps, cached data) are the shared plan phase's (check_repeated_steps).
 """
 
 from __future__ import annotations
@@ -19,28 +21,30 @@ from typing import Any
 from seqtune.config.errors import SeqtuneError
 from seqtune.config.recipe_spec import RecipeFacts
 from seqtune.config.schema import Tail
-from seqtune.recipes.grpo.loading import Reward, dry_call_problems, load_reward
-from seqtune.recipes.grpo.prompts import read_prompt_table
+from seqtune.rollout.prompts import read_prompt_table
 from seqtune.rollout.reward_model import RewardModel, reward_model_problems
+from seqtune.rollout.rewards import Reward, column_problems, dry_call_problems, load_reward
 
 DRY_PROMPTS = 2
 
 
-def grpo_checks(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
+def rollout_checks(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
     problems = _budget(cfg, facts) + _equal_prompts(cfg, facts) + _sharded(facts)
     rewards: list[Reward] = []
-    for i, ref in enumerate(cfg.grpo.rewards):  # every function that does not load is named, not just the first
+    for i, ref in enumerate(cfg.rollout.rewards):  # every function that does not load is named, not just the first
         try:
-            rewards.append(load_reward(f"grpo.rewards[{i}]", str(ref), dtype=str(cfg.model.dtype)))
-        except SeqtuneError as err:
-            problems.append((err.key or f"grpo.rewards[{i}]", str(err)))
+            rewards.append(load_reward(f"rollout.rewards[{i}]", str(ref), dtype=str(cfg.model.dtype)))
+        except SeqtuneError as err:  # ConfigError (a function), ModelLoadError (a reward model)
+            problems.append((err.key or f"rollout.rewards[{i}]", str(err)))
     tokenizer = facts.tokenizer()
-    table = read_prompt_table(cfg, facts.plan, tokenizer, limit=DRY_PROMPTS)
-    records = list(table.records.values())
+    table = read_prompt_table(facts.caches or {})
+    every = [(table.where[ids], record) for ids, record in table.records.items()]
+    problems += column_problems(rewards, every)
+    records = [record for _, record in every[:DRY_PROMPTS]]
     problems += dry_call_problems(rewards, records)
-    for reward in rewards:  # a reward model reads the policy's completions with its own tokenizer
-        if isinstance(reward.fn, RewardModel):
-            problems += reward_model_problems(reward.fn, [r["prompt"] for r in records], tokenizer)
+    for scorer in rewards:  # a reward model reads the policy's completions with its own tokenizer
+        if isinstance(scorer.fn, RewardModel):
+            problems += reward_model_problems(scorer.fn, [r["prompt"] for r in records], tokenizer)
     problems += _generation_prompt(tokenizer, records)
     problems += _stop_ids(tokenizer, records, facts.turn_closer)
     return problems
@@ -55,9 +59,9 @@ def _sharded(facts: RecipeFacts) -> list[tuple[str, str]]:
     return [
         (
             "train.parallel",
-            "train.parallel=fsdp across ranks with GRPO: each rank samples until its own completions end, a different "
+            "train.parallel=fsdp across ranks with an online recipe: each rank samples until its own completions end, a different "
             "number of forwards per rank, and every FSDP forward is a collective, so the ranks would hang. Fix: "
-            "train.parallel=ddp (recipe=lora_grpo, or full_grpo when the model fits one device)",
+            "train.parallel=ddp (a LoRA preset, or full fine-tuning when the model fits one device)",
         )
     ]
 
@@ -65,7 +69,7 @@ def _sharded(facts: RecipeFacts) -> list[tuple[str, str]]:
 def _equal_prompts(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
     """Across ranks, data.tail=pad completes the last step with fillers, so ranks would train on unequal numbers of
     prompts (a rank with fewer samples fewer groups). A fillers-only micro-batch no longer stalls DDP (the objective
-    forwards through the wrapper for it: GrpoObjective._filler_loss), but the issue's contract is equal prompts per
+    forwards through the wrapper for it: OnlineObjective._filler_loss), but the issue's contract is equal prompts per
     rank; data.tail=drop gives every rank full micro-batches of real prompts."""
     world = facts.plan.world.world_size
     if world == 1 or cfg.data.tail != Tail.pad:
@@ -82,8 +86,9 @@ def _equal_prompts(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
 
 
 def _budget(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
-    """The longest prompt plus grpo.max_completion_tokens within data.max_seq_len (when set) and the context."""
-    budget = cfg.grpo.max_completion_tokens
+    """The longest prompt as training serves it (data.overlength applied) plus rollout.max_completion_tokens within
+    data.max_seq_len (when set) and the context. A fix that lowers the budget is offered only when one can work."""
+    budget = cfg.rollout.max_completion_tokens
     problems = []
     for split, (tokens, where) in facts.longest.items():
         total = tokens + budget
@@ -92,12 +97,13 @@ def _budget(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
             limits.append(("data.max_seq_len", facts.max_seq_len, f"data.max_seq_len={total} or more"))
         for name, limit, fix in limits:
             if limit and total > limit:
+                room = limit - tokens  # what a completion may take beside this prompt
+                lower = f"rollout.max_completion_tokens={room}, or " if room >= 1 else ""
                 problems.append(
                     (
-                        "grpo.max_completion_tokens",
-                        f"the longest data.{split} prompt ({where}, {tokens} tokens) + grpo.max_completion_tokens="
-                        f"{budget} = {total} tokens > {name} {limit}. Fix: grpo.max_completion_tokens="
-                        f"{max(limit - tokens, 1)}, or {fix}",
+                        "rollout.max_completion_tokens",
+                        f"the longest data.{split} prompt ({where}, {tokens} tokens as training serves it) + "
+                        f"rollout.max_completion_tokens={budget} = {total} tokens > {name} {limit}. Fix: {lower}{fix}",
                     )
                 )
     return problems
@@ -125,7 +131,7 @@ def _generation_prompt(tokenizer: Any, records: list[dict[str, Any]]) -> list[tu
 def _stop_ids(tokenizer: Any, records: list[dict[str, Any]], turn_closer: int | None) -> list[tuple[str, str]]:
     """A message prompt opens an assistant turn, and its completion stops at the token the chat template closes
     that turn with (plan.tokens.turn_closer) as well as at the trained terminators. A template after whose reply
-    no control token follows has no closer to stop at: every completion would run to grpo.max_completion_tokens."""
+    no control token follows has no closer to stop at: every completion would run to rollout.max_completion_tokens."""
     if not any(isinstance(r["prompt"], list) for r in records) or not getattr(tokenizer, "chat_template", None):
         return []
     if turn_closer is not None:
@@ -134,7 +140,7 @@ def _stop_ids(tokenizer: Any, records: list[dict[str, Any]], turn_closer: int | 
         (
             "tokenizer.chat_template",
             "message prompts: the chat template writes no control token after an assistant reply, so a completion "
-            "(an assistant turn) has no turn closer to stop at and would run to grpo.max_completion_tokens. Fix: a "
+            "(an assistant turn) has no turn closer to stop at and would run to rollout.max_completion_tokens. Fix: a "
             "tokenizer.chat_template that closes each turn with a special token (e.g. eos, as zephyr does), or "
             "string prompts",
         )

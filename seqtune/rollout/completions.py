@@ -15,8 +15,13 @@ SECTION = "completions"
 
 
 def _text(value: Any) -> str:
-    """A prompt or completion as written: a string, or a message list as JSON."""
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    """A prompt or completion as written: a string, or a message list as its conversation (one `role: content`
+    paragraph per message); anything else as JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in value):
+        return "\n\n".join(f"{m['role']}: {m['content']}" for m in value)
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _number(value: float | None) -> str:
@@ -59,4 +64,4 @@ def show_completions(path: Path) -> Path:
         f"({COMPLETIONS_FILE}, weighted reward first, then each function's)",
         completion_tables(rows),
     )
-    return add_section(path.parent / SAMPLES_HTML, SECTION, section, title="seqtune: GRPO completions")
+    return add_section(path.parent / SAMPLES_HTML, SECTION, section, title="seqtune: completions")

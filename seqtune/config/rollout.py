@@ -1,0 +1,105 @@
+"""rollout.*: what every online recipe (grpo, rloo) shares: how completions are sampled and how they are scored.
+The stage that reads it is seqtune/rollout/; a recipe's own group keeps only its loss's settings (grpo.epsilon).
+
+Only a recipe whose spec is online reads this group; under any other recipe a changed rollout.* key is refused by
+the schema's recipe rules (one rule, whatever the recipe). Torch-free, bottom layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from enum import StrEnum
+from typing import Any
+
+from seqtune.config.domain import Domain, finite
+
+# The bundled demo's reward (seqtune/rollout/examples.py): an example for a user's own.
+DEMO_REWARDS = ("seqtune.rollout.examples:kind_share",)
+
+
+class Generator(StrEnum):
+    transformers = "transformers"  # the policy's own forward, sampling from a private torch.Generator
+    vllm = "vllm"  # colocated vLLM (GPU only): not built yet, refused with the fix
+
+
+@dataclass(kw_only=True)
+class RolloutConfig:
+    """Sampling and scoring for an online recipe (recipe=lora_grpo | full_grpo | lora_rloo | full_rloo)."""
+
+    # Reward functions, FILE.py:FUNCTION (relative to the working directory) or package.module:FUNCTION, called as
+    # TRL calls them, by keyword: fn(prompts=, completions=, completion_ids=, **columns) -> list[float | None]; a
+    # completion's reward is their weighted sum (None: the function does not score it).
+    rewards: list[str] = field(default_factory=lambda: list(DEMO_REWARDS))
+    reward_weights: list[float] | None = None  # null: 1.0 each
+    num_generations: int = 4  # completions per prompt (the group a baseline is taken over)
+    max_completion_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    mask_truncated: bool = False  # completions that hit max_completion_tokens without a terminator train nothing
+    generator: Generator = Generator.transformers
+
+    @property
+    def weights(self) -> list[float]:
+        return list(self.reward_weights) if self.reward_weights is not None else [1.0] * len(self.rewards)
+
+    def __post_init__(self) -> None:
+        domain = Domain("rollout")
+        domain.require(
+            bool(self.rewards),
+            "rewards",
+            self.rewards,
+            "needs at least one reward function",
+            "[FILE.py:FUNCTION] or [package.module:FUNCTION]",
+        )
+        _reward_weights(self, domain)
+        domain.at_least("num_generations", self.num_generations, 2, 4)
+        domain.at_least("max_completion_tokens", self.max_completion_tokens, 1, 16)
+        domain.above("temperature", self.temperature, 0, 1.0)
+        domain.within("top_p", self.top_p, 0.0, 1.0, 1.0)
+        domain.require(self.top_p > 0, "top_p", self.top_p, "must be > 0", "1.0")
+        if self.generator != Generator.transformers:  # refused, never silently replaced by transformers
+            domain.refuse(
+                "generator",
+                f"rollout.generator={self.generator}: seqtune's colocated vLLM generator (a CUDA GPU, weights synced "
+                "each step) is not built yet, so a run cannot use it. Fix: rollout.generator=transformers (the "
+                "policy's own forward, on any device)",
+            )
+        domain.done()
+
+    def changed(self) -> list[str]:
+        """The rollout.* keys that differ from their defaults (what a recipe that samples nothing refuses)."""
+        default = RolloutConfig()
+        return [f"rollout.{f.name}" for f in fields(self) if getattr(self, f.name) != getattr(default, f.name)]
+
+
+def _reward_weights(cfg: RolloutConfig, domain: Domain) -> None:
+    if cfg.reward_weights is None:
+        return
+    if len(cfg.reward_weights) != len(cfg.rewards):
+        domain.refuse(
+            "reward_weights",
+            f"rollout.reward_weights has {len(cfg.reward_weights)} weights for {len(cfg.rewards)} rollout.rewards. "
+            "Fix: one weight per reward function, or null (1.0 each)",
+        )
+    for i, weight in enumerate(cfg.reward_weights):
+        # A nan weight turns every weighted sum into nan, which the baseline then drops: a run that trains nothing.
+        domain.require(finite(weight), f"reward_weights[{i}]", weight, "must be a finite number", "1.0")
+
+
+def refuse_moved(group: str, settings: Any, moved: dict[str, str]) -> list[tuple[str, str]]:
+    """(key, message) for each key of `group` that moved (set to anything but its None placeholder): the old key
+    is kept in the schema only so that it can be refused naming its new one, never read."""
+    return [
+        (
+            f"{group}.{old}",
+            f"{group}.{old} moved to {new} (every online recipe shares it). Fix: {new}={_value(getattr(settings, old))}",
+        )
+        for old, new in moved.items()
+        if getattr(settings, old) is not None
+    ]
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(str(v) for v in value) + "]"
+    return str(value).lower() if isinstance(value, bool) else str(value)

@@ -1,0 +1,186 @@
+"""Sampling for the online stage: completions drawn token by token with the current weights, and the per-token
+log-probabilities the losses read (the policy's, the reference's).
+
+Sampling is the policy's own forward with a KV cache (prefill, then a token per step), drawing from private
+torch.Generators the stage checkpoints: transformers' `generate` draws from the global generator, which dropout
+shares, so a resumed run could not replay it bitwise. The per-token draw (seqtune.rollout.draw) runs on the logits'
+device from a generator that lives there: no probability matrix crosses to the host per token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from seqtune.rollout.draw import draw
+from seqtune.train.objectives import DisabledAdapters, FrozenCopy, ReferenceModel
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How completions are drawn (rollout.*): per prompt, `completions` of at most `max_tokens` tokens."""
+
+    completions: int
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+
+@dataclass
+class Rollout:
+    """One micro-batch's generation: G completions per prompt, row p*G + g."""
+
+    sequences: torch.Tensor  # [P*G, Lp + C] left-padded prompt, then the completion (pad after its end)
+    attention_mask: torch.Tensor  # [P*G, Lp + C]
+    completion_mask: torch.Tensor  # [P*G, C] the completion's tokens (its terminator included)
+    truncated: torch.Tensor  # [P*G] bool: hit max_completion_tokens without a terminator
+    completion_ids: list[list[int]]
+
+
+def sample_completions(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    *,
+    cfg: Sampling,
+    stop_ids: list[frozenset[int]],
+    pad_id: int,
+    generator: torch.Generator,
+    kv_cache: bool = True,
+) -> Rollout:
+    """cfg.completions completions of each prompt, sampled token by token (temperature, top-p) from `generator`;
+    `stop_ids`: one set per prompt, the tokens its completions stop at.
+
+    With `kv_cache` the prompts are prefilled once and each step feeds only the new token against a DynamicCache;
+    without, each step recomputes the whole sequence (the reference the cached loop is tested against: both draw
+    the same tokens from the same generator state). Either way a finished row keeps stepping with a pad token its
+    mask hides, so every step draws one token per row and the generator advances the same whatever stops when."""
+    device = next(model.parameters()).device
+    rows = [p for p in prompts for _ in range(cfg.completions)]
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros_like(ids)
+    for r, row in enumerate(rows):
+        ids[r, width - len(row) :] = torch.tensor(row, device=device)
+        mask[r, width - len(row) :] = 1
+    done = torch.zeros(len(rows), dtype=torch.bool, device=device)
+    # One row of stop ids per completion, padded with -1 (no token's id).
+    widest = max(map(len, stop_ids))
+    stop = torch.tensor(
+        [sorted(ids) + [-1] * (widest - len(ids)) for ids in stop_ids for _ in range(cfg.completions)],
+        dtype=torch.long,
+        device=device,
+    ).reshape(len(rows), widest)
+    with padded_attention(model):
+        cache = _new_cache(model) if kv_cache else None
+        step_ids = ids
+        for _ in range(cfg.max_tokens):
+            # Left padding: a token's position is the count of real tokens before it (the prompt's own positions).
+            positions = (mask.cumsum(1) - 1).clamp(min=0)
+            out = model(
+                input_ids=step_ids if kv_cache else ids,
+                attention_mask=mask,
+                position_ids=positions[:, -step_ids.shape[1] :] if kv_cache else positions,
+                past_key_values=cache,
+                use_cache=kv_cache,
+                logits_to_keep=1,
+            )
+            token = draw(out.logits[:, -1], temperature=cfg.temperature, top_p=cfg.top_p, generator=generator)
+            token = torch.where(done, torch.full_like(token, pad_id), token)
+            ids = torch.cat([ids, token[:, None]], 1)
+            mask = torch.cat([mask, (~done).long()[:, None]], 1)
+            step_ids = token[:, None]
+            done = done | (token[:, None] == stop).any(1)
+            if bool(done.all()):
+                break
+    completion_mask = mask[:, width:]
+    completion_ids = [ids[r, width:][completion_mask[r].bool()].tolist() for r in range(len(rows))]
+    return Rollout(
+        sequences=ids,
+        attention_mask=mask,
+        completion_mask=completion_mask,
+        truncated=~done,
+        completion_ids=completion_ids,
+    )
+
+
+# Attention kernels that decode one query against a padded KV cache with a 2-D mask; the plan's varlen kernels
+# (torch_varlen, flash_attention_2 over unpadded tokens) are built for whole sequences, so generation swaps to sdpa.
+_DECODING_ATTENTION = frozenset({"sdpa", "eager"})
+
+
+@contextlib.contextmanager
+def padded_attention(model: torch.nn.Module) -> Iterator[None]:
+    """Generation under plain padded attention (sdpa) whatever kernel training runs, restored afterwards."""
+    config = _hf_config(model)
+    before = getattr(config, "_attn_implementation", None) if config is not None else None
+    if config is None or before in _DECODING_ATTENTION:
+        yield
+        return
+    config._attn_implementation = "sdpa"
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+
+
+def _hf_config(model: torch.nn.Module) -> Any:
+    """The transformers config every attention layer of `model` reads (a peft wrapper shares its base's)."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            return config
+    return None
+
+
+def _new_cache(model: torch.nn.Module) -> Any:
+    from transformers import DynamicCache
+
+    # The model's config tells the cache which layers slide (gemma3, mistral): those keep only their window.
+    return DynamicCache(config=_hf_config(model))
+
+
+def token_logps(
+    model: torch.nn.Module, rollout: Rollout, completion_len: int, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probability, entropy) of each completion token under `model` at the sampling temperature (TRL computes
+    both, policy and reference, so): [rows, C]."""
+    mask = rollout.attention_mask
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    logits = (
+        model(
+            input_ids=rollout.sequences,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=False,
+            logits_to_keep=completion_len + 1,
+        )
+        .logits[:, :-1]
+        .float()
+        / temperature
+    )
+    logp_all = torch.log_softmax(logits, dim=-1)
+    targets = rollout.sequences[:, -completion_len:]
+    logps = logp_all.gather(-1, targets[..., None]).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logps, entropy
+
+
+def reference_logps(
+    reference: ReferenceModel, rollout: Rollout, completion_len: int, temperature: float
+) -> torch.Tensor:
+    """The reference's token log-probabilities: the policy with its adapters disabled, or the frozen copy."""
+    with torch.no_grad():
+        if isinstance(reference, DisabledAdapters):
+            was = reference.model.training
+            reference.model.eval()
+            try:
+                with reference.peft_model.disable_adapter():
+                    return token_logps(reference.model, rollout, completion_len, temperature)[0]
+            finally:
+                reference.model.train(was)
+        assert isinstance(reference, FrozenCopy)
+        return token_logps(reference.model, rollout, completion_len, temperature)[0]

@@ -1,0 +1,58 @@
+"""LoRA over an FP8 block-scaled checkpoint (the layout Qwen3/DeepSeek FP8 releases ship) on the CPU, through the
+real CLI: preflight reads its F8 weights and scales as stored, the model loads dequantized (transformers'
+finegrained_fp8 has no CPU kernels), the adapter and the merged export pass the export proof, and the merged model
+is a plain bf16 checkpoint of the dequantized base with the adapter merged in."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+
+from tests.conftest import REPO, run_cli
+from tests.unit.models.conftest import write_fp8_block_scaled
+
+pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
+
+
+def test_lora_trains_on_an_fp8_block_scaled_checkpoint_and_merges_into_the_dequantized_base(tmp_path: Path):
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+
+    from seqtune.config.schema import ModelConfig
+    from seqtune.models import build_model
+    from seqtune.tokenizers import BUNDLED_DIR
+
+    tiny = OmegaConf.to_object(
+        OmegaConf.merge(
+            OmegaConf.structured(ModelConfig), OmegaConf.load(REPO / "seqtune/configs/model/tinyllama_tiny.yaml")
+        )
+    )
+    checkpoint = tmp_path / "TinyLlama-FP8"
+    model, tokenizer = build_model(tiny, attn_implementation="sdpa"), AutoTokenizer.from_pretrained(BUNDLED_DIR)
+    for config in (model.config, model.generation_config):
+        config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+    model.save_pretrained(checkpoint, safe_serialization=True)
+    tokenizer.save_pretrained(checkpoint)
+    write_fp8_block_scaled(checkpoint)
+    run_dir = tmp_path / "run"
+    args = [
+        "model=tinyllama_1b",
+        f"model.path={checkpoint}",
+        "model.dtype=bfloat16",
+        "lora=default",
+        "train.max_steps=2",
+        "train.eval_every=0",
+        "train.batch_size=4",
+        "train.export_merged=true",
+    ]
+    result = run_cli(args, run_dir)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert "FP8 block-scaled checkpoint (config.json quantization_config)" in result.stdout
+    assert "export proof: adapter: ok" in result.stdout and "export proof: merged: ok" in result.stdout
+    merged = json.loads((run_dir / "merged" / "config.json").read_text())
+    assert "quantization_config" not in merged
+    with safe_open(str(run_dir / "merged" / "model.safetensors"), framework="pt") as f:
+        assert {str(f.get_slice(k).get_dtype()) for k in f.keys()} == {"BF16"}
