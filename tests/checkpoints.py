@@ -187,3 +187,26 @@ def build_qwen3_checkpoint(directory: Path) -> Path:
     AutoTokenizer.from_pretrained(tokenizer_dir("qwen3")).save_pretrained(directory)
     (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": [151645, 151643]}))
     return directory
+
+
+def build_word_level_reward_model(directory: Path) -> Path:
+    """A one-label LlamaForSequenceClassification whose tokenizer knows eight words (WordLevel, [UNK] for the rest):
+    a reward model that cannot read most of what a policy with the bundled tokenizer writes."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerFast
+
+    words = ["[UNK]", "[PAD]", "[EOS]", "write", "digits", "1", "2", "3"]
+    word_level = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    word_level.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=word_level, unk_token="[UNK]", pad_token="[PAD]", eos_token="[EOS]"
+    )
+    config = LlamaConfig(
+        vocab_size=len(words), num_labels=1, pad_token_id=1, eos_token_id=2, **{**SHAPE, "max_position_embeddings": 512}
+    )
+    config.architectures = ["LlamaForSequenceClassification"]
+    torch.manual_seed(0)
+    LlamaForSequenceClassification(config).save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+    return directory

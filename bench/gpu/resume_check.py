@@ -1,6 +1,9 @@
 """GPU check of exact resume (issue 10): a tiny model on CUDA in bf16 with LoRA dropout, killed after step 6 by
 SEQTUNE_FAULT and resumed from its step-4 checkpoint, against the same run uninterrupted, twice (the second
-uninterrupted run measures what CUDA itself leaves non-deterministic).
+uninterrupted run measures what CUDA itself leaves non-deterministic). Section `draw`: the sampler's per-token draw
+(seqtune.rollout.draw) on the device: no host sync in 32 draws (torch.cuda.set_sync_debug_mode("error")), a
+restored generator state replaying the draws bitwise, top-p never drawing outside the nucleus, and the drawn
+frequencies matching the probabilities.
 
     python bench/gpu/resume_check.py --out DIR [--quick]          (bench/gpu/run.sh's environment; --quick: CPU)
 
@@ -77,8 +80,43 @@ def resume(proof: Proof) -> dict:
     }
 
 
+def draw_on_device(proof: Proof) -> dict:
+    from seqtune.rollout.draw import draw, generator_state, load_generator_state, new_generator
+
+    device = torch.device("cpu" if proof.quick else "cuda")
+    generator = new_generator(device, 1234)
+    vocab = 4096 if proof.quick else 32000  # a CPU dry run proves the code path, not the speed
+    logits = torch.randn(64, vocab, generator=torch.Generator().manual_seed(0)).to(device, torch.bfloat16) * 4
+    saved = generator_state(generator)
+    if device.type == "cuda":
+        torch.cuda.set_sync_debug_mode("error")  # any host sync inside the draws raises
+    try:
+        first = [draw(logits, temperature=0.9, top_p=0.95, generator=generator) for _ in range(32)]
+    finally:
+        if device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("default")
+    replayed = new_generator(device, 0)
+    load_generator_state(replayed, saved)
+    again = [draw(logits, temperature=0.9, top_p=0.95, generator=replayed) for _ in range(32)]
+    probs = torch.tensor([0.4, 0.3, 0.2, 0.06, 0.04], device=device)
+    rows = probs.log().repeat(200_000, 1)
+    tokens = draw(rows, temperature=1.0, top_p=0.85, generator=generator)
+    frequencies = torch.bincount(tokens, minlength=5).double().cpu() / len(tokens)
+    nucleus = probs.cpu().double()[:3] / probs[:3].sum().item()  # 0.4 + 0.3 + 0.2 reaches 0.85
+    result = {
+        "device": device.type,
+        "replayed_bitwise": all(torch.equal(a, b) for a, b in zip(first, again, strict=True)),
+        "drawn_outside_nucleus": int((tokens >= 3).sum()),
+        "max_frequency_error": float((frequencies[:3] - nucleus).abs().max()),
+    }
+    # 200,000 draws: a frequency's standard error is at most 0.0011, so 0.005 is over 4 of them.
+    if not result["replayed_bitwise"] or result["drawn_outside_nucleus"] or result["max_frequency_error"] > 0.005:
+        raise RuntimeError(f"the device draw is wrong: {result}")
+    return result
+
+
 def main() -> None:
-    run_sections(__doc__, "gpu_resume.json", {"resume": resume}, budget_s=300)
+    run_sections(__doc__, "gpu_resume.json", {"resume": resume, "draw": draw_on_device}, budget_s=300)
 
 
 if __name__ == "__main__":

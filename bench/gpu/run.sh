@@ -16,6 +16,9 @@
 #   lora_step      bench/gpu/lora_step.py: where a LoRA step's time goes (the kernel profile)
 #   grpo           bench/grpo_vs_trl.py --shape tinyllama_1b: recipe=lora_grpo vs TRL's GRPOTrainer on the device
 #                  (both sampling with their own generate loop; vLLM is not on the machine), loss parity
+#   grpo_c128      the same with --completion-tokens 128: issue 39's row, 8 prompts x 8 completions = 64 completions
+#                  of up to 128 tokens per step (the random-weight model seldom stops early), where the per-token draw
+#                  (seqtune.rollout.draw: on the device, no host copy) is what the sampler's speed rests on
 #   after_training bench/gpu/after_training.py: DoRA memory, generation and early stopping on the device
 # OUT_DIR gets each part's JSON (device, versions, command, every repeat) and run.json (each part's exit code and
 # seconds); copy the JSON files into bench/results/ and the tables into bench/README.md.
@@ -28,6 +31,7 @@ declare -A argv=(
   [resume_check]="bench/gpu/resume_check.py"
   [lora_step]="bench/gpu/lora_step.py"
   [grpo]="bench/grpo_vs_trl.py --shape tinyllama_1b --steps 8 --cache-only"
+  [grpo_c128]="bench/grpo_vs_trl.py --shape tinyllama_1b --steps 6 --cache-only --completion-tokens 128"
   [after_training]="bench/gpu/after_training.py"
 )
 if [ "${1:-}" = "--dry-run" ]; then
@@ -41,7 +45,7 @@ if [ "${1:-}" = "--dry-run" ]; then
 else
   bundle=$1 out=$2
   shift 2
-  parts=("${@:-proof vs_trl_sft vs_trl_dpo resume_check lora_step grpo}")
+  parts=("${@:-proof vs_trl_sft vs_trl_dpo resume_check lora_step grpo grpo_c128}")
   root=${SEQTUNE_GPU_ROOT:-/tmp/seqtune-gpu}
   mkdir -p "$root/site"
   if [ -d "$bundle" ]; then

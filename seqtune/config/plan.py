@@ -169,6 +169,8 @@ class Resolved:
     # recipe that trains on the data's own sequences. The memory estimate sizes the KV cache and the update by them.
     completions_per_sample: int = 0
     completion_tokens: int = 0
+    # The parameters of the reward models scoring them (Generation.scorer_params), counted as frozen weights.
+    scorer_params: int = 0
     # Where each model fact came from (model.family=auto: config.json, the safetensors, the chat template, ...),
     # printed in the preflight report; empty for a named family, whose module states them.
     fact_sources: dict[str, str] = field(default_factory=dict)

@@ -18,8 +18,9 @@ defines `run(cfg, plan, run_dir)` (which imports the torch half when called). Th
 - `presets`: its presets in seqtune/configs/recipe/ by whether LoRA is on (for fixes that name a preset).
 - `online`: it samples completions of prompts and scores them (the shared stage, seqtune/rollout/, set by rollout.*):
   `generation(cfg)` resolves each prompt's completions and their token budget, by which the memory estimate sizes
-  the generation KV cache and the update's batch (every completion after its prompt). rollout.* is refused under a
-  recipe that is not online.
+  the generation KV cache and the update's batch (every completion after its prompt), and `scorer_params(cfg)` the
+  reward models' frozen weights beside the policy (seqtune.rollout.reward_model.scorer_params). rollout.* is refused
+  under a recipe that is not online.
 
 The plan (seqtune.preflight.resolve) resolves the spec into facts (plan.recipe, plan.sample_kind, plan.reference,
 plan.scored); preflight, the memory estimate, the evaluator and early stopping read those, never a recipe's name.
@@ -55,6 +56,8 @@ class Generation:
 
     completions: int  # sampled for each prompt (GRPO's group)
     new_tokens: int  # each completion's budget
+    # Parameters of the reward models that score the completions (frozen, on the device beside the policy).
+    scorer_params: int = 0
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,9 @@ class RecipeSpec:
     # It samples completions before it learns (the shared online stage, rollout.*); False: it trains on the data's
     # own sequences.
     online: bool = False
+    # An online recipe's reward models' parameters, given the config (seqtune.rollout.reward_model.scorer_params):
+    # the frozen scorers beside the policy that generation(cfg) hands the memory estimate.
+    scorer_params: Callable[[Any], int] = lambda cfg: 0
     # Why its objective's forward cannot give an image-text model its images (pixel_values), said in a refusal;
     # "": the images reach the model (the objective passes the batch's model inputs, seqtune.train.objectives).
     images_refused: str = ""
@@ -142,7 +148,11 @@ class RecipeSpec:
         """What an online recipe samples per prompt (rollout.*); None for one that trains on the data's sequences."""
         if not self.online:
             return None
-        return Generation(completions=cfg.rollout.num_generations, new_tokens=cfg.rollout.max_completion_tokens)
+        return Generation(
+            completions=cfg.rollout.num_generations,
+            new_tokens=cfg.rollout.max_completion_tokens,
+            scorer_params=self.scorer_params(cfg),
+        )
 
     def preset(self, *, lora: bool) -> str | None:
         return self.presets.get(lora)

@@ -86,6 +86,9 @@ class MemoryInputs:
     # completion_tokens more tokens, into a KV cache; the update's forward then runs on every completion.
     completions_per_sample: int = 0
     completion_tokens: int = 0
+    # Reward models scoring the completions (an online recipe's model rewards): frozen weights in weights_dtype on
+    # every rank, no grads or optimizer state; they score without autograd after sampling, their activations freed.
+    scorer_params: int = 0
     # An image-text model (plan.vision): its vision tower and projector (module prefixes: never adapted by LoRA),
     # those model.train_vision leaves frozen (plan.vision.frozen_modules) and the images of the worst micro-batch,
     # whose vision activations are kept for the backward when the tower trains (else one layer's are in flight).
@@ -167,6 +170,7 @@ def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:
             host += weights + grads + optimizer
             weights, grads, optimizer = 0, 0, 0
         weights += unsharded
+    weights += inputs.scorer_params * width  # never sharded, never offloaded: each rank scores its own completions
     kept, on_device = _activation_parts(inputs, arch)
     if inputs.activation_offload:
         host += kept - on_device

@@ -576,6 +576,7 @@ def memory_inputs(
         scalar_head=plan.scored == Scored.scalar,
         completions_per_sample=plan.completions_per_sample,
         completion_tokens=plan.completion_tokens,
+        scorer_params=plan.scorer_params,
         vision_modules=plan.vision.vision_modules if plan.vision is not None else (),
         vision_frozen=plan.vision.frozen_modules if plan.vision is not None else (),
         images=images,

@@ -182,6 +182,7 @@ def resolve_plan(
         step_repeats=recipe.step_repeats(recipe.settings_of(cfg)),
         completions_per_sample=generation.completions if generation is not None else 0,
         completion_tokens=generation.new_tokens if generation is not None else 0,
+        scorer_params=generation.scorer_params if generation is not None else 0,
         vision=vision,
     )
 

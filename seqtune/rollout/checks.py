@@ -5,7 +5,9 @@ problem and exits 2.
 Proven here: the completion budget (prompt + rollout.max_completion_tokens within data.max_seq_len and the context);
 each reward function imports and can be called by keyword, every column it reads is in every record (each one read,
 the first lacking one named by file:line), and it returns one finite float (or None) per completion on a dry call
-with real prompts; message prompts' chat template renders a generation prompt
+with real prompts; each reward model (a directory or hf:org/name) loads on the CPU as a one-label sequence
+classifier whose tokenizer reads every token the policy can write and which scores the real prompts finite; message
+prompts' chat template renders a generation prompt
 and closes the assistant turn with a control token (plan.tokens.turn_closer, where their generation stops); every rank generates for as
 many prompts (no filler-only micro-batch under DDP). Under FSDP across ranks the sampler steps in lockstep
 (sampling.sample_completions: the ranks agree each decode step whether all completions ended), so it needs no check
@@ -18,10 +20,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from seqtune.config.errors import ConfigError
+from seqtune.config.errors import SeqtuneError
 from seqtune.config.recipe_spec import RecipeFacts
 from seqtune.config.schema import Tail
 from seqtune.rollout.prompts import read_prompt_table
+from seqtune.rollout.reward_model import RewardModel, reward_model_problems
 from seqtune.rollout.rewards import Reward, column_problems, dry_call_problems, load_reward
 
 DRY_PROMPTS = 2
@@ -32,8 +35,8 @@ def rollout_checks(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
     rewards: list[Reward] = []
     for i, ref in enumerate(cfg.rollout.rewards):  # every function that does not load is named, not just the first
         try:
-            rewards.append(load_reward(f"rollout.rewards[{i}]", str(ref)))
-        except ConfigError as err:
+            rewards.append(load_reward(f"rollout.rewards[{i}]", str(ref), dtype=str(cfg.model.dtype)))
+        except SeqtuneError as err:  # ConfigError (a function), ModelLoadError (a reward model)
             problems.append((err.key or f"rollout.rewards[{i}]", str(err)))
     tokenizer = facts.tokenizer()
     table = read_prompt_table(facts.caches or {})
@@ -41,6 +44,9 @@ def rollout_checks(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
     problems += column_problems(rewards, every)
     records = [record for _, record in every[:DRY_PROMPTS]]
     problems += dry_call_problems(rewards, records)
+    for scorer in rewards:  # a reward model reads the policy's completions with its own tokenizer
+        if isinstance(scorer.fn, RewardModel):
+            problems += reward_model_problems(scorer.fn, [r["prompt"] for r in records], tokenizer)
     problems += _generation_prompt(tokenizer, records)
     problems += _stop_ids(tokenizer, records, facts.turn_closer)
     return problems

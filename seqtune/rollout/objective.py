@@ -118,7 +118,7 @@ def online_objective(cfg: RootConfig, plan: Plan, run_dir: Path, built: Any, los
     tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec_for(cfg.model).chat_template)
     stage = RolloutStage(
         cfg=cfg.rollout,
-        rewards=load_rewards(list(cfg.rollout.rewards)),
+        rewards=load_rewards(list(cfg.rollout.rewards), device=built.env.device, dtype=str(cfg.model.dtype)),
         table=read_prompt_table(plan.caches),
         tokenizer=tokenizer,
         reference=built.reference,

@@ -5,7 +5,8 @@ is called as TRL's GRPOTrainer calls it, by keyword: fn(prompts=, completions=, 
 **columns), so TRL's own (`trl.rewards.think_format_reward`) and those written for it run unchanged. A parameter
 without a default that is none of those names is a data column it reads; `**kwargs` takes whatever is handed.
 `async def` functions are run to completion. Each call gets its own copies of the prompts and columns: a function
-that edits its arguments cannot change the data of a later step.
+that edits its arguments cannot change the data of a later step. An entry naming a directory or `hf:org/name` is a
+reward model (seqtune.rollout.reward_model), called as a function is.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from seqtune.config.errors import ConfigError
+from seqtune.rollout.reward_model import RewardModel, is_reward_model_ref, load_reward_model
 
 RewardFn = Callable[..., Any]
 CALL = "fn(prompts=, completions=, completion_ids=, **columns) -> list[float | None]"
@@ -55,11 +57,12 @@ class Reward:
             return self.ref
 
 
-def load_reward(key: str, ref: str) -> Reward:
-    """The one dispatch point of a rollout.rewards entry: a reward model (a directory, or hf:org/name) or a
-    function (MODULE:FUNCTION)."""
-    if ref.startswith("hf:") or Path(ref).is_dir():
-        return _reward_model(key, ref)
+def load_reward(key: str, ref: str, *, device: Any = "cpu", dtype: str = "float32") -> Reward:
+    """The one dispatch point of a rollout.rewards entry: a reward model (a directory, or hf:org/name; loaded on
+    `device` in `dtype`: preflight's dry call on the CPU, training on the rank's device) or a function
+    (MODULE:FUNCTION)."""
+    if is_reward_model_ref(ref):
+        return _reward_model(key, ref, device, dtype)
     module_ref, _, name = ref.rpartition(":")
     if not module_ref or not name.isidentifier():
         raise ConfigError(
@@ -77,15 +80,11 @@ def load_reward(key: str, ref: str) -> Reward:
     return Reward(key=key, ref=ref, name=name, fn=fn, columns=_columns(key, ref, fn))
 
 
-def _reward_model(key: str, ref: str) -> Reward:
-    # Reward models as rewards (a sequence classifier scoring each completion) plug in here, one entry point:
-    # seqtune.rollout.reward_model.load_reward_model. Until it is wired, refused rather than misread as a function.
-    raise ConfigError(
-        f"{key}={ref} names a reward model (a directory or an hf: id); scoring with a reward model is not built "
-        "into this stage yet.",
-        key=key,
-        fix=f"{key}=FILE.py:FUNCTION (a reward function), or drop {ref}",
-    )
+def _reward_model(key: str, ref: str, device: Any, dtype: str) -> Reward:
+    """A sequence classifier scoring each completion (seqtune.rollout.reward_model), called as a function is; it
+    reads no column."""
+    model = load_reward_model(key=key, ref=ref, device=device, dtype=dtype)
+    return Reward(key=key, ref=ref, name=model.name, fn=model, columns=())
 
 
 def _module(key: str, ref: str, module_ref: str) -> Any:
@@ -135,8 +134,8 @@ def _columns(key: str, ref: str, fn: RewardFn) -> tuple[str, ...]:
     return tuple(p.name for p in named if p.default is inspect.Parameter.empty and p.name not in HANDED)
 
 
-def load_rewards(refs: list[str]) -> list[Reward]:
-    return [load_reward(f"rollout.rewards[{i}]", str(ref)) for i, ref in enumerate(refs)]
+def load_rewards(refs: list[str], *, device: Any = "cpu", dtype: str = "float32") -> list[Reward]:
+    return [load_reward(f"rollout.rewards[{i}]", str(ref), device=device, dtype=dtype) for i, ref in enumerate(refs)]
 
 
 def call_reward(
@@ -193,6 +192,8 @@ def dry_call_problems(rewards: list[Reward], records: list[dict[str, Any]]) -> l
     names = set.intersection(*(set(r) for r in records)) - {"prompt"}
     columns = {name: [r[name] for r in records] for name in names}
     for scorer in rewards:
+        if isinstance(scorer.fn, RewardModel):  # its own dry score: reward_model_problems
+            continue
         if any(c not in names for c in scorer.columns):
             continue  # column_problems names the record that lacks it
         try:

@@ -3,8 +3,8 @@ log-probabilities the losses read (the policy's, the reference's).
 
 Sampling is the policy's own forward with a KV cache (prefill, then a token per step), drawing from private
 torch.Generators the stage checkpoints: transformers' `generate` draws from the global generator, which dropout
-shares, so a resumed run could not replay it bitwise. The per-token draw is one function (`draw`): a device-side
-draw plugs in there.
+shares, so a resumed run could not replay it bitwise. The per-token draw (seqtune.rollout.draw) runs on the logits'
+device from a generator that lives there: no probability matrix crosses to the host per token.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from seqtune.rollout.draw import draw
 from seqtune.train.objectives import DisabledAdapters, FrozenCopy, ReferenceModel
 
 
@@ -92,7 +93,7 @@ def sample_completions(
                 use_cache=kv_cache,
                 logits_to_keep=1,
             )
-            token = draw(out.logits[:, -1].float() / cfg.temperature, cfg.top_p, generator)
+            token = draw(out.logits[:, -1], temperature=cfg.temperature, top_p=cfg.top_p, generator=generator)
             token = torch.where(done, torch.full_like(token, pad_id), token)
             ids = torch.cat([ids, token[:, None]], 1)
             mask = torch.cat([mask, (~done).long()[:, None]], 1)
@@ -172,18 +173,6 @@ def _new_cache(model: torch.nn.Module) -> Any:
 
     # The model's config tells the cache which layers slide (gemma3, mistral): those keep only their window.
     return DynamicCache(config=_hf_config(model))
-
-
-def draw(logits: torch.Tensor, top_p: float, generator: torch.Generator) -> torch.Tensor:
-    """One token per row from softmax(logits) restricted to the top-p nucleus, drawn from `generator`."""
-    probs = torch.softmax(logits, dim=-1)
-    if top_p < 1.0:  # the smallest set of tokens whose probability reaches top_p (transformers' TopPLogitsWarper)
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p
-        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    # Sampled on the CPU generator: one stream whatever the device, so CPU and GPU runs can be compared.
-    return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(1).to(logits.device)
 
 
 def token_logps(

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
 from seqtune.config.rollout import RolloutConfig
 from seqtune.distributed import DistEnv, unwrap
 from seqtune.rollout.completions import COMPLETIONS_FILE, show_completions
+from seqtune.rollout.draw import generator_state, load_generator_state, new_generator, stream_seed
 from seqtune.rollout.prompts import PromptTable
 from seqtune.rollout.rewards import Reward, call_reward
 from seqtune.rollout.sampling import Rollout, Sampling, reference_logps, sample_completions
@@ -118,9 +118,8 @@ class RolloutStage:
     buffer: dict[int, Rollouts] = field(default_factory=dict)  # micro-batch index -> its step's rollouts
 
     def __post_init__(self) -> None:
-        for i, phase in enumerate(("train", "eval")):
-            seed = int(np.random.SeedSequence([self.seed, self.env.rank, i]).generate_state(1, np.uint32)[0])
-            self.generators[phase] = torch.Generator().manual_seed(seed)
+        for i, phase in enumerate(("train", "eval")):  # on the model's device: where its logits are drawn from
+            self.generators[phase] = new_generator(self.env.device, stream_seed(self.seed, self.env.rank, i))
 
     @property
     def metric_names(self) -> tuple[str, ...]:
@@ -141,14 +140,14 @@ class RolloutStage:
     def state_dict(self) -> dict[str, Any]:
         return {
             "trained_steps": self.trained_steps,
-            **{k: g.get_state() for k, g in self.generators.items()},
+            **{k: generator_state(g) for k, g in self.generators.items()},
             "buffer": {slot: rollouts.state_dict() for slot, rollouts in self.buffer.items()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.trained_steps = int(state["trained_steps"])
         for key, generator in self.generators.items():
-            generator.set_state(state[key])
+            load_generator_state(generator, state[key])
         self.buffer = {int(k): Rollouts.from_state(v, self.env.device) for k, v in state["buffer"].items()}
         if self.env.is_main:
             truncate_after(self.completions_path, self.trained_steps)

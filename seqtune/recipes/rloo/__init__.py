@@ -64,9 +64,16 @@ SPEC = register(
         early_stop_metric="reward",
         early_stop_higher=True,
         online=True,
+        scorer_params=lambda cfg: _scorer_params(cfg),
         preflight=lambda cfg, facts: _checks(cfg, facts),
     )
 )
+
+
+def _scorer_params(cfg: Any) -> int:
+    from seqtune.rollout.reward_model import scorer_params
+
+    return scorer_params(cfg)
 
 
 def _checks(cfg: Any, facts: Any) -> list[tuple[str, str]]:

@@ -257,6 +257,16 @@ def test_an_online_recipe_counts_its_generation_kv_cache_and_the_update_on_every
     assert estimate.total_bytes < memory_estimate(offline).total_bytes + estimate.activations_bytes
 
 
+def test_reward_models_scoring_completions_count_as_frozen_unsharded_weights():
+    hf = load_model_config(tiny_cfg("llama3"))
+    for sharding in ({}, {"world_size": 4, "sharded": True}):
+        without = memory_estimate(inputs(hf, lora_enabled=False, **sharding))
+        scored = memory_estimate(inputs(hf, lora_enabled=False, scorer_params=1000, **sharding))
+        assert scored.weights_bytes == without.weights_bytes + 4000  # fp32, whole on every rank
+        assert scored.total_bytes == without.total_bytes + 4000
+        assert (scored.grads_bytes, scored.optimizer_bytes) == (without.grads_bytes, without.optimizer_bytes)
+
+
 def test_activation_offload_moves_what_each_layer_keeps_to_host_memory():
     """model.activation_offload: every decoder layer's kept tensors wait in host memory but the two in flight (the
     layer whose backward runs and the next one copied back); under checkpointing a layer keeps only its input."""

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from seqtune.config.errors import ConfigError
+from seqtune.config.errors import ConfigError, ModelLoadError
 from seqtune.config.rollout import RolloutConfig
 from seqtune.recipes.grpo import GrpoConfig, GrpoLoss
 from seqtune.recipes.grpo.loss import group_advantages, surrogate_loss
@@ -128,15 +128,15 @@ def test_a_column_is_proven_over_every_record_naming_the_first_that_lacks_it(tmp
     assert not column_problems([exact], records[:11])
 
 
-def test_reward_models_and_positional_only_rewards_are_refused_cleanly(tmp_path, monkeypatch):
+def test_positional_only_rewards_and_a_directory_holding_no_reward_model_are_refused_cleanly(tmp_path, monkeypatch):
     (tmp_path / "p.py").write_text("def pos(completions, /):\n    return [0.0]\n")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match="by position only"):
         load_reward("rollout.rewards[0]", "p.py:pos")
-    with pytest.raises(ConfigError, match="names a reward model"):
+    # A directory is a reward model (seqtune.rollout.reward_model): one without a model is refused naming the entry.
+    with pytest.raises(ModelLoadError, match=r"rollout.rewards\[0\]=.*holds no config.json") as err:
         load_reward("rollout.rewards[0]", str(tmp_path))
-    with pytest.raises(ConfigError, match="names a reward model"):
-        load_reward("rollout.rewards[0]", "hf:org/rm")
+    assert err.value.key == "rollout.rewards[0]"
 
 
 def test_settings_are_refused_by_key():
