@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: 
 
 BRIEFLY = ["train.max_steps=2", "train.eval_every=0", "train.log_every=1", "train.batch_size=4", "preflight.show=0"]
 READ_ONLY = ["preflight.only=true", "preflight.show=0", "preflight.plot=false"]
+VISION_IMAGES = Path(__file__).resolve().parents[2] / "seqtune/data/assets/vision_tiny/images"
 UNIQUE, COPIES = 60, (7, 23, 41)  # a public set's few repeats: 3 of 63 lines (4.8%)
 
 
@@ -196,20 +197,25 @@ def test_a_system_column_the_format_cannot_read_is_one_problem_whose_fix_works(t
 
 
 def test_an_empty_media_reference_or_a_directory_is_refused_naming_the_line(tmp_path):
+    # On an image-text model, where <img> references are images (a text model refuses every one: see
+    # tests/integration/test_field_reports.py's test_3).
     (tmp_path / "imgs").mkdir()
-    (tmp_path / "imgs" / "cat.png").write_bytes(b"png")
+    (tmp_path / "imgs" / "cat.png").write_bytes((VISION_IMAGES / "red_circle_0.png").read_bytes())
     rows = [{"input": f"<img>imgs/cat.png</img> What is {i}?", "output": f"A cat, {i}."} for i in range(20)]
     rows[4]["input"] = "<img></img> What is this?"
     rows[9]["input"] = "<img>imgs</img> And this?"
     data = tmp_path / "media.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     run_dir = tmp_path / "run"
-    [problem] = refused(
-        run_cli([f"data.train={data}", "data.format=input_output", *READ_ONLY], run_dir),
-        run_dir,
-        f"{data}:5",
-    )
-    assert problem["key"] == "data.max_bad_fraction" and problem["location"] == f"{data}:5"
+    args = ["model=gemma3_vision_tiny", f"data.train={data}", "data.val=null", "data.format=input_output"]
+    problems = refused(run_cli([*args, *READ_ONLY], run_dir), run_dir, f"{data}:5")
+    # The image-text run's own check names each image's line too (as for a chat image part).
+    assert [(p["key"], p["location"]) for p in problems] == [
+        ("data.max_bad_fraction", f"{data}:5"),
+        ("data.train", f"{data}:5"),
+        ("data.train", f"{data}:10"),
+    ]
+    problem = problems[0]
     assert "empty_media x1, media_not_file x1" in problem["message"]
     assert (
         f"{data}:5 (empty_media: a media reference with no path (<img></img>); put the media file's path"
