@@ -1888,28 +1888,23 @@ def _media_rows(refs: list[str]) -> bytes:
     return jsonl_bytes(rows)
 
 
-# input_output's <img> references are images on an image-text model (a text model refuses every one unread), so
-# the media-root cases run there, on a real PNG: an image outside the root is its own problem (exit 2), by line.
+# input_output's <img> references are images on an image-text model; a text model refuses every one unread.
 _IMAGE_TEXT = ("model=gemma3_vision_tiny", "data.format=input_output")
 _PNG = Path(__file__).resolve().parents[2] / "seqtune/data/assets/vision_tiny/images/red_circle_0.png"
-
-
-def _outside_root(*lines: int) -> Callable[[Outcome], str | None]:
-    return refused(*(rf"d\.jsonl:{n}: media_outside_root: .* resolves outside" for n in lines))
 
 
 @case(
     "media_dotdot_escape",
     TRUST,
-    "input_output on an image-text model: <img>../x.png</img> (x.png exists, outside the media root)",
-    "clean",
-    _outside_root(40),
+    "input_output on a text model: <img>../x.png</img> (x.png exists, outside the media root) is refused unread",
+    "ok",
+    accepted(records=40, rejected=1, codes=("unsupported_content",)),
 )
 def _(tmp: Path) -> Run:
-    write(tmp / "x.png", _PNG.read_bytes())
-    write(tmp / "data/cat.png", _PNG.read_bytes())
-    data = write(tmp / "data/d.jsonl", _media_rows(["cat.png"] * 39 + ["../x.png"]))
-    return Run(args=train(data, *_IMAGE_TEXT))
+    write(tmp / "x.png", b"png")
+    rows = [json.dumps({"input": f"what is thing {i}?", "output": f"thing {i}"}).encode() for i in range(39)]
+    data = write(tmp / "data/d.jsonl", jsonl_bytes(rows) + _media_rows(["../x.png"]))
+    return Run(args=train(data, "data.format=input_output", "data.max_bad_fraction=0.1"))
 
 
 @case(
@@ -1918,7 +1913,11 @@ def _(tmp: Path) -> Run:
     "input_output on an image-text model with data.media_root: an absolute path, a symlink out of "
     "the root, a `..` to a file that does not exist: all refused alike (no existence oracle)",
     "clean",
-    _outside_root(38, 39, 40),
+    refused(*(rf"d\.jsonl:{n}: media_outside_root: .* resolves outside" for n in (38, 39, 40))),
+    # The suite proves this path more cheaply (an image-text model's start costs ~5 s): an image outside the root
+    # through the CLI in tests/integration/test_vision.py, input_output's references on an image-text parser in
+    # tests/unit/data/test_formats.py's test_media_outside_the_root_is_rejected_whether_it_exists_or_not.
+    suite=False,
 )
 def _(tmp: Path) -> Run:
     write(tmp / "secret.txt", b"secret")
