@@ -11,7 +11,7 @@ Formats (data.format; the fields of each are FORMAT_FIELDS in seqtune/config/sch
                 human → user, gpt → assistant, system → system, function_call → an assistant turn with
                 OpenAI-shaped tool_calls, observation → a tool turn answering the oldest unanswered call
   input_output  {"input", "output"} (media like <img>path</img> must exist under data.media_root) → prompt +
-                completion
+                completion; an <img>path</img> is an image on an image-text run, refused on a text-only one
   text          {"text"} → plain causal LM, every token a target
   tokenized     {"input_ids", "labels"?, "attention_mask"?} → used as is (padding recognised and stripped)
   preference    {"prompt"?, "chosen", "rejected"} → a PreferencePair: two records (chosen, rejected) that answer the
@@ -264,8 +264,10 @@ def template_signature(fmt: str) -> str:
         )
     # Which media references are accepted decides which records are samples: a cache scanned under another rule
     # (before they had to lie under data.media_root, before data: URIs were read) is not this rule's.
-    # An image-text run reads <img> references as images (since they were text there too).
-    return f"{fmt}|{MEDIA_REFERENCE_RULE}|{IMAGE_REFERENCE}=image" if fmt == "input_output" else fmt
+    # An image-text run reads <img> references as images (since they were text there too); a text-only run refuses
+    # them (since they were trained as literal text there).
+    rule = f"{MEDIA_REFERENCE_RULE}|{IMAGE_REFERENCE}=image|text_only_refused"
+    return f"{fmt}|{rule}" if fmt == "input_output" else fmt
 
 
 @dataclass(kw_only=True)
@@ -425,12 +427,25 @@ class LineParser:
         for key, value in zip(("input", "output"), values, strict=True):
             if not value.strip():
                 return self._reject(line, f"empty_text: {self._name(key)} is empty")
-            problem = self._media_problem(value)
+            # Before the file checks: on a text-only model the file would never be read, so whether it exists
+            # is no fix to offer (nor a reason to look outside the media root).
+            problem = self._text_only_image(key, value) or self._media_problem(value)
             if problem:
                 return self._reject(line, problem)
         if self.image_placeholder is None or IMAGE_REFERENCE not in values[0] + values[1]:
             return PromptCompletion(file=self.file, line=line, prompt=values[0], completion=values[1])
         return self._input_images(line, values[0], values[1])
+
+    def _text_only_image(self, key: str, text: str) -> str | None:
+        """A text-only run's refusal of an <img>path</img> in `text`: it would train as the literal tag, an image
+        silently dropped (as a chat image part is refused). There is no escape: <img>...</img> is a reference."""
+        if self.image_placeholder is not None or not any(m.group(1) == "img" for m in MEDIA_PATTERN.finditer(text)):
+            return None
+        return (
+            f"unsupported_content: {self._name(key)} holds an image reference (<img>...</img>) and this model reads "
+            "text only; an image-text model reads it as an image (model=gemma3_vision_tiny, model=gemma3_4b), or "
+            "remove the reference (text written <img>...</img> is always one: there is no escape)"
+        )
 
     def _input_images(self, line: int, prompt: str, completion: str) -> Record | Reject:
         """An image-text run: each <img>path</img> of the input is an image (the placeholder the model's chat

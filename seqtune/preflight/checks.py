@@ -539,7 +539,11 @@ REJECT_FIXES: dict[str, tuple[str, str]] = {
     "bad_token_id": ("data.{split}", "re-tokenize the data with the tokenizer this run uses"),
     "no_targets": ("data.{split}", "give every conversation an assistant reply (and a user turn before it)"),
     "no_user_turn": ("data.{split}", "give every conversation a user message before its assistant reply"),
-    "unsupported_content": ("data.{split}", "keep only text content parts (images, audio and files do not train)"),
+    "unsupported_content": (
+        "data.{split}",
+        "keep only text content (images, audio and files do not train a text-only model; an image-text model reads "
+        "images: model=gemma3_vision_tiny)",
+    ),
     TEMPLATE_REJECTED: (
         "tokenizer.chat_template",
         "tokenizer.chat_template=NAME with a template that renders them "

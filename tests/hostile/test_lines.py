@@ -38,6 +38,7 @@ REJECT_CODES = {
     "empty_text",
     "missing_media",
     "media_outside_root",
+    "unsupported_content",  # an input_output <img> reference on a text-only parser (these parsers are)
     "bad_token_id",
     "no_targets",
     "template_rejected",

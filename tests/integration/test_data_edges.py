@@ -195,12 +195,16 @@ def test_a_system_column_the_format_cannot_read_is_one_problem_whose_fix_works(t
     assert report(fixed)["splits"]["train"]["rejected"] == 0
 
 
-def test_an_empty_media_reference_or_a_directory_is_refused_naming_the_line(tmp_path):
+def test_an_img_reference_on_a_text_model_is_refused_naming_the_line_whatever_its_file(tmp_path):
+    """issue 45 item 10: it trained as the literal text <img>imgs/cat.png</img>, the image silently dropped. Now
+    every one is refused before its file is looked at: an existing image, an empty reference, a directory, a
+    missing file all say the same (the model would never read the file, so the file is no fix to offer). Their
+    empty_media / media_not_file / missing_media reasons on an image-text model: tests/unit/data/test_formats.py."""
     (tmp_path / "imgs").mkdir()
     (tmp_path / "imgs" / "cat.png").write_bytes(b"png")
-    rows = [{"input": f"<img>imgs/cat.png</img> What is {i}?", "output": f"A cat, {i}."} for i in range(20)]
-    rows[4]["input"] = "<img></img> What is this?"
-    rows[9]["input"] = "<img>imgs</img> And this?"
+    rows = [{"input": f"What is {i}?", "output": f"A cat, {i}."} for i in range(20)]
+    for n, ref in ((4, "imgs/cat.png"), (9, ""), (13, "imgs"), (17, "imgs/dog.png")):
+        rows[n]["input"] = f"<img>{ref}</img> What is this?"
     data = tmp_path / "media.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     run_dir = tmp_path / "run"
@@ -210,9 +214,13 @@ def test_an_empty_media_reference_or_a_directory_is_refused_naming_the_line(tmp_
         f"{data}:5",
     )
     assert problem["key"] == "data.max_bad_fraction" and problem["location"] == f"{data}:5"
-    assert "empty_media x1, media_not_file x1" in problem["message"]
+    assert "4 of 20 train lines are malformed" in problem["message"] and "unsupported_content x4" in problem["message"]
     assert (
-        f"{data}:5 (empty_media: a media reference with no path (<img></img>); put the media file's path"
-        in (problem["message"])
+        f"{data}:5 (unsupported_content: input holds an image reference (<img>...</img>) and this model reads text "
+        "only; an image-text model reads it as an image (model=gemma3_vision_tiny, model=gemma3_4b), or remove the "
+        "reference (text written <img>...</img> is always one: there is no escape))" in problem["message"]
     )
-    assert f"{data}:10 (media_not_file: imgs is a directory under {tmp_path}, not a media file" in problem["message"]
+    rejects = [json.loads(line) for line in (run_dir / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["line"], r["reason"].split(":")[0]) for r in rejects] == [
+        (n, "unsupported_content") for n in (5, 10, 14, 18)
+    ]

@@ -88,15 +88,14 @@ def test_2_fixed_shape_padding_and_inconsistently_prepadded_tokenized_data(tmp_p
     )
 
 
-def test_3_malformed_lines_and_missing_media_are_skipped_listed_and_bounded(tmp_path: Path):
+def test_3_malformed_lines_and_media_a_text_model_cannot_read_are_skipped_listed_and_bounded(tmp_path: Path):
+    """Missing media on an image-text model: tests/integration/test_vision.py. On this text model an <img>
+    reference is refused before training even though its file exists: it would train as the literal tag."""
     (tmp_path / "media").mkdir()
     (tmp_path / "media" / "cat.png").write_bytes(b"\x89PNG")
-    good = [
-        {"input": f"Describe <img>cat.png</img> in {i} words.", "output": "A small cat. " * (i % 4 + 1)}
-        for i in range(14)
-    ]
+    good = [{"input": f"Describe a cat in {i} words.", "output": "A small cat. " * (i % 4 + 1)} for i in range(14)]
     rows = (
-        good[:5] + ['{"input": "unterminated', {"input": "Describe <img>dog.png</img>", "output": "A dog."}] + good[5:]
+        good[:5] + ['{"input": "unterminated', {"input": "Describe <img>cat.png</img>", "output": "A cat."}] + good[5:]
     )
     data = write_jsonl(tmp_path / "vl.jsonl", rows)
     common = [
@@ -112,13 +111,20 @@ def test_3_malformed_lines_and_missing_media_are_skipped_listed_and_bounded(tmp_
         "data.max_bad_fraction",
         f"{data}:6",
         "bad_json",
-        "missing_media",
+        "unsupported_content",
         "Fix:",
+    )
+    [problem] = json.loads((failing / "preflight.json").read_text())["problems"]
+    assert problem["key"] == "data.max_bad_fraction" and problem["location"] == f"{data}:6"
+    assert (
+        f"{data}:7 (unsupported_content: input holds an image reference (<img>...</img>) and this model reads text "
+        "only; an image-text model reads it as an image (model=gemma3_vision_tiny, model=gemma3_4b), or remove the "
+        "reference" in problem["message"]
     )
     run_dir = tmp_path / "run"
     trained(run_cli([*common, "data.max_bad_fraction=0.2", *TRAIN_BRIEFLY], run_dir), run_dir)
     rejects = [json.loads(line) for line in (run_dir / "rejects.jsonl").read_text().splitlines()]
-    assert [(r["line"], r["reason"].split(":")[0]) for r in rejects] == [(6, "bad_json"), (7, "missing_media")]
+    assert [(r["line"], r["reason"].split(":")[0]) for r in rejects] == [(6, "bad_json"), (7, "unsupported_content")]
 
 
 def test_4_tokenizer_bigger_than_the_model_vocab_fails_until_resized(tmp_path: Path):

@@ -285,16 +285,41 @@ def test_chat_drops_turns_after_the_last_assistant_reply():
     assert [m["role"] for m in record.messages] == ["user", "assistant"]
 
 
-def test_input_output_media_must_exist(tmp_path):
+# An image-text run's parser (plan.vision's placeholder): where input_output's <img>path</img> are images, so where
+# their files are checked. Parsing resolves paths only; the bytes are decoded later (fake PNG bytes do here).
+IMAGE_TEXT = {"image_placeholder": "<start_of_image>"}
+
+
+def test_an_img_reference_on_a_text_only_model_is_refused_before_its_file_is_looked_at(tmp_path):
+    """It would train as the literal text <img>imgs/cat.png</img>, the image silently dropped: refused, as a chat
+    image part is, whether the file exists, is missing, lies outside the root or is empty (the model would never
+    read it, so the file is no fix to offer), in the input or the output."""
     (tmp_path / "imgs").mkdir()
     (tmp_path / "imgs" / "cat.png").write_bytes(b"png")
     parser = LineParser(fmt="input_output", file=str(tmp_path / "d.jsonl"))
+    for n, ref in enumerate(("imgs/cat.png", "imgs/dog.png", "../x.png", "", "data:image/png;base64,AA"), start=1):
+        for key in ("input", "output"):
+            record = {"input": "What is it?", "output": "A cat.", key: f"Look: <img>{ref}</img>"}
+            bad = parser.parse(n, json.dumps(record).encode())
+            assert isinstance(bad, Reject) and (bad.line, bad.code) == (n, "unsupported_content"), (ref, key)
+            assert bad.reason.startswith(f"unsupported_content: {key} holds an image reference (<img>...</img>)")
+            assert "model=gemma3_vision_tiny" in bad.reason and "remove the reference" in bad.reason
+    assert not parser.refused_media  # nothing was resolved
+    # Text that is no reference (no closing tag, another kind's tags) is text, as before.
+    for text in ("the <img> tag opens an image", "a <b>bold</b> word"):
+        assert isinstance(parser.parse(9, json.dumps({"input": text, "output": "ok"}).encode()), PromptCompletion)
+
+
+def test_input_output_media_must_exist(tmp_path):
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "cat.png").write_bytes(b"png")
+    parser = LineParser(fmt="input_output", file=str(tmp_path / "d.jsonl"), **IMAGE_TEXT)
     ok = parser.parse(1, json.dumps({"input": "<img>imgs/cat.png</img> what?", "output": "a cat"}).encode())
-    assert isinstance(ok, PromptCompletion)
+    assert isinstance(ok, PromptCompletion) and ok.images == (str(tmp_path / "imgs" / "cat.png"),)
     bad = parser.parse(2, json.dumps({"input": "<img>imgs/dog.png</img> what?", "output": "a dog"}).encode())
     assert isinstance(bad, Reject) and bad.line == 2
     assert bad.reason.startswith("missing_media: imgs/dog.png not found under") and "data.media_root" in bad.reason
-    rooted = LineParser(fmt="input_output", file="/elsewhere/d.jsonl", media_root=str(tmp_path))
+    rooted = LineParser(fmt="input_output", file="/elsewhere/d.jsonl", media_root=str(tmp_path), **IMAGE_TEXT)
     assert isinstance(
         rooted.parse(3, json.dumps({"input": "<img>imgs/cat.png</img>", "output": "x"}).encode()), PromptCompletion
     )
@@ -313,7 +338,7 @@ def test_input_output_media_must_exist(tmp_path):
 def test_an_empty_media_reference_or_a_directory_is_not_media(tmp_path, ref, reason):
     (tmp_path / "imgs").mkdir()
     (tmp_path / "imgs" / "cat.png").write_bytes(b"png")
-    parser = LineParser(fmt="input_output", file=str(tmp_path / "d.jsonl"))
+    parser = LineParser(fmt="input_output", file=str(tmp_path / "d.jsonl"), **IMAGE_TEXT)
     bad = parser.parse(4, json.dumps({"input": f"<img>{ref}</img> what?", "output": "a cat"}).encode())
     assert isinstance(bad, Reject) and bad.line == 4
     assert bad.reason.startswith(reason.format(root=tmp_path)), bad.reason
@@ -330,7 +355,7 @@ def test_media_outside_the_root_is_rejected_whether_it_exists_or_not(tmp_path):
     (root / "out").symlink_to(outside)  # a directory link out of the root
     (root / "evil.png").symlink_to(outside / "passwd")
     (root / "alias.png").symlink_to("imgs/cat.png")  # a link that stays inside is fine
-    parser = LineParser(fmt="input_output", file=str(tmp_path / "d.jsonl"), media_root=str(root))
+    parser = LineParser(fmt="input_output", file=str(tmp_path / "d.jsonl"), media_root=str(root), **IMAGE_TEXT)
 
     def reason(ref: str) -> str | None:
         parsed = parser.parse(7, json.dumps({"input": f"<img>{ref}</img> what?", "output": "x"}).encode())

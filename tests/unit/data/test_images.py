@@ -169,7 +169,10 @@ def test_an_image_ref_is_a_frozen_value():
 
 
 def test_input_output_media_tags_are_checked_by_the_same_rule(root, tmp_path):
-    parser = LineParser(fmt="input_output", file=str(tmp_path / "d.jsonl"), media_root=str(root))
+    # An image-text run's parser: there an <img> reference is an image (a text-only run refuses every one).
+    parser = LineParser(
+        fmt="input_output", file=str(tmp_path / "d.jsonl"), media_root=str(root), image_placeholder="<image>"
+    )
 
     def parsed(ref: str):
         return parser.parse(3, json.dumps({"input": f"<img>{ref}</img> what?", "output": "red"}).encode())

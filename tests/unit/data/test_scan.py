@@ -54,15 +54,17 @@ def test_rejects_name_file_line_and_reason_gz(tmp_path, bundled_tokenizer, jsonl
     assert rejects_file[0] == {"file": str(data), "line": 2, "reason": scan.rejects[0].reason}
 
 
-def test_missing_media_rejected_at_its_line(tmp_path, bundled_tokenizer, jsonl):
+def test_an_img_reference_on_a_text_model_is_rejected_at_its_line(tmp_path, bundled_tokenizer, jsonl):
+    # The model reads text only: the reference would train as its literal tag (missing media is
+    # tests/unit/data/test_vision_cache.py's, on an image-text run).
     (tmp_path / "a.png").write_bytes(b"x")
     data = jsonl(
         tmp_path / "io.jsonl",
-        [{"input": "<img>a.png</img> what", "output": "a"}, {"input": "<img>b.png</img> what", "output": "b"}],
+        [{"input": "what is a?", "output": "a"}, {"input": "<img>a.png</img> what", "output": "b"}],
     )
     encoder = SampleEncoder(bundled_tokenizer, "input_output", train_on_prompt=False)
     scan = scan_files("train", [data], encoder, cache_root=tmp_path / "c")
-    assert [(r.line, r.code) for r in scan.rejects] == [(2, "missing_media")] and scan.samples == 1
+    assert [(r.line, r.code) for r in scan.rejects] == [(2, "unsupported_content")] and scan.samples == 1
 
 
 def test_stats_lengths_max_token_and_trainable_fraction(tmp_path, bundled_tokenizer, jsonl):

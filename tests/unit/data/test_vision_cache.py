@@ -46,12 +46,9 @@ def test_an_image_put_in_place_after_its_record_was_refused_rebuilds_the_cache(t
     assert not again.from_cache and again.rejects == [] and again.cache().images == [(str(root / "images/a.png"),)]
 
 
-def test_an_input_output_media_file_put_in_place_rebuilds_the_cache(tmp_path):
-    from transformers import AutoTokenizer
-
-    from seqtune.tokenizers import BUNDLED_DIR
-
-    encoder = SampleEncoder(AutoTokenizer.from_pretrained(BUNDLED_DIR), "input_output", train_on_prompt=False)
+def test_an_input_output_media_file_put_in_place_rebuilds_the_cache(tmp_path, encoder):
+    # input_output's <img> references are images on an image-text run (a text-only run refuses them).
+    encoder = SampleEncoder(encoder.tokenizer, "input_output", train_on_prompt=False, vision=encoder.vision)
     data = tmp_path / "train.jsonl"
     data.write_text(json.dumps({"input": "look <img>a.png</img>", "output": "a circle"}) + "\n")
     kwargs = {"cache_root": tmp_path / "cache", "media_root": str(tmp_path)}

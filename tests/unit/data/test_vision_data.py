@@ -203,7 +203,7 @@ def test_an_eval_prompt_holds_only_the_images_whose_runs_it_holds(tmp_path, enco
 def test_input_output_image_references_are_images_for_an_image_text_model(tokenizer, vision):
     """data.format=input_output's <img>path</img> (the README's format table): on an image-text model each is an
     image, expanded into the processor's run like a chat image part, never a target; one in the output is refused.
-    On a text model the reference stays text, checked to exist under the media root."""
+    On a text model it is refused (it would train as the literal tag), as a chat image part is."""
     io = SampleEncoder(tokenizer, "input_output", train_on_prompt=False, vision=vision)
     parser = io.line_parser(str(ASSETS / "train.jsonl"), media_root=str(ASSETS))
     line = json.dumps({"input": "<img>images/red_circle_0.png</img> Which colour?", "output": "red"}).encode()
@@ -219,5 +219,6 @@ def test_input_output_image_references_are_images_for_an_image_text_model(tokeni
     refused = parser.parse(4, out)
     assert isinstance(refused, Reject) and refused.code == "unsupported_content" and "put it in input" in refused.reason
     text = SampleEncoder(tokenizer, "input_output", train_on_prompt=False)
-    kept = text.line_parser(str(ASSETS / "train.jsonl"), media_root=str(ASSETS)).parse(3, line)
-    assert kept.images == () and kept.prompt.startswith("<img>images/red_circle_0.png</img>")
+    dropped = text.line_parser(str(ASSETS / "train.jsonl"), media_root=str(ASSETS)).parse(3, line)
+    assert isinstance(dropped, Reject) and dropped.code == "unsupported_content"
+    assert "this model reads text only" in dropped.reason and "model=gemma3_vision_tiny" in dropped.reason

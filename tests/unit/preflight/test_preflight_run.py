@@ -133,9 +133,10 @@ def test_inconsistently_prepadded_tokenized_rows_are_detected(tmp_path):
 
 def test_bad_lines_go_to_rejects_and_fail_at_zero_fraction(tmp_path):
     (tmp_path / "cat.png").write_bytes(b"\x89PNG")
-    good = [{"input": f"Describe <img>cat.png</img> {i}", "output": "a cat"} for i in range(8)]
+    good = [{"input": f"Describe a cat {i}", "output": "a cat"} for i in range(8)]
+    # An <img> reference on a text model is a bad line whether its file exists or not (it would train as text).
     train = write_jsonl(
-        tmp_path / "train.jsonl", good + ['{"input": "cut', {"input": "<img>gone.png</img>", "output": "x"}]
+        tmp_path / "train.jsonl", good + ['{"input": "cut', {"input": "<img>cat.png</img>", "output": "x"}]
     )
     report = run_failing(
         make_cfg(tmp_path, train, "data.format=input_output"), tmp_path / "run", match="data.max_bad_fraction"
@@ -143,7 +144,7 @@ def test_bad_lines_go_to_rejects_and_fail_at_zero_fraction(tmp_path):
     rejects = [json.loads(line) for line in (tmp_path / "run" / "rejects.jsonl").read_text().splitlines()]
     assert [(Path(r["file"]).name, r["line"], r["reason"].split(":")[0]) for r in rejects] == [
         ("train.jsonl", 9, "bad_json"),
-        ("train.jsonl", 10, "missing_media"),
+        ("train.jsonl", 10, "unsupported_content"),
     ]
     assert report["splits"]["train"]["rejected"] == 2 and report["problems"][0]["key"] == "data.max_bad_fraction"
     result = run_preflight(
