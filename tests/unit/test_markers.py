@@ -34,3 +34,11 @@ def test_the_check_finds_an_unmarked_cli_module(tmp_path: Path):
         "import pytest\nfrom tests.conftest import run_cli\n\npytestmark = pytest.mark.slow\n"
     )
     assert unmarked_cli_modules(tmp_path) == ["test_new.py"]
+
+
+def test_every_test_module_has_a_name_of_its_own():
+    """The test folders are not packages, so pytest imports each module by its bare name: a second test_x.py in
+    another folder fails collection of the whole run ("import file mismatch"), as tests/unit/train/test_trackers.py
+    beside tests/integration/test_trackers.py once did."""
+    names = [path.name for path in TESTS.rglob("test_*.py")]
+    assert sorted({name for name in names if names.count(name) > 1}) == []
