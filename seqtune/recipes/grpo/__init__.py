@@ -21,6 +21,7 @@ from typing import Any
 from seqtune.config.domain import Domain
 from seqtune.config.recipe_spec import RecipeSpec, Scored, register
 from seqtune.config.rollout import refuse_moved
+from seqtune.rollout import spec as online
 
 # The keys of grpo.* that every online recipe now shares under rollout.*: refused naming the new key.
 MOVED = {
@@ -116,28 +117,13 @@ SPEC = register(
         early_stop_metric="reward",  # train.early_stop_patience watches eval_reward: a mean reward, higher is better
         early_stop_higher=True,
         online=True,
-        scorer_params=lambda cfg: _scorer_params(cfg),
-        preflight=lambda cfg, facts: _checks(cfg, facts),
+        scorer_params=online.scorer_params,
+        preflight=online.checks,
     )
 )
 
 
-def _scorer_params(cfg: Any) -> int:
-    from seqtune.rollout.reward_model import scorer_params
-
-    return scorer_params(cfg)
-
-
-def _checks(cfg: Any, facts: Any) -> list[tuple[str, str]]:
-    from seqtune.rollout.checks import rollout_checks
-
-    return rollout_checks(cfg, facts)
-
-
 def run(cfg: Any, plan: Any, run_dir: Path) -> None:
-    from seqtune.recipes.finetune import fine_tune
     from seqtune.recipes.grpo.loss import GrpoSurrogate
-    from seqtune.rollout.objective import online_objective
 
-    loss = GrpoSurrogate(cfg.grpo)
-    fine_tune(cfg, plan, run_dir, objective=lambda built: online_objective(cfg, plan, run_dir, built, loss))
+    online.run_online(cfg, plan, run_dir, GrpoSurrogate(cfg.grpo))

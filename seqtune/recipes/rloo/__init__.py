@@ -17,6 +17,7 @@ from typing import Any
 
 from seqtune.config.domain import Domain
 from seqtune.config.recipe_spec import RecipeSpec, Scored, register
+from seqtune.rollout import spec as online
 
 
 @dataclass(kw_only=True)
@@ -64,28 +65,13 @@ SPEC = register(
         early_stop_metric="reward",
         early_stop_higher=True,
         online=True,
-        scorer_params=lambda cfg: _scorer_params(cfg),
-        preflight=lambda cfg, facts: _checks(cfg, facts),
+        scorer_params=online.scorer_params,
+        preflight=online.checks,
     )
 )
 
 
-def _scorer_params(cfg: Any) -> int:
-    from seqtune.rollout.reward_model import scorer_params
-
-    return scorer_params(cfg)
-
-
-def _checks(cfg: Any, facts: Any) -> list[tuple[str, str]]:
-    from seqtune.rollout.checks import rollout_checks
-
-    return rollout_checks(cfg, facts)
-
-
 def run(cfg: Any, plan: Any, run_dir: Path) -> None:
-    from seqtune.recipes.finetune import fine_tune
     from seqtune.recipes.rloo.loss import RlooLoss
-    from seqtune.rollout.objective import online_objective
 
-    loss = RlooLoss(cfg.rloo)
-    fine_tune(cfg, plan, run_dir, objective=lambda built: online_objective(cfg, plan, run_dir, built, loss))
+    online.run_online(cfg, plan, run_dir, RlooLoss(cfg.rloo))
