@@ -149,7 +149,7 @@ READ_BY = {
     "kto.undesirable_weight": "recipes/kto/objective.py",
     "orpo.beta": "recipes/orpo/objective.py",
     "reward.center_coefficient": "recipes/reward/objective.py",
-    "rloo.epsilon": "recipes/grpo/loss.py",
+    "rloo.epsilon": "recipes/rloo/loss.py",
     "rloo.epsilon_high": "recipes/rloo/__init__.py (not set: above rloo.epsilon)",
 }
 
