@@ -24,20 +24,20 @@ def function_lengths(root: Path) -> dict[str, int]:
     lengths: dict[str, int] = {}
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else path.as_posix()
-
-        def visit(node: ast.AST, prefix: str) -> None:
-            for child in ast.iter_child_nodes(node):
-                if isinstance(child, ast.ClassDef):
-                    visit(child, f"{prefix}{child.name}.")
-                elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
-                    first = min([child.lineno, *(d.lineno for d in child.decorator_list)])
-                    lengths[f"{rel}::{prefix}{child.name}"] = (child.end_lineno or child.lineno) - first + 1
-                    visit(child, f"{prefix}{child.name}.")
-                else:
-                    visit(child, prefix)
-
-        visit(ast.parse(path.read_text()), "")
+        _visit(ast.parse(path.read_text()), f"{rel}::", lengths)
     return lengths
+
+
+def _visit(node: ast.AST, prefix: str, lengths: dict[str, int]) -> None:
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.ClassDef):
+            _visit(child, f"{prefix}{child.name}.", lengths)
+        elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+            first = min([child.lineno, *(d.lineno for d in child.decorator_list)])
+            lengths[f"{prefix}{child.name}"] = (child.end_lineno or child.lineno) - first + 1
+            _visit(child, f"{prefix}{child.name}.", lengths)
+        else:
+            _visit(child, prefix, lengths)
 
 
 def test_no_function_is_over_80_lines():
