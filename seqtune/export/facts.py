@@ -230,29 +230,7 @@ def card_text(facts: ShipFacts, kind: str, *, files: list[tuple[str, Path, str]]
     where = repo_id or str(target.resolve())
     base_model = facts.base if repo_id is None else hub_base(run_dir)
     lora = kind in ("adapter", "best") and cfg.lora.enabled
-    # A scalar head (a sequence classifier with one label) loads its causal base with the head the adapter holds.
-    auto = "AutoModelForSequenceClassification" if facts.scalar else "AutoModelForCausalLM"
-    head = f", num_labels=1, pad_token_id={facts.stop.pad}" if facts.scalar else ""
-    if lora:
-        load = [
-            "from peft import PeftModel",
-            f"from transformers import {auto}, AutoTokenizer",
-            *(
-                []
-                if not facts.resize_to or not cfg.model.path
-                else [f"# the base's embedding was resized to {facts.resize_to} rows for training"]
-            ),
-            f"base = {auto}.from_pretrained({facts.base!r}{head})",
-            *([f"base.resize_token_embeddings({facts.resize_to})"] if facts.resize_to and cfg.model.path else []),
-            f"model = PeftModel.from_pretrained(base, {where!r})",
-            f"tokenizer = AutoTokenizer.from_pretrained({where!r})",
-        ]
-    else:
-        load = [
-            f"from transformers import {auto}, AutoTokenizer",
-            f"model = {auto}.from_pretrained({where!r})",
-            f"tokenizer = AutoTokenizer.from_pretrained({where!r})",
-        ]
+    load = _load_lines(facts, where, lora=lora)
     base_note = (
         f"`{cfg.model.path}`"
         if cfg.model.path
@@ -308,6 +286,35 @@ def card_text(facts: ShipFacts, kind: str, *, files: list[tuple[str, Path, str]]
         "",
     ]
     return "\n".join(lines)
+
+
+def _load_lines(facts: ShipFacts, where: str, *, lora: bool) -> list[str]:
+    """The card's Python that loads the export from `where`: the adapter on its base, or the model itself."""
+    cfg = facts.cfg
+    # A scalar head (a sequence classifier with one label) loads its causal base with the head the adapter holds.
+    auto = "AutoModelForSequenceClassification" if facts.scalar else "AutoModelForCausalLM"
+    head = f", num_labels=1, pad_token_id={facts.stop.pad}" if facts.scalar else ""
+    if lora:
+        load = [
+            "from peft import PeftModel",
+            f"from transformers import {auto}, AutoTokenizer",
+            *(
+                []
+                if not facts.resize_to or not cfg.model.path
+                else [f"# the base's embedding was resized to {facts.resize_to} rows for training"]
+            ),
+            f"base = {auto}.from_pretrained({facts.base!r}{head})",
+            *([f"base.resize_token_embeddings({facts.resize_to})"] if facts.resize_to and cfg.model.path else []),
+            f"model = PeftModel.from_pretrained(base, {where!r})",
+            f"tokenizer = AutoTokenizer.from_pretrained({where!r})",
+        ]
+    else:
+        load = [
+            f"from transformers import {auto}, AutoTokenizer",
+            f"model = {auto}.from_pretrained({where!r})",
+            f"tokenizer = AutoTokenizer.from_pretrained({where!r})",
+        ]
+    return load
 
 
 def write_card(facts: ShipFacts, target: Path, kind: str, *, files: list[tuple[str, Path, str]] | None = None) -> None:

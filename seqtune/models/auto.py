@@ -62,35 +62,7 @@ def _checkpoint_spec(root_text: str) -> ModelSpec:
     config = read_config_json(root, root_text)
     model_type, model_class = _causal_lm_class(root, config)
     weights = _weight_shapes(root)
-    layer = [
-        match.group(1) for name, shape in weights.items() if (match := _LAYER_WEIGHT.match(name)) and len(shape) == 2
-    ]
-    layout = _Layout(layer_modules=layer)
-    layer_source = "the linear weights of decoder layer 0 in the safetensors"
-    if config.get("num_experts_per_tok"):
-        layout, layer_source = (
-            _built_layout(root),
-            f"the Linear modules of decoder layer 0 as transformers builds it: a mixture of experts "
-            f"(num_experts_per_tok={config['num_experts_per_tok']}) whose experts transformers fuses into 3-D "
-            "parameters and whose router is no Linear, so LoRA adapts attention (and any dense MLP) by default",
-        )
-    elif not layer or not any(name.endswith("embed_tokens.weight") for name in weights):
-        layout = _built_layout(root)
-        layer_source = (
-            f"the Linear/Conv1D modules of decoder layer 0 ({layout.layers_prefix}.0) of the model transformers "
-            "builds from config.json: its weights do not follow the Llama layout (model.layers.N)"
-        )
-        if not layout.layer_modules:
-            raise ModelLoadError(
-                f"model.path={root}: decoder layer 0 ({layout.layers_prefix}.0) of {model_class} has no Linear or "
-                "Conv1D module for LoRA to adapt.",
-                key="model.path",
-                fix=FIX,
-            )
-    vision = _vision_of(root, model_type, config)
-    if vision is not None:  # the language model's layers and embedding live under the multimodal model's
-        layout = _built_layout(root)
-        layer_source = f"the Linear modules of the language model's layer 0 ({layout.layers_prefix}.0)"
+    layout, layer_source, vision = _layer_layout(root, config, model_type, model_class, weights)
     layer = list(layout.layer_modules)
     tied, tied_source = _tied(config, weights)
     tokenizer_config = _json(root / "tokenizer_config.json")
@@ -138,6 +110,43 @@ def _checkpoint_spec(root_text: str) -> ModelSpec:
         sources=sources,
         vision=vision,
     )
+
+
+def _layer_layout(
+    root: Path, config: dict[str, Any], model_type: str, model_class: str, weights: dict[str, list[int]]
+) -> tuple[_Layout, str, VisionSpec | None]:
+    """Where the decoder layers' LoRA modules are and how that was found (the Llama layout read off the weights'
+    names, else the model transformers builds on the meta device), and an image-text model's vision facts."""
+    layer = [
+        match.group(1) for name, shape in weights.items() if (match := _LAYER_WEIGHT.match(name)) and len(shape) == 2
+    ]
+    layout = _Layout(layer_modules=layer)
+    layer_source = "the linear weights of decoder layer 0 in the safetensors"
+    if config.get("num_experts_per_tok"):
+        layout, layer_source = (
+            _built_layout(root),
+            f"the Linear modules of decoder layer 0 as transformers builds it: a mixture of experts "
+            f"(num_experts_per_tok={config['num_experts_per_tok']}) whose experts transformers fuses into 3-D "
+            "parameters and whose router is no Linear, so LoRA adapts attention (and any dense MLP) by default",
+        )
+    elif not layer or not any(name.endswith("embed_tokens.weight") for name in weights):
+        layout = _built_layout(root)
+        layer_source = (
+            f"the Linear/Conv1D modules of decoder layer 0 ({layout.layers_prefix}.0) of the model transformers "
+            "builds from config.json: its weights do not follow the Llama layout (model.layers.N)"
+        )
+        if not layout.layer_modules:
+            raise ModelLoadError(
+                f"model.path={root}: decoder layer 0 ({layout.layers_prefix}.0) of {model_class} has no Linear or "
+                "Conv1D module for LoRA to adapt.",
+                key="model.path",
+                fix=FIX,
+            )
+    vision = _vision_of(root, model_type, config)
+    if vision is not None:  # the language model's layers and embedding live under the multimodal model's
+        layout = _built_layout(root)
+        layer_source = f"the Linear modules of the language model's layer 0 ({layout.layers_prefix}.0)"
+    return layout, layer_source, vision
 
 
 def _keys(config: dict) -> list[str]:

@@ -19,7 +19,7 @@ from seqtune.config.schema import ModelConfig, TrainVision
 from seqtune.hub import repair_command
 from seqtune.models.checkpoint_check import INDEX
 from seqtune.models.registry import family_for_model_type, model_type_fix
-from seqtune.models.spec import ModelSpec, resolve_tiny_fields
+from seqtune.models.spec import ArchValue, ModelSpec, resolve_tiny_fields
 from seqtune.models.vision import VisionSpec, vision_facts
 
 EXPECTED_CHECKPOINT = (
@@ -49,11 +49,20 @@ class ModelFacts:
     router_aux_loss_coef: float | None = None
 
 
+def _tiny_int(fields: dict[str, ArchValue], name: str) -> int:
+    """A tiny model's size field: every family's tiny defaults set it (tests/unit/models/test_family_facts.py)."""
+    value = fields[name]
+    assert isinstance(value, int), f"model.{name}: no tiny default"  # an internal invariant, not a user's setting
+    return value
+
+
 def read_model_facts(cfg: ModelConfig, spec: ModelSpec) -> ModelFacts:
     """The facts of the model `cfg` describes, from config.json (no weights, no transformers) or the tiny fields."""
     if cfg.path is None:
         fields = resolve_tiny_fields(cfg, spec)
-        vocab, context, layers = fields["vocab_size"], fields["max_position_embeddings"], fields["num_layers"]
+        vocab, context, layers = (
+            _tiny_int(fields, name) for name in ("vocab_size", "max_position_embeddings", "num_layers")
+        )
         model_type, window, dropout = spec.hf_model_types[0], fields.get("sliding_window"), False
         tied = bool(fields["tie_word_embeddings"])
         router = None

@@ -22,6 +22,7 @@ from seqtune.models.spec import (
 from seqtune.tokenizers import templates
 
 if TYPE_CHECKING:
+    from gguf import GGUFWriter
     from transformers import PretrainedConfig
 
 # Local (sliding) layers use the short-range RoPE base; global layers the long-range one.
@@ -47,7 +48,7 @@ def tiny_config_kwargs(f: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def gguf_metadata(writer: Any, config: dict) -> None:
+def gguf_metadata(writer: GGUFWriter, config: dict[str, Any]) -> None:
     """convert_hf_to_gguf.py Gemma3Model's metadata beyond the common keys."""
     if not config.get("head_dim"):  # a config's own head_dim is written for every architecture (_write_metadata)
         writer.add_key_length(256)

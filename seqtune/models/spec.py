@@ -24,6 +24,7 @@ from seqtune.config.errors import ConfigError
 from seqtune.config.schema import ModelConfig
 
 if TYPE_CHECKING:
+    from gguf import GGUFWriter
     from transformers import PretrainedConfig
 
     from seqtune.models.vision import VisionSpec
@@ -47,6 +48,8 @@ ARCH_FIELDS: tuple[str, ...] = (
     "rope_theta",
     "rope_scaling_factor",
 )
+# The value of an architecture field (ModelConfig's vocab_size, rope_theta, tie_word_embeddings, ...; None = unset).
+ArchValue = int | float | bool | None
 # Embedding rows are padded to this multiple on resize.
 EMBEDDING_ROW_MULTIPLE = 64
 LLAMA_LAYER_MODULES: tuple[str, ...] = (
@@ -82,7 +85,7 @@ class Layout:
     # mlp_bias), or True when the class always builds one (Qwen2's q/k/v). A projection not named has none.
     biases: Mapping[str, str | bool] = field(default_factory=lambda: dict(LLAMA_BIASES))
 
-    def biased(self, config: Any) -> frozenset[str]:
+    def biased(self, config: object) -> frozenset[str]:
         """The projections that carry a bias in a model of `config` (a transformers config or its plain kwargs)."""
         return frozenset(
             name for name, flag in self.biases.items() if flag is True or bool(getattr(config, str(flag), False))
@@ -97,10 +100,11 @@ class GgufRow:
     name: str  # gguf.MODEL_ARCH member name
     permute_qk: bool = False  # LlamaModel: q/k rows reordered for llama.cpp's rotary layout
     norm_shift: float = 0.0  # Gemma3Model: RMSNorm weights stored as shift + w
-    extra: Callable[[Any, dict], None] | None = None  # architecture-specific metadata (writer, config.json)
+    # Architecture-specific metadata: the writer and config.json.
+    extra: Callable[[GGUFWriter, dict[str, Any]], None] | None = None
     # What of a checkpoint's config.json llama.cpp's graph for this architecture cannot express (config.json ->
     # the reason, or None): the writer refuses it by that reason, preflight before training.
-    refusal: Callable[[dict], str | None] | None = None
+    refusal: Callable[[dict[str, Any]], str | None] | None = None
     # The width of q_norm/k_norm as llama.cpp's loader creates them: "head" (one head's dim: Qwen3, Qwen3-MoE) or
     # "all" (every head's: OLMoE's {n_embd}).
     qk_norm_width: str = "head"
@@ -184,14 +188,14 @@ class ModelSpec:
     # Whether Liger-Kernel patches this family's layers (model.kernels=auto picks it on CUDA): LIGER_MODEL_TYPES.
     liger: bool
     # Values for null architecture fields when building the tiny model.
-    tiny_defaults: Mapping[str, Any]
+    tiny_defaults: Mapping[str, ArchValue]
     # The transformers config class of the family (its name: this module imports no transformers).
     hf_config_class: str
     # ModelConfig fields (nulls filled) -> the config class's kwargs, plain values: the tiny model's config is
     # hf_config_class(**kwargs) (build_tiny_config), and preflight reads its numbers from the kwargs alone.
-    tiny_config_kwargs: Callable[[dict[str, Any]], dict[str, Any]]
+    tiny_config_kwargs: Callable[[dict[str, ArchValue]], dict[str, Any]]
     # HF config -> {ModelConfig field: value} for comparing explicit fields with a checkpoint.
-    read_arch_fields: Callable[[PretrainedConfig], dict[str, Any]]
+    read_arch_fields: Callable[[PretrainedConfig], dict[str, ArchValue]]
     # The decoder's tensor layout when it is the Llama layout (None: arch.py walks a meta-device model instead).
     layout: Layout | None = None
     # Its llama.cpp architecture (None: train.export_gguf is refused for it, naming why).
@@ -250,7 +254,7 @@ def resized_rows(current_rows: int, tokenizer_size: int) -> int:
     return max(current_rows, rounded)
 
 
-def resolve_tiny_fields(cfg: ModelConfig, spec: ModelSpec) -> dict[str, Any]:
+def resolve_tiny_fields(cfg: ModelConfig, spec: ModelSpec) -> dict[str, ArchValue]:
     """The architecture fields of `cfg`, nulls replaced by the family's tiny defaults."""
     check_unused_fields(cfg, spec)
     values = {}
@@ -260,7 +264,7 @@ def resolve_tiny_fields(cfg: ModelConfig, spec: ModelSpec) -> dict[str, Any]:
     return values
 
 
-def build_tiny_config(spec: ModelSpec, fields: dict[str, Any]) -> PretrainedConfig:
+def build_tiny_config(spec: ModelSpec, fields: dict[str, ArchValue]) -> PretrainedConfig:
     """The Hugging Face config of a tiny model: the family's config class over its plain kwargs."""
     import transformers
 
@@ -278,13 +282,13 @@ def check_unused_fields(cfg: ModelConfig, spec: ModelSpec) -> None:
         )
 
 
-def common_config_kwargs(f: dict[str, Any]) -> dict[str, Any]:
+def common_config_kwargs(f: dict[str, ArchValue]) -> dict[str, Any]:
     """HF config kwargs shared by every family's tiny build; use_cache=False because a KV cache silently breaks
     the separation of packed documents."""
     return {hf_name: f[name] for name, hf_name in HF_FIELD_NAMES.items()} | {"use_cache": False}
 
 
-def common_arch_fields(hf_config: PretrainedConfig) -> dict[str, Any]:
+def common_arch_fields(hf_config: PretrainedConfig) -> dict[str, ArchValue]:
     """The fields every family stores under the same attribute, plus rope_theta from rope_parameters."""
     values = {name: getattr(hf_config, hf_name, None) for name, hf_name in HF_FIELD_NAMES.items()}
     values["sliding_window"] = getattr(hf_config, "sliding_window", None)

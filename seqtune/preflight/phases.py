@@ -111,6 +111,20 @@ def fast_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
     problems += checks.check_reference_model(
         reference=plan.reference, sharded=plan.sharded, recipe=recipe_spec(plan.recipe)
     )
+    problems += _export_checks(cfg, plan)
+    problems += checks.check_early_stopping(
+        early_stop=cfg.train.early_stop_patience > 0, lora=cfg.lora.enabled, sharded=plan.sharded
+    )
+    if cfg.train.push_to_hub is not None:  # found before training, not after it (no network: seqtune.hub)
+        problems += [Problem(check="export", key=PUSH_KEY, message=m) for m in push_problems(cfg.train.push_to_hub)]
+    bad_key = key_problem(cfg.logger.wandb, os.environ)  # a tracker that cannot start online is found before training
+    problems += [Problem(check="logger", key=KEY_VARIABLE, message=bad_key)] if bad_key else []
+    return problems
+
+
+def _export_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
+    """What the run's exports need (the GGUF files and the adapter file llama.cpp reads), found before training."""
+    problems: list[Problem] = []
     gguf = gguf_types(cfg.train.export_gguf)
     problems += checks.check_gguf_export(
         export_gguf=",".join(gguf) or None,
@@ -128,13 +142,6 @@ def fast_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
             resized=cfg.model.resize_embeddings,
             llama_cpp_missing=llama_cpp_missing(("lora",)),
         )
-    problems += checks.check_early_stopping(
-        early_stop=cfg.train.early_stop_patience > 0, lora=cfg.lora.enabled, sharded=plan.sharded
-    )
-    if cfg.train.push_to_hub is not None:  # found before training, not after it (no network: seqtune.hub)
-        problems += [Problem(check="export", key=PUSH_KEY, message=m) for m in push_problems(cfg.train.push_to_hub)]
-    bad_key = key_problem(cfg.logger.wandb, os.environ)  # a tracker that cannot start online is found before training
-    problems += [Problem(check="logger", key=KEY_VARIABLE, message=bad_key)] if bad_key else []
     return problems
 
 

@@ -252,21 +252,7 @@ def _data_phases(
     result.notes += vision_notes
     problems += shape_checks(rule, tokens, resolved.padding_side, views)
     problems += _recipe_checks(cfg, resolved, tokens, tokenizer, scans, views, max_seq_len)
-    if cfg.train.eval_samples and "val" in scans:
-        from seqtune.data.prompts import build_eval_prompts
-
-        found = build_eval_prompts(
-            scans["val"].cache_dir,
-            count=cfg.train.eval_samples,
-            max_seq_len=max_seq_len,
-            bos_id=tokens.bos_id,
-            stride=resolved.sequences_per_sample,
-        )
-        prompt_problems, prompt_notes = checks.check_eval_prompts(
-            requested=cfg.train.eval_samples, found=len(found), max_seq_len=max_seq_len
-        )
-        problems += prompt_problems
-        result.notes += prompt_notes
+    problems += _eval_prompt_checks(cfg, resolved, tokens, scans, max_seq_len, result)
     result.plan, efficiency, batches, batch_problems = plan_phase(cfg, resolved, rule, views)
     problems += batch_problems
     stream_records: tuple[int, ...] = ()
@@ -288,6 +274,33 @@ def _data_phases(
         "data": {name: scan.cache_dir.name for name, scan in scans.items()},
         "caches": {name: str(scan.cache_dir) for name, scan in scans.items()},
     }
+
+
+def _eval_prompt_checks(
+    cfg: RootConfig,
+    resolved: Resolved,
+    tokens: Tokens,
+    scans: dict[str, SplitScan],
+    max_seq_len: int,
+    result: PreflightResult,
+) -> list[Problem]:
+    """train.eval_samples: the validation prompts the samples complete, found in the token cache as training will."""
+    if not cfg.train.eval_samples or "val" not in scans:
+        return []
+    from seqtune.data.prompts import build_eval_prompts
+
+    found = build_eval_prompts(
+        scans["val"].cache_dir,
+        count=cfg.train.eval_samples,
+        max_seq_len=max_seq_len,
+        bos_id=tokens.bos_id,
+        stride=resolved.sequences_per_sample,
+    )
+    prompt_problems, prompt_notes = checks.check_eval_prompts(
+        requested=cfg.train.eval_samples, found=len(found), max_seq_len=max_seq_len
+    )
+    result.notes += prompt_notes
+    return prompt_problems
 
 
 def _stream_phase(

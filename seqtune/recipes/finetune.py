@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -36,9 +37,13 @@ from seqtune.train.evaluate import Evaluator
 from seqtune.train.export import BestWeights, export_final, report_end
 from seqtune.train.generate import build_sample_generator
 from seqtune.train.loop import Loop, fit
+from seqtune.train.metrics import MetricsLogger
 from seqtune.train.objectives import Objective, ReferenceModel, StatefulObjective, build_reference
 from seqtune.train.optim import build_optimizer, build_scheduler, sync_lr_after_resume
 from seqtune.train.session import open_logger, seed_dropout, set_seed, total_steps
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,84 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
     spec = spec_for(cfg.model)
 
     tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec.chat_template)
+    built = _build_trained_model(cfg, plan, env)
+    model = wrap_model(built, env, sharded=plan.sharded, cpu_offload=cfg.train.fsdp_cpu_offload)
+    reference = build_reference(plan.reference, built=built, model=model)
+    trained = objective(Built(model=built, wrapped=model, env=env, reference=reference))
+    seed_dropout(cfg.train.seed, env.rank)
 
+    train_batches = build_train_batches(cfg, plan, rank=env.rank, tokenizer=tokenizer)
+
+    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.optim, plan.optimizer)
+    steps = total_steps(cfg, train_batches.steps_per_epoch(cfg.train.grad_accum))
+    scheduler = build_scheduler(optimizer, cfg.optim, steps)
+    scaler = torch.amp.GradScaler(env.device.type) if plan.loss_scaling else None
+    recipe = recipe_spec(plan.recipe)
+    stopper = _early_stopping(cfg, plan, recipe, unwrap(model), tokenizer, run_dir=run_dir, env=env)
+    progress = Progress()
+    checkpointer = Checkpointer(
+        run_dir=run_dir,
+        cfg=cfg.train,
+        plan=plan,
+        env=env,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        data=train_batches,
+        scaler=scaler,
+        progress=progress,
+        settings=flat_settings(cfg),
+        early_stop=stopper,
+        objective=trained if isinstance(trained, StatefulObjective) else None,
+    )
+    if checkpointer.resume():
+        sync_lr_after_resume(scheduler)
+    logger = open_logger(cfg, run_dir, env, progress.step)
+
+    autocast = getattr(torch, plan.autocast_dtype) if plan.autocast_dtype else None
+    evaluator = _evaluator(
+        cfg,
+        plan,
+        recipe,
+        model=model,
+        env=env,
+        objective=trained,
+        autocast_dtype=autocast,
+        logger=logger,
+        stopper=stopper,
+        tokenizer=tokenizer,
+        run_dir=run_dir,
+        resume_step=progress.step,
+    )
+    loop = Loop(
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        train_batches=train_batches,
+        evaluator=evaluator,
+        env=env,
+        cfg=_divergence_checks(cfg, recipe),
+        grad_clip=cfg.optim.grad_clip,
+        total_steps=steps,
+        logger=logger,
+        autocast_dtype=autocast,
+        activation_offload=cfg.model.activation_offload,
+        scaler=scaler,
+        checkpointer=checkpointer,
+        objective=trained,
+        step_repeats=plan.step_repeats,
+    )
+    fit(loop, progress)
+    evaluator.finish(progress.step)  # the best eval's weights restored (early stopping), then the test split
+    _export(cfg, plan, unwrap(model), tokenizer, run_dir=run_dir, env=env)
+    report_end(run_dir=run_dir, env=env, logger=logger)
+    teardown()
+
+
+def _build_trained_model(cfg: RootConfig, plan: Plan, env: DistEnv) -> torch.nn.Module:
+    """The model as it trains, before DDP/FSDP wrapping: built on the plan's attention and rows, the vision tower
+    frozen, LoRA on the plan's targets, the kernels, and the head its objective scores with (a scalar head, or the
+    token loss that never forms [batch, seq, vocab] logits)."""
     scalar = plan.scored == Scored.scalar  # a scalar head, no LM head (seqtune.models.scalar_head)
     base = build_model(
         cfg.model,
@@ -97,97 +179,94 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
             f"optimizer: {plan.optimizer}; trainable parameters: {trainable:,}",
             flush=True,
         )
-    built = model.to(env.device)
-    model = wrap_model(built, env, sharded=plan.sharded, cpu_offload=cfg.train.fsdp_cpu_offload)
-    reference = build_reference(plan.reference, built=built, model=model)
-    trained = objective(Built(model=built, wrapped=model, env=env, reference=reference))
-    seed_dropout(cfg.train.seed, env.rank)
+    return model.to(env.device)
 
-    train_batches = build_train_batches(cfg, plan, rank=env.rank, tokenizer=tokenizer)
 
-    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.optim, plan.optimizer)
-    steps = total_steps(cfg, train_batches.steps_per_epoch(cfg.train.grad_accum))
-    scheduler = build_scheduler(optimizer, cfg.optim, steps)
-    scaler = torch.amp.GradScaler(env.device.type) if plan.loss_scaling else None
-    stopper = None
-    recipe = recipe_spec(plan.recipe)
-    if cfg.train.early_stop_patience:  # writes best/ whenever the watched eval metric improves; the run ends on those
-        best = BestWeights(
-            unwrap(model),
-            tokenizer,
-            run_dir=run_dir,
-            env=env,
-            lora=cfg.lora.enabled,
-            sharded=plan.sharded,
-            data_format=cfg.data.format,
-        )
-        stopper = EarlyStopping(
-            patience=cfg.train.early_stop_patience,
-            min_delta=cfg.train.early_stop_min_delta,
-            best=best,
-            metric=f"eval_{recipe.early_stop_metric}",
-            higher=recipe.early_stop_higher,
-        )
-    progress = Progress()
-    checkpointer = Checkpointer(
+def _early_stopping(
+    cfg: RootConfig,
+    plan: Plan,
+    recipe: RecipeSpec,
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    run_dir: Path,
+    env: DistEnv,
+) -> EarlyStopping | None:
+    """train.early_stop_patience: writes best/ whenever the recipe's watched eval metric improves; the run ends on
+    those weights. None when it is off."""
+    if not cfg.train.early_stop_patience:
+        return None
+    best = BestWeights(
+        model,
+        tokenizer,
         run_dir=run_dir,
-        cfg=cfg.train,
-        plan=plan,
         env=env,
-        model=model,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        data=train_batches,
-        scaler=scaler,
-        progress=progress,
-        settings=flat_settings(cfg),
-        early_stop=stopper,
-        objective=trained if isinstance(trained, StatefulObjective) else None,
+        lora=cfg.lora.enabled,
+        sharded=plan.sharded,
+        data_format=cfg.data.format,
     )
-    if checkpointer.resume():
-        sync_lr_after_resume(scheduler)
-    logger = open_logger(cfg, run_dir, env, progress.step)
+    return EarlyStopping(
+        patience=cfg.train.early_stop_patience,
+        min_delta=cfg.train.early_stop_min_delta,
+        best=best,
+        metric=f"eval_{recipe.early_stop_metric}",
+        higher=recipe.early_stop_higher,
+    )
 
-    autocast = getattr(torch, plan.autocast_dtype) if plan.autocast_dtype else None
-    evaluator = Evaluator(
+
+def _evaluator(
+    cfg: RootConfig,
+    plan: Plan,
+    recipe: RecipeSpec,
+    *,
+    model: torch.nn.Module,
+    env: DistEnv,
+    objective: Objective,
+    autocast_dtype: torch.dtype | None,
+    logger: MetricsLogger | None,
+    stopper: EarlyStopping | None,
+    tokenizer: PreTrainedTokenizerBase,
+    run_dir: Path,
+    resume_step: int,
+) -> Evaluator:
+    """Evaluation as one component: the val and test batches, generated samples, early stopping, the recipe's
+    metrics; the loop asks it when to evaluate and whether to stop."""
+    return Evaluator(
         model=model,
         env=env,
-        objective=trained,
+        objective=objective,
         recipe=recipe,
         every=cfg.train.eval_every,
         max_batches=cfg.train.eval_batches,
-        autocast_dtype=autocast,
+        autocast_dtype=autocast_dtype,
         val=build_eval_batches(cfg, plan, split="val", rank=env.rank),
         test=build_eval_batches(cfg, plan, split="test", rank=env.rank),
         logger=logger,
         stopper=stopper,
         samples=build_sample_generator(
-            cfg, plan, tokenizer=tokenizer, env=env, run_dir=run_dir, autocast_dtype=autocast, resume_step=progress.step
+            cfg,
+            plan,
+            tokenizer=tokenizer,
+            env=env,
+            run_dir=run_dir,
+            autocast_dtype=autocast_dtype,
+            resume_step=resume_step,
         ),
     )
-    loop = Loop(
-        model=model,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        train_batches=train_batches,
-        evaluator=evaluator,
-        env=env,
-        cfg=_divergence_checks(cfg, recipe),
-        grad_clip=cfg.optim.grad_clip,
-        total_steps=steps,
-        logger=logger,
-        autocast_dtype=autocast,
-        activation_offload=cfg.model.activation_offload,
-        scaler=scaler,
-        checkpointer=checkpointer,
-        objective=trained,
-        step_repeats=plan.step_repeats,
-    )
-    fit(loop, progress)
-    evaluator.finish(progress.step)  # the best eval's weights restored (early stopping), then the test split
 
+
+def _export(
+    cfg: RootConfig,
+    plan: Plan,
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    run_dir: Path,
+    env: DistEnv,
+) -> None:
+    """The trained weights to adapter/ or model/ (and merged/, gguf/), then the export proof (seqtune.train.export)."""
     export_final(
-        unwrap(model),
+        model,
         tokenizer,
         run_dir=run_dir,
         env=env,
@@ -196,8 +275,6 @@ def fine_tune(cfg: RootConfig, plan: Plan, run_dir: Path, *, objective: Objectiv
         merged=cfg.train.export_merged,
         sharded=plan.sharded,
     )
-    report_end(run_dir=run_dir, env=env, logger=logger)
-    teardown()
 
 
 def _divergence_checks(cfg: RootConfig, spec: RecipeSpec) -> TrainConfig:

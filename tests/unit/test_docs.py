@@ -424,3 +424,180 @@ def test_cheap_documented_commands_run(tmp_path: Path):
             assert "recipe_name: sft" in out.stdout
         if "--help" in text:
             assert "--gguf" in out.stdout
+
+
+# --- (d) the README stays small -------------------------------------------------------------------------------------
+
+README_MAX_BYTES = 10_000  # detail lives in docs/ (linked from the README's Documentation list)
+
+
+def test_readme_is_under_10_kb():
+    size = len((REPO / "README.md").read_bytes())
+    assert size < README_MAX_BYTES, f"README.md is {size:,} bytes (< {README_MAX_BYTES:,}): move detail into docs/"
+
+
+# --- (e) ARCHITECTURE.md's quoted signatures are the code's ----------------------------------------------------------
+
+ARCHITECTURE = REPO / "docs" / "ARCHITECTURE.md"
+# `module.function(params)` or `module.Class.method(params) -> type`, the module relative to seqtune/.
+SIGNATURE = re.compile(r"^(?P<name>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)\((?P<params>.*)\)(?:\s*->\s*(?P<returns>.+))?$")
+
+
+@dataclass(frozen=True)
+class Quoted:
+    where: str
+    name: str
+    params: str
+    returns: str | None
+
+
+def _seqtune_roots() -> set[str]:
+    """The first component of a dotted name that is seqtune's: a subpackage or module of seqtune/."""
+    roots = {p.name for p in (REPO / "seqtune").iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    return roots | {p.stem for p in (REPO / "seqtune").glob("*.py")} - {"__init__"}
+
+
+def quoted_signatures(doc: Path) -> list[Quoted]:
+    """Every code span of the prose that calls a dotted seqtune name: those are the signatures the doc states."""
+    roots, found = _seqtune_roots(), []
+    for number, line in _prose_lines(doc):
+        for span in CODE_SPAN.findall(line):
+            match = SIGNATURE.match(span.strip())
+            if match and match["name"].split(".")[0] in roots:
+                found.append(Quoted(f"{_rel(doc)}:{number}", match["name"], match["params"], match["returns"]))
+    return found
+
+
+def _resolve(name: str):
+    """(the object, its module) for `a.b.c` under seqtune: the longest importable module prefix, then attributes."""
+    import importlib
+
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            module = importlib.import_module("seqtune." + ".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        target = module
+        for attribute in parts[cut:]:
+            target = getattr(target, attribute)  # AttributeError: the doc names something that is not there
+        return target, module
+    raise ModuleNotFoundError(f"no seqtune module in {name}")
+
+
+def _split_params(text: str) -> list[str]:
+    """Split at the commas outside brackets (annotations hold `dict[str, int]`)."""
+    parts, depth, current = [], 0, ""
+    for char in text:
+        depth += char in "([{"
+        depth -= char in ")]}"
+        if char == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += char
+    return [p for p in [*parts, current.strip()] if p]
+
+
+def _annotation_text(annotation) -> str:
+    import inspect
+
+    text = annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
+    return text.replace(" ", "").strip("'\"")
+
+
+def signature_problems(quoted: Quoted) -> list[str]:
+    """What differs between a quoted signature and the code's: the parameters in order, their kind (keyword-only
+    after `*`), any default or type the doc writes, the return type. A trailing `...` leaves the rest out."""
+    import ast
+    import inspect
+
+    where = f"{quoted.where}: `{quoted.name}(...)`"
+    try:
+        target, module = _resolve(quoted.name)
+    except (ModuleNotFoundError, AttributeError) as err:
+        return [f"{where}: not in the code ({err})"]
+    params = _split_params(quoted.params)
+    elided = bool(params) and params[-1] == "..."
+    params = params[:-1] if elided else params
+    if "..." in params:
+        return [f"{where}: only a trailing `...` may leave parameters out"]
+    try:
+        doc = ast.parse(f"def f({', '.join(params)}): pass").body[0].args  # type: ignore[attr-defined]
+    except SyntaxError as err:
+        return [f"{where}: its parameters do not parse as Python ({err})"]
+    real = list(inspect.signature(target).parameters.values())
+    if inspect.isfunction(target) and "." in target.__qualname__ and real and real[0].name in ("self", "cls"):
+        real = real[1:]  # a method quoted on its class: `Checkpointer.maybe_save(step, ...)`
+    K = inspect.Parameter
+    written = [(a, K.POSITIONAL_OR_KEYWORD) for a in doc.posonlyargs + doc.args]
+    written += [(doc.vararg, K.VAR_POSITIONAL)] if doc.vararg else []
+    written += [(a, K.KEYWORD_ONLY) for a in doc.kwonlyargs]
+    written += [(doc.kwarg, K.VAR_KEYWORD)] if doc.kwarg else []
+    positional_defaults = dict(zip([a.arg for a in doc.args][::-1], doc.defaults[::-1], strict=False))
+    defaults = {
+        **positional_defaults,
+        **{a.arg: d for a, d in zip(doc.kwonlyargs, doc.kw_defaults, strict=True) if d is not None},
+    }
+    problems = []
+    names = [p.name for p in real]
+    if [a.arg for a, _ in written] != names[: len(written)] or (not elided and len(written) != len(real)):
+        problems.append(f"{where}: parameters {[a.arg for a, _ in written]}{' ...' if elided else ''}, code {names}")
+        return problems
+    for (arg, kind), param in zip(written, real, strict=False):
+        real_kind = K.POSITIONAL_OR_KEYWORD if param.kind == K.POSITIONAL_ONLY else param.kind
+        if kind != real_kind:
+            problems.append(f"{where}: {arg.arg} is {param.kind.description} in the code")
+        if arg.annotation is not None and param.annotation is not K.empty:
+            if ast.unparse(arg.annotation).replace(" ", "") != _annotation_text(param.annotation):
+                problems.append(f"{where}: {arg.arg}: {ast.unparse(arg.annotation)}, code {param.annotation}")
+        if arg.arg in defaults:
+            if param.default is K.empty:
+                problems.append(f"{where}: {arg.arg} has no default in the code")
+            elif (
+                eval(ast.unparse(defaults[arg.arg]), vars(module)) != param.default
+            ):  # the doc's own text, in the module's names
+                problems.append(f"{where}: {arg.arg}={ast.unparse(defaults[arg.arg])}, code {param.default!r}")
+    returns = inspect.signature(target).return_annotation
+    if quoted.returns is not None and not inspect.isclass(target):
+        if returns is K.empty or quoted.returns.replace(" ", "") != _annotation_text(returns):
+            problems.append(f"{where}: returns {quoted.returns}, code {returns}")
+    return problems
+
+
+def test_architecture_quotes_signatures_and_every_one_is_the_codes():
+    quoted = quoted_signatures(ARCHITECTURE)
+    assert len(quoted) >= 40, f"only {len(quoted)} signatures found: the doc's flows quote the functions they call"
+    problems = [p for q in quoted for p in signature_problems(q)]
+    assert not problems, "\n".join(problems)
+
+
+def test_architecture_qualifies_every_call_it_quotes():
+    """A call written without its module (`fit(loop, state)`) could not be checked: the doc writes `train.loop.fit`."""
+    bare = [
+        f"{_rel(ARCHITECTURE)}:{number}: `{span}`"
+        for number, line in _prose_lines(ARCHITECTURE)
+        for span in CODE_SPAN.findall(line)
+        if re.match(r"^[A-Za-z_]\w*\(.+\)", span)
+    ]
+    assert not bare, "qualify these calls with their module (relative to seqtune/):\n" + "\n".join(bare)
+
+
+def test_a_wrong_signature_is_found(tmp_path: Path):
+    doc = tmp_path / "ARCHITECTURE.md"
+    doc.write_text(
+        "`config.plan.load_plan(run_dir) -> Plan` `config.plan.load_plan(path) -> Plan`\n"
+        "`preflight.resolve.resolve_plan(cfg, environ, tokenizer_facts=None) -> Resolved`\n"
+        "`preflight.resolve.resolve_plan(cfg, ...) -> Plan` `config.plan.no_such_function(x)`\n"
+        "`data.collate.make_collator(rule, *, pad_id, padding_side, ...)` `files.write_atomic(path, data, *, key=1)`\n"
+        "`torch.nn.Linear(a)` `train.checkpoint.Checkpointer.maybe_save(step, *, last=False)`\n"
+    )
+    quoted = quoted_signatures(doc)
+    assert [q.name for q in quoted][-1] == "train.checkpoint.Checkpointer.maybe_save"  # torch.* is not seqtune's
+    found = [signature_problems(q) for q in quoted]
+    assert found[0] == [] and found[5] == [] and found[7] == [], found
+    assert "parameters ['path'], code ['run_dir']" in found[1][0]
+    assert "tokenizer_facts is keyword-only in the code" in found[2][0]
+    assert "returns Plan, code Resolved" in found[3][0]
+    assert "not in the code" in found[4][0]
+    assert "key has no default in the code" in found[6][0]
