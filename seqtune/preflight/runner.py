@@ -25,7 +25,7 @@ from seqtune.config.schema import SPLITS, DataFormat, DataMode, Duplicates, Root
 from seqtune.data.batching import batch_rule
 from seqtune.data.cache import REJECTS
 from seqtune.data.dedup import STREAM_COPIES
-from seqtune.data.formats import preference_rendering
+from seqtune.data.formats import formats_of
 from seqtune.data.kinds import sample_kind
 from seqtune.data.scan import SplitScan, format_signature, published_scan, scan_split
 from seqtune.data.split import split_input, validation_source
@@ -224,8 +224,9 @@ def _data_phases(
         plot.draw(lengths, max_seq_len=max_seq_len, context_length=resolved.context_length)
     problems += length_problems
     result.notes += length_notes
-    if cfg.data.format == DataFormat.preference:
-        result.notes.append(preference_rendering())
+    # How each source's own format renders its records, when its declaration says (a preference pair's prompt).
+    used = formats_of(source.format for name in SPLITS for source in cfg.data.sources(name))
+    result.notes += [fmt.note for fmt in used if fmt.note]
     rule = batch_rule(cfg, max_seq_len=max_seq_len, sample_kind=resolved.sample_kind)
     # Each split exactly as training will serve it (data.overlength applied), built once for every phase below.
     views = {
