@@ -233,18 +233,7 @@ def _data_phases(
         name: training_view(scan, max_seq_len, cfg.data.overlength, resolved.sequences_per_sample)
         for name, scan in scans.items()
     }
-    kind = sample_kind(resolved.sample_kind)
-    for name, scan in scans.items():
-        problems += split_checks(cfg, resolved, scan, max_seq_len)
-        if kind.checks is not None:  # what the sample kind itself requires of a split (e.g. both labels)
-            declared = kind.checks(name, views[name])
-            problems += [
-                Problem(check="sample_kind", key=k, message=m, location=loc) for k, m, loc in declared.problems
-            ]
-            result.notes += declared.notes
-        result.splits[name], notes = split_stats(cfg, scan, views[name], max_seq_len)
-        result.splits[name].sources = source_stats(cfg, scan, views[name])
-        result.notes += notes
+    problems += _split_phase(cfg, resolved, scans, views, max_seq_len, result)
     problems += content.content_checks(cfg, resolved, tokens, tokenizer, model, scans, max_seq_len, result)
     vision_problems, vision_notes = vision_checks(
         cfg, resolved, {name: scan.cache_dir for name, scan in scans.items()}, max_seq_len
@@ -254,20 +243,7 @@ def _data_phases(
     problems += shape_checks(rule, tokens, resolved.padding_side, views)
     problems += _recipe_checks(cfg, resolved, tokens, tokenizer, scans, views, max_seq_len)
     if cfg.train.eval_samples and "val" in scans:
-        from seqtune.data.prompts import build_eval_prompts
-
-        found = build_eval_prompts(
-            scans["val"].cache_dir,
-            count=cfg.train.eval_samples,
-            max_seq_len=max_seq_len,
-            bos_id=tokens.bos_id,
-            stride=resolved.sequences_per_sample,
-        )
-        prompt_problems, prompt_notes = checks.check_eval_prompts(
-            requested=cfg.train.eval_samples, found=len(found), max_seq_len=max_seq_len
-        )
-        problems += prompt_problems
-        result.notes += prompt_notes
+        problems += _eval_prompt_checks(cfg, resolved, tokens, scans["val"], max_seq_len, result)
     result.plan, efficiency, batches, batch_problems = plan_phase(cfg, resolved, rule, views)
     problems += batch_problems
     stream_records: tuple[int, ...] = ()
@@ -289,6 +265,51 @@ def _data_phases(
         "data": {name: scan.cache_dir.name for name, scan in scans.items()},
         "caches": {name: str(scan.cache_dir) for name, scan in scans.items()},
     }
+
+
+def _split_phase(
+    cfg: RootConfig,
+    resolved: Resolved,
+    scans: dict[str, SplitScan],
+    views: dict[str, Any],
+    max_seq_len: int,
+    result: PreflightResult,
+) -> list[Problem]:
+    """Each split's own checks (and its sample kind's), its stats and its sources' stats."""
+    kind = sample_kind(resolved.sample_kind)
+    problems: list[Problem] = []
+    for name, scan in scans.items():
+        problems += split_checks(cfg, resolved, scan, max_seq_len)
+        if kind.checks is not None:  # what the sample kind itself requires of a split (e.g. both labels)
+            declared = kind.checks(name, views[name])
+            problems += [
+                Problem(check="sample_kind", key=k, message=m, location=loc) for k, m, loc in declared.problems
+            ]
+            result.notes += declared.notes
+        result.splits[name], notes = split_stats(cfg, scan, views[name], max_seq_len)
+        result.splits[name].sources = source_stats(cfg, scan, views[name])
+        result.notes += notes
+    return problems
+
+
+def _eval_prompt_checks(
+    cfg: RootConfig, resolved: Resolved, tokens: Tokens, val: SplitScan, max_seq_len: int, result: PreflightResult
+) -> list[Problem]:
+    """train.eval_samples: enough validation prompts that fit data.max_seq_len to complete."""
+    from seqtune.data.prompts import build_eval_prompts
+
+    found = build_eval_prompts(
+        val.cache_dir,
+        count=cfg.train.eval_samples,
+        max_seq_len=max_seq_len,
+        bos_id=tokens.bos_id,
+        stride=resolved.sequences_per_sample,
+    )
+    problems, notes = checks.check_eval_prompts(
+        requested=cfg.train.eval_samples, found=len(found), max_seq_len=max_seq_len
+    )
+    result.notes += notes
+    return problems
 
 
 def _stream_phase(
