@@ -24,7 +24,11 @@ from seqtune.config.domain import finite as _finite
 from seqtune.config.errors import ConfigError
 from seqtune.config.plan import NO_VALIDATION, VALIDATION_FIX, validation_key
 from seqtune.config.recipe_spec import RecipeSpec, Scored, preset_fix, recipe_spec, recipes
+from seqtune.config.registry import FORMATS, KINDS, module_names
 from seqtune.config.rollout import RolloutConfig
+
+if TYPE_CHECKING:
+    from seqtune.data.kinds import SampleKind
 
 # --- closed choices: one Enum each (a StrEnum compares equal to its string, so "packed" == PaddingStrategy.packed)
 
@@ -90,51 +94,16 @@ class PadPolicy(StrEnum):
     error = "error"
 
 
-class DataFormat(StrEnum):
-    alpaca = "alpaca"
-    chat = "chat"
-    sharegpt = "sharegpt"
-    input_output = "input_output"
-    text = "text"
-    tokenized = "tokenized"
-    # {"prompt"?, "chosen", "rejected"}: strings, or message lists (TRL's conversational preference format; without
-    # a prompt, chosen and rejected are whole conversations that share all but their last assistant turn); and
-    # LLaMA-Factory's pairs, told by their fields: Alpaca {instruction, input?, system?}, ShareGPT {conversations}
-    # and OpenAI {messages} with one reply each (seqtune.data.formats.PREFERENCE_SHAPES).
-    preference = "preference"
-    # {"prompt", "completion", "label"}: one completion of a prompt, label true = desirable (KTO's unpaired feedback,
-    # TRL's unpaired preference format: strings, or message lists, its conversational shape); and LLaMA-Factory's
-    # {"messages", "label"} (kto_en_demo.json: the last message is the completion).
-    unpaired_preference = "unpaired_preference"
-    # {"prompt", ...}: a prompt to generate from (a string, or a message list rendered with the chat template's
-    # generation prompt); every other column is kept for the reward functions of an online recipe (grpo).
-    prompt = "prompt"
+if TYPE_CHECKING:
 
+    class DataFormat(StrEnum):
+        alpaca = "alpaca"
 
-# The formats whose records are conversations, rendered with the tokenizer's chat template.
-CHAT_FORMATS = frozenset({DataFormat.chat, DataFormat.sharegpt})
-
-
-# The fields of each format's records: (required, optional). data.columns (or a source's `columns`) maps these
-# names to the data's own; seqtune.data.formats reads them, the columnar readers read only these columns.
-FORMAT_FIELDS: dict[DataFormat, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    DataFormat.alpaca: (("instruction", "output"), ("input", "system", "history")),
-    DataFormat.chat: (("messages",), ("tools",)),
-    DataFormat.sharegpt: (("conversations",), ("system", "tools")),
-    DataFormat.input_output: (("input", "output"), ()),
-    DataFormat.text: (("text",), ()),
-    DataFormat.tokenized: (("input_ids",), ("labels", "attention_mask")),
-    # Its shapes (seqtune.data.formats.PREFERENCE_SHAPES) hold the prompt in prompt, instruction (+ input, system),
-    # conversations (+ system) or messages; history is read to refuse it (a prompt part no pair shape reads).
-    DataFormat.preference: (
-        ("chosen", "rejected"),
-        ("prompt", "instruction", "input", "system", "conversations", "messages", "tools", "history"),
-    ),
-    # TRL's shape holds the example in prompt + completion, LLaMA-Factory's in messages.
-    DataFormat.unpaired_preference: (("label",), ("prompt", "completion", "messages", "tools")),
-    # Every other column of a JSON prompt record is kept for the reward functions (a columnar file reads these only).
-    DataFormat.prompt: (("prompt",), ()),
-}
+else:
+    # The record formats: one member per module of seqtune/data/formats/ (each declares its fields, its kind and its
+    # parser there), listed from the folder without importing it (config sits below data). Hydra refuses any other
+    # data.format at compose time, listing these.
+    DataFormat = StrEnum("DataFormat", [(name, name) for name in module_names("seqtune.data.formats")])
 
 
 class TrainVision(StrEnum):
@@ -433,7 +402,8 @@ class DataSource:
     key: str
     path: str
     format: DataFormat
-    # The data's own field names, by the format's (FORMAT_FIELDS): {instruction: prompt}, and the key that set them.
+    # The data's own field names, by the format's (seqtune.data.formats): {instruction: prompt}, and the key that set
+    # them.
     columns: dict[str, str]
     columns_key: str = "data.columns"
     # train: how many times each of its samples is used per epoch (0.5 = a fresh random half every epoch,
@@ -450,7 +420,8 @@ class DataConfig:
     val: Any = None
     test: Any = None
     format: DataFormat = DataFormat.alpaca
-    # The data's field names where they differ from the format's (FORMAT_FIELDS), for the sources in data.format:
+    # The data's field names where they differ from the format's (its module in seqtune/data/formats/), for the
+    # sources in data.format:
     # data.columns={instruction: prompt, output: response}; null = none. (Typed Any, checked below: Hydra merges a
     # mapping override into a typed dict node key by key, and refuses every new key.)
     columns: Any = None
@@ -617,8 +588,7 @@ def _source(data: DataConfig, split: str, item: Any, key: str, problems: list[tu
 
 def _column_problems(key: str, columns: Any, fmt: DataFormat) -> list[tuple[str, str]]:
     """A column mapping must map fields of the format to non-empty names: {instruction: prompt}."""
-    required, optional = FORMAT_FIELDS[fmt]
-    fields_ = (*required, *optional)
+    fields_ = FORMATS.get(fmt).fields
     if not isinstance(columns, dict):
         return [(key, f"{key}={columns!r} is not a mapping of field to column name. Fix: {key}={{{fields_[0]}: NAME}}")]
     problems = []
@@ -1271,12 +1241,10 @@ def _lora_preset(name: str) -> str | None:
         return None
 
 
-def _kind(spec: RecipeSpec) -> Any:
-    # The kinds live in the data layer (each declares its formats, its encoding, its fields); they import nothing
-    # of the config, so reading them here at check time is no cycle.
-    from seqtune.data.kinds import sample_kind
-
-    return sample_kind(spec.sample_kind)
+def _kind(spec: RecipeSpec) -> SampleKind:
+    # The kinds live in the data layer (each declares its encoding, its fields; its formats name it): read through
+    # their registry, which config holds and the kinds' modules fill (seqtune.config.registry).
+    return KINDS.get(spec.sample_kind)
 
 
 def _formats(spec: RecipeSpec) -> tuple[DataFormat, ...]:
@@ -1311,13 +1279,20 @@ def _evaluation_rules(cfg: CoreConfig, rules: _Domain) -> None:
             "records, but data.train_on_prompt=true makes every token a target, so the token cache no longer "
             "marks where a prompt ends. Fix: train.eval_samples=0, or data.train_on_prompt=false",
         )
-    elif train.eval_samples and cfg.data.format == DataFormat.text:
+    elif train.eval_samples and _validation_prompt_free(cfg):
         rules.refuse(
             "eval_samples",
             f"train.eval_samples={train.eval_samples} completes the prompts of validation "
             "records, but data.format=text records have no prompt (every token is a target). Fix: "
             "train.eval_samples=0, or a format with prompts (alpaca, chat, input_output)",
         )
+
+
+def _validation_prompt_free(cfg: CoreConfig) -> bool:
+    """Every source the validation records come from (data.val's, else data.train's held-out part) is in a format
+    with no prompt: each source read in its own format, whatever data.format says."""
+    sources = cfg.data.sources("val") or cfg.data.sources("train")
+    return bool(sources) and all(FORMATS.get(source.format).prompt_free for source in sources)
 
 
 GROUP_SCHEMAS: dict[str, type] = {

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from seqtune.config.errors import DataError
+from seqtune.data.formats import record_format
 
 # Rows converted to Python at a time (a few MB of text; bounded memory whatever the file size).
 ROW_BATCH = 1024
@@ -92,17 +93,9 @@ class Columns:
     def _system_fix(self, column: str) -> str:
         """What reads a system column instead: alpaca reads prompt/completion rows with one (its `system` field);
         conversations carry it as their first message; the other formats have no place for it."""
-        mapped = dict((*self.required, *self.optional))
-        if self.format == "input_output":
-            columns = f"{{instruction: {mapped['input']}, output: {mapped['output']}, system: {column}}}"
-            return (
-                f"data.format=alpaca {self.key}={columns} (alpaca reads a system column and renders its "
-                "instruction/response template around the text), or remove the column."
-            )
-        if self.format == "chat":
-            return (
-                "put the system prompt into each row's messages as {role: system, content: ...}, or remove the column."
-            )
+        declared = record_format(self.format)
+        if declared.system_fix is not None:
+            return declared.system_fix(self.key, dict((*self.required, *self.optional)), column)
         return f"remove the column (data.format={self.format} has no system prompt)."
 
 

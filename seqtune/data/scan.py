@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from seqtune.config.plan import VisionFacts
-from seqtune.config.schema import CHAT_FORMATS, DataFormat
+from seqtune.config.schema import DataFormat
 from seqtune.data.cache import (
     META,
     REFUSED_MEDIA,
@@ -34,7 +34,7 @@ from seqtune.data.cache import (
     tokenizer_fingerprint,
 )
 from seqtune.data.dedup import DuplicateFilter
-from seqtune.data.formats import LineParser, Record, template_signature
+from seqtune.data.formats import LineParser, Record, RecordFormat, formats_of, record_format, template_signature
 from seqtune.data.identity import check_unchanged, file_states, identity_meta
 from seqtune.data.images import MEDIA_REFERENCE_RULE
 from seqtune.data.kinds import kind_of_format
@@ -97,6 +97,11 @@ class SplitScan:
     def num_rejects(self) -> int:
         return sum(self.reject_counts.values())
 
+    @property
+    def formats(self) -> list[RecordFormat]:
+        """Its sources' own formats (each once): what every check of the split asks, never data.format."""
+        return formats_of(source.format for source in self.sources)
+
     def cache(self) -> TokenCache:
         return TokenCache.open(self.cache_dir)
 
@@ -124,7 +129,7 @@ def format_signature(
         f"bos={bos_id}",
         f"eos={eos_id}",
     ]
-    if train_on_prompt and fmt in CHAT_FORMATS:
+    if train_on_prompt and record_format(fmt).conversations:
         parts.append("conversation_prompts_trained")
     if vision is not None:  # the processor's settings that decide the tokens: the placeholder and its expansion
         parts.append(

@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from seqtune.config.errors import DataError
-from seqtune.config.schema import FORMAT_FIELDS, DataFormat, DataSource
+from seqtune.config.schema import DataFormat, DataSource
 from seqtune.data import columnar
 from seqtune.data.columnar import Columns
+from seqtune.data.formats import record_format
 from seqtune.data.kinds import kind_of_format
 
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -545,10 +546,10 @@ class SourceFiles:
 
     def record_columns(self) -> Columns:
         """The columns a record of this source has, in the data's names (what a columnar reader reads)."""
-        required, optional = FORMAT_FIELDS[self.format]
+        declared = record_format(self.format)
         return Columns(
-            required=tuple((f, self.columns.get(f, f)) for f in required),
-            optional=tuple((f, self.columns.get(f, f)) for f in optional),
+            required=tuple((f, self.columns.get(f, f)) for f in declared.required),
+            optional=tuple((f, self.columns.get(f, f)) for f in declared.optional),
             key=self.columns_key,
             format=str(self.format),
             keep_all=kind_of_format(str(self.format)).keeps_columns,

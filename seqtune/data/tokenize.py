@@ -28,7 +28,6 @@ import numpy as np
 
 from seqtune.config.errors import ConfigError
 from seqtune.config.plan import Tokens, VisionFacts
-from seqtune.config.schema import CHAT_FORMATS
 from seqtune.data.formats import (
     CHAT_ROLES,
     Conversation,
@@ -37,6 +36,7 @@ from seqtune.data.formats import (
     PromptCompletion,
     PromptOnly,
     Record,
+    record_format,
     role_reason,
 )
 from seqtune.data.kinds import kind_of_format
@@ -106,6 +106,22 @@ def _ragged_positions(lengths: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return np.repeat(starts - row_starts, lengths) + np.arange(int(lengths.sum()))
 
 
+def _image_ids(tokenizer: Any, vision: VisionFacts | None) -> np.ndarray:
+    """The ids of an image-text run's image tokens as the loaded tokenizer encodes them: the ones its tokenizer.json
+    gave preflight, or the run is refused (added tokens in between would shift them)."""
+    if vision is None:
+        return np.empty(0, np.int64)
+    ids = image_token_ids(tokenizer, vision)
+    if vision.image_ids and tuple(ids.tolist()) != vision.image_ids:
+        raise ConfigError(
+            f"the loaded tokenizer encodes the image tokens {vision.image_tokens} as {ids.tolist()}, "
+            f"its tokenizer.json as {list(vision.image_ids)}.",
+            key="tokenizer",
+            fix="use the tokenizer directory as it is (no added tokens in between).",
+        )
+    return ids
+
+
 class SampleEncoder:
     """Encodes records of one format with one tokenizer. `encode_batch` for samples, `encode_records` for speed."""
 
@@ -130,12 +146,14 @@ class SampleEncoder:
             )
         self.tokenizer = tokenizer
         self.fmt = fmt
+        # What the format declares (seqtune/data/formats/<name>.py): rendered by the template, prompt-free, ...
+        self.format = record_format(fmt)
         # The sample kind whose records this format holds: it says how a record is encoded (seqtune.data.kinds).
         self.kind = kind_of_format(fmt)
-        # chat and sharegpt records are conversations, rendered by the chat template; a record of several members
+        # A conversations format's records (chat, sharegpt) are rendered by the chat template; a record of several members
         # (a preference pair) is several records, conversations (rendered by the template, when the tokenizer has
         # one) or prompt/completion.
-        self.chat = fmt in CHAT_FORMATS
+        self.chat = self.format.conversations
         self.members = self.kind.sequences > 1
         renders = self.chat or (
             (self.members or self.kind.message_prompts) and bool(getattr(tokenizer, "chat_template", None))
@@ -185,14 +203,7 @@ class SampleEncoder:
         # An image-text run (plan.vision): image parts become the placeholder the template renders, which the
         # processor's expansion replaces with the image's token run; those tokens are never targets.
         self.vision = vision
-        self.image_ids = image_token_ids(tokenizer, vision) if vision is not None else np.empty(0, np.int64)
-        if vision is not None and vision.image_ids and tuple(self.image_ids.tolist()) != vision.image_ids:
-            raise ConfigError(
-                f"the loaded tokenizer encodes the image tokens {vision.image_tokens} as {self.image_ids.tolist()}, "
-                f"its tokenizer.json as {list(vision.image_ids)}.",
-                key="tokenizer",
-                fix="use the tokenizer directory as it is (no added tokens in between).",
-            )
+        self.image_ids = _image_ids(tokenizer, vision)
         self.texts_tokenized = 0  # counts tokenizer inputs: lets tests prove a cached re-run tokenizes nothing
 
     def line_parser(self, file: str, *, media_root: str | None, columns: dict[str, str] | None = None) -> LineParser:
@@ -289,7 +300,7 @@ class SampleEncoder:
         see it; a token is the completion's when its last character lies past the prompt. (Tokenizing the two apart
         gives every completion the word-start piece `▁` a SentencePiece tokenizer puts before a text.)
         Returns (flat ids, is_completion per token, tokens per record)."""
-        prompts = [self._prompt_text(r) for r in records] if self.fmt != "text" else [""] * len(records)
+        prompts = [""] * len(records) if self.format.prompt_free else [self._prompt_text(r) for r in records]
         texts = [p + r.completion for p, r in zip(prompts, records, strict=True)]
         self.texts_tokenized += len(texts)
         assert self._backend is not None, "offsets need a fast tokenizer (the slow path tokenizes apart)"
@@ -306,9 +317,9 @@ class SampleEncoder:
         only without a prefix-space rule; preflight's tokens-vs-text check says when it is not)."""
         n = len(records)
         prompt_ids, p_len = (
-            self._flat([self._prompt_text(r) for r in records])
-            if self.fmt != "text"
-            else (np.empty(0, np.int64), np.zeros(n, np.int64))
+            (np.empty(0, np.int64), np.zeros(n, np.int64))
+            if self.format.prompt_free
+            else self._flat([self._prompt_text(r) for r in records])
         )
         comp_ids, c_len = self._flat([r.completion for r in records])
         counts = p_len + c_len

@@ -470,7 +470,7 @@ def check_split_not_empty(
     first_reject: Reject | None,
     overlength: str,
     rejects: Sequence[Reject] = (),
-    fmt: str = "",
+    reject_fixes: Mapping[str, tuple[str, str]] | None = None,
 ) -> list[Problem]:
     """A configured split must give at least one sample after every policy: an empty train split would otherwise
     pass preflight and fail after the model is built, blaming the batch size; an empty val split would
@@ -499,7 +499,7 @@ def check_split_not_empty(
                 rejects=rejects,
                 first_reject=first_reject,
                 skip=skip,
-                fmt=fmt,
+                reject_fixes=reject_fixes or {},
             )
         ]
     return [
@@ -570,20 +570,6 @@ REJECT_FIXES: dict[str, tuple[str, str]] = {
         "conversations share are read as the prompt (as TRL's maybe_extract_prompt does)",
     ),
 }
-# data.format=preference: the record-shape fixes above name SFT formats that the DPO recipes do not read.
-PREFERENCE_REJECT_FIXES: dict[str, tuple[str, str]] = {
-    "missing_field": (
-        "data.columns",
-        "give the pairs in one of the preference shapes (docs/data.md#preference-records: {prompt, chosen, "
-        "rejected}, Alpaca {instruction, input, chosen, rejected}, ShareGPT {conversations, chosen, rejected}, "
-        "OpenAI {messages, chosen, rejected}), or name the data's fields with data.columns={FIELD: DATA_FIELD}",
-    ),
-    "wrong_type": (
-        "data.{split}",
-        "give the pairs in one of the preference shapes (docs/data.md#preference-records): chosen and rejected "
-        "both strings, both message lists, or one reply message each beside conversations or messages",
-    ),
-}
 
 
 def _all_rejected(
@@ -594,13 +580,13 @@ def _all_rejected(
     rejects: Sequence[Reject],
     first_reject: Reject | None,
     skip: str,
-    fmt: str,
+    reject_fixes: Mapping[str, tuple[str, str]],
 ) -> Problem:
     """Every record of a split rejected: one problem naming the most common reason and what fixes it (raising
     data.max_bad_fraction would only lead to "no usable record")."""
     code, count = max(sorted(reject_counts.items()), key=lambda item: item[1])
     example = next((r for r in rejects if r.code == code), first_reject)
-    fixes = {**REJECT_FIXES, **PREFERENCE_REJECT_FIXES} if fmt == "preference" else REJECT_FIXES
+    fixes = {**REJECT_FIXES, **reject_fixes}  # the split's formats' own fixes (RecordFormat.reject_fixes) first
     key, fix = fixes.get(code, ("data.{split}", "repair those records"))
     others = ", ".join(f"{c} x{n}" for c, n in sorted(reject_counts.items()) if c != code)
     where = f"{example.file}:{example.line}" if example is not None else None

@@ -152,11 +152,11 @@ def check_double_bos(*, split: str, double_bos: Finding, bos: str) -> list[Probl
 # --- 6. truncation that cuts the final terminator ----------------------------------------------------------------
 
 
-def check_terminator_cut(*, split: str, policy: str, fmt: str, cut: Finding) -> list[Problem]:
+def check_terminator_cut(*, split: str, policy: str, prompt_free: bool, cut: Finding) -> list[Problem]:
     """data.overlength=truncate keeps a long sample's head: its final eos / end-of-turn goes, and the model learns
-    that long replies never end (LLaMA-Factory #5231). Plain text is continued pretraining, where a cut document
-    end is expected; every other format is refused."""
-    if not cut.count or fmt == "text":
+    that long replies never end (LLaMA-Factory #5231). A split of prompt-free formats only (plain text) is continued
+    pretraining, where a cut document end is expected; every other split is refused."""
+    if not cut.count or prompt_free:
         return []
     if policy == "truncate_prompt":
         fix = (

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from seqtune.config.plan import Resolved, Tokens
-from seqtune.config.schema import DataFormat, RootConfig
+from seqtune.config.schema import RootConfig
 from seqtune.data.kinds import sample_kind
 from seqtune.data.overlength import TRUNCATING, cut_sample
 from seqtune.data.scan import SplitScan
@@ -34,7 +35,7 @@ from seqtune.preflight.checks import Problem
 from seqtune.preflight.observe import Finding, SplitObservations, observe_split
 from seqtune.preflight.result import ContentStats, PreflightResult
 from seqtune.preflight.samples_html import SAMPLES_HTML, write_html
-from seqtune.preflight.tokens_text import stored_text_proof
+from seqtune.preflight.tokens_text import TextProof, stored_text_proof
 from seqtune.tokenizers.location import resolve_location
 
 if TYPE_CHECKING:
@@ -104,73 +105,123 @@ def content_checks(
     result: PreflightResult,
 ) -> list[Problem]:
     """After the scan: every split's labels and text, duplicates within and across splits, stop tokens, untrained
-    special rows and the pretraining context. Fills result.splits[name].content and result.notes."""
-    fmt = cfg.data.format
-    control = tokenizer.record.control
-    literal = tokenizer.record.literal if fmt != "tokenized" else {}
-    spaces = tokenizer.record.spaces
-    seen = {
-        name: observe_split(
-            scan.cache_dir,
-            control=control,
-            literal=literal,
-            bos_id=tokens.bos_id,
-            scan_text=fmt != "tokenized",
-            space_ids=spaces,
-            reasoning=tokenizer.record.reasoning,
-            image_references=plan.vision is not None and fmt == DataFormat.input_output,
-        )
-        for name, scan in scans.items()
-    }
-    ends = tokens.terminators
+    special rows and the pretraining context. Fills result.splits[name].content and result.notes. Each split is
+    judged by its sources' own formats (SplitScan.formats), never by data.format."""
+    seen = {name: _observe(plan, tokenizer, tokens, scan) for name, scan in scans.items()}
     k = plan.sequences_per_sample
-    # A kind whose targets are anchors only (prompts: the completions are generated) ends no reply in its data.
-    trains = sample_kind(plan.sample_kind).trains_targets
-    problems: list[Problem] = []
     train = (scans["train"], sample_hashes(seen["train"].hashes(), k)) if "train" in seen else None
+    problems: list[Problem] = []
     for name, scan in scans.items():
-        observed = seen[name]
+        split = _SplitContent(cfg, plan, tokens, tokenizer, scan, seen[name], max_seq_len, result)
+        problems += split.check(train if name != "train" else None)
+    result.notes += [f"model facts ({fact}): {source}" for fact, source in plan.fact_sources.items()]
+    if tokens.templated:
+        result.notes += [note] if (note := tokenizer.record.earlier_turns_note) else []
+    if model is None:
+        return problems
+    return problems + _model_checks(cfg, plan, model, seen, tokenizer, tokens, max_seq_len, result)
+
+
+def _observe(plan: Resolved, tokenizer: RunTokenizer, tokens: Tokens, scan: SplitScan) -> SplitObservations:
+    """One pass over the split's token cache. Token ids given as such (a pre-tokenized format) hold no text to
+    check for literal control strings; <img> references are images only in formats that read them."""
+    text = not all(fmt.pretokenized for fmt in scan.formats)
+    return observe_split(
+        scan.cache_dir,
+        control=tokenizer.record.control,
+        literal=tokenizer.record.literal if text else {},
+        bos_id=tokens.bos_id,
+        scan_text=text,
+        space_ids=tokenizer.record.spaces,
+        reasoning=tokenizer.record.reasoning,
+        image_references=plan.vision is not None and any(fmt.image_references for fmt in scan.formats),
+    )
+
+
+@dataclass
+class _SplitContent:
+    """The content checks of one split, read from its observations and its sources' formats."""
+
+    cfg: RootConfig
+    plan: Resolved
+    tokens: Tokens
+    tokenizer: RunTokenizer
+    scan: SplitScan
+    observed: SplitObservations
+    max_seq_len: int
+    result: PreflightResult
+
+    def check(self, train: tuple[SplitScan, np.ndarray] | None) -> list[Problem]:
+        name, observed, ends = self.scan.name, self.observed, self.tokens.terminators
+        # A kind whose targets are anchors only (prompts: the completions are generated) ends no reply in its data.
+        trains = sample_kind(self.plan.sample_kind).trains_targets
+        problems: list[Problem] = []
         if trains:
             problems += labels.check_turn_terminators(
-                split=name, templated=tokens.templated, run_ends=observed.run_ends, terminators=ends
+                split=name, templated=self.tokens.templated, run_ends=observed.run_ends, terminators=ends
             )
         problems += labels.check_literal_controls(
             split=name, per_token=observed.literal_controls, lines=observed.literal_lines
         )
-        proof = None
-        if fmt != "tokenized":
-            proof = stored_text_proof(
-                scan.cache_dir,
-                tokenizer.load,
-                train_on_prompt=cfg.data.train_on_prompt,
-                media_root=cfg.data.media_root,
-                vision=plan.vision,
-            )
-            problems += labels.check_tokens_text(
-                split=name,
-                checked=proof.checked,
-                samples=proof.samples,
-                mismatched=proof.mismatched,
-                first_difference=proof.first_difference,
-                tokenizer_key=_tokenizer_key(cfg),
-            )
-            if not proof.mismatched.count:
-                result.notes += labels.tokens_text_note(split=name, checked=proof.checked, samples=proof.samples)
-        if fmt == "tokenized" and tokens.bos_id is not None:
-            problems += labels.check_double_bos(split=name, double_bos=observed.double_bos, bos=control[tokens.bos_id])
-        cut = terminator_cut(scan, max_seq_len, cfg.data.overlength, ends)
+        formats = self.scan.formats
+        proof = None if all(fmt.pretokenized for fmt in formats) else self._text_proof(problems)
+        bos_id = self.tokens.bos_id
+        if any(fmt.pretokenized for fmt in formats) and bos_id is not None:
+            control = self.tokenizer.record.control
+            problems += labels.check_double_bos(split=name, double_bos=observed.double_bos, bos=control[bos_id])
+        cut = terminator_cut(self.scan, self.max_seq_len, self.cfg.data.overlength, ends)
         if trains:
-            problems += labels.check_terminator_cut(split=name, policy=cfg.data.overlength, fmt=fmt, cut=cut)
-        duplicates, duplicate_problems = _duplicates(
-            cfg, scan, sample_hashes(observed.hashes(), k), k, train if name != "train" else None
+            problems += labels.check_terminator_cut(
+                split=name,
+                policy=self.cfg.data.overlength,
+                prompt_free=all(fmt.prompt_free for fmt in formats),
+                cut=cut,
+            )
+        duplicates = self._duplicates(train, problems)
+        if name in self.result.splits:
+            control = self.tokenizer.record.control
+            self.result.splits[name].content = stats = _stats(observed, control, ends, cut, duplicates)
+            if not trains:  # a prompt ends no reply: no span is "unterminated"
+                stats.unterminated_spans = None
+            if proof is not None:
+                stats.text_checked, stats.text_mismatched = proof.checked, proof.mismatched.count
+        return problems
+
+    def _text_proof(self, problems: list[Problem]) -> TextProof:
+        """The stored tokens decoded against the records' own text (a format with text)."""
+        cfg, name = self.cfg, self.scan.name
+        proof = stored_text_proof(
+            self.scan.cache_dir,
+            self.tokenizer.load,
+            train_on_prompt=cfg.data.train_on_prompt,
+            media_root=cfg.data.media_root,
+            vision=self.plan.vision,
         )
+        problems += labels.check_tokens_text(
+            split=name,
+            checked=proof.checked,
+            samples=proof.samples,
+            mismatched=proof.mismatched,
+            first_difference=proof.first_difference,
+            tokenizer_key=_tokenizer_key(cfg),
+        )
+        if not proof.mismatched.count:
+            self.result.notes += labels.tokens_text_note(split=name, checked=proof.checked, samples=proof.samples)
+        return proof
+
+    def _duplicates(
+        self, train: tuple[SplitScan, np.ndarray] | None, problems: list[Problem]
+    ) -> tuple[int, int | None]:
+        """Copies within the split and of train samples: problems and notes; the counts."""
+        cfg, scan, name, k = self.cfg, self.scan, self.scan.name, self.plan.sequences_per_sample
+        duplicates, duplicate_problems = _duplicates(cfg, scan, sample_hashes(self.observed.hashes(), k), k, train)
         problems += duplicate_problems
         for copies, of in ((duplicates[0], None), (duplicates[1], "train")):
-            result.notes += labels.duplicate_notes(
-                split=name, samples=observed.samples // k, copies=copies or 0, of=of, policy=cfg.data.duplicates
+            self.result.notes += labels.duplicate_notes(
+                split=name, samples=self.observed.samples // k, copies=copies or 0, of=of, policy=cfg.data.duplicates
             )
         first_dropped = next((r for r in scan.rejects if r.code == DUPLICATE), None)
-        result.notes += labels.dropped_duplicates_note(
+        self.result.notes += labels.dropped_duplicates_note(
             split=name,
             records=scan.records,
             dropped=scan.reject_counts.get(DUPLICATE, 0),
@@ -178,18 +229,23 @@ def content_checks(
             if first_dropped
             else None,
         )
-        if name in result.splits:
-            result.splits[name].content = stats = _stats(observed, control, ends, cut, duplicates)
-            if not trains:  # a prompt ends no reply: no span is "unterminated"
-                stats.unterminated_spans = None
-            if proof is not None:
-                stats.text_checked, stats.text_mismatched = proof.checked, proof.mismatched.count
-    result.notes += [f"model facts ({fact}): {source}" for fact, source in plan.fact_sources.items()]
-    if tokens.templated:
-        result.notes += [note] if (note := tokenizer.record.earlier_turns_note) else []
-    if model is None:
-        return problems
+        return duplicates
+
+
+def _model_checks(
+    cfg: RootConfig,
+    plan: Resolved,
+    model: ModelConfigs,
+    seen: dict[str, SplitObservations],
+    tokenizer: RunTokenizer,
+    tokens: Tokens,
+    max_seq_len: int,
+    result: PreflightResult,
+) -> list[Problem]:
+    """What the checkpoint says against the data: untrained special rows, stop tokens, the RoPE context."""
+    problems: list[Problem] = []
     if "train" in seen and model.hf_config is not None:
+        control, ends = tokenizer.record.control, tokens.terminators
         problems += _checkpoint_checks(cfg, plan, model.hf_config, seen["train"], control, ends)
     # A checkpoint's RoPE as transformers reads its config; a tiny model's from its family's kwargs.
     original, rope_type, factor = rope_facts(model.hf_config if model.hf_config is not None else model.arch)

@@ -263,7 +263,7 @@ def split_checks(cfg: RootConfig, plan: Resolved, scan, max_seq_len: int) -> lis
             first_reject=scan.rejects[0] if scan.rejects else None,
             overlength=cfg.data.overlength,
             rejects=scan.rejects,
-            fmt=cfg.data.format,
+            reject_fixes={code: fix for fmt in scan.formats for code, fix in fmt.reject_fixes.items()},
         )
     if scan.samples and not _explained_by_vocab_size(cfg, plan, scan):
         problems += checks.check_max_token_id(
@@ -271,7 +271,7 @@ def split_checks(cfg: RootConfig, plan: Resolved, scan, max_seq_len: int) -> lis
             max_token_id=scan.max_token_id,
             location=scan.max_token_location,
             vocab_rows=plan.vocab.rows,
-            pretokenized=cfg.data.format == "tokenized",
+            pretokenized=any(fmt.pretokenized for fmt in scan.formats),
             fix=vocab_fix(cfg, plan),
         )
     problems += checks.check_overlength(
@@ -296,7 +296,8 @@ def _explained_by_vocab_size(cfg: RootConfig, plan: Resolved, scan) -> bool:
     problem); ids beyond the tokenizer, or pre-tokenized ones, are their own."""
     vocab = plan.vocab
     too_big = vocab.resize_to is None and vocab.tokenizer_size > min(vocab.embedding_rows, vocab.output_rows)
-    return too_big and cfg.data.format != "tokenized" and scan.max_token_id < vocab.tokenizer_size
+    pretokenized = any(fmt.pretokenized for fmt in scan.formats)
+    return too_big and not pretokenized and scan.max_token_id < vocab.tokenizer_size
 
 
 def _zero_target_locations(scan) -> list[str]:

@@ -36,7 +36,7 @@ from seqtune.models.auto import spec_for
 from seqtune.models.facts import ModelFacts, read_model_facts, read_vision_facts
 from seqtune.models.kernels import kernels_choice, kernels_problems, loss_choice
 from seqtune.models.optimizers import optimizer_choice, optimizer_problems
-from seqtune.models.spec import lora_module_names, matches_target, modules_trained_in_full, resized_rows
+from seqtune.models.spec import ModelSpec, lora_module_names, matches_target, modules_trained_in_full, resized_rows
 from seqtune.tokenizers.facts import TokenizerFacts, read_tokenizer_facts, token_ids
 
 # The reason a plan gives for a requested kernel that cannot run here (preflight reports it as a problem).
@@ -57,82 +57,14 @@ def resolve_plan(
     autocast = autocast_dtype(cfg.train.mixed_precision, device)
     tokenizer = tokenizer_facts or _tokenizer_facts(cfg, spec.chat_template, spec.eot_token)
     model = read_model_facts(cfg.model, spec)
-    targets: tuple[str, ...] = ()
-    if cfg.lora.enabled:  # null = the family's defaults ([] is refused by the schema)
-        targets = tuple(spec.lora_targets if cfg.lora.target_modules is None else cfg.lora.target_modules)
-    candidates = lora_module_names(spec, model.num_layers)
-    wrapped = tuple(name for name in candidates if any(matches_target(name, t) for t in targets))
-    resize_to = resized_rows(model.embedding_rows, tokenizer.size) if cfg.model.resize_embeddings else None
-    saved = (
-        modules_trained_in_full(
-            cfg.lora.modules_to_save,
-            tied=model.tied_embeddings,
-            base_rows=model.embedding_rows,
-            rows=resize_to or model.embedding_rows,
-        )
-        if cfg.lora.enabled
-        else ()
-    )
     recipe = recipe_spec(cfg.recipe_name)
     vision = read_vision_facts(cfg.model, spec)
     if vision is not None:
         vision = with_image_ids(vision, token_ids(cfg.tokenizer, cfg.model, vision.image_tokens))
-    if cfg.lora.enabled and vision is not None and vision.train_vision == TrainVision.true:
-        # peft's modules_to_save wrapper takes its input positionally; the model calls its vision tower with
-        # pixel_values= (a TypeError at step 1), and weights trained outside the adapter would not be saved with it.
-        raise ConfigError(
-            "model.train_vision=true with LoRA: the vision tower cannot be trained in full beside the adapters "
-            "(peft's modules_to_save cannot wrap it, and the adapter would not carry its weights).",
-            key="model.train_vision",
-            fix=(
-                f"recipe={full} model.train_vision=true (everything trains), or "
-                if (full := recipe.preset(lora=False))
-                else ""
-            )
-            + "model.train_vision=projector with LoRA (the projector trains beside the adapters, the tower frozen).",
-        )
-    if cfg.lora.enabled and vision is not None and vision.train_vision == TrainVision.projector:
-        # The model calls its projector positionally, so peft's modules_to_save wraps it: a trained copy saved in
-        # the adapter and merged back by merge_and_unload (named as peft matches it: the module's own name).
-        saved += (vision.projector_module.rsplit(".", 1)[-1],)
-    cutting = cfg.data.overlength in (Overlength.truncate, Overlength.truncate_prompt)
-    if vision is not None and cfg.data.mode == DataMode.stream and cutting:
-        # Preflight proves a truncating policy never cuts an image's run on the cached splits it scans in full; a
-        # stream is read past the sample preflight saw, where a cut run could not be given to the model.
-        raise ConfigError(
-            f"data.overlength={cfg.data.overlength} with data.mode=stream on an image-text model "
-            f"(model.family={spec.family}): preflight reads only the start of a stream, so a longer sample past it "
-            "could be cut through an image's token run.",
-            key="data.overlength",
-            fix="data.overlength=drop (a sample too long is left out whole), or data.mode=cached (preflight proves "
-            "that no sample with images is cut).",
-        )
+        _refuse_vision(cfg, spec, recipe, vision)
+    lora = _lora_plan(cfg, spec, model, tokenizer, recipe, vision)
     generation = recipe.generation(cfg)  # an online recipe's sampling (None: it samples none)
-    if vision is not None and generation is not None:
-        # The online recipes sample completions from input_ids alone (a KV cache, no pixel_values): an image's soft
-        # tokens would be sampled from without the image, so images are refused there rather than ignored.
-        raise ConfigError(
-            f"{preset_fix(recipe)} samples completions from the prompts' tokens alone, and "
-            f"model.family={spec.family} is an image-text model: its images would not reach the sampling.",
-            key="recipe",
-            fix=f"a text-only model (another model=...) for {preset_fix(recipe)}, or a recipe that does not sample "
-            "completions for the image-text model (e.g. the supervised one).",
-        )
-    if vision is not None and recipe.images_refused:
-        raise ConfigError(
-            f"{preset_fix(recipe)}: {recipe.images_refused}, and model.family={spec.family} is an image-text model: "
-            "its images would not reach the model.",
-            key="recipe",
-            fix=f"a text-only model (another model=...) for {preset_fix(recipe)}, or a recipe whose objective reads "
-            f"the images of the same data: {', '.join(map(preset_fix, image_recipes(recipe.sample_kind)))}.",
-        )
-    if cfg.lora.enabled and recipe.scored == Scored.scalar:
-        saved += ("score",)  # the scalar head is new: it trains in full beside the adapters
     compute = autocast or str(cfg.model.dtype)
-    # peft wraps the head when LoRA adapts it, trains it in full, or trains new token rows of it.
-    head_wrapped = cfg.lora.enabled and (
-        "lm_head" in wrapped or "lm_head" in saved or (resize_to or 0) > model.embedding_rows
-    )
     kind = recipe.sample_kind
     return Resolved(
         world=world,
@@ -150,7 +82,7 @@ def resolve_plan(
             eos_id=tokenizer.eos_id,
             embedding_rows=model.embedding_rows,
             output_rows=model.output_rows,
-            resize_to=resize_to,
+            resize_to=lora.resize_to,
         ),
         context_length=model.context_length,
         num_layers=model.num_layers,
@@ -164,14 +96,14 @@ def resolve_plan(
             device_type=device.type,
             compute_dtype=compute,
             model=model,
-            head_wrapped=head_wrapped,
+            head_wrapped=lora.head_wrapped,
             scored=str(recipe.scored),
             scored_why=recipe.scored_why,
         ),
         **resolve_optimizer(str(cfg.optim.name), device_type=device.type),
-        lora_targets=targets,
-        lora_modules=wrapped,
-        lora_saved=saved,
+        lora_targets=lora.targets,
+        lora_modules=lora.wrapped,
+        lora_saved=lora.saved,
         validation=validation_key(cfg.data.val, cfg.data.val_fraction),
         fact_sources=dict(spec.sources),
         recipe=recipe.name,
@@ -185,6 +117,101 @@ def resolve_plan(
         scorer_params=generation.scorer_params if generation is not None else 0,
         vision=vision,
     )
+
+
+@dataclass(frozen=True)
+class _LoraPlan:
+    """What LoRA adapts (targets matched to module names), trains in full beside it, and how many token rows."""
+
+    targets: tuple[str, ...]
+    wrapped: tuple[str, ...]
+    saved: tuple[str, ...]
+    resize_to: int | None
+    head_wrapped: bool  # peft wraps the head: LoRA adapts it, trains it in full, or trains new token rows of it
+
+
+def _lora_plan(
+    cfg: RootConfig,
+    spec: ModelSpec,
+    model: ModelFacts,
+    tokenizer: TokenizerFacts,
+    recipe: RecipeSpec,
+    vision: VisionFacts | None,
+) -> _LoraPlan:
+    targets: tuple[str, ...] = ()
+    if cfg.lora.enabled:  # null = the family's defaults ([] is refused by the schema)
+        targets = tuple(spec.lora_targets if cfg.lora.target_modules is None else cfg.lora.target_modules)
+    candidates = lora_module_names(spec, model.num_layers)
+    wrapped = tuple(name for name in candidates if any(matches_target(name, t) for t in targets))
+    resize_to = resized_rows(model.embedding_rows, tokenizer.size) if cfg.model.resize_embeddings else None
+    saved = (
+        modules_trained_in_full(
+            cfg.lora.modules_to_save,
+            tied=model.tied_embeddings,
+            base_rows=model.embedding_rows,
+            rows=resize_to or model.embedding_rows,
+        )
+        if cfg.lora.enabled
+        else ()
+    )
+    if cfg.lora.enabled and vision is not None and vision.train_vision == TrainVision.projector:
+        # The model calls its projector positionally, so peft's modules_to_save wraps it: a trained copy saved in
+        # the adapter and merged back by merge_and_unload (named as peft matches it: the module's own name).
+        saved += (vision.projector_module.rsplit(".", 1)[-1],)
+    if cfg.lora.enabled and recipe.scored == Scored.scalar:
+        saved += ("score",)  # the scalar head is new: it trains in full beside the adapters
+    head_wrapped = cfg.lora.enabled and (
+        "lm_head" in wrapped or "lm_head" in saved or (resize_to or 0) > model.embedding_rows
+    )
+    return _LoraPlan(targets=targets, wrapped=wrapped, saved=saved, resize_to=resize_to, head_wrapped=head_wrapped)
+
+
+def _refuse_vision(cfg: RootConfig, spec: ModelSpec, recipe: RecipeSpec, vision: VisionFacts) -> None:
+    """An image-text model's settings that cannot reach its images, refused (the first one found)."""
+    if cfg.lora.enabled and vision.train_vision == TrainVision.true:
+        # peft's modules_to_save wrapper takes its input positionally; the model calls its vision tower with
+        # pixel_values= (a TypeError at step 1), and weights trained outside the adapter would not be saved with it.
+        raise ConfigError(
+            "model.train_vision=true with LoRA: the vision tower cannot be trained in full beside the adapters "
+            "(peft's modules_to_save cannot wrap it, and the adapter would not carry its weights).",
+            key="model.train_vision",
+            fix=(
+                f"recipe={full} model.train_vision=true (everything trains), or "
+                if (full := recipe.preset(lora=False))
+                else ""
+            )
+            + "model.train_vision=projector with LoRA (the projector trains beside the adapters, the tower frozen).",
+        )
+    cutting = cfg.data.overlength in (Overlength.truncate, Overlength.truncate_prompt)
+    if cfg.data.mode == DataMode.stream and cutting:
+        # Preflight proves a truncating policy never cuts an image's run on the cached splits it scans in full; a
+        # stream is read past the sample preflight saw, where a cut run could not be given to the model.
+        raise ConfigError(
+            f"data.overlength={cfg.data.overlength} with data.mode=stream on an image-text model "
+            f"(model.family={spec.family}): preflight reads only the start of a stream, so a longer sample past it "
+            "could be cut through an image's token run.",
+            key="data.overlength",
+            fix="data.overlength=drop (a sample too long is left out whole), or data.mode=cached (preflight proves "
+            "that no sample with images is cut).",
+        )
+    if recipe.generation(cfg) is not None:
+        # The online recipes sample completions from input_ids alone (a KV cache, no pixel_values): an image's soft
+        # tokens would be sampled from without the image, so images are refused there rather than ignored.
+        raise ConfigError(
+            f"{preset_fix(recipe)} samples completions from the prompts' tokens alone, and "
+            f"model.family={spec.family} is an image-text model: its images would not reach the sampling.",
+            key="recipe",
+            fix=f"a text-only model (another model=...) for {preset_fix(recipe)}, or a recipe that does not sample "
+            "completions for the image-text model (e.g. the supervised one).",
+        )
+    if recipe.images_refused:
+        raise ConfigError(
+            f"{preset_fix(recipe)}: {recipe.images_refused}, and model.family={spec.family} is an image-text model: "
+            "its images would not reach the model.",
+            key="recipe",
+            fix=f"a text-only model (another model=...) for {preset_fix(recipe)}, or a recipe whose objective reads "
+            f"the images of the same data: {', '.join(map(preset_fix, image_recipes(recipe.sample_kind)))}.",
+        )
 
 
 def image_recipes(sample_kind: str) -> list[RecipeSpec]:

@@ -25,7 +25,7 @@ from seqtune.config.schema import SPLITS, DataFormat, DataMode, Duplicates, Root
 from seqtune.data.batching import batch_rule
 from seqtune.data.cache import REJECTS
 from seqtune.data.dedup import STREAM_COPIES
-from seqtune.data.formats import preference_rendering
+from seqtune.data.formats import formats_of
 from seqtune.data.kinds import sample_kind
 from seqtune.data.scan import SplitScan, format_signature, published_scan, scan_split
 from seqtune.data.split import split_input, validation_source
@@ -224,26 +224,16 @@ def _data_phases(
         plot.draw(lengths, max_seq_len=max_seq_len, context_length=resolved.context_length)
     problems += length_problems
     result.notes += length_notes
-    if cfg.data.format == DataFormat.preference:
-        result.notes.append(preference_rendering())
+    # How each source's own format renders its records, when its declaration says (a preference pair's prompt).
+    used = formats_of(source.format for name in SPLITS for source in cfg.data.sources(name))
+    result.notes += [fmt.note for fmt in used if fmt.note]
     rule = batch_rule(cfg, max_seq_len=max_seq_len, sample_kind=resolved.sample_kind)
     # Each split exactly as training will serve it (data.overlength applied), built once for every phase below.
     views = {
         name: training_view(scan, max_seq_len, cfg.data.overlength, resolved.sequences_per_sample)
         for name, scan in scans.items()
     }
-    kind = sample_kind(resolved.sample_kind)
-    for name, scan in scans.items():
-        problems += split_checks(cfg, resolved, scan, max_seq_len)
-        if kind.checks is not None:  # what the sample kind itself requires of a split (e.g. both labels)
-            declared = kind.checks(name, views[name])
-            problems += [
-                Problem(check="sample_kind", key=k, message=m, location=loc) for k, m, loc in declared.problems
-            ]
-            result.notes += declared.notes
-        result.splits[name], notes = split_stats(cfg, scan, views[name], max_seq_len)
-        result.splits[name].sources = source_stats(cfg, scan, views[name])
-        result.notes += notes
+    problems += _split_phase(cfg, resolved, scans, views, max_seq_len, result)
     problems += content.content_checks(cfg, resolved, tokens, tokenizer, model, scans, max_seq_len, result)
     vision_problems, vision_notes = vision_checks(
         cfg, resolved, {name: scan.cache_dir for name, scan in scans.items()}, max_seq_len
@@ -252,7 +242,8 @@ def _data_phases(
     result.notes += vision_notes
     problems += shape_checks(rule, tokens, resolved.padding_side, views)
     problems += _recipe_checks(cfg, resolved, tokens, tokenizer, scans, views, max_seq_len)
-    problems += _eval_prompt_checks(cfg, resolved, tokens, scans, max_seq_len, result)
+    if cfg.train.eval_samples and "val" in scans:
+        problems += _eval_prompt_checks(cfg, resolved, tokens, scans["val"], max_seq_len, result)
     result.plan, efficiency, batches, batch_problems = plan_phase(cfg, resolved, rule, views)
     problems += batch_problems
     stream_records: tuple[int, ...] = ()
@@ -276,31 +267,49 @@ def _data_phases(
     }
 
 
-def _eval_prompt_checks(
+def _split_phase(
     cfg: RootConfig,
     resolved: Resolved,
-    tokens: Tokens,
     scans: dict[str, SplitScan],
+    views: dict[str, Any],
     max_seq_len: int,
     result: PreflightResult,
 ) -> list[Problem]:
-    """train.eval_samples: the validation prompts the samples complete, found in the token cache as training will."""
-    if not cfg.train.eval_samples or "val" not in scans:
-        return []
+    """Each split's own checks (and its sample kind's), its stats and its sources' stats."""
+    kind = sample_kind(resolved.sample_kind)
+    problems: list[Problem] = []
+    for name, scan in scans.items():
+        problems += split_checks(cfg, resolved, scan, max_seq_len)
+        if kind.checks is not None:  # what the sample kind itself requires of a split (e.g. both labels)
+            declared = kind.checks(name, views[name])
+            problems += [
+                Problem(check="sample_kind", key=k, message=m, location=loc) for k, m, loc in declared.problems
+            ]
+            result.notes += declared.notes
+        result.splits[name], notes = split_stats(cfg, scan, views[name], max_seq_len)
+        result.splits[name].sources = source_stats(cfg, scan, views[name])
+        result.notes += notes
+    return problems
+
+
+def _eval_prompt_checks(
+    cfg: RootConfig, resolved: Resolved, tokens: Tokens, val: SplitScan, max_seq_len: int, result: PreflightResult
+) -> list[Problem]:
+    """train.eval_samples: enough validation prompts that fit data.max_seq_len to complete."""
     from seqtune.data.prompts import build_eval_prompts
 
     found = build_eval_prompts(
-        scans["val"].cache_dir,
+        val.cache_dir,
         count=cfg.train.eval_samples,
         max_seq_len=max_seq_len,
         bos_id=tokens.bos_id,
         stride=resolved.sequences_per_sample,
     )
-    prompt_problems, prompt_notes = checks.check_eval_prompts(
+    problems, notes = checks.check_eval_prompts(
         requested=cfg.train.eval_samples, found=len(found), max_seq_len=max_seq_len
     )
-    result.notes += prompt_notes
-    return prompt_problems
+    result.notes += notes
+    return problems
 
 
 def _stream_phase(

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from seqtune.config.plan import Resolved, Tokens
-from seqtune.config.schema import CHAT_FORMATS, SPLITS, DataFormat, RootConfig
+from seqtune.config.schema import SPLITS, RootConfig
+from seqtune.data.formats import formats_of
 from seqtune.data.kinds import kind_of_format
 from seqtune.data.tokenize import render_chat
 from seqtune.models import spec_for
@@ -18,15 +19,13 @@ from seqtune.tokenizers.control import control_tokens
 from seqtune.tokenizers.facts import added_bos_id, tokenizer_facts
 from seqtune.tokenizers.templates import after_probe_reply, end_of_turn_probe
 
-# The formats whose records the chat template renders (a preference pair or an unpaired example may hold message
-# lists).
-TEMPLATED_FORMATS = frozenset({*CHAT_FORMATS, DataFormat.preference, DataFormat.unpaired_preference})
-
 
 def token_facts(cfg: RootConfig, resolved: Resolved, tokenizer: Any) -> Tokens:
     formats = {source.format for split in SPLITS for source in cfg.data.sources(split)}
     has_template = bool(getattr(tokenizer, "chat_template", None))
-    templated = bool(formats & TEMPLATED_FORMATS) and has_template
+    # Formats whose records the chat template renders (a preference pair or an unpaired example may hold message
+    # lists): each source's own format.
+    templated = any(fmt.templated for fmt in formats_of(formats)) and has_template
     # A kind whose records may hold message-list prompts (SampleKind.message_prompts) generates assistant turns:
     # they end at the template's turn closer. It is not a terminator of the run (a string prompt's completion is
     # no turn, and nothing of a prompt trains), so it stays a fact of its own that generation reads per prompt.

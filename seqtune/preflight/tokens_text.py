@@ -145,7 +145,7 @@ def rendered_text(encoder: SampleEncoder, record: Any) -> str | None:
     if isinstance(record, Conversation):
         return encoder.tokenizer.apply_chat_template(record.messages, tools=record.tools, tokenize=False)
     if isinstance(record, PromptCompletion):
-        return record.completion if encoder.fmt == "text" else record.prompt + record.completion
+        return record.completion if encoder.format.prompt_free else record.prompt + record.completion
     return None
 
 

@@ -5,8 +5,8 @@ declared in its own module of this package (sft.py, preference.py, unpaired.py, 
 
 - `members`: the token sequences one record becomes, in order (their count is the kind's `sequences`); the cache,
   the batch rule, the sampler, the stream and every check keep a sample's sequences together.
-- `formats`: the data.format values it reads (a format belongs to one kind); `format_hint` tells a refusal how its
-  records look.
+- `formats`: the data.format values it reads, derived from the formats' declarations (seqtune/data/formats/<name>.py
+  names its kind: a format belongs to one kind); `format_hint` (their hints) tells a refusal how its records look.
 - `encode(encoder, records)`: the parsed records of one chunk -> an EncodedBatch (seqtune.data.tokenize), built
   from the encoder's per-shape steps, so every kind obeys the same bos/eos/target rules.
 - `fields`: extra per-sample values (a label, a weight) with their dtype: the encoder fills them, the token cache
@@ -27,11 +27,12 @@ Torch-free and tokenizer-free: config rules and preflight read kinds before anyt
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from seqtune.config.registry import KINDS
+from seqtune.data.formats import record_format, record_formats
 
 if TYPE_CHECKING:
     from seqtune.data.tokenize import EncodedBatch, SampleEncoder
@@ -60,9 +61,7 @@ class SampleKind:
     name: str
     noun: str  # what the report calls one sample: drops and counts are in these, never in sequences
     members: tuple[str, ...]  # what each of its sequences is called, in order (the report, samples.html)
-    formats: tuple[str, ...]
     encode: Callable[[SampleEncoder, list[Any]], EncodedBatch]
-    format_hint: str = ""
     fields: tuple[SampleField, ...] = ()
     checks: Callable[[str, SplitView], KindCheck] | None = None
     stream_problem: str = ""
@@ -84,46 +83,32 @@ class SampleKind:
     def sequences(self) -> int:
         return len(self.members)
 
+    @property
+    def formats(self) -> tuple[str, ...]:
+        """The formats whose records are this kind's samples (each format module names its kind)."""
+        return tuple(name for name, fmt in record_formats().items() if fmt.kind == self.name)
 
-_KINDS: dict[str, SampleKind] = {}
-_DISCOVERED = False
+    @property
+    def format_hint(self) -> str:
+        """How its records look, from its formats' hints ("" when none gives one)."""
+        return "; ".join(fmt.hint for fmt in record_formats().values() if fmt.kind == self.name and fmt.hint)
 
 
-def register(kind: SampleKind) -> SampleKind:
-    known = _KINDS.get(kind.name)
-    if known is not None and known is not kind:
-        raise ValueError(f"sample kind {kind.name!r} is registered twice")
-    taken = {fmt: other.name for other in _KINDS.values() if other is not kind for fmt in other.formats}
-    clash = [fmt for fmt in kind.formats if fmt in taken]
-    if clash:
-        raise ValueError(f"data.format={clash[0]} is read by sample kinds {taken[clash[0]]!r} and {kind.name!r}")
-    _KINDS[kind.name] = kind
-    return kind
+register = KINDS.register
 
 
 def kinds() -> dict[str, SampleKind]:
-    """Every kind: each module of this package registers one."""
-    global _DISCOVERED
-    if not _DISCOVERED:
-        for module in pkgutil.iter_modules(__path__):
-            importlib.import_module(f"{__name__}.{module.name}")
-        _DISCOVERED = True
-    return dict(_KINDS)
+    """Every kind: each module of this package registers the one named like it."""
+    return KINDS.all()
 
 
 def sample_kind(name: str) -> SampleKind:
-    kind = kinds().get(str(name))
-    if kind is None:
-        raise KeyError(f"sample kind {name!r} is not declared in seqtune/data/kinds/")  # a recipe spec's own bug
-    return kind
+    return KINDS.get(str(name))  # an undeclared name is a recipe spec's own bug
 
 
 def kind_of_format(fmt: str) -> SampleKind:
     """The kind whose records data.format=`fmt` holds."""
-    for kind in kinds().values():
-        if str(fmt) in kind.formats:
-            return kind
-    raise KeyError(f"data.format={fmt} is read by no sample kind")  # every DataFormat is declared by one
+    return sample_kind(record_format(fmt).kind)
 
 
 def sequences_per_sample(name: str) -> int:

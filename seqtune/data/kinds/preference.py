@@ -19,13 +19,7 @@ KIND = register(
         name="preference",
         noun="pair",
         members=("chosen", "rejected"),
-        formats=("preference",),
         encode=_encode,
-        format_hint=(
-            "data.format=preference with {prompt, chosen, rejected} records (strings or message lists; it also reads "
-            "LLaMA-Factory's Alpaca {instruction, input, chosen, rejected}, ShareGPT {conversations, chosen, rejected} "
-            "and OpenAI {messages, chosen, rejected} pairs as they are)"
-        ),
         images=True,  # message-list pairs: both sides carry the prompt's images (TRL's DPOTrainer with a VLM)
     )
 )

@@ -20,12 +20,7 @@ KIND = register(
         name="prompt",
         noun="prompt",
         members=("prompt",),
-        formats=("prompt",),
         encode=_encode,
-        format_hint=(
-            "data.format=prompt with {prompt, ...} records (a string or a message list, other columns kept for the "
-            "reward functions)"
-        ),
         fields=(SampleField(name="record", dtype="int64", batch_key="record_key"),),
         keeps_columns=True,
         stream_problem=(

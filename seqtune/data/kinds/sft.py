@@ -8,11 +8,11 @@ from seqtune.data.kinds import SampleKind, register
 
 
 def _encode(encoder: Any, records: list[Any]) -> Any:
-    if encoder.chat:  # chat, sharegpt: rendered by the chat template
+    if encoder.chat:  # conversations (chat, sharegpt): rendered by the chat template
         return encoder.encode_chat(records)
-    if encoder.fmt == "tokenized":
+    if encoder.format.pretokenized:
         return encoder.encode_pretokenized(records)
-    return encoder.encode_prompt_completion(records)  # alpaca, input_output, text
+    return encoder.encode_prompt_completion(records)  # prompt + completion (alpaca, input_output, text)
 
 
 KIND = register(
@@ -20,7 +20,6 @@ KIND = register(
         name="sft",
         noun="sample",
         members=("sample",),
-        formats=("alpaca", "chat", "sharegpt", "input_output", "text", "tokenized"),
         encode=_encode,
         images=True,
     )

@@ -97,12 +97,7 @@ KIND = register(
         name="unpaired",
         noun="sample",
         members=("completion", "kl"),
-        formats=("unpaired_preference",),
         encode=_encode,
-        format_hint=(
-            "data.format=unpaired_preference with {prompt, completion, label} records (strings, or message lists; "
-            "label true = a desirable completion, false = an undesirable one), or LLaMA-Factory's {messages, label}"
-        ),
         fields=(LABEL,),
         checks=_label_check,
         stream_problem=(

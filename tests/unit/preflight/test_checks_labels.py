@@ -63,15 +63,15 @@ def test_double_bos_rows():
 
 def test_truncation_that_cuts_the_final_terminator():
     cut = found(2, 3, 8)
-    [problem] = labels.check_terminator_cut(split="train", policy="truncate", fmt="alpaca", cut=cut)
+    [problem] = labels.check_terminator_cut(split="train", policy="truncate", prompt_free=False, cut=cut)
     assert problem.key == "data.overlength" and problem.location == "t.jsonl:3"
     assert "cuts the final eos / end-of-turn of 2 data.train sample(s)" in problem.message
     assert "Fix: data.overlength=truncate_prompt" in problem.message
-    [problem] = labels.check_terminator_cut(split="train", policy="truncate_prompt", fmt="chat", cut=cut)
+    [problem] = labels.check_terminator_cut(split="train", policy="truncate_prompt", prompt_free=False, cut=cut)
     assert "completion alone is longer than data.max_seq_len. Fix: data.overlength=drop" in problem.message
     # Plain text is continued pretraining: a cut document end is expected there.
-    assert labels.check_terminator_cut(split="train", policy="truncate", fmt="text", cut=cut) == []
-    assert labels.check_terminator_cut(split="train", policy="truncate", fmt="alpaca", cut=Finding()) == []
+    assert labels.check_terminator_cut(split="train", policy="truncate", prompt_free=True, cut=cut) == []
+    assert labels.check_terminator_cut(split="train", policy="truncate", prompt_free=False, cut=Finding()) == []
 
 
 def test_duplicate_copies_point_at_their_first_occurrence():

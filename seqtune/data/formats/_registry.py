@@ -1,0 +1,80 @@
+"""The record-format contract: what each module of seqtune/data/formats/ declares, and the registry that finds them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from seqtune.config.registry import FORMATS
+
+if TYPE_CHECKING:
+    from seqtune.data.formats._parser import LineParser
+    from seqtune.data.formats._records import Record
+    from seqtune.data.types import Reject
+
+
+def _no_template(tokenizer_template: str | None) -> str | None:
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecordFormat:
+    """One value of data.format (a source's `format`): the fields of its records and what they become.
+
+    Shared code asks these facts of each source's own format object, never its name (a guard test checks it)."""
+
+    name: str
+    kind: str  # the sample kind its records are (seqtune.data.kinds): a format belongs to one kind
+    required: tuple[str, ...]  # its records' fields, which data.columns (a source's columns) may rename
+    optional: tuple[str, ...] = ()
+    # The record's fields (renamed to the format's names) -> a typed record, or a Reject; `parser` holds the file,
+    # the run's facts (roles, image placeholder, media root) and the reject helpers every format shares.
+    parse: Callable[[LineParser, int, dict], Record | Reject]
+    # Its records are conversations, always rendered with the tokenizer's chat template (a template is required).
+    conversations: bool = False
+    # Its records may be rendered with the chat template (conversations, and message-list pairs or examples).
+    templated: bool = False
+    # Its records are token ids already: no text to check, no tokenizer run over it.
+    pretokenized: bool = False
+    # Its records have no prompt: every token is a target (nothing to complete, a cut end is expected).
+    prompt_free: bool = False
+    # Its texts may hold <img>path</img> references, images on an image-text run.
+    image_references: bool = False
+    # Reject code -> (key, fix) where this format's records need another fix than the shared one
+    # (seqtune.preflight.checks.REJECT_FIXES).
+    reject_fixes: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    # How its records look, for a refusal naming what a recipe reads ("" = the kind's formats are listed instead).
+    hint: str = ""
+    # What the preflight report says about how its records are rendered, when a split reads it ("" = nothing).
+    note: str = ""
+    # What of the module's rendering goes into the token-cache key beside its name (changing a template must
+    # invalidate the caches written with it).
+    signature: str = ""
+    # The chat template an exported model trained on it is prompted with, given the tokenizer's (saved with the
+    # adapter): the training prompt as one user turn, the tokenizer's own for conversations, none without a prompt.
+    chat_template: Callable[[str | None], str | None] = _no_template
+    # What reads a `system` column of a columnar file instead of dropping it, given the source's key, the format's
+    # field -> column mapping and the column ("" = the shared "remove the column").
+    system_fix: Callable[[str, Mapping[str, str], str], str] | None = None
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return (*self.required, *self.optional)
+
+
+register = FORMATS.register
+
+
+def record_formats() -> dict[str, RecordFormat]:
+    """Every format: each public module of seqtune/data/formats/ registers the one named like it."""
+    return FORMATS.all()
+
+
+def record_format(name: str) -> RecordFormat:
+    return FORMATS.get(str(name))
+
+
+def formats_of(names: Iterable[str]) -> list[RecordFormat]:
+    """The format objects of some sources' formats (each once, in order)."""
+    return [record_format(name) for name in dict.fromkeys(str(n) for n in names)]
