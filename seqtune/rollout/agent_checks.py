@@ -108,7 +108,8 @@ def _reset(
     tools: list[Tool], environment: type | None, records: list[dict[str, Any]]
 ) -> tuple[list[Agent], list[Any], list[tuple[str, str]]]:
     """Each dry record's agent (its environment constructed and reset on the record's columns) and observation."""
-    agents, observations = [], []
+    agents: list[Agent] = []
+    observations: list[Any] = []
     for record in records:
         columns = {k: v for k, v in record.items() if k != "prompt"}
         try:
