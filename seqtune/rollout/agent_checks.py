@@ -67,7 +67,7 @@ def _sharded(facts: Any) -> list[tuple[str, str]]:
             "rollout.tools",
             "rollout.tools / rollout.environment under FSDP across ranks: each episode's turns are as many decode "
             "loops, and sharded ranks must forward in lockstep, which multi-turn episodes do not do yet. Fix: "
-            "train.strategy=ddp (or one rank)",
+            "train.parallel=ddp (or one rank)",
         )
     ]
 

@@ -85,3 +85,14 @@ def test_each_call_format_parses_its_calls() -> None:
         ParsedCall("f", {"a": 1}),
         ParsedCall("g", {}),
     ]
+
+
+def test_agent_settings_are_refused_by_key() -> None:
+    from seqtune.config.rollout import RolloutConfig
+
+    with pytest.raises(ConfigError, match=r"rollout.max_turns=3 without rollout.tools or rollout.environment"):
+        RolloutConfig(max_turns=3)
+    with pytest.raises(ConfigError, match=r"rollout.tool_timeout_s=0"):
+        RolloutConfig(tools=["m:f"], tool_timeout_s=0)
+    agent = RolloutConfig(tools=["m:f"], max_turns=3, max_completion_tokens=10, max_tool_tokens=20)
+    assert agent.episode_tokens == 3 * 10 + 2 * 20 and RolloutConfig(max_completion_tokens=10).episode_tokens == 10

@@ -106,7 +106,10 @@ def test_a_tool_call_is_answered_and_its_result_is_context(tokenizer) -> None:
     answer = tokenizer("1037<|im_end|>", add_special_tokens=False)["input_ids"]
     suffix = tail[len(call) : len(tail) - len(answer)]
     assert tail[: len(call)] == call and tail[len(tail) - len(answer) :] == answer
-    assert tokenizer.decode(suffix) == "\n<|im_start|>user\n<tool_response>\n1037\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        tokenizer.decode(suffix)
+        == "\n<|im_start|>user\n<tool_response>\n1037\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
     assert trained == [1] * len(call) + [0] * len(suffix) + [1] * len(answer)
     assert seen[1][0] == seen[0][0] + call + suffix  # turn 2 continues from the whole episode so far
     assert first.length == len(tail)
@@ -171,7 +174,10 @@ def test_a_hanging_tool_is_cut_and_a_raising_one_named(tokenizer) -> None:
     hung, raised = episodes
     assert "ToolTimeout: did not return within rollout.tool_timeout_s=0.3s" in hung.error
     assert f"{__file__}:" in hung.error and len(hung.turns) == 2  # the episode goes on after the error
-    assert raised.error.startswith("broken: ValueError: bad 3 at ") and f"{__file__}:{broken.__code__.co_firstlineno + 6}" in raised.error
+    assert (
+        raised.error.startswith("broken: ValueError: bad 3 at ")
+        and f"{__file__}:{broken.__code__.co_firstlineno + 6}" in raised.error
+    )
     assert raised.tool_errors == 1 and raised.turns[0]["errors"] == [raised.error]
     sample, _ = scripted(tokenizer, [[bad, "done<|im_end|>"]])
     with pytest.raises(SeqtuneError, match="rollout.on_tool_error=fail: broken: ValueError: bad 3 at .*Fix:"):
