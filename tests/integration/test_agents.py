@@ -87,7 +87,12 @@ def test_a_killed_agent_run_resumes_bitwise(agent_run, tmp_path):
 def test_a_tools_run_trains_and_agent_refusals_exit_2(tmp_path):
     tools = [a for a in AGENT if not a.startswith(("rollout.environment", "rollout.rewards", "grpo.", "train."))]
     run = run_cli(
-        [*tools, "rollout.tools=[seqtune.rollout.agent_examples:add]", "train.max_steps=1", "preflight.plot=false"],
+        [
+            *tools,
+            "rollout.tools=[seqtune.rollout.agent_examples:add]",
+            "rollout.rewards=[seqtune.rollout.examples:short]",
+            "train.max_steps=1",
+        ],
         tmp_path / "tools",
     )
     ok(run)
