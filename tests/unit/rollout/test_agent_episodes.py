@@ -197,3 +197,25 @@ def test_on_tool_error_scores_the_episodes_that_raised() -> None:
 def test_tools_load_with_their_schemas() -> None:
     (tool,) = load_tools(["seqtune.rollout.agent_examples:add"])
     assert tool.fn is add and tool.schema["function"]["parameters"]["required"] == ["a", "b"]
+
+
+def test_samples_html_shows_an_episode_turn_by_turn() -> None:
+    from seqtune.rollout.completions import episode_text
+
+    row = {
+        "completion": "1037",
+        "turns": [
+            {
+                "completion": "<tool_call>",
+                "calls": [{"name": "open_vault", "arguments": {}}],
+                "results": ["1037"],
+                "errors": [],
+            },
+            {"completion": "1037", "calls": [], "results": [], "errors": []},
+        ],
+        "truncated_episode": False,
+    }
+    assert episode_text(row) == (
+        'turn 1: <tool_call>\n  call: {"name": "open_vault", "arguments": {}}\n  result: 1037\nturn 2: 1037'
+    )
+    assert episode_text({"completion": "plain"}) == "plain"
