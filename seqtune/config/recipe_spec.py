@@ -150,7 +150,7 @@ class RecipeSpec:
             return None
         return Generation(
             completions=cfg.rollout.num_generations,
-            new_tokens=cfg.rollout.max_completion_tokens,
+            new_tokens=cfg.rollout.episode_tokens,  # the longest episode (an agent's turns and tool results)
             scorer_params=self.scorer_params(cfg),
         )
 

@@ -17,6 +17,14 @@ from seqtune.config.domain import Domain, finite
 DEMO_REWARDS = ("seqtune.rollout.examples:kind_share",)
 
 
+class OnToolError(StrEnum):
+    """What an episode whose tool or environment raised (or timed out) is worth."""
+
+    zero = "zero"  # its reward is 0 (the group's baseline still counts it)
+    skip = "skip"  # it trains nothing (its tokens masked, its reward unscored)
+    fail = "fail"  # the run stops, naming the tool's file:line
+
+
 class Generator(StrEnum):
     transformers = "transformers"  # the policy's own forward, sampling from a private torch.Generator
     vllm = "vllm"  # colocated vLLM (GPU only): not built yet, refused with the fix
@@ -37,6 +45,28 @@ class RolloutConfig:
     top_p: float = 1.0
     mask_truncated: bool = False  # completions that hit max_completion_tokens without a terminator train nothing
     generator: Generator = Generator.transformers
+    # Agents (seqtune/rollout/episodes.py): tool functions (FILE.py:FUNCTION or package.module:FUNCTION, type hints
+    # and a docstring per argument) and/or an environment class (FILE.py:CLASS, TRL's environment_factory: one
+    # instance per rollout, reset(**columns), its public methods are tools). Each turn's calls run, their results
+    # are appended as tool turns (context, never trained), and sampling goes on until a turn without a call or
+    # max_turns turns.
+    tools: list[str] = field(default_factory=list)
+    environment: str | None = None
+    max_turns: int = 1
+    max_tool_tokens: int = 64  # the most tokens one turn's tool results (their template tokens included) take
+    tool_timeout_s: float = 10.0
+    on_tool_error: OnToolError = OnToolError.zero
+
+    @property
+    def agentic(self) -> bool:
+        return bool(self.tools) or self.environment is not None
+
+    @property
+    def episode_tokens(self) -> int:
+        """The longest episode after its prompt: every turn's completion, and the tool results between turns."""
+        if not self.agentic:
+            return self.max_completion_tokens
+        return self.max_turns * self.max_completion_tokens + (self.max_turns - 1) * self.max_tool_tokens
 
     @property
     def weights(self) -> list[float]:
@@ -57,6 +87,16 @@ class RolloutConfig:
         domain.above("temperature", self.temperature, 0, 1.0)
         domain.within("top_p", self.top_p, 0.0, 1.0, 1.0)
         domain.require(self.top_p > 0, "top_p", self.top_p, "must be > 0", "1.0")
+        domain.at_least("max_turns", self.max_turns, 1, 4)
+        domain.at_least("max_tool_tokens", self.max_tool_tokens, 1, 64)
+        domain.above("tool_timeout_s", self.tool_timeout_s, 0, 10.0)
+        if self.max_turns > 1 and not self.agentic:
+            domain.refuse(
+                "max_turns",
+                f"rollout.max_turns={self.max_turns} without rollout.tools or rollout.environment: nothing answers a "
+                "turn, so every episode is one turn. Fix: rollout.tools=[FILE.py:FUNCTION] or "
+                "rollout.environment=FILE.py:CLASS, or rollout.max_turns=1",
+            )
         if self.generator != Generator.transformers:  # refused, never silently replaced by transformers
             domain.refuse(
                 "generator",

@@ -23,6 +23,7 @@ from typing import Any
 from seqtune.config.errors import SeqtuneError
 from seqtune.config.recipe_spec import RecipeFacts
 from seqtune.config.schema import Tail
+from seqtune.rollout.agent_checks import agent_checks
 from seqtune.rollout.prompts import read_prompt_table
 from seqtune.rollout.reward_model import RewardModel, reward_model_problems
 from seqtune.rollout.rewards import Reward, column_problems, dry_call_problems, load_reward
@@ -31,19 +32,20 @@ DRY_PROMPTS = 2
 
 
 def rollout_checks(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
-    problems = _budget(cfg, facts) + _equal_prompts(cfg, facts)
+    tokenizer = facts.tokenizer()
+    table = read_prompt_table(facts.caches or {})
+    every = [(table.where[ids], record) for ids, record in table.records.items()]
+    records = [record for _, record in every[:DRY_PROMPTS]]
+    problems, environments, tool_tokens = agent_checks(cfg, facts, tokenizer, records)
+    problems += _budget(cfg, facts, tool_tokens) + _equal_prompts(cfg, facts)
     rewards: list[Reward] = []
     for i, ref in enumerate(cfg.rollout.rewards):  # every function that does not load is named, not just the first
         try:
             rewards.append(load_reward(f"rollout.rewards[{i}]", str(ref), dtype=str(cfg.model.dtype)))
         except SeqtuneError as err:  # ConfigError (a function), ModelLoadError (a reward model)
             problems.append((err.key or f"rollout.rewards[{i}]", str(err)))
-    tokenizer = facts.tokenizer()
-    table = read_prompt_table(facts.caches or {})
-    every = [(table.where[ids], record) for ids, record in table.records.items()]
     problems += column_problems(rewards, every)
-    records = [record for _, record in every[:DRY_PROMPTS]]
-    problems += dry_call_problems(rewards, records)
+    problems += dry_call_problems(rewards, records, {"environments": environments} if environments else None)
     for scorer in rewards:  # a reward model reads the policy's completions with its own tokenizer
         if isinstance(scorer.fn, RewardModel):
             problems += reward_model_problems(scorer.fn, [r["prompt"] for r in records], tokenizer)
@@ -71,10 +73,15 @@ def _equal_prompts(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
     ]
 
 
-def _budget(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
+def _budget(cfg: Any, facts: RecipeFacts, tool_tokens: int = 0) -> list[tuple[str, str]]:
     """The longest prompt as training serves it (data.overlength applied) plus rollout.max_completion_tokens within
-    data.max_seq_len (when set) and the context. A fix that lowers the budget is offered only when one can work."""
-    budget = cfg.rollout.max_completion_tokens
+    data.max_seq_len (when set) and the context. An agent's turn budget: the prompt with its tool definitions (they
+    add `tool_tokens`) + max_turns x max_completion_tokens + the tool results between turns (max_tool_tokens each).
+    A fix that lowers the budget is offered only when one can work."""
+    rollout = cfg.rollout
+    if rollout.agentic:
+        return _turn_budget(cfg, facts, tool_tokens)
+    budget = rollout.max_completion_tokens
     problems = []
     for split, (tokens, where) in facts.longest.items():
         total = tokens + budget
@@ -90,6 +97,30 @@ def _budget(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
                         "rollout.max_completion_tokens",
                         f"the longest data.{split} prompt ({where}, {tokens} tokens as training serves it) + "
                         f"rollout.max_completion_tokens={budget} = {total} tokens > {name} {limit}. Fix: {lower}{fix}",
+                    )
+                )
+    return problems
+
+
+def _turn_budget(cfg: Any, facts: RecipeFacts, tool_tokens: int) -> list[tuple[str, str]]:
+    rollout = cfg.rollout
+    problems = []
+    for split, (tokens, where) in facts.longest.items():
+        total = tokens + tool_tokens + rollout.episode_tokens
+        limits = [("model context", facts.plan.context_length)]
+        if not facts.max_seq_len_auto:
+            limits.append(("data.max_seq_len", facts.max_seq_len))
+        for name, limit in limits:
+            if limit and total > limit:
+                problems.append(
+                    (
+                        "rollout.max_turns",
+                        f"the longest data.{split} prompt ({where}, {tokens} tokens, {tool_tokens} more with the tool "
+                        f"definitions) + rollout.max_turns={rollout.max_turns} x rollout.max_completion_tokens="
+                        f"{rollout.max_completion_tokens} + {rollout.max_turns - 1} x rollout.max_tool_tokens="
+                        f"{rollout.max_tool_tokens} = {total} tokens > {name} {limit}. Fix: fewer rollout.max_turns, "
+                        f"a smaller rollout.max_completion_tokens or rollout.max_tool_tokens"
+                        + (f", or data.max_seq_len={total}" if name == "data.max_seq_len" else ""),
                     )
                 )
     return problems

@@ -24,6 +24,21 @@ def _text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def episode_text(row: dict[str, Any]) -> str:
+    """An agent's episode turn by turn (its completion, then each call, result and error), else the completion."""
+    if not row.get("turns"):
+        return _text(row["completion"])
+    parts = []
+    for i, turn in enumerate(row["turns"], 1):
+        parts.append(f"turn {i}: {turn['completion']}")
+        parts += [f"  call: {json.dumps(call, ensure_ascii=False)}" for call in turn["calls"]]
+        parts += [f"  result: {result}" for result in turn["results"]]
+        parts += [f"  error: {error}" for error in turn["errors"]]
+    if row.get("truncated_episode"):
+        parts.append("(ended by a budget: rollout.max_turns, max_completion_tokens or max_tool_tokens)")
+    return "\n".join(parts)
+
+
 def _number(value: float | None) -> str:
     return "none" if value is None else f"{value:.4f}"
 
@@ -35,7 +50,7 @@ def completion_tables(rows: list[dict[str, Any]]) -> list[Table]:
         cells = [
             [
                 _text(row["prompt"]),
-                _text(row["completion"]),
+                episode_text(row),
                 _number(row["reward"]),
                 *(_number(row["rewards"].get(n)) for n in names),
             ]

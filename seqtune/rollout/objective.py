@@ -15,13 +15,17 @@ from typing import Any
 import torch
 
 from seqtune.config.plan import Plan
+from seqtune.config.rollout import OnToolError
 from seqtune.config.schema import RootConfig
 from seqtune.data.types import IGNORE_INDEX
 from seqtune.distributed import unwrap
+from seqtune.rollout.episodes import Agents, Turns
 from seqtune.rollout.prompts import read_prompt_table
 from seqtune.rollout.rewards import load_rewards
 from seqtune.rollout.sampling import Rollout, follow, padded_attention, reference_logps, token_logps
 from seqtune.rollout.stage import OnlineLoss, RolloutStage, completions_path
+from seqtune.rollout.tools import load_environment, load_tools
+from seqtune.tokenizers.tool_calls import tool_call_format
 from seqtune.train.objectives import Position
 
 
@@ -129,5 +133,32 @@ def online_objective(cfg: RootConfig, plan: Plan, run_dir: Path, built: Any, los
         seed=cfg.train.seed,
         completions_path=completions_path(run_dir),
         lockstep=plan.sharded,
+        agents=agents(cfg, plan, tokenizer),
     )
     return OnlineObjective(stage=stage, loss=loss)
+
+
+def agents(cfg: RootConfig, plan: Plan, tokenizer: Any) -> Agents | None:
+    """The run's tools, environment and call format (rollout.tools, rollout.environment; proven by preflight's
+    agent checks), or None for single-turn rollouts."""
+    rollout = cfg.rollout
+    if not rollout.agentic:
+        return None
+    fmt = tool_call_format(getattr(tokenizer, "chat_template", None))
+    # Internal invariants: preflight refuses a template whose calls cannot be read, and templates without closer.
+    assert fmt is not None and plan.tokens.turn_closer is not None, "agent preflight did not run"
+    return Agents(
+        tools=load_tools(list(rollout.tools)),
+        environment=load_environment(rollout.environment) if rollout.environment else None,
+        fmt=fmt,
+        tokenizer=tokenizer,
+        turns=Turns(
+            max_turns=rollout.max_turns,
+            max_tool_tokens=rollout.max_tool_tokens,
+            timeout_s=rollout.tool_timeout_s,
+            fail=rollout.on_tool_error == OnToolError.fail,
+            closer=plan.tokens.turn_closer,
+        ),
+        bos_id=plan.tokens.bos_id,
+        pad_id=plan.tokens.pad_id,
+    )

@@ -29,7 +29,7 @@ from seqtune.rollout.reward_model import RewardModel, is_reward_model_ref, load_
 RewardFn = Callable[..., Any]
 CALL = "fn(prompts=, completions=, completion_ids=, **columns) -> list[float | None]"
 # What every call hands over besides the columns (TRL's names): never read from the data.
-HANDED = frozenset({"prompts", "completions", "completion_ids", "trainer_state"})
+HANDED = frozenset({"prompts", "completions", "completion_ids", "trainer_state", "environments"})
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def load_reward(key: str, ref: str, *, device: Any = "cpu", dtype: str = "float3
             key=key,
             fix=f"{key}=FILE.py:FUNCTION or {key}=package.module:FUNCTION",
         )
-    fn = getattr(_module(key, ref, module_ref), name, None)
+    fn = getattr(load_module(key, ref, module_ref), name, None)
     if not callable(fn):
         raise ConfigError(
             f"{key}={ref}: {module_ref} has no function {name}.",
@@ -87,7 +87,7 @@ def _reward_model(key: str, ref: str, device: Any, dtype: str) -> Reward:
     return Reward(key=key, ref=ref, name=model.name, fn=model, columns=())
 
 
-def _module(key: str, ref: str, module_ref: str) -> Any:
+def load_module(key: str, ref: str, module_ref: str) -> Any:
     try:
         if not module_ref.endswith(".py"):
             return importlib.import_module(module_ref)
@@ -145,15 +145,18 @@ def call_reward(
     completion_ids: list[list[int]],
     columns: dict[str, list[Any]],
     step: int = 0,
+    handed: dict[str, Any] | None = None,
 ) -> list[float]:
     """The reward of each completion (NaN where the function returns None); a wrong shape raises ValueError. The
-    function gets its own deep copies of what it could edit in place."""
+    function gets its own deep copies of what it could edit in place. `handed`: what it gets as it is, when it
+    takes it (`environments`: each rollout's environment instance, as TRL passes them)."""
     out = scorer.fn(
         prompts=copy.deepcopy(prompts),
         completions=copy.deepcopy(completions),
         completion_ids=copy.deepcopy(completion_ids),
         trainer_state=TrainerState(global_step=step),
         **copy.deepcopy(columns),
+        **_taken(scorer.fn, handed or {}),
     )
     if inspect.isawaitable(out):
         out = asyncio.run(_awaited(out))
@@ -171,6 +174,17 @@ def call_reward(
     return values
 
 
+def _taken(fn: RewardFn, handed: dict[str, Any]) -> dict[str, Any]:
+    """The entries of `handed` that `fn` names as parameters or takes through **kwargs."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return {}
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return handed
+    return {k: v for k, v in handed.items() if k in params}
+
+
 async def _awaited(awaitable: Any) -> Any:
     return await awaitable
 
@@ -180,7 +194,9 @@ def dummy_completion(prompt: Any) -> Any:
     return [{"role": "assistant", "content": "a"}] if isinstance(prompt, list) else "a"
 
 
-def dry_call_problems(rewards: list[Reward], records: list[dict[str, Any]]) -> list[tuple[str, str]]:
+def dry_call_problems(
+    rewards: list[Reward], records: list[dict[str, Any]], handed: dict[str, Any] | None = None
+) -> list[tuple[str, str]]:
     """Each reward called on real prompts (records: {prompt, columns...}) with dummy completions: what raises,
     returns the wrong length or a non-finite value, as (key, message). Which columns each reads is proven over every
     record by column_problems."""
@@ -197,7 +213,7 @@ def dry_call_problems(rewards: list[Reward], records: list[dict[str, Any]]) -> l
         if any(c not in names for c in scorer.columns):
             continue  # column_problems names the record that lacks it
         try:
-            call_reward(scorer, prompts, dummy, [[0] for _ in prompts], columns)
+            call_reward(scorer, prompts, dummy, [[0] for _ in prompts], columns, handed=handed)
         except Exception as exc:  # noqa: BLE001  # user code raises anything: the refusal names it
             problems.append(
                 (

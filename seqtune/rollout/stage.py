@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 from tqdm import tqdm
 
-from seqtune.config.rollout import RolloutConfig
+from seqtune.config.rollout import OnToolError, RolloutConfig
 from seqtune.distributed import DistEnv, unwrap
 from seqtune.rollout.completions import COMPLETIONS_FILE, show_completions
 from seqtune.rollout.draw import generator_state, load_generator_state, new_generator, stream_seed
+from seqtune.rollout.episodes import Agents
 from seqtune.rollout.prompts import PromptTable
 from seqtune.rollout.rewards import Reward, call_reward
 from seqtune.rollout.sampling import Rollout, Sampling, reference_logps, sample_completions
@@ -44,6 +45,7 @@ class Rollouts:
     old_logps: torch.Tensor | None = None  # [rows, C] the policy's at generation time, set by the first pass
     num_generations: int = 1
     max_completion_tokens: int = 1
+    episodes: list[dict[str, Any]] | None = None  # an agent's episodes, turn by turn (seqtune.rollout.episodes)
 
     @property
     def num_prompts(self) -> int:
@@ -77,7 +79,11 @@ class OnlineLoss(Protocol):
     def __call__(self, logps: torch.Tensor, rollouts: Rollouts) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
-def metric_names(rewards: list[Reward]) -> tuple[str, ...]:
+# An agent's episodes (rollout.tools, rollout.environment): per completion, averaged as completion_length is.
+AGENT_METRICS = ("turns", "tool_calls", "tool_errors", "episode_length", "truncated_episodes")
+
+
+def metric_names(rewards: list[Reward], agentic: bool = False) -> tuple[str, ...]:
     return (
         "reward",
         "reward_std",
@@ -86,6 +92,7 @@ def metric_names(rewards: list[Reward]) -> tuple[str, ...]:
         "completion_length",
         "completions/clipped_ratio",
         "entropy",
+        *(AGENT_METRICS if agentic else ()),
     )
 
 
@@ -116,6 +123,7 @@ class RolloutStage:
     trained_steps: int = 0  # the steps trained when a checkpoint is written (what completions.jsonl resumes after)
     generators: dict[str, torch.Generator] = field(default_factory=dict)
     buffer: dict[int, Rollouts] = field(default_factory=dict)  # micro-batch index -> its step's rollouts
+    agents: Agents | None = None  # rollout.tools / rollout.environment: multi-turn episodes
 
     def __post_init__(self) -> None:
         for i, phase in enumerate(("train", "eval")):  # on the model's device: where its logits are drawn from
@@ -123,7 +131,7 @@ class RolloutStage:
 
     @property
     def metric_names(self) -> tuple[str, ...]:
-        return metric_names(self.rewards)
+        return metric_names(self.rewards, self.agents is not None)
 
     @property
     def sampling(self) -> Sampling:
@@ -182,45 +190,69 @@ class RolloutStage:
             return self.stop_ids | {self.turn_closer}
         return self.stop_ids
 
-    def _generate(self, model: torch.nn.Module, prompts: list[list[int]], written: list[dict[str, Any]]) -> Rollouts:
-        """Sample with the current weights (no dropout: TRL generates in eval mode too), score, and take what stays
-        fixed while the batch is reused: the rewards and the reference's log-probabilities."""
-        training = self.position.training
+    def _continue(
+        self, model: torch.nn.Module, contexts: list[list[int]], stops: list[frozenset[int]], n: int
+    ) -> Rollout:
+        """THE call site where continuations are generated: `n` completions of each context with the current
+        weights (a single-turn rollout samples each prompt's group here; an agent's episode each turn's)."""
+        return sample_completions(
+            unwrap(model),
+            contexts,
+            cfg=replace(self.sampling, completions=n),
+            stop_ids=stops,
+            pad_id=self.pad_id,
+            generator=self.generators["train" if self.position.training else "eval"],
+            lockstep=self.lockstep,
+        )
+
+    def _sample(
+        self, model: torch.nn.Module, prompts: list[list[int]], written: list[dict[str, Any]]
+    ) -> tuple[Rollout, list[dict[str, Any]] | None, list[Any] | None]:
+        """The micro-batch's rollouts sampled (no grad, eval mode: TRL generates in eval mode too): one turn per
+        completion, or an agent's episodes (with each one's environment instance)."""
+        G = self.cfg.num_generations
         with torch.no_grad():
             was = model.training
             model.eval()
             try:
-                sample = sample_completions(
-                    unwrap(model),
-                    prompts,
-                    cfg=self.sampling,
-                    stop_ids=[self._stops(record) for record in written],
-                    pad_id=self.pad_id,
-                    generator=self.generators["train" if training else "eval"],
-                    lockstep=self.lockstep,
+                if self.agents is None:
+                    return self._continue(model, prompts, [self._stops(r) for r in written], G), None, None
+                records = [record for record in written for _ in range(G)]
+                stops = self._stops(records[0])
+                sample, episodes, environments = self.agents.run(
+                    lambda contexts: self._continue(model, contexts, [stops] * len(contexts), 1),
+                    records,
+                    self.env.device,
                 )
+                return sample, [e.as_dict() for e in episodes], environments
             finally:
                 model.train(was)
+
+    def _generate(self, model: torch.nn.Module, prompts: list[list[int]], written: list[dict[str, Any]]) -> Rollouts:
+        """Sample with the current weights, score, and take what stays fixed while the batch is reused: the rewards
+        and the reference's log-probabilities."""
+        sample, episodes, environments = self._sample(model, prompts, written)
         G = self.cfg.num_generations
         records = [record for record in written for _ in range(G)]
         texts = [self.tokenizer.decode(c, skip_special_tokens=True) for c in sample.completion_ids]
-        completions = [
+        completions: list[Any] = [
             [{"role": "assistant", "content": t}] if isinstance(r["prompt"], list) else t
             for r, t in zip(records, texts, strict=True)
         ]
-        rewards = self._score(records, completions, sample.completion_ids)
+        if episodes is not None:  # the episode's assistant and tool turns; its text is its last answer
+            completions = [e["messages"] for e in episodes]
+            texts = [e["messages"][-1]["content"] if e["messages"] else "" for e in episodes]
+        rewards = self._score(records, completions, sample.completion_ids, environments)
         weights = torch.tensor(self.cfg.weights, dtype=torch.float64)[:, None]
         total = torch.nansum(rewards * weights, dim=0).float()
         total[torch.isnan(rewards).all(0)] = math.nan  # unscored by every function: no baseline, no advantage
-        if training and bool(torch.isnan(total).all()) and self.env.is_main:
-            tqdm.write(
-                f"warning: step {self.position.step + 1}: no reward function scored any of the micro-batch's "
-                f"{len(total)} completions (each returned None): it trains nothing (rewards/unscored counts them)"
-            )
-        C = sample.completion_mask.shape[1]
+        self._warn_unscored(total)
         mask = sample.completion_mask.float()
         if self.cfg.mask_truncated:
             mask = mask * (~sample.truncated).float()[:, None]
+        if episodes is not None:
+            scored_errors(self.cfg.on_tool_error, episodes, total, mask)
+        C = sample.completion_mask.shape[1]
         ref = reference_logps(self.reference, sample, C, self.cfg.temperature) if self.reference else None
         return Rollouts(
             prompts=prompts,
@@ -232,16 +264,29 @@ class RolloutStage:
             total=total,
             ref_logps=ref,
             num_generations=G,
-            max_completion_tokens=self.cfg.max_completion_tokens,
+            max_completion_tokens=self.cfg.episode_tokens,
+            episodes=episodes,
         )
 
-    def _score(self, records: list[dict[str, Any]], completions: list[Any], ids: list[list[int]]) -> torch.Tensor:
+    def _warn_unscored(self, total: torch.Tensor) -> None:
+        if self.position.training and bool(torch.isnan(total).all()) and self.env.is_main:
+            tqdm.write(
+                f"warning: step {self.position.step + 1}: no reward function scored any of the micro-batch's "
+                f"{len(total)} completions (each returned None): it trains nothing (rewards/unscored counts them)"
+            )
+
+    def _score(
+        self, records: list[dict[str, Any]], completions: list[Any], ids: list[list[int]], environments: Any
+    ) -> torch.Tensor:
         prompts = [r["prompt"] for r in records]
         columns = {k: [r.get(k) for r in records] for k in records[0] if k != "prompt"}
+        handed = {"environments": environments} if environments is not None else {}
         out = []
         for scorer in self.rewards:
             try:
-                out.append(call_reward(scorer, prompts, completions, ids, columns, step=self.position.step))
+                out.append(
+                    call_reward(scorer, prompts, completions, ids, columns, step=self.position.step, handed=handed)
+                )
             except Exception as exc:  # user code raises anything: the message names the function
                 raise RuntimeError(
                     f"{scorer.key}={scorer.ref} ({scorer.where}) failed while training: {type(exc).__name__}: {exc}"
@@ -265,6 +310,7 @@ class RolloutStage:
                 full.sum(1).view(P, G).mean(1).sum(),
                 sample.truncated.float().view(P, G).mean(1).sum(),
                 ((entropy * full).sum() / full.sum().clamp(min=1.0)).detach() * P,
+                *(value.to(device) for value in _agent_metrics(rollouts.episodes, P, G)),
             ]
         ).detach()
 
@@ -287,9 +333,40 @@ class RolloutStage:
                     "stop": self.tokenizer.convert_ids_to_tokens(ids[-1]) if stopped else None,
                     "reward": _finite_or_none(float(rollouts.total[i])),
                     "rewards": scores,
+                    **(_episode_line(rollouts.episodes[i]) if rollouts.episodes is not None else {}),
                 }
                 out.write(json.dumps(line, ensure_ascii=False) + "\n")
         show_completions(self.completions_path)
+
+
+def _agent_metrics(episodes: list[dict[str, Any]] | None, P: int, G: int) -> list[torch.Tensor]:
+    """AGENT_METRICS summed over the prompts, each prompt's the mean over its completions (none without agents)."""
+    if episodes is None:
+        return []
+    values = torch.tensor(
+        [[len(e["turns"]), e["tool_calls"], e["tool_errors"], e["length"], float(e["truncated"])] for e in episodes],
+        dtype=torch.float32,
+    )
+    return list(values.view(P, G, len(AGENT_METRICS)).mean(1).sum(0))
+
+
+def _episode_line(episode: dict[str, Any]) -> dict[str, Any]:
+    """completions.jsonl's view of an episode: each turn (its completion, calls, results, errors), the first error
+    (what rollout.on_tool_error scored, with its file:line) and whether a budget ended it."""
+    return {"turns": episode["turns"], "error": episode["error"], "truncated_episode": episode["truncated"]}
+
+
+def scored_errors(policy: OnToolError, episodes: list[dict[str, Any]], total: torch.Tensor, mask: torch.Tensor) -> None:
+    """rollout.on_tool_error on the episodes whose tool or environment raised (in place): zero: reward 0; skip:
+    unscored (no baseline share) and no token trained. fail stopped the run when the error happened."""
+    for row, episode in enumerate(episodes):
+        if episode["error"] is None:
+            continue
+        if policy == OnToolError.zero:
+            total[row] = 0.0
+        elif policy == OnToolError.skip:
+            total[row] = math.nan
+            mask[row] = 0.0
 
 
 def _finite_or_none(value: float) -> float | None:
