@@ -17,6 +17,7 @@ from seqtune.data.sampler import as_filler
 from seqtune.data.types import IGNORE_INDEX, TokenizedSample
 from seqtune.models import apply_lora, build_model, get_spec
 from seqtune.models.token_loss import install_token_loss
+from seqtune.recipes import dpo, sft
 from seqtune.recipes.dpo import DpoConfig
 from seqtune.recipes.dpo.objective import PreferenceObjective
 from seqtune.train.objectives import DisabledAdapters, TokenCrossEntropy, sequence_logps
@@ -80,7 +81,7 @@ def test_the_losses_are_their_formulas_and_packing_changes_nothing(loss):
     model = tiny_model().eval()
     cfg = DpoConfig(beta=0.3, loss=loss, sft_weight=0.5)
     reference = None if loss == "simpo" else DisabledAdapters(model=model, peft_model=model)
-    objective = PreferenceObjective(cfg=cfg, reference=reference)
+    objective = PreferenceObjective(cfg=cfg, reference=reference, facts=dpo.SPEC.loss_facts())
     padded, metrics = objective(model, batch_of("longest"))
     packed, packed_metrics = objective(model, batch_of("packed"))
     assert torch.allclose(padded, packed, atol=1e-4) and torch.allclose(metrics, packed_metrics, atol=1e-4)
@@ -118,7 +119,9 @@ def test_the_lora_reference_is_the_base_model_without_adapters():
 def test_fillers_take_no_part_and_gradients_flow():
     torch.manual_seed(0)
     model = tiny_model()
-    objective = PreferenceObjective(cfg=DpoConfig(), reference=DisabledAdapters(model=model, peft_model=model))
+    objective = PreferenceObjective(
+        cfg=DpoConfig(), reference=DisabledAdapters(model=model, peft_model=model), facts=dpo.SPEC.loss_facts()
+    )
     alone, metrics_alone = objective(model, batch_of("longest", [PAIRS[0]], batch_size=1))
     with_filler, metrics = objective(model, batch_of("longest", [PAIRS[0], as_filler(PAIRS[1])]))
     assert torch.allclose(alone, with_filler, atol=1e-5) and torch.allclose(metrics, metrics_alone, atol=1e-5)
@@ -127,5 +130,5 @@ def test_fillers_take_no_part_and_gradients_flow():
 
 
 def test_sft_objective_counts_target_tokens():
-    objective = TokenCrossEntropy()
+    objective = TokenCrossEntropy(facts=sft.SPEC.loss_facts())
     assert objective.count_key == "num_targets" and objective.metric_names == ()
