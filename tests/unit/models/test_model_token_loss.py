@@ -13,7 +13,7 @@ from seqtune.models import build_model
 from seqtune.models.kernels import loss_choice
 from seqtune.models.token_loss import chunk_tokens, install_token_loss
 from seqtune.recipes import sft
-from tests.unit.models.conftest import lora_for, tiny_cfg
+from tests.support.models import lora_for, tiny_cfg
 
 
 def full_logits_loss(model, ids, targets):

@@ -22,7 +22,7 @@ from seqtune.recipes.reward import SPEC, RewardConfig
 from seqtune.recipes.reward.loss import bradley_terry
 from seqtune.recipes.reward.objective import BradleyTerry
 
-CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[3] / "seqtune/configs/model"
+CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[4] / "seqtune/configs/model"
 EOS = 2
 
 

@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import AutoTokenizer
 
-import seqtune
 from seqtune.config.rollout import RolloutConfig
 from seqtune.distributed import DistEnv
 from seqtune.recipes.grpo import SPEC as GRPO_SPEC
@@ -25,24 +24,10 @@ from seqtune.rollout.prompts import PromptTable
 from seqtune.rollout.rewards import load_rewards
 from seqtune.rollout.stage import RolloutStage
 from seqtune.train.objectives import Position
+from tests.support.rollout import TOKENIZER, tiny_model
 
-TOKENIZER = Path(seqtune.__file__).parent / "tokenizers" / "assets" / "seqtune-bpe"
 G, C = 4, 5
 PROMPTS = [[1, 301, 302, 303], [1, 400, 401]]  # two prompts of different lengths (left-padded when generating)
-
-
-def tiny_model() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=4096,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    return LlamaForCausalLM(config)
 
 
 def objective(

@@ -18,7 +18,7 @@ from seqtune.recipes import kto
 from seqtune.recipes.kto import KtoConfig
 from seqtune.recipes.kto.objective import KtoObjective, kl_reference_point
 from seqtune.train.objectives import DisabledAdapters
-from tests.unit.train.test_objectives import reference_logps, seq, tiny_model
+from tests.support.objectives import reference_logps, seq, tiny_model
 
 
 def sample(prompt, completion, other_completion, label: int, loc: str):

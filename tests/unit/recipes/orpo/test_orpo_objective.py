@@ -14,7 +14,7 @@ from seqtune.data.sampler import as_filler
 from seqtune.recipes.orpo import ORPO_METRICS, SPEC, OrpoConfig
 from seqtune.recipes.orpo.loss import log1mexp, odds_ratio_terms
 from seqtune.recipes.orpo.objective import OddsRatioObjective
-from tests.unit.train.test_objectives import PAIRS, batch_of, reference_logps, tiny_model
+from tests.support.objectives import PAIRS, batch_of, reference_logps, tiny_model
 
 LENGTHS = [3, 2, 5, 2]  # targets per sequence of PAIRS: chosen, rejected, chosen, rejected
 
