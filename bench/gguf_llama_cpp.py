@@ -5,7 +5,7 @@ llama-cpp-py-sync wheel of the dev extra), against transformers.
     .venv/bin/python bench/gguf_llama_cpp.py --families qwen3_moe mixtral olmoe   # mixtures of experts (model=hf)
 
 For each family: a tiny model trains 2 steps on chat data with its real
-tokenizer (a mixture of experts: a tiny model=hf checkpoint from tests/checkpoints.py, by `model.path`) and exports
+tokenizer (a mixture of experts: a tiny model=hf checkpoint from tests/support/checkpoints.py, by `model.path`) and exports
 merged/ plus a GGUF file (`train.export_gguf`), then
 - llama.cpp must load the file (what seqtune's own proof cannot show: it reads its tensors back with gguf-py);
 - the prompt's token ids from llama.cpp's tokenizer equal transformers' (the chat template rendered by
@@ -38,7 +38,7 @@ FAMILIES = {
     "mistral": ["model=mistral_tiny", "tokenizer=mistral_v3", "model.resize_embeddings=true"],
     "tinyllama": ["model=tinyllama_tiny"],
 }
-# model=hf checkpoints, built by tests/checkpoints.py and trained by `model.path` (model.family=auto): the mixtures of
+# model=hf checkpoints, built by tests/support/checkpoints.py and trained by `model.path` (model.family=auto): the mixtures of
 # experts whose GGUF rows live in seqtune/models/{qwen3_moe,mixtral,olmoe}.py, with the fixture's config overrides
 # (OLMoE as it ships: no grouped-query attention, which llama.cpp's olmoe cannot hold).
 CHECKPOINTS = {"qwen3_moe": {}, "mixtral": {}, "olmoe": {"num_key_value_heads": 4}}
@@ -49,7 +49,7 @@ def model_args(family: str, root: Path) -> list[str]:
     """The row's model arguments: a named family's, or model.path of a freshly built model=hf checkpoint."""
     if family in FAMILIES:
         return FAMILIES[family]
-    from tests.checkpoints import build_checkpoint
+    from tests.support.checkpoints import build_checkpoint
 
     return [f"model.path={build_checkpoint(family, root / f'{family}-checkpoint', CHECKPOINTS[family])}"]
 

@@ -35,7 +35,7 @@ from seqtune.data.batching import BatchRule
 from seqtune.data.collate import make_collator
 from seqtune.data.types import IGNORE_INDEX, TokenizedSample
 from seqtune.models.token_loss import install_token_loss
-from seqtune.recipes.orpo import ORPO_METRICS, OrpoConfig
+from seqtune.recipes.orpo import ORPO_METRICS, SPEC, OrpoConfig
 from seqtune.recipes.orpo.objective import OddsRatioObjective
 
 PAIRS = REPO / "seqtune" / "data" / "assets" / "preference" / "train.jsonl"
@@ -66,7 +66,7 @@ def sample(prompt: list[int], completion: list[int]) -> TokenizedSample:
 def seqtune_side(checkpoint: Path, batches: list[list[dict]], beta: float, pad_id: int) -> list[dict]:
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32, attn_implementation="sdpa").eval()
     install_token_loss(model, path="chunked")
-    objective = OddsRatioObjective(cfg=OrpoConfig(beta=beta))
+    objective = OddsRatioObjective(cfg=OrpoConfig(beta=beta), facts=SPEC.loss_facts())
     results = []
     for pairs in batches:
         longest = max(len(p["prompt_ids"]) + len(p[m]) for p in pairs for m in ("chosen_ids", "rejected_ids"))

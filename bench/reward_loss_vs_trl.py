@@ -31,7 +31,7 @@ from seqtune.data.collate import make_collator
 from seqtune.data.types import IGNORE_INDEX, TokenizedSample
 from seqtune.models import build_model
 from seqtune.models.scalar_head import install_scalar_head
-from seqtune.recipes.reward import RewardConfig
+from seqtune.recipes.reward import SPEC, RewardConfig
 from seqtune.recipes.reward.objective import BradleyTerry
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,7 +92,7 @@ def main() -> int:
                 theirs = trl_loss(model, batch, pad, center)
                 rule = BatchRule(strategy="packed", batch_size=len(batch), max_seq_len=64, sequences_per_sample=2)
                 packed = make_collator(rule, pad_id=pad, padding_side="right")(batch)
-                objective = BradleyTerry(cfg=RewardConfig(center_coefficient=center or 0.0))
+                objective = BradleyTerry(cfg=RewardConfig(center_coefficient=center or 0.0), facts=SPEC.loss_facts())
                 with torch.no_grad():
                     loss, metrics = objective(model, packed)
                 n = int(packed["num_samples"])

@@ -28,6 +28,7 @@ from seqtune.data.tokenize import SampleEncoder
 from seqtune.data.types import TokenizedSample
 from seqtune.models import apply_lora, build_model, get_spec
 from seqtune.models.token_loss import install_token_loss
+from seqtune.recipes import sft
 from seqtune.tokenizers import load_tokenizer
 from seqtune.train.objectives import TokenCrossEntropy
 
@@ -67,7 +68,7 @@ def main() -> None:
                 for r in group
             ]
         )
-        loss = TokenCrossEntropy()(model, batch)[0] / batch["num_targets"]
+        loss = TokenCrossEntropy(facts=sft.SPEC.loss_facts())(model, batch)[0] / batch["num_targets"]
         loss.backward()
         return batch["input_ids"].numel()
 

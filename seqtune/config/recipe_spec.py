@@ -31,11 +31,16 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, is_dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 
 from seqtune.config.errors import ConfigError
+
+# A recipe's settings: the dataclass of its config group (DpoConfig), None for a recipe without one.
+S = TypeVar("S")
+# The metric a mixture of experts' router load-balancing loss is logged as, by every recipe that adds it.
+ROUTER_METRIC = "router_aux_loss"
 
 
 class Reference(StrEnum):
@@ -75,18 +80,31 @@ class RecipeFacts:
 
 
 @dataclass(frozen=True)
-class RecipeSpec:
+class LossFacts:
+    """What the spec hands its objective (RecipeSpec.loss_facts): the batch entry its loss is averaged over and the
+    names of the metrics it sums beside the loss, in the order its loss function returns them. The objective reads
+    them from here; it declares neither, so they cannot disagree with what the report and the evaluator read."""
+
+    count_key: str
+    metric_names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RecipeSpec(Generic[S]):
     name: str  # recipe_name: seqtune/recipes/<name>/
     summary: str  # one line: what it trains, for `--help` and the report
     sample_kind: str
     presets: dict[bool, str]  # lora.enabled -> the preset that runs it that way (recipe=<preset>)
-    settings: type | None = None  # its config group's dataclass, the group named after the recipe
-    needs_reference: Callable[[Any], bool] = lambda settings: False
+    settings: type[S] | None = None  # its config group's dataclass, the group named after the recipe
+    needs_reference: Callable[[S], bool] = lambda settings: False
     reference_free_fix: str = ""  # the setting that makes it reference-free, if one does ("dpo.loss=simpo ...")
     scored: Scored = Scored.token
     # Why its objective reads what `scored` says, in the report's words (the preflight line of the loss path).
     scored_why: str = ""
-    count_key: str = "num_targets"  # the batch entry a loss is averaged over
+    # The loss facts (one owner: the objective gets them from loss_facts): the batch entry a loss is averaged over,
+    # what the report calls those units, and the metrics its loss function returns beside the loss, in order (an
+    # online recipe's: its loss's own; the shared stage's come first, seqtune.rollout.stage.metric_names).
+    count_key: str = "num_targets"
     unit: str = "target tokens"
     metrics: tuple[str, ...] = ()
     shown: tuple[str, ...] = ()  # the metrics the console's eval line shows beside the loss
@@ -106,7 +124,7 @@ class RecipeSpec:
     # How many optimizer steps in a row train on each step's micro-batches, given its settings: an online recipe
     # reuses one generation batch for several updates (GRPO's num_iterations, TRL's mu). The plan resolves it
     # (plan.step_repeats) and the batch plan hands each step's micro-batches that many times.
-    step_repeats: Callable[[Any], int] = lambda settings: 1
+    step_repeats: Callable[[S], int] = lambda settings: 1
     step_repeats_key: str = ""  # the setting that sets it, which refusals name ("grpo.num_iterations")
     # What early stopping watches: an eval metric the objective logs (eval_<name>; "loss": eval_loss) and whether
     # higher is better (a reward) or lower (a loss).
@@ -135,9 +153,18 @@ class RecipeSpec:
         its embedding (refused by the config's rules; preflight's vocab problems then offer the other fixes)."""
         return self.scored != Scored.scalar
 
-    def settings_of(self, cfg: Any) -> Any:
-        """This recipe's settings in a root config (None when it has no group)."""
-        return getattr(cfg, self.name) if self.settings is not None else None
+    def loss_facts(self, *, router: bool = False, stage: tuple[str, ...] = ()) -> LossFacts:
+        """The facts its objective reads: `stage`, an online recipe's stage metrics (logged first); `router`, whether
+        the run adds a mixture of experts' router loss (plan.router_aux_loss_coef, only where router_aux_loss)."""
+        assert not router or self.router_aux_loss, f"recipe {self.name} adds no router loss"
+        return LossFacts(
+            count_key=self.count_key,
+            metric_names=(*stage, *self.metrics, *((ROUTER_METRIC,) if router else ())),
+        )
+
+    def settings_of(self, cfg: Any) -> S:
+        """This recipe's settings in a root config; a recipe without a group is a RecipeSpec[None] (None here)."""
+        return getattr(cfg, self.name) if self.settings is not None else cast(S, None)
 
     def reference(self, cfg: Any) -> Reference:
         if not self.needs_reference(self.settings_of(cfg)):
@@ -162,14 +189,15 @@ class RecipeSpec:
         if self.settings is None:
             return []
         given, default = getattr(cfg, self.name), self.settings()
+        assert is_dataclass(default), f"recipe {self.name}'s settings are a dataclass"
         return [f"{self.name}.{f.name}" for f in fields(default) if getattr(given, f.name) != getattr(default, f.name)]
 
 
-_RECIPES: dict[str, RecipeSpec] = {}
+_RECIPES: dict[str, RecipeSpec[Any]] = {}
 _DISCOVERED = False
 
 
-def register(spec: RecipeSpec) -> RecipeSpec:
+def register(spec: RecipeSpec[S]) -> RecipeSpec[S]:
     """Called by a recipe package's __init__.py with its spec."""
     known = _RECIPES.get(spec.name)
     if known is not None and known is not spec:
@@ -178,7 +206,7 @@ def register(spec: RecipeSpec) -> RecipeSpec:
     return spec
 
 
-def recipes() -> dict[str, RecipeSpec]:
+def recipes() -> dict[str, RecipeSpec[Any]]:
     """Every recipe: each package under seqtune/recipes/ (plain modules there are shared steps, not recipes)."""
     global _DISCOVERED
     if not _DISCOVERED:
@@ -199,7 +227,7 @@ def recipes() -> dict[str, RecipeSpec]:
     return dict(sorted(_RECIPES.items()))
 
 
-def recipe_spec(name: str) -> RecipeSpec:
+def recipe_spec(name: str) -> RecipeSpec[Any]:
     spec = recipes().get(str(name))
     if spec is None:
         raise ConfigError(
@@ -214,7 +242,7 @@ def all_presets() -> list[str]:
     return [preset for spec in recipes().values() for preset in spec.presets.values()]
 
 
-def preset_fix(spec: RecipeSpec) -> str:
+def preset_fix(spec: RecipeSpec[Any]) -> str:
     """`recipe=lora_x (or full_x)`: how a fix names a recipe."""
     names = [spec.presets[lora] for lora in (True, False) if lora in spec.presets]
     return f"recipe={names[0]}" + (f" (or {names[1]})" if len(names) > 1 else "")

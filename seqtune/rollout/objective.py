@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from seqtune.config.plan import Plan
+from seqtune.config.recipe_spec import LossFacts, RecipeSpec
 from seqtune.config.rollout import OnToolError
 from seqtune.config.schema import RootConfig
 from seqtune.data.types import IGNORE_INDEX
@@ -33,11 +34,17 @@ from seqtune.train.objectives import Position
 class OnlineObjective:
     stage: RolloutStage
     loss: OnlineLoss
-    count_key: str = "num_targets"  # a prompt's one anchor target (seqtune.data.kinds): a loss is per prompt
+    # The recipe spec's (count_key: a prompt's one anchor target, seqtune.data.kinds; a loss is per prompt), its
+    # metric names the stage's then the loss's: spec.loss_facts(stage=stage.metric_names).
+    facts: LossFacts
+
+    @property
+    def count_key(self) -> str:
+        return self.facts.count_key
 
     @property
     def metric_names(self) -> tuple[str, ...]:
-        return self.stage.metric_names + self.loss.metric_names
+        return self.facts.metric_names
 
     # The loop and the evaluator drive the stage; the checkpointer saves it (the objective's part).
     def at(self, position: Position) -> None:
@@ -114,7 +121,9 @@ def prompt_rows(batch: dict[str, torch.Tensor]) -> tuple[list[list[int]], list[i
     return rows, keys
 
 
-def online_objective(cfg: RootConfig, plan: Plan, run_dir: Path, built: Any, loss: OnlineLoss) -> OnlineObjective:
+def online_objective(
+    spec: RecipeSpec[Any], cfg: RootConfig, plan: Plan, run_dir: Path, built: Any, loss: OnlineLoss
+) -> OnlineObjective:
     """The stage built for this run (its rewards, prompts, reference and stop ids from the plan) around `loss`."""
     from seqtune.models import spec_for
     from seqtune.tokenizers import load_tokenizer
@@ -135,7 +144,7 @@ def online_objective(cfg: RootConfig, plan: Plan, run_dir: Path, built: Any, los
         lockstep=plan.sharded,
         agents=agents(cfg, plan, tokenizer),
     )
-    return OnlineObjective(stage=stage, loss=loss)
+    return OnlineObjective(stage=stage, loss=loss, facts=spec.loss_facts(stage=stage.metric_names))
 
 
 def agents(cfg: RootConfig, plan: Plan, tokenizer: Any) -> Agents | None:

@@ -20,9 +20,10 @@ def checks(cfg: Any, facts: Any) -> list[tuple[str, str]]:
     return rollout_checks(cfg, facts)
 
 
-def run_online(cfg: Any, plan: Any, run_dir: Path, loss: Any) -> None:
-    """The shared fine-tuning steps with the online stage feeding `loss` (the recipe's, over stage.Rollouts)."""
+def run_online(spec: Any, cfg: Any, plan: Any, run_dir: Path, loss: Any) -> None:
+    """The shared fine-tuning steps with the online stage feeding `loss` (the recipe's, over stage.Rollouts; its
+    metrics named by `spec`, the recipe's)."""
     from seqtune.recipes.finetune import fine_tune
     from seqtune.rollout.objective import online_objective
 
-    fine_tune(cfg, plan, run_dir, objective=lambda built: online_objective(cfg, plan, run_dir, built, loss))
+    fine_tune(cfg, plan, run_dir, objective=lambda built: online_objective(spec, cfg, plan, run_dir, built, loss))

@@ -71,10 +71,8 @@ class Rollouts:
 
 class OnlineLoss(Protocol):
     """An online recipe's loss: (the loss summed over the micro-batch's prompts, its own metrics summed over them)
-    from the policy's token log-probabilities [rows, C] (with their graph) and the rollouts."""
-
-    @property
-    def metric_names(self) -> tuple[str, ...]: ...
+    from the policy's token log-probabilities [rows, C] (with their graph) and the rollouts. Its metrics are the
+    recipe spec's `metrics`, in that order (the spec names them, the loss computes them)."""
 
     def __call__(self, logps: torch.Tensor, rollouts: Rollouts) -> tuple[torch.Tensor, torch.Tensor]: ...
 

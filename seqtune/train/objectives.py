@@ -3,7 +3,8 @@
 A recipe (seqtune/recipes/<name>/, its spec: seqtune.config.recipe_spec) is a sample kind (seqtune.data.kinds: what
 a record becomes) plus an objective; a recipe's own objective lives in its package, the pieces several share live
 here (token cross-entropy, per-sequence log-probabilities, the reference models). The loop, the evaluator, the
-checkpointer and early stopping are shared and ask an objective three things:
+checkpointer and early stopping are shared and ask an objective three things, the first two its recipe's spec hands
+it (seqtune.config.recipe_spec.LossFacts: one owner, the spec):
 - `count_key`: the batch entry that counts the units the loss averages over (target tokens for SFT, pairs for
   preference tuning). A step's loss is the sum over every micro-batch on every rank divided by the global count,
   so accumulation, padding and world size never change what is averaged.
@@ -21,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from seqtune.config.recipe_spec import LossFacts
 from seqtune.data.types import IGNORE_INDEX
 
 # pixel_values and token_type_ids: an image-text run's images and where their soft tokens stand (data.pixels).
@@ -78,14 +80,21 @@ class TokenCrossEntropy:
     load-balancing loss x the micro-batch's target count is added, so the step's loss (divided by the step's target
     count) is transformers' mean cross-entropy + coef x aux; evaluation's loss stays the cross-entropy (its
     perplexity a perplexity). The aux value is logged as router_aux_loss (eval_router_aux_loss), averaged over the
-    same target tokens."""
+    same target tokens. `facts`: the spec's (seqtune.recipes.sft), with the router's metric when there is a coef."""
 
+    facts: LossFacts
     router_aux_coef: float | None = None
-    count_key: str = "num_targets"
+
+    def __post_init__(self) -> None:
+        assert len(self.facts.metric_names) == (self.router_aux_coef is not None), "the router loss is its one metric"
+
+    @property
+    def count_key(self) -> str:
+        return self.facts.count_key
 
     @property
     def metric_names(self) -> tuple[str, ...]:
-        return () if self.router_aux_coef is None else ("router_aux_loss",)
+        return self.facts.metric_names
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         # use_cache=False always: when a KV cache is created, packed rows are no longer kept apart.

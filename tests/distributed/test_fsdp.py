@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import REPO, read_metrics, run_cli
+from tests.support.cli import REPO, read_metrics, run_cli
 
 pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import PORTABLE_CPU, read_metrics, run_cli
+from tests.support.cli import PORTABLE_CPU, read_metrics, run_cli
 
 pytestmark = pytest.mark.slow
 

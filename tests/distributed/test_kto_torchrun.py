@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PORTABLE_CPU, read_metrics, run_cli
-from tests.integration.test_kto import records, write
+from tests.support.cli import PORTABLE_CPU, read_metrics, run_cli
+from tests.support.recipes import unpaired, write
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,7 @@ COMMON = [
 
 
 def test_two_ranks_give_the_loss_and_kl_of_one_rank_with_the_same_global_batch(tmp_path: Path):
-    data = [f"data.train={write(tmp_path / 'train.jsonl', records(0, 16))}", f"data.cache_dir={tmp_path / 'tokens'}"]
+    data = [f"data.train={write(tmp_path / 'train.jsonl', unpaired(0, 16))}", f"data.cache_dir={tmp_path / 'tokens'}"]
     single, double = tmp_path / "single", tmp_path / "double"
     one = run_cli([*COMMON, *data, "launcher=local", "train.batch_size=4"], single, env=PORTABLE_CPU)
     two = run_cli(

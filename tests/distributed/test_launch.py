@@ -18,8 +18,9 @@ from seqtune.config.schema import LauncherConfig
 from seqtune.launch import launch_command, worker_environ
 from seqtune.preflight import run_preflight
 from seqtune.preflight.resolve import resolve_world
-from tests.conftest import REPO, read_metrics, run_cli
-from tests.unit.preflight.test_preflight_run import alpaca, make_cfg, write_jsonl
+from tests.support.cli import REPO, read_metrics, run_cli
+from tests.support.configs import alpaca, make_cfg
+from tests.support.data import write_jsonl
 
 pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PORTABLE_CPU, read_metrics, run_cli
-from tests.integration.test_dpo import ok, pair
-from tests.integration.test_orpo import METRICS
+from seqtune.recipes.orpo import SPEC
+from tests.support.cli import PORTABLE_CPU, read_metrics, run_cli
+from tests.support.recipes import ok, pair
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,7 @@ def test_two_ranks_give_the_orpo_curve_of_one_rank_with_the_same_global_batch(tm
     ok(run_cli([*args, *two_ranks], double, env=PORTABLE_CPU))
     one, two = ([m for m in read_metrics(run) if "loss" in m] for run in (single, double))
     assert len(one) == len(two) == STEPS and one[0]["loss"] != one[-1]["loss"]
-    for name in ("loss", *METRICS):
+    for name in ("loss", *SPEC.metrics):
         # Step 1: the same weights on the same global batch; later steps drift by float summation order only.
         assert one[0][name] == pytest.approx(two[0][name], rel=1e-6, abs=1e-7), name
         for step, (a, b) in enumerate(zip(one, two, strict=True), start=1):

@@ -26,7 +26,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import PORTABLE_CPU, REPO, assert_adapter_matches_merged, read_metrics, run_cli
+from tests.support.cli import PORTABLE_CPU, REPO, read_metrics, run_cli
+from tests.support.exports import assert_adapter_matches_merged
 
 pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
 

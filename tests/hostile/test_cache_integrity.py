@@ -14,7 +14,7 @@ import pytest
 from seqtune.config.errors import DataError
 from seqtune.data.cache import TokenCache, cache_damage
 from seqtune.data.tokenize import SampleEncoder
-from tests.conftest import scan_files
+from tests.support.splits import scan_files
 
 
 def _truncate(name: str, keep: int) -> Callable[[Path], None]:

@@ -25,7 +25,7 @@ from seqtune.data.tokenize import SampleEncoder
 from seqtune.files import TempDir, atomic_directory, follow_umask, sweep_stale_temps, write_atomic
 from seqtune.preflight.report import write_rejects
 from seqtune.preflight.result import PreflightResult, write_result
-from tests.conftest import scan_files
+from tests.support.splits import scan_files
 
 ROWS = [json.dumps({"instruction": f"Say {i} " * 20, "output": f"{i} said " * 30}) for i in range(2000)]
 
@@ -35,7 +35,7 @@ PREVIOUS = b'{"ok": true, "written": "by the previous run"}\n'
 
 @pytest.fixture
 def full_dir(small_disk):
-    """A directory on a full filesystem (tests/conftest.py SmallDisk: a real tmpfs when mountable, else injected
+    """A directory on a full filesystem (tests/support/disk.py SmallDisk: a real tmpfs when mountable, else injected
     ENOSPC under it), holding run/preflight.json from a previous run, written before the disk filled up."""
     (small_disk.path / "dirs" / "run").mkdir(parents=True)
     (small_disk.path / "dirs" / "run" / "preflight.json").write_bytes(PREVIOUS)

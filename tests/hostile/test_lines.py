@@ -26,8 +26,7 @@ from seqtune.data.sources import iter_records
 from seqtune.data.stream import JsonlStream
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.data.types import Reject
-from tests.conftest import scan_files
-from tests.splits import files_split
+from tests.support.splits import files_split, scan_files
 
 REJECT_CODES = {
     "bad_json",

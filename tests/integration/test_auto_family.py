@@ -1,16 +1,16 @@
-"""The four tiny checkpoints of architectures no named family covers (tests/checkpoints.py) train through
+"""The four tiny checkpoints of architectures no named family covers (tests/support/checkpoints.py) train through
 `model=hf model.path=DIR` (model.family=auto) with no family named: preflight, a few steps, the adapter and the
 merged model exported and loadable with plain transformers."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from tests.checkpoints import KINDS, build_checkpoint
-from tests.conftest import read_metrics, run_cli
+from tests.support.checkpoints import KINDS, build_checkpoint
+from tests.support.cli import read_metrics, run_cli
+from tests.support.runs import TRAIN_BRIEFLY, chat_rows
 
 pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
 
@@ -18,29 +18,6 @@ pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: 
 PADDING = {"gpt2": "packed"}
 # LoRA on the fused experts too (peft's target_parameters), beside attention: exported merged and proven.
 EXPERT_LORA = {"qwen3_moe": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]}
-TRAIN_BRIEFLY = [
-    "train.max_steps=2",
-    "train.eval_every=0",
-    "train.batch_size=4",
-    "data.val=null",
-    "data.duplicates=keep",
-    "train.export_merged=true",
-    "lora=default",
-]
-
-
-def chat_rows(path: Path) -> Path:
-    rows = [
-        {
-            "messages": [
-                {"role": "user", "content": f"Count to {i}."},
-                {"role": "assistant", "content": " ".join(str(j) for j in range(1, i + 2))},
-            ]
-        }
-        for i in range(16)
-    ]
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))

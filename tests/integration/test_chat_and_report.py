@@ -12,7 +12,7 @@ import pytest
 
 from seqtune.data.cache import TokenCache
 from seqtune.data.types import IGNORE_INDEX
-from tests.conftest import run_cli
+from tests.support.cli import run_cli
 
 pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
 

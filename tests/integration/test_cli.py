@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, assert_adapter_matches_merged, read_metrics, run_cli
+from tests.support.cli import REPO, read_metrics, run_cli
+from tests.support.exports import assert_adapter_matches_merged
 
 pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
 

@@ -1,6 +1,6 @@
-"""Preference tuning through the real CLI (recipe=lora_dpo on a tiny model): the preference metrics in
-metrics.jsonl, pairs side by side in samples.html, packed pairs, a crashed run resumed bitwise like the uninterrupted
-one with LoRA dropout on, and every pair problem refused before step 1 with exit 2 and the record's file:line."""
+"""Preference tuning through the real CLI (recipe=lora_dpo on a tiny model): pairs side by side in samples.html
+(the contract run: tests/integration/test_recipe_contract.py checks its metrics, export and resume), every pair
+problem refused before step 1 with exit 2 and the record's file:line, and image pairs on a vision model."""
 
 from __future__ import annotations
 
@@ -9,111 +9,28 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
-from tests.conftest import read_metrics, run_cli
+from tests.support.cli import read_metrics, run_cli
+from tests.support.recipes import WORDS, pair
 
 pytestmark = pytest.mark.slow
 
-STEPS = 8
-COMMON = [
-    "recipe=lora_dpo",
-    f"train.max_steps={STEPS}",
-    "train.save_every=2",
-    "train.keep_last=0",
-    "train.batch_size=4",
-    "train.log_every=1",
-    "train.eval_every=4",
-    "lora.dropout=0.1",
-    "padding=packed",
-    "preflight.plot=false",
-    "data.duplicates=refuse",
-]
-METRICS = (
-    "rewards/chosen",
-    "rewards/rejected",
-    "rewards/margins",
-    "rewards/accuracies",
-    "logps/chosen",
-    "logps/rejected",
-)
-TIMINGS = {"tokens_per_s", "computed_tokens_per_s", "target_tokens_per_s", "peak_memory_mb"}
-WORDS = ("red", "green", "blue", "amber", "violet")
+COMMON = ["recipe=lora_dpo", "train.batch_size=4", "padding=packed", "preflight.plot=false", "data.duplicates=refuse"]
 
 
-def pair(i: int) -> dict:
-    answer = " ".join(WORDS[(i + j) % 5] for j in range(1 + i % 4))
-    return {
-        "prompt": f"List the colours of set {i}:\n",
-        "chosen": answer,
-        "rejected": " ".join(reversed(answer.split())) + " no" if i % 2 else f"set {i} has no colours",
-    }
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> list[str]:
-    directory = tmp_path_factory.mktemp("pairs")
-    (directory / "train.jsonl").write_text("".join(json.dumps(pair(i)) + "\n" for i in range(32)))
-    (directory / "val.jsonl").write_text("".join(json.dumps(pair(i)) + "\n" for i in range(100, 108)))
-    return [
-        f"data.train={directory / 'train.jsonl'}",
-        f"data.val={directory / 'val.jsonl'}",
-        f"data.cache_dir={directory / 'tokens'}",
-    ]
-
-
-def ok(result) -> None:
-    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, data) -> Path:
-    run_dir = tmp_path_factory.mktemp("reference") / "run"
-    ok(run_cli([*COMMON, *data, "preflight.show=1"], run_dir))
-    return run_dir
-
-
-def test_a_dpo_run_logs_the_preference_metrics_and_shows_pairs_side_by_side(reference):
-    metrics = read_metrics(reference)
-    steps = [m for m in metrics if "loss" in m]
-    assert [m["step"] for m in steps] == list(range(1, STEPS + 1))
-    assert all(name in m for m in steps for name in METRICS)
-    evals = [m for m in metrics if "eval_loss" in m]
-    assert [m["step"] for m in evals] == [4, 8] and all(f"eval_{name}" in m for m in evals for name in METRICS)
-    assert 0.0 <= evals[-1]["eval_rewards/accuracies"] <= 1.0
-    plan = json.loads((reference / "plan.json").read_text())
+def test_a_dpo_run_shows_pairs_side_by_side_and_scores_their_accuracy(recipe_runs):
+    """(The metric names, early stopping, export proof and bitwise resume: test_recipe_contract.py, same run.)"""
+    run_dir = recipe_runs.reference("dpo")
+    evals = [m for m in read_metrics(run_dir) if "eval_loss" in m]
+    assert all(0.0 <= m["eval_rewards/accuracies"] <= 1.0 for m in evals)
+    assert all(m["eval_logps/chosen"] < 0 and m["eval_logps/rejected"] < 0 for m in evals)
+    plan = json.loads((run_dir / "plan.json").read_text())
     assert plan["sample_kind"] == "preference" and plan["sequences_per_sample"] == 2
-    page = (reference / "samples.html").read_text()
+    page = (run_dir / "samples.html").read_text()
     assert '<div class="pair">' in page and 'data-member="chosen"' in page and 'data-member="rejected"' in page
 
 
-@pytest.mark.parametrize(
-    "fault,exit_code",
-    [
-        ("train:6", 1),  # an exception before step 6: the latest checkpoint is step 4
-        ("save:6", -9),  # SIGKILL halfway through writing step 6's checkpoint: step 4 is the newest intact one
-    ],
-)
-def test_a_crashed_dpo_run_resumes_bitwise_like_the_uninterrupted_one(reference, data, tmp_path, fault, exit_code):
-    args = [*COMMON, *data, "preflight.show=1"]
-    run_dir = tmp_path / "run"
-    crashed = run_cli(args, run_dir, env={"SEQTUNE_FAULT": fault})
-    assert crashed.returncode == exit_code, crashed.stderr[-2000:]
-    assert not (run_dir / "adapter").exists()
-    resumed = run_cli(args, run_dir)
-    ok(resumed)
-    assert "step_00000004 (step 4)" in resumed.stdout
-    adapter = Path("adapter") / "adapter_model.safetensors"
-    ours, theirs = load_file(str(run_dir / adapter)), load_file(str(reference / adapter))
-    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-
-    def after(run: Path) -> list[dict]:
-        return [{k: v for k, v in m.items() if k not in TIMINGS} for m in read_metrics(run) if m["step"] > 4]
-
-    assert after(run_dir) == after(reference)
-
-
-def test_pair_problems_are_refused_before_step_one_naming_file_and_line(data, tmp_path):
+def test_pair_problems_are_refused_before_step_one_naming_file_and_line(tmp_path):
     bad = tmp_path / "bad.jsonl"
     rows = [
         pair(0),
@@ -143,7 +60,7 @@ def test_pair_problems_are_refused_before_step_one_naming_file_and_line(data, tm
         ("truncate", "cuts the final eos / end-of-turn"),
     ],
 )
-def test_a_pair_longer_than_max_seq_len_is_refused_or_must_keep_its_terminator(data, tmp_path, policy, expected):
+def test_a_pair_longer_than_max_seq_len_is_refused_or_must_keep_its_terminator(tmp_path, policy, expected):
     long = tmp_path / "long.jsonl"
     rows = [pair(i) for i in range(12)]
     rows[5] = {"prompt": "List:\n", "chosen": " ".join(WORDS * 12), "rejected": "red"}

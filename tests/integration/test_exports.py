@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.support.cli import REPO, run_cli
 
 pytestmark = pytest.mark.slow
 

@@ -8,13 +8,16 @@ from __future__ import annotations
 import html
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from seqtune.config.recipe_spec import recipe_spec
 from seqtune.rollout.examples import OTHER_KIND_COST
-from tests.conftest import REPO, read_metrics, run_cli
+from seqtune.rollout.stage import metric_names as stage_metric_names
+from tests.support.cli import REPO, read_metrics, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -34,16 +37,8 @@ COMMON = [
     "lora.dropout=0.1",
     "preflight.plot=false",
 ]
-METRICS = (
-    "reward",
-    "reward_std",
-    "rewards/kind_share",
-    "completion_length",
-    "completions/clipped_ratio",
-    "kl",
-    "clip_ratio",
-    "entropy",
-)
+# The run's reward function (the preset's rollout.rewards) names the stage's metric rewards/kind_share.
+REWARDS = [SimpleNamespace(name="kind_share")]
 TIMINGS = {"tokens_per_s", "computed_tokens_per_s", "target_tokens_per_s", "peak_memory_mb"}
 
 
@@ -58,6 +53,12 @@ def reference(tmp_path_factory) -> Path:
     return run_dir
 
 
+def logged_names(row: dict) -> tuple[str, ...]:
+    """The objective's metric names in a training record: the loop logs them between "loss" and "lr"."""
+    keys = list(row)
+    return tuple(keys[keys.index("loss") + 1 : keys.index("lr")])
+
+
 def plan_terminators(run_dir: Path) -> list[str]:
     return list(json.loads((run_dir / "plan.json").read_text())["tokens"]["terminators"].values())
 
@@ -66,9 +67,10 @@ def test_a_grpo_run_logs_rewards_and_writes_completions(reference):
     metrics = read_metrics(reference)
     steps = [m for m in metrics if "loss" in m]
     assert [m["step"] for m in steps] == list(range(1, STEPS + 1))
-    assert all(name in m for m in steps for name in METRICS)
+    names = recipe_spec("grpo").loss_facts(stage=stage_metric_names(REWARDS)).metric_names
+    assert all(logged_names(m) == names for m in steps), (logged_names(steps[0]), names)
     evals = [m for m in metrics if "eval_loss" in m]
-    assert [m["step"] for m in evals] == [2, 4] and all(f"eval_{name}" in m for m in evals for name in METRICS)
+    assert [m["step"] for m in evals] == [2, 4] and all(f"eval_{name}" in m for m in evals for name in names)
     assert all(-OTHER_KIND_COST <= m["reward"] <= 1.0 and 1 <= m["completion_length"] <= 4 for m in steps)
     assert any(m["kl"] > 0 for m in steps[1:])  # the adapters moved away from the reference
     lines = [json.loads(line) for line in (reference / "completions.jsonl").read_text().splitlines()]
@@ -180,9 +182,12 @@ def test_num_iterations_reuses_each_generation_batch_for_that_many_steps(iterate
     """grpo.num_iterations=2 (rloo.num_iterations=2 alike): steps 1-2, 3-4, 5-6 train on one generation batch each
     (the same rewards and lengths), the 2nd step with the 1st's log-probabilities (a ratio off 1), and the plan
     counts the repeated steps."""
-    iterated, _ = iterated
+    iterated, args = iterated
     steps = [m for m in read_metrics(iterated) if "loss" in m]
     assert [m["step"] for m in steps] == list(range(1, 7))
+    recipe = "grpo" if args is ITERATED else "rloo"
+    names = recipe_spec(recipe).loss_facts(stage=stage_metric_names(REWARDS)).metric_names
+    assert all(logged_names(m) == names for m in steps), (logged_names(steps[0]), names)
     for first, second in zip(steps[::2], steps[1::2], strict=True):
         for name in ("reward", "reward_std", "completion_length", "completions/clipped_ratio"):
             assert second[name] == first[name], (second["step"], name)

@@ -1,5 +1,5 @@
 """The bundled GRPO demo learns from the prompt: `python -m seqtune recipe=lora_grpo` exactly as shipped (100 steps),
-with portable CPU kernels and one thread (tests.conftest.PORTABLE_CPU) so the course is the same on any x86-64 CPU.
+with portable CPU kernels and one thread (tests.support.cli.PORTABLE_CPU) so the course is the same on any x86-64 CPU.
 
 Bounds, not a pin: measured eval reward 0.021 at step 20 -> 0.50 at step 100, eval entropy 2.0 (docs/training.md).
 The test asserts the rise, that the mass stays spread (entropy well above 1 nat: no collapse onto one token), and
@@ -14,7 +14,7 @@ from collections import defaultdict
 import pytest
 
 from seqtune.rollout.examples import CHARACTER_KINDS, kind_share
-from tests.conftest import PORTABLE_CPU, read_metrics, run_cli
+from tests.support.cli import PORTABLE_CPU, read_metrics, run_cli
 
 pytestmark = pytest.mark.slow
 

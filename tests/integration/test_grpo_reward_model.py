@@ -13,8 +13,8 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from tests.checkpoints import build_word_level_reward_model
-from tests.conftest import read_metrics, run_cli
+from tests.support.checkpoints import build_word_level_reward_model
+from tests.support.cli import read_metrics, run_cli
 
 pytestmark = pytest.mark.slow
 

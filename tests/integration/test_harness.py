@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, read_metrics, run_cli
+from tests.support.cli import REPO, read_metrics, run_cli
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from seqtune.config import ConfigError
-from tests.conftest import read_metrics, run_cli
+from tests.support.cli import read_metrics, run_cli
 
 pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.checkpoints import build_checkpoint, build_qwen3_checkpoint
-from tests.conftest import run_cli
-from tests.hub_cache import FAULTS, SITECUSTOMIZE, add_repo, damage_snapshot
+from tests.support.checkpoints import build_checkpoint, build_qwen3_checkpoint
+from tests.support.cli import run_cli
+from tests.support.hub_cache import FAULTS, SITECUSTOMIZE, add_repo, damage_snapshot
 
 pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
 

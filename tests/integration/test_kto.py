@@ -1,7 +1,7 @@
-"""KTO through the real CLI (recipe=lora_kto on a tiny model): the KTO metrics in metrics.jsonl and at evals, the
-label batched from the token cache, early stopping with a crashed run resumed bitwise like the uninterrupted one
-(LoRA dropout on), the export and its proof; and the refusals before step 1 with exit 2: a split with one label
-(naming its file and key), a record whose label is not a boolean (file:line), stream mode."""
+"""KTO through the real CLI (recipe=lora_kto on a tiny model): the contract run (tests/integration/
+test_recipe_contract.py checks its metric names, early stopping, export and resume) learns to separate the sides
+with a non-negative KL estimate; the refusals before step 1 with exit 2: a split with one label (naming its file
+and key), a record whose label is not a boolean (file:line), stream mode; chat KTO on Llama 3's template."""
 
 from __future__ import annotations
 
@@ -10,75 +10,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
-from tests.conftest import read_metrics, run_cli
+from tests.support.cli import read_metrics, run_cli
+from tests.support.recipes import ok, unpaired, write
 
 pytestmark = pytest.mark.slow
 
-COMMON = [
-    "recipe=lora_kto",
-    "train.max_steps=40",
-    "train.save_every=2",
-    "train.keep_last=0",
-    "train.batch_size=4",
-    "train.log_every=1",
-    "lora.dropout=0.1",
-    "padding=packed",
-    "preflight.plot=false",
-]
-# Early stopping: only the first eval can improve by that much, so the run stops two evals later, at step 6.
-EARLY = ["train.eval_every=2", "train.early_stop_patience=2", "train.early_stop_min_delta=100"]
-METRICS = ("rewards/chosen", "rewards/rejected", "kl")
-TIMINGS = {"tokens_per_s", "computed_tokens_per_s", "target_tokens_per_s", "peak_memory_mb"}
-WORDS = ("red", "green", "blue", "amber", "violet")
+COMMON = ["recipe=lora_kto", "train.batch_size=4", "padding=packed", "preflight.plot=false"]
 
 
-def records(first: int, count: int) -> list[dict]:
-    """Two records per prompt (its good answer, label true; a scrambled one, label false), alternating prompts so
-    that no record follows one with its own prompt (the KL pair must be mismatched)."""
-    good, bad = [], []
-    for i in range(first, first + count):
-        answer = " ".join(WORDS[(i + j) % 5] for j in range(1 + i % 4))
-        prompt = f"List the colours of set {i}:\n"
-        good.append({"prompt": prompt, "completion": answer, "label": True})
-        bad.append({"prompt": prompt, "completion": f"set {i} has no colours", "label": False})
-    return [r for pair in zip(good, bad[2:] + bad[:2], strict=True) for r in pair]
-
-
-def write(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> list[str]:
-    directory = tmp_path_factory.mktemp("unpaired")
-    return [
-        f"data.train={write(directory / 'train.jsonl', records(0, 16))}",
-        f"data.val={write(directory / 'val.jsonl', records(100, 4))}",
-        f"data.cache_dir={directory / 'tokens'}",
-    ]
-
-
-def ok(result) -> None:
-    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, data) -> Path:
-    run_dir = tmp_path_factory.mktemp("reference") / "run"
-    ok(run_cli([*COMMON, *EARLY, *data], run_dir))
-    return run_dir
-
-
-def test_a_kto_run_logs_its_metrics_stops_early_and_exports_with_the_proof(reference):
+def test_a_kto_run_separates_the_sides_with_a_non_negative_kl_estimate(recipe_runs):
+    reference = recipe_runs.reference("kto")
     metrics = read_metrics(reference)
-    steps = [m for m in metrics if "loss" in m]
-    assert [m["step"] for m in steps] == list(range(1, 7))  # stopped early at step 6
-    assert all(name in m for m in steps for name in METRICS)
-    evals = [m for m in metrics if "eval_loss" in m]
-    assert [m["step"] for m in evals] == [2, 4, 6] and all(f"eval_{name}" in m for m in evals for name in METRICS)
+    steps, evals = [m for m in metrics if "loss" in m], [m for m in metrics if "eval_loss" in m]
     assert all(m["kl"] >= 0 for m in steps) and all(m["eval_kl"] >= 0 for m in evals)
     # Learning separates the sides: desirable completions gain reward over undesirable ones.
     assert evals[-1]["eval_rewards/chosen"] > evals[-1]["eval_rewards/rejected"]
@@ -86,25 +30,6 @@ def test_a_kto_run_logs_its_metrics_stops_early_and_exports_with_the_proof(refer
     assert plan["sample_kind"] == "unpaired" and plan["sequences_per_sample"] == 2
     report = json.loads((reference / "preflight.json").read_text())
     assert any("16 desirable / 16 undesirable" in note for note in report["notes"])
-    export = json.loads((reference / "export.json").read_text())
-    assert export["ok"] and {a["artifact"] for a in export["artifacts"] if a["ok"]} == {"adapter", "best"}
-
-
-def test_a_crashed_kto_run_resumes_bitwise_like_the_uninterrupted_one(reference, data, tmp_path):
-    run_dir = tmp_path / "run"
-    crashed = run_cli([*COMMON, *EARLY, *data], run_dir, env={"SEQTUNE_FAULT": "train:5"})
-    assert crashed.returncode == 1, crashed.stderr[-2000:]
-    resumed = run_cli([*COMMON, *EARLY, *data], run_dir)
-    ok(resumed)
-    assert "step_00000004 (step 4)" in resumed.stdout
-    adapter = Path("adapter") / "adapter_model.safetensors"
-    ours, theirs = load_file(str(run_dir / adapter)), load_file(str(reference / adapter))
-    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-
-    def after(run: Path) -> list[dict]:
-        return [{k: v for k, v in m.items() if k not in TIMINGS} for m in read_metrics(run) if m["step"] > 4]
-
-    assert after(run_dir) == after(reference)
 
 
 def refused(args: list[str], run_dir: Path) -> str:
@@ -115,13 +40,13 @@ def refused(args: list[str], run_dir: Path) -> str:
 
 
 def test_a_split_with_one_label_is_refused_naming_its_file_and_key(tmp_path):
-    only_good = write(tmp_path / "good.jsonl", [r for r in records(0, 16) if r["label"]])
+    only_good = write(tmp_path / "good.jsonl", [r for r in unpaired(0, 16) if r["label"]])
     text = refused([f"data.train={only_good}", f"data.cache_dir={tmp_path / 'tokens'}"], tmp_path / "run")
     assert "data.train" in text and "good.jsonl" in text and "holds only desirable samples" in text, text[-3000:]
 
 
 def test_a_label_that_is_not_a_boolean_and_stream_mode_are_refused(tmp_path):
-    rows = records(0, 8)
+    rows = unpaired(0, 8)
     rows[2] = {**rows[2], "label": "yes"}
     bad = write(tmp_path / "bad.jsonl", rows)
     text = refused([f"data.train={bad}", f"data.cache_dir={tmp_path / 'tokens'}"], tmp_path / "run")
@@ -154,7 +79,7 @@ def test_chat_kto_on_the_llama3_tokenizer_trains_from_each_published_shape(tmp_p
 
     from seqtune.data.cache import TokenCache
 
-    rows = records(0, 8)
+    rows = unpaired(0, 8)
     if shape == "llamafactory":  # a JSON array, as LLaMA-Factory publishes it
         train = tmp_path / "kto_en_demo.json"
         train.write_text(json.dumps(conversational(shape, rows), indent=2))

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from seqtune.config.schema import OptimName
 from seqtune.models.optimizers import IMPLEMENTATIONS, TORCH_ADAMW
-from tests.conftest import read_metrics, run_cli
+from tests.support.cli import read_metrics, run_cli
 
 pytestmark = pytest.mark.slow  # runs the real CLI end to end
 

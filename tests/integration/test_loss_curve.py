@@ -4,7 +4,7 @@ schedule, init, sampling order) shows up here, which a "loss falls" test cannot 
 `python -m seqtune` exactly as shipped (300-step schedule), logging every step, stopped after step 20 by the test
 hook SEQTUNE_FAULT (raise before step 21), so the schedule is the real run's.
 
-Run with portable CPU kernels (tests.conftest.PORTABLE_CPU: ATen's baseline kernels, MKL's compatible code path, one
+Run with portable CPU kernels (tests.support.cli.PORTABLE_CPU: ATen's baseline kernels, MKL's compatible code path, one
 thread), so the pin holds on any x86-64 CPU. With each CPU's own kernels the curve is machine-bound: measured by step
 19, an AMD EPYC (AVX2) and a Xeon with AVX-512/AMX are 1.5e-5 relative apart, and either is up to 3.8e-4 from the
 portable curve (bench/README.md, "Numbers that depend on the CPU"). In portable mode the thread count matters (1 and
@@ -19,32 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PORTABLE_CPU, read_metrics, run_cli
+from tests.support.cli import PORTABLE_CPU, read_metrics, run_cli
+from tests.support.curves import PINNED
 
 pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
-
-PINNED = [
-    8.338525772094727,
-    8.199705996755826,
-    8.021842956542969,
-    7.716639293323864,
-    7.087252230257602,
-    7.297796978213923,
-    6.341226383131378,
-    6.24877613988416,
-    5.541138785226004,
-    5.960882692920919,
-    6.034183811497044,
-    5.272050684148615,
-    5.648774704130569,
-    5.147060871124268,
-    6.597354151621587,
-    5.223604090073529,
-    5.9328155517578125,
-    5.55783024540654,
-    4.977115604795259,
-    5.773301169136975,
-]
 
 
 def test_embedded_default_first_20_steps_match_the_pinned_curve(tmp_path: Path):

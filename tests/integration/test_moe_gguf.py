@@ -1,4 +1,4 @@
-"""Issue 30's mixture-of-experts export: a tiny Qwen3-MoE, Mixtral and OLMoE checkpoint (tests/checkpoints.py) train
+"""Issue 30's mixture-of-experts export: a tiny Qwen3-MoE, Mixtral and OLMoE checkpoint (tests/support/checkpoints.py) train
 5 steps by `model.path` (model.family=auto) and write `train.export_gguf=f16`, whose post-flight proof reads every
 tensor back with gguf-py (the stacked experts slice by slice against merged/'s per-expert tensors, the expert
 counts against config.json); a checkpoint llama.cpp's graph cannot hold is refused before training, by reason."""
@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from tests.checkpoints import build_checkpoint
-from tests.conftest import run_cli
-from tests.integration.test_auto_family import TRAIN_BRIEFLY, chat_rows
+from tests.support.checkpoints import build_checkpoint
+from tests.support.cli import run_cli
+from tests.support.runs import TRAIN_BRIEFLY, chat_rows
 
 pytestmark = pytest.mark.slow  # runs the real CLI end to end
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from seqtune.preflight.samples import SAMPLES_JSON
-from tests.conftest import read_metrics, run_cli
+from tests.support.cli import read_metrics, run_cli
 
 pytestmark = pytest.mark.slow
 

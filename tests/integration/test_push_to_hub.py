@@ -1,9 +1,9 @@
-"""train.push_to_hub through the real CLI, against a Hugging Face Hub on loopback (tests/fake_hub.py): the proven
+"""train.push_to_hub through the real CLI, against a Hugging Face Hub on loopback (tests/support/fake_hub.py): the proven
 adapter (or merged model) goes up with its card, and any GGUF file beside it, into a private repository, with the token in the Authorization
 header and in no file of the run directory; a failed upload exits 1 naming the command that retries it, which
 `python -m seqtune.export RUN_DIR --push` then does; a refused export proof uploads nothing; a missing token,
 HF_HUB_OFFLINE=1 and a malformed id are refused before training. Every non-loopback connection is refused in the
-subprocess (tests/hub_cache.py's socket guard) and HTTP(S)_PROXY points at the fake hub, which records any request
+subprocess (tests/support/hub_cache.py's socket guard) and HTTP(S)_PROXY points at the fake hub, which records any request
 for another host."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, restore_user_offline, run_cli
-from tests.fake_hub import FakeHub
-from tests.hub_cache import SITECUSTOMIZE
+from tests.support.cli import REPO, restore_user_offline, run_cli
+from tests.support.fake_hub import FakeHub
+from tests.support.hub_cache import SITECUSTOMIZE
 
 pytestmark = pytest.mark.slow  # runs the real CLI end to end
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from tests.conftest import REPO, run_cli
-from tests.unit.models.conftest import write_fp8_block_scaled
+from tests.support.cli import REPO, run_cli
+from tests.support.models import write_fp8_block_scaled
 
 pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
 

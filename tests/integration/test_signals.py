@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import REPO, read_metrics, run_cli
+from tests.support.cli import REPO, read_metrics, run_cli
 
 pytestmark = pytest.mark.slow
 

@@ -17,8 +17,8 @@ from seqtune.data.sources import expand_paths
 from seqtune.hub import is_hub_id, resolve_snapshot
 from seqtune.models import read_model_facts, spec_for
 from seqtune.tokenizers import load_tokenizer
-from tests.checkpoints import build_checkpoint
-from tests.hub_cache import FAULTS, add_repo, damage_snapshot, guard_sockets
+from tests.support.checkpoints import build_checkpoint
+from tests.support.hub_cache import FAULTS, add_repo, damage_snapshot, guard_sockets
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_a_missing_id_offline_names_the_cache_and_the_fetch_command(offline_cach
 
 
 def test_a_revision_needs_a_hub_id(checkpoint):
-    from tests.unit.preflight.test_preflight_run import compose_real
+    from tests.support.configs import compose_real
 
     with pytest.raises(ConfigError, match=r"model.revision=v1 but model.path=.* is not a hub id"):
         compose_real("model=hf", f"model.path={checkpoint}", "model.revision=v1", "lora=default")
@@ -135,7 +135,7 @@ def test_online_a_gated_or_unknown_repository_is_refused_naming_hf_token(fake_hu
 
 
 def test_the_typed_config_carries_the_snapshots_of_model_and_tokenizer_ids(checkpoint, offline_cache, monkeypatch):
-    from tests.unit.preflight.test_preflight_run import compose_real
+    from tests.support.configs import compose_real
 
     snapshot = add_repo(offline_cache, "org/tiny-qwen2", checkpoint, revision="v1")
     attempts = guard_sockets(monkeypatch)

@@ -28,10 +28,10 @@ def test_every_module_that_runs_the_cli_is_marked_slow():
 
 def test_the_check_finds_an_unmarked_cli_module(tmp_path: Path):
     (tmp_path / "test_new.py").write_text(
-        "from tests.conftest import run_cli\n\ndef test_x(tmp_path):\n    run_cli([], tmp_path)\n"
+        "from tests.support.cli import run_cli\n\ndef test_x(tmp_path):\n    run_cli([], tmp_path)\n"
     )
     (tmp_path / "test_marked.py").write_text(
-        "import pytest\nfrom tests.conftest import run_cli\n\npytestmark = pytest.mark.slow\n"
+        "import pytest\nfrom tests.support.cli import run_cli\n\npytestmark = pytest.mark.slow\n"
     )
     assert unmarked_cli_modules(tmp_path) == ["test_new.py"]
 

@@ -12,7 +12,7 @@ import pytest
 from seqtune.config import ConfigError
 from seqtune.config.rundir import FINISHED
 from seqtune.records import Finished, check_finished, mark_finished
-from tests.unit.preflight.test_preflight_run import make_cfg
+from tests.support.configs import make_cfg
 
 RECORD = ("config.yaml", "metrics.jsonl", "adapter/adapter_model.safetensors")
 

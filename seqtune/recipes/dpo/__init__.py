@@ -3,8 +3,8 @@ its adapters disabled, no second copy) or `recipe=full_dpo` (every weight trains
 the starting weights, which preflight's memory estimate counts).
 
 Sample kind: preference (a {prompt, chosen, rejected} record becomes two sequences, chosen then rejected, kept
-together in every batch). Objective (objective.py): dpo.loss (DPO's sigmoid, IPO, or reference-free SimPO) with
-dpo.beta, plus dpo.sft_weight x the chosen completion's NLL (RPO), averaged over the step's pairs on every rank; the
+together in every batch). Objective (objective.py, around the loss functions of loss.py): dpo.loss (DPO's sigmoid, IPO, or
+reference-free SimPO) with dpo.beta, plus dpo.sft_weight x the chosen completion's NLL (RPO), averaged over the step's pairs on every rank; the
 metrics rewards/{chosen,rejected,margins,accuracies} and logps/{chosen,rejected}. The steps are
 seqtune/recipes/finetune.py's.
 
@@ -97,4 +97,10 @@ def run(cfg: Any, plan: Any, run_dir: Path) -> None:
     from seqtune.recipes.dpo.objective import PreferenceObjective
     from seqtune.recipes.finetune import fine_tune
 
-    fine_tune(cfg, plan, run_dir, objective=lambda built: PreferenceObjective(cfg=cfg.dpo, reference=built.reference))
+    facts = SPEC.loss_facts()
+    fine_tune(
+        cfg,
+        plan,
+        run_dir,
+        objective=lambda built: PreferenceObjective(cfg=cfg.dpo, reference=built.reference, facts=facts),
+    )

@@ -105,7 +105,9 @@ SPEC = register(
         scored_why="the policy-gradient objective weighs each completion token's log-probability by its advantage",
         count_key="num_targets",  # a prompt's one anchor target (seqtune.data.kinds): the loss is per prompt
         unit="prompts",
-        metrics=(),  # the stage's metrics name the reward functions (seqtune.rollout.stage.metric_names)
+        # Its loss's metrics (loss.GrpoSurrogate); the stage's, which name the reward functions, come first
+        # (seqtune.rollout.stage.metric_names).
+        metrics=("kl", "clip_ratio"),
         shown=("reward", "reward_std", "completion_length"),
         paddings=frozenset({"longest", "bucket", "max_length"}),
         loss_spikes=False,
@@ -126,4 +128,4 @@ SPEC = register(
 def run(cfg: Any, plan: Any, run_dir: Path) -> None:
     from seqtune.recipes.grpo.loss import GrpoSurrogate
 
-    online.run_online(cfg, plan, run_dir, GrpoSurrogate(cfg.grpo))
+    online.run_online(SPEC, cfg, plan, run_dir, GrpoSurrogate(cfg.grpo))

@@ -64,8 +64,9 @@ def surrogate_loss(
 
 @dataclass(frozen=True)
 class GrpoSurrogate:
+    """(the loss summed over the micro-batch's prompts, [kl, clip_ratio] summed over them): the spec's metrics."""
+
     cfg: GrpoConfig
-    metric_names: tuple[str, ...] = ("kl", "clip_ratio")
 
     def __call__(self, logps: torch.Tensor, rollouts: Rollouts) -> tuple[torch.Tensor, torch.Tensor]:
         assert rollouts.old_logps is not None, "the stage keeps the generation-time log-probabilities first"

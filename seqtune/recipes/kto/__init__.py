@@ -68,4 +68,7 @@ def run(cfg: Any, plan: Any, run_dir: Path) -> None:
     from seqtune.recipes.finetune import fine_tune
     from seqtune.recipes.kto.objective import KtoObjective
 
-    fine_tune(cfg, plan, run_dir, objective=lambda built: KtoObjective(cfg=cfg.kto, reference=built.reference))
+    facts = SPEC.loss_facts()
+    fine_tune(
+        cfg, plan, run_dir, objective=lambda built: KtoObjective(cfg=cfg.kto, reference=built.reference, facts=facts)
+    )

@@ -1,4 +1,4 @@
-"""KTO's objective: the torch half of recipes/kto, imported when it runs."""
+"""KTO's objective: the batch plumbing around its loss function (loss.py), the torch half of recipes/kto."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
+from seqtune.config.recipe_spec import LossFacts
 from seqtune.distributed import all_reduce_sum
-from seqtune.recipes.kto import KTO_METRICS, KtoConfig
+from seqtune.recipes.kto import KtoConfig
+from seqtune.recipes.kto.loss import kto_losses
 from seqtune.train.objectives import ReferenceModel, sequence_logps
 
 
@@ -15,12 +17,19 @@ from seqtune.train.objectives import ReferenceModel, sequence_logps
 class KtoObjective:
     """KTO (TRL's loss_type="kto") on samples of the unpaired kind: sequence 0 of a sample is its completion,
     sequence 1 the mismatched pair its KL estimate reads, batch["label"] 1 for a desirable completion. `reference`
-    runs the reference model on a batch (LoRA: the same model with its adapters disabled)."""
+    runs the reference model on a batch (LoRA: the same model with its adapters disabled). `facts`: the spec's."""
 
     cfg: KtoConfig
     reference: ReferenceModel | None
-    count_key: str = "num_samples"
-    metric_names: tuple[str, ...] = KTO_METRICS
+    facts: LossFacts
+
+    @property
+    def count_key(self) -> str:
+        return self.facts.count_key
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        return self.facts.metric_names
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.reference is not None, "the spec's needs_reference is always true"
@@ -31,13 +40,8 @@ class KtoObjective:
         logratio = logps[0::2] - ref[0::2]
         z0 = kl_reference_point(logps[1::2].detach() - ref[1::2], real)
         desirable = batch["label"].to(logratio.device).bool()
-        beta = self.cfg.beta
-        losses = torch.where(
-            desirable,
-            self.cfg.desirable_weight * (1 - torch.sigmoid(beta * (logratio - z0))),
-            self.cfg.undesirable_weight * (1 - torch.sigmoid(beta * (z0 - logratio))),
-        )
-        rewards = beta * logratio.detach() * real
+        losses, rewards = kto_losses(logratio, z0, desirable, self.cfg)
+        rewards = rewards * real
         metrics = torch.stack([(rewards * desirable).sum(), (rewards * ~desirable).sum(), z0 * real.sum()])
         return (losses * real).sum() + anchor, metrics
 

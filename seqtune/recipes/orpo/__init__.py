@@ -3,7 +3,7 @@ adapters) or `recipe=full_orpo` (every weight trains). Reference-free: no second
 so a full fine-tune may shard under FSDP.
 
 Sample kind: preference (a {prompt, chosen, rejected} record becomes two sequences, chosen then rejected, kept
-together in every batch), the same records as DPO. Objective (objective.py), per pair:
+together in every batch), the same records as DPO. Objective (objective.py around loss.py), per pair:
     loss = nll - orpo.beta x logsigmoid(log_odds)
 where nll is the chosen completion's mean token NLL (the SFT term) and, from each completion's mean token log-prob
 l (its average over the completion's target tokens),
@@ -72,4 +72,5 @@ def run(cfg: Any, plan: Any, run_dir: Path) -> None:
     from seqtune.recipes.finetune import fine_tune
     from seqtune.recipes.orpo.objective import OddsRatioObjective
 
-    fine_tune(cfg, plan, run_dir, objective=lambda built: OddsRatioObjective(cfg=cfg.orpo))
+    facts = SPEC.loss_facts()
+    fine_tune(cfg, plan, run_dir, objective=lambda built: OddsRatioObjective(cfg=cfg.orpo, facts=facts))

@@ -61,4 +61,5 @@ def run(cfg: Any, plan: Any, run_dir: Path) -> None:
     from seqtune.recipes.finetune import fine_tune
     from seqtune.recipes.reward.objective import BradleyTerry
 
-    fine_tune(cfg, plan, run_dir, objective=lambda built: BradleyTerry(cfg=cfg.reward))
+    facts = SPEC.loss_facts()
+    fine_tune(cfg, plan, run_dir, objective=lambda built: BradleyTerry(cfg=cfg.reward, facts=facts))

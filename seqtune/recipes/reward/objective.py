@@ -1,38 +1,33 @@
-"""The reward model's objective (Bradley-Terry on scalar scores): the torch half of recipes/reward."""
+"""The reward model's objective: the batch plumbing around its loss function (loss.py), the torch half of
+recipes/reward."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from seqtune.recipes.reward import REWARD_METRICS, RewardConfig
-
-
-def bradley_terry(
-    chosen: torch.Tensor, rejected: torch.Tensor, *, center_coefficient: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per pair: (loss, [accuracy, margin]). The loss is -logsigmoid(r_chosen - r_rejected) plus
-    center_coefficient x (r_chosen + r_rejected)^2: TRL's RewardTrainer (trl/trainer/reward_trainer.py
-    compute_loss) averages exactly these over a batch's pairs."""
-    margin = chosen - rejected
-    losses = -F.logsigmoid(margin)
-    if center_coefficient:
-        losses = losses + center_coefficient * (chosen + rejected) ** 2
-    metrics = torch.stack([(margin > 0).float(), margin]).detach()
-    return losses, metrics
+from seqtune.config.recipe_spec import LossFacts
+from seqtune.recipes.reward import RewardConfig
+from seqtune.recipes.reward.loss import bradley_terry
 
 
 @dataclass
 class BradleyTerry:
     """A reward model on (chosen, rejected) pairs: the model's forward with `targets=` (seqtune.models.scalar_head)
     gives each sequence's scalar score, sequence i of the micro-batch being batch["sequence_index"] == i; a
-    sample's chosen and rejected are sequences 2k and 2k+1."""
+    sample's chosen and rejected are sequences 2k and 2k+1. `facts`: the spec's (seqtune.recipes.reward)."""
 
     cfg: RewardConfig
-    count_key: str = "num_samples"
-    metric_names: tuple[str, ...] = REWARD_METRICS
+    facts: LossFacts
+
+    @property
+    def count_key(self) -> str:
+        return self.facts.count_key
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        return self.facts.metric_names
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         out = model(

@@ -56,6 +56,7 @@ SPEC = register(
         scored_why="the policy-gradient objective weighs each completion's log-probability by its advantage",
         count_key="num_targets",
         unit="prompts",
+        metrics=("kl", "clip_ratio"),  # its loss's (loss.RlooLoss), after the stage's
         shown=("reward", "reward_std", "completion_length"),
         paddings=frozenset({"longest", "bucket", "max_length"}),
         loss_spikes=False,
@@ -74,4 +75,4 @@ SPEC = register(
 def run(cfg: Any, plan: Any, run_dir: Path) -> None:
     from seqtune.recipes.rloo.loss import RlooLoss
 
-    online.run_online(cfg, plan, run_dir, RlooLoss(cfg.rloo))
+    online.run_online(SPEC, cfg, plan, run_dir, RlooLoss(cfg.rloo))

@@ -52,8 +52,9 @@ def rloo_loss(
 
 @dataclass(frozen=True)
 class RlooLoss:
+    """(the loss summed over the micro-batch's prompts, [kl, clip_ratio] summed over them): the spec's metrics."""
+
     cfg: RlooConfig
-    metric_names: tuple[str, ...] = ("kl", "clip_ratio")
 
     def __call__(self, logps: torch.Tensor, rollouts: Rollouts) -> tuple[torch.Tensor, torch.Tensor]:
         assert rollouts.old_logps is not None, "the stage keeps the generation-time log-probabilities first"

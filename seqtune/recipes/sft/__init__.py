@@ -17,7 +17,7 @@ from typing import Any
 from seqtune.config.recipe_spec import RecipeSpec, Scored, register
 
 SPEC = register(
-    RecipeSpec(
+    RecipeSpec[None](
         name="sft",
         summary="supervised fine-tuning: the cross-entropy of every target token",
         sample_kind="sft",
@@ -36,4 +36,5 @@ def run(cfg: Any, plan: Any, run_dir: Path) -> None:
     from seqtune.train.objectives import TokenCrossEntropy
 
     coef = plan.router_aux_loss_coef  # a mixture of experts' router loss (None: the model has no router)
-    fine_tune(cfg, plan, run_dir, objective=lambda built: TokenCrossEntropy(router_aux_coef=coef))
+    facts = SPEC.loss_facts(router=coef is not None)
+    fine_tune(cfg, plan, run_dir, objective=lambda built: TokenCrossEntropy(facts=facts, router_aux_coef=coef))

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from seqtune.config.recipe_spec import recipes
-from tests.conftest import REPO
+from tests.support.cli import REPO
 
 CHECK = """
 import dataclasses

@@ -14,7 +14,7 @@ from seqtune.config.plan import load_plan
 from seqtune.config.recipe_spec import recipe_spec, recipes
 from seqtune.data.kinds import sample_kind
 from seqtune.preflight.runner import run_preflight
-from tests.unit.preflight.test_preflight_run import make_cfg
+from tests.support.configs import make_cfg
 
 REPO = Path(__file__).resolve().parents[3]
 PAIRS = REPO / "seqtune/data/assets/preference/train.jsonl"

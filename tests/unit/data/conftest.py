@@ -2,37 +2,16 @@
 
 from __future__ import annotations
 
-import functools
-import json
-from pathlib import Path
-
 import pytest
-from transformers import AutoTokenizer
 
-BUNDLED_TOKENIZER = Path(__file__).resolve().parents[3] / "seqtune/tokenizers/assets/seqtune-bpe"
-
-
-def load_bundled_tokenizer():
-    """A fresh copy each call: tests that mutate it (pad=eos, added tokens) must not leak into others."""
-    return AutoTokenizer.from_pretrained(BUNDLED_TOKENIZER)
+# Re-exported for tests on other branches this round that import helpers from this conftest: this goes once every
+# test imports from tests.support (the tests on this branch already do).
+from tests.support.data import BUNDLED_TOKENIZER, load_bundled_tokenizer, tiny_vision_facts, write_jsonl  # noqa: F401
 
 
 @pytest.fixture(scope="session")
 def bundled_tokenizer():
     return load_bundled_tokenizer()
-
-
-def write_jsonl(path: Path, rows: list) -> Path:
-    """Rows are dicts (dumped as JSON) or raw bytes/str written verbatim (to make broken lines)."""
-    with open(path, "wb") as f:
-        for row in rows:
-            if isinstance(row, bytes):
-                f.write(row + b"\n")
-            elif isinstance(row, str):
-                f.write(row.encode() + b"\n")
-            else:
-                f.write(json.dumps(row).encode() + b"\n")
-    return path
 
 
 @pytest.fixture
@@ -44,19 +23,3 @@ def fresh_tokenizer():
 @pytest.fixture
 def jsonl():
     return write_jsonl
-
-
-@functools.cache
-def tiny_vision_facts():
-    """The tiny Gemma 3 vision model's image facts with the image tokens' ids in the real Gemma 3 tokenizer (what
-    the plan resolves for model=gemma3_vision_tiny): shared by the vision data, pair and cache tests."""
-    from seqtune.config.schema import ModelConfig, TokenizerConfig
-    from seqtune.models.facts import read_vision_facts
-    from seqtune.models.registry import get_spec
-    from seqtune.preflight.resolve import with_image_ids
-    from seqtune.tokenizers.facts import token_ids
-
-    model, tokenizer = ModelConfig(family="gemma3_vision", tiny_tokenizer="gemma3"), TokenizerConfig(source="auto")
-    facts = read_vision_facts(model, get_spec("gemma3_vision"))
-    assert facts is not None
-    return with_image_ids(facts, token_ids(tokenizer, model, facts.image_tokens))

@@ -10,7 +10,7 @@ from seqtune.config.errors import DataError
 from seqtune.data.cache import TokenCache, TokenCacheWriter, cache_key, tokenizer_fingerprint
 from seqtune.data.formats import PromptCompletion
 from seqtune.data.tokenize import SampleEncoder
-from tests.conftest import scan_files
+from tests.support.splits import scan_files
 
 
 def _alpaca_rows(n: int) -> list[dict]:

@@ -90,7 +90,7 @@ def test_every_familys_tiny_model_keeps_packed_documents_apart(family: str, attn
     """Each family's own architecture (Qwen3's q/k norm, Gemma 3's sliding layers, ...) as seqtune builds it, on
     every attention backend that runs on CPU; the family list is the registry's, so a new family is covered."""
     from seqtune.models import build_model
-    from tests.unit.models.conftest import tiny_cfg
+    from tests.support.models import tiny_cfg
 
     if attn == TORCH_VARLEN:
         register()

@@ -21,7 +21,7 @@ from seqtune.data.kinds.unpaired import LABEL
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.data.types import Reject, sequences_of
 from seqtune.data.view import SplitView
-from tests.conftest import scan_files
+from tests.support.splits import scan_files
 
 ROWS = [
     {"prompt": "Q: red?\nA:", "completion": " yes", "label": True},

@@ -15,61 +15,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from omegaconf import OmegaConf
 
-from seqtune.config import RootConfig, to_typed
+from seqtune.config import RootConfig
 from seqtune.config.errors import DataError
-from seqtune.config.plan import World, load_plan
+from seqtune.config.plan import World
 from seqtune.data.cache import TokenCache
 from seqtune.data.loader import PlannedBatches, StreamedBatches, build_train_batches
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.data.view import SplitView
-from seqtune.models import get_spec
-from seqtune.preflight import load_result, run_preflight
-from seqtune.tokenizers import load_tokenizer
-from tests.conftest import scan_files
-from tests.unit.data.conftest import write_jsonl
+from tests.support.data import write_jsonl
+from tests.support.loader import make_cfg, prepare
+from tests.support.splits import scan_files
 
-TINY_MODEL = {
-    "family": "tinyllama",
-    "vocab_size": 4096,
-    "hidden_size": 64,
-    "intermediate_size": 176,
-    "num_layers": 2,
-    "num_heads": 8,
-    "num_kv_heads": 2,
-    "max_position_embeddings": 2048,
-}
 WORDS = ("apple", "river", "candle", "orbit", "meadow", "copper")
 
 
 def alpaca(i: int) -> dict:
     return {"instruction": f"Repeat word {i}.", "input": "", "output": " ".join([WORDS[i % 6]] * (1 + i % 7))}
-
-
-def make_cfg(tmp_path: Path, train: Path, *overrides: str) -> RootConfig:
-    base = {
-        "recipe_name": "sft",
-        "model": TINY_MODEL,
-        "tokenizer": {"source": "bundled"},
-        "data": {"train": str(train), "format": "alpaca", "cache_dir": str(tmp_path / "tokens")},
-        "padding": {},
-        "lora": {},
-        "optim": {},
-        "train": {"batch_size": 1, "progress": False},
-        "launcher": {},
-        "logger": {},
-        "preflight": {"plot": False},
-    }
-    return to_typed(OmegaConf.merge(OmegaConf.structured(RootConfig), base, OmegaConf.from_dotlist(list(overrides))))
-
-
-def prepare(cfg: RootConfig, run_dir: Path):
-    """What the recipe reads: preflight ran in the parent and wrote the plan and the result."""
-    assert run_preflight(cfg, run_dir).ok
-    spec = get_spec(cfg.model.family)
-    tokenizer = load_tokenizer(cfg.tokenizer, cfg.model, default_chat_template=spec.chat_template)
-    return load_result(run_dir), load_plan(run_dir), tokenizer
 
 
 def batches_for(cfg: RootConfig, prepared, rank: int = 0, world_size: int = 1):

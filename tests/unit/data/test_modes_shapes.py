@@ -13,8 +13,8 @@ from seqtune.config.errors import PreflightFailed
 from seqtune.config.schema import PaddingStrategy
 from seqtune.data.loader import build_train_batches, plan_rule
 from seqtune.preflight import run_preflight
-from tests.unit.data.conftest import write_jsonl
-from tests.unit.data.test_loader import make_cfg, prepare
+from tests.support.data import write_jsonl
+from tests.support.loader import make_cfg, prepare
 
 WORDS = ("apple", "river", "candle", "orbit", "meadow", "copper", "lantern", "harbor")
 

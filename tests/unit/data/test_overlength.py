@@ -10,7 +10,7 @@ from seqtune.data.overlength import apply_overlength, cut_sample
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.data.types import IGNORE_INDEX, Reject
 from seqtune.data.view import SplitView
-from tests.conftest import scan_files
+from tests.support.splits import scan_files
 
 
 @pytest.fixture(scope="module")

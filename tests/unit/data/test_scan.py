@@ -7,7 +7,7 @@ import re
 import numpy as np
 
 from seqtune.data.tokenize import SampleEncoder
-from tests.conftest import scan_files
+from tests.support.splits import scan_files
 
 GOOD = {"instruction": "Add 2 and 3.", "input": "", "output": "5"}
 
@@ -207,7 +207,7 @@ def test_drop_duplicates_leaves_out_later_copies_naming_the_first_and_keys_the_c
         with_dropped,
         write_stream_dropped,
     )
-    from tests.splits import files_split
+    from tests.support.splits import files_split
 
     split = files_split("train", [data], "alpaca")
     assert dropped_records(dropped.cache_dir, split) == {(0, 3), (0, 4), (0, 5)}

@@ -19,7 +19,7 @@ from seqtune.data.sources import SourceFiles
 from seqtune.data.split import SplitInput
 from seqtune.data.stream import JsonlStream, StreamPosition, StreamProgress, pass_records
 from seqtune.data.types import Reject, TokenizedSample
-from tests.splits import files_split
+from tests.support.splits import files_split
 
 MAX_SEQ_LEN = 12
 RULE = BatchRule(strategy="longest", batch_size=3, max_seq_len=MAX_SEQ_LEN)

@@ -12,7 +12,7 @@ from seqtune.data.tokenize import SampleEncoder, chat_template_roles, render_cha
 from seqtune.data.types import IGNORE_INDEX, Reject, TokenizedSample
 from seqtune.models import get_spec
 from seqtune.tokenizers import templates
-from tests.unit.data.conftest import load_bundled_tokenizer
+from tests.support.data import load_bundled_tokenizer
 
 
 def _pc(prompt: str, completion: str, line: int = 1) -> PromptCompletion:

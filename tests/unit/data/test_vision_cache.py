@@ -15,8 +15,8 @@ from seqtune.config.schema import ModelConfig, TokenizerConfig
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.models.registry import get_spec
 from seqtune.tokenizers import load_tokenizer
-from tests.conftest import scan_files
-from tests.unit.data.conftest import tiny_vision_facts
+from tests.support.data import tiny_vision_facts
+from tests.support.splits import scan_files
 
 IMAGES = Path(__file__).resolve().parents[2] / "integration/data/vision_pairs/images"
 MODEL = ModelConfig(family="gemma3_vision", tiny_tokenizer="gemma3")

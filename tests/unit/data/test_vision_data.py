@@ -18,8 +18,8 @@ from seqtune.data.tokenize import SampleEncoder
 from seqtune.data.types import IGNORE_INDEX, Reject
 from seqtune.models.registry import get_spec
 from seqtune.tokenizers import load_tokenizer
-from tests.conftest import scan_files
-from tests.unit.data.conftest import tiny_vision_facts
+from tests.support.data import tiny_vision_facts
+from tests.support.splits import scan_files
 
 ASSETS = Path(__file__).resolve().parents[3] / "seqtune/data/assets/vision_tiny"
 MODEL = ModelConfig(family="gemma3_vision", tiny_tokenizer="gemma3")

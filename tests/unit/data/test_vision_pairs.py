@@ -20,7 +20,7 @@ from seqtune.data.pixels import with_images
 from seqtune.data.tokenize import SampleEncoder
 from seqtune.models.registry import get_spec
 from seqtune.tokenizers import load_tokenizer
-from tests.unit.data.conftest import tiny_vision_facts
+from tests.support.data import tiny_vision_facts
 
 PAIRS = Path(__file__).resolve().parents[2] / "integration/data/vision_pairs"
 MODEL = ModelConfig(family="gemma3_vision", tiny_tokenizer="gemma3")

@@ -1,4 +1,4 @@
-"""GGUF for a mixture of experts (issue 30): the tiny Qwen3-MoE, Mixtral and OLMoE checkpoints (tests/checkpoints.py)
+"""GGUF for a mixture of experts (issue 30): the tiny Qwen3-MoE, Mixtral and OLMoE checkpoints (tests/support/checkpoints.py)
 written as llama.cpp's qwen3moe / llama-with-experts / olmoe, their stacked experts checked against transformers'
 own fused parameters (gate_up_proj [E, 2I, H], down_proj [E, H, I]), and the proof shown to fail on a wrong expert
 order; what llama.cpp's graph cannot hold is refused naming the config.json key."""
@@ -13,7 +13,7 @@ import pytest
 
 from seqtune.export.gguf import GgufIds, _expert_problems, gguf_refusal, gguf_refusal_for, loader_problems, write_gguf
 from seqtune.models.registry import gguf_row
-from tests.checkpoints import build_checkpoint
+from tests.support.checkpoints import build_checkpoint
 
 # (fixture kind, config overrides, GGUF architecture): OLMoE as it ships, without grouped-query attention.
 MOE = [("qwen3_moe", None, "qwen3moe"), ("mixtral", None, "llama"), ("olmoe", {"num_key_value_heads": 4}, "olmoe")]

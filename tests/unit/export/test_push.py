@@ -9,7 +9,7 @@ import pytest
 
 from seqtune.config.errors import SeqtuneError
 from seqtune.export.push import push_run
-from tests.hub_cache import guard_sockets
+from tests.support.hub_cache import guard_sockets
 
 
 @pytest.mark.parametrize(

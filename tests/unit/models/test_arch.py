@@ -22,7 +22,7 @@ from seqtune.models.memory import MemoryInputs, memory_estimate
 from seqtune.models.model_configs import model_configs
 from seqtune.models.registry import layout_for
 from seqtune.models.spec import build_tiny_config, resolve_tiny_fields
-from tests.unit.models.conftest import MODEL_CONFIGS, tiny_cfg
+from tests.support.models import MODEL_CONFIGS, tiny_cfg
 
 SMALL = {
     "vocab_size": 300,

@@ -18,7 +18,7 @@ from seqtune.models import build_model, load_model_config
 from seqtune.models.arch import config_arch
 from seqtune.models.checkpoint_check import check_finite_weights, check_loading_info, checkpoint_faults
 from seqtune.models.facts import read_config_json
-from tests.unit.models.conftest import TINY_FAMILIES, tiny_cfg, write_fp8_block_scaled
+from tests.support.models import TINY_FAMILIES, tiny_cfg, write_fp8_block_scaled
 
 SINGLE = "model.safetensors"
 
@@ -168,7 +168,7 @@ def test_a_mixture_of_experts_is_proven_against_transformers_conversion(kind, tm
     them into one 3-D parameter per layer while loading. The proof compares the file with that conversion, so an
     intact checkpoint passes (in the stored or in the fused layout) and a missing expert is named."""
     from seqtune.config.schema import ModelConfig
-    from tests.checkpoints import build_checkpoint
+    from tests.support.checkpoints import build_checkpoint
 
     checkpoint = build_checkpoint(kind, tmp_path / kind)
     arch = config_arch(load_model_config(ModelConfig(family="auto", path=str(checkpoint))))

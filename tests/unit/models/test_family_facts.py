@@ -123,7 +123,7 @@ OTHER_NAMESPACES = (
     | {("seqtune/tokenizers/templates.py", name) for name in ("llama3", "gemma3", "qwen3")}
     | {("seqtune/export/gguf.py", "llama3")}
 )
-# Test files whose tables are keyed by something else that shares the names: tests/checkpoints.py's checkpoint
+# Test files whose tables are keyed by something else that shares the names: tests/support/checkpoints.py's checkpoint
 # fixture kinds, which test_model_auto.py checks model.family=auto reading (a qwen2 checkpoint without its family).
 OTHER_TESTS = {"test_model_auto.py"}
 

@@ -10,7 +10,7 @@ from seqtune.config.errors import ConfigError
 from seqtune.models import attention, get_spec
 from seqtune.models.attention import AttentionEnv, attention_choice, attn_backend_problems
 from seqtune.models.facts import read_model_facts
-from tests.unit.models.conftest import tiny_cfg
+from tests.support.models import tiny_cfg
 
 CPU_BF16 = AttentionEnv(device_type="cpu", compute_dtype="bfloat16")
 CUDA_BF16 = AttentionEnv(device_type="cuda", compute_dtype="bfloat16")

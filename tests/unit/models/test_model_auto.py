@@ -1,4 +1,4 @@
-"""model.family=auto on tiny checkpoints built as the real ones ship (tests/checkpoints.py): every fact is read
+"""model.family=auto on tiny checkpoints built as the real ones ship (tests/support/checkpoints.py): every fact is read
 from the checkpoint (and agrees with the model transformers builds from it), the terminator check catches a
 template that masks the checkpoint's end-of-turn, and what cannot be trained safely is refused naming why."""
 
@@ -21,8 +21,8 @@ from seqtune.preflight.observe import observe_split
 from seqtune.preflight.tokens import terminators
 from seqtune.tokenizers import load_tokenizer
 from seqtune.tokenizers.control import control_tokens, literal_controls, whitespace_ids
-from tests.checkpoints import KINDS, build_checkpoint
-from tests.conftest import scan_files
+from tests.support.checkpoints import KINDS, build_checkpoint
+from tests.support.splits import scan_files
 
 # kind: (class, end-of-turn, tied, padding side)
 EXPECTED = {
@@ -188,7 +188,7 @@ def test_gpt2_absolute_positions_restart_and_packed_documents_stay_apart(checkpo
 
 def test_the_router_coefficient_is_the_checkpoints_unless_set_and_refused_where_nothing_adds_it(checkpoints):
     from seqtune.preflight.resolve import resolve_plan
-    from tests.unit.preflight.test_preflight_run import compose_real
+    from tests.support.configs import compose_real
 
     def plan(kind: str, *overrides: str):
         return resolve_plan(compose_real("model=hf", f"model.path={checkpoints[kind]}", "lora=default", *overrides), {})
@@ -209,7 +209,7 @@ def test_a_router_picking_more_experts_than_there_are_is_a_preflight_problem(tmp
     """num_experts_per_tok > the expert count passed preflight and crashed at step 1 (torch.topk out of range)."""
     from seqtune.preflight.phases import runtime_phase
     from seqtune.preflight.resolve import resolve_plan
-    from tests.unit.preflight.test_preflight_run import compose_real
+    from tests.support.configs import compose_real
 
     path = build_checkpoint(kind, tmp_path / kind, config_overrides={"num_experts_per_tok": 5})
     cfg = compose_real("model=hf", f"model.path={path}", "lora=default", f"data.cache_dir={tmp_path / 'tokens'}")

@@ -9,7 +9,7 @@ import torch
 
 from seqtune.config.errors import ConfigError, ModelLoadError
 from seqtune.models import build_model, load_model_config
-from tests.unit.models.conftest import random_batch, tiny_cfg
+from tests.support.models import random_batch, tiny_cfg
 
 
 @pytest.fixture(scope="module")

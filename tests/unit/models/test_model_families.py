@@ -12,7 +12,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from seqtune.config.errors import ConfigError
 from seqtune.models import build_model, count_parameters, get_spec, load_model_config, read_model_facts
-from tests.unit.models.conftest import MODEL_CONFIGS, TINY_FAMILIES, random_batch, tiny_cfg
+from tests.support.models import MODEL_CONFIGS, TINY_FAMILIES, random_batch, tiny_cfg
 
 
 @pytest.mark.parametrize("family", TINY_FAMILIES)

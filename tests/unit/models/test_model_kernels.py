@@ -12,7 +12,7 @@ from seqtune.models import build_model
 from seqtune.models import kernels as kernels_module
 from seqtune.models.kernels import kernels_choice
 from seqtune.models.lora import skip_adapter_input_cast
-from tests.unit.models.conftest import lora_for, random_batch, tiny_cfg
+from tests.support.models import lora_for, random_batch, tiny_cfg
 
 
 def test_auto_is_torch_off_cuda_and_says_why():

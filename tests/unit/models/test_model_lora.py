@@ -17,7 +17,7 @@ from seqtune.models import (
     save_adapter,
     unmatched_targets,
 )
-from tests.unit.models.conftest import lora_for, random_batch, tiny_cfg
+from tests.support.models import lora_for, random_batch, tiny_cfg
 
 # Module kinds peft's LoRA can wrap by name (Linear includes bitsandbytes' Linear4bit).
 LORA_MODULE_TYPES = (torch.nn.Linear, torch.nn.Embedding)

@@ -23,7 +23,7 @@ from seqtune.models import (
 from seqtune.models.arch import config_arch
 from seqtune.models.chunks import chunk_tokens
 from seqtune.models.memory import NF4_BYTES_PER_WEIGHT
-from tests.unit.models.conftest import lora_for, random_batch, tiny_cfg
+from tests.support.models import lora_for, random_batch, tiny_cfg
 
 TARGETS = tuple(get_spec("llama3").lora_targets)
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

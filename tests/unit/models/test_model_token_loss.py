@@ -12,7 +12,8 @@ from seqtune.data.types import IGNORE_INDEX
 from seqtune.models import build_model
 from seqtune.models.kernels import loss_choice
 from seqtune.models.token_loss import chunk_tokens, install_token_loss
-from tests.unit.models.conftest import lora_for, tiny_cfg
+from seqtune.recipes import sft
+from tests.support.models import lora_for, tiny_cfg
 
 
 def full_logits_loss(model, ids, targets):
@@ -136,7 +137,7 @@ def test_a_mixture_of_experts_adds_transformers_router_loss_with_its_coefficient
     count = int((targets != IGNORE_INDEX).sum())
     batch = {"input_ids": ids, "targets": targets, "num_targets": torch.tensor(count)}
     install_token_loss(model, path="chunked", router_aux=True)
-    objective = TokenCrossEntropy(router_aux_coef=0.25)
+    objective = TokenCrossEntropy(facts=sft.SPEC.loss_facts(router=True), router_aux_coef=0.25)
     assert objective.metric_names == ("router_aux_loss",)
     loss, metrics = objective(model, batch)
     aux = theirs.aux_loss.float().detach()

@@ -19,7 +19,7 @@ from seqtune.data.collate import make_collator
 from seqtune.data.types import IGNORE_INDEX, TokenizedSample
 from seqtune.models import build_model
 from seqtune.models.varlen import TORCH_VARLEN, document_segments, reference_kernel, use_kernel
-from tests.unit.models.conftest import TINY_FAMILIES, tiny_cfg
+from tests.support.models import TINY_FAMILIES, tiny_cfg
 
 LENGTHS = (23, 9, 17, 5, 30)
 WINDOW = 6
@@ -112,7 +112,7 @@ def test_the_export_proof_knows_torch_varlen_computes_fp32_in_half_precision_on_
     from seqtune.export.proof import _computed_in
     from seqtune.models import build_model
     from seqtune.models.varlen import computes_in
-    from tests.unit.models.conftest import tiny_cfg
+    from tests.support.models import tiny_cfg
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert computes_in(torch.float32, cuda) == torch.bfloat16

@@ -20,7 +20,7 @@ from seqtune.models.optimizers import (
     optimizer_problems,
 )
 from seqtune.train.optim import build_optimizer
-from tests.unit.models.conftest import lora_for, random_batch, tiny_cfg
+from tests.support.models import lora_for, random_batch, tiny_cfg
 
 CPU_CLASSES = sorted({implementation for (_, device), implementation in IMPLEMENTATIONS.items() if device == "cpu"})
 LORA = LoraConfig(rank=16, modules_to_save=["lm_head"])  # seqtune/configs/lora/tiny.yaml

@@ -12,7 +12,7 @@ from seqtune.models import apply_lora, build_model, get_spec
 from seqtune.models.facts import read_vision_facts
 from seqtune.models.token_loss import install_token_loss
 from seqtune.models.vision import freeze_vision, vision_module_pattern
-from tests.unit.models.conftest import tiny_cfg
+from tests.support.models import tiny_cfg
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from seqtune.preflight.observe import observe_split
 from seqtune.preflight.tokens import template_turn_closer, terminators
 from seqtune.tokenizers import load_tokenizer
 from seqtune.tokenizers.control import control_tokens, literal_controls, whitespace_ids
-from tests.conftest import scan_files
+from tests.support.splits import scan_files
 
 # The Gemma turn format with the markers of the `gemma4` vocabulary (Gemma 4's, from llama.cpp): its own template
 # opens an empty thought channel in the generation prompt, which no longer prefixes the rendered reply (not

@@ -11,8 +11,8 @@ import transformers
 from seqtune.models import MemoryInputs, get_spec
 from seqtune.models.arch import config_arch
 from seqtune.preflight.levers import Budget, candidate_levers, what_fits
-from tests.unit.preflight.test_preflight_run import make_cfg
-from tests.unit.train.test_checkpoint import PLAN
+from tests.support.configs import make_cfg
+from tests.support.plans import PLAN
 
 LLAMA3_8B = transformers.LlamaConfig(
     vocab_size=128256,

@@ -21,8 +21,7 @@ from seqtune.preflight.observe import (
 )
 from seqtune.tokenizers import BUNDLED_DIR
 from seqtune.tokenizers.control import control_tokens, literal_controls, whitespace_ids
-from tests.conftest import scan_files
-from tests.splits import files_split
+from tests.support.splits import files_split, scan_files
 
 
 @pytest.fixture(scope="module")

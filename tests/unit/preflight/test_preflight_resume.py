@@ -14,7 +14,8 @@ from seqtune.config.load import flat_settings
 from seqtune.config.plan import load_plan
 from seqtune.preflight import run_preflight
 from seqtune.preflight.resume import ResumePoint, check_settings, plan_problems
-from tests.unit.preflight.test_preflight_run import alpaca, make_cfg, write_jsonl
+from tests.support.configs import alpaca, make_cfg
+from tests.support.data import write_jsonl
 
 RECORD = ("config.yaml", "plan.json", "preflight.json", "rejects.jsonl", "metrics.jsonl")
 

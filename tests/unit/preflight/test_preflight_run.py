@@ -12,52 +12,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
-from seqtune.config import PreflightFailed, RootConfig, to_typed
+from seqtune.config import PreflightFailed, RootConfig
 from seqtune.config.plan import load_plan
 from seqtune.config.schema import PaddingStrategy
 from seqtune.preflight import load_result, run_preflight
+from tests.support.configs import TINY_MODEL, alpaca, compose_real, make_cfg
+from tests.support.data import write_jsonl
 
 REPO = Path(__file__).resolve().parents[3]
-TINY_MODEL = {
-    "family": "tinyllama",
-    "vocab_size": 4096,
-    "hidden_size": 64,
-    "intermediate_size": 176,
-    "num_layers": 2,
-    "num_heads": 8,
-    "num_kv_heads": 2,
-    "max_position_embeddings": 2048,
-}
-
-
-def write_jsonl(path: Path, rows: list) -> Path:
-    """Rows are dicts (dumped as JSON) or strings written verbatim (to make broken lines)."""
-    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
-    return path
-
-
-def alpaca(n_words: int, i: int = 0) -> dict:
-    return {"instruction": f"Repeat the words {i}.", "input": "", "output": " ".join(["apple"] * n_words)}
-
-
-def make_cfg(tmp_path: Path, train: Path, *overrides: str) -> RootConfig:
-    base = {
-        "recipe_name": "sft",
-        "model": TINY_MODEL,
-        "tokenizer": {"source": "bundled"},
-        "data": {"train": str(train), "format": "alpaca", "cache_dir": str(tmp_path / "tokens")},
-        "padding": {},
-        "lora": {},
-        "optim": {},
-        "train": {"batch_size": 4, "progress": False},
-        "launcher": {},
-        "logger": {},
-        "preflight": {"plot": False},
-    }
-    merged = OmegaConf.merge(OmegaConf.structured(RootConfig), base, OmegaConf.from_dotlist(list(overrides)))
-    return to_typed(merged)
 
 
 def run_failing(cfg: RootConfig, run_dir: Path, match: str) -> dict:
@@ -218,20 +181,6 @@ def test_too_little_data_for_the_world_size_fails(tmp_path, varied):
 
 
 # --- the real, composed Hydra config ------------------------------------------------------------------------------
-
-CONFIG_DIR = Path(__file__).resolve().parents[3] / "seqtune" / "configs"
-
-
-def compose_real(*overrides: str) -> RootConfig:
-    from hydra import compose, initialize_config_dir
-
-    from seqtune.config import register_resolvers, register_schemas
-
-    register_schemas()
-    register_resolvers()
-    # The directory, not the seqtune.configs module: that module exists only once the package is installed.
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        return to_typed(compose(config_name="config", overrides=list(overrides)))
 
 
 @pytest.mark.parametrize("strategy", ["longest", "packed"])
@@ -468,7 +417,7 @@ def test_the_plan_and_the_checks_that_need_no_data_load_no_torch_transformers_or
         "import seqtune.__main__\n"
         "from seqtune.preflight.phases import fast_checks\n"
         "from seqtune.preflight.resolve import resolve_plan\n"
-        "from tests.unit.preflight.test_preflight_run import make_cfg\n"
+        "from tests.support.configs import make_cfg\n"
         f"cfg = make_cfg(Path({str(tmp_path)!r}), Path({str(varied)!r}), 'model.vocab_size=64')\n"
         "problems = fast_checks(cfg, resolve_plan(cfg, {}))\n"
         "print(sorted({p.key for p in problems}), sorted(m for m in ('torch', 'transformers', 'peft') "

@@ -14,7 +14,7 @@ import pytest
 from seqtune.config import PreflightFailed
 from seqtune.config.errors import SeqtuneError
 from seqtune.preflight import run_preflight
-from tests.unit.preflight.test_preflight_run import compose_real
+from tests.support.configs import compose_real
 
 QUICK = ("train.progress=false", "preflight.plot=false", "preflight.show=0")
 # One override `key=value` as a fix prints it (a list or mapping value without spaces).

@@ -22,8 +22,9 @@ from seqtune.preflight.tokens import token_facts
 from seqtune.tokenizers import BUNDLED_DIR, load_tokenizer, pypi, templates, tokenizer_facts, tokenizer_fingerprint
 from seqtune.tokenizers.control import control_tokens, literal_controls, whitespace_ids
 from seqtune.tokenizers.location import resolve_location
-from tests.conftest import require_fetched
-from tests.unit.preflight.test_preflight_run import alpaca, make_cfg, write_jsonl
+from tests.support.cli import require_fetched
+from tests.support.configs import alpaca, make_cfg
+from tests.support.data import write_jsonl
 
 # Every tokenizer the tests fetch (scripts/fetch_tokenizers.py), with the family whose template and end-of-turn
 # token it goes with.

@@ -15,7 +15,7 @@ from seqtune.models import get_spec
 from seqtune.preflight import checks_labels as labels
 from seqtune.preflight.tokens_text import PROOF_FILE, split_text_proof, stored_text_proof
 from seqtune.tokenizers import load_tokenizer
-from tests.conftest import scan_files
+from tests.support.splits import scan_files
 
 FETCHED = [
     ("llama2_spm", "tinyllama"),

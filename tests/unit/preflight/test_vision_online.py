@@ -8,7 +8,7 @@ import pytest
 
 from seqtune.config.errors import ConfigError
 from seqtune.preflight.resolve import resolve_plan
-from tests.unit.preflight.test_preflight_run import compose_real
+from tests.support.configs import compose_real
 
 VISION = ("model=gemma3_vision_tiny", "tokenizer=gemma3")
 

@@ -21,8 +21,8 @@ from seqtune.rollout.reward_model import (
     reward_model_problems,
 )
 from seqtune.tokenizers import BUNDLED_DIR
-from tests.checkpoints import build_word_level_reward_model
-from tests.hub_cache import add_repo
+from tests.support.checkpoints import build_word_level_reward_model
+from tests.support.hub_cache import add_repo
 
 KEY = "rollout.rewards[0]"
 TEMPLATE = (

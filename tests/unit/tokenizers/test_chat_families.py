@@ -22,7 +22,7 @@ from seqtune.data.types import IGNORE_INDEX, Reject
 from seqtune.models import FAMILIES, get_spec
 from seqtune.models.spec import ChatEncoding
 from seqtune.tokenizers import load_tokenizer, pypi, templates
-from tests.conftest import require_fetched
+from tests.support.cli import require_fetched
 
 CALL = {"id": "call00001", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
 CONVERSATIONS = {

@@ -19,8 +19,8 @@ from seqtune.data.types import IGNORE_INDEX
 from seqtune.preflight.observe import observe_split
 from seqtune.tokenizers import BUNDLED_DIR, load_tokenizer, read_tokenizer_facts
 from seqtune.tokenizers.control import control_tokens, literal_controls
-from tests.conftest import scan_files
-from tests.unit.tokenizers.conftest import edit_config
+from tests.support.splits import scan_files
+from tests.support.tokenizers import edit_config
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def test_loads_without_bos_and_its_facts_have_none(no_bos_dir):
 
 def test_eos_is_still_required(tmp_path):
     from seqtune.config.errors import ModelLoadError
-    from tests.unit.tokenizers.conftest import bundled_copy_without
+    from tests.support.tokenizers import bundled_copy_without
 
     with pytest.raises(ModelLoadError, match=r"has no eos_token.*Fix: set eos_token in"):
         _load(bundled_copy_without(tmp_path, "eos_token"))

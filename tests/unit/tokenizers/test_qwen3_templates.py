@@ -18,8 +18,8 @@ from seqtune.data.types import IGNORE_INDEX, Reject
 from seqtune.preflight.observe import scan_literal_controls
 from seqtune.tokenizers import load_tokenizer, templates
 from seqtune.tokenizers.control import literal_controls
-from tests.conftest import require_fetched
-from tests.splits import files_split
+from tests.support.cli import require_fetched
+from tests.support.splits import files_split
 
 # The assistant-turn logic of Qwen3's official chat template (Qwen3-8B's tokenizer_config.json), tools left out:
 # reasoning from `reasoning_content`, else from a <think>...</think> block in the content.

@@ -15,8 +15,8 @@ import pytest
 from seqtune.config.errors import ConfigError, ModelLoadError
 from seqtune.config.schema import ModelConfig, TokenizerConfig
 from seqtune.tokenizers import facts, load_tokenizer, pypi, read_tokenizer_facts, tokenizer_facts, tokenizer_fingerprint
-from tests.conftest import require_fetched
-from tests.unit.tokenizers.conftest import bundled_copy_without
+from tests.support.cli import require_fetched
+from tests.support.tokenizers import bundled_copy_without
 
 MODEL = ModelConfig(family="llama3")
 

@@ -16,7 +16,7 @@ import pytest
 from seqtune.config.errors import ModelLoadError
 from seqtune.config.schema import ModelConfig, TokenizerConfig
 from seqtune.tokenizers import load_tokenizer, pypi, special_token_ids
-from tests.conftest import require_fetched
+from tests.support.cli import require_fetched
 
 QUICK_FOX = "The quick brown fox jumps over 12 lazy dogs."
 EXPECTED = {

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from seqtune.config.errors import ConfigError, StorageError
-from seqtune.config.plan import Plan, Tokens, Vocab, World
+from seqtune.config.plan import Plan
 from seqtune.config.rundir import (
     MANIFEST,
     checkpoint_damage,
@@ -33,33 +33,9 @@ from seqtune.models.optimizers import TORCH_ADAMW
 from seqtune.preflight.resume import find_resume
 from seqtune.train.checkpoint import Checkpointer, Progress, load_weights_only
 from seqtune.train.optim import build_optimizer, build_scheduler
+from tests.support.plans import PLAN
 
 ENV = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
-PLAN = Plan(
-    world=World(nnodes=1, nproc_per_node=1, source="test"),
-    sharded=False,
-    device_type="cpu",
-    cuda_available=False,
-    autocast_dtype=None,
-    compute_dtype="float32",
-    loss_scaling=False,
-    padding_side="right",
-    context_length=64,
-    num_layers=1,
-    model_type="llama",
-    attn_implementation="sdpa",
-    kernels="torch",
-    optimizer=TORCH_ADAMW,
-    optimizer_reason="test",
-    vocab=Vocab(tokenizer_size=8, special_ids={}, pad_id=0, eos_id=1, embedding_rows=8, output_rows=8, resize_to=None),
-    tokens=Tokens(pad_id=0, bos_id=None, eos_id=1, terminators={1: "</s>"}, templated=False),
-    max_seq_len=32,
-    micro_batch=(4, 32),
-    batches={},
-    data={},
-    caches={},
-    rejects_file="rejects.jsonl",
-)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

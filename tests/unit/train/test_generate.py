@@ -16,8 +16,8 @@ from seqtune.models import build_model, get_spec
 from seqtune.models.vision import image_processor
 from seqtune.tokenizers import load_tokenizer
 from seqtune.train.generate import SampleGenerator
-from tests.unit.data.conftest import tiny_vision_facts
-from tests.unit.models.conftest import tiny_cfg
+from tests.support.data import tiny_vision_facts
+from tests.support.models import tiny_cfg
 
 IMAGE = str(Path(__file__).resolve().parents[3] / "seqtune/data/assets/vision_tiny/images/red_circle_0.png")
 ENV = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))

@@ -13,7 +13,7 @@ from seqtune.config.errors import EXIT_FAILED
 from seqtune.config.rundir import MANIFEST, checkpoint_dir
 from seqtune.config.schema import TrainConfig
 from seqtune.train.numerics import NumericsGuard, TrainingDiverged
-from tests.integration.test_loss_curve import PINNED
+from tests.support.curves import PINNED
 
 DEFAULTS = TrainConfig()
 

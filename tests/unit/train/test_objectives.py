@@ -4,64 +4,16 @@ same loss as padding it (no attention across its two documents), and fillers cou
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
 
-from seqtune.config.schema import LoraConfig, ModelConfig
-from seqtune.data.batching import BatchRule
-from seqtune.data.collate import make_collator
 from seqtune.data.sampler import as_filler
-from seqtune.data.types import IGNORE_INDEX, TokenizedSample
-from seqtune.models import apply_lora, build_model, get_spec
-from seqtune.models.token_loss import install_token_loss
+from seqtune.recipes import dpo, sft
 from seqtune.recipes.dpo import DpoConfig
 from seqtune.recipes.dpo.objective import PreferenceObjective
 from seqtune.train.objectives import DisabledAdapters, TokenCrossEntropy, sequence_logps
-
-CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[3] / "seqtune/configs/model"
-
-
-def tiny_model(lora: bool = True) -> torch.nn.Module:
-    node = OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(CONFIGS / "tinyllama_tiny.yaml"))
-    model = build_model(OmegaConf.to_object(node), attn_implementation="sdpa")
-    if lora:
-        model = apply_lora(model, LoraConfig(rank=4, alpha=8), targets=get_spec("tinyllama").lora_targets, saved=())
-        # A trained-looking adapter: LoRA's B starts at zero, which would make policy == reference.
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.data.normal_(0, 0.05, generator=torch.Generator().manual_seed(1))
-    install_token_loss(model, path="chunked", chunk=7)
-    return model.train()
-
-
-def seq(prompt: list[int], completion: list[int], loc: str) -> TokenizedSample:
-    ids = np.asarray(prompt + completion, dtype=np.int64)
-    labels = ids.copy()
-    labels[: len(prompt)] = IGNORE_INDEX
-    return TokenizedSample(input_ids=ids, labels=labels, location=loc)
-
-
-PAIRS = [
-    (seq([1, 5, 6, 7], [9, 10, 2], "p:1"), seq([1, 5, 6, 7], [11, 2], "p:1")),
-    (seq([1, 8, 8], [12, 13, 14, 15, 2], "p:2"), seq([1, 8, 8], [16, 2], "p:2")),
-]
-
-
-def batch_of(strategy: str, pairs=PAIRS, batch_size: int = 2) -> dict[str, torch.Tensor]:
-    rule = BatchRule(strategy=strategy, batch_size=batch_size, max_seq_len=8, sequences_per_sample=2)
-    return make_collator(rule, pad_id=0, padding_side="right")(pairs)
-
-
-def reference_logps(model: torch.nn.Module, sequence: TokenizedSample) -> float:
-    """Sum of log p(target) with plain full logits, the sequence alone."""
-    ids = torch.as_tensor(sequence.input_ids).unsqueeze(0)
-    logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()
-    wanted = torch.as_tensor(sequence.labels[1:])
-    keep = wanted != IGNORE_INDEX
-    return float(-F.cross_entropy(logits[keep], wanted[keep], reduction="sum"))
+from tests.support.objectives import PAIRS, batch_of, reference_logps, tiny_model
 
 
 @pytest.mark.parametrize("strategy", ["longest", "packed"])
@@ -80,7 +32,7 @@ def test_the_losses_are_their_formulas_and_packing_changes_nothing(loss):
     model = tiny_model().eval()
     cfg = DpoConfig(beta=0.3, loss=loss, sft_weight=0.5)
     reference = None if loss == "simpo" else DisabledAdapters(model=model, peft_model=model)
-    objective = PreferenceObjective(cfg=cfg, reference=reference)
+    objective = PreferenceObjective(cfg=cfg, reference=reference, facts=dpo.SPEC.loss_facts())
     padded, metrics = objective(model, batch_of("longest"))
     packed, packed_metrics = objective(model, batch_of("packed"))
     assert torch.allclose(padded, packed, atol=1e-4) and torch.allclose(metrics, packed_metrics, atol=1e-4)
@@ -118,7 +70,9 @@ def test_the_lora_reference_is_the_base_model_without_adapters():
 def test_fillers_take_no_part_and_gradients_flow():
     torch.manual_seed(0)
     model = tiny_model()
-    objective = PreferenceObjective(cfg=DpoConfig(), reference=DisabledAdapters(model=model, peft_model=model))
+    objective = PreferenceObjective(
+        cfg=DpoConfig(), reference=DisabledAdapters(model=model, peft_model=model), facts=dpo.SPEC.loss_facts()
+    )
     alone, metrics_alone = objective(model, batch_of("longest", [PAIRS[0]], batch_size=1))
     with_filler, metrics = objective(model, batch_of("longest", [PAIRS[0], as_filler(PAIRS[1])]))
     assert torch.allclose(alone, with_filler, atol=1e-5) and torch.allclose(metrics, metrics_alone, atol=1e-5)
@@ -127,5 +81,5 @@ def test_fillers_take_no_part_and_gradients_flow():
 
 
 def test_sft_objective_counts_target_tokens():
-    objective = TokenCrossEntropy()
+    objective = TokenCrossEntropy(facts=sft.SPEC.loss_facts())
     assert objective.count_key == "num_targets" and objective.metric_names == ()

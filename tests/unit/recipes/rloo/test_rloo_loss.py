@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 from seqtune.recipes.rloo import RlooConfig
 from seqtune.recipes.rloo.loss import leave_one_out, rloo_loss
 from seqtune.rollout.sampling import Rollout, token_logps
-from tests.unit.recipes.test_grpo_iterations import TOKENIZER, tiny_model
+from tests.support.rollout import TOKENIZER, tiny_model
 
 P, G, C = 2, 4, 5
 

@@ -18,10 +18,11 @@ from seqtune.data.sampler import as_filler
 from seqtune.data.types import IGNORE_INDEX, TokenizedSample
 from seqtune.models import apply_lora, build_model, get_spec
 from seqtune.models.scalar_head import install_scalar_head
-from seqtune.recipes.reward import RewardConfig
-from seqtune.recipes.reward.objective import BradleyTerry, bradley_terry
+from seqtune.recipes.reward import SPEC, RewardConfig
+from seqtune.recipes.reward.loss import bradley_terry
+from seqtune.recipes.reward.objective import BradleyTerry
 
-CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[3] / "seqtune/configs/model"
+CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[4] / "seqtune/configs/model"
 EOS = 2
 
 
@@ -87,7 +88,7 @@ def test_scores_are_read_where_the_shipped_model_pools_for_the_sequence_alone(st
 def test_the_objective_averages_over_pairs_ignores_fillers_and_trains_head_and_adapters():
     torch.manual_seed(0)
     model = scalar_model(pad_id=0, lora=True).train()
-    objective = BradleyTerry(cfg=RewardConfig(center_coefficient=0.1))
+    objective = BradleyTerry(cfg=RewardConfig(center_coefficient=0.1), facts=SPEC.loss_facts())
     scores = scores_of(model, batch_of("longest")).detach()
     loss, metrics = objective(model, batch_of("longest"))
     want, want_metrics = bradley_terry(scores[0::2], scores[1::2], center_coefficient=0.1)

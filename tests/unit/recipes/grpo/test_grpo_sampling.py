@@ -13,7 +13,7 @@ from seqtune.models import apply_lora, build_model, get_spec
 from seqtune.models.varlen import TORCH_VARLEN
 from seqtune.rollout.sampling import Sampling, sample_completions
 
-CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[3] / "seqtune/configs/model"
+CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[4] / "seqtune/configs/model"
 PROMPTS = [[1, 5, 6, 7, 8, 9], [1, 8], [1, 300, 301, 302]]  # mixed lengths: left padding of 4 and 2
 # A ninth of the vocabulary stops a row: some rows end after a token or two, others run to the limit.
 STOPS = frozenset(range(2, 4096, 9))

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import AutoTokenizer
 
-import seqtune
 from seqtune.config.rollout import RolloutConfig
 from seqtune.distributed import DistEnv
+from seqtune.recipes.grpo import SPEC as GRPO_SPEC
 from seqtune.recipes.grpo import GrpoConfig, GrpoLoss
 from seqtune.recipes.grpo.loss import GrpoSurrogate, group_advantages
 from seqtune.rollout.objective import OnlineObjective
@@ -24,33 +24,24 @@ from seqtune.rollout.prompts import PromptTable
 from seqtune.rollout.rewards import load_rewards
 from seqtune.rollout.stage import RolloutStage
 from seqtune.train.objectives import Position
+from tests.support.rollout import TOKENIZER, tiny_model
 
-TOKENIZER = Path(seqtune.__file__).parent / "tokenizers" / "assets" / "seqtune-bpe"
 G, C = 4, 5
 PROMPTS = [[1, 301, 302, 303], [1, 400, 401]]  # two prompts of different lengths (left-padded when generating)
 
 
-def tiny_model() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=4096,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    return LlamaForCausalLM(config)
-
-
-def objective(tokenizer, loss: GrpoLoss, *, temperature: float = 1.0, **settings) -> OnlineObjective:
+def objective(
+    tokenizer,
+    loss: GrpoLoss,
+    *,
+    temperature: float = 1.0,
+    rewards: tuple[str, ...] = ("seqtune.rollout.examples:short",),
+    **settings,
+) -> OnlineObjective:
     table = PromptTable()
     for key, ids in enumerate(PROMPTS):  # each prompt's record under its digest (here: its index)
         table.records[key] = {"prompt": tokenizer.decode(ids[1:])}
-    rollout = RolloutConfig(
-        rewards=["seqtune.rollout.examples:short"], num_generations=G, max_completion_tokens=C, temperature=temperature
-    )
+    rollout = RolloutConfig(rewards=list(rewards), num_generations=G, max_completion_tokens=C, temperature=temperature)
     stage = RolloutStage(
         cfg=rollout,
         rewards=load_rewards(list(rollout.rewards)),
@@ -64,7 +55,8 @@ def objective(tokenizer, loss: GrpoLoss, *, temperature: float = 1.0, **settings
         seed=3,
         completions_path=Path(tempfile.mkdtemp()) / "completions.jsonl",
     )
-    return OnlineObjective(stage=stage, loss=GrpoSurrogate(GrpoConfig(num_iterations=2, loss=loss, **settings)))
+    surrogate = GrpoSurrogate(GrpoConfig(num_iterations=2, loss=loss, **settings))
+    return OnlineObjective(stage=stage, loss=surrogate, facts=GRPO_SPEC.loss_facts(stage=stage.metric_names))
 
 
 def at(grpo: OnlineObjective, step: int, micro_batch: int = 0) -> OnlineObjective:
@@ -229,8 +221,7 @@ def test_a_function_is_averaged_over_what_it_scored_and_an_unscored_batch_is_cou
     tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
     model = tiny_model().train()
     for name, expected, unscored in (("some", 1.0, 0.5), ("none", 0.0, 1.0)):
-        grpo = objective(tokenizer, GrpoLoss.dapo)
-        grpo.stage.rewards = load_rewards([f"abstain.py:{name}"])
+        grpo = objective(tokenizer, GrpoLoss.dapo, rewards=(f"abstain.py:{name}",))
         _, metrics = at(grpo, 0)(model, batch())
         got = dict(zip(grpo.metric_names, (metrics / len(PROMPTS)).tolist(), strict=True))
         assert got[f"rewards/{name}"] == pytest.approx(expected) and got["rewards/unscored"] == pytest.approx(unscored)

@@ -14,10 +14,11 @@ from seqtune.data.batching import BatchRule
 from seqtune.data.collate import make_collator
 from seqtune.data.kinds.unpaired import LABEL
 from seqtune.data.sampler import as_filler
+from seqtune.recipes import kto
 from seqtune.recipes.kto import KtoConfig
 from seqtune.recipes.kto.objective import KtoObjective, kl_reference_point
 from seqtune.train.objectives import DisabledAdapters
-from tests.unit.train.test_objectives import reference_logps, seq, tiny_model
+from tests.support.objectives import reference_logps, seq, tiny_model
 
 
 def sample(prompt, completion, other_completion, label: int, loc: str):
@@ -54,7 +55,9 @@ def test_the_kto_loss_and_metrics_are_the_formula_and_packing_changes_nothing():
     torch.manual_seed(0)
     model = tiny_model().eval()
     cfg = KtoConfig(beta=0.5, desirable_weight=1.5, undesirable_weight=0.7)
-    objective = KtoObjective(cfg=cfg, reference=DisabledAdapters(model=model, peft_model=model))
+    objective = KtoObjective(
+        cfg=cfg, reference=DisabledAdapters(model=model, peft_model=model), facts=kto.SPEC.loss_facts()
+    )
     padded, metrics = objective(model, batch_of("longest"))
     packed, packed_metrics = objective(model, batch_of("packed"))
     assert torch.allclose(padded, packed, atol=1e-4) and torch.allclose(metrics, packed_metrics, atol=1e-4)
@@ -80,7 +83,9 @@ def test_the_kto_loss_and_metrics_are_the_formula_and_packing_changes_nothing():
 def test_fillers_take_no_part_in_the_loss_or_z0_and_gradients_flow():
     torch.manual_seed(0)
     model = tiny_model()
-    objective = KtoObjective(cfg=KtoConfig(), reference=DisabledAdapters(model=model, peft_model=model))
+    objective = KtoObjective(
+        cfg=KtoConfig(), reference=DisabledAdapters(model=model, peft_model=model), facts=kto.SPEC.loss_facts()
+    )
     model.eval()  # no dropout: the two calls must see the same model
     alone, metrics_alone = objective(model, batch_of("longest", SAMPLES[:2], batch_size=2))
     with_filler, metrics = objective(model, batch_of("longest", [*SAMPLES[:2], as_filler(SAMPLES[2])]))

@@ -19,3 +19,10 @@ def files_split(name: str, files: list[Path], fmt: str, columns: dict[str, str] 
         columns_key="data.columns",
     )
     return SplitInput(name=name, sources=(source,))
+
+
+def scan_files(name: str, files: list[Path], encoder, **kwargs):
+    """scan_split over plain files in the encoder's format (one source)."""
+    from seqtune.data.scan import scan_split
+
+    return scan_split(files_split(name, files, encoder.fmt), {encoder.fmt: encoder}, **kwargs)

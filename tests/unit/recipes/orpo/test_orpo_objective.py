@@ -12,8 +12,9 @@ import torch
 from seqtune.config.errors import ConfigError
 from seqtune.data.sampler import as_filler
 from seqtune.recipes.orpo import ORPO_METRICS, SPEC, OrpoConfig
-from seqtune.recipes.orpo.objective import OddsRatioObjective, log1mexp, odds_ratio_terms
-from tests.unit.train.test_objectives import PAIRS, batch_of, reference_logps, tiny_model
+from seqtune.recipes.orpo.loss import log1mexp, odds_ratio_terms
+from seqtune.recipes.orpo.objective import OddsRatioObjective
+from tests.support.objectives import PAIRS, batch_of, reference_logps, tiny_model
 
 LENGTHS = [3, 2, 5, 2]  # targets per sequence of PAIRS: chosen, rejected, chosen, rejected
 
@@ -68,7 +69,7 @@ def test_a_completion_of_probability_one_gives_finite_odds_and_gradients():
 def test_the_loss_is_the_formula_from_full_logits_and_packing_changes_nothing():
     torch.manual_seed(0)
     model = tiny_model().eval()
-    objective = OddsRatioObjective(cfg=OrpoConfig(beta=0.3))
+    objective = OddsRatioObjective(cfg=OrpoConfig(beta=0.3), facts=SPEC.loss_facts())
     padded, metrics = objective(model, batch_of("longest"))
     packed, packed_metrics = objective(model, batch_of("packed"))
     assert torch.allclose(padded, packed, atol=1e-5) and torch.allclose(metrics, packed_metrics, atol=1e-5)
@@ -87,7 +88,7 @@ def test_the_loss_is_the_formula_from_full_logits_and_packing_changes_nothing():
 def test_fillers_take_no_part_and_gradients_reach_the_adapters():
     torch.manual_seed(0)
     model = tiny_model()
-    objective = OddsRatioObjective(cfg=OrpoConfig())
+    objective = OddsRatioObjective(cfg=OrpoConfig(), facts=SPEC.loss_facts())
     alone, metrics_alone = objective(model, batch_of("longest", [PAIRS[0]], batch_size=1))
     with_filler, metrics = objective(model, batch_of("longest", [PAIRS[0], as_filler(PAIRS[1])]))
     assert torch.isfinite(with_filler) and torch.isfinite(metrics).all()

@@ -1,0 +1,57 @@
+"""Config builders: a typed RootConfig for a tiny model on a data file (no Hydra), and the real composed Hydra config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from seqtune.config import RootConfig, to_typed
+
+TINY_MODEL = {
+    "family": "tinyllama",
+    "vocab_size": 4096,
+    "hidden_size": 64,
+    "intermediate_size": 176,
+    "num_layers": 2,
+    "num_heads": 8,
+    "num_kv_heads": 2,
+    "max_position_embeddings": 2048,
+}
+
+
+def alpaca(n_words: int, i: int = 0) -> dict:
+    return {"instruction": f"Repeat the words {i}.", "input": "", "output": " ".join(["apple"] * n_words)}
+
+
+def make_cfg(tmp_path: Path, train: Path, *overrides: str) -> RootConfig:
+    base = {
+        "recipe_name": "sft",
+        "model": TINY_MODEL,
+        "tokenizer": {"source": "bundled"},
+        "data": {"train": str(train), "format": "alpaca", "cache_dir": str(tmp_path / "tokens")},
+        "padding": {},
+        "lora": {},
+        "optim": {},
+        "train": {"batch_size": 4, "progress": False},
+        "launcher": {},
+        "logger": {},
+        "preflight": {"plot": False},
+    }
+    merged = OmegaConf.merge(OmegaConf.structured(RootConfig), base, OmegaConf.from_dotlist(list(overrides)))
+    return to_typed(merged)
+
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "seqtune" / "configs"
+
+
+def compose_real(*overrides: str) -> RootConfig:
+    from hydra import compose, initialize_config_dir
+
+    from seqtune.config import register_resolvers, register_schemas
+
+    register_schemas()
+    register_resolvers()
+    # The directory, not the seqtune.configs module: that module exists only once the package is installed.
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return to_typed(compose(config_name="config", overrides=list(overrides)))
