@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from seqtune.rollout.stage import AGENT_METRICS
-from tests.conftest import read_metrics, run_cli
+from tests.support.cli import read_metrics, run_cli
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ from seqtune.rollout.agent_checks import _round_trip, _template
 from seqtune.rollout.tools import Tool, load_tool, tool_schema
 from seqtune.tokenizers import load_tokenizer
 from seqtune.tokenizers.tool_calls import ParsedCall, parse_hermes, parse_llama3, parse_mistral
-from tests.conftest import require_fetched
+from tests.support.cli import require_fetched
 
 FAMILIES = {"qwen3": "qwen3", "llama3": "llama3", "mistral_v3": "mistral"}
 

@@ -26,7 +26,7 @@ from seqtune.rollout.stage import Rollouts, scored_errors
 from seqtune.rollout.tools import Tool, load_tools, tool_schema
 from seqtune.tokenizers import load_tokenizer
 from seqtune.tokenizers.tool_calls import tool_call_format
-from tests.conftest import require_fetched
+from tests.support.cli import require_fetched
 
 CONFIGS = Path(__file__).resolve().parents[3] / "seqtune/configs/model"
 CALL = '<tool_call>\n{"name": "open_vault", "arguments": {}}\n</tool_call><|im_end|>'
