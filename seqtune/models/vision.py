@@ -143,7 +143,8 @@ def image_processor(vision: VisionFacts, model_path: str | None) -> Any:
         processor = cls(size={"height": vision.image_size, "width": vision.image_size})
     if grid is not None:  # model.image_min_pixels / image_max_pixels (or the checkpoint's own), as counted
         processor.size = {"shortest_edge": grid.min_pixels, "longest_edge": grid.max_pixels}
-    processor.do_pan_and_scan = False
+    if hasattr(processor, "do_pan_and_scan"):
+        processor.do_pan_and_scan = False
     return processor
 
 
