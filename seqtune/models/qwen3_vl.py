@@ -13,6 +13,7 @@ under model.train_vision=projector (the projector is the main merger).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from seqtune.config.plan import ImageGrid
@@ -104,6 +105,15 @@ SPEC = ModelSpec(
     read_arch_fields=read_arch_fields,
     layout=None,
     gguf=None,
-    tests=qwen3.SPEC.tests,
+    # Qwen3's tokenizer and ends of turn; the Instruct template's replies carry no <think> block.
+    tests=replace(
+        qwen3.SPEC.tests,
+        chat_markers=(
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n",
+            "<|im_start|>assistant\nHello<|im_end|>\n",
+        ),
+    )
+    if qwen3.SPEC.tests is not None
+    else None,
     vision=VISION,
 )

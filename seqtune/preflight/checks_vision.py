@@ -179,3 +179,16 @@ def _cut_problems(cfg: RootConfig, split: str, cache: TokenCache, max_seq_len: i
             "run cannot be given to the model. Fix: data.max_seq_len=auto (or larger), or data.overlength=drop.",
         )
     ]
+
+
+def image_patches(vision: VisionFacts | None, caches: list[TokenCache]) -> int:
+    """A dynamic-resolution model's vision patches for the sample with the most image tokens (each image's own
+    count, as tokenized: t*h*w/merge^2 tokens are t*h*w patches), for the memory estimate; 0 otherwise."""
+    if vision is None or vision.grid is None:
+        return 0
+    most = 0
+    for cache in caches:
+        for i, refs in enumerate(cache.images):
+            if refs:
+                most = max(most, int((cache[i].input_ids == vision.image_token_id).sum()))
+    return most * vision.grid.merge_size**2
