@@ -535,8 +535,8 @@ class SampleEncoder:
                     continue
                 try:
                     counts = image_token_counts(record.images, self.vision, f"{record.file}:{record.line}")
-                except ImageRefused as refused:
-                    rejects.append((i, Reject(file=record.file, line=record.line, reason=refused.reason)))
+                except ImageRefused as unusable:
+                    rejects.append((i, Reject(file=record.file, line=record.line, reason=unusable.reason)))
                     continue
                 text, assistant_spans = expand_images(text, assistant_spans, self.vision, counts)
             texts.append(text)
