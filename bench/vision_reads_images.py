@@ -17,9 +17,11 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from seqtune.data.pixels import image_token_count, image_token_types
 from seqtune.data.types import IGNORE_INDEX
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -35,12 +37,14 @@ def _loss(model, cache, pixels, rolled: bool) -> float:
     for sample, images in zip(samples, refs, strict=True):
         if len(images) != len(sample.images):
             images = sample.images  # a different image count would not fit the sample's runs: keep its own
-        ids = torch.tensor(sample.input_ids)[None]
-        token_type = (ids == model.config.image_token_id).long()
+        ids = np.asarray(sample.input_ids)[None]
+        arrays = pixels(list(images))
+        if image_token_count(arrays, len(images), pixels.vision) != int((ids == pixels.vision.image_token_id).sum()):
+            arrays = pixels(list(sample.images))  # images of another size would not fit the sample's runs
+        arrays.update(image_token_types(ids, pixels.vision))
+        inputs = {name: torch.from_numpy(value) for name, value in arrays.items()}
         with torch.no_grad():
-            logits = model(
-                input_ids=ids, pixel_values=torch.from_numpy(pixels(list(images))), token_type_ids=token_type
-            ).logits[0, :-1]
+            logits = model(input_ids=torch.tensor(sample.input_ids)[None], **inputs).logits[0, :-1]
         labels = torch.tensor(sample.labels)[1:]
         total += float(F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum"))
         count += int((labels != IGNORE_INDEX).sum())

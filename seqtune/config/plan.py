@@ -14,6 +14,7 @@ Two stages, each complete (no field waits for a later phase as null):
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,36 @@ VALIDATION_FIX = "data.val=PATH (held-out records), or data.val_fraction=0.05 (h
 
 
 @dataclass(frozen=True, kw_only=True)
+class ImageGrid:
+    """Dynamic resolution (Qwen2-VL's image processor and its successors): each image is resized to the nearest
+    multiple of patch_size x merge_size per side within [min_pixels, max_pixels] pixels (its aspect ratio kept),
+    cut into patch_size patches (grid t x h x w, t = 1 for a still image) and merged merge_size x merge_size into
+    one token: tokens = t * h * w / merge_size**2, different for every image size."""
+
+    patch_size: int
+    merge_size: int
+    temporal_patch_size: int
+    min_pixels: int
+    max_pixels: int
+
+    def grid_thw(self, width: int, height: int) -> tuple[int, int, int]:
+        """The processor's image_grid_thw row for a width x height image (its smart_resize, exactly). Raises
+        ValueError for an aspect ratio above 200, as the processor does."""
+        factor = self.patch_size * self.merge_size
+        if max(height, width) / min(height, width) > 200:
+            raise ValueError(f"its aspect ratio {max(height, width) / min(height, width):.0f} is above 200")
+        h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+        if h_bar * w_bar > self.max_pixels:
+            beta = math.sqrt((height * width) / self.max_pixels)
+            h_bar = max(factor, math.floor(height / beta / factor) * factor)
+            w_bar = max(factor, math.floor(width / beta / factor) * factor)
+        elif h_bar * w_bar < self.min_pixels:
+            beta = math.sqrt(self.min_pixels / (height * width))
+            h_bar, w_bar = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
+        return 1, h_bar // self.patch_size, w_bar // self.patch_size
+
+
+@dataclass(frozen=True, kw_only=True)
 class VisionFacts:
     """The run's image facts (plan.vision): the token strings, tokens per image, image size, the vision modules."""
 
@@ -89,6 +120,18 @@ class VisionFacts:
     frozen_modules: tuple[str, ...] = ()
     # The ids of boi, image and eoi in the run's tokenizer (its special tokens, read with the vocabulary facts).
     image_ids: tuple[int, ...] = ()
+    # One image's run with {boi} {image} {eoi} and the image token repeated per image (VisionSpec.expansion_format).
+    expansion_format: str = ""
+    # Dynamic resolution (Qwen-VL): each image's token count from its own size (image_tokens_for); null = every
+    # image is tokens_per_image tokens (Gemma 3).
+    grid: ImageGrid | None = None
+    # The model input marking image tokens (1 there, else 0): Gemma 3's token_type_ids, Qwen-VL's mm_token_type_ids.
+    token_type_key: str = "token_type_ids"
+    # Multimodal RoPE (Qwen-VL's 3D positions): the collator gives position_ids [4, rows, T], the text positions
+    # then temporal/height/width, computed per sample from its tokens and its images' grids (get_rope_index's rule).
+    mrope: bool = False
+    # Whether transformers builds the processor without torchvision (VisionSpec.processor_builds).
+    processor_builds: bool = True
 
     @property
     def image_token_id(self) -> int:
@@ -97,6 +140,20 @@ class VisionFacts:
     @property
     def image_tokens(self) -> tuple[str, str, str]:
         return (self.boi_token, self.image_token, self.eoi_token)
+
+    def image_tokens_for(self, width: int, height: int) -> int:
+        """The per-image token-count hook every count reads (the encoder's expansion, preflight, the collator's
+        check): the number of image tokens the processor gives a width x height image."""
+        if self.grid is None:
+            return self.tokens_per_image
+        t, h, w = self.grid.grid_thw(width, height)
+        return t * h * w // self.grid.merge_size**2
+
+    def expansion_for(self, tokens: int) -> str:
+        """One image's run as text with `tokens` image tokens, exactly as the processor writes it."""
+        if not self.expansion_format:
+            return self.expansion
+        return self.expansion_format.format(boi=self.boi_token, eoi=self.eoi_token, image=self.image_token * tokens)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -258,6 +315,7 @@ def load_plan(run_dir: Path) -> Plan:
                 "vision_modules": tuple(vision["vision_modules"]),
                 "frozen_modules": tuple(vision["frozen_modules"]),
                 "image_ids": tuple(vision["image_ids"]),
+                "grid": ImageGrid(**vision["grid"]) if vision.get("grid") else None,
             }
         )
     for name in ("lora_targets", "lora_modules", "lora_saved", "stream_records", "micro_batch"):

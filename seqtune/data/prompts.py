@@ -66,8 +66,8 @@ def build_eval_prompts(
 
 def _images_in(sample: TokenizedSample, end: int, vision: VisionFacts | None) -> tuple[str, ...]:
     """The sample's images whose runs lie in input_ids[:end]: runs are never cut (preflight refuses a policy that
-    would), so the soft tokens there count whole images, the first ones in run order."""
+    would), so the runs' end tokens there count whole images (whatever each one's size), the first in run order."""
     if vision is None or not sample.images:
         return ()
-    soft = int((sample.input_ids[:end] == vision.image_token_id).sum())
-    return sample.images[: soft // vision.tokens_per_image]
+    ended = int((sample.input_ids[:end] == vision.image_ids[2]).sum())
+    return sample.images[:ended]

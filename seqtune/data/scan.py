@@ -135,6 +135,8 @@ def format_signature(
         parts.append(
             f"vision={vision.placeholder!r}->{vision.expansion!r}|{vision.image_tokens}|{MEDIA_REFERENCE_RULE}"
         )
+        if vision.grid is not None:  # each image's count follows from its size within these bounds
+            parts.append(f"image_grid={vision.expansion_format!r}|{vision.grid}")
         kind = kind_of_format(fmt)
         if kind.images and kind.sequences > 1:
             # Every member keeps its record's images (a pair's chosen and rejected): a cache written before, which

@@ -39,6 +39,7 @@ from seqtune.data.formats import (
     record_format,
     role_reason,
 )
+from seqtune.data.images import ImageRefused, image_dimensions, stored_image
 from seqtune.data.kinds import kind_of_format
 from seqtune.data.types import IGNORE_INDEX, TEMPLATE_REJECTED, Reject, Sample, TokenizedSample
 from seqtune.tokenizers import templates
@@ -293,7 +294,8 @@ class SampleEncoder:
         if not record.images:
             return record.prompt
         assert self.vision is not None, "only an image-text run's parser keeps images"
-        return expand_images(record.prompt, [], self.vision)[0]
+        counts = image_token_counts(record.images, self.vision, f"{record.file}:{record.line}")
+        return expand_images(record.prompt, [], self.vision, counts)[0]
 
     def _tokens_whole(self, records: list[PromptCompletion]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Each record's rendered text (prompt + completion) tokenized whole in one batched call, as generation will
@@ -542,7 +544,12 @@ class SampleEncoder:
                     )
                     rejects.append((i, Reject(file=record.file, line=record.line, reason=reason)))
                     continue
-                text, assistant_spans = expand_images(text, assistant_spans, self.vision)
+                try:
+                    counts = image_token_counts(record.images, self.vision, f"{record.file}:{record.line}")
+                except ImageRefused as unusable:
+                    rejects.append((i, Reject(file=record.file, line=record.line, reason=unusable.reason)))
+                    continue
+                text, assistant_spans = expand_images(text, assistant_spans, self.vision, counts)
             texts.append(text)
             if not self.train_on_reasoning and self.reasoning is not None:
                 assistant_spans = _after_reasoning(text, assistant_spans, self.reasoning)
@@ -581,22 +588,49 @@ def image_token_ids(tokenizer, vision: VisionFacts) -> np.ndarray:
     return np.asarray(ids, np.int64)
 
 
-def expand_images(text: str, spans: list[tuple[int, int]], vision: VisionFacts) -> tuple[str, list[tuple[int, int]]]:
-    """The rendered text with each image placeholder replaced by the processor's run for one image (exactly as the
-    processor rewrites the prompt: Gemma3Processor replaces its boi token by full_image_sequence), and the target
-    character spans moved past what each replacement added."""
+def image_token_counts(images: tuple[str, ...], vision: VisionFacts, where: str) -> list[int]:
+    """Each image's token count (VisionFacts.image_tokens_for): a dynamic-resolution model's from the image's own
+    size, read from its header; raises ImageRefused for an image the processor cannot take."""
+    if vision.grid is None:
+        return [vision.tokens_per_image] * len(images)
+    counts = []
+    for stored in images:
+        ref = stored_image(stored)
+        width, height = image_dimensions(ref)
+        try:
+            counts.append(vision.image_tokens_for(width, height))
+        except ValueError as exc:
+            raise ImageRefused(
+                "bad_image",
+                f"{ref.name} ({width}x{height}) cannot be given to {vision.image_processor_class}: {exc}",
+                where=where,
+                fix="crop or pad the image to an aspect ratio of at most 200:1, or remove the record",
+            ) from None
+    return counts
+
+
+def expand_images(
+    text: str, spans: list[tuple[int, int]], vision: VisionFacts, counts: list[int]
+) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered text with each image placeholder replaced by the processor's run for that image, `counts[i]`
+    image tokens for the i-th (exactly as the processor rewrites the prompt: Gemma3Processor replaces its boi token
+    by full_image_sequence, Qwen-VL's repeats <|image_pad|> per image), and the target character spans moved past
+    what each replacement added."""
     pieces = text.split(vision.placeholder)
-    grow = len(vision.expansion) - len(vision.placeholder)
-    starts, position = [], 0
-    for piece in pieces[:-1]:
+    runs = [vision.expansion_for(n) for n in counts]
+    assert len(runs) == len(pieces) - 1, "the caller checked one placeholder per image"
+    starts, grows, position = [], [], 0
+    for piece, run in zip(pieces[:-1], runs, strict=True):
         position += len(piece)
         starts.append(position)
+        grows.append(len(run) - len(vision.placeholder))
         position += len(vision.placeholder)
 
     def moved(offset: int) -> int:
-        return offset + grow * sum(1 for start in starts if start < offset)
+        return offset + sum(grow for start, grow in zip(starts, grows, strict=True) if start < offset)
 
-    return vision.expansion.join(pieces), [(moved(lo), moved(hi)) for lo, hi in spans]
+    out = pieces[0] + "".join(run + piece for run, piece in zip(runs, pieces[1:], strict=True))
+    return out, [(moved(lo), moved(hi)) for lo, hi in spans]
 
 
 def _after_reasoning(text: str, spans: list[tuple[int, int]], block: templates.ReasoningBlock) -> list[tuple[int, int]]:

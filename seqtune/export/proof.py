@@ -138,8 +138,9 @@ def _capture_logits(
         ids = prompt.prompt_ids + prompt.reference_ids[: POSITIONS - 1]
         first = len(prompt.prompt_ids) - 1
         tensors[f"ids.{i}"] = torch.tensor(ids, dtype=torch.int64)
-        tensors.update({f"{name}.{i}": value for name, value in (pixels(prompt) if pixels is not None else {}).items()})
-        images = _on(_image_inputs(tensors, str(i), tensors[f"ids.{i}"], _image_token(model)), device)
+        inputs = pixels(prompt, tensors[f"ids.{i}"]) if pixels is not None else {}
+        tensors.update({f"{name}.{i}": value for name, value in inputs.items()})
+        images = _on(_image_inputs(tensors, str(i)), device)
         logits = model(input_ids=torch.tensor([ids], device=device), **images).logits[0, first:]
         tensors[f"logits.{i}"] = logits.float().cpu().contiguous()
         locations.append(prompt.location)
@@ -147,13 +148,14 @@ def _capture_logits(
 
 
 def _prompt_pixels(run_dir: Path) -> Any | None:
-    """An image-text run: a prompt -> the model inputs of the images its tokens hold (pixel_values), so every proof
+    """An image-text run: a prompt and its ids -> the model inputs of the images its tokens hold (pixel_values, a
+    dynamic-resolution model's image_grid_thw, the image token types), so every proof
     compares logits on a prompt with its images, as the model reads them; None for a text-only run. Only the
     prompt's own images: a record's later turns may hold more, whose tokens the prompt (cut at the first target)
     does not have, and the model refuses features without their tokens."""
     from seqtune.config.load import load_resolved
     from seqtune.config.plan import load_plan
-    from seqtune.data.pixels import ImagePixels
+    from seqtune.data.pixels import ImagePixels, image_token_types
     from seqtune.models.vision import image_processor
 
     vision = load_plan(run_dir).vision
@@ -162,8 +164,11 @@ def _prompt_pixels(run_dir: Path) -> Any | None:
     model_path = load_resolved(Path(run_dir) / "config.yaml").model.path
     pixels = ImagePixels(processor=image_processor(vision, model_path), vision=vision)
 
-    def inputs(prompt: Any) -> dict[str, torch.Tensor]:
-        return {"pixel_values": torch.from_numpy(pixels(list(prompt.images)))} if prompt.images else {}
+    def inputs(prompt: Any, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        if not prompt.images:
+            return {}
+        arrays = {**pixels(list(prompt.images)), **image_token_types(ids.numpy()[None], vision)}
+        return {name: torch.from_numpy(value) for name, value in arrays.items()}
 
     return inputs
 
@@ -172,14 +177,13 @@ def _on(images: dict[str, torch.Tensor], device: torch.device) -> dict[str, torc
     return {name: value.to(device) for name, value in images.items()}
 
 
-def _image_inputs(reference: dict[str, torch.Tensor], i: str, ids: torch.Tensor, vision_token: int | None) -> dict:
-    """The pixel values a reference prompt was captured with, and its token_type_ids (1 at the image tokens)."""
-    if f"pixel_values.{i}" not in reference:
-        return {}
-    out = {"pixel_values": reference[f"pixel_values.{i}"]}
-    if vision_token is not None:
-        out["token_type_ids"] = (ids == vision_token).long()[None]
-    return out
+# The image inputs a reference prompt is captured with (seqtune.data.pixels: the processor's and the token types).
+IMAGE_INPUTS = ("pixel_values", "image_grid_thw", "token_type_ids", "mm_token_type_ids")
+
+
+def _image_inputs(reference: dict[str, torch.Tensor], i: str) -> dict:
+    """The image inputs a reference prompt was captured with (none for a prompt without images)."""
+    return {name: reference[f"{name}.{i}"] for name in IMAGE_INPUTS if f"{name}.{i}" in reference}
 
 
 def check_readable(files: list[Path]) -> None:
@@ -232,12 +236,6 @@ def load_artifact(facts: ShipFacts, name: str, *, device: torch.device) -> torch
     return PeftModel.from_pretrained(base, directory).to(device).eval()
 
 
-def _image_token(model: torch.nn.Module) -> int | None:
-    """An image-text model's image soft token id (its config's image_token_id), else None."""
-    config = getattr(model, "config", None)
-    return getattr(config, "image_token_id", None)
-
-
 def _tolerance(*dtypes: torch.dtype) -> float:
     return max(TOLERANCE.get(dtype, TOLERANCE[torch.bfloat16]) for dtype in dtypes)
 
@@ -254,7 +252,7 @@ def logits_agreement(
         i = key.split(".", 1)[1]
         expected = reference[f"logits.{i}"]
         ids = reference[key]
-        images = _on(_image_inputs(reference, i, ids, _image_token(model)), device)
+        images = _on(_image_inputs(reference, i), device)
         got = model(input_ids=ids[None].to(device), **images).logits[0, len(ids) - len(expected) :].float().cpu()
         scale = max(1.0, float(expected.abs().max()))
         worst = max(worst, float((got - expected).abs().max()) / scale)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from seqtune.config.errors import ConfigError, ModelLoadError
-from seqtune.config.plan import VisionFacts
+from seqtune.config.plan import ImageGrid, VisionFacts
 from seqtune.config.schema import ModelConfig, TrainVision
 from seqtune.hub import repair_command
 from seqtune.models.checkpoint_check import INDEX
@@ -128,7 +128,15 @@ def read_vision_facts(cfg: ModelConfig, spec: ModelSpec) -> VisionFacts | None:
                 fix="model.train_vision=false, or an image-text model (model=gemma3_vision_tiny, model=gemma3_4b).",
             )
         return None
-    if cfg.path is None:
+    grid = image_grid(cfg, spec)
+    if grid is not None:  # each image's count follows from its size (VisionFacts.image_tokens_for)
+        per_image, size = 0, 0
+        tokens = (
+            vision.tiny_image_tokens
+            if cfg.path is None
+            else checkpoint_image_tokens(check_checkpoint_dir(cfg.path), vision)
+        )
+    elif cfg.path is None:
         tokens = vision.tiny_image_tokens
         per_image, size = vision.tiny_tokens_per_image, int(vision.tiny_vision["image_size"])
     else:
@@ -145,7 +153,56 @@ def read_vision_facts(cfg: ModelConfig, spec: ModelSpec) -> VisionFacts | None:
             ) from None
         tokens = checkpoint_image_tokens(check_checkpoint_dir(cfg.path), vision)
     return vision_facts(
-        vision, tokens=tokens, tokens_per_image=per_image, image_size=size, train_vision=cfg.vision_training
+        vision, tokens=tokens, tokens_per_image=per_image, image_size=size, train_vision=cfg.vision_training, grid=grid
+    )
+
+
+def image_grid(cfg: ModelConfig, spec: ModelSpec) -> ImageGrid | None:
+    """A dynamic-resolution family's grid (VisionSpec.grid): a checkpoint's preprocessor_config.json numbers (else
+    the family's), with model.image_min_pixels / image_max_pixels over its pixel bounds. Those settings are refused
+    for a model whose images are a fixed number of tokens, and when they cross."""
+    declared = spec.vision.grid if spec.vision is not None else None
+    settings = {"image_min_pixels": cfg.image_min_pixels, "image_max_pixels": cfg.image_max_pixels}
+    if declared is None:
+        given = [f"model.{k}={v}" for k, v in settings.items() if v is not None]
+        if given:
+            raise ConfigError(
+                f"{' and '.join(given)} but model.family={spec.family} gives every image the same number of tokens "
+                "(its processor resizes each image to one size): no pixel bounds to set.",
+                key="model.image_min_pixels" if cfg.image_min_pixels is not None else "model.image_max_pixels",
+                fix="remove the setting, or use a dynamic-resolution model (model=qwen2_5_vl_tiny, qwen3_vl_tiny).",
+            )
+        return None
+    found = _preprocessor_grid(check_checkpoint_dir(cfg.path), declared) if cfg.path else declared
+    grid = replace(
+        found,
+        min_pixels=cfg.image_min_pixels or found.min_pixels,
+        max_pixels=cfg.image_max_pixels or found.max_pixels,
+    )
+    if grid.min_pixels > grid.max_pixels:
+        raise ConfigError(
+            f"model.image_min_pixels={grid.min_pixels} > model.image_max_pixels={grid.max_pixels}: no image size "
+            "lies within them.",
+            key="model.image_min_pixels",
+            fix="set model.image_min_pixels <= model.image_max_pixels (e.g. 3136 and 1003520, Qwen2.5-VL's).",
+        )
+    return grid
+
+
+def _preprocessor_grid(root: Path, declared: ImageGrid) -> ImageGrid:
+    """A checkpoint's preprocessor_config.json grid numbers (size.shortest_edge / longest_edge, or the older
+    min_pixels / max_pixels keys); the family's for what it does not state."""
+    try:
+        config = json.loads((root / "preprocessor_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return declared
+    size = config.get("size") or {}
+    return ImageGrid(
+        patch_size=int(config.get("patch_size", declared.patch_size)),
+        merge_size=int(config.get("merge_size", declared.merge_size)),
+        temporal_patch_size=int(config.get("temporal_patch_size", declared.temporal_patch_size)),
+        min_pixels=int(size.get("shortest_edge", config.get("min_pixels", declared.min_pixels))),
+        max_pixels=int(size.get("longest_edge", config.get("max_pixels", declared.max_pixels))),
     )
 
 

@@ -18,6 +18,7 @@ gradients and the optimizer state under FSDP's CPU offload. The batch is the lar
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -95,6 +96,9 @@ class MemoryInputs:
     vision_modules: tuple[str, ...] = ()
     vision_frozen: tuple[str, ...] = ()
     images: int = 0
+    # A dynamic-resolution model (Qwen-VL): the worst micro-batch's vision patches, from each image's own grid
+    # (images of a fixed size: images x the tower's position table instead).
+    image_patches: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -245,8 +249,10 @@ def vision_activation_bytes(inputs: MemoryInputs, arch: Arch) -> float:
     tower = {n: shape for n, shape in arch.tensors.items() if _under(n, inputs.vision_modules)}
     if not inputs.images or not tower:
         return 0.0
-    patches = max((shape[0] for n, shape in tower.items() if n.endswith("position_embedding.weight")), default=0)
-    fc1 = [shape for n, shape in tower.items() if n.endswith("mlp.fc1.weight")]
+    per_image = max((shape[0] for n, shape in tower.items() if n.endswith("position_embedding.weight")), default=0)
+    patches = inputs.image_patches or inputs.images * per_image
+    # Each layer's first MLP projection (SigLIP's fc1, Qwen2.5-VL's gate_proj, Qwen3-VL's linear_fc1).
+    fc1 = [shape for n, shape in tower.items() if re.search(r"\.mlp\.(fc1|linear_fc1|gate_proj)\.weight$", n)]
     if not patches or not fc1:
         return 0.0
     intermediate, hidden = fc1[0]
@@ -254,7 +260,7 @@ def vision_activation_bytes(inputs: MemoryInputs, arch: Arch) -> float:
     # its activation (what a ViT layer keeps for its backward), in the compute dtype.
     per_layer = patches * (8 * hidden + 2 * intermediate) * BYTES_PER_DTYPE[inputs.compute_dtype]
     layers = 1 if inputs.vision_frozen else len(fc1)  # the tower is frozen whenever anything is
-    return float(inputs.images * per_layer * layers)
+    return float(per_layer * layers)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,12 +18,13 @@ A family whose checkpoints see images (Gemma 3 from 4B up) sets `ModelSpec.visio
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from seqtune.config.plan import VisionFacts
+from seqtune.config.plan import ImageGrid, VisionFacts
 from seqtune.config.schema import TrainVision
 
 
@@ -53,6 +54,18 @@ class VisionSpec:
     tiny_vision: dict
     tiny_tokens_per_image: int
     tiny_image_tokens: tuple[str, str, str]  # boi, image, eoi
+    # Dynamic resolution (Qwen-VL): the image processor's grid numbers and pixel bounds when model.path has no
+    # preprocessor_config.json (the tiny model); each image's tokens then follow from its size (ImageGrid). null:
+    # every image is the same number of tokens (tokens_per_image_key, tiny_tokens_per_image).
+    grid: ImageGrid | None = None
+    # The model input that marks image tokens (1 there): Gemma 3's token_type_ids, Qwen-VL's mm_token_type_ids.
+    token_type_key: str = "token_type_ids"
+    # Multimodal RoPE: the model reads position_ids [4, rows, T] (text, then temporal/height/width; Qwen-VL).
+    mrope: bool = False
+    # Whether transformers builds the processor without torchvision. Qwen-VL's processors need a video processor,
+    # which does; without it the processor's files are written as a checkpoint ships them (the image processor's
+    # preprocessor_config.json naming processor_class, beside the tokenizer and its chat template).
+    processor_builds: bool = True
 
     def expansion(self, boi: str, image: str, eoi: str, n: int) -> str:
         return self.expansion_format.format(boi=boi, eoi=eoi, image=image * n)
@@ -65,6 +78,7 @@ def vision_facts(
     tokens_per_image: int,
     image_size: int,
     train_vision: TrainVision,
+    grid: ImageGrid | None = None,
 ) -> VisionFacts:
     boi, image, eoi = tokens
     frozen = {
@@ -86,6 +100,11 @@ def vision_facts(
         train_vision=str(train_vision),
         projector_module=spec.projector_module,
         frozen_modules=frozen,
+        expansion_format=spec.expansion_format,
+        grid=grid,
+        token_type_key=spec.token_type_key,
+        mrope=spec.mrope,
+        processor_builds=spec.processor_builds,
     )
 
 
@@ -114,11 +133,18 @@ def image_processor(vision: VisionFacts, model_path: str | None) -> Any:
     import transformers
 
     cls = getattr(transformers, vision.image_processor_class)
+    grid = vision.grid
     if model_path and (Path(model_path) / "preprocessor_config.json").is_file():
         processor = cls.from_pretrained(model_path, local_files_only=True)
+    elif grid is not None:
+        processor = cls(patch_size=grid.patch_size, merge_size=grid.merge_size)
+        processor.temporal_patch_size = grid.temporal_patch_size
     else:
         processor = cls(size={"height": vision.image_size, "width": vision.image_size})
-    processor.do_pan_and_scan = False
+    if grid is not None:  # model.image_min_pixels / image_max_pixels (or the checkpoint's own), as counted
+        processor.size = {"shortest_edge": grid.min_pixels, "longest_edge": grid.max_pixels}
+    if hasattr(processor, "do_pan_and_scan"):
+        processor.do_pan_and_scan = False
     return processor
 
 
@@ -129,6 +155,9 @@ def save_processor(directory: Path, vision: VisionFacts, model_path: str | None)
     only as reserved tokens, as the tiny model's, gets them as model-specific special tokens)."""
     import transformers
 
+    if not vision.processor_builds:
+        _save_processor_files(directory, vision, model_path)
+        return
     tokenizer = transformers.AutoTokenizer.from_pretrained(
         directory,
         extra_special_tokens={
@@ -145,3 +174,14 @@ def save_processor(directory: Path, vision: VisionFacts, model_path: str | None)
         image_seq_length=vision.tokens_per_image,
     )
     processor.save_pretrained(directory)
+
+
+def _save_processor_files(directory: Path, vision: VisionFacts, model_path: str | None) -> None:
+    """The processor as a checkpoint ships it, without building it (VisionSpec.processor_builds): the image
+    processor's preprocessor_config.json naming the processor class (AutoProcessor reads it), beside the tokenizer
+    already saved with its chat template."""
+    image_processor(vision, model_path).save_pretrained(directory)
+    path = directory / "preprocessor_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["processor_class"] = vision.processor_class
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from seqtune.config.plan import Resolved
+from seqtune.config.plan import Resolved, VisionFacts
 from seqtune.config.schema import Overlength, PaddingStrategy, RootConfig
 from seqtune.data.cache import REJECTS, TokenCache
 from seqtune.data.images import ImageRefused, load_image, stored_image
@@ -70,10 +70,12 @@ def vision_checks(
     for split, directory in caches.items():
         problems += _reference_problems(split, Path(directory))
         cache = TokenCache.open(Path(directory))
-        decode, images, distinct = _decode_problems(split, cache)
+        decode, images, distinct, sizes = _decode_problems(split, cache)
         problems += decode
         problems += _cut_problems(cfg, split, cache, max_seq_len)
-        if images:
+        if images and vision.grid is not None:
+            notes.append(_grid_note(split, cache, vision, sizes, distinct))
+        elif images:
             tokens = images * vision.tokens_per_image
             notes.append(
                 f"images: data.{split} has {images} ({distinct} distinct, all decoded), {vision.tokens_per_image} "
@@ -115,18 +117,35 @@ def _reference_problems(split: str, directory: Path) -> list[Problem]:
     return problems
 
 
-def _decode_problems(split: str, cache: TokenCache) -> tuple[list[Problem], int, int]:
-    """Every distinct image of the split decoded once; (problems, images, distinct images)."""
+def _grid_note(split: str, cache: TokenCache, vision: VisionFacts, sizes: dict[str, tuple[int, int]], distinct: int):
+    """A dynamic-resolution model's image tokens: each image's own count (from its size), their range and total."""
+    assert vision.grid is not None, "a dynamic-resolution model's note"
+    per_image = {ref: vision.image_tokens_for(*size) for ref, size in sizes.items()}
+    total = sum(per_image[ref] for refs in cache.images for ref in refs if ref in per_image)
+    images = sum(len(refs) for refs in cache.images)
+    low, high = min(per_image.values(), default=0), max(per_image.values(), default=0)
+    return (
+        f"images: data.{split} has {images} ({distinct} distinct, all decoded), {low}-{high} tokens each by its size "
+        f"({vision.boi_token} {vision.image_token} x t*h*w/{vision.grid.merge_size}^2 {vision.eoi_token}, resized "
+        f"within {vision.grid.min_pixels}-{vision.grid.max_pixels} pixels (model.image_min_pixels / "
+        f"image_max_pixels) as {vision.image_processor_class} does): {total} of its "
+        f"{int(np.asarray(cache.lengths).sum())} tokens, counted in every length above; never targets."
+    )
+
+
+def _decode_problems(split: str, cache: TokenCache) -> tuple[list[Problem], int, int, dict[str, tuple[int, int]]]:
+    """Every distinct image of the split decoded once; (problems, images, distinct images, each decoded image's
+    width x height)."""
     first_use: dict[str, int] = {}
     images = 0
     for i, refs in enumerate(cache.images):
         images += len(refs)
         for ref in refs:
             first_use.setdefault(ref, i)
-    problems = []
+    problems, sizes = [], {}
     for ref, sample in first_use.items():
         try:
-            load_image(stored_image(ref))
+            sizes[ref] = load_image(stored_image(ref)).size
         except ImageRefused as refused:
             where = cache.location(sample)
             problems.append(
@@ -137,7 +156,7 @@ def _decode_problems(split: str, cache: TokenCache) -> tuple[list[Problem], int,
                     message=f"data.{split} {where}: {refused.reason}",
                 )
             )
-    return problems, images, len(first_use)
+    return problems, images, len(first_use), sizes
 
 
 def _cut_problems(cfg: RootConfig, split: str, cache: TokenCache, max_seq_len: int) -> list[Problem]:
@@ -160,3 +179,16 @@ def _cut_problems(cfg: RootConfig, split: str, cache: TokenCache, max_seq_len: i
             "run cannot be given to the model. Fix: data.max_seq_len=auto (or larger), or data.overlength=drop.",
         )
     ]
+
+
+def image_patches(vision: VisionFacts | None, caches: list[TokenCache]) -> int:
+    """A dynamic-resolution model's vision patches for the sample with the most image tokens (each image's own
+    count, as tokenized: t*h*w/merge^2 tokens are t*h*w patches), for the memory estimate; 0 otherwise."""
+    if vision is None or vision.grid is None:
+        return 0
+    most = 0
+    for cache in caches:
+        for i, refs in enumerate(cache.images):
+            if refs:
+                most = max(most, int((cache[i].input_ids == vision.image_token_id).sum()))
+    return most * vision.grid.merge_size**2

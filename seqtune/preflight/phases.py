@@ -543,7 +543,12 @@ def largest_micro_batch(cfg: RootConfig, rule: BatchRule, views: dict) -> tuple[
 
 
 def memory_inputs(
-    cfg: RootConfig, plan: Resolved, micro_batch: tuple[int, int], arch: Arch, images: int = 0
+    cfg: RootConfig,
+    plan: Resolved,
+    micro_batch: tuple[int, int],
+    arch: Arch,
+    images: int = 0,
+    image_patches: int = 0,
 ) -> MemoryInputs:
     """The estimate's inputs, every one a resolved fact of the plan: rows after resize, the trainable set, kernels,
     world, the largest micro-batch (Plan.micro_batch). (`arch` gives the shapes.)"""
@@ -588,18 +593,26 @@ def memory_inputs(
         vision_modules=plan.vision.vision_modules if plan.vision is not None else (),
         vision_frozen=plan.vision.frozen_modules if plan.vision is not None else (),
         images=images,
+        image_patches=image_patches,
     )
 
 
 def memory_phase(
-    cfg: RootConfig, plan: Resolved, micro_batch: tuple[int, int], arch: Arch, max_seq_len: int, images: int = 0
+    cfg: RootConfig,
+    plan: Resolved,
+    micro_batch: tuple[int, int],
+    arch: Arch,
+    max_seq_len: int,
+    images: int = 0,
+    image_patches: int = 0,
 ) -> tuple[MemoryStats, list[Problem]]:
     """The training peak of the largest micro-batch vs the device's memory, and what the plan keeps in host memory
     vs the host's; when either will not fit, the levers that would (seqtune.preflight.levers). `images`: an
-    image-text run's images in the worst micro-batch (the most a sample has x its rows)."""
+    image-text run's images in the worst micro-batch (the most a sample has x its rows); `image_patches`: a
+    dynamic-resolution model's vision patches in it (each image's own, exact)."""
     from seqtune.models import memory_estimate
 
-    inputs = memory_inputs(cfg, plan, micro_batch, arch, images)
+    inputs = memory_inputs(cfg, plan, micro_batch, arch, images, image_patches)
     estimate = memory_estimate(inputs)
     device = device_memory_gib(cfg.preflight.device_memory_gib, plan.device_type)
     host = host_memory_gib(cfg.preflight.host_memory_gib) if estimate.host_bytes else None

@@ -35,7 +35,7 @@ from seqtune.models.attention import native_gqa
 from seqtune.models.model_configs import ModelConfigs
 from seqtune.preflight import checks, checks_labels, content, tokenizer_record
 from seqtune.preflight.checks import Problem
-from seqtune.preflight.checks_vision import vision_checks
+from seqtune.preflight.checks_vision import image_patches, vision_checks
 from seqtune.preflight.phases import (
     fast_checks,
     harness_checks,
@@ -253,8 +253,9 @@ def _data_phases(
     micro_batch = largest_micro_batch(cfg, rule, views)
     if model is not None and not resolved.optimizer_reason.startswith(CANNOT_RUN):  # no state to count otherwise
         most = max((len(refs) for scan in scans.values() for refs in scan.cache().images), default=0)
+        patches = image_patches(resolved.vision, [scan.cache() for scan in scans.values()]) * rule.rows
         result.memory, memory_problems = memory_phase(
-            cfg, resolved, micro_batch, model.arch, max_seq_len, most * rule.rows
+            cfg, resolved, micro_batch, model.arch, max_seq_len, most * rule.rows, patches
         )
         problems += memory_problems
     return {

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from seqtune.config.plan import Plan
+from seqtune.config.plan import Plan, VisionFacts
 from seqtune.config.rundir import SAMPLES_FILE
 from seqtune.config.schema import RootConfig
 from seqtune.data.pixels import ImagePixels
@@ -64,13 +64,15 @@ def greedy_completion(
 
 @dataclass(kw_only=True)
 class PromptImages:
-    """One prompt's images as model inputs: their pixel values, and the image soft token that marks their runs."""
+    """One prompt's images as model inputs: the processor's (pixel values, a dynamic-resolution model's
+    image_grid_thw), and the token types (vision.token_type_key) of the ids generated so far."""
 
-    pixel_values: torch.Tensor
-    image_token_id: int
+    tensors: dict[str, torch.Tensor]
+    vision: VisionFacts
 
     def inputs(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"pixel_values": self.pixel_values, "token_type_ids": (ids == self.image_token_id).long()}
+        types = (ids == self.vision.image_token_id).long()
+        return {**self.tensors, self.vision.token_type_key: types}
 
 
 @dataclass(kw_only=True)
@@ -91,8 +93,9 @@ class SampleGenerator:
     def _images(self, prompt: EvalPrompt) -> PromptImages | None:
         if self.pixels is None or not prompt.images:
             return None
-        pixel_values = torch.from_numpy(self.pixels(list(prompt.images))).to(self.env.device)
-        return PromptImages(pixel_values=pixel_values, image_token_id=self.pixels.vision.image_token_id)
+        arrays = self.pixels(list(prompt.images))
+        tensors = {name: torch.from_numpy(value).to(self.env.device) for name, value in arrays.items()}
+        return PromptImages(tensors=tensors, vision=self.pixels.vision)
 
     def __post_init__(self) -> None:
         if self.env.is_main:

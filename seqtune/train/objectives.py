@@ -25,8 +25,17 @@ import torch
 from seqtune.config.recipe_spec import LossFacts
 from seqtune.data.types import IGNORE_INDEX
 
-# pixel_values and token_type_ids: an image-text run's images and where their soft tokens stand (data.pixels).
-MODEL_INPUTS = ("input_ids", "position_ids", "attention_mask", "pixel_values", "token_type_ids")
+# pixel_values and token_type_ids: an image-text run's images and where their soft tokens stand (data.pixels);
+# a dynamic-resolution model's image_grid_thw (each image's grid) and mm_token_type_ids (Qwen-VL's name for the latter).
+MODEL_INPUTS = (
+    "input_ids",
+    "position_ids",
+    "attention_mask",
+    "pixel_values",
+    "token_type_ids",
+    "image_grid_thw",
+    "mm_token_type_ids",
+)
 
 
 class Objective(Protocol):

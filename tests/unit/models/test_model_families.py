@@ -29,7 +29,16 @@ def test_tiny_builds_family_class_and_trains_a_step(family):
     batch = random_batch(min(rows, 4096))
     images = {}
     vision = get_spec(family).vision
-    if vision is not None:  # one image per row: its soft tokens in the ids, its pixels beside them
+    if vision is not None and vision.grid is not None:  # dynamic resolution: one 4x4-patch image per row
+        grid, rows_ = vision.grid, batch.shape[0]
+        batch[:, 1 : 1 + 16 // grid.merge_size**2] = model.config.image_token_id
+        width = 3 * grid.temporal_patch_size * grid.patch_size**2
+        images = {
+            "pixel_values": torch.randn(rows_ * 16, width, generator=torch.Generator().manual_seed(0)),
+            "image_grid_thw": torch.tensor([[1, 4, 4]] * rows_),
+            vision.token_type_key: (batch == model.config.image_token_id).long(),
+        }
+    elif vision is not None:  # one image per row: its soft tokens in the ids, its pixels beside them
         size, per_image = vision.tiny_vision["image_size"], vision.tiny_tokens_per_image
         batch[:, 1 : 1 + per_image] = model.config.image_token_id
         pixels = torch.randn(batch.shape[0], 3, size, size, generator=torch.Generator().manual_seed(0))

@@ -297,3 +297,19 @@ def test_fsdp_cpu_offload_keeps_the_shards_their_grads_and_the_optimizer_in_host
     moved = sharded.weights_bytes - in_flight + sharded.grads_bytes + sharded.optimizer_bytes
     assert offloaded.host_bytes == pytest.approx(2 * moved, abs=4)  # both ranks of the node
     assert offloaded.total_bytes < sharded.total_bytes - moved / 2
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_a_dynamic_resolution_towers_activations_follow_the_micro_batchs_own_patches(family):
+    """Qwen-VL's tower has no fixed patch table: what it keeps scales with the patches the micro-batch's images
+    give (preflight counts them per image, from each one's size), layer by layer when the tower trains."""
+    hf = load_model_config(tiny_cfg(family))
+    spec = get_spec(family)
+    assert spec.vision is not None
+    modules = spec.vision.vision_modules
+    arch = config_arch(hf)
+    trained = replace(inputs(LLAMA3_8B), arch=arch, vision_modules=modules, images=2, image_patches=64)
+    one, two = (memory.vision_activation_bytes(replace(trained, image_patches=n), arch) for n in (64, 128))
+    assert one > 0 and two == 2 * one
+    frozen = memory.vision_activation_bytes(replace(trained, vision_frozen=modules), arch)
+    assert frozen == one / 2  # two tower layers kept while it trains, one in flight while it is frozen

@@ -55,7 +55,7 @@ def test_an_image_prompt_is_completed_reading_its_pixels(tmp_path: Path):
     model.register_forward_pre_hook(lambda _m, _a, kwargs: seen.append(kwargs), with_kwargs=True)
     (row,) = generator.generate(model, step=1, logger=None)
     assert len(seen) == 3  # one forward per new token, each with the prompt's pixels and its image run marked
-    expected = torch.from_numpy(pixels([IMAGE]))
+    expected = torch.from_numpy(pixels([IMAGE])["pixel_values"])
     for call in seen:
         assert torch.equal(call["pixel_values"], expected)
         assert call["token_type_ids"].sum() == vision.tokens_per_image
