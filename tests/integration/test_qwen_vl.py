@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from seqtune.data.cache import TokenCache
-from tests.conftest import read_metrics, run_cli
+from tests.support.cli import read_metrics, run_cli
 
 pytestmark = pytest.mark.slow  # runs the real CLI end to end
 
