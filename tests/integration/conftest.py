@@ -8,5 +8,9 @@ from tests.support.recipes import RecipeRuns
 
 
 @pytest.fixture(scope="session")
-def recipe_runs(tmp_path_factory) -> RecipeRuns:
-    return RecipeRuns(tmp_path_factory.mktemp("recipe_runs"))
+def recipe_runs(tmp_path_factory, worker_id) -> RecipeRuns:
+    """One set of runs for the whole session: under pytest-xdist each worker is its own session, so the runs live in
+    the directory the workers share (the base temp's parent) and each is trained once, whichever worker asks first."""
+    if worker_id == "master":
+        return RecipeRuns(tmp_path_factory.mktemp("recipe_runs"))
+    return RecipeRuns(tmp_path_factory.getbasetemp().parent / "recipe_runs")

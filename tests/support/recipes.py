@@ -3,6 +3,7 @@ tests read the same runs): tiny data of each sample kind, the settings every run
 
 from __future__ import annotations
 
+import fcntl
 import json
 import subprocess
 from pathlib import Path
@@ -39,7 +40,10 @@ def ok(result: subprocess.CompletedProcess) -> None:
 
 
 def write(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    """Written once: another worker may be training on the file (a file changed while read is refused)."""
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
     return path
 
 
@@ -108,8 +112,14 @@ class RecipeRuns:
         return [f"recipe={spec.preset(lora=True)}", *COMMON, *data]
 
     def reference(self, recipe: str) -> Path:
+        """The recipe's run, trained by the first process that asks: under pytest-xdist every worker shares `root`
+        (tests/integration/conftest.py), and a lock file makes the others wait for that run and read it."""
         if recipe not in self.runs:
             run_dir = self.root / recipe / "run"
-            ok(run_cli(self.args(recipe), run_dir))
+            run_dir.parent.mkdir(parents=True, exist_ok=True)
+            with (self.root / f"{recipe}.lock").open("w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not (run_dir / "finished.json").exists():
+                    ok(run_cli(self.args(recipe), run_dir))
             self.runs[recipe] = run_dir
         return self.runs[recipe]
