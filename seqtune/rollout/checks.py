@@ -26,12 +26,13 @@ from seqtune.config.schema import Tail
 from seqtune.rollout.prompts import read_prompt_table
 from seqtune.rollout.reward_model import RewardModel, reward_model_problems
 from seqtune.rollout.rewards import Reward, column_problems, dry_call_problems, load_reward
+from seqtune.rollout.vllm.checks import vllm_problems
 
 DRY_PROMPTS = 2
 
 
 def rollout_checks(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
-    problems = _budget(cfg, facts) + _equal_prompts(cfg, facts)
+    problems = _budget(cfg, facts) + _equal_prompts(cfg, facts) + vllm_problems(cfg, facts.plan)
     rewards: list[Reward] = []
     for i, ref in enumerate(cfg.rollout.rewards):  # every function that does not load is named, not just the first
         try:

