@@ -1,4 +1,5 @@
-"""`python -m seqtune.serve RUN_DIR [--host 127.0.0.1] [--port 8000] [--device cpu|cuda]`: an OpenAI-compatible
+"""`python -m seqtune.serve RUN_DIR [--host 127.0.0.1] [--port 8000] [--device cpu|cuda] [--engine seqtune|vllm]`
+(--engine vllm: seqtune.serve_vllm hands merged/ to vLLM's own server): an OpenAI-compatible
 HTTP server for a finished run's proven export (seqtune.export.engine): POST /v1/chat/completions and
 /v1/completions (with "stream": true, server-sent events ending in `data: [DONE]`) and GET /v1/models. Standard
 library only (http.server); one request generates at a time. It binds to 127.0.0.1 unless --host says otherwise: it
@@ -252,7 +253,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
+    parser.add_argument(
+        "--engine",
+        choices=["seqtune", "vllm"],
+        default="seqtune",
+        help="vllm: vLLM's own server on merged/ (its environment: bash scripts/setup_vllm.sh)",
+    )
     args = parser.parse_args(argv)
+    if args.engine == "vllm":
+        if args.device is not None:  # vLLM's build decides its device: a --device would be ignored
+            parser.error("--device is for --engine seqtune; vLLM's environment decides its device")
+        from seqtune.serve_vllm import serve_with_vllm
+
+        return serve_with_vllm(args.run_dir, args.host, args.port)
     from seqtune.config.errors import SeqtuneError
     from seqtune.console import silence_known_false_alarms
     from seqtune.export.engine import Engine

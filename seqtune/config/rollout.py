@@ -26,8 +26,13 @@ class OnToolError(StrEnum):
 
 
 class Generator(StrEnum):
-    transformers = "transformers"  # the policy's own forward, sampling from a private torch.Generator
-    vllm = "vllm"  # colocated vLLM (GPU only): not built yet, refused with the fix
+    transformers = "transformers"  # the policy's own forward, sampling from a private torch.Generator (exact)
+    vllm = "vllm"  # a vLLM server in its own Python environment (seqtune/rollout/vllm/), weights pushed each step
+
+
+class VllmMode(StrEnum):
+    server = "server"  # a vLLM OpenAI server process: started by seqtune, or the one at rollout.vllm_url
+    colocate = "colocate"  # vLLM inside the training process: refused with the reason (seqtune/rollout/vllm/)
 
 
 @dataclass(kw_only=True)
@@ -67,6 +72,9 @@ class RolloutConfig:
         if not self.agentic:
             return self.max_completion_tokens
         return self.max_turns * self.max_completion_tokens + (self.max_turns - 1) * self.max_tool_tokens
+    vllm_mode: VllmMode = VllmMode.server  # rollout.generator=vllm only
+    # A running vLLM server (http://HOST:PORT) to sample through instead of one seqtune starts; null = start one.
+    vllm_url: str | None = None
 
     @property
     def weights(self) -> list[float]:
@@ -97,19 +105,51 @@ class RolloutConfig:
                 "turn, so every episode is one turn. Fix: rollout.tools=[FILE.py:FUNCTION] or "
                 "rollout.environment=FILE.py:CLASS, or rollout.max_turns=1",
             )
-        if self.generator != Generator.transformers:  # refused, never silently replaced by transformers
-            domain.refuse(
-                "generator",
-                f"rollout.generator={self.generator}: seqtune's colocated vLLM generator (a CUDA GPU, weights synced "
-                "each step) is not built yet, so a run cannot use it. Fix: rollout.generator=transformers (the "
-                "policy's own forward, on any device)",
-            )
+        _vllm_keys(self, domain)
         domain.done()
 
     def changed(self) -> list[str]:
         """The rollout.* keys that differ from their defaults (what a recipe that samples nothing refuses)."""
         default = RolloutConfig()
         return [f"rollout.{f.name}" for f in fields(self) if getattr(self, f.name) != getattr(default, f.name)]
+
+
+def generator_notes(cfg: RolloutConfig) -> list[str]:
+    """The preflight report's note on what the generator promises (exactness), for the run's record."""
+    if cfg.generator != Generator.vllm:
+        return []
+    return [
+        "rollout.generator=vllm: samples are not bitwise reproducible (a resumed run sends vLLM the same seeds from "
+        "the checkpointed generator, but vLLM's kernels and batching decide the tokens); rollout.generator="
+        "transformers is the exact path"
+    ]
+
+
+def _vllm_keys(cfg: RolloutConfig, domain: Domain) -> None:
+    """vllm_mode and vllm_url configure the vLLM generator only."""
+    if cfg.generator == Generator.vllm:
+        domain.require(
+            cfg.vllm_url is None or cfg.vllm_url.startswith(("http://", "https://")),
+            "vllm_url",
+            cfg.vllm_url,
+            "must be the server's base URL",
+            "http://127.0.0.1:8000, or null (seqtune starts the server)",
+        )
+        domain.require(
+            cfg.vllm_url is None or cfg.vllm_mode == VllmMode.server,
+            "vllm_url",
+            cfg.vllm_url,
+            "names a server, which rollout.vllm_mode=colocate does not use",
+            "null, or rollout.vllm_mode=server",
+        )
+        return
+    for name, value, default in (("vllm_mode", cfg.vllm_mode, VllmMode.server), ("vllm_url", cfg.vllm_url, None)):
+        if value != default:  # set under the native sampler it would be ignored
+            domain.refuse(
+                name,
+                f"rollout.{name}={value} configures the vLLM generator, but rollout.generator={cfg.generator}. "
+                f"Fix: rollout.generator=vllm, or leave rollout.{name} unset",
+            )
 
 
 def _reward_weights(cfg: RolloutConfig, domain: Domain) -> None:

@@ -20,6 +20,7 @@ import numpy as np
 from seqtune.config.errors import PreflightFailed, SeqtuneError
 from seqtune.config.plan import Plan, Resolved, Tokens, complete_plan, write_plan
 from seqtune.config.recipe_spec import RecipeFacts, recipe_spec
+from seqtune.config.rollout import generator_notes
 from seqtune.config.rundir import PLAN_FILE
 from seqtune.config.schema import SPLITS, DataFormat, DataMode, Duplicates, RootConfig
 from seqtune.data.batching import batch_rule
@@ -164,6 +165,7 @@ def _scan_and_check(
         validation=validation_source(cfg.data, resolved.validation),
     )
     result.notes += checks.pad_token_notes(pad_id=resolved.vocab.pad_id, eos_id=resolved.vocab.eos_id)
+    result.notes += generator_notes(cfg.rollout)
     result.notes += [scan.rebuilt_note for scan in scans.values() if scan.rebuilt_note]
     data = None
     if "train" in scans:

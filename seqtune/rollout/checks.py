@@ -27,6 +27,7 @@ from seqtune.rollout.agent_checks import agent_checks
 from seqtune.rollout.prompts import read_prompt_table
 from seqtune.rollout.reward_model import RewardModel, reward_model_problems
 from seqtune.rollout.rewards import Reward, column_problems, dry_call_problems, load_reward
+from seqtune.rollout.vllm.checks import vllm_problems
 
 DRY_PROMPTS = 2
 
@@ -37,7 +38,7 @@ def rollout_checks(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
     every = [(table.where[ids], record) for ids, record in table.records.items()]
     records = [record for _, record in every[:DRY_PROMPTS]]
     problems, environments, tool_tokens = agent_checks(cfg, facts, tokenizer, records)
-    problems += _budget(cfg, facts, tool_tokens) + _equal_prompts(cfg, facts)
+    problems += _budget(cfg, facts, tool_tokens) + _equal_prompts(cfg, facts) + vllm_problems(cfg, facts.plan)
     rewards: list[Reward] = []
     for i, ref in enumerate(cfg.rollout.rewards):  # every function that does not load is named, not just the first
         try:

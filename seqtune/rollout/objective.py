@@ -16,7 +16,7 @@ import torch
 
 from seqtune.config.plan import Plan
 from seqtune.config.recipe_spec import LossFacts, RecipeSpec
-from seqtune.config.rollout import OnToolError
+from seqtune.config.rollout import Generator, OnToolError
 from seqtune.config.schema import RootConfig
 from seqtune.data.types import IGNORE_INDEX
 from seqtune.distributed import unwrap
@@ -144,6 +144,10 @@ def online_objective(
         lockstep=plan.sharded,
         agents=agents(cfg, plan, tokenizer),
     )
+    if cfg.rollout.generator == Generator.vllm:
+        from seqtune.rollout.vllm.start import vllm_sampler
+
+        stage.sampler = vllm_sampler(cfg, plan, run_dir, built.model, tokenizer)
     return OnlineObjective(stage=stage, loss=loss, facts=spec.loss_facts(stage=stage.metric_names))
 
 

@@ -39,6 +39,9 @@ class Rollout:
     completion_mask: torch.Tensor  # [P*G, C] the completion's tokens (its terminator included)
     truncated: torch.Tensor  # [P*G] bool: hit max_completion_tokens without a terminator
     completion_ids: list[list[int]]
+    # [P*G, C] each sampled token's log-probability as the sampler computed it (vLLM reports them; the native
+    # sampler's are the policy's own, computed after sampling): what a sampler/trainer mismatch is read from.
+    sampler_logps: torch.Tensor | None = None
 
 
 def sample_completions(

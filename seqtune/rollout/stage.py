@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -122,6 +123,8 @@ class RolloutStage:
     generators: dict[str, torch.Generator] = field(default_factory=dict)
     buffer: dict[int, Rollouts] = field(default_factory=dict)  # micro-batch index -> its step's rollouts
     agents: Agents | None = None  # rollout.tools / rollout.environment: multi-turn episodes
+    # rollout.generator: the native sampler, or one of sample_completions' shape (seqtune.rollout.vllm.VllmSampler)
+    sampler: Callable[..., Rollout] = sample_completions
 
     def __post_init__(self) -> None:
         for i, phase in enumerate(("train", "eval")):  # on the model's device: where its logits are drawn from
@@ -193,7 +196,7 @@ class RolloutStage:
     ) -> Rollout:
         """THE call site where continuations are generated: `n` completions of each context with the current
         weights (a single-turn rollout samples each prompt's group here; an agent's episode each turn's)."""
-        return sample_completions(
+        return self.sampler(
             unwrap(model),
             contexts,
             cfg=replace(self.sampling, completions=n),

@@ -180,11 +180,11 @@ CASES = [
         "token cache, which a stream does not write. Fix: data.mode=cached",
     ),
     (
-        "vllm_generator",
-        ["rollout.generator=vllm"],
-        "rollout.generator",
-        "rollout.generator=vllm: seqtune's colocated vLLM generator (a CUDA GPU, weights synced each step) is not built "
-        "yet, so a run cannot use it. Fix: rollout.generator=transformers",
+        "vllm_colocate",
+        ["rollout.generator=vllm", "rollout.vllm_mode=colocate"],
+        "rollout.vllm_mode",
+        "rollout.vllm_mode=colocate: this run trains on the CPU, and colocated vLLM shares the training GPU's memory. "
+        "Fix: rollout.vllm_mode=server",
     ),
 ]
 
@@ -267,3 +267,14 @@ def test_the_completion_budget_counts_the_prompts_training_serves(files, tmp_pat
     for t, fix in zip(served, re.findall(r"Fix: rollout.max_completion_tokens=(\d+)", out), strict=False):
         assert int(fix) >= 1 and t + int(fix) <= limit
     assert "Traceback" not in out
+
+
+def test_vllm_without_its_environment_is_refused_naming_the_install_command(tmp_path):
+    """rollout.generator=vllm where scripts/setup_vllm.sh never ran (an empty SEQTUNE_CACHE): exit 2 at preflight."""
+    run_dir = tmp_path / "run"
+    args = [*BASE, *(f"{k}={v}" for k, v in DEFAULTS.items()), "rollout.generator=vllm"]
+    result = run_cli(args, run_dir, env={"SEQTUNE_CACHE": str(tmp_path / "cache")})
+    out = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 2, out[-3000:]
+    assert "rollout.generator=vllm: vLLM's environment is not built" in out and "bash scripts/setup_vllm.sh" in out
+    assert "Traceback" not in out and not (run_dir / "completions.jsonl").exists()
