@@ -72,6 +72,7 @@ class RolloutConfig:
         if not self.agentic:
             return self.max_completion_tokens
         return self.max_turns * self.max_completion_tokens + (self.max_turns - 1) * self.max_tool_tokens
+
     vllm_mode: VllmMode = VllmMode.server  # rollout.generator=vllm only
     # A running vLLM server (http://HOST:PORT) to sample through instead of one seqtune starts; null = start one.
     vllm_url: str | None = None

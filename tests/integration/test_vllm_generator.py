@@ -25,7 +25,7 @@ from seqtune.rollout.sampling import Sampling, sample_completions, token_logps
 from seqtune.rollout.vllm.env import INSTALL_COMMAND, vllm_python
 from seqtune.rollout.vllm.sampler import VllmSampler
 from seqtune.rollout.vllm.server import ServerSpec, VllmServer, get
-from tests.conftest import REPO, read_metrics, run_cli
+from tests.support.cli import REPO, read_metrics, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

@@ -17,7 +17,7 @@ from seqtune.rollout.sampling import Sampling
 from seqtune.rollout.vllm.checks import vllm_problems
 from seqtune.rollout.vllm.env import INSTALL_COMMAND, VLLM_VERSION
 from seqtune.rollout.vllm.sampler import build_rollout
-from tests.conftest import REPO
+from tests.support.cli import REPO
 
 
 def settings(**lora) -> SimpleNamespace:
