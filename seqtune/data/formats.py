@@ -47,8 +47,17 @@ ALPACA_TEMPLATE_NO_INPUT = "### Instruction:\n{instruction}\n\n### Response:\n"
 ALPACA_SYSTEM = "{system}\n\n"
 ALPACA_HISTORY_TURN = ALPACA_TEMPLATE_NO_INPUT + "{response}\n\n"
 MEDIA_PATTERN = re.compile(r"<(img|image|audio|video)>(.*?)</\1>", re.DOTALL)
-# An image reference of input_output (MEDIA_PATTERN's `img` kind): an image-text run reads it as an image.
-IMAGE_REFERENCE = "<img>"
+# The image references of input_output (MEDIA_PATTERN's `img` and `image` kinds): an image-text run reads them as
+# images; a text-only run refuses them. Its `audio` and `video` kinds are refused on every model (UNSUPPORTED_MEDIA).
+IMAGE_KINDS = ("img", "image")
+# LLaMA-Factory's columns of media seqtune does not read (its `images` column is read on an image-text model).
+MEDIA_COLUMNS = ("videos", "audios")
+# What seqtune trains on, named where a record holds a medium it does not (video, audio).
+UNSUPPORTED_MEDIA = (
+    "seqtune trains on text and on images (an image-text model reads chat 'image'/'image_url' parts, the `images` "
+    "column's <image> placeholders and input_output's <img>path</img> or <image>path</image>); video and audio "
+    "are not supported: remove it, or give its content as text (a transcript, a caption) or as images (frames)"
+)
 # Tool-use fields a message may carry (OpenAI's shape), passed to the chat template as they are.
 TOOL_FIELDS = ("tool_calls", "tool_call_id")
 # ShareGPT speakers (LLaMA-Factory's tags) → chat roles. function_call and observation are the tool turns.
@@ -265,8 +274,9 @@ def template_signature(fmt: str) -> str:
     # Which media references are accepted decides which records are samples: a cache scanned under another rule
     # (before they had to lie under data.media_root, before data: URIs were read) is not this rule's.
     # An image-text run reads <img> references as images (since they were text there too); a text-only run refuses
-    # them (since they were trained as literal text there).
-    rule = f"{MEDIA_REFERENCE_RULE}|{IMAGE_REFERENCE}=image|text_only_refused"
+    # them (since they were trained as literal text there); <image> is an image as <img> is, <audio> and <video> are
+    # refused (since all three were trained as literal text).
+    rule = f"{MEDIA_REFERENCE_RULE}|{'+'.join(IMAGE_KINDS)}=image|text_only_refused|audio+video_refused"
     return f"{fmt}|{rule}" if fmt == "input_output" else fmt
 
 
@@ -347,6 +357,11 @@ class LineParser:
         return f"{column} (data.columns: {key})" if column and column != key else key
 
     def _by_format(self, line: int, obj: dict) -> Record | Reject:
+        # LLaMA-Factory's `videos` and `audios` columns (its <video> and <audio> placeholders): refused rather than
+        # their placeholders trained as text and their media dropped.
+        media = next((key for key in MEDIA_COLUMNS if obj.get(key)), None)
+        if media is not None:
+            return self._reject(line, f"unsupported_content: {self._name(media)} holds {media}; {UNSUPPORTED_MEDIA}")
         if self.fmt == DataFormat.alpaca:
             return self._alpaca(line, obj)
         if self.fmt == DataFormat.input_output:
@@ -429,29 +444,39 @@ class LineParser:
                 return self._reject(line, f"empty_text: {self._name(key)} is empty")
             # Before the file checks: on a text-only model the file would never be read, so whether it exists
             # is no fix to offer (nor a reason to look outside the media root).
-            problem = self._text_only_image(key, value) or self._media_problem(value)
+            problem = self._unsupported_media(key, value) or self._media_problem(value)
             if problem:
                 return self._reject(line, problem)
-        if self.image_placeholder is None or IMAGE_REFERENCE not in values[0] + values[1]:
+        if self.image_placeholder is None or not _image_references(values[0] + values[1]):
             return PromptCompletion(file=self.file, line=line, prompt=values[0], completion=values[1])
         return self._input_images(line, values[0], values[1])
 
-    def _text_only_image(self, key: str, text: str) -> str | None:
-        """A text-only run's refusal of an <img>path</img> in `text`: it would train as the literal tag, an image
-        silently dropped (as a chat image part is refused). There is no escape: <img>...</img> is a reference."""
-        if self.image_placeholder is not None or not any(m.group(1) == "img" for m in MEDIA_PATTERN.finditer(text)):
+    def _unsupported_media(self, key: str, text: str) -> str | None:
+        """The refusal of a media reference in `text` that would otherwise train as its literal tag, the medium
+        silently dropped: <audio>/<video> on any model, an image reference on a text-only one (as a chat image part
+        is refused). There is no escape: <img>...</img> (<image>...</image>, ...) is always a reference."""
+        if "<" not in text:  # fast path: almost every record has no media
             return None
-        return (
-            f"unsupported_content: {self._name(key)} holds an image reference (<img>...</img>) and this model reads "
-            "text only; an image-text model reads it as an image (model=gemma3_vision_tiny, model=gemma3_4b), or "
-            "remove the reference (text written <img>...</img> is always one: there is no escape)"
-        )
+        for match in MEDIA_PATTERN.finditer(text):
+            kind = match.group(1)
+            if kind not in IMAGE_KINDS:
+                return f"unsupported_content: {self._name(key)} holds a {kind} reference (<{kind}>...</{kind}>); " + (
+                    UNSUPPORTED_MEDIA
+                )
+            if self.image_placeholder is None:
+                return (
+                    f"unsupported_content: {self._name(key)} holds an image reference (<{kind}>...</{kind}>) and "
+                    "this model reads text only; an image-text model reads it as an image (model=gemma3_vision_tiny, "
+                    f"model=gemma3_4b), or remove the reference (text written <{kind}>...</{kind}> is always one: "
+                    "there is no escape)"
+                )
+        return None
 
     def _input_images(self, line: int, prompt: str, completion: str) -> Record | Reject:
         """An image-text run: each <img>path</img> of the input is an image (the placeholder the model's chat
         template writes for an image part, expanded into the image's token run), as a chat image part is. An
         image is input, never a target: one in the output is refused."""
-        if IMAGE_REFERENCE in completion:
+        if _image_references(completion):
             return self._reject(
                 line,
                 f"unsupported_content: {self._name('output')} holds an image reference (<img>...</img>), which "
@@ -463,7 +488,7 @@ class LineParser:
             images.append(self._image(line, match.group(2).strip()))  # checked above: never refused here
             return str(self.image_placeholder)
 
-        text = MEDIA_PATTERN.sub(lambda m: placeholder(m) if m.group(1) == "img" else m.group(0), prompt)
+        text = MEDIA_PATTERN.sub(lambda m: placeholder(m) if m.group(1) in IMAGE_KINDS else m.group(0), prompt)
         return PromptCompletion(file=self.file, line=line, prompt=text, completion=completion, images=tuple(images))
 
     def _media_problem(self, text: str) -> str | None:
@@ -1165,6 +1190,11 @@ def role_reason(where: str, role: object, accepted_roles: tuple[str, ...]) -> st
     return f"wrong_type: {where} role {shown} is not one of {accepted} (the roles the chat template takes)"
 
 
+def _image_references(text: str) -> bool:
+    """Whether `text` holds an input_output image reference (<img>path</img>, <image>path</image>)."""
+    return "<" in text and any(m.group(1) in IMAGE_KINDS for m in MEDIA_PATTERN.finditer(text))
+
+
 def _image_part_ref(part: Any) -> Any | None:
     """The image reference of an image content part ({"type": "image", "image": REF} or OpenAI's
     {"type": "image_url", "image_url": {"url": REF}}), else None (not an image part)."""
@@ -1201,6 +1231,8 @@ def _content_text(content: Any, where: str, *, tool_call: bool) -> tuple[str, st
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text" and isinstance(part.get("text"), str):
             texts.append(part["text"])
+        elif isinstance(kind, str) and ("audio" in kind or "video" in kind):  # audio, input_audio, video_url
+            return "", f"unsupported_content: {where} content[{j}] is a {kind!r} part; {UNSUPPORTED_MEDIA}"
         elif isinstance(kind, str) and kind != "text":
             return "", (
                 f"unsupported_content: {where} content[{j}] is a {kind!r} part; seqtune trains on text "

@@ -119,6 +119,8 @@ def content_checks(
             space_ids=spaces,
             reasoning=tokenizer.record.reasoning,
             image_references=plan.vision is not None and fmt == DataFormat.input_output,
+            image_placeholder=sample_kind(plan.sample_kind).image_placeholder(plan.vision),
+            media_root=cfg.data.media_root,
         )
         for name, scan in scans.items()
     }

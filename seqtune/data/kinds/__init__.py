@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from seqtune.config.plan import VisionFacts
     from seqtune.data.tokenize import EncodedBatch, SampleEncoder
     from seqtune.data.view import SplitView
 
@@ -83,6 +84,12 @@ class SampleKind:
     @property
     def sequences(self) -> int:
         return len(self.members)
+
+    def image_placeholder(self, vision: VisionFacts | None) -> str | None:
+        """What LineParser reads image parts as in a run of this kind: the placeholder of an image-text run's
+        images (`vision`: plan.vision), None where records carry no images (they are refused, not dropped). Every
+        parser of a run's records (the scan, preflight's observations, the duplicate count) parses them alike."""
+        return vision.placeholder if vision is not None and self.images else None
 
 
 _KINDS: dict[str, SampleKind] = {}
