@@ -135,11 +135,12 @@ class VisionFacts:
 
     @property
     def image_token_id(self) -> int:
-        return self.image_ids[1]
+        return self.image_ids[self.image_tokens.index(self.image_token)]
 
     @property
-    def image_tokens(self) -> tuple[str, str, str]:
-        return (self.boi_token, self.image_token, self.eoi_token)
+    def image_tokens(self) -> tuple[str, ...]:
+        """boi, image, eoi: those the model has (a LLaVA has no begin/end-of-image token: "")."""
+        return tuple(token for token in (self.boi_token, self.image_token, self.eoi_token) if token)
 
     def image_tokens_for(self, width: int, height: int) -> int:
         """The per-image token-count hook every count reads (the encoder's expansion, preflight, the collator's

@@ -116,12 +116,14 @@ def dropped_records(cache_dir: Path, split: SplitInput) -> set[tuple[int, int]]:
 
 
 def count_with_copies(
-    split: SplitInput, *, media_root: str | None
+    split: SplitInput, *, media_root: str | None, image_placeholder: str | None = None
 ) -> tuple[list[int], dict[tuple[int, int], tuple[int, int]]]:
     """One read of every record of `split`: each source's records, and (file index, number) of every readable
     record that repeats an earlier readable one exactly as written (-> that first one's) (a line byte for byte, a row value for value).
     For the records past stream mode's preflight sample, which no scan tokenizes: equal records have equal tokens.
-    A record the parser rejects is never a copy: it stays a bad line, counted against data.max_bad_fraction."""
+    A record the parser rejects is never a copy: it stays a bad line, counted against data.max_bad_fraction.
+    `image_placeholder`: the run's (SampleKind.image_placeholder): parsed as the scan parses it, an image-text run's
+    image records are records (a text-only parser rejects them, so their copies were never found)."""
     counts = [0] * len(split.sources)
     digests, where = [], []
     parsers: dict[int, LineParser] = {}
@@ -130,7 +132,11 @@ def count_with_copies(
         if record.file not in parsers:
             source = split.sources[record.source]
             parsers[record.file] = LineParser(
-                fmt=source.format, file=str(record.path), media_root=media_root, columns=source.columns
+                fmt=source.format,
+                file=str(record.path),
+                media_root=media_root,
+                columns=source.columns,
+                image_placeholder=image_placeholder,
             )
         payload = record.payload
         if isinstance(parsers[record.file].parse(record.number, payload), Reject):
@@ -191,13 +197,22 @@ def with_dropped(split: SplitInput, cache_dir: Path) -> SplitInput:
 
 
 def stream_without_copies(
-    split: SplitInput, *, cache_dir: Path, scanned: list[int] | None, media_root: str | None
+    split: SplitInput,
+    *,
+    cache_dir: Path,
+    scanned: list[int] | None,
+    media_root: str | None,
+    image_placeholder: str | None = None,
 ) -> tuple[SplitInput, list[int], int]:
     """data.duplicates=drop in stream mode, in preflight: the split as every pass reads it (without the copies the
     scan dropped and, past the sample, those found as written), the records of each source a pass deals, and how
     many copies lay past the sample. `scanned`: each source's records as the scan read them when it covered the
     whole split, else None (then every record is read here once). `cache_dir`: the train scan's token cache."""
-    records, copies = (scanned, {}) if scanned is not None else count_with_copies(split, media_root=media_root)
+    records, copies = (
+        (scanned, {})
+        if scanned is not None
+        else count_with_copies(split, media_root=media_root, image_placeholder=image_placeholder)
+    )
     in_scan = dropped_records(cache_dir, split)
     past = {at: first for at, first in copies.items() if at not in in_scan}
     write_stream_dropped(cache_dir, in_scan | set(past), copy_rejects(split, past))

@@ -84,8 +84,9 @@ class ImageCollator:
     """An image-text run's collator: the text collator's rows plus `pixel_values` [images, 3, H, W], the images of
     the rows in row order (row-major, each row's images in the order of their runs: the order the model scatters
     image features into image token positions), and `token_type_ids` [R, T] (1 at the image soft tokens: Gemma 3
-    attends bidirectionally within an image). Packing is refused for image-text data (preflight), so every row is
-    one sample's sequence and its images are that sample's."""
+    attends bidirectionally within an image). Packed rows (padding=packed) lay samples out in the order given,
+    row after row (next-fit never returns to an earlier row), so the samples' images in that order are the row-major
+    order of their runs too: each sample's pixel values follow it into its row."""
 
     inner: Collator
     pixels: ImagePixels

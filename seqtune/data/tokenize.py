@@ -220,8 +220,7 @@ class SampleEncoder:
             roles=self.chat_roles,
             columns=dict(columns or {}),
             reasoning=self.reasoning,
-            # A kind whose records carry no images (SampleKind.images) refuses image parts rather than drop them.
-            image_placeholder=self.vision.placeholder if self.vision is not None and self.kind.images else None,
+            image_placeholder=self.kind.image_placeholder(self.vision),
         )
 
     def _token_lists(self, texts: list[str]) -> list[list[int]]:

@@ -31,9 +31,10 @@ from seqtune.config.schema import ModelConfig, ModelFamily
 from seqtune.models.arch import config_arch, meta_model
 from seqtune.models.checkpoint_check import read_header
 from seqtune.models.facts import check_checkpoint_dir, config_key, read_config_json
-from seqtune.models.registry import get_spec, specs_for_model_type, vision_model_types
+from seqtune.models.registry import get_spec, specs_for_model_type
 from seqtune.models.spec import ModelSpec, common_arch_fields
 from seqtune.models.vision import VisionSpec
+from seqtune.models.vision_checkpoint import checkpoint_vision
 from seqtune.tokenizers.templates import after_probe_reply, end_of_turn_probe
 
 _LAYER_WEIGHT = re.compile(r"^model\.layers\.0\.(.+)\.weight$")
@@ -78,7 +79,7 @@ def _checkpoint_spec(root_text: str) -> ModelSpec:
         "rows, context, layers, RoPE": f"config.json ({', '.join(_keys(config))}, "
         + (
             "rope_parameters / rope_scaling)"
-            if {"rope_parameters", "rope_scaling", "rope_theta"} & set(config)
+            if {"rope_parameters", "rope_scaling", "rope_theta"} & (set(config) | set(config.get("text_config") or {}))
             else "no RoPE: learned absolute positions, packed rows restart them per document)"
         ),
         "tied embeddings": f"{tied} ({tied_source})",
@@ -86,6 +87,7 @@ def _checkpoint_spec(root_text: str) -> ModelSpec:
         "end of turn": f"{eot} ({eot_source})",
         "chat template": template_source,
         "padding side": f"{padding} ({padding_source})",
+        **({"vision": vision.source} if vision is not None and vision.source else {}),
         "quirks": f"model.family={named[0].family}'s (same model_type {model_type})"
         if named
         else f"none (no named family declares model_type {model_type})",
@@ -142,7 +144,7 @@ def _layer_layout(
                 key="model.path",
                 fix=FIX,
             )
-    vision = _vision_of(root, model_type, config)
+    vision = _vision_of(root, model_type, model_class, config)
     if vision is not None:  # the language model's layers and embedding live under the multimodal model's
         layout = _built_layout(root)
         layer_source = f"the Linear modules of the language model's layer 0 ({layout.layers_prefix}.0)"
@@ -181,6 +183,14 @@ def _causal_lm_class(root: Path, config: dict) -> tuple[str, str]:
         causal = [name for name in architectures if name in _causal_lm_classes()]
     if not causal and isinstance(config.get("vision_config"), dict):  # an image-text model (a vision tower)
         causal = [name for name in architectures if name in _image_text_classes()]
+    if isinstance(config.get("audio_config"), dict):  # Qwen2-Audio, Qwen2.5-Omni, Gemma 3n, ...
+        raise ModelLoadError(
+            f"model.path={root}: config.json has audio_config (model_type={model_type!r}): an audio model. seqtune "
+            "trains text-only models (AutoModelForCausalLM) and image-text models (AutoModelForImageTextToText with "
+            "a processor); audio and video are not supported.",
+            key="model.path",
+            fix=FIX,
+        )
     if not causal:
         raise ModelLoadError(
             f"model.path={root}: config.json names architectures={architectures} (model_type={model_type!r}), "
@@ -206,22 +216,13 @@ def _image_text_classes() -> set[str]:
     return {name for names in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.values() for name in _names(names)}
 
 
-def _vision_of(root: Path, model_type: str, config: dict) -> VisionSpec | None:
-    """An image-text checkpoint's vision side: the declaration of the named family of its model_type (how its
-    processor expands an image into tokens is that family's knowledge); another image-text type is refused."""
+def _vision_of(root: Path, model_type: str, model_class: str, config: dict) -> VisionSpec | None:
+    """An image-text checkpoint's vision side: the declaration of the named family of its model_type, else what its
+    processor and config state (seqtune.models.vision_checkpoint, which refuses naming a fact they lack)."""
     if not isinstance(config.get("vision_config"), dict):
         return None
     vision = next((spec.vision for spec in specs_for_model_type(model_type) if spec.vision is not None), None)
-    if vision is None:
-        known = vision_model_types()
-        raise ModelLoadError(
-            f"model.path={root}: an image-text model (config.json vision_config, model_type={model_type!r}) whose "
-            f"processor seqtune does not know how to expand an image into tokens (it knows model_type "
-            f"{', '.join(known)}).",
-            key="model.path",
-            fix="an image-text checkpoint of a known type (model=gemma3_4b model.path=DIR), or a text-only checkpoint.",
-        )
-    return vision
+    return vision if vision is not None else checkpoint_vision(root, model_class)
 
 
 def _names(value: str | tuple[str, ...]) -> tuple[str, ...]:

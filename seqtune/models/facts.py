@@ -139,6 +139,9 @@ def read_vision_facts(cfg: ModelConfig, spec: ModelSpec) -> VisionFacts | None:
     elif cfg.path is None:
         tokens = vision.tiny_image_tokens
         per_image, size = vision.tiny_tokens_per_image, int(vision.tiny_vision["image_size"])
+    elif vision.tokens_per_image:  # stated by the checkpoint's processor (seqtune.models.vision_checkpoint)
+        per_image, size = vision.tokens_per_image, vision.image_size
+        tokens = checkpoint_image_tokens(check_checkpoint_dir(cfg.path), vision)
     else:
         config = read_config_json(check_checkpoint_dir(cfg.path), cfg.path)
         try:

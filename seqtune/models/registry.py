@@ -94,8 +94,3 @@ def gguf_model_types() -> tuple[str, ...]:
 def model_type_fix(model_type: str) -> str | None:
     """The fix a family states for a model_type it does not load but a user may point it at."""
     return next((fix for f in FAMILIES if (fix := get_spec(f).model_type_fixes.get(model_type))), None)
-
-
-def vision_model_types() -> tuple[str, ...]:
-    """Every model_type an image-text family declares (a vision side: ModelSpec.vision), for a refusal message."""
-    return tuple(sorted({t for f in FAMILIES if get_spec(f).vision is not None for t in get_spec(f).hf_model_types}))

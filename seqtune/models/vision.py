@@ -66,6 +66,12 @@ class VisionSpec:
     # which does; without it the processor's files are written as a checkpoint ships them (the image processor's
     # preprocessor_config.json naming processor_class, beside the tokenizer and its chat template).
     processor_builds: bool = True
+    # A checkpoint's processor states them (seqtune.models.vision_checkpoint: a model no family declares): its fixed
+    # tokens per image and pixel size, read instead of config.json's tokens_per_image_key; and where they came from.
+    # A model without a begin/end-of-image token has "" for boi_token and eoi_token.
+    tokens_per_image: int = 0
+    image_size: int = 0
+    source: str = ""
 
     def expansion(self, boi: str, image: str, eoi: str, n: int) -> str:
         return self.expansion_format.format(boi=boi, eoi=eoi, image=image * n)
@@ -134,7 +140,7 @@ def image_processor(vision: VisionFacts, model_path: str | None) -> Any:
 
     cls = getattr(transformers, vision.image_processor_class)
     grid = vision.grid
-    if model_path and (Path(model_path) / "preprocessor_config.json").is_file():
+    if model_path and _processor_config(Path(model_path)):
         processor = cls.from_pretrained(model_path, local_files_only=True)
     elif grid is not None:
         processor = cls(patch_size=grid.patch_size, merge_size=grid.merge_size)
@@ -158,21 +164,21 @@ def save_processor(directory: Path, vision: VisionFacts, model_path: str | None)
     if not vision.processor_builds:
         _save_processor_files(directory, vision, model_path)
         return
+    named = {"boi_token": vision.boi_token, "image_token": vision.image_token, "eoi_token": vision.eoi_token}
     tokenizer = transformers.AutoTokenizer.from_pretrained(
-        directory,
-        extra_special_tokens={
-            "boi_token": vision.boi_token,
-            "image_token": vision.image_token,
-            "eoi_token": vision.eoi_token,
-        },
+        directory, extra_special_tokens={key: token for key, token in named.items() if token}
     )
     processor_class = getattr(transformers, vision.processor_class)
-    processor = processor_class(
-        image_processor=image_processor(vision, model_path),
-        tokenizer=tokenizer,
-        chat_template=tokenizer.chat_template,
-        image_seq_length=vision.tokens_per_image,
-    )
+    if model_path and (Path(model_path) / "processor_config.json").is_file():
+        # The checkpoint's own processor (its settings: patch size, feature strategy, ...) with the run's tokenizer.
+        processor = processor_class.from_pretrained(model_path, tokenizer=tokenizer, local_files_only=True)
+    else:
+        processor = processor_class(
+            image_processor=image_processor(vision, model_path),
+            tokenizer=tokenizer,
+            chat_template=tokenizer.chat_template,
+            image_seq_length=vision.tokens_per_image,
+        )
     processor.save_pretrained(directory)
 
 
@@ -185,3 +191,9 @@ def _save_processor_files(directory: Path, vision: VisionFacts, model_path: str 
     config = json.loads(path.read_text(encoding="utf-8"))
     config["processor_class"] = vision.processor_class
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _processor_config(root: Path) -> bool:
+    """Whether a checkpoint states its image processor: preprocessor_config.json, or transformers 5's
+    processor_config.json (which holds it under "image_processor")."""
+    return (root / "preprocessor_config.json").is_file() or (root / "processor_config.json").is_file()

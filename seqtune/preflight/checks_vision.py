@@ -4,9 +4,9 @@
   file or an unreadable data: URI is refused with its file:line (not left out as a bad line: a caption trained
   without its image teaches the wrong thing, and the user named that image);
 - every image opens and decodes (seqtune.data.images.load_image names the file with its format, mode and size);
-- the image token ids fit the embedding; packing is refused (a packed row would carry several samples' images and
-  Gemma 3's image attention blocks are not kept per document); a truncating over-length policy never cuts an
-  image's run: a sample it would cut is refused, naming it;
+- the image token ids fit the embedding; packing runs on the attention backends that take the model's mask (the
+  collator lays out each row's pixel values in row order; the mask keeps documents and image blocks apart), else
+  refused; a truncating over-length policy never cuts an image's run: a sample it would cut is refused, naming it;
 - a note counts the images and their tokens (already inside every length, max_seq_len=auto and the percentiles,
   since each image's run is in the cached tokens).
 """
@@ -34,6 +34,8 @@ IMAGE_REJECTS = (
     "remote_media",
     "bad_media_uri",
 )
+# The attention backends that read the model's own mask (an image's bidirectional block, packed documents apart).
+MASKED_ATTENTION = ("sdpa", "eager")
 # Problems listed one by one before the rest are counted.
 MAX_LISTED = 10
 
@@ -47,14 +49,18 @@ def vision_checks(
         return [], []
     problems: list[Problem] = []
     notes: list[str] = []
-    if cfg.padding.strategy == PaddingStrategy.packed:
+    if cfg.padding.strategy == PaddingStrategy.packed and resolved.attn_implementation not in MASKED_ATTENTION:
+        # A packed row's images follow their samples (the collator lays out pixel values in row order) and the
+        # model's mask keeps documents and their image blocks apart (tests/unit/data/test_contamination.py), on the
+        # attention backends that take a mask; a varlen kernel cuts documents but drops the blocks inside them.
         problems.append(
             Problem(
                 check="vision",
-                key="padding.strategy",
-                message="padding.strategy=packed with image-text data: a packed row would hold several samples' "
-                "images, and the model's bidirectional attention within an image is not kept per document. Fix: "
-                "padding=longest (or bucket, max_length).",
+                key="model.attn_implementation",
+                message=f"padding.strategy=packed with image-text data on model.attn_implementation="
+                f"{resolved.attn_implementation}: that kernel keeps packed documents apart by their positions but "
+                "not the model's attention within an image (its mask). Fix: model.attn_implementation=sdpa (or "
+                "eager), or padding=longest.",
             )
         )
     too_big = [i for i in vision.image_ids if i >= resolved.vocab.rows]
@@ -77,10 +83,11 @@ def vision_checks(
             notes.append(_grid_note(split, cache, vision, sizes, distinct))
         elif images:
             tokens = images * vision.tokens_per_image
+            run = " ".join(filter(None, (vision.boi_token, f"{vision.image_token} x {vision.tokens_per_image}")))
+            run = " ".join(filter(None, (run, vision.eoi_token)))
             notes.append(
                 f"images: data.{split} has {images} ({distinct} distinct, all decoded), {vision.tokens_per_image} "
-                f"tokens each ({vision.boi_token} {vision.image_token} x {vision.tokens_per_image} "
-                f"{vision.eoi_token}, as {vision.processor_class} expands them): {tokens} of its "
+                f"tokens each ({run}, as {vision.processor_class} expands them): {tokens} of its "
                 f"{int(np.asarray(cache.lengths).sum())} tokens, counted in every length above; never targets."
             )
     return problems, notes

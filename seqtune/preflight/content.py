@@ -107,7 +107,7 @@ def content_checks(
     """After the scan: every split's labels and text, duplicates within and across splits, stop tokens, untrained
     special rows and the pretraining context. Fills result.splits[name].content and result.notes. Each split is
     judged by its sources' own formats (SplitScan.formats), never by data.format."""
-    seen = {name: _observe(plan, tokenizer, tokens, scan) for name, scan in scans.items()}
+    seen = {name: _observe(plan, tokenizer, tokens, scan, cfg.data.media_root) for name, scan in scans.items()}
     k = plan.sequences_per_sample
     train = (scans["train"], sample_hashes(seen["train"].hashes(), k)) if "train" in seen else None
     problems: list[Problem] = []
@@ -122,7 +122,9 @@ def content_checks(
     return problems + _model_checks(cfg, plan, model, seen, tokenizer, tokens, max_seq_len, result)
 
 
-def _observe(plan: Resolved, tokenizer: RunTokenizer, tokens: Tokens, scan: SplitScan) -> SplitObservations:
+def _observe(
+    plan: Resolved, tokenizer: RunTokenizer, tokens: Tokens, scan: SplitScan, media_root: Any
+) -> SplitObservations:
     """One pass over the split's token cache. Token ids given as such (a pre-tokenized format) hold no text to
     check for literal control strings; <img> references are images only in formats that read them."""
     text = not all(fmt.pretokenized for fmt in scan.formats)
@@ -135,6 +137,8 @@ def _observe(plan: Resolved, tokenizer: RunTokenizer, tokens: Tokens, scan: Spli
         space_ids=tokenizer.record.spaces,
         reasoning=tokenizer.record.reasoning,
         image_references=plan.vision is not None and any(fmt.image_references for fmt in scan.formats),
+        image_placeholder=sample_kind(plan.sample_kind).image_placeholder(plan.vision),
+        media_root=media_root,
     )
 
 

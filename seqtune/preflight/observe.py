@@ -90,11 +90,15 @@ def observe_split(
     space_ids: Collection[int] = (),
     reasoning: ReasoningBlock | None = None,
     image_references: bool = False,
+    image_placeholder: str | None = None,
+    media_root: str | None = None,
 ) -> SplitObservations:
     """The split's observations, read from beside its cache or computed once and stored there. `scan_text`: the
     data files hold text (every format but tokenized). `reasoning`: the chat template's reasoning block, whose
     markers are data where the template reads them (the template is in the cache's key). `image_references`:
-    input_output's <img>path</img> are images (an image-text run), not text: their tags are no literal controls."""
+    input_output's <img>path</img> are images (an image-text run), not text: their tags are no literal controls.
+    `image_placeholder`, `media_root`: the run's image parsing (LineParser's), so a record is parsed as training
+    parses it (an image part is read, not refused as on a text-only run)."""
     cache_dir = Path(cache_dir)
     stored, hash_file = cache_dir / OBSERVATIONS_FILE, cache_dir / HASH_FILE
     if stored.is_file() and hash_file.is_file():
@@ -111,6 +115,8 @@ def observe_split(
             max_lines=int(cache.meta["records"]),
             reasoning=reasoning,
             image_references=image_references,
+            image_placeholder=image_placeholder,
+            media_root=media_root,
         )
     _store(observed, hashes, cache_dir)
     return observed
@@ -264,7 +270,7 @@ def _trie_regex(words: list[bytes]) -> bytes:
 
 
 # input_output's image reference as the raw JSON holds it (`/` may be escaped), as formats.MEDIA_PATTERN reads it.
-_IMAGE_REFERENCE_BYTES = re.compile(rb"<img>.*?<\\?/img>", re.DOTALL)
+_IMAGE_REFERENCE_BYTES = re.compile(rb"<(img|image)>.*?<\\?/\1>", re.DOTALL)
 
 
 def scan_literal_controls(
@@ -274,11 +280,14 @@ def scan_literal_controls(
     max_lines: int = 0,
     reasoning: ReasoningBlock | None = None,
     image_references: bool = False,
+    image_placeholder: str | None = None,
+    media_root: str | None = None,
 ) -> tuple[dict[str, Finding], Finding]:
     """Records of `split` (the first `max_lines`, 0 = all) whose text holds a control token's string, per token
     and in all (a columnar row is searched as its JSON). A record holding `reasoning`'s markers is parsed as
     training parses it: they count only where they remain in its text after the parser took each reply's opening
-    reasoning block out (elsewhere in a reply, in a prompt, a second block, a string pair)."""
+    reasoning block out (elsewhere in a reply, in a prompt, a second block, a string pair). `image_placeholder`,
+    `media_root`: the run's image parsing (LineParser's)."""
     pattern, forms = literal_pattern(literal)
     markers = {reasoning.open, reasoning.close} if reasoning is not None else set()
     parsers: dict[str, LineParser] = {}
@@ -298,7 +307,7 @@ def scan_literal_controls(
             raw = _IMAGE_REFERENCE_BYTES.sub(b"", raw)
         found = dict.fromkeys(forms[match] for match in pattern.findall(raw))
         if reasoning is not None and markers.intersection(found):
-            misplaced = _misplaced(record, split, parsers, reasoning)
+            misplaced = _misplaced(record, split, parsers, reasoning, (image_placeholder, media_root))
             found = {text: None for text in found if text not in markers or text in misplaced}
         if not found:
             continue
@@ -309,14 +318,27 @@ def scan_literal_controls(
     return per_token, lines
 
 
-def _misplaced(record, split: SplitInput, parsers: dict[str, LineParser], reasoning: ReasoningBlock) -> dict[str, None]:
+def _misplaced(
+    record,
+    split: SplitInput,
+    parsers: dict[str, LineParser],
+    reasoning: ReasoningBlock,
+    images: tuple[str | None, str | None],
+) -> dict[str, None]:
     """The reasoning markers left in a record's text once parsed with the template's reasoning block (all of them
-    when the parser rejects the record: it is then judged as written)."""
+    when the parser rejects the record: it is then judged as written). Parsed with the run's image settings: a
+    text-only parser would reject every image record of an image-text run, and judge its markers as written.
+    `images`: the run's (image_placeholder, media_root)."""
     source = split.sources[record.source]
     parser = parsers.get(str(record.path))
     if parser is None:
         parser = parsers[str(record.path)] = LineParser(
-            fmt=source.format, file=str(record.path), columns=dict(source.columns or {}), reasoning=reasoning
+            fmt=source.format,
+            file=str(record.path),
+            columns=dict(source.columns or {}),
+            reasoning=reasoning,
+            image_placeholder=images[0],
+            media_root=images[1],
         )
     parsed = parser.parse(record.number, record.payload)
     markers = (reasoning.open, reasoning.close)

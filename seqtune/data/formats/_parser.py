@@ -20,6 +20,17 @@ from seqtune.tokenizers.templates import CHAT_ROLES, ReasoningBlock
 MEDIA_PATTERN = re.compile(r"<(img|image|audio|video)>(.*?)</\1>", re.DOTALL)
 # An image reference of input_output (MEDIA_PATTERN's `img` kind): an image-text run reads it as an image.
 IMAGE_REFERENCE = "<img>"
+# The image references of input_output (MEDIA_PATTERN's `img` and `image` kinds): an image-text run reads them as
+# images; a text-only run refuses them. Its `audio` and `video` kinds are refused on every model (UNSUPPORTED_MEDIA).
+IMAGE_KINDS = ("img", "image")
+# LLaMA-Factory's columns of media seqtune does not read (its `images` column is read on an image-text model).
+MEDIA_COLUMNS = ("videos", "audios")
+# What seqtune trains on, named where a record holds a medium it does not (video, audio).
+UNSUPPORTED_MEDIA = (
+    "seqtune trains on text and on images (an image-text model reads chat 'image'/'image_url' parts, the `images` "
+    "column's <image> placeholders and input_output's <img>path</img> or <image>path</image>); video and audio "
+    "are not supported: remove it, or give its content as text (a transcript, a caption) or as images (frames)"
+)
 # Tool-use fields a message may carry (OpenAI's shape), passed to the chat template as they are.
 TOOL_FIELDS = ("tool_calls", "tool_call_id")
 # LLaMA-Factory's placeholder of an image of the `images` column in a message's text.
@@ -70,7 +81,7 @@ class LineParser:
         """Every record becomes a typed record or a Reject with a reason: nothing in one record can stop the scan.
         `raw`: a JSON value's bytes (a line, an array element) or a columnar row (already decoded)."""
         if isinstance(raw, dict):
-            return self._format.parse(self, line, self._renamed(raw))
+            return self._by_format(line, self._renamed(raw))
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -89,10 +100,18 @@ class LineParser:
             )
         if not isinstance(obj, dict):
             return self.reject(line, f"not_object: a JSON {type(obj).__name__}, expected an object {{...}}")
-        record = self._format.parse(self, line, self._renamed(obj))
+        record = self._by_format(line, self._renamed(obj))
         if not isinstance(record, Reject) and _SURROGATE_ESCAPE.search(raw):
             return _lone_surrogate(record) or record
         return record
+
+    def _by_format(self, line: int, obj: dict) -> Record | Reject:
+        # LLaMA-Factory's `videos` and `audios` columns (its <video> and <audio> placeholders): refused rather than
+        # their placeholders trained as text and their media dropped.
+        media = next((key for key in MEDIA_COLUMNS if obj.get(key)), None)
+        if media is not None:
+            return self.reject(line, f"unsupported_content: {self.name(media)} holds {media}; {UNSUPPORTED_MEDIA}")
+        return self._format.parse(self, line, obj)
 
     def _renamed(self, obj: dict) -> dict:
         """The record with the data's column names (data.columns) replaced by the format's field names. A mapped
@@ -367,6 +386,8 @@ def content_text(content: Any, where: str, *, tool_call: bool) -> tuple[str, str
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text" and isinstance(part.get("text"), str):
             texts.append(part["text"])
+        elif isinstance(kind, str) and ("audio" in kind or "video" in kind):  # audio, input_audio, video_url
+            return "", f"unsupported_content: {where} content[{j}] is a {kind!r} part; {UNSUPPORTED_MEDIA}"
         elif isinstance(kind, str) and kind != "text":
             return "", (
                 f"unsupported_content: {where} content[{j}] is a {kind!r} part; seqtune trains on text "
@@ -436,3 +457,8 @@ def _tool_definitions(tools: Any) -> list[dict[str, Any]] | str | None:
         else:
             return shape
     return out or None
+
+
+def image_references(text: str) -> bool:
+    """Whether `text` holds an input_output image reference (<img>path</img>, <image>path</image>)."""
+    return "<" in text and any(m.group(1) in IMAGE_KINDS for m in MEDIA_PATTERN.finditer(text))

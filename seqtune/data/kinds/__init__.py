@@ -35,6 +35,7 @@ from seqtune.config.registry import KINDS
 from seqtune.data.formats import record_format, record_formats
 
 if TYPE_CHECKING:
+    from seqtune.config.plan import VisionFacts
     from seqtune.data.tokenize import EncodedBatch, SampleEncoder
     from seqtune.data.view import SplitView
 
@@ -87,6 +88,12 @@ class SampleKind:
     def formats(self) -> tuple[str, ...]:
         """The formats whose records are this kind's samples (each format module names its kind)."""
         return tuple(name for name, fmt in record_formats().items() if fmt.kind == self.name)
+
+    def image_placeholder(self, vision: VisionFacts | None) -> str | None:
+        """What LineParser reads image parts as in a run of this kind: the placeholder of an image-text run's
+        images (`vision`: plan.vision), None where records carry no images (they are refused, not dropped). Every
+        parser of a run's records (the scan, preflight's observations, the duplicate count) parses them alike."""
+        return vision.placeholder if vision is not None and self.images else None
 
     @property
     def format_hint(self) -> str:

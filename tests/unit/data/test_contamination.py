@@ -11,6 +11,8 @@ silently turns a packed row into one long document. These tests fail if either f
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -96,3 +98,53 @@ def test_every_familys_tiny_model_keeps_packed_documents_apart(family: str, attn
         register()
     with use_kernel(reference_kernel):
         _a_changes_nothing_of_b(build_model(tiny_cfg(family, dtype="float32"), attn_implementation=attn).train())
+
+
+def _image_sample(name: str, image: str, text: list[int], vision) -> TokenizedSample:
+    """bos, one image's run (boi, the soft tokens, eoi), then `text`: a sample of the tiny image-text model."""
+    boi, soft, eoi = vision.image_ids
+    ids = np.array([2, boi, *[soft] * vision.tokens_per_image, eoi, *text], dtype=np.int64)
+    return TokenizedSample(input_ids=ids, labels=ids, location=f"{name}:1", images=(image,))
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_an_image_text_models_packed_samples_keep_their_images_and_attention_apart(attn: str) -> None:
+    """padding=packed with images (issue 41 item 4) on the tiny Gemma 3 vision model: two samples, each with its own
+    image, packed in one row by the image collator. B's logits do not change when A's text and image change, and
+    equal B's run alone with its image: B's pixel values followed it into the row, and the bidirectional attention
+    within an image (token_type_ids) stays inside its document."""
+    from dataclasses import replace
+
+    from seqtune.config.schema import TrainVision
+    from seqtune.data.pixels import with_images
+    from seqtune.models import build_model
+    from seqtune.models.gemma3_vision import TINY_IMAGE_IDS, TINY_IMAGE_TOKENS, VISION
+    from seqtune.models.vision import vision_facts
+    from tests.unit.models.conftest import tiny_cfg
+
+    images = Path(__file__).resolve().parents[3] / "seqtune/data/assets/vision_tiny/images"
+    red, blue, green = (str(images / f"{name}_0.png") for name in ("red_circle", "blue_square", "green_triangle"))
+    facts = vision_facts(
+        VISION, tokens=TINY_IMAGE_TOKENS, tokens_per_image=16, image_size=64, train_vision=TrainVision.false
+    )
+    vision = replace(facts, image_ids=TINY_IMAGE_IDS)
+    rule = BatchRule(strategy="packed", batch_size=2, max_seq_len=64)
+    collate = with_images(make_collator(rule, pad_id=0, padding_side="right"), vision, model_path=None)
+    torch.manual_seed(0)
+    model = build_model(tiny_cfg("gemma3_vision", dtype="float32"), attn_implementation=attn).train()
+    b = _image_sample("b", blue, [300, 301, 302, 303], vision)
+
+    def logits_of(b: TokenizedSample, a: TokenizedSample | None = None) -> torch.Tensor:
+        batch = collate([a, b] if a is not None else [b])
+        keys = ("input_ids", "position_ids", "pixel_values", "token_type_ids")
+        with torch.no_grad():
+            out = model(**{k: batch[k] for k in keys}, use_cache=False).logits[0]
+        start = len(a.input_ids) if a is not None else 0
+        return out[start : start + len(b.input_ids)]
+
+    before = logits_of(b, _image_sample("a", red, [400, 401, 402], vision))
+    after = logits_of(b, _image_sample("a", green, [500, 501, 502, 503, 504], vision))
+    torch.testing.assert_close(after, before, atol=1e-5, rtol=0)
+    torch.testing.assert_close(before, logits_of(b), atol=1e-5, rtol=0)
+    # B's image reaches its logits (so the equalities above would see another sample's image in its place).
+    assert (logits_of(replace(b, images=(red,))) - before).abs().max() > 1e-4

@@ -176,13 +176,13 @@ def test_chat_content_parts_are_joined_and_null_content_is_a_tool_call_turn():
         "chat",
         {
             "messages": [
-                {"role": "user", "content": [{"type": "input_audio", "data": "..."}]},
+                {"role": "user", "content": [{"type": "file", "data": "..."}]},
                 {"role": "assistant", "content": "y"},
             ]
         },
     )
-    assert refused.reason == (
-        "unsupported_content: messages[0] content[0] is a 'input_audio' part; seqtune trains on "
+    assert refused.reason == (  # audio and video parts name what is supported (test_audio_and_video_are_refused...)
+        "unsupported_content: messages[0] content[0] is a 'file' part; seqtune trains on "
         "text (parts of type 'text') only"
     )
 
@@ -308,6 +308,49 @@ def test_an_img_reference_on_a_text_only_model_is_refused_before_its_file_is_loo
     # Text that is no reference (no closing tag, another kind's tags) is text, as before.
     for text in ("the <img> tag opens an image", "a <b>bold</b> word"):
         assert isinstance(parser.parse(9, json.dumps({"input": text, "output": "ok"}).encode()), PromptCompletion)
+
+
+@pytest.mark.parametrize("image_text", [False, True])
+def test_audio_and_video_are_refused_naming_what_is_supported_on_every_model(tmp_path, image_text):
+    """input_output's <audio>/<video> references (checked as media, then trained as their literal tags before),
+    chat audio/video parts and LLaMA-Factory's `videos`/`audios` columns: refused on a text-only and on an
+    image-text model alike, the reason naming text and images as what seqtune trains on."""
+    (tmp_path / "clip.mp4").write_bytes(b"mp4")
+    parser = LineParser(fmt="input_output", file=str(tmp_path / "d.jsonl"), **(IMAGE_TEXT if image_text else {}))
+    chat = LineParser(fmt="chat", file=str(tmp_path / "c.jsonl"), **(IMAGE_TEXT if image_text else {}))
+    reply = {"role": "assistant", "content": "a cat"}
+    refused = [
+        parser.parse(1, json.dumps({"input": "Hear <audio>clip.mp4</audio>", "output": "a cat"}).encode()),
+        parser.parse(2, json.dumps({"input": "What?", "output": "<video>clip.mp4</video>"}).encode()),
+        chat.parse(
+            3, json.dumps({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}, reply]}).encode()
+        ),
+        chat.parse(
+            4,
+            json.dumps(
+                {"messages": [{"role": "user", "content": "<video>hi"}, reply], "videos": ["clip.mp4"]}
+            ).encode(),
+        ),
+    ]
+    for line, bad in enumerate(refused, start=1):
+        assert isinstance(bad, Reject) and (bad.line, bad.code) == (line, "unsupported_content"), bad
+        assert (
+            "seqtune trains on text and on images" in bad.reason and "video and audio are not supported" in bad.reason
+        )
+    assert "input holds a audio reference (<audio>...</audio>)" in refused[0].reason
+    assert "videos holds videos" in refused[3].reason
+
+
+def test_an_image_tag_in_input_output_is_an_image_like_img(tmp_path):
+    """<image>path</image> was checked as media and then trained as literal text: an image-text run reads it as an
+    image, as <img>; a text-only run refuses it, as <img>."""
+    (tmp_path / "cat.png").write_bytes(b"png")
+    line = json.dumps({"input": "<image>cat.png</image> what?", "output": "a cat"}).encode()
+    read = LineParser(fmt="input_output", file=str(tmp_path / "d.jsonl"), **IMAGE_TEXT).parse(1, line)
+    assert isinstance(read, PromptCompletion) and read.images == (str(tmp_path / "cat.png"),)
+    assert read.prompt == "<start_of_image> what?"
+    text_only = LineParser(fmt="input_output", file=str(tmp_path / "d.jsonl")).parse(1, line)
+    assert isinstance(text_only, Reject) and "holds an image reference (<image>...</image>)" in text_only.reason
 
 
 def test_input_output_media_must_exist(tmp_path):

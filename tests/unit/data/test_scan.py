@@ -222,3 +222,19 @@ def test_drop_duplicates_leaves_out_later_copies_naming_the_first_and_keys_the_c
     [reject] = copy_rejects(split, {(0, 5): (0, 2)})
     assert (reject.file, reject.line, reject.code) == (str(data), 5, "duplicate")
     assert reject.reason.endswith(f"repeats {data}:2 exactly as written (past data.preflight_sample)")
+
+
+def test_copies_of_image_records_are_found_past_a_stream_sample(tmp_path, jsonl):
+    """count_with_copies parses as the run's scan does: with an image-text run's image setting, records with image
+    parts are records, and a repeated one is a copy (a text-only parser rejected them all: none was ever found)."""
+    from seqtune.data.dedup import count_with_copies
+    from tests.support.splits import files_split
+
+    (tmp_path / "cat.png").write_bytes(b"png")
+    user = {"role": "user", "content": [{"type": "image", "image": "cat.png"}, {"type": "text", "text": "What?"}]}
+    record = {"messages": [user, {"role": "assistant", "content": "a cat"}]}
+    data = jsonl(tmp_path / "chat.jsonl", [record, record])
+    split = files_split("train", [data], "chat")
+    assert count_with_copies(split, media_root=None) == ([2], {})
+    found = count_with_copies(split, media_root=None, image_placeholder="<start_of_image>")
+    assert found == ([2], {(0, 2): (0, 1)})

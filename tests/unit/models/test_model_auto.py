@@ -127,6 +127,10 @@ def test_repository_code_and_unknown_architectures_are_refused_naming_why(checkp
     (unknown / "config.json").write_text(json.dumps({**config, "architectures": ["NovelForCausalLM"]}))
     with pytest.raises(ModelLoadError, match=r"NovelForCausalLM.*none of them a class transformers .* builds"):
         spec_for(auto(unknown))
+    audio = shutil.copytree(checkpoints["olmo2"], tmp_path / "audio")
+    (audio / "config.json").write_text(json.dumps({**config, "audio_config": {"model_type": "whisper"}}))
+    with pytest.raises(ModelLoadError, match=r"audio_config .*an audio model.*image-text models .*audio and video"):
+        spec_for(auto(audio))
 
 
 @pytest.mark.parametrize(

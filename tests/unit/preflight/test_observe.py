@@ -21,6 +21,7 @@ from seqtune.preflight.observe import (
 )
 from seqtune.tokenizers import BUNDLED_DIR
 from seqtune.tokenizers.control import control_tokens, literal_controls, whitespace_ids
+from seqtune.tokenizers.templates import ReasoningBlock
 from tests.support.splits import files_split, scan_files
 
 
@@ -155,3 +156,22 @@ def test_damaged_stored_observations_are_computed_again(tmp_path, tokenizer):
     )
     assert again.run_ends == observed.run_ends and (again.hashes() == observed.hashes()).all()
     assert json.loads((scan.cache_dir / OBSERVATIONS_FILE).read_text())["samples"] == 2
+
+
+def test_an_image_records_reasoning_block_is_parsed_with_the_runs_image_setting(tmp_path):
+    """A reply opening with its reasoning block, in a record with an image part: its markers are data (the parser
+    takes the block out). Parsed without the image-text run's image setting, the record was rejected (an image
+    part on a text-only model) and its markers judged misplaced, as written."""
+    (tmp_path / "cat.png").write_bytes(b"png")  # parsing resolves the path; the bytes are decoded later
+    user = {"role": "user", "content": [{"type": "image", "image": "cat.png"}, {"type": "text", "text": "What?"}]}
+    reply = {"role": "assistant", "content": "<think>round, red</think>A red circle."}
+    (tmp_path / "data.jsonl").write_text(json.dumps({"messages": [user, reply]}) + "\n")
+    split = files_split("train", [tmp_path / "data.jsonl"], "chat")
+    literal = {"<think>": 1, "</think>": 2}
+    block = ReasoningBlock(open="<think>", close="</think>", rendered=True)
+    text_only, _ = scan_literal_controls(split, literal, reasoning=block)
+    assert set(text_only) == {"<think>", "</think>"}  # what a text-only run's parser sees: a rejected record
+    per_token, lines = scan_literal_controls(
+        split, literal, reasoning=block, image_placeholder="<start_of_image>", media_root=str(tmp_path)
+    )
+    assert per_token == {} and lines.count == 0
