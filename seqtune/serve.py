@@ -252,14 +252,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
+    parser.add_argument(
+        "--gguf",
+        metavar="FILE|TYPE",
+        default=None,
+        help="serve this proven GGUF file (or RUN_DIR/gguf/<run>-TYPE.gguf) through llama.cpp instead of merged/",
+    )
     args = parser.parse_args(argv)
+    if args.gguf and args.device == "cuda":
+        parser.error("--gguf runs in llama.cpp's CPU build (the llama-cpp-py-sync wheel): leave --device out")
     from seqtune.config.errors import SeqtuneError
     from seqtune.console import silence_known_false_alarms
     from seqtune.export.engine import Engine
+    from seqtune.export.engine_gguf import GgufEngine
 
     silence_known_false_alarms()
     try:
-        engine = Engine(args.run_dir, device=args.device)
+        engine = GgufEngine(args.run_dir, args.gguf) if args.gguf else Engine(args.run_dir, device=args.device)
     except SeqtuneError as err:
         print(f"seqtune.serve: error: {err}", file=sys.stderr, flush=True)
         return err.exit_code
