@@ -46,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
 
     silence_known_false_alarms()
     try:
-        engine = GgufEngine(args.run_dir, args.gguf) if args.gguf else Engine(args.run_dir, device=args.device)
+        engine: Engine | GgufEngine = (
+            GgufEngine(args.run_dir, args.gguf) if args.gguf else Engine(args.run_dir, device=args.device)
+        )
     except SeqtuneError as err:
         print(f"seqtune.chat: error: {err}", file=sys.stderr, flush=True)
         return err.exit_code
