@@ -259,20 +259,33 @@ def main(argv: list[str] | None = None) -> int:
         default="seqtune",
         help="vllm: vLLM's own server on merged/ (its environment: bash scripts/setup_vllm.sh)",
     )
+    parser.add_argument(
+        "--gguf",
+        metavar="FILE|TYPE",
+        default=None,
+        help="serve this proven GGUF file (or RUN_DIR/gguf/<run>-TYPE.gguf) through llama.cpp instead of merged/",
+    )
     args = parser.parse_args(argv)
+    if args.gguf and args.device == "cuda":
+        parser.error("--gguf runs in llama.cpp's CPU build (the llama-cpp-py-sync wheel): leave --device out")
     if args.engine == "vllm":
         if args.device is not None:  # vLLM's build decides its device: a --device would be ignored
             parser.error("--device is for --engine seqtune; vLLM's environment decides its device")
+        if args.gguf:  # vLLM serves merged/: a GGUF named with it would be ignored
+            parser.error("--gguf is served by llama.cpp (--engine seqtune); --engine vllm serves merged/")
         from seqtune.serve_vllm import serve_with_vllm
 
         return serve_with_vllm(args.run_dir, args.host, args.port)
     from seqtune.config.errors import SeqtuneError
     from seqtune.console import silence_known_false_alarms
     from seqtune.export.engine import Engine
+    from seqtune.export.engine_gguf import GgufEngine
 
     silence_known_false_alarms()
     try:
-        engine = Engine(args.run_dir, device=args.device)
+        engine: Engine | GgufEngine = (
+            GgufEngine(args.run_dir, args.gguf) if args.gguf else Engine(args.run_dir, device=args.device)
+        )
     except SeqtuneError as err:
         print(f"seqtune.serve: error: {err}", file=sys.stderr, flush=True)
         return err.exit_code

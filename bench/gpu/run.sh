@@ -20,6 +20,9 @@
 #                  of up to 128 tokens per step (the random-weight model seldom stops early), where the per-token draw
 #                  (seqtune.rollout.draw: on the device, no host copy) is what the sampler's speed rests on
 #   after_training bench/gpu/after_training.py: DoRA memory, generation and early stopping on the device
+#   big_models     bench/gpu/big_models.py: issue 42's rows, named only (in neither default set): the 8B shape at
+#                  32k tokens without/with model.activation_offload, LoRA over an FP8 block-scaled 8B checkpoint vs
+#                  bf16 (peaks, step time, the estimate's error)
 # OUT_DIR gets each part's JSON (device, versions, command, every repeat) and run.json (each part's exit code and
 # seconds); copy the JSON files into bench/results/ and the tables into bench/README.md.
 set -uo pipefail
@@ -33,6 +36,7 @@ declare -A argv=(
   [grpo]="bench/grpo_vs_trl.py --shape tinyllama_1b --steps 8 --cache-only"
   [grpo_c128]="bench/grpo_vs_trl.py --shape tinyllama_1b --steps 6 --cache-only --completion-tokens 128"
   [after_training]="bench/gpu/after_training.py"
+  [big_models]="bench/gpu/big_models.py"
 )
 if [ "${1:-}" = "--dry-run" ]; then
   out=$2
@@ -40,7 +44,7 @@ if [ "${1:-}" = "--dry-run" ]; then
   parts=("${@:-proof vs_trl_sft vs_trl_dpo resume_check lora_step after_training}")  # grpo: bench/grpo_vs_trl.py
   python=${PYTHON:-.venv/bin/python} limit=3000
   # No time budget on the CPU (the sections' budgets are for a device call); lora_step: one timed step.
-  for part in proof vs_trl_sft vs_trl_dpo resume_check after_training; do argv[$part]+=" --device cpu --budget-s 3000"; done
+  for part in proof vs_trl_sft vs_trl_dpo resume_check after_training big_models; do argv[$part]+=" --device cpu --budget-s 3000"; done
   argv[lora_step]+=" --device cpu --steps 1 --warmup 1"
 else
   bundle=$1 out=$2

@@ -99,7 +99,7 @@ class Engine:
         for _ in range(sampling.max_tokens):
             out: Any = self.model(input_ids=inputs, past_key_values=past, use_cache=True)
             past = out.past_key_values
-            token = _pick(out.logits[0, -1].float(), sampling, generator)
+            token = pick(out.logits[0, -1].float(), sampling, generator)
             yield token
             if token in self.stop_ids:
                 return
@@ -112,7 +112,7 @@ class Engine:
         return str(self.tokenizer.decode(tokens, skip_special_tokens=False))
 
 
-def _pick(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:
+def pick(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:
     if sampling.temperature <= 0:
         return int(torch.argmax(logits))
     probs = torch.softmax(logits / sampling.temperature, dim=-1)

@@ -233,6 +233,10 @@ class LlamaModel:
         self._lib.llama_memory_clear(self._lib.llama_get_memory(self._ctx), True)
         return self._decode(ids)
 
+    def next_after(self, token: int) -> np.ndarray:
+        """The next-token logits after `token` is appended to what the context holds (the previous call's ids)."""
+        return self._decode([token])
+
     def _decode(self, ids: list[int]) -> np.ndarray:
         if not ids or len(ids) > self.n_ctx:
             raise SeqtuneError(f"llama.cpp context holds 1..{self.n_ctx} tokens, asked for {len(ids)}")

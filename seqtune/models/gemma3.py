@@ -57,6 +57,11 @@ def gguf_metadata(writer: GGUFWriter, config: dict[str, Any]) -> None:
         writer.add_final_logit_softcapping(config["final_logit_softcapping"])
     if config.get("sliding_window_pattern") != 1 and config.get("sliding_window"):
         writer.add_sliding_window(config["sliding_window"])
+    if config.get("layer_types"):
+        # Which layers slide, stated: llama.cpp assumes every 6th layer global without it, so any other layout (a
+        # 2-layer model's [sliding, full]) ran its global layers through the window at the local rope theta
+        # (logits 0.30 of the largest away; with the key 0.0005, tests/integration/test_gguf_in_llama_cpp.py).
+        writer.add_sliding_window_pattern([kind == "sliding_attention" for kind in config["layer_types"]])
 
 
 def read_arch_fields(hf_config: PretrainedConfig) -> dict[str, Any]:

@@ -58,6 +58,20 @@ CHAT_TEMPLATE = (
 )
 
 
+def gguf_refusal(config: dict) -> str | None:
+    """What llama.cpp's qwen2 loader cannot hold: it sizes the attention by hidden_size alone (attn_q is
+    hidden x hidden whatever key_length says), so a head_dim x heads other than hidden_size loads nowhere ("tensor
+    'blk.0.attn_q.weight' has wrong shape"). Every Qwen2/2.5 release has head_dim = hidden / heads."""
+    heads, hidden = config["num_attention_heads"], config["hidden_size"]
+    head_dim = config.get("head_dim") or hidden // heads
+    if head_dim * heads == hidden:
+        return None
+    return (
+        f"head_dim {head_dim} x num_attention_heads {heads} != hidden_size {hidden} (llama.cpp's qwen2 sizes its "
+        "attention by hidden_size)"
+    )
+
+
 def tiny_config_kwargs(f: dict[str, Any]) -> dict[str, Any]:
     return dict(
         **common_config_kwargs(f),
@@ -98,7 +112,7 @@ SPEC = ModelSpec(
     # Biases on q/k/v only, always: no flag in config.json says it.
     layout=Layout(biases=dict.fromkeys(("q_proj", "k_proj", "v_proj"), True)),
     # convert_hf_to_gguf.py's Qwen2Model: llama.cpp's qwen2 architecture (its q/k/v bias tensors included).
-    gguf=GgufRow(name="QWEN2"),
+    gguf=GgufRow(name="QWEN2", refusal=gguf_refusal),
     tests=TestExpectations(
         tokenizer="qwen3",  # the same byte-level BPE and ChatML tokens (Qwen3's adds <think> tokens)
         bos_eos=(None, "<|im_end|>"),

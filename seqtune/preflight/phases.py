@@ -28,6 +28,7 @@ from seqtune.models.spec import lora_module_names
 from seqtune.preflight import checks
 from seqtune.preflight import checks_model as model_checks
 from seqtune.preflight.checks import Problem
+from seqtune.preflight.host import check_host_needs, host_needs
 from seqtune.preflight.levers import Budget, host_memory_gib, what_fits
 from seqtune.preflight.resolve import CANNOT_RUN, installed
 from seqtune.preflight.result import MemoryStats, PlanStats, SourceStats, SplitPlan, SplitStats
@@ -615,7 +616,15 @@ def memory_phase(
     inputs = memory_inputs(cfg, plan, micro_batch, arch, images, image_patches)
     estimate = memory_estimate(inputs)
     device = device_memory_gib(cfg.preflight.device_memory_gib, plan.device_type)
-    host = host_memory_gib(cfg.preflight.host_memory_gib) if estimate.host_bytes else None
+    needs = host_needs(
+        cfg,
+        params=estimate.params,
+        batch_tokens=inputs.batch_tokens,
+        ranks=plan.world.nproc_per_node,
+        device_type=plan.device_type,
+    )
+    checked = estimate.host_bytes or needs.loading_gib or needs.workers
+    host = host_memory_gib(cfg.preflight.host_memory_gib) if checked else None
     stats = MemoryStats(
         weights_gib=round(estimate.weights_bytes / GIB, 4),
         grads_gib=round(estimate.grads_bytes / GIB, 4),
@@ -626,6 +635,8 @@ def memory_phase(
         device_gib=device,
         host_gib=round(estimate.host_bytes / GIB, 4),
         host_memory_gib=host,
+        host_loading_gib=round(needs.loading_gib, 4),
+        host_workers_gib=round(needs.workers_gib, 4),
     )
     breakdown = (
         f"weights {stats.weights_gib:.1f} + grads {stats.grads_gib:.1f} + optimizer "
@@ -647,6 +658,7 @@ def memory_phase(
     problems += checks.check_host_memory(
         host_gib=stats.host_gib, host_memory_gib=host, offloading=_offloading(inputs), fits=fits
     )
+    problems += check_host_needs(needs, offloaded_gib=stats.host_gib, host_memory_gib=host)
     return stats, problems
 
 

@@ -11,7 +11,7 @@ from typing import TextIO
 
 from seqtune.files import atomic_output
 from seqtune.preflight.checks import Problem
-from seqtune.preflight.result import REJECTS_FILE, RUN_DIR_KEY, PreflightResult, SourceStats
+from seqtune.preflight.result import REJECTS_FILE, RUN_DIR_KEY, MemoryStats, PreflightResult, SourceStats
 
 PLOT_FILE = "lengths.png"
 # On a terminal: wide enough for a file:line and a fix on one screen, narrow enough for the terminal.
@@ -139,11 +139,7 @@ def format_summary(result: PreflightResult) -> str:
             f"{memory.activations_gib:.2f}"
             + (f", generation KV cache {memory.kv_cache_gib:.2f}" if memory.kv_cache_gib else "")
             + f"); {device}"
-            + (
-                f"; host ~{memory.host_gib:.2f} GiB (offloaded) of {memory.host_memory_gib:.1f}"
-                if memory.host_memory_gib
-                else ""
-            )
+            + _host_line(memory)
         )
     lines.extend(f"note: {note}" for note in result.notes)
     return "\n".join(lines)
@@ -172,3 +168,16 @@ def write_rejects(split_rejects: Sequence[Path], run_dir: Path) -> Path:
                 with source.open("rb") as f:
                     shutil.copyfileobj(f, out)
     return path
+
+
+def _host_line(memory: MemoryStats) -> str:
+    """What the plan needs in host memory at its two moments, against the host's (when any is checked)."""
+    parts = [
+        (memory.host_gib, "offloaded"),
+        (memory.host_loading_gib, "loading the checkpoint"),
+        (memory.host_workers_gib, "data workers"),
+    ]
+    shown = [f"~{gib:.2f} GiB {what}" for gib, what in parts if gib]
+    if not memory.host_memory_gib or not shown:
+        return ""
+    return f"; host {', '.join(shown)} of {memory.host_memory_gib:.1f}"

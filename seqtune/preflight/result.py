@@ -155,6 +155,9 @@ class MemoryStats:
     # and the host memory it was checked against (null: nothing offloaded).
     host_gib: float = 0.0
     host_memory_gib: float | None = None
+    # Host memory while loading model.path (every rank of the node) and of the data workers (seqtune.preflight.host).
+    host_loading_gib: float = 0.0
+    host_workers_gib: float = 0.0
 
 
 @dataclass(kw_only=True)

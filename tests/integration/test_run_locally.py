@@ -243,3 +243,74 @@ def test_chat_answers_piped_messages_with_the_runs_template(run_dir):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == [f"assistant> {expected}"] * 2, result.stdout
+
+
+def test_chat_in_a_terminal_shows_the_answer_in_rich_s_console(run_dir, monkeypatch):
+    """A terminal gets rich's console (seqtune.chat.RichScreen): the header names the served export and its stop
+    tokens, the answer is transformers' greedy answer, and a line after it says how it ended."""
+    import io
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from seqtune.chat import RichScreen, converse
+    from seqtune.export.engine import Engine
+
+    engine = Engine(run_dir, device="cpu")
+    settings = replace(engine.defaults, max_tokens=16, temperature=0.0)
+    console = Console(file=io.StringIO(), record=True, force_terminal=True, width=200)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(f"{MESSAGES[0]['content']}\n/exit\n"))
+    converse(engine, settings, system=None, screen=RichScreen(engine, settings, console))
+    shown = console.export_text()
+    greedy = transformers_greedy(run_dir, MESSAGES, 16)
+    assert f"{run_dir}/merged" in shown and "ends at </s>, <|end|>" in shown
+    assert f"assistant> {answer_text(run_dir, greedy)}\n" in shown, shown
+    ending = "ended at <|end|>" if greedy[-1] == END else "ended at </s>" if greedy[-1] == EOS else "token limit"
+    assert f"{len(greedy)} tokens," in shown and ending in shown, shown
+
+
+@pytest.fixture(scope="module")
+def gguf_server(run_dir):
+    """`python -m seqtune.serve RUN_DIR --gguf q4_k_m --port 0`: the k-quant file through llama.cpp."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "seqtune.serve", str(run_dir), "--gguf", "q4_k_m", "--port", "0"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    line = process.stdout.readline()
+    assert "serving" in line and "gguf/run-q4_k_m.gguf" in line, line + process.stderr.read()
+    yield line.split(" on ")[-1].strip()
+    process.terminate()
+    assert process.wait(timeout=60) == 0
+
+
+def test_serve_gguf_answers_with_the_gguf_proofs_greedy_tokens(run_dir, gguf_server):
+    import openai
+    from transformers import AutoTokenizer
+
+    checks = proof_of(run_dir, "gguf/run-q4_k_m.gguf")["checks"]
+    prompt, greedy = checks["greedy_prompt"], checks["greedy"]
+    client = openai.OpenAI(base_url=gguf_server, api_key="unused", max_retries=0)
+    completion = client.completions.create(model="run", prompt=prompt, temperature=0, max_tokens=len(greedy))
+    assert completion.choices[0].text == answer_text(run_dir, greedy)
+    assert completion.usage.completion_tokens == len(greedy)
+    chat = client.chat.completions.create(model="run", messages=MESSAGES, temperature=0, max_tokens=16)
+    rendered = AutoTokenizer.from_pretrained(run_dir / "merged").apply_chat_template(
+        MESSAGES, tokenize=False, add_generation_prompt=True
+    )
+    same = client.completions.create(model="run", prompt=rendered, temperature=0, max_tokens=16)
+    assert chat.choices[0].message.content == same.choices[0].text
+
+
+def test_serve_gguf_refuses_a_file_the_run_does_not_have(run_dir):
+    result = subprocess.run(
+        [sys.executable, "-m", "seqtune.serve", str(run_dir), "--gguf", "q5_k_m", "--port", "0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "run-q5_k_m.gguf does not exist" in result.stderr and "python -m seqtune.export" in result.stderr

@@ -88,3 +88,14 @@ def test_the_vocabulary_is_padded_to_the_embedding_rows_as_llama_cpp_converts_it
             json.loads((tokenizer_dir("qwen3") / "tokenizer.json").read_text()),
             rows=100,
         )
+
+
+def test_a_qwen2_whose_heads_do_not_span_hidden_size_is_refused_naming_why():
+    """llama.cpp's qwen2 sizes attn_q by hidden_size alone: model=qwen2_tiny model.hidden_size=256 keeps head_dim 16
+    and wrote a file llama.cpp refuses ("attn_q.weight has wrong shape"); the writer refuses it instead."""
+    shape = {"num_attention_heads": 4, "hidden_size": 256}
+    assert "head_dim 16 x num_attention_heads 4 != hidden_size 256" in gguf_refusal(
+        "qwen2", None, {**shape, "head_dim": 16}
+    )
+    assert gguf_refusal("qwen2", None, {**shape, "head_dim": 64}) is None
+    assert gguf_refusal("qwen2", None, shape) is None

@@ -1,0 +1,86 @@
+"""Host memory at its two moments besides what a plan offloads (checks.check_host_memory): loading the checkpoint
+(model.path's files, read whole by every rank of the node) and training with data.num_workers workers beside what
+is offloaded (seqtune.models.host_memory has the arithmetic). Each is checked against preflight.host_memory_gib
+(else this machine's available memory) and, when it does not fit, refused naming the lever that brings it down."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from seqtune.config.schema import RootConfig
+from seqtune.models.host_memory import checkpoint_files, loading_bytes, worker_bytes
+from seqtune.models.memory import BYTES_PER_DTYPE
+from seqtune.preflight.result import Problem
+
+GIB = 2**30
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostNeeds:
+    """Per node, in GiB: loading the checkpoint (0 for a tiny model built in place); each rank's data workers and one
+    worker's footprint; the node's ranks."""
+
+    loading_gib: float
+    workers: int
+    per_worker_gib: float
+    ranks: int
+
+    @property
+    def workers_gib(self) -> float:
+        return self.workers * self.per_worker_gib * self.ranks
+
+
+def host_needs(cfg: RootConfig, *, params: int, batch_tokens: int, ranks: int, device_type: str) -> HostNeeds:
+    files = checkpoint_files(Path(cfg.model.path).expanduser()) if cfg.model.path else None
+    loading = 0
+    if files is not None:
+        loading = loading_bytes(
+            params=params,
+            width=BYTES_PER_DTYPE[str(cfg.model.dtype)],
+            files=files,
+            onto_device=cfg.model.load_in_4bit and device_type == "cuda",
+        )
+    return HostNeeds(
+        loading_gib=loading * ranks / GIB,
+        workers=cfg.data.num_workers,
+        per_worker_gib=worker_bytes(workers=1, batch_tokens=batch_tokens) / GIB,
+        ranks=ranks,
+    )
+
+
+def check_host_needs(needs: HostNeeds, *, offloaded_gib: float, host_memory_gib: float | None) -> list[Problem]:
+    """The loading moment, and the workers on top of what is offloaded (that alone is check_host_memory's)."""
+    if host_memory_gib is None:
+        return []
+    problems = []
+    where = f"host memory {host_memory_gib:.1f} GiB (preflight.host_memory_gib, else this machine's available memory)"
+    if needs.loading_gib > host_memory_gib:
+        per_rank = needs.loading_gib / needs.ranks
+        levers = []
+        if needs.ranks > 1 and per_rank <= host_memory_gib:
+            levers.append(f"launcher.nproc_per_node={int(host_memory_gib // per_rank)} (each rank loads it whole)")
+        levers.append("model.load_in_4bit=true on CUDA (QLoRA: the weights load straight onto the GPU)")
+        levers.append("preflight.host_memory_gib=GIB for the machine that will run it")
+        problems.append(
+            Problem(
+                check="memory",
+                key="model.path",
+                message=f"loading model.path takes ~{needs.loading_gib:.1f} GiB of host memory ({needs.ranks} "
+                f"rank(s) of the node, each holding the parameters in model.dtype and the largest tensor it reads) "
+                f"> {where}. Fix: {'; or '.join(levers)}.",
+            )
+        )
+    if needs.workers_gib and offloaded_gib <= host_memory_gib < offloaded_gib + needs.workers_gib:
+        room = max(0.0, host_memory_gib - offloaded_gib)
+        fitting = int(room / (needs.per_worker_gib * needs.ranks))
+        problems.append(
+            Problem(
+                check="memory",
+                key="data.num_workers",
+                message=f"data.num_workers keeps ~{needs.workers_gib:.1f} GiB of host memory (every rank's workers, "
+                f"each a process with its prefetched batches) on top of {offloaded_gib:.1f} GiB offloaded > {where}. "
+                f"Fix: data.num_workers={fitting} (the most that fit; 0 loads in the main process).",
+            )
+        )
+    return problems
