@@ -106,6 +106,7 @@ class RolloutConfig:
                 "turn, so every episode is one turn. Fix: rollout.tools=[FILE.py:FUNCTION] or "
                 "rollout.environment=FILE.py:CLASS, or rollout.max_turns=1",
             )
+        _agent_keys(self, domain)
         _vllm_keys(self, domain)
         domain.done()
 
@@ -124,6 +125,21 @@ def generator_notes(cfg: RolloutConfig) -> list[str]:
         "the checkpointed generator, but vLLM's kernels and batching decide the tokens); rollout.generator="
         "transformers is the exact path"
     ]
+
+
+def _agent_keys(cfg: RolloutConfig, domain: Domain) -> None:
+    """The tool settings configure episodes only: set without rollout.tools or rollout.environment nothing reads them."""
+    if cfg.agentic:
+        return
+    for f in fields(cfg):
+        name, value = f.name, getattr(cfg, f.name)
+        if name in ("max_tool_tokens", "tool_timeout_s", "on_tool_error") and value != f.default:
+            domain.refuse(
+                name,
+                f"rollout.{name}={value} configures tool calls, but the run has no rollout.tools or "
+                f"rollout.environment: every episode is one turn. Fix: rollout.tools=[FILE.py:FUNCTION] or "
+                f"rollout.environment=FILE.py:CLASS, or leave rollout.{name} unset",
+            )
 
 
 def _vllm_keys(cfg: RolloutConfig, domain: Domain) -> None:

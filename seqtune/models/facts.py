@@ -127,6 +127,16 @@ def read_vision_facts(cfg: ModelConfig, spec: ModelSpec) -> VisionFacts | None:
                 key="model.train_vision",
                 fix="model.train_vision=false, or an image-text model (model=gemma3_vision_tiny, model=gemma3_4b).",
             )
+        given = [
+            f"model.{k}={v}" for k in ("image_min_pixels", "image_max_pixels") if (v := getattr(cfg, k)) is not None
+        ]
+        if given:  # nothing would read them: a text-only model has no image processor
+            raise ConfigError(
+                f"{' and '.join(given)} but model.family={spec.family} is a text-only model: no images to resize.",
+                key="model.image_min_pixels" if cfg.image_min_pixels is not None else "model.image_max_pixels",
+                fix="remove the setting, or use a dynamic-resolution image-text model (model=qwen2_5_vl_tiny, "
+                "qwen3_vl_tiny).",
+            )
         return None
     grid = image_grid(cfg, spec)
     if grid is not None:  # each image's count follows from its size (VisionFacts.image_tokens_for)
