@@ -132,6 +132,8 @@ class VisionFacts:
     mrope: bool = False
     # Whether transformers builds the processor without torchvision (VisionSpec.processor_builds).
     processor_builds: bool = True
+    # Whether the model keeps packed documents apart (VisionSpec.packs): padding=packed is refused where it does not.
+    packs: bool = True
 
     @property
     def image_token_id(self) -> int:

@@ -63,6 +63,10 @@ VISION = VisionSpec(
     token_type_key="mm_token_type_ids",
     mrope=True,
     processor_builds=False,
+    # transformers 5.23's Qwen2.5-VL does not build the packed-documents mask from the position-id resets (its
+    # positions are 3D): a packed row's documents would attend to each other (measured in
+    # tests/unit/data/test_contamination.py, which fails once transformers changes it).
+    packs=False,
 )
 
 

@@ -66,6 +66,9 @@ class VisionSpec:
     # which does; without it the processor's files are written as a checkpoint ships them (the image processor's
     # preprocessor_config.json naming processor_class, beside the tokenizer and its chat template).
     processor_builds: bool = True
+    # Whether transformers' model keeps packed documents apart (a block-diagonal mask from the position-id resets,
+    # tests/unit/data/test_contamination.py): padding=packed is refused where it does not.
+    packs: bool = True
     # A checkpoint's processor states them (seqtune.models.vision_checkpoint: a model no family declares): its fixed
     # tokens per image and pixel size, read instead of config.json's tokens_per_image_key; and where they came from.
     # A model without a begin/end-of-image token has "" for boi_token and eoi_token.
@@ -111,6 +114,7 @@ def vision_facts(
         token_type_key=spec.token_type_key,
         mrope=spec.mrope,
         processor_builds=spec.processor_builds,
+        packs=spec.packs,
     )
 
 

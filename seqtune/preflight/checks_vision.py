@@ -63,6 +63,16 @@ def vision_checks(
                 "eager), or padding=longest.",
             )
         )
+    if cfg.padding.strategy == PaddingStrategy.packed and not vision.packs:
+        problems.append(
+            Problem(
+                check="vision",
+                key="padding.strategy",
+                message=f"padding.strategy=packed on model.family={cfg.model.family}: transformers' model does not keep "
+                "packed documents apart (no mask from the position-id resets), so each sample would attend to the "
+                "ones before it in its row. Fix: padding=longest (or bucket).",
+            )
+        )
     too_big = [i for i in vision.image_ids if i >= resolved.vocab.rows]
     if too_big:
         problems.append(

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
 
-from seqtune.config import RootConfig, to_typed
+from seqtune.config import PreflightFailed, RootConfig, to_typed
 
 TINY_MODEL = {
     "family": "tinyllama",
@@ -55,3 +57,19 @@ def compose_real(*overrides: str) -> RootConfig:
     # The directory, not the seqtune.configs module: that module exists only once the package is installed.
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         return to_typed(compose(config_name="config", overrides=list(overrides)))
+
+
+def run_failing(cfg: RootConfig, run_dir: Path, match: str) -> dict:
+    """run_preflight refused (exit 2) with a problem matching `match`; the preflight.json it wrote."""
+    from seqtune.preflight import run_preflight
+
+    with pytest.raises(PreflightFailed, match=match) as info:
+        run_preflight(cfg, run_dir)
+    assert info.value.exit_code == 2
+    report = json.loads((run_dir / "preflight.json").read_text())
+    assert report["ok"] is False
+    return report
+
+
+def messages(report: dict) -> str:
+    return "\n".join(problem["message"] for problem in report["problems"])

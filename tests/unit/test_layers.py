@@ -38,6 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "run_snapshot",
         "chat",
         "serve",
+        "serve_vllm",
         "__main__",
         "__init__",
     ),

@@ -9,7 +9,7 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parents[1]
 # How a test runs the CLI: the helpers that start `python -m seqtune` (or its entry point) and torchrun.
 RUNS_THE_CLI = re.compile(r"\brun_cli\(|\brun_case\(|\"torchrun\"|-m\", \"seqtune\"")
-MARKED = re.compile(r"^pytestmark = pytest\.mark\.slow\b|^@pytest\.mark\.slow\b", re.M)
+MARKED = re.compile(r"^pytestmark = \[?pytest\.mark\.slow\b|^@pytest\.mark\.slow\b", re.M)
 
 
 def unmarked_cli_modules(root: Path) -> list[str]:

@@ -135,7 +135,7 @@ def test_the_collators_3d_positions_are_the_models_own_and_the_forward_reads_the
     import torch
 
     from seqtune.models.build import build_model
-    from tests.unit.models.conftest import tiny_cfg
+    from tests.support.models import tiny_cfg
 
     torch.set_num_threads(1)
     vision = facts(family)

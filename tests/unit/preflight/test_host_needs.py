@@ -44,14 +44,8 @@ def test_preflight_refuses_workers_and_a_checkpoint_the_host_cannot_hold_and_the
     """Through run_preflight: data.num_workers=2 over preflight.host_memory_gib=0.3 names data.num_workers=1,
     which passes; a model.path checkpoint over a tiny host budget is refused at model.path."""
     from tests.support.checkpoints import build_checkpoint
-    from tests.unit.preflight.test_preflight_run import (
-        TINY_MODEL,
-        alpaca,
-        make_cfg,
-        messages,
-        run_failing,
-        write_jsonl,
-    )
+    from tests.support.configs import TINY_MODEL, alpaca, make_cfg, messages, run_failing
+    from tests.support.data import write_jsonl
 
     TINY_FIELDS = [key for key in TINY_MODEL if key != "family"]
 

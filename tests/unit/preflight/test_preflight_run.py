@@ -13,27 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from seqtune.config import PreflightFailed, RootConfig
 from seqtune.config.plan import load_plan
 from seqtune.config.schema import PaddingStrategy
 from seqtune.preflight import load_result, run_preflight
-from tests.support.configs import TINY_MODEL, alpaca, compose_real, make_cfg
+from tests.support.configs import TINY_MODEL, alpaca, compose_real, make_cfg, messages, run_failing
 from tests.support.data import write_jsonl
 
 REPO = Path(__file__).resolve().parents[3]
-
-
-def run_failing(cfg: RootConfig, run_dir: Path, match: str) -> dict:
-    with pytest.raises(PreflightFailed, match=match) as info:
-        run_preflight(cfg, run_dir)
-    assert info.value.exit_code == 2
-    report = json.loads((run_dir / "preflight.json").read_text())
-    assert report["ok"] is False
-    return report
-
-
-def messages(report: dict) -> str:
-    return "\n".join(problem["message"] for problem in report["problems"])
 
 
 @pytest.fixture()
