@@ -66,8 +66,12 @@ def build_eval_prompts(
 
 def _images_in(sample: TokenizedSample, end: int, vision: VisionFacts | None) -> tuple[str, ...]:
     """The sample's images whose runs lie in input_ids[:end]: runs are never cut (preflight refuses a policy that
-    would), so the runs' end tokens there count whole images (whatever each one's size), the first in run order."""
+    would), so the runs' end tokens there count whole images (whatever each one's size), the first in run order; a
+    model without an end-of-image token has a fixed count per image (a dynamic one always has the end token)."""
     if vision is None or not sample.images:
         return ()
-    ended = int((sample.input_ids[:end] == vision.image_ids[2]).sum())
+    if vision.eoi_token:  # the runs' end tokens count whole images, whatever each one's size
+        ended = int((sample.input_ids[:end] == vision.image_ids[vision.image_tokens.index(vision.eoi_token)]).sum())
+    else:  # no end-of-image token (a LLaVA): every image is tokens_per_image image tokens (a fixed count)
+        ended = int((sample.input_ids[:end] == vision.image_token_id).sum()) // vision.tokens_per_image
     return sample.images[:ended]
