@@ -13,17 +13,7 @@ from transformers import AutoTokenizer
 from seqtune.config import ConfigError, PreflightFailed, RootConfig, to_typed
 from seqtune.preflight import run_preflight
 from seqtune.tokenizers import BUNDLED_DIR
-
-TINY_MODEL = {
-    "family": "tinyllama",
-    "vocab_size": 4096,
-    "hidden_size": 64,
-    "intermediate_size": 176,
-    "num_layers": 2,
-    "num_heads": 8,
-    "num_kv_heads": 2,
-    "max_position_embeddings": 2048,
-}
+from tests.support.configs import TINY_MODEL
 
 
 def _cfg(tmp_path: Path, data: dict, *overrides: str) -> RootConfig:
