@@ -10,6 +10,7 @@ device from a generator that lives there: no probability matrix crosses to the h
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from seqtune.rollout.draw import draw
+from seqtune.rollout.images import RowImages
 from seqtune.train.objectives import DisabledAdapters, FrozenCopy, ReferenceModel
 
 
@@ -42,6 +44,9 @@ class Rollout:
     # [P*G, C] each sampled token's log-probability as the sampler computed it (vLLM reports them; the native
     # sampler's are the policy's own, computed after sampling): what a sampler/trainer mismatch is read from.
     sampler_logps: torch.Tensor | None = None
+    # An image-text run's image inputs of a forward over `sequences` (seqtune.rollout.images.RowImages.inputs):
+    # what the policy's and the reference's log-prob forwards get, as the sampling's prefill got them.
+    images: dict[str, torch.Tensor] | None = None
 
 
 def sample_completions(
@@ -54,6 +59,7 @@ def sample_completions(
     generator: torch.Generator,
     kv_cache: bool = True,
     lockstep: bool = False,
+    images: RowImages | None = None,
 ) -> Rollout:
     """cfg.completions completions of each prompt, sampled token by token (temperature, top-p) from `generator`;
     `stop_ids`: one set per prompt, the tokens its completions stop at.
@@ -65,7 +71,11 @@ def sample_completions(
 
     `lockstep` (FSDP across ranks, where every forward is a collective): the ranks agree each step whether all
     their completions ended; a rank whose own ended first keeps forwarding (`follow`) without drawing, so its
-    generator and completions are what they would be alone."""
+    generator and completions are what they would be alone.
+
+    `images`: the rows' images (seqtune.rollout.images), given to the forward that reads the prompts (the prefill,
+    or every step without a cache); no completion samples the image token, which would stand for an image that is
+    not there."""
     device = next(model.parameters()).device
     rows = [p for p in prompts for _ in range(cfg.completions)]
     width = max(map(len, rows))
@@ -95,8 +105,12 @@ def sample_completions(
                 past_key_values=cache,
                 use_cache=kv_cache,
                 logits_to_keep=1,
+                **(images.inputs(ids) if images is not None and (step == 0 or not kv_cache) else {}),
             )
-            token = draw(out.logits[:, -1], temperature=cfg.temperature, top_p=cfg.top_p, generator=generator)
+            logits = out.logits[:, -1]
+            if images is not None:
+                logits = logits.index_fill(-1, torch.tensor([images.image_token_id], device=device), -math.inf)
+            token = draw(logits, temperature=cfg.temperature, top_p=cfg.top_p, generator=generator)
             token = torch.where(done, torch.full_like(token, pad_id), token)
             ids = torch.cat([ids, token[:, None]], 1)
             mask = torch.cat([mask, (~done).long()[:, None]], 1)
@@ -115,6 +129,7 @@ def sample_completions(
         completion_mask=completion_mask,
         truncated=~done,
         completion_ids=completion_ids,
+        images=images.inputs(ids) if images is not None else None,
     )
 
 
@@ -192,6 +207,7 @@ def token_logps(
             position_ids=positions,
             use_cache=False,
             logits_to_keep=completion_len + 1,
+            **(rollout.images or {}),
         )
         .logits[:, :-1]
         .float()
