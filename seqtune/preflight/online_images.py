@@ -8,12 +8,11 @@ naming why, rather than sampling from image tokens with no image behind them.
 from __future__ import annotations
 
 from seqtune.config.errors import ConfigError
-from seqtune.config.plan import VisionFacts
 from seqtune.config.rollout import Generator, RolloutConfig
 
 
-def refuse_online_images(rollout: RolloutConfig, family: str, vision: VisionFacts, recipe: str) -> None:
-    """The first of rollout's settings (or the model's family) that cannot sample with images, refused."""
+def refuse_online_images(rollout: RolloutConfig, family: str, recipe: str) -> None:
+    """The first of rollout's settings that cannot sample with images, refused."""
     if rollout.generator == Generator.vllm:
         raise ConfigError(
             f"rollout.generator=vllm with {recipe} on an image-text model (model.family={family}): seqtune's vLLM "
@@ -29,12 +28,4 @@ def refuse_online_images(rollout: RolloutConfig, family: str, vision: VisionFact
             key="rollout.tools" if rollout.tools else "rollout.environment",
             fix="single-turn rollouts (remove rollout.tools and rollout.environment) on the image-text model, or a "
             "text-only model for the agent.",
-        )
-    if vision.mrope:
-        raise ConfigError(
-            f"{recipe} on model.family={family}: its multimodal RoPE positions (3D, per image grid) are not yet "
-            "carried through the KV-cached sampler, so its completions cannot be sampled with the images.",
-            key="recipe",
-            fix="an image-text model with 1-D positions (model=gemma3_vision_tiny, model=gemma3_4b) for the online "
-            "recipe, or a recipe that does not sample (e.g. the supervised one) on this model.",
         )

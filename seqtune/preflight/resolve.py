@@ -196,7 +196,7 @@ def _refuse_vision(cfg: RootConfig, spec: ModelSpec, recipe: RecipeSpec, vision:
             "that no sample with images is cut).",
         )
     if recipe.generation(cfg) is not None:
-        refuse_online_images(cfg.rollout, spec.family, vision, preset_fix(recipe))
+        refuse_online_images(cfg.rollout, spec.family, preset_fix(recipe))
     if recipe.images_refused:
         raise ConfigError(
             f"{preset_fix(recipe)}: {recipe.images_refused}, and model.family={spec.family} is an image-text model: "

@@ -81,11 +81,17 @@ def image_colour(path: str) -> str:
     from seqtune.data.images import load_image, stored_image
 
     pixels = load_image(stored_image(path)).convert("RGB").getcolors(1 << 24) or []
-    drawn = [(count, rgb) for count, rgb in pixels if min(rgb) < 240]
+    drawn: list[tuple[int, tuple[int, ...]]] = [
+        (count, tuple(rgb)) for count, rgb in pixels if isinstance(rgb, tuple) and min(rgb) < 240
+    ]
     if not drawn:
         return ""
     rgb = max(drawn)[1]
-    return min(PALETTE, key=lambda name: sum((a - b) ** 2 for a, b in zip(PALETTE[name], rgb, strict=True)))
+
+    def distance(name: str) -> int:
+        return sum((a - b) ** 2 for a, b in zip(PALETTE[name], rgb, strict=True))
+
+    return min(PALETTE, key=distance)
 
 
 def names_the_colour(

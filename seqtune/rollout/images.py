@@ -17,25 +17,43 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from seqtune.config.plan import VisionFacts
-from seqtune.data.pixels import ImagePixels
+from seqtune.data.pixels import ImagePixels, mrope_positions
 from seqtune.models.vision import image_processor
 
 
 @dataclass(frozen=True)
 class RowImages:
     """One micro-batch's completion rows' images as model inputs: `pixels` (pixel_values, and image_grid_thw for a
-    dynamic-resolution model) in row-major order; the image token marks (vision.token_type_key) follow the ids."""
+    dynamic-resolution model) in row-major order; the image token marks (vision.token_type_key) follow the ids.
+    `vision` and `grids` (each row's images' image_grid_thw rows): a multimodal-RoPE model's 3D positions."""
 
     pixels: dict[str, torch.Tensor]
     image_token_id: int
     token_type_key: str
+    vision: VisionFacts | None = None
+    grids: tuple[np.ndarray, ...] = ()
 
     def inputs(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
         """The image inputs of a forward over `ids` [rows, L] (whole sequences: the prompts' image runs in them)."""
         return {**self.pixels, self.token_type_key: (ids == self.image_token_id).long()}
+
+    def positions(self, ids: torch.Tensor, mask: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        """The position_ids of a forward over `ids`: `text` (each token's count of real tokens before it), or for a
+        multimodal-RoPE model [4, rows, L], the text positions then each row's temporal/height/width ones over its
+        real tokens, by the image collator's rule (seqtune.data.pixels.mrope_positions): a completion's tokens
+        continue after the prompt's largest position, so a decode step's are the last column of the whole."""
+        if self.vision is None or not self.vision.mrope:
+            return text
+        out = torch.zeros((4, *ids.shape), dtype=torch.long)
+        out[0] = text.cpu()
+        tokens, real = ids.cpu().numpy(), mask.bool().cpu().numpy()
+        for r, grids in enumerate(self.grids):
+            out[1:, r, real[r]] = torch.from_numpy(mrope_positions(tokens[r][real[r]], grids, self.vision))
+        return out.to(ids.device)
 
 
 @dataclass(frozen=True)
@@ -52,10 +70,14 @@ class PromptImages:
             return None
         arrays = self.pixels(rows)
         vision = self.pixels.vision
+        counts = [len(prompt) for prompt in refs for _ in range(copies)]
+        grids = arrays.get("image_grid_thw", np.zeros((len(rows), 3), np.int64))
         return RowImages(
             pixels={k: torch.from_numpy(v).to(device) for k, v in arrays.items()},
             image_token_id=vision.image_token_id,
             token_type_key=vision.token_type_key,
+            vision=vision,
+            grids=tuple(np.split(grids, np.cumsum(counts)[:-1])),
         )
 
 

@@ -98,10 +98,12 @@ def sample_completions(
         for step in range(cfg.max_tokens):
             # Left padding: a token's position is the count of real tokens before it (the prompt's own positions).
             positions = (mask.cumsum(1) - 1).clamp(min=0)
+            if images is not None:  # a multimodal-RoPE model's 3D positions, else the same
+                positions = images.positions(ids, mask, positions)
             out = model(
                 input_ids=step_ids if kv_cache else ids,
                 attention_mask=mask,
-                position_ids=positions[:, -step_ids.shape[1] :] if kv_cache else positions,
+                position_ids=positions[..., -step_ids.shape[1] :] if kv_cache else positions,
                 past_key_values=cache,
                 use_cache=kv_cache,
                 logits_to_keep=1,
@@ -129,8 +131,18 @@ def sample_completions(
         completion_mask=completion_mask,
         truncated=~done,
         completion_ids=completion_ids,
-        images=images.inputs(ids) if images is not None else None,
+        images=_forward_images(images, ids, mask),
     )
+
+
+def _forward_images(images: RowImages | None, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor] | None:
+    """The image inputs of the log-prob forwards over the finished rows (their 3D positions too where the model
+    has them): what the prefill read, over prompt + completion."""
+    if images is None:
+        return None
+    text = (mask.cumsum(1) - 1).clamp(min=0)
+    positions = images.positions(ids, mask, text)
+    return {**images.inputs(ids), **({"position_ids": positions} if positions is not text else {})}
 
 
 def _all_done(mine: bool, lockstep: bool, device: torch.device) -> bool:
@@ -199,15 +211,16 @@ def token_logps(
     """(log-probability, entropy) of each completion token under `model` at the sampling temperature (TRL computes
     both, policy and reference, so): [rows, C]."""
     mask = rollout.attention_mask
-    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    images = dict(rollout.images or {})
+    positions = images.pop("position_ids", None)  # a multimodal-RoPE model's, computed once at sampling
     logits = (
         model(
             input_ids=rollout.sequences,
             attention_mask=mask,
-            position_ids=positions,
+            position_ids=(mask.cumsum(1) - 1).clamp(min=0) if positions is None else positions,
             use_cache=False,
             logits_to_keep=completion_len + 1,
-            **(rollout.images or {}),
+            **images,
         )
         .logits[:, :-1]
         .float()

@@ -101,3 +101,69 @@ def test_the_log_prob_forward_gets_the_sampled_images(model):
         torch.testing.assert_close(logps[:, 0], first, atol=1e-4, rtol=1e-4)
         blind = Rollout(**{**rollout.__dict__, "images": None})
         assert (token_logps(model, blind, C, temperature=1.0)[0] - logps).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_a_multimodal_rope_model_samples_with_its_images_at_the_positions_transformers_computes(family):
+    """Qwen-VL: the stage's processor gives each row its image's patches and grid; the sampler's 3D positions
+    (seqtune.data.pixels.mrope_positions over each row) give the first-token logits of a full forward whose
+    positions transformers computes itself from the grid (get_rope_index), and the cached decode draws the full
+    recompute's tokens."""
+    from seqtune.config.schema import ModelConfig, TokenizerConfig
+    from seqtune.models.facts import read_vision_facts
+    from seqtune.models.registry import get_spec
+    from seqtune.preflight.resolve import with_image_ids
+    from seqtune.rollout.images import prompt_images
+    from seqtune.tokenizers.facts import token_ids
+
+    cfg = ModelConfig(family=family, tiny_tokenizer="qwen3")
+    found = read_vision_facts(cfg, get_spec(family))
+    assert found is not None
+    vision = with_image_ids(found, token_ids(TokenizerConfig(source="auto"), cfg, found.image_tokens))
+    torch.manual_seed(0)
+    model = build_model(tiny_cfg(family), attn_implementation="sdpa").eval()
+    root = __import__("pathlib").Path(__file__).resolve().parents[2] / "integration/data/vision_prompts/images"
+    refs = [(str(root / "red_circle_0.png"),), (str(root / "blue_square_0.png"),)]
+    boi, image, eoi = vision.image_ids
+    run = [boi, *[image] * vision.image_tokens_for(64, 64), eoi]
+    rows_prompts = [[300, 301, *run, 302], [400, *run, 401, 402, 403]]
+    stage_images = prompt_images(vision, None)
+    assert stage_images is not None
+    rows = stage_images.rows(refs, G, torch.device("cpu"))
+    assert rows is not None and len(rows.grids) == 2 * G
+
+    def sampled(kv_cache: bool) -> tuple[Rollout, list[torch.Tensor]]:
+        seen: list[torch.Tensor] = []
+        hook = model.register_forward_hook(lambda module, args, out: seen.append(out.logits[:, -1].float()))
+        try:
+            with torch.no_grad():
+                rollout = sample_completions(
+                    model,
+                    rows_prompts,
+                    cfg=Sampling(completions=G, max_tokens=3),
+                    stop_ids=[frozenset({1})] * 2,
+                    pad_id=0,
+                    generator=torch.Generator().manual_seed(3),
+                    kv_cache=kv_cache,
+                    images=rows,
+                )
+        finally:
+            hook.remove()
+        return rollout, seen
+
+    cached, seen = sampled(kv_cache=True)
+    full, _ = sampled(kv_cache=False)
+    assert cached.completion_ids == full.completion_ids
+    pixels = rows.pixels["pixel_values"]
+    per_row = len(pixels) // (2 * G)
+    for p, prompt in enumerate(rows_prompts):
+        ids = torch.tensor([prompt])
+        first_row = p * G
+        with torch.no_grad():
+            expected = model(
+                input_ids=ids,
+                pixel_values=pixels[first_row * per_row : (first_row + 1) * per_row],
+                image_grid_thw=rows.pixels["image_grid_thw"][first_row : first_row + 1],
+                mm_token_type_ids=(ids == image).long(),
+            ).logits[0, -1]
+        torch.testing.assert_close(seen[0][first_row], expected.float(), atol=1e-4, rtol=1e-4)
