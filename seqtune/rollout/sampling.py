@@ -77,21 +77,9 @@ def sample_completions(
     or every step without a cache); no completion samples the image token, which would stand for an image that is
     not there."""
     device = next(model.parameters()).device
-    rows = [p for p in prompts for _ in range(cfg.completions)]
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)
-    mask = torch.zeros_like(ids)
-    for r, row in enumerate(rows):
-        ids[r, width - len(row) :] = torch.tensor(row, device=device)
-        mask[r, width - len(row) :] = 1
-    done = torch.zeros(len(rows), dtype=torch.bool, device=device)
-    # One row of stop ids per completion, padded with -1 (no token's id).
-    widest = max(map(len, stop_ids))
-    stop = torch.tensor(
-        [sorted(ids) + [-1] * (widest - len(ids)) for ids in stop_ids for _ in range(cfg.completions)],
-        dtype=torch.long,
-        device=device,
-    ).reshape(len(rows), widest)
+    ids, mask, stop = _rows(prompts, cfg.completions, stop_ids, pad_id, device)
+    rows, width = ids.shape
+    done = torch.zeros(rows, dtype=torch.bool, device=device)
     with padded_attention(model):
         cache = _new_cache(model) if kv_cache else None
         step_ids = ids
@@ -124,7 +112,7 @@ def sample_completions(
                 follow(model, cfg.max_tokens - step - 1)
                 break
     completion_mask = mask[:, width:]
-    completion_ids = [ids[r, width:][completion_mask[r].bool()].tolist() for r in range(len(rows))]
+    completion_ids = [ids[r, width:][completion_mask[r].bool()].tolist() for r in range(rows)]
     return Rollout(
         sequences=ids,
         attention_mask=mask,
@@ -133,6 +121,27 @@ def sample_completions(
         completion_ids=completion_ids,
         images=_forward_images(images, ids, mask),
     )
+
+
+def _rows(
+    prompts: list[list[int]], copies: int, stop_ids: list[frozenset[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids, attention mask, stop ids) of the completion rows: each prompt `copies` times, left-padded to the
+    widest; one row of stop ids per completion, padded with -1 (no token's id)."""
+    rows = [p for p in prompts for _ in range(copies)]
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros_like(ids)
+    for r, row in enumerate(rows):
+        ids[r, width - len(row) :] = torch.tensor(row, device=device)
+        mask[r, width - len(row) :] = 1
+    widest = max(map(len, stop_ids))
+    stop = torch.tensor(
+        [sorted(s) + [-1] * (widest - len(s)) for s in stop_ids for _ in range(copies)],
+        dtype=torch.long,
+        device=device,
+    ).reshape(len(rows), widest)
+    return ids, mask, stop
 
 
 def _forward_images(images: RowImages | None, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor] | None:
