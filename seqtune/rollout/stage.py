@@ -229,8 +229,8 @@ class RolloutStage:
             model.eval()
             try:
                 if self.agents is None:
-                    stops = [self._stops(r) for r in written]
-                    return self._continue(model, prompts, stops, G, images), None, None
+                    per_prompt = [self._stops(r) for r in written]
+                    return self._continue(model, prompts, per_prompt, G, images), None, None
                 records = [record for record in written for _ in range(G)]
                 stops = self._stops(records[0])
                 sample, episodes, environments = self.agents.run(

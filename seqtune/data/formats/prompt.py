@@ -5,6 +5,8 @@ content list, or LLaMA-Factory's `images` column with <image> placeholders): the
 
 from __future__ import annotations
 
+from typing import Any
+
 from seqtune.data.formats._parser import LineParser, role_reason
 from seqtune.data.formats._records import PromptOnly, Record
 from seqtune.data.formats._registry import RecordFormat, register
@@ -25,7 +27,9 @@ def parse(p: LineParser, line: int, obj: dict) -> Record | Reject:
         return p.reject(
             line, f"wrong_type: {p.name('prompt')} must be a string or a non-empty list of {{role, content}}"
         )
-    messages, images, turns = [], [], []
+    messages: list[dict[str, Any]] = []
+    images: list[str] = []
+    turns: list[tuple[dict[str, Any], str]] = []
     for i, message in enumerate(prompt):
         where = f"{p.name('prompt')}[{i}]"
         if not isinstance(message, dict) or "role" not in message or "content" not in message:
@@ -45,7 +49,9 @@ def parse(p: LineParser, line: int, obj: dict) -> Record | Reject:
     return PromptOnly(file=p.file, line=line, prompt=messages, columns=columns, images=tuple(images))
 
 
-def _image_column(p: LineParser, line: int, turns: list, column: object, images: list[str]) -> str | None:
+def _image_column(
+    p: LineParser, line: int, turns: list[tuple[dict[str, Any], str]], column: object, images: list[str]
+) -> str | None:
     """LLaMA-Factory's `images` column read against the prompt's <image> placeholders, on an image-text run (a
     text-only run keeps it as a column like any other, for the reward functions)."""
     if column is None or p.image_placeholder is None:
