@@ -396,9 +396,12 @@ class SampleEncoder:
                 )
                 continue
             else:
-                texts.append(
-                    self.tokenizer.apply_chat_template(record.prompt, tokenize=False, add_generation_prompt=True)
-                )
+                text = self.tokenizer.apply_chat_template(record.prompt, tokenize=False, add_generation_prompt=True)
+                expanded = self._rendered_images(record, text, []) if record.images else (text, [])
+                if isinstance(expanded, Reject):
+                    rejects.append((i, expanded))
+                    continue
+                texts.append(expanded[0])
             kept.append(i)
         written = [record_text(records[i].prompt, records[i].columns) for i in kept]
         lists = self._token_lists(texts)
@@ -422,7 +425,27 @@ class SampleEncoder:
             rejects=rejects,
             fields={"record": np.asarray([record_digest(t) for t in written], np.int64)},
             columns=written,
+            images=[records[i].images for i in kept] if any(records[i].images for i in kept) else [],
         )
+
+    def _rendered_images(
+        self, record: Conversation | PromptOnly, text: str, spans: list[tuple[int, int]]
+    ) -> tuple[str, list[tuple[int, int]]] | Reject:
+        """A rendered record's image placeholders expanded into each image's token run (its target spans moved), or
+        the Reject of a template that did not render one placeholder per image, or of an unusable image."""
+        assert self.vision is not None, "only an image-text run's parser keeps images"
+        rendered = text.count(self.vision.placeholder)
+        if rendered != len(record.images):
+            reason = (
+                f"{TEMPLATE_REJECTED}: the chat template (tokenizer.chat_template) rendered {rendered} image "
+                f"marker(s) {self.vision.placeholder} for the record's {len(record.images)} image(s)"
+            )
+            return Reject(file=record.file, line=record.line, reason=reason)
+        try:
+            counts = image_token_counts(record.images, self.vision, f"{record.file}:{record.line}")
+        except ImageRefused as unusable:
+            return Reject(file=record.file, line=record.line, reason=unusable.reason)
+        return expand_images(text, spans, self.vision, counts)
 
     def _closed_with_eos(self, ids: np.ndarray, target: np.ndarray) -> bool:
         """chat: the last target is an eos (Mistral's and Zephyr's templates end every reply with one)."""
@@ -534,21 +557,11 @@ class SampleEncoder:
                 rejects.append((i, Reject(file=record.file, line=record.line, reason=reason)))
                 continue
             if record.images:
-                assert self.vision is not None, "only an image-text run's parser keeps images"
-                rendered = text.count(self.vision.placeholder)
-                if rendered != len(record.images):
-                    reason = (
-                        f"{TEMPLATE_REJECTED}: the chat template (tokenizer.chat_template) rendered {rendered} image "
-                        f"marker(s) {self.vision.placeholder} for the record's {len(record.images)} image(s)"
-                    )
-                    rejects.append((i, Reject(file=record.file, line=record.line, reason=reason)))
+                expanded = self._rendered_images(record, text, assistant_spans)
+                if isinstance(expanded, Reject):
+                    rejects.append((i, expanded))
                     continue
-                try:
-                    counts = image_token_counts(record.images, self.vision, f"{record.file}:{record.line}")
-                except ImageRefused as unusable:
-                    rejects.append((i, Reject(file=record.file, line=record.line, reason=unusable.reason)))
-                    continue
-                text, assistant_spans = expand_images(text, assistant_spans, self.vision, counts)
+                text, assistant_spans = expanded
             texts.append(text)
             if not self.train_on_reasoning and self.reasoning is not None:
                 assistant_spans = _after_reasoning(text, assistant_spans, self.reasoning)

@@ -37,6 +37,7 @@ from seqtune.models.facts import ModelFacts, read_model_facts, read_vision_facts
 from seqtune.models.kernels import kernels_choice, kernels_problems, loss_choice
 from seqtune.models.optimizers import optimizer_choice, optimizer_problems
 from seqtune.models.spec import ModelSpec, lora_module_names, matches_target, modules_trained_in_full, resized_rows
+from seqtune.preflight.online_images import refuse_online_images
 from seqtune.tokenizers.facts import TokenizerFacts, read_tokenizer_facts, token_ids
 
 # The reason a plan gives for a requested kernel that cannot run here (preflight reports it as a problem).
@@ -195,15 +196,7 @@ def _refuse_vision(cfg: RootConfig, spec: ModelSpec, recipe: RecipeSpec, vision:
             "that no sample with images is cut).",
         )
     if recipe.generation(cfg) is not None:
-        # The online recipes sample completions from input_ids alone (a KV cache, no pixel_values): an image's soft
-        # tokens would be sampled from without the image, so images are refused there rather than ignored.
-        raise ConfigError(
-            f"{preset_fix(recipe)} samples completions from the prompts' tokens alone, and "
-            f"model.family={spec.family} is an image-text model: its images would not reach the sampling.",
-            key="recipe",
-            fix=f"a text-only model (another model=...) for {preset_fix(recipe)}, or a recipe that does not sample "
-            "completions for the image-text model (e.g. the supervised one).",
-        )
+        refuse_online_images(cfg.rollout, spec.family, preset_fix(recipe))
     if recipe.images_refused:
         raise ConfigError(
             f"{preset_fix(recipe)}: {recipe.images_refused}, and model.family={spec.family} is an image-text model: "

@@ -255,9 +255,11 @@ def _data_phases(
     micro_batch = largest_micro_batch(cfg, rule, views)
     if model is not None and not resolved.optimizer_reason.startswith(CANNOT_RUN):  # no state to count otherwise
         most = max((len(refs) for scan in scans.values() for refs in scan.cache().images), default=0)
-        patches = image_patches(resolved.vision, [scan.cache() for scan in scans.values()]) * rule.rows
+        # An online recipe's forwards carry each prompt's images once per completion (seqtune.rollout.images).
+        rows = rule.rows * max(1, resolved.completions_per_sample)
+        patches = image_patches(resolved.vision, [scan.cache() for scan in scans.values()]) * rows
         result.memory, memory_problems = memory_phase(
-            cfg, resolved, micro_batch, model.arch, max_seq_len, most * rule.rows, patches
+            cfg, resolved, micro_batch, model.arch, max_seq_len, most * rows, patches
         )
         problems += memory_problems
     return {

@@ -37,6 +37,9 @@ def rollout_checks(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
     table = read_prompt_table(facts.caches or {})
     every = [(table.where[ids], record) for ids, record in table.records.items()]
     records = [record for _, record in every[:DRY_PROMPTS]]
+    handed: dict[str, Any] = {}
+    if facts.plan.vision is not None:  # each prompt's image paths, as the stage hands them (`images`)
+        handed["images"] = [list(table.images_of(key)) for key in list(table.records)[:DRY_PROMPTS]]
     problems, environments, tool_tokens = agent_checks(cfg, facts, tokenizer, records)
     problems += _budget(cfg, facts, tool_tokens) + _equal_prompts(cfg, facts) + vllm_problems(cfg, facts.plan)
     rewards: list[Reward] = []
@@ -46,7 +49,9 @@ def rollout_checks(cfg: Any, facts: RecipeFacts) -> list[tuple[str, str]]:
         except SeqtuneError as err:  # ConfigError (a function), ModelLoadError (a reward model)
             problems.append((err.key or f"rollout.rewards[{i}]", str(err)))
     problems += column_problems(rewards, every)
-    problems += dry_call_problems(rewards, records, {"environments": environments} if environments else None)
+    if environments:
+        handed["environments"] = environments
+    problems += dry_call_problems(rewards, records, handed or None)
     for scorer in rewards:  # a reward model reads the policy's completions with its own tokenizer
         if isinstance(scorer.fn, RewardModel):
             problems += reward_model_problems(scorer.fn, [r["prompt"] for r in records], tokenizer)

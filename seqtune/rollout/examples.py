@@ -64,3 +64,43 @@ def short(prompts: list[Any], completions: list[Any], **columns: Any) -> list[fl
 def one_line(prompts: list[Any], completions: list[Any], **columns: Any) -> list[float]:
     """A format reward: 1.0 when the completion is non-empty and holds no line break."""
     return [float(bool(_text(c).strip()) and "\n" not in _text(c).strip()) for c in completions]
+
+
+# The colours the bundled image sets draw in (scripts/make_vision_tiny.py), each named by its nearest RGB.
+PALETTE = {
+    "red": (220, 30, 30),
+    "green": (30, 160, 50),
+    "blue": (30, 70, 220),
+    "yellow": (240, 200, 20),
+    "purple": (140, 40, 170),
+}
+
+
+def image_colour(path: str) -> str:
+    """The palette colour nearest the image's most common non-white pixel (a shape drawn on white)."""
+    from seqtune.data.images import load_image, stored_image
+
+    pixels = load_image(stored_image(path)).convert("RGB").getcolors(1 << 24) or []
+    drawn: list[tuple[int, tuple[int, ...]]] = [
+        (count, tuple(rgb)) for count, rgb in pixels if isinstance(rgb, tuple) and min(rgb) < 240
+    ]
+    if not drawn:
+        return ""
+    rgb = max(drawn)[1]
+
+    def distance(name: str) -> int:
+        return sum((a - b) ** 2 for a, b in zip(PALETTE[name], rgb, strict=True))
+
+    return min(PALETTE, key=distance)
+
+
+def names_the_colour(
+    prompts: list[Any], completions: list[Any], images: list[list[str]], **columns: Any
+) -> list[float | None]:
+    """An image reward: 1.0 when the completion names the colour of its prompt's (first) image, read from the
+    image's pixels (`images`: each completion's prompt's image paths, handed on an image-text run); None for a
+    prompt without an image."""
+    out: list[float | None] = []
+    for completion, paths in zip(completions, images, strict=True):
+        out.append(float(image_colour(paths[0]) in _text(completion).lower()) if paths else None)
+    return out

@@ -21,6 +21,7 @@ from seqtune.config.schema import RootConfig
 from seqtune.data.types import IGNORE_INDEX
 from seqtune.distributed import unwrap
 from seqtune.rollout.episodes import Agents, Turns
+from seqtune.rollout.images import prompt_images
 from seqtune.rollout.prompts import read_prompt_table
 from seqtune.rollout.rewards import load_rewards
 from seqtune.rollout.sampling import Rollout, follow, padded_attention, reference_logps, token_logps
@@ -143,6 +144,7 @@ def online_objective(
         completions_path=completions_path(run_dir),
         lockstep=plan.sharded,
         agents=agents(cfg, plan, tokenizer),
+        images=prompt_images(plan.vision, cfg.model.path),
     )
     if cfg.rollout.generator == Generator.vllm:
         from seqtune.rollout.vllm.start import vllm_sampler

@@ -16,13 +16,18 @@ from seqtune.data.cache import TokenCache
 
 @dataclass
 class PromptTable:
-    """record digest -> {"prompt": as written, **its other columns}; `where`: the first file:line of each."""
+    """record digest -> {"prompt": as written, **its other columns}; `where`: the first file:line of each;
+    `images`: an image-text run's prompts' images (stored references, in the order their runs stand)."""
 
     records: dict[int, dict[str, Any]] = field(default_factory=dict)
     where: dict[int, str] = field(default_factory=dict)
+    images: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
     def record(self, key: int) -> dict[str, Any]:
         return self.records[int(key)]
+
+    def images_of(self, key: int) -> tuple[str, ...]:
+        return self.images.get(int(key), ())
 
 
 def read_prompt_table(caches: Mapping[str, str | Path]) -> PromptTable:
@@ -35,4 +40,6 @@ def read_prompt_table(caches: Mapping[str, str | Path]) -> PromptTable:
             key = int(digests[i])
             table.records.setdefault(key, record)
             table.where.setdefault(key, cache.location(i))
+            if cache.images and cache.images[i]:
+                table.images.setdefault(key, tuple(cache.images[i]))
     return table

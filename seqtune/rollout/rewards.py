@@ -4,6 +4,8 @@
 is called as TRL's GRPOTrainer calls it, by keyword: fn(prompts=, completions=, completion_ids=, trainer_state=,
 **columns), so TRL's own (`trl.rewards.think_format_reward`) and those written for it run unchanged. A parameter
 without a default that is none of those names is a data column it reads; `**kwargs` takes whatever is handed.
+On an image-text run a function that names `images` (or takes **kwargs) gets each completion's prompt's images as a
+list of their paths (a data: URI for an embedded one), TRL's keyword; an agent's gets `environments`.
 `async def` functions are run to completion. Each call gets its own copies of the prompts and columns: a function
 that edits its arguments cannot change the data of a later step. An entry naming a directory or `hf:org/name` is a
 reward model (seqtune.rollout.reward_model), called as a function is.
@@ -29,7 +31,7 @@ from seqtune.rollout.reward_model import RewardModel, is_reward_model_ref, load_
 RewardFn = Callable[..., Any]
 CALL = "fn(prompts=, completions=, completion_ids=, **columns) -> list[float | None]"
 # What every call hands over besides the columns (TRL's names): never read from the data.
-HANDED = frozenset({"prompts", "completions", "completion_ids", "trainer_state", "environments"})
+HANDED = frozenset({"prompts", "completions", "completion_ids", "trainer_state", "environments", "images"})
 
 
 @dataclass(frozen=True)
@@ -149,14 +151,16 @@ def call_reward(
 ) -> list[float]:
     """The reward of each completion (NaN where the function returns None); a wrong shape raises ValueError. The
     function gets its own deep copies of what it could edit in place. `handed`: what it gets as it is, when it
-    takes it (`environments`: each rollout's environment instance, as TRL passes them)."""
+    takes it (`environments`: each rollout's environment instance, as TRL passes them; `images`: each completion's
+    prompt's image paths, in place of a data column of that name, which holds the same images as written)."""
+    taken = _taken(scorer.fn, handed or {})
     out = scorer.fn(
         prompts=copy.deepcopy(prompts),
         completions=copy.deepcopy(completions),
         completion_ids=copy.deepcopy(completion_ids),
         trainer_state=TrainerState(global_step=step),
-        **copy.deepcopy(columns),
-        **_taken(scorer.fn, handed or {}),
+        **copy.deepcopy({k: v for k, v in columns.items() if k not in (handed or {})}),
+        **taken,
     )
     if inspect.isawaitable(out):
         out = asyncio.run(_awaited(out))

@@ -10,6 +10,7 @@ device from a generator that lives there: no probability matrix crosses to the h
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from seqtune.rollout.draw import draw
+from seqtune.rollout.images import RowImages
 from seqtune.train.objectives import DisabledAdapters, FrozenCopy, ReferenceModel
 
 
@@ -42,6 +44,9 @@ class Rollout:
     # [P*G, C] each sampled token's log-probability as the sampler computed it (vLLM reports them; the native
     # sampler's are the policy's own, computed after sampling): what a sampler/trainer mismatch is read from.
     sampler_logps: torch.Tensor | None = None
+    # An image-text run's image inputs of a forward over `sequences` (seqtune.rollout.images.RowImages.inputs):
+    # what the policy's and the reference's log-prob forwards get, as the sampling's prefill got them.
+    images: dict[str, torch.Tensor] | None = None
 
 
 def sample_completions(
@@ -54,6 +59,7 @@ def sample_completions(
     generator: torch.Generator,
     kv_cache: bool = True,
     lockstep: bool = False,
+    images: RowImages | None = None,
 ) -> Rollout:
     """cfg.completions completions of each prompt, sampled token by token (temperature, top-p) from `generator`;
     `stop_ids`: one set per prompt, the tokens its completions stop at.
@@ -65,38 +71,36 @@ def sample_completions(
 
     `lockstep` (FSDP across ranks, where every forward is a collective): the ranks agree each step whether all
     their completions ended; a rank whose own ended first keeps forwarding (`follow`) without drawing, so its
-    generator and completions are what they would be alone."""
+    generator and completions are what they would be alone.
+
+    `images`: the rows' images (seqtune.rollout.images), given to the forward that reads the prompts (the prefill,
+    or every step without a cache); no completion samples the image token, which would stand for an image that is
+    not there."""
     device = next(model.parameters()).device
-    rows = [p for p in prompts for _ in range(cfg.completions)]
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)
-    mask = torch.zeros_like(ids)
-    for r, row in enumerate(rows):
-        ids[r, width - len(row) :] = torch.tensor(row, device=device)
-        mask[r, width - len(row) :] = 1
-    done = torch.zeros(len(rows), dtype=torch.bool, device=device)
-    # One row of stop ids per completion, padded with -1 (no token's id).
-    widest = max(map(len, stop_ids))
-    stop = torch.tensor(
-        [sorted(ids) + [-1] * (widest - len(ids)) for ids in stop_ids for _ in range(cfg.completions)],
-        dtype=torch.long,
-        device=device,
-    ).reshape(len(rows), widest)
+    ids, mask, stop = _rows(prompts, cfg.completions, stop_ids, pad_id, device)
+    rows, width = ids.shape
+    done = torch.zeros(rows, dtype=torch.bool, device=device)
     with padded_attention(model):
         cache = _new_cache(model) if kv_cache else None
         step_ids = ids
         for step in range(cfg.max_tokens):
             # Left padding: a token's position is the count of real tokens before it (the prompt's own positions).
             positions = (mask.cumsum(1) - 1).clamp(min=0)
+            if images is not None:  # a multimodal-RoPE model's 3D positions, else the same
+                positions = images.positions(ids, mask, positions)
             out = model(
                 input_ids=step_ids if kv_cache else ids,
                 attention_mask=mask,
-                position_ids=positions[:, -step_ids.shape[1] :] if kv_cache else positions,
+                position_ids=positions[..., -step_ids.shape[1] :] if kv_cache else positions,
                 past_key_values=cache,
                 use_cache=kv_cache,
                 logits_to_keep=1,
+                **(images.inputs(ids) if images is not None and (step == 0 or not kv_cache) else {}),
             )
-            token = draw(out.logits[:, -1], temperature=cfg.temperature, top_p=cfg.top_p, generator=generator)
+            logits = out.logits[:, -1]
+            if images is not None:
+                logits = logits.index_fill(-1, torch.tensor([images.image_token_id], device=device), -math.inf)
+            token = draw(logits, temperature=cfg.temperature, top_p=cfg.top_p, generator=generator)
             token = torch.where(done, torch.full_like(token, pad_id), token)
             ids = torch.cat([ids, token[:, None]], 1)
             mask = torch.cat([mask, (~done).long()[:, None]], 1)
@@ -108,14 +112,46 @@ def sample_completions(
                 follow(model, cfg.max_tokens - step - 1)
                 break
     completion_mask = mask[:, width:]
-    completion_ids = [ids[r, width:][completion_mask[r].bool()].tolist() for r in range(len(rows))]
+    completion_ids = [ids[r, width:][completion_mask[r].bool()].tolist() for r in range(rows)]
     return Rollout(
         sequences=ids,
         attention_mask=mask,
         completion_mask=completion_mask,
         truncated=~done,
         completion_ids=completion_ids,
+        images=_forward_images(images, ids, mask),
     )
+
+
+def _rows(
+    prompts: list[list[int]], copies: int, stop_ids: list[frozenset[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids, attention mask, stop ids) of the completion rows: each prompt `copies` times, left-padded to the
+    widest; one row of stop ids per completion, padded with -1 (no token's id)."""
+    rows = [p for p in prompts for _ in range(copies)]
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros_like(ids)
+    for r, row in enumerate(rows):
+        ids[r, width - len(row) :] = torch.tensor(row, device=device)
+        mask[r, width - len(row) :] = 1
+    widest = max(map(len, stop_ids))
+    stop = torch.tensor(
+        [sorted(s) + [-1] * (widest - len(s)) for s in stop_ids for _ in range(copies)],
+        dtype=torch.long,
+        device=device,
+    ).reshape(len(rows), widest)
+    return ids, mask, stop
+
+
+def _forward_images(images: RowImages | None, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor] | None:
+    """The image inputs of the log-prob forwards over the finished rows (their 3D positions too where the model
+    has them): what the prefill read, over prompt + completion."""
+    if images is None:
+        return None
+    text = (mask.cumsum(1) - 1).clamp(min=0)
+    positions = images.positions(ids, mask, text)
+    return {**images.inputs(ids), **({"position_ids": positions} if positions is not text else {})}
 
 
 def _all_done(mine: bool, lockstep: bool, device: torch.device) -> bool:
@@ -184,14 +220,16 @@ def token_logps(
     """(log-probability, entropy) of each completion token under `model` at the sampling temperature (TRL computes
     both, policy and reference, so): [rows, C]."""
     mask = rollout.attention_mask
-    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    images = dict(rollout.images or {})
+    positions = images.pop("position_ids", None)  # a multimodal-RoPE model's, computed once at sampling
     logits = (
         model(
             input_ids=rollout.sequences,
             attention_mask=mask,
-            position_ids=positions,
+            position_ids=(mask.cumsum(1) - 1).clamp(min=0) if positions is None else positions,
             use_cache=False,
             logits_to_keep=completion_len + 1,
+            **images,
         )
         .logits[:, :-1]
         .float()

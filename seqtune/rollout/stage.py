@@ -24,6 +24,7 @@ from seqtune.distributed import DistEnv, unwrap
 from seqtune.rollout.completions import COMPLETIONS_FILE, show_completions
 from seqtune.rollout.draw import generator_state, load_generator_state, new_generator, stream_seed
 from seqtune.rollout.episodes import Agents
+from seqtune.rollout.images import PromptImages, RowImages
 from seqtune.rollout.prompts import PromptTable
 from seqtune.rollout.rewards import Reward, call_reward
 from seqtune.rollout.sampling import Rollout, Sampling, reference_logps, sample_completions
@@ -61,6 +62,8 @@ class Rollouts:
         """Rebuilt from a checkpoint: the tokens and per-token tensors on the device, the rewards on the CPU."""
 
         def moved(value: Any) -> Any:
+            if isinstance(value, dict):  # the rollout's image inputs
+                return {k: moved(v) for k, v in value.items()}
             return value.to(device) if isinstance(value, torch.Tensor) else value
 
         sample = Rollout(**{k: moved(v) for k, v in state["sample"].items()})
@@ -125,6 +128,7 @@ class RolloutStage:
     agents: Agents | None = None  # rollout.tools / rollout.environment: multi-turn episodes
     # rollout.generator: the native sampler, or one of sample_completions' shape (seqtune.rollout.vllm.VllmSampler)
     sampler: Callable[..., Rollout] = sample_completions
+    images: PromptImages | None = None  # an image-text run: each prompt's images go to its sampling and log-probs
 
     def __post_init__(self) -> None:
         for i, phase in enumerate(("train", "eval")):  # on the model's device: where its logits are drawn from
@@ -169,7 +173,8 @@ class RolloutStage:
         """The micro-batch's rollouts: sampled now on a new generation batch, the buffered ones on a repeat.
         `keys`: each prompt's record digest (its columns in the table)."""
         if not self.reusing:
-            return self._generate(model, prompts, [self.table.record(k) for k in keys])
+            images = [self.table.images_of(k) for k in keys]
+            return self._generate(model, prompts, [self.table.record(k) for k in keys], images)
         rollouts = self.buffer.get(self.position.micro_batch)
         # An internal invariant: the batch plan repeats whole steps (preflight refuses an epoch that is not).
         assert rollouts is not None and rollouts.prompts == prompts, "the step's prompts changed between repeats"
@@ -192,10 +197,16 @@ class RolloutStage:
         return self.stop_ids
 
     def _continue(
-        self, model: torch.nn.Module, contexts: list[list[int]], stops: list[frozenset[int]], n: int
+        self,
+        model: torch.nn.Module,
+        contexts: list[list[int]],
+        stops: list[frozenset[int]],
+        n: int,
+        images: RowImages | None = None,
     ) -> Rollout:
         """THE call site where continuations are generated: `n` completions of each context with the current
-        weights (a single-turn rollout samples each prompt's group here; an agent's episode each turn's)."""
+        weights (a single-turn rollout samples each prompt's group here; an agent's episode each turn's).
+        `images`: the rows' images (preflight refuses them with an agent or another generator)."""
         return self.sampler(
             unwrap(model),
             contexts,
@@ -204,10 +215,11 @@ class RolloutStage:
             pad_id=self.pad_id,
             generator=self.generators["train" if self.position.training else "eval"],
             lockstep=self.lockstep,
+            **({"images": images} if images is not None else {}),
         )
 
     def _sample(
-        self, model: torch.nn.Module, prompts: list[list[int]], written: list[dict[str, Any]]
+        self, model: torch.nn.Module, prompts: list[list[int]], written: list[dict[str, Any]], images: RowImages | None
     ) -> tuple[Rollout, list[dict[str, Any]] | None, list[Any] | None]:
         """The micro-batch's rollouts sampled (no grad, eval mode: TRL generates in eval mode too): one turn per
         completion, or an agent's episodes (with each one's environment instance)."""
@@ -217,7 +229,8 @@ class RolloutStage:
             model.eval()
             try:
                 if self.agents is None:
-                    return self._continue(model, prompts, [self._stops(r) for r in written], G), None, None
+                    per_prompt = [self._stops(r) for r in written]
+                    return self._continue(model, prompts, per_prompt, G, images), None, None
                 records = [record for record in written for _ in range(G)]
                 stops = self._stops(records[0])
                 sample, episodes, environments = self.agents.run(
@@ -229,11 +242,18 @@ class RolloutStage:
             finally:
                 model.train(was)
 
-    def _generate(self, model: torch.nn.Module, prompts: list[list[int]], written: list[dict[str, Any]]) -> Rollouts:
+    def _generate(
+        self,
+        model: torch.nn.Module,
+        prompts: list[list[int]],
+        written: list[dict[str, Any]],
+        images: list[tuple[str, ...]],
+    ) -> Rollouts:
         """Sample with the current weights, score, and take what stays fixed while the batch is reused: the rewards
-        and the reference's log-probabilities."""
-        sample, episodes, environments = self._sample(model, prompts, written)
+        and the reference's log-probabilities. `images`: each prompt's stored images (none on a text-only run)."""
         G = self.cfg.num_generations
+        rows = self.images.rows(images, G, self.env.device) if self.images is not None else None
+        sample, episodes, environments = self._sample(model, prompts, written, rows)
         records = [record for record in written for _ in range(G)]
         texts = [self.tokenizer.decode(c, skip_special_tokens=True) for c in sample.completion_ids]
         completions: list[Any] = [
@@ -243,7 +263,8 @@ class RolloutStage:
         if episodes is not None:  # the episode's assistant and tool turns; its text is its last answer
             completions = [e["messages"] for e in episodes]
             texts = [e["messages"][-1]["content"] if e["messages"] else "" for e in episodes]
-        rewards = self._score(records, completions, sample.completion_ids, environments)
+        paths = [list(refs) for refs in images for _ in range(G)] if rows is not None else None
+        rewards = self._score(records, completions, sample.completion_ids, environments, paths)
         weights = torch.tensor(self.cfg.weights, dtype=torch.float64)[:, None]
         total = torch.nansum(rewards * weights, dim=0).float()
         total[torch.isnan(rewards).all(0)] = math.nan  # unscored by every function: no baseline, no advantage
@@ -277,11 +298,20 @@ class RolloutStage:
             )
 
     def _score(
-        self, records: list[dict[str, Any]], completions: list[Any], ids: list[list[int]], environments: Any
+        self,
+        records: list[dict[str, Any]],
+        completions: list[Any],
+        ids: list[list[int]],
+        environments: Any,
+        images: list[list[str]] | None = None,
     ) -> torch.Tensor:
+        """Each function's rewards [functions, rows]. `images`: each completion's prompt's images (their resolved
+        paths, or data: URIs), handed as `images` (TRL's name)."""
         prompts = [r["prompt"] for r in records]
         columns = {k: [r.get(k) for r in records] for k in records[0] if k != "prompt"}
-        handed = {"environments": environments} if environments is not None else {}
+        handed: dict[str, Any] = {"environments": environments} if environments is not None else {}
+        if images is not None:
+            handed["images"] = images
         out = []
         for scorer in self.rewards:
             try:

@@ -218,7 +218,7 @@ class LineParser:
             return _REFUSED + refused.reason
         return str(image.path) if image.path is not None else image.source
 
-    def _column_images(
+    def column_images(
         self, line: int, turns: list[tuple[dict[str, Any], str]], column: Any, images: list[str]
     ) -> str | None:
         """LLaMA-Factory's `images` column: each <image> in the messages' text, in order, is the next image."""
@@ -263,7 +263,7 @@ class LineParser:
             return self.reject(
                 line, f"wrong_type: images given both as content parts and in {self.name('images')}; use one"
             )
-        problem = self._column_images(line, turns, column, images)
+        problem = self.column_images(line, turns, column, images)
         if problem:
             return self.reject(line, problem)
         for message, where in turns:

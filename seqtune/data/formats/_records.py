@@ -58,6 +58,8 @@ class PromptOnly:
     line: int
     prompt: str | list[dict[str, Any]]
     columns: dict[str, Any] = field(default_factory=dict)
+    # An image-text run's images of a message-list prompt, in the order their placeholders stand (Conversation's).
+    images: tuple[str, ...] = ()
 
 
 @dataclass(kw_only=True, slots=True)

@@ -29,5 +29,6 @@ KIND = register(
         ),
         trains_targets=False,
         message_prompts=True,
+        images=True,  # a message-list prompt's images: its completions are sampled with them (seqtune.rollout.images)
     )
 )

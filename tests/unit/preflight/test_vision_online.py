@@ -1,6 +1,7 @@
-"""An image-text model with a recipe whose images would not reach the model (GRPO samples from input_ids alone; the
-reward model's scalar head is given no pixel_values): refused before training, naming the recipe and the model, rather
-than training on image tokens without their images."""
+"""An image-text model with a recipe whose images would not reach the model (the reward model's scalar head is given
+no pixel_values; GRPO through vLLM or with tools): refused
+before training, naming the recipe and the model, rather than training on image tokens without their images. GRPO
+and RLOO with the native sampler resolve their images."""
 
 from __future__ import annotations
 
@@ -13,13 +14,33 @@ from tests.support.configs import compose_real
 VISION = ("model=gemma3_vision_tiny", "tokenizer=gemma3")
 
 
-def test_an_online_recipe_on_an_image_text_model_is_refused_naming_both():
+@pytest.mark.parametrize("recipe", ["lora_grpo", "lora_rloo"])
+def test_an_online_recipe_on_an_image_text_model_resolves_its_images(recipe):
+    """GRPO and RLOO sample with each prompt's images (seqtune.rollout.images): the plan keeps the model's image
+    facts, which the stage's processor and the prompt kind's image expansion read."""
+    plan = resolve_plan(compose_real(f"recipe={recipe}", *VISION), {})
+    assert plan.vision is not None and plan.vision.image_ids and plan.completions_per_sample > 0
+
+
+@pytest.mark.parametrize(
+    ("setting", "key", "says"),
+    [
+        ("rollout.generator=vllm", "rollout.generator", "vLLM sampler sends the prompts' token ids alone"),
+        ("rollout.tools=[tools.py:lookup]", "rollout.tools", "an agent's later turns are sampled"),
+    ],
+)
+def test_what_cannot_sample_with_images_is_refused_naming_why(setting, key, says):
     with pytest.raises(ConfigError) as err:
-        resolve_plan(compose_real("recipe=lora_grpo", *VISION), {})
-    assert err.value.key == "recipe"
-    message = str(err.value)
-    assert "recipe=lora_grpo" in message and "model.family=gemma3_vision is an image-text model" in message
-    assert "Fix: a text-only model" in message
+        resolve_plan(compose_real("recipe=lora_grpo", setting, *VISION), {})
+    message = " ".join(str(err.value).split())
+    assert err.value.key == key and says in message and "model.family=gemma3_vision" in message
+    assert "Fix:" in message
+
+
+@pytest.mark.parametrize("model", ["qwen2_5_vl_tiny", "qwen3_vl_tiny"])
+def test_an_online_recipe_on_a_multimodal_rope_model_resolves_its_images(model):
+    plan = resolve_plan(compose_real("recipe=lora_grpo", f"model={model}", "tokenizer=qwen3"), {})
+    assert plan.vision is not None and plan.vision.mrope
 
 
 def test_the_supervised_recipe_on_the_same_model_resolves_its_images():
