@@ -17,8 +17,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from seqtune.config.plan import ImageGrid
-from seqtune.models import qwen2_5_vl, qwen3
-from seqtune.models.spec import ModelSpec, common_arch_fields
+from seqtune.models.families import qwen2_5_vl, qwen3
+from seqtune.models.spec import FAMILY_SPECS, ArchValue, ModelSpec, common_arch_fields
 from seqtune.models.vision import VisionSpec
 from seqtune.tokenizers import templates
 
@@ -83,7 +83,7 @@ def tiny_config_kwargs(f: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def read_arch_fields(hf_config: PretrainedConfig) -> dict[str, Any]:
+def read_arch_fields(hf_config: PretrainedConfig) -> dict[str, ArchValue]:
     return common_arch_fields(hf_config.get_text_config())
 
 
@@ -117,3 +117,5 @@ SPEC = ModelSpec(
     else None,
     vision=VISION,
 )
+
+FAMILY_SPECS.register(SPEC)

@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from seqtune.config.plan import ImageGrid
-from seqtune.models import qwen2
-from seqtune.models.spec import ModelSpec, common_arch_fields
+from seqtune.models.families import qwen2
+from seqtune.models.spec import FAMILY_SPECS, ArchValue, ModelSpec, common_arch_fields
 from seqtune.models.vision import VisionSpec
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ def tiny_config_kwargs(f: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def read_arch_fields(hf_config: PretrainedConfig) -> dict[str, Any]:
+def read_arch_fields(hf_config: PretrainedConfig) -> dict[str, ArchValue]:
     return common_arch_fields(hf_config.get_text_config())
 
 
@@ -122,3 +122,5 @@ SPEC = ModelSpec(
     tests=qwen2.SPEC.tests,
     vision=VISION,
 )
+
+FAMILY_SPECS.register(SPEC)

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from seqtune.models import gemma3
-from seqtune.models.spec import ModelSpec
+from seqtune.models.families import gemma3
+from seqtune.models.spec import FAMILY_SPECS, ArchValue, ModelSpec
 from seqtune.models.vision import VisionSpec
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ def tiny_config_kwargs(f: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def read_arch_fields(hf_config: PretrainedConfig) -> dict[str, Any]:
+def read_arch_fields(hf_config: PretrainedConfig) -> dict[str, ArchValue]:
     return gemma3.read_arch_fields(hf_config.get_text_config())
 
 
@@ -102,3 +102,5 @@ SPEC = ModelSpec(
     tests=gemma3.SPEC.tests,
     vision=VISION,
 )
+
+FAMILY_SPECS.register(SPEC)
