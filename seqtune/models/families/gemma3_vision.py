@@ -1,5 +1,5 @@
 """Gemma 3 vision-language (4B, 12B, 27B): Gemma3ForConditionalGeneration, a SigLIP vision tower and a projector
-around the Gemma 3 text model (seqtune.models.gemma3 holds the text model's quirks, reused here).
+around the Gemma 3 text model (seqtune.models.families.gemma3 holds the text model's quirks, reused here).
 
 Each image becomes "\\n\\n<start_of_image>" + mm_tokens_per_image (256) x "<image_soft_token>" + "<end_of_image>\\n\\n"
 (Gemma3Processor.full_image_sequence), and the model attends bidirectionally within an image (token_type_ids = 1
@@ -80,7 +80,7 @@ SPEC = ModelSpec(
     hf_score_class="Gemma3ForSequenceClassification",
     layers_prefix="model.language_model.layers",
     embedding_module="model.language_model.embed_tokens",
-    # The text model's conventions (seqtune.models.gemma3): its chat format, end of turn and refused dtypes.
+    # The text model's conventions (seqtune.models.families.gemma3): its chat format, end of turn and refused dtypes.
     padding_side=gemma3.SPEC.padding_side,
     chat_template=gemma3.SPEC.chat_template,
     eot_token=gemma3.SPEC.eot_token,

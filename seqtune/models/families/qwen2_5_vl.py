@@ -1,5 +1,5 @@
 """Qwen2.5-VL (3B, 7B, 32B, 72B): Qwen2_5_VLForConditionalGeneration, a ViT with windowed attention and a patch
-merger (the projector) around a Qwen2.5 text model (biases on q/k/v, GQA, ChatML: seqtune.models.qwen2).
+merger (the projector) around a Qwen2.5 text model (biases on q/k/v, GQA, ChatML: seqtune.models.families.qwen2).
 
 Dynamic resolution: Qwen2VLImageProcessor resizes each image to multiples of 28 pixels per side within
 [min_pixels, max_pixels] (its aspect ratio kept), cuts it into 14x14 patches (grid_thw: 1 x h x w for a still
@@ -104,7 +104,7 @@ SPEC = ModelSpec(
     hf_model_class="Qwen2_5_VLForConditionalGeneration",
     layers_prefix="model.language_model.layers",
     embedding_module="model.language_model.embed_tokens",
-    # The text model's conventions (seqtune.models.qwen2): ChatML with its default system turn, <|im_end|>.
+    # The text model's conventions (seqtune.models.families.qwen2): ChatML with its default system turn, <|im_end|>.
     padding_side=qwen2.SPEC.padding_side,
     chat_template=qwen2.SPEC.chat_template,
     eot_token=qwen2.SPEC.eot_token,

@@ -1,8 +1,8 @@
 """Qwen3-VL (2B, 4B, 8B, 32B dense): Qwen3VLForConditionalGeneration, a ViT with learned (interpolated) position
 embeddings, a patch merger (the projector) and DeepStack mergers feeding three tower layers into the first text
-layers, around a Qwen3 text model (q/k norms, GQA, ChatML: seqtune.models.qwen3).
+layers, around a Qwen3 text model (q/k norms, GQA, ChatML: seqtune.models.families.qwen3).
 
-Dynamic resolution as Qwen2.5-VL (seqtune.models.qwen2_5_vl) with 16x16 patches: an image is resized to multiples
+Dynamic resolution as Qwen2.5-VL (seqtune.models.families.qwen2_5_vl) with 16x16 patches: an image is resized to multiples
 of 32 pixels within [min_pixels, max_pixels], and is "<|vision_start|>" + t*h*w/4 x "<|image_pad|>" +
 "<|vision_end|>"; interleaved multimodal RoPE over each image's grid, computed per sample by the collator.
 
