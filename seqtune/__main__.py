@@ -83,14 +83,11 @@ def _check_presets(typed) -> None:
 def _prepare_config(cfg: DictConfig) -> DictConfig:
     """Fill what the parent decides once for every rank: a tracker's group of a sweep (TrackerSpec.sweep_key)."""
     from seqtune.config.registry import TRACKERS
+    from seqtune.config.tracker import fill_sweep_keys
 
     hydra_cfg = HydraConfig.get()
-    if hydra_cfg.mode != RunMode.MULTIRUN:
-        return cfg
-    for name, spec in TRACKERS.all().items():
-        settings = cfg.logger.get(name)
-        if spec.sweep_key is not None and settings is not None and settings.get(spec.sweep_key) is None:
-            settings[spec.sweep_key] = Path(hydra_cfg.sweep.dir).name
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        fill_sweep_keys(cfg.logger, TRACKERS.all(), Path(hydra_cfg.sweep.dir).name)
     return cfg
 
 

@@ -85,3 +85,12 @@ def logger_schema(trackers: Mapping[str, TrackerSpec]) -> type:
 def selected(logger: Any, trackers: Mapping[str, TrackerSpec]) -> list[tuple[TrackerSpec, Settings]]:
     """The trackers a run's `logger` group selects, each with its settings, in the registry's order."""
     return [(spec, getattr(logger, name)) for name, spec in trackers.items() if getattr(logger, name) is not None]
+
+
+def fill_sweep_keys(logger: Any, trackers: Mapping[str, TrackerSpec], sweep: str) -> None:
+    """A multirun's `logger` group (the composed DictConfig, before typing): each selected tracker's `sweep_key` left
+    null is set to the sweep directory's name `sweep`, so one sweep's runs are grouped together (W&B's group)."""
+    for name, spec in trackers.items():
+        settings = logger.get(name)
+        if spec.sweep_key is not None and settings is not None and settings.get(spec.sweep_key) is None:
+            settings[spec.sweep_key] = sweep

@@ -17,7 +17,7 @@ from omegaconf.errors import ConfigKeyError
 from seqtune.config.domain import Domain
 from seqtune.config.errors import ConfigError
 from seqtune.config.registry import TRACKERS
-from seqtune.config.tracker import TrackerSpec, TrackerStart, logger_schema
+from seqtune.config.tracker import TrackerSpec, TrackerStart, fill_sweep_keys, logger_schema
 from seqtune.preflight.phases import tracker_problems
 from seqtune.train.trackers import open_trackers
 
@@ -96,6 +96,21 @@ def test_a_registered_tracker_is_checked_before_training_and_opened(echo_registe
         open_trackers(run_dir=tmp_path, cfg=_logger(logger_schema(TRACKERS.all()), {}), config_dict={}, resume_step=0)
         == []
     )
+
+
+def test_a_multirun_fills_each_selected_trackers_null_sweep_key_only():
+    trackers = TRACKERS.all()
+    keyed = [name for name, spec in trackers.items() if spec.sweep_key is not None]
+    assert keyed, "W&B groups a sweep's runs by its sweep_key"
+    logger = OmegaConf.create({name: {trackers[name].sweep_key: None} for name in keyed})
+    fill_sweep_keys(logger, trackers, "sweep-7")
+    assert all(logger[name][trackers[name].sweep_key] == "sweep-7" for name in keyed)
+    given = OmegaConf.create({name: {trackers[name].sweep_key: "mine"} for name in keyed})
+    fill_sweep_keys(given, trackers, "sweep-7")
+    assert all(given[name][trackers[name].sweep_key] == "mine" for name in keyed)
+    unselected = OmegaConf.create(dict.fromkeys(trackers))
+    fill_sweep_keys(unselected, trackers, "sweep-7")
+    assert all(unselected[name] is None for name in trackers)
 
 
 def test_every_tracker_module_registers_its_tracker_with_its_files():
