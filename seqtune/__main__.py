@@ -81,11 +81,13 @@ def _check_presets(typed) -> None:
 
 
 def _prepare_config(cfg: DictConfig) -> DictConfig:
-    """Fill what the parent decides once for every rank: the W&B group of a sweep."""
+    """Fill what the parent decides once for every rank: a tracker's group of a sweep (TrackerSpec.sweep_key)."""
+    from seqtune.config.registry import TRACKERS
+    from seqtune.config.tracker import fill_sweep_keys
+
     hydra_cfg = HydraConfig.get()
-    wandb = cfg.logger.wandb
-    if hydra_cfg.mode == RunMode.MULTIRUN and wandb is not None and wandb.group is None:
-        wandb.group = Path(hydra_cfg.sweep.dir).name
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        fill_sweep_keys(cfg.logger, TRACKERS.all(), Path(hydra_cfg.sweep.dir).name)
     return cfg
 
 
@@ -329,20 +331,19 @@ def _config_refusal(exc: BaseException) -> str | None:
 def _unselected_tracker(overrides: list[str]) -> str | None:
     """OmegaConf cannot set a key inside a tracker that is off (logger.wandb=null unless logger names wandb): name
     the override and the logger list that turns the tracker on."""
-    from dataclasses import fields
+    from seqtune.config.registry import TRACKERS
 
-    from seqtune.config.schema import LoggerConfig
-
+    trackers = TRACKERS.all()
     for override in overrides:
         key = override.split("=", 1)[0]
         parts = key.split(".")
-        trackers = [f.name for f in fields(LoggerConfig)]
         if len(parts) > 2 and parts[0] == "logger" and parts[1] in trackers:
-            other = next(name for name in trackers if name != parts[1])
+            # The list example pairs it with another tracker (the last other one registered).
+            other = [name for name in trackers if name != parts[1]][-1:]
+            listed = f" (or a list, e.g. logger=[{other[0]},{parts[1]}])" if other else ""
             return (
                 f"{key} is a setting of the {parts[1]} logger, which this run does not use (logger.{parts[1]} is "
-                f"null). Fix: select it as well: logger={parts[1]} (or a list, e.g. logger=[{other},{parts[1]}]) "
-                f"{override}"
+                f"null). Fix: select it as well: logger={parts[1]}{listed} {override}"
             )
     return None
 

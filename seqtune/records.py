@@ -32,7 +32,8 @@ from typing import Any
 
 from seqtune.config.errors import ConfigError
 from seqtune.config.load import flat_settings
-from seqtune.config.rundir import CHECKPOINTS, FINISHED, MLFLOW_RUN_FILE, PREVIOUS_PREFIX, RUN_DIR_KEY, WANDB_ID_FILE
+from seqtune.config.registry import TRACKERS
+from seqtune.config.rundir import CHECKPOINTS, FINISHED, PREVIOUS_PREFIX, RUN_DIR_KEY
 from seqtune.config.schema import Resume, RootConfig
 from seqtune.console import LOG_FILE
 from seqtune.files import TEMP_PREFIX, write_atomic
@@ -40,9 +41,9 @@ from seqtune.preflight.resume import Change, ResumePoint, accepted, setting_chan
 
 KEPT = "config.yaml, plan.json, preflight.json, metrics.jsonl and the adapter/ or model/ are unchanged"
 # What stays in RUN_DIR when train.overwrite moves a finished run aside: this command's console log (open for
-# append), the moved runs, and hidden entries (Hydra's .hydra/ of this command, locks, temporaries) but the W&B id and
-# the MLflow run, which must not carry over to the new run.
-MOVED_HIDDEN = (WANDB_ID_FILE, MLFLOW_RUN_FILE)
+# append), the moved runs, and hidden entries (Hydra's .hydra/ of this command, locks, temporaries) but each tracker's
+# run files (the run it continues on resume), which must not carry over to the new run.
+MOVED_HIDDEN = tuple(name for spec in TRACKERS.all().values() for name in spec.run_files)
 # The settings that say how long a run trains: a larger value, accepted by train.resume_accept, trains a finished run
 # longer.
 LENGTH_KEYS = ("train.max_steps", "train.epochs")

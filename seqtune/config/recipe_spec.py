@@ -28,14 +28,19 @@ plan.scored); preflight, the memory estimate, the evaluator and early stopping r
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, fields, is_dataclass
 from enum import StrEnum
-from typing import Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from seqtune.config.errors import ConfigError
+from seqtune.config.registry import RECIPES
+
+if TYPE_CHECKING:  # the contract's types; schema.py builds its root config from this registry
+    from transformers import PreTrainedTokenizerBase
+
+    from seqtune.config.plan import Resolved
+    from seqtune.config.schema import CoreConfig, RootConfig
 
 # A recipe's settings: the dataclass of its config group (DpoConfig), None for a recipe without one.
 S = TypeVar("S")
@@ -69,8 +74,8 @@ class Generation:
 class RecipeFacts:
     """What preflight hands a recipe's own checks (RecipeSpec.preflight), once the data is scanned."""
 
-    plan: Any  # the resolved plan (seqtune.config.plan.Resolved)
-    tokenizer: Callable[[], Any]  # loads the run's tokenizer (transformers) on first call
+    plan: Resolved
+    tokenizer: Callable[[], PreTrainedTokenizerBase]  # loads the run's tokenizer on first call
     max_seq_len: int
     max_seq_len_auto: bool  # data.max_seq_len=auto: derived from the data, no budget beyond it
     longest: dict[str, tuple[int, str]]  # split -> (its longest sequence's tokens, file:line)
@@ -132,13 +137,13 @@ class RecipeSpec(Generic[S]):
     early_stop_higher: bool = False
     # Checks of its own that preflight runs before step 1 (after the data scan): (cfg, plan) -> [(key, message)],
     # each a refusal naming the key or file:line and the fix. The function imports its recipe's pieces lazily.
-    preflight: Callable[[Any, RecipeFacts], list[tuple[str, str]]] | None = None
+    preflight: Callable[[RootConfig, RecipeFacts], list[tuple[str, str]]] | None = None
     # It samples completions before it learns (the shared online stage, rollout.*); False: it trains on the data's
     # own sequences.
     online: bool = False
     # An online recipe's reward models' parameters, given the config (seqtune.rollout.reward_model.scorer_params):
     # the frozen scorers beside the policy that generation(cfg) hands the memory estimate.
-    scorer_params: Callable[[Any], int] = lambda cfg: 0
+    scorer_params: Callable[[RootConfig], int] = lambda cfg: 0
     # Why its objective's forward cannot give an image-text model its images (pixel_values), said in a refusal;
     # "": the images reach the model (the objective passes the batch's model inputs, seqtune.train.objectives).
     images_refused: str = ""
@@ -162,16 +167,16 @@ class RecipeSpec(Generic[S]):
             metric_names=(*stage, *self.metrics, *((ROUTER_METRIC,) if router else ())),
         )
 
-    def settings_of(self, cfg: Any) -> S:
+    def settings_of(self, cfg: CoreConfig) -> S:
         """This recipe's settings in a root config; a recipe without a group is a RecipeSpec[None] (None here)."""
         return getattr(cfg, self.name) if self.settings is not None else cast(S, None)
 
-    def reference(self, cfg: Any) -> Reference:
+    def reference(self, cfg: CoreConfig) -> Reference:
         if not self.needs_reference(self.settings_of(cfg)):
             return Reference.none
         return Reference.adapters if cfg.lora.enabled else Reference.copy
 
-    def generation(self, cfg: Any) -> Generation | None:
+    def generation(self, cfg: RootConfig) -> Generation | None:
         """What an online recipe samples per prompt (rollout.*); None for one that trains on the data's sequences."""
         if not self.online:
             return None
@@ -184,7 +189,7 @@ class RecipeSpec(Generic[S]):
     def preset(self, *, lora: bool) -> str | None:
         return self.presets.get(lora)
 
-    def changed_settings(self, cfg: Any) -> list[str]:
+    def changed_settings(self, cfg: CoreConfig) -> list[str]:
         """The keys of this recipe's group that differ from their defaults in `cfg` (e.g. ["dpo.beta"])."""
         if self.settings is None:
             return []
@@ -193,38 +198,16 @@ class RecipeSpec(Generic[S]):
         return [f"{self.name}.{f.name}" for f in fields(default) if getattr(given, f.name) != getattr(default, f.name)]
 
 
-_RECIPES: dict[str, RecipeSpec[Any]] = {}
-_DISCOVERED = False
-
-
 def register(spec: RecipeSpec[S]) -> RecipeSpec[S]:
-    """Called by a recipe package's __init__.py with its spec."""
-    known = _RECIPES.get(spec.name)
-    if known is not None and known is not spec:
-        raise ValueError(f"recipe {spec.name!r} is registered twice")
-    _RECIPES[spec.name] = spec
+    """Called by a recipe package's __init__.py with its spec, before it imports anything that reads the registry
+    (such as seqtune.config.schema, whose root config holds every recipe's group)."""
+    RECIPES.register(spec)
     return spec
 
 
 def recipes() -> dict[str, RecipeSpec[Any]]:
     """Every recipe: each package under seqtune/recipes/ (plain modules there are shared steps, not recipes)."""
-    global _DISCOVERED
-    if not _DISCOVERED:
-        package = importlib.import_module("seqtune.recipes")
-        names = [module.name for module in pkgutil.iter_modules(package.__path__) if module.ispkg]
-        for name in names:
-            importlib.import_module(f"seqtune.recipes.{name}")
-        # A package still being imported (its __init__ reached this before its register()) would leave its group
-        # out of whatever is built from the registry now (RootConfig): fail loudly rather than build it without.
-        missing = [name for name in names if name not in _RECIPES]
-        if missing:
-            raise RuntimeError(
-                f"seqtune bug: recipe package(s) {', '.join(missing)} under seqtune/recipes/ registered no spec when "
-                "the recipe registry was read (a recipe's __init__ must register before importing anything that "
-                "reads the registry, such as seqtune.config.schema)"
-            )
-        _DISCOVERED = True
-    return dict(sorted(_RECIPES.items()))
+    return RECIPES.all()
 
 
 def recipe_spec(name: str) -> RecipeSpec[Any]:

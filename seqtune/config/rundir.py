@@ -49,10 +49,7 @@ PREVIOUS_PREFIX = "previous-"
 SWEEP_SUMMARY = "sweep_summary"
 # flock-ed by the parent for the whole run (seqtune.run_lock): one writer per run directory; holds its pid and host.
 RUN_LOCK = ".lock"
-# Which tracker run a run directory continues on resume (seqtune/train/trackers.py); a new run in the directory
-# (train.overwrite) must not continue it.
-WANDB_ID_FILE = ".wandb_id"
-MLFLOW_RUN_FILE = ".mlflow_run.json"
+# Which tracker run a run directory continues on resume: each tracker's own files (TrackerSpec.run_files).
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:

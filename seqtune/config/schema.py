@@ -10,10 +10,8 @@ Defaults live here or in YAML, never in `cfg.get(key, default)` inside code.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, fields, make_dataclass
 from enum import StrEnum
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hydra.core.config_store import ConfigStore
@@ -24,25 +22,14 @@ from seqtune.config.domain import finite as _finite
 from seqtune.config.errors import ConfigError
 from seqtune.config.plan import NO_VALIDATION, VALIDATION_FIX, validation_key
 from seqtune.config.recipe_spec import RecipeSpec, Scored, preset_fix, recipe_spec, recipes
-from seqtune.config.registry import FORMATS, KINDS, module_names
+from seqtune.config.registry import FORMATS, KINDS, TRACKERS, module_names
 from seqtune.config.rollout import RolloutConfig
+from seqtune.config.tracker import logger_schema
 
 if TYPE_CHECKING:
     from seqtune.data.kinds import SampleKind
 
 # --- closed choices: one Enum each (a StrEnum compares equal to its string, so "packed" == PaddingStrategy.packed)
-
-
-# A family module declares itself with this top-level line (seqtune/models/<family>.py: `SPEC = ModelSpec(`).
-_FAMILY_DECLARATION = re.compile(r"^SPEC = ModelSpec\(", re.MULTILINE)
-
-
-def _family_modules() -> list[str]:
-    """The named families: every seqtune/models/<name>.py that declares `SPEC = ModelSpec(...)`. Read from the
-    files, not imported (config sits below models and stays light), so adding a family is its module and its
-    config, with no list to edit (docs/extending.md)."""
-    models = Path(__file__).resolve().parents[1] / "models"
-    return sorted(p.stem for p in models.glob("*.py") if _FAMILY_DECLARATION.search(p.read_text(encoding="utf-8")))
 
 
 if TYPE_CHECKING:
@@ -52,8 +39,10 @@ if TYPE_CHECKING:
 
 else:
     # The family registry: `auto` (every fact read from the checkpoint, model.path) and one member per family
-    # module; Hydra refuses any other model.family at compose time, listing these.
-    ModelFamily = StrEnum("ModelFamily", [("auto", "auto"), *((name, name) for name in _family_modules())])
+    # module; Hydra refuses any other model.family at compose time, listing these. Each family is one
+    # module (seqtune/models/families/<name>.py, listed without importing it: config sits below models), so adding
+    # a family is its module and its config, with no list to edit (docs/extending.md).
+    ModelFamily = StrEnum("ModelFamily", [("auto", "auto"), *((m, m) for m in module_names("seqtune.models.families"))])
 
 
 class DType(StrEnum):
@@ -237,13 +226,6 @@ class ProcessGroupBackend(StrEnum):
     nccl = "nccl"
 
 
-class LoggerMode(StrEnum):
-    auto = "auto"
-    online = "online"
-    offline = "offline"
-    disabled = "disabled"
-
-
 # --- numeric domains: checked next to the fields, all problems of a group reported at once -------------------
 
 
@@ -264,7 +246,7 @@ def _seed(domain: _Domain, value: Any, default: int) -> None:
 
 @dataclass(kw_only=True)
 class ModelConfig:
-    # Which family module builds the model (seqtune/models/<family>.py).
+    # Which family module builds the model (seqtune/models/families/<family>.py).
     family: ModelFamily = MISSING
     # Hugging Face checkpoint: a local directory (config.json + *.safetensors) or a hub id org/name, resolved from
     # the hub cache first (seqtune/hub.py; HF_HUB_OFFLINE=1 never downloads). null = a tiny model with random
@@ -652,7 +634,7 @@ class LoraConfig:
     rank: int = 8
     alpha: float = 16.0
     dropout: float = 0.0
-    # null = the family's default targets (seqtune/models/<family>.py ModelSpec.lora_targets); [] is refused.
+    # null = the family's default targets (seqtune/models/families/<family>.py ModelSpec.lora_targets); [] is refused.
     target_modules: list[str] | None = None
     # Modules trained in full next to the adapter and saved in it (peft modules_to_save), e.g. [lm_head].
     modules_to_save: list[str] = field(default_factory=list)
@@ -855,7 +837,7 @@ class TrainConfig:
     # f16 | bf16 | q8_0 | q4_k_m | q5_k_m | q6_k, or a list of them ([f16,q4_k_m]); null = none. From merged/
     # (written for it: LoRA) or model/; the k-quants are llama.cpp's own quantization of the f16 file (written too).
     # The export proof reads each file back and runs the k-quants in llama.cpp. Refused for an architecture the
-    # writer does not know (no family states its `gguf` row: seqtune/models/<family>.py) and for LoRA under FSDP
+    # writer does not know (no family states its `gguf` row: seqtune/models/families/<family>.py) and for LoRA under FSDP
     # across ranks. (Typed Any: OmegaConf cannot hold a type-or-list field; checked below.)
     export_gguf: Any = None
     # Also write the LoRA adapter as llama.cpp's GGUF adapter (gguf/<run>-lora.gguf, applied at load time by
@@ -986,52 +968,14 @@ class LauncherConfig:
         domain.done()
 
 
-@dataclass(kw_only=True)
-class WandbConfig:
-    project: str = "seqtune"
-    entity: str | None = None
-    # null = the Hydra sweep directory name for multirun (one W&B group per sweep), else the run's name.
-    group: str | None = None
-    # auto = offline when no WANDB_API_KEY.
-    mode: LoggerMode = LoggerMode.auto
-    # Seconds W&B may take to start a run online (wandb.Settings.init_timeout; wandb adds at most 10 of its own).
-    # Past it, or with the host unreachable, the run logs offline into RUN_DIR/wandb and says how to sync it later.
-    init_timeout: float = 30.0
+if TYPE_CHECKING:
 
-    def __post_init__(self) -> None:
-        domain = _Domain("logger.wandb")
-        domain.above("init_timeout", self.init_timeout, 0, 30)
-        domain.done()
+    class LoggerConfig:
+        def __getattr__(self, tracker: str) -> Any: ...  # a tracker's settings (its spec's dataclass), or None
 
-
-@dataclass(kw_only=True)
-class TensorboardConfig:
-    """No settings: event files go to RUN_DIR/tensorboard, written through at every logged step."""
-
-
-@dataclass(kw_only=True)
-class MlflowConfig:
-    experiment: str = "seqtune"
-    # Seconds the server named by MLFLOW_TRACKING_URI may take to answer: to start the run as a whole (health probe,
-    # experiment, run, params), and each later call. Past it at the start, or unreachable, the run logs into the
-    # local store RUN_DIR/mlruns and says how to look at it; later, MLflow logging stops with one line.
-    # Without MLFLOW_TRACKING_URI: RUN_DIR/mlruns.
-    init_timeout: float = 30.0
-
-    def __post_init__(self) -> None:
-        domain = _Domain("logger.mlflow")
-        domain.above("init_timeout", self.init_timeout, 0, 30)
-        domain.done()
-
-
-@dataclass(kw_only=True)
-class LoggerConfig:
-    """Trackers on rank 0, each under its own key so that `logger=[wandb,tensorboard]` composes both files; null =
-    off. The console and RUN_DIR/metrics.jsonl are always on (logger=stdout selects no tracker)."""
-
-    wandb: WandbConfig | None = None
-    tensorboard: TensorboardConfig | None = None
-    mlflow: MlflowConfig | None = None
+else:
+    # One optional field per tracker module (seqtune/train/trackers/<name>.py): adding a tracker edits nothing here.
+    LoggerConfig = logger_schema(TRACKERS.all())
 
 
 @dataclass(kw_only=True)

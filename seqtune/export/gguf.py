@@ -3,7 +3,7 @@ tensors (or model/'s for a full fine-tune), the tokenizer (vocabulary, token typ
 template trained with and the bos/eos/eot/pad ids, in one RUN_DIR/gguf/<run>-<type>.gguf.
 
 Follows llama.cpp's convert_hf_to_gguf.py for each architecture it knows: a family's `GgufRow` (its `gguf` in
-seqtune/models/<family>.py, read through the registry by model_type: the tensor names come from gguf's own
+seqtune/models/families/<family>.py, read through the registry by model_type: the tensor names come from gguf's own
 TensorNameMap; Llama-layout q/k projections are permuted to llama.cpp's rotary layout; Gemma's RMSNorm weights are
 stored as 1 + w). A model_type no family gives a row, or a rope scaling the writer does not encode, is refused
 naming the reason (`gguf_refusal`), by preflight before training and again here.

@@ -3,7 +3,7 @@
 What the memory estimate and the checkpoint check read. Two builders of one description:
 
 - `layout_arch` writes the table down for the decoders whose module tree a family declares (its `Layout`, in
-  seqtune/models/<family>.py: the Hugging Face Llama layout, with q/k norms, Gemma's four norms per layer, and which
+  seqtune/models/families/<family>.py: the Hugging Face Llama layout, with q/k norms, Gemma's four norms per layer, and which
   projections carry biases), from the config's numbers alone: no torch, no transformers. A tiny model's numbers come
   from its family's plain config kwargs (`tiny_arch`), so a dry run of a tiny model never imports either.
 - `module_arch` walks a model built on the meta device (`meta_model`: any other architecture transformers ships,

@@ -1,48 +1,32 @@
 """The family registry: every named family's ModelSpec, and the facts shared code reads across families.
 
-A family is one module, seqtune/models/<family>.py, that defines `SPEC = ModelSpec(...)`; `ModelFamily`
-(seqtune/config/schema.py) lists those modules by reading them, and this module imports them by that list. Every
-list of families and every per-model_type fact is read from the specs here: `FAMILIES` (what the tests parametrize
-over), Liger's model types, the written-down tensor layouts (arch.py) and the GGUF rows (export/gguf.py). An
-architecture no family covers (a model=hf checkpoint) may state its own facts the same way, in a module of its own
-declaring `ARCHITECTURE = Architecture(...)` (seqtune/models/qwen3_moe.py, mixtral.py, olmoe.py: their GGUF rows).
-No table keyed by a family name or a model_type lives anywhere else (tests/unit/models/test_family_facts.py).
+A family is one module, seqtune/models/families/<family>.py, registering its `SPEC = ModelSpec(...)` into
+`FAMILY_SPECS` (seqtune.models.spec); `ModelFamily` (seqtune/config/schema.py) lists the same modules by the folder's
+listing, and this module reads the specs from the registry. Every list of families and every per-model_type fact is
+read from the specs here: `FAMILIES` (what the tests parametrize over), Liger's model types, the written-down tensor
+layouts (arch.py) and the GGUF rows (export/gguf.py). An architecture no family covers (a model=hf checkpoint) may
+state its own facts the same way, in a module of seqtune/models/architectures/ registering its
+`ARCHITECTURE = Architecture(...)` (qwen3_moe.py, mixtral.py, olmoe.py: their GGUF rows). No table keyed by a family
+name or a model_type lives anywhere else (tests/unit/models/test_family_facts.py).
 
-Light (no torch, no transformers) and low in seqtune/models' import order: it imports spec.py and the family
-modules, which import only spec.py; what needs a checkpoint (model.family=auto) lives above it, in auto.py.
+Light (no torch, no transformers) and low in seqtune/models' import order: it imports spec.py, whose registries load
+the family and architecture modules (which import only spec.py and templates) when first read; what needs a
+checkpoint (model.family=auto) lives above it, in auto.py.
 """
 
 from __future__ import annotations
 
-import importlib
-import re
-from functools import cache
-from pathlib import Path
-
 from seqtune.config.errors import ConfigError
 from seqtune.config.schema import ModelFamily
-from seqtune.models.spec import Architecture, GgufRow, Layout, ModelSpec
+from seqtune.models.spec import ARCHITECTURES, FAMILY_SPECS, Architecture, GgufRow, Layout, ModelSpec
 
 # The named families (model.family=auto is no family module: its facts come from the checkpoint, models/auto.py).
 FAMILIES: tuple[str, ...] = tuple(str(f) for f in ModelFamily if f != ModelFamily.auto)
 
-# An architecture module (no family: it trains with model=hf) declares itself with this top-level line.
-_ARCHITECTURE_DECLARATION = re.compile(r"^ARCHITECTURE = Architecture\(", re.MULTILINE)
-# Every seqtune/models/<name>.py that declares `ARCHITECTURE = Architecture(...)`: read from the files, as
-# ModelFamily lists the families, so adding one is its module with no list to edit.
-ARCHITECTURE_MODULES: tuple[str, ...] = tuple(
-    sorted(
-        p.stem
-        for p in Path(__file__).resolve().parent.glob("*.py")
-        if _ARCHITECTURE_DECLARATION.search(p.read_text(encoding="utf-8"))
-    )
-)
 
-
-@cache
 def architectures() -> tuple[Architecture, ...]:
-    """The declared architectures no family covers (ARCHITECTURE_MODULES' ARCHITECTURE)."""
-    return tuple(importlib.import_module(f"seqtune.models.{name}").ARCHITECTURE for name in ARCHITECTURE_MODULES)
+    """The declared architectures no family covers (seqtune/models/architectures/), by name."""
+    return tuple(ARCHITECTURES.all().values())
 
 
 def get_spec(family: str) -> ModelSpec:
@@ -54,7 +38,7 @@ def get_spec(family: str) -> ModelSpec:
             key="model.family",
             fix="model=llama3_tiny (or another seqtune/configs/model/*.yaml)",
         )
-    return importlib.import_module(f"seqtune.models.{family}").SPEC
+    return FAMILY_SPECS.get(family)
 
 
 def specs_for_model_type(model_type: str) -> list[ModelSpec]:

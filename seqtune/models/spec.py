@@ -1,6 +1,6 @@
 """ModelSpec: what seqtune knows about a model family (the registry of families is seqtune/models/registry.py).
 
-Each family module (seqtune/models/<family>.py) defines one `SPEC` holding every fact of the family: chat format
+Each family module (seqtune/models/families/<family>.py) registers one `SPEC` holding every fact of the family: chat format
 and terminator, LoRA targets, module layout and tensor layout (`Layout`: extra norms, which projections carry
 biases), its GGUF row (`GgufRow`), padding side, dtype quirks, and what its tests expect (`TestExpectations`). Shared
 code reads these declarations through the registry and never keys a table by a family name or a model_type
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from seqtune.config.errors import ConfigError
+from seqtune.config.registry import Registry
 from seqtune.config.schema import ModelConfig
 
 if TYPE_CHECKING:
@@ -117,9 +118,10 @@ class GgufRow:
 @dataclass(frozen=True, kw_only=True)
 class Architecture:
     """A transformers architecture no named family covers (it trains with model=hf, its facts read from the
-    checkpoint) whose own facts seqtune states anyway: its GGUF row. Declared by a module's top-level
-    `ARCHITECTURE = Architecture(` line (seqtune/models/<name>.py), found by the registry as families are."""
+    checkpoint) whose own facts seqtune states anyway: its GGUF row. Declared by a module of its own,
+    seqtune/models/architectures/<name>.py, registering it into ARCHITECTURES as families register their specs."""
 
+    name: str  # its module's name
     model_types: tuple[str, ...]  # config.json model_type values
     gguf: GgufRow | None = None
 
@@ -211,6 +213,18 @@ class ModelSpec:
     # An image-text family's vision side (seqtune.models.vision): its processor, image tokens and vision modules.
     # None = text only.
     vision: VisionSpec | None = None
+
+    @property
+    def name(self) -> str:
+        """Its name in FAMILY_SPECS: the family (its module's name)."""
+        return self.family
+
+
+# The named families (seqtune/models/families/<family>.py) and the architectures no family covers
+# (seqtune/models/architectures/<name>.py): each module registers its one declaration here, named like the module.
+# config's ModelFamily lists the families' modules without importing them (config.registry.module_names).
+FAMILY_SPECS: Registry[ModelSpec] = Registry("seqtune.models.families", "model family")
+ARCHITECTURES: Registry[Architecture] = Registry("seqtune.models.architectures", "architecture")
 
 
 def lora_module_names(spec: ModelSpec, num_layers: int) -> list[str]:

@@ -4,6 +4,7 @@ in checks.py."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -11,8 +12,9 @@ import numpy as np
 from seqtune.config.errors import SeqtuneError
 from seqtune.config.plan import Resolved, Tokens
 from seqtune.config.recipe_spec import Reference, Scored, recipe_spec
+from seqtune.config.registry import TRACKERS
 from seqtune.config.schema import DataMode, Overlength, RootConfig, Tail, gguf_types
-from seqtune.config.tracker import KEY_VARIABLE, key_problem
+from seqtune.config.tracker import selected
 from seqtune.data.batching import BatchRule
 from seqtune.data.kinds import sample_kind
 from seqtune.data.overlength import TRUNCATING
@@ -118,8 +120,16 @@ def fast_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
     )
     if cfg.train.push_to_hub is not None:  # found before training, not after it (no network: seqtune.hub)
         problems += [Problem(check="export", key=PUSH_KEY, message=m) for m in push_problems(cfg.train.push_to_hub)]
-    bad_key = key_problem(cfg.logger.wandb, os.environ)  # a tracker that cannot start online is found before training
-    problems += [Problem(check="logger", key=KEY_VARIABLE, message=bad_key)] if bad_key else []
+    problems += tracker_problems(cfg.logger, os.environ)
+    return problems
+
+
+def tracker_problems(logger: Any, environ: Mapping[str, str]) -> list[Problem]:
+    """What keeps a selected tracker from starting (W&B's key), found before training by the tracker's own checks."""
+    problems: list[Problem] = []
+    for tracker, settings in selected(logger, TRACKERS.all()):
+        found = tracker.preflight(settings, environ) if tracker.preflight is not None else []
+        problems += [Problem(check="logger", key=key, message=message) for key, message in found]
     return problems
 
 

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from seqtune.config.registry import KINDS
-from seqtune.data.formats import record_format, record_formats
+from seqtune.data.formats import Record, record_format, record_formats
 
 if TYPE_CHECKING:
     from seqtune.config.plan import VisionFacts
@@ -62,7 +62,7 @@ class SampleKind:
     name: str
     noun: str  # what the report calls one sample: drops and counts are in these, never in sequences
     members: tuple[str, ...]  # what each of its sequences is called, in order (the report, samples.html)
-    encode: Callable[[SampleEncoder, list[Any]], EncodedBatch]
+    encode: Callable[[SampleEncoder, list[Record]], EncodedBatch]
     fields: tuple[SampleField, ...] = ()
     checks: Callable[[str, SplitView], KindCheck] | None = None
     stream_problem: str = ""
@@ -102,6 +102,14 @@ class SampleKind:
 
 
 register = KINDS.register
+R = TypeVar("R")
+
+
+def records_of(records: list[Record], shape: type[R]) -> list[R]:
+    """One chunk's records as the one shape its format parses into (a format yields one shape per run: a chunk that
+    mixes shapes is an internal bug, not a user's)."""
+    assert all(isinstance(r, shape) for r in records), f"a chunk of records that are not all {shape.__name__}"
+    return cast(list[R], records)
 
 
 def kinds() -> dict[str, SampleKind]:

@@ -3,15 +3,18 @@ kept together everywhere (cached next to each other, batched together, dropped o
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from seqtune.data.kinds import SampleKind, register
+from seqtune.data.formats import PreferencePair, Record
+from seqtune.data.kinds import SampleKind, records_of, register
+
+if TYPE_CHECKING:
+    from seqtune.data.tokenize import EncodedBatch, SampleEncoder
 
 
-def _encode(encoder: Any, records: list[Any]) -> Any:
-    return encoder.encode_members(
-        records, {"chosen": [r.chosen for r in records], "rejected": [r.rejected for r in records]}
-    )
+def _encode(encoder: SampleEncoder, records: list[Record]) -> EncodedBatch:
+    pairs = records_of(records, PreferencePair)
+    return encoder.encode_members(pairs, {"chosen": [r.chosen for r in pairs], "rejected": [r.rejected for r in pairs]})
 
 
 KIND = register(

@@ -6,13 +6,17 @@ kept with the sample in the token cache (columns.jsonl); the field `record` (a 6
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from seqtune.data.kinds import SampleField, SampleKind, register
+from seqtune.data.formats import PromptOnly, Record
+from seqtune.data.kinds import SampleField, SampleKind, records_of, register
+
+if TYPE_CHECKING:
+    from seqtune.data.tokenize import EncodedBatch, SampleEncoder
 
 
-def _encode(encoder: Any, records: list[Any]) -> Any:
-    return encoder.encode_prompts(records)
+def _encode(encoder: SampleEncoder, records: list[Record]) -> EncodedBatch:
+    return encoder.encode_prompts(records_of(records, PromptOnly))
 
 
 KIND = register(

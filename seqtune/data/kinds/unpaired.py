@@ -16,34 +16,38 @@ A record becomes two sequences and one field:
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from seqtune.data.formats import Conversation, PromptCompletion
-from seqtune.data.kinds import KindCheck, SampleField, SampleKind, register
+from seqtune.data.formats import Conversation, PromptCompletion, Record, UnpairedExample
+from seqtune.data.kinds import KindCheck, SampleField, SampleKind, records_of, register
 
 if TYPE_CHECKING:
+    from seqtune.data.tokenize import EncodedBatch, SampleEncoder
     from seqtune.data.view import SplitView
 
 LABEL = SampleField(name="label", dtype="int8", batch_key="label")
 
 
-def _encode(encoder: Any, records: list[Any]) -> Any:
-    examples = [r.example for r in records]
+def _encode(encoder: SampleEncoder, records: list[Record]) -> EncodedBatch:
+    unpaired = records_of(records, UnpairedExample)
+    examples = [r.example for r in unpaired]
     # The mismatched pair of record i: its prompt with the completion of record i - 1 (TRL's +1 offset).
     mismatched = [
         _mismatched(example, other) for example, other in zip(examples, examples[-1:] + examples[:-1], strict=True)
     ]
     return encoder.encode_members(
-        records,
+        unpaired,
         {"completion": examples, "kl": mismatched},
-        fields={LABEL.name: [int(r.label) for r in records]},
+        fields={LABEL.name: [int(r.label) for r in unpaired]},
         identity=("completion",),  # two copies of a record are duplicates whatever their KL pairs borrowed
     )
 
 
-def _mismatched(example: PromptCompletion | Conversation, other: PromptCompletion | Conversation) -> Any:
+def _mismatched(
+    example: PromptCompletion | Conversation, other: PromptCompletion | Conversation
+) -> PromptCompletion | Conversation:
     """`example`'s prompt with `other`'s completion, in `example`'s shape: strings, or a conversation (its messages
     before first_target, then the other's completion messages). Across shapes (a file mixing them), a string
     completion becomes one assistant message, and a conversation's completion the text of its replies."""

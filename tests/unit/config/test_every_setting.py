@@ -27,6 +27,7 @@ import pytest
 
 from seqtune.config.errors import SeqtuneError
 from seqtune.config.recipe_spec import recipes
+from seqtune.config.registry import TRACKERS
 from seqtune.config.schema import GROUP_SCHEMAS
 
 REPO = Path(__file__).resolve().parents[3]
@@ -117,9 +118,6 @@ READ_BY = {
     "train.progress": "preflight/runner.py",
     "launcher.rdzv_endpoint": "launch.py (not set: read under launcher=torchrun)",
     "launcher.backend": "recipes/finetune.py",
-    "logger.wandb": "train/trackers.py (not set: a tracker group)",
-    "logger.tensorboard": "train/trackers.py (not set: a tracker group)",
-    "logger.mlflow": "train/trackers.py (not set: a tracker group)",
     "preflight.only": "__main__.py",
     "preflight.plot": "preflight/runner.py",
     "preflight.device_memory_gib": "preflight/phases.py (not set: the memory check's budget)",
@@ -155,6 +153,8 @@ READ_BY = {
     "rollout.environment": "rollout/objective.py",
     "rloo.epsilon_high": "recipes/rloo/__init__.py (not set: above rloo.epsilon)",
 }
+# Each tracker's group (logger.<name>, selected by logger=<name>) is read by its own module; its keys are walked below.
+READ_BY.update({f"logger.{name}": f"train/trackers/{name}.py (not set: a tracker group)" for name in TRACKERS.all()})
 
 # Settings that may have no effect, and why (short on purpose: anything else is honoured or refused).
 ALLOWED_NO_EFFECT = {
@@ -308,3 +308,12 @@ def test_a_setting_nothing_reads_is_found(monkeypatch):
     monkeypatch.delitem(READ_BY, "optim.lr")
     with pytest.raises(AssertionError, match=r"optim.lr=.* is accepted, changes nothing"):
         test_setting_a_key_alone_is_honoured_or_refused("optim.lr")
+
+
+TRACKER_KEYS = [(name, f.name) for name, spec in TRACKERS.all().items() for f in dataclasses.fields(spec.settings)]
+
+
+@pytest.mark.parametrize(("tracker", "name"), TRACKER_KEYS, ids=[f"logger.{t}.{n}" for t, n in TRACKER_KEYS])
+def test_each_tracker_setting_is_read_by_its_tracker(tracker: str, name: str):
+    """A tracker's settings act only when it runs (no plan, no server here): each is read by its own module."""
+    assert reads(f"train/trackers/{tracker}.py", name), f"logger.{tracker}.{name}: its tracker module never reads it"

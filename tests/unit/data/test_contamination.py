@@ -127,7 +127,7 @@ def test_an_image_text_models_packed_samples_keep_their_images_and_attention_apa
     from seqtune.config.schema import TrainVision
     from seqtune.data.pixels import with_images
     from seqtune.models import build_model
-    from seqtune.models.gemma3_vision import TINY_IMAGE_IDS, TINY_IMAGE_TOKENS, VISION
+    from seqtune.models.families.gemma3_vision import TINY_IMAGE_IDS, TINY_IMAGE_TOKENS, VISION
     from seqtune.models.vision import vision_facts
     from tests.support.models import tiny_cfg
 

@@ -6,15 +6,17 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from seqtune.models.registry import ARCHITECTURE_MODULES, FAMILIES, architectures, get_spec
+from seqtune.models.registry import FAMILIES, architectures, get_spec
 
 REPO = Path(__file__).resolve().parents[3]
 MODELS = REPO / "seqtune/models"
+# The folders whose modules each declare one family or one architecture (their facts' owners).
+OWNERS = (MODELS / "families", MODELS / "architectures")
 
 
-def _runtime_imports(tree: ast.Module) -> list[str]:
-    """Every seqtune.models.X a module imports when it runs (top level or inside a function), skipping
-    `if TYPE_CHECKING:` blocks, which never run."""
+def _runtime_imports(tree: ast.Module, modules: set[str]) -> list[str]:
+    """Every seqtune.models.X (X: "spec", "families.qwen2") a module imports when it runs (top level or inside a
+    function), skipping `if TYPE_CHECKING:` blocks, which never run."""
     checking = {
         id(node)
         for block in ast.walk(tree)
@@ -25,26 +27,33 @@ def _runtime_imports(tree: ast.Module) -> list[str]:
     for node in ast.walk(tree):
         if id(node) in checking:
             continue
-        if isinstance(node, ast.ImportFrom) and node.module:
-            if node.module == "seqtune.models":
-                found += [alias.name for alias in node.names]
-            elif node.module.startswith("seqtune.models."):
-                found.append(node.module.split(".")[2])
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("seqtune.models"):
+            package = (node.module or "").removeprefix("seqtune.models").lstrip(".")
+            for alias in node.names:
+                member = f"{package}.{alias.name}".lstrip(".")
+                found.append(member if member in modules else package)
         elif isinstance(node, ast.Import):
-            found += [a.name.split(".")[2] for a in node.names if a.name.startswith("seqtune.models.")]
+            found += [
+                a.name.removeprefix("seqtune.models.") for a in node.names if a.name.startswith("seqtune.models.")
+            ]
     return found
 
 
+def _module(path: Path) -> str:
+    """seqtune/models/families/qwen2.py -> "families.qwen2"; a package's __init__.py is the package."""
+    parts = path.relative_to(MODELS).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def import_graph() -> dict[str, set[str]]:
-    """seqtune/models' modules -> the modules of it they import. The registry imports each family module and each
-    architecture module by name (importlib, from the lists it reads from the files), which no import statement
-    shows: those edges are added."""
-    modules = {path.stem for path in MODELS.glob("*.py") if path.stem != "__init__"}
+    """seqtune/models' modules -> the modules of it they import. The registries' discovery (spec.FAMILY_SPECS,
+    spec.ARCHITECTURES: the modules of a folder loaded by its listing) is no import: the declaring modules import
+    spec.py, never the other way round."""
+    paths = {_module(path): path for path in MODELS.rglob("*.py") if path != MODELS / "__init__.py"}
     graph = {}
-    for name in modules:
-        tree = ast.parse((MODELS / f"{name}.py").read_text())
-        graph[name] = {m for m in _runtime_imports(tree) if m in modules and m != name}
-    graph["registry"] |= set(FAMILIES) | set(ARCHITECTURE_MODULES)
+    for name, path in paths.items():
+        found = _runtime_imports(ast.parse(path.read_text()), set(paths))
+        graph[name] = {m for m in found if m in paths and m != name}
     return graph
 
 
@@ -72,8 +81,9 @@ def test_seqtune_models_imports_form_a_dag():
     graph = import_graph()
     assert {"spec", "registry", "arch", "auto", "build", "facts", "memory", "model_configs"} <= set(graph)
     assert graph["spec"] == set(), "spec.py is the bottom: ModelSpec and pure helpers"
-    assert all("spec" in graph[family] for family in FAMILIES), "a family module defines its SPEC from spec.py"
-    assert all(graph[name] == {"spec"} for name in ARCHITECTURE_MODULES), "an architecture module imports spec.py only"
+    assert all("spec" in graph[f"families.{family}"] for family in FAMILIES), "a family registers its SPEC in spec.py"
+    names = [arch.name for arch in architectures()]
+    assert all(graph[f"architectures.{name}"] == {"spec"} for name in names), "an architecture imports spec.py only"
     found = cycle(graph)
     assert found is None, "seqtune/models import cycle: " + " -> ".join(found or [])
 
@@ -88,8 +98,10 @@ def _keys() -> dict[str, str]:
     keys = {family: "family" for family in FAMILIES}
     for family in FAMILIES:
         keys.update({t: f"model_type of {family}" for t in get_spec(family).hf_model_types if t not in keys})
-    for name, arch in zip(ARCHITECTURE_MODULES, architectures(), strict=True):
-        keys.update({t: f"model_type of seqtune/models/{name}.py" for t in arch.model_types if t not in keys})
+    for arch in architectures():
+        keys.update(
+            {t: f"model_type of seqtune/models/architectures/{arch.name}.py" for t in arch.model_types if t not in keys}
+        )
     return keys
 
 
@@ -131,8 +143,7 @@ OTHER_TESTS = {"test_model_auto.py"}
 def test_no_table_outside_the_family_modules_is_keyed_by_a_family_or_model_type():
     keys = _keys()
     assert {"llama3", "qwen3", "qwen2", "llama", "gemma3_text", "qwen3_moe", "mixtral", "olmoe"} <= set(keys)
-    owners = set(FAMILIES) | set(ARCHITECTURE_MODULES)
-    paths = [p for p in sorted((REPO / "seqtune").rglob("*.py")) if not (p.parent == MODELS and p.stem in owners)]
+    paths = [p for p in sorted((REPO / "seqtune").rglob("*.py")) if p.parent not in OWNERS]
     paths += [p for d in ("tests/unit/models", "tests/unit/export") for p in sorted((REPO / d).glob("*.py"))]
     found = [
         f"{where.removeprefix(str(REPO) + '/')} {name!r} ({keys[name]})"
@@ -141,7 +152,9 @@ def test_no_table_outside_the_family_modules_is_keyed_by_a_family_or_model_type(
         for where, name in _tables(path, keys, compared=path.is_relative_to(REPO / "seqtune"))
         if (str(path.relative_to(REPO)), name) not in OTHER_NAMESPACES
     ]
-    assert not found, "a table keyed by a family or model_type outside seqtune/models/<family>.py:\n" + "\n".join(found)
+    assert not found, (
+        "a table keyed by a family or model_type outside seqtune/models/families/<family>.py:\n" + "\n".join(found)
+    )
 
 
 def test_the_guard_finds_a_table(tmp_path: Path):

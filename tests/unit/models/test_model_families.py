@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -175,23 +174,13 @@ def test_chat_template_renders_the_family_format(family):
 
 
 def test_every_family_module_is_in_the_registry_and_every_member_has_its_files():
-    """The registry (ModelFamily, read from the `SPEC = ModelSpec(` lines) and the family modules cannot drift: a
-    module assigning a SPEC in another form, or a family without its seqtune/configs/model/<family>_tiny.yaml,
-    fails here."""
-    import ast
-
+    """The registry (ModelFamily, the modules of seqtune/models/families/) and the registered specs cannot drift: a
+    module registering no spec, or one named unlike itself, or a family without its
+    seqtune/configs/model/<family>_tiny.yaml, fails here."""
     from seqtune.models.registry import FAMILIES
+    from seqtune.models.spec import FAMILY_SPECS
 
-    models_dir = Path(__file__).resolve().parents[3] / "seqtune/models"
-    with_spec = {
-        path.stem
-        for path in models_dir.glob("*.py")
-        if any(
-            isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "SPEC" for t in node.targets)
-            for node in ast.parse(path.read_text()).body
-        )
-    }
-    assert with_spec == set(FAMILIES)
+    assert set(FAMILY_SPECS.all()) == set(FAMILIES)
     assert all((MODEL_CONFIGS / f"{family}_tiny.yaml").is_file() for family in FAMILIES)
     assert all(get_spec(family).family == family for family in FAMILIES)
 

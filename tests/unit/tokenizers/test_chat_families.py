@@ -48,7 +48,7 @@ CONVERSATIONS = {
     ],
 }
 # The families whose chat encoding is pinned here, each with its fetched tokenizer and what it expects
-# (SPEC.tests.chat_encoding in seqtune/models/<family>.py: target runs, eos appended, bos prepended, tool turns).
+# (SPEC.tests.chat_encoding in seqtune/models/families/<family>.py: target runs, eos appended, bos prepended, tool turns).
 ENCODED = sorted(f for f in FAMILIES if (tests := get_spec(f).tests) is not None and tests.chat_encoding is not None)
 
 

@@ -1,4 +1,4 @@
-"""A tracker call is bounded in time (seqtune.train.trackers._bounded): a server that never answers costs the run
+"""A tracker call is bounded in time (seqtune.train.trackers._common.bounded): a server that never answers costs
 logger.mlflow.init_timeout, not MLflow's own retries (120 s x 7)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from seqtune.train.trackers import _bounded
+from seqtune.train.trackers._common import bounded as _bounded
 
 
 def test_a_call_past_its_bound_raises_timeout_error_at_the_bound_and_leaves_its_thread_waiting():

@@ -1,8 +1,8 @@
 """Qwen3-VL (2B, 4B, 8B, 32B dense): Qwen3VLForConditionalGeneration, a ViT with learned (interpolated) position
 embeddings, a patch merger (the projector) and DeepStack mergers feeding three tower layers into the first text
-layers, around a Qwen3 text model (q/k norms, GQA, ChatML: seqtune.models.qwen3).
+layers, around a Qwen3 text model (q/k norms, GQA, ChatML: seqtune.models.families.qwen3).
 
-Dynamic resolution as Qwen2.5-VL (seqtune.models.qwen2_5_vl) with 16x16 patches: an image is resized to multiples
+Dynamic resolution as Qwen2.5-VL (seqtune.models.families.qwen2_5_vl) with 16x16 patches: an image is resized to multiples
 of 32 pixels within [min_pixels, max_pixels], and is "<|vision_start|>" + t*h*w/4 x "<|image_pad|>" +
 "<|vision_end|>"; interleaved multimodal RoPE over each image's grid, computed per sample by the collator.
 
@@ -17,8 +17,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from seqtune.config.plan import ImageGrid
-from seqtune.models import qwen2_5_vl, qwen3
-from seqtune.models.spec import ModelSpec, common_arch_fields
+from seqtune.models.families import qwen2_5_vl, qwen3
+from seqtune.models.spec import FAMILY_SPECS, ArchValue, ModelSpec, common_arch_fields
 from seqtune.models.vision import VisionSpec
 from seqtune.tokenizers import templates
 
@@ -83,7 +83,7 @@ def tiny_config_kwargs(f: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def read_arch_fields(hf_config: PretrainedConfig) -> dict[str, Any]:
+def read_arch_fields(hf_config: PretrainedConfig) -> dict[str, ArchValue]:
     return common_arch_fields(hf_config.get_text_config())
 
 
@@ -117,3 +117,5 @@ SPEC = ModelSpec(
     else None,
     vision=VISION,
 )
+
+FAMILY_SPECS.register(SPEC)

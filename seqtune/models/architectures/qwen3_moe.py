@@ -7,7 +7,7 @@ blk.N.ffn_gate_inp, moe_intermediate_size as expert_feed_forward_length.
 
 from __future__ import annotations
 
-from seqtune.models.spec import Architecture, GgufRow
+from seqtune.models.spec import ARCHITECTURES, Architecture, GgufRow
 
 
 def gguf_refusal(config: dict) -> str | None:
@@ -27,6 +27,9 @@ def gguf_refusal(config: dict) -> str | None:
 
 
 ARCHITECTURE = Architecture(
+    name="qwen3_moe",
     model_types=("qwen3_moe",),
     gguf=GgufRow(name="QWEN3MOE", refusal=gguf_refusal, expert_projections=("gate_proj", "up_proj", "down_proj")),
 )
+
+ARCHITECTURES.register(ARCHITECTURE)

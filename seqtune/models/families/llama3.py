@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from seqtune.models.spec import (
+    FAMILY_SPECS,
     ChatEncoding,
     GgufRow,
     Layout,
@@ -90,3 +91,5 @@ SPEC = ModelSpec(
         ),
     ),
 )
+
+FAMILY_SPECS.register(SPEC)

@@ -7,7 +7,7 @@ own (llama.cpp's olmoe loader requires output.weight).
 
 from __future__ import annotations
 
-from seqtune.models.spec import Architecture, GgufRow
+from seqtune.models.spec import ARCHITECTURES, Architecture, GgufRow
 
 
 def gguf_refusal(config: dict) -> str | None:
@@ -30,6 +30,7 @@ def gguf_refusal(config: dict) -> str | None:
 
 
 ARCHITECTURE = Architecture(
+    name="olmoe",
     model_types=("olmoe",),
     gguf=GgufRow(
         name="OLMOE",
@@ -38,3 +39,5 @@ ARCHITECTURE = Architecture(
         expert_projections=("gate_proj", "up_proj", "down_proj"),
     ),
 )
+
+ARCHITECTURES.register(ARCHITECTURE)

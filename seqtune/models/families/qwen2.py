@@ -14,7 +14,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from seqtune.models.spec import GgufRow, Layout, ModelSpec, TestExpectations, common_arch_fields, common_config_kwargs
+from seqtune.models.spec import (
+    FAMILY_SPECS,
+    GgufRow,
+    Layout,
+    ModelSpec,
+    TestExpectations,
+    common_arch_fields,
+    common_config_kwargs,
+)
 
 # Qwen2.5-Instruct's chat template (tokenizer_config.json of Qwen/Qwen2.5-0.5B-Instruct), written compactly: ChatML,
 # the default system message when the conversation has none, tool definitions in the system turn, tool calls as
@@ -122,3 +130,5 @@ SPEC = ModelSpec(
         ),
     ),
 )
+
+FAMILY_SPECS.register(SPEC)

@@ -7,7 +7,7 @@ experts' feed-forward length). llama.cpp's llama graph renormalizes the top-k we
 
 from __future__ import annotations
 
-from seqtune.models.spec import Architecture, GgufRow
+from seqtune.models.spec import ARCHITECTURES, Architecture, GgufRow
 
 
 def gguf_refusal(config: dict) -> str | None:
@@ -22,6 +22,9 @@ def gguf_refusal(config: dict) -> str | None:
 
 
 ARCHITECTURE = Architecture(
+    name="mixtral",
     model_types=("mixtral",),
     gguf=GgufRow(name="LLAMA", permute_qk=True, refusal=gguf_refusal, expert_projections=("w1", "w3", "w2")),
 )
+
+ARCHITECTURES.register(ARCHITECTURE)

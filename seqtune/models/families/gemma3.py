@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from seqtune.models.spec import (
     ATTENTION_PROJECTIONS,
+    FAMILY_SPECS,
+    ArchValue,
     ChatEncoding,
     GgufRow,
     Layout,
@@ -64,7 +66,7 @@ def gguf_metadata(writer: GGUFWriter, config: dict[str, Any]) -> None:
         writer.add_sliding_window_pattern([kind == "sliding_attention" for kind in config["layer_types"]])
 
 
-def read_arch_fields(hf_config: PretrainedConfig) -> dict[str, Any]:
+def read_arch_fields(hf_config: PretrainedConfig) -> dict[str, ArchValue]:
     values = common_arch_fields(hf_config)
     rope = (getattr(hf_config, "rope_parameters", None) or {}).get("full_attention", {})
     values["rope_theta"] = rope.get("rope_theta")
@@ -129,3 +131,5 @@ SPEC = ModelSpec(
         ),
     ),
 )
+
+FAMILY_SPECS.register(SPEC)

@@ -1,5 +1,5 @@
 """Qwen2.5-VL (3B, 7B, 32B, 72B): Qwen2_5_VLForConditionalGeneration, a ViT with windowed attention and a patch
-merger (the projector) around a Qwen2.5 text model (biases on q/k/v, GQA, ChatML: seqtune.models.qwen2).
+merger (the projector) around a Qwen2.5 text model (biases on q/k/v, GQA, ChatML: seqtune.models.families.qwen2).
 
 Dynamic resolution: Qwen2VLImageProcessor resizes each image to multiples of 28 pixels per side within
 [min_pixels, max_pixels] (its aspect ratio kept), cuts it into 14x14 patches (grid_thw: 1 x h x w for a still
@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from seqtune.config.plan import ImageGrid
-from seqtune.models import qwen2
-from seqtune.models.spec import ModelSpec, common_arch_fields
+from seqtune.models.families import qwen2
+from seqtune.models.spec import FAMILY_SPECS, ArchValue, ModelSpec, common_arch_fields
 from seqtune.models.vision import VisionSpec
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ def tiny_config_kwargs(f: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def read_arch_fields(hf_config: PretrainedConfig) -> dict[str, Any]:
+def read_arch_fields(hf_config: PretrainedConfig) -> dict[str, ArchValue]:
     return common_arch_fields(hf_config.get_text_config())
 
 
@@ -104,7 +104,7 @@ SPEC = ModelSpec(
     hf_model_class="Qwen2_5_VLForConditionalGeneration",
     layers_prefix="model.language_model.layers",
     embedding_module="model.language_model.embed_tokens",
-    # The text model's conventions (seqtune.models.qwen2): ChatML with its default system turn, <|im_end|>.
+    # The text model's conventions (seqtune.models.families.qwen2): ChatML with its default system turn, <|im_end|>.
     padding_side=qwen2.SPEC.padding_side,
     chat_template=qwen2.SPEC.chat_template,
     eot_token=qwen2.SPEC.eot_token,
@@ -122,3 +122,5 @@ SPEC = ModelSpec(
     tests=qwen2.SPEC.tests,
     vision=VISION,
 )
+
+FAMILY_SPECS.register(SPEC)

@@ -14,6 +14,7 @@ from typing import Any
 
 from seqtune.models.spec import (
     ATTENTION_PROJECTIONS,
+    FAMILY_SPECS,
     GgufRow,
     Layout,
     ModelSpec,
@@ -74,3 +75,5 @@ SPEC = ModelSpec(
         ),
     ),
 )
+
+FAMILY_SPECS.register(SPEC)

@@ -1,5 +1,6 @@
-"""Trackers decided before training (seqtune.config.tracker, LoggerConfig): the logger group composes one tracker or
-a list of them, W&B's mode `auto`, and a WANDB_API_KEY that cannot be a key refused by name without showing it."""
+"""Trackers decided before training (seqtune/train/trackers/wandb.py, LoggerConfig): the logger group composes one
+tracker or a list of them, W&B's mode `auto`, and a WANDB_API_KEY that cannot be a key refused by name without
+showing it."""
 
 from __future__ import annotations
 
@@ -7,8 +8,7 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from seqtune.config import register_resolvers, register_schemas, to_typed
-from seqtune.config.schema import LoggerMode, WandbConfig
-from seqtune.config.tracker import key_problem, wandb_mode
+from seqtune.train.trackers.wandb import LoggerMode, WandbConfig, key_problem, wandb_mode
 
 register_schemas()
 register_resolvers()

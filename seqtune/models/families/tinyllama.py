@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from seqtune.models.spec import (
+    FAMILY_SPECS,
     ChatEncoding,
     GgufRow,
     Layout,
@@ -67,3 +68,5 @@ SPEC = ModelSpec(
         ),
     ),
 )
+
+FAMILY_SPECS.register(SPEC)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from seqtune.models.spec import (
+    FAMILY_SPECS,
     ChatEncoding,
     GgufRow,
     Layout,
@@ -70,3 +71,5 @@ SPEC = ModelSpec(
         ),
     ),
 )
+
+FAMILY_SPECS.register(SPEC)

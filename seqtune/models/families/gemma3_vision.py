@@ -1,5 +1,5 @@
 """Gemma 3 vision-language (4B, 12B, 27B): Gemma3ForConditionalGeneration, a SigLIP vision tower and a projector
-around the Gemma 3 text model (seqtune.models.gemma3 holds the text model's quirks, reused here).
+around the Gemma 3 text model (seqtune.models.families.gemma3 holds the text model's quirks, reused here).
 
 Each image becomes "\\n\\n<start_of_image>" + mm_tokens_per_image (256) x "<image_soft_token>" + "<end_of_image>\\n\\n"
 (Gemma3Processor.full_image_sequence), and the model attends bidirectionally within an image (token_type_ids = 1
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from seqtune.models import gemma3
-from seqtune.models.spec import ModelSpec
+from seqtune.models.families import gemma3
+from seqtune.models.spec import FAMILY_SPECS, ArchValue, ModelSpec
 from seqtune.models.vision import VisionSpec
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ def tiny_config_kwargs(f: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def read_arch_fields(hf_config: PretrainedConfig) -> dict[str, Any]:
+def read_arch_fields(hf_config: PretrainedConfig) -> dict[str, ArchValue]:
     return gemma3.read_arch_fields(hf_config.get_text_config())
 
 
@@ -80,7 +80,7 @@ SPEC = ModelSpec(
     hf_score_class="Gemma3ForSequenceClassification",
     layers_prefix="model.language_model.layers",
     embedding_module="model.language_model.embed_tokens",
-    # The text model's conventions (seqtune.models.gemma3): its chat format, end of turn and refused dtypes.
+    # The text model's conventions (seqtune.models.families.gemma3): its chat format, end of turn and refused dtypes.
     padding_side=gemma3.SPEC.padding_side,
     chat_template=gemma3.SPEC.chat_template,
     eot_token=gemma3.SPEC.eot_token,
@@ -102,3 +102,5 @@ SPEC = ModelSpec(
     tests=gemma3.SPEC.tests,
     vision=VISION,
 )
+
+FAMILY_SPECS.register(SPEC)
