@@ -31,7 +31,16 @@ class HostNeeds:
         return self.workers * self.per_worker_gib * self.ranks
 
 
-def host_needs(cfg: RootConfig, *, params: int, batch_tokens: int, ranks: int, device_type: str) -> HostNeeds:
+def host_needs(
+    cfg: RootConfig,
+    *,
+    params: int,
+    batch_tokens: int,
+    ranks: int,
+    device_type: str,
+    quantized: tuple[int, int] = (0, 0),
+) -> HostNeeds:
+    """`quantized`: (parameters, their bytes) a pre-quantized checkpoint keeps as stored while it loads."""
     files = checkpoint_files(Path(cfg.model.path).expanduser()) if cfg.model.path else None
     loading = 0
     if files is not None:
@@ -39,6 +48,7 @@ def host_needs(cfg: RootConfig, *, params: int, batch_tokens: int, ranks: int, d
             params=params,
             width=BYTES_PER_DTYPE[str(cfg.model.dtype)],
             files=files,
+            quantized=quantized,
             onto_device=cfg.model.load_in_4bit and device_type == "cuda",
         )
     return HostNeeds(

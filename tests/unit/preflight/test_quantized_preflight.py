@@ -1,0 +1,31 @@
+"""Through run_preflight: a bitsandbytes 4-bit checkpoint (written in the layout bitsandbytes stores) is refused
+with exit 2 at model.path naming why it does not train here, and the memory report counts its weights as stored
+(the file's tensors), not as model.dtype parameters."""
+
+from __future__ import annotations
+
+from safetensors import safe_open
+
+from tests.support.checkpoints import build_checkpoint
+from tests.support.configs import TINY_MODEL, alpaca, make_cfg, messages, run_failing
+from tests.support.data import write_jsonl
+from tests.support.models import write_quantized
+
+GIB = 2**30
+
+
+def test_a_bitsandbytes_checkpoint_is_refused_naming_why_and_estimated_as_stored(tmp_path):
+    checkpoint = build_checkpoint("smollm", tmp_path / "smollm")
+    write_quantized(checkpoint, "bnb_4bit")
+    with safe_open(str(checkpoint / "model.safetensors"), framework="pt") as f:
+        stored = sum(f.get_tensor(name).nbytes for name in f.keys())
+    train = write_jsonl(tmp_path / "train.jsonl", [alpaca(n, i) for i, n in enumerate([1, 3, 7, 20])])
+    by_path = (f"model.path={checkpoint}", "model.family=auto", "tokenizer.source=path", "lora.enabled=true")
+    by_path += tuple(f"model.{key}=null" for key in TINY_MODEL if key != "family")
+    report = run_failing(make_cfg(tmp_path, train, *by_path), tmp_path / "run", match=r"\[checkpoint\] model.path")
+    said = messages(report)
+    assert "model.path holds a bitsandbytes 4-bit checkpoint (config.json quantization_config.quant_method=" in said
+    assert "which seqtune cannot train over here" in said and "Fix: point model.path at the model's bf16" in said
+    # The checkpoint is float32 apart from its 4-bit projections, and model.dtype is float32: the weights are the file.
+    assert abs(report["memory"]["weights_gib"] - stored / GIB) < 1e-4
+    assert [p["key"] for p in report["problems"]] == ["model.path"]
