@@ -338,10 +338,13 @@ def quantization_faults(path: str | None, *, load_in_4bit: bool, lora: bool) -> 
     """A pre-quantized checkpoint this run cannot train over here (`lora`: it trains an adapter, else every
     weight), and QLoRA's on-the-fly NF4 quantization of a checkpoint that is quantized already. Apart from
     checkpoint_faults: the checkpoint is intact, so preflight still estimates its memory as stored."""
-    quantization = stated_quantization(Path(path).expanduser()) if path is not None else None
+    if path is None:
+        return []
+    root = Path(path).expanduser()
+    quantization = stated_quantization(root)
     if quantization is None or quantization.layout is None:
         return []  # a float checkpoint, or one checkpoint_faults refuses as unread
-    where = str(Path(path).expanduser() / "config.json")
+    where = str(root / "config.json")
     refused = trains_here(quantization, lora=lora)
     if refused:
         return [WeightFault(file=where, message=refused)]
