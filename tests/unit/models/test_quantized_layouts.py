@@ -7,6 +7,7 @@ estimate is the dequantized model's."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from dataclasses import replace
@@ -162,7 +163,7 @@ def test_each_layout_is_read_with_its_stored_bytes_and_refused_naming_why(saved,
 def test_why_names_what_is_installed_here(saved, tmp_path):
     path = _layout(saved, tmp_path, "bnb_4bit")
     (refusal,) = _faults(path)
-    installed = __import__("importlib").util.find_spec("bitsandbytes") is not None
+    installed = importlib.util.find_spec("bitsandbytes") is not None
     said = "bitsandbytes is installed" if installed else "only with the bitsandbytes package, not installed here"
     assert said in refusal
     assert "seqtune loads, adapts and merges only the NF4 weights it quantizes itself" in refusal

@@ -29,3 +29,39 @@ def test_a_bitsandbytes_checkpoint_is_refused_naming_why_and_estimated_as_stored
     # The checkpoint is float32 apart from its 4-bit projections, and model.dtype is float32: the weights are the file.
     assert abs(report["memory"]["weights_gib"] - stored / GIB) < 1e-4
     assert [p["key"] for p in report["problems"]] == ["model.path"]
+
+
+def test_a_pre_quantized_checkpoint_is_not_offered_qlora_as_a_memory_lever(tmp_path, monkeypatch):
+    """QLoRA quantizes a float checkpoint while loading and is refused over a quantized one: a GPU plan over an
+    FP8 checkpoint is offered every other lever, never model.load_in_4bit=true."""
+    from dataclasses import replace
+
+    import transformers
+
+    from seqtune.models import MemoryInputs, get_spec
+    from seqtune.models.arch import config_arch
+    from seqtune.preflight import levers
+    from tests.support.plans import PLAN
+
+    monkeypatch.setattr(levers, "installed", lambda package: True)  # bitsandbytes, as on a CUDA machine
+    (tmp_path / "fp8").mkdir()
+    (tmp_path / "fp8" / "config.json").write_text('{"quantization_config": {"quant_method": "fp8"}}')
+    cfg = make_cfg(tmp_path, tmp_path / "unused.jsonl")
+    spec = get_spec("tinyllama")
+    arch = config_arch(transformers.LlamaConfig(hidden_size=64, intermediate_size=176))
+    inputs = MemoryInputs(
+        arch=arch,
+        vocab_rows=arch.vocab_size,
+        weights_dtype="bfloat16",
+        compute_dtype="bfloat16",
+        lora_enabled=True,
+        lora_rank=8,
+        lora_targets=tuple(spec.lora_targets),
+        batch_tokens=512,
+        seq_len=512,
+    )
+    cuda = replace(PLAN, device_type="cuda")
+    assert "qlora" in [lever.kind for lever in levers.candidate_levers(cfg, cuda, inputs, max_seq_len=512)]
+    cfg.model.path = str(tmp_path / "fp8")
+    kinds = [lever.kind for lever in levers.candidate_levers(cfg, cuda, inputs, max_seq_len=512)]
+    assert "qlora" not in kinds and "offload" in kinds
