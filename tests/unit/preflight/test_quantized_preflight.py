@@ -65,3 +65,13 @@ def test_a_pre_quantized_checkpoint_is_not_offered_qlora_as_a_memory_lever(tmp_p
     cfg.model.path = str(tmp_path / "fp8")
     kinds = [lever.kind for lever in levers.candidate_levers(cfg, cuda, inputs, max_seq_len=512)]
     assert "qlora" not in kinds and "offload" in kinds
+
+
+def test_loading_a_pre_quantized_checkpoint_over_the_host_is_not_offered_qlora():
+    from seqtune.preflight.host import HostNeeds, check_host_needs
+
+    for prequantized, offered in ((False, True), (True, False)):
+        needs = HostNeeds(loading_gib=64.0, workers=0, per_worker_gib=0.0, ranks=1, prequantized=prequantized)
+        (problem,) = check_host_needs(needs, offloaded_gib=0.0, host_memory_gib=40.0)
+        assert ("model.load_in_4bit=true" in problem.message) is offered
+        assert "preflight.host_memory_gib=GIB" in problem.message
