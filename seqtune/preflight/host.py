@@ -59,7 +59,7 @@ def host_needs(
         workers=cfg.data.num_workers,
         per_worker_gib=worker_bytes(workers=1, batch_tokens=batch_tokens) / GIB,
         ranks=ranks,
-        prequantized=files is not None and stated_quantization(Path(cfg.model.path).expanduser()) is not None,
+        prequantized=cfg.model.path is not None and stated_quantization(Path(cfg.model.path).expanduser()) is not None,
     )
 
 
