@@ -21,6 +21,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from seqtune.config.errors import ModelLoadError
+from seqtune.models.quantized import (
+    Quantization,
+    StoredWeights,
+    read_layout,
+    stated_quantization,
+    stored_weights,
+    trains_here,
+)
 
 if TYPE_CHECKING:
     from seqtune.models.arch import Arch
@@ -69,27 +77,22 @@ def weight_faults(
     """Everything wrong with the weight files of `root` against the architecture's parameters (`expected`: name ->
     shape; `tied`: groups of names that are one tensor, of which one stored copy is enough; `stored`: the same
     parameters as save_pretrained writes them when transformers converts them while loading, Arch.stored). A
-    pre-quantized checkpoint (config.json `quantization_config`) is read in the layout its method stores."""
-    quantization, refused = _quantization(root)
-    if refused:
-        return [refused]
-    shards, unreadable = _shards(root)
-    faults: list[WeightFault] = []
-    found: dict[str, tuple[str, list[int]]] = {}
-    headers: dict[str, dict[str, dict]] = {}
-    for shard, listed in shards.items():
-        header, fault = read_header(root / shard)
-        if fault:
-            unreadable.append(fault)
-            continue
-        faults += _index_agreement(root, shard, listed, set(header))
-        headers[shard] = header
-        found.update((name, (shard, entry["shape"])) for name, entry in header.items())
-    if unreadable:
-        return unreadable + faults  # what an unreadable file or index holds is unknown: a missing list would mislead
-    if quantization is not None:
-        found, scale_faults = _fp8_block_scaled(root, headers, found, quantization)
-        faults += scale_faults
+    pre-quantized checkpoint (config.json `quantization_config`) is read in the layout its method stores
+    (seqtune.models.quantized)."""
+    quantization = stated_quantization(root)
+    if quantization is not None and quantization.layout is None:
+        return [_unread(root, quantization)]
+    headers, faults = _headers(root)
+    if headers is None:
+        return faults  # what an unreadable file or index holds is unknown: a missing list would mislead
+    found = {name: (shard, entry["shape"]) for shard, header in headers.items() for name, entry in header.items()}
+    if quantization is not None and quantization.layout is not None:
+        form = _stored_form(found, expected, stored)
+        read = read_layout(quantization.layout, headers, form)
+        # A weight whose stored form does not state its shape was proven against the architecture's, or named.
+        shapes = {n: list(p.shape if p.shape is not None else form.get(n, ())) for n, p in read.quantized.items()}
+        found = {**read.plain, **{n: (p.shard, shapes[n]) for n, p in read.quantized.items()}}
+        faults += [WeightFault(file=str(root / shard), message=f"{why}. Fix: {FIX}") for shard, why in read.problems]
     else:
         faults += [
             _not_floating(root / shard, name, entry["dtype"])
@@ -98,6 +101,24 @@ def weight_faults(
             if entry["dtype"] not in FLOAT_DTYPES
         ]
     return faults + _against_architecture(root, found, _stored_form(found, expected, stored), tied, prefix)
+
+
+def _headers(root: Path) -> tuple[dict[str, dict[str, dict]] | None, list[WeightFault]]:
+    """Each shard's safetensors header (None when a file or the index cannot be read), and where the index and
+    the shards disagree."""
+    shards, unreadable = _shards(root)
+    faults: list[WeightFault] = []
+    headers: dict[str, dict[str, dict]] = {}
+    for shard, listed in shards.items():
+        header, fault = read_header(root / shard)
+        if fault:
+            unreadable.append(fault)
+            continue
+        faults += _index_agreement(root, shard, listed, set(header))
+        headers[shard] = header
+    if unreadable:
+        return None, unreadable + faults
+    return headers, faults
 
 
 def _not_floating(file: Path, name: str, dtype: str) -> WeightFault:
@@ -111,84 +132,30 @@ def _not_floating(file: Path, name: str, dtype: str) -> WeightFault:
     )
 
 
-# config.json quantization_config.quant_method -> why seqtune does not read that layout (FP8 block-scaled it does).
-UNREAD_QUANTIZATION = {
-    "bitsandbytes": "bitsandbytes 8-/4-bit weights load only on CUDA (its kernels are CUDA-only; transformers has no "
-    "dequantizing path on the CPU), and seqtune does not train over them yet",
-    "compressed-tensors": "seqtune does not read compressed-tensors' packed layouts yet (transformers decompresses "
-    "them only with the compressed-tensors package, which seqtune does not install)",
-    "gptq": "GPTQ kernels need CUDA and the gptqmodel package, which seqtune does not install",
-    "awq": "AWQ kernels need CUDA and the autoawq package, which seqtune does not install",
-    "mxfp4": "MXFP4 weights train only through transformers' triton kernels on recent GPUs; seqtune does not read them "
-    "yet",
-}
-FP8 = "fp8"
-SCALE_SUFFIX = ".weight_scale_inv"
-
-
-def _quantization(root: Path) -> tuple[dict[str, Any] | None, WeightFault | None]:
-    """config.json's quantization_config when it is one seqtune reads (FP8 block-scaled), or the refusal naming why
-    it does not read that one."""
-    try:
-        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None, None  # seqtune.models.facts has proven config.json already; nothing to add here
-    quantization = config.get("quantization_config") if isinstance(config, dict) else None
-    if not isinstance(quantization, dict):
-        return None, None
-    method = str(quantization.get("quant_method"))
-    if method == FP8:
-        return quantization, None
-    why = UNREAD_QUANTIZATION.get(method, "seqtune reads pre-quantized checkpoints in FP8 block-scaled layout only")
-    return None, WeightFault(
+def _unread(root: Path, quantization: Quantization) -> WeightFault:
+    return WeightFault(
         file=str(root / "config.json"),
         message=(
-            f"model.path holds a pre-quantized checkpoint (config.json quantization_config.quant_method={method}): "
-            f"{why}. Fix: point model.path at the model's bf16/fp16 release (with model.load_in_4bit=true for "
-            "QLoRA on a GPU), or at its FP8 block-scaled release"
+            f"model.path holds a pre-quantized checkpoint (config.json quantization_config.quant_method="
+            f"{quantization.method}) seqtune does not read: {quantization.unread}. Fix: point model.path at the "
+            "model's bf16/fp16 release (with model.load_in_4bit=true for QLoRA on a GPU), or at a dequantized copy"
         ),
     )
 
 
-def _fp8_block_scaled(
-    root: Path, headers: dict[str, dict[str, dict]], found: dict[str, tuple[str, list[int]]], quantization: dict
-) -> tuple[dict[str, tuple[str, list[int]]], list[WeightFault]]:
-    """transformers' finegrained_fp8 layout (Qwen3/DeepSeek FP8): each quantized Linear's weight in float8_e4m3fn
-    with a float `weight_scale_inv` of one scale per [block_out, block_in] block (one per tensor without
-    weight_block_size). Returns the parameters the architecture is compared with (the scales are not parameters)
-    and what is wrong: an F8 weight without its scales, scales of the wrong shape, any other integer dtype."""
-    block = quantization.get("weight_block_size")
-    faults = []
-    for shard, header in headers.items():
-        for name, entry in header.items():
-            if name.endswith(SCALE_SUFFIX):
-                weight = found.get(name.removesuffix(SCALE_SUFFIX) + ".weight")
-                shape = list(entry["shape"])
-                want = [-(-d // b) for d, b in zip(weight[1], block, strict=True)] if weight and block else None
-                if weight is None or entry["dtype"] not in FLOAT_DTYPES or (want is not None and shape != want):
-                    why = f"of shape {want} for weight_block_size {block}" if want else "beside an FP8 weight"
-                    faults.append(
-                        WeightFault(
-                            file=str(root / shard),
-                            message=(
-                                f"tensor {name} ({entry['dtype']} {shape}) is not the float scales {why}. Fix: {FIX}"
-                            ),
-                        )
-                    )
-            elif entry["dtype"] == "F8_E4M3":
-                if name.removesuffix(".weight") + SCALE_SUFFIX not in found:
-                    faults.append(
-                        WeightFault(
-                            file=str(root / shard),
-                            message=(
-                                f"tensor {name} is stored as F8_E4M3 without its {name.removesuffix('.weight')}{SCALE_SUFFIX} "
-                                f"scales (config.json quantization_config.quant_method=fp8). Fix: {FIX}"
-                            ),
-                        )
-                    )
-            elif entry["dtype"] not in FLOAT_DTYPES:
-                faults.append(_not_floating(root / shard, name, entry["dtype"]))
-    return {name: where for name, where in found.items() if not name.endswith(SCALE_SUFFIX)}, faults
+def quantized_weights(path: str | None, arch: Arch | None) -> StoredWeights | None:
+    """What model.path's quantized parameters occupy once loaded, as stored (seqtune.models.quantized); None for
+    a float checkpoint or one whose headers cannot be read (the checkpoint check names that)."""
+    if path is None or arch is None:
+        return None
+    root = Path(path).expanduser()
+    if stated_quantization(root) is None:
+        return None
+    headers, _ = _headers(root)
+    if headers is None:
+        return None
+    found = {name: (shard, entry["shape"]) for shard, header in headers.items() for name, entry in header.items()}
+    return stored_weights(root, headers, _stored_form(found, arch.tensors, arch.stored))
 
 
 def _stored_form(
@@ -359,26 +326,41 @@ def _some(names: list[str], shown: int = 3) -> str:
     return ", ".join(names[:shown]) + more
 
 
-def checkpoint_faults(path: str | None, arch: Arch | None, *, load_in_4bit: bool = False) -> list[WeightFault]:
-    """model.path's weight files against the architecture its config.json declares (nothing for a tiny model);
-    QLoRA's on-the-fly NF4 quantization of a checkpoint that is quantized already."""
+def checkpoint_faults(path: str | None, arch: Arch | None) -> list[WeightFault]:
+    """model.path's weight files against the architecture its config.json declares (nothing for a tiny model)."""
     if path is None or arch is None:
         return []
     root = Path(path).expanduser()
-    faults = weight_faults(root, arch.tensors, arch.tied, arch.prefix, arch.stored)
-    quantization, _ = _quantization(root)
-    if load_in_4bit and quantization is not None:
-        faults.append(
+    return weight_faults(root, arch.tensors, arch.tied, arch.prefix, arch.stored)
+
+
+def quantization_faults(path: str | None, *, load_in_4bit: bool, lora: bool) -> list[WeightFault]:
+    """A pre-quantized checkpoint this run cannot train over here (`lora`: it trains an adapter, else every
+    weight), and QLoRA's on-the-fly NF4 quantization of a checkpoint that is quantized already. Apart from
+    checkpoint_faults: the checkpoint is intact, so preflight still estimates its memory as stored."""
+    if path is None:
+        return []
+    root = Path(path).expanduser()
+    quantization = stated_quantization(root)
+    if quantization is None or quantization.layout is None:
+        return []  # a float checkpoint, or one checkpoint_faults refuses as unread
+    where = str(root / "config.json")
+    refused = trains_here(quantization, lora=lora)
+    if refused:
+        return [WeightFault(file=where, message=refused)]
+    if load_in_4bit:
+        return [
             WeightFault(
-                file=str(root / "config.json"),
+                file=where,
                 message=(
                     "model.load_in_4bit=true quantizes a floating-point checkpoint to NF4 while loading, and "
-                    f"model.path is quantized already (config.json quantization_config.quant_method={FP8}). Fix: "
-                    "model.load_in_4bit=false (LoRA over its dequantized weights), or the model's bf16 release"
+                    "model.path is quantized already (config.json quantization_config.quant_method="
+                    f"{quantization.method}). Fix: model.load_in_4bit=false (LoRA over its dequantized weights), "
+                    "or the model's bf16 release"
                 ),
             )
-        )
-    return faults
+        ]
+    return []
 
 
 # --- after the load (seqtune.models.build) ------------------------------------------------------------------------

@@ -71,13 +71,16 @@ def loading_bytes(
     low_cpu_mem_usage: bool = True,
     mmap: bool = True,
     onto_device: bool = False,
+    quantized: tuple[int, int] = (0, 0),
 ) -> int:
     """Peak host bytes of one rank loading the checkpoint (module docstring). `params` parameters of `width` bytes
-    in model.dtype; `onto_device`: 4-bit weights placed on the GPU as they load."""
+    in model.dtype, except `quantized` = (parameters, bytes) a pre-quantized checkpoint keeps as stored (one
+    loading dequantizes holds them in model.dtype: (0, 0)); `onto_device`: 4-bit weights placed on the GPU as
+    they load."""
     read_at_once = files.largest_tensor_numel * width if mmap and files.safetensors else files.largest_file
     if onto_device:
         return read_at_once
-    model = params * width
+    model = (params - quantized[0]) * width + quantized[1]
     return model * (1 if low_cpu_mem_usage else 2) + read_at_once
 
 

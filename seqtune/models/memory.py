@@ -62,6 +62,11 @@ class MemoryInputs:
     new_rows: int = 0  # rows added by the resize, trained through peft's trainable tokens
     optimizer: str = TORCH_ADAMW  # the class the plan builds (seqtune.models.optimizers.STATE_LAYOUTS)
     load_in_4bit: bool = False
+    # A pre-quantized checkpoint whose weights stay as stored once loaded (seqtune.models.quantized.StoredWeights):
+    # that many parameters occupy stored_bytes (weights, scales, zero points, quantizer state) instead of
+    # weights_dtype. Zero where loading dequantizes (FP8 block-scaled: the model holds weights_dtype).
+    quantized_numel: int = 0
+    quantized_bytes: int = 0
     gradient_checkpointing: bool = False
     # model.activation_offload: what autograd keeps per layer waits in pinned host memory (seqtune.train.offload).
     activation_offload: bool = False
@@ -135,7 +140,7 @@ def memory_estimate(inputs: MemoryInputs) -> MemoryEstimate:
         # prepare_model_for_kbit_training casts everything not quantized (norms, embeddings, head) to fp32.
         weights = quantized * NF4_BYTES_PER_WEIGHT + (total - quantized) * 4
     else:
-        weights = total * width
+        weights = (total - inputs.quantized_numel) * width + inputs.quantized_bytes
     if inputs.reference_copy:  # frozen, no grads or optimizer state; its forward's activations are freed at once
         weights *= 2
     head_grad: float = 0

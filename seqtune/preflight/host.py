@@ -11,6 +11,7 @@ from pathlib import Path
 from seqtune.config.schema import RootConfig
 from seqtune.models.host_memory import checkpoint_files, loading_bytes, worker_bytes
 from seqtune.models.memory import BYTES_PER_DTYPE
+from seqtune.models.quantized import stated_quantization
 from seqtune.preflight.result import Problem
 
 GIB = 2**30
@@ -25,13 +26,24 @@ class HostNeeds:
     workers: int
     per_worker_gib: float
     ranks: int
+    # model.path is quantized already: QLoRA (which quantizes a float checkpoint while loading) is no lever for it
+    prequantized: bool = False
 
     @property
     def workers_gib(self) -> float:
         return self.workers * self.per_worker_gib * self.ranks
 
 
-def host_needs(cfg: RootConfig, *, params: int, batch_tokens: int, ranks: int, device_type: str) -> HostNeeds:
+def host_needs(
+    cfg: RootConfig,
+    *,
+    params: int,
+    batch_tokens: int,
+    ranks: int,
+    device_type: str,
+    quantized: tuple[int, int] = (0, 0),
+) -> HostNeeds:
+    """`quantized`: (parameters, their bytes) a pre-quantized checkpoint keeps as stored while it loads."""
     files = checkpoint_files(Path(cfg.model.path).expanduser()) if cfg.model.path else None
     loading = 0
     if files is not None:
@@ -39,6 +51,7 @@ def host_needs(cfg: RootConfig, *, params: int, batch_tokens: int, ranks: int, d
             params=params,
             width=BYTES_PER_DTYPE[str(cfg.model.dtype)],
             files=files,
+            quantized=quantized,
             onto_device=cfg.model.load_in_4bit and device_type == "cuda",
         )
     return HostNeeds(
@@ -46,6 +59,7 @@ def host_needs(cfg: RootConfig, *, params: int, batch_tokens: int, ranks: int, d
         workers=cfg.data.num_workers,
         per_worker_gib=worker_bytes(workers=1, batch_tokens=batch_tokens) / GIB,
         ranks=ranks,
+        prequantized=cfg.model.path is not None and stated_quantization(Path(cfg.model.path).expanduser()) is not None,
     )
 
 
@@ -60,7 +74,8 @@ def check_host_needs(needs: HostNeeds, *, offloaded_gib: float, host_memory_gib:
         levers = []
         if needs.ranks > 1 and per_rank <= host_memory_gib:
             levers.append(f"launcher.nproc_per_node={int(host_memory_gib // per_rank)} (each rank loads it whole)")
-        levers.append("model.load_in_4bit=true on CUDA (QLoRA: the weights load straight onto the GPU)")
+        if not needs.prequantized:
+            levers.append("model.load_in_4bit=true on CUDA (QLoRA: the weights load straight onto the GPU)")
         levers.append("preflight.host_memory_gib=GIB for the machine that will run it")
         problems.append(
             Problem(

@@ -22,6 +22,7 @@ from seqtune.config.recipe_spec import recipe_spec
 from seqtune.config.schema import RootConfig
 from seqtune.models.auto import spec_for
 from seqtune.models.optimizers import IMPLEMENTATIONS, TORCH_ADAMW, optimizer_problems
+from seqtune.models.quantized import stated_quantization
 from seqtune.preflight.resolve import installed
 
 if TYPE_CHECKING:
@@ -112,7 +113,9 @@ def candidate_levers(cfg: RootConfig, plan: Resolved, inputs: MemoryInputs, max_
             Lever(kind="offload", overrides=("model.activation_offload=true",), change={"activation_offload": True})
         )
     levers += _smaller_micro_batches(cfg, inputs)
-    if cuda and installed("bitsandbytes") and inputs.lora_enabled and not inputs.load_in_4bit:
+    # QLoRA quantizes a float checkpoint while loading; one quantized already refuses it (quantization_faults).
+    prequantized = cfg.model.path is not None and stated_quantization(Path(cfg.model.path).expanduser()) is not None
+    if cuda and installed("bitsandbytes") and inputs.lora_enabled and not inputs.load_in_4bit and not prequantized:
         levers.append(Lever(kind="qlora", overrides=("model.load_in_4bit=true",), change={"load_in_4bit": True}))
     if inputs.optimizer == TORCH_ADAMW and _can_run("adamw_8bit", plan.device_type):
         lean = IMPLEMENTATIONS[("adamw_8bit", plan.device_type)]

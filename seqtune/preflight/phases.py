@@ -22,7 +22,7 @@ from seqtune.export.gguf import gguf_refusal_for, llama_cpp_missing
 from seqtune.hub import PUSH_KEY, push_problems
 from seqtune.models.attention import AttentionEnv, attn_backend_problems
 from seqtune.models.auto import spec_for
-from seqtune.models.checkpoint_check import checkpoint_faults
+from seqtune.models.checkpoint_check import checkpoint_faults, quantization_faults, quantized_weights
 from seqtune.models.kernels import kernels_problems
 from seqtune.models.model_configs import ModelConfigs, model_configs
 from seqtune.models.optimizers import unread_settings
@@ -177,12 +177,13 @@ def runtime_phase(
         problems.append(Problem(check="load", key=err.key or "model.path", message=str(err)))
         model = None
     weights = model_checks.check_checkpoint_weights(
-        checkpoint_faults(
-            cfg.model.path, model.arch if model is not None else None, load_in_4bit=cfg.model.load_in_4bit
-        )
+        checkpoint_faults(cfg.model.path, model.arch if model is not None else None)
     )
     if weights:  # nothing else reads weights that failed the proof (a truncated shard would raise mid-read)
         problems, model = problems + weights, None
+    elif model is not None:
+        quantized = quantization_faults(cfg.model.path, load_in_4bit=cfg.model.load_in_4bit, lora=cfg.lora.enabled)
+        problems += model_checks.check_checkpoint_weights(quantized)
     if model is not None and cfg.lora.enabled:
         problems += model_checks.check_lora_parameters(cfg.lora.target_parameters, list(model.arch.tensors))
     return tokenizer, model, tokenizer.record.tokens, problems
@@ -569,6 +570,7 @@ def memory_inputs(
     from seqtune.models.attention import native_gqa
 
     attention = plan.attn_implementation or "sdpa"
+    stored = quantized_weights(cfg.model.path, arch)
     return MemoryInputs(
         arch=arch,
         vocab_rows=rows,
@@ -583,6 +585,8 @@ def memory_inputs(
         new_rows=max(0, rows - plan.vocab.embedding_rows) if "embed_tokens" not in saved else 0,
         optimizer=plan.optimizer,
         load_in_4bit=cfg.model.load_in_4bit,
+        quantized_numel=stored.numel if stored else 0,
+        quantized_bytes=stored.stored_bytes if stored else 0,
         gradient_checkpointing=cfg.model.gradient_checkpointing,
         activation_offload=cfg.model.activation_offload,
         cpu_offload=cfg.train.fsdp_cpu_offload and plan.sharded,
@@ -629,6 +633,7 @@ def memory_phase(
     needs = host_needs(
         cfg,
         params=estimate.params,
+        quantized=(inputs.quantized_numel, inputs.quantized_bytes),
         batch_tokens=inputs.batch_tokens,
         ranks=plan.world.nproc_per_node,
         device_type=plan.device_type,

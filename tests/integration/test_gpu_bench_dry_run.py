@@ -136,3 +136,21 @@ def test_lora_step_runs_on_the_cpu(out):
     assert set(record["variants"]) == {"peft-cast", "no-cast"}
     # Same weights and batch in both variants: the adapter input cast changes no loss in fp32.
     assert record["variants"]["peft-cast"]["first_loss"] == record["variants"]["no-cast"]["first_loss"]
+
+
+def test_big_models_fp8_row_runs_on_the_cpu_at_the_bf16_rows_dtype(tmp_path):
+    """bench/gpu/big_models.py's `fp8` section (issue 42's LoRA over an FP8 block-scaled checkpoint against the
+    bf16 one) on the tiny shape: both rows train in bfloat16, so their estimates agree (the FP8 weights load
+    dequantized to model.dtype; the dry run once compared a float32 row with a bfloat16 one), and the log says
+    the weights were dequantized. Run alone (not a default part), through the command run.sh gives it."""
+    env = os.environ | {"TOKENIZERS_PARALLELISM": "false"}
+    command = [sys.executable, "bench/gpu/big_models.py", "--device", "cpu", "--only", "fp8", "--out", str(tmp_path)]
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    fp8 = _read(tmp_path, "gpu_big_models.json")["sections"]["fp8"]
+    assert fp8["ok"], fp8.get("error")
+    rows = fp8["rows"]
+    assert all("model.dtype=bfloat16" in rows[r]["command"] for r in ("bf16", "fp8_checkpoint"))
+    assert rows["bf16"]["memory_estimate_gib"] == rows["fp8_checkpoint"]["memory_estimate_gib"]
+    assert any("dequantized to bfloat16 while loading" in line for line in fp8["log_says"])
+    assert fp8["quantization_config"]["quant_method"] == "fp8"

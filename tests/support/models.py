@@ -1,4 +1,4 @@
-"""Tiny real models: ModelConfigs composed from the real seqtune/configs/model/*_tiny.yaml, LoRA as the recipe applies it, an FP8 block-scaled checkpoint."""
+"""Tiny real models: ModelConfigs composed from the real seqtune/configs/model/*_tiny.yaml, LoRA as the recipe applies it, pre-quantized checkpoints in the layouts their methods store (FP8 block-scaled, bitsandbytes 4-/8-bit, compressed-tensors, GPTQ, AWQ)."""
 
 from __future__ import annotations
 
@@ -74,3 +74,170 @@ def write_fp8_block_scaled(saved: Path, block: int = FP8_BLOCK) -> None:
         "weight_block_size": [block, block],
     }
     (saved / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def _rewrite_projections(saved: Path, quantize, quantization_config: dict) -> None:
+    """Replace every projection's weight in the checkpoint save_pretrained wrote into `saved` by what `quantize`
+    stores for it ({suffix: tensor} keyed by the module's name), and state `quantization_config` in config.json."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(saved / "model.safetensors"))
+    for name in [n for n in tensors if n.endswith("_proj.weight")]:
+        module = name.removesuffix(".weight")
+        weight = tensors.pop(name).float()
+        tensors.update({module + suffix: value.contiguous() for suffix, value in quantize(weight).items()})
+    save_file(tensors, str(saved / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((saved / "config.json").read_text())
+    config["quantization_config"] = quantization_config
+    (saved / "config.json").write_text(json.dumps(config, indent=2))
+
+
+# bitsandbytes' NF4 code book (bitsandbytes.functional.get_4bit_type("nf4")).
+NF4 = [
+    -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
+    -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
+    0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0,
+]  # fmt: skip
+BNB_BLOCK = 64  # bitsandbytes' default 4-bit block size
+
+
+def _bnb_nf4(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Params4bit as Linear4bit._save_to_state_dict writes it (QuantState.as_dict(packed=True), no double
+    quantization): two codes per byte in a [ceil(n/2), 1] uint8 column, one fp32 absmax per 64 weights, the code
+    book, and the non-tensor state as JSON bytes (bitsandbytes.utils.pack_dict_to_tensor)."""
+    flat = weight.reshape(-1)
+    padded = torch.nn.functional.pad(flat, (0, -flat.numel() % BNB_BLOCK)).reshape(-1, BNB_BLOCK)
+    absmax = padded.abs().amax(dim=1).clamp(min=1e-12)
+    code = torch.tensor(NF4)
+    codes = ((padded / absmax[:, None]).reshape(-1)[: flat.numel(), None] - code).abs().argmin(dim=1).to(torch.uint8)
+    codes = torch.nn.functional.pad(codes, (0, codes.numel() % 2))
+    packed = (codes[0::2] << 4 | codes[1::2]).reshape(-1, 1)
+    state = {"quant_type": "nf4", "blocksize": BNB_BLOCK, "dtype": "bfloat16", "shape": list(weight.shape)}
+    return {
+        ".weight": packed,
+        ".weight.absmax": absmax,
+        ".weight.quant_map": code,
+        ".weight.quant_state.bitsandbytes__nf4": torch.tensor(list(json.dumps(state).encode()), dtype=torch.uint8),
+    }
+
+
+def _bnb_int8(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Linear8bitLt without fp16 weights: int8 rows, each row's absmax (SCB), weight_format 0 (row-major)."""
+    scb = weight.abs().amax(dim=1).clamp(min=1e-12)
+    return {
+        ".weight": torch.round(weight / scb[:, None] * 127).to(torch.int8),
+        ".SCB": scb,
+        ".weight_format": torch.tensor(0, dtype=torch.uint8),
+    }
+
+
+GROUP = 32  # quantization group along the input dimension (divides every tiny family's hidden size)
+
+
+def _pack_int32(values: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """Unsigned `bits`-bit values packed 32 // bits to an int32 along `dim`, the first in the lowest bits."""
+    per = 32 // bits
+    moved = values.movedim(dim, 0).to(torch.int64)
+    moved = moved.reshape(moved.shape[0] // per, per, *moved.shape[1:])
+    shifts = (torch.arange(per) * bits).reshape(1, per, *([1] * (moved.dim() - 2)))
+    packed = (moved << shifts).sum(dim=1)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32).movedim(0, dim)
+
+
+def _grouped(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """4-bit asymmetric per-group quantization along the input dimension: codes [out, in] in 0..15, scales and
+    zero points [out, in // GROUP]."""
+    out, columns = weight.shape
+    groups = weight.reshape(out, columns // GROUP, GROUP)
+    low, high = groups.amin(dim=2), groups.amax(dim=2)
+    scale = ((high - low) / 15).clamp(min=1e-8)
+    zero = torch.round(-low / scale).clamp(0, 15)
+    codes = torch.round(groups / scale[..., None] + zero[..., None]).clamp(0, 15).reshape(out, columns)
+    return codes.to(torch.int64), scale, zero.to(torch.int64)
+
+
+def _gptq(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """AutoGPTQ/GPTQModel's QuantLinear (bits 4, desc_act false): qweight [in/8, out], qzeros [in/group, out/8],
+    scales [in/group, out] fp16, g_idx [in]."""
+    codes, scale, zero = _grouped(weight)
+    return {
+        ".qweight": _pack_int32(codes.T, 4, dim=0),
+        ".qzeros": _pack_int32((zero.T - 1) & 0xF, 4, dim=1),  # GPTQ v1 stores zero points minus one
+        ".scales": scale.T.to(torch.float16),
+        ".g_idx": (torch.arange(weight.shape[1]) // GROUP).to(torch.int32),
+    }
+
+
+def _awq(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """AutoAWQ's WQLinear_GEMM: qweight [in, out/8], qzeros [in/group, out/8] (packed along the outputs),
+    scales [in/group, out] fp16."""
+    codes, scale, zero = _grouped(weight)
+    return {
+        ".qweight": _pack_int32(codes.T, 4, dim=1),
+        ".qzeros": _pack_int32(zero.T, 4, dim=1),
+        ".scales": scale.T.to(torch.float16),
+    }
+
+
+def _pack_quantized(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """compressed-tensors' PackedQuantizationCompressor, W4A16 symmetric per group: int4 codes packed into int32
+    along the input dimension (weight_packed [out, in/8]), bf16 scales [out, in/group], the original shape."""
+    out, columns = weight.shape
+    groups = weight.reshape(out, columns // GROUP, GROUP)
+    scale = (groups.abs().amax(dim=2) / 7).clamp(min=1e-8)
+    codes = torch.round(groups / scale[..., None]).clamp(-8, 7).reshape(out, columns) + 8
+    return {
+        ".weight_packed": _pack_int32(codes, 4, dim=1),
+        ".weight_scale": scale.to(torch.bfloat16),
+        ".weight_shape": torch.tensor(weight.shape),
+    }
+
+
+def _int_quantized(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """compressed-tensors' int-quantized format (W8A8, per output channel, symmetric): int8 weight, scale [out, 1]."""
+    scale = (weight.abs().amax(dim=1, keepdim=True) / 127).clamp(min=1e-8)
+    return {".weight": torch.round(weight / scale).clamp(-128, 127).to(torch.int8), ".weight_scale": scale.bfloat16()}
+
+
+def _compressed_tensors_config(form: str, bits: int, strategy: str) -> dict:
+    group = {"group_size": GROUP} if strategy == "group" else {}
+    weights = {"num_bits": bits, "type": "int", "symmetric": True, "strategy": strategy, **group}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": form,
+        "quantization_status": "compressed",
+        "config_groups": {
+            "group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None, "format": form}
+        },
+        "ignore": ["lm_head"],
+    }
+
+
+BNB_CONFIG = {
+    "quant_method": "bitsandbytes",
+    "llm_int8_threshold": 6.0,
+    "llm_int8_skip_modules": None,
+    "llm_int8_enable_fp32_cpu_offload": False,
+    "llm_int8_has_fp16_weight": False,
+    "bnb_4bit_quant_type": "nf4",
+    "bnb_4bit_use_double_quant": False,
+    "bnb_4bit_compute_dtype": "bfloat16",
+    "bnb_4bit_quant_storage": "uint8",
+}
+# layout name -> (what each projection's weight is stored as, config.json quantization_config), as each method's
+# own serializer writes them (bitsandbytes 0.50 nn.modules, compressed-tensors 0.20 compressors, transformers'
+# BitsAndBytesConfig.to_dict, AutoGPTQ/AutoAWQ's QuantLinear).
+QUANTIZED_LAYOUTS = {
+    "bnb_4bit": (_bnb_nf4, {**BNB_CONFIG, "load_in_4bit": True, "_load_in_4bit": True, "load_in_8bit": False}),
+    "bnb_8bit": (_bnb_int8, {**BNB_CONFIG, "load_in_8bit": True, "_load_in_8bit": True, "load_in_4bit": False}),
+    "compressed_w4a16": (_pack_quantized, _compressed_tensors_config("pack-quantized", 4, "group")),
+    "compressed_w8a8": (_int_quantized, _compressed_tensors_config("int-quantized", 8, "channel")),
+    "gptq": (_gptq, {"quant_method": "gptq", "bits": 4, "group_size": GROUP, "desc_act": False, "sym": False}),
+    "awq": (_awq, {"quant_method": "awq", "bits": 4, "group_size": GROUP, "version": "gemm", "zero_point": True}),
+}
+
+
+def write_quantized(saved: Path, layout: str) -> None:
+    """Turn the checkpoint save_pretrained wrote into `saved` into one of QUANTIZED_LAYOUTS."""
+    quantize, config = QUANTIZED_LAYOUTS[layout]
+    _rewrite_projections(saved, quantize, config)

@@ -16,7 +16,12 @@ from safetensors.torch import load_file, save_file
 from seqtune.config.errors import ModelLoadError
 from seqtune.models import build_model, load_model_config
 from seqtune.models.arch import config_arch
-from seqtune.models.checkpoint_check import check_finite_weights, check_loading_info, checkpoint_faults
+from seqtune.models.checkpoint_check import (
+    check_finite_weights,
+    check_loading_info,
+    checkpoint_faults,
+    quantization_faults,
+)
 from seqtune.models.facts import read_config_json
 from tests.support.models import TINY_FAMILIES, tiny_cfg, write_fp8_block_scaled
 
@@ -201,26 +206,38 @@ def test_an_fp8_block_scaled_checkpoint_is_read_in_its_stored_layout(saved, tmp_
     assert type(loaded.model.layers[0].mlp.up_proj) is torch.nn.Linear
     assert torch.linalg.norm(dequantized - original) / torch.linalg.norm(original) < 0.05
 
-    cfg = tiny_cfg("llama3", path=str(path))
-    (qlora,) = checkpoint_faults(cfg.path, config_arch(load_model_config(cfg)), load_in_4bit=True)
+    assert quantization_faults(str(path), load_in_4bit=False, lora=False) == []  # full fine-tuning: dequantized
+    (qlora,) = quantization_faults(str(path), load_in_4bit=True, lora=True)
     assert "model.path is quantized already" in qlora.message and "Fix: model.load_in_4bit=false" in qlora.message
 
     scale = "model.layers.1.self_attn.q_proj.weight_scale_inv"
     _rewrite(path, lambda t: {**t, scale: t[scale][:1]})
     (fault,) = _faults(path)
     assert (
-        f"tensor {scale} (F32 [1, 4]) is not the float scales of shape [4, 4] for weight_block_size [16, 16]" in fault
+        "tensor model.layers.1.self_attn.q_proj.weight has a weight_scale_inv (F32 [1, 4]) that is not the float scales of "
+        "shape [4, 4] for weight_block_size [16, 16] (FP8 block-scaled" in fault
     )
     _rewrite(path, lambda t: {k: v for k, v in t.items() if k != scale})
     (fault,) = _faults(path)
     assert "q_proj.weight is stored as F8_E4M3 without its model.layers.1.self_attn.q_proj.weight_scale_inv" in fault
 
 
-@pytest.mark.parametrize(("method", "why"), [("bitsandbytes", "only on CUDA"), ("compressed-tensors", "packed")])
-def test_other_pre_quantized_layouts_are_refused_once_naming_why(saved, tmp_path, method, why):
+@pytest.mark.parametrize(
+    ("quantization", "why"),
+    [
+        (
+            {"quant_method": "bitsandbytes", "load_in_8bit": True},
+            "config.json states quantization_config.quant_method=bitsandbytes (bitsandbytes 8-bit), and no tensor "
+            "is stored in that layout",
+        ),
+        ({"quant_method": "compressed-tensors"}, "seqtune does not read: seqtune reads its pack-, int- and float-"),
+        ({"quant_method": "hqq"}, "seqtune does not read: seqtune reads the layouts of fp8, bitsandbytes,"),
+    ],
+)
+def test_a_quantization_config_the_weights_do_not_match_is_named(saved, tmp_path, quantization, why):
+    """Float weights under a stated quantization_config, a config without its format, an unknown method (the
+    layouts themselves: tests/unit/models/test_quantized_layouts.py)."""
     path = _copy(saved, "single", tmp_path)
     config = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": method}}))
-    (fault,) = _faults(path)
-    assert f"quantization_config.quant_method={method}" in fault and why in fault
-    assert "Fix: point model.path at the model's bf16/fp16 release" in fault
+    (path / "config.json").write_text(json.dumps({**config, "quantization_config": quantization}))
+    assert any(why in fault for fault in _faults(path)), _faults(path)

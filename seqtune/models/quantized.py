@@ -1,0 +1,416 @@
+"""Pre-quantized checkpoints read in the layout their method stores, from the safetensors headers alone.
+
+config.json's `quantization_config.quant_method` names the method; each stores a quantized Linear's weight as one
+tensor (`weight` below) with tensors beside it (`aux`: scales, zero points, the quantizer's state):
+
+  method               weight tensor (dtype)                  beside it
+  fp8 (block-scaled)   X.weight F8_E4M3 [out, in]             X.weight_scale_inv [ceil(out/b), ceil(in/b)]
+  bitsandbytes 4-bit   X.weight U8 [ceil(out*in/2), 1]        X.weight.absmax, .quant_map, .quant_state.bitsandbytes__nf4
+                                                              (double quantization: .nested_absmax, .nested_quant_map)
+  bitsandbytes 8-bit   X.weight I8 [out, in]                  X.SCB [out], X.weight_format
+  compressed-tensors   pack-quantized: X.weight_packed I32     X.weight_scale, X.weight_shape, X.weight_zero_point
+                       [out, ceil(in*bits/32)]; int- and      (asymmetric), X.weight_g_idx; X.input_scale
+                       float-quantized: X.weight I8 / F8
+  gptq                 X.qweight I32 [in*bits/32, out]        X.qzeros, X.scales [in/group, out], X.g_idx [in]
+  awq (gemm)           X.qweight I32 [in, out*bits/32]        X.qzeros, X.scales [in/group, out]
+
+Read here: which parameter each weight tensor is and its shape as the model holds it (to prove the checkpoint
+against its architecture), what is missing or left over, and the bytes each parameter occupies as stored (the
+memory estimate and the host's loading memory count those). Whether a layout trains here is `trains_here`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FLOATS = frozenset({"F64", "F32", "F16", "BF16"})
+INTS = frozenset({"I8", "U8", "I16", "I32", "I64"})
+FP8 = "fp8"
+
+Entry = dict[str, Any]  # a safetensors header entry: dtype, shape, data_offsets
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    method: str  # config.json quantization_config.quant_method
+    label: str  # what messages call it
+    weight: str  # suffix of the tensor that holds a quantized weight
+    weight_dtypes: frozenset[str]
+    aux: tuple[str, ...]  # suffixes of the tensors stored beside it
+    required: tuple[str, ...]  # those every quantized weight has
+    # (weight entry, its aux entries by suffix, the architecture's shape for the parameter) ->
+    # (the parameter's shape as the model holds it, or None; what is wrong, or None)
+    shape: Callable[[Entry, dict[str, Entry], Shape | None], tuple[Shape | None, str | None]]
+    # True: loading dequantizes to model.dtype (seqtune.models.build), so the model holds float weights
+    dequantized: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoredParameter:
+    shard: str
+    shape: Shape | None  # None: the stored form does not state it (compared through `problem` instead)
+    stored_bytes: int  # the weight and every tensor stored beside it
+
+
+@dataclass(frozen=True, kw_only=True)
+class Quantization:
+    """A pre-quantized checkpoint's layout, or why seqtune does not read it (`unread`)."""
+
+    method: str
+    config: dict[str, Any]
+    layout: Layout | None
+    unread: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoredWeights:
+    """What the quantized parameters occupy once loaded: their element count and their bytes as stored (0, 0 when
+    loading dequantizes them to model.dtype: the model then holds float weights like any other)."""
+
+    method: str
+    label: str
+    numel: int
+    stored_bytes: int
+
+
+def _nbytes(entry: Entry) -> int:
+    start, end = entry["data_offsets"]
+    return int(end) - int(start)
+
+
+def _same_shape(weight: Entry, aux: dict[str, Entry], expected: Shape | None) -> tuple[Shape | None, str | None]:
+    return tuple(weight["shape"]), None
+
+
+def fp8_layout(config: dict[str, Any]) -> Layout:
+    block = config.get("weight_block_size")
+
+    def shape(weight: Entry, aux: dict[str, Entry], expected: Shape | None) -> tuple[Shape | None, str | None]:
+        scale = aux[".weight_scale_inv"]
+        want = [-(-d // b) for d, b in zip(weight["shape"], block, strict=True)] if block else None
+        if scale["dtype"] not in FLOATS or (want is not None and list(scale["shape"]) != want):
+            why = f"of shape {want} for weight_block_size {block}" if want else "beside an FP8 weight"
+            return tuple(weight["shape"]), (
+                f"has a weight_scale_inv ({scale['dtype']} {list(scale['shape'])}) that is not the float scales {why}"
+            )
+        return tuple(weight["shape"]), None
+
+    return Layout(
+        method=FP8,
+        label="FP8 block-scaled",
+        weight=".weight",
+        weight_dtypes=frozenset({"F8_E4M3"}),
+        aux=(".weight_scale_inv",),
+        required=(".weight_scale_inv",),
+        shape=shape,
+        dequantized=True,
+    )
+
+
+def _bnb_4bit_shape(weight: Entry, aux: dict[str, Entry], expected: Shape | None) -> tuple[Shape | None, str | None]:
+    """Two 4-bit codes per byte in a [ceil(numel/2), 1] column; the shape itself is in the packed quant_state
+    (tensor data, not read here), so the stored bytes are proven against the architecture's shape."""
+    if not any(s.startswith(".weight.quant_state.bitsandbytes__") for s in aux):
+        return None, "has no weight.quant_state.bitsandbytes__nf4 (or __fp4) entry"
+    if expected is None:
+        return None, None
+    want = [-(-math.prod(expected) // 2), 1]
+    if list(weight["shape"]) != want:
+        return None, (
+            f"holds {list(weight['shape'])} packed bytes, not the {want} of the architecture's {list(expected)} "
+            "at 4 bits a weight"
+        )
+    return expected, None
+
+
+def _pack_quantized_shape(bits: set[int]):
+    def shape(weight: Entry, aux: dict[str, Entry], expected: Shape | None) -> tuple[Shape | None, str | None]:
+        rows, cols = weight["shape"]
+        if expected is None:
+            return None, None
+        if rows == expected[0] and any(cols == -(-expected[1] * b // 32) for b in bits):
+            return expected, None
+        return None, (
+            f"holds {list(weight['shape'])} int32 words, not the architecture's {list(expected)} at {sorted(bits)} "
+            "bits packed into int32"
+        )
+
+    return shape
+
+
+def _gptq_shape(bits: int):
+    def shape(weight: Entry, aux: dict[str, Entry], expected: Shape | None) -> tuple[Shape | None, str | None]:
+        packed_in, out = weight["shape"]
+        return (out, packed_in * 32 // bits), None
+
+    return shape
+
+
+def _awq_shape(weight: Entry, aux: dict[str, Entry], expected: Shape | None) -> tuple[Shape | None, str | None]:
+    scales = aux[".scales"]
+    return (scales["shape"][-1], weight["shape"][0]), None
+
+
+BNB_4BIT_AUX = (
+    ".weight.absmax",
+    ".weight.quant_map",
+    ".weight.nested_absmax",
+    ".weight.nested_quant_map",
+    ".weight.quant_state.bitsandbytes__nf4",
+    ".weight.quant_state.bitsandbytes__fp4",
+)
+COMPRESSED_AUX = (
+    ".weight_scale",
+    ".weight_zero_point",
+    ".weight_g_idx",
+    ".weight_global_scale",
+    ".input_scale",
+    ".input_zero_point",
+    ".input_global_scale",
+)
+
+
+def _bitsandbytes(config: dict[str, Any]) -> Layout:
+    if config.get("load_in_4bit") or config.get("_load_in_4bit"):
+        return Layout(
+            method="bitsandbytes",
+            label="bitsandbytes 4-bit",
+            weight=".weight",
+            weight_dtypes=frozenset({"U8"}),
+            aux=BNB_4BIT_AUX,
+            required=(".weight.absmax", ".weight.quant_map"),
+            shape=_bnb_4bit_shape,
+        )
+    return Layout(
+        method="bitsandbytes",
+        label="bitsandbytes 8-bit",
+        weight=".weight",
+        weight_dtypes=frozenset({"I8"}),
+        aux=(".SCB", ".weight_format"),
+        required=(".SCB",),
+        shape=_same_shape,
+    )
+
+
+def _compressed_tensors(config: dict[str, Any]) -> Layout | str:
+    groups = [g for g in (config.get("config_groups") or {}).values() if isinstance(g, dict)]
+    formats = {str(g.get("format") or config.get("format")) for g in groups} or {str(config.get("format"))}
+    if len(formats) != 1:
+        return f"its config groups mix formats ({', '.join(sorted(formats))}), which seqtune does not read"
+    (form,) = formats
+    label = f"compressed-tensors {form}"
+    if form == "pack-quantized":
+        bits = {int((g.get("weights") or {}).get("num_bits", 4)) for g in groups} or {4}
+        return Layout(
+            method="compressed-tensors",
+            label=label,
+            weight=".weight_packed",
+            weight_dtypes=frozenset({"I32"}),
+            aux=(".weight_shape", *COMPRESSED_AUX),
+            required=(".weight_scale", ".weight_shape"),
+            shape=_pack_quantized_shape(bits),
+        )
+    if form in ("int-quantized", "naive-quantized", "float-quantized"):
+        return Layout(
+            method="compressed-tensors",
+            label=label,
+            weight=".weight",
+            weight_dtypes=frozenset({"I8", "F8_E4M3"}),
+            aux=COMPRESSED_AUX,
+            required=(".weight_scale",),
+            shape=_same_shape,
+        )
+    return f"seqtune reads its pack-, int- and float-quantized formats, not format {form}"
+
+
+def _gptq(config: dict[str, Any]) -> Layout:
+    return Layout(
+        method="gptq",
+        label=f"GPTQ {config.get('bits', 4)}-bit",
+        weight=".qweight",
+        weight_dtypes=frozenset({"I32"}),
+        aux=(".qzeros", ".scales", ".g_idx"),
+        required=(".qzeros", ".scales"),
+        shape=_gptq_shape(int(config.get("bits", 4))),
+    )
+
+
+def _awq(config: dict[str, Any]) -> Layout | str:
+    version = str(config.get("version", "gemm")).lower()
+    if version != "gemm":
+        return f"seqtune reads AWQ's gemm layout, not version {version}"
+    return Layout(
+        method="awq",
+        label=f"AWQ {config.get('bits', config.get('w_bit', 4))}-bit",
+        weight=".qweight",
+        weight_dtypes=frozenset({"I32"}),
+        aux=(".qzeros", ".scales"),
+        required=(".qzeros", ".scales"),
+        shape=_awq_shape,
+    )
+
+
+LAYOUTS: dict[str, Callable[[dict[str, Any]], Layout | str]] = {
+    FP8: fp8_layout,
+    "bitsandbytes": _bitsandbytes,
+    "compressed-tensors": _compressed_tensors,
+    "gptq": _gptq,
+    "awq": _awq,
+}
+UNREAD = {
+    "mxfp4": "seqtune does not read MXFP4's blocks and scales yet (transformers stores them for gpt-oss's experts "
+    "only, and trains over them through its triton kernels on recent GPUs)",
+}
+
+
+def stated_quantization(root: Path) -> Quantization | None:
+    """config.json's quantization_config, with the layout its method stores (None: not a quantized checkpoint, or
+    a config.json seqtune.models.facts refuses itself)."""
+    try:
+        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    stated = config.get("quantization_config") if isinstance(config, dict) else None
+    if not isinstance(stated, dict):
+        return None
+    method = str(stated.get("quant_method"))
+    reader = LAYOUTS.get(method)
+    if reader is None:
+        why = UNREAD.get(method, f"seqtune reads the layouts of {', '.join(LAYOUTS)}, not {method}")
+        return Quantization(method=method, config=stated, layout=None, unread=why)
+    layout = reader(stated)
+    if isinstance(layout, str):
+        return Quantization(method=method, config=stated, layout=None, unread=layout)
+    return Quantization(method=method, config=stated, layout=layout)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayoutRead:
+    quantized: dict[str, StoredParameter]  # parameter name (X.weight) -> as stored
+    plain: dict[str, tuple[str, list[int]]]  # every other tensor: name -> (shard, shape)
+    problems: list[tuple[str, str]]  # (shard, what is wrong)
+
+
+def read_layout(layout: Layout, headers: dict[str, dict[str, Entry]], expected: dict[str, Shape]) -> LayoutRead:
+    """The checkpoint's tensors (`headers`: shard -> its safetensors header) in `layout`: each quantized weight as
+    the parameter it stands for, with the tensors stored beside it; what is missing, unexplained or left over."""
+    entries = {name: (shard, entry) for shard, header in headers.items() for name, entry in header.items()}
+    where = f"{layout.label}, config.json quantization_config.quant_method={layout.method}"
+    quantized: dict[str, StoredParameter] = {}
+    problems: list[tuple[str, str]] = []
+    claimed: set[str] = set()
+    for name, (shard, entry) in entries.items():
+        if not name.endswith(layout.weight) or entry["dtype"] not in layout.weight_dtypes:
+            continue
+        base, param = name.removesuffix(layout.weight), name.removesuffix(layout.weight) + ".weight"
+        aux = {s: entries[base + s][1] for s in layout.aux if base + s in entries}
+        claimed |= {name, *(base + s for s in aux)}
+        missing = [base + s for s in layout.required if s not in aux]
+        shape, problem = (None, None) if missing else layout.shape(entry, aux, expected.get(param))
+        if missing:
+            problem = f"is stored as {entry['dtype']} without its {', '.join(missing)}"
+        if problem:
+            problems.append((shard, f"tensor {name} {problem} ({where})"))
+        stored = _nbytes(entry) + sum(_nbytes(a) for a in aux.values())
+        quantized[param] = StoredParameter(shard=shard, shape=shape, stored_bytes=stored)
+    plain: dict[str, tuple[str, list[int]]] = {}
+    for name, (shard, entry) in entries.items():
+        if name in claimed:
+            continue
+        if any(name.endswith(s) for s in layout.aux):
+            problems.append(
+                (shard, f"tensor {name} ({entry['dtype']} {entry['shape']}) lies beside no quantized weight ({where})")
+            )
+        elif entry["dtype"] not in FLOATS:
+            problems.append(
+                (
+                    shard,
+                    f"tensor {name} is stored as {entry['dtype']}, which the {layout.label} layout does not explain ({where})",
+                )
+            )
+        else:
+            plain[name] = (shard, entry["shape"])
+    if not quantized:
+        shard = next(iter(headers), "")
+        problems.append(
+            (
+                shard,
+                f"config.json states quantization_config.quant_method={layout.method} ({layout.label}), and no "
+                f"tensor is stored in that layout (a quantized weight is a{layout.weight} of "
+                f"{' or '.join(sorted(layout.weight_dtypes))})",
+            )
+        )
+    return LayoutRead(quantized=quantized, plain=plain, problems=problems)
+
+
+def trains_here(quantization: Quantization, *, lora: bool) -> str | None:
+    """Why a run cannot train over this checkpoint here (None: it can). FP8 block-scaled loads dequantized to
+    model.dtype (transformers' finegrained_fp8 dequantizing path, on every device), so LoRA and full fine-tuning
+    train over float weights. The others would stay quantized in integer or 4-bit tensors, which a full fine-tune
+    cannot step, and seqtune loads none of them yet (below, per method, why)."""
+    if quantization.layout is not None and quantization.layout.dequantized:
+        return None
+    label = quantization.layout.label if quantization.layout else quantization.method
+    why = quantization.unread or _not_loaded(quantization.method)
+    full = (
+        "" if lora else "; and a full fine-tune steps every weight, which stored integer or 4-bit weights cannot hold"
+    )
+    return (
+        f"model.path holds a {label} checkpoint (config.json quantization_config.quant_method="
+        f"{quantization.method}), read as stored, which seqtune cannot train over here: {why}{full}. Fix: point "
+        "model.path at the model's bf16/fp16 release (model.load_in_4bit=true for QLoRA on a GPU, with "
+        "lora=default), or at a dequantized copy (transformers: model.dequantize() then save_pretrained), or at "
+        "its FP8 block-scaled release"
+    )
+
+
+def _installed(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
+
+
+def _not_loaded(method: str) -> str:
+    """Why seqtune does not load a method's weights, with what this machine has installed."""
+    missing = {
+        "bitsandbytes": ("bitsandbytes", "it is seqtune's `cuda` extra"),
+        "compressed-tensors": ("compressed_tensors", "seqtune does not depend on it"),
+        "gptq": ("gptqmodel", "seqtune does not depend on it"),
+        "awq": ("awq", "seqtune does not depend on it"),
+    }
+    package, where = missing[method]
+    have = (
+        f"{package} is installed"
+        if _installed(package)
+        else f"transformers loads them only with the {package} package, not installed here ({where})"
+    )
+    return {
+        "bitsandbytes": f"{have}; seqtune loads, adapts and merges only the NF4 weights it quantizes itself "
+        "(model.load_in_4bit=true), not stored bitsandbytes weights",
+        "compressed-tensors": f"{have}; seqtune does not run its decompression while loading yet",
+        "gptq": f"{have}; GPTQ kernels need CUDA, and seqtune does not load GPTQ weights yet",
+        "awq": f"{have}; AWQ kernels need CUDA, and seqtune does not load AWQ weights yet",
+    }[method]
+
+
+def stored_weights(
+    root: Path, headers: dict[str, dict[str, Entry]], expected: dict[str, Shape]
+) -> StoredWeights | None:
+    """What the quantized parameters of the checkpoint at `root` occupy once loaded (None: not quantized, or a
+    layout seqtune does not read). Loading dequantizes FP8 block-scaled (seqtune.models.build), so it counts as
+    float weights; the others would stay as stored."""
+    quantization = stated_quantization(root)
+    if quantization is None or quantization.layout is None:
+        return None
+    layout = quantization.layout
+    if layout.dequantized:
+        return StoredWeights(method=layout.method, label=layout.label, numel=0, stored_bytes=0)
+    read = read_layout(layout, headers, expected)
+    numel = sum(math.prod(expected[name]) for name in read.quantized if name in expected)
+    stored = sum(p.stored_bytes for name, p in read.quantized.items() if name in expected)
+    return StoredWeights(method=layout.method, label=layout.label, numel=numel, stored_bytes=stored)

@@ -1,0 +1,246 @@
+"""Pre-quantized checkpoints read by preflight in the layouts their methods store (seqtune/models/quantized.py):
+tiny checkpoints written in each layout (tests.support.models.write_quantized) are proven against their architecture
+from the safetensors headers, their bytes are counted as stored (the memory estimate's weights and the host's
+loading memory against the tensors in the file), what is missing or left over is named, and a layout seqtune
+cannot train over here is refused once naming why. FP8 block-scaled loads dequantized on every device: its
+estimate is the dequantized model's."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from seqtune.models import MemoryInputs, build_model, load_model_config, memory_estimate
+from seqtune.models.arch import config_arch
+from seqtune.models.checkpoint_check import checkpoint_faults, quantization_faults, quantized_weights
+from seqtune.models.host_memory import checkpoint_files, loading_bytes
+from tests.support.models import QUANTIZED_LAYOUTS, tiny_cfg, write_fp8_block_scaled, write_quantized
+
+SINGLE = "model.safetensors"
+# layout -> the quant_method and (part of) why it does not train here
+WHY = {
+    "bnb_4bit": ("bitsandbytes", "bitsandbytes 4-bit checkpoint"),
+    "bnb_8bit": ("bitsandbytes", "bitsandbytes 8-bit checkpoint"),
+    "compressed_w4a16": ("compressed-tensors", "compressed-tensors pack-quantized checkpoint"),
+    "compressed_w8a8": ("compressed-tensors", "compressed-tensors int-quantized checkpoint"),
+    "gptq": ("gptq", "GPTQ 4-bit checkpoint"),
+    "awq": ("awq", "AWQ 4-bit checkpoint"),
+}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("float") / "llama3"
+    build_model(tiny_cfg("llama3"), attn_implementation="sdpa").save_pretrained(root, safe_serialization=True)
+    return root
+
+
+def _layout(saved: Path, tmp_path: Path, layout: str) -> Path:
+    path = Path(shutil.copytree(saved, tmp_path / layout))
+    if layout == "fp8":
+        write_fp8_block_scaled(path)
+    else:
+        write_quantized(path, layout)
+    return path
+
+
+def _arch(path: Path):
+    return config_arch(load_model_config(tiny_cfg("llama3", path=str(path))))
+
+
+def _faults(path: Path, *, lora: bool = True) -> list[str]:
+    """The checkpoint's faults, then why this run cannot train over it (preflight asks both)."""
+    faults = checkpoint_faults(str(path), _arch(path))
+    faults += quantization_faults(str(path), load_in_4bit=False, lora=lora)
+    return [f"{f.file}: {f.message}" for f in faults]
+
+
+def _stored_nbytes(path: Path) -> dict[str, int]:
+    """Every tensor of the file and its bytes, read back through safetensors itself."""
+    with safe_open(str(path / SINGLE), framework="pt") as f:
+        return {name: f.get_tensor(name).nbytes for name in f.keys()}
+
+
+def _inputs(path: Path) -> MemoryInputs:
+    arch, stored = _arch(path), quantized_weights(str(path), _arch(path))
+    return MemoryInputs(
+        arch=arch,
+        vocab_rows=arch.vocab_size,
+        weights_dtype="float32",
+        compute_dtype="float32",
+        lora_enabled=True,
+        lora_rank=8,
+        lora_targets=("q_proj", "v_proj"),
+        quantized_numel=stored.numel if stored else 0,
+        quantized_bytes=stored.stored_bytes if stored else 0,
+        batch_tokens=256,
+        seq_len=128,
+    )
+
+
+def test_every_layout_is_written_as_its_method_stores_it(saved, tmp_path):
+    """The tensors beside each quantized weight, with the dtypes and shapes of the method's own serializer."""
+    expected = {
+        "bnb_4bit": {
+            "q_proj.weight": ("torch.uint8", [64 * 64 // 2, 1]),
+            "q_proj.weight.absmax": ("torch.float32", [64]),
+            "q_proj.weight.quant_map": ("torch.float32", [16]),
+            "q_proj.weight.quant_state.bitsandbytes__nf4": ("torch.uint8", None),
+        },
+        "bnb_8bit": {
+            "q_proj.weight": ("torch.int8", [64, 64]),
+            "q_proj.SCB": ("torch.float32", [64]),
+            "q_proj.weight_format": ("torch.uint8", []),
+        },
+        "compressed_w4a16": {
+            "q_proj.weight_packed": ("torch.int32", [64, 8]),
+            "q_proj.weight_scale": ("torch.bfloat16", [64, 2]),
+            "q_proj.weight_shape": ("torch.int64", [2]),
+        },
+        "compressed_w8a8": {
+            "q_proj.weight": ("torch.int8", [64, 64]),
+            "q_proj.weight_scale": ("torch.bfloat16", [64, 1]),
+        },
+        "gptq": {
+            "q_proj.qweight": ("torch.int32", [8, 64]),
+            "q_proj.qzeros": ("torch.int32", [2, 8]),
+            "q_proj.scales": ("torch.float16", [2, 64]),
+            "q_proj.g_idx": ("torch.int32", [64]),
+        },
+        "awq": {
+            "q_proj.qweight": ("torch.int32", [64, 8]),
+            "q_proj.qzeros": ("torch.int32", [2, 8]),
+            "q_proj.scales": ("torch.float16", [2, 64]),
+        },
+    }
+    assert set(expected) == set(QUANTIZED_LAYOUTS)
+    for layout, tensors in expected.items():
+        path = _layout(saved, tmp_path, layout)
+        stored = load_file(str(path / SINGLE))
+        prefix = "model.layers.0.self_attn."
+        got = {n.removeprefix(prefix): v for n, v in stored.items() if n.startswith(prefix + "q_proj")}
+        assert set(got) == set(tensors), layout
+        for name, (dtype, shape) in tensors.items():
+            assert str(got[name].dtype) == dtype and (shape is None or list(got[name].shape) == shape), (layout, name)
+    state = load_file(str(_layout(saved, tmp_path / "again", "bnb_4bit") / SINGLE))
+    packed = state["model.layers.0.mlp.down_proj.weight.quant_state.bitsandbytes__nf4"]
+    assert json.loads(bytes(packed.tolist()))["shape"] == [64, 224]
+
+
+@pytest.mark.parametrize("layout", sorted(QUANTIZED_LAYOUTS))
+def test_each_layout_is_read_with_its_stored_bytes_and_refused_naming_why(saved, tmp_path, layout):
+    """Proven against the architecture (no fault but the one refusal); the estimate's weights are the file's
+    tensors' bytes exactly (the checkpoint is float32 and model.dtype=float32: every other tensor is counted in
+    it), and so is the parameters' part of the host's loading memory."""
+    path = _layout(saved, tmp_path, layout)
+    method, label = WHY[layout]
+    (refusal,) = _faults(path)
+    assert f"model.path holds a {label} (config.json quantization_config.quant_method={method})" in refusal
+    assert "which seqtune cannot train over here" in refusal and "Fix: point model.path at the model's bf16" in refusal
+    assert "full fine-tune" not in refusal
+    (full,) = _faults(path, lora=False)
+    assert "a full fine-tune steps every weight, which stored integer or 4-bit weights cannot hold" in full
+
+    nbytes = _stored_nbytes(path)
+    quantized = {n: b for n, b in nbytes.items() if n.rsplit("_proj", 1)[0] != n}
+    stored = quantized_weights(str(path), _arch(path))
+    assert stored is not None and stored.stored_bytes == sum(quantized.values())
+    estimate = memory_estimate(_inputs(path))
+    assert estimate.weights_bytes == sum(nbytes.values())
+    files = checkpoint_files(path)
+    params = estimate.params
+    loading = loading_bytes(params=params, width=4, files=files, quantized=(stored.numel, stored.stored_bytes))
+    assert loading - files.largest_tensor_numel * 4 == sum(nbytes.values())
+
+
+def test_why_names_what_is_installed_here(saved, tmp_path):
+    path = _layout(saved, tmp_path, "bnb_4bit")
+    (refusal,) = _faults(path)
+    installed = importlib.util.find_spec("bitsandbytes") is not None
+    said = "bitsandbytes is installed" if installed else "only with the bitsandbytes package, not installed here"
+    assert said in refusal
+    assert "seqtune loads, adapts and merges only the NF4 weights it quantizes itself" in refusal
+
+
+@pytest.mark.parametrize(
+    ("layout", "edit", "named"),
+    [
+        (
+            "bnb_4bit",
+            lambda t: {k: v for k, v in t.items() if k != "model.layers.1.mlp.up_proj.weight.absmax"},
+            "tensor model.layers.1.mlp.up_proj.weight is stored as U8 without its "
+            "model.layers.1.mlp.up_proj.weight.absmax (bitsandbytes 4-bit",
+        ),
+        (
+            "bnb_4bit",
+            lambda t: {**t, "model.layers.1.mlp.up_proj.weight": t["model.layers.1.mlp.up_proj.weight"][:-1]},
+            "holds [7167, 1] packed bytes, not the [7168, 1] of the architecture's [224, 64] at 4 bits a weight",
+        ),
+        (
+            "bnb_8bit",
+            lambda t: {k: v for k, v in t.items() if k != "model.layers.0.self_attn.o_proj.weight"},
+            "tensor model.layers.0.self_attn.o_proj.SCB (F32 [64]) lies beside no quantized weight",
+        ),
+        (
+            "compressed_w4a16",
+            lambda t: {
+                **t,
+                "model.layers.0.mlp.gate_proj.weight_packed": t["model.layers.0.mlp.gate_proj.weight_packed"][:, :4],
+            },
+            "weight_packed holds [224, 4] int32 words, not the architecture's [224, 64] at [4] bits packed into int32",
+        ),
+        (
+            "gptq",
+            lambda t: {**t, "model.layers.0.mlp.down_proj.qweight": t["model.layers.0.mlp.down_proj.qweight"][:20]},
+            "tensor model.layers.0.mlp.down_proj.weight has shape [64, 160], the architecture (config.json) declares "
+            "[64, 224]",
+        ),
+    ],
+)
+def test_a_damaged_layout_is_named(saved, tmp_path, layout, edit, named):
+    path = _layout(saved, tmp_path, layout)
+    tensors = load_file(str(path / SINGLE))
+    save_file({k: v.contiguous() for k, v in edit(tensors).items()}, str(path / SINGLE), metadata={"format": "pt"})
+    faults = _faults(path)
+    assert any(named in fault for fault in faults), faults
+
+
+def test_a_layout_not_read_is_refused_once_naming_why(saved, tmp_path):
+    path = _layout(saved, tmp_path, "compressed_w4a16")
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"]["format"] = "nvfp4-pack-quantized"
+    for group in config["quantization_config"]["config_groups"].values():
+        group["format"] = "nvfp4-pack-quantized"
+    (path / "config.json").write_text(json.dumps(config))
+    (fault,) = _faults(path)
+    assert "seqtune does not read: seqtune reads its pack-, int- and float-quantized formats, not format nvfp4" in fault
+    (path / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "mxfp4"}}))
+    (fault,) = _faults(path)
+    assert "quant_method=mxfp4) seqtune does not read: seqtune does not read MXFP4's blocks and scales yet" in fault
+
+
+def test_fp8_block_scaled_is_estimated_dequantized_and_loaded_as_stored(saved, tmp_path):
+    """seqtune loads FP8 block-scaled dequantized to model.dtype on every device (seqtune.models.build), so the
+    device estimate is the float checkpoint's at the same model.dtype (it was never below it: bench/gpu/big_models'
+    dry run compared a float32 bf16-named row with a bfloat16 FP8 one), and the host holds the model in
+    model.dtype plus the largest tensor read at once."""
+    path = _layout(saved, tmp_path, "fp8")
+    assert _faults(path) == [] and _faults(path, lora=False) == []
+    stored = quantized_weights(str(path), _arch(path))
+    assert stored is not None and (stored.numel, stored.stored_bytes) == (0, 0)
+    fp8, float_release = _inputs(path), _inputs(saved)
+    for dtype in ("float32", "bfloat16"):
+        assert memory_estimate(replace(fp8, weights_dtype=dtype)) == memory_estimate(
+            replace(float_release, weights_dtype=dtype)
+        )
+    files = checkpoint_files(path)
+    params = memory_estimate(fp8).params
+    assert sum(_stored_nbytes(path).values()) < params * 4  # F8 weights: fewer bytes on disk than loaded
+    assert loading_bytes(params=params, width=2, files=files) == (params + files.largest_tensor_numel) * 2

@@ -1,0 +1,77 @@
+"""Through run_preflight: a bitsandbytes 4-bit checkpoint (written in the layout bitsandbytes stores) is refused
+with exit 2 at model.path naming why it does not train here, and the memory report counts its weights as stored
+(the file's tensors), not as model.dtype parameters."""
+
+from __future__ import annotations
+
+from safetensors import safe_open
+
+from tests.support.checkpoints import build_checkpoint
+from tests.support.configs import TINY_MODEL, alpaca, make_cfg, messages, run_failing
+from tests.support.data import write_jsonl
+from tests.support.models import write_quantized
+
+GIB = 2**30
+
+
+def test_a_bitsandbytes_checkpoint_is_refused_naming_why_and_estimated_as_stored(tmp_path):
+    checkpoint = build_checkpoint("smollm", tmp_path / "smollm")
+    write_quantized(checkpoint, "bnb_4bit")
+    with safe_open(str(checkpoint / "model.safetensors"), framework="pt") as f:
+        stored = sum(f.get_tensor(name).nbytes for name in f.keys())
+    train = write_jsonl(tmp_path / "train.jsonl", [alpaca(n, i) for i, n in enumerate([1, 3, 7, 20])])
+    by_path = (f"model.path={checkpoint}", "model.family=auto", "tokenizer.source=path", "lora.enabled=true")
+    by_path += tuple(f"model.{key}=null" for key in TINY_MODEL if key != "family")
+    report = run_failing(make_cfg(tmp_path, train, *by_path), tmp_path / "run", match=r"\[checkpoint\] model.path")
+    said = messages(report)
+    assert "model.path holds a bitsandbytes 4-bit checkpoint (config.json quantization_config.quant_method=" in said
+    assert "which seqtune cannot train over here" in said and "Fix: point model.path at the model's bf16" in said
+    # The checkpoint is float32 apart from its 4-bit projections, and model.dtype is float32: the weights are the file.
+    assert abs(report["memory"]["weights_gib"] - stored / GIB) < 1e-4
+    assert [p["key"] for p in report["problems"]] == ["model.path"]
+
+
+def test_a_pre_quantized_checkpoint_is_not_offered_qlora_as_a_memory_lever(tmp_path, monkeypatch):
+    """QLoRA quantizes a float checkpoint while loading and is refused over a quantized one: a GPU plan over an
+    FP8 checkpoint is offered every other lever, never model.load_in_4bit=true."""
+    from dataclasses import replace
+
+    import transformers
+
+    from seqtune.models import MemoryInputs, get_spec
+    from seqtune.models.arch import config_arch
+    from seqtune.preflight import levers
+    from tests.support.plans import PLAN
+
+    monkeypatch.setattr(levers, "installed", lambda package: True)  # bitsandbytes, as on a CUDA machine
+    (tmp_path / "fp8").mkdir()
+    (tmp_path / "fp8" / "config.json").write_text('{"quantization_config": {"quant_method": "fp8"}}')
+    cfg = make_cfg(tmp_path, tmp_path / "unused.jsonl")
+    spec = get_spec("tinyllama")
+    arch = config_arch(transformers.LlamaConfig(hidden_size=64, intermediate_size=176))
+    inputs = MemoryInputs(
+        arch=arch,
+        vocab_rows=arch.vocab_size,
+        weights_dtype="bfloat16",
+        compute_dtype="bfloat16",
+        lora_enabled=True,
+        lora_rank=8,
+        lora_targets=tuple(spec.lora_targets),
+        batch_tokens=512,
+        seq_len=512,
+    )
+    cuda = replace(PLAN, device_type="cuda")
+    assert "qlora" in [lever.kind for lever in levers.candidate_levers(cfg, cuda, inputs, max_seq_len=512)]
+    cfg.model.path = str(tmp_path / "fp8")
+    kinds = [lever.kind for lever in levers.candidate_levers(cfg, cuda, inputs, max_seq_len=512)]
+    assert "qlora" not in kinds and "offload" in kinds
+
+
+def test_loading_a_pre_quantized_checkpoint_over_the_host_is_not_offered_qlora():
+    from seqtune.preflight.host import HostNeeds, check_host_needs
+
+    for prequantized, offered in ((False, True), (True, False)):
+        needs = HostNeeds(loading_gib=64.0, workers=0, per_worker_gib=0.0, ranks=1, prequantized=prequantized)
+        (problem,) = check_host_needs(needs, offloaded_gib=0.0, host_memory_gib=40.0)
+        assert ("model.load_in_4bit=true" in problem.message) is offered
+        assert "preflight.host_memory_gib=GIB" in problem.message
