@@ -4,7 +4,7 @@ torch starts one intra-op thread per core in every process. Under pytest-xdist's
 worker's `python -m seqtune` subprocess then runs two threads on a core shared with the other worker's: at every
 small operation one thread spins waiting for the other, descheduled one (bench/README.md section 14 measured the
 GRPO demo at 6 min 14 s with torch's 2 threads and 31 s with one on a busy 2-core box). A tiny DPO run of the test
-suite took 17 CPU s with torch's default and 8 with one thread per worker's core (docs/extending.md#the-suites-cost).
+suite took 24.8 CPU s with torch's default and 8.4 with one thread (docs/extending.md#the-suites-cost).
 """
 
 from __future__ import annotations
