@@ -12,6 +12,12 @@ from tests.support.cli import PORTABLE_CPU, REPO, read_metrics, require_fetched,
 from tests.support.disk import SmallDisk
 from tests.support.exports import assert_adapter_matches_merged  # noqa: F401
 from tests.support.splits import scan_files  # noqa: F401
+from tests.support.threads import share_cores, xdist_workers
+
+
+def pytest_configure(config):
+    """Torch's threads sized to each worker's cores before any worker starts (tests/support/threads.py says why)."""
+    share_cores(os.environ, workers=xdist_workers(config.getoption("numprocesses", None)))
 
 
 @pytest.fixture

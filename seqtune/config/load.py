@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import fields, is_dataclass
 from enum import Enum
 from pathlib import Path
@@ -56,8 +57,24 @@ def save_resolved(cfg: DictConfig, path: Path) -> None:
     files.write_atomic(path, OmegaConf.to_yaml(cfg, resolve=True), key="hydra.run.dir")
 
 
+# Every config.yaml this process read and checked, by the file's identity and stamp (path, inode, mtime, size): the
+# worker reads its run's, then each export step and the export proof read it again (seqtune.export.facts). A
+# rewritten file (save_resolved replaces it whole: a new inode) is read again.
+_LOADED: dict[tuple[str, int, int, int], RootConfig] = {}
+
+
 def load_resolved(path: Path) -> RootConfig:
-    """Load a resolved config written by save_resolved, re-checked against the schema (user extras ignored)."""
+    """Load a resolved config written by save_resolved, re-checked against the schema (user extras ignored): parsed
+    and checked once per file version in a process, and each caller given its own copy (the dataclasses are
+    mutable)."""
+    stamp = Path(path).stat()
+    key = (str(Path(path).resolve()), stamp.st_ino, stamp.st_mtime_ns, stamp.st_size)
+    if key not in _LOADED:
+        _LOADED[key] = _read_resolved(path)
+    return copy.deepcopy(_LOADED[key])
+
+
+def _read_resolved(path: Path) -> RootConfig:
     saved = OmegaConf.load(path)
     if not isinstance(saved, DictConfig):
         raise ConfigError(

@@ -20,8 +20,7 @@ from seqtune.data.batching import round_up
 from seqtune.data.types import POLICY_REJECTS, TEMPLATE_REJECTED, Reject
 from seqtune.models.attention import PACKING_SAFE_ATTENTION
 from seqtune.models.spec import resized_rows, unmatched_targets
-from seqtune.tokenizers.templates import WITH_TOOL_DEFINITIONS as TEMPLATES_WITH_TOOL_DEFINITIONS
-from seqtune.tokenizers.templates import WITH_TOOL_TURNS as TEMPLATES_WITH_TOOL_TURNS
+from seqtune.tokenizers.templates import with_tool_definitions, with_tool_turns
 
 # How many offenders a message lists before "and N more": enough to find them, short enough to read.
 MAX_LISTED = 5
@@ -416,7 +415,7 @@ def check_bad_lines(
     malformed = [reject for reject in bad if reject.code != TEMPLATE_REJECTED]
     problems = []
     if unrenderable:
-        tools = ", ".join(TEMPLATES_WITH_TOOL_TURNS)
+        tools = with_tool_turns()
         problems.append(
             Problem(
                 check="template",
@@ -427,7 +426,7 @@ def check_bad_lines(
                     f"template ({fraction:.2%} of lines skipped > data.max_bad_fraction={max_bad_fraction}): "
                     f"{_listed(_described(unrenderable), len(unrenderable))}. All are listed in rejects.jsonl. "
                     f"Fix: tokenizer.chat_template=NAME with a template that renders them (tool turns: {tools}; "
-                    f"tool definitions: {', '.join(TEMPLATES_WITH_TOOL_DEFINITIONS)}, or a checkpoint's own that "
+                    f"tool definitions: {with_tool_definitions()}, or a checkpoint's own that "
                     "reads `tools`; or a .jinja file), repair "
                     f"those conversations, or {skip}."
                 ),
@@ -544,11 +543,6 @@ REJECT_FIXES: dict[str, tuple[str, str]] = {
         "keep only text content (images, audio and files do not train a text-only model; an image-text model reads "
         "images: model=gemma3_vision_tiny)",
     ),
-    TEMPLATE_REJECTED: (
-        "tokenizer.chat_template",
-        "tokenizer.chat_template=NAME with a template that renders them "
-        f"(tool turns: {', '.join(TEMPLATES_WITH_TOOL_TURNS)})",
-    ),
     "identical_pair": ("data.{split}", "give each pair a chosen and a rejected completion that differ"),
     "history_mismatch": (
         "data.{split}",
@@ -572,6 +566,14 @@ REJECT_FIXES: dict[str, tuple[str, str]] = {
 }
 
 
+def _template_fix() -> tuple[str, str]:
+    """The fix of conversations no template renders (built when needed: it lists the named templates' parses)."""
+    return (
+        "tokenizer.chat_template",
+        f"tokenizer.chat_template=NAME with a template that renders them (tool turns: {with_tool_turns()})",
+    )
+
+
 def _all_rejected(
     *,
     split: str,
@@ -586,7 +588,8 @@ def _all_rejected(
     data.max_bad_fraction would only lead to "no usable record")."""
     code, count = max(sorted(reject_counts.items()), key=lambda item: item[1])
     example = next((r for r in rejects if r.code == code), first_reject)
-    fixes = {**REJECT_FIXES, **reject_fixes}  # the split's formats' own fixes (RecordFormat.reject_fixes) first
+    # the split's formats' own fixes (RecordFormat.reject_fixes) first
+    fixes = {**REJECT_FIXES, TEMPLATE_REJECTED: _template_fix(), **reject_fixes}
     key, fix = fixes.get(code, ("data.{split}", "repair those records"))
     others = ", ".join(f"{c} x{n}" for c, n in sorted(reject_counts.items()) if c != code)
     where = f"{example.file}:{example.line}" if example is not None else None

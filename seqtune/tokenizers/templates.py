@@ -14,6 +14,7 @@ it to every segment between control tokens, so those templates write no space af
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -375,6 +376,9 @@ def earlier_turns_note(tokenizer) -> str | None:
     )
 
 
+# Both answers are cached per template text: the tokenizer asks for every tool-role message it encodes, and a Jinja
+# parse costs milliseconds.
+@cache
 def renders_tool_turns(template: str | None) -> bool:
     """Whether `template` names the tool role anywhere (as a string constant of its Jinja source).
 
@@ -393,6 +397,7 @@ def renders_tool_turns(template: str | None) -> bool:
     return any(node.value in (TOOL_ROLE, "ipython") for node in tree.find_all(nodes.Const))
 
 
+@cache
 def renders_tool_definitions(template: str | None) -> bool:
     """Whether `template` reads the `tools` variable (the tool definitions apply_chat_template(tools=...) passes):
     one that never does would train tool calls without the definitions they answer to."""
@@ -407,7 +412,12 @@ def renders_tool_definitions(template: str | None) -> bool:
         return False
 
 
-# The named templates that render tool turns (named in the fix when a template cannot).
-WITH_TOOL_TURNS = tuple(name for name, template in NAMED.items() if renders_tool_turns(template))
-# The named templates that render tool definitions (`tools`).
-WITH_TOOL_DEFINITIONS = tuple(name for name, template in NAMED.items() if renders_tool_definitions(template))
+def with_tool_turns() -> str:
+    """The named templates that render tool turns, listed (named in the fix when a template cannot). Asked when a
+    message is written, not at import: parsing every named template cost each run's start-up 14 Jinja parses."""
+    return ", ".join(name for name, template in NAMED.items() if renders_tool_turns(template))
+
+
+def with_tool_definitions() -> str:
+    """The named templates that render tool definitions (`tools`), listed."""
+    return ", ".join(name for name, template in NAMED.items() if renders_tool_definitions(template))

@@ -3,13 +3,12 @@ tests read the same runs): tiny data of each sample kind, the settings every run
 
 from __future__ import annotations
 
-import fcntl
 import json
-import subprocess
 from pathlib import Path
 
 from seqtune.config.recipe_spec import RecipeSpec, recipe_spec
-from tests.support.cli import run_cli
+from tests.support.shared_runs import ok as ok  # the recipe tests check their own runs with it
+from tests.support.shared_runs import trained_once
 
 STEPS = 8
 # Every contract run: saves every 2 steps, evaluates every 2 and stops early at step 6 (only the first eval can
@@ -33,10 +32,6 @@ COMMON = [
 STOPPED_AT = 6
 TIMINGS = {"tokens_per_s", "computed_tokens_per_s", "target_tokens_per_s", "peak_memory_mb"}
 WORDS = ("red", "green", "blue", "amber", "violet")
-
-
-def ok(result: subprocess.CompletedProcess) -> None:
-    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
 
 
 def write(path: Path, rows: list[dict]) -> Path:
@@ -113,13 +108,7 @@ class RecipeRuns:
 
     def reference(self, recipe: str) -> Path:
         """The recipe's run, trained by the first process that asks: under pytest-xdist every worker shares `root`
-        (tests/integration/conftest.py), and a lock file makes the others wait for that run and read it."""
+        (tests/integration/conftest.py), and the others wait for that run and read it (trained_once)."""
         if recipe not in self.runs:
-            run_dir = self.root / recipe / "run"
-            run_dir.parent.mkdir(parents=True, exist_ok=True)
-            with (self.root / f"{recipe}.lock").open("w") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                if not (run_dir / "finished.json").exists():
-                    ok(run_cli(self.args(recipe), run_dir))
-            self.runs[recipe] = run_dir
+            self.runs[recipe] = trained_once(self.root / recipe / "run", self.args(recipe))
         return self.runs[recipe]

@@ -738,3 +738,18 @@ def test_glaive_and_openai_tool_records_train_with_the_shipped_template(name, fm
     prompt = tokenizer.decode(sample.input_ids[sample.labels == -100])
     assert '"name": "get_weather"' in text and "Current weather" in prompt  # the definitions are context
     assert "Paris" in tokenizer.decode(sample.input_ids[sample.labels != -100])  # the call is a target
+
+
+def test_the_named_tool_templates_are_listed_when_asked_and_not_parsed_at_import():
+    """The fix messages list the named templates that render tools; the listing parses each named template, which
+    every run's start-up paid at import until it was asked for only when a message needs it."""
+    import subprocess
+    import sys
+
+    from seqtune.tokenizers.templates import with_tool_definitions, with_tool_turns
+
+    assert with_tool_turns() == "llama3, mistral_v3, qwen3, qwen3_no_think"
+    assert with_tool_definitions() == "llama3, mistral_v3, qwen3, qwen3_no_think"
+    probe = "import sys, seqtune.tokenizers.templates, seqtune.preflight.checks; print('jinja2' in sys.modules)"
+    imported = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert imported.stdout.strip() == "False", imported.stdout + imported.stderr
