@@ -270,7 +270,7 @@ def log_scores(run_dir: Path, scores: dict[str, float]) -> None:
     """The scores into the run's metrics.jsonl (and its tracker, as logger.* configures it) at the run's last step."""
     from dataclasses import asdict
 
-    from seqtune.config.load import load_resolved
+    from seqtune.preflight.config_rules import load_checked
     from seqtune.train.metrics import METRICS_FILE, MetricsLogger
 
     run_dir = Path(run_dir)
@@ -281,7 +281,7 @@ def log_scores(run_dir: Path, scores: dict[str, float]) -> None:
                 step = max(step, int(json.loads(line).get("step", 0)))
             except (ValueError, AttributeError, TypeError):
                 continue
-    cfg = load_resolved(run_dir / "config.yaml")
+    cfg = load_checked(run_dir / "config.yaml")
     logger = MetricsLogger(run_dir=run_dir, cfg=cfg.logger, config_dict=asdict(cfg), resume_step=step)
     try:
         logger.log({"step": step, **scores})

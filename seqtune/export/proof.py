@@ -153,15 +153,15 @@ def _prompt_pixels(run_dir: Path) -> Any | None:
     compares logits on a prompt with its images, as the model reads them; None for a text-only run. Only the
     prompt's own images: a record's later turns may hold more, whose tokens the prompt (cut at the first target)
     does not have, and the model refuses features without their tokens."""
-    from seqtune.config.load import load_resolved
     from seqtune.config.plan import load_plan
     from seqtune.data.pixels import ImagePixels, image_token_types
     from seqtune.models.vision import image_processor
+    from seqtune.preflight.config_rules import load_checked
 
     vision = load_plan(run_dir).vision
     if vision is None:
         return None
-    model_path = load_resolved(Path(run_dir) / "config.yaml").model.path
+    model_path = load_checked(Path(run_dir) / "config.yaml").model.path
     pixels = ImagePixels(processor=image_processor(vision, model_path), vision=vision)
 
     def inputs(prompt: Any, ids: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -214,14 +214,14 @@ def _composed(overrides: tuple[str, ...]):
 
 @cache  # the base configs are asked once each
 def outcome(overrides: tuple[str, ...]) -> tuple[str, object]:
-    """("refused", why) or ("resolved", the plan as a dict): typing, plan resolution and the checks that need no
-    data, in-process."""
-    from seqtune.config.load import to_typed
+    """("refused", why) or ("resolved", the plan as a dict): typing, the cross-group rules, plan resolution and the
+    checks that need no data, in-process."""
     from seqtune.preflight.phases import fast_checks
     from seqtune.preflight.resolve import resolve_plan
+    from tests.support.configs import checked
 
     try:
-        cfg = to_typed(_composed(overrides)[0])
+        cfg = checked(_composed(overrides)[0])
         plan = resolve_plan(cfg, {})
         problems = fast_checks(cfg, plan)
     except SeqtuneError as err:
