@@ -196,7 +196,7 @@ class GgufType(StrEnum):
     f16 = "f16"
     bf16 = "bf16"
     q8_0 = "q8_0"
-    # k-quants: quantized by llama.cpp's own quantizer from the f16 file (seqtune/export/llama_cpp.py).
+    # k-quants: quantized by llama.cpp's own quantizer from the f16 file (seqtune/llama_cpp.py).
     q4_k_m = "q4_k_m"
     q5_k_m = "q5_k_m"
     q6_k = "q6_k"

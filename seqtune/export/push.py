@@ -21,8 +21,9 @@ from pathlib import Path
 from seqtune.config.errors import SeqtuneError
 from seqtune.config.rundir import RUN_DIR_KEY
 from seqtune.console import redact_uris
+from seqtune.export.artifacts import GGUF_DIR
 from seqtune.export.facts import CARD, card_text, data_files, ship_facts
-from seqtune.export.proof import EXPORT_JSON, GGUF_DIR, prove_exports
+from seqtune.export.proof import EXPORT_JSON, prove_exports
 from seqtune.hub import LOGIN_FIX, PUSH_KEY, push_command
 from seqtune.preflight.config_rules import load_checked
 
