@@ -1,4 +1,4 @@
-"""Each family's GGUF export loaded by the real reader, llama.cpp (seqtune.export.llama_cpp: the prebuilt
+"""Each family's GGUF export loaded by the real reader, llama.cpp (seqtune.llama_cpp: the prebuilt
 llama-cpp-py-sync wheel of the dev extra), against transformers.
 
     .venv/bin/python bench/gguf_llama_cpp.py [--families llama3 qwen3 gemma3 mistral tinyllama] [--type f16]
@@ -100,7 +100,7 @@ def compare(run_dir: Path, gguf_type: str) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from seqtune.config.errors import SeqtuneError
-    from seqtune.export.llama_cpp import LlamaModel
+    from seqtune.llama_cpp import LlamaModel
 
     merged = run_dir / "merged"
     tokenizer = AutoTokenizer.from_pretrained(merged)
@@ -177,7 +177,7 @@ def main() -> int:
     parser.add_argument("--families", nargs="+", choices=sorted(rows_known), default=rows_known)
     parser.add_argument("--type", choices=["f16", "bf16", "q8_0", "q4_k_m", "q5_k_m", "q6_k"], default="f16")
     args = parser.parse_args()
-    from seqtune.export.llama_cpp import missing_reason, version
+    from seqtune.llama_cpp import missing_reason, version
 
     if reason := missing_reason():
         print(f"bench/gguf_llama_cpp.py: {reason}", file=sys.stderr)

@@ -48,10 +48,16 @@ register_resolvers()
 
 
 def _typed(cfg: DictConfig):
+    """The typed config (each group's own domains), held to the cross-group rules (preflight's first pass) before
+    the run directory's record is read or anything is written: every problem listed at once, exit 2."""
+    from seqtune.preflight.config_rules import check_config
+
     try:
-        return to_typed(cfg)
+        typed = to_typed(cfg)
     except MissingMandatoryValue as err:
         raise ConfigError(f"{err.full_key} has no value.", key=err.full_key, fix=f"{err.full_key}=VALUE") from None
+    check_config(typed)
+    return typed
 
 
 def _check_presets(typed) -> None:

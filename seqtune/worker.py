@@ -20,16 +20,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from seqtune import console
-from seqtune.config import SeqtuneError, load_resolved
+from seqtune.config import SeqtuneError
 from seqtune.config.errors import Interrupted
 from seqtune.config.plan import load_plan
 from seqtune.config.recipe_spec import recipe_spec
 from seqtune.config.rundir import RESOLVED_CONFIG
+from seqtune.preflight.config_rules import load_checked
 from seqtune.train import signals
 
 
 def run_worker(run_dir: Path) -> None:
-    cfg = load_resolved(run_dir / RESOLVED_CONFIG)
+    cfg = load_checked(run_dir / RESOLVED_CONFIG)
     recipe_spec(cfg.recipe_name)  # a ConfigError naming the recipes there are, if it is none of them
     recipe = importlib.import_module(f"seqtune.recipes.{cfg.recipe_name}")
     recipe.run(cfg, load_plan(run_dir), run_dir)

@@ -35,8 +35,9 @@ def _unknown_group_keys(cfg: DictConfig) -> list[str]:
 def to_typed(cfg: DictConfig) -> RootConfig:
     """Resolve interpolations and convert to the RootConfig dataclass tree.
 
-    Building the dataclasses runs every group's `__post_init__` (numeric domains, then RootConfig's cross-group
-    rules), so a value that cannot train raises a ConfigError here, before anything else runs.
+    Building the dataclasses runs every group's `__post_init__` (its own fields' domains), so a value that cannot
+    train raises a ConfigError here; the rules across groups are preflight's first pass
+    (seqtune.preflight.config_rules.check_config), which the CLI runs right after this.
     New top-level keys (`+note=...`) are allowed: they stay in the saved config.yaml (and W&B's config) for
     the user's own bookkeeping. New keys inside a group are refused, since nothing would read them."""
     unknown = _unknown_group_keys(cfg)

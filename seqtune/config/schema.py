@@ -19,15 +19,10 @@ from omegaconf import MISSING
 
 from seqtune.config.domain import Domain as _Domain
 from seqtune.config.domain import finite as _finite
-from seqtune.config.errors import ConfigError
-from seqtune.config.plan import NO_VALIDATION, VALIDATION_FIX, validation_key
-from seqtune.config.recipe_spec import RecipeSpec, Scored, preset_fix, recipe_spec, recipes
-from seqtune.config.registry import FORMATS, KINDS, TRACKERS, module_names
+from seqtune.config.recipe_spec import recipes
+from seqtune.config.registry import FORMATS, TRACKERS, module_names
 from seqtune.config.rollout import RolloutConfig
 from seqtune.config.tracker import logger_schema
-
-if TYPE_CHECKING:
-    from seqtune.data.kinds import SampleKind
 
 # --- closed choices: one Enum each (a StrEnum compares equal to its string, so "packed" == PaddingStrategy.packed)
 
@@ -190,7 +185,7 @@ class GgufType(StrEnum):
     f16 = "f16"
     bf16 = "bf16"
     q8_0 = "q8_0"
-    # k-quants: quantized by llama.cpp's own quantizer from the f16 file (seqtune/export/llama_cpp.py).
+    # k-quants: quantized by llama.cpp's own quantizer from the f16 file (seqtune/llama_cpp.py).
     q4_k_m = "q4_k_m"
     q5_k_m = "q5_k_m"
     q6_k = "q6_k"
@@ -1004,7 +999,9 @@ class PreflightConfig:
 
 @dataclass(kw_only=True)
 class CoreConfig:
-    """The groups every run has. RootConfig adds each registered recipe's own group (seqtune.config.recipe_spec)."""
+    """The groups every run has. RootConfig adds each registered recipe's own group (seqtune.config.recipe_spec).
+    The rules that cross groups or read a recipe's, a kind's or a format's declaration are preflight's first pass
+    (seqtune.preflight.config_rules): each group here checks only its own fields."""
 
     # Which recipe runs: seqtune/recipes/<recipe_name>/ (set by the recipe preset: recipe=lora_sft and
     # recipe=full_sft run sft; each preset in seqtune/configs/recipe/ names its recipe).
@@ -1023,227 +1020,6 @@ class CoreConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     # Sampling and scoring shared by the online recipes (seqtune.config.rollout; refused under any other).
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-
-    def __post_init__(self) -> None:
-        if self.train.export_merged and not self.lora.enabled:
-            raise ConfigError(
-                "train.export_merged=true with lora.enabled=false: a full fine-tune has no adapter to merge; its "
-                "RUN_DIR/model is already a plain Hugging Face checkpoint.",
-                key="train.export_merged",
-                fix="train.export_merged=false (load RUN_DIR/model with AutoModelForCausalLM.from_pretrained)",
-            )
-        rules = _Domain("train")
-        _evaluation_rules(self, rules)
-        _recipe_rules(self, rules)
-        for name in ("use_dora", "use_rslora"):
-            if getattr(self.lora, name) and not self.lora.enabled:
-                lora_preset = _lora_preset(self.recipe_name)
-                rules.problems.append(
-                    (
-                        f"lora.{name}",
-                        f"lora.{name}=true with lora.enabled=false: every weight trains, there is no adapter to "
-                        f"change. Fix: {f'recipe={lora_preset}, or ' if lora_preset else ''}drop lora.{name}",
-                    )
-                )
-        rules.done()
-
-
-# The divergence rules a recipe's objective can break (RecipeSpec.loss_spikes, RecipeSpec.zero_grad_is_collapse): the
-# key, the spec field, and why the rule does not hold for such an objective.
-_DIVERGENCE_RULES = (
-    (
-        "loss_spike_factor",
-        "loss_spikes",
-        "its loss is not a positive quantity that falls as it learns (a policy-gradient surrogate is ~0 and signed), "
-        "so a step's loss far above the first step's is no divergence",
-    ),
-    (
-        "dead_grad_steps",
-        "zero_grad_is_collapse",
-        "a zero gradient is a tie, not a collapse (a batch whose every group ties, a sparse reward nobody earns "
-        "yet, has zero advantages)",
-    ),
-)
-
-
-def _divergence_rules(cfg: CoreConfig, spec: RecipeSpec, rules: _Domain) -> None:
-    """A divergence check the recipe turns off is honoured off (0) or refused: a value changed from its default
-    would otherwise be silently ignored."""
-    defaults = TrainConfig()
-    for name, declared, why in _DIVERGENCE_RULES:
-        value = getattr(cfg.train, name)
-        if getattr(spec, declared) or value in (0, getattr(defaults, name)):
-            continue
-        rules.problems.append(
-            (
-                f"train.{name}",
-                f"train.{name}={value} with recipe_name={spec.name}: this check is off for the recipe because {why}. "
-                f"Fix: drop the train.{name} override (or train.{name}=0)",
-            )
-        )
-
-
-def _recipe_rules(cfg: CoreConfig, rules: _Domain) -> None:
-    """What the recipe's spec declares, refused by one rule each whatever the recipe: the formats its sample kind
-    reads, the padding strategies and micro-batch it trains with, and every other recipe's settings left alone."""
-    try:
-        spec = recipe_spec(cfg.recipe_name)
-    except ConfigError as err:
-        rules.problems.append(("recipe_name", str(err)))
-        return
-    kind = spec.sample_kind
-    allowed = _formats(spec)
-    for split in SPLITS:
-        for source in cfg.data.sources(split):
-            if source.format in allowed:
-                continue
-            key = "data.format" if source.format == cfg.data.format else f"{source.key}.format"
-            readers = [preset_fix(other) for other in recipes().values() if source.format in _formats(other)]
-            fix = _kind(spec).format_hint or f"data.format={' or '.join(allowed)}"
-            if readers:
-                fix += f", or a recipe that reads {source.format} records: {'; '.join(readers)}"
-            rules.problems.append(
-                (
-                    key,
-                    f"{key}={source.format} ({source.key}) is not read by recipe_name={spec.name}, whose records "
-                    f"are {kind} samples (formats: {', '.join(allowed)}). Fix: {fix}",
-                )
-            )
-    if spec.paddings is not None and cfg.padding.strategy not in spec.paddings:
-        rules.problems.append(
-            (
-                "padding.strategy",
-                f"padding.strategy={cfg.padding.strategy} is not one recipe_name={spec.name} trains with. Fix: "
-                f"padding=" + " or padding=".join(sorted(spec.paddings)),
-            )
-        )
-    if cfg.data.mode == DataMode.stream and _kind(spec).stream_problem:
-        rules.problems.append(
-            ("data.mode", f"data.mode=stream with recipe_name={spec.name}: {_kind(spec).stream_problem}")
-        )
-    if cfg.train.batch_size < spec.min_micro_batch:
-        rules.problems.append(
-            (
-                "train.batch_size",
-                f"train.batch_size={cfg.train.batch_size} is below the {spec.min_micro_batch} samples per "
-                f"micro-batch recipe_name={spec.name} needs ({spec.min_micro_batch_reason}). Fix: "
-                f"train.batch_size={spec.min_micro_batch} (with train.grad_accum lowered to keep the step)",
-            )
-        )
-    if spec.scored == Scored.scalar:
-        _no_lm_head_rules(cfg, spec, rules)
-    _divergence_rules(cfg, spec, rules)
-    changed = cfg.rollout.changed()
-    if changed and not spec.online:
-        rules.problems.append(
-            (
-                changed[0],
-                f"{', '.join(changed)} set, but rollout.* configures an online recipe's sampling and rewards, and "
-                f"recipe_name={spec.name} samples nothing: they would be ignored. Fix: drop the rollout.* overrides, "
-                "or an online recipe: " + "; ".join(preset_fix(other) for other in recipes().values() if other.online),
-            )
-        )
-    for other in recipes().values():
-        changed = other.changed_settings(cfg) if other is not spec else []
-        if changed:
-            rules.problems.append(
-                (
-                    changed[0],
-                    f"{', '.join(changed)} set, but those are settings of recipe_name={other.name} "
-                    f"({preset_fix(other)}), and recipe_name={spec.name} runs: they would be ignored. Fix: "
-                    f"{preset_fix(other)}, or drop the {other.name}.* overrides",
-                )
-            )
-
-
-def _no_lm_head_rules(cfg: CoreConfig, spec: RecipeSpec, rules: _Domain) -> None:
-    """A scalar-scored recipe trains the family's ForSequenceClassification: a scalar head and no LM head, so what
-    needs one (generating text, a GGUF file, harness tasks, training or growing the head) is refused, not skipped."""
-    fixes = {
-        "train.eval_samples": (cfg.train.eval_samples > 0, "train.eval_samples=0", "generate text"),
-        "train.export_gguf": (bool(gguf_types(cfg.train.export_gguf)), "train.export_gguf=null", "be a GGUF file"),
-        "eval.harness_tasks": (bool(cfg.eval.harness_tasks), "eval.harness_tasks=[]", "run generation benchmarks"),
-        "lora.modules_to_save": (
-            cfg.lora.enabled and bool({"lm_head", "embed_tokens"} & set(cfg.lora.modules_to_save)),
-            "lora.modules_to_save=[] (the scalar head trains in full already)",
-            "train the embedding or an LM head in full (peft keeps a tied pair together)",
-        ),
-        "model.resize_embeddings": (
-            cfg.model.resize_embeddings and not spec.resizes_embeddings,
-            "model.resize_embeddings=false (a tokenizer whose ids fit the embedding)",
-            "grow an LM head (not supported for a scalar head yet)",
-        ),
-    }
-    for key, (refused, fix, what) in fixes.items():
-        if refused:
-            rules.problems.append(
-                (
-                    key,
-                    f"{key} is set, but recipe_name={spec.name} trains a scalar head with no LM head (the family's "
-                    f"ForSequenceClassification), which cannot {what}. Fix: {fix}",
-                )
-            )
-
-
-def _lora_preset(name: str) -> str | None:
-    try:
-        return recipe_spec(name).preset(lora=True)
-    except ConfigError:  # an unknown recipe is its own problem (_recipe_rules)
-        return None
-
-
-def _kind(spec: RecipeSpec) -> SampleKind:
-    # The kinds live in the data layer (each declares its encoding, its fields; its formats name it): read through
-    # their registry, which config holds and the kinds' modules fill (seqtune.config.registry).
-    return KINDS.get(spec.sample_kind)
-
-
-def _formats(spec: RecipeSpec) -> tuple[DataFormat, ...]:
-    return tuple(DataFormat(fmt) for fmt in _kind(spec).formats)
-
-
-def _evaluation_rules(cfg: CoreConfig, rules: _Domain) -> None:
-    """Early stopping and generated samples act at evals of the validation split: without one, refuse."""
-    train = cfg.train
-    for key, value, off in (
-        ("early_stop_patience", train.early_stop_patience, "0"),
-        ("eval_samples", train.eval_samples, "0"),
-    ):
-        if not value:
-            continue
-        if validation_key(cfg.data.val, cfg.data.val_fraction) is None:
-            rules.refuse(
-                key,
-                f"train.{key}={value} acts at evals of the validation split, but {NO_VALIDATION}. "
-                f"Fix: {VALIDATION_FIX}, or train.{key}={off}",
-            )
-        elif not train.eval_every:
-            rules.refuse(
-                key,
-                f"train.{key}={value} acts at evals, but train.eval_every=0 never evaluates. "
-                f"Fix: train.eval_every=N (optimizer steps between evals), or train.{key}={off}",
-            )
-    if train.eval_samples and cfg.data.train_on_prompt:
-        rules.refuse(
-            "eval_samples",
-            f"train.eval_samples={train.eval_samples} completes the prompts of validation "
-            "records, but data.train_on_prompt=true makes every token a target, so the token cache no longer "
-            "marks where a prompt ends. Fix: train.eval_samples=0, or data.train_on_prompt=false",
-        )
-    elif train.eval_samples and _validation_prompt_free(cfg):
-        rules.refuse(
-            "eval_samples",
-            f"train.eval_samples={train.eval_samples} completes the prompts of validation "
-            "records, but data.format=text records have no prompt (every token is a target). Fix: "
-            "train.eval_samples=0, or a format with prompts (alpaca, chat, input_output)",
-        )
-
-
-def _validation_prompt_free(cfg: CoreConfig) -> bool:
-    """Every source the validation records come from (data.val's, else data.train's held-out part) is in a format
-    with no prompt: each source read in its own format, whatever data.format says."""
-    sources = cfg.data.sources("val") or cfg.data.sources("train")
-    return bool(sources) and all(FORMATS.get(source.format).prompt_free for source in sources)
 
 
 GROUP_SCHEMAS: dict[str, type] = {

@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
         for flag, value in (("--limit", args.limit), ("--batch-size", args.batch_size)):
             if value is not None and value < 1:
                 raise ConfigError(f"{flag} {value} must be >= 1.", key=flag, fix=f"{flag} 1 or more")
-        from seqtune.evaluate.harness import HarnessRequest, log_scores, run_harness
+        from seqtune.evaluate.harness import log_scores, run_harness
+        from seqtune.preflight.harness_tasks import HarnessRequest
 
         request = HarnessRequest(
             tasks=tuple(args.tasks),

@@ -1,9 +1,8 @@
 """lm-evaluation-harness on a run's weights, offline-first.
 
-`harness_faults` is what preflight proves before training (and `python -m seqtune.evaluate` before loading a model):
-lm-eval is installed, every task name resolves (a built-in task, or a YAML file under `eval.harness_include`), and
-every task builds with its data, which for a task reading a Hub dataset means the dataset is already in the local
-Hugging Face cache (a run never waits on, or fails late for, a download).
+`harness_faults` (seqtune.preflight.harness_tasks: preflight proves it before training, and `python -m
+seqtune.evaluate` and `run_harness` before loading a model) checks that lm-eval is installed, every task name
+resolves and every task builds with its data already in the local cache.
 
 `run_harness` evaluates what the run ships, loaded as a user would load it (seqtune.export.proof.load_artifact:
 best/ when early stopping kept one, else adapter/ on its base or model/), and with `baseline` the starting model
@@ -13,142 +12,24 @@ console, and are returned flat (`harness/<task>/<metric>`) for the run's tracker
 
 from __future__ import annotations
 
-import difflib
 import json
-import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from seqtune.config.errors import ConfigError, SeqtuneError
-from seqtune.config.schema import EvalConfig
 from seqtune.files import write_atomic
+from seqtune.preflight.harness_tasks import (
+    HarnessRequest,
+    harness_faults,
+    lm_eval_version,
+    offline_datasets,
+    task_manager,
+)
 
 HARNESS_JSON = "harness.json"
-INSTALL = "pip install 'seqtune[eval]' (lm-evaluation-harness)"
 # What a run evaluates, in order of preference: early stopping's best weights, then the final export.
 TRAINED = ("best", "adapter", "model")
-
-
-@dataclass(frozen=True, kw_only=True)
-class HarnessRequest:
-    tasks: tuple[str, ...]
-    include: Path | None = None
-    baseline: bool = False
-    limit: int | None = None
-    num_fewshot: int | None = None
-    batch_size: int = 8
-    # Where each setting comes from, for the messages: eval.harness_* in a run, --tasks/--include on the CLI.
-    tasks_key: str = "eval.harness_tasks"
-    include_key: str = "eval.harness_include"
-
-
-def request_from(cfg: EvalConfig) -> HarnessRequest:
-    return HarnessRequest(
-        tasks=tuple(cfg.harness_tasks),
-        include=Path(cfg.harness_include).expanduser() if cfg.harness_include else None,
-        baseline=cfg.harness_baseline,
-        limit=cfg.harness_limit,
-        num_fewshot=cfg.harness_num_fewshot,
-        batch_size=cfg.harness_batch_size,
-    )
-
-
-@contextmanager
-def _offline() -> Iterator[None]:
-    """Datasets from the local cache only, while tasks are built: a Hub dataset that is not there fails at once."""
-    saved = {k: os.environ.get(k) for k in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")}
-    os.environ.update({k: "1" for k in saved})
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def task_manager(request: HarnessRequest) -> Any:
-    """lm-eval's task index. Indexing its ~15,000 built-in task files takes tens of seconds, so a request whose
-    every task is defined under `include` indexes that directory alone."""
-    from lm_eval.tasks import TaskManager
-
-    if request.include is not None:
-        local = TaskManager(include_path=str(request.include), include_defaults=False)
-        if set(request.tasks) <= set(local.all_tasks):
-            return local
-    return TaskManager(include_path=str(request.include) if request.include is not None else None)
-
-
-def harness_faults(request: HarnessRequest) -> list[tuple[str, str]]:
-    """(config key, message ending with the fix) for everything that would stop the evaluation after training."""
-    try:
-        import lm_eval  # noqa: F401  # only whether it is installed
-    except ImportError:
-        return [
-            (
-                request.tasks_key,
-                f"{request.tasks_key} needs lm-evaluation-harness, which is not installed. Fix: {INSTALL}",
-            )
-        ]
-    if request.include is not None and not request.include.is_dir():
-        return [
-            (
-                request.include_key,
-                f"{request.include_key}={request.include} is not a directory of task YAML files. Fix: the directory "
-                "that holds your task's .yaml (see docs/training.md#benchmark-evaluation)",
-            )
-        ]
-    manager = task_manager(request)
-    known = set(manager.all_tasks)
-    faults = []
-    for name in request.tasks:
-        if name not in known:
-            close = difflib.get_close_matches(name, sorted(known), n=3)
-            where = f" or under {request.include_key}={request.include}" if request.include else ""
-            faults.append(
-                (
-                    request.tasks_key,
-                    f"{request.tasks_key} names {name!r}, which no task of lm-eval {_version()}{where} defines"
-                    + (f" (close: {', '.join(close)})" if close else "")
-                    + f". Fix: a task name lm-eval lists (`lm-eval ls tasks`), or a YAML file defining task: {name} "
-                    f"in the directory {request.include_key} names",
-                )
-            )
-    if faults:
-        return faults
-    for name in request.tasks:
-        try:
-            with _offline():
-                manager.load_task_or_group([name])
-        except Exception as exc:  # noqa: BLE001  # lm-eval and datasets raise anything; the message names it
-            faults.append((request.tasks_key, _load_fault(name, exc)))
-    return faults
-
-
-def _load_fault(name: str, exc: Exception) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip()
-    if "offline" in text.lower() or "couldn't reach" in text.lower() or "connection" in text.lower():
-        return (
-            f"task {name!r} reads a dataset from the Hugging Face Hub that is not in the local cache ({text[:300]}). "
-            f'Fix: fetch it once where the network is reachable (`python -c "import datasets; '
-            f"datasets.load_dataset('DATASET')\"`, or `hf download --repo-type dataset DATASET`), or define the "
-            f"task with local data files under eval.harness_include"
-        )
-    return (
-        f"task {name!r} does not build: {text[:400]}. Fix: the task's YAML (its dataset path, data_files and "
-        "templates), then rerun"
-    )
-
-
-def _version() -> str:
-    from importlib.metadata import version
-
-    return version("lm_eval")
 
 
 def run_harness(run_dir: Path, request: HarnessRequest, *, device: Any = None) -> dict[str, float]:
@@ -182,7 +63,7 @@ def run_harness(run_dir: Path, request: HarnessRequest, *, device: Any = None) -
         "baseline": "the starting model (the base the run trained from)" if request.baseline else None,
         "limit": request.limit,
         "num_fewshot": request.num_fewshot,
-        "lm_eval_version": _version(),
+        "lm_eval_version": lm_eval_version(),
         "seconds": round(time.perf_counter() - start, 1),
         "scores": scores,
     }
@@ -200,8 +81,8 @@ def _load(run_dir: Path, name: str, device: Any) -> Any:
     """An artifact as a user loads it; an adapter merged into its base (lm-eval takes a plain transformers model)."""
     from transformers import AutoTokenizer
 
+    from seqtune.export.artifacts import load_artifact
     from seqtune.export.facts import ship_facts
-    from seqtune.export.proof import load_artifact
 
     facts = ship_facts(AutoTokenizer.from_pretrained(run_dir / name), run_dir)
     model: Any = load_artifact(facts, name, device=device)  # a transformers model, or peft's wrapper of one
@@ -229,7 +110,7 @@ def _evaluate(model: Any, directory: Path, request: HarnessRequest, manager: Any
 
     tokenizer = AutoTokenizer.from_pretrained(directory)  # the tokenizer trained with, as shipped
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=request.batch_size, device=str(device))
-    with _offline():
+    with offline_datasets():
         results = simple_evaluate(
             model=lm,
             tasks=list(request.tasks),
@@ -270,7 +151,7 @@ def log_scores(run_dir: Path, scores: dict[str, float]) -> None:
     """The scores into the run's metrics.jsonl (and its tracker, as logger.* configures it) at the run's last step."""
     from dataclasses import asdict
 
-    from seqtune.config.load import load_resolved
+    from seqtune.preflight.config_rules import load_checked
     from seqtune.train.metrics import METRICS_FILE, MetricsLogger
 
     run_dir = Path(run_dir)
@@ -281,7 +162,7 @@ def log_scores(run_dir: Path, scores: dict[str, float]) -> None:
                 step = max(step, int(json.loads(line).get("step", 0)))
             except (ValueError, AttributeError, TypeError):
                 continue
-    cfg = load_resolved(run_dir / "config.yaml")
+    cfg = load_checked(run_dir / "config.yaml")
     logger = MetricsLogger(run_dir=run_dir, cfg=cfg.logger, config_dict=asdict(cfg), resume_step=step)
     try:
         logger.log({"step": step, **scores})

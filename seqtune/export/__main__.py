@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _export(run_dir: Path, gguf: list[str] | None, push: str | None, *, adapter: bool = False) -> None:
-    from seqtune.export.proof import RUN_DIR_ARG
+    from seqtune.export.artifacts import RUN_DIR_ARG
 
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(
@@ -94,7 +94,8 @@ def _export(run_dir: Path, gguf: list[str] | None, push: str | None, *, adapter:
     from seqtune.export.proof import prove_exports
 
     if gguf or adapter:
-        from seqtune.export.gguf import export_run_gguf, llama_cpp_missing
+        from seqtune.export.gguf import export_run_gguf
+        from seqtune.models.gguf_facts import llama_cpp_missing
 
         types = tuple(dict.fromkeys([*(gguf or []), *(["f16"] if adapter else [])]))
         if reason := llama_cpp_missing((*types, *(["lora"] if adapter else []))):
@@ -124,7 +125,7 @@ def _check_writable(run_dir: Path) -> None:
     import os
     import tempfile
 
-    from seqtune.export.proof import RUN_DIR_ARG
+    from seqtune.export.artifacts import RUN_DIR_ARG
     from seqtune.files import TEMP_PREFIX
 
     try:

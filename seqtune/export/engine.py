@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from seqtune.config.errors import ConfigError
-from seqtune.export.proof import EXPORT_JSON, RUN_DIR_ARG
+from seqtune.export.artifacts import RUN_DIR_ARG
+from seqtune.export.proof import EXPORT_JSON
 
 SERVED = ("merged", "model", "adapter")
 
@@ -59,8 +60,8 @@ class Engine:
     def __init__(self, run_dir: Path, *, device: str | None = None) -> None:
         from transformers import AutoTokenizer, GenerationConfig
 
+        from seqtune.export.artifacts import load_artifact
         from seqtune.export.facts import ship_facts
-        from seqtune.export.proof import load_artifact
 
         self.run_dir = Path(run_dir)
         self.artifact = served_artifact(self.run_dir)

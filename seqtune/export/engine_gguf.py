@@ -15,9 +15,10 @@ from pathlib import Path
 import torch
 
 from seqtune.config.errors import ConfigError
+from seqtune.export.artifacts import GGUF_DIR, RUN_DIR_ARG
 from seqtune.export.engine import Sampling, pick
 from seqtune.export.gguf import gguf_path
-from seqtune.export.proof import EXPORT_JSON, GGUF_DIR, RUN_DIR_ARG
+from seqtune.export.proof import EXPORT_JSON
 
 GGUF_ARG = "--gguf"
 # Tokens a served conversation holds (prompt and answer): llama.cpp allocates its KV cache for all of them up front.
@@ -65,7 +66,7 @@ class GgufEngine:
     def __init__(self, run_dir: Path, requested: str) -> None:
         from transformers import AutoTokenizer, GenerationConfig
 
-        from seqtune.export.llama_cpp import LlamaModel
+        from seqtune.llama_cpp import LlamaModel
 
         self.run_dir = Path(run_dir)
         path = gguf_file(self.run_dir, requested)

@@ -23,7 +23,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from seqtune.config.load import load_resolved
 from seqtune.config.plan import VisionFacts, load_plan
 from seqtune.config.recipe_spec import Scored, recipe_spec
 from seqtune.config.rundir import RUN_DIR_KEY
@@ -32,6 +31,7 @@ from seqtune.data.split import split_input
 from seqtune.files import atomic_directory, sha256_file, write_atomic
 from seqtune.hub import is_hub_id
 from seqtune.models.vision import save_processor
+from seqtune.preflight.config_rules import load_checked
 from seqtune.preflight.result import load_result
 
 BASE_DIR = "base"
@@ -143,7 +143,7 @@ def ship_facts(tokenizer: Any, run_dir: Path) -> ShipFacts:
         stop = replace(stop, pad=plan.tokens.pad_id)
     return ShipFacts(
         run_dir=run_dir,
-        cfg=load_resolved(run_dir / "config.yaml"),
+        cfg=load_checked(run_dir / "config.yaml"),
         stop=stop,
         resize_to=plan.vocab.resize_to,
         validation=plan.validation,

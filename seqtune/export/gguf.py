@@ -6,7 +6,7 @@ Follows llama.cpp's convert_hf_to_gguf.py for each architecture it knows: a fami
 seqtune/models/families/<family>.py, read through the registry by model_type: the tensor names come from gguf's own
 TensorNameMap; Llama-layout q/k projections are permuted to llama.cpp's rotary layout; Gemma's RMSNorm weights are
 stored as 1 + w). A model_type no family gives a row, or a rope scaling the writer does not encode, is refused
-naming the reason (`gguf_refusal`), by preflight before training and again here.
+naming the reason (`gguf_refusal`, seqtune.models.gguf_facts), by preflight before training and again here.
 
 `check_gguf` is the post-flight proof for a written file: read back with gguf.GGUFReader, every tensor equals
 merged/'s after the same transform (exactly for f16/bf16 after the dtype conversion, within Q8_0's per-block step),
@@ -30,62 +30,11 @@ from typing import Any
 import numpy as np
 
 from seqtune.config.errors import ConfigError, SeqtuneError
+from seqtune.export.artifacts import GGUF_DIR, ArtifactProof, check_readable, load_artifact
 from seqtune.files import atomic_directory, atomic_output, follow_umask, storage_error
-from seqtune.models.registry import gguf_model_types, gguf_row
+from seqtune.models.gguf_facts import QUANTIZED_SOURCE, WRITTEN_TYPES, gguf_refusal, rope_parameters, rope_type
+from seqtune.models.registry import gguf_row
 from seqtune.models.spec import GgufRow
-
-GGUF_DIR = "gguf"
-
-
-# rope scaling types the writer encodes (llama3: a rope_freqs tensor; linear: a factor).
-ROPE_SCALINGS = (None, "default", "llama3", "linear")
-
-
-def gguf_refusal(model_type: str, rope_type: str | None = None, config: dict | None = None) -> str | None:
-    """Why a model cannot be written as GGUF here, or None. `config` (config.json, when there is one): what the
-    architecture's row says llama.cpp's graph cannot express (GgufRow.refusal)."""
-    row = gguf_row(model_type)
-    if row is None:
-        return (
-            f"the GGUF writer does not know model_type {model_type!r} (it knows {', '.join(gguf_model_types())}: "
-            "the `gguf` rows of the families and architectures in seqtune/models)"
-        )
-    if rope_type not in ROPE_SCALINGS:
-        return f"the GGUF writer does not encode rope scaling {rope_type!r} (it encodes llama3 and linear)"
-    if config is not None and row.refusal is not None and (reason := row.refusal(config)):
-        return f"llama.cpp's {row.name.lower()} cannot hold this {model_type} checkpoint: {reason}"
-    return None
-
-
-def gguf_refusal_for(model_type: str, model_path: str | None) -> str | None:
-    """gguf_refusal for a run's model: its model_type (the plan's) and model.path's config.json."""
-    config = checkpoint_config(model_path)
-    return gguf_refusal(model_type, _rope_type(config) if config else None, config)
-
-
-def checkpoint_config(path: str | None) -> dict | None:
-    """model.path's config.json (None: a tiny model, or none)."""
-    config = Path(path).expanduser() / "config.json" if path else None
-    return json.loads(config.read_text()) if config is not None and config.is_file() else None
-
-
-def checkpoint_rope_type(path: str | None) -> str | None:
-    """The rope scaling type of model.path's config.json (None: a tiny model, or none)."""
-    config = checkpoint_config(path)
-    return _rope_type(config) if config is not None else None
-
-
-def _rope_type(config: dict) -> str | None:
-    scaling = rope_parameters(config)
-    return scaling.get("rope_type") or scaling.get("type")
-
-
-def rope_parameters(config: dict, layer_type: str = "full_attention") -> dict:
-    """config.json's rope settings (rope_scaling, or transformers 5's rope_parameters). Gemma 3's are per layer type
-    ({"full_attention": {...}, "sliding_attention": {...}}): the global layers' by default, what llama.cpp's
-    rope.freq_base and rope scaling mean (its sliding layers read rope.freq_base_swa)."""
-    rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
-    return rope.get(layer_type, {}) if "full_attention" in rope else rope
 
 
 def _row(model_type: str) -> GgufRow:
@@ -182,7 +131,7 @@ def gguf_tensors(directory: Path, config: dict, arch: GgufRow) -> Iterator[tuple
         if mapped is None:
             raise SeqtuneError(f"seqtune bug: {directory}/{name} has no GGUF name for architecture {arch.name}")
         yield mapped, data
-    if _rope_type(config) == "llama3":
+    if rope_type(config) == "llama3":
         yield "rope_freqs.weight", _llama3_rope_factors(config)
 
 
@@ -370,11 +319,9 @@ def write_gguf(
     import gguf
     from transformers import AutoTokenizer
 
-    from seqtune.export.proof import check_readable
-
     check_readable(sorted(source.glob("*.safetensors")))
     config = json.loads((source / "config.json").read_text())
-    refusal = gguf_refusal(config.get("model_type", "?"), _rope_type(config), config)
+    refusal = gguf_refusal(config.get("model_type", "?"), rope_type(config), config)
     if refusal:
         raise ConfigError(
             f"train.export_gguf: {refusal}.",
@@ -444,7 +391,7 @@ def _write_metadata(writer: Any, config: dict, arch: GgufRow, gguf_type: str, so
     if config.get("head_dim"):  # as convert_hf_to_gguf.py writes it: llama.cpp otherwise takes n_embd / n_head
         writer.add_key_length(config["head_dim"])
         writer.add_value_length(config["head_dim"])
-    if _rope_type(config) == "linear":
+    if rope_type(config) == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rope["factor"])
     file_types = {
@@ -485,19 +432,6 @@ def _write_tokenizer(writer: Any, vocab: GgufVocab, ids: GgufIds, *, add_bos: bo
         writer.add_chat_template(template)
 
 
-# Types seqtune's writer writes itself (and proves by reading back); the others are llama.cpp's quantization of the
-# f16 file (seqtune.export.llama_cpp.FTYPES), proven by running them in llama.cpp (seqtune.export.gguf_run).
-WRITTEN_TYPES = ("f16", "bf16", "q8_0")
-QUANTIZED_SOURCE = "f16"
-
-
-def llama_cpp_missing(gguf_types: tuple[str, ...]) -> str | None:
-    """Why the k-quants among `gguf_types` cannot be made here (llama.cpp does not load), or None."""
-    from seqtune.export.llama_cpp import missing_reason
-
-    return missing_reason() if set(gguf_types) - set(WRITTEN_TYPES) else None
-
-
 def gguf_path(run_dir: Path, gguf_type: str) -> Path:
     return run_dir / GGUF_DIR / f"{run_dir.name}-{gguf_type}.gguf"
 
@@ -522,8 +456,8 @@ def export_run_gguf(run_dir: Path, gguf_types: tuple[str, ...], *, key: str) -> 
 
 def _export_quantized(run_dir: Path, gguf_type: str, *, key: str) -> Path:
     """llama.cpp's own quantization of the f16 file into `gguf_type`, written atomically, with its Modelfile."""
-    from seqtune.export.llama_cpp import quantize
     from seqtune.export.modelfile import write_modelfile
+    from seqtune.llama_cpp import quantize
 
     target = gguf_path(run_dir, gguf_type)
     with atomic_output(target, key=key) as partial:
@@ -572,7 +506,6 @@ def _merge_adapter(run_dir: Path, target: Path, *, key: str) -> None:
     from transformers import AutoTokenizer
 
     from seqtune.export.facts import ship_facts, shipped_config
-    from seqtune.export.proof import load_artifact
 
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "adapter")
     model: Any = load_artifact(ship_facts(tokenizer, run_dir), "adapter", device=torch.device("cpu"))
@@ -595,8 +528,6 @@ def check_gguf(path: Path, facts: Any) -> Any:
     against the trained one. An ArtifactProof named gguf/<file>."""
     import gguf
     from transformers import AutoTokenizer
-
-    from seqtune.export.proof import ArtifactProof
 
     run_dir = facts.run_dir
     source = run_dir / "merged" if (run_dir / "merged").is_dir() else run_dir / "model"

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from seqtune.config.errors import ConfigError
-from seqtune.export.proof import GGUF_DIR, ArtifactProof
+from seqtune.export.artifacts import GGUF_DIR, ArtifactProof
 
 ADAPTER_TYPE, BASE_TYPE = "lora", "base"
 KEY = "train.export_gguf_adapter"
@@ -160,7 +160,7 @@ def prove_adapter(path: Path, run_dir: Path, facts: Any, tokenizer: Any, prompts
     from seqtune.config.errors import SeqtuneError
     from seqtune.export.gguf import gguf_path
     from seqtune.export.gguf_run import _distribution, _same_ids, context_for
-    from seqtune.export.llama_cpp import LlamaModel, version
+    from seqtune.llama_cpp import LlamaModel, version
 
     artifact, base, merged = f"{GGUF_DIR}/{path.name}", gguf_path(run_dir, BASE_TYPE), gguf_path(run_dir, "f16")
     missing = [p.name for p in (base, merged) if not p.is_file()]
@@ -202,7 +202,7 @@ def prove_base(path: Path, tokenizer: Any, prompts: list[Any]) -> ArtifactProof:
     computes is proven with the adapter applied, against the merged file)."""
     from seqtune.config.errors import SeqtuneError
     from seqtune.export.gguf_run import _same_ids, context_for
-    from seqtune.export.llama_cpp import LlamaModel
+    from seqtune.llama_cpp import LlamaModel
 
     artifact = f"{GGUF_DIR}/{path.name}"
     try:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from seqtune.export.proof import GGUF_DIR, POSITIONS, ArtifactProof
+from seqtune.export.artifacts import GGUF_DIR, POSITIONS, ArtifactProof
 
 # Largest relative logit difference from the f16 file allowed per type. Measured on tiny random models whose rows
 # fit the k-quant blocks (hidden 256): see docs/export.md for the values; the bounds leave about 3x headroom.
@@ -32,7 +32,7 @@ GREEDY_TOKENS = 16
 def prove_quantized(path: Path, source: Path, facts: Any, tokenizer: Any, prompts: list[Any], gguf_type: str):
     """An ArtifactProof named gguf/<file> for `path`, quantized by llama.cpp from the f16 file `source`."""
     from seqtune.config.errors import SeqtuneError
-    from seqtune.export.llama_cpp import LlamaModel, version
+    from seqtune.llama_cpp import LlamaModel, version
 
     artifact = f"{GGUF_DIR}/{path.name}"
     room = context_for(prompts)

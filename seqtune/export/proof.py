@@ -19,25 +19,22 @@ Results go to RUN_DIR/export.json and the console; a failed proof raises Seqtune
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from seqtune.config.errors import ConfigError, ModelLoadError, SeqtuneError
+from seqtune.config.errors import ConfigError, SeqtuneError
 from seqtune.config.rundir import RUN_DIR_KEY
+from seqtune.export.artifacts import GGUF_DIR, POSITIONS, ArtifactProof, check_readable, load_artifact
 from seqtune.export.facts import ShipFacts, ship_facts
 from seqtune.files import atomic_output, follow_umask, write_atomic
 
 REFERENCE_FILE = "export_reference.safetensors"
-# What `python -m seqtune.export` calls the run directory it was given (its errors name it as their key).
-RUN_DIR_ARG = "RUN_DIR"
 EXPORT_JSON = "export.json"
-GGUF_DIR = "gguf"
-# Validation prompts compared, and positions per prompt (the last prompt token, then the first reference tokens).
+# Validation prompts compared (positions per prompt: POSITIONS).
 PROMPTS = 3
-POSITIONS = 4
 # Largest |logit difference| allowed, relative to max(1, largest |reference logit|), for the coarser dtype compared.
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 # The artifacts a run may ship, in the order they are proved: directory -> what it holds.
@@ -45,14 +42,6 @@ ARTIFACTS = {"adapter": "adapter", "best": "adapter", "model": "model", "merged"
 GREEDY_TOKENS = 16
 # data.format=text has no prompts: a sample's first tokens stand in for one.
 TEXT_PROMPT_TOKENS = 8
-
-
-@dataclass(kw_only=True)
-class ArtifactProof:
-    artifact: str  # adapter, best, model, merged, gguf/NAME.gguf
-    ok: bool
-    checks: dict[str, Any] = field(default_factory=dict)
-    failures: list[str] = field(default_factory=list)
 
 
 def reference_prompts(run_dir: Path, tokenizer: Any) -> list[Any]:
@@ -153,15 +142,15 @@ def _prompt_pixels(run_dir: Path) -> Any | None:
     compares logits on a prompt with its images, as the model reads them; None for a text-only run. Only the
     prompt's own images: a record's later turns may hold more, whose tokens the prompt (cut at the first target)
     does not have, and the model refuses features without their tokens."""
-    from seqtune.config.load import load_resolved
     from seqtune.config.plan import load_plan
     from seqtune.data.pixels import ImagePixels, image_token_types
     from seqtune.models.vision import image_processor
+    from seqtune.preflight.config_rules import load_checked
 
     vision = load_plan(run_dir).vision
     if vision is None:
         return None
-    model_path = load_resolved(Path(run_dir) / "config.yaml").model.path
+    model_path = load_checked(Path(run_dir) / "config.yaml").model.path
     pixels = ImagePixels(processor=image_processor(vision, model_path), vision=vision)
 
     def inputs(prompt: Any, ids: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -184,56 +173,6 @@ IMAGE_INPUTS = ("pixel_values", "image_grid_thw", "token_type_ids", "mm_token_ty
 def _image_inputs(reference: dict[str, torch.Tensor], i: str) -> dict:
     """The image inputs a reference prompt was captured with (none for a prompt without images)."""
     return {name: reference[f"{name}.{i}"] for name in IMAGE_INPUTS if f"{name}.{i}" in reference}
-
-
-def check_readable(files: list[Path]) -> None:
-    """Each safetensors file opens (its header, and the data the header declares, are all there): a file cut short
-    is refused naming it, not a SafetensorError traceback from deep inside transformers or peft."""
-    from safetensors import SafetensorError, safe_open
-
-    for file in files:
-        try:
-            with safe_open(str(file), framework="pt"):
-                pass
-        except (SafetensorError, OSError) as exc:
-            raise ModelLoadError(
-                f"{file} cannot be read ({exc}; the file is {file.stat().st_size:,} bytes): it is damaged or cut "
-                "short.",
-                key=RUN_DIR_ARG,
-                fix=f"restore {file.parent.name}/ from a complete copy (a copy cut short by a full disk or an "
-                "interrupted transfer looks like this), or train the run again.",
-            ) from None
-
-
-def load_artifact(facts: ShipFacts, name: str, *, device: torch.device) -> torch.nn.Module:
-    """An artifact loaded as a user would: merged/ and model/ with transformers, adapter/ and best/ on their base.
-    A scalar head's (facts.scalar) with AutoModelForSequenceClassification; its adapter's base is the causal
-    checkpoint, loaded with one label and the trained pad id (the head comes from the adapter)."""
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSequenceClassification
-
-    auto: Any = AutoModelForSequenceClassification if facts.scalar else AutoModelForCausalLM
-    if facts.vision is not None and not facts.scalar:  # an image-text model, as transformers ships it
-        auto = AutoModelForImageTextToText
-    directory = facts.run_dir / name
-    check_readable(sorted(directory.glob("*.safetensors")))
-    if not (directory / "adapter_config.json").is_file():
-        return auto.from_pretrained(directory, dtype="auto").to(device).eval()
-    from peft import PeftModel
-    from transformers.utils import logging as transformers_logging
-
-    base_name = json.loads((directory / "adapter_config.json").read_text())["base_model_name_or_path"]
-    check_readable(sorted(Path(base_name).glob("*.safetensors")))  # a hub id globs nothing: transformers checks it
-    head = {"num_labels": 1, "pad_token_id": facts.stop.pad} if facts.scalar else {}
-    verbosity = transformers_logging.get_verbosity()
-    transformers_logging.set_verbosity_error()  # "score.weight newly initialized": the adapter holds the trained one
-    try:
-        base = auto.from_pretrained(base_name, dtype="auto", **head)
-    finally:
-        transformers_logging.set_verbosity(verbosity)
-    rows = base.get_input_embeddings().weight.shape[0]  # `auto` is Any: so is the model it loads
-    if facts.resize_to and rows < facts.resize_to:
-        base.resize_token_embeddings(facts.resize_to, mean_resizing=False)
-    return PeftModel.from_pretrained(base, directory).to(device).eval()
 
 
 def _tolerance(*dtypes: torch.dtype) -> float:
@@ -425,9 +364,10 @@ def prove_exports(run_dir: Path, *, key: str, device: torch.device | None = None
 def _prove_gguf(path: Path, facts: ShipFacts, tokenizer: Any, run_dir: Path) -> ArtifactProof:
     """A GGUF file seqtune wrote is read back; one llama.cpp quantized is run in llama.cpp; either's Modelfile is
     parsed back."""
-    from seqtune.export.gguf import WRITTEN_TYPES, check_gguf, gguf_path, gguf_type
+    from seqtune.export.gguf import check_gguf, gguf_path, gguf_type
     from seqtune.export.gguf_adapter import ADAPTER_TYPE, BASE_TYPE, prove_adapter, prove_base
     from seqtune.export.modelfile import check_modelfile
+    from seqtune.models.gguf_facts import WRITTEN_TYPES
 
     kind = gguf_type(path)
     if kind == BASE_TYPE:  # the adapter's base: its Modelfile is the adapter's
@@ -447,8 +387,9 @@ def _prove_gguf(path: Path, facts: ShipFacts, tokenizer: Any, run_dir: Path) -> 
 
 def _run_gguf(path: Path, facts: ShipFacts, tokenizer: Any, run_dir: Path) -> ArtifactProof:
     """A file llama.cpp quantized: run in llama.cpp against the f16 file it was quantized from."""
-    from seqtune.export.gguf import QUANTIZED_SOURCE, gguf_path, gguf_type
+    from seqtune.export.gguf import gguf_path, gguf_type
     from seqtune.export.gguf_run import prove_quantized
+    from seqtune.models.gguf_facts import QUANTIZED_SOURCE
 
     source = gguf_path(run_dir, QUANTIZED_SOURCE)
     if not source.is_file():

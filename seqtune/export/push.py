@@ -19,19 +19,20 @@ import tempfile
 from pathlib import Path
 
 from seqtune.config.errors import SeqtuneError
-from seqtune.config.load import load_resolved
 from seqtune.config.rundir import RUN_DIR_KEY
 from seqtune.console import redact_uris
+from seqtune.export.artifacts import GGUF_DIR
 from seqtune.export.facts import CARD, card_text, data_files, ship_facts
-from seqtune.export.proof import EXPORT_JSON, GGUF_DIR, prove_exports
+from seqtune.export.proof import EXPORT_JSON, prove_exports
 from seqtune.hub import LOGIN_FIX, PUSH_KEY, push_command
+from seqtune.preflight.config_rules import load_checked
 
 MERGED = "merged"
 
 
 def pushed_files(run_dir: Path) -> tuple[Path, list[Path]]:
     """The export directory whose files go to the repository's root, and the GGUF files beside them."""
-    cfg = load_resolved(run_dir / "config.yaml")
+    cfg = load_checked(run_dir / "config.yaml")
     name = MERGED if cfg.train.export_merged else ("adapter" if cfg.lora.enabled else "model")
     return run_dir / name, sorted((run_dir / GGUF_DIR).glob("*.gguf"))
 

@@ -840,7 +840,7 @@ def check_gguf_export(
     *, export_gguf: str | None, refusal: str | None, lora: bool, sharded: bool, llama_cpp_missing: str | None = None
 ) -> list[Problem]:
     """train.export_gguf: an architecture (or rope scaling) the GGUF writer knows, and a merged model to write it
-    from (LoRA under FSDP across ranks has none). `refusal`: seqtune.export.gguf.gguf_refusal's reason;
+    from (LoRA under FSDP across ranks has none). `refusal`: seqtune.models.gguf_facts.gguf_refusal's reason;
     `llama_cpp_missing`: why llama.cpp, which quantizes and proves the k-quants, cannot run here (None: it can, or
     no k-quant is asked for)."""
     if export_gguf is None:

@@ -18,11 +18,11 @@ from seqtune.config.tracker import selected
 from seqtune.data.batching import BatchRule
 from seqtune.data.kinds import sample_kind
 from seqtune.data.overlength import TRUNCATING
-from seqtune.export.gguf import gguf_refusal_for, llama_cpp_missing
 from seqtune.hub import PUSH_KEY, push_problems
 from seqtune.models.attention import AttentionEnv, attn_backend_problems
 from seqtune.models.auto import spec_for
 from seqtune.models.checkpoint_check import checkpoint_faults, quantization_faults, quantized_weights
+from seqtune.models.gguf_facts import gguf_refusal_for, llama_cpp_missing
 from seqtune.models.kernels import kernels_problems
 from seqtune.models.model_configs import ModelConfigs, model_configs
 from seqtune.models.optimizers import unread_settings
@@ -702,7 +702,7 @@ def harness_checks(cfg: RootConfig) -> list[Problem]:
     """eval.harness_tasks resolve and build offline before any training (lm-eval is imported only when asked)."""
     if not cfg.eval.harness_tasks:
         return []
-    from seqtune.evaluate.harness import harness_faults, request_from
+    from seqtune.preflight.harness_tasks import harness_faults, request_from
 
     return [
         Problem(check="harness", key=key, message=message) for key, message in harness_faults(request_from(cfg.eval))

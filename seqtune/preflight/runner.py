@@ -37,6 +37,7 @@ from seqtune.models.model_configs import ModelConfigs
 from seqtune.preflight import checks, checks_labels, content, tokenizer_record
 from seqtune.preflight.checks import Problem
 from seqtune.preflight.checks_vision import image_patches, vision_checks
+from seqtune.preflight.config_rules import config_problems
 from seqtune.preflight.phases import (
     fast_checks,
     harness_checks,
@@ -83,6 +84,11 @@ def run_preflight(
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise storage_error(exc, run_dir, key=RUN_DIR_KEY) from None
+    # The first pass: the cross-group rules (the CLI ran them already, before reading the run directory; a config
+    # built without it meets them here), every problem at once, before any tokenizer or model is looked at.
+    problems = config_problems(cfg)
+    if problems:
+        return _finish(PreflightResult(ok=False, max_seq_len=None, problems=problems), run_dir, None, resume)
     # A stored record of the tokenizer's facts spares this run loading it (seqtune.preflight.tokenizer_record).
     record_key = tokenizer_record.record_key(cfg)
     stored = tokenizer_record.read_record(token_cache_root(cfg), record_key)

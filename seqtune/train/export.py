@@ -16,6 +16,7 @@ from seqtune.config.rundir import BEST_DIR, RUN_DIR_KEY
 from seqtune.config.schema import gguf_types
 from seqtune.data.formats import chat_template_for
 from seqtune.distributed import DistEnv, barrier, inject_fault
+from seqtune.export.artifacts import GGUF_DIR
 from seqtune.export.facts import (
     ShipFacts,
     data_files,
@@ -28,7 +29,7 @@ from seqtune.export.facts import (
 from seqtune.export.failure import REFERENCE_STEP, ExportFailure, clear_failure, record_failures
 from seqtune.export.gguf import export_run_gguf
 from seqtune.export.gguf_adapter import export_adapter_gguf
-from seqtune.export.proof import GGUF_DIR, capture_reference, prove_exports
+from seqtune.export.proof import capture_reference, prove_exports
 from seqtune.files import atomic_directory, follow_umask
 from seqtune.models import save_adapter
 from seqtune.models.kernels import restore_module_globals

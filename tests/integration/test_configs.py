@@ -11,10 +11,11 @@ from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from seqtune.config import register_resolvers, register_schemas, to_typed
+from seqtune.config import register_resolvers, register_schemas
 from seqtune.config.recipe_spec import recipes
 from seqtune.config.schema import GROUP_SCHEMAS, RootConfig
 from seqtune.data.kinds import sample_kind
+from tests.support.configs import checked
 
 CONFIGS = Path(__file__).resolve().parents[2] / "seqtune" / "configs"
 GROUP_FILES = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent != CONFIGS)
@@ -47,7 +48,7 @@ def test_group_file_composes_and_type_checks(path: Path):
         reader = next(spec for spec in recipes().values() if fmt in sample_kind(spec.sample_kind).formats)
         overrides.append(f"recipe={reader.presets[True]}")
     cfg = _compose(overrides)
-    typed = to_typed(cfg)
+    typed = checked(cfg)
     assert isinstance(typed, RootConfig)
     if group == "recipe":  # presets of a recipe (sft, dpo, grpo), differing in lora.enabled
         assert path.read_text().splitlines()[0] == "# @package _global_"
@@ -118,7 +119,7 @@ def test_a_value_that_cannot_train_fails_when_typed_naming_key_and_fix(override,
     from seqtune.config import ConfigError
 
     with pytest.raises(ConfigError, match=needle) as info:
-        to_typed(_compose([override]))
+        checked(_compose([override]))
     assert info.value.key == override.split("=")[0]
 
 
@@ -137,7 +138,7 @@ def test_a_setting_that_only_acts_beside_another_is_refused_while_that_one_is_of
     from seqtune.config import ConfigError
 
     with pytest.raises(ConfigError, match=needle) as info:
-        to_typed(_compose(overrides))
+        checked(_compose(overrides))
     assert info.value.key == key
 
 
@@ -152,14 +153,14 @@ def test_a_setting_that_only_acts_beside_another_is_refused_while_that_one_is_of
     ],
 )
 def test_the_same_settings_are_accepted_beside_the_one_they_act_with(overrides):
-    to_typed(_compose(overrides))
+    checked(_compose(overrides))
 
 
 def test_every_bad_value_of_a_group_is_reported_at_once():
     from seqtune.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"(?s)invalid config:.*optim.lr=.*optim.eps="):
-        to_typed(_compose(["optim.lr=-1", "optim.eps=0"]))
+        checked(_compose(["optim.lr=-1", "optim.eps=0"]))
 
 
 def test_a_merged_export_of_a_full_finetune_is_refused_with_the_fix():
@@ -168,35 +169,35 @@ def test_a_merged_export_of_a_full_finetune_is_refused_with_the_fix():
     with pytest.raises(
         ConfigError, match=r"train.export_merged=true with lora.enabled=false.*Fix: train.export_merged=false"
     ):
-        to_typed(_compose(["recipe=full_sft", "train.export_merged=true"]))
+        checked(_compose(["recipe=full_sft", "train.export_merged=true"]))
 
 
 def test_max_seq_len_accepts_auto_or_int_only():
     from seqtune.config import ConfigError
 
-    assert to_typed(_compose(["data.max_seq_len=512"])).data.max_seq_len == 512
-    assert to_typed(_compose(["data.max_seq_len=auto"])).data.max_seq_len == "auto"
+    assert checked(_compose(["data.max_seq_len=512"])).data.max_seq_len == 512
+    assert checked(_compose(["data.max_seq_len=auto"])).data.max_seq_len == "auto"
     for bad in ("1.5", "long", "1"):
         with pytest.raises(ConfigError, match=r"data.max_seq_len=.*Fix: data.max_seq_len=auto"):
-            to_typed(_compose([f"data.max_seq_len={bad}"]))
+            checked(_compose([f"data.max_seq_len={bad}"]))
 
 
 def test_real_size_model_without_path_is_refused_not_replaced_by_a_tiny_model():
     from seqtune.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"model.path is required.*Fix: model.path="):
-        to_typed(_compose(["model=llama3_8b"]))
+        checked(_compose(["model=llama3_8b"]))
 
 
 def test_new_top_level_keys_are_kept_but_new_group_keys_are_refused(tmp_path):
     from seqtune.config import ConfigError, load_resolved, save_resolved
 
     cfg = _compose(["+note=baseline-run"])
-    assert to_typed(cfg).recipe_name == "sft"
+    assert checked(cfg).recipe_name == "sft"
     save_resolved(cfg, tmp_path / "config.yaml")
     assert "note: baseline-run" in (tmp_path / "config.yaml").read_text()
     assert load_resolved(tmp_path / "config.yaml").recipe_name == "sft"
     with pytest.raises(
         ConfigError, match=r"model.hiden_size is not a setting of model.*Fix: remove \+model.hiden_size"
     ):
-        to_typed(_compose(["+model.hiden_size=32"]))
+        checked(_compose(["+model.hiden_size=32"]))

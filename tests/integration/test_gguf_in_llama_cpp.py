@@ -36,7 +36,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from seqtune.export.llama_cpp import missing_reason
+from seqtune.llama_cpp import missing_reason
 
 F16_LOGITS = 2e-3  # relative: measured up to 7e-4 (bench/README.md section 11: 4.7e-4 for trained tiny models)
 TIE_MARGIN = 2e-3
@@ -170,7 +170,7 @@ def check_in_llama_cpp(directory: Path, end_of_turn: str, k_quant: str) -> dict:
 
     from seqtune.data.prompts import EvalPrompt
     from seqtune.export.gguf_run import prove_quantized
-    from seqtune.export.llama_cpp import LlamaModel, quantize
+    from seqtune.llama_cpp import LlamaModel, quantize
 
     tokenizer = AutoTokenizer.from_pretrained(directory)
     stops = stop_ids(tokenizer, end_of_turn)
@@ -251,7 +251,7 @@ def test_a_gemma3_whose_global_layers_are_not_every_sixth_runs_in_llama_cpp_as_i
     from transformers import AutoTokenizer
 
     from seqtune.config.schema import ModelConfig
-    from seqtune.export.llama_cpp import LlamaModel
+    from seqtune.llama_cpp import LlamaModel
     from seqtune.models import build_model
     from seqtune.tokenizers import BUNDLED_DIR
     from tests.support.cli import REPO

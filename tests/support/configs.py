@@ -9,6 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from seqtune.config import PreflightFailed, RootConfig, to_typed
+from seqtune.preflight.config_rules import check_config
 
 TINY_MODEL = {
     "family": "tinyllama",
@@ -26,6 +27,14 @@ def alpaca(n_words: int, i: int = 0) -> dict:
     return {"instruction": f"Repeat the words {i}.", "input": "", "output": " ".join(["apple"] * n_words)}
 
 
+def checked(cfg) -> RootConfig:
+    """A composed config as the CLI takes it: typed (each group's own domains), then held to the cross-group rules
+    (preflight's first pass): a ConfigError naming every problem."""
+    typed = to_typed(cfg)
+    check_config(typed)
+    return typed
+
+
 def make_cfg(tmp_path: Path, train: Path, *overrides: str) -> RootConfig:
     base = {
         "recipe_name": "sft",
@@ -41,7 +50,7 @@ def make_cfg(tmp_path: Path, train: Path, *overrides: str) -> RootConfig:
         "preflight": {"plot": False},
     }
     merged = OmegaConf.merge(OmegaConf.structured(RootConfig), base, OmegaConf.from_dotlist(list(overrides)))
-    return to_typed(merged)
+    return checked(merged)
 
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "seqtune" / "configs"
@@ -56,7 +65,7 @@ def compose_real(*overrides: str) -> RootConfig:
     register_resolvers()
     # The directory, not the seqtune.configs module: that module exists only once the package is installed.
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        return to_typed(compose(config_name="config", overrides=list(overrides)))
+        return checked(compose(config_name="config", overrides=list(overrides)))
 
 
 def run_failing(cfg: RootConfig, run_dir: Path, match: str) -> dict:

@@ -21,6 +21,7 @@ from typing import Any
 from seqtune.config.domain import Domain
 from seqtune.config.recipe_spec import RecipeSpec, Scored, register
 from seqtune.config.rollout import refuse_moved
+from seqtune.recipes.online import run_online
 from seqtune.rollout import spec as online
 
 # The keys of grpo.* that every online recipe now shares under rollout.*: refused naming the new key.
@@ -128,4 +129,4 @@ SPEC = register(
 def run(cfg: Any, plan: Any, run_dir: Path) -> None:
     from seqtune.recipes.grpo.loss import GrpoSurrogate
 
-    online.run_online(SPEC, cfg, plan, run_dir, GrpoSurrogate(cfg.grpo))
+    run_online(SPEC, cfg, plan, run_dir, GrpoSurrogate(cfg.grpo))

@@ -17,6 +17,7 @@ from typing import Any
 
 from seqtune.config.domain import Domain
 from seqtune.config.recipe_spec import RecipeSpec, Scored, register
+from seqtune.recipes.online import run_online
 from seqtune.rollout import spec as online
 
 
@@ -75,4 +76,4 @@ SPEC = register(
 def run(cfg: Any, plan: Any, run_dir: Path) -> None:
     from seqtune.recipes.rloo.loss import RlooLoss
 
-    online.run_online(SPEC, cfg, plan, run_dir, RlooLoss(cfg.rloo))
+    run_online(SPEC, cfg, plan, run_dir, RlooLoss(cfg.rloo))

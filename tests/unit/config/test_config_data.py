@@ -6,9 +6,10 @@ import pytest
 from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 
-from seqtune.config import register_resolvers, register_schemas, to_typed
+from seqtune.config import register_resolvers, register_schemas
 from seqtune.config.errors import ConfigError
 from seqtune.config.schema import DataConfig, DataFormat
+from tests.support.configs import checked
 
 register_schemas()
 register_resolvers()
@@ -80,7 +81,7 @@ def test_bad_sources_are_refused_naming_the_key_and_the_fix(data, message):
 
 def _compose(overrides: list[str]):
     with initialize_config_module(config_module="seqtune.configs", version_base=None):
-        return to_typed(compose(config_name="config", overrides=overrides))
+        return checked(compose(config_name="config", overrides=overrides))
 
 
 def test_the_demo_val_set_only_comes_with_the_demo_train_set(tmp_path):

@@ -123,11 +123,11 @@ READ_BY = {
     "preflight.device_memory_gib": "preflight/phases.py (not set: the memory check's budget)",
     "preflight.host_memory_gib": "preflight/phases.py (not set: the memory check's budget)",
     "preflight.show": "preflight/runner.py",
-    "eval.harness_tasks": "evaluate/harness.py (not set: lm-evaluation-harness tasks)",
-    "eval.harness_include": "evaluate/harness.py (not set: a task directory)",
-    "eval.harness_limit": "evaluate/harness.py (not set: only with eval.harness_tasks)",
-    "eval.harness_num_fewshot": "evaluate/harness.py (not set: only with eval.harness_tasks)",
-    "eval.harness_batch_size": "evaluate/harness.py",
+    "eval.harness_tasks": "preflight/harness_tasks.py (not set: lm-evaluation-harness tasks)",
+    "eval.harness_include": "preflight/harness_tasks.py (not set: a task directory)",
+    "eval.harness_limit": "preflight/harness_tasks.py (not set: only with eval.harness_tasks)",
+    "eval.harness_num_fewshot": "preflight/harness_tasks.py (not set: only with eval.harness_tasks)",
+    "eval.harness_batch_size": "preflight/harness_tasks.py",
     "rollout.rewards": "rollout/stage.py (not set: reward functions)",
     "rollout.reward_weights": "config/rollout.py (RolloutConfig.weights) (not set: one weight per reward)",
     "rollout.temperature": "rollout/stage.py",
@@ -214,14 +214,14 @@ def _composed(overrides: tuple[str, ...]):
 
 @cache  # the base configs are asked once each
 def outcome(overrides: tuple[str, ...]) -> tuple[str, object]:
-    """("refused", why) or ("resolved", the plan as a dict): typing, plan resolution and the checks that need no
-    data, in-process."""
-    from seqtune.config.load import to_typed
+    """("refused", why) or ("resolved", the plan as a dict): typing, the cross-group rules, plan resolution and the
+    checks that need no data, in-process."""
     from seqtune.preflight.phases import fast_checks
     from seqtune.preflight.resolve import resolve_plan
+    from tests.support.configs import checked
 
     try:
-        cfg = to_typed(_composed(overrides)[0])
+        cfg = checked(_composed(overrides)[0])
         plan = resolve_plan(cfg, {})
         problems = fast_checks(cfg, plan)
     except SeqtuneError as err:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from seqtune.export.gguf import gguf_refusal
+from seqtune.models.gguf_facts import gguf_refusal
 from seqtune.models.registry import FAMILIES, get_spec, gguf_model_types
 from seqtune.preflight.checks import check_gguf_export
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seqtune.export.gguf import GgufIds, _expert_problems, gguf_refusal, gguf_refusal_for, loader_problems, write_gguf
+from seqtune.export.gguf import GgufIds, _expert_problems, loader_problems, write_gguf
+from seqtune.models.gguf_facts import gguf_refusal, gguf_refusal_for
 from seqtune.models.registry import gguf_row
 from tests.support.checkpoints import build_checkpoint
 

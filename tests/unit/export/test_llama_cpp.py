@@ -8,7 +8,7 @@ import platform
 import struct
 from pathlib import Path
 
-from seqtune.export import llama_cpp
+from seqtune import llama_cpp
 
 
 def shipped() -> Path:

@@ -10,10 +10,10 @@ import pytest
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
-from seqtune.config import ConfigError, PreflightFailed, RootConfig, to_typed
+from seqtune.config import ConfigError, PreflightFailed, RootConfig
 from seqtune.preflight import run_preflight
 from seqtune.tokenizers import BUNDLED_DIR
-from tests.support.configs import TINY_MODEL
+from tests.support.configs import TINY_MODEL, checked
 
 
 def _cfg(tmp_path: Path, data: dict, *overrides: str) -> RootConfig:
@@ -27,7 +27,7 @@ def _cfg(tmp_path: Path, data: dict, *overrides: str) -> RootConfig:
         "preflight": {"plot": False},
     }
     merged = OmegaConf.merge(OmegaConf.structured(RootConfig), base, OmegaConf.from_dotlist(list(overrides)))
-    return to_typed(merged)
+    return checked(merged)
 
 
 def _write(path: Path, rows: list[dict]) -> str:
