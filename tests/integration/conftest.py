@@ -1,10 +1,14 @@
-"""Fixtures of the integration tests: the recipes' contract runs, shared by the contract and each recipe's tests."""
+"""Fixtures of the integration tests: the recipes' contract runs (shared by the contract and each recipe's tests) and the
+tool-calling model of the agent tests."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from tests.support.recipes import RecipeRuns
+from tests.support.tool_caller import tool_caller
 
 
 @pytest.fixture(scope="session")
@@ -14,3 +18,12 @@ def recipe_runs(tmp_path_factory, worker_id) -> RecipeRuns:
     if worker_id == "master":
         return RecipeRuns(tmp_path_factory.mktemp("recipe_runs"))
     return RecipeRuns(tmp_path_factory.getbasetemp().parent / "recipe_runs")
+
+
+@pytest.fixture(scope="session")
+def tool_caller_model(tmp_path_factory, worker_id) -> Path:
+    """A tiny Qwen3 fitted to call the agent tests' tools (tests/support/tool_caller.py), fitted once per session in
+    the directory the workers share, as recipe_runs is."""
+    if worker_id == "master":
+        return tool_caller(tmp_path_factory.mktemp("tool_caller"))
+    return tool_caller(tmp_path_factory.getbasetemp().parent / "tool_caller")
