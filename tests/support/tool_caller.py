@@ -7,9 +7,11 @@ tool's result (on unseen prompts it answers some number: the tests assert the ca
 Saved as a checkpoint (`model=qwen3_tiny model.path=DIR`), built once per session under a lock (the pattern of
 tests/support/recipes.py: pytest-xdist workers share `root`).
 
-Cheap by construction: the embedding (tied to the head: 152k x 64 of the model's 9.8M weights) stays as seeded, so
-Adam updates the layers' ~150k weights only, and the loss reads the head at the trained tokens only. The calls are
-written compact (`{"name":"add","arguments":{"a":2,"b":3}}`: valid JSON the hermes parser reads) so few tokens repeat.
+Cheap by construction: each agent's episodes share the template's tool preamble (~190 of their ~240 context tokens),
+so they are packed into one row that holds it once, each episode seeing it and its own tokens only (a 4D mask, the
+position ids each has alone: the same hidden states as one row per episode), and the loss reads the head at the
+trained tokens only (~140 Adam steps, ~1.5 CPU minutes). The calls are written compact
+(`{"name":"add","arguments":{"a":2,"b":3}}`: valid JSON the hermes parser reads), so few tokens repeat.
 """
 
 from __future__ import annotations
