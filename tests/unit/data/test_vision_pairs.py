@@ -73,7 +73,7 @@ def test_chosen_and_rejected_carry_the_prompts_images_into_pixel_values(encoder,
 
 
 def test_the_kinds_that_carry_images_are_declared():
-    assert {name for name, kind in kinds().items() if kind.images} == {"sft", "preference"}
+    assert {name for name, kind in kinds().items() if kind.images} == {"sft", "preference", "prompt"}
 
 
 def test_a_pair_cache_written_while_images_were_dropped_is_not_reused(vision):
