@@ -32,6 +32,15 @@ class ConfigError(SeqtuneError):
     exit_code = EXIT_REFUSED
 
 
+def raise_all(problems: list[ConfigError]) -> None:
+    """Refuse with every problem found at once (as preflight reports its own): one problem as it is, several as one
+    ConfigError listing each (with its fix), keyed by the first. Nothing when the list is empty."""
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(map(str, problems)), key=problems[0].key)
+
+
 class ModelLoadError(SeqtuneError):
     """model.path (or the tokenizer path) does not hold what is needed."""
 

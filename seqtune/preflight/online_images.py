@@ -11,21 +11,27 @@ from seqtune.config.errors import ConfigError
 from seqtune.config.rollout import Generator, RolloutConfig
 
 
-def refuse_online_images(rollout: RolloutConfig, family: str, recipe: str) -> None:
-    """The first of rollout's settings that cannot sample with images, refused."""
+def online_image_problems(rollout: RolloutConfig, family: str, recipe: str) -> list[ConfigError]:
+    """Every rollout setting that cannot sample with images."""
+    problems = []
     if rollout.generator == Generator.vllm:
-        raise ConfigError(
-            f"rollout.generator=vllm with {recipe} on an image-text model (model.family={family}): seqtune's vLLM "
-            "sampler sends the prompts' token ids alone, so the images would not reach the sampling.",
-            key="rollout.generator",
-            fix="rollout.generator=transformers (the native sampler feeds each prompt's images to its first forward).",
+        problems.append(
+            ConfigError(
+                f"rollout.generator=vllm with {recipe} on an image-text model (model.family={family}): seqtune's vLLM "
+                "sampler sends the prompts' token ids alone, so the images would not reach the sampling.",
+                key="rollout.generator",
+                fix="rollout.generator=transformers (the native sampler feeds each prompt's images to its first forward).",
+            )
         )
     if rollout.agentic:
-        raise ConfigError(
-            f"rollout.tools / rollout.environment with {recipe} on an image-text model (model.family={family}): an "
-            "agent's later turns are sampled from the episode's token ids alone, so the prompt's images would reach "
-            "only its first turn.",
-            key="rollout.tools" if rollout.tools else "rollout.environment",
-            fix="single-turn rollouts (remove rollout.tools and rollout.environment) on the image-text model, or a "
-            "text-only model for the agent.",
+        problems.append(
+            ConfigError(
+                f"rollout.tools / rollout.environment with {recipe} on an image-text model (model.family={family}): an "
+                "agent's later turns are sampled from the episode's token ids alone, so the prompt's images would reach "
+                "only its first turn.",
+                key="rollout.tools" if rollout.tools else "rollout.environment",
+                fix="single-turn rollouts (remove rollout.tools and rollout.environment) on the image-text model, or a "
+                "text-only model for the agent.",
+            )
         )
+    return problems

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from seqtune.config.errors import ConfigError
+from seqtune.config.errors import ConfigError, raise_all
 from seqtune.config.plan import Resolved, VisionFacts, Vocab, World, validation_key
 from seqtune.config.recipe_spec import RecipeSpec, Scored, preset_fix, recipe_spec, recipes
 from seqtune.config.schema import (
@@ -37,7 +37,7 @@ from seqtune.models.facts import ModelFacts, read_model_facts, read_vision_facts
 from seqtune.models.kernels import kernels_choice, kernels_problems, loss_choice
 from seqtune.models.optimizers import optimizer_choice, optimizer_problems
 from seqtune.models.spec import ModelSpec, lora_module_names, matches_target, modules_trained_in_full, resized_rows
-from seqtune.preflight.online_images import refuse_online_images
+from seqtune.preflight.online_images import online_image_problems
 from seqtune.tokenizers.facts import TokenizerFacts, read_tokenizer_facts, token_ids
 
 # The reason a plan gives for a requested kernel that cannot run here (preflight reports it as a problem).
@@ -62,7 +62,7 @@ def resolve_plan(
     vision = read_vision_facts(cfg.model, spec)
     if vision is not None:
         vision = with_image_ids(vision, token_ids(cfg.tokenizer, cfg.model, vision.image_tokens))
-        _refuse_vision(cfg, spec, recipe, vision)
+        raise_all(_vision_problems(cfg, spec, recipe, vision))
     lora = _lora_plan(cfg, spec, model, tokenizer, recipe, vision)
     generation = recipe.generation(cfg)  # an online recipe's sampling (None: it samples none)
     compute = autocast or str(cfg.model.dtype)
@@ -167,44 +167,53 @@ def _lora_plan(
     return _LoraPlan(targets=targets, wrapped=wrapped, saved=saved, resize_to=resize_to, head_wrapped=head_wrapped)
 
 
-def _refuse_vision(cfg: RootConfig, spec: ModelSpec, recipe: RecipeSpec, vision: VisionFacts) -> None:
-    """An image-text model's settings that cannot reach its images, refused (the first one found)."""
+def _vision_problems(cfg: RootConfig, spec: ModelSpec, recipe: RecipeSpec, vision: VisionFacts) -> list[ConfigError]:
+    """Every setting of an image-text model's run that cannot reach its images: read here, not in the config pass
+    (seqtune.preflight.config_rules), because whether the model takes images is a fact of its checkpoint."""
+    problems = []
     if cfg.lora.enabled and vision.train_vision == TrainVision.true:
         # peft's modules_to_save wrapper takes its input positionally; the model calls its vision tower with
         # pixel_values= (a TypeError at step 1), and weights trained outside the adapter would not be saved with it.
-        raise ConfigError(
-            "model.train_vision=true with LoRA: the vision tower cannot be trained in full beside the adapters "
-            "(peft's modules_to_save cannot wrap it, and the adapter would not carry its weights).",
-            key="model.train_vision",
-            fix=(
-                f"recipe={full} model.train_vision=true (everything trains), or "
-                if (full := recipe.preset(lora=False))
-                else ""
+        problems.append(
+            ConfigError(
+                "model.train_vision=true with LoRA: the vision tower cannot be trained in full beside the adapters "
+                "(peft's modules_to_save cannot wrap it, and the adapter would not carry its weights).",
+                key="model.train_vision",
+                fix=(
+                    f"recipe={full} model.train_vision=true (everything trains), or "
+                    if (full := recipe.preset(lora=False))
+                    else ""
+                )
+                + "model.train_vision=projector with LoRA (the projector trains beside the adapters, the tower frozen).",
             )
-            + "model.train_vision=projector with LoRA (the projector trains beside the adapters, the tower frozen).",
         )
     cutting = cfg.data.overlength in (Overlength.truncate, Overlength.truncate_prompt)
     if cfg.data.mode == DataMode.stream and cutting:
         # Preflight proves a truncating policy never cuts an image's run on the cached splits it scans in full; a
         # stream is read past the sample preflight saw, where a cut run could not be given to the model.
-        raise ConfigError(
-            f"data.overlength={cfg.data.overlength} with data.mode=stream on an image-text model "
-            f"(model.family={spec.family}): preflight reads only the start of a stream, so a longer sample past it "
-            "could be cut through an image's token run.",
-            key="data.overlength",
-            fix="data.overlength=drop (a sample too long is left out whole), or data.mode=cached (preflight proves "
-            "that no sample with images is cut).",
+        problems.append(
+            ConfigError(
+                f"data.overlength={cfg.data.overlength} with data.mode=stream on an image-text model "
+                f"(model.family={spec.family}): preflight reads only the start of a stream, so a longer sample past it "
+                "could be cut through an image's token run.",
+                key="data.overlength",
+                fix="data.overlength=drop (a sample too long is left out whole), or data.mode=cached (preflight proves "
+                "that no sample with images is cut).",
+            )
         )
     if recipe.generation(cfg) is not None:
-        refuse_online_images(cfg.rollout, spec.family, preset_fix(recipe))
+        problems += online_image_problems(cfg.rollout, spec.family, preset_fix(recipe))
     if recipe.images_refused:
-        raise ConfigError(
-            f"{preset_fix(recipe)}: {recipe.images_refused}, and model.family={spec.family} is an image-text model: "
-            "its images would not reach the model.",
-            key="recipe",
-            fix=f"a text-only model (another model=...) for {preset_fix(recipe)}, or a recipe whose objective reads "
-            f"the images of the same data: {', '.join(map(preset_fix, image_recipes(recipe.sample_kind)))}.",
+        problems.append(
+            ConfigError(
+                f"{preset_fix(recipe)}: {recipe.images_refused}, and model.family={spec.family} is an image-text model: "
+                "its images would not reach the model.",
+                key="recipe",
+                fix=f"a text-only model (another model=...) for {preset_fix(recipe)}, or a recipe whose objective reads "
+                f"the images of the same data: {', '.join(map(preset_fix, image_recipes(recipe.sample_kind)))}.",
+            )
         )
+    return problems
 
 
 def image_recipes(sample_kind: str) -> list[RecipeSpec]:

@@ -70,3 +70,14 @@ def test_a_truncating_policy_in_stream_mode_is_refused_for_an_image_text_model(p
     assert f"data.overlength={policy} with data.mode=stream" in str(err.value)
     assert "Fix: data.overlength=drop" in str(err.value)
     assert resolve_plan(compose_real("data.mode=stream", "data.overlength=drop", *VISION), {}).vision is not None
+
+
+def test_every_image_setting_that_cannot_work_is_listed_in_one_refusal():
+    """The image-text refusals read the checkpoint's vision facts (so they run at plan resolution, not in the config
+    pass) and, like that pass, report every problem at once: one run, one exit 2, each with its fix."""
+    with pytest.raises(ConfigError) as err:
+        resolve_plan(compose_real("recipe=lora_grpo", "model.train_vision=true", "rollout.generator=vllm", *VISION), {})
+    message = " ".join(str(err.value).split())
+    assert message.startswith("invalid config:") and err.value.key == "model.train_vision"
+    assert "the vision tower cannot be trained in full beside the adapters" in message
+    assert "vLLM sampler sends the prompts' token ids alone" in message and message.count("Fix:") == 2
