@@ -13,13 +13,12 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from seqtune.rollout import agent_examples
 from seqtune.rollout.render import tool_suffix
 from seqtune.rollout.stage import AGENT_METRICS
-from tests.support.cli import read_metrics, run_cli
+from tests.support.cli import assert_resumed_like, read_metrics, run_cli
+from tests.support.shared_runs import ok
 from tests.support.tool_caller import CALLS, ENVIRONMENT, REPO, TOOLS, qwen3_tokenizer
 
 pytestmark = pytest.mark.slow
@@ -45,11 +44,6 @@ AGENT = [
     "lora.dropout=0.1",
     "preflight.plot=false",
 ]
-TIMINGS = {"tokens_per_s", "computed_tokens_per_s", "target_tokens_per_s", "peak_memory_mb"}
-
-
-def ok(result) -> None:
-    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
 
 
 @pytest.fixture(scope="module")
@@ -79,15 +73,7 @@ def test_a_killed_agent_run_resumes_bitwise(agent_run, tmp_path):
     assert crashed.returncode == -9, crashed.stderr[-2000:]
     resumed = run_cli(AGENT, run_dir)
     ok(resumed)
-    adapter = Path("adapter") / "adapter_model.safetensors"
-    ours, theirs = load_file(str(run_dir / adapter)), load_file(str(agent_run / adapter))
-    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-
-    def after(run: Path) -> list[dict]:
-        return [{k: v for k, v in m.items() if k not in TIMINGS} for m in read_metrics(run) if m["step"] > 2]
-
-    assert after(run_dir) == after(agent_run)
-    assert (run_dir / "completions.jsonl").read_text() == (agent_run / "completions.jsonl").read_text()
+    assert_resumed_like(run_dir, agent_run, after_step=2)
 
 
 def test_agent_refusals_exit_2(tmp_path):

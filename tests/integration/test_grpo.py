@@ -17,7 +17,8 @@ from safetensors.torch import load_file
 from seqtune.config.recipe_spec import recipe_spec
 from seqtune.rollout.examples import OTHER_KIND_COST
 from seqtune.rollout.stage import metric_names as stage_metric_names
-from tests.support.cli import REPO, read_metrics, run_cli
+from tests.support.cli import REPO, assert_resumed_like, read_metrics, run_cli
+from tests.support.shared_runs import ok
 
 pytestmark = pytest.mark.slow
 
@@ -39,11 +40,6 @@ COMMON = [
 ]
 # The run's reward function (the preset's rollout.rewards) names the stage's metric rewards/kind_share.
 REWARDS = [SimpleNamespace(name="kind_share")]
-TIMINGS = {"tokens_per_s", "computed_tokens_per_s", "target_tokens_per_s", "peak_memory_mb"}
-
-
-def ok(result) -> None:
-    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
 
 
 @pytest.fixture(scope="module")
@@ -133,15 +129,7 @@ def test_a_crashed_grpo_run_resumes_bitwise_like_the_uninterrupted_one(reference
     assert closer is not None and closer == json.loads((reference / "plan.json").read_text())["tokens"]["turn_closer"]
     (record,) = (tmp_path / "cache" / "tokens" / "tokenizer-facts").glob("*.json")
     assert json.loads(record.read_text())["body"]["tokens"]["turn_closer"] == closer  # rebuilt as v3
-    adapter = Path("adapter") / "adapter_model.safetensors"
-    ours, theirs = load_file(str(run_dir / adapter)), load_file(str(reference / adapter))
-    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-
-    def after(run: Path) -> list[dict]:
-        return [{k: v for k, v in m.items() if k not in TIMINGS} for m in read_metrics(run) if m["step"] > 2]
-
-    assert after(run_dir) == after(reference)
-    assert (run_dir / "completions.jsonl").read_text() == (reference / "completions.jsonl").read_text()
+    assert_resumed_like(run_dir, reference, after_step=2)
 
 
 def test_reward_problems_are_refused_before_any_generation(tmp_path):
@@ -211,15 +199,7 @@ def test_a_run_killed_mid_cycle_resumes_bitwise(iterated, tmp_path):
     resumed = run_cli(args, run_dir)
     ok(resumed)
     assert "step_00000003 (step 3)" in resumed.stdout
-    adapter = Path("adapter") / "adapter_model.safetensors"
-    ours, theirs = load_file(str(run_dir / adapter)), load_file(str(iterated / adapter))
-    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-
-    def after(run: Path) -> list[dict]:
-        return [{k: v for k, v in m.items() if k not in TIMINGS} for m in read_metrics(run) if m["step"] > 3]
-
-    assert after(run_dir) == after(iterated)
-    assert (run_dir / "completions.jsonl").read_text() == (iterated / "completions.jsonl").read_text()
+    assert_resumed_like(run_dir, iterated, after_step=3)
 
 
 def test_early_stopping_watches_the_eval_reward(tmp_path):

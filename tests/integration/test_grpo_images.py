@@ -10,10 +10,9 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
-from tests.support.cli import REPO, read_metrics, run_cli
+from tests.support.cli import REPO, assert_resumed_like, read_metrics, run_cli
+from tests.support.shared_runs import ok
 
 pytestmark = pytest.mark.slow  # runs the real CLI end to end
 
@@ -39,11 +38,6 @@ COMMON = [
     "preflight.plot=false",
     "preflight.show=0",
 ]
-TIMINGS = {"tokens_per_s", "computed_tokens_per_s", "target_tokens_per_s", "peak_memory_mb"}
-
-
-def ok(result) -> None:
-    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
 
 
 @pytest.fixture(scope="module")
@@ -73,15 +67,7 @@ def test_a_crashed_image_grpo_run_resumes_bitwise_like_the_uninterrupted_one(ref
     resumed = run_cli(COMMON, run_dir)
     ok(resumed)
     assert "step_00000002 (step 2)" in resumed.stdout
-    adapter = Path("adapter") / "adapter_model.safetensors"
-    ours, theirs = load_file(str(run_dir / adapter)), load_file(str(reference / adapter))
-    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-
-    def after(run: Path) -> list[dict]:
-        return [{k: v for k, v in m.items() if k not in TIMINGS} for m in read_metrics(run) if m["step"] > 2]
-
-    assert after(run_dir) == after(reference)
-    assert (run_dir / "completions.jsonl").read_text() == (reference / "completions.jsonl").read_text()
+    assert_resumed_like(run_dir, reference, after_step=2)
 
 
 def test_rloo_trains_on_image_prompts_of_a_multimodal_rope_model(tmp_path):

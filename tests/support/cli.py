@@ -55,5 +55,26 @@ def run_cli(
     return subprocess.run(command, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
+# Metrics that measure the machine, not the run: left out where two runs are compared for equality.
+TIMINGS = {"tokens_per_s", "computed_tokens_per_s", "target_tokens_per_s", "peak_memory_mb"}
+
+
+def assert_resumed_like(run_dir: Path, reference: Path, *, after_step: int) -> None:
+    """A run resumed from its step-`after_step` checkpoint ended as the uninterrupted `reference` did, bit for bit:
+    the adapter's tensors, every metric after that step (timings aside) and completions.jsonl."""
+    import torch
+    from safetensors.torch import load_file
+
+    adapter = Path("adapter") / "adapter_model.safetensors"
+    ours, theirs = load_file(str(run_dir / adapter)), load_file(str(reference / adapter))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+    def after(run: Path) -> list[dict]:
+        return [{k: v for k, v in m.items() if k not in TIMINGS} for m in read_metrics(run) if m["step"] > after_step]
+
+    assert after(run_dir) == after(reference)
+    assert (run_dir / "completions.jsonl").read_text() == (reference / "completions.jsonl").read_text()
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]

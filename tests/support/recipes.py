@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from seqtune.config.recipe_spec import RecipeSpec, recipe_spec
+from tests.support.cli import TIMINGS as TIMINGS  # the recipe tests compare runs without them
 from tests.support.shared_runs import ok as ok  # the recipe tests check their own runs with it
 from tests.support.shared_runs import trained_once
 
@@ -30,7 +31,6 @@ COMMON = [
     "preflight.show=1",
 ]
 STOPPED_AT = 6
-TIMINGS = {"tokens_per_s", "computed_tokens_per_s", "target_tokens_per_s", "peak_memory_mb"}
 WORDS = ("red", "green", "blue", "amber", "violet")
 
 
