@@ -162,3 +162,21 @@ def test_it_loads_dequantized_to_exactly_the_weights_its_codes_and_scales_state(
     with safe_open(str(saved / SINGLE), framework="pt") as f:
         assert torch.equal(f.get_tensor(f"{EXPERTS}.down_proj").float(), expected[f"{EXPERTS}.down_proj"])
         assert not [name for name in f.keys() if name.endswith(("_blocks", "_scales"))]
+
+
+def test_gpt_oss_facts_come_from_the_checkpoint(release):
+    """A mixture of experts by model.path: LoRA adapts attention (experts fused, router no Linear), the router's
+    load-balancing coefficient and the sliding layers read from config.json."""
+    from seqtune.models import read_model_facts, spec_for
+
+    spec = spec_for(_cfg(release))
+    facts = read_model_facts(_cfg(release), spec)
+    config = json.loads((release / "config.json").read_text())
+    assert spec.hf_model_class == "GptOssForCausalLM" and sorted(spec.lora_targets) == [
+        "k_proj",
+        "o_proj",
+        "q_proj",
+        "v_proj",
+    ]
+    assert facts.router_aux_loss_coef == config["router_aux_loss_coef"] and facts.sliding_window
+    assert config["layer_types"] == ["sliding_attention", "full_attention"]
