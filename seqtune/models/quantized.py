@@ -383,7 +383,7 @@ def read_layout(layout: Layout, headers: dict[str, dict[str, Entry]], expected: 
             (
                 shard,
                 f"config.json states quantization_config.quant_method={layout.method} ({layout.label}), and no "
-                f"tensor is stored in that layout (a quantized weight is a{layout.weight} of "
+                f"tensor is stored in that layout (a quantized weight is a NAME{layout.weight} tensor of "
                 f"{' or '.join(sorted(layout.weight_dtypes))})",
             )
         )

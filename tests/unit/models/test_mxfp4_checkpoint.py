@@ -180,3 +180,14 @@ def test_gpt_oss_facts_come_from_the_checkpoint(release):
     ]
     assert facts.router_aux_loss_coef == config["router_aux_loss_coef"] and facts.sliding_window
     assert config["layer_types"] == ["sliding_attention", "full_attention"]
+
+
+def test_a_config_stating_mxfp4_over_bf16_experts_is_named(release, tmp_path):
+    """config.json states MXFP4, the files hold the bf16 release: no tensor in the layout, named with what it is."""
+    path = Path(shutil.copytree(release, tmp_path / "stated"))
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "mxfp4"}}))
+    messages = [fault.message for fault in checkpoint_faults(str(path), _arch(path))]
+    assert any(
+        "no tensor is stored in that layout (a quantized weight is a NAME_blocks tensor of U8)" in m for m in messages
+    )
