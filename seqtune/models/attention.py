@@ -8,7 +8,8 @@ One rule, which the plan's resolution applies once (seqtune.preflight.resolve) a
 - sdpa: torch's scaled_dot_product_attention with a mask (any device and dtype).
 - eager: transformers' reference implementation.
 
-auto = flash_attention_2 if installed, else torch_varlen, on CUDA with bf16/fp16 compute; sdpa everywhere else.
+auto = flash_attention_2 if installed, else torch_varlen, on CUDA with bf16/fp16 compute; sdpa everywhere else. An
+architecture that declares the implementations honouring its attention (gpt-oss's sinks: eager) is held to them.
 Every choice here keeps packed documents apart (position ids restart at 0 per document).
 
 Light on purpose: torch is asked only when the device is CUDA (a CUDA machine has imported it already), so on a
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 from seqtune.config.errors import ConfigError
 from seqtune.config.schema import AttnImplementation
+from seqtune.models.registry import architecture_for
 
 ATTN_IMPLEMENTATIONS: tuple[str, ...] = tuple(AttnImplementation)
 TORCH_VARLEN = AttnImplementation.torch_varlen.value
@@ -49,6 +51,9 @@ class AttentionEnv:
     sliding_window: bool = False
     # Attention dropout or logit softcapping in the model config: FlashAttention varlen supports neither.
     dropout_or_softcap: bool = False
+    # config.json's model_type: an architecture may declare the implementations that honour its attention
+    # (seqtune.models.spec.Architecture.attention: gpt-oss's sinks).
+    model_type: str = ""
 
 
 def flash_attn_installed() -> bool:
@@ -70,6 +75,9 @@ def _varlen_support() -> tuple[bool, bool]:
 
 def _why_not(name: str, env: AttentionEnv) -> list[str]:
     """Why kernel `name` cannot run in `env` (empty when it can)."""
+    architecture = architecture_for(env.model_type)
+    if architecture is not None and architecture.attention and name not in architecture.attention:
+        return [f"does not compute {env.model_type}'s {architecture.attention_needs}"]
     if name in ("sdpa", "eager"):
         return []
     reasons = []
@@ -126,6 +134,10 @@ def attention_choice(requested: str, env: AttentionEnv) -> AttentionChoice:
         if not why:
             return AttentionChoice(name=name, reason=f"auto: {'; '.join(skipped + [f'{name} can run'])}")
         skipped.append(f"not {name} ({why[0]})")
+    # sdpa runs everywhere, unless the architecture's attention is one sdpa does not compute (then eager).
+    sdpa_why = _why_not("sdpa", env)
+    if sdpa_why:
+        return AttentionChoice(name="eager", reason=f"auto: {'; '.join(skipped + [f'not sdpa ({sdpa_why[0]})'])}")
     return AttentionChoice(name="sdpa", reason=f"auto: {'; '.join(skipped)}")
 
 

@@ -25,6 +25,7 @@ from seqtune.config.schema import AttnImplementation, ModelConfig
 from seqtune.models.auto import spec_for
 from seqtune.models.checkpoint_check import check_finite_weights, check_loading_info
 from seqtune.models.facts import EXPECTED_CHECKPOINT, PATH_FIX, check_checkpoint_dir, check_model_type, read_config_json
+from seqtune.models.quantized import stated_quantization
 from seqtune.models.scalar_head import score_class
 from seqtune.models.spec import ModelSpec, arch_mismatches, build_tiny_config, check_unused_fields, resolve_tiny_fields
 from seqtune.models.varlen import register as register_varlen
@@ -199,8 +200,8 @@ def _load_checkpoint(
             bnb_4bit_compute_dtype=torch.float16 if dtype == torch.float16 else torch.bfloat16,
         )
         device_map = {"": torch.cuda.current_device()}
-    elif _stored_quantization(hf_config) == "fp8":
-        quantization = _dequantized_fp8(cfg, hf_config, dtype)
+    else:
+        quantization = _dequantizing(cfg, root, dtype)
     try:
         model, info = model_class.from_pretrained(
             root,
@@ -234,39 +235,33 @@ def _load_checkpoint(
     return model
 
 
-def _stored_quantization(hf_config) -> str | None:
-    """config.json's quantization_config.quant_method (a pre-quantized checkpoint), or None."""
-    stated = getattr(hf_config, "quantization_config", None)
-    if stated is None:
+def _dequantizing(cfg: ModelConfig, root: Path, dtype):
+    """transformers' dequantizing config for a checkpoint whose layout loads dequantized to model.dtype on every
+    device (seqtune.models.quantized: FP8 block-scaled, whose finegrained_fp8 has no CPU kernels, and MXFP4, whose
+    stored form transformers does not train), else None. LoRA over the stored formats kept on a GPU is not run
+    here yet, so the adapter trains over, and a merged export merges into, the dequantized weights."""
+    stated = stated_quantization(root)
+    if stated is None or stated.layout is None or not stated.layout.dequantized:
         return None
-    method = stated.get("quant_method") if isinstance(stated, dict) else getattr(stated, "quant_method", None)
-    return str(method) if method is not None else None
-
-
-def _dequantized_fp8(cfg: ModelConfig, hf_config, dtype):
-    """An FP8 block-scaled checkpoint (seqtune.models.checkpoint_check reads its layout) loads dequantized to
-    model.dtype on every device: transformers' finegrained_fp8 has no kernels on the CPU (it dequantizes there on
-    its own), and LoRA over FP8 Linears kept in FP8 on a GPU is not run here yet. So the adapter trains over, and a
-    merged export merges into, the dequantized weights."""
     print(
-        f"model.path={cfg.path}: FP8 block-scaled checkpoint (config.json quantization_config); its weights are "
-        f"dequantized to {str(dtype).removeprefix('torch.')} while loading (transformers' finegrained_fp8), so "
-        "training and any merged export use the dequantized weights.",
+        f"model.path={cfg.path}: {stated.layout.label} checkpoint (config.json quantization_config); its weights "
+        f"are dequantized to {str(dtype).removeprefix('torch.')} while loading (transformers' "
+        f"{stated.layout.dequantized}(dequantize=True)), so training and any merged export use the dequantized "
+        "weights.",
         flush=True,
     )
-    stated = hf_config.quantization_config
-    stated = stated if isinstance(stated, dict) else stated.to_dict()
     # Its loading attributes replace the checkpoint's: the modules it left unquantized must stay named.
-    return transformers.FineGrainedFP8Config(
-        dequantize=True, modules_to_not_convert=stated.get("modules_to_not_convert")
+    return getattr(transformers, stated.layout.dequantized)(
+        dequantize=True, modules_to_not_convert=stated.config.get("modules_to_not_convert")
     )
 
 
 def _plain_after_dequantizing(model, dtype):
-    """A dequantized FP8 model as a plain one: transformers loads the tensors it did not dequantize in their stored
-    dtype, not `dtype`, and keeps the dequantizing converter among the model's weight conversions, so
-    save_pretrained would reverse it and write FP8 weight_scale_inv tensors for every weight (embeddings included)
-    into a config.json that no longer states a quantization_config: a merged export that loads wrong."""
+    """A dequantized model as a plain one: transformers loads the tensors it did not dequantize in their stored
+    dtype, not `dtype`, and keeps the dequantizing converter (FP8's Fp8Dequantize, MXFP4's Mxfp4Dequantize) among
+    the model's weight conversions, so save_pretrained would reverse it (FP8: weight_scale_inv tensors for every
+    weight, embeddings included) into a config.json that no longer states a quantization_config: a merged export
+    that loads wrong."""
     conversions = getattr(model, "_weight_conversions", None) or []
     model._weight_conversions = [
         c for c in conversions if not any("Dequantize" in type(op).__name__ for op in getattr(c, "operations", ()))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from seqtune.models.registry import gguf_model_types, gguf_row
+from seqtune.models.registry import architecture_for, gguf_model_types, gguf_row
 
 # rope scaling types the writer encodes (llama3: a rope_freqs tensor; linear: a factor).
 ROPE_SCALINGS = (None, "default", "llama3", "linear")
@@ -19,6 +19,9 @@ def gguf_refusal(model_type: str, rope_type: str | None = None, config: dict | N
     """Why a model cannot be written as GGUF here, or None. `config` (config.json, when there is one): what the
     architecture's row says llama.cpp's graph cannot express (GgufRow.refusal)."""
     row = gguf_row(model_type)
+    architecture = architecture_for(model_type)
+    if row is None and architecture is not None and architecture.gguf_refused:
+        return f"the GGUF writer does not write model_type {model_type!r}: {architecture.gguf_refused}"
     if row is None:
         return (
             f"the GGUF writer does not know model_type {model_type!r} (it knows {', '.join(gguf_model_types())}: "

@@ -13,6 +13,8 @@ tensor (`weight` below) with tensors beside it (`aux`: scales, zero points, the 
                        float-quantized: X.weight I8 / F8
   gptq                 X.qweight I32 [in*bits/32, out]        X.qzeros, X.scales [in/group, out], X.g_idx [in]
   awq (gemm)           X.qweight I32 [in, out*bits/32]        X.qzeros, X.scales [in/group, out]
+  mxfp4 (gpt-oss)      X_blocks U8 [experts, out, in/32, 16]  X_scales U8 [experts, out, in/32] (e8m0: 2^(s-127))
+                       (a fused expert matrix X [experts, in, out]: 32 FP4 e2m1 values a block, two per byte)
 
 Read here: which parameter each weight tensor is and its shape as the model holds it (to prove the checkpoint
 against its architecture), what is missing or left over, and the bytes each parameter occupies as stored (the
@@ -48,8 +50,12 @@ class Layout:
     # (weight entry, its aux entries by suffix, the architecture's shape for the parameter) ->
     # (the parameter's shape as the model holds it, or None; what is wrong, or None)
     shape: Callable[[Entry, dict[str, Entry], Shape | None], tuple[Shape | None, str | None]]
-    # True: loading dequantizes to model.dtype (seqtune.models.build), so the model holds float weights
-    dequantized: bool = False
+    # transformers' quantization config whose dequantize=True path loads it dequantized to model.dtype
+    # (seqtune.models.build), so the model holds float weights; "": it would stay as stored
+    dequantized: str = ""
+    # What the parameter is named from the weight tensor's name less `weight`: "X.weight" from "X.qweight"; MXFP4's
+    # "X" from "X_blocks" (a fused expert matrix is a parameter of its own, not a module's weight).
+    parameter: str = ".weight"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,7 +116,7 @@ def fp8_layout(config: dict[str, Any]) -> Layout:
         aux=(".weight_scale_inv",),
         required=(".weight_scale_inv",),
         shape=shape,
-        dequantized=True,
+        dequantized="FineGrainedFP8Config",
     )
 
 
@@ -257,16 +263,49 @@ def _awq(config: dict[str, Any]) -> Layout | str:
     )
 
 
+MXFP4_BLOCK = 32  # FP4 values sharing one e8m0 scale
+MXFP4_BLOCK_BYTES = MXFP4_BLOCK // 2
+
+
+def _mxfp4_shape(weight: Entry, aux: dict[str, Entry], expected: Shape | None) -> tuple[Shape | None, str | None]:
+    """X_blocks [..., out, in/32, 16] with X_scales [..., out, in/32]: the model holds X as [..., in, out]
+    (transformers' Mxfp4Dequantize unpacks each row's blocks, then swaps the last two dimensions)."""
+    blocks, scales = list(weight["shape"]), aux["_scales"]
+    if len(blocks) < 3 or blocks[-1] != MXFP4_BLOCK_BYTES:
+        return None, (
+            f"holds {blocks} packed bytes, not [..., out, in/{MXFP4_BLOCK}, {MXFP4_BLOCK_BYTES}] "
+            f"({MXFP4_BLOCK} FP4 values a block, two a byte)"
+        )
+    if scales["dtype"] != "U8" or list(scales["shape"]) != blocks[:-1]:
+        return None, (
+            f"has an _scales ({scales['dtype']} {list(scales['shape'])}) that is not the U8 e8m0 exponents "
+            f"{blocks[:-1]}, one per block of {MXFP4_BLOCK}"
+        )
+    *lead, out, groups, _ = blocks
+    return (*lead, groups * MXFP4_BLOCK, out), None
+
+
+def _mxfp4(config: dict[str, Any]) -> Layout:
+    return Layout(
+        method="mxfp4",
+        label="MXFP4",
+        weight="_blocks",
+        weight_dtypes=frozenset({"U8"}),
+        aux=("_scales",),
+        required=("_scales",),
+        shape=_mxfp4_shape,
+        dequantized="Mxfp4Config",
+        parameter="",
+    )
+
+
 LAYOUTS: dict[str, Callable[[dict[str, Any]], Layout | str]] = {
     FP8: fp8_layout,
     "bitsandbytes": _bitsandbytes,
     "compressed-tensors": _compressed_tensors,
     "gptq": _gptq,
     "awq": _awq,
-}
-UNREAD = {
-    "mxfp4": "seqtune does not read MXFP4's blocks and scales yet (transformers stores them for gpt-oss's experts "
-    "only, and trains over them through its triton kernels on recent GPUs)",
+    "mxfp4": _mxfp4,
 }
 
 
@@ -283,7 +322,7 @@ def stated_quantization(root: Path) -> Quantization | None:
     method = str(stated.get("quant_method"))
     reader = LAYOUTS.get(method)
     if reader is None:
-        why = UNREAD.get(method, f"seqtune reads the layouts of {', '.join(LAYOUTS)}, not {method}")
+        why = f"seqtune reads the layouts of {', '.join(LAYOUTS)}, not {method}"
         return Quantization(method=method, config=stated, layout=None, unread=why)
     layout = reader(stated)
     if isinstance(layout, str):
@@ -309,7 +348,8 @@ def read_layout(layout: Layout, headers: dict[str, dict[str, Entry]], expected: 
     for name, (shard, entry) in entries.items():
         if not name.endswith(layout.weight) or entry["dtype"] not in layout.weight_dtypes:
             continue
-        base, param = name.removesuffix(layout.weight), name.removesuffix(layout.weight) + ".weight"
+        base = name.removesuffix(layout.weight)
+        param = base + layout.parameter
         aux = {s: entries[base + s][1] for s in layout.aux if base + s in entries}
         claimed |= {name, *(base + s for s in aux)}
         missing = [base + s for s in layout.required if s not in aux]
@@ -343,7 +383,7 @@ def read_layout(layout: Layout, headers: dict[str, dict[str, Entry]], expected: 
             (
                 shard,
                 f"config.json states quantization_config.quant_method={layout.method} ({layout.label}), and no "
-                f"tensor is stored in that layout (a quantized weight is a{layout.weight} of "
+                f"tensor is stored in that layout (a quantized weight is a NAME{layout.weight} tensor of "
                 f"{' or '.join(sorted(layout.weight_dtypes))})",
             )
         )
@@ -351,9 +391,9 @@ def read_layout(layout: Layout, headers: dict[str, dict[str, Entry]], expected: 
 
 
 def trains_here(quantization: Quantization, *, lora: bool) -> str | None:
-    """Why a run cannot train over this checkpoint here (None: it can). FP8 block-scaled loads dequantized to
-    model.dtype (transformers' finegrained_fp8 dequantizing path, on every device), so LoRA and full fine-tuning
-    train over float weights. The others would stay quantized in integer or 4-bit tensors, which a full fine-tune
+    """Why a run cannot train over this checkpoint here (None: it can). FP8 block-scaled and MXFP4 load dequantized
+    to model.dtype (transformers' finegrained_fp8 and mxfp4 dequantizing paths, on every device), so LoRA and full
+    fine-tuning train over float weights. The others would stay quantized in integer or 4-bit tensors, which a full fine-tune
     cannot step, and seqtune loads none of them yet (below, per method, why)."""
     if quantization.layout is not None and quantization.layout.dequantized:
         return None
@@ -402,8 +442,8 @@ def stored_weights(
     root: Path, headers: dict[str, dict[str, Entry]], expected: dict[str, Shape]
 ) -> StoredWeights | None:
     """What the quantized parameters of the checkpoint at `root` occupy once loaded (None: not quantized, or a
-    layout seqtune does not read). Loading dequantizes FP8 block-scaled (seqtune.models.build), so it counts as
-    float weights; the others would stay as stored."""
+    layout seqtune does not read). Loading dequantizes FP8 block-scaled and MXFP4 (seqtune.models.build), so they
+    count as float weights; the others would stay as stored."""
     quantization = stated_quantization(root)
     if quantization is None or quantization.layout is None:
         return None

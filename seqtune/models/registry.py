@@ -6,7 +6,8 @@ listing, and this module reads the specs from the registry. Every list of famili
 read from the specs here: `FAMILIES` (what the tests parametrize over), Liger's model types, the written-down tensor
 layouts (arch.py) and the GGUF rows (export/gguf.py). An architecture no family covers (a model=hf checkpoint) may
 state its own facts the same way, in a module of seqtune/models/architectures/ registering its
-`ARCHITECTURE = Architecture(...)` (qwen3_moe.py, mixtral.py, olmoe.py: their GGUF rows). No table keyed by a family
+`ARCHITECTURE = Architecture(...)` (qwen3_moe.py, mixtral.py, olmoe.py: their GGUF rows; gpt_oss.py: the attention
+kernels that honour its sinks). No table keyed by a family
 name or a model_type lives anywhere else (tests/unit/models/test_family_facts.py).
 
 Light (no torch, no transformers) and low in seqtune/models' import order: it imports spec.py, whose registries load
@@ -59,6 +60,11 @@ def liger_model_types() -> tuple[str, ...]:
 def layout_for(model_type: str) -> Layout | None:
     """The written-down decoder layout of `model_type`: the first family declaring it with one, else None."""
     return next((spec.layout for spec in specs_for_model_type(model_type) if spec.layout is not None), None)
+
+
+def architecture_for(model_type: str) -> Architecture | None:
+    """The architecture module declaring `model_type` (a model=hf checkpoint no family covers), else None."""
+    return next((arch for arch in architectures() if model_type in arch.model_types), None)
 
 
 def gguf_row(model_type: str) -> GgufRow | None:

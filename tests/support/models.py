@@ -1,4 +1,4 @@
-"""Tiny real models: ModelConfigs composed from the real seqtune/configs/model/*_tiny.yaml, LoRA as the recipe applies it, pre-quantized checkpoints in the layouts their methods store (FP8 block-scaled, bitsandbytes 4-/8-bit, compressed-tensors, GPTQ, AWQ)."""
+"""Tiny real models: ModelConfigs composed from the real seqtune/configs/model/*_tiny.yaml, LoRA as the recipe applies it, pre-quantized checkpoints in the layouts their methods store (FP8 block-scaled, bitsandbytes 4-/8-bit, compressed-tensors, GPTQ, AWQ, MXFP4)."""
 
 from __future__ import annotations
 
@@ -241,3 +241,43 @@ def write_quantized(saved: Path, layout: str) -> None:
     """Turn the checkpoint save_pretrained wrote into `saved` into one of QUANTIZED_LAYOUTS."""
     quantize, config = QUANTIZED_LAYOUTS[layout]
     _rewrite_projections(saved, quantize, config)
+
+
+# The 16 values of an FP4 e2m1 code (transformers.integrations.mxfp4.FP4_VALUES: code 0..7 positive, 8..15 negative).
+FP4_E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+MXFP4_BLOCK = 32  # FP4 values per shared e8m0 scale
+
+
+def write_mxfp4(saved: Path, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Turn the gpt-oss checkpoint save_pretrained wrote into `saved` into the layout gpt-oss ships: each expert
+    matrix X ([experts, in, out] in the model) stored transposed as X_blocks (uint8 [experts, out, in/32, 16]: 32
+    FP4 e2m1 codes per block, two per byte, the even element in the low nibble) and X_scales (uint8 e8m0
+    [experts, out, in/32]: the block's power of two + 127), and config.json's quantization_config as the release
+    states it. The codes and exponents are drawn at random, so the dequantized weights are exactly known: returned
+    as the model holds them (float32, [experts, in, out])."""
+    from safetensors.torch import load_file, save_file
+
+    generator = torch.Generator().manual_seed(seed)
+    tensors = load_file(str(saved / "model.safetensors"))
+    expected: dict[str, torch.Tensor] = {}
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        experts, fan_in, fan_out = tensors.pop(name).shape
+        codes = torch.randint(0, 16, (experts, fan_out, fan_in // MXFP4_BLOCK, MXFP4_BLOCK), generator=generator)
+        exponents = torch.randint(-8, -4, (experts, fan_out, fan_in // MXFP4_BLOCK), generator=generator)
+        values = torch.tensor(FP4_E2M1)[codes] * torch.exp2(exponents.float())[..., None]
+        expected[name] = values.reshape(experts, fan_out, fan_in).transpose(1, 2).contiguous()
+        tensors[name + "_blocks"] = (codes[..., 0::2] | codes[..., 1::2] << 4).to(torch.uint8).contiguous()
+        tensors[name + "_scales"] = (exponents + 127).to(torch.uint8).contiguous()
+    save_file(tensors, str(saved / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((saved / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": [
+            "model.layers.*.self_attn",
+            "model.layers.*.mlp.router",
+            "model.embed_tokens",
+            "lm_head",
+        ],
+    }
+    (saved / "config.json").write_text(json.dumps(config, indent=2))
+    return expected

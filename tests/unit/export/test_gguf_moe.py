@@ -119,3 +119,10 @@ def test_the_fixtures_refusal_is_read_from_model_path(tmp_path):
 @pytest.mark.parametrize("model_type", ["qwen2_moe", "jetmoe", "phimoe", "deepseek_v3"])
 def test_a_mixture_of_experts_without_a_row_is_refused_by_name(model_type):
     assert f"does not know model_type {model_type!r}" in gguf_refusal(model_type)
+
+
+def test_gpt_oss_is_refused_naming_what_the_writer_does_not_encode():
+    """gpt-oss's architecture module states why it has no GGUF row (preflight refuses train.export_gguf by it)."""
+    refusal = gguf_refusal("gpt_oss")
+    assert refusal is not None and "the GGUF writer does not write model_type 'gpt_oss'" in refusal
+    assert "attention sinks" in refusal and "convert_hf_to_gguf.py" in refusal

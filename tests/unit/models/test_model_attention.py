@@ -127,3 +127,27 @@ def test_which_backends_read_gqa_heads_as_they_are(monkeypatch):
     for supported in (True, False):
         monkeypatch.setattr(varlen, "kernel_supports_gqa", lambda supported=supported: supported)
         assert attention.native_gqa("torch_varlen") is supported
+
+
+GPT_OSS_CPU = AttentionEnv(device_type="cpu", compute_dtype="bfloat16", sliding_window=True, model_type="gpt_oss")
+
+
+def test_gpt_oss_runs_eager_the_one_implementation_that_computes_its_attention_sinks():
+    """gpt-oss's architecture module declares eager: auto picks it, and sdpa (which transformers' gpt-oss lacks and
+    which would drop the sinks) is refused naming them, with the fix."""
+    choice = attention_choice("auto", GPT_OSS_CPU)
+    assert choice.name == "eager" and "not sdpa (does not compute gpt_oss's attention sinks" in choice.reason
+    (problem,) = attn_backend_problems("sdpa", GPT_OSS_CPU)
+    assert "model.attn_implementation=sdpa does not compute gpt_oss's attention sinks" in problem
+    assert problem.endswith("Fix: model.attn_implementation=auto")
+    assert attention_choice("eager", GPT_OSS_CPU).name == "eager"
+
+
+def test_gpt_oss_on_cuda_is_never_given_a_kernel_without_its_sinks(ampere_gpu, monkeypatch):
+    monkeypatch.setattr(attention, "flash_attn_installed", lambda: True)
+    monkeypatch.setattr(attention, "_varlen_support", lambda: (True, True))
+    cuda = AttentionEnv(device_type="cuda", compute_dtype="bfloat16", sliding_window=True, model_type="gpt_oss")
+    assert attention_choice("auto", cuda).name == "eager"
+    for kernel in ("flash_attention_2", "torch_varlen"):
+        with pytest.raises(ConfigError, match=rf"{kernel} does not compute gpt_oss's attention sinks"):
+            attention_choice(kernel, cuda)

@@ -221,9 +221,10 @@ def test_a_layout_not_read_is_refused_once_naming_why(saved, tmp_path):
     (path / "config.json").write_text(json.dumps(config))
     (fault,) = _faults(path)
     assert "seqtune does not read: seqtune reads its pack-, int- and float-quantized formats, not format nvfp4" in fault
-    (path / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "mxfp4"}}))
+    (path / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "hqq"}}))
     (fault,) = _faults(path)
-    assert "quant_method=mxfp4) seqtune does not read: seqtune does not read MXFP4's blocks and scales yet" in fault
+    assert "quant_method=hqq) seqtune does not read: seqtune reads the layouts of fp8, " in fault
+    assert fault.count("mxfp4") == 1 and "not hqq" in fault
 
 
 def test_fp8_block_scaled_is_estimated_dequantized_and_loaded_as_stored(saved, tmp_path):
