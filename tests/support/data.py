@@ -1,4 +1,5 @@
-"""Data helpers: the real bundled tokenizer, a JSONL writer (broken lines included), the tiny vision model's image facts."""
+"""Data helpers: the real bundled tokenizer, a JSONL writer (broken lines included), a small chat task, the tiny
+vision model's image facts."""
 
 from __future__ import annotations
 
@@ -26,6 +27,26 @@ def write_jsonl(path: Path, rows: list) -> Path:
                 f.write(row.encode() + b"\n")
             else:
                 f.write(json.dumps(row).encode() + b"\n")
+    return path
+
+
+def write_sums_chat(path: Path, records: int = 24) -> Path:
+    """`records` one-turn chat records, "What is i plus i?" answered "It is 2i.": a small task a tiny model learns
+    in a few steps (the export and local-run tests train on it)."""
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": f"What is {i} plus {i}?"},
+                        {"role": "assistant", "content": f"It is {2 * i}."},
+                    ]
+                }
+            )
+            + "\n"
+            for i in range(records)
+        )
+    )
     return path
 
 
