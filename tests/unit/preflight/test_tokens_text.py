@@ -15,6 +15,7 @@ from seqtune.models import get_spec
 from seqtune.preflight import checks_labels as labels
 from seqtune.preflight.tokens_text import PROOF_FILE, split_text_proof, stored_text_proof
 from seqtune.tokenizers import load_tokenizer
+from tests.support.data import boundary_records
 from tests.support.splits import scan_files
 
 FETCHED = [
@@ -24,15 +25,7 @@ FETCHED = [
     ("llama3", "llama3"),
     ("gemma3", "gemma3"),
 ]
-RECORDS = {
-    "alpaca": [{"instruction": f"List {i} items.", "input": "", "output": f"[{i}, 2]\nDone."} for i in range(6)],
-    "input_output": [{"input": f"Q{i}: what?\n", "output": f"[{i}] answer"} for i in range(6)],
-    "text": [{"text": f"[{i}] plain text\nwith lines"} for i in range(6)],
-    "chat": [
-        {"messages": [{"role": "user", "content": f"Hi {i}"}, {"role": "assistant", "content": f"[{i}] Hello"}]}
-        for i in range(6)
-    ],
-}
+RECORDS = boundary_records(6)
 
 
 @pytest.fixture(scope="module", params=FETCHED, ids=[name for name, _ in FETCHED])
