@@ -93,15 +93,18 @@ def child_env(threads: int) -> dict[str, str]:
     }
 
 
-def run_child(cmd: list[str], threads: int) -> tuple[subprocess.CompletedProcess, float, float]:
+def run_child(cmd: list[str], threads: int, *, what: str) -> tuple[subprocess.CompletedProcess, float, float]:
     """(result, wall seconds, CPU seconds of the child): on a loaded machine a process waits for a core, which
-    costs wall time but no CPU time, so CPU seconds compare the work of two runs more robustly."""
+    costs wall time but no CPU time, so CPU seconds compare the work of two runs more robustly. A failed child ends
+    the bench with the tail of its output (`what`: which side failed)."""
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     began = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, env=child_env(threads), capture_output=True, text=True)
     wall = time.perf_counter() - began
     cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
+    if proc.returncode != 0:
+        raise SystemExit(f"{what} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc, wall, cpu
 
 

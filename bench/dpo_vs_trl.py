@@ -74,9 +74,7 @@ def seqtune_command(run_dir: Path, *, checkpoint: Path, work: Path, steps: int, 
 def run_seqtune(*, checkpoint: Path, work: Path, steps: int, threads: int, tag: str, lr: float | None) -> dict:
     run_dir = work / f"seqtune-{tag}"
     cmd = seqtune_command(run_dir, checkpoint=checkpoint, work=work, steps=steps, lr=lr)
-    proc, wall, cpu = run_child(cmd, threads)
-    if proc.returncode != 0:
-        raise SystemExit(f"seqtune failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    proc, wall, cpu = run_child(cmd, threads, what="seqtune")
     steps_logged = seqtune_steps(run_dir)
     return {
         "side": "seqtune",
@@ -102,9 +100,7 @@ def run_trl(python: Path, *, spec: Path, threads: int, tokens_out: Path | None) 
     cmd = [str(python), str(REPO / "bench" / "_trl_dpo_baseline.py"), "--spec", str(spec)]
     if tokens_out is not None:
         cmd += ["--tokens-out", str(tokens_out)]
-    proc, wall, cpu = run_child(cmd, threads)
-    if proc.returncode != 0:
-        raise SystemExit(f"TRL baseline failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    proc, wall, cpu = run_child(cmd, threads, what="TRL baseline")
     result = trl_result(proc.stdout)
     return {
         "side": "trl",

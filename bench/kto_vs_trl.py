@@ -58,9 +58,7 @@ def seqtune_run(work: Path, *, checkpoint: Path, data: Path, steps: int, lr: flo
         "train.progress=false",
         f"optim.lr={lr}",
     ]
-    proc, _, _ = run_child(cmd, threads)
-    if proc.returncode != 0:
-        raise SystemExit(f"seqtune failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    proc, _, _ = run_child(cmd, threads, what="seqtune")
     return run_dir
 
 
@@ -89,10 +87,10 @@ def main() -> None:
     }
     (work / "trl_spec.json").write_text(json.dumps(spec))
     proc, _, _ = run_child(
-        [str(python), str(REPO / "bench" / "_trl_kto_baseline.py"), "--spec", str(work / "trl_spec.json")], args.threads
+        [str(python), str(REPO / "bench" / "_trl_kto_baseline.py"), "--spec", str(work / "trl_spec.json")],
+        args.threads,
+        what="TRL baseline",
     )
-    if proc.returncode != 0:
-        raise SystemExit(f"TRL baseline failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     trl = trl_result(proc.stdout)
     ours = seqtune_steps(run_dir)
     parity = loss_parity([m["loss"] for m in ours], trl["losses"])

@@ -81,9 +81,7 @@ def seqtune_command(run_dir: Path, *, padding: str, checkpoint: Path, data: Path
 def run_seqtune(padding: str, *, checkpoint: Path, data: Path, work: Path, steps: int, threads: int, tag: str) -> dict:
     run_dir = work / f"seqtune-{padding}-{tag}"
     cmd = seqtune_command(run_dir, padding=padding, checkpoint=checkpoint, data=data, work=work, steps=steps)
-    proc, wall, cpu = run_child(cmd, threads)
-    if proc.returncode != 0:
-        raise SystemExit(f"seqtune failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    proc, wall, cpu = run_child(cmd, threads, what="seqtune")
     return {
         "side": "seqtune",
         "layout": padding,
@@ -161,9 +159,7 @@ def trl_command(python: Path, spec: Path, mode: str) -> list[str]:
 
 def run_trl(python: Path, *, spec: Path, mode: str, threads: int) -> dict:
     cmd = trl_command(python, spec, mode)
-    proc, wall, cpu = run_child(cmd, threads)
-    if proc.returncode != 0:
-        raise SystemExit(f"TRL baseline failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    proc, wall, cpu = run_child(cmd, threads, what="TRL baseline")
     result = trl_result(proc.stdout)
     return {
         "side": "trl",

@@ -18,15 +18,18 @@ import hashlib
 import io
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from seqtune.config.errors import DataError
 
 if TYPE_CHECKING:
     from PIL import Image
+
+T = TypeVar("T")
 
 # What resolve_image accepts, for the keys of caches whose records it decided (a change to the rule is a new cache):
 # paths under the root (relative, or absolute under it), file: URLs of them, base64 image data: URIs; no URLs; a
@@ -223,24 +226,20 @@ def load_image(ref: ImageRef) -> Image.Image:
 
 def describe_image(ref: ImageRef) -> str:
     """Format, mode and size from the image's header ("PNG RGB 64x64"), without decoding its pixels."""
-    try:
-        with _open(ref) as image:
-            return _described(image)
-    except _unreadable() as exc:
-        raise ImageRefused(
-            "bad_image",
-            f"{ref.name} is not an image Pillow can read: {type(exc).__name__}: {exc}",
-            where=ref.where,
-            fix=BAD_IMAGE_FIX,
-        ) from None
+    return _from_header(ref, _described)
 
 
 def image_dimensions(ref: ImageRef) -> tuple[int, int]:
     """(width, height) from the image's header, without decoding its pixels (what a dynamic-resolution processor
     sizes the image's tokens by). Raises ImageRefused for a file Pillow cannot read."""
+    return _from_header(ref, lambda image: (image.width, image.height))
+
+
+def _from_header(ref: ImageRef, read: Callable[[Image.Image], T]) -> T:
+    """`read` of the opened image (its header only, no pixels decoded); ImageRefused for a file Pillow cannot read."""
     try:
         with _open(ref) as image:
-            return image.width, image.height
+            return read(image)
     except _unreadable() as exc:
         raise ImageRefused(
             "bad_image",

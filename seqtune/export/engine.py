@@ -13,13 +13,16 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from seqtune.config.errors import ConfigError
 from seqtune.export.artifacts import RUN_DIR_ARG
 from seqtune.export.proof import EXPORT_JSON
+
+if TYPE_CHECKING:
+    from transformers import GenerationConfig
 
 SERVED = ("merged", "model", "adapter")
 
@@ -32,6 +35,31 @@ class Sampling:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+
+
+def generation_defaults(config: GenerationConfig) -> Sampling:
+    """The sampling a run's generation_config.json asks for: greedy unless it samples, 256 new tokens when it names
+    no max_new_tokens (both engines' defaults, whatever model serves)."""
+    return Sampling(
+        max_tokens=config.max_new_tokens or 256,
+        temperature=float(config.temperature or 1.0) if config.do_sample else 0.0,
+        top_p=float(config.top_p or 1.0) if config.do_sample else 1.0,
+    )
+
+
+class RunTokenizer:
+    """A conversation or a rendered text as token ids through the served run's tokenizer (`self.tokenizer`)."""
+
+    tokenizer: Any
+
+    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """The conversation rendered with the run's chat template and its generation prompt, as token ids."""
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self.text_ids(str(text))
+
+    def text_ids(self, text: str) -> list[int]:
+        """A rendered text's ids: its special tokens are the template's, none added again."""
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def served_artifact(run_dir: Path) -> str:
@@ -54,7 +82,7 @@ def served_artifact(run_dir: Path) -> str:
     return name
 
 
-class Engine:
+class Engine(RunTokenizer):
     """The served model, its tokenizer, stop ids and default sampling. Not thread-safe: callers hold one lock."""
 
     def __init__(self, run_dir: Path, *, device: str | None = None) -> None:
@@ -74,20 +102,7 @@ class Engine:
         listed = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
         self.stop_ids = frozenset(int(t) for t in listed if t is not None)
         self.name = self.run_dir.name
-        self.defaults = Sampling(
-            max_tokens=config.max_new_tokens or 256,
-            temperature=float(config.temperature or 1.0) if config.do_sample else 0.0,
-            top_p=float(config.top_p or 1.0) if config.do_sample else 1.0,
-        )
-
-    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
-        """The conversation rendered with the run's chat template and its generation prompt, as token ids."""
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return self.text_ids(str(text))
-
-    def text_ids(self, text: str) -> list[int]:
-        """A rendered text's ids: its special tokens are the template's, none added again."""
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        self.defaults = generation_defaults(config)
 
     @torch.no_grad()
     def stream(self, ids: list[int], sampling: Sampling) -> Iterator[int]:

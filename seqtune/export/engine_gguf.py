@@ -16,7 +16,7 @@ import torch
 
 from seqtune.config.errors import ConfigError
 from seqtune.export.artifacts import GGUF_DIR, RUN_DIR_ARG
-from seqtune.export.engine import Sampling, pick
+from seqtune.export.engine import RunTokenizer, Sampling, generation_defaults, pick
 from seqtune.export.gguf import gguf_path
 from seqtune.export.proof import EXPORT_JSON
 
@@ -60,7 +60,7 @@ def tokenizer_dir(run_dir: Path) -> Path:
     return found
 
 
-class GgufEngine:
+class GgufEngine(RunTokenizer):
     """The served GGUF file in llama.cpp, the run's tokenizer, stop ids and default sampling. Not thread-safe."""
 
     def __init__(self, run_dir: Path, requested: str) -> None:
@@ -77,19 +77,7 @@ class GgufEngine:
         self.model = LlamaModel(path, n_ctx=CONTEXT)
         self.stop_ids = frozenset(self.model.end_ids())
         self.name = self.run_dir.name
-        config = GenerationConfig.from_pretrained(source)
-        self.defaults = Sampling(
-            max_tokens=config.max_new_tokens or 256,
-            temperature=float(config.temperature or 1.0) if config.do_sample else 0.0,
-            top_p=float(config.top_p or 1.0) if config.do_sample else 1.0,
-        )
-
-    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return self.text_ids(str(text))
-
-    def text_ids(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        self.defaults = generation_defaults(GenerationConfig.from_pretrained(source))
 
     def stream(self, ids: list[int], sampling: Sampling) -> Iterator[int]:
         """New token ids, one at a time, ending with a stop id (included), after max_tokens, or when the context

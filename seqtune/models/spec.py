@@ -309,6 +309,20 @@ def common_config_kwargs(f: dict[str, ArchValue]) -> dict[str, Any]:
     return {hf_name: f[name] for name, hf_name in HF_FIELD_NAMES.items()} | {"use_cache": False}
 
 
+def default_rope(theta: ArchValue) -> dict[str, Any]:
+    """Plain RoPE (no scaling) at base `theta`, as transformers' rope_parameters."""
+    return {"rope_type": "default", "rope_theta": theta}
+
+
+def decoder_config_kwargs(
+    f: dict[str, ArchValue], *, rms_norm_eps: float, rope: dict[str, Any] | None = None, **extra: Any
+) -> dict[str, Any]:
+    """HF config kwargs of an RMSNorm decoder's tiny build: the common fields, plain RoPE at the fields' theta
+    (unless the family gives its `rope`), the family's epsilon and whatever else it declares (`extra`)."""
+    rope_parameters = rope if rope is not None else default_rope(f["rope_theta"])
+    return {**common_config_kwargs(f), "rope_parameters": rope_parameters, "rms_norm_eps": rms_norm_eps, **extra}
+
+
 def common_arch_fields(hf_config: PretrainedConfig) -> dict[str, ArchValue]:
     """The fields every family stores under the same attribute, plus rope_theta from rope_parameters."""
     values = {name: getattr(hf_config, hf_name, None) for name, hf_name in HF_FIELD_NAMES.items()}
@@ -318,6 +332,11 @@ def common_arch_fields(hf_config: PretrainedConfig) -> dict[str, ArchValue]:
     scaled = rope.get("rope_type", "default") != "default"
     values["rope_scaling_factor"] = float(rope.get("factor", 0.0)) if scaled else 0.0
     return values
+
+
+def text_arch_fields(hf_config: PretrainedConfig) -> dict[str, ArchValue]:
+    """common_arch_fields of a multimodal config's text model (its language model's own config)."""
+    return common_arch_fields(hf_config.get_text_config())
 
 
 def arch_mismatches(cfg: ModelConfig, spec: ModelSpec, hf_config: PretrainedConfig) -> list[str]:

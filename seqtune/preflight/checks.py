@@ -514,28 +514,16 @@ def check_split_not_empty(
     ]
 
 
-# What fixes the records a reject code names, and the key it is about ({split}: the split's key).
+# What fixes the records a reject code names, and the key it is about ({split}: the split's key): the codes any
+# format's records are rejected with. A split's formats add theirs (seqtune.data.formats.reject_fixes).
 REJECT_FIXES: dict[str, tuple[str, str]] = {
     "bad_json": ("data.{split}", "write one JSON object per line (JSON Lines) or one JSON array of objects"),
     "bad_utf8": ("data.{split}", "re-encode the file as UTF-8"),
     "not_object": ("data.{split}", "make each record a JSON object {...} with the format's fields"),
-    "missing_field": (
-        "data.columns",
-        "name the data's fields with data.columns={FORMAT_FIELD: DATA_FIELD}, or set "
-        "data.format to the format the records are in (alpaca, input_output, text, "
-        "chat, sharegpt, tokenized)",
-    ),
-    "wrong_type": (
-        "data.format",
-        "set data.format to the format the records are in (chat: messages=[{role, "
-        "content}], sharegpt: conversations=[{from, value}]), or map fields with "
-        "data.columns",
-    ),
     "empty_text": ("data.{split}", "fill in the empty fields, or drop those records"),
     "missing_media": ("data.media_root", "data.media_root=DIR, the directory the records' media paths are under"),
     "empty_media": ("data.{split}", "put each media file's path between its tags, or remove the empty references"),
     "media_not_file": ("data.{split}", "name the media file itself in each reference, not a directory"),
-    "bad_token_id": ("data.{split}", "re-tokenize the data with the tokenizer this run uses"),
     "no_targets": ("data.{split}", "give every conversation an assistant reply (and a user turn before it)"),
     "no_user_turn": ("data.{split}", "give every conversation a user message before its assistant reply"),
     "unsupported_content": (
@@ -543,26 +531,7 @@ REJECT_FIXES: dict[str, tuple[str, str]] = {
         "keep only text content (images, audio and files do not train a text-only model; an image-text model reads "
         "images: model=gemma3_vision_tiny)",
     ),
-    "identical_pair": ("data.{split}", "give each pair a chosen and a rejected completion that differ"),
-    "history_mismatch": (
-        "data.{split}",
-        "give the shared conversation as `prompt` and only the replies as chosen and rejected",
-    ),
     "overlength": ("data.max_seq_len", "a larger data.max_seq_len (or auto), or data.overlength=truncate"),
-    "ambiguous_shape": (
-        "data.columns",
-        "keep one prompt field per pair (rename or remove the other with data.columns={FIELD: DATA_FIELD})",
-    ),
-    "unread_field": (
-        "data.columns",
-        "give each pair's prompt in the fields of one shape: Alpaca pairs {instruction, input, system, chosen, "
-        "rejected} are read as they are, without a data.columns mapping of prompt to instruction",
-    ),
-    "repeated_prompt": (
-        "data.{split}",
-        "keep only the replies in chosen and rejected, or leave the prompt field out so that the turns the two "
-        "conversations share are read as the prompt (as TRL's maybe_extract_prompt does)",
-    ),
 }
 
 

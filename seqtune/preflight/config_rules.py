@@ -24,6 +24,7 @@ from seqtune.config.schema import SPLITS, CoreConfig, DataFormat, DataMode, Root
 from seqtune.preflight.checks import Problem
 
 if TYPE_CHECKING:
+    from seqtune.data.formats import RecordFormat
     from seqtune.data.kinds import SampleKind
 
 CHECK = "config"
@@ -289,20 +290,28 @@ def _generated_sample_rules(cfg: CoreConfig) -> list[Problem]:
                 "marks where a prompt ends. Fix: train.eval_samples=0, or data.train_on_prompt=false",
             )
         ]
-    if samples and _validation_prompt_free(cfg):
+    free = _validation_prompt_free(cfg) if samples else []
+    if free:
+        # The formats of the same kinds whose records mark a prompt in text (the registry's declarations).
+        prompted = [
+            fmt.name
+            for fmt in FORMATS.all().values()
+            if fmt.kind in {f.kind for f in free} and not (fmt.prompt_free or fmt.pretokenized)
+        ]
         return [
             _problem(
                 "train.eval_samples",
                 f"train.eval_samples={samples} completes the prompts of validation "
-                "records, but data.format=text records have no prompt (every token is a target). Fix: "
-                "train.eval_samples=0, or a format with prompts (alpaca, chat, input_output)",
+                f"records, but data.format={free[0].name} records have no prompt (every token is a target). Fix: "
+                f"train.eval_samples=0, or a format with prompts ({', '.join(prompted)})",
             )
         ]
     return []
 
 
-def _validation_prompt_free(cfg: CoreConfig) -> bool:
-    """Every source the validation records come from (data.val's, else data.train's held-out part) is in a format
-    with no prompt: each source read in its own format, whatever data.format says."""
+def _validation_prompt_free(cfg: CoreConfig) -> list[RecordFormat]:
+    """The formats of the sources the validation records come from (data.val's, else data.train's held-out part)
+    when every one has no prompt (each source read in its own format, whatever data.format says); else none."""
     sources = cfg.data.sources("val") or cfg.data.sources("train")
-    return bool(sources) and all(FORMATS.get(source.format).prompt_free for source in sources)
+    formats = [FORMATS.get(source.format) for source in sources]
+    return formats if formats and all(fmt.prompt_free for fmt in formats) else []

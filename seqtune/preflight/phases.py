@@ -16,6 +16,7 @@ from seqtune.config.registry import TRACKERS
 from seqtune.config.schema import DataMode, Overlength, RootConfig, Tail, gguf_types
 from seqtune.config.tracker import selected
 from seqtune.data.batching import BatchRule
+from seqtune.data.formats import reject_fixes
 from seqtune.data.kinds import sample_kind
 from seqtune.data.overlength import TRUNCATING
 from seqtune.hub import PUSH_KEY, push_problems
@@ -276,7 +277,7 @@ def split_checks(cfg: RootConfig, plan: Resolved, scan, max_seq_len: int) -> lis
             first_reject=scan.rejects[0] if scan.rejects else None,
             overlength=cfg.data.overlength,
             rejects=scan.rejects,
-            reject_fixes={code: fix for fmt in scan.formats for code, fix in fmt.reject_fixes.items()},
+            reject_fixes=reject_fixes(scan.formats),
         )
     if scan.samples and not _explained_by_vocab_size(cfg, plan, scan):
         problems += checks.check_max_token_id(

@@ -28,24 +28,16 @@ from seqtune.rollout.sampling import Rollout, follow, padded_attention, referenc
 from seqtune.rollout.stage import OnlineLoss, RolloutStage, completions_path
 from seqtune.rollout.tools import load_environment, load_tools
 from seqtune.tokenizers.tool_calls import tool_call_format
-from seqtune.train.objectives import Position
+from seqtune.train.objectives import Position, SpecFacts
 
 
 @dataclass
-class OnlineObjective:
+class OnlineObjective(SpecFacts):
     stage: RolloutStage
     loss: OnlineLoss
     # The recipe spec's (count_key: a prompt's one anchor target, seqtune.data.kinds; a loss is per prompt), its
     # metric names the stage's then the loss's: spec.loss_facts(stage=stage.metric_names).
     facts: LossFacts
-
-    @property
-    def count_key(self) -> str:
-        return self.facts.count_key
-
-    @property
-    def metric_names(self) -> tuple[str, ...]:
-        return self.facts.metric_names
 
     # The loop and the evaluator drive the stage; the checkpointer saves it (the objective's part).
     def at(self, position: Position) -> None:

@@ -47,6 +47,21 @@ class Objective(Protocol):
     def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
+class SpecFacts:
+    """count_key and metric_names read from the spec's LossFacts (`facts`, a field of the objective's own dataclass):
+    an objective declares neither, it answers the loop with what its spec handed it."""
+
+    facts: LossFacts
+
+    @property
+    def count_key(self) -> str:
+        return self.facts.count_key
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        return self.facts.metric_names
+
+
 @runtime_checkable
 class StatefulObjective(Protocol):
     """An objective with state of its own that a resume must restore (an online recipe's sampling generators): the
@@ -81,7 +96,7 @@ def _inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 @dataclass(frozen=True)
-class TokenCrossEntropy:
+class TokenCrossEntropy(SpecFacts):
     """SFT: the summed cross-entropy of every target token (seqtune.models.token_loss computes it from the hidden
     states, chunked or fused, never [batch, seq, vocab] logits).
 
@@ -96,14 +111,6 @@ class TokenCrossEntropy:
 
     def __post_init__(self) -> None:
         assert len(self.facts.metric_names) == (self.router_aux_coef is not None), "the router loss is its one metric"
-
-    @property
-    def count_key(self) -> str:
-        return self.facts.count_key
-
-    @property
-    def metric_names(self) -> tuple[str, ...]:
-        return self.facts.metric_names
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         # use_cache=False always: when a KV cache is created, packed rows are no longer kept apart.

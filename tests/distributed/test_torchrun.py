@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -127,8 +128,10 @@ def _assert_resumed_like_reference(run_dir: Path, reference: Path, resumed_from:
     assert not list((run_dir / "checkpoints").glob(".tmp-*")), "a stale temporary checkpoint was left behind"
 
 
-def test_sigkill_then_resume_matches_the_uninterrupted_run(reference: Path, tmp_path: Path):
-    run_dir = tmp_path / "run"
+def _start_until_a_checkpoint(run_dir: Path, **popen: Any) -> subprocess.Popen:
+    """The reference's command (dropout, two ranks, checkpoints) into `run_dir`, started, once its first checkpoint
+    appears (or it ends, or 300 s pass). Niced, so on a small machine this watcher still wakes up promptly to stop
+    it early in training."""
     command = [
         sys.executable,
         "-m",
@@ -142,21 +145,21 @@ def test_sigkill_then_resume_matches_the_uninterrupted_run(reference: Path, tmp_
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("WANDB_API_KEY", None)
-    # Its own process group, so kill -9 reaches the parent, torchrun and both ranks at once (like a node loss).
-    # Niced, so on a small machine this watcher still wakes up promptly to kill it early in training.
-    proc = subprocess.Popen(
-        command,
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        preexec_fn=lambda: os.nice(10),
-    )
+    proc = subprocess.Popen(command, cwd=REPO, env=env, preexec_fn=lambda: os.nice(10), **popen)
     checkpoints = run_dir / "checkpoints"
     deadline = time.monotonic() + 300
     while not list(checkpoints.glob("step_*")) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
+    return proc
+
+
+def test_sigkill_then_resume_matches_the_uninterrupted_run(reference: Path, tmp_path: Path):
+    run_dir = tmp_path / "run"
+    # Its own process group, so kill -9 reaches the parent, torchrun and both ranks at once (like a node loss).
+    proc = _start_until_a_checkpoint(
+        run_dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    checkpoints = run_dir / "checkpoints"
     # torchrun starts each rank in its own session, so killing the process group alone would orphan the ranks
     # (they would train on and save): kill every process of the tree, as losing the node would.
     import psutil
@@ -193,32 +196,7 @@ def test_sigterm_stops_every_rank_with_a_checkpoint_that_resumes_exactly(referen
     step, writes a final checkpoint there, and nothing of the run is left; the same command then resumes from that
     checkpoint bitwise like the uninterrupted run."""
     run_dir = tmp_path / "run"
-    command = [
-        sys.executable,
-        "-m",
-        "seqtune",
-        *COMMON,
-        *DROPOUT,
-        *TWO_RANKS,
-        *CHECKPOINTED,
-        f"hydra.run.dir={run_dir}",
-        "train.progress=false",
-    ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("WANDB_API_KEY", None)
-    proc = subprocess.Popen(
-        command,
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        preexec_fn=lambda: os.nice(10),
-    )
-    checkpoints = run_dir / "checkpoints"
-    deadline = time.monotonic() + 300
-    while not list(checkpoints.glob("step_*")) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
+    proc = _start_until_a_checkpoint(run_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=60)
     gone = time.monotonic() + 30

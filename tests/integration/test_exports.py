@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import REPO, run_cli
+from tests.support.data import write_sums_chat
 
 pytestmark = pytest.mark.slow
 
@@ -24,21 +25,7 @@ END_OF_TEXT, EOT, BEGIN = 128001, 128009, 128000
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("exports")
-    data = root / "chat.jsonl"
-    data.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "messages": [
-                        {"role": "user", "content": f"What is {i} plus {i}?"},
-                        {"role": "assistant", "content": f"It is {2 * i}."},
-                    ]
-                }
-            )
-            + "\n"
-            for i in range(24)
-        )
-    )
+    data = write_sums_chat(root / "chat.jsonl")
     result = run_cli(
         [
             "model=llama3_tiny",

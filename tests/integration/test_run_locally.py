@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import REPO, run_cli
+from tests.support.data import write_sums_chat
 
 pytestmark = pytest.mark.slow
 
@@ -23,21 +24,7 @@ END, EOS = 7, 1  # the bundled tokenizer's <|end|> (the chat template's turn end
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("local")
-    data = root / "chat.jsonl"
-    data.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "messages": [
-                        {"role": "user", "content": f"What is {i} plus {i}?"},
-                        {"role": "assistant", "content": f"It is {2 * i}."},
-                    ]
-                }
-            )
-            + "\n"
-            for i in range(24)
-        )
-    )
+    data = write_sums_chat(root / "chat.jsonl")
     result = run_cli(
         [
             "model=tinyllama_tiny",

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import run_cli
+from tests.support.data import boundary_records
 
 pytestmark = pytest.mark.slow
 
@@ -21,15 +22,7 @@ FETCHED = [
     ("llama3", "llama3_tiny"),
     ("gemma3", "gemma3_tiny"),
 ]
-ROWS = {
-    "alpaca": [{"instruction": f"List {i} items.", "input": "", "output": f"[{i}, 2]\nDone."} for i in range(12)],
-    "input_output": [{"input": f"Q{i}: what?\n", "output": f"[{i}] answer"} for i in range(12)],
-    "text": [{"text": f"[{i}] plain text\nwith lines"} for i in range(12)],
-    "chat": [
-        {"messages": [{"role": "user", "content": f"Hi {i}"}, {"role": "assistant", "content": f"[{i}] Hello"}]}
-        for i in range(12)
-    ],
-}
+ROWS = boundary_records(12)
 # Loaded first by every Python process of the run (PYTHONPATH): the completion tokenized apart from its prompt.
 PLANTED = "from seqtune.data.tokenize import SampleEncoder\nSampleEncoder._tokens_whole = SampleEncoder._tokens_apart\n"
 

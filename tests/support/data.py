@@ -1,4 +1,5 @@
-"""Data helpers: the real bundled tokenizer, a JSONL writer (broken lines included), the tiny vision model's image facts."""
+"""Data helpers: the real bundled tokenizer, a JSONL writer (broken lines included), a small chat task, records
+with a prompt/completion boundary, the tiny vision model's image facts."""
 
 from __future__ import annotations
 
@@ -27,6 +28,43 @@ def write_jsonl(path: Path, rows: list) -> Path:
             else:
                 f.write(json.dumps(row).encode() + b"\n")
     return path
+
+
+def write_sums_chat(path: Path, records: int = 24) -> Path:
+    """`records` one-turn chat records, "What is i plus i?" answered "It is 2i.": a small task a tiny model learns
+    in a few steps (the export and local-run tests train on it)."""
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": f"What is {i} plus {i}?"},
+                        {"role": "assistant", "content": f"It is {2 * i}."},
+                    ]
+                }
+            )
+            + "\n"
+            for i in range(records)
+        )
+    )
+    return path
+
+
+def boundary_records(count: int) -> dict[str, list[dict]]:
+    """`count` records per text format (alpaca, input_output, text, chat) whose completions start with "[" right
+    after the prompt: a boundary that an SPM tokenizer splits apart with a `▁` piece when the completion is tokenized
+    on its own (the tokens-vs-text proof's planted bug)."""
+    return {
+        "alpaca": [
+            {"instruction": f"List {i} items.", "input": "", "output": f"[{i}, 2]\nDone."} for i in range(count)
+        ],
+        "input_output": [{"input": f"Q{i}: what?\n", "output": f"[{i}] answer"} for i in range(count)],
+        "text": [{"text": f"[{i}] plain text\nwith lines"} for i in range(count)],
+        "chat": [
+            {"messages": [{"role": "user", "content": f"Hi {i}"}, {"role": "assistant", "content": f"[{i}] Hello"}]}
+            for i in range(count)
+        ],
+    }
 
 
 @functools.cache

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from seqtune.config.schema import ModelConfig
 from seqtune.models.registry import FAMILIES
@@ -24,6 +25,23 @@ def tiny_cfg(family: str, **overrides) -> ModelConfig:
     node = OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(MODEL_CONFIGS / f"{family}_tiny.yaml"))
     node = OmegaConf.merge(node, overrides)
     return OmegaConf.to_object(node)
+
+
+def tiny_llama(attn: str = "sdpa") -> LlamaForCausalLM:
+    """A seeded 2-layer Llama (vocab 256, 64 positions) in float32 and train mode, on attention backend `attn`: the
+    packing and padding tests compare its logits across batch layouts."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        attn_implementation=attn,
+    )
+    return LlamaForCausalLM(cfg).float().train()
 
 
 def random_batch(vocab: int, batch: int = 4, seq: int = 128, seed: int = 0) -> torch.Tensor:

@@ -26,3 +26,23 @@ def scan_files(name: str, files: list[Path], encoder, **kwargs):
     from seqtune.data.scan import scan_split
 
     return scan_split(files_split(name, files, encoder.fmt), {encoder.fmt: encoder}, **kwargs)
+
+
+def observe_chat_file(data: Path, tokenizer, cache_root: Path):
+    """(scan, observed): a chat file scanned and its token runs observed as preflight does (the tokenizer's control
+    tokens, the literal ones written in text, its whitespace ids), for the terminator and literal-token checks."""
+    from seqtune.data.tokenize import SampleEncoder
+    from seqtune.preflight.observe import observe_split
+    from seqtune.tokenizers.control import control_tokens, literal_controls, whitespace_ids
+
+    encoder = SampleEncoder(tokenizer, "chat", train_on_prompt=False)
+    scan = scan_files("train", [data], encoder, cache_root=cache_root)
+    observed = observe_split(
+        scan.cache_dir,
+        control=control_tokens(tokenizer),
+        literal=literal_controls(tokenizer),
+        bos_id=encoder.bos_id,
+        scan_text=True,
+        space_ids=whitespace_ids(tokenizer),
+    )
+    return scan, observed

@@ -34,7 +34,14 @@ from seqtune.data.formats._records import (
     UnpairedExample,
     record_texts,
 )
-from seqtune.data.formats._registry import RecordFormat, formats_of, record_format, record_formats, register
+from seqtune.data.formats._registry import (
+    RecordFormat,
+    formats_of,
+    record_format,
+    record_formats,
+    register,
+    reject_fixes,
+)
 from seqtune.data.formats.alpaca import (
     ALPACA_HISTORY_TURN,
     ALPACA_SYSTEM,
@@ -78,6 +85,7 @@ __all__ = [
     "record_formats",
     "record_texts",
     "register",
+    "reject_fixes",
     "role_reason",
     "template_signature",
     "tool_call_id",

@@ -41,9 +41,12 @@ class RecordFormat:
     prompt_free: bool = False
     # Its texts may hold <img>path</img> references, images on an image-text run.
     image_references: bool = False
-    # Reject code -> (key, fix) where this format's records need another fix than the shared one
-    # (seqtune.preflight.checks.REJECT_FIXES).
+    # Reject code -> (key, fix) for the codes only this format's records are rejected with, or where they need
+    # another fix than the shared one (reject_fixes below, seqtune.preflight.checks.REJECT_FIXES).
     reject_fixes: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    # How its records' typed fields look (`messages=[{role, content}]`), named beside it in the shared wrong_type
+    # fix of its kind's formats ("" = not named there).
+    shape: str = ""
     # How its records look, for a refusal naming what a recipe reads ("" = the kind's formats are listed instead).
     hint: str = ""
     # What the preflight report says about how its records are rendered, when a split reads it ("" = nothing).
@@ -73,6 +76,30 @@ def record_formats() -> dict[str, RecordFormat]:
 
 def record_format(name: str) -> RecordFormat:
     return FORMATS.get(str(name))
+
+
+def reject_fixes(formats: Iterable[RecordFormat]) -> dict[str, tuple[str, str]]:
+    """Reject code -> (key, fix) for a split read in `formats`: a record of the wrong shape is fixed by naming its
+    fields or choosing another format of the same kind (the registry lists them, with the shapes they declare),
+    and each format's own fixes (RecordFormat.reject_fixes) come on top."""
+    read = list(formats)
+    kinds = {fmt.kind for fmt in read}
+    siblings = [fmt for fmt in record_formats().values() if fmt.kind in kinds]
+    names = ", ".join(fmt.name for fmt in siblings)
+    shapes = ", ".join(f"{fmt.name}: {fmt.shape}" for fmt in siblings if fmt.shape)
+    shared = {
+        "missing_field": (
+            "data.columns",
+            "name the data's fields with data.columns={FORMAT_FIELD: DATA_FIELD}, or set data.format to the format "
+            f"the records are in ({names})",
+        ),
+        "wrong_type": (
+            "data.format",
+            f"set data.format to the format the records are in{f' ({shapes})' if shapes else ''}, or map fields "
+            "with data.columns",
+        ),
+    }
+    return shared | {code: fix for fmt in read for code, fix in fmt.reject_fixes.items()}
 
 
 def formats_of(names: Iterable[str]) -> list[RecordFormat]:

@@ -59,6 +59,7 @@ FORMAT = register(
         parse=parse,
         conversations=True,
         templated=True,
+        shape="messages=[{role, content}]",
         chat_template=lambda tokenizer_template: tokenizer_template,
         system_fix=lambda key, mapped, column: (
             "put the system prompt into each row's messages as {role: system, content: ...}, or remove the column."

@@ -308,8 +308,8 @@ def _conversations_pair(
     )
 
 
-# data.format=preference: the record-shape fixes of seqtune.preflight.checks.REJECT_FIXES name SFT formats that the
-# preference recipes do not read.
+# data.format=preference: the fixes of the codes only pairs are rejected with, and record-shape fixes naming the pair
+# shapes (the shared ones, seqtune.data.formats.reject_fixes, would only name the format).
 REJECT_FIXES: dict[str, tuple[str, str]] = {
     "missing_field": (
         "data.columns",
@@ -321,6 +321,25 @@ REJECT_FIXES: dict[str, tuple[str, str]] = {
         "data.{split}",
         "give the pairs in one of the preference shapes (docs/data.md#preference-records): chosen and rejected "
         "both strings, both message lists, or one reply message each beside conversations or messages",
+    ),
+    "identical_pair": ("data.{split}", "give each pair a chosen and a rejected completion that differ"),
+    "history_mismatch": (
+        "data.{split}",
+        "give the shared conversation as `prompt` and only the replies as chosen and rejected",
+    ),
+    "ambiguous_shape": (
+        "data.columns",
+        "keep one prompt field per pair (rename or remove the other with data.columns={FIELD: DATA_FIELD})",
+    ),
+    "unread_field": (
+        "data.columns",
+        "give each pair's prompt in the fields of one shape: Alpaca pairs {instruction, input, system, chosen, "
+        "rejected} are read as they are, without a data.columns mapping of prompt to instruction",
+    ),
+    "repeated_prompt": (
+        "data.{split}",
+        "keep only the replies in chosen and rejected, or leave the prompt field out so that the turns the two "
+        "conversations share are read as the prompt (as TRL's maybe_extract_prompt does)",
     ),
 }
 

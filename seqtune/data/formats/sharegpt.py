@@ -99,6 +99,7 @@ FORMAT = register(
         parse=parse,
         conversations=True,
         templated=True,
+        shape="conversations=[{from, value}]",
         chat_template=lambda tokenizer_template: tokenizer_template,
     )
 )

@@ -88,5 +88,6 @@ FORMAT = register(
         optional=("labels", "attention_mask"),
         parse=parse,
         pretokenized=True,
+        reject_fixes={"bad_token_id": ("data.{split}", "re-tokenize the data with the tokenizer this run uses")},
     )
 )

@@ -20,6 +20,7 @@ from seqtune.models.spec import (
     TestExpectations,
     common_arch_fields,
     common_config_kwargs,
+    default_rope,
 )
 from seqtune.tokenizers import templates
 
@@ -44,8 +45,8 @@ def tiny_config_kwargs(f: dict[str, Any]) -> dict[str, Any]:
         sliding_window=f["sliding_window"],
         layer_types=layer_types(f["num_layers"], f["sliding_window_pattern"]),
         rope_parameters={
-            "full_attention": {"rope_type": "default", "rope_theta": f["rope_theta"]},
-            "sliding_attention": {"rope_type": "default", "rope_theta": LOCAL_ROPE_THETA},
+            "full_attention": default_rope(f["rope_theta"]),
+            "sliding_attention": default_rope(LOCAL_ROPE_THETA),
         },
     )
 

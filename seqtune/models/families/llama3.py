@@ -17,7 +17,8 @@ from seqtune.models.spec import (
     ModelSpec,
     TestExpectations,
     common_arch_fields,
-    common_config_kwargs,
+    decoder_config_kwargs,
+    default_rope,
 )
 from seqtune.tokenizers import templates
 
@@ -30,7 +31,7 @@ HIGH_FREQ_FACTOR = 4.0
 
 def rope_parameters(theta: float, factor: float) -> dict[str, Any]:
     if not factor:
-        return {"rope_type": "default", "rope_theta": theta}
+        return default_rope(theta)
     return {
         "rope_type": "llama3",
         "rope_theta": theta,
@@ -42,11 +43,7 @@ def rope_parameters(theta: float, factor: float) -> dict[str, Any]:
 
 
 def tiny_config_kwargs(f: dict[str, Any]) -> dict[str, Any]:
-    return dict(
-        **common_config_kwargs(f),
-        rope_parameters=rope_parameters(f["rope_theta"], f["rope_scaling_factor"]),
-        rms_norm_eps=1e-5,
-    )
+    return decoder_config_kwargs(f, rms_norm_eps=1e-5, rope=rope_parameters(f["rope_theta"], f["rope_scaling_factor"]))
 
 
 SPEC = ModelSpec(

@@ -16,18 +16,13 @@ from seqtune.models.spec import (
     ModelSpec,
     TestExpectations,
     common_arch_fields,
-    common_config_kwargs,
+    decoder_config_kwargs,
 )
 from seqtune.tokenizers import templates
 
 
 def tiny_config_kwargs(f: dict[str, Any]) -> dict[str, Any]:
-    return dict(
-        **common_config_kwargs(f),
-        sliding_window=f["sliding_window"],
-        rope_parameters={"rope_type": "default", "rope_theta": f["rope_theta"]},
-        rms_norm_eps=1e-5,
-    )
+    return decoder_config_kwargs(f, rms_norm_eps=1e-5, sliding_window=f["sliding_window"])
 
 
 SPEC = ModelSpec(

@@ -21,7 +21,7 @@ from seqtune.models.spec import (
     ModelSpec,
     TestExpectations,
     common_arch_fields,
-    common_config_kwargs,
+    decoder_config_kwargs,
 )
 
 # Qwen2.5-Instruct's chat template (tokenizer_config.json of Qwen/Qwen2.5-0.5B-Instruct), written compactly: ChatML,
@@ -81,14 +81,8 @@ def gguf_refusal(config: dict) -> str | None:
 
 
 def tiny_config_kwargs(f: dict[str, Any]) -> dict[str, Any]:
-    return dict(
-        **common_config_kwargs(f),
-        rope_parameters={"rope_type": "default", "rope_theta": f["rope_theta"]},
-        rms_norm_eps=1e-6,
-        use_sliding_window=False,
-        # As the real checkpoints' tokenizer: no bos.
-        bos_token_id=None,
-    )
+    # bos_token_id: as the real checkpoints' tokenizer, no bos.
+    return decoder_config_kwargs(f, rms_norm_eps=1e-6, use_sliding_window=False, bos_token_id=None)
 
 
 SPEC = ModelSpec(

@@ -15,15 +15,12 @@ processor's numbers (patch 14, merge 2, min_pixels 3136, max_pixels 12845056).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from seqtune.config.plan import ImageGrid
 from seqtune.models.families import qwen2
-from seqtune.models.spec import FAMILY_SPECS, ArchValue, ModelSpec, common_arch_fields
+from seqtune.models.spec import FAMILY_SPECS, ModelSpec, text_arch_fields
 from seqtune.models.vision import VisionSpec
-
-if TYPE_CHECKING:
-    from transformers import PretrainedConfig
 
 IMAGE_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
 # Their ids in the Qwen vocabulary (tokenizer=qwen3 and every Qwen2.5/Qwen3 checkpoint), and <|video_pad|>'s.
@@ -81,10 +78,16 @@ def mrope_section(head_dim: int) -> list[int]:
 def tiny_config_kwargs(f: dict[str, Any]) -> dict[str, Any]:
     text = qwen2.tiny_config_kwargs(f)
     text["rope_parameters"] = {**text["rope_parameters"], "mrope_section": mrope_section(f["head_dim"])}
+    return qwen_vl_config_kwargs(f, text={"model_type": "qwen2_5_vl_text", **text}, vision=VISION)
+
+
+def qwen_vl_config_kwargs(f: dict[str, Any], *, text: dict[str, Any], vision: VisionSpec) -> dict[str, Any]:
+    """A Qwen VL model's tiny config around its text model's (`text`): the tower projecting to the text width, and
+    the image ids of the Qwen vocabulary (Qwen3-VL's too, seqtune.models.families.qwen3_vl)."""
     boi, image, eoi = IMAGE_IDS
     return {
-        "text_config": {"model_type": "qwen2_5_vl_text", **text},
-        "vision_config": {**VISION.tiny_vision, "out_hidden_size": f["hidden_size"]},
+        "text_config": text,
+        "vision_config": {**vision.tiny_vision, "out_hidden_size": f["hidden_size"]},
         "image_token_id": image,
         "video_token_id": VIDEO_ID,
         "vision_start_token_id": boi,
@@ -92,10 +95,6 @@ def tiny_config_kwargs(f: dict[str, Any]) -> dict[str, Any]:
         "tie_word_embeddings": f["tie_word_embeddings"],
         "use_cache": False,
     }
-
-
-def read_arch_fields(hf_config: PretrainedConfig) -> dict[str, ArchValue]:
-    return common_arch_fields(hf_config.get_text_config())
 
 
 SPEC = ModelSpec(
@@ -114,7 +113,7 @@ SPEC = ModelSpec(
     tiny_defaults=qwen2.SPEC.tiny_defaults,
     hf_config_class="Qwen2_5_VLConfig",
     tiny_config_kwargs=tiny_config_kwargs,
-    read_arch_fields=read_arch_fields,
+    read_arch_fields=text_arch_fields,
     # The vision tower sits beside the language model: arch.py walks the meta-device model. No GGUF row (llama.cpp
     # writes the vision tower as a separate mmproj file; train.export_gguf is refused naming the type).
     layout=None,

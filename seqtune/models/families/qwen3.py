@@ -20,20 +20,14 @@ from seqtune.models.spec import (
     ModelSpec,
     TestExpectations,
     common_arch_fields,
-    common_config_kwargs,
+    decoder_config_kwargs,
 )
 from seqtune.tokenizers import templates
 
 
 def tiny_config_kwargs(f: dict[str, Any]) -> dict[str, Any]:
-    return dict(
-        **common_config_kwargs(f),
-        rope_parameters={"rope_type": "default", "rope_theta": f["rope_theta"]},
-        rms_norm_eps=1e-6,
-        use_sliding_window=False,
-        # As the real checkpoints: no bos; <|endoftext|> (151643) is what config.json names for both.
-        bos_token_id=None,
-    )
+    # bos_token_id: as the real checkpoints, no bos; <|endoftext|> (151643) is what config.json names for both.
+    return decoder_config_kwargs(f, rms_norm_eps=1e-6, use_sliding_window=False, bos_token_id=None)
 
 
 SPEC = ModelSpec(

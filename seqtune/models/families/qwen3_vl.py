@@ -14,16 +14,13 @@ under model.train_vision=projector (the projector is the main merger).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from seqtune.config.plan import ImageGrid
 from seqtune.models.families import qwen2_5_vl, qwen3
-from seqtune.models.spec import FAMILY_SPECS, ArchValue, ModelSpec, common_arch_fields
+from seqtune.models.spec import FAMILY_SPECS, ModelSpec, text_arch_fields
 from seqtune.models.vision import VisionSpec
 from seqtune.tokenizers import templates
-
-if TYPE_CHECKING:
-    from transformers import PretrainedConfig
 
 VISION = VisionSpec(
     processor_class="Qwen3VLProcessor",
@@ -70,21 +67,7 @@ def tiny_config_kwargs(f: dict[str, Any]) -> dict[str, Any]:
     # The real split is [24, 20, 20] of 64, interleaved over the rotary dimensions.
     section = [half - 2 * (half * 5 // 16), half * 5 // 16, half * 5 // 16]
     text["rope_parameters"] = {**text["rope_parameters"], "mrope_section": section, "mrope_interleaved": True}
-    boi, image, eoi = qwen2_5_vl.IMAGE_IDS
-    return {
-        "text_config": {"model_type": "qwen3_vl_text", **text},
-        "vision_config": {**VISION.tiny_vision, "out_hidden_size": f["hidden_size"]},
-        "image_token_id": image,
-        "video_token_id": qwen2_5_vl.VIDEO_ID,
-        "vision_start_token_id": boi,
-        "vision_end_token_id": eoi,
-        "tie_word_embeddings": f["tie_word_embeddings"],
-        "use_cache": False,
-    }
-
-
-def read_arch_fields(hf_config: PretrainedConfig) -> dict[str, ArchValue]:
-    return common_arch_fields(hf_config.get_text_config())
+    return qwen2_5_vl.qwen_vl_config_kwargs(f, text={"model_type": "qwen3_vl_text", **text}, vision=VISION)
 
 
 SPEC = ModelSpec(
@@ -102,7 +85,7 @@ SPEC = ModelSpec(
     tiny_defaults={**qwen3.SPEC.tiny_defaults, "rope_theta": 5000000.0},
     hf_config_class="Qwen3VLConfig",
     tiny_config_kwargs=tiny_config_kwargs,
-    read_arch_fields=read_arch_fields,
+    read_arch_fields=text_arch_fields,
     layout=None,
     gguf=None,
     # Qwen3's tokenizer and ends of turn; the Instruct template's replies carry no <think> block.

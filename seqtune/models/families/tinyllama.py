@@ -16,18 +16,14 @@ from seqtune.models.spec import (
     ModelSpec,
     TestExpectations,
     common_arch_fields,
-    common_config_kwargs,
+    decoder_config_kwargs,
 )
 from seqtune.tokenizers import templates
 
 
 def tiny_config_kwargs(f: dict[str, Any]) -> dict[str, Any]:
-    return dict(
-        **common_config_kwargs(f),
-        # Llama 2 RoPE: plain, theta 10000, no scaling.
-        rope_parameters={"rope_type": "default", "rope_theta": f["rope_theta"]},
-        rms_norm_eps=1e-5,
-    )
+    # Llama 2 RoPE: plain, theta 10000, no scaling (decoder_config_kwargs' default).
+    return decoder_config_kwargs(f, rms_norm_eps=1e-5)
 
 
 SPEC = ModelSpec(

@@ -10,11 +10,11 @@ import torch
 from seqtune.config.recipe_spec import LossFacts
 from seqtune.recipes.dpo import DpoConfig
 from seqtune.recipes.dpo.loss import dpo_losses, preference_metrics
-from seqtune.train.objectives import ReferenceModel, sequence_logps
+from seqtune.train.objectives import ReferenceModel, SpecFacts, sequence_logps
 
 
 @dataclass
-class PreferenceObjective:
+class PreferenceObjective(SpecFacts):
     """Preference tuning on (chosen, rejected) pairs, sequences 2k and 2k+1 of a micro-batch: each sequence's summed
     log-probability under the policy and `reference` (LoRA: the same model with its adapters disabled; a full
     fine-tune: a frozen copy; None for SimPO), handed to dpo_losses. `facts`: the spec's (seqtune.recipes.dpo)."""
@@ -22,14 +22,6 @@ class PreferenceObjective:
     cfg: DpoConfig
     reference: ReferenceModel | None
     facts: LossFacts
-
-    @property
-    def count_key(self) -> str:
-        return self.facts.count_key
-
-    @property
-    def metric_names(self) -> tuple[str, ...]:
-        return self.facts.metric_names
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         logps, lengths, anchor = sequence_logps(model, batch)

@@ -10,11 +10,11 @@ from seqtune.config.recipe_spec import LossFacts
 from seqtune.distributed import all_reduce_sum
 from seqtune.recipes.kto import KtoConfig
 from seqtune.recipes.kto.loss import kto_losses
-from seqtune.train.objectives import ReferenceModel, sequence_logps
+from seqtune.train.objectives import ReferenceModel, SpecFacts, sequence_logps
 
 
 @dataclass
-class KtoObjective:
+class KtoObjective(SpecFacts):
     """KTO (TRL's loss_type="kto") on samples of the unpaired kind: sequence 0 of a sample is its completion,
     sequence 1 the mismatched pair its KL estimate reads, batch["label"] 1 for a desirable completion. `reference`
     runs the reference model on a batch (LoRA: the same model with its adapters disabled). `facts`: the spec's."""
@@ -22,14 +22,6 @@ class KtoObjective:
     cfg: KtoConfig
     reference: ReferenceModel | None
     facts: LossFacts
-
-    @property
-    def count_key(self) -> str:
-        return self.facts.count_key
-
-    @property
-    def metric_names(self) -> tuple[str, ...]:
-        return self.facts.metric_names
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.reference is not None, "the spec's needs_reference is always true"

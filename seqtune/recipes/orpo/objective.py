@@ -9,25 +9,17 @@ import torch
 from seqtune.config.recipe_spec import LossFacts
 from seqtune.recipes.orpo import OrpoConfig
 from seqtune.recipes.orpo.loss import odds_ratio_terms
-from seqtune.train.objectives import sequence_logps
+from seqtune.train.objectives import SpecFacts, sequence_logps
 
 
 @dataclass
-class OddsRatioObjective:
+class OddsRatioObjective(SpecFacts):
     """ORPO on (chosen, rejected) pairs: the chosen completion's mean token NLL minus beta x logsigmoid of the log
     odds ratio of the two completions' mean token probabilities. Summed over the micro-batch's pairs; the loop
     divides by the step's pair count. No reference model. `facts`: the spec's (seqtune.recipes.orpo)."""
 
     cfg: OrpoConfig
     facts: LossFacts
-
-    @property
-    def count_key(self) -> str:
-        return self.facts.count_key
-
-    @property
-    def metric_names(self) -> tuple[str, ...]:
-        return self.facts.metric_names
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         logps, lengths, anchor = sequence_logps(model, batch)

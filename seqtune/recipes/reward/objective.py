@@ -10,24 +10,17 @@ import torch
 from seqtune.config.recipe_spec import LossFacts
 from seqtune.recipes.reward import RewardConfig
 from seqtune.recipes.reward.loss import bradley_terry
+from seqtune.train.objectives import SpecFacts
 
 
 @dataclass
-class BradleyTerry:
+class BradleyTerry(SpecFacts):
     """A reward model on (chosen, rejected) pairs: the model's forward with `targets=` (seqtune.models.scalar_head)
     gives each sequence's scalar score, sequence i of the micro-batch being batch["sequence_index"] == i; a
     sample's chosen and rejected are sequences 2k and 2k+1. `facts`: the spec's (seqtune.recipes.reward)."""
 
     cfg: RewardConfig
     facts: LossFacts
-
-    @property
-    def count_key(self) -> str:
-        return self.facts.count_key
-
-    @property
-    def metric_names(self) -> tuple[str, ...]:
-        return self.facts.metric_names
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         out = model(

@@ -15,6 +15,7 @@ from seqtune.config.recipe_spec import recipe_spec, recipes
 from seqtune.data.kinds import sample_kind
 from seqtune.preflight.runner import run_preflight
 from tests.support.configs import make_cfg
+from tests.support.source import docstring_ids
 
 REPO = Path(__file__).resolve().parents[3]
 PAIRS = REPO / "seqtune/data/assets/preference/train.jsonl"
@@ -89,16 +90,6 @@ def _names() -> set[str]:
 RECIPE_FIELDS = {"recipe_name", "recipe"}
 
 
-def _docstrings(tree: ast.AST) -> set[int]:
-    ids = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
-                ids.add(id(first.value))
-    return ids
-
-
 # The online stage's metric and completions.jsonl field `reward` (issue 39's interface) is a word, not the reward
 # recipe's name: seqtune/rollout/ may use it as a key.
 ONLINE_FIELDS = frozenset({"reward"})
@@ -115,7 +106,7 @@ def test_no_shared_module_branches_on_a_recipe_name():
         if "recipes" in path.relative_to(REPO / "seqtune").parts:
             continue
         tree = ast.parse(path.read_text(), filename=str(path))
-        docs = _docstrings(tree)
+        docs = docstring_ids(tree)
         for node in ast.walk(tree):
             where = f"{path.relative_to(REPO)}:{getattr(node, 'lineno', '?')}"
             if isinstance(node, ast.Attribute) and node.attr in names:

@@ -16,31 +16,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from seqtune.data.batching import BatchRule
 from seqtune.data.collate import make_collator
 from seqtune.data.types import TokenizedSample
 from seqtune.models.registry import FAMILIES
 from seqtune.models.varlen import TORCH_VARLEN, reference_kernel, register, use_kernel
+from tests.support.models import tiny_llama
 
 LEN_A, LEN_B, ROW = 11, 9, 24
-
-
-def tiny_llama(attn: str) -> LlamaForCausalLM:
-    register()
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        attn_implementation=attn,
-    )
-    return LlamaForCausalLM(cfg).float().train()
 
 
 def packed_row(a_ids: np.ndarray, b_ids: np.ndarray) -> dict[str, torch.Tensor]:
@@ -61,6 +46,7 @@ def b_logits(model: LlamaForCausalLM, a_ids: np.ndarray, use_cache: bool) -> tor
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager", TORCH_VARLEN])
 def test_changing_sample_a_leaves_sample_b_logits_unchanged(attn: str) -> None:
+    register()  # the torch varlen backend
     with use_kernel(reference_kernel):
         _a_changes_nothing_of_b(tiny_llama(attn))
 

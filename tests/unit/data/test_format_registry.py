@@ -4,14 +4,17 @@ the registry, and shared code asks a source's format object, never compares its 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 from seqtune.config.registry import Registry, module_names
 from seqtune.config.schema import DataFormat
-from seqtune.data.formats import format_fields, record_format, record_formats
+from seqtune.data.formats import format_fields, record_format, record_formats, reject_fixes
 from seqtune.data.kinds import kinds, sample_kind
+from seqtune.preflight.checks import REJECT_FIXES
+from tests.support.source import docstring_ids
 
 REPO = Path(__file__).resolve().parents[3]
 FORMATS_PACKAGE = REPO / "seqtune/data/formats"
@@ -112,3 +115,66 @@ def test_the_format_guard_finds_a_comparison(tmp_path: Path):
     )
     found = format_name_comparisons(planted, set(record_formats()))
     assert [hit.split(" ", 1)[0].rsplit(":", 1)[1] for hit in found] == ["2", "3", "4", "4"]
+
+
+def test_a_splits_reject_fixes_name_the_formats_of_its_kind_and_add_each_formats_own():
+    """The record-shape fixes list the formats of the split's kind from the registry (with the shapes they declare);
+    a format's own codes and fixes are declared in its module, not in preflight's shared table."""
+    sft = [name for name, fmt in record_formats().items() if fmt.kind == "sft"]
+    fixes = reject_fixes([record_format("alpaca"), record_format("chat")])
+    assert fixes["missing_field"] == (
+        "data.columns",
+        "name the data's fields with data.columns={FORMAT_FIELD: DATA_FIELD}, or set data.format to the format the "
+        f"records are in ({', '.join(sft)})",
+    )
+    assert "alpaca, chat, input_output, sharegpt, text, tokenized" in fixes["missing_field"][1]
+    assert fixes["wrong_type"][1] == (
+        "set data.format to the format the records are in (chat: messages=[{role, content}], sharegpt: "
+        "conversations=[{from, value}]), or map fields with data.columns"
+    )
+    assert "bad_token_id" not in fixes and "bad_token_id" in reject_fixes([record_format("tokenized")])
+    pairs = reject_fixes([record_format("preference")])
+    assert "preference shapes" in pairs["missing_field"][1] and "identical_pair" in pairs
+    assert "(prompt)" in reject_fixes([record_format("prompt")])["missing_field"][1]
+    assert not {"identical_pair", "repeated_prompt", "bad_token_id", "missing_field"} & set(REJECT_FIXES)
+
+
+def format_name_lists(path: Path, names: set[str]) -> list[str]:
+    """Every string in `path` (docstrings aside) listing formats by name: two format names, each maybe followed by
+    its shape (`chat: messages=[...]`), joined by a comma, as a fix written out by hand would."""
+    alternatives = "|".join(sorted(names, key=len, reverse=True))
+    listing = re.compile(rf"\b({alternatives})\b(: [^()]{{0,40}}?)?, ({alternatives})\b")
+    tree = ast.parse(path.read_text(), filename=str(path))
+    docs = docstring_ids(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            match = listing.search(node.value)
+            if match and match.group(1) != match.group(3):
+                where = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+                found.append(f"{where}:{node.lineno} {match.group(0)!r}")
+    return found
+
+
+def test_no_shared_module_lists_formats_by_name():
+    """A fix naming the formats to choose from reads them from the registry (seqtune.data.formats.reject_fixes), so
+    a new format is listed without an edit elsewhere; a format's own fix text lives in its module."""
+    names = set(record_formats())
+    found = []
+    for path in sorted((REPO / "seqtune").rglob("*.py")):
+        if not path.is_relative_to(FORMATS_PACKAGE):
+            found += format_name_lists(path, names)
+    assert not found, "shared code lists formats by name:\n" + "\n".join(found)
+
+
+def test_the_format_list_guard_finds_a_list(tmp_path: Path):
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        '"""Docstrings may explain: alpaca, chat."""\n'
+        'A = "set data.format (alpaca, input_output, text)"\n'
+        'B = f"{x} (chat: messages=[{{role, content}}], sharegpt: conversations)"\n'
+        'C = "the text, the chat template"\n'  # words, each once, not a list: left alone
+        'D = "text, text"\n'
+    )
+    found = format_name_lists(planted, set(record_formats()))
+    assert [hit.split(" ", 1)[0].rsplit(":", 1)[1] for hit in found] == ["2", "3"]

@@ -7,32 +7,18 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from seqtune.data.batching import BatchRule
 from seqtune.data.collate import make_collator
 from seqtune.data.packing import next_fit_rows
 from seqtune.data.sampler import DistributedBatchPlan, WithFillers
 from seqtune.data.types import IGNORE_INDEX, TokenizedSample
+from tests.support.models import tiny_llama
 
 MAX_SEQ_LEN = 32
 LENGTHS = [5, 17, 9, 3, 26, 12]
 PAD = 2  # = eos
-
-
-def tiny_llama(attn: str = "sdpa") -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        attn_implementation=attn,
-    )
-    return LlamaForCausalLM(cfg).float().train()
 
 
 def make_samples() -> list[TokenizedSample]:

@@ -13,16 +13,13 @@ from torch import nn
 
 from seqtune.config.errors import ConfigError, ModelLoadError
 from seqtune.config.schema import ModelConfig, TokenizerConfig
-from seqtune.data.tokenize import SampleEncoder
 from seqtune.models import load_model_config, read_model_facts, spec_for
 from seqtune.models.arch import meta_model
 from seqtune.preflight import checks_labels as labels
-from seqtune.preflight.observe import observe_split
 from seqtune.preflight.tokens import terminators
 from seqtune.tokenizers import load_tokenizer
-from seqtune.tokenizers.control import control_tokens, literal_controls, whitespace_ids
 from tests.support.checkpoints import KINDS, build_checkpoint
-from tests.support.splits import scan_files
+from tests.support.splits import observe_chat_file
 
 # kind: (class, end-of-turn, tied, padding side)
 EXPECTED = {
@@ -89,17 +86,7 @@ def test_the_checkpoints_end_of_turn_is_trained_and_a_masking_template_is_caught
     data.write_text(json.dumps(conversation) + "\n")
 
     def problems() -> list:
-        encoder = SampleEncoder(tokenizer, "chat", train_on_prompt=False)
-        scan = scan_files("train", [data], encoder, cache_root=tmp_path / "tokens")
-        control = control_tokens(tokenizer)
-        observed = observe_split(
-            scan.cache_dir,
-            control=control,
-            literal=literal_controls(tokenizer),
-            bos_id=encoder.bos_id,
-            scan_text=True,
-            space_ids=whitespace_ids(tokenizer),
-        )
+        _, observed = observe_chat_file(data, tokenizer, tmp_path / "tokens")
         ends = terminators(tokenizer, spec_for(cfg).eot_token, templated=True)
         return labels.check_turn_terminators(
             split="train", templated=True, run_ends=observed.run_ends, terminators=ends

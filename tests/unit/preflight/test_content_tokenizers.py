@@ -10,14 +10,12 @@ from pathlib import Path
 import pytest
 
 from seqtune.config.schema import ModelConfig, TokenizerConfig
-from seqtune.data.tokenize import SampleEncoder
 from seqtune.models import get_spec
 from seqtune.preflight import checks_labels as labels
-from seqtune.preflight.observe import observe_split
 from seqtune.preflight.tokens import template_turn_closer, terminators
 from seqtune.tokenizers import load_tokenizer
-from seqtune.tokenizers.control import control_tokens, literal_controls, whitespace_ids
-from tests.support.splits import scan_files
+from seqtune.tokenizers.control import control_tokens
+from tests.support.splits import observe_chat_file
 
 # The Gemma turn format with the markers of the `gemma4` vocabulary (Gemma 4's, from llama.cpp): its own template
 # opens an empty thought channel in the generation prompt, which no longer prefixes the rendered reply (not
@@ -70,18 +68,8 @@ def conversation(i: int, reply: str = "Fine.") -> dict:
 def check(tmp_path: Path, tokenizer, family: str, rows: list[dict]) -> tuple[list, dict[int, str]]:
     data = tmp_path / "chat.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    encoder = SampleEncoder(tokenizer, "chat", train_on_prompt=False)
-    scan = scan_files("train", [data], encoder, cache_root=tmp_path / "tokens")
+    scan, observed = observe_chat_file(data, tokenizer, tmp_path / "tokens")
     assert scan.samples == len(rows), scan.rejects[:1]
-    control = control_tokens(tokenizer)
-    observed = observe_split(
-        scan.cache_dir,
-        control=control,
-        literal=literal_controls(tokenizer),
-        bos_id=encoder.bos_id,
-        scan_text=True,
-        space_ids=whitespace_ids(tokenizer),
-    )
     ends = terminators(tokenizer, get_spec(family).eot_token, templated=True)
     problems = labels.check_turn_terminators(
         split="train", templated=True, run_ends=observed.run_ends, terminators=ends

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from seqtune.data.formats import record_format, reject_fixes
 from seqtune.data.types import Reject
 from seqtune.models.spec import resized_rows
 from seqtune.preflight import checks
@@ -286,6 +287,7 @@ def test_an_empty_split_is_a_problem_naming_its_key():
         first_reject=rejects[0],
         overlength="error",
         rejects=rejects,
+        reject_fixes=reject_fixes([record_format("alpaca")]),
     )
     assert (mapped.key, mapped.location) == ("data.columns", "t.jsonl:2")
     assert "most for missing_field (2 of 3; also bad_json x1)" in mapped.message

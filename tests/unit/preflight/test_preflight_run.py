@@ -490,7 +490,12 @@ def test_early_stopping_of_lora_is_refused_under_fsdp_across_ranks_only(tmp_path
         (["train.eval_samples=2", "train.eval_every=5"], ["train.eval_samples=2", "Fix: data.val=PATH"]),
         (
             ["train.eval_samples=2", "train.eval_every=5", "data.val=VAL", "data.format=text"],
-            ["data.format=text", "Fix: train.eval_samples=0"],
+            # The formats with prompts are the registry's, of the same kind.
+            [
+                "data.format=text",
+                "Fix: train.eval_samples=0",
+                "a format with prompts (alpaca, chat, input_output, sharegpt)",
+            ],
         ),
         (
             ["train.eval_samples=2", "train.eval_every=5", "data.val=VAL", "data.train_on_prompt=true"],

@@ -15,6 +15,7 @@ from seqtune.models import get_spec
 from seqtune.preflight import checks_labels as labels
 from seqtune.preflight.tokens_text import PROOF_FILE, split_text_proof, stored_text_proof
 from seqtune.tokenizers import load_tokenizer
+from tests.support.data import boundary_records
 from tests.support.splits import scan_files
 
 FETCHED = [
@@ -24,15 +25,7 @@ FETCHED = [
     ("llama3", "llama3"),
     ("gemma3", "gemma3"),
 ]
-RECORDS = {
-    "alpaca": [{"instruction": f"List {i} items.", "input": "", "output": f"[{i}, 2]\nDone."} for i in range(6)],
-    "input_output": [{"input": f"Q{i}: what?\n", "output": f"[{i}] answer"} for i in range(6)],
-    "text": [{"text": f"[{i}] plain text\nwith lines"} for i in range(6)],
-    "chat": [
-        {"messages": [{"role": "user", "content": f"Hi {i}"}, {"role": "assistant", "content": f"[{i}] Hello"}]}
-        for i in range(6)
-    ],
-}
+RECORDS = boundary_records(6)
 
 
 @pytest.fixture(scope="module", params=FETCHED, ids=[name for name, _ in FETCHED])
@@ -54,6 +47,18 @@ def proof(tmp_path: Path, tokenizer, fmt: str, rows: list[dict]):
     return scan, split_text_proof(scan.cache_dir, tokenizer, train_on_prompt=False, media_root=None)
 
 
+def proof_problems(found) -> list:
+    """What preflight's tokens-vs-text check says of a split's proof (the fix naming tokenizer.name)."""
+    return labels.check_tokens_text(
+        split="train",
+        checked=found.checked,
+        samples=found.samples,
+        mismatched=found.mismatched,
+        first_difference=found.first_difference,
+        tokenizer_key="tokenizer.name",
+    )
+
+
 def test_a_completion_is_tokenized_as_in_the_whole_text(tokenizer):
     prompt, completion = "### Instruction:\nList.\n\n### Response:\n", "[1, 2]"
     encoder = SampleEncoder(tokenizer, "alpaca", train_on_prompt=False)
@@ -71,31 +76,14 @@ def test_a_completion_is_tokenized_as_in_the_whole_text(tokenizer):
 def test_every_formats_samples_are_their_text(tokenizer, fmt, tmp_path):
     scan, found = proof(tmp_path, tokenizer, fmt, RECORDS[fmt])
     assert (found.checked, found.mismatched.count) == (len(RECORDS[fmt]), 0), found.first_difference
-    assert (
-        labels.check_tokens_text(
-            split="train",
-            checked=found.checked,
-            samples=found.samples,
-            mismatched=found.mismatched,
-            first_difference=found.first_difference,
-            tokenizer_key="tokenizer.name",
-        )
-        == []
-    )
+    assert proof_problems(found) == []
 
 
 def test_a_boundary_tokenized_apart_is_caught(tokenizer, tmp_path, monkeypatch):
     """The planted bug: the completion tokenized apart from its prompt (main's code before the fix)."""
     monkeypatch.setattr(SampleEncoder, "_tokens_whole", SampleEncoder._tokens_apart)
     scan, found = proof(tmp_path, tokenizer, "alpaca", RECORDS["alpaca"])
-    problems = labels.check_tokens_text(
-        split="train",
-        checked=found.checked,
-        samples=found.samples,
-        mismatched=found.mismatched,
-        first_difference=found.first_difference,
-        tokenizer_key="tokenizer.name",
-    )
+    problems = proof_problems(found)
     spm = tokenizer.convert_ids_to_tokens(tokenizer("[", add_special_tokens=False)["input_ids"])[0].startswith("▁")
     if not spm:  # llama3, gemma3: tokenized apart is the same (no prefix-space rule): nothing to catch
         assert problems == []
@@ -117,14 +105,7 @@ def test_a_boundary_with_a_token_the_text_lacks_is_caught_on_every_tokenizer(tok
         lambda self, records: whole(self, [replace(r, completion=" " + r.completion) for r in records]),
     )
     scan, found = proof(tmp_path, tokenizer, "input_output", RECORDS["input_output"])
-    problems = labels.check_tokens_text(
-        split="train",
-        checked=found.checked,
-        samples=found.samples,
-        mismatched=found.mismatched,
-        first_difference=found.first_difference,
-        tokenizer_key="tokenizer.name",
-    )
+    problems = proof_problems(found)
     assert found.mismatched.count == len(RECORDS["input_output"])
     assert [p.check for p in problems] == ["tokens"] and problems[0].location.endswith("input_output.jsonl:1")
 

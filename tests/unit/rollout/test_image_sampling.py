@@ -37,16 +37,19 @@ def images(model: torch.nn.Module, seed: int) -> RowImages:
     )
 
 
-def sample(model, rows: RowImages, *, kv_cache: bool = True) -> tuple[Rollout, list[torch.Tensor]]:
-    """The rollout and the logits of every forward the sampler made (a hook on the model)."""
+def sample(
+    model, rows: RowImages, *, kv_cache: bool = True, prompt_ids: list[list[int]] | None = None, tokens: int = TOKENS
+) -> tuple[Rollout, list[torch.Tensor]]:
+    """The rollout of `prompt_ids` (default: prompts(model)) and the logits of every forward the sampler made (a
+    hook on the model)."""
     seen: list[torch.Tensor] = []
     hook = model.register_forward_hook(lambda module, args, out: seen.append(out.logits[:, -1].float()))
     try:
         with torch.no_grad():
             rollout = sample_completions(
                 model,
-                prompts(model),
-                cfg=Sampling(completions=G, max_tokens=TOKENS, temperature=1.0),
+                prompts(model) if prompt_ids is None else prompt_ids,
+                cfg=Sampling(completions=G, max_tokens=tokens, temperature=1.0),
                 stop_ids=[frozenset({1})] * 2,
                 pad_id=0,
                 generator=torch.Generator().manual_seed(3),
@@ -132,27 +135,8 @@ def test_a_multimodal_rope_model_samples_with_its_images_at_the_positions_transf
     rows = stage_images.rows(refs, G, torch.device("cpu"))
     assert rows is not None and len(rows.grids) == 2 * G
 
-    def sampled(kv_cache: bool) -> tuple[Rollout, list[torch.Tensor]]:
-        seen: list[torch.Tensor] = []
-        hook = model.register_forward_hook(lambda module, args, out: seen.append(out.logits[:, -1].float()))
-        try:
-            with torch.no_grad():
-                rollout = sample_completions(
-                    model,
-                    rows_prompts,
-                    cfg=Sampling(completions=G, max_tokens=3),
-                    stop_ids=[frozenset({1})] * 2,
-                    pad_id=0,
-                    generator=torch.Generator().manual_seed(3),
-                    kv_cache=kv_cache,
-                    images=rows,
-                )
-        finally:
-            hook.remove()
-        return rollout, seen
-
-    cached, seen = sampled(kv_cache=True)
-    full, _ = sampled(kv_cache=False)
+    cached, seen = sample(model, rows, kv_cache=True, prompt_ids=rows_prompts, tokens=3)
+    full, _ = sample(model, rows, kv_cache=False, prompt_ids=rows_prompts, tokens=3)
     assert cached.completion_ids == full.completion_ids
     pixels = rows.pixels["pixel_values"]
     per_row = len(pixels) // (2 * G)
