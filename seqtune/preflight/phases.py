@@ -182,7 +182,9 @@ def runtime_phase(
     if weights:  # nothing else reads weights that failed the proof (a truncated shard would raise mid-read)
         problems, model = problems + weights, None
     elif model is not None:
-        quantized = quantization_faults(cfg.model.path, load_in_4bit=cfg.model.load_in_4bit, lora=cfg.lora.enabled)
+        quantized = quantization_faults(
+            cfg.model.path, load_in_4bit=cfg.model.load_in_4bit, lora=cfg.lora.enabled, device_type=plan.device_type
+        )
         problems += model_checks.check_checkpoint_weights(quantized)
     if model is not None and cfg.lora.enabled:
         problems += model_checks.check_lora_parameters(cfg.lora.target_parameters, list(model.arch.tensors))
@@ -570,7 +572,7 @@ def memory_inputs(
     from seqtune.models.attention import native_gqa
 
     attention = plan.attn_implementation or "sdpa"
-    stored = quantized_weights(cfg.model.path, arch)
+    stored = quantized_weights(cfg.model.path, arch, load=plan.checkpoint_load)
     return MemoryInputs(
         arch=arch,
         vocab_rows=rows,

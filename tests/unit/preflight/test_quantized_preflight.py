@@ -1,6 +1,6 @@
-"""Through run_preflight: a bitsandbytes 4-bit checkpoint (written in the layout bitsandbytes stores) is refused
-with exit 2 at model.path naming why it does not train here, and the memory report counts its weights as stored
-(the file's tensors), not as model.dtype parameters."""
+"""Through run_preflight: a bitsandbytes 4-bit checkpoint (written in the layout bitsandbytes stores) without
+bitsandbytes installed is refused with exit 2 at model.path naming the package and its extra, and the memory report
+counts its weights as stored (the file's tensors), not as model.dtype parameters."""
 
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ from tests.support.models import write_quantized
 GIB = 2**30
 
 
-def test_a_bitsandbytes_checkpoint_is_refused_naming_why_and_estimated_as_stored(tmp_path):
+def test_a_bitsandbytes_checkpoint_is_refused_naming_why_and_estimated_as_stored(tmp_path, monkeypatch):
+    from seqtune.models import quantized
+
+    monkeypatch.setattr(quantized, "_installed", lambda package: False)
     checkpoint = build_checkpoint("smollm", tmp_path / "smollm")
     write_quantized(checkpoint, "bnb_4bit")
     with safe_open(str(checkpoint / "model.safetensors"), framework="pt") as f:
@@ -25,7 +28,11 @@ def test_a_bitsandbytes_checkpoint_is_refused_naming_why_and_estimated_as_stored
     report = run_failing(make_cfg(tmp_path, train, *by_path), tmp_path / "run", match=r"\[checkpoint\] model.path")
     said = messages(report)
     assert "model.path holds a bitsandbytes 4-bit checkpoint (config.json quantization_config.quant_method=" in said
-    assert "which seqtune cannot train over here" in said and "Fix: point model.path at the model's bf16" in said
+    assert (
+        "which seqtune cannot train over here: transformers loads it (dequantized on cpu) only with bitsandbytes"
+        in said
+    )
+    assert "Fix: install bitsandbytes (seqtune's `cuda` extra" in said
     # The checkpoint is float32 apart from its 4-bit projections, and model.dtype is float32: the weights are the file.
     assert abs(report["memory"]["weights_gib"] - stored / GIB) < 1e-4
     assert [p["key"] for p in report["problems"]] == ["model.path"]
