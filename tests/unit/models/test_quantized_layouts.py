@@ -286,3 +286,21 @@ def test_fp8_block_scaled_is_estimated_dequantized_and_loaded_as_stored(saved, t
     params = memory_estimate(fp8).params
     assert sum(_stored_nbytes(path).values()) < params * 4  # F8 weights: fewer bytes on disk than loaded
     assert loading_bytes(params=params, width=2, files=files) == (params + files.largest_tensor_numel) * 2
+
+
+@pytest.mark.parametrize("stored", [True, False])
+def test_a_checkpoint_loaded_as_stored_gets_qloras_kbit_preparation(stored):
+    """build_model marks a stored load (seqtune.models.build._as_loaded); apply_lora then prepares it as QLoRA's
+    4-bit model (peft's prepare_model_for_kbit_training: the float weights beside the quantized ones in fp32, frozen),
+    and leaves every other model in model.dtype."""
+    import torch
+
+    from seqtune.config.schema import LoraConfig
+    from tests.support.models import lora_for
+
+    model = build_model(tiny_cfg("llama3", dtype="bfloat16"), attn_implementation="sdpa")
+    if stored:
+        model.seqtune_stored_quantized = True
+    adapted = lora_for(model, LoraConfig(), "llama3")
+    norm = adapted.get_base_model().model.norm.weight
+    assert norm.dtype == (torch.float32 if stored else torch.bfloat16) and not norm.requires_grad
