@@ -26,6 +26,7 @@ from seqtune.models.gguf_facts import gguf_refusal_for, llama_cpp_missing
 from seqtune.models.kernels import kernels_problems
 from seqtune.models.model_configs import ModelConfigs, model_configs
 from seqtune.models.optimizers import unread_settings
+from seqtune.models.quantized import STORED
 from seqtune.models.spec import lora_module_names
 from seqtune.preflight import checks
 from seqtune.preflight import checks_model as model_checks
@@ -639,6 +640,7 @@ def memory_phase(
         batch_tokens=inputs.batch_tokens,
         ranks=plan.world.nproc_per_node,
         device_type=plan.device_type,
+        stored_load=plan.checkpoint_load == STORED,
     )
     checked = estimate.host_bytes or needs.loading_gib or needs.workers
     host = host_memory_gib(cfg.preflight.host_memory_gib) if checked else None

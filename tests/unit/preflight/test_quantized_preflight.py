@@ -82,3 +82,21 @@ def test_loading_a_pre_quantized_checkpoint_over_the_host_is_not_offered_qlora()
         (problem,) = check_host_needs(needs, offloaded_gib=0.0, host_memory_gib=40.0)
         assert ("model.load_in_4bit=true" in problem.message) is offered
         assert "preflight.host_memory_gib=GIB" in problem.message
+
+
+def test_a_checkpoint_loaded_as_stored_goes_straight_onto_the_gpu(tmp_path):
+    """plan.checkpoint_load == "stored" on CUDA: the weights load onto the device as QLoRA's do (device_map), so the
+    host's loading moment does not hold the model; on the CPU it does."""
+    from seqtune.preflight.host import host_needs
+
+    checkpoint = build_checkpoint("smollm", tmp_path / "smollm")
+    write_quantized(checkpoint, "bnb_4bit")
+    cfg = make_cfg(tmp_path, tmp_path / "unused.jsonl", f"model.path={checkpoint}")
+
+    def loading(device_type: str, stored_load: bool) -> float:
+        needs = host_needs(
+            cfg, params=10**6, batch_tokens=512, ranks=1, device_type=device_type, stored_load=stored_load
+        )
+        return needs.loading_gib
+
+    assert loading("cuda", True) < loading("cuda", False) == loading("cpu", True)
