@@ -57,6 +57,8 @@ class Loading:
     # transformers config object). None: the checkpoint loads as stored, then model.dequantize() where `on` says
     # DEQUANTIZED.
     dequantizing: Callable[[dict[str, Any]], Any] | None = None
+    # Loaded as stored: peft merges an adapter into its quantized Linears (merge_and_unload) for a merged export.
+    merges: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -314,6 +316,7 @@ def _gptq(config: dict[str, Any]) -> Layout:
             absent=GPTQ_AWQ_ABSENT.format(label="GPTQ"),
             packages=("gptqmodel", "optimum"),
             source=GPTQMODEL,
+            merges=False,  # peft 0.18's LoRA over gptqmodel's QuantLinear has no merge
         ),
     )
 
@@ -331,7 +334,11 @@ def _awq(config: dict[str, Any]) -> Layout | str:
         required=(".qzeros", ".scales"),
         shape=_awq_shape,
         loading=Loading(
-            on={"cuda": STORED}, absent=GPTQ_AWQ_ABSENT.format(label="AWQ"), packages=("gptqmodel",), source=GPTQMODEL
+            on={"cuda": STORED},
+            absent=GPTQ_AWQ_ABSENT.format(label="AWQ"),
+            packages=("gptqmodel",),
+            source=GPTQMODEL,
+            merges=False,  # peft 0.18's LoRA over gptqmodel's QuantLinear has no merge
         ),
     )
 
@@ -492,6 +499,19 @@ def checkpoint_load(path: str | None, device_type: str) -> str | None:
         return None
     quantization = stated_quantization(Path(path).expanduser())
     return decide(quantization, device_type).load if quantization is not None else None
+
+
+def merge_refusal(path: str | None, load: str | None) -> str | None:
+    """Why a merged export (train.export_merged, or the GGUF file written from merged/) cannot be written over the
+    checkpoint at `path` loaded as `load` (the plan's checkpoint_load); None: it can."""
+    quantization = stated_quantization(Path(path).expanduser()) if path is not None and load == STORED else None
+    if quantization is None or quantization.layout is None or quantization.layout.loading.merges:
+        return None
+    return (
+        f"a merged export over model.path's {quantization.layout.label} checkpoint, loaded as stored: peft cannot "
+        "merge an adapter into its quantized Linears. Fix: train.export_merged=false and train.export_gguf=null (the "
+        "adapter is exported), then merge offline into a dequantized copy of the base"
+    )
 
 
 def loaded_as_trained(path: str, device_type: str) -> tuple[Any | None, bool]:

@@ -26,7 +26,7 @@ from seqtune.models.gguf_facts import gguf_refusal_for, llama_cpp_missing
 from seqtune.models.kernels import kernels_problems
 from seqtune.models.model_configs import ModelConfigs, model_configs
 from seqtune.models.optimizers import unread_settings
-from seqtune.models.quantized import STORED
+from seqtune.models.quantized import STORED, merge_refusal
 from seqtune.models.spec import lora_module_names
 from seqtune.preflight import checks
 from seqtune.preflight import checks_model as model_checks
@@ -187,6 +187,9 @@ def runtime_phase(
             cfg.model.path, load_in_4bit=cfg.model.load_in_4bit, lora=cfg.lora.enabled, device_type=plan.device_type
         )
         problems += model_checks.check_checkpoint_weights(quantized)
+        unmerged = merge_refusal(cfg.model.path, plan.checkpoint_load)
+        if unmerged and cfg.lora.enabled and (cfg.train.export_merged or cfg.train.export_gguf):
+            problems.append(Problem(check="checkpoint", key="train.export_merged", message=unmerged))
     if model is not None and cfg.lora.enabled:
         problems += model_checks.check_lora_parameters(cfg.lora.target_parameters, list(model.arch.tensors))
     return tokenizer, model, tokenizer.record.tokens, problems

@@ -304,3 +304,17 @@ def test_a_checkpoint_loaded_as_stored_gets_qloras_kbit_preparation(stored):
     adapted = lora_for(model, LoraConfig(), "llama3")
     norm = adapted.get_base_model().model.norm.weight
     assert norm.dtype == (torch.float32 if stored else torch.bfloat16) and not norm.requires_grad
+
+
+@pytest.mark.parametrize(("layout", "refused"), [("gptq", True), ("awq", True), ("bnb_4bit", False)])
+def test_a_merged_export_over_stored_weights_peft_cannot_merge_is_refused(saved, tmp_path, layout, refused):
+    """peft merges an adapter into bitsandbytes' Linears, not into gptqmodel's QuantLinear: a merged export over a
+    GPTQ/AWQ checkpoint loaded as stored is refused before training (it failed after it); dequantized ones merge."""
+    from seqtune.models.quantized import merge_refusal
+
+    path = _layout(saved, tmp_path, layout)
+    why = merge_refusal(str(path), STORED)
+    assert (why is not None) is refused
+    if refused:
+        assert "peft cannot merge an adapter into its quantized Linears. Fix: train.export_merged=false" in why
+    assert merge_refusal(str(path), DEQUANTIZED) is None and merge_refusal(str(saved), None) is None
