@@ -6,12 +6,17 @@
   planned for the offloaded activations.
 - `fp8`: LoRA over an FP8 block-scaled 8B-shaped checkpoint (128 x 128 blocks, as Qwen3/DeepSeek FP8 releases)
   against the same shape in bf16: peak and step time of each, and what the log says happened to the FP8 weights.
+- `bnb_4bit`: LoRA over a pre-quantized bitsandbytes 4-bit (NF4, double quantization) 8B-shaped checkpoint, loaded
+  as stored (seqtune.models.quantized: its own quantization_config), against QLoRA quantizing the bf16 checkpoint
+  on the fly (`model.load_in_4bit=true`): peak and step time of each. The 4-bit checkpoint is written here:
+  bitsandbytes quantizes the random bf16 one on the GPU and save_pretrained stores it.
 
-    python bench/gpu/big_models.py --out DIR [--device cpu] [--only offload,fp8]
+    python bench/gpu/big_models.py --out DIR [--device cpu] [--only offload,fp8,bnb_4bit]
     bash bench/gpu/run.sh BUNDLE OUT big_models      (GPU)     bash bench/gpu/run.sh --dry-run OUT big_models (CPU)
 
-On the CPU (`--device cpu`, the dry run) every row runs on the tiny shape at 512 tokens except the offload row,
-which preflight refuses on the CPU by design (recorded as skipped with that reason). Writes DIR/gpu_big_models.json.
+On the CPU (`--device cpu`, the dry run) every row runs on the tiny shape at 512 tokens except the offload row and
+the bnb_4bit rows, which preflight refuses on the CPU by design (recorded as skipped with the reason: no device
+memory to save; bitsandbytes' 4-bit training needs CUDA, a CPU load dequantizes). Writes DIR/gpu_big_models.json.
 """
 
 from __future__ import annotations
@@ -63,20 +68,16 @@ def offload(proof: Proof) -> dict:
     return {"rows": rows, "tokens_per_row": seq}
 
 
-def fp8(proof: Proof) -> dict:
-    """The checkpoint is written by build_model + save_pretrained (one file), then turned into the FP8 layout."""
-    import json
-
+def _float_checkpoint(proof: Proof, name: str, shape: dict) -> Path:
+    """A random bf16 checkpoint of `shape` (build_model + save_pretrained, one file) with the llama3 tokenizer."""
     import torch
     from transformers import AutoTokenizer
 
     from seqtune.config.schema import ModelConfig
     from seqtune.models import build_model
     from seqtune.tokenizers.pypi import tokenizer_dir
-    from tests.support.models import write_fp8_block_scaled
 
-    shape, seq, block = (TINY, 512, 16) if proof.quick else (LLAMA3_8B, 4096, 128)
-    checkpoint = proof.work / "fp8-checkpoint"
+    checkpoint = proof.work / name
     fields = {"family": "llama3", **shape}
     device = "cpu" if proof.quick else "cuda"
     model = build_model(ModelConfig(**fields, dtype="bfloat16"), attn_implementation="sdpa", device=device)
@@ -88,6 +89,17 @@ def fp8(proof: Proof) -> dict:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     tokenizer.save_pretrained(checkpoint)
+    return checkpoint
+
+
+def fp8(proof: Proof) -> dict:
+    """The checkpoint is written by build_model + save_pretrained (one file), then turned into the FP8 layout."""
+    import json
+
+    from tests.support.models import write_fp8_block_scaled
+
+    shape, seq, block = (TINY, 512, 16) if proof.quick else (LLAMA3_8B, 4096, 128)
+    checkpoint = _float_checkpoint(proof, "fp8-checkpoint", shape)
     write_fp8_block_scaled(checkpoint, block=block)
     config = json.loads((checkpoint / "config.json").read_text())
     # Both rows in bfloat16 on every device: the FP8 weights load dequantized to model.dtype, and --device cpu's
@@ -114,5 +126,56 @@ def fp8(proof: Proof) -> dict:
     }
 
 
+BNB_CPU = (
+    "bitsandbytes' 4-bit layers train only on CUDA (QLoRA, model.load_in_4bit=true, is refused on the CPU, and a "
+    "pre-quantized bitsandbytes checkpoint loads dequantized there): no 4-bit number on the CPU"
+)
+
+
+def bnb_4bit(proof: Proof) -> dict:
+    """Both rows start from the same random bf16 checkpoint: one quantizes it while loading (QLoRA), the other
+    loads the 4-bit checkpoint bitsandbytes wrote from it, as stored."""
+    if proof.quick:
+        return {"rows": {"qlora_on_the_fly": {"skipped": BNB_CPU}, "bnb_4bit_checkpoint": {"skipped": BNB_CPU}}}
+    import json
+
+    import torch
+    import transformers
+
+    shape, seq = LLAMA3_8B, 4096
+    source = _float_checkpoint(proof, "bf16-checkpoint", shape)
+    checkpoint = proof.work / "bnb4-checkpoint"
+    nf4 = transformers.BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+    )
+    quantized = transformers.AutoModelForCausalLM.from_pretrained(
+        source, dtype=torch.bfloat16, quantization_config=nf4, device_map={"": 0}
+    )
+    quantized.save_pretrained(checkpoint, safe_serialization=True, max_shard_size="1000GB")
+    del quantized
+    torch.cuda.empty_cache()
+    transformers.AutoTokenizer.from_pretrained(source).save_pretrained(checkpoint)
+    common = ["model=hf", *_common(proof, seq), "model.dtype=bfloat16"]
+    on_the_fly = proof.cli(
+        "qlora_on_the_fly", [*common, f"model.path={source}", "model.load_in_4bit=true"], timeout=300
+    )
+    stored = proof.cli("lora_bnb4_checkpoint", [*common, f"model.path={checkpoint}"], timeout=300, log_every=1)
+    log = Path(stored["run_dir"]) / "seqtune.log"
+    said = [line for line in log.read_text().splitlines() if "bitsandbytes" in line] if log.is_file() else []
+    return {
+        "rows": {"qlora_on_the_fly": _row(on_the_fly), "bnb_4bit_checkpoint": _row(stored)},
+        "checkpoint_gib": {
+            name: round(sum(f.stat().st_size for f in path.glob("*.safetensors")) / 2**30, 4)
+            for name, path in (("bf16", source), ("bnb_4bit", checkpoint))
+        },
+        "quantization_config": json.loads((checkpoint / "config.json").read_text()).get("quantization_config"),
+        "log_says": said,
+    }
+
+
 if __name__ == "__main__":
-    run_sections(__doc__, "gpu_big_models.json", {"offload": offload, "fp8": fp8}, budget_s=540)
+    sections = {"offload": offload, "fp8": fp8, "bnb_4bit": bnb_4bit}
+    run_sections(__doc__, "gpu_big_models.json", sections, budget_s=540)

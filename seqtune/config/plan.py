@@ -237,6 +237,10 @@ class Resolved:
     # An image-text model's image facts (seqtune.models.vision.VisionFacts: its image tokens, tokens per image,
     # image size, vision modules, model.train_vision); null for a text-only model.
     vision: VisionFacts | None = None
+    # A pre-quantized model.path (config.json quantization_config): how it loads on this device, as its layout
+    # declares (seqtune.models.quantized.Loading): "stored" (LoRA over its quantized Linears) or "dequantized" (to
+    # model.dtype); null for a float checkpoint, a tiny model, or one that cannot load here (preflight refuses it).
+    checkpoint_load: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

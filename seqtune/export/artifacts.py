@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from seqtune.config.errors import ModelLoadError
+from seqtune.models.quantized import loaded_as_trained
 
 if TYPE_CHECKING:  # torch and the run's facts load with what reads an artifact, not with the GGUF writer
     import torch
@@ -72,10 +73,14 @@ def load_artifact(facts: ShipFacts, name: str, *, device: torch.device) -> torch
     head = {"num_labels": 1, "pad_token_id": facts.stop.pad} if facts.scalar else {}
     verbosity = transformers_logging.get_verbosity()
     transformers_logging.set_verbosity_error()  # "score.weight newly initialized": the adapter holds the trained one
+    # A pre-quantized base loads as the run trained over it here (seqtune.models.quantized: e.g. decompressed).
+    quantization, dequantize = loaded_as_trained(base_name, device.type)
     try:
-        base = auto.from_pretrained(base_name, dtype="auto", **head)
+        base = auto.from_pretrained(base_name, dtype="auto", quantization_config=quantization, **head)
     finally:
         transformers_logging.set_verbosity(verbosity)
+    if dequantize:
+        base = base.dequantize()
     rows = base.get_input_embeddings().weight.shape[0]  # `auto` is Any: so is the model it loads
     if facts.resize_to and rows < facts.resize_to:
         base.resize_token_embeddings(facts.resize_to, mean_resizing=False)

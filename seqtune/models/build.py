@@ -25,7 +25,7 @@ from seqtune.config.schema import AttnImplementation, ModelConfig
 from seqtune.models.auto import spec_for
 from seqtune.models.checkpoint_check import check_finite_weights, check_loading_info
 from seqtune.models.facts import EXPECTED_CHECKPOINT, PATH_FIX, check_checkpoint_dir, check_model_type, read_config_json
-from seqtune.models.quantized import stated_quantization
+from seqtune.models.quantized import STORED, Quantization, stated_quantization
 from seqtune.models.scalar_head import score_class
 from seqtune.models.spec import ModelSpec, arch_mismatches, build_tiny_config, check_unused_fields, resolve_tiny_fields
 from seqtune.models.varlen import register as register_varlen
@@ -114,8 +114,13 @@ def build_model(
     device: torch.device | str | None = None,
     scalar_head: bool = False,
     pad_id: int | None = None,
+    checkpoint_load: str | None = None,
 ) -> PreTrainedModel:
     """The model for training: checkpoint weights from model.path, or a tiny model seeded by model.seed.
+
+    `checkpoint_load` (plan.checkpoint_load): how a pre-quantized model.path loads on this device, as its layout
+    declares (seqtune.models.quantized.Loading): "stored" keeps the checkpoint's own quantization_config (onto the
+    CUDA device; apply_lora then prepares it as QLoRA's), "dequantized" loads it dequantized to model.dtype.
 
     `scalar_head` (plan.scored == "scalar"): the family's ForSequenceClassification with one label and no LM head,
     config.pad_token_id = `pad_id` (what its own pooling skips: seqtune.models.scalar_head); from a causal
@@ -149,7 +154,14 @@ def build_model(
             model = _quantize_via_checkpoint(model, model_class, cfg, attn_implementation, dtype)
     else:
         model = _load_checkpoint(
-            model_class, Path(cfg.path), hf_config, cfg, attn_implementation, dtype, scalar_head=scalar_head
+            model_class,
+            Path(cfg.path),
+            hf_config,
+            cfg,
+            attn_implementation,
+            dtype,
+            scalar_head=scalar_head,
+            checkpoint_load=checkpoint_load,
         )
     model.config.use_cache = False
     # transformers types the embedding as nn.Module, whose attributes mypy reads as Tensor | Module: our plain int.
@@ -160,7 +172,7 @@ def build_model(
     if cfg.gradient_checkpointing:
         # Non-reentrant checkpointing works with frozen inputs (LoRA) without enable_input_require_grads.
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    if device is not None and not cfg.load_in_4bit:
+    if device is not None and not cfg.load_in_4bit and checkpoint_load != STORED:  # those load onto the GPU
         model.to(device)  # type: ignore[arg-type]  # transformers' decorator on `to` loses the method's self binding
     return model
 
@@ -187,10 +199,19 @@ def _build_tiny(
 
 
 def _load_checkpoint(
-    model_class, root: Path, hf_config, cfg: ModelConfig, attn_implementation: str, dtype, *, scalar_head: bool = False
+    model_class,
+    root: Path,
+    hf_config,
+    cfg: ModelConfig,
+    attn_implementation: str,
+    dtype,
+    *,
+    scalar_head: bool = False,
+    checkpoint_load: str | None = None,
 ):
     quantization = None
     device_map = None
+    stated = stated_quantization(root) if checkpoint_load is not None else None
     if cfg.load_in_4bit:
         quantization = transformers.BitsAndBytesConfig(
             load_in_4bit=True,
@@ -200,8 +221,8 @@ def _load_checkpoint(
             bnb_4bit_compute_dtype=torch.float16 if dtype == torch.float16 else torch.bfloat16,
         )
         device_map = {"": torch.cuda.current_device()}
-    else:
-        quantization = _dequantizing(cfg, root, dtype)
+    elif stated is not None:
+        quantization, device_map = _prequantized(cfg, stated, checkpoint_load, dtype)
     try:
         model, info = model_class.from_pretrained(
             root,
@@ -221,8 +242,8 @@ def _load_checkpoint(
             key="model.path",
             fix=PATH_FIX,
         ) from err
-    if quantization is not None and not cfg.load_in_4bit:
-        model = _plain_after_dequantizing(model, dtype)
+    if stated is not None:
+        model = _as_loaded(model, checkpoint_load, dtype)
     if scalar_head:  # a causal checkpoint: the new head is not in it, its LM head is not used
         info = {
             **info,
@@ -235,38 +256,57 @@ def _load_checkpoint(
     return model
 
 
-def _dequantizing(cfg: ModelConfig, root: Path, dtype):
-    """transformers' dequantizing config for a checkpoint whose layout loads dequantized to model.dtype on every
-    device (seqtune.models.quantized: FP8 block-scaled, whose finegrained_fp8 has no CPU kernels, and MXFP4, whose
-    stored form transformers does not train), else None. LoRA over the stored formats kept on a GPU is not run
-    here yet, so the adapter trains over, and a merged export merges into, the dequantized weights."""
-    stated = stated_quantization(root)
-    if stated is None or stated.layout is None or not stated.layout.dequantized:
-        return None
+def _prequantized(cfg: ModelConfig, stated: Quantization, load: str | None, dtype):
+    """The quantization_config and device_map a pre-quantized checkpoint loads with (preflight proved it loads
+    here): as stored, its own config (None passed) onto the CUDA device; dequantized, the config transformers
+    dequantizes with while loading, or its own where model.dequantize() follows (_as_loaded)."""
+    layout = stated.layout
+    assert layout is not None, "checkpoint_load is set only for a layout seqtune reads"
+    if load == STORED:
+        print(
+            f"model.path={cfg.path}: {layout.label} checkpoint (config.json quantization_config); it loads as stored "
+            "and LoRA trains over its quantized weights; a merged export is peft's merge, as QLoRA's (each weight "
+            "dequantized, the adapter added, and stored again in its format).",
+            flush=True,
+        )
+        return None, {"": torch.cuda.current_device()}
     print(
-        f"model.path={cfg.path}: {stated.layout.label} checkpoint (config.json quantization_config); its weights "
-        f"are dequantized to {str(dtype).removeprefix('torch.')} while loading (transformers' "
-        f"{stated.layout.dequantized}(dequantize=True)), so training and any merged export use the dequantized "
-        "weights.",
+        f"model.path={cfg.path}: {layout.label} checkpoint (config.json quantization_config); its weights are "
+        f"dequantized to {str(dtype).removeprefix('torch.')} while loading (transformers), so training and any "
+        "merged export use the dequantized weights.",
         flush=True,
     )
-    # Its loading attributes replace the checkpoint's: the modules it left unquantized must stay named.
-    return getattr(transformers, stated.layout.dequantized)(
-        dequantize=True, modules_to_not_convert=stated.config.get("modules_to_not_convert")
-    )
+    dequantizing = layout.loading.dequantizing
+    return (dequantizing(stated.config) if dequantizing is not None else None), None
+
+
+def _as_loaded(model, load: str | None, dtype):
+    """A stored load marked for apply_lora (k-bit preparation, as QLoRA's); a dequantized one made plain, after
+    transformers' model.dequantize() where it loaded as stored (no dequantizing config: bitsandbytes on the CPU)."""
+    if load == STORED:
+        model.seqtune_stored_quantized = True
+        return model
+    if getattr(model, "is_quantized", False):
+        model = model.dequantize(dtype=dtype)
+    return _plain_after_dequantizing(model, dtype)
 
 
 def _plain_after_dequantizing(model, dtype):
     """A dequantized model as a plain one: transformers loads the tensors it did not dequantize in their stored
-    dtype, not `dtype`, and keeps the dequantizing converter (FP8's Fp8Dequantize, MXFP4's Mxfp4Dequantize) among
-    the model's weight conversions, so save_pretrained would reverse it (FP8: weight_scale_inv tensors for every
-    weight, embeddings included) into a config.json that no longer states a quantization_config: a merged export
-    that loads wrong."""
+    dtype, not `dtype`, and keeps the loading converter (FP8's Fp8Dequantize, bitsandbytes' Bnb4bitDeserialize, ...)
+    among the model's weight conversions, so save_pretrained would reverse it (FP8: weight_scale_inv tensors for
+    every weight, embeddings included, into a config.json that no longer states a quantization_config: a merged
+    export that loads wrong) or fail (bitsandbytes' has no reverse: NotImplementedError)."""
     conversions = getattr(model, "_weight_conversions", None) or []
     model._weight_conversions = [
-        c for c in conversions if not any("Dequantize" in type(op).__name__ for op in getattr(c, "operations", ()))
+        c for c in conversions if not any(_loads_quantized(op) for op in getattr(c, "operations", ()))
     ]
     return model.to(dtype)
+
+
+def _loads_quantized(op) -> bool:
+    # transformers names its quantizers' loading operations so (HfQuantizer.get_load_operations).
+    return type(op).__name__.endswith(("Dequantize", "Deserialize"))
 
 
 def _quantize_via_checkpoint(model, model_class, cfg: ModelConfig, attn_implementation: str, dtype):

@@ -143,9 +143,10 @@ def _unread(root: Path, quantization: Quantization) -> WeightFault:
     )
 
 
-def quantized_weights(path: str | None, arch: Arch | None) -> StoredWeights | None:
-    """What model.path's quantized parameters occupy once loaded, as stored (seqtune.models.quantized); None for
-    a float checkpoint or one whose headers cannot be read (the checkpoint check names that)."""
+def quantized_weights(path: str | None, arch: Arch | None, *, load: str | None = None) -> StoredWeights | None:
+    """What model.path's quantized parameters occupy once loaded (`load`: the plan's checkpoint_load; as stored
+    unless it is dequantized: seqtune.models.quantized); None for a float checkpoint or one whose headers cannot be
+    read (the checkpoint check names that)."""
     if path is None or arch is None:
         return None
     root = Path(path).expanduser()
@@ -155,7 +156,7 @@ def quantized_weights(path: str | None, arch: Arch | None) -> StoredWeights | No
     if headers is None:
         return None
     found = {name: (shard, entry["shape"]) for shard, header in headers.items() for name, entry in header.items()}
-    return stored_weights(root, headers, _stored_form(found, arch.tensors, arch.stored))
+    return stored_weights(root, headers, _stored_form(found, arch.tensors, arch.stored), load=load)
 
 
 def _stored_form(
@@ -334,10 +335,11 @@ def checkpoint_faults(path: str | None, arch: Arch | None) -> list[WeightFault]:
     return weight_faults(root, arch.tensors, arch.tied, arch.prefix, arch.stored)
 
 
-def quantization_faults(path: str | None, *, load_in_4bit: bool, lora: bool) -> list[WeightFault]:
-    """A pre-quantized checkpoint this run cannot train over here (`lora`: it trains an adapter, else every
-    weight), and QLoRA's on-the-fly NF4 quantization of a checkpoint that is quantized already. Apart from
-    checkpoint_faults: the checkpoint is intact, so preflight still estimates its memory as stored."""
+def quantization_faults(path: str | None, *, load_in_4bit: bool, lora: bool, device_type: str) -> list[WeightFault]:
+    """A pre-quantized checkpoint this run cannot train over on `device_type` (`lora`: it trains an adapter, else
+    every weight; seqtune.models.quantized.trains_here), and QLoRA's on-the-fly NF4 quantization of a checkpoint
+    that is quantized already. Apart from checkpoint_faults: the checkpoint is intact, so preflight still
+    estimates its memory as stored."""
     if path is None:
         return []
     root = Path(path).expanduser()
@@ -345,7 +347,7 @@ def quantization_faults(path: str | None, *, load_in_4bit: bool, lora: bool) -> 
     if quantization is None or quantization.layout is None:
         return []  # a float checkpoint, or one checkpoint_faults refuses as unread
     where = str(root / "config.json")
-    refused = trains_here(quantization, lora=lora)
+    refused = trains_here(quantization, lora=lora, device_type=device_type)
     if refused:
         return [WeightFault(file=where, message=refused)]
     if load_in_4bit:
@@ -355,7 +357,7 @@ def quantization_faults(path: str | None, *, load_in_4bit: bool, lora: bool) -> 
                 message=(
                     "model.load_in_4bit=true quantizes a floating-point checkpoint to NF4 while loading, and "
                     "model.path is quantized already (config.json quantization_config.quant_method="
-                    f"{quantization.method}). Fix: model.load_in_4bit=false (LoRA over its dequantized weights), "
+                    f"{quantization.method}). Fix: model.load_in_4bit=false (LoRA over the checkpoint as it loads), "
                     "or the model's bf16 release"
                 ),
             )

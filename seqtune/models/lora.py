@@ -37,8 +37,9 @@ def apply_lora(
     `excluded`: peft's exclude_modules regex, modules never adapted (an image-text model's vision tower and
     projector: seqtune.models.vision.vision_module_pattern).
     """
-    if getattr(model, "is_loaded_in_4bit", False):
-        # Casts norms/embeddings to fp32 and makes inputs require grad, as k-bit training needs.
+    if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "seqtune_stored_quantized", False):
+        # QLoRA, or a pre-quantized checkpoint loaded as stored (seqtune.models.build): casts norms/embeddings to
+        # fp32 and makes inputs require grad, as k-bit training needs.
         model = prepare_model_for_kbit_training(
             model,
             use_gradient_checkpointing=model.is_activation_checkpointing,

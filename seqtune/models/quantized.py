@@ -18,7 +18,10 @@ tensor (`weight` below) with tensors beside it (`aux`: scales, zero points, the 
 
 Read here: which parameter each weight tensor is and its shape as the model holds it (to prove the checkpoint
 against its architecture), what is missing or left over, and the bytes each parameter occupies as stored (the
-memory estimate and the host's loading memory count those). Whether a layout trains here is `trains_here`.
+memory estimate and the host's loading memory count those). How each layout loads for training on each device is
+declared beside it (`Loading`): as stored (LoRA adapts its quantized Linears), dequantized to model.dtype, or refused
+naming why; `decide` reads that declaration for one device (the plan's `checkpoint_load`), `trains_here` says why a
+run cannot train over the checkpoint here.
 """
 
 from __future__ import annotations
@@ -38,6 +41,27 @@ FP8 = "fp8"
 Entry = dict[str, Any]  # a safetensors header entry: dtype, shape, data_offsets
 Shape = tuple[int, ...]
 
+# How a pre-quantized checkpoint loads for training (the plan's checkpoint_load):
+STORED = "stored"  # in its method's quantized Linears (peft adapts them; the weights cannot be stepped)
+DEQUANTIZED = "dequantized"  # dequantized to model.dtype while loading: float weights like any other checkpoint
+
+
+@dataclass(frozen=True, kw_only=True)
+class Loading:
+    """How a layout loads for training, per device type (seqtune.models.build loads it so; preflight refuses a
+    device it does not list, or missing packages, naming why)."""
+
+    on: dict[str, str]  # device type (cpu, cuda) -> STORED or DEQUANTIZED
+    absent: str = ""  # why a device type `on` does not list cannot load it
+    packages: tuple[str, ...] = ()  # the import names transformers loads it with
+    source: str = ""  # where those packages come from (the fix when one is missing)
+    # The quantization_config transformers dequantizes with while loading (the checkpoint's stated config -> a
+    # transformers config object). None: the checkpoint loads as stored, then model.dequantize() where `on` says
+    # DEQUANTIZED.
+    dequantizing: Callable[[dict[str, Any]], Any] | None = None
+    # Loaded as stored: peft merges an adapter into its quantized Linears (merge_and_unload) for a merged export.
+    merges: bool = True
+
 
 @dataclass(frozen=True, kw_only=True)
 class Layout:
@@ -50,9 +74,7 @@ class Layout:
     # (weight entry, its aux entries by suffix, the architecture's shape for the parameter) ->
     # (the parameter's shape as the model holds it, or None; what is wrong, or None)
     shape: Callable[[Entry, dict[str, Entry], Shape | None], tuple[Shape | None, str | None]]
-    # transformers' quantization config whose dequantize=True path loads it dequantized to model.dtype
-    # (seqtune.models.build), so the model holds float weights; "": it would stay as stored
-    dequantized: str = ""
+    loading: Loading
     # What the parameter is named from the weight tensor's name less `weight`: "X.weight" from "X.qweight"; MXFP4's
     # "X" from "X_blocks" (a fused expert matrix is a parameter of its own, not a module's weight).
     parameter: str = ".weight"
@@ -95,6 +117,50 @@ def _same_shape(weight: Entry, aux: dict[str, Entry], expected: Shape | None) ->
     return tuple(weight["shape"]), None
 
 
+def _fp8_dequantizing(stated: dict[str, Any]) -> Any:
+    import transformers
+
+    # Its loading attributes replace the checkpoint's: the modules it left unquantized must stay named.
+    return transformers.FineGrainedFP8Config(
+        dequantize=True, modules_to_not_convert=stated.get("modules_to_not_convert")
+    )
+
+
+def _compressed_dequantizing(stated: dict[str, Any]) -> Any:
+    import transformers
+
+    # A loading attribute: transformers keeps the checkpoint's config groups and decompresses them to model.dtype.
+    return transformers.CompressedTensorsConfig(dequantize=True)
+
+
+# transformers' finegrained_fp8 has no kernels on the CPU, and LoRA over FP8 Linears kept in FP8 on a GPU is not run
+# here yet: FP8 block-scaled loads dequantized on every device.
+FP8_LOADING = Loading(on={"cpu": DEQUANTIZED, "cuda": DEQUANTIZED}, dequantizing=_fp8_dequantizing)
+# peft adapts bitsandbytes' Linear4bit/Linear8bitLt on CUDA (QLoRA's path). bitsandbytes >= 0.46 loads them on the
+# CPU too, where its 4-bit kernels need every output width to be a multiple of 32 and its 8-bit matmul runs in
+# fp16: there they are dequantized (transformers' model.dequantize()), and LoRA trains over float weights.
+BNB_LOADING = Loading(
+    on={"cuda": STORED, "cpu": DEQUANTIZED},
+    packages=("bitsandbytes",),
+    source="seqtune's `cuda` extra: pip install -e '.[cuda]' -c constraints.txt",
+)
+# peft has no LoRA layer over compressed-tensors' CompressedLinear: decompressed on every device.
+COMPRESSED_LOADING = Loading(
+    on={"cpu": DEQUANTIZED, "cuda": DEQUANTIZED},
+    packages=("compressed_tensors",),
+    source="seqtune's `quantized` extra: pip install -e '.[quantized]' -c constraints.txt",
+    dequantizing=_compressed_dequantizing,
+)
+# transformers loads GPTQ and AWQ weights only into gptqmodel's kernels (GPTQ through optimum too) and has no
+# dequantizing path for either; peft adapts gptqmodel's QuantLinear. gptqmodel ships as a source distribution only
+# (7.7.0 on PyPI: it compiles its kernels while installing), so seqtune does not depend on it.
+GPTQMODEL = "not seqtune dependencies: pip install optimum gptqmodel --no-build-isolation on a CUDA machine"
+GPTQ_AWQ_ABSENT = (
+    "transformers loads {label} weights only into gptqmodel's kernels and has no dequantizing path for them, so "
+    "seqtune trains LoRA over them on CUDA only"
+)
+
+
 def fp8_layout(config: dict[str, Any]) -> Layout:
     block = config.get("weight_block_size")
 
@@ -116,7 +182,7 @@ def fp8_layout(config: dict[str, Any]) -> Layout:
         aux=(".weight_scale_inv",),
         required=(".weight_scale_inv",),
         shape=shape,
-        dequantized="FineGrainedFP8Config",
+        loading=FP8_LOADING,
     )
 
 
@@ -193,6 +259,7 @@ def _bitsandbytes(config: dict[str, Any]) -> Layout:
             aux=BNB_4BIT_AUX,
             required=(".weight.absmax", ".weight.quant_map"),
             shape=_bnb_4bit_shape,
+            loading=BNB_LOADING,
         )
     return Layout(
         method="bitsandbytes",
@@ -202,6 +269,7 @@ def _bitsandbytes(config: dict[str, Any]) -> Layout:
         aux=(".SCB", ".weight_format"),
         required=(".SCB",),
         shape=_same_shape,
+        loading=BNB_LOADING,
     )
 
 
@@ -222,6 +290,7 @@ def _compressed_tensors(config: dict[str, Any]) -> Layout | str:
             aux=(".weight_shape", *COMPRESSED_AUX),
             required=(".weight_scale", ".weight_shape"),
             shape=_pack_quantized_shape(bits),
+            loading=COMPRESSED_LOADING,
         )
     if form in ("int-quantized", "naive-quantized", "float-quantized"):
         return Layout(
@@ -232,19 +301,28 @@ def _compressed_tensors(config: dict[str, Any]) -> Layout | str:
             aux=COMPRESSED_AUX,
             required=(".weight_scale",),
             shape=_same_shape,
+            loading=COMPRESSED_LOADING,
         )
     return f"seqtune reads its pack-, int- and float-quantized formats, not format {form}"
 
 
 def _gptq(config: dict[str, Any]) -> Layout:
+    label = f"GPTQ {config.get('bits', 4)}-bit"
     return Layout(
         method="gptq",
-        label=f"GPTQ {config.get('bits', 4)}-bit",
+        label=label,
         weight=".qweight",
         weight_dtypes=frozenset({"I32"}),
         aux=(".qzeros", ".scales", ".g_idx"),
         required=(".qzeros", ".scales"),
         shape=_gptq_shape(int(config.get("bits", 4))),
+        loading=Loading(
+            on={"cuda": STORED},
+            absent=GPTQ_AWQ_ABSENT.format(label="GPTQ"),
+            packages=("gptqmodel", "optimum"),
+            source=GPTQMODEL,
+            merges=False,  # peft 0.18's LoRA over gptqmodel's QuantLinear has no merge
+        ),
     )
 
 
@@ -260,6 +338,13 @@ def _awq(config: dict[str, Any]) -> Layout | str:
         aux=(".qzeros", ".scales"),
         required=(".qzeros", ".scales"),
         shape=_awq_shape,
+        loading=Loading(
+            on={"cuda": STORED},
+            absent=GPTQ_AWQ_ABSENT.format(label="AWQ"),
+            packages=("gptqmodel",),
+            source=GPTQMODEL,
+            merges=False,  # peft 0.18's LoRA over gptqmodel's QuantLinear has no merge
+        ),
     )
 
 
@@ -285,6 +370,18 @@ def _mxfp4_shape(weight: Entry, aux: dict[str, Entry], expected: Shape | None) -
     return (*lead, groups * MXFP4_BLOCK, out), None
 
 
+def _mxfp4_dequantizing(stated: dict[str, Any]) -> Any:
+    import transformers
+
+    # As FP8's: its loading attributes replace the checkpoint's, so the modules it left unquantized stay named.
+    return transformers.Mxfp4Config(dequantize=True, modules_to_not_convert=stated.get("modules_to_not_convert"))
+
+
+# transformers' mxfp4 quantizer does not train its stored form (its triton kernels are inference only) and
+# dequantizes to bf16 on the CPU: MXFP4 loads dequantized on every device.
+MXFP4_LOADING = Loading(on={"cpu": DEQUANTIZED, "cuda": DEQUANTIZED}, dequantizing=_mxfp4_dequantizing)
+
+
 def _mxfp4(config: dict[str, Any]) -> Layout:
     return Layout(
         method="mxfp4",
@@ -294,7 +391,7 @@ def _mxfp4(config: dict[str, Any]) -> Layout:
         aux=("_scales",),
         required=("_scales",),
         shape=_mxfp4_shape,
-        dequantized="Mxfp4Config",
+        loading=MXFP4_LOADING,
         parameter="",
     )
 
@@ -390,65 +487,111 @@ def read_layout(layout: Layout, headers: dict[str, dict[str, Entry]], expected: 
     return LayoutRead(quantized=quantized, plain=plain, problems=problems)
 
 
-def trains_here(quantization: Quantization, *, lora: bool) -> str | None:
-    """Why a run cannot train over this checkpoint here (None: it can). FP8 block-scaled and MXFP4 load dequantized
-    to model.dtype (transformers' finegrained_fp8 and mxfp4 dequantizing paths, on every device), so LoRA and full
-    fine-tuning train over float weights. The others would stay quantized in integer or 4-bit tensors, which a full fine-tune
-    cannot step, and seqtune loads none of them yet (below, per method, why)."""
-    if quantization.layout is not None and quantization.layout.dequantized:
-        return None
+@dataclass(frozen=True, kw_only=True)
+class Decision:
+    """How a pre-quantized checkpoint loads on one device type: `load` (STORED or DEQUANTIZED), or None with `why`."""
+
+    load: str | None
+    why: str = ""
+    fix: str = ""  # the first fix, before pointing model.path elsewhere
+
+
+def decide(quantization: Quantization, device_type: str, installed: Callable[[str], bool] | None = None) -> Decision:
+    """The layout's declared loading (`Loading`) on `device_type`, with the packages transformers needs installed
+    here (`installed`: the probe, importlib's by default)."""
+    layout = quantization.layout
+    if layout is None:
+        return Decision(load=None, why=quantization.unread or "")
+    installed = installed or _installed
+    load = layout.loading.on.get(device_type)
+    if load is None:
+        return Decision(load=None, why=f"{layout.loading.absent} (this run's device is {device_type})")
+    missing = [p for p in layout.loading.packages if not installed(p)]
+    if missing:
+        names = " and ".join(missing)
+        return Decision(
+            load=None,
+            why=f"transformers loads it ({load} on {device_type}) only with {names}, not installed here",
+            fix=f"install {names} ({layout.loading.source}), or ",
+        )
+    return Decision(load=load)
+
+
+def trains_here(
+    quantization: Quantization, *, lora: bool, device_type: str, installed: Callable[[str], bool] | None = None
+) -> str | None:
+    """Why a run cannot train over this checkpoint on `device_type` (None: it can). A layout loaded as stored keeps
+    integer or 4-bit weights, which only LoRA trains over (a full fine-tune cannot step them); one loaded
+    dequantized holds float weights, so LoRA and full fine-tuning both train."""
+    decision = decide(quantization, device_type, installed)
     label = quantization.layout.label if quantization.layout else quantization.method
-    why = quantization.unread or _not_loaded(quantization.method)
-    full = (
-        "" if lora else "; and a full fine-tune steps every weight, which stored integer or 4-bit weights cannot hold"
-    )
+    if decision.load == DEQUANTIZED or (decision.load == STORED and lora):
+        return None
+    if decision.load == STORED:
+        why, fix = (
+            f"it loads as stored on {device_type}, and a full fine-tune steps every weight, which stored integer or "
+            "4-bit weights cannot hold",
+            "lora=default (LoRA over the stored weights), or ",
+        )
+    else:
+        why, fix = decision.why, decision.fix
     return (
         f"model.path holds a {label} checkpoint (config.json quantization_config.quant_method="
-        f"{quantization.method}), read as stored, which seqtune cannot train over here: {why}{full}. Fix: point "
-        "model.path at the model's bf16/fp16 release (model.load_in_4bit=true for QLoRA on a GPU, with "
-        "lora=default), or at a dequantized copy (transformers: model.dequantize() then save_pretrained), or at "
-        "its FP8 block-scaled release"
+        f"{quantization.method}), which seqtune cannot train over here: {why}. Fix: {fix}point model.path at the "
+        "model's bf16/fp16 release (model.load_in_4bit=true for QLoRA on a GPU, with lora=default), or at a "
+        "dequantized copy (transformers: model.dequantize() then save_pretrained)"
     )
+
+
+def checkpoint_load(path: str | None, device_type: str) -> str | None:
+    """The plan's checkpoint_load: how model.path loads on `device_type` (STORED or DEQUANTIZED), or None for a
+    float checkpoint, a tiny model, or one that cannot load here (preflight refuses it with trains_here)."""
+    if path is None:
+        return None
+    quantization = stated_quantization(Path(path).expanduser())
+    return decide(quantization, device_type).load if quantization is not None else None
+
+
+def merge_refusal(path: str | None, load: str | None) -> str | None:
+    """Why a merged export (train.export_merged, or the GGUF file written from merged/) cannot be written over the
+    checkpoint at `path` loaded as `load` (the plan's checkpoint_load); None: it can."""
+    quantization = stated_quantization(Path(path).expanduser()) if path is not None and load == STORED else None
+    if quantization is None or quantization.layout is None or quantization.layout.loading.merges:
+        return None
+    return (
+        f"a merged export over model.path's {quantization.layout.label} checkpoint, loaded as stored: peft cannot "
+        "merge an adapter into its quantized Linears. Fix: train.export_merged=false and train.export_gguf=null (the "
+        "adapter is exported), then merge offline into a dequantized copy of the base"
+    )
+
+
+def loaded_as_trained(path: str, device_type: str) -> tuple[Any | None, bool]:
+    """How to load the checkpoint at `path` as a run on `device_type` trained over it (the export proof's base, and
+    a user's): the quantization_config to pass (None: its own), and whether model.dequantize() follows."""
+    quantization = stated_quantization(Path(path).expanduser())
+    if quantization is None or quantization.layout is None:
+        return None, False
+    if decide(quantization, device_type).load != DEQUANTIZED:
+        return None, False
+    dequantizing = quantization.layout.loading.dequantizing
+    return (dequantizing(quantization.config), False) if dequantizing is not None else (None, True)
 
 
 def _installed(package: str) -> bool:
     return importlib.util.find_spec(package) is not None
 
 
-def _not_loaded(method: str) -> str:
-    """Why seqtune does not load a method's weights, with what this machine has installed."""
-    missing = {
-        "bitsandbytes": ("bitsandbytes", "it is seqtune's `cuda` extra"),
-        "compressed-tensors": ("compressed_tensors", "seqtune does not depend on it"),
-        "gptq": ("gptqmodel", "seqtune does not depend on it"),
-        "awq": ("awq", "seqtune does not depend on it"),
-    }
-    package, where = missing[method]
-    have = (
-        f"{package} is installed"
-        if _installed(package)
-        else f"transformers loads them only with the {package} package, not installed here ({where})"
-    )
-    return {
-        "bitsandbytes": f"{have}; seqtune loads, adapts and merges only the NF4 weights it quantizes itself "
-        "(model.load_in_4bit=true), not stored bitsandbytes weights",
-        "compressed-tensors": f"{have}; seqtune does not run its decompression while loading yet",
-        "gptq": f"{have}; GPTQ kernels need CUDA, and seqtune does not load GPTQ weights yet",
-        "awq": f"{have}; AWQ kernels need CUDA, and seqtune does not load AWQ weights yet",
-    }[method]
-
-
 def stored_weights(
-    root: Path, headers: dict[str, dict[str, Entry]], expected: dict[str, Shape]
+    root: Path, headers: dict[str, dict[str, Entry]], expected: dict[str, Shape], *, load: str | None
 ) -> StoredWeights | None:
     """What the quantized parameters of the checkpoint at `root` occupy once loaded (None: not quantized, or a
-    layout seqtune does not read). Loading dequantizes FP8 block-scaled and MXFP4 (seqtune.models.build), so they
-    count as float weights; the others would stay as stored."""
+    layout seqtune does not read). `load` (the plan's checkpoint_load): DEQUANTIZED counts them as float weights;
+    otherwise they count as stored (a checkpoint refused here is still estimated as it is)."""
     quantization = stated_quantization(root)
     if quantization is None or quantization.layout is None:
         return None
     layout = quantization.layout
-    if layout.dequantized:
+    if load == DEQUANTIZED:
         return StoredWeights(method=layout.method, label=layout.label, numel=0, stored_bytes=0)
     read = read_layout(layout, headers, expected)
     numel = sum(math.prod(expected[name]) for name in read.quantized if name in expected)

@@ -42,8 +42,10 @@ def host_needs(
     ranks: int,
     device_type: str,
     quantized: tuple[int, int] = (0, 0),
+    stored_load: bool = False,
 ) -> HostNeeds:
-    """`quantized`: (parameters, their bytes) a pre-quantized checkpoint keeps as stored while it loads."""
+    """`quantized`: (parameters, their bytes) a pre-quantized checkpoint keeps as stored while it loads;
+    `stored_load` (plan.checkpoint_load == "stored"): it loads straight onto the CUDA device, as QLoRA's does."""
     files = checkpoint_files(Path(cfg.model.path).expanduser()) if cfg.model.path else None
     loading = 0
     if files is not None:
@@ -52,7 +54,7 @@ def host_needs(
             width=BYTES_PER_DTYPE[str(cfg.model.dtype)],
             files=files,
             quantized=quantized,
-            onto_device=cfg.model.load_in_4bit and device_type == "cuda",
+            onto_device=(cfg.model.load_in_4bit or stored_load) and device_type == "cuda",
         )
     return HostNeeds(
         loading_gib=loading * ranks / GIB,

@@ -27,6 +27,7 @@ from seqtune.models.gguf_facts import gguf_refusal_for, llama_cpp_missing
 from seqtune.models.kernels import kernels_problems
 from seqtune.models.model_configs import ModelConfigs, model_configs
 from seqtune.models.optimizers import unread_settings
+from seqtune.models.quantized import STORED, merge_refusal
 from seqtune.models.spec import lora_module_names
 from seqtune.preflight import checks
 from seqtune.preflight import checks_model as model_checks
@@ -184,8 +185,13 @@ def runtime_phase(
     if weights:  # nothing else reads weights that failed the proof (a truncated shard would raise mid-read)
         problems, model = problems + weights, None
     elif model is not None:
-        quantized = quantization_faults(cfg.model.path, load_in_4bit=cfg.model.load_in_4bit, lora=cfg.lora.enabled)
+        quantized = quantization_faults(
+            cfg.model.path, load_in_4bit=cfg.model.load_in_4bit, lora=cfg.lora.enabled, device_type=plan.device_type
+        )
         problems += model_checks.check_checkpoint_weights(quantized)
+        unmerged = merge_refusal(cfg.model.path, plan.checkpoint_load)
+        if unmerged and cfg.lora.enabled and (cfg.train.export_merged or cfg.train.export_gguf):
+            problems.append(Problem(check="checkpoint", key="train.export_merged", message=unmerged))
     if model is not None and cfg.lora.enabled:
         problems += model_checks.check_lora_parameters(cfg.lora.target_parameters, list(model.arch.tensors))
     return tokenizer, model, tokenizer.record.tokens, problems
@@ -572,7 +578,7 @@ def memory_inputs(
     from seqtune.models.attention import native_gqa
 
     attention = plan.attn_implementation or "sdpa"
-    stored = quantized_weights(cfg.model.path, arch)
+    stored = quantized_weights(cfg.model.path, arch, load=plan.checkpoint_load)
     return MemoryInputs(
         arch=arch,
         vocab_rows=rows,
@@ -639,6 +645,7 @@ def memory_phase(
         batch_tokens=inputs.batch_tokens,
         ranks=plan.world.nproc_per_node,
         device_type=plan.device_type,
+        stored_load=plan.checkpoint_load == STORED,
     )
     checked = estimate.host_bytes or needs.loading_gib or needs.workers
     host = host_memory_gib(cfg.preflight.host_memory_gib) if checked else None

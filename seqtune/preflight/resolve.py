@@ -36,6 +36,7 @@ from seqtune.models.auto import spec_for
 from seqtune.models.facts import ModelFacts, read_model_facts, read_vision_facts
 from seqtune.models.kernels import kernels_choice, kernels_problems, loss_choice
 from seqtune.models.optimizers import optimizer_choice, optimizer_problems
+from seqtune.models.quantized import checkpoint_load
 from seqtune.models.spec import ModelSpec, lora_module_names, matches_target, modules_trained_in_full, resized_rows
 from seqtune.preflight.online_images import online_image_problems
 from seqtune.tokenizers.facts import TokenizerFacts, read_tokenizer_facts, token_ids
@@ -117,6 +118,7 @@ def resolve_plan(
         completion_tokens=generation.new_tokens if generation is not None else 0,
         scorer_params=generation.scorer_params if generation is not None else 0,
         vision=vision,
+        checkpoint_load=checkpoint_load(cfg.model.path, device.type),
     )
 
 

@@ -151,6 +151,7 @@ def _build_trained_model(cfg: RootConfig, plan: Plan, env: DistEnv) -> torch.nn.
         device=env.device,
         scalar_head=scalar,
         pad_id=plan.tokens.pad_id,
+        checkpoint_load=plan.checkpoint_load,
     )
     model: torch.nn.Module = base
     if plan.vision is not None:  # the vision tower and projector stay as they are unless model.train_vision

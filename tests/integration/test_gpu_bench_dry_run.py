@@ -154,3 +154,27 @@ def test_big_models_fp8_row_runs_on_the_cpu_at_the_bf16_rows_dtype(tmp_path):
     assert rows["bf16"]["memory_estimate_gib"] == rows["fp8_checkpoint"]["memory_estimate_gib"]
     assert any("dequantized to bfloat16 while loading" in line for line in fp8["log_says"])
     assert fp8["quantization_config"]["quant_method"] == "fp8"
+
+
+def test_big_models_bnb_4bit_rows_say_why_they_have_no_cpu_number(tmp_path):
+    """bench/gpu/big_models.py's `bnb_4bit` section (LoRA over a pre-quantized bitsandbytes 4-bit checkpoint
+    against QLoRA on the fly) has no CPU number: both rows are recorded as skipped, naming why (bitsandbytes' 4-bit
+    layers train only on CUDA), without writing an 8B checkpoint or running the CLI."""
+    env = os.environ | {"TOKENIZERS_PARALLELISM": "false"}
+    command = [
+        sys.executable,
+        "bench/gpu/big_models.py",
+        "--device",
+        "cpu",
+        "--only",
+        "bnb_4bit",
+        "--out",
+        str(tmp_path),
+    ]
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    section = _read(tmp_path, "gpu_big_models.json")["sections"]["bnb_4bit"]
+    assert section["ok"], section.get("error")
+    assert set(section["rows"]) == {"qlora_on_the_fly", "bnb_4bit_checkpoint"}
+    for row in section["rows"].values():
+        assert "bitsandbytes' 4-bit layers train only on CUDA" in row["skipped"]

@@ -201,13 +201,18 @@ def test_an_fp8_block_scaled_checkpoint_is_read_in_its_stored_layout(saved, tmp_
     assert header["model.layers.0.mlp.up_proj.weight"].dtype == torch.float8_e4m3fn
     assert _faults(path) == []
     original = load_file(str(saved["single"] / SINGLE))["model.layers.0.mlp.up_proj.weight"]
-    loaded = build_model(tiny_cfg("llama3", path=str(path)), attn_implementation="sdpa")
+    from seqtune.models.quantized import checkpoint_load
+
+    load = checkpoint_load(str(path), "cpu")  # the plan's decision: dequantized
+    loaded = build_model(tiny_cfg("llama3", path=str(path)), attn_implementation="sdpa", checkpoint_load=load)
     dequantized = loaded.model.layers[0].mlp.up_proj.weight.detach()
     assert type(loaded.model.layers[0].mlp.up_proj) is torch.nn.Linear
     assert torch.linalg.norm(dequantized - original) / torch.linalg.norm(original) < 0.05
 
-    assert quantization_faults(str(path), load_in_4bit=False, lora=False) == []  # full fine-tuning: dequantized
-    (qlora,) = quantization_faults(str(path), load_in_4bit=True, lora=True)
+    assert (
+        quantization_faults(str(path), load_in_4bit=False, lora=False, device_type="cpu") == []
+    )  # full fine-tuning: dequantized
+    (qlora,) = quantization_faults(str(path), load_in_4bit=True, lora=True, device_type="cpu")
     assert "model.path is quantized already" in qlora.message and "Fix: model.load_in_4bit=false" in qlora.message
 
     scale = "model.layers.1.self_attn.q_proj.weight_scale_inv"

@@ -1,13 +1,13 @@
 """Pre-quantized checkpoints read by preflight in the layouts their methods store (seqtune/models/quantized.py):
 tiny checkpoints written in each layout (tests.support.models.write_quantized) are proven against their architecture
 from the safetensors headers, their bytes are counted as stored (the memory estimate's weights and the host's
-loading memory against the tensors in the file), what is missing or left over is named, and a layout seqtune
-cannot train over here is refused once naming why. FP8 block-scaled loads dequantized on every device: its
-estimate is the dequantized model's."""
+loading memory against the tensors in the file), what is missing or left over is named, and how each layout loads
+on each device (as stored, dequantized, or refused once naming the missing package or device) is its declared
+decision (seqtune.models.quantized.Loading). FP8 block-scaled loads dequantized on every device: its estimate is the
+dequantized model's."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from dataclasses import replace
@@ -21,6 +21,7 @@ from seqtune.models import MemoryInputs, build_model, load_model_config, memory_
 from seqtune.models.arch import config_arch
 from seqtune.models.checkpoint_check import checkpoint_faults, quantization_faults, quantized_weights
 from seqtune.models.host_memory import checkpoint_files, loading_bytes
+from seqtune.models.quantized import DEQUANTIZED, STORED, checkpoint_load, decide, stated_quantization
 from tests.support.models import QUANTIZED_LAYOUTS, tiny_cfg, write_fp8_block_scaled, write_quantized
 
 SINGLE = "model.safetensors"
@@ -55,10 +56,10 @@ def _arch(path: Path):
     return config_arch(load_model_config(tiny_cfg("llama3", path=str(path))))
 
 
-def _faults(path: Path, *, lora: bool = True) -> list[str]:
+def _faults(path: Path, *, lora: bool = True, device_type: str = "cpu") -> list[str]:
     """The checkpoint's faults, then why this run cannot train over it (preflight asks both)."""
     faults = checkpoint_faults(str(path), _arch(path))
-    faults += quantization_faults(str(path), load_in_4bit=False, lora=lora)
+    faults += quantization_faults(str(path), load_in_4bit=False, lora=lora, device_type=device_type)
     return [f"{f.file}: {f.message}" for f in faults]
 
 
@@ -69,7 +70,7 @@ def _stored_nbytes(path: Path) -> dict[str, int]:
 
 
 def _inputs(path: Path) -> MemoryInputs:
-    arch, stored = _arch(path), quantized_weights(str(path), _arch(path))
+    arch, stored = _arch(path), quantized_weights(str(path), _arch(path), load=checkpoint_load(str(path), "cuda"))
     return MemoryInputs(
         arch=arch,
         vocab_rows=arch.vocab_size,
@@ -135,38 +136,79 @@ def test_every_layout_is_written_as_its_method_stores_it(saved, tmp_path):
 
 
 @pytest.mark.parametrize("layout", sorted(QUANTIZED_LAYOUTS))
-def test_each_layout_is_read_with_its_stored_bytes_and_refused_naming_why(saved, tmp_path, layout):
-    """Proven against the architecture (no fault but the one refusal); the estimate's weights are the file's
-    tensors' bytes exactly (the checkpoint is float32 and model.dtype=float32: every other tensor is counted in
-    it), and so is the parameters' part of the host's loading memory."""
-    path = _layout(saved, tmp_path, layout)
-    method, label = WHY[layout]
-    (refusal,) = _faults(path)
-    assert f"model.path holds a {label} (config.json quantization_config.quant_method={method})" in refusal
-    assert "which seqtune cannot train over here" in refusal and "Fix: point model.path at the model's bf16" in refusal
-    assert "full fine-tune" not in refusal
-    (full,) = _faults(path, lora=False)
-    assert "a full fine-tune steps every weight, which stored integer or 4-bit weights cannot hold" in full
+def test_each_layout_is_read_with_its_stored_bytes(saved, tmp_path, monkeypatch, layout):
+    """Proven against the architecture (no fault); loaded as stored, the estimate's weights are the file's
+    tensors' bytes exactly (the checkpoint is float32 and model.dtype=float32: every other tensor is counted in it),
+    and so is the parameters' part of the host's loading memory; loaded dequantized, they count as float weights."""
+    from seqtune.models import quantized
 
+    monkeypatch.setattr(quantized, "_installed", lambda package: True)
+    path = _layout(saved, tmp_path, layout)
+    assert checkpoint_faults(str(path), _arch(path)) == []
     nbytes = _stored_nbytes(path)
-    quantized = {n: b for n, b in nbytes.items() if n.rsplit("_proj", 1)[0] != n}
-    stored = quantized_weights(str(path), _arch(path))
-    assert stored is not None and stored.stored_bytes == sum(quantized.values())
-    estimate = memory_estimate(_inputs(path))
+    quantized_bytes = {n: b for n, b in nbytes.items() if n.rsplit("_proj", 1)[0] != n}
+    stored = quantized_weights(str(path), _arch(path), load=STORED)
+    assert stored is not None and stored.stored_bytes == sum(quantized_bytes.values())
+    estimate = memory_estimate(
+        replace(_inputs(path), quantized_numel=stored.numel, quantized_bytes=stored.stored_bytes)
+    )
     assert estimate.weights_bytes == sum(nbytes.values())
     files = checkpoint_files(path)
     params = estimate.params
     loading = loading_bytes(params=params, width=4, files=files, quantized=(stored.numel, stored.stored_bytes))
     assert loading - files.largest_tensor_numel * 4 == sum(nbytes.values())
+    dequantized = quantized_weights(str(path), _arch(path), load=DEQUANTIZED)
+    assert dequantized is not None and (dequantized.numel, dequantized.stored_bytes) == (0, 0)
 
 
-def test_why_names_what_is_installed_here(saved, tmp_path):
-    path = _layout(saved, tmp_path, "bnb_4bit")
-    (refusal,) = _faults(path)
-    installed = importlib.util.find_spec("bitsandbytes") is not None
-    said = "bitsandbytes is installed" if installed else "only with the bitsandbytes package, not installed here"
-    assert said in refusal
-    assert "seqtune loads, adapts and merges only the NF4 weights it quantizes itself" in refusal
+# layout -> ({device type: its load with its packages installed; None: refused there whatever is installed},
+# the packages transformers needs for it)
+DECIDED = {
+    "fp8": ({"cpu": DEQUANTIZED, "cuda": DEQUANTIZED}, ()),
+    "bnb_4bit": ({"cpu": DEQUANTIZED, "cuda": STORED}, ("bitsandbytes",)),
+    "bnb_8bit": ({"cpu": DEQUANTIZED, "cuda": STORED}, ("bitsandbytes",)),
+    "compressed_w4a16": ({"cpu": DEQUANTIZED, "cuda": DEQUANTIZED}, ("compressed_tensors",)),
+    "compressed_w8a8": ({"cpu": DEQUANTIZED, "cuda": DEQUANTIZED}, ("compressed_tensors",)),
+    "gptq": ({"cpu": None, "cuda": STORED}, ("gptqmodel", "optimum")),
+    "awq": ({"cpu": None, "cuda": STORED}, ("gptqmodel",)),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(DECIDED))
+@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
+@pytest.mark.parametrize("have", [True, False])
+def test_each_layout_loads_as_declared_per_device_and_package(saved, tmp_path, monkeypatch, layout, device_type, have):
+    """The decision table (docs/gpu.md): as stored where peft adapts the method's quantized Linears (bitsandbytes,
+    GPTQ, AWQ on CUDA), dequantized where transformers has a dequantizing path (FP8 and compressed-tensors on every
+    device, bitsandbytes on the CPU), else refused at model.path naming the device or the missing package with the
+    fix; a full fine-tune is refused only over stored weights. No GPU and no package needed: the device is the
+    plan's, and the "installed" probe is replaced."""
+    from seqtune.models import quantized
+
+    monkeypatch.setattr(quantized, "_installed", lambda package: have)
+    path = _layout(saved, tmp_path, layout)
+    loads, packages = DECIDED[layout]
+    expected = loads[device_type] if have or not packages else None
+    assert decide(stated_quantization(path), device_type).load == expected
+    assert checkpoint_load(str(path), device_type) == expected
+    lora, full = _faults(path, device_type=device_type), _faults(path, lora=False, device_type=device_type)
+    if expected is not None:
+        assert lora == [] and (full == []) is (expected == DEQUANTIZED)
+        if expected == STORED:
+            (refusal,) = full
+            assert "a full fine-tune steps every weight, which stored integer or 4-bit weights cannot hold" in refusal
+            assert "Fix: lora=default (LoRA over the stored weights)" in refusal
+        return
+    method, label = WHY[layout]
+    (refusal,) = lora
+    assert f"model.path holds a {label} (config.json quantization_config.quant_method={method})" in refusal
+    assert "which seqtune cannot train over here" in refusal
+    if loads[device_type] is None:
+        assert "has no dequantizing path for them" in refusal and f"this run's device is {device_type}" in refusal
+        assert "Fix: point model.path at the model's bf16" in refusal
+    else:
+        names = " and ".join(packages)
+        assert f"only with {names}, not installed here" in refusal and f"Fix: install {names} (" in refusal
 
 
 @pytest.mark.parametrize(
@@ -234,7 +276,7 @@ def test_fp8_block_scaled_is_estimated_dequantized_and_loaded_as_stored(saved, t
     model.dtype plus the largest tensor read at once."""
     path = _layout(saved, tmp_path, "fp8")
     assert _faults(path) == [] and _faults(path, lora=False) == []
-    stored = quantized_weights(str(path), _arch(path))
+    stored = quantized_weights(str(path), _arch(path), load=checkpoint_load(str(path), "cpu"))
     assert stored is not None and (stored.numel, stored.stored_bytes) == (0, 0)
     fp8, float_release = _inputs(path), _inputs(saved)
     for dtype in ("float32", "bfloat16"):
@@ -245,3 +287,35 @@ def test_fp8_block_scaled_is_estimated_dequantized_and_loaded_as_stored(saved, t
     params = memory_estimate(fp8).params
     assert sum(_stored_nbytes(path).values()) < params * 4  # F8 weights: fewer bytes on disk than loaded
     assert loading_bytes(params=params, width=2, files=files) == (params + files.largest_tensor_numel) * 2
+
+
+@pytest.mark.parametrize("stored", [True, False])
+def test_a_checkpoint_loaded_as_stored_gets_qloras_kbit_preparation(stored):
+    """build_model marks a stored load (seqtune.models.build._as_loaded); apply_lora then prepares it as QLoRA's
+    4-bit model (peft's prepare_model_for_kbit_training: the float weights beside the quantized ones in fp32, frozen),
+    and leaves every other model in model.dtype."""
+    import torch
+
+    from seqtune.config.schema import LoraConfig
+    from tests.support.models import lora_for
+
+    model = build_model(tiny_cfg("llama3", dtype="bfloat16"), attn_implementation="sdpa")
+    if stored:
+        model.seqtune_stored_quantized = True
+    adapted = lora_for(model, LoraConfig(), "llama3")
+    norm = adapted.get_base_model().model.norm.weight
+    assert norm.dtype == (torch.float32 if stored else torch.bfloat16) and not norm.requires_grad
+
+
+@pytest.mark.parametrize(("layout", "refused"), [("gptq", True), ("awq", True), ("bnb_4bit", False)])
+def test_a_merged_export_over_stored_weights_peft_cannot_merge_is_refused(saved, tmp_path, layout, refused):
+    """peft merges an adapter into bitsandbytes' Linears, not into gptqmodel's QuantLinear: a merged export over a
+    GPTQ/AWQ checkpoint loaded as stored is refused before training (it failed after it); dequantized ones merge."""
+    from seqtune.models.quantized import merge_refusal
+
+    path = _layout(saved, tmp_path, layout)
+    why = merge_refusal(str(path), STORED)
+    assert (why is not None) is refused
+    if refused:
+        assert "peft cannot merge an adapter into its quantized Linears. Fix: train.export_merged=false" in why
+    assert merge_refusal(str(path), DEQUANTIZED) is None and merge_refusal(str(saved), None) is None

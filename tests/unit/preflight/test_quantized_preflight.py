@@ -1,6 +1,6 @@
-"""Through run_preflight: a bitsandbytes 4-bit checkpoint (written in the layout bitsandbytes stores) is refused
-with exit 2 at model.path naming why it does not train here, and the memory report counts its weights as stored
-(the file's tensors), not as model.dtype parameters."""
+"""Through run_preflight: a bitsandbytes 4-bit checkpoint (written in the layout bitsandbytes stores) without
+bitsandbytes installed is refused with exit 2 at model.path naming the package and its extra, and the memory report
+counts its weights as stored (the file's tensors), not as model.dtype parameters."""
 
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ from tests.support.models import write_quantized
 GIB = 2**30
 
 
-def test_a_bitsandbytes_checkpoint_is_refused_naming_why_and_estimated_as_stored(tmp_path):
+def test_a_bitsandbytes_checkpoint_is_refused_naming_why_and_estimated_as_stored(tmp_path, monkeypatch):
+    from seqtune.models import quantized
+
+    monkeypatch.setattr(quantized, "_installed", lambda package: False)
     checkpoint = build_checkpoint("smollm", tmp_path / "smollm")
     write_quantized(checkpoint, "bnb_4bit")
     with safe_open(str(checkpoint / "model.safetensors"), framework="pt") as f:
@@ -25,7 +28,11 @@ def test_a_bitsandbytes_checkpoint_is_refused_naming_why_and_estimated_as_stored
     report = run_failing(make_cfg(tmp_path, train, *by_path), tmp_path / "run", match=r"\[checkpoint\] model.path")
     said = messages(report)
     assert "model.path holds a bitsandbytes 4-bit checkpoint (config.json quantization_config.quant_method=" in said
-    assert "which seqtune cannot train over here" in said and "Fix: point model.path at the model's bf16" in said
+    assert (
+        "which seqtune cannot train over here: transformers loads it (dequantized on cpu) only with bitsandbytes"
+        in said
+    )
+    assert "Fix: install bitsandbytes (seqtune's `cuda` extra" in said
     # The checkpoint is float32 apart from its 4-bit projections, and model.dtype is float32: the weights are the file.
     assert abs(report["memory"]["weights_gib"] - stored / GIB) < 1e-4
     assert [p["key"] for p in report["problems"]] == ["model.path"]
@@ -75,3 +82,21 @@ def test_loading_a_pre_quantized_checkpoint_over_the_host_is_not_offered_qlora()
         (problem,) = check_host_needs(needs, offloaded_gib=0.0, host_memory_gib=40.0)
         assert ("model.load_in_4bit=true" in problem.message) is offered
         assert "preflight.host_memory_gib=GIB" in problem.message
+
+
+def test_a_checkpoint_loaded_as_stored_goes_straight_onto_the_gpu(tmp_path):
+    """plan.checkpoint_load == "stored" on CUDA: the weights load onto the device as QLoRA's do (device_map), so the
+    host's loading moment does not hold the model; on the CPU it does."""
+    from seqtune.preflight.host import host_needs
+
+    checkpoint = build_checkpoint("smollm", tmp_path / "smollm")
+    write_quantized(checkpoint, "bnb_4bit")
+    cfg = make_cfg(tmp_path, tmp_path / "unused.jsonl", f"model.path={checkpoint}")
+
+    def loading(device_type: str, stored_load: bool) -> float:
+        needs = host_needs(
+            cfg, params=10**6, batch_tokens=512, ranks=1, device_type=device_type, stored_load=stored_load
+        )
+        return needs.loading_gib
+
+    assert loading("cuda", True) < loading("cuda", False) == loading("cpu", True)
