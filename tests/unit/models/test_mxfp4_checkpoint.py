@@ -20,7 +20,7 @@ from seqtune.models import MemoryInputs, build_model, load_model_config, memory_
 from seqtune.models.arch import config_arch
 from seqtune.models.checkpoint_check import checkpoint_faults, quantization_faults, quantized_weights, read_header
 from seqtune.models.host_memory import checkpoint_files
-from seqtune.models.quantized import read_layout, stated_quantization
+from seqtune.models.quantized import checkpoint_load, read_layout, stated_quantization
 from tests.support.checkpoints import build_gpt_oss_checkpoint
 from tests.support.configs import alpaca, make_cfg, messages, run_failing
 from tests.support.data import write_jsonl
@@ -51,7 +51,8 @@ def _arch(path: Path):
 
 
 def _inputs(path: Path) -> MemoryInputs:
-    arch, stored = _arch(path), quantized_weights(str(path), _arch(path))
+    arch = _arch(path)
+    stored = quantized_weights(str(path), arch, load=checkpoint_load(str(path), "cpu"))
     assert stored is None or (stored.numel, stored.stored_bytes) == (0, 0)  # held dequantized, as for FP8
     return MemoryInputs(
         arch=arch,
@@ -71,8 +72,8 @@ def test_preflight_reads_each_expert_matrix_as_the_parameter_it_stands_for_with_
     arch = _arch(path)
     assert checkpoint_faults(str(path), arch) == []
     # Loading dequantizes, so LoRA and a full fine-tune both train over float weights (as for FP8).
-    assert quantization_faults(str(path), load_in_4bit=False, lora=True) == []
-    assert quantization_faults(str(path), load_in_4bit=False, lora=False) == []
+    assert quantization_faults(str(path), load_in_4bit=False, lora=True, device_type="cpu") == []
+    assert quantization_faults(str(path), load_in_4bit=False, lora=False, device_type="cpu") == []
     quantization = stated_quantization(path)
     assert quantization is not None and quantization.layout is not None
     header, _ = read_header(path / SINGLE)
@@ -148,7 +149,7 @@ def test_preflight_refuses_a_damaged_mxfp4_checkpoint_with_exit_2(mxfp4, tmp_pat
 
 def test_it_loads_dequantized_to_exactly_the_weights_its_codes_and_scales_state(mxfp4, capsys):
     path, expected = mxfp4
-    model = build_model(_cfg(path), attn_implementation="eager")
+    model = build_model(_cfg(path), attn_implementation="eager", checkpoint_load=checkpoint_load(str(path), "cpu"))
     assert "MXFP4 checkpoint (config.json quantization_config)" in capsys.readouterr().out
     state = model.state_dict()
     for name, weight in expected.items():
