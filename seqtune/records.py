@@ -31,13 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from seqtune.config.errors import ConfigError
-from seqtune.config.load import flat_settings
+from seqtune.config.load import after_training_settings, flat_settings
 from seqtune.config.registry import TRACKERS
 from seqtune.config.rundir import CHECKPOINTS, FINISHED, PREVIOUS_PREFIX, RUN_DIR_KEY
 from seqtune.config.schema import Resume, RootConfig
 from seqtune.console import LOG_FILE
 from seqtune.files import TEMP_PREFIX, write_atomic
-from seqtune.preflight.resume import Change, ResumePoint, accepted, setting_changes
+from seqtune.preflight.resume import Change, ResumePoint, accepted, resume_accepts, setting_changes
 
 KEPT = "config.yaml, plan.json, preflight.json, metrics.jsonl and the adapter/ or model/ are unchanged"
 # What stays in RUN_DIR when train.overwrite moves a finished run aside: this command's console log (open for
@@ -81,11 +81,17 @@ def check_finished(cfg: RootConfig, run_dir: Path) -> Finished:
         )
         return Finished.SAME
     listed = "; ".join(map(str, changes))
+    exports_only = all(accepted(c.key, after_training_settings(cfg)) for c in changes)
     raise ConfigError(
         f"{run_dir} holds a run that finished {when} ({marker.name}) with other settings: {listed}. A finished run "
         f"is a record and is not trained over. Nothing was written ({KEPT}).",
         key=RUN_DIR_KEY,
-        fix=f"hydra.run.dir=NEW_DIR for a new run, or train.overwrite=true to move the finished run into "
+        fix=(
+            f"`python -m seqtune.export {run_dir} --gguf TYPE` (or --gguf-adapter) exports the finished run again; "
+            if exports_only
+            else ""
+        )
+        + f"hydra.run.dir=NEW_DIR for a new run, or train.overwrite=true to move the finished run into "
         f"{run_dir}/{PREVIOUS_PREFIX}<time>/ and train here",
     )
 
@@ -95,7 +101,7 @@ def _extends(cfg: RootConfig, run_dir: Path, saved: dict[str, Any], changes: lis
     lists the length) with a length that is not longer."""
     if cfg.train.resume != Resume.auto or not any(accepted(k, cfg.train.resume_accept) for k in LENGTH_KEYS):
         return False
-    if any(not accepted(c.key, cfg.train.resume_accept) for c in changes):
+    if any(not accepted(c.key, resume_accepts(cfg)) for c in changes):
         return False  # refused as any other difference, each one named
     # The length is set as the finished run set it: max_steps, or epochs when its max_steps was null.
     key = "train.epochs" if saved.get("train.max_steps") is None else "train.max_steps"

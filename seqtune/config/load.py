@@ -107,6 +107,23 @@ def flat_settings(cfg: RootConfig) -> dict[str, Any]:
     return flat
 
 
+def after_training_settings(cfg: RootConfig) -> list[str]:
+    """The keys of flat_settings whose field declares AFTER_TRAINING (schema.py): they decide only what is written
+    after the last step, so a resume takes a change of them unlisted."""
+    keys: list[str] = []
+
+    def walk(prefix: str, node: Any) -> None:
+        for f in fields(node):
+            value = getattr(node, f.name)
+            if is_dataclass(value):
+                walk(f"{prefix}{f.name}.", value)
+            elif f.metadata.get("after_training"):
+                keys.append(f"{prefix}{f.name}")
+
+    walk("", cfg)
+    return keys
+
+
 def _json_value(value: Any) -> Any:
     if isinstance(value, Enum):
         return value.value

@@ -760,6 +760,10 @@ RESUME_ACCEPTABLE = (
     "plan.kernels",
     "plan.loss",
 )
+# A setting's declaration (its field's metadata) that it decides only what is written after the last step (the
+# exports), never what a step computes: a resume, or a finished run trained longer, takes a change of it without
+# train.resume_accept listing it, and says so (seqtune.config.load.after_training_settings reads it).
+AFTER_TRAINING = {"after_training": True}
 # Settings of one invocation, never compared with a checkpoint's. The launcher's world size is a fact of the plan,
 # compared there (a new rendezvous port or backend on restart changes nothing a step computes).
 RESUME_IGNORED = (
@@ -827,19 +831,19 @@ class TrainConfig:
     mixed_precision: MixedPrecision = MixedPrecision.auto
     # Also save base + LoRA merged as a Hugging Face checkpoint (RUN_DIR/merged). LoRA only: a full fine-tune's
     # RUN_DIR/model already is one. Refused with FSDP across ranks.
-    export_merged: bool = False
+    export_merged: bool = field(default=False, metadata=AFTER_TRAINING)
     # Also write RUN_DIR/gguf/<run>-<type>.gguf (llama.cpp, Ollama, LM Studio), each with an Ollama Modelfile:
     # f16 | bf16 | q8_0 | q4_k_m | q5_k_m | q6_k, or a list of them ([f16,q4_k_m]); null = none. From merged/
     # (written for it: LoRA) or model/; the k-quants are llama.cpp's own quantization of the f16 file (written too).
     # The export proof reads each file back and runs the k-quants in llama.cpp. Refused for an architecture the
     # writer does not know (no family states its `gguf` row: seqtune/models/families/<family>.py) and for LoRA under FSDP
     # across ranks. (Typed Any: OmegaConf cannot hold a type-or-list field; checked below.)
-    export_gguf: Any = None
+    export_gguf: Any = field(default=None, metadata=AFTER_TRAINING)
     # Also write the LoRA adapter as llama.cpp's GGUF adapter (gguf/<run>-lora.gguf, applied at load time by
     # llama.cpp's --lora and Ollama's ADAPTER) beside its base's f16 file (gguf/<run>-base.gguf) and the merged
     # f16 file it is proven against (seqtune/export/gguf_adapter.py). LoRA only; refused for what the format cannot
     # hold (DoRA, a resized embedding, modules other than lm_head trained in full).
-    export_gguf_adapter: bool = False
+    export_gguf_adapter: bool = field(default=False, metadata=AFTER_TRAINING)
     # Upload the export to the Hugging Face Hub repository ORG/NAME at the end of the run, once the export proof
     # passed: merged/ when train.export_merged, else adapter/ (LoRA) or model/, with its README.md card, and the
     # GGUF file(s). null = no upload. The token is huggingface_hub's (HF_TOKEN or `hf auth login`), never written.

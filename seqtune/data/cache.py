@@ -45,9 +45,10 @@ from seqtune.files import TempDir, storage_error, sweep_stale_temps
 from seqtune.tokenizers.info import tokenizer_fingerprint  # noqa: F401 - part of this module's API
 
 # Bump when the on-disk layout or any tokenization rule changes: old caches then simply stop matching.
+# v10: a prompt's record digest holds its images (two prompts of one text with other images were one record);
 # v8: a sample kind's declared fields (field.<name>.bin); v7: meta.json holds each file's CRC-32 (content verified
 # on read); v6: a preference pair's two sequences
-CACHE_VERSION = "seqtune-token-cache-v9"
+CACHE_VERSION = "seqtune-token-cache-v10"
 META = "meta.json"
 REJECTS = "rejects.jsonl"
 # An image-text run's image references per sample (one JSON line each: {"images": [...], "digests": [...]}).

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
@@ -51,9 +52,12 @@ def record_text(prompt: Any, columns: dict[str, Any]) -> str:
     return json.dumps({"prompt": prompt, **columns}, sort_keys=True, ensure_ascii=False, default=str)
 
 
-def record_digest(text: str) -> int:
-    """A signed 64-bit digest of a record's text: the cache field that finds it and tells records apart."""
-    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "little", signed=True)
+def record_digest(text: str, images: Sequence[str] = ()) -> int:
+    """A signed 64-bit digest of a record's text and its images (stored references): the cache field that finds it
+    and tells records apart. The text holds each image as its placeholder only, so two prompts of one text with
+    other images are told apart by their images (else the online stage would find the first one's images)."""
+    data = json.dumps([text, list(images)], ensure_ascii=False) if images else text
+    return int.from_bytes(hashlib.sha256(data.encode("utf-8")).digest()[:8], "little", signed=True)
 
 
 @dataclass(kw_only=True)
@@ -423,7 +427,11 @@ class SampleEncoder:
             padding_stripped=np.zeros(len(kept), np.int64),
             source_index=np.asarray(kept, np.int64),
             rejects=rejects,
-            fields={"record": np.asarray([record_digest(t) for t in written], np.int64)},
+            fields={
+                "record": np.asarray(
+                    [record_digest(t, records[i].images) for t, i in zip(written, kept, strict=True)], np.int64
+                )
+            },
             columns=written,
             images=[records[i].images for i in kept] if any(records[i].images for i in kept) else [],
         )

@@ -27,6 +27,7 @@ from seqtune.config.plan import VisionFacts, load_plan
 from seqtune.config.recipe_spec import Scored, recipe_spec
 from seqtune.config.rundir import RUN_DIR_KEY
 from seqtune.config.schema import SPLITS, RootConfig
+from seqtune.data.formats import chat_template_reason
 from seqtune.data.split import split_input
 from seqtune.files import atomic_directory, sha256_file, write_atomic
 from seqtune.hub import is_hub_id
@@ -122,6 +123,8 @@ class ShipFacts:
     watched: str = "loss"
     # plan.vision: an image-text model ships its processor and loads with AutoModelForImageTextToText.
     vision: VisionFacts | None = None
+    # Which chat template the exports carry and why (seqtune.data.formats.chat_template_reason): printed, carded.
+    template_note: str = ""
 
     @property
     def scalar(self) -> bool:
@@ -141,9 +144,10 @@ def ship_facts(tokenizer: Any, run_dir: Path) -> ShipFacts:
     stop = stop_ids(tokenizer, trained_terminators(run_dir), plan.tokens.turn_closer)
     if plan.scored == Scored.scalar:  # its pooling skips pad ids: one is always set, what training read around
         stop = replace(stop, pad=plan.tokens.pad_id)
+    cfg = load_checked(run_dir / "config.yaml")
     return ShipFacts(
         run_dir=run_dir,
-        cfg=load_checked(run_dir / "config.yaml"),
+        cfg=cfg,
         stop=stop,
         resize_to=plan.vocab.resize_to,
         validation=plan.validation,
@@ -151,6 +155,7 @@ def ship_facts(tokenizer: Any, run_dir: Path) -> ShipFacts:
         pad_id=plan.tokens.pad_id,
         watched=recipe_spec(plan.recipe).early_stop_metric,
         vision=plan.vision,
+        template_note=chat_template_reason(cfg.data.format, tokenizer.chat_template),
     )
 
 
@@ -251,6 +256,7 @@ def card_text(facts: ShipFacts, kind: str, *, files: list[tuple[str, Path, str]]
         f"# {run_dir.name}: {'LoRA adapter' if lora else 'model'} fine-tuned with seqtune ({kind}/)",
         "",
         f"Base: {base_note}. Data format: `{cfg.data.format}`. Generation stops at {stops}.",
+        *(["", f"Chat template: {facts.template_note}."] if facts.template_note else []),
         "",
         "## Load",
         "",

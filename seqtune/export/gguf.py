@@ -496,7 +496,7 @@ def _export_written(run_dir: Path, gguf_type: str, *, key: str) -> Path:
     add_bos = tokenizer.bos_token_id is not None and tokenizer("a")["input_ids"][:1] == [tokenizer.bos_token_id]
     target = write_gguf(source, gguf_path(run_dir, gguf_type), gguf_type, ids=ids, add_bos=add_bos, key=key)
     write_modelfile(target, key=key)
-    print(f"saved GGUF ({gguf_type}): {target}", flush=True)
+    print(f"saved GGUF ({gguf_type}): {target}; its chat template: {facts.template_note}", flush=True)
     return target
 
 

@@ -12,7 +12,8 @@ anything of the run's record is written (torch-free, like the rest of the parent
 
 A difference is accepted only when listed in train.resume_accept, and only keys of RESUME_ACCEPTABLE (schema.py) may
 be listed: what they change is how long the run goes, what it logs, evaluates, saves and exports, never what a step
-computes from the checkpoint's state.
+computes from the checkpoint's state. A setting whose field declares AFTER_TRAINING (schema.py: the exports) decides
+only what is written after the last step: its change is taken unlisted, and said.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from seqtune.config.errors import ConfigError
-from seqtune.config.load import flat_settings
+from seqtune.config.load import after_training_settings, flat_settings
 from seqtune.config.plan import Plan
 from seqtune.config.rundir import checkpoint_damage, checkpoint_step, complete_checkpoints, read_manifest
 from seqtune.config.schema import RESUME_ACCEPTABLE, RESUME_IGNORED, Resume, RootConfig, TrainConfig
@@ -108,24 +109,37 @@ def find_resume(cfg: TrainConfig, run_dir: Path) -> ResumePoint | None:
 
 
 def check_settings(point: ResumePoint, cfg: RootConfig) -> None:
-    """Refuse (ConfigError) when a setting differs from the checkpoint's and train.resume_accept does not list it;
-    print the accepted differences."""
+    """Refuse (ConfigError) when a setting differs from the checkpoint's and train.resume_accept does not list it
+    (a setting declared AFTER_TRAINING, an export's, needs no listing); print the accepted differences."""
     changes = setting_changes(point.settings, cfg)
-    refused = [c for c in changes if not accepted(c.key, cfg.train.resume_accept)]
+    exports = [c for c in changes if _covered(c.key, after_training_settings(cfg))]
+    refused = [c for c in changes if c not in exports and not accepted(c.key, cfg.train.resume_accept)]
     if refused:
         raise ConfigError(
             _refusal(point, "; ".join(map(str, refused)), len(refused), "setting(s)"),
             key="train.resume",
             fix=_fix(refused),
         )
-    if changes:
-        longer = any(c.key in ("train.max_steps", "train.epochs") for c in changes)
+    listed = [c for c in changes if c not in exports]
+    if listed:
+        longer = any(c.key in ("train.max_steps", "train.epochs") for c in listed)
         print(
             f"resume: continuing {point.checkpoint.name} with accepted change(s) (train.resume_accept): "
-            f"{'; '.join(map(str, changes))}"
+            f"{'; '.join(map(str, listed))}"
             f"{'; the learning-rate schedule is recomputed for the new length' if longer else ''}.",
             flush=True,
         )
+    if exports:
+        print(
+            f"resume: export setting(s) changed since {point.checkpoint.name}, applied to this run's exports after "
+            f"its last step (they change nothing a step computes): {'; '.join(map(str, exports))}.",
+            flush=True,
+        )
+
+
+def resume_accepts(cfg: RootConfig) -> list[str]:
+    """What a resume of `cfg` takes changed: train.resume_accept and every setting declared AFTER_TRAINING."""
+    return [*cfg.train.resume_accept, *after_training_settings(cfg)]
 
 
 def setting_changes(saved: Mapping[str, Any], cfg: RootConfig) -> list[Change]:

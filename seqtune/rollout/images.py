@@ -1,28 +1,28 @@
 """An image-text run's prompts' images, as the online stage gives them to the model.
 
 A prompt's images travel with it from the token cache (PromptTable.images: the stored references its sample was
-encoded with, each image's token run already in its ids). Per micro-batch the stage turns them into the model's
-image inputs once, one copy per completion row (row p*G + g carries prompt p's images, row-major as the image
-collator orders them, so the model scatters each row's image features into that row's image tokens):
+encoded with, each image's token run already in its ids). Per micro-batch the stage cuts their model inputs from the
+micro-batch (the collator's pixel values, computed once a step) and repeats them, one copy per completion row (row
+p*G + g carries prompt p's images, row-major as the image collator orders them, so the model scatters each row's
+image features into that row's image tokens):
 - the sampler's first forward (the KV-cache prefill) gets them; later steps feed only the new tokens, whose keys
   and values attend to the cached image positions;
 - the policy's and the reference's forwards over prompt + completion get the same inputs (Rollout.images), so the
   loss is computed on what was sampled from.
-The processor is the model's own (seqtune.data.pixels.ImagePixels, the collator's), so the pixel values are those
-supervised training would give the same images.
+The pixel values are the collator's own (seqtune.data.pixels.ImageCollator), those supervised training gives the
+same images: the images are processed once per step, never again by the stage.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from seqtune.config.plan import VisionFacts
-from seqtune.data.pixels import ImagePixels, mrope_positions
-from seqtune.models.vision import image_processor
+from seqtune.data.pixels import mrope_positions
 
 
 @dataclass(frozen=True)
@@ -58,31 +58,76 @@ class RowImages:
 
 @dataclass(frozen=True)
 class PromptImages:
-    """The run's processor and image token (plan.vision), which turn each prompt's stored images into RowImages."""
+    """The run's image facts (plan.vision): each prompt row's pixel values cut from its micro-batch, and repeated
+    into RowImages for its completion rows."""
 
-    pixels: ImagePixels
+    vision: VisionFacts
 
-    def rows(self, refs: Sequence[Sequence[str]], copies: int, device: torch.device) -> RowImages | None:
-        """Each prompt's images (`refs`, one entry per prompt) repeated for its `copies` completion rows; None when
-        no prompt of the micro-batch has an image (a text prompt of an image-text run samples as text)."""
-        rows = [ref for prompt in refs for _ in range(copies) for ref in prompt]
-        if not rows:
+    def of_batch(self, batch: Mapping[str, torch.Tensor], rows: Sequence[int]) -> list[dict[str, torch.Tensor]]:
+        """The image inputs of each of `rows` (the micro-batch's real prompts), cut from the collator's, which are
+        row-major, each row's images in the order of their runs (seqtune.data.pixels.ImageCollator): the pixel
+        values a step computes once, on the path supervised training proves, and hands on instead of processing
+        the images again. A row without images gets {}."""
+        if "pixel_values" not in batch:  # no row of the micro-batch has an image
+            return [{} for _ in rows]
+        grids = batch.get("image_grid_thw")
+        sizes = iter(self._image_sizes(batch))
+        spans: list[tuple[int, int, int, int]] = []  # each batch row's images [first, end) and pixel rows [first, end)
+        image = pixel = 0
+        for row_ids in batch["input_ids"]:
+            wanted, tokens, first_image, first_pixel = (
+                int((row_ids == self.vision.image_token_id).sum()),
+                0,
+                image,
+                pixel,
+            )
+            while tokens < wanted:  # the collator checked that the counts add up
+                image_tokens, pixel_rows = next(sizes)
+                tokens, image, pixel = tokens + image_tokens, image + 1, pixel + pixel_rows
+            spans.append((first_image, image, first_pixel, pixel))
+        out: list[dict[str, torch.Tensor]] = []
+        for first_image, end_image, first_pixel, end_pixel in (spans[r] for r in rows):
+            cut = {"pixel_values": batch["pixel_values"][first_pixel:end_pixel]} if end_image > first_image else {}
+            if cut and grids is not None:
+                cut["image_grid_thw"] = grids[first_image:end_image]
+            out.append(cut)
+        return out
+
+    def _image_sizes(self, batch: Mapping[str, torch.Tensor]) -> list[tuple[int, int]]:
+        """Each image of the micro-batch, in order: (its image tokens, its rows of pixel_values)."""
+        grids = batch.get("image_grid_thw")
+        if grids is None:  # a fixed resolution: one pixel_values row and tokens_per_image tokens an image
+            return [(self.vision.tokens_per_image, 1)] * len(batch["pixel_values"])
+        assert self.vision.grid is not None, "image_grid_thw is a dynamic-resolution model's"
+        patches = [int(grid.prod()) for grid in grids]
+        return [(count // self.vision.grid.merge_size**2, count) for count in patches]
+
+    def rows(
+        self, prompts: Sequence[Mapping[str, torch.Tensor]], copies: int, device: torch.device
+    ) -> RowImages | None:
+        """Each prompt's image inputs (PromptImages.of_batch, one entry per prompt) repeated for its `copies`
+        completion rows; None when no prompt of the micro-batch has an image (a text prompt of an image-text run
+        samples as text)."""
+        rows = [prompt for prompt in prompts for _ in range(copies)]
+        present = [row for row in rows if row]
+        if not present:
             return None
-        arrays = self.pixels(rows)
-        vision = self.pixels.vision
-        counts = [len(prompt) for prompt in refs for _ in range(copies)]
-        grids = arrays.get("image_grid_thw", np.zeros((len(rows), 3), np.int64))
+        pixels = {key: torch.cat([row[key] for row in present]).to(device) for key in present[0]}
+        grids = tuple(
+            row["image_grid_thw"].cpu().numpy() if "image_grid_thw" in row else np.zeros((0, 3), np.int64)
+            for row in rows
+        )
         return RowImages(
-            pixels={k: torch.from_numpy(v).to(device) for k, v in arrays.items()},
-            image_token_id=vision.image_token_id,
-            token_type_key=vision.token_type_key,
-            vision=vision,
-            grids=tuple(np.split(grids, np.cumsum(counts)[:-1])),
+            pixels=pixels,
+            image_token_id=self.vision.image_token_id,
+            token_type_key=self.vision.token_type_key,
+            vision=self.vision,
+            grids=grids,
         )
 
 
-def prompt_images(vision: VisionFacts | None, model_path: str | None) -> PromptImages | None:
+def prompt_images(vision: VisionFacts | None) -> PromptImages | None:
     """The stage's image inputs for an image-text run (plan.vision), None for a text-only one."""
     if vision is None:
         return None
-    return PromptImages(pixels=ImagePixels(processor=image_processor(vision, model_path), vision=vision))
+    return PromptImages(vision=vision)

@@ -50,10 +50,12 @@ class OnlineObjective(SpecFacts):
         self.stage.load_state_dict(state)
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        prompts, keys = prompt_rows(batch)
+        prompts, keys, rows = prompt_rows(batch)
         if not prompts:  # a micro-batch of fillers only
             return self._filler_loss(model, batch), torch.zeros(len(self.metric_names))
-        rollouts = self.stage.rollouts(model, prompts, keys)
+        images = self.stage.images
+        pixels = images.of_batch(batch, rows) if images is not None and not self.stage.reusing else None
+        rollouts = self.stage.rollouts(model, prompts, keys, pixels)
         C = rollouts.sample.completion_mask.shape[1]
         logps, entropy = token_logps(model, rollouts.sample, C, self.stage.cfg.temperature)
         self.stage.keep(rollouts, logps)
@@ -101,17 +103,18 @@ class OnlineObjective(SpecFacts):
             model.train(was)
 
 
-def prompt_rows(batch: dict[str, torch.Tensor]) -> tuple[list[list[int]], list[int]]:
-    """The real prompts of a micro-batch (rows with their anchor target; fillers have none), without padding, and
-    the digest of each one's record (its `record_key`: where its columns are kept)."""
-    rows, keys = [], []
+def prompt_rows(batch: dict[str, torch.Tensor]) -> tuple[list[list[int]], list[int], list[int]]:
+    """The real prompts of a micro-batch (rows with their anchor target; fillers have none), without padding, the
+    digest of each one's record (its `record_key`: where its columns are kept), and each one's row in the batch."""
+    prompts, keys, rows = [], [], []
     for r in range(batch["input_ids"].shape[0]):
         if not bool((batch["targets"][r] != IGNORE_INDEX).any()):
             continue
         keep = batch["attention_mask"][r].bool()
-        rows.append(batch["input_ids"][r][keep].tolist())
+        prompts.append(batch["input_ids"][r][keep].tolist())
         keys.append(int(batch["record_key"][r]))
-    return rows, keys
+        rows.append(r)
+    return prompts, keys, rows
 
 
 def online_objective(
@@ -136,7 +139,7 @@ def online_objective(
         completions_path=completions_path(run_dir),
         lockstep=plan.sharded,
         agents=agents(cfg, plan, tokenizer),
-        images=prompt_images(plan.vision, cfg.model.path),
+        images=prompt_images(plan.vision),
     )
     if cfg.rollout.generator == Generator.vllm:
         from seqtune.rollout.vllm.start import vllm_sampler

@@ -169,12 +169,19 @@ class RolloutStage:
     def reusing(self) -> bool:
         return self.position.training and self.position.repeat > 0
 
-    def rollouts(self, model: torch.nn.Module, prompts: list[list[int]], keys: list[int]) -> Rollouts:
+    def rollouts(
+        self,
+        model: torch.nn.Module,
+        prompts: list[list[int]],
+        keys: list[int],
+        pixels: list[dict[str, torch.Tensor]] | None = None,
+    ) -> Rollouts:
         """The micro-batch's rollouts: sampled now on a new generation batch, the buffered ones on a repeat.
-        `keys`: each prompt's record digest (its columns in the table)."""
+        `keys`: each prompt's record digest (its columns in the table); `pixels`: each prompt's image inputs, cut
+        from the micro-batch (PromptImages.of_batch; an image-text run only)."""
         if not self.reusing:
             images = [self.table.images_of(k) for k in keys]
-            return self._generate(model, prompts, [self.table.record(k) for k in keys], images)
+            return self._generate(model, prompts, [self.table.record(k) for k in keys], images, pixels)
         rollouts = self.buffer.get(self.position.micro_batch)
         # An internal invariant: the batch plan repeats whole steps (preflight refuses an epoch that is not).
         assert rollouts is not None and rollouts.prompts == prompts, "the step's prompts changed between repeats"
@@ -248,11 +255,13 @@ class RolloutStage:
         prompts: list[list[int]],
         written: list[dict[str, Any]],
         images: list[tuple[str, ...]],
+        pixels: list[dict[str, torch.Tensor]] | None,
     ) -> Rollouts:
         """Sample with the current weights, score, and take what stays fixed while the batch is reused: the rewards
-        and the reference's log-probabilities. `images`: each prompt's stored images (none on a text-only run)."""
+        and the reference's log-probabilities. `images`: each prompt's stored images (none on a text-only run),
+        whose paths the reward functions get; `pixels`: their model inputs."""
         G = self.cfg.num_generations
-        rows = self.images.rows(images, G, self.env.device) if self.images is not None else None
+        rows = self.images.rows(pixels, G, self.env.device) if self.images is not None and pixels else None
         sample, episodes, environments = self._sample(model, prompts, written, rows)
         records = [record for record in written for _ in range(G)]
         texts = [self.tokenizer.decode(c, skip_special_tokens=True) for c in sample.completion_ids]

@@ -84,6 +84,7 @@ def export_final(
             write_card(facts, run_dir / BEST_DIR, BEST_DIR, files=files)
         gathered = " (gathered from FSDP shards)" if sharded else ""
         print(f"saved {'LoRA adapter' if lora else 'model'}{gathered}: {target}", flush=True)
+        print(f"chat template of the exports: {facts.template_note}", flush=True)
         if not sharded:  # the trained model's logits, before anything is merged into it
             _attempt(failures, REFERENCE_STEP, lambda: capture_reference(model, tokenizer, run_dir, device=env.device))
         _merged_and_gguf(model, saved_tokenizer, facts, files, lora=lora, merged=merged, failures=failures)

@@ -130,8 +130,10 @@ def test_changed_settings_and_data_are_refused_and_a_damaged_checkpoint_is_skipp
         for name in ("config.yaml", "plan.json", "preflight.json", "metrics.jsonl", "rejects.jsonl")
     }
 
-    refused = run_cli([*args, "optim.lr=0.02", "lora.rank=4"], run_dir)
+    # An export setting (declared AFTER_TRAINING) is no reason to refuse; the training settings beside it are.
+    refused = run_cli([*args, "optim.lr=0.02", "lora.rank=4", "train.export_gguf=f16"], run_dir)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "but 2 setting(s) differ" in refused.stderr and "export_gguf" not in refused.stderr
     assert "lora.rank 16 -> 4; optim.lr 0.01 -> 0.02" in refused.stderr, refused.stderr[-2000:]
     assert "train.resume=never hydra.run.dir=NEW_DIR" in refused.stderr
 
@@ -155,9 +157,11 @@ def test_changed_settings_and_data_are_refused_and_a_damaged_checkpoint_is_skipp
     damaged = bytearray(optimizer.read_bytes())
     damaged[len(damaged) // 2] ^= 0xFF  # one flipped byte: the same size
     optimizer.write_bytes(bytes(damaged))
-    result = run_cli(args, run_dir)
+    result = run_cli([*args, "train.export_gguf=f16"], run_dir)  # a GGUF export added on resume is honoured
     _ok(result)
     out = " ".join(result.stdout.split())
+    assert "export setting(s) changed since step_00000003" in out and "train.export_gguf null -> f16" in out
+    assert (run_dir / "gguf" / "run-f16.gguf").is_file()
     assert "step_00000009 cannot be used (model.safetensors is 100 bytes, its manifest says" in out, out[-3000:]
     assert "step_00000006 cannot be used (optimizer.pt does not match its sha256" in out
     assert "continuing from step_00000003, the newest intact checkpoint" in out

@@ -65,6 +65,19 @@ def test_a_reward_run_ships_sequence_classifiers_that_score_as_it_trained(recipe
     adapter = PeftModel.from_pretrained(base, reference / "adapter").eval()
     assert torch.allclose(scores(adapter, expected), trained, atol=1e-4)
 
+    # A reward model scores chat-formatted text with the template the run rendered its message pairs with: every
+    # export carries the run's (the base keeps the tokenizer trained with), and its card says which and why.
+    from transformers import AutoTokenizer
+
+    trained_template = AutoTokenizer.from_pretrained(adapter_config["base_model_name_or_path"]).chat_template
+    assert trained_template
+    for name in ("adapter", "merged"):
+        assert AutoTokenizer.from_pretrained(reference / name).chat_template == trained_template, name
+        assert (
+            "Chat template: the run's chat template (tokenizer.chat_template)"
+            in (reference / name / "README.md").read_text()
+        )
+
 
 def test_a_full_reward_model_on_two_ranks_stops_early_and_ships_best(data, tmp_path):
     run_dir = tmp_path / "run"

@@ -65,6 +65,17 @@ def test_other_settings_are_refused_naming_each_difference_and_the_fix(finished)
     assert contents(run_dir) == before
 
 
+def test_an_export_added_to_a_finished_run_names_the_export_command_or_rides_a_longer_run(finished):
+    cfg, run_dir = finished
+    gguf = replace(cfg, train=replace(cfg.train, export_gguf="f16"))
+    with pytest.raises(ConfigError, match=r"train\.export_gguf null -> f16\. .*Fix: `python -m seqtune\.export "):
+        check_finished(gguf, run_dir)
+    cfg = replace(cfg, train=replace(cfg.train, max_steps=8))
+    mark_finished(cfg, run_dir)
+    longer = replace(cfg, train=replace(cfg.train, max_steps=12, resume_accept=["train.max_steps"], export_gguf="f16"))
+    assert check_finished(longer, run_dir) is Finished.EXTEND
+
+
 def test_overwrite_moves_the_finished_run_aside_and_deletes_nothing(finished):
     cfg, run_dir = finished
     before = contents(run_dir)

@@ -78,6 +78,7 @@ __all__ = [
     "UnpairedExample",
     "alpaca_prompt",
     "chat_template_for",
+    "chat_template_reason",
     "format_fields",
     "formats_of",
     "preference_rendering",
@@ -100,6 +101,24 @@ def format_fields() -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
 def chat_template_for(fmt: str, tokenizer_template: str | None) -> str | None:
     """The chat template a model trained on `fmt` records should be prompted with (saved with the adapter)."""
     return record_format(fmt).chat_template(tokenizer_template)
+
+
+def chat_template_reason(fmt: str, tokenizer_template: str | None) -> str:
+    """Which chat template an export of a run on `fmt` records carries, and why (the export prints it, the model
+    card says it): docs/training.md, "Which chat template an export carries"."""
+    declared = record_format(fmt)
+    if declared.chat_template(None) is not None:  # its own, whatever the tokenizer's (also read from an export)
+        return (
+            f"data.format={fmt}'s training prompt as one user turn (the model learned that prompt, so it replaces "
+            "the tokenizer's chat template)"
+        )
+    if tokenizer_template is None:
+        return f"none (data.format={fmt} has no prompt format of its own and the run's tokenizer has no chat template)"
+    if declared.templated:
+        return f"the run's chat template (tokenizer.chat_template), which rendered data.format={fmt}'s message records"
+    return (
+        f"the run's tokenizer's chat template, left as it was (data.format={fmt} teaches no prompt format of its own)"
+    )
 
 
 def template_signature(fmt: str) -> str:

@@ -14,8 +14,8 @@ if TYPE_CHECKING:
     from seqtune.data.types import Reject
 
 
-def _no_template(tokenizer_template: str | None) -> str | None:
-    return None
+def _tokenizers_template(tokenizer_template: str | None) -> str | None:
+    return tokenizer_template
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,9 +54,11 @@ class RecordFormat:
     # What of the module's rendering goes into the token-cache key beside its name (changing a template must
     # invalidate the caches written with it).
     signature: str = ""
-    # The chat template an exported model trained on it is prompted with, given the tokenizer's (saved with the
-    # adapter): the training prompt as one user turn, the tokenizer's own for conversations, none without a prompt.
-    chat_template: Callable[[str | None], str | None] = _no_template
+    # The chat template an exported model trained on it is prompted with, given the run's (saved with every export):
+    # a prompt format of its own as one user turn (alpaca, input_output), else the run's, which rendered its
+    # message records or, for a format with no prompt format (text, tokenized), is the base's left as it was:
+    # dropping it would make chat clients and llama.cpp guess one the model never saw.
+    chat_template: Callable[[str | None], str | None] = _tokenizers_template
     # What reads a `system` column of a columnar file instead of dropping it, given the source's key, the format's
     # field -> column mapping and the column ("" = the shared "remove the column").
     system_fix: Callable[[str, Mapping[str, str], str], str] | None = None

@@ -270,6 +270,31 @@ def test_the_saved_alpaca_chat_template_renders_system_and_history_as_training_d
     assert whole == record.prompt + "6</s>"
 
 
+@pytest.mark.parametrize(
+    "fmt", ["chat", "sharegpt", "preference", "unpaired_preference", "prompt", "text", "tokenized"]
+)
+def test_an_export_keeps_the_runs_chat_template_unless_the_format_trained_a_prompt_of_its_own(fmt):
+    """A reward or DPO model trained on message pairs was rendered with the run's template, and a run on raw text
+    taught no prompt: dropping the template would make chat clients and llama.cpp guess one the model never saw."""
+    from seqtune.data.formats import chat_template_for, chat_template_reason, record_format
+
+    assert chat_template_for(fmt, "{{ messages }}") == "{{ messages }}"
+    reason = chat_template_reason(fmt, "{{ messages }}")
+    rendered = "which rendered" if record_format(fmt).templated else "left as it was"
+    assert reason.startswith("the run's") and rendered in reason and f"data.format={fmt}" in reason
+    assert chat_template_reason(fmt, None).startswith("none (")
+
+
+@pytest.mark.parametrize("fmt", ["alpaca", "input_output"])
+def test_a_format_with_its_own_prompt_replaces_the_template_and_says_so(fmt):
+    from seqtune.data.formats import chat_template_for, chat_template_reason
+
+    own = chat_template_for(fmt, None)
+    assert own and chat_template_for(fmt, "{{ messages }}") == own
+    for tokenizer_template in ("{{ messages }}", own, None):  # the same answer read back from an export
+        assert chat_template_reason(fmt, tokenizer_template).startswith(f"data.format={fmt}'s training prompt")
+
+
 def test_chat_drops_turns_after_the_last_assistant_reply():
     record = _parse(
         "chat",

@@ -164,3 +164,47 @@ def test_the_collators_3d_positions_are_the_models_own_and_the_forward_reads_the
         ours = model(**inputs, position_ids=batch["position_ids"]).logits
         theirs = model(**inputs).logits  # the model computes its own positions from the same inputs
     assert torch.allclose(ours[real], theirs[real], atol=1e-5)
+
+
+def test_the_online_stage_cuts_each_prompts_pixels_from_the_batch_and_processes_no_image_again(
+    tokenizer, images, monkeypatch
+):
+    """An online image run processes each image once a step, in the collator: the stage cuts each real prompt's
+    pixel values and grids from the micro-batch (rows of several, none and one image of other sizes) and repeats
+    them for its completions; they are what the processor gives the prompt's images alone."""
+    import torch
+
+    from seqtune.data.pixels import ImagePixels
+    from seqtune.models.vision import image_processor
+    from seqtune.rollout.images import prompt_images
+
+    vision = facts("qwen2_5_vl")
+    samples = encode(tokenizer, vision, images, [["100x60.png", "37x300.png"], [], ["64x64.png"]])
+    processed: list[str] = []
+    original = ImagePixels.__call__
+
+    def counted(self, refs):
+        processed.extend(refs)
+        return original(self, refs)
+
+    monkeypatch.setattr(ImagePixels, "__call__", counted)
+    rule = BatchRule(strategy=PaddingStrategy.longest, batch_size=3, max_seq_len=4096)
+    collator = with_images(make_collator(rule, pad_id=0, padding_side="left"), vision, model_path=None)
+    batch = {k: torch.from_numpy(np.asarray(v)) for k, v in collator.arrays(samples).items()}
+    stage = prompt_images(vision)
+    assert stage is not None
+    cut = stage.of_batch(batch, [2, 1, 0])  # the real prompts, in any order of rows
+    rows = stage.rows(cut, 2, torch.device("cpu"))
+    assert sorted(processed) == sorted(ref for sample in samples for ref in sample.images)  # once each
+    monkeypatch.undo()
+    alone = ImagePixels(processor=image_processor(vision, None), vision=vision)
+    for inputs, sample in zip(cut, [samples[2], samples[1], samples[0]], strict=True):
+        if not sample.images:
+            assert inputs == {}
+            continue
+        expected = alone(list(sample.images))
+        assert torch.equal(inputs["pixel_values"], torch.from_numpy(expected["pixel_values"]))
+        assert torch.equal(inputs["image_grid_thw"], torch.from_numpy(expected["image_grid_thw"]))
+    assert rows is not None and len(rows.grids) == 6 and [len(g) for g in rows.grids] == [1, 1, 0, 0, 2, 2]
+    twice = [inputs["pixel_values"] for inputs in (cut[0], cut[0], cut[2], cut[2])]
+    assert torch.equal(rows.pixels["pixel_values"], torch.cat(twice))

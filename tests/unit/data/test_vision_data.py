@@ -222,3 +222,29 @@ def test_input_output_image_references_are_images_for_an_image_text_model(tokeni
     dropped = text.line_parser(str(ASSETS / "train.jsonl"), media_root=str(ASSETS)).parse(3, line)
     assert isinstance(dropped, Reject) and dropped.code == "unsupported_content"
     assert "this model reads text only" in dropped.reason and "model=gemma3_vision_tiny" in dropped.reason
+
+
+def test_two_prompts_of_one_text_with_other_images_are_other_records_and_keep_their_images(
+    tmp_path, tokenizer, vision, jsonl
+):
+    """The online stage finds a prompt's record and images by its digest: a prompt's text holds each image as its
+    placeholder only, so the digest holds the images too (else the second prompt was sampled and scored with the
+    first one's image)."""
+    from seqtune.rollout.prompts import read_prompt_table
+
+    encoder = SampleEncoder(tokenizer, "prompt", train_on_prompt=False, vision=vision)
+    records = [
+        {
+            "prompt": [
+                {"role": "user", "content": [image_part(f"images/{name}.png"), {"type": "text", "text": "Colour?"}]}
+            ]
+        }
+        for name in ("red_circle_0", "blue_square_0")
+    ]
+    data = jsonl(tmp_path / "train.jsonl", records)
+    scan = scan_files("train", [data], encoder, cache_root=tmp_path / "cache", media_root=str(ASSETS))
+    table = read_prompt_table({"train": scan.cache_dir})
+    assert sorted(table.images.values()) == [
+        (str(ASSETS / "images/blue_square_0.png"),),
+        (str(ASSETS / "images/red_circle_0.png"),),
+    ]

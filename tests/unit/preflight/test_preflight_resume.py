@@ -88,6 +88,23 @@ def test_settings_of_one_invocation_are_not_compared(trained):
     )
 
 
+def test_an_export_setting_may_change_unlisted_and_a_training_one_still_may_not(trained, capsys):
+    """Each setting declares whether it only decides what is written after the last step (schema.AFTER_TRAINING):
+    a GGUF export added to a run continues it, saying so; a training setting beside it is refused alone."""
+    from seqtune.config.load import after_training_settings
+
+    cfg, _, point = trained
+    assert after_training_settings(cfg) == ["train.export_merged", "train.export_gguf", "train.export_gguf_adapter"]
+    exports = replace(cfg, train=replace(cfg.train, export_gguf="f16", export_gguf_adapter=True))
+    check_settings(point, exports)
+    assert (
+        "export setting(s) changed since step_00000004, applied to this run's exports after its last step (they "
+        "change nothing a step computes): train.export_gguf null -> f16; train.export_gguf_adapter false -> true."
+    ) in capsys.readouterr().out
+    with pytest.raises(ConfigError, match=r"but 1 setting\(s\) differ .*: optim\.lr 0\.0003 -> 0\.02\. "):
+        check_settings(point, replace(exports, optim=replace(cfg.optim, lr=0.02)))
+
+
 def test_resume_accept_takes_only_changes_a_resume_can_make(tmp_path):
     with pytest.raises(
         ConfigError,

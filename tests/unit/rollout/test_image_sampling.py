@@ -108,13 +108,15 @@ def test_the_log_prob_forward_gets_the_sampled_images(model):
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
 def test_a_multimodal_rope_model_samples_with_its_images_at_the_positions_transformers_computes(family):
-    """Qwen-VL: the stage's processor gives each row its image's patches and grid; the sampler's 3D positions
+    """Qwen-VL: each row gets its image's patches and grid; the sampler's 3D positions
     (seqtune.data.pixels.mrope_positions over each row) give the first-token logits of a full forward whose
     positions transformers computes itself from the grid (get_rope_index), and the cached decode draws the full
     recompute's tokens."""
     from seqtune.config.schema import ModelConfig, TokenizerConfig
+    from seqtune.data.pixels import ImagePixels
     from seqtune.models.facts import read_vision_facts
     from seqtune.models.registry import get_spec
+    from seqtune.models.vision import image_processor
     from seqtune.preflight.resolve import with_image_ids
     from seqtune.rollout.images import prompt_images
     from seqtune.tokenizers.facts import token_ids
@@ -130,9 +132,11 @@ def test_a_multimodal_rope_model_samples_with_its_images_at_the_positions_transf
     boi, image, eoi = vision.image_ids
     run = [boi, *[image] * vision.image_tokens_for(64, 64), eoi]
     rows_prompts = [[300, 301, *run, 302], [400, *run, 401, 402, 403]]
-    stage_images = prompt_images(vision, None)
+    stage_images = prompt_images(vision)
     assert stage_images is not None
-    rows = stage_images.rows(refs, G, torch.device("cpu"))
+    pixels = ImagePixels(processor=image_processor(vision, None), vision=vision)
+    per_prompt = [{k: torch.from_numpy(v) for k, v in pixels(list(prompt)).items()} for prompt in refs]
+    rows = stage_images.rows(per_prompt, G, torch.device("cpu"))
     assert rows is not None and len(rows.grids) == 2 * G
 
     cached, seen = sample(model, rows, kv_cache=True, prompt_ids=rows_prompts, tokens=3)
