@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from seqtune.models.memory import BYTES_PER_DTYPE
+
 FLOATS = frozenset({"F64", "F32", "F16", "BF16"})
 INTS = frozenset({"I8", "U8", "I16", "I32", "I64"})
 FP8 = "fp8"
@@ -53,6 +55,9 @@ class Layout:
     # transformers' quantization config whose dequantize=True path loads it dequantized to model.dtype
     # (seqtune.models.build), so the model holds float weights; "": it would stay as stored
     dequantized: str = ""
+    # model.dtype's width -> host bytes per dequantized element its dequantizer holds at its worst moment besides
+    # the parameter it returns (the stored tensors it reads, its intermediates); see fp8_dequantizing
+    dequantizing: Callable[[int], float] | None = None
     # What the parameter is named from the weight tensor's name less `weight`: "X.weight" from "X.qweight"; MXFP4's
     # "X" from "X_blocks" (a fused expert matrix is a parameter of its own, not a module's weight).
     parameter: str = ".weight"
@@ -78,12 +83,23 @@ class Quantization:
 @dataclass(frozen=True, kw_only=True)
 class StoredWeights:
     """What the quantized parameters occupy once loaded: their element count and their bytes as stored (0, 0 when
-    loading dequantizes them to model.dtype: the model then holds float weights like any other)."""
+    loading dequantizes them to model.dtype: the model then holds float weights like any other). Where it does,
+    `largest_dequantized` is the largest parameter's element count as loaded and `dequantizing` what its
+    dequantizer holds per element besides it (Layout.dequantizing)."""
 
     method: str
     label: str
     numel: int
     stored_bytes: int
+    largest_dequantized: int = 0
+    dequantizing: Callable[[int], float] | None = None
+
+    def dequantizing_bytes(self, dtype: str) -> int:
+        """Host bytes beside the loaded model while the largest parameter is dequantized to `dtype` (model.dtype;
+        0: nothing is dequantized)."""
+        if self.dequantizing is None:
+            return 0
+        return math.ceil(self.largest_dequantized * self.dequantizing(BYTES_PER_DTYPE[dtype]))
 
 
 def _nbytes(entry: Entry) -> int:
@@ -93,6 +109,27 @@ def _nbytes(entry: Entry) -> int:
 
 def _same_shape(weight: Entry, aux: dict[str, Entry], expected: Shape | None) -> tuple[Shape | None, str | None]:
     return tuple(weight["shape"]), None
+
+
+def fp8_dequantizing(width: int) -> float:
+    """transformers' Fp8Dequantize._dequantize_one: the F8 weight read (1 byte an element), cast to float32 (4),
+    times the block scales into a second float32 tensor (4), cast to model.dtype (the parameter; a float32
+    model.dtype takes the product itself). Measured (transformers 5, CPU, peak RSS growth of one 33.5M-element
+    weight): 10 bytes an element in bf16 with the parameter, 8 in float32, beside the resident F8 weight, as here."""
+    return 1 + 4 + (4 if width != 4 else 0)
+
+
+def mxfp4_dequantizing(width: int) -> float:
+    """transformers' mxfp4 _convert_moe_packed_tensors, one block of rows (32M rows: every parameter there is).
+    Alive throughout: the U8 blocks read (half a byte an element) and the scales as int32 (a quarter). While it
+    unpacks a nibble per element: the output in model.dtype, the int32 nibble indices of half the elements (2 bytes
+    an element), the int64 copy lut[indices] makes of them (4), the masked nibbles (0.5) and the looked-up values
+    (half the elements in model.dtype). Then the transposed contiguous copy (the parameter) beside the output, two
+    model.dtype copies: less. Measured (transformers 5, CPU, peak RSS growth of one 33.5M-element parameter): 9.75
+    bytes an element in bf16, 12.75 in float32, beside the resident blocks, as here."""
+    unpacking = 0.5 + 0.25 + width + 2 + 4 + 0.5 + width / 2
+    transposing = 0.5 + 0.25 + width
+    return max(unpacking, transposing)
 
 
 def fp8_layout(config: dict[str, Any]) -> Layout:
@@ -117,6 +154,7 @@ def fp8_layout(config: dict[str, Any]) -> Layout:
         required=(".weight_scale_inv",),
         shape=shape,
         dequantized="FineGrainedFP8Config",
+        dequantizing=fp8_dequantizing,
     )
 
 
@@ -295,6 +333,7 @@ def _mxfp4(config: dict[str, Any]) -> Layout:
         required=("_scales",),
         shape=_mxfp4_shape,
         dequantized="Mxfp4Config",
+        dequantizing=mxfp4_dequantizing,
         parameter="",
     )
 
@@ -448,9 +487,18 @@ def stored_weights(
     if quantization is None or quantization.layout is None:
         return None
     layout = quantization.layout
-    if layout.dequantized:
-        return StoredWeights(method=layout.method, label=layout.label, numel=0, stored_bytes=0)
     read = read_layout(layout, headers, expected)
+    if layout.dequantized:
+        shapes = [expected.get(name) or p.shape for name, p in read.quantized.items()]
+        largest = max((math.prod(shape) for shape in shapes if shape is not None), default=0)
+        return StoredWeights(
+            method=layout.method,
+            label=layout.label,
+            numel=0,
+            stored_bytes=0,
+            largest_dequantized=largest,
+            dequantizing=layout.dequantizing,
+        )
     numel = sum(math.prod(expected[name]) for name in read.quantized if name in expected)
     stored = sum(p.stored_bytes for name, p in read.quantized.items() if name in expected)
     return StoredWeights(method=layout.method, label=layout.label, numel=numel, stored_bytes=stored)

@@ -42,8 +42,10 @@ def host_needs(
     ranks: int,
     device_type: str,
     quantized: tuple[int, int] = (0, 0),
+    dequantizing: int = 0,
 ) -> HostNeeds:
-    """`quantized`: (parameters, their bytes) a pre-quantized checkpoint keeps as stored while it loads."""
+    """`quantized`: (parameters, their bytes) a pre-quantized checkpoint keeps as stored while it loads;
+    `dequantizing`: what dequantizing its largest parameter holds beside the model (loading_bytes)."""
     files = checkpoint_files(Path(cfg.model.path).expanduser()) if cfg.model.path else None
     loading = 0
     if files is not None:
@@ -52,6 +54,7 @@ def host_needs(
             width=BYTES_PER_DTYPE[str(cfg.model.dtype)],
             files=files,
             quantized=quantized,
+            dequantizing=dequantizing,
             onto_device=cfg.model.load_in_4bit and device_type == "cuda",
         )
     return HostNeeds(
