@@ -207,6 +207,15 @@ def gguf_types(value: Any) -> tuple[GgufType, ...]:
 class Parallel(StrEnum):
     ddp = "ddp"
     fsdp = "fsdp"
+    context = "context"  # context parallelism: refused by name (TrainConfig), docs/gpu.md says how it would plug in
+
+
+CONTEXT_PARALLEL_REFUSAL = (
+    "train.parallel=context (context parallelism: each rank holds a slice of every sequence) is not available: it "
+    "needs two GPUs or more per sequence and seqtune does not shard sequences yet (docs/gpu.md says how it would plug "
+    "into the FSDP2 mesh). Fix: train.parallel=fsdp or ddp; for long sequences on one device "
+    "model.gradient_checkpointing=true and model.activation_offload=true (CUDA)"
+)
 
 
 class LauncherName(StrEnum):
@@ -850,7 +859,8 @@ class TrainConfig:
     push_to_hub: str | None = None
     # The repository is created private (ignored when it exists already); false = public.
     push_private: bool = True
-    # ddp | fsdp (full fine-tuning of models too big for one device)
+    # ddp | fsdp (full fine-tuning of models too big for one device); context (each rank a slice of every sequence)
+    # is refused: not available yet
     parallel: Parallel = Parallel.ddp
     # train.parallel=fsdp: keep the parameter shards, their gradients and the optimizer state in host memory
     # (FSDP2 CPUOffloadPolicy; the optimizer steps on the CPU); each layer is copied to the device for its compute.
@@ -886,6 +896,8 @@ class TrainConfig:
             "10.0",
         )
         domain.at_least("dead_grad_steps", self.dead_grad_steps, 0, 10)
+        if self.parallel == Parallel.context:
+            domain.refuse("parallel", CONTEXT_PARALLEL_REFUSAL)
         _inert_train_settings(self, domain)
         try:
             gguf_types(self.export_gguf)

@@ -11,6 +11,9 @@ CPU and then moves the model to its device):
 - what is read at once: safetensors' mmap copies one tensor at a time out of the page cache (the page cache itself
   is reclaimable: it is part of the available memory), so the largest tensor cast to model.dtype; without mmap
   (torch.load of a .bin shard) the whole largest shard. seqtune loads safetensors only (use_safetensors=True);
+- a checkpoint loaded dequantized (FP8 block-scaled, MXFP4) reads its largest parameter through transformers'
+  dequantizer instead: the stored tensors, float32 or index intermediates and a second copy where it transposes
+  (seqtune.models.quantized's fp8_dequantizing, mxfp4_dequantizing), per element of the parameter as loaded;
 - 4-bit NF4 loads straight onto the GPU (device_map): only the read-at-once part passes through host memory.
 
 Data workers (data.num_workers, each a forked process): WORKER_BYTES of its own (measured under shared load: a
@@ -72,12 +75,15 @@ def loading_bytes(
     mmap: bool = True,
     onto_device: bool = False,
     quantized: tuple[int, int] = (0, 0),
+    dequantizing: int = 0,
 ) -> int:
     """Peak host bytes of one rank loading the checkpoint (module docstring). `params` parameters of `width` bytes
     in model.dtype, except `quantized` = (parameters, bytes) a pre-quantized checkpoint keeps as stored (one
-    loading dequantizes holds them in model.dtype: (0, 0)); `onto_device`: 4-bit weights placed on the GPU as
-    they load."""
+    loading dequantizes holds them in model.dtype: (0, 0)); `dequantizing`: what dequantizing its largest
+    parameter holds beside the model (StoredWeights.dequantizing_bytes); `onto_device`: 4-bit weights placed on
+    the GPU as they load."""
     read_at_once = files.largest_tensor_numel * width if mmap and files.safetensors else files.largest_file
+    read_at_once = max(read_at_once, dequantizing)
     if onto_device:
         return read_at_once
     model = (params - quantized[0]) * width + quantized[1]

@@ -67,6 +67,9 @@ class MemoryInputs:
     # weights_dtype. Zero where loading dequantizes (FP8 block-scaled: the model holds weights_dtype).
     quantized_numel: int = 0
     quantized_bytes: int = 0
+    # Where loading dequantizes (FP8 block-scaled, MXFP4): host bytes the dequantizer holds beside the loaded model
+    # for the largest parameter (StoredWeights.dequantizing_bytes); seqtune.models.host_memory's loading peak.
+    dequantizing_bytes: int = 0
     gradient_checkpointing: bool = False
     # model.activation_offload: what autograd keeps per layer waits in pinned host memory (seqtune.train.offload).
     activation_offload: bool = False

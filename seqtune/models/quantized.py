@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from seqtune.models.memory import BYTES_PER_DTYPE
+
 FLOATS = frozenset({"F64", "F32", "F16", "BF16"})
 INTS = frozenset({"I8", "U8", "I16", "I32", "I64"})
 FP8 = "fp8"
@@ -61,6 +63,10 @@ class Loading:
     dequantizing: Callable[[dict[str, Any]], Any] | None = None
     # Loaded as stored: peft merges an adapter into its quantized Linears (merge_and_unload) for a merged export.
     merges: bool = True
+    # Dequantized while loading: model.dtype's width -> host bytes per dequantized element its dequantizer holds at
+    # its worst moment besides the parameter it returns (the stored tensors it reads, its intermediates; see
+    # fp8_dequantizing). None: not counted beyond the largest tensor read.
+    transient: Callable[[int], float] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,12 +106,23 @@ class Quantization:
 @dataclass(frozen=True, kw_only=True)
 class StoredWeights:
     """What the quantized parameters occupy once loaded: their element count and their bytes as stored (0, 0 when
-    loading dequantizes them to model.dtype: the model then holds float weights like any other)."""
+    loading dequantizes them to model.dtype: the model then holds float weights like any other). Where it does,
+    `largest_dequantized` is the largest parameter's element count as loaded and `dequantizing` what its
+    dequantizer holds per element besides it (Loading.transient)."""
 
     method: str
     label: str
     numel: int
     stored_bytes: int
+    largest_dequantized: int = 0
+    dequantizing: Callable[[int], float] | None = None
+
+    def dequantizing_bytes(self, dtype: str) -> int:
+        """Host bytes beside the loaded model while the largest parameter is dequantized to `dtype` (model.dtype;
+        0: nothing is dequantized)."""
+        if self.dequantizing is None:
+            return 0
+        return math.ceil(self.largest_dequantized * self.dequantizing(BYTES_PER_DTYPE[dtype]))
 
 
 def _nbytes(entry: Entry) -> int:
@@ -117,7 +134,28 @@ def _same_shape(weight: Entry, aux: dict[str, Entry], expected: Shape | None) ->
     return tuple(weight["shape"]), None
 
 
-def _fp8_dequantizing(stated: dict[str, Any]) -> Any:
+def fp8_dequantizing(width: int) -> float:
+    """transformers' Fp8Dequantize._dequantize_one: the F8 weight read (1 byte an element), cast to float32 (4),
+    times the block scales into a second float32 tensor (4), cast to model.dtype (the parameter; a float32
+    model.dtype takes the product itself). Measured (transformers 5, CPU, peak RSS growth of one 33.5M-element
+    weight): 10 bytes an element in bf16 with the parameter, 8 in float32, beside the resident F8 weight, as here."""
+    return 1 + 4 + (4 if width != 4 else 0)
+
+
+def mxfp4_dequantizing(width: int) -> float:
+    """transformers' mxfp4 _convert_moe_packed_tensors, one block of rows (32M rows: every parameter there is).
+    Alive throughout: the U8 blocks read (half a byte an element) and the scales as int32 (a quarter). While it
+    unpacks a nibble per element: the output in model.dtype, the int32 nibble indices of half the elements (2 bytes
+    an element), the int64 copy lut[indices] makes of them (4), the masked nibbles (0.5) and the looked-up values
+    (half the elements in model.dtype). Then the transposed contiguous copy (the parameter) beside the output, two
+    model.dtype copies: less. Measured (transformers 5, CPU, peak RSS growth of one 33.5M-element parameter): 9.75
+    bytes an element in bf16, 12.75 in float32, beside the resident blocks, as here."""
+    unpacking = 0.5 + 0.25 + width + 2 + 4 + 0.5 + width / 2
+    transposing = 0.5 + 0.25 + width
+    return max(unpacking, transposing)
+
+
+def _fp8_config(stated: dict[str, Any]) -> Any:
     import transformers
 
     # Its loading attributes replace the checkpoint's: the modules it left unquantized must stay named.
@@ -126,7 +164,7 @@ def _fp8_dequantizing(stated: dict[str, Any]) -> Any:
     )
 
 
-def _compressed_dequantizing(stated: dict[str, Any]) -> Any:
+def _compressed_config(stated: dict[str, Any]) -> Any:
     import transformers
 
     # A loading attribute: transformers keeps the checkpoint's config groups and decompresses them to model.dtype.
@@ -135,7 +173,9 @@ def _compressed_dequantizing(stated: dict[str, Any]) -> Any:
 
 # transformers' finegrained_fp8 has no kernels on the CPU, and LoRA over FP8 Linears kept in FP8 on a GPU is not run
 # here yet: FP8 block-scaled loads dequantized on every device.
-FP8_LOADING = Loading(on={"cpu": DEQUANTIZED, "cuda": DEQUANTIZED}, dequantizing=_fp8_dequantizing)
+FP8_LOADING = Loading(
+    on={"cpu": DEQUANTIZED, "cuda": DEQUANTIZED}, dequantizing=_fp8_config, transient=fp8_dequantizing
+)
 # peft adapts bitsandbytes' Linear4bit/Linear8bitLt on CUDA (QLoRA's path). bitsandbytes >= 0.46 loads them on the
 # CPU too, where its 4-bit kernels need every output width to be a multiple of 32 and its 8-bit matmul runs in
 # fp16: there they are dequantized (transformers' model.dequantize()), and LoRA trains over float weights.
@@ -149,7 +189,7 @@ COMPRESSED_LOADING = Loading(
     on={"cpu": DEQUANTIZED, "cuda": DEQUANTIZED},
     packages=("compressed_tensors",),
     source="seqtune's `quantized` extra: pip install -e '.[quantized]' -c constraints.txt",
-    dequantizing=_compressed_dequantizing,
+    dequantizing=_compressed_config,
 )
 # transformers loads GPTQ and AWQ weights only into gptqmodel's kernels (GPTQ through optimum too) and has no
 # dequantizing path for either; peft adapts gptqmodel's QuantLinear. gptqmodel ships as a source distribution only
@@ -370,16 +410,18 @@ def _mxfp4_shape(weight: Entry, aux: dict[str, Entry], expected: Shape | None) -
     return (*lead, groups * MXFP4_BLOCK, out), None
 
 
-def _mxfp4_dequantizing(stated: dict[str, Any]) -> Any:
-    import transformers
+def _mxfp4_config(stated: dict[str, Any]) -> Any:
+    from transformers.utils.quantization_config import Mxfp4Config
 
     # As FP8's: its loading attributes replace the checkpoint's, so the modules it left unquantized stay named.
-    return transformers.Mxfp4Config(dequantize=True, modules_to_not_convert=stated.get("modules_to_not_convert"))
+    return Mxfp4Config(dequantize=True, modules_to_not_convert=stated.get("modules_to_not_convert"))
 
 
 # transformers' mxfp4 quantizer does not train its stored form (its triton kernels are inference only) and
 # dequantizes to bf16 on the CPU: MXFP4 loads dequantized on every device.
-MXFP4_LOADING = Loading(on={"cpu": DEQUANTIZED, "cuda": DEQUANTIZED}, dequantizing=_mxfp4_dequantizing)
+MXFP4_LOADING = Loading(
+    on={"cpu": DEQUANTIZED, "cuda": DEQUANTIZED}, dequantizing=_mxfp4_config, transient=mxfp4_dequantizing
+)
 
 
 def _mxfp4(config: dict[str, Any]) -> Layout:
@@ -591,9 +633,18 @@ def stored_weights(
     if quantization is None or quantization.layout is None:
         return None
     layout = quantization.layout
-    if load == DEQUANTIZED:
-        return StoredWeights(method=layout.method, label=layout.label, numel=0, stored_bytes=0)
     read = read_layout(layout, headers, expected)
+    if load == DEQUANTIZED:
+        shapes = [expected.get(name) or p.shape for name, p in read.quantized.items()]
+        largest = max((math.prod(shape) for shape in shapes if shape is not None), default=0)
+        return StoredWeights(
+            method=layout.method,
+            label=layout.label,
+            numel=0,
+            stored_bytes=0,
+            largest_dequantized=largest,
+            dequantizing=layout.loading.transient,
+        )
     numel = sum(math.prod(expected[name]) for name in read.quantized if name in expected)
     stored = sum(p.stored_bytes for name, p in read.quantized.items() if name in expected)
     return StoredWeights(method=layout.method, label=layout.label, numel=numel, stored_bytes=stored)

@@ -43,9 +43,11 @@ def host_needs(
     device_type: str,
     quantized: tuple[int, int] = (0, 0),
     stored_load: bool = False,
+    dequantizing: int = 0,
 ) -> HostNeeds:
     """`quantized`: (parameters, their bytes) a pre-quantized checkpoint keeps as stored while it loads;
-    `stored_load` (plan.checkpoint_load == "stored"): it loads straight onto the CUDA device, as QLoRA's does."""
+    `stored_load` (plan.checkpoint_load == "stored"): it loads straight onto the CUDA device, as QLoRA's does;
+    `dequantizing`: what dequantizing its largest parameter holds beside the model (loading_bytes)."""
     files = checkpoint_files(Path(cfg.model.path).expanduser()) if cfg.model.path else None
     loading = 0
     if files is not None:
@@ -54,6 +56,7 @@ def host_needs(
             width=BYTES_PER_DTYPE[str(cfg.model.dtype)],
             files=files,
             quantized=quantized,
+            dequantizing=dequantizing,
             onto_device=(cfg.model.load_in_4bit or stored_load) and device_type == "cuda",
         )
     return HostNeeds(
