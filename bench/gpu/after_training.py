@@ -33,8 +33,9 @@ def after_training(proof: Proof) -> dict:
     """A tiny model on the device: samples at each eval, early stopping, the test split, best/ restored."""
     # Held-out validation (also the test split, so its loss can be compared with the best eval's): another seed, so
     # no record repeats a training one (the duplicates check would refuse it).
-    data = write_sft_data(proof.work / "tiny.jsonl", 200, max_tokens=256)
-    val = write_sft_data(proof.work / "tiny_val.jsonl", 24, max_tokens=256, seed=1)
+    longest = proof.max_len(256)
+    data = write_sft_data(proof.work / "tiny.jsonl", 200, max_tokens=longest)
+    val = write_sft_data(proof.work / "tiny_val.jsonl", 24, max_tokens=longest, seed=1)
     device = proof.bf16_device
     run = proof.cli(
         "after_tiny",

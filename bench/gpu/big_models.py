@@ -57,7 +57,7 @@ def _row(run: dict) -> dict:
 
 
 def offload(proof: Proof) -> dict:
-    shape, seq = (TINY, 512) if proof.quick else (LLAMA3_8B, LONG)
+    shape, seq = (TINY, proof.max_len(LONG)) if proof.quick else (LLAMA3_8B, LONG)
     common = [*model_overrides(shape), *_common(proof, seq)]
     rows = {"no_offload": _row(proof.cli("8b_32k", common, timeout=260, log_every=1))}
     if proof.quick:
@@ -98,7 +98,7 @@ def fp8(proof: Proof) -> dict:
 
     from tests.support.models import write_fp8_block_scaled
 
-    shape, seq, block = (TINY, 512, 16) if proof.quick else (LLAMA3_8B, 4096, 128)
+    shape, seq, block = (TINY, proof.max_len(4096), 16) if proof.quick else (LLAMA3_8B, 4096, 128)
     checkpoint = _float_checkpoint(proof, "fp8-checkpoint", shape)
     write_fp8_block_scaled(checkpoint, block=block)
     config = json.loads((checkpoint / "config.json").read_text())

@@ -28,7 +28,7 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench" / "gpu"))
 
-from proof import LLAMA3_8B, TINY, add_device_arguments, machine, mfu, on_cpu  # noqa: E402
+from proof import CPU_MAX_LEN, LLAMA3_8B, TINY, add_device_arguments, machine, mfu, on_cpu  # noqa: E402
 
 
 def packed_batch(rows: int, seq: int, vocab: int, seed: int = 0) -> tuple[dict, list[int]]:
@@ -122,7 +122,8 @@ def main() -> None:
         from torch.nn.attention import varlen
 
         print("varlen_attn signature:", __import__("inspect").signature(varlen.varlen_attn), flush=True)
-    batch, lengths = packed_batch(2, 4096 if shape is LLAMA3_8B else 256, shape["vocab_size"])
+    seq = 4096 if shape is LLAMA3_8B else CPU_MAX_LEN if device == "cpu" else 256
+    batch, lengths = packed_batch(2, seq, shape["vocab_size"])
     tokens, targets = int(batch["num_tokens"]), int(batch["num_targets"])
     model = build(shape, device)
     results = {}

@@ -87,6 +87,10 @@ QWEN3_TINY = {
     "max_position_embeddings": 40960,
     "tie_word_embeddings": False,
 }
+# The CPU dry run's sequence length for a run that packs LEN positions on the GPU: the same code paths at a fraction
+# of the positions (TINY keeps Llama 3's 128k-row head, whose logits are most of a CPU step's time: 4 x 1024
+# positions took about 10 s a step on a shared core, the dry run's largest share).
+CPU_MAX_LEN = 128
 # Dense bf16 peak of an H100/H200 SXM by the datasheet; MFU is against this (--peak-tflops to change).
 H200_BF16_TFLOPS = 989.0
 LOG_EVERY = 5
@@ -105,6 +109,11 @@ class Proof:
             "sections": {},
         }
         self.args: argparse.Namespace | None = None
+
+    def max_len(self, on_gpu: int) -> int:
+        """A run's sequence length (its data.max_seq_len, or its records' longest): `on_gpu` on the GPU,
+        CPU_MAX_LEN in a dry run."""
+        return CPU_MAX_LEN if self.quick else on_gpu
 
     def left_s(self) -> float:
         return self.budget_s - (time.perf_counter() - self.began)
@@ -461,15 +470,17 @@ def _grad_relative(model, reference, batch, keep) -> float:
 
 
 def small_lora(proof: Proof, max_steps: int) -> list[str]:
-    """bf16 LoRA r16 on every projection of the TinyLlama-1.1B shape (tiny under --quick), packed 4 x 1024."""
-    data = write_sft_data(proof.work / "small.jsonl", 600, max_tokens=1024)
+    """bf16 LoRA r16 on every projection of the TinyLlama-1.1B shape (tiny under --quick), packed 4 x 1024
+    (4 x CPU_MAX_LEN under --quick)."""
+    max_len = proof.max_len(1024)
+    data = write_sft_data(proof.work / "small.jsonl", 600, max_tokens=max_len)
     shape = TINY if proof.quick else TINYLLAMA_1B
     return [
         *model_overrides(shape),
         "tokenizer=llama3",
         f"data.train={data}",
         "data.val=null",
-        "data.max_seq_len=1024",
+        f"data.max_seq_len={max_len}",
         "lora=default",
         "lora.rank=16",
         "optim.lr=1e-4",
@@ -522,10 +533,10 @@ def steps(proof: Proof) -> dict:
 def throughput(proof: Proof, peak_tflops: float) -> dict:
     from throughput import run_baseline
 
-    max_len = 512 if proof.quick else 4096
+    max_len = proof.max_len(4096)
     shape = TINY if proof.quick else LLAMA3_8B
-    steps = 10 if proof.quick else 20
-    data = write_sft_data(proof.work / "sft.jsonl", 3000 if proof.quick else 12000, max_tokens=max_len)
+    steps = 10 if proof.quick else 20  # two logged windows (LOG_EVERY) and the baseline's window after its warm-up
+    data = write_sft_data(proof.work / "sft.jsonl", 300 if proof.quick else 12000, max_tokens=max_len)
     common = [
         *model_overrides(shape),
         "tokenizer=llama3",
@@ -545,11 +556,14 @@ def throughput(proof: Proof, peak_tflops: float) -> dict:
         plain = proof.cli(
             "8b_packed_torch_kernels", common + device + ["padding=packed", "model.kernels=torch"], timeout=300
         )
+    import torch
+
     baseline = run_baseline(
         run_dir=Path(packed["run_dir"]),
         data=data,
         steps=steps,
-        threads=8,
+        # On the CPU the threads this process has (CI: one per pytest-xdist worker): 8 on two shared cores spin.
+        threads=torch.get_num_threads() if proof.quick else 8,
         nproc=1,
         flags=("--attn", "sdpa") + (() if proof.quick else ("--gpu",)),
     )
@@ -621,10 +635,10 @@ def mfu(shape: dict, row: dict, lengths: list[int], peak_tflops: float) -> dict:
 def qwen3(proof: Proof, peak_tflops: float) -> dict:
     """bf16 LoRA r16 on a Qwen3-8B-shaped model with Qwen3's tokenizer, packed: throughput, and the preflight
     memory estimate against the measured peak (the memory section's table picks the run up)."""
-    max_len = 512 if proof.quick else 4096
+    max_len = proof.max_len(4096)
     shape = QWEN3_TINY if proof.quick else QWEN3_8B
     steps = 6 if proof.quick else 20
-    data = write_sft_data(proof.work / "sft_qwen3.jsonl", 1000 if proof.quick else 12000, max_tokens=max_len)
+    data = write_sft_data(proof.work / "sft_qwen3.jsonl", 300 if proof.quick else 12000, max_tokens=max_len)
     run = proof.cli(
         "qwen3_8b_packed",
         [

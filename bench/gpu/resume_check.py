@@ -39,7 +39,8 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 
 def resume(proof: Proof) -> dict:
-    data = write_sft_data(proof.work / "resume.jsonl", 300, max_tokens=256)
+    max_len = proof.max_len(512)  # CPU_MAX_LEN in a dry run: the same steps and checkpoints, fewer positions
+    data = write_sft_data(proof.work / "resume.jsonl", 300, max_tokens=max_len // 2)
     overrides = [
         *model_overrides(TINY),
         "tokenizer=llama3",
@@ -49,7 +50,7 @@ def resume(proof: Proof) -> dict:
         "lora.dropout=0.1",
         "optim.lr=1e-3",
         "padding=packed",
-        "data.max_seq_len=512",
+        f"data.max_seq_len={max_len}",
         "train.batch_size=4",
         "train.max_steps=12",
         "train.save_every=4",

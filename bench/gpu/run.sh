@@ -43,9 +43,11 @@ if [ "${1:-}" = "--dry-run" ]; then
   shift 2
   parts=("${@:-proof vs_trl_sft vs_trl_dpo resume_check lora_step after_training}")  # grpo: bench/grpo_vs_trl.py
   python=${PYTHON:-.venv/bin/python} limit=3000
-  # No time budget on the CPU (the sections' budgets are for a device call); lora_step: one timed step.
+  # No time budget on the CPU (the sections' budgets are for a device call); lora_step: one timed step; the DPO row:
+  # two repeats, as the SFT row has (each order of the alternation once; a third repeats repeat 0's order).
   for part in proof vs_trl_sft vs_trl_dpo resume_check after_training big_models; do argv[$part]+=" --device cpu --budget-s 3000"; done
   argv[lora_step]+=" --device cpu --steps 1 --warmup 1"
+  argv[vs_trl_dpo]+=" --repeats 2"
 else
   bundle=$1 out=$2
   shift 2

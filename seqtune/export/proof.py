@@ -261,15 +261,17 @@ def stops_at_terminators(
     checks["greedy"] = greedy  # what `python -m seqtune.serve` answers greedily for this prompt
     checks["greedy_prompt"] = prompt.tolist()
     checks["greedy_stopped"] = bool(greedy) and greedy[-1] in listed
-    cache_checks, cache_failures = generates_with_cache(model, directory, config, inputs)
+    cache_checks, cache_failures = generates_with_cache(model, directory, config, inputs, greedy)
     return {**checks, **cache_checks}, failures + cache_failures
 
 
 def generates_with_cache(
-    model: torch.nn.Module, directory: Path, config: Any, inputs: torch.Tensor
+    model: torch.nn.Module, directory: Path, config: Any, inputs: torch.Tensor, generated: list[int]
 ) -> tuple[dict[str, Any], list[str]]:
     """The shipped configs ask for a KV cache (config.json where there is one, generation_config.json always), and
-    the greedy tokens generated with it are the ones recomputing the whole sequence gives."""
+    the greedy tokens generated with it are the ones recomputing the whole sequence gives. `generated`: the greedy
+    tokens already generated with `config` as loaded; greedy decoding is deterministic, so they stand for that
+    setting's run and only the other setting generates again."""
     failures = []
     config_json = directory / "config.json"
     said = {"generation_config.json": config.use_cache}
@@ -281,8 +283,10 @@ def generates_with_cache(
                 f"{directory.name}/{file} says use_cache false: generation would recompute the whole sequence "
                 "for every new token"
             )
-    greedy = {}
+    greedy = {config.use_cache: generated} if isinstance(config.use_cache, bool) else {}
     for use_cache in (True, False):
+        if use_cache in greedy:
+            continue
         config.use_cache = use_cache
         greedy[use_cache] = model.generate(  # type: ignore[operator]
             input_ids=inputs, attention_mask=torch.ones_like(inputs), generation_config=config

@@ -159,12 +159,29 @@ EARLY = [
     "train.early_stop_min_delta=100",
 ]
 WEIGHTS = {"lora_sft": "adapter_model.safetensors", "full_sft": "model.safetensors"}
+# lora_sft's early-stopping run also saves every 4 steps, with dropout on: the uninterrupted run the resume test
+# compares with (resume is exact for every stochastic part), trained once for both tests.
+SAVED = ["train.save_every=4", "train.keep_last=0", "lora.dropout=0.1"]
+
+
+@pytest.fixture(scope="module")
+def early_stopped(tmp_path_factory, data):
+    """The early-stopping run of a recipe, trained once and on demand."""
+    done: dict[str, Path] = {}
+
+    def get(recipe: str) -> Path:
+        if recipe not in done:
+            run_dir = tmp_path_factory.mktemp(f"early-{recipe}") / "run"
+            _ok(run_cli(_args(data, f"recipe={recipe}", *EARLY, *(SAVED if recipe == "lora_sft" else [])), run_dir))
+            done[recipe] = run_dir
+        return done[recipe]
+
+    return get
 
 
 @pytest.mark.parametrize("recipe", ["lora_sft", "full_sft"])
-def test_early_stopping_stops_keeps_best_and_ends_on_it(tmp_path: Path, data, recipe: str):
-    run_dir = tmp_path / "run"
-    _ok(run_cli(_args(data, f"recipe={recipe}", *EARLY), run_dir))
+def test_early_stopping_stops_keeps_best_and_ends_on_it(early_stopped, recipe: str):
+    run_dir = early_stopped(recipe)
     metrics = read_metrics(run_dir)
     assert max(m["step"] for m in metrics if "loss" in m) == 6
     stopped = [m for m in metrics if m.get("early_stopped")]
@@ -186,16 +203,14 @@ def test_early_stopping_stops_keeps_best_and_ends_on_it(tmp_path: Path, data, re
     assert ("restored the best eval's weights" in log) == (lowest != 6)
 
 
-def test_early_stopping_resumes_where_it_stood(tmp_path: Path, data):
+def test_early_stopping_resumes_where_it_stood(tmp_path: Path, data, early_stopped):
     """Its state is a checkpoint part: a run killed after step 4 resumes and stops at step 6 as the whole run did."""
-    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
-    saved = ["train.save_every=4", "train.keep_last=0"]
-    # With dropout on: resume is exact for every stochastic part, so the evals and the test loss are equal, not close.
-    saved.append("lora.dropout=0.1")
-    _ok(run_cli(_args(data, *EARLY, *saved), whole))
-    crashed = run_cli(_args(data, *EARLY, *saved), resumed, env={"SEQTUNE_FAULT": "train:5"})
+    whole, resumed = early_stopped("lora_sft"), tmp_path / "resumed"
+    # With dropout on (SAVED): resume is exact for every stochastic part, so the evals and the test loss are equal.
+    args = _args(data, "recipe=lora_sft", *EARLY, *SAVED)
+    crashed = run_cli(args, resumed, env={"SEQTUNE_FAULT": "train:5"})
     assert crashed.returncode == 1 and (resumed / "checkpoints" / "step_00000004").is_dir()
-    _ok(run_cli(_args(data, *EARLY, *saved), resumed))
+    _ok(run_cli(args, resumed))
     assert _evals(resumed) == _evals(whole)
     assert _final(resumed)["test_loss"] == _final(whole)["test_loss"]
     best = [load_file(run / "best" / "adapter_model.safetensors") for run in (whole, resumed)]

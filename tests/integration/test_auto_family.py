@@ -5,30 +5,29 @@ merged model exported and loadable with plain transformers."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from tests.support.checkpoints import KINDS, build_checkpoint
 from tests.support.cli import read_metrics, run_cli
+from tests.support.moe_runs import EXPERT_LORA, SHARED
 from tests.support.runs import TRAIN_BRIEFLY, chat_rows
 
 pytestmark = pytest.mark.slow  # runs the real CLI end to end (the fast subset: -m "not slow")
 
 # GPT-2's learned absolute positions: it trains packed, its position ids restarting per document.
 PADDING = {"gpt2": "packed"}
-# LoRA on the fused experts too (peft's target_parameters), beside attention: exported merged and proven.
-EXPERT_LORA = {"qwen3_moe": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]}
 
 
-@pytest.mark.parametrize("kind", sorted(KINDS))
-def test_checkpoint_trains_and_exports_with_no_family_named(kind, tmp_path):
-    """A mixture of experts (qwen3_moe, mixtral) trains 5 steps with the router's load-balancing loss, its
-    coefficient the checkpoint's, logged as router_aux_loss."""
-    from transformers import AutoModelForCausalLM
-
+def _trained(kind: str, tmp_path, moe_runs) -> tuple[Path, Path, str]:
+    """(run directory, checkpoint, what the run printed): the shared run test_moe_gguf reads too (its f16 GGUF
+    export beside), or this test's own."""
+    if kind in SHARED:
+        run_dir, checkpoint = moe_runs(kind)
+        return run_dir, checkpoint, (run_dir / "seqtune.log").read_text()
     checkpoint = build_checkpoint(kind, tmp_path / kind)
-    config = json.loads((checkpoint / "config.json").read_text())
-    moe = "num_experts_per_tok" in config
+    moe = "num_experts_per_tok" in json.loads((checkpoint / "config.json").read_text())
     run_dir = tmp_path / "run"
     result = run_cli(
         [
@@ -45,6 +44,18 @@ def test_checkpoint_trains_and_exports_with_no_family_named(kind, tmp_path):
     )
     text = result.stdout + result.stderr
     assert result.returncode == 0, text[-4000:]
+    return run_dir, checkpoint, text
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_checkpoint_trains_and_exports_with_no_family_named(kind, tmp_path, moe_runs):
+    """A mixture of experts (qwen3_moe, mixtral) trains 5 steps with the router's load-balancing loss, its
+    coefficient the checkpoint's, logged as router_aux_loss."""
+    from transformers import AutoModelForCausalLM
+
+    run_dir, checkpoint, text = _trained(kind, tmp_path, moe_runs)
+    config = json.loads((checkpoint / "config.json").read_text())
+    moe = "num_experts_per_tok" in config
     assert "note: model facts (end of turn)" in text and "note: model facts (LoRA targets)" in text
     plan = json.loads((run_dir / "plan.json").read_text())
     adapter = json.loads((run_dir / "adapter" / "adapter_config.json").read_text())

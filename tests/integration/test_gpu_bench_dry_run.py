@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 PARTS = ("proof", "vs_trl_sft", "vs_trl_dpo", "resume_check", "lora_step", "after_training")
 # The JSON file of each part that runs sections (lora_step writes its own record).
 SECTION_FILES = ("gpu_proof.json", "gpu_vs_trl_sft.json", "gpu_vs_trl_dpo.json", "gpu_resume.json", "gpu_after.json")
-REPEATS = 3  # vs_trl.py's default: the DPO part
+REPEATS = 2  # run.sh's dry run of the DPO part: --repeats 2 (each order of the alternation once)
 SFT_REPEATS = 2  # run.sh's vs_trl_sft part: --repeats 2 leaves its 555 s room for the parity run on a GPU
 
 
@@ -112,6 +112,7 @@ def test_dpo_vs_trl_every_repeat_with_token_accounting(out):
         runs = [r for r in dpo["runs"] if r["side"] == side]
         assert sorted(r["repeat"] for r in runs) == list(range(REPEATS))
         assert all(len(r["per_step"]["real_tokens"]) == dpo["steps"] for r in runs)
+    assert [r["side"] for r in dpo["runs"]] == ["seqtune", "trl", "trl", "seqtune"]  # both orders of the alternation
     assert dpo["loss_parity"]["steps_compared"] == dpo["steps"]
 
 

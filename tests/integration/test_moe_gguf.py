@@ -1,7 +1,9 @@
 """Issue 30's mixture-of-experts export: a tiny Qwen3-MoE, Mixtral and OLMoE checkpoint (tests/support/checkpoints.py) train
 5 steps by `model.path` (model.family=auto) and write `train.export_gguf=f16`, whose post-flight proof reads every
 tensor back with gguf-py (the stacked experts slice by slice against merged/'s per-expert tensors, the expert
-counts against config.json); a checkpoint llama.cpp's graph cannot hold is refused before training, by reason."""
+counts against config.json); a checkpoint llama.cpp's graph cannot hold is refused before training, by reason.
+Qwen3-MoE's and Mixtral's runs are the ones test_auto_family reads (tests/support/moe_runs.py: by `model=hf
+model.path`, Qwen3-MoE's experts LoRA-adapted too), trained once per session."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pytest
 
 from tests.support.checkpoints import build_checkpoint
 from tests.support.cli import run_cli
+from tests.support.moe_runs import SHARED
 from tests.support.runs import TRAIN_BRIEFLY, chat_rows
 
 pytestmark = pytest.mark.slow  # runs the real CLI end to end
@@ -44,13 +47,15 @@ def _train(kind, tmp_path, *, overrides=None, extra=()):
     ],
 )
 def test_a_mixture_of_experts_trains_by_model_path_and_exports_gguf_with_the_proof(
-    kind, overrides, architecture, tmp_path
+    kind, overrides, architecture, tmp_path, moe_runs
 ):
     import gguf
 
-    result, run_dir = _train(kind, tmp_path, overrides=overrides)
-    text = result.stdout + result.stderr
-    assert result.returncode == 0, text[-4000:]
+    if kind in SHARED:  # the run test_auto_family reads too (tests/support/moe_runs.py): the f16 GGUF among its exports
+        run_dir, _ = moe_runs(kind)
+    else:
+        result, run_dir = _train(kind, tmp_path, overrides=overrides)
+        assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     export = json.loads((run_dir / "export.json").read_text())
     assert export["ok"] is True, export
     config = json.loads((run_dir / "merged" / "config.json").read_text())
