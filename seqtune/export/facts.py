@@ -31,7 +31,7 @@ from seqtune.data.formats import chat_template_reason
 from seqtune.data.split import split_input
 from seqtune.files import atomic_directory, sha256_file, write_atomic
 from seqtune.hub import is_hub_id
-from seqtune.models.quantized import STORED
+from seqtune.models.quantized import held_quantized
 from seqtune.models.vision import save_processor
 from seqtune.preflight.config_rules import load_checked
 from seqtune.preflight.result import load_result
@@ -133,7 +133,7 @@ class ShipFacts:
     def quantized_base(self) -> bool:
         """The run trained over a base held quantized (QLoRA's NF4, or a checkpoint loaded as stored): peft's merge
         would quantize the merged weights again, so merged/ is built over the base loaded as float instead."""
-        return self.cfg.model.load_in_4bit or self.checkpoint_load == STORED
+        return held_quantized(load_in_4bit=self.cfg.model.load_in_4bit, load=self.checkpoint_load)
 
     @property
     def scalar(self) -> bool:
