@@ -39,9 +39,10 @@ def float_merged(facts: ShipFacts, adapter: Path, *, device: torch.device) -> Pr
         pad_id=facts.pad_id,
         # bitsandbytes, the one stored layout peft merges (preflight's merge_refusal): as stored, then dequantized
         checkpoint_load=DEQUANTIZED if facts.checkpoint_load == STORED else facts.checkpoint_load,
-    ).to("cpu")
+    )
+    base.to("cpu")  # type: ignore[arg-type]  # transformers' decorator on `to` loses the method's self binding
     stamp_stop_ids(base, facts.stop)
-    return PeftModel.from_pretrained(base, adapter).merge_and_unload()  # type: ignore[return-value]
+    return PeftModel.from_pretrained(base, adapter).merge_and_unload()
 
 
 def float_merge_note(facts: ShipFacts) -> str:
