@@ -51,7 +51,7 @@ def float_merge_note(facts: ShipFacts) -> str:
     if facts.cfg.model.load_in_4bit:
         source = "model.path's own weights" if facts.cfg.model.path else "the seeded tiny model's weights"
         return (
-            f"merged into the float {dtype} base: {source} at model.dtype on the CPU, not the NF4 weights training "
+            f"merged into the {dtype} base: {source} at model.dtype on the CPU, not the NF4 weights training "
             "ran over (peft's merge into those would quantize the merged weights again)"
         )
     stated = stated_quantization(Path(str(facts.cfg.model.path)).expanduser())

@@ -104,7 +104,11 @@ def test_the_export_merges_into_the_float_base_exactly_when_the_plan_says_the_ba
     tokenizer = _tokenizer(run_dir)
     _write_merged(model, tokenizer, facts, [], torch.device("cpu"))  # type: ignore[arg-type]
     said = capsys.readouterr().out
-    note = {"none": None, "qlora": "merged into the float float32 base", "stored": "merged into the dequantized"}
+    note = {
+        "none": None,
+        "qlora": "merged into the float32 base: model.path's own weights",
+        "stored": "merged into the dequantized",
+    }
     if note[quantized] is None:
         assert "merged into the" not in said
     else:
