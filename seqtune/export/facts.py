@@ -31,6 +31,7 @@ from seqtune.data.formats import chat_template_reason
 from seqtune.data.split import split_input
 from seqtune.files import atomic_directory, sha256_file, write_atomic
 from seqtune.hub import is_hub_id
+from seqtune.models.quantized import held_quantized
 from seqtune.models.vision import save_processor
 from seqtune.preflight.config_rules import load_checked
 from seqtune.preflight.result import load_result
@@ -125,6 +126,14 @@ class ShipFacts:
     vision: VisionFacts | None = None
     # Which chat template the exports carry and why (seqtune.data.formats.chat_template_reason): printed, carded.
     template_note: str = ""
+    # plan.checkpoint_load: how a pre-quantized model.path loaded ("stored": in its quantized Linears)
+    checkpoint_load: str | None = None
+
+    @property
+    def quantized_base(self) -> bool:
+        """The run trained over a base held quantized (QLoRA's NF4, or a checkpoint loaded as stored): peft's merge
+        would quantize the merged weights again, so merged/ is built over the base loaded as float instead."""
+        return held_quantized(load_in_4bit=self.cfg.model.load_in_4bit, load=self.checkpoint_load)
 
     @property
     def scalar(self) -> bool:
@@ -156,6 +165,7 @@ def ship_facts(tokenizer: Any, run_dir: Path) -> ShipFacts:
         watched=recipe_spec(plan.recipe).early_stop_metric,
         vision=plan.vision,
         template_note=chat_template_reason(cfg.data.format, tokenizer.chat_template),
+        checkpoint_load=plan.checkpoint_load,
     )
 
 

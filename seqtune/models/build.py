@@ -265,8 +265,8 @@ def _prequantized(cfg: ModelConfig, stated: Quantization, load: str | None, dtyp
     if load == STORED:
         print(
             f"model.path={cfg.path}: {layout.label} checkpoint (config.json quantization_config); it loads as stored "
-            "and LoRA trains over its quantized weights; a merged export is peft's merge, as QLoRA's (each weight "
-            "dequantized, the adapter added, and stored again in its format).",
+            "and LoRA trains over its quantized weights; a merged export, as QLoRA's, merges the adapter into the "
+            "base dequantized to model.dtype on the CPU (seqtune.export.float_merge), not into the quantized weights.",
             flush=True,
         )
         return None, {"": torch.cuda.current_device()}

@@ -594,6 +594,12 @@ def checkpoint_load(path: str | None, device_type: str) -> str | None:
     return decide(quantization, device_type).load if quantization is not None else None
 
 
+def held_quantized(*, load_in_4bit: bool, load: str | None) -> bool:
+    """The run trains over a base held quantized (QLoRA's NF4, or a checkpoint loaded as stored; `load`: the plan's
+    checkpoint_load): its merged export loads the base as float on the host (seqtune.export.float_merge)."""
+    return load_in_4bit or load == STORED
+
+
 def merge_refusal(path: str | None, load: str | None) -> str | None:
     """Why a merged export (train.export_merged, or the GGUF file written from merged/) cannot be written over the
     checkpoint at `path` loaded as `load` (the plan's checkpoint_load); None: it can."""

@@ -32,7 +32,7 @@ from seqtune.models.spec import lora_module_names
 from seqtune.preflight import checks
 from seqtune.preflight import checks_model as model_checks
 from seqtune.preflight.checks import Problem
-from seqtune.preflight.host import check_host_needs, host_needs
+from seqtune.preflight.host import check_host_needs, host_needs, writes_merged
 from seqtune.preflight.levers import Budget, host_memory_gib, what_fits
 from seqtune.preflight.resolve import CANNOT_RUN, installed
 from seqtune.preflight.result import MemoryStats, PlanStats, SourceStats, SplitPlan, SplitStats
@@ -648,8 +648,9 @@ def memory_phase(
         ranks=plan.world.nproc_per_node,
         device_type=plan.device_type,
         stored_load=plan.checkpoint_load == STORED,
+        merged=writes_merged(cfg),
     )
-    checked = estimate.host_bytes or needs.loading_gib or needs.workers
+    checked = estimate.host_bytes or needs.loading_gib or needs.workers or needs.merge_gib
     host = host_memory_gib(cfg.preflight.host_memory_gib) if checked else None
     stats = MemoryStats(
         weights_gib=round(estimate.weights_bytes / GIB, 4),

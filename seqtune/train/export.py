@@ -27,6 +27,7 @@ from seqtune.export.facts import (
     write_card,
 )
 from seqtune.export.failure import REFERENCE_STEP, ExportFailure, clear_failure, record_failures
+from seqtune.export.float_merge import float_merge_note, float_merged
 from seqtune.export.gguf import export_run_gguf
 from seqtune.export.gguf_adapter import export_adapter_gguf
 from seqtune.export.proof import capture_reference, prove_exports
@@ -87,7 +88,9 @@ def export_final(
         print(f"chat template of the exports: {facts.template_note}", flush=True)
         if not sharded:  # the trained model's logits, before anything is merged into it
             _attempt(failures, REFERENCE_STEP, lambda: capture_reference(model, tokenizer, run_dir, device=env.device))
-        _merged_and_gguf(model, saved_tokenizer, facts, files, lora=lora, merged=merged, failures=failures)
+        _merged_and_gguf(
+            model, saved_tokenizer, facts, files, lora=lora, merged=merged, failures=failures, device=env.device
+        )
     if sharded:  # every rank's forwards gather the shards (collectives line up); the main rank keeps the logits
 
         def reference() -> None:
@@ -115,7 +118,15 @@ def _prove(run_dir: Path, env: DistEnv) -> None:
 
 
 def _merged_and_gguf(
-    model: torch.nn.Module, tokenizer, facts: ShipFacts, files, *, lora: bool, merged: bool, failures: list
+    model: torch.nn.Module,
+    tokenizer,
+    facts: ShipFacts,
+    files,
+    *,
+    lora: bool,
+    merged: bool,
+    failures: list,
+    device: torch.device,
 ) -> None:
     """merged/ (LoRA: train.export_merged, or the GGUF file's source), then the GGUF file; each failure recorded."""
     run_dir = facts.run_dir
@@ -123,7 +134,9 @@ def _merged_and_gguf(
     # the adapter is proven against the merged f16 file: written too when not asked for
     gguf = tuple(dict.fromkeys([*gguf_types(facts.cfg.train.export_gguf), *(["f16"] if adapter_gguf else [])]))
     if merged or (lora and gguf):  # LoRA only; a GGUF file is written from merged/ (preflight: not under FSDP)
-        if not _attempt(failures, f"writing {MERGED_DIR}/", lambda: _write_merged(model, tokenizer, facts, files)):
+        if not _attempt(
+            failures, f"writing {MERGED_DIR}/", lambda: _write_merged(model, tokenizer, facts, files, device)
+        ):
             return  # the GGUF file is written from merged/
     if gguf and _attempt(failures, f"writing {GGUF_DIR}/", lambda: export_run_gguf(run_dir, gguf, key=RUN_DIR_KEY)):
         if adapter_gguf:
@@ -132,9 +145,15 @@ def _merged_and_gguf(
             )
 
 
-def _write_merged(model: torch.nn.Module, tokenizer, facts: ShipFacts, files) -> None:
+def _write_merged(model: torch.nn.Module, tokenizer, facts: ShipFacts, files, device: torch.device) -> None:
+    """merged/: peft's merge of the trained model; over a quantized base, the saved adapter merged into the base
+    loaded as float (seqtune.export.float_merge), which peft's merge into 4-bit weights would quantize again."""
     run_dir = facts.run_dir
-    merged_model = model.merge_and_unload()  # type: ignore[operator]  # peft's wrapper (LoRA only here)
+    if facts.quantized_base:
+        merged_model = float_merged(facts, run_dir / ADAPTER_DIR, device=device)
+        print(float_merge_note(facts), flush=True)
+    else:
+        merged_model = model.merge_and_unload()  # type: ignore[operator]  # peft's wrapper (LoRA only here)
     # A tied head trained in full (lora.modules_to_save) is no longer the embedding: say so in config.json.
     head = merged_model.get_output_embeddings()  # None: a scalar head's model has no LM head
     if head is not None and head.weight is not merged_model.get_input_embeddings().weight:

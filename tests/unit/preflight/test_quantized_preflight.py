@@ -100,3 +100,42 @@ def test_a_checkpoint_loaded_as_stored_goes_straight_onto_the_gpu(tmp_path):
         return needs.loading_gib
 
     assert loading("cuda", True) < loading("cuda", False) == loading("cpu", True)
+
+
+def test_a_merged_export_over_a_base_held_quantized_counts_the_float_base_it_loads_on_the_host(tmp_path):
+    """QLoRA, or a checkpoint loaded as stored, on CUDA: merged/ is the adapter merged into the base loaded as float
+    on the host (seqtune.export.float_merge), counted as that moment; no merged/, or a float base: nothing."""
+    from seqtune.preflight.host import HostNeeds, check_host_needs, host_needs, writes_merged
+
+    float_path = build_checkpoint("smollm", tmp_path / "float")
+    stored_path = build_checkpoint("smollm", tmp_path / "bnb")
+    write_quantized(stored_path, "bnb_4bit")
+    params = 10**9
+
+    def merge_gib(path, *overrides: str, stored_load: bool = False, device_type: str = "cuda") -> float:
+        cfg = make_cfg(tmp_path, tmp_path / "unused.jsonl", f"model.path={path}", "model.dtype=bfloat16", *overrides)
+        quantized = (params, params // 2) if stored_load else (0, 0)
+        needs = host_needs(
+            cfg,
+            params=params,
+            batch_tokens=512,
+            ranks=2,
+            device_type=device_type,
+            quantized=quantized,
+            stored_load=stored_load,
+            merged=writes_merged(cfg),
+        )
+        return needs.merge_gib
+
+    qlora = merge_gib(float_path, "model.load_in_4bit=true", "train.export_merged=true")
+    assert 2 * params / GIB <= qlora < 2 * params / GIB + 0.01  # bf16 parameters, on the main rank only
+    assert merge_gib(float_path, "model.load_in_4bit=true", "train.export_gguf=q8_0") == qlora
+    stored = merge_gib(stored_path, "train.export_merged=true", stored_load=True)
+    assert stored == qlora + params // 2 / GIB  # the stored tensors it reads whole before dequantizing them
+    assert merge_gib(float_path, "model.load_in_4bit=true") == 0  # no merged/
+    assert merge_gib(float_path, "train.export_merged=true") == 0  # a float base merges on the device
+    needs = HostNeeds(loading_gib=1.0, workers=0, per_worker_gib=0.0, ranks=1, merge_gib=qlora)
+    (problem,) = check_host_needs(needs, offloaded_gib=0.0, host_memory_gib=1.5)
+    assert problem.key == "train.export_merged" and "train.export_merged=false and train.export_gguf=null" in (
+        problem.message
+    )
