@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
-from peft import LoraConfig as PeftLoraConfig
-from peft import PeftModel, get_peft_model, prepare_model_for_kbit_training
 from torch import nn
-from transformers import PreTrainedModel
 
 from seqtune.config.schema import LoraConfig
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
 
 
 def apply_lora(
@@ -37,6 +38,11 @@ def apply_lora(
     `excluded`: peft's exclude_modules regex, modules never adapted (an image-text model's vision tower and
     projector: seqtune.models.vision.vision_module_pattern).
     """
+    # Imported here, not at module top: a full fine-tune imports this module (the adapter input cast) but never
+    # peft (~0.2 CPU s of every such run).
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model, prepare_model_for_kbit_training
+
     if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "seqtune_stored_quantized", False):
         # QLoRA, or a pre-quantized checkpoint loaded as stored (seqtune.models.build): casts norms/embeddings to
         # fp32 and makes inputs require grad, as k-bit training needs.
@@ -63,7 +69,7 @@ def apply_lora(
         # A tied head saved in full must stay the same tensor as the embedding.
         ensure_weight_tying=bool(modules_to_save) and _is_tied(model),
     )
-    return cast(PeftModel, get_peft_model(model, config))  # mixed=False (the default): a PeftModel, typed as a union
+    return cast("PeftModel", get_peft_model(model, config))  # mixed=False (the default): a PeftModel, typed as a union
 
 
 def _new_token_indices(model: PreTrainedModel, fully_trained: list[str]) -> dict[str, list[int]] | None:

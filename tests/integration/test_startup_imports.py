@@ -71,3 +71,30 @@ def test_a_cached_dry_run_loads_no_tokenizer_and_no_matplotlib(tmp_path: Path) -
     assert again["after_plan"] == []
     assert not set(again["at_exit"]) & set(CACHED_NEVER), f"a cached dry run imported {again['at_exit']}"
     assert (tmp_path / "again" / "lengths.png").read_bytes() == (tmp_path / "first" / "lengths.png").read_bytes()
+
+
+# What no recipe's training path imports when its module loads (a run imports these where it uses them: peft in
+# apply_lora, a tracker in open_logger, vLLM in the online rollout, matplotlib in the lengths plot's child process).
+# peft is the one a plain run used to pull in: seqtune.models.lora imported it at module top, and every recipe imports
+# that module (the adapter input cast), so a full fine-tune imported peft (~0.2 CPU s) it never called.
+TRAIN_PATH_NEVER = [
+    "peft", "trl", "wandb", "mlflow", "tensorboard", "vllm", "openai", "gguf", "llama_cpp", "lm_eval", "matplotlib",
+    "torchtune", "datasets", "pyarrow", "pandas", "hypothesis", "liger_kernel", "torchvision", "bitsandbytes",
+]  # fmt: skip
+IMPORT_PROBE = """
+import importlib, json, pkgutil, sys
+import seqtune.__main__, seqtune.recipes, seqtune.worker
+for recipe in pkgutil.iter_modules(seqtune.recipes.__path__):
+    importlib.import_module(f"seqtune.recipes.{{recipe.name}}")
+print(json.dumps(sorted(name for name in {never!r} if name in sys.modules)))
+"""
+
+
+def test_the_training_path_imports_no_library_it_uses_later() -> None:
+    """One fresh interpreter imports the CLI, the worker and every recipe (what a run has loaded when training
+    starts); none of TRAIN_PATH_NEVER may be in sys.modules. No run: a few CPU seconds."""
+    probe = IMPORT_PROBE.format(never=TRAIN_PATH_NEVER)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert loaded == [], f"imported at module load by the training path: {loaded}"
