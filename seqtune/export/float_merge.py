@@ -32,7 +32,9 @@ def float_merged(facts: ShipFacts, adapter: Path, *, device: torch.device) -> Pr
     model = replace(facts.cfg.model, load_in_4bit=False, gradient_checkpointing=False)
     base = build_model(
         model,
-        attn_implementation="sdpa",
+        # No forward runs here: eager, the one implementation every architecture computes (gpt-oss's sinks: only
+        # eager; transformers refuses sdpa for it while loading).
+        attn_implementation="eager",
         resize_to=facts.resize_to,
         device=device if model.path is None else None,  # a checkpoint loads on the CPU (None: where it loads)
         scalar_head=facts.scalar,

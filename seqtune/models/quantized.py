@@ -608,8 +608,8 @@ def merge_refusal(path: str | None, load: str | None) -> str | None:
         return None
     return (
         f"a merged export over model.path's {quantization.layout.label} checkpoint, loaded as stored: peft cannot "
-        "merge an adapter into its quantized Linears. Fix: train.export_merged=false and train.export_gguf=null (the "
-        "adapter is exported), then merge offline into a dequantized copy of the base"
+        "merge an adapter into its quantized Linears. Fix: train.export_merged=false, train.export_gguf=null "
+        "and train.export_gguf_adapter=false (the adapter is exported), then merge offline into a dequantized copy of the base"
     )
 
 

@@ -116,8 +116,8 @@ def check_host_needs(needs: HostNeeds, *, offloaded_gib: float, host_memory_gib:
                 check="memory",
                 key="train.export_merged",
                 message=f"merged/ over the quantized base loads it as float (model.dtype) on the host: ~"
-                f"{needs.merge_gib:.1f} GiB > {where}. Fix: train.export_merged=false and train.export_gguf=null (the "
-                "adapter is exported; merge it offline on a machine with the memory); or preflight.host_memory_gib=GIB "
+                f"{needs.merge_gib:.1f} GiB > {where}. Fix: train.export_merged=false, train.export_gguf=null and "
+                "train.export_gguf_adapter=false (the adapter is exported; merge it offline on a machine with the memory); or preflight.host_memory_gib=GIB "
                 "for the machine that will run it.",
             )
         )

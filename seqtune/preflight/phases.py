@@ -190,7 +190,7 @@ def runtime_phase(
         )
         problems += model_checks.check_checkpoint_weights(quantized)
         unmerged = merge_refusal(cfg.model.path, plan.checkpoint_load)
-        if unmerged and cfg.lora.enabled and (cfg.train.export_merged or cfg.train.export_gguf):
+        if unmerged and writes_merged(cfg):  # train.export_gguf_adapter writes merged/ too (its f16 proof)
             problems.append(Problem(check="checkpoint", key="train.export_merged", message=unmerged))
     if model is not None and cfg.lora.enabled:
         problems += model_checks.check_lora_parameters(cfg.lora.target_parameters, list(model.arch.tensors))

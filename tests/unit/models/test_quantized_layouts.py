@@ -317,5 +317,6 @@ def test_a_merged_export_over_stored_weights_peft_cannot_merge_is_refused(saved,
     why = merge_refusal(str(path), STORED)
     assert (why is not None) is refused
     if refused:
-        assert "peft cannot merge an adapter into its quantized Linears. Fix: train.export_merged=false" in why
+        fix = "train.export_merged=false, train.export_gguf=null and train.export_gguf_adapter=false"
+        assert f"peft cannot merge an adapter into its quantized Linears. Fix: {fix}" in why
     assert merge_refusal(str(path), DEQUANTIZED) is None and merge_refusal(str(saved), None) is None

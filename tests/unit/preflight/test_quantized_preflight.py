@@ -130,12 +130,12 @@ def test_a_merged_export_over_a_base_held_quantized_counts_the_float_base_it_loa
     qlora = merge_gib(float_path, "model.load_in_4bit=true", "train.export_merged=true")
     assert 2 * params / GIB <= qlora < 2 * params / GIB + 0.01  # bf16 parameters, on the main rank only
     assert merge_gib(float_path, "model.load_in_4bit=true", "train.export_gguf=q8_0") == qlora
+    assert merge_gib(float_path, "model.load_in_4bit=true", "train.export_gguf_adapter=true") == qlora  # its f16 proof
     stored = merge_gib(stored_path, "train.export_merged=true", stored_load=True)
     assert stored == qlora + params // 2 / GIB  # the stored tensors it reads whole before dequantizing them
     assert merge_gib(float_path, "model.load_in_4bit=true") == 0  # no merged/
     assert merge_gib(float_path, "train.export_merged=true") == 0  # a float base merges on the device
     needs = HostNeeds(loading_gib=1.0, workers=0, per_worker_gib=0.0, ranks=1, merge_gib=qlora)
     (problem,) = check_host_needs(needs, offloaded_gib=0.0, host_memory_gib=1.5)
-    assert problem.key == "train.export_merged" and "train.export_merged=false and train.export_gguf=null" in (
-        problem.message
-    )
+    fix = "train.export_merged=false, train.export_gguf=null and train.export_gguf_adapter=false"
+    assert problem.key == "train.export_merged" and fix in problem.message
