@@ -281,10 +281,10 @@ def _prequantized(cfg: ModelConfig, stated: Quantization, load: str | None, dtyp
 
 
 def _as_loaded(model, load: str | None, dtype):
-    """A stored load marked for apply_lora (k-bit preparation, as QLoRA's); a dequantized one made plain, after
-    transformers' model.dequantize() where it loaded as stored (no dequantizing config: bitsandbytes on the CPU)."""
+    """A stored load as it is (apply_lora prepares it as QLoRA's: the plan's checkpoint_load says so); a dequantized
+    one made plain, after transformers' model.dequantize() where it loaded as stored (no dequantizing config:
+    bitsandbytes on the CPU)."""
     if load == STORED:
-        model.seqtune_stored_quantized = True
         return model
     if getattr(model, "is_quantized", False):
         model = model.dequantize(dtype=dtype)

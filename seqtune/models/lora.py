@@ -25,6 +25,7 @@ def apply_lora(
     saved: Sequence[str],
     scalar_head: bool = False,
     excluded: str | None = None,
+    kbit: bool = False,
 ) -> PeftModel:
     """Wrap `model` with LoRA adapters on `targets` (the plan's resolved lora targets, which preflight proved
     match modules of this model).
@@ -37,15 +38,16 @@ def apply_lora(
     AutoModelForSequenceClassification + PeftModel.from_pretrained load back; its `score` is among `saved`.
     `excluded`: peft's exclude_modules regex, modules never adapted (an image-text model's vision tower and
     projector: seqtune.models.vision.vision_module_pattern).
+    `kbit` (seqtune.models.quantized.held_quantized of the plan): the base is held quantized, QLoRA's NF4 or a
+    pre-quantized checkpoint loaded as stored, and gets peft's k-bit preparation.
     """
     # Imported here, not at module top: a full fine-tune imports this module (the adapter input cast) but never
     # peft (~0.2 CPU s of every such run).
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model, prepare_model_for_kbit_training
 
-    if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "seqtune_stored_quantized", False):
-        # QLoRA, or a pre-quantized checkpoint loaded as stored (seqtune.models.build): casts norms/embeddings to
-        # fp32 and makes inputs require grad, as k-bit training needs.
+    if kbit:
+        # Casts norms/embeddings to fp32 and makes inputs require grad, as k-bit training needs.
         model = prepare_model_for_kbit_training(
             model,
             use_gradient_checkpointing=model.is_activation_checkpointing,

@@ -27,6 +27,7 @@ from seqtune.distributed import DistEnv, init_distributed, teardown, unwrap, wra
 from seqtune.models import apply_lora, build_model, spec_for
 from seqtune.models.kernels import apply_kernels
 from seqtune.models.lora import skip_adapter_input_cast
+from seqtune.models.quantized import held_quantized
 from seqtune.models.scalar_head import install_scalar_head
 from seqtune.models.token_loss import install_token_loss
 from seqtune.models.vision import freeze_vision, vision_module_pattern
@@ -165,6 +166,7 @@ def _build_trained_model(cfg: RootConfig, plan: Plan, env: DistEnv) -> torch.nn.
             saved=plan.lora_saved,
             scalar_head=scalar,
             excluded=vision_module_pattern(plan.vision) if plan.vision is not None else None,
+            kbit=held_quantized(load_in_4bit=cfg.model.load_in_4bit, load=plan.checkpoint_load),
         )
         if plan.autocast_dtype:
             skip_adapter_input_cast(model)

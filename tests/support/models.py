@@ -48,7 +48,7 @@ def random_batch(vocab: int, batch: int = 4, seq: int = 128, seed: int = 0) -> t
     return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))
 
 
-def lora_for(model, lora, family: str):
+def lora_for(model, lora, family: str, *, kbit: bool = False):
     """apply_lora as the recipe calls it, with the targets and the fully trained modules the plan would resolve
     (seqtune.models.spec.modules_trained_in_full) for this model."""
     from seqtune.models import apply_lora, get_spec
@@ -61,7 +61,7 @@ def lora_for(model, lora, family: str):
         base_rows=getattr(model, "seqtune_base_rows", rows),
         rows=rows,
     )
-    return apply_lora(model, lora, targets=get_spec(family).lora_targets, saved=saved)
+    return apply_lora(model, lora, targets=get_spec(family).lora_targets, saved=saved, kbit=kbit)
 
 
 FP8_BLOCK = 16  # divides every tiny family's projection sizes (a real FP8 release uses 128)

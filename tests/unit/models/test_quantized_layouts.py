@@ -291,18 +291,18 @@ def test_fp8_block_scaled_is_estimated_dequantized_and_loaded_as_stored(saved, t
 
 @pytest.mark.parametrize("stored", [True, False])
 def test_a_checkpoint_loaded_as_stored_gets_qloras_kbit_preparation(stored):
-    """build_model marks a stored load (seqtune.models.build._as_loaded); apply_lora then prepares it as QLoRA's
-    4-bit model (peft's prepare_model_for_kbit_training: the float weights beside the quantized ones in fp32, frozen),
-    and leaves every other model in model.dtype."""
+    """A base the plan says is held quantized (held_quantized: QLoRA, or checkpoint_load "stored"), as the recipe
+    passes it to apply_lora, is prepared as QLoRA's 4-bit model (peft's prepare_model_for_kbit_training: the float
+    weights beside the quantized ones in fp32, frozen); every other model stays in model.dtype."""
     import torch
 
     from seqtune.config.schema import LoraConfig
+    from seqtune.models.quantized import held_quantized
     from tests.support.models import lora_for
 
     model = build_model(tiny_cfg("llama3", dtype="bfloat16"), attn_implementation="sdpa")
-    if stored:
-        model.seqtune_stored_quantized = True
-    adapted = lora_for(model, LoraConfig(), "llama3")
+    kbit = held_quantized(load_in_4bit=False, load=STORED if stored else None)
+    adapted = lora_for(model, LoraConfig(), "llama3", kbit=kbit)
     norm = adapted.get_base_model().model.norm.weight
     assert norm.dtype == (torch.float32 if stored else torch.bfloat16) and not norm.requires_grad
 
